@@ -1,0 +1,1 @@
+//! Quantized dot products (placeholder: being written).

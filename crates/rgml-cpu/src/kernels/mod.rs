@@ -1,0 +1,3 @@
+//! CPU kernels.
+
+pub mod dot;

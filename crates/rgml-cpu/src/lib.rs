@@ -1,0 +1,4 @@
+//! CPU backend for rgml.
+#![warn(missing_docs)]
+
+pub mod kernels;

@@ -1,0 +1,1 @@
+//! Op conformance (placeholder).

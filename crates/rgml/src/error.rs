@@ -1,0 +1,133 @@
+//! The core crate's error type. Everything a caller or a file can get wrong is one of these.
+
+use crate::dtype::DType;
+use crate::op::OpKind;
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, with enough context to say where.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A dtype name or id that rgml does not know.
+    #[error("unknown dtype: {0}")]
+    UnknownDType(String),
+    /// A row length that is not a whole number of quantization blocks.
+    #[error("{n} elements of {dtype} are not a multiple of its block size {block}")]
+    BlockMisaligned {
+        /// The dtype.
+        dtype: DType,
+        /// The element count.
+        n: usize,
+        /// The dtype's block size.
+        block: usize,
+    },
+    /// A size computation overflowed `usize`.
+    #[error("tensor size overflows usize")]
+    SizeOverflow,
+    /// Operand shapes an op cannot combine.
+    #[error("{op}: shape mismatch: {lhs:?} vs {rhs:?}{}", fmt_reason(.reason))]
+    ShapeMismatch {
+        /// The op being built.
+        op: OpKind,
+        /// First operand's shape.
+        lhs: [usize; 4],
+        /// Second operand's shape.
+        rhs: [usize; 4],
+        /// Why they do not fit.
+        reason: &'static str,
+    },
+    /// An operand dtype an op does not accept.
+    #[error("{op}: unsupported dtype {dtype}{}", fmt_reason(.reason))]
+    UnsupportedDType {
+        /// The op.
+        op: OpKind,
+        /// The offending dtype.
+        dtype: DType,
+        /// Which operand / why.
+        reason: &'static str,
+    },
+    /// Op parameters that make no sense (bad axes, bad view, ...).
+    #[error("{op}: invalid argument: {reason}")]
+    InvalidArgument {
+        /// The op.
+        op: OpKind,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor id that does not belong to the context.
+    #[error("tensor id {0} is not in this context")]
+    InvalidTensor(usize),
+    /// A read or write outside a tensor or buffer.
+    #[error("out of bounds: {what}: offset {offset} + size {size} > {limit}")]
+    OutOfBounds {
+        /// What was accessed.
+        what: String,
+        /// Start of the access.
+        offset: usize,
+        /// Length of the access.
+        size: usize,
+        /// Size of what was accessed.
+        limit: usize,
+    },
+    /// A tensor that has no storage yet was read, written or computed.
+    #[error("tensor '{0}' has no buffer")]
+    NoStorage(String),
+    /// A buffer could not be allocated.
+    #[error("{buffer_type}: failed to allocate {size} bytes{}", fmt_reason(.reason))]
+    OutOfMemory {
+        /// Buffer type asked.
+        buffer_type: String,
+        /// Requested bytes.
+        size: usize,
+        /// Extra detail.
+        reason: &'static str,
+    },
+    /// A write to a buffer that wraps read-only memory.
+    #[error("buffer '{0}' is read-only")]
+    ReadOnlyBuffer(String),
+    /// A device name that no registry provides.
+    #[error("unknown device '{name}' (available: {available})")]
+    UnknownDevice {
+        /// The name asked for.
+        name: String,
+        /// Comma-separated names that exist.
+        available: String,
+    },
+    /// Bad `key=value` parameters for a backend.
+    #[error("invalid backend parameters '{params}': {reason}")]
+    InvalidParams {
+        /// The parameter string.
+        params: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A backend asked to run something it does not implement.
+    #[error("{backend}: unsupported: {what}")]
+    Unsupported {
+        /// The backend or device name.
+        backend: String,
+        /// What it cannot do.
+        what: String,
+    },
+    /// Computation stopped by the abort callback.
+    #[error("computation aborted")]
+    Aborted,
+    /// A backend-specific failure.
+    #[error("{backend}: {message}")]
+    Backend {
+        /// The backend or device name.
+        backend: String,
+        /// What failed.
+        message: String,
+    },
+}
+
+fn fmt_reason(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(" ({reason})")
+    }
+}

@@ -1,0 +1,15 @@
+//! rgml core: dtypes and quantized blocks, tensors in an arena, ops and graphs, allocators, and
+//! the backend API (buffer types, buffers, backends, devices, registries, events).
+//!
+//! This crate knows no concrete backend: backends (rgml-cpu, rgml-wgpu, ...) implement the
+//! traits in [`backend`] and register themselves with [`registry`].
+#![warn(missing_docs)]
+
+pub mod dtype;
+pub mod error;
+pub mod op;
+pub mod quant;
+
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use op::{Op, OpKind, RopeMode, RopeParams, UnaryOp};

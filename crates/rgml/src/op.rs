@@ -1,0 +1,298 @@
+//! The closed set of operations and their parameters.
+//!
+//! [`Op`] carries typed parameters (ggml packs them into an `int32` array); [`OpKind`] is the
+//! parameter-free tag used in errors, support tables and op filters.
+
+use std::fmt;
+
+/// Rotary-embedding layout: which pairs of elements rotate together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeMode {
+    /// Adjacent pairs `(x[2i], x[2i+1])` (ggml mode 0, LLaMA GGUF files).
+    Normal,
+    /// Pairs split across halves `(x[i], x[i + n_dims/2])` (ggml mode 2, GPT-NeoX, Qwen).
+    Neox,
+}
+
+/// Parameters of ROPE, as ggml's `rope_ext` takes them (YaRN included).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Pair layout.
+    pub mode: RopeMode,
+    /// Number of leading dimensions that rotate (the rest pass through).
+    pub n_dims: usize,
+    /// Context length the model was trained with (YaRN correction range).
+    pub n_ctx_orig: usize,
+    /// θ base (10000 for LLaMA).
+    pub freq_base: f32,
+    /// Position scale (1 / linear scaling factor).
+    pub freq_scale: f32,
+    /// YaRN extrapolation mix factor (0 disables YaRN).
+    pub ext_factor: f32,
+    /// Magnitude scale.
+    pub attn_factor: f32,
+    /// YaRN low correction dimension.
+    pub beta_fast: f32,
+    /// YaRN high correction dimension.
+    pub beta_slow: f32,
+}
+
+impl RopeParams {
+    /// Plain rotary embedding without context extension.
+    pub fn new(mode: RopeMode, n_dims: usize, freq_base: f32) -> Self {
+        RopeParams {
+            mode,
+            n_dims,
+            n_ctx_orig: 0,
+            freq_base,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        }
+    }
+}
+
+/// Elementwise activation functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// GELU, tanh approximation (ggml's `gelu`).
+    Gelu,
+}
+
+/// An operation with its parameters. Sources live in the tensor's `src` list.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// A leaf: no computation (weights, inputs).
+    None,
+    /// Copy `src0` into a new contiguous tensor of the same dtype.
+    Dup,
+    /// Copy `src0` into `src1` (converting dtype); the result is a view of `src1`.
+    Cpy,
+    /// Make `src0` contiguous (optionally reshaped).
+    Cont,
+    /// Same data, new shape (source must be contiguous).
+    Reshape,
+    /// A strided view into `src0` at a byte offset.
+    View {
+        /// Byte offset into the source.
+        offset: usize,
+    },
+    /// Reorder dimensions: source dim `i` becomes result dim `axes[i]`.
+    Permute {
+        /// Destination of each source axis.
+        axes: [usize; 4],
+    },
+    /// Swap dims 0 and 1.
+    Transpose,
+    /// Gather rows of `src0` at the I32 indices in `src1`.
+    GetRows,
+    /// Scatter rows of `src1` (f32) into `src0` at the I32 indices in `src2`; a view of `src0`.
+    SetRows,
+    /// `src0 + src1`, src1 broadcast.
+    Add,
+    /// `src0 - src1`, src1 broadcast.
+    Sub,
+    /// `src0 * src1`, src1 broadcast.
+    Mul,
+    /// `src0 / src1`, src1 broadcast.
+    Div,
+    /// `src0 * scale + bias`.
+    Scale {
+        /// Multiplier.
+        scale: f32,
+        /// Addend.
+        bias: f32,
+    },
+    /// `src0ᵀ · src1` per ggml: result `[src0.ne1, src1.ne1, src1.ne2, src1.ne3]`.
+    MulMat,
+    /// Row-wise `x / sqrt(mean(x²) + eps)`.
+    RmsNorm {
+        /// Added to the mean square.
+        eps: f32,
+    },
+    /// Row-wise `(x - mean) / sqrt(var + eps)`.
+    Norm {
+        /// Added to the variance.
+        eps: f32,
+    },
+    /// Rotary position embedding with positions in `src1` (I32, one per `ne2` row).
+    Rope(RopeParams),
+    /// Row-wise softmax of `src0 * scale + mask` (mask `src1` optional, broadcast over rows).
+    SoftMax {
+        /// Multiplier applied before the mask.
+        scale: f32,
+        /// ALiBi maximum bias (0 disables).
+        max_bias: f32,
+    },
+    /// Set elements with column `> n_past + row` to -inf (causal mask).
+    DiagMaskInf {
+        /// Number of past positions visible to every row.
+        n_past: usize,
+    },
+    /// An elementwise activation.
+    Unary(UnaryOp),
+    /// `silu(src0) * src1`.
+    Swiglu,
+    /// Concatenate `src0` and `src1` along `dim`.
+    Concat {
+        /// Axis.
+        dim: usize,
+    },
+    /// Index of the largest element of each row (I32 result).
+    Argmax,
+}
+
+/// The parameter-free name of an [`Op`].
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    None,
+    Dup,
+    Cpy,
+    Cont,
+    Reshape,
+    View,
+    Permute,
+    Transpose,
+    GetRows,
+    SetRows,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Scale,
+    MulMat,
+    RmsNorm,
+    Norm,
+    Rope,
+    SoftMax,
+    DiagMaskInf,
+    Silu,
+    Gelu,
+    Swiglu,
+    Concat,
+    Argmax,
+}
+
+impl OpKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [OpKind; 26] = [
+        OpKind::None,
+        OpKind::Dup,
+        OpKind::Cpy,
+        OpKind::Cont,
+        OpKind::Reshape,
+        OpKind::View,
+        OpKind::Permute,
+        OpKind::Transpose,
+        OpKind::GetRows,
+        OpKind::SetRows,
+        OpKind::Add,
+        OpKind::Sub,
+        OpKind::Mul,
+        OpKind::Div,
+        OpKind::Scale,
+        OpKind::MulMat,
+        OpKind::RmsNorm,
+        OpKind::Norm,
+        OpKind::Rope,
+        OpKind::SoftMax,
+        OpKind::DiagMaskInf,
+        OpKind::Silu,
+        OpKind::Gelu,
+        OpKind::Swiglu,
+        OpKind::Concat,
+        OpKind::Argmax,
+    ];
+
+    /// ggml's upper-case name (`"MUL_MAT"`, `"SILU"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            OpKind::None => "NONE",
+            OpKind::Dup => "DUP",
+            OpKind::Cpy => "CPY",
+            OpKind::Cont => "CONT",
+            OpKind::Reshape => "RESHAPE",
+            OpKind::View => "VIEW",
+            OpKind::Permute => "PERMUTE",
+            OpKind::Transpose => "TRANSPOSE",
+            OpKind::GetRows => "GET_ROWS",
+            OpKind::SetRows => "SET_ROWS",
+            OpKind::Add => "ADD",
+            OpKind::Sub => "SUB",
+            OpKind::Mul => "MUL",
+            OpKind::Div => "DIV",
+            OpKind::Scale => "SCALE",
+            OpKind::MulMat => "MUL_MAT",
+            OpKind::RmsNorm => "RMS_NORM",
+            OpKind::Norm => "NORM",
+            OpKind::Rope => "ROPE",
+            OpKind::SoftMax => "SOFT_MAX",
+            OpKind::DiagMaskInf => "DIAG_MASK_INF",
+            OpKind::Silu => "SILU",
+            OpKind::Gelu => "GELU",
+            OpKind::Swiglu => "SWIGLU",
+            OpKind::Concat => "CONCAT",
+            OpKind::Argmax => "ARGMAX",
+        }
+    }
+
+    /// Parse a name as [`OpKind::name`] prints it (case-insensitive).
+    pub fn from_name(name: &str) -> Option<OpKind> {
+        OpKind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Ops that only describe memory (no kernel runs): a backend computes nothing for them.
+    pub const fn is_view(self) -> bool {
+        matches!(
+            self,
+            OpKind::None | OpKind::Reshape | OpKind::View | OpKind::Permute | OpKind::Transpose
+        )
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Op {
+    /// The parameter-free tag.
+    pub const fn kind(&self) -> OpKind {
+        match self {
+            Op::None => OpKind::None,
+            Op::Dup => OpKind::Dup,
+            Op::Cpy => OpKind::Cpy,
+            Op::Cont => OpKind::Cont,
+            Op::Reshape => OpKind::Reshape,
+            Op::View { .. } => OpKind::View,
+            Op::Permute { .. } => OpKind::Permute,
+            Op::Transpose => OpKind::Transpose,
+            Op::GetRows => OpKind::GetRows,
+            Op::SetRows => OpKind::SetRows,
+            Op::Add => OpKind::Add,
+            Op::Sub => OpKind::Sub,
+            Op::Mul => OpKind::Mul,
+            Op::Div => OpKind::Div,
+            Op::Scale { .. } => OpKind::Scale,
+            Op::MulMat => OpKind::MulMat,
+            Op::RmsNorm { .. } => OpKind::RmsNorm,
+            Op::Norm { .. } => OpKind::Norm,
+            Op::Rope(_) => OpKind::Rope,
+            Op::SoftMax { .. } => OpKind::SoftMax,
+            Op::DiagMaskInf { .. } => OpKind::DiagMaskInf,
+            Op::Unary(UnaryOp::Silu) => OpKind::Silu,
+            Op::Unary(UnaryOp::Gelu) => OpKind::Gelu,
+            Op::Swiglu => OpKind::Swiglu,
+            Op::Concat { .. } => OpKind::Concat,
+            Op::Argmax => OpKind::Argmax,
+        }
+    }
+}

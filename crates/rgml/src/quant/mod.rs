@@ -1,0 +1,1 @@
+//! Quantized block formats and their reference codecs (placeholder: being written).
