@@ -156,7 +156,7 @@ impl DType {
 
     /// Bytes taken by a row of `n` elements; an error if `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return Err(Error::BlockMisaligned {
                 dtype: self,
                 n,

@@ -5,11 +5,21 @@
 //! traits in [`backend`] and register themselves with [`registry`].
 #![warn(missing_docs)]
 
+pub mod alloc;
+pub mod backend;
+pub mod context;
 pub mod dtype;
 pub mod error;
+pub mod graph;
 pub mod op;
 pub mod quant;
+pub mod registry;
+pub mod tensor;
 
+pub use backend::{Backend, Buffer, BufferType, BufferTypeRef, Device, DeviceRef};
+pub use context::Context;
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use graph::Graph;
 pub use op::{Op, OpKind, RopeMode, RopeParams, UnaryOp};
+pub use tensor::{Tensor, TensorFlags, TensorId};

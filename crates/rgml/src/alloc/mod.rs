@@ -1,0 +1,9 @@
+//! Allocators: place tensors in buffers.
+//!
+//! [`TensorAllocator`] is a bump allocator over one buffer (weights, inputs, small graphs);
+//! [`alloc_ctx_tensors`] sizes and fills one buffer with every tensor of a context. The graph
+//! allocator (liveness-based reuse for compute graphs) lives in `graph_alloc`.
+
+mod tensor_alloc;
+
+pub use tensor_alloc::{align_up, alloc_ctx_tensors, TensorAllocator};

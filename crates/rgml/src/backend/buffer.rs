@@ -1,0 +1,461 @@
+//! Buffer types and buffers, and tensor byte access through them.
+
+use super::device::DeviceRef;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::tensor::{Tensor, TensorId};
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
+
+/// A shared buffer type.
+pub type BufferTypeRef = Arc<dyn BufferType>;
+
+/// What a buffer holds; schedulers and allocators treat weights and scratch differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferUsage {
+    /// Anything.
+    Any = 0,
+    /// Model weights (read by ops, not written).
+    Weights = 1,
+    /// Intermediate results of graph compute.
+    Compute = 2,
+}
+
+/// A kind of memory a device can allocate (ggml's `ggml_backend_buffer_type`).
+pub trait BufferType: Send + Sync + Any {
+    /// A name unique among buffer types (e.g. `"CPU"`).
+    fn name(&self) -> &str;
+    /// Allocate `size` bytes of this memory.
+    fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>>;
+    /// Alignment of tensor offsets inside a buffer.
+    fn alignment(&self) -> usize;
+    /// Largest single buffer (default: unbounded).
+    fn max_size(&self) -> usize {
+        usize::MAX
+    }
+    /// Bytes a tensor needs in this memory (default: `nbytes`; a device may pad).
+    fn alloc_size(&self, tensor: &Tensor) -> usize {
+        tensor.nbytes()
+    }
+    /// Whether buffers of this type are plain host memory readable by the CPU (default: no).
+    fn is_host(&self) -> bool {
+        false
+    }
+    /// The device that owns this memory, if any.
+    fn device(&self) -> Option<DeviceRef> {
+        None
+    }
+    /// For downcasting.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The storage behind a [`Buffer`]: what a backend implements. Offsets and sizes are already
+/// bounds-checked by [`Buffer`] when these are called.
+pub trait BufferImpl: Send + Sync + Any {
+    /// Start of the memory if it is host-addressable (ggml's `get_base`), else `None`.
+    fn base(&self) -> Option<NonNull<u8>> {
+        None
+    }
+    /// Whether the memory must not be written (e.g. a read-only file mapping).
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    /// Prepare a tensor placed in this buffer (default: nothing to do).
+    fn init_tensor(&self, _tensor: &Tensor) -> Result<()> {
+        Ok(())
+    }
+    /// Write `data` at `offset`.
+    fn set(&self, offset: usize, data: &[u8]) -> Result<()>;
+    /// Read `out.len()` bytes at `offset`.
+    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// Fill `size` bytes at `offset` with `value`.
+    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()>;
+    /// Copy `size` bytes from `src` at `src_offset` to `dst_offset` directly, if this buffer
+    /// knows how (default: `Ok(false)`, the caller then copies through host memory).
+    fn copy_from(
+        &self,
+        _dst_offset: usize,
+        _src: &Buffer,
+        _src_offset: usize,
+        _size: usize,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+    /// Fill the whole buffer with `value`.
+    fn clear(&self, value: u8) -> Result<()>;
+    /// Forget per-tensor state (default: none).
+    fn reset(&self) {}
+    /// For downcasting.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Memory owned elsewhere that a buffer can wrap without copying (e.g. a file mapping).
+pub trait HostMemory: Send + Sync {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+}
+
+impl HostMemory for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl HostMemory for Box<[u8]> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A block of memory of one buffer type (ggml's `ggml_backend_buffer`), shared by the tensors
+/// placed in it.
+///
+/// Access is guarded: safe reads take a shared lock, safe writes and graph compute (through
+/// [`Buffer::host_access`]) an exclusive one, so no two threads race on the bytes.
+pub struct Buffer {
+    imp: Box<dyn BufferImpl>,
+    buffer_type: BufferTypeRef,
+    size: usize,
+    usage: AtomicU8,
+    id: u64,
+    lock: RwLock<()>,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("type", &self.buffer_type.name())
+            .field("size", &self.size)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+/// Exclusive access to a host buffer's bytes while compute runs; the base pointer is valid for
+/// `size` bytes as long as the guard lives.
+pub struct HostAccess<'a> {
+    _guard: RwLockWriteGuard<'a, ()>,
+    base: NonNull<u8>,
+    size: usize,
+}
+
+impl HostAccess<'_> {
+    /// Start of the memory.
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Buffer {
+    /// Allocate `size` bytes of `buffer_type`. A size of 0 gives an empty buffer.
+    pub fn alloc(buffer_type: &BufferTypeRef, size: usize) -> Result<Arc<Buffer>> {
+        if size > buffer_type.max_size() {
+            return Err(Error::OutOfMemory {
+                buffer_type: buffer_type.name().to_string(),
+                size,
+                reason: "larger than the buffer type's maximum size",
+            });
+        }
+        let imp = buffer_type.alloc_buffer(size)?;
+        Ok(Self::from_impl(buffer_type.clone(), imp, size))
+    }
+
+    /// Wrap a backend's storage (used by devices that make buffers from host memory).
+    pub fn from_impl(
+        buffer_type: BufferTypeRef,
+        imp: Box<dyn BufferImpl>,
+        size: usize,
+    ) -> Arc<Buffer> {
+        Arc::new(Buffer {
+            imp,
+            buffer_type,
+            size,
+            usage: AtomicU8::new(BufferUsage::Any as u8),
+            id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
+            lock: RwLock::new(()),
+        })
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// A process-unique id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The buffer type's name.
+    pub fn name(&self) -> &str {
+        self.buffer_type.name()
+    }
+
+    /// The buffer type.
+    pub fn buffer_type(&self) -> &BufferTypeRef {
+        &self.buffer_type
+    }
+
+    /// Whether the bytes are plain host memory.
+    pub fn is_host(&self) -> bool {
+        self.buffer_type.is_host() && self.imp.base().is_some()
+    }
+
+    /// Whether writes are refused.
+    pub fn is_read_only(&self) -> bool {
+        self.imp.is_read_only()
+    }
+
+    /// What the buffer holds.
+    pub fn usage(&self) -> BufferUsage {
+        match self.usage.load(Ordering::Relaxed) {
+            1 => BufferUsage::Weights,
+            2 => BufferUsage::Compute,
+            _ => BufferUsage::Any,
+        }
+    }
+
+    /// Declare what the buffer holds.
+    pub fn set_usage(&self, usage: BufferUsage) {
+        self.usage.store(usage as u8, Ordering::Relaxed);
+    }
+
+    /// Alignment of tensor offsets.
+    pub fn alignment(&self) -> usize {
+        self.buffer_type.alignment()
+    }
+
+    /// Bytes `tensor` needs in this buffer.
+    pub fn alloc_size(&self, tensor: &Tensor) -> usize {
+        self.buffer_type.alloc_size(tensor)
+    }
+
+    /// The implementation, for backends that downcast to their own type.
+    pub fn imp(&self) -> &dyn BufferImpl {
+        self.imp.as_ref()
+    }
+
+    /// Let the implementation prepare a tensor placed here.
+    pub fn init_tensor(&self, tensor: &Tensor) -> Result<()> {
+        self.imp.init_tensor(tensor)
+    }
+
+    fn check(&self, what: &str, offset: usize, size: usize) -> Result<()> {
+        if offset.checked_add(size).is_none_or(|end| end > self.size) {
+            return Err(Error::OutOfBounds {
+                what: format!("{what} in buffer '{}'", self.name()),
+                offset,
+                size,
+                limit: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.imp.is_read_only() {
+            return Err(Error::ReadOnlyBuffer(self.name().to_string()));
+        }
+        Ok(())
+    }
+
+    /// Write `data` at byte `offset`.
+    pub fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check("write", offset, data.len())?;
+        self.check_writable()?;
+        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        self.imp.set(offset, data)
+    }
+
+    /// Read `out.len()` bytes at byte `offset`.
+    pub fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check("read", offset, out.len())?;
+        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        self.imp.get(offset, out)
+    }
+
+    /// Fill `size` bytes at `offset` with `value`.
+    pub fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+        self.check("memset", offset, size)?;
+        self.check_writable()?;
+        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        self.imp.memset(offset, value, size)
+    }
+
+    /// Fill the whole buffer with `value`.
+    pub fn clear(&self, value: u8) -> Result<()> {
+        self.check_writable()?;
+        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        self.imp.clear(value)
+    }
+
+    /// Forget per-tensor state.
+    pub fn reset(&self) {
+        self.imp.reset()
+    }
+
+    /// Copy `size` bytes from `src` at `src_offset` to this buffer at `dst_offset`: directly if
+    /// the implementation can, else through host memory.
+    pub fn copy_from(
+        &self,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        size: usize,
+    ) -> Result<()> {
+        self.check("copy destination", dst_offset, size)?;
+        src.check("copy source", src_offset, size)?;
+        self.check_writable()?;
+        if self.id != src.id {
+            let done = {
+                let _dst = self.lock.write().unwrap_or_else(|e| e.into_inner());
+                let _src = src.lock.read().unwrap_or_else(|e| e.into_inner());
+                self.imp.copy_from(dst_offset, src, src_offset, size)?
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        let mut staging = vec![0u8; size];
+        src.get(src_offset, &mut staging)?;
+        self.set(dst_offset, &staging)
+    }
+
+    /// Exclusive access to the host bytes for computing in place; `None` for device memory.
+    /// Compute code must hold this for every buffer it touches (in [`Buffer::id`] order, to
+    /// avoid deadlocks) while it reads or writes through the base pointer.
+    pub fn host_access(&self) -> Option<HostAccess<'_>> {
+        let base = self.imp.base()?;
+        let guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        Some(HostAccess {
+            _guard: guard,
+            base,
+            size: self.size,
+        })
+    }
+}
+
+fn storage(ctx: &Context, id: TensorId) -> Result<(&Tensor, &Arc<Buffer>, usize)> {
+    let t = ctx.get(id)?;
+    let data = t
+        .data
+        .as_ref()
+        .ok_or_else(|| Error::NoStorage(t.display_name().to_string()))?;
+    Ok((t, &data.buffer, data.offset))
+}
+
+fn check_tensor_range(t: &Tensor, offset: usize, size: usize) -> Result<()> {
+    let nbytes = t.nbytes();
+    if offset.checked_add(size).is_none_or(|end| end > nbytes) {
+        return Err(Error::OutOfBounds {
+            what: format!("tensor '{}'", t.display_name()),
+            offset,
+            size,
+            limit: nbytes,
+        });
+    }
+    Ok(())
+}
+
+impl Context {
+    /// Write raw bytes into tensor `id` at byte `offset` (ggml's `tensor_set`).
+    pub fn tensor_set(&self, id: TensorId, offset: usize, data: &[u8]) -> Result<()> {
+        let (t, buffer, base) = storage(self, id)?;
+        check_tensor_range(t, offset, data.len())?;
+        buffer.set(base + offset, data)
+    }
+
+    /// Read raw bytes of tensor `id` at byte `offset` (ggml's `tensor_get`).
+    pub fn tensor_get(&self, id: TensorId, offset: usize, out: &mut [u8]) -> Result<()> {
+        let (t, buffer, base) = storage(self, id)?;
+        check_tensor_range(t, offset, out.len())?;
+        buffer.get(base + offset, out)
+    }
+
+    /// Fill `size` bytes of tensor `id` at `offset` with `value`.
+    pub fn tensor_memset(&self, id: TensorId, offset: usize, value: u8, size: usize) -> Result<()> {
+        let (t, buffer, base) = storage(self, id)?;
+        check_tensor_range(t, offset, size)?;
+        buffer.memset(base + offset, value, size)
+    }
+
+    /// All bytes of tensor `id` (its `nbytes` span).
+    pub fn tensor_bytes(&self, id: TensorId) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.get(id)?.nbytes()];
+        self.tensor_get(id, 0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Write f32 values into a contiguous f32 tensor (length must equal its element count).
+    pub fn tensor_set_f32(&self, id: TensorId, values: &[f32]) -> Result<()> {
+        self.check_plain(id, crate::DType::F32, values.len())?;
+        self.tensor_set(id, 0, bytemuck::cast_slice(values))
+    }
+
+    /// Read a contiguous f32 tensor.
+    pub fn tensor_get_f32(&self, id: TensorId) -> Result<Vec<f32>> {
+        let n = self.get(id)?.nelements();
+        self.check_plain(id, crate::DType::F32, n)?;
+        let mut out = vec![0f32; n];
+        self.tensor_get(id, 0, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Write i32 values into a contiguous i32 tensor.
+    pub fn tensor_set_i32(&self, id: TensorId, values: &[i32]) -> Result<()> {
+        self.check_plain(id, crate::DType::I32, values.len())?;
+        self.tensor_set(id, 0, bytemuck::cast_slice(values))
+    }
+
+    /// Read a contiguous i32 tensor.
+    pub fn tensor_get_i32(&self, id: TensorId) -> Result<Vec<i32>> {
+        let n = self.get(id)?.nelements();
+        self.check_plain(id, crate::DType::I32, n)?;
+        let mut out = vec![0i32; n];
+        self.tensor_get(id, 0, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    fn check_plain(&self, id: TensorId, dtype: crate::DType, len: usize) -> Result<()> {
+        let t = self.get(id)?;
+        if t.dtype != dtype {
+            return Err(Error::UnsupportedDType {
+                op: crate::OpKind::None,
+                dtype: t.dtype,
+                reason: "typed access needs the tensor's own dtype",
+            });
+        }
+        if !t.is_contiguous() || len != t.nelements() {
+            return Err(Error::OutOfBounds {
+                what: format!("contiguous values of tensor '{}'", t.display_name()),
+                offset: 0,
+                size: len,
+                limit: t.nelements(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copy the bytes of `src` into `dst` (same layout; any buffers), ggml's `tensor_copy`.
+    pub fn tensor_copy(&self, src: TensorId, dst: TensorId) -> Result<()> {
+        let (ts, sbuf, soff) = storage(self, src)?;
+        let (td, dbuf, doff) = storage(self, dst)?;
+        if ts.nbytes() != td.nbytes() || ts.dtype != td.dtype {
+            return Err(Error::ShapeMismatch {
+                op: crate::OpKind::Cpy,
+                lhs: ts.ne,
+                rhs: td.ne,
+                reason: "tensor copy needs the same dtype and size",
+            });
+        }
+        dbuf.copy_from(doff, sbuf, soff, ts.nbytes())
+    }
+}

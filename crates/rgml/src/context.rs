@@ -1,0 +1,776 @@
+//! The tensor arena and the op builders.
+//!
+//! A [`Context`] owns tensor metadata; every builder validates its operands (shapes, dtypes,
+//! parameters) and returns an error instead of building a graph that cannot run. Storage is
+//! assigned later by an allocator; reading and writing tensor bytes goes through the tensor's
+//! buffer ([`Context::tensor_set`] and friends).
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::op::{Op, OpKind, RopeParams, UnaryOp};
+use crate::tensor::{contiguous_strides, Tensor, TensorData, TensorFlags, TensorId, MAX_DIMS};
+use std::ops::Index;
+
+/// An arena of tensors.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    tensors: Vec<Tensor>,
+}
+
+impl Index<TensorId> for Context {
+    type Output = Tensor;
+    fn index(&self, id: TensorId) -> &Tensor {
+        &self.tensors[id.index()]
+    }
+}
+
+fn shape4(dims: &[usize], op: OpKind) -> Result<[usize; MAX_DIMS]> {
+    if dims.is_empty() || dims.len() > MAX_DIMS {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("a tensor has 1 to 4 dimensions, got {}", dims.len()),
+        });
+    }
+    let mut ne = [1; MAX_DIMS];
+    ne[..dims.len()].copy_from_slice(dims);
+    Ok(ne)
+}
+
+/// Whether `b` can be broadcast (repeated) to the shape of `a`.
+pub fn can_repeat(b: &Tensor, a: &Tensor) -> bool {
+    (0..MAX_DIMS).all(|i| b.ne[i] != 0 && a.ne[i].is_multiple_of(b.ne[i]))
+}
+
+impl Context {
+    /// An empty arena.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether the arena is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// All tensor ids, in creation order.
+    pub fn ids(&self) -> impl Iterator<Item = TensorId> + '_ {
+        (0..self.tensors.len() as u32).map(TensorId)
+    }
+
+    /// The tensor `id`, or an error if it is not in this context.
+    pub fn get(&self, id: TensorId) -> Result<&Tensor> {
+        self.tensors
+            .get(id.index())
+            .ok_or(Error::InvalidTensor(id.index()))
+    }
+
+    /// Mutable access to tensor `id`.
+    pub fn get_mut(&mut self, id: TensorId) -> Result<&mut Tensor> {
+        self.tensors
+            .get_mut(id.index())
+            .ok_or(Error::InvalidTensor(id.index()))
+    }
+
+    /// The first tensor named `name`.
+    pub fn find(&self, name: &str) -> Option<TensorId> {
+        self.ids().find(|&id| self[id].name == name)
+    }
+
+    /// Add a tensor as is (used by graph copies and loaders); returns its id.
+    pub fn push(&mut self, tensor: Tensor) -> Result<TensorId> {
+        for &s in tensor.src.iter().chain(tensor.view_src.iter()) {
+            self.get(s)?;
+        }
+        let id = u32::try_from(self.tensors.len()).map_err(|_| Error::SizeOverflow)?;
+        self.tensors.push(tensor);
+        Ok(TensorId(id))
+    }
+
+    /// A new leaf tensor with contiguous layout; `dims` has 1 to 4 entries.
+    pub fn new_tensor(&mut self, dtype: DType, dims: &[usize]) -> Result<TensorId> {
+        let ne = shape4(dims, OpKind::None)?;
+        self.push(Tensor::new(dtype, ne)?)
+    }
+
+    /// Set a tensor's name.
+    pub fn set_name(&mut self, id: TensorId, name: impl Into<String>) -> Result<()> {
+        self.get_mut(id)?.name = name.into();
+        Ok(())
+    }
+
+    /// Add role flags to a tensor.
+    pub fn set_flags(&mut self, id: TensorId, flags: TensorFlags) -> Result<()> {
+        self.get_mut(id)?.flags.insert(flags);
+        Ok(())
+    }
+
+    /// Mark `id` as a graph input.
+    pub fn set_input(&mut self, id: TensorId) -> Result<()> {
+        self.set_flags(id, TensorFlags::INPUT)
+    }
+
+    /// Mark `id` as a graph output.
+    pub fn set_output(&mut self, id: TensorId) -> Result<()> {
+        self.set_flags(id, TensorFlags::OUTPUT)
+    }
+
+    /// Give tensor `id` storage at `offset` in `buffer` (views get their source's storage
+    /// through [`Context::init_view`]). Checks that the tensor fits the buffer.
+    pub fn set_data(
+        &mut self,
+        id: TensorId,
+        buffer: std::sync::Arc<crate::backend::Buffer>,
+        offset: usize,
+    ) -> Result<()> {
+        let t = self.get(id)?;
+        let size = buffer.alloc_size(t);
+        if offset
+            .checked_add(size)
+            .is_none_or(|end| end > buffer.size())
+        {
+            return Err(Error::OutOfBounds {
+                what: format!(
+                    "tensor '{}' in buffer '{}'",
+                    t.display_name(),
+                    buffer.name()
+                ),
+                offset,
+                size,
+                limit: buffer.size(),
+            });
+        }
+        buffer.init_tensor(t)?;
+        self.get_mut(id)?.data = Some(TensorData { buffer, offset });
+        Ok(())
+    }
+
+    /// Give view `id` the storage of its view source (which must already have storage).
+    pub fn init_view(&mut self, id: TensorId) -> Result<()> {
+        let t = self.get(id)?;
+        let Some(src) = t.view_src else {
+            return Ok(());
+        };
+        let view_offset = t.view_offset;
+        let data = self[src]
+            .data
+            .clone()
+            .ok_or_else(|| Error::NoStorage(self[src].display_name().to_string()))?;
+        let t = self.get_mut(id)?;
+        t.data = Some(TensorData {
+            buffer: data.buffer,
+            offset: data.offset + view_offset,
+        });
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Builders.
+
+    fn node(
+        &mut self,
+        dtype: DType,
+        ne: [usize; MAX_DIMS],
+        op: Op,
+        src: &[TensorId],
+    ) -> Result<TensorId> {
+        let mut t = Tensor::new(dtype, ne)?;
+        t.op = op;
+        t.src = src.to_vec();
+        self.push(t)
+    }
+
+    fn view_node(
+        &mut self,
+        a: TensorId,
+        ne: [usize; MAX_DIMS],
+        nb: [usize; MAX_DIMS],
+        offset: usize,
+        op: Op,
+        dtype: DType,
+    ) -> Result<TensorId> {
+        let src = self.get(a)?;
+        let (root, root_offset) = match src.view_src {
+            Some(root) => (root, src.view_offset + offset),
+            None => (a, offset),
+        };
+        let mut t = Tensor::new(dtype, ne)?;
+        t.nb = nb;
+        t.op = op;
+        t.src = vec![a];
+        t.view_src = Some(root);
+        t.view_offset = root_offset;
+        let root_bytes = self[root].nbytes();
+        if root_offset + t.nbytes() > root_bytes {
+            return Err(Error::InvalidArgument {
+                op: op.kind(),
+                reason: format!(
+                    "view of {} bytes at offset {root_offset} exceeds its source's {root_bytes} bytes",
+                    t.nbytes()
+                ),
+            });
+        }
+        if let Some(data) = &self[root].data {
+            t.data = Some(TensorData {
+                buffer: data.buffer.clone(),
+                offset: data.offset + root_offset,
+            });
+        }
+        self.push(t)
+    }
+
+    fn expect_dtype(
+        &self,
+        op: OpKind,
+        id: TensorId,
+        allowed: &[DType],
+        which: &'static str,
+    ) -> Result<()> {
+        let dtype = self.get(id)?.dtype;
+        if allowed.contains(&dtype) {
+            Ok(())
+        } else {
+            Err(Error::UnsupportedDType {
+                op,
+                dtype,
+                reason: which,
+            })
+        }
+    }
+
+    fn expect_same_shape(&self, op: OpKind, a: TensorId, b: TensorId) -> Result<()> {
+        let (ta, tb) = (self.get(a)?, self.get(b)?);
+        if ta.ne != tb.ne {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "shapes must be equal",
+            });
+        }
+        Ok(())
+    }
+
+    /// A contiguous copy of `a` (same dtype).
+    pub fn dup(&mut self, a: TensorId) -> Result<TensorId> {
+        let t = self.get(a)?;
+        let (dtype, ne) = (t.dtype, t.ne);
+        self.node(dtype, ne, Op::Dup, &[a])
+    }
+
+    /// Copy `a` into `b` converting the dtype; the result is a view of `b`. Element counts must match.
+    pub fn cpy(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let (ta, tb) = (self.get(a)?, self.get(b)?);
+        if ta.nelements() != tb.nelements() {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::Cpy,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "element counts must match",
+            });
+        }
+        if !ta.dtype.is_float() && ta.dtype != tb.dtype {
+            return Err(Error::UnsupportedDType {
+                op: OpKind::Cpy,
+                dtype: ta.dtype,
+                reason: "i32 copies only to i32",
+            });
+        }
+        if ta.dtype.is_quantized() && tb.dtype != DType::F32 && tb.dtype != ta.dtype {
+            return Err(Error::UnsupportedDType {
+                op: OpKind::Cpy,
+                dtype: ta.dtype,
+                reason: "quantized sources copy to f32 or the same type",
+            });
+        }
+        let (ne, nb, dtype) = (tb.ne, tb.nb, tb.dtype);
+        let id = self.view_node(b, ne, nb, 0, Op::Cpy, dtype)?;
+        self.get_mut(id)?.src = vec![a, b];
+        Ok(id)
+    }
+
+    /// A contiguous copy of `a` (same dtype and shape).
+    pub fn cont(&mut self, a: TensorId) -> Result<TensorId> {
+        let ne = self.get(a)?.ne;
+        self.cont_shape(a, &ne)
+    }
+
+    /// A contiguous copy of `a` with the new shape `dims` (same element count).
+    pub fn cont_shape(&mut self, a: TensorId, dims: &[usize]) -> Result<TensorId> {
+        let ne = shape4(dims, OpKind::Cont)?;
+        let t = self.get(a)?;
+        if t.nelements() != ne.iter().product::<usize>() {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::Cont,
+                lhs: t.ne,
+                rhs: ne,
+                reason: "element counts must match",
+            });
+        }
+        let dtype = t.dtype;
+        self.node(dtype, ne, Op::Cont, &[a])
+    }
+
+    /// `a` (contiguous) seen with shape `dims`.
+    pub fn reshape(&mut self, a: TensorId, dims: &[usize]) -> Result<TensorId> {
+        let ne = shape4(dims, OpKind::Reshape)?;
+        let t = self.get(a)?;
+        if !t.is_contiguous() {
+            return Err(Error::InvalidArgument {
+                op: OpKind::Reshape,
+                reason: format!("source '{}' is not contiguous", t.display_name()),
+            });
+        }
+        if t.nelements() != ne.iter().product::<usize>() {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::Reshape,
+                lhs: t.ne,
+                rhs: ne,
+                reason: "element counts must match",
+            });
+        }
+        let dtype = t.dtype;
+        let nb = contiguous_strides(dtype, ne)?;
+        self.view_node(a, ne, nb, 0, Op::Reshape, dtype)
+    }
+
+    /// A view of `a` with shape `dims`, strides `nb_outer` for dims 1.. (dim 0 stays dense), at
+    /// byte `offset`. Must lie within `a`'s memory.
+    pub fn view(
+        &mut self,
+        a: TensorId,
+        dims: &[usize],
+        nb_outer: &[usize],
+        offset: usize,
+    ) -> Result<TensorId> {
+        let ne = shape4(dims, OpKind::View)?;
+        let t = self.get(a)?;
+        let dtype = t.dtype;
+        if nb_outer.len() + 1 != dims.len() {
+            return Err(Error::InvalidArgument {
+                op: OpKind::View,
+                reason: format!(
+                    "{} dims need {} strides, got {}",
+                    dims.len(),
+                    dims.len() - 1,
+                    nb_outer.len()
+                ),
+            });
+        }
+        let mut nb = contiguous_strides(dtype, ne)?;
+        for (i, &s) in nb_outer.iter().enumerate() {
+            nb[i + 1] = s;
+        }
+        // Unused dims keep a stride consistent with the last given one.
+        for i in dims.len()..MAX_DIMS {
+            nb[i] = nb[i - 1] * ne[i - 1];
+        }
+        self.view_node(a, ne, nb, offset, Op::View { offset }, dtype)
+    }
+
+    /// Reorder dims: source dim `i` goes to position `axes[i]`.
+    pub fn permute(&mut self, a: TensorId, axes: [usize; 4]) -> Result<TensorId> {
+        let mut seen = [false; 4];
+        for &x in &axes {
+            if x >= 4 || seen[x] {
+                return Err(Error::InvalidArgument {
+                    op: OpKind::Permute,
+                    reason: format!("{axes:?} is not a permutation of 0..4"),
+                });
+            }
+            seen[x] = true;
+        }
+        let t = self.get(a)?;
+        let (mut ne, mut nb) = ([0; 4], [0; 4]);
+        for i in 0..4 {
+            ne[axes[i]] = t.ne[i];
+            nb[axes[i]] = t.nb[i];
+        }
+        let dtype = t.dtype;
+        let id = self.view_node(a, ne, [0; 4], 0, Op::Permute { axes }, dtype)?;
+        self.get_mut(id)?.nb = nb;
+        Ok(id)
+    }
+
+    /// Swap dims 0 and 1.
+    pub fn transpose(&mut self, a: TensorId) -> Result<TensorId> {
+        let id = self.permute(a, [1, 0, 2, 3])?;
+        self.get_mut(id)?.op = Op::Transpose;
+        Ok(id)
+    }
+
+    /// Rows of `a` picked by I32 indices `rows` (`[n, a.ne2, a.ne3]`): result f32
+    /// `[a.ne0, n, a.ne2, a.ne3]` (i32 for i32 sources).
+    pub fn get_rows(&mut self, a: TensorId, rows: TensorId) -> Result<TensorId> {
+        self.expect_dtype(
+            OpKind::GetRows,
+            rows,
+            &[DType::I32],
+            "row indices must be i32",
+        )?;
+        let (ta, tb) = (self.get(a)?, self.get(rows)?);
+        if ta.ne[2] != tb.ne[1] || tb.ne[3] != 1 || ta.ne[3] != tb.ne[2] {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::GetRows,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "indices must be [n, src.ne2, src.ne3]",
+            });
+        }
+        let dtype = if ta.dtype == DType::I32 {
+            DType::I32
+        } else {
+            DType::F32
+        };
+        let ne = [ta.ne[0], tb.ne[0], tb.ne[1], tb.ne[2]];
+        self.node(dtype, ne, Op::GetRows, &[a, rows])
+    }
+
+    /// Write the f32 rows of `src` into `dst` at I32 indices `rows` (`[src.ne1, k2, k3]`, src dims
+    /// 2 and 3 multiples of k2, k3); the result is a view of `dst`.
+    pub fn set_rows(&mut self, dst: TensorId, src: TensorId, rows: TensorId) -> Result<TensorId> {
+        self.expect_dtype(
+            OpKind::SetRows,
+            src,
+            &[DType::F32],
+            "source rows must be f32",
+        )?;
+        self.expect_dtype(
+            OpKind::SetRows,
+            rows,
+            &[DType::I32],
+            "row indices must be i32",
+        )?;
+        let (ta, tb, tc) = (self.get(dst)?, self.get(src)?, self.get(rows)?);
+        if ta.ne[0] != tb.ne[0] || ta.ne[2] != tb.ne[2] || ta.ne[3] != tb.ne[3] {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::SetRows,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "destination and source differ in dims 0, 2 or 3",
+            });
+        }
+        if tb.ne[1] != tc.ne[0]
+            || tb.ne[2] % tc.ne[1] != 0
+            || tb.ne[3] % tc.ne[2] != 0
+            || tc.ne[3] != 1
+        {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::SetRows,
+                lhs: tb.ne,
+                rhs: tc.ne,
+                reason: "indices must be [src.ne1, k2, k3] with k2, k3 dividing src dims 2, 3",
+            });
+        }
+        let (ne, nb, dtype) = (ta.ne, ta.nb, ta.dtype);
+        let id = self.view_node(dst, ne, nb, 0, Op::SetRows, dtype)?;
+        self.get_mut(id)?.src = vec![dst, src, rows];
+        Ok(id)
+    }
+
+    fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let kind = op.kind();
+        let (ta, tb) = (self.get(a)?, self.get(b)?);
+        for t in [ta, tb] {
+            if t.dtype.is_quantized() || !t.dtype.is_float() {
+                return Err(Error::UnsupportedDType {
+                    op: kind,
+                    dtype: t.dtype,
+                    reason: "operands must be f32, f16 or bf16",
+                });
+            }
+        }
+        if !can_repeat(tb, ta) {
+            return Err(Error::ShapeMismatch {
+                op: kind,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "src1 must broadcast to src0",
+            });
+        }
+        let (dtype, ne) = (ta.dtype, ta.ne);
+        self.node(dtype, ne, op, &[a, b])
+    }
+
+    /// `a + b` (b broadcast to a's shape).
+    pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Add, a, b)
+    }
+    /// `a - b` (b broadcast to a's shape).
+    pub fn sub(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Sub, a, b)
+    }
+    /// `a * b` (b broadcast to a's shape).
+    pub fn mul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Mul, a, b)
+    }
+    /// `a / b` (b broadcast to a's shape).
+    pub fn div(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Div, a, b)
+    }
+
+    fn unary_like(&mut self, op: Op, a: TensorId) -> Result<TensorId> {
+        let t = self.get(a)?;
+        if t.dtype != DType::F32 {
+            return Err(Error::UnsupportedDType {
+                op: op.kind(),
+                dtype: t.dtype,
+                reason: "operand must be f32",
+            });
+        }
+        let ne = t.ne;
+        self.node(DType::F32, ne, op, &[a])
+    }
+
+    /// `a * scale`.
+    pub fn scale(&mut self, a: TensorId, scale: f32) -> Result<TensorId> {
+        self.scale_bias(a, scale, 0.0)
+    }
+
+    /// `a * scale + bias`.
+    pub fn scale_bias(&mut self, a: TensorId, scale: f32, bias: f32) -> Result<TensorId> {
+        self.unary_like(Op::Scale { scale, bias }, a)
+    }
+
+    /// Matrix product per ggml: `a` `[k, m, ...]` (any weight dtype) and `b` `[k, n, b2, b3]`
+    /// (f32) give f32 `[m, n, b2, b3]`; `a`'s dims 2 and 3 broadcast to `b`'s.
+    pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.expect_dtype(OpKind::MulMat, b, &[DType::F32], "src1 must be f32")?;
+        let (ta, tb) = (self.get(a)?, self.get(b)?);
+        if ta.dtype == DType::I32 {
+            return Err(Error::UnsupportedDType {
+                op: OpKind::MulMat,
+                dtype: ta.dtype,
+                reason: "src0 must hold floats",
+            });
+        }
+        if ta.ne[0] != tb.ne[0] || tb.ne[2] % ta.ne[2] != 0 || tb.ne[3] % ta.ne[3] != 0 {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::MulMat,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "need equal ne0 and src0 dims 2, 3 dividing src1's",
+            });
+        }
+        if ta.is_transposed() {
+            return Err(Error::InvalidArgument {
+                op: OpKind::MulMat,
+                reason: "src0 must not be transposed".into(),
+            });
+        }
+        let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
+        self.node(DType::F32, ne, Op::MulMat, &[a, b])
+    }
+
+    /// Root-mean-square normalization of each row.
+    pub fn rms_norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId> {
+        self.unary_like(Op::RmsNorm { eps }, a)
+    }
+
+    /// Mean/variance normalization of each row.
+    pub fn norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId> {
+        self.unary_like(Op::Norm { eps }, a)
+    }
+
+    /// Rotary embedding of `a` `[head_dim, n_head, n_tokens, 1]` at I32 positions `pos` `[n_tokens]`.
+    pub fn rope(&mut self, a: TensorId, pos: TensorId, params: RopeParams) -> Result<TensorId> {
+        self.expect_dtype(OpKind::Rope, pos, &[DType::I32], "positions must be i32")?;
+        let (ta, tp) = (self.get(a)?, self.get(pos)?);
+        if tp.ne != [ta.ne[2], 1, 1, 1] {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::Rope,
+                lhs: ta.ne,
+                rhs: tp.ne,
+                reason: "one position per src0.ne2",
+            });
+        }
+        if params.n_dims == 0 || !params.n_dims.is_multiple_of(2) || params.n_dims > ta.ne[0] {
+            return Err(Error::InvalidArgument {
+                op: OpKind::Rope,
+                reason: format!(
+                    "n_dims {} must be even and at most ne0 {}",
+                    params.n_dims, ta.ne[0]
+                ),
+            });
+        }
+        if !(params.freq_base > 0.0 && params.freq_base.is_finite()) {
+            return Err(Error::InvalidArgument {
+                op: OpKind::Rope,
+                reason: format!("freq_base {} must be positive", params.freq_base),
+            });
+        }
+        let id = self.unary_like(Op::Rope(params), a)?;
+        self.get_mut(id)?.src.push(pos);
+        Ok(id)
+    }
+
+    /// Row-wise softmax.
+    pub fn soft_max(&mut self, a: TensorId) -> Result<TensorId> {
+        self.soft_max_ext(a, None, 1.0, 0.0)
+    }
+
+    /// Row-wise softmax of `a * scale + mask` (mask f32/f16 `[ne0, >= ne1, ...]`, broadcast over
+    /// dims 2 and 3), with ALiBi when `max_bias > 0`.
+    pub fn soft_max_ext(
+        &mut self,
+        a: TensorId,
+        mask: Option<TensorId>,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<TensorId> {
+        if let Some(m) = mask {
+            self.expect_dtype(
+                OpKind::SoftMax,
+                m,
+                &[DType::F32, DType::F16],
+                "mask must be f32 or f16",
+            )?;
+            let (ta, tm) = (self.get(a)?, self.get(m)?);
+            if tm.ne[0] != ta.ne[0]
+                || tm.ne[1] < ta.ne[1]
+                || ta.ne[2] % tm.ne[2] != 0
+                || ta.ne[3] % tm.ne[3] != 0
+            {
+                return Err(Error::ShapeMismatch {
+                    op: OpKind::SoftMax,
+                    lhs: ta.ne,
+                    rhs: tm.ne,
+                    reason: "mask must be [ne0, >= ne1, k2, k3] with k2, k3 dividing src dims",
+                });
+            }
+            if !tm.rows_contiguous() {
+                return Err(Error::InvalidArgument {
+                    op: OpKind::SoftMax,
+                    reason: "mask rows must be contiguous".into(),
+                });
+            }
+        } else if max_bias > 0.0 {
+            return Err(Error::InvalidArgument {
+                op: OpKind::SoftMax,
+                reason: "ALiBi (max_bias > 0) needs a mask".into(),
+            });
+        }
+        let id = self.unary_like(Op::SoftMax { scale, max_bias }, a)?;
+        if let Some(m) = mask {
+            self.get_mut(id)?.src.push(m);
+        }
+        Ok(id)
+    }
+
+    /// Causal mask: elements with column `> n_past + row` become -inf.
+    pub fn diag_mask_inf(&mut self, a: TensorId, n_past: usize) -> Result<TensorId> {
+        self.unary_like(Op::DiagMaskInf { n_past }, a)
+    }
+
+    /// `x * sigmoid(x)`.
+    pub fn silu(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary_like(Op::Unary(UnaryOp::Silu), a)
+    }
+
+    /// GELU (tanh approximation).
+    pub fn gelu(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary_like(Op::Unary(UnaryOp::Gelu), a)
+    }
+
+    /// `silu(a) * b` (equal shapes).
+    pub fn swiglu(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.expect_dtype(OpKind::Swiglu, b, &[DType::F32], "operands must be f32")?;
+        self.expect_same_shape(OpKind::Swiglu, a, b)?;
+        let id = self.unary_like(Op::Swiglu, a)?;
+        self.get_mut(id)?.src.push(b);
+        Ok(id)
+    }
+
+    /// `a` and `b` joined along `dim` (other dims equal, same dtype).
+    pub fn concat(&mut self, a: TensorId, b: TensorId, dim: usize) -> Result<TensorId> {
+        if dim >= MAX_DIMS {
+            return Err(Error::InvalidArgument {
+                op: OpKind::Concat,
+                reason: format!("dim {dim} out of range"),
+            });
+        }
+        let (ta, tb) = (self.get(a)?, self.get(b)?);
+        if ta.dtype != tb.dtype || ta.dtype.is_quantized() {
+            return Err(Error::UnsupportedDType {
+                op: OpKind::Concat,
+                dtype: tb.dtype,
+                reason: "operands must share one non-quantized dtype",
+            });
+        }
+        if (0..MAX_DIMS).any(|i| i != dim && ta.ne[i] != tb.ne[i]) {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::Concat,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "shapes must match outside the concatenated dim",
+            });
+        }
+        let mut ne = ta.ne;
+        ne[dim] += tb.ne[dim];
+        let dtype = ta.dtype;
+        self.node(dtype, ne, Op::Concat { dim }, &[a, b])
+    }
+
+    /// Index of the largest element of each row of a matrix: i32 `[ne1]`.
+    pub fn argmax(&mut self, a: TensorId) -> Result<TensorId> {
+        self.expect_dtype(OpKind::Argmax, a, &[DType::F32], "operand must be f32")?;
+        let t = self.get(a)?;
+        if t.ne[2] != 1 || t.ne[3] != 1 {
+            return Err(Error::InvalidArgument {
+                op: OpKind::Argmax,
+                reason: format!("operand must be a matrix, got {:?}", t.ne),
+            });
+        }
+        let n = t.ne[1];
+        self.node(DType::I32, [n, 1, 1, 1], Op::Argmax, &[a])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builders_validate_shapes() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[4, 3]).unwrap();
+        let b = ctx.new_tensor(DType::F32, &[4, 1]).unwrap();
+        let c = ctx.new_tensor(DType::F32, &[3, 3]).unwrap();
+        let sum = ctx.add(a, b).unwrap();
+        assert_eq!(ctx[sum].ne, [4, 3, 1, 1]);
+        assert!(matches!(ctx.add(a, c), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(
+            ctx.mul_mat(a, c),
+            Err(Error::ShapeMismatch { .. })
+        ));
+        let mm = ctx.mul_mat(a, a).unwrap();
+        assert_eq!(ctx[mm].ne, [3, 3, 1, 1]);
+        assert!(ctx.reshape(a, &[5, 2]).is_err());
+        assert!(ctx.permute(a, [0, 0, 1, 2]).is_err());
+        assert!(ctx.view(a, &[4, 4], &[16], 0).is_err());
+        assert!(ctx.new_tensor(DType::F32, &[1, 2, 3, 4, 5]).is_err());
+        assert!(ctx.get(TensorId(999)).is_err());
+    }
+
+    #[test]
+    fn views_point_at_their_root() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[8, 4]).unwrap();
+        let v = ctx.view(a, &[4, 2], &[32], 32).unwrap();
+        let vv = ctx.view(v, &[2], &[], 8).unwrap();
+        assert_eq!(ctx[vv].view_src, Some(a));
+        assert_eq!(ctx[vv].view_offset, 40);
+        let t = ctx.transpose(a).unwrap();
+        assert_eq!(ctx[t].ne, [4, 8, 1, 1]);
+        assert_eq!(ctx[t].nb, [32, 4, 128, 128]);
+        assert!(ctx[t].is_transposed());
+        assert!(matches!(
+            ctx.mul_mat(t, t),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}
