@@ -122,32 +122,36 @@ pub fn dot_bf16_f32(x: &[bf16], y: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+// f16 scales go through `to_f32_const` (exact, branchy software conversion): `to_f32` re-checks
+// CPU features on every call, which doubled the cost of the legacy dots in measurements.
+//
+// The legacy scalar dots first unpack the weights into a 32-byte array in element order and then
+// take a plain i8 x i8 dot: both loops vectorise, where a fused unpack-and-multiply loop does not.
+
 /// Integer dot of 16 packed nibbles (elements j and j + 16) with 32 i8 activations, the nibbles
 /// taken as `q - offset`.
 #[inline(always)]
-fn nibble_dot(qs: &[u8; 16], y: &[i8; 32], offset: i32) -> i32 {
-    let mut sum = 0i32;
+fn nibble_dot(qs: &[u8; 16], y: &[i8; 32], offset: i8) -> i32 {
+    let mut q = [0i8; 32];
     for j in 0..16 {
-        let v0 = i32::from(qs[j] & 0x0F) - offset;
-        let v1 = i32::from(qs[j] >> 4) - offset;
-        sum += v0 * i32::from(y[j]) + v1 * i32::from(y[j + 16]);
+        q[j] = (qs[j] & 0x0F) as i8 - offset;
+        q[j + 16] = (qs[j] >> 4) as i8 - offset;
     }
-    sum
+    i8_dot(&q, y)
 }
 
 /// Integer dot of 5-bit quants (low nibbles + `qh` bit) with 32 i8 activations.
 #[inline(always)]
-fn five_bit_dot(qh: [u8; 4], qs: &[u8; 16], y: &[i8; 32], offset: i32) -> i32 {
+fn five_bit_dot(qh: [u8; 4], qs: &[u8; 16], y: &[i8; 32], offset: i8) -> i32 {
     let qh = u32::from_le_bytes(qh);
-    let mut sum = 0i32;
+    let mut q = [0i8; 32];
     for j in 0..16 {
         let h0 = ((qh >> j) & 1) as u8;
         let h1 = ((qh >> (j + 16)) & 1) as u8;
-        let v0 = i32::from((qs[j] & 0x0F) | (h0 << 4)) - offset;
-        let v1 = i32::from((qs[j] >> 4) | (h1 << 4)) - offset;
-        sum += v0 * i32::from(y[j]) + v1 * i32::from(y[j + 16]);
+        q[j] = ((qs[j] & 0x0F) | (h0 << 4)) as i8 - offset;
+        q[j + 16] = ((qs[j] >> 4) | (h1 << 4)) as i8 - offset;
     }
-    sum
+    i8_dot(&q, y)
 }
 
 #[inline(always)]
@@ -163,7 +167,7 @@ fn i8_dot<const N: usize>(a: &[i8; N], b: &[i8; N]) -> i32 {
 pub fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
-        // SAFETY: AVX2 and FMA were detected at runtime.
+        // SAFETY: AVX2, FMA and F16C were detected at runtime.
         return unsafe { avx2::dot_q4_0_q8_0(x, y) };
     }
     dot_q4_0_q8_0_scalar(x, y)
@@ -173,7 +177,7 @@ fn dot_q4_0_q8_0_scalar(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (bx, by) in x.iter().zip(y) {
         let sumi = nibble_dot(&bx.qs, &by.qs, 8);
-        sumf += sumi as f32 * bx.d.to_f32() * by.d.to_f32();
+        sumf += sumi as f32 * bx.d.to_f32_const() * by.d.to_f32_const();
     }
     sumf
 }
@@ -182,7 +186,7 @@ fn dot_q4_0_q8_0_scalar(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
 pub fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
-        // SAFETY: AVX2 and FMA were detected at runtime.
+        // SAFETY: AVX2, FMA and F16C were detected at runtime.
         return unsafe { avx2::dot_q4_1_q8_1(x, y) };
     }
     dot_q4_1_q8_1_scalar(x, y)
@@ -193,7 +197,8 @@ fn dot_q4_1_q8_1_scalar(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
     for (bx, by) in x.iter().zip(y) {
         let sumi = nibble_dot(&bx.qs, &by.qs, 0);
         // The min term: m * sum(y) = m * s, with s = d_y * sum(q_y) precomputed in the block.
-        sumf += (bx.d.to_f32() * by.d.to_f32()) * sumi as f32 + bx.m.to_f32() * by.s.to_f32();
+        sumf += (bx.d.to_f32_const() * by.d.to_f32_const()) * sumi as f32
+            + bx.m.to_f32_const() * by.s.to_f32_const();
     }
     sumf
 }
@@ -203,7 +208,7 @@ pub fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (bx, by) in x.iter().zip(y) {
         let sumi = five_bit_dot(bx.qh, &bx.qs, &by.qs, 16);
-        sumf += (bx.d.to_f32() * by.d.to_f32()) * sumi as f32;
+        sumf += (bx.d.to_f32_const() * by.d.to_f32_const()) * sumi as f32;
     }
     sumf
 }
@@ -213,7 +218,8 @@ pub fn dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
     let mut sumf = 0.0f32;
     for (bx, by) in x.iter().zip(y) {
         let sumi = five_bit_dot(bx.qh, &bx.qs, &by.qs, 0);
-        sumf += (bx.d.to_f32() * by.d.to_f32()) * sumi as f32 + bx.m.to_f32() * by.s.to_f32();
+        sumf += (bx.d.to_f32_const() * by.d.to_f32_const()) * sumi as f32
+            + bx.m.to_f32_const() * by.s.to_f32_const();
     }
     sumf
 }
@@ -222,7 +228,7 @@ pub fn dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
 pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
-        // SAFETY: AVX2 and FMA were detected at runtime.
+        // SAFETY: AVX2, FMA and F16C were detected at runtime.
         return unsafe { avx2::dot_q8_0_q8_0(x, y) };
     }
     dot_q8_0_q8_0_scalar(x, y)
@@ -232,7 +238,7 @@ fn dot_q8_0_q8_0_scalar(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (bx, by) in x.iter().zip(y) {
         let sumi = i8_dot(&bx.qs, &by.qs);
-        sumf += sumi as f32 * (bx.d.to_f32() * by.d.to_f32());
+        sumf += sumi as f32 * (bx.d.to_f32_const() * by.d.to_f32_const());
     }
     sumf
 }
@@ -279,7 +285,7 @@ pub fn dot_q4_k_q8_k(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
         }
         let (sc, summs) = k4_scales(&bx.scales, &by.bsums);
         let isum = scaled_dot_32(&q, &by.qs, &sc);
-        let d = bx.d.to_f32() * by.d;
+        let d = bx.d.to_f32_const() * by.d;
         let dmin = bx.dmin.to_f32() * by.d;
         sumf += d * isum as f32 - dmin * summs as f32;
     }
@@ -301,7 +307,7 @@ pub fn dot_q5_k_q8_k(x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 {
         }
         let (sc, summs) = k4_scales(&bx.scales, &by.bsums);
         let isum = scaled_dot_32(&q, &by.qs, &sc);
-        let d = bx.d.to_f32() * by.d;
+        let d = bx.d.to_f32_const() * by.d;
         let dmin = bx.dmin.to_f32() * by.d;
         sumf += d * isum as f32 - dmin * summs as f32;
     }
@@ -331,7 +337,7 @@ pub fn dot_q6_k_q8_k(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
             }
             isum += i32::from(bx.scales[j & 15]) * s;
         }
-        sumf += bx.d.to_f32() * by.d * isum as f32;
+        sumf += bx.d.to_f32_const() * by.d * isum as f32;
     }
     sumf
 }
@@ -348,12 +354,24 @@ mod avx2 {
 
     pub(super) fn available() -> bool {
         static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+
+    /// f16 -> f32 with the F16C instruction (the generic conversion re-detects CPU features on
+    /// every call, which costs as much as the rest of a block's work).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn h2f(h: half::f16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits()))))
     }
 
     /// Horizontal sum of 8 f32 lanes.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
         let hi = _mm256_extractf128_ps::<1>(v);
@@ -365,7 +383,7 @@ mod avx2 {
 
     /// 32 bytes from a 32-byte array.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn load32(a: &[i8; 32]) -> __m256i {
         // SAFETY: `a` is exactly 32 readable bytes; loadu has no alignment requirement.
         unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }
@@ -374,7 +392,7 @@ mod avx2 {
     /// The 16 nibble bytes of a 4-bit block unpacked into 32 bytes in element order
     /// (low nibbles = elements 0..16, high nibbles = elements 16..32).
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn unpack_nibbles(qs: &[u8; 16]) -> __m256i {
         // SAFETY: `qs` is exactly 16 readable bytes; loadu has no alignment requirement.
         let b = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
@@ -385,7 +403,7 @@ mod avx2 {
 
     /// Sum of unsigned-byte x signed-byte products, as 8 i32 lanes converted to f32.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn mul_sum_us8(ux: __m256i, sy: __m256i) -> __m256 {
         // maddubs saturates at i16; |15 * 127 * 2| and |8 * 128 * 2| stay far below that.
         let dot16 = _mm256_maddubs_epi16(ux, sy);
@@ -396,7 +414,7 @@ mod avx2 {
     /// Sum of signed-byte x signed-byte products via sign transfer (maddubs needs one unsigned
     /// operand), as 8 i32 lanes converted to f32.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
         let ax = _mm256_sign_epi8(x, x);
         let sy = _mm256_sign_epi8(y, x);
@@ -404,12 +422,12 @@ mod avx2 {
     }
 
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (bx, by) in x.iter().zip(y) {
-            let d = _mm256_set1_ps(bx.d.to_f32() * by.d.to_f32());
+            let d = _mm256_set1_ps(h2f(bx.d) * h2f(by.d));
             // q - 8 in -8..8, then a signed x signed product.
             let qx = _mm256_sub_epi8(unpack_nibbles(&bx.qs), _mm256_set1_epi8(8));
             let p = mul_sum_i8(qx, load32(&by.qs));
@@ -419,14 +437,14 @@ mod avx2 {
     }
 
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let mut summs = 0.0f32;
         for (bx, by) in x.iter().zip(y) {
-            summs += bx.m.to_f32() * by.s.to_f32();
-            let d = _mm256_set1_ps(bx.d.to_f32() * by.d.to_f32());
+            summs += h2f(bx.m) * h2f(by.s);
+            let d = _mm256_set1_ps(h2f(bx.d) * h2f(by.d));
             let p = mul_sum_us8(unpack_nibbles(&bx.qs), load32(&by.qs));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
@@ -434,12 +452,12 @@ mod avx2 {
     }
 
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (bx, by) in x.iter().zip(y) {
-            let d = _mm256_set1_ps(bx.d.to_f32() * by.d.to_f32());
+            let d = _mm256_set1_ps(h2f(bx.d) * h2f(by.d));
             let p = mul_sum_i8(load32(&bx.qs), load32(&by.qs));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
@@ -588,6 +606,52 @@ mod tests {
         for (fast, scalar) in pairs {
             assert!(close(fast, scalar), "{fast} vs {scalar}");
         }
+    }
+
+    /// Timing check for the SIMD paths: `cargo test --release -p rgml-cpu -- --ignored
+    /// --nocapture bench_`.
+    #[test]
+    #[ignore]
+    fn bench_simd_vs_scalar() {
+        use std::hint::black_box;
+        use std::time::Instant;
+        let mut rng = StdRng::seed_from_u64(3);
+        let n = 4096;
+        let (a, b) = (gaussianish(&mut rng, n), gaussianish(&mut rng, n));
+        let q4_0: Vec<BlockQ4_0> = blocks_of(&encode(DType::Q4_0, &a));
+        let q4_1: Vec<BlockQ4_1> = blocks_of(&encode(DType::Q4_1, &a));
+        let q8_0a: Vec<BlockQ8_0> = blocks_of(&encode(DType::Q8_0, &a));
+        let q8_0: Vec<BlockQ8_0> = blocks_of(&encode(DType::Q8_0, &b));
+        let q8_1: Vec<BlockQ8_1> = blocks_of(&encode(DType::Q8_1, &b));
+        let time = |name: &str, f: &dyn Fn() -> f32| {
+            let iters = 20_000;
+            let t = Instant::now();
+            for _ in 0..iters {
+                black_box(f());
+            }
+            let ns = t.elapsed().as_nanos() as f64 / iters as f64;
+            println!("{name:24} {ns:9.1} ns per {n}-element dot");
+        };
+        time("q4_0 dispatch", &|| dot_q4_0_q8_0(black_box(&q4_0), &q8_0));
+        time("q4_0 scalar", &|| {
+            dot_q4_0_q8_0_scalar(black_box(&q4_0), &q8_0)
+        });
+        time("q4_1 dispatch", &|| dot_q4_1_q8_1(black_box(&q4_1), &q8_1));
+        time("q4_1 scalar", &|| {
+            dot_q4_1_q8_1_scalar(black_box(&q4_1), &q8_1)
+        });
+        time("q8_0 dispatch", &|| dot_q8_0_q8_0(black_box(&q8_0a), &q8_0));
+        time("q8_0 scalar", &|| {
+            dot_q8_0_q8_0_scalar(black_box(&q8_0a), &q8_0)
+        });
+        let q5_0: Vec<BlockQ5_0> = blocks_of(&encode(DType::Q5_0, &a));
+        let q4k: Vec<BlockQ4_K> = blocks_of(&encode(DType::Q4_K, &a));
+        let q6k: Vec<BlockQ6_K> = blocks_of(&encode(DType::Q6_K, &a));
+        let q8k: Vec<BlockQ8_K> = blocks_of(&encode(DType::Q8_K, &b));
+        time("q5_0 scalar", &|| dot_q5_0_q8_0(black_box(&q5_0), &q8_0));
+        time("q4_K scalar", &|| dot_q4_k_q8_k(black_box(&q4k), &q8k));
+        time("q6_K scalar", &|| dot_q6_k_q8_k(black_box(&q6k), &q8k));
+        time("f32", &|| dot_f32(black_box(&a), &b));
     }
 
     #[test]
