@@ -412,7 +412,8 @@ mod avx2 {
     }
 
     /// Sum of signed-byte x signed-byte products via sign transfer (maddubs needs one unsigned
-    /// operand), as 8 i32 lanes converted to f32.
+    /// operand), as 8 i32 lanes converted to f32. Like ggml's AVX2 code this assumes quants in
+    /// -127..=127 (what every quantizer produces): a -128 would overflow the sign flip.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
