@@ -114,6 +114,10 @@ pub enum Error {
     /// Computation stopped by the abort callback.
     #[error("computation aborted")]
     Aborted,
+    /// The graph allocator cannot place a graph (bad buffer ids, a graph that changed without
+    /// a new reserve, ...).
+    #[error("graph allocator: {0}")]
+    GraphAlloc(String),
     /// A backend-specific failure.
     #[error("{backend}: {message}")]
     Backend {
