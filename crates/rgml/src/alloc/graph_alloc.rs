@@ -27,6 +27,8 @@
 //!   tensor always lands in the buffer its buffer id names.
 //! - A plan is reused only for the same graph structure (same node, leaf and source ids, flags,
 //!   view sources, and unchanged in-place layouts); ggml only compares counts and sizes.
+//! - A source that is a view the graph does not list (a graph made of a node range) keeps the
+//!   view's source alive until it is read; ggml does not count such views.
 //! - One buffer per buffer type, no chunking: a peak above the buffer type's `max_size` is an
 //!   allocation error rather than a split buffer.
 //!
@@ -256,7 +258,9 @@ struct TensorState {
     n_children: usize,
     /// Graph views of this tensor whose consumers have not all run yet.
     n_views: usize,
-    /// Whether this view was counted in its source's `n_views`.
+    /// Whether this view is a graph node (and so counted in its source's `n_views`).
+    listed_view: bool,
+    /// Whether this view still holds its count in its source's `n_views`.
     counted_view: bool,
     /// Whether the tensor got its placement (own memory or taken over in place).
     planned: bool,
@@ -329,13 +333,23 @@ impl<'a> Planner<'a> {
             let t = ctx.get(node)?;
             if let (Some(root), false) = (t.view_src, t.op == Op::None) {
                 self.st(root)?.n_views += 1;
-                self.st(node)?.counted_view = true;
+                let st = self.st(node)?;
+                st.listed_view = true;
+                st.counted_view = true;
             }
             if t.flags.contains(TensorFlags::INPUT) {
                 self.allocate(node, bid(node_ids, i))?;
             }
             for &src in &t.src {
                 self.st(src)?.n_children += 1;
+                // A source that is a view the graph does not list (e.g. a graph made of a node
+                // range): ggml would never count it and could free its memory too early, so the
+                // read counts against the view's source instead.
+                if let Some(root) = ctx.get(src)?.view_src {
+                    if !self.st(src)?.listed_view {
+                        self.st(root)?.n_children += 1;
+                    }
+                }
                 if ctx.get(src)?.flags.contains(TensorFlags::INPUT) {
                     self.allocate(src, bid(node_ids, i))?;
                 }
@@ -412,7 +426,8 @@ impl<'a> Planner<'a> {
     ) -> Result<Option<(TensorId, TensorId)>> {
         let ctx = self.ctx;
         let t = ctx.get(id)?;
-        if !op_can_inplace(&t.op) {
+        // An input's bytes come from the caller, never from a source.
+        if !op_can_inplace(&t.op) || t.flags.contains(TensorFlags::INPUT) {
             return Ok(None);
         }
         let Some(&parent) = t.src.first() else {
@@ -460,16 +475,19 @@ impl<'a> Planner<'a> {
         for &src in &ctx.get(node)?.src {
             let st = self.st(src)?;
             st.n_children = st.n_children.saturating_sub(1);
-            if st.n_children != 0 || st.n_views != 0 {
-                continue;
-            }
-            let (owned, counted_view) = (st.owned, st.counted_view);
+            let done = st.n_children == 0 && st.n_views == 0;
+            let (owned, listed, counted) = (st.owned, st.listed_view, st.counted_view);
             match ctx.get(src)?.view_src {
-                Some(root) => {
-                    if !counted_view {
-                        continue;
+                // A view the graph does not list: the read counted against its source directly.
+                Some(root) if !listed => {
+                    let rs = self.st(root)?;
+                    rs.n_children = rs.n_children.saturating_sub(1);
+                    if rs.n_children == 0 && rs.n_views == 0 && rs.owned {
+                        self.pending_free.push(root);
                     }
-                    // Free the view's source once its last view and last reader are done.
+                }
+                // Free the view's source once its last view and last reader are done.
+                Some(root) if done && counted => {
                     self.st(src)?.counted_view = false;
                     let rs = self.st(root)?;
                     rs.n_views = rs.n_views.saturating_sub(1);
@@ -477,8 +495,8 @@ impl<'a> Planner<'a> {
                         self.pending_free.push(root);
                     }
                 }
-                None if owned => self.pending_free.push(src),
-                None => {}
+                None if done && owned => self.pending_free.push(src),
+                _ => {}
             }
         }
         Ok(())
