@@ -368,8 +368,9 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
-    /// Give `id` memory in buffer `buffer_id` unless it has storage, is a view, or already has
-    /// its place (ggml's `ggml_gallocr_allocate_node`).
+    /// Give `id` memory in buffer `buffer_id` unless it has storage or already has its place; a
+    /// view gets none itself, its source is allocated instead (ggml's
+    /// `ggml_gallocr_allocate_node`).
     fn allocate(&mut self, id: TensorId, buffer_id: usize) -> Result<()> {
         let t = self.ctx.get(id)?;
         if t.data.is_some() || self.st(id)?.planned {
