@@ -815,3 +815,155 @@ fn registry_and_params() {
     assert_eq!(out, [7, 7, 7, 7, 7, 0]);
     assert!(buf.set(98, &[1, 2, 3]).is_err());
 }
+
+const QUANT_WEIGHTS: [DType; 8] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+fn quantize(dtype: DType, v: &[f32], ne0: usize) -> Vec<u8> {
+    let rb = dtype.row_bytes(ne0).unwrap();
+    let mut out = vec![0u8; rb * v.len() / ne0];
+    for (src, dst) in v.chunks(ne0).zip(out.chunks_mut(rb)) {
+        rgml::quant::quantize_row(dtype, src, dst).unwrap();
+    }
+    out
+}
+
+fn dequantize(dtype: DType, b: &[u8], ne0: usize) -> Vec<f32> {
+    let rb = dtype.row_bytes(ne0).unwrap();
+    let mut out = vec![0f32; b.len() / rb * ne0];
+    for (src, dst) in b.chunks(rb).zip(out.chunks_mut(ne0)) {
+        rgml::quant::dequantize_row(dtype, src, dst).unwrap();
+    }
+    out
+}
+
+#[test]
+fn mul_mat_quantized_weights() {
+    for dtype in QUANT_WEIGHTS {
+        let mut outs = vec![];
+        for nth in [1, 3] {
+            let mut ctx = Context::new();
+            let ane = [512, 7, 2, 1];
+            let bne = [512, 3, 4, 1];
+            let a = ctx.new_tensor(dtype, &ane).unwrap();
+            let b = ctx.new_tensor(DType::F32, &bne).unwrap();
+            let o = ctx.mul_mat(a, b).unwrap();
+            alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+            let wa = quantize(dtype, &rnd(512 * 14, 30), 512);
+            ctx.tensor_set(a, 0, &wa).unwrap();
+            let vb = fill(&ctx, b, 31);
+            compute(&mut ctx, &[o], nth).unwrap();
+            let got = read(&ctx, o);
+            // Reference: dequantized weights against src1 rounded through the vec-dot type.
+            let va = dequantize(dtype, &wa, 512);
+            let vd = dtype.vec_dot_type();
+            let vq = dequantize(vd, &quantize(vd, &vb, 512), 512);
+            let want = matmul_ref(&va, ane, &vq, bne);
+            let mags = matmul_ref(
+                &va.iter().map(|x| x.abs()).collect::<Vec<_>>(),
+                ane,
+                &vq.iter().map(|x| x.abs()).collect::<Vec<_>>(),
+                bne,
+            );
+            for ((g, w), m) in got.iter().zip(&want).zip(&mags) {
+                assert!(
+                    (g - w).abs() <= 1e-4 * m + 1e-5,
+                    "{dtype}: got {g}, want {w}"
+                );
+            }
+            // And close to the exact f32 product (catches a wrong vec-dot type).
+            let exact = matmul_ref(&va, ane, &vb, bne);
+            for ((g, w), m) in got.iter().zip(&exact).zip(&mags) {
+                assert!(
+                    (g - w).abs() <= 0.02 * m + 1e-3,
+                    "{dtype}: got {g}, exact {w}"
+                );
+            }
+            outs.push(got);
+        }
+        assert_eq!(outs[0], outs[1], "{dtype}: thread counts differ");
+    }
+}
+
+#[test]
+fn quantized_rows_copies_and_scatters() {
+    for dtype in QUANT_WEIGHTS {
+        let mut ctx = Context::new();
+        let w = ctx.new_tensor(dtype, &[256, 5]).unwrap();
+        let idx = ctx.new_tensor(DType::I32, &[3]).unwrap();
+        let g = ctx.get_rows(w, idx).unwrap();
+        let deq = ctx.new_tensor(DType::F32, &[256, 5]).unwrap();
+        let d = ctx.cpy(w, deq).unwrap();
+        let x = ctx.new_tensor(DType::F32, &[256, 4]).unwrap();
+        let q = ctx.new_tensor(dtype, &[256, 4]).unwrap();
+        let qc = ctx.cpy(x, q).unwrap();
+        // f32 -> quantized from a transposed (strided) source.
+        let xt_src = ctx.new_tensor(DType::F32, &[4, 256]).unwrap();
+        let xt = ctx.transpose(xt_src).unwrap();
+        let q2 = ctx.new_tensor(dtype, &[256, 4]).unwrap();
+        let qt = ctx.cpy(xt, q2).unwrap();
+        alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+        let wb = quantize(dtype, &rnd(256 * 5, 40), 256);
+        ctx.tensor_set(w, 0, &wb).unwrap();
+        ctx.tensor_set_i32(idx, &[4, 0, 4]).unwrap();
+        let vx = fill(&ctx, x, 41);
+        let mut vt = vec![0f32; 1024];
+        for r in 0..4 {
+            for c in 0..256 {
+                vt[r + 4 * c] = vx[c + 256 * r];
+            }
+        }
+        ctx.tensor_set_f32(xt_src, &vt).unwrap();
+        compute(&mut ctx, &[g, d, qc, qt], 2).unwrap();
+        let wd = dequantize(dtype, &wb, 256);
+        let want_g: Vec<f32> = [4usize, 0, 4]
+            .iter()
+            .flat_map(|&r| wd[r * 256..(r + 1) * 256].to_vec())
+            .collect();
+        assert_eq!(read(&ctx, g), want_g, "{dtype} get_rows");
+        assert_eq!(read(&ctx, deq), wd, "{dtype} dequantizing cpy");
+        let want_q = quantize(dtype, &vx, 256);
+        assert_eq!(
+            ctx.tensor_bytes(q).unwrap(),
+            want_q,
+            "{dtype} quantizing cpy"
+        );
+        assert_eq!(
+            ctx.tensor_bytes(q2).unwrap(),
+            want_q,
+            "{dtype} strided quantizing cpy"
+        );
+    }
+    for dtype in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ] {
+        let mut ctx = Context::new();
+        let cache = ctx.new_tensor(dtype, &[64, 6]).unwrap();
+        let rows = ctx.new_tensor(DType::F32, &[64, 2]).unwrap();
+        let sidx = ctx.new_tensor(DType::I32, &[2]).unwrap();
+        let sr = ctx.set_rows(cache, rows, sidx).unwrap();
+        alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+        ctx.tensor_memset(cache, 0, 0, ctx[cache].nbytes()).unwrap();
+        let vr = fill(&ctx, rows, 42);
+        ctx.tensor_set_i32(sidx, &[3, 1]).unwrap();
+        compute(&mut ctx, &[sr], 2).unwrap();
+        let rb = dtype.row_bytes(64).unwrap();
+        let got = ctx.tensor_bytes(cache).unwrap();
+        let want = quantize(dtype, &vr, 64);
+        assert_eq!(&got[3 * rb..4 * rb], &want[..rb], "{dtype}");
+        assert_eq!(&got[rb..2 * rb], &want[rb..], "{dtype}");
+        assert!(got[..rb].iter().all(|&b| b == 0));
+    }
+}

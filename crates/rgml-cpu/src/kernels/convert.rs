@@ -13,9 +13,9 @@ pub(crate) const fn quant_available() -> bool {
     QUANT
 }
 
-/// Set once the quant branch provides `rgml::quant::{quantize_row, dequantize_row}` and
-/// `kernels::dot::vec_dot`.
-const QUANT: bool = false;
+/// The codecs of [`rgml::quant`] and the dots of [`super::dot`] are linked in. A build
+/// without them would set this to false, and the support table would drop every quantized path.
+const QUANT: bool = true;
 
 fn conversion_error(dtype: DType, what: &str) -> Error {
     Error::Unsupported {
@@ -161,18 +161,15 @@ fn short(need: usize, got: usize) -> Error {
 }
 
 fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
-    let _ = (src, dst);
-    Err(conversion_error(dtype, "quantization"))
+    rgml::quant::quantize_row(dtype, src, dst)
 }
 
 fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
-    let _ = (src, dst);
-    Err(conversion_error(dtype, "dequantization"))
+    rgml::quant::dequantize_row(dtype, src, dst)
 }
 
 /// Dot product of `n` elements: `x` a row of weight type `xtype`, `y` a row of
 /// `xtype.vec_dot_type()` (quantized types only; plain types are handled by the matmul kernel).
 pub(crate) fn vec_dot_quant(xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
-    let _ = (n, x, y);
-    Err(conversion_error(xtype, "dot product"))
+    super::dot::vec_dot(xtype, n, x, y)
 }
