@@ -148,17 +148,30 @@ pub struct CpuRegistry {
 impl CpuRegistry {
     /// One device called "CPU".
     pub fn new() -> Self {
-        Self::with_devices(&["CPU"])
+        Self::with_devices(["CPU"])
     }
 
     /// One device per name, each with its own buffer type.
-    pub fn with_devices(names: &[&str]) -> Self {
+    pub fn with_devices<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Self {
         CpuRegistry {
             devices: names
-                .iter()
-                .map(|n| CpuDevice::new(*n) as DeviceRef)
+                .into_iter()
+                .map(|n| CpuDevice::new(n) as DeviceRef)
                 .collect(),
         }
+    }
+
+    /// "CPU", plus `CPU0` … `CPU{N-1}` when the environment sets `RGML_CPU_DEVICES=N` (so
+    /// multi-device code can run on one machine). Unparsable values are ignored; N is capped
+    /// at 64.
+    pub fn from_env() -> Self {
+        let extra = std::env::var("RGML_CPU_DEVICES")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+            .min(64);
+        let names = std::iter::once("CPU".to_string()).chain((0..extra).map(|i| format!("CPU{i}")));
+        Self::with_devices(names)
     }
 }
 

@@ -19,10 +19,11 @@ pub use kernels::check_supported;
 
 use std::sync::Arc;
 
-/// Register the CPU registry (device "CPU") with [`rgml::registry`]. Calling it again
-/// replaces the registry with an equal one.
+/// Register the CPU registry with [`rgml::registry`]: device "CPU", plus `CPU0` … `CPU{N-1}`
+/// when `RGML_CPU_DEVICES=N` is set ([`CpuRegistry::from_env`]). Calling it again replaces the
+/// registry with an equal one.
 pub fn register() {
-    rgml::registry::register(Arc::new(CpuRegistry::new()));
+    rgml::registry::register(Arc::new(CpuRegistry::from_env()));
 }
 
 /// Threads used when a backend is opened without `n_threads`: the available parallelism.

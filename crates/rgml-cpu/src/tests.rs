@@ -814,6 +814,18 @@ fn registry_and_params() {
     other.get(0, &mut out).unwrap();
     assert_eq!(out, [7, 7, 7, 7, 7, 0]);
     assert!(buf.set(98, &[1, 2, 3]).is_err());
+
+    // Several devices, each with its own buffer type.
+    let reg = crate::CpuRegistry::with_devices(["CPU0", "CPU1"]);
+    let devs = rgml::registry::Registry::devices(&reg);
+    assert_eq!(devs.len(), 2);
+    let (b0, b1) = (devs[0].buffer_type(), devs[1].buffer_type());
+    assert_eq!((b0.name(), b1.name()), ("CPU0", "CPU1"));
+    assert!(!rgml::backend::same_instance(&b0, &b1));
+    let be = devs[1]
+        .init_backend(&rgml::backend::BackendParams::default())
+        .unwrap();
+    assert_eq!(be.name(), "CPU1");
 }
 
 const QUANT_WEIGHTS: [DType; 8] = [
@@ -965,5 +977,44 @@ fn quantized_rows_copies_and_scatters() {
         assert_eq!(&got[3 * rb..4 * rb], &want[..rb], "{dtype}");
         assert_eq!(&got[rb..2 * rb], &want[rb..], "{dtype}");
         assert!(got[..rb].iter().all(|&b| b == 0));
+    }
+}
+
+/// Rough matmul timings (run with `--ignored --nocapture`); asserts nothing about speed.
+#[test]
+#[ignore]
+fn bench_mul_mat() {
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        for n in [1usize, 32] {
+            let mut ctx = Context::new();
+            let a = ctx.new_tensor(dtype, &[4096, 4096]).unwrap();
+            let b = ctx.new_tensor(DType::F32, &[4096, n]).unwrap();
+            let o = ctx.mul_mat(a, b).unwrap();
+            alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+            let row = rnd(4096, 1);
+            let rb = dtype.row_bytes(4096).unwrap();
+            let mut qrow = vec![0u8; rb];
+            crate::kernels::row_from_f32_for_tests(dtype, &row, &mut qrow).unwrap();
+            ctx.tensor_set(a, 0, &qrow.repeat(4096)).unwrap();
+            fill(&ctx, b, 2);
+            let g = Graph::build(&mut ctx, &[o]).unwrap();
+            let mut be = CpuBackend::new(crate::default_n_threads()).unwrap();
+            be.graph_compute(&ctx, &g).unwrap();
+            let reps = if n == 1 { 20 } else { 3 };
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                be.graph_compute(&ctx, &g).unwrap();
+            }
+            let dt = t.elapsed().as_secs_f64() / reps as f64;
+            let gflops = 2.0 * 4096.0 * 4096.0 * n as f64 / dt / 1e9;
+            println!("{dtype} x {n}: {:.3} ms, {gflops:.1} GFLOP/s", dt * 1e3);
+        }
     }
 }

@@ -28,6 +28,12 @@ mod softmax;
 
 pub(crate) use convert::quant_available;
 
+/// Row encoding, for the tests.
+#[cfg(test)]
+pub(crate) fn row_from_f32_for_tests(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    convert::row_from_f32(dtype, src, dst)
+}
+
 /// ROPE's YaRN correction dims, for the reference in the tests.
 #[cfg(test)]
 pub(crate) fn rope_corr_dims_for_tests(p: &rgml::RopeParams) -> [f32; 2] {
