@@ -34,7 +34,7 @@ impl SpinBarrier {
         }
         let mut spins = 0u32;
         while self.generation.load(Ordering::Acquire) == gen {
-            if spins < 2000 {
+            if spins < 128 {
                 std::hint::spin_loop();
                 spins += 1;
             } else {

@@ -1018,3 +1018,86 @@ fn bench_mul_mat() {
         }
     }
 }
+
+/// A buffer type whose memory the CPU cannot address (like a GPU's).
+struct DeviceOnly;
+
+impl rgml::BufferType for DeviceOnly {
+    fn name(&self) -> &str {
+        "DeviceOnly"
+    }
+    fn alloc_buffer(&self, size: usize) -> rgml::Result<Box<dyn rgml::backend::BufferImpl>> {
+        Ok(Box::new(DeviceOnlyBuf(std::sync::Mutex::new(vec![
+            0;
+            size
+        ]))))
+    }
+    fn alignment(&self) -> usize {
+        64
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+struct DeviceOnlyBuf(std::sync::Mutex<Vec<u8>>);
+
+impl rgml::backend::BufferImpl for DeviceOnlyBuf {
+    fn set(&self, offset: usize, data: &[u8]) -> rgml::Result<()> {
+        self.0.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn get(&self, offset: usize, out: &mut [u8]) -> rgml::Result<()> {
+        out.copy_from_slice(&self.0.lock().unwrap()[offset..offset + out.len()]);
+        Ok(())
+    }
+    fn memset(&self, offset: usize, value: u8, size: usize) -> rgml::Result<()> {
+        self.0.lock().unwrap()[offset..offset + size].fill(value);
+        Ok(())
+    }
+    fn clear(&self, value: u8) -> rgml::Result<()> {
+        self.0.lock().unwrap().fill(value);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn non_host_buffers_are_refused() {
+    let bt: BufferTypeRef = Arc::new(DeviceOnly);
+    let dev = CpuDevice::new("CPU");
+    assert!(!dev.supports_buffer_type(&bt));
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(DType::F32, &[8]).unwrap();
+    let s = ctx.scale(a, 2.0).unwrap();
+    alloc_ctx_tensors(&mut ctx, &bt).unwrap();
+    let err = compute(&mut ctx, &[s], 2).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+}
+
+/// Per-node overhead of the thread pool and barrier (run with `--ignored --nocapture`).
+#[test]
+#[ignore]
+fn bench_small_nodes() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(DType::F32, &[4096]).unwrap();
+    let mut x = a;
+    for _ in 0..1000 {
+        x = ctx.scale_bias(x, 1.0, 0.001).unwrap();
+    }
+    alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+    fill(&ctx, a, 1);
+    let g = Graph::build(&mut ctx, &[x]).unwrap();
+    for nth in [1, 2, 4] {
+        let mut be = CpuBackend::new(nth).unwrap();
+        be.graph_compute(&ctx, &g).unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..10 {
+            be.graph_compute(&ctx, &g).unwrap();
+        }
+        let per_node = t.elapsed().as_secs_f64() / 10.0 / 1000.0;
+        println!("{nth} threads: {:.2} us per node", per_node * 1e6);
+    }
+}
