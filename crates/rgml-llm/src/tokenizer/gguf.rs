@@ -1,0 +1,1 @@
+//! Reading a [`Tokenizer`](super::Tokenizer) from GGUF metadata (`tokenizer.ggml.*`).
