@@ -10,6 +10,9 @@ pub enum LlmError {
     /// Tokenizer metadata that is missing, inconsistent or of a kind rgml does not support.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// The GGUF file could not be read, or lacks a required key.
+    #[error(transparent)]
+    Gguf(#[from] rgml_gguf::GgufError),
     /// A token id outside the vocabulary (e.g. passed to decode).
     #[error("token id {id} is out of range for a vocabulary of {n_vocab} tokens")]
     InvalidToken {

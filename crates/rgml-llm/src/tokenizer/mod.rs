@@ -183,7 +183,7 @@ impl Vocab {
 
 #[derive(Clone, Debug)]
 enum Model {
-    Bpe(bpe::BpeModel),
+    Bpe(Box<bpe::BpeModel>),
     Spm,
 }
 
@@ -312,7 +312,7 @@ impl Tokenizer {
                     None => PreTokenizer::Default,
                 };
                 let m = bpe::BpeModel::new(&vocab, &parts.merges, pre)?;
-                (Model::Bpe(m), pre == PreTokenizer::Llama3)
+                (Model::Bpe(Box::new(m)), pre == PreTokenizer::Llama3)
             }
             TokenizerKind::Spm => (Model::Spm, true),
         };

@@ -94,18 +94,17 @@ impl PreTokenizer {
     }
 
     /// Splits `text` into words (sub-slices of `text`, in order, covering it exactly).
-    pub fn split<'t>(self, text: &'t str) -> Vec<&'t str> {
+    pub fn split(self, text: &str) -> Vec<&str> {
         let cps: Vec<char> = text.chars().collect();
         let fl: Vec<CpFlags> = cps.iter().map(|&c| flags(c)).collect();
         let mut offsets = Vec::with_capacity(cps.len() + 1);
         offsets.extend(text.char_indices().map(|(i, _)| i));
         offsets.push(text.len());
 
-        let mut frags: Vec<Range<usize>> = if cps.is_empty() {
-            Vec::new()
-        } else {
-            vec![0..cps.len()]
-        };
+        let mut frags: Vec<Range<usize>> = Vec::new();
+        if !cps.is_empty() {
+            frags.push(0..cps.len());
+        }
         let mut next = Vec::with_capacity(cps.len() / 3 + 1);
         for stage in self.stages() {
             next.clear();
