@@ -77,14 +77,8 @@ impl PreTokenizer {
             ],
             PreTokenizer::Gpt2 => &[Stage::Gpt2],
             PreTokenizer::Starcoder => &[Stage::Isolate(Class::EachNumber), Stage::Gpt2],
-            PreTokenizer::Llama3 => &[Stage::Llama3 {
-                max_digits: 3,
-                regex_engine: false,
-            }],
-            PreTokenizer::Qwen2 => &[Stage::Llama3 {
-                max_digits: 1,
-                regex_engine: true,
-            }],
+            PreTokenizer::Llama3 => &[Stage::Llama3 { max_digits: 3 }],
+            PreTokenizer::Qwen2 => &[Stage::Llama3 { max_digits: 1 }],
             PreTokenizer::Falcon => &[
                 Stage::Isolate(Class::FalconPunct),
                 Stage::Gpt2,
@@ -125,13 +119,9 @@ impl PreTokenizer {
 enum Stage {
     /// GPT-2's regex, as llama.cpp's `unicode_regex_split_custom_gpt2`.
     Gpt2,
-    /// Llama 3's regex family, as llama.cpp's `unicode_regex_split_custom_llama3`.
-    /// `regex_engine`: llama.cpp runs this pattern through std::regex (Qwen 2's variant),
-    /// where unassigned code points count as `[^\s\p{L}\p{N}]`.
-    Llama3 {
-        max_digits: usize,
-        regex_engine: bool,
-    },
+    /// Llama 3's regex family, as llama.cpp's `unicode_regex_split_custom_llama3` (Qwen 2's
+    /// single-digit variant goes through std::regex in llama.cpp, to the same splits).
+    Llama3 { max_digits: usize },
     /// A single character-class regex: matches and gaps each become fragments.
     Isolate(Class),
     /// `[0-9][0-9][0-9]`: leftmost non-overlapping triples of ASCII digits.
@@ -217,10 +207,7 @@ impl Stage {
     fn split(self, cps: &[char], fl: &[CpFlags], frag: Range<usize>, out: &mut Vec<Range<usize>>) {
         match self {
             Stage::Gpt2 => split_gpt2(cps, fl, frag, out),
-            Stage::Llama3 {
-                max_digits,
-                regex_engine,
-            } => split_llama3(cps, fl, frag, out, max_digits, regex_engine),
+            Stage::Llama3 { max_digits } => split_llama3(cps, fl, frag, out, max_digits),
             Stage::Isolate(class) => {
                 let mut prev = frag.start;
                 let mut pos = frag.start;
@@ -332,7 +319,7 @@ fn split_gpt2(cps: &[char], fl: &[CpFlags], frag: Range<usize>, out: &mut Vec<Ra
             emit(out, &mut prev, pos);
             continue;
         }
-        // Nothing matched (an unassigned code point): it stands alone.
+        // Unreachable for a present char (each is in some class); kept as llama.cpp has it.
         pos += 1;
         emit(out, &mut prev, pos);
     }
@@ -346,19 +333,9 @@ fn split_llama3(
     frag: Range<usize>,
     out: &mut Vec<Range<usize>>,
     max_digits: usize,
-    regex_engine: bool,
 ) {
     let end = frag.end;
-    let get = |p: usize| {
-        if p < end {
-            let mut f = fl[p];
-            // std::regex sees unassigned code points as a fallback "other" byte.
-            f.defined |= regex_engine;
-            f
-        } else {
-            CpFlags::NONE
-        }
-    };
+    let get = |p: usize| if p < end { fl[p] } else { CpFlags::NONE };
     let is_rn = |p: usize| p < end && matches!(cps[p], '\r' | '\n');
     let mut prev = frag.start;
     let mut pos = frag.start;
@@ -408,10 +385,10 @@ fn split_llama3(
             continue;
         }
 
-        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`. llama.cpp tests the current char's definedness here
-        // and the next chars' in the loop; a space before an unassigned char thus ends alone.
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`. As in llama.cpp, the test is on the current char's
+        // presence, so a space that ends the fragment is taken here, alone.
         let f2 = if c == ' ' { get(pos + 1) } else { f };
-        if !(f2.whitespace || f2.letter || f2.number) && f.defined {
+        if !(f2.whitespace || f2.letter || f2.number) && f.present {
             pos += usize::from(c == ' ');
             while get(pos).is_other() {
                 pos += 1;
@@ -470,6 +447,20 @@ mod tests {
         );
         assert_eq!(split(PreTokenizer::Gpt2, "a   "), vec!["a", "   "]);
         assert_eq!(split(PreTokenizer::Gpt2, ""), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn unassigned_code_points_are_other() {
+        // llama.cpp flags unassigned code points UNDEFINED (non-zero), so they join
+        // `[^\s\p{L}\p{N}]` runs as in a regex engine, swallowing the apostrophe here.
+        assert_eq!(
+            split(PreTokenizer::Gpt2, "\u{E430A}'ll"),
+            vec!["\u{E430A}'", "ll"]
+        );
+        assert_eq!(
+            split(PreTokenizer::Llama3, " \u{0378}x"),
+            vec![" \u{0378}", "x"]
+        );
     }
 
     #[test]

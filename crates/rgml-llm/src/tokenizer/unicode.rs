@@ -5,14 +5,16 @@ use unicode_general_category::{get_general_category, GeneralCategory as Gc};
 
 /// The classes of a code point that the pre-tokenizers look at, as llama.cpp's
 /// `unicode_cpt_flags` does: `letter` is general category L*, `number` is N*, `whitespace`
-/// is the Unicode `White_Space` property, and `defined` is false only for unassigned code
-/// points (Cn), which llama.cpp's hand-written splitters match with no pattern class.
+/// is the Unicode `White_Space` property, and `present` is true for every code point and false
+/// only for [`CpFlags::NONE`], the flags of a position past the end of a fragment. (llama.cpp
+/// gives unassigned code points a non-zero UNDEFINED flag, so they count as present and as
+/// `[^\s\p{L}\p{N}]`, as in a regex engine.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CpFlags {
     pub letter: bool,
     pub number: bool,
     pub whitespace: bool,
-    pub defined: bool,
+    pub present: bool,
 }
 
 impl CpFlags {
@@ -21,14 +23,14 @@ impl CpFlags {
         letter: false,
         number: false,
         whitespace: false,
-        defined: false,
+        present: false,
     };
 
-    /// Neither whitespace, letter nor number, but assigned: the `[^\s\p{L}\p{N}]` class as
+    /// Neither whitespace, letter nor number, but present: the `[^\s\p{L}\p{N}]` class as
     /// llama.cpp's custom splitters test it.
     #[inline]
     pub fn is_other(self) -> bool {
-        self.defined && !(self.whitespace || self.letter || self.number)
+        self.present && !(self.whitespace || self.letter || self.number)
     }
 }
 
@@ -42,7 +44,7 @@ pub(crate) fn flags(c: char) -> CpFlags {
             number: b.is_ascii_digit(),
             // \t \n \v \f \r and space: the ASCII part of White_Space.
             whitespace: matches!(b, 9..=13 | 32),
-            defined: true,
+            present: true,
         };
     }
     let cat = get_general_category(c);
@@ -58,7 +60,7 @@ pub(crate) fn flags(c: char) -> CpFlags {
         number: matches!(cat, Gc::DecimalNumber | Gc::LetterNumber | Gc::OtherNumber),
         // std's is_whitespace is exactly the White_Space property, the set llama.cpp uses.
         whitespace: c.is_whitespace(),
-        defined: cat != Gc::Unassigned,
+        present: true,
     }
 }
 
@@ -136,7 +138,9 @@ mod tests {
         assert!(flags('٣').number);
         assert!(flags('\u{3000}').whitespace);
         assert!(flags('🚀').is_other());
-        assert!(!flags('\u{0378}').defined);
+        // Unassigned code points are "other", as llama.cpp's UNDEFINED flag makes them.
+        assert!(flags('\u{0378}').is_other());
+        assert!(!CpFlags::NONE.is_other());
         assert!(flags('\u{0301}').is_other());
     }
 }
