@@ -4,7 +4,7 @@
 //! llama.cpp expresses each pre-tokenizer as a list of regexes applied in turn, each one
 //! splitting every fragment the previous one left (matches and the gaps between them both
 //! become fragments). The regexes are fixed per pre-tokenizer, so instead of a general regex
-//! engine this module hand-writes each one as a [`Stage`], the way llama.cpp's own
+//! engine this module hand-writes each one as a `Stage`, the way llama.cpp's own
 //! `unicode_regex_split_custom_*` functions do. That keeps lookahead (`\s+(?!\S)`) exact,
 //! avoids a regex dependency, and reproduces llama.cpp's quirks (which are what the ids
 //! depend on) rather than a regex engine's reading of the pattern.
