@@ -114,6 +114,19 @@ pub enum Error {
     /// Computation stopped by the abort callback.
     #[error("computation aborted")]
     Aborted,
+    /// A dtype that a conversion (quantize / dequantize / dot product) does not handle.
+    #[error("no conversion for dtype {0}")]
+    UnsupportedConversion(DType),
+    /// A buffer or slice whose length does not match what the operation needs.
+    #[error("{what}: expected length {expected}, got {actual}")]
+    LengthMismatch {
+        /// Which buffer.
+        what: &'static str,
+        /// The length required.
+        expected: usize,
+        /// The length given.
+        actual: usize,
+    },
     /// A backend-specific failure.
     #[error("{backend}: {message}")]
     Backend {
