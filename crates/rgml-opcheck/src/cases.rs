@@ -334,18 +334,20 @@ enum Src1Layout {
     Transposed,
 }
 
+/// (type_a, m, n, k, src0 batch dims 2-3, src1 repeats of them, src1 layout).
+type MulMatCfg = (
+    DType,
+    usize,
+    usize,
+    usize,
+    [usize; 2],
+    [usize; 2],
+    Src1Layout,
+);
+
 fn mul_mat(cases: &mut Vec<Case>) {
     let all = with_plain(&QUANT);
-    // (type, m, n, k, bs, nr, layout)
-    let mut configs: Vec<(
-        DType,
-        usize,
-        usize,
-        usize,
-        [usize; 2],
-        [usize; 2],
-        Src1Layout,
-    )> = Vec::new();
+    let mut configs: Vec<MulMatCfg> = Vec::new();
     for &t in &all {
         for n in [1, 5, 32] {
             configs.push((t, 67, n, 256, [1, 1], [1, 1], Src1Layout::Contiguous));
