@@ -221,3 +221,28 @@ fn support_table_marks_unsupported_families() {
     // A graph with GELU behind a CONT is only partly supported where GELU is not.
     assert!(table.lines().count() > 40, "{table}");
 }
+
+#[test]
+fn perf_mode_times_supported_cases() {
+    let mut be = RefBackend::new(Fault::Unsupported(OpKind::Silu));
+    let mut lines = Vec::new();
+    rgml_opcheck::run_perf(&mut be, Some(OpKind::Silu), 1, &mut |r| {
+        lines.push(r.line())
+    })
+    .unwrap();
+    assert!(
+        lines.iter().all(|l| l.ends_with("unsupported")),
+        "{lines:?}"
+    );
+    let mut reps = Vec::new();
+    let mut be = RefBackend::new(Fault::None);
+    rgml_opcheck::run_perf(&mut be, Some(OpKind::MulMat), 1, &mut |r| {
+        reps.push(r.clone())
+    })
+    .unwrap();
+    assert!(!reps.is_empty());
+    for r in &reps {
+        assert!(r.us_per_run.is_some_and(|us| us > 0.0), "{}", r.line());
+        assert!(r.flops > 0.0 && r.line().contains("GFLOPS"), "{}", r.line());
+    }
+}
