@@ -914,6 +914,131 @@ fn argmax(cases: &mut Vec<Case>) {
     }
 }
 
+/// A few larger shapes per hot op, so that kernels split work across threads and take their
+/// blocked / tiled paths (the small cases above may fit in one thread's share).
+fn large(cases: &mut Vec<Case>) {
+    for t in with_plain(&QUANT) {
+        cases.push(Case::new(
+            OpKind::MulMat,
+            format!("MUL_MAT type_a={t},type_b=f32"),
+            format!("type_a={t},type_b=f32,m=129,n=65,k=1024,bs=[1,1],nr=[1,1],large"),
+            MUL_MAT_NMSE,
+            move |c| {
+                let a = c.uniform(t, &[1024, 129])?;
+                let b = c.uniform(DType::F32, &[1024, 65])?;
+                c.ctx.mul_mat(a, b)
+            },
+        ));
+        cases.push(Case::new(
+            OpKind::MulMat,
+            format!("MUL_MAT type_a={t},type_b=f32"),
+            format!("type_a={t},type_b=f32,m=515,n=1,k=1024,bs=[1,1],nr=[1,1],large"),
+            MUL_MAT_NMSE,
+            move |c| {
+                let a = c.uniform(t, &[1024, 515])?;
+                let b = c.uniform(DType::F32, &[1024, 1])?;
+                c.ctx.mul_mat(a, b)
+            },
+        ));
+    }
+    for t in QUANT {
+        cases.push(Case::new(
+            OpKind::Cpy,
+            format!("CPY type_src=f32,type_dst={t}"),
+            format!("type_src=f32,type_dst={t},ne=[4096,33,1,1],large"),
+            output_threshold(t),
+            move |c| {
+                let a = c.uniform(DType::F32, &[4096, 33])?;
+                let b = c.uniform(t, &[4096, 33])?;
+                c.ctx.cpy(a, b)
+            },
+        ));
+        cases.push(Case::new(
+            OpKind::GetRows,
+            format!("GET_ROWS type={t}"),
+            format!("type={t},n=4096,m=64,r=37,b=[1,1],large"),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(t, &[4096, 64])?;
+                let r = c.leaf(DType::I32, &[37], Init::Index(64))?;
+                c.ctx.get_rows(a, r)
+            },
+        ));
+    }
+    for op in [OpKind::Add, OpKind::Mul] {
+        cases.push(Case::new(
+            op,
+            format!("{} type_a=f32,type_b=f32", op.name()),
+            "type_a=f32,type_b=f32,ne=[4097,1,1,1],nr=[1,67,1,1],large".into(),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &[4097, 67])?;
+                let b = c.uniform(DType::F32, &[4097, 1])?;
+                if op == OpKind::Add {
+                    c.ctx.add(a, b)
+                } else {
+                    c.ctx.mul(a, b)
+                }
+            },
+        ));
+    }
+    cases.push(Case::new(
+        OpKind::RmsNorm,
+        "RMS_NORM type=f32".into(),
+        "ne=[4097,33,1,1],eps=1e-6,large".into(),
+        DEFAULT_NMSE,
+        |c| {
+            let a = c.leaf(DType::F32, &[4097, 33], Init::Uniform(-0.5, 1.5))?;
+            c.ctx.rms_norm(a, 1e-6)
+        },
+    ));
+    cases.push(Case::new(
+        OpKind::SoftMax,
+        "SOFT_MAX type=f32,mask=f16".into(),
+        "type=f32,ne=[1025,64,4,1],mask=f16,mask_rows=+0,broadcast=true,scale=0.125,max_bias=0,large".into(),
+        DEFAULT_NMSE,
+        |c| {
+            let a = c.leaf(DType::F32, &[1025, 64, 4], Init::Uniform(-3.0, 3.0))?;
+            let m = c.uniform(DType::F16, &[1025, 64])?;
+            c.ctx.soft_max_ext(a, Some(m), 0.125, 0.0)
+        },
+    ));
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        let m = if mode == RopeMode::Normal {
+            "normal"
+        } else {
+            "neox"
+        };
+        cases.push(Case::new(
+            OpKind::Rope,
+            format!("ROPE type=f32,mode={m}"),
+            format!("type=f32,ne=[128,32,33,1],mode={m},n_dims=128,freq_base=10000,large"),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &[128, 32, 33])?;
+                let pos = c.leaf(DType::I32, &[33], Init::Index(300))?;
+                c.ctx.rope(a, pos, RopeParams::new(mode, 128, 10000.0))
+            },
+        ));
+    }
+    for op in [OpKind::Silu, OpKind::Gelu] {
+        cases.push(Case::new(
+            op,
+            format!("{} type=f32", op.name()),
+            "type=f32,ne=[4099,17,1,1],large".into(),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.leaf(DType::F32, &[4099, 17], Init::Uniform(-6.0, 6.0))?;
+                if op == OpKind::Silu {
+                    c.ctx.silu(a)
+                } else {
+                    c.ctx.gelu(a)
+                }
+            },
+        ));
+    }
+}
+
 /// Every case of the suite, in a stable order.
 pub fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();
@@ -931,6 +1056,7 @@ pub fn all_cases() -> Vec<Case> {
     views(&mut cases);
     concat(&mut cases);
     argmax(&mut cases);
+    large(&mut cases);
     cases
 }
 
