@@ -14,7 +14,9 @@ const PERF_BUDGET_MS: u64 = 20;
 
 fn open_backends(name: Option<&str>) -> Result<Vec<Box<dyn Backend>>, String> {
     match name {
-        Some(spec) => Ok(vec![registry::init_backend(spec).map_err(|e| e.to_string())?]),
+        Some(spec) => Ok(vec![
+            registry::init_backend(spec).map_err(|e| e.to_string())?
+        ]),
         None => {
             let devices = registry::devices();
             if devices.is_empty() {
@@ -43,10 +45,7 @@ fn parse_op(op: Option<&str>) -> Result<Option<OpKind>, String> {
                 .filter(|k| **k != OpKind::None)
                 .map(|k| k.name())
                 .collect();
-            Err(format!(
-                "unknown op '{name}' (valid: {})",
-                valid.join(", ")
-            ))
+            Err(format!("unknown op '{name}' (valid: {})", valid.join(", ")))
         }
     }
 }
@@ -85,11 +84,9 @@ pub fn run(backend: Option<&str>, op: Option<&str>, mode: &str) -> Result<bool, 
                 println!("Backend {name}:");
                 let s = rgml_opcheck::run_tests(be.as_mut(), op, &mut |r| match &r.outcome {
                     Outcome::Failed(why) => println!("  FAIL {}: {why}", r.name),
-                    Outcome::Passed if verbose => println!(
-                        "  ok   {} (nmse {:.2e})",
-                        r.name,
-                        r.nmse.unwrap_or(0.0)
-                    ),
+                    Outcome::Passed if verbose => {
+                        println!("  ok   {} (nmse {:.2e})", r.name, r.nmse.unwrap_or(0.0))
+                    }
                     Outcome::Unsupported if verbose => println!("  n/a  {}", r.name),
                     _ => {}
                 })
