@@ -295,6 +295,27 @@ fn binary(cases: &mut Vec<Case>) {
             }
         }
     }
+
+    // Non-contiguous src1 (rows stay dense), broadcast in dim 2.
+    for op in ops {
+        cases.push(Case::new(
+            op,
+            format!("{} type_a=f32,type_b=f32", op.name()),
+            "type_a=f32,type_b=f32,ne=[10,5,4,3],nr=[1,1,2,1],src1=permuted".into(),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &[10, 5, 8, 3])?;
+                let l = c.leaf(DType::F32, &[10, 4, 5, 3], Init::Uniform(0.5, 2.0))?;
+                let b = c.ctx.permute(l, [0, 2, 1, 3])?;
+                match op {
+                    OpKind::Add => c.ctx.add(a, b),
+                    OpKind::Sub => c.ctx.sub(a, b),
+                    OpKind::Mul => c.ctx.mul(a, b),
+                    _ => c.ctx.div(a, b),
+                }
+            },
+        ));
+    }
 }
 
 fn scale(cases: &mut Vec<Case>) {
