@@ -6,7 +6,8 @@ quantizers are written to be bit-exact with ggml's `quantize_row_*_ref`. rgml's 
 against the files written here, so the Rust test suite needs neither Python nor ggml.
 
 Usage:  pip install gguf numpy && python3 scripts/gen_quant_fixtures.py
-Output: crates/rgml/tests/fixtures/quant/
+Output: crates/rgml/tests/fixtures/quant/  (scripts/ggml_ref/gen.sh adds ggml_ref/ there: the
+        quantizers gguf-py lacks, checked against ggml's C reference code)
 
 Format (all numbers little-endian, no headers):
   manifest.txt          one line per fixture: `<dtype> <n_elements> <mode>` where dtype is ggml's

@@ -127,6 +127,10 @@ pub enum Error {
         /// The length given.
         actual: usize,
     },
+    /// The graph allocator cannot place a graph (bad buffer ids, a graph that changed without
+    /// a new reserve, ...).
+    #[error("graph allocator: {0}")]
+    GraphAlloc(String),
     /// A backend-specific failure.
     #[error("{backend}: {message}")]
     Backend {

@@ -1,6 +1,7 @@
-//! Bit-exactness against gguf-py (ggml's Python port of the GGUF codecs).
+//! Bit-exactness against gguf-py (ggml's Python port of the GGUF codecs) and ggml's C reference.
 //!
-//! The fixtures come from `scripts/gen_quant_fixtures.py`; its docstring describes the format.
+//! The fixtures come from `scripts/gen_quant_fixtures.py` (its docstring describes the format)
+//! and, for ggml's C reference quantizers, `scripts/ggml_ref/gen.sh`.
 
 use rgml::quant::{dequantize_row, quantize_row};
 use rgml::DType;
@@ -122,6 +123,40 @@ fn quantize_is_bit_identical_to_gguf() {
             let bb = f.dtype.block_bytes();
             panic!(
                 "{name}: byte {i} (block {}, offset {}): got {g:#04x}, gguf {e:#04x}",
+                i / bb,
+                i % bb
+            );
+        }
+    }
+}
+
+/// ggml's own C reference quantizers (`quantize_row_*_ref`), for every quantized type including
+/// those gguf-py cannot quantize (Q8_1 and the k-quants). Made by `scripts/ggml_ref/gen.sh`.
+#[test]
+fn quantize_is_bit_identical_to_ggml_c_reference() {
+    let input = read_f32("ggml_ref/input.f32");
+    assert_eq!(input.len() % 256, 0);
+    for dtype in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q8_1,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
+    ] {
+        let name = dtype.name();
+        let expect = read(&format!("ggml_ref/{name}.bin"));
+        let mut got = vec![0u8; dtype.row_bytes(input.len()).unwrap()];
+        quantize_row(dtype, &input, &mut got).unwrap();
+        assert_eq!(got.len(), expect.len(), "{name}");
+        if let Some((i, g, e)) = first_diff(&got, &expect) {
+            let bb = dtype.block_bytes();
+            panic!(
+                "{name}: byte {i} (block {}, offset {}): got {g:#04x}, ggml {e:#04x}",
                 i / bb,
                 i % bb
             );

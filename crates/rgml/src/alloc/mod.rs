@@ -2,8 +2,11 @@
 //!
 //! [`TensorAllocator`] is a bump allocator over one buffer (weights, inputs, small graphs);
 //! [`alloc_ctx_tensors`] sizes and fills one buffer with every tensor of a context. The graph
-//! allocator (liveness-based reuse for compute graphs) lives in `graph_alloc`.
+//! allocator [`GraphAllocator`] places compute graphs with liveness-based reuse and in-place ops.
 
+mod graph_alloc;
 mod tensor_alloc;
+
+pub use graph_alloc::{op_can_inplace, GraphAllocator};
 
 pub use tensor_alloc::{align_up, alloc_ctx_tensors, TensorAllocator};

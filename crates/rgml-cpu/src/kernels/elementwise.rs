@@ -1,0 +1,138 @@
+//! Elementwise kernels: ADD/SUB/MUL/DIV with ggml broadcasting, SCALE, SILU, GELU, SWIGLU.
+//!
+//! Threads split destination rows. Inner loops run over contiguous slices so they vectorize.
+
+use super::convert::{row_from_f32, row_to_f32};
+use super::{bytes, bytes_mut, f32_row_for_write, f32_row_mut, scratch_slice, NodeTask, ThreadCtx};
+use rgml::{DType, Op, Result, UnaryOp};
+
+/// GELU's tanh approximation constants (as ggml).
+const GELU_COEF_A: f32 = 0.044715;
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
+/// `x * sigmoid(x)`.
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation.
+#[inline]
+pub(crate) fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+/// Apply `f` to `d[i] = f(a[i], b[i mod b.len()])`; `b.len()` divides `d.len()`.
+#[inline(always)]
+fn broadcast_apply(d: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) {
+    let nb = b.len();
+    if nb == 0 {
+        return;
+    }
+    for (dc, ac) in d.chunks_exact_mut(nb).zip(a.chunks_exact(nb)) {
+        for ((d, &x), &y) in dc.iter_mut().zip(ac).zip(b) {
+            *d = f(x, y);
+        }
+    }
+}
+
+fn apply_binop(op: &Op, d: &mut [f32], a: &[f32], b: &[f32]) {
+    match op {
+        Op::Add => broadcast_apply(d, a, b, |x, y| x + y),
+        Op::Sub => broadcast_apply(d, a, b, |x, y| x - y),
+        Op::Mul => broadcast_apply(d, a, b, |x, y| x * y),
+        _ => broadcast_apply(d, a, b, |x, y| x / y),
+    }
+}
+
+/// ADD, SUB, MUL, DIV: `dst = src0 op src1`, src1 repeated to src0's shape (modulo indexing).
+pub(crate) fn binary(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (dst, a, b) = (&task.dst, task.src(0)?, task.src(1)?);
+    let ne0 = dst.ne[0];
+    let ne10 = b.ne[0];
+    let all_f32 = dst.dtype == DType::F32 && b.dtype == DType::F32;
+    for r in tc.split(dst.nrows()) {
+        let (i1, i2, i3) = dst.row_index(r);
+        let drow = dst.row(i1, i2, i3);
+        let arow = a.row(i1, i2, i3);
+        let brow = b.row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
+        let (sa, rest) = tc.scratch.split_at_mut(ne0.min(tc.scratch.len()));
+        let (sb, sd) = rest.split_at_mut(ne10.min(rest.len()));
+        if all_f32 {
+            // SAFETY: rows of in-bounds indices of F32 tensors with dense rows (checked by the
+            // support table); the destination row is written only by this thread, and sources
+            // overlapping it are copied to scratch first.
+            unsafe {
+                let xa = f32_row_for_write(arow, ne0, drow, ne0 * 4, sa)?;
+                let xb = f32_row_for_write(brow, ne10, drow, ne0 * 4, sb)?;
+                apply_binop(&task.op, f32_row_mut(drow, ne0), xa, xb);
+            }
+        } else {
+            let xa = scratch_slice(sa, ne0)?;
+            let xb = scratch_slice(sb, ne10)?;
+            let xd = scratch_slice(sd, ne0)?;
+            // SAFETY: dense rows of in-bounds indices; the source slices are dropped before the
+            // destination row is borrowed mutably, so aliasing rows are never borrowed twice.
+            unsafe {
+                row_to_f32(a.dtype, bytes(arow, a.row_bytes()), xa)?;
+                row_to_f32(b.dtype, bytes(brow, b.row_bytes()), xb)?;
+                apply_binop(&task.op, xd, xa, xb);
+                row_from_f32(dst.dtype, xd, bytes_mut(drow, dst.row_bytes()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Apply `f` elementwise from src0 to dst (both F32 with dense rows, same shape).
+#[inline(always)]
+fn map_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, f: impl Fn(f32) -> f32 + Copy) -> Result<()> {
+    let (dst, a) = (&task.dst, task.src(0)?);
+    let ne0 = dst.ne[0];
+    for r in tc.split(dst.nrows()) {
+        let (i1, i2, i3) = dst.row_index(r);
+        let drow = dst.row(i1, i2, i3);
+        // SAFETY: dense F32 rows of in-bounds indices; the destination row belongs to this
+        // thread and an overlapping source row is copied to scratch first.
+        unsafe {
+            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, tc.scratch)?;
+            for (d, &v) in f32_row_mut(drow, ne0).iter_mut().zip(x) {
+                *d = f(v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SCALE: `dst = src0 * scale + bias`.
+pub(crate) fn scale(task: &NodeTask, tc: &mut ThreadCtx<'_>, s: f32, b: f32) -> Result<()> {
+    map_rows(task, tc, move |x| x * s + b)
+}
+
+/// SILU and GELU.
+pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Result<()> {
+    match op {
+        UnaryOp::Silu => map_rows(task, tc, silu),
+        UnaryOp::Gelu => map_rows(task, tc, gelu),
+    }
+}
+
+/// SWIGLU: `dst = silu(src0) * src1`.
+pub(crate) fn swiglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (dst, a, b) = (&task.dst, task.src(0)?, task.src(1)?);
+    let ne0 = dst.ne[0];
+    for r in tc.split(dst.nrows()) {
+        let (i1, i2, i3) = dst.row_index(r);
+        let drow = dst.row(i1, i2, i3);
+        let (sa, sb) = tc.scratch.split_at_mut(ne0.min(tc.scratch.len()));
+        // SAFETY: as in `map_rows`, for both sources.
+        unsafe {
+            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, sa)?;
+            let g = f32_row_for_write(b.row(i1, i2, i3), ne0, drow, ne0 * 4, sb)?;
+            for ((d, &v), &w) in f32_row_mut(drow, ne0).iter_mut().zip(x).zip(g) {
+                *d = silu(v) * w;
+            }
+        }
+    }
+    Ok(())
+}

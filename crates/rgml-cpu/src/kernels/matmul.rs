@@ -1,0 +1,240 @@
+//! MUL_MAT: `dst[i01, i11, i12, i13] = dot(src0 row (i01, i12 / r2, i13 / r3), src1 row (i11,
+//! i12, i13))` with `r2 = ne12 / ne02`, `r3 = ne13 / ne03` (ggml's broadcast over dims 2, 3).
+//!
+//! Phase 1 (all threads, split by src1 rows): quantize src1 to the weight type's vec-dot type
+//! in the shared work area (quantized weights), or gather it into dense f32 rows (plain weights
+//! with a strided src1). Barrier. Phase 2: threads take blocks of src0 rows of each batch and
+//! compute all their outputs; F16/BF16 weight rows are decoded to f32 once per row.
+
+use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
+use super::{bytes, bytes_mut, f32_row, scratch_slice, NodeTask, ThreadCtx};
+use rgml::{DType, Error, Result, Tensor};
+
+/// Whether the kernel handles `a · b -> t`.
+pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
+    use DType::*;
+    let weight_ok = match a.dtype {
+        F32 | F16 | BF16 => true,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K => {
+            super::quant_available() && a.ne[0].is_multiple_of(a.dtype.vec_dot_type().block_size())
+        }
+        _ => false,
+    };
+    weight_ok
+        && b.dtype == F32
+        && t.dtype == F32
+        && a.rows_contiguous()
+        && t.rows_contiguous()
+        && a.ne[0] == b.ne[0]
+        && t.ne == [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]
+        && a.ne[2] > 0
+        && a.ne[3] > 0
+        && b.ne[2].is_multiple_of(a.ne[2])
+        && b.ne[3].is_multiple_of(a.ne[3])
+}
+
+/// Bytes of the src1 copy in the shared work area (0 when src1 is used in place).
+pub(crate) fn shared_size(a: &Tensor, b: &Tensor) -> Result<usize> {
+    let rows = b.nrows();
+    let row = if a.dtype.is_quantized() {
+        a.dtype.vec_dot_type().row_bytes(b.ne[0])?
+    } else if b.rows_contiguous() {
+        return Ok(0);
+    } else {
+        b.ne[0].checked_mul(4).ok_or(Error::SizeOverflow)?
+    };
+    row.checked_mul(rows).ok_or(Error::SizeOverflow)
+}
+
+/// src1 rows per tile of the quantized path.
+const TILE1: usize = 16;
+
+/// f32 dot product; uses AVX2+FMA code generation when the CPU has it.
+#[inline]
+pub(crate) fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return unsafe { dot_f32_avx2(x, y) };
+        }
+    }
+    dot_f32_generic(x, y, |a, b, c| a * b + c)
+}
+
+/// The same loop compiled for AVX2+FMA (no hand-written intrinsics: the target features let the
+/// compiler use 8-wide registers and fused multiply-adds).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f32_avx2(x: &[f32], y: &[f32]) -> f32 {
+    dot_f32_generic(x, y, f32::mul_add)
+}
+
+/// Dot product with independent accumulators so it vectorizes; `fma(a, b, acc)`.
+#[inline(always)]
+fn dot_f32_generic(x: &[f32], y: &[f32], fma: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    const L: usize = 32;
+    let mut acc = [0f32; L];
+    let (xc, yc) = (x.chunks_exact(L), y.chunks_exact(L));
+    let (xt, yt) = (xc.remainder(), yc.remainder());
+    for (a, b) in xc.zip(yc) {
+        for k in 0..L {
+            acc[k] = fma(a[k], b[k], acc[k]);
+        }
+    }
+    let mut s = 0f32;
+    for (a, b) in xt.iter().zip(yt) {
+        s = fma(*a, *b, s);
+    }
+    // Pairwise reduction of the lanes.
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for k in 0..w {
+            acc[k] += acc[k + w];
+        }
+    }
+    acc[0] + s
+}
+
+/// MUL_MAT.
+pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (dst, a, b) = (&task.dst, task.src(0)?, task.src(1)?);
+    let ne00 = a.ne[0];
+    let (ne11, ne12, ne13) = (b.ne[1], b.ne[2], b.ne[3]);
+    let quant = a.dtype.is_quantized();
+    let vd = a.dtype.vec_dot_type();
+    let converted = quant || !b.rows_contiguous();
+    let wrow = if quant { vd.row_bytes(ne00)? } else { ne00 * 4 };
+    let nrows1 = b.nrows();
+    if converted && wrow.saturating_mul(nrows1) > tc.shared.len {
+        return Err(Error::Backend {
+            backend: "CPU".into(),
+            message: "MUL_MAT: work area smaller than planned".into(),
+        });
+    }
+
+    // Phase 1: src1 into the work area. Every thread reaches the barrier, also on errors and
+    // panics (the checks above depend only on the node, so all threads agree on them).
+    if converted {
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            convert_src1(b, tc, quant, vd, wrow, nrows1)
+        }));
+        tc.barrier.wait();
+        caught.unwrap_or_else(|_| {
+            Err(Error::Backend {
+                backend: "CPU".into(),
+                message: "MUL_MAT: src1 conversion panicked".into(),
+            })
+        })?;
+    }
+
+    // Phase 2.
+    let ne01 = a.ne[1];
+    let r2 = ne12 / a.ne[2].max(1);
+    let r3 = ne13 / a.ne[3].max(1);
+    let batches = ne12 * ne13;
+    let target = tc.nth * 8;
+    let blk = (ne01 * batches)
+        .div_ceil(target.max(1))
+        .clamp(1, 64)
+        .min(ne01.max(1));
+    let nblk = ne01.div_ceil(blk);
+    let b_row = |i11: usize, i12: usize, i13: usize| -> *const u8 {
+        if converted {
+            tc.shared
+                .ptr
+                .wrapping_add((i11 + ne11 * (i12 + ne12 * i13)) * wrow)
+                .cast_const()
+        } else {
+            b.row(i11, i12, i13).cast_const()
+        }
+    };
+    let arow_bytes = a.row_bytes();
+    for unit in super::split(batches * nblk, tc.ith, tc.nth) {
+        let batch = unit / nblk;
+        let i0 = (unit % nblk) * blk;
+        let (i12, i13) = (batch % ne12, batch / ne12);
+        let (i02, i03) = (i12 / r2.max(1), i13 / r3.max(1));
+        let rows0 = i0..(i0 + blk).min(ne01);
+        if quant {
+            // Tiles of src1 rows keep a block of weight rows and a tile of activations in
+            // cache while every pair is multiplied.
+            for t0 in (0..ne11).step_by(TILE1) {
+                for i01 in rows0.clone() {
+                    // SAFETY: a dense, in-bounds src0 row, read-only during this node.
+                    let x = unsafe { bytes(a.row(i01, i02, i03), arow_bytes) };
+                    for i11 in t0..(t0 + TILE1).min(ne11) {
+                        // SAFETY: a src1 row in the work area, complete since the barrier.
+                        let y = unsafe { bytes(b_row(i11, i12, i13), wrow) };
+                        let v = vec_dot_quant(a.dtype, ne00, x, y)?;
+                        let out = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+                        // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
+                        // only by the thread owning row block (batch, i01).
+                        unsafe { out.cast::<f32>().write(v) };
+                    }
+                }
+            }
+            continue;
+        }
+        for i01 in rows0 {
+            let arow = a.row(i01, i02, i03);
+            let x: &[f32] = if a.dtype == DType::F32 {
+                // SAFETY: a dense, in-bounds f32 row of src0, read-only during this node.
+                unsafe { f32_row(arow, ne00) }
+            } else {
+                let tmp = scratch_slice(tc.scratch, ne00)?;
+                // SAFETY: as above, for an F16/BF16 row.
+                row_to_f32(a.dtype, unsafe { bytes(arow, arow_bytes) }, tmp)?;
+                tmp
+            };
+            for i11 in 0..ne11 {
+                // SAFETY: a dense f32 src1 row (in place or in the work area).
+                let y = unsafe { f32_row(b_row(i11, i12, i13), ne00) };
+                let v = dot_f32(x, y);
+                let out = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+                // SAFETY: as above.
+                unsafe { out.cast::<f32>().write(v) };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Phase 1 of MUL_MAT: this thread's rows of src1 into the work area (`vd` rows for quantized
+/// weights, dense f32 rows otherwise).
+fn convert_src1(
+    b: &super::TensorView,
+    tc: &mut ThreadCtx<'_>,
+    quant: bool,
+    vd: DType,
+    wrow: usize,
+    nrows1: usize,
+) -> Result<()> {
+    let ne00 = b.ne[0];
+    for r in tc.split(nrows1) {
+        let (i11, i12, i13) = b.row_index(r);
+        let srow = b.row(i11, i12, i13);
+        let out = tc.shared.ptr.wrapping_add(r * wrow);
+        let row: &[f32] = if b.rows_contiguous() {
+            // SAFETY: a dense, in-bounds f32 row of src1, read-only during this node.
+            unsafe { f32_row(srow, ne00) }
+        } else {
+            let tmp = scratch_slice(tc.scratch, ne00)?;
+            for (t, v) in tmp.iter_mut().enumerate() {
+                // SAFETY: element `t` of an in-bounds src1 row.
+                *v = unsafe { srow.add(t * b.nb[0]).cast::<f32>().read_unaligned() };
+            }
+            tmp
+        };
+        // SAFETY: row `r` of the work area (in bounds: the caller checked the area's size),
+        // written by this thread only; other threads read it only after the barrier.
+        let dstb = unsafe { bytes_mut(out, wrow) };
+        row_from_f32(if quant { vd } else { DType::F32 }, row, dstb)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! ROPE: rotary position embedding in Normal (adjacent pairs) and NeoX (half-split pairs)
+//! layouts, with ggml's YaRN (`rope_yarn`): `theta_scale = freq_base^(-2/n_dims)`, the
+//! interpolation/extrapolation ramp between the correction dims, and the magnitude scale.
+//! Dimensions from `n_dims` on are copied through.
+
+use super::{f32_row_for_write, f32_row_mut, scratch_slice, NodeTask, ThreadCtx};
+use rgml::{Result, RopeMode, RopeParams};
+
+/// YaRN correction dim for `n_rot` rotations (ggml's `ggml_rope_yarn_corr_dim`).
+fn corr_dim(n_dims: usize, n_ctx_orig: usize, n_rot: f32, base: f32) -> f32 {
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
+}
+
+/// The `[start, end]` correction dims (ggml's `ggml_rope_yarn_corr_dims`).
+pub(crate) fn corr_dims(p: &RopeParams) -> [f32; 2] {
+    let start = corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base).floor();
+    let end = corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base).ceil();
+    [start.max(0.0), end.min(p.n_dims as f32 - 1.0)]
+}
+
+fn ramp(low: f32, high: f32, i0: usize) -> f32 {
+    let y = ((i0 / 2) as f32 - low) / (high - low).max(0.001);
+    1.0 - y.clamp(0.0, 1.0)
+}
+
+/// Fill `cache[i0] = cos`, `cache[i0 + 1] = sin` for the pairs of position `pos`.
+fn fill_cache(cache: &mut [f32], pos: f32, p: &RopeParams, corr: [f32; 2], theta_scale: f32) {
+    let mut theta_extrap = pos;
+    for (k, pair) in cache.chunks_exact_mut(2).enumerate() {
+        let i0 = 2 * k;
+        let theta_interp = p.freq_scale * theta_extrap;
+        let mut theta = theta_interp;
+        let mut mscale = p.attn_factor;
+        if p.ext_factor != 0.0 {
+            let mix = ramp(corr[0], corr[1], i0) * p.ext_factor;
+            theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+            mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
+        }
+        pair[0] = theta.cos() * mscale;
+        pair[1] = theta.sin() * mscale;
+        theta_extrap *= theta_scale;
+    }
+}
+
+/// ROPE of src0 `[ne0, heads, tokens, ne3]` at the I32 positions of src1 (one per `ne2`).
+pub(crate) fn rope(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<()> {
+    let (dst, a, pos) = (&task.dst, task.src(0)?, task.src(1)?);
+    let ne0 = dst.ne[0];
+    let n_dims = p.n_dims.min(ne0) & !1;
+    let theta_scale = p.freq_base.powf(-2.0 / n_dims.max(1) as f32);
+    let corr = corr_dims(p);
+    let (cache, rest) = tc.scratch.split_at_mut(n_dims.min(tc.scratch.len()));
+    let cache = scratch_slice(cache, n_dims)?;
+    let mut cached: Option<usize> = None;
+    for r in super::split(dst.nrows(), tc.ith, tc.nth) {
+        let (i1, i2, i3) = dst.row_index(r);
+        if cached != Some(i2) {
+            // SAFETY: `pos` is a dense I32 vector with at least `ne2` entries (support table).
+            let pi = unsafe { pos.ptr.cast::<i32>().add(i2).read_unaligned() };
+            fill_cache(cache, pi as f32, p, corr, theta_scale);
+            cached = Some(i2);
+        }
+        let drow = dst.row(i1, i2, i3);
+        // SAFETY: dense F32 rows of in-bounds indices; the destination row belongs to this
+        // thread and an overlapping source row is copied to scratch first.
+        unsafe {
+            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, rest)?;
+            let d = f32_row_mut(drow, ne0);
+            match p.mode {
+                RopeMode::Normal => {
+                    for ((dp, xp), cs) in d[..n_dims]
+                        .chunks_exact_mut(2)
+                        .zip(x[..n_dims].chunks_exact(2))
+                        .zip(cache.chunks_exact(2))
+                    {
+                        let (c, s) = (cs[0], cs[1]);
+                        dp[0] = xp[0] * c - xp[1] * s;
+                        dp[1] = xp[0] * s + xp[1] * c;
+                    }
+                }
+                RopeMode::Neox => {
+                    let half = n_dims / 2;
+                    let (d0, d1) = d[..n_dims].split_at_mut(half);
+                    let (x0, x1) = x[..n_dims].split_at(half);
+                    for k in 0..half {
+                        let (c, s) = (cache[2 * k], cache[2 * k + 1]);
+                        let (u, v) = (x0[k], x1[k]);
+                        d0[k] = u * c - v * s;
+                        d1[k] = u * s + v * c;
+                    }
+                }
+            }
+            d[n_dims..].copy_from_slice(&x[n_dims..]);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! SOFT_MAX (scale, optional f32/f16 mask, ALiBi) and DIAG_MASK_INF, with ggml's semantics.
+//!
+//! The mask row of source row `(i1, i2, i3)` is mask row `(i1, i2 mod m2, i3 mod m3)`; the ALiBi
+//! slope of head `i2` follows ggml (`m0 = 2^(-max_bias / n_head_log2)`, `m1 = 2^(-max_bias / 2 /
+//! n_head_log2)`).
+
+use super::convert::row_to_f32;
+use super::{bytes, f32_row_for_write, f32_row_mut, NodeTask, ThreadCtx};
+use rgml::{DType, Result};
+
+/// SOFT_MAX: `softmax(src0 * scale + slope * mask)` per row.
+pub(crate) fn soft_max(
+    task: &NodeTask,
+    tc: &mut ThreadCtx<'_>,
+    scale: f32,
+    max_bias: f32,
+) -> Result<()> {
+    let (dst, a) = (&task.dst, task.src(0)?);
+    let mask = task.src.get(1).copied().flatten();
+    let ne0 = dst.ne[0];
+    let n_head = dst.ne[2] as u32;
+    let n_head_log2 = if n_head == 0 {
+        1
+    } else {
+        1u32 << (31 - n_head.leading_zeros())
+    };
+    let m0 = 2f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    for r in tc.split(dst.nrows()) {
+        let (i1, i2, i3) = dst.row_index(r);
+        let drow = dst.row(i1, i2, i3);
+        let slope = if max_bias > 0.0 {
+            let h = i2 as u32;
+            if h < n_head_log2 {
+                m0.powf((h + 1) as f32)
+            } else {
+                m1.powf((2 * (h - n_head_log2) + 1) as f32)
+            }
+        } else {
+            1.0
+        };
+        let (sx, sm) = tc.scratch.split_at_mut(ne0.min(tc.scratch.len()));
+        // SAFETY: dense F32 rows of in-bounds indices (mask rows too: the support table checks
+        // `mask.ne1 >= ne1` and the modulo keeps dims 2, 3 in range); the destination row belongs
+        // to this thread and an overlapping source row is copied to scratch first.
+        unsafe {
+            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, sx)?;
+            let m = match mask {
+                Some(m) => {
+                    let mrow = m.row(i1, i2 % m.ne[2], i3 % m.ne[3]);
+                    if m.dtype == DType::F32 {
+                        Some(f32_row_for_write(mrow, ne0, drow, ne0 * 4, sm)?)
+                    } else {
+                        let buf = super::scratch_slice(sm, ne0)?;
+                        row_to_f32(m.dtype, bytes(mrow, m.row_bytes()), buf)?;
+                        Some(&*buf)
+                    }
+                }
+                None => None,
+            };
+            let d = f32_row_mut(drow, ne0);
+            match m {
+                Some(m) => {
+                    for ((d, &v), &mv) in d.iter_mut().zip(x).zip(m) {
+                        *d = v * scale + slope * mv;
+                    }
+                }
+                None => {
+                    for (d, &v) in d.iter_mut().zip(x) {
+                        *d = v * scale;
+                    }
+                }
+            }
+            let max = d.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f64;
+            for v in d.iter_mut() {
+                let e = if max == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (*v - max).exp()
+                };
+                *v = e;
+                sum += f64::from(e);
+            }
+            let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
+            for v in d.iter_mut() {
+                *v *= inv;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// DIAG_MASK_INF: element `(i0, i1)` of every matrix becomes -inf when `i0 > n_past + i1`.
+pub(crate) fn diag_mask_inf(task: &NodeTask, tc: &mut ThreadCtx<'_>, n_past: usize) -> Result<()> {
+    let (dst, a) = (&task.dst, task.src(0)?);
+    let ne0 = dst.ne[0];
+    for r in tc.split(dst.nrows()) {
+        let (i1, i2, i3) = dst.row_index(r);
+        let drow = dst.row(i1, i2, i3);
+        // SAFETY: as in `soft_max`.
+        unsafe {
+            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, tc.scratch)?;
+            let d = f32_row_mut(drow, ne0);
+            let keep = n_past.saturating_add(i1).saturating_add(1).min(ne0);
+            d[..keep].copy_from_slice(&x[..keep]);
+            d[keep..].fill(f32::NEG_INFINITY);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,918 @@
+//! The graph allocator (ggml's `ggml_gallocr`): places every intermediate tensor of a compute
+//! graph in one buffer per buffer type, reusing memory whose tensors are no longer needed.
+//!
+//! This module owns the liveness analysis (consumer and view counts per tensor), the in-place
+//! decisions, the simulated best-fit allocator that measures the peak size per buffer type, and
+//! the compute buffers it sizes. It never touches tensors that already have storage (weights,
+//! KV caches, anything the caller placed): those are read, never moved or freed.
+//!
+//! How a graph is planned (as ggml does it):
+//! 1. leafs get memory first, then graph inputs ([`TensorFlags::INPUT`]), so no node computed
+//!    before an input's last consumer can overwrite what the caller wrote into it;
+//! 2. nodes are walked in order; each node's sources get memory if they have none, then the node
+//!    itself — in the memory of its `src0` when the op may run in place (see
+//!    [`op_can_inplace`]) and nothing else needs `src0` afterwards;
+//! 3. after a node, every source whose last consumer (and last view) it was is freed; a view
+//!    keeps its source alive until the view's own consumers are done. Graph outputs
+//!    ([`TensorFlags::OUTPUT`]) are never freed.
+//!
+//! [`GraphAllocator::reserve`] runs that plan to measure the peak per buffer type and grows the
+//! buffers if needed; [`GraphAllocator::alloc_graph`] applies the recorded plan, re-planning first
+//! when the graph changed or no longer fits (ggml's `needs_realloc`).
+//!
+//! Deviations from ggml, and why:
+//! - Only `src0` may be taken over in place (ggml tries every source): kernels then only need to
+//!   tolerate `dst` aliasing `src0`, a smaller contract for backend authors.
+//! - Inputs are never taken over in place, and in-place reuse never crosses buffer types: a
+//!   tensor always lands in the buffer its buffer id names.
+//! - A plan is reused only for the same graph structure (same node, leaf and source ids, flags,
+//!   view sources, and unchanged in-place layouts); ggml only compares counts and sizes.
+//! - A source that is a view the graph does not list (a graph made of a node range) keeps the
+//!   view's source alive until it is read; ggml does not count such views.
+//! - One buffer per buffer type, no chunking: a peak above the buffer type's `max_size` is an
+//!   allocation error rather than a split buffer.
+//!
+//! Concurrency (future work): a backend that runs several nodes at once must not see one
+//! node's output placed in memory another concurrently running node still reads. Frees are
+//! therefore collected per node ([`Planner::release_sources`]) and applied by
+//! [`Planner::flush_frees`]; a concurrency-aware plan would flush only at the end of each group of
+//! concurrent nodes, and refuse in-place reuse of a source read by another node of the group.
+
+use crate::backend::{same_instance, Buffer, BufferTypeRef, BufferUsage};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::op::Op;
+use crate::tensor::{Tensor, TensorFlags, TensorId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Whether `op`'s kernels may write their result over `src0` when both have the same layout
+/// (ggml's `ggml_op_can_inplace`, restricted to the ops rgml has). Backends must implement these
+/// ops so that `dst` aliasing `src0` gives the right result.
+pub fn op_can_inplace(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Scale { .. }
+            | Op::DiagMaskInf { .. }
+            | Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::Div
+            | Op::Unary(_)
+            | Op::Swiglu
+            | Op::Rope(_)
+            | Op::RmsNorm { .. }
+            | Op::Norm { .. }
+            | Op::SoftMax { .. }
+    )
+}
+
+fn alloc_error(msg: impl Into<String>) -> Error {
+    Error::GraphAlloc(msg.into())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simulated allocator.
+
+/// A free byte range `[offset, offset + size)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FreeBlock {
+    offset: usize,
+    size: usize,
+}
+
+/// Best-fit allocator over an unbounded address range (ggml's `ggml_dyn_tallocr` with one
+/// chunk). It hands out offsets only; `peak` is the buffer size the allocations need.
+///
+/// Everything at or above `top` is free; `free` holds the free holes below it, sorted by offset
+/// and never adjacent to each other or to `top` (adjacent ranges are merged on free).
+#[derive(Clone, Debug)]
+struct DynAllocator {
+    alignment: usize,
+    free: Vec<FreeBlock>,
+    top: usize,
+    peak: usize,
+}
+
+impl DynAllocator {
+    fn new(alignment: usize) -> Self {
+        DynAllocator {
+            alignment: alignment.max(1),
+            free: Vec::new(),
+            top: 0,
+            peak: 0,
+        }
+    }
+
+    fn padded(&self, size: usize) -> Result<usize> {
+        size.checked_next_multiple_of(self.alignment)
+            .ok_or(Error::SizeOverflow)
+    }
+
+    /// Offset of `size` fresh bytes: the smallest hole that fits, else the top (which may raise
+    /// the peak). Offsets stay multiples of the alignment because every size is padded to it.
+    fn alloc(&mut self, size: usize) -> Result<usize> {
+        let size = self.padded(size)?;
+        if size == 0 {
+            return Ok(0);
+        }
+        let best = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.size >= size)
+            .min_by_key(|(_, b)| b.size)
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            let block = &mut self.free[i];
+            let offset = block.offset;
+            block.offset += size;
+            block.size -= size;
+            if block.size == 0 {
+                self.free.remove(i);
+            }
+            return Ok(offset);
+        }
+        let offset = self.top;
+        self.top = offset.checked_add(size).ok_or(Error::SizeOverflow)?;
+        self.peak = self.peak.max(self.top);
+        Ok(offset)
+    }
+
+    /// Return `size` bytes at `offset`, merging with neighbouring free ranges.
+    fn free(&mut self, offset: usize, size: usize) -> Result<()> {
+        let size = self.padded(size)?;
+        if size == 0 {
+            return Ok(());
+        }
+        let end = offset.checked_add(size).ok_or(Error::SizeOverflow)?;
+        let pos = self.free.partition_point(|b| b.offset < offset);
+        let merges_prev = pos > 0 && {
+            let p = self.free[pos - 1];
+            p.offset + p.size == offset
+        };
+        let merges_next = pos < self.free.len() && self.free[pos].offset == end;
+        match (merges_prev, merges_next) {
+            (true, true) => {
+                let next = self.free.remove(pos);
+                self.free[pos - 1].size += size + next.size;
+            }
+            (true, false) => self.free[pos - 1].size += size,
+            (false, true) => {
+                self.free[pos].offset = offset;
+                self.free[pos].size += size;
+            }
+            (false, false) => self.free.insert(pos, FreeBlock { offset, size }),
+        }
+        // A hole that reaches the top is part of the free tail.
+        if let Some(last) = self.free.last().copied() {
+            if last.offset + last.size == self.top {
+                self.top = last.offset;
+                self.free.pop();
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plan.
+
+/// Where the plan put a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// Not placed by the allocator: a view (it takes its source's memory) or a tensor that had
+    /// storage when the plan was made.
+    NotOwned,
+    /// `size` bytes at `offset` in the buffer of `slot`.
+    Own {
+        slot: usize,
+        offset: usize,
+        size: usize,
+    },
+}
+
+/// What the plan knew about one tensor; a plan is reused only while these still hold.
+#[derive(Clone, Debug)]
+struct Record {
+    flags: TensorFlags,
+    view_src: Option<TensorId>,
+    placement: Placement,
+    /// The `src0` whose memory this tensor took over in place.
+    inplace_of: Option<TensorId>,
+}
+
+/// The result of planning one graph.
+#[derive(Clone, Debug)]
+struct Plan {
+    nodes: Vec<TensorId>,
+    node_srcs: Vec<Vec<TensorId>>,
+    leafs: Vec<TensorId>,
+    records: HashMap<TensorId, Record>,
+    /// Peak bytes per slot.
+    peaks: Vec<usize>,
+    /// Whether any tensor is placed in each slot (zero-size tensors still need a buffer).
+    used: Vec<bool>,
+    node_buffer_ids: Vec<usize>,
+    leaf_buffer_ids: Vec<usize>,
+}
+
+impl Plan {
+    /// Same node, leaf and source ids, flags and view sources as when the plan was made.
+    fn same_structure(&self, ctx: &Context, graph: &Graph) -> bool {
+        if self.nodes != graph.nodes() || self.leafs != graph.leafs() {
+            return false;
+        }
+        for (&node, srcs) in graph.nodes().iter().zip(&self.node_srcs) {
+            let Ok(t) = ctx.get(node) else { return false };
+            if t.src != *srcs {
+                return false;
+            }
+        }
+        graph_tensors(ctx, graph).all(|id| {
+            let (Ok(t), Some(rec)) = (ctx.get(id), self.records.get(&id)) else {
+                return false;
+            };
+            rec.flags == t.flags && rec.view_src == t.view_src
+        })
+    }
+}
+
+/// Every tensor a graph touches: leafs, nodes and node sources (with repeats).
+fn graph_tensors<'a>(ctx: &'a Context, graph: &'a Graph) -> impl Iterator<Item = TensorId> + 'a {
+    graph
+        .leafs()
+        .iter()
+        .copied()
+        .chain(graph.nodes().iter().flat_map(move |&n| {
+            let srcs = ctx.get(n).map(|t| t.src.as_slice()).unwrap_or(&[]);
+            srcs.iter().copied().chain(std::iter::once(n))
+        }))
+}
+
+/// Liveness and placement of one tensor while planning.
+#[derive(Clone, Debug, Default)]
+struct TensorState {
+    /// Nodes that read this tensor and have not run yet.
+    n_children: usize,
+    /// Graph views of this tensor whose consumers have not all run yet.
+    n_views: usize,
+    /// Whether this view is a graph node (and so counted in its source's `n_views`).
+    listed_view: bool,
+    /// Whether this view still holds its count in its source's `n_views`.
+    counted_view: bool,
+    /// Whether the tensor got its placement (own memory or taken over in place).
+    planned: bool,
+    /// Whether the allocator currently holds memory for it (false once freed or handed over).
+    owned: bool,
+    slot: usize,
+    offset: usize,
+    size: usize,
+    inplace_of: Option<TensorId>,
+}
+
+/// One planning run over one graph.
+struct Planner<'a> {
+    ctx: &'a Context,
+    slot_types: &'a [BufferTypeRef],
+    slot_of: &'a [usize],
+    allocs: Vec<DynAllocator>,
+    used: Vec<bool>,
+    state: Vec<TensorState>,
+    pending_free: Vec<TensorId>,
+}
+
+impl<'a> Planner<'a> {
+    fn new(ctx: &'a Context, slot_types: &'a [BufferTypeRef], slot_of: &'a [usize]) -> Self {
+        Planner {
+            ctx,
+            slot_types,
+            slot_of,
+            allocs: slot_types
+                .iter()
+                .map(|bt| DynAllocator::new(bt.alignment()))
+                .collect(),
+            used: vec![false; slot_types.len()],
+            state: vec![TensorState::default(); ctx.len()],
+            pending_free: Vec::new(),
+        }
+    }
+
+    fn st(&mut self, id: TensorId) -> Result<&mut TensorState> {
+        self.state
+            .get_mut(id.index())
+            .ok_or(Error::InvalidTensor(id.index()))
+    }
+
+    fn slot(&self, buffer_id: usize) -> Result<usize> {
+        self.slot_of.get(buffer_id).copied().ok_or_else(|| {
+            alloc_error(format!(
+                "buffer id {buffer_id} is out of range ({} buffer types)",
+                self.slot_of.len()
+            ))
+        })
+    }
+
+    fn alloc_size(&self, slot: usize, t: &Tensor) -> usize {
+        self.slot_types[slot].alloc_size(t)
+    }
+
+    fn run(&mut self, graph: &Graph, node_ids: &[usize], leaf_ids: &[usize]) -> Result<()> {
+        let ctx = self.ctx;
+        let bid = |ids: &[usize], i: usize| ids.get(i).copied().unwrap_or(0);
+
+        // Leafs first: the caller may fill them before compute, so no node may use their memory
+        // until their last consumer has run.
+        for (i, &leaf) in graph.leafs().iter().enumerate() {
+            self.allocate(leaf, bid(leaf_ids, i))?;
+        }
+
+        // Count consumers and views; give inputs memory before any node for the same reason.
+        for (i, &node) in graph.nodes().iter().enumerate() {
+            let t = ctx.get(node)?;
+            if let (Some(root), false) = (t.view_src, t.op == Op::None) {
+                self.st(root)?.n_views += 1;
+                let st = self.st(node)?;
+                st.listed_view = true;
+                st.counted_view = true;
+            }
+            if t.flags.contains(TensorFlags::INPUT) {
+                self.allocate(node, bid(node_ids, i))?;
+            }
+            for &src in &t.src {
+                self.st(src)?.n_children += 1;
+                // A source that is a view the graph does not list (e.g. a graph made of a node
+                // range): ggml would never count it and could free its memory too early, so the
+                // read counts against the view's source instead.
+                if let Some(root) = ctx.get(src)?.view_src {
+                    if !self.st(src)?.listed_view {
+                        self.st(root)?.n_children += 1;
+                    }
+                }
+                if ctx.get(src)?.flags.contains(TensorFlags::INPUT) {
+                    self.allocate(src, bid(node_ids, i))?;
+                }
+            }
+        }
+
+        for (i, &node) in graph.nodes().iter().enumerate() {
+            let b = bid(node_ids, i);
+            for &src in &ctx.get(node)?.src {
+                self.allocate(src, b)?;
+            }
+            self.allocate(node, b)?;
+            self.release_sources(node)?;
+            self.flush_frees()?;
+        }
+        Ok(())
+    }
+
+    /// Give `id` memory in buffer `buffer_id` unless it has storage or already has its place; a
+    /// view gets none itself, its source is allocated instead (ggml's
+    /// `ggml_gallocr_allocate_node`).
+    fn allocate(&mut self, id: TensorId, buffer_id: usize) -> Result<()> {
+        let t = self.ctx.get(id)?;
+        if t.data.is_some() || self.st(id)?.planned {
+            return Ok(());
+        }
+        if let Some(root) = t.view_src {
+            // Views use their source's memory; make sure the source has some even when the graph
+            // does not list it (ggml relies on it being a source of the view).
+            return self.allocate(root, buffer_id);
+        }
+        let slot = self.slot(buffer_id)?;
+        self.used[slot] = true;
+        if let Some((parent, owner)) = self.inplace_parent(id, slot)? {
+            let p = self.st(owner)?.clone();
+            let size = self.alloc_size(slot, t);
+            {
+                let st = self.st(id)?;
+                st.planned = true;
+                st.owned = true;
+                st.slot = p.slot;
+                st.offset = p.offset;
+                st.size = size;
+                st.inplace_of = Some(parent);
+            }
+            // The node now owns the memory; the parent must not free it again.
+            self.st(owner)?.owned = false;
+            self.st(parent)?.owned = false;
+            // Return the tail if the node needs less than the parent had (ggml's
+            // `free_extra_space`), keeping the freed range aligned.
+            let alloc = &mut self.allocs[p.slot];
+            let (old, new) = (alloc.padded(p.size)?, alloc.padded(size)?);
+            if old > new {
+                alloc.free(p.offset + new, old - new)?;
+            }
+            return Ok(());
+        }
+        let size = self.alloc_size(slot, t);
+        let offset = self.allocs[slot].alloc(size)?;
+        let st = self.st(id)?;
+        st.planned = true;
+        st.owned = true;
+        st.slot = slot;
+        st.offset = offset;
+        st.size = size;
+        Ok(())
+    }
+
+    /// The `src0` (and the tensor that owns its memory: itself, or its view source) whose memory
+    /// node `id` may take over, following ggml's rules.
+    fn inplace_parent(
+        &mut self,
+        id: TensorId,
+        slot: usize,
+    ) -> Result<Option<(TensorId, TensorId)>> {
+        let ctx = self.ctx;
+        let t = ctx.get(id)?;
+        // An input's bytes come from the caller, never from a source.
+        if !op_can_inplace(&t.op) || t.flags.contains(TensorFlags::INPUT) {
+            return Ok(None);
+        }
+        let Some(&parent) = t.src.first() else {
+            return Ok(None);
+        };
+        let p = ctx.get(parent)?;
+        let pinned = |x: &Tensor| {
+            x.flags.contains(TensorFlags::OUTPUT) || x.flags.contains(TensorFlags::INPUT)
+        };
+        if pinned(p) || !t.same_layout(p) {
+            return Ok(None);
+        }
+        let ps = self.st(parent)?.clone();
+        // This node must be the parent's only reader, and nothing may view the parent.
+        if ps.n_children != 1 || ps.n_views != 0 {
+            return Ok(None);
+        }
+        let owner = match p.view_src {
+            None => parent,
+            Some(root) => {
+                let r = ctx.get(root)?;
+                let rs = self.st(root)?.clone();
+                // The view must be the source's only view, start at its first byte, and the
+                // source must have no readers of its own left.
+                if pinned(r) || p.view_offset != 0 || rs.n_views != 1 || rs.n_children != 0 {
+                    return Ok(None);
+                }
+                root
+            }
+        };
+        let os = self.st(owner)?.clone();
+        // External memory (weights, caches) is never reused, nor memory of another buffer type.
+        if !os.owned || os.slot != slot {
+            return Ok(None);
+        }
+        if self.alloc_size(slot, t) > os.size {
+            return Ok(None);
+        }
+        Ok(Some((parent, owner)))
+    }
+
+    /// Count `node` as done for each of its sources; queue those whose last reader it was.
+    fn release_sources(&mut self, node: TensorId) -> Result<()> {
+        let ctx = self.ctx;
+        for &src in &ctx.get(node)?.src {
+            let st = self.st(src)?;
+            st.n_children = st.n_children.saturating_sub(1);
+            let done = st.n_children == 0 && st.n_views == 0;
+            let (owned, listed, counted) = (st.owned, st.listed_view, st.counted_view);
+            match ctx.get(src)?.view_src {
+                // A view the graph does not list: the read counted against its source directly.
+                Some(root) if !listed => {
+                    let rs = self.st(root)?;
+                    rs.n_children = rs.n_children.saturating_sub(1);
+                    if rs.n_children == 0 && rs.n_views == 0 && rs.owned {
+                        self.pending_free.push(root);
+                    }
+                }
+                // Free the view's source once its last view and last reader are done.
+                Some(root) if done && counted => {
+                    self.st(src)?.counted_view = false;
+                    let rs = self.st(root)?;
+                    rs.n_views = rs.n_views.saturating_sub(1);
+                    if rs.n_views == 0 && rs.n_children == 0 && rs.owned {
+                        self.pending_free.push(root);
+                    }
+                }
+                None if done && owned => self.pending_free.push(src),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Return the memory of queued tensors (outputs are kept).
+    fn flush_frees(&mut self) -> Result<()> {
+        let ctx = self.ctx;
+        for id in std::mem::take(&mut self.pending_free) {
+            if ctx.get(id)?.flags.contains(TensorFlags::OUTPUT) {
+                continue;
+            }
+            let st = self.st(id)?;
+            if !st.owned {
+                continue;
+            }
+            st.owned = false;
+            let (slot, offset, size) = (st.slot, st.offset, st.size);
+            self.allocs[slot].free(offset, size)?;
+        }
+        Ok(())
+    }
+
+    fn into_plan(
+        mut self,
+        graph: &Graph,
+        node_buffer_ids: Vec<usize>,
+        leaf_buffer_ids: Vec<usize>,
+    ) -> Result<Plan> {
+        let ctx = self.ctx;
+        let mut records = HashMap::new();
+        let touched: Vec<TensorId> = graph_tensors(ctx, graph)
+            .chain(
+                ctx.ids()
+                    .filter(|id| self.state.get(id.index()).is_some_and(|s| s.planned)),
+            )
+            .collect();
+        for id in touched {
+            let t = ctx.get(id)?;
+            let st = self.st(id)?;
+            let placement = if st.planned {
+                Placement::Own {
+                    slot: st.slot,
+                    offset: st.offset,
+                    size: st.size,
+                }
+            } else {
+                Placement::NotOwned
+            };
+            records.insert(
+                id,
+                Record {
+                    flags: t.flags,
+                    view_src: t.view_src,
+                    placement,
+                    inplace_of: st.inplace_of,
+                },
+            );
+        }
+        let mut node_srcs = Vec::with_capacity(graph.n_nodes());
+        for &n in graph.nodes() {
+            node_srcs.push(ctx.get(n)?.src.clone());
+        }
+        Ok(Plan {
+            nodes: graph.nodes().to_vec(),
+            node_srcs,
+            leafs: graph.leafs().to_vec(),
+            records,
+            peaks: self.allocs.iter().map(|a| a.peak).collect(),
+            used: self.used,
+            node_buffer_ids,
+            leaf_buffer_ids,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The allocator.
+
+/// Allocates compute graphs into one buffer per buffer type, reusing the memory of tensors that
+/// are no longer needed (ggml's `ggml_gallocr`).
+///
+/// Typical use: [`reserve`](Self::reserve) once with the largest graph (e.g. a full batch) so the
+/// buffers are sized up front, then [`alloc_graph`](Self::alloc_graph) for every graph to run.
+pub struct GraphAllocator {
+    buffer_types: Vec<BufferTypeRef>,
+    /// Buffer type index → slot; a buffer type given twice shares one slot and one buffer.
+    slot_of: Vec<usize>,
+    slot_types: Vec<BufferTypeRef>,
+    buffers: Vec<Option<Arc<Buffer>>>,
+    plan: Option<Plan>,
+}
+
+impl std::fmt::Debug for GraphAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphAllocator")
+            .field(
+                "buffer_types",
+                &self
+                    .buffer_types
+                    .iter()
+                    .map(|b| b.name())
+                    .collect::<Vec<_>>(),
+            )
+            .field("buffers", &self.buffers)
+            .field("planned", &self.plan.is_some())
+            .finish()
+    }
+}
+
+impl GraphAllocator {
+    /// An allocator for graphs whose tensors go to `buffer_types` (buffer id `i` is
+    /// `buffer_types[i]`). No memory is allocated until a reserve or a graph allocation.
+    pub fn new(buffer_types: Vec<BufferTypeRef>) -> Self {
+        let mut slot_of = Vec::with_capacity(buffer_types.len());
+        let mut slot_types: Vec<BufferTypeRef> = Vec::new();
+        for bt in &buffer_types {
+            match slot_types.iter().position(|s| same_instance(s, bt)) {
+                Some(slot) => slot_of.push(slot),
+                None => {
+                    slot_of.push(slot_types.len());
+                    slot_types.push(bt.clone());
+                }
+            }
+        }
+        let buffers = vec![None; slot_types.len()];
+        GraphAllocator {
+            buffer_types,
+            slot_of,
+            slot_types,
+            buffers,
+            plan: None,
+        }
+    }
+
+    /// Number of buffer types (valid buffer ids are `0..n`).
+    pub fn n_buffer_types(&self) -> usize {
+        self.buffer_types.len()
+    }
+
+    /// Measure `graph` with every tensor in buffer type 0 and grow the buffer if it is too small.
+    pub fn reserve(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+        self.reserve_with(ctx, graph, &[], &[])
+    }
+
+    /// Measure `graph` with node `i` in buffer type `node_buffer_ids[i]` and leaf `i` in
+    /// `leaf_buffer_ids[i]` (an empty slice means all 0), then grow every buffer that is smaller
+    /// than its measured peak. Buffers never shrink. The plan is kept for
+    /// [`alloc_graph`](Self::alloc_graph).
+    pub fn reserve_with(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        node_buffer_ids: &[usize],
+        leaf_buffer_ids: &[usize],
+    ) -> Result<()> {
+        self.plan = None;
+        let plan = self.make_plan(ctx, graph, node_buffer_ids, leaf_buffer_ids)?;
+        for slot in 0..self.slot_types.len() {
+            let current = self.buffers[slot].as_ref().map(|b| b.size());
+            let needed = plan.peaks[slot];
+            let grow = match current {
+                Some(size) => needed > size,
+                None => plan.used[slot],
+            };
+            if grow {
+                // Drop the old buffer first so its memory can be reused (tensors placed in it by
+                // an earlier graph keep it alive through their own references).
+                self.buffers[slot] = None;
+                let buffer = Buffer::alloc(&self.slot_types[slot], needed)?;
+                buffer.set_usage(BufferUsage::Compute);
+                self.buffers[slot] = Some(buffer);
+            }
+        }
+        self.plan = Some(plan);
+        Ok(())
+    }
+
+    /// The peak bytes per buffer type that `graph` needs, without allocating anything or
+    /// changing the reserved plan (ggml's `reserve_n_size`). Duplicate buffer types report 0
+    /// after their first occurrence.
+    pub fn measure_with(
+        &self,
+        ctx: &Context,
+        graph: &Graph,
+        node_buffer_ids: &[usize],
+        leaf_buffer_ids: &[usize],
+    ) -> Result<Vec<usize>> {
+        let plan = self.make_plan(ctx, graph, node_buffer_ids, leaf_buffer_ids)?;
+        Ok((0..self.buffer_types.len())
+            .map(|i| self.first_of_slot(i).map_or(0, |s| plan.peaks[s]))
+            .collect())
+    }
+
+    /// Give storage to every node and leaf of `graph` (and every node source) that has none:
+    /// views are pointed at their source, other tensors at their planned place. Tensors that
+    /// already have storage are left alone. Re-plans (and grows buffers) first when the graph
+    /// differs from the reserved one or does not fit; with several buffer types that only works
+    /// for the graph structure last reserved, otherwise call
+    /// [`reserve_with`](Self::reserve_with) first.
+    pub fn alloc_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        check_graph(ctx, graph)?;
+        if self.needs_realloc(ctx, graph) {
+            let ids = match &self.plan {
+                Some(p) if p.same_structure(ctx, graph) => {
+                    Some((p.node_buffer_ids.clone(), p.leaf_buffer_ids.clone()))
+                }
+                _ if self.buffer_types.len() <= 1 => Some((Vec::new(), Vec::new())),
+                _ => None,
+            };
+            let Some((node_ids, leaf_ids)) = ids else {
+                return Err(alloc_error(
+                    "the graph differs from the reserved one and there are several buffer \
+                     types: call reserve_with with its buffer ids first",
+                ));
+            };
+            self.reserve_with(ctx, graph, &node_ids, &leaf_ids)?;
+        }
+        let plan = self
+            .plan
+            .as_ref()
+            .ok_or_else(|| alloc_error("no plan after reserve"))?;
+        for buffer in self.buffers.iter().flatten() {
+            buffer.reset();
+        }
+        for &leaf in graph.leafs() {
+            place(ctx, plan, &self.buffers, leaf)?;
+        }
+        for &node in graph.nodes() {
+            let srcs = ctx.get(node)?.src.clone();
+            for src in srcs {
+                place(ctx, plan, &self.buffers, src)?;
+            }
+            place(ctx, plan, &self.buffers, node)?;
+        }
+        Ok(())
+    }
+
+    /// Whether [`alloc_graph`](Self::alloc_graph) would have to re-plan `graph`: no plan yet, a
+    /// different structure, a tensor that now needs memory the plan did not give it, or a tensor
+    /// larger than its planned room.
+    pub fn needs_realloc(&self, ctx: &Context, graph: &Graph) -> bool {
+        let Some(plan) = &self.plan else { return true };
+        if !plan.same_structure(ctx, graph) {
+            return true;
+        }
+        !graph_tensors(ctx, graph).all(|id| {
+            let (Ok(t), Some(rec)) = (ctx.get(id), plan.records.get(&id)) else {
+                return false;
+            };
+            if let Some(parent) = rec.inplace_of {
+                // An in-place pair is only valid while the layouts still match.
+                if ctx.get(parent).map_or(true, |p| !t.same_layout(p)) {
+                    return false;
+                }
+            }
+            if t.data.is_some() || t.view_src.is_some() {
+                return true;
+            }
+            match rec.placement {
+                Placement::NotOwned => false,
+                Placement::Own { slot, offset, size } => {
+                    self.buffers[slot].as_ref().is_some_and(|b| {
+                        let need = self.slot_types[slot].alloc_size(t);
+                        need <= size && offset + need <= b.size()
+                    })
+                }
+            }
+        })
+    }
+
+    fn first_of_slot(&self, buffer_id: usize) -> Option<usize> {
+        let slot = *self.slot_of.get(buffer_id)?;
+        (self.slot_of.iter().position(|&s| s == slot) == Some(buffer_id)).then_some(slot)
+    }
+
+    /// Size of the buffer of buffer type `buffer_id` (0 before any allocation, for an id out of
+    /// range, and for a buffer type listed again after its first occurrence, which shares the
+    /// first one's buffer — so summing over ids counts each buffer once).
+    pub fn buffer_size(&self, buffer_id: usize) -> usize {
+        self.first_of_slot(buffer_id)
+            .and_then(|s| self.buffers[s].as_ref())
+            .map_or(0, |b| b.size())
+    }
+
+    /// Peak bytes the last reserved plan measured for buffer type `buffer_id` (0 as for
+    /// [`buffer_size`](Self::buffer_size)).
+    pub fn peak_size(&self, buffer_id: usize) -> usize {
+        match (&self.plan, self.first_of_slot(buffer_id)) {
+            (Some(plan), Some(slot)) => plan.peaks[slot],
+            _ => 0,
+        }
+    }
+
+    /// The buffer that holds tensors of buffer type `buffer_id`, once allocated.
+    pub fn buffer(&self, buffer_id: usize) -> Option<&Arc<Buffer>> {
+        let slot = *self.slot_of.get(buffer_id)?;
+        self.buffers[slot].as_ref()
+    }
+
+    fn make_plan(
+        &self,
+        ctx: &Context,
+        graph: &Graph,
+        node_buffer_ids: &[usize],
+        leaf_buffer_ids: &[usize],
+    ) -> Result<Plan> {
+        check_graph(ctx, graph)?;
+        self.check_ids("node", node_buffer_ids, graph.n_nodes())?;
+        self.check_ids("leaf", leaf_buffer_ids, graph.leafs().len())?;
+        let mut planner = Planner::new(ctx, &self.slot_types, &self.slot_of);
+        planner.run(graph, node_buffer_ids, leaf_buffer_ids)?;
+        planner.into_plan(graph, node_buffer_ids.to_vec(), leaf_buffer_ids.to_vec())
+    }
+
+    fn check_ids(&self, what: &str, ids: &[usize], expected: usize) -> Result<()> {
+        if !ids.is_empty() && ids.len() != expected {
+            return Err(alloc_error(format!(
+                "{} {what} buffer ids for {expected} {what}s",
+                ids.len()
+            )));
+        }
+        if let Some((i, &b)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &b)| b >= self.buffer_types.len())
+        {
+            return Err(alloc_error(format!(
+                "{what} {i} has buffer id {b}, but there are {} buffer types",
+                self.buffer_types.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Every tensor the graph lists must be in `ctx`.
+fn check_graph(ctx: &Context, graph: &Graph) -> Result<()> {
+    for &id in graph.nodes().iter().chain(graph.leafs()) {
+        ctx.get(id)?;
+    }
+    Ok(())
+}
+
+/// Apply the plan to tensor `id` if it has no storage yet.
+fn place(
+    ctx: &mut Context,
+    plan: &Plan,
+    buffers: &[Option<Arc<Buffer>>],
+    id: TensorId,
+) -> Result<()> {
+    let t = ctx.get(id)?;
+    if t.data.is_some() {
+        return Ok(());
+    }
+    if let Some(root) = t.view_src {
+        if ctx.get(root)?.data.is_none() {
+            place(ctx, plan, buffers, root)?;
+        }
+        return ctx.init_view(id);
+    }
+    let name = t.display_name().to_string();
+    match plan.records.get(&id).map(|r| r.placement) {
+        Some(Placement::Own { slot, offset, .. }) => {
+            let buffer = buffers
+                .get(slot)
+                .and_then(|b| b.clone())
+                .ok_or_else(|| alloc_error(format!("no buffer for tensor '{name}'")))?;
+            ctx.set_data(id, buffer, offset)
+        }
+        _ => Err(alloc_error(format!(
+            "tensor '{name}' has no storage and the plan gave it none"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_fit_merges_and_tracks_peak() {
+        let mut a = DynAllocator::new(32);
+        let x = a.alloc(10).unwrap(); // 32 bytes
+        let y = a.alloc(100).unwrap(); // 128
+        let z = a.alloc(64).unwrap(); // 64
+        assert_eq!((x, y, z), (0, 32, 160));
+        assert_eq!(a.peak, 224);
+        a.free(x, 10).unwrap();
+        // A 32-byte request takes the 32-byte hole, not the top.
+        assert_eq!(a.alloc(1).unwrap(), 0);
+        a.free(0, 32).unwrap();
+        a.free(y, 100).unwrap();
+        // The two holes merged into one of 160 bytes.
+        assert_eq!(
+            a.free,
+            vec![FreeBlock {
+                offset: 0,
+                size: 160
+            }]
+        );
+        // Freeing the top block merges everything into the free tail.
+        a.free(z, 64).unwrap();
+        assert!(a.free.is_empty());
+        assert_eq!(a.top, 0);
+        assert_eq!(a.peak, 224);
+        // Best fit: among holes of 64 and 32, a 20-byte request takes the 32 one.
+        let p = a.alloc(64).unwrap();
+        let q = a.alloc(32).unwrap();
+        let r = a.alloc(32).unwrap();
+        let s = a.alloc(32).unwrap();
+        a.free(p, 64).unwrap();
+        a.free(r, 32).unwrap();
+        assert_eq!(a.alloc(20).unwrap(), r);
+        let _ = (q, s);
+        assert_eq!(a.alloc(0).unwrap(), 0);
+    }
+}
