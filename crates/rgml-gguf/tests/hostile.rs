@@ -493,3 +493,20 @@ fn random_corruption_never_panics() {
     // Flips inside tensor data and padding leave the file valid: the loop did exercise both paths.
     assert!(ok > 0 && ok < 20_000, "{ok} parsed");
 }
+
+/// Too many array elements (each costs a 32-byte `Value`) is refused before anything is
+/// allocated, even when the file really holds them. Not in the committed corpus: the file is
+/// 16 MiB.
+#[test]
+fn metadata_element_budget_is_enforced() {
+    let n = rgml_gguf::MAX_METADATA_ELEMENTS + 1;
+    let file = Raw::header(3, 0, 1)
+        .key("a", 9)
+        .u32(0)
+        .u64(n as u64)
+        .zeros(n)
+        .0;
+    let e = GgufFile::from_bytes(file).unwrap_err();
+    assert_eq!(e.kind(), "count_too_large");
+    assert!(e.to_string().contains("element limit"), "{e}");
+}
