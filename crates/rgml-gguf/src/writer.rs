@@ -1,0 +1,289 @@
+//! The GGUF writer: collects metadata and tensors in memory and writes a v3 file laid out as
+//! ggml's writer does (header, key-values, tensor infos, zero padding to the alignment, then each
+//! tensor's data followed by zero padding to the alignment). What the reader reads, this writes
+//! back unchanged, so a file written by ggml and passed through reader and writer is
+//! byte-identical (except empty arrays, whose element type [`Value`] does not keep: they are
+//! written as arrays of `u8`).
+
+use crate::error::{GgufError, Result};
+use crate::reader::{
+    align_up, GgufFile, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS,
+};
+use crate::value::{type_id, Value};
+use rgml::DType;
+use std::io::Write;
+use std::path::Path;
+
+/// The GGUF version the writer produces.
+pub const WRITE_VERSION: u32 = 3;
+
+struct PendingTensor {
+    name: String,
+    dtype: DType,
+    ne: Vec<usize>,
+    data: Vec<u8>,
+}
+
+/// Builds a GGUF v3 file. Tensors are written in the order they were added.
+#[derive(Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<PendingTensor>,
+}
+
+impl std::fmt::Debug for GgufWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufWriter")
+            .field("n_kv", &self.metadata.len())
+            .field("n_tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl GgufWriter {
+    /// An empty writer.
+    pub fn new() -> GgufWriter {
+        GgufWriter::default()
+    }
+
+    /// A writer holding a copy of all of `file`'s metadata and tensors, in file order.
+    pub fn from_file(file: &GgufFile) -> Result<GgufWriter> {
+        let mut w = GgufWriter::new();
+        for (k, v) in file.metadata() {
+            w.add_metadata(k.clone(), v.clone());
+        }
+        for t in file.tensors() {
+            w.add_tensor(&t.name, t.dtype, &t.ne[..t.n_dims], file.tensor_data(t))?;
+        }
+        Ok(w)
+    }
+
+    /// Set `key` to `value`. A key set twice keeps its first position and its last value.
+    /// Array element types are checked when the file is written.
+    pub fn add_metadata(&mut self, key: impl Into<String>, value: Value) {
+        let key = key.into();
+        match self.metadata.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.metadata.push((key, value)),
+        }
+    }
+
+    /// Add a tensor of `dtype` with dimensions `ne` (innermost first, 1 to 4 of them) whose
+    /// bytes are `data`. The data is copied.
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        ne: &[usize],
+        data: &[u8],
+    ) -> Result<()> {
+        let invalid = |reason: String| GgufError::InvalidTensor {
+            tensor: name.to_string(),
+            reason,
+        };
+        if self.tensors.iter().any(|t| t.name == name) {
+            return Err(GgufError::DuplicateTensor {
+                name: name.to_string(),
+            });
+        }
+        if ne.is_empty() || ne.len() > MAX_DIMS {
+            return Err(invalid(format!(
+                "{} dimensions (must be 1 to {MAX_DIMS})",
+                ne.len()
+            )));
+        }
+        if ne.contains(&0) {
+            return Err(invalid(format!("zero dimension in {ne:?}")));
+        }
+        let n_elements = ne.iter().try_fold(1u64, |acc, &d| {
+            acc.checked_mul(d as u64).filter(|&n| n <= i64::MAX as u64)
+        });
+        if n_elements.is_none() {
+            return Err(invalid(format!("shape {ne:?} overflows int64")));
+        }
+        if !ne[0].is_multiple_of(dtype.block_size()) {
+            return Err(GgufError::BlockMisaligned {
+                tensor: name.to_string(),
+                dtype,
+                ne0: ne[0],
+                block: dtype.block_size(),
+            });
+        }
+        let size = dtype
+            .row_bytes(ne[0])
+            .ok()
+            .and_then(|row| ne[1..].iter().try_fold(row, |acc, &d| acc.checked_mul(d)))
+            .ok_or_else(|| invalid(format!("byte size of {ne:?} overflows")))?;
+        if size != data.len() {
+            return Err(invalid(format!(
+                "{} bytes of data for a {dtype} tensor {ne:?} of {size} bytes",
+                data.len()
+            )));
+        }
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            dtype,
+            ne: ne.to_vec(),
+            data: data.to_vec(),
+        });
+        Ok(())
+    }
+
+    /// The alignment the file will use: `general.alignment` if set (a nonzero power of two),
+    /// else 32.
+    pub fn alignment(&self) -> Result<usize> {
+        match self.metadata.iter().find(|(k, _)| k == ALIGNMENT_KEY) {
+            None => Ok(DEFAULT_ALIGNMENT),
+            Some((_, v)) => v
+                .as_u64()
+                .filter(|a| a.is_power_of_two() && *a <= u64::from(u32::MAX))
+                .and_then(|a| usize::try_from(a).ok())
+                .ok_or_else(|| GgufError::BadAlignment {
+                    value: format!("{} {v}", v.type_name()),
+                }),
+        }
+    }
+
+    /// Write the file to `out`.
+    pub fn write_to(&self, out: &mut impl Write) -> Result<()> {
+        let alignment = self.alignment()?;
+        for (k, v) in &self.metadata {
+            check_value(k, v, 0)?;
+        }
+        let mut w = Counting { inner: out, n: 0 };
+        w.put(&GGUF_MAGIC)?;
+        w.put(&WRITE_VERSION.to_le_bytes())?;
+        w.put(&(self.tensors.len() as u64).to_le_bytes())?;
+        w.put(&(self.metadata.len() as u64).to_le_bytes())?;
+        for (k, v) in &self.metadata {
+            w.string(k)?;
+            w.put(&v.type_id().to_le_bytes())?;
+            w.value(v)?;
+        }
+        let mut offset = 0usize;
+        for t in &self.tensors {
+            w.string(&t.name)?;
+            w.put(&(t.ne.len() as u32).to_le_bytes())?;
+            for &d in &t.ne {
+                w.put(&(d as u64).to_le_bytes())?;
+            }
+            w.put(&t.dtype.ggml_id().to_le_bytes())?;
+            w.put(&(offset as u64).to_le_bytes())?;
+            offset = offset
+                .checked_add(t.data.len())
+                .and_then(|end| align_up(end, alignment))
+                .ok_or_else(|| GgufError::InvalidTensor {
+                    tensor: t.name.clone(),
+                    reason: "data section size overflows".into(),
+                })?;
+        }
+        w.pad(alignment)?;
+        for t in &self.tensors {
+            w.put(&t.data)?;
+            w.pad(alignment)?;
+        }
+        Ok(())
+    }
+
+    /// Write the file to `path` (created or truncated).
+    pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let io_err = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::create(path).map_err(io_err)?;
+        let mut out = std::io::BufWriter::new(file);
+        self.write_to(&mut out).map_err(|e| match e {
+            GgufError::Write(source) => io_err(source),
+            other => other,
+        })?;
+        out.flush().map_err(io_err)
+    }
+
+    /// The file as bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.write_to(&mut v)?;
+        Ok(v)
+    }
+}
+
+/// Arrays must be homogeneous (GGUF stores one element type per array) and nest at most
+/// [`MAX_ARRAY_DEPTH`] deep, so that what we write our reader reads.
+fn check_value(key: &str, v: &Value, depth: usize) -> Result<()> {
+    let Value::Array(items) = v else {
+        return Ok(());
+    };
+    if depth >= MAX_ARRAY_DEPTH {
+        return Err(GgufError::NestingTooDeep {
+            key: key.to_string(),
+            max: MAX_ARRAY_DEPTH,
+            offset: 0,
+        });
+    }
+    if let Some(first) = items.first() {
+        if let Some(other) = items.iter().find(|x| x.type_id() != first.type_id()) {
+            return Err(GgufError::MixedArray {
+                key: key.to_string(),
+                first: first.type_name(),
+                other: other.type_name(),
+            });
+        }
+    }
+    items
+        .iter()
+        .try_for_each(|x| check_value(key, x, depth + 1))
+}
+
+/// A writer that counts bytes, for the padding.
+struct Counting<'a, W: Write> {
+    inner: &'a mut W,
+    n: usize,
+}
+
+impl<W: Write> Counting<'_, W> {
+    fn put(&mut self, bytes: &[u8]) -> Result<()> {
+        self.inner.write_all(bytes)?;
+        self.n += bytes.len();
+        Ok(())
+    }
+
+    fn pad(&mut self, alignment: usize) -> Result<()> {
+        let target = align_up(self.n, alignment).unwrap_or(self.n);
+        const ZEROS: [u8; 64] = [0; 64];
+        while self.n < target {
+            let k = (target - self.n).min(ZEROS.len());
+            self.put(&ZEROS[..k])?;
+        }
+        Ok(())
+    }
+
+    fn string(&mut self, s: &str) -> Result<()> {
+        self.put(&(s.len() as u64).to_le_bytes())?;
+        self.put(s.as_bytes())
+    }
+
+    fn value(&mut self, v: &Value) -> Result<()> {
+        match v {
+            Value::U8(x) => self.put(&x.to_le_bytes()),
+            Value::I8(x) => self.put(&x.to_le_bytes()),
+            Value::U16(x) => self.put(&x.to_le_bytes()),
+            Value::I16(x) => self.put(&x.to_le_bytes()),
+            Value::U32(x) => self.put(&x.to_le_bytes()),
+            Value::I32(x) => self.put(&x.to_le_bytes()),
+            Value::U64(x) => self.put(&x.to_le_bytes()),
+            Value::I64(x) => self.put(&x.to_le_bytes()),
+            Value::F32(x) => self.put(&x.to_le_bytes()),
+            Value::F64(x) => self.put(&x.to_le_bytes()),
+            Value::Bool(x) => self.put(&[u8::from(*x)]),
+            Value::String(s) => self.string(s),
+            Value::Array(items) => {
+                let elem = items.first().map_or(type_id::U8, Value::type_id);
+                self.put(&elem.to_le_bytes())?;
+                self.put(&(items.len() as u64).to_le_bytes())?;
+                items.iter().try_for_each(|x| self.value(x))
+            }
+        }
+    }
+}
