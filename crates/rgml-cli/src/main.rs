@@ -80,7 +80,9 @@ fn main() -> ExitCode {
     register_backends();
     let result = match cli.command {
         Command::Devices { json } => devices(json).map(|()| true),
-        Command::TestOps { backend, op, mode } => test_ops::run(backend.as_deref(), op.as_deref(), &mode),
+        Command::TestOps { backend, op, mode } => {
+            test_ops::run(backend.as_deref(), op.as_deref(), &mode)
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

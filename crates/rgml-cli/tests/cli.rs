@@ -36,7 +36,10 @@ fn test_ops_ends_with_the_summary_line() {
     let (passed, failed) = last
         .split_once(" passed, ")
         .expect("summary line 'N passed, M failed'");
-    assert!(passed.trim().parse::<usize>().expect("a count") > 0, "{last}");
+    assert!(
+        passed.trim().parse::<usize>().expect("a count") > 0,
+        "{last}"
+    );
     assert_eq!(failed, "0 failed");
 }
 

@@ -25,6 +25,7 @@ mod writer;
 pub use error::{GgufError, Result};
 pub use reader::{
     GgufFile, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS,
+    MAX_METADATA_ELEMENTS,
 };
 pub use value::Value;
 pub use writer::{GgufWriter, WRITE_VERSION};

@@ -32,6 +32,11 @@ const MIN_KV_BYTES: usize = 8 + 4 + 1;
 /// Smallest possible encoding of one tensor info: name length (8) + n_dims (4) + one dim (8) +
 /// type (4) + offset (8).
 const MIN_TENSOR_INFO_BYTES: usize = 8 + 4 + 8 + 4 + 8;
+/// Most array elements (over all metadata arrays together) a file may hold. A [`Value`] takes
+/// 32 bytes in memory while a `u8` element takes 1 in the file, so without a cap a hostile file
+/// could make us allocate 32 times its size. Real files hold about a million (the tokenizer's
+/// tokens, scores, types and merges); this leaves ample room.
+pub const MAX_METADATA_ELEMENTS: usize = 1 << 24;
 /// Vectors sized from file counts start at most this big and grow as elements actually parse,
 /// so a count that passes the bound check still cannot make us reserve much up front.
 const MAX_PREALLOC: usize = 4096;
@@ -262,6 +267,8 @@ struct Parsed {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Array elements still allowed ([`MAX_METADATA_ELEMENTS`] at the start).
+    elements_left: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -414,7 +421,17 @@ fn read_value(c: &mut Cursor<'_>, t: u32, key: &str, depth: usize) -> Result<Val
             let elem = value_type(c, key)?;
             // `value_type` accepted `elem`, so it has a size; 1 keeps this total anyway.
             let min = min_value_bytes(elem).unwrap_or(1);
+            let at = c.pos;
             let n = c.count(min, || format!("array of key '{key}'"))?;
+            c.elements_left =
+                c.elements_left
+                    .checked_sub(n)
+                    .ok_or_else(|| GgufError::CountTooLarge {
+                        what: format!("array of key '{key}' (over the metadata element limit)"),
+                        count: n as u64,
+                        offset: at,
+                        max: c.elements_left as u64,
+                    })?;
             let mut items = Vec::with_capacity(n.min(MAX_PREALLOC));
             for _ in 0..n {
                 items.push(read_value(c, elem, key, depth + 1)?);
@@ -432,7 +449,11 @@ fn read_value(c: &mut Cursor<'_>, t: u32, key: &str, depth: usize) -> Result<Val
 }
 
 fn parse(buf: &[u8]) -> Result<Parsed> {
-    let mut c = Cursor { buf, pos: 0 };
+    let mut c = Cursor {
+        buf,
+        pos: 0,
+        elements_left: MAX_METADATA_ELEMENTS,
+    };
     let magic: [u8; 4] = c.array(|| "magic".into())?;
     if magic != GGUF_MAGIC {
         return Err(GgufError::BadMagic { found: magic });

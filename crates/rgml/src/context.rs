@@ -76,6 +76,12 @@ impl Context {
             .ok_or(Error::InvalidTensor(id.index()))
     }
 
+    /// Drop every tensor created after the first `len` (e.g. a per-token graph built on top of
+    /// the weights), so the arena does not grow with each step.
+    pub fn truncate(&mut self, len: usize) {
+        self.tensors.truncate(len);
+    }
+
     /// The first tensor named `name`.
     pub fn find(&self, name: &str) -> Option<TensorId> {
         self.ids().find(|&id| self[id].name == name)

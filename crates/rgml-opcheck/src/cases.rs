@@ -1,0 +1,1116 @@
+//! The case table: every op × dtypes × shapes the suite checks, each a named graph builder.
+//!
+//! A case only *builds* a graph (leaf tensors with how to fill them, and the ops on top); the
+//! runner fills, allocates and computes it, and the reference interpreter evaluates the same
+//! graph. Sizes are kept moderate so the whole table runs in seconds on a CPU, and deliberately
+//! odd (not multiples of SIMD widths) so that kernel tails are exercised.
+
+use rgml::op::{RopeMode, RopeParams};
+use rgml::{Context, DType, OpKind, Result, TensorId};
+
+/// How a leaf tensor is filled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Init {
+    /// Uniform floats in `[lo, hi)` (converted to the leaf's dtype).
+    Uniform(f32, f32),
+    /// Uniform integers in `0..n` (row indices, positions).
+    Index(usize),
+    /// Distinct integers in `0..n` along dim 0 (SET_ROWS indices: no row written twice).
+    Distinct(usize),
+    /// A causal mask: 0 where column `<= n_past + row`, -inf after.
+    Causal(usize),
+}
+
+/// Collects the leafs of a case while its graph is built.
+pub struct Builder<'a> {
+    /// The case's context.
+    pub(crate) ctx: &'a mut Context,
+    /// Leafs and how to fill them.
+    pub(crate) leaves: Vec<(TensorId, Init)>,
+}
+
+impl Builder<'_> {
+    fn leaf(&mut self, dtype: DType, dims: &[usize], init: Init) -> Result<TensorId> {
+        let id = self.ctx.new_tensor(dtype, dims)?;
+        self.ctx.set_name(id, format!("in{}", self.leaves.len()))?;
+        self.ctx.set_input(id)?;
+        self.leaves.push((id, init));
+        Ok(id)
+    }
+
+    fn uniform(&mut self, dtype: DType, dims: &[usize]) -> Result<TensorId> {
+        self.leaf(dtype, dims, Init::Uniform(-1.0, 1.0))
+    }
+}
+
+type BuildFn = dyn Fn(&mut Builder) -> Result<TensorId> + Send + Sync;
+
+/// One conformance case: a named graph whose last node is compared with the reference.
+pub struct Case {
+    /// Unique name with the parameters, e.g. `MUL_MAT(type_a=q4_0,m=67,n=5,k=256,bs=[2,3])`.
+    pub name: String,
+    /// The op under test (used by op filters and reports).
+    pub op: OpKind,
+    /// The row of the support table this case belongs to (op and dtypes, without shapes).
+    pub family: String,
+    /// Largest normalized mean squared error that passes.
+    pub threshold: f64,
+    build: Box<BuildFn>,
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case")
+            .field("name", &self.name)
+            .field("threshold", &self.threshold)
+            .finish()
+    }
+}
+
+impl Case {
+    fn new(
+        op: OpKind,
+        family: String,
+        params: String,
+        threshold: f64,
+        build: impl Fn(&mut Builder) -> Result<TensorId> + Send + Sync + 'static,
+    ) -> Case {
+        Case {
+            name: format!("{}({params})", op.name()),
+            op,
+            family,
+            threshold,
+            build: Box::new(build),
+        }
+    }
+
+    /// Build the case's graph into `b`; returns the node to compare.
+    pub(crate) fn build(&self, b: &mut Builder) -> Result<TensorId> {
+        (self.build)(b)
+    }
+}
+
+/// Default NMSE threshold (ggml's test-backend-ops default).
+pub const DEFAULT_NMSE: f64 = 1e-7;
+/// MUL_MAT threshold: kernels may quantize or round src1 to the weight's dot type.
+pub const MUL_MAT_NMSE: f64 = 5e-4;
+
+/// Threshold for an output stored as `dtype`, compared with the reference's own round trip
+/// through that type: a tenth of the type's typical quantization error, which tolerates a few
+/// values that round to the neighbouring level while any real error is far above it.
+pub fn output_threshold(dtype: DType) -> f64 {
+    match dtype {
+        DType::Q4_0 | DType::Q4_1 => 5e-4,
+        DType::Q5_0 | DType::Q5_1 => 1.5e-4,
+        DType::Q8_0 | DType::Q8_1 => 2e-6,
+        DType::Q4_K => 1e-4,
+        DType::Q5_K => 3e-5,
+        DType::Q6_K | DType::Q8_K => 1e-5,
+        _ => DEFAULT_NMSE,
+    }
+}
+
+fn dims(ne: &[usize]) -> String {
+    let v: Vec<String> = ne.iter().map(|n| n.to_string()).collect();
+    format!("[{}]", v.join(","))
+}
+
+const QUANT: [DType; 8] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+fn with_plain(q: &[DType]) -> Vec<DType> {
+    let mut v = vec![DType::F32, DType::F16, DType::BF16];
+    v.extend_from_slice(q);
+    v
+}
+
+/// A row length valid for `t` near `plain` (odd for plain types, a block multiple otherwise).
+fn row_len(t: DType, plain: usize) -> usize {
+    if t.block_size() == 1 {
+        plain
+    } else {
+        2 * t.block_size()
+    }
+}
+
+fn get_rows(cases: &mut Vec<Case>) {
+    let mut types = with_plain(&QUANT);
+    types.push(DType::I32);
+    for t in types {
+        for (ne0, nr, n, b) in [(37, 5, 3, [1, 1]), (37, 7, 9, [2, 3]), (11, 1, 4, [1, 2])] {
+            let ne0 = row_len(t, ne0);
+            let params = format!("type={t},n={ne0},m={nr},r={n},b={}", dims(&b));
+            cases.push(Case::new(
+                OpKind::GetRows,
+                format!("GET_ROWS type={t}"),
+                params,
+                DEFAULT_NMSE,
+                move |c| {
+                    let init = if t == DType::I32 {
+                        Init::Index(1000)
+                    } else {
+                        Init::Uniform(-1.0, 1.0)
+                    };
+                    let a = c.leaf(t, &[ne0, nr, b[0], b[1]], init)?;
+                    let r = c.leaf(DType::I32, &[n, b[0], b[1]], Init::Index(nr))?;
+                    c.ctx.get_rows(a, r)
+                },
+            ));
+        }
+    }
+}
+
+fn set_rows(cases: &mut Vec<Case>) {
+    let types = with_plain(&QUANT[..5]);
+    for t in types {
+        for (ne0, nr, n, b, k) in [
+            (35, 7, 3, [1, 1], [1, 1]),
+            (35, 9, 4, [2, 3], [2, 3]),
+            (19, 5, 2, [2, 3], [1, 3]),
+        ] {
+            let ne0 = row_len(t, ne0);
+            let params = format!(
+                "type={t},ne=[{ne0},{nr},{},{}],nr={n},idx={}",
+                b[0],
+                b[1],
+                dims(&k)
+            );
+            cases.push(Case::new(
+                OpKind::SetRows,
+                format!("SET_ROWS type={t}"),
+                params,
+                output_threshold(t),
+                move |c| {
+                    let dst = c.uniform(t, &[ne0, nr, b[0], b[1]])?;
+                    let src = c.uniform(DType::F32, &[ne0, n, b[0], b[1]])?;
+                    let idx = c.leaf(DType::I32, &[n, k[0], k[1]], Init::Distinct(nr))?;
+                    c.ctx.set_rows(dst, src, idx)
+                },
+            ));
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Src0Layout {
+    Contiguous,
+    /// src0 is `permute([0,2,1,3])` of a leaf stored with dims 1 and 2 swapped.
+    Permuted,
+    /// src0 is a view of every other row of a leaf twice as tall.
+    Strided,
+}
+
+fn binary(cases: &mut Vec<Case>) {
+    let ops = [OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div];
+    let mut configs: Vec<([usize; 4], [usize; 4], Src0Layout)> = Vec::new();
+    let ne = [10, 5, 4, 3];
+    for nr in [
+        [1, 1, 1, 1],
+        [2, 1, 1, 1],
+        [1, 2, 1, 1],
+        [1, 1, 2, 1],
+        [1, 1, 1, 2],
+        [1, 1, 2, 2],
+        [2, 2, 2, 2],
+    ] {
+        configs.push((ne, nr, Src0Layout::Contiguous));
+    }
+    configs.push(([33, 1, 1, 1], [1, 7, 3, 2], Src0Layout::Contiguous));
+    configs.push(([1, 1, 1, 1], [17, 3, 2, 1], Src0Layout::Contiguous));
+    configs.push(([1027, 3, 1, 1], [1, 1, 1, 1], Src0Layout::Contiguous));
+    configs.push((ne, [1, 1, 1, 1], Src0Layout::Permuted));
+    configs.push((ne, [1, 1, 2, 1], Src0Layout::Permuted));
+    configs.push((ne, [1, 1, 1, 1], Src0Layout::Strided));
+    configs.push(([7, 3, 1, 1], [1, 1, 2, 3], Src0Layout::Strided));
+    let pairs = [
+        (DType::F32, DType::F32, configs.len()),
+        (DType::F16, DType::F16, 4),
+        (DType::F16, DType::F32, 4),
+        (DType::BF16, DType::BF16, 4),
+    ];
+    for op in ops {
+        for &(ta, tb, count) in &pairs {
+            for &(ne1, nr, layout) in configs.iter().take(count) {
+                let ne0 = [
+                    ne1[0] * nr[0],
+                    ne1[1] * nr[1],
+                    ne1[2] * nr[2],
+                    ne1[3] * nr[3],
+                ];
+                let lay = match layout {
+                    Src0Layout::Contiguous => "",
+                    Src0Layout::Permuted => ",src0=permuted",
+                    Src0Layout::Strided => ",src0=strided",
+                };
+                let params = format!(
+                    "type_a={ta},type_b={tb},ne={},nr={}{lay}",
+                    dims(&ne1),
+                    dims(&nr)
+                );
+                let b_init = if op == OpKind::Div {
+                    Init::Uniform(0.5, 2.0)
+                } else {
+                    Init::Uniform(-1.0, 1.0)
+                };
+                cases.push(Case::new(
+                    op,
+                    format!("{} type_a={ta},type_b={tb}", op.name()),
+                    params,
+                    DEFAULT_NMSE,
+                    move |c| {
+                        let a = match layout {
+                            Src0Layout::Contiguous => c.uniform(ta, &ne0)?,
+                            Src0Layout::Permuted => {
+                                let l = c.uniform(ta, &[ne0[0], ne0[2], ne0[1], ne0[3]])?;
+                                c.ctx.permute(l, [0, 2, 1, 3])?
+                            }
+                            Src0Layout::Strided => {
+                                let l = c.uniform(ta, &[ne0[0], 2 * ne0[1], ne0[2], ne0[3]])?;
+                                let nb1 = c.ctx[l].nb[1];
+                                c.ctx.view(
+                                    l,
+                                    &ne0,
+                                    &[2 * nb1, 2 * nb1 * ne0[1], 2 * nb1 * ne0[1] * ne0[2]],
+                                    nb1,
+                                )?
+                            }
+                        };
+                        let b = c.leaf(tb, &ne1, b_init)?;
+                        match op {
+                            OpKind::Add => c.ctx.add(a, b),
+                            OpKind::Sub => c.ctx.sub(a, b),
+                            OpKind::Mul => c.ctx.mul(a, b),
+                            _ => c.ctx.div(a, b),
+                        }
+                    },
+                ));
+            }
+        }
+    }
+
+    // Non-contiguous src1 (rows stay dense), broadcast in dim 2.
+    for op in ops {
+        cases.push(Case::new(
+            op,
+            format!("{} type_a=f32,type_b=f32", op.name()),
+            "type_a=f32,type_b=f32,ne=[10,5,4,3],nr=[1,1,2,1],src1=permuted".into(),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &[10, 5, 8, 3])?;
+                let l = c.leaf(DType::F32, &[10, 4, 5, 3], Init::Uniform(0.5, 2.0))?;
+                let b = c.ctx.permute(l, [0, 2, 1, 3])?;
+                match op {
+                    OpKind::Add => c.ctx.add(a, b),
+                    OpKind::Sub => c.ctx.sub(a, b),
+                    OpKind::Mul => c.ctx.mul(a, b),
+                    _ => c.ctx.div(a, b),
+                }
+            },
+        ));
+    }
+}
+
+fn scale(cases: &mut Vec<Case>) {
+    for (s, bias) in [(2.0f32, 0.0f32), (0.5, 1.25), (-1.5, -0.3)] {
+        for ne in [[10, 5, 4, 3], [129, 3, 1, 1]] {
+            cases.push(Case::new(
+                OpKind::Scale,
+                "SCALE type=f32".into(),
+                format!("ne={},scale={s},bias={bias}", dims(&ne)),
+                DEFAULT_NMSE,
+                move |c| {
+                    let a = c.uniform(DType::F32, &ne)?;
+                    c.ctx.scale_bias(a, s, bias)
+                },
+            ));
+        }
+    }
+    cases.push(Case::new(
+        OpKind::Scale,
+        "SCALE type=f32".into(),
+        "ne=[10,5,4,3],scale=3,bias=0.5,src0=permuted".into(),
+        DEFAULT_NMSE,
+        move |c| {
+            let a = c.uniform(DType::F32, &[10, 4, 5, 3])?;
+            let p = c.ctx.permute(a, [0, 2, 1, 3])?;
+            c.ctx.scale_bias(p, 3.0, 0.5)
+        },
+    ));
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Src1Layout {
+    Contiguous,
+    /// A leaf `[k, b2, n, b3]` permuted to `[k, n, b2, b3]`.
+    Permuted,
+    /// A leaf `[n, k]` transposed (dim 0 strided).
+    Transposed,
+}
+
+/// (type_a, m, n, k, src0 batch dims 2-3, src1 repeats of them, src1 layout).
+type MulMatCfg = (
+    DType,
+    usize,
+    usize,
+    usize,
+    [usize; 2],
+    [usize; 2],
+    Src1Layout,
+);
+
+fn mul_mat(cases: &mut Vec<Case>) {
+    let all = with_plain(&QUANT);
+    let mut configs: Vec<MulMatCfg> = Vec::new();
+    for &t in &all {
+        for n in [1, 5, 32] {
+            configs.push((t, 67, n, 256, [1, 1], [1, 1], Src1Layout::Contiguous));
+        }
+        configs.push((t, 35, 67, 256, [1, 1], [1, 1], Src1Layout::Contiguous));
+        configs.push((t, 33, 7, 512, [2, 3], [1, 1], Src1Layout::Contiguous));
+        configs.push((t, 19, 3, 256, [2, 1], [2, 3], Src1Layout::Contiguous));
+        configs.push((t, 17, 1, 256, [1, 3], [3, 1], Src1Layout::Contiguous));
+    }
+    for t in [DType::F32, DType::F16, DType::BF16] {
+        for (m, n, k) in [(13, 9, 37), (7, 1, 129), (1, 3, 65), (16, 16, 16)] {
+            configs.push((t, m, n, k, [1, 1], [1, 1], Src1Layout::Contiguous));
+        }
+        configs.push((t, 11, 6, 67, [2, 1], [1, 2], Src1Layout::Permuted));
+        configs.push((t, 11, 6, 67, [1, 1], [1, 1], Src1Layout::Transposed));
+    }
+    for t in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
+        configs.push((t, 11, 6, 256, [2, 1], [1, 2], Src1Layout::Permuted));
+        configs.push((t, 11, 5, 256, [1, 1], [1, 1], Src1Layout::Transposed));
+    }
+    for (t, m, n, k, bs, nr, layout) in configs {
+        let lay = match layout {
+            Src1Layout::Contiguous => "",
+            Src1Layout::Permuted => ",src1=permuted",
+            Src1Layout::Transposed => ",src1=transposed",
+        };
+        let params = format!(
+            "type_a={t},type_b=f32,m={m},n={n},k={k},bs={},nr={}{lay}",
+            dims(&bs),
+            dims(&nr)
+        );
+        cases.push(Case::new(
+            OpKind::MulMat,
+            format!("MUL_MAT type_a={t},type_b=f32"),
+            params,
+            MUL_MAT_NMSE,
+            move |c| {
+                let a = c.uniform(t, &[k, m, bs[0], bs[1]])?;
+                let (b2, b3) = (bs[0] * nr[0], bs[1] * nr[1]);
+                let b = match layout {
+                    Src1Layout::Contiguous => c.uniform(DType::F32, &[k, n, b2, b3])?,
+                    Src1Layout::Permuted => {
+                        let l = c.uniform(DType::F32, &[k, b2, n, b3])?;
+                        c.ctx.permute(l, [0, 2, 1, 3])?
+                    }
+                    Src1Layout::Transposed => {
+                        let l = c.uniform(DType::F32, &[n, k, b2, b3])?;
+                        c.ctx.transpose(l)?
+                    }
+                };
+                c.ctx.mul_mat(a, b)
+            },
+        ));
+    }
+}
+
+fn norms(cases: &mut Vec<Case>) {
+    for op in [OpKind::RmsNorm, OpKind::Norm] {
+        for eps in [1e-6f32, 1e-5, 1e-1] {
+            for ne in [[64, 5, 4, 3], [67, 3, 1, 1], [513, 2, 1, 1]] {
+                cases.push(Case::new(
+                    op,
+                    format!("{} type=f32", op.name()),
+                    format!("ne={},eps={eps:e}", dims(&ne)),
+                    DEFAULT_NMSE,
+                    move |c| {
+                        // An offset makes NORM's mean matter.
+                        let a = c.leaf(DType::F32, &ne, Init::Uniform(-0.5, 1.5))?;
+                        if op == OpKind::RmsNorm {
+                            c.ctx.rms_norm(a, eps)
+                        } else {
+                            c.ctx.norm(a, eps)
+                        }
+                    },
+                ));
+            }
+        }
+    }
+}
+
+fn rope(cases: &mut Vec<Case>) {
+    struct Cfg {
+        ne: [usize; 4],
+        n_dims: usize,
+        base: f32,
+        fscale: f32,
+        ext: f32,
+        attn: f32,
+        n_ctx_orig: usize,
+    }
+    let cfg = |ne, n_dims, base, fscale, ext, attn, n_ctx_orig| Cfg {
+        ne,
+        n_dims,
+        base,
+        fscale,
+        ext,
+        attn,
+        n_ctx_orig,
+    };
+    let cfgs = [
+        cfg([64, 4, 7, 1], 64, 10000.0, 1.0, 0.0, 1.0, 0),
+        cfg([64, 4, 7, 1], 32, 10000.0, 1.0, 0.0, 1.0, 0),
+        cfg([128, 2, 5, 1], 128, 500000.0, 1.0, 0.0, 1.0, 0),
+        cfg([80, 3, 6, 1], 64, 10000.0, 0.5, 0.0, 1.0, 0),
+        cfg([64, 3, 5, 2], 64, 10000.0, 0.25, 1.0, 1.0, 4096),
+        cfg([64, 3, 5, 1], 48, 1000000.0, 0.125, 1.0, 1.3, 2048),
+        cfg([96, 2, 9, 1], 96, 10000.0, 1.0, 0.5, 0.8, 512),
+        cfg([10, 5, 3, 1], 6, 100.0, 1.0, 0.0, 1.0, 0),
+    ];
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        for c0 in &cfgs {
+            let mut p = RopeParams::new(mode, c0.n_dims, c0.base);
+            p.freq_scale = c0.fscale;
+            p.ext_factor = c0.ext;
+            p.attn_factor = c0.attn;
+            p.n_ctx_orig = c0.n_ctx_orig;
+            let ne = c0.ne;
+            let m = if mode == RopeMode::Normal {
+                "normal"
+            } else {
+                "neox"
+            };
+            let params = format!(
+                "type=f32,ne={},mode={m},n_dims={},freq_base={},freq_scale={},ext_factor={},attn_factor={},n_ctx_orig={}",
+                dims(&ne), c0.n_dims, c0.base, c0.fscale, c0.ext, c0.attn, c0.n_ctx_orig
+            );
+            cases.push(Case::new(
+                OpKind::Rope,
+                format!("ROPE type=f32,mode={m}"),
+                params,
+                DEFAULT_NMSE,
+                move |c| {
+                    let a = c.uniform(DType::F32, &ne)?;
+                    // Random, non-sequential positions.
+                    let pos = c.leaf(DType::I32, &[ne[2]], Init::Index(300))?;
+                    c.ctx.rope(a, pos, p)
+                },
+            ));
+        }
+    }
+}
+
+fn soft_max(cases: &mut Vec<Case>) {
+    // (ne, mask: None | Some((dtype, mask_ne1_extra, mask broadcast in dims 2/3)), scale, max_bias)
+    let shapes = [[16, 7, 4, 1], [33, 5, 2, 3], [257, 3, 1, 1]];
+    for ne in shapes {
+        for scale in [1.0f32, 0.125] {
+            let mut masks: Vec<Option<(DType, usize, bool)>> = vec![None];
+            for mt in [DType::F32, DType::F16] {
+                masks.push(Some((mt, 0, true)));
+                masks.push(Some((mt, 3, false)));
+            }
+            for mask in masks {
+                for max_bias in [0.0f32, 8.0] {
+                    if mask.is_none() && max_bias > 0.0 {
+                        continue;
+                    }
+                    let (mdesc, mfam) = match mask {
+                        None => ("none".to_string(), "none"),
+                        Some((t, extra, bc)) => {
+                            (format!("{t},mask_rows=+{extra},broadcast={bc}"), t.name())
+                        }
+                    };
+                    cases.push(Case::new(
+                        OpKind::SoftMax,
+                        format!("SOFT_MAX type=f32,mask={mfam}"),
+                        format!(
+                            "type=f32,ne={},mask={mdesc},scale={scale},max_bias={max_bias}",
+                            dims(&ne)
+                        ),
+                        DEFAULT_NMSE,
+                        move |c| {
+                            let a = c.leaf(DType::F32, &ne, Init::Uniform(-3.0, 3.0))?;
+                            let m = match mask {
+                                None => None,
+                                Some((t, extra, bc)) => {
+                                    let (m2, m3) = if bc { (1, 1) } else { (ne[2], ne[3]) };
+                                    Some(c.uniform(t, &[ne[0], ne[1] + extra, m2, m3])?)
+                                }
+                            };
+                            c.ctx.soft_max_ext(a, m, scale, max_bias)
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    // A causal mask with -inf entries (no row fully masked).
+    for mt in [DType::F32, DType::F16] {
+        cases.push(Case::new(
+            OpKind::SoftMax,
+            format!("SOFT_MAX type=f32,mask={mt}"),
+            format!("type=f32,ne=[12,5,3,1],mask={mt},causal,n_past=4,scale=0.5,max_bias=4"),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.leaf(DType::F32, &[12, 5, 3, 1], Init::Uniform(-3.0, 3.0))?;
+                let m = c.leaf(mt, &[12, 5, 1, 1], Init::Causal(4))?;
+                c.ctx.soft_max_ext(a, Some(m), 0.5, 4.0)
+            },
+        ));
+    }
+}
+
+fn diag_mask(cases: &mut Vec<Case>) {
+    for n_past in [0, 3, 7] {
+        for ne in [[10, 10, 3, 1], [12, 8, 2, 2]] {
+            cases.push(Case::new(
+                OpKind::DiagMaskInf,
+                "DIAG_MASK_INF type=f32".into(),
+                format!("type=f32,ne={},n_past={n_past}", dims(&ne)),
+                DEFAULT_NMSE,
+                move |c| {
+                    let a = c.uniform(DType::F32, &ne)?;
+                    c.ctx.diag_mask_inf(a, n_past)
+                },
+            ));
+        }
+    }
+}
+
+fn unary(cases: &mut Vec<Case>) {
+    for op in [OpKind::Silu, OpKind::Gelu] {
+        for (ne, permuted) in [
+            ([128, 7, 3, 1], false),
+            ([5, 1, 1, 1], false),
+            ([1037, 3, 1, 1], false),
+            ([10, 5, 4, 3], true),
+        ] {
+            let p = if permuted { ",src0=permuted" } else { "" };
+            cases.push(Case::new(
+                op,
+                format!("{} type=f32", op.name()),
+                format!("type=f32,ne={}{p}", dims(&ne)),
+                DEFAULT_NMSE,
+                move |c| {
+                    let a = if permuted {
+                        let l = c.leaf(
+                            DType::F32,
+                            &[ne[0], ne[2], ne[1], ne[3]],
+                            Init::Uniform(-6.0, 6.0),
+                        )?;
+                        c.ctx.permute(l, [0, 2, 1, 3])?
+                    } else {
+                        c.leaf(DType::F32, &ne, Init::Uniform(-6.0, 6.0))?
+                    };
+                    if op == OpKind::Silu {
+                        c.ctx.silu(a)
+                    } else {
+                        c.ctx.gelu(a)
+                    }
+                },
+            ));
+        }
+    }
+    for ne in [[128, 7, 3, 1], [5, 1, 1, 1], [1037, 3, 1, 1]] {
+        cases.push(Case::new(
+            OpKind::Swiglu,
+            "SWIGLU type=f32".into(),
+            format!("type=f32,ne={}", dims(&ne)),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.leaf(DType::F32, &ne, Init::Uniform(-6.0, 6.0))?;
+                let b = c.uniform(DType::F32, &ne)?;
+                c.ctx.swiglu(a, b)
+            },
+        ));
+    }
+}
+
+fn copies(cases: &mut Vec<Case>) {
+    let mut pairs = vec![
+        (DType::F32, DType::F32),
+        (DType::F32, DType::F16),
+        (DType::F16, DType::F32),
+        (DType::F16, DType::F16),
+        (DType::F32, DType::BF16),
+        (DType::BF16, DType::F32),
+        (DType::BF16, DType::BF16),
+    ];
+    for q in QUANT {
+        pairs.push((DType::F32, q));
+        pairs.push((q, DType::F32));
+    }
+    for (ta, tb) in pairs {
+        let quant = ta.is_quantized() || tb.is_quantized();
+        // (ne, permutation of the source or none, destination transposed)
+        let mut layouts: Vec<([usize; 4], Option<[usize; 4]>, bool)> = Vec::new();
+        if quant {
+            layouts.push(([256, 4, 2, 1], None, false));
+            layouts.push(([512, 3, 1, 1], None, false));
+            if !ta.is_quantized() {
+                layouts.push(([256, 3, 2, 1], Some([0, 2, 1, 3]), false));
+            }
+        } else {
+            layouts.push(([37, 5, 3, 2], None, false));
+            layouts.push(([37, 5, 3, 2], Some([1, 0, 2, 3]), false));
+            layouts.push(([37, 5, 3, 2], Some([0, 2, 1, 3]), false));
+            layouts.push(([8, 7, 2, 3], Some([2, 0, 3, 1]), false));
+            if ta == tb {
+                layouts.push(([9, 6, 2, 1], None, true));
+            }
+        }
+        for (ne, perm, dst_t) in layouts {
+            let mut params = format!("type_src={ta},type_dst={tb},ne={}", dims(&ne));
+            if let Some(p) = perm {
+                params += &format!(",permute={}", dims(&p));
+            }
+            if dst_t {
+                params += ",dst=transposed";
+            }
+            cases.push(Case::new(
+                OpKind::Cpy,
+                format!("CPY type_src={ta},type_dst={tb}"),
+                params,
+                output_threshold(tb),
+                move |c| {
+                    let src = match perm {
+                        None => c.uniform(ta, &ne)?,
+                        Some(p) => {
+                            // Store the leaf so that permuting it yields shape `ne`.
+                            let mut lne = [0; 4];
+                            for i in 0..4 {
+                                lne[i] = ne[p[i]];
+                            }
+                            let l = c.uniform(ta, &lne)?;
+                            c.ctx.permute(l, p)?
+                        }
+                    };
+                    let dst = if dst_t {
+                        let l = c.uniform(tb, &[ne[1], ne[0], ne[2], ne[3]])?;
+                        c.ctx.transpose(l)?
+                    } else {
+                        c.uniform(tb, &ne)?
+                    };
+                    c.ctx.cpy(src, dst)
+                },
+            ));
+        }
+    }
+    for t in [DType::F32, DType::F16, DType::BF16, DType::I32] {
+        for perm in [None, Some([0, 2, 1, 3]), Some([1, 0, 2, 3])] {
+            let p = perm.map_or(String::new(), |p| format!(",permute={}", dims(&p)));
+            cases.push(Case::new(
+                OpKind::Dup,
+                format!("DUP type={t}"),
+                format!("type={t},ne=[10,5,4,3]{p}"),
+                DEFAULT_NMSE,
+                move |c| {
+                    let init = if t == DType::I32 {
+                        Init::Index(100000)
+                    } else {
+                        Init::Uniform(-1.0, 1.0)
+                    };
+                    let a = match perm {
+                        None => c.leaf(t, &[10, 5, 4, 3], init)?,
+                        Some(p) => {
+                            let l = c.leaf(t, &[10, 5, 4, 3], init)?;
+                            c.ctx.permute(l, p)?
+                        }
+                    };
+                    c.ctx.dup(a)
+                },
+            ));
+        }
+    }
+    for t in [DType::F32, DType::F16, DType::BF16] {
+        for (perm, reshape) in [
+            ([1, 0, 2, 3], None),
+            ([0, 2, 1, 3], None),
+            ([2, 0, 1, 3], None),
+            ([1, 0, 2, 3], Some([21, 10, 4, 1])),
+            ([0, 2, 1, 3], Some([35, 24, 1, 1])),
+        ] {
+            let r = reshape.map_or(String::new(), |r| format!(",reshape={}", dims(&r)));
+            cases.push(Case::new(
+                OpKind::Cont,
+                format!("CONT type={t}"),
+                format!("type={t},ne=[7,6,5,4],permute={}{r}", dims(&perm)),
+                DEFAULT_NMSE,
+                move |c| {
+                    let l = c.uniform(t, &[7, 6, 5, 4])?;
+                    let p = c.ctx.permute(l, perm)?;
+                    match reshape {
+                        None => c.ctx.cont(p),
+                        Some(r) => c.ctx.cont_shape(p, &r),
+                    }
+                },
+            ));
+        }
+    }
+}
+
+/// View ops feed a compute op so that something runs; the case is filed under the view op.
+fn views(cases: &mut Vec<Case>) {
+    let mut perms = Vec::new();
+    for a in 0..4 {
+        for b in 0..4 {
+            for c in 0..4 {
+                for d in 0..4 {
+                    let p = [a, b, c, d];
+                    let mut seen = [false; 4];
+                    p.iter().for_each(|&x| seen[x] = true);
+                    if seen.iter().all(|&s| s) {
+                        perms.push(p);
+                    }
+                }
+            }
+        }
+    }
+    for p in perms {
+        cases.push(Case::new(
+            OpKind::Permute,
+            "PERMUTE type=f32".into(),
+            format!("type=f32,ne=[3,4,5,6],axes={},then=CONT", dims(&p)),
+            DEFAULT_NMSE,
+            move |c| {
+                let l = c.uniform(DType::F32, &[3, 4, 5, 6])?;
+                let v = c.ctx.permute(l, p)?;
+                c.ctx.cont(v)
+            },
+        ));
+    }
+    for (ne, then) in [
+        ([9, 7, 1, 1], "CONT"),
+        ([16, 5, 3, 1], "ADD"),
+        ([33, 8, 1, 1], "MUL_MAT"),
+    ] {
+        cases.push(Case::new(
+            OpKind::Transpose,
+            "TRANSPOSE type=f32".into(),
+            format!("type=f32,ne={},then={then}", dims(&ne)),
+            if then == "MUL_MAT" {
+                MUL_MAT_NMSE
+            } else {
+                DEFAULT_NMSE
+            },
+            move |c| {
+                let l = c.uniform(DType::F32, &ne)?;
+                let t = c.ctx.transpose(l)?;
+                match then {
+                    "CONT" => c.ctx.cont(t),
+                    "ADD" => {
+                        let b = c.uniform(DType::F32, &[ne[1], ne[0], ne[2], ne[3]])?;
+                        c.ctx.add(t, b)
+                    }
+                    _ => {
+                        let ct = c.ctx.cont(t)?;
+                        let w = c.uniform(DType::F32, &[ne[1], 5])?;
+                        c.ctx.mul_mat(w, ct)
+                    }
+                }
+            },
+        ));
+    }
+    for (from, to) in [
+        ([6, 10, 2, 1], [12, 5, 2, 1]),
+        ([64, 3, 1, 1], [8, 8, 3, 1]),
+        ([5, 4, 3, 2], [120, 1, 1, 1]),
+    ] {
+        cases.push(Case::new(
+            OpKind::Reshape,
+            "RESHAPE type=f32".into(),
+            format!("type=f32,ne={},to={},then=MUL", dims(&from), dims(&to)),
+            DEFAULT_NMSE,
+            move |c| {
+                let l = c.uniform(DType::F32, &from)?;
+                let r = c.ctx.reshape(l, &to)?;
+                let b = c.uniform(DType::F32, &[to[0], 1, 1, 1])?;
+                c.ctx.mul(r, b)
+            },
+        ));
+    }
+    // (leaf ne, view ne, row stride in rows of the leaf, offset in elements)
+    for (lne, vne, stride, off, then) in [
+        ([20, 6, 1, 1], [7, 4, 1, 1], 1, 3, "SCALE"),
+        ([16, 10, 1, 1], [16, 3, 1, 1], 3, 16, "SILU"),
+        ([12, 8, 2, 1], [5, 3, 2, 1], 2, 1, "CONT"),
+        ([64, 6, 1, 1], [64, 2, 1, 1], 2, 64, "MUL_MAT"),
+    ] {
+        cases.push(Case::new(
+            OpKind::View,
+            "VIEW type=f32".into(),
+            format!(
+                "type=f32,ne={},view={},row_stride={stride},offset={off},then={then}",
+                dims(&lne),
+                dims(&vne)
+            ),
+            if then == "MUL_MAT" {
+                MUL_MAT_NMSE
+            } else {
+                DEFAULT_NMSE
+            },
+            move |c| {
+                let l = c.uniform(DType::F32, &lne)?;
+                let nb1 = c.ctx[l].nb[1] * stride;
+                let v = c.ctx.view(l, &vne[..3], &[nb1, nb1 * vne[1]], off * 4)?;
+                match then {
+                    "SCALE" => c.ctx.scale(v, 0.75),
+                    "SILU" => c.ctx.silu(v),
+                    "CONT" => c.ctx.cont(v),
+                    _ => {
+                        let b = c.uniform(DType::F32, &[vne[0], 3])?;
+                        c.ctx.mul_mat(v, b)
+                    }
+                }
+            },
+        ));
+    }
+}
+
+fn concat(cases: &mut Vec<Case>) {
+    for t in [DType::F32, DType::F16, DType::I32] {
+        for dim in 0..4 {
+            for permuted_b in [false, true] {
+                if permuted_b && t != DType::F32 {
+                    continue;
+                }
+                let ne_a = [11, 5, 4, 3];
+                let mut ne_b = ne_a;
+                ne_b[dim] = 2 + dim;
+                let pb = if permuted_b { ",src1=permuted" } else { "" };
+                cases.push(Case::new(
+                    OpKind::Concat,
+                    format!("CONCAT type={t}"),
+                    format!(
+                        "type={t},ne_a={},ne_b={},dim={dim}{pb}",
+                        dims(&ne_a),
+                        dims(&ne_b)
+                    ),
+                    DEFAULT_NMSE,
+                    move |c| {
+                        let init = if t == DType::I32 {
+                            Init::Index(1 << 20)
+                        } else {
+                            Init::Uniform(-1.0, 1.0)
+                        };
+                        let a = c.leaf(t, &ne_a, init)?;
+                        let b = if permuted_b {
+                            let l = c.leaf(t, &[ne_b[0], ne_b[2], ne_b[1], ne_b[3]], init)?;
+                            c.ctx.permute(l, [0, 2, 1, 3])?
+                        } else {
+                            c.leaf(t, &ne_b, init)?
+                        };
+                        c.ctx.concat(a, b, dim)
+                    },
+                ));
+            }
+        }
+    }
+}
+
+fn argmax(cases: &mut Vec<Case>) {
+    for ne in [[10, 5], [1031, 7], [32, 1], [1, 4]] {
+        cases.push(Case::new(
+            OpKind::Argmax,
+            "ARGMAX type=f32".into(),
+            format!("type=f32,ne={}", dims(&ne)),
+            0.0,
+            move |c| {
+                let a = c.uniform(DType::F32, &ne)?;
+                c.ctx.argmax(a)
+            },
+        ));
+    }
+}
+
+/// A few larger shapes per hot op, so that kernels split work across threads and take their
+/// blocked / tiled paths (the small cases above may fit in one thread's share).
+fn large(cases: &mut Vec<Case>) {
+    for t in with_plain(&QUANT) {
+        cases.push(Case::new(
+            OpKind::MulMat,
+            format!("MUL_MAT type_a={t},type_b=f32"),
+            format!("type_a={t},type_b=f32,m=129,n=65,k=1024,bs=[1,1],nr=[1,1],large"),
+            MUL_MAT_NMSE,
+            move |c| {
+                let a = c.uniform(t, &[1024, 129])?;
+                let b = c.uniform(DType::F32, &[1024, 65])?;
+                c.ctx.mul_mat(a, b)
+            },
+        ));
+        cases.push(Case::new(
+            OpKind::MulMat,
+            format!("MUL_MAT type_a={t},type_b=f32"),
+            format!("type_a={t},type_b=f32,m=515,n=1,k=1024,bs=[1,1],nr=[1,1],large"),
+            MUL_MAT_NMSE,
+            move |c| {
+                let a = c.uniform(t, &[1024, 515])?;
+                let b = c.uniform(DType::F32, &[1024, 1])?;
+                c.ctx.mul_mat(a, b)
+            },
+        ));
+    }
+    for t in QUANT {
+        cases.push(Case::new(
+            OpKind::Cpy,
+            format!("CPY type_src=f32,type_dst={t}"),
+            format!("type_src=f32,type_dst={t},ne=[4096,33,1,1],large"),
+            output_threshold(t),
+            move |c| {
+                let a = c.uniform(DType::F32, &[4096, 33])?;
+                let b = c.uniform(t, &[4096, 33])?;
+                c.ctx.cpy(a, b)
+            },
+        ));
+        cases.push(Case::new(
+            OpKind::GetRows,
+            format!("GET_ROWS type={t}"),
+            format!("type={t},n=4096,m=64,r=37,b=[1,1],large"),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(t, &[4096, 64])?;
+                let r = c.leaf(DType::I32, &[37], Init::Index(64))?;
+                c.ctx.get_rows(a, r)
+            },
+        ));
+    }
+    for op in [OpKind::Add, OpKind::Mul] {
+        cases.push(Case::new(
+            op,
+            format!("{} type_a=f32,type_b=f32", op.name()),
+            "type_a=f32,type_b=f32,ne=[4097,1,1,1],nr=[1,67,1,1],large".into(),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &[4097, 67])?;
+                let b = c.uniform(DType::F32, &[4097, 1])?;
+                if op == OpKind::Add {
+                    c.ctx.add(a, b)
+                } else {
+                    c.ctx.mul(a, b)
+                }
+            },
+        ));
+    }
+    cases.push(Case::new(
+        OpKind::RmsNorm,
+        "RMS_NORM type=f32".into(),
+        "ne=[4097,33,1,1],eps=1e-6,large".into(),
+        DEFAULT_NMSE,
+        |c| {
+            let a = c.leaf(DType::F32, &[4097, 33], Init::Uniform(-0.5, 1.5))?;
+            c.ctx.rms_norm(a, 1e-6)
+        },
+    ));
+    cases.push(Case::new(
+        OpKind::SoftMax,
+        "SOFT_MAX type=f32,mask=f16".into(),
+        "type=f32,ne=[1025,64,4,1],mask=f16,mask_rows=+0,broadcast=true,scale=0.125,max_bias=0,large".into(),
+        DEFAULT_NMSE,
+        |c| {
+            let a = c.leaf(DType::F32, &[1025, 64, 4], Init::Uniform(-3.0, 3.0))?;
+            let m = c.uniform(DType::F16, &[1025, 64])?;
+            c.ctx.soft_max_ext(a, Some(m), 0.125, 0.0)
+        },
+    ));
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        let m = if mode == RopeMode::Normal {
+            "normal"
+        } else {
+            "neox"
+        };
+        cases.push(Case::new(
+            OpKind::Rope,
+            format!("ROPE type=f32,mode={m}"),
+            format!("type=f32,ne=[128,32,33,1],mode={m},n_dims=128,freq_base=10000,large"),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &[128, 32, 33])?;
+                let pos = c.leaf(DType::I32, &[33], Init::Index(300))?;
+                c.ctx.rope(a, pos, RopeParams::new(mode, 128, 10000.0))
+            },
+        ));
+    }
+    for op in [OpKind::Silu, OpKind::Gelu] {
+        cases.push(Case::new(
+            op,
+            format!("{} type=f32", op.name()),
+            "type=f32,ne=[4099,17,1,1],large".into(),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.leaf(DType::F32, &[4099, 17], Init::Uniform(-6.0, 6.0))?;
+                if op == OpKind::Silu {
+                    c.ctx.silu(a)
+                } else {
+                    c.ctx.gelu(a)
+                }
+            },
+        ));
+    }
+}
+
+/// Every case of the suite, in a stable order.
+pub fn all_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    get_rows(&mut cases);
+    set_rows(&mut cases);
+    binary(&mut cases);
+    scale(&mut cases);
+    mul_mat(&mut cases);
+    norms(&mut cases);
+    rope(&mut cases);
+    soft_max(&mut cases);
+    diag_mask(&mut cases);
+    unary(&mut cases);
+    copies(&mut cases);
+    views(&mut cases);
+    concat(&mut cases);
+    argmax(&mut cases);
+    large(&mut cases);
+    cases
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_every_op_is_covered() {
+        let cases = all_cases();
+        let mut names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate case names");
+        for op in OpKind::ALL {
+            if op != OpKind::None {
+                assert!(cases.iter().any(|c| c.op == op), "no case for {op}");
+            }
+        }
+        assert!(n >= 300, "only {n} cases");
+    }
+
+    #[test]
+    fn every_case_builds() {
+        for case in all_cases() {
+            let mut ctx = Context::new();
+            let mut b = Builder {
+                ctx: &mut ctx,
+                leaves: Vec::new(),
+            };
+            let out = case.build(&mut b);
+            assert!(out.is_ok(), "{}: {:?}", case.name, out.err());
+        }
+    }
+}

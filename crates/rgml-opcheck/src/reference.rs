@@ -1,0 +1,581 @@
+//! The float64 reference: an interpreter that evaluates a graph node by node with ggml's
+//! semantics, independent of every backend's kernels.
+//!
+//! Memory is modelled per *root* tensor (a tensor that is not a view) as one f64 per element
+//! slot, addressed through the tensor's byte strides exactly as a kernel would address bytes.
+//! Views (RESHAPE, VIEW, PERMUTE, TRANSPOSE) are therefore free: reading a view walks its strides
+//! over its root's slots, and ops that write into a view (CPY, SET_ROWS) write into the root.
+//! Values written into a tensor are rounded to its dtype (f16, bf16, or the quantize/dequantize
+//! round trip) so that the reference sees what a later op would read from real storage.
+//!
+//! This module owns the op semantics; it must not call any backend.
+
+use crate::codec;
+use rgml::op::{Op, RopeMode, RopeParams, UnaryOp};
+use rgml::{Context, Error, Graph, Result, Tensor, TensorId};
+use std::collections::HashMap;
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: "reference".into(),
+        message: msg.into(),
+    }
+}
+
+/// Element slots of root tensors.
+#[derive(Clone, Debug, Default)]
+pub struct Mem {
+    roots: HashMap<TensorId, Vec<f64>>,
+}
+
+/// Number of element slots a root tensor spans.
+fn n_slots(t: &Tensor) -> usize {
+    t.nbytes() / t.dtype.block_bytes() * t.dtype.block_size()
+}
+
+/// Slot of element `i` of `t` (whose first element is `base` bytes into its root).
+fn slot(t: &Tensor, base: usize, i: [usize; 4]) -> usize {
+    let byte = base + t.offset_of(i);
+    let bs = t.dtype.block_size();
+    if bs == 1 {
+        byte / t.dtype.block_bytes()
+    } else {
+        byte / t.dtype.block_bytes() * bs + i[0] % bs
+    }
+}
+
+/// Linear index of `(i0, i1, i2, i3)` in a contiguous tensor of shape `ne`.
+pub fn lin(ne: [usize; 4], i0: usize, i1: usize, i2: usize, i3: usize) -> usize {
+    ((i3 * ne[2] + i2) * ne[1] + i1) * ne[0] + i0
+}
+
+impl Mem {
+    /// Empty memory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Set root `id`'s slots from the bytes it holds.
+    pub fn load(&mut self, ctx: &Context, id: TensorId, bytes: &[u8]) -> Result<()> {
+        let t = ctx.get(id)?;
+        if t.view_src.is_some() {
+            return Err(err(format!("{} is a view, not a root", t.display_name())));
+        }
+        self.roots.insert(id, codec::decode(t.dtype, bytes)?);
+        Ok(())
+    }
+
+    /// The slots of root `id`, if known.
+    pub fn root(&self, id: TensorId) -> Option<&[f64]> {
+        self.roots.get(&id).map(Vec::as_slice)
+    }
+
+    fn locate<'a>(&self, ctx: &'a Context, id: TensorId) -> Result<(&'a Tensor, TensorId, usize)> {
+        let t = ctx.get(id)?;
+        Ok(match t.view_src {
+            Some(r) => (t, r, t.view_offset),
+            None => (t, id, 0),
+        })
+    }
+
+    /// Every element of `id` in logical order (dim 0 fastest).
+    pub fn read(&self, ctx: &Context, id: TensorId) -> Result<Vec<f64>> {
+        let (t, root, base) = self.locate(ctx, id)?;
+        let mem = self
+            .roots
+            .get(&root)
+            .ok_or_else(|| err(format!("no values for the root of '{}'", t.display_name())))?;
+        let ne = t.ne;
+        let mut out = Vec::with_capacity(t.nelements());
+        for i3 in 0..ne[3] {
+            for i2 in 0..ne[2] {
+                for i1 in 0..ne[1] {
+                    for i0 in 0..ne[0] {
+                        let s = slot(t, base, [i0, i1, i2, i3]);
+                        out.push(*mem.get(s).ok_or_else(|| {
+                            err(format!("read past the end of '{}'", t.display_name()))
+                        })?);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Store row `(i1, i2, i3)` of `id`, rounded to its dtype.
+    fn write_row(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        i: [usize; 3],
+        values: &mut [f64],
+    ) -> Result<()> {
+        let (t, root, base) = self.locate(ctx, id)?;
+        codec::round_trip(t.dtype, values)?;
+        let n = n_slots(&ctx[root]);
+        let mem = self.roots.entry(root).or_insert_with(|| vec![f64::NAN; n]);
+        for (i0, v) in values.iter().enumerate() {
+            let s = slot(t, base, [i0, i[0], i[1], i[2]]);
+            *mem.get_mut(s)
+                .ok_or_else(|| err(format!("write past the end of '{}'", t.display_name())))? = *v;
+        }
+        Ok(())
+    }
+
+    /// Store all elements of `id` (logical order), rounded to its dtype.
+    fn write(&mut self, ctx: &Context, id: TensorId, values: &[f64]) -> Result<()> {
+        let ne = ctx.get(id)?.ne;
+        if values.len() != ne.iter().product::<usize>() {
+            return Err(err("value count does not match the tensor"));
+        }
+        let mut row = vec![0.0; ne[0]];
+        for i3 in 0..ne[3] {
+            for i2 in 0..ne[2] {
+                for i1 in 0..ne[1] {
+                    let at = lin(ne, 0, i1, i2, i3);
+                    row.copy_from_slice(&values[at..at + ne[0]]);
+                    self.write_row(ctx, id, [i1, i2, i3], &mut row)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Evaluate every node of `graph` into `mem` (which must hold the leafs' values).
+pub fn eval(ctx: &Context, graph: &Graph, mem: &mut Mem) -> Result<()> {
+    for &id in graph.nodes() {
+        eval_node(ctx, id, mem)?;
+    }
+    Ok(())
+}
+
+fn src(t: &Tensor, i: usize) -> Result<TensorId> {
+    t.src
+        .get(i)
+        .copied()
+        .ok_or_else(|| err(format!("'{}' lacks source {i}", t.display_name())))
+}
+
+fn index(v: f64, n: usize, what: &str) -> Result<usize> {
+    if v >= 0.0 && (v as usize) < n {
+        Ok(v as usize)
+    } else {
+        Err(err(format!("{what} {v} out of range 0..{n}")))
+    }
+}
+
+/// Evaluate one node.
+pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
+    let t = ctx.get(id)?;
+    let ne = t.ne;
+    let n = t.nelements();
+    let src_ne = |i: usize| -> Result<[usize; 4]> { Ok(ctx.get(src(t, i)?)?.ne) };
+    let out: Vec<f64> = match t.op {
+        Op::None | Op::Reshape | Op::View { .. } | Op::Permute { .. } | Op::Transpose => {
+            return Ok(())
+        }
+        Op::Dup | Op::Cont | Op::Cpy => {
+            // Element k of the source (logical order) goes to element k of the destination.
+            let a = mem.read(ctx, src(t, 0)?)?;
+            if a.len() != n {
+                return Err(err("copy between different element counts"));
+            }
+            a
+        }
+        Op::GetRows => {
+            let (a, ane) = (mem.read(ctx, src(t, 0)?)?, src_ne(0)?);
+            let (r, rne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
+            let mut out = vec![0.0; n];
+            for i12 in 0..rne[2] {
+                for i11 in 0..rne[1] {
+                    for i10 in 0..rne[0] {
+                        let row = index(r[lin(rne, i10, i11, i12, 0)], ane[1], "row index")?;
+                        for i0 in 0..ne[0] {
+                            out[lin(ne, i0, i10, i11, i12)] = a[lin(ane, i0, row, i11, i12)];
+                        }
+                    }
+                }
+            }
+            out
+        }
+        Op::SetRows => {
+            let (v, vne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
+            let (r, rne) = (mem.read(ctx, src(t, 2)?)?, src_ne(2)?);
+            // Only the rows written are rounded again: untouched rows keep their exact bytes.
+            for i3 in 0..vne[3] {
+                for i2 in 0..vne[2] {
+                    for i in 0..vne[1] {
+                        let row = index(
+                            r[lin(rne, i, i2 % rne[1], i3 % rne[2], 0)],
+                            ne[1],
+                            "row index",
+                        )?;
+                        let at = lin(vne, 0, i, i2, i3);
+                        let mut vals = v[at..at + vne[0]].to_vec();
+                        mem.write_row(ctx, id, [row, i2, i3], &mut vals)?;
+                    }
+                }
+            }
+            return Ok(());
+        }
+        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+            let a = mem.read(ctx, src(t, 0)?)?;
+            let (b, bne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
+            let f = |x: f64, y: f64| match t.op {
+                Op::Add => x + y,
+                Op::Sub => x - y,
+                Op::Mul => x * y,
+                _ => x / y,
+            };
+            let mut out = vec![0.0; n];
+            for i3 in 0..ne[3] {
+                for i2 in 0..ne[2] {
+                    for i1 in 0..ne[1] {
+                        for i0 in 0..ne[0] {
+                            let k = lin(ne, i0, i1, i2, i3);
+                            let j = lin(bne, i0 % bne[0], i1 % bne[1], i2 % bne[2], i3 % bne[3]);
+                            out[k] = f(a[k], b[j]);
+                        }
+                    }
+                }
+            }
+            out
+        }
+        Op::Scale { scale, bias } => mem
+            .read(ctx, src(t, 0)?)?
+            .into_iter()
+            .map(|x| x * scale as f64 + bias as f64)
+            .collect(),
+        Op::MulMat => {
+            let (a, ane) = (mem.read(ctx, src(t, 0)?)?, src_ne(0)?);
+            let (b, bne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
+            let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
+            let k = ane[0];
+            let mut out = vec![0.0; n];
+            for i3 in 0..ne[3] {
+                for i2 in 0..ne[2] {
+                    for j in 0..ne[1] {
+                        let bj = &b[lin(bne, 0, j, i2, i3)..][..k];
+                        for i in 0..ne[0] {
+                            let ai = &a[lin(ane, 0, i, i2 / r2, i3 / r3)..][..k];
+                            out[lin(ne, i, j, i2, i3)] =
+                                ai.iter().zip(bj).map(|(x, y)| x * y).sum();
+                        }
+                    }
+                }
+            }
+            out
+        }
+        Op::RmsNorm { eps } | Op::Norm { eps } => {
+            let mut x = mem.read(ctx, src(t, 0)?)?;
+            let rms = matches!(t.op, Op::RmsNorm { .. });
+            for row in x.chunks_exact_mut(ne[0]) {
+                let len = row.len() as f64;
+                let mean = if rms {
+                    0.0
+                } else {
+                    row.iter().sum::<f64>() / len
+                };
+                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / len;
+                let s = 1.0 / (var + eps as f64).sqrt();
+                row.iter_mut().for_each(|v| *v = (*v - mean) * s);
+            }
+            x
+        }
+        Op::Rope(p) => {
+            let mut x = mem.read(ctx, src(t, 0)?)?;
+            let pos = mem.read(ctx, src(t, 1)?)?;
+            rope(&mut x, ne, &pos, &p);
+            x
+        }
+        Op::SoftMax { scale, max_bias } => {
+            let x = mem.read(ctx, src(t, 0)?)?;
+            let mask = match t.src.get(1) {
+                Some(&m) => Some((mem.read(ctx, m)?, ctx.get(m)?.ne)),
+                None => None,
+            };
+            soft_max(&x, ne, mask.as_ref(), scale as f64, max_bias as f64)
+        }
+        Op::DiagMaskInf { n_past } => {
+            let mut x = mem.read(ctx, src(t, 0)?)?;
+            for (r, row) in x.chunks_exact_mut(ne[0]).enumerate() {
+                let j = r % ne[1];
+                for (i, v) in row.iter_mut().enumerate() {
+                    if i > n_past + j {
+                        *v = f64::NEG_INFINITY;
+                    }
+                }
+            }
+            x
+        }
+        Op::Unary(UnaryOp::Silu) => mem.read(ctx, src(t, 0)?)?.into_iter().map(silu).collect(),
+        Op::Unary(UnaryOp::Gelu) => mem.read(ctx, src(t, 0)?)?.into_iter().map(gelu).collect(),
+        Op::Swiglu => {
+            let a = mem.read(ctx, src(t, 0)?)?;
+            let b = mem.read(ctx, src(t, 1)?)?;
+            a.iter().zip(&b).map(|(x, y)| silu(*x) * y).collect()
+        }
+        Op::Concat { dim } => {
+            let (a, ane) = (mem.read(ctx, src(t, 0)?)?, src_ne(0)?);
+            let (b, bne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
+            let mut out = vec![0.0; n];
+            for i3 in 0..ne[3] {
+                for i2 in 0..ne[2] {
+                    for i1 in 0..ne[1] {
+                        for i0 in 0..ne[0] {
+                            let mut i = [i0, i1, i2, i3];
+                            let v = if i[dim] < ane[dim] {
+                                a[lin(ane, i[0], i[1], i[2], i[3])]
+                            } else {
+                                i[dim] -= ane[dim];
+                                b[lin(bne, i[0], i[1], i[2], i[3])]
+                            };
+                            out[lin(ne, i0, i1, i2, i3)] = v;
+                        }
+                    }
+                }
+            }
+            out
+        }
+        Op::Argmax => {
+            let (a, ane) = (mem.read(ctx, src(t, 0)?)?, src_ne(0)?);
+            a.chunks_exact(ane[0].max(1))
+                .map(|row| {
+                    // The first index of the maximum, as ggml's `v > max` scan yields.
+                    let mut best = 0;
+                    for (i, v) in row.iter().enumerate() {
+                        if *v > row[best] {
+                            best = i;
+                        }
+                    }
+                    best as f64
+                })
+                .collect()
+        }
+    };
+    mem.write(ctx, id, &out)
+}
+
+/// `x * sigmoid(x)`.
+pub fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+/// ggml's GELU: the tanh approximation with its constants.
+pub fn gelu(x: f64) -> f64 {
+    const GELU_COEF_A: f64 = 0.044715;
+    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+/// ggml's `ggml_rope_yarn_corr_dim`: the dimension whose wavelength fits `n_rot` rotations
+/// into the original context.
+fn yarn_corr_dim(n_dims: f64, n_ctx_orig: f64, n_rot: f64, base: f64) -> f64 {
+    n_dims * (n_ctx_orig / (n_rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+}
+
+/// Rotation angle scale and magnitude for pair index `i0` (even) at position `pos`, following
+/// ggml's `rope_yarn` (including the YaRN ramp and its magnitude correction).
+fn rope_cos_sin(p: &RopeParams, pos: f64, i0: usize, corr: [f64; 2]) -> (f64, f64) {
+    let n_dims = p.n_dims as f64;
+    let theta_scale = (p.freq_base as f64).powf(-2.0 / n_dims);
+    let theta_extrap = pos * theta_scale.powi((i0 / 2) as i32);
+    let freq_scale = p.freq_scale as f64;
+    let theta_interp = freq_scale * theta_extrap;
+    let mut theta = theta_interp;
+    let mut mscale = p.attn_factor as f64;
+    let ext = p.ext_factor as f64;
+    if ext != 0.0 {
+        let y = ((i0 / 2) as f64 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+        let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * ext;
+        theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+        mscale *= 1.0 + 0.1 * (1.0 / freq_scale).ln();
+    }
+    (theta.cos() * mscale, theta.sin() * mscale)
+}
+
+/// Rotary embedding of `x` (shape `ne`, positions per `ne[2]`) in place.
+pub fn rope(x: &mut [f64], ne: [usize; 4], pos: &[f64], p: &RopeParams) {
+    let n_dims = p.n_dims;
+    let nd = n_dims as f64;
+    let base = p.freq_base as f64;
+    let nco = p.n_ctx_orig as f64;
+    let start = yarn_corr_dim(nd, nco, p.beta_fast as f64, base).floor();
+    let end = yarn_corr_dim(nd, nco, p.beta_slow as f64, base).ceil();
+    let corr = [start.max(0.0), end.min(nd - 1.0)];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            let ps = pos[i2];
+            for i1 in 0..ne[1] {
+                let row = &mut x[lin(ne, 0, i1, i2, i3)..][..ne[0]];
+                for i0 in (0..n_dims).step_by(2) {
+                    let (c, s) = rope_cos_sin(p, ps, i0, corr);
+                    let (a, b) = match p.mode {
+                        RopeMode::Normal => (i0, i0 + 1),
+                        RopeMode::Neox => (i0 / 2, i0 / 2 + n_dims / 2),
+                    };
+                    let (x0, x1) = (row[a], row[b]);
+                    row[a] = x0 * c - x1 * s;
+                    row[b] = x0 * s + x1 * c;
+                }
+            }
+        }
+    }
+}
+
+/// Row-wise softmax of `x * scale + slope * mask` (mask rows indexed by `i1`, broadcast over
+/// dims 2 and 3 by modulo; ALiBi slope per head `i2` when `max_bias > 0`).
+pub fn soft_max(
+    x: &[f64],
+    ne: [usize; 4],
+    mask: Option<&(Vec<f64>, [usize; 4])>,
+    scale: f64,
+    max_bias: f64,
+) -> Vec<f64> {
+    let n_head = ne[2] as u32;
+    let n_head_log2 = 1u32 << n_head.max(1).ilog2();
+    let m0 = 2f64.powf(-max_bias / n_head_log2 as f64);
+    let m1 = 2f64.powf(-(max_bias / 2.0) / n_head_log2 as f64);
+    let mut out = vec![0.0; x.len()];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            let h = i2 as u32;
+            let slope = if max_bias > 0.0 {
+                if h < n_head_log2 {
+                    m0.powi(h as i32 + 1)
+                } else {
+                    m1.powi(2 * (h - n_head_log2) as i32 + 1)
+                }
+            } else {
+                1.0
+            };
+            for i1 in 0..ne[1] {
+                let at = lin(ne, 0, i1, i2, i3);
+                let w: Vec<f64> = (0..ne[0])
+                    .map(|i0| {
+                        let m = mask.map_or(0.0, |(m, mne)| {
+                            slope * m[lin(*mne, i0, i1, i2 % mne[2], i3 % mne[3])]
+                        });
+                        x[at + i0] * scale + m
+                    })
+                    .collect();
+                let max = w.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = w.iter().map(|v| (v - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for (o, v) in out[at..at + ne[0]].iter_mut().zip(&e) {
+                    *o = v / sum;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rgml::DType;
+
+    fn graph_of(ctx: &mut Context, out: TensorId) -> Graph {
+        Graph::build(ctx, &[out]).unwrap()
+    }
+
+    fn load_f32(ctx: &Context, mem: &mut Mem, id: TensorId, v: &[f32]) {
+        let bytes = codec::encode(ctx[id].dtype, v).unwrap();
+        mem.load(ctx, id, &bytes).unwrap();
+    }
+
+    #[test]
+    fn mul_mat_2x2_by_hand() {
+        let mut ctx = Context::new();
+        // a is [k=2, m=2]: rows (1, 2) and (3, 4); b is [k=2, n=2]: columns (5, 6) and (7, 8).
+        let a = ctx.new_tensor(DType::F32, &[2, 2]).unwrap();
+        let b = ctx.new_tensor(DType::F32, &[2, 2]).unwrap();
+        let c = ctx.mul_mat(a, b).unwrap();
+        let g = graph_of(&mut ctx, c);
+        let mut mem = Mem::new();
+        load_f32(&ctx, &mut mem, a, &[1., 2., 3., 4.]);
+        load_f32(&ctx, &mut mem, b, &[5., 6., 7., 8.]);
+        eval(&ctx, &g, &mut mem).unwrap();
+        // c[i, j] = a_row_i · b_col_j, stored with i fastest.
+        assert_eq!(mem.read(&ctx, c).unwrap(), vec![17., 39., 23., 53.]);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity() {
+        let x0: Vec<f64> = (0..16).map(|i| i as f64 * 0.25 - 1.0).collect();
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            let mut x = x0.clone();
+            let p = RopeParams::new(mode, 8, 10000.0);
+            rope(&mut x, [8, 2, 1, 1], &[0.0], &p);
+            assert_eq!(x, x0);
+            // Position 1 rotates the first pair by exactly one radian.
+            let mut y = x0.clone();
+            rope(&mut y, [8, 2, 1, 1], &[1.0], &p);
+            let (a, b) = if mode == RopeMode::Normal {
+                (0, 1)
+            } else {
+                (0, 4)
+            };
+            let (c, s) = (1f64.cos(), 1f64.sin());
+            assert!((y[a] - (x0[a] * c - x0[b] * s)).abs() < 1e-12);
+            assert!((y[b] - (x0[a] * s + x0[b] * c)).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn softmax_rows_sum_to_one_and_alibi_slopes() {
+        let x: Vec<f64> = (0..24).map(|i| (i as f64 * 0.7).sin()).collect();
+        let y = soft_max(&x, [6, 2, 2, 1], None, 0.5, 0.0);
+        for row in y.chunks(6) {
+            assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+        // A mask of -inf hides a column; ALiBi scales the mask per head (head 0: 2^-max_bias).
+        let mut m = vec![0.0; 12];
+        m[5] = f64::NEG_INFINITY;
+        m[6] = 1.0;
+        let y = soft_max(&[0.0; 12], [6, 2, 1, 1], Some(&(m, [6, 2, 1, 1])), 1.0, 8.0);
+        assert_eq!(y[5], 0.0);
+        let w = 2f64.powf(-8.0);
+        let expect = w.exp() / (w.exp() + 5.0);
+        assert!((y[6] - expect).abs() < 1e-12, "{} vs {expect}", y[6]);
+    }
+
+    #[test]
+    fn gelu_and_silu_values() {
+        assert_eq!(silu(0.0), 0.0);
+        assert!((silu(1.0) - 0.731_058_578_630_004_9).abs() < 1e-12);
+        assert!((gelu(1.0) - 0.841_191_990_607_477_6).abs() < 1e-9);
+        assert!(gelu(-10.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn views_read_through_their_root() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[3, 2]).unwrap();
+        let t = ctx.transpose(a).unwrap();
+        let c = ctx.cont(t).unwrap();
+        let g = graph_of(&mut ctx, c);
+        let mut mem = Mem::new();
+        load_f32(&ctx, &mut mem, a, &[1., 2., 3., 4., 5., 6.]);
+        eval(&ctx, &g, &mut mem).unwrap();
+        assert_eq!(mem.read(&ctx, c).unwrap(), vec![1., 4., 2., 5., 3., 6.]);
+    }
+
+    #[test]
+    fn diag_mask_and_argmax() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[3, 2]).unwrap();
+        let d = ctx.diag_mask_inf(a, 0).unwrap();
+        let m = ctx.argmax(a).unwrap();
+        let g = graph_of(&mut ctx, d);
+        let mut mem = Mem::new();
+        load_f32(&ctx, &mut mem, a, &[1., 9., 3., 4., 2., 7.]);
+        eval(&ctx, &g, &mut mem).unwrap();
+        let inf = f64::NEG_INFINITY;
+        assert_eq!(mem.read(&ctx, d).unwrap(), vec![1., inf, inf, 4., 2., inf]);
+        eval_node(&ctx, m, &mut mem).unwrap();
+        assert_eq!(mem.read(&ctx, m).unwrap(), vec![1., 2.]);
+    }
+}
