@@ -61,8 +61,8 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Number of elements.
     pub fn n_elements(&self) -> usize {
-        // Validated at parse time to fit (the product is at most i64::MAX and fits usize).
-        self.ne.iter().product()
+        // Exact for infos from a parsed file (validated to fit); saturating for hand-made ones.
+        self.ne.iter().fold(1usize, |n, &d| n.saturating_mul(d))
     }
 }
 
