@@ -1,9 +1,11 @@
-//! The `rgml` command line: device listing and op conformance (model commands come with the
-//! model crate). Backends are registered here, so the binary links only what it uses.
+//! The `rgml` command line: devices, op conformance, and the model commands (run, logits,
+//! perplexity, bench, gguf-info). Backends are registered here, so the binary links only what
+//! it uses.
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod model_cmds;
 mod test_ops;
 
 #[derive(Parser)]
@@ -32,6 +34,19 @@ enum Command {
         /// test: compare with the reference; support: print the op × backend table; perf: time cases.
         #[arg(long, default_value = "test", value_parser = ["test", "support", "perf"])]
         mode: String,
+    },
+    /// Generate text from a prompt, streaming tokens to stdout.
+    Run(model_cmds::RunArgs),
+    /// Print the prompt's tokens and the best next tokens with their logits.
+    Logits(model_cmds::LogitsArgs),
+    /// Perplexity of a text file, computed as llama-perplexity does.
+    Perplexity(model_cmds::PerplexityArgs),
+    /// Prompt and generation speed, measured as llama-bench does.
+    Bench(model_cmds::BenchArgs),
+    /// Print a GGUF file's metadata and tensors.
+    GgufInfo {
+        /// The GGUF file.
+        model: std::path::PathBuf,
     },
 }
 
@@ -83,6 +98,11 @@ fn main() -> ExitCode {
         Command::TestOps { backend, op, mode } => {
             test_ops::run(backend.as_deref(), op.as_deref(), &mode)
         }
+        Command::Run(args) => model_cmds::run(args),
+        Command::Logits(args) => model_cmds::logits(args),
+        Command::Perplexity(args) => model_cmds::perplexity(args),
+        Command::Bench(args) => model_cmds::bench(args),
+        Command::GgufInfo { model } => model_cmds::gguf_info(&model),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,8 +1,18 @@
-//! rgml-llm: the language-model layer of rgml. It turns GGUF metadata into a working tokenizer
-//! ([`tokenizer`]); model graphs will live beside it.
+//! LLaMA-family models on rgml: GGUF loading, the transformer graph, KV cache, tokenizer,
+//! sampling and chat formatting.
 #![warn(missing_docs)]
 
+pub mod chat;
+pub mod config;
 pub mod error;
+pub mod model;
+pub mod sampling;
+pub mod session;
 pub mod tokenizer;
 
+pub use config::ModelConfig;
 pub use error::{LlmError, Result};
+pub use model::{LoadOptions, Model};
+pub use sampling::{Sampler, SamplerParams};
+pub use session::{Logits, Session, SessionOptions};
+pub use tokenizer::Tokenizer;

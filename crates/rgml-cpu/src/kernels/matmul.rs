@@ -38,7 +38,7 @@ pub(crate) fn shared_size(a: &Tensor, b: &Tensor) -> Result<usize> {
     let rows = b.nrows();
     let row = if a.dtype.is_quantized() {
         a.dtype.vec_dot_type().row_bytes(b.ne[0])?
-    } else if b.rows_contiguous() {
+    } else if b.rows_contiguous() && a.dtype == DType::F32 {
         return Ok(0);
     } else {
         b.ne[0].checked_mul(4).ok_or(Error::SizeOverflow)?
@@ -108,7 +108,10 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let (ne11, ne12, ne13) = (b.ne[1], b.ne[2], b.ne[3]);
     let quant = a.dtype.is_quantized();
     let vd = a.dtype.vec_dot_type();
-    let converted = quant || !b.rows_contiguous();
+    // ggml multiplies F16/BF16 weights with activations rounded to the weight type (its
+    // `vec_dot_type`); rounding src1 the same way gives llama.cpp's answers.
+    let rounded = matches!(a.dtype, DType::F16 | DType::BF16);
+    let converted = quant || rounded || !b.rows_contiguous();
     let wrow = if quant { vd.row_bytes(ne00)? } else { ne00 * 4 };
     let nrows1 = b.nrows();
     if converted && wrow.saturating_mul(nrows1) > tc.shared.len {
@@ -122,7 +125,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     // panics (the checks above depend only on the node, so all threads agree on them).
     if converted {
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            convert_src1(b, tc, quant, vd, wrow, nrows1)
+            convert_src1(b, tc, quant, rounded.then_some(a.dtype), vd, wrow, nrows1)
         }));
         tc.barrier.wait();
         caught.unwrap_or_else(|_| {
@@ -211,6 +214,7 @@ fn convert_src1(
     b: &super::TensorView,
     tc: &mut ThreadCtx<'_>,
     quant: bool,
+    round_to: Option<DType>,
     vd: DType,
     wrow: usize,
     nrows1: usize,
@@ -220,7 +224,7 @@ fn convert_src1(
         let (i11, i12, i13) = b.row_index(r);
         let srow = b.row(i11, i12, i13);
         let out = tc.shared.ptr.wrapping_add(r * wrow);
-        let row: &[f32] = if b.rows_contiguous() {
+        let row: &[f32] = if b.rows_contiguous() && round_to.is_none() {
             // SAFETY: a dense, in-bounds f32 row of src1, read-only during this node.
             unsafe { f32_row(srow, ne00) }
         } else {
@@ -228,6 +232,15 @@ fn convert_src1(
             for (t, v) in tmp.iter_mut().enumerate() {
                 // SAFETY: element `t` of an in-bounds src1 row.
                 *v = unsafe { srow.add(t * b.nb[0]).cast::<f32>().read_unaligned() };
+            }
+            match round_to {
+                Some(DType::F16) => tmp
+                    .iter_mut()
+                    .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+                Some(DType::BF16) => tmp
+                    .iter_mut()
+                    .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
+                _ => {}
             }
             tmp
         };

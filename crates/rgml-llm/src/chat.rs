@@ -1,0 +1,113 @@
+//! Chat formatting: turning a conversation into the prompt text a model was trained on.
+//!
+//! Models in GGUF carry a Jinja chat template (`tokenizer.chat_template`); like llama.cpp we
+//! recognise the common formats from markers in the template rather than running Jinja.
+//! ChatML (`<|im_start|>role\n…<|im_end|>\n`, the demo model's) is the default.
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message from `role`.
+    pub fn new(role: &str, content: &str) -> Message {
+        Message {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+}
+
+/// A chat format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatFormat {
+    /// `<|im_start|>role\ncontent<|im_end|>\n` (SmolLM, Qwen, ...).
+    ChatMl,
+    /// Llama 2's `[INST] … [/INST]`.
+    Llama2,
+    /// Llama 3's `<|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|>`.
+    Llama3,
+}
+
+impl ChatFormat {
+    /// The format a template text describes (ChatML when unrecognised or absent).
+    pub fn detect(template: Option<&str>) -> ChatFormat {
+        match template {
+            Some(t) if t.contains("<|start_header_id|>") => ChatFormat::Llama3,
+            Some(t) if t.contains("[INST]") => ChatFormat::Llama2,
+            _ => ChatFormat::ChatMl,
+        }
+    }
+
+    /// The prompt for `messages`, ending with the opening of the assistant's turn.
+    pub fn apply(self, messages: &[Message]) -> String {
+        let mut out = String::new();
+        match self {
+            ChatFormat::ChatMl => {
+                for m in messages {
+                    out.push_str(&format!(
+                        "<|im_start|>{}\n{}<|im_end|>\n",
+                        m.role, m.content
+                    ));
+                }
+                out.push_str("<|im_start|>assistant\n");
+            }
+            ChatFormat::Llama3 => {
+                out.push_str("<|begin_of_text|>");
+                for m in messages {
+                    out.push_str(&format!(
+                        "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
+                        m.role,
+                        m.content.trim()
+                    ));
+                }
+                out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+            }
+            ChatFormat::Llama2 => {
+                let mut system = String::new();
+                for m in messages {
+                    match m.role.as_str() {
+                        "system" => system = format!("<<SYS>>\n{}\n<</SYS>>\n\n", m.content),
+                        "user" => out.push_str(&format!(
+                            "[INST] {}{} [/INST]",
+                            std::mem::take(&mut system),
+                            m.content.trim()
+                        )),
+                        _ => out.push_str(&format!(" {} ", m.content.trim())),
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_matches_the_fixture_prompt() {
+        let text = ChatFormat::detect(Some("{{ '<|im_start|>' + message['role'] }}"))
+            .apply(&[Message::new("user", "What is the boiling point of water?")]);
+        assert_eq!(
+            text,
+            "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn detects_other_formats() {
+        assert_eq!(
+            ChatFormat::detect(Some("<|start_header_id|>")),
+            ChatFormat::Llama3
+        );
+        assert_eq!(ChatFormat::detect(Some("[INST]")), ChatFormat::Llama2);
+        assert_eq!(ChatFormat::detect(None), ChatFormat::ChatMl);
+    }
+}

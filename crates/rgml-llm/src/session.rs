@@ -1,0 +1,339 @@
+//! Inference state: the KV cache, the per-batch LLaMA graph, and evaluation.
+//!
+//! A [`Session`] owns a backend, a graph allocator and a KV cache for one model. Each call to
+//! [`Session::eval`] builds the graph for one micro-batch on top of the model's weight tensors
+//! (the arena is truncated back after each step, so it does not grow), allocates it with the
+//! graph allocator (whose buffer is reused between steps), computes it and returns logits.
+
+use crate::error::{LlmError, Result};
+use crate::model::Model;
+use rgml::alloc::{GraphAllocator, TensorAllocator};
+use rgml::backend::{Buffer, BufferUsage};
+use rgml::{Backend, Context, DType, Graph, RopeParams, TensorFlags, TensorId};
+use std::sync::Arc;
+
+/// Which positions' logits an evaluation returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (perplexity).
+    All,
+}
+
+/// How to set up a session.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Context length (KV cache positions).
+    pub n_ctx: usize,
+    /// Largest number of tokens computed in one graph; longer prompts go in several.
+    pub n_ubatch: usize,
+    /// Backend spec for the registry (`"CPU"`, `"CPU:n_threads=2"`).
+    pub backend: String,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            n_ctx: 2048,
+            n_ubatch: 512,
+            backend: "CPU".into(),
+        }
+    }
+}
+
+/// K and V of every layer for `n_ctx` positions, f16, in one buffer. K is stored
+/// `[n_embd_kv, n_ctx]` (one column per position); V transposed, `[n_ctx, n_embd_kv]`, so the
+/// attention product reads it with dense rows.
+struct KvCache {
+    k: Vec<TensorId>,
+    v: Vec<TensorId>,
+    n_ctx: usize,
+    _buffer: Arc<Buffer>,
+}
+
+/// Inference state for one sequence.
+pub struct Session<'m> {
+    model: &'m Model,
+    ctx: Context,
+    n_base: usize,
+    kv: KvCache,
+    backend: Box<dyn Backend>,
+    galloc: GraphAllocator,
+    n_past: usize,
+    n_ubatch: usize,
+}
+
+/// The input tensors and the logits of one built graph.
+struct BatchGraph {
+    graph: Graph,
+    tokens: TensorId,
+    positions: TensorId,
+    mask: TensorId,
+    logits: TensorId,
+}
+
+impl<'m> Session<'m> {
+    /// A session with an empty KV cache.
+    pub fn new(model: &'m Model, options: &SessionOptions) -> Result<Session<'m>> {
+        if options.n_ctx == 0 || options.n_ubatch == 0 {
+            return Err(LlmError::BadConfig(
+                "n_ctx and n_ubatch must be positive".into(),
+            ));
+        }
+        let backend = rgml::registry::init_backend(&options.backend)?;
+        let buft = backend.default_buffer_type();
+        let mut ctx = model.ctx.clone();
+        let c = &model.config;
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for il in 0..c.n_layer {
+            let kt = ctx.new_tensor(DType::F16, &[c.n_embd_kv(), options.n_ctx])?;
+            ctx.set_name(kt, format!("cache_k_l{il}"))?;
+            let vt = ctx.new_tensor(DType::F16, &[options.n_ctx, c.n_embd_kv()])?;
+            ctx.set_name(vt, format!("cache_v_l{il}"))?;
+            k.push(kt);
+            v.push(vt);
+        }
+        let align = buft.alignment();
+        let size = k
+            .iter()
+            .chain(&v)
+            .map(|&id| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
+            .sum::<usize>();
+        let buffer = Buffer::alloc(&buft, size)?;
+        buffer.set_usage(BufferUsage::Compute);
+        // Unwritten cache cells are masked out, but must not hold NaN bit patterns that a
+        // zero attention weight would still propagate.
+        buffer.clear(0)?;
+        let mut talloc = TensorAllocator::new(buffer.clone());
+        for &id in k.iter().chain(&v) {
+            talloc.alloc(&mut ctx, id)?;
+        }
+        let n_base = ctx.len();
+        Ok(Session {
+            model,
+            ctx,
+            n_base,
+            kv: KvCache {
+                k,
+                v,
+                n_ctx: options.n_ctx,
+                _buffer: buffer,
+            },
+            backend,
+            galloc: GraphAllocator::new(vec![buft]),
+            n_past: 0,
+            n_ubatch: options.n_ubatch,
+        })
+    }
+
+    /// Tokens in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Context length.
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// The backend (e.g. to set a CPU thread count).
+    pub fn backend_mut(&mut self) -> &mut dyn Backend {
+        self.backend.as_mut()
+    }
+
+    /// Forget the sequence (the cache is overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Append `tokens` to the sequence and return logits: `[n_vocab]` for [`Logits::Last`], or
+    /// `[n_tokens * n_vocab]` (row per token) for [`Logits::All`].
+    pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(LlmError::BadInput("no tokens to evaluate".into()));
+        }
+        if self.n_past + tokens.len() > self.kv.n_ctx {
+            return Err(LlmError::ContextFull {
+                n_ctx: self.kv.n_ctx,
+                needed: self.n_past + tokens.len(),
+            });
+        }
+        let n_vocab = self.model.config.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(LlmError::BadInput(format!(
+                "token id {bad} is outside the vocabulary of {n_vocab}"
+            )));
+        }
+        let mut out = Vec::with_capacity(match which {
+            Logits::Last => n_vocab,
+            Logits::All => n_vocab * tokens.len(),
+        });
+        let chunks: Vec<&[u32]> = tokens.chunks(self.n_ubatch).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last_chunk = i + 1 == chunks.len();
+            let logits = self.eval_ubatch(chunk, which == Logits::All)?;
+            if which == Logits::All || last_chunk {
+                out.extend_from_slice(&logits);
+            }
+        }
+        Ok(out)
+    }
+
+    fn eval_ubatch(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        self.ctx.truncate(self.n_base);
+        let result = self.eval_ubatch_inner(tokens, all_logits);
+        self.ctx.truncate(self.n_base);
+        result
+    }
+
+    fn eval_ubatch_inner(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        let n_past = self.n_past;
+        let g = build_graph(&mut self.ctx, self.model, &self.kv, n_past, n, all_logits)?;
+        self.galloc.alloc_graph(&mut self.ctx, &g.graph)?;
+
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.ctx.tensor_set_i32(g.tokens, &ids)?;
+        let pos: Vec<i32> = (n_past..n_past + n).map(|p| p as i32).collect();
+        self.ctx.tensor_set_i32(g.positions, &pos)?;
+        let n_kv = n_past + n;
+        let mut mask = vec![0f32; n_kv * n];
+        for (i, row) in mask.chunks_exact_mut(n_kv).enumerate() {
+            for cell in &mut row[n_past + i + 1..] {
+                *cell = f32::NEG_INFINITY;
+            }
+        }
+        self.ctx.tensor_set_f32(g.mask, &mask)?;
+
+        self.backend.graph_compute(&self.ctx, &g.graph)?;
+        self.n_past += n;
+        Ok(self.ctx.tensor_get_f32(g.logits)?)
+    }
+}
+
+/// The LLaMA graph for `n` tokens at positions `n_past..n_past + n`.
+fn build_graph(
+    ctx: &mut Context,
+    model: &Model,
+    kv: &KvCache,
+    n_past: usize,
+    n: usize,
+    all_logits: bool,
+) -> Result<BatchGraph> {
+    let c = &model.config;
+    let n_kv = n_past + n;
+    let (hd, n_embd_kv) = (c.head_dim, c.n_embd_kv());
+    let f16 = DType::F16.block_bytes();
+
+    let tokens = ctx.new_tensor(DType::I32, &[n])?;
+    ctx.set_name(tokens, "inp_tokens")?;
+    let positions = ctx.new_tensor(DType::I32, &[n])?;
+    ctx.set_name(positions, "inp_pos")?;
+    let mask = ctx.new_tensor(DType::F32, &[n_kv, n])?;
+    ctx.set_name(mask, "kq_mask")?;
+    for id in [tokens, positions, mask] {
+        ctx.set_flags(id, TensorFlags::INPUT)?;
+    }
+
+    let mut rope = RopeParams::new(c.rope_mode, c.n_rot, c.rope_freq_base);
+    rope.freq_scale = c.rope_freq_scale;
+    rope.n_ctx_orig = c.n_ctx_train;
+    let kq_scale = 1.0 / (hd as f32).sqrt();
+
+    let mut graph = Graph::new();
+    let mut x = ctx.get_rows(model.tok_embd, tokens)?;
+    for (il, l) in model.layers.iter().enumerate() {
+        let cur = ctx.rms_norm(x, c.rms_eps)?;
+        let cur = ctx.mul(cur, l.attn_norm)?;
+
+        let mut q = ctx.mul_mat(l.wq, cur)?;
+        let mut k = ctx.mul_mat(l.wk, cur)?;
+        let mut v = ctx.mul_mat(l.wv, cur)?;
+        if let Some(b) = l.bq {
+            q = ctx.add(q, b)?;
+        }
+        if let Some(b) = l.bk {
+            k = ctx.add(k, b)?;
+        }
+        if let Some(b) = l.bv {
+            v = ctx.add(v, b)?;
+        }
+        let q = ctx.reshape(q, &[hd, c.n_head, n])?;
+        let q = ctx.rope(q, positions, rope)?;
+        let k = ctx.reshape(k, &[hd, c.n_head_kv, n])?;
+        let k = ctx.rope(k, positions, rope)?;
+
+        // Store this batch's K and V in the cache.
+        let k_dst = ctx.view(
+            kv.k[il],
+            &[n_embd_kv, n],
+            &[n_embd_kv * f16],
+            n_past * n_embd_kv * f16,
+        )?;
+        let k_flat = ctx.reshape(k, &[n_embd_kv, n])?;
+        let k_store = ctx.cpy(k_flat, k_dst)?;
+        let v_dst = ctx.view(kv.v[il], &[n, n_embd_kv], &[kv.n_ctx * f16], n_past * f16)?;
+        let v_t = ctx.transpose(v)?;
+        let v_store = ctx.cpy(v_t, v_dst)?;
+
+        // The stores enter the graph before anything that reads the cache, so they run first
+        // (as in llama.cpp: the order of expansion is the order of execution).
+        graph.expand(ctx, k_store)?;
+        graph.expand(ctx, v_store)?;
+
+        // Attention over every cached position.
+        let k_all = ctx.view(
+            kv.k[il],
+            &[hd, c.n_head_kv, n_kv],
+            &[hd * f16, n_embd_kv * f16],
+            0,
+        )?;
+        let k_all = ctx.permute(k_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
+        let q = ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, n_head]
+        let kq = ctx.mul_mat(k_all, q)?; // [n_kv, n, n_head]
+        let kq = ctx.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
+        let v_all = ctx.view(
+            kv.v[il],
+            &[n_kv, hd, c.n_head_kv],
+            &[kv.n_ctx * f16, kv.n_ctx * f16 * hd],
+            0,
+        )?;
+        let kqv = ctx.mul_mat(v_all, kq)?; // [hd, n, n_head]
+        let kqv = ctx.permute(kqv, [0, 2, 1, 3])?; // [hd, n_head, n]
+        let attn = ctx.cont_shape(kqv, &[c.n_embd, n])?;
+        let attn = ctx.mul_mat(l.wo, attn)?;
+        let x_attn = ctx.add(attn, x)?;
+
+        let cur = ctx.rms_norm(x_attn, c.rms_eps)?;
+        let cur = ctx.mul(cur, l.ffn_norm)?;
+        let gate = ctx.mul_mat(l.ffn_gate, cur)?;
+        let up = ctx.mul_mat(l.ffn_up, cur)?;
+        let act = ctx.swiglu(gate, up)?;
+        let down = ctx.mul_mat(l.ffn_down, act)?;
+        x = ctx.add(down, x_attn)?;
+    }
+    if !all_logits && n > 1 {
+        // Only the last position's logits are needed: skip the output projection for the rest.
+        let row = ctx[x].nb[1];
+        x = ctx.view(x, &[c.n_embd, 1], &[row], (n - 1) * row)?;
+    }
+    let cur = ctx.rms_norm(x, c.rms_eps)?;
+    let cur = ctx.mul(cur, model.output_norm)?;
+    let logits = ctx.mul_mat(model.output, cur)?;
+    ctx.set_name(logits, "logits")?;
+    ctx.set_output(logits)?;
+    graph.expand(ctx, logits)?;
+    Ok(BatchGraph {
+        graph,
+        tokens,
+        positions,
+        mask,
+        logits,
+    })
+}
