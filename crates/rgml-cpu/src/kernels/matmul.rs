@@ -6,6 +6,7 @@
 //! with a strided src1). Barrier. Phase 2: threads take blocks of src0 rows of each batch and
 //! compute all their outputs; F16/BF16 weight rows are decoded to f32 once per row.
 
+use super::activations::quantize_activations;
 use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
 use super::{bytes, bytes_mut, f32_row, scratch_slice, NodeTask, ThreadCtx};
 use rgml::{DType, Error, Result, Tensor};
@@ -247,7 +248,11 @@ fn convert_src1(
         // SAFETY: row `r` of the work area (in bounds: the caller checked the area's size),
         // written by this thread only; other threads read it only after the barrier.
         let dstb = unsafe { bytes_mut(out, wrow) };
-        row_from_f32(if quant { vd } else { DType::F32 }, row, dstb)?;
+        if quant {
+            quantize_activations(vd, row, dstb)?;
+        } else {
+            row_from_f32(DType::F32, row, dstb)?;
+        }
     }
     Ok(())
 }

@@ -17,6 +17,7 @@
 
 pub mod dot;
 
+mod activations;
 mod convert;
 mod copy;
 mod elementwise;

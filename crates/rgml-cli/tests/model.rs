@@ -1,0 +1,116 @@
+//! The demo model against llama.cpp's own outputs (`crates/rgml-llm/tests/fixtures/`, copied
+//! from `shared/fixtures/smollm2`): tokens, top-10 logits, greedy text and perplexity, through
+//! the `rgml` command line exactly as a user runs it. The model is fetched by
+//! `scripts/fetch-model.sh`, which the test command runs first.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> String {
+    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "demo model not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+fn fixture() -> serde_json::Value {
+    let path = root().join("crates/rgml-llm/tests/fixtures/reference.json");
+    let text = std::fs::read_to_string(&path).expect("reference.json");
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+fn rgml(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(args)
+        .output()
+        .expect("run rgml");
+    assert!(
+        out.status.success(),
+        "rgml {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+#[test]
+fn logits_match_llama_cpp() {
+    let model = model();
+    for case in fixture()["cases"].as_array().expect("cases") {
+        let prompt = case["prompt"].as_str().expect("prompt");
+        let out = rgml(&[
+            "logits", "-m", &model, "-p", prompt, "--top", "10", "--json",
+        ]);
+        let got: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON output");
+        assert_eq!(got["tokens"], case["tokens"], "tokens of {prompt:?}");
+        let want = case["top10"].as_array().expect("top10");
+        let have = got["top"].as_array().expect("top");
+        let ids = |v: &[serde_json::Value]| v.iter().map(|e| e[0].as_u64()).collect::<Vec<_>>();
+        assert_eq!(ids(have), ids(want), "top-10 ids of {prompt:?}");
+        for (h, w) in have.iter().zip(want) {
+            let (h, w) = (
+                h[1].as_f64().unwrap_or(f64::NAN),
+                w[1].as_f64().unwrap_or(0.0),
+            );
+            assert!(
+                (h - w).abs() <= 0.05,
+                "{prompt:?}: logit {h} vs llama.cpp {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn greedy_text_matches_llama_cpp_where_the_margin_allows() {
+    let model = model();
+    let mut checked = 0;
+    for case in fixture()["cases"].as_array().expect("cases") {
+        if case["greedy_min_margin"].as_f64().unwrap_or(0.0) <= 0.1 {
+            continue;
+        }
+        let prompt = case["prompt"].as_str().expect("prompt");
+        let want = case["greedy_text"].as_str().expect("greedy_text");
+        let out = rgml(&["run", "-m", &model, "-p", prompt, "-n", "32", "--temp", "0"]);
+        let text = out
+            .strip_prefix(prompt)
+            .expect("the prompt is echoed first");
+        assert_eq!(
+            text.trim_end_matches('\n'),
+            want.trim_end_matches('\n'),
+            "greedy text of {prompt:?}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 2, "the fixture has prompts with a clear margin");
+}
+
+#[test]
+fn perplexity_within_one_percent_of_llama_cpp() {
+    let model = model();
+    let text = root().join("crates/rgml-llm/tests/fixtures/ppl-text.txt");
+    let out = rgml(&[
+        "perplexity",
+        "-m",
+        &model,
+        "-f",
+        &text.display().to_string(),
+        "-c",
+        "128",
+    ]);
+    let ppl: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("PPL = "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("a 'PPL = x' line");
+    let reference = 21.2263;
+    assert!(
+        (ppl - reference).abs() / reference < 0.01,
+        "perplexity {ppl} vs llama.cpp {reference}"
+    );
+}

@@ -1,0 +1,111 @@
+//! Inference-state properties on the demo model: batching does not change the answer, the
+//! context limit is an error, bad token ids are errors.
+
+use rgml_llm::{LlmError, Logits, Model, Session, SessionOptions};
+use std::path::PathBuf;
+
+fn model() -> Model {
+    rgml_cpu::register();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "demo model not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    Model::load(&path, Default::default()).expect("load the demo model")
+}
+
+fn options(n_ctx: usize, n_ubatch: usize) -> SessionOptions {
+    SessionOptions {
+        n_ctx,
+        n_ubatch,
+        backend: "CPU".into(),
+    }
+}
+
+#[test]
+fn micro_batches_and_single_steps_agree_with_one_batch() {
+    let model = model();
+    let tokens =
+        model
+            .tokenizer
+            .encode("The quick brown fox jumps over the lazy dog.", false, false);
+    assert!(tokens.len() > 8);
+    let mut one = Session::new(&model, &options(64, 512)).unwrap();
+    let all = one.eval(&tokens, Logits::All).unwrap();
+    let n_vocab = model.config.n_vocab;
+    assert_eq!(all.len(), tokens.len() * n_vocab);
+    let last = &all[(tokens.len() - 1) * n_vocab..];
+
+    let mut batched = Session::new(&model, &options(64, 3)).unwrap();
+    let last_batched = batched.eval(&tokens, Logits::Last).unwrap();
+    let mut stepped = Session::new(&model, &options(64, 512)).unwrap();
+    let mut last_stepped = Vec::new();
+    for &t in &tokens {
+        last_stepped = stepped.eval(&[t], Logits::Last).unwrap();
+    }
+    for other in [&last_batched, &last_stepped] {
+        let max_diff = last
+            .iter()
+            .zip(other.iter())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(max_diff < 1e-3, "batching changed the logits by {max_diff}");
+    }
+    assert_eq!(stepped.n_past(), tokens.len());
+    // The logits are a real distribution over the vocabulary, not a constant.
+    let spread = last.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+        - last.iter().copied().fold(f32::INFINITY, f32::min);
+    assert!(spread > 5.0 && last.iter().all(|l| l.is_finite()));
+}
+
+#[test]
+fn limits_are_errors_not_panics() {
+    let model = model();
+    let mut s = Session::new(&model, &options(4, 512)).unwrap();
+    assert!(matches!(
+        s.eval(&[], Logits::Last),
+        Err(LlmError::BadInput(_))
+    ));
+    assert!(matches!(
+        s.eval(&[1, 2, 3, 4, 5], Logits::Last),
+        Err(LlmError::ContextFull { .. })
+    ));
+    assert!(matches!(
+        s.eval(&[u32::MAX], Logits::Last),
+        Err(LlmError::BadInput(_))
+    ));
+    assert_eq!(s.n_past(), 0, "failed calls leave the sequence as it was");
+    s.eval(&[1, 2, 3, 4], Logits::Last).unwrap();
+    assert!(matches!(
+        s.eval(&[5], Logits::Last),
+        Err(LlmError::ContextFull { .. })
+    ));
+    s.reset();
+    s.eval(&[5], Logits::Last).unwrap();
+    assert!(Session::new(&model, &options(0, 1)).is_err());
+    assert!(Session::new(
+        &model,
+        &SessionOptions {
+            backend: "NoSuchDevice".into(),
+            ..options(8, 8)
+        }
+    )
+    .is_err());
+}
+
+#[test]
+fn missing_and_malformed_files_are_errors() {
+    rgml_cpu::register();
+    assert!(Model::load("/nonexistent/model.gguf", Default::default()).is_err());
+    let dir = std::env::temp_dir().join(format!("rgml-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.gguf");
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    let err = Model::load(&bad, Default::default())
+        .err()
+        .expect("an error");
+    assert!(err.to_string().contains("bad.gguf"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
