@@ -103,9 +103,7 @@ fn missing_and_malformed_files_are_errors() {
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.gguf");
     std::fs::write(&bad, b"GGUF\x03\x00\x00\x00garbage").unwrap();
-    let err = Model::load(&bad, Default::default())
-        .err()
-        .expect("an error");
+    let err = Model::load(&bad, Default::default()).expect_err("an error");
     assert!(err.to_string().contains("bad.gguf"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
