@@ -489,6 +489,6 @@ fn short_value(v: &rgml_gguf::Value) -> String {
                 items.len()
             )
         }
-        other => format!("{other:?}"),
+        other => other.to_string(),
     }
 }
