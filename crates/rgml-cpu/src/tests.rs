@@ -396,6 +396,8 @@ fn mul_mat_plain_types_broadcast_and_strided_src1() {
                 } else {
                     vsrc
                 };
+                // ggml multiplies F16/BF16 weights with src1 rounded to the weight type.
+                let vb = rounded(dtype, &vb);
                 compute(&mut ctx, &[o], nth).unwrap();
                 assert_close(&read(&ctx, o), &matmul_ref(&va, ane, &vb, bne), 1e-5);
             }

@@ -62,6 +62,19 @@ pub struct Session<'m> {
     galloc: GraphAllocator,
     n_past: usize,
     n_ubatch: usize,
+    capture: Option<Vec<Captured>>,
+}
+
+/// An intermediate tensor kept by [`Session::set_capture`]: llama.cpp's name for it (such as
+/// `attn_norm-0`, `kq_soft_max-3`, `l_out-29`, `result_norm`), its shape and its values.
+#[derive(Clone, Debug)]
+pub struct Captured {
+    /// llama.cpp's name (`<what>-<layer>`).
+    pub name: String,
+    /// `ne`, innermost first.
+    pub ne: [usize; 4],
+    /// The values, row-major from `ne[0]`.
+    pub data: Vec<f32>,
 }
 
 /// The input tensors and the logits of one built graph.
@@ -71,6 +84,8 @@ struct BatchGraph {
     positions: TensorId,
     mask: TensorId,
     logits: TensorId,
+    /// Intermediates named and kept for [`Session::set_capture`].
+    captured: Vec<TensorId>,
 }
 
 impl<'m> Session<'m> {
@@ -124,6 +139,7 @@ impl<'m> Session<'m> {
             galloc: GraphAllocator::new(vec![buft]),
             n_past: 0,
             n_ubatch: options.n_ubatch,
+            capture: None,
         })
     }
 
@@ -145,6 +161,19 @@ impl<'m> Session<'m> {
     /// The backend (e.g. to set a CPU thread count).
     pub fn backend_mut(&mut self) -> &mut dyn Backend {
         self.backend.as_mut()
+    }
+
+    /// Debugging aid: while on, every evaluation also keeps the main intermediate tensors of its
+    /// last micro-batch (named as llama.cpp names them, so they can be compared with a
+    /// `cb_eval` dump); read them with [`Session::captured`]. Costs memory (the tensors are
+    /// marked as outputs, so the allocator does not reuse them).
+    pub fn set_capture(&mut self, on: bool) {
+        self.capture = on.then(Vec::new);
+    }
+
+    /// The tensors kept by the last evaluation with capture on (empty otherwise).
+    pub fn captured(&self) -> &[Captured] {
+        self.capture.as_deref().unwrap_or(&[])
     }
 
     /// Forget the sequence (the cache is overwritten from position 0).
@@ -195,14 +224,23 @@ impl<'m> Session<'m> {
     fn eval_ubatch_inner(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
         let n_past = self.n_past;
-        let g = build_graph(&mut self.ctx, self.model, &self.kv, n_past, n, all_logits)?;
+        let capture = self.capture.is_some();
+        let g = build_graph(
+            &mut self.ctx,
+            self.model,
+            &self.kv,
+            n_past,
+            n,
+            all_logits,
+            capture,
+        )?;
         self.galloc.alloc_graph(&mut self.ctx, &g.graph)?;
 
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         self.ctx.tensor_set_i32(g.tokens, &ids)?;
         let pos: Vec<i32> = (n_past..n_past + n).map(|p| p as i32).collect();
         self.ctx.tensor_set_i32(g.positions, &pos)?;
-        let n_kv = n_past + n;
+        let n_kv = padded_n_kv(n_past + n, self.kv.n_ctx);
         let mut mask = vec![0f32; n_kv * n];
         for (i, row) in mask.chunks_exact_mut(n_kv).enumerate() {
             for cell in &mut row[n_past + i + 1..] {
@@ -213,9 +251,31 @@ impl<'m> Session<'m> {
 
         self.backend.graph_compute(&self.ctx, &g.graph)?;
         self.n_past += n;
+        if let Some(kept) = &mut self.capture {
+            kept.clear();
+            for &id in &g.captured {
+                let t = &self.ctx[id];
+                kept.push(Captured {
+                    name: t.name.clone(),
+                    ne: t.ne,
+                    data: self.ctx.tensor_get_f32(id)?,
+                });
+            }
+        }
         Ok(self.ctx.tensor_get_f32(g.logits)?)
     }
 }
+
+/// KV cells the attention reads: the used ones rounded up to a multiple of [`KV_PAD`] (at most
+/// `n_ctx`), masked with -inf. llama.cpp pads the same way, and its SIMD softmax and tinyBLAS
+/// dots then process whole groups of 8; computing on the same padded rows reproduces its
+/// results bit for bit (the padding adds exact zeros).
+fn padded_n_kv(used: usize, n_ctx: usize) -> usize {
+    used.next_multiple_of(KV_PAD).min(n_ctx).max(used)
+}
+
+/// See [`padded_n_kv`].
+const KV_PAD: usize = 32;
 
 /// The LLaMA graph for `n` tokens at positions `n_past..n_past + n`.
 fn build_graph(
@@ -225,9 +285,20 @@ fn build_graph(
     n_past: usize,
     n: usize,
     all_logits: bool,
+    capture: bool,
 ) -> Result<BatchGraph> {
+    let mut captured = Vec::new();
+    // Names `id` like llama.cpp and, when capturing, keeps it.
+    let mut keep = |ctx: &mut Context, id: TensorId, name: String| -> Result<TensorId> {
+        if capture && ctx[id].is_contiguous() {
+            ctx.set_name(id, name)?;
+            ctx.set_output(id)?;
+            captured.push(id);
+        }
+        Ok(id)
+    };
     let c = &model.config;
-    let n_kv = n_past + n;
+    let n_kv = padded_n_kv(n_past + n, kv.n_ctx);
     let (hd, n_embd_kv) = (c.head_dim, c.n_embd_kv());
     let f16 = DType::F16.block_bytes();
 
@@ -251,6 +322,7 @@ fn build_graph(
     for (il, l) in model.layers.iter().enumerate() {
         let cur = ctx.rms_norm(x, c.rms_eps)?;
         let cur = ctx.mul(cur, l.attn_norm)?;
+        let cur = keep(ctx, cur, format!("attn_norm-{il}"))?;
 
         let mut q = ctx.mul_mat(l.wq, cur)?;
         let mut k = ctx.mul_mat(l.wk, cur)?;
@@ -266,8 +338,10 @@ fn build_graph(
         }
         let q = ctx.reshape(q, &[hd, c.n_head, n])?;
         let q = ctx.rope(q, positions, rope)?;
+        let q = keep(ctx, q, format!("Qcur-{il}"))?;
         let k = ctx.reshape(k, &[hd, c.n_head_kv, n])?;
         let k = ctx.rope(k, positions, rope)?;
+        let k = keep(ctx, k, format!("Kcur-{il}"))?;
 
         // Store this batch's K and V in the cache.
         let k_dst = ctx.view(
@@ -297,7 +371,9 @@ fn build_graph(
         let k_all = ctx.permute(k_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
         let q = ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, n_head]
         let kq = ctx.mul_mat(k_all, q)?; // [n_kv, n, n_head]
+        let kq = keep(ctx, kq, format!("kq-{il}"))?;
         let kq = ctx.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
+        let kq = keep(ctx, kq, format!("kq_soft_max-{il}"))?;
         let v_all = ctx.view(
             kv.v[il],
             &[n_kv, hd, c.n_head_kv],
@@ -307,16 +383,25 @@ fn build_graph(
         let kqv = ctx.mul_mat(v_all, kq)?; // [hd, n, n_head]
         let kqv = ctx.permute(kqv, [0, 2, 1, 3])?; // [hd, n_head, n]
         let attn = ctx.cont_shape(kqv, &[c.n_embd, n])?;
+        let attn = keep(ctx, attn, format!("kqv_out-{il}"))?;
         let attn = ctx.mul_mat(l.wo, attn)?;
+        let attn = keep(ctx, attn, format!("attn_out-{il}"))?;
         let x_attn = ctx.add(attn, x)?;
+        let x_attn = keep(ctx, x_attn, format!("ffn_inp-{il}"))?;
 
         let cur = ctx.rms_norm(x_attn, c.rms_eps)?;
         let cur = ctx.mul(cur, l.ffn_norm)?;
+        let cur = keep(ctx, cur, format!("ffn_norm-{il}"))?;
         let gate = ctx.mul_mat(l.ffn_gate, cur)?;
         let up = ctx.mul_mat(l.ffn_up, cur)?;
+        let gate = keep(ctx, gate, format!("ffn_gate-{il}"))?;
+        let up = keep(ctx, up, format!("ffn_up-{il}"))?;
         let act = ctx.swiglu(gate, up)?;
+        let act = keep(ctx, act, format!("ffn_swiglu-{il}"))?;
         let down = ctx.mul_mat(l.ffn_down, act)?;
+        let down = keep(ctx, down, format!("ffn_out-{il}"))?;
         x = ctx.add(down, x_attn)?;
+        x = keep(ctx, x, format!("l_out-{il}"))?;
     }
     if !all_logits && n > 1 {
         // Only the last position's logits are needed: skip the output projection for the rest.
@@ -325,6 +410,7 @@ fn build_graph(
     }
     let cur = ctx.rms_norm(x, c.rms_eps)?;
     let cur = ctx.mul(cur, model.output_norm)?;
+    let cur = keep(ctx, cur, "result_norm".into())?;
     let logits = ctx.mul_mat(model.output, cur)?;
     ctx.set_name(logits, "logits")?;
     ctx.set_output(logits)?;
@@ -335,5 +421,6 @@ fn build_graph(
         positions,
         mask,
         logits,
+        captured,
     })
 }

@@ -10,12 +10,6 @@ use rgml::{DType, Op, Result, UnaryOp};
 const GELU_COEF_A: f32 = 0.044715;
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
-/// `x * sigmoid(x)`.
-#[inline]
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 /// GELU, tanh approximation.
 #[inline]
 pub(crate) fn gelu(x: f32) -> f32 {
@@ -104,6 +98,22 @@ fn map_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, f: impl Fn(f32) -> f32 + Co
     Ok(())
 }
 
+/// SILU over rows like ggml_vec_silu_f32 (ggml_v_silu on groups of 8, expf on the tail).
+fn silu_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (dst, a) = (&task.dst, task.src(0)?);
+    let ne0 = dst.ne[0];
+    for r in tc.split(dst.nrows()) {
+        let (i1, i2, i3) = dst.row_index(r);
+        let drow = dst.row(i1, i2, i3);
+        // SAFETY: as in `map_rows`.
+        unsafe {
+            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, tc.scratch)?;
+            super::vexp::silu_row(f32_row_mut(drow, ne0), x, None);
+        }
+    }
+    Ok(())
+}
+
 /// SCALE: `dst = src0 * scale + bias`.
 pub(crate) fn scale(task: &NodeTask, tc: &mut ThreadCtx<'_>, s: f32, b: f32) -> Result<()> {
     map_rows(task, tc, move |x| x * s + b)
@@ -112,7 +122,7 @@ pub(crate) fn scale(task: &NodeTask, tc: &mut ThreadCtx<'_>, s: f32, b: f32) -> 
 /// SILU and GELU.
 pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Result<()> {
     match op {
-        UnaryOp::Silu => map_rows(task, tc, silu),
+        UnaryOp::Silu => silu_rows(task, tc),
         UnaryOp::Gelu => map_rows(task, tc, gelu),
     }
 }
@@ -129,9 +139,8 @@ pub(crate) fn swiglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         unsafe {
             let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, sa)?;
             let g = f32_row_for_write(b.row(i1, i2, i3), ne0, drow, ne0 * 4, sb)?;
-            for ((d, &v), &w) in f32_row_mut(drow, ne0).iter_mut().zip(x).zip(g) {
-                *d = silu(v) * w;
-            }
+            // ggml_vec_swiglu_f32: ggml_v_silu on groups of 8, expf on the tail.
+            super::vexp::silu_row(f32_row_mut(drow, ne0), x, Some(g));
         }
     }
     Ok(())

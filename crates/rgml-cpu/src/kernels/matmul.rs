@@ -61,7 +61,7 @@ pub(crate) fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
             return unsafe { dot_f32_avx2(x, y) };
         }
     }
-    dot_f32_generic(x, y, |a, b, c| a * b + c)
+    dot_f32_generic(x, y, f32::mul_add)
 }
 
 /// The same loop compiled for AVX2+FMA (no hand-written intrinsics: the target features let the
@@ -75,10 +75,13 @@ unsafe fn dot_f32_avx2(x: &[f32], y: &[f32]) -> f32 {
     dot_f32_generic(x, y, f32::mul_add)
 }
 
-/// Dot product with independent accumulators so it vectorizes; `fma(a, b, acc)`.
+/// Dot product as llamafile's tinyBLAS computes each output of an F32/F16 matmul on AVX2
+/// (llama.cpp's path for attention): one 8-lane accumulator, `acc = fma(a, b, acc)` for `k` in
+/// steps of 8, then the AVX `hsum`. A tail of `k % 8` elements goes into lanes `0..k % 8`, which
+/// is what tinyBLAS computes on llama.cpp's zero-padded KV cache.
 #[inline(always)]
 fn dot_f32_generic(x: &[f32], y: &[f32], fma: impl Fn(f32, f32, f32) -> f32) -> f32 {
-    const L: usize = 32;
+    const L: usize = 8;
     let mut acc = [0f32; L];
     let (xc, yc) = (x.chunks_exact(L), y.chunks_exact(L));
     let (xt, yt) = (xc.remainder(), yc.remainder());
@@ -87,19 +90,10 @@ fn dot_f32_generic(x: &[f32], y: &[f32], fma: impl Fn(f32, f32, f32) -> f32) -> 
             acc[k] = fma(a[k], b[k], acc[k]);
         }
     }
-    let mut s = 0f32;
-    for (a, b) in xt.iter().zip(yt) {
-        s = fma(*a, *b, s);
+    for (k, (a, b)) in xt.iter().zip(yt).enumerate() {
+        acc[k] = fma(*a, *b, acc[k]);
     }
-    // Pairwise reduction of the lanes.
-    let mut w = L;
-    while w > 1 {
-        w /= 2;
-        for k in 0..w {
-            acc[k] += acc[k + w];
-        }
-    }
-    acc[0] + s
+    super::vexp::hsum8(&acc)
 }
 
 /// MUL_MAT.

@@ -26,6 +26,7 @@ mod norm;
 mod rope;
 mod rows;
 mod softmax;
+mod vexp;
 
 pub(crate) use convert::quant_available;
 

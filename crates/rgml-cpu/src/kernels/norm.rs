@@ -42,8 +42,13 @@ fn rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, f: impl Fn(&[f32], &mut [f32]))
 /// RMS_NORM: `x / sqrt(mean(x²) + eps)`.
 pub(crate) fn rms_norm(task: &NodeTask, tc: &mut ThreadCtx<'_>, eps: f32) -> Result<()> {
     rows(task, tc, |x, d| {
+        // As ggml: a sequential f64 sum of the f32 squares, the mean rounded to f32.
         let n = x.len().max(1) as f64;
-        let mean = (sum_f64(x, |v| f64::from(v) * f64::from(v)) / n) as f32;
+        let mut sum = 0f64;
+        for &v in x {
+            sum += f64::from(v * v);
+        }
+        let mean = (sum / n) as f32;
         let s = 1.0 / (mean + eps).sqrt();
         for (d, &v) in d.iter_mut().zip(x) {
             *d = v * s;

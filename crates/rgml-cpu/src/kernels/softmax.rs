@@ -72,16 +72,13 @@ pub(crate) fn soft_max(
                 }
             }
             let max = d.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f64;
-            for v in d.iter_mut() {
-                let e = if max == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    (*v - max).exp()
-                };
-                *v = e;
-                sum += f64::from(e);
-            }
+            // ggml_vec_soft_max_f32, in place.
+            let sum = if max == f32::NEG_INFINITY {
+                d.fill(0.0);
+                0.0
+            } else {
+                super::vexp::soft_max_row(d, max)
+            };
             let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
             for v in d.iter_mut() {
                 *v *= inv;

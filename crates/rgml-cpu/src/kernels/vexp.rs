@@ -1,0 +1,191 @@
+//! ggml-cpu's vectorised exp / SiLU / softmax-row arithmetic, reproduced bit for bit.
+//!
+//! ggml's x86 AVX2 build computes `exp` in groups of 8 with `ggml_v_expf` (a polynomial
+//! approximation "adapted from ARM optimized routines", max error ~1.5 ulp) and only the tail of
+//! a row (`n % 8` elements) with libm `expf`. Models amplify the difference, so the kernels here
+//! follow the same split: whole groups of 8 go through [`v_expf`] (a lane-exact scalar
+//! transcription of the AVX2 code: every operation is elementwise, and `mul_add` is the fused
+//! multiply-add the intrinsics use), the tail through `f32::exp` (glibc `expf`, as ggml).
+//!
+//! The hot loops are compiled a second time with AVX2+FMA enabled so `mul_add` becomes one
+//! instruction; the arithmetic is the same either way.
+
+// The constants are the hex-float literals of ggml's code, spelled as bit patterns.
+const R: u32 = 0x4b40_0000; // 0x1.8p23
+const LOG2E: u32 = 0x3fb8_aa3b; // 0x1.715476p+0
+const LN2_HI: u32 = 0x3f31_7200; // 0x1.62e4p-1
+const LN2_LO: u32 = 0x35bf_be8e; // 0x1.7f7d1cp-20
+const P5: u32 = 0x3c07_2010; // 0x1.0e4020p-7
+const P4: u32 = 0x3d2b_9f17; // 0x1.573e2ep-5
+const P3: u32 = 0x3e2a_af33; // 0x1.555e66p-3
+const P2: u32 = 0x3eff_fedb; // 0x1.fffdb6p-2
+const P1: u32 = 0x3f7f_fff6; // 0x1.ffffecp-1
+
+/// One lane of ggml's `ggml_v_expf` (AVX2 version).
+#[inline(always)]
+pub(crate) fn v_expf(x: f32) -> f32 {
+    let f = f32::from_bits;
+    let r = f(R);
+    let z = x.mul_add(f(LOG2E), r);
+    let n = z - r;
+    // fnmadd(a, b, c) = c - a * b, fused.
+    let b = (-n).mul_add(f(LN2_LO), (-n).mul_add(f(LN2_HI), x));
+    let e = z.to_bits() << 23;
+    let k = f(e.wrapping_add(1f32.to_bits()));
+    let an = f32::from_bits(n.to_bits() & 0x7fff_ffff);
+    let c = an > 126.0;
+    let u = b * b;
+    let j = f(P5)
+        .mul_add(b, f(P4))
+        .mul_add(u, f(P3).mul_add(b, f(P2)))
+        .mul_add(u, f(P1) * b);
+    if !c {
+        return k.mul_add(j, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f(g.wrapping_add(0x7f00_0000));
+    let s2 = f(e.wrapping_sub(g));
+    if an > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// One lane of ggml's `ggml_v_silu`: `x / (1 + v_expf(-x))`.
+#[inline(always)]
+pub(crate) fn v_silu(x: f32) -> f32 {
+    x / (1.0 + v_expf(0.0 - x))
+}
+
+/// ggml's scalar `ggml_silu_f32`, used for row tails.
+#[inline(always)]
+pub(crate) fn silu_f32(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Sum of 8 lanes in the order of ggml's / tinyBLAS's AVX `hsum`: high half + low half, then
+/// `movehl` pairs, then the last two.
+#[inline(always)]
+pub(crate) fn hsum8(v: &[f32; 8]) -> f32 {
+    let t = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// `ggml_vec_soft_max_f32` in place: `y[i] = exp(y[i] - max)` and their sum, groups of 8 through
+/// [`v_expf`] with each group's float sum added in f64, the tail through `expf`.
+#[inline(always)]
+fn soft_max_row_impl(y: &mut [f32], max: f32) -> f64 {
+    let n = y.len();
+    let mut sum = 0f64;
+    let mut i = 0;
+    while i + 8 <= n {
+        let mut v = [0f32; 8];
+        for l in 0..8 {
+            v[l] = v_expf(y[i + l] - max);
+        }
+        y[i..i + 8].copy_from_slice(&v);
+        sum += f64::from(hsum8(&v));
+        i += 8;
+    }
+    while i < n {
+        let v = (y[i] - max).exp();
+        sum += f64::from(v);
+        y[i] = v;
+        i += 1;
+    }
+    sum
+}
+
+/// `ggml_vec_swiglu_f32` (`y = silu(x) * g`) and, with `g = None`, `ggml_vec_silu_f32`.
+#[inline(always)]
+fn silu_row_impl(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
+    let n = y.len().min(x.len());
+    let full = n - n % 8;
+    for i in 0..n {
+        let s = if i < full {
+            v_silu(x[i])
+        } else {
+            silu_f32(x[i])
+        };
+        y[i] = match g {
+            Some(g) => s * g[i],
+            None => s,
+        };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_fma() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn soft_max_row_fma(y: &mut [f32], max: f32) -> f64 {
+    soft_max_row_impl(y, max)
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_row_fma(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
+    silu_row_impl(y, x, g)
+}
+
+/// `y[i] = exp(y[i] - max)` in place, returning the f64 sum, exactly as ggml's AVX2 build.
+pub(crate) fn soft_max_row(y: &mut [f32], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: AVX2 and FMA were detected at runtime.
+        return unsafe { soft_max_row_fma(y, max) };
+    }
+    soft_max_row_impl(y, max)
+}
+
+/// `y[i] = silu(x[i]) * g[i]` (or `silu(x[i])` without `g`), exactly as ggml's AVX2 build.
+pub(crate) fn silu_row(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: AVX2 and FMA were detected at runtime.
+        return unsafe { silu_row_fma(y, x, g) };
+    }
+    silu_row_impl(y, x, g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v_expf_is_close_to_exp() {
+        // Normal results only: ggml's approximation loses precision in the subnormal range.
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (a, b) = (v_expf(x), x.exp());
+            assert!(((a - b) / b).abs() < 4e-7, "{x}: {a} vs {b}");
+            x += 0.0137;
+        }
+        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(v_expf(-200.0), 0.0);
+        assert_eq!(v_expf(0.0), 1.0);
+    }
+
+    #[test]
+    fn silu_row_matches_definition() {
+        let x: Vec<f32> = (0..21).map(|i| i as f32 * 0.7 - 7.0).collect();
+        let mut y = vec![0f32; x.len()];
+        silu_row(&mut y, &x, None);
+        for (a, &v) in y.iter().zip(&x) {
+            let want = f64::from(v) / (1.0 + (-f64::from(v)).exp());
+            assert!((f64::from(*a) - want).abs() < 1e-5 * want.abs().max(1.0));
+        }
+    }
+}
