@@ -315,6 +315,88 @@ mod tests {
         assert_eq!(hsum16(&v), -1e8 + 1e8);
     }
 
+    /// ggml's `__m512` `ggml_v_expf`, transcribed with the intrinsics.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F and DQ.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn ggml_v_expf_m512(x: &[f32; 16]) -> [f32; 16] {
+        use std::arch::x86_64::*;
+        let set = _mm512_set1_ps;
+        // SAFETY: `x` is 16 readable floats.
+        let x = unsafe { _mm512_loadu_ps(x.as_ptr()) };
+        let r = set(f32::from_bits(R));
+        let z = _mm512_fmadd_ps(x, set(f32::from_bits(LOG2E)), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(
+            n,
+            set(f32::from_bits(LN2_LO)),
+            _mm512_fnmadd_ps(n, set(f32::from_bits(LN2_HI)), x),
+        );
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), set(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(set(f32::from_bits(P5)), b, set(f32::from_bits(P4))),
+                u,
+                _mm512_fmadd_ps(set(f32::from_bits(P3)), b, set(f32::from_bits(P2))),
+            ),
+            u,
+            _mm512_fmadd_ps(set(f32::from_bits(P1)), b, set(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        let out = if _mm512_kortestz(d, d) != 0 {
+            res
+        } else {
+            let zero = _mm512_setzero_ps();
+            let alt = _mm512_mask_blend_ps(
+                _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero),
+                set(f32::INFINITY),
+                zero,
+            );
+            _mm512_mask_blend_ps(d, res, alt)
+        };
+        let mut o = [0f32; 16];
+        // SAFETY: `o` has room for 16 floats.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), out) };
+        o
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn v_expf16_matches_the_avx512_code() {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx512f") && has!("avx512dq")) {
+            return;
+        }
+        let mut xs: Vec<f32> = (0..400_000).map(|i| -110.0 + i as f32 * 0.000_5).collect();
+        xs.extend((0..4000).map(|i| -104.0 + i as f32 * 0.0047)); // subnormal results
+        xs.extend([
+            0.0,
+            -0.0,
+            88.7,
+            88.8,
+            89.0,
+            200.0,
+            -200.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        xs.extend((0..20_000u32).map(|i| f32::from_bits(0x3000_0000 + i * 40_000)));
+        while !xs.len().is_multiple_of(16) {
+            xs.push(1.0);
+        }
+        for c in xs.chunks_exact(16) {
+            let c: &[f32; 16] = c.try_into().unwrap();
+            // SAFETY: AVX-512 F and DQ were detected just above.
+            let want = unsafe { ggml_v_expf_m512(c) };
+            for (x, w) in c.iter().zip(want) {
+                assert_eq!(v_expf16(*x).to_bits(), w.to_bits(), "x = {x:e}");
+            }
+        }
+    }
+
     #[test]
     fn silu_row_matches_definition() {
         let x: Vec<f32> = (0..21).map(|i| i as f32 * 0.7 - 7.0).collect();
