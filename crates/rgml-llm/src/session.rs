@@ -42,13 +42,17 @@ impl Default for SessionOptions {
     }
 }
 
-/// K and V of every layer for `n_ctx` positions, f16, in one buffer. K is stored
-/// `[n_embd_kv, n_ctx]` (one column per position); V transposed, `[n_ctx, n_embd_kv]`, so the
+/// K and V of every layer for `cells` positions, f16, in one buffer. K is stored
+/// `[n_embd_kv, cells]` (one column per position); V transposed, `[cells, n_embd_kv]`, so the
 /// attention product reads it with dense rows.
 struct KvCache {
     k: Vec<TensorId>,
     v: Vec<TensorId>,
+    /// Positions a sequence may use (the requested context length).
     n_ctx: usize,
+    /// Allocated positions: `n_ctx` rounded up to [`KV_PAD`] (as llama.cpp pads its context),
+    /// so the attention can always read whole padded groups of cells.
+    cells: usize,
     _buffer: Arc<Buffer>,
 }
 
@@ -101,10 +105,14 @@ impl<'m> Session<'m> {
         let mut ctx = model.ctx.clone();
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
+        let cells = options
+            .n_ctx
+            .checked_next_multiple_of(KV_PAD)
+            .ok_or_else(|| LlmError::BadConfig("n_ctx too large".into()))?;
         for il in 0..c.n_layer {
-            let kt = ctx.new_tensor(DType::F16, &[c.n_embd_kv(), options.n_ctx])?;
+            let kt = ctx.new_tensor(DType::F16, &[c.n_embd_kv(), cells])?;
             ctx.set_name(kt, format!("cache_k_l{il}"))?;
-            let vt = ctx.new_tensor(DType::F16, &[options.n_ctx, c.n_embd_kv()])?;
+            let vt = ctx.new_tensor(DType::F16, &[cells, c.n_embd_kv()])?;
             ctx.set_name(vt, format!("cache_v_l{il}"))?;
             k.push(kt);
             v.push(vt);
@@ -133,6 +141,7 @@ impl<'m> Session<'m> {
                 k,
                 v,
                 n_ctx: options.n_ctx,
+                cells,
                 _buffer: buffer,
             },
             backend,
@@ -240,7 +249,7 @@ impl<'m> Session<'m> {
         self.ctx.tensor_set_i32(g.tokens, &ids)?;
         let pos: Vec<i32> = (n_past..n_past + n).map(|p| p as i32).collect();
         self.ctx.tensor_set_i32(g.positions, &pos)?;
-        let n_kv = padded_n_kv(n_past + n, self.kv.n_ctx);
+        let n_kv = padded_n_kv(n_past + n, self.kv.cells);
         let mut mask = vec![0f32; n_kv * n];
         for (i, row) in mask.chunks_exact_mut(n_kv).enumerate() {
             for cell in &mut row[n_past + i + 1..] {
@@ -267,7 +276,7 @@ impl<'m> Session<'m> {
 }
 
 /// KV cells the attention reads: the used ones rounded up to a multiple of [`KV_PAD`] (at most
-/// `n_ctx`), masked with -inf. llama.cpp pads the same way, and its SIMD softmax and tinyBLAS
+/// the allocated `cells`, itself a multiple of it), masked with -inf. llama.cpp pads the same way, and its SIMD softmax and tinyBLAS
 /// dots then process whole groups of 8; computing on the same padded rows reproduces its
 /// results bit for bit (the padding adds exact zeros).
 fn padded_n_kv(used: usize, n_ctx: usize) -> usize {
@@ -298,7 +307,7 @@ fn build_graph(
         Ok(id)
     };
     let c = &model.config;
-    let n_kv = padded_n_kv(n_past + n, kv.n_ctx);
+    let n_kv = padded_n_kv(n_past + n, kv.cells);
     let (hd, n_embd_kv) = (c.head_dim, c.n_embd_kv());
     let f16 = DType::F16.block_bytes();
 
@@ -352,7 +361,7 @@ fn build_graph(
         )?;
         let k_flat = ctx.reshape(k, &[n_embd_kv, n])?;
         let k_store = ctx.cpy(k_flat, k_dst)?;
-        let v_dst = ctx.view(kv.v[il], &[n, n_embd_kv], &[kv.n_ctx * f16], n_past * f16)?;
+        let v_dst = ctx.view(kv.v[il], &[n, n_embd_kv], &[kv.cells * f16], n_past * f16)?;
         let v_t = ctx.transpose(v)?;
         let v_store = ctx.cpy(v_t, v_dst)?;
 
@@ -377,7 +386,7 @@ fn build_graph(
         let v_all = ctx.view(
             kv.v[il],
             &[n_kv, hd, c.n_head_kv],
-            &[kv.n_ctx * f16, kv.n_ctx * f16 * hd],
+            &[kv.cells * f16, kv.cells * f16 * hd],
             0,
         )?;
         let kqv = ctx.mul_mat(v_all, kq)?; // [hd, n, n_head]

@@ -50,18 +50,24 @@ pub(crate) fn shared_size(a: &Tensor, b: &Tensor) -> Result<usize> {
 /// src1 rows per tile of the quantized path.
 const TILE1: usize = 16;
 
-/// f32 dot product; uses AVX2+FMA code generation when the CPU has it.
+/// f32 dot product in tinyBLAS's order for the native build (see [`super::isa`]); uses AVX2+FMA
+/// code generation when the CPU has it.
 #[inline]
 pub(crate) fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let wide = super::isa::isa() == super::isa::Isa::Avx512;
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            return unsafe { dot_f32_avx2(x, y) };
+            return unsafe { dot_f32_avx2(x, y, wide) };
         }
     }
-    dot_f32_generic(x, y, f32::mul_add)
+    if wide {
+        dot_f32_generic::<16>(x, y, f32::mul_add)
+    } else {
+        dot_f32_generic::<8>(x, y, f32::mul_add)
+    }
 }
 
 /// The same loop compiled for AVX2+FMA (no hand-written intrinsics: the target features let the
@@ -71,17 +77,25 @@ pub(crate) fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_f32_avx2(x: &[f32], y: &[f32]) -> f32 {
-    dot_f32_generic(x, y, f32::mul_add)
+unsafe fn dot_f32_avx2(x: &[f32], y: &[f32], wide: bool) -> f32 {
+    if wide {
+        dot_f32_generic::<16>(x, y, f32::mul_add)
+    } else {
+        dot_f32_generic::<8>(x, y, f32::mul_add)
+    }
 }
 
-/// Dot product as llamafile's tinyBLAS computes each output of an F32/F16 matmul on AVX2
-/// (llama.cpp's path for attention): one 8-lane accumulator, `acc = fma(a, b, acc)` for `k` in
-/// steps of 8, then the AVX `hsum`. A tail of `k % 8` elements goes into lanes `0..k % 8`, which
-/// is what tinyBLAS computes on llama.cpp's zero-padded KV cache.
+/// Dot product as llamafile's tinyBLAS computes each output of an F32/F16 matmul (llama.cpp's
+/// path for attention): one `L`-lane accumulator (8 on AVX2, `tinyBLAS<8, __m256, ...>`; 16 on
+/// AVX-512, `tinyBLAS<16, __m512, ...>`), `acc = fma(a, b, acc)` for `k` in steps of `L`, then
+/// `hsum` (the AVX `hsum`, or `_mm512_reduce_add_ps`). A tail of `k % L` elements goes into
+/// lanes `0..k % L`, which is what tinyBLAS computes on llama.cpp's zero-padded KV cache.
 #[inline(always)]
-fn dot_f32_generic(x: &[f32], y: &[f32], fma: impl Fn(f32, f32, f32) -> f32) -> f32 {
-    const L: usize = 8;
+fn dot_f32_generic<const L: usize>(
+    x: &[f32],
+    y: &[f32],
+    fma: impl Fn(f32, f32, f32) -> f32,
+) -> f32 {
     let mut acc = [0f32; L];
     let (xc, yc) = (x.chunks_exact(L), y.chunks_exact(L));
     let (xt, yt) = (xc.remainder(), yc.remainder());
@@ -93,7 +107,15 @@ fn dot_f32_generic(x: &[f32], y: &[f32], fma: impl Fn(f32, f32, f32) -> f32) -> 
     for (k, (a, b)) in xt.iter().zip(yt).enumerate() {
         acc[k] = fma(*a, *b, acc[k]);
     }
-    super::vexp::hsum8(&acc)
+    if L == 16 {
+        let mut w = [0f32; 16];
+        w.copy_from_slice(&acc[..16]);
+        super::vexp::hsum16(&w)
+    } else {
+        let mut w = [0f32; 8];
+        w.copy_from_slice(&acc[..8]);
+        super::vexp::hsum8(&w)
+    }
 }
 
 /// MUL_MAT.

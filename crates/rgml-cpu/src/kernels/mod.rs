@@ -21,6 +21,7 @@ mod activations;
 mod convert;
 mod copy;
 mod elementwise;
+pub(crate) mod isa;
 mod matmul;
 mod norm;
 mod rope;

@@ -1,5 +1,10 @@
 //! ggml-cpu's vectorised exp / SiLU / softmax-row arithmetic, reproduced bit for bit.
 //!
+//! We mirror the arithmetic of a native ggml-cpu build on the same CPU (see [`super::isa`]): the
+//! AVX-512 build works in groups of 16 with the `__m512` `ggml_v_expf` ([`v_expf16`]), the AVX2
+//! build in groups of 8 with the `__m256` one ([`v_expf`]); the rest of this paragraph describes
+//! the AVX2 variant, and the AVX-512 one differs only in the group size and the exp.
+//!
 //! ggml's x86 AVX2 build computes `exp` in groups of 8 with `ggml_v_expf` (a polynomial
 //! approximation "adapted from ARM optimized routines", max error ~1.5 ulp) and only the tail of
 //! a row (`n % 8` elements) with libm `expf`. Models amplify the difference, so the kernels here
@@ -52,10 +57,41 @@ pub(crate) fn v_expf(x: f32) -> f32 {
     }
 }
 
+/// One lane of ggml's `ggml_v_expf` (AVX-512 version): the same reduction and polynomial, but
+/// the `+ 1` folded into the last FMA and the result scaled by `2^n` with `vscalefps` (one
+/// rounding, so exact in f64 and rounded once to f32); `|n| > 192` gives 0 or inf.
+#[inline(always)]
+pub(crate) fn v_expf16(x: f32) -> f32 {
+    let f = f32::from_bits;
+    let r = f(R);
+    let z = x.mul_add(f(LOG2E), r);
+    let n = z - r;
+    let b = (-n).mul_add(f(LN2_LO), (-n).mul_add(f(LN2_HI), x));
+    let u = b * b;
+    let j = f(P5)
+        .mul_add(b, f(P4))
+        .mul_add(u, f(P3).mul_add(b, f(P2)))
+        .mul_add(u, f(P1).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    if n.is_nan() {
+        return n;
+    }
+    // `j * 2^n` is exact in f64 (|n| <= 192), so the cast is vscalefps's single rounding.
+    (f64::from(j) * 2f64.powi(n as i32)) as f32
+}
+
 /// One lane of ggml's `ggml_v_silu`: `x / (1 + v_expf(-x))`.
 #[inline(always)]
 pub(crate) fn v_silu(x: f32) -> f32 {
     x / (1.0 + v_expf(0.0 - x))
+}
+
+/// One lane of ggml's AVX-512 `ggml_v_silu`.
+#[inline(always)]
+pub(crate) fn v_silu16(x: f32) -> f32 {
+    x / (1.0 + v_expf16(0.0 - x))
 }
 
 /// ggml's scalar `ggml_silu_f32`, used for row tails.
@@ -70,6 +106,61 @@ pub(crate) fn silu_f32(x: f32) -> f32 {
 pub(crate) fn hsum8(v: &[f32; 8]) -> f32 {
     let t = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
     (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// Sum of 16 lanes in the order of `_mm512_reduce_add_ps` (GCC and clang): high 8 + low 8, then
+/// as [`hsum8`].
+#[inline(always)]
+pub(crate) fn hsum16(v: &[f32; 16]) -> f32 {
+    let mut t = [0f32; 8];
+    for (k, t) in t.iter_mut().enumerate() {
+        *t = v[k] + v[k + 8];
+    }
+    hsum8(&t)
+}
+
+/// The AVX-512 build's `ggml_vec_soft_max_f32`: groups of 16 through [`v_expf16`], each group's
+/// `_mm512_reduce_add_ps` added in f64, the tail through `expf`.
+#[inline(always)]
+fn soft_max_row_impl16(y: &mut [f32], max: f32) -> f64 {
+    let n = y.len();
+    let mut sum = 0f64;
+    let mut i = 0;
+    while i + 16 <= n {
+        let mut v = [0f32; 16];
+        for l in 0..16 {
+            v[l] = v_expf16(y[i + l] - max);
+        }
+        y[i..i + 16].copy_from_slice(&v);
+        sum += f64::from(hsum16(&v));
+        i += 16;
+    }
+    while i < n {
+        let v = (y[i] - max).exp();
+        sum += f64::from(v);
+        y[i] = v;
+        i += 1;
+    }
+    sum
+}
+
+/// The AVX-512 build's `ggml_vec_swiglu_f32` / `ggml_vec_silu_f32`: groups of 16 through
+/// [`v_silu16`], the tail through `ggml_silu_f32`.
+#[inline(always)]
+fn silu_row_impl16(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
+    let n = y.len().min(x.len());
+    let full = n - n % 16;
+    for i in 0..n {
+        let s = if i < full {
+            v_silu16(x[i])
+        } else {
+            silu_f32(x[i])
+        };
+        y[i] = match g {
+            Some(g) => s * g[i],
+            None => s,
+        };
+    }
 }
 
 /// `ggml_vec_soft_max_f32` in place: `y[i] = exp(y[i] - max)` and their sum, groups of 8 through
@@ -128,36 +219,58 @@ fn has_fma() -> bool {
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn soft_max_row_fma(y: &mut [f32], max: f32) -> f64 {
-    soft_max_row_impl(y, max)
+unsafe fn soft_max_row_fma(y: &mut [f32], max: f32, wide: bool) -> f64 {
+    if wide {
+        soft_max_row_impl16(y, max)
+    } else {
+        soft_max_row_impl(y, max)
+    }
 }
 
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn silu_row_fma(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
-    silu_row_impl(y, x, g)
+unsafe fn silu_row_fma(y: &mut [f32], x: &[f32], g: Option<&[f32]>, wide: bool) {
+    if wide {
+        silu_row_impl16(y, x, g)
+    } else {
+        silu_row_impl(y, x, g)
+    }
 }
 
-/// `y[i] = exp(y[i] - max)` in place, returning the f64 sum, exactly as ggml's AVX2 build.
+fn wide() -> bool {
+    super::isa::isa() == super::isa::Isa::Avx512
+}
+
+/// `y[i] = exp(y[i] - max)` in place, returning the f64 sum, exactly as the native ggml build.
 pub(crate) fn soft_max_row(y: &mut [f32], max: f32) -> f64 {
+    let wide = wide();
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: AVX2 and FMA were detected at runtime.
-        return unsafe { soft_max_row_fma(y, max) };
+        return unsafe { soft_max_row_fma(y, max, wide) };
     }
-    soft_max_row_impl(y, max)
+    if wide {
+        soft_max_row_impl16(y, max)
+    } else {
+        soft_max_row_impl(y, max)
+    }
 }
 
-/// `y[i] = silu(x[i]) * g[i]` (or `silu(x[i])` without `g`), exactly as ggml's AVX2 build.
+/// `y[i] = silu(x[i]) * g[i]` (or `silu(x[i])` without `g`), exactly as the native ggml build.
 pub(crate) fn silu_row(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
+    let wide = wide();
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: AVX2 and FMA were detected at runtime.
-        return unsafe { silu_row_fma(y, x, g) };
+        return unsafe { silu_row_fma(y, x, g, wide) };
     }
-    silu_row_impl(y, x, g)
+    if wide {
+        silu_row_impl16(y, x, g)
+    } else {
+        silu_row_impl(y, x, g)
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +289,112 @@ mod tests {
         assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
         assert_eq!(v_expf(-200.0), 0.0);
         assert_eq!(v_expf(0.0), 1.0);
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (a, b) = (v_expf16(x), x.exp());
+            assert!(((a - b) / b).abs() < 4e-7, "{x}: {a} vs {b}");
+            x += 0.0137;
+        }
+        assert_eq!(v_expf16(f32::NEG_INFINITY), 0.0);
+        assert_eq!(v_expf16(f32::INFINITY), f32::INFINITY);
+        assert_eq!(v_expf16(-200.0), 0.0);
+        assert_eq!(v_expf16(0.0), 1.0);
+        assert!(v_expf16(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn hsum16_order() {
+        let mut v = [0f32; 16];
+        v[0] = 1.0;
+        v[8] = 1e8;
+        v[1] = -1e8;
+        // (v0 + v8) first, then the rest: 1 is lost in 1e8 before -1e8 cancels it.
+        assert_eq!(hsum16(&v), 0.0);
+        v[1] = 0.0;
+        v[9] = -1e8;
+        assert_eq!(hsum16(&v), -1e8 + 1e8);
+    }
+
+    /// ggml's `__m512` `ggml_v_expf`, transcribed with the intrinsics.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F and DQ.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn ggml_v_expf_m512(x: &[f32; 16]) -> [f32; 16] {
+        use std::arch::x86_64::*;
+        let set = _mm512_set1_ps;
+        // SAFETY: `x` is 16 readable floats.
+        let x = unsafe { _mm512_loadu_ps(x.as_ptr()) };
+        let r = set(f32::from_bits(R));
+        let z = _mm512_fmadd_ps(x, set(f32::from_bits(LOG2E)), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(
+            n,
+            set(f32::from_bits(LN2_LO)),
+            _mm512_fnmadd_ps(n, set(f32::from_bits(LN2_HI)), x),
+        );
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), set(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(set(f32::from_bits(P5)), b, set(f32::from_bits(P4))),
+                u,
+                _mm512_fmadd_ps(set(f32::from_bits(P3)), b, set(f32::from_bits(P2))),
+            ),
+            u,
+            _mm512_fmadd_ps(set(f32::from_bits(P1)), b, set(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        let out = if _mm512_kortestz(d, d) != 0 {
+            res
+        } else {
+            let zero = _mm512_setzero_ps();
+            let alt = _mm512_mask_blend_ps(
+                _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero),
+                set(f32::INFINITY),
+                zero,
+            );
+            _mm512_mask_blend_ps(d, res, alt)
+        };
+        let mut o = [0f32; 16];
+        // SAFETY: `o` has room for 16 floats.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), out) };
+        o
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn v_expf16_matches_the_avx512_code() {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx512f") && has!("avx512dq")) {
+            return;
+        }
+        let mut xs: Vec<f32> = (0..400_000).map(|i| -110.0 + i as f32 * 0.000_5).collect();
+        xs.extend((0..4000).map(|i| -104.0 + i as f32 * 0.0047)); // subnormal results
+        xs.extend([
+            0.0,
+            -0.0,
+            88.7,
+            88.8,
+            89.0,
+            200.0,
+            -200.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        xs.extend((0..20_000u32).map(|i| f32::from_bits(0x3000_0000 + i * 40_000)));
+        while !xs.len().is_multiple_of(16) {
+            xs.push(1.0);
+        }
+        for c in xs.chunks_exact(16) {
+            let c: &[f32; 16] = c.try_into().unwrap();
+            // SAFETY: AVX-512 F and DQ were detected just above.
+            let want = unsafe { ggml_v_expf_m512(c) };
+            for (x, w) in c.iter().zip(want) {
+                assert_eq!(v_expf16(*x).to_bits(), w.to_bits(), "x = {x:e}");
+            }
+        }
     }
 
     #[test]
