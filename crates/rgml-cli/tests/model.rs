@@ -156,3 +156,49 @@ fn perplexity_within_one_percent_of_llama_cpp() {
         "perplexity {ppl} vs llama.cpp {reference}"
     );
 }
+
+#[test]
+fn sampling_is_reproducible_by_seed_and_chat_uses_the_template() {
+    let model = model();
+    let sample = |seed: &str| {
+        rgml(&[
+            "run",
+            "-m",
+            &model,
+            "-p",
+            "Once upon a time",
+            "-n",
+            "16",
+            "--temp",
+            "1.0",
+            "--seed",
+            seed,
+        ])
+    };
+    let (a, b, c) = (sample("7"), sample("7"), sample("8"));
+    assert_eq!(a, b, "the same seed gives the same text");
+    assert_ne!(a, c, "another seed gives another text");
+    assert!(a.starts_with("Once upon a time") && a.len() > "Once upon a time".len());
+
+    // The fixture's chat prompt is the ChatML rendering of this question: greedy decoding of
+    // `--chat` must therefore give the fixture's greedy answer (up to the cross-ISA caveat).
+    let case = &fixture()["cases"][2];
+    let want = case["greedy_text"].as_str().expect("greedy_text");
+    let out = rgml(&[
+        "run",
+        "-m",
+        &model,
+        "--chat",
+        "-p",
+        "What is the boiling point of water?",
+        "-n",
+        "32",
+        "--temp",
+        "0",
+    ]);
+    if exact_expected() {
+        assert_eq!(out.trim_end_matches('\n'), want.trim_end_matches('\n'));
+    } else {
+        assert!(out.starts_with("The boiling point"), "{out:?}");
+    }
+}
