@@ -833,6 +833,19 @@ fn wrong_shaped_tensor_is_an_error() {
         );
         assert!(err.to_string().contains(name), "{err}");
     }
+    // Integer weights are refused when loading, not when the graph first runs.
+    for name in ["blk.0.attn_q.weight", "token_embd.weight"] {
+        let err = load_modified("int-weight", &spec, |_, t| {
+            let w = t.iter_mut().find(|t| t.name == name).unwrap();
+            w.dtype = DType::I32;
+            w.data = vec![0; w.ne.iter().product::<usize>() * 4];
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, LlmError::BadTensor(_)) && err.to_string().contains(name),
+            "{name} as i32: expected BadTensor, got {err:?}"
+        );
+    }
     // A norm weight must be f32.
     let err = load_modified("norm-dtype", &spec, |_, t| {
         let norm = t
