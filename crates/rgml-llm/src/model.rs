@@ -212,6 +212,12 @@ impl Model {
                     t.name, t.ne, ne
                 )));
             }
+            if !t.dtype.is_float() {
+                return Err(LlmError::BadTensor(format!(
+                    "'{}' has dtype {}, a weight must hold floats",
+                    t.name, t.dtype
+                )));
+            }
             Ok(())
         };
         expect(self.tok_embd, [c.n_embd, c.n_vocab, 1, 1])?;
