@@ -15,6 +15,7 @@ pub mod op;
 pub mod quant;
 pub mod registry;
 pub mod tensor;
+pub mod trace;
 
 pub use backend::{Backend, Buffer, BufferType, BufferTypeRef, Device, DeviceRef};
 pub use context::Context;
