@@ -166,7 +166,16 @@ fn assignment_follows_weights_with_hand_worked_splits_and_copies() {
     assert_eq!((st.total_count(), st.total_bytes()), (2, 32));
 
     // Each node's storage is in its backend's compute buffer.
-    let buft_of = |id: TensorId| n.ctx[id].data.as_ref().unwrap().buffer.buffer_type().name().to_string();
+    let buft_of = |id: TensorId| {
+        n.ctx[id]
+            .data
+            .as_ref()
+            .unwrap()
+            .buffer
+            .buffer_type()
+            .name()
+            .to_string()
+    };
     assert_eq!(buft_of(n.h0), "CPU0");
     assert_eq!(buft_of(n.out), "CPU1");
     assert_eq!(buft_of(n.x), "CPU");
@@ -210,7 +219,12 @@ fn views_follow_their_sources() {
     let got = ctx.tensor_get_f32(o).unwrap();
     for i in 0..4 {
         let dot: f32 = (0..4).map(|k| w[i * 4 + k] * xv[k]).sum();
-        assert!((got[i] - (dot + yv[i])).abs() < 1e-5, "{i}: {} vs {}", got[i], dot + yv[i]);
+        assert!(
+            (got[i] - (dot + yv[i])).abs() < 1e-5,
+            "{i}: {} vs {}",
+            got[i],
+            dot + yv[i]
+        );
     }
 }
 
@@ -234,7 +248,10 @@ fn overrides_win() {
         vec![(0, 1, vec![n.x]), (2, 1, vec![]), (1, 3, vec![n.a0])]
     );
     let st = s.copy_stats();
-    assert_eq!((st.count[2][0], st.count[2][1], st.total_count()), (1, 1, 2));
+    assert_eq!(
+        (st.count[2][0], st.count[2][1], st.total_count()),
+        (1, 1, 2)
+    );
     assert_eq!(st.total_bytes(), 32);
     assert_eq!(got, reference(1));
     // Overrides last until reset.
@@ -296,7 +313,11 @@ fn eval_callback_sees_every_node_once_and_can_stop() {
     assert_eq!(got, reference(1));
     let seen = seen.lock().unwrap().clone();
     let asks: Vec<TensorId> = seen.iter().filter(|e| e.1).map(|e| e.0).collect();
-    assert_eq!(asks, n.graph.nodes(), "every node asked about exactly once, in order");
+    assert_eq!(
+        asks,
+        n.graph.nodes(),
+        "every node asked about exactly once, in order"
+    );
     let looks: Vec<TensorId> = seen.iter().filter(|e| !e.1).map(|e| e.0).collect();
     assert_eq!(looks, vec![n.a0, n.out]);
     // What the callback read for a0 is silu(w0·x), as computed.
@@ -381,14 +402,8 @@ fn constructor_and_misuse_errors() {
     // Pre-allocated memory no backend can use for the op: a CPU1 weight read by a CPU0-only
     // scheduler.
     let mut n = net(&d.cpu0, &d.cpu1);
-    let mut s = Scheduler::new(
-        vec![backend(&d.cpu0), backend(&d.cpu0)],
-        None,
-        64,
-        1,
-        false,
-    )
-    .unwrap();
+    let mut s =
+        Scheduler::new(vec![backend(&d.cpu0), backend(&d.cpu0)], None, 64, 1, false).unwrap();
     assert!(s.alloc_graph(&mut n.ctx, &n.graph).is_err());
     let _ = CpuDevice::new("unused");
 }
@@ -408,4 +423,60 @@ fn graph_can_be_scheduled_again_and_reserve_sizes_buffers() {
     s.reset();
     assert_eq!(run_steps(&mut s, &mut n2, 3), want);
     assert_eq!(s.copy_stats().total_count(), 12);
+}
+
+#[test]
+fn input_copies_are_shared_by_later_splits_on_the_same_backend() {
+    let d = devices();
+    for n_copies in [1, 3] {
+        let mut ctx = Context::new();
+        let w0 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+        let w2 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+        let w1 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+        weights(&mut ctx, &d.cpu0, &[w0, w2], 0.2);
+        weights(&mut ctx, &d.cpu1, &[w1], 0.5);
+        let x = ctx.new_tensor(DType::F32, &[4, 1]).unwrap();
+        ctx.set_input(x).unwrap();
+        let h0 = ctx.mul_mat(w0, x).unwrap();
+        let h1 = ctx.mul_mat(w1, h0).unwrap();
+        let h2 = ctx.mul_mat(w2, h1).unwrap();
+        let o = ctx.add(h2, x).unwrap();
+        let graph = Graph::build(&mut ctx, &[o]).unwrap();
+        let mut s = sched3(&d, n_copies);
+        s.alloc_graph(&mut ctx, &graph).unwrap();
+        let xv = [0.5f32, -1.0, 2.0, 0.25];
+        ctx.tensor_set_f32(x, &xv).unwrap();
+        s.graph_compute(&mut ctx, &graph).unwrap();
+        // [h0] on CPU0 copies x; [h1] on CPU1 copies h0; [h2 o] on CPU0 copies h1 and reuses
+        // the copy of x made for the first split.
+        let summary: Vec<(usize, Vec<TensorId>, Vec<TensorId>)> = s
+            .splits()
+            .into_iter()
+            .map(|s| (s.backend, s.nodes, s.inputs))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (0, vec![h0], vec![x]),
+                (1, vec![h1], vec![h0]),
+                (0, vec![h2, o], vec![h1]),
+            ]
+        );
+        assert_eq!(s.copy_stats().total_count(), 3);
+        assert_eq!(s.copy_stats().total_bytes(), 48);
+        let mv = |w: TensorId, v: &[f32]| -> Vec<f32> {
+            let w = ctx.tensor_get_f32(w).unwrap();
+            (0..4)
+                .map(|i| (0..4).map(|k| w[i * 4 + k] * v[k]).sum())
+                .collect()
+        };
+        let e0 = mv(w0, &xv);
+        let e1 = mv(w1, &e0);
+        let e2 = mv(w2, &e1);
+        let got = ctx.tensor_get_f32(o).unwrap();
+        for i in 0..4 {
+            let want = e2[i] + xv[i];
+            assert!((got[i] - want).abs() < 1e-4, "{i}: {} vs {want}", got[i]);
+        }
+    }
 }

@@ -23,6 +23,6 @@ pub use context::Context;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::Graph;
-pub use sched::Scheduler;
 pub use op::{Op, OpKind, RopeMode, RopeParams, UnaryOp};
+pub use sched::Scheduler;
 pub use tensor::{Tensor, TensorFlags, TensorId};

@@ -5,10 +5,10 @@
 //! scheduler's own copy of the graph (see the parent module), indexed by that context's ids.
 
 use crate::backend::{Backend, BufferTypeRef};
-use crate::tensor::TensorData;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::op::Op;
+use crate::tensor::TensorData;
 use crate::tensor::{TensorFlags, TensorId};
 
 /// Whether a node only describes memory (no kernel runs for it): ggml's `ggml_is_view_op`
@@ -61,9 +61,8 @@ impl<'a> Assigner<'a> {
     fn backend_from_buffer(&self, t: TensorId, op: TensorId) -> Option<usize> {
         let data = root_data(self.ctx, t)?;
         let buft = data.buffer.buffer_type();
-        (0..self.backends.len()).find(|&b| {
-            self.backends[b].supports_buffer_type(buft) && self.supports_op(b, op)
-        })
+        (0..self.backends.len())
+            .find(|&b| self.backends[b].supports_buffer_type(buft) && self.supports_op(b, op))
     }
 
     /// Whether backend `b` can read `t` where it is, or where its assigned backend will put it

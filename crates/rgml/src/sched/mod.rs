@@ -62,6 +62,7 @@ use crate::graph::Graph;
 use crate::op::Op;
 use crate::tensor::{Tensor, TensorFlags, TensorId};
 use assign::{buffer_supported, is_view_op, root_data, Assigner};
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
 /// The most backends one scheduler takes (ggml's `GGML_SCHED_MAX_BACKENDS`).
@@ -184,10 +185,12 @@ fn sched_error(msg: impl Into<String>) -> Error {
 
 /// The backend assigned to `id`.
 fn backend_of(ctx: &Context, ids: &[Option<usize>], id: TensorId) -> Result<usize> {
-    ids.get(id.index())
-        .copied()
-        .flatten()
-        .ok_or_else(|| sched_error(format!("tensor '{}' has no backend", ctx[id].display_name())))
+    ids.get(id.index()).copied().flatten().ok_or_else(|| {
+        sched_error(format!(
+            "tensor '{}' has no backend",
+            ctx[id].display_name()
+        ))
+    })
 }
 
 /// Two distinct elements of a slice, mutably.
@@ -569,7 +572,11 @@ impl Scheduler {
         let mut graph_inputs: Vec<(TensorId, usize)> = Vec::new();
         let mut rewrites: Vec<(TensorId, usize, TensorId)> = Vec::new();
         let mut extra: Vec<Tensor> = Vec::new();
-        let next_id = |extra: &Vec<Tensor>| ctx.len() + extra.len();
+        let next_id = |extra: &Vec<Tensor>| -> Result<TensorId> {
+            u32::try_from(ctx.len() + extra.len())
+                .map(TensorId)
+                .map_err(|_| Error::SizeOverflow)
+        };
         let dup = |src: &Tensor, name: String, flags: TensorFlags| -> Result<Tensor> {
             let mut t = Tensor::new(src.dtype, src.ne)?;
             t.nb = src.nb;
@@ -590,9 +597,9 @@ impl Scheduler {
                 // A weight on another backend this one cannot read: start a new split so the
                 // memory of earlier weight copies can be reused.
                 new_split = t.src.iter().any(|&s| {
-                    root_data(&ctx, s).is_some_and(|d| {
-                        d.buffer.usage() == crate::backend::BufferUsage::Weights
-                    }) && ids[s.index()] != Some(cur)
+                    root_data(&ctx, s)
+                        .is_some_and(|d| d.buffer.usage() == crate::backend::BufferUsage::Weights)
+                        && ids[s.index()] != Some(cur)
                         && !buffer_supported(&ctx, &ids, &self.backends, &self.bufts, s, cur)
                 });
             }
@@ -619,7 +626,7 @@ impl Scheduler {
                         if c == cur_copy {
                             v.push(src);
                         } else {
-                            v.push(TensorId(next_id(&extra) as u32));
+                            v.push(next_id(&extra)?);
                             let name = format!("{}#{}#{c}", self.backends[sb].name(), st.name);
                             extra.push(dup(st, name, pipelined)?);
                         }
@@ -627,26 +634,28 @@ impl Scheduler {
                     copies.insert((src, sb), v);
                     graph_inputs.push((src, sb));
                 }
-                if sb != nb && !buffer_supported(&ctx, &ids, &self.backends, &self.bufts, src, nb)
-                {
-                    if !copies.contains_key(&(src, nb)) {
-                        let flags = if self.n_copies > 1 {
-                            pipelined
-                        } else {
-                            TensorFlags::empty()
-                        };
-                        let mut v = Vec::with_capacity(self.n_copies);
-                        for c in 0..self.n_copies {
-                            v.push(TensorId(next_id(&extra) as u32));
-                            let name = format!("{}#{}#{c}", self.backends[nb].name(), st.name);
-                            extra.push(dup(st, name, flags)?);
+                if sb != nb && !buffer_supported(&ctx, &ids, &self.backends, &self.bufts, src, nb) {
+                    let copy = match copies.entry((src, nb)) {
+                        Entry::Occupied(e) => e.get()[cur_copy],
+                        Entry::Vacant(e) => {
+                            let flags = if self.n_copies > 1 {
+                                pipelined
+                            } else {
+                                TensorFlags::empty()
+                            };
+                            let mut v = Vec::with_capacity(self.n_copies);
+                            for c in 0..self.n_copies {
+                                v.push(next_id(&extra)?);
+                                let name = format!("{}#{}#{c}", self.backends[nb].name(), st.name);
+                                extra.push(dup(st, name, flags)?);
+                            }
+                            if let Some(s) = splits.last_mut() {
+                                s.inputs.push(src);
+                            }
+                            e.insert(v)[cur_copy]
                         }
-                        copies.insert((src, nb), v);
-                        if let Some(s) = splits.last_mut() {
-                            s.inputs.push(src);
-                        }
-                    }
-                    rewrites.push((node, j, copies[&(src, nb)][cur_copy]));
+                    };
+                    rewrites.push((node, j, copy));
                 }
             }
         }
@@ -832,4 +841,3 @@ impl Scheduler {
         Ok(())
     }
 }
-
