@@ -2,9 +2,8 @@
 //! tensors between them, with optional pipeline parallelism.
 //!
 //! This module owns backend assignment (in the private `assign` submodule), splitting a graph
-//! where the backend
-//! changes, the copies of split inputs, the compute buffers (one [`GraphAllocator`] buffer type
-//! per backend), the events between splits and the copy statistics. It never moves tensors that
+//! where the backend changes, the copies of split inputs, the compute buffers (one
+//! [`GraphAllocator`] buffer type per backend), the events between splits and the copy statistics. It never moves tensors that
 //! already have storage (weights, KV caches) and never changes the caller's graph.
 //!
 //! # How a graph runs
