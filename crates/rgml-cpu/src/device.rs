@@ -15,7 +15,8 @@ use rgml::{Context, DeviceRef, Result, TensorId};
 use std::any::Any;
 use std::sync::{Arc, Weak};
 
-/// A CPU device.
+/// A CPU device. The device called "CPU" uses any host memory; others (`CPU0`, ...) only their
+/// own buffer type (see `supports_buffer_type`).
 pub struct CpuDevice {
     name: String,
     description: String,
@@ -131,8 +132,16 @@ impl rgml::Device for CpuDevice {
         crate::kernels::check_supported(ctx, id).is_ok()
     }
 
+    /// The plain "CPU" device reads any host memory. Any other CPU device (`CPU0`, `CPU1`, ...)
+    /// stands in for a separate device, so it only accepts its own buffer type: memory of the
+    /// other devices must be copied in, as it would between real devices (the scheduler's
+    /// copies between them are then real copies, and tested as such).
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
-        buffer_type.is_host()
+        if self.name == "CPU" {
+            buffer_type.is_host()
+        } else {
+            rgml::backend::same_instance(buffer_type, &self.buffer_type)
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

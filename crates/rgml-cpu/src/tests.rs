@@ -824,6 +824,9 @@ fn registry_and_params() {
     let (b0, b1) = (devs[0].buffer_type(), devs[1].buffer_type());
     assert_eq!((b0.name(), b1.name()), ("CPU0", "CPU1"));
     assert!(!rgml::backend::same_instance(&b0, &b1));
+    // CPUn devices stand in for separate devices: each reads only its own memory; "CPU" any.
+    assert!(devs[0].supports_buffer_type(&b0) && !devs[0].supports_buffer_type(&b1));
+    assert!(dev.supports_buffer_type(&b0) && dev.supports_buffer_type(&b1));
     let be = devs[1]
         .init_backend(&rgml::backend::BackendParams::default())
         .unwrap();

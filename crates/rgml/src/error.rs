@@ -131,6 +131,10 @@ pub enum Error {
     /// a new reserve, ...).
     #[error("graph allocator: {0}")]
     GraphAlloc(String),
+    /// The scheduler cannot place or run a graph (no backend supports a node, a pre-allocated
+    /// tensor in memory no capable backend can use, bad backend lists, ...).
+    #[error("scheduler: {0}")]
+    Sched(String),
     /// A backend-specific failure.
     #[error("{backend}: {message}")]
     Backend {

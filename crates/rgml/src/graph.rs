@@ -125,6 +125,17 @@ impl Graph {
         }
     }
 
+    /// A graph from explicit node and leaf lists (sources must precede their users), e.g. a
+    /// scheduler's graph with extra copy nodes.
+    pub fn from_parts(nodes: Vec<TensorId>, leafs: Vec<TensorId>) -> Graph {
+        Graph {
+            visited: nodes.iter().chain(leafs.iter()).copied().collect(),
+            nodes,
+            leafs,
+            uid: next_uid(),
+        }
+    }
+
     /// Copy this graph's tensors (metadata only, without storage) into `dst`; returns the copied
     /// graph and the map from old ids to new ones. The copy can then be allocated elsewhere.
     pub fn copy_to(

@@ -1,5 +1,6 @@
 //! rgml core: dtypes and quantized blocks, tensors in an arena, ops and graphs, allocators, and
-//! the backend API (buffer types, buffers, backends, devices, registries, events).
+//! the backend API (buffer types, buffers, backends, devices, registries, events), and the
+//! scheduler that splits one graph over several backends ([`sched`]).
 //!
 //! This crate knows no concrete backend: backends (rgml-cpu, rgml-wgpu, ...) implement the
 //! traits in [`backend`] and register themselves with [`registry`].
@@ -14,6 +15,7 @@ pub mod graph;
 pub mod op;
 pub mod quant;
 pub mod registry;
+pub mod sched;
 pub mod tensor;
 pub mod trace;
 
@@ -23,4 +25,5 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::Graph;
 pub use op::{Op, OpKind, RopeMode, RopeParams, UnaryOp};
+pub use sched::Scheduler;
 pub use tensor::{Tensor, TensorFlags, TensorId};

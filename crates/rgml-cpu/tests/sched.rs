@@ -1,0 +1,482 @@
+//! The scheduler over real CPU devices: `CPU0` and `CPU1` (each reading only its own memory)
+//! and the plain `CPU` device last. Expectations are worked out by hand in the comments.
+
+use rgml::alloc::TensorAllocator;
+use rgml::backend::{Backend, Buffer, BufferUsage, DeviceRef};
+use rgml::sched::SplitInfo;
+use rgml::{Context, DType, Error, Graph, Scheduler, TensorFlags, TensorId};
+use rgml_cpu::{CpuDevice, CpuRegistry};
+use std::sync::{Arc, Mutex};
+
+struct Devices {
+    cpu0: DeviceRef,
+    cpu1: DeviceRef,
+    cpu: DeviceRef,
+}
+
+fn devices() -> Devices {
+    let reg = CpuRegistry::with_devices(["CPU0", "CPU1", "CPU"]);
+    let d = rgml::registry::Registry::devices(&reg);
+    Devices {
+        cpu0: d[0].clone(),
+        cpu1: d[1].clone(),
+        cpu: d[2].clone(),
+    }
+}
+
+fn backend(dev: &DeviceRef) -> Box<dyn Backend> {
+    dev.init_backend(&rgml::backend::BackendParams::parse("n_threads=2").unwrap())
+        .unwrap()
+}
+
+/// [CPU0, CPU1, CPU] as backends 0, 1, 2.
+fn sched3(d: &Devices, n_copies: usize) -> Scheduler {
+    Scheduler::new(
+        vec![backend(&d.cpu0), backend(&d.cpu1), backend(&d.cpu)],
+        None,
+        64,
+        n_copies,
+        false,
+    )
+    .unwrap()
+}
+
+/// Put `ids` in one weights buffer of `dev` and fill them with a deterministic pattern.
+fn weights(ctx: &mut Context, dev: &DeviceRef, ids: &[TensorId], seed: f32) {
+    let buf = Buffer::alloc(&dev.buffer_type(), 4096).unwrap();
+    buf.set_usage(BufferUsage::Weights);
+    let mut ta = TensorAllocator::new(buf);
+    for (k, &id) in ids.iter().enumerate() {
+        ta.alloc(ctx, id).unwrap();
+        let n = ctx[id].nelements();
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i as f32 + 1.0) * 0.37 + seed + k as f32).sin())
+            .collect();
+        ctx.tensor_set_f32(id, &v).unwrap();
+    }
+}
+
+/// The two-layer graph: `x` (input, 4) → `h0 = w0·x` → `a0 = silu` → `h1 = w1·a0` →
+/// `a1 = silu` → `out = 2·a1`, with `w0` on device `d0` and `w1` on device `d1`.
+struct Net {
+    ctx: Context,
+    graph: Graph,
+    x: TensorId,
+    h0: TensorId,
+    a0: TensorId,
+    h1: TensorId,
+    a1: TensorId,
+    out: TensorId,
+}
+
+fn net(d0: &DeviceRef, d1: &DeviceRef) -> Net {
+    let mut ctx = Context::new();
+    let w0 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+    let w1 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+    weights(&mut ctx, d0, &[w0], 0.1);
+    weights(&mut ctx, d1, &[w1], 0.7);
+    let x = ctx.new_tensor(DType::F32, &[4, 1]).unwrap();
+    ctx.set_name(x, "x").unwrap();
+    ctx.set_input(x).unwrap();
+    let h0 = ctx.mul_mat(w0, x).unwrap();
+    let a0 = ctx.silu(h0).unwrap();
+    let h1 = ctx.mul_mat(w1, a0).unwrap();
+    let a1 = ctx.silu(h1).unwrap();
+    let out = ctx.scale(a1, 2.0).unwrap();
+    let graph = Graph::build(&mut ctx, &[out]).unwrap();
+    assert_eq!(graph.nodes(), &[h0, a0, h1, a1, out]);
+    Net {
+        ctx,
+        graph,
+        x,
+        h0,
+        a0,
+        h1,
+        a1,
+        out,
+    }
+}
+
+fn input(step: usize) -> Vec<f32> {
+    (0..4)
+        .map(|i| (i as f32 - 1.5) * 0.5 + step as f32 * 0.25)
+        .collect()
+}
+
+/// The output bits of `net` computed by `sched` for micro-batches `0..steps`.
+fn run_steps(sched: &mut Scheduler, n: &mut Net, steps: usize) -> Vec<Vec<u32>> {
+    (0..steps)
+        .map(|step| {
+            sched.alloc_graph(&mut n.ctx, &n.graph).unwrap();
+            n.ctx.tensor_set_f32(n.x, &input(step)).unwrap();
+            sched.graph_compute(&mut n.ctx, &n.graph).unwrap();
+            let out = n.ctx.tensor_get_f32(n.out).unwrap();
+            out.iter().map(|v| v.to_bits()).collect()
+        })
+        .collect()
+}
+
+/// The same net with every weight in plain CPU memory, on one CPU backend.
+fn reference(steps: usize) -> Vec<Vec<u32>> {
+    let d = devices();
+    let mut n = net(&d.cpu, &d.cpu);
+    let mut s = Scheduler::new(vec![backend(&d.cpu)], None, 64, 1, false).unwrap();
+    let r = run_steps(&mut s, &mut n, steps);
+    assert_eq!(s.n_splits(), 1);
+    assert_eq!(s.copy_stats().total_count(), 0);
+    r
+}
+
+#[test]
+fn assignment_follows_weights_with_hand_worked_splits_and_copies() {
+    let d = devices();
+    let mut n = net(&d.cpu0, &d.cpu1);
+    let mut s = sched3(&d, 1);
+    let got = run_steps(&mut s, &mut n, 1);
+
+    // h0 reads w0 (CPU0) → 0; a0 follows by expansion; h1 reads w1 (CPU1) → 1; a1, out follow.
+    // x is a graph input → the CPU backend (2).
+    let b = |id| s.tensor_backend(id);
+    assert_eq!(
+        [b(n.x), b(n.h0), b(n.a0), b(n.h1), b(n.a1), b(n.out)],
+        [Some(2), Some(0), Some(0), Some(1), Some(1), Some(1)]
+    );
+    // Split 0 on CPU0 copies x in (CPU0 cannot read CPU memory); split 1 on CPU1 copies a0.
+    assert_eq!(
+        s.splits(),
+        vec![
+            SplitInfo {
+                backend: 0,
+                nodes: vec![n.h0, n.a0],
+                inputs: vec![n.x]
+            },
+            SplitInfo {
+                backend: 1,
+                nodes: vec![n.h1, n.a1, n.out],
+                inputs: vec![n.a0]
+            },
+        ]
+    );
+    assert_eq!(s.n_splits(), 2);
+    let st = s.copy_stats();
+    assert_eq!(st.count[2][0], 1);
+    assert_eq!(st.bytes[2][0], 16);
+    assert_eq!(st.count[0][1], 1);
+    assert_eq!(st.bytes[0][1], 16);
+    assert_eq!((st.total_count(), st.total_bytes()), (2, 32));
+
+    // Each node's storage is in its backend's compute buffer.
+    let buft_of = |id: TensorId| {
+        n.ctx[id]
+            .data
+            .as_ref()
+            .unwrap()
+            .buffer
+            .buffer_type()
+            .name()
+            .to_string()
+    };
+    assert_eq!(buft_of(n.h0), "CPU0");
+    assert_eq!(buft_of(n.out), "CPU1");
+    assert_eq!(buft_of(n.x), "CPU");
+
+    assert_eq!(got, reference(1), "bit for bit equal to one backend");
+}
+
+#[test]
+fn views_follow_their_sources() {
+    let d = devices();
+    let mut ctx = Context::new();
+    let w0 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+    let y = ctx.new_tensor(DType::F32, &[2, 2]).unwrap();
+    weights(&mut ctx, &d.cpu0, &[w0], 0.3);
+    weights(&mut ctx, &d.cpu1, &[y], 0.9);
+    let x = ctx.new_tensor(DType::F32, &[4, 1]).unwrap();
+    ctx.set_input(x).unwrap();
+    let h0 = ctx.mul_mat(w0, x).unwrap();
+    let r = ctx.reshape(h0, &[2, 2]).unwrap();
+    let o = ctx.add(r, y).unwrap();
+    let graph = Graph::build(&mut ctx, &[o]).unwrap();
+    let mut s = sched3(&d, 1);
+    s.alloc_graph(&mut ctx, &graph).unwrap();
+    ctx.tensor_set_f32(x, &[1.0, -2.0, 0.5, 3.0]).unwrap();
+    s.graph_compute(&mut ctx, &graph).unwrap();
+    // r is a view of h0 (CPU0) and stays there although its reader o runs on CPU1 (y's home),
+    // so the view is what gets copied.
+    assert_eq!(s.tensor_backend(h0), Some(0));
+    assert_eq!(s.tensor_backend(r), Some(0));
+    assert_eq!(s.tensor_backend(o), Some(1));
+    let splits = s.splits();
+    assert_eq!(splits.len(), 2);
+    assert_eq!(splits[0].nodes, vec![h0, r]);
+    assert_eq!(splits[1].inputs, vec![r]);
+    assert_eq!(s.copy_stats().bytes[0][1], 16);
+    assert_eq!(s.copy_stats().total_count(), 2);
+
+    let w = ctx.tensor_get_f32(w0).unwrap();
+    let yv = ctx.tensor_get_f32(y).unwrap();
+    let xv = [1.0f32, -2.0, 0.5, 3.0];
+    let got = ctx.tensor_get_f32(o).unwrap();
+    for i in 0..4 {
+        let dot: f32 = (0..4).map(|k| w[i * 4 + k] * xv[k]).sum();
+        assert!(
+            (got[i] - (dot + yv[i])).abs() < 1e-5,
+            "{i}: {} vs {}",
+            got[i],
+            dot + yv[i]
+        );
+    }
+}
+
+#[test]
+fn overrides_win() {
+    let d = devices();
+    let mut n = net(&d.cpu0, &d.cpu1);
+    let mut s = sched3(&d, 1);
+    s.set_tensor_backend(n.a0, 2).unwrap();
+    let got = run_steps(&mut s, &mut n, 1);
+    assert_eq!(s.tensor_backend(n.a0), Some(2));
+    // [h0] on CPU0 (x copied in); [a0] on CPU, which reads CPU0 memory directly (no copy);
+    // [h1 a1 out] on CPU1, which needs a0 copied from CPU memory.
+    let splits = s.splits();
+    let summary: Vec<(usize, usize, Vec<TensorId>)> = splits
+        .iter()
+        .map(|s| (s.backend, s.nodes.len(), s.inputs.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![(0, 1, vec![n.x]), (2, 1, vec![]), (1, 3, vec![n.a0])]
+    );
+    let st = s.copy_stats();
+    assert_eq!(
+        (st.count[2][0], st.count[2][1], st.total_count()),
+        (1, 1, 2)
+    );
+    assert_eq!(st.total_bytes(), 32);
+    assert_eq!(got, reference(1));
+    // Overrides last until reset.
+    s.reset();
+    assert_eq!(s.tensor_backend(n.a0), None);
+    assert!(s.set_tensor_backend(n.a0, 3).is_err());
+}
+
+#[test]
+fn n_copies_one_to_four_give_identical_results() {
+    let want = reference(5);
+    let d = devices();
+    for n_copies in 1..=4 {
+        let mut n = net(&d.cpu0, &d.cpu1);
+        let mut s = sched3(&d, n_copies);
+        assert_eq!(s.n_copies(), n_copies);
+        let mut used = Vec::new();
+        let mut got = Vec::new();
+        for step in 0..5 {
+            s.alloc_graph(&mut n.ctx, &n.graph).unwrap();
+            used.push(s.cur_copy());
+            n.ctx.tensor_set_f32(n.x, &input(step)).unwrap();
+            s.graph_compute(&mut n.ctx, &n.graph).unwrap();
+            let out = n.ctx.tensor_get_f32(n.out).unwrap();
+            got.push(out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+        }
+        assert_eq!(got, want, "n_copies = {n_copies}");
+        // Copies rotate on every allocation.
+        assert_eq!(
+            used,
+            (0..5).map(|i| i % n_copies).collect::<Vec<_>>(),
+            "n_copies = {n_copies}"
+        );
+        // Two copies per micro-batch, whatever the pipeline depth.
+        assert_eq!(s.copy_stats().total_count(), 10);
+        assert_eq!(s.copy_stats().total_bytes(), 160);
+    }
+}
+
+#[test]
+fn eval_callback_sees_every_node_once_and_can_stop() {
+    let d = devices();
+    let mut n = net(&d.cpu0, &d.cpu1);
+    let mut s = sched3(&d, 2);
+    let seen: Arc<Mutex<Vec<(TensorId, bool)>>> = Arc::default();
+    let log = seen.clone();
+    let a0 = n.a0;
+    let observed: Arc<Mutex<Vec<f32>>> = Arc::default();
+    let obs = observed.clone();
+    s.set_eval_callback(Box::new(move |ctx, id, ask| {
+        log.lock().unwrap().push((id, ask));
+        if !ask && id == a0 {
+            *obs.lock().unwrap() = ctx.tensor_get_f32(id).unwrap();
+        }
+        // Observe a0 and out only.
+        !ask || id == a0 || ctx[id].flags.contains(TensorFlags::OUTPUT)
+    }));
+    let got = run_steps(&mut s, &mut n, 1);
+    assert_eq!(got, reference(1));
+    let seen = seen.lock().unwrap().clone();
+    let asks: Vec<TensorId> = seen.iter().filter(|e| e.1).map(|e| e.0).collect();
+    assert_eq!(
+        asks,
+        n.graph.nodes(),
+        "every node asked about exactly once, in order"
+    );
+    let looks: Vec<TensorId> = seen.iter().filter(|e| !e.1).map(|e| e.0).collect();
+    assert_eq!(looks, vec![n.a0, n.out]);
+    // What the callback read for a0 is silu(w0·x), as computed.
+    assert_eq!(observed.lock().unwrap().len(), 4);
+
+    // Stop after a0: nothing later is asked about, and compute reports the abort.
+    let mut n = net(&d.cpu0, &d.cpu1);
+    let mut s = sched3(&d, 1);
+    let seen: Arc<Mutex<Vec<TensorId>>> = Arc::default();
+    let log = seen.clone();
+    let a0 = n.a0;
+    s.set_eval_callback(Box::new(move |_, id, ask| {
+        if ask {
+            log.lock().unwrap().push(id);
+            true
+        } else {
+            id != a0
+        }
+    }));
+    s.alloc_graph(&mut n.ctx, &n.graph).unwrap();
+    n.ctx.tensor_set_f32(n.x, &input(0)).unwrap();
+    let err = s.graph_compute(&mut n.ctx, &n.graph).unwrap_err();
+    assert!(matches!(err, Error::Aborted), "{err}");
+    assert_eq!(*seen.lock().unwrap(), vec![n.h0, n.a0]);
+    let _ = (n.h1, n.a1);
+}
+
+#[test]
+fn unsupported_node_is_an_error() {
+    let d = devices();
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(DType::I32, &[4]).unwrap();
+    let b = ctx.new_tensor(DType::I32, &[4]).unwrap();
+    // The builders refuse I32 arithmetic; a hand-made node slips past them to the scheduler.
+    let mut t = rgml::Tensor::new(DType::I32, [4, 1, 1, 1]).unwrap();
+    t.op = rgml::Op::Add;
+    t.src = vec![a, b];
+    let c = ctx.push(t).unwrap();
+    assert!(
+        rgml_cpu::check_supported(&ctx, c).is_err(),
+        "the test needs an op the CPU cannot run"
+    );
+    let graph = Graph::build(&mut ctx, &[c]).unwrap();
+    let mut s = sched3(&d, 1);
+    let err = s.alloc_graph(&mut ctx, &graph).unwrap_err();
+    assert!(matches!(err, Error::Sched(_)), "{err}");
+    let err = s.graph_compute(&mut ctx, &graph).unwrap_err();
+    assert!(matches!(err, Error::Sched(_)), "{err}");
+}
+
+#[test]
+fn constructor_and_misuse_errors() {
+    let d = devices();
+    assert!(Scheduler::new(vec![], None, 8, 1, false).is_err());
+    assert!(Scheduler::new(vec![backend(&d.cpu)], None, 8, 0, false).is_err());
+    // A buffer type per backend, and one the backend can use.
+    assert!(Scheduler::new(vec![backend(&d.cpu)], Some(vec![]), 8, 1, false).is_err());
+    assert!(Scheduler::new(
+        vec![backend(&d.cpu0), backend(&d.cpu)],
+        Some(vec![d.cpu1.buffer_type(), d.cpu.buffer_type()]),
+        8,
+        1,
+        false
+    )
+    .is_err());
+    let many: Vec<Box<dyn Backend>> = (0..17).map(|_| backend(&d.cpu)).collect();
+    assert!(Scheduler::new(many, None, 8, 1, false).is_err());
+    // A graph larger than the scheduler was made for.
+    let mut n = net(&d.cpu0, &d.cpu1);
+    let mut s = Scheduler::new(
+        vec![backend(&d.cpu0), backend(&d.cpu1), backend(&d.cpu)],
+        None,
+        3,
+        1,
+        false,
+    )
+    .unwrap();
+    assert!(matches!(
+        s.alloc_graph(&mut n.ctx, &n.graph),
+        Err(Error::Sched(_))
+    ));
+    // Pre-allocated memory no backend can use for the op: a CPU1 weight read by a CPU0-only
+    // scheduler.
+    let mut n = net(&d.cpu0, &d.cpu1);
+    let mut s =
+        Scheduler::new(vec![backend(&d.cpu0), backend(&d.cpu0)], None, 64, 1, false).unwrap();
+    assert!(s.alloc_graph(&mut n.ctx, &n.graph).is_err());
+    let _ = CpuDevice::new("unused");
+}
+
+#[test]
+fn graph_can_be_scheduled_again_and_reserve_sizes_buffers() {
+    let d = devices();
+    let mut n = net(&d.cpu0, &d.cpu1);
+    let mut s = sched3(&d, 1);
+    s.reserve(&n.ctx, &n.graph).unwrap();
+    assert!(s.buffer_size(0) > 0 && s.buffer_size(1) > 0 && s.buffer_size(2) > 0);
+    assert_eq!(s.n_splits(), 0, "reserve forgets the assignment");
+    let want = reference(3);
+    assert_eq!(run_steps(&mut s, &mut n, 3), want);
+    // The same scheduler on a fresh net (a different graph) gives the same results.
+    let mut n2 = net(&d.cpu0, &d.cpu1);
+    s.reset();
+    assert_eq!(run_steps(&mut s, &mut n2, 3), want);
+    assert_eq!(s.copy_stats().total_count(), 12);
+}
+
+#[test]
+fn input_copies_are_shared_by_later_splits_on_the_same_backend() {
+    let d = devices();
+    for n_copies in [1, 3] {
+        let mut ctx = Context::new();
+        let w0 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+        let w2 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+        let w1 = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+        weights(&mut ctx, &d.cpu0, &[w0, w2], 0.2);
+        weights(&mut ctx, &d.cpu1, &[w1], 0.5);
+        let x = ctx.new_tensor(DType::F32, &[4, 1]).unwrap();
+        ctx.set_input(x).unwrap();
+        let h0 = ctx.mul_mat(w0, x).unwrap();
+        let h1 = ctx.mul_mat(w1, h0).unwrap();
+        let h2 = ctx.mul_mat(w2, h1).unwrap();
+        let o = ctx.add(h2, x).unwrap();
+        let graph = Graph::build(&mut ctx, &[o]).unwrap();
+        let mut s = sched3(&d, n_copies);
+        s.alloc_graph(&mut ctx, &graph).unwrap();
+        let xv = [0.5f32, -1.0, 2.0, 0.25];
+        ctx.tensor_set_f32(x, &xv).unwrap();
+        s.graph_compute(&mut ctx, &graph).unwrap();
+        // [h0] on CPU0 copies x; [h1] on CPU1 copies h0; [h2 o] on CPU0 copies h1 and reuses
+        // the copy of x made for the first split.
+        let summary: Vec<(usize, Vec<TensorId>, Vec<TensorId>)> = s
+            .splits()
+            .into_iter()
+            .map(|s| (s.backend, s.nodes, s.inputs))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (0, vec![h0], vec![x]),
+                (1, vec![h1], vec![h0]),
+                (0, vec![h2, o], vec![h1]),
+            ]
+        );
+        assert_eq!(s.copy_stats().total_count(), 3);
+        assert_eq!(s.copy_stats().total_bytes(), 48);
+        let mv = |w: TensorId, v: &[f32]| -> Vec<f32> {
+            let w = ctx.tensor_get_f32(w).unwrap();
+            (0..4)
+                .map(|i| (0..4).map(|k| w[i * 4 + k] * v[k]).sum())
+                .collect()
+        };
+        let e0 = mv(w0, &xv);
+        let e1 = mv(w1, &e0);
+        let e2 = mv(w2, &e1);
+        let got = ctx.tensor_get_f32(o).unwrap();
+        for i in 0..4 {
+            let want = e2[i] + xv[i];
+            assert!((got[i] - want).abs() < 1e-4, "{i}: {} vs {want}", got[i]);
+        }
+    }
+}

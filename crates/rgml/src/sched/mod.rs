@@ -1,0 +1,843 @@
+//! The scheduler (ggml's `ggml_backend_sched`): runs one graph over several backends, copying
+//! tensors between them, with optional pipeline parallelism.
+//!
+//! This module owns backend assignment (in the private `assign` submodule), splitting a graph
+//! where the backend changes, the copies of split inputs, the compute buffers (one
+//! [`GraphAllocator`] buffer type per backend), the events between splits and the copy statistics. It never moves tensors that
+//! already have storage (weights, KV caches) and never changes the caller's graph.
+//!
+//! # How a graph runs
+//! 1. **Assignment** (ggml's passes): tensors already in a buffer go to the highest-priority
+//!    backend that can use that memory and run their op; graph inputs go to the CPU (last)
+//!    backend; ops reading weights go where the weights are, unless a higher-priority backend's
+//!    `offload_op` claims them (`op_offload`); assignments expand down then up to neighbouring
+//!    nodes (non-CPU backends first); nodes move up to a higher-priority backend with the same
+//!    buffer type when it supports them; what is left goes to the backend that can read most of
+//!    its inputs; views follow their view sources. [`Scheduler::set_tensor_backend`] overrides
+//!    win over every pass.
+//! 2. **Splits**: consecutive nodes on one backend form a split. Every source a split's backend
+//!    cannot read where it lives gets a copy tensor in that backend's buffer type, one per
+//!    (tensor, backend, copy index), shared by later splits on the same backend. There is no
+//!    limit on the number of inputs of a split.
+//! 3. **Allocation**: the scheduler builds its own *augmented copy* of the graph in a private
+//!    [`Context`] (the caller's tensors, plus the copy tensors, with node sources rewritten to the
+//!    copies) and allocates it with one buffer type per backend. The storage of every tensor of
+//!    the caller's graph is then written back into the caller's context, so the caller sets
+//!    inputs and reads outputs through its own ids, as with a single backend. Building a copy
+//!    (rather than adding tensors to the caller's context) keeps the caller's graph and context
+//!    unchanged, so a graph can be scheduled again; the cost is one metadata copy per
+//!    [`Scheduler::alloc_graph`].
+//! 4. **Compute**: for each split, its inputs are copied (`cpy_tensor_async` on the destination
+//!    backend when it can, else synchronize and a blocking copy through host memory; inputs the
+//!    caller set are always copied at once, before the caller can overwrite them), then the
+//!    split's nodes run with `graph_compute` on its backend.
+//!
+//! # Pipeline parallelism
+//! With `n_copies > 1` every split input has `n_copies` copy tensors and every graph input
+//! `n_copies` places; each [`Scheduler::alloc_graph`] uses the next copy, so the caller can fill
+//! the next micro-batch while earlier ones are still in flight. Before a split overwrites its
+//! copy it waits for the event recorded after that split's last use of the copy (one event per
+//! (backend, copy)); backends without events are synchronized instead, which is always correct.
+//!
+//! # Deviations from ggml, and why
+//! - The scheduler works on its own copy of the graph (see above) instead of rewriting the
+//!   caller's node sources.
+//! - A user override is never moved by the upgrade pass (ggml may upgrade it).
+//! - Calling [`Scheduler::graph_compute`] with a graph other than the allocated one allocates it
+//!   (ggml computes the allocated splits whatever graph is passed).
+//! - An eval callback returning `false` stops the whole computation with [`Error::Aborted`]
+//!   (ggml only leaves the current split).
+//!
+//! Not yet here (later work, with room left for it): multi-buffers for buffer types with a
+//! maximum size (the [`GraphAllocator`] reports an allocation error instead), graph
+//! comparison between backends, and traces.
+
+mod assign;
+
+use crate::alloc::GraphAllocator;
+use crate::backend::{Backend, BufferTypeRef, DeviceType, Event};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::op::Op;
+use crate::tensor::{Tensor, TensorFlags, TensorId};
+use assign::{buffer_supported, is_view_op, root_data, Assigner};
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+
+/// The most backends one scheduler takes (ggml's `GGML_SCHED_MAX_BACKENDS`).
+pub const MAX_BACKENDS: usize = 16;
+
+/// The eval callback: called with the caller's context and a node of the caller's graph.
+/// With `ask == true` it answers whether the caller wants to observe that node; the scheduler
+/// then computes up to the node and calls it again with `ask == false`, when the node's data can
+/// be read; returning `false` then stops the computation.
+pub type EvalCallback = Box<dyn FnMut(&Context, TensorId, bool) -> bool + Send>;
+
+/// Bytes and number of tensor copies between backends, indexed `[src backend][dst backend]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Bytes copied from backend `i` to backend `j`.
+    pub bytes: Vec<Vec<u64>>,
+    /// Tensor copies from backend `i` to backend `j`.
+    pub count: Vec<Vec<u64>>,
+}
+
+impl CopyStats {
+    fn new(n: usize) -> Self {
+        CopyStats {
+            bytes: vec![vec![0; n]; n],
+            count: vec![vec![0; n]; n],
+        }
+    }
+
+    /// Bytes copied over every pair.
+    pub fn total_bytes(&self) -> u64 {
+        self.bytes.iter().flatten().sum()
+    }
+
+    /// Copies over every pair.
+    pub fn total_count(&self) -> u64 {
+        self.count.iter().flatten().sum()
+    }
+}
+
+/// One split as the caller sees it: a backend, the caller's nodes it runs, the caller's
+/// tensors it copies in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitInfo {
+    /// Index of the backend that runs the split.
+    pub backend: usize,
+    /// The nodes of the caller's graph it computes, in order.
+    pub nodes: Vec<TensorId>,
+    /// Tensors of the caller's graph copied into the split's backend before it runs.
+    pub inputs: Vec<TensorId>,
+}
+
+/// A split in the scheduler's context.
+struct Split {
+    backend: usize,
+    /// The split's nodes (scheduler ids), with sources rewritten to the copies.
+    graph: Graph,
+    /// Tensors (scheduler ids) copied in before the split runs.
+    inputs: Vec<TensorId>,
+}
+
+/// The scheduler's augmented copy of one graph.
+struct Plan {
+    ctx: Context,
+    /// Caller id → scheduler id.
+    to_sched: HashMap<TensorId, TensorId>,
+    /// Scheduler id → caller id (only the caller's tensors).
+    to_user: HashMap<TensorId, TensorId>,
+    graph: Graph,
+    node_ids: Vec<usize>,
+    leaf_ids: Vec<usize>,
+    splits: Vec<Split>,
+    /// Backend of each scheduler tensor.
+    backend_ids: Vec<Option<usize>>,
+    /// Copies per (scheduler tensor, backend), one per copy index.
+    copies: HashMap<(TensorId, usize), Vec<TensorId>>,
+    /// The copy index the graph was built with.
+    cur_copy: usize,
+    /// The caller graph's uid.
+    uid: u64,
+}
+
+/// Runs graphs over several backends (ggml's `ggml_backend_sched`). See the module docs.
+pub struct Scheduler {
+    backends: Vec<Box<dyn Backend>>,
+    bufts: Vec<BufferTypeRef>,
+    graph_size: usize,
+    n_copies: usize,
+    op_offload: bool,
+    galloc: GraphAllocator,
+    /// `[backend][copy]`; `None` where the device has no events.
+    events: Vec<Vec<Option<Event>>>,
+    overrides: HashMap<TensorId, usize>,
+    plan: Option<Plan>,
+    is_alloc: bool,
+    cur_copy: usize,
+    next_copy: usize,
+    /// Ids of every compute buffer the allocator handed out: caller tensors stored there were
+    /// placed by the scheduler and may be placed again.
+    own_buffers: HashSet<u64>,
+    stats: CopyStats,
+    eval_callback: Option<EvalCallback>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field(
+                "backends",
+                &self.backends.iter().map(|b| b.name()).collect::<Vec<_>>(),
+            )
+            .field("n_copies", &self.n_copies)
+            .field("n_splits", &self.n_splits())
+            .finish()
+    }
+}
+
+fn sched_error(msg: impl Into<String>) -> Error {
+    Error::Sched(msg.into())
+}
+
+/// The backend assigned to `id`.
+fn backend_of(ctx: &Context, ids: &[Option<usize>], id: TensorId) -> Result<usize> {
+    ids.get(id.index()).copied().flatten().ok_or_else(|| {
+        sched_error(format!(
+            "tensor '{}' has no backend",
+            ctx[id].display_name()
+        ))
+    })
+}
+
+/// Two distinct elements of a slice, mutably.
+fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> Result<(&mut T, &mut T)> {
+    if a == b || a >= v.len() || b >= v.len() {
+        return Err(sched_error(format!(
+            "cannot borrow backends {a} and {b} together"
+        )));
+    }
+    if a < b {
+        let (lo, hi) = v.split_at_mut(b);
+        Ok((&mut lo[a], &mut hi[0]))
+    } else {
+        let (lo, hi) = v.split_at_mut(a);
+        Ok((&mut hi[0], &mut lo[b]))
+    }
+}
+
+impl Scheduler {
+    /// A scheduler over `backends` in priority order (the last must be a CPU backend), with
+    /// compute buffers of `buffer_types` (one per backend; default: each backend's default
+    /// buffer type), for graphs of at most `graph_size` tensors, with `n_copies` (≥ 1) copies
+    /// of each split input for pipeline parallelism; `op_offload` lets higher-priority backends
+    /// claim ops whose weights are in host memory.
+    pub fn new(
+        backends: Vec<Box<dyn Backend>>,
+        buffer_types: Option<Vec<BufferTypeRef>>,
+        graph_size: usize,
+        n_copies: usize,
+        op_offload: bool,
+    ) -> Result<Scheduler> {
+        let n = backends.len();
+        if n == 0 {
+            return Err(sched_error("no backends"));
+        }
+        if n > MAX_BACKENDS {
+            return Err(sched_error(format!(
+                "{n} backends, at most {MAX_BACKENDS} are supported"
+            )));
+        }
+        if n_copies == 0 {
+            return Err(sched_error("n_copies must be at least 1"));
+        }
+        if let Some(last) = backends.last() {
+            if last.device().device_type() != DeviceType::Cpu {
+                return Err(sched_error(format!(
+                    "the last backend must be a CPU backend, got '{}'",
+                    last.name()
+                )));
+            }
+        }
+        let bufts = match buffer_types {
+            Some(b) if b.len() != n => {
+                return Err(sched_error(format!(
+                    "{} buffer types for {n} backends",
+                    b.len()
+                )))
+            }
+            Some(b) => b,
+            None => backends.iter().map(|b| b.default_buffer_type()).collect(),
+        };
+        for (b, buft) in backends.iter().zip(&bufts) {
+            if !b.supports_buffer_type(buft) {
+                return Err(sched_error(format!(
+                    "backend '{}' cannot use buffer type '{}'",
+                    b.name(),
+                    buft.name()
+                )));
+            }
+        }
+        let events = backends
+            .iter()
+            .map(|b| {
+                let dev = b.device();
+                (0..n_copies).map(|_| dev.event_new().ok()).collect()
+            })
+            .collect();
+        Ok(Scheduler {
+            galloc: GraphAllocator::new(bufts.clone()),
+            backends,
+            bufts,
+            graph_size,
+            n_copies,
+            op_offload,
+            events,
+            overrides: HashMap::new(),
+            plan: None,
+            is_alloc: false,
+            cur_copy: 0,
+            next_copy: 0,
+            own_buffers: HashSet::new(),
+            stats: CopyStats::new(n),
+            eval_callback: None,
+        })
+    }
+
+    /// Number of backends.
+    pub fn n_backends(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// Backend `i` (priority order).
+    pub fn backend(&self, i: usize) -> Option<&dyn Backend> {
+        self.backends.get(i).map(|b| b.as_ref())
+    }
+
+    /// Backend `i`, mutably (e.g. to set a thread count).
+    pub fn backend_mut(&mut self, i: usize) -> Option<&mut (dyn Backend + 'static)> {
+        self.backends.get_mut(i).map(|b| b.as_mut())
+    }
+
+    /// The compute buffer type of backend `i`.
+    pub fn buffer_type(&self, i: usize) -> Option<&BufferTypeRef> {
+        self.bufts.get(i)
+    }
+
+    /// Copies of each split input (pipeline depth).
+    pub fn n_copies(&self) -> usize {
+        self.n_copies
+    }
+
+    /// The copy index the last allocated graph uses.
+    pub fn cur_copy(&self) -> usize {
+        self.cur_copy
+    }
+
+    /// Splits of the last split graph (0 before any).
+    pub fn n_splits(&self) -> usize {
+        self.plan.as_ref().map_or(0, |p| p.splits.len())
+    }
+
+    /// The splits of the last split graph, in the caller's ids.
+    pub fn splits(&self) -> Vec<SplitInfo> {
+        let Some(plan) = &self.plan else {
+            return Vec::new();
+        };
+        let user = |ids: &mut dyn Iterator<Item = &TensorId>| -> Vec<TensorId> {
+            ids.filter_map(|s| plan.to_user.get(s).copied()).collect()
+        };
+        plan.splits
+            .iter()
+            .map(|s| SplitInfo {
+                backend: s.backend,
+                nodes: user(&mut s.graph.nodes().iter()),
+                inputs: user(&mut s.inputs.iter()),
+            })
+            .collect()
+    }
+
+    /// Bytes and copies moved between backends since creation or [`reset_stats`](Self::reset_stats).
+    pub fn copy_stats(&self) -> &CopyStats {
+        &self.stats
+    }
+
+    /// Zero the copy statistics.
+    pub fn reset_stats(&mut self) {
+        self.stats = CopyStats::new(self.backends.len());
+    }
+
+    /// Bytes of the compute buffer of backend `i` (0 before any allocation; a buffer type
+    /// shared by several backends is counted at its first backend).
+    pub fn buffer_size(&self, i: usize) -> usize {
+        self.galloc.buffer_size(i)
+    }
+
+    /// Run tensor `id` of the caller's context on backend `backend`, whatever the passes would
+    /// decide. Holds until [`reset`](Self::reset).
+    pub fn set_tensor_backend(&mut self, id: TensorId, backend: usize) -> Result<()> {
+        if backend >= self.backends.len() {
+            return Err(sched_error(format!(
+                "backend {backend} does not exist ({} backends)",
+                self.backends.len()
+            )));
+        }
+        self.overrides.insert(id, backend);
+        Ok(())
+    }
+
+    /// The backend of tensor `id` of the caller's context: its assignment in the last split
+    /// graph, else its override.
+    pub fn tensor_backend(&self, id: TensorId) -> Option<usize> {
+        self.plan
+            .as_ref()
+            .and_then(|p| {
+                let s = p.to_sched.get(&id)?;
+                p.backend_ids.get(s.index()).copied().flatten()
+            })
+            .or_else(|| self.overrides.get(&id).copied())
+    }
+
+    /// Observe nodes while computing (see [`EvalCallback`]); replaces any earlier callback.
+    pub fn set_eval_callback(&mut self, callback: EvalCallback) {
+        self.eval_callback = Some(callback);
+    }
+
+    /// Stop calling an eval callback.
+    pub fn clear_eval_callback(&mut self) {
+        self.eval_callback = None;
+    }
+
+    /// Wait for all work on every backend. Without an allocated graph the next allocation uses
+    /// copy 0 again (so a sequence of single graphs always uses the same memory).
+    pub fn synchronize(&mut self) -> Result<()> {
+        for b in &mut self.backends {
+            b.synchronize()?;
+        }
+        if !self.is_alloc {
+            self.next_copy = 0;
+        }
+        Ok(())
+    }
+
+    /// Forget assignments, overrides and the allocated graph (buffers are kept for the next
+    /// graph).
+    pub fn reset(&mut self) {
+        self.overrides.clear();
+        self.plan = None;
+        self.is_alloc = false;
+    }
+
+    /// Size the compute buffers for `graph` (typically the largest graph to come) without
+    /// allocating its tensors; assignments and overrides are then forgotten.
+    pub fn reserve(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+        let plan = self.split_graph(ctx, graph, self.next_copy)?;
+        self.galloc
+            .reserve_with(&plan.ctx, &plan.graph, &plan.node_ids, &plan.leaf_ids)?;
+        self.note_buffers();
+        self.reset();
+        Ok(())
+    }
+
+    /// Assign backends, split `graph` and give every tensor of it storage (written into
+    /// `ctx`). Uses the next copy of the split inputs.
+    pub fn alloc_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        self.is_alloc = false;
+        self.cur_copy = self.next_copy;
+        self.next_copy = (self.next_copy + 1) % self.n_copies;
+        let mut plan = self.split_graph(ctx, graph, self.cur_copy)?;
+        if self.galloc.needs_realloc(&plan.ctx, &plan.graph) {
+            self.galloc
+                .reserve_with(&plan.ctx, &plan.graph, &plan.node_ids, &plan.leaf_ids)?;
+        }
+        self.galloc.alloc_graph(&mut plan.ctx, &plan.graph)?;
+        self.note_buffers();
+        for (&u, &s) in &plan.to_sched {
+            if let Some(data) = &plan.ctx[s].data {
+                ctx.get_mut(u)?.data = Some(data.clone());
+            }
+        }
+        self.plan = Some(plan);
+        self.is_alloc = true;
+        Ok(())
+    }
+
+    /// Compute `graph`, allocating it first unless it is the graph last allocated. Waits for
+    /// the result (ggml's `graph_compute`).
+    pub fn graph_compute(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        self.graph_compute_async(ctx, graph)?;
+        self.synchronize()
+    }
+
+    /// As [`graph_compute`](Self::graph_compute), but returns once the work is queued; call
+    /// [`synchronize`](Self::synchronize) before reading results.
+    pub fn graph_compute_async(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        let allocated = self.is_alloc && self.plan.as_ref().is_some_and(|p| p.uid == graph.uid());
+        if !allocated {
+            self.alloc_graph(ctx, graph)?;
+        }
+        self.compute_splits(ctx)
+    }
+
+    fn note_buffers(&mut self) {
+        for i in 0..self.galloc.n_buffer_types() {
+            if let Some(b) = self.galloc.buffer(i) {
+                self.own_buffers.insert(b.id());
+            }
+        }
+    }
+
+    /// Copy the caller's graph into a private context, assign backends, split, and add the
+    /// input copies (ggml's `ggml_backend_sched_split_graph`).
+    fn split_graph(&self, user: &Context, graph: &Graph, cur_copy: usize) -> Result<Plan> {
+        let n_user = graph.n_nodes() + graph.leafs().len();
+        if n_user > self.graph_size {
+            return Err(sched_error(format!(
+                "the graph has {n_user} tensors, the scheduler was made for at most {}",
+                self.graph_size
+            )));
+        }
+        let n_back = self.backends.len();
+        let last = n_back - 1;
+
+        // 1. The caller's tensors, sources and view sources first; storage the scheduler gave
+        //    earlier is dropped so it can be placed again.
+        let mut ctx = Context::new();
+        let mut to_sched: HashMap<TensorId, TensorId> = HashMap::new();
+        let mut to_user: HashMap<TensorId, TensorId> = HashMap::new();
+        let mut stack: Vec<(TensorId, bool)> = Vec::new();
+        for &id in graph.leafs().iter().chain(graph.nodes()) {
+            user.get(id)?;
+            stack.push((id, false));
+            while let Some((t, done)) = stack.pop() {
+                if done {
+                    if to_sched.contains_key(&t) {
+                        continue;
+                    }
+                    let mut copy = user[t].clone();
+                    let own = copy
+                        .data
+                        .as_ref()
+                        .is_some_and(|d| self.own_buffers.contains(&d.buffer.id()));
+                    if own {
+                        copy.data = None;
+                    }
+                    copy.src = copy.src.iter().map(|s| to_sched[s]).collect();
+                    copy.view_src = copy.view_src.map(|s| to_sched[&s]);
+                    let s = ctx.push(copy)?;
+                    to_sched.insert(t, s);
+                    to_user.insert(s, t);
+                    continue;
+                }
+                if to_sched.contains_key(&t) {
+                    continue;
+                }
+                stack.push((t, true));
+                let tensor = user.get(t)?;
+                for &s in tensor.src.iter().chain(tensor.view_src.iter()) {
+                    user.get(s)?;
+                    if !to_sched.contains_key(&s) {
+                        stack.push((s, false));
+                    }
+                }
+            }
+        }
+        let nodes: Vec<TensorId> = graph.nodes().iter().map(|n| to_sched[n]).collect();
+        let leafs: Vec<TensorId> = graph.leafs().iter().map(|n| to_sched[n]).collect();
+
+        // 2. Assignment.
+        let mut ids = vec![None; ctx.len()];
+        let mut pinned = vec![false; ctx.len()];
+        for (u, &b) in &self.overrides {
+            if let Some(s) = to_sched.get(u) {
+                ids[s.index()] = Some(b);
+                pinned[s.index()] = true;
+            }
+        }
+        let mut assigner = Assigner {
+            backends: &self.backends,
+            bufts: &self.bufts,
+            ctx: &ctx,
+            op_offload: self.op_offload,
+            ids,
+            pinned,
+        };
+        assigner.run(&nodes, &leafs)?;
+        let mut ids = assigner.ids;
+
+        // 3. Splits, and copies of the inputs a split's backend cannot read.
+        struct RawSplit {
+            backend: usize,
+            start: usize,
+            end: usize,
+            inputs: Vec<TensorId>,
+        }
+        let first = nodes
+            .iter()
+            .find(|&&n| !is_view_op(&ctx[n].op))
+            .map(|&n| backend_of(&ctx, &ids, n))
+            .transpose()?
+            .unwrap_or(last);
+        let mut splits: Vec<RawSplit> = vec![RawSplit {
+            backend: first,
+            start: 0,
+            end: nodes.len(),
+            inputs: Vec::new(),
+        }];
+        let mut copies: HashMap<(TensorId, usize), Vec<TensorId>> = HashMap::new();
+        // Graph inputs that get `n_copies` places, with their backend.
+        let mut graph_inputs: Vec<(TensorId, usize)> = Vec::new();
+        let mut rewrites: Vec<(TensorId, usize, TensorId)> = Vec::new();
+        let mut extra: Vec<Tensor> = Vec::new();
+        let next_id = |extra: &Vec<Tensor>| -> Result<TensorId> {
+            u32::try_from(ctx.len() + extra.len())
+                .map(TensorId)
+                .map_err(|_| Error::SizeOverflow)
+        };
+        let dup = |src: &Tensor, name: String, flags: TensorFlags| -> Result<Tensor> {
+            let mut t = Tensor::new(src.dtype, src.ne)?;
+            t.nb = src.nb;
+            t.name = name;
+            t.flags = flags;
+            Ok(t)
+        };
+        let pipelined = TensorFlags::INPUT;
+        for (i, &node) in nodes.iter().enumerate() {
+            let t = &ctx[node];
+            if is_view_op(&t.op) {
+                continue;
+            }
+            let nb = backend_of(&ctx, &ids, node)?;
+            let cur = splits.last().map_or(last, |s| s.backend);
+            let mut new_split = false;
+            if nb == cur && !splits.last().is_some_and(|s| s.inputs.is_empty()) {
+                // A weight on another backend this one cannot read: start a new split so the
+                // memory of earlier weight copies can be reused.
+                new_split = t.src.iter().any(|&s| {
+                    root_data(&ctx, s)
+                        .is_some_and(|d| d.buffer.usage() == crate::backend::BufferUsage::Weights)
+                        && ids[s.index()] != Some(cur)
+                        && !buffer_supported(&ctx, &ids, &self.backends, &self.bufts, s, cur)
+                });
+            }
+            if nb != cur || new_split {
+                if let Some(s) = splits.last_mut() {
+                    s.end = i;
+                }
+                splits.push(RawSplit {
+                    backend: nb,
+                    start: i,
+                    end: nodes.len(),
+                    inputs: Vec::new(),
+                });
+            }
+            for (j, &src) in t.src.iter().enumerate() {
+                let sb = backend_of(&ctx, &ids, src)?;
+                let st = &ctx[src];
+                if st.flags.contains(TensorFlags::INPUT)
+                    && self.n_copies > 1
+                    && !copies.contains_key(&(src, sb))
+                {
+                    let mut v = Vec::with_capacity(self.n_copies);
+                    for c in 0..self.n_copies {
+                        if c == cur_copy {
+                            v.push(src);
+                        } else {
+                            v.push(next_id(&extra)?);
+                            let name = format!("{}#{}#{c}", self.backends[sb].name(), st.name);
+                            extra.push(dup(st, name, pipelined)?);
+                        }
+                    }
+                    copies.insert((src, sb), v);
+                    graph_inputs.push((src, sb));
+                }
+                if sb != nb && !buffer_supported(&ctx, &ids, &self.backends, &self.bufts, src, nb) {
+                    let copy = match copies.entry((src, nb)) {
+                        Entry::Occupied(e) => e.get()[cur_copy],
+                        Entry::Vacant(e) => {
+                            let flags = if self.n_copies > 1 {
+                                pipelined
+                            } else {
+                                TensorFlags::empty()
+                            };
+                            let mut v = Vec::with_capacity(self.n_copies);
+                            for c in 0..self.n_copies {
+                                v.push(next_id(&extra)?);
+                                let name = format!("{}#{}#{c}", self.backends[nb].name(), st.name);
+                                extra.push(dup(st, name, flags)?);
+                            }
+                            if let Some(s) = splits.last_mut() {
+                                s.inputs.push(src);
+                            }
+                            e.insert(v)[cur_copy]
+                        }
+                    };
+                    rewrites.push((node, j, copy));
+                }
+            }
+        }
+
+        // 4. Materialise the copies and rewrite the sources.
+        for mut t in extra {
+            if self.n_copies > 1 {
+                // Pipelined copies must never be reused by other tensors.
+                t.flags.insert(TensorFlags::OUTPUT);
+            }
+            ctx.push(t)?;
+        }
+        for &(src, _) in &graph_inputs {
+            let t = ctx.get_mut(src)?;
+            t.flags.insert(TensorFlags::OUTPUT);
+        }
+        for (node, j, copy) in rewrites {
+            ctx.get_mut(node)?.src[j] = copy;
+        }
+        ids.resize(ctx.len(), None);
+        for (&(_, b), v) in &copies {
+            for &c in v {
+                ids[c.index()] = Some(b);
+            }
+        }
+
+        // 5. The augmented graph: before each split's nodes, a view of each input (keeping it
+        //    alive until it is copied) and its copy (placed at the split's start).
+        let mut g_nodes: Vec<TensorId> = Vec::new();
+        let mut node_ids: Vec<usize> = Vec::new();
+        let mut out_splits: Vec<Split> = Vec::with_capacity(splits.len());
+        for s in &splits {
+            for &input in &s.inputs {
+                // A zero-size node reading the input: it keeps the input alive up to here
+                // without taking memory (ggml uses a view, which would pin the input forever).
+                let it = &ctx[input];
+                let mut dep = Tensor::new(it.dtype, [0, 1, 1, 1])?;
+                dep.op = Op::Dup;
+                dep.src = vec![input];
+                dep.name = format!("{} (dep)", it.name);
+                let ib = backend_of(&ctx, &ids, input)?;
+                let dep = ctx.push(dep)?;
+                ids.push(Some(ib));
+                g_nodes.push(dep);
+                node_ids.push(ib);
+                g_nodes.push(copies[&(input, s.backend)][cur_copy]);
+                node_ids.push(s.backend);
+            }
+            for &n in &nodes[s.start..s.end] {
+                g_nodes.push(n);
+                node_ids.push(backend_of(&ctx, &ids, n)?);
+            }
+            out_splits.push(Split {
+                backend: s.backend,
+                graph: Graph::from_nodes(nodes[s.start..s.end].to_vec()),
+                inputs: s.inputs.clone(),
+            });
+        }
+        let mut g_leafs: Vec<TensorId> = Vec::new();
+        let mut leaf_ids: Vec<usize> = Vec::new();
+        if self.n_copies > 1 {
+            for &(input, b) in &graph_inputs {
+                for &c in &copies[&(input, b)] {
+                    g_leafs.push(c);
+                    leaf_ids.push(b);
+                }
+            }
+            for s in &splits {
+                for &input in &s.inputs {
+                    for &c in &copies[&(input, s.backend)] {
+                        g_leafs.push(c);
+                        leaf_ids.push(s.backend);
+                    }
+                }
+            }
+        }
+        for &l in &leafs {
+            g_leafs.push(l);
+            leaf_ids.push(backend_of(&ctx, &ids, l)?);
+        }
+        let aug = Graph::from_parts(g_nodes, g_leafs);
+        Ok(Plan {
+            ctx,
+            to_sched,
+            to_user,
+            graph: aug,
+            node_ids,
+            leaf_ids,
+            splits: out_splits,
+            backend_ids: ids,
+            copies,
+            cur_copy,
+            uid: graph.uid(),
+        })
+    }
+
+    /// Run the splits of the allocated graph (ggml's `ggml_backend_sched_compute_splits`).
+    fn compute_splits(&mut self, user: &Context) -> Result<()> {
+        let plan = self
+            .plan
+            .as_ref()
+            .ok_or_else(|| sched_error("no graph is allocated"))?;
+        let c = plan.cur_copy;
+        for split in &plan.splits {
+            let b = split.backend;
+            for &input in &split.inputs {
+                let ib = plan.backend_ids[input.index()]
+                    .ok_or_else(|| sched_error("a split input has no backend"))?;
+                let cpy = plan
+                    .copies
+                    .get(&(input, b))
+                    .and_then(|v| v.get(c))
+                    .copied()
+                    .ok_or_else(|| sched_error("a split input has no copy"))?;
+                let event = self.events[b][c].as_ref();
+                if plan.ctx[input].flags.contains(TensorFlags::INPUT) {
+                    // The caller may overwrite its input as soon as we return: copy it now.
+                    match event {
+                        Some(e) => e.synchronize()?,
+                        None => self.backends[b].synchronize()?,
+                    }
+                    plan.ctx.tensor_copy(input, cpy)?;
+                } else {
+                    // Wait until the split backend is done with this copy before overwriting it.
+                    match event {
+                        Some(e) => self.backends[b].event_wait(e)?,
+                        None => self.backends[b].synchronize()?,
+                    }
+                    let (dst, src) = two_mut(&mut self.backends, b, ib)?;
+                    if !dst.cpy_tensor_async(src.as_mut(), &plan.ctx, input, cpy)? {
+                        src.synchronize()?;
+                        match event {
+                            Some(e) => e.synchronize()?,
+                            None => dst.synchronize()?,
+                        }
+                        plan.ctx.tensor_copy(input, cpy)?;
+                    }
+                }
+                let bytes = plan.ctx[input].nbytes() as u64;
+                self.stats.bytes[ib][b] += bytes;
+                self.stats.count[ib][b] += 1;
+            }
+
+            match self.eval_callback.as_mut() {
+                None => self.backends[b].graph_compute(&plan.ctx, &split.graph)?,
+                Some(cb) => {
+                    let nodes = split.graph.nodes();
+                    let mut j0 = 0;
+                    while j0 < nodes.len() {
+                        // Run nodes up to (and including) the next one the caller wants to see.
+                        let mut j1 = j0;
+                        let mut need;
+                        loop {
+                            let u = plan.to_user.get(&nodes[j1]).copied().ok_or_else(|| {
+                                sched_error("a split node is not in the caller's graph")
+                            })?;
+                            need = cb(user, u, true);
+                            if need || j1 + 1 == nodes.len() {
+                                break;
+                            }
+                            j1 += 1;
+                        }
+                        let view = Graph::from_nodes(nodes[j0..=j1].to_vec());
+                        self.backends[b].graph_compute(&plan.ctx, &view)?;
+                        self.backends[b].synchronize()?;
+                        if need {
+                            let u = plan.to_user[&nodes[j1]];
+                            if !cb(user, u, false) {
+                                return Err(Error::Aborted);
+                            }
+                        }
+                        j0 = j1 + 1;
+                    }
+                }
+            }
+
+            if !split.inputs.is_empty() {
+                if let Some(e) = self.events[b][c].as_ref() {
+                    self.backends[b].event_record(e)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
