@@ -185,3 +185,45 @@ fn graph_copy_copies_leaf_bytes_into_new_storage() {
         assert!(copy.ctx[node].data.is_some(), "every node has storage");
     }
 }
+
+/// A CPU backend that claims not to support SILU.
+struct NoSilu(CpuBackend);
+
+impl Backend for NoSilu {
+    fn name(&self) -> &str {
+        "NoSilu"
+    }
+    fn device(&self) -> DeviceRef {
+        self.0.device()
+    }
+    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> rgml::Result<()> {
+        self.0.graph_compute(ctx, graph)
+    }
+    fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
+        ctx[id].op.kind() != OpKind::Silu && self.0.supports_op(ctx, id)
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn unsupported_node_is_an_error_naming_it() {
+    let built = build();
+    let mut b1 = CpuBackend::new(1).unwrap();
+    let mut b2 = NoSilu(CpuBackend::new(1).unwrap());
+    let err = compare_graph_backend(
+        &built.ctx,
+        &built.graph,
+        &mut b1,
+        &mut b2,
+        1e-7,
+        &mut |_| true,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("NoSilu") && err.contains("'act'") && err.contains("SILU"),
+        "{err}"
+    );
+}
