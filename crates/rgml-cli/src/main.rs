@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod compare_cmd;
 mod model_cmds;
 mod test_ops;
 
@@ -43,6 +44,8 @@ enum Command {
     Perplexity(model_cmds::PerplexityArgs),
     /// Prompt and generation speed, measured as llama-bench does.
     Bench(model_cmds::BenchArgs),
+    /// Run the model's prompt graph on two devices node by node; report the first divergent node.
+    Compare(compare_cmd::CompareArgs),
     /// Print a GGUF file's metadata and tensors.
     GgufInfo {
         /// The GGUF file.
@@ -52,6 +55,12 @@ enum Command {
 
 fn register_backends() {
     rgml_cpu::register();
+    // Testing aid: a deliberately wrong "PerturbCPU" device for checking `rgml compare`.
+    match rgml_cpu::testing::PerturbRegistry::from_env() {
+        Ok(Some(reg)) => rgml::registry::register(std::sync::Arc::new(reg)),
+        Ok(None) => {}
+        Err(e) => eprintln!("warning: {e}"),
+    }
 }
 
 fn devices(json: bool) -> Result<(), String> {
@@ -102,6 +111,7 @@ fn main() -> ExitCode {
         Command::Logits(args) => model_cmds::logits(args),
         Command::Perplexity(args) => model_cmds::perplexity(args),
         Command::Bench(args) => model_cmds::bench(args),
+        Command::Compare(args) => compare_cmd::run(args),
         Command::GgufInfo { model } => model_cmds::gguf_info(&model),
     };
     match result {

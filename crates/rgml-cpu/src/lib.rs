@@ -11,6 +11,7 @@ mod barrier;
 mod buffer;
 mod device;
 pub mod kernels;
+pub mod testing;
 
 pub use backend::{AbortCallback, CpuBackend};
 pub use buffer::{CpuBuffer, CpuBufferType, HostMemoryBuffer, CPU_ALIGNMENT};

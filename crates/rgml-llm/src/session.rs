@@ -193,21 +193,8 @@ impl<'m> Session<'m> {
     /// Append `tokens` to the sequence and return logits: `[n_vocab]` for [`Logits::Last`], or
     /// `[n_tokens * n_vocab]` (row per token) for [`Logits::All`].
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            return Err(LlmError::BadInput("no tokens to evaluate".into()));
-        }
-        if self.n_past + tokens.len() > self.kv.n_ctx {
-            return Err(LlmError::ContextFull {
-                n_ctx: self.kv.n_ctx,
-                needed: self.n_past + tokens.len(),
-            });
-        }
+        self.check_tokens(tokens)?;
         let n_vocab = self.model.config.n_vocab;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(LlmError::BadInput(format!(
-                "token id {bad} is outside the vocabulary of {n_vocab}"
-            )));
-        }
         let mut out = Vec::with_capacity(match which {
             Logits::Last => n_vocab,
             Logits::All => n_vocab * tokens.len(),
@@ -223,6 +210,46 @@ impl<'m> Session<'m> {
         Ok(out)
     }
 
+    /// Debugging aid (graph comparison, `rgml compare`): build the graph that [`Session::eval`]
+    /// would compute for `tokens` at the current position (one micro-batch, last logits only),
+    /// allocate it and set its inputs, but compute nothing. Intermediate nodes carry llama.cpp's
+    /// names (`attn_norm-0`, `ffn_swiglu-3`, ...). Returns the context holding the graph's
+    /// tensors (weights and KV cache included) and the graph; they stay valid until the next
+    /// call that changes the session. The sequence does not advance.
+    pub fn prompt_graph(&mut self, tokens: &[u32]) -> Result<(&Context, Graph)> {
+        self.check_tokens(tokens)?;
+        if tokens.len() > self.n_ubatch {
+            return Err(LlmError::BadInput(format!(
+                "{} tokens do not fit in one micro-batch of {}",
+                tokens.len(),
+                self.n_ubatch
+            )));
+        }
+        self.ctx.truncate(self.n_base);
+        let g = self.prepare_ubatch(tokens, false, true)?;
+        Ok((&self.ctx, g.graph))
+    }
+
+    /// Errors for an empty batch, a full context or a token outside the vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(LlmError::BadInput("no tokens to evaluate".into()));
+        }
+        if self.n_past + tokens.len() > self.kv.n_ctx {
+            return Err(LlmError::ContextFull {
+                n_ctx: self.kv.n_ctx,
+                needed: self.n_past + tokens.len(),
+            });
+        }
+        let n_vocab = self.model.config.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(LlmError::BadInput(format!(
+                "token id {bad} is outside the vocabulary of {n_vocab}"
+            )));
+        }
+        Ok(())
+    }
+
     fn eval_ubatch(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         self.ctx.truncate(self.n_base);
         let result = self.eval_ubatch_inner(tokens, all_logits);
@@ -231,9 +258,33 @@ impl<'m> Session<'m> {
     }
 
     fn eval_ubatch_inner(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        let capture = self.capture.is_some();
+        let g = self.prepare_ubatch(tokens, all_logits, capture)?;
+        self.backend.graph_compute(&self.ctx, &g.graph)?;
+        self.n_past += tokens.len();
+        if let Some(kept) = &mut self.capture {
+            kept.clear();
+            for &id in &g.captured {
+                let t = &self.ctx[id];
+                kept.push(Captured {
+                    name: t.name.clone(),
+                    ne: t.ne,
+                    data: self.ctx.tensor_get_f32(id)?,
+                });
+            }
+        }
+        Ok(self.ctx.tensor_get_f32(g.logits)?)
+    }
+
+    /// Build the graph for `tokens` at the current position, allocate it and set its inputs.
+    fn prepare_ubatch(
+        &mut self,
+        tokens: &[u32],
+        all_logits: bool,
+        capture: bool,
+    ) -> Result<BatchGraph> {
         let n = tokens.len();
         let n_past = self.n_past;
-        let capture = self.capture.is_some();
         let g = build_graph(
             &mut self.ctx,
             self.model,
@@ -257,21 +308,7 @@ impl<'m> Session<'m> {
             }
         }
         self.ctx.tensor_set_f32(g.mask, &mask)?;
-
-        self.backend.graph_compute(&self.ctx, &g.graph)?;
-        self.n_past += n;
-        if let Some(kept) = &mut self.capture {
-            kept.clear();
-            for &id in &g.captured {
-                let t = &self.ctx[id];
-                kept.push(Captured {
-                    name: t.name.clone(),
-                    ne: t.ne,
-                    data: self.ctx.tensor_get_f32(id)?,
-                });
-            }
-        }
-        Ok(self.ctx.tensor_get_f32(g.logits)?)
+        Ok(g)
     }
 }
 

@@ -8,6 +8,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod compare;
 pub mod context;
 pub mod dtype;
 pub mod error;

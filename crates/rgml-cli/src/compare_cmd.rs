@@ -1,0 +1,135 @@
+//! `rgml compare`: run the model's prompt graph on two devices node by node and report where they
+//! diverge ([`rgml::compare::compare_graph_backend`]).
+//!
+//! The model is loaded on the host CPU only to build the graph and hold the weights; the
+//! comparison copies the graph (weights, inputs and KV cache included) into each device's own
+//! memory. For testing the comparison itself, the binary can register a deliberately wrong
+//! `PerturbCPU` device ([`rgml_cpu::testing`], enabled by `RGML_TEST_PERTURB_OP=<OP>`).
+
+use clap::Args;
+use rgml_llm::{LoadOptions, Model, Session, SessionOptions};
+use std::path::PathBuf;
+
+/// Flags of `rgml compare`.
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// GGUF model file.
+    #[arg(short = 'm', long, default_value = crate::model_cmds::DEFAULT_MODEL)]
+    model: PathBuf,
+    /// Prompt whose graph is compared.
+    #[arg(short = 'p', long, default_value = "Hello")]
+    prompt: String,
+    /// Two devices from `rgml devices`: reference,tested (e.g. `CPU0,CPU1`).
+    #[arg(long)]
+    device: String,
+    /// A node diverges when its NMSE against the reference exceeds this.
+    #[arg(long, default_value_t = 1e-5)]
+    tol: f64,
+    /// Compute threads per device (default: all cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Print every node, not only divergent ones.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+}
+
+/// Run `rgml compare`; `Ok(false)` when a node diverged.
+pub fn run(args: CompareArgs) -> Result<bool, String> {
+    let names: Vec<&str> = args
+        .device
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let [dev1, dev2] = names.as_slice() else {
+        return Err(format!(
+            "--device {}: give exactly two devices, e.g. CPU0,CPU1",
+            args.device
+        ));
+    };
+    if !args.tol.is_finite() || args.tol < 0.0 {
+        return Err(format!("--tol {}: must be a finite number >= 0", args.tol));
+    }
+    if !args.model.exists() {
+        return Err(format!(
+            "model file {} not found (run scripts/fetch-model.sh for the demo model)",
+            args.model.display()
+        ));
+    }
+    let spec = |name: &str| match args.threads {
+        Some(t) => format!("{name}:n_threads={t}"),
+        None => name.to_string(),
+    };
+    let mut backend1 = rgml::registry::init_backend(&spec(dev1)).map_err(|e| e.to_string())?;
+    let mut backend2 = rgml::registry::init_backend(&spec(dev2)).map_err(|e| e.to_string())?;
+
+    let host = rgml::registry::device("CPU").map_err(|e| e.to_string())?;
+    let options = LoadOptions {
+        device: Some(host),
+        progress: None,
+    };
+    let model = Model::load(&args.model, options).map_err(|e| e.to_string())?;
+    let tokens = model.tokenizer.encode(&args.prompt, true, true);
+    if tokens.is_empty() {
+        return Err("the prompt is empty".into());
+    }
+    let mut session = Session::new(
+        &model,
+        &SessionOptions {
+            n_ctx: tokens.len(),
+            n_ubatch: tokens.len(),
+            backend: spec("CPU"),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let (ctx, graph) = session.prompt_graph(&tokens).map_err(|e| e.to_string())?;
+
+    let (tol, verbose) = (args.tol, args.verbose);
+    let report = rgml::compare::compare_graph_backend(
+        ctx,
+        &graph,
+        backend1.as_mut(),
+        backend2.as_mut(),
+        tol,
+        &mut |c| {
+            let diverges = c.diverges(tol);
+            if verbose || diverges {
+                println!(
+                    "#{:<5} {:<24} {:<14} nmse={:.3e} max_abs={:.3e}{}{}",
+                    c.index,
+                    c.name,
+                    c.op.name(),
+                    c.nmse,
+                    c.max_abs,
+                    if c.nonfinite_mismatch {
+                        " nan/inf-mismatch"
+                    } else {
+                        ""
+                    },
+                    if diverges { "  DIVERGES" } else { "" }
+                );
+            }
+            true
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let first = match &report.first_divergent {
+        None => "none".to_string(),
+        Some(c) => format!(
+            "#{} {} ({}) nmse={:.3e}",
+            c.index,
+            c.name,
+            c.op.name(),
+            c.nmse
+        ),
+    };
+    println!(
+        "compared {} nodes, first divergent: {first} ({} divergent; {} vs {}, tol {:e})",
+        report.n_nodes_compared,
+        report.n_divergent,
+        backend1.name(),
+        backend2.name(),
+        tol
+    );
+    Ok(report.first_divergent.is_none())
+}
