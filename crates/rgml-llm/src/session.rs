@@ -114,6 +114,10 @@ struct BatchGraph {
     logits: TensorId,
     /// Intermediates named and kept for [`Session::set_capture`].
     captured: Vec<TensorId>,
+    /// Nodes to run on a given device (index into the model's devices) when split: the norms,
+    /// which the scheduler would otherwise leave on the previous block's device, so that the
+    /// hidden state would cross twice (llama.cpp pins them the same way).
+    pins: Vec<(TensorId, usize)>,
 }
 
 impl<'m> Session<'m> {
@@ -307,7 +311,14 @@ impl<'m> Session<'m> {
         )?;
         match &mut self.exec {
             Exec::Single { galloc, .. } => galloc.alloc_graph(&mut self.ctx, &g.graph)?,
-            Exec::Sched(sched) => sched.alloc_graph(&mut self.ctx, &g.graph)?,
+            Exec::Sched(sched) => {
+                // Overrides name tensor ids, which the next graph reuses: start afresh.
+                sched.reset();
+                for &(id, dev) in &g.pins {
+                    sched.set_tensor_backend(id, dev)?;
+                }
+                sched.alloc_graph(&mut self.ctx, &g.graph)?
+            }
         }
 
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
@@ -416,6 +427,7 @@ fn build_graph(
     capture: bool,
 ) -> Result<BatchGraph> {
     let mut captured = Vec::new();
+    let mut pins = Vec::new();
     // Names `id` like llama.cpp and, when capturing, keeps it.
     let mut keep = |ctx: &mut Context, id: TensorId, name: String| -> Result<TensorId> {
         if capture && ctx[id].is_contiguous() {
@@ -448,7 +460,9 @@ fn build_graph(
     let mut graph = Graph::new();
     let mut x = ctx.get_rows(model.tok_embd, tokens)?;
     for (il, l) in model.layers.iter().enumerate() {
+        let dev = model.layer_device(il).unwrap_or(0);
         let cur = ctx.rms_norm(x, c.rms_eps)?;
+        pins.push((cur, dev));
         let cur = ctx.mul(cur, l.attn_norm)?;
         let cur = keep(ctx, cur, format!("attn_norm-{il}"))?;
 
@@ -518,6 +532,7 @@ fn build_graph(
         let x_attn = keep(ctx, x_attn, format!("ffn_inp-{il}"))?;
 
         let cur = ctx.rms_norm(x_attn, c.rms_eps)?;
+        pins.push((cur, dev));
         let cur = ctx.mul(cur, l.ffn_norm)?;
         let cur = keep(ctx, cur, format!("ffn_norm-{il}"))?;
         let gate = ctx.mul_mat(l.ffn_gate, cur)?;
@@ -537,6 +552,7 @@ fn build_graph(
         x = ctx.view(x, &[c.n_embd, 1], &[row], (n - 1) * row)?;
     }
     let cur = ctx.rms_norm(x, c.rms_eps)?;
+    pins.push((cur, model.devices().len() - 1));
     let cur = ctx.mul(cur, model.output_norm)?;
     let cur = keep(ctx, cur, "result_norm".into())?;
     let logits = ctx.mul_mat(model.output, cur)?;
@@ -550,5 +566,6 @@ fn build_graph(
         mask,
         logits,
         captured,
+        pins,
     })
 }
