@@ -194,9 +194,7 @@ impl Model {
         let tok_embd = get("token_embd.weight")?;
         let output_norm = get("output_norm.weight")?;
         // Tied embeddings: files without `output.weight` reuse the token embeddings.
-        let output = opt("output.weight")
-            .or(tied_output)
-            .unwrap_or(tok_embd);
+        let output = opt("output.weight").or(tied_output).unwrap_or(tok_embd);
         let mut layers = Vec::with_capacity(config.n_layer);
         for i in 0..config.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -473,7 +471,10 @@ mod tests {
         assert_eq!(even.iter().filter(|&&d| d == 0).count(), 15);
         let three_one = assign_layers(30, 2, &[3.0, 1.0]).unwrap();
         assert_eq!(three_one.iter().filter(|&&d| d == 0).count(), 23);
-        assert!(three_one.windows(2).all(|w| w[0] <= w[1]), "contiguous ranges");
+        assert!(
+            three_one.windows(2).all(|w| w[0] <= w[1]),
+            "contiguous ranges"
+        );
         assert_eq!(assign_layers(4, 2, &[0.0, 1.0]).unwrap(), [1, 1, 1, 1]);
         assert!(assign_layers(4, 2, &[1.0]).is_err());
         assert!(assign_layers(4, 2, &[0.0, 0.0]).is_err());

@@ -341,7 +341,14 @@ impl<'m> Session<'m> {
                 if let Some((recorder, track)) = trace {
                     let nodes = TraceArg::Int(g.graph.n_nodes() as u64);
                     let end = std::time::Instant::now();
-                    recorder.span(*track, "graph", "split", start, end, vec![("nodes".into(), nodes)]);
+                    recorder.span(
+                        *track,
+                        "graph",
+                        "split",
+                        start,
+                        end,
+                        vec![("nodes".into(), nodes)],
+                    );
                 }
             }
             Exec::Sched(sched) => sched.graph_compute(&mut self.ctx, &g.graph)?,
@@ -392,7 +399,10 @@ fn open_backends(model: &Model, spec: &str) -> Result<(Exec, Vec<rgml::BufferTyp
     }
     let mut backends = Vec::with_capacity(devices.len() + 1);
     for d in devices {
-        backends.push(rgml::registry::init_backend(&format!("{}:{params}", d.name()))?);
+        backends.push(rgml::registry::init_backend(&format!(
+            "{}:{params}",
+            d.name()
+        ))?);
     }
     let bufts: Vec<rgml::BufferTypeRef> =
         backends.iter().map(|b| b.default_buffer_type()).collect();

@@ -101,7 +101,10 @@ fn layer_split_matches_one_device() {
             let got = all_logits(&model, n_ubatch);
             let d = max_diff(&reference, &got);
             eprintln!("split {split:?}, n_ubatch {n_ubatch}: max |diff| {d}");
-            assert!(d <= 1e-4, "split {split:?} n_ubatch {n_ubatch}: max diff {d}");
+            assert!(
+                d <= 1e-4,
+                "split {split:?} n_ubatch {n_ubatch}: max diff {d}"
+            );
         }
     }
 }
@@ -112,7 +115,9 @@ fn two_devices_give_one_split_per_device_and_copies_across() {
     let mut s = session(&model, 512);
     let tokens = model.tokenizer.encode(PROMPTS[0], true, false);
     s.eval(&tokens, Logits::Last).unwrap();
-    let sched = s.scheduler().expect("a split model runs through the scheduler");
+    let sched = s
+        .scheduler()
+        .expect("a split model runs through the scheduler");
     assert_eq!(sched.n_copies(), rgml_llm::session::N_COPIES_SPLIT);
     // Backends: CPU0, CPU1, CPU (last). The token embedding lookup runs on the CPU (host
     // memory), then the blocks of CPU0, then those of CPU1 with the output.

@@ -407,7 +407,11 @@ impl Scheduler {
     /// Record splits and copies into `trace`, one track per backend (named after it); see
     /// the module docs. Replaces any earlier recorder.
     pub fn set_trace(&mut self, trace: Arc<Trace>) {
-        let tracks = self.backends.iter().map(|b| trace.track(b.name())).collect();
+        let tracks = self
+            .backends
+            .iter()
+            .map(|b| trace.track(b.name()))
+            .collect();
         self.trace = Some((trace, tracks));
     }
 
@@ -883,14 +887,8 @@ impl Scheduler {
                     t_split,
                     Instant::now(),
                     vec![
-                        (
-                            "nodes".into(),
-                            TraceArg::Int(split.graph.n_nodes() as u64),
-                        ),
-                        (
-                            "inputs".into(),
-                            TraceArg::Int(split.inputs.len() as u64),
-                        ),
+                        ("nodes".into(), TraceArg::Int(split.graph.n_nodes() as u64)),
+                        ("inputs".into(), TraceArg::Int(split.inputs.len() as u64)),
                     ],
                 );
             }
