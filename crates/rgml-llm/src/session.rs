@@ -74,10 +74,11 @@ enum Exec {
     /// One backend, with a graph allocator of its buffer type.
     Single {
         backend: Box<dyn Backend>,
-        galloc: GraphAllocator,
+        /// Boxed, as the scheduler is: both are large.
+        galloc: Box<GraphAllocator>,
         trace: Option<(Arc<Trace>, usize)>,
     },
-    /// Several devices through the scheduler (boxed: it is much larger than the other arm).
+    /// Several devices through the scheduler.
     Sched(Box<Scheduler>),
 }
 
@@ -378,7 +379,7 @@ fn open_backends(model: &Model, spec: &str) -> Result<(Exec, Vec<rgml::BufferTyp
         let buft = backend.default_buffer_type();
         let exec = Exec::Single {
             backend,
-            galloc: GraphAllocator::new(vec![buft.clone()]),
+            galloc: Box::new(GraphAllocator::new(vec![buft.clone()])),
             trace: None,
         };
         return Ok((exec, vec![buft]));
