@@ -66,7 +66,7 @@ pub fn run(args: CompareArgs) -> Result<bool, String> {
     let host = rgml::registry::device("CPU").map_err(|e| e.to_string())?;
     let options = LoadOptions {
         device: Some(host),
-        progress: None,
+        ..Default::default()
     };
     let model = Model::load(&args.model, options).map_err(|e| e.to_string())?;
     let tokens = model.tokenizer.encode(&args.prompt, true, true);

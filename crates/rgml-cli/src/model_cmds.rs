@@ -19,9 +19,22 @@ pub struct ModelArgs {
     /// Compute threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Devices from `rgml devices` (one for now; several come with the scheduler).
+    /// Devices from `rgml devices`, comma-separated (`CPU0,CPU1` splits the model over both).
     #[arg(long, default_value = "CPU")]
     pub device: String,
+    /// How to split the model over several devices: `none` (first device only), `layer`
+    /// (whole blocks per device, run by the scheduler) or `tensor` (not yet supported).
+    #[arg(long, default_value = "layer", value_parser = ["none", "layer", "tensor"])]
+    pub split_mode: String,
+    /// Share of the blocks per device with `--split-mode layer`, e.g. `3,1` (default: even).
+    #[arg(long)]
+    pub tensor_split: Option<String>,
+    /// Write a Chrome/Perfetto trace (splits and copies per backend) to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// The recorder behind `--trace`, created with the session.
+    #[arg(skip)]
+    recorder: std::sync::OnceLock<std::sync::Arc<rgml::trace::Trace>>,
     /// Context length.
     #[arg(short = 'c', long, default_value_t = 2048)]
     pub ctx_size: usize,
@@ -38,22 +51,52 @@ impl ModelArgs {
                 self.model.display()
             ));
         }
-        let devices: Vec<&str> = self
+        let mut names: Vec<&str> = self
             .device
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .collect();
-        let [device] = devices.as_slice() else {
-            return Err(format!(
-                "--device {}: one device for now (splitting a model over several devices comes with the scheduler)",
-                self.device
-            ));
+        if names.is_empty() {
+            return Err("--device: no device named".into());
+        }
+        match self.split_mode.as_str() {
+            "tensor" => {
+                return Err(
+                    "--split-mode tensor is not yet supported (meta device, issue 6)".into(),
+                )
+            }
+            "none" => names.truncate(1),
+            _ => {}
+        }
+        let devices = names
+            .iter()
+            .map(|n| rgml::registry::device(n).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, String>>()?;
+        let tensor_split = match &self.tensor_split {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(|v| {
+                    v.trim()
+                        .parse::<f32>()
+                        .map_err(|e| format!("--tensor-split {list}: '{v}': {e}"))
+                })
+                .collect::<Result<Vec<_>, String>>()?,
         };
-        let device = rgml::registry::device(device).map_err(|e| e.to_string())?;
+        if !tensor_split.is_empty() && tensor_split.len() != devices.len() {
+            return Err(format!(
+                "--tensor-split {}: {} values for {} devices",
+                self.tensor_split.as_deref().unwrap_or_default(),
+                tensor_split.len(),
+                devices.len()
+            ));
+        }
         let mut bar = Progress::new("loading");
         let options = rgml_llm::LoadOptions {
-            device: Some(device),
+            device: None,
+            devices,
+            tensor_split,
             progress: Some(&mut |done, total| bar.update(done, total)),
         };
         let model = Model::load(&self.model, options).map_err(|e| e.to_string())?;
@@ -62,7 +105,8 @@ impl ModelArgs {
     }
 
     fn session<'m>(&self, model: &'m Model, n_ctx: usize) -> Result<Session<'m>, String> {
-        let mut backend = model.device().name().to_string();
+        let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
+        let mut backend = names.join(",");
         if let Some(t) = self.threads {
             backend.push_str(&format!(":n_threads={t}"));
         }
@@ -71,7 +115,22 @@ impl ModelArgs {
             n_ubatch: self.ubatch,
             backend,
         };
-        Session::new(model, &options).map_err(|e| e.to_string())
+        let mut session = Session::new(model, &options).map_err(|e| e.to_string())?;
+        if self.trace.is_some() {
+            session.set_trace(self.recorder.get_or_init(Default::default).clone());
+        }
+        Ok(session)
+    }
+
+    /// End of a command: write the `--trace` file.
+    fn finish(&self) -> Result<(), String> {
+        if let (Some(path), Some(trace)) = (&self.trace, self.recorder.get()) {
+            trace
+                .write(path)
+                .map_err(|e| format!("--trace {}: {e}", path.display()))?;
+            eprintln!("trace written to {}", path.display());
+        }
+        Ok(())
     }
 }
 
@@ -223,6 +282,7 @@ pub fn run(args: RunArgs) -> Result<bool, String> {
         t_gen * 1e3,
         n_gen as f64 / t_gen.max(1e-9),
     );
+    args.model.finish()?;
     Ok(true)
 }
 
@@ -273,6 +333,7 @@ pub fn logits(args: LogitsArgs) -> Result<bool, String> {
             println!("{i:>8} {l:>10.4}  {piece:?}");
         }
     }
+    args.model.finish()?;
     Ok(true)
 }
 
@@ -325,6 +386,7 @@ pub fn perplexity(args: PerplexityArgs) -> Result<bool, String> {
     println!();
     println!("PPL = {:.4}", (nll / count as f64).exp());
     eprintln!("{:.2} s", t0.elapsed().as_secs_f64());
+    args.model.finish()?;
     Ok(true)
 }
 
@@ -443,6 +505,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, String> {
             println!("| {name} | {size} | {params} | {} | {threads} | tg{} | {tg_mean:.2} ± {tg_sd:.2} |", args.model.device, args.n_gen);
         }
     }
+    args.model.finish()?;
     Ok(true)
 }
 

@@ -202,3 +202,97 @@ fn sampling_is_reproducible_by_seed_and_chat_uses_the_template() {
         assert!(out.starts_with("The boiling point"), "{out:?}");
     }
 }
+
+/// `rgml` with `RGML_CPU_DEVICES=2` (devices CPU0 and CPU1 beside CPU).
+fn rgml_split(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(args)
+        .env("RGML_CPU_DEVICES", "2")
+        .output()
+        .expect("run rgml")
+}
+
+#[test]
+fn layer_split_logits_match_and_trace_has_a_track_per_backend() {
+    let model = model();
+    let trace = std::env::temp_dir().join(format!("rgml-split-trace-{}.json", std::process::id()));
+    let trace_arg = trace.display().to_string();
+    let prompt = "The capital of France is";
+    let common = ["logits", "-m", &model, "-p", prompt, "--json", "-t", "1"];
+    let one = rgml_split(&common);
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    let mut split_args = common.to_vec();
+    split_args.extend([
+        "--device",
+        "CPU0,CPU1",
+        "--split-mode",
+        "layer",
+        "--tensor-split",
+        "3,1",
+        "--trace",
+        &trace_arg,
+    ]);
+    let split = rgml_split(&split_args);
+    assert!(
+        split.status.success(),
+        "{}",
+        String::from_utf8_lossy(&split.stderr)
+    );
+    assert_eq!(one.stdout, split.stdout, "same tokens and top logits");
+
+    let text = std::fs::read_to_string(&trace).expect("trace written");
+    let _ = std::fs::remove_file(&trace);
+    let json: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let events = json["traceEvents"].as_array().expect("traceEvents");
+    let track = |name: &str| {
+        events
+            .iter()
+            .find(|e| e["ph"] == "M" && e["args"]["name"] == name)
+            .map(|e| e["tid"].clone())
+            .unwrap_or_else(|| panic!("no track {name}"))
+    };
+    for dev in ["CPU0", "CPU1"] {
+        let tid = track(dev);
+        let on = |cat: &str| -> Vec<&serde_json::Value> {
+            events
+                .iter()
+                .filter(|e| e["ph"] == "X" && e["tid"] == tid && e["cat"] == cat)
+                .collect()
+        };
+        let splits = on("split");
+        assert!(!splits.is_empty(), "{dev} has split spans");
+        assert!(splits.iter().all(|s| s["args"]["nodes"].as_u64() > Some(0)));
+        let copies = on("copy");
+        assert!(!copies.is_empty(), "{dev} has copy spans");
+        assert!(copies.iter().all(|c| c["args"]["bytes"].as_u64() > Some(0)));
+        assert!(events
+            .iter()
+            .all(|e| e["ph"] != "X" || e["dur"].as_f64() >= Some(0.0)));
+    }
+}
+
+#[test]
+fn tensor_split_mode_is_a_clear_error() {
+    let model = model();
+    let out = rgml_split(&[
+        "logits",
+        "-m",
+        &model,
+        "-p",
+        "Hi",
+        "--device",
+        "CPU0,CPU1",
+        "--split-mode",
+        "tensor",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not yet supported (meta device, issue 6)"),
+        "{err}"
+    );
+}

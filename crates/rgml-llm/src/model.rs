@@ -2,12 +2,21 @@
 //!
 //! This module owns the weights (a [`Context`] whose tensors have storage) and their layout per
 //! layer. CPU weights are used in place: the memory-mapped file is wrapped as a read-only
-//! buffer (zero-copy). Devices that cannot wrap host memory get a copy. Graph building and
-//! inference state live in [`crate::session`].
+//! buffer (zero-copy). Devices that cannot wrap host memory (or whose backends cannot use such
+//! a wrap) get a copy. Graph building and inference state live in [`crate::session`].
+//!
+//! # Layer split
+//! With several devices ([`LoadOptions::devices`]) the blocks are assigned as llama.cpp's
+//! `--split-mode layer` does: contiguous ranges in device order, in proportion to
+//! [`LoadOptions::tensor_split`] (default even). The token embeddings stay in host memory (the
+//! registry's "CPU" device), as llama.cpp keeps input embeddings on the CPU; the output norm
+//! and output projection go to the last device (a file with tied embeddings gets a second
+//! tensor over the same data there, as llama.cpp duplicates it).
 
 use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
 use crate::tokenizer::Tokenizer;
+use rgml::alloc::TensorAllocator;
 use rgml::backend::{Buffer, BufferUsage};
 use rgml::{Context, DType, DeviceRef, TensorId};
 use rgml_gguf::{GgufFile, TensorInfo};
@@ -49,8 +58,15 @@ pub type ProgressFn<'a> = &'a mut dyn FnMut(usize, usize);
 /// How to load a model.
 #[derive(Default)]
 pub struct LoadOptions<'a> {
-    /// Device that holds the weights (default: the registry's "CPU").
+    /// Device that holds the weights (default: the registry's "CPU"). Ignored when
+    /// [`devices`](Self::devices) names more than one.
     pub device: Option<DeviceRef>,
+    /// Devices to split the blocks over, in order (layer split). Zero or one device: all
+    /// weights on that device (or on [`device`](Self::device)).
+    pub devices: Vec<DeviceRef>,
+    /// Share of the blocks per device of [`devices`](Self::devices), in any unit (`[3, 1]`:
+    /// three quarters on the first). Empty: even.
+    pub tensor_split: Vec<f32>,
     /// Progress callback.
     pub progress: Option<ProgressFn<'a>>,
 }
@@ -71,7 +87,10 @@ pub struct Model {
     pub output: TensorId,
     /// Per-block weights.
     pub layers: Vec<LayerWeights>,
-    device: DeviceRef,
+    /// The devices holding the weights (one unless split).
+    devices: Vec<DeviceRef>,
+    /// The index in `devices` of each block.
+    layer_devices: Vec<usize>,
     _buffers: Vec<Arc<Buffer>>,
     file_type: String,
     chat_template: Option<String>,
@@ -83,7 +102,10 @@ impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model")
             .field("config", &self.config)
-            .field("device", &self.device.name())
+            .field(
+                "devices",
+                &self.devices.iter().map(|d| d.name()).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -103,21 +125,65 @@ impl Model {
     pub fn from_gguf(gguf: &GgufFile, mut options: LoadOptions<'_>) -> Result<Model> {
         let config = ModelConfig::from_gguf(gguf)?;
         let tokenizer = Tokenizer::from_gguf(gguf)?;
-        let device = match options.device.take() {
-            Some(d) => d,
-            None => rgml::registry::device("CPU")?,
+        let devices = if options.devices.len() > 1 {
+            std::mem::take(&mut options.devices)
+        } else {
+            match options.devices.pop().or(options.device.take()) {
+                Some(d) => vec![d],
+                None => vec![rgml::registry::device("CPU")?],
+            }
         };
+        let layer_devices = assign_layers(config.n_layer, devices.len(), &options.tensor_split)?;
 
         let mut ctx = Context::new();
         let mut ids = std::collections::HashMap::new();
-        let total = gguf.tensors().len();
         for info in gguf.tensors() {
             let id = ctx.new_tensor(info.dtype, &info.ne[..info.n_dims.max(1)])?;
             ctx.set_name(id, info.name.clone())?;
             ids.insert(info.name.as_str(), (id, info));
         }
 
-        let buffers = place_weights(gguf, &mut ctx, &ids, &device, &mut options.progress, total)?;
+        // Where each tensor goes: an index into `devices`, or `None` for host memory.
+        let last = devices.len() - 1;
+        let split = devices.len() > 1;
+        let mut placed: Vec<(TensorId, &TensorInfo, Option<usize>)> = Vec::new();
+        for info in gguf.tensors() {
+            let (id, _) = ids[info.name.as_str()];
+            let where_ = if !split {
+                Some(0)
+            } else if let Some(il) = block_index(&info.name) {
+                Some(layer_devices.get(il).copied().unwrap_or(last))
+            } else if info.name.starts_with("output") {
+                Some(last)
+            } else {
+                None
+            };
+            placed.push((id, info, where_));
+        }
+        // Tied embeddings with a split: the output projection reads the same file data from
+        // the last device.
+        let mut tied_output = None;
+        if split && !ids.contains_key("output.weight") {
+            if let Some(&(_, info)) = ids.get("token_embd.weight") {
+                let id = ctx.new_tensor(info.dtype, &info.ne[..info.n_dims.max(1)])?;
+                ctx.set_name(id, "output.weight")?;
+                placed.push((id, info, Some(last)));
+                tied_output = Some(id);
+            }
+        }
+        let host = if split {
+            Some(rgml::registry::device("CPU").unwrap_or_else(|_| devices[0].clone()))
+        } else {
+            None
+        };
+        let buffers = place_weights(
+            gguf,
+            &mut ctx,
+            &placed,
+            &devices,
+            host.as_ref(),
+            &mut options.progress,
+        )?;
 
         let get = |name: &str| -> Result<TensorId> {
             ids.get(name)
@@ -128,7 +194,7 @@ impl Model {
         let tok_embd = get("token_embd.weight")?;
         let output_norm = get("output_norm.weight")?;
         // Tied embeddings: files without `output.weight` reuse the token embeddings.
-        let output = opt("output.weight").unwrap_or(tok_embd);
+        let output = opt("output.weight").or(tied_output).unwrap_or(tok_embd);
         let mut layers = Vec::with_capacity(config.n_layer);
         for i in 0..config.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -166,7 +232,8 @@ impl Model {
             output_norm,
             output,
             layers,
-            device,
+            devices,
+            layer_devices,
             _buffers: buffers,
             file_type,
             chat_template,
@@ -177,9 +244,20 @@ impl Model {
         Ok(model)
     }
 
-    /// The device holding the weights.
+    /// The device holding the weights (the first one when split).
     pub fn device(&self) -> &DeviceRef {
-        &self.device
+        &self.devices[0]
+    }
+
+    /// The devices holding the weights, in split order (one unless the model is split).
+    pub fn devices(&self) -> &[DeviceRef] {
+        &self.devices
+    }
+
+    /// The index in [`devices`](Self::devices) of the device holding block `il` (and its KV
+    /// cache); `None` past the last block.
+    pub fn layer_device(&self, il: usize) -> Option<usize> {
+        self.layer_devices.get(il).copied()
     }
 
     /// The chat template text from the file (`tokenizer.chat_template`), if any.
@@ -258,42 +336,117 @@ impl Model {
     }
 }
 
-/// Give every weight storage on `device`: in place in the file mapping when the device can
-/// wrap host memory, else copied into a device buffer.
+/// The block index of a tensor called `blk.<i>.<...>`.
+fn block_index(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// The device index of each of `n_layer` blocks over `n_dev` devices, as llama.cpp's layer
+/// split assigns them: contiguous ranges in proportion to `split` (empty: even).
+fn assign_layers(n_layer: usize, n_dev: usize, split: &[f32]) -> Result<Vec<usize>> {
+    let shares: Vec<f32> = if split.is_empty() {
+        vec![1.0; n_dev]
+    } else {
+        split.to_vec()
+    };
+    if shares.len() != n_dev {
+        return Err(LlmError::BadConfig(format!(
+            "{} split proportions for {n_dev} devices",
+            shares.len()
+        )));
+    }
+    if shares.iter().any(|s| !s.is_finite() || *s < 0.0) {
+        return Err(LlmError::BadConfig(format!(
+            "split proportions must be finite and not negative, got {shares:?}"
+        )));
+    }
+    let total: f32 = shares.iter().sum();
+    if total <= 0.0 {
+        return Err(LlmError::BadConfig(
+            "split proportions must not all be zero".into(),
+        ));
+    }
+    // Cumulative fractions; block `il` goes to the first device whose cumulative fraction
+    // exceeds `il / n_layer` (llama.cpp's `upper_bound`).
+    let mut cum = Vec::with_capacity(n_dev);
+    let mut acc = 0.0f32;
+    for s in &shares {
+        acc += s;
+        cum.push(acc / total);
+    }
+    Ok((0..n_layer)
+        .map(|il| {
+            let x = il as f32 / n_layer as f32;
+            cum.iter().position(|&c| c > x).unwrap_or(n_dev - 1)
+        })
+        .collect())
+}
+
+/// Give every weight storage: on `devices[i]` for `Some(i)`, in host memory (`host`) for
+/// `None`. A device that can wrap host memory, and whose backends can use the wrap, uses the
+/// weights in place in the file mapping (zero-copy); other devices get a buffer of their own
+/// buffer type with a copy.
 fn place_weights(
     gguf: &GgufFile,
     ctx: &mut Context,
-    ids: &std::collections::HashMap<&str, (TensorId, &TensorInfo)>,
-    device: &DeviceRef,
+    placed: &[(TensorId, &TensorInfo, Option<usize>)],
+    devices: &[DeviceRef],
+    host: Option<&DeviceRef>,
     progress: &mut Option<ProgressFn<'_>>,
-    total: usize,
 ) -> Result<Vec<Arc<Buffer>>> {
-    let mut report = |done: usize| {
+    let total = placed.len();
+    let mut done = 0;
+    let mut report = |n: usize| {
+        done += n;
         if let Some(p) = progress.as_mut() {
             p(done, total)
         }
     };
-    if device.caps().buffer_from_host_ptr {
-        let max_tensor = gguf.tensors().iter().map(|t| t.size).max().unwrap_or(0);
-        let buffer = device.buffer_from_host_memory(gguf.memory(), max_tensor)?;
-        buffer.set_usage(BufferUsage::Weights);
-        for (done, info) in gguf.tensors().iter().enumerate() {
-            let (id, _) = ids[info.name.as_str()];
-            ctx.set_data(id, buffer.clone(), gguf.data_offset() + info.offset)?;
-            report(done + 1);
+    let mut buffers = Vec::new();
+    let targets = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (Some(i), d))
+        .chain(host.map(|h| (None, h)));
+    for (which, device) in targets {
+        let mine: Vec<(TensorId, &TensorInfo)> = placed
+            .iter()
+            .filter(|p| p.2 == which)
+            .map(|p| (p.0, p.1))
+            .collect();
+        if mine.is_empty() {
+            continue;
         }
-        return Ok(vec![buffer]);
+        if device.caps().buffer_from_host_ptr {
+            let max_tensor = mine.iter().map(|t| t.1.size).max().unwrap_or(0);
+            let buffer = device.buffer_from_host_memory(gguf.memory(), max_tensor)?;
+            if device.supports_buffer_type(buffer.buffer_type()) {
+                buffer.set_usage(BufferUsage::Weights);
+                for &(id, info) in &mine {
+                    ctx.set_data(id, buffer.clone(), gguf.data_offset() + info.offset)?;
+                    report(1);
+                }
+                buffers.push(buffer);
+                continue;
+            }
+        }
+        let buft = device.buffer_type();
+        let align = buft.alignment();
+        let size = mine
+            .iter()
+            .map(|&(id, _)| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
+            .sum::<usize>();
+        let buffer = Buffer::alloc(&buft, size.max(1))?;
+        buffer.set_usage(BufferUsage::Weights);
+        let mut talloc = TensorAllocator::new(buffer.clone());
+        for &(id, info) in &mine {
+            talloc.alloc(ctx, id)?;
+            ctx.tensor_set(id, 0, gguf.tensor_data(info))?;
+            report(1);
+        }
+        buffers.push(buffer);
     }
-    let buft = device.buffer_type();
-    let buffer = rgml::alloc::alloc_ctx_tensors(ctx, &buft)?
-        .ok_or_else(|| LlmError::BadTensor("the file has no tensors".into()))?;
-    buffer.set_usage(BufferUsage::Weights);
-    for (done, info) in gguf.tensors().iter().enumerate() {
-        let (id, _) = ids[info.name.as_str()];
-        ctx.tensor_set(id, 0, gguf.tensor_data(info))?;
-        report(done + 1);
-    }
-    Ok(vec![buffer])
+    Ok(buffers)
 }
 
 fn dominant_type(tensors: &[TensorInfo]) -> String {
@@ -306,4 +459,27 @@ fn dominant_type(tensors: &[TensorInfo]) -> String {
         .max_by_key(|&(_, b)| b)
         .map(|(t, _)| t.name().to_string())
         .unwrap_or_else(|| "f32".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_split_like_llama_cpp() {
+        let even = assign_layers(30, 2, &[]).unwrap();
+        assert_eq!(even.iter().filter(|&&d| d == 0).count(), 15);
+        let three_one = assign_layers(30, 2, &[3.0, 1.0]).unwrap();
+        assert_eq!(three_one.iter().filter(|&&d| d == 0).count(), 23);
+        assert!(
+            three_one.windows(2).all(|w| w[0] <= w[1]),
+            "contiguous ranges"
+        );
+        assert_eq!(assign_layers(4, 2, &[0.0, 1.0]).unwrap(), [1, 1, 1, 1]);
+        assert!(assign_layers(4, 2, &[1.0]).is_err());
+        assert!(assign_layers(4, 2, &[0.0, 0.0]).is_err());
+        assert!(assign_layers(4, 2, &[-1.0, 2.0]).is_err());
+        assert_eq!(block_index("blk.12.attn_q.weight"), Some(12));
+        assert_eq!(block_index("output.weight"), None);
+    }
 }

@@ -4,11 +4,18 @@
 //! [`Session::eval`] builds the graph for one micro-batch on top of the model's weight tensors
 //! (the arena is truncated back after each step, so it does not grow), allocates it with the
 //! graph allocator (whose buffer is reused between steps), computes it and returns logits.
+//!
+//! A model split over several devices gets one backend per device plus the CPU backend (last),
+//! and its graphs run through the [`Scheduler`] with [`N_COPIES_SPLIT`] copies of the split
+//! inputs (pipeline parallelism); each block's KV cache lives on that block's device, so the
+//! cache stores and the attention reads of a block run on the same backend.
 
 use crate::error::{LlmError, Result};
 use crate::model::Model;
 use rgml::alloc::{GraphAllocator, TensorAllocator};
 use rgml::backend::{Buffer, BufferUsage};
+use rgml::sched::Scheduler;
+use rgml::trace::{Trace, TraceArg};
 use rgml::{Backend, Context, DType, Graph, RopeParams, TensorFlags, TensorId};
 use std::sync::Arc;
 
@@ -28,7 +35,9 @@ pub struct SessionOptions {
     pub n_ctx: usize,
     /// Largest number of tokens computed in one graph; longer prompts go in several.
     pub n_ubatch: usize,
-    /// Backend spec for the registry (`"CPU"`, `"CPU:n_threads=2"`).
+    /// Backend spec for the registry (`"CPU"`, `"CPU:n_threads=2"`). For a model split over
+    /// several devices, the comma-separated list of the model's devices, in order, with the
+    /// parameters for all of them (`"CPU0,CPU1:n_threads=2"`).
     pub backend: String,
 }
 
@@ -53,7 +62,24 @@ struct KvCache {
     /// Allocated positions: `n_ctx` rounded up to [`KV_PAD`] (as llama.cpp pads its context),
     /// so the attention can always read whole padded groups of cells.
     cells: usize,
-    _buffer: Arc<Buffer>,
+    _buffers: Vec<Arc<Buffer>>,
+}
+
+/// Copies of the split inputs when a model is split over several devices, so consecutive
+/// prompt micro-batches can be in flight together (llama.cpp's default pipeline depth).
+pub const N_COPIES_SPLIT: usize = 4;
+
+/// How graphs are computed.
+enum Exec {
+    /// One backend, with a graph allocator of its buffer type.
+    Single {
+        backend: Box<dyn Backend>,
+        /// Boxed, as the scheduler is: both are large.
+        galloc: Box<GraphAllocator>,
+        trace: Option<(Arc<Trace>, usize)>,
+    },
+    /// Several devices through the scheduler.
+    Sched(Box<Scheduler>),
 }
 
 /// Inference state for one sequence.
@@ -62,8 +88,7 @@ pub struct Session<'m> {
     ctx: Context,
     n_base: usize,
     kv: KvCache,
-    backend: Box<dyn Backend>,
-    galloc: GraphAllocator,
+    exec: Exec,
     n_past: usize,
     n_ubatch: usize,
     capture: Option<Vec<Captured>>,
@@ -90,6 +115,10 @@ struct BatchGraph {
     logits: TensorId,
     /// Intermediates named and kept for [`Session::set_capture`].
     captured: Vec<TensorId>,
+    /// Nodes to run on a given device (index into the model's devices) when split: the norms,
+    /// which the scheduler would otherwise leave on the previous block's device, so that the
+    /// hidden state would cross twice (llama.cpp pins them the same way).
+    pins: Vec<(TensorId, usize)>,
 }
 
 impl<'m> Session<'m> {
@@ -100,8 +129,7 @@ impl<'m> Session<'m> {
                 "n_ctx and n_ubatch must be positive".into(),
             ));
         }
-        let backend = rgml::registry::init_backend(&options.backend)?;
-        let buft = backend.default_buffer_type();
+        let (exec, bufts) = open_backends(model, &options.backend)?;
         let mut ctx = model.ctx.clone();
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -117,20 +145,31 @@ impl<'m> Session<'m> {
             k.push(kt);
             v.push(vt);
         }
-        let align = buft.alignment();
-        let size = k
-            .iter()
-            .chain(&v)
-            .map(|&id| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
-            .sum::<usize>();
-        let buffer = Buffer::alloc(&buft, size)?;
-        buffer.set_usage(BufferUsage::Compute);
-        // Unwritten cache cells are masked out, but must not hold NaN bit patterns that a
-        // zero attention weight would still propagate.
-        buffer.clear(0)?;
-        let mut talloc = TensorAllocator::new(buffer.clone());
-        for &id in k.iter().chain(&v) {
-            talloc.alloc(&mut ctx, id)?;
+        // One cache buffer per device, holding the K and V of that device's blocks.
+        let mut buffers = Vec::new();
+        for (dev, buft) in bufts.iter().enumerate() {
+            let mine: Vec<TensorId> = (0..c.n_layer)
+                .filter(|&il| model.layer_device(il).unwrap_or(0) == dev || bufts.len() == 1)
+                .flat_map(|il| [k[il], v[il]])
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let align = buft.alignment();
+            let size = mine
+                .iter()
+                .map(|&id| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
+                .sum::<usize>();
+            let buffer = Buffer::alloc(buft, size)?;
+            buffer.set_usage(BufferUsage::Compute);
+            // Unwritten cache cells are masked out, but must not hold NaN bit patterns that a
+            // zero attention weight would still propagate.
+            buffer.clear(0)?;
+            let mut talloc = TensorAllocator::new(buffer.clone());
+            for &id in &mine {
+                talloc.alloc(&mut ctx, id)?;
+            }
+            buffers.push(buffer);
         }
         let n_base = ctx.len();
         Ok(Session {
@@ -142,10 +181,9 @@ impl<'m> Session<'m> {
                 v,
                 n_ctx: options.n_ctx,
                 cells,
-                _buffer: buffer,
+                _buffers: buffers,
             },
-            backend,
-            galloc: GraphAllocator::new(vec![buft]),
+            exec,
             n_past: 0,
             n_ubatch: options.n_ubatch,
             capture: None,
@@ -167,9 +205,38 @@ impl<'m> Session<'m> {
         self.model
     }
 
-    /// The backend (e.g. to set a CPU thread count).
+    /// The backend (e.g. to set a CPU thread count); with a split model, the first device's.
     pub fn backend_mut(&mut self) -> &mut dyn Backend {
-        self.backend.as_mut()
+        match &mut self.exec {
+            Exec::Single { backend, .. } => backend.as_mut(),
+            Exec::Sched(sched) => match sched.backend_mut(0) {
+                Some(b) => b,
+                // A scheduler always has at least one backend (`Scheduler::new` checks).
+                None => unreachable!("a scheduler without backends"),
+            },
+        }
+    }
+
+    /// The scheduler, when the model is split over several devices (for its splits and copy
+    /// statistics).
+    pub fn scheduler(&self) -> Option<&Scheduler> {
+        match &self.exec {
+            Exec::Single { .. } => None,
+            Exec::Sched(sched) => Some(sched),
+        }
+    }
+
+    /// Record evaluations into `trace`: with a split model the scheduler's splits and copies
+    /// (see [`Scheduler::set_trace`]); with one device one `"graph"` span per micro-batch on
+    /// the device's track.
+    pub fn set_trace(&mut self, recorder: Arc<Trace>) {
+        match &mut self.exec {
+            Exec::Single { backend, trace, .. } => {
+                let track = recorder.track(backend.name());
+                *trace = Some((recorder, track));
+            }
+            Exec::Sched(sched) => sched.set_trace(recorder),
+        }
     }
 
     /// Debugging aid: while on, every evaluation also keeps the main intermediate tensors of its
@@ -260,7 +327,25 @@ impl<'m> Session<'m> {
     fn eval_ubatch_inner(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         let capture = self.capture.is_some();
         let g = self.prepare_ubatch(tokens, all_logits, capture)?;
-        self.backend.graph_compute(&self.ctx, &g.graph)?;
+        match &mut self.exec {
+            Exec::Single { backend, trace, .. } => {
+                let start = std::time::Instant::now();
+                backend.graph_compute(&self.ctx, &g.graph)?;
+                if let Some((recorder, track)) = trace {
+                    let nodes = TraceArg::Int(g.graph.n_nodes() as u64);
+                    let end = std::time::Instant::now();
+                    recorder.span(
+                        *track,
+                        "graph",
+                        "split",
+                        start,
+                        end,
+                        vec![("nodes".into(), nodes)],
+                    );
+                }
+            }
+            Exec::Sched(sched) => sched.graph_compute(&mut self.ctx, &g.graph)?,
+        }
         self.n_past += tokens.len();
         if let Some(kept) = &mut self.capture {
             kept.clear();
@@ -294,7 +379,17 @@ impl<'m> Session<'m> {
             all_logits,
             capture,
         )?;
-        self.galloc.alloc_graph(&mut self.ctx, &g.graph)?;
+        match &mut self.exec {
+            Exec::Single { galloc, .. } => galloc.alloc_graph(&mut self.ctx, &g.graph)?,
+            Exec::Sched(sched) => {
+                // Overrides name tensor ids, which the next graph reuses: start afresh.
+                sched.reset();
+                for &(id, dev) in &g.pins {
+                    sched.set_tensor_backend(id, dev)?;
+                }
+                sched.alloc_graph(&mut self.ctx, &g.graph)?
+            }
+        }
 
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         self.ctx.tensor_set_i32(g.tokens, &ids)?;
@@ -310,6 +405,52 @@ impl<'m> Session<'m> {
         self.ctx.tensor_set_f32(g.mask, &mask)?;
         Ok(g)
     }
+}
+
+/// The backends for `model` from the session's backend `spec`, and the KV-cache buffer type of
+/// each of the model's devices.
+fn open_backends(model: &Model, spec: &str) -> Result<(Exec, Vec<rgml::BufferTypeRef>)> {
+    let devices = model.devices();
+    if devices.len() == 1 {
+        let backend = rgml::registry::init_backend(spec)?;
+        let buft = backend.default_buffer_type();
+        let exec = Exec::Single {
+            backend,
+            galloc: Box::new(GraphAllocator::new(vec![buft.clone()])),
+            trace: None,
+        };
+        return Ok((exec, vec![buft]));
+    }
+    let (names, params) = spec.split_once(':').unwrap_or((spec, ""));
+    let names: Vec<&str> = names.split(',').map(str::trim).collect();
+    let matches = names.len() == devices.len()
+        && names
+            .iter()
+            .zip(devices)
+            .all(|(n, d)| n.eq_ignore_ascii_case(d.name()));
+    if !matches {
+        let list: Vec<&str> = devices.iter().map(|d| d.name()).collect();
+        return Err(LlmError::BadConfig(format!(
+            "the model is split over {}; the session's backend spec '{spec}' must name them in order",
+            list.join(",")
+        )));
+    }
+    let mut backends = Vec::with_capacity(devices.len() + 1);
+    for d in devices {
+        backends.push(rgml::registry::init_backend(&format!(
+            "{}:{params}",
+            d.name()
+        ))?);
+    }
+    let bufts: Vec<rgml::BufferTypeRef> =
+        backends.iter().map(|b| b.default_buffer_type()).collect();
+    // The scheduler runs what no device takes (inputs, the token embeddings in host memory)
+    // on a CPU backend, which must come last.
+    backends.push(rgml::registry::init_backend(&format!("CPU:{params}"))?);
+    // Nodes and leafs of one graph: about 60 per block, plus room for capture views.
+    let graph_size = 128 * (model.config.n_layer + 2);
+    let sched = Scheduler::new(backends, None, graph_size, N_COPIES_SPLIT, true)?;
+    Ok((Exec::Sched(Box::new(sched)), bufts))
 }
 
 /// KV cells the attention reads: the used ones rounded up to a multiple of [`KV_PAD`] (at most
@@ -334,6 +475,7 @@ fn build_graph(
     capture: bool,
 ) -> Result<BatchGraph> {
     let mut captured = Vec::new();
+    let mut pins = Vec::new();
     // Names `id` like llama.cpp and, when capturing, keeps it.
     let mut keep = |ctx: &mut Context, id: TensorId, name: String| -> Result<TensorId> {
         if capture && ctx[id].is_contiguous() {
@@ -366,7 +508,9 @@ fn build_graph(
     let mut graph = Graph::new();
     let mut x = ctx.get_rows(model.tok_embd, tokens)?;
     for (il, l) in model.layers.iter().enumerate() {
+        let dev = model.layer_device(il).unwrap_or(0);
         let cur = ctx.rms_norm(x, c.rms_eps)?;
+        pins.push((cur, dev));
         let cur = ctx.mul(cur, l.attn_norm)?;
         let cur = keep(ctx, cur, format!("attn_norm-{il}"))?;
 
@@ -436,6 +580,7 @@ fn build_graph(
         let x_attn = keep(ctx, x_attn, format!("ffn_inp-{il}"))?;
 
         let cur = ctx.rms_norm(x_attn, c.rms_eps)?;
+        pins.push((cur, dev));
         let cur = ctx.mul(cur, l.ffn_norm)?;
         let cur = keep(ctx, cur, format!("ffn_norm-{il}"))?;
         let gate = ctx.mul_mat(l.ffn_gate, cur)?;
@@ -455,6 +600,7 @@ fn build_graph(
         x = ctx.view(x, &[c.n_embd, 1], &[row], (n - 1) * row)?;
     }
     let cur = ctx.rms_norm(x, c.rms_eps)?;
+    pins.push((cur, model.devices().len() - 1));
     let cur = ctx.mul(cur, model.output_norm)?;
     let cur = keep(ctx, cur, "result_norm".into())?;
     let logits = ctx.mul_mat(model.output, cur)?;
@@ -468,5 +614,6 @@ fn build_graph(
         mask,
         logits,
         captured,
+        pins,
     })
 }

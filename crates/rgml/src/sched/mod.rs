@@ -48,9 +48,16 @@
 //! - An eval callback returning `false` stops the whole computation with [`Error::Aborted`]
 //!   (ggml only leaves the current split).
 //!
+//! # Traces
+//! With [`Scheduler::set_trace`], every split is recorded as a `"split"` span on its backend's
+//! track (with its node and input counts) and every input copy as a `"copy"` span on the
+//! destination backend's track (with the bytes copied and the source backend). Spans time the
+//! calls as the scheduler makes them: on backends whose compute is asynchronous they show
+//! when work was queued.
+//!
 //! Not yet here (later work, with room left for it): multi-buffers for buffer types with a
-//! maximum size (the [`GraphAllocator`] reports an allocation error instead), graph
-//! comparison between backends, and traces.
+//! maximum size (the [`GraphAllocator`] reports an allocation error instead) and graph
+//! comparison between backends.
 
 mod assign;
 
@@ -61,9 +68,12 @@ use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::op::Op;
 use crate::tensor::{Tensor, TensorFlags, TensorId};
+use crate::trace::{Trace, TraceArg};
 use assign::{buffer_supported, is_view_op, root_data, Assigner};
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
 
 /// The most backends one scheduler takes (ggml's `GGML_SCHED_MAX_BACKENDS`).
 pub const MAX_BACKENDS: usize = 16;
@@ -164,6 +174,8 @@ pub struct Scheduler {
     own_buffers: HashSet<u64>,
     stats: CopyStats,
     eval_callback: Option<EvalCallback>,
+    /// The recorder and the track of each backend.
+    trace: Option<(Arc<Trace>, Vec<usize>)>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -284,6 +296,7 @@ impl Scheduler {
             own_buffers: HashSet::new(),
             stats: CopyStats::new(n),
             eval_callback: None,
+            trace: None,
         })
     }
 
@@ -389,6 +402,22 @@ impl Scheduler {
     /// Stop calling an eval callback.
     pub fn clear_eval_callback(&mut self) {
         self.eval_callback = None;
+    }
+
+    /// Record splits and copies into `trace`, one track per backend (named after it); see
+    /// the module docs. Replaces any earlier recorder.
+    pub fn set_trace(&mut self, trace: Arc<Trace>) {
+        let tracks = self
+            .backends
+            .iter()
+            .map(|b| trace.track(b.name()))
+            .collect();
+        self.trace = Some((trace, tracks));
+    }
+
+    /// Stop recording.
+    pub fn clear_trace(&mut self) {
+        self.trace = None;
     }
 
     /// Wait for all work on every backend. Without an allocated graph the next allocation uses
@@ -759,9 +788,10 @@ impl Scheduler {
             .as_ref()
             .ok_or_else(|| sched_error("no graph is allocated"))?;
         let c = plan.cur_copy;
-        for split in &plan.splits {
+        for (split_index, split) in plan.splits.iter().enumerate() {
             let b = split.backend;
             for &input in &split.inputs {
+                let t_copy = Instant::now();
                 let ib = plan.backend_ids[input.index()]
                     .ok_or_else(|| sched_error("a split input has no backend"))?;
                 let cpy = plan
@@ -797,8 +827,25 @@ impl Scheduler {
                 let bytes = plan.ctx[input].nbytes() as u64;
                 self.stats.bytes[ib][b] += bytes;
                 self.stats.count[ib][b] += 1;
+                if let Some((trace, tracks)) = &self.trace {
+                    trace.span(
+                        tracks[b],
+                        format!("copy {}", plan.ctx[input].display_name()),
+                        "copy",
+                        t_copy,
+                        Instant::now(),
+                        vec![
+                            ("bytes".into(), TraceArg::Int(bytes)),
+                            (
+                                "from".into(),
+                                TraceArg::Text(self.backends[ib].name().to_string()),
+                            ),
+                        ],
+                    );
+                }
             }
 
+            let t_split = Instant::now();
             match self.eval_callback.as_mut() {
                 None => self.backends[b].graph_compute(&plan.ctx, &split.graph)?,
                 Some(cb) => {
@@ -830,6 +877,20 @@ impl Scheduler {
                         j0 = j1 + 1;
                     }
                 }
+            }
+
+            if let Some((trace, tracks)) = &self.trace {
+                trace.span(
+                    tracks[b],
+                    format!("split {split_index}"),
+                    "split",
+                    t_split,
+                    Instant::now(),
+                    vec![
+                        ("nodes".into(), TraceArg::Int(split.graph.n_nodes() as u64)),
+                        ("inputs".into(), TraceArg::Int(split.inputs.len() as u64)),
+                    ],
+                );
             }
 
             if !split.inputs.is_empty() {

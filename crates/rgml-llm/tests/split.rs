@@ -1,0 +1,156 @@
+//! The demo model split over two devices (`CPU0`, `CPU1`, each accepting only its own buffer
+//! type, so every crossing is a real copy) gives the logits of one device, with the expected
+//! splits and copies.
+
+use rgml::registry::Registry;
+use rgml_llm::{LoadOptions, Logits, Model, Session, SessionOptions};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn path() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "demo model not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    path
+}
+
+/// Registers once: the devices of a model and of its session's backends must be the same
+/// instances (a device accepts only its own buffer type).
+fn register() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let reg = rgml_cpu::CpuRegistry::with_devices(["CPU", "CPU0", "CPU1"]);
+        assert_eq!(reg.devices().len(), 3);
+        rgml::registry::register(Arc::new(reg));
+    });
+}
+
+fn load(devices: &[&str], split: &[f32]) -> Model {
+    register();
+    let devices = devices
+        .iter()
+        .map(|d| rgml::registry::device(d).unwrap())
+        .collect();
+    let options = LoadOptions {
+        devices,
+        tensor_split: split.to_vec(),
+        ..Default::default()
+    };
+    Model::load(path(), options).unwrap()
+}
+
+fn session<'m>(model: &'m Model, n_ubatch: usize) -> Session<'m> {
+    let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
+    let options = SessionOptions {
+        n_ctx: 64,
+        n_ubatch,
+        backend: format!("{}:n_threads=1", names.join(",")),
+    };
+    Session::new(model, &options).unwrap()
+}
+
+const PROMPTS: [&str; 2] = [
+    "The quick brown fox jumps over the lazy dog.",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n",
+];
+
+/// Logits of every position of each prompt (in micro-batches of `n_ubatch`), then of three
+/// single-token steps.
+fn all_logits(model: &Model, n_ubatch: usize) -> Vec<Vec<f32>> {
+    let mut out = Vec::new();
+    for p in PROMPTS {
+        let tokens = model.tokenizer.encode(p, true, true);
+        let mut s = session(model, n_ubatch);
+        out.push(s.eval(&tokens, Logits::All).unwrap());
+        for t in [42, 7, 1000] {
+            out.push(s.eval(&[t], Logits::Last).unwrap());
+        }
+    }
+    out
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len());
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn layer_split_matches_one_device() {
+    let one = load(&["CPU"], &[]);
+    assert_eq!(one.devices().len(), 1);
+    let reference = all_logits(&one, 512);
+    drop(one);
+    for (split, n_first) in [(&[][..], 15), (&[3.0, 1.0][..], 23)] {
+        let model = load(&["CPU0", "CPU1"], split);
+        let on_first = (0..model.config.n_layer)
+            .filter(|&il| model.layer_device(il) == Some(0))
+            .count();
+        assert_eq!(on_first, n_first, "blocks on CPU0 with split {split:?}");
+        // Whole prompts, and micro-batches of 4 (pipelined through the input copies).
+        for n_ubatch in [512, 4] {
+            let got = all_logits(&model, n_ubatch);
+            let d = max_diff(&reference, &got);
+            eprintln!("split {split:?}, n_ubatch {n_ubatch}: max |diff| {d}");
+            assert!(
+                d <= 1e-4,
+                "split {split:?} n_ubatch {n_ubatch}: max diff {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_devices_give_one_split_per_device_and_copies_across() {
+    let model = load(&["CPU0", "CPU1"], &[]);
+    let mut s = session(&model, 512);
+    let tokens = model.tokenizer.encode(PROMPTS[0], true, false);
+    s.eval(&tokens, Logits::Last).unwrap();
+    let sched = s
+        .scheduler()
+        .expect("a split model runs through the scheduler");
+    assert_eq!(sched.n_copies(), rgml_llm::session::N_COPIES_SPLIT);
+    // Backends: CPU0, CPU1, CPU (last). The token embedding lookup runs on the CPU (host
+    // memory), then the blocks of CPU0, then those of CPU1 with the output.
+    let backends: Vec<usize> = sched.splits().iter().map(|sp| sp.backend).collect();
+    assert_eq!(backends, [2, 0, 1], "splits: CPU, CPU0, CPU1");
+    let st = sched.copy_stats();
+    let (n_embd, n) = (model.config.n_embd as u64, tokens.len() as u64);
+    // The hidden state crosses each device boundary once (f32).
+    assert_eq!(st.count[2][0], 3, "embeddings, positions, mask into CPU0");
+    assert_eq!(st.count[0][1], 1, "the hidden state from CPU0 to CPU1");
+    assert_eq!(st.bytes[0][1], n_embd * n * 4);
+    assert_eq!(st.count[2][1], 2, "positions and mask into CPU1");
+    assert_eq!(st.count[1][0] + st.count[0][2] + st.count[1][2], 0);
+}
+
+#[test]
+fn bad_splits_are_errors() {
+    register();
+    let devices = || {
+        ["CPU0", "CPU1"]
+            .iter()
+            .map(|d| rgml::registry::device(d).unwrap())
+            .collect()
+    };
+    for split in [vec![1.0], vec![0.0, 0.0], vec![f32::NAN, 1.0]] {
+        let options = LoadOptions {
+            devices: devices(),
+            tensor_split: split.clone(),
+            ..Default::default()
+        };
+        assert!(Model::load(path(), options).is_err(), "{split:?}");
+    }
+    let model = load(&["CPU0", "CPU1"], &[]);
+    let err = Session::new(&model, &SessionOptions::default()).err();
+    assert!(err.is_some(), "a split model needs its devices named");
+}
