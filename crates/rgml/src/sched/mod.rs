@@ -48,9 +48,8 @@
 //! - An eval callback returning `false` stops the whole computation with [`Error::Aborted`]
 //!   (ggml only leaves the current split).
 //!
-//! Not yet here (later work, with room left for it): multi-buffers for buffer types with a
-//! maximum size (the [`GraphAllocator`] reports an allocation error instead), graph
-//! comparison between backends, and traces.
+//! Buffer types with a maximum size get multi-buffers from the [`GraphAllocator`] (one part
+//! per chunk); the scheduler treats every part as its own compute memory.
 
 mod assign;
 
@@ -465,7 +464,9 @@ impl Scheduler {
     fn note_buffers(&mut self) {
         for i in 0..self.galloc.n_buffer_types() {
             if let Some(b) = self.galloc.buffer(i) {
+                // Tensors of a multi-buffer point at its parts.
                 self.own_buffers.insert(b.id());
+                self.own_buffers.extend(b.parts().iter().map(|p| p.id()));
             }
         }
     }
