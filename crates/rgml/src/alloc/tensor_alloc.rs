@@ -104,15 +104,18 @@ pub fn alloc_ctx_tensors(
     }
     groups.push((first, pending.len(), size));
 
-    let mut parts = Vec::with_capacity(groups.len());
-    for &(lo, hi, size) in &groups {
-        let buffer = Buffer::alloc(buffer_type, size.max(1).min(max_size.max(1)))?;
+    // Allocate every part before placing anything, so a failed allocation leaves `ctx` as it was.
+    let parts = groups
+        .iter()
+        .map(|&(_, _, size)| Buffer::alloc(buffer_type, size.max(1)))
+        .collect::<Result<Vec<_>>>()?;
+    for (&(lo, hi, _), buffer) in groups.iter().zip(&parts) {
         let mut alloc = TensorAllocator::new(buffer.clone());
         for &id in &pending[lo..hi] {
             alloc.alloc(ctx, id)?;
         }
-        parts.push(buffer);
     }
+    let mut parts = parts;
     let views: Vec<TensorId> = ctx
         .ids()
         .filter(|&id| ctx[id].data.is_none() && ctx[id].view_src.is_some())
