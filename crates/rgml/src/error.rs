@@ -74,6 +74,19 @@ pub enum Error {
     /// A tensor that has no storage yet was read, written or computed.
     #[error("tensor '{0}' has no buffer")]
     NoStorage(String),
+    /// A tensor larger than the largest buffer its buffer type can allocate, so it cannot be
+    /// placed even in a buffer of its own.
+    #[error("tensor '{tensor}' needs {size} bytes, more than the {max_size}-byte maximum buffer size of {buffer_type}")]
+    TensorTooLarge {
+        /// The tensor's display name.
+        tensor: String,
+        /// The buffer type.
+        buffer_type: String,
+        /// Bytes the tensor needs.
+        size: usize,
+        /// The buffer type's maximum buffer size.
+        max_size: usize,
+    },
     /// A buffer could not be allocated.
     #[error("{buffer_type}: failed to allocate {size} bytes{}", fmt_reason(.reason))]
     OutOfMemory {

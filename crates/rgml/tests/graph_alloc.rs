@@ -1,12 +1,13 @@
 //! Graph allocator properties on a test-only host buffer type: memory reuse below the sum of
 //! node sizes without overlapping live tensors, in-place rules, inputs and outputs, several
-//! buffer types, reserve / re-reserve, untouched external storage, and errors.
+//! buffer types, reserve / re-reserve, untouched external storage, errors, and chunked
+//! allocation (multi-buffers) for a buffer type with a small maximum size.
 
 use rgml::alloc::{op_can_inplace, GraphAllocator, TensorAllocator};
-use rgml::backend::{BufferImpl, BufferType};
+use rgml::backend::{BufferImpl, BufferType, BufferUsage};
 use rgml::{Buffer, BufferTypeRef, Context, DType, Error, Graph, Result, TensorFlags, TensorId};
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 // ---------------------------------------------------------------------------------------------
@@ -232,9 +233,11 @@ fn simulate(ctx: &Context, graph: &Graph, buffers: &[u64]) {
     }
 }
 
+/// Ids of the allocator's buffers and, for multi-buffers, of their parts (where tensors live).
 fn buffer_ids(alloc: &GraphAllocator) -> Vec<u64> {
     (0..alloc.n_buffer_types())
-        .filter_map(|i| alloc.buffer(i).map(|b| b.id()))
+        .filter_map(|i| alloc.buffer(i))
+        .flat_map(|b| std::iter::once(b.id()).chain(b.parts().iter().map(|p| p.id())))
         .collect()
 }
 
@@ -672,4 +675,118 @@ fn views_missing_from_the_node_list_keep_their_source_alive() {
         let (_, off) = data_of(&ctx, n);
         assert!(off + 512 <= ro || off >= ro + 512, "{n:?} overlaps r");
     }
+}
+
+/// Every node lies inside one part of the (multi-)buffer of buffer type 0, aligned, and every
+/// part is at most `max` bytes. Returns the ids of the parts the nodes use.
+fn check_chunks(ctx: &Context, graph: &Graph, alloc: &GraphAllocator, max: usize) -> HashSet<u64> {
+    let buffer = alloc.buffer(0).unwrap();
+    let parts: Vec<Arc<Buffer>> = if buffer.is_multi() {
+        buffer.parts().to_vec()
+    } else {
+        vec![buffer.clone()]
+    };
+    assert!(
+        parts.iter().all(|p| p.size() <= max),
+        "a chunk exceeds {max}"
+    );
+    assert_eq!(
+        alloc.buffer_size(0),
+        parts.iter().map(|p| p.size()).sum::<usize>()
+    );
+    let mut used = HashSet::new();
+    for &n in graph.nodes() {
+        let d = ctx[n].data.as_ref().unwrap();
+        let part = parts
+            .iter()
+            .find(|p| p.id() == d.buffer.id())
+            .unwrap_or_else(|| panic!("'{}' is not in a part", ctx[n].name));
+        assert!(d.offset + ctx[n].nbytes() <= part.size());
+        assert!(d.offset.is_multiple_of(32));
+        used.insert(part.id());
+    }
+    used
+}
+
+#[test]
+fn peaks_above_max_size_are_allocated_in_chunks() {
+    const MAX: usize = 4096;
+    let small: BufferTypeRef = Arc::new(VecBufferType {
+        name: "small".into(),
+        max_size: MAX,
+    });
+    // Batch 4: the largest tensors are [256, 4] f32, exactly MAX bytes.
+    let Chain {
+        mut ctx,
+        graph,
+        out,
+        ..
+    } = chain(4);
+    let unbounded = GraphAllocator::new(vec![buffer_type("U")])
+        .measure_with(&ctx, &graph, &[], &[])
+        .unwrap()[0];
+    assert!(unbounded > MAX, "the test needs a peak above {MAX}");
+
+    let mut alloc = GraphAllocator::new(vec![small.clone()]);
+    alloc.alloc_graph(&mut ctx, &graph).unwrap();
+    let buffer = alloc.buffer(0).unwrap().clone();
+    assert!(buffer.is_multi());
+    assert!(buffer.parts().len() >= 2);
+    assert_eq!(buffer.usage(), BufferUsage::Compute);
+    assert!(buffer
+        .parts()
+        .iter()
+        .all(|p| p.usage() == BufferUsage::Compute));
+    assert_eq!(alloc.peak_size(0), alloc.buffer_size(0));
+    eprintln!(
+        "chain batch 4: unbounded peak {unbounded}, chunks {:?}",
+        buffer.parts().iter().map(|p| p.size()).collect::<Vec<_>>()
+    );
+    let used = check_chunks(&ctx, &graph, &alloc, MAX);
+    assert!(used.len() >= 2, "the nodes use only {} chunk", used.len());
+    let ids = buffer_ids(&alloc);
+    let pairs = check_no_overlap(&ctx, &graph, &ids);
+    assert!(pairs > 20, "only {pairs} live pairs checked");
+    simulate(&ctx, &graph, &ids);
+    assert!(own(&ctx, out, &ids));
+
+    // The same structure again reuses the plan and the buffers.
+    let mut again = chain(4);
+    assert!(!alloc.needs_realloc(&again.ctx, &again.graph));
+    alloc.alloc_graph(&mut again.ctx, &again.graph).unwrap();
+    assert_eq!(alloc.buffer(0).unwrap().id(), buffer.id());
+    simulate(&again.ctx, &again.graph, &buffer_ids(&alloc));
+
+    // Reserved for a smaller batch first: one plain buffer, which then grows into chunks.
+    let mut alloc = GraphAllocator::new(vec![small.clone()]);
+    let one = chain(1);
+    alloc.reserve(&one.ctx, &one.graph).unwrap();
+    assert!(!alloc.buffer(0).unwrap().is_multi());
+    let mut grown = chain(4);
+    alloc.alloc_graph(&mut grown.ctx, &grown.graph).unwrap();
+    assert!(alloc.buffer(0).unwrap().is_multi());
+    check_chunks(&grown.ctx, &grown.graph, &alloc, MAX);
+    let ids = buffer_ids(&alloc);
+    check_no_overlap(&grown.ctx, &grown.graph, &ids);
+    simulate(&grown.ctx, &grown.graph, &ids);
+
+    // With one unbounded and one limited buffer type, only the limited one is chunked.
+    let mut alloc = GraphAllocator::new(vec![buffer_type("U"), small]);
+    let mut two = chain(4);
+    let n = two.graph.n_nodes();
+    let node_ids: Vec<usize> = (0..n).map(|i| usize::from(i >= n / 2)).collect();
+    alloc
+        .reserve_with(&two.ctx, &two.graph, &node_ids, &[])
+        .unwrap();
+    alloc.alloc_graph(&mut two.ctx, &two.graph).unwrap();
+    assert!(!alloc.buffer(0).unwrap().is_multi());
+    assert!(alloc
+        .buffer(1)
+        .unwrap()
+        .parts()
+        .iter()
+        .all(|p| p.size() <= MAX));
+    let ids = buffer_ids(&alloc);
+    check_no_overlap(&two.ctx, &two.graph, &ids);
+    simulate(&two.ctx, &two.graph, &ids);
 }

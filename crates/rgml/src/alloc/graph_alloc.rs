@@ -1,5 +1,5 @@
 //! The graph allocator (ggml's `ggml_gallocr`): places every intermediate tensor of a compute
-//! graph in one buffer per buffer type, reusing memory whose tensors are no longer needed.
+//! graph in one buffer (or multi-buffer) per buffer type, reusing memory whose tensors are no longer needed.
 //!
 //! This module owns the liveness analysis (consumer and view counts per tensor), the in-place
 //! decisions, the simulated best-fit allocator that measures the peak size per buffer type, and
@@ -16,6 +16,16 @@
 //!    keeps its source alive until the view's own consumers are done. Graph outputs
 //!    ([`TensorFlags::OUTPUT`]) are never freed.
 //!
+//! Buffer types with a maximum buffer size ([`BufferType::max_size`]): the simulated allocator
+//! splits each buffer type's space into chunks of at most `max_size` bytes (ggml's approach); a
+//! tensor never straddles two chunks, a request takes the best-fitting hole of any chunk, else
+//! the tail of a chunk it still fits in, else a new chunk. A buffer type whose plan needs one
+//! chunk gets one plain buffer; one that needs several gets a multi-buffer ([`Buffer::multi`])
+//! with one part per chunk, and its tensors point at their part. Without a maximum size there
+//! is only chunk 0 and the plan is exactly the unchunked one.
+//!
+//! [`BufferType::max_size`]: crate::backend::BufferType::max_size
+//!
 //! [`GraphAllocator::reserve`] runs that plan to measure the peak per buffer type and grows the
 //! buffers if needed; [`GraphAllocator::alloc_graph`] applies the recorded plan, re-planning first
 //! when the graph changed or no longer fits (ggml's `needs_realloc`).
@@ -29,8 +39,8 @@
 //!   view sources, and unchanged in-place layouts); ggml only compares counts and sizes.
 //! - A source that is a view the graph does not list (a graph made of a node range) keeps the
 //!   view's source alive until it is read; ggml does not count such views.
-//! - One buffer per buffer type, no chunking: a peak above the buffer type's `max_size` is an
-//!   allocation error rather than a split buffer.
+//! - A tensor larger than its buffer type's `max_size` is an allocation error
+//!   ([`Error::OutOfMemory`]); ggml gives it an oversized chunk of its own.
 //!
 //! Concurrency (future work): a backend that runs several nodes at once must not see one
 //! node's output placed in memory another concurrently running node still reads. Frees are
@@ -75,78 +85,48 @@ fn alloc_error(msg: impl Into<String>) -> Error {
 // ---------------------------------------------------------------------------------------------
 // Simulated allocator.
 
-/// A free byte range `[offset, offset + size)`.
+/// A free byte range `[offset, offset + size)` in one chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FreeBlock {
     offset: usize,
     size: usize,
 }
 
-/// Best-fit allocator over an unbounded address range (ggml's `ggml_dyn_tallocr` with one
-/// chunk). It hands out offsets only; `peak` is the buffer size the allocations need.
+/// One chunk of a [`DynAllocator`]: a range of at most the allocator's `max_chunk` bytes that
+/// becomes one buffer (one part of a multi-buffer when there are several).
 ///
 /// Everything at or above `top` is free; `free` holds the free holes below it, sorted by offset
 /// and never adjacent to each other or to `top` (adjacent ranges are merged on free).
-#[derive(Clone, Debug)]
-struct DynAllocator {
-    alignment: usize,
+#[derive(Clone, Debug, Default)]
+struct Chunk {
     free: Vec<FreeBlock>,
     top: usize,
     peak: usize,
 }
 
-impl DynAllocator {
-    fn new(alignment: usize) -> Self {
-        DynAllocator {
-            alignment: alignment.max(1),
-            free: Vec::new(),
-            top: 0,
-            peak: 0,
+impl Chunk {
+    /// Take `size` bytes from hole `i`.
+    fn take_hole(&mut self, i: usize, size: usize) -> usize {
+        let block = &mut self.free[i];
+        let offset = block.offset;
+        block.offset += size;
+        block.size -= size;
+        if block.size == 0 {
+            self.free.remove(i);
         }
+        offset
     }
 
-    fn padded(&self, size: usize) -> Result<usize> {
-        size.checked_next_multiple_of(self.alignment)
-            .ok_or(Error::SizeOverflow)
-    }
-
-    /// Offset of `size` fresh bytes: the smallest hole that fits, else the top (which may raise
-    /// the peak). Offsets stay multiples of the alignment because every size is padded to it.
-    fn alloc(&mut self, size: usize) -> Result<usize> {
-        let size = self.padded(size)?;
-        if size == 0 {
-            return Ok(0);
-        }
-        let best = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.size >= size)
-            .min_by_key(|(_, b)| b.size)
-            .map(|(i, _)| i);
-        if let Some(i) = best {
-            let block = &mut self.free[i];
-            let offset = block.offset;
-            block.offset += size;
-            block.size -= size;
-            if block.size == 0 {
-                self.free.remove(i);
-            }
-            return Ok(offset);
-        }
+    /// Take `size` bytes from the free tail.
+    fn take_top(&mut self, size: usize) -> usize {
         let offset = self.top;
-        self.top = offset.checked_add(size).ok_or(Error::SizeOverflow)?;
+        self.top += size;
         self.peak = self.peak.max(self.top);
-        Ok(offset)
+        offset
     }
 
     /// Return `size` bytes at `offset`, merging with neighbouring free ranges.
-    fn free(&mut self, offset: usize, size: usize) -> Result<()> {
-        let size = self.padded(size)?;
-        if size == 0 {
-            return Ok(());
-        }
-        let end = offset.checked_add(size).ok_or(Error::SizeOverflow)?;
+    fn free(&mut self, offset: usize, size: usize, end: usize) {
         let pos = self.free.partition_point(|b| b.offset < offset);
         let merges_prev = pos > 0 && {
             let p = self.free[pos - 1];
@@ -172,6 +152,104 @@ impl DynAllocator {
                 self.free.pop();
             }
         }
+    }
+}
+
+/// Best-fit allocator over chunks of at most `max_chunk` bytes each (ggml's `ggml_dyn_tallocr`).
+/// It hands out (chunk, offset) pairs only; each chunk's `peak` is the size of the buffer that
+/// chunk needs. No allocation straddles two chunks.
+///
+/// With an unbounded `max_chunk` there is only ever chunk 0, and this is the plain best-fit
+/// allocator: the smallest hole that fits, else the free tail. With a bound, a request goes to
+/// (as ggml): the smallest hole that fits in any chunk (the lowest chunk on ties); else the tail
+/// of a chunk it fits in below `max_chunk`, preferring one whose peak already covers it (the
+/// least waste), then the one that grows least; else a new chunk.
+#[derive(Clone, Debug)]
+struct DynAllocator {
+    alignment: usize,
+    max_chunk: usize,
+    chunks: Vec<Chunk>,
+}
+
+impl DynAllocator {
+    fn new(alignment: usize, max_chunk: usize) -> Self {
+        DynAllocator {
+            alignment: alignment.max(1),
+            max_chunk,
+            chunks: vec![Chunk::default()],
+        }
+    }
+
+    fn padded(&self, size: usize) -> Result<usize> {
+        size.checked_next_multiple_of(self.alignment)
+            .ok_or(Error::SizeOverflow)
+    }
+
+    /// Peak bytes of each chunk (at least one entry).
+    fn peaks(&self) -> Vec<usize> {
+        self.chunks.iter().map(|c| c.peak).collect()
+    }
+
+    /// `(chunk, offset)` of `size` fresh bytes, or `None` when the padded size exceeds the
+    /// chunk limit. Offsets stay multiples of the alignment because every size is padded to it.
+    fn alloc(&mut self, size: usize) -> Result<Option<(usize, usize)>> {
+        let size = self.padded(size)?;
+        if size == 0 {
+            return Ok(Some((0, 0)));
+        }
+        if size > self.max_chunk {
+            return Ok(None);
+        }
+        let best_hole = self
+            .chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(c, ch)| ch.free.iter().enumerate().map(move |(i, b)| (c, i, b)))
+            .filter(|(_, _, b)| b.size >= size)
+            .min_by_key(|(_, _, b)| b.size)
+            .map(|(c, i, _)| (c, i));
+        if let Some((c, i)) = best_hole {
+            return Ok(Some((c, self.chunks[c].take_hole(i, size))));
+        }
+        // The tail of a chunk: rank by (grows?, waste or growth), lowest chunk on ties.
+        let best_tail = self
+            .chunks
+            .iter()
+            .enumerate()
+            .filter_map(|(c, ch)| {
+                let end = ch.top.checked_add(size)?;
+                (end <= self.max_chunk).then(|| {
+                    if end <= ch.peak {
+                        (c, (false, ch.peak - end))
+                    } else {
+                        (c, (true, end - ch.peak))
+                    }
+                })
+            })
+            .min_by_key(|&(_, rank)| rank)
+            .map(|(c, _)| c);
+        let c = match best_tail {
+            Some(c) => c,
+            None => {
+                self.chunks.push(Chunk::default());
+                self.chunks.len() - 1
+            }
+        };
+        Ok(Some((c, self.chunks[c].take_top(size))))
+    }
+
+    /// Return `size` bytes at `offset` of `chunk`, merging with neighbouring free ranges.
+    fn free(&mut self, chunk: usize, offset: usize, size: usize) -> Result<()> {
+        let size = self.padded(size)?;
+        if size == 0 {
+            return Ok(());
+        }
+        let end = offset.checked_add(size).ok_or(Error::SizeOverflow)?;
+        let ch = self
+            .chunks
+            .get_mut(chunk)
+            .ok_or_else(|| alloc_error(format!("free in chunk {chunk}, which does not exist")))?;
+        ch.free(offset, size, end);
         Ok(())
     }
 }
@@ -185,9 +263,10 @@ enum Placement {
     /// Not placed by the allocator: a view (it takes its source's memory) or a tensor that had
     /// storage when the plan was made.
     NotOwned,
-    /// `size` bytes at `offset` in the buffer of `slot`.
+    /// `size` bytes at `offset` in chunk `chunk` of the buffer of `slot`.
     Own {
         slot: usize,
+        chunk: usize,
         offset: usize,
         size: usize,
     },
@@ -210,8 +289,8 @@ struct Plan {
     node_srcs: Vec<Vec<TensorId>>,
     leafs: Vec<TensorId>,
     records: HashMap<TensorId, Record>,
-    /// Peak bytes per slot.
-    peaks: Vec<usize>,
+    /// Peak bytes per chunk, per slot (at least one chunk each).
+    peaks: Vec<Vec<usize>>,
     /// Whether any tensor is placed in each slot (zero-size tensors still need a buffer).
     used: Vec<bool>,
     node_buffer_ids: Vec<usize>,
@@ -267,6 +346,7 @@ struct TensorState {
     /// Whether the allocator currently holds memory for it (false once freed or handed over).
     owned: bool,
     slot: usize,
+    chunk: usize,
     offset: usize,
     size: usize,
     inplace_of: Option<TensorId>,
@@ -291,7 +371,7 @@ impl<'a> Planner<'a> {
             slot_of,
             allocs: slot_types
                 .iter()
-                .map(|bt| DynAllocator::new(bt.alignment()))
+                .map(|bt| DynAllocator::new(bt.alignment(), bt.max_size()))
                 .collect(),
             used: vec![false; slot_types.len()],
             state: vec![TensorState::default(); ctx.len()],
@@ -391,6 +471,7 @@ impl<'a> Planner<'a> {
                 st.planned = true;
                 st.owned = true;
                 st.slot = p.slot;
+                st.chunk = p.chunk;
                 st.offset = p.offset;
                 st.size = size;
                 st.inplace_of = Some(parent);
@@ -403,16 +484,23 @@ impl<'a> Planner<'a> {
             let alloc = &mut self.allocs[p.slot];
             let (old, new) = (alloc.padded(p.size)?, alloc.padded(size)?);
             if old > new {
-                alloc.free(p.offset + new, old - new)?;
+                alloc.free(p.chunk, p.offset + new, old - new)?;
             }
             return Ok(());
         }
         let size = self.alloc_size(slot, t);
-        let offset = self.allocs[slot].alloc(size)?;
+        let Some((chunk, offset)) = self.allocs[slot].alloc(size)? else {
+            return Err(Error::OutOfMemory {
+                buffer_type: self.slot_types[slot].name().to_string(),
+                size,
+                reason: "a tensor is larger than the buffer type's maximum buffer size",
+            });
+        };
         let st = self.st(id)?;
         st.planned = true;
         st.owned = true;
         st.slot = slot;
+        st.chunk = chunk;
         st.offset = offset;
         st.size = size;
         Ok(())
@@ -515,8 +603,8 @@ impl<'a> Planner<'a> {
                 continue;
             }
             st.owned = false;
-            let (slot, offset, size) = (st.slot, st.offset, st.size);
-            self.allocs[slot].free(offset, size)?;
+            let (slot, chunk, offset, size) = (st.slot, st.chunk, st.offset, st.size);
+            self.allocs[slot].free(chunk, offset, size)?;
         }
         Ok(())
     }
@@ -541,6 +629,7 @@ impl<'a> Planner<'a> {
             let placement = if st.planned {
                 Placement::Own {
                     slot: st.slot,
+                    chunk: st.chunk,
                     offset: st.offset,
                     size: st.size,
                 }
@@ -566,7 +655,7 @@ impl<'a> Planner<'a> {
             node_srcs,
             leafs: graph.leafs().to_vec(),
             records,
-            peaks: self.allocs.iter().map(|a| a.peak).collect(),
+            peaks: self.allocs.iter().map(|a| a.peaks()).collect(),
             used: self.used,
             node_buffer_ids,
             leaf_buffer_ids,
@@ -577,7 +666,8 @@ impl<'a> Planner<'a> {
 // ---------------------------------------------------------------------------------------------
 // The allocator.
 
-/// Allocates compute graphs into one buffer per buffer type, reusing the memory of tensors that
+/// Allocates compute graphs into one buffer per buffer type (a multi-buffer when the buffer
+/// type's maximum size needs several chunks), reusing the memory of tensors that
 /// are no longer needed (ggml's `ggml_gallocr`).
 ///
 /// Typical use: [`reserve`](Self::reserve) once with the largest graph (e.g. a full batch) so the
@@ -657,17 +747,32 @@ impl GraphAllocator {
         self.plan = None;
         let plan = self.make_plan(ctx, graph, node_buffer_ids, leaf_buffer_ids)?;
         for slot in 0..self.slot_types.len() {
-            let current = self.buffers[slot].as_ref().map(|b| b.size());
-            let needed = plan.peaks[slot];
-            let grow = match current {
-                Some(size) => needed > size,
+            let current = self.buffers[slot].as_deref().map(chunk_sizes);
+            let needed = &plan.peaks[slot];
+            let grow = match &current {
+                Some(sizes) => {
+                    needed.len() > sizes.len() || needed.iter().zip(sizes).any(|(n, s)| n > s)
+                }
                 None => plan.used[slot],
             };
             if grow {
                 // Drop the old buffer first so its memory can be reused (tensors placed in it by
-                // an earlier graph keep it alive through their own references).
+                // an earlier graph keep it alive through their own references). Chunks never
+                // shrink: each part is at least as large as before.
                 self.buffers[slot] = None;
-                let buffer = Buffer::alloc(&self.slot_types[slot], needed)?;
+                let current = current.unwrap_or_default();
+                let mut parts = Vec::with_capacity(needed.len().max(current.len()));
+                for c in 0..needed.len().max(current.len()) {
+                    let size = needed.get(c).copied().unwrap_or(0);
+                    let size = size.max(current.get(c).copied().unwrap_or(0));
+                    parts.push(Buffer::alloc(&self.slot_types[slot], size)?);
+                }
+                let buffer = match parts.len() {
+                    1 => parts
+                        .pop()
+                        .ok_or_else(|| alloc_error("no chunk to allocate"))?,
+                    _ => Buffer::multi(parts)?,
+                };
                 buffer.set_usage(BufferUsage::Compute);
                 self.buffers[slot] = Some(buffer);
             }
@@ -688,7 +793,10 @@ impl GraphAllocator {
     ) -> Result<Vec<usize>> {
         let plan = self.make_plan(ctx, graph, node_buffer_ids, leaf_buffer_ids)?;
         Ok((0..self.buffer_types.len())
-            .map(|i| self.first_of_slot(i).map_or(0, |s| plan.peaks[s]))
+            .map(|i| {
+                self.first_of_slot(i)
+                    .map_or(0, |s| plan.peaks[s].iter().sum())
+            })
             .collect())
     }
 
@@ -759,12 +867,18 @@ impl GraphAllocator {
             }
             match rec.placement {
                 Placement::NotOwned => false,
-                Placement::Own { slot, offset, size } => {
-                    self.buffers[slot].as_ref().is_some_and(|b| {
+                Placement::Own {
+                    slot,
+                    chunk,
+                    offset,
+                    size,
+                } => self.buffers[slot]
+                    .as_ref()
+                    .and_then(|b| chunk_part(b, chunk))
+                    .is_some_and(|part| {
                         let need = self.slot_types[slot].alloc_size(t);
-                        need <= size && offset + need <= b.size()
-                    })
-                }
+                        need <= size && offset + need <= part.size()
+                    }),
             }
         })
     }
@@ -774,7 +888,8 @@ impl GraphAllocator {
         (self.slot_of.iter().position(|&s| s == slot) == Some(buffer_id)).then_some(slot)
     }
 
-    /// Size of the buffer of buffer type `buffer_id` (0 before any allocation, for an id out of
+    /// Size of the buffer of buffer type `buffer_id`, the total over all parts of a multi-buffer
+    /// (0 before any allocation, for an id out of
     /// range, and for a buffer type listed again after its first occurrence, which shares the
     /// first one's buffer — so summing over ids counts each buffer once).
     pub fn buffer_size(&self, buffer_id: usize) -> usize {
@@ -783,16 +898,18 @@ impl GraphAllocator {
             .map_or(0, |b| b.size())
     }
 
-    /// Peak bytes the last reserved plan measured for buffer type `buffer_id` (0 as for
+    /// Peak bytes the last reserved plan measured for buffer type `buffer_id`, summed over its
+    /// chunks (0 as for
     /// [`buffer_size`](Self::buffer_size)).
     pub fn peak_size(&self, buffer_id: usize) -> usize {
         match (&self.plan, self.first_of_slot(buffer_id)) {
-            (Some(plan), Some(slot)) => plan.peaks[slot],
+            (Some(plan), Some(slot)) => plan.peaks[slot].iter().sum(),
             _ => 0,
         }
     }
 
-    /// The buffer that holds tensors of buffer type `buffer_id`, once allocated.
+    /// The buffer that holds tensors of buffer type `buffer_id`, once allocated: a multi-buffer
+    /// when the plan needed several chunks (its tensors then point at its parts).
     pub fn buffer(&self, buffer_id: usize) -> Option<&Arc<Buffer>> {
         let slot = *self.slot_of.get(buffer_id)?;
         self.buffers[slot].as_ref()
@@ -842,6 +959,25 @@ fn check_graph(ctx: &Context, graph: &Graph) -> Result<()> {
     Ok(())
 }
 
+/// Sizes of the chunks a slot's buffer provides: its parts if it is a multi-buffer, else itself.
+fn chunk_sizes(buffer: &Buffer) -> Vec<usize> {
+    if buffer.is_multi() {
+        buffer.parts().iter().map(|p| p.size()).collect()
+    } else {
+        vec![buffer.size()]
+    }
+}
+
+/// The buffer that holds chunk `chunk` of a slot's buffer: a part of a multi-buffer, or the
+/// buffer itself for chunk 0 of a plain one.
+fn chunk_part(buffer: &Arc<Buffer>, chunk: usize) -> Option<Arc<Buffer>> {
+    if buffer.is_multi() {
+        buffer.parts().get(chunk).cloned()
+    } else {
+        (chunk == 0).then(|| buffer.clone())
+    }
+}
+
 /// Apply the plan to tensor `id` if it has no storage yet.
 fn place(
     ctx: &mut Context,
@@ -861,10 +997,16 @@ fn place(
     }
     let name = t.display_name().to_string();
     match plan.records.get(&id).map(|r| r.placement) {
-        Some(Placement::Own { slot, offset, .. }) => {
+        Some(Placement::Own {
+            slot,
+            chunk,
+            offset,
+            ..
+        }) => {
             let buffer = buffers
                 .get(slot)
-                .and_then(|b| b.clone())
+                .and_then(|b| b.as_ref())
+                .and_then(|b| chunk_part(b, chunk))
                 .ok_or_else(|| alloc_error(format!("no buffer for tensor '{name}'")))?;
             ctx.set_data(id, buffer, offset)
         }
@@ -878,41 +1020,72 @@ fn place(
 mod tests {
     use super::*;
 
+    /// Offset of an allocation that must land in chunk 0.
+    fn alloc0(a: &mut DynAllocator, size: usize) -> usize {
+        let (c, off) = a.alloc(size).unwrap().unwrap();
+        assert_eq!(c, 0);
+        off
+    }
+
     #[test]
     fn best_fit_merges_and_tracks_peak() {
-        let mut a = DynAllocator::new(32);
-        let x = a.alloc(10).unwrap(); // 32 bytes
-        let y = a.alloc(100).unwrap(); // 128
-        let z = a.alloc(64).unwrap(); // 64
+        let mut a = DynAllocator::new(32, usize::MAX);
+        let x = alloc0(&mut a, 10); // 32 bytes
+        let y = alloc0(&mut a, 100); // 128
+        let z = alloc0(&mut a, 64); // 64
         assert_eq!((x, y, z), (0, 32, 160));
-        assert_eq!(a.peak, 224);
-        a.free(x, 10).unwrap();
+        assert_eq!(a.peaks(), vec![224]);
+        a.free(0, x, 10).unwrap();
         // A 32-byte request takes the 32-byte hole, not the top.
-        assert_eq!(a.alloc(1).unwrap(), 0);
-        a.free(0, 32).unwrap();
-        a.free(y, 100).unwrap();
+        assert_eq!(alloc0(&mut a, 1), 0);
+        a.free(0, 0, 32).unwrap();
+        a.free(0, y, 100).unwrap();
         // The two holes merged into one of 160 bytes.
         assert_eq!(
-            a.free,
+            a.chunks[0].free,
             vec![FreeBlock {
                 offset: 0,
                 size: 160
             }]
         );
         // Freeing the top block merges everything into the free tail.
-        a.free(z, 64).unwrap();
-        assert!(a.free.is_empty());
-        assert_eq!(a.top, 0);
-        assert_eq!(a.peak, 224);
+        a.free(0, z, 64).unwrap();
+        assert!(a.chunks[0].free.is_empty());
+        assert_eq!(a.chunks[0].top, 0);
+        assert_eq!(a.peaks(), vec![224]);
         // Best fit: among holes of 64 and 32, a 20-byte request takes the 32 one.
-        let p = a.alloc(64).unwrap();
-        let q = a.alloc(32).unwrap();
-        let r = a.alloc(32).unwrap();
-        let s = a.alloc(32).unwrap();
-        a.free(p, 64).unwrap();
-        a.free(r, 32).unwrap();
-        assert_eq!(a.alloc(20).unwrap(), r);
+        let p = alloc0(&mut a, 64);
+        let q = alloc0(&mut a, 32);
+        let r = alloc0(&mut a, 32);
+        let s = alloc0(&mut a, 32);
+        a.free(0, p, 64).unwrap();
+        a.free(0, r, 32).unwrap();
+        assert_eq!(alloc0(&mut a, 20), r);
         let _ = (q, s);
-        assert_eq!(a.alloc(0).unwrap(), 0);
+        assert_eq!(alloc0(&mut a, 0), 0);
+        assert_eq!(a.chunks.len(), 1);
+    }
+
+    #[test]
+    fn chunks_hold_at_most_max_chunk_and_reuse_holes_first() {
+        let mut a = DynAllocator::new(32, 256);
+        assert_eq!(a.alloc(200).unwrap(), Some((0, 0))); // 224 bytes
+                                                         // 64 bytes do not fit in chunk 0's tail (224 + 64 > 256): a new chunk.
+        assert_eq!(a.alloc(64).unwrap(), Some((1, 0)));
+        // 32 bytes: both tails would grow by 32; the lowest chunk wins the tie.
+        assert_eq!(a.alloc(32).unwrap(), Some((0, 224)));
+        assert_eq!(a.peaks(), vec![256, 64]);
+        // A hole anywhere beats a tail.
+        a.free(0, 0, 200).unwrap();
+        assert_eq!(a.alloc(100).unwrap(), Some((0, 0)));
+        // Larger than a chunk: refused.
+        assert_eq!(a.alloc(257).unwrap(), None);
+        assert_eq!(a.alloc(256).unwrap(), Some((2, 0)));
+        // A tail that fits under a chunk's peak is preferred to one that grows another chunk.
+        assert_eq!(a.alloc(96).unwrap(), Some((0, 128))); // the 96-byte hole left in chunk 0
+        a.free(2, 0, 256).unwrap();
+        assert_eq!(a.alloc(64).unwrap(), Some((2, 0)));
+        assert_eq!(a.peaks(), vec![256, 64, 256]);
+        assert!(a.peaks().iter().all(|&p| p <= 256));
     }
 }

@@ -1,8 +1,10 @@
 //! Allocators: place tensors in buffers.
 //!
 //! [`TensorAllocator`] is a bump allocator over one buffer (weights, inputs, small graphs);
-//! [`alloc_ctx_tensors`] sizes and fills one buffer with every tensor of a context. The graph
-//! allocator [`GraphAllocator`] places compute graphs with liveness-based reuse and in-place ops.
+//! [`alloc_ctx_tensors`] sizes and fills one buffer with every tensor of a context (several,
+//! wrapped in a multi-buffer, when the buffer type's maximum size requires it). The graph
+//! allocator [`GraphAllocator`] places compute graphs with liveness-based reuse and in-place ops,
+//! in chunks of at most the maximum size.
 
 mod graph_alloc;
 mod tensor_alloc;

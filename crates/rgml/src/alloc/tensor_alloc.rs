@@ -1,4 +1,6 @@
-//! Bump allocation of tensors in one buffer.
+//! Bump allocation of tensors: [`TensorAllocator`] over one buffer, and
+//! [`alloc_ctx_tensors`], which sizes and fills the buffer(s) of a whole context, splitting
+//! into a multi-buffer when a buffer type's maximum size requires it.
 
 use crate::backend::{Buffer, BufferTypeRef};
 use crate::context::Context;
@@ -51,31 +53,69 @@ impl TensorAllocator {
     }
 }
 
-/// Allocate one buffer of `buffer_type` holding every tensor of `ctx` that has no storage yet
-/// (views are pointed at their sources). Returns `None` when there is nothing to allocate.
+/// Allocate storage of `buffer_type` for every tensor of `ctx` that has none yet (views are
+/// pointed at their sources), ggml's `ggml_backend_alloc_ctx_tensors_from_buft`. Returns `None`
+/// when there is nothing to allocate.
+///
+/// When everything fits in one buffer of at most [`BufferType::max_size`] bytes that buffer is
+/// returned. Otherwise tensors are packed in creation order into several buffers, starting a new
+/// one whenever the next tensor does not fit in the current one, and a multi-buffer over them is
+/// returned ([`Buffer::multi`]); each tensor points at the part it lives in. A tensor larger
+/// than `max_size` is [`Error::TensorTooLarge`].
+///
+/// [`BufferType::max_size`]: crate::backend::BufferType::max_size
 pub fn alloc_ctx_tensors(
     ctx: &mut Context,
     buffer_type: &BufferTypeRef,
 ) -> Result<Option<Arc<Buffer>>> {
     let align = buffer_type.alignment();
+    let max_size = buffer_type.max_size();
     let pending: Vec<TensorId> = ctx
         .ids()
         .filter(|&id| ctx[id].data.is_none() && ctx[id].view_src.is_none())
         .collect();
-    let mut size = 0usize;
-    for &id in &pending {
-        size = align_up(size, align)
-            .checked_add(buffer_type.alloc_size(&ctx[id]))
-            .ok_or(Error::SizeOverflow)?;
-    }
     if pending.is_empty() {
         return Ok(None);
     }
-    let buffer = Buffer::alloc(buffer_type, size.max(1))?;
-    let mut alloc = TensorAllocator::new(buffer.clone());
-    for id in pending {
-        alloc.alloc(ctx, id)?;
+    // Pack into groups: (first index in `pending`, one past the last, bytes needed).
+    let mut groups: Vec<(usize, usize, usize)> = Vec::new();
+    let (mut first, mut size) = (0usize, 0usize);
+    for (i, &id) in pending.iter().enumerate() {
+        let t = &ctx[id];
+        let need = buffer_type.alloc_size(t);
+        if need > max_size {
+            return Err(Error::TensorTooLarge {
+                tensor: t.display_name().to_string(),
+                buffer_type: buffer_type.name().to_string(),
+                size: need,
+                max_size,
+            });
+        }
+        let end = align_up(size, align)
+            .checked_add(need)
+            .ok_or(Error::SizeOverflow)?;
+        if end > max_size && i > first {
+            groups.push((first, i, size));
+            first = i;
+            size = need;
+        } else {
+            size = end;
+        }
     }
+    groups.push((first, pending.len(), size));
+
+    // Allocate every part before placing anything, so a failed allocation leaves `ctx` as it was.
+    let parts = groups
+        .iter()
+        .map(|&(_, _, size)| Buffer::alloc(buffer_type, size.max(1)))
+        .collect::<Result<Vec<_>>>()?;
+    for (&(lo, hi, _), buffer) in groups.iter().zip(&parts) {
+        let mut alloc = TensorAllocator::new(buffer.clone());
+        for &id in &pending[lo..hi] {
+            alloc.alloc(ctx, id)?;
+        }
+    }
+    let mut parts = parts;
     let views: Vec<TensorId> = ctx
         .ids()
         .filter(|&id| ctx[id].data.is_none() && ctx[id].view_src.is_some())
@@ -83,5 +123,8 @@ pub fn alloc_ctx_tensors(
     for id in views {
         ctx.init_view(id)?;
     }
-    Ok(Some(buffer))
+    if parts.len() == 1 {
+        return Ok(parts.pop());
+    }
+    Buffer::multi(parts).map(Some)
 }

@@ -1,4 +1,23 @@
 //! Buffer types and buffers, and tensor byte access through them.
+//!
+//! This module owns the [`BufferType`] / [`BufferImpl`] traits backends implement, the
+//! [`Buffer`] wrapper that bounds-checks and locks every access, multi-buffers (one logical
+//! buffer over several allocations of one buffer type, see [`Buffer::multi`]), and the
+//! `Context::tensor_*` byte accessors.
+//!
+//! # Multi-buffers
+//! A buffer type may cap the size of one allocation ([`BufferType::max_size`]). Allocators that
+//! need more (`alloc::alloc_ctx_tensors` and `alloc::GraphAllocator`) allocate several buffers
+//! ("parts"), each at most `max_size`, and wrap them in a multi-buffer, as ggml's
+//! `ggml_backend_multi_buffer` does:
+//! - tensors point at the part they live in (`TensorData::buffer` is the part, the offset is
+//!   relative to that part), so kernels and backends never see a multi-buffer and no tensor
+//!   spans two parts;
+//! - the multi-buffer owns the parts: it keeps them alive, its size is the sum of theirs, and
+//!   [`Buffer::set_usage`], [`Buffer::clear`] and [`Buffer::reset`] apply to every part;
+//! - its own bytes are the parts laid end to end (part 0 first), so [`Buffer::set`],
+//!   [`Buffer::get`], [`Buffer::memset`] and copies on the multi-buffer itself also work, and may
+//!   span parts. It is never host-addressable as a whole ([`Buffer::host_access`] is `None`).
 
 use super::device::DeviceRef;
 use crate::context::Context;
@@ -118,6 +137,8 @@ static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 /// [`Buffer::host_access`]) an exclusive one, so no two threads race on the bytes.
 pub struct Buffer {
     imp: Box<dyn BufferImpl>,
+    /// The parts of a multi-buffer (empty for a plain buffer).
+    parts: Vec<Arc<Buffer>>,
     buffer_type: BufferTypeRef,
     size: usize,
     usage: AtomicU8,
@@ -131,6 +152,7 @@ impl std::fmt::Debug for Buffer {
             .field("type", &self.buffer_type.name())
             .field("size", &self.size)
             .field("id", &self.id)
+            .field("parts", &self.parts.len())
             .finish()
     }
 }
@@ -176,6 +198,7 @@ impl Buffer {
     ) -> Arc<Buffer> {
         Arc::new(Buffer {
             imp,
+            parts: Vec::new(),
             buffer_type,
             size,
             usage: AtomicU8::new(BufferUsage::Any as u8),
@@ -184,7 +207,73 @@ impl Buffer {
         })
     }
 
-    /// Size in bytes.
+    /// One logical buffer over `parts`, several allocations of the same buffer type (ggml's
+    /// `ggml_backend_multi_buffer_alloc_buffer`); see the module docs for how tensors address
+    /// it. Its size is the sum of the parts' sizes; its usage starts as the first part's.
+    ///
+    /// Errors: no parts, parts of different buffer types (not the same instance), or a part
+    /// that is itself a multi-buffer.
+    pub fn multi(parts: Vec<Arc<Buffer>>) -> Result<Arc<Buffer>> {
+        let Some(first) = parts.first() else {
+            return Err(Error::InvalidParams {
+                params: "multi-buffer".into(),
+                reason: "a multi-buffer needs at least one part".into(),
+            });
+        };
+        let buffer_type = first.buffer_type.clone();
+        let usage = first.usage();
+        let mut size = 0usize;
+        for p in &parts {
+            if !super::same_instance(&p.buffer_type, &buffer_type) {
+                return Err(Error::InvalidParams {
+                    params: "multi-buffer".into(),
+                    reason: format!(
+                        "parts of different buffer types: '{}' and '{}'",
+                        buffer_type.name(),
+                        p.name()
+                    ),
+                });
+            }
+            if p.is_multi() {
+                return Err(Error::InvalidParams {
+                    params: "multi-buffer".into(),
+                    reason: "a part is itself a multi-buffer".into(),
+                });
+            }
+            size = size.checked_add(p.size).ok_or(Error::SizeOverflow)?;
+        }
+        let buffer = Arc::new(Buffer {
+            imp: Box::new(MultiImpl {
+                parts: parts.clone(),
+            }),
+            parts,
+            buffer_type,
+            size,
+            usage: AtomicU8::new(BufferUsage::Any as u8),
+            id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
+            lock: RwLock::new(()),
+        });
+        buffer.set_usage(usage);
+        Ok(buffer)
+    }
+
+    /// Whether this is a multi-buffer (see [`Buffer::multi`]).
+    pub fn is_multi(&self) -> bool {
+        !self.parts.is_empty()
+    }
+
+    /// The parts of a multi-buffer, in address order; empty for a plain buffer.
+    pub fn parts(&self) -> &[Arc<Buffer>] {
+        &self.parts
+    }
+
+    /// Whether a tensor whose storage is `buffer` lives in this buffer: `buffer` is this buffer
+    /// or one of its parts.
+    pub fn holds(&self, buffer: &Buffer) -> bool {
+        self.id == buffer.id || self.parts.iter().any(|p| p.id == buffer.id)
+    }
+
+    /// Size in bytes (for a multi-buffer, the sum of its parts).
     pub fn size(&self) -> usize {
         self.size
     }
@@ -223,9 +312,12 @@ impl Buffer {
         }
     }
 
-    /// Declare what the buffer holds.
+    /// Declare what the buffer holds (for a multi-buffer, every part too).
     pub fn set_usage(&self, usage: BufferUsage) {
         self.usage.store(usage as u8, Ordering::Relaxed);
+        for p in &self.parts {
+            p.set_usage(usage);
+        }
     }
 
     /// Alignment of tensor offsets.
@@ -290,14 +382,14 @@ impl Buffer {
         self.imp.memset(offset, value, size)
     }
 
-    /// Fill the whole buffer with `value`.
+    /// Fill the whole buffer with `value` (for a multi-buffer, every part).
     pub fn clear(&self, value: u8) -> Result<()> {
         self.check_writable()?;
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
         self.imp.clear(value)
     }
 
-    /// Forget per-tensor state.
+    /// Forget per-tensor state (for a multi-buffer, in every part).
     pub fn reset(&self) {
         self.imp.reset()
     }
@@ -340,6 +432,81 @@ impl Buffer {
             base,
             size: self.size,
         })
+    }
+}
+
+/// The storage of a multi-buffer: its parts laid end to end. Accesses are bounds-checked by
+/// [`Buffer`] against the total size and split at part boundaries; each piece goes through the
+/// part's own [`Buffer`] (its checks and its lock).
+struct MultiImpl {
+    parts: Vec<Arc<Buffer>>,
+}
+
+impl MultiImpl {
+    /// Call `f(part, offset in the part, offset in the request, length)` for each piece of the
+    /// byte range `[offset, offset + size)`.
+    fn each(
+        &self,
+        offset: usize,
+        size: usize,
+        mut f: impl FnMut(&Buffer, usize, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        let end = offset.checked_add(size).ok_or(Error::SizeOverflow)?;
+        let mut start = 0usize;
+        for p in &self.parts {
+            let p_end = start + p.size();
+            let lo = offset.max(start);
+            let hi = end.min(p_end);
+            if lo < hi {
+                f(p, lo - start, lo - offset, hi - lo)?;
+            }
+            start = p_end;
+            if start >= end {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BufferImpl for MultiImpl {
+    fn is_read_only(&self) -> bool {
+        self.parts.iter().any(|p| p.is_read_only())
+    }
+    fn init_tensor(&self, tensor: &Tensor) -> Result<()> {
+        // Tensors belong in a part; one placed in the multi-buffer itself is announced to every
+        // part, so a backend with per-tensor state still sees it.
+        for p in &self.parts {
+            p.init_tensor(tensor)?;
+        }
+        Ok(())
+    }
+    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.each(offset, data.len(), |p, at, from, len| {
+            p.set(at, &data[from..from + len])
+        })
+    }
+    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.each(offset, out.len(), |p, at, from, len| {
+            p.get(at, &mut out[from..from + len])
+        })
+    }
+    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+        self.each(offset, size, |p, at, _, len| p.memset(at, value, len))
+    }
+    fn clear(&self, value: u8) -> Result<()> {
+        for p in &self.parts {
+            p.clear(value)?;
+        }
+        Ok(())
+    }
+    fn reset(&self) {
+        for p in &self.parts {
+            p.reset();
+        }
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 

@@ -55,9 +55,8 @@
 //! calls as the scheduler makes them: on backends whose compute is asynchronous they show
 //! when work was queued.
 //!
-//! Not yet here (later work, with room left for it): multi-buffers for buffer types with a
-//! maximum size (the [`GraphAllocator`] reports an allocation error instead) and graph
-//! comparison between backends.
+//! Buffer types with a maximum size get multi-buffers from the [`GraphAllocator`] (one part
+//! per chunk); the scheduler treats every part as its own compute memory.
 
 mod assign;
 
@@ -494,7 +493,9 @@ impl Scheduler {
     fn note_buffers(&mut self) {
         for i in 0..self.galloc.n_buffer_types() {
             if let Some(b) = self.galloc.buffer(i) {
+                // Tensors of a multi-buffer point at its parts.
                 self.own_buffers.insert(b.id());
+                self.own_buffers.extend(b.parts().iter().map(|p| p.id()));
             }
         }
     }
