@@ -3,75 +3,16 @@
 //! buffer types, reserve / re-reserve, untouched external storage, errors, and chunked
 //! allocation (multi-buffers) for a buffer type with a small maximum size.
 
+mod common;
+
 use rgml::alloc::{op_can_inplace, GraphAllocator, TensorAllocator};
-use rgml::backend::{BufferImpl, BufferType, BufferUsage};
-use rgml::{Buffer, BufferTypeRef, Context, DType, Error, Graph, Result, TensorFlags, TensorId};
-use std::any::Any;
+use rgml::backend::BufferUsage;
+use rgml::{Buffer, BufferTypeRef, Context, DType, Error, Graph, TensorFlags, TensorId};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-
-// ---------------------------------------------------------------------------------------------
-// A Vec-backed host buffer type, so the core crate needs no backend to test its allocator.
-
-struct VecBufferType {
-    name: String,
-    max_size: usize,
-}
-
-struct VecBuffer {
-    bytes: Mutex<Vec<u8>>,
-}
-
-impl BufferType for VecBufferType {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>> {
-        Ok(Box::new(VecBuffer {
-            bytes: Mutex::new(vec![0; size]),
-        }))
-    }
-    fn alignment(&self) -> usize {
-        32
-    }
-    fn max_size(&self) -> usize {
-        self.max_size
-    }
-    fn is_host(&self) -> bool {
-        true
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl BufferImpl for VecBuffer {
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.bytes.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        out.copy_from_slice(&self.bytes.lock().unwrap()[offset..offset + out.len()]);
-        Ok(())
-    }
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        self.bytes.lock().unwrap()[offset..offset + size].fill(value);
-        Ok(())
-    }
-    fn clear(&self, value: u8) -> Result<()> {
-        self.bytes.lock().unwrap().fill(value);
-        Ok(())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
+use std::sync::Arc;
 
 fn buffer_type(name: &str) -> BufferTypeRef {
-    Arc::new(VecBufferType {
-        name: name.into(),
-        max_size: usize::MAX,
-    })
+    common::vec_buffer_type(name, usize::MAX)
 }
 
 /// Put `ids` (leafs) into a fresh "weights" buffer, as a model loader would.
@@ -634,10 +575,7 @@ fn bad_ids_foreign_tensors_and_failed_allocations_are_errors() {
     }
 
     // A buffer type that cannot hold the peak.
-    let tiny: BufferTypeRef = Arc::new(VecBufferType {
-        name: "tiny".into(),
-        max_size: 1024,
-    });
+    let tiny: BufferTypeRef = common::vec_buffer_type("tiny", 1024);
     let mut alloc = GraphAllocator::new(vec![tiny]);
     let mut ch = chain(8);
     let err = alloc.alloc_graph(&mut ch.ctx, &ch.graph).unwrap_err();
@@ -711,10 +649,7 @@ fn check_chunks(ctx: &Context, graph: &Graph, alloc: &GraphAllocator, max: usize
 #[test]
 fn peaks_above_max_size_are_allocated_in_chunks() {
     const MAX: usize = 4096;
-    let small: BufferTypeRef = Arc::new(VecBufferType {
-        name: "small".into(),
-        max_size: MAX,
-    });
+    let small: BufferTypeRef = common::vec_buffer_type("small", MAX);
     // Batch 4: the largest tensors are [256, 4] f32, exactly MAX bytes.
     let Chain {
         mut ctx,

@@ -2,73 +2,16 @@
 //! 32): `Buffer::multi` itself (addressing across parts, usage and clear propagation, errors)
 //! and `alloc_ctx_tensors` spilling a context's tensors into several parts.
 
+mod common;
+
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::backend::{BufferImpl, BufferType, BufferUsage};
-use rgml::{Buffer, BufferTypeRef, Context, DType, Error, Result, TensorId};
-use std::any::Any;
-use std::sync::{Arc, Mutex};
+use rgml::{Buffer, BufferTypeRef, Context, DType, Error, TensorId};
 
 const MAX: usize = 4096;
 
-struct VecBufferType {
-    name: String,
-    max_size: usize,
-}
-
-struct VecBuffer {
-    bytes: Mutex<Vec<u8>>,
-}
-
-impl BufferType for VecBufferType {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>> {
-        Ok(Box::new(VecBuffer {
-            bytes: Mutex::new(vec![0; size]),
-        }))
-    }
-    fn alignment(&self) -> usize {
-        32
-    }
-    fn max_size(&self) -> usize {
-        self.max_size
-    }
-    fn is_host(&self) -> bool {
-        true
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl BufferImpl for VecBuffer {
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.bytes.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        out.copy_from_slice(&self.bytes.lock().unwrap()[offset..offset + out.len()]);
-        Ok(())
-    }
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        self.bytes.lock().unwrap()[offset..offset + size].fill(value);
-        Ok(())
-    }
-    fn clear(&self, value: u8) -> Result<()> {
-        self.bytes.lock().unwrap().fill(value);
-        Ok(())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
 fn buffer_type(name: &str, max_size: usize) -> BufferTypeRef {
-    Arc::new(VecBufferType {
-        name: name.into(),
-        max_size,
-    })
+    common::vec_buffer_type(name, max_size)
 }
 
 fn tensor(ctx: &mut Context, name: &str, n: usize) -> TensorId {
