@@ -5,7 +5,7 @@
 mod common;
 
 use rgml::alloc::alloc_ctx_tensors;
-use rgml::backend::{BufferImpl, BufferType, BufferUsage};
+use rgml::backend::BufferUsage;
 use rgml::{Buffer, BufferTypeRef, Context, DType, Error, TensorId};
 
 const MAX: usize = 4096;
