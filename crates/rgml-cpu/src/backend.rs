@@ -5,15 +5,33 @@
 //! This module owns the threading, the work area and the safety checks that make the kernels'
 //! raw pointers sound (exclusive host guards, in-bounds extents, no writes to read-only memory,
 //! sources overlapping a destination only as exact in-place aliases).
+//!
+//! **Asynchronous mode** (default for the `CPU0`, `CPU1`, ... devices, or backend parameter
+//! `async=1`; the plain "CPU" device is synchronous unless `async=1`): the backend owns one
+//! worker thread fed by an in-order queue. `graph_compute_async` checks the graph and builds the
+//! node tasks right away (errors are reported at once), then queues a [`Job`] that owns
+//! everything the run needs (raw views, clones of the `Arc<Buffer>`s they point into) and
+//! returns; the worker takes the buffers' exclusive host guards while it runs the job.
+//! `synchronize` waits until the queue is empty and returns the first error of the queued work
+//! (after an error, queued computations are skipped until `synchronize` reports it; event
+//! markers still fire). `graph_compute` is `graph_compute_async` plus `synchronize`.
+//! `event_record` queues a marker that signals the event when reached, `event_wait` queues a
+//! wait (the worker blocks until the event is signaled: a dependency between streams).
+//! `set_tensor_async` copies the bytes and queues their write; `cpy_tensor_async` waits for the
+//! source backend, reads the source and queues the write into the destination: writes into
+//! this backend's memory are so ordered after the work queued before them, which may still
+//! read that memory. `get_tensor_async` keeps the trait's fallback (synchronize, then a
+//! blocking read). Dropping the backend finishes the queued work and joins the worker.
 
 use crate::barrier::SpinBarrier;
 use crate::buffer::{AlignedMem, CPU_ALIGNMENT};
 use crate::kernels::{self, NodeTask, SharedWork, TensorView, ThreadCtx};
-use rgml::backend::HostAccess;
+use rgml::backend::{Event, EventImpl, HostAccess};
 use rgml::{Backend, Buffer, Context, DeviceRef, Error, Graph, Result, Tensor, TensorId};
 use std::any::Any;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// A callback polled between nodes; returning `true` stops the computation with
 /// [`Error::Aborted`].
@@ -23,10 +41,203 @@ pub type AbortCallback = Box<dyn Fn() -> bool + Send>;
 pub struct CpuBackend {
     device: DeviceRef,
     n_threads: usize,
+    /// Threads, work area and abort callback; locked by whoever runs a job.
+    engine: Arc<Mutex<Engine>>,
+    /// The worker thread of asynchronous mode.
+    worker: Option<Worker>,
+}
+
+/// What running a job needs besides the job itself.
+struct Engine {
+    n_threads: usize,
     pool: Option<rayon::ThreadPool>,
     abort: Option<Mutex<AbortCallback>>,
     work: AlignedMem,
+}
+
+/// A checked graph, ready to run: owns everything it needs, borrows nothing.
+struct Job {
+    /// Buffers the tasks point into, sorted by id, with the base address and size the views
+    /// were computed from.
+    buffers: Vec<(Arc<Buffer>, usize, usize)>,
     tasks: Vec<NodeTask>,
+    shared: usize,
+    per_thread: usize,
+}
+
+/// Work queued for the worker.
+enum Item {
+    Compute(Box<Job>),
+    /// Signal the event's generation when reached.
+    Signal(Arc<EventState>, u64),
+    /// Block until the event reaches the generation.
+    Wait(Arc<EventState>, u64),
+    /// Write the bytes into the buffer at the offset (checked when queued).
+    Write(Arc<Buffer>, usize, Vec<u8>),
+}
+
+#[derive(Default)]
+struct QueueState {
+    items: VecDeque<Item>,
+    /// Items queued or running.
+    pending: usize,
+    error: Option<Error>,
+    shutdown: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    /// Signaled when an item is queued or on shutdown.
+    more: Condvar,
+    /// Signaled when an item completes.
+    done: Condvar,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, item: Item) {
+        let mut s = self.lock();
+        s.items.push_back(item);
+        s.pending += 1;
+        self.more.notify_one();
+    }
+
+    /// Wait until nothing is queued or running; the first error stays for `synchronize`.
+    fn drain(&self) -> MutexGuard<'_, QueueState> {
+        let mut s = self.lock();
+        while s.pending > 0 {
+            s = self.done.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        s
+    }
+}
+
+struct Worker {
+    queue: Arc<Queue>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn worker_main(queue: Arc<Queue>, engine: Arc<Mutex<Engine>>) {
+    loop {
+        let (item, skip) = {
+            let mut s = queue.lock();
+            loop {
+                if let Some(item) = s.items.pop_front() {
+                    break (item, s.error.is_some());
+                }
+                if s.shutdown {
+                    return;
+                }
+                s = queue.more.wait(s).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match item {
+            Item::Compute(_) if skip => Ok(()),
+            Item::Compute(job) => {
+                let mut engine = engine.lock().unwrap_or_else(|p| p.into_inner());
+                engine.execute(&job)
+            }
+            Item::Write(_, _, _) if skip => Ok(()),
+            Item::Write(buffer, offset, data) => buffer.set(offset, &data),
+            Item::Signal(event, generation) => {
+                event.signal(generation);
+                Ok(())
+            }
+            Item::Wait(event, generation) => {
+                event.wait_for(generation);
+                Ok(())
+            }
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::Backend {
+                backend: "CPU".into(),
+                message: "the worker panicked".into(),
+            })
+        });
+        let mut s = queue.lock();
+        s.pending -= 1;
+        if let Err(e) = res {
+            s.error.get_or_insert(e);
+        }
+        queue.done.notify_all();
+    }
+}
+
+/// The shared state of a [`CpuEvent`]: how many times it was recorded and which recording was
+/// last reached.
+#[derive(Default)]
+struct EventState {
+    /// (generation of the last record, generation last reached).
+    gens: Mutex<(u64, u64)>,
+    reached: Condvar,
+}
+
+impl EventState {
+    fn lock(&self) -> MutexGuard<'_, (u64, u64)> {
+        self.gens.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new recording; returns its generation.
+    fn record(&self) -> u64 {
+        let mut g = self.lock();
+        g.0 += 1;
+        g.0
+    }
+
+    /// The generation of the last recording.
+    fn recorded(&self) -> u64 {
+        self.lock().0
+    }
+
+    fn signal(&self, generation: u64) {
+        let mut g = self.lock();
+        g.1 = g.1.max(generation);
+        self.reached.notify_all();
+    }
+
+    fn wait_for(&self, generation: u64) {
+        let mut g = self.lock();
+        while g.1 < generation {
+            g = self.reached.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// An event of a CPU device: a point in a CPU stream's queue. A never-recorded event counts as
+/// reached; waiting for an event waits for its last recording before the wait.
+#[derive(Default)]
+pub struct CpuEvent {
+    state: Arc<EventState>,
+}
+
+impl CpuEvent {
+    /// A new event, not recorded yet.
+    pub fn new() -> CpuEvent {
+        CpuEvent::default()
+    }
+}
+
+impl EventImpl for CpuEvent {
+    fn synchronize(&self) -> Result<()> {
+        self.state.wait_for(self.state.recorded());
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn cpu_event(event: &Event) -> Option<Arc<EventState>> {
+    event
+        .imp()
+        .as_any()
+        .downcast_ref::<CpuEvent>()
+        .map(|e| e.state.clone())
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -34,7 +245,7 @@ impl std::fmt::Debug for CpuBackend {
         f.debug_struct("CpuBackend")
             .field("device", &self.device.name())
             .field("n_threads", &self.n_threads)
-            .field("work_bytes", &self.work.len())
+            .field("async", &self.worker.is_some())
             .finish()
     }
 }
@@ -70,7 +281,7 @@ fn span(t: &Tensor) -> Result<usize> {
 
 impl CpuBackend {
     /// A backend on the registered "CPU" device (or a private one when none is registered)
-    /// with `n_threads` threads (0 means 1).
+    /// with `n_threads` threads (0 means 1). Synchronous.
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let device = rgml::registry::device("CPU")
             .ok()
@@ -79,16 +290,51 @@ impl CpuBackend {
         Self::with_device(device, n_threads)
     }
 
-    /// A backend on `device` with `n_threads` threads (0 means 1).
+    /// A synchronous backend on `device` with `n_threads` threads (0 means 1).
     pub fn with_device(device: DeviceRef, n_threads: usize) -> Result<CpuBackend> {
+        let n_threads = n_threads.max(1);
         Ok(CpuBackend {
             device,
-            n_threads: n_threads.max(1),
-            pool: None,
-            abort: None,
-            work: AlignedMem::new(0)?,
-            tasks: Vec::new(),
+            n_threads,
+            engine: Arc::new(Mutex::new(Engine {
+                n_threads,
+                pool: None,
+                abort: None,
+                work: AlignedMem::new(0)?,
+            })),
+            worker: None,
         })
+    }
+
+    /// A backend on `device` with `n_threads` threads (0 means 1) that runs its work on its own
+    /// worker thread when `asynchronous` (see the module documentation).
+    pub fn with_mode(
+        device: DeviceRef,
+        n_threads: usize,
+        asynchronous: bool,
+    ) -> Result<CpuBackend> {
+        let mut b = Self::with_device(device, n_threads)?;
+        if asynchronous {
+            let queue = Arc::new(Queue::default());
+            let (q, e) = (queue.clone(), b.engine.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("rgml-{}-queue", b.device.name()))
+                .spawn(move || worker_main(q, e))
+                .map_err(|e| Error::Backend {
+                    backend: b.device.name().to_string(),
+                    message: format!("cannot start the worker thread: {e}"),
+                })?;
+            b.worker = Some(Worker {
+                queue,
+                thread: Some(thread),
+            });
+        }
+        Ok(b)
+    }
+
+    /// Whether work runs on the backend's own worker thread.
+    pub fn is_async(&self) -> bool {
+        self.worker.is_some()
     }
 
     /// Number of compute threads.
@@ -96,51 +342,88 @@ impl CpuBackend {
         self.n_threads
     }
 
-    /// Use `n` compute threads from the next graph on (0 means 1).
+    /// Wait for queued work (its first error stays for [`Backend::synchronize`]), then lock
+    /// the engine for a change.
+    fn engine_idle(&self) -> MutexGuard<'_, Engine> {
+        if let Some(w) = &self.worker {
+            drop(w.queue.drain());
+        }
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Use `n` compute threads from the next graph on (0 means 1); queued work finishes first.
     pub fn set_n_threads(&mut self, n: usize) {
         let n = n.max(1);
         if n != self.n_threads {
             self.n_threads = n;
-            self.pool = None;
+            let mut e = self.engine_idle();
+            e.n_threads = n;
+            e.pool = None;
         }
     }
 
     /// Poll `callback` between nodes; when it returns `true` compute stops with
-    /// [`Error::Aborted`].
+    /// [`Error::Aborted`]. Queued work finishes first.
     pub fn set_abort_callback(&mut self, callback: AbortCallback) {
-        self.abort = Some(Mutex::new(callback));
+        self.engine_idle().abort = Some(Mutex::new(callback));
     }
 
-    /// Stop polling an abort callback.
+    /// Stop polling an abort callback (queued work finishes first).
     pub fn clear_abort_callback(&mut self) {
-        self.abort = None;
+        self.engine_idle().abort = None;
     }
 
-    /// Bytes of the work area kept between graphs.
+    /// Bytes of the work area kept between graphs (queued work finishes first).
     pub fn work_size(&self) -> usize {
-        self.work.len()
+        self.engine_idle().work.len()
     }
 
-    fn pool(&mut self) -> Result<&rayon::ThreadPool> {
-        if self.pool.is_none() {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(self.n_threads)
-                .thread_name(|i| format!("rgml-cpu-{i}"))
-                .build()
-                .map_err(|e| Error::Backend {
-                    backend: "CPU".into(),
-                    message: format!("cannot start {} threads: {e}", self.n_threads),
-                })?;
-            self.pool = Some(pool);
+    /// Check a write of `data` into tensor `id` at byte `offset` and queue it (in order with
+    /// the queued computations, so it never overtakes work still reading that memory).
+    fn queue_write(&self, ctx: &Context, id: TensorId, offset: usize, data: Vec<u8>) -> Result<()> {
+        let Some(w) = &self.worker else {
+            return ctx.tensor_set(id, offset, &data);
+        };
+        let t = ctx.get(id)?;
+        let d = t
+            .data
+            .as_ref()
+            .ok_or_else(|| Error::NoStorage(t.display_name().to_string()))?;
+        if offset
+            .checked_add(data.len())
+            .is_none_or(|end| end > t.nbytes())
+        {
+            return Err(Error::OutOfBounds {
+                what: format!("tensor '{}'", t.display_name()),
+                offset,
+                size: data.len(),
+                limit: t.nbytes(),
+            });
         }
-        self.pool.as_ref().ok_or_else(|| Error::Backend {
-            backend: "CPU".into(),
-            message: "thread pool missing".into(),
-        })
+        if d.buffer.is_read_only() {
+            return Err(Error::ReadOnlyBuffer(d.buffer.name().to_string()));
+        }
+        let at = d.offset.checked_add(offset).ok_or(Error::SizeOverflow)?;
+        if at
+            .checked_add(data.len())
+            .is_none_or(|end| end > d.buffer.size())
+        {
+            return Err(Error::OutOfBounds {
+                what: format!("buffer '{}'", d.buffer.name()),
+                offset: at,
+                size: data.len(),
+                limit: d.buffer.size(),
+            });
+        }
+        w.queue.push(Item::Write(d.buffer.clone(), at, data));
+        Ok(())
     }
 
-    /// Check every node, lock the buffers, build the node tasks and size the work area; then run.
-    fn compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+    /// Check every node and build the node tasks: a job that owns everything it needs (`None`
+    /// when there is nothing to run). Nothing is read or written here; the views' addresses are
+    /// computed from the buffers' base addresses, which [`Engine::execute`] checks again under
+    /// the exclusive guards before any access.
+    fn prepare(&self, ctx: &Context, graph: &Graph) -> Result<Option<Job>> {
         let mut run: Vec<TensorId> = Vec::with_capacity(graph.n_nodes());
         let mut buffers: Vec<Arc<Buffer>> = Vec::new();
         let storage = |id: TensorId| -> Result<(&Tensor, &Arc<Buffer>, usize)> {
@@ -172,7 +455,7 @@ impl CpuBackend {
             run.push(id);
         }
         if run.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         buffers.sort_by_key(|b| b.id());
         buffers.dedup_by_key(|b| b.id());
@@ -184,31 +467,35 @@ impl CpuBackend {
                 });
             }
         }
-        // Exclusive guards in id order (the order every compute path uses, so no deadlock).
-        let mut guards: Vec<(u64, HostAccess<'_>)> = Vec::with_capacity(buffers.len());
-        for b in &buffers {
-            let g = b.host_access().ok_or_else(|| Error::Unsupported {
+        // Base address and size of each buffer, in id order.
+        let mut bases: Vec<(Arc<Buffer>, std::ptr::NonNull<u8>, usize)> =
+            Vec::with_capacity(buffers.len());
+        for b in buffers {
+            let base = b.imp().base().ok_or_else(|| Error::Unsupported {
                 backend: self.device.name().to_string(),
                 what: format!("buffer '{}' is not host memory", b.name()),
             })?;
-            guards.push((b.id(), g));
+            let size = b.size();
+            bases.push((b, base, size));
         }
         let view = |id: TensorId| -> Result<(TensorView, u64, usize)> {
             let (t, buf, offset) = storage(id)?;
-            let guard = guards
-                .binary_search_by_key(&buf.id(), |(i, _)| *i)
-                .map(|i| &guards[i].1)
+            let &(_, base, size) = bases
+                .binary_search_by_key(&buf.id(), |(b, _, _)| b.id())
+                .map(|i| &bases[i])
                 .map_err(|_| Error::NoStorage(t.display_name().to_string()))?;
             let len = span(t)?;
-            if offset.checked_add(len).is_none_or(|end| end > guard.size()) {
+            if offset.checked_add(len).is_none_or(|end| end > size) {
                 return Err(Error::OutOfBounds {
                     what: format!("tensor '{}' in buffer '{}'", t.display_name(), buf.name()),
                     offset,
                     size: len,
-                    limit: guard.size(),
+                    limit: size,
                 });
             }
-            let ptr = guard.base().as_ptr().wrapping_add(offset);
+            // Only an address here: it is dereferenced by the kernels once the worker holds the
+            // buffer's exclusive guard and has checked that the base is unchanged.
+            let ptr = base.as_ptr().wrapping_add(offset);
             if len > 0 && !(ptr as usize).is_multiple_of(t.dtype_align()) {
                 return Err(Error::Unsupported {
                     backend: "CPU".into(),
@@ -222,7 +509,7 @@ impl CpuBackend {
             Ok((TensorView::new(t, ptr), buf.id(), len))
         };
 
-        self.tasks.clear();
+        let mut tasks = Vec::with_capacity(run.len());
         let (mut shared, mut per_thread) = (0usize, 0usize);
         for &id in &run {
             let t = &ctx[id];
@@ -256,12 +543,61 @@ impl CpuBackend {
             let (sh, pt) = kernels::work_size(ctx, t)?;
             shared = shared.max(sh);
             per_thread = per_thread.max(pt);
-            self.tasks.push(NodeTask { op: t.op, dst, src });
+            tasks.push(NodeTask { op: t.op, dst, src });
         }
 
+        Ok(Some(Job {
+            buffers: bases
+                .into_iter()
+                .map(|(b, base, size)| (b, base.as_ptr() as usize, size))
+                .collect(),
+            tasks,
+            shared,
+            per_thread,
+        }))
+    }
+}
+
+impl Engine {
+    fn pool(&mut self) -> Result<&rayon::ThreadPool> {
+        if self.pool.is_none() {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(self.n_threads)
+                .thread_name(|i| format!("rgml-cpu-{i}"))
+                .build()
+                .map_err(|e| Error::Backend {
+                    backend: "CPU".into(),
+                    message: format!("cannot start {} threads: {e}", self.n_threads),
+                })?;
+            self.pool = Some(pool);
+        }
+        self.pool.as_ref().ok_or_else(|| Error::Backend {
+            backend: "CPU".into(),
+            message: "thread pool missing".into(),
+        })
+    }
+
+    /// Take the exclusive guards of the job's buffers (in id order, the order every compute
+    /// path uses, so no deadlock), check they are where the job's views point, size the work
+    /// area and run the tasks.
+    fn execute(&mut self, job: &Job) -> Result<()> {
+        let mut guards: Vec<HostAccess<'_>> = Vec::with_capacity(job.buffers.len());
+        for (b, base, size) in &job.buffers {
+            let g = b.host_access().ok_or_else(|| Error::Unsupported {
+                backend: "CPU".into(),
+                what: format!("buffer '{}' is not host memory", b.name()),
+            })?;
+            if g.base().as_ptr() as usize != *base || g.size() != *size {
+                return Err(Error::Backend {
+                    backend: "CPU".into(),
+                    message: format!("buffer '{}' moved after the graph was queued", b.name()),
+                });
+            }
+            guards.push(g);
+        }
         let nth = self.n_threads;
-        let shared_bytes = align64(shared)?;
-        let pt_bytes = align64(per_thread.checked_mul(4).ok_or(Error::SizeOverflow)?)?;
+        let shared_bytes = align64(job.shared)?;
+        let pt_bytes = align64(job.per_thread.checked_mul(4).ok_or(Error::SizeOverflow)?)?;
         let total = pt_bytes
             .checked_mul(nth)
             .and_then(|b| b.checked_add(shared_bytes))
@@ -270,12 +606,22 @@ impl CpuBackend {
             // Grow with headroom so a slowly growing context does not reallocate every token.
             self.work = AlignedMem::new(total.saturating_add(total / 4))?;
         }
-        let result = self.run_tasks(shared_bytes, pt_bytes);
+        // SAFETY (of the kernels' accesses in `run_tasks`): every view points inside one of
+        // `job.buffers` (bounds checked in `prepare` against the size checked again above);
+        // the memory stays allocated because the job holds an `Arc` of each buffer; and we
+        // hold each buffer's exclusive guard, whose base is the one the views were computed
+        // from, until the run ends, so no other safe code reads or writes those bytes meanwhile.
+        let result = self.run_tasks(&job.tasks, shared_bytes, pt_bytes);
         drop(guards);
         result
     }
 
-    fn run_tasks(&mut self, shared_bytes: usize, pt_bytes: usize) -> Result<()> {
+    fn run_tasks(
+        &mut self,
+        tasks: &[NodeTask],
+        shared_bytes: usize,
+        pt_bytes: usize,
+    ) -> Result<()> {
         let nth = self.n_threads;
         if nth > 1 {
             self.pool()?;
@@ -287,7 +633,6 @@ impl CpuBackend {
         let barrier = SpinBarrier::new(nth);
         let stop_at = AtomicUsize::new(usize::MAX);
         let error: Mutex<Option<(usize, Error)>> = Mutex::new(None);
-        let tasks = &self.tasks;
         let abort = self.abort.as_ref();
         let record = |j: usize, e: Error| {
             let mut slot = error.lock().unwrap_or_else(|p| p.into_inner());
@@ -385,10 +730,112 @@ impl Backend for CpuBackend {
     }
 
     fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
-        self.compute(ctx, graph)
+        self.graph_compute_async(ctx, graph)?;
+        self.synchronize()
+    }
+
+    fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+        let Some(job) = self.prepare(ctx, graph)? else {
+            return Ok(());
+        };
+        match &self.worker {
+            Some(w) => {
+                w.queue.push(Item::Compute(Box::new(job)));
+                Ok(())
+            }
+            None => self
+                .engine
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .execute(&job),
+        }
+    }
+
+    /// Asynchronous mode: checked now, then queued in order with the computations (the bytes
+    /// are copied, so the caller may reuse `data` at once).
+    fn set_tensor_async(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        self.queue_write(ctx, id, offset, data.to_vec())
+    }
+
+    /// Asynchronous mode: wait for `src_backend`, read `src` now and queue its write into
+    /// `dst` (so the write is ordered after this stream's queued work). Synchronous mode: not
+    /// supported (`Ok(false)`), the caller copies.
+    fn cpy_tensor_async(
+        &mut self,
+        src_backend: &mut dyn Backend,
+        ctx: &Context,
+        src: TensorId,
+        dst: TensorId,
+    ) -> Result<bool> {
+        if self.worker.is_none() {
+            return Ok(false);
+        }
+        let (ts, td) = (ctx.get(src)?, ctx.get(dst)?);
+        if ts.nbytes() != td.nbytes() || ts.dtype != td.dtype {
+            return Ok(false);
+        }
+        src_backend.synchronize()?;
+        let bytes = ctx.tensor_bytes(src)?;
+        self.queue_write(ctx, dst, 0, bytes)?;
+        Ok(true)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        match &self.worker {
+            Some(w) => match w.queue.drain().error.take() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+
+    fn event_record(&mut self, event: &Event) -> Result<()> {
+        let state = cpu_event(event).ok_or_else(|| Error::Unsupported {
+            backend: self.name().to_string(),
+            what: format!("events of device {}", event.device().name()),
+        })?;
+        let generation = state.record();
+        match &self.worker {
+            Some(w) => w.queue.push(Item::Signal(state, generation)),
+            // Synchronous: all work so far is done.
+            None => state.signal(generation),
+        }
+        Ok(())
+    }
+
+    fn event_wait(&mut self, event: &Event) -> Result<()> {
+        let Some(state) = cpu_event(event) else {
+            return event.synchronize();
+        };
+        let generation = state.recorded();
+        match &self.worker {
+            Some(w) => w.queue.push(Item::Wait(state, generation)),
+            None => state.wait_for(generation),
+        }
+        Ok(())
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+}
+
+impl Drop for CpuBackend {
+    /// Finish the queued work and join the worker.
+    fn drop(&mut self) {
+        if let Some(w) = &mut self.worker {
+            w.queue.lock().shutdown = true;
+            w.queue.more.notify_all();
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
     }
 }

@@ -5,10 +5,11 @@
 //! can be exercised on one machine); [`CpuRegistry::new`] builds the single default "CPU"
 //! device, [`CpuRegistry::with_devices`] any list of names.
 
-use crate::backend::CpuBackend;
+use crate::backend::{CpuBackend, CpuEvent};
 use crate::buffer::{CpuBufferType, HostMemoryBuffer};
 use rgml::backend::{
-    Backend, BackendParams, Buffer, BufferTypeRef, DeviceCaps, DeviceMemory, DeviceType, HostMemory,
+    Backend, BackendParams, Buffer, BufferTypeRef, DeviceCaps, DeviceMemory, DeviceType, Event,
+    HostMemory,
 };
 use rgml::registry::Registry;
 use rgml::{Context, DeviceRef, Result, TensorId};
@@ -94,21 +95,38 @@ impl rgml::Device for CpuDevice {
             async_io: false,
             host_buffer: false,
             buffer_from_host_ptr: true,
-            events: false,
+            events: true,
         }
     }
 
     fn init_backend(&self, params: &BackendParams) -> Result<Box<dyn Backend>> {
-        params.check_known(&["n_threads"])?;
+        params.check_known(&["n_threads", "async"])?;
         let n_threads = params
             .get_parsed::<usize>("n_threads")?
             .unwrap_or_else(crate::default_n_threads);
+        // The devices standing in for separate ones (`CPU0`, ...) run asynchronously by
+        // default, so work on several of them overlaps; "CPU" stays synchronous.
+        let asynchronous = match params.get("async") {
+            None => self.name != "CPU",
+            Some("1" | "true") => true,
+            Some("0" | "false") => false,
+            Some(other) => {
+                return Err(rgml::Error::InvalidParams {
+                    params: format!("async={other}"),
+                    reason: "async must be 0 or 1".into(),
+                })
+            }
+        };
         let device: DeviceRef = match self.me.upgrade() {
             Some(d) => d,
             // Unreachable while `&self` is borrowed from the Arc; stay total anyway.
             None => CpuDevice::new(self.name.clone()),
         };
-        Ok(Box::new(CpuBackend::with_device(device, n_threads)?))
+        Ok(Box::new(CpuBackend::with_mode(
+            device,
+            n_threads,
+            asynchronous,
+        )?))
     }
 
     fn buffer_type(&self) -> BufferTypeRef {
@@ -142,6 +160,14 @@ impl rgml::Device for CpuDevice {
         } else {
             rgml::backend::same_instance(buffer_type, &self.buffer_type)
         }
+    }
+
+    fn event_new(&self) -> Result<Event> {
+        let device: DeviceRef = match self.me.upgrade() {
+            Some(d) => d,
+            None => CpuDevice::new(self.name.clone()),
+        };
+        Ok(Event::new(device, Box::new(CpuEvent::new())))
     }
 
     fn as_any(&self) -> &dyn Any {

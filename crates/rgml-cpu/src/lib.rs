@@ -13,7 +13,7 @@ mod device;
 pub mod kernels;
 pub mod testing;
 
-pub use backend::{AbortCallback, CpuBackend};
+pub use backend::{AbortCallback, CpuBackend, CpuEvent};
 pub use buffer::{CpuBuffer, CpuBufferType, HostMemoryBuffer, CPU_ALIGNMENT};
 pub use device::{CpuDevice, CpuRegistry};
 pub use kernels::check_supported;

@@ -480,3 +480,226 @@ fn input_copies_are_shared_by_later_splits_on_the_same_backend() {
         }
     }
 }
+
+/// A backend of `dev` in the given mode (`async=1` or `async=0`).
+fn backend_mode(dev: &DeviceRef, asynchronous: bool) -> Box<dyn Backend> {
+    let p = format!("n_threads=2,async={}", u8::from(asynchronous));
+    dev.init_backend(&rgml::backend::BackendParams::parse(&p).unwrap())
+        .unwrap()
+}
+
+#[test]
+fn pipelined_async_micro_batches_match_the_sync_path_bit_for_bit() {
+    // Each step writes its output into row `step` of a persistent `results` tensor on CPU1
+    // (as a session writes its KV cache); the steps are only queued, and read once at the end.
+    let want = reference(5);
+    let d = devices();
+    for asynchronous in [false, true] {
+        for n_copies in 1..=4 {
+            let mut n = net(&d.cpu0, &d.cpu1);
+            let results = n.ctx.new_tensor(DType::F32, &[4, 5]).unwrap();
+            let buf = Buffer::alloc(&d.cpu1.buffer_type(), 4096).unwrap();
+            TensorAllocator::new(buf)
+                .alloc(&mut n.ctx, results)
+                .unwrap();
+            n.ctx.tensor_set_f32(results, &[0.0; 20]).unwrap();
+            let backends = vec![
+                backend_mode(&d.cpu0, asynchronous),
+                backend_mode(&d.cpu1, asynchronous),
+                backend(&d.cpu),
+            ];
+            let mut s = Scheduler::new(backends, None, 64, n_copies, false).unwrap();
+            for step in 0..5 {
+                let row = n.ctx.view(results, &[4], &[], step * 16).unwrap();
+                let c = n.ctx.cpy(n.out, row).unwrap();
+                let g = Graph::build(&mut n.ctx, &[c]).unwrap();
+                s.alloc_graph(&mut n.ctx, &g).unwrap();
+                n.ctx.tensor_set_f32(n.x, &input(step)).unwrap();
+                s.graph_compute_async(&mut n.ctx, &g).unwrap();
+            }
+            s.synchronize().unwrap();
+            let all = n.ctx.tensor_get_f32(results).unwrap();
+            let got: Vec<Vec<u32>> = all
+                .chunks(4)
+                .map(|r| r.iter().map(|v| v.to_bits()).collect())
+                .collect();
+            assert_eq!(got, want, "async {asynchronous}, n_copies {n_copies}");
+        }
+    }
+}
+
+/// A slow graph on `a`'s memory: `y = w^k · x` with `k` square products.
+fn chain(ctx: &mut Context, dev: &DeviceRef, k: usize) -> (TensorId, TensorId, Graph) {
+    let w = ctx.new_tensor(DType::F32, &[64, 64]).unwrap();
+    let x = ctx.new_tensor(DType::F32, &[64, 64]).unwrap();
+    let mut y = x;
+    for _ in 0..k {
+        y = ctx.mul_mat(w, y).unwrap();
+        y = ctx.scale(y, 1.0 / 8.0).unwrap();
+    }
+    let g = Graph::build(ctx, &[y]).unwrap();
+    let buf = Buffer::alloc(&dev.buffer_type(), 64 * 64 * 4 * (2 * k + 4)).unwrap();
+    let mut ta = TensorAllocator::new(buf);
+    for id in [w, x].into_iter().chain(g.nodes().iter().copied()) {
+        ta.alloc(ctx, id).unwrap();
+    }
+    let v: Vec<f32> = (0..64 * 64).map(|i| ((i as f32) * 0.13).sin()).collect();
+    ctx.tensor_set_f32(w, &v).unwrap();
+    ctx.tensor_set_f32(x, &v).unwrap();
+    (x, y, g)
+}
+
+#[test]
+fn events_order_work_across_async_backends() {
+    let d = devices();
+    let mut ctx = Context::new();
+    // A first runs a slow graph on other memory, then `y`; so B, if it did not wait, would
+    // read `y` (reset to NaN each round) before A wrote it.
+    let (_, _, slow) = chain(&mut ctx, &d.cpu0, 60);
+    let (_, y, ga) = chain(&mut ctx, &d.cpu0, 2);
+    // B (CPU1) reads A's output in place: z = 2·y.
+    let z = ctx.scale(y, 2.0).unwrap();
+    let buf = Buffer::alloc(&d.cpu1.buffer_type(), 64 * 64 * 4).unwrap();
+    TensorAllocator::new(buf).alloc(&mut ctx, z).unwrap();
+    let gb = Graph::from_nodes(vec![z]);
+
+    let mut a = backend_mode(&d.cpu0, true);
+    let mut b = backend_mode(&d.cpu1, true);
+    let event = d.cpu0.event_new().unwrap();
+    // Never recorded: reached.
+    event.synchronize().unwrap();
+    for round in 0..3 {
+        ctx.tensor_set_f32(y, &vec![f32::NAN; 64 * 64]).unwrap();
+        ctx.tensor_set_f32(z, &vec![f32::NAN; 64 * 64]).unwrap();
+        a.graph_compute_async(&ctx, &slow).unwrap();
+        a.graph_compute_async(&ctx, &ga).unwrap();
+        a.event_record(&event).unwrap();
+        b.event_wait(&event).unwrap();
+        b.graph_compute_async(&ctx, &gb).unwrap();
+        // Waiting for B alone is enough: B's queue waited for A's event.
+        b.synchronize().unwrap();
+        let want: Vec<u32> = ctx
+            .tensor_get_f32(y)
+            .unwrap()
+            .iter()
+            .map(|v| (v * 2.0).to_bits())
+            .collect();
+        let got: Vec<u32> = ctx
+            .tensor_get_f32(z)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        assert!(got.iter().all(|v| !f32::from_bits(*v).is_nan()));
+        assert_eq!(got, want, "round {round}");
+        event.synchronize().unwrap();
+        a.synchronize().unwrap();
+    }
+    // The same sequence on synchronous backends gives the same bits.
+    let zs = ctx.tensor_get_f32(z).unwrap();
+    let (mut a, mut b) = (backend_mode(&d.cpu0, false), backend_mode(&d.cpu1, false));
+    a.graph_compute(&ctx, &slow).unwrap();
+    a.graph_compute(&ctx, &ga).unwrap();
+    a.event_record(&event).unwrap();
+    b.event_wait(&event).unwrap();
+    b.graph_compute(&ctx, &gb).unwrap();
+    let again = ctx.tensor_get_f32(z).unwrap();
+    assert!(zs
+        .iter()
+        .zip(&again)
+        .all(|(p, q)| p.to_bits() == q.to_bits()));
+}
+
+#[test]
+fn errors_inside_async_work_surface_at_synchronize() {
+    let d = devices();
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor(DType::F32, &[4, 3]).unwrap();
+    let idx = ctx.new_tensor(DType::I32, &[2]).unwrap();
+    let rows = ctx.get_rows(w, idx).unwrap();
+    let out = ctx.scale(rows, 2.0).unwrap();
+    let g = Graph::build(&mut ctx, &[out]).unwrap();
+    let buf = Buffer::alloc(&d.cpu0.buffer_type(), 4096).unwrap();
+    let mut ta = TensorAllocator::new(buf);
+    for id in [w, idx, rows, out] {
+        ta.alloc(&mut ctx, id).unwrap();
+    }
+    ctx.tensor_set_f32(w, &(0..12).map(|i| i as f32).collect::<Vec<_>>())
+        .unwrap();
+    let mut b = backend_mode(&d.cpu0, true);
+
+    // A bad index is only found while the kernel runs: queued fine, reported at synchronize.
+    ctx.tensor_set_i32(idx, &[1, 3]).unwrap();
+    b.graph_compute_async(&ctx, &g).unwrap();
+    // Work queued after the error is skipped; the first error is the one reported.
+    b.graph_compute_async(&ctx, &g).unwrap();
+    let err = b.synchronize().unwrap_err();
+    assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
+    // Reported once; the backend works again afterwards.
+    b.synchronize().unwrap();
+    ctx.tensor_set_i32(idx, &[2, 0]).unwrap();
+    b.graph_compute_async(&ctx, &g).unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(
+        ctx.tensor_get_f32(out).unwrap(),
+        vec![16.0, 18.0, 20.0, 22.0, 0.0, 2.0, 4.0, 6.0]
+    );
+    // The blocking call reports its own error directly.
+    ctx.tensor_set_i32(idx, &[-1, 0]).unwrap();
+    assert!(b.graph_compute(&ctx, &g).is_err());
+    b.synchronize().unwrap();
+
+    // Errors found while checking the graph are reported at once, before anything is queued.
+    let lost = ctx.new_tensor(DType::F32, &[4]).unwrap();
+    let bad = ctx.scale(lost, 1.0).unwrap();
+    let err = b
+        .graph_compute_async(&ctx, &Graph::from_nodes(vec![bad]))
+        .unwrap_err();
+    assert!(matches!(err, Error::NoStorage(_)), "{err}");
+
+    // Unknown values of the `async` parameter are errors.
+    let p = rgml::backend::BackendParams::parse("async=maybe").unwrap();
+    assert!(d.cpu0.init_backend(&p).is_err());
+}
+
+#[test]
+fn queued_writes_stay_behind_queued_work() {
+    let d = devices();
+    let mut ctx = Context::new();
+    let (_, _, slow) = chain(&mut ctx, &d.cpu0, 60);
+    let (x, y, g) = chain(&mut ctx, &d.cpu0, 2);
+    let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+    backend_mode(&d.cpu0, false)
+        .graph_compute(&ctx, &g)
+        .unwrap();
+    let want = bits(ctx.tensor_get_f32(y).unwrap());
+    ctx.tensor_set_f32(y, &vec![f32::NAN; 64 * 64]).unwrap();
+
+    let mut a = backend_mode(&d.cpu0, true);
+    a.graph_compute_async(&ctx, &slow).unwrap();
+    a.graph_compute_async(&ctx, &g).unwrap();
+    // Queued behind `g`, which still has to read the old `x`.
+    let zeros = vec![0u8; 64 * 64 * 4];
+    a.set_tensor_async(&ctx, x, 0, &zeros).unwrap();
+    a.synchronize().unwrap();
+    assert_eq!(bits(ctx.tensor_get_f32(y).unwrap()), want);
+    assert_eq!(ctx.tensor_bytes(x).unwrap(), zeros);
+    // Writes past the tensor are errors at once.
+    assert!(matches!(
+        a.set_tensor_async(&ctx, x, 1, &zeros),
+        Err(Error::OutOfBounds { .. })
+    ));
+
+    // A copy between async backends is queued on the destination too.
+    let z = ctx.new_tensor(DType::F32, &[64, 64]).unwrap();
+    let buf = Buffer::alloc(&d.cpu1.buffer_type(), 64 * 64 * 4).unwrap();
+    TensorAllocator::new(buf).alloc(&mut ctx, z).unwrap();
+    let mut b = backend_mode(&d.cpu1, true);
+    a.graph_compute_async(&ctx, &g).unwrap();
+    assert!(b.cpy_tensor_async(a.as_mut(), &ctx, y, z).unwrap());
+    b.synchronize().unwrap();
+    assert_eq!(ctx.tensor_bytes(z).unwrap(), ctx.tensor_bytes(y).unwrap());
+    // Synchronous backends leave copies to the caller.
+    let mut s = backend_mode(&d.cpu1, false);
+    assert!(!s.cpy_tensor_async(a.as_mut(), &ctx, y, z).unwrap());
+}

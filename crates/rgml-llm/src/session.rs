@@ -8,7 +8,11 @@
 //! A model split over several devices gets one backend per device plus the CPU backend (last),
 //! and its graphs run through the [`Scheduler`] with [`N_COPIES_SPLIT`] copies of the split
 //! inputs (pipeline parallelism); each block's KV cache lives on that block's device, so the
-//! cache stores and the attention reads of a block run on the same backend.
+//! cache stores and the attention reads of a block run on the same backend. Prompt
+//! micro-batches whose logits are not read are only queued (`graph_compute_async`); with
+//! asynchronous backends (the `CPU0`, `CPU1`, ... devices by default) several of them are then
+//! in flight across the devices, and the micro-batch whose logits are read waits for them all.
+//! An error of a queued micro-batch is reported by the call that reads logits.
 
 use crate::error::{LlmError, Result};
 use crate::model::Model;
@@ -269,9 +273,23 @@ impl<'m> Session<'m> {
         let chunks: Vec<&[u32]> = tokens.chunks(self.n_ubatch).collect();
         for (i, chunk) in chunks.iter().enumerate() {
             let last_chunk = i + 1 == chunks.len();
-            let logits = self.eval_ubatch(chunk, which == Logits::All)?;
-            if which == Logits::All || last_chunk {
-                out.extend_from_slice(&logits);
+            let read = which == Logits::All || last_chunk;
+            // Micro-batches whose logits are not read are only queued: on several devices the
+            // scheduler's pipeline then keeps several of them in flight. The read one waits
+            // for all of them (and reports their errors).
+            match self.eval_ubatch(chunk, which == Logits::All, read) {
+                Ok(logits) => {
+                    if read {
+                        out.extend_from_slice(&logits);
+                    }
+                }
+                Err(e) => {
+                    // Let queued micro-batches finish before reporting; theirs would be stale.
+                    if let Exec::Sched(sched) = &mut self.exec {
+                        let _ = sched.synchronize();
+                    }
+                    return Err(e);
+                }
             }
         }
         Ok(out)
@@ -317,14 +335,21 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    fn eval_ubatch(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+    /// Evaluate one micro-batch. Unless `read` (or capture is on), the scheduler only queues
+    /// it and the logits returned are empty.
+    fn eval_ubatch(&mut self, tokens: &[u32], all_logits: bool, read: bool) -> Result<Vec<f32>> {
         self.ctx.truncate(self.n_base);
-        let result = self.eval_ubatch_inner(tokens, all_logits);
+        let result = self.eval_ubatch_inner(tokens, all_logits, read);
         self.ctx.truncate(self.n_base);
         result
     }
 
-    fn eval_ubatch_inner(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+    fn eval_ubatch_inner(
+        &mut self,
+        tokens: &[u32],
+        all_logits: bool,
+        read: bool,
+    ) -> Result<Vec<f32>> {
         let capture = self.capture.is_some();
         let g = self.prepare_ubatch(tokens, all_logits, capture)?;
         match &mut self.exec {
@@ -344,7 +369,14 @@ impl<'m> Session<'m> {
                     );
                 }
             }
-            Exec::Sched(sched) => sched.graph_compute(&mut self.ctx, &g.graph)?,
+            Exec::Sched(sched) if read || capture => {
+                sched.graph_compute(&mut self.ctx, &g.graph)?
+            }
+            Exec::Sched(sched) => {
+                sched.graph_compute_async(&mut self.ctx, &g.graph)?;
+                self.n_past += tokens.len();
+                return Ok(Vec::new());
+            }
         }
         self.n_past += tokens.len();
         if let Some(kept) = &mut self.capture {

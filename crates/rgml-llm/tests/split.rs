@@ -154,3 +154,48 @@ fn bad_splits_are_errors() {
     let err = Session::new(&model, &SessionOptions::default()).err();
     assert!(err.is_some(), "a split model needs its devices named");
 }
+
+/// Logits of a long prompt in micro-batches of `n_ubatch` (the last ones, then every position
+/// in a fresh session), with backend parameters `params`.
+fn long_prompt_logits(model: &Model, n_ubatch: usize, params: &str) -> Vec<Vec<f32>> {
+    let text =
+        "The scheduler keeps several micro-batches in flight across the devices. ".repeat(12);
+    let tokens = model.tokenizer.encode(&text, true, true);
+    assert!(tokens.len() >= 100, "{} tokens", tokens.len());
+    let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
+    let options = SessionOptions {
+        n_ctx: 256,
+        n_ubatch,
+        backend: format!("{}:n_threads=1{params}", names.join(",")),
+    };
+    let mut out = Vec::new();
+    for which in [Logits::Last, Logits::All] {
+        let mut s = Session::new(model, &options).unwrap();
+        out.push(s.eval(&tokens, which).unwrap());
+        out.push(s.eval(&[42], Logits::Last).unwrap());
+    }
+    out
+}
+
+#[test]
+fn pipelined_async_prompt_equals_sync_and_one_device() {
+    let one = load(&["CPU"], &[]);
+    let reference = long_prompt_logits(&one, 16, "");
+    drop(one);
+    let model = load(&["CPU0", "CPU1"], &[]);
+    // CPU0 and CPU1 run asynchronously by default: micro-batches whose logits are not read
+    // are queued, several in flight across the two devices.
+    let pipelined = long_prompt_logits(&model, 16, "");
+    let sync = long_prompt_logits(&model, 16, ",async=0");
+    assert!(
+        pipelined
+            .iter()
+            .flatten()
+            .zip(sync.iter().flatten())
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "asynchronous and synchronous runs differ"
+    );
+    let d = max_diff(&reference, &pipelined);
+    eprintln!("long prompt, n_ubatch 16, CPU0+CPU1 vs CPU: max |diff| {d}");
+    assert_eq!(d, 0.0, "split over two devices differs from one device");
+}

@@ -408,8 +408,16 @@ impl Buffer {
         self.check_writable()?;
         if self.id != src.id {
             let done = {
-                let _dst = self.lock.write().unwrap_or_else(|e| e.into_inner());
-                let _src = src.lock.read().unwrap_or_else(|e| e.into_inner());
+                // Lock in id order, the order compute paths use, so a copy never deadlocks
+                // with an asynchronous backend that holds one of the two buffers.
+                let (_dst, _src);
+                if self.id < src.id {
+                    _dst = self.lock.write().unwrap_or_else(|e| e.into_inner());
+                    _src = src.lock.read().unwrap_or_else(|e| e.into_inner());
+                } else {
+                    _src = src.lock.read().unwrap_or_else(|e| e.into_inner());
+                    _dst = self.lock.write().unwrap_or_else(|e| e.into_inner());
+                }
                 self.imp.copy_from(dst_offset, src, src_offset, size)?
             };
             if done {

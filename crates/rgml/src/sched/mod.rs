@@ -29,8 +29,12 @@
 //!    [`Scheduler::alloc_graph`].
 //! 4. **Compute**: for each split, its inputs are copied (`cpy_tensor_async` on the destination
 //!    backend when it can, else synchronize and a blocking copy through host memory; inputs the
-//!    caller set are always copied at once, before the caller can overwrite them), then the
-//!    split's nodes run with `graph_compute` on its backend.
+//!    caller set are always read at once, before the caller can overwrite them, and written with
+//!    the destination's `set_tensor_async`), then the
+//!    split's nodes are queued with `graph_compute_async` on its backend (asynchronous backends
+//!    return at once, so splits on different devices overlap). A split that reads a node of
+//!    another backend in place (no copy, because its backend can use that memory) first
+//!    synchronizes that backend.
 //!
 //! # Pipeline parallelism
 //! With `n_copies > 1` every split input has `n_copies` copy tensors and every graph input
@@ -808,7 +812,13 @@ impl Scheduler {
                         Some(e) => e.synchronize()?,
                         None => self.backends[b].synchronize()?,
                     }
-                    plan.ctx.tensor_copy(input, cpy)?;
+                    // Read now; the write goes through the split backend's stream, after the
+                    // work it has queued (which may still use that memory).
+                    let bytes = plan.ctx.tensor_bytes(input)?;
+                    if plan.ctx[cpy].nbytes() != bytes.len() {
+                        return Err(sched_error("a split input and its copy differ in size"));
+                    }
+                    self.backends[b].set_tensor_async(&plan.ctx, cpy, 0, &bytes)?;
                 } else {
                     // Wait until the split backend is done with this copy before overwriting it.
                     match event {
@@ -846,9 +856,25 @@ impl Scheduler {
                 }
             }
 
+            // Sources computed by another backend and read in place (by a backend that can use
+            // that memory, so no copy was made): that backend may still be running
+            // asynchronously, so wait for it first.
+            let mut waited: Vec<usize> = Vec::new();
+            for &n in split.graph.nodes() {
+                for &src in &plan.ctx[n].src {
+                    let computed = plan.ctx[src].op.kind() != crate::op::OpKind::None;
+                    if let Some(ob) = plan.backend_ids.get(src.index()).copied().flatten() {
+                        if computed && ob != b && !waited.contains(&ob) {
+                            self.backends[ob].synchronize()?;
+                            waited.push(ob);
+                        }
+                    }
+                }
+            }
+
             let t_split = Instant::now();
             match self.eval_callback.as_mut() {
-                None => self.backends[b].graph_compute(&plan.ctx, &split.graph)?,
+                None => self.backends[b].graph_compute_async(&plan.ctx, &split.graph)?,
                 Some(cb) => {
                     let nodes = split.graph.nodes();
                     let mut j0 = 0;
