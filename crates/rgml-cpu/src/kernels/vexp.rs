@@ -119,91 +119,74 @@ pub(crate) fn hsum16(v: &[f32; 16]) -> f32 {
     hsum8(&t)
 }
 
-/// The AVX-512 build's `ggml_vec_soft_max_f32`: groups of 16 through [`v_expf16`], each group's
-/// `_mm512_reduce_add_ps` added in f64, the tail through `expf`.
+/// `ggml_vec_soft_max_f32` in place, as a build with `L`-lane vectors runs it: `y[i] =
+/// exp(y[i] - max)` in groups of `L` through `exp` (the build's `ggml_v_expf`), each group's
+/// lane sum (`hsum`, the build's horizontal add) added in f64, the tail through `expf`.
+/// Returns the sum.
+#[inline(always)]
+fn soft_max_row_lanes<const L: usize>(
+    y: &mut [f32],
+    max: f32,
+    exp: impl Fn(f32) -> f32,
+    hsum: impl Fn(&[f32; L]) -> f32,
+) -> f64 {
+    let mut sum = 0f64;
+    let mut groups = y.chunks_exact_mut(L);
+    for group in &mut groups {
+        let mut v = [0f32; L];
+        for (out, &x) in v.iter_mut().zip(group.iter()) {
+            *out = exp(x - max);
+        }
+        group.copy_from_slice(&v);
+        sum += f64::from(hsum(&v));
+    }
+    for y in groups.into_remainder() {
+        let v = (*y - max).exp();
+        sum += f64::from(v);
+        *y = v;
+    }
+    sum
+}
+
+/// `ggml_vec_swiglu_f32` (`y = silu(x) * g`) and, with `g = None`, `ggml_vec_silu_f32`, as a
+/// build with `L`-lane vectors runs them: whole groups of `L` through `silu` (the build's
+/// `ggml_v_silu`), the tail through `ggml_silu_f32`.
+#[inline(always)]
+fn silu_row_lanes<const L: usize>(
+    y: &mut [f32],
+    x: &[f32],
+    g: Option<&[f32]>,
+    silu: impl Fn(f32) -> f32,
+) {
+    let n = y.len().min(x.len());
+    let full = n - n % L;
+    for i in 0..n {
+        let s = if i < full { silu(x[i]) } else { silu_f32(x[i]) };
+        y[i] = match g {
+            Some(g) => s * g[i],
+            None => s,
+        };
+    }
+}
+
 #[inline(always)]
 fn soft_max_row_impl16(y: &mut [f32], max: f32) -> f64 {
-    let n = y.len();
-    let mut sum = 0f64;
-    let mut i = 0;
-    while i + 16 <= n {
-        let mut v = [0f32; 16];
-        for l in 0..16 {
-            v[l] = v_expf16(y[i + l] - max);
-        }
-        y[i..i + 16].copy_from_slice(&v);
-        sum += f64::from(hsum16(&v));
-        i += 16;
-    }
-    while i < n {
-        let v = (y[i] - max).exp();
-        sum += f64::from(v);
-        y[i] = v;
-        i += 1;
-    }
-    sum
+    soft_max_row_lanes::<16>(y, max, v_expf16, hsum16)
 }
 
-/// The AVX-512 build's `ggml_vec_swiglu_f32` / `ggml_vec_silu_f32`: groups of 16 through
-/// [`v_silu16`], the tail through `ggml_silu_f32`.
 #[inline(always)]
 fn silu_row_impl16(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
-    let n = y.len().min(x.len());
-    let full = n - n % 16;
-    for i in 0..n {
-        let s = if i < full {
-            v_silu16(x[i])
-        } else {
-            silu_f32(x[i])
-        };
-        y[i] = match g {
-            Some(g) => s * g[i],
-            None => s,
-        };
-    }
+    silu_row_lanes::<16>(y, x, g, v_silu16)
 }
 
-/// `ggml_vec_soft_max_f32` in place: `y[i] = exp(y[i] - max)` and their sum, groups of 8 through
-/// [`v_expf`] with each group's float sum added in f64, the tail through `expf`.
 #[inline(always)]
 fn soft_max_row_impl(y: &mut [f32], max: f32) -> f64 {
-    let n = y.len();
-    let mut sum = 0f64;
-    let mut i = 0;
-    while i + 8 <= n {
-        let mut v = [0f32; 8];
-        for l in 0..8 {
-            v[l] = v_expf(y[i + l] - max);
-        }
-        y[i..i + 8].copy_from_slice(&v);
-        sum += f64::from(hsum8(&v));
-        i += 8;
-    }
-    while i < n {
-        let v = (y[i] - max).exp();
-        sum += f64::from(v);
-        y[i] = v;
-        i += 1;
-    }
-    sum
+    soft_max_row_lanes::<8>(y, max, v_expf, hsum8)
 }
 
-/// `ggml_vec_swiglu_f32` (`y = silu(x) * g`) and, with `g = None`, `ggml_vec_silu_f32`.
 #[inline(always)]
 fn silu_row_impl(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
-    let n = y.len().min(x.len());
-    let full = n - n % 8;
-    for i in 0..n {
-        let s = if i < full {
-            v_silu(x[i])
-        } else {
-            silu_f32(x[i])
-        };
-        y[i] = match g {
-            Some(g) => s * g[i],
-            None => s,
-        };
-    }
+    silu_row_lanes::<8>(y, x, g, v_silu)
 }
 
 #[cfg(target_arch = "x86_64")]
