@@ -7,6 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/fetch-model.sh
+# The GPU tests run on a real Vulkan device: Mesa's CPU driver (lavapipe) where no GPU exists.
+# CI runs as root; elsewhere install mesa-vulkan-drivers yourself.
+if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
+    apt-get update && apt-get install -y --no-install-recommends mesa-vulkan-drivers
+fi
+# Fail the GPU tests (instead of skipping them) if no adapter exists here.
+export RGML_REQUIRE_GPU=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

@@ -55,6 +55,8 @@ enum Command {
 
 fn register_backends() {
     rgml_cpu::register();
+    // GPUs through wgpu (Vulkan / Metal / DX12); no adapter gives no devices.
+    rgml_wgpu::register();
     // Testing aid: a deliberately wrong "PerturbCPU" device for checking `rgml compare`.
     match rgml_cpu::testing::PerturbRegistry::from_env() {
         Ok(Some(reg)) => rgml::registry::register(std::sync::Arc::new(reg)),

@@ -1,0 +1,53 @@
+//! GPU backend for rgml on [wgpu]: one backend for Vulkan (Linux, Windows), Metal (macOS) and
+//! DX12, with kernels in WGSL.
+//!
+//! Call [`register`] to add a registry named after the platform's native backend ("Vulkan" on
+//! Linux, "Metal" on Apple platforms, "DX12" on Windows) with one device per adapter
+//! (`Vulkan0`, `Vulkan1`, ...; discrete GPUs first). Without a driver the registry simply has no
+//! devices. On Linux CI, Mesa's CPU Vulkan driver (lavapipe, package `mesa-vulkan-drivers`)
+//! provides a real Vulkan device.
+//!
+//! # What this first increment covers
+//! - Devices with the adapter's name and driver, device type, capabilities read from the
+//!   adapter ([`WgpuDevice::has_shader_f16`], [`WgpuDevice::has_subgroups`]), and memory
+//!   figures (wgpu exposes no heap sizes: host memory for integrated / CPU adapters, the
+//!   maximum buffer size for discrete GPUs).
+//! - A device buffer type: storage buffers of at most `min(max_buffer_size,
+//!   max_storage_buffer_binding_size)` bytes (larger needs are served by the core's
+//!   multi-buffers), aligned to `min_storage_buffer_offset_alignment`; set (queue writes),
+//!   get (a mapped staging buffer), memset / clear, and copies between buffers of one device
+//!   through a command encoder. Not host memory.
+//! - [`WgpuBackend`]: `graph_compute` encodes every node into one command encoder (one compute
+//!   pass per node; wgpu orders the passes), submits once and waits; `synchronize` waits for
+//!   the queue. wgpu errors become [`rgml::Error::Backend`] with the device's name.
+//! - Naive f32 WGSL kernels, any strides: ADD / SUB / MUL / DIV (src1 broadcast), SCALE, SILU,
+//!   RMS_NORM, SOFT_MAX (scale, optional f32 mask, no ALiBi), CPY / CONT / DUP f32 → f32,
+//!   GET_ROWS f32, MUL_MAT f32 × f32 (one invocation per output, broadcast over dims 2 and 3).
+//!   View ops compute nothing. `supports_op` is exact: anything else goes to the CPU.
+//!
+//! # What issue 5 still needs
+//! - MUL_MAT with f16 and quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, dequantized in the
+//!   kernel), a matrix-vector path for generation, tiled / subgroup kernels, f16 arithmetic
+//!   where the adapter offers it; the remaining LLaMA ops (ROPE, SWIGLU, GELU, NORM, DIAG_MASK,
+//!   SET_ROWS, CONCAT, ARGMAX, f16 copies, ALiBi soft-max).
+//! - Encoding into `n_cb` command buffers, barriers only between dependent nodes, and telling
+//!   the graph allocator which nodes may run concurrently (so it does not share their memory).
+//! - A host-visible buffer type for staging, `buffer_from_host_ptr` where memory can be
+//!   imported, asynchronous set/get and `cpy_tensor_async`, events from queue submissions.
+//! - Real memory figures (Vulkan heaps), trace spans for command buffers and copies, and the
+//!   demo model fully or partly on `Vulkan0` matching the fixture.
+#![warn(missing_docs)]
+
+mod backend;
+mod device;
+
+pub use backend::WgpuBackend;
+pub use device::{WgpuBuffer, WgpuBufferType, WgpuDevice, WgpuRegistry};
+
+use std::sync::Arc;
+
+/// Register the wgpu registry with [`rgml::registry`] (see [`WgpuRegistry::new`]). Calling it
+/// again replaces the registry with a freshly enumerated one.
+pub fn register() {
+    rgml::registry::register(Arc::new(WgpuRegistry::new()));
+}

@@ -1,0 +1,86 @@
+//! The conformance suite on the first wgpu device: every supported case must match the float64
+//! reference. Without an adapter the test skips, unless `RGML_REQUIRE_GPU=1` (set by
+//! `scripts/test.sh`, so CI never skips).
+
+use rgml_opcheck::{run_tests, Outcome};
+
+fn first_device() -> Option<rgml::DeviceRef> {
+    let reg = rgml_wgpu::WgpuRegistry::new();
+    let dev = rgml::registry::Registry::devices(&reg).into_iter().next();
+    if dev.is_none() {
+        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        assert!(!required, "RGML_REQUIRE_GPU=1 but there is no GPU adapter");
+        eprintln!("no GPU adapter: skipping");
+    }
+    dev
+}
+
+#[test]
+fn wgpu_passes_every_supported_case() {
+    let Some(dev) = first_device() else {
+        return;
+    };
+    let mut be = dev.init_backend(&Default::default()).unwrap();
+    let mut failed = Vec::new();
+    let s = run_tests(be.as_mut(), None, &mut |r| {
+        if let Outcome::Failed(why) = &r.outcome {
+            failed.push(format!("{}: {why}", r.name));
+        }
+    })
+    .unwrap();
+    eprintln!(
+        "{}: {} passed, {} failed, {} unsupported",
+        dev.name(),
+        s.passed,
+        s.failed,
+        s.unsupported
+    );
+    assert!(
+        failed.is_empty(),
+        "{} failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    assert!(s.passed >= 50, "only {} cases passed", s.passed);
+}
+
+#[test]
+fn wgpu_buffers_set_get_memset_copy() {
+    let Some(dev) = first_device() else {
+        return;
+    };
+    let bt = dev.buffer_type();
+    assert!(!bt.is_host());
+    assert!(bt.alignment() >= 4);
+    let a = rgml::Buffer::alloc(&bt, 37).unwrap();
+    let b = rgml::Buffer::alloc(&bt, 37).unwrap();
+    let data: Vec<u8> = (0..37).collect();
+    a.set(0, &data).unwrap();
+    let mut out = vec![0u8; 37];
+    a.get(0, &mut out).unwrap();
+    assert_eq!(out, data);
+    // Unaligned pieces.
+    a.set(3, &[200, 201, 202]).unwrap();
+    let mut piece = [0u8; 5];
+    a.get(2, &mut piece).unwrap();
+    assert_eq!(piece, [2, 200, 201, 202, 6]);
+    a.memset(9, 7, 5).unwrap();
+    let mut piece = [0u8; 7];
+    a.get(8, &mut piece).unwrap();
+    assert_eq!(piece, [8, 7, 7, 7, 7, 7, 14]);
+    // Copy on the device (aligned) and through the host (unaligned).
+    b.clear(0).unwrap();
+    b.copy_from(4, &a, 8, 16).unwrap();
+    b.copy_from(1, &a, 2, 2).unwrap();
+    let mut all = vec![0u8; 37];
+    b.get(0, &mut all).unwrap();
+    a.get(0, &mut out).unwrap();
+    assert_eq!(&all[4..20], &out[8..24]);
+    assert_eq!(&all[1..3], &out[2..4]);
+    assert_eq!(all[0], 0);
+    assert_eq!(all[20..], vec![0u8; 17][..]);
+    // Too large for one buffer: an error, not a panic.
+    if bt.max_size() < usize::MAX {
+        assert!(rgml::Buffer::alloc(&bt, bt.max_size() + 1).is_err());
+    }
+}
