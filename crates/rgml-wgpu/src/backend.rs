@@ -4,7 +4,9 @@
 use crate::device::{Gpu, WgpuBuffer, WgpuDevice};
 use rgml::backend::Backend;
 use rgml::graph::Graph;
-use rgml::{Context, DType, DeviceRef, Error, Op, Result, Tensor, TensorId, UnaryOp};
+use rgml::{
+    Context, DType, DeviceRef, Error, Op, Result, RopeMode, RopeParams, Tensor, TensorId, UnaryOp,
+};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -30,6 +32,7 @@ struct Params {
     off: [u32; 4],
     misc: [u32; 4],
     f: [f32; 4],
+    g: [f32; 4],
 }
 
 /// The kernels of `kernels.wgsl`.
@@ -43,9 +46,15 @@ enum Kernel {
     RmsNorm,
     SoftMax,
     MulMat,
+    CpyF16,
+    Swiglu,
+    Gelu,
+    DiagMaskInf,
+    Norm,
+    Rope,
 }
 
-const KERNELS: [(Kernel, &str); 8] = [
+const KERNELS: [(Kernel, &str); 14] = [
     (Kernel::Binary, "binary"),
     (Kernel::Scale, "scale"),
     (Kernel::Silu, "silu"),
@@ -54,7 +63,35 @@ const KERNELS: [(Kernel, &str); 8] = [
     (Kernel::RmsNorm, "rms_norm"),
     (Kernel::SoftMax, "soft_max"),
     (Kernel::MulMat, "mul_mat"),
+    (Kernel::CpyF16, "cpy_f16"),
+    (Kernel::Swiglu, "swiglu"),
+    (Kernel::Gelu, "gelu"),
+    (Kernel::DiagMaskInf, "diag_mask_inf"),
+    (Kernel::Norm, "norm"),
+    (Kernel::Rope, "rope"),
 ];
+
+/// The kernels' code for an element type (`T_*` in `kernels.wgsl`), if they read it.
+fn type_code(dtype: DType) -> Option<u32> {
+    match dtype {
+        DType::F32 | DType::I32 => Some(0),
+        DType::F16 => Some(1),
+        DType::Q4_0 => Some(2),
+        DType::Q4_1 => Some(3),
+        DType::Q8_0 => Some(4),
+        _ => None,
+    }
+}
+
+/// Bytes per unit of the kernels' strides and offsets for `dtype`: 4 for 4-byte elements
+/// (f32, i32), 1 (bytes) for the rest.
+fn unit(dtype: DType) -> usize {
+    if matches!(dtype, DType::F32 | DType::I32) {
+        4
+    } else {
+        1
+    }
+}
 
 /// The compiled kernels and their shared bind group layout.
 pub(crate) struct Kernels {
@@ -125,12 +162,26 @@ impl Kernels {
     }
 }
 
-/// Whether `t`'s shape and strides fit the kernels' u32 element arithmetic.
+/// Whether `t`'s shape and strides fit the kernels' u32 arithmetic (in 4-byte elements for
+/// f32 / i32, bytes for the rest, whose strides must be even: f16 values are read as halves of
+/// 4-byte words) and the kernels read its type.
 fn fits(t: &Tensor) -> bool {
-    t.nb.iter().all(|&b| b.is_multiple_of(4))
+    let align = if unit(t.dtype) == 4 { 4 } else { 2 };
+    type_code(t.dtype).is_some()
+        && t.nb.iter().all(|&b| b.is_multiple_of(align))
         && t.ne.iter().all(|&n| n <= u32::MAX as usize)
         && t.nelements() <= u32::MAX as usize
-        && t.nbytes() / 4 <= u32::MAX as usize
+        && t.nbytes() / unit(t.dtype) <= u32::MAX as usize
+}
+
+/// Whether `t` can be written by the f16 copy kernel: one 4-byte word per pair of elements, so
+/// contiguous with an even element count and a 4-byte-aligned start.
+fn f16_dst(t: &Tensor) -> bool {
+    t.dtype == DType::F16
+        && fits(t)
+        && t.is_contiguous()
+        && t.nelements().is_multiple_of(2)
+        && t.view_offset.is_multiple_of(4)
 }
 
 /// Whether node `id` runs on a wgpu device: exactly the ops, dtypes and layouts the kernels
@@ -151,24 +202,51 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
         return false;
     };
     let f32s = |ts: &[&Tensor]| ts.iter().all(|x| x.dtype == DType::F32 && fits(x));
+    let f32_or_f16 = |x: &Tensor| matches!(x.dtype, DType::F32 | DType::F16) && fits(x);
+    // Copies: f32 / f16 to f32, or to f16 with the layout `f16_dst` asks.
+    if matches!(t.op, Op::Cpy | Op::Dup | Op::Cont) {
+        let dst_ok = (t.dtype == DType::F32 && fits(t)) || f16_dst(t);
+        return dst_ok
+            && match (t.op, srcs.as_slice()) {
+                (Op::Cpy, [a, b]) => {
+                    f32_or_f16(a) && b.dtype == t.dtype && a.nelements() == t.nelements()
+                }
+                (Op::Dup | Op::Cont, [a]) => f32_or_f16(a) && a.nelements() == t.nelements(),
+                _ => false,
+            };
+    }
     if t.dtype != DType::F32 || !fits(t) {
         return false;
     }
     match (t.op, srcs.as_slice()) {
         (Op::Add | Op::Sub | Op::Mul | Op::Div, [a, b]) => f32s(&[a, b]) && a.ne == t.ne,
-        (Op::Scale { .. } | Op::Unary(UnaryOp::Silu) | Op::RmsNorm { .. }, [a]) => {
-            f32s(&[a]) && a.ne == t.ne
+        (
+            Op::Scale { .. }
+            | Op::Unary(UnaryOp::Silu | UnaryOp::Gelu)
+            | Op::RmsNorm { .. }
+            | Op::Norm { .. }
+            | Op::DiagMaskInf { .. },
+            [a],
+        ) => f32s(&[a]) && a.ne == t.ne,
+        (Op::Swiglu, [a, b]) => f32s(&[a, b]) && a.ne == t.ne && b.ne == t.ne,
+        (Op::Rope(rp), [a, pos]) => {
+            f32s(&[a])
+                && a.ne == t.ne
+                && pos.dtype == DType::I32
+                && fits(pos)
+                && rp.n_dims <= a.ne[0]
+                && u32::try_from(rp.n_dims).is_ok()
         }
-        (Op::Cpy, [a, b]) => f32s(&[a, b]) && a.nelements() == t.nelements(),
-        (Op::Dup | Op::Cont, [a]) => f32s(&[a]) && a.nelements() == t.nelements(),
-        (Op::GetRows, [a, rows]) => f32s(&[a]) && rows.dtype == DType::I32 && fits(rows),
+        (Op::GetRows, [a, rows]) => fits(a) && rows.dtype == DType::I32 && fits(rows),
         (Op::SoftMax { max_bias: 0.0, .. }, srcs) => match srcs {
             [a] => f32s(&[a]) && a.ne == t.ne,
-            [a, mask] => f32s(&[a, mask]) && a.ne == t.ne,
+            [a, mask] => f32s(&[a]) && f32_or_f16(mask) && a.ne == t.ne,
             _ => false,
         },
         (Op::MulMat, [a, b]) => {
-            f32s(&[a, b])
+            fits(a)
+                && a.dtype != DType::I32
+                && f32s(&[b])
                 && a.ne[2] > 0
                 && a.ne[3] > 0
                 && b.ne[2] % a.ne[2] == 0
@@ -195,8 +273,39 @@ fn dims(ne: [usize; 4]) -> [u32; 4] {
     ne.map(|n| n as u32)
 }
 
-fn strides(nb: [usize; 4]) -> [u32; 4] {
-    nb.map(|b| (b / 4) as u32)
+/// `t`'s strides in the kernels' units (see [`unit`]).
+fn strides(t: &Tensor) -> [u32; 4] {
+    let u = unit(t.dtype);
+    t.nb.map(|b| (b / u) as u32)
+}
+
+/// ggml's `ggml_rope_yarn_corr_dim`: the dimension whose wavelength fits `n_rot` rotations into
+/// the original context.
+fn yarn_corr_dim(n_dims: f64, n_ctx_orig: f64, n_rot: f64, base: f64) -> f64 {
+    n_dims * (n_ctx_orig / (n_rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+}
+
+/// ROPE's kernel parameters (see `rope` in `kernels.wgsl`), computed in f64 as the reference
+/// does: θ scale, YaRN correction range and magnitude.
+fn rope_params(p: &mut Params, rp: &RopeParams) {
+    let nd = rp.n_dims as f64;
+    let base = rp.freq_base as f64;
+    let nco = rp.n_ctx_orig as f64;
+    let start = yarn_corr_dim(nd, nco, rp.beta_fast as f64, base).floor();
+    let end = yarn_corr_dim(nd, nco, rp.beta_slow as f64, base).ceil();
+    let mut mscale = rp.attn_factor as f64;
+    if rp.ext_factor != 0.0 {
+        mscale *= 1.0 + 0.1 * (1.0 / rp.freq_scale as f64).ln();
+    }
+    p.misc[1] = rp.n_dims as u32;
+    p.misc[2] = u32::from(rp.mode == RopeMode::Neox);
+    p.f = [
+        base.powf(-2.0 / nd) as f32,
+        rp.freq_scale,
+        rp.ext_factor,
+        mscale as f32,
+    ];
+    p.g = [start.max(0.0) as f32, end.min(nd - 1.0) as f32, 0.0, 0.0];
 }
 
 /// One node ready to encode: its kernel, parameters, bound buffers (A, B, C, D) and threads.
@@ -212,7 +321,7 @@ impl WgpuBackend {
         self.gpu.err(message)
     }
 
-    /// The wgpu buffer and element offset of `t`'s storage.
+    /// The wgpu buffer and offset of `t`'s storage, in the kernels' units (see [`unit`]).
     fn storage(&self, t: &Tensor) -> Result<(wgpu::Buffer, u32)> {
         let data = t
             .data
@@ -230,13 +339,15 @@ impl WgpuBackend {
                     data.buffer.name()
                 ))
             })?;
-        if !data.offset.is_multiple_of(4) {
+        let u = unit(t.dtype);
+        let align = if u == 4 { 4 } else { 2 };
+        if !data.offset.is_multiple_of(align) {
             return Err(self.err(format!(
-                "tensor '{}' is at an offset not aligned to 4 bytes",
+                "tensor '{}' is at an offset not aligned to {align} bytes",
                 t.display_name()
             )));
         }
-        let off = u32::try_from(data.offset / 4)
+        let off = u32::try_from(data.offset / u)
             .map_err(|_| self.err(format!("tensor '{}' offset too large", t.display_name())))?;
         Ok((buf.buffer.clone(), off))
     }
@@ -256,7 +367,7 @@ impl WgpuBackend {
         let (d_buf, d_off) = self.storage(t)?;
         let mut p = Params {
             d_ne: dims(t.ne),
-            d_nb: strides(t.nb),
+            d_nb: strides(t),
             ..Params::default()
         };
         p.off[3] = d_off;
@@ -277,7 +388,7 @@ impl WgpuBackend {
                 _ => (&mut p.c_ne, &mut p.c_nb),
             };
             *ne = dims(s.ne);
-            *nb = strides(s.nb);
+            *nb = strides(s);
         }
         let elements = t.nelements() as u64;
         let rows = t.nrows() as u64;
@@ -296,16 +407,48 @@ impl WgpuBackend {
                 (Kernel::Scale, elements)
             }
             Op::Unary(UnaryOp::Silu) => (Kernel::Silu, elements),
-            Op::Cpy | Op::Dup | Op::Cont => (Kernel::Cpy, elements),
-            Op::GetRows => (Kernel::GetRows, elements),
+            Op::Unary(UnaryOp::Gelu) => (Kernel::Gelu, elements),
+            Op::Swiglu => (Kernel::Swiglu, elements),
+            Op::DiagMaskInf { n_past } => {
+                // Columns beyond ne0 do not exist: clamping keeps `n_past + i1` in range.
+                p.misc[1] = n_past.min(t.ne[0]) as u32;
+                (Kernel::DiagMaskInf, elements)
+            }
+            Op::Norm { eps } => {
+                p.f[0] = eps;
+                (Kernel::Norm, rows)
+            }
+            Op::Rope(rp) => {
+                rope_params(&mut p, &rp);
+                (Kernel::Rope, rows)
+            }
+            Op::Cpy | Op::Dup | Op::Cont => {
+                p.misc[2] = type_code(srcs[0].dtype).unwrap_or(0);
+                if t.dtype == DType::F16 {
+                    if !d_off.is_multiple_of(4) {
+                        return Err(self.err(format!(
+                            "f16 copy destination '{}' is not 4-byte aligned",
+                            t.display_name()
+                        )));
+                    }
+                    (Kernel::CpyF16, elements / 2)
+                } else {
+                    (Kernel::Cpy, elements)
+                }
+            }
+            Op::GetRows => {
+                p.misc[2] = type_code(srcs[0].dtype).unwrap_or(0);
+                (Kernel::GetRows, elements)
+            }
             Op::RmsNorm { eps } => {
                 p.f[0] = eps;
                 (Kernel::RmsNorm, rows)
             }
             Op::SoftMax { scale, .. } => {
                 p.f[0] = scale;
-                if srcs.len() > 1 {
+                if let Some(mask) = srcs.get(1) {
                     p.misc[1] = 1;
+                    p.misc[2] = type_code(mask.dtype).unwrap_or(0);
                     // The kernel takes the mask from binding C.
                     buffers[2] = buffers[1].clone();
                     p.off[2] = p.off[1];
@@ -319,6 +462,7 @@ impl WgpuBackend {
             Op::MulMat => {
                 p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
                 p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
+                p.misc[3] = type_code(srcs[0].dtype).unwrap_or(0);
                 (Kernel::MulMat, elements)
             }
             _ => {

@@ -1,9 +1,10 @@
-// rgml's first WGSL kernels: f32 only, naive (one invocation per output element or per row).
+// rgml's WGSL kernels, naive (one invocation per output element, pair or row).
 //
 // Every kernel shares one bind group layout: a uniform block of shapes, strides and offsets, and
-// four storage bindings (A, B, C: sources; D: destination). Strides and offsets are in f32
-// elements (4 bytes). Bindings are all read_write so that one buffer may be bound several times
-// in one dispatch (tensors of a graph usually share a buffer).
+// four storage bindings (A, B, C: sources; D: destination), all `array<u32>` (f32 values are
+// bitcast). Strides and offsets of 4-byte tensors (f32, i32) are in 4-byte elements; those of
+// f16 and quantized tensors are in bytes. Bindings are all read_write so that one buffer may be
+// bound several times in one dispatch (tensors of a graph usually share a buffer).
 
 struct P {
     a_ne: vec4<u32>,
@@ -20,15 +21,72 @@ struct P {
     misc: vec4<u32>,
     // Kernel-specific floats (scale, bias, eps).
     f: vec4<f32>,
+    // More kernel-specific floats (ROPE's YaRN range and magnitude).
+    g: vec4<f32>,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read_write> A: array<f32>;
-@group(0) @binding(2) var<storage, read_write> B: array<f32>;
-@group(0) @binding(3) var<storage, read_write> C: array<f32>;
-@group(0) @binding(4) var<storage, read_write> D: array<f32>;
+@group(0) @binding(1) var<storage, read_write> A: array<u32>;
+@group(0) @binding(2) var<storage, read_write> B: array<u32>;
+@group(0) @binding(3) var<storage, read_write> C: array<u32>;
+@group(0) @binding(4) var<storage, read_write> D: array<u32>;
 
 const WG: u32 = 64u;
+
+// Source / destination element types (misc.z of the kernels that take several).
+const T_F32: u32 = 0u;
+const T_F16: u32 = 1u;
+const T_Q4_0: u32 = 2u;
+const T_Q4_1: u32 = 3u;
+const T_Q8_0: u32 = 4u;
+
+fn af(i: u32) -> f32 { return bitcast<f32>(A[i]); }
+fn bf(i: u32) -> f32 { return bitcast<f32>(B[i]); }
+fn cf(i: u32) -> f32 { return bitcast<f32>(C[i]); }
+fn df(i: u32) -> f32 { return bitcast<f32>(D[i]); }
+fn dset(i: u32, v: f32) { D[i] = bitcast<u32>(v); }
+
+// Byte `b` of A.
+fn a_u8(b: u32) -> u32 {
+    return (A[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
+}
+
+// The f16 at (2-aligned) byte `b` of A / C.
+fn a_f16(b: u32) -> f32 {
+    return unpack2x16float(A[b >> 2u] >> ((b & 2u) * 8u)).x;
+}
+fn c_f16(b: u32) -> f32 {
+    return unpack2x16float(C[b >> 2u] >> ((b & 2u) * 8u)).x;
+}
+
+// Element `k` of a row of A of type `t` starting at `base` (elements for f32, bytes otherwise),
+// with element stride `nb0` (elements for f32, bytes for f16; unused for quantized blocks).
+fn a_elem(t: u32, base: u32, k: u32, nb0: u32) -> f32 {
+    switch t {
+        case T_F32: { return af(base + k * nb0); }
+        case T_F16: { return a_f16(base + k * nb0); }
+        case T_Q4_0: {
+            let blk = base + (k / 32u) * 18u;
+            let j = k % 32u;
+            let q = a_u8(blk + 2u + (j % 16u));
+            let n = select(q & 0xfu, q >> 4u, j >= 16u);
+            return (f32(n) - 8.0) * a_f16(blk);
+        }
+        case T_Q4_1: {
+            let blk = base + (k / 32u) * 20u;
+            let j = k % 32u;
+            let q = a_u8(blk + 4u + (j % 16u));
+            let n = select(q & 0xfu, q >> 4u, j >= 16u);
+            return f32(n) * a_f16(blk) + a_f16(blk + 2u);
+        }
+        default: {
+            let blk = base + (k / 32u) * 34u;
+            let q = a_u8(blk + 2u + k % 32u);
+            let v = select(i32(q), i32(q) - 256, q >= 128u);
+            return f32(v) * a_f16(blk);
+        }
+    }
+}
 
 fn thread_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
@@ -66,8 +124,8 @@ fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         return;
     }
     let idx = unravel(i, p.d_ne);
-    let x = A[p.off.x + at(idx, p.a_nb)];
-    let y = B[p.off.y + at(idx % p.b_ne, p.b_nb)];
+    let x = af(p.off.x + at(idx, p.a_nb));
+    let y = bf(p.off.y + at(idx % p.b_ne, p.b_nb));
     var r: f32;
     switch p.misc.y {
         case 0u: { r = x + y; }
@@ -75,7 +133,7 @@ fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         case 2u: { r = x * y; }
         default: { r = x / y; }
     }
-    D[p.off.w + at(idx, p.d_nb)] = r;
+    dset(p.off.w + at(idx, p.d_nb), r);
 }
 
 // SCALE: x * f.x + f.y.
@@ -86,7 +144,7 @@ fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
         return;
     }
     let idx = unravel(i, p.d_ne);
-    D[p.off.w + at(idx, p.d_nb)] = A[p.off.x + at(idx, p.a_nb)] * p.f.x + p.f.y;
+    dset(p.off.w + at(idx, p.d_nb), af(p.off.x + at(idx, p.a_nb)) * p.f.x + p.f.y);
 }
 
 // SILU: x * sigmoid(x).
@@ -97,21 +155,39 @@ fn silu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let idx = unravel(i, p.d_ne);
-    let x = A[p.off.x + at(idx, p.a_nb)];
-    D[p.off.w + at(idx, p.d_nb)] = x / (1.0 + exp(-x));
+    let x = af(p.off.x + at(idx, p.a_nb));
+    dset(p.off.w + at(idx, p.d_nb), x / (1.0 + exp(-x)));
 }
 
-// CPY / CONT / DUP: element i of A (in A's shape) to element i of D (in D's shape).
+// CPY / CONT / DUP to f32: element i of A (in A's shape, type misc.z: f32 or f16) to element i
+// of D (in D's shape).
 @compute @workgroup_size(64)
 fn cpy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);
     if (i >= p.misc.x) {
         return;
     }
-    D[p.off.w + at(unravel(i, p.d_ne), p.d_nb)] = A[p.off.x + at(unravel(i, p.a_ne), p.a_nb)];
+    let v = a_elem(p.misc.z, p.off.x + at(unravel(i, p.a_ne), p.a_nb), 0u, 0u);
+    dset(p.off.w + at(unravel(i, p.d_ne), p.d_nb), v);
 }
 
-// GET_ROWS: D[i0, i1, i2, i3] = A[i0, B[i1, i2, i3], i2, i3] (B holds i32 indices).
+// CPY / CONT / DUP to f16, one invocation per pair of elements (2i, 2i + 1) of D, which has
+// contiguous rows of even length starting at 4-byte-aligned bytes (D's strides in bytes).
+@compute @workgroup_size(64)
+fn cpy_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let e = 2u * i;
+    let v0 = a_elem(p.misc.z, p.off.x + at(unravel(e, p.a_ne), p.a_nb), 0u, 0u);
+    let v1 = a_elem(p.misc.z, p.off.x + at(unravel(e + 1u, p.a_ne), p.a_nb), 0u, 0u);
+    let byte = p.off.w + at(unravel(e, p.d_ne), p.d_nb);
+    D[byte >> 2u] = pack2x16float(vec2<f32>(v0, v1));
+}
+
+// GET_ROWS: D[i0, i1, i2, i3] = A[i0, B[i1, i2, i3], i2, i3] (B holds i32 indices; A of type
+// misc.z).
 @compute @workgroup_size(64)
 fn get_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);
@@ -122,9 +198,10 @@ fn get_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let row = bitcast<i32>(B[p.off.y + idx.y * p.b_nb.x + idx.z * p.b_nb.y + idx.w * p.b_nb.z]);
     var v = 0.0;
     if (row >= 0 && u32(row) < p.a_ne.y) {
-        v = A[p.off.x + at(vec4<u32>(idx.x, u32(row), idx.z, idx.w), p.a_nb)];
+        let base = p.off.x + u32(row) * p.a_nb.y + idx.z * p.a_nb.z + idx.w * p.a_nb.w;
+        v = a_elem(p.misc.z, base, idx.x, p.a_nb.x);
     }
-    D[p.off.w + at(idx, p.d_nb)] = v;
+    dset(p.off.w + at(idx, p.d_nb), v);
 }
 
 // RMS_NORM, one invocation per row: x / sqrt(mean(x^2) + f.x).
@@ -139,17 +216,17 @@ fn rms_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let d0 = p.off.w + at(row, p.d_nb);
     var sum = 0.0;
     for (var k = 0u; k < p.a_ne.x; k++) {
-        let x = A[a0 + k * p.a_nb.x];
+        let x = af(a0 + k * p.a_nb.x);
         sum += x * x;
     }
     let s = 1.0 / sqrt(sum / f32(p.a_ne.x) + p.f.x);
     for (var k = 0u; k < p.a_ne.x; k++) {
-        D[d0 + k * p.d_nb.x] = A[a0 + k * p.a_nb.x] * s;
+        dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x) * s);
     }
 }
 
-// SOFT_MAX, one invocation per row, of x * f.x (+ mask C when misc.y == 1, rows by i1,
-// broadcast over dims 2 and 3).
+// SOFT_MAX, one invocation per row, of x * f.x (+ mask C when misc.y == 1, of type misc.z: f32
+// or f16, rows by i1, broadcast over dims 2 and 3).
 @compute @workgroup_size(64)
 fn soft_max(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = thread_index(gid, nwg);
@@ -161,31 +238,41 @@ fn soft_max(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let d0 = p.off.w + at(row, p.d_nb);
     let c0 = p.off.z + row.y * p.c_nb.y + (row.z % p.c_ne.z) * p.c_nb.z + (row.w % p.c_ne.w) * p.c_nb.w;
     let has_mask = p.misc.y == 1u;
+    let mask_f16 = p.misc.z == T_F16;
     var m = -3.4028235e38;
     for (var k = 0u; k < p.a_ne.x; k++) {
-        var x = A[a0 + k * p.a_nb.x] * p.f.x;
+        var x = af(a0 + k * p.a_nb.x) * p.f.x;
         if (has_mask) {
-            x += C[c0 + k * p.c_nb.x];
+            if (mask_f16) {
+                x += c_f16(c0 + k * p.c_nb.x);
+            } else {
+                x += cf(c0 + k * p.c_nb.x);
+            }
         }
         m = max(m, x);
     }
     var sum = 0.0;
     for (var k = 0u; k < p.a_ne.x; k++) {
-        var x = A[a0 + k * p.a_nb.x] * p.f.x;
+        var x = af(a0 + k * p.a_nb.x) * p.f.x;
         if (has_mask) {
-            x += C[c0 + k * p.c_nb.x];
+            if (mask_f16) {
+                x += c_f16(c0 + k * p.c_nb.x);
+            } else {
+                x += cf(c0 + k * p.c_nb.x);
+            }
         }
         let e = exp(x - m);
         sum += e;
-        D[d0 + k * p.d_nb.x] = e;
+        dset(d0 + k * p.d_nb.x, e);
     }
     let inv = 1.0 / sum;
     for (var k = 0u; k < p.a_ne.x; k++) {
-        D[d0 + k * p.d_nb.x] *= inv;
+        dset(d0 + k * p.d_nb.x, df(d0 + k * p.d_nb.x) * inv);
     }
 }
 
-// MUL_MAT: D[i0, i1, i2, i3] = sum_k A[k, i0, i2 / misc.y, i3 / misc.z] * B[k, i1, i2, i3].
+// MUL_MAT: D[i0, i1, i2, i3] = sum_k A[k, i0, i2 / misc.y, i3 / misc.z] * B[k, i1, i2, i3], A of
+// type misc.w (f32, f16 or quantized, dequantized here), B f32.
 @compute @workgroup_size(64)
 fn mul_mat(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);
@@ -195,9 +282,127 @@ fn mul_mat(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let idx = unravel(i, p.d_ne);
     let a0 = p.off.x + idx.x * p.a_nb.y + (idx.z / p.misc.y) * p.a_nb.z + (idx.w / p.misc.z) * p.a_nb.w;
     let b0 = p.off.y + idx.y * p.b_nb.y + idx.z * p.b_nb.z + idx.w * p.b_nb.w;
+    let t = p.misc.w;
+    var sum = 0.0;
+    if (t == T_F32) {
+        for (var k = 0u; k < p.a_ne.x; k++) {
+            sum += af(a0 + k * p.a_nb.x) * bf(b0 + k * p.b_nb.x);
+        }
+    } else {
+        for (var k = 0u; k < p.a_ne.x; k++) {
+            sum += a_elem(t, a0, k, p.a_nb.x) * bf(b0 + k * p.b_nb.x);
+        }
+    }
+    dset(p.off.w + at(idx, p.d_nb), sum);
+}
+
+// SWIGLU: silu(A) * B (equal shapes).
+@compute @workgroup_size(64)
+fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let x = af(p.off.x + at(idx, p.a_nb));
+    let y = bf(p.off.y + at(idx, p.b_nb));
+    dset(p.off.w + at(idx, p.d_nb), x / (1.0 + exp(-x)) * y);
+}
+
+// GELU, ggml's tanh approximation (the tanh argument clamped, where tanh is already +-1 in f32).
+@compute @workgroup_size(64)
+fn gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let x = af(p.off.x + at(idx, p.a_nb));
+    let u = clamp(0.7978845608028654 * x * (1.0 + 0.044715 * x * x), -15.0, 15.0);
+    dset(p.off.w + at(idx, p.d_nb), 0.5 * x * (1.0 + tanh(u)));
+}
+
+// DIAG_MASK_INF: -inf where i0 > misc.y + i1, else a copy.
+@compute @workgroup_size(64)
+fn diag_mask_inf(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let d = p.off.w + at(idx, p.d_nb);
+    if (idx.x > p.misc.y + idx.y) {
+        D[d] = 0xff800000u;
+    } else {
+        D[d] = A[p.off.x + at(idx, p.a_nb)];
+    }
+}
+
+// NORM, one invocation per row: (x - mean) / sqrt(var + f.x).
+@compute @workgroup_size(64)
+fn norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = thread_index(gid, nwg);
+    if (r >= p.misc.x) {
+        return;
+    }
+    let row = unravel_row(r, p.a_ne);
+    let a0 = p.off.x + at(row, p.a_nb);
+    let d0 = p.off.w + at(row, p.d_nb);
+    let n = f32(p.a_ne.x);
     var sum = 0.0;
     for (var k = 0u; k < p.a_ne.x; k++) {
-        sum += A[a0 + k * p.a_nb.x] * B[b0 + k * p.b_nb.x];
+        sum += af(a0 + k * p.a_nb.x);
     }
-    D[p.off.w + at(idx, p.d_nb)] = sum;
+    let mean = sum / n;
+    var var_sum = 0.0;
+    for (var k = 0u; k < p.a_ne.x; k++) {
+        let v = af(a0 + k * p.a_nb.x) - mean;
+        var_sum += v * v;
+    }
+    let s = 1.0 / sqrt(var_sum / n + p.f.x);
+    for (var k = 0u; k < p.a_ne.x; k++) {
+        dset(d0 + k * p.d_nb.x, (af(a0 + k * p.a_nb.x) - mean) * s);
+    }
+}
+
+// ROPE, one invocation per row (i1, i2, i3) of A, position B[i2]. misc.y: n_dims; misc.z: 0
+// normal (adjacent pairs), 1 NeoX (halves); f: (theta_scale, freq_scale, ext_factor, mscale);
+// g.xy: YaRN correction range. Dimensions from n_dims on are copied.
+@compute @workgroup_size(64)
+fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = thread_index(gid, nwg);
+    if (r >= p.misc.x) {
+        return;
+    }
+    let row = unravel_row(r, p.a_ne);
+    let a0 = p.off.x + at(row, p.a_nb);
+    let d0 = p.off.w + at(row, p.d_nb);
+    let n_dims = p.misc.y;
+    let pos = f32(bitcast<i32>(B[p.off.y + row.z * p.b_nb.x]));
+    for (var k = n_dims; k < p.a_ne.x; k++) {
+        dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x));
+    }
+    for (var i0 = 0u; i0 < n_dims; i0 += 2u) {
+        let half = f32(i0 / 2u);
+        let theta_extrap = pos * pow(p.f.x, half);
+        let theta_interp = p.f.y * theta_extrap;
+        var theta = theta_interp;
+        if (p.f.z != 0.0) {
+            let y = (half - p.g.x) / max(p.g.y - p.g.x, 0.001);
+            let ramp_mix = (1.0 - clamp(y, 0.0, 1.0)) * p.f.z;
+            theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+        }
+        let c = cos(theta) * p.f.w;
+        let s = sin(theta) * p.f.w;
+        var ia = i0;
+        var ib = i0 + 1u;
+        if (p.misc.z == 1u) {
+            ia = i0 / 2u;
+            ib = i0 / 2u + n_dims / 2u;
+        }
+        let x0 = af(a0 + ia * p.a_nb.x);
+        let x1 = af(a0 + ib * p.a_nb.x);
+        dset(d0 + ia * p.d_nb.x, x0 * c - x1 * s);
+        dset(d0 + ib * p.d_nb.x, x0 * s + x1 * c);
+    }
 }
