@@ -52,23 +52,32 @@ enum Kernel {
     DiagMaskInf,
     Norm,
     Rope,
+    SetRows,
+    Concat,
+    Argmax,
+    SetRowsF16,
 }
 
-const KERNELS: [(Kernel, &str); 14] = [
-    (Kernel::Binary, "binary"),
-    (Kernel::Scale, "scale"),
-    (Kernel::Silu, "silu"),
-    (Kernel::Cpy, "cpy"),
-    (Kernel::GetRows, "get_rows"),
-    (Kernel::RmsNorm, "rms_norm"),
-    (Kernel::SoftMax, "soft_max"),
-    (Kernel::MulMat, "mul_mat"),
-    (Kernel::CpyF16, "cpy_f16"),
-    (Kernel::Swiglu, "swiglu"),
-    (Kernel::Gelu, "gelu"),
-    (Kernel::DiagMaskInf, "diag_mask_inf"),
-    (Kernel::Norm, "norm"),
-    (Kernel::Rope, "rope"),
+/// Each kernel's entry point and whether it is in the f16-store module (`kernels_f16.wgsl`).
+const KERNELS: [(Kernel, &str, bool); 18] = [
+    (Kernel::Binary, "binary", false),
+    (Kernel::Scale, "scale", false),
+    (Kernel::Silu, "silu", false),
+    (Kernel::Cpy, "cpy", false),
+    (Kernel::GetRows, "get_rows", false),
+    (Kernel::RmsNorm, "rms_norm", false),
+    (Kernel::SoftMax, "soft_max", false),
+    (Kernel::MulMat, "mul_mat", false),
+    (Kernel::CpyF16, "cpy_f16", true),
+    (Kernel::Swiglu, "swiglu", false),
+    (Kernel::Gelu, "gelu", false),
+    (Kernel::DiagMaskInf, "diag_mask_inf", false),
+    (Kernel::Norm, "norm", false),
+    (Kernel::Rope, "rope", false),
+    (Kernel::SetRows, "set_rows", false),
+    (Kernel::Concat, "concat", false),
+    (Kernel::Argmax, "argmax", false),
+    (Kernel::SetRowsF16, "set_rows_f16", true),
 ];
 
 /// The kernels' code for an element type (`T_*` in `kernels.wgsl`), if they read it.
@@ -136,17 +145,22 @@ impl Kernels {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("rgml kernels"),
-            source: wgpu::ShaderSource::Wgsl(include_str!("kernels.wgsl").into()),
-        });
+        let common = include_str!("common.wgsl");
+        let module = |label, body: &str| {
+            device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(format!("{common}\n{body}").into()),
+            })
+        };
+        let plain = module("rgml kernels", include_str!("kernels.wgsl"));
+        let f16 = module("rgml f16 kernels", include_str!("kernels_f16.wgsl"));
         let pipelines = KERNELS
             .iter()
-            .map(|(_, entry)| {
+            .map(|(_, entry, in_f16)| {
                 device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(entry),
                     layout: Some(&pipeline_layout),
-                    module: &module,
+                    module: if *in_f16 { &f16 } else { &plain },
                     entry_point: Some(entry),
                     compilation_options: Default::default(),
                     cache: None,
@@ -174,16 +188,6 @@ fn fits(t: &Tensor) -> bool {
         && t.nbytes() / unit(t.dtype) <= u32::MAX as usize
 }
 
-/// Whether `t` can be written by the f16 copy kernel: one 4-byte word per pair of elements, so
-/// contiguous with an even element count and a 4-byte-aligned start.
-fn f16_dst(t: &Tensor) -> bool {
-    t.dtype == DType::F16
-        && fits(t)
-        && t.is_contiguous()
-        && t.nelements().is_multiple_of(2)
-        && t.view_offset.is_multiple_of(4)
-}
-
 /// Whether node `id` runs on a wgpu device: exactly the ops, dtypes and layouts the kernels
 /// implement (view ops always: nothing runs for them).
 pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
@@ -203,9 +207,9 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
     };
     let f32s = |ts: &[&Tensor]| ts.iter().all(|x| x.dtype == DType::F32 && fits(x));
     let f32_or_f16 = |x: &Tensor| matches!(x.dtype, DType::F32 | DType::F16) && fits(x);
-    // Copies: f32 / f16 to f32, or to f16 with the layout `f16_dst` asks.
+    // Copies: f32 / f16 to f32 / f16.
     if matches!(t.op, Op::Cpy | Op::Dup | Op::Cont) {
-        let dst_ok = (t.dtype == DType::F32 && fits(t)) || f16_dst(t);
+        let dst_ok = f32_or_f16(t);
         return dst_ok
             && match (t.op, srcs.as_slice()) {
                 (Op::Cpy, [a, b]) => {
@@ -215,10 +219,22 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
                 _ => false,
             };
     }
+    match (t.op, srcs.as_slice()) {
+        (Op::SetRows, [dst, src, rows]) => {
+            return f32_or_f16(t)
+                && dst.dtype == t.dtype
+                && f32s(&[src])
+                && rows.dtype == DType::I32
+                && fits(rows);
+        }
+        (Op::Argmax, [a]) => return t.dtype == DType::I32 && fits(t) && f32s(&[a]),
+        _ => {}
+    }
     if t.dtype != DType::F32 || !fits(t) {
         return false;
     }
     match (t.op, srcs.as_slice()) {
+        (Op::Concat { dim }, [a, b]) => f32s(&[a, b]) && dim < 4,
         (Op::Add | Op::Sub | Op::Mul | Op::Div, [a, b]) => f32s(&[a, b]) && a.ne == t.ne,
         (
             Op::Scale { .. }
@@ -238,7 +254,7 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
                 && u32::try_from(rp.n_dims).is_ok()
         }
         (Op::GetRows, [a, rows]) => fits(a) && rows.dtype == DType::I32 && fits(rows),
-        (Op::SoftMax { max_bias: 0.0, .. }, srcs) => match srcs {
+        (Op::SoftMax { max_bias, .. }, srcs) if max_bias.is_finite() => match srcs {
             [a] => f32s(&[a]) && a.ne == t.ne,
             [a, mask] => f32s(&[a]) && f32_or_f16(mask) && a.ne == t.ne,
             _ => false,
@@ -425,17 +441,25 @@ impl WgpuBackend {
             Op::Cpy | Op::Dup | Op::Cont => {
                 p.misc[2] = type_code(srcs[0].dtype).unwrap_or(0);
                 if t.dtype == DType::F16 {
-                    if !d_off.is_multiple_of(4) {
-                        return Err(self.err(format!(
-                            "f16 copy destination '{}' is not 4-byte aligned",
-                            t.display_name()
-                        )));
-                    }
-                    (Kernel::CpyF16, elements / 2)
+                    (Kernel::CpyF16, elements)
                 } else {
                     (Kernel::Cpy, elements)
                 }
             }
+            Op::SetRows => {
+                p.misc[2] = type_code(t.dtype).unwrap_or(0);
+                let n = srcs[1].nelements() as u64;
+                if t.dtype == DType::F16 {
+                    (Kernel::SetRowsF16, n)
+                } else {
+                    (Kernel::SetRows, n)
+                }
+            }
+            Op::Concat { dim } => {
+                p.misc[1] = dim as u32;
+                (Kernel::Concat, elements)
+            }
+            Op::Argmax => (Kernel::Argmax, srcs[0].nrows() as u64),
             Op::GetRows => {
                 p.misc[2] = type_code(srcs[0].dtype).unwrap_or(0);
                 (Kernel::GetRows, elements)
@@ -444,8 +468,14 @@ impl WgpuBackend {
                 p.f[0] = eps;
                 (Kernel::RmsNorm, rows)
             }
-            Op::SoftMax { scale, .. } => {
+            Op::SoftMax { scale, max_bias } => {
                 p.f[0] = scale;
+                // ALiBi slopes' bases (1 without ALiBi: every slope is 1).
+                let n_head = u32::try_from(t.ne[2]).unwrap_or(u32::MAX).max(1);
+                let n_head_log2 = 1u32 << n_head.ilog2();
+                p.f[1] = 2f32.powf(-max_bias / n_head_log2 as f32);
+                p.f[2] = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+                p.misc[3] = n_head_log2;
                 if let Some(mask) = srcs.get(1) {
                     p.misc[1] = 1;
                     p.misc[2] = type_code(mask.dtype).unwrap_or(0);

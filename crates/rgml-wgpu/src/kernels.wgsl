@@ -1,120 +1,9 @@
-// rgml's WGSL kernels, naive (one invocation per output element, pair or row).
-//
-// Every kernel shares one bind group layout: a uniform block of shapes, strides and offsets, and
-// four storage bindings (A, B, C: sources; D: destination), all `array<u32>` (f32 values are
-// bitcast). Strides and offsets of 4-byte tensors (f32, i32) are in 4-byte elements; those of
-// f16 and quantized tensors are in bytes. Bindings are all read_write so that one buffer may be
-// bound several times in one dispatch (tensors of a graph usually share a buffer).
+// Kernels writing D as plain 4-byte words (f32 / i32 results). Prefixed with `common.wgsl`.
 
-struct P {
-    a_ne: vec4<u32>,
-    a_nb: vec4<u32>,
-    b_ne: vec4<u32>,
-    b_nb: vec4<u32>,
-    c_ne: vec4<u32>,
-    c_nb: vec4<u32>,
-    d_ne: vec4<u32>,
-    d_nb: vec4<u32>,
-    // Element offsets of A, B, C, D in their buffers.
-    off: vec4<u32>,
-    // x: invocations to run; y: op code / flag; z, w: kernel-specific.
-    misc: vec4<u32>,
-    // Kernel-specific floats (scale, bias, eps).
-    f: vec4<f32>,
-    // More kernel-specific floats (ROPE's YaRN range and magnitude).
-    g: vec4<f32>,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read_write> A: array<u32>;
-@group(0) @binding(2) var<storage, read_write> B: array<u32>;
-@group(0) @binding(3) var<storage, read_write> C: array<u32>;
 @group(0) @binding(4) var<storage, read_write> D: array<u32>;
 
-const WG: u32 = 64u;
-
-// Source / destination element types (misc.z of the kernels that take several).
-const T_F32: u32 = 0u;
-const T_F16: u32 = 1u;
-const T_Q4_0: u32 = 2u;
-const T_Q4_1: u32 = 3u;
-const T_Q8_0: u32 = 4u;
-
-fn af(i: u32) -> f32 { return bitcast<f32>(A[i]); }
-fn bf(i: u32) -> f32 { return bitcast<f32>(B[i]); }
-fn cf(i: u32) -> f32 { return bitcast<f32>(C[i]); }
 fn df(i: u32) -> f32 { return bitcast<f32>(D[i]); }
 fn dset(i: u32, v: f32) { D[i] = bitcast<u32>(v); }
-
-// Byte `b` of A.
-fn a_u8(b: u32) -> u32 {
-    return (A[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
-}
-
-// The f16 at (2-aligned) byte `b` of A / C.
-fn a_f16(b: u32) -> f32 {
-    return unpack2x16float(A[b >> 2u] >> ((b & 2u) * 8u)).x;
-}
-fn c_f16(b: u32) -> f32 {
-    return unpack2x16float(C[b >> 2u] >> ((b & 2u) * 8u)).x;
-}
-
-// Element `k` of a row of A of type `t` starting at `base` (elements for f32, bytes otherwise),
-// with element stride `nb0` (elements for f32, bytes for f16; unused for quantized blocks).
-fn a_elem(t: u32, base: u32, k: u32, nb0: u32) -> f32 {
-    switch t {
-        case T_F32: { return af(base + k * nb0); }
-        case T_F16: { return a_f16(base + k * nb0); }
-        case T_Q4_0: {
-            let blk = base + (k / 32u) * 18u;
-            let j = k % 32u;
-            let q = a_u8(blk + 2u + (j % 16u));
-            let n = select(q & 0xfu, q >> 4u, j >= 16u);
-            return (f32(n) - 8.0) * a_f16(blk);
-        }
-        case T_Q4_1: {
-            let blk = base + (k / 32u) * 20u;
-            let j = k % 32u;
-            let q = a_u8(blk + 4u + (j % 16u));
-            let n = select(q & 0xfu, q >> 4u, j >= 16u);
-            return f32(n) * a_f16(blk) + a_f16(blk + 2u);
-        }
-        default: {
-            let blk = base + (k / 32u) * 34u;
-            let q = a_u8(blk + 2u + k % 32u);
-            let v = select(i32(q), i32(q) - 256, q >= 128u);
-            return f32(v) * a_f16(blk);
-        }
-    }
-}
-
-fn thread_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * WG;
-}
-
-// Element index -> (i0, i1, i2, i3) for shape `ne`.
-fn unravel(i: u32, ne: vec4<u32>) -> vec4<u32> {
-    let i0 = i % ne.x;
-    let r1 = i / ne.x;
-    let i1 = r1 % ne.y;
-    let r2 = r1 / ne.y;
-    let i2 = r2 % ne.z;
-    let i3 = r2 / ne.z;
-    return vec4<u32>(i0, i1, i2, i3);
-}
-
-// Row index -> (0, i1, i2, i3) for shape `ne`.
-fn unravel_row(r: u32, ne: vec4<u32>) -> vec4<u32> {
-    let i1 = r % ne.y;
-    let r2 = r / ne.y;
-    let i2 = r2 % ne.z;
-    let i3 = r2 / ne.z;
-    return vec4<u32>(0u, i1, i2, i3);
-}
-
-fn at(idx: vec4<u32>, nb: vec4<u32>) -> u32 {
-    return idx.x * nb.x + idx.y * nb.y + idx.z * nb.z + idx.w * nb.w;
-}
 
 // ADD / SUB / MUL / DIV with src1 broadcast (misc.y: 0 add, 1 sub, 2 mul, 3 div).
 @compute @workgroup_size(64)
@@ -171,21 +60,6 @@ fn cpy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     dset(p.off.w + at(unravel(i, p.d_ne), p.d_nb), v);
 }
 
-// CPY / CONT / DUP to f16, one invocation per pair of elements (2i, 2i + 1) of D, which has
-// contiguous rows of even length starting at 4-byte-aligned bytes (D's strides in bytes).
-@compute @workgroup_size(64)
-fn cpy_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = thread_index(gid, nwg);
-    if (i >= p.misc.x) {
-        return;
-    }
-    let e = 2u * i;
-    let v0 = a_elem(p.misc.z, p.off.x + at(unravel(e, p.a_ne), p.a_nb), 0u, 0u);
-    let v1 = a_elem(p.misc.z, p.off.x + at(unravel(e + 1u, p.a_ne), p.a_nb), 0u, 0u);
-    let byte = p.off.w + at(unravel(e, p.d_ne), p.d_nb);
-    D[byte >> 2u] = pack2x16float(vec2<f32>(v0, v1));
-}
-
 // GET_ROWS: D[i0, i1, i2, i3] = A[i0, B[i1, i2, i3], i2, i3] (B holds i32 indices; A of type
 // misc.z).
 @compute @workgroup_size(64)
@@ -225,8 +99,9 @@ fn rms_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     }
 }
 
-// SOFT_MAX, one invocation per row, of x * f.x (+ mask C when misc.y == 1, of type misc.z: f32
-// or f16, rows by i1, broadcast over dims 2 and 3).
+// SOFT_MAX, one invocation per row, of x * f.x (+ slope * mask C when misc.y == 1, of type
+// misc.z: f32 or f16, rows by i1, broadcast over dims 2 and 3). ALiBi slope of head i2:
+// f.y^(i2 + 1) below misc.w heads, f.z^(2 (i2 - misc.w) + 1) from there (1 without ALiBi).
 @compute @workgroup_size(64)
 fn soft_max(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = thread_index(gid, nwg);
@@ -239,14 +114,22 @@ fn soft_max(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let c0 = p.off.z + row.y * p.c_nb.y + (row.z % p.c_ne.z) * p.c_nb.z + (row.w % p.c_ne.w) * p.c_nb.w;
     let has_mask = p.misc.y == 1u;
     let mask_f16 = p.misc.z == T_F16;
+    var slope = 1.0;
+    if (p.f.y != 1.0 || p.f.z != 1.0) {
+        if (row.z < p.misc.w) {
+            slope = pow(p.f.y, f32(row.z + 1u));
+        } else {
+            slope = pow(p.f.z, f32(2u * (row.z - p.misc.w) + 1u));
+        }
+    }
     var m = -3.4028235e38;
     for (var k = 0u; k < p.a_ne.x; k++) {
         var x = af(a0 + k * p.a_nb.x) * p.f.x;
         if (has_mask) {
             if (mask_f16) {
-                x += c_f16(c0 + k * p.c_nb.x);
+                x += slope * c_f16(c0 + k * p.c_nb.x);
             } else {
-                x += cf(c0 + k * p.c_nb.x);
+                x += slope * cf(c0 + k * p.c_nb.x);
             }
         }
         m = max(m, x);
@@ -256,9 +139,9 @@ fn soft_max(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         var x = af(a0 + k * p.a_nb.x) * p.f.x;
         if (has_mask) {
             if (mask_f16) {
-                x += c_f16(c0 + k * p.c_nb.x);
+                x += slope * c_f16(c0 + k * p.c_nb.x);
             } else {
-                x += cf(c0 + k * p.c_nb.x);
+                x += slope * cf(c0 + k * p.c_nb.x);
             }
         }
         let e = exp(x - m);
@@ -405,4 +288,61 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         dset(d0 + ia * p.d_nb.x, x0 * c - x1 * s);
         dset(d0 + ib * p.d_nb.x, x0 * s + x1 * c);
     }
+}
+
+// SET_ROWS to f32: row i1 of B (f32) to row C[i1, i2 % k2, i3 % k3] of D. Indices out of range
+// write nothing.
+@compute @workgroup_size(64)
+fn set_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.b_ne);
+    let row = set_rows_index(idx);
+    if (row < 0 || u32(row) >= p.d_ne.y) {
+        return;
+    }
+    dset(p.off.w + at(vec4<u32>(idx.x, u32(row), idx.z, idx.w), p.d_nb), bf(p.off.y + at(idx, p.b_nb)));
+}
+
+// CONCAT along dim misc.y: D[i] = A[i] where i[dim] < A.ne[dim], else B[i - A.ne[dim]].
+@compute @workgroup_size(64)
+fn concat(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let dim = p.misc.y;
+    var v: f32;
+    if (idx[dim] < p.a_ne[dim]) {
+        v = af(p.off.x + at(idx, p.a_nb));
+    } else {
+        var j = idx;
+        j[dim] = idx[dim] - p.a_ne[dim];
+        v = bf(p.off.y + at(j, p.b_nb));
+    }
+    dset(p.off.w + at(idx, p.d_nb), v);
+}
+
+// ARGMAX, one invocation per row: the first index of the row's maximum (i32).
+@compute @workgroup_size(64)
+fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = thread_index(gid, nwg);
+    if (r >= p.misc.x) {
+        return;
+    }
+    let row = unravel_row(r, p.a_ne);
+    let a0 = p.off.x + at(row, p.a_nb);
+    var best = 0u;
+    var m = af(a0);
+    for (var k = 1u; k < p.a_ne.x; k++) {
+        let x = af(a0 + k * p.a_nb.x);
+        if (x > m) {
+            m = x;
+            best = k;
+        }
+    }
+    D[p.off.w + r * p.d_nb.x] = best;
 }

@@ -22,18 +22,19 @@
 //!   the queue. wgpu errors become [`rgml::Error::Backend`] with the device's name.
 //! - Naive WGSL kernels, any strides: ADD / SUB / MUL / DIV (src1 broadcast), SCALE, SILU,
 //!   GELU, SWIGLU, RMS_NORM, NORM, DIAG_MASK_INF, ROPE (normal and NeoX, YaRN), SOFT_MAX
-//!   (scale, optional f32 or f16 mask, no ALiBi), all f32; CPY / CONT / DUP from f32 or f16 to
-//!   f32, and to f16 when the destination is contiguous, of even length and 4-byte aligned;
-//!   GET_ROWS from f32, f16, Q4_0, Q4_1 and Q8_0; MUL_MAT of f32, f16, Q4_0, Q4_1 or Q8_0
-//!   weights (dequantized in the kernel) × f32 (one invocation per output, broadcast over dims
-//!   2 and 3). Buffers are bound as `array<u32>`: f16 values and quantized blocks (which need
-//!   not be 4-byte aligned) are read as bytes / halves of words. View ops compute nothing.
+//!   (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32; CPY / CONT / DUP
+//!   between f32 and f16; SET_ROWS of f32 rows into f32 or f16; GET_ROWS from f32, f16, Q4_0,
+//!   Q4_1 and Q8_0; MUL_MAT of f32, f16, Q4_0, Q4_1 or Q8_0 weights (dequantized in the kernel)
+//!   × f32 (one invocation per output, broadcast over dims 2 and 3). Buffers are bound as
+//!   `array<u32>`: f16 values and quantized blocks (which need not be 4-byte aligned) are read
+//!   as bytes / halves of words; f16 results are stored with atomic and / or on their half of a
+//!   word (`kernels_f16.wgsl`), so neighbouring invocations never lose each other's value. View
+//!   ops compute nothing.
 //!   `supports_op` is exact: anything else goes to the CPU.
 //!
 //! # What issue 5 still needs
 //! - MUL_MAT with k-quant weights (Q4_K, Q6_K), a matrix-vector path for generation, tiled /
-//!   subgroup kernels, f16 arithmetic where the adapter offers it; the remaining ops (SET_ROWS,
-//!   CONCAT, ARGMAX, ALiBi soft-max).
+//!   subgroup kernels, f16 arithmetic where the adapter offers it.
 //! - Encoding into `n_cb` command buffers, barriers only between dependent nodes, and telling
 //!   the graph allocator which nodes may run concurrently (so it does not share their memory).
 //! - A host-visible buffer type for staging, `buffer_from_host_ptr` where memory can be
