@@ -53,9 +53,27 @@ enum Command {
     },
 }
 
+/// Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set" on stderr each time
+/// adapters are probed without it (e.g. in CI or over ssh). Give them a private directory so
+/// every command's output stays clean; an existing setting is left alone.
+fn ensure_runtime_dir() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join("rgml-xdg-runtime");
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    if builder.create(&dir).is_ok() || dir.is_dir() {
+        // Still single-threaded here: no other thread reads the environment concurrently.
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
 fn register_backends() {
     rgml_cpu::register();
     // GPUs through wgpu (Vulkan / Metal / DX12); no adapter gives no devices.
+    ensure_runtime_dir();
     rgml_wgpu::register();
     // Testing aid: a deliberately wrong "PerturbCPU" device for checking `rgml compare`.
     match rgml_cpu::testing::PerturbRegistry::from_env() {
