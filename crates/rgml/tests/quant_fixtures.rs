@@ -136,18 +136,7 @@ fn quantize_is_bit_identical_to_gguf() {
 fn quantize_is_bit_identical_to_ggml_c_reference() {
     let input = read_f32("ggml_ref/input.f32");
     assert_eq!(input.len() % 256, 0);
-    for dtype in [
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q8_1,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-        DType::Q8_K,
-    ] {
+    for dtype in DType::ALL.into_iter().filter(|t| t.is_quantized()) {
         let name = dtype.name();
         let expect = read(&format!("ggml_ref/{name}.bin"));
         let mut got = vec![0u8; dtype.row_bytes(input.len()).unwrap()];

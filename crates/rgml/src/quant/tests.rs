@@ -3,18 +3,10 @@ use bytemuck::Zeroable;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const QUANTIZED: [DType; 10] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q8_1,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-    DType::Q8_K,
-];
+/// Every quantized dtype (the block formats this module implements).
+fn quantized() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|t| t.is_quantized())
+}
 
 /// ggml's test-quantize-fns `MAX_QUANTIZATION_TOTAL_ERROR`; every type here uses it (the 2/3-bit
 /// and ternary bounds are for types rgml does not have).
@@ -62,7 +54,7 @@ fn gaussianish(rng: &mut StdRng, n: usize, sigma: f32) -> Vec<f32> {
 #[test]
 fn cos_signal_error_within_ggml_bounds() {
     let x = cos_data(0.0, 32 * 128);
-    for dtype in QUANTIZED {
+    for dtype in quantized() {
         let err = total_error(&x, &round_trip(dtype, &x));
         assert!(
             err < MAX_QUANTIZATION_TOTAL_ERROR,
@@ -81,7 +73,7 @@ fn random_data_error_within_ggml_bounds() {
         uniform(&mut rng, n, 2.0).iter().map(|v| v + 0.5).collect(),
     ];
     for x in &inputs {
-        for dtype in QUANTIZED {
+        for dtype in quantized() {
             let err = total_error(x, &round_trip(dtype, x));
             assert!(
                 err < MAX_QUANTIZATION_TOTAL_ERROR,
@@ -135,7 +127,7 @@ fn q8_1_sum_and_q8_k_bsums_match_quants() {
 #[test]
 fn zero_input_gives_zero_blocks_and_output() {
     let x = vec![0.0f32; 512];
-    for dtype in QUANTIZED {
+    for dtype in quantized() {
         let y = round_trip(dtype, &x);
         assert!(y.iter().all(|&v| v == 0.0), "{dtype}");
     }
@@ -185,10 +177,7 @@ fn f32_f16_bf16_round_trips() {
 fn unaligned_buffers_give_the_same_bytes() {
     let mut rng = StdRng::seed_from_u64(9);
     let x = uniform(&mut rng, 512, 4.0);
-    for dtype in QUANTIZED
-        .into_iter()
-        .chain([DType::F32, DType::F16, DType::BF16])
-    {
+    for dtype in quantized().chain([DType::F32, DType::F16, DType::BF16]) {
         let len = dtype.row_bytes(x.len()).unwrap();
         let mut aligned = vec![0u64; len / 8 + 2];
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut aligned);
@@ -225,7 +214,7 @@ fn typed_and_byte_apis_agree() {
 #[test]
 fn wrong_lengths_and_dtypes_are_errors() {
     let x = vec![1.0f32; 512];
-    for dtype in QUANTIZED {
+    for dtype in quantized() {
         let n = dtype.block_size();
         let good = dtype.row_bytes(n).unwrap();
         let mut buf = vec![0u8; good + 1];
