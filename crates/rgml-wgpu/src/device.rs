@@ -3,7 +3,8 @@
 //! The wgpu device (and its queue and pipelines) is opened lazily, on the first buffer or
 //! backend, so registering and listing devices stays cheap.
 
-use crate::backend::{Kernels, WgpuBackend};
+use crate::backend::WgpuBackend;
+use crate::ops::Kernels;
 use rgml::backend::{
     Backend, BackendParams, Buffer, BufferImpl, BufferType, BufferTypeRef, DeviceCaps,
     DeviceMemory, DeviceType,
@@ -265,7 +266,7 @@ impl rgml::Device for WgpuDevice {
     }
 
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
-        crate::backend::supports_op(ctx, id)
+        crate::ops::supports_op(ctx, id)
     }
 
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {

@@ -45,6 +45,7 @@
 
 mod backend;
 mod device;
+mod ops;
 
 pub use backend::WgpuBackend;
 pub use device::{WgpuBuffer, WgpuBufferType, WgpuDevice, WgpuRegistry};
