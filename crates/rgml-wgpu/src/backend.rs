@@ -41,9 +41,7 @@ impl Backend for WgpuBackend {
         };
         let mut dispatches = Vec::new();
         for &id in graph.nodes() {
-            if let Some(d) = prep.prepare(ctx, id)? {
-                dispatches.push(d);
-            }
+            dispatches.extend(prep.prepare(ctx, id)?);
         }
         if dispatches.is_empty() {
             return Ok(());
@@ -98,7 +96,11 @@ impl Backend for WgpuBackend {
                 label: None,
                 timestamp_writes: None,
             });
-            pass.set_pipeline(gpu.kernels.pipeline(d.kernel));
+            let pipeline = gpu
+                .kernels
+                .pipeline(d.kernel)
+                .ok_or_else(|| gpu.err("kernel not compiled for this device"))?;
+            pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(x as u32, y as u32, 1);
         }

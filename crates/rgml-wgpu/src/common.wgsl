@@ -47,6 +47,10 @@ const T_Q4_0: u32 = 2u;
 const T_Q4_1: u32 = 3u;
 const T_Q8_0: u32 = 4u;
 
+// Words per block of quantized activations in the scratch buffer (`quantize_q8`): the f16-rounded
+// scale and the f16-rounded `d * sum(q)` as f32, then 32 signed bytes.
+const Q8_WORDS: u32 = 10u;
+
 fn af(i: u32) -> f32 { return bitcast<f32>(A[i]); }
 fn bf(i: u32) -> f32 { return bitcast<f32>(B[i]); }
 fn cf(i: u32) -> f32 { return bitcast<f32>(C[i]); }
@@ -91,6 +95,342 @@ fn a_elem(t: u32, base: u32, k: u32, nb0: u32) -> f32 {
             return f32(v) * a_f16(blk);
         }
     }
+}
+
+// The f16 nearest to `v` (ties to even), as the low 16 bits: exact integer arithmetic, because
+// the rounding of WGSL's `pack2x16float` is implementation-defined and f16 results must equal
+// the CPU's bit for bit. Overflow gives infinity; NaN stays NaN.
+fn f16_bits(v: f32) -> u32 {
+    let x = bitcast<u32>(v);
+    let sign = (x >> 16u) & 0x8000u;
+    let e = i32((x >> 23u) & 0xffu);
+    var m = x & 0x7fffffu;
+    if (e == 255) {
+        return sign | 0x7c00u | select(0u, 0x200u | (m >> 13u), m != 0u);
+    }
+    // Exponent of the result, with the f16 bias.
+    let he = e - 127 + 15;
+    if (he >= 31) {
+        return sign | 0x7c00u;
+    }
+    var shift = 13u;
+    var base = u32(max(he, 0)) << 10u;
+    if (he <= 0) {
+        // Subnormal f16: the implicit bit joins the mantissa, shifted further.
+        if (he < -10) {
+            return sign;
+        }
+        m = m | 0x800000u;
+        shift = u32(14 - he);
+        base = 0u;
+    }
+    let q = m >> shift;
+    let rem = m & ((1u << shift) - 1u);
+    let halfway = 1u << (shift - 1u);
+    var r = base + q;
+    if (rem > halfway || (rem == halfway && (q & 1u) == 1u)) {
+        // A carry out of the mantissa correctly bumps the exponent (up to infinity).
+        r += 1u;
+    }
+    return sign | r;
+}
+
+// `v` rounded to the nearest f16, as f32.
+fn round_f16(v: f32) -> f32 {
+    return unpack2x16float(f16_bits(v)).x;
+}
+
+// The 4 bytes of A from (any) byte `b`, little-endian.
+fn a_u32(b: u32) -> u32 {
+    let w = b >> 2u;
+    let sh = (b & 3u) * 8u;
+    if (sh == 0u) {
+        return A[w];
+    }
+    return (A[w] >> sh) | (A[w + 1u] << (32u - sh));
+}
+
+// Byte `k` (0..4) of `w` as a signed 8-bit value.
+fn i8_of(w: u32, k: u32) -> i32 {
+    return bitcast<i32>(w << (24u - 8u * k)) >> 24u;
+}
+
+// Whether the device's `fma` rounds once (probed when the device opens). Where it does not
+// (lavapipe rounds the product first), `fma_x` computes the fused result in integer arithmetic:
+// the CPU kernels we mirror use fused multiply-adds, and every bit counts.
+override HW_FMA: bool = false;
+
+// Unsigned 64-bit values as (high, low) words.
+fn u64_shl(x: vec2<u32>, s: u32) -> vec2<u32> {
+    if (s == 0u) {
+        return x;
+    }
+    if (s >= 32u) {
+        return vec2<u32>(x.y << (s - 32u), 0u);
+    }
+    return vec2<u32>((x.x << s) | (x.y >> (32u - s)), x.y << s);
+}
+
+fn u64_shr(x: vec2<u32>, s: u32) -> vec2<u32> {
+    if (s == 0u) {
+        return x;
+    }
+    if (s >= 64u) {
+        return vec2<u32>(0u, 0u);
+    }
+    if (s >= 32u) {
+        return vec2<u32>(0u, x.x >> (s - 32u));
+    }
+    return vec2<u32>(x.x >> s, (x.y >> s) | (x.x << (32u - s)));
+}
+
+// x >> s with every bit shifted out OR-ed into bit 0 (the sticky bit of rounding).
+fn u64_shr_sticky(x: vec2<u32>, s: u32) -> vec2<u32> {
+    var r = u64_shr(x, s);
+    let back = u64_shl(r, min(s, 63u));
+    if (s >= 64u) {
+        r = vec2<u32>(0u, 0u);
+        if (any(x != vec2<u32>(0u, 0u))) {
+            r.y = 1u;
+        }
+        return r;
+    }
+    if (any(back != x)) {
+        r.y |= 1u;
+    }
+    return r;
+}
+
+fn u64_add(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let lo = a.y + b.y;
+    return vec2<u32>(a.x + b.x + select(0u, 1u, lo < a.y), lo);
+}
+
+fn u64_sub(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    return vec2<u32>(a.x - b.x - select(0u, 1u, a.y < b.y), a.y - b.y);
+}
+
+fn u64_lt(a: vec2<u32>, b: vec2<u32>) -> bool {
+    return a.x < b.x || (a.x == b.x && a.y < b.y);
+}
+
+// Index of the highest set bit (-1 for zero).
+fn u64_msb(x: vec2<u32>) -> i32 {
+    if (x.x != 0u) {
+        return 32 + i32(firstLeadingBit(x.x));
+    }
+    if (x.y != 0u) {
+        return i32(firstLeadingBit(x.y));
+    }
+    return -1;
+}
+
+// a * b + c rounded once (ties to even): the exact 48-bit product and c are aligned in 62-bit
+// integers (the smaller shifted right with a sticky bit), added, and rounded to 24 bits.
+// Infinities, NaNs and zero factors take the plain expression, which is exact there.
+fn fma_soft(a: f32, b: f32, c: f32) -> f32 {
+    let ab = bitcast<u32>(a);
+    let bb = bitcast<u32>(b);
+    let cb = bitcast<u32>(c);
+    let ea = (ab >> 23u) & 0xffu;
+    let eb = (bb >> 23u) & 0xffu;
+    let ec = (cb >> 23u) & 0xffu;
+    if (ea == 255u || eb == 255u || ec == 255u || (ab & 0x7fffffffu) == 0u || (bb & 0x7fffffffu) == 0u) {
+        return a * b + c;
+    }
+    if ((cb & 0x7fffffffu) == 0u) {
+        return a * b;
+    }
+    let ma = (ab & 0x7fffffu) | select(0x800000u, 0u, ea == 0u);
+    let mb = (bb & 0x7fffffu) | select(0x800000u, 0u, eb == 0u);
+    let mc = (cb & 0x7fffffu) | select(0x800000u, 0u, ec == 0u);
+    // Value = mantissa * 2^E.
+    let e_p = i32(max(ea, 1u)) + i32(max(eb, 1u)) - 300;
+    let e_c = i32(max(ec, 1u)) - 150;
+    // The 48-bit product from 16-bit halves.
+    let a1 = ma >> 16u;
+    let a0 = ma & 0xffffu;
+    let b1 = mb >> 16u;
+    let b0 = mb & 0xffffu;
+    let cross = a1 * b0 + a0 * b1;
+    let ll = a0 * b0;
+    let lo = ll + (cross << 16u);
+    let prod = vec2<u32>(a1 * b1 + (cross >> 16u) + select(0u, 1u, lo < ll), lo);
+    let pm = u64_msb(prod);
+    var x = u64_shl(prod, u32(61 - pm));
+    var ex = e_p - (61 - pm);
+    var sx = (ab ^ bb) >> 31u;
+    let cm = i32(firstLeadingBit(mc));
+    var y = u64_shl(vec2<u32>(0u, mc), u32(61 - cm));
+    var ey = e_c - (61 - cm);
+    var sy = cb >> 31u;
+    if (ey > ex || (ey == ex && u64_lt(x, y))) {
+        let t = x;
+        x = y;
+        y = t;
+        let te = ex;
+        ex = ey;
+        ey = te;
+        let ts = sx;
+        sx = sy;
+        sy = ts;
+    }
+    y = u64_shr_sticky(y, u32(min(ex - ey, 64)));
+    var r: vec2<u32>;
+    if (sx == sy) {
+        r = u64_add(x, y);
+    } else {
+        r = u64_sub(x, y);
+    }
+    let rm = u64_msb(r);
+    if (rm < 0) {
+        return 0.0;
+    }
+    // Shift to a 24-bit mantissa; below the normal range, to the subnormal scale 2^-149.
+    var sh = rm - 23;
+    var be = ex + sh + 150;
+    if (be <= 0) {
+        sh = -149 - ex;
+        be = 0;
+    }
+    var m: u32;
+    if (sh <= 0) {
+        m = u64_shl(r, u32(-sh)).y;
+    } else if (sh >= 64) {
+        m = 0u;
+    } else {
+        let q = u64_shr(r, u32(sh));
+        m = q.y;
+        let rem = u64_sub(r, u64_shl(q, u32(sh)));
+        let half = u64_shl(vec2<u32>(0u, 1u), u32(sh - 1));
+        if (u64_lt(half, rem) || (all(rem == half) && (m & 1u) == 1u)) {
+            m += 1u;
+        }
+    }
+    var bits: u32;
+    if (be == 0) {
+        // Subnormal; rounding up to 2^23 lands exactly on the smallest normal.
+        bits = m;
+    } else {
+        // The mantissa's leading bit adds one to the exponent field, and a carry out of the
+        // rounding adds another, as it must.
+        bits = ((u32(be) - 1u) << 23u) + m;
+        if (be >= 255 || bits >= 0x7f800000u) {
+            bits = 0x7f800000u;
+        }
+    }
+    return bitcast<f32>(bits | (sx << 31u));
+}
+
+// a * b + c with one rounding, on every device.
+fn fma_x(a: f32, b: f32, c: f32) -> f32 {
+    if (HW_FMA) {
+        return fma(a, b, c);
+    }
+    return fma_soft(a, b, c);
+}
+
+// The next float above / below a positive finite `x`.
+fn next_up(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) + 1u); }
+fn next_down(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) - 1u); }
+
+// a / b correctly rounded (IEEE division, as the CPU computes it), for finite normal a and b
+// (other operands take plain division): WGSL's division may be off by 2.5 ulp, so the quotient moves to whichever neighbour
+// leaves the smallest exact remainder (fma computes a - q b without rounding). Quotients of
+// floats never lie exactly halfway between two floats, so there are no ties.
+fn div_rn(a_in: f32, b_in: f32) -> f32 {
+    let a = abs(a_in);
+    let b = abs(b_in);
+    let negative = (a_in < 0.0) != (b_in < 0.0);
+    var q = a / b;
+    if (!(a > 1.0e-36 && b > 1.0e-36 && q > 1.0e-36 && q < 1.0e36 && b < 1.0e36 && a < 1.0e36)) {
+        return a_in / b_in;
+    }
+    for (var k = 0; k < 3; k++) {
+        let r = abs(fma_x(-q, b, a));
+        let up = next_up(q);
+        let dn = next_down(q);
+        let ru = abs(fma_x(-up, b, a));
+        let rd = abs(fma_x(-dn, b, a));
+        if (ru < r) {
+            q = up;
+        } else if (rd < r) {
+            q = dn;
+        } else {
+            break;
+        }
+    }
+    return select(q, -q, negative);
+}
+
+// sqrt(x) correctly rounded, for positive finite normal x (WGSL's sqrt may be inexact); as
+// `div_rn`, by the smallest exact remainder x - s^2.
+fn sqrt_rn(x: f32) -> f32 {
+    var s = sqrt(x);
+    if (!(x > 1.0e-36 && x < 1.0e36)) {
+        return s;
+    }
+    for (var k = 0; k < 3; k++) {
+        let r = abs(fma_x(-s, s, x));
+        let up = next_up(s);
+        let dn = next_down(s);
+        let ru = abs(fma_x(-up, up, x));
+        let rd = abs(fma_x(-dn, dn, x));
+        if (ru < r) {
+            s = up;
+        } else if (rd < r) {
+            s = dn;
+        } else {
+            break;
+        }
+    }
+    return s;
+}
+
+// Sum of 8 lanes in the order of ggml's AVX `hsum_float_8` (high half + low half, then
+// `movehl` pairs, then the last two), so GPU dot products round as the CPU's do.
+fn hsum8(v: array<f32, 8>) -> f32 {
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+// ggml's AVX-512 `ggml_v_expf` for one lane: the same reduction and polynomial with fused
+// multiply-adds, scaled by 2^n in one rounding (`vscalefps`; ldexp is exact for normal
+// results). |n| > 192 gives 0 or infinity.
+fn v_expf16(x: f32) -> f32 {
+    let r = bitcast<f32>(0x4b400000u);
+    let z = fma_x(x, bitcast<f32>(0x3fb8aa3bu), r);
+    let n = z - r;
+    let b = fma_x(-n, bitcast<f32>(0x35bfbe8eu), fma_x(-n, bitcast<f32>(0x3f317200u), x));
+    let u = b * b;
+    let p5 = bitcast<f32>(0x3c072010u);
+    let p4 = bitcast<f32>(0x3d2b9f17u);
+    let p3 = bitcast<f32>(0x3e2aaf33u);
+    let p2 = bitcast<f32>(0x3efffedbu);
+    let p1 = bitcast<f32>(0x3f7ffff6u);
+    let j = fma_x(fma_x(fma_x(p5, b, p4), u, fma_x(p3, b, p2)), u, fma_x(p1, b, 1.0));
+    if (abs(n) > 192.0) {
+        return select(bitcast<f32>(0x7f800000u), 0.0, n <= 0.0);
+    }
+    return ldexp(j, i32(n));
+}
+
+// SiLU of element `k` of a row of `ne0`, as ggml-cpu's AVX-512 build: whole groups of 16 through
+// `ggml_v_silu` (x / (1 + v_expf(-x)), correctly rounded division), the row's tail through libm
+// `expf` (here the device's exp, which may differ in the last bit).
+fn silu_at(x: f32, k: u32, ne0: u32) -> f32 {
+    if (k < ne0 - ne0 % 16u) {
+        return div_rn(x, 1.0 + v_expf16(0.0 - x));
+    }
+    return x / (1.0 + exp(-x));
+}
+
+// Sum of 16 lanes in the order of `_mm512_reduce_add_ps`: high 8 + low 8, then `hsum8`.
+fn hsum16(v: array<f32, 16>) -> f32 {
+    var h: array<f32, 8>;
+    for (var l = 0u; l < 8u; l++) {
+        h[l] = v[l] + v[l + 8u];
+    }
+    return hsum8(h);
 }
 
 fn thread_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {

@@ -4,7 +4,7 @@
 //! backend, so registering and listing devices stays cheap.
 
 use crate::backend::WgpuBackend;
-use crate::ops::Kernels;
+use crate::ops::{Kernels, Scratch};
 use rgml::backend::{
     Backend, BackendParams, Buffer, BufferImpl, BufferType, BufferTypeRef, DeviceCaps,
     DeviceMemory, DeviceType,
@@ -35,6 +35,8 @@ pub(crate) struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) kernels: Kernels,
+    /// Scratch memory for kernels' intermediate results.
+    pub(crate) scratch: Scratch,
     /// The first error wgpu reported since the last [`Gpu::check`].
     error: Arc<Mutex<Option<String>>>,
 }
@@ -43,7 +45,8 @@ impl Gpu {
     fn open(name: &str, adapter: &wgpu::Adapter) -> std::result::Result<Gpu, String> {
         let desc = wgpu::DeviceDescriptor {
             label: Some(name),
-            required_features: wgpu::Features::empty(),
+            // f64 lets kernels sum as ggml-cpu does; the rest of the kernels need no features.
+            required_features: adapter.features() & wgpu::Features::SHADER_F64,
             // The adapter's own limits: buffers and bindings as large as it allows.
             required_limits: adapter.limits(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
@@ -61,12 +64,14 @@ impl Gpu {
                 *s = Some(e.to_string());
             }
         }));
-        let kernels = Kernels::new(&device);
+        let hw_fma = crate::ops::probe_fused_fma(&device, &queue);
+        let kernels = Kernels::new(&device, hw_fma);
         let gpu = Gpu {
             name: name.to_string(),
             device,
             queue,
             kernels,
+            scratch: Scratch::default(),
             error,
         };
         gpu.check().map_err(|e| e.to_string())?;

@@ -45,7 +45,7 @@ fn silu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let idx = unravel(i, p.d_ne);
     let x = af(p.off.x + at(idx, p.a_nb));
-    dset(p.off.w + at(idx, p.d_nb), x / (1.0 + exp(-x)));
+    dset(p.off.w + at(idx, p.d_nb), silu_at(x, idx.x, p.d_ne.x));
 }
 
 // CPY / CONT / DUP to f32: element i of A (in A's shape, type misc.z: f32 or f16) to element i
@@ -93,7 +93,7 @@ fn rms_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         let x = af(a0 + k * p.a_nb.x);
         sum += x * x;
     }
-    let s = 1.0 / sqrt(sum / f32(p.a_ne.x) + p.f.x);
+    let s = div_rn(1.0, sqrt_rn(sum / f32(p.a_ne.x) + p.f.x));
     for (var k = 0u; k < p.a_ne.x; k++) {
         dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x) * s);
     }
@@ -154,8 +154,11 @@ fn soft_max(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     }
 }
 
-// MUL_MAT: D[i0, i1, i2, i3] = sum_k A[k, i0, i2 / misc.y, i3 / misc.z] * B[k, i1, i2, i3], A of
-// type misc.w (f32, f16 or quantized, dequantized here), B f32.
+// MUL_MAT with f32 or f16 weights: D[i0, i1, i2, i3] = sum_k A[k, i0, i2 / misc.y, i3 / misc.z] *
+// B[k, i1, i2, i3], A of type misc.w (f32, f16, or a quantized type dequantized here when
+// misc.w is not one of those), B f32. f32 / f16 dots follow ggml-cpu's (tinyBLAS's) AVX-512
+// order: 16 fused multiply-add lanes (element k in lane k % 16), then `_mm512_reduce_add_ps`;
+// against f16 weights B is first rounded to f16, as ggml converts it to the weights' type.
 @compute @workgroup_size(64)
 fn mul_mat(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);
@@ -166,17 +169,127 @@ fn mul_mat(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let a0 = p.off.x + idx.x * p.a_nb.y + (idx.z / p.misc.y) * p.a_nb.z + (idx.w / p.misc.z) * p.a_nb.w;
     let b0 = p.off.y + idx.y * p.b_nb.y + idx.z * p.b_nb.z + idx.w * p.b_nb.w;
     let t = p.misc.w;
-    var sum = 0.0;
+    let n = p.a_ne.x;
+    var acc: array<f32, 16>;
     if (t == T_F32) {
-        for (var k = 0u; k < p.a_ne.x; k++) {
-            sum += af(a0 + k * p.a_nb.x) * bf(b0 + k * p.b_nb.x);
+        for (var k = 0u; k < n; k++) {
+            let l = k % 16u;
+            acc[l] = fma_x(af(a0 + k * p.a_nb.x), bf(b0 + k * p.b_nb.x), acc[l]);
+        }
+    } else if (t == T_F16) {
+        for (var k = 0u; k < n; k++) {
+            let l = k % 16u;
+            // f16 x f16 products are exact in f32, so one rounding either way.
+            acc[l] += a_f16(a0 + k * p.a_nb.x) * round_f16(bf(b0 + k * p.b_nb.x));
         }
     } else {
-        for (var k = 0u; k < p.a_ne.x; k++) {
-            sum += a_elem(t, a0, k, p.a_nb.x) * bf(b0 + k * p.b_nb.x);
+        for (var k = 0u; k < n; k++) {
+            let l = k % 16u;
+            acc[l] = fma_x(a_elem(t, a0, k, p.a_nb.x), bf(b0 + k * p.b_nb.x), acc[l]);
         }
     }
-    dset(p.off.w + at(idx, p.d_nb), sum);
+    dset(p.off.w + at(idx, p.d_nb), hsum16(acc));
+}
+
+// Quantize the rows of B (f32, any strides) to ggml-cpu's run-time Q8 activations, one
+// invocation per 32-element block, into D (the scratch buffer, Q8_WORDS words per block, blocks
+// of B's rows in order). As ggml's x86 `quantize_row_q8_0` / `q8_1`: amax of the block, scale
+// amax / 127 (stored rounded to f16), quants round_half_even(x * (127 / amax)), and the sum
+// term f16(scale * sum(q)) that Q4_1 weights need.
+@compute @workgroup_size(64)
+fn quantize_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let nbpr = p.b_ne.x / 32u;
+    let row = unravel_row(i / nbpr, p.b_ne);
+    let b0 = p.off.y + at(row, p.b_nb) + (i % nbpr) * 32u * p.b_nb.x;
+    var x: array<f32, 32>;
+    var amax = 0.0;
+    for (var k = 0u; k < 32u; k++) {
+        x[k] = bf(b0 + k * p.b_nb.x);
+        amax = max(amax, abs(x[k]));
+    }
+    var d = 0.0;
+    var id = 0.0;
+    if (amax != 0.0) {
+        d = div_rn(amax, 127.0);
+        id = div_rn(127.0, amax);
+    }
+    let o = p.off.w + i * Q8_WORDS;
+    var sum = 0;
+    for (var w = 0u; w < 8u; w++) {
+        var word = 0u;
+        for (var k = 0u; k < 4u; k++) {
+            let q = i32(round(x[4u * w + k] * id));
+            sum += q;
+            word |= (bitcast<u32>(q) & 0xffu) << (8u * k);
+        }
+        D[o + 2u + w] = word;
+    }
+    D[o] = bitcast<u32>(round_f16(d));
+    D[o + 1u] = bitcast<u32>(round_f16(d * f32(sum)));
+}
+
+// MUL_MAT of Q4_0, Q4_1 or Q8_0 weights (misc.w) by activations quantized by `quantize_q8`
+// (C, rows of B in order): ggml-cpu's x86 dot products exactly. Per block, 8 lanes of 4
+// elements each get their exact integer sum, and each lane accumulates fma(d_x * d_y, sum,
+// acc) over the blocks; Q4_1 adds its min term sum(m_x * s_y) after the lanes' `hsum_float_8`.
+@compute @workgroup_size(64)
+fn mul_mat_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let a0 = p.off.x + idx.x * p.a_nb.y + (idx.z / p.misc.y) * p.a_nb.z + (idx.w / p.misc.z) * p.a_nb.w;
+    let nbpr = p.a_ne.x / 32u;
+    let r1 = idx.y + p.b_ne.y * (idx.z + p.b_ne.z * idx.w);
+    let c0 = p.off.z + r1 * nbpr * Q8_WORDS;
+    let t = p.misc.w;
+    var acc: array<f32, 8>;
+    var summs = 0.0;
+    for (var blk = 0u; blk < nbpr; blk++) {
+        let yb = c0 + blk * Q8_WORDS;
+        let yd = cf(yb);
+        if (t == T_Q8_0) {
+            let xb = a0 + blk * 34u;
+            let d = a_f16(xb) * yd;
+            for (var l = 0u; l < 8u; l++) {
+                let xw = a_u32(xb + 2u + 4u * l);
+                let yw = C[yb + 2u + l];
+                var s = 0;
+                for (var e = 0u; e < 4u; e++) {
+                    s += i8_of(xw, e) * i8_of(yw, e);
+                }
+                acc[l] = fma_x(d, f32(s), acc[l]);
+            }
+        } else {
+            var qo = 2u;
+            var off = 8;
+            var xb = a0 + blk * 18u;
+            if (t == T_Q4_1) {
+                xb = a0 + blk * 20u;
+                qo = 4u;
+                off = 0;
+                summs += a_f16(xb + 2u) * cf(yb + 1u);
+            }
+            let d = a_f16(xb) * yd;
+            for (var l = 0u; l < 8u; l++) {
+                let xw = a_u32(xb + qo + 4u * (l % 4u));
+                let sh = select(0u, 4u, l >= 4u);
+                let yw = C[yb + 2u + l];
+                var s = 0;
+                for (var e = 0u; e < 4u; e++) {
+                    let q = i32((xw >> (8u * e + sh)) & 0xfu) - off;
+                    s += q * i8_of(yw, e);
+                }
+                acc[l] = fma_x(d, f32(s), acc[l]);
+            }
+        }
+    }
+    dset(p.off.w + at(idx, p.d_nb), hsum8(acc) + summs);
 }
 
 // SWIGLU: silu(A) * B (equal shapes).
@@ -189,7 +302,7 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let idx = unravel(i, p.d_ne);
     let x = af(p.off.x + at(idx, p.a_nb));
     let y = bf(p.off.y + at(idx, p.b_nb));
-    dset(p.off.w + at(idx, p.d_nb), x / (1.0 + exp(-x)) * y);
+    dset(p.off.w + at(idx, p.d_nb), silu_at(x, idx.x, p.d_ne.x) * y);
 }
 
 // GELU, ggml's tanh approximation (the tanh argument clamped, where tanh is already +-1 in f32).
@@ -266,17 +379,26 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x));
     }
     for (var i0 = 0u; i0 < n_dims; i0 += 2u) {
-        let half = f32(i0 / 2u);
-        let theta_extrap = pos * pow(p.f.x, half);
-        let theta_interp = p.f.y * theta_extrap;
-        var theta = theta_interp;
-        if (p.f.z != 0.0) {
-            let y = (half - p.g.x) / max(p.g.y - p.g.x, 0.001);
-            let ramp_mix = (1.0 - clamp(y, 0.0, 1.0)) * p.f.z;
-            theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+        var c: f32;
+        var s: f32;
+        if (p.misc.w == 1u) {
+            // The host's table (C): ggml-cpu's cos / sin bit for bit.
+            let at_t = p.off.z + (row.z * n_dims + i0);
+            c = cf(at_t);
+            s = cf(at_t + 1u);
+        } else {
+            let half = f32(i0 / 2u);
+            let theta_extrap = pos * pow(p.f.x, half);
+            let theta_interp = p.f.y * theta_extrap;
+            var theta = theta_interp;
+            if (p.f.z != 0.0) {
+                let y = (half - p.g.x) / max(p.g.y - p.g.x, 0.001);
+                let ramp_mix = (1.0 - clamp(y, 0.0, 1.0)) * p.f.z;
+                theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+            }
+            c = cos(theta) * p.f.w;
+            s = sin(theta) * p.f.w;
         }
-        let c = cos(theta) * p.f.w;
-        let s = sin(theta) * p.f.w;
         var ia = i0;
         var ib = i0 + 1u;
         if (p.misc.z == 1u) {
@@ -285,8 +407,9 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         }
         let x0 = af(a0 + ia * p.a_nb.x);
         let x1 = af(a0 + ib * p.a_nb.x);
-        dset(d0 + ia * p.d_nb.x, x0 * c - x1 * s);
-        dset(d0 + ib * p.d_nb.x, x0 * s + x1 * c);
+        // ggml's `x0*c - x1*s`, `x0*s + x1*c` with the first products fused, as GCC compiles it.
+        dset(d0 + ia * p.d_nb.x, fma_x(x0, c, -(x1 * s)));
+        dset(d0 + ib * p.d_nb.x, fma_x(x0, s, x1 * c));
     }
 }
 

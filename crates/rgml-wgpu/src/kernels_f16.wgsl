@@ -9,7 +9,7 @@
 fn d_store_f16(b: u32, v: f32) {
     let w = b >> 2u;
     let sh = (b & 2u) * 8u;
-    let bits = pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;
+    let bits = f16_bits(v);
     atomicAnd(&D[w], ~(0xffffu << sh));
     atomicOr(&D[w], bits << sh);
 }

@@ -50,29 +50,93 @@ pub(crate) enum Kernel {
     Concat,
     Argmax,
     SetRowsF16,
+    QuantizeQ8,
+    MulMatQ8,
+    RmsNormF64,
+    SoftMaxF64,
 }
 
-/// Each kernel's entry point and whether it is in the f16-store module (`kernels_f16.wgsl`).
-const KERNELS: [(Kernel, &str, bool); 18] = [
-    (Kernel::Binary, "binary", false),
-    (Kernel::Scale, "scale", false),
-    (Kernel::Silu, "silu", false),
-    (Kernel::Cpy, "cpy", false),
-    (Kernel::GetRows, "get_rows", false),
-    (Kernel::RmsNorm, "rms_norm", false),
-    (Kernel::SoftMax, "soft_max", false),
-    (Kernel::MulMat, "mul_mat", false),
-    (Kernel::CpyF16, "cpy_f16", true),
-    (Kernel::Swiglu, "swiglu", false),
-    (Kernel::Gelu, "gelu", false),
-    (Kernel::DiagMaskInf, "diag_mask_inf", false),
-    (Kernel::Norm, "norm", false),
-    (Kernel::Rope, "rope", false),
-    (Kernel::SetRows, "set_rows", false),
-    (Kernel::Concat, "concat", false),
-    (Kernel::Argmax, "argmax", false),
-    (Kernel::SetRowsF16, "set_rows_f16", true),
+/// The WGSL module a kernel is in.
+#[derive(Clone, Copy, PartialEq)]
+enum Module {
+    /// `kernels.wgsl`: f32 / i32 results.
+    Plain,
+    /// `kernels_f16.wgsl`: f16 results.
+    F16,
+    /// `kernels_f64.wgsl`: f64 sums, only where the adapter offers `SHADER_F64`.
+    F64,
+}
+
+/// Each kernel's entry point and module.
+const KERNELS: [(Kernel, &str, Module); 22] = [
+    (Kernel::Binary, "binary", Module::Plain),
+    (Kernel::Scale, "scale", Module::Plain),
+    (Kernel::Silu, "silu", Module::Plain),
+    (Kernel::Cpy, "cpy", Module::Plain),
+    (Kernel::GetRows, "get_rows", Module::Plain),
+    (Kernel::RmsNorm, "rms_norm", Module::Plain),
+    (Kernel::SoftMax, "soft_max", Module::Plain),
+    (Kernel::MulMat, "mul_mat", Module::Plain),
+    (Kernel::CpyF16, "cpy_f16", Module::F16),
+    (Kernel::Swiglu, "swiglu", Module::Plain),
+    (Kernel::Gelu, "gelu", Module::Plain),
+    (Kernel::DiagMaskInf, "diag_mask_inf", Module::Plain),
+    (Kernel::Norm, "norm", Module::Plain),
+    (Kernel::Rope, "rope", Module::Plain),
+    (Kernel::SetRows, "set_rows", Module::Plain),
+    (Kernel::Concat, "concat", Module::Plain),
+    (Kernel::Argmax, "argmax", Module::Plain),
+    (Kernel::SetRowsF16, "set_rows_f16", Module::F16),
+    (Kernel::QuantizeQ8, "quantize_q8", Module::Plain),
+    (Kernel::MulMatQ8, "mul_mat_q8", Module::Plain),
+    (Kernel::RmsNormF64, "rms_norm_f64", Module::F64),
+    (Kernel::SoftMaxF64, "soft_max_f64", Module::F64),
 ];
+
+/// Bytes per 32-element block of quantized activations in the scratch buffer (`Q8_WORDS`
+/// words in `common.wgsl`).
+const Q8_BLOCK_BYTES: usize = 40;
+
+/// Whether MUL_MAT with `dtype` weights quantizes its activations first, as ggml-cpu does (the
+/// weights whose dot product with Q8 activations the kernels mirror).
+fn quantizes_activations(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+}
+
+/// A device-wide scratch buffer for intermediate results of a node (quantized activations),
+/// grown on demand. Every node may reuse it from offset 0: wgpu orders the dispatches that use
+/// one buffer, and all work of a device goes through its one queue.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    buffer: std::sync::Mutex<Option<wgpu::Buffer>>,
+}
+
+impl Scratch {
+    /// A scratch buffer of at least `size` bytes.
+    fn get(&self, device: &wgpu::Device, size: usize) -> wgpu::Buffer {
+        let mut slot = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = slot.as_ref() {
+            if b.size() >= size as u64 {
+                return b.clone();
+            }
+        }
+        let old = slot.as_ref().map_or(0, |b| b.size());
+        // Doubling keeps a graph of growing nodes from allocating once per node; the old
+        // buffer lives on while queued work still uses it (wgpu counts references).
+        let size = (size as u64)
+            .max(old.saturating_mul(2))
+            .max(4)
+            .next_multiple_of(4);
+        let b = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("rgml scratch"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        *slot = Some(b.clone());
+        b
+    }
+}
 
 /// The kernels' code for an element type (`T_*` in `kernels.wgsl`), if they read it.
 fn type_code(dtype: DType) -> Option<u32> {
@@ -99,12 +163,17 @@ fn unit(dtype: DType) -> usize {
 /// The compiled kernels and their shared bind group layout.
 pub(crate) struct Kernels {
     pub(crate) layout: wgpu::BindGroupLayout,
-    pipelines: Vec<wgpu::ComputePipeline>,
+    /// By [`Kernel`]; `None` for the f64 kernels where the device has no f64.
+    pipelines: Vec<Option<wgpu::ComputePipeline>>,
+    /// The f64 kernels exist.
+    pub(crate) f64: bool,
 }
 
 impl Kernels {
-    /// Compile every kernel (errors surface through the device's error slot).
-    pub(crate) fn new(device: &wgpu::Device) -> Kernels {
+    /// Compile every kernel (errors surface through the device's error slot); `hw_fma`: the
+    /// device's `fma` rounds once (see [`probe_fused_fma`]).
+    pub(crate) fn new(device: &wgpu::Device, hw_fma: bool) -> Kernels {
+        let f64 = device.features().contains(wgpu::Features::SHADER_F64);
         let storage = |binding| wgpu::BindGroupLayoutEntry {
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
@@ -148,26 +217,119 @@ impl Kernels {
         };
         let plain = module("rgml kernels", include_str!("kernels.wgsl"));
         let f16 = module("rgml f16 kernels", include_str!("kernels_f16.wgsl"));
+        let wide = f64.then(|| module("rgml f64 kernels", include_str!("kernels_f64.wgsl")));
         let pipelines = KERNELS
             .iter()
-            .map(|(_, entry, in_f16)| {
-                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(entry),
-                    layout: Some(&pipeline_layout),
-                    module: if *in_f16 { &f16 } else { &plain },
-                    entry_point: Some(entry),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
+            .map(|(_, entry, m)| {
+                let module = match m {
+                    Module::Plain => &plain,
+                    Module::F16 => &f16,
+                    Module::F64 => wide.as_ref()?,
+                };
+                Some(
+                    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry),
+                        layout: Some(&pipeline_layout),
+                        module,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &[("HW_FMA", if hw_fma { 1.0 } else { 0.0 })],
+                            ..Default::default()
+                        },
+                        cache: None,
+                    }),
+                )
             })
             .collect();
-        Kernels { layout, pipelines }
+        Kernels {
+            layout,
+            pipelines,
+            f64,
+        }
     }
 
-    pub(crate) fn pipeline(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
+    /// The kernel's pipeline (`None` only for f64 kernels on a device without f64, which
+    /// [`Prep::prepare`] never picks).
+    pub(crate) fn pipeline(&self, kernel: Kernel) -> Option<&wgpu::ComputePipeline> {
         // `pipelines` is built from KERNELS, whose order is the enum's.
-        &self.pipelines[kernel as usize]
+        self.pipelines.get(kernel as usize)?.as_ref()
     }
+}
+
+/// Whether the device's WGSL `fma` rounds once, as IEEE's fused multiply-add does (WGSL leaves
+/// it to the implementation: lavapipe, for one, rounds the product first). Computes
+/// `(1 + 2^-23)(1 - 2^-23) - 1` from a buffer, so no compiler can fold it: fused, that is
+/// `-2^-46`; rounded twice, 0. `RGML_WGPU_SOFT_FMA=1` answers no, to test the integer path on
+/// any device. Any failure also answers no (the integer path is exact everywhere, only slower).
+pub(crate) fn probe_fused_fma(device: &wgpu::Device, queue: &wgpu::Queue) -> bool {
+    use wgpu::util::DeviceExt;
+    if std::env::var("RGML_WGPU_SOFT_FMA").is_ok_and(|v| v == "1") {
+        return false;
+    }
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("rgml fma probe"),
+        source: wgpu::ShaderSource::Wgsl(
+            "@group(0) @binding(0) var<storage, read_write> v: array<f32>;\n\
+             @compute @workgroup_size(1) fn main() { v[3] = fma(v[0], v[1], v[2]); }"
+                .into(),
+        ),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("rgml fma probe"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let input = [1.0 + f32::EPSILON, 1.0 - f32::EPSILON, -1.0, 0.0];
+    let data = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("rgml fma probe"),
+        contents: bytemuck::cast_slice(&input),
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    });
+    let read = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("rgml fma probe read-back"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: data.as_entire_binding(),
+        }],
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    encoder.copy_buffer_to_buffer(&data, 0, &read, 0, 16);
+    queue.submit([encoder.finish()]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    read.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    if device.poll(wgpu::PollType::wait_indefinitely()).is_err() {
+        return false;
+    }
+    if !matches!(rx.recv(), Ok(Ok(()))) {
+        return false;
+    }
+    let fused = match read.get_mapped_range(..) {
+        Ok(view) => {
+            let out: &[f32] = bytemuck::cast_slice(&view);
+            out[3] != 0.0
+        }
+        Err(_) => false,
+    };
+    read.unmap();
+    fused
 }
 
 /// Whether `t`'s shape and strides fit the kernels' u32 arithmetic (in 4-byte elements for
@@ -283,6 +445,17 @@ fn yarn_corr_dim(n_dims: f64, n_ctx_orig: f64, n_rot: f64, base: f64) -> f64 {
     n_dims * (n_ctx_orig / (n_rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
 }
 
+/// YaRN's `[start, end]` correction dims in f32, as ggml-cpu computes them for its table.
+fn rope_corr_dims(p: &RopeParams) -> [f32; 2] {
+    let dim = |n_rot: f32| {
+        p.n_dims as f32 * (p.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * p.freq_base.ln())
+    };
+    let start = dim(p.beta_fast).floor();
+    let end = dim(p.beta_slow).ceil();
+    [start.max(0.0), end.min(p.n_dims as f32 - 1.0)]
+}
+
 /// ROPE's kernel parameters (see `rope` in `kernels.wgsl`), computed in f64 as the reference
 /// does: θ scale, YaRN correction range and magnitude.
 fn rope_params(p: &mut Params, rp: &RopeParams) {
@@ -356,10 +529,11 @@ impl Prep<'_> {
         Ok((buf.buffer.clone(), off))
     }
 
-    pub(crate) fn prepare(&self, ctx: &Context, id: TensorId) -> Result<Option<Dispatch>> {
+    /// The dispatches that compute node `id` (none for views and empty tensors), in order.
+    pub(crate) fn prepare(&self, ctx: &Context, id: TensorId) -> Result<Vec<Dispatch>> {
         let t = ctx.get(id)?;
         if t.op.kind().is_view() || t.nelements() == 0 {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         if !supports_op(ctx, id) {
             return Err(Error::Unsupported {
@@ -424,6 +598,11 @@ impl Prep<'_> {
             }
             Op::Rope(rp) => {
                 rope_params(&mut p, &rp);
+                if let Some(table) = self.rope_table(ctx, t, srcs[1], &rp)? {
+                    buffers[2] = table;
+                    p.off[2] = 0;
+                    p.misc[3] = 1;
+                }
                 (Kernel::Rope, rows)
             }
             Op::Cpy | Op::Dup | Op::Cont => {
@@ -454,7 +633,11 @@ impl Prep<'_> {
             }
             Op::RmsNorm { eps } => {
                 p.f[0] = eps;
-                (Kernel::RmsNorm, rows)
+                if self.gpu.kernels.f64 {
+                    (Kernel::RmsNormF64, rows)
+                } else {
+                    (Kernel::RmsNorm, rows)
+                }
             }
             Op::SoftMax { scale, max_bias } => {
                 p.f[0] = scale;
@@ -475,12 +658,19 @@ impl Prep<'_> {
                 } else {
                     p.c_ne = [1; 4];
                 }
-                (Kernel::SoftMax, rows)
+                if self.gpu.kernels.f64 {
+                    (Kernel::SoftMaxF64, rows)
+                } else {
+                    (Kernel::SoftMax, rows)
+                }
             }
             Op::MulMat => {
                 p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
                 p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
                 p.misc[3] = type_code(srcs[0].dtype).unwrap_or(0);
+                if quantizes_activations(srcs[0].dtype) {
+                    return self.mul_mat_q8(p, buffers, srcs[1], elements);
+                }
                 (Kernel::MulMat, elements)
             }
             _ => {
@@ -490,12 +680,113 @@ impl Prep<'_> {
                 })
             }
         };
-        p.misc[0] = u32::try_from(threads).map_err(|_| self.err("too many invocations"))?;
-        Ok(Some(Dispatch {
+        self.dispatch(kernel, p, buffers, threads).map(|d| vec![d])
+    }
+
+    /// ROPE's cos / sin table, computed on the host exactly as ggml-cpu does (f32 θ, libm
+    /// `cosf` / `sinf`: GPU trigonometry is only accurate to a few ulp, and the model amplifies
+    /// that), when the positions are an input of the graph (a leaf, already set before this
+    /// compute); `None` for computed positions, which the kernel handles with GPU `cos` / `sin`.
+    /// Pairs `(cos θ · mscale, sin θ · mscale)` for each position (dim 2 of the rotated tensor)
+    /// and each of the `n_dims / 2` pairs.
+    fn rope_table(
+        &self,
+        ctx: &Context,
+        t: &Tensor,
+        pos: &Tensor,
+        rp: &RopeParams,
+    ) -> Result<Option<wgpu::Buffer>> {
+        use wgpu::util::DeviceExt;
+        if pos.op != Op::None {
+            return Ok(None);
+        }
+        let n_pos = t.ne[2];
+        let pos_id = t.src[1];
+        let mut bytes = vec![0u8; n_pos * 4];
+        ctx.tensor_get(pos_id, 0, &mut bytes)?;
+        let n_dims = rp.n_dims;
+        if n_dims > t.ne[0] || n_dims % 2 == 1 {
+            // The kernel's pairs would not line up with the table's.
+            return Ok(None);
+        }
+        let theta_scale = rp.freq_base.powf(-2.0 / n_dims.max(1) as f32);
+        let corr = rope_corr_dims(rp);
+        let mut table = Vec::with_capacity(n_pos * n_dims);
+        for b in bytes.chunks_exact(4) {
+            let pos = i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32;
+            let mut theta_extrap = pos;
+            for i0 in (0..n_dims).step_by(2) {
+                let theta_interp = rp.freq_scale * theta_extrap;
+                let mut theta = theta_interp;
+                let mut mscale = rp.attn_factor;
+                if rp.ext_factor != 0.0 {
+                    let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+                    let mix = (1.0 - y.clamp(0.0, 1.0)) * rp.ext_factor;
+                    theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+                    mscale *= 1.0 + 0.1 * (1.0 / rp.freq_scale).ln();
+                }
+                table.push(theta.cos() * mscale);
+                table.push(theta.sin() * mscale);
+                theta_extrap *= theta_scale;
+            }
+        }
+        if table.is_empty() {
+            return Ok(None);
+        }
+        let buffer = self
+            .gpu
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("rgml rope table"),
+                contents: bytemuck::cast_slice(&table),
+                usage: wgpu::BufferUsages::STORAGE,
+            });
+        Ok(Some(buffer))
+    }
+
+    fn dispatch(
+        &self,
+        kernel: Kernel,
+        mut params: Params,
+        buffers: [wgpu::Buffer; 4],
+        threads: u64,
+    ) -> Result<Dispatch> {
+        params.misc[0] = u32::try_from(threads).map_err(|_| self.err("too many invocations"))?;
+        Ok(Dispatch {
             kernel,
-            params: p,
+            params,
             buffers,
             threads,
-        }))
+        })
+    }
+
+    /// MUL_MAT of Q8-dotted weights: quantize B into the scratch buffer, then the dot products
+    /// (`mul_mat_q8` reads the quantized rows through binding C).
+    fn mul_mat_q8(
+        &self,
+        p: Params,
+        buffers: [wgpu::Buffer; 4],
+        b: &Tensor,
+        elements: u64,
+    ) -> Result<Vec<Dispatch>> {
+        let blocks = b.nelements() / 32;
+        let size = blocks
+            .checked_mul(Q8_BLOCK_BYTES)
+            .filter(|&s| s / 4 <= u32::MAX as usize)
+            .ok_or_else(|| self.err("MUL_MAT activations too large for the scratch buffer"))?;
+        let scratch = self.gpu.scratch.get(&self.gpu.device, size);
+        let [a, b_buf, _, d] = buffers;
+        let mut q = p;
+        q.off[3] = 0;
+        let quantize = self.dispatch(
+            Kernel::QuantizeQ8,
+            q,
+            [a.clone(), b_buf.clone(), d.clone(), scratch.clone()],
+            blocks as u64,
+        )?;
+        let mut m = p;
+        m.off[2] = 0;
+        let dots = self.dispatch(Kernel::MulMatQ8, m, [a, b_buf, scratch, d], elements)?;
+        Ok(vec![quantize, dots])
     }
 }

@@ -1,0 +1,173 @@
+//! The GPU computes the ops of the LLaMA graph with ggml-cpu's arithmetic, bit for bit: each
+//! node on the first wgpu device must equal the CPU backend's (AVX-512-build arithmetic, the
+//! llama.cpp build our fixtures come from) exactly, on random data of the demo model's shapes.
+//! Tiny differences matter: the demo model amplifies a one-ulp change in an activation that
+//! flips one Q8 quant into logit differences of tenths, so only exact kernels give llama.cpp's
+//! answers.
+//!
+//! Without an adapter the tests skip, unless `RGML_REQUIRE_GPU=1`.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rgml::alloc::alloc_ctx_tensors;
+use rgml::compare::compare_graph_backend;
+use rgml::{Context, DType, DeviceRef, Graph, RopeMode, RopeParams, TensorId};
+use std::sync::Once;
+
+fn gpu() -> Option<DeviceRef> {
+    let reg = rgml_wgpu::WgpuRegistry::new();
+    let dev = rgml::registry::Registry::devices(&reg).into_iter().next();
+    if dev.is_none() {
+        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        assert!(!required, "RGML_REQUIRE_GPU=1 but there is no GPU adapter");
+        eprintln!("no GPU adapter: skipping");
+    }
+    dev
+}
+
+/// The CPU backend mirrors the native ggml build of the CPU it runs on; the GPU mirrors the
+/// AVX-512 build, so the CPU must too (read once, before the first kernel).
+fn cpu_like_the_gpu() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| std::env::set_var("RGML_CPU_ISA", "avx512"));
+}
+
+/// Activations of a transformer's scale: roughly normal, a few large.
+fn values(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let x: f32 = rng.gen_range(-1.0..1.0) + rng.gen_range(-1.0..1.0);
+            let big = if rng.gen_range(0..50) == 0 { 8.0 } else { 1.0 };
+            x * scale * big
+        })
+        .collect()
+}
+
+struct Case {
+    ctx: Context,
+    rng: StdRng,
+    leafs: Vec<(TensorId, Vec<u8>)>,
+}
+
+impl Case {
+    fn new(seed: u64) -> Case {
+        Case {
+            ctx: Context::new(),
+            rng: StdRng::seed_from_u64(seed),
+            leafs: Vec::new(),
+        }
+    }
+
+    /// A leaf of `dtype` holding random values (quantized or rounded to the type).
+    fn leaf(&mut self, dtype: DType, dims: &[usize], scale: f32) -> TensorId {
+        let id = self.ctx.new_tensor(dtype, dims).unwrap();
+        let n: usize = dims.iter().product();
+        let v = values(&mut self.rng, n, scale);
+        let bytes = match dtype {
+            DType::F32 => bytemuck::cast_slice(&v).to_vec(),
+            DType::F16 => v
+                .iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect(),
+            _ => {
+                let mut out = vec![0u8; dtype.row_bytes(n).unwrap()];
+                rgml::quant::quantize_row(dtype, &v, &mut out).unwrap();
+                out
+            }
+        };
+        self.leafs.push((id, bytes));
+        id
+    }
+
+    fn index_leaf(&mut self, dims: &[usize], below: i32) -> TensorId {
+        let id = self.ctx.new_tensor(DType::I32, dims).unwrap();
+        let n: usize = dims.iter().product();
+        let v: Vec<i32> = (0..n).map(|_| self.rng.gen_range(0..below)).collect();
+        self.leafs.push((id, bytemuck::cast_slice(&v).to_vec()));
+        id
+    }
+
+    /// Compute `outputs` node by node on the CPU and the GPU; every node must match exactly.
+    fn check(mut self, outputs: &[TensorId]) {
+        cpu_like_the_gpu();
+        let Some(dev) = gpu() else {
+            return;
+        };
+        let cpu: DeviceRef = rgml_cpu::CpuDevice::new("CPU");
+        let _buf = alloc_ctx_tensors(&mut self.ctx, &cpu.buffer_type()).unwrap();
+        for (id, bytes) in &self.leafs {
+            self.ctx.tensor_set(*id, 0, bytes).unwrap();
+        }
+        let graph = Graph::build(&mut self.ctx, outputs).unwrap();
+        let mut b_cpu = cpu.init_backend(&Default::default()).unwrap();
+        let mut b_gpu = dev.init_backend(&Default::default()).unwrap();
+        let mut bad = Vec::new();
+        compare_graph_backend(
+            &self.ctx,
+            &graph,
+            b_cpu.as_mut(),
+            b_gpu.as_mut(),
+            0.0,
+            &mut |c| {
+                if c.max_abs != 0.0 || c.nonfinite_mismatch || c.nmse.is_nan() {
+                    bad.push(format!(
+                        "#{} {} {:?}: max_abs {:e}, nmse {:e}",
+                        c.index, c.name, c.op, c.max_abs, c.nmse
+                    ));
+                }
+                true
+            },
+        )
+        .unwrap();
+        assert!(bad.is_empty(), "not bit-exact:\n{}", bad.join("\n"));
+    }
+}
+
+#[test]
+fn quantized_mul_mat_is_exact() {
+    for (seed, wtype) in [(1, DType::Q4_1), (2, DType::Q8_0), (3, DType::Q4_0)] {
+        let mut c = Case::new(seed);
+        let w = c.leaf(wtype, &[576, 96], 0.05);
+        let x = c.leaf(DType::F32, &[576, 7], 1.0);
+        let one = c.leaf(DType::F32, &[576, 1], 1.0);
+        let y = c.ctx.mul_mat(w, x).unwrap();
+        let z = c.ctx.mul_mat(w, one).unwrap();
+        c.check(&[y, z]);
+    }
+}
+
+#[test]
+fn float_mul_mat_is_exact() {
+    let mut c = Case::new(4);
+    // Attention's shapes: K [64, n_kv, heads_kv] against Q [64, n_tokens, heads] (broadcast).
+    let k = c.leaf(DType::F16, &[64, 37, 3], 1.0);
+    let q = c.leaf(DType::F32, &[64, 7, 9], 1.0);
+    let kq = c.ctx.mul_mat(k, q).unwrap();
+    let a = c.leaf(DType::F32, &[64, 20], 1.0);
+    let b = c.leaf(DType::F32, &[64, 3], 1.0);
+    let ab = c.ctx.mul_mat(a, b).unwrap();
+    c.check(&[kq, ab]);
+}
+
+#[test]
+fn norm_rope_softmax_swiglu_are_exact() {
+    let mut c = Case::new(5);
+    let x = c.leaf(DType::F32, &[576, 7], 1.0);
+    let g = c.leaf(DType::F32, &[576], 1.0);
+    let n = c.ctx.rms_norm(x, 1e-5).unwrap();
+    let n = c.ctx.mul(n, g).unwrap();
+    let h = c.leaf(DType::F32, &[64, 9, 7], 1.0);
+    let pos = c.index_leaf(&[7], 500);
+    let r = c
+        .ctx
+        .rope(h, pos, RopeParams::new(RopeMode::Neox, 64, 100000.0))
+        .unwrap();
+    let s = c.leaf(DType::F32, &[32, 7, 9], 3.0);
+    let mask = c.leaf(DType::F16, &[32, 7], 1.0);
+    let sm = c.ctx.soft_max_ext(s, Some(mask), 0.125, 0.0).unwrap();
+    let a = c.leaf(DType::F32, &[1536, 7], 2.0);
+    let b = c.leaf(DType::F32, &[1536, 7], 2.0);
+    let sw = c.ctx.swiglu(a, b).unwrap();
+    let si = c.ctx.silu(a).unwrap();
+    c.check(&[n, r, sm, sw, si]);
+}
