@@ -296,3 +296,80 @@ fn tensor_split_mode_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// Whether a wgpu device (`Vulkan0`, `Metal0`, ...) is listed; without one the GPU tests skip,
+/// unless `RGML_REQUIRE_GPU=1` (set by `scripts/test.sh`, so CI never skips).
+fn gpu_device() -> Option<String> {
+    let out = rgml(&["devices"]);
+    let name = out
+        .split_whitespace()
+        .map(|w| w.trim_end_matches(':'))
+        .find(|w| ["Vulkan0", "Metal0", "DX120"].contains(w))
+        .map(str::to_string);
+    if name.is_none() {
+        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "RGML_REQUIRE_GPU=1 but `rgml devices` lists no GPU"
+        );
+        eprintln!("no GPU device: skipping");
+    }
+    name
+}
+
+/// The bound for the GPU: the same top-10 ids and logits within 0.05 of llama.cpp's.
+/// The GPU kernels reproduce ggml-cpu's AVX-512 arithmetic (and the CPU does too with
+/// `RGML_CPU_ISA=avx512`, for the mixed case on any CPU), so the logits come out identical to
+/// the CPU's where the device has f64 and IEEE add / multiply; 0.05 leaves room for devices
+/// whose compilers contract a product into a later addition.
+const GPU_TOL: f64 = 0.05;
+
+#[test]
+fn logits_on_the_gpu_match_llama_cpp() {
+    let Some(gpu) = gpu_device() else {
+        return;
+    };
+    let model = model();
+    for devices in [gpu.clone(), format!("{gpu},CPU")] {
+        let mut worst = 0f64;
+        for case in fixture()["cases"].as_array().expect("cases") {
+            let prompt = case["prompt"].as_str().expect("prompt");
+            let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+                .args([
+                    "logits", "-m", &model, "-p", prompt, "--top", "10", "--json", "--device",
+                    &devices,
+                ])
+                .env("RGML_CPU_ISA", "avx512")
+                .output()
+                .expect("run rgml");
+            assert!(
+                out.status.success(),
+                "rgml logits --device {devices} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+            assert_eq!(got["tokens"], case["tokens"], "tokens of {prompt:?}");
+            let want = case["top10"].as_array().expect("top10");
+            let have = got["top"].as_array().expect("top");
+            let ids = |v: &[serde_json::Value]| v.iter().map(|e| e[0].as_u64()).collect::<Vec<_>>();
+            assert_eq!(
+                ids(have),
+                ids(want),
+                "top-10 ids of {prompt:?} on {devices}"
+            );
+            for (h, w) in have.iter().zip(want) {
+                let (h, w) = (
+                    h[1].as_f64().unwrap_or(f64::NAN),
+                    w[1].as_f64().unwrap_or(0.0),
+                );
+                let diff = (h - w).abs();
+                assert!(
+                    diff <= GPU_TOL,
+                    "{prompt:?} on {devices}: logit {h} vs llama.cpp {w}"
+                );
+                worst = worst.max(diff);
+            }
+        }
+        eprintln!("{devices}: largest top-10 logit difference from llama.cpp {worst:.2e}");
+    }
+}
