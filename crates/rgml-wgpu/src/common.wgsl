@@ -46,6 +46,8 @@ const T_F16: u32 = 1u;
 const T_Q4_0: u32 = 2u;
 const T_Q4_1: u32 = 3u;
 const T_Q8_0: u32 = 4u;
+const T_Q4_K: u32 = 5u;
+const T_Q6_K: u32 = 6u;
 
 // Words per block of quantized activations in the scratch buffer (`quantize_q8`): the f16-rounded
 // scale and the f16-rounded `d * sum(q)` as f32, then 32 signed bytes.
@@ -87,6 +89,43 @@ fn a_elem(t: u32, base: u32, k: u32, nb0: u32) -> f32 {
             let q = a_u8(blk + 4u + (j % 16u));
             let n = select(q & 0xfu, q >> 4u, j >= 16u);
             return f32(n) * a_f16(blk) + a_f16(blk + 2u);
+        }
+        case T_Q4_K: {
+            // 256 per block: d, dmin (f16), 12 bytes of 6-bit scales and mins for the 8
+            // sub-blocks of 32, then 128 bytes of nibbles (64 elements per 32 bytes: low
+            // nibbles first, then high).
+            let blk = base + (k / 256u) * 144u;
+            let j = k % 256u;
+            let sb = j / 32u;
+            var sc: u32;
+            var mn: u32;
+            if (sb < 4u) {
+                sc = a_u8(blk + 4u + sb) & 63u;
+                mn = a_u8(blk + 8u + sb) & 63u;
+            } else {
+                sc = (a_u8(blk + 8u + sb) & 0xfu) | ((a_u8(blk + sb) >> 6u) << 4u);
+                mn = (a_u8(blk + 8u + sb) >> 4u) | ((a_u8(blk + 4u + sb) >> 6u) << 4u);
+            }
+            let l = j % 64u;
+            let q = a_u8(blk + 16u + (j / 64u) * 32u + (l % 32u));
+            let n = select(q & 0xfu, q >> 4u, l >= 32u);
+            return a_f16(blk) * f32(sc) * f32(n) - a_f16(blk + 2u) * f32(mn);
+        }
+        case T_Q6_K: {
+            // 256 per block: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 signed scales
+            // (one per 16), d (f16). Each 128-element half splits in quarters of 32.
+            let blk = base + (k / 256u) * 210u;
+            let j = k % 256u;
+            let h = j / 128u;
+            let quarter = (j % 128u) / 32u;
+            let l = j % 32u;
+            let lo = a_u8(blk + 64u * h + l + (quarter & 1u) * 32u);
+            let nib = select(lo & 0xfu, lo >> 4u, quarter >= 2u);
+            let hi = (a_u8(blk + 128u + 32u * h + l) >> (2u * quarter)) & 3u;
+            let q = i32(nib | (hi << 4u)) - 32;
+            let s = a_u8(blk + 192u + 8u * h + l / 16u + 2u * quarter);
+            let sc = select(i32(s), i32(s) - 256, s >= 128u);
+            return a_f16(blk + 208u) * f32(sc) * f32(q);
         }
         default: {
             let blk = base + (k / 32u) * 34u;

@@ -146,6 +146,8 @@ fn type_code(dtype: DType) -> Option<u32> {
         DType::Q4_0 => Some(2),
         DType::Q4_1 => Some(3),
         DType::Q8_0 => Some(4),
+        DType::Q4_K => Some(5),
+        DType::Q6_K => Some(6),
         _ => None,
     }
 }
