@@ -419,8 +419,13 @@ fn place_weights(
         }
         if device.caps().buffer_from_host_ptr {
             let max_tensor = mine.iter().map(|t| t.1.size).max().unwrap_or(0);
-            let buffer = device.buffer_from_host_memory(gguf.memory(), max_tensor)?;
-            if device.supports_buffer_type(buffer.buffer_type()) {
+            // A device may still decline (e.g. this mapping cannot be imported): then copy.
+            let buffer = match device.buffer_from_host_memory(gguf.memory(), max_tensor) {
+                Ok(buffer) => Some(buffer),
+                Err(rgml::Error::Unsupported { .. }) => None,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(buffer) = buffer.filter(|b| device.supports_buffer_type(b.buffer_type())) {
                 buffer.set_usage(BufferUsage::Weights);
                 for &(id, info) in &mine {
                     ctx.set_data(id, buffer.clone(), gguf.data_offset() + info.offset)?;

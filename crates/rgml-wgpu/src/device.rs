@@ -1,17 +1,25 @@
-//! The wgpu registry and devices, the device buffer type and its buffers.
+//! The wgpu registry and devices, the device buffer type and its buffers, and the device's
+//! memory figures.
 //!
-//! The wgpu device (and its queue and pipelines) is opened lazily, on the first buffer or
-//! backend, so registering and listing devices stays cheap.
+//! Everything expensive is lazy: the registry enumerates adapters on its first `devices()` call
+//! (so registering it costs nothing for commands that never look for a device), and a device
+//! opens its wgpu device (queue, pipelines) on the first buffer or backend.
+//!
+//! The device's host buffer type is [`crate::WgpuHostBufferType`]. wgpu's safe API cannot import host
+//! memory, so [`rgml::Device::buffer_from_host_memory`] is unsupported here (see
+//! [`WgpuDevice`]'s implementation).
 
 use crate::backend::WgpuBackend;
+use crate::host::WgpuHostBufferType;
 use crate::ops::{Kernels, Scratch};
 use rgml::backend::{
     Backend, BackendParams, Buffer, BufferImpl, BufferType, BufferTypeRef, DeviceCaps,
-    DeviceMemory, DeviceType,
+    DeviceMemory, DeviceType, HostMemory,
 };
 use rgml::registry::Registry;
 use rgml::{Context, DeviceRef, Error, Result, TensorId};
 use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 
 /// wgpu's copy and write granularity (`COPY_BUFFER_ALIGNMENT`).
@@ -39,6 +47,9 @@ pub(crate) struct Gpu {
     pub(crate) scratch: Scratch,
     /// The first error wgpu reported since the last [`Gpu::check`].
     error: Arc<Mutex<Option<String>>>,
+    /// Bytes held by the live [`WgpuBuffer`]s of this device (their rounded-up sizes; staging,
+    /// uniform and kernel objects are not counted).
+    allocated: AtomicUsize,
 }
 
 impl Gpu {
@@ -73,6 +84,7 @@ impl Gpu {
             kernels,
             scratch: Scratch::default(),
             error,
+            allocated: AtomicUsize::new(0),
         };
         gpu.check().map_err(|e| e.to_string())?;
         Ok(gpu)
@@ -122,7 +134,12 @@ pub struct WgpuDevice {
     adapter: wgpu::Adapter,
     device_type: DeviceType,
     features: wgpu::Features,
+    /// `min(max_buffer_size, max_storage_buffer_binding_size)`: the largest buffer a kernel can
+    /// bind whole.
+    max_size: usize,
+    alignment: usize,
     buffer_type: BufferTypeRef,
+    host_buffer_type: BufferTypeRef,
     gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
     me: Weak<WgpuDevice>,
 }
@@ -155,6 +172,9 @@ impl WgpuDevice {
                 max_size,
                 alignment,
             }),
+            host_buffer_type: Arc::new(WgpuHostBufferType::new(&name, weak.clone())),
+            max_size,
+            alignment,
             name,
             description,
             adapter,
@@ -196,6 +216,30 @@ impl WgpuDevice {
         &self.name
     }
 
+    /// Bytes held by this process's live buffers of this device (0 before the device is open).
+    /// Counts every [`WgpuBuffer`] at its allocated size (the requested size rounded up to 4
+    /// bytes); short-lived staging and uniform buffers are not counted.
+    pub fn allocated_bytes(&self) -> usize {
+        match self.gpu.get() {
+            Some(Ok(gpu)) => gpu.allocated.load(Ordering::Relaxed),
+            _ => 0,
+        }
+    }
+
+    /// Another buffer type of this device whose single allocations are capped at `max_size`
+    /// bytes (at most the adapter's own limit; at least 4), named `"<device>_max<N>"`. Larger
+    /// needs are split by the core into multi-buffers, so this exercises that path on a real
+    /// device without allocating gigabytes; backends of this device accept its buffers.
+    pub fn buffer_type_with_max_size(&self, max_size: usize) -> BufferTypeRef {
+        let max_size = max_size.clamp(COPY_ALIGN, self.max_size.max(COPY_ALIGN));
+        Arc::new(WgpuBufferType {
+            name: format!("{}_max{max_size}", self.name),
+            device: self.me.clone(),
+            max_size,
+            alignment: self.alignment,
+        })
+    }
+
     fn me(&self) -> Result<Arc<WgpuDevice>> {
         self.me.upgrade().ok_or_else(|| Error::Backend {
             backend: self.name.clone(),
@@ -204,22 +248,20 @@ impl WgpuDevice {
     }
 }
 
-/// Host memory from `/proc/meminfo`, for adapters that share it (zeros where unreadable).
-fn host_memory() -> DeviceMemory {
-    let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
-        return DeviceMemory::default();
-    };
+/// Host memory from `/proc/meminfo`, for adapters that share it (`None` where unreadable).
+fn host_memory() -> Option<DeviceMemory> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let field = |key: &str| -> Option<usize> {
         let line = info.lines().find(|l| l.starts_with(key))?;
         let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
         kib.checked_mul(1024)
     };
-    DeviceMemory {
-        free: field("MemAvailable:")
-            .or_else(|| field("MemFree:"))
-            .unwrap_or(0),
-        total: field("MemTotal:").unwrap_or(0),
-    }
+    let total = field("MemTotal:")?;
+    let free = field("MemAvailable:").or_else(|| field("MemFree:"))?;
+    Some(DeviceMemory {
+        free: free.min(total),
+        total,
+    })
 }
 
 impl rgml::Device for WgpuDevice {
@@ -231,19 +273,27 @@ impl rgml::Device for WgpuDevice {
         &self.description
     }
 
-    /// wgpu exposes no heap sizes: adapters that share host memory (integrated GPUs, CPU
-    /// drivers such as lavapipe) report the host's memory; discrete GPUs report the largest
-    /// buffer the adapter allows as both figures (a lower bound of their memory).
+    /// wgpu's safe API exposes no heap sizes or budgets, so the figures are estimates:
+    /// - adapters that share host memory (integrated GPUs, CPU drivers such as lavapipe), where
+    ///   `/proc/meminfo` is readable: `total` is the host's `MemTotal` and `free` its
+    ///   `MemAvailable`, which already reflects this device's allocations (they are host
+    ///   memory);
+    /// - otherwise (discrete GPUs, or no `/proc/meminfo`): `total` is the largest buffer the
+    ///   adapter allows (`max_buffer_size`, a lower bound of its memory) and `free` is that minus
+    ///   the bytes this process holds in buffers of this device ([`WgpuDevice::allocated_bytes`];
+    ///   other processes' use is invisible).
+    ///
+    /// `free <= total` always holds.
     fn memory(&self) -> DeviceMemory {
-        match self.device_type {
-            DeviceType::Gpu => {
-                let max = usize::try_from(self.adapter.limits().max_buffer_size).unwrap_or(0);
-                DeviceMemory {
-                    free: max,
-                    total: max,
-                }
+        if self.device_type == DeviceType::IntegratedGpu {
+            if let Some(mem) = host_memory() {
+                return mem;
             }
-            _ => host_memory(),
+        }
+        let total = usize::try_from(self.adapter.limits().max_buffer_size).unwrap_or(usize::MAX);
+        DeviceMemory {
+            free: total.saturating_sub(self.allocated_bytes()),
+            total,
         }
     }
 
@@ -254,7 +304,8 @@ impl rgml::Device for WgpuDevice {
     fn caps(&self) -> DeviceCaps {
         DeviceCaps {
             async_io: false,
-            host_buffer: false,
+            host_buffer: true,
+            // See `buffer_from_host_memory`.
             buffer_from_host_ptr: false,
             events: false,
         }
@@ -270,12 +321,43 @@ impl rgml::Device for WgpuDevice {
         self.buffer_type.clone()
     }
 
+    /// Page-aligned host memory for staging ([`crate::WgpuHostBufferType`]): plain host
+    /// memory, so the CPU computes on it; copies between it and this device's buffers go
+    /// through one queue write or one mapped staging buffer.
+    fn host_buffer_type(&self) -> Option<BufferTypeRef> {
+        Some(self.host_buffer_type.clone())
+    }
+
+    /// Unsupported: wgpu's safe API cannot wrap existing host memory as a GPU buffer (Vulkan's
+    /// `VK_EXT_external_memory_host` and Metal's `newBufferWithBytesNoCopy` are only reachable
+    /// through unsafe hal interop, which this crate does not use). `caps().buffer_from_host_ptr`
+    /// is `false` accordingly; callers copy into [`rgml::Device::buffer_type`] memory instead
+    /// (the model loader does so when the capability is off or this returns
+    /// [`Error::Unsupported`]).
+    fn buffer_from_host_memory(
+        &self,
+        _memory: Arc<dyn HostMemory>,
+        _max_tensor_size: usize,
+    ) -> Result<Arc<Buffer>> {
+        Err(Error::Unsupported {
+            backend: self.name.clone(),
+            what: "buffers from host memory (wgpu cannot import host memory; copy into the \
+                   device's buffer type instead)"
+                .into(),
+        })
+    }
+
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
         crate::ops::supports_op(ctx, id)
     }
 
+    /// This device's own buffer types only: [`rgml::Device::buffer_type`] and those made by
+    /// [`WgpuDevice::buffer_type_with_max_size`]. Not host memory: kernels bind wgpu buffers.
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
-        rgml::backend::same_instance(buffer_type, &self.buffer_type)
+        buffer_type
+            .as_any()
+            .downcast_ref::<WgpuBufferType>()
+            .is_some_and(|bt| std::ptr::eq(bt.device.as_ptr(), self))
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -321,7 +403,13 @@ impl BufferType for WgpuBufferType {
                 reason: "wgpu refused the buffer",
             });
         }
-        Ok(Box::new(WgpuBuffer { gpu, buffer, size }))
+        gpu.allocated.fetch_add(alloc, Ordering::Relaxed);
+        Ok(Box::new(WgpuBuffer {
+            gpu,
+            buffer,
+            size,
+            alloc,
+        }))
     }
 
     fn alignment(&self) -> usize {
@@ -346,11 +434,27 @@ pub struct WgpuBuffer {
     gpu: Arc<Gpu>,
     pub(crate) buffer: wgpu::Buffer,
     size: usize,
+    /// The allocated size (`size` rounded up), counted in [`Gpu`]'s `allocated`.
+    alloc: usize,
 }
 
 impl WgpuBuffer {
-    /// Read the 4-byte-aligned range `[start, end)` through a mapped staging buffer.
-    fn read_aligned(&self, start: usize, end: usize) -> Result<Vec<u8>> {
+    /// Read `out.len()` bytes at `offset` (any alignment): the enclosing 4-byte-aligned range
+    /// goes through one mapped staging buffer, and from its mapping straight into `out`.
+    pub(crate) fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let start = align_down(offset);
+        let end = align_up(offset + out.len());
+        self.read_aligned(start, end, |bytes| {
+            out.copy_from_slice(&bytes[offset - start..offset - start + out.len()]);
+        })
+    }
+
+    /// Read the 4-byte-aligned range `[start, end)` through a mapped staging buffer and hand
+    /// the mapped bytes to `f`.
+    fn read_aligned(&self, start: usize, end: usize, f: impl FnOnce(&[u8])) -> Result<()> {
         let len = (end - start) as u64;
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("rgml read-back"),
@@ -372,14 +476,14 @@ impl WgpuBuffer {
             Ok(Err(e)) => return Err(self.gpu.err(format!("mapping for read-back: {e}"))),
             Err(_) => return Err(self.gpu.err("read-back was never mapped")),
         }
-        let out = {
+        {
             let view = staging
                 .get_mapped_range(..)
                 .map_err(|e| self.gpu.err(format!("read-back range: {e}")))?;
-            view.to_vec()
-        };
+            f(&view);
+        }
         staging.unmap();
-        Ok(out)
+        Ok(())
     }
 
     /// Write `data` at `offset`; unaligned edges are read, patched and written back.
@@ -394,7 +498,8 @@ impl WgpuBuffer {
                 .queue
                 .write_buffer(&self.buffer, offset as u64, data);
         } else {
-            let mut bytes = self.read_aligned(start, end)?;
+            let mut bytes = vec![0u8; end - start];
+            self.read_aligned(start, end, |b| bytes.copy_from_slice(b))?;
             bytes[offset - start..offset - start + data.len()].copy_from_slice(data);
             self.gpu
                 .queue
@@ -410,14 +515,7 @@ impl BufferImpl for WgpuBuffer {
     }
 
     fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        let start = align_down(offset);
-        let end = align_up(offset + out.len());
-        let bytes = self.read_aligned(start, end)?;
-        out.copy_from_slice(&bytes[offset - start..offset - start + out.len()]);
-        Ok(())
+        self.read_into(offset, out)
     }
 
     fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
@@ -447,7 +545,7 @@ impl BufferImpl for WgpuBuffer {
         size: usize,
     ) -> Result<bool> {
         let Some(s) = src.imp().as_any().downcast_ref::<WgpuBuffer>() else {
-            return Ok(false);
+            return self.copy_from_host(dst_offset, src, src_offset, size);
         };
         let aligned = [dst_offset, src_offset, size]
             .iter()
@@ -479,16 +577,60 @@ impl BufferImpl for WgpuBuffer {
     }
 }
 
-impl Drop for WgpuBuffer {
-    fn drop(&mut self) {
-        self.buffer.destroy();
+impl WgpuBuffer {
+    /// Copy from host memory (the device's host buffer type, a CPU buffer, a file mapping):
+    /// its bytes go straight to the queue, without an intermediate vector. `Ok(false)` for
+    /// memory the host cannot address (the caller then copies through host memory).
+    fn copy_from_host(
+        &self,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        size: usize,
+    ) -> Result<bool> {
+        if !src.is_host() {
+            return Ok(false);
+        }
+        let Some(src_base) = src.imp().base() else {
+            return Ok(false);
+        };
+        if src_offset
+            .checked_add(size)
+            .is_none_or(|end| end > src.size())
+        {
+            return Err(Error::OutOfBounds {
+                what: "copy source".into(),
+                offset: src_offset,
+                size,
+                limit: src.size(),
+            });
+        }
+        if size == 0 {
+            return Ok(true);
+        }
+        // SAFETY: `src` is host memory whose base is valid for `src.size()` bytes; the range is
+        // inside it (checked above), and `Buffer::copy_from` holds its read lock while calling
+        // this, so nothing writes those bytes while we read them.
+        let bytes = unsafe { std::slice::from_raw_parts(src_base.as_ptr().add(src_offset), size) };
+        self.write(dst_offset, bytes)?;
+        Ok(true)
     }
 }
 
-/// The wgpu registry: one device per adapter of the platform's native backend.
+impl Drop for WgpuBuffer {
+    fn drop(&mut self) {
+        self.buffer.destroy();
+        self.gpu.allocated.fetch_sub(self.alloc, Ordering::Relaxed);
+    }
+}
+
+/// The wgpu registry: one device per adapter of the platform's native backend, enumerated on
+/// the first [`Registry::devices`] call (enumerating Vulkan adapters loads every installed
+/// driver, which costs tenths of a second that commands needing no device should not pay).
 pub struct WgpuRegistry {
-    name: String,
-    devices: Vec<DeviceRef>,
+    name: &'static str,
+    backends: wgpu::Backends,
+    devices: OnceLock<Vec<DeviceRef>>,
 }
 
 /// The platform's native backend and its name.
@@ -503,11 +645,21 @@ fn native_backend() -> (wgpu::Backends, &'static str) {
 }
 
 impl WgpuRegistry {
-    /// Enumerate the adapters of the platform's native backend (Vulkan on Linux, Metal on
-    /// Apple platforms, DX12 on Windows), discrete GPUs first. No adapter (no driver
-    /// installed) gives a registry without devices.
+    /// A registry for the adapters of the platform's native backend (Vulkan on Linux, Metal on
+    /// Apple platforms, DX12 on Windows). Cheap: adapters are enumerated on the first
+    /// [`Registry::devices`] call, discrete GPUs first. No adapter (no driver installed) gives
+    /// a registry without devices.
     pub fn new() -> WgpuRegistry {
         let (backends, name) = native_backend();
+        WgpuRegistry {
+            name,
+            backends,
+            devices: OnceLock::new(),
+        }
+    }
+
+    fn enumerate(&self) -> Vec<DeviceRef> {
+        let (backends, name) = (self.backends, self.name);
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = backends;
         desc.flags = wgpu::InstanceFlags::empty();
@@ -519,15 +671,11 @@ impl WgpuRegistry {
             wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => 2,
             wgpu::DeviceType::Cpu => 3,
         });
-        let devices = adapters
+        adapters
             .into_iter()
             .enumerate()
             .map(|(i, a)| WgpuDevice::new(format!("{name}{i}"), a) as DeviceRef)
-            .collect();
-        WgpuRegistry {
-            name: name.to_string(),
-            devices,
-        }
+            .collect()
     }
 }
 
@@ -539,10 +687,10 @@ impl Default for WgpuRegistry {
 
 impl Registry for WgpuRegistry {
     fn name(&self) -> &str {
-        &self.name
+        self.name
     }
 
     fn devices(&self) -> Vec<DeviceRef> {
-        self.devices.clone()
+        self.devices.get_or_init(|| self.enumerate()).clone()
     }
 }
