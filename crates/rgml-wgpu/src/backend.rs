@@ -35,10 +35,7 @@ impl Backend for WgpuBackend {
     }
 
     fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
-        let prep = Prep {
-            gpu: &self.gpu,
-            device: self.device.name_str(),
-        };
+        let prep = Prep::new(&self.gpu, self.device.name_str());
         let mut dispatches = Vec::new();
         for &id in graph.nodes() {
             dispatches.extend(prep.prepare(ctx, id)?);

@@ -493,9 +493,20 @@ pub(crate) struct Dispatch {
 pub(crate) struct Prep<'a> {
     pub(crate) gpu: &'a Gpu,
     pub(crate) device: &'a str,
+    /// ROPE tables made for this graph, by positions tensor, rows and parameters: every layer
+    /// rotates at the same positions, and each table costs a read-back of the positions.
+    rope_tables: std::sync::Mutex<Vec<((TensorId, usize, RopeParams), wgpu::Buffer)>>,
 }
 
-impl Prep<'_> {
+impl<'a> Prep<'a> {
+    pub(crate) fn new(gpu: &'a Gpu, device: &'a str) -> Prep<'a> {
+        Prep {
+            gpu,
+            device,
+            rope_tables: Default::default(),
+        }
+    }
+
     fn err(&self, message: impl Into<String>) -> Error {
         self.gpu.err(message)
     }
@@ -704,6 +715,11 @@ impl Prep<'_> {
         }
         let n_pos = t.ne[2];
         let pos_id = t.src[1];
+        let key = (pos_id, n_pos, *rp);
+        let mut tables = self.rope_tables.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, b)) = tables.iter().find(|(k, _)| *k == key) {
+            return Ok(Some(b.clone()));
+        }
         let mut bytes = vec![0u8; n_pos * 4];
         ctx.tensor_get(pos_id, 0, &mut bytes)?;
         let n_dims = rp.n_dims;
@@ -743,6 +759,7 @@ impl Prep<'_> {
                 contents: bytemuck::cast_slice(&table),
                 usage: wgpu::BufferUsages::STORAGE,
             });
+        tables.push((key, buffer.clone()));
         Ok(Some(buffer))
     }
 
