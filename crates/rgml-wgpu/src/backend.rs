@@ -412,13 +412,21 @@ impl Backend for WgpuBackend {
                     .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                         label: Some("rgml copy"),
                     });
-            encoder.copy_buffer_to_buffer(
-                &sb.buffer,
-                so as u64,
-                &db.buffer,
-                dof as u64,
-                size as u64,
-            );
+            let size = size as u64;
+            if sb.buffer == db.buffer {
+                // wgpu refuses copies within one buffer: go through a scratch buffer on the
+                // device (released by wgpu once the submission is done).
+                let scratch = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("rgml copy scratch"),
+                    size,
+                    usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                encoder.copy_buffer_to_buffer(&sb.buffer, so as u64, &scratch, 0, size);
+                encoder.copy_buffer_to_buffer(&scratch, 0, &db.buffer, dof as u64, size);
+            } else {
+                encoder.copy_buffer_to_buffer(&sb.buffer, so as u64, &db.buffer, dof as u64, size);
+            }
             self.gpu.queue.submit([encoder.finish()]);
         }
         self.copy_span(format!("copy {}", ts.display_name()), start, size);
