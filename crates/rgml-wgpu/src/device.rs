@@ -259,7 +259,7 @@ impl rgml::Device for WgpuDevice {
         // n_cb: command buffers per graph (see the backend module); concurrency: report
         // dependency levels to the graph allocator.
         params.check_known(&["n_cb", "concurrency"])?;
-        let n_cb = params.get_parsed::<usize>("n_cb")?.unwrap_or(1);
+        let n_cb = params.get_parsed::<usize>("n_cb")?.unwrap_or(2);
         if n_cb == 0 {
             return Err(Error::InvalidParams {
                 params: "n_cb=0".into(),

@@ -304,6 +304,29 @@ fn scheduler_trace_and_concurrency_plan() {
             sched.set_tensor_backend(n, 0).unwrap();
         }
         sched.alloc_graph(&mut s.ctx, &s.graph).unwrap();
+        if params.contains("concurrency=1") {
+            // The allocator got the GPU's levels: nodes of one level never share memory.
+            let plan = rgml::alloc::Concurrency::from_dependencies(&s.ctx, &s.graph).unwrap();
+            assert!(
+                plan.n_groups() < s.graph.n_nodes(),
+                "some nodes share a level"
+            );
+            let range = |id: TensorId| {
+                let d = s.ctx[id].data.as_ref().unwrap();
+                (d.buffer.id(), d.offset, d.offset + s.ctx[id].nbytes())
+            };
+            for g in plan.groups() {
+                for a in g.clone() {
+                    for b in g.clone().filter(|&b| b != a) {
+                        let (x, y) = (range(s.graph.nodes()[a]), range(s.graph.nodes()[b]));
+                        assert!(
+                            x.0 != y.0 || x.2 <= y.1 || y.2 <= x.1,
+                            "nodes {a} and {b} of one level overlap"
+                        );
+                    }
+                }
+            }
+        }
         s.ctx.tensor_set_f32(s.x, &random(64 * 8, 1)).unwrap();
         sched.graph_compute(&mut s.ctx, &s.graph).unwrap();
         assert_close(&s.ctx.tensor_get_f32(s.out).unwrap(), &expected, params);
@@ -313,5 +336,46 @@ fn scheduler_trace_and_concurrency_plan() {
             .filter(|s| s.category == "command_buffer")
             .count();
         assert!(cbs >= 2, "{params}: {cbs} command-buffer spans");
+    }
+}
+
+/// Timing of a 300-node graph for several `n_cb`, with heavy (matmul) and light (64-element)
+/// nodes (run with `--ignored --nocapture`; `RGML_WGPU_ENCODE_THREADS=1` encodes on threads).
+#[test]
+#[ignore]
+fn bench_n_cb() {
+    let Some(dev) = first_device() else {
+        return;
+    };
+    for (label, n) in [("heavy", 256), ("light", 8)] {
+        for round in 0..2 {
+            for n_cb in [1, 2, 4, 8] {
+                let mut be = backend(&dev, &format!("n_cb={n_cb}"));
+                let mut ctx = Context::new();
+                let x = ctx.new_tensor(DType::F32, &[n, 16]).unwrap();
+                let w = ctx.new_tensor(DType::F32, &[n, n]).unwrap();
+                let mut h = x;
+                for _ in 0..100 {
+                    let m = ctx.mul_mat(w, h).unwrap();
+                    let s = ctx.silu(m).unwrap();
+                    h = ctx.add(s, h).unwrap();
+                }
+                let graph = Graph::build(&mut ctx, &[h]).unwrap();
+                let _b = alloc_ctx_tensors(&mut ctx, &be.default_buffer_type()).unwrap();
+                ctx.tensor_set_f32(x, &random(n * 16, 1)).unwrap();
+                ctx.tensor_set_f32(w, &random(n * n, 2)).unwrap();
+                be.graph_compute(&ctx, &graph).unwrap();
+                let t = std::time::Instant::now();
+                let reps = 20;
+                for _ in 0..reps {
+                    be.graph_compute(&ctx, &graph).unwrap();
+                }
+                eprintln!(
+                    "{label} round {round} n_cb={n_cb}: {} nodes, {:.2} ms per graph",
+                    graph.n_nodes(),
+                    t.elapsed().as_secs_f64() * 1e3 / reps as f64
+                );
+            }
+        }
     }
 }
