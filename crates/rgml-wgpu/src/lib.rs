@@ -17,9 +17,20 @@
 //!   multi-buffers), aligned to `min_storage_buffer_offset_alignment`; set (queue writes),
 //!   get (a mapped staging buffer), memset / clear, and copies between buffers of one device
 //!   through a command encoder. Not host memory.
-//! - [`WgpuBackend`]: `graph_compute` encodes every node into one command encoder (one compute
-//!   pass per node; wgpu orders the passes), submits once and waits; `synchronize` waits for
-//!   the queue. wgpu errors become [`rgml::Error::Backend`] with the device's name.
+//! - [`WgpuBackend`] (the stream, see its module docs): a graph is encoded into `n_cb` command
+//!   buffers (backend parameter `n_cb`, default 2; encoded on threads when each has at least
+//!   32 dispatches), one compute pass per node, submitted with one `queue.submit`;
+//!   `graph_compute_async` returns after the submit, `synchronize` waits and reports wgpu
+//!   errors ([`rgml::Error::Backend`] with the device's name). Events record a queue
+//!   submission index (`Device::event_new`; caps `events` and `async_io`); `set_tensor_async`
+//!   queues aligned writes, `get_tensor_async` synchronizes and reads, `cpy_tensor_async`
+//!   copies between buffers of the device on the queue. With a trace recorder
+//!   (`Backend::set_trace`, which the scheduler and the CLI's `--trace` call) every command
+//!   buffer and asynchronous copy is a span. With `concurrency=1` the backend reports its
+//!   dependency levels to the graph allocator (`Backend::graph_concurrency`), which then never
+//!   gives nodes of one level shared memory; off by default because wgpu places a barrier
+//!   between every two dispatches on one buffer (see the backend module), so nodes never
+//!   overlap.
 //! - Naive WGSL kernels, any strides: ADD / SUB / MUL / DIV (src1 broadcast), SCALE, SILU,
 //!   GELU, SWIGLU, RMS_NORM, NORM, DIAG_MASK_INF, ROPE (normal and NeoX, YaRN), SOFT_MAX
 //!   (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32; CPY / CONT / DUP
@@ -35,12 +46,15 @@
 //! # What issue 5 still needs
 //! - MUL_MAT with k-quant weights (Q4_K, Q6_K), a matrix-vector path for generation, tiled /
 //!   subgroup kernels, f16 arithmetic where the adapter offers it.
-//! - Encoding into `n_cb` command buffers, barriers only between dependent nodes, and telling
-//!   the graph allocator which nodes may run concurrently (so it does not share their memory).
+//! - Barriers only between dependent nodes: wgpu's safe API places them itself (one between
+//!   any two dispatches that use the same read-write buffer); dropping them needs wgpu-hal
+//!   encoding. The allocator side (concurrency levels) is done and opt-in (`concurrency=1`).
+//! - GPU timestamps for command-buffer spans (they are host-side now, encode to observed
+//!   completion) where the adapter has `TIMESTAMP_QUERY`.
 //! - A host-visible buffer type for staging, `buffer_from_host_ptr` where memory can be
-//!   imported, asynchronous set/get and `cpy_tensor_async`, events from queue submissions.
-//! - Real memory figures (Vulkan heaps), trace spans for command buffers and copies, and the
-//!   demo model fully or partly on `Vulkan0` matching the fixture.
+//!   imported.
+//! - Real memory figures (Vulkan heaps), and the demo model fully or partly on `Vulkan0`
+//!   matching the fixture.
 #![warn(missing_docs)]
 
 mod backend;
