@@ -237,6 +237,8 @@ impl<'m> Session<'m> {
         match &mut self.exec {
             Exec::Single { backend, trace, .. } => {
                 let track = recorder.track(backend.name());
+                // The backend adds its own spans (a GPU's command buffers) on the same track.
+                backend.set_trace(Some((recorder.clone(), track)));
                 *trace = Some((recorder, track));
             }
             Exec::Sched(sched) => sched.set_trace(recorder),

@@ -303,18 +303,41 @@ impl rgml::Device for WgpuDevice {
 
     fn caps(&self) -> DeviceCaps {
         DeviceCaps {
-            async_io: false,
+            async_io: true,
             host_buffer: true,
             // See `buffer_from_host_memory`.
             buffer_from_host_ptr: false,
-            events: false,
+            events: true,
         }
     }
 
     fn init_backend(&self, params: &BackendParams) -> Result<Box<dyn Backend>> {
-        params.check_known(&[])?;
+        // n_cb: command buffers per graph (see the backend module); concurrency: report
+        // dependency levels to the graph allocator.
+        params.check_known(&["n_cb", "concurrency"])?;
+        let n_cb = params.get_parsed::<usize>("n_cb")?.unwrap_or(2);
+        if n_cb == 0 {
+            return Err(Error::InvalidParams {
+                params: "n_cb=0".into(),
+                reason: "n_cb must be at least 1".into(),
+            });
+        }
+        let concurrency = params.get_parsed::<u8>("concurrency")?.unwrap_or(0) != 0;
         let gpu = self.gpu()?;
-        Ok(Box::new(WgpuBackend::new(self.me()?, gpu)))
+        Ok(Box::new(WgpuBackend::new(
+            self.me()?,
+            gpu,
+            n_cb,
+            concurrency,
+        )))
+    }
+
+    fn event_new(&self) -> Result<rgml::backend::Event> {
+        let gpu = self.gpu()?;
+        Ok(rgml::backend::Event::new(
+            self.me()? as DeviceRef,
+            Box::new(crate::backend::WgpuEvent::new(gpu)),
+        ))
     }
 
     fn buffer_type(&self) -> BufferTypeRef {
@@ -431,7 +454,7 @@ impl BufferType for WgpuBufferType {
 
 /// A storage buffer on a wgpu device.
 pub struct WgpuBuffer {
-    gpu: Arc<Gpu>,
+    pub(crate) gpu: Arc<Gpu>,
     pub(crate) buffer: wgpu::Buffer,
     size: usize,
     /// The allocated size (`size` rounded up), counted in [`Gpu`]'s `allocated`.

@@ -8,7 +8,7 @@
 //! no devices. On Linux CI, Mesa's CPU Vulkan driver (lavapipe, package `mesa-vulkan-drivers`)
 //! provides a real Vulkan device.
 //!
-//! # What this first increment covers
+//! # What it covers
 //! - Devices with the adapter's name and driver, device type, capabilities read from the
 //!   adapter ([`WgpuDevice::has_shader_f16`], [`WgpuDevice::has_subgroups`]), and memory
 //!   figures (wgpu exposes no heap sizes: host `MemTotal` / `MemAvailable` for integrated / CPU
@@ -24,32 +24,59 @@
 //!   CPU computes on, for staging (one queue write to the device, one mapped staging buffer
 //!   back). `buffer_from_host_memory` is [`rgml::Error::Unsupported`] (wgpu's safe API cannot
 //!   import host memory) and `caps().buffer_from_host_ptr` is false; the model loader copies.
-//! - [`WgpuBackend`]: `graph_compute` encodes every node into one command encoder (one compute
-//!   pass per node; wgpu orders the passes), submits once and waits; `synchronize` waits for
-//!   the queue. wgpu errors become [`rgml::Error::Backend`] with the device's name.
-//! - Naive WGSL kernels, any strides: ADD / SUB / MUL / DIV (src1 broadcast), SCALE, SILU,
-//!   GELU, SWIGLU, RMS_NORM, NORM, DIAG_MASK_INF, ROPE (normal and NeoX, YaRN), SOFT_MAX
-//!   (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32; CPY / CONT / DUP
-//!   between f32 and f16; SET_ROWS of f32 rows into f32 or f16; GET_ROWS from f32, f16, Q4_0,
-//!   Q4_1 and Q8_0; MUL_MAT of f32, f16, Q4_0, Q4_1 or Q8_0 weights (dequantized in the kernel)
-//!   × f32 (one invocation per output, broadcast over dims 2 and 3). Buffers are bound as
-//!   `array<u32>`: f16 values and quantized blocks (which need not be 4-byte aligned) are read
-//!   as bytes / halves of words; f16 results are stored with atomic and / or on their half of a
-//!   word (`kernels_f16.wgsl`), so neighbouring invocations never lose each other's value. View
-//!   ops compute nothing.
-//!   `supports_op` is exact: anything else goes to the CPU.
+//! - [`WgpuBackend`] (the stream, see its module docs): a graph is encoded into `n_cb` command
+//!   buffers (backend parameter `n_cb`, default 2; encoded on threads when each has at least
+//!   32 dispatches), one compute pass per dispatch, submitted with one `queue.submit`;
+//!   `graph_compute_async` returns after the submit, `synchronize` waits and reports wgpu
+//!   errors ([`rgml::Error::Backend`] with the device's name). Events record a queue
+//!   submission index (`Device::event_new`; caps `events` and `async_io`); `set_tensor_async`
+//!   queues aligned writes, `get_tensor_async` synchronizes and reads, `cpy_tensor_async`
+//!   copies between buffers of the device on the queue. With a trace recorder
+//!   (`Backend::set_trace`, which the scheduler and the CLI's `--trace` call) every command
+//!   buffer and asynchronous copy is a span. With `concurrency=1` the backend reports its
+//!   dependency levels to the graph allocator (`Backend::graph_concurrency`), which then never
+//!   gives nodes of one level shared memory; off by default because wgpu places a barrier
+//!   between every two dispatches on one buffer (see the backend module), so nodes never
+//!   overlap.
+//! - WGSL kernels (`ops.rs` prepares each node), any strides: ADD / SUB / MUL / DIV (src1
+//!   broadcast), SCALE, SILU, GELU, SWIGLU, RMS_NORM, NORM, DIAG_MASK_INF, ROPE (normal and
+//!   NeoX, YaRN), SOFT_MAX (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32;
+//!   CPY / CONT / DUP between f32 and f16; SET_ROWS of f32 rows into f32 or f16; GET_ROWS from
+//!   f32, f16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; MUL_MAT of those weights × f32 (broadcast over
+//!   dims 2 and 3). Buffers are bound as `array<u32>`: f16 values and quantized blocks (which
+//!   need not be 4-byte aligned) are read as bytes / halves of words; f16 results are stored
+//!   with atomic and / or on their half of a word (`kernels_f16.wgsl`), so neighbouring
+//!   invocations never lose each other's value. View ops compute nothing. `supports_op` is
+//!   exact: anything else goes to the CPU.
+//!
+//! # Same answers as llama.cpp
+//! The demo model turns a one-ulp difference in an activation (one flipped Q8 quant) into logit
+//! differences of tenths, so the kernels of the LLaMA graph reproduce ggml-cpu's arithmetic (its
+//! AVX-512 build, which the fixtures come from) bit for bit (`tests/parity.rs`):
+//! - MUL_MAT of Q4_0 / Q4_1 / Q8_0 quantizes the activations first (`quantize_q8`, ggml's x86
+//!   run-time Q8 quantizer) into a device scratch buffer, then sums exact integer products in
+//!   8 lanes of 4, folding blocks in with fused multiply-adds, and adds the lanes in
+//!   `hsum_float_8` order; f32 / f16 weights follow tinyBLAS (16 FMA lanes, activations rounded
+//!   to f16 against f16 weights). Q4_K / Q6_K are dequantized against f32 activations (close to
+//!   the CPU, not bit-equal).
+//! - FMA is probed when the device opens (`ops::probe_fused_fma`); where WGSL's `fma` rounds
+//!   twice (lavapipe) an integer emulation gives the fused result, about 3.5x slower there.
+//! - RMS_NORM and SOFT_MAX sum in f64 where the adapter has `SHADER_F64` (f32 elsewhere, e.g.
+//!   Metal: close, not bit-equal); division and square root are corrected to IEEE rounding;
+//!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf`; ROPE takes its cos / sin table from the
+//!   host (libm, as ggml-cpu) when the positions are a graph input.
 //!
 //! # What issue 5 still needs
-//! - MUL_MAT with k-quant weights (Q4_K, Q6_K), a matrix-vector path for generation, tiled /
-//!   subgroup kernels, f16 arithmetic where the adapter offers it.
-//! - Encoding into `n_cb` command buffers, barriers only between dependent nodes, and telling
-//!   the graph allocator which nodes may run concurrently (so it does not share their memory).
+//! - A matrix-vector path for generation, tiled / subgroup kernels, f16 arithmetic where the
+//!   adapter offers it (all while keeping the parity above), measured on a real GPU.
+//! - Barriers only between dependent nodes: wgpu's safe API places them itself (one between
+//!   any two dispatches that use the same read-write buffer); dropping them needs wgpu-hal
+//!   encoding. The allocator side (concurrency levels) is done and opt-in (`concurrency=1`).
+//! - GPU timestamps for command-buffer spans (they are host-side now, encode to observed
+//!   completion) where the adapter has `TIMESTAMP_QUERY`.
 //! - `buffer_from_host_ptr` where memory can be imported (needs hal interop:
-//!   `VK_EXT_external_memory_host`, Metal `newBufferWithBytesNoCopy`), asynchronous set/get and
-//!   `cpy_tensor_async`, events from queue submissions.
-//! - Real memory figures (Vulkan heap sizes and budgets are not in wgpu's safe API), trace spans
-//!   for command buffers and copies, and the demo model fully or partly on `Vulkan0` matching
-//!   the fixture.
+//!   `VK_EXT_external_memory_host`, Metal `newBufferWithBytesNoCopy`); real heap figures
+//!   (Vulkan heap sizes and budgets are not in wgpu's safe API).
 #![warn(missing_docs)]
 
 mod backend;

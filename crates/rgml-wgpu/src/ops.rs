@@ -489,13 +489,16 @@ pub(crate) struct Dispatch {
     pub(crate) threads: u64,
 }
 
-/// A node's dispatch on `gpu` (`device`: the device name, for errors).
+/// What a ROPE table depends on: the positions tensor, how many positions, the parameters.
+type RopeTableKey = (TensorId, usize, RopeParams);
+
+/// Prepares one graph's nodes for dispatch on `gpu` (`device`: the device name, for errors).
 pub(crate) struct Prep<'a> {
     pub(crate) gpu: &'a Gpu,
     pub(crate) device: &'a str,
     /// ROPE tables made for this graph, by positions tensor, rows and parameters: every layer
     /// rotates at the same positions, and each table costs a read-back of the positions.
-    rope_tables: std::sync::Mutex<Vec<((TensorId, usize, RopeParams), wgpu::Buffer)>>,
+    rope_tables: std::sync::Mutex<Vec<(RopeTableKey, wgpu::Buffer)>>,
 }
 
 impl<'a> Prep<'a> {

@@ -42,12 +42,15 @@
 //! - A tensor larger than its buffer type's `max_size` is an allocation error
 //!   ([`Error::OutOfMemory`]); ggml gives it an oversized chunk of its own.
 //!
-//! Concurrency (future work): a backend that runs several nodes at once must not see one
-//! node's output placed in memory another concurrently running node still reads. Frees are
-//! therefore collected per node ([`Planner::release_sources`]) and applied by
-//! [`Planner::flush_frees`]; a concurrency-aware plan would flush only at the end of each group of
-//! concurrent nodes, and refuse in-place reuse of a source read by another node of the group.
+//! Concurrency: a backend that runs several nodes at once must not see one node's output
+//! placed in memory another concurrently running node still reads or writes. Given a
+//! [`Concurrency`] plan ([`GraphAllocator::reserve_with_concurrency`]), frees collected per node
+//! ([`Planner::release_sources`]) are applied by [`Planner::flush_frees`] only at the end of
+//! each group, in-place reuse of a source that another node of the group reads is refused, and
+//! the unused tail of an in-place parent is not returned early. Without a plan every node is its
+//! own group and the plan is exactly the sequential one.
 
+use super::Concurrency;
 use crate::backend::{same_instance, Buffer, BufferTypeRef, BufferUsage};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -295,6 +298,8 @@ struct Plan {
     used: Vec<bool>,
     node_buffer_ids: Vec<usize>,
     leaf_buffer_ids: Vec<usize>,
+    /// The concurrency plan it was made with.
+    concurrency: Option<Concurrency>,
 }
 
 impl Plan {
@@ -361,6 +366,9 @@ struct Planner<'a> {
     used: Vec<bool>,
     state: Vec<TensorState>,
     pending_free: Vec<TensorId>,
+    /// With a concurrency plan: tensors (and their view sources) read by the nodes of the
+    /// current group planned so far, which no later node of the group may overwrite in place.
+    group_reads: Option<std::collections::HashSet<TensorId>>,
 }
 
 impl<'a> Planner<'a> {
@@ -376,6 +384,7 @@ impl<'a> Planner<'a> {
             used: vec![false; slot_types.len()],
             state: vec![TensorState::default(); ctx.len()],
             pending_free: Vec::new(),
+            group_reads: None,
         }
     }
 
@@ -398,8 +407,17 @@ impl<'a> Planner<'a> {
         self.slot_types[slot].alloc_size(t)
     }
 
-    fn run(&mut self, graph: &Graph, node_ids: &[usize], leaf_ids: &[usize]) -> Result<()> {
+    fn run(
+        &mut self,
+        graph: &Graph,
+        node_ids: &[usize],
+        leaf_ids: &[usize],
+        concurrency: Option<&Concurrency>,
+    ) -> Result<()> {
         let ctx = self.ctx;
+        if concurrency.is_some() {
+            self.group_reads = Some(Default::default());
+        }
         let bid = |ids: &[usize], i: usize| ids.get(i).copied().unwrap_or(0);
 
         // Leafs first: the caller may fill them before compute, so no node may use their memory
@@ -443,7 +461,22 @@ impl<'a> Planner<'a> {
             }
             self.allocate(node, b)?;
             self.release_sources(node)?;
-            self.flush_frees()?;
+            if let Some(reads) = self.group_reads.as_mut() {
+                for &src in &ctx.get(node)?.src {
+                    reads.insert(src);
+                    if let Some(root) = ctx.get(src)?.view_src {
+                        reads.insert(root);
+                    }
+                }
+            }
+            // Memory freed inside a group stays taken until the group ends, so no other node
+            // of the group can be placed in it while the freeing node may still run.
+            if concurrency.is_none_or(|c| c.is_group_end(i)) {
+                self.flush_frees()?;
+                if let Some(reads) = self.group_reads.as_mut() {
+                    reads.clear();
+                }
+            }
         }
         Ok(())
     }
@@ -480,10 +513,11 @@ impl<'a> Planner<'a> {
             self.st(owner)?.owned = false;
             self.st(parent)?.owned = false;
             // Return the tail if the node needs less than the parent had (ggml's
-            // `free_extra_space`), keeping the freed range aligned.
+            // `free_extra_space`), keeping the freed range aligned. Not with a concurrency
+            // plan: the tail would be reusable at once, inside the group.
             let alloc = &mut self.allocs[p.slot];
             let (old, new) = (alloc.padded(p.size)?, alloc.padded(size)?);
-            if old > new {
+            if old > new && self.group_reads.is_none() {
                 alloc.free(p.chunk, p.offset + new, old - new)?;
             }
             return Ok(());
@@ -528,6 +562,13 @@ impl<'a> Planner<'a> {
         };
         if pinned(p) || !t.same_layout(p) {
             return Ok(None);
+        }
+        // Another node of the current group reads the parent (or its view source): it may run
+        // at the same time, so the parent's memory must stay as it is.
+        if let Some(reads) = &self.group_reads {
+            if reads.contains(&parent) || p.view_src.is_some_and(|r| reads.contains(&r)) {
+                return Ok(None);
+            }
         }
         let ps = self.st(parent)?.clone();
         // This node must be the parent's only reader, and nothing may view the parent.
@@ -614,6 +655,7 @@ impl<'a> Planner<'a> {
         graph: &Graph,
         node_buffer_ids: Vec<usize>,
         leaf_buffer_ids: Vec<usize>,
+        concurrency: Option<Concurrency>,
     ) -> Result<Plan> {
         let ctx = self.ctx;
         let mut records = HashMap::new();
@@ -659,6 +701,7 @@ impl<'a> Planner<'a> {
             used: self.used,
             node_buffer_ids,
             leaf_buffer_ids,
+            concurrency,
         })
     }
 }
@@ -744,8 +787,23 @@ impl GraphAllocator {
         node_buffer_ids: &[usize],
         leaf_buffer_ids: &[usize],
     ) -> Result<()> {
+        self.reserve_with_concurrency(ctx, graph, node_buffer_ids, leaf_buffer_ids, None)
+    }
+
+    /// As [`reserve_with`](Self::reserve_with), honouring `concurrency` (see the module docs):
+    /// nodes of one group never get each other's memory or memory another node of the group
+    /// reads. The plan must cover exactly the graph's nodes. [`alloc_graph`](Self::alloc_graph)
+    /// keeps using it when it re-plans the same graph structure.
+    pub fn reserve_with_concurrency(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        node_buffer_ids: &[usize],
+        leaf_buffer_ids: &[usize],
+        concurrency: Option<&Concurrency>,
+    ) -> Result<()> {
         self.plan = None;
-        let plan = self.make_plan(ctx, graph, node_buffer_ids, leaf_buffer_ids)?;
+        let plan = self.make_plan(ctx, graph, node_buffer_ids, leaf_buffer_ids, concurrency)?;
         for slot in 0..self.slot_types.len() {
             let current = self.buffers[slot].as_deref().map(chunk_sizes);
             let needed = &plan.peaks[slot];
@@ -791,7 +849,7 @@ impl GraphAllocator {
         node_buffer_ids: &[usize],
         leaf_buffer_ids: &[usize],
     ) -> Result<Vec<usize>> {
-        let plan = self.make_plan(ctx, graph, node_buffer_ids, leaf_buffer_ids)?;
+        let plan = self.make_plan(ctx, graph, node_buffer_ids, leaf_buffer_ids, None)?;
         Ok((0..self.buffer_types.len())
             .map(|i| {
                 self.first_of_slot(i)
@@ -810,19 +868,21 @@ impl GraphAllocator {
         check_graph(ctx, graph)?;
         if self.needs_realloc(ctx, graph) {
             let ids = match &self.plan {
-                Some(p) if p.same_structure(ctx, graph) => {
-                    Some((p.node_buffer_ids.clone(), p.leaf_buffer_ids.clone()))
-                }
-                _ if self.buffer_types.len() <= 1 => Some((Vec::new(), Vec::new())),
+                Some(p) if p.same_structure(ctx, graph) => Some((
+                    p.node_buffer_ids.clone(),
+                    p.leaf_buffer_ids.clone(),
+                    p.concurrency.clone(),
+                )),
+                _ if self.buffer_types.len() <= 1 => Some((Vec::new(), Vec::new(), None)),
                 _ => None,
             };
-            let Some((node_ids, leaf_ids)) = ids else {
+            let Some((node_ids, leaf_ids, concurrency)) = ids else {
                 return Err(alloc_error(
                     "the graph differs from the reserved one and there are several buffer \
                      types: call reserve_with with its buffer ids first",
                 ));
             };
-            self.reserve_with(ctx, graph, &node_ids, &leaf_ids)?;
+            self.reserve_with_concurrency(ctx, graph, &node_ids, &leaf_ids, concurrency.as_ref())?;
         }
         let plan = self
             .plan
@@ -915,19 +975,39 @@ impl GraphAllocator {
         self.buffers[slot].as_ref()
     }
 
+    /// The concurrency plan the current plan was made with, if any.
+    pub fn concurrency(&self) -> Option<&Concurrency> {
+        self.plan.as_ref().and_then(|p| p.concurrency.as_ref())
+    }
+
     fn make_plan(
         &self,
         ctx: &Context,
         graph: &Graph,
         node_buffer_ids: &[usize],
         leaf_buffer_ids: &[usize],
+        concurrency: Option<&Concurrency>,
     ) -> Result<Plan> {
         check_graph(ctx, graph)?;
         self.check_ids("node", node_buffer_ids, graph.n_nodes())?;
         self.check_ids("leaf", leaf_buffer_ids, graph.leafs().len())?;
+        if let Some(c) = concurrency {
+            if c.n_nodes() != graph.n_nodes() {
+                return Err(alloc_error(format!(
+                    "the concurrency plan covers {} nodes, the graph has {}",
+                    c.n_nodes(),
+                    graph.n_nodes()
+                )));
+            }
+        }
         let mut planner = Planner::new(ctx, &self.slot_types, &self.slot_of);
-        planner.run(graph, node_buffer_ids, leaf_buffer_ids)?;
-        planner.into_plan(graph, node_buffer_ids.to_vec(), leaf_buffer_ids.to_vec())
+        planner.run(graph, node_buffer_ids, leaf_buffer_ids, concurrency)?;
+        planner.into_plan(
+            graph,
+            node_buffer_ids.to_vec(),
+            leaf_buffer_ids.to_vec(),
+            concurrency.cloned(),
+        )
     }
 
     fn check_ids(&self, what: &str, ids: &[usize], expected: usize) -> Result<()> {

@@ -4,11 +4,13 @@
 //! [`alloc_ctx_tensors`] sizes and fills one buffer with every tensor of a context (several,
 //! wrapped in a multi-buffer, when the buffer type's maximum size requires it). The graph
 //! allocator [`GraphAllocator`] places compute graphs with liveness-based reuse and in-place ops,
-//! in chunks of at most the maximum size.
+//! in chunks of at most the maximum size, honouring a backend's [`Concurrency`] plan.
 
+mod concurrency;
 mod graph_alloc;
 mod tensor_alloc;
 
+pub use concurrency::Concurrency;
 pub use graph_alloc::{op_can_inplace, GraphAllocator};
 
 pub use tensor_alloc::{align_up, alloc_ctx_tensors, TensorAllocator};

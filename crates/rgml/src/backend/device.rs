@@ -2,10 +2,12 @@
 
 use super::buffer::{Buffer, BufferTypeRef, HostMemory};
 use super::event::Event;
+use crate::alloc::Concurrency;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::tensor::TensorId;
+use crate::trace::Trace;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -259,6 +261,15 @@ pub trait Backend: Send + Any {
     fn event_wait(&mut self, event: &Event) -> Result<()> {
         event.synchronize()
     }
+    /// Which nodes of `graph` this stream may run at the same time, for the graph allocator
+    /// (see [`Concurrency`]); `None` (the default): it runs them one after another, so memory
+    /// freed by one node may be reused by the next.
+    fn graph_concurrency(&self, _ctx: &Context, _graph: &Graph) -> Result<Option<Concurrency>> {
+        Ok(None)
+    }
+    /// Record this stream's own work (command buffers, copies) into `trace` on track `track`,
+    /// or stop recording with `None` (default: the stream records nothing itself).
+    fn set_trace(&mut self, _trace: Option<(Arc<Trace>, usize)>) {}
     /// For downcasting (e.g. to set a CPU backend's thread count).
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }

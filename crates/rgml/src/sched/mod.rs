@@ -59,12 +59,21 @@
 //! calls as the scheduler makes them: on backends whose compute is asynchronous they show
 //! when work was queued.
 //!
+//! [`Scheduler::set_trace`] also hands the recorder to every backend
+//! ([`Backend::set_trace`]) with its track, so backends can add their own spans (a GPU
+//! backend's command buffers).
+//!
+//! # Concurrency
+//! Backends that run several nodes at once report which ([`Backend::graph_concurrency`]); the
+//! scheduler combines their plans for its splits into one plan for the augmented graph and hands
+//! it to the [`GraphAllocator`], so nodes that may overlap never share memory.
+//!
 //! Buffer types with a maximum size get multi-buffers from the [`GraphAllocator`] (one part
 //! per chunk); the scheduler treats every part as its own compute memory.
 
 mod assign;
 
-use crate::alloc::GraphAllocator;
+use crate::alloc::{Concurrency, GraphAllocator};
 use crate::backend::{Backend, BufferTypeRef, DeviceType, Event};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -134,6 +143,8 @@ struct Split {
     graph: Graph,
     /// Tensors (scheduler ids) copied in before the split runs.
     inputs: Vec<TensorId>,
+    /// Index of the split's first node in the augmented graph.
+    aug_start: usize,
 }
 
 /// The scheduler's augmented copy of one graph.
@@ -414,12 +425,18 @@ impl Scheduler {
             .backends
             .iter()
             .map(|b| trace.track(b.name()))
-            .collect();
+            .collect::<Vec<_>>();
+        for (b, &track) in self.backends.iter_mut().zip(&tracks) {
+            b.set_trace(Some((trace.clone(), track)));
+        }
         self.trace = Some((trace, tracks));
     }
 
     /// Stop recording.
     pub fn clear_trace(&mut self) {
+        for b in &mut self.backends {
+            b.set_trace(None);
+        }
         self.trace = None;
     }
 
@@ -447,8 +464,14 @@ impl Scheduler {
     /// allocating its tensors; assignments and overrides are then forgotten.
     pub fn reserve(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
         let plan = self.split_graph(ctx, graph, self.next_copy)?;
-        self.galloc
-            .reserve_with(&plan.ctx, &plan.graph, &plan.node_ids, &plan.leaf_ids)?;
+        let conc = self.concurrency(&plan)?;
+        self.galloc.reserve_with_concurrency(
+            &plan.ctx,
+            &plan.graph,
+            &plan.node_ids,
+            &plan.leaf_ids,
+            conc.as_ref(),
+        )?;
         self.note_buffers();
         self.reset();
         Ok(())
@@ -461,9 +484,17 @@ impl Scheduler {
         self.cur_copy = self.next_copy;
         self.next_copy = (self.next_copy + 1) % self.n_copies;
         let mut plan = self.split_graph(ctx, graph, self.cur_copy)?;
-        if self.galloc.needs_realloc(&plan.ctx, &plan.graph) {
-            self.galloc
-                .reserve_with(&plan.ctx, &plan.graph, &plan.node_ids, &plan.leaf_ids)?;
+        let conc = self.concurrency(&plan)?;
+        if self.galloc.needs_realloc(&plan.ctx, &plan.graph)
+            || self.galloc.concurrency() != conc.as_ref()
+        {
+            self.galloc.reserve_with_concurrency(
+                &plan.ctx,
+                &plan.graph,
+                &plan.node_ids,
+                &plan.leaf_ids,
+                conc.as_ref(),
+            )?;
         }
         self.galloc.alloc_graph(&mut plan.ctx, &plan.graph)?;
         self.note_buffers();
@@ -492,6 +523,39 @@ impl Scheduler {
             self.alloc_graph(ctx, graph)?;
         }
         self.compute_splits(ctx)
+    }
+
+    /// The augmented graph's concurrency plan: each split's nodes grouped as its backend
+    /// reports ([`Backend::graph_concurrency`]), every other node (input copies and their
+    /// keep-alive nodes) alone. `None` when no backend reports a plan, so the allocator plans
+    /// exactly as without concurrency.
+    fn concurrency(&self, plan: &Plan) -> Result<Option<Concurrency>> {
+        let mut starts = Vec::new();
+        let mut any = false;
+        let mut next = 0;
+        for split in &plan.splits {
+            starts.extend(next..split.aug_start);
+            let n = split.graph.n_nodes();
+            match self.backends[split.backend].graph_concurrency(&plan.ctx, &split.graph)? {
+                Some(c) if c.n_nodes() == n => {
+                    any = true;
+                    c.append_starts(split.aug_start, &mut starts);
+                }
+                Some(_) => {
+                    return Err(sched_error(format!(
+                        "{} reported a concurrency plan of the wrong size",
+                        self.backends[split.backend].name()
+                    )))
+                }
+                None => starts.extend(split.aug_start..split.aug_start + n),
+            }
+            next = split.aug_start + n;
+        }
+        starts.extend(next..plan.graph.n_nodes());
+        if !any {
+            return Ok(None);
+        }
+        Concurrency::from_starts(starts, plan.graph.n_nodes()).map(Some)
     }
 
     fn note_buffers(&mut self) {
@@ -738,6 +802,7 @@ impl Scheduler {
                 g_nodes.push(copies[&(input, s.backend)][cur_copy]);
                 node_ids.push(s.backend);
             }
+            let aug_start = g_nodes.len();
             for &n in &nodes[s.start..s.end] {
                 g_nodes.push(n);
                 node_ids.push(backend_of(&ctx, &ids, n)?);
@@ -746,6 +811,7 @@ impl Scheduler {
                 backend: s.backend,
                 graph: Graph::from_nodes(nodes[s.start..s.end].to_vec()),
                 inputs: s.inputs.clone(),
+                aug_start,
             });
         }
         let mut g_leafs: Vec<TensorId> = Vec::new();
