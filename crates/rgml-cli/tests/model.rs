@@ -372,4 +372,28 @@ fn logits_on_the_gpu_match_llama_cpp() {
         }
         eprintln!("{devices}: largest top-10 logit difference from llama.cpp {worst:.2e}");
     }
+    // Generation runs the matrix-vector kernels: greedy decoding gives llama.cpp's text.
+    let case = &fixture()["cases"][0];
+    let prompt = case["prompt"].as_str().expect("prompt");
+    let want = case["greedy_text"].as_str().expect("greedy_text");
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args([
+            "run", "-m", &model, "-p", prompt, "-n", "32", "--temp", "0", "--device", &gpu,
+        ])
+        .output()
+        .expect("run rgml");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("UTF-8 output");
+    let text = text
+        .strip_prefix(prompt)
+        .expect("the prompt is echoed first");
+    assert_eq!(
+        text.trim_end_matches('\n'),
+        want.trim_end_matches('\n'),
+        "greedy text of {prompt:?} on {gpu}"
+    );
 }

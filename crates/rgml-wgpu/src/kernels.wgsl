@@ -232,10 +232,52 @@ fn quantize_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     D[o + 1u] = bitcast<u32>(round_f16(d * f32(sum)));
 }
 
+// Bytes per block of Q4_0, Q4_1 or Q8_0 weights.
+fn q8_dot_block_bytes(t: u32) -> u32 {
+    switch t {
+        case T_Q4_0: { return 18u; }
+        case T_Q4_1: { return 20u; }
+        default: { return 34u; }
+    }
+}
+
+// Lane `l` of ggml-cpu's x86 dot product of block `blk` of the weight row at byte `a0` (type
+// `t`) with the quantized activations at word `yb` of C: the exact integer sum over elements
+// 4l..4l+3.
+fn q8_lane_sum(t: u32, a0: u32, blk: u32, yb: u32, l: u32) -> i32 {
+    let xb = a0 + blk * q8_dot_block_bytes(t);
+    let yw = C[yb + 2u + l];
+    var s = 0;
+    if (t == T_Q8_0) {
+        let xw = a_u32(xb + 2u + 4u * l);
+        for (var e = 0u; e < 4u; e++) {
+            s += i8_of(xw, e) * i8_of(yw, e);
+        }
+        return s;
+    }
+    let qo = select(2u, 4u, t == T_Q4_1);
+    let off = select(8, 0, t == T_Q4_1);
+    let xw = a_u32(xb + qo + 4u * (l % 4u));
+    let sh = select(0u, 4u, l >= 4u);
+    for (var e = 0u; e < 4u; e++) {
+        s += (i32((xw >> (8u * e + sh)) & 0xfu) - off) * i8_of(yw, e);
+    }
+    return s;
+}
+
+// The weight row at byte `a0` and the quantized activation row at word `c0` of C for output
+// `idx` of a MUL_MAT of Q8-dotted weights.
+fn q8_rows(idx: vec4<u32>) -> vec2<u32> {
+    let a0 = p.off.x + idx.x * p.a_nb.y + (idx.z / p.misc.y) * p.a_nb.z + (idx.w / p.misc.z) * p.a_nb.w;
+    let r1 = idx.y + p.b_ne.y * (idx.z + p.b_ne.z * idx.w);
+    return vec2<u32>(a0, p.off.z + r1 * (p.a_ne.x / 32u) * Q8_WORDS);
+}
+
 // MUL_MAT of Q4_0, Q4_1 or Q8_0 weights (misc.w) by activations quantized by `quantize_q8`
 // (C, rows of B in order): ggml-cpu's x86 dot products exactly. Per block, 8 lanes of 4
 // elements each get their exact integer sum, and each lane accumulates fma(d_x * d_y, sum,
 // acc) over the blocks; Q4_1 adds its min term sum(m_x * s_y) after the lanes' `hsum_float_8`.
+// One invocation per output (the prompt path; see `mul_mv_q8` for one activation column).
 @compute @workgroup_size(64)
 fn mul_mat_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);
@@ -243,53 +285,98 @@ fn mul_mat_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
         return;
     }
     let idx = unravel(i, p.d_ne);
-    let a0 = p.off.x + idx.x * p.a_nb.y + (idx.z / p.misc.y) * p.a_nb.z + (idx.w / p.misc.z) * p.a_nb.w;
-    let nbpr = p.a_ne.x / 32u;
-    let r1 = idx.y + p.b_ne.y * (idx.z + p.b_ne.z * idx.w);
-    let c0 = p.off.z + r1 * nbpr * Q8_WORDS;
+    let rows = q8_rows(idx);
     let t = p.misc.w;
+    let bb = q8_dot_block_bytes(t);
     var acc: array<f32, 8>;
     var summs = 0.0;
-    for (var blk = 0u; blk < nbpr; blk++) {
-        let yb = c0 + blk * Q8_WORDS;
-        let yd = cf(yb);
-        if (t == T_Q8_0) {
-            let xb = a0 + blk * 34u;
-            let d = a_f16(xb) * yd;
-            for (var l = 0u; l < 8u; l++) {
-                let xw = a_u32(xb + 2u + 4u * l);
-                let yw = C[yb + 2u + l];
-                var s = 0;
-                for (var e = 0u; e < 4u; e++) {
-                    s += i8_of(xw, e) * i8_of(yw, e);
-                }
-                acc[l] = fma_x(d, f32(s), acc[l]);
-            }
-        } else {
-            var qo = 2u;
-            var off = 8;
-            var xb = a0 + blk * 18u;
-            if (t == T_Q4_1) {
-                xb = a0 + blk * 20u;
-                qo = 4u;
-                off = 0;
-                summs += a_f16(xb + 2u) * cf(yb + 1u);
-            }
-            let d = a_f16(xb) * yd;
-            for (var l = 0u; l < 8u; l++) {
-                let xw = a_u32(xb + qo + 4u * (l % 4u));
-                let sh = select(0u, 4u, l >= 4u);
-                let yw = C[yb + 2u + l];
-                var s = 0;
-                for (var e = 0u; e < 4u; e++) {
-                    let q = i32((xw >> (8u * e + sh)) & 0xfu) - off;
-                    s += q * i8_of(yw, e);
-                }
-                acc[l] = fma_x(d, f32(s), acc[l]);
-            }
+    for (var blk = 0u; blk < p.a_ne.x / 32u; blk++) {
+        let yb = rows.y + blk * Q8_WORDS;
+        let xb = rows.x + blk * bb;
+        if (t == T_Q4_1) {
+            summs += a_f16(xb + 2u) * cf(yb + 1u);
+        }
+        let d = a_f16(xb) * cf(yb);
+        for (var l = 0u; l < 8u; l++) {
+            acc[l] = fma_x(d, f32(q8_lane_sum(t, rows.x, blk, yb, l)), acc[l]);
         }
     }
     dset(p.off.w + at(idx, p.d_nb), hsum8(acc) + summs);
+}
+
+// Lane accumulators of the matrix-vector kernels, one per invocation.
+var<workgroup> lanes: array<f32, 64>;
+
+// The matrix-vector path of `mul_mat_q8` (generation: one activation column): 8 invocations per
+// output, invocation l owning SIMD lane l of ggml-cpu's dot product, so the rounding order is
+// the same while the row's blocks are read side by side; lane 0 adds the lanes up.
+@compute @workgroup_size(64)
+fn mul_mv_q8(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let l = li % 8u;
+    let out = (wid.x + wid.y * nwg.x) * 8u + li / 8u;
+    let valid = out < p.misc.x / 8u;
+    var acc = 0.0;
+    var summs = 0.0;
+    var idx = vec4<u32>(0u);
+    if (valid) {
+        idx = unravel(out, p.d_ne);
+        let rows = q8_rows(idx);
+        let t = p.misc.w;
+        let bb = q8_dot_block_bytes(t);
+        for (var blk = 0u; blk < p.a_ne.x / 32u; blk++) {
+            let yb = rows.y + blk * Q8_WORDS;
+            let xb = rows.x + blk * bb;
+            if (l == 0u && t == T_Q4_1) {
+                summs += a_f16(xb + 2u) * cf(yb + 1u);
+            }
+            let d = a_f16(xb) * cf(yb);
+            acc = fma_x(d, f32(q8_lane_sum(t, rows.x, blk, yb, l)), acc);
+        }
+    }
+    lanes[li] = acc;
+    workgroupBarrier();
+    if (valid && l == 0u) {
+        var v: array<f32, 8>;
+        for (var k = 0u; k < 8u; k++) {
+            v[k] = lanes[li + k];
+        }
+        dset(p.off.w + at(idx, p.d_nb), hsum8(v) + summs);
+    }
+}
+
+// The matrix-vector path of `mul_mat` for f32 / f16 weights: 16 invocations per output,
+// invocation l owning tinyBLAS lane l (elements l, l + 16, ...), then `hsum16` by lane 0.
+@compute @workgroup_size(64)
+fn mul_mv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let l = li % 16u;
+    let out = (wid.x + wid.y * nwg.x) * 4u + li / 16u;
+    let valid = out < p.misc.x / 16u;
+    var acc = 0.0;
+    var idx = vec4<u32>(0u);
+    if (valid) {
+        idx = unravel(out, p.d_ne);
+        let a0 = p.off.x + idx.x * p.a_nb.y + (idx.z / p.misc.y) * p.a_nb.z + (idx.w / p.misc.z) * p.a_nb.w;
+        let b0 = p.off.y + idx.y * p.b_nb.y + idx.z * p.b_nb.z + idx.w * p.b_nb.w;
+        let t = p.misc.w;
+        for (var k = l; k < p.a_ne.x; k += 16u) {
+            if (t == T_F32) {
+                acc = fma_x(af(a0 + k * p.a_nb.x), bf(b0 + k * p.b_nb.x), acc);
+            } else if (t == T_F16) {
+                acc += a_f16(a0 + k * p.a_nb.x) * round_f16(bf(b0 + k * p.b_nb.x));
+            } else {
+                acc = fma_x(a_elem(t, a0, k, p.a_nb.x), bf(b0 + k * p.b_nb.x), acc);
+            }
+        }
+    }
+    lanes[li] = acc;
+    workgroupBarrier();
+    if (valid && l == 0u) {
+        var v: array<f32, 16>;
+        for (var k = 0u; k < 16u; k++) {
+            v[k] = lanes[li + k];
+        }
+        dset(p.off.w + at(idx, p.d_nb), hsum16(v));
+    }
 }
 
 // SWIGLU: silu(A) * B (equal shapes).

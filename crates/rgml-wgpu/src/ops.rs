@@ -54,6 +54,8 @@ pub(crate) enum Kernel {
     MulMatQ8,
     RmsNormF64,
     SoftMaxF64,
+    MulMvQ8,
+    MulMv,
 }
 
 /// The WGSL module a kernel is in.
@@ -68,7 +70,7 @@ enum Module {
 }
 
 /// Each kernel's entry point and module.
-const KERNELS: [(Kernel, &str, Module); 22] = [
+const KERNELS: [(Kernel, &str, Module); 24] = [
     (Kernel::Binary, "binary", Module::Plain),
     (Kernel::Scale, "scale", Module::Plain),
     (Kernel::Silu, "silu", Module::Plain),
@@ -91,7 +93,14 @@ const KERNELS: [(Kernel, &str, Module); 22] = [
     (Kernel::MulMatQ8, "mul_mat_q8", Module::Plain),
     (Kernel::RmsNormF64, "rms_norm_f64", Module::F64),
     (Kernel::SoftMaxF64, "soft_max_f64", Module::F64),
+    (Kernel::MulMvQ8, "mul_mv_q8", Module::Plain),
+    (Kernel::MulMv, "mul_mv", Module::Plain),
 ];
+
+/// Invocations per output of `mul_mv_q8` (ggml-cpu's 8 SIMD lanes of a Q8 dot product) and of
+/// `mul_mv` (tinyBLAS's 16 lanes); their workgroups of [`WG`] hold whole outputs.
+const MV_Q8_LANES: u64 = 8;
+const MV_LANES: u64 = 16;
 
 /// Bytes per 32-element block of quantized activations in the scratch buffer (`Q8_WORDS`
 /// words in `common.wgsl`).
@@ -684,10 +693,16 @@ impl<'a> Prep<'a> {
                 p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
                 p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
                 p.misc[3] = type_code(srcs[0].dtype).unwrap_or(0);
+                // One activation column (generation): lanes of one output run side by side.
+                let vector = srcs[1].ne[1] == 1;
                 if quantizes_activations(srcs[0].dtype) {
-                    return self.mul_mat_q8(p, buffers, srcs[1], elements);
+                    return self.mul_mat_q8(p, buffers, srcs[1], elements, vector);
                 }
-                (Kernel::MulMat, elements)
+                if vector {
+                    (Kernel::MulMv, elements * MV_LANES)
+                } else {
+                    (Kernel::MulMat, elements)
+                }
             }
             _ => {
                 return Err(Error::Unsupported {
@@ -790,6 +805,7 @@ impl<'a> Prep<'a> {
         buffers: [wgpu::Buffer; 4],
         b: &Tensor,
         elements: u64,
+        vector: bool,
     ) -> Result<Vec<Dispatch>> {
         let blocks = b.nelements() / 32;
         let size = blocks
@@ -808,7 +824,12 @@ impl<'a> Prep<'a> {
         )?;
         let mut m = p;
         m.off[2] = 0;
-        let dots = self.dispatch(Kernel::MulMatQ8, m, [a, b_buf, scratch, d], elements)?;
+        let dots = if vector {
+            let bufs = [a, b_buf, scratch, d];
+            self.dispatch(Kernel::MulMvQ8, m, bufs, elements * MV_Q8_LANES)?
+        } else {
+            self.dispatch(Kernel::MulMatQ8, m, [a, b_buf, scratch, d], elements)?
+        };
         Ok(vec![quantize, dots])
     }
 }

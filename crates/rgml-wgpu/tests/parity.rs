@@ -146,7 +146,12 @@ fn float_mul_mat_is_exact() {
     let a = c.leaf(DType::F32, &[64, 20], 1.0);
     let b = c.leaf(DType::F32, &[64, 3], 1.0);
     let ab = c.ctx.mul_mat(a, b).unwrap();
-    c.check(&[kq, ab]);
+    // One column (generation): the matrix-vector kernel.
+    let q1 = c.leaf(DType::F32, &[64, 1, 9], 1.0);
+    let kq1 = c.ctx.mul_mat(k, q1).unwrap();
+    let b1 = c.leaf(DType::F32, &[64, 1], 1.0);
+    let ab1 = c.ctx.mul_mat(a, b1).unwrap();
+    c.check(&[kq, ab, kq1, ab1]);
 }
 
 #[test]
