@@ -148,6 +148,9 @@ pub enum Error {
     /// tensor in memory no capable backend can use, bad backend lists, ...).
     #[error("scheduler: {0}")]
     Sched(String),
+    /// A split state that does not fit its tensor or devices (meta device).
+    #[error("invalid split: {0}")]
+    InvalidSplit(String),
     /// A backend-specific failure.
     #[error("{backend}: {message}")]
     Backend {

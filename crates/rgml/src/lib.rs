@@ -13,6 +13,7 @@ pub mod context;
 pub mod dtype;
 pub mod error;
 pub mod graph;
+pub mod meta;
 pub mod op;
 pub mod quant;
 pub mod registry;
