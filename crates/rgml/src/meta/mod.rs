@@ -5,6 +5,8 @@
 //! This module owns the split arithmetic and the data movement between slices; it knows no
 //! concrete backend (devices and backends are reached through the core traits).
 
+pub mod scatter;
 pub mod split;
 
-pub use split::{Segment, SplitState};
+pub use scatter::{gather, scatter};
+pub use split::{split_sizes, Segment, SplitState};
