@@ -472,6 +472,39 @@ fn hsum16(v: array<f32, 16>) -> f32 {
     return hsum8(h);
 }
 
+// SOFT_MAX's ALiBi slope of head `h`: f.y^(h + 1) below misc.w heads, f.z^(2 (h - misc.w) + 1)
+// from there (1 without ALiBi).
+fn alibi_slope(h: u32) -> f32 {
+    if (p.f.y == 1.0 && p.f.z == 1.0) {
+        return 1.0;
+    }
+    if (h < p.misc.w) {
+        return pow(p.f.y, f32(h + 1u));
+    }
+    return pow(p.f.z, f32(2u * (h - p.misc.w) + 1u));
+}
+
+// SOFT_MAX's input k of the row at `a0` (A) whose mask row is at `c0` (C, when misc.y is 1; f16
+// when misc.z is T_F16): x * scale + slope * mask.
+fn soft_max_input(a0: u32, c0: u32, k: u32, slope: f32) -> f32 {
+    var x = af(a0 + k * p.a_nb.x) * p.f.x;
+    if (p.misc.y == 1u) {
+        var m: f32;
+        if (p.misc.z == T_F16) {
+            m = c_f16(c0 + k * p.c_nb.x);
+        } else {
+            m = cf(c0 + k * p.c_nb.x);
+        }
+        x = x + slope * m;
+    }
+    return x;
+}
+
+// The mask row (in C) of SOFT_MAX row `row`: rows by i1, broadcast over dims 2 and 3.
+fn soft_max_mask_row(row: vec4<u32>) -> u32 {
+    return p.off.z + row.y * p.c_nb.y + (row.z % p.c_ne.z) * p.c_nb.z + (row.w % p.c_ne.w) * p.c_nb.w;
+}
+
 fn thread_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
 }

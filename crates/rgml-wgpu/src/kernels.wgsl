@@ -111,40 +111,15 @@ fn soft_max(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let row = unravel_row(r, p.a_ne);
     let a0 = p.off.x + at(row, p.a_nb);
     let d0 = p.off.w + at(row, p.d_nb);
-    let c0 = p.off.z + row.y * p.c_nb.y + (row.z % p.c_ne.z) * p.c_nb.z + (row.w % p.c_ne.w) * p.c_nb.w;
-    let has_mask = p.misc.y == 1u;
-    let mask_f16 = p.misc.z == T_F16;
-    var slope = 1.0;
-    if (p.f.y != 1.0 || p.f.z != 1.0) {
-        if (row.z < p.misc.w) {
-            slope = pow(p.f.y, f32(row.z + 1u));
-        } else {
-            slope = pow(p.f.z, f32(2u * (row.z - p.misc.w) + 1u));
-        }
-    }
+    let c0 = soft_max_mask_row(row);
+    let slope = alibi_slope(row.z);
     var m = -3.4028235e38;
     for (var k = 0u; k < p.a_ne.x; k++) {
-        var x = af(a0 + k * p.a_nb.x) * p.f.x;
-        if (has_mask) {
-            if (mask_f16) {
-                x += slope * c_f16(c0 + k * p.c_nb.x);
-            } else {
-                x += slope * cf(c0 + k * p.c_nb.x);
-            }
-        }
-        m = max(m, x);
+        m = max(m, soft_max_input(a0, c0, k, slope));
     }
     var sum = 0.0;
     for (var k = 0u; k < p.a_ne.x; k++) {
-        var x = af(a0 + k * p.a_nb.x) * p.f.x;
-        if (has_mask) {
-            if (mask_f16) {
-                x += slope * c_f16(c0 + k * p.c_nb.x);
-            } else {
-                x += slope * cf(c0 + k * p.c_nb.x);
-            }
-        }
-        let e = exp(x - m);
+        let e = exp(soft_max_input(a0, c0, k, slope) - m);
         sum += e;
         dset(d0 + k * p.d_nb.x, e);
     }

@@ -40,30 +40,12 @@ fn soft_max_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let row = unravel_row(r, p.a_ne);
     let a0 = p.off.x + at(row, p.a_nb);
     let d0 = p.off.w + at(row, p.d_nb);
-    let c0 = p.off.z + row.y * p.c_nb.y + (row.z % p.c_ne.z) * p.c_nb.z + (row.w % p.c_ne.w) * p.c_nb.w;
-    let has_mask = p.misc.y == 1u;
-    let mask_f16 = p.misc.z == T_F16;
-    var slope = 1.0;
-    if (p.f.y != 1.0 || p.f.z != 1.0) {
-        if (row.z < p.misc.w) {
-            slope = pow(p.f.y, f32(row.z + 1u));
-        } else {
-            slope = pow(p.f.z, f32(2u * (row.z - p.misc.w) + 1u));
-        }
-    }
+    let c0 = soft_max_mask_row(row);
+    let slope = alibi_slope(row.z);
     let n = p.a_ne.x;
     var m = bitcast<f32>(0xff800000u);
     for (var k = 0u; k < n; k++) {
-        var w = af(a0 + k * p.a_nb.x) * p.f.x;
-        if (has_mask) {
-            var mv: f32;
-            if (mask_f16) {
-                mv = c_f16(c0 + k * p.c_nb.x);
-            } else {
-                mv = cf(c0 + k * p.c_nb.x);
-            }
-            w = w + slope * mv;
-        }
+        let w = soft_max_input(a0, c0, k, slope);
         dset(d0 + k * p.d_nb.x, w);
         m = max(m, w);
     }

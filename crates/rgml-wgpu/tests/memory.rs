@@ -6,19 +6,10 @@
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::backend::BackendParams;
 use rgml::{Buffer, Context, DType, DeviceRef, Error, Graph};
-use rgml_wgpu::{WgpuDevice, WgpuRegistry, HOST_PAGE};
+use rgml_wgpu::{WgpuDevice, HOST_PAGE};
 use std::sync::Arc;
-
-fn first_device() -> Option<DeviceRef> {
-    let reg = WgpuRegistry::new();
-    let dev = rgml::registry::Registry::devices(&reg).into_iter().next();
-    if dev.is_none() {
-        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(!required, "RGML_REQUIRE_GPU=1 but there is no GPU adapter");
-        eprintln!("no GPU adapter: skipping");
-    }
-    dev
-}
+mod common;
+use common::first_device;
 
 fn wgpu_device(dev: &DeviceRef) -> &WgpuDevice {
     dev.as_any()

@@ -3,17 +3,8 @@
 //! `scripts/test.sh`, so CI never skips).
 
 use rgml_opcheck::{run_tests, Outcome};
-
-fn first_device() -> Option<rgml::DeviceRef> {
-    let reg = rgml_wgpu::WgpuRegistry::new();
-    let dev = rgml::registry::Registry::devices(&reg).into_iter().next();
-    if dev.is_none() {
-        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(!required, "RGML_REQUIRE_GPU=1 but there is no GPU adapter");
-        eprintln!("no GPU adapter: skipping");
-    }
-    dev
-}
+mod common;
+use common::first_device;
 
 #[test]
 fn wgpu_passes_every_supported_case() {

@@ -13,17 +13,8 @@ use rgml::alloc::alloc_ctx_tensors;
 use rgml::compare::compare_graph_backend;
 use rgml::{Context, DType, DeviceRef, Graph, RopeMode, RopeParams, TensorId};
 use std::sync::Once;
-
-fn gpu() -> Option<DeviceRef> {
-    let reg = rgml_wgpu::WgpuRegistry::new();
-    let dev = rgml::registry::Registry::devices(&reg).into_iter().next();
-    if dev.is_none() {
-        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(!required, "RGML_REQUIRE_GPU=1 but there is no GPU adapter");
-        eprintln!("no GPU adapter: skipping");
-    }
-    dev
-}
+mod common;
+use common::first_device as gpu;
 
 /// The CPU backend mirrors the native ggml build of the CPU it runs on; the GPU mirrors the
 /// AVX-512 build, so the CPU must too (read once, before the first kernel).

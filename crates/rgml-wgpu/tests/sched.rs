@@ -9,17 +9,8 @@ use rgml::alloc::TensorAllocator;
 use rgml::backend::{Backend, Buffer, BufferUsage, DeviceRef};
 use rgml::{Context, DType, Graph, Scheduler, TensorId};
 use std::sync::Arc;
-
-fn gpu() -> Option<DeviceRef> {
-    let reg = rgml_wgpu::WgpuRegistry::new();
-    let dev = rgml::registry::Registry::devices(&reg).into_iter().next();
-    if dev.is_none() {
-        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(!required, "RGML_REQUIRE_GPU=1 but there is no GPU adapter");
-        eprintln!("no GPU adapter: skipping");
-    }
-    dev
-}
+mod common;
+use common::first_device as gpu;
 
 fn backend(dev: &DeviceRef) -> Box<dyn Backend> {
     dev.init_backend(&Default::default()).unwrap()

@@ -8,17 +8,8 @@ use rgml::backend::{Backend, BackendParams};
 use rgml::trace::{Trace, TraceArg};
 use rgml::{Context, DType, Device, DeviceRef, Graph, Scheduler, TensorId};
 use std::sync::Arc;
-
-fn first_device() -> Option<DeviceRef> {
-    let reg = rgml_wgpu::WgpuRegistry::new();
-    let dev = rgml::registry::Registry::devices(&reg).into_iter().next();
-    if dev.is_none() {
-        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(!required, "RGML_REQUIRE_GPU=1 but there is no GPU adapter");
-        eprintln!("no GPU adapter: skipping");
-    }
-    dev
-}
+mod common;
+use common::first_device;
 
 fn backend(dev: &DeviceRef, params: &str) -> Box<dyn Backend> {
     dev.init_backend(&BackendParams::parse(params).unwrap())
