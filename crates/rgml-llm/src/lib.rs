@@ -8,6 +8,7 @@ pub mod error;
 pub mod model;
 pub mod sampling;
 pub mod session;
+pub mod tensor_split;
 pub mod tokenizer;
 
 pub use config::ModelConfig;

@@ -1,0 +1,212 @@
+//! The model's side of tensor parallelism: which weight is split how over the devices of a
+//! meta device (`--split-mode tensor`), decided from the weights' roles, never from name
+//! patterns in the core.
+//!
+//! Megatron-style, per block:
+//! - attention Q, K, V (and their biases) split by output rows, in whole heads; every device
+//!   gets whole KV heads and the query heads that share them (grouped-query attention keeps
+//!   each group on one device);
+//! - the attention output projection split on its contraction axis by the same heads, so its
+//!   product is a PARTIAL sum that an all-reduce joins;
+//! - FFN gate and up split by output rows, FFN down on its contraction axis by the same rows
+//!   (in whole quantization blocks), PARTIAL again;
+//! - the KV cache split by KV heads;
+//! - everything else (norms, embeddings, output) mirrored.
+//!
+//! This module owns the arithmetic of those sizes; loading and running the split model is the
+//! meta device's and the session's job.
+
+use crate::config::ModelConfig;
+use crate::error::{LlmError, Result};
+use crate::model::LayerWeights;
+use rgml::meta::{split_sizes, SplitState};
+use rgml::TensorId;
+use std::collections::HashMap;
+
+/// Per-device sizes of a model split over `n` devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSplitPlan {
+    /// KV heads per device.
+    pub kv_heads: Vec<usize>,
+    /// Query rows (query heads × head size) per device.
+    pub q_rows: Vec<usize>,
+    /// K / V rows (KV heads × head size) per device.
+    pub kv_rows: Vec<usize>,
+    /// FFN hidden rows per device.
+    pub ffn_rows: Vec<usize>,
+}
+
+impl TensorSplitPlan {
+    /// Sizes for `config` over devices weighted by `shares` (empty: even). `ffn_granule`: the
+    /// largest block size (in elements) of the FFN down weights, whose contraction axis is
+    /// split; head sizes must be whole blocks of the attention output weights
+    /// (`attn_granule`).
+    pub fn new(
+        config: &ModelConfig,
+        shares: &[f32],
+        n_devices: usize,
+        attn_granule: usize,
+        ffn_granule: usize,
+    ) -> Result<TensorSplitPlan> {
+        let shares: Vec<f32> = if shares.is_empty() {
+            vec![1.0; n_devices]
+        } else if shares.len() == n_devices {
+            shares.to_vec()
+        } else {
+            return Err(LlmError::BadInput(format!(
+                "--tensor-split has {} shares for {n_devices} devices",
+                shares.len()
+            )));
+        };
+        let c = config;
+        if c.n_head_kv == 0 || !c.n_head.is_multiple_of(c.n_head_kv) {
+            return Err(LlmError::BadConfig(format!(
+                "{} query heads do not group over {} KV heads",
+                c.n_head, c.n_head_kv
+            )));
+        }
+        if attn_granule == 0 || !c.head_dim.is_multiple_of(attn_granule) {
+            return Err(LlmError::BadConfig(format!(
+                "a head of {} cannot be split in blocks of {attn_granule}",
+                c.head_dim
+            )));
+        }
+        let group = c.n_head / c.n_head_kv;
+        let kv_heads = split_sizes(c.n_head_kv, &shares, 1)?;
+        let q_rows = kv_heads.iter().map(|h| h * group * c.head_dim).collect();
+        let kv_rows = kv_heads.iter().map(|h| h * c.head_dim).collect();
+        let ffn_rows = split_sizes(c.n_ff, &shares, ffn_granule.max(1))?;
+        Ok(TensorSplitPlan {
+            kv_heads,
+            q_rows,
+            kv_rows,
+            ffn_rows,
+        })
+    }
+
+    /// The split state of every weight of `layers` that is not mirrored.
+    pub fn weight_states(&self, layers: &[LayerWeights]) -> HashMap<TensorId, SplitState> {
+        let rows = |sizes: &Vec<usize>| SplitState::axis(1, sizes.clone());
+        let cols = |sizes: &Vec<usize>| SplitState::axis(0, sizes.clone());
+        let mut out = HashMap::new();
+        for l in layers {
+            out.insert(l.wq, rows(&self.q_rows));
+            out.insert(l.wk, rows(&self.kv_rows));
+            out.insert(l.wv, rows(&self.kv_rows));
+            out.insert(l.wo, cols(&self.q_rows));
+            for (bias, sizes) in [
+                (l.bq, &self.q_rows),
+                (l.bk, &self.kv_rows),
+                (l.bv, &self.kv_rows),
+            ] {
+                if let Some(b) = bias {
+                    out.insert(b, cols(sizes));
+                }
+            }
+            out.insert(l.ffn_gate, rows(&self.ffn_rows));
+            out.insert(l.ffn_up, rows(&self.ffn_rows));
+            out.insert(l.ffn_down, cols(&self.ffn_rows));
+        }
+        out
+    }
+
+    /// The split of a KV cache tensor whose axis `axis` counts KV heads.
+    pub fn kv_cache_state(&self, axis: usize) -> SplitState {
+        SplitState::axis(axis, self.kv_heads.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-135M's shape: 9 query heads in 3 groups, head size 64, FFN 1536.
+    fn smollm() -> ModelConfig {
+        ModelConfig {
+            arch: "llama".into(),
+            n_layer: 30,
+            n_embd: 576,
+            n_ff: 1536,
+            n_head: 9,
+            n_head_kv: 3,
+            head_dim: 64,
+            n_rot: 64,
+            n_ctx_train: 8192,
+            n_vocab: 49152,
+            rms_eps: 1e-5,
+            rope_freq_base: 100000.0,
+            rope_freq_scale: 1.0,
+            rope_mode: rgml::RopeMode::Normal,
+        }
+    }
+
+    #[test]
+    fn heads_stay_whole_and_grouped() {
+        let c = smollm();
+        let p = TensorSplitPlan::new(&c, &[], 2, 32, 32).unwrap();
+        assert_eq!(p.kv_heads, vec![2, 1]);
+        assert_eq!(p.q_rows, vec![384, 192]);
+        assert_eq!(p.kv_rows, vec![128, 64]);
+        assert_eq!(p.ffn_rows, vec![768, 768]);
+        let p = TensorSplitPlan::new(&c, &[1.0, 1.0, 1.0], 3, 32, 256).unwrap();
+        assert_eq!(p.kv_heads, vec![1, 1, 1]);
+        assert_eq!(p.q_rows, vec![192; 3]);
+        assert_eq!(p.ffn_rows, vec![512, 512, 512]);
+        assert!(p.ffn_rows.iter().all(|r| r % 256 == 0));
+        // Uneven shares; more devices than KV heads leaves some without attention.
+        let p = TensorSplitPlan::new(&c, &[3.0, 1.0], 2, 32, 32).unwrap();
+        assert_eq!(p.kv_heads, vec![2, 1]);
+        assert_eq!(p.ffn_rows, vec![1152, 384]);
+        let p = TensorSplitPlan::new(&c, &[], 4, 32, 32).unwrap();
+        assert_eq!(p.kv_heads.iter().sum::<usize>(), 3);
+        assert!(p.kv_heads.contains(&0));
+        assert_eq!(p.q_rows.iter().sum::<usize>(), c.n_embd);
+        assert_eq!(p.ffn_rows.iter().sum::<usize>(), c.n_ff);
+    }
+
+    #[test]
+    fn weights_get_their_roles_states() {
+        let c = smollm();
+        let p = TensorSplitPlan::new(&c, &[], 2, 32, 32).unwrap();
+        let mut ctx = rgml::Context::new();
+        let mut t = || ctx.new_tensor(rgml::DType::F32, &[4]).unwrap();
+        let l = LayerWeights {
+            attn_norm: t(),
+            wq: t(),
+            wk: t(),
+            wv: t(),
+            wo: t(),
+            bq: Some(t()),
+            bk: None,
+            bv: None,
+            ffn_norm: t(),
+            ffn_gate: t(),
+            ffn_up: t(),
+            ffn_down: t(),
+        };
+        let s = p.weight_states(std::slice::from_ref(&l));
+        assert_eq!(s[&l.wq], SplitState::axis(1, vec![384, 192]));
+        assert_eq!(s[&l.wk], SplitState::axis(1, vec![128, 64]));
+        assert_eq!(s[&l.wo], SplitState::axis(0, vec![384, 192]));
+        assert_eq!(s[&l.bq.unwrap()], SplitState::axis(0, vec![384, 192]));
+        assert_eq!(s[&l.ffn_up], SplitState::axis(1, vec![768, 768]));
+        assert_eq!(s[&l.ffn_down], SplitState::axis(0, vec![768, 768]));
+        // Norms are mirrored: not in the map.
+        assert!(!s.contains_key(&l.attn_norm) && !s.contains_key(&l.ffn_norm));
+        assert_eq!(s.len(), 8);
+        assert_eq!(p.kv_cache_state(2), SplitState::axis(2, vec![2, 1]));
+    }
+
+    #[test]
+    fn bad_splits_are_errors() {
+        let c = smollm();
+        assert!(TensorSplitPlan::new(&c, &[1.0], 2, 32, 32).is_err());
+        assert!(TensorSplitPlan::new(&c, &[1.0, f32::NAN], 2, 32, 32).is_err());
+        // A 1536-row FFN is no whole number of 1000-element blocks.
+        assert!(TensorSplitPlan::new(&c, &[], 2, 32, 1000).is_err());
+        assert!(TensorSplitPlan::new(&c, &[], 2, 48, 32).is_err());
+        let mut odd = c.clone();
+        odd.n_head_kv = 2;
+        assert!(TensorSplitPlan::new(&odd, &[], 2, 32, 32).is_err());
+    }
+}
