@@ -6,7 +6,7 @@
 //! concrete backend (devices and backends are reached through the core traits).
 //!
 //! # Status (issue 6) and the plan for the device itself
-//! Landed: [`split`] (states, segments, `split_sizes` by weights in whole granules), [`scatter`]
+//! Landed: [`split`] (states, segments, `split_sizes` by weights in whole granules), [`mod@scatter`]
 //! (host scatter / gather with segments and quantized rows), propagation rules and the
 //! all-reduce. The model's side (which weight is split how) is `rgml_llm::tensor_split`.
 //!
