@@ -150,8 +150,14 @@ impl Context {
                 limit: buffer.size(),
             });
         }
-        buffer.init_tensor(t)?;
+        // As in ggml, the buffer sees the tensor with its storage set (so it knows where the
+        // tensor lives); a refusal leaves the tensor without storage.
+        let init = buffer.clone();
         self.get_mut(id)?.data = Some(TensorData { buffer, offset });
+        if let Err(e) = init.init_tensor(self.get(id)?) {
+            self.get_mut(id)?.data = None;
+            return Err(e);
+        }
         Ok(())
     }
 

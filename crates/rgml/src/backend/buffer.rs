@@ -82,6 +82,7 @@ pub trait BufferImpl: Send + Sync + Any {
         false
     }
     /// Prepare a tensor placed in this buffer (default: nothing to do).
+    /// The tensor's storage (`data`) already points here.
     fn init_tensor(&self, _tensor: &Tensor) -> Result<()> {
         Ok(())
     }

@@ -24,8 +24,10 @@
 //!    reduced, run the pieces on the children and the all-reduce between them.
 //! 4. `--split-mode tensor` in the session / CLI, then the model tests and bench.
 
+pub mod buffer;
 pub mod scatter;
 pub mod split;
 
+pub use buffer::{MetaBuffer, MetaBufferType, SplitSource};
 pub use scatter::{gather, scatter};
 pub use split::{split_sizes, Segment, SplitState};
