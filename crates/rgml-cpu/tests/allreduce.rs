@@ -186,8 +186,7 @@ fn storage_can_move_between_runs() {
         let mut ctx = Context::new();
         let ids = tensors(&mut ctx, &devs, &[16]);
         for (d, id) in ids.iter().enumerate() {
-            ctx.tensor_set_f32(*id, &vec![(d + round) as f32; 16])
-                .unwrap();
+            ctx.tensor_set_f32(*id, &[(d + round) as f32; 16]).unwrap();
         }
         ar.run(&mut be, &ctx, &ids).unwrap();
         for b in be.iter_mut() {
