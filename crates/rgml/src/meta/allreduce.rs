@@ -398,6 +398,10 @@ impl AllReduce {
     /// contributing devices, bitwise the same on every device. Queues work on the backends and
     /// may return before it completes (see the module docs for ordering).
     ///
+    /// The plan keeps a reference to the buffers of the last tensors it summed (its stand-ins
+    /// point there, so a run over the same storage skips rebinding) until the next run over
+    /// other storage or until it is dropped.
+    ///
     /// Errors (nothing is queued then): other backends than planned, a wrong number of tensors,
     /// a tensor of another dtype or shape, non-contiguous, without storage, in memory its
     /// backend cannot use, or sharing storage with another; then whatever a backend reports.
