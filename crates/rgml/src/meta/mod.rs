@@ -8,7 +8,8 @@
 //! # Status (issue 6) and the plan for the device itself
 //! Landed: [`split`] (states, segments, `split_sizes` by weights in whole granules), [`mod@scatter`]
 //! (host scatter / gather with segments and quantized rows), propagation rules and the
-//! all-reduce. The model's side (which weight is split how) is `rgml_llm::tensor_split`.
+//! all-reduce ([`AllReduce`]: fold, recursive doubling, broadcast, for any number of devices).
+//! The model's side (which weight is split how) is `rgml_llm::tensor_split`.
 //!
 //! Still to build, in this order:
 //! 1. `MetaBufferType` / `MetaBuffer`: one child buffer per device; a tensor at meta offset `o`
@@ -24,10 +25,12 @@
 //!    reduced, run the pieces on the children and the all-reduce between them.
 //! 4. `--split-mode tensor` in the session / CLI, then the issue's model tests and bench.
 
+pub mod allreduce;
 pub mod buffer;
 pub mod scatter;
 pub mod split;
 
+pub use allreduce::AllReduce;
 pub use buffer::{MetaBuffer, MetaBufferType, SplitSource};
 pub use scatter::{gather, scatter};
 pub use split::{split_sizes, Segment, SplitState};
