@@ -5,6 +5,8 @@
 //! This module owns the split arithmetic and the data movement between slices; it knows no
 //! concrete backend (devices and backends are reached through the core traits).
 
+pub mod propagate;
 pub mod split;
 
+pub use propagate::{propagate, propagate_graph, GraphSplit, Propagation, Reduce};
 pub use split::{Segment, SplitState};
