@@ -870,7 +870,7 @@ mod tests {
             sizes: vec![2, 0, 2],
             repeat: 2,
         }];
-        assert_eq!(runs(&a), vec![(0, 2), (2, 4), (0, 2), (2, 2)]);
+        assert_eq!(runs(&a), vec![(0, 2), (2, 2), (0, 2), (2, 2)]);
         let b = vec![
             Segment {
                 sizes: vec![2, 0, 2],
@@ -882,6 +882,18 @@ mod tests {
             },
         ];
         assert_eq!(runs(&a), runs(&b));
+        // Adjacent runs of one device merge: [3 on d0] equals [1 on d0][2 on d0, 0 on d1].
+        let c = vec![
+            Segment {
+                sizes: vec![1, 0],
+                repeat: 1,
+            },
+            Segment {
+                sizes: vec![2, 0],
+                repeat: 1,
+            },
+        ];
+        assert_eq!(runs(&c), vec![(0, 3)]);
         assert!(scale_segments(&a, 1, 4).is_none());
         assert_eq!(
             scale_segments(&a, 3, 2).map(|s| s[0].sizes.clone()),
