@@ -151,6 +151,14 @@ pub enum Error {
     /// A split state that does not fit its tensor or devices (meta device).
     #[error("invalid split: {0}")]
     InvalidSplit(String),
+    /// An op whose sources' split states no propagation rule can combine locally (meta device).
+    #[error("{op}: unsupported split: {why}")]
+    UnsupportedSplit {
+        /// The op.
+        op: OpKind,
+        /// The states met and why they do not fit.
+        why: String,
+    },
     /// A backend-specific failure.
     #[error("{backend}: {message}")]
     Backend {

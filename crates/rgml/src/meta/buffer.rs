@@ -9,7 +9,7 @@
 //!
 //! `init_tensor` records every non-view tensor placed here (offset, dtype, shape, and the split
 //! state its [`SplitSource`] gives, if any). Whole-tensor `set` / `get` of a split or partial
-//! tensor scatter / gather ([`super::scatter`]); mirrored tensors, unrecorded ranges and
+//! tensor scatter / gather ([`mod@super::scatter`]); mirrored tensors, unrecorded ranges and
 //! `memset` go to every child alike (reads from the first). A part of a split tensor is an
 //! error, not a silent mix-up.
 

@@ -1,0 +1,953 @@
+//! Split-state propagation: the per-op rules that give a computed tensor's [`SplitState`] from
+//! its sources' states, and the walk that applies them to a whole graph.
+//!
+//! This module owns the decision of *where* each node's data lives on a meta device and *where*
+//! partial sums must be joined; it moves no data. The compute layer reads its answer: every
+//! device runs the node on its local slices, and before each [`Reduce`] point the graph is cut
+//! and an all-reduce turns the partial tensor into a mirrored one (in place).
+//!
+//! # Rules
+//!
+//! A rule either gives the result's state or asks for some PARTIAL sources to be all-reduced
+//! first ([`Propagation::reduce`]). Only ops that are linear in a partial source keep it partial
+//! (the sum over devices commutes with them): ADD/SUB of two partials; MUL by, or DIV of a
+//! partial by, a mirrored tensor; SCALE without bias; MUL_MAT, GET_ROWS (table side) and ROPE
+//! with the other operand mirrored; CONCAT of two partials; DUP/CONT/CPY and the view ops. Every
+//! other use of a partial source reduces it (ADD of a partial and a mirrored tensor would add
+//! the mirrored term once per device).
+//!
+//! Split sources must combine *locally*: each device computes its slice from its own slices
+//! with the ordinary kernel, without offsets into another tensor. Combinations that would need
+//! a gather or a slice of a mirrored operand (e.g. a split tensor plus a full-size mirrored
+//! one) are errors ([`Error::UnsupportedSplit`] naming the op and the states), never a silent
+//! fallback: the loader chooses states so that they do not happen (split the bias like its
+//! weight). The op set is closed, so every op has a rule; ops whose result depends on global
+//! indices (rows for norms and softmax, columns for the causal mask, rotation pairs for ROPE,
+//! the head index for ALiBi) refuse a split of that axis.
+//!
+//! View ops remap the split axis through memory: the split axis of the (contiguous) source is
+//! followed through the view's strides; the view must keep the axis whole, and may subdivide
+//! it (576 rows as 9 heads of 64: the split moves to the head axis, sizes divided by 64) or
+//! merge it with the dims inside it (heads of 64 back into 576 rows), as long as every
+//! device's share stays whole.
+
+use crate::context::Context;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::op::{Op, OpKind};
+use crate::tensor::{Tensor, TensorFlags, TensorId, MAX_DIMS};
+use std::collections::HashMap;
+
+use super::split::{Segment, SplitState};
+
+/// The outcome of one op's rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Propagation {
+    /// The result's state, assuming the sources in `reduce` were all-reduced first.
+    pub state: SplitState,
+    /// Positions (in the node's `src`) of PARTIAL sources that must be all-reduced (turned
+    /// MIRRORED) before the op runs; ascending, empty when none.
+    pub reduce: Vec<usize>,
+}
+
+/// A point where the graph is cut: `tensor` holds partial sums and is all-reduced in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reduce {
+    /// The partial tensor.
+    pub tensor: TensorId,
+    /// The first node that needs it reduced; `None` for a graph output reduced at the end.
+    pub before: Option<TensorId>,
+}
+
+/// Split states of a whole graph.
+#[derive(Clone, Debug, Default)]
+pub struct GraphSplit {
+    /// The state of every leaf and node as it is computed (a tensor reduced later is listed
+    /// here as PARTIAL; after its [`Reduce`] point it is MIRRORED).
+    pub states: HashMap<TensorId, SplitState>,
+    /// The all-reduces, in graph order of the node that first needs each.
+    pub reduces: Vec<Reduce>,
+}
+
+impl GraphSplit {
+    /// The state of `id` as computed.
+    pub fn state(&self, id: TensorId) -> Option<&SplitState> {
+        self.states.get(&id)
+    }
+
+    /// Whether `id` is all-reduced somewhere in the graph.
+    pub fn is_reduced(&self, id: TensorId) -> bool {
+        self.reduces.iter().any(|r| r.tensor == id)
+    }
+}
+
+/// What a rule says before reductions are applied.
+enum Rule {
+    State(SplitState),
+    /// Reduce these (partial) sources, then ask again.
+    Reduce(Vec<usize>),
+}
+
+fn unsupported<T>(op: OpKind, why: impl Into<String>) -> Result<T> {
+    Err(Error::UnsupportedSplit {
+        op,
+        why: why.into(),
+    })
+}
+
+/// The state of tensor `id` (a node of `ctx`) from its sources' states `src_states` (one per
+/// `src`, in order) on a meta device of `n_devices` devices.
+///
+/// Errors: a wrong number of states, a source state that does not fit its tensor, or a
+/// combination no rule can compute locally ([`Error::UnsupportedSplit`]).
+pub fn propagate(
+    ctx: &Context,
+    id: TensorId,
+    src_states: &[SplitState],
+    n_devices: usize,
+) -> Result<Propagation> {
+    let t = ctx.get(id)?;
+    if src_states.len() != t.src.len() {
+        return Err(Error::InvalidSplit(format!(
+            "{}: {} source states for {} sources",
+            t.op.kind(),
+            src_states.len(),
+            t.src.len()
+        )));
+    }
+    for (&s, state) in t.src.iter().zip(src_states) {
+        state.validate(ctx.get(s)?.ne, n_devices)?;
+    }
+    let mut states = src_states.to_vec();
+    let mut reduce = Vec::new();
+    // Each round turns at least one partial source mirrored, so this ends within
+    // `src.len() + 1` rounds; the bound guards against a rule that asks for a non-partial one.
+    for _ in 0..=states.len() {
+        match rule(ctx, t, &states)? {
+            Rule::State(state) => {
+                state.validate(t.ne, n_devices)?;
+                reduce.sort_unstable();
+                return Ok(Propagation { state, reduce });
+            }
+            Rule::Reduce(idx) => {
+                let mut progressed = false;
+                for i in idx {
+                    if states.get(i) == Some(&SplitState::Partial) {
+                        states[i] = SplitState::Mirrored;
+                        reduce.push(i);
+                        progressed = true;
+                    }
+                }
+                if !progressed {
+                    break;
+                }
+            }
+        }
+    }
+    Err(Error::InvalidSplit(format!(
+        "{}: propagation asked to reduce a source that holds no partial sums",
+        t.op.kind()
+    )))
+}
+
+/// Propagate split states through `graph`: leafs (and PARAM nodes without an op) take
+/// `leaf_state` (MIRRORED when it gives none), every node its rule's state, in graph order.
+///
+/// A partial tensor that a node needs reduced is reduced once, in place, before the first such
+/// node; later readers (and views of the same memory) see it MIRRORED. Graph outputs (flag
+/// OUTPUT) still partial at the end are reduced last (`before: None`).
+pub fn propagate_graph(
+    ctx: &Context,
+    graph: &Graph,
+    leaf_state: impl Fn(TensorId) -> Option<SplitState>,
+    n_devices: usize,
+) -> Result<GraphSplit> {
+    let mut out = GraphSplit::default();
+    // The state readers see now: differs from `out.states` after an in-place reduce.
+    let mut current: HashMap<TensorId, SplitState> = HashMap::new();
+    let leaf = |id: TensorId| -> Result<SplitState> {
+        let state = leaf_state(id).unwrap_or(SplitState::Mirrored);
+        state.validate(ctx.get(id)?.ne, n_devices)?;
+        Ok(state)
+    };
+    for &id in graph.leafs() {
+        let state = leaf(id)?;
+        current.insert(id, state.clone());
+        out.states.insert(id, state);
+    }
+    for &id in graph.nodes() {
+        let t = ctx.get(id)?;
+        if t.op == Op::None {
+            let state = leaf(id)?;
+            current.insert(id, state.clone());
+            out.states.insert(id, state);
+            continue;
+        }
+        let mut src_states = Vec::with_capacity(t.src.len());
+        for &s in &t.src {
+            let state = match current.get(&s) {
+                Some(state) => state.clone(),
+                // A leaf outside the graph's lists (e.g. a graph view): ask the loader.
+                None if ctx.get(s)?.op == Op::None => leaf(s)?,
+                None => {
+                    return Err(Error::InvalidSplit(format!(
+                        "{}: source '{}' is computed outside the graph",
+                        t.op.kind(),
+                        ctx[s].display_name()
+                    )))
+                }
+            };
+            src_states.push(state);
+        }
+        let p = propagate(ctx, id, &src_states, n_devices)?;
+        for &i in &p.reduce {
+            let s = t.src[i];
+            out.reduces.push(Reduce {
+                tensor: s,
+                before: Some(id),
+            });
+            mark_reduced(ctx, &mut current, s);
+        }
+        current.insert(id, p.state.clone());
+        out.states.insert(id, p.state);
+    }
+    for &id in graph.nodes() {
+        if ctx[id].flags.contains(TensorFlags::OUTPUT)
+            && current.get(&id) == Some(&SplitState::Partial)
+        {
+            out.reduces.push(Reduce {
+                tensor: id,
+                before: None,
+            });
+            mark_reduced(ctx, &mut current, id);
+        }
+    }
+    Ok(out)
+}
+
+/// After an in-place all-reduce of `id`, it and every partial tensor sharing its memory (views
+/// of the same root) hold the full sums.
+fn mark_reduced(ctx: &Context, current: &mut HashMap<TensorId, SplitState>, id: TensorId) {
+    let root = |t: TensorId| ctx[t].view_src.unwrap_or(t);
+    let r = root(id);
+    for (&t, state) in current.iter_mut() {
+        if *state == SplitState::Partial && root(t) == r {
+            *state = SplitState::Mirrored;
+        }
+    }
+    current.insert(id, SplitState::Mirrored);
+}
+
+/// Which of `idx` hold partial sums.
+fn partials(s: &[SplitState], idx: &[usize]) -> Vec<usize> {
+    idx.iter()
+        .copied()
+        .filter(|&i| s.get(i) == Some(&SplitState::Partial))
+        .collect()
+}
+
+/// The per-device runs of a split axis, in order, adjacent runs of one device merged and empty
+/// runs dropped: two segment lists put the same indices on the same devices iff their runs
+/// are equal.
+fn runs(segments: &[Segment]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for seg in segments {
+        for _ in 0..seg.repeat {
+            for (d, &len) in seg.sizes.iter().enumerate() {
+                if len == 0 {
+                    continue;
+                }
+                match out.last_mut() {
+                    Some((last, n)) if *last == d => *n += len,
+                    _ => out.push((d, len)),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether two states place the same indices of the same axis on the same devices.
+fn same_placement(a: &SplitState, b: &SplitState) -> bool {
+    match (a, b) {
+        (
+            SplitState::Axis {
+                axis: x,
+                segments: sa,
+            },
+            SplitState::Axis {
+                axis: y,
+                segments: sb,
+            },
+        ) => x == y && runs(sa) == runs(sb),
+        _ => a == b,
+    }
+}
+
+/// `segments` with every size multiplied by `num / den`, or `None` if a size is not whole.
+fn scale_segments(segments: &[Segment], num: usize, den: usize) -> Option<Vec<Segment>> {
+    if den == 0 {
+        return None;
+    }
+    segments
+        .iter()
+        .map(|s| {
+            let sizes = s
+                .sizes
+                .iter()
+                .map(|&x| {
+                    let y = x.checked_mul(num)?;
+                    y.is_multiple_of(den).then_some(y / den)
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Some(Segment {
+                sizes,
+                repeat: s.repeat,
+            })
+        })
+        .collect()
+}
+
+fn fmt_state(s: &SplitState) -> String {
+    match s {
+        SplitState::Mirrored => "MIRRORED".into(),
+        SplitState::Partial => "PARTIAL".into(),
+        SplitState::Axis { axis, segments } => {
+            let segs: Vec<String> = segments
+                .iter()
+                .map(|s| {
+                    if s.repeat == 1 {
+                        format!("{:?}", s.sizes)
+                    } else {
+                        format!("{:?}x{}", s.sizes, s.repeat)
+                    }
+                })
+                .collect();
+            format!("SPLIT(axis {axis}: {})", segs.join(" "))
+        }
+    }
+}
+
+fn fmt_states(s: &[SplitState]) -> String {
+    s.iter().map(fmt_state).collect::<Vec<_>>().join(", ")
+}
+
+/// Element strides (instead of byte strides) of a layout; `None` when dim 0 of a quantized
+/// tensor is not dense or a stride is not a whole number of blocks.
+fn elem_strides(dtype: DType, nb: [usize; MAX_DIMS]) -> Option<[usize; MAX_DIMS]> {
+    let (bs, bb) = (dtype.block_size(), dtype.block_bytes());
+    if bb == 0 || (bs > 1 && nb[0] != bb) {
+        return None;
+    }
+    let mut out = [0; MAX_DIMS];
+    for (o, &b) in out.iter_mut().zip(&nb) {
+        if !b.is_multiple_of(bb) {
+            return None;
+        }
+        *o = b / bb * bs;
+    }
+    if bs > 1 {
+        out[0] = 1;
+    }
+    Some(out)
+}
+
+/// Dense row-major element strides of shape `ne`.
+fn dense_strides(ne: [usize; MAX_DIMS]) -> [usize; MAX_DIMS] {
+    [1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]]
+}
+
+/// Follow split `axis` of a dense source of shape `src_ne` into a layout `dst_ne`/`dst_st`
+/// (element strides into the source's memory, starting `offset` elements in).
+///
+/// The dst dims that overlap the axis's range of strides must tile it densely and exactly; the
+/// outermost of them carries the split, each device's share scaled by the ratio of its stride
+/// to the axis's (shares must stay whole). Dims inside one axis index and dims outside the
+/// axis's span are free; the offset may not move along the axis.
+fn remap_axis(
+    op: OpKind,
+    axis: usize,
+    segments: &[Segment],
+    src_ne: [usize; MAX_DIMS],
+    dst_ne: [usize; MAX_DIMS],
+    dst_st: [usize; MAX_DIMS],
+    offset: usize,
+) -> Result<SplitState> {
+    let unit = dense_strides(src_ne)[axis];
+    let span = unit * src_ne[axis];
+    let why = |what: &str| {
+        unsupported(
+            op,
+            format!(
+                "split axis {axis} of {src_ne:?} does not map onto {dst_ne:?} (strides {dst_st:?}, offset {offset}): {what}"
+            ),
+        )
+    };
+    if span == 0 {
+        return why("the axis is empty");
+    }
+    let mut inner_reach = 0usize;
+    let mut overlap: Vec<usize> = Vec::new();
+    for k in 0..MAX_DIMS {
+        let (n, t) = (dst_ne[k], dst_st[k]);
+        if n <= 1 {
+            continue;
+        }
+        if t.saturating_mul(n) <= unit {
+            inner_reach += t * (n - 1);
+        } else if t >= span {
+            if !t.is_multiple_of(span) {
+                return why("a dim outside the axis is not a whole number of its spans");
+            }
+        } else {
+            overlap.push(k);
+        }
+    }
+    overlap.sort_by_key(|&k| dst_st[k]);
+    let (Some(&first), Some(&top)) = (overlap.first(), overlap.last()) else {
+        return why("no dim of the result covers the axis (the view keeps one index of it)");
+    };
+    let t_first = dst_st[first];
+    if t_first > unit || !unit.is_multiple_of(t_first) {
+        return why("the result picks strided indices of the axis");
+    }
+    for w in overlap.windows(2) {
+        if dst_st[w[1]] != dst_st[w[0]] * dst_ne[w[0]] {
+            return why("the dims covering the axis are not dense");
+        }
+    }
+    if dst_st[top] * dst_ne[top] != span {
+        return why("the result does not cover the whole axis (it cuts across the split)");
+    }
+    if (offset % span) + inner_reach >= t_first.min(unit) {
+        return why("the offset moves along the split axis");
+    }
+    let t_top = dst_st[top];
+    let scaled = if t_top >= unit {
+        if !t_top.is_multiple_of(unit) {
+            return why("the carrying dim's stride is not whole axis indices");
+        }
+        scale_segments(segments, 1, t_top / unit)
+    } else {
+        scale_segments(segments, unit / t_top, 1)
+    };
+    match scaled {
+        Some(segments) => Ok(SplitState::Axis {
+            axis: top,
+            segments,
+        }),
+        None => why("a device's share is not a whole number of the result's indices"),
+    }
+}
+
+/// `state` of a tensor of shape `src_ne` seen as shape `dst_ne` in the same element order
+/// (RESHAPE, CONT with a shape, CPY between shapes).
+fn remap_order(
+    op: OpKind,
+    state: &SplitState,
+    src_ne: [usize; MAX_DIMS],
+    dst_ne: [usize; MAX_DIMS],
+) -> Result<SplitState> {
+    match state {
+        SplitState::Axis { axis, segments } => {
+            if src_ne == dst_ne {
+                return Ok(state.clone());
+            }
+            remap_axis(
+                op,
+                *axis,
+                segments,
+                src_ne,
+                dst_ne,
+                dense_strides(dst_ne),
+                0,
+            )
+        }
+        other => Ok(other.clone()),
+    }
+}
+
+/// VIEW of source `a` (whose state is `state`) giving tensor `t` at `offset` bytes into `a`.
+fn remap_view(
+    op: OpKind,
+    state: &SplitState,
+    a: &Tensor,
+    t: &Tensor,
+    offset: usize,
+) -> Result<SplitState> {
+    let SplitState::Axis { axis, segments } = state else {
+        return Ok(state.clone());
+    };
+    let src_st = elem_strides(a.dtype, a.nb);
+    if src_st != Some(dense_strides(a.ne)) {
+        return unsupported(
+            op,
+            format!(
+                "a view of a non-contiguous tensor split as {}",
+                fmt_state(state)
+            ),
+        );
+    }
+    let (bs, bb) = (t.dtype.block_size(), t.dtype.block_bytes());
+    let (Some(dst_st), true) = (
+        elem_strides(t.dtype, t.nb),
+        bb > 0 && offset.is_multiple_of(bb),
+    ) else {
+        return unsupported(
+            op,
+            "the view's strides or offset are not whole blocks".to_string(),
+        );
+    };
+    remap_axis(op, *axis, segments, a.ne, t.ne, dst_st, offset / bb * bs)
+}
+
+fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored, Partial};
+    let kind = t.op.kind();
+    let src = |i: usize| -> Result<&Tensor> {
+        match t.src.get(i) {
+            Some(&id) => ctx.get(id),
+            None => Err(Error::InvalidSplit(format!("{kind}: missing source {i}"))),
+        }
+    };
+    let st = |i: usize| -> Result<&SplitState> {
+        s.get(i)
+            .ok_or_else(|| Error::InvalidSplit(format!("{kind}: missing source state {i}")))
+    };
+    let no = |why: &str| unsupported(kind, format!("{why} (sources: {})", fmt_states(s)));
+    // Reduce the partial ones among `idx`, if any.
+    let reduce_any = |idx: &[usize]| {
+        let p = partials(s, idx);
+        (!p.is_empty()).then_some(Rule::Reduce(p))
+    };
+    let all: Vec<usize> = (0..s.len()).collect();
+
+    match t.op {
+        Op::None => no("a leaf has no rule: its state comes from the loader"),
+
+        // Copies and views are linear: partial and mirrored pass through.
+        Op::Dup => Ok(Rule::State(st(0)?.clone())),
+        Op::Cont | Op::Reshape => Ok(Rule::State(remap_order(kind, st(0)?, src(0)?.ne, t.ne)?)),
+        Op::View { offset } => Ok(Rule::State(remap_view(kind, st(0)?, src(0)?, t, offset)?)),
+        Op::Permute { axes } => Ok(Rule::State(permute(st(0)?, axes))),
+        Op::Transpose => Ok(Rule::State(permute(st(0)?, [1, 0, 2, 3]))),
+        Op::Cpy => {
+            let (a, b) = (st(0)?, st(1)?);
+            if *b == Partial {
+                return no("CPY into a destination holding partial sums");
+            }
+            if *a == Partial {
+                // The destination (a cache, an output) holds full values.
+                return Ok(Rule::Reduce(vec![0]));
+            }
+            let mapped = remap_order(kind, a, src(0)?.ne, src(1)?.ne)?;
+            if same_placement(&mapped, b) {
+                Ok(Rule::State(b.clone()))
+            } else {
+                no(&format!(
+                    "the source, seen in the destination's shape, is {} but the destination is {}",
+                    fmt_state(&mapped),
+                    fmt_state(b)
+                ))
+            }
+        }
+
+        Op::GetRows => {
+            if let Some(r) = reduce_any(&[1]) {
+                return Ok(r);
+            }
+            let (table, idx) = (st(0)?, st(1)?);
+            if *table == Partial && *idx != Mirrored {
+                return Ok(Rule::Reduce(vec![0]));
+            }
+            match (table, idx) {
+                // Gathering rows is linear in the table.
+                (Partial | Mirrored, Mirrored) => Ok(Rule::State(table.clone())),
+                (Axis { axis: 0, .. }, Mirrored) => Ok(Rule::State(table.clone())),
+                (Mirrored, Axis { axis: 0, segments }) => Ok(Rule::State(Axis {
+                    axis: 1,
+                    segments: segments.clone(),
+                })),
+                // Table dims 2, 3 match index dims 1, 2: each device gathers from its matrices.
+                (Axis { axis: ta, segments }, Axis { axis: ia, .. })
+                    if *ta >= 2
+                        && *ia + 1 == *ta
+                        && same_placement(
+                            &Axis {
+                                axis: *ia,
+                                segments: segments.clone(),
+                            },
+                            idx,
+                        ) =>
+                {
+                    Ok(Rule::State(table.clone()))
+                }
+                _ => no("GET_ROWS needs the table split on axis 0 (or mirrored) with mirrored indices, or matching splits of the matrix axes"),
+            }
+        }
+
+        Op::SetRows => {
+            if *st(0)? == Partial {
+                return no("SET_ROWS into a destination holding partial sums");
+            }
+            if let Some(r) = reduce_any(&[1, 2]) {
+                return Ok(r);
+            }
+            let (dst, rows_src, rows) = (st(0)?, st(1)?, st(2)?);
+            if *rows != Mirrored {
+                return no("SET_ROWS needs mirrored row indices");
+            }
+            match dst {
+                Mirrored if *rows_src == Mirrored => Ok(Rule::State(Mirrored)),
+                Axis { axis, .. }
+                    if *axis != 1
+                        && same_placement(dst, rows_src)
+                        && (*axis == 0 || src(2)?.ne[*axis - 1] == 1) =>
+                {
+                    Ok(Rule::State(dst.clone()))
+                }
+                _ => no("SET_ROWS needs destination and source split alike on axis 0, 2 or 3 (indices broadcast there), or both mirrored"),
+            }
+        }
+
+        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+            let (a, b) = (st(0)?, st(1)?);
+            let linear = matches!(
+                (kind, a, b),
+                (OpKind::Add | OpKind::Sub, Partial, Partial)
+                    | (OpKind::Mul | OpKind::Div, Partial, Mirrored)
+                    | (OpKind::Mul, Mirrored, Partial)
+            );
+            if linear {
+                return Ok(Rule::State(Partial));
+            }
+            if let Some(r) = reduce_any(&all) {
+                return Ok(r);
+            }
+            let (ta, tb) = (src(0)?, src(1)?);
+            match (a, b) {
+                _ if a == b || same_placement(a, b) => Ok(Rule::State(a.clone())),
+                (Axis { axis, .. }, Mirrored) if tb.ne[*axis] == 1 => Ok(Rule::State(a.clone())),
+                (Axis { axis, .. }, Mirrored) if tb.ne[*axis] == ta.ne[*axis] => {
+                    no("src1 is mirrored at full size along src0's split axis: split it like src0")
+                }
+                (Mirrored, Axis { .. }) => {
+                    no("src0 is mirrored but src1 is split: the result would need src1 gathered")
+                }
+                _ => no("the operands are split differently"),
+            }
+        }
+
+        Op::Scale { bias, .. } => match st(0)? {
+            // a * s is linear; a * s + b adds b once per device.
+            Partial if bias != 0.0 => Ok(Rule::Reduce(vec![0])),
+            other => Ok(Rule::State(other.clone())),
+        },
+
+        Op::MulMat => mul_mat(src(0)?, src(1)?, st(0)?, st(1)?, &no),
+
+        Op::RmsNorm { .. } | Op::Norm { .. } => {
+            if let Some(r) = reduce_any(&[0]) {
+                return Ok(r);
+            }
+            match st(0)? {
+                Axis { axis: 0, .. } => no("row normalization needs whole rows (axis 0 unsplit)"),
+                other => Ok(Rule::State(other.clone())),
+            }
+        }
+
+        Op::Rope(_) => {
+            if let Some(r) = reduce_any(&[1]) {
+                return Ok(r);
+            }
+            if *st(1)? != Mirrored {
+                return no("ROPE needs mirrored positions");
+            }
+            match st(0)? {
+                Axis { axis: 0, .. } => no("ROPE rotates pairs within axis 0: it must be whole"),
+                Axis { axis: 2, .. } => {
+                    no("ROPE takes one position per axis-2 index: it must not be split")
+                }
+                // Rotation is linear, so partial sums rotate as well.
+                other => Ok(Rule::State(other.clone())),
+            }
+        }
+
+        Op::SoftMax { max_bias, .. } => {
+            if let Some(r) = reduce_any(&all) {
+                return Ok(r);
+            }
+            let a = st(0)?;
+            let mask = if t.src.len() > 1 {
+                Some((src(1)?, st(1)?))
+            } else {
+                None
+            };
+            match a {
+                Axis { axis: 0, .. } => no("SOFT_MAX needs whole rows (axis 0 unsplit)"),
+                Axis { axis: 2, .. } if max_bias > 0.0 => {
+                    no("ALiBi slopes depend on the global head index: axis 2 must be whole")
+                }
+                Axis { axis, .. } => match mask {
+                    None => Ok(Rule::State(a.clone())),
+                    Some((_, Mirrored)) if mask.is_some_and(|(m, _)| m.ne[*axis] == 1) => {
+                        Ok(Rule::State(a.clone()))
+                    }
+                    Some((m, ms)) if m.ne[*axis] == src(0)?.ne[*axis] && same_placement(a, ms) => {
+                        Ok(Rule::State(a.clone()))
+                    }
+                    Some(_) => {
+                        no("the mask must broadcast along the split axis or be split like src0")
+                    }
+                },
+                _ => match mask {
+                    Some((_, Axis { .. })) => no("a mirrored src0 with a split mask"),
+                    _ => Ok(Rule::State(a.clone())),
+                },
+            }
+        }
+
+        Op::DiagMaskInf { .. } => {
+            if let Some(r) = reduce_any(&[0]) {
+                return Ok(r);
+            }
+            match st(0)? {
+                Axis { axis: 0 | 1, .. } => no(
+                    "the causal mask depends on global row and column: axes 0 and 1 must be whole",
+                ),
+                other => Ok(Rule::State(other.clone())),
+            }
+        }
+
+        Op::Unary(_) => {
+            if let Some(r) = reduce_any(&[0]) {
+                return Ok(r);
+            }
+            Ok(Rule::State(st(0)?.clone()))
+        }
+
+        Op::Swiglu => {
+            if let Some(r) = reduce_any(&all) {
+                return Ok(r);
+            }
+            let (a, b) = (st(0)?, st(1)?);
+            if same_placement(a, b) {
+                Ok(Rule::State(a.clone()))
+            } else {
+                no("SWIGLU needs both operands split alike")
+            }
+        }
+
+        Op::Concat { dim } => {
+            let (a, b) = (st(0)?, st(1)?);
+            if *a == Partial && *b == Partial {
+                return Ok(Rule::State(Partial));
+            }
+            if let Some(r) = reduce_any(&all) {
+                return Ok(r);
+            }
+            match (a, b) {
+                (Mirrored, Mirrored) => Ok(Rule::State(Mirrored)),
+                // Along the concatenated axis each device joins its two slices: the result's
+                // segments are a's followed by b's.
+                (
+                    Axis {
+                        axis: x,
+                        segments: sa,
+                    },
+                    Axis {
+                        axis: y,
+                        segments: sb,
+                    },
+                ) if x == y && *x == dim => Ok(Rule::State(Axis {
+                    axis: dim,
+                    segments: sa.iter().chain(sb).cloned().collect(),
+                })),
+                (Axis { .. }, Axis { .. }) if same_placement(a, b) => Ok(Rule::State(a.clone())),
+                _ => no("CONCAT needs both operands mirrored or split on the same axis"),
+            }
+        }
+
+        Op::Argmax => {
+            if let Some(r) = reduce_any(&[0]) {
+                return Ok(r);
+            }
+            match st(0)? {
+                Axis { axis: 0, .. } => no("ARGMAX needs whole rows (axis 0 unsplit)"),
+                Axis { segments, .. } => Ok(Rule::State(Axis {
+                    axis: 0,
+                    segments: segments.clone(),
+                })),
+                other => Ok(Rule::State(other.clone())),
+            }
+        }
+    }
+}
+
+/// Source dim `i` goes to result dim `axes[i]`.
+fn permute(state: &SplitState, axes: [usize; 4]) -> SplitState {
+    match state {
+        SplitState::Axis { axis, segments } => SplitState::Axis {
+            axis: axes.get(*axis).copied().unwrap_or(*axis),
+            segments: segments.clone(),
+        },
+        other => other.clone(),
+    }
+}
+
+/// MUL_MAT `a` `[K, M, A2, A3]` by `b` `[K, N, B2, B3]` giving `[M, N, B2, B3]`.
+fn mul_mat(
+    ta: &Tensor,
+    tb: &Tensor,
+    a: &SplitState,
+    b: &SplitState,
+    no: &dyn Fn(&str) -> Result<Rule>,
+) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored, Partial};
+    match (a, b) {
+        // The product is linear in each operand separately.
+        (Partial, Mirrored) | (Mirrored, Partial) => return Ok(Rule::State(Partial)),
+        (Partial, Partial) => return Ok(Rule::Reduce(vec![0, 1])),
+        (Partial, _) => return Ok(Rule::Reduce(vec![0])),
+        (_, Partial) => return Ok(Rule::Reduce(vec![1])),
+        _ => {}
+    }
+    match (a, b) {
+        (Mirrored, Mirrored) => Ok(Rule::State(Mirrored)),
+        // Weights split by output rows: each device computes its rows of the result.
+        (Axis { axis: 1, segments }, Mirrored) => Ok(Rule::State(Axis {
+            axis: 0,
+            segments: segments.clone(),
+        })),
+        // Contraction split alike on both sides: each device holds a partial dot product.
+        (Axis { axis: 0, .. }, Axis { axis: 0, .. }) if same_placement(a, b) => {
+            Ok(Rule::State(Partial))
+        }
+        (Axis { axis: 0, .. }, Axis { axis: 0, .. }) => {
+            no("the contraction axis is split differently on the two operands")
+        }
+        (Mirrored, Axis { axis: 1, .. }) => Ok(Rule::State(b.clone())),
+        // Batch axes: a broadcasts along them, so a mirrored `a` must have extent 1 there.
+        (Mirrored, Axis { axis, .. }) if *axis >= 2 && ta.ne[*axis] == 1 => {
+            Ok(Rule::State(b.clone()))
+        }
+        // Attention: both split by heads; `a` may hold fewer heads (grouped-query), each
+        // device's share of `b` must then be its share of `a` times the ratio.
+        (
+            Axis {
+                axis: x,
+                segments: sa,
+            },
+            Axis { axis: y, .. },
+        ) if x == y && *x >= 2 => {
+            let (na, nb) = (ta.ne[*x], tb.ne[*x]);
+            if na == 0 || !nb.is_multiple_of(na) {
+                return no("src0's batch extent does not divide src1's");
+            }
+            let ratio = nb / na;
+            let fits = scale_segments(sa, ratio, 1)
+                .is_some_and(|segments| same_placement(&Axis { axis: *x, segments }, b));
+            if fits {
+                Ok(Rule::State(b.clone()))
+            } else {
+                no(&format!(
+                    "src1's share of axis {x} on each device must be src0's times {ratio} (broadcast)"
+                ))
+            }
+        }
+        _ => no("no MUL_MAT rule for these states"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge_and_compare() {
+        let a = vec![Segment {
+            sizes: vec![2, 0, 2],
+            repeat: 2,
+        }];
+        assert_eq!(runs(&a), vec![(0, 2), (2, 2), (0, 2), (2, 2)]);
+        let b = vec![
+            Segment {
+                sizes: vec![2, 0, 2],
+                repeat: 1,
+            },
+            Segment {
+                sizes: vec![2, 0, 2],
+                repeat: 1,
+            },
+        ];
+        assert_eq!(runs(&a), runs(&b));
+        // Adjacent runs of one device merge: [3 on d0] equals [1 on d0][2 on d0, 0 on d1].
+        let c = vec![
+            Segment {
+                sizes: vec![1, 0],
+                repeat: 1,
+            },
+            Segment {
+                sizes: vec![2, 0],
+                repeat: 1,
+            },
+        ];
+        assert_eq!(runs(&c), vec![(0, 3)]);
+        assert!(scale_segments(&a, 1, 4).is_none());
+        assert_eq!(
+            scale_segments(&a, 3, 2).map(|s| s[0].sizes.clone()),
+            Some(vec![3, 0, 3])
+        );
+    }
+
+    #[test]
+    fn remap_through_reshape_and_merge() {
+        let segs = vec![Segment {
+            sizes: vec![320, 256],
+            repeat: 1,
+        }];
+        // 576 rows as 9 heads of 64.
+        let s = remap_axis(
+            OpKind::Reshape,
+            0,
+            &segs,
+            [576, 3, 1, 1],
+            [64, 9, 3, 1],
+            dense_strides([64, 9, 3, 1]),
+            0,
+        )
+        .unwrap();
+        assert_eq!(s, SplitState::axis(1, vec![5, 4]));
+        // ... and back.
+        let back = remap_axis(
+            OpKind::Reshape,
+            1,
+            &[Segment {
+                sizes: vec![5, 4],
+                repeat: 1,
+            }],
+            [64, 9, 3, 1],
+            [576, 3, 1, 1],
+            dense_strides([576, 3, 1, 1]),
+            0,
+        )
+        .unwrap();
+        assert_eq!(back, SplitState::axis(0, vec![320, 256]));
+        // Shares that are not whole heads.
+        let bad = vec![Segment {
+            sizes: vec![300, 276],
+            repeat: 1,
+        }];
+        assert!(remap_axis(
+            OpKind::Reshape,
+            0,
+            &bad,
+            [576, 3, 1, 1],
+            [64, 9, 3, 1],
+            dense_strides([64, 9, 3, 1]),
+            0
+        )
+        .is_err());
+    }
+}
