@@ -112,9 +112,9 @@ fn split_mirrored_and_partial_tensors_round_trip() {
     let m_off = ctx[m].data.as_ref().unwrap().offset;
     assert_eq!(meta.split_state(m_off), Some(SplitState::Mirrored));
     assert!(meta
-        .set_split_state(m_off, SplitState::axis(0, vec![2, 2]))
+        .record(m_off, &ctx[m], SplitState::axis(0, vec![2, 2]))
         .is_err());
-    meta.set_split_state(m_off, SplitState::axis(0, vec![2, 3]))
+    meta.record(m_off, &ctx[m], SplitState::axis(0, vec![2, 3]))
         .unwrap();
     // Each device's slice is now the first elements of its copy: 2 on device 0, 3 on device 1.
     assert_eq!(

@@ -58,6 +58,15 @@ impl MetaBufferType {
                 "a meta buffer type needs children".into(),
             ));
         }
+        Ok(Self::build(children, source, device))
+    }
+
+    /// [`new`](Self::new) for children known to be there.
+    pub(crate) fn build(
+        children: Vec<BufferTypeRef>,
+        source: Arc<dyn SplitSource>,
+        device: Option<Weak<dyn crate::backend::Device>>,
+    ) -> MetaBufferType {
         let name = format!(
             "Meta({})",
             children
@@ -66,12 +75,12 @@ impl MetaBufferType {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        Ok(MetaBufferType {
+        MetaBufferType {
             name,
             children,
             source,
             device,
-        })
+        }
     }
 
     /// The child buffer types, in device order.
@@ -154,15 +163,25 @@ impl MetaBuffer {
         tensors.get(&offset).map(|e| e.state.clone())
     }
 
-    /// Record the split state of the tensor at `offset` (the meta backend does this for
-    /// computed tensors once it has propagated the states).
-    pub fn set_split_state(&self, offset: usize, state: SplitState) -> Result<()> {
+    /// Record that tensor `t` (computed, at `offset`) has split state `state` (the meta
+    /// backend does this once it has propagated the states). It replaces whatever was recorded
+    /// at that offset: the graph allocator reuses memory, and the bytes belong to the tensor
+    /// computed there last.
+    pub fn record(&self, offset: usize, t: &Tensor, state: SplitState) -> Result<()> {
+        state
+            .validate(t.ne, self.children.len())
+            .map_err(|e| Error::InvalidSplit(format!("tensor '{}': {e}", t.display_name())))?;
         let mut tensors = self.tensors.lock().unwrap_or_else(|p| p.into_inner());
-        let e = tensors.get_mut(&offset).ok_or_else(|| {
-            Error::InvalidSplit(format!("no tensor at offset {offset} of this meta buffer"))
-        })?;
-        state.validate(e.ne, self.children.len())?;
-        e.state = state;
+        tensors.insert(
+            offset,
+            Entry {
+                dtype: t.dtype,
+                ne: t.ne,
+                nbytes: t.nbytes(),
+                name: t.display_name().to_string(),
+                state,
+            },
+        );
         Ok(())
     }
 
@@ -217,7 +236,9 @@ impl BufferImpl for MetaBuffer {
             .source
             .split_state(tensor)
             .unwrap_or(SplitState::Mirrored);
-        state.validate(tensor.ne, self.children.len())?;
+        state
+            .validate(tensor.ne, self.children.len())
+            .map_err(|e| Error::InvalidSplit(format!("tensor '{}': {e}", tensor.display_name())))?;
         let entry = Entry {
             dtype: tensor.dtype,
             ne: tensor.ne,

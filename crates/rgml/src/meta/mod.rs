@@ -26,12 +26,14 @@
 
 pub mod allreduce;
 pub mod buffer;
+pub mod device;
 pub mod propagate;
 pub mod scatter;
 pub mod split;
 
 pub use allreduce::AllReduce;
 pub use buffer::{MetaBuffer, MetaBufferType, SplitSource};
+pub use device::{MetaBackend, MetaDevice};
 pub use propagate::{propagate, propagate_graph, GraphSplit, Propagation, Reduce};
 pub use scatter::{gather, scatter};
 pub use split::{split_sizes, Segment, SplitState};

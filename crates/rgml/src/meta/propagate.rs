@@ -188,8 +188,14 @@ pub fn propagate_graph(
         for &s in &t.src {
             let state = match current.get(&s) {
                 Some(state) => state.clone(),
-                // A leaf outside the graph's lists (e.g. a graph view): ask the loader.
-                None if ctx.get(s)?.op == Op::None => leaf(s)?,
+                // A leaf outside the graph's lists (e.g. the scheduler's split graphs list
+                // only nodes): ask the loader, and remember the answer.
+                None if ctx.get(s)?.op == Op::None => {
+                    let state = leaf(s)?;
+                    current.insert(s, state.clone());
+                    out.states.insert(s, state.clone());
+                    state
+                }
                 None => {
                     return Err(Error::InvalidSplit(format!(
                         "{}: source '{}' is computed outside the graph",
