@@ -1,7 +1,7 @@
 //! The meta device over 2 and 3 CPU devices computes a transformer-like block (FFN with
 //! row-split up / gate, contraction-split down giving partial sums, a residual that needs them
 //! reduced, an RMS norm) and gets the single device's answer, with even, uneven and empty
-//! slices; directly and through the scheduler.
+//! slices; directly and through the scheduler; and grouped-query attention with its views.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -152,4 +152,104 @@ fn bad_meta_devices_are_errors() {
     let meta: DeviceRef = MetaDevice::new(devs, states(vec![32, 32, 32])).unwrap();
     let mut b = block(3);
     assert!(alloc_ctx_tensors(&mut b.ctx, &meta.buffer_type()).is_err());
+}
+
+/// Grouped-query attention over `T` tokens with heads split over 2 devices: reshapes, ROPE,
+/// permutes, a broadcast K·Q, masked soft-max, V transposed with `cont`, the output projection
+/// split on its contraction axis (partial) and the residual (reduced first).
+fn attention(seed: u64) -> Block {
+    const E: usize = 64; // 4 query heads of 16, 2 KV heads
+    const HD: usize = 16;
+    const T: usize = 5;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut ctx = Context::new();
+    let mut weights = Vec::new();
+    let mut weight = |ctx: &mut Context, name: &str, dims: &[usize], v: Option<Vec<f32>>| {
+        let id = ctx.new_tensor(DType::F32, dims).unwrap();
+        ctx.set_name(id, name).unwrap();
+        let n: usize = dims.iter().product();
+        let v = v.unwrap_or_else(|| (0..n).map(|_| rng.gen_range(-0.3..0.3)).collect());
+        weights.push((id, v.iter().flat_map(|x| x.to_le_bytes()).collect()));
+        id
+    };
+    let wq = weight(&mut ctx, "wq", &[E, E], None);
+    let wk = weight(&mut ctx, "wk", &[E, 2 * HD], None);
+    let wv = weight(&mut ctx, "wv", &[E, 2 * HD], None);
+    let wo = weight(&mut ctx, "wo", &[E, E], None);
+    let mask: Vec<f32> = (0..T * T)
+        .map(|i| {
+            if i % T > i / T {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let kq_mask = weight(&mut ctx, "mask", &[T, T], Some(mask));
+    let pos = ctx.new_tensor(DType::I32, &[T]).unwrap();
+    weights.push((pos, (0..T as i32).flat_map(|p| p.to_le_bytes()).collect()));
+    let x = ctx.new_tensor(DType::F32, &[E, T]).unwrap();
+    ctx.set_input(x).unwrap();
+    let q = ctx.mul_mat(wq, x).unwrap();
+    let q = ctx.reshape(q, &[HD, 4, T]).unwrap();
+    let rp = rgml::RopeParams::new(rgml::RopeMode::Neox, HD, 10000.0);
+    let q = ctx.rope(q, pos, rp).unwrap();
+    let k = ctx.mul_mat(wk, x).unwrap();
+    let k = ctx.reshape(k, &[HD, 2, T]).unwrap();
+    let k = ctx.rope(k, pos, rp).unwrap();
+    let v = ctx.mul_mat(wv, x).unwrap();
+    let v = ctx.reshape(v, &[HD, 2, T]).unwrap();
+    let q = ctx.permute(q, [0, 2, 1, 3]).unwrap(); // [HD, T, 4]
+    let k = ctx.permute(k, [0, 2, 1, 3]).unwrap(); // [HD, T, 2]
+    let k = ctx.cont(k).unwrap();
+    let kq = ctx.mul_mat(k, q).unwrap(); // [T, T, 4]
+    let kq = ctx.soft_max_ext(kq, Some(kq_mask), 0.25, 0.0).unwrap();
+    let vt = ctx.permute(v, [1, 2, 0, 3]).unwrap(); // [T, HD, 2]
+    let vt = ctx.cont(vt).unwrap();
+    let kqv = ctx.mul_mat(vt, kq).unwrap(); // [HD, T, 4]
+    let kqv = ctx.permute(kqv, [0, 2, 1, 3]).unwrap(); // [HD, 4, T]
+    let merged = ctx.cont_shape(kqv, &[E, T]).unwrap();
+    let o = ctx.mul_mat(wo, merged).unwrap();
+    let out = ctx.add(o, x).unwrap();
+    let graph = Graph::build(&mut ctx, &[out]).unwrap();
+    Block {
+        ctx,
+        graph,
+        x,
+        out,
+        weights,
+    }
+}
+
+#[test]
+fn meta_attention_matches_one_device() {
+    let inputs: Vec<f32> = (0..64 * 5)
+        .map(|i| ((i * 29) % 31) as f32 * 0.07 - 1.0)
+        .collect();
+    let run_on = |device: &DeviceRef| {
+        let mut b = attention(4);
+        let _buf = alloc_ctx_tensors(&mut b.ctx, &device.buffer_type()).unwrap();
+        for (id, bytes) in &b.weights {
+            b.ctx.tensor_set(*id, 0, bytes).unwrap();
+        }
+        b.ctx.tensor_set_f32(b.x, &inputs).unwrap();
+        let mut backend = device.init_backend(&Default::default()).unwrap();
+        backend.graph_compute(&b.ctx, &b.graph).unwrap();
+        b.ctx.tensor_get_f32(b.out).unwrap()
+    };
+    let cpu: DeviceRef = CpuDevice::new("CPU");
+    let want = run_on(&cpu);
+    let reg = CpuRegistry::with_devices(["CPU0", "CPU1"]);
+    let devs = rgml::registry::Registry::devices(&reg);
+    for kv_heads in [[1, 1], [2, 0]] {
+        let q_rows = kv_heads.map(|h| h * 32).to_vec();
+        let kv_rows = kv_heads.map(|h| h * 16).to_vec();
+        let mut s = HashMap::new();
+        s.insert("wq".to_string(), SplitState::axis(1, q_rows.clone()));
+        s.insert("wk".to_string(), SplitState::axis(1, kv_rows.clone()));
+        s.insert("wv".to_string(), SplitState::axis(1, kv_rows));
+        s.insert("wo".to_string(), SplitState::axis(0, q_rows));
+        let meta: DeviceRef = MetaDevice::new(devs.clone(), Arc::new(s)).unwrap();
+        close(&run_on(&meta), &want);
+    }
 }

@@ -422,18 +422,42 @@ impl Backend for MetaBackend {
 }
 
 impl MetaBackend {
-    /// Run meta nodes `piece` on every device.
+    /// Run meta nodes `piece` on every device. A device holding an empty slice skips nodes
+    /// without elements, and a matrix product over its empty share of the contraction axis is
+    /// a zero partial sum: its output is zero-filled, in order with the rest.
     fn run_piece(&mut self, local: &Local, piece: &[TensorId]) -> Result<()> {
         if piece.is_empty() {
             return Ok(());
         }
         for (d, child) in self.children.iter_mut().enumerate() {
-            let nodes = piece
-                .iter()
-                .map(|id| local.maps[d].get(id).copied())
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| Error::InvalidSplit("a node has no local copy".into()))?;
-            child.graph_compute_async(&local.ctx, &Graph::from_nodes(nodes))?;
+            let mut run: Vec<TensorId> = Vec::new();
+            for id in piece {
+                let lid = local.maps[d]
+                    .get(id)
+                    .copied()
+                    .ok_or_else(|| Error::InvalidSplit("a node has no local copy".into()))?;
+                let t = &local.ctx[lid];
+                if t.nelements() == 0 {
+                    continue;
+                }
+                let empty_dot = t.op == crate::op::Op::MulMat
+                    && t.src.first().is_some_and(|&a| local.ctx[a].ne[0] == 0);
+                if empty_dot {
+                    if !run.is_empty() {
+                        child.graph_compute(
+                            &local.ctx,
+                            &Graph::from_nodes(std::mem::take(&mut run)),
+                        )?;
+                    }
+                    child.synchronize()?;
+                    local.ctx.tensor_memset(lid, 0, 0, t.nbytes())?;
+                    continue;
+                }
+                run.push(lid);
+            }
+            if !run.is_empty() {
+                child.graph_compute_async(&local.ctx, &Graph::from_nodes(run))?;
+            }
         }
         for c in &mut self.children {
             c.synchronize()?;
