@@ -60,15 +60,17 @@ impl ModelArgs {
         if names.is_empty() {
             return Err("--device: no device named".into());
         }
-        match self.split_mode.as_str() {
-            "tensor" => {
-                return Err(
-                    "--split-mode tensor is not yet supported (meta device, issue 6)".into(),
-                )
+        let tensor_parallel = match self.split_mode.as_str() {
+            "tensor" if names.len() < 2 => {
+                return Err("--split-mode tensor needs at least two devices in --device".into())
             }
-            "none" => names.truncate(1),
-            _ => {}
-        }
+            "tensor" => true,
+            "none" => {
+                names.truncate(1);
+                false
+            }
+            _ => false,
+        };
         let devices = names
             .iter()
             .map(|n| rgml::registry::device(n).map_err(|e| e.to_string()))
@@ -97,6 +99,7 @@ impl ModelArgs {
             device: None,
             devices,
             tensor_split,
+            tensor_parallel,
             progress: Some(&mut |done, total| bar.update(done, total)),
         };
         let model = Model::load(&self.model, options).map_err(|e| e.to_string())?;

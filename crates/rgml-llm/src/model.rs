@@ -15,9 +15,11 @@
 
 use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
+use crate::tensor_split::TensorSplitPlan;
 use crate::tokenizer::Tokenizer;
 use rgml::alloc::TensorAllocator;
 use rgml::backend::{Buffer, BufferUsage};
+use rgml::meta::MetaDevice;
 use rgml::{Context, DType, DeviceRef, TensorId};
 use rgml_gguf::{GgufFile, TensorInfo};
 use std::path::Path;
@@ -65,8 +67,12 @@ pub struct LoadOptions<'a> {
     /// weights on that device (or on [`device`](Self::device)).
     pub devices: Vec<DeviceRef>,
     /// Share of the blocks per device of [`devices`](Self::devices), in any unit (`[3, 1]`:
-    /// three quarters on the first). Empty: even.
+    /// three quarters on the first). Empty: even. With
+    /// [`tensor_parallel`](Self::tensor_parallel), the share of every split weight instead.
     pub tensor_split: Vec<f32>,
+    /// Split every block's weights across [`devices`](Self::devices) (tensor parallelism, a
+    /// meta device; see `crate::tensor_split`) instead of giving each device whole blocks.
+    pub tensor_parallel: bool,
     /// Progress callback.
     pub progress: Option<ProgressFn<'a>>,
 }
@@ -133,7 +139,15 @@ impl Model {
                 None => vec![rgml::registry::device("CPU")?],
             }
         };
-        let layer_devices = assign_layers(config.n_layer, devices.len(), &options.tensor_split)?;
+        let (devices, layer_shares) = if options.tensor_parallel && devices.len() > 1 {
+            (
+                vec![meta_device(gguf, &config, devices, &options.tensor_split)?],
+                Vec::new(),
+            )
+        } else {
+            (devices, std::mem::take(&mut options.tensor_split))
+        };
+        let layer_devices = assign_layers(config.n_layer, devices.len(), &layer_shares)?;
 
         let mut ctx = Context::new();
         let mut ids = std::collections::HashMap::new();
@@ -339,6 +353,33 @@ impl Model {
 /// The block index of a tensor called `blk.<i>.<...>`.
 fn block_index(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// One meta device over `devices` with the weights split as [`TensorSplitPlan`] says; the
+/// granules are the block sizes of the weights whose contraction axis is split.
+fn meta_device(
+    gguf: &GgufFile,
+    config: &ModelConfig,
+    devices: Vec<DeviceRef>,
+    shares: &[f32],
+) -> Result<DeviceRef> {
+    let granule = |suffix: &str| {
+        gguf.tensors()
+            .iter()
+            .filter(|t| t.name.ends_with(suffix))
+            .map(|t| t.dtype.block_size())
+            .max()
+            .unwrap_or(1)
+    };
+    let plan = TensorSplitPlan::new(
+        config,
+        shares,
+        devices.len(),
+        granule("attn_output.weight"),
+        granule("ffn_down.weight"),
+    )?;
+    let states = Arc::new(plan.name_states(config.n_layer));
+    Ok(MetaDevice::new(devices, states)?)
 }
 
 /// The device index of each of `n_layer` blocks over `n_dev` devices, as llama.cpp's layer

@@ -446,7 +446,14 @@ impl<'m> Session<'m> {
 fn open_backends(model: &Model, spec: &str) -> Result<(Exec, Vec<rgml::BufferTypeRef>)> {
     let devices = model.devices();
     if devices.len() == 1 {
-        let backend = rgml::registry::init_backend(spec)?;
+        // The model's own device when the spec names it (a meta device is in no registry),
+        // else whatever the registry gives for the spec.
+        let (name, params) = spec.split_once(':').unwrap_or((spec, ""));
+        let backend = if name.trim().eq_ignore_ascii_case(devices[0].name()) {
+            devices[0].init_backend(&rgml::backend::BackendParams::parse(params)?)?
+        } else {
+            rgml::registry::init_backend(spec)?
+        };
         let buft = backend.default_buffer_type();
         let exec = Exec::Single {
             backend,

@@ -110,6 +110,47 @@ impl TensorSplitPlan {
         out
     }
 
+    /// The split state of every split tensor of an `n_layer` model by name: the GGUF weights
+    /// (`blk.{i}.attn_q.weight`, ...) and the session's KV cache (`cache_k_l{i}` `[n_embd_kv,
+    /// cells]` split on axis 0, `cache_v_l{i}` `[cells, n_embd_kv]` on axis 1). Names the file
+    /// lacks (biases) are simply never asked for.
+    pub fn name_states(&self, n_layer: usize) -> HashMap<String, SplitState> {
+        let mut out = HashMap::new();
+        for il in 0..n_layer {
+            let mut put = |name: &str, state: SplitState| {
+                out.insert(format!("blk.{il}.{name}"), state);
+            };
+            put("attn_q.weight", SplitState::axis(1, self.q_rows.clone()));
+            put("attn_k.weight", SplitState::axis(1, self.kv_rows.clone()));
+            put("attn_v.weight", SplitState::axis(1, self.kv_rows.clone()));
+            put(
+                "attn_output.weight",
+                SplitState::axis(0, self.q_rows.clone()),
+            );
+            put("attn_q.bias", SplitState::axis(0, self.q_rows.clone()));
+            put("attn_k.bias", SplitState::axis(0, self.kv_rows.clone()));
+            put("attn_v.bias", SplitState::axis(0, self.kv_rows.clone()));
+            put(
+                "ffn_gate.weight",
+                SplitState::axis(1, self.ffn_rows.clone()),
+            );
+            put("ffn_up.weight", SplitState::axis(1, self.ffn_rows.clone()));
+            put(
+                "ffn_down.weight",
+                SplitState::axis(0, self.ffn_rows.clone()),
+            );
+            out.insert(
+                format!("cache_k_l{il}"),
+                SplitState::axis(0, self.kv_rows.clone()),
+            );
+            out.insert(
+                format!("cache_v_l{il}"),
+                SplitState::axis(1, self.kv_rows.clone()),
+            );
+        }
+        out
+    }
+
     /// The split of a KV cache tensor whose axis `axis` counts KV heads.
     pub fn kv_cache_state(&self, axis: usize) -> SplitState {
         SplitState::axis(axis, self.kv_heads.clone())
@@ -195,6 +236,14 @@ mod tests {
         assert!(!s.contains_key(&l.attn_norm) && !s.contains_key(&l.ffn_norm));
         assert_eq!(s.len(), 8);
         assert_eq!(p.kv_cache_state(2), SplitState::axis(2, vec![2, 1]));
+        let by_name = p.name_states(2);
+        assert_eq!(
+            by_name["blk.1.ffn_down.weight"],
+            SplitState::axis(0, vec![768, 768])
+        );
+        assert_eq!(by_name["cache_v_l1"], SplitState::axis(1, vec![128, 64]));
+        assert!(!by_name.contains_key("blk.0.attn_norm.weight"));
+        assert!(!by_name.contains_key("blk.2.attn_q.weight"));
     }
 
     #[test]
