@@ -23,10 +23,12 @@ pub struct ModelArgs {
     #[arg(long, default_value = "CPU")]
     pub device: String,
     /// How to split the model over several devices: `none` (first device only), `layer`
-    /// (whole blocks per device, run by the scheduler) or `tensor` (not yet supported).
+    /// (whole blocks per device, run by the scheduler) or `tensor` (every block's weights split
+    /// over the devices, a meta device; at least two devices).
     #[arg(long, default_value = "layer", value_parser = ["none", "layer", "tensor"])]
     pub split_mode: String,
-    /// Share of the blocks per device with `--split-mode layer`, e.g. `3,1` (default: even).
+    /// Share per device, e.g. `3,1` (default: even): of the blocks with `--split-mode layer`,
+    /// of every split weight (in whole heads and blocks) with `--split-mode tensor`.
     #[arg(long)]
     pub tensor_split: Option<String>,
     /// Write a Chrome/Perfetto trace (splits and copies per backend) to this file.

@@ -5,24 +5,22 @@
 //! This module owns the split arithmetic and the data movement between slices; it knows no
 //! concrete backend (devices and backends are reached through the core traits).
 //!
-//! # Status (issue 6) and the plan for the device itself
-//! Landed: [`split`] (states, segments, `split_sizes` by weights in whole granules), [`mod@scatter`]
-//! (host scatter / gather with segments and quantized rows), [`mod@propagate`] (per-op rules, and
-//! where partial sums must be reduced), [`buffer`] (the meta buffer type), and the
-//! all-reduce ([`AllReduce`]: fold, recursive doubling, broadcast, for any number of devices).
-//! The model's side (which weight is split how) is `rgml_llm::tensor_split`.
+//! # The pieces
+//! - [`split`]: states, segments, `split_sizes` by weights in whole granules;
+//! - [`mod@scatter`]: host scatter / gather with segments and quantized rows;
+//! - [`mod@propagate`]: per-op rules, and where partial sums must be reduced;
+//! - [`buffer`]: the meta buffer type (a child buffer per device; device `d`'s dense slice of a
+//!   tensor at the tensor's own offset in child `d`);
+//! - [`AllReduce`]: fold, recursive doubling, broadcast, for any number of devices;
+//! - [`device`]: [`MetaDevice`] and [`MetaBackend`], which run a graph as one local graph per
+//!   device, in pieces between all-reduces.
 //!
-//! The meta buffer keeps device `d`'s dense slice of a tensor at the tensor's own offset in
-//! child `d` (children as large as the meta buffer for now, so computed tensors need no state
-//! at allocation; per-device `alloc_size` is the memory saving still to come).
+//! The model's side (which weight is split how) is `rgml_llm::tensor_split`; `rgml run
+//! --split-mode tensor` puts it together.
 //!
-//! Still to build, in this order:
-//! 1. `MetaDevice::new(devices, states)`: name `Meta(CPU0,CPU1)`, memory the sum, caps the
-//!    intersection, `supports_op` where every child supports the local op and a rule exists.
-//! 2. `MetaBackend::graph_compute`: propagate states, build one local graph per device (local
-//!    shapes; views remapped through the source's local strides), cut where a source must be
-//!    reduced, run the pieces on the children and the all-reduce between them.
-//! 3. `--split-mode tensor` in the session / CLI, then the issue's model tests and bench.
+//! Not yet: children hold the whole size of every tensor (per-device `alloc_size` would give
+//! the memory saving tensor parallelism is for); all-reduce copies between different devices go
+//! through host memory; a state no rule covers is an error rather than a mirrored fallback.
 
 pub mod allreduce;
 pub mod buffer;
