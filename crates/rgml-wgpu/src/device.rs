@@ -313,8 +313,10 @@ impl rgml::Device for WgpuDevice {
 
     fn init_backend(&self, params: &BackendParams) -> Result<Box<dyn Backend>> {
         // n_cb: command buffers per graph (see the backend module); concurrency: report
-        // dependency levels to the graph allocator.
-        params.check_known(&["n_cb", "concurrency"])?;
+        // dependency levels to the graph allocator. n_threads is accepted and has nothing to
+        // set here: one parameter list goes to every device of a split (`rgml -t 2 --device
+        // Vulkan0,CPU`), and the GPU has no host threads.
+        params.check_known(&["n_cb", "concurrency", "n_threads"])?;
         let n_cb = params.get_parsed::<usize>("n_cb")?.unwrap_or(2);
         if n_cb == 0 {
             return Err(Error::InvalidParams {
