@@ -613,30 +613,12 @@ impl WgpuBuffer {
         src_offset: usize,
         size: usize,
     ) -> Result<bool> {
-        if !src.is_host() {
-            return Ok(false);
-        }
-        let Some(src_base) = src.imp().base() else {
+        let Some(bytes) = crate::host::host_bytes(src, src_offset, size)? else {
             return Ok(false);
         };
-        if src_offset
-            .checked_add(size)
-            .is_none_or(|end| end > src.size())
-        {
-            return Err(Error::OutOfBounds {
-                what: "copy source".into(),
-                offset: src_offset,
-                size,
-                limit: src.size(),
-            });
-        }
-        if size == 0 {
+        if bytes.is_empty() {
             return Ok(true);
         }
-        // SAFETY: `src` is host memory whose base is valid for `src.size()` bytes; the range is
-        // inside it (checked above), and `Buffer::copy_from` holds its read lock while calling
-        // this, so nothing writes those bytes while we read them.
-        let bytes = unsafe { std::slice::from_raw_parts(src_base.as_ptr().add(src_offset), size) };
         self.write(dst_offset, bytes)?;
         Ok(true)
     }

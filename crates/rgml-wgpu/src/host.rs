@@ -114,6 +114,37 @@ impl Drop for PageMem {
     }
 }
 
+/// The bytes `[offset, offset + size)` of `src` when it is host-addressable memory (a host
+/// buffer, a CPU buffer, a file mapping); `None` for device memory. Out of range is an error.
+///
+/// Call only from a `copy_from` of another buffer: `Buffer::copy_from` holds `src`'s read lock
+/// then, so nothing writes those bytes while the slice lives.
+pub(crate) fn host_bytes(src: &Buffer, offset: usize, size: usize) -> Result<Option<&[u8]>> {
+    if !src.is_host() {
+        return Ok(None);
+    }
+    let Some(base) = src.imp().base() else {
+        return Ok(None);
+    };
+    if offset.checked_add(size).is_none_or(|end| end > src.size()) {
+        return Err(Error::OutOfBounds {
+            what: "copy source".into(),
+            offset,
+            size,
+            limit: src.size(),
+        });
+    }
+    if size == 0 {
+        return Ok(Some(&[]));
+    }
+    // SAFETY: `base` is valid for `src.size()` bytes of host memory and the range is inside it
+    // (checked above); the caller's `Buffer::copy_from` holds the read lock, so nothing writes
+    // these bytes while the slice lives.
+    Ok(Some(unsafe {
+        std::slice::from_raw_parts(base.as_ptr().add(offset), size)
+    }))
+}
+
 /// Host memory for staging to and from one wgpu device (named `"<device>_Host"`, e.g.
 /// `Vulkan0_Host`). Its buffers are host memory: the "CPU" device accepts them.
 pub struct WgpuHostBufferType {
@@ -199,28 +230,11 @@ impl BufferImpl for WgpuHostBuffer {
             s.read_into(src_offset, dst)?;
             return Ok(true);
         }
-        if !src.is_host() {
-            return Ok(false);
-        }
-        let Some(src_base) = src.imp().base() else {
+        // `src` is a different allocation from ours (`Buffer::copy_from` calls this only for
+        // distinct buffers), so its bytes never alias `dst`.
+        let Some(src_bytes) = host_bytes(src, src_offset, size)? else {
             return Ok(false);
         };
-        if src_offset
-            .checked_add(size)
-            .is_none_or(|end| end > src.size())
-        {
-            return Err(Error::OutOfBounds {
-                what: "copy source".into(),
-                offset: src_offset,
-                size,
-                limit: src.size(),
-            });
-        }
-        // SAFETY: the source range lies inside the source buffer (checked above), a different
-        // allocation from ours (`Buffer::copy_from` calls this only for distinct buffers), and
-        // the caller holds its read lock, so nothing writes it while we read.
-        let src_bytes =
-            unsafe { std::slice::from_raw_parts(src_base.as_ptr().add(src_offset), size) };
         dst.copy_from_slice(src_bytes);
         Ok(true)
     }
