@@ -24,8 +24,9 @@
 //! blocking read). Dropping the backend finishes the queued work and joins the worker.
 
 use crate::barrier::SpinBarrier;
-use crate::buffer::{AlignedMem, CPU_ALIGNMENT};
+use crate::buffer::CPU_ALIGNMENT;
 use crate::kernels::{self, NodeTask, SharedWork, TensorView, ThreadCtx};
+use rgml::backend::AlignedMem;
 use rgml::backend::{Event, EventImpl, HostAccess};
 use rgml::{Backend, Buffer, Context, DeviceRef, Error, Graph, Result, Tensor, TensorId};
 use std::any::Any;
@@ -300,7 +301,7 @@ impl CpuBackend {
                 n_threads,
                 pool: None,
                 abort: None,
-                work: AlignedMem::new(0)?,
+                work: AlignedMem::new(0, CPU_ALIGNMENT, "CPU work area")?,
             })),
             worker: None,
         })
@@ -604,7 +605,11 @@ impl Engine {
             .ok_or(Error::SizeOverflow)?;
         if self.work.len() < total {
             // Grow with headroom so a slowly growing context does not reallocate every token.
-            self.work = AlignedMem::new(total.saturating_add(total / 4))?;
+            self.work = AlignedMem::new(
+                total.saturating_add(total / 4),
+                CPU_ALIGNMENT,
+                "CPU work area",
+            )?;
         }
         // SAFETY (of the kernels' accesses in `run_tasks`): every view points inside one of
         // `job.buffers` (bounds checked in `prepare` against the size checked again above);

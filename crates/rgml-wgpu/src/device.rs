@@ -569,8 +569,10 @@ impl BufferImpl for WgpuBuffer {
         src_offset: usize,
         size: usize,
     ) -> Result<bool> {
+        // Host sources need nothing here: the core's `Buffer::copy_from` hands their bytes to
+        // `set`, which gives them straight to the queue.
         let Some(s) = src.imp().as_any().downcast_ref::<WgpuBuffer>() else {
-            return self.copy_from_host(dst_offset, src, src_offset, size);
+            return Ok(false);
         };
         let aligned = [dst_offset, src_offset, size]
             .iter()
@@ -599,28 +601,6 @@ impl BufferImpl for WgpuBuffer {
 
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-impl WgpuBuffer {
-    /// Copy from host memory (the device's host buffer type, a CPU buffer, a file mapping):
-    /// its bytes go straight to the queue, without an intermediate vector. `Ok(false)` for
-    /// memory the host cannot address (the caller then copies through host memory).
-    fn copy_from_host(
-        &self,
-        dst_offset: usize,
-        src: &Buffer,
-        src_offset: usize,
-        size: usize,
-    ) -> Result<bool> {
-        let Some(bytes) = crate::host::host_bytes(src, src_offset, size)? else {
-            return Ok(false);
-        };
-        if bytes.is_empty() {
-            return Ok(true);
-        }
-        self.write(dst_offset, bytes)?;
-        Ok(true)
     }
 }
 

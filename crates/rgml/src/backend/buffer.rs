@@ -420,6 +420,7 @@ impl Buffer {
                     _dst = self.lock.write().unwrap_or_else(|e| e.into_inner());
                 }
                 self.imp.copy_from(dst_offset, src, src_offset, size)?
+                    || self.set_from_host(dst_offset, src, src_offset, size)?
             };
             if done {
                 return Ok(());
@@ -428,6 +429,34 @@ impl Buffer {
         let mut staging = vec![0u8; size];
         src.get(src_offset, &mut staging)?;
         self.set(dst_offset, &staging)
+    }
+
+    /// The copy of a host-addressable source: its bytes go straight to this buffer's `set`,
+    /// without a staging vector. `Ok(false)` for a source the host cannot address. The caller
+    /// holds this buffer's write lock and the (distinct) source's read lock.
+    fn set_from_host(
+        &self,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        size: usize,
+    ) -> Result<bool> {
+        if !src.is_host() {
+            return Ok(false);
+        }
+        let Some(base) = src.imp.base() else {
+            return Ok(false);
+        };
+        if size == 0 {
+            return Ok(true);
+        }
+        // SAFETY: `base` is valid for the source's `size` bytes of host memory and the range is
+        // inside it (`copy_from` checked it); the caller holds the source's read lock, so nothing
+        // writes those bytes while the slice lives, and the source is a different buffer from
+        // this one, so the slice never aliases what `set` writes.
+        let bytes = unsafe { std::slice::from_raw_parts(base.as_ptr().add(src_offset), size) };
+        self.imp.set(dst_offset, bytes)?;
+        Ok(true)
     }
 
     /// Exclusive access to the host bytes for computing in place; `None` for device memory.

@@ -5,10 +5,12 @@
 //! method with ggml's fallback, so callers never ask whether a slot is implemented. This module
 //! owns the traits and the bounds-checked wrappers around them, not any implementation.
 
+mod aligned;
 mod buffer;
 mod device;
 mod event;
 
+pub use aligned::AlignedMem;
 pub use buffer::{
     Buffer, BufferImpl, BufferType, BufferTypeRef, BufferUsage, HostAccess, HostMemory,
 };
