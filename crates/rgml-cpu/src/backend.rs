@@ -390,17 +390,7 @@ impl CpuBackend {
             .data
             .as_ref()
             .ok_or_else(|| Error::NoStorage(t.display_name().to_string()))?;
-        if offset
-            .checked_add(data.len())
-            .is_none_or(|end| end > t.nbytes())
-        {
-            return Err(Error::OutOfBounds {
-                what: format!("tensor '{}'", t.display_name()),
-                offset,
-                size: data.len(),
-                limit: t.nbytes(),
-            });
-        }
+        t.check_range(offset, data.len())?;
         if d.buffer.is_read_only() {
             return Err(Error::ReadOnlyBuffer(d.buffer.name().to_string()));
         }

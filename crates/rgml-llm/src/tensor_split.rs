@@ -18,9 +18,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
-use crate::model::LayerWeights;
 use rgml::meta::{split_sizes, SplitState};
-use rgml::TensorId;
 use std::collections::HashMap;
 
 /// Per-device sizes of a model split over `n` devices.
@@ -84,32 +82,6 @@ impl TensorSplitPlan {
         })
     }
 
-    /// The split state of every weight of `layers` that is not mirrored.
-    pub fn weight_states(&self, layers: &[LayerWeights]) -> HashMap<TensorId, SplitState> {
-        let rows = |sizes: &Vec<usize>| SplitState::axis(1, sizes.clone());
-        let cols = |sizes: &Vec<usize>| SplitState::axis(0, sizes.clone());
-        let mut out = HashMap::new();
-        for l in layers {
-            out.insert(l.wq, rows(&self.q_rows));
-            out.insert(l.wk, rows(&self.kv_rows));
-            out.insert(l.wv, rows(&self.kv_rows));
-            out.insert(l.wo, cols(&self.q_rows));
-            for (bias, sizes) in [
-                (l.bq, &self.q_rows),
-                (l.bk, &self.kv_rows),
-                (l.bv, &self.kv_rows),
-            ] {
-                if let Some(b) = bias {
-                    out.insert(b, cols(sizes));
-                }
-            }
-            out.insert(l.ffn_gate, rows(&self.ffn_rows));
-            out.insert(l.ffn_up, rows(&self.ffn_rows));
-            out.insert(l.ffn_down, cols(&self.ffn_rows));
-        }
-        out
-    }
-
     /// The split state of every split tensor of an `n_layer` model by name: the GGUF weights
     /// (`blk.{i}.attn_q.weight`, ...) and the session's KV cache (`cache_k_l{i}` `[n_embd_kv,
     /// cells]` split on axis 0, `cache_v_l{i}` `[cells, n_embd_kv]` on axis 1). Names the file
@@ -149,11 +121,6 @@ impl TensorSplitPlan {
             );
         }
         out
-    }
-
-    /// The split of a KV cache tensor whose axis `axis` counts KV heads.
-    pub fn kv_cache_state(&self, axis: usize) -> SplitState {
-        SplitState::axis(axis, self.kv_heads.clone())
     }
 }
 
@@ -209,41 +176,23 @@ mod tests {
     fn weights_get_their_roles_states() {
         let c = smollm();
         let p = TensorSplitPlan::new(&c, &[], 2, 32, 32).unwrap();
-        let mut ctx = rgml::Context::new();
-        let mut t = || ctx.new_tensor(rgml::DType::F32, &[4]).unwrap();
-        let l = LayerWeights {
-            attn_norm: t(),
-            wq: t(),
-            wk: t(),
-            wv: t(),
-            wo: t(),
-            bq: Some(t()),
-            bk: None,
-            bv: None,
-            ffn_norm: t(),
-            ffn_gate: t(),
-            ffn_up: t(),
-            ffn_down: t(),
-        };
-        let s = p.weight_states(std::slice::from_ref(&l));
-        assert_eq!(s[&l.wq], SplitState::axis(1, vec![384, 192]));
-        assert_eq!(s[&l.wk], SplitState::axis(1, vec![128, 64]));
-        assert_eq!(s[&l.wo], SplitState::axis(0, vec![384, 192]));
-        assert_eq!(s[&l.bq.unwrap()], SplitState::axis(0, vec![384, 192]));
-        assert_eq!(s[&l.ffn_up], SplitState::axis(1, vec![768, 768]));
-        assert_eq!(s[&l.ffn_down], SplitState::axis(0, vec![768, 768]));
+        let s = p.name_states(2);
+        let w = |name: &str| s[&format!("blk.1.{name}")].clone();
+        assert_eq!(w("attn_q.weight"), SplitState::axis(1, vec![384, 192]));
+        assert_eq!(w("attn_k.weight"), SplitState::axis(1, vec![128, 64]));
+        assert_eq!(w("attn_output.weight"), SplitState::axis(0, vec![384, 192]));
+        assert_eq!(w("attn_q.bias"), SplitState::axis(0, vec![384, 192]));
+        assert_eq!(w("ffn_up.weight"), SplitState::axis(1, vec![768, 768]));
+        assert_eq!(w("ffn_down.weight"), SplitState::axis(0, vec![768, 768]));
         // Norms are mirrored: not in the map.
-        assert!(!s.contains_key(&l.attn_norm) && !s.contains_key(&l.ffn_norm));
-        assert_eq!(s.len(), 8);
-        assert_eq!(p.kv_cache_state(2), SplitState::axis(2, vec![2, 1]));
-        let by_name = p.name_states(2);
-        assert_eq!(
-            by_name["blk.1.ffn_down.weight"],
-            SplitState::axis(0, vec![768, 768])
+        assert!(
+            !s.contains_key("blk.0.attn_norm.weight") && !s.contains_key("blk.0.ffn_norm.weight")
         );
-        assert_eq!(by_name["cache_v_l1"], SplitState::axis(1, vec![128, 64]));
-        assert!(!by_name.contains_key("blk.0.attn_norm.weight"));
-        assert!(!by_name.contains_key("blk.2.attn_q.weight"));
+        // Per layer: q, k, v, output, three biases, gate, up, down, and the two caches.
+        assert_eq!(s.len(), 2 * 12);
+        assert_eq!(s["cache_k_l0"], SplitState::axis(0, vec![128, 64]));
+        assert_eq!(s["cache_v_l1"], SplitState::axis(1, vec![128, 64]));
+        assert!(!s.contains_key("blk.2.attn_q.weight"));
     }
 
     #[test]

@@ -374,17 +374,7 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         let start = Instant::now();
         let t = ctx.get(id)?;
-        if offset
-            .checked_add(data.len())
-            .is_none_or(|end| end > t.nbytes())
-        {
-            return Err(Error::OutOfBounds {
-                what: format!("write into tensor '{}'", t.display_name()),
-                offset,
-                size: data.len(),
-                limit: t.nbytes(),
-            });
-        }
+        t.check_range(offset, data.len())?;
         match self.device_buffer(ctx, id)? {
             Some((buffer, base))
                 if (base + offset).is_multiple_of(COPY_ALIGN)

@@ -129,6 +129,20 @@ fn soft_max(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     }
 }
 
+// One step of a tinyBLAS lane of MUL_MAT: acc + A[k] * B[k] with one rounding, A of type `t` at
+// row `a0`, B the f32 row at `b0`. Against f16 weights B is rounded to f16 first, as ggml
+// converts it; f16 x f16 products are exact in f32, so a plain add rounds once too.
+fn mm_step(t: u32, a0: u32, b0: u32, k: u32, acc: f32) -> f32 {
+    let b = bf(b0 + k * p.b_nb.x);
+    if (t == T_F32) {
+        return fma_x(af(a0 + k * p.a_nb.x), b, acc);
+    }
+    if (t == T_F16) {
+        return acc + a_f16(a0 + k * p.a_nb.x) * round_f16(b);
+    }
+    return fma_x(a_elem(t, a0, k, p.a_nb.x), b, acc);
+}
+
 // MUL_MAT with f32 or f16 weights: D[i0, i1, i2, i3] = sum_k A[k, i0, i2 / misc.y, i3 / misc.z] *
 // B[k, i1, i2, i3], A of type misc.w (f32, f16, or a quantized type dequantized here when
 // misc.w is not one of those), B f32. f32 / f16 dots follow ggml-cpu's (tinyBLAS's) AVX-512
@@ -146,22 +160,9 @@ fn mul_mat(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let t = p.misc.w;
     let n = p.a_ne.x;
     var acc: array<f32, 16>;
-    if (t == T_F32) {
-        for (var k = 0u; k < n; k++) {
-            let l = k % 16u;
-            acc[l] = fma_x(af(a0 + k * p.a_nb.x), bf(b0 + k * p.b_nb.x), acc[l]);
-        }
-    } else if (t == T_F16) {
-        for (var k = 0u; k < n; k++) {
-            let l = k % 16u;
-            // f16 x f16 products are exact in f32, so one rounding either way.
-            acc[l] += a_f16(a0 + k * p.a_nb.x) * round_f16(bf(b0 + k * p.b_nb.x));
-        }
-    } else {
-        for (var k = 0u; k < n; k++) {
-            let l = k % 16u;
-            acc[l] = fma_x(a_elem(t, a0, k, p.a_nb.x), bf(b0 + k * p.b_nb.x), acc[l]);
-        }
+    for (var k = 0u; k < n; k++) {
+        let l = k % 16u;
+        acc[l] = mm_step(t, a0, b0, k, acc[l]);
     }
     dset(p.off.w + at(idx, p.d_nb), hsum16(acc));
 }
@@ -334,13 +335,7 @@ fn mul_mv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: 
         let b0 = p.off.y + idx.y * p.b_nb.y + idx.z * p.b_nb.z + idx.w * p.b_nb.w;
         let t = p.misc.w;
         for (var k = l; k < p.a_ne.x; k += 16u) {
-            if (t == T_F32) {
-                acc = fma_x(af(a0 + k * p.a_nb.x), bf(b0 + k * p.b_nb.x), acc);
-            } else if (t == T_F16) {
-                acc += a_f16(a0 + k * p.a_nb.x) * round_f16(bf(b0 + k * p.b_nb.x));
-            } else {
-                acc = fma_x(a_elem(t, a0, k, p.a_nb.x), bf(b0 + k * p.b_nb.x), acc);
-            }
+            acc = mm_step(t, a0, b0, k, acc);
         }
     }
     lanes[li] = acc;

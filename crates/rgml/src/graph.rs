@@ -136,23 +136,14 @@ impl Graph {
         }
     }
 
-    /// Copy this graph's tensors (metadata only, without storage) into `dst`; returns the copied
-    /// graph and the map from old ids to new ones. The copy can then be allocated elsewhere.
-    pub fn copy_to(
-        &self,
-        src: &Context,
-        dst: &mut Context,
-    ) -> Result<(Graph, HashMap<TensorId, TensorId>)> {
-        let mut map: HashMap<TensorId, TensorId> = HashMap::new();
-        let mut order: Vec<TensorId> = Vec::new();
-        // View roots may be outside the node/leaf lists (e.g. a view of an unlisted tensor):
-        // visit view sources and sources first.
-        fn visit(
-            id: TensorId,
-            src: &Context,
-            seen: &mut std::collections::HashSet<TensorId>,
-            order: &mut Vec<TensorId>,
-        ) {
+    /// Every tensor the graph touches: its leafs and nodes and all they reference, sources and
+    /// view roots before the tensors that use them. View roots may be outside the node and
+    /// leaf lists (e.g. a view of an unlisted tensor), so graph copies walk this order.
+    pub fn all_tensors(&self, ctx: &Context) -> Result<Vec<TensorId>> {
+        let mut order = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for &id in self.leafs.iter().chain(self.nodes.iter()) {
+            ctx.get(id)?;
             let mut stack = vec![(id, false)];
             while let Some((t, done)) = stack.pop() {
                 if done {
@@ -163,7 +154,7 @@ impl Graph {
                     continue;
                 }
                 stack.push((t, true));
-                let tensor = &src[t];
+                let tensor = ctx.get(t)?;
                 for &s in tensor.src.iter().chain(tensor.view_src.iter()) {
                     if !seen.contains(&s) {
                         stack.push((s, false));
@@ -171,11 +162,18 @@ impl Graph {
                 }
             }
         }
-        let mut seen = std::collections::HashSet::new();
-        for &id in self.leafs.iter().chain(self.nodes.iter()) {
-            src.get(id)?;
-            visit(id, src, &mut seen, &mut order);
-        }
+        Ok(order)
+    }
+
+    /// Copy this graph's tensors (metadata only, without storage) into `dst`; returns the copied
+    /// graph and the map from old ids to new ones. The copy can then be allocated elsewhere.
+    pub fn copy_to(
+        &self,
+        src: &Context,
+        dst: &mut Context,
+    ) -> Result<(Graph, HashMap<TensorId, TensorId>)> {
+        let mut map: HashMap<TensorId, TensorId> = HashMap::new();
+        let order = self.all_tensors(src)?;
         for id in order {
             let mut t = src[id].clone();
             t.data = None;

@@ -107,6 +107,21 @@ impl Tensor {
         })
     }
 
+    /// Whether `size` bytes at byte `offset` lie inside the tensor's `nbytes` span (else
+    /// [`Error::OutOfBounds`] naming it): the check of every tensor read and write.
+    pub fn check_range(&self, offset: usize, size: usize) -> Result<()> {
+        let nbytes = self.nbytes();
+        if offset.checked_add(size).is_none_or(|end| end > nbytes) {
+            return Err(Error::OutOfBounds {
+                what: format!("tensor '{}'", self.display_name()),
+                offset,
+                size,
+                limit: nbytes,
+            });
+        }
+        Ok(())
+    }
+
     /// Total number of elements.
     pub fn nelements(&self) -> usize {
         self.ne.iter().product()

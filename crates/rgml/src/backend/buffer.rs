@@ -557,38 +557,25 @@ fn storage(ctx: &Context, id: TensorId) -> Result<(&Tensor, &Arc<Buffer>, usize)
     Ok((t, &data.buffer, data.offset))
 }
 
-fn check_tensor_range(t: &Tensor, offset: usize, size: usize) -> Result<()> {
-    let nbytes = t.nbytes();
-    if offset.checked_add(size).is_none_or(|end| end > nbytes) {
-        return Err(Error::OutOfBounds {
-            what: format!("tensor '{}'", t.display_name()),
-            offset,
-            size,
-            limit: nbytes,
-        });
-    }
-    Ok(())
-}
-
 impl Context {
     /// Write raw bytes into tensor `id` at byte `offset` (ggml's `tensor_set`).
     pub fn tensor_set(&self, id: TensorId, offset: usize, data: &[u8]) -> Result<()> {
         let (t, buffer, base) = storage(self, id)?;
-        check_tensor_range(t, offset, data.len())?;
+        t.check_range(offset, data.len())?;
         buffer.set(base + offset, data)
     }
 
     /// Read raw bytes of tensor `id` at byte `offset` (ggml's `tensor_get`).
     pub fn tensor_get(&self, id: TensorId, offset: usize, out: &mut [u8]) -> Result<()> {
         let (t, buffer, base) = storage(self, id)?;
-        check_tensor_range(t, offset, out.len())?;
+        t.check_range(offset, out.len())?;
         buffer.get(base + offset, out)
     }
 
     /// Fill `size` bytes of tensor `id` at `offset` with `value`.
     pub fn tensor_memset(&self, id: TensorId, offset: usize, value: u8, size: usize) -> Result<()> {
         let (t, buffer, base) = storage(self, id)?;
-        check_tensor_range(t, offset, size)?;
+        t.check_range(offset, size)?;
         buffer.memset(base + offset, value, size)
     }
 

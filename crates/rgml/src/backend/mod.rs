@@ -21,3 +21,18 @@ pub use event::{Event, EventImpl};
 pub fn same_instance<T: ?Sized>(a: &std::sync::Arc<T>, b: &std::sync::Arc<T>) -> bool {
     std::ptr::addr_eq(std::sync::Arc::as_ptr(a), std::sync::Arc::as_ptr(b))
 }
+
+/// Two different elements of a slice, mutably (two backends of one copy); `None` when `a == b`
+/// or either is out of range.
+pub(crate) fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> Option<(&mut T, &mut T)> {
+    if a == b || a >= v.len() || b >= v.len() {
+        return None;
+    }
+    if a < b {
+        let (lo, hi) = v.split_at_mut(b);
+        Some((&mut lo[a], &mut hi[0]))
+    } else {
+        let (lo, hi) = v.split_at_mut(a);
+        Some((&mut hi[0], &mut lo[b]))
+    }
+}

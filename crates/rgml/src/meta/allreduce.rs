@@ -121,22 +121,6 @@ fn invalid(reason: impl Into<String>) -> Error {
     }
 }
 
-/// Mutable borrows of two different backends of one slice.
-fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> Result<(&mut T, &mut T)> {
-    if a == b || a >= v.len() || b >= v.len() {
-        return Err(invalid(format!(
-            "cannot borrow backends {a} and {b} together"
-        )));
-    }
-    if a < b {
-        let (lo, hi) = v.split_at_mut(b);
-        Ok((&mut lo[a], &mut hi[0]))
-    } else {
-        let (lo, hi) = v.split_at_mut(a);
-        Ok((&mut hi[0], &mut lo[b]))
-    }
-}
-
 /// The phases for `n` devices of which those with `contributes[d]` hold partial sums.
 fn plan(contributes: &[bool]) -> Vec<Phase> {
     let parts: Vec<usize> = (0..contributes.len()).filter(|&d| contributes[d]).collect();
@@ -435,7 +419,13 @@ impl AllReduce {
                 } else {
                     self.slots[t.dst].acc
                 };
-                let (db, sb) = two_mut(backends, t.dst, t.src)?;
+                let (db, sb) =
+                    crate::backend::two_mut(backends, t.dst, t.src).ok_or_else(|| {
+                        invalid(format!(
+                            "cannot borrow backends {} and {} together",
+                            t.dst, t.src
+                        ))
+                    })?;
                 if db.cpy_tensor_async(sb.as_mut(), &self.ctx, src, dst)? {
                     asynchronous.push(*t);
                 } else {

@@ -30,6 +30,7 @@ pub struct MetaDevice {
     name: String,
     children: Vec<DeviceRef>,
     buffer_type: BufferTypeRef,
+    me: Weak<MetaDevice>,
 }
 
 impl MetaDevice {
@@ -54,6 +55,7 @@ impl MetaDevice {
                 name,
                 children,
                 buffer_type: Arc::new(MetaBufferType::build(types, source, Some(weak))),
+                me: me.clone(),
             }
         }))
     }
@@ -134,9 +136,11 @@ impl crate::backend::Device for MetaDevice {
 
 impl MetaDevice {
     fn me(&self) -> Result<DeviceRef> {
-        self.buffer_type
-            .device()
-            .ok_or_else(|| Error::InvalidSplit("the meta device was dropped".into()))
+        let me: Arc<MetaDevice> = self
+            .me
+            .upgrade()
+            .ok_or_else(|| Error::InvalidSplit("the meta device was dropped".into()))?;
+        Ok(me)
     }
 }
 
@@ -361,25 +365,7 @@ impl Backend for MetaBackend {
             maps: vec![HashMap::new(); n],
         };
         // Every tensor the graph touches, sources and view roots first.
-        let mut order = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for &id in graph.leafs().iter().chain(graph.nodes()) {
-            let mut stack = vec![(id, false)];
-            while let Some((x, done)) = stack.pop() {
-                if done {
-                    order.push(x);
-                    continue;
-                }
-                if !seen.insert(x) {
-                    continue;
-                }
-                stack.push((x, true));
-                let tx = ctx.get(x)?;
-                for &s in tx.src.iter().chain(tx.view_src.iter()) {
-                    stack.push((s, false));
-                }
-            }
-        }
+        let order = graph.all_tensors(ctx)?;
         for &id in &order {
             for d in 0..n {
                 self.localize(ctx, &split, &mut local, id, d)?;
@@ -410,10 +396,6 @@ impl Backend for MetaBackend {
             self.reduce(&local, ctx, t)?;
         }
         Ok(())
-    }
-
-    fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
-        self.children.iter().all(|c| c.supports_op(ctx, id))
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {

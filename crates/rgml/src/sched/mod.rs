@@ -219,22 +219,6 @@ fn backend_of(ctx: &Context, ids: &[Option<usize>], id: TensorId) -> Result<usiz
     })
 }
 
-/// Two distinct elements of a slice, mutably.
-fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> Result<(&mut T, &mut T)> {
-    if a == b || a >= v.len() || b >= v.len() {
-        return Err(sched_error(format!(
-            "cannot borrow backends {a} and {b} together"
-        )));
-    }
-    if a < b {
-        let (lo, hi) = v.split_at_mut(b);
-        Ok((&mut lo[a], &mut hi[0]))
-    } else {
-        let (lo, hi) = v.split_at_mut(a);
-        Ok((&mut hi[0], &mut lo[b]))
-    }
-}
-
 impl Scheduler {
     /// A scheduler over `backends` in priority order (the last must be a CPU backend), with
     /// compute buffers of `buffer_types` (one per backend; default: each backend's default
@@ -891,7 +875,10 @@ impl Scheduler {
                         Some(e) => self.backends[b].event_wait(e)?,
                         None => self.backends[b].synchronize()?,
                     }
-                    let (dst, src) = two_mut(&mut self.backends, b, ib)?;
+                    let (dst, src) = crate::backend::two_mut(&mut self.backends, b, ib)
+                        .ok_or_else(|| {
+                            sched_error(format!("cannot borrow backends {b} and {ib} together"))
+                        })?;
                     if !dst.cpy_tensor_async(src.as_mut(), &plan.ctx, input, cpy)? {
                         src.synchronize()?;
                         match event {
