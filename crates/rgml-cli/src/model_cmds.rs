@@ -31,6 +31,12 @@ pub struct ModelArgs {
     /// of every split weight (in whole heads and blocks) with `--split-mode tensor`.
     #[arg(long)]
     pub tensor_split: Option<String>,
+    /// How `--split-mode tensor` joins the devices' work: `gather` (attention output and FFN
+    /// down split by output rows, their inputs and outputs all-gathered: logits bit-identical
+    /// to one device) or `reduce` (those two split on their contraction axis, partial sums
+    /// all-reduced: half the joins, but rounding differs from one device).
+    #[arg(long, default_value = "gather", value_parser = ["gather", "reduce"])]
+    pub tensor_sync: String,
     /// Write a Chrome/Perfetto trace (splits and copies per backend) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -102,6 +108,11 @@ impl ModelArgs {
             devices,
             tensor_split,
             tensor_parallel,
+            tensor_sync: if self.tensor_sync == "reduce" {
+                rgml_llm::TensorSync::Reduce
+            } else {
+                rgml_llm::TensorSync::Gather
+            },
             progress: Some(&mut |done, total| bar.update(done, total)),
         };
         let model = Model::load(&self.model, options).map_err(|e| e.to_string())?;

@@ -2,6 +2,8 @@
 //! row-split up / gate, contraction-split down giving partial sums, a residual that needs them
 //! reduced, an RMS norm) and gets the single device's answer, with even, uneven and empty
 //! slices; directly and through the scheduler; and grouped-query attention with its views.
+//! With the projections split by output rows instead (their split inputs and outputs
+//! all-gathered), the answer is the single device's bit for bit.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -87,6 +89,15 @@ fn states(rows: Vec<usize>) -> Arc<HashMap<String, SplitState>> {
     Arc::new(s)
 }
 
+/// FFN rows split as `rows`, and `down` split by its output rows as `out_rows` (gathers).
+fn gather_states(rows: Vec<usize>, out_rows: Vec<usize>) -> Arc<HashMap<String, SplitState>> {
+    let mut s = HashMap::new();
+    s.insert("up".to_string(), SplitState::axis(1, rows.clone()));
+    s.insert("gate".to_string(), SplitState::axis(1, rows));
+    s.insert("down".to_string(), SplitState::axis(1, out_rows));
+    Arc::new(s)
+}
+
 fn close(a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(b) {
@@ -114,12 +125,41 @@ fn meta_device_matches_one_device() {
 }
 
 #[test]
+fn gathered_projections_are_bit_exact() {
+    let cpu: DeviceRef = CpuDevice::new("CPU");
+    let want = run(&cpu, 5);
+    let reg = CpuRegistry::with_devices(["CPU0", "CPU1", "CPU2"]);
+    let devs = rgml::registry::Registry::devices(&reg);
+    for (n, rows, out_rows) in [
+        (2, vec![64, 32], vec![32, 32]),
+        (2, vec![32, 64], vec![48, 16]),
+        (3, vec![32, 32, 32], vec![16, 32, 16]),
+        (3, vec![64, 0, 32], vec![0, 32, 32]),
+    ] {
+        let meta: DeviceRef =
+            MetaDevice::new(devs[..n].to_vec(), gather_states(rows, out_rows)).unwrap();
+        assert_eq!(run(&meta, 5), want, "{}", meta.name());
+    }
+}
+
+#[test]
 fn meta_device_runs_under_the_scheduler() {
     let cpu: DeviceRef = CpuDevice::new("CPU");
     let want = run(&cpu, 2);
     let reg = CpuRegistry::with_devices(["CPU0", "CPU1"]);
     let devs = rgml::registry::Registry::devices(&reg);
-    let meta: DeviceRef = MetaDevice::new(devs, states(vec![32, 64])).unwrap();
+    for source in [
+        states(vec![32, 64]),
+        gather_states(vec![32, 64], vec![48, 16]),
+    ] {
+        let meta: DeviceRef = MetaDevice::new(devs.clone(), source).unwrap();
+        let got = run_scheduled(&meta);
+        close(&got, &want);
+    }
+}
+
+/// Block 2 with its weights in `meta`'s memory and the activations placed by a scheduler.
+fn run_scheduled(meta: &DeviceRef) -> Vec<f32> {
     let mut b = block(2);
     // Weights in meta memory; activations placed by the scheduler.
     let mut wctx_ids = Vec::new();
@@ -140,7 +180,7 @@ fn meta_device_runs_under_the_scheduler() {
     s.alloc_graph(&mut b.ctx, &b.graph).unwrap();
     b.ctx.tensor_set_f32(b.x, &input()).unwrap();
     s.graph_compute(&mut b.ctx, &b.graph).unwrap();
-    close(&b.ctx.tensor_get_f32(b.out).unwrap(), &want);
+    b.ctx.tensor_get_f32(b.out).unwrap()
 }
 
 #[test]
@@ -249,7 +289,12 @@ fn meta_attention_matches_one_device() {
         s.insert("wk".to_string(), SplitState::axis(1, kv_rows.clone()));
         s.insert("wv".to_string(), SplitState::axis(1, kv_rows));
         s.insert("wo".to_string(), SplitState::axis(0, q_rows));
-        let meta: DeviceRef = MetaDevice::new(devs.clone(), Arc::new(s)).unwrap();
+        let meta: DeviceRef = MetaDevice::new(devs.clone(), Arc::new(s.clone())).unwrap();
         close(&run_on(&meta), &want);
+        // The output projection by output rows: its input (the merged heads) and its output
+        // are gathered, and every product is whole: bit for bit.
+        s.insert("wo".to_string(), SplitState::axis(1, vec![40, 24]));
+        let meta: DeviceRef = MetaDevice::new(devs.clone(), Arc::new(s)).unwrap();
+        assert_eq!(run_on(&meta), want, "kv heads {kv_heads:?}");
     }
 }

@@ -16,4 +16,5 @@ pub use error::{LlmError, Result};
 pub use model::{LoadOptions, Model};
 pub use sampling::{Sampler, SamplerParams};
 pub use session::{Logits, Session, SessionOptions};
+pub use tensor_split::TensorSync;
 pub use tokenizer::Tokenizer;

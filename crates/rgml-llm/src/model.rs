@@ -15,7 +15,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
-use crate::tensor_split::TensorSplitPlan;
+use crate::tensor_split::{TensorSplitPlan, TensorSync};
 use crate::tokenizer::Tokenizer;
 use rgml::alloc::TensorAllocator;
 use rgml::backend::{Buffer, BufferUsage};
@@ -73,6 +73,8 @@ pub struct LoadOptions<'a> {
     /// Split every block's weights across [`devices`](Self::devices) (tensor parallelism, a
     /// meta device; see `crate::tensor_split`) instead of giving each device whole blocks.
     pub tensor_parallel: bool,
+    /// How tensor parallelism joins the devices' work (see [`TensorSync`]).
+    pub tensor_sync: TensorSync,
     /// Progress callback.
     pub progress: Option<ProgressFn<'a>>,
 }
@@ -141,7 +143,13 @@ impl Model {
         };
         let (devices, layer_shares) = if options.tensor_parallel && devices.len() > 1 {
             (
-                vec![meta_device(gguf, &config, devices, &options.tensor_split)?],
+                vec![meta_device(
+                    gguf,
+                    &config,
+                    devices,
+                    &options.tensor_split,
+                    options.tensor_sync,
+                )?],
                 Vec::new(),
             )
         } else {
@@ -362,6 +370,7 @@ fn meta_device(
     config: &ModelConfig,
     devices: Vec<DeviceRef>,
     shares: &[f32],
+    sync: TensorSync,
 ) -> Result<DeviceRef> {
     let granule = |suffix: &str| {
         gguf.tensors()
@@ -378,7 +387,7 @@ fn meta_device(
         granule("attn_output.weight"),
         granule("ffn_down.weight"),
     )?;
-    let states = Arc::new(plan.name_states(config.n_layer));
+    let states = Arc::new(plan.name_states(config.n_layer, sync));
     Ok(MetaDevice::new(devices, states)?)
 }
 

@@ -2,16 +2,24 @@
 //! meta device (`--split-mode tensor`), decided from the weights' roles, never from name
 //! patterns in the core.
 //!
-//! Megatron-style, per block:
+//! Per block:
 //! - attention Q, K, V (and their biases) split by output rows, in whole heads; every device
 //!   gets whole KV heads and the query heads that share them (grouped-query attention keeps
 //!   each group on one device);
-//! - the attention output projection split on its contraction axis by the same heads, so its
-//!   product is a PARTIAL sum that an all-reduce joins;
-//! - FFN gate and up split by output rows, FFN down on its contraction axis by the same rows
-//!   (in whole quantization blocks), PARTIAL again;
+//! - FFN gate and up split by output rows;
 //! - the KV cache split by KV heads;
-//! - everything else (norms, embeddings, output) mirrored.
+//! - everything else (norms, embeddings, output) mirrored;
+//! - the two projections back to the model width, attention output and FFN down, one of two
+//!   ways ([`TensorSync`]):
+//!   - [`TensorSync::Reduce`] (Megatron): split on their contraction axis by the same heads /
+//!     FFN rows (in whole quantization blocks), so each device's product is a PARTIAL sum that
+//!     an all-reduce joins. Two joins per block, but the sums are reassociated: the logits
+//!     differ from one device's by rounding, which this model amplifies (0.2-0.3 on the demo
+//!     model, the size of llama.cpp's own AVX2 vs AVX-512 spread);
+//!   - [`TensorSync::Gather`] (the default): split by output rows (the model width); their
+//!     split inputs are all-gathered first and their split outputs after, so every dot
+//!     product runs whole on one device in one device's order: the logits equal one device's
+//!     bit for bit. Four joins per block, each moving a slice instead of a whole vector.
 //!
 //! This module owns the arithmetic of those sizes; loading and running the split model is the
 //! meta device's and the session's job.
@@ -20,6 +28,17 @@ use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
 use rgml::meta::{split_sizes, SplitState};
 use std::collections::HashMap;
+
+/// How the projections back to the model width (attention output, FFN down) are split, and so
+/// how the devices' work is joined.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TensorSync {
+    /// By output rows, inputs and outputs all-gathered: bit-identical to one device.
+    #[default]
+    Gather,
+    /// On the contraction axis, partial sums all-reduced: fewer joins, rounding differs.
+    Reduce,
+}
 
 /// Per-device sizes of a model split over `n` devices.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +51,8 @@ pub struct TensorSplitPlan {
     pub kv_rows: Vec<usize>,
     /// FFN hidden rows per device.
     pub ffn_rows: Vec<usize>,
+    /// Rows of the model width per device (outputs of the projections split by rows).
+    pub embd_rows: Vec<usize>,
 }
 
 impl TensorSplitPlan {
@@ -74,19 +95,33 @@ impl TensorSplitPlan {
         let q_rows = kv_heads.iter().map(|h| h * group * c.head_dim).collect();
         let kv_rows = kv_heads.iter().map(|h| h * c.head_dim).collect();
         let ffn_rows = split_sizes(c.n_ff, &shares, ffn_granule.max(1))?;
+        // Whole 32-element blocks where the width allows (aligned slices), single rows else.
+        let embd_granule = if c.n_embd.is_multiple_of(32) { 32 } else { 1 };
+        let embd_rows = split_sizes(c.n_embd, &shares, embd_granule)?;
         Ok(TensorSplitPlan {
             kv_heads,
             q_rows,
             kv_rows,
             ffn_rows,
+            embd_rows,
         })
     }
 
     /// The split state of every split tensor of an `n_layer` model by name: the GGUF weights
     /// (`blk.{i}.attn_q.weight`, ...) and the session's KV cache (`cache_k_l{i}` `[n_embd_kv,
     /// cells]` split on axis 0, `cache_v_l{i}` `[cells, n_embd_kv]` on axis 1). Names the file
-    /// lacks (biases) are simply never asked for.
-    pub fn name_states(&self, n_layer: usize) -> HashMap<String, SplitState> {
+    /// lacks (biases) are simply never asked for. `sync` picks the projections' split.
+    pub fn name_states(&self, n_layer: usize, sync: TensorSync) -> HashMap<String, SplitState> {
+        let (attn_output, ffn_down) = match sync {
+            TensorSync::Gather => (
+                SplitState::axis(1, self.embd_rows.clone()),
+                SplitState::axis(1, self.embd_rows.clone()),
+            ),
+            TensorSync::Reduce => (
+                SplitState::axis(0, self.q_rows.clone()),
+                SplitState::axis(0, self.ffn_rows.clone()),
+            ),
+        };
         let mut out = HashMap::new();
         for il in 0..n_layer {
             let mut put = |name: &str, state: SplitState| {
@@ -95,10 +130,7 @@ impl TensorSplitPlan {
             put("attn_q.weight", SplitState::axis(1, self.q_rows.clone()));
             put("attn_k.weight", SplitState::axis(1, self.kv_rows.clone()));
             put("attn_v.weight", SplitState::axis(1, self.kv_rows.clone()));
-            put(
-                "attn_output.weight",
-                SplitState::axis(0, self.q_rows.clone()),
-            );
+            put("attn_output.weight", attn_output.clone());
             put("attn_q.bias", SplitState::axis(0, self.q_rows.clone()));
             put("attn_k.bias", SplitState::axis(0, self.kv_rows.clone()));
             put("attn_v.bias", SplitState::axis(0, self.kv_rows.clone()));
@@ -107,10 +139,7 @@ impl TensorSplitPlan {
                 SplitState::axis(1, self.ffn_rows.clone()),
             );
             put("ffn_up.weight", SplitState::axis(1, self.ffn_rows.clone()));
-            put(
-                "ffn_down.weight",
-                SplitState::axis(0, self.ffn_rows.clone()),
-            );
+            put("ffn_down.weight", ffn_down.clone());
             out.insert(
                 format!("cache_k_l{il}"),
                 SplitState::axis(0, self.kv_rows.clone()),
@@ -176,7 +205,7 @@ mod tests {
     fn weights_get_their_roles_states() {
         let c = smollm();
         let p = TensorSplitPlan::new(&c, &[], 2, 32, 32).unwrap();
-        let s = p.name_states(2);
+        let s = p.name_states(2, TensorSync::Reduce);
         let w = |name: &str| s[&format!("blk.1.{name}")].clone();
         assert_eq!(w("attn_q.weight"), SplitState::axis(1, vec![384, 192]));
         assert_eq!(w("attn_k.weight"), SplitState::axis(1, vec![128, 64]));
@@ -193,6 +222,21 @@ mod tests {
         assert_eq!(s["cache_k_l0"], SplitState::axis(0, vec![128, 64]));
         assert_eq!(s["cache_v_l1"], SplitState::axis(1, vec![128, 64]));
         assert!(!s.contains_key("blk.2.attn_q.weight"));
+        // Gather: the projections split by output rows of the width, in whole blocks.
+        assert_eq!(p.embd_rows, vec![288, 288]);
+        let g = p.name_states(2, TensorSync::Gather);
+        assert_eq!(
+            g["blk.0.attn_output.weight"],
+            SplitState::axis(1, vec![288, 288])
+        );
+        assert_eq!(
+            g["blk.1.ffn_down.weight"],
+            SplitState::axis(1, vec![288, 288])
+        );
+        assert_eq!(g["blk.1.attn_q.weight"], s["blk.1.attn_q.weight"]);
+        let p3 = TensorSplitPlan::new(&c, &[1.0, 2.0, 1.0], 3, 32, 32).unwrap();
+        assert_eq!(p3.embd_rows.iter().sum::<usize>(), c.n_embd);
+        assert!(p3.embd_rows.iter().all(|r| r % 32 == 0));
     }
 
     #[test]

@@ -870,3 +870,84 @@ fn partial_output_is_reduced_at_the_end() {
         }]
     );
 }
+
+/// The projections split by output rows (bit-exact tensor parallelism): no partial sums; their
+/// split inputs and outputs are all-gathered where a node needs them whole, and only computed
+/// tensors are ever gathered.
+#[test]
+fn row_split_projections_gather_their_inputs_and_outputs() {
+    let mut b = llama_block();
+    let ids: Vec<TensorId> = b.leaf.keys().copied().collect();
+    for id in ids {
+        let ne = b.ctx[id].ne;
+        let projection = (ne[0] == N_EMBD || ne[0] == N_FF)
+            && ne[1] == N_EMBD
+            && matches!(b.leaf[&id], SplitState::Axis { axis: 0, .. });
+        if projection {
+            b.leaf.insert(id, split(1, &[4, 12]));
+        }
+    }
+    let g = propagate_graph(&b.ctx, &b.graph, |id| b.leaf.get(&id).cloned(), 2).unwrap();
+    assert!(g.reduces.is_empty(), "{:?}", g.reduces);
+    let n = |name: &str| b.names[name];
+    for (name, want) in [
+        ("attn_in", split(0, &[8, 8])),
+        ("attn", split(0, &[4, 12])),
+        ("x_attn", Mirrored),
+        ("act", split(0, &[6, 6])),
+        ("down", split(0, &[4, 12])),
+        ("x_out", Mirrored),
+        ("logits", Mirrored),
+    ] {
+        assert_eq!(g.state(n(name)), Some(&want), "{name}");
+    }
+    let gathers: Vec<(TensorId, TensorId)> =
+        g.gathers.iter().map(|x| (x.tensor, x.before)).collect();
+    assert_eq!(
+        gathers,
+        vec![
+            (n("attn_in"), n("attn")),
+            (n("attn"), n("x_attn")),
+            (n("act"), n("down")),
+            (n("down"), n("x_out")),
+        ]
+    );
+    assert!(g.is_gathered(n("act")) && !g.is_gathered(n("q")));
+    for x in &g.gathers {
+        assert_ne!(b.ctx[x.tensor].op, rgml::op::Op::None);
+    }
+}
+
+#[test]
+fn leaves_are_never_gathered() {
+    // A split weight added to a full-size mirrored input: the weight would have to be
+    // gathered, which a leaf never is.
+    let mut ctx = Context::new();
+    let w = f32(&mut ctx, &[8, 2]);
+    let x = f32(&mut ctx, &[8, 2]);
+    let y = ctx.add(x, w).unwrap();
+    let graph = Graph::build(&mut ctx, &[y]).unwrap();
+    let err = propagate_graph(&ctx, &graph, |id| (id == w).then(|| split(0, &[4, 4])), 2);
+    assert!(
+        matches!(
+            err,
+            Err(Error::UnsupportedSplit {
+                op: OpKind::Add,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    // The same sum of a computed split tensor (a scaled copy of the weight) gathers that.
+    let mut ctx = Context::new();
+    let w = f32(&mut ctx, &[8, 2]);
+    let x = f32(&mut ctx, &[8, 2]);
+    let s = ctx.scale(w, 2.0).unwrap();
+    let y = ctx.add(x, s).unwrap();
+    let graph = Graph::build(&mut ctx, &[y]).unwrap();
+    let g = propagate_graph(&ctx, &graph, |id| (id == w).then(|| split(0, &[4, 4])), 2).unwrap();
+    assert_eq!(g.state(s), Some(&split(0, &[4, 4])));
+    assert_eq!(g.state(y), Some(&Mirrored));
+    assert_eq!(g.gathers.len(), 1);
+    assert_eq!((g.gathers[0].tensor, g.gathers[0].before), (s, y));
+}

@@ -7,7 +7,10 @@
 //! output gathers it), and builds one local graph per device: every tensor with its local
 //! shape, stored in that device's child buffer at the tensor's own offset, views re-strided
 //! through their root's local layout. The local graphs run piece by piece on the children's
-//! backends, with an [`AllReduce`] wherever a partial sum must become whole.
+//! backends, with an [`AllReduce`] wherever a partial sum must become whole, and an all-gather
+//! wherever a split computed tensor must (the gathered tensor is written whole over its slices,
+//! in place: each child holds the whole size at the tensor's offset; later readers get local
+//! copies in the whole layout).
 
 use super::allreduce::AllReduce;
 use super::buffer::{MetaBuffer, MetaBufferType, SplitSource};
@@ -177,7 +180,7 @@ impl MetaBackend {
         self.children.len()
     }
 
-    /// The local copy of `id` on device `d` (its sources already copied).
+    /// The local copy of `id` on device `d` as computed (its sources already copied).
     fn localize(
         &self,
         ctx: &Context,
@@ -191,6 +194,38 @@ impl MetaBackend {
         }
         let t = ctx.get(id)?;
         let state = split.state(id).cloned().unwrap_or(SplitState::Mirrored);
+        let root_state = match t.view_src {
+            Some(root) => split.state(root).cloned().unwrap_or(SplitState::Mirrored),
+            None => state.clone(),
+        };
+        let lid = self.local_copy(
+            ctx,
+            &mut local.ctx,
+            &local.maps[d],
+            id,
+            d,
+            &state,
+            &root_state,
+        )?;
+        local.maps[d].insert(id, lid);
+        Ok(())
+    }
+
+    /// Push device `d`'s copy of meta tensor `id` into `local_ctx`: shape from `state`, stored
+    /// in child `d` at the tensor's own offset, a view re-strided through its root's local
+    /// layout (`root_state`), sources and view root taken from `map`.
+    #[allow(clippy::too_many_arguments)]
+    fn local_copy(
+        &self,
+        ctx: &Context,
+        local_ctx: &mut Context,
+        map: &HashMap<TensorId, TensorId>,
+        id: TensorId,
+        d: usize,
+        state: &SplitState,
+        root_state: &SplitState,
+    ) -> Result<TensorId> {
+        let t = ctx.get(id)?;
         let (meta, data) = meta_storage(ctx, t).ok_or_else(|| {
             Error::InvalidSplit(format!(
                 "tensor '{}' is not in a meta buffer of {}",
@@ -205,15 +240,15 @@ impl MetaBackend {
             .clone();
         let mut lt = t.clone();
         lt.ne = state.local_shape(t.ne, d);
-        lt.src =
-            t.src
-                .iter()
-                .map(|s| {
-                    local.maps[d].get(s).copied().ok_or_else(|| {
-                        Error::InvalidSplit("a source was not localized first".into())
-                    })
-                })
-                .collect::<Result<_>>()?;
+        lt.src = t
+            .src
+            .iter()
+            .map(|s| {
+                map.get(s)
+                    .copied()
+                    .ok_or_else(|| Error::InvalidSplit("a source was not localized first".into()))
+            })
+            .collect::<Result<_>>()?;
         match t.view_src {
             None => {
                 lt.nb = contiguous_strides(t.dtype, lt.ne)?;
@@ -224,11 +259,10 @@ impl MetaBackend {
             }
             Some(root) => {
                 let r = ctx.get(root)?;
-                let r_state = split.state(root).cloned().unwrap_or(SplitState::Mirrored);
-                let (nb, offset) = local_view(t, r, &r_state, d)?;
+                let (nb, offset) = local_view(t, r, root_state, d)?;
                 lt.nb = nb;
                 lt.view_offset = offset;
-                lt.view_src = Some(local.maps[d].get(&root).copied().ok_or_else(|| {
+                lt.view_src = Some(map.get(&root).copied().ok_or_else(|| {
                     Error::InvalidSplit("a view root was not localized first".into())
                 })?);
                 lt.data = Some(TensorData {
@@ -237,20 +271,13 @@ impl MetaBackend {
                 });
             }
         }
-        let lid = local.ctx.push(lt)?;
-        local.maps[d].insert(id, lid);
-        Ok(())
+        local_ctx.push(lt)
     }
 
-    fn reduce(&mut self, local: &Local, ctx: &Context, id: TensorId) -> Result<()> {
-        let t = ctx.get(id)?;
-        let dims = t.ne.to_vec();
-        let tensors: Vec<TensorId> = local
-            .maps
-            .iter()
-            .map(|m| m.get(&id).copied())
-            .collect::<Option<_>>()
-            .ok_or_else(|| Error::InvalidSplit("a reduced tensor has no local copy".into()))?;
+    /// All-reduce the partial sums held in `tensors` (one local tensor per device, shape
+    /// `dims`).
+    fn reduce(&mut self, local: &Context, dims: &[usize], tensors: &[TensorId]) -> Result<()> {
+        let dims = dims.to_vec();
         if !self.reduces.contains_key(&dims) {
             let plan = AllReduce::new(&mut self.children, &dims)?;
             self.reduces.insert(dims.clone(), plan);
@@ -259,7 +286,7 @@ impl MetaBackend {
             .reduces
             .get_mut(&dims)
             .ok_or_else(|| Error::InvalidSplit("all-reduce plan missing".into()))?;
-        plan.run(&mut self.children, &local.ctx, &tensors)?;
+        plan.run(&mut self.children, local, tensors)?;
         for c in &mut self.children {
             c.synchronize()?;
         }
@@ -352,7 +379,7 @@ impl Backend for MetaBackend {
                 continue;
             }
             if let (Some((meta, data)), Some(state)) = (meta_storage(ctx, t), split.state(id)) {
-                let state = if split.is_reduced(id) {
+                let state = if split.is_reduced(id) || split.is_gathered(id) {
                     SplitState::Mirrored
                 } else {
                     state.clone()
@@ -364,36 +391,22 @@ impl Backend for MetaBackend {
             ctx: Context::new(),
             maps: vec![HashMap::new(); n],
         };
-        // Every tensor the graph touches, sources and view roots first.
+        // Every tensor the graph touches, as computed; sources and view roots first.
         let order = graph.all_tensors(ctx)?;
         for &id in &order {
             for d in 0..n {
                 self.localize(ctx, &split, &mut local, id, d)?;
             }
         }
-        // Run the nodes in pieces, reducing partial sums where a node needs them whole.
-        let mut before: HashMap<TensorId, Vec<TensorId>> = HashMap::new();
-        let mut at_end = Vec::new();
-        for r in &split.reduces {
-            match r.before {
-                Some(node) => before.entry(node).or_default().push(r.tensor),
-                None => at_end.push(r.tensor),
-            }
-        }
-        let nodes = graph.nodes();
-        let mut start = 0;
-        for (i, &id) in nodes.iter().enumerate() {
-            if let Some(tensors) = before.get(&id) {
-                self.run_piece(&local, &nodes[start..i])?;
-                start = i;
-                for &t in tensors {
-                    self.reduce(&local, ctx, t)?;
+        let steps = self.plan(ctx, graph, &split, &order, &mut local)?;
+        for step in &steps {
+            match step {
+                Step::Run(per_device) => self.run_piece(&local.ctx, per_device)?,
+                Step::Reduce { dims, tensors } => self.reduce(&local.ctx, dims, tensors)?,
+                Step::Gather { parts, whole } => {
+                    gather_in_place(ctx, &local.ctx, &split, parts, whole)?
                 }
             }
-        }
-        self.run_piece(&local, &nodes[start..])?;
-        for t in at_end {
-            self.reduce(&local, ctx, t)?;
         }
         Ok(())
     }
@@ -404,41 +417,170 @@ impl Backend for MetaBackend {
 }
 
 impl MetaBackend {
-    /// Run meta nodes `piece` on every device. A device holding an empty slice skips nodes
-    /// without elements, and a matrix product over its empty share of the contraction axis is
-    /// a zero partial sum: its output is zero-filled, in order with the rest.
-    fn run_piece(&mut self, local: &Local, piece: &[TensorId]) -> Result<()> {
-        if piece.is_empty() {
-            return Ok(());
+    /// Order the work of a graph: runs of nodes (per device, the local copies), cut by the
+    /// all-reduces and all-gathers. After a gather the gathered tensor, its views, and every
+    /// node reading them get new local copies in the whole (mirrored) layout.
+    fn plan(
+        &self,
+        ctx: &Context,
+        graph: &Graph,
+        split: &GraphSplit,
+        order: &[TensorId],
+        local: &mut Local,
+    ) -> Result<Vec<Step>> {
+        let n = self.n();
+        let mut reduces_before: HashMap<TensorId, Vec<TensorId>> = HashMap::new();
+        let mut reduces_at_end = Vec::new();
+        for r in &split.reduces {
+            match r.before {
+                Some(node) => reduces_before.entry(node).or_default().push(r.tensor),
+                None => reduces_at_end.push(r.tensor),
+            }
         }
-        for (d, child) in self.children.iter_mut().enumerate() {
-            let mut run: Vec<TensorId> = Vec::new();
-            for id in piece {
-                let lid = local.maps[d]
-                    .get(id)
+        let mut gathers_before: HashMap<TensorId, Vec<TensorId>> = HashMap::new();
+        for g in &split.gathers {
+            gathers_before.entry(g.before).or_default().push(g.tensor);
+        }
+        let root = |x: TensorId| ctx[x].view_src.unwrap_or(x);
+        let mut views_of: HashMap<TensorId, Vec<TensorId>> = HashMap::new();
+        for &x in order {
+            if let Some(r) = ctx[x].view_src {
+                views_of.entry(r).or_default().push(x);
+            }
+        }
+        // The local copy each meta tensor has at this point of the walk.
+        let mut cur = local.maps.clone();
+        let mut gathered: std::collections::HashSet<TensorId> = Default::default();
+        // Meta tensors whose current copy differs from the as-computed one.
+        let mut moved: std::collections::HashSet<TensorId> = Default::default();
+        let mut steps = Vec::new();
+        let mut run: Vec<Vec<TensorId>> = vec![Vec::new(); n];
+        let flush = |run: &mut Vec<Vec<TensorId>>, steps: &mut Vec<Step>| {
+            if run.iter().any(|r| !r.is_empty()) {
+                steps.push(Step::Run(std::mem::replace(run, vec![Vec::new(); n])));
+            }
+        };
+        let copies = |cur: &[HashMap<TensorId, TensorId>], id: TensorId| -> Result<Vec<TensorId>> {
+            cur.iter()
+                .map(|m| m.get(&id).copied())
+                .collect::<Option<_>>()
+                .ok_or_else(|| Error::InvalidSplit("a tensor has no local copy".into()))
+        };
+        let mirrored = SplitState::Mirrored;
+        for &id in graph.nodes() {
+            if let Some(tensors) = reduces_before.get(&id) {
+                flush(&mut run, &mut steps);
+                for &t in tensors {
+                    steps.push(Step::Reduce {
+                        dims: ctx.get(t)?.ne.to_vec(),
+                        tensors: copies(&cur, t)?,
+                    });
+                }
+            }
+            if let Some(roots) = gathers_before.get(&id) {
+                flush(&mut run, &mut steps);
+                for &r in roots {
+                    let parts = copies(&cur, r)?;
+                    let mut whole = Vec::with_capacity(n);
+                    for (d, map) in cur.iter_mut().enumerate() {
+                        let lid =
+                            self.local_copy(ctx, &mut local.ctx, map, r, d, &mirrored, &mirrored)?;
+                        map.insert(r, lid);
+                        whole.push(lid);
+                    }
+                    steps.push(Step::Gather {
+                        parts: (r, parts),
+                        whole,
+                    });
+                    gathered.insert(r);
+                    moved.insert(r);
+                    for &v in views_of.get(&r).map(Vec::as_slice).unwrap_or_default() {
+                        for (d, map) in cur.iter_mut().enumerate() {
+                            let lid = self.local_copy(
+                                ctx,
+                                &mut local.ctx,
+                                map,
+                                v,
+                                d,
+                                &mirrored,
+                                &mirrored,
+                            )?;
+                            map.insert(v, lid);
+                        }
+                        moved.insert(v);
+                    }
+                }
+            }
+            let t = ctx.get(id)?;
+            let in_gathered = gathered.contains(&root(id));
+            let stale = in_gathered
+                || t.src.iter().any(|s| moved.contains(s))
+                || t.view_src.is_some_and(|r| moved.contains(&r));
+            if stale {
+                let state = if in_gathered {
+                    mirrored.clone()
+                } else {
+                    split.state(id).cloned().unwrap_or(SplitState::Mirrored)
+                };
+                let root_state = if in_gathered {
+                    mirrored.clone()
+                } else {
+                    split
+                        .state(root(id))
+                        .cloned()
+                        .unwrap_or(SplitState::Mirrored)
+                };
+                for (d, map) in cur.iter_mut().enumerate() {
+                    let lid =
+                        self.local_copy(ctx, &mut local.ctx, map, id, d, &state, &root_state)?;
+                    map.insert(id, lid);
+                }
+                moved.insert(id);
+            }
+            for (d, map) in cur.iter().enumerate() {
+                let lid = map
+                    .get(&id)
                     .copied()
                     .ok_or_else(|| Error::InvalidSplit("a node has no local copy".into()))?;
-                let t = &local.ctx[lid];
+                run[d].push(lid);
+            }
+        }
+        flush(&mut run, &mut steps);
+        for t in reduces_at_end {
+            steps.push(Step::Reduce {
+                dims: ctx.get(t)?.ne.to_vec(),
+                tensors: copies(&cur, t)?,
+            });
+        }
+        Ok(steps)
+    }
+
+    /// Run one piece: device `d` computes its local nodes `per_device[d]`. A device holding
+    /// an empty slice skips nodes without elements, and a matrix product over its empty share
+    /// of the contraction axis is a zero partial sum: its output is zero-filled, in order with
+    /// the rest.
+    fn run_piece(&mut self, local: &Context, per_device: &[Vec<TensorId>]) -> Result<()> {
+        for (child, piece) in self.children.iter_mut().zip(per_device) {
+            let mut run: Vec<TensorId> = Vec::new();
+            for &lid in piece {
+                let t = &local[lid];
                 if t.nelements() == 0 {
                     continue;
                 }
                 let empty_dot = t.op == crate::op::Op::MulMat
-                    && t.src.first().is_some_and(|&a| local.ctx[a].ne[0] == 0);
+                    && t.src.first().is_some_and(|&a| local[a].ne[0] == 0);
                 if empty_dot {
                     if !run.is_empty() {
-                        child.graph_compute(
-                            &local.ctx,
-                            &Graph::from_nodes(std::mem::take(&mut run)),
-                        )?;
+                        child.graph_compute(local, &Graph::from_nodes(std::mem::take(&mut run)))?;
                     }
                     child.synchronize()?;
-                    local.ctx.tensor_memset(lid, 0, 0, t.nbytes())?;
+                    local.tensor_memset(lid, 0, 0, t.nbytes())?;
                     continue;
                 }
                 run.push(lid);
             }
             if !run.is_empty() {
-                child.graph_compute_async(&local.ctx, &Graph::from_nodes(run))?;
+                child.graph_compute_async(local, &Graph::from_nodes(run))?;
             }
         }
         for c in &mut self.children {
@@ -446,4 +588,49 @@ impl MetaBackend {
         }
         Ok(())
     }
+}
+
+/// One step of a meta graph's work.
+enum Step {
+    /// Local nodes per device, run side by side.
+    Run(Vec<Vec<TensorId>>),
+    /// All-reduce these local tensors (one per device) of shape `dims`.
+    Reduce {
+        dims: Vec<usize>,
+        tensors: Vec<TensorId>,
+    },
+    /// All-gather meta tensor `parts.0` from its split local copies `parts.1` into the whole
+    /// local copies `whole` (same memory), one per device.
+    Gather {
+        parts: (TensorId, Vec<TensorId>),
+        whole: Vec<TensorId>,
+    },
+}
+
+/// Read every device's slice of split tensor `id`, join them on the host, and write the whole
+/// tensor over each device's slice (the child holds the whole size at that offset).
+fn gather_in_place(
+    ctx: &Context,
+    local: &Context,
+    split: &GraphSplit,
+    (id, parts): &(TensorId, Vec<TensorId>),
+    whole: &[TensorId],
+) -> Result<()> {
+    let t = ctx.get(*id)?;
+    let state = split
+        .state(*id)
+        .ok_or_else(|| Error::InvalidSplit("a gathered tensor has no state".into()))?;
+    let slices = parts
+        .iter()
+        .map(|&lid| {
+            let mut bytes = vec![0u8; local[lid].nbytes()];
+            local.tensor_get(lid, 0, &mut bytes)?;
+            Ok(bytes)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let joined = super::scatter::gather(t.dtype, t.ne, state, &slices)?;
+    for &lid in whole {
+        local.tensor_set(lid, 0, &joined)?;
+    }
+    Ok(())
 }

@@ -17,13 +17,22 @@
 //! the mirrored term once per device).
 //!
 //! Split sources must combine *locally*: each device computes its slice from its own slices
-//! with the ordinary kernel, without offsets into another tensor. Combinations that would need
-//! a gather or a slice of a mirrored operand (e.g. a split tensor plus a full-size mirrored
-//! one) are errors ([`Error::UnsupportedSplit`] naming the op and the states), never a silent
-//! fallback: the loader chooses states so that they do not happen (split the bias like its
-//! weight). The op set is closed, so every op has a rule; ops whose result depends on global
-//! indices (rows for norms and softmax, columns for the causal mask, rotation pairs for ROPE,
-//! the head index for ALiBi) refuse a split of that axis.
+//! with the ordinary kernel, without offsets into another tensor. The op set is closed, so
+//! every op has a rule; ops whose result depends on global indices (rows for norms and
+//! softmax, columns for the causal mask, rotation pairs for ROPE, the head index for ALiBi)
+//! refuse a split of that axis.
+//!
+//! # Gathers: running an op mirrored
+//!
+//! Where a rule refuses a combination (e.g. a split tensor plus a full-size mirrored one, a row
+//! norm of rows split across devices, a matrix product whose weight is split by output rows
+//! and whose input is split), the split *computed* sources are all-gathered
+//! ([`Propagation::gather`]): their root becomes whole and MIRRORED on every device, in place,
+//! before the op, and the rule is asked again. This is how a model gets bit-exact tensor
+//! parallelism (weights split by output rows only, every dot product whole on one device), and
+//! it is the fallback for any op without a local rule. Leaves (weights, caches) are never
+//! gathered: they persist between graphs in their split layout, so a leaf the rule refuses is
+//! an error ([`Error::UnsupportedSplit`] naming the op and the states).
 //!
 //! View ops remap the split axis through memory: the split axis of the (contiguous) source is
 //! followed through the view's strides; the view must keep the axis whole, and may subdivide
@@ -49,6 +58,9 @@ pub struct Propagation {
     /// Positions (in the node's `src`) of PARTIAL sources that must be all-reduced (turned
     /// MIRRORED) before the op runs; ascending, empty when none.
     pub reduce: Vec<usize>,
+    /// Positions of split sources whose root (a computed tensor) must be all-gathered (made
+    /// whole and MIRRORED on every device) before the op runs; ascending, empty when none.
+    pub gather: Vec<usize>,
 }
 
 /// A point where the graph is cut: `tensor` holds partial sums and is all-reduced in place.
@@ -60,14 +72,27 @@ pub struct Reduce {
     pub before: Option<TensorId>,
 }
 
+/// A point where the graph is cut: `tensor` (a computed, non-view tensor split along an axis)
+/// is all-gathered in place, so that it and its views are whole and MIRRORED from then on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gather {
+    /// The split tensor (a view root).
+    pub tensor: TensorId,
+    /// The first node that needs it whole.
+    pub before: TensorId,
+}
+
 /// Split states of a whole graph.
 #[derive(Clone, Debug, Default)]
 pub struct GraphSplit {
     /// The state of every leaf and node as it is computed (a tensor reduced later is listed
-    /// here as PARTIAL; after its [`Reduce`] point it is MIRRORED).
+    /// here as PARTIAL, one gathered later as split; after its [`Reduce`] or [`Gather`] point
+    /// it is MIRRORED).
     pub states: HashMap<TensorId, SplitState>,
     /// The all-reduces, in graph order of the node that first needs each.
     pub reduces: Vec<Reduce>,
+    /// The all-gathers, in graph order of the node that first needs each.
+    pub gathers: Vec<Gather>,
 }
 
 impl GraphSplit {
@@ -79,6 +104,11 @@ impl GraphSplit {
     /// Whether `id` is all-reduced somewhere in the graph.
     pub fn is_reduced(&self, id: TensorId) -> bool {
         self.reduces.iter().any(|r| r.tensor == id)
+    }
+
+    /// Whether `id` (a view root) is all-gathered somewhere in the graph.
+    pub fn is_gathered(&self, id: TensorId) -> bool {
+        self.gathers.iter().any(|g| g.tensor == id)
     }
 }
 
@@ -121,14 +151,41 @@ pub fn propagate(
     }
     let mut states = src_states.to_vec();
     let mut reduce = Vec::new();
-    // Each round turns at least one partial source mirrored, so this ends within
+    let mut gather = Vec::new();
+    // Each round turns at least one partial or split source mirrored, so this ends within
     // `src.len() + 1` rounds; the bound guards against a rule that asks for a non-partial one.
     for _ in 0..=states.len() {
-        match rule(ctx, t, &states)? {
+        let answer = match rule(ctx, t, &states) {
+            Err(e @ Error::UnsupportedSplit { .. }) => {
+                // Run the op on whole (gathered) computed sources instead, if that helps.
+                let mut gathered = false;
+                for (i, &s) in t.src.iter().enumerate() {
+                    if matches!(states[i], SplitState::Axis { .. }) && gatherable(ctx, s) {
+                        states[i] = SplitState::Mirrored;
+                        gather.push(i);
+                        gathered = true;
+                    }
+                }
+                if !gathered {
+                    return Err(e);
+                }
+                match rule(ctx, t, &states) {
+                    Err(Error::UnsupportedSplit { .. }) => return Err(e),
+                    other => other?,
+                }
+            }
+            other => other?,
+        };
+        match answer {
             Rule::State(state) => {
                 state.validate(t.ne, n_devices)?;
                 reduce.sort_unstable();
-                return Ok(Propagation { state, reduce });
+                gather.sort_unstable();
+                return Ok(Propagation {
+                    state,
+                    reduce,
+                    gather,
+                });
             }
             Rule::Reduce(idx) => {
                 let mut progressed = false;
@@ -215,6 +272,22 @@ pub fn propagate_graph(
             });
             mark_reduced(ctx, &mut current, s);
         }
+        for &i in &p.gather {
+            let root = ctx[t.src[i]].view_src.unwrap_or(t.src[i]);
+            if current.get(&root) == Some(&SplitState::Mirrored) {
+                continue;
+            }
+            out.gathers.push(Gather {
+                tensor: root,
+                before: id,
+            });
+            let is_root = |x: TensorId| ctx[x].view_src.unwrap_or(x) == root;
+            for (&x, state) in current.iter_mut() {
+                if is_root(x) {
+                    *state = SplitState::Mirrored;
+                }
+            }
+        }
         current.insert(id, p.state.clone());
         out.states.insert(id, p.state);
     }
@@ -243,6 +316,14 @@ fn mark_reduced(ctx: &Context, current: &mut HashMap<TensorId, SplitState>, id: 
         }
     }
     current.insert(id, SplitState::Mirrored);
+}
+
+/// Whether `id`'s memory may be all-gathered in place: its root is computed by a node (a leaf
+/// keeps its split layout between graphs) and holds plain (non-quantized) data.
+fn gatherable(ctx: &Context, id: TensorId) -> bool {
+    let root = ctx[id].view_src.unwrap_or(id);
+    ctx.get(root)
+        .is_ok_and(|r| r.op != Op::None && !r.dtype.is_quantized())
 }
 
 /// Which of `idx` hold partial sums.
