@@ -175,12 +175,59 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         }
     };
     let arow_bytes = a.row_bytes();
+    let tiled = super::tiled::supported(a.dtype);
     for unit in super::split(batches * nblk, tc.ith, tc.nth) {
         let batch = unit / nblk;
         let i0 = (unit % nblk) * blk;
         let (i12, i13) = (batch % ne12, batch / ne12);
         let (i02, i03) = (i12 / r2.max(1), i13 / r3.max(1));
         let rows0 = i0..(i0 + blk).min(ne01);
+        if quant && ne11 > 1 && tiled {
+            // Register tiles: rows x columns computed together, bit-equal to the pair dots.
+            let nb = ne00 / vd.block_size();
+            let (rm, rn) = (super::tiled::tile_rows(), super::tiled::TILE_COLS);
+            let mut out = [0f32; 4 * super::tiled::TILE_COLS];
+            for t0 in (0..ne11).step_by(TILE1) {
+                let t1 = (t0 + TILE1).min(ne11);
+                for r0 in rows0.clone().step_by(rm) {
+                    let r1 = (r0 + rm).min(rows0.end);
+                    let mut x = [std::ptr::null::<u8>(); 4];
+                    for (slot, i01) in x.iter_mut().zip(r0..r1) {
+                        *slot = a.row(i01, i02, i03).cast_const();
+                    }
+                    for c0 in (t0..t1).step_by(rn) {
+                        let c1 = (c0 + rn).min(t1);
+                        let mut y = [std::ptr::null::<u8>(); super::tiled::TILE_COLS];
+                        for (slot, i11) in y.iter_mut().zip(c0..c1) {
+                            *slot = b_row(i11, i12, i13);
+                        }
+                        // SAFETY: tiled::supported(a.dtype); the src0 rows are dense and
+                        // in bounds, the src1 rows complete in the work area since the
+                        // barrier, each `nb` blocks; `out` holds rm x TILE_COLS.
+                        unsafe {
+                            super::tiled::tile(
+                                a.dtype,
+                                nb,
+                                &x[..r1 - r0],
+                                &y[..c1 - c0],
+                                &mut out,
+                                rn,
+                            )
+                        };
+                        for (r, i01) in (r0..r1).enumerate() {
+                            for (c, i11) in (c0..c1).enumerate() {
+                                let dst_el = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+                                // SAFETY: output element (i01, i11, i12, i13) is in bounds
+                                // and written only by the thread owning row block (batch,
+                                // i01).
+                                unsafe { dst_el.cast::<f32>().write(out[r * rn + c]) };
+                            }
+                        }
+                    }
+                }
+            }
+            continue;
+        }
         if quant {
             // Tiles of src1 rows keep a block of weight rows and a tile of activations in
             // cache while every pair is multiplied.

@@ -27,6 +27,7 @@ mod norm;
 mod rope;
 mod rows;
 mod softmax;
+mod tiled;
 mod vexp;
 
 pub(crate) use convert::quant_available;

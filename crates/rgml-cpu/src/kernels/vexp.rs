@@ -79,7 +79,9 @@ pub(crate) fn v_expf16(x: f32) -> f32 {
         return n;
     }
     // `j * 2^n` is exact in f64 (|n| <= 192), so the cast is vscalefps's single rounding.
-    (f64::from(j) * 2f64.powi(n as i32)) as f32
+    // 2^n is built from its exponent bits (a normal f64 for |n| <= 192): `powi` is a libm call.
+    let pow2 = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (f64::from(j) * pow2) as f32
 }
 
 /// One lane of ggml's `ggml_v_silu`: `x / (1 + v_expf(-x))`.

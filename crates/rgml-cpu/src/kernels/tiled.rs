@@ -1,0 +1,492 @@
+//! Register-tiled quantized matrix products for prompt processing: a tile of `RM` weight rows
+//! by `RN` activation rows computed together, so each weight block is unpacked once for `RN`
+//! columns and each activation block loaded once for `RM` rows.
+//!
+//! Every output element goes through exactly the operations of its per-pair dot
+//! ([`super::dot`]'s AVX2 `q4_0·q8_0`, `q4_1·q8_1`, `q8_0·q8_0`, themselves ggml's): per block
+//! 8 lanes of exact integer sums of 4 products, converted to f32 and folded into the pair's own
+//! 8-lane accumulator with one FMA by `d_x * d_y`; the q4_1 min terms summed in order in f32;
+//! one `hsum` at the end. Tiling only interleaves independent pairs, so the results are the
+//! per-pair dots' bit for bit (tested below on random data).
+//!
+//! Two builds of one body: AVX2 (16 vector registers: 2×4 tiles) and AVX-512VL (32 registers:
+//! 4×4 tiles, the integer sums by VNNI `vpdpbusd` where present, which gives the same sums).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use rgml::DType;
+
+/// Weight types with a tiled kernel.
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// Which tiled build this CPU runs, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TiledIsa {
+    Avx2,
+    Avx512,
+    Avx512Vnni,
+}
+
+/// The tiled build for this CPU (`None`: no AVX2/FMA/F16C).
+pub(crate) fn isa() -> Option<TiledIsa> {
+    static ISA: OnceLock<Option<TiledIsa>> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c"))
+            {
+                return None;
+            }
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                if is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512dq")
+                {
+                    return Some(TiledIsa::Avx512Vnni);
+                }
+                return Some(TiledIsa::Avx512);
+            }
+            Some(TiledIsa::Avx2)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        None
+    })
+}
+
+fn kind(dtype: DType) -> Option<u8> {
+    match dtype {
+        DType::Q4_0 => Some(Q4_0),
+        DType::Q4_1 => Some(Q4_1),
+        DType::Q8_0 => Some(Q8_0),
+        _ => None,
+    }
+}
+
+/// Whether weights of `dtype` have a tiled kernel on this CPU.
+pub(crate) fn supported(dtype: DType) -> bool {
+    kind(dtype).is_some() && isa().is_some()
+}
+
+/// Rows of a tile for this CPU's build.
+pub(crate) fn tile_rows() -> usize {
+    match isa() {
+        Some(TiledIsa::Avx512 | TiledIsa::Avx512Vnni) => 4,
+        _ => 2,
+    }
+}
+
+/// Columns of a tile.
+pub(crate) const TILE_COLS: usize = 4;
+
+/// `out[r * out_stride + c] = dot(x[r], y[c])` for the `x.len()` weight rows (at most
+/// [`tile_rows`]) and `y.len()` activation rows (at most [`TILE_COLS`]) of `nb` blocks each.
+///
+/// # Safety
+/// [`supported`]`(dtype)` holds; every `x[r]` points at `nb` readable blocks of `dtype`, every
+/// `y[c]` at `nb` blocks of its vec-dot type; `out` has room for every `(r, c)`.
+pub(crate) unsafe fn tile(
+    dtype: DType,
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    if let Some(isa) = isa() {
+        // SAFETY: as promised by the caller; `isa` is this CPU's.
+        unsafe { tile_on(isa, dtype, nb, x, y, out, out_stride) }
+    }
+}
+
+/// [`tile`] with the build `isa`, which this CPU must support (the tests run every build).
+///
+/// # Safety
+/// As [`tile`], and the CPU supports `isa`.
+unsafe fn tile_on(
+    isa: TiledIsa,
+    dtype: DType,
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let Some(k) = kind(dtype) else {
+            return;
+        };
+        macro_rules! go {
+            ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr) => {
+                // SAFETY: the features `$f` needs were detected (isa()); pointers as promised
+                // by the caller.
+                unsafe {
+                    match k {
+                        Q4_0 => $f::<Q4_0, $rm, $rn>(nb, $x, y, $out, out_stride),
+                        Q4_1 => $f::<Q4_1, $rm, $rn>(nb, $x, y, $out, out_stride),
+                        _ => $f::<Q8_0, $rm, $rn>(nb, $x, y, $out, out_stride),
+                    }
+                }
+            };
+        }
+        macro_rules! cols {
+            ($f:ident, $rm:literal, $x:expr, $out:expr) => {
+                match y.len() {
+                    4 => go!($f, $rm, 4, $x, $out),
+                    3 => go!($f, $rm, 3, $x, $out),
+                    2 => go!($f, $rm, 2, $x, $out),
+                    _ => go!($f, $rm, 1, $x, $out),
+                }
+            };
+        }
+        macro_rules! shapes {
+            ($f:ident, $rm:literal) => {
+                if x.len() == $rm {
+                    cols!($f, $rm, x, out)
+                } else {
+                    for (r, xr) in x.iter().enumerate() {
+                        cols!($f, 1, std::slice::from_ref(xr), &mut out[r * out_stride..])
+                    }
+                }
+            };
+        }
+        match isa {
+            TiledIsa::Avx2 => shapes!(tile_avx2, 2),
+            TiledIsa::Avx512 => shapes!(tile_avx512, 4),
+            TiledIsa::Avx512Vnni => match (x.len(), y.len()) {
+                // Two columns per 512-bit register.
+                (4, 4) => go!(tile_vnni512, 4, 2, x, out),
+                (4, 2) => go!(tile_vnni512, 4, 1, x, out),
+                _ => shapes!(tile_vnni, 4),
+            },
+        }
+    }
+}
+
+/// The tile body, compiled into each build below (`#[inline(always)]` so that the intrinsics
+/// inline under the build's features).
+///
+/// # Safety
+/// As [`tile`], with exactly `RM` rows and `RN` columns, on a CPU with AVX2, FMA and F16C (and
+/// AVX-512 VNNI with VL when `VNNI`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // Block bytes: q4_0 {d, qs[16]}, q4_1 {d, m, qs[16]}, q8_0 {d, qs[32]}; activations q8_0
+    // {d, qs[32]}, q8_1 {d, s, qs[32]}.
+    let (xb, yb, xq, yq) = match K {
+        Q4_0 => (18, 34, 2, 2),
+        Q4_1 => (20, 36, 4, 4),
+        _ => (34, 34, 2, 2),
+    };
+    // SAFETY: reads within the blocks the caller promised, under the CPU features of the
+    // calling build.
+    unsafe {
+        let h2f = |p: *const u8| -> f32 {
+            let bits = p.cast::<u16>().read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+        };
+        let nibbles = |p: *const u8| -> __m256i {
+            let b = _mm_loadu_si128(p.cast());
+            let hi = _mm_srli_epi16::<4>(b);
+            _mm256_and_si256(_mm256_set_m128i(hi, b), _mm256_set1_epi8(0x0F))
+        };
+        // 8 lanes, each the exact sum of 4 unsigned x signed byte products, as f32.
+        let us8 = |ux: __m256i, sy: __m256i| -> __m256 {
+            let dot32 = if VNNI {
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), ux, sy)
+            } else {
+                // No saturation: |15 * 128 * 2| and |127 * 127 * 2| fit in i16.
+                _mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy), _mm256_set1_epi16(1))
+            };
+            _mm256_cvtepi32_ps(dot32)
+        };
+        let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+        let mut summs = [[0f32; RN]; RM];
+        let mut qy = [_mm256_setzero_si256(); RN];
+        let mut dy = [0f32; RN];
+        let mut sy = [0f32; RN];
+        for i in 0..nb {
+            for c in 0..RN {
+                let p = y[c].add(i * yb);
+                dy[c] = h2f(p);
+                if K == Q4_1 {
+                    sy[c] = h2f(p.add(2));
+                }
+                qy[c] = _mm256_loadu_si256(p.add(yq).cast());
+            }
+            for r in 0..RM {
+                let p = x[r].add(i * xb);
+                let dx = h2f(p);
+                match K {
+                    Q4_1 => {
+                        let mx = h2f(p.add(2));
+                        let qx = nibbles(p.add(xq));
+                        for c in 0..RN {
+                            summs[r][c] += mx * sy[c];
+                            let d = _mm256_set1_ps(dx * dy[c]);
+                            acc[r][c] = _mm256_fmadd_ps(d, us8(qx, qy[c]), acc[r][c]);
+                        }
+                    }
+                    _ => {
+                        let qx = if K == Q4_0 {
+                            _mm256_sub_epi8(nibbles(p.add(xq)), _mm256_set1_epi8(8))
+                        } else {
+                            _mm256_loadu_si256(p.add(xq).cast())
+                        };
+                        // Signed x signed through the sign of x (quants are never -128).
+                        let ax = _mm256_sign_epi8(qx, qx);
+                        for c in 0..RN {
+                            let d = _mm256_set1_ps(dx * dy[c]);
+                            let p = us8(ax, _mm256_sign_epi8(qy[c], qx));
+                            acc[r][c] = _mm256_fmadd_ps(d, p, acc[r][c]);
+                        }
+                    }
+                }
+            }
+        }
+        for r in 0..RM {
+            for c in 0..RN {
+                let v = acc[r][c];
+                let lo = _mm256_castps256_ps128(v);
+                let hi = _mm256_extractf128_ps::<1>(v);
+                let s = _mm_add_ps(lo, hi);
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                let h = _mm_cvtss_f32(s);
+                out[r * out_stride + c] = if K == Q4_1 { h + summs[r][c] } else { h };
+            }
+        }
+    }
+}
+
+/// [`body`] with two columns per 512-bit register: lanes 0..8 hold column `2j`'s pair, lanes
+/// 8..16 column `2j + 1`'s, each with exactly its own per-pair operations (the scale product
+/// `d_x * d_y` is one IEEE multiply per lane, as in the scalar form). `RN2` column pairs.
+///
+/// # Safety
+/// As [`tile`], with `RM` rows and `2 * RN2` columns, on a CPU with AVX-512 F, BW, DQ, VL
+/// and VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+unsafe fn tile_vnni512<const K: u8, const RM: usize, const RN2: usize>(
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let (xb, yb, xq, yq) = match K {
+        Q4_0 => (18, 34, 2, 2),
+        Q4_1 => (20, 36, 4, 4),
+        _ => (34, 34, 2, 2),
+    };
+    // SAFETY: reads within the blocks the caller promised, under the features of this
+    // function.
+    unsafe {
+        let h2f = |p: *const u8| -> f32 {
+            let bits = p.cast::<u16>().read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+        };
+        let mut acc = [[_mm512_setzero_ps(); RN2]; RM];
+        let mut summs = [[0f32; 8]; RM];
+        let mut qy = [_mm512_setzero_si512(); RN2];
+        let mut dy = [_mm512_setzero_ps(); RN2];
+        let mut sy = [0f32; 8];
+        for i in 0..nb {
+            for j in 0..RN2 {
+                let (p0, p1) = (y[2 * j].add(i * yb), y[2 * j + 1].add(i * yb));
+                let lo = _mm256_loadu_si256(p0.add(yq).cast());
+                let hi = _mm256_loadu_si256(p1.add(yq).cast());
+                qy[j] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                dy[j] = _mm512_insertf32x8::<1>(_mm512_set1_ps(h2f(p0)), _mm256_set1_ps(h2f(p1)));
+                if K == Q4_1 {
+                    sy[2 * j] = h2f(p0.add(2));
+                    sy[2 * j + 1] = h2f(p1.add(2));
+                }
+            }
+            for r in 0..RM {
+                let p = x[r].add(i * xb);
+                let dx = _mm512_set1_ps(h2f(p));
+                let qx = match K {
+                    Q8_0 => _mm256_loadu_si256(p.add(xq).cast()),
+                    _ => {
+                        let b = _mm_loadu_si128(p.add(xq).cast());
+                        let hi = _mm_srli_epi16::<4>(b);
+                        let n = _mm256_and_si256(_mm256_set_m128i(hi, b), _mm256_set1_epi8(0x0F));
+                        if K == Q4_0 {
+                            _mm256_sub_epi8(n, _mm256_set1_epi8(8))
+                        } else {
+                            n
+                        }
+                    }
+                };
+                let qx = _mm512_broadcast_i64x4(qx);
+                if K == Q4_1 {
+                    let mx = h2f(p.add(2));
+                    for (c, s) in summs[r].iter_mut().enumerate().take(2 * RN2) {
+                        *s += mx * sy[c];
+                    }
+                }
+                // Signed x signed through the sign of x (quants are never -128).
+                let ux = if K == Q4_1 { qx } else { _mm512_abs_epi8(qx) };
+                for j in 0..RN2 {
+                    let sy8 = if K == Q4_1 {
+                        qy[j]
+                    } else {
+                        // y * sign(x): negate where x < 0, zero where x == 0.
+                        let neg = _mm512_movepi8_mask(qx);
+                        let zero = _mm512_cmpeq_epi8_mask(qx, _mm512_setzero_si512());
+                        let flipped =
+                            _mm512_mask_sub_epi8(qy[j], neg, _mm512_setzero_si512(), qy[j]);
+                        _mm512_maskz_mov_epi8(!zero, flipped)
+                    };
+                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ux, sy8);
+                    let d = _mm512_mul_ps(dx, dy[j]);
+                    acc[r][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r][j]);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (j, &pair) in row.iter().enumerate() {
+                for half in 0..2 {
+                    let v = if half == 0 {
+                        _mm512_castps512_ps256(pair)
+                    } else {
+                        _mm512_extractf32x8_ps::<1>(pair)
+                    };
+                    let lo = _mm256_castps256_ps128(v);
+                    let hi = _mm256_extractf128_ps::<1>(v);
+                    let s = _mm_add_ps(lo, hi);
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                    let h = _mm_cvtss_f32(s);
+                    let c = 2 * j + half;
+                    out[r * out_stride + c] = if K == Q4_1 { h + summs[r][c] } else { h };
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// As [`body`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<const K: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // SAFETY: as promised by the caller.
+    unsafe { body::<K, RM, RN, false>(nb, x, y, out, out_stride) }
+}
+
+/// # Safety
+/// As [`body`], on a CPU with AVX-512F and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn tile_avx512<const K: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // SAFETY: as promised by the caller.
+    unsafe { body::<K, RM, RN, false>(nb, x, y, out, out_stride) }
+}
+
+/// # Safety
+/// As [`body`], on a CPU with AVX-512F, VL and VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+unsafe fn tile_vnni<const K: u8, const RM: usize, const RN: usize>(
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // SAFETY: as promised by the caller.
+    unsafe { body::<K, RM, RN, true>(nb, x, y, out, out_stride) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::activations::quantize_activations;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Every tile shape gives each pair's `vec_dot` bit for bit, for each type.
+    #[test]
+    fn tiles_equal_the_pairwise_dots() {
+        if !supported(DType::Q4_1) {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(7);
+        let n = 256;
+        let nb = n / 32;
+        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+            let vd = dtype.vec_dot_type();
+            let rows: Vec<Vec<u8>> = (0..5)
+                .map(|_| {
+                    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
+                    rgml::quant::quantize_row(dtype, &v, &mut b).unwrap();
+                    b
+                })
+                .collect();
+            let cols: Vec<Vec<u8>> = (0..5)
+                .map(|_| {
+                    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
+                    let mut b = vec![0u8; vd.row_bytes(n).unwrap()];
+                    quantize_activations(vd, &v, &mut b).unwrap();
+                    b
+                })
+                .collect();
+            let builds = [TiledIsa::Avx2, TiledIsa::Avx512, TiledIsa::Avx512Vnni];
+            let best = builds.iter().position(|&b| Some(b) == isa()).unwrap_or(0);
+            for (isa, rm) in builds[..=best]
+                .iter()
+                .zip([2, 4, 4])
+                .flat_map(|(&b, m)| (1..=m).map(move |rm| (b, rm)))
+            {
+                for rn in 1..=TILE_COLS {
+                    let x: Vec<*const u8> = rows[..rm].iter().map(|r| r.as_ptr()).collect();
+                    let y: Vec<*const u8> = cols[..rn].iter().map(|c| c.as_ptr()).collect();
+                    let mut out = vec![f32::NAN; rm * 7];
+                    // SAFETY: supported, `isa` at most this CPU's best build; rows and
+                    // columns hold `nb` blocks each.
+                    unsafe { tile_on(isa, dtype, nb, &x, &y, &mut out, 7) };
+                    for r in 0..rm {
+                        for c in 0..rn {
+                            let want =
+                                crate::kernels::dot::vec_dot(dtype, n, &rows[r], &cols[c]).unwrap();
+                            assert_eq!(
+                                out[r * 7 + c].to_bits(),
+                                want.to_bits(),
+                                "{dtype} {isa:?} {rm}x{rn} ({r}, {c})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
