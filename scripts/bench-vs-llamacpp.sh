@@ -81,8 +81,10 @@ if [ ! -x "$llama_bench" ]; then
         -DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
         -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
-        >"$cache/cmake-configure.log"
-    cmake --build "$build" --target llama-bench -j "$(nproc)" >"$cache/cmake-build.log"
+        >"$cache/cmake-configure.log" 2>&1 ||
+        { tail -n 30 "$cache/cmake-configure.log" >&2; exit 1; }
+    cmake --build "$build" --target llama-bench -j "$(nproc)" >"$cache/cmake-build.log" 2>&1 ||
+        { tail -n 30 "$cache/cmake-build.log" >&2; exit 1; }
     [ -x "$llama_bench" ] || { echo "llama-bench not built; see $cache/cmake-build.log" >&2; exit 1; }
 fi
 
@@ -97,32 +99,38 @@ fi
 [ -f "$MODEL" ] || { echo "model $MODEL not found" >&2; exit 1; }
 
 # --- alternate rounds ------------------------------------------------------------------------
-results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+results=$work/results
+: >"$results"
 for round in $(seq 1 "$ROUNDS"); do
     log "round $round/$ROUNDS: llama-bench"
     # One JSON array per run; each entry is one test (pp or tg) with avg_ts in tokens/s.
-    "$llama_bench" -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 -o json 2>/dev/null |
-        python3 -c '
+    if ! "$llama_bench" -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 -o json \
+        >"$work/llama.json" 2>"$work/llama.err"; then
+        cat "$work/llama.err" >&2
+        exit 1
+    fi
+    python3 - "$work/llama.json" >>"$results" <<'PY'
 import json, sys
-for t in json.load(sys.stdin):
+for t in json.load(open(sys.argv[1])):
     kind = "pp" if t["n_gen"] == 0 else "tg"
     print("llama.cpp", kind, t["avg_ts"])
-' >>"$results"
+PY
     log "round $round/$ROUNDS: rgml bench"
-    "$rgml" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 --json |
-        python3 -c '
+    "$rgml" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 --json >"$work/rgml.json"
+    python3 - "$work/rgml.json" >>"$results" <<'PY'
 import json, sys
-v = json.loads(sys.stdin.read().strip().splitlines()[-1])
+v = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 print("rgml pp", v["pp_tok_s"])
 print("rgml tg", v["tg_tok_s"])
-' >>"$results"
+PY
 done
 
 # --- report ----------------------------------------------------------------------------------
-python3 - "$results" "$N_PROMPT" "$N_GEN" "$THREADS" "$ROUNDS" "$MODEL" <<'PY'
+python3 - "$results" "$N_PROMPT" "$N_GEN" "$THREADS" "$ROUNDS" "$MODEL" "$LLAMA_CPP_PYTHON_VERSION" <<'PY'
 import statistics, sys
-path, n_prompt, n_gen, threads, rounds, model = sys.argv[1:]
+path, n_prompt, n_gen, threads, rounds, model, llama_version = sys.argv[1:]
 runs = {}
 for line in open(path):
     tool, kind, ts = line.split()
@@ -133,7 +141,9 @@ def mean(tool, kind):
 def spread(tool, kind):
     v = runs.get((tool, kind), [])
     return statistics.stdev(v) if len(v) > 1 else 0.0
-print(f"model {model}, {threads} threads, {rounds} rounds (alternating), tokens/s mean ± sd")
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(f"model {model}, {threads} threads, {rounds} rounds (alternating), CPU {cpu}")
+print(f"llama.cpp: llama-bench from llama-cpp-python {llama_version} (CPU, AMX off); tokens/s, mean ± sd")
 print(f"| test | llama.cpp | rgml | rgml / llama.cpp | target | |")
 print(f"| --- | ---: | ---: | ---: | ---: | --- |")
 for kind, n, target in (("pp", n_prompt, 2.0), ("tg", n_gen, 1.5)):
@@ -142,4 +152,11 @@ for kind, n, target in (("pp", n_prompt, 2.0), ("tg", n_gen, 1.5)):
     verdict = "PASS" if ratio >= target else "MISS"
     print(f"| {kind}{n} | {l:.1f} ± {spread('llama.cpp', kind):.1f} | {r:.1f} ± {spread('rgml', kind):.1f} "
           f"| {ratio:.2f}x | >= {target:g}x | {verdict} |")
+print("per round:")
+for kind in ("pp", "tg"):
+    for tool in ("llama.cpp", "rgml"):
+        print(f"  {kind} {tool:9}: " + "  ".join(f"{v:.1f}" for v in runs.get((tool, kind), [])))
+load = open("/proc/loadavg").read().split()[0]
+print(f"load average (1 min) after the runs: {load} on {__import__('os').cpu_count()} CPUs"
+      " (anything besides the benchmark makes the figures noisy)")
 PY
