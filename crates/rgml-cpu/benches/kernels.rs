@@ -252,6 +252,16 @@ fn graph_overhead_us(cfg: &Cfg, threads: usize, n: usize) -> (f64, f64) {
     (t_chain / n as f64 * 1e6, t_one * 1e6)
 }
 
+/// The 1-minute load average: other work on the machine makes every figure here noisy.
+fn load_note() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("load average (1 min) at start: {load} on {cpus} CPUs (other work skews the figures)")
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is not supported, other flags ignored.
     let quick = std::env::var("RGML_BENCH_QUICK").is_ok_and(|v| v == "1");
@@ -269,6 +279,7 @@ fn main() {
         "rgml-cpu kernel benchmarks, {} threads (median of >= {} runs)",
         cfg.threads, cfg.min_runs
     );
+    println!("{}", load_note());
     println!();
 
     // --- ceilings ---
