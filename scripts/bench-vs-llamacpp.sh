@@ -152,10 +152,14 @@ for kind, n, target in (("pp", n_prompt, 2.0), ("tg", n_gen, 1.5)):
     verdict = "PASS" if ratio >= target else "MISS"
     print(f"| {kind}{n} | {l:.1f} ± {spread('llama.cpp', kind):.1f} | {r:.1f} ± {spread('rgml', kind):.1f} "
           f"| {ratio:.2f}x | >= {target:g}x | {verdict} |")
-print("per round:")
+print("per round (and best round: least disturbed by other work on the machine):")
 for kind in ("pp", "tg"):
+    best = {}
     for tool in ("llama.cpp", "rgml"):
-        print(f"  {kind} {tool:9}: " + "  ".join(f"{v:.1f}" for v in runs.get((tool, kind), [])))
+        v = runs.get((tool, kind), [])
+        best[tool] = max(v, default=float("nan"))
+        print(f"  {kind} {tool:9}: " + "  ".join(f"{x:7.1f}" for x in v) + f"   best {best[tool]:.1f}")
+    print(f"  {kind} best rgml / best llama.cpp: {best['rgml'] / best['llama.cpp']:.2f}x")
 load = open("/proc/loadavg").read().split()[0]
 print(f"load average (1 min) after the runs: {load} on {__import__('os').cpu_count()} CPUs"
       " (anything besides the benchmark makes the figures noisy)")
