@@ -36,3 +36,22 @@ pub fn default_n_threads() -> usize {
 
 #[cfg(test)]
 mod tests;
+
+/// Internals exposed for `cargo bench` only (`benches/`); not a public API.
+#[doc(hidden)]
+pub mod bench_support {
+    /// The barrier the compute threads meet at after every graph node.
+    pub struct Barrier(crate::barrier::SpinBarrier);
+
+    impl Barrier {
+        /// A barrier for `n` threads.
+        pub fn new(n: usize) -> Self {
+            Barrier(crate::barrier::SpinBarrier::new(n))
+        }
+
+        /// Wait until all `n` threads have arrived.
+        pub fn wait(&self) {
+            self.0.wait()
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! `cargo bench -p rgml-llm`: one decode step of the demo model (a single-token forward with
+//! the last logits), on the CPU backend with `RGML_BENCH_THREADS` threads (default 2), as a
+//! token of `rgml bench`'s tg test sees it: positions 16..80 of a context that a 16-token prompt
+//! filled. Prints the median and mean step time, tokens/s, and the weight bytes streamed per
+//! second. Skips, with a message, when the demo model is absent (scripts/fetch-model.sh).
+
+use rgml_llm::{Logits, Model, Session, SessionOptions};
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn main() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.exists() {
+        println!(
+            "decode bench skipped: demo model not found at {} (run scripts/fetch-model.sh)",
+            path.display()
+        );
+        return;
+    }
+    let threads: usize = std::env::var("RGML_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    rgml_cpu::register();
+    let model = Model::load(&path, Default::default()).expect("load the demo model");
+    let options = SessionOptions {
+        n_ctx: 128,
+        n_ubatch: 512,
+        backend: format!("CPU:n_threads={threads}"),
+    };
+    let mut session = Session::new(&model, &options).expect("session");
+    let n_vocab = model.config.n_vocab as u32;
+    let prompt: Vec<u32> = (0..16u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
+    let (n_steps, rounds) = (64usize, 5usize);
+    let mut times = Vec::new();
+    for round in 0..=rounds {
+        session.reset();
+        session.eval(&prompt, Logits::Last).expect("prompt");
+        for i in 0..n_steps {
+            let token = ((round * n_steps + i) as u32 * 104_729 + 7) % n_vocab;
+            let t = Instant::now();
+            let logits = session.eval(&[token], Logits::Last).expect("decode step");
+            let dt = t.elapsed().as_secs_f64();
+            std::hint::black_box(logits);
+            // Round 0 is the warm-up.
+            if round > 0 {
+                times.push(dt);
+            }
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    let bytes = model.size_bytes() as f64;
+    println!(
+        "decode step, demo model ({:.1} MB of weights), {threads} threads, {} steps:",
+        bytes / 1e6,
+        times.len()
+    );
+    println!("| decode step | median | mean | tok/s (median) | weight GB/s |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!(
+        "| {} | {:.3} ms | {:.3} ms | {:.1} | {:.1} |",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("model"),
+        median * 1e3,
+        mean * 1e3,
+        1.0 / median,
+        bytes / median / 1e9
+    );
+}
