@@ -102,6 +102,77 @@ unsafe fn dot_f32_avx2(x: &[f32], y: &[f32], wide: bool) -> f32 {
     }
 }
 
+/// `out[r][c] = dot_f32(x[r], y[c])` for 4 x 4 rows of one length, bit for bit: each pair
+/// keeps its own `L`-lane accumulator through the same FMAs and horizontal sum; the tile only
+/// loads each row once for four partners.
+fn dot_f32_tile(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::isa::isa() == super::isa::Isa::Avx512
+        && std::arch::is_x86_feature_detected!("avx512f")
+    {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        unsafe { dot_f32_tile_avx512(x, y, out) };
+        return;
+    }
+    for (out_r, xr) in out.iter_mut().zip(x) {
+        for (o, yc) in out_r.iter_mut().zip(y) {
+            *o = dot_f32(xr, yc);
+        }
+    }
+}
+
+/// The 16-lane tile with AVX-512 intrinsics: 16 accumulators of 16 lanes in registers; the
+/// tail goes into lanes `0..n % 16` with a masked FMA (the other lanes keep their value, as
+/// `dot_f32_generic` leaves them).
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn dot_f32_tile_avx512(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+    use std::arch::x86_64::*;
+    let n = x[0].len();
+    if x.iter().chain(y).any(|r| r.len() != n) {
+        return;
+    }
+    let full = n - n % 16;
+    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+    // SAFETY: every load reads 16 floats at `k0 < full <= n` of a row of length `n`, or (the
+    // tail) only the lanes below `n - full` under the mask.
+    unsafe {
+        let mut k0 = 0;
+        while k0 < full {
+            let xv: [__m512; 4] = std::array::from_fn(|r| _mm512_loadu_ps(x[r].as_ptr().add(k0)));
+            let yv: [__m512; 4] = std::array::from_fn(|c| _mm512_loadu_ps(y[c].as_ptr().add(k0)));
+            for (acc_r, xr) in acc.iter_mut().zip(&xv) {
+                for (a, yc) in acc_r.iter_mut().zip(&yv) {
+                    *a = _mm512_fmadd_ps(*xr, *yc, *a);
+                }
+            }
+            k0 += 16;
+        }
+        if full < n {
+            let mask: __mmask16 = (1u16 << (n - full)) - 1;
+            let xv: [__m512; 4] =
+                std::array::from_fn(|r| _mm512_maskz_loadu_ps(mask, x[r].as_ptr().add(full)));
+            let yv: [__m512; 4] =
+                std::array::from_fn(|c| _mm512_maskz_loadu_ps(mask, y[c].as_ptr().add(full)));
+            for (acc_r, xr) in acc.iter_mut().zip(&xv) {
+                for (a, yc) in acc_r.iter_mut().zip(&yv) {
+                    *a = _mm512_mask3_fmadd_ps(*xr, *yc, *a, mask);
+                }
+            }
+        }
+        for (out_r, acc_r) in out.iter_mut().zip(&acc) {
+            for (o, a) in out_r.iter_mut().zip(acc_r) {
+                let mut w = [0f32; 16];
+                _mm512_storeu_ps(w.as_mut_ptr(), *a);
+                *o = super::vexp::hsum16(&w);
+            }
+        }
+    }
+}
+
 /// Dot product as llamafile's tinyBLAS computes each output of an F32/F16 matmul (llama.cpp's
 /// path for attention): one `L`-lane accumulator (8 on AVX2, `tinyBLAS<8, __m256, ...>`; 16 on
 /// AVX-512, `tinyBLAS<16, __m512, ...>`), `acc = fma(a, b, acc)` for `k` in steps of `L`, then
@@ -202,7 +273,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         if quant && tiled {
             // Register tiles: rows x columns computed together, bit-equal to the pair dots.
             let nb = ne00 / vd.block_size();
-            let (rm, rn) = (super::tiled::tile_rows(), super::tiled::TILE_COLS);
+            let (rm, rn) = (super::tiled::tile_rows(), super::tiled::tile_cols());
             let mut out = [0f32; 4 * super::tiled::TILE_COLS];
             for t0 in (0..ne11).step_by(TILE1) {
                 let t1 = (t0 + TILE1).min(ne11);
@@ -274,24 +345,52 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
             }
             continue;
         }
-        for i01 in rows0 {
-            let arow = a.row(i01, i02, i03);
-            let x: &[f32] = if a.dtype == DType::F32 {
-                // SAFETY: a dense, in-bounds f32 row of src0, read-only during this node.
-                unsafe { f32_row(arow, ne00) }
+        // Tiles of 4 weight rows x 4 activation rows: each weight row converted once, each
+        // pair's dot in `dot_f32`'s order (see `dot_f32_tile`); edges pair by pair.
+        for r0 in rows0.clone().step_by(4) {
+            let nr = (rows0.end - r0).min(4);
+            let mut xs: [&[f32]; 4] = [&[]; 4];
+            if a.dtype == DType::F32 {
+                for (slot, i01) in xs.iter_mut().zip(r0..r0 + nr) {
+                    // SAFETY: a dense, in-bounds f32 row of src0, read-only during this node.
+                    *slot = unsafe { f32_row(a.row(i01, i02, i03), ne00) };
+                }
             } else {
-                let tmp = scratch_slice(tc.scratch, ne00)?;
-                // SAFETY: as above, for an F16/BF16 row.
-                row_to_f32(a.dtype, unsafe { bytes(arow, arow_bytes) }, tmp)?;
-                tmp
-            };
-            for i11 in 0..ne11 {
-                // SAFETY: a dense f32 src1 row (in place or in the work area).
-                let y = unsafe { f32_row(b_row(i11, i12, i13), ne00) };
-                let v = dot_f32(x, y);
-                let out = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
-                // SAFETY: as above.
-                unsafe { out.cast::<f32>().write(v) };
+                let tmp = scratch_slice(tc.scratch, nr * ne00)?;
+                for (i01, row) in (r0..r0 + nr).zip(tmp.chunks_exact_mut(ne00.max(1))) {
+                    // SAFETY: a dense, in-bounds F16/BF16 row of src0, read-only here.
+                    let src = unsafe { bytes(a.row(i01, i02, i03), arow_bytes) };
+                    row_to_f32(a.dtype, src, row)?;
+                }
+                for (slot, row) in xs.iter_mut().zip(tmp.chunks_exact(ne00.max(1))) {
+                    *slot = row;
+                }
+            }
+            for c0 in (0..ne11).step_by(4) {
+                let nc = (ne11 - c0).min(4);
+                let mut ys: [&[f32]; 4] = [&[]; 4];
+                for (slot, i11) in ys.iter_mut().zip(c0..c0 + nc) {
+                    // SAFETY: a dense f32 src1 row (in place or in the work area).
+                    *slot = unsafe { f32_row(b_row(i11, i12, i13), ne00) };
+                }
+                let mut out = [[0f32; 4]; 4];
+                if nr == 4 && nc == 4 {
+                    dot_f32_tile(&xs, &ys, &mut out);
+                } else {
+                    for (r, x) in xs.iter().enumerate().take(nr) {
+                        for (c, y) in ys.iter().enumerate().take(nc) {
+                            out[r][c] = dot_f32(x, y);
+                        }
+                    }
+                }
+                for (r, row) in out.iter().enumerate().take(nr) {
+                    for (c, &v) in row.iter().enumerate().take(nc) {
+                        let dst_el = dst.row(c0 + c, i12, i13).wrapping_add((r0 + r) * 4);
+                        // SAFETY: output element (r0 + r, c0 + c, i12, i13) is in bounds and
+                        // written only by the thread owning row block (batch, r0 + r).
+                        unsafe { dst_el.cast::<f32>().write(v) };
+                    }
+                }
             }
         }
     }
@@ -344,4 +443,32 @@ fn convert_src1(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// The 4 x 4 tile gives each pair's `dot_f32` bit for bit, with and without a tail.
+    #[test]
+    fn f32_tiles_equal_the_pair_dots() {
+        let mut rng = StdRng::seed_from_u64(11);
+        for n in [7, 16, 64, 70, 256, 261] {
+            let rows: Vec<Vec<f32>> = (0..8)
+                .map(|_| (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect())
+                .collect();
+            let x: [&[f32]; 4] = std::array::from_fn(|r| rows[r].as_slice());
+            let y: [&[f32]; 4] = std::array::from_fn(|c| rows[4 + c].as_slice());
+            let mut out = [[f32::NAN; 4]; 4];
+            dot_f32_tile(&x, &y, &mut out);
+            for r in 0..4 {
+                for c in 0..4 {
+                    let want = dot_f32(x[r], y[c]);
+                    assert_eq!(out[r][c].to_bits(), want.to_bits(), "n {n} ({r}, {c})");
+                }
+            }
+        }
+    }
 }

@@ -84,11 +84,19 @@ pub(crate) fn tile_rows() -> usize {
     }
 }
 
-/// Columns of a tile.
-pub(crate) const TILE_COLS: usize = 4;
+/// The most columns of a tile on any build.
+pub(crate) const TILE_COLS: usize = 8;
+
+/// Columns of a tile for this CPU's build.
+pub(crate) fn tile_cols() -> usize {
+    match isa() {
+        Some(TiledIsa::Avx512Vnni) => 8,
+        _ => 4,
+    }
+}
 
 /// `out[r * out_stride + c] = dot(x[r], y[c])` for the `x.len()` weight rows (at most
-/// [`tile_rows`]) and `y.len()` activation rows (at most [`TILE_COLS`]) of `nb` blocks each.
+/// [`tile_rows`]) and any number of activation rows (best [`tile_cols`]) of `nb` blocks each.
 ///
 /// # Safety
 /// [`supported`]`(dtype)` holds; every `x[r]` points at `nb` readable blocks of `dtype`, every
@@ -120,6 +128,30 @@ unsafe fn tile_on(
     out: &mut [f32],
     out_stride: usize,
 ) {
+    // Column counts a build does not take in one call are split (the 512-bit kernels take
+    // column pairs).
+    let max = if isa == TiledIsa::Avx512Vnni && x.len() == 4 {
+        8
+    } else {
+        4
+    };
+    if y.len() > max || (y.len() > 4 && y.len() % 2 == 1) {
+        let split = if y.len() > max { max } else { y.len() - 1 };
+        // SAFETY: the same rows, a partition of the columns, the matching part of `out`.
+        unsafe {
+            tile_on(isa, dtype, nb, x, &y[..split], out, out_stride);
+            tile_on(
+                isa,
+                dtype,
+                nb,
+                x,
+                &y[split..],
+                &mut out[split..],
+                out_stride,
+            );
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         let Some(k) = kind(dtype) else {
@@ -164,6 +196,8 @@ unsafe fn tile_on(
             TiledIsa::Avx512 => shapes!(tile_avx512, 4),
             TiledIsa::Avx512Vnni => match (x.len(), y.len()) {
                 // Two columns per 512-bit register.
+                (4, 8) => go!(tile_vnni512, 4, 4, x, out),
+                (4, 6) => go!(tile_vnni512, 4, 3, x, out),
                 (4, 4) => go!(tile_vnni512, 4, 2, x, out),
                 (4, 2) => go!(tile_vnni512, 4, 1, x, out),
                 // Matrix-vector: two rows per 512-bit register.
@@ -572,7 +606,7 @@ mod tests {
                     b
                 })
                 .collect();
-            let cols: Vec<Vec<u8>> = (0..5)
+            let cols: Vec<Vec<u8>> = (0..TILE_COLS + 1)
                 .map(|_| {
                     let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
                     let mut b = vec![0u8; vd.row_bytes(n).unwrap()];
@@ -587,19 +621,19 @@ mod tests {
                 .zip([2, 4, 4])
                 .flat_map(|(&b, m)| (1..=m).map(move |rm| (b, rm)))
             {
-                for rn in 1..=TILE_COLS {
+                for rn in 1..=TILE_COLS + 1 {
                     let x: Vec<*const u8> = rows[..rm].iter().map(|r| r.as_ptr()).collect();
                     let y: Vec<*const u8> = cols[..rn].iter().map(|c| c.as_ptr()).collect();
-                    let mut out = vec![f32::NAN; rm * 7];
+                    let mut out = vec![f32::NAN; rm * 11];
                     // SAFETY: supported, `isa` at most this CPU's best build; rows and
                     // columns hold `nb` blocks each.
-                    unsafe { tile_on(isa, dtype, nb, &x, &y, &mut out, 7) };
+                    unsafe { tile_on(isa, dtype, nb, &x, &y, &mut out, 11) };
                     for r in 0..rm {
                         for c in 0..rn {
                             let want =
                                 crate::kernels::dot::vec_dot(dtype, n, &rows[r], &cols[c]).unwrap();
                             assert_eq!(
-                                out[r * 7 + c].to_bits(),
+                                out[r * 11 + c].to_bits(),
                                 want.to_bits(),
                                 "{dtype} {isa:?} {rm}x{rn} ({r}, {c})"
                             );
