@@ -163,12 +163,43 @@ unsafe fn dot_f32_tile_avx512(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32;
                 }
             }
         }
-        for (out_r, acc_r) in out.iter_mut().zip(&acc) {
-            for (o, a) in out_r.iter_mut().zip(acc_r) {
-                let mut w = [0f32; 16];
-                _mm512_storeu_ps(w.as_mut_ptr(), *a);
-                *o = super::vexp::hsum16(&w);
-            }
+        // The 16 horizontal sums at once, each in `hsum16`'s order (lane k + lane k+8, then
+        // k + k+4, then k + k+2, then the last two): the same additions of the same operands,
+        // with accumulators packed side by side by shuffles between the levels.
+        let a: [__m512; 16] = std::array::from_fn(|j| acc[j / 4][j % 4]);
+        // Level 1: two accumulators per register, quarters (a.lo8 as two 4s, b.lo8 as two 4s).
+        let s1: [__m512; 8] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Level 2: quarter q of register m holds accumulator 4m + q's four partial sums.
+        let s2: [__m512; 4] = std::array::from_fn(|m| {
+            let (x, y) = (s1[2 * m], s1[2 * m + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+            )
+        });
+        // Level 3: lanes 0..2 of quarter q: accumulator 8p + q; lanes 2..4: 8p + 4 + q.
+        let s3: [__m512; 2] = std::array::from_fn(|p| {
+            let (x, y) = (s2[2 * p], s2[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Level 4: lane 4q + e holds accumulator 4e + q, i.e. out[e][q].
+        let sums = _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(s3[0], s3[1]),
+            _mm512_shuffle_ps::<0b11_01_11_01>(s3[0], s3[1]),
+        );
+        let mut w = [0f32; 16];
+        _mm512_storeu_ps(w.as_mut_ptr(), sums);
+        for (l, v) in w.into_iter().enumerate() {
+            out[l % 4][l / 4] = v;
         }
     }
 }
