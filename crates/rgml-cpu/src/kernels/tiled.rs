@@ -460,16 +460,43 @@ unsafe fn rows_vnni512<const K: u8, const RP: usize, const _RN: usize>(
             let bits = p.cast::<u16>().read_unaligned();
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
         };
-        // Lanes 0..8 take element 0 of a pair of scales, lanes 8..16 element 1.
-        let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        // Pair p's lanes 0..8 take row 2p's scale, lanes 8..16 row 2p + 1's.
+        let spread: [__m512i; 2] = [
+            _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+            _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
+        ];
         let mut acc = [_mm512_setzero_ps(); RP];
-        let mut summs = [[0f32; 2]; RP];
+        // Row r's min-term sum in lane r, each lane summed in block order as the pair dot does.
+        let mut summs = _mm_setzero_ps();
+        let f16_at = |r: usize, off: usize, i: usize| -> i16 {
+            if r < 2 * RP {
+                x[r].add(i * xb + off).cast::<i16>().read_unaligned()
+            } else {
+                0
+            }
+        };
         let yrow = y[0];
         for i in 0..nb {
             let py = yrow.add(i * yb);
             let qy = _mm512_broadcast_i64x4(_mm256_loadu_si256(py.add(yq).cast()));
             let dy = _mm512_set1_ps(h2f(py));
-            let sy = if K == Q4_1 { h2f(py.add(2)) } else { 0.0 };
+            // The rows' scales (lanes 0..4) and mins (lanes 4..8), converted at once.
+            let scales = _mm256_cvtph_ps(_mm_set_epi16(
+                f16_at(3, 2, i),
+                f16_at(2, 2, i),
+                f16_at(1, 2, i),
+                f16_at(0, 2, i),
+                f16_at(3, 0, i),
+                f16_at(2, 0, i),
+                f16_at(1, 0, i),
+                f16_at(0, 0, i),
+            ));
+            if K == Q4_1 {
+                let sy = _mm_set1_ps(h2f(py.add(2)));
+                let m = _mm256_extractf128_ps::<1>(scales);
+                summs = _mm_add_ps(summs, _mm_mul_ps(m, sy));
+            }
+            let scales = _mm512_castps256_ps512(scales);
             for (pair, a) in acc.iter_mut().enumerate() {
                 let (p0, p1) = (x[2 * pair].add(i * xb), x[2 * pair + 1].add(i * xb));
                 let qx = match K {
@@ -497,17 +524,7 @@ unsafe fn rows_vnni512<const K: u8, const RP: usize, const _RN: usize>(
                         }
                     }
                 };
-                let dpair = _mm_cvtph_ps(_mm_set_epi16(
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    p1.cast::<i16>().read_unaligned(),
-                    p0.cast::<i16>().read_unaligned(),
-                ));
-                let dx = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(dpair));
+                let dx = _mm512_permutexvar_ps(spread[pair], scales);
                 let (ux, sy8) = if K == Q4_1 {
                     (qx, qy)
                 } else {
@@ -517,19 +534,18 @@ unsafe fn rows_vnni512<const K: u8, const RP: usize, const _RN: usize>(
                     let flipped = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
                     (_mm512_abs_epi8(qx), _mm512_maskz_mov_epi8(!zero, flipped))
                 };
-                if K == Q4_1 {
-                    summs[pair][0] += h2f(p0.add(2)) * sy;
-                    summs[pair][1] += h2f(p1.add(2)) * sy;
-                }
                 let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ux, sy8);
                 let d = _mm512_mul_ps(dx, dy);
                 *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), *a);
             }
         }
-        for (pair, (&a, summs)) in acc.iter().zip(&summs).enumerate() {
-            for (half, (v, m)) in halves(a).into_iter().zip(summs).enumerate() {
+        let mut mins = [0f32; 4];
+        _mm_storeu_ps(mins.as_mut_ptr(), summs);
+        for (pair, &a) in acc.iter().enumerate() {
+            for (half, v) in halves(a).into_iter().enumerate() {
+                let r = 2 * pair + half;
                 let h = hsum8(v);
-                out[(2 * pair + half) * out_stride] = if K == Q4_1 { h + m } else { h };
+                out[r * out_stride] = if K == Q4_1 { h + mins[r] } else { h };
             }
         }
     }
