@@ -209,6 +209,77 @@ unsafe fn tile_on(
     }
 }
 
+/// Bytes of a weight block, of an activation block, and the offsets of their quants: q4_0
+/// {d, qs[16]}, q4_1 {d, m, qs[16]}, q8_0 {d, qs[32]}; activations q8_0 {d, qs[32]}, q8_1 {d, s,
+/// qs[32]}.
+const fn layout(k: u8) -> (usize, usize, usize, usize) {
+    match k {
+        Q4_0 => (18, 34, 2, 2),
+        Q4_1 => (20, 36, 4, 4),
+        _ => (34, 34, 2, 2),
+    }
+}
+
+/// The f16 at `p` as f32 (F16C).
+///
+/// # Safety
+/// Two readable bytes at `p`; the CPU supports F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn h2f(p: *const u8) -> f32 {
+    // SAFETY: as the caller promises.
+    unsafe {
+        let bits = p.cast::<u16>().read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+}
+
+/// A weight block's 32 quants in element order: q4_1 nibbles (unsigned), q4_0 nibbles - 8,
+/// q8_0 bytes.
+///
+/// # Safety
+/// The block's quants are readable at `q`; the CPU supports AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn weight_quants<const K: u8>(q: *const u8) -> __m256i {
+    // SAFETY: as the caller promises.
+    unsafe {
+        if K == Q8_0 {
+            return _mm256_loadu_si256(q.cast());
+        }
+        let b = _mm_loadu_si128(q.cast());
+        let n = _mm256_and_si256(
+            _mm256_set_m128i(_mm_srli_epi16::<4>(b), b),
+            _mm256_set1_epi8(0x0F),
+        );
+        if K == Q4_0 {
+            _mm256_sub_epi8(n, _mm256_set1_epi8(8))
+        } else {
+            n
+        }
+    }
+}
+
+/// The unsigned and signed operands of `vpdpbusd` for quants `qx` (weights) and `qy`: as they
+/// are for q4_1 (unsigned nibbles), else `|x|` and `y * sign(x)` (quants are never -128).
+///
+/// # Safety
+/// The CPU supports AVX-512 F and BW.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot_operands<const K: u8>(qx: __m512i, qy: __m512i) -> (__m512i, __m512i) {
+    if K == Q4_1 {
+        return (qx, qy);
+    }
+    // SAFETY: as the caller promises.
+    unsafe {
+        let neg = _mm512_movepi8_mask(qx);
+        let zero = _mm512_cmpeq_epi8_mask(qx, _mm512_setzero_si512());
+        let flipped = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+        (_mm512_abs_epi8(qx), _mm512_maskz_mov_epi8(!zero, flipped))
+    }
+}
+
 /// Horizontal sum of 8 lanes in `hsum_float_8`'s order (as [`super::dot`]'s AVX2 dots).
 ///
 /// # Safety
@@ -253,23 +324,10 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
 ) {
     // Block bytes: q4_0 {d, qs[16]}, q4_1 {d, m, qs[16]}, q8_0 {d, qs[32]}; activations q8_0
     // {d, qs[32]}, q8_1 {d, s, qs[32]}.
-    let (xb, yb, xq, yq) = match K {
-        Q4_0 => (18, 34, 2, 2),
-        Q4_1 => (20, 36, 4, 4),
-        _ => (34, 34, 2, 2),
-    };
+    let (xb, yb, xq, yq) = layout(K);
     // SAFETY: reads within the blocks the caller promised, under the CPU features of the
     // calling build.
     unsafe {
-        let h2f = |p: *const u8| -> f32 {
-            let bits = p.cast::<u16>().read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-        };
-        let nibbles = |p: *const u8| -> __m256i {
-            let b = _mm_loadu_si128(p.cast());
-            let hi = _mm_srli_epi16::<4>(b);
-            _mm256_and_si256(_mm256_set_m128i(hi, b), _mm256_set1_epi8(0x0F))
-        };
         // 8 lanes, each the exact sum of 4 unsigned x signed byte products, as f32.
         let us8 = |ux: __m256i, sy: __m256i| -> __m256 {
             let dot32 = if VNNI {
@@ -300,7 +358,7 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
                 match K {
                     Q4_1 => {
                         let mx = h2f(p.add(2));
-                        let qx = nibbles(p.add(xq));
+                        let qx = weight_quants::<K>(p.add(xq));
                         for c in 0..RN {
                             summs[r][c] += mx * sy[c];
                             let d = _mm256_set1_ps(dx * dy[c]);
@@ -308,11 +366,7 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
                         }
                     }
                     _ => {
-                        let qx = if K == Q4_0 {
-                            _mm256_sub_epi8(nibbles(p.add(xq)), _mm256_set1_epi8(8))
-                        } else {
-                            _mm256_loadu_si256(p.add(xq).cast())
-                        };
+                        let qx = weight_quants::<K>(p.add(xq));
                         // Signed x signed through the sign of x (quants are never -128).
                         let ax = _mm256_sign_epi8(qx, qx);
                         for c in 0..RN {
@@ -349,18 +403,10 @@ unsafe fn tile_vnni512<const K: u8, const RM: usize, const RN2: usize>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let (xb, yb, xq, yq) = match K {
-        Q4_0 => (18, 34, 2, 2),
-        Q4_1 => (20, 36, 4, 4),
-        _ => (34, 34, 2, 2),
-    };
+    let (xb, yb, xq, yq) = layout(K);
     // SAFETY: reads within the blocks the caller promised, under the features of this
     // function.
     unsafe {
-        let h2f = |p: *const u8| -> f32 {
-            let bits = p.cast::<u16>().read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-        };
         let mut acc = [[_mm512_setzero_ps(); RN2]; RM];
         let mut summs = [[0f32; 8]; RM];
         let mut qy = [_mm512_setzero_si512(); RN2];
@@ -381,39 +427,15 @@ unsafe fn tile_vnni512<const K: u8, const RM: usize, const RN2: usize>(
             for r in 0..RM {
                 let p = x[r].add(i * xb);
                 let dx = _mm512_set1_ps(h2f(p));
-                let qx = match K {
-                    Q8_0 => _mm256_loadu_si256(p.add(xq).cast()),
-                    _ => {
-                        let b = _mm_loadu_si128(p.add(xq).cast());
-                        let hi = _mm_srli_epi16::<4>(b);
-                        let n = _mm256_and_si256(_mm256_set_m128i(hi, b), _mm256_set1_epi8(0x0F));
-                        if K == Q4_0 {
-                            _mm256_sub_epi8(n, _mm256_set1_epi8(8))
-                        } else {
-                            n
-                        }
-                    }
-                };
-                let qx = _mm512_broadcast_i64x4(qx);
+                let qx = _mm512_broadcast_i64x4(weight_quants::<K>(p.add(xq)));
                 if K == Q4_1 {
                     let mx = h2f(p.add(2));
                     for (c, s) in summs[r].iter_mut().enumerate().take(2 * RN2) {
                         *s += mx * sy[c];
                     }
                 }
-                // Signed x signed through the sign of x (quants are never -128).
-                let ux = if K == Q4_1 { qx } else { _mm512_abs_epi8(qx) };
                 for j in 0..RN2 {
-                    let sy8 = if K == Q4_1 {
-                        qy[j]
-                    } else {
-                        // y * sign(x): negate where x < 0, zero where x == 0.
-                        let neg = _mm512_movepi8_mask(qx);
-                        let zero = _mm512_cmpeq_epi8_mask(qx, _mm512_setzero_si512());
-                        let flipped =
-                            _mm512_mask_sub_epi8(qy[j], neg, _mm512_setzero_si512(), qy[j]);
-                        _mm512_maskz_mov_epi8(!zero, flipped)
-                    };
+                    let (ux, sy8) = dot_operands::<K>(qx, qy[j]);
                     let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ux, sy8);
                     let d = _mm512_mul_ps(dx, dy[j]);
                     acc[r][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r][j]);
@@ -448,18 +470,10 @@ unsafe fn rows_vnni512<const K: u8, const RP: usize, const _RN: usize>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let (xb, yb, xq, yq) = match K {
-        Q4_0 => (18, 34, 2, 2),
-        Q4_1 => (20, 36, 4, 4),
-        _ => (34, 34, 2, 2),
-    };
+    let (xb, yb, xq, yq) = layout(K);
     // SAFETY: reads within the blocks the caller promised, under the features of this
     // function.
     unsafe {
-        let h2f = |p: *const u8| -> f32 {
-            let bits = p.cast::<u16>().read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-        };
         // Pair p's lanes 0..8 take row 2p's scale, lanes 8..16 row 2p + 1's.
         let spread: [__m512i; 2] = [
             _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
@@ -525,15 +539,7 @@ unsafe fn rows_vnni512<const K: u8, const RP: usize, const _RN: usize>(
                     }
                 };
                 let dx = _mm512_permutexvar_ps(spread[pair], scales);
-                let (ux, sy8) = if K == Q4_1 {
-                    (qx, qy)
-                } else {
-                    // Signed x signed through the sign of x (quants are never -128).
-                    let neg = _mm512_movepi8_mask(qx);
-                    let zero = _mm512_cmpeq_epi8_mask(qx, _mm512_setzero_si512());
-                    let flipped = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
-                    (_mm512_abs_epi8(qx), _mm512_maskz_mov_epi8(!zero, flipped))
-                };
+                let (ux, sy8) = dot_operands::<K>(qx, qy);
                 let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ux, sy8);
                 let d = _mm512_mul_ps(dx, dy);
                 *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), *a);
