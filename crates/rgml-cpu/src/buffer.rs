@@ -72,25 +72,19 @@ impl BufferImpl for CpuBuffer {
     }
 
     fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.mem
-            .bytes_mut(offset, data.len())?
-            .copy_from_slice(data);
-        Ok(())
+        self.mem.write(offset, data)
     }
 
     fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        out.copy_from_slice(self.mem.bytes(offset, out.len())?);
-        Ok(())
+        self.mem.read(offset, out)
     }
 
     fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        self.mem.bytes_mut(offset, size)?.fill(value);
-        Ok(())
+        self.mem.fill(offset, value, size)
     }
 
     fn clear(&self, value: u8) -> Result<()> {
-        self.mem.bytes_mut(0, self.mem.len())?.fill(value);
-        Ok(())
+        self.mem.fill(0, value, self.mem.len())
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -108,12 +108,10 @@ unsafe fn dot_f32_avx2(x: &[f32], y: &[f32], wide: bool) -> f32 {
 /// `out[r][c] = dot_f32(x[r], y[c])` for 4 x 4 rows of one length, bit for bit: each pair
 /// keeps its own `L`-lane accumulator through the same FMAs and horizontal sum; the tile only
 /// loads each row once for four partners.
-fn dot_f32_tile(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+fn dot_f32_tile(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4], avx512: bool) {
     #[cfg(target_arch = "x86_64")]
-    if super::isa::isa() == super::isa::Isa::Avx512
-        && std::arch::is_x86_feature_detected!("avx512f")
-    {
-        // SAFETY: the CPU supports AVX-512F (checked just above).
+    if avx512 {
+        // SAFETY: `avx512` comes from `f32_tile_avx512`, true only with AVX-512F.
         unsafe { dot_f32_tile_avx512(x, y, out) };
         return;
     }
@@ -122,6 +120,18 @@ fn dot_f32_tile(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
             *o = dot_f32(xr, yc);
         }
     }
+}
+
+/// Whether [`dot_f32_tile`] may use its AVX-512 form: the AVX-512 arithmetic is selected and
+/// the CPU has AVX-512F (asked once per node, not per tile).
+fn f32_tile_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::isa::isa() == super::isa::Isa::Avx512
+            && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// The 16-lane tile with AVX-512 intrinsics: 16 accumulators of 16 lanes in registers; the
@@ -379,6 +389,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
             }
             continue;
         }
+        let avx512 = f32_tile_avx512();
         // Tiles of 4 weight rows x 4 activation rows: each weight row converted once, each
         // pair's dot in `dot_f32`'s order (see `dot_f32_tile`); edges pair by pair.
         for r0 in rows0.clone().step_by(4) {
@@ -409,7 +420,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                 }
                 let mut out = [[0f32; 4]; 4];
                 if nr == 4 && nc == 4 {
-                    dot_f32_tile(&xs, &ys, &mut out);
+                    dot_f32_tile(&xs, &ys, &mut out, avx512);
                 } else {
                     for (r, x) in xs.iter().enumerate().take(nr) {
                         for (c, y) in ys.iter().enumerate().take(nc) {
@@ -496,7 +507,7 @@ mod tests {
             let x: [&[f32]; 4] = std::array::from_fn(|r| rows[r].as_slice());
             let y: [&[f32]; 4] = std::array::from_fn(|c| rows[4 + c].as_slice());
             let mut out = [[f32::NAN; 4]; 4];
-            dot_f32_tile(&x, &y, &mut out);
+            dot_f32_tile(&x, &y, &mut out, f32_tile_avx512());
             for r in 0..4 {
                 for c in 0..4 {
                     let want = dot_f32(x[r], y[c]);

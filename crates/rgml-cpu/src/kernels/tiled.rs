@@ -482,8 +482,10 @@ unsafe fn rows_vnni512<const K: u8, const RP: usize, const _RN: usize>(
         let mut acc = [_mm512_setzero_ps(); RP];
         // Row r's min-term sum in lane r, each lane summed in block order as the pair dot does.
         let mut summs = _mm_setzero_ps();
+        // The f16 at `off` in row r's block i (0 for rows past the tile, and for the mins of
+        // types without them).
         let f16_at = |r: usize, off: usize, i: usize| -> i16 {
-            if r < 2 * RP {
+            if r < 2 * RP && (off == 0 || K == Q4_1) {
                 x[r].add(i * xb + off).cast::<i16>().read_unaligned()
             } else {
                 0

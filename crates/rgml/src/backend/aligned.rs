@@ -103,6 +103,26 @@ impl AlignedMem {
     }
 }
 
+impl AlignedMem {
+    /// Copy `data` to `offset` (the caller holds the owning buffer's exclusive lock).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.bytes_mut(offset, data.len())?.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Copy `out.len()` bytes at `offset` into `out` (the caller excludes writers).
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        out.copy_from_slice(self.bytes(offset, out.len())?);
+        Ok(())
+    }
+
+    /// Set `size` bytes at `offset` to `value` (the caller holds the exclusive lock).
+    pub fn fill(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+        self.bytes_mut(offset, size)?.fill(value);
+        Ok(())
+    }
+}
+
 impl Drop for AlignedMem {
     fn drop(&mut self) {
         if self.size == 0 {
