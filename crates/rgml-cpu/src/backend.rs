@@ -451,7 +451,8 @@ impl CpuBackend {
         buffers.sort_by_key(|b| b.id());
         buffers.dedup_by_key(|b| b.id());
         for b in &buffers {
-            if !b.is_host() {
+            // Repacked weights are host memory to these kernels alone (see `check_supported`).
+            if !b.is_host() && !crate::CpuRepackBufferType::is_repack(b.buffer_type()) {
                 return Err(Error::Unsupported {
                     backend: self.device.name().to_string(),
                     what: format!("buffer '{}' is not host memory", b.name()),
@@ -497,17 +498,24 @@ impl CpuBackend {
                     ),
                 });
             }
-            Ok((TensorView::new(t, ptr), buf.id(), len))
+            let mut v = TensorView::new(t, ptr);
+            v.packed = crate::CpuRepackBufferType::is_repack(buf.buffer_type());
+            Ok((v, buf.id(), len))
         };
 
         let mut tasks = Vec::with_capacity(run.len());
+        let mut extents = Vec::with_capacity(run.len());
         let (mut shared, mut per_thread) = (0usize, 0usize);
         for &id in &run {
             let t = &ctx[id];
             let (dst, dbuf, dlen) = view(id)?;
             let mut src: [Option<TensorView>; 3] = [None; 3];
+            let mut reads = [Extent::NONE; 3];
             for (i, &s) in t.src.iter().enumerate() {
                 let (sv, sbuf, slen) = view(s)?;
+                if let Some(r) = reads.get_mut(i) {
+                    *r = Extent::new(sv.ptr, slen);
+                }
                 if i >= src.len() {
                     return Err(Error::Unsupported {
                         backend: "CPU".into(),
@@ -534,8 +542,16 @@ impl CpuBackend {
             let (sh, pt) = kernels::work_size(ctx, t)?;
             shared = shared.max(sh);
             per_thread = per_thread.max(pt);
-            tasks.push(NodeTask { op: t.op, dst, src });
+            extents.push((reads, Extent::new(dst.ptr, dlen)));
+            tasks.push(NodeTask {
+                op: t.op,
+                dst,
+                src,
+                sync_before: true,
+                reuse_src1: false,
+            });
         }
+        plan_syncs(&mut tasks, &extents);
 
         Ok(Some(Job {
             buffers: bases
@@ -546,6 +562,93 @@ impl CpuBackend {
             shared,
             per_thread,
         }))
+    }
+}
+
+/// A byte range of host memory a node reads or writes (addresses, so ranges of different
+/// buffers never meet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Extent {
+    start: usize,
+    end: usize,
+}
+
+impl Extent {
+    /// Nothing.
+    const NONE: Extent = Extent { start: 0, end: 0 };
+    /// The shared work area (MUL_MAT's converted src1): address 0 is never a tensor's, so
+    /// this range meets no tensor.
+    const WORK: Extent = Extent { start: 0, end: 1 };
+
+    fn new(ptr: *const u8, len: usize) -> Extent {
+        let start = ptr as usize;
+        Extent {
+            start,
+            end: start.saturating_add(len),
+        }
+    }
+
+    fn meets(self, other: Extent) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+}
+
+/// Which nodes need the threads synchronized before them, and which matrix products can
+/// reuse the previous one's converted src1 (see [`NodeTask`]).
+///
+/// Threads run the nodes in order; between two barriers they may be at different nodes. A
+/// node needs a barrier before it when it reads what a node since the last barrier writes, or
+/// writes what such a node reads or writes. A MUL_MAT that converts src1 synchronizes inside
+/// (after phase 1), so only phase 1's accesses (src1 in, work area out) count before it, and
+/// the nodes before it are all finished after it starts its phase 2.
+fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; 3], Extent)]) {
+    let mut reads: Vec<Extent> = Vec::new();
+    let mut writes: Vec<Extent> = Vec::new();
+    // The src1 the work area holds, and how it was converted.
+    let mut held: Option<(TensorView, kernels::matmul::Src1, Extent)> = None;
+    for (j, (task, &(srcs, dst))) in tasks.iter_mut().zip(extents).enumerate() {
+        let conversion = match (task.op, task.src[0], task.src[1]) {
+            (rgml::Op::MulMat, Some(a), Some(b)) => {
+                kernels::matmul::src1_conversion(a.dtype, b.rows_contiguous())
+                    .map(|c| (b, c, srcs[1]))
+            }
+            _ => None,
+        };
+        // A node that writes the held src1 (or its converted copy) ends its reuse.
+        if held.is_some_and(|(_, _, e)| dst.meets(e) || dst.meets(Extent::WORK)) {
+            held = None;
+        }
+        task.reuse_src1 = matches!((conversion, held), (Some((b, c, _)), Some((hb, hc, _)))
+            if c == hc && b.ptr == hb.ptr && b.ne == hb.ne && b.nb == hb.nb && b.dtype == hb.dtype);
+        let conflict = |r: &[Extent], w: &[Extent], node_reads: &[Extent], node_write: Extent| {
+            w.iter()
+                .any(|x| node_write.meets(*x) || node_reads.iter().any(|y| y.meets(*x)))
+                || r.iter().any(|x| node_write.meets(*x))
+        };
+        let node_reads: Vec<Extent> = srcs
+            .iter()
+            .copied()
+            .chain(conversion.map(|_| Extent::WORK))
+            .filter(|e| e.start < e.end)
+            .collect();
+        match conversion {
+            Some((b, c, b_extent)) if !task.reuse_src1 => {
+                // Phase 1 reads src1 and writes the work area, then every thread waits.
+                task.sync_before = j == 0 || conflict(&reads, &writes, &[b_extent], Extent::WORK);
+                reads.clear();
+                writes.clear();
+                held = Some((b, c, b_extent));
+            }
+            _ => {
+                task.sync_before = j == 0 || conflict(&reads, &writes, &node_reads, dst);
+                if task.sync_before {
+                    reads.clear();
+                    writes.clear();
+                }
+            }
+        }
+        reads.extend(node_reads);
+        writes.push(dst);
     }
 }
 
@@ -652,8 +755,15 @@ impl Engine {
                 len: shared_bytes,
             };
             for (j, task) in tasks.iter().enumerate() {
-                if stop_at.load(Ordering::Acquire) <= j {
-                    break;
+                if task.sync_before {
+                    if j > 0 {
+                        barrier.wait();
+                    }
+                    // Checked only just after a barrier, where every thread sees the same
+                    // errors, so all threads stop at the same node.
+                    if stop_at.load(Ordering::Acquire) <= j {
+                        break;
+                    }
                 }
                 let mut tc = ThreadCtx {
                     ith,
@@ -684,7 +794,6 @@ impl Engine {
                         }
                     }
                 }
-                barrier.wait();
             }
         };
         if nth == 1 {
@@ -832,5 +941,50 @@ impl Drop for CpuBackend {
                 let _ = t.join();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rgml::alloc::alloc_ctx_tensors;
+    use rgml::{DType, Device};
+
+    /// Three products of one activation (q/k/v) share its quantized copy and run without
+    /// barriers between them; nodes reading their results wait for them.
+    #[test]
+    fn products_of_one_activation_share_it_and_skip_barriers() {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor(DType::F32, &[64, 2]).unwrap();
+        let n = ctx.rms_norm(x, 1e-5).unwrap();
+        let w: Vec<TensorId> = (0..3)
+            .map(|_| ctx.new_tensor(DType::Q8_0, &[64, 64]).unwrap())
+            .collect();
+        let p: Vec<TensorId> = w.iter().map(|&w| ctx.mul_mat(w, n).unwrap()).collect();
+        let s = ctx.add(p[0], p[1]).unwrap();
+        let s = ctx.add(s, p[2]).unwrap();
+        alloc_ctx_tensors(&mut ctx, &crate::CpuDevice::new("CPU").buffer_type()).unwrap();
+        let graph = Graph::build(&mut ctx, &[s]).unwrap();
+        let be = CpuBackend::new(2).unwrap();
+        let job = be.prepare(&ctx, &graph).unwrap().unwrap();
+        let flags: Vec<(rgml::OpKind, bool, bool)> = job
+            .tasks
+            .iter()
+            .map(|t| (t.op.kind(), t.sync_before, t.reuse_src1))
+            .collect();
+        use rgml::OpKind::*;
+        assert_eq!(
+            flags,
+            [
+                (RmsNorm, true, false),
+                (MulMat, true, false),
+                (MulMat, false, true),
+                // Reads both products: waits for them.
+                (Add, true, false),
+                // Independent of that sum: no barrier, and still the same converted src1.
+                (MulMat, false, true),
+                (Add, true, false),
+            ]
+        );
     }
 }

@@ -7,11 +7,13 @@
 //! wrapped here, while a [`rgml::backend::HostAccess`] guard is held. Copies from other host
 //! memory need nothing here: the core's `Buffer::copy_from` hands their bytes to `set`.
 
-use rgml::backend::{AlignedMem, BufferImpl, BufferType, DeviceRef, HostMemory};
-use rgml::{Error, Result};
+use crate::kernels::repack;
+use rgml::backend::{AlignedMem, BufferImpl, BufferType, BufferTypeRef, DeviceRef, HostMemory};
+use rgml::{DType, Error, OpKind, Result, Tensor};
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Alignment of CPU buffers and of tensor offsets inside them (a cache line; enough for any
 /// SIMD load and for every block struct).
@@ -145,6 +147,233 @@ impl BufferImpl for HostMemoryBuffer {
 
     fn clear(&self, _value: u8) -> Result<()> {
         Err(self.read_only())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The CPU's repacking buffer type (ggml's CPU_REPACK): Q4_0 / Q4_1 / Q8_0 weights that only
+/// MUL_MAT and GET_ROWS read, stored with every 4 rows interleaved block by block
+/// ([`crate::kernels::repack`]), so the matrix kernels load four rows' scales and quants with
+/// one load each instead of gathering them from four streams.
+///
+/// Its memory is not plain host memory to anyone else (`is_host` is false): `set` packs,
+/// `get` unpacks, so other backends and `tensor_get` see the usual layout; only the CPU
+/// kernels read the packed bytes.
+pub struct CpuRepackBufferType {
+    name: String,
+    device: Weak<dyn rgml::Device>,
+}
+
+impl CpuRepackBufferType {
+    /// The repacking memory of `device`, called `name`.
+    pub fn new(name: impl Into<String>, device: Weak<dyn rgml::Device>) -> Self {
+        CpuRepackBufferType {
+            name: name.into(),
+            device,
+        }
+    }
+
+    /// Whether `buffer_type` is a repacking buffer type (whose tensors the kernels must read
+    /// packed).
+    pub fn is_repack(buffer_type: &BufferTypeRef) -> bool {
+        buffer_type.as_any().is::<CpuRepackBufferType>()
+    }
+}
+
+/// Whether a tensor of this dtype and shape can be stored packed: a repacked dtype, whole
+/// blocks per row, whole groups of rows per matrix, dense.
+pub(crate) fn packable(tensor: &Tensor) -> bool {
+    let dense =
+        rgml::tensor::contiguous_strides(tensor.dtype, tensor.ne).is_ok_and(|nb| nb == tensor.nb);
+    repack::supported(tensor.dtype)
+        && tensor.view_src.is_none()
+        && dense
+        && tensor.ne[0] > 0
+        && tensor.ne[0].is_multiple_of(tensor.dtype.block_size())
+        && tensor.ne[1].is_multiple_of(repack::GROUP_ROWS)
+}
+
+impl BufferType for CpuRepackBufferType {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>> {
+        let mem = AlignedMem::new(size, CPU_ALIGNMENT, &self.name)?;
+        Ok(Box::new(RepackBuffer {
+            mem,
+            tensors: Mutex::new(BTreeMap::new()),
+        }))
+    }
+
+    fn alignment(&self) -> usize {
+        CPU_ALIGNMENT
+    }
+
+    fn device(&self) -> Option<DeviceRef> {
+        self.device.upgrade()
+    }
+
+    /// Packable matrices that matrix products read (and row lookups, which unpack one row).
+    fn accepts_weight(&self, tensor: &Tensor, uses: &[OpKind]) -> bool {
+        packable(tensor)
+            && uses.contains(&OpKind::MulMat)
+            && uses
+                .iter()
+                .all(|u| matches!(u, OpKind::MulMat | OpKind::GetRows))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A tensor stored packed: where it starts, and what its bytes hold.
+#[derive(Clone, Debug)]
+struct Packed {
+    dtype: DType,
+    ne0: usize,
+    nbytes: usize,
+    name: String,
+}
+
+impl Packed {
+    /// Bytes of one group of rows.
+    fn group_bytes(&self) -> usize {
+        self.nbytes / self.ne_rows().max(1) * repack::GROUP_ROWS
+    }
+
+    fn ne_rows(&self) -> usize {
+        self.dtype
+            .row_bytes(self.ne0)
+            .map_or(0, |row| self.nbytes / row.max(1))
+    }
+}
+
+/// Storage of a repacking buffer: the packed bytes and the tensors placed in them (recorded by
+/// `init_tensor`, which is how `set` and `get` know the layout of a byte range).
+pub struct RepackBuffer {
+    mem: AlignedMem,
+    tensors: Mutex<BTreeMap<usize, Packed>>,
+}
+
+impl RepackBuffer {
+    /// The tensor whose bytes hold `[offset, offset + size)`, with the range relative to the
+    /// tensor; an error for a range outside every tensor or across tensors.
+    fn tensor_at(&self, what: &str, offset: usize, size: usize) -> Result<(usize, Packed)> {
+        let tensors = self.tensors.lock().unwrap_or_else(|p| p.into_inner());
+        let found = tensors
+            .range(..=offset)
+            .next_back()
+            .filter(|(&start, t)| offset + size <= start + t.nbytes);
+        match found {
+            Some((&start, t)) => Ok((offset - start, t.clone())),
+            None => Err(Error::Unsupported {
+                backend: "CPU".into(),
+                what: format!(
+                    "{what} of bytes {offset}..{} of a repacked buffer: only tensors placed \
+                     in it can be read and written",
+                    offset + size
+                ),
+            }),
+        }
+    }
+}
+
+impl BufferImpl for RepackBuffer {
+    fn base(&self) -> Option<NonNull<u8>> {
+        Some(self.mem.ptr())
+    }
+
+    fn init_tensor(&self, tensor: &Tensor) -> Result<()> {
+        if tensor.view_src.is_some() {
+            return Err(Error::Unsupported {
+                backend: "CPU".into(),
+                what: format!(
+                    "view '{}' of a repacked weight (rows are interleaved there)",
+                    tensor.display_name()
+                ),
+            });
+        }
+        if !packable(tensor) {
+            return Err(Error::Unsupported {
+                backend: "CPU".into(),
+                what: format!(
+                    "tensor '{}' ({} {:?}) in repacked memory: it takes dense {} matrices \
+                     of whole blocks and whole groups of {} rows",
+                    tensor.display_name(),
+                    tensor.dtype,
+                    tensor.ne,
+                    "Q4_0/Q4_1/Q8_0",
+                    repack::GROUP_ROWS
+                ),
+            });
+        }
+        let Some(data) = tensor.data.as_ref() else {
+            return Ok(());
+        };
+        let entry = Packed {
+            dtype: tensor.dtype,
+            ne0: tensor.ne[0],
+            nbytes: tensor.nbytes(),
+            name: tensor.display_name().to_string(),
+        };
+        let mut tensors = self.tensors.lock().unwrap_or_else(|p| p.into_inner());
+        tensors.insert(data.offset, entry);
+        Ok(())
+    }
+
+    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let (at, t) = self.tensor_at("a write", offset, data.len())?;
+        let group = t.group_bytes();
+        if group == 0 || !at.is_multiple_of(group) || !data.len().is_multiple_of(group) {
+            return Err(Error::Unsupported {
+                backend: "CPU".into(),
+                what: format!(
+                    "a write of {} bytes at {at} into repacked '{}': writes cover whole groups \
+                     of {} rows ({group} bytes)",
+                    data.len(),
+                    t.name,
+                    repack::GROUP_ROWS
+                ),
+            });
+        }
+        let mut packed = vec![0u8; data.len()];
+        repack::pack(t.dtype, t.ne0, data, &mut packed)?;
+        self.mem.write(offset, &packed)
+    }
+
+    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let (at, t) = self.tensor_at("a read", offset, out.len())?;
+        let group = t.group_bytes().max(1);
+        // The whole groups holding the range, unpacked, then the range cut out of them.
+        let first = at / group * group;
+        let end = (at + out.len()).div_ceil(group) * group;
+        let mut packed = vec![0u8; end - first];
+        self.mem.read(offset - (at - first), &mut packed)?;
+        let mut plain = vec![0u8; end - first];
+        repack::unpack(t.dtype, t.ne0, &packed, &mut plain)?;
+        out.copy_from_slice(&plain[at - first..at - first + out.len()]);
+        Ok(())
+    }
+
+    /// A fill writes the same byte everywhere, which reads the same in any layout.
+    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+        self.mem.fill(offset, value, size)
+    }
+
+    fn clear(&self, value: u8) -> Result<()> {
+        self.mem.fill(0, value, self.mem.len())
+    }
+
+    fn reset(&self) {
+        self.tensors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     fn as_any(&self) -> &dyn Any {

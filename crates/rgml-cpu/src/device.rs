@@ -6,7 +6,7 @@
 //! device, [`CpuRegistry::with_devices`] any list of names.
 
 use crate::backend::{CpuBackend, CpuEvent};
-use crate::buffer::{CpuBufferType, HostMemoryBuffer};
+use crate::buffer::{CpuBufferType, CpuRepackBufferType, HostMemoryBuffer};
 use rgml::backend::{
     Backend, BackendParams, Buffer, BufferTypeRef, DeviceCaps, DeviceMemory, DeviceType, Event,
     HostMemory,
@@ -22,6 +22,8 @@ pub struct CpuDevice {
     name: String,
     description: String,
     buffer_type: BufferTypeRef,
+    /// Weights with rows interleaved for the matrix kernels (`<name>_REPACK`).
+    repack: BufferTypeRef,
     /// Backends need a shared handle to their device; a device only has `&self`.
     me: Weak<CpuDevice>,
 }
@@ -34,7 +36,8 @@ impl CpuDevice {
             let weak_dyn: Weak<dyn rgml::Device> = weak.clone();
             CpuDevice {
                 description: cpu_description(),
-                buffer_type: Arc::new(CpuBufferType::new(name.clone(), weak_dyn)),
+                buffer_type: Arc::new(CpuBufferType::new(name.clone(), weak_dyn.clone())),
+                repack: Arc::new(CpuRepackBufferType::new(format!("{name}_REPACK"), weak_dyn)),
                 name,
                 me: weak.clone(),
             }
@@ -133,6 +136,18 @@ impl rgml::Device for CpuDevice {
         self.buffer_type.clone()
     }
 
+    /// The repacking buffer type, where this CPU's kernels read packed weights faster than
+    /// plain ones (AVX-512 VNNI; see `kernels::repack::fast`) and `RGML_CPU_REPACK` is not
+    /// `0` (for measuring against plain weights).
+    fn extra_buffer_types(&self) -> Vec<BufferTypeRef> {
+        let disabled = std::env::var("RGML_CPU_REPACK").is_ok_and(|v| v.trim() == "0");
+        if crate::kernels::repack::fast() && !disabled {
+            vec![self.repack.clone()]
+        } else {
+            Vec::new()
+        }
+    }
+
     fn buffer_from_host_memory(
         &self,
         memory: Arc<dyn HostMemory>,
@@ -155,6 +170,9 @@ impl rgml::Device for CpuDevice {
     /// other devices must be copied in, as it would between real devices (the scheduler's
     /// copies between them are then real copies, and tested as such).
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
+        if rgml::backend::same_instance(buffer_type, &self.repack) {
+            return true;
+        }
         if self.name == "CPU" {
             buffer_type.is_host()
         } else {

@@ -14,7 +14,9 @@ pub mod kernels;
 pub mod testing;
 
 pub use backend::{AbortCallback, CpuBackend, CpuEvent};
-pub use buffer::{CpuBuffer, CpuBufferType, HostMemoryBuffer, CPU_ALIGNMENT};
+pub use buffer::{
+    CpuBuffer, CpuBufferType, CpuRepackBufferType, HostMemoryBuffer, RepackBuffer, CPU_ALIGNMENT,
+};
 pub use device::{CpuDevice, CpuRegistry};
 pub use kernels::check_supported;
 

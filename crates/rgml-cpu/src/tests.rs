@@ -1106,3 +1106,106 @@ fn bench_small_nodes() {
         println!("{nth} threads: {:.2} us per node", per_node * 1e6);
     }
 }
+
+/// The repacking buffer type, whether or not this CPU gets it by default (the packed kernels
+/// have a portable path too).
+fn repack_buffer_type() -> BufferTypeRef {
+    let no_device: std::sync::Weak<dyn Device> = std::sync::Weak::<CpuDevice>::new();
+    Arc::new(crate::CpuRepackBufferType::new("CPU_REPACK", no_device))
+}
+
+/// A weight of `dtype` and shape `ne` in repacked memory, holding `bytes`.
+fn packed_weight(ctx: &mut Context, dtype: DType, ne: &[usize], bytes: &[u8]) -> TensorId {
+    let buft = repack_buffer_type();
+    let id = ctx.new_tensor(dtype, ne).unwrap();
+    let buffer = rgml::Buffer::alloc(&buft, ctx[id].nbytes()).unwrap();
+    rgml::alloc::TensorAllocator::new(buffer)
+        .alloc(ctx, id)
+        .unwrap();
+    ctx.tensor_set(id, 0, bytes).unwrap();
+    id
+}
+
+#[test]
+fn repacked_weights_give_the_plain_weights_results_bit_for_bit() {
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        let ane = [256, 12, 1, 1];
+        let wa = quantize(dtype, &rnd(256 * 12, 40), 256);
+        for nth in [1, 3] {
+            let mut ctx = Context::new();
+            let packed = packed_weight(&mut ctx, dtype, &ane[..2], &wa);
+            // Reading it back gives the file layout, whole or by groups of rows.
+            assert_eq!(ctx.tensor_bytes(packed).unwrap(), wa, "{dtype}");
+            let row = dtype.row_bytes(256).unwrap();
+            let mut part = vec![0u8; 2 * row];
+            ctx.tensor_get(packed, 5 * row, &mut part).unwrap();
+            assert_eq!(part, wa[5 * row..7 * row], "{dtype}: rows 5..7");
+            let plain = ctx.new_tensor(dtype, &ane[..2]).unwrap();
+            let mut outs = vec![];
+            for n in [1, 5, 20] {
+                let b = ctx.new_tensor(DType::F32, &[256, n, 2]).unwrap();
+                outs.push((b, ctx.mul_mat(plain, b).unwrap()));
+                outs.push((b, ctx.mul_mat(packed, b).unwrap()));
+            }
+            let idx = ctx.new_tensor(DType::I32, &[5]).unwrap();
+            let rows_plain = ctx.get_rows(plain, idx).unwrap();
+            let rows_packed = ctx.get_rows(packed, idx).unwrap();
+            alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+            ctx.tensor_set(plain, 0, &wa).unwrap();
+            let picks: Vec<u8> = [11i32, 0, 6, 3, 9]
+                .iter()
+                .flat_map(|i| i.to_le_bytes())
+                .collect();
+            ctx.tensor_set(idx, 0, &picks).unwrap();
+            for (k, &(b, _)) in outs.iter().enumerate().step_by(2) {
+                fill(&ctx, b, 41 + k as u64);
+            }
+            let mut roots: Vec<TensorId> = outs.iter().map(|o| o.1).collect();
+            roots.extend([rows_plain, rows_packed]);
+            compute(&mut ctx, &roots, nth).unwrap();
+            for pair in outs.chunks(2) {
+                let (want, got) = (read(&ctx, pair[0].1), read(&ctx, pair[1].1));
+                assert!(want.iter().any(|v| *v != 0.0));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{dtype} nth {nth} {:?}",
+                    ctx[pair[0].0].ne
+                );
+            }
+            assert_eq!(read(&ctx, rows_packed), read(&ctx, rows_plain), "{dtype}");
+        }
+    }
+}
+
+#[test]
+fn repacked_memory_refuses_what_it_cannot_hold() {
+    let dtype = DType::Q4_1;
+    let wa = quantize(dtype, &rnd(64 * 8, 42), 64);
+    let mut ctx = Context::new();
+    let packed = packed_weight(&mut ctx, dtype, &[64, 8], &wa);
+    let row = dtype.row_bytes(64).unwrap();
+    // Writes cover whole groups of 4 rows.
+    assert!(ctx.tensor_set(packed, row, &wa[..row]).is_err());
+    ctx.tensor_set(packed, 4 * row, &wa[4 * row..]).unwrap();
+    assert_eq!(ctx.tensor_bytes(packed).unwrap(), wa);
+    // Only whole, dense packable matrices are placed there.
+    let buft = repack_buffer_type();
+    for (dt, ne) in [
+        (DType::Q4_1, vec![64, 6]),
+        (DType::F32, vec![64, 8]),
+        (DType::Q4_K, vec![256, 8]),
+    ] {
+        let id = ctx.new_tensor(dt, &ne).unwrap();
+        let buffer = rgml::Buffer::alloc(&buft, ctx[id].nbytes()).unwrap();
+        let r = rgml::alloc::TensorAllocator::new(buffer).alloc(&mut ctx, id);
+        assert!(r.is_err(), "{dt} {ne:?} accepted");
+        assert!(!buft.accepts_weight(&ctx[id], &[rgml::OpKind::MulMat]));
+    }
+    // Ops other than matrix products and row lookups cannot read the packed rows.
+    let copy = ctx.cont(packed).unwrap();
+    assert!(crate::check_supported(&ctx, copy).is_err());
+    assert!(!buft.accepts_weight(&ctx[packed], &[rgml::OpKind::GetRows]));
+    assert!(buft.accepts_weight(&ctx[packed], &[rgml::OpKind::MulMat, rgml::OpKind::GetRows]));
+}

@@ -20,7 +20,7 @@ use crate::tokenizer::Tokenizer;
 use rgml::alloc::TensorAllocator;
 use rgml::backend::{Buffer, BufferUsage};
 use rgml::meta::MetaDevice;
-use rgml::{Context, DType, DeviceRef, TensorId};
+use rgml::{Context, DType, DeviceRef, OpKind, TensorId};
 use rgml_gguf::{GgufFile, TensorInfo};
 use std::path::Path;
 use std::sync::Arc;
@@ -467,6 +467,22 @@ fn place_weights(
         if mine.is_empty() {
             continue;
         }
+        // Weights the device keeps in a layout of its own (e.g. CPU_REPACK) are copied there;
+        // the rest follow below.
+        let tied = !placed.iter().any(|p| ctx[p.0].name == "output.weight");
+        let mut mine = mine;
+        for buft in device.extra_buffer_types() {
+            let (taken, rest): (Vec<_>, Vec<_>) = mine.into_iter().partition(|&(id, _)| {
+                buft.accepts_weight(&ctx[id], &weight_uses(&ctx[id].name, tied))
+            });
+            mine = rest;
+            if !taken.is_empty() {
+                buffers.push(copy_weights(gguf, ctx, &taken, &buft, &mut report)?);
+            }
+        }
+        if mine.is_empty() {
+            continue;
+        }
         if device.caps().buffer_from_host_ptr {
             let max_tensor = mine.iter().map(|t| t.1.size).max().unwrap_or(0);
             // A device may still decline (e.g. this mapping cannot be imported): then copy.
@@ -485,23 +501,65 @@ fn place_weights(
                 continue;
             }
         }
-        let buft = device.buffer_type();
-        let align = buft.alignment();
-        let size = mine
-            .iter()
-            .map(|&(id, _)| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
-            .sum::<usize>();
-        let buffer = Buffer::alloc(&buft, size.max(1))?;
-        buffer.set_usage(BufferUsage::Weights);
-        let mut talloc = TensorAllocator::new(buffer.clone());
-        for &(id, info) in &mine {
-            talloc.alloc(ctx, id)?;
-            ctx.tensor_set(id, 0, gguf.tensor_data(info))?;
-            report(1);
-        }
-        buffers.push(buffer);
+        buffers.push(copy_weights(
+            gguf,
+            ctx,
+            &mine,
+            &device.buffer_type(),
+            &mut report,
+        )?);
     }
     Ok(buffers)
+}
+
+/// One buffer of `buft` holding `tensors`, their file bytes copied in.
+fn copy_weights(
+    gguf: &GgufFile,
+    ctx: &mut Context,
+    tensors: &[(TensorId, &TensorInfo)],
+    buft: &rgml::BufferTypeRef,
+    report: &mut impl FnMut(usize),
+) -> Result<Arc<Buffer>> {
+    let align = buft.alignment();
+    let size = tensors
+        .iter()
+        .map(|&(id, _)| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
+        .sum::<usize>();
+    let buffer = Buffer::alloc(buft, size.max(1))?;
+    buffer.set_usage(BufferUsage::Weights);
+    let mut talloc = TensorAllocator::new(buffer.clone());
+    for &(id, info) in tensors {
+        talloc.alloc(ctx, id)?;
+        ctx.tensor_set(id, 0, gguf.tensor_data(info))?;
+        report(1);
+    }
+    Ok(buffer)
+}
+
+/// The ops that read weight `name` in the graphs this model builds (empty: other ops, or
+/// unknown). `tied`: the output projection reuses the token embeddings.
+fn weight_uses(name: &str, tied: bool) -> Vec<OpKind> {
+    const MATRICES: [&str; 7] = [
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    ];
+    let block_matrix = block_index(name).is_some()
+        && name
+            .split_once('.')
+            .and_then(|(_, rest)| rest.split_once('.'))
+            .is_some_and(|(_, field)| MATRICES.contains(&field));
+    match name {
+        "token_embd.weight" if tied => vec![OpKind::GetRows, OpKind::MulMat],
+        "token_embd.weight" => vec![OpKind::GetRows],
+        "output.weight" => vec![OpKind::MulMat],
+        _ if block_matrix => vec![OpKind::MulMat],
+        _ => Vec::new(),
+    }
 }
 
 fn dominant_type(tensors: &[TensorInfo]) -> String {

@@ -67,8 +67,36 @@ pub(crate) fn shared_size(a: &Tensor, b: &Tensor) -> Result<usize> {
     row.checked_mul(rows).ok_or(Error::SizeOverflow)
 }
 
+/// What phase 1 makes of src1 in the work area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Src1 {
+    /// Quantized to the weight type's vec-dot type.
+    Quantized(DType),
+    /// Rounded through F16/BF16: ggml multiplies F16/BF16 weights with activations rounded
+    /// to the weight type (its `vec_dot_type`), which gives llama.cpp's answers.
+    Rounded(DType),
+    /// Gathered into dense f32 rows (a strided src1 of f32 weights).
+    Dense,
+}
+
+/// How MUL_MAT with weights of `weight` converts its src1 in phase 1 (`None`: used in place).
+pub(crate) fn src1_conversion(weight: DType, src1_dense_rows: bool) -> Option<Src1> {
+    if weight.is_quantized() {
+        Some(Src1::Quantized(weight.vec_dot_type()))
+    } else if matches!(weight, DType::F16 | DType::BF16) {
+        Some(Src1::Rounded(weight))
+    } else if !src1_dense_rows {
+        Some(Src1::Dense)
+    } else {
+        None
+    }
+}
+
 /// src1 rows per tile of the quantized path.
 const TILE1: usize = 16;
+
+/// Activation rows per call of the packed-weight kernel.
+const REPACK_COLS: usize = 8;
 
 /// f32 dot product in tinyBLAS's order for the native build (see [`super::isa`]); uses AVX2+FMA
 /// code generation when the CPU has it.
@@ -257,10 +285,9 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let (ne11, ne12, ne13) = (b.ne[1], b.ne[2], b.ne[3]);
     let quant = a.dtype.is_quantized();
     let vd = a.dtype.vec_dot_type();
-    // ggml multiplies F16/BF16 weights with activations rounded to the weight type (its
-    // `vec_dot_type`); rounding src1 the same way gives llama.cpp's answers.
-    let rounded = matches!(a.dtype, DType::F16 | DType::BF16);
-    let converted = quant || rounded || !b.rows_contiguous();
+    let conversion = src1_conversion(a.dtype, b.rows_contiguous());
+    let rounded = conversion == Some(Src1::Rounded(a.dtype));
+    let converted = conversion.is_some();
     let wrow = if quant { vd.row_bytes(ne00)? } else { ne00 * 4 };
     let nrows1 = b.nrows();
     if converted && wrow.saturating_mul(nrows1) > tc.shared.len {
@@ -272,7 +299,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
 
     // Phase 1: src1 into the work area. Every thread reaches the barrier, also on errors and
     // panics (the checks above depend only on the node, so all threads agree on them).
-    if converted {
+    if converted && !task.reuse_src1 {
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             convert_src1(b, tc, quant, rounded.then_some(a.dtype), vd, wrow, nrows1)
         }));
@@ -286,6 +313,9 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     }
 
     // Phase 2.
+    if !quant {
+        return float_products(dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
+    }
     let ne01 = a.ne[1];
     let r2 = ne12 / a.ne[2].max(1);
     let r3 = ne13 / a.ne[3].max(1);
@@ -295,17 +325,14 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         .div_ceil(target.max(1))
         .clamp(1, 64)
         .min(ne01.max(1));
-    let nblk = ne01.div_ceil(blk);
-    let b_row = |i11: usize, i12: usize, i13: usize| -> *const u8 {
-        if converted {
-            tc.shared
-                .ptr
-                .wrapping_add((i11 + ne11 * (i12 + ne12 * i13)) * wrow)
-                .cast_const()
-        } else {
-            b.row(i11, i12, i13).cast_const()
-        }
+    // Packed weights are addressed by whole groups of rows.
+    let blk = if a.packed {
+        blk.next_multiple_of(super::repack::GROUP_ROWS)
+    } else {
+        blk
     };
+    let nblk = ne01.div_ceil(blk);
+    let b_row = b_row_fn(b, tc.shared, converted, wrow);
     let arow_bytes = a.row_bytes();
     let tiled = super::tiled::supported(a.dtype);
     for unit in super::split(batches * nblk, tc.ith, tc.nth) {
@@ -314,6 +341,58 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         let (i12, i13) = (batch % ne12, batch / ne12);
         let (i02, i03) = (i12 / r2.max(1), i13 / r3.max(1));
         let rows0 = i0..(i0 + blk).min(ne01);
+        if a.packed {
+            // Packed weights (a repacking buffer): each group of rows is one contiguous stream
+            // of interleaved blocks, multiplied by up to 8 activation rows at a time.
+            let nb = ne00 / vd.block_size();
+            let g = super::repack::GROUP_ROWS;
+            let mut out = [0f32; super::repack::GROUP_ROWS * REPACK_COLS];
+            let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
+            for t0 in (0..ne11).step_by(TILE1) {
+                let t1 = (t0 + TILE1).min(ne11);
+                for r0 in rows0.clone().step_by(g) {
+                    let group = a.row(r0, i02, i03).cast_const();
+                    if ne11 == 1 {
+                        let ahead = group.wrapping_add(PREFETCH_AHEAD);
+                        for off in (0..g * arow_bytes).step_by(64) {
+                            prefetch(ahead.wrapping_add(off));
+                        }
+                    }
+                    for c0 in (t0..t1).step_by(REPACK_COLS) {
+                        let c1 = (c0 + REPACK_COLS).min(t1);
+                        let mut y = [std::ptr::null::<u8>(); REPACK_COLS];
+                        for (slot, i11) in y.iter_mut().zip(c0..c1) {
+                            *slot = b_row(i11, i12, i13);
+                        }
+                        // SAFETY: `a.packed` means the weight is in the packed layout (the
+                        // backend checked its dtype and shape); the group starts at row r0, a
+                        // multiple of the group size, and is in bounds; the src1 rows are
+                        // complete in the work area since the barrier, `nb` blocks each; the
+                        // scratch holds a group (sized by `work_size`).
+                        unsafe {
+                            super::repack::tile(
+                                a.dtype,
+                                nb,
+                                group,
+                                &y[..c1 - c0],
+                                &mut out,
+                                REPACK_COLS,
+                                scratch,
+                            )
+                        };
+                        for r in 0..g {
+                            for (c, i11) in (c0..c1).enumerate() {
+                                let dst_el = dst.row(i11, i12, i13).wrapping_add((r0 + r) * 4);
+                                // SAFETY: output element (r0 + r, i11, i12, i13) is in bounds
+                                // and written only by the thread owning row block (batch, r0).
+                                unsafe { dst_el.cast::<f32>().write(out[r * REPACK_COLS + c]) };
+                            }
+                        }
+                    }
+                }
+            }
+            continue;
+        }
         if quant && tiled {
             // Register tiles: rows x columns computed together, bit-equal to the pair dots.
             let nb = ne00 / vd.block_size();
@@ -369,29 +448,84 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
             }
             continue;
         }
-        if quant {
-            // Tiles of src1 rows keep a block of weight rows and a tile of activations in
-            // cache while every pair is multiplied.
-            for t0 in (0..ne11).step_by(TILE1) {
-                for i01 in rows0.clone() {
-                    // SAFETY: a dense, in-bounds src0 row, read-only during this node.
-                    let x = unsafe { bytes(a.row(i01, i02, i03), arow_bytes) };
-                    for i11 in t0..(t0 + TILE1).min(ne11) {
-                        // SAFETY: a src1 row in the work area, complete since the barrier.
-                        let y = unsafe { bytes(b_row(i11, i12, i13), wrow) };
-                        let v = vec_dot_quant(a.dtype, ne00, x, y)?;
-                        let out = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
-                        // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
-                        // only by the thread owning row block (batch, i01).
-                        unsafe { out.cast::<f32>().write(v) };
-                    }
+        // Tiles of src1 rows keep a block of weight rows and a tile of activations in
+        // cache while every pair is multiplied.
+        for t0 in (0..ne11).step_by(TILE1) {
+            for i01 in rows0.clone() {
+                // SAFETY: a dense, in-bounds src0 row, read-only during this node.
+                let x = unsafe { bytes(a.row(i01, i02, i03), arow_bytes) };
+                for i11 in t0..(t0 + TILE1).min(ne11) {
+                    // SAFETY: a src1 row in the work area, complete since the barrier.
+                    let y = unsafe { bytes(b_row(i11, i12, i13), wrow) };
+                    let v = vec_dot_quant(a.dtype, ne00, x, y)?;
+                    let out = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+                    // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
+                    // only by the thread owning row block (batch, i01).
+                    unsafe { out.cast::<f32>().write(v) };
                 }
             }
-            continue;
         }
-        let avx512 = f32_tile_avx512();
-        // Tiles of 4 weight rows x 4 activation rows: each weight row converted once, each
-        // pair's dot in `dot_f32`'s order (see `dot_f32_tile`); edges pair by pair.
+    }
+    Ok(())
+}
+
+/// Where src1 row `(i11, i12, i13)` is after phase 1: in the work area, or in place.
+fn b_row_fn<'a>(
+    b: &'a super::TensorView,
+    shared: super::SharedWork,
+    converted: bool,
+    wrow: usize,
+) -> impl Fn(usize, usize, usize) -> *const u8 + 'a {
+    let (ne11, ne12) = (b.ne[1], b.ne[2]);
+    move |i11, i12, i13| {
+        if converted {
+            shared
+                .ptr
+                .wrapping_add((i11 + ne11 * (i12 + ne12 * i13)) * wrow)
+                .cast_const()
+        } else {
+            b.row(i11, i12, i13).cast_const()
+        }
+    }
+}
+
+/// Phase 2 for F32/F16/BF16 weights. The activation rows that share a weight matrix (every
+/// src1 row of the `r2 x r3` batches broadcast onto it: grouped-query attention's heads) are
+/// one set of columns, so each weight row is decoded once for all of them, and multiplied in
+/// 4 x 4 tiles (edge tiles repeat a row or column and drop the copies) in `dot_f32`'s order.
+fn float_products(
+    dst: &super::TensorView,
+    a: &super::TensorView,
+    b_row: &dyn Fn(usize, usize, usize) -> *const u8,
+    tc: &mut ThreadCtx<'_>,
+) -> Result<()> {
+    let (ne00, ne01) = (a.ne[0], a.ne[1]);
+    let (ne11, ne12, ne13) = (dst.ne[1], dst.ne[2], dst.ne[3]);
+    let r2 = ne12 / a.ne[2].max(1);
+    let r3 = ne13 / a.ne[3].max(1);
+    let weight_batches = a.ne[2] * a.ne[3];
+    // Column c of weight batch (i02, i03): src1 row c % ne11 of batch
+    // (i02 * r2 + j % r2, i03 * r3 + j / r2) with j = c / ne11.
+    let ncols = ne11 * r2 * r3;
+    let column = |c: usize, i02: usize, i03: usize| {
+        let j = c / ne11.max(1);
+        (
+            c % ne11.max(1),
+            i02 * r2 + j % r2.max(1),
+            i03 * r3 + j / r2.max(1),
+        )
+    };
+    let blk = (ne01 * weight_batches)
+        .div_ceil((tc.nth * 8).max(1))
+        .clamp(4, 64)
+        .min(ne01.max(1));
+    let nblk = ne01.div_ceil(blk);
+    let arow_bytes = a.row_bytes();
+    let avx512 = f32_tile_avx512();
+    for unit in super::split(weight_batches * nblk, tc.ith, tc.nth) {
+        let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
+        let i0 = (unit % nblk) * blk;
+        let rows0 = i0..(i0 + blk).min(ne01);
         for r0 in rows0.clone().step_by(4) {
             let nr = (rows0.end - r0).min(4);
             let mut xs: [&[f32]; 4] = [&[]; 4];
@@ -411,28 +545,26 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                     *slot = row;
                 }
             }
-            for c0 in (0..ne11).step_by(4) {
-                let nc = (ne11 - c0).min(4);
+            for r in nr..4 {
+                xs[r] = xs[nr - 1];
+            }
+            for c0 in (0..ncols).step_by(4) {
+                let nc = (ncols - c0).min(4);
                 let mut ys: [&[f32]; 4] = [&[]; 4];
-                for (slot, i11) in ys.iter_mut().zip(c0..c0 + nc) {
+                let mut at = [(0, 0, 0); 4];
+                for (k, (slot, place)) in ys.iter_mut().zip(at.iter_mut()).enumerate() {
+                    *place = column(c0 + k.min(nc - 1), i02, i03);
+                    let (i11, i12, i13) = *place;
                     // SAFETY: a dense f32 src1 row (in place or in the work area).
                     *slot = unsafe { f32_row(b_row(i11, i12, i13), ne00) };
                 }
                 let mut out = [[0f32; 4]; 4];
-                if nr == 4 && nc == 4 {
-                    dot_f32_tile(&xs, &ys, &mut out, avx512);
-                } else {
-                    for (r, x) in xs.iter().enumerate().take(nr) {
-                        for (c, y) in ys.iter().enumerate().take(nc) {
-                            out[r][c] = dot_f32(x, y);
-                        }
-                    }
-                }
+                dot_f32_tile(&xs, &ys, &mut out, avx512);
                 for (r, row) in out.iter().enumerate().take(nr) {
-                    for (c, &v) in row.iter().enumerate().take(nc) {
-                        let dst_el = dst.row(c0 + c, i12, i13).wrapping_add((r0 + r) * 4);
-                        // SAFETY: output element (r0 + r, c0 + c, i12, i13) is in bounds and
-                        // written only by the thread owning row block (batch, r0 + r).
+                    for (&v, &(i11, i12, i13)) in row.iter().zip(&at).take(nc) {
+                        let dst_el = dst.row(i11, i12, i13).wrapping_add((r0 + r) * 4);
+                        // SAFETY: output element (r0 + r, i11, i12, i13) is in bounds and
+                        // written only by the thread owning row block (i02, i03, r0 + r).
                         unsafe { dst_el.cast::<f32>().write(v) };
                     }
                 }

@@ -22,8 +22,9 @@ mod convert;
 mod copy;
 mod elementwise;
 pub(crate) mod isa;
-mod matmul;
+pub(crate) mod matmul;
 mod norm;
+pub(crate) mod repack;
 mod rope;
 mod rows;
 mod softmax;
@@ -59,6 +60,9 @@ pub(crate) struct TensorView {
     pub ne: [usize; 4],
     /// Byte strides.
     pub nb: [usize; 4],
+    /// Rows stored interleaved in groups ([`repack`]'s layout, a repacking buffer): row
+    /// pointers then address whole groups, not single rows.
+    pub packed: bool,
 }
 
 // SAFETY: a view is a pointer into a host buffer that the backend holds an exclusive guard on
@@ -76,6 +80,7 @@ impl TensorView {
             dtype: t.dtype,
             ne: t.ne,
             nb: t.nb,
+            packed: false,
         }
     }
 
@@ -118,6 +123,13 @@ pub(crate) struct NodeTask {
     pub dst: TensorView,
     /// Its sources (unused slots are `None`).
     pub src: [Option<TensorView>; 3],
+    /// Whether the threads must all have finished the nodes before this one when it starts
+    /// (false when it touches nothing they write, and writes nothing they touch).
+    pub sync_before: bool,
+    /// MUL_MAT: the work area already holds src1 converted as this node needs it (an earlier
+    /// product of the same activations: q/k/v, gate/up), so phase 1 and its barrier are
+    /// skipped.
+    pub reuse_src1: bool,
 }
 
 impl NodeTask {
@@ -222,12 +234,32 @@ pub fn check_supported(ctx: &Context, id: TensorId) -> Result<()> {
     for &s in &t.src {
         srcs.push(ctx.get(s)?);
     }
-    let ok = supported(t, &srcs);
+    // Packed weights are read by the ops that know their layout, as the first source, whole.
+    let packed_ok = !in_repack_memory(ctx, t)
+        && t.src.iter().enumerate().all(|(i, &s)| {
+            let Ok(src) = ctx.get(s) else { return false };
+            !in_repack_memory(ctx, src)
+                || (i == 0
+                    && crate::buffer::packable(src)
+                    && matches!(t.op, Op::MulMat | Op::GetRows))
+        });
+    let ok = packed_ok && supported(t, &srcs);
     if ok {
         Ok(())
     } else {
         Err(unsupported(describe(ctx, t)))
     }
+}
+
+/// Whether `t`'s bytes (its own, or its view source's) live in repacked memory.
+pub(crate) fn in_repack_memory(ctx: &Context, t: &Tensor) -> bool {
+    let root = match t.view_src {
+        Some(v) => ctx.get(v).ok(),
+        None => Some(t),
+    };
+    root.and_then(|r| r.data.as_ref())
+        .or(t.data.as_ref())
+        .is_some_and(|d| crate::CpuRepackBufferType::is_repack(d.buffer.buffer_type()))
 }
 
 fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
@@ -389,7 +421,8 @@ pub(crate) fn work_size(ctx: &Context, t: &Tensor) -> Result<(usize, usize)> {
         _ => 0,
     };
     // Up to four rows of the widest operand (sources copied out of the destination, converted
-    // rows, ROPE's cos/sin cache), plus slack to keep per-thread areas on separate cache lines.
+    // rows, ROPE's cos/sin cache, a packed group unpacked), plus slack to keep per-thread areas
+    // on separate cache lines.
     let per_thread = widest.checked_mul(4).ok_or(Error::SizeOverflow)? + 16;
     Ok((shared, per_thread))
 }

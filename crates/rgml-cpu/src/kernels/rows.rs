@@ -31,8 +31,26 @@ pub(crate) fn get_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
             .ok()
             .filter(|&k| k < src.ne[1])
             .ok_or_else(|| bad_index("GET_ROWS", k, src.ne[1]))?;
-        let srow = src.row(row, i2, i3);
         let drow = dst.row(i1, i2, i3);
+        if src.packed {
+            // A packed weight (the token embeddings tied to the output projection): the row
+            // comes out of its group of interleaved rows.
+            let g = super::repack::GROUP_ROWS;
+            let group_start = src.row(row / g * g, i2, i3);
+            let tmp = super::scratch_slice(tc.scratch, src.ne[0])?;
+            let plain = bytemuck::cast_slice_mut::<f32, u8>(tmp)
+                .get_mut(..src.row_bytes())
+                .ok_or_else(|| bad_index("GET_ROWS", k, src.ne[1]))?;
+            // SAFETY: the group is dense and in bounds (`row` < ne1, a multiple of the group
+            // size), read-only during this node; the destination row belongs to this thread.
+            unsafe {
+                let group = bytes(group_start, g * src.row_bytes());
+                super::repack::unpack_row(src.dtype, src.ne[0], group, row % g, plain)?;
+                row_to_f32(src.dtype, plain, super::f32_row_mut(drow, dst.ne[0]))?;
+            }
+            continue;
+        }
+        let srow = src.row(row, i2, i3);
         // SAFETY: both rows are dense and in bounds (index checked above); the destination row
         // belongs to this thread and GET_ROWS never runs in place.
         unsafe {

@@ -66,6 +66,13 @@ pub trait BufferType: Send + Sync + Any {
     fn device(&self) -> Option<DeviceRef> {
         None
     }
+    /// Whether weight `tensor`, read only by ops of the kinds in `uses`, may be stored here
+    /// (default: yes). Buffer types that keep weights in a layout of their own (ggml's "extra"
+    /// buffer types such as CPU_REPACK, see [`crate::Device::extra_buffer_types`]) accept only
+    /// the tensors and uses their device's kernels read in that layout.
+    fn accepts_weight(&self, _tensor: &Tensor, _uses: &[crate::OpKind]) -> bool {
+        true
+    }
     /// For downcasting.
     fn as_any(&self) -> &dyn Any;
 }

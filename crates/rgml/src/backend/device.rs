@@ -146,6 +146,14 @@ pub trait Device: Send + Sync + Any {
     fn init_backend(&self, params: &BackendParams) -> Result<Box<dyn Backend>>;
     /// The device's own memory.
     fn buffer_type(&self) -> BufferTypeRef;
+    /// Memory for weights in layouts of the device's own that its kernels read faster (ggml's
+    /// extra buffer types, e.g. CPU_REPACK), in order of preference (default: none). A loader
+    /// offers each weight to these first ([`crate::backend::BufferType::accepts_weight`]) and puts the rest in
+    /// [`Device::buffer_type`]. Tensors in them read and write through `Buffer::get` / `set` in
+    /// the usual layout (the buffer converts), but are not plain host memory.
+    fn extra_buffer_types(&self) -> Vec<BufferTypeRef> {
+        Vec::new()
+    }
     /// Pinned host memory for faster transfers (default: none).
     fn host_buffer_type(&self) -> Option<BufferTypeRef> {
         None
