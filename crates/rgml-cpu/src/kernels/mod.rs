@@ -17,17 +17,18 @@
 
 pub mod dot;
 
-mod activations;
+pub(crate) mod activations;
 mod convert;
 mod copy;
 mod elementwise;
 pub(crate) mod isa;
 mod matmul;
 mod norm;
+pub(crate) mod repack;
 mod rope;
 mod rows;
 mod softmax;
-mod tiled;
+pub(crate) mod tiled;
 mod vexp;
 
 pub(crate) use convert::quant_available;
