@@ -155,5 +155,34 @@ pub mod bench_support {
             }
             Ok(())
         }
+
+        /// As [`repacked`], all groups in one `tile_groups` call (two groups per kernel call
+        /// for mat-vec).
+        pub fn repacked_groups(
+            dtype: DType,
+            ne0: usize,
+            w: &[u8],
+            cols: &[Vec<u8>],
+            out: &mut [f32],
+            scratch: &mut [u8],
+        ) -> Result<()> {
+            let (rows, nb, _) = check(dtype, ne0, w, cols, out)?;
+            let y: Vec<*const u8> = cols.iter().map(|c| c.as_ptr()).collect();
+            // SAFETY: checked: `rows / 4` whole packed groups of `nb` blocks per row, columns
+            // of `nb` activation blocks, `out` holds every row's `cols.len()` values.
+            unsafe {
+                repack::tile_groups(
+                    dtype,
+                    nb,
+                    w.as_ptr(),
+                    rows / 4,
+                    &y,
+                    out,
+                    cols.len(),
+                    scratch,
+                )
+            };
+            Ok(())
+        }
     }
 }

@@ -224,6 +224,7 @@ pub(crate) fn unpack_row(
 /// per kernel call are best. `scratch` (at least `4 * row_bytes` bytes) is used only when the
 /// CPU lacks the direct kernels ([`fast`]): the group is unpacked there and the per-pair or
 /// tiled dots run on it. Unsupported dtypes, or a scratch too small for that path, write NaN.
+/// For matrix-vector products over many groups, [`tile_groups`] is faster.
 ///
 /// # Safety
 /// `group` points to a whole packed group of `nb` blocks per row (`4 * nb * block_bytes`
@@ -238,23 +239,124 @@ pub(crate) unsafe fn tile(
     out_stride: usize,
     scratch: &mut [u8],
 ) {
-    if y.is_empty() || nb == 0 {
-        for r in 0..GROUP_ROWS {
+    // SAFETY: one group, as the caller promises.
+    unsafe { tile_groups(dtype, nb, group, 1, y, out, out_stride, scratch) }
+}
+
+/// Groups a matrix-vector kernel call takes at once: the activation block's loads, scale
+/// conversion and Q4_0 correction are then shared by 8 rows instead of 4.
+const MV_GROUPS: usize = 2;
+
+/// [`tile`] over `ngroups` consecutive packed groups starting at `groups` (rows `0..4 *
+/// ngroups` of a packed range): `out[row * out_stride + c]`. With one column, the direct
+/// kernels take two groups per call.
+///
+/// # Safety
+/// As [`tile`], for `ngroups` whole groups at `groups`, and `out` has an element at every
+/// `row * out_stride + c` for `row < 4 * ngroups`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_groups(
+    dtype: DType,
+    nb: usize,
+    groups: *const u8,
+    ngroups: usize,
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+    scratch: &mut [u8],
+) {
+    let direct = fast() && supported(dtype);
+    // SAFETY: as the caller promises; `direct` only where fast() holds.
+    unsafe {
+        tile_groups_on(
+            direct, dtype, nb, groups, ngroups, y, out, out_stride, scratch,
+        )
+    }
+}
+
+/// [`tile_groups`] with the direct kernels (`direct`, which needs [`fast`] and a supported
+/// dtype) or the unpacking fallback (the tests run both).
+///
+/// # Safety
+/// As [`tile_groups`]; `direct` only where [`fast`] holds and `dtype` is [`supported`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_groups_on(
+    direct: bool,
+    dtype: DType,
+    nb: usize,
+    groups: *const u8,
+    ngroups: usize,
+    y: &[*const u8],
+    out: &mut [f32],
+    out_stride: usize,
+    scratch: &mut [u8],
+) {
+    if nb == 0 {
+        // Empty rows: every dot is 0.
+        for row in 0..GROUP_ROWS * ngroups {
             for c in 0..y.len() {
-                out[r * out_stride + c] = 0.0;
+                out[row * out_stride + c] = 0.0;
             }
         }
         return;
     }
-    if fast() && supported(dtype) {
-        for (i, cols) in y.chunks(MAX_COLS).enumerate() {
-            // SAFETY: fast() detected the features; pointers as the caller promises; the
-            // column offset keeps every written index within what the caller promised.
-            unsafe { tile_fast(dtype, nb, group, cols, &mut out[i * MAX_COLS..], out_stride) };
+    if y.is_empty() {
+        return;
+    }
+    let gbytes = geom(dtype).map_or(0, |g| GROUP_ROWS * nb * g.block);
+    let group_out = GROUP_ROWS * out_stride;
+    if !direct {
+        for g in 0..ngroups {
+            // SAFETY: group `g` of the range the caller promised, and its rows of `out`.
+            unsafe {
+                tile_unpacked(
+                    dtype,
+                    nb,
+                    groups.wrapping_add(g * gbytes),
+                    y,
+                    &mut out[g * group_out..],
+                    out_stride,
+                    scratch,
+                )
+            };
         }
-    } else {
-        // SAFETY: as the caller promises.
-        unsafe { tile_unpacked(dtype, nb, group, y, out, out_stride, scratch) };
+        return;
+    }
+    let mut g = 0;
+    if y.len() == 1 {
+        while g + MV_GROUPS <= ngroups {
+            // SAFETY: fast() detected the features; `MV_GROUPS` groups of the promised range
+            // and their rows of `out`; one column.
+            unsafe {
+                tile_fast::<MV_GROUPS>(
+                    dtype,
+                    nb,
+                    groups.wrapping_add(g * gbytes),
+                    gbytes,
+                    y,
+                    &mut out[g * group_out..],
+                    out_stride,
+                )
+            };
+            g += MV_GROUPS;
+        }
+    }
+    for g in g..ngroups {
+        for (i, cols) in y.chunks(MAX_COLS).enumerate() {
+            // SAFETY: fast() detected the features; group `g` of the promised range; the
+            // offsets keep every written index within what the caller promised.
+            unsafe {
+                tile_fast::<1>(
+                    dtype,
+                    nb,
+                    groups.wrapping_add(g * gbytes),
+                    gbytes,
+                    cols,
+                    &mut out[g * group_out + i * MAX_COLS..],
+                    out_stride,
+                )
+            };
+        }
     }
 }
 
@@ -313,15 +415,17 @@ unsafe fn tile_unpacked(
     }
 }
 
-/// Dispatch of the direct kernels on the dtype and the column count (1..=8).
+/// Dispatch of the direct kernels on the dtype and the column count: `G` groups `gbytes`
+/// apart, 1 to 8 columns for one group, one column for more.
 ///
 /// # Safety
-/// As [`tile`], with 1 to 8 columns, on a CPU where [`fast`] holds.
+/// As [`tile_groups`] with `G` groups, on a CPU where [`fast`] holds.
 #[cfg(target_arch = "x86_64")]
-unsafe fn tile_fast(
+unsafe fn tile_fast<const G: usize>(
     dtype: DType,
     nb: usize,
     group: *const u8,
+    gbytes: usize,
     y: &[*const u8],
     out: &mut [f32],
     out_stride: usize,
@@ -330,15 +434,15 @@ unsafe fn tile_fast(
         ($f:ident $(, $k:literal)?) => {
             // SAFETY: the features of `$f` were detected (fast()); pointers as promised.
             unsafe {
-                match y.len() {
-                    1 => $f::<$($k,)? 1>(nb, group, y, out, out_stride),
-                    2 => $f::<$($k,)? 2>(nb, group, y, out, out_stride),
-                    3 => $f::<$($k,)? 3>(nb, group, y, out, out_stride),
-                    4 => $f::<$($k,)? 4>(nb, group, y, out, out_stride),
-                    5 => $f::<$($k,)? 5>(nb, group, y, out, out_stride),
-                    6 => $f::<$($k,)? 6>(nb, group, y, out, out_stride),
-                    7 => $f::<$($k,)? 7>(nb, group, y, out, out_stride),
-                    _ => $f::<$($k,)? 8>(nb, group, y, out, out_stride),
+                match (G, y.len()) {
+                    (1, 2) => $f::<$($k,)? 2, 1>(nb, group, gbytes, y, out, out_stride),
+                    (1, 3) => $f::<$($k,)? 3, 1>(nb, group, gbytes, y, out, out_stride),
+                    (1, 4) => $f::<$($k,)? 4, 1>(nb, group, gbytes, y, out, out_stride),
+                    (1, 5) => $f::<$($k,)? 5, 1>(nb, group, gbytes, y, out, out_stride),
+                    (1, 6) => $f::<$($k,)? 6, 1>(nb, group, gbytes, y, out, out_stride),
+                    (1, 7) => $f::<$($k,)? 7, 1>(nb, group, gbytes, y, out, out_stride),
+                    (1, 8) => $f::<$($k,)? 8, 1>(nb, group, gbytes, y, out, out_stride),
+                    _ => $f::<$($k,)? 1, G>(nb, group, gbytes, y, out, out_stride),
                 }
             }
         };
@@ -355,7 +459,16 @@ unsafe fn tile_fast(
 /// # Safety
 /// Never called.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn tile_fast(_: DType, _: usize, _: *const u8, _: &[*const u8], _: &mut [f32], _: usize) {}
+unsafe fn tile_fast<const G: usize>(
+    _: DType,
+    _: usize,
+    _: *const u8,
+    _: usize,
+    _: &[*const u8],
+    _: &mut [f32],
+    _: usize,
+) {
+}
 
 /// The f16 at `p` as f32 (F16C).
 ///
@@ -382,155 +495,222 @@ unsafe fn h2f_x4(p: *const u8) -> __m128 {
     unsafe { _mm_cvtph_ps(_mm_loadl_epi64(p.cast())) }
 }
 
-/// Q4_0 (`Q41 = false`) or Q4_1 (`Q41 = true`) group times `NC` columns.
+/// Q4_0 (`Q41 = false`) or Q4_1 (`Q41 = true`): `G` groups (`gbytes` apart) times `NC`
+/// columns.
 ///
 /// One 64-byte load gives the 4 rows' quants `[r0 | r1 | r2 | r3]`; its low nibbles are every
 /// row's elements 0..16 and its high nibbles elements 16..32, so `vpdpbusd` against the
 /// activation's bytes 0..16 (resp. 16..32) broadcast to the four 128-bit lanes puts row `r`'s
 /// pair-dot lanes 0..4 in 32-bit lanes `4r..4r + 4` of `lo` and its lanes 4..8 in those of
-/// `hi`. Q4_0's `(q - 8) * y` sum is the unsigned `q * y` sum minus `8 * sum(y)` (exact).
+/// `hi`. Q4_0's signed `(q - 8) * y` sums come, for one column, from the unsigned `q * y` sums
+/// minus `8 * sum(y)`; for several columns (where per-column work counts most) from
+/// `(y + 128) * (q - 8)` minus `128 * sum(q - 8)`, the correction computed once per weight
+/// block. Both are exact integers.
 ///
 /// # Safety
-/// As [`tile`] with `NC` columns, on a CPU with AVX-512 F/BW/DQ/VL and VNNI.
+/// As [`tile_groups`] with `G` groups and `NC` columns, on a CPU with AVX-512 F/BW/DQ/VL and
+/// VNNI.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn tile_q4<const Q41: bool, const NC: usize>(
+unsafe fn tile_q4<const Q41: bool, const NC: usize, const G: usize>(
     nb: usize,
     group: *const u8,
+    gbytes: usize,
     y: &[*const u8],
     out: &mut [f32],
     out_stride: usize,
 ) {
     // Packed block bytes and quants offset; activation block bytes and quants offset.
     let (pb, pq, yb, yq) = if Q41 { (80, 16, 36, 4) } else { (72, 8, 34, 2) };
-    // SAFETY: reads within the group and the activation blocks the caller promised, under the
-    // features of this function.
+    // Q4_0 with the correction on the weight side (see above).
+    let wside = !Q41 && NC > 1;
+    // SAFETY: reads within the groups and the activation blocks the caller promised, under
+    // the features of this function.
     unsafe {
         // Lane 4r + j takes row r's value.
         let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         let nib = _mm512_set1_epi8(0x0F);
         let eight = _mm512_set1_epi8(8);
+        let bias = _mm512_set1_epi8(-128);
         let zero = _mm512_setzero_si512();
-        let mut acc_lo = [_mm512_setzero_ps(); NC];
-        let mut acc_hi = [_mm512_setzero_ps(); NC];
-        // Q4_1 min terms: column c's row r in lane 4 * (c % 4) + r of `summs[c / 4]`, each
+        let mut acc_lo = [[_mm512_setzero_ps(); NC]; G];
+        let mut acc_hi = [[_mm512_setzero_ps(); NC]; G];
+        // Q4_1 min terms: column c's row r in lane 4 * (c % 4) + r of `summs[g][c / 4]`, each
         // lane multiplied then added in block order as the pair dot does.
-        let mut summs = [_mm512_setzero_ps(); 2];
+        let mut summs = [[_mm512_setzero_ps(); 2]; G];
         for i in 0..nb {
-            let p = group.add(i * pb);
-            let dx = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(h2f_x4(p)));
-            let mx = if Q41 {
-                _mm512_broadcast_f32x4(h2f_x4(p.add(8)))
-            } else {
-                _mm512_setzero_ps()
-            };
-            let v = _mm512_loadu_si512(p.add(pq).cast());
-            let lo = _mm512_and_si512(v, nib);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            let mut dx = [_mm512_setzero_ps(); G];
+            let mut mx = [_mm512_setzero_ps(); G];
+            let mut lo = [zero; G];
+            let mut hi = [zero; G];
+            let mut clo = [zero; G];
+            let mut chi = [zero; G];
+            for g in 0..G {
+                let p = group.add(g * gbytes + i * pb);
+                dx[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(h2f_x4(p)));
+                if Q41 {
+                    mx[g] = _mm512_broadcast_f32x4(h2f_x4(p.add(8)));
+                }
+                let v = _mm512_loadu_si512(p.add(pq).cast());
+                lo[g] = _mm512_and_si512(v, nib);
+                hi[g] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+                if wside {
+                    lo[g] = _mm512_sub_epi8(lo[g], eight);
+                    hi[g] = _mm512_sub_epi8(hi[g], eight);
+                    // -128 * sum(q - 8) per 4 bytes (0x80 read as unsigned is 128).
+                    clo[g] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, lo[g]));
+                    chi[g] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, hi[g]));
+                }
+            }
             for c in 0..NC {
                 let py = y[c].add(i * yb);
                 let dy = _mm512_set1_ps(h2f(py));
-                let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(py.add(yq).cast()));
-                let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(py.add(yq + 16).cast()));
-                let mut ilo = _mm512_dpbusd_epi32(zero, lo, ylo);
-                let mut ihi = _mm512_dpbusd_epi32(zero, hi, yhi);
-                if !Q41 {
-                    ilo = _mm512_sub_epi32(ilo, _mm512_dpbusd_epi32(zero, eight, ylo));
-                    ihi = _mm512_sub_epi32(ihi, _mm512_dpbusd_epi32(zero, eight, yhi));
+                let mut ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(py.add(yq).cast()));
+                let mut yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(py.add(yq + 16).cast()));
+                let sy = if Q41 {
+                    _mm512_set1_ps(h2f(py.add(2)))
                 } else {
-                    let sy = _mm512_set1_ps(h2f(py.add(2)));
-                    let lanes: __mmask16 = 0xF << (4 * (c % 4));
-                    let s = &mut summs[c / 4];
-                    *s = _mm512_mask_add_ps(*s, lanes, *s, _mm512_mul_ps(mx, sy));
-                }
-                let d = _mm512_mul_ps(dx, dy);
-                acc_lo[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ilo), acc_lo[c]);
-                acc_hi[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ihi), acc_hi[c]);
-            }
-        }
-        let mut mins = [[0f32; 16]; 2];
-        if Q41 {
-            for (m, s) in mins.iter_mut().zip(summs) {
-                _mm512_storeu_ps(m.as_mut_ptr(), s);
-            }
-        }
-        for c in 0..NC {
-            // hsum_float_8 for the four rows at once: row r's lanes l0..l8 are lo's 4r..4r+4
-            // and hi's; (l_j + l_{4+j}), then (s0 + s2, s1 + s3), then their sum.
-            let s = _mm512_add_ps(acc_lo[c], acc_hi[c]);
-            let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
-            let s = _mm512_add_ps(s, _mm512_movehdup_ps(s));
-            let mut h = [0f32; 16];
-            _mm512_storeu_ps(h.as_mut_ptr(), s);
-            for r in 0..GROUP_ROWS {
-                let v = h[4 * r];
-                out[r * out_stride + c] = if Q41 {
-                    v + mins[c / 4][4 * (c % 4) + r]
-                } else {
-                    v
+                    _mm512_setzero_ps()
                 };
+                if wside {
+                    ylo = _mm512_xor_si512(ylo, bias);
+                    yhi = _mm512_xor_si512(yhi, bias);
+                } else if !Q41 {
+                    // -8 * sum(y) per 4 bytes, shared by the groups.
+                    clo[0] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, ylo));
+                    chi[0] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, yhi));
+                }
+                for g in 0..G {
+                    let (ilo, ihi) = if wside {
+                        (
+                            _mm512_dpbusd_epi32(clo[g], ylo, lo[g]),
+                            _mm512_dpbusd_epi32(chi[g], yhi, hi[g]),
+                        )
+                    } else if !Q41 {
+                        (
+                            _mm512_dpbusd_epi32(clo[0], lo[g], ylo),
+                            _mm512_dpbusd_epi32(chi[0], hi[g], yhi),
+                        )
+                    } else {
+                        (
+                            _mm512_dpbusd_epi32(zero, lo[g], ylo),
+                            _mm512_dpbusd_epi32(zero, hi[g], yhi),
+                        )
+                    };
+                    if Q41 {
+                        let lanes: __mmask16 = 0xF << (4 * (c % 4));
+                        let s = &mut summs[g][c / 4];
+                        *s = _mm512_mask_add_ps(*s, lanes, *s, _mm512_mul_ps(mx[g], sy));
+                    }
+                    let d = _mm512_mul_ps(dx[g], dy);
+                    acc_lo[g][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ilo), acc_lo[g][c]);
+                    acc_hi[g][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ihi), acc_hi[g][c]);
+                }
+            }
+        }
+        for g in 0..G {
+            let mut mins = [[0f32; 16]; 2];
+            if Q41 {
+                for (m, s) in mins.iter_mut().zip(summs[g]) {
+                    _mm512_storeu_ps(m.as_mut_ptr(), s);
+                }
+            }
+            for c in 0..NC {
+                // hsum_float_8 for the four rows at once: row r's lanes l0..l8 are lo's
+                // 4r..4r+4 and hi's; (l_j + l_{4+j}), then (s0 + s2, s1 + s3), then their sum.
+                let s = _mm512_add_ps(acc_lo[g][c], acc_hi[g][c]);
+                let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
+                let s = _mm512_add_ps(s, _mm512_movehdup_ps(s));
+                let mut h = [0f32; 16];
+                _mm512_storeu_ps(h.as_mut_ptr(), s);
+                for r in 0..GROUP_ROWS {
+                    let v = h[4 * r];
+                    out[(GROUP_ROWS * g + r) * out_stride + c] = if Q41 {
+                        v + mins[c / 4][4 * (c % 4) + r]
+                    } else {
+                        v
+                    };
+                }
             }
         }
     }
 }
 
-/// Q8_0 group times `NC` columns. Two 64-byte loads give rows `[r0 | r1]` and `[r2 | r3]`;
-/// the activation's 32 bytes are broadcast to both halves, offset by 128 to make them the
-/// unsigned operand of `vpdpbusd`, and the accumulator starts at `-128 * sum(x)` per 4 bytes
-/// so that the sums are exactly the signed `x * y` ones.
+/// Q8_0: `G` groups (`gbytes` apart) times `NC` columns. Two 64-byte loads give rows
+/// `[r0 | r1]` and `[r2 | r3]`; the activation's 32 bytes are broadcast to both halves, offset
+/// by 128 to make them the unsigned operand of `vpdpbusd`, and the accumulator starts at
+/// `-128 * sum(x)` per 4 bytes so that the sums are exactly the signed `x * y` ones.
 ///
 /// # Safety
-/// As [`tile`] with `NC` columns, on a CPU with AVX-512 F/BW/DQ/VL and VNNI.
+/// As [`tile_groups`] with `G` groups and `NC` columns, on a CPU with AVX-512 F/BW/DQ/VL and
+/// VNNI.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn tile_q8<const NC: usize>(
+unsafe fn tile_q8<const NC: usize, const G: usize>(
     nb: usize,
     group: *const u8,
+    gbytes: usize,
     y: &[*const u8],
     out: &mut [f32],
     out_stride: usize,
 ) {
     const PB: usize = 136;
     const YB: usize = 34;
-    // SAFETY: reads within the group and the activation blocks the caller promised, under the
-    // features of this function.
+    // SAFETY: reads within the groups and the activation blocks the caller promised, under
+    // the features of this function.
     unsafe {
         let spread_a = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         let spread_b = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
         let bias = _mm512_set1_epi8(-128);
         let zero = _mm512_setzero_si512();
-        let mut acc_a = [_mm512_setzero_ps(); NC];
-        let mut acc_b = [_mm512_setzero_ps(); NC];
+        let mut acc_a = [[_mm512_setzero_ps(); NC]; G];
+        let mut acc_b = [[_mm512_setzero_ps(); NC]; G];
         for i in 0..nb {
-            let p = group.add(i * PB);
-            let d4 = _mm512_castps128_ps512(h2f_x4(p));
-            let (dxa, dxb) = (
-                _mm512_permutexvar_ps(spread_a, d4),
-                _mm512_permutexvar_ps(spread_b, d4),
-            );
-            let qa = _mm512_loadu_si512(p.add(8).cast());
-            let qb = _mm512_loadu_si512(p.add(72).cast());
-            // -128 * sum(x) per 4 bytes (0x80 read as unsigned is 128).
-            let ca = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, qa));
-            let cb = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, qb));
+            let mut dxa = [_mm512_setzero_ps(); G];
+            let mut dxb = [_mm512_setzero_ps(); G];
+            let mut qa = [zero; G];
+            let mut qb = [zero; G];
+            let mut ca = [zero; G];
+            let mut cb = [zero; G];
+            for g in 0..G {
+                let p = group.add(g * gbytes + i * PB);
+                let d4 = _mm512_castps128_ps512(h2f_x4(p));
+                dxa[g] = _mm512_permutexvar_ps(spread_a, d4);
+                dxb[g] = _mm512_permutexvar_ps(spread_b, d4);
+                qa[g] = _mm512_loadu_si512(p.add(8).cast());
+                qb[g] = _mm512_loadu_si512(p.add(72).cast());
+                // -128 * sum(x) per 4 bytes (0x80 read as unsigned is 128).
+                ca[g] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, qa[g]));
+                cb[g] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, qb[g]));
+            }
             for c in 0..NC {
                 let py = y[c].add(i * YB);
                 let dy = _mm512_set1_ps(h2f(py));
                 let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(py.add(2).cast()));
                 let uq = _mm512_xor_si512(q, bias);
-                let ia = _mm512_dpbusd_epi32(ca, uq, qa);
-                let ib = _mm512_dpbusd_epi32(cb, uq, qb);
-                acc_a[c] =
-                    _mm512_fmadd_ps(_mm512_mul_ps(dxa, dy), _mm512_cvtepi32_ps(ia), acc_a[c]);
-                acc_b[c] =
-                    _mm512_fmadd_ps(_mm512_mul_ps(dxb, dy), _mm512_cvtepi32_ps(ib), acc_b[c]);
+                for g in 0..G {
+                    let ia = _mm512_dpbusd_epi32(ca[g], uq, qa[g]);
+                    let ib = _mm512_dpbusd_epi32(cb[g], uq, qb[g]);
+                    acc_a[g][c] = _mm512_fmadd_ps(
+                        _mm512_mul_ps(dxa[g], dy),
+                        _mm512_cvtepi32_ps(ia),
+                        acc_a[g][c],
+                    );
+                    acc_b[g][c] = _mm512_fmadd_ps(
+                        _mm512_mul_ps(dxb[g], dy),
+                        _mm512_cvtepi32_ps(ib),
+                        acc_b[g][c],
+                    );
+                }
             }
         }
-        for c in 0..NC {
-            let [r0, r1] = halves(acc_a[c]);
-            let [r2, r3] = halves(acc_b[c]);
-            for (r, v) in [r0, r1, r2, r3].into_iter().enumerate() {
-                out[r * out_stride + c] = hsum8(v);
+        for g in 0..G {
+            for c in 0..NC {
+                let [r0, r1] = halves(acc_a[g][c]);
+                let [r2, r3] = halves(acc_b[g][c]);
+                for (r, v) in [r0, r1, r2, r3].into_iter().enumerate() {
+                    out[(GROUP_ROWS * g + r) * out_stride + c] = hsum8(v);
+                }
             }
         }
     }
@@ -769,6 +949,59 @@ mod tests {
     #[test]
     fn fallback_equals_the_pair_dots() {
         check_tile(true);
+    }
+
+    /// `tile_groups` over several groups (an odd count: the two-group mat-vec kernel and the
+    /// one-group remainder) equals the pair dots, on the dispatching and the fallback paths.
+    #[test]
+    fn tile_groups_equals_the_pair_dots() {
+        let mut rng = StdRng::seed_from_u64(6);
+        for dtype in DTYPES {
+            for nb in [1, 7, 18] {
+                let ne0 = 32 * nb;
+                let ngroups = 5;
+                let src = random_rows(&mut rng, dtype, ne0, 4 * ngroups);
+                let rb = src.len() / (4 * ngroups);
+                let mut packed = vec![0u8; src.len()];
+                pack(dtype, ne0, &src, &mut packed).unwrap();
+                let cols: Vec<Vec<u8>> = (0..9).map(|_| activation(&mut rng, dtype, ne0)).collect();
+                let mut scratch = vec![0u8; 4 * rb];
+                for nc in [1, 2, 3, 9] {
+                    let y: Vec<*const u8> = cols[..nc].iter().map(|c| c.as_ptr()).collect();
+                    for fallback in [false, true] {
+                        let stride = nc + 2;
+                        let mut out = vec![f32::NAN; 4 * ngroups * stride];
+                        // SAFETY: `packed` is `ngroups` whole groups of `nb` blocks per row;
+                        // each column holds `nb` activation blocks; `out` covers every row;
+                        // the direct kernels only where fast().
+                        unsafe {
+                            tile_groups_on(
+                                fast() && !fallback,
+                                dtype,
+                                nb,
+                                packed.as_ptr(),
+                                ngroups,
+                                &y,
+                                &mut out,
+                                stride,
+                                &mut scratch,
+                            );
+                        }
+                        for row in 0..4 * ngroups {
+                            for c in 0..nc {
+                                let x = &src[row * rb..(row + 1) * rb];
+                                let want = vec_dot_quant(dtype, ne0, x, &cols[c]).unwrap();
+                                assert_eq!(
+                                    out[row * stride + c].to_bits(),
+                                    want.to_bits(),
+                                    "{dtype} nb {nb} cols {nc} ({row}, {c}) fallback {fallback}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Weights quantized from real-valued rows (not random bytes) also match.
