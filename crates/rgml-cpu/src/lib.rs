@@ -156,7 +156,7 @@ pub mod bench_support {
             Ok(())
         }
 
-        /// As [`repacked`], all groups in one `tile_groups` call (two groups per kernel call
+        /// As [`repacked`], all groups in one `tile_groups` call (four groups per kernel call
         /// for mat-vec).
         pub fn repacked_groups(
             dtype: DType,
