@@ -299,7 +299,7 @@ fn repack_section(cfg: &Cfg) {
         rp::fast()
     );
     println!("GB/s of weight bytes per pass (8 columns: also GFLOP/s); median of {ROUNDS} alternating rounds.");
-    println!("repacked: `tile` per group; groups: one `tile_groups` call (mat-vec: 4 groups per kernel call).");
+    println!("repacked: `tile` per group; groups: one `tile_groups` call (mat-vec: 4 groups per kernel call, else 2 groups x 4 columns).");
     println!(
         "| dtype | shape K x N | cols | plain | repacked | repacked groups | speed-up (best) |"
     );

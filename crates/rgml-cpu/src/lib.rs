@@ -157,7 +157,7 @@ pub mod bench_support {
         }
 
         /// As [`repacked`], all groups in one `tile_groups` call (four groups per kernel call
-        /// for mat-vec).
+        /// for mat-vec, else two groups by up to 4 columns).
         pub fn repacked_groups(
             dtype: DType,
             ne0: usize,
