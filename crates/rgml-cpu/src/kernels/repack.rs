@@ -2,8 +2,13 @@
 //! by block ("x4"), and the kernels that multiply such a 4-row group by quantized activation
 //! rows.
 //!
-//! This module owns the layout (packing, unpacking, single-row extraction) and the per-group
-//! product [`tile`]; wiring it into buffers and MUL_MAT is done elsewhere.
+//! This module owns the layout (packing, unpacking, single-row extraction) and the products:
+//! [`tile`] (one group by up to 8 columns) and [`tile_groups`] (consecutive groups, with
+//! kernels that take several groups per call). Wiring them into buffers, MUL_MAT and GET_ROWS
+//! is done elsewhere.
+//!
+//! Direct kernels (AVX-512 VNNI, see [`fast`]) exist for all three dtypes; elsewhere the
+//! products unpack each group into scratch and run the tiled or per-pair dots.
 //!
 //! # Layout
 //! Rows are taken 4 at a time (group `g` = rows `4g..4g + 4`, stored at
