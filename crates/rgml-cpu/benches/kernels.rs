@@ -20,7 +20,11 @@
 //!   x ~4.4 GHz boost, the figure. This VM's EPYC measures ~450 GFLOP/s with 512-bit
 //!   FMAs (full-width 512-bit pipes), so mat-mat percentages are against the measured figure.
 //!
-//! Knobs: `RGML_BENCH_THREADS` (default 2), `RGML_BENCH_QUICK=1` (fewer runs).
+//! - repacked (4-row interleaved) Q4_0/Q4_1/Q8_0 weights against the plain tiled kernels, one
+//!   thread, kernel only, mat-vec and 8-column tiles.
+//!
+//! Knobs: `RGML_BENCH_THREADS` (default 2), `RGML_BENCH_QUICK=1` (fewer runs),
+//! `RGML_BENCH_ONLY=repack` (only the repacked-weights table).
 
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::quant::quantize_row;
@@ -284,6 +288,92 @@ fn load_note() -> String {
     format!("load average (1 min) at start: {load} on {cpus} CPUs (other work skews the figures)")
 }
 
+/// Repacked (4-row interleaved) weights against the plain tiled kernels, one thread, kernel
+/// only: mat-vec (1 column) and 8-column tiles on the demo model's FFN shapes. Plain and
+/// repacked runs alternate `ROUNDS` times (the machine is shared); the median round is shown.
+fn repack_section(cfg: &Cfg) {
+    use rgml_cpu::bench_support::repack as rp;
+    const ROUNDS: usize = 5;
+    println!(
+        "Repacked x4 weights vs plain tiled kernels, 1 thread, kernel only (direct kernels: {}).",
+        rp::fast()
+    );
+    println!("GB/s of weight bytes per pass (8 columns: also GFLOP/s); median of {ROUNDS} alternating rounds.");
+    println!("repacked: `tile` per group; groups: one `tile_groups` call (mat-vec: 4 groups per kernel call, else 2 groups x 4 columns).");
+    println!(
+        "| dtype | shape K x N | cols | plain | repacked | repacked groups | speed-up (best) |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        if !rp::plain_supported(dtype) {
+            continue;
+        }
+        for (k, n) in [(576, 1536), (1536, 576)] {
+            let rb = dtype.row_bytes(k).expect("row bytes");
+            let mut w = vec![0u8; rb * n];
+            for (src, dst) in values(k * n, 11)
+                .chunks_exact(k)
+                .zip(w.chunks_exact_mut(rb))
+            {
+                quantize_row(dtype, src, dst).expect("quantize");
+            }
+            let mut packed = vec![0u8; w.len()];
+            rp::pack(dtype, k, &w, &mut packed).expect("pack");
+            let mut scratch = vec![0u8; 4 * rb];
+            for ncols in [1, 8] {
+                let cols: Vec<Vec<u8>> = (0..ncols)
+                    .map(|c| {
+                        rp::quantize_activations(dtype, &values(k, 20 + c as u64)).expect("act")
+                    })
+                    .collect();
+                let mut out = vec![0f32; n * ncols];
+                let mut plain = Vec::new();
+                let mut repacked = Vec::new();
+                let mut grouped = Vec::new();
+                for _ in 0..ROUNDS {
+                    plain.push(median_secs(cfg, || {
+                        rp::plain(dtype, k, &w, &cols, &mut out).expect("plain");
+                        black_box(&mut out);
+                    }));
+                    repacked.push(median_secs(cfg, || {
+                        rp::repacked(dtype, k, &packed, &cols, &mut out, &mut scratch)
+                            .expect("repacked");
+                        black_box(&mut out);
+                    }));
+                    grouped.push(median_secs(cfg, || {
+                        rp::repacked_groups(dtype, k, &packed, &cols, &mut out, &mut scratch)
+                            .expect("repacked");
+                        black_box(&mut out);
+                    }));
+                }
+                let med = |v: &mut Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                let (tp, tr, tg) = (med(&mut plain), med(&mut repacked), med(&mut grouped));
+                let gbs = |t: f64| w.len() as f64 / t / 1e9;
+                let fmt = |t: f64| {
+                    if ncols == 1 {
+                        format!("{:.1} GB/s", gbs(t))
+                    } else {
+                        let gflops = 2.0 * (k * n * ncols) as f64 / t / 1e9;
+                        format!("{:.1} GB/s, {gflops:.0} GFLOP/s", gbs(t))
+                    }
+                };
+                println!(
+                    "| {} | {k} x {n} | {ncols} | {} | {} | {} | {:.2}x |",
+                    dtype.name(),
+                    fmt(tp),
+                    fmt(tr),
+                    fmt(tg),
+                    tp / tr.min(tg)
+                );
+            }
+        }
+    }
+    println!();
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is not supported, other flags ignored.
     let quick = std::env::var("RGML_BENCH_QUICK").is_ok_and(|v| v == "1");
@@ -303,6 +393,10 @@ fn main() {
     );
     println!("{}", load_note());
     println!();
+    if std::env::var("RGML_BENCH_ONLY").is_ok_and(|v| v == "repack") {
+        repack_section(&cfg);
+        return;
+    }
 
     // --- ceilings ---
     let big: Vec<u64> = values(32 << 20, 5)
@@ -373,6 +467,8 @@ fn main() {
         std::io::stdout().flush().expect("flush stdout");
     }
     println!();
+
+    repack_section(&cfg);
 
     // --- threadpool ---
     let nodes = 1000;

@@ -56,4 +56,135 @@ pub mod bench_support {
             self.0.wait()
         }
     }
+
+    /// Repacked (4-row interleaved) weights against the plain tiled kernels, single thread,
+    /// kernel only: the row and column loops MUL_MAT would run, without the graph around them.
+    pub mod repack {
+        use crate::kernels::{activations, repack, tiled};
+        use rgml::{DType, Error, Result};
+
+        /// Whether the repacked kernels read the packed layout directly on this CPU.
+        pub fn fast() -> bool {
+            repack::fast()
+        }
+
+        /// Whether the plain tiled kernels run on this CPU for `dtype`.
+        pub fn plain_supported(dtype: DType) -> bool {
+            tiled::supported(dtype)
+        }
+
+        /// Interleave dense rows (see the repack module).
+        pub fn pack(dtype: DType, ne0: usize, src: &[u8], dst: &mut [u8]) -> Result<()> {
+            repack::pack(dtype, ne0, src, dst)
+        }
+
+        /// One activation row quantized to `dtype`'s vec-dot type, as MUL_MAT does.
+        pub fn quantize_activations(dtype: DType, src: &[f32]) -> Result<Vec<u8>> {
+            let vd = dtype.vec_dot_type();
+            let mut b = vec![0u8; vd.row_bytes(src.len())?];
+            activations::quantize_activations(vd, src, &mut b)?;
+            Ok(b)
+        }
+
+        /// Checks the operands of both products; returns (rows, blocks per row, row bytes).
+        fn check(
+            dtype: DType,
+            ne0: usize,
+            w: &[u8],
+            cols: &[Vec<u8>],
+            out: &[f32],
+        ) -> Result<(usize, usize, usize)> {
+            let bad = |m: &str| Error::Backend {
+                backend: "CPU".into(),
+                message: format!("bench repack: {m}"),
+            };
+            if !repack::supported(dtype) || !tiled::supported(dtype) {
+                return Err(bad("dtype"));
+            }
+            let rb = dtype.row_bytes(ne0)?;
+            let yb = dtype.vec_dot_type().row_bytes(ne0)?;
+            if rb == 0 || !w.len().is_multiple_of(4 * rb) {
+                return Err(bad("weights are not whole 4-row groups"));
+            }
+            let rows = w.len() / rb;
+            if cols.is_empty() || cols.len() > 8 || cols.iter().any(|c| c.len() != yb) {
+                return Err(bad("columns"));
+            }
+            if out.len() < rows * cols.len() {
+                return Err(bad("output"));
+            }
+            Ok((rows, ne0 / 32, rb))
+        }
+
+        /// `out[row * cols.len() + c]` for dense weights, 4 rows at a time with the tiled
+        /// kernels (what MUL_MAT runs today).
+        pub fn plain(
+            dtype: DType,
+            ne0: usize,
+            w: &[u8],
+            cols: &[Vec<u8>],
+            out: &mut [f32],
+        ) -> Result<()> {
+            let (rows, nb, rb) = check(dtype, ne0, w, cols, out)?;
+            let y: Vec<*const u8> = cols.iter().map(|c| c.as_ptr()).collect();
+            let n = cols.len();
+            for g in 0..rows / 4 {
+                let x: [*const u8; 4] = std::array::from_fn(|r| w[(4 * g + r) * rb..].as_ptr());
+                // SAFETY: checked: tiled::supported, 4 dense rows of `nb` blocks, columns of
+                // `nb` activation blocks, `out` holds this group's 4 rows of `n` values.
+                unsafe { tiled::tile(dtype, nb, &x, &y, &mut out[4 * g * n..], n) };
+            }
+            Ok(())
+        }
+
+        /// As [`plain`], on weights packed by [`pack`], with the repacked kernels.
+        pub fn repacked(
+            dtype: DType,
+            ne0: usize,
+            w: &[u8],
+            cols: &[Vec<u8>],
+            out: &mut [f32],
+            scratch: &mut [u8],
+        ) -> Result<()> {
+            let (rows, nb, rb) = check(dtype, ne0, w, cols, out)?;
+            let y: Vec<*const u8> = cols.iter().map(|c| c.as_ptr()).collect();
+            let n = cols.len();
+            for g in 0..rows / 4 {
+                let group = w[4 * g * rb..].as_ptr();
+                // SAFETY: checked: a whole packed group of `nb` blocks per row, columns of
+                // `nb` activation blocks, `out` holds this group's 4 rows of `n` values.
+                unsafe { repack::tile(dtype, nb, group, &y, &mut out[4 * g * n..], n, scratch) };
+            }
+            Ok(())
+        }
+
+        /// As [`repacked`], all groups in one `tile_groups` call (four groups per kernel call
+        /// for mat-vec, else two groups by up to 4 columns).
+        pub fn repacked_groups(
+            dtype: DType,
+            ne0: usize,
+            w: &[u8],
+            cols: &[Vec<u8>],
+            out: &mut [f32],
+            scratch: &mut [u8],
+        ) -> Result<()> {
+            let (rows, nb, _) = check(dtype, ne0, w, cols, out)?;
+            let y: Vec<*const u8> = cols.iter().map(|c| c.as_ptr()).collect();
+            // SAFETY: checked: `rows / 4` whole packed groups of `nb` blocks per row, columns
+            // of `nb` activation blocks, `out` holds every row's `cols.len()` values.
+            unsafe {
+                repack::tile_groups(
+                    dtype,
+                    nb,
+                    w.as_ptr(),
+                    rows / 4,
+                    &y,
+                    out,
+                    cols.len(),
+                    scratch,
+                )
+            };
+            Ok(())
+        }
+    }
 }

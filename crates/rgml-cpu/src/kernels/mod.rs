@@ -17,7 +17,7 @@
 
 pub mod dot;
 
-mod activations;
+pub(crate) mod activations;
 mod convert;
 mod copy;
 mod elementwise;
@@ -28,7 +28,7 @@ pub(crate) mod repack;
 mod rope;
 mod rows;
 mod softmax;
-mod tiled;
+pub(crate) mod tiled;
 mod vexp;
 
 pub(crate) use convert::quant_available;
