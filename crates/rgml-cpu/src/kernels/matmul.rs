@@ -98,6 +98,9 @@ const TILE1: usize = 16;
 /// Activation rows per call of the packed-weight kernel.
 const REPACK_COLS: usize = 8;
 
+/// Weight rows per call of the packed-weight kernel (whole groups; prefetched together).
+const PACKED_RUN_ROWS: usize = 16;
+
 /// f32 dot product in tinyBLAS's order for the native build (see [`super::isa`]); uses AVX2+FMA
 /// code generation when the CPU has it.
 #[inline]
@@ -343,18 +346,20 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         let rows0 = i0..(i0 + blk).min(ne01);
         if a.packed {
             // Packed weights (a repacking buffer): each group of rows is one contiguous stream
-            // of interleaved blocks, multiplied by up to 8 activation rows at a time.
+            // of interleaved blocks; runs of groups are multiplied by up to 8 activation rows
+            // per kernel call.
             let nb = ne00 / vd.block_size();
             let g = super::repack::GROUP_ROWS;
-            let mut out = [0f32; super::repack::GROUP_ROWS * REPACK_COLS];
+            let mut out = [0f32; PACKED_RUN_ROWS * REPACK_COLS];
             let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
             for t0 in (0..ne11).step_by(TILE1) {
                 let t1 = (t0 + TILE1).min(ne11);
-                for r0 in rows0.clone().step_by(g) {
-                    let group = a.row(r0, i02, i03).cast_const();
+                for r0 in rows0.clone().step_by(PACKED_RUN_ROWS) {
+                    let r1 = (r0 + PACKED_RUN_ROWS).min(rows0.end);
+                    let first = a.row(r0, i02, i03).cast_const();
                     if ne11 == 1 {
-                        let ahead = group.wrapping_add(PREFETCH_AHEAD);
-                        for off in (0..g * arow_bytes).step_by(64) {
+                        let ahead = first.wrapping_add(PREFETCH_AHEAD);
+                        for off in (0..(r1 - r0) * arow_bytes).step_by(64) {
                             prefetch(ahead.wrapping_add(off));
                         }
                     }
@@ -365,26 +370,28 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                             *slot = b_row(i11, i12, i13);
                         }
                         // SAFETY: `a.packed` means the weight is in the packed layout (the
-                        // backend checked its dtype and shape); the group starts at row r0, a
-                        // multiple of the group size, and is in bounds; the src1 rows are
-                        // complete in the work area since the barrier, `nb` blocks each; the
-                        // scratch holds a group (sized by `work_size`).
+                        // backend checked its dtype and shape); rows r0..r1 are whole groups
+                        // (r0 and ne01 are multiples of the group size) in bounds; the src1
+                        // rows are complete in the work area since phase 1, `nb` blocks each;
+                        // `out` holds (r1 - r0) x REPACK_COLS; the scratch holds a group
+                        // (sized by `work_size`).
                         unsafe {
-                            super::repack::tile(
+                            super::repack::tile_groups(
                                 a.dtype,
                                 nb,
-                                group,
+                                first,
+                                (r1 - r0) / g,
                                 &y[..c1 - c0],
                                 &mut out,
                                 REPACK_COLS,
                                 scratch,
                             )
                         };
-                        for r in 0..g {
+                        for (r, i01) in (r0..r1).enumerate() {
                             for (c, i11) in (c0..c1).enumerate() {
-                                let dst_el = dst.row(i11, i12, i13).wrapping_add((r0 + r) * 4);
-                                // SAFETY: output element (r0 + r, i11, i12, i13) is in bounds
-                                // and written only by the thread owning row block (batch, r0).
+                                let dst_el = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+                                // SAFETY: output element (i01, i11, i12, i13) is in bounds and
+                                // written only by the thread owning row block (batch, r0).
                                 unsafe { dst_el.cast::<f32>().write(out[r * REPACK_COLS + c]) };
                             }
                         }
