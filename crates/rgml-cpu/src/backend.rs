@@ -714,6 +714,8 @@ impl Engine {
         result
     }
 
+    /// Run the tasks on all threads: every thread runs every node in order (taking its share),
+    /// with a barrier only before the nodes that `plan_syncs` marks.
     fn run_tasks(
         &mut self,
         tasks: &[NodeTask],

@@ -1,6 +1,7 @@
 //! CPU backend for rgml: a registry with one "CPU" device, host buffers (64-byte aligned, or
-//! zero-copy read-only wraps of caller memory), and [`CpuBackend`], which computes graphs with
-//! per-op kernels on a persistent thread pool.
+//! zero-copy read-only wraps of caller memory), the repacking buffer type for weights
+//! ([`CpuRepackBufferType`], offered as the device's extra buffer type), and [`CpuBackend`],
+//! which computes graphs with per-op kernels on a persistent thread pool.
 //!
 //! Call [`register`] once to make the device visible to [`rgml::registry`]; or create a
 //! [`CpuBackend`] directly.

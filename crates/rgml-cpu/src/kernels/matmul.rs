@@ -3,11 +3,15 @@
 //!
 //! Phase 1 (all threads, split by src1 rows): quantize src1 to the weight type's vec-dot type
 //! in the shared work area (quantized weights), or gather it into dense f32 rows (plain weights
-//! with a strided src1). Barrier. Phase 2: threads take contiguous blocks of src0 rows of each
-//! batch and compute all their outputs: q4_0/q4_1/q8_0 through the register tiles of
-//! [`super::tiled`] (matrix-vector products prefetching the weight rows ahead), other quantized
-//! types pair by pair, F32/F16/BF16 in 4 x 4 tiles (F16/BF16 rows decoded to f32 once). Every
-//! output is computed with exactly its pair dot's operations, so tiling changes speed only.
+//! with a strided src1). Barrier. A product of the same src1 as the previous one (q/k/v,
+//! gate/up; `NodeTask::reuse_src1`) skips phase 1 and its barrier. Phase 2: threads take
+//! contiguous blocks of src0 rows of each batch and compute all their outputs: packed weights
+//! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, plain q4_0/q4_1/q8_0
+//! through the register tiles of [`super::tiled`] (matrix-vector products prefetching the
+//! weight rows ahead), other quantized types pair by pair, F32/F16/BF16 in 4 x 4 tiles whose
+//! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
+//! decoded once. Every output is computed with exactly its pair dot's operations, so tiling
+//! and packing change speed only.
 
 use super::activations::quantize_activations;
 use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
