@@ -146,7 +146,7 @@ unsafe fn dot_f32_avx2(x: &[f32], y: &[f32], wide: bool) -> f32 {
 fn dot_f32_tile(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4], avx512: bool) {
     #[cfg(target_arch = "x86_64")]
     if avx512 {
-        // SAFETY: `avx512` comes from `f32_tile_avx512`, true only with AVX-512F.
+        // SAFETY: `avx512` comes from `f32_tile_avx512`, true only with AVX-512F, BW and VL.
         unsafe { dot_f32_tile_avx512(x, y, out) };
         return;
     }
@@ -157,40 +157,84 @@ fn dot_f32_tile(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4], avx51
     }
 }
 
-/// Whether [`dot_f32_tile`] may use its AVX-512 form: the AVX-512 arithmetic is selected and
-/// the CPU has AVX-512F (asked once per node, not per tile).
+/// Whether [`dot_f32_tile`] and [`dot_f16_tile_avx512`] may use their AVX-512 form: the
+/// AVX-512 arithmetic is selected and the CPU has AVX-512F, BW and VL (asked once per node,
+/// not per tile; without them the pair dots give the same bits).
 fn f32_tile_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         super::isa::isa() == super::isa::Isa::Avx512
             && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
 
-/// The 16-lane tile with AVX-512 intrinsics: 16 accumulators of 16 lanes in registers; the
-/// tail goes into lanes `0..n % 16` with a masked FMA (the other lanes keep their value, as
-/// `dot_f32_generic` leaves them).
+/// The 16-lane tile with AVX-512 intrinsics, for f32 rows (see [`tile_avx512`]).
 ///
 /// # Safety
-/// The CPU must support AVX-512F.
+/// The CPU must support AVX-512F, BW and VL.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
 unsafe fn dot_f32_tile_avx512(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    use std::arch::x86_64::*;
     let n = x[0].len();
     if x.iter().chain(y).any(|r| r.len() != n) {
         return;
     }
+    // SAFETY: four rows of `n` f32 values each, on a CPU with AVX-512F.
+    unsafe { tile_avx512::<false>(x.map(|r| r.as_ptr().cast()), n, y, out) }
+}
+
+/// The same tile reading F16 weight rows directly: each 16 halves are widened in a register
+/// (`vcvtph2ps`, exact), which is what decoding the row to f32 first would give, without the
+/// decode pass (the KV cache's rows in attention).
+///
+/// # Safety
+/// The CPU must support AVX-512F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+unsafe fn dot_f16_tile_avx512(x: &[&[u16]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+    let n = x[0].len();
+    if x.iter().any(|r| r.len() != n) || y.iter().any(|r| r.len() != n) {
+        return;
+    }
+    // SAFETY: four rows of `n` f16 values each, on a CPU with AVX-512F, BW and VL.
+    unsafe { tile_avx512::<true>(x.map(|r| r.as_ptr().cast()), n, y, out) }
+}
+
+/// 16 accumulators of 16 lanes in registers; the tail goes into lanes `0..n % 16` with a
+/// masked FMA (the other lanes keep their value, as `dot_f32_generic` leaves them). Rows `x`
+/// hold f32 values, or f16 values when `F16`.
+///
+/// # Safety
+/// The CPU must support AVX-512F (and BW and VL when `F16`); each `x[r]` points to `n` values
+/// and each `y[c]` has `n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+unsafe fn tile_avx512<const F16: bool>(
+    x: [*const u8; 4],
+    n: usize,
+    y: &[&[f32]; 4],
+    out: &mut [[f32; 4]; 4],
+) {
+    use std::arch::x86_64::*;
     let full = n - n % 16;
     let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-    // SAFETY: every load reads 16 floats at `k0 < full <= n` of a row of length `n`, or (the
+    // SAFETY: every load reads 16 values at `k0 < full <= n` of a row of length `n`, or (the
     // tail) only the lanes below `n - full` under the mask.
     unsafe {
+        let load_x = |r: usize, k0: usize| -> __m512 {
+            if F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(x[r].cast::<u16>().add(k0).cast()))
+            } else {
+                _mm512_loadu_ps(x[r].cast::<f32>().add(k0))
+            }
+        };
         let mut k0 = 0;
         while k0 < full {
-            let xv: [__m512; 4] = std::array::from_fn(|r| _mm512_loadu_ps(x[r].as_ptr().add(k0)));
+            let xv: [__m512; 4] = std::array::from_fn(|r| load_x(r, k0));
             let yv: [__m512; 4] = std::array::from_fn(|c| _mm512_loadu_ps(y[c].as_ptr().add(k0)));
             for (acc_r, xr) in acc.iter_mut().zip(&xv) {
                 for (a, yc) in acc_r.iter_mut().zip(&yv) {
@@ -201,8 +245,16 @@ unsafe fn dot_f32_tile_avx512(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32;
         }
         if full < n {
             let mask: __mmask16 = (1u16 << (n - full)) - 1;
-            let xv: [__m512; 4] =
-                std::array::from_fn(|r| _mm512_maskz_loadu_ps(mask, x[r].as_ptr().add(full)));
+            let xv: [__m512; 4] = std::array::from_fn(|r| {
+                if F16 {
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                        mask,
+                        x[r].cast::<i16>().add(full).cast(),
+                    ))
+                } else {
+                    _mm512_maskz_loadu_ps(mask, x[r].cast::<f32>().add(full))
+                }
+            });
             let yv: [__m512; 4] =
                 std::array::from_fn(|c| _mm512_maskz_loadu_ps(mask, y[c].as_ptr().add(full)));
             for (acc_r, xr) in acc.iter_mut().zip(&xv) {
@@ -533,6 +585,8 @@ fn float_products(
     let nblk = ne01.div_ceil(blk);
     let arow_bytes = a.row_bytes();
     let avx512 = f32_tile_avx512();
+    // F16 rows (the KV cache) widen in registers instead of being decoded first.
+    let direct_f16 = avx512 && a.dtype == DType::F16 && cfg!(target_arch = "x86_64");
     for unit in super::split(weight_batches * nblk, tc.ith, tc.nth) {
         let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
         let i0 = (unit % nblk) * blk;
@@ -540,7 +594,20 @@ fn float_products(
         for r0 in rows0.clone().step_by(4) {
             let nr = (rows0.end - r0).min(4);
             let mut xs: [&[f32]; 4] = [&[]; 4];
-            if a.dtype == DType::F32 {
+            let mut halves: [&[u16]; 4] = [&[]; 4];
+            if direct_f16 {
+                for (slot, i01) in halves.iter_mut().zip(r0..r0 + nr) {
+                    // SAFETY: a dense, in-bounds F16 row of src0, read-only during this node.
+                    let src = unsafe { bytes(a.row(i01, i02, i03), arow_bytes) };
+                    *slot = bytemuck::try_cast_slice(src).map_err(|_| Error::Backend {
+                        backend: "CPU".into(),
+                        message: "MUL_MAT: misaligned F16 row".into(),
+                    })?;
+                }
+                for r in nr..4 {
+                    halves[r] = halves[nr - 1];
+                }
+            } else if a.dtype == DType::F32 {
                 for (slot, i01) in xs.iter_mut().zip(r0..r0 + nr) {
                     // SAFETY: a dense, in-bounds f32 row of src0, read-only during this node.
                     *slot = unsafe { f32_row(a.row(i01, i02, i03), ne00) };
@@ -570,6 +637,14 @@ fn float_products(
                     *slot = unsafe { f32_row(b_row(i11, i12, i13), ne00) };
                 }
                 let mut out = [[0f32; 4]; 4];
+                #[cfg(target_arch = "x86_64")]
+                if direct_f16 {
+                    // SAFETY: `direct_f16` implies `f32_tile_avx512()` (AVX-512F, BW, VL).
+                    unsafe { dot_f16_tile_avx512(&halves, &ys, &mut out) };
+                } else {
+                    dot_f32_tile(&xs, &ys, &mut out, avx512);
+                }
+                #[cfg(not(target_arch = "x86_64"))]
                 dot_f32_tile(&xs, &ys, &mut out, avx512);
                 for (r, row) in out.iter().enumerate().take(nr) {
                     for (&v, &(i11, i12, i13)) in row.iter().zip(&at).take(nc) {
@@ -638,6 +713,47 @@ mod tests {
     use super::*;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
+
+    /// The F16 tile gives each pair's `dot_f32` of the decoded row bit for bit.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn f16_tiles_equal_the_pair_dots_of_decoded_rows() {
+        if !f32_tile_avx512() {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(12);
+        for n in [7, 16, 64, 70, 256, 261] {
+            let halves: Vec<Vec<u16>> = (0..4)
+                .map(|_| {
+                    (0..n)
+                        .map(|_| half::f16::from_f32(rng.gen_range(-2.0..2.0)).to_bits())
+                        .collect()
+                })
+                .collect();
+            let decoded: Vec<Vec<f32>> = halves
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .map(|&h| half::f16::from_bits(h).to_f32())
+                        .collect()
+                })
+                .collect();
+            let cols: Vec<Vec<f32>> = (0..4)
+                .map(|_| (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect())
+                .collect();
+            let x: [&[u16]; 4] = std::array::from_fn(|r| halves[r].as_slice());
+            let y: [&[f32]; 4] = std::array::from_fn(|c| cols[c].as_slice());
+            let mut out = [[f32::NAN; 4]; 4];
+            // SAFETY: f32_tile_avx512() checked AVX-512F, BW and VL.
+            unsafe { dot_f16_tile_avx512(&x, &y, &mut out) };
+            for r in 0..4 {
+                for c in 0..4 {
+                    let want = dot_f32(&decoded[r], y[c]);
+                    assert_eq!(out[r][c].to_bits(), want.to_bits(), "n {n} ({r}, {c})");
+                }
+            }
+        }
+    }
 
     /// The 4 x 4 tile gives each pair's `dot_f32` bit for bit, with and without a tail.
     #[test]
