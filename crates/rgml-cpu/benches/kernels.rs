@@ -104,7 +104,8 @@ fn set_random(ctx: &Context, id: TensorId, seed: u64) {
     ctx.tensor_set(id, 0, &bytes).expect("set weights");
 }
 
-/// Seconds per MUL_MAT of a `dtype` weight [k, n] by F32 activations [k, cols].
+/// Seconds per MUL_MAT of a `dtype` weight [k, n] by F32 activations [k, cols]; the weight in
+/// `weight_memory` (e.g. the repacking buffer type) or with the activations in plain memory.
 fn mul_mat_secs(
     cfg: &Cfg,
     be: &mut CpuBackend,
@@ -112,11 +113,18 @@ fn mul_mat_secs(
     k: usize,
     n: usize,
     cols: usize,
+    weight_memory: Option<&rgml::BufferTypeRef>,
 ) -> f64 {
     let mut ctx = Context::new();
     let w = ctx.new_tensor(dtype, &[k, n]).expect("weight");
     let x = ctx.new_tensor(DType::F32, &[k, cols]).expect("activations");
     let y = ctx.mul_mat(w, x).expect("mul_mat");
+    if let Some(buft) = weight_memory {
+        let buffer = rgml::Buffer::alloc(buft, ctx[w].nbytes()).expect("weight buffer");
+        rgml::alloc::TensorAllocator::new(buffer)
+            .alloc(&mut ctx, w)
+            .expect("place weight");
+    }
     alloc_ctx_tensors(&mut ctx, &CpuDevice::new("CPU").buffer_type()).expect("alloc");
     set_random(&ctx, w, 1);
     set_random(&ctx, x, 2);
@@ -444,18 +452,31 @@ fn main() {
         print!(" ---: |");
     }
     println!();
-    for dtype in DTYPES {
-        print!("| {} |", dtype.name());
+    // The plain rows, then the repacked ones where this CPU offers the repacking buffer type.
+    let repack = CpuDevice::new("CPU")
+        .extra_buffer_types()
+        .into_iter()
+        .next();
+    let rows = DTYPES.iter().map(|&d| (d, None)).chain(
+        [DType::Q4_0, DType::Q4_1, DType::Q8_0]
+            .into_iter()
+            .filter_map(|d| repack.as_ref().map(|r| (d, Some(r)))),
+    );
+    for (dtype, memory) in rows {
+        match memory {
+            Some(m) => print!("| {} ({}) |", dtype.name(), m.name()),
+            None => print!("| {} |", dtype.name()),
+        }
         for (k, n) in mv_shapes {
             let k = fit_k(dtype, k);
             let bytes = dtype.row_bytes(k).expect("row bytes") * n;
-            let secs = mul_mat_secs(&cfg, &mut be, dtype, k, n, 1);
+            let secs = mul_mat_secs(&cfg, &mut be, dtype, k, n, 1, memory);
             let gbs = bytes as f64 / secs / 1e9;
             print!(" {gbs:.1} GB/s ({:.0}%) |", 100.0 * gbs / read_n);
         }
         for (k, n) in mm_shapes {
             let k = fit_k(dtype, k);
-            let secs = mul_mat_secs(&cfg, &mut be, dtype, k, n, 256);
+            let secs = mul_mat_secs(&cfg, &mut be, dtype, k, n, 256, memory);
             let gflops = 2.0 * (k * n * 256) as f64 / secs / 1e9;
             print!(
                 " {gflops:.1} GFLOP/s ({:.0}%) |",
