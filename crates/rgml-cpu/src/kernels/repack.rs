@@ -33,6 +33,8 @@ use std::arch::x86_64::*;
 use rgml::{DType, Error, Result};
 
 use super::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use super::tiled::{h2f, halves, hsum8};
 
 /// Rows per interleaved group.
 pub(crate) const GROUP_ROWS: usize = 4;
@@ -499,20 +501,6 @@ unsafe fn tile_fast<const G: usize>(
 ) {
 }
 
-/// The f16 at `p` as f32 (F16C).
-///
-/// # Safety
-/// Two readable bytes at `p`; the CPU supports F16C.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn h2f(p: *const u8) -> f32 {
-    // SAFETY: as the caller promises.
-    unsafe {
-        let bits = p.cast::<u16>().read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-    }
-}
-
 /// The four f16 at `p` (one per row) as f32 lanes 0..4.
 ///
 /// # Safety
@@ -743,33 +731,6 @@ unsafe fn tile_q8<const NC: usize, const G: usize>(
             }
         }
     }
-}
-
-/// Horizontal sum of 8 lanes in `hsum_float_8`'s order (as [`super::dot`]'s AVX2 dots).
-///
-/// # Safety
-/// The CPU supports AVX.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn hsum8(v: __m256) -> f32 {
-    // SAFETY: AVX, as the caller promises.
-    unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-}
-
-/// The low and high 8 lanes of a 512-bit register.
-///
-/// # Safety
-/// The CPU supports AVX-512 F and DQ.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn halves(v: __m512) -> [__m256; 2] {
-    // SAFETY: AVX-512 F and DQ, as the caller promises.
-    unsafe { [_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)] }
 }
 
 #[cfg(test)]

@@ -226,7 +226,7 @@ const fn layout(k: u8) -> (usize, usize, usize, usize) {
 /// Two readable bytes at `p`; the CPU supports F16C.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn h2f(p: *const u8) -> f32 {
+pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
     // SAFETY: as the caller promises.
     unsafe {
         let bits = p.cast::<u16>().read_unaligned();
@@ -286,7 +286,7 @@ unsafe fn dot_operands<const K: u8>(qx: __m512i, qy: __m512i) -> (__m512i, __m51
 /// The CPU supports AVX (every build here inlines it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn hsum8(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
     // SAFETY: AVX, as the caller promises.
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -302,7 +302,7 @@ unsafe fn hsum8(v: __m256) -> f32 {
 /// The CPU supports AVX-512 F and DQ.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn halves(v: __m512) -> [__m256; 2] {
+pub(crate) unsafe fn halves(v: __m512) -> [__m256; 2] {
     // SAFETY: AVX-512 F and DQ, as the caller promises.
     unsafe { [_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)] }
 }
