@@ -231,26 +231,15 @@ impl BufferType for CpuRepackBufferType {
     }
 }
 
-/// A tensor stored packed: where it starts, and what its bytes hold.
+/// A tensor stored packed: what its bytes hold.
 #[derive(Clone, Debug)]
 struct Packed {
     dtype: DType,
     ne0: usize,
     nbytes: usize,
+    /// Bytes of one group of interleaved rows (the unit of every write).
+    group_bytes: usize,
     name: String,
-}
-
-impl Packed {
-    /// Bytes of one group of rows.
-    fn group_bytes(&self) -> usize {
-        self.nbytes / self.ne_rows().max(1) * repack::GROUP_ROWS
-    }
-
-    fn ne_rows(&self) -> usize {
-        self.dtype
-            .row_bytes(self.ne0)
-            .map_or(0, |row| self.nbytes / row.max(1))
-    }
 }
 
 /// Storage of a repacking buffer: the packed bytes and the tensors placed in them (recorded by
@@ -319,6 +308,7 @@ impl BufferImpl for RepackBuffer {
             dtype: tensor.dtype,
             ne0: tensor.ne[0],
             nbytes: tensor.nbytes(),
+            group_bytes: tensor.dtype.row_bytes(tensor.ne[0])? * repack::GROUP_ROWS,
             name: tensor.display_name().to_string(),
         };
         let mut tensors = self.tensors.lock().unwrap_or_else(|p| p.into_inner());
@@ -328,7 +318,7 @@ impl BufferImpl for RepackBuffer {
 
     fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
         let (at, t) = self.tensor_at("a write", offset, data.len())?;
-        let group = t.group_bytes();
+        let group = t.group_bytes;
         if group == 0 || !at.is_multiple_of(group) || !data.len().is_multiple_of(group) {
             return Err(Error::Unsupported {
                 backend: "CPU".into(),
@@ -348,7 +338,7 @@ impl BufferImpl for RepackBuffer {
 
     fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let (at, t) = self.tensor_at("a read", offset, out.len())?;
-        let group = t.group_bytes().max(1);
+        let group = t.group_bytes.max(1);
         // The whole groups holding the range, unpacked, then the range cut out of them.
         let first = at / group * group;
         let end = (at + out.len()).div_ceil(group) * group;

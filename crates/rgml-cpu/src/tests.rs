@@ -1203,9 +1203,14 @@ fn repacked_memory_refuses_what_it_cannot_hold() {
         assert!(r.is_err(), "{dt} {ne:?} accepted");
         assert!(!buft.accepts_weight(&ctx[id], &[rgml::OpKind::MulMat]));
     }
-    // Ops other than matrix products and row lookups cannot read the packed rows.
+    // Ops other than matrix products and row lookups cannot read the packed rows (the same
+    // copy of plain memory is supported).
     let copy = ctx.cont(packed).unwrap();
     assert!(crate::check_supported(&ctx, copy).is_err());
+    let plain = ctx.new_tensor(dtype, &[64, 8]).unwrap();
+    let plain_copy = ctx.cont(plain).unwrap();
+    alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+    crate::check_supported(&ctx, plain_copy).unwrap();
     assert!(!buft.accepts_weight(&ctx[packed], &[rgml::OpKind::GetRows]));
     assert!(buft.accepts_weight(&ctx[packed], &[rgml::OpKind::MulMat, rgml::OpKind::GetRows]));
 }

@@ -453,13 +453,15 @@ fn place_weights(
         }
     };
     let mut buffers = Vec::new();
+    // Tied embeddings: the output projection reads `token_embd` itself.
+    let tied = !placed.iter().any(|p| ctx[p.0].name == "output.weight");
     let targets = devices
         .iter()
         .enumerate()
         .map(|(i, d)| (Some(i), d))
         .chain(host.map(|h| (None, h)));
     for (which, device) in targets {
-        let mine: Vec<(TensorId, &TensorInfo)> = placed
+        let mut mine: Vec<(TensorId, &TensorInfo)> = placed
             .iter()
             .filter(|p| p.2 == which)
             .map(|p| (p.0, p.1))
@@ -469,8 +471,6 @@ fn place_weights(
         }
         // Weights the device keeps in a layout of its own (e.g. CPU_REPACK) are copied there;
         // the rest follow below.
-        let tied = !placed.iter().any(|p| ctx[p.0].name == "output.weight");
-        let mut mine = mine;
         for buft in device.extra_buffer_types() {
             let (taken, rest): (Vec<_>, Vec<_>) = mine.into_iter().partition(|&(id, _)| {
                 buft.accepts_weight(&ctx[id], &weight_uses(&ctx[id].name, tied))

@@ -443,14 +443,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                                 scratch,
                             )
                         };
-                        for (r, i01) in (r0..r1).enumerate() {
-                            for (c, i11) in (c0..c1).enumerate() {
-                                let dst_el = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
-                                // SAFETY: output element (i01, i11, i12, i13) is in bounds and
-                                // written only by the thread owning row block (batch, r0).
-                                unsafe { dst_el.cast::<f32>().write(out[r * REPACK_COLS + c]) };
-                            }
-                        }
+                        store_tile(dst, r0..r1, c0..c1, i12, i13, &out, REPACK_COLS);
                     }
                 }
             }
@@ -497,15 +490,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                                 rn,
                             )
                         };
-                        for (r, i01) in (r0..r1).enumerate() {
-                            for (c, i11) in (c0..c1).enumerate() {
-                                let dst_el = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
-                                // SAFETY: output element (i01, i11, i12, i13) is in bounds
-                                // and written only by the thread owning row block (batch,
-                                // i01).
-                                unsafe { dst_el.cast::<f32>().write(out[r * rn + c]) };
-                            }
-                        }
+                        store_tile(dst, r0..r1, c0..c1, i12, i13, &out, rn);
                     }
                 }
             }
@@ -530,6 +515,28 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Write a tile's outputs: `out[r * stride + c]` is element (row `rows.start + r`, column
+/// `cols.start + c`) of batch (i12, i13). The caller's thread owns the row block `rows` of
+/// that batch (every quantized path splits the work so), and the indices are below `dst.ne`.
+fn store_tile(
+    dst: &super::TensorView,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    i12: usize,
+    i13: usize,
+    out: &[f32],
+    stride: usize,
+) {
+    for (r, i01) in rows.enumerate() {
+        for (c, i11) in cols.clone().enumerate() {
+            let dst_el = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+            // SAFETY: output element (i01, i11, i12, i13) is in bounds and written only by the
+            // thread owning its row block (see above).
+            unsafe { dst_el.cast::<f32>().write(out[r * stride + c]) };
+        }
+    }
 }
 
 /// Where src1 row `(i11, i12, i13)` is after phase 1: in the work area, or in place.

@@ -236,8 +236,7 @@ pub fn check_supported(ctx: &Context, id: TensorId) -> Result<()> {
     }
     // Packed weights are read by the ops that know their layout, as the first source, whole.
     let packed_ok = !in_repack_memory(ctx, t)
-        && t.src.iter().enumerate().all(|(i, &s)| {
-            let Ok(src) = ctx.get(s) else { return false };
+        && srcs.iter().enumerate().all(|(i, src)| {
             !in_repack_memory(ctx, src)
                 || (i == 0
                     && crate::buffer::packable(src)

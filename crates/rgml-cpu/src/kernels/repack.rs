@@ -197,7 +197,6 @@ fn unpack_row_into(g: Geom, nb: usize, group: &[u8], r: usize, row: &mut [u8]) {
 ///
 /// Errors: as [`pack`], `r >= 4`, or slices too short.
 // GET_ROWS on repacked weights is wired up separately; until then only the tests call this.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn unpack_row(
     dtype: DType,
     ne0: usize,

@@ -37,14 +37,14 @@ pub(crate) fn get_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
             // comes out of its group of interleaved rows.
             let g = super::repack::GROUP_ROWS;
             let group_start = src.row(row / g * g, i2, i3);
-            let tmp = super::scratch_slice(tc.scratch, src.ne[0])?;
-            let plain = bytemuck::cast_slice_mut::<f32, u8>(tmp)
-                .get_mut(..src.row_bytes())
-                .ok_or_else(|| bad_index("GET_ROWS", k, src.ne[1]))?;
+            let rb = src.row_bytes();
+            let tmp = super::scratch_slice(tc.scratch, rb.div_ceil(4))?;
+            // 4 * ceil(rb / 4) >= rb bytes.
+            let plain = &mut bytemuck::cast_slice_mut::<f32, u8>(tmp)[..rb];
             // SAFETY: the group is dense and in bounds (`row` < ne1, a multiple of the group
             // size), read-only during this node; the destination row belongs to this thread.
             unsafe {
-                let group = bytes(group_start, g * src.row_bytes());
+                let group = bytes(group_start, g * rb);
                 super::repack::unpack_row(src.dtype, src.ne[0], group, row % g, plain)?;
                 row_to_f32(src.dtype, plain, super::f32_row_mut(drow, dst.ne[0]))?;
             }
