@@ -263,15 +263,15 @@ pub fn run(args: RunArgs) -> Result<bool, String> {
         out.flush().map_err(|e| e.to_string())?;
     }
     let t0 = Instant::now();
-    let mut logits = session
-        .eval(&tokens, Logits::Last)
+    session
+        .decode(&tokens, Logits::Last)
         .map_err(|e| e.to_string())?;
     let t_prompt = t0.elapsed();
     let mut decoder = tok.decoder(false);
     let t1 = Instant::now();
     let mut n_gen = 0;
     for i in 0..args.n_predict {
-        let next = sampler.sample(&logits);
+        let next = sampler.sample(session.logits());
         if tok.is_eog(next) {
             break;
         }
@@ -283,8 +283,8 @@ pub fn run(args: RunArgs) -> Result<bool, String> {
         if i + 1 == args.n_predict || session.n_past() >= session.n_ctx() {
             break;
         }
-        logits = session
-            .eval(&[next], Logits::Last)
+        session
+            .decode(&[next], Logits::Last)
             .map_err(|e| e.to_string())?;
     }
     let rest = decoder.finish();
@@ -455,7 +455,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, String> {
             session.reset();
             let t = Instant::now();
             session
-                .eval(&prompt, Logits::Last)
+                .decode(&prompt, Logits::Last)
                 .map_err(|e| e.to_string())?;
             if rep > 0 {
                 pp.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
@@ -468,7 +468,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, String> {
             let t = Instant::now();
             for _ in 0..args.n_gen {
                 session
-                    .eval(&[next_token()], Logits::Last)
+                    .decode(&[next_token()], Logits::Last)
                     .map_err(|e| e.to_string())?;
             }
             if rep > 0 {

@@ -36,11 +36,11 @@ fn main() {
     let mut times = Vec::new();
     for round in 0..=rounds {
         session.reset();
-        session.eval(&prompt, Logits::Last).expect("prompt");
+        session.decode(&prompt, Logits::Last).expect("prompt");
         for i in 0..n_steps {
             let token = ((round * n_steps + i) as u32 * 104_729 + 7) % n_vocab;
             let t = Instant::now();
-            let logits = session.eval(&[token], Logits::Last).expect("decode step");
+            let logits = session.decode(&[token], Logits::Last).expect("decode step");
             let dt = t.elapsed().as_secs_f64();
             std::hint::black_box(logits);
             // Round 0 is the warm-up.

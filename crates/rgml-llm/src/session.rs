@@ -96,6 +96,31 @@ pub struct Session<'m> {
     n_past: usize,
     n_ubatch: usize,
     capture: Option<Vec<Captured>>,
+    /// The graph of the last micro-batch, still allocated, with what it was built for: the
+    /// next micro-batch of the same shape computes it again (see [`Session::eval_ubatch`]).
+    built: Option<(GraphKey, BatchGraph)>,
+    /// Host copies of the inputs and of the logits, kept between calls so that decoding
+    /// allocates nothing per token.
+    staging: Staging,
+}
+
+/// What a built graph depends on besides the weights and the cache: the graph is the same
+/// for every micro-batch with the same key, wherever in the sequence it goes (the cache rows
+/// written and the mask are inputs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GraphKey {
+    n_tokens: usize,
+    n_kv: usize,
+    all_logits: bool,
+}
+
+/// See [`Session::staging`].
+#[derive(Default)]
+struct Staging {
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    mask: Vec<f32>,
+    logits: Vec<f32>,
 }
 
 /// An intermediate tensor kept by [`Session::set_capture`]: llama.cpp's name for it (such as
@@ -191,6 +216,8 @@ impl<'m> Session<'m> {
             n_past: 0,
             n_ubatch: options.n_ubatch,
             capture: None,
+            built: None,
+            staging: Staging::default(),
         })
     }
 
@@ -264,37 +291,49 @@ impl<'m> Session<'m> {
     }
 
     /// Append `tokens` to the sequence and return logits: `[n_vocab]` for [`Logits::Last`], or
-    /// `[n_tokens * n_vocab]` (row per token) for [`Logits::All`].
+    /// `[n_tokens * n_vocab]` (row per token) for [`Logits::All`]. [`Session::decode`] returns
+    /// the same values without copying them into a new vector.
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.decode(tokens, which).map(<[f32]>::to_vec)
+    }
+
+    /// [`Session::eval`] into the session's own logits buffer, valid until the next call
+    /// (llama.cpp's `llama_decode` + `llama_get_logits`). A micro-batch of the same size as
+    /// the previous one, whose attention spans the same number of cache cells (generation:
+    /// 32 tokens in a row, see [`KV_PAD`]), computes the previous graph again: nothing is
+    /// built, allocated or planned, and the call allocates no memory.
+    pub fn decode(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
         self.check_tokens(tokens)?;
-        let n_vocab = self.model.config.n_vocab;
-        let mut out = Vec::with_capacity(match which {
-            Logits::Last => n_vocab,
-            Logits::All => n_vocab * tokens.len(),
-        });
-        let chunks: Vec<&[u32]> = tokens.chunks(self.n_ubatch).collect();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last_chunk = i + 1 == chunks.len();
-            let read = which == Logits::All || last_chunk;
+        let mut out = std::mem::take(&mut self.staging.logits);
+        out.clear();
+        let result = self.decode_into(tokens, which, &mut out);
+        self.staging.logits = out;
+        result?;
+        Ok(&self.staging.logits)
+    }
+
+    /// The logits of the last [`Session::eval`] or [`Session::decode`] (empty before the first
+    /// and after a failed one).
+    pub fn logits(&self) -> &[f32] {
+        &self.staging.logits
+    }
+
+    fn decode_into(&mut self, tokens: &[u32], which: Logits, out: &mut Vec<f32>) -> Result<()> {
+        let n_chunks = tokens.len().div_ceil(self.n_ubatch);
+        for (i, chunk) in tokens.chunks(self.n_ubatch).enumerate() {
+            let read = which == Logits::All || i + 1 == n_chunks;
             // Micro-batches whose logits are not read are only queued: on several devices the
             // scheduler's pipeline then keeps several of them in flight. The read one waits
             // for all of them (and reports their errors).
-            match self.eval_ubatch(chunk, which == Logits::All, read) {
-                Ok(logits) => {
-                    if read {
-                        out.extend_from_slice(&logits);
-                    }
+            if let Err(e) = self.eval_ubatch(chunk, which == Logits::All, read, out) {
+                // Let queued micro-batches finish before reporting; theirs would be stale.
+                if let Exec::Sched(sched) = &mut self.exec {
+                    let _ = sched.synchronize();
                 }
-                Err(e) => {
-                    // Let queued micro-batches finish before reporting; theirs would be stale.
-                    if let Exec::Sched(sched) = &mut self.exec {
-                        let _ = sched.synchronize();
-                    }
-                    return Err(e);
-                }
+                return Err(e);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Debugging aid (graph comparison, `rgml compare`): build the graph that [`Session::eval`]
@@ -312,8 +351,11 @@ impl<'m> Session<'m> {
                 self.n_ubatch
             )));
         }
+        self.built = None;
         self.ctx.truncate(self.n_base);
-        let g = self.prepare_ubatch(tokens, false, true)?;
+        let key = self.graph_key(tokens.len(), false);
+        let g = self.build_ubatch(key, true)?;
+        self.set_inputs(&g, tokens)?;
         Ok((&self.ctx, g.graph))
     }
 
@@ -337,23 +379,62 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// Evaluate one micro-batch. Unless `read` (or capture is on), the scheduler only queues
-    /// it and the logits returned are empty.
-    fn eval_ubatch(&mut self, tokens: &[u32], all_logits: bool, read: bool) -> Result<Vec<f32>> {
-        self.ctx.truncate(self.n_base);
-        let result = self.eval_ubatch_inner(tokens, all_logits, read);
-        self.ctx.truncate(self.n_base);
-        result
+    /// The key of the graph for `n_tokens` tokens at the current position.
+    fn graph_key(&self, n_tokens: usize, all_logits: bool) -> GraphKey {
+        GraphKey {
+            n_tokens,
+            n_kv: padded_n_kv(self.n_past + n_tokens, self.kv.cells),
+            all_logits,
+        }
     }
 
-    fn eval_ubatch_inner(
+    /// Evaluate one micro-batch, appending its logits to `out` when `read`. Unless `read` (or
+    /// capture is on), the scheduler only queues it.
+    ///
+    /// The graph of the previous micro-batch is computed again when its key matches: it is
+    /// still allocated (the graph allocator and the scheduler keep their buffers until the next
+    /// allocation), only the inputs change. Otherwise (or with capture on, whose graphs differ)
+    /// the graph is built and allocated afresh, replacing the old one's tensors. After an error
+    /// the graph is dropped, so the next call starts clean.
+    fn eval_ubatch(
         &mut self,
         tokens: &[u32],
         all_logits: bool,
         read: bool,
-    ) -> Result<Vec<f32>> {
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let capture = self.capture.is_some();
-        let g = self.prepare_ubatch(tokens, all_logits, capture)?;
+        let key = self.graph_key(tokens.len(), all_logits);
+        let graph = match self.built.take() {
+            Some((built_key, g)) if built_key == key && !capture => Ok(g),
+            _ => {
+                self.ctx.truncate(self.n_base);
+                self.build_ubatch(key, capture)
+            }
+        };
+        let result = graph.and_then(|g| {
+            let r = self.run_ubatch(&g, tokens, read, out);
+            if r.is_ok() && !capture {
+                self.built = Some((key, g));
+            }
+            r
+        });
+        if self.built.is_none() {
+            self.ctx.truncate(self.n_base);
+        }
+        result
+    }
+
+    /// Set the inputs of the built graph `g`, compute it and read what it gives.
+    fn run_ubatch(
+        &mut self,
+        g: &BatchGraph,
+        tokens: &[u32],
+        read: bool,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.set_inputs(g, tokens)?;
+        let capture = self.capture.is_some();
         match &mut self.exec {
             Exec::Single { backend, trace, .. } => {
                 let start = std::time::Instant::now();
@@ -377,7 +458,7 @@ impl<'m> Session<'m> {
             Exec::Sched(sched) => {
                 sched.graph_compute_async(&mut self.ctx, &g.graph)?;
                 self.n_past += tokens.len();
-                return Ok(Vec::new());
+                return Ok(());
             }
         }
         self.n_past += tokens.len();
@@ -392,27 +473,18 @@ impl<'m> Session<'m> {
                 });
             }
         }
-        Ok(self.ctx.tensor_get_f32(g.logits)?)
+        if read {
+            let start = out.len();
+            out.resize(start + self.ctx[g.logits].nelements(), 0.0);
+            self.ctx.tensor_get_f32_into(g.logits, &mut out[start..])?;
+        }
+        Ok(())
     }
 
-    /// Build the graph for `tokens` at the current position, allocate it and set its inputs.
-    fn prepare_ubatch(
-        &mut self,
-        tokens: &[u32],
-        all_logits: bool,
-        capture: bool,
-    ) -> Result<BatchGraph> {
-        let n = tokens.len();
-        let n_past = self.n_past;
-        let g = build_graph(
-            &mut self.ctx,
-            self.model,
-            &self.kv,
-            n_past,
-            n,
-            all_logits,
-            capture,
-        )?;
+    /// Build the graph for the key's micro-batch at the end of the context's tensors and
+    /// allocate it.
+    fn build_ubatch(&mut self, key: GraphKey, capture: bool) -> Result<BatchGraph> {
+        let g = build_graph(&mut self.ctx, self.model, &self.kv, key, capture)?;
         match &mut self.exec {
             Exec::Single { galloc, .. } => galloc.alloc_graph(&mut self.ctx, &g.graph)?,
             Exec::Sched(sched) => {
@@ -424,20 +496,32 @@ impl<'m> Session<'m> {
                 sched.alloc_graph(&mut self.ctx, &g.graph)?
             }
         }
+        Ok(g)
+    }
 
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.ctx.tensor_set_i32(g.tokens, &ids)?;
-        let pos: Vec<i32> = (n_past..n_past + n).map(|p| p as i32).collect();
-        self.ctx.tensor_set_i32(g.positions, &pos)?;
-        let n_kv = padded_n_kv(n_past + n, self.kv.cells);
-        let mut mask = vec![0f32; n_kv * n];
-        for (i, row) in mask.chunks_exact_mut(n_kv).enumerate() {
-            for cell in &mut row[n_past + i + 1..] {
+    /// The inputs of `g` for `tokens` at the current position: token ids, positions (which
+    /// also name the cache rows the batch's K and V go to) and the causal mask over the cells.
+    fn set_inputs(&mut self, g: &BatchGraph, tokens: &[u32]) -> Result<()> {
+        let (n, n_past) = (tokens.len(), self.n_past);
+        let staging = &mut self.staging;
+        staging.tokens.clear();
+        staging.tokens.extend(tokens.iter().map(|&t| t as i32));
+        self.ctx.tensor_set_i32(g.tokens, &staging.tokens)?;
+        staging.positions.clear();
+        staging
+            .positions
+            .extend((n_past..n_past + n).map(|p| p as i32));
+        self.ctx.tensor_set_i32(g.positions, &staging.positions)?;
+        let n_kv = self.ctx[g.mask].ne[0];
+        staging.mask.clear();
+        staging.mask.resize(n_kv * n, 0.0);
+        for (i, row) in staging.mask.chunks_exact_mut(n_kv).enumerate() {
+            for cell in row.iter_mut().skip(n_past + i + 1) {
                 *cell = f32::NEG_INFINITY;
             }
         }
-        self.ctx.tensor_set_f32(g.mask, &mask)?;
-        Ok(g)
+        self.ctx.tensor_set_f32(g.mask, &staging.mask)?;
+        Ok(())
     }
 }
 
@@ -505,16 +589,20 @@ fn padded_n_kv(used: usize, n_ctx: usize) -> usize {
 /// See [`padded_n_kv`].
 const KV_PAD: usize = 32;
 
-/// The LLaMA graph for `n` tokens at positions `n_past..n_past + n`.
+/// The LLaMA graph for a micro-batch of `key.n_tokens` tokens attending to `key.n_kv` cache
+/// cells; where the batch goes in the sequence is only in its inputs (positions, mask).
 fn build_graph(
     ctx: &mut Context,
     model: &Model,
     kv: &KvCache,
-    n_past: usize,
-    n: usize,
-    all_logits: bool,
+    key: GraphKey,
     capture: bool,
 ) -> Result<BatchGraph> {
+    let GraphKey {
+        n_tokens: n,
+        n_kv,
+        all_logits,
+    } = key;
     let mut captured = Vec::new();
     let mut pins = Vec::new();
     // Names `id` like llama.cpp and, when capturing, keeps it.
@@ -527,7 +615,6 @@ fn build_graph(
         Ok(id)
     };
     let c = &model.config;
-    let n_kv = padded_n_kv(n_past + n, kv.cells);
     let (hd, n_embd_kv) = (c.head_dim, c.n_embd_kv());
     let f16 = DType::F16.block_bytes();
 
@@ -574,18 +661,23 @@ fn build_graph(
         let k = ctx.rope(k, positions, rope)?;
         let k = keep(ctx, k, format!("Kcur-{il}"))?;
 
-        // Store this batch's K and V in the cache.
-        let k_dst = ctx.view(
-            kv.k[il],
-            &[n_embd_kv, n],
-            &[n_embd_kv * f16],
-            n_past * n_embd_kv * f16,
-        )?;
+        // Store this batch's K and V in the cache, at the rows the positions name (SET_ROWS,
+        // as llama.cpp stores them): the graph then does not depend on where the batch goes,
+        // so decoding reuses one graph for many tokens (see `Session::eval_ubatch`).
         let k_flat = ctx.reshape(k, &[n_embd_kv, n])?;
-        let k_store = ctx.cpy(k_flat, k_dst)?;
-        let v_dst = ctx.view(kv.v[il], &[n, n_embd_kv], &[kv.cells * f16], n_past * f16)?;
-        let v_t = ctx.transpose(v)?;
-        let v_store = ctx.cpy(v_t, v_dst)?;
+        let k_store = ctx.set_rows(kv.k[il], k_flat, positions)?;
+        // V is stored transposed: its "rows" are single elements, one per position, in a
+        // `[1, cells, n_embd_kv]` view of the cache, and the batch's values are the matching
+        // `[1, n, n_embd_kv]` view of `v`.
+        let v_cells = ctx.view(
+            kv.v[il],
+            &[1, kv.cells, n_embd_kv],
+            &[f16, kv.cells * f16],
+            0,
+        )?;
+        let f32b = DType::F32.block_bytes();
+        let v_rows = ctx.view(v, &[1, n, n_embd_kv], &[n_embd_kv * f32b, f32b], 0)?;
+        let v_store = ctx.set_rows(v_cells, v_rows, positions)?;
 
         // The stores enter the graph before anything that reads the cache, so they run first
         // (as in llama.cpp: the order of expansion is the order of execution).

@@ -601,11 +601,16 @@ impl Context {
 
     /// Read a contiguous f32 tensor.
     pub fn tensor_get_f32(&self, id: TensorId) -> Result<Vec<f32>> {
-        let n = self.get(id)?.nelements();
-        self.check_plain(id, crate::DType::F32, n)?;
-        let mut out = vec![0f32; n];
-        self.tensor_get(id, 0, bytemuck::cast_slice_mut(&mut out))?;
+        let mut out = vec![0f32; self.get(id)?.nelements()];
+        self.tensor_get_f32_into(id, &mut out)?;
         Ok(out)
+    }
+
+    /// Read a contiguous f32 tensor into `out`, whose length must be its element count (for
+    /// callers that read the same tensor repeatedly into one buffer).
+    pub fn tensor_get_f32_into(&self, id: TensorId, out: &mut [f32]) -> Result<()> {
+        self.check_plain(id, crate::DType::F32, out.len())?;
+        self.tensor_get(id, 0, bytemuck::cast_slice_mut(out))
     }
 
     /// Write i32 values into a contiguous i32 tensor.
