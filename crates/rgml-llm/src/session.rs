@@ -1,9 +1,15 @@
 //! Inference state: the KV cache, the per-batch LLaMA graph, and evaluation.
 //!
 //! A [`Session`] owns a backend, a graph allocator and a KV cache for one model. Each call to
-//! [`Session::eval`] builds the graph for one micro-batch on top of the model's weight tensors
-//! (the arena is truncated back after each step, so it does not grow), allocates it with the
-//! graph allocator (whose buffer is reused between steps), computes it and returns logits.
+//! [`Session::eval`] (or [`Session::decode`], which does not copy the logits out) builds the
+//! graph for one micro-batch on top of the model's weight tensors, allocates it with the graph
+//! allocator (whose buffer is reused between steps), computes it and returns logits. The graph
+//! depends only on the batch size and the number of cache cells attended to (a multiple of
+//! 32): where the batch goes is in its inputs (the K/V stores are SET_ROWS at the
+//! positions, the mask covers the cells). So the next micro-batch of the same key computes the
+//! same graph again, without building or allocating anything: generation rebuilds its graph
+//! once every 32 tokens, and the steps between allocate no memory. A rebuild truncates the
+//! arena back to the weights and the cache, so it does not grow.
 //!
 //! A model split over several devices gets one backend per device plus the CPU backend (last),
 //! and its graphs run through the [`Scheduler`] with [`N_COPIES_SPLIT`] copies of the split
@@ -300,7 +306,7 @@ impl<'m> Session<'m> {
     /// [`Session::eval`] into the session's own logits buffer, valid until the next call
     /// (llama.cpp's `llama_decode` + `llama_get_logits`). A micro-batch of the same size as
     /// the previous one, whose attention spans the same number of cache cells (generation:
-    /// 32 tokens in a row, see [`KV_PAD`]), computes the previous graph again: nothing is
+    /// 32 tokens in a row, the attention span's padding), computes the previous graph again: nothing is
     /// built, allocated or planned, and the call allocates no memory.
     pub fn decode(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
         self.check_tokens(tokens)?;
