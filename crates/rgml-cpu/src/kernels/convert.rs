@@ -24,6 +24,18 @@ fn conversion_error(dtype: DType, what: &str) -> Error {
     }
 }
 
+/// Round every value to the nearest f16 and back (ggml's activations for F16 weights), with
+/// `half`'s slice conversions: the CPU's conversion instructions, several values at a time,
+/// where a per-value conversion costs a call each.
+pub(crate) fn round_through_f16(values: &mut [f32]) {
+    let mut halves = [f16::ZERO; 64];
+    for chunk in values.chunks_mut(halves.len()) {
+        let halves = &mut halves[..chunk.len()];
+        halves.convert_from_f32_slice(chunk);
+        halves.convert_to_f32_slice(chunk);
+    }
+}
+
 /// Decode a dense row of `dtype` (`dst.len()` elements) into f32.
 pub(crate) fn row_to_f32(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     let n = dst.len();
@@ -172,4 +184,23 @@ fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
 /// `xtype.vec_dot_type()` (quantized types only; plain types are handled by the matmul kernel).
 pub(crate) fn vec_dot_quant(xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     super::dot::vec_dot(xtype, n, x, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_through_f16_is_the_per_value_conversion() {
+        let mut v: Vec<f32> = (0..300)
+            .map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 0.0137)
+            .collect();
+        v.extend([65520.0, -1e6, 1e-8, 6.1e-5, 0.0, -0.0, f32::INFINITY]);
+        let want: Vec<u32> = v
+            .iter()
+            .map(|&x| f16::from_f32(x).to_f32().to_bits())
+            .collect();
+        round_through_f16(&mut v);
+        assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+    }
 }

@@ -693,9 +693,7 @@ fn convert_src1(
                 *v = unsafe { srow.add(t * b.nb[0]).cast::<f32>().read_unaligned() };
             }
             match round_to {
-                Some(DType::F16) => tmp
-                    .iter_mut()
-                    .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+                Some(DType::F16) => super::convert::round_through_f16(tmp),
                 Some(DType::BF16) => tmp
                     .iter_mut()
                     .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),

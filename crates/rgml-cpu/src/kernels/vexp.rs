@@ -224,6 +224,123 @@ unsafe fn silu_row_fma(y: &mut [f32], x: &[f32], g: Option<&[f32]>, wide: bool) 
     }
 }
 
+/// The AVX-512 build's loops with its own instructions: the same operations as
+/// [`v_expf16`] / [`v_silu16`] / [`hsum16`], lane for lane, but 16 lanes per instruction instead
+/// of a scalar transcription per lane (which the compiler cannot vectorize: `vscalefps` has no
+/// scalar spelling, so [`v_expf16`] goes through f64).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{silu_f32, LN2_HI, LN2_LO, LOG2E, P1, P2, P3, P4, P5, R};
+    use std::arch::x86_64::*;
+
+    /// Whether this CPU runs these loops (the AVX-512 variant itself may be forced by
+    /// `RGML_CPU_ISA` on a CPU without them; it then takes the lane-by-lane transcription).
+    pub(super) fn available() -> bool {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+        })
+    }
+
+    /// ggml's `__m512` `ggml_v_expf`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn expf(x: __m512) -> __m512 {
+        let set = _mm512_set1_ps;
+        let f = f32::from_bits;
+        let r = set(f(R));
+        let z = _mm512_fmadd_ps(x, set(f(LOG2E)), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(n, set(f(LN2_LO)), _mm512_fnmadd_ps(n, set(f(LN2_HI)), x));
+        let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), set(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(set(f(P5)), b, set(f(P4))),
+                u,
+                _mm512_fmadd_ps(set(f(P3)), b, set(f(P2))),
+            ),
+            u,
+            _mm512_fmadd_ps(set(f(P1)), b, set(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if big == 0 {
+            return res;
+        }
+        let zero = _mm512_setzero_ps();
+        let overflow = _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero),
+            set(f32::INFINITY),
+            zero,
+        );
+        _mm512_mask_blend_ps(big, res, overflow)
+    }
+
+    /// The 16 lanes summed in [`super::hsum16`]'s order (GCC's `_mm512_reduce_add_ps`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    fn hsum(v: __m512) -> f32 {
+        let h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+        let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+        // [q0 + q2, q1 + q3, ..], then lane 0 + lane 1.
+        let p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps::<1>(p, p)))
+    }
+
+    /// [`super::soft_max_row`] for the AVX-512 variant.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) fn soft_max_row(y: &mut [f32], max: f32) -> f64 {
+        let mut sum = 0f64;
+        let mut groups = y.chunks_exact_mut(16);
+        let m = _mm512_set1_ps(max);
+        for group in &mut groups {
+            // SAFETY: `group` is 16 floats, read and written through its own pointer.
+            unsafe {
+                let v = expf(_mm512_sub_ps(_mm512_loadu_ps(group.as_ptr()), m));
+                _mm512_storeu_ps(group.as_mut_ptr(), v);
+                sum += f64::from(hsum(v));
+            }
+        }
+        for y in groups.into_remainder() {
+            let v = (*y - max).exp();
+            sum += f64::from(v);
+            *y = v;
+        }
+        sum
+    }
+
+    /// [`super::silu_row`] for the AVX-512 variant: ggml's `ggml_v_silu`, `x / (1 + exp(0 - x))`,
+    /// times `g` for SwiGLU.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) fn silu_row(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
+        let n = y.len().min(x.len()).min(g.map_or(usize::MAX, <[f32]>::len));
+        let full = n - n % 16;
+        let one = _mm512_set1_ps(1.0);
+        for i in (0..full).step_by(16) {
+            // SAFETY: `i + 16 <= n`, within `x`, `y` and `g`; `y` is written through its own
+            // exclusive borrow.
+            unsafe {
+                let v = _mm512_loadu_ps(x.as_ptr().add(i));
+                let e = expf(_mm512_sub_ps(_mm512_setzero_ps(), v));
+                let mut s = _mm512_div_ps(v, _mm512_add_ps(one, e));
+                if let Some(g) = g {
+                    s = _mm512_mul_ps(s, _mm512_loadu_ps(g.as_ptr().add(i)));
+                }
+                _mm512_storeu_ps(y.as_mut_ptr().add(i), s);
+            }
+        }
+        for i in full..n {
+            let s = silu_f32(x[i]);
+            y[i] = match g {
+                Some(g) => s * g[i],
+                None => s,
+            };
+        }
+    }
+}
+
 fn wide() -> bool {
     super::isa::isa() == super::isa::Isa::Avx512
 }
@@ -231,6 +348,11 @@ fn wide() -> bool {
 /// `y[i] = exp(y[i] - max)` in place, returning the f64 sum, exactly as the native ggml build.
 pub(crate) fn soft_max_row(y: &mut [f32], max: f32) -> f64 {
     let wide = wide();
+    #[cfg(target_arch = "x86_64")]
+    if wide && avx512::available() {
+        // SAFETY: AVX-512 F and DQ were detected at runtime.
+        return unsafe { avx512::soft_max_row(y, max) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: AVX2 and FMA were detected at runtime.
@@ -246,6 +368,11 @@ pub(crate) fn soft_max_row(y: &mut [f32], max: f32) -> f64 {
 /// `y[i] = silu(x[i]) * g[i]` (or `silu(x[i])` without `g`), exactly as the native ggml build.
 pub(crate) fn silu_row(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
     let wide = wide();
+    #[cfg(target_arch = "x86_64")]
+    if wide && avx512::available() {
+        // SAFETY: AVX-512 F and DQ were detected at runtime.
+        return unsafe { avx512::silu_row(y, x, g) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: AVX2 and FMA were detected at runtime.
@@ -379,6 +506,56 @@ mod tests {
             for (x, w) in c.iter().zip(want) {
                 assert_eq!(v_expf16(*x).to_bits(), w.to_bits(), "x = {x:e}");
             }
+        }
+    }
+
+    /// The AVX-512 loops give the lane-by-lane transcription's bits, tails included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_rows_equal_the_transcription() {
+        if !avx512::available() {
+            return;
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for n in [1, 15, 16, 17, 64, 250, 1536] {
+            let mut x: Vec<f32> = (0..n).map(|_| next() * 40.0 - 20.0).collect();
+            // Past exp's range both ways (the blend of 0 and inf), and a subnormal result.
+            for (v, extreme) in x
+                .iter_mut()
+                .step_by(5)
+                .zip([150.0, -150.0, 95.0, -100.0, -88.0])
+            {
+                *v = extreme;
+            }
+            let g: Vec<f32> = (0..n).map(|_| next() * 4.0 - 2.0).collect();
+            for gate in [None, Some(g.as_slice())] {
+                let (mut fast, mut lanes) = (vec![0f32; n], vec![0f32; n]);
+                // SAFETY: checked just above.
+                unsafe { avx512::silu_row(&mut fast, &x, gate) };
+                silu_row_impl16(&mut lanes, &x, gate);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&lanes), "silu, n = {n}");
+            }
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (mut fast, mut lanes) = (x.clone(), x.clone());
+            // SAFETY: checked just above.
+            let sum_fast = unsafe { avx512::soft_max_row(&mut fast, max) };
+            let sum_lanes = soft_max_row_impl16(&mut lanes, max);
+            assert_eq!(
+                sum_fast.to_bits(),
+                sum_lanes.to_bits(),
+                "softmax sum, n = {n}"
+            );
+            assert!(fast
+                .iter()
+                .zip(&lanes)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
 
