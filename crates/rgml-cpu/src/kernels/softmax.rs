@@ -71,7 +71,7 @@ pub(crate) fn soft_max(
                     }
                 }
             }
-            let max = d.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let max = row_max(d);
             // ggml_vec_soft_max_f32, in place.
             let sum = if max == f32::NEG_INFINITY {
                 d.fill(0.0);
@@ -86,6 +86,25 @@ pub(crate) fn soft_max(
         }
     }
     Ok(())
+}
+
+/// The largest value of a row, as ggml's `ggml_vec_max_f32` (`MAX(max, x)`, a select) finds
+/// it for rows without NaN. Sixteen running maxima, so it vectorizes: a maximum does not
+/// depend on the order of comparison, where `f32::max`'s NaN rule keeps the loop scalar.
+fn row_max(row: &[f32]) -> f32 {
+    let select = |m: f32, v: f32| if m > v { m } else { v };
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = row.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = select(*m, v);
+        }
+    }
+    let tail = chunks.remainder().iter().copied();
+    lanes
+        .into_iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, select)
 }
 
 /// DIAG_MASK_INF: element `(i0, i1)` of every matrix becomes -inf when `i0 > n_past + i1`.
@@ -105,4 +124,27 @@ pub(crate) fn diag_mask_inf(task: &NodeTask, tc: &mut ThreadCtx<'_>, n_past: usi
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_max;
+
+    #[test]
+    fn row_max_is_the_largest_value() {
+        for n in [0, 1, 15, 16, 17, 33, 256, 1000] {
+            let row: Vec<f32> = (0..n)
+                .map(|i| {
+                    if i % 7 == 3 {
+                        f32::NEG_INFINITY
+                    } else {
+                        ((i * 7919 % 613) as f32 - 300.0) * 0.37
+                    }
+                })
+                .collect();
+            let want = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(row_max(&row).to_bits(), want.to_bits(), "n = {n}");
+        }
+        assert_eq!(row_max(&[f32::NEG_INFINITY; 20]), f32::NEG_INFINITY);
+    }
 }
