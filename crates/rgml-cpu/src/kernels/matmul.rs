@@ -529,9 +529,12 @@ fn store_tile(
     out: &[f32],
     stride: usize,
 ) {
-    for (r, i01) in rows.enumerate() {
-        for (c, i11) in cols.clone().enumerate() {
-            let dst_el = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+    // Column by column: a column's rows are adjacent in `dst`, so its writes fill whole cache
+    // lines in order instead of touching a line of every column for each row.
+    for (c, i11) in cols.enumerate() {
+        let column = dst.row(i11, i12, i13);
+        for (r, i01) in rows.clone().enumerate() {
+            let dst_el = column.wrapping_add(i01 * 4);
             // SAFETY: output element (i01, i11, i12, i13) is in bounds and written only by the
             // thread owning its row block (see above).
             unsafe { dst_el.cast::<f32>().write(out[r * stride + c]) };
