@@ -461,9 +461,10 @@ fn main() {
         .next();
     let wanted = std::env::var("RGML_BENCH_DTYPES").ok();
     let wanted = |d: DType| {
-        wanted
-            .as_deref()
-            .is_none_or(|w| w.split(',').any(|n| n.trim().eq_ignore_ascii_case(d.name())))
+        wanted.as_deref().is_none_or(|w| {
+            w.split(',')
+                .any(|n| n.trim().eq_ignore_ascii_case(d.name()))
+        })
     };
     let rows = DTYPES
         .iter()
