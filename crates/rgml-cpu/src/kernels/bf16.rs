@@ -425,8 +425,10 @@ mod tests {
 
     /// MUL_MAT through the backend, for shapes that take each of ggml's orders (tinyBLAS;
     /// `vec_dot` for one column, for k % 32 != 0, for m % 4 != 0), broadcast batches and a
-    /// strided src1: within f32 rounding of the f64 product of the bf16-rounded operands, and,
-    /// on the `vdpbf16ps` path, bit for bit the scalar transcription of ggml's order.
+    /// strided src1: within f32 rounding of the f64 product of the operands as ggml rounds
+    /// them, and, on the `vdpbf16ps` path, bit for bit the scalar transcription of ggml's order.
+    /// Four weights share src1 (BF16, BF16, F16, BF16): the second product reuses the first's
+    /// bf16 rows, the last must convert src1 again after the F16 product's f32 rows.
     #[test]
     fn mul_mat_through_the_backend() {
         use crate::{CpuBackend, CpuDevice};
@@ -446,7 +448,16 @@ mod tests {
         for (k, m, n, wb, ab, strided) in shapes {
             for nth in [1, 3] {
                 let mut ctx = Context::new();
-                let a = ctx.new_tensor(DType::BF16, &[k, m, wb[0], wb[1]]).unwrap();
+                let weights = [
+                    (DType::BF16, m),
+                    (DType::BF16, m + 4),
+                    (DType::F16, 5),
+                    (DType::BF16, m),
+                ];
+                let ws: Vec<_> = weights
+                    .iter()
+                    .map(|&(t, rows)| ctx.new_tensor(t, &[k, rows, wb[0], wb[1]]).unwrap())
+                    .collect();
                 let (b, bsrc) = if strided {
                     let t = ctx.new_tensor(DType::F32, &[n, k, ab[0], ab[1]]).unwrap();
                     (ctx.transpose(t).unwrap(), t)
@@ -454,66 +465,82 @@ mod tests {
                     let t = ctx.new_tensor(DType::F32, &[k, n, ab[0], ab[1]]).unwrap();
                     (t, t)
                 };
-                let o = ctx.mul_mat(a, b).unwrap();
+                let outs: Vec<_> = ws.iter().map(|&w| ctx.mul_mat(w, b).unwrap()).collect();
                 let buft = CpuDevice::new("CPU").buffer_type();
                 rgml::alloc::alloc_ctx_tensors(&mut ctx, &buft).unwrap();
-                let wa: Vec<u16> = (0..k * m * wb[0] * wb[1])
-                    .map(|_| fp32_to_bf16(rng.gen_range(-1.0..1.0)))
+                // Weights as bits of their type, and the rounding of activations to it.
+                let round = |t: DType, v: f32| match t {
+                    DType::BF16 => fp32_to_bf16(v),
+                    _ => half::f16::from_f32(v).to_bits(),
+                };
+                let value = |t: DType, h: u16| match t {
+                    DType::BF16 => f(h),
+                    _ => half::f16::from_bits(h).to_f32(),
+                };
+                let wvals: Vec<Vec<u16>> = weights
+                    .iter()
+                    .map(|&(t, rows)| {
+                        (0..k * rows * wb[0] * wb[1])
+                            .map(|_| round(t, rng.gen_range(-1.0..1.0)))
+                            .collect()
+                    })
                     .collect();
                 let vsrc: Vec<f32> = (0..k * n * ab[0] * ab[1])
                     .map(|_| rng.gen_range(-2.0..2.0))
                     .collect();
-                ctx.tensor_set(a, 0, &bytes(&wa)).unwrap();
+                for (&w, v) in ws.iter().zip(&wvals) {
+                    ctx.tensor_set(w, 0, &bytes(v)).unwrap();
+                }
                 ctx.tensor_set(bsrc, 0, bytemuck::cast_slice(&vsrc))
                     .unwrap();
-                let g = Graph::build(&mut ctx, &[o]).unwrap();
+                let g = Graph::build(&mut ctx, &outs).unwrap();
                 CpuBackend::new(nth)
                     .unwrap()
                     .graph_compute(&ctx, &g)
                     .unwrap();
-                let got: Vec<f32> = ctx
-                    .tensor_bytes(o)
-                    .unwrap()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                // Activation (i, j, batch) rounded to bf16 as ggml does.
-                let act = |i: usize, j: usize, batch: usize| {
-                    let idx = if strided {
-                        j + n * (i + k * batch)
-                    } else {
-                        i + k * (j + n * batch)
-                    };
-                    fp32_to_bf16(vsrc[idx])
-                };
                 let (r2, r3) = (ab[0] / wb[0], ab[1] / wb[1]);
-                for b3 in 0..ab[1] {
-                    for b2 in 0..ab[0] {
-                        let batch = b2 + ab[0] * b3;
-                        let wbatch = b2 / r2 + wb[0] * (b3 / r3);
-                        for j in 0..n {
-                            let y: Vec<u16> = (0..k).map(|i| act(i, j, batch)).collect();
-                            for r in 0..m {
-                                let x = &wa[k * (r + m * wbatch)..][..k];
-                                let v = got[r + m * (j + n * batch)];
-                                let (want, mag) =
-                                    x.iter().zip(&y).fold((0f64, 0f64), |(s, t), (&p, &q)| {
-                                        let pq = f64::from(f(p)) * f64::from(f(q));
-                                        (s + pq, t + pq.abs())
-                                    });
-                                let err = (f64::from(v) - want).abs();
-                                assert!(err <= 1e-6 * mag, "k {k} m {m} n {n}: {v} vs {want}");
-                                if exact {
-                                    let e = if tinyblas_shape(m, n, k) {
-                                        emu_tinyblas(x, &y)
-                                    } else {
-                                        emu_vec_dot(x, &y)
-                                    };
-                                    assert_eq!(
-                                        v.to_bits(),
-                                        e.to_bits(),
-                                        "k {k} m {m} n {n} ({r}, {j}, {batch})"
-                                    );
+                for ((&(t, m), wa), &o) in weights.iter().zip(&wvals).zip(&outs) {
+                    let got: Vec<f32> = ctx
+                        .tensor_bytes(o)
+                        .unwrap()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    // Activation (i, j, batch) rounded to the weight type as ggml does.
+                    let act = |i: usize, j: usize, batch: usize| {
+                        let idx = if strided {
+                            j + n * (i + k * batch)
+                        } else {
+                            i + k * (j + n * batch)
+                        };
+                        round(t, vsrc[idx])
+                    };
+                    for b3 in 0..ab[1] {
+                        for b2 in 0..ab[0] {
+                            let batch = b2 + ab[0] * b3;
+                            let wbatch = b2 / r2 + wb[0] * (b3 / r3);
+                            for j in 0..n {
+                                let y: Vec<u16> = (0..k).map(|i| act(i, j, batch)).collect();
+                                for r in 0..m {
+                                    let x = &wa[k * (r + m * wbatch)..][..k];
+                                    let v = got[r + m * (j + n * batch)];
+                                    let (want, mag) =
+                                        x.iter().zip(&y).fold((0f64, 0f64), |(s, a), (&p, &q)| {
+                                            let pq =
+                                                f64::from(value(t, p)) * f64::from(value(t, q));
+                                            (s + pq, a + pq.abs())
+                                        });
+                                    let err = (f64::from(v) - want).abs();
+                                    let what = format!("{t} k {k} m {m} n {n} ({r}, {j}, {batch})");
+                                    assert!(err <= 1e-6 * mag, "{what}: {v} vs {want}");
+                                    if exact && t == DType::BF16 {
+                                        let e = if tinyblas_shape(m, n, k) {
+                                            emu_tinyblas(x, &y)
+                                        } else {
+                                            emu_vec_dot(x, &y)
+                                        };
+                                        assert_eq!(v.to_bits(), e.to_bits(), "{what}");
+                                    }
                                 }
                             }
                         }
