@@ -30,6 +30,9 @@ use rgml::{Error, Result};
 /// bf16 values per `vdpbf16ps` (tinyBLAS's `KN`).
 const KN: usize = 32;
 
+/// Weight rows per call of the `ggml_vec_dot_bf16`-order kernel.
+const VEC_DOT_ROWS: usize = 8;
+
 /// f32 -> bf16 as ggml rounds activations (`GGML_FP32_TO_BF16`, `ggml_cpu_fp32_to_bf16`): NaNs
 /// keep their sign and top payload bits and become quiet; everything else (denormals included,
 /// unlike `vcvtneps2bf16`, which flushes them) rounds to nearest even, overflowing to infinity.
@@ -81,11 +84,14 @@ pub(crate) fn products(
         let cols = Columns::new(dst, a);
         let tinyblas = tinyblas_shape(m, dst.ne[1], k);
         let weight_batches = a.ne[2] * a.ne[3];
-        // Blocks of whole 4-row groups where the rows allow it (edge groups repeat a row).
+        // Weight rows per kernel call: 4 by 4 columns (tinyBLAS), 8 by one column (vec_dot:
+        // two accumulators per row, 16 registers).
+        let group = if tinyblas { 4 } else { VEC_DOT_ROWS };
+        // Blocks of whole row groups where the rows allow it (edge groups repeat a row).
         let blk = (m * weight_batches)
             .div_ceil((tc.nth * 8).max(1))
-            .clamp(4, 64)
-            .next_multiple_of(4)
+            .clamp(group, 64)
+            .next_multiple_of(group)
             .min(m.max(1));
         let nblk = m.div_ceil(blk);
         let row_bytes = a.row_bytes();
@@ -93,41 +99,48 @@ pub(crate) fn products(
             let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
             let i0 = (unit % nblk) * blk;
             let rows = i0..(i0 + blk).min(m);
-            for r0 in rows.clone().step_by(4) {
-                let nr = (rows.end - r0).min(4);
-                let x: [*const u8; 4] =
-                    std::array::from_fn(|r| a.row(r0 + r.min(nr - 1), i02, i03).cast_const());
-                if cols.n == 1 {
-                    // A matrix-vector product streams the weights: prefetch ahead as the
-                    // quantized path does.
-                    let ahead = x[0].wrapping_add(PREFETCH_AHEAD);
-                    for off in (0..nr * row_bytes).step_by(64) {
-                        prefetch(ahead.wrapping_add(off));
+            // Columns outside, so that each group of columns is located once per block (its
+            // broadcast indices cost divisions) while the block's weight rows stay in cache.
+            let step = if tinyblas { 4 } else { 1 };
+            for c0 in (0..cols.n).step_by(step) {
+                let nc = (cols.n - c0).min(step);
+                let at: [(usize, usize, usize); 4] =
+                    std::array::from_fn(|j| cols.at(c0 + j.min(nc - 1), i02, i03));
+                let y: [*const u8; 4] = at.map(|(i11, i12, i13)| b_row(i11, i12, i13));
+                let dst_rows: [*mut u8; 4] = at.map(|(i11, i12, i13)| dst.row(i11, i12, i13));
+                let store = |c: usize, i01: usize, v: f32| {
+                    // SAFETY: the stores below write element i01 < m of a destination row of
+                    // column group c0 (in bounds), of a row block this thread owns.
+                    unsafe { dst_rows[c].wrapping_add(i01 * 4).cast::<f32>().write(v) }
+                };
+                for r0 in rows.clone().step_by(group) {
+                    let nr = (rows.end - r0).min(group);
+                    let x: [*const u8; VEC_DOT_ROWS] =
+                        std::array::from_fn(|r| a.row(r0 + r.min(nr - 1), i02, i03).cast_const());
+                    if cols.n == 1 {
+                        // A matrix-vector product streams the weights: prefetch ahead as the
+                        // quantized path does.
+                        let ahead = x[0].wrapping_add(PREFETCH_AHEAD);
+                        for off in (0..nr * row_bytes).step_by(64) {
+                            prefetch(ahead.wrapping_add(off));
+                        }
                     }
-                }
-                let step = if tinyblas { 4 } else { 1 };
-                for c0 in (0..cols.n).step_by(step) {
-                    let nc = (cols.n - c0).min(step);
-                    let at: [(usize, usize, usize); 4] =
-                        std::array::from_fn(|j| cols.at(c0 + j.min(nc - 1), i02, i03));
-                    let y: [*const u8; 4] = at.map(|(i11, i12, i13)| b_row(i11, i12, i13));
-                    let out: [[f32; 4]; 4] = if tinyblas {
+                    if tinyblas {
                         // SAFETY: avx512_bf16() checked AVX512_BF16, F, BW and VL; each x[r] is
                         // a dense in-bounds weight row of k bf16 values and each y[c] a bf16 row
                         // of k values in the work area, complete since phase 1's barrier; k is a
                         // multiple of KN (tinyblas_shape).
-                        unsafe { tile_tinyblas(x, y, k) }
+                        let out = unsafe { tile_tinyblas(std::array::from_fn(|r| x[r]), y, k) };
+                        for (r, row) in out.iter().enumerate().take(nr) {
+                            for (c, &v) in row.iter().enumerate().take(nc) {
+                                store(c, r0 + r, v);
+                            }
+                        }
                     } else {
-                        // SAFETY: as above, for the first column only (k any length).
-                        let v = unsafe { rows_vec_dot(x, y[0], k) };
-                        std::array::from_fn(|r| [v[r]; 4])
-                    };
-                    for (r, row) in out.iter().enumerate().take(nr) {
-                        for (&v, &(i11, i12, i13)) in row.iter().zip(&at).take(nc) {
-                            let el = dst.row(i11, i12, i13).wrapping_add((r0 + r) * 4);
-                            // SAFETY: output element (r0 + r, i11, i12, i13) is in bounds and
-                            // written only by the thread owning row block (i02, i03, r0 + r).
-                            unsafe { el.cast::<f32>().write(v) };
+                        // SAFETY: as above, for the first column (k any length).
+                        let out = unsafe { rows_vec_dot(x, y[0], k) };
+                        for (r, &v) in out.iter().enumerate().take(nr) {
+                            store(0, r0 + r, v);
                         }
                     }
                 }
@@ -188,27 +201,32 @@ unsafe fn tile_tinyblas(x: [*const u8; 4], y: [*const u8; 4], k: usize) -> [[f32
 /// The CPU supports AVX512_BF16, F, BW and VL; every row holds `k` bf16 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn rows_vec_dot(x: [*const u8; 4], y: *const u8, k: usize) -> [f32; 4] {
+unsafe fn rows_vec_dot(
+    x: [*const u8; VEC_DOT_ROWS],
+    y: *const u8,
+    k: usize,
+) -> [f32; VEC_DOT_ROWS] {
     use std::arch::x86_64::*;
-    let mut c1 = [_mm512_setzero_ps(); 4];
-    let mut c2 = [_mm512_setzero_ps(); 4];
+    let mut c1 = [_mm512_setzero_ps(); VEC_DOT_ROWS];
+    let mut c2 = [_mm512_setzero_ps(); VEC_DOT_ROWS];
     let mut i = 0;
     // SAFETY: every load reads KN values at i + 2 KN <= k of a row of k values; the tail reads
     // single values below k.
     unsafe {
         while i + 2 * KN <= k {
             let (y1, y2) = (load_bh(y, i), load_bh(y, i + KN));
-            for r in 0..4 {
+            for r in 0..VEC_DOT_ROWS {
                 c1[r] = _mm512_dpbf16_ps(c1[r], load_bh(x[r], i), y1);
                 c2[r] = _mm512_dpbf16_ps(c2[r], load_bh(x[r], i + KN), y2);
             }
             i += 2 * KN;
         }
-        let zero = _mm512_setzero_ps();
-        let sums = super::matmul::hsum16x16(std::array::from_fn(|j| match j {
-            0..4 => c1[j],
-            4..8 => c2[j - 4],
-            _ => zero,
+        let sums = super::matmul::hsum16x16(std::array::from_fn(|j| {
+            if j < VEC_DOT_ROWS {
+                c1[j]
+            } else {
+                c2[j - VEC_DOT_ROWS]
+            }
         }));
         let value = |p: *const u8, j: usize| {
             f32::from_bits(u32::from(p.add(2 * j).cast::<u16>().read_unaligned()) << 16)
@@ -216,7 +234,7 @@ unsafe fn rows_vec_dot(x: [*const u8; 4], y: *const u8, k: usize) -> [f32; 4] {
         std::array::from_fn(|r| {
             let mut s = 0f64;
             s += f64::from(sums[r]);
-            s += f64::from(sums[4 + r]);
+            s += f64::from(sums[VEC_DOT_ROWS + r]);
             for j in i..k {
                 s += f64::from(value(x[r], j) * value(y, j));
             }
@@ -360,22 +378,22 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(22);
         for k in [0, 1, 31, 32, 63, 64, 65, 96, 100, 128, 576, 1000, 1056] {
             for _ in 0..20 {
-                let rows: Vec<Vec<u16>> = (0..8).map(|_| values(&mut rng, k)).collect();
+                let rows: Vec<Vec<u16>> = (0..12).map(|_| values(&mut rng, k)).collect();
                 let raw: Vec<Vec<u8>> = rows.iter().map(|r| bytes(r)).collect();
-                let x: [*const u8; 4] = std::array::from_fn(|r| raw[r].as_ptr());
-                let y: [*const u8; 4] = std::array::from_fn(|c| raw[4 + c].as_ptr());
-                // SAFETY: bf16_hardware() checked the features; 8 rows of k values.
+                let x: [*const u8; 8] = std::array::from_fn(|r| raw[r].as_ptr());
+                let y: [*const u8; 4] = std::array::from_fn(|c| raw[8 + c].as_ptr());
+                // SAFETY: bf16_hardware() checked the features; 12 rows of k values.
                 let v = unsafe { rows_vec_dot(x, y[0], k) };
-                for r in 0..4 {
-                    let want = emu_vec_dot(&rows[r], &rows[4]);
+                for r in 0..8 {
+                    let want = emu_vec_dot(&rows[r], &rows[8]);
                     assert_eq!(v[r].to_bits(), want.to_bits(), "vec_dot k {k} row {r}");
                 }
                 if k.is_multiple_of(KN) {
                     // SAFETY: as above, k a multiple of KN.
-                    let t = unsafe { tile_tinyblas(x, y, k) };
+                    let t = unsafe { tile_tinyblas(std::array::from_fn(|r| x[r]), y, k) };
                     for r in 0..4 {
                         for c in 0..4 {
-                            let want = emu_tinyblas(&rows[r], &rows[4 + c]);
+                            let want = emu_tinyblas(&rows[r], &rows[8 + c]);
                             assert_eq!(t[r][c].to_bits(), want.to_bits(), "k {k} ({r}, {c})");
                         }
                     }
