@@ -22,6 +22,15 @@
 //! scalar transcription of it). Tiles (4 weight rows by 4 activation columns) only choose which
 //! outputs are computed together: every output gets exactly its own operations, so the results
 //! are ggml's bit for bit whatever the tiling, thread count or GQA broadcast.
+//!
+//! (The ggml described is the one `scripts/bench-vs-llamacpp.sh` builds, llama.cpp as vendored
+//! by llama-cpp-python 0.3.36: `ggml_compute_forward_mul_mat` and `ggml_cpu_fp32_to_bf16` in
+//! `ggml-cpu/ggml-cpu.c`, `llamafile_sgemm` in `ggml-cpu/llamafile/sgemm.cpp`,
+//! `ggml_vec_dot_bf16` in `ggml-cpu/vec.cpp`, `GGML_FP32_TO_BF16` in `ggml-impl.h`.)
+
+// The kernels exist on x86_64 only; elsewhere `products` reports that it cannot run (it is
+// never chosen there: `avx512_bf16` is false).
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
 use super::matmul::{prefetch, Columns, PREFETCH_AHEAD};
 use super::ThreadCtx;
@@ -68,10 +77,11 @@ pub(crate) fn tinyblas_shape(m: usize, n: usize, k: usize) -> bool {
 
 /// Phase 2 for BF16 weights with bf16 activation rows in the work area (`b_row`): as
 /// `float_products`, the weight rows of each batch are split into blocks between threads and
-/// each block is multiplied by every activation column broadcast onto its weight matrix, 4 rows
-/// at a time; in tinyBLAS's order by 4 x 4 tiles, in `ggml_vec_dot_bf16`'s 4 rows by one column.
+/// each block is multiplied by every activation column broadcast onto its weight matrix
+/// (grouped-query attention's heads); in tinyBLAS's order by 4 x 4 tiles, in
+/// `ggml_vec_dot_bf16`'s by 8 rows and one column.
 ///
-/// The caller has checked [`super::isa::avx512_bf16`].
+/// Runs only where [`super::isa::avx512_bf16`] holds (an error otherwise).
 pub(crate) fn products(
     dst: &super::TensorView,
     a: &super::TensorView,
