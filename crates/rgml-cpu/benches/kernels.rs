@@ -24,7 +24,9 @@
 //!   thread, kernel only, mat-vec and 8-column tiles.
 //!
 //! Knobs: `RGML_BENCH_THREADS` (default 2), `RGML_BENCH_QUICK=1` (fewer runs),
-//! `RGML_BENCH_ONLY=repack` (only the repacked-weights table).
+//! `RGML_BENCH_ONLY=repack` (only the repacked-weights table), `RGML_BENCH_ONLY=mul_mat` (the
+//! ceilings and the MUL_MAT table only), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the
+//! MUL_MAT table, by dtype name).
 
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::quant::quantize_row;
@@ -457,11 +459,22 @@ fn main() {
         .extra_buffer_types()
         .into_iter()
         .next();
-    let rows = DTYPES.iter().map(|&d| (d, None)).chain(
-        [DType::Q4_0, DType::Q4_1, DType::Q8_0]
-            .into_iter()
-            .filter_map(|d| repack.as_ref().map(|r| (d, Some(r)))),
-    );
+    let wanted = std::env::var("RGML_BENCH_DTYPES").ok();
+    let wanted = |d: DType| {
+        wanted.as_deref().is_none_or(|w| {
+            w.split(',')
+                .any(|n| n.trim().eq_ignore_ascii_case(d.name()))
+        })
+    };
+    let rows = DTYPES
+        .iter()
+        .map(|&d| (d, None))
+        .chain(
+            [DType::Q4_0, DType::Q4_1, DType::Q8_0]
+                .into_iter()
+                .filter_map(|d| repack.as_ref().map(|r| (d, Some(r)))),
+        )
+        .filter(|&(d, _)| wanted(d));
     for (dtype, memory) in rows {
         match memory {
             Some(m) => print!("| {} ({}) |", dtype.name(), m.name()),
@@ -488,6 +501,9 @@ fn main() {
         std::io::stdout().flush().expect("flush stdout");
     }
     println!();
+    if std::env::var("RGML_BENCH_ONLY").is_ok_and(|v| v == "mul_mat") {
+        return;
+    }
 
     repack_section(&cfg);
 

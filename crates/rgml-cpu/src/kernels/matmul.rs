@@ -10,8 +10,9 @@
 //! through the register tiles of [`super::tiled`] (matrix-vector products prefetching the
 //! weight rows ahead), other quantized types pair by pair, F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
-//! decoded once. Every output is computed with exactly its pair dot's operations, so tiling
-//! and packing change speed only.
+//! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
+//! activation rows and `vdpbf16ps`, as ggml's build for such CPUs. Every output is computed
+//! with exactly its pair dot's operations, so tiling and packing change speed only.
 
 use super::activations::quantize_activations;
 use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
@@ -20,11 +21,11 @@ use rgml::{DType, Error, Result, Tensor};
 
 /// How far ahead of the rows being multiplied a matrix-vector product prefetches weights (tuned
 /// on the demo model's generation: 2 KiB gives +35%, 4 KiB +50%, 8 KiB +45%, 16 KiB +30%).
-const PREFETCH_AHEAD: usize = 4096;
+pub(super) const PREFETCH_AHEAD: usize = 4096;
 
 /// A hint to load the cache line at `p`; never faults, whatever the address.
 #[inline(always)]
-fn prefetch(p: *const u8) {
+pub(super) fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 is a hint: it does not fault on any address and changes no state
     // visible to the program; SSE is part of the x86_64 baseline.
@@ -60,15 +61,13 @@ pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
 
 /// Bytes of the src1 copy in the shared work area (0 when src1 is used in place).
 pub(crate) fn shared_size(a: &Tensor, b: &Tensor) -> Result<usize> {
-    let rows = b.nrows();
-    let row = if a.dtype.is_quantized() {
-        a.dtype.vec_dot_type().row_bytes(b.ne[0])?
-    } else if b.rows_contiguous() && a.dtype == DType::F32 {
-        return Ok(0);
-    } else {
-        b.ne[0].checked_mul(4).ok_or(Error::SizeOverflow)?
-    };
-    row.checked_mul(rows).ok_or(Error::SizeOverflow)
+    match src1_conversion(a.dtype, b.rows_contiguous()) {
+        Some(c) => c
+            .row_bytes(b.ne[0])?
+            .checked_mul(b.nrows())
+            .ok_or(Error::SizeOverflow),
+        None => Ok(0),
+    }
 }
 
 /// What phase 1 makes of src1 in the work area.
@@ -81,12 +80,28 @@ pub(crate) enum Src1 {
     Rounded(DType),
     /// Gathered into dense f32 rows (a strided src1 of f32 weights).
     Dense,
+    /// Rounded to bf16 and stored so (ggml's `vec_dot_type` for BF16 weights), for the
+    /// `vdpbf16ps` kernels of [`super::bf16`] ([`super::isa::avx512_bf16`]).
+    Bf16,
+}
+
+impl Src1 {
+    /// Bytes of one converted row of `n` values.
+    fn row_bytes(self, n: usize) -> Result<usize> {
+        match self {
+            Src1::Quantized(vd) => vd.row_bytes(n),
+            Src1::Bf16 => DType::BF16.row_bytes(n),
+            Src1::Rounded(_) | Src1::Dense => DType::F32.row_bytes(n),
+        }
+    }
 }
 
 /// How MUL_MAT with weights of `weight` converts its src1 in phase 1 (`None`: used in place).
 pub(crate) fn src1_conversion(weight: DType, src1_dense_rows: bool) -> Option<Src1> {
     if weight.is_quantized() {
         Some(Src1::Quantized(weight.vec_dot_type()))
+    } else if weight == DType::BF16 && super::isa::avx512_bf16() {
+        Some(Src1::Bf16)
     } else if matches!(weight, DType::F16 | DType::BF16) {
         Some(Src1::Rounded(weight))
     } else if !src1_dense_rows {
@@ -263,10 +278,26 @@ unsafe fn tile_avx512<const F16: bool>(
                 }
             }
         }
-        // The 16 horizontal sums at once, each in `hsum16`'s order (lane k + lane k+8, then
-        // k + k+4, then k + k+2, then the last two): the same additions of the same operands,
-        // with accumulators packed side by side by shuffles between the levels.
-        let a: [__m512; 16] = std::array::from_fn(|j| acc[j / 4][j % 4]);
+        let sums = hsum16x16(std::array::from_fn(|j| acc[j / 4][j % 4]));
+        for (j, v) in sums.into_iter().enumerate() {
+            out[j / 4][j % 4] = v;
+        }
+    }
+}
+
+/// The horizontal sums of 16 registers, `[hsum16(a[0]), ..., hsum16(a[15])]`, each in
+/// `hsum16`'s order (`_mm512_reduce_add_ps`: lane k + lane k+8, then k + k+4, then k + k+2,
+/// then the last two): the same additions of the same operands, with the registers packed side
+/// by side by shuffles between the levels.
+///
+/// # Safety
+/// The CPU supports AVX-512F (the callers inline this under their AVX-512 features).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn hsum16x16(a: [std::arch::x86_64::__m512; 16]) -> [f32; 16] {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX-512F, as the caller promises.
+    unsafe {
         // Level 1: two accumulators per register, quarters (a.lo8 as two 4s, b.lo8 as two 4s).
         let s1: [__m512; 8] = std::array::from_fn(|i| {
             let (x, y) = (a[2 * i], a[2 * i + 1]);
@@ -291,16 +322,14 @@ unsafe fn tile_avx512<const F16: bool>(
                 _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
             )
         });
-        // Level 4: lane 4q + e holds accumulator 4e + q, i.e. out[e][q].
+        // Level 4: lane 4q + e holds accumulator 4e + q.
         let sums = _mm512_add_ps(
             _mm512_shuffle_ps::<0b10_00_10_00>(s3[0], s3[1]),
             _mm512_shuffle_ps::<0b11_01_11_01>(s3[0], s3[1]),
         );
         let mut w = [0f32; 16];
         _mm512_storeu_ps(w.as_mut_ptr(), sums);
-        for (l, v) in w.into_iter().enumerate() {
-            out[l % 4][l / 4] = v;
-        }
+        std::array::from_fn(|j| w[4 * (j % 4) + j / 4])
     }
 }
 
@@ -345,9 +374,8 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let quant = a.dtype.is_quantized();
     let vd = a.dtype.vec_dot_type();
     let conversion = src1_conversion(a.dtype, b.rows_contiguous());
-    let rounded = conversion == Some(Src1::Rounded(a.dtype));
     let converted = conversion.is_some();
-    let wrow = if quant { vd.row_bytes(ne00)? } else { ne00 * 4 };
+    let wrow = conversion.map_or(Ok(0), |c| c.row_bytes(ne00))?;
     let nrows1 = b.nrows();
     if converted && wrow.saturating_mul(nrows1) > tc.shared.len {
         return Err(Error::Backend {
@@ -358,9 +386,9 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
 
     // Phase 1: src1 into the work area. Every thread reaches the barrier, also on errors and
     // panics (the checks above depend only on the node, so all threads agree on them).
-    if converted && !task.reuse_src1 {
+    if let (Some(conversion), false) = (conversion, task.reuse_src1) {
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            convert_src1(b, tc, quant, rounded.then_some(a.dtype), vd, wrow, nrows1)
+            convert_src1(b, tc, conversion, wrow, nrows1)
         }));
         tc.barrier.wait();
         caught.unwrap_or_else(|_| {
@@ -372,6 +400,9 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     }
 
     // Phase 2.
+    if conversion == Some(Src1::Bf16) {
+        return super::bf16::products(dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
+    }
     if !quant {
         return float_products(dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
     }
@@ -562,6 +593,43 @@ fn b_row_fn<'a>(
     }
 }
 
+/// The activation columns of a product with ggml's broadcast: every src1 row of the `r2 x r3`
+/// batches broadcast onto one weight matrix (grouped-query attention's heads) is a column of
+/// that matrix's product.
+pub(super) struct Columns {
+    ne11: usize,
+    r2: usize,
+    r3: usize,
+    /// Columns per weight matrix.
+    pub n: usize,
+}
+
+impl Columns {
+    pub(super) fn new(dst: &super::TensorView, a: &super::TensorView) -> Self {
+        let (ne11, ne12, ne13) = (dst.ne[1], dst.ne[2], dst.ne[3]);
+        let r2 = ne12 / a.ne[2].max(1);
+        let r3 = ne13 / a.ne[3].max(1);
+        Columns {
+            ne11,
+            r2,
+            r3,
+            n: ne11 * r2 * r3,
+        }
+    }
+
+    /// Column c of weight batch (i02, i03): src1 row `(c % ne11, i02 * r2 + j % r2, i03 * r3 +
+    /// j / r2)` with `j = c / ne11`.
+    #[inline]
+    pub(super) fn at(&self, c: usize, i02: usize, i03: usize) -> (usize, usize, usize) {
+        let j = c / self.ne11.max(1);
+        (
+            c % self.ne11.max(1),
+            i02 * self.r2 + j % self.r2.max(1),
+            i03 * self.r3 + j / self.r2.max(1),
+        )
+    }
+}
+
 /// Phase 2 for F32/F16/BF16 weights. The activation rows that share a weight matrix (every
 /// src1 row of the `r2 x r3` batches broadcast onto it: grouped-query attention's heads) are
 /// one set of columns, so each weight row is decoded once for all of them, and multiplied in
@@ -573,21 +641,10 @@ fn float_products(
     tc: &mut ThreadCtx<'_>,
 ) -> Result<()> {
     let (ne00, ne01) = (a.ne[0], a.ne[1]);
-    let (ne11, ne12, ne13) = (dst.ne[1], dst.ne[2], dst.ne[3]);
-    let r2 = ne12 / a.ne[2].max(1);
-    let r3 = ne13 / a.ne[3].max(1);
     let weight_batches = a.ne[2] * a.ne[3];
-    // Column c of weight batch (i02, i03): src1 row c % ne11 of batch
-    // (i02 * r2 + j % r2, i03 * r3 + j / r2) with j = c / ne11.
-    let ncols = ne11 * r2 * r3;
-    let column = |c: usize, i02: usize, i03: usize| {
-        let j = c / ne11.max(1);
-        (
-            c % ne11.max(1),
-            i02 * r2 + j % r2.max(1),
-            i03 * r3 + j / r2.max(1),
-        )
-    };
+    let columns = Columns::new(dst, a);
+    let ncols = columns.n;
+    let column = |c: usize, i02: usize, i03: usize| columns.at(c, i02, i03);
     let blk = (ne01 * weight_batches)
         .div_ceil((tc.nth * 8).max(1))
         .clamp(4, 64)
@@ -670,18 +727,19 @@ fn float_products(
     Ok(())
 }
 
-/// Phase 1 of MUL_MAT: this thread's rows of src1 into the work area (`vd` rows for quantized
-/// weights, dense f32 rows otherwise).
+/// Phase 1 of MUL_MAT: this thread's rows of src1 into the work area, as `conversion` says.
 fn convert_src1(
     b: &super::TensorView,
     tc: &mut ThreadCtx<'_>,
-    quant: bool,
-    round_to: Option<DType>,
-    vd: DType,
+    conversion: Src1,
     wrow: usize,
     nrows1: usize,
 ) -> Result<()> {
     let ne00 = b.ne[0];
+    let round_to = match conversion {
+        Src1::Rounded(t) => Some(t),
+        _ => None,
+    };
     for r in tc.split(nrows1) {
         let (i11, i12, i13) = b.row_index(r);
         let srow = b.row(i11, i12, i13);
@@ -707,10 +765,10 @@ fn convert_src1(
         // SAFETY: row `r` of the work area (in bounds: the caller checked the area's size),
         // written by this thread only; other threads read it only after the barrier.
         let dstb = unsafe { bytes_mut(out, wrow) };
-        if quant {
-            quantize_activations(vd, row, dstb)?;
-        } else {
-            row_from_f32(DType::F32, row, dstb)?;
+        match conversion {
+            Src1::Quantized(vd) => quantize_activations(vd, row, dstb)?,
+            Src1::Bf16 => super::bf16::row_to_bf16(row, dstb)?,
+            Src1::Rounded(_) | Src1::Dense => row_from_f32(DType::F32, row, dstb)?,
         }
     }
     Ok(())

@@ -18,6 +18,7 @@
 pub mod dot;
 
 pub(crate) mod activations;
+mod bf16;
 mod convert;
 mod copy;
 mod elementwise;
