@@ -2,16 +2,34 @@
 //! order on a persistent thread pool, ggml-style: every thread visits every node, computes its
 //! share, and meets the others at a barrier before the next node.
 //!
-//! This module owns the threading, the work area and the safety checks that make the kernels'
-//! raw pointers sound (exclusive host guards, in-bounds extents, no writes to read-only memory,
-//! sources overlapping a destination only as exact in-place aliases).
+//! This module owns the threading, the work area, the prepared-job cache and the safety checks
+//! that make the kernels' raw pointers sound (exclusive host guards, in-bounds extents, no
+//! writes to read-only memory, sources overlapping a destination only as exact in-place
+//! aliases).
+//!
+//! **Threads**: `n_threads - 1` workers of a [`Pool`] (started by the first graph that needs
+//! them, rebuilt when the thread count changes) plus the thread that runs the job as thread 0:
+//! the caller of `graph_compute` in synchronous mode, the backend's worker thread in
+//! asynchronous mode. Launching a job allocates nothing.
+//!
+//! **Job cache**: preparing a graph (support checks, views, extents, barrier plan) builds a
+//! [`Job`]; the backend keeps the last few (`JOB_CACHE_SLOTS`) with a key of everything they
+//! were built from: the node list, and for every node and each source of the nodes that run,
+//! the op with its parameters (bit for bit), dtype, shape, strides, view source, storage
+//! (buffer id, offset) and whether it lives in repacked memory; and each buffer's base, size
+//! and flags. A graph computed again with all of that unchanged (a decode loop reusing its
+//! graph) reuses the job after an element-wise comparison that allocates nothing; any
+//! difference prepares anew. Values are never part of the key: a cached job reads the tensors'
+//! current bytes like a new one. A cached job holds its buffers (`Arc`) until it is replaced
+//! or the backend dropped.
 //!
 //! **Asynchronous mode** (default for the `CPU0`, `CPU1`, ... devices, or backend parameter
 //! `async=1`; the plain "CPU" device is synchronous unless `async=1`): the backend owns one
 //! worker thread fed by an in-order queue. `graph_compute_async` checks the graph and builds the
-//! node tasks right away (errors are reported at once), then queues a [`Job`] that owns
-//! everything the run needs (raw views, clones of the `Arc<Buffer>`s they point into) and
-//! returns; the worker takes the buffers' exclusive host guards while it runs the job.
+//! node tasks right away, or takes the cached job (errors are reported at once), then queues
+//! the [`Job`] (shared, `Arc`), which owns everything the run needs (raw views, clones of the
+//! `Arc<Buffer>`s they point into), and returns; the worker takes the buffers' exclusive host
+//! guards while it runs the job.
 //! `synchronize` waits until the queue is empty and returns the first error of the queued work
 //! (after an error, queued computations are skipped until `synchronize` reports it; event
 //! markers still fire). `graph_compute` is `graph_compute_async` plus `synchronize`.

@@ -2,8 +2,9 @@
 //! ggml's threadpool. [`Pool::run`] hands every thread the same job and returns once all have
 //! finished it, without allocating: the job is published by bumping a generation counter.
 //!
-//! Waiting is bounded spinning, then parking: a graph launch right after the previous one (a
-//! decode loop) finds the workers still spinning and starts them in well under a microsecond,
+//! Waiting is active for a bounded time (spinning, then yielding so that threads sharing a core
+//! still make progress), then parking: a graph launch right after the previous one (a decode
+//! loop) finds the workers still waiting actively and starts them in well under a microsecond,
 //! while idle workers sleep on a condition variable instead of burning a core (tests run in
 //! parallel on small machines, so nothing here spins without bound).
 
@@ -15,9 +16,43 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long a thread spins for the next job (workers) or for the workers to finish (caller)
-/// before parking.
+/// How long a thread waits actively for the next job (workers) or for the workers to finish
+/// (caller) before parking.
 const SPIN: Duration = Duration::from_micros(50);
+
+/// Busy-wait rounds before an active wait starts yielding: a thread waiting for another that
+/// shares its core must give the core up, or both lose the whole active wait.
+const PURE_SPINS: u32 = 128;
+
+/// The active part of a wait: spin, then yield, until [`SPIN`] has passed.
+struct Spin {
+    rounds: u32,
+    start: Option<Instant>,
+}
+
+impl Spin {
+    fn new() -> Spin {
+        Spin {
+            rounds: 0,
+            start: None,
+        }
+    }
+
+    /// Wait a little; `false` once it is time to park instead.
+    fn step(&mut self) -> bool {
+        if self.rounds < PURE_SPINS {
+            self.rounds += 1;
+            std::hint::spin_loop();
+            return true;
+        }
+        let start = *self.start.get_or_insert_with(Instant::now);
+        if start.elapsed() > SPIN {
+            return false;
+        }
+        std::thread::yield_now();
+        true
+    }
+}
 
 /// A job with its lifetime erased; only dereferenced between its publication and the
 /// worker's completion count (see [`Pool::run`]).
@@ -146,12 +181,9 @@ impl Pool {
 
 /// Wait (spin, then park) until every worker has finished the current job.
 fn wait_done(s: &Shared) {
-    let start = Instant::now();
-    let mut spins = 0u32;
+    let mut spin = Spin::new();
     while s.remaining.load(Ordering::Acquire) != 0 {
-        std::hint::spin_loop();
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+        if !spin.step() {
             let mut g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
             s.caller_sleeps.store(true, Ordering::SeqCst);
             while s.remaining.load(Ordering::SeqCst) != 0 {
@@ -167,13 +199,10 @@ fn worker_main(s: &Shared, index: usize) {
     let mut seen = 0usize;
     loop {
         // Wait for a generation other than the one last run (spin, then park).
-        let start = Instant::now();
-        let mut spins = 0u32;
+        let mut spin = Spin::new();
         let mut gen = s.generation.load(Ordering::Acquire);
         while gen == seen && !s.shutdown.load(Ordering::Acquire) {
-            std::hint::spin_loop();
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+            if !spin.step() {
                 let mut g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
                 while s.generation.load(Ordering::SeqCst) == seen
