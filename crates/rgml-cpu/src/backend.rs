@@ -16,12 +16,12 @@
 //! [`Job`]; the backend keeps the last few (`JOB_CACHE_SLOTS`) with a key of everything they
 //! were built from: the node list, and for every node and each source of the nodes that run,
 //! the op with its parameters (bit for bit), dtype, shape, strides, view source, storage
-//! (buffer id, offset) and whether it lives in repacked memory; and each buffer's base, size
-//! and flags. A graph computed again with all of that unchanged (a decode loop reusing its
-//! graph) reuses the job after an element-wise comparison that allocates nothing; any
-//! difference prepares anew. Values are never part of the key: a cached job reads the tensors'
-//! current bytes like a new one. A cached job holds its buffers (`Arc`) until it is replaced
-//! or the backend dropped.
+//! (buffer id, offset) and, for views, the buffer of their source (which decides whether they
+//! count as repacked memory); and each buffer's base, size and flags. A graph computed again
+//! with all of that unchanged (a decode loop reusing its graph) reuses the job after an
+//! element-wise comparison that allocates nothing; any difference prepares anew. Values are
+//! never part of the key: a cached job reads the tensors' current bytes like a new one. A
+//! cached job holds its buffers (`Arc`) until it is replaced or the backend dropped.
 //!
 //! **Asynchronous mode** (default for the `CPU0`, `CPU1`, ... devices, or backend parameter
 //! `async=1`; the plain "CPU" device is synchronous unless `async=1`): the backend owns one
@@ -304,8 +304,10 @@ struct TensorKey {
     n_src: usize,
     /// (buffer id, byte offset) of the storage.
     storage: Option<(u64, usize)>,
-    /// The bytes live in repacked memory (`kernels::in_repack_memory`).
-    repack: bool,
+    /// A view: the buffer id of its source's storage. With `storage`, this fixes whether the
+    /// bytes count as repacked memory (`kernels::in_repack_memory`): buffer ids are never
+    /// reused, so an equal id is the same buffer, of the same type.
+    root_storage: Option<u64>,
 }
 
 impl TensorKey {
@@ -320,7 +322,9 @@ impl TensorKey {
             view_src: t.view_src,
             n_src: t.src.len(),
             storage: t.data.as_ref().map(|d| (d.buffer.id(), d.offset)),
-            repack: kernels::in_repack_memory(ctx, t),
+            root_storage: t
+                .view_src
+                .and_then(|v| ctx.get(v).ok()?.data.as_ref().map(|d| d.buffer.id())),
         };
         Some((key, t))
     }
@@ -334,7 +338,7 @@ impl TensorKey {
             && self.view_src == o.view_src
             && self.n_src == o.n_src
             && self.storage == o.storage
-            && self.repack == o.repack
+            && self.root_storage == o.root_storage
     }
 }
 
