@@ -283,12 +283,25 @@ const JOB_CACHE_SLOTS: usize = 4;
 /// A prepared job and everything [`CpuBackend::prepare`] built it from, so that it is reused
 /// only while computing the graph again would build exactly the same job.
 struct CachedJob {
-    /// For each graph node in order: its key, then (for nodes that run) a key per source.
-    keys: Vec<TensorKey>,
+    /// The key of each graph node, in order.
+    nodes: Vec<TensorKey>,
+    /// The sources of the nodes that run, in order.
+    srcs: Vec<SrcKey>,
     /// Per buffer of the job (same order): (host memory, read-only) when prepared.
     buffer_flags: Vec<(bool, bool)>,
     /// `None`: the graph runs nothing (only view nodes).
     job: Option<Arc<Job>>,
+}
+
+/// A source in a [`CachedJob`]'s key.
+#[derive(Clone, Copy, Debug)]
+enum SrcKey {
+    /// A node of the graph: the node's own key covers what `prepare` reads of it (the node
+    /// lists must be equal, so it is a node of the graph compared too), only its id is compared
+    /// here.
+    Node(TensorId),
+    /// Any other tensor (a weight, an input, a node of an earlier split).
+    Tensor(TensorKey),
 }
 
 /// What `prepare` reads of one tensor (directly, or through `check_supported`, `work_size`,
@@ -417,38 +430,39 @@ fn same_op(a: &Op, b: &Op) -> bool {
     }
 }
 
-/// Visit what `prepare` reads of `graph`, in a fixed order: each node's key, then, for nodes
-/// that run (not views), its sources' keys. Stops at the first `false` from `f` or the first
-/// tensor `ctx` lacks; returns whether it visited everything.
-fn visit_keys(ctx: &Context, graph: &Graph, mut f: impl FnMut(TensorKey) -> bool) -> bool {
-    for &id in graph.nodes() {
-        let Some((key, t)) = TensorKey::of(ctx, id) else {
-            return false;
-        };
-        if !f(key) {
-            return false;
-        }
-        if key.op.kind().is_view() {
-            continue;
-        }
-        for &s in &t.src {
-            match TensorKey::of(ctx, s) {
-                Some((k, _)) if f(k) => {}
-                _ => return false,
-            }
-        }
-    }
-    true
-}
-
 impl CachedJob {
     /// Whether computing `graph` of `ctx` now would prepare exactly this job: same nodes,
     /// same tensors (ops, layouts, storage), same buffers (base, size, flags). Allocates
     /// nothing.
     fn matches(&self, ctx: &Context, graph: &Graph) -> bool {
-        let mut keys = self.keys.iter();
-        let same = visit_keys(ctx, graph, |k| keys.next().is_some_and(|c| c.same(&k)));
-        if !same || keys.next().is_some() {
+        if graph.n_nodes() != self.nodes.len() {
+            return false;
+        }
+        let mut srcs = self.srcs.iter();
+        for (&id, cached) in graph.nodes().iter().zip(&self.nodes) {
+            let Some((key, t)) = TensorKey::of(ctx, id) else {
+                return false;
+            };
+            if !cached.same(&key) {
+                return false;
+            }
+            if key.op.kind().is_view() {
+                continue;
+            }
+            for &s in &t.src {
+                let same = match srcs.next() {
+                    Some(SrcKey::Node(n)) => *n == s,
+                    Some(SrcKey::Tensor(c)) => {
+                        TensorKey::of(ctx, s).is_some_and(|(k, _)| c.same(&k))
+                    }
+                    None => false,
+                };
+                if !same {
+                    return false;
+                }
+            }
+        }
+        if srcs.next().is_some() {
             return false;
         }
         let Some(job) = &self.job else {
@@ -464,19 +478,33 @@ impl CachedJob {
             })
     }
 
-    /// The record of `job`, prepared from `graph` of `ctx` (`keys` is reused storage).
+    /// The record of `job`, prepared from `graph` of `ctx`; `reuse` (an evicted record) lends
+    /// its storage.
     fn new(
         ctx: &Context,
         graph: &Graph,
         job: Option<Arc<Job>>,
-        mut keys: Vec<TensorKey>,
+        reuse: Option<CachedJob>,
     ) -> Option<CachedJob> {
-        keys.clear();
-        if !visit_keys(ctx, graph, |k| {
-            keys.push(k);
-            true
-        }) {
-            return None;
+        let (mut nodes, mut srcs) = reuse.map_or_else(Default::default, |c| (c.nodes, c.srcs));
+        nodes.clear();
+        srcs.clear();
+        // Sorted node ids (usually sorted already: nodes are created in graph order).
+        let mut in_graph = graph.nodes().to_vec();
+        in_graph.sort_unstable();
+        for &id in graph.nodes() {
+            let (key, t) = TensorKey::of(ctx, id)?;
+            nodes.push(key);
+            if key.op.kind().is_view() {
+                continue;
+            }
+            for &s in &t.src {
+                srcs.push(if in_graph.binary_search(&s).is_ok() {
+                    SrcKey::Node(s)
+                } else {
+                    SrcKey::Tensor(TensorKey::of(ctx, s)?.0)
+                });
+            }
         }
         let buffer_flags = job.as_ref().map_or_else(Vec::new, |j| {
             j.buffers
@@ -485,7 +513,8 @@ impl CachedJob {
                 .collect()
         });
         Some(CachedJob {
-            keys,
+            nodes,
+            srcs,
             buffer_flags,
             job,
         })
@@ -662,12 +691,12 @@ impl CpuBackend {
             return Ok(self.jobs[0].job.clone());
         }
         let job = self.prepare(ctx, graph)?.map(Arc::new);
-        let keys = if self.jobs.len() >= JOB_CACHE_SLOTS {
-            self.jobs.pop().map(|c| c.keys).unwrap_or_default()
+        let evicted = if self.jobs.len() >= JOB_CACHE_SLOTS {
+            self.jobs.pop()
         } else {
-            Vec::new()
+            None
         };
-        if let Some(cached) = CachedJob::new(ctx, graph, job.clone(), keys) {
+        if let Some(cached) = CachedJob::new(ctx, graph, job.clone(), evicted) {
             self.jobs.insert(0, cached);
         }
         Ok(job)

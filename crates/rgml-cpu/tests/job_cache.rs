@@ -207,3 +207,27 @@ fn graphs_in_turn_keep_their_own_jobs() {
         }
     }
 }
+
+/// A node that reads another node than before (same shapes, same node list) rebuilds.
+#[test]
+fn a_node_reading_another_node_rebuilds_the_job() {
+    for (threads, asynchronous) in MODES {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor(DType::F32, &[16, 2]).unwrap();
+        let a = ctx.scale(x, 2.0).unwrap();
+        let b = ctx.scale(x, 3.0).unwrap();
+        let c = ctx.add(a, x).unwrap();
+        let graph = Graph::build(&mut ctx, &[b, c]).unwrap();
+        let buf = common::buffer(common::bytes_needed(&ctx, 0));
+        common::place(&mut ctx, &buf, 0);
+        common::set(&ctx, x, 3);
+        let mut be = backend(threads, asynchronous);
+        compute_checked(&mut be, &ctx, &graph, &[c]);
+        ctx.get_mut(c).unwrap().src[0] = b;
+        compute_checked(&mut be, &ctx, &graph, &[c]);
+        let xs = ctx.tensor_get_f32(x).unwrap();
+        for (x, c) in xs.iter().zip(ctx.tensor_get_f32(c).unwrap()) {
+            assert_eq!(c, 3.0 * x + x);
+        }
+    }
+}
