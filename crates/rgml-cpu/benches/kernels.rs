@@ -25,8 +25,9 @@
 //!
 //! Knobs: `RGML_BENCH_THREADS` (default 2), `RGML_BENCH_QUICK=1` (fewer runs),
 //! `RGML_BENCH_ONLY=repack` (only the repacked-weights table), `RGML_BENCH_ONLY=mul_mat` (the
-//! ceilings and the MUL_MAT table only), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the
-//! MUL_MAT table, by dtype name).
+//! ceilings and the MUL_MAT table only), `RGML_BENCH_ONLY=threadpool` (only the barrier and
+//! graph-overhead table), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the MUL_MAT table, by
+//! dtype name).
 
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::quant::quantize_row;
@@ -403,9 +404,16 @@ fn main() {
     );
     println!("{}", load_note());
     println!();
-    if std::env::var("RGML_BENCH_ONLY").is_ok_and(|v| v == "repack") {
-        repack_section(&cfg);
-        return;
+    match std::env::var("RGML_BENCH_ONLY").as_deref() {
+        Ok("repack") => {
+            repack_section(&cfg);
+            return;
+        }
+        Ok("threadpool") => {
+            threadpool_section(&cfg, threads);
+            return;
+        }
+        _ => {}
     }
 
     // --- ceilings ---
@@ -506,11 +514,16 @@ fn main() {
     }
 
     repack_section(&cfg);
+    threadpool_section(&cfg, threads);
+}
 
-    // --- threadpool ---
+/// The compute threads' barrier, and what a graph costs beyond its kernels: per node of a long
+/// chain, and per launch of a one-node graph (the same graph computed again and again, as a
+/// decode loop does).
+fn threadpool_section(cfg: &Cfg, threads: usize) {
     let nodes = 1000;
-    let (per_node, one_graph) = graph_overhead_us(&cfg, threads, nodes);
-    let (per_node_1, one_graph_1) = graph_overhead_us(&cfg, 1, nodes);
+    let (per_node, one_graph) = graph_overhead_us(cfg, threads, nodes);
+    let (per_node_1, one_graph_1) = graph_overhead_us(cfg, 1, nodes);
     println!("| threadpool | {threads} threads | 1 thread |");
     println!("| --- | ---: | ---: |");
     println!(

@@ -2,16 +2,34 @@
 //! order on a persistent thread pool, ggml-style: every thread visits every node, computes its
 //! share, and meets the others at a barrier before the next node.
 //!
-//! This module owns the threading, the work area and the safety checks that make the kernels'
-//! raw pointers sound (exclusive host guards, in-bounds extents, no writes to read-only memory,
-//! sources overlapping a destination only as exact in-place aliases).
+//! This module owns the threading, the work area, the prepared-job cache and the safety checks
+//! that make the kernels' raw pointers sound (exclusive host guards, in-bounds extents, no
+//! writes to read-only memory, sources overlapping a destination only as exact in-place
+//! aliases).
+//!
+//! **Threads**: `n_threads - 1` workers of a [`Pool`] (started by the first graph that needs
+//! them, rebuilt when the thread count changes) plus the thread that runs the job as thread 0:
+//! the caller of `graph_compute` in synchronous mode, the backend's worker thread in
+//! asynchronous mode. Launching a job allocates nothing.
+//!
+//! **Job cache**: preparing a graph (support checks, views, extents, barrier plan) builds a
+//! [`Job`]; the backend keeps the last few (`JOB_CACHE_SLOTS`) with a key of everything they
+//! were built from: the node list, and for every node and each source of the nodes that run,
+//! the op with its parameters (bit for bit), dtype, shape, strides, view source, storage
+//! (buffer id, offset) and, for views, the buffer of their source (which decides whether they
+//! count as repacked memory); and each buffer's base, size and flags. A graph computed again
+//! with all of that unchanged (a decode loop reusing its graph) reuses the job after an
+//! element-wise comparison that allocates nothing; any difference prepares anew. Values are
+//! never part of the key: a cached job reads the tensors' current bytes like a new one. A
+//! cached job holds its buffers (`Arc`) until it is replaced or the backend dropped.
 //!
 //! **Asynchronous mode** (default for the `CPU0`, `CPU1`, ... devices, or backend parameter
 //! `async=1`; the plain "CPU" device is synchronous unless `async=1`): the backend owns one
 //! worker thread fed by an in-order queue. `graph_compute_async` checks the graph and builds the
-//! node tasks right away (errors are reported at once), then queues a [`Job`] that owns
-//! everything the run needs (raw views, clones of the `Arc<Buffer>`s they point into) and
-//! returns; the worker takes the buffers' exclusive host guards while it runs the job.
+//! node tasks right away, or takes the cached job (errors are reported at once), then queues
+//! the [`Job`] (shared, `Arc`), which owns everything the run needs (raw views, clones of the
+//! `Arc<Buffer>`s they point into), and returns; the worker takes the buffers' exclusive host
+//! guards while it runs the job.
 //! `synchronize` waits until the queue is empty and returns the first error of the queued work
 //! (after an error, queued computations are skipped until `synchronize` reports it; event
 //! markers still fire). `graph_compute` is `graph_compute_async` plus `synchronize`.
@@ -26,9 +44,13 @@
 use crate::barrier::SpinBarrier;
 use crate::buffer::CPU_ALIGNMENT;
 use crate::kernels::{self, NodeTask, SharedWork, TensorView, ThreadCtx};
+use crate::pool::Pool;
 use rgml::backend::AlignedMem;
 use rgml::backend::{Event, EventImpl, HostAccess};
-use rgml::{Backend, Buffer, Context, DeviceRef, Error, Graph, Result, Tensor, TensorId};
+use rgml::{
+    Backend, Buffer, Context, DType, DeviceRef, Error, Graph, Op, Result, RopeParams, Tensor,
+    TensorId,
+};
 use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,12 +68,15 @@ pub struct CpuBackend {
     engine: Arc<Mutex<Engine>>,
     /// The worker thread of asynchronous mode.
     worker: Option<Worker>,
+    /// The jobs of the last graphs prepared, most recently used first.
+    jobs: Vec<CachedJob>,
 }
 
 /// What running a job needs besides the job itself.
 struct Engine {
     n_threads: usize,
-    pool: Option<rayon::ThreadPool>,
+    /// The compute threads, started by the first graph that needs more than one.
+    pool: Option<Pool>,
     abort: Option<Mutex<AbortCallback>>,
     work: AlignedMem,
 }
@@ -68,7 +93,7 @@ struct Job {
 
 /// Work queued for the worker.
 enum Item {
-    Compute(Box<Job>),
+    Compute(Arc<Job>),
     /// Signal the event's generation when reached.
     Signal(Arc<EventState>, u64),
     /// Block until the event reaches the generation.
@@ -251,6 +276,251 @@ impl std::fmt::Debug for CpuBackend {
     }
 }
 
+/// How many prepared jobs a backend keeps: enough for a few graphs computed in turn (a
+/// scheduler's splits on this backend, a decode graph beside a prompt graph).
+const JOB_CACHE_SLOTS: usize = 4;
+
+/// A prepared job and everything [`CpuBackend::prepare`] built it from, so that it is reused
+/// only while computing the graph again would build exactly the same job.
+struct CachedJob {
+    /// The key of each graph node, in order.
+    nodes: Vec<TensorKey>,
+    /// The sources of the nodes that run, in order.
+    srcs: Vec<SrcKey>,
+    /// Per buffer of the job (same order): (host memory, read-only) when prepared.
+    buffer_flags: Vec<(bool, bool)>,
+    /// `None`: the graph runs nothing (only view nodes).
+    job: Option<Arc<Job>>,
+}
+
+/// A source in a [`CachedJob`]'s key.
+#[derive(Clone, Copy, Debug)]
+enum SrcKey {
+    /// A node of the graph: the node's own key covers what `prepare` reads of it (the node
+    /// lists must be equal, so it is a node of the graph compared too), only its id is compared
+    /// here.
+    Node(TensorId),
+    /// Any other tensor (a weight, an input, a node of an earlier split).
+    Tensor(TensorKey),
+}
+
+/// What `prepare` reads of one tensor (directly, or through `check_supported`, `work_size`,
+/// `TensorView::new` and the packed check).
+#[derive(Clone, Copy, Debug)]
+struct TensorKey {
+    id: TensorId,
+    op: Op,
+    dtype: DType,
+    ne: [usize; 4],
+    nb: [usize; 4],
+    view_src: Option<TensorId>,
+    n_src: usize,
+    /// (buffer id, byte offset) of the storage.
+    storage: Option<(u64, usize)>,
+    /// A view: the buffer id of its source's storage. With `storage`, this fixes whether the
+    /// bytes count as repacked memory (`kernels::in_repack_memory`): buffer ids are never
+    /// reused, so an equal id is the same buffer, of the same type.
+    root_storage: Option<u64>,
+}
+
+impl TensorKey {
+    fn of(ctx: &Context, id: TensorId) -> Option<(TensorKey, &Tensor)> {
+        let t = ctx.get(id).ok()?;
+        let key = TensorKey {
+            id,
+            op: t.op,
+            dtype: t.dtype,
+            ne: t.ne,
+            nb: t.nb,
+            view_src: t.view_src,
+            n_src: t.src.len(),
+            storage: t.data.as_ref().map(|d| (d.buffer.id(), d.offset)),
+            root_storage: t
+                .view_src
+                .and_then(|v| ctx.get(v).ok()?.data.as_ref().map(|d| d.buffer.id())),
+        };
+        Some((key, t))
+    }
+
+    fn same(&self, o: &TensorKey) -> bool {
+        self.id == o.id
+            && same_op(&self.op, &o.op)
+            && self.dtype == o.dtype
+            && self.ne == o.ne
+            && self.nb == o.nb
+            && self.view_src == o.view_src
+            && self.n_src == o.n_src
+            && self.storage == o.storage
+            && self.root_storage == o.root_storage
+    }
+}
+
+/// Whether two ops are the same with bit-identical parameters (`==` on floats would take -0.0
+/// for 0.0). Exhaustive, so a new op must say how its parameters compare.
+fn same_op(a: &Op, b: &Op) -> bool {
+    let bits = |x: &f32, y: &f32| x.to_bits() == y.to_bits();
+    match (a, b) {
+        (Op::Scale { scale, bias }, Op::Scale { scale: s, bias: c }) => {
+            bits(scale, s) && bits(bias, c)
+        }
+        (Op::RmsNorm { eps }, Op::RmsNorm { eps: e }) | (Op::Norm { eps }, Op::Norm { eps: e }) => {
+            bits(eps, e)
+        }
+        (
+            Op::SoftMax { scale, max_bias },
+            Op::SoftMax {
+                scale: s,
+                max_bias: m,
+            },
+        ) => bits(scale, s) && bits(max_bias, m),
+        (Op::Rope(p), Op::Rope(q)) => {
+            let RopeParams {
+                mode,
+                n_dims,
+                n_ctx_orig,
+                freq_base,
+                freq_scale,
+                ext_factor,
+                attn_factor,
+                beta_fast,
+                beta_slow,
+            } = p;
+            *mode == q.mode
+                && *n_dims == q.n_dims
+                && *n_ctx_orig == q.n_ctx_orig
+                && bits(freq_base, &q.freq_base)
+                && bits(freq_scale, &q.freq_scale)
+                && bits(ext_factor, &q.ext_factor)
+                && bits(attn_factor, &q.attn_factor)
+                && bits(beta_fast, &q.beta_fast)
+                && bits(beta_slow, &q.beta_slow)
+        }
+        (
+            Op::Scale { .. }
+            | Op::RmsNorm { .. }
+            | Op::Norm { .. }
+            | Op::SoftMax { .. }
+            | Op::Rope(_),
+            _,
+        ) => false,
+        // No float parameters: plain equality.
+        (
+            Op::None
+            | Op::Dup
+            | Op::Cpy
+            | Op::Cont
+            | Op::Reshape
+            | Op::View { .. }
+            | Op::Permute { .. }
+            | Op::Transpose
+            | Op::GetRows
+            | Op::SetRows
+            | Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::Div
+            | Op::MulMat
+            | Op::DiagMaskInf { .. }
+            | Op::Unary(_)
+            | Op::Swiglu
+            | Op::Concat { .. }
+            | Op::Argmax,
+            _,
+        ) => a == b,
+    }
+}
+
+impl CachedJob {
+    /// Whether computing `graph` of `ctx` now would prepare exactly this job: same nodes,
+    /// same tensors (ops, layouts, storage), same buffers (base, size, flags). Allocates
+    /// nothing.
+    fn matches(&self, ctx: &Context, graph: &Graph) -> bool {
+        if graph.n_nodes() != self.nodes.len() {
+            return false;
+        }
+        let mut srcs = self.srcs.iter();
+        for (&id, cached) in graph.nodes().iter().zip(&self.nodes) {
+            let Some((key, t)) = TensorKey::of(ctx, id) else {
+                return false;
+            };
+            if !cached.same(&key) {
+                return false;
+            }
+            if key.op.kind().is_view() {
+                continue;
+            }
+            for &s in &t.src {
+                let same = match srcs.next() {
+                    Some(SrcKey::Node(n)) => *n == s,
+                    Some(SrcKey::Tensor(c)) => {
+                        TensorKey::of(ctx, s).is_some_and(|(k, _)| c.same(&k))
+                    }
+                    None => false,
+                };
+                if !same {
+                    return false;
+                }
+            }
+        }
+        if srcs.next().is_some() {
+            return false;
+        }
+        let Some(job) = &self.job else {
+            return true;
+        };
+        job.buffers
+            .iter()
+            .zip(&self.buffer_flags)
+            .all(|((b, base, size), &flags)| {
+                b.imp().base().map(|p| p.as_ptr() as usize) == Some(*base)
+                    && b.size() == *size
+                    && (b.is_host(), b.is_read_only()) == flags
+            })
+    }
+
+    /// The record of `job`, prepared from `graph` of `ctx`; `reuse` (an evicted record) lends
+    /// its storage.
+    fn new(
+        ctx: &Context,
+        graph: &Graph,
+        job: Option<Arc<Job>>,
+        reuse: Option<CachedJob>,
+    ) -> Option<CachedJob> {
+        let (mut nodes, mut srcs) = reuse.map_or_else(Default::default, |c| (c.nodes, c.srcs));
+        nodes.clear();
+        srcs.clear();
+        // Sorted node ids (usually sorted already: nodes are created in graph order).
+        let mut in_graph = graph.nodes().to_vec();
+        in_graph.sort_unstable();
+        for &id in graph.nodes() {
+            let (key, t) = TensorKey::of(ctx, id)?;
+            nodes.push(key);
+            if key.op.kind().is_view() {
+                continue;
+            }
+            for &s in &t.src {
+                srcs.push(if in_graph.binary_search(&s).is_ok() {
+                    SrcKey::Node(s)
+                } else {
+                    SrcKey::Tensor(TensorKey::of(ctx, s)?.0)
+                });
+            }
+        }
+        let buffer_flags = job.as_ref().map_or_else(Vec::new, |j| {
+            j.buffers
+                .iter()
+                .map(|(b, _, _)| (b.is_host(), b.is_read_only()))
+                .collect()
+        });
+        Some(CachedJob {
+            nodes,
+            srcs,
+            buffer_flags,
+            job,
+        })
+    }
+}
+
 fn align64(n: usize) -> Result<usize> {
     n.checked_next_multiple_of(CPU_ALIGNMENT)
         .ok_or(Error::SizeOverflow)
@@ -304,6 +574,7 @@ impl CpuBackend {
                 work: AlignedMem::new(0, CPU_ALIGNMENT, "CPU work area")?,
             })),
             worker: None,
+            jobs: Vec::with_capacity(JOB_CACHE_SLOTS),
         })
     }
 
@@ -408,6 +679,27 @@ impl CpuBackend {
         }
         w.queue.push(Item::Write(d.buffer.clone(), at, data));
         Ok(())
+    }
+
+    /// The job for `graph`: a cached one when the graph and everything it was prepared from
+    /// are unchanged (no allocation), else a newly prepared one, which replaces the least
+    /// recently used cached job.
+    fn job_for(&mut self, ctx: &Context, graph: &Graph) -> Result<Option<Arc<Job>>> {
+        if let Some(i) = self.jobs.iter().position(|c| c.matches(ctx, graph)) {
+            // Most recently used first (a rotation: no allocation).
+            self.jobs[..=i].rotate_right(1);
+            return Ok(self.jobs[0].job.clone());
+        }
+        let job = self.prepare(ctx, graph)?.map(Arc::new);
+        let evicted = if self.jobs.len() >= JOB_CACHE_SLOTS {
+            self.jobs.pop()
+        } else {
+            None
+        };
+        if let Some(cached) = CachedJob::new(ctx, graph, job.clone(), evicted) {
+            self.jobs.insert(0, cached);
+        }
+        Ok(job)
     }
 
     /// Check every node and build the node tasks: a job that owns everything it needs (`None`
@@ -653,42 +945,9 @@ fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; 3], Extent)]) {
 }
 
 impl Engine {
-    fn pool(&mut self) -> Result<&rayon::ThreadPool> {
-        if self.pool.is_none() {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(self.n_threads)
-                .thread_name(|i| format!("rgml-cpu-{i}"))
-                .build()
-                .map_err(|e| Error::Backend {
-                    backend: "CPU".into(),
-                    message: format!("cannot start {} threads: {e}", self.n_threads),
-                })?;
-            self.pool = Some(pool);
-        }
-        self.pool.as_ref().ok_or_else(|| Error::Backend {
-            backend: "CPU".into(),
-            message: "thread pool missing".into(),
-        })
-    }
-
-    /// Take the exclusive guards of the job's buffers (in id order, the order every compute
-    /// path uses, so no deadlock), check they are where the job's views point, size the work
-    /// area and run the tasks.
+    /// Check the job's buffers, size the work area and run the tasks while holding the
+    /// buffers' exclusive guards.
     fn execute(&mut self, job: &Job) -> Result<()> {
-        let mut guards: Vec<HostAccess<'_>> = Vec::with_capacity(job.buffers.len());
-        for (b, base, size) in &job.buffers {
-            let g = b.host_access().ok_or_else(|| Error::Unsupported {
-                backend: "CPU".into(),
-                what: format!("buffer '{}' is not host memory", b.name()),
-            })?;
-            if g.base().as_ptr() as usize != *base || g.size() != *size {
-                return Err(Error::Backend {
-                    backend: "CPU".into(),
-                    message: format!("buffer '{}' moved after the graph was queued", b.name()),
-                });
-            }
-            guards.push(g);
-        }
         let nth = self.n_threads;
         let shared_bytes = align64(job.shared)?;
         let pt_bytes = align64(job.per_thread.checked_mul(4).ok_or(Error::SizeOverflow)?)?;
@@ -705,13 +964,14 @@ impl Engine {
             )?;
         }
         // SAFETY (of the kernels' accesses in `run_tasks`): every view points inside one of
-        // `job.buffers` (bounds checked in `prepare` against the size checked again above);
-        // the memory stays allocated because the job holds an `Arc` of each buffer; and we
-        // hold each buffer's exclusive guard, whose base is the one the views were computed
-        // from, until the run ends, so no other safe code reads or writes those bytes meanwhile.
-        let result = self.run_tasks(&job.tasks, shared_bytes, pt_bytes);
-        drop(guards);
-        result
+        // `job.buffers` (bounds checked in `prepare` against the size checked again by
+        // `with_guards`); the memory stays allocated because the job holds an `Arc` of each
+        // buffer; and `with_guards` holds each buffer's exclusive guard, whose base is the one
+        // the views were computed from, until the run ends, so no other safe code reads or
+        // writes those bytes meanwhile.
+        with_guards(&job.buffers, &mut || {
+            self.run_tasks(&job.tasks, shared_bytes, pt_bytes)
+        })
     }
 
     /// Run the tasks on all threads: every thread runs every node in order (taking its share),
@@ -723,8 +983,9 @@ impl Engine {
         pt_bytes: usize,
     ) -> Result<()> {
         let nth = self.n_threads;
-        if nth > 1 {
-            self.pool()?;
+        if nth > 1 && self.pool.as_ref().is_none_or(|p| p.n_threads() != nth) {
+            self.pool = None;
+            self.pool = Some(Pool::new(nth)?);
         }
         let base = SharedWork {
             ptr: self.work.ptr().as_ptr(),
@@ -744,7 +1005,7 @@ impl Engine {
         let body = |ith: usize| {
             let pt_len = pt_bytes / 4;
             // SAFETY: the work area is `shared_bytes + nth * pt_bytes` bytes or more (sized in
-            // `compute`), 64-byte aligned, and borrowed by this call for the whole run; thread
+            // `execute`), 64-byte aligned, and borrowed by this call for the whole run; thread
             // `ith` alone uses the range `[shared + ith * pt, shared + (ith + 1) * pt)`.
             let scratch: &mut [f32] = unsafe {
                 std::slice::from_raw_parts_mut(
@@ -798,17 +1059,45 @@ impl Engine {
                 }
             }
         };
-        if nth == 1 {
-            body(0);
-        } else {
-            if let Some(pool) = &self.pool {
-                pool.broadcast(|c| body(c.index()));
-            }
+        match &mut self.pool {
+            Some(pool) if nth > 1 => pool.run(&body)?,
+            _ => body(0),
         }
         match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some((_, e)) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// Take the exclusive guards of `buffers` (in their order: id order, the order every compute
+/// path uses, so no deadlock), check each buffer is where the job's views point, and run `f`
+/// while holding them all. Holds up to 8 guards per call level instead of collecting them, so
+/// no allocation.
+fn with_guards(
+    buffers: &[(Arc<Buffer>, usize, usize)],
+    f: &mut dyn FnMut() -> Result<()>,
+) -> Result<()> {
+    const AT_ONCE: usize = 8;
+    let (now, rest) = buffers.split_at(buffers.len().min(AT_ONCE));
+    let mut held: [Option<HostAccess<'_>>; AT_ONCE] = Default::default();
+    for (slot, (b, base, size)) in held.iter_mut().zip(now) {
+        let g = b.host_access().ok_or_else(|| Error::Unsupported {
+            backend: "CPU".into(),
+            what: format!("buffer '{}' is not host memory", b.name()),
+        })?;
+        if g.base().as_ptr() as usize != *base || g.size() != *size {
+            return Err(Error::Backend {
+                backend: "CPU".into(),
+                message: format!("buffer '{}' moved after the graph was prepared", b.name()),
+            });
+        }
+        *slot = Some(g);
+    }
+    if rest.is_empty() {
+        f()
+    } else {
+        with_guards(rest, f)
     }
 }
 
@@ -841,12 +1130,12 @@ impl Backend for CpuBackend {
     }
 
     fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
-        let Some(job) = self.prepare(ctx, graph)? else {
+        let Some(job) = self.job_for(ctx, graph)? else {
             return Ok(());
         };
         match &self.worker {
             Some(w) => {
-                w.queue.push(Item::Compute(Box::new(job)));
+                w.queue.push(Item::Compute(job));
                 Ok(())
             }
             None => self

@@ -12,6 +12,7 @@ mod barrier;
 mod buffer;
 mod device;
 pub mod kernels;
+mod pool;
 pub mod testing;
 
 pub use backend::{AbortCallback, CpuBackend, CpuEvent};
