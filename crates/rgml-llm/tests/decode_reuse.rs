@@ -5,9 +5,10 @@
 //! One test in this binary: the allocation counter is process-wide, so nothing else may run
 //! beside it.
 
-use rgml_llm::{Logits, Model, Session, SessionOptions};
+mod common;
+
+use rgml_llm::{Logits, Session, SessionOptions};
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The system allocator, counting allocations and reallocations.
@@ -45,18 +46,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn model() -> Model {
-    rgml_cpu::register();
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "demo model not found at {}: run scripts/fetch-model.sh first",
-        path.display()
-    );
-    Model::load(&path, Default::default()).expect("load the demo model")
-}
-
 fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
@@ -69,7 +58,7 @@ fn argmax(logits: &[f32]) -> u32 {
 
 #[test]
 fn decoding_reuses_the_graph_without_allocating() {
-    let model = model();
+    let model = common::demo_model();
     let options = SessionOptions {
         n_ctx: 128,
         n_ubatch: 512,

@@ -1,20 +1,9 @@
 //! Inference-state properties on the demo model: batching does not change the answer, the
 //! context limit is an error, bad token ids are errors.
 
-use rgml_llm::{LlmError, Logits, Model, Session, SessionOptions};
-use std::path::PathBuf;
+mod common;
 
-fn model() -> Model {
-    rgml_cpu::register();
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "demo model not found at {}: run scripts/fetch-model.sh first",
-        path.display()
-    );
-    Model::load(&path, Default::default()).expect("load the demo model")
-}
+use rgml_llm::{LlmError, Logits, Model, Session, SessionOptions};
 
 fn options(n_ctx: usize, n_ubatch: usize) -> SessionOptions {
     SessionOptions {
@@ -26,7 +15,7 @@ fn options(n_ctx: usize, n_ubatch: usize) -> SessionOptions {
 
 #[test]
 fn micro_batches_and_single_steps_agree_with_one_batch() {
-    let model = model();
+    let model = common::demo_model();
     let tokens =
         model
             .tokenizer
@@ -62,7 +51,7 @@ fn micro_batches_and_single_steps_agree_with_one_batch() {
 
 #[test]
 fn limits_are_errors_not_panics() {
-    let model = model();
+    let model = common::demo_model();
     let mut s = Session::new(&model, &options(4, 512)).unwrap();
     assert!(matches!(
         s.eval(&[], Logits::Last),

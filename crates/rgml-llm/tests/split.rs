@@ -2,21 +2,11 @@
 //! type, so every crossing is a real copy) gives the logits of one device, with the expected
 //! splits and copies.
 
+mod common;
+
 use rgml::registry::Registry;
 use rgml_llm::{LoadOptions, Logits, Model, Session, SessionOptions};
-use std::path::PathBuf;
 use std::sync::Arc;
-
-fn path() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "demo model not found at {}: run scripts/fetch-model.sh first",
-        path.display()
-    );
-    path
-}
 
 /// Registers once: the devices of a model and of its session's backends must be the same
 /// instances (a device accepts only its own buffer type).
@@ -40,7 +30,7 @@ fn load(devices: &[&str], split: &[f32]) -> Model {
         tensor_split: split.to_vec(),
         ..Default::default()
     };
-    Model::load(path(), options).unwrap()
+    Model::load(common::demo_model_path(), options).unwrap()
 }
 
 fn session<'m>(model: &'m Model, n_ubatch: usize) -> Session<'m> {
@@ -148,7 +138,10 @@ fn bad_splits_are_errors() {
             tensor_split: split.clone(),
             ..Default::default()
         };
-        assert!(Model::load(path(), options).is_err(), "{split:?}");
+        assert!(
+            Model::load(common::demo_model_path(), options).is_err(),
+            "{split:?}"
+        );
     }
     let model = load(&["CPU0", "CPU1"], &[]);
     let err = Session::new(&model, &SessionOptions::default()).err();

@@ -1,7 +1,8 @@
 //! Tokenizer tests: the demo model's ids against llama.cpp's (fixtures/reference.json),
 //! round trips, streaming decode, edge cases, and SentencePiece on a hand-made vocabulary.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::OnceLock;
 
 use rand::{Rng, SeedableRng};
@@ -9,20 +10,11 @@ use rgml_gguf::{GgufFile, GgufWriter, Value};
 use rgml_llm::tokenizer::{PreTokenizer, TokenType, Tokenizer, TokenizerKind, TokenizerParts};
 use rgml_llm::LlmError;
 
-fn model_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-}
-
 /// The demo model's tokenizer, loaded once for all tests.
 fn smollm() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
     TOK.get_or_init(|| {
-        let path = model_path();
-        assert!(
-            path.exists(),
-            "demo model not found at {}: run scripts/fetch-model.sh first",
-            path.display()
-        );
+        let path = common::demo_model_path();
         let file = GgufFile::open(&path).unwrap();
         Tokenizer::from_gguf(&file).unwrap()
     })

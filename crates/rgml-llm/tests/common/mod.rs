@@ -1,0 +1,23 @@
+//! What the demo-model tests share: where the model is, and loading it on the CPU.
+
+use rgml_llm::Model;
+use std::path::PathBuf;
+
+/// The demo model's path; fails the test with the fetch command when it is missing.
+pub fn demo_model_path() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "demo model not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    path
+}
+
+/// The demo model, with the CPU backend registered and default load options.
+#[allow(dead_code)] // Not every test binary that includes this module loads the whole model.
+pub fn demo_model() -> Model {
+    rgml_cpu::register();
+    Model::load(demo_model_path(), Default::default()).expect("load the demo model")
+}
