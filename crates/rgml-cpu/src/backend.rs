@@ -3,9 +3,9 @@
 //! share, and meets the others at a barrier before the next node.
 //!
 //! This module owns the threading, the work area, the prepared-job cache and the safety checks
-//! that make the kernels' raw pointers sound (exclusive host guards, in-bounds extents, no
-//! writes to read-only memory, sources overlapping a destination only as exact in-place
-//! aliases).
+//! that make the kernels' raw pointers sound (host guards, exclusive for the buffers a graph
+//! writes and shared for those it only reads; in-bounds extents; no writes to read-only memory;
+//! sources overlapping a destination only as exact in-place aliases).
 //!
 //! **Threads**: `n_threads - 1` workers of a [`Pool`] (started by the first graph that needs
 //! them, rebuilt when the thread count changes) plus the thread that runs the job as thread 0:
@@ -28,8 +28,8 @@
 //! worker thread fed by an in-order queue. `graph_compute_async` checks the graph and builds the
 //! node tasks right away, or takes the cached job (errors are reported at once), then queues
 //! the [`Job`] (shared, `Arc`), which owns everything the run needs (raw views, clones of the
-//! `Arc<Buffer>`s they point into), and returns; the worker takes the buffers' exclusive host
-//! guards while it runs the job.
+//! `Arc<Buffer>`s they point into), and returns; the worker takes the buffers' host guards
+//! while it runs the job.
 //! `synchronize` waits until the queue is empty and returns the first error of the queued work
 //! (after an error, queued computations are skipped until `synchronize` reports it; event
 //! markers still fire). `graph_compute` is `graph_compute_async` plus `synchronize`.
@@ -84,8 +84,9 @@ struct Engine {
 /// A checked graph, ready to run: owns everything it needs, borrows nothing.
 struct Job {
     /// Buffers the tasks point into, sorted by id, with the base address and size the views
-    /// were computed from.
-    buffers: Vec<(Arc<Buffer>, usize, usize)>,
+    /// were computed from, and whether a task writes into it (exclusive guard) or only reads
+    /// it (shared guard: weights other computations may read at the same time).
+    buffers: Vec<(Arc<Buffer>, usize, usize, bool)>,
     tasks: Vec<NodeTask>,
     shared: usize,
     per_thread: usize,
@@ -471,7 +472,7 @@ impl CachedJob {
         job.buffers
             .iter()
             .zip(&self.buffer_flags)
-            .all(|((b, base, size), &flags)| {
+            .all(|((b, base, size, _), &flags)| {
                 b.imp().base().map(|p| p.as_ptr() as usize) == Some(*base)
                     && b.size() == *size
                     && (b.is_host(), b.is_read_only()) == flags
@@ -509,7 +510,7 @@ impl CachedJob {
         let buffer_flags = job.as_ref().map_or_else(Vec::new, |j| {
             j.buffers
                 .iter()
-                .map(|(b, _, _)| (b.is_host(), b.is_read_only()))
+                .map(|(b, _, _, _)| (b.is_host(), b.is_read_only()))
                 .collect()
         });
         Some(CachedJob {
@@ -705,10 +706,11 @@ impl CpuBackend {
     /// Check every node and build the node tasks: a job that owns everything it needs (`None`
     /// when there is nothing to run). Nothing is read or written here; the views' addresses are
     /// computed from the buffers' base addresses, which [`Engine::execute`] checks again under
-    /// the exclusive guards before any access.
+    /// the buffers' guards before any access.
     fn prepare(&self, ctx: &Context, graph: &Graph) -> Result<Option<Job>> {
         let mut run: Vec<TensorId> = Vec::with_capacity(graph.n_nodes());
-        let mut buffers: Vec<Arc<Buffer>> = Vec::new();
+        // Each buffer touched, and whether a node writes into it.
+        let mut buffers: Vec<(Arc<Buffer>, bool)> = Vec::new();
         let storage = |id: TensorId| -> Result<(&Tensor, &Arc<Buffer>, usize)> {
             let t = ctx.get(id)?;
             let d = t
@@ -731,18 +733,19 @@ impl CpuBackend {
                     t.display_name()
                 )));
             }
-            buffers.push(buf.clone());
+            buffers.push((buf.clone(), true));
             for &s in &t.src {
-                buffers.push(storage(s)?.1.clone());
+                buffers.push((storage(s)?.1.clone(), false));
             }
             run.push(id);
         }
         if run.is_empty() {
             return Ok(None);
         }
-        buffers.sort_by_key(|b| b.id());
-        buffers.dedup_by_key(|b| b.id());
-        for b in &buffers {
+        // Writers first among equal ids, so the entry kept says whether any node writes.
+        buffers.sort_by_key(|(b, writes)| (b.id(), !writes));
+        buffers.dedup_by_key(|(b, _)| b.id());
+        for (b, _) in &buffers {
             // Repacked weights are host memory to these kernels alone (see `check_supported`).
             if !b.is_host() && !crate::CpuRepackBufferType::is_repack(b.buffer_type()) {
                 return Err(Error::Unsupported {
@@ -752,20 +755,20 @@ impl CpuBackend {
             }
         }
         // Base address and size of each buffer, in id order.
-        let mut bases: Vec<(Arc<Buffer>, std::ptr::NonNull<u8>, usize)> =
+        let mut bases: Vec<(Arc<Buffer>, std::ptr::NonNull<u8>, usize, bool)> =
             Vec::with_capacity(buffers.len());
-        for b in buffers {
+        for (b, writes) in buffers {
             let base = b.imp().base().ok_or_else(|| Error::Unsupported {
                 backend: self.device.name().to_string(),
                 what: format!("buffer '{}' is not host memory", b.name()),
             })?;
             let size = b.size();
-            bases.push((b, base, size));
+            bases.push((b, base, size, writes));
         }
         let view = |id: TensorId| -> Result<(TensorView, u64, usize)> {
             let (t, buf, offset) = storage(id)?;
-            let &(_, base, size) = bases
-                .binary_search_by_key(&buf.id(), |(b, _, _)| b.id())
+            let &(_, base, size, _) = bases
+                .binary_search_by_key(&buf.id(), |(b, _, _, _)| b.id())
                 .map(|i| &bases[i])
                 .map_err(|_| Error::NoStorage(t.display_name().to_string()))?;
             let len = span(t)?;
@@ -778,7 +781,7 @@ impl CpuBackend {
                 });
             }
             // Only an address here: it is dereferenced by the kernels once the worker holds the
-            // buffer's exclusive guard and has checked that the base is unchanged.
+            // buffer's guard and has checked that the base is unchanged.
             let ptr = base.as_ptr().wrapping_add(offset);
             if len > 0 && !(ptr as usize).is_multiple_of(t.dtype_align()) {
                 return Err(Error::Unsupported {
@@ -848,7 +851,7 @@ impl CpuBackend {
         Ok(Some(Job {
             buffers: bases
                 .into_iter()
-                .map(|(b, base, size)| (b, base.as_ptr() as usize, size))
+                .map(|(b, base, size, writes)| (b, base.as_ptr() as usize, size, writes))
                 .collect(),
             tasks,
             shared,
@@ -946,7 +949,7 @@ fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; 3], Extent)]) {
 
 impl Engine {
     /// Check the job's buffers, size the work area and run the tasks while holding the
-    /// buffers' exclusive guards.
+    /// buffers' guards (exclusive for those written, shared for those only read).
     fn execute(&mut self, job: &Job) -> Result<()> {
         let nth = self.n_threads;
         let shared_bytes = align64(job.shared)?;
@@ -966,9 +969,10 @@ impl Engine {
         // SAFETY (of the kernels' accesses in `run_tasks`): every view points inside one of
         // `job.buffers` (bounds checked in `prepare` against the size checked again by
         // `with_guards`); the memory stays allocated because the job holds an `Arc` of each
-        // buffer; and `with_guards` holds each buffer's exclusive guard, whose base is the one
-        // the views were computed from, until the run ends, so no other safe code reads or
-        // writes those bytes meanwhile.
+        // buffer; and `with_guards` holds each buffer's guard, whose base is the one the views
+        // were computed from, until the run ends: exclusive for every buffer holding a node's
+        // destination (the only memory kernels write), so no other safe code reads or writes
+        // those bytes meanwhile, and shared for the buffers only read, so nothing writes them.
         with_guards(&job.buffers, &mut || {
             self.run_tasks(&job.tasks, shared_bytes, pt_bytes)
         })
@@ -1070,19 +1074,24 @@ impl Engine {
     }
 }
 
-/// Take the exclusive guards of `buffers` (in their order: id order, the order every compute
-/// path uses, so no deadlock), check each buffer is where the job's views point, and run `f`
-/// while holding them all. Holds up to 8 guards per call level instead of collecting them, so
-/// no allocation.
+/// Take the guards of `buffers` (exclusive where the job writes, shared where it only reads; in
+/// their order: id order, the order every compute path uses, so no deadlock), check each buffer
+/// is where the job's views point, and run `f` while holding them all. Holds up to 8 guards per
+/// call level instead of collecting them, so no allocation.
 fn with_guards(
-    buffers: &[(Arc<Buffer>, usize, usize)],
+    buffers: &[(Arc<Buffer>, usize, usize, bool)],
     f: &mut dyn FnMut() -> Result<()>,
 ) -> Result<()> {
     const AT_ONCE: usize = 8;
     let (now, rest) = buffers.split_at(buffers.len().min(AT_ONCE));
     let mut held: [Option<HostAccess<'_>>; AT_ONCE] = Default::default();
-    for (slot, (b, base, size)) in held.iter_mut().zip(now) {
-        let g = b.host_access().ok_or_else(|| Error::Unsupported {
+    for (slot, (b, base, size, writes)) in held.iter_mut().zip(now) {
+        let g = if *writes {
+            b.host_write()
+        } else {
+            b.host_read()
+        };
+        let g = g.ok_or_else(|| Error::Unsupported {
             backend: "CPU".into(),
             what: format!("buffer '{}' is not host memory", b.name()),
         })?;

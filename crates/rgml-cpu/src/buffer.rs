@@ -68,25 +68,36 @@ pub struct CpuBuffer {
     mem: AlignedMem,
 }
 
-impl BufferImpl for CpuBuffer {
+// SAFETY: `base` is the start of the `AlignedMem` this buffer owns (valid, initialised and
+// fixed for its life, `size` bytes); the byte methods touch it only under the caller's lock
+// (their contract).
+unsafe impl BufferImpl for CpuBuffer {
+    fn size(&self) -> usize {
+        self.mem.len()
+    }
+
     fn base(&self) -> Option<NonNull<u8>> {
         Some(self.mem.ptr())
     }
 
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.mem.write(offset, data)
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.write(offset, data) }
     }
 
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.mem.read(offset, out)
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.read(offset, out) }
     }
 
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        self.mem.fill(offset, value, size)
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.fill(offset, value, size) }
     }
 
-    fn clear(&self, value: u8) -> Result<()> {
-        self.mem.fill(0, value, self.mem.len())
+    unsafe fn clear(&self, value: u8) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.fill(0, value, self.mem.len()) }
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -97,12 +108,24 @@ impl BufferImpl for CpuBuffer {
 /// A read-only buffer over caller-owned host memory (zero-copy).
 pub struct HostMemoryBuffer {
     memory: Arc<dyn HostMemory>,
+    /// Where `memory`'s bytes are, taken once: the address kernels read through.
+    base: NonNull<u8>,
+    len: usize,
 }
+
+// SAFETY: `base` points into `memory`, which is `Send + Sync` and only ever read.
+unsafe impl Send for HostMemoryBuffer {}
+// SAFETY: as for `Send`: shared access only reads the wrapped memory.
+unsafe impl Sync for HostMemoryBuffer {}
 
 impl HostMemoryBuffer {
     /// Wrap `memory`.
     pub fn new(memory: Arc<dyn HostMemory>) -> Self {
-        HostMemoryBuffer { memory }
+        let bytes = memory.bytes();
+        let len = bytes.len();
+        let base = NonNull::new(bytes.as_ptr().cast_mut())
+            .unwrap_or_else(|| NonNull::<[u8; CPU_ALIGNMENT]>::dangling().cast());
+        HostMemoryBuffer { memory, base, len }
     }
 
     fn read_only(&self) -> Error {
@@ -110,24 +133,29 @@ impl HostMemoryBuffer {
     }
 }
 
-impl BufferImpl for HostMemoryBuffer {
+// SAFETY: `base` is the start of the wrapped memory, captured once at construction: the
+// `Arc<dyn HostMemory>` kept here holds it alive and unchanged, `len` bytes, never written
+// (`is_read_only`, and every write method fails).
+unsafe impl BufferImpl for HostMemoryBuffer {
+    fn size(&self) -> usize {
+        self.len
+    }
+
     fn base(&self) -> Option<NonNull<u8>> {
         // Kernels only read through this pointer: graph compute refuses to write into read-only
         // buffers before it runs anything.
-        let bytes = self.memory.bytes();
-        NonNull::new(bytes.as_ptr().cast_mut())
-            .or_else(|| Some(NonNull::<[u8; CPU_ALIGNMENT]>::dangling().cast()))
+        Some(self.base)
     }
 
     fn is_read_only(&self) -> bool {
         true
     }
 
-    fn set(&self, _offset: usize, _data: &[u8]) -> Result<()> {
+    unsafe fn set(&self, _offset: usize, _data: &[u8]) -> Result<()> {
         Err(self.read_only())
     }
 
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let bytes = self.memory.bytes();
         let src = bytes
             .get(offset..offset.saturating_add(out.len()))
@@ -141,11 +169,11 @@ impl BufferImpl for HostMemoryBuffer {
         Ok(())
     }
 
-    fn memset(&self, _offset: usize, _value: u8, _size: usize) -> Result<()> {
+    unsafe fn memset(&self, _offset: usize, _value: u8, _size: usize) -> Result<()> {
         Err(self.read_only())
     }
 
-    fn clear(&self, _value: u8) -> Result<()> {
+    unsafe fn clear(&self, _value: u8) -> Result<()> {
         Err(self.read_only())
     }
 
@@ -272,7 +300,14 @@ impl RepackBuffer {
     }
 }
 
-impl BufferImpl for RepackBuffer {
+// SAFETY: `base` is the start of the `AlignedMem` this buffer owns (valid, initialised and
+// fixed for its life, `size` bytes); the byte methods touch it only under the caller's lock
+// (their contract).
+unsafe impl BufferImpl for RepackBuffer {
+    fn size(&self) -> usize {
+        self.mem.len()
+    }
+
     fn base(&self) -> Option<NonNull<u8>> {
         Some(self.mem.ptr())
     }
@@ -316,7 +351,7 @@ impl BufferImpl for RepackBuffer {
         Ok(())
     }
 
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
         let (at, t) = self.tensor_at("a write", offset, data.len())?;
         let group = t.group_bytes;
         if group == 0 || !at.is_multiple_of(group) || !data.len().is_multiple_of(group) {
@@ -333,17 +368,19 @@ impl BufferImpl for RepackBuffer {
         }
         let mut packed = vec![0u8; data.len()];
         repack::pack(t.dtype, t.ne0, data, &mut packed)?;
-        self.mem.write(offset, &packed)
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.write(offset, &packed) }
     }
 
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let (at, t) = self.tensor_at("a read", offset, out.len())?;
         let group = t.group_bytes.max(1);
         // The whole groups holding the range, unpacked, then the range cut out of them.
         let first = at / group * group;
         let end = (at + out.len()).div_ceil(group) * group;
         let mut packed = vec![0u8; end - first];
-        self.mem.read(offset - (at - first), &mut packed)?;
+        // SAFETY: the caller holds the buffer's lock (this method's contract).
+        unsafe { self.mem.read(offset - (at - first), &mut packed)? };
         let mut plain = vec![0u8; end - first];
         repack::unpack(t.dtype, t.ne0, &packed, &mut plain)?;
         out.copy_from_slice(&plain[at - first..at - first + out.len()]);
@@ -351,12 +388,14 @@ impl BufferImpl for RepackBuffer {
     }
 
     /// A fill writes the same byte everywhere, which reads the same in any layout.
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        self.mem.fill(offset, value, size)
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.fill(offset, value, size) }
     }
 
-    fn clear(&self, value: u8) -> Result<()> {
-        self.mem.fill(0, value, self.mem.len())
+    unsafe fn clear(&self, value: u8) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.fill(0, value, self.mem.len()) }
     }
 
     fn reset(&self) {

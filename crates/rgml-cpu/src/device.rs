@@ -153,11 +153,9 @@ impl rgml::Device for CpuDevice {
         memory: Arc<dyn HostMemory>,
         _max_tensor_size: usize,
     ) -> Result<Arc<Buffer>> {
-        let size = memory.bytes().len();
         Ok(Buffer::from_impl(
             self.buffer_type.clone(),
             Box::new(HostMemoryBuffer::new(memory)),
-            size,
         ))
     }
 

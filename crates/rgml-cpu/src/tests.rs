@@ -1047,20 +1047,24 @@ impl rgml::BufferType for DeviceOnly {
 
 struct DeviceOnlyBuf(std::sync::Mutex<Vec<u8>>);
 
-impl rgml::backend::BufferImpl for DeviceOnlyBuf {
-    fn set(&self, offset: usize, data: &[u8]) -> rgml::Result<()> {
+// SAFETY: no base; the bytes sit behind a mutex.
+unsafe impl rgml::backend::BufferImpl for DeviceOnlyBuf {
+    fn size(&self) -> usize {
+        self.0.lock().map_or(0, |b| b.len())
+    }
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> rgml::Result<()> {
         self.0.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
         Ok(())
     }
-    fn get(&self, offset: usize, out: &mut [u8]) -> rgml::Result<()> {
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> rgml::Result<()> {
         out.copy_from_slice(&self.0.lock().unwrap()[offset..offset + out.len()]);
         Ok(())
     }
-    fn memset(&self, offset: usize, value: u8, size: usize) -> rgml::Result<()> {
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> rgml::Result<()> {
         self.0.lock().unwrap()[offset..offset + size].fill(value);
         Ok(())
     }
-    fn clear(&self, value: u8) -> rgml::Result<()> {
+    unsafe fn clear(&self, value: u8) -> rgml::Result<()> {
         self.0.lock().unwrap().fill(value);
         Ok(())
     }

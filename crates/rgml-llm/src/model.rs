@@ -99,7 +99,7 @@ pub struct Model {
     devices: Vec<DeviceRef>,
     /// The index in `devices` of each block.
     layer_devices: Vec<usize>,
-    _buffers: Vec<Arc<Buffer>>,
+    buffers: Vec<Arc<Buffer>>,
     file_type: String,
     chat_template: Option<String>,
     n_params: usize,
@@ -256,7 +256,7 @@ impl Model {
             layers,
             devices,
             layer_devices,
-            _buffers: buffers,
+            buffers,
             file_type,
             chat_template,
             n_params,
@@ -280,6 +280,12 @@ impl Model {
     /// cache); `None` past the last block.
     pub fn layer_device(&self, il: usize) -> Option<usize> {
         self.layer_devices.get(il).copied()
+    }
+
+    /// The buffers holding the weights (file mappings, device memory). Sessions only read
+    /// them: computations of several sessions hold them shared at the same time.
+    pub fn weight_buffers(&self) -> &[Arc<Buffer>] {
+        &self.buffers
     }
 
     /// The chat template text from the file (`tokenizer.chat_template`), if any.

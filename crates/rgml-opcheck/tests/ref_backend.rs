@@ -11,20 +11,24 @@ use std::sync::{Arc, Mutex};
 
 struct HostMem(Mutex<Vec<u8>>);
 
-impl BufferImpl for HostMem {
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+// SAFETY: no base; the bytes sit behind a mutex.
+unsafe impl BufferImpl for HostMem {
+    fn size(&self) -> usize {
+        self.0.lock().map_or(0, |b| b.len())
+    }
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.0.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
         Ok(())
     }
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         out.copy_from_slice(&self.0.lock().unwrap()[offset..offset + out.len()]);
         Ok(())
     }
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
         self.0.lock().unwrap()[offset..offset + size].fill(value);
         Ok(())
     }
-    fn clear(&self, value: u8) -> Result<()> {
+    unsafe fn clear(&self, value: u8) -> Result<()> {
         self.0.lock().unwrap().fill(value);
         Ok(())
     }

@@ -534,16 +534,22 @@ impl WgpuBuffer {
     }
 }
 
-impl BufferImpl for WgpuBuffer {
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+// SAFETY: device memory has no base; every access goes through wgpu's queue and mapped
+// staging buffers, which synchronise themselves.
+unsafe impl BufferImpl for WgpuBuffer {
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.write(offset, data)
     }
 
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.read_into(offset, out)
     }
 
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
         if size == 0 {
             return Ok(());
         }
@@ -562,16 +568,16 @@ impl BufferImpl for WgpuBuffer {
         Ok(())
     }
 
-    fn copy_from(
+    unsafe fn copy_from(
         &self,
         dst_offset: usize,
-        src: &Buffer,
+        src: &dyn BufferImpl,
         src_offset: usize,
         size: usize,
     ) -> Result<bool> {
         // Host sources need nothing here: the core's `Buffer::copy_from` hands their bytes to
         // `set`, which gives them straight to the queue.
-        let Some(s) = src.imp().as_any().downcast_ref::<WgpuBuffer>() else {
+        let Some(s) = src.as_any().downcast_ref::<WgpuBuffer>() else {
             return Ok(false);
         };
         let aligned = [dst_offset, src_offset, size]
@@ -595,8 +601,9 @@ impl BufferImpl for WgpuBuffer {
         Ok(true)
     }
 
-    fn clear(&self, value: u8) -> Result<()> {
-        self.memset(0, value, self.size)
+    unsafe fn clear(&self, value: u8) -> Result<()> {
+        // SAFETY: forwarded from this method's contract (the caller holds the exclusive lock).
+        unsafe { self.memset(0, value, self.size) }
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -12,7 +12,7 @@
 //!   one mapped staging buffer and from its mapping directly into the host bytes.
 
 use crate::device::{WgpuBuffer, WgpuDevice};
-use rgml::backend::{AlignedMem, Buffer, BufferImpl, BufferType, DeviceRef};
+use rgml::backend::{AlignedMem, BufferImpl, BufferType, DeviceRef};
 use rgml::Result;
 use std::any::Any;
 use std::ptr::NonNull;
@@ -79,34 +79,45 @@ pub struct WgpuHostBuffer {
     mem: AlignedMem,
 }
 
-impl BufferImpl for WgpuHostBuffer {
+// SAFETY: `base` is the start of the `AlignedMem` this buffer owns (valid, initialised and
+// fixed for its life, `size` bytes); the byte methods touch it only under the caller's lock
+// (their contract).
+unsafe impl BufferImpl for WgpuHostBuffer {
+    fn size(&self) -> usize {
+        self.mem.len()
+    }
+
     fn base(&self) -> Option<NonNull<u8>> {
         Some(self.mem.ptr())
     }
 
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.mem.write(offset, data)
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.write(offset, data) }
     }
 
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.mem.read(offset, out)
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.read(offset, out) }
     }
 
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        self.mem.fill(offset, value, size)
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.fill(offset, value, size) }
     }
 
     /// From a wgpu buffer: one mapped staging buffer, copied straight into our bytes. Anything
     /// else: `Ok(false)` (the core copies host sources through `set`, others through host).
-    fn copy_from(
+    unsafe fn copy_from(
         &self,
         dst_offset: usize,
-        src: &Buffer,
+        src: &dyn BufferImpl,
         src_offset: usize,
         size: usize,
     ) -> Result<bool> {
-        let dst = self.mem.bytes_mut(dst_offset, size)?;
-        if let Some(s) = src.imp().as_any().downcast_ref::<WgpuBuffer>() {
+        // SAFETY: the caller holds this buffer's exclusive lock (this method's contract).
+        let dst = unsafe { self.mem.bytes_mut(dst_offset, size)? };
+        if let Some(s) = src.as_any().downcast_ref::<WgpuBuffer>() {
             s.read_into(src_offset, dst)?;
             return Ok(true);
         }
@@ -114,8 +125,9 @@ impl BufferImpl for WgpuHostBuffer {
         Ok(false)
     }
 
-    fn clear(&self, value: u8) -> Result<()> {
-        self.mem.fill(0, value, self.mem.len())
+    unsafe fn clear(&self, value: u8) -> Result<()> {
+        // SAFETY: the caller holds the lock this method requires (its contract).
+        unsafe { self.mem.fill(0, value, self.mem.len()) }
     }
 
     fn as_any(&self) -> &dyn Any {

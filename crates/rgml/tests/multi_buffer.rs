@@ -80,7 +80,7 @@ fn alloc_ctx_tensors_spills_into_parts_in_creation_order() {
     assert!(ctx.tensor_bytes(d).unwrap()[..28].iter().all(|&x| x == 9));
     let err = buffer.get(buffer.size() - 4, &mut [0u8; 8]).unwrap_err();
     assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
-    assert!(buffer.host_access().is_none());
+    assert!(buffer.host_read().is_none() && buffer.host_write().is_none());
 
     // Usage and clear reach every part.
     buffer.set_usage(BufferUsage::Weights);

@@ -21,9 +21,9 @@ pub struct AlignedMem {
 // SAFETY: `AlignedMem` owns its allocation exclusively (like a `Box<[u8]>`); the raw pointer is
 // not shared with anything that outlives it, so moving it across threads is sound.
 unsafe impl Send for AlignedMem {}
-// SAFETY: `&AlignedMem` hands out the base pointer and bounds-checked slices; every write
-// through them is synchronised by the owner (a `Buffer`'s exclusive lock, or a backend's
-// `&mut self`), every read by its shared lock.
+// SAFETY: through `&AlignedMem` safe code gets only the address and the length; every access to
+// the bytes is an `unsafe` call whose caller excludes conflicting accesses (a `Buffer`'s lock,
+// or a backend's `&mut self`).
 unsafe impl Sync for AlignedMem {}
 
 impl AlignedMem {
@@ -76,50 +76,79 @@ impl AlignedMem {
         Ok(())
     }
 
-    /// `len` bytes at `offset`. The caller holds whatever excludes writers (the owning
-    /// buffer's shared lock).
-    pub fn bytes(&self, offset: usize, len: usize) -> Result<&[u8]> {
+    /// `len` bytes at `offset` (bounds-checked).
+    ///
+    /// # Safety
+    /// Nothing writes these bytes while the slice lives (the caller holds the owning buffer's
+    /// lock, or has the memory exclusively).
+    pub unsafe fn bytes(&self, offset: usize, len: usize) -> Result<&[u8]> {
         self.check(offset, len)?;
         if len == 0 {
             return Ok(&[]);
         }
         // SAFETY: the range is inside the allocation (checked above), whose bytes are all
-        // initialised (zeroed at allocation); writers are excluded by the caller's lock.
+        // initialised (zeroed at allocation); writers are excluded by the caller (this
+        // function's contract).
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) })
     }
 
-    /// Mutable view of `len` bytes at `offset` through a shared reference: the caller
-    /// guarantees exclusive access (the owning buffer's write lock; `Buffer` calls every
+    /// Mutable view of `len` bytes at `offset` (bounds-checked) through a shared reference.
+    ///
+    /// # Safety
+    /// No other reference to these bytes exists, and nothing else accesses them, while the
+    /// slice lives (the caller holds the owning buffer's exclusive lock; `Buffer` calls every
     /// mutating `BufferImpl` method under it).
     #[allow(clippy::mut_from_ref)]
-    pub fn bytes_mut(&self, offset: usize, len: usize) -> Result<&mut [u8]> {
+    pub unsafe fn bytes_mut(&self, offset: usize, len: usize) -> Result<&mut [u8]> {
         self.check(offset, len)?;
         if len == 0 {
             return Ok(&mut []);
         }
-        // SAFETY: the range is inside the allocation (checked above); the caller holds the
-        // exclusive lock, so no other reference to these bytes exists while the slice lives.
+        // SAFETY: the range is inside the allocation (checked above); by this function's
+        // contract no other reference to these bytes exists while the slice lives.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) })
     }
 }
 
 impl AlignedMem {
-    /// Copy `data` to `offset` (the caller holds the owning buffer's exclusive lock).
-    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.bytes_mut(offset, data.len())?.copy_from_slice(data);
+    /// Copy `data` to `offset`.
+    ///
+    /// # Safety
+    /// As [`bytes_mut`](Self::bytes_mut): nothing else accesses these bytes meanwhile.
+    pub unsafe fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.bytes_mut(offset, data.len())? }.copy_from_slice(data);
         Ok(())
     }
 
-    /// Copy `out.len()` bytes at `offset` into `out` (the caller excludes writers).
-    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        out.copy_from_slice(self.bytes(offset, out.len())?);
+    /// Copy `out.len()` bytes at `offset` into `out`.
+    ///
+    /// # Safety
+    /// As [`bytes`](Self::bytes): nothing writes these bytes meanwhile.
+    pub unsafe fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        out.copy_from_slice(unsafe { self.bytes(offset, out.len())? });
         Ok(())
     }
 
-    /// Set `size` bytes at `offset` to `value` (the caller holds the exclusive lock).
-    pub fn fill(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        self.bytes_mut(offset, size)?.fill(value);
+    /// Set `size` bytes at `offset` to `value`.
+    ///
+    /// # Safety
+    /// As [`bytes_mut`](Self::bytes_mut): nothing else accesses these bytes meanwhile.
+    pub unsafe fn fill(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.bytes_mut(offset, size)? }.fill(value);
         Ok(())
+    }
+
+    /// The whole block, mutably: safe, since `&mut self` excludes every other access.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.size == 0 {
+            return &mut [];
+        }
+        // SAFETY: the allocation holds `size` initialised bytes and `&mut self` is the only
+        // way to reach them now.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.size) }
     }
 }
 
@@ -143,17 +172,23 @@ mod tests {
     #[test]
     fn aligned_zeroed_and_bounds_checked() {
         for align in [64, 4096] {
-            let m = AlignedMem::new(1000, align, "test").unwrap();
+            let mut m = AlignedMem::new(1000, align, "test").unwrap();
             assert_eq!(m.ptr().as_ptr() as usize % align, 0);
-            assert!(m.bytes(0, 1000).unwrap().iter().all(|&b| b == 0));
-            m.bytes_mut(10, 3).unwrap().copy_from_slice(&[1, 2, 3]);
-            assert_eq!(m.bytes(9, 5).unwrap(), &[0, 1, 2, 3, 0]);
-            assert!(m.bytes(999, 2).is_err());
-            assert!(m.bytes_mut(usize::MAX, 2).is_err());
+            assert!(m.as_mut_slice().iter().all(|&b| b == 0));
+            m.as_mut_slice()[10..13].copy_from_slice(&[1, 2, 3]);
+            // SAFETY: `m` is owned here and no other slice of it lives.
+            unsafe {
+                assert_eq!(m.bytes(9, 5).unwrap(), &[0, 1, 2, 3, 0]);
+                assert!(m.bytes(999, 2).is_err());
+                assert!(m.bytes_mut(usize::MAX, 2).is_err());
+            }
         }
         let empty = AlignedMem::new(0, 64, "test").unwrap();
-        assert!(empty.is_empty() && empty.bytes(0, 0).unwrap().is_empty());
-        assert!(empty.bytes(0, 1).is_err());
+        // SAFETY: `empty` is owned here.
+        unsafe {
+            assert!(empty.is_empty() && empty.bytes(0, 0).unwrap().is_empty());
+            assert!(empty.bytes(0, 1).is_err());
+        }
         assert!(AlignedMem::new(8, 3, "test").is_err());
     }
 }

@@ -26,7 +26,7 @@ use crate::tensor::{Tensor, TensorId};
 use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A shared buffer type.
 pub type BufferTypeRef = Arc<dyn BufferType>;
@@ -77,9 +77,23 @@ pub trait BufferType: Send + Sync + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// The storage behind a [`Buffer`]: what a backend implements. Offsets and sizes are already
-/// bounds-checked by [`Buffer`] when these are called.
-pub trait BufferImpl: Send + Sync + Any {
+/// The storage behind a [`Buffer`]: what a backend implements.
+///
+/// Every access to the bytes goes through [`Buffer`], which bounds-checks it and holds the
+/// buffer's lock while it calls these methods: shared for [`get`](Self::get), exclusive for
+/// the writes. The byte methods are therefore `unsafe` to call (only `Buffer` calls them, under
+/// that lock), so an implementation may write through a shared reference (e.g. into an
+/// [`AlignedMem`](super::AlignedMem)) without a lock of its own.
+///
+/// # Safety
+/// The trait is `unsafe` to implement because compute kernels dereference [`base`](Self::base)
+/// under the buffer's lock alone: when it returns `Some(ptr)`, `ptr` must be valid for reads
+/// and writes of [`size`](Self::size) bytes, all initialised, for as long as the
+/// implementation lives, and must be the same pointer on every call; and no method may touch
+/// those bytes except while the caller holds the lock as documented on each method.
+pub unsafe trait BufferImpl: Send + Sync + Any {
+    /// Bytes of storage (at least the size the buffer was asked for).
+    fn size(&self) -> usize;
     /// Start of the memory if it is host-addressable (ggml's `get_base`), else `None`.
     fn base(&self) -> Option<NonNull<u8>> {
         None
@@ -89,30 +103,47 @@ pub trait BufferImpl: Send + Sync + Any {
         false
     }
     /// Prepare a tensor placed in this buffer (default: nothing to do).
-    /// The tensor's storage (`data`) already points here.
+    /// The tensor's storage (`data`) already points here. Must not touch the bytes.
     fn init_tensor(&self, _tensor: &Tensor) -> Result<()> {
         Ok(())
     }
     /// Write `data` at `offset`.
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()>;
+    ///
+    /// # Safety
+    /// The caller holds the owning buffer's exclusive lock.
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()>;
     /// Read `out.len()` bytes at `offset`.
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()>;
+    ///
+    /// # Safety
+    /// The caller holds the owning buffer's lock (shared or exclusive).
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()>;
     /// Fill `size` bytes at `offset` with `value`.
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()>;
-    /// Copy `size` bytes from `src` at `src_offset` to `dst_offset` directly, if this buffer
-    /// knows how (default: `Ok(false)`, the caller then copies through host memory).
-    fn copy_from(
+    ///
+    /// # Safety
+    /// The caller holds the owning buffer's exclusive lock.
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()>;
+    /// Copy `size` bytes from `src` (the storage of another buffer) at `src_offset` to
+    /// `dst_offset` directly, if this buffer knows how (default: `Ok(false)`, the caller then
+    /// copies through host memory).
+    ///
+    /// # Safety
+    /// The caller holds this buffer's exclusive lock and `src`'s owning buffer's shared lock,
+    /// and the two are different buffers.
+    unsafe fn copy_from(
         &self,
         _dst_offset: usize,
-        _src: &Buffer,
+        _src: &dyn BufferImpl,
         _src_offset: usize,
         _size: usize,
     ) -> Result<bool> {
         Ok(false)
     }
     /// Fill the whole buffer with `value`.
-    fn clear(&self, value: u8) -> Result<()>;
-    /// Forget per-tensor state (default: none).
+    ///
+    /// # Safety
+    /// The caller holds the owning buffer's exclusive lock.
+    unsafe fn clear(&self, value: u8) -> Result<()>;
+    /// Forget per-tensor state (default: none). Must not touch the bytes.
     fn reset(&self) {}
     /// For downcasting.
     fn as_any(&self) -> &dyn Any;
@@ -141,8 +172,11 @@ static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 /// A block of memory of one buffer type (ggml's `ggml_backend_buffer`), shared by the tensors
 /// placed in it.
 ///
-/// Access is guarded: safe reads take a shared lock, safe writes and graph compute (through
-/// [`Buffer::host_access`]) an exclusive one, so no two threads race on the bytes.
+/// Access is guarded: safe reads take a shared lock, safe writes an exclusive one, and graph
+/// compute on host memory holds a guard for each buffer it touches
+/// ([`Buffer::host_read`] for buffers it only reads, such as weights, so several computations
+/// read them at once; [`Buffer::host_write`] for those it writes), so no two threads race on
+/// the bytes.
 pub struct Buffer {
     imp: Box<dyn BufferImpl>,
     /// The parts of a multi-buffer (empty for a plain buffer).
@@ -165,15 +199,26 @@ impl std::fmt::Debug for Buffer {
     }
 }
 
-/// Exclusive access to a host buffer's bytes while compute runs; the base pointer is valid for
-/// `size` bytes as long as the guard lives.
+/// The lock a [`HostAccess`] holds.
+enum HostGuard<'a> {
+    Read(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
+    Write(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
+}
+
+/// Access to a host buffer's bytes while compute runs: shared ([`Buffer::host_read`], only
+/// reads through the base pointer are allowed) or exclusive ([`Buffer::host_write`]). The base
+/// pointer is valid for `size` bytes as long as the guard lives.
 pub struct HostAccess<'a> {
-    _guard: RwLockWriteGuard<'a, ()>,
+    guard: HostGuard<'a>,
     base: NonNull<u8>,
     size: usize,
 }
 
 impl HostAccess<'_> {
+    /// Whether the guard is exclusive, so the bytes may be written.
+    pub fn is_exclusive(&self) -> bool {
+        matches!(self.guard, HostGuard::Write(_))
+    }
     /// Start of the memory.
     pub fn base(&self) -> NonNull<u8> {
         self.base
@@ -195,15 +240,25 @@ impl Buffer {
             });
         }
         let imp = buffer_type.alloc_buffer(size)?;
-        Ok(Self::from_impl(buffer_type.clone(), imp, size))
+        if imp.size() < size {
+            return Err(Error::OutOfMemory {
+                buffer_type: buffer_type.name().to_string(),
+                size,
+                reason: "the buffer type allocated less than asked",
+            });
+        }
+        Ok(Self::wrap(buffer_type.clone(), imp, size))
     }
 
-    /// Wrap a backend's storage (used by devices that make buffers from host memory).
-    pub fn from_impl(
-        buffer_type: BufferTypeRef,
-        imp: Box<dyn BufferImpl>,
-        size: usize,
-    ) -> Arc<Buffer> {
+    /// Wrap a backend's storage (used by devices that make buffers from host memory); the
+    /// buffer's size is the storage's.
+    pub fn from_impl(buffer_type: BufferTypeRef, imp: Box<dyn BufferImpl>) -> Arc<Buffer> {
+        let size = imp.size();
+        Self::wrap(buffer_type, imp, size)
+    }
+
+    /// `size` is at most `imp.size()`.
+    fn wrap(buffer_type: BufferTypeRef, imp: Box<dyn BufferImpl>, size: usize) -> Arc<Buffer> {
         Arc::new(Buffer {
             imp,
             parts: Vec::new(),
@@ -338,7 +393,8 @@ impl Buffer {
         self.buffer_type.alloc_size(tensor)
     }
 
-    /// The implementation, for backends that downcast to their own type.
+    /// The implementation, for backends that downcast to their own type. Its byte methods are
+    /// `unsafe` (they need this buffer's lock): use the buffer's own methods for the bytes.
     pub fn imp(&self) -> &dyn BufferImpl {
         self.imp.as_ref()
     }
@@ -372,14 +428,16 @@ impl Buffer {
         self.check("write", offset, data.len())?;
         self.check_writable()?;
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        self.imp.set(offset, data)
+        // SAFETY: the exclusive lock is held.
+        unsafe { self.imp.set(offset, data) }
     }
 
     /// Read `out.len()` bytes at byte `offset`.
     pub fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check("read", offset, out.len())?;
         let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
-        self.imp.get(offset, out)
+        // SAFETY: the shared lock is held.
+        unsafe { self.imp.get(offset, out) }
     }
 
     /// Fill `size` bytes at `offset` with `value`.
@@ -387,14 +445,16 @@ impl Buffer {
         self.check("memset", offset, size)?;
         self.check_writable()?;
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        self.imp.memset(offset, value, size)
+        // SAFETY: the exclusive lock is held.
+        unsafe { self.imp.memset(offset, value, size) }
     }
 
     /// Fill the whole buffer with `value` (for a multi-buffer, every part).
     pub fn clear(&self, value: u8) -> Result<()> {
         self.check_writable()?;
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        self.imp.clear(value)
+        // SAFETY: the exclusive lock is held.
+        unsafe { self.imp.clear(value) }
     }
 
     /// Forget per-tensor state (for a multi-buffer, in every part).
@@ -426,8 +486,13 @@ impl Buffer {
                     _src = src.lock.read().unwrap_or_else(|e| e.into_inner());
                     _dst = self.lock.write().unwrap_or_else(|e| e.into_inner());
                 }
-                self.imp.copy_from(dst_offset, src, src_offset, size)?
-                    || self.set_from_host(dst_offset, src, src_offset, size)?
+                // SAFETY: this buffer's exclusive lock and the (different) source's shared lock
+                // are held.
+                let direct = unsafe {
+                    self.imp
+                        .copy_from(dst_offset, src.imp(), src_offset, size)?
+                };
+                direct || self.set_from_host(dst_offset, src, src_offset, size)?
             };
             if done {
                 return Ok(());
@@ -462,18 +527,33 @@ impl Buffer {
         // writes those bytes while the slice lives, and the source is a different buffer from
         // this one, so the slice never aliases what `set` writes.
         let bytes = unsafe { std::slice::from_raw_parts(base.as_ptr().add(src_offset), size) };
-        self.imp.set(dst_offset, bytes)?;
+        // SAFETY: the caller holds this buffer's exclusive lock.
+        unsafe { self.imp.set(dst_offset, bytes)? };
         Ok(true)
     }
 
-    /// Exclusive access to the host bytes for computing in place; `None` for device memory.
-    /// Compute code must hold this for every buffer it touches (in [`Buffer::id`] order, to
-    /// avoid deadlocks) while it reads or writes through the base pointer.
-    pub fn host_access(&self) -> Option<HostAccess<'_>> {
+    /// Shared access to the host bytes for computing with them (reads only); `None` for
+    /// device memory. Compute code holds [`host_read`](Self::host_read) or
+    /// [`host_write`](Self::host_write) for every buffer it touches (in [`Buffer::id`] order,
+    /// to avoid deadlocks) while it accesses the bytes through the base pointer. Several
+    /// computations may hold shared access to one buffer (weights) at once.
+    pub fn host_read(&self) -> Option<HostAccess<'_>> {
+        let base = self.imp.base()?;
+        let guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        Some(HostAccess {
+            guard: HostGuard::Read(guard),
+            base,
+            size: self.size,
+        })
+    }
+
+    /// Exclusive access to the host bytes for computing in place (reads and writes); `None`
+    /// for device memory. See [`host_read`](Self::host_read).
+    pub fn host_write(&self) -> Option<HostAccess<'_>> {
         let base = self.imp.base()?;
         let guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
         Some(HostAccess {
-            _guard: guard,
+            guard: HostGuard::Write(guard),
             base,
             size: self.size,
         })
@@ -514,7 +594,12 @@ impl MultiImpl {
     }
 }
 
-impl BufferImpl for MultiImpl {
+// SAFETY: a multi-buffer has no base; every byte access goes through the parts' own `Buffer`
+// methods, which take the parts' locks.
+unsafe impl BufferImpl for MultiImpl {
+    fn size(&self) -> usize {
+        self.parts.iter().map(|p| p.size()).sum()
+    }
     fn is_read_only(&self) -> bool {
         self.parts.iter().any(|p| p.is_read_only())
     }
@@ -526,20 +611,20 @@ impl BufferImpl for MultiImpl {
         }
         Ok(())
     }
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.each(offset, data.len(), |p, at, from, len| {
             p.set(at, &data[from..from + len])
         })
     }
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.each(offset, out.len(), |p, at, from, len| {
             p.get(at, &mut out[from..from + len])
         })
     }
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
         self.each(offset, size, |p, at, _, len| p.memset(at, value, len))
     }
-    fn clear(&self, value: u8) -> Result<()> {
+    unsafe fn clear(&self, value: u8) -> Result<()> {
         for p in &self.parts {
             p.clear(value)?;
         }

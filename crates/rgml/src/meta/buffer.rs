@@ -224,7 +224,13 @@ fn local_bytes(e: &Entry, d: usize) -> Result<usize> {
         .ok_or(Error::SizeOverflow)
 }
 
-impl BufferImpl for MetaBuffer {
+// SAFETY: a meta buffer has no base; its bytes live in the child buffers, reached only through
+// their own `Buffer` methods (which take the children's locks).
+unsafe impl BufferImpl for MetaBuffer {
+    fn size(&self) -> usize {
+        self.children.first().map_or(0, |c| c.size())
+    }
+
     fn init_tensor(&self, tensor: &Tensor) -> Result<()> {
         if tensor.view_src.is_some() {
             return Ok(());
@@ -251,7 +257,7 @@ impl BufferImpl for MetaBuffer {
         Ok(())
     }
 
-    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
         match self.split_whole("a write", offset, data.len())? {
             Some(e) => {
                 let parts = scatter(e.dtype, e.ne, &e.state, self.children.len(), data)?;
@@ -269,7 +275,7 @@ impl BufferImpl for MetaBuffer {
         }
     }
 
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         match self.split_whole("a read", offset, out.len())? {
             Some(e) => {
                 let mut parts = Vec::with_capacity(self.children.len());
@@ -288,7 +294,7 @@ impl BufferImpl for MetaBuffer {
         }
     }
 
-    fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
+    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
         // Every child reserves the tensor's whole range, so one range fits all slices.
         for child in &self.children {
             child.memset(offset, value, size)?;
@@ -296,7 +302,7 @@ impl BufferImpl for MetaBuffer {
         Ok(())
     }
 
-    fn clear(&self, value: u8) -> Result<()> {
+    unsafe fn clear(&self, value: u8) -> Result<()> {
         for child in &self.children {
             child.clear(value)?;
         }
