@@ -1133,11 +1133,6 @@ impl Backend for CpuBackend {
         self.device.clone()
     }
 
-    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
-        self.graph_compute_async(ctx, graph)?;
-        self.synchronize()
-    }
-
     fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
         let Some(job) = self.job_for(ctx, graph)? else {
             return Ok(());

@@ -61,7 +61,7 @@ impl Backend for PerturbBackend {
         self.inner.default_buffer_type()
     }
 
-    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+    fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
         // One node at a time, so nodes after a perturbed one see the perturbed value.
         for i in 0..graph.n_nodes() {
             let id = graph.nodes()[i];

@@ -196,7 +196,7 @@ impl Backend for NoSilu {
     fn device(&self) -> DeviceRef {
         self.0.device()
     }
-    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> rgml::Result<()> {
+    fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> rgml::Result<()> {
         self.0.graph_compute(ctx, graph)
     }
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {

@@ -127,7 +127,7 @@ impl Backend for RefBackend {
     fn device(&self) -> DeviceRef {
         self.dev.clone()
     }
-    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+    fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
         let mut mem = Mem::new();
         for id in ctx.ids() {
             let t = &ctx[id];

@@ -251,11 +251,6 @@ impl Backend for WgpuBackend {
         waited
     }
 
-    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
-        self.graph_compute_async(ctx, graph)?;
-        self.synchronize()
-    }
-
     fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
         let prep = Prep::new(&self.gpu, self.device.name_str());
         // Dispatches, and the graph node index each one comes from (for span names).

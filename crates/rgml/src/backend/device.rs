@@ -236,15 +236,18 @@ pub trait Backend: Send + Any {
     fn synchronize(&mut self) -> Result<()> {
         Ok(())
     }
-    /// Compute every node of `graph` (whose tensors have storage this backend can use); the
-    /// results are complete when this returns.
-    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()>;
-    /// Queue the computation of `graph` and return, possibly before it completes (ggml's
-    /// `graph_compute_async`); errors of the queued work surface at
-    /// [`synchronize`](Self::synchronize). The caller must not read or overwrite the graph's tensors before
-    /// synchronizing (or waiting for an event recorded after it). Default: `graph_compute`.
-    fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
-        self.graph_compute(ctx, graph)
+    /// Queue the computation of every node of `graph` (whose tensors have storage this backend
+    /// can use) and return, possibly before it completes (ggml's `graph_compute_async`, the
+    /// required slot); errors of the queued work surface at
+    /// [`synchronize`](Self::synchronize). The caller must not read or overwrite the graph's
+    /// tensors before synchronizing (or waiting for an event recorded after it). A backend that
+    /// computes synchronously implements this and keeps the default `synchronize`.
+    fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()>;
+    /// Compute `graph`; the results are complete when this returns (ggml's
+    /// `ggml_backend_graph_compute`: the async slot, then [`synchronize`](Self::synchronize)).
+    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+        self.graph_compute_async(ctx, graph)?;
+        self.synchronize()
     }
     /// Whether this stream can compute node `id` (default: ask the device).
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {

@@ -17,6 +17,46 @@ pub use buffer::{
 pub use device::{Backend, BackendParams, Device, DeviceCaps, DeviceMemory, DeviceRef, DeviceType};
 pub use event::{Event, EventImpl};
 
+/// How [`tensor_copy_async`] copied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyMode {
+    /// Queued on the destination stream ([`Backend::cpy_tensor_async`]): complete once that
+    /// stream reaches it.
+    Queued,
+    /// Both streams idle, then a blocking copy through host memory: complete now.
+    Blocking,
+}
+
+/// Copy `src` (computed by `src_backend`) into `dst`, ordered after the work queued on
+/// `dst_backend` (ggml's `ggml_backend_tensor_copy_async`): the destination stream's
+/// [`Backend::cpy_tensor_async`] if it can, else ggml's fallback, written here once for every
+/// caller: synchronize both streams, then copy through host memory.
+pub fn tensor_copy_async(
+    dst_backend: &mut dyn Backend,
+    src_backend: &mut dyn Backend,
+    ctx: &crate::Context,
+    src: crate::TensorId,
+    dst: crate::TensorId,
+) -> crate::Result<CopyMode> {
+    if dst_backend.cpy_tensor_async(src_backend, ctx, src, dst)? {
+        return Ok(CopyMode::Queued);
+    }
+    src_backend.synchronize()?;
+    dst_backend.synchronize()?;
+    ctx.tensor_copy(src, dst)?;
+    Ok(CopyMode::Blocking)
+}
+
+/// A new event of `device` if the device has events ([`DeviceCaps::events`]), `None` if it
+/// has none (callers then synchronize instead, ggml's fallback). A device that has events but
+/// fails to make one is an error, not a silent fallback.
+pub fn event_if_supported(device: &dyn Device) -> crate::Result<Option<Event>> {
+    if !device.caps().events {
+        return Ok(None);
+    }
+    device.event_new().map(Some)
+}
+
 /// Whether two shared objects (buffer types, devices) are the same instance.
 pub fn same_instance<T: ?Sized>(a: &std::sync::Arc<T>, b: &std::sync::Arc<T>) -> bool {
     std::ptr::addr_eq(std::sync::Arc::as_ptr(a), std::sync::Arc::as_ptr(b))

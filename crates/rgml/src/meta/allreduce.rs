@@ -248,7 +248,7 @@ impl AllReduce {
                 None
             };
             // Without events the host synchronizes instead (slower, same result).
-            let event = backend.device().event_new().ok();
+            let event = crate::backend::event_if_supported(backend.device().as_ref())?;
             slots.push(Slot {
                 name: backend.name().to_string(),
                 acc,
@@ -426,13 +426,15 @@ impl AllReduce {
                             t.dst, t.src
                         ))
                     })?;
-                if db.cpy_tensor_async(sb.as_mut(), &self.ctx, src, dst)? {
+                let mode = crate::backend::tensor_copy_async(
+                    db.as_mut(),
+                    sb.as_mut(),
+                    &self.ctx,
+                    src,
+                    dst,
+                )?;
+                if mode == crate::backend::CopyMode::Queued {
                     asynchronous.push(*t);
-                } else {
-                    // ggml's fallback: both streams idle, then a blocking copy through host.
-                    sb.synchronize()?;
-                    db.synchronize()?;
-                    self.ctx.tensor_copy(src, dst)?;
                 }
             }
             self.order_reads(backends, &asynchronous)?;

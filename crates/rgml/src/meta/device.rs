@@ -1,7 +1,7 @@
 //! The meta device and its backend: several devices acting as one, each tensor split, mirrored
 //! or partial across them (tensor parallelism).
 //!
-//! [`MetaBackend::graph_compute`] propagates split states through the graph
+//! [`MetaBackend::graph_compute_async`] propagates split states through the graph
 //! ([`super::propagate_graph`]; weights' states come from the meta buffer, which took them from
 //! the [`SplitSource`]), records computed tensors' states in their meta buffers (so reading an
 //! output gathers it), and builds one local graph per device: every tensor with its local
@@ -360,7 +360,7 @@ impl Backend for MetaBackend {
         Ok(())
     }
 
-    fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+    fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
         let n = self.n();
         // Leaves (weights, inputs, caches) have the states their meta buffers recorded.
         let leaf_state = |id: TensorId| -> Option<SplitState> {

@@ -275,9 +275,11 @@ impl Scheduler {
             .iter()
             .map(|b| {
                 let dev = b.device();
-                (0..n_copies).map(|_| dev.event_new().ok()).collect()
+                (0..n_copies)
+                    .map(|_| crate::backend::event_if_supported(dev.as_ref()))
+                    .collect::<Result<Vec<_>>>()
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok(Scheduler {
             galloc: GraphAllocator::new(bufts.clone()),
             backends,
@@ -879,14 +881,13 @@ impl Scheduler {
                         .ok_or_else(|| {
                             sched_error(format!("cannot borrow backends {b} and {ib} together"))
                         })?;
-                    if !dst.cpy_tensor_async(src.as_mut(), &plan.ctx, input, cpy)? {
-                        src.synchronize()?;
-                        match event {
-                            Some(e) => e.synchronize()?,
-                            None => dst.synchronize()?,
-                        }
-                        plan.ctx.tensor_copy(input, cpy)?;
-                    }
+                    crate::backend::tensor_copy_async(
+                        dst.as_mut(),
+                        src.as_mut(),
+                        &plan.ctx,
+                        input,
+                        cpy,
+                    )?;
                 }
                 let bytes = plan.ctx[input].nbytes() as u64;
                 self.stats.bytes[ib][b] += bytes;
