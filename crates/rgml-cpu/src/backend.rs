@@ -74,6 +74,8 @@ pub struct CpuBackend {
 
 /// What running a job needs besides the job itself.
 struct Engine {
+    /// The device's name, for errors.
+    name: Arc<str>,
     n_threads: usize,
     /// The compute threads, started by the first graph that needs more than one.
     pool: Option<Pool>,
@@ -180,8 +182,9 @@ fn worker_main(queue: Arc<Queue>, engine: Arc<Mutex<Engine>>) {
             }
         }))
         .unwrap_or_else(|_| {
+            let engine = engine.lock().unwrap_or_else(|p| p.into_inner());
             Err(Error::Backend {
-                backend: "CPU".into(),
+                backend: engine.name.to_string(),
                 message: "the worker panicked".into(),
             })
         });
@@ -565,10 +568,12 @@ impl CpuBackend {
     /// A synchronous backend on `device` with `n_threads` threads (0 means 1).
     pub fn with_device(device: DeviceRef, n_threads: usize) -> Result<CpuBackend> {
         let n_threads = n_threads.max(1);
+        let name = Arc::from(device.name());
         Ok(CpuBackend {
             device,
             n_threads,
             engine: Arc::new(Mutex::new(Engine {
+                name,
                 n_threads,
                 pool: None,
                 abort: None,
@@ -785,7 +790,7 @@ impl CpuBackend {
             let ptr = base.as_ptr().wrapping_add(offset);
             if len > 0 && !(ptr as usize).is_multiple_of(t.dtype_align()) {
                 return Err(Error::Unsupported {
-                    backend: "CPU".into(),
+                    backend: self.device.name().to_string(),
                     what: format!(
                         "tensor '{}' is misaligned for {}",
                         t.display_name(),
@@ -813,7 +818,7 @@ impl CpuBackend {
                 }
                 if i >= src.len() {
                     return Err(Error::Unsupported {
-                        backend: "CPU".into(),
+                        backend: self.device.name().to_string(),
                         what: format!("{} with {} sources", t.op.kind(), t.src.len()),
                     });
                 }
@@ -824,7 +829,7 @@ impl CpuBackend {
                     && !(exact && sv.dtype == dst.dtype && kernels::inplace_capable(t.op.kind()))
                 {
                     return Err(Error::Unsupported {
-                        backend: "CPU".into(),
+                        backend: self.device.name().to_string(),
                         what: format!(
                             "{}: source {i} overlaps destination '{}' (only exact in-place aliases are allowed)",
                             t.op.kind(),
@@ -973,7 +978,7 @@ impl Engine {
         // were computed from, until the run ends: exclusive for every buffer holding a node's
         // destination (the only memory kernels write), so no other safe code reads or writes
         // those bytes meanwhile, and shared for the buffers only read, so nothing writes them.
-        with_guards(&job.buffers, &mut || {
+        with_guards(&self.name.clone(), &job.buffers, &mut || {
             self.run_tasks(&job.tasks, shared_bytes, pt_bytes)
         })
     }
@@ -999,6 +1004,7 @@ impl Engine {
         let stop_at = AtomicUsize::new(usize::MAX);
         let error: Mutex<Option<(usize, Error)>> = Mutex::new(None);
         let abort = self.abort.as_ref();
+        let name: &str = &self.name;
         let record = |j: usize, e: Error| {
             let mut slot = error.lock().unwrap_or_else(|p| p.into_inner());
             if slot.as_ref().is_none_or(|(k, _)| j < *k) {
@@ -1048,7 +1054,7 @@ impl Engine {
                     Err(_) => record(
                         j,
                         Error::Backend {
-                            backend: "CPU".into(),
+                            backend: name.to_string(),
                             message: format!("kernel for {} panicked", task.op.kind()),
                         },
                     ),
@@ -1079,6 +1085,7 @@ impl Engine {
 /// is where the job's views point, and run `f` while holding them all. Holds up to 8 guards per
 /// call level instead of collecting them, so no allocation.
 fn with_guards(
+    name: &str,
     buffers: &[(Arc<Buffer>, usize, usize, bool)],
     f: &mut dyn FnMut() -> Result<()>,
 ) -> Result<()> {
@@ -1092,12 +1099,12 @@ fn with_guards(
             b.host_read()
         };
         let g = g.ok_or_else(|| Error::Unsupported {
-            backend: "CPU".into(),
+            backend: name.to_string(),
             what: format!("buffer '{}' is not host memory", b.name()),
         })?;
         if g.base().as_ptr() as usize != *base || g.size() != *size {
             return Err(Error::Backend {
-                backend: "CPU".into(),
+                backend: name.to_string(),
                 message: format!("buffer '{}' moved after the graph was prepared", b.name()),
             });
         }
@@ -1106,7 +1113,7 @@ fn with_guards(
     if rest.is_empty() {
         f()
     } else {
-        with_guards(rest, f)
+        with_guards(name, rest, f)
     }
 }
 

@@ -143,11 +143,11 @@ pub enum Error {
     /// The graph allocator cannot place a graph (bad buffer ids, a graph that changed without
     /// a new reserve, ...).
     #[error("graph allocator: {0}")]
-    GraphAlloc(String),
+    GraphAlloc(#[from] GraphAllocError),
     /// The scheduler cannot place or run a graph (no backend supports a node, a pre-allocated
     /// tensor in memory no capable backend can use, bad backend lists, ...).
     #[error("scheduler: {0}")]
-    Sched(String),
+    Sched(#[from] SchedError),
     /// A split state that does not fit its tensor or devices (meta device).
     #[error("invalid split: {0}")]
     InvalidSplit(String),
@@ -175,4 +175,145 @@ fn fmt_reason(reason: &str) -> String {
     } else {
         format!(" ({reason})")
     }
+}
+
+/// Why the graph allocator cannot place a graph.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphAllocError {
+    /// A buffer id outside the allocator's buffer types.
+    #[error(
+        "{what} {index} has buffer id {buffer_id}, but there are {n_buffer_types} buffer types"
+    )]
+    BufferIdOutOfRange {
+        /// "node" or "leaf" (or "buffer").
+        what: &'static str,
+        /// Which node or leaf.
+        index: usize,
+        /// The id given.
+        buffer_id: usize,
+        /// How many buffer types the allocator has.
+        n_buffer_types: usize,
+    },
+    /// A list of buffer ids whose length is not the graph's node or leaf count.
+    #[error("{given} {what} buffer ids for {expected} {what}s")]
+    BufferIdCount {
+        /// "node" or "leaf".
+        what: &'static str,
+        /// Ids given.
+        given: usize,
+        /// Nodes or leaves in the graph.
+        expected: usize,
+    },
+    /// The graph differs from the reserved one and the allocator has several buffer types, so
+    /// it cannot guess where each tensor goes.
+    #[error(
+        "the graph differs from the reserved one and there are several buffer types: call \
+         reserve_with with its buffer ids first"
+    )]
+    NeedsBufferIds,
+    /// A concurrency plan that does not describe this graph.
+    #[error("concurrency plan: {0}")]
+    BadConcurrencyPlan(String),
+    /// A tensor the plan gave no storage.
+    #[error("tensor '{0}' has no storage and the plan gave it none")]
+    NoPlacement(String),
+    /// The allocator's own bookkeeping is inconsistent (a bug, reported instead of a panic).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Why the scheduler cannot place or run a graph.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchedError {
+    /// An empty backend list.
+    #[error("no backends")]
+    NoBackends,
+    /// More backends than the scheduler supports.
+    #[error("{n} backends, at most {max} are supported")]
+    TooManyBackends {
+        /// Backends given.
+        n: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// `n_copies` of 0.
+    #[error("n_copies must be at least 1")]
+    NoCopies,
+    /// The last backend (the fallback for every op) is not a CPU backend.
+    #[error("the last backend must be a CPU backend, got '{0}'")]
+    LastBackendNotCpu(String),
+    /// A buffer type list of the wrong length.
+    #[error("{n_buffer_types} buffer types for {n_backends} backends")]
+    BufferTypeCount {
+        /// Buffer types given.
+        n_buffer_types: usize,
+        /// Backends given.
+        n_backends: usize,
+    },
+    /// A backend given a buffer type it cannot use.
+    #[error("backend '{backend}' cannot use buffer type '{buffer_type}'")]
+    BufferTypeUnusable {
+        /// The backend.
+        backend: String,
+        /// The buffer type.
+        buffer_type: String,
+    },
+    /// A backend index (an override) past the backend list.
+    #[error("backend {index} does not exist ({n_backends} backends)")]
+    UnknownBackend {
+        /// The index given.
+        index: usize,
+        /// Backends there are.
+        n_backends: usize,
+    },
+    /// A node no backend supports.
+    #[error("no backend supports node '{node}' ({op})")]
+    NoBackendSupports {
+        /// The node's name.
+        node: String,
+        /// Its op.
+        op: OpKind,
+    },
+    /// A node assigned (by an override or its weights) to a backend that cannot compute it.
+    #[error("node '{node}' ({op}) is assigned to backend '{backend}', which does not support it")]
+    AssignedBackendUnsupported {
+        /// The node's name.
+        node: String,
+        /// Its op.
+        op: OpKind,
+        /// The backend.
+        backend: String,
+    },
+    /// A pre-allocated tensor in memory that no backend able to compute its op can use.
+    #[error(
+        "tensor '{tensor}' ({op}) lives in buffer type '{buffer_type}', and no backend that can \
+         use that memory supports the op"
+    )]
+    MemoryUnusable {
+        /// The tensor's name.
+        tensor: String,
+        /// Its op.
+        op: OpKind,
+        /// Where it lives.
+        buffer_type: String,
+    },
+    /// A graph larger than the scheduler was sized for.
+    #[error("the graph has {n_tensors} tensors, the scheduler was made for at most {graph_size}")]
+    GraphTooLarge {
+        /// Tensors in the graph.
+        n_tensors: usize,
+        /// The scheduler's graph size.
+        graph_size: usize,
+    },
+    /// Computing before a graph was allocated.
+    #[error("no graph is allocated")]
+    NotAllocated,
+    /// A backend's concurrency plan of the wrong size.
+    #[error("backend '{0}' reported a concurrency plan of the wrong size")]
+    BadConcurrencyPlan(String),
+    /// The scheduler's own bookkeeping is inconsistent (a bug, reported instead of a panic).
+    #[error("internal error: {0}")]
+    Internal(String),
 }

@@ -24,7 +24,7 @@ pub mod trace;
 pub use backend::{Backend, Buffer, BufferType, BufferTypeRef, Device, DeviceRef};
 pub use context::Context;
 pub use dtype::DType;
-pub use error::{Error, Result};
+pub use error::{Error, GraphAllocError, Result, SchedError};
 pub use graph::Graph;
 pub use op::{Op, OpKind, RopeMode, RopeParams, UnaryOp};
 pub use sched::Scheduler;

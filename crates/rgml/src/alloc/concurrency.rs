@@ -15,7 +15,7 @@
 //! backend's encoding order the same.
 
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{GraphAllocError, Result};
 use crate::graph::Graph;
 use crate::tensor::TensorId;
 use std::collections::HashSet;
@@ -42,7 +42,7 @@ impl Concurrency {
 
     /// Groups starting at `starts` (strictly increasing, the first 0, all below `n_nodes`).
     pub fn from_starts(starts: Vec<usize>, n_nodes: usize) -> Result<Concurrency> {
-        let bad = |why: &str| Err(Error::GraphAlloc(format!("concurrency plan: {why}")));
+        let bad = |why: &str| Err(GraphAllocError::BadConcurrencyPlan(why.to_string()).into());
         if n_nodes == 0 {
             return if starts.is_empty() {
                 Ok(Concurrency { starts, n_nodes })
@@ -78,7 +78,7 @@ impl Concurrency {
                     None => return Ok(id),
                 }
             }
-            Err(Error::GraphAlloc("view chain too long or cyclic".into()))
+            Err(GraphAllocError::BadConcurrencyPlan("view chain too long or cyclic".into()).into())
         };
         let mut starts = Vec::new();
         let mut read: HashSet<TensorId> = HashSet::new();

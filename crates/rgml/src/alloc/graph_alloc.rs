@@ -53,7 +53,7 @@
 use super::Concurrency;
 use crate::backend::{same_instance, Buffer, BufferTypeRef, BufferUsage};
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, GraphAllocError, Result};
 use crate::graph::Graph;
 use crate::op::Op;
 use crate::tensor::{Tensor, TensorFlags, TensorId};
@@ -81,8 +81,9 @@ pub fn op_can_inplace(op: &Op) -> bool {
     )
 }
 
-fn alloc_error(msg: impl Into<String>) -> Error {
-    Error::GraphAlloc(msg.into())
+/// A broken invariant of the allocator's own bookkeeping, as an error instead of a panic.
+fn internal(msg: impl Into<String>) -> Error {
+    GraphAllocError::Internal(msg.into()).into()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,7 +252,7 @@ impl DynAllocator {
         let ch = self
             .chunks
             .get_mut(chunk)
-            .ok_or_else(|| alloc_error(format!("free in chunk {chunk}, which does not exist")))?;
+            .ok_or_else(|| internal(format!("free in chunk {chunk}, which does not exist")))?;
         ch.free(offset, size, end);
         Ok(())
     }
@@ -396,10 +397,12 @@ impl<'a> Planner<'a> {
 
     fn slot(&self, buffer_id: usize) -> Result<usize> {
         self.slot_of.get(buffer_id).copied().ok_or_else(|| {
-            alloc_error(format!(
-                "buffer id {buffer_id} is out of range ({} buffer types)",
-                self.slot_of.len()
-            ))
+            Error::from(GraphAllocError::BufferIdOutOfRange {
+                what: "buffer",
+                index: buffer_id,
+                buffer_id,
+                n_buffer_types: self.slot_of.len(),
+            })
         })
     }
 
@@ -828,7 +831,7 @@ impl GraphAllocator {
                 let buffer = match parts.len() {
                     1 => parts
                         .pop()
-                        .ok_or_else(|| alloc_error("no chunk to allocate"))?,
+                        .ok_or_else(|| internal("no chunk to allocate"))?,
                     _ => Buffer::multi(parts)?,
                 };
                 buffer.set_usage(BufferUsage::Compute);
@@ -877,17 +880,14 @@ impl GraphAllocator {
                 _ => None,
             };
             let Some((node_ids, leaf_ids, concurrency)) = ids else {
-                return Err(alloc_error(
-                    "the graph differs from the reserved one and there are several buffer \
-                     types: call reserve_with with its buffer ids first",
-                ));
+                return Err(GraphAllocError::NeedsBufferIds.into());
             };
             self.reserve_with_concurrency(ctx, graph, &node_ids, &leaf_ids, concurrency.as_ref())?;
         }
         let plan = self
             .plan
             .as_ref()
-            .ok_or_else(|| alloc_error("no plan after reserve"))?;
+            .ok_or_else(|| internal("no plan after reserve"))?;
         for buffer in self.buffers.iter().flatten() {
             buffer.reset();
         }
@@ -993,11 +993,12 @@ impl GraphAllocator {
         self.check_ids("leaf", leaf_buffer_ids, graph.leafs().len())?;
         if let Some(c) = concurrency {
             if c.n_nodes() != graph.n_nodes() {
-                return Err(alloc_error(format!(
-                    "the concurrency plan covers {} nodes, the graph has {}",
+                return Err(GraphAllocError::BadConcurrencyPlan(format!(
+                    "it covers {} nodes, the graph has {}",
                     c.n_nodes(),
                     graph.n_nodes()
-                )));
+                ))
+                .into());
             }
         }
         let mut planner = Planner::new(ctx, &self.slot_types, &self.slot_of);
@@ -1010,22 +1011,27 @@ impl GraphAllocator {
         )
     }
 
-    fn check_ids(&self, what: &str, ids: &[usize], expected: usize) -> Result<()> {
+    fn check_ids(&self, what: &'static str, ids: &[usize], expected: usize) -> Result<()> {
         if !ids.is_empty() && ids.len() != expected {
-            return Err(alloc_error(format!(
-                "{} {what} buffer ids for {expected} {what}s",
-                ids.len()
-            )));
+            return Err(GraphAllocError::BufferIdCount {
+                what,
+                given: ids.len(),
+                expected,
+            }
+            .into());
         }
         if let Some((i, &b)) = ids
             .iter()
             .enumerate()
             .find(|(_, &b)| b >= self.buffer_types.len())
         {
-            return Err(alloc_error(format!(
-                "{what} {i} has buffer id {b}, but there are {} buffer types",
-                self.buffer_types.len()
-            )));
+            return Err(GraphAllocError::BufferIdOutOfRange {
+                what,
+                index: i,
+                buffer_id: b,
+                n_buffer_types: self.buffer_types.len(),
+            }
+            .into());
         }
         Ok(())
     }
@@ -1087,12 +1093,10 @@ fn place(
                 .get(slot)
                 .and_then(|b| b.as_ref())
                 .and_then(|b| chunk_part(b, chunk))
-                .ok_or_else(|| alloc_error(format!("no buffer for tensor '{name}'")))?;
+                .ok_or_else(|| internal(format!("no buffer for tensor '{name}'")))?;
             ctx.set_data(id, buffer, offset)
         }
-        _ => Err(alloc_error(format!(
-            "tensor '{name}' has no storage and the plan gave it none"
-        ))),
+        _ => Err(GraphAllocError::NoPlacement(name.to_string()).into()),
     }
 }
 

@@ -6,7 +6,7 @@
 
 use crate::backend::{Backend, BufferTypeRef};
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Result, SchedError};
 use crate::op::Op;
 use crate::tensor::TensorData;
 use crate::tensor::{TensorFlags, TensorId};
@@ -79,13 +79,12 @@ impl<'a> Assigner<'a> {
         }
         if let Some(data) = root_data(self.ctx, id) {
             // Pre-allocated memory cannot move, and no backend that can use it runs this op.
-            return Err(Error::Sched(format!(
-                "tensor '{}' ({}) lives in buffer type '{}', and no backend that can use that \
-                 memory supports the op",
-                t.display_name(),
-                t.op.kind(),
-                data.buffer.buffer_type().name()
-            )));
+            return Err(SchedError::MemoryUnusable {
+                tensor: t.display_name().to_string(),
+                op: t.op.kind(),
+                buffer_type: data.buffer.buffer_type().name().to_string(),
+            }
+            .into());
         }
         if t.flags.contains(TensorFlags::INPUT) {
             return Ok(Some(self.last()));
@@ -246,20 +245,19 @@ impl<'a> Assigner<'a> {
             let t = &ctx[node];
             match cur {
                 None => {
-                    return Err(Error::Sched(format!(
-                        "no backend supports node '{}' ({})",
-                        t.display_name(),
-                        t.op.kind()
-                    )))
+                    return Err(SchedError::NoBackendSupports {
+                        node: t.display_name().to_string(),
+                        op: t.op.kind(),
+                    }
+                    .into())
                 }
                 Some(b) if !is_view_op(&t.op) && !self.supports_op(b, node) => {
-                    return Err(Error::Sched(format!(
-                        "node '{}' ({}) is assigned to backend {} ({}), which does not support it",
-                        t.display_name(),
-                        t.op.kind(),
-                        b,
-                        self.backends[b].name()
-                    )))
+                    return Err(SchedError::AssignedBackendUnsupported {
+                        node: t.display_name().to_string(),
+                        op: t.op.kind(),
+                        backend: self.backends[b].name().to_string(),
+                    }
+                    .into())
                 }
                 Some(_) => {}
             }

@@ -76,7 +76,7 @@ mod assign;
 use crate::alloc::{Concurrency, GraphAllocator};
 use crate::backend::{Backend, BufferTypeRef, DeviceType, Event};
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SchedError};
 use crate::graph::Graph;
 use crate::op::Op;
 use crate::tensor::{Tensor, TensorFlags, TensorId};
@@ -205,14 +205,15 @@ impl std::fmt::Debug for Scheduler {
     }
 }
 
-fn sched_error(msg: impl Into<String>) -> Error {
-    Error::Sched(msg.into())
+/// A broken invariant of the scheduler's own plan, as an error instead of a panic.
+fn internal(msg: impl Into<String>) -> Error {
+    SchedError::Internal(msg.into()).into()
 }
 
 /// The backend assigned to `id`.
 fn backend_of(ctx: &Context, ids: &[Option<usize>], id: TensorId) -> Result<usize> {
     ids.get(id.index()).copied().flatten().ok_or_else(|| {
-        sched_error(format!(
+        internal(format!(
             "tensor '{}' has no backend",
             ctx[id].display_name()
         ))
@@ -234,41 +235,41 @@ impl Scheduler {
     ) -> Result<Scheduler> {
         let n = backends.len();
         if n == 0 {
-            return Err(sched_error("no backends"));
+            return Err(SchedError::NoBackends.into());
         }
         if n > MAX_BACKENDS {
-            return Err(sched_error(format!(
-                "{n} backends, at most {MAX_BACKENDS} are supported"
-            )));
+            return Err(SchedError::TooManyBackends {
+                n,
+                max: MAX_BACKENDS,
+            }
+            .into());
         }
         if n_copies == 0 {
-            return Err(sched_error("n_copies must be at least 1"));
+            return Err(SchedError::NoCopies.into());
         }
         if let Some(last) = backends.last() {
             if last.device().device_type() != DeviceType::Cpu {
-                return Err(sched_error(format!(
-                    "the last backend must be a CPU backend, got '{}'",
-                    last.name()
-                )));
+                return Err(SchedError::LastBackendNotCpu(last.name().to_string()).into());
             }
         }
         let bufts = match buffer_types {
             Some(b) if b.len() != n => {
-                return Err(sched_error(format!(
-                    "{} buffer types for {n} backends",
-                    b.len()
-                )))
+                return Err(SchedError::BufferTypeCount {
+                    n_buffer_types: b.len(),
+                    n_backends: n,
+                }
+                .into())
             }
             Some(b) => b,
             None => backends.iter().map(|b| b.default_buffer_type()).collect(),
         };
         for (b, buft) in backends.iter().zip(&bufts) {
             if !b.supports_buffer_type(buft) {
-                return Err(sched_error(format!(
-                    "backend '{}' cannot use buffer type '{}'",
-                    b.name(),
-                    buft.name()
-                )));
+                return Err(SchedError::BufferTypeUnusable {
+                    backend: b.name().to_string(),
+                    buffer_type: buft.name().to_string(),
+                }
+                .into());
             }
         }
         let events = backends
@@ -373,10 +374,11 @@ impl Scheduler {
     /// decide. Holds until [`reset`](Self::reset).
     pub fn set_tensor_backend(&mut self, id: TensorId, backend: usize) -> Result<()> {
         if backend >= self.backends.len() {
-            return Err(sched_error(format!(
-                "backend {backend} does not exist ({} backends)",
-                self.backends.len()
-            )));
+            return Err(SchedError::UnknownBackend {
+                index: backend,
+                n_backends: self.backends.len(),
+            }
+            .into());
         }
         self.overrides.insert(id, backend);
         Ok(())
@@ -528,10 +530,10 @@ impl Scheduler {
                     c.append_starts(split.aug_start, &mut starts);
                 }
                 Some(_) => {
-                    return Err(sched_error(format!(
-                        "{} reported a concurrency plan of the wrong size",
-                        self.backends[split.backend].name()
-                    )))
+                    return Err(SchedError::BadConcurrencyPlan(
+                        self.backends[split.backend].name().to_string(),
+                    )
+                    .into())
                 }
                 None => starts.extend(split.aug_start..split.aug_start + n),
             }
@@ -559,10 +561,11 @@ impl Scheduler {
     fn split_graph(&self, user: &Context, graph: &Graph, cur_copy: usize) -> Result<Plan> {
         let n_user = graph.n_nodes() + graph.leafs().len();
         if n_user > self.graph_size {
-            return Err(sched_error(format!(
-                "the graph has {n_user} tensors, the scheduler was made for at most {}",
-                self.graph_size
-            )));
+            return Err(SchedError::GraphTooLarge {
+                n_tensors: n_user,
+                graph_size: self.graph_size,
+            }
+            .into());
         }
         let n_back = self.backends.len();
         let last = n_back - 1;
@@ -840,23 +843,20 @@ impl Scheduler {
 
     /// Run the splits of the allocated graph (ggml's `ggml_backend_sched_compute_splits`).
     fn compute_splits(&mut self, user: &Context) -> Result<()> {
-        let plan = self
-            .plan
-            .as_ref()
-            .ok_or_else(|| sched_error("no graph is allocated"))?;
+        let plan = self.plan.as_ref().ok_or(SchedError::NotAllocated)?;
         let c = plan.cur_copy;
         for (split_index, split) in plan.splits.iter().enumerate() {
             let b = split.backend;
             for &input in &split.inputs {
                 let t_copy = Instant::now();
                 let ib = plan.backend_ids[input.index()]
-                    .ok_or_else(|| sched_error("a split input has no backend"))?;
+                    .ok_or_else(|| internal("a split input has no backend"))?;
                 let cpy = plan
                     .copies
                     .get(&(input, b))
                     .and_then(|v| v.get(c))
                     .copied()
-                    .ok_or_else(|| sched_error("a split input has no copy"))?;
+                    .ok_or_else(|| internal("a split input has no copy"))?;
                 let event = self.events[b][c].as_ref();
                 if plan.ctx[input].flags.contains(TensorFlags::INPUT) {
                     // The caller may overwrite its input as soon as we return: copy it now.
@@ -868,7 +868,7 @@ impl Scheduler {
                     // work it has queued (which may still use that memory).
                     let bytes = plan.ctx.tensor_bytes(input)?;
                     if plan.ctx[cpy].nbytes() != bytes.len() {
-                        return Err(sched_error("a split input and its copy differ in size"));
+                        return Err(internal("a split input and its copy differ in size"));
                     }
                     self.backends[b].set_tensor_async(&plan.ctx, cpy, 0, &bytes)?;
                 } else {
@@ -879,7 +879,7 @@ impl Scheduler {
                     }
                     let (dst, src) = crate::backend::two_mut(&mut self.backends, b, ib)
                         .ok_or_else(|| {
-                            sched_error(format!("cannot borrow backends {b} and {ib} together"))
+                            internal(format!("cannot borrow backends {b} and {ib} together"))
                         })?;
                     crate::backend::tensor_copy_async(
                         dst.as_mut(),
@@ -938,7 +938,7 @@ impl Scheduler {
                         let mut need;
                         loop {
                             let u = plan.to_user.get(&nodes[j1]).copied().ok_or_else(|| {
-                                sched_error("a split node is not in the caller's graph")
+                                internal("a split node is not in the caller's graph")
                             })?;
                             need = cb(user, u, true);
                             if need || j1 + 1 == nodes.len() {
