@@ -108,6 +108,15 @@ pub enum Error {
         /// Comma-separated names that exist.
         available: String,
     },
+    /// A device asked for before any backend registered its devices.
+    #[error(
+        "unknown device '{name}': no backend is registered (call the backend crate's register(), \
+         e.g. rgml_cpu::register(), before opening devices)"
+    )]
+    NoBackendsRegistered {
+        /// The name asked for.
+        name: String,
+    },
     /// Bad `key=value` parameters for a backend.
     #[error("invalid backend parameters '{params}': {reason}")]
     InvalidParams {

@@ -42,8 +42,15 @@ pub fn devices() -> Vec<DeviceRef> {
     devs
 }
 
-/// The device called `name` (case-insensitive).
+/// The device called `name` (case-insensitive). With no backend registered at all, the error
+/// says so and what to call (a program registers the backends it links, e.g.
+/// `rgml_cpu::register()`).
 pub fn device(name: &str) -> Result<DeviceRef> {
+    if registries().is_empty() {
+        return Err(Error::NoBackendsRegistered {
+            name: name.to_string(),
+        });
+    }
     let devs = devices();
     devs.iter()
         .find(|d| d.name().eq_ignore_ascii_case(name))
@@ -78,6 +85,17 @@ mod tests {
 
     #[test]
     fn unknown_device_is_an_error() {
+        // Registered here so the message is the unknown-device one whatever else ran first.
+        struct Empty;
+        impl Registry for Empty {
+            fn name(&self) -> &str {
+                "Empty"
+            }
+            fn devices(&self) -> Vec<DeviceRef> {
+                Vec::new()
+            }
+        }
+        register(Arc::new(Empty));
         let err = init_backend("NoSuchDevice0:x=1")
             .err()
             .map(|e| e.to_string())
