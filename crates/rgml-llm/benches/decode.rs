@@ -3,7 +3,12 @@
 //! token of `rgml bench`'s tg test sees it: positions 16..80 of a context that a 16-token prompt
 //! filled. Prints the median and mean step time, tokens/s, and the weight bytes streamed per
 //! second. Skips, with a message, when the demo model is absent (scripts/fetch-model.sh).
+//!
+//! Then the scheduler's own cost per step, which every session pays (one execution path): the
+//! same one-token graph computed through a `Scheduler` over a backend that does no work, as a
+//! share of the decode step.
 
+use rgml::{Backend, Context, DeviceRef, Graph, Scheduler};
 use rgml_llm::{Logits, Model, Session, SessionOptions};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -67,5 +72,56 @@ fn main() {
         mean * 1e3,
         1.0 / median,
         bytes / median / 1e9
+    );
+    scheduler_overhead(&mut session, median);
+}
+
+/// A backend that computes nothing: what remains of a scheduled step is the scheduler's work.
+struct Idle(DeviceRef);
+
+impl Backend for Idle {
+    fn name(&self) -> &str {
+        "Idle"
+    }
+    fn device(&self) -> DeviceRef {
+        self.0.clone()
+    }
+    fn graph_compute_async(&mut self, _ctx: &Context, _graph: &Graph) -> rgml::Result<()> {
+        Ok(())
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// Print the scheduler's time per decode step (the session's one-token graph, computed again
+/// as a decode step computes it) beside the step's median time.
+fn scheduler_overhead(session: &mut Session, step: f64) {
+    session.reset();
+    let (ctx, graph) = session.prompt_graph(&[1]).expect("a one-token graph");
+    let mut ctx = ctx.clone();
+    let device = rgml::registry::device("CPU").expect("the CPU device");
+    let mut sched =
+        Scheduler::new(vec![Box::new(Idle(device))], None, 1 << 14, 1, true).expect("scheduler");
+    sched.alloc_graph(&mut ctx, &graph).expect("allocate");
+    let n = 2000;
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        sched.graph_compute(&mut ctx, &graph).expect("compute");
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[n / 2];
+    println!();
+    println!(
+        "| scheduler per step ({} nodes, one backend) | median | share of a decode step |",
+        graph.n_nodes()
+    );
+    println!("| --- | ---: | ---: |");
+    println!(
+        "| one split, no copies | {:.2} µs | {:.2}% |",
+        median * 1e6,
+        100.0 * median / step
     );
 }

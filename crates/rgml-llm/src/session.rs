@@ -1,9 +1,11 @@
 //! Inference state: the KV cache, the per-batch LLaMA graph, and evaluation.
 //!
-//! A [`Session`] owns a backend, a graph allocator and a KV cache for one model. Each call to
-//! [`Session::eval`] (or [`Session::decode`], which does not copy the logits out) builds the
-//! graph for one micro-batch on top of the model's weight tensors, allocates it with the graph
-//! allocator (whose buffer is reused between steps), computes it and returns logits. The graph
+//! A [`Session`] owns a [`Scheduler`] over its backends and a KV cache for one model. Each
+//! call to [`Session::eval`] (or [`Session::decode`], which does not copy the logits out)
+//! builds the graph for one micro-batch on top of the model's weight tensors, allocates it
+//! through the scheduler (whose compute buffers are reused between steps), computes it and
+//! returns logits. There is one execution path: a model on one device gets a scheduler with
+//! that device's backend alone (one split, no copies), a split model one backend per device. The graph
 //! depends only on the batch size and the number of cache cells attended to (a multiple of
 //! 32): where the batch goes is in its inputs (the K/V stores are SET_ROWS at the
 //! positions, the mask covers the cells). So the next micro-batch of the same key computes the
@@ -22,10 +24,10 @@
 
 use crate::error::{LlmError, Result};
 use crate::model::Model;
-use rgml::alloc::{GraphAllocator, TensorAllocator};
+use rgml::alloc::TensorAllocator;
 use rgml::backend::{Buffer, BufferUsage};
 use rgml::sched::Scheduler;
-use rgml::trace::{Trace, TraceArg};
+use rgml::trace::Trace;
 use rgml::{Backend, Context, DType, Graph, RopeParams, TensorFlags, TensorId};
 use std::sync::Arc;
 
@@ -79,26 +81,14 @@ struct KvCache {
 /// prompt micro-batches can be in flight together (llama.cpp's default pipeline depth).
 pub const N_COPIES_SPLIT: usize = 4;
 
-/// How graphs are computed.
-enum Exec {
-    /// One backend, with a graph allocator of its buffer type.
-    Single {
-        backend: Box<dyn Backend>,
-        /// Boxed, as the scheduler is: both are large.
-        galloc: Box<GraphAllocator>,
-        trace: Option<(Arc<Trace>, usize)>,
-    },
-    /// Several devices through the scheduler.
-    Sched(Box<Scheduler>),
-}
-
 /// Inference state for one sequence.
 pub struct Session<'m> {
     model: &'m Model,
     ctx: Context,
     n_base: usize,
     kv: KvCache,
-    exec: Exec,
+    /// Runs every graph: over the model's device alone, or over its devices and the CPU.
+    sched: Box<Scheduler>,
     n_past: usize,
     n_ubatch: usize,
     capture: Option<Vec<Captured>>,
@@ -164,7 +154,7 @@ impl<'m> Session<'m> {
                 "n_ctx and n_ubatch must be positive".into(),
             ));
         }
-        let (exec, bufts) = open_backends(model, &options.backend)?;
+        let (sched, bufts) = open_backends(model, &options.backend)?;
         let mut ctx = model.ctx.clone();
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -218,7 +208,7 @@ impl<'m> Session<'m> {
                 cells,
                 _buffers: buffers,
             },
-            exec,
+            sched,
             n_past: 0,
             n_ubatch: options.n_ubatch,
             capture: None,
@@ -242,40 +232,21 @@ impl<'m> Session<'m> {
         self.model
     }
 
-    /// The backend (e.g. to set a CPU thread count); with a split model, the first device's.
-    pub fn backend_mut(&mut self) -> &mut dyn Backend {
-        match &mut self.exec {
-            Exec::Single { backend, .. } => backend.as_mut(),
-            Exec::Sched(sched) => match sched.backend_mut(0) {
-                Some(b) => b,
-                // A scheduler always has at least one backend (`Scheduler::new` checks).
-                None => unreachable!("a scheduler without backends"),
-            },
-        }
+    /// The backend of the model's (first) device, e.g. to set a CPU thread count.
+    pub fn backend_mut(&mut self) -> Option<&mut (dyn Backend + 'static)> {
+        self.sched.backend_mut(0)
     }
 
-    /// The scheduler, when the model is split over several devices (for its splits and copy
-    /// statistics).
-    pub fn scheduler(&self) -> Option<&Scheduler> {
-        match &self.exec {
-            Exec::Single { .. } => None,
-            Exec::Sched(sched) => Some(sched),
-        }
+    /// The scheduler that runs the session's graphs (for its splits and copy statistics): one
+    /// split on one backend for a model on one device.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
     }
 
-    /// Record evaluations into `trace`: with a split model the scheduler's splits and copies
-    /// (see [`Scheduler::set_trace`]); with one device one `"graph"` span per micro-batch on
-    /// the device's track.
+    /// Record evaluations into `trace`: the scheduler's splits and copies, a track per backend
+    /// (see [`Scheduler::set_trace`]); backends add their own spans (a GPU's command buffers).
     pub fn set_trace(&mut self, recorder: Arc<Trace>) {
-        match &mut self.exec {
-            Exec::Single { backend, trace, .. } => {
-                let track = recorder.track(backend.name());
-                // The backend adds its own spans (a GPU's command buffers) on the same track.
-                backend.set_trace(Some((recorder.clone(), track)));
-                *trace = Some((recorder, track));
-            }
-            Exec::Sched(sched) => sched.set_trace(recorder),
-        }
+        self.sched.set_trace(recorder);
     }
 
     /// Debugging aid: while on, every evaluation also keeps the main intermediate tensors of its
@@ -333,9 +304,7 @@ impl<'m> Session<'m> {
             // for all of them (and reports their errors).
             if let Err(e) = self.eval_ubatch(chunk, which == Logits::All, read, out) {
                 // Let queued micro-batches finish before reporting; theirs would be stale.
-                if let Exec::Sched(sched) = &mut self.exec {
-                    let _ = sched.synchronize();
-                }
+                let _ = self.sched.synchronize();
                 return Err(e);
             }
         }
@@ -441,31 +410,12 @@ impl<'m> Session<'m> {
     ) -> Result<()> {
         self.set_inputs(g, tokens)?;
         let capture = self.capture.is_some();
-        match &mut self.exec {
-            Exec::Single { backend, trace, .. } => {
-                let start = std::time::Instant::now();
-                backend.graph_compute(&self.ctx, &g.graph)?;
-                if let Some((recorder, track)) = trace {
-                    let nodes = TraceArg::Int(g.graph.n_nodes() as u64);
-                    let end = std::time::Instant::now();
-                    recorder.span(
-                        *track,
-                        "graph",
-                        "split",
-                        start,
-                        end,
-                        vec![("nodes".into(), nodes)],
-                    );
-                }
-            }
-            Exec::Sched(sched) if read || capture => {
-                sched.graph_compute(&mut self.ctx, &g.graph)?
-            }
-            Exec::Sched(sched) => {
-                sched.graph_compute_async(&mut self.ctx, &g.graph)?;
-                self.n_past += tokens.len();
-                return Ok(());
-            }
+        if read || capture {
+            self.sched.graph_compute(&mut self.ctx, &g.graph)?;
+        } else {
+            self.sched.graph_compute_async(&mut self.ctx, &g.graph)?;
+            self.n_past += tokens.len();
+            return Ok(());
         }
         self.n_past += tokens.len();
         if let Some(kept) = &mut self.capture {
@@ -491,17 +441,12 @@ impl<'m> Session<'m> {
     /// allocate it.
     fn build_ubatch(&mut self, key: GraphKey, capture: bool) -> Result<BatchGraph> {
         let g = build_graph(&mut self.ctx, self.model, &self.kv, key, capture)?;
-        match &mut self.exec {
-            Exec::Single { galloc, .. } => galloc.alloc_graph(&mut self.ctx, &g.graph)?,
-            Exec::Sched(sched) => {
-                // Overrides name tensor ids, which the next graph reuses: start afresh.
-                sched.reset();
-                for &(id, dev) in &g.pins {
-                    sched.set_tensor_backend(id, dev)?;
-                }
-                sched.alloc_graph(&mut self.ctx, &g.graph)?
-            }
+        // Overrides name tensor ids, which the next graph reuses: start afresh.
+        self.sched.reset();
+        for &(id, dev) in &g.pins {
+            self.sched.set_tensor_backend(id, dev)?;
         }
+        self.sched.alloc_graph(&mut self.ctx, &g.graph)?;
         Ok(g)
     }
 
@@ -531,9 +476,11 @@ impl<'m> Session<'m> {
     }
 }
 
-/// The backends for `model` from the session's backend `spec`, and the KV-cache buffer type of
-/// each of the model's devices.
-fn open_backends(model: &Model, spec: &str) -> Result<(Exec, Vec<rgml::BufferTypeRef>)> {
+/// The scheduler over the backends for `model` from the session's backend `spec`, and the
+/// KV-cache buffer type of each of the model's devices.
+fn open_backends(model: &Model, spec: &str) -> Result<(Box<Scheduler>, Vec<rgml::BufferTypeRef>)> {
+    // Nodes and leafs of one graph: about 60 per block, plus room for capture views.
+    let graph_size = 128 * (model.config.n_layer + 2);
     let devices = model.devices();
     if devices.len() == 1 {
         // The model's own device when the spec names it (a meta device is in no registry),
@@ -545,12 +492,9 @@ fn open_backends(model: &Model, spec: &str) -> Result<(Exec, Vec<rgml::BufferTyp
             rgml::registry::init_backend(spec)?
         };
         let buft = backend.default_buffer_type();
-        let exec = Exec::Single {
-            backend,
-            galloc: Box::new(GraphAllocator::new(vec![buft.clone()])),
-            trace: None,
-        };
-        return Ok((exec, vec![buft]));
+        // One backend: one split, no copies, so one copy of the (absent) split inputs.
+        let sched = Scheduler::new(vec![backend], None, graph_size, 1, true)?;
+        return Ok((Box::new(sched), vec![buft]));
     }
     let (names, params) = spec.split_once(':').unwrap_or((spec, ""));
     let names: Vec<&str> = names.split(',').map(str::trim).collect();
@@ -578,10 +522,8 @@ fn open_backends(model: &Model, spec: &str) -> Result<(Exec, Vec<rgml::BufferTyp
     // The scheduler runs what no device takes (inputs, the token embeddings in host memory)
     // on a CPU backend, which must come last.
     backends.push(rgml::registry::init_backend(&format!("CPU:{params}"))?);
-    // Nodes and leafs of one graph: about 60 per block, plus room for capture views.
-    let graph_size = 128 * (model.config.n_layer + 2);
     let sched = Scheduler::new(backends, None, graph_size, N_COPIES_SPLIT, true)?;
-    Ok((Exec::Sched(Box::new(sched)), bufts))
+    Ok((Box::new(sched), bufts))
 }
 
 /// KV cells the attention reads: the used ones rounded up to a multiple of [`KV_PAD`] (at most

@@ -3,7 +3,9 @@
 
 #[test]
 fn opening_a_device_before_registering_says_what_to_call() {
-    let err = rgml::registry::init_backend("CPU").err().expect("no backend is registered");
+    let err = rgml::registry::init_backend("CPU")
+        .err()
+        .expect("no backend is registered");
     assert!(
         matches!(&err, rgml::Error::NoBackendsRegistered { name } if name == "CPU"),
         "{err:?}"

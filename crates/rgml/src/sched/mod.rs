@@ -247,7 +247,9 @@ impl Scheduler {
         if n_copies == 0 {
             return Err(SchedError::NoCopies.into());
         }
-        if let Some(last) = backends.last() {
+        // The last backend takes what no other can (inputs, ops no device supports), which the
+        // CPU can; a lone backend takes everything, whatever it is.
+        if let Some(last) = backends.last().filter(|_| n > 1) {
             if last.device().device_type() != DeviceType::Cpu {
                 return Err(SchedError::LastBackendNotCpu(last.name().to_string()).into());
             }
