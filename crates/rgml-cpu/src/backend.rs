@@ -2,7 +2,7 @@
 //! order on a persistent thread pool, ggml-style: every thread visits every node, computes its
 //! share, and meets the others at a barrier before the next node.
 //!
-//! This module owns the threading, the work area, the prepared-job cache and the safety checks
+//! This module owns the threading, the work area, the plans (prepared jobs) and the safety checks
 //! that make the kernels' raw pointers sound (host guards, exclusive for the buffers a graph
 //! writes and shared for those it only reads; in-bounds extents; no writes to read-only memory;
 //! sources overlapping a destination only as exact in-place aliases).
@@ -12,16 +12,15 @@
 //! the caller of `graph_compute` in synchronous mode, the backend's worker thread in
 //! asynchronous mode. Launching a job allocates nothing.
 //!
-//! **Job cache**: preparing a graph (support checks, views, extents, barrier plan) builds a
-//! [`Job`]; the backend keeps the last few (`JOB_CACHE_SLOTS`) with a key of everything they
-//! were built from: the node list, and for every node and each source of the nodes that run,
-//! the op with its parameters (bit for bit), dtype, shape, strides, view source, storage
-//! (buffer id, offset) and, for views, the buffer of their source (which decides whether they
-//! count as repacked memory); and each buffer's base, size and flags. A graph computed again
-//! with all of that unchanged (a decode loop reusing its graph) reuses the job after an
-//! element-wise comparison that allocates nothing; any difference prepares anew. Values are
-//! never part of the key: a cached job reads the tensors' current bytes like a new one. A
-//! cached job holds its buffers (`Arc`) until it is replaced or the backend dropped.
+//! **Plans** (ggml's `graph_plan`): preparing a graph (support checks, views, extents,
+//! barrier plan) builds a [`Job`], held by a [`GraphPlan`]. `graph_compute_async` keeps the
+//! plans of the last few graphs (`PLAN_SLOTS`) and reuses one while the graph's uid and the
+//! context's uid and epoch are those it was made for (see [`GraphPlan`]: every change of tensor
+//! metadata advances the epoch), so a decode loop computing its graph again finds its plan with
+//! a few integer comparisons and allocates nothing; anything else prepares anew. Values are
+//! never part of a plan: it reads the tensors' current bytes like a new one. A kept plan holds
+//! its buffers (`Arc`) until it is replaced or the backend dropped. `graph_plan_create` and
+//! `graph_plan_compute_async` expose the same plans to callers that keep their own.
 //!
 //! **Asynchronous mode** (default for the `CPU0`, `CPU1`, ... devices, or backend parameter
 //! `async=1`; the plain "CPU" device is synchronous unless `async=1`): the backend owns one
@@ -46,11 +45,8 @@ use crate::buffer::CPU_ALIGNMENT;
 use crate::kernels::{self, NodeTask, SharedWork, TensorView, ThreadCtx};
 use crate::pool::Pool;
 use rgml::backend::AlignedMem;
-use rgml::backend::{Event, EventImpl, HostAccess};
-use rgml::{
-    Backend, Buffer, Context, DType, DeviceRef, Error, Graph, Op, Result, RopeParams, Tensor,
-    TensorId,
-};
+use rgml::backend::{Event, EventImpl, GraphPlan, HostAccess};
+use rgml::{Backend, Buffer, Context, DeviceRef, Error, Graph, Result, Tensor, TensorId};
 use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,8 +64,8 @@ pub struct CpuBackend {
     engine: Arc<Mutex<Engine>>,
     /// The worker thread of asynchronous mode.
     worker: Option<Worker>,
-    /// The jobs of the last graphs prepared, most recently used first.
-    jobs: Vec<CachedJob>,
+    /// The plans of the last graphs computed, most recently used first.
+    plans: Vec<GraphPlan>,
 }
 
 /// What running a job needs besides the job itself.
@@ -280,250 +276,12 @@ impl std::fmt::Debug for CpuBackend {
     }
 }
 
-/// How many prepared jobs a backend keeps: enough for a few graphs computed in turn (a
-/// scheduler's splits on this backend, a decode graph beside a prompt graph).
-const JOB_CACHE_SLOTS: usize = 4;
+/// How many plans a backend keeps: enough for a few graphs computed in turn (a scheduler's
+/// splits on this backend, a decode graph beside a prompt graph).
+const PLAN_SLOTS: usize = 4;
 
-/// A prepared job and everything [`CpuBackend::prepare`] built it from, so that it is reused
-/// only while computing the graph again would build exactly the same job.
-struct CachedJob {
-    /// The key of each graph node, in order.
-    nodes: Vec<TensorKey>,
-    /// The sources of the nodes that run, in order.
-    srcs: Vec<SrcKey>,
-    /// Per buffer of the job (same order): (host memory, read-only) when prepared.
-    buffer_flags: Vec<(bool, bool)>,
-    /// `None`: the graph runs nothing (only view nodes).
-    job: Option<Arc<Job>>,
-}
-
-/// A source in a [`CachedJob`]'s key.
-#[derive(Clone, Copy, Debug)]
-enum SrcKey {
-    /// A node of the graph: the node's own key covers what `prepare` reads of it (the node
-    /// lists must be equal, so it is a node of the graph compared too), only its id is compared
-    /// here.
-    Node(TensorId),
-    /// Any other tensor (a weight, an input, a node of an earlier split).
-    Tensor(TensorKey),
-}
-
-/// What `prepare` reads of one tensor (directly, or through `check_supported`, `work_size`,
-/// `TensorView::new` and the packed check).
-#[derive(Clone, Copy, Debug)]
-struct TensorKey {
-    id: TensorId,
-    op: Op,
-    dtype: DType,
-    ne: [usize; 4],
-    nb: [usize; 4],
-    view_src: Option<TensorId>,
-    n_src: usize,
-    /// (buffer id, byte offset) of the storage.
-    storage: Option<(u64, usize)>,
-    /// A view: the buffer id of its source's storage. With `storage`, this fixes whether the
-    /// bytes count as repacked memory (`kernels::in_repack_memory`): buffer ids are never
-    /// reused, so an equal id is the same buffer, of the same type.
-    root_storage: Option<u64>,
-}
-
-impl TensorKey {
-    fn of(ctx: &Context, id: TensorId) -> Option<(TensorKey, &Tensor)> {
-        let t = ctx.get(id).ok()?;
-        let key = TensorKey {
-            id,
-            op: t.op,
-            dtype: t.dtype,
-            ne: t.ne,
-            nb: t.nb,
-            view_src: t.view_src,
-            n_src: t.src.len(),
-            storage: t.data.as_ref().map(|d| (d.buffer.id(), d.offset)),
-            root_storage: t
-                .view_src
-                .and_then(|v| ctx.get(v).ok()?.data.as_ref().map(|d| d.buffer.id())),
-        };
-        Some((key, t))
-    }
-
-    fn same(&self, o: &TensorKey) -> bool {
-        self.id == o.id
-            && same_op(&self.op, &o.op)
-            && self.dtype == o.dtype
-            && self.ne == o.ne
-            && self.nb == o.nb
-            && self.view_src == o.view_src
-            && self.n_src == o.n_src
-            && self.storage == o.storage
-            && self.root_storage == o.root_storage
-    }
-}
-
-/// Whether two ops are the same with bit-identical parameters (`==` on floats would take -0.0
-/// for 0.0). Exhaustive, so a new op must say how its parameters compare.
-fn same_op(a: &Op, b: &Op) -> bool {
-    let bits = |x: &f32, y: &f32| x.to_bits() == y.to_bits();
-    match (a, b) {
-        (Op::Scale { scale, bias }, Op::Scale { scale: s, bias: c }) => {
-            bits(scale, s) && bits(bias, c)
-        }
-        (Op::RmsNorm { eps }, Op::RmsNorm { eps: e }) | (Op::Norm { eps }, Op::Norm { eps: e }) => {
-            bits(eps, e)
-        }
-        (
-            Op::SoftMax { scale, max_bias },
-            Op::SoftMax {
-                scale: s,
-                max_bias: m,
-            },
-        ) => bits(scale, s) && bits(max_bias, m),
-        (Op::Rope(p), Op::Rope(q)) => {
-            let RopeParams {
-                mode,
-                n_dims,
-                n_ctx_orig,
-                freq_base,
-                freq_scale,
-                ext_factor,
-                attn_factor,
-                beta_fast,
-                beta_slow,
-            } = p;
-            *mode == q.mode
-                && *n_dims == q.n_dims
-                && *n_ctx_orig == q.n_ctx_orig
-                && bits(freq_base, &q.freq_base)
-                && bits(freq_scale, &q.freq_scale)
-                && bits(ext_factor, &q.ext_factor)
-                && bits(attn_factor, &q.attn_factor)
-                && bits(beta_fast, &q.beta_fast)
-                && bits(beta_slow, &q.beta_slow)
-        }
-        (
-            Op::Scale { .. }
-            | Op::RmsNorm { .. }
-            | Op::Norm { .. }
-            | Op::SoftMax { .. }
-            | Op::Rope(_),
-            _,
-        ) => false,
-        // No float parameters: plain equality.
-        (
-            Op::None
-            | Op::Dup
-            | Op::Cpy
-            | Op::Cont
-            | Op::Reshape
-            | Op::View { .. }
-            | Op::Permute { .. }
-            | Op::Transpose
-            | Op::GetRows
-            | Op::SetRows
-            | Op::Add
-            | Op::Sub
-            | Op::Mul
-            | Op::Div
-            | Op::MulMat
-            | Op::DiagMaskInf { .. }
-            | Op::Unary(_)
-            | Op::Swiglu
-            | Op::Concat { .. }
-            | Op::Argmax,
-            _,
-        ) => a == b,
-    }
-}
-
-impl CachedJob {
-    /// Whether computing `graph` of `ctx` now would prepare exactly this job: same nodes,
-    /// same tensors (ops, layouts, storage), same buffers (base, size, flags). Allocates
-    /// nothing.
-    fn matches(&self, ctx: &Context, graph: &Graph) -> bool {
-        if graph.n_nodes() != self.nodes.len() {
-            return false;
-        }
-        let mut srcs = self.srcs.iter();
-        for (&id, cached) in graph.nodes().iter().zip(&self.nodes) {
-            let Some((key, t)) = TensorKey::of(ctx, id) else {
-                return false;
-            };
-            if !cached.same(&key) {
-                return false;
-            }
-            if key.op.kind().is_view() {
-                continue;
-            }
-            for &s in &t.src {
-                let same = match srcs.next() {
-                    Some(SrcKey::Node(n)) => *n == s,
-                    Some(SrcKey::Tensor(c)) => {
-                        TensorKey::of(ctx, s).is_some_and(|(k, _)| c.same(&k))
-                    }
-                    None => false,
-                };
-                if !same {
-                    return false;
-                }
-            }
-        }
-        if srcs.next().is_some() {
-            return false;
-        }
-        let Some(job) = &self.job else {
-            return true;
-        };
-        job.buffers
-            .iter()
-            .zip(&self.buffer_flags)
-            .all(|((b, base, size, _), &flags)| {
-                b.imp().base().map(|p| p.as_ptr() as usize) == Some(*base)
-                    && b.size() == *size
-                    && (b.is_host(), b.is_read_only()) == flags
-            })
-    }
-
-    /// The record of `job`, prepared from `graph` of `ctx`; `reuse` (an evicted record) lends
-    /// its storage.
-    fn new(
-        ctx: &Context,
-        graph: &Graph,
-        job: Option<Arc<Job>>,
-        reuse: Option<CachedJob>,
-    ) -> Option<CachedJob> {
-        let (mut nodes, mut srcs) = reuse.map_or_else(Default::default, |c| (c.nodes, c.srcs));
-        nodes.clear();
-        srcs.clear();
-        // Sorted node ids (usually sorted already: nodes are created in graph order).
-        let mut in_graph = graph.nodes().to_vec();
-        in_graph.sort_unstable();
-        for &id in graph.nodes() {
-            let (key, t) = TensorKey::of(ctx, id)?;
-            nodes.push(key);
-            if key.op.kind().is_view() {
-                continue;
-            }
-            for &s in &t.src {
-                srcs.push(if in_graph.binary_search(&s).is_ok() {
-                    SrcKey::Node(s)
-                } else {
-                    SrcKey::Tensor(TensorKey::of(ctx, s)?.0)
-                });
-            }
-        }
-        let buffer_flags = job.as_ref().map_or_else(Vec::new, |j| {
-            j.buffers
-                .iter()
-                .map(|(b, _, _, _)| (b.is_host(), b.is_read_only()))
-                .collect()
-        });
-        Some(CachedJob {
-            nodes,
-            srcs,
-            buffer_flags,
-            job,
-        })
-    }
-}
+/// What a CPU plan holds: the prepared job (`None`: the graph runs nothing, only views).
+struct CpuPlan(Option<Arc<Job>>);
 
 fn align64(n: usize) -> Result<usize> {
     n.checked_next_multiple_of(CPU_ALIGNMENT)
@@ -580,7 +338,7 @@ impl CpuBackend {
                 work: AlignedMem::new(0, CPU_ALIGNMENT, "CPU work area")?,
             })),
             worker: None,
-            jobs: Vec::with_capacity(JOB_CACHE_SLOTS),
+            plans: Vec::with_capacity(PLAN_SLOTS),
         })
     }
 
@@ -687,25 +445,37 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// The job for `graph`: a cached one when the graph and everything it was prepared from
-    /// are unchanged (no allocation), else a newly prepared one, which replaces the least
-    /// recently used cached job.
+    /// The job for `graph`: from a kept plan while the graph and the context are unchanged
+    /// (three comparisons per plan, no allocation), else from a new plan, which replaces the
+    /// least recently used one.
     fn job_for(&mut self, ctx: &Context, graph: &Graph) -> Result<Option<Arc<Job>>> {
-        if let Some(i) = self.jobs.iter().position(|c| c.matches(ctx, graph)) {
+        if let Some(i) = self.plans.iter().position(|p| p.is_for(ctx, graph)) {
             // Most recently used first (a rotation: no allocation).
-            self.jobs[..=i].rotate_right(1);
-            return Ok(self.jobs[0].job.clone());
+            self.plans[..=i].rotate_right(1);
+            return Ok(self.plans[0]
+                .prepared::<CpuPlan>()
+                .and_then(|p| p.0.clone()));
         }
-        let job = self.prepare(ctx, graph)?.map(Arc::new);
-        let evicted = if self.jobs.len() >= JOB_CACHE_SLOTS {
-            self.jobs.pop()
-        } else {
-            None
-        };
-        if let Some(cached) = CachedJob::new(ctx, graph, job.clone(), evicted) {
-            self.jobs.insert(0, cached);
-        }
+        let plan = self.graph_plan_create(ctx, graph)?;
+        let job = plan.prepared::<CpuPlan>().and_then(|p| p.0.clone());
+        self.plans.truncate(PLAN_SLOTS - 1);
+        self.plans.insert(0, plan);
         Ok(job)
+    }
+
+    /// Queue `job` (or run it now, in synchronous mode).
+    fn launch(&mut self, job: Arc<Job>) -> Result<()> {
+        match &self.worker {
+            Some(w) => {
+                w.queue.push(Item::Compute(job));
+                Ok(())
+            }
+            None => self
+                .engine
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .execute(&job),
+        }
     }
 
     /// Check every node and build the node tasks: a job that owns everything it needs (`None`
@@ -1141,19 +911,34 @@ impl Backend for CpuBackend {
     }
 
     fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
-        let Some(job) = self.job_for(ctx, graph)? else {
-            return Ok(());
+        match self.job_for(ctx, graph)? {
+            Some(job) => self.launch(job),
+            None => Ok(()),
+        }
+    }
+
+    /// The checked job (views, extents, barrier plan) for `graph`, holding its buffers.
+    fn graph_plan_create(&mut self, ctx: &Context, graph: &Graph) -> Result<GraphPlan> {
+        let job = self.prepare(ctx, graph)?.map(Arc::new);
+        Ok(GraphPlan::new(
+            ctx,
+            graph,
+            self.device.name(),
+            Arc::new(CpuPlan(job)),
+        ))
+    }
+
+    fn graph_plan_compute_async(&mut self, ctx: &Context, plan: &GraphPlan) -> Result<()> {
+        plan.check_current(ctx)?;
+        let Some(CpuPlan(job)) = plan.prepared::<CpuPlan>() else {
+            return Err(Error::Unsupported {
+                backend: self.device.name().to_string(),
+                what: format!("a graph plan made by '{}'", plan.backend()),
+            });
         };
-        match &self.worker {
-            Some(w) => {
-                w.queue.push(Item::Compute(job));
-                Ok(())
-            }
-            None => self
-                .engine
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .execute(&job),
+        match job {
+            Some(job) => self.launch(job.clone()),
+            None => Ok(()),
         }
     }
 

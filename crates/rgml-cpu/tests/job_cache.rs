@@ -231,3 +231,37 @@ fn a_node_reading_another_node_rebuilds_the_job() {
         }
     }
 }
+
+#[test]
+fn explicit_plans_compute_the_graph_and_go_stale_when_metadata_changes() {
+    for (threads, asynchronous) in MODES {
+        let mut net = Net::new(0);
+        let mut be = backend(threads, asynchronous);
+        let first = compute_checked(&mut be, &net.ctx, &net.graph, &net.outs);
+        let plan = be.graph_plan_create(&net.ctx, &net.graph).unwrap();
+        assert!(plan.is_for(&net.ctx, &net.graph));
+        for o in &net.outs {
+            let n = net.ctx[*o].nbytes();
+            net.ctx.tensor_memset(*o, 0, 0, n).unwrap();
+        }
+        be.graph_plan_compute_async(&net.ctx, &plan).unwrap();
+        be.synchronize().unwrap();
+        assert_eq!(net.outputs(), first);
+        // New values are not metadata: the plan stays current and reads them.
+        common::set(&net.ctx, net.x, 77);
+        assert!(plan.is_current(&net.ctx));
+        // A copy of the context is another context.
+        let copy = net.ctx.clone();
+        assert!(matches!(
+            be.graph_plan_compute_async(&copy, &plan),
+            Err(rgml::Error::StalePlan { .. })
+        ));
+        // Any mutable access to a tensor makes the plan stale.
+        net.ctx.get_mut(net.softmax).unwrap().name = "renamed".into();
+        assert!(!plan.is_current(&net.ctx));
+        assert!(matches!(
+            be.graph_plan_compute_async(&net.ctx, &plan),
+            Err(rgml::Error::StalePlan { .. })
+        ));
+    }
+}

@@ -703,3 +703,29 @@ fn queued_writes_stay_behind_queued_work() {
     let mut s = backend_mode(&d.cpu1, false);
     assert!(!s.cpy_tensor_async(a.as_mut(), &ctx, y, z).unwrap());
 }
+
+/// The scheduler reuses its split plan for a graph only while the caller's tensors are
+/// unchanged: a weight moved to another buffer (a metadata change) is read where it is now.
+#[test]
+fn moved_tensors_are_read_where_they_are_now() {
+    let d = devices();
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor(DType::F32, &[4, 2]).unwrap();
+    weights(&mut ctx, &d.cpu, &[w], 0.3);
+    let y = ctx.scale(w, 2.0).unwrap();
+    let graph = Graph::build(&mut ctx, &[y]).unwrap();
+    let mut s = Scheduler::new(vec![backend(&d.cpu)], None, 64, 1, false).unwrap();
+    s.graph_compute(&mut ctx, &graph).unwrap();
+    let twice = |v: Vec<f32>| v.iter().map(|x| 2.0 * x).collect::<Vec<_>>();
+    assert_eq!(
+        ctx.tensor_get_f32(y).unwrap(),
+        twice(ctx.tensor_get_f32(w).unwrap())
+    );
+    s.graph_compute(&mut ctx, &graph).unwrap();
+
+    ctx.get_mut(w).unwrap().data = None;
+    weights(&mut ctx, &d.cpu, &[w], 1.9);
+    let moved = ctx.tensor_get_f32(w).unwrap();
+    s.graph_compute(&mut ctx, &graph).unwrap();
+    assert_eq!(ctx.tensor_get_f32(y).unwrap(), twice(moved));
+}

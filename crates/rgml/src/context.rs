@@ -12,9 +12,47 @@ use crate::tensor::{contiguous_strides, Tensor, TensorData, TensorFlags, TensorI
 use std::ops::Index;
 
 /// An arena of tensors.
-#[derive(Clone, Debug, Default)]
+///
+/// Every context has a process-unique [`uid`](Self::uid) (a clone gets a new one) and an
+/// [`epoch`](Self::epoch) that every change of tensor metadata advances (a new tensor, a
+/// truncation, any mutable access to a tensor: its op, shape, strides, storage, name, flags).
+/// Changing tensor *values* (`tensor_set`) does not. So work prepared from a graph of a
+/// context (a backend's [`GraphPlan`](crate::backend::GraphPlan), a scheduler's splits) stays
+/// valid exactly while the graph's uid, the context's uid and its epoch are unchanged: an O(1)
+/// check.
+#[derive(Debug)]
 pub struct Context {
     tensors: Vec<Tensor>,
+    uid: u64,
+    epoch: u64,
+}
+
+static NEXT_CONTEXT_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_context_uid() -> u64 {
+    NEXT_CONTEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Context {
+            tensors: Vec::new(),
+            uid: next_context_uid(),
+            epoch: 0,
+        }
+    }
+}
+
+/// A copy with its own uid: the two may change independently from here on, so work prepared
+/// for one must never be taken for the other.
+impl Clone for Context {
+    fn clone(&self) -> Self {
+        Context {
+            tensors: self.tensors.clone(),
+            uid: next_context_uid(),
+            epoch: self.epoch,
+        }
+    }
 }
 
 impl Index<TensorId> for Context {
@@ -47,6 +85,16 @@ impl Context {
         Self::default()
     }
 
+    /// This context's process-unique id (see the type's docs).
+    pub fn uid(&self) -> u64 {
+        self.uid
+    }
+
+    /// How many times tensor metadata has changed (see the type's docs).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Number of tensors.
     pub fn len(&self) -> usize {
         self.tensors.len()
@@ -69,8 +117,9 @@ impl Context {
             .ok_or(Error::InvalidTensor(id.index()))
     }
 
-    /// Mutable access to tensor `id`.
+    /// Mutable access to tensor `id` (advances the epoch: the caller may change anything).
     pub fn get_mut(&mut self, id: TensorId) -> Result<&mut Tensor> {
+        self.epoch += 1;
         self.tensors
             .get_mut(id.index())
             .ok_or(Error::InvalidTensor(id.index()))
@@ -79,6 +128,9 @@ impl Context {
     /// Drop every tensor created after the first `len` (e.g. a per-token graph built on top of
     /// the weights), so the arena does not grow with each step.
     pub fn truncate(&mut self, len: usize) {
+        if len < self.tensors.len() {
+            self.epoch += 1;
+        }
         self.tensors.truncate(len);
     }
 
@@ -93,6 +145,7 @@ impl Context {
             self.get(s)?;
         }
         let id = u32::try_from(self.tensors.len()).map_err(|_| Error::SizeOverflow)?;
+        self.epoch += 1;
         self.tensors.push(tensor);
         Ok(TensorId(id))
     }
@@ -784,5 +837,40 @@ mod tests {
             ctx.mul_mat(t, t),
             Err(Error::InvalidArgument { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod epoch_tests {
+    use super::*;
+
+    #[test]
+    fn metadata_changes_advance_the_epoch_and_clones_are_other_contexts() {
+        let mut ctx = Context::new();
+        let e0 = ctx.epoch();
+        let a = ctx.new_tensor(DType::F32, &[4]).unwrap();
+        let e1 = ctx.epoch();
+        assert!(e1 > e0, "a new tensor");
+        let b = ctx.scale(a, 2.0).unwrap();
+        let e2 = ctx.epoch();
+        assert!(e2 > e1, "an op builder");
+        ctx.set_name(b, "b").unwrap();
+        let e3 = ctx.epoch();
+        assert!(e3 > e2, "a rename");
+        ctx.get_mut(a).unwrap();
+        let e4 = ctx.epoch();
+        assert!(e4 > e3, "mutable access");
+        ctx.truncate(1);
+        assert!(ctx.epoch() > e4, "a truncation");
+        let e5 = ctx.epoch();
+        ctx.truncate(5);
+        assert_eq!(
+            ctx.epoch(),
+            e5,
+            "truncating to a larger length changes nothing"
+        );
+        let copy = ctx.clone();
+        assert_ne!(copy.uid(), ctx.uid());
+        assert_ne!(Context::new().uid(), Context::new().uid());
     }
 }

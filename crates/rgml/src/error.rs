@@ -108,6 +108,13 @@ pub enum Error {
         /// Comma-separated names that exist.
         available: String,
     },
+    /// A graph plan computed on a context it was not made from, or after the context's tensor
+    /// metadata changed.
+    #[error("{backend}: the graph plan is stale (another context, or its tensors changed since)")]
+    StalePlan {
+        /// The backend that made the plan.
+        backend: String,
+    },
     /// A device asked for before any backend registered its devices.
     #[error(
         "unknown device '{name}': no backend is registered (call the backend crate's register(), \

@@ -2,6 +2,7 @@
 
 use super::buffer::{Buffer, BufferTypeRef, HostMemory};
 use super::event::Event;
+use super::plan::GraphPlan;
 use crate::alloc::Concurrency;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -248,6 +249,24 @@ pub trait Backend: Send + Any {
     fn graph_compute(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
         self.graph_compute_async(ctx, graph)?;
         self.synchronize()
+    }
+    /// Prepare `graph` of `ctx` once for computing it many times (ggml's `graph_plan_create`).
+    /// Default: unsupported (callers then use [`graph_compute_async`](Self::graph_compute_async),
+    /// which backends with plans implement by finding or making one).
+    fn graph_plan_create(&mut self, _ctx: &Context, _graph: &Graph) -> Result<GraphPlan> {
+        Err(Error::Unsupported {
+            backend: self.name().to_string(),
+            what: "graph plans".into(),
+        })
+    }
+    /// Queue the computation of a plan made by [`graph_plan_create`](Self::graph_plan_create)
+    /// (ggml's `graph_plan_compute`), on `ctx`, which must be the context the plan was made
+    /// from with unchanged metadata ([`GraphPlan::check_current`]). Default: unsupported.
+    fn graph_plan_compute_async(&mut self, _ctx: &Context, _plan: &GraphPlan) -> Result<()> {
+        Err(Error::Unsupported {
+            backend: self.name().to_string(),
+            what: "graph plans".into(),
+        })
     }
     /// Whether this stream can compute node `id` (default: ask the device).
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {

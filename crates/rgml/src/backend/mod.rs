@@ -9,6 +9,7 @@ mod aligned;
 mod buffer;
 mod device;
 mod event;
+mod plan;
 
 pub use aligned::AlignedMem;
 pub use buffer::{
@@ -16,6 +17,7 @@ pub use buffer::{
 };
 pub use device::{Backend, BackendParams, Device, DeviceCaps, DeviceMemory, DeviceRef, DeviceType};
 pub use event::{Event, EventImpl};
+pub use plan::GraphPlan;
 
 /// How [`tensor_copy_async`] copied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -47,8 +47,9 @@
 //! - The scheduler works on its own copy of the graph (see above) instead of rewriting the
 //!   caller's node sources.
 //! - A user override is never moved by the upgrade pass (ggml may upgrade it).
-//! - Calling [`Scheduler::graph_compute`] with a graph other than the allocated one allocates it
-//!   (ggml computes the allocated splits whatever graph is passed).
+//! - Calling [`Scheduler::graph_compute`] with a graph other than the allocated one, or after
+//!   the caller's tensors changed (the context's epoch advanced), allocates it (ggml computes
+//!   the allocated splits whatever graph is passed).
 //! - An eval callback returning `false` stops the whole computation with [`Error::Aborted`]
 //!   (ggml only leaves the current split).
 //!
@@ -166,6 +167,9 @@ struct Plan {
     cur_copy: usize,
     /// The caller graph's uid.
     uid: u64,
+    /// The caller context's uid and epoch once the plan's storage was written into it: the
+    /// plan is reused only while they are unchanged (see [`Context::epoch`]).
+    user_ctx: (u64, u64),
 }
 
 /// Runs graphs over several backends (ggml's `ggml_backend_sched`). See the module docs.
@@ -493,6 +497,7 @@ impl Scheduler {
                 ctx.get_mut(u)?.data = Some(data.clone());
             }
         }
+        plan.user_ctx = (ctx.uid(), ctx.epoch());
         self.plan = Some(plan);
         self.is_alloc = true;
         Ok(())
@@ -508,7 +513,12 @@ impl Scheduler {
     /// As [`graph_compute`](Self::graph_compute), but returns once the work is queued; call
     /// [`synchronize`](Self::synchronize) before reading results.
     pub fn graph_compute_async(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
-        let allocated = self.is_alloc && self.plan.as_ref().is_some_and(|p| p.uid == graph.uid());
+        // The allocated plan, while the graph and the caller's tensors are unchanged (O(1)).
+        let allocated = self.is_alloc
+            && self
+                .plan
+                .as_ref()
+                .is_some_and(|p| p.uid == graph.uid() && p.user_ctx == (ctx.uid(), ctx.epoch()));
         if !allocated {
             self.alloc_graph(ctx, graph)?;
         }
@@ -840,6 +850,7 @@ impl Scheduler {
             copies,
             cur_copy,
             uid: graph.uid(),
+            user_ctx: (user.uid(), user.epoch()),
         })
     }
 
