@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::meta::{MetaDevice, SplitState};
-use rgml::{Context, DType, DeviceRef, Graph, Scheduler, TensorId};
+use rgml::{Context, DType, DeviceRef, Graph, Scheduler, SchedulerOptions, TensorId};
 use rgml_cpu::{CpuDevice, CpuRegistry};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -176,7 +176,14 @@ fn run_scheduled(meta: &DeviceRef) -> Vec<f32> {
         b.ctx.tensor_set(*id, 0, bytes).unwrap();
     }
     let backends = vec![meta.init_backend(&Default::default()).unwrap()];
-    let mut s = Scheduler::new(backends, None, 64, 1, false).unwrap();
+    let mut s = Scheduler::new(
+        backends,
+        SchedulerOptions {
+            op_offload: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     s.alloc_graph(&mut b.ctx, &b.graph).unwrap();
     b.ctx.tensor_set_f32(b.x, &input()).unwrap();
     s.graph_compute(&mut b.ctx, &b.graph).unwrap();

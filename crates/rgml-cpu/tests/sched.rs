@@ -4,7 +4,7 @@
 use rgml::alloc::TensorAllocator;
 use rgml::backend::{Backend, Buffer, BufferUsage, DeviceRef};
 use rgml::sched::SplitInfo;
-use rgml::{Context, DType, Error, Graph, Scheduler, TensorFlags, TensorId};
+use rgml::{Context, DType, Error, Graph, Scheduler, SchedulerOptions, TensorFlags, TensorId};
 use rgml_cpu::{CpuDevice, CpuRegistry};
 use std::sync::{Arc, Mutex};
 
@@ -33,10 +33,11 @@ fn backend(dev: &DeviceRef) -> Box<dyn Backend> {
 fn sched3(d: &Devices, n_copies: usize) -> Scheduler {
     Scheduler::new(
         vec![backend(&d.cpu0), backend(&d.cpu1), backend(&d.cpu)],
-        None,
-        64,
-        n_copies,
-        false,
+        SchedulerOptions {
+            n_copies,
+            op_offload: false,
+            ..Default::default()
+        },
     )
     .unwrap()
 }
@@ -120,7 +121,14 @@ fn run_steps(sched: &mut Scheduler, n: &mut Net, steps: usize) -> Vec<Vec<u32>> 
 fn reference(steps: usize) -> Vec<Vec<u32>> {
     let d = devices();
     let mut n = net(&d.cpu, &d.cpu);
-    let mut s = Scheduler::new(vec![backend(&d.cpu)], None, 64, 1, false).unwrap();
+    let mut s = Scheduler::new(
+        vec![backend(&d.cpu)],
+        SchedulerOptions {
+            op_offload: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let r = run_steps(&mut s, &mut n, steps);
     assert_eq!(s.n_splits(), 1);
     assert_eq!(s.copy_stats().total_count(), 0);
@@ -371,28 +379,60 @@ fn unsupported_node_is_an_error() {
 #[test]
 fn constructor_and_misuse_errors() {
     let d = devices();
-    assert!(Scheduler::new(vec![], None, 8, 1, false).is_err());
-    assert!(Scheduler::new(vec![backend(&d.cpu)], None, 8, 0, false).is_err());
+    assert!(Scheduler::new(
+        vec![],
+        SchedulerOptions {
+            op_offload: false,
+            ..Default::default()
+        }
+    )
+    .is_err());
+    assert!(Scheduler::new(
+        vec![backend(&d.cpu)],
+        SchedulerOptions {
+            n_copies: 0,
+            op_offload: false,
+            ..Default::default()
+        }
+    )
+    .is_err());
     // A buffer type per backend, and one the backend can use.
-    assert!(Scheduler::new(vec![backend(&d.cpu)], Some(vec![]), 8, 1, false).is_err());
+    assert!(Scheduler::new(
+        vec![backend(&d.cpu)],
+        SchedulerOptions {
+            buffer_types: Some(vec![]),
+            op_offload: false,
+            ..Default::default()
+        }
+    )
+    .is_err());
     assert!(Scheduler::new(
         vec![backend(&d.cpu0), backend(&d.cpu)],
-        Some(vec![d.cpu1.buffer_type(), d.cpu.buffer_type()]),
-        8,
-        1,
-        false
+        SchedulerOptions {
+            buffer_types: Some(vec![d.cpu1.buffer_type(), d.cpu.buffer_type()]),
+            op_offload: false,
+            ..Default::default()
+        }
     )
     .is_err());
     let many: Vec<Box<dyn Backend>> = (0..17).map(|_| backend(&d.cpu)).collect();
-    assert!(Scheduler::new(many, None, 8, 1, false).is_err());
+    assert!(Scheduler::new(
+        many,
+        SchedulerOptions {
+            op_offload: false,
+            ..Default::default()
+        }
+    )
+    .is_err());
     // A graph larger than the scheduler was made for.
     let mut n = net(&d.cpu0, &d.cpu1);
     let mut s = Scheduler::new(
         vec![backend(&d.cpu0), backend(&d.cpu1), backend(&d.cpu)],
-        None,
-        3,
-        1,
-        false,
+        SchedulerOptions {
+            max_graph_size: Some(3),
+            op_offload: false,
+            ..Default::default()
+        },
     )
     .unwrap();
     assert!(matches!(
@@ -402,8 +442,14 @@ fn constructor_and_misuse_errors() {
     // Pre-allocated memory no backend can use for the op: a CPU1 weight read by a CPU0-only
     // scheduler.
     let mut n = net(&d.cpu0, &d.cpu1);
-    let mut s =
-        Scheduler::new(vec![backend(&d.cpu0), backend(&d.cpu0)], None, 64, 1, false).unwrap();
+    let mut s = Scheduler::new(
+        vec![backend(&d.cpu0), backend(&d.cpu0)],
+        SchedulerOptions {
+            op_offload: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(s.alloc_graph(&mut n.ctx, &n.graph).is_err());
     let _ = CpuDevice::new("unused");
 }
@@ -508,7 +554,15 @@ fn pipelined_async_micro_batches_match_the_sync_path_bit_for_bit() {
                 backend_mode(&d.cpu1, asynchronous),
                 backend(&d.cpu),
             ];
-            let mut s = Scheduler::new(backends, None, 64, n_copies, false).unwrap();
+            let mut s = Scheduler::new(
+                backends,
+                SchedulerOptions {
+                    n_copies,
+                    op_offload: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             for step in 0..5 {
                 let row = n.ctx.view(results, &[4], &[], step * 16).unwrap();
                 let c = n.ctx.cpy(n.out, row).unwrap();
@@ -714,7 +768,14 @@ fn moved_tensors_are_read_where_they_are_now() {
     weights(&mut ctx, &d.cpu, &[w], 0.3);
     let y = ctx.scale(w, 2.0).unwrap();
     let graph = Graph::build(&mut ctx, &[y]).unwrap();
-    let mut s = Scheduler::new(vec![backend(&d.cpu)], None, 64, 1, false).unwrap();
+    let mut s = Scheduler::new(
+        vec![backend(&d.cpu)],
+        SchedulerOptions {
+            op_offload: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     s.graph_compute(&mut ctx, &graph).unwrap();
     let twice = |v: Vec<f32>| v.iter().map(|x| 2.0 * x).collect::<Vec<_>>();
     assert_eq!(
@@ -728,4 +789,21 @@ fn moved_tensors_are_read_where_they_are_now() {
     let moved = ctx.tensor_get_f32(w).unwrap();
     s.graph_compute(&mut ctx, &graph).unwrap();
     assert_eq!(ctx.tensor_get_f32(y).unwrap(), twice(moved));
+}
+
+/// An override may name the device instead of a backend index.
+#[test]
+fn overrides_by_device() {
+    let d = devices();
+    let mut n = net(&d.cpu0, &d.cpu1);
+    let mut s = sched3(&d, 1);
+    s.set_tensor_device(n.a0, d.cpu.as_ref()).unwrap();
+    let got = run_steps(&mut s, &mut n, 1);
+    assert_eq!(s.tensor_backend(n.a0), Some(2));
+    assert_eq!(got, reference(1));
+    let elsewhere = CpuDevice::new("CPU7");
+    assert!(matches!(
+        s.set_tensor_device(n.a0, elsewhere.as_ref()),
+        Err(Error::Sched(rgml::SchedError::NoBackendOnDevice(name))) if name == "CPU7"
+    ));
 }

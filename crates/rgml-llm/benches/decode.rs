@@ -8,7 +8,7 @@
 //! same one-token graph computed through a `Scheduler` over a backend that does no work, as a
 //! share of the decode step.
 
-use rgml::{Backend, Context, DeviceRef, Graph, Scheduler};
+use rgml::{Backend, Context, DeviceRef, Graph, Scheduler, SchedulerOptions};
 use rgml_llm::{Logits, Model, Session, SessionOptions};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -101,8 +101,14 @@ fn scheduler_overhead(session: &mut Session, step: f64) {
     let (ctx, graph) = session.prompt_graph(&[1]).expect("a one-token graph");
     let mut ctx = ctx.clone();
     let device = rgml::registry::device("CPU").expect("the CPU device");
-    let mut sched =
-        Scheduler::new(vec![Box::new(Idle(device))], None, 1 << 14, 1, true).expect("scheduler");
+    let mut sched = Scheduler::new(
+        vec![Box::new(Idle(device))],
+        SchedulerOptions {
+            op_offload: true,
+            ..Default::default()
+        },
+    )
+    .expect("scheduler");
     sched.alloc_graph(&mut ctx, &graph).expect("allocate");
     let n = 2000;
     let mut times = Vec::with_capacity(n);

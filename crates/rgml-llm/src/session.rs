@@ -26,7 +26,7 @@ use crate::error::{LlmError, Result};
 use crate::model::Model;
 use rgml::alloc::TensorAllocator;
 use rgml::backend::{Buffer, BufferUsage};
-use rgml::sched::Scheduler;
+use rgml::sched::{Scheduler, SchedulerOptions};
 use rgml::trace::Trace;
 use rgml::{Backend, Context, DType, Graph, RopeParams, TensorFlags, TensorId};
 use std::sync::Arc;
@@ -479,8 +479,6 @@ impl<'m> Session<'m> {
 /// The scheduler over the backends for `model` from the session's backend `spec`, and the
 /// KV-cache buffer type of each of the model's devices.
 fn open_backends(model: &Model, spec: &str) -> Result<(Box<Scheduler>, Vec<rgml::BufferTypeRef>)> {
-    // Nodes and leafs of one graph: about 60 per block, plus room for capture views.
-    let graph_size = 128 * (model.config.n_layer + 2);
     let devices = model.devices();
     if devices.len() == 1 {
         // The model's own device when the spec names it (a meta device is in no registry),
@@ -493,7 +491,7 @@ fn open_backends(model: &Model, spec: &str) -> Result<(Box<Scheduler>, Vec<rgml:
         };
         let buft = backend.default_buffer_type();
         // One backend: one split, no copies, so one copy of the (absent) split inputs.
-        let sched = Scheduler::new(vec![backend], None, graph_size, 1, true)?;
+        let sched = Scheduler::new(vec![backend], SchedulerOptions::default())?;
         return Ok((Box::new(sched), vec![buft]));
     }
     let (names, params) = spec.split_once(':').unwrap_or((spec, ""));
@@ -522,7 +520,13 @@ fn open_backends(model: &Model, spec: &str) -> Result<(Box<Scheduler>, Vec<rgml:
     // The scheduler runs what no device takes (inputs, the token embeddings in host memory)
     // on a CPU backend, which must come last.
     backends.push(rgml::registry::init_backend(&format!("CPU:{params}"))?);
-    let sched = Scheduler::new(backends, None, graph_size, N_COPIES_SPLIT, true)?;
+    let sched = Scheduler::new(
+        backends,
+        SchedulerOptions {
+            n_copies: N_COPIES_SPLIT,
+            ..Default::default()
+        },
+    )?;
     Ok((Box::new(sched), bufts))
 }
 

@@ -7,7 +7,7 @@
 
 use rgml::alloc::TensorAllocator;
 use rgml::backend::{Backend, Buffer, BufferUsage, DeviceRef};
-use rgml::{Context, DType, Graph, Scheduler, TensorId};
+use rgml::{Context, DType, Graph, Scheduler, SchedulerOptions, TensorId};
 use std::sync::Arc;
 mod common;
 use common::first_device as gpu;
@@ -100,17 +100,25 @@ fn gpu_cpu_gpu_splits_match_the_cpu_alone() {
     };
     let cpu: DeviceRef = rgml_cpu::CpuDevice::new("CPU");
     let mut reference_net = net(&cpu, &cpu, &cpu);
-    let mut reference_sched = Scheduler::new(vec![backend(&cpu)], None, 64, 1, false).unwrap();
+    let mut reference_sched = Scheduler::new(
+        vec![backend(&cpu)],
+        SchedulerOptions {
+            op_offload: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let want = run(&mut reference_sched, &mut reference_net, 3);
 
     for n_copies in [1, 2] {
         let mut n = net(&gpu, &cpu, &gpu);
         let mut s = Scheduler::new(
             vec![backend(&gpu), backend(&cpu)],
-            None,
-            64,
-            n_copies,
-            false,
+            SchedulerOptions {
+                n_copies,
+                op_offload: false,
+                ..Default::default()
+            },
         )
         .unwrap();
         let got = run(&mut s, &mut n, 3);

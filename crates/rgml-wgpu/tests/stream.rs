@@ -6,7 +6,7 @@
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::backend::{Backend, BackendParams};
 use rgml::trace::{Trace, TraceArg};
-use rgml::{Context, DType, Device, DeviceRef, Graph, Scheduler, TensorId};
+use rgml::{Context, DType, Device, DeviceRef, Graph, Scheduler, SchedulerOptions, TensorId};
 use std::sync::Arc;
 mod common;
 use common::first_device;
@@ -287,7 +287,14 @@ fn scheduler_trace_and_concurrency_plan() {
         };
         s.ctx.tensor_set_f32(s.w, &random(64 * 32, 2)).unwrap();
         let backends = vec![backend(&dev, params), cpu_backend()];
-        let mut sched = Scheduler::new(backends, None, 64, 1, true).unwrap();
+        let mut sched = Scheduler::new(
+            backends,
+            SchedulerOptions {
+                op_offload: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let trace = Arc::new(Trace::new());
         sched.set_trace(trace.clone());
         // Put every node on the GPU.

@@ -284,6 +284,9 @@ pub enum SchedError {
         /// Backends there are.
         n_backends: usize,
     },
+    /// An override naming a device none of the scheduler's backends runs on.
+    #[error("no backend of the scheduler runs on device '{0}'")]
+    NoBackendOnDevice(String),
     /// A node no backend supports.
     #[error("no backend supports node '{node}' ({op})")]
     NoBackendSupports {

@@ -27,5 +27,5 @@ pub use dtype::DType;
 pub use error::{Error, GraphAllocError, Result, SchedError};
 pub use graph::Graph;
 pub use op::{Op, OpKind, RopeMode, RopeParams, UnaryOp};
-pub use sched::Scheduler;
+pub use sched::{Scheduler, SchedulerOptions};
 pub use tensor::{Tensor, TensorFlags, TensorId};

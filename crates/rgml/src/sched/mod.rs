@@ -172,11 +172,55 @@ struct Plan {
     user_ctx: (u64, u64),
 }
 
+/// How a [`Scheduler`] is set up; `SchedulerOptions::default()` is llama.cpp's usual setup
+/// for one pass at a time.
+#[derive(Clone)]
+pub struct SchedulerOptions {
+    /// Compute memory per backend, one per backend (default: each backend's default buffer
+    /// type).
+    pub buffer_types: Option<Vec<BufferTypeRef>>,
+    /// The largest graph accepted, in tensors (ggml's `graph_size`); default: no limit.
+    pub max_graph_size: Option<usize>,
+    /// Copies of each split input for pipeline parallelism (at least 1; default 1).
+    pub n_copies: usize,
+    /// Let higher-priority backends claim ops whose weights are in host memory (ggml's
+    /// `op_offload`; default on, as in llama.cpp).
+    pub op_offload: bool,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        SchedulerOptions {
+            buffer_types: None,
+            max_graph_size: None,
+            n_copies: 1,
+            op_offload: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for SchedulerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerOptions")
+            .field(
+                "buffer_types",
+                &self
+                    .buffer_types
+                    .as_ref()
+                    .map(|b| b.iter().map(|t| t.name().to_string()).collect::<Vec<_>>()),
+            )
+            .field("max_graph_size", &self.max_graph_size)
+            .field("n_copies", &self.n_copies)
+            .field("op_offload", &self.op_offload)
+            .finish()
+    }
+}
+
 /// Runs graphs over several backends (ggml's `ggml_backend_sched`). See the module docs.
 pub struct Scheduler {
     backends: Vec<Box<dyn Backend>>,
     bufts: Vec<BufferTypeRef>,
-    graph_size: usize,
+    max_graph_size: Option<usize>,
     n_copies: usize,
     op_offload: bool,
     galloc: GraphAllocator,
@@ -225,18 +269,15 @@ fn backend_of(ctx: &Context, ids: &[Option<usize>], id: TensorId) -> Result<usiz
 }
 
 impl Scheduler {
-    /// A scheduler over `backends` in priority order (the last must be a CPU backend), with
-    /// compute buffers of `buffer_types` (one per backend; default: each backend's default
-    /// buffer type), for graphs of at most `graph_size` tensors, with `n_copies` (≥ 1) copies
-    /// of each split input for pipeline parallelism; `op_offload` lets higher-priority backends
-    /// claim ops whose weights are in host memory.
-    pub fn new(
-        backends: Vec<Box<dyn Backend>>,
-        buffer_types: Option<Vec<BufferTypeRef>>,
-        graph_size: usize,
-        n_copies: usize,
-        op_offload: bool,
-    ) -> Result<Scheduler> {
+    /// A scheduler over `backends` in priority order (with several, the last must be a CPU
+    /// backend: it takes what no other can), set up by `options` (see [`SchedulerOptions`]).
+    pub fn new(backends: Vec<Box<dyn Backend>>, options: SchedulerOptions) -> Result<Scheduler> {
+        let SchedulerOptions {
+            buffer_types,
+            max_graph_size,
+            n_copies,
+            op_offload,
+        } = options;
         let n = backends.len();
         if n == 0 {
             return Err(SchedError::NoBackends.into());
@@ -291,7 +332,7 @@ impl Scheduler {
             galloc: GraphAllocator::new(bufts.clone()),
             backends,
             bufts,
-            graph_size,
+            max_graph_size,
             n_copies,
             op_offload,
             events,
@@ -376,8 +417,21 @@ impl Scheduler {
         self.galloc.buffer_size(i)
     }
 
-    /// Run tensor `id` of the caller's context on backend `backend`, whatever the passes would
-    /// decide. Holds until [`reset`](Self::reset).
+    /// Run tensor `id` of the caller's context on the backend of `device` (the first backend
+    /// on it, in priority order), whatever the passes would decide. Holds until
+    /// [`reset`](Self::reset).
+    pub fn set_tensor_device(&mut self, id: TensorId, device: &dyn crate::Device) -> Result<()> {
+        let index = self
+            .backends
+            .iter()
+            .position(|b| b.device().name() == device.name())
+            .ok_or_else(|| SchedError::NoBackendOnDevice(device.name().to_string()))?;
+        self.set_tensor_backend(id, index)
+    }
+
+    /// Run tensor `id` of the caller's context on backend `backend` (an index into the
+    /// scheduler's backends), whatever the passes would decide. Holds until
+    /// [`reset`](Self::reset).
     pub fn set_tensor_backend(&mut self, id: TensorId, backend: usize) -> Result<()> {
         if backend >= self.backends.len() {
             return Err(SchedError::UnknownBackend {
@@ -572,10 +626,10 @@ impl Scheduler {
     /// input copies (ggml's `ggml_backend_sched_split_graph`).
     fn split_graph(&self, user: &Context, graph: &Graph, cur_copy: usize) -> Result<Plan> {
         let n_user = graph.n_nodes() + graph.leafs().len();
-        if n_user > self.graph_size {
+        if let Some(graph_size) = self.max_graph_size.filter(|&max| n_user > max) {
             return Err(SchedError::GraphTooLarge {
                 n_tensors: n_user,
-                graph_size: self.graph_size,
+                graph_size,
             }
             .into());
         }
