@@ -43,7 +43,7 @@
 
 use crate::barrier::SpinBarrier;
 use crate::buffer::CPU_ALIGNMENT;
-use crate::kernels::{self, NodeTask, SharedWork, TensorView, ThreadCtx};
+use crate::kernels::{self, CpuFeatures, NodeTask, SharedWork, TensorView, ThreadCtx};
 use crate::pool::Pool;
 use rgml::backend::AlignedMem;
 use rgml::backend::{Event, EventImpl, HostAccess};
@@ -70,6 +70,8 @@ pub struct CpuBackend {
     worker: Option<Worker>,
     /// The jobs of the last graphs prepared, most recently used first.
     jobs: Vec<CachedJob>,
+    /// What the kernels may use and which arithmetic they mirror; copied into every node task.
+    features: CpuFeatures,
 }
 
 /// What running a job needs besides the job itself.
@@ -562,8 +564,13 @@ impl CpuBackend {
     }
 
     /// A synchronous backend on `device` with `n_threads` threads (0 means 1).
+    /// Its features are the device's when it is a [`crate::CpuDevice`], else detected.
     pub fn with_device(device: DeviceRef, n_threads: usize) -> Result<CpuBackend> {
         let n_threads = n_threads.max(1);
+        let features = device
+            .as_any()
+            .downcast_ref::<crate::CpuDevice>()
+            .map_or_else(CpuFeatures::detect, crate::CpuDevice::features);
         Ok(CpuBackend {
             device,
             n_threads,
@@ -575,6 +582,7 @@ impl CpuBackend {
             })),
             worker: None,
             jobs: Vec::with_capacity(JOB_CACHE_SLOTS),
+            features,
         })
     }
 
@@ -602,6 +610,21 @@ impl CpuBackend {
             });
         }
         Ok(b)
+    }
+
+    /// The features the kernels run with (see [`CpuFeatures`]).
+    pub fn features(&self) -> CpuFeatures {
+        self.features
+    }
+
+    /// Run the next graphs with `features` (e.g. another arithmetic, from
+    /// [`CpuFeatures::with_choice`]). Prepared jobs are dropped; queued work keeps the features
+    /// it was prepared with.
+    pub fn set_features(&mut self, features: CpuFeatures) {
+        if features != self.features {
+            self.features = features;
+            self.jobs.clear();
+        }
     }
 
     /// Whether work runs on the backend's own worker thread.
@@ -831,7 +854,7 @@ impl CpuBackend {
                 }
                 src[i] = Some(sv);
             }
-            let (sh, pt) = kernels::work_size(ctx, t)?;
+            let (sh, pt) = kernels::work_size(ctx, t, self.features)?;
             shared = shared.max(sh);
             per_thread = per_thread.max(pt);
             extents.push((reads, Extent::new(dst.ptr, dlen)));
@@ -841,6 +864,7 @@ impl CpuBackend {
                 src,
                 sync_before: true,
                 reuse_src1: false,
+                features: self.features,
             });
         }
         plan_syncs(&mut tasks, &extents);
@@ -901,7 +925,7 @@ fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; 3], Extent)]) {
     for (j, (task, &(srcs, dst))) in tasks.iter_mut().zip(extents).enumerate() {
         let conversion = match (task.op, task.src[0], task.src[1]) {
             (rgml::Op::MulMat, Some(a), Some(b)) => {
-                kernels::matmul::src1_conversion(a.dtype, b.rows_contiguous())
+                kernels::matmul::src1_conversion(task.features, a.dtype, b.rows_contiguous())
                     .map(|c| (b, c, srcs[1]))
             }
             _ => None,
