@@ -3,8 +3,8 @@
 //!
 //! The model is loaded on the host CPU only to build the graph and hold the weights; the
 //! comparison copies the graph (weights, inputs and KV cache included) into each device's own
-//! memory. For testing the comparison itself, the binary can register a deliberately wrong
-//! `PerturbCPU` device ([`rgml_cpu::testing`], enabled by `RGML_TEST_PERTURB_OP=<OP>`).
+//! memory. (The comparison itself is tested against a deliberately wrong backend in
+//! `rgml-llm`'s tests, with rgml-cpu's test-only `testing` feature; the binary never has it.)
 
 use clap::Args;
 use rgml_llm::{LoadOptions, Model, Session, SessionOptions};

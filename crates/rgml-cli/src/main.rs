@@ -1,16 +1,25 @@
 //! The `rgml` command line: devices, op conformance, and the model commands (run, logits,
 //! perplexity, bench, gguf-info). Backends are registered here, so the binary links only what
-//! it uses.
+//! it uses, with the options the environment asks for ([`env_options`]).
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod compare_cmd;
+mod env_options;
 mod model_cmds;
 mod test_ops;
 
 #[derive(Parser)]
-#[command(name = "rgml", version, about = "A multi-backend tensor runtime")]
+#[command(
+    name = "rgml",
+    version,
+    about = "A multi-backend tensor runtime",
+    after_help = "Environment: RGML_CPU_ISA=avx2|avx512|avx512-nobf16 (the ggml build whose \
+                  arithmetic the CPU mirrors), RGML_CPU_REPACK=0|1 (repacked weights), \
+                  RGML_CPU_DEVICES=N (devices CPU0..CPU{N-1} beside CPU, N <= 64), \
+                  RGML_WGPU_SOFT_FMA=0|1 (integer FMA emulation on GPUs)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -70,17 +79,14 @@ fn ensure_runtime_dir() {
     }
 }
 
-fn register_backends() {
-    rgml_cpu::register();
+/// Register every backend with the options the environment asks for; a bad value is an error.
+fn register_backends() -> Result<(), String> {
+    let options = env_options::from_env()?;
+    rgml_cpu::register_with(&options.cpu).map_err(|e| e.to_string())?;
     // GPUs through wgpu (Vulkan / Metal / DX12); no adapter gives no devices.
     ensure_runtime_dir();
-    rgml_wgpu::register();
-    // Testing aid: a deliberately wrong "PerturbCPU" device for checking `rgml compare`.
-    match rgml_cpu::testing::PerturbRegistry::from_env() {
-        Ok(Some(reg)) => rgml::registry::register(std::sync::Arc::new(reg)),
-        Ok(None) => {}
-        Err(e) => eprintln!("warning: {e}"),
-    }
+    rgml_wgpu::register_with(options.wgpu);
+    Ok(())
 }
 
 fn devices(json: bool) -> Result<(), String> {
@@ -121,7 +127,10 @@ fn devices(json: bool) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    register_backends();
+    if let Err(e) = register_backends() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Devices { json } => devices(json).map(|()| true),
         Command::TestOps { backend, op, mode } => {

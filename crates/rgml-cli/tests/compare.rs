@@ -1,6 +1,7 @@
-//! `rgml compare` on the demo model: two clean CPU devices agree on every node; a planted wrong
-//! kernel (the test-only `PerturbCPU` device, enabled by `RGML_TEST_PERTURB_OP`) is reported at
-//! the first node of the perturbed op, and the command fails.
+//! `rgml compare` on the demo model: two clean CPU devices agree on every node; bad device
+//! lists are usage errors. (That a planted wrong kernel is reported at the first node of the
+//! perturbed op is tested in `rgml-llm`'s `tests/compare.rs`, against the test-only
+//! `PerturbCPU` backend, which the binary does not have.)
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -47,27 +48,6 @@ fn two_cpu_devices_agree() {
     // -v prints one line per node, with llama.cpp's names.
     assert!(stdout.lines().count() > 100, "{stdout}");
     assert!(stdout.contains("ffn_swiglu-0"), "{stdout}");
-}
-
-#[test]
-fn planted_wrong_kernel_is_found_at_its_first_node() {
-    let (out, stdout) = compare(&[("RGML_TEST_PERTURB_OP", "SWIGLU")], "CPU,PerturbCPU", &[]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "a divergence exits with 1: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary = stdout.lines().last().unwrap_or_default();
-    assert!(
-        summary.contains("first divergent: #") && summary.contains(" ffn_swiglu-0 (SWIGLU) nmse="),
-        "{summary}"
-    );
-    // Only the perturbed op diverges (the reference is copied back after every node): one
-    // divergent line per layer, all SWIGLU.
-    let divergent: Vec<&str> = stdout.lines().filter(|l| l.contains("DIVERGES")).collect();
-    assert!(!divergent.is_empty());
-    assert!(divergent.iter().all(|l| l.contains("SWIGLU")), "{stdout}");
 }
 
 #[test]

@@ -42,7 +42,7 @@
 
 use crate::barrier::SpinBarrier;
 use crate::buffer::CPU_ALIGNMENT;
-use crate::kernels::{self, NodeTask, SharedWork, TensorView, ThreadCtx};
+use crate::kernels::{self, CpuFeatures, NodeTask, SharedWork, TensorView, ThreadCtx};
 use crate::pool::Pool;
 use rgml::backend::AlignedMem;
 use rgml::backend::{Event, EventImpl, GraphPlan, HostAccess};
@@ -66,6 +66,8 @@ pub struct CpuBackend {
     worker: Option<Worker>,
     /// The plans of the last graphs computed, most recently used first.
     plans: Vec<GraphPlan>,
+    /// What the kernels may use and which arithmetic they mirror; copied into every node task.
+    features: CpuFeatures,
 }
 
 /// What running a job needs besides the job itself.
@@ -324,9 +326,14 @@ impl CpuBackend {
     }
 
     /// A synchronous backend on `device` with `n_threads` threads (0 means 1).
+    /// Its features are the device's when it is a [`crate::CpuDevice`], else detected.
     pub fn with_device(device: DeviceRef, n_threads: usize) -> Result<CpuBackend> {
         let n_threads = n_threads.max(1);
         let name = Arc::from(device.name());
+        let features = device
+            .as_any()
+            .downcast_ref::<crate::CpuDevice>()
+            .map_or_else(CpuFeatures::detect, crate::CpuDevice::features);
         Ok(CpuBackend {
             device,
             n_threads,
@@ -339,6 +346,7 @@ impl CpuBackend {
             })),
             worker: None,
             plans: Vec::with_capacity(PLAN_SLOTS),
+            features,
         })
     }
 
@@ -366,6 +374,21 @@ impl CpuBackend {
             });
         }
         Ok(b)
+    }
+
+    /// The features the kernels run with (see [`CpuFeatures`]).
+    pub fn features(&self) -> CpuFeatures {
+        self.features
+    }
+
+    /// Run the next graphs with `features` (e.g. another arithmetic, from
+    /// [`CpuFeatures::with_choice`]). Kept plans are dropped; queued work keeps the features
+    /// it was prepared with.
+    pub fn set_features(&mut self, features: CpuFeatures) {
+        if features != self.features {
+            self.features = features;
+            self.plans.clear();
+        }
     }
 
     /// Whether work runs on the backend's own worker thread.
@@ -609,7 +632,7 @@ impl CpuBackend {
                 }
                 src[i] = Some(sv);
             }
-            let (sh, pt) = kernels::work_size(ctx, t)?;
+            let (sh, pt) = kernels::work_size(ctx, t, self.features)?;
             shared = shared.max(sh);
             per_thread = per_thread.max(pt);
             extents.push((reads, Extent::new(dst.ptr, dlen)));
@@ -619,6 +642,7 @@ impl CpuBackend {
                 src,
                 sync_before: true,
                 reuse_src1: false,
+                features: self.features,
             });
         }
         plan_syncs(&mut tasks, &extents);
@@ -679,7 +703,7 @@ fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; 3], Extent)]) {
     for (j, (task, &(srcs, dst))) in tasks.iter_mut().zip(extents).enumerate() {
         let conversion = match (task.op, task.src[0], task.src[1]) {
             (rgml::Op::MulMat, Some(a), Some(b)) => {
-                kernels::matmul::src1_conversion(a.dtype, b.rows_contiguous())
+                kernels::matmul::src1_conversion(task.features, a.dtype, b.rows_contiguous())
                     .map(|c| (b, c, srcs[1]))
             }
             _ => None,

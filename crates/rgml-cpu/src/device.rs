@@ -1,20 +1,57 @@
 //! The CPU registry and device: names, description, memory figures, the device's buffer type,
-//! and opening [`CpuBackend`] streams.
+//! opening [`CpuBackend`] streams, and the typed options they are configured with
+//! ([`CpuOptions`]).
 //!
 //! A registry may hold several CPU devices, each with its own buffer type (so multi-device code
 //! can be exercised on one machine); [`CpuRegistry::new`] builds the single default "CPU"
-//! device, [`CpuRegistry::with_devices`] any list of names.
+//! device, [`CpuRegistry::with_options`] adds `CPU0` … `CPU{N-1}`, [`CpuRegistry::with_devices`]
+//! takes any list of names.
+//!
+//! Configuration is by value only: this crate reads no environment variable. The `rgml`
+//! command line maps `RGML_CPU_ISA`, `RGML_CPU_REPACK` and `RGML_CPU_DEVICES` onto
+//! [`CpuOptions`].
 
 use crate::backend::{CpuBackend, CpuEvent};
 use crate::buffer::{CpuBufferType, CpuRepackBufferType, HostMemoryBuffer};
+use crate::kernels::isa::{CpuFeatures, IsaChoice};
 use rgml::backend::{
     Backend, BackendParams, Buffer, BufferTypeRef, DeviceCaps, DeviceMemory, DeviceType, Event,
     HostMemory,
 };
 use rgml::registry::Registry;
-use rgml::{Context, DeviceRef, Result, TensorId};
+use rgml::{Context, DeviceRef, Error, Result, TensorId};
 use std::any::Any;
 use std::sync::{Arc, Weak};
+
+/// The most extra devices ([`CpuOptions::extra_devices`]) a registry makes: they stand in for
+/// separate devices in tests and comparisons, and each has its own thread pool when used.
+pub const MAX_EXTRA_DEVICES: usize = 64;
+
+/// How the CPU registry and its devices are set up. The default is what [`crate::register`]
+/// uses: the arithmetic of a native build on this CPU, repacked weights where they pay, no
+/// extra devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Devices `CPU0` … `CPU{N-1}` beside "CPU" (at most [`MAX_EXTRA_DEVICES`]), so that
+    /// multi-device code runs on one machine. Used by the registry; a single device ignores it.
+    pub extra_devices: usize,
+    /// Offer the repacking buffer type (`<name>_REPACK`) for weights where this CPU's kernels
+    /// read packed weights faster (`false`: plain weights, for comparisons).
+    pub repack: bool,
+    /// Force the arithmetic of one ggml build (`None`: the native build's; see
+    /// [`crate::kernels::isa`]). The backend parameter `isa=` overrides it per backend.
+    pub isa: Option<IsaChoice>,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            extra_devices: 0,
+            repack: true,
+            isa: None,
+        }
+    }
+}
 
 /// A CPU device. The device called "CPU" uses any host memory; others (`CPU0`, ...) only their
 /// own buffer type (see `supports_buffer_type`).
@@ -24,24 +61,52 @@ pub struct CpuDevice {
     buffer_type: BufferTypeRef,
     /// Weights with rows interleaved for the matrix kernels (`<name>_REPACK`).
     repack: BufferTypeRef,
+    /// What it was made with (`repack`: whether `extra_buffer_types` may offer `repack`).
+    options: CpuOptions,
+    /// Resolved once from `options.isa`, for the backends it opens (unless a backend
+    /// parameter overrides it).
+    features: CpuFeatures,
     /// Backends need a shared handle to their device; a device only has `&self`.
     me: Weak<CpuDevice>,
 }
 
 impl CpuDevice {
-    /// A device called `name` whose buffer type has the same name.
+    /// A device called `name` whose buffer type has the same name, with default options.
     pub fn new(name: impl Into<String>) -> Arc<CpuDevice> {
+        Self::with_options(name, &CpuOptions::default())
+    }
+
+    /// A device called `name` with `options` (`extra_devices` is the registry's and unused
+    /// here).
+    pub fn with_options(name: impl Into<String>, options: &CpuOptions) -> Arc<CpuDevice> {
         let name = name.into();
+        let features = CpuFeatures::resolve(options.isa);
         Arc::new_cyclic(|weak: &Weak<CpuDevice>| {
             let weak_dyn: Weak<dyn rgml::Device> = weak.clone();
             CpuDevice {
                 description: cpu_description(),
                 buffer_type: Arc::new(CpuBufferType::new(name.clone(), weak_dyn.clone())),
                 repack: Arc::new(CpuRepackBufferType::new(format!("{name}_REPACK"), weak_dyn)),
+                options: *options,
+                features,
                 name,
                 me: weak.clone(),
             }
         })
+    }
+
+    /// The features the device's backends run with by default.
+    pub fn features(&self) -> CpuFeatures {
+        self.features
+    }
+
+    /// A shared handle to this device (a new equal one only if the handle is gone, which it
+    /// never is while `&self` is borrowed from the `Arc`; this keeps the code total).
+    fn shared(&self) -> DeviceRef {
+        match self.me.upgrade() {
+            Some(d) => d,
+            None => CpuDevice::with_options(self.name.clone(), &self.options),
+        }
     }
 }
 
@@ -102,8 +167,12 @@ impl rgml::Device for CpuDevice {
         }
     }
 
+    /// Parameters: `n_threads` (default: all cores), `async` (0 or 1; default 1 for the
+    /// stand-in devices `CPU0`, ..., 0 for "CPU"), `isa` (`avx2`, `avx512` or
+    /// `avx512-nobf16`: the arithmetic of that ggml build, see [`IsaChoice`]; default: the
+    /// device's).
     fn init_backend(&self, params: &BackendParams) -> Result<Box<dyn Backend>> {
-        params.check_known(&["n_threads", "async"])?;
+        params.check_known(&["n_threads", "async", "isa"])?;
         let n_threads = params
             .get_parsed::<usize>("n_threads")?
             .unwrap_or_else(crate::default_n_threads);
@@ -120,28 +189,30 @@ impl rgml::Device for CpuDevice {
                 })
             }
         };
-        let device: DeviceRef = match self.me.upgrade() {
-            Some(d) => d,
-            // Unreachable while `&self` is borrowed from the Arc; stay total anyway.
-            None => CpuDevice::new(self.name.clone()),
+        let features = match params.get("isa") {
+            None => self.features,
+            Some(v) => {
+                let choice = v.parse::<IsaChoice>().map_err(|e| Error::InvalidParams {
+                    params: format!("isa={v}"),
+                    reason: e.to_string(),
+                })?;
+                self.features.with_choice(Some(choice))
+            }
         };
-        Ok(Box::new(CpuBackend::with_mode(
-            device,
-            n_threads,
-            asynchronous,
-        )?))
+        let mut backend = CpuBackend::with_mode(self.shared(), n_threads, asynchronous)?;
+        backend.set_features(features);
+        Ok(Box::new(backend))
     }
 
     fn buffer_type(&self) -> BufferTypeRef {
         self.buffer_type.clone()
     }
 
-    /// The repacking buffer type, where this CPU's kernels read packed weights faster than
-    /// plain ones (AVX-512 VNNI; see `kernels::repack::fast`) and `RGML_CPU_REPACK` is not
-    /// `0` (for measuring against plain weights).
+    /// The repacking buffer type, where the device's kernels read packed weights faster than
+    /// plain ones (AVX-512 VNNI with the AVX-512 arithmetic; see `kernels::repack::fast`) and
+    /// [`CpuOptions::repack`] is on (off: for measuring against plain weights).
     fn extra_buffer_types(&self) -> Vec<BufferTypeRef> {
-        let disabled = std::env::var("RGML_CPU_REPACK").is_ok_and(|v| v.trim() == "0");
-        if crate::kernels::repack::fast() && !disabled {
+        if self.options.repack && crate::kernels::repack::fast(self.features) {
             vec![self.repack.clone()]
         } else {
             Vec::new()
@@ -179,11 +250,7 @@ impl rgml::Device for CpuDevice {
     }
 
     fn event_new(&self) -> Result<Event> {
-        let device: DeviceRef = match self.me.upgrade() {
-            Some(d) => d,
-            None => CpuDevice::new(self.name.clone()),
-        };
-        Ok(Event::new(device, Box::new(CpuEvent::new())))
+        Ok(Event::new(self.shared(), Box::new(CpuEvent::new())))
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -202,27 +269,38 @@ impl CpuRegistry {
         Self::with_devices(["CPU"])
     }
 
-    /// One device per name, each with its own buffer type.
+    /// One device per name, each with its own buffer type, with default options.
     pub fn with_devices<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Self {
+        Self::with_devices_and_options(names, &CpuOptions::default())
+    }
+
+    /// One device per name, each with its own buffer type, all with `options` (whose
+    /// `extra_devices` is not used: the names are the devices).
+    pub fn with_devices_and_options<S: Into<String>>(
+        names: impl IntoIterator<Item = S>,
+        options: &CpuOptions,
+    ) -> Self {
         CpuRegistry {
             devices: names
                 .into_iter()
-                .map(|n| CpuDevice::new(n) as DeviceRef)
+                .map(|n| CpuDevice::with_options(n, options) as DeviceRef)
                 .collect(),
         }
     }
 
-    /// "CPU", plus `CPU0` … `CPU{N-1}` when the environment sets `RGML_CPU_DEVICES=N` (so
-    /// multi-device code can run on one machine). Unparsable values are ignored; N is capped
-    /// at 64.
-    pub fn from_env() -> Self {
-        let extra = std::env::var("RGML_CPU_DEVICES")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(0)
-            .min(64);
+    /// "CPU", plus `CPU0` … `CPU{N-1}` for `options.extra_devices = N` (so multi-device code
+    /// can run on one machine), all with `options`. More than [`MAX_EXTRA_DEVICES`] is
+    /// [`Error::InvalidParams`].
+    pub fn with_options(options: &CpuOptions) -> Result<Self> {
+        let extra = options.extra_devices;
+        if extra > MAX_EXTRA_DEVICES {
+            return Err(Error::InvalidParams {
+                params: format!("extra_devices={extra}"),
+                reason: format!("at most {MAX_EXTRA_DEVICES} extra CPU devices"),
+            });
+        }
         let names = std::iter::once("CPU".to_string()).chain((0..extra).map(|i| format!("CPU{i}")));
-        Self::with_devices(names)
+        Ok(Self::with_devices_and_options(names, options))
     }
 }
 

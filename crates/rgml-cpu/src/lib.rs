@@ -3,8 +3,15 @@
 //! ([`CpuRepackBufferType`], offered as the device's extra buffer type), and [`CpuBackend`],
 //! which computes graphs with per-op kernels on a persistent thread pool.
 //!
-//! Call [`register`] once to make the device visible to [`rgml::registry`]; or create a
-//! [`CpuBackend`] directly.
+//! Call [`register`] (or [`register_with`], for [`CpuOptions`]: extra devices, repacking, a
+//! forced arithmetic) once to make the devices visible to [`rgml::registry`]; or create a
+//! [`CpuBackend`] directly. The CPU's features are resolved once per device into a
+//! [`CpuFeatures`] value that the backends hand to the kernels. This crate reads no
+//! environment variable: the `rgml` command line maps its documented variables onto
+//! [`CpuOptions`].
+//!
+//! Cargo feature `testing`: the `testing` module (a deliberately wrong backend, `PerturbCPU`,
+//! for testing graph comparison); off by default, so production builds cannot register it.
 #![warn(missing_docs)]
 
 mod backend;
@@ -13,22 +20,32 @@ mod buffer;
 mod device;
 pub mod kernels;
 mod pool;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use backend::{AbortCallback, CpuBackend, CpuEvent};
 pub use buffer::{
     CpuBuffer, CpuBufferType, CpuRepackBufferType, HostMemoryBuffer, RepackBuffer, CPU_ALIGNMENT,
 };
-pub use device::{CpuDevice, CpuRegistry};
+pub use device::{CpuDevice, CpuOptions, CpuRegistry, MAX_EXTRA_DEVICES};
 pub use kernels::check_supported;
+pub use kernels::isa::{CpuFeatures, Isa, IsaChoice, ParseIsaError};
 
 use std::sync::Arc;
 
-/// Register the CPU registry with [`rgml::registry`]: device "CPU", plus `CPU0` … `CPU{N-1}`
-/// when `RGML_CPU_DEVICES=N` is set ([`CpuRegistry::from_env`]). Calling it again replaces the
-/// registry with an equal one.
+/// Register the CPU registry with [`rgml::registry`] with default options: device "CPU", the
+/// arithmetic of a native build on this CPU, repacked weights where they pay. Calling it again
+/// replaces the registry with an equal one.
 pub fn register() {
-    rgml::registry::register(Arc::new(CpuRegistry::from_env()));
+    rgml::registry::register(Arc::new(CpuRegistry::new()));
+}
+
+/// Register the CPU registry with [`rgml::registry`] with `options` ([`CpuRegistry::with_options`]:
+/// "CPU" plus `options.extra_devices` devices `CPU0`, `CPU1`, ...). Replaces a registered CPU
+/// registry. Too many extra devices is [`rgml::Error::InvalidParams`].
+pub fn register_with(options: &CpuOptions) -> rgml::Result<()> {
+    rgml::registry::register(Arc::new(CpuRegistry::with_options(options)?));
+    Ok(())
 }
 
 /// Threads used when a backend is opened without `n_threads`: the available parallelism.
@@ -65,14 +82,21 @@ pub mod bench_support {
         use crate::kernels::{activations, repack, tiled};
         use rgml::{DType, Error, Result};
 
+        use crate::CpuFeatures;
+
+        /// What the benchmarks run with: this CPU's features, native arithmetic.
+        fn features() -> CpuFeatures {
+            CpuFeatures::detect()
+        }
+
         /// Whether the repacked kernels read the packed layout directly on this CPU.
         pub fn fast() -> bool {
-            repack::fast()
+            repack::fast(features())
         }
 
         /// Whether the plain tiled kernels run on this CPU for `dtype`.
         pub fn plain_supported(dtype: DType) -> bool {
-            tiled::supported(dtype)
+            tiled::supported(features(), dtype)
         }
 
         /// Interleave dense rows (see the repack module).
@@ -84,7 +108,7 @@ pub mod bench_support {
         pub fn quantize_activations(dtype: DType, src: &[f32]) -> Result<Vec<u8>> {
             let vd = dtype.vec_dot_type();
             let mut b = vec![0u8; vd.row_bytes(src.len())?];
-            activations::quantize_activations(vd, src, &mut b)?;
+            activations::quantize_activations(features(), vd, src, &mut b)?;
             Ok(b)
         }
 
@@ -100,7 +124,7 @@ pub mod bench_support {
                 backend: "CPU".into(),
                 message: format!("bench repack: {m}"),
             };
-            if !repack::supported(dtype) || !tiled::supported(dtype) {
+            if !repack::supported(dtype) || !tiled::supported(features(), dtype) {
                 return Err(bad("dtype"));
             }
             let rb = dtype.row_bytes(ne0)?;
@@ -130,11 +154,12 @@ pub mod bench_support {
             let (rows, nb, rb) = check(dtype, ne0, w, cols, out)?;
             let y: Vec<*const u8> = cols.iter().map(|c| c.as_ptr()).collect();
             let n = cols.len();
+            let f = features();
             for g in 0..rows / 4 {
                 let x: [*const u8; 4] = std::array::from_fn(|r| w[(4 * g + r) * rb..].as_ptr());
                 // SAFETY: checked: tiled::supported, 4 dense rows of `nb` blocks, columns of
                 // `nb` activation blocks, `out` holds this group's 4 rows of `n` values.
-                unsafe { tiled::tile(dtype, nb, &x, &y, &mut out[4 * g * n..], n) };
+                unsafe { tiled::tile(f, dtype, nb, &x, &y, &mut out[4 * g * n..], n) };
             }
             Ok(())
         }
@@ -155,7 +180,18 @@ pub mod bench_support {
                 let group = w[4 * g * rb..].as_ptr();
                 // SAFETY: checked: a whole packed group of `nb` blocks per row, columns of
                 // `nb` activation blocks, `out` holds this group's 4 rows of `n` values.
-                unsafe { repack::tile(dtype, nb, group, &y, &mut out[4 * g * n..], n, scratch) };
+                unsafe {
+                    repack::tile(
+                        features(),
+                        dtype,
+                        nb,
+                        group,
+                        &y,
+                        &mut out[4 * g * n..],
+                        n,
+                        scratch,
+                    )
+                };
             }
             Ok(())
         }
@@ -176,6 +212,7 @@ pub mod bench_support {
             // of `nb` activation blocks, `out` holds every row's `cols.len()` values.
             unsafe {
                 repack::tile_groups(
+                    features(),
                     dtype,
                     nb,
                     w.as_ptr(),

@@ -1,11 +1,13 @@
-//! Testing aids only: a deliberately *wrong* CPU backend, to check that graph comparison
-//! ([`rgml::compare::compare_graph_backend`], `rgml compare`) finds a bad kernel at the right node.
+//! Testing aids only (cargo feature `testing`, which only tests enable): a deliberately
+//! *wrong* CPU backend, to check that graph comparison
+//! ([`rgml::compare::compare_graph_backend`], `rgml compare`) finds a bad kernel at the right
+//! node.
 //!
 //! [`PerturbBackend`] computes like [`CpuBackend`], but after every node whose op is the chosen
 //! one it multiplies that node's output by [`PERTURB_FACTOR`]. [`PerturbDevice`] (named
-//! `PerturbCPU`) hands out such backends, and [`PerturbRegistry`] exposes it; the `rgml` binary
-//! registers it only when the environment sets `RGML_TEST_PERTURB_OP=<OP>` (e.g. `SWIGLU`).
-//! Never use these for real work.
+//! `PerturbCPU`) hands out such backends, and [`PerturbRegistry`] exposes it for tests that go
+//! through [`rgml::registry`]. The `rgml` binary never registers them. Never use these for real
+//! work.
 
 use crate::backend::CpuBackend;
 use crate::device::CpuDevice;
@@ -20,9 +22,6 @@ pub const PERTURB_FACTOR: f32 = 1.01;
 
 /// The name of the device [`PerturbDevice`] provides.
 pub const PERTURB_DEVICE_NAME: &str = "PerturbCPU";
-
-/// The environment variable naming the op to perturb (ggml's upper-case op name).
-pub const PERTURB_ENV: &str = "RGML_TEST_PERTURB_OP";
 
 /// A CPU backend that scales the output of every node of op `op` by [`PERTURB_FACTOR`]
 /// (contiguous F32 outputs; other outputs are left alone). Testing aid only.
@@ -168,20 +167,6 @@ impl PerturbRegistry {
         PerturbRegistry {
             device: PerturbDevice::new(op),
         }
-    }
-
-    /// The registry asked for by `RGML_TEST_PERTURB_OP`: `Ok(None)` when it is unset or empty,
-    /// an error naming the variable when it is not an op name.
-    pub fn from_env() -> std::result::Result<Option<Self>, String> {
-        let Ok(name) = std::env::var(PERTURB_ENV) else {
-            return Ok(None);
-        };
-        if name.trim().is_empty() {
-            return Ok(None);
-        }
-        OpKind::from_name(name.trim())
-            .map(|op| Some(Self::new(op)))
-            .ok_or_else(|| format!("{PERTURB_ENV}={name}: not an op name (e.g. SILU, MUL_MAT)"))
     }
 }
 

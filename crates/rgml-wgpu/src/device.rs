@@ -12,6 +12,7 @@
 use crate::backend::WgpuBackend;
 use crate::host::WgpuHostBufferType;
 use crate::ops::{Kernels, Scratch};
+use crate::WgpuOptions;
 use rgml::backend::{
     Backend, BackendParams, Buffer, BufferImpl, BufferType, BufferTypeRef, DeviceCaps,
     DeviceMemory, DeviceType, HostMemory,
@@ -53,7 +54,11 @@ pub(crate) struct Gpu {
 }
 
 impl Gpu {
-    fn open(name: &str, adapter: &wgpu::Adapter) -> std::result::Result<Gpu, String> {
+    fn open(
+        name: &str,
+        adapter: &wgpu::Adapter,
+        options: WgpuOptions,
+    ) -> std::result::Result<Gpu, String> {
         let desc = wgpu::DeviceDescriptor {
             label: Some(name),
             // f64 lets kernels sum as ggml-cpu does; the rest of the kernels need no features.
@@ -75,7 +80,7 @@ impl Gpu {
                 *s = Some(e.to_string());
             }
         }));
-        let hw_fma = crate::ops::probe_fused_fma(&device, &queue);
+        let hw_fma = !options.soft_fma && crate::ops::probe_fused_fma(&device, &queue);
         let kernels = Kernels::new(&device, hw_fma);
         let gpu = Gpu {
             name: name.to_string(),
@@ -141,11 +146,12 @@ pub struct WgpuDevice {
     buffer_type: BufferTypeRef,
     host_buffer_type: BufferTypeRef,
     gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
+    options: WgpuOptions,
     me: Weak<WgpuDevice>,
 }
 
 impl WgpuDevice {
-    fn new(name: String, adapter: wgpu::Adapter) -> Arc<WgpuDevice> {
+    fn new(name: String, adapter: wgpu::Adapter, options: WgpuOptions) -> Arc<WgpuDevice> {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let device_type = match info.device_type {
@@ -181,6 +187,7 @@ impl WgpuDevice {
             device_type,
             features,
             gpu: OnceLock::new(),
+            options,
             me: weak.clone(),
         })
     }
@@ -188,7 +195,7 @@ impl WgpuDevice {
     /// The open wgpu device, opening it on first use.
     pub(crate) fn gpu(&self) -> Result<Arc<Gpu>> {
         self.gpu
-            .get_or_init(|| Gpu::open(&self.name, &self.adapter).map(Arc::new))
+            .get_or_init(|| Gpu::open(&self.name, &self.adapter, self.options).map(Arc::new))
             .clone()
             .map_err(|message| Error::Backend {
                 backend: self.name.clone(),
@@ -624,6 +631,7 @@ impl Drop for WgpuBuffer {
 pub struct WgpuRegistry {
     name: &'static str,
     backends: wgpu::Backends,
+    options: WgpuOptions,
     devices: OnceLock<Vec<DeviceRef>>,
 }
 
@@ -644,10 +652,16 @@ impl WgpuRegistry {
     /// [`Registry::devices`] call, discrete GPUs first. No adapter (no driver installed) gives
     /// a registry without devices.
     pub fn new() -> WgpuRegistry {
+        Self::with_options(WgpuOptions::default())
+    }
+
+    /// As [`WgpuRegistry::new`], with devices configured by `options`.
+    pub fn with_options(options: WgpuOptions) -> WgpuRegistry {
         let (backends, name) = native_backend();
         WgpuRegistry {
             name,
             backends,
+            options,
             devices: OnceLock::new(),
         }
     }
@@ -668,7 +682,7 @@ impl WgpuRegistry {
         adapters
             .into_iter()
             .enumerate()
-            .map(|(i, a)| WgpuDevice::new(format!("{name}{i}"), a) as DeviceRef)
+            .map(|(i, a)| WgpuDevice::new(format!("{name}{i}"), a, self.options) as DeviceRef)
             .collect()
     }
 }

@@ -61,6 +61,8 @@
 //!   the CPU, not bit-equal).
 //! - FMA is probed when the device opens (`ops::probe_fused_fma`); where WGSL's `fma` rounds
 //!   twice (lavapipe) an integer emulation gives the fused result, about 3.5x slower there.
+//!   [`WgpuOptions::soft_fma`] takes the emulation on any device (to test it); the `rgml`
+//!   command line maps `RGML_WGPU_SOFT_FMA=1` onto it (this crate reads no environment).
 //! - RMS_NORM and SOFT_MAX sum in f64 where the adapter has `SHADER_F64` (f32 elsewhere, e.g.
 //!   Metal: close, not bit-equal); division and square root are corrected to IEEE rounding;
 //!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf`; ROPE takes its cos / sin table from the
@@ -90,8 +92,21 @@ pub use host::{WgpuHostBuffer, WgpuHostBufferType, HOST_PAGE, HOST_TENSOR_ALIGNM
 
 use std::sync::Arc;
 
+/// How the wgpu devices are set up; the default is what [`register`] uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Compute fused multiply-adds with the integer emulation even where the device's WGSL
+    /// `fma` rounds once (the results are the same; for testing the emulation on any device).
+    pub soft_fma: bool,
+}
+
 /// Register the wgpu registry with [`rgml::registry`] (see [`WgpuRegistry::new`]). Calling it
 /// again replaces the registry with a freshly enumerated one.
 pub fn register() {
-    rgml::registry::register(Arc::new(WgpuRegistry::new()));
+    register_with(WgpuOptions::default());
+}
+
+/// As [`register`], with devices configured by `options` ([`WgpuRegistry::with_options`]).
+pub fn register_with(options: WgpuOptions) {
+    rgml::registry::register(Arc::new(WgpuRegistry::with_options(options)));
 }

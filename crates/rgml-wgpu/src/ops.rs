@@ -270,13 +270,11 @@ impl Kernels {
 /// Whether the device's WGSL `fma` rounds once, as IEEE's fused multiply-add does (WGSL leaves
 /// it to the implementation: lavapipe, for one, rounds the product first). Computes
 /// `(1 + 2^-23)(1 - 2^-23) - 1` from a buffer, so no compiler can fold it: fused, that is
-/// `-2^-46`; rounded twice, 0. `RGML_WGPU_SOFT_FMA=1` answers no, to test the integer path on
-/// any device. Any failure also answers no (the integer path is exact everywhere, only slower).
+/// `-2^-46`; rounded twice, 0. Any failure answers no (the integer path is exact everywhere,
+/// only slower). Not called with [`crate::WgpuOptions::soft_fma`], which takes the integer path
+/// on any device (for testing it).
 pub(crate) fn probe_fused_fma(device: &wgpu::Device, queue: &wgpu::Queue) -> bool {
     use wgpu::util::DeviceExt;
-    if std::env::var("RGML_WGPU_SOFT_FMA").is_ok_and(|v| v == "1") {
-        return false;
-    }
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("rgml fma probe"),
         source: wgpu::ShaderSource::Wgsl(

@@ -94,11 +94,15 @@ fn run(sched: &mut Scheduler, n: &mut Net, steps: usize) -> Vec<Vec<u32>> {
 
 #[test]
 fn gpu_cpu_gpu_splits_match_the_cpu_alone() {
-    std::env::set_var("RGML_CPU_ISA", "avx512");
     let Some(gpu) = gpu() else {
         return;
     };
-    let cpu: DeviceRef = rgml_cpu::CpuDevice::new("CPU");
+    // The GPU kernels mirror ggml-cpu's AVX-512 build; so must the CPU (on any CPU).
+    let options = rgml_cpu::CpuOptions {
+        isa: Some(rgml_cpu::IsaChoice::Avx512),
+        ..Default::default()
+    };
+    let cpu: DeviceRef = rgml_cpu::CpuDevice::with_options("CPU", &options);
     let mut reference_net = net(&cpu, &cpu, &cpu);
     let mut reference_sched = Scheduler::new(
         vec![backend(&cpu)],

@@ -8,21 +8,30 @@
 //! small as that is, the demo model amplifies it to logit differences of ~0.3, so matching
 //! llama.cpp's answers needs the same arithmetic.
 
+use super::isa::CpuFeatures;
 use rgml::quant::{BlockQ8_0, BlockQ8_1, QK8_0};
 use rgml::{DType, Result};
 
-/// Quantize one row of activations to `dtype` (the vec-dot type of some weight type).
-pub(crate) fn quantize_activations(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+/// Quantize one row of activations to `dtype` (the vec-dot type of some weight type). The
+/// result is the same on every path; `f` only picks the fastest the CPU has.
+pub(crate) fn quantize_activations(
+    f: CpuFeatures,
+    dtype: DType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
-    if avx512_available() {
-        // SAFETY: AVX-512 F and BW were detected at run time.
+    if f.has_avx512() {
+        // SAFETY: `f` says the CPU has AVX-512 F and BW.
         return unsafe { quantize_activations_avx512(dtype, src, dst) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected at run time.
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2.
         return unsafe { quantize_activations_avx2(dtype, src, dst) };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = f;
     quantize_row(dtype, src, dst, quantize_block)
 }
 
@@ -36,16 +45,6 @@ pub(crate) fn quantize_activations(dtype: DType, src: &[f32], dst: &mut [u8]) ->
 #[target_feature(enable = "avx2")]
 unsafe fn quantize_activations_avx2(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     quantize_row(dtype, src, dst, quantize_block)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512_available() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-    })
 }
 
 /// [`quantize_row`] with [`quantize_block_avx512`]: the same numbers, 16 lanes at a time
@@ -183,10 +182,10 @@ mod tests {
             let mut portable = vec![0u8; size];
             quantize_row(dtype, &x, &mut portable, quantize_block).unwrap();
             let mut dispatched = vec![0u8; size];
-            quantize_activations(dtype, &x, &mut dispatched).unwrap();
+            quantize_activations(CpuFeatures::detect(), dtype, &x, &mut dispatched).unwrap();
             assert_eq!(portable, dispatched, "{dtype}");
             #[cfg(target_arch = "x86_64")]
-            if avx512_available() {
+            if CpuFeatures::detect().has_avx512() {
                 let mut wide = vec![0u8; size];
                 // SAFETY: checked just above.
                 unsafe { quantize_activations_avx512(dtype, &x, &mut wide) }.unwrap();
@@ -202,7 +201,7 @@ mod tests {
             .collect();
         for dtype in [DType::Q8_0, DType::Q8_1] {
             let mut ours = vec![0u8; dtype.row_bytes(64).unwrap()];
-            quantize_activations(dtype, &x, &mut ours).unwrap();
+            quantize_activations(CpuFeatures::detect(), dtype, &x, &mut ours).unwrap();
             let mut back = vec![0f32; 64];
             rgml::quant::dequantize_row(dtype, &ours, &mut back).unwrap();
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -216,7 +215,7 @@ mod tests {
         tie[1] = 0.5;
         tie[2] = 1.5;
         let mut q = vec![0u8; 34];
-        quantize_activations(DType::Q8_0, &tie, &mut q).unwrap();
+        quantize_activations(CpuFeatures::detect(), DType::Q8_0, &tie, &mut q).unwrap();
         assert_eq!(&q[2..5], &[127, 0, 2]);
     }
 }

@@ -1,4 +1,5 @@
-//! MUL_MAT with BF16 weights on CPUs with AVX512_BF16 (used when [`super::isa::avx512_bf16`]):
+//! MUL_MAT with BF16 weights on CPUs with AVX512_BF16 (used where the node's
+//! [`CpuFeatures::bf16_products`] holds):
 //! the activations in bf16 and the products with `vdpbf16ps`, as a native ggml-cpu build with
 //! `__AVX512BF16__` computes them.
 //!
@@ -29,9 +30,10 @@
 //! `ggml_vec_dot_bf16` in `ggml-cpu/vec.cpp`, `GGML_FP32_TO_BF16` in `ggml-impl.h`.)
 
 // The kernels exist on x86_64 only; elsewhere `products` reports that it cannot run (it is
-// never chosen there: `avx512_bf16` is false).
+// never chosen there: `bf16_products` is false).
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
+use super::isa::CpuFeatures;
 use super::matmul::{prefetch, Columns, PREFETCH_AHEAD};
 use super::ThreadCtx;
 use rgml::{Error, Result};
@@ -81,15 +83,16 @@ pub(crate) fn tinyblas_shape(m: usize, n: usize, k: usize) -> bool {
 /// (grouped-query attention's heads); in tinyBLAS's order by 4 x 4 tiles, in
 /// `ggml_vec_dot_bf16`'s by 8 rows and one column.
 ///
-/// Runs only where [`super::isa::avx512_bf16`] holds (an error otherwise).
+/// Runs only where [`CpuFeatures::bf16_products`] holds (an error otherwise).
 pub(crate) fn products(
+    f: CpuFeatures,
     dst: &super::TensorView,
     a: &super::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
     tc: &mut ThreadCtx<'_>,
 ) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
-    if super::isa::avx512_bf16() {
+    if f.bf16_products() {
         let (k, m) = (a.ne[0], a.ne[1]);
         let cols = Columns::new(dst, a);
         let tinyblas = tinyblas_shape(m, dst.ne[1], k);
@@ -136,7 +139,7 @@ pub(crate) fn products(
                         }
                     }
                     if tinyblas {
-                        // SAFETY: avx512_bf16() checked AVX512_BF16, F, BW and VL; each x[r] is
+                        // SAFETY: bf16_products() implies AVX512_BF16, F, BW and VL; each x[r] is
                         // a dense in-bounds weight row of k bf16 values and each y[c] a bf16 row
                         // of k values in the work area, complete since phase 1's barrier; k is a
                         // multiple of KN (tinyblas_shape).
@@ -158,7 +161,7 @@ pub(crate) fn products(
         }
         return Ok(());
     }
-    let _ = (dst, a, b_row, tc);
+    let _ = (f, dst, a, b_row, tc);
     Err(Error::Backend {
         backend: "CPU".into(),
         message: "MUL_MAT: the BF16 dot-product kernels need AVX512_BF16".into(),
@@ -340,7 +343,7 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn vdpbf16ps_matches_the_scalar_lanes() {
-        if !crate::kernels::isa::bf16_hardware() {
+        if !CpuFeatures::detect().has_avx512_bf16() {
             return;
         }
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
@@ -369,7 +372,7 @@ mod tests {
                     (rng.gen::<u32>() & 0x807f_ffff) | (rng.gen_range(1u32..254) << 23),
                 ),
             });
-            // SAFETY: bf16_hardware() checked the features.
+            // SAFETY: has_avx512_bf16() checked the features.
             let got = unsafe { dp(&acc, &bytes(&a), &bytes(&b)) };
             for (i, g) in got.iter().enumerate() {
                 let want = dp_lane(acc[i], [a[2 * i], a[2 * i + 1]], [b[2 * i], b[2 * i + 1]]);
@@ -382,7 +385,7 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn kernels_match_the_scalar_transcriptions() {
-        if !crate::kernels::isa::bf16_hardware() {
+        if !CpuFeatures::detect().has_avx512_bf16() {
             return;
         }
         let mut rng = StdRng::seed_from_u64(22);
@@ -392,7 +395,7 @@ mod tests {
                 let raw: Vec<Vec<u8>> = rows.iter().map(|r| bytes(r)).collect();
                 let x: [*const u8; 8] = std::array::from_fn(|r| raw[r].as_ptr());
                 let y: [*const u8; 4] = std::array::from_fn(|c| raw[8 + c].as_ptr());
-                // SAFETY: bf16_hardware() checked the features; 12 rows of k values.
+                // SAFETY: has_avx512_bf16() checked the features; 12 rows of k values.
                 let v = unsafe { rows_vec_dot(x, y[0], k) };
                 for r in 0..8 {
                     let want = emu_vec_dot(&rows[r], &rows[8]);
@@ -461,7 +464,8 @@ mod tests {
     fn mul_mat_through_the_backend() {
         use crate::{CpuBackend, CpuDevice};
         use rgml::{Backend, Context, DType, Device, Graph};
-        let exact = crate::kernels::isa::avx512_bf16();
+        // The backends below run with the detected features (`CpuBackend::new`).
+        let exact = CpuFeatures::detect().bf16_products();
         let mut rng = StdRng::seed_from_u64(24);
         // (k, m, n, weight batches, activation batches, strided src1)
         let shapes = [

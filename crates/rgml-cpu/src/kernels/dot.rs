@@ -4,8 +4,11 @@
 //!
 //! The quantized dots accumulate exact integer products per block and apply the block scales
 //! once, like ggml's scalar (`_generic`) kernels; the typed `dot_*` functions let the matmul
-//! kernel skip the per-call dispatch of [`vec_dot`].
+//! kernel skip the per-call dispatch of [`vec_dot`]. Those with an AVX2 form take the
+//! [`CpuFeatures`] the caller resolved (e.g. [`CpuFeatures::detect`]) and use it where it says
+//! the CPU has AVX2, FMA and F16C.
 
+use crate::CpuFeatures;
 use bytemuck::Pod;
 use half::{bf16, f16};
 use rgml::quant::{
@@ -18,7 +21,7 @@ use std::borrow::Cow;
 /// Dot product of `n` elements: `x` in `xtype`'s bytes, `y` in `xtype.vec_dot_type()`'s bytes
 /// (for F16/BF16 weights, `y` is f32 bytes). Returns an error for unsupported types or wrong
 /// lengths. The byte slices need not be aligned.
-pub fn vec_dot(xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
+pub fn vec_dot(f: CpuFeatures, xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     let ytype = activation_type(xtype);
     check_len("vec_dot x bytes", xtype.row_bytes(n)?, x.len())?;
     check_len("vec_dot y bytes", ytype.row_bytes(n)?, y.len())?;
@@ -26,11 +29,11 @@ pub fn vec_dot(xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
         DType::F32 => dot_f32(&plain::<f32>(x), &plain::<f32>(y)),
         DType::F16 => dot_f16_f32(&plain::<f16>(x), &plain::<f32>(y)),
         DType::BF16 => dot_bf16_f32(&plain::<bf16>(x), &plain::<f32>(y)),
-        DType::Q4_0 => dot_q4_0_q8_0(&blocks(x)?, &blocks(y)?),
-        DType::Q4_1 => dot_q4_1_q8_1(&blocks(x)?, &blocks(y)?),
+        DType::Q4_0 => dot_q4_0_q8_0(f, &blocks(x)?, &blocks(y)?),
+        DType::Q4_1 => dot_q4_1_q8_1(f, &blocks(x)?, &blocks(y)?),
         DType::Q5_0 => dot_q5_0_q8_0(&blocks(x)?, &blocks(y)?),
         DType::Q5_1 => dot_q5_1_q8_1(&blocks(x)?, &blocks(y)?),
-        DType::Q8_0 => dot_q8_0_q8_0(&blocks(x)?, &blocks(y)?),
+        DType::Q8_0 => dot_q8_0_q8_0(f, &blocks(x)?, &blocks(y)?),
         DType::Q4_K => dot_q4_k_q8_k(&blocks(x)?, &blocks(y)?),
         DType::Q5_K => dot_q5_k_q8_k(&blocks(x)?, &blocks(y)?),
         DType::Q6_K => dot_q6_k_q8_k(&blocks(x)?, &blocks(y)?),
@@ -164,10 +167,10 @@ fn i8_dot<const N: usize>(a: &[i8; N], b: &[i8; N]) -> i32 {
 }
 
 /// Q4_0 weights · Q8_0 activations, over the common number of blocks.
-pub fn dot_q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+pub fn dot_q4_0_q8_0(f: CpuFeatures, x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        // SAFETY: AVX2, FMA and F16C were detected at runtime.
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
         return unsafe { avx2::dot_q4_0_q8_0(x, y) };
     }
     dot_q4_0_q8_0_scalar(x, y)
@@ -183,10 +186,10 @@ fn dot_q4_0_q8_0_scalar(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 /// Q4_1 weights · Q8_1 activations, over the common number of blocks.
-pub fn dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+pub fn dot_q4_1_q8_1(f: CpuFeatures, x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        // SAFETY: AVX2, FMA and F16C were detected at runtime.
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
         return unsafe { avx2::dot_q4_1_q8_1(x, y) };
     }
     dot_q4_1_q8_1_scalar(x, y)
@@ -225,10 +228,10 @@ pub fn dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
 }
 
 /// Q8_0 weights · Q8_0 activations, over the common number of blocks.
-pub fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+pub fn dot_q8_0_q8_0(f: CpuFeatures, x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        // SAFETY: AVX2, FMA and F16C were detected at runtime.
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
         return unsafe { avx2::dot_q8_0_q8_0(x, y) };
     }
     dot_q8_0_q8_0_scalar(x, y)
@@ -350,16 +353,6 @@ mod avx2 {
 
     use super::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
     use std::arch::x86_64::*;
-    use std::sync::OnceLock;
-
-    pub(super) fn available() -> bool {
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        })
-    }
 
     /// f16 -> f32 with the F16C instruction (the generic conversion re-detects CPU features on
     /// every call, which costs as much as the rest of a block's work).
@@ -547,7 +540,7 @@ mod tests {
                 let yt = activation_type(xt);
                 let (xb, yb) = (encode(xt, &a), encode(yt, &b));
                 let (reference, magnitude) = reference_dot(xt, &xb, &yb, n);
-                let got = vec_dot(xt, n, &xb, &yb).unwrap();
+                let got = vec_dot(CpuFeatures::detect(), xt, n, &xb, &yb).unwrap();
                 let err = (f64::from(got) - reference).abs() / magnitude;
                 assert!(
                     err < 2e-6,
@@ -569,7 +562,14 @@ mod tests {
         let (a, b) = (data(0.0), data(1.0));
         let exact: f64 = a.iter().zip(&b).map(|(&p, &q)| f64::from(p * q)).sum();
         for xt in WEIGHT_TYPES {
-            let got = vec_dot(xt, n, &encode(xt, &a), &encode(activation_type(xt), &b)).unwrap();
+            let got = vec_dot(
+                CpuFeatures::detect(),
+                xt,
+                n,
+                &encode(xt, &a),
+                &encode(activation_type(xt), &b),
+            )
+            .unwrap();
             let err = (f64::from(got) - exact).abs() / n as f64;
             assert!(err < 0.02, "{xt}: {err}");
         }
@@ -592,15 +592,15 @@ mod tests {
         let close = |p: f32, q: f32| (p - q).abs() <= 1e-5 * p.abs().max(q.abs()).max(1.0);
         let pairs = [
             (
-                dot_q4_0_q8_0(&q4_0, &q8_0),
+                dot_q4_0_q8_0(CpuFeatures::detect(), &q4_0, &q8_0),
                 dot_q4_0_q8_0_scalar(&q4_0, &q8_0),
             ),
             (
-                dot_q4_1_q8_1(&q4_1, &q8_1),
+                dot_q4_1_q8_1(CpuFeatures::detect(), &q4_1, &q8_1),
                 dot_q4_1_q8_1_scalar(&q4_1, &q8_1),
             ),
             (
-                dot_q8_0_q8_0(&q8_0a, &q8_0),
+                dot_q8_0_q8_0(CpuFeatures::detect(), &q8_0a, &q8_0),
                 dot_q8_0_q8_0_scalar(&q8_0a, &q8_0),
             ),
         ];
@@ -633,15 +633,22 @@ mod tests {
             let ns = t.elapsed().as_nanos() as f64 / iters as f64;
             println!("{name:24} {ns:9.1} ns per {n}-element dot");
         };
-        time("q4_0 dispatch", &|| dot_q4_0_q8_0(black_box(&q4_0), &q8_0));
+        let f = CpuFeatures::detect();
+        time("q4_0 dispatch", &|| {
+            dot_q4_0_q8_0(f, black_box(&q4_0), &q8_0)
+        });
         time("q4_0 scalar", &|| {
             dot_q4_0_q8_0_scalar(black_box(&q4_0), &q8_0)
         });
-        time("q4_1 dispatch", &|| dot_q4_1_q8_1(black_box(&q4_1), &q8_1));
+        time("q4_1 dispatch", &|| {
+            dot_q4_1_q8_1(f, black_box(&q4_1), &q8_1)
+        });
         time("q4_1 scalar", &|| {
             dot_q4_1_q8_1_scalar(black_box(&q4_1), &q8_1)
         });
-        time("q8_0 dispatch", &|| dot_q8_0_q8_0(black_box(&q8_0a), &q8_0));
+        time("q8_0 dispatch", &|| {
+            dot_q8_0_q8_0(f, black_box(&q8_0a), &q8_0)
+        });
         time("q8_0 scalar", &|| {
             dot_q8_0_q8_0_scalar(black_box(&q8_0a), &q8_0)
         });
@@ -666,8 +673,8 @@ mod tests {
             xs[1..].copy_from_slice(&xb);
             let mut ys = vec![0u8; yb.len() + 3];
             ys[3..].copy_from_slice(&yb);
-            let aligned = vec_dot(xt, n, &xb, &yb).unwrap();
-            let shifted = vec_dot(xt, n, &xs[1..], &ys[3..]).unwrap();
+            let aligned = vec_dot(CpuFeatures::detect(), xt, n, &xb, &yb).unwrap();
+            let shifted = vec_dot(CpuFeatures::detect(), xt, n, &xs[1..], &ys[3..]).unwrap();
             assert_eq!(aligned.to_bits(), shifted.to_bits(), "{xt}");
         }
     }
@@ -692,18 +699,35 @@ mod tests {
         let a = vec![0.5f32; 256];
         let xb = encode(DType::Q4_0, &a);
         let yb = encode(DType::Q8_0, &a);
-        assert!(vec_dot(DType::Q4_0, 256, &xb, &yb).is_ok());
-        assert!(vec_dot(DType::Q4_0, 255, &xb, &yb).is_err());
-        assert!(vec_dot(DType::Q4_0, 256, &xb[1..], &yb).is_err());
-        assert!(vec_dot(DType::Q4_0, 256, &xb, &yb[..yb.len() - 1]).is_err());
-        assert!(vec_dot(DType::Q4_0, 224, &xb, &yb).is_err());
+        assert!(vec_dot(CpuFeatures::detect(), DType::Q4_0, 256, &xb, &yb).is_ok());
+        assert!(vec_dot(CpuFeatures::detect(), DType::Q4_0, 255, &xb, &yb).is_err());
+        assert!(vec_dot(CpuFeatures::detect(), DType::Q4_0, 256, &xb[1..], &yb).is_err());
+        assert!(vec_dot(
+            CpuFeatures::detect(),
+            DType::Q4_0,
+            256,
+            &xb,
+            &yb[..yb.len() - 1]
+        )
+        .is_err());
+        assert!(vec_dot(CpuFeatures::detect(), DType::Q4_0, 224, &xb, &yb).is_err());
         for t in [DType::I32, DType::Q8_1, DType::Q8_K] {
             let x = vec![0u8; t.row_bytes(256).unwrap()];
             let y = vec![0u8; activation_type(t).row_bytes(256).unwrap()];
-            assert!(vec_dot(t, 256, &x, &y).is_err(), "{t}");
+            assert!(
+                vec_dot(CpuFeatures::detect(), t, 256, &x, &y).is_err(),
+                "{t}"
+            );
         }
         let f = encode(DType::F32, &a);
-        assert!(vec_dot(DType::F16, 256, &encode(DType::F16, &a), &f).is_ok());
-        assert!(vec_dot(DType::F16, 256, &f, &f).is_err());
+        assert!(vec_dot(
+            CpuFeatures::detect(),
+            DType::F16,
+            256,
+            &encode(DType::F16, &a),
+            &f
+        )
+        .is_ok());
+        assert!(vec_dot(CpuFeatures::detect(), DType::F16, 256, &f, &f).is_err());
     }
 }

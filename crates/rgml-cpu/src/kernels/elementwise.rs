@@ -108,7 +108,7 @@ fn silu_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         // SAFETY: as in `map_rows`.
         unsafe {
             let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, tc.scratch)?;
-            super::vexp::silu_row(f32_row_mut(drow, ne0), x, None);
+            super::vexp::silu_row(task.features, f32_row_mut(drow, ne0), x, None);
         }
     }
     Ok(())
@@ -140,7 +140,7 @@ pub(crate) fn swiglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
             let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, sa)?;
             let g = f32_row_for_write(b.row(i1, i2, i3), ne0, drow, ne0 * 4, sb)?;
             // ggml_vec_swiglu_f32: ggml_v_silu on groups of 8, expf on the tail.
-            super::vexp::silu_row(f32_row_mut(drow, ne0), x, Some(g));
+            super::vexp::silu_row(task.features, f32_row_mut(drow, ne0), x, Some(g));
         }
     }
     Ok(())

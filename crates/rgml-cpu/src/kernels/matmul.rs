@@ -16,6 +16,7 @@
 
 use super::activations::quantize_activations;
 use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
+use super::isa::CpuFeatures;
 use super::{bytes, bytes_mut, f32_row, scratch_slice, NodeTask, ThreadCtx};
 use rgml::{DType, Error, Result, Tensor};
 
@@ -60,8 +61,8 @@ pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
 }
 
 /// Bytes of the src1 copy in the shared work area (0 when src1 is used in place).
-pub(crate) fn shared_size(a: &Tensor, b: &Tensor) -> Result<usize> {
-    match src1_conversion(a.dtype, b.rows_contiguous()) {
+pub(crate) fn shared_size(f: CpuFeatures, a: &Tensor, b: &Tensor) -> Result<usize> {
+    match src1_conversion(f, a.dtype, b.rows_contiguous()) {
         Some(c) => c
             .row_bytes(b.ne[0])?
             .checked_mul(b.nrows())
@@ -81,7 +82,7 @@ pub(crate) enum Src1 {
     /// Gathered into dense f32 rows (a strided src1 of f32 weights).
     Dense,
     /// Rounded to bf16 and stored so (ggml's `vec_dot_type` for BF16 weights), for the
-    /// `vdpbf16ps` kernels of [`super::bf16`] ([`super::isa::avx512_bf16`]).
+    /// `vdpbf16ps` kernels of [`super::bf16`] ([`CpuFeatures::bf16_products`]).
     Bf16,
 }
 
@@ -96,11 +97,16 @@ impl Src1 {
     }
 }
 
-/// How MUL_MAT with weights of `weight` converts its src1 in phase 1 (`None`: used in place).
-pub(crate) fn src1_conversion(weight: DType, src1_dense_rows: bool) -> Option<Src1> {
+/// How MUL_MAT with weights of `weight` converts its src1 in phase 1 (`None`: used in place),
+/// on a backend with features `f`.
+pub(crate) fn src1_conversion(
+    f: CpuFeatures,
+    weight: DType,
+    src1_dense_rows: bool,
+) -> Option<Src1> {
     if weight.is_quantized() {
         Some(Src1::Quantized(weight.vec_dot_type()))
-    } else if weight == DType::BF16 && super::isa::avx512_bf16() {
+    } else if weight == DType::BF16 && f.bf16_products() {
         Some(Src1::Bf16)
     } else if matches!(weight, DType::F16 | DType::BF16) {
         Some(Src1::Rounded(weight))
@@ -120,16 +126,15 @@ const REPACK_COLS: usize = 8;
 /// Weight rows per call of the packed-weight kernel (whole groups; prefetched together).
 const PACKED_RUN_ROWS: usize = 16;
 
-/// f32 dot product in tinyBLAS's order for the native build (see [`super::isa`]); uses AVX2+FMA
-/// code generation when the CPU has it.
+/// f32 dot product in tinyBLAS's order for the build `f` mirrors (see [`super::isa`]); uses
+/// AVX2+FMA code generation when the CPU has it.
 #[inline]
-pub(crate) fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
-    let wide = super::isa::isa() == super::isa::Isa::Avx512;
+pub(crate) fn dot_f32(f: CpuFeatures, x: &[f32], y: &[f32]) -> f32 {
+    let wide = f.wide();
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        if f.has_avx2() {
+            // SAFETY: `f` says the CPU has AVX2 and FMA.
             return unsafe { dot_f32_avx2(x, y, wide) };
         }
     }
@@ -158,33 +163,25 @@ unsafe fn dot_f32_avx2(x: &[f32], y: &[f32], wide: bool) -> f32 {
 /// `out[r][c] = dot_f32(x[r], y[c])` for 4 x 4 rows of one length, bit for bit: each pair
 /// keeps its own `L`-lane accumulator through the same FMAs and horizontal sum; the tile only
 /// loads each row once for four partners.
-fn dot_f32_tile(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4], avx512: bool) {
+fn dot_f32_tile(f: CpuFeatures, x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
     #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // SAFETY: `avx512` comes from `f32_tile_avx512`, true only with AVX-512F, BW and VL.
+    if f32_tile_avx512(f) {
+        // SAFETY: `f32_tile_avx512(f)`: `f` says the CPU has AVX-512F, BW and VL.
         unsafe { dot_f32_tile_avx512(x, y, out) };
         return;
     }
     for (out_r, xr) in out.iter_mut().zip(x) {
         for (o, yc) in out_r.iter_mut().zip(y) {
-            *o = dot_f32(xr, yc);
+            *o = dot_f32(f, xr, yc);
         }
     }
 }
 
 /// Whether [`dot_f32_tile`] and [`dot_f16_tile_avx512`] may use their AVX-512 form: the
-/// AVX-512 arithmetic is selected and the CPU has AVX-512F, BW and VL (asked once per node,
-/// not per tile; without them the pair dots give the same bits).
-fn f32_tile_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::isa::isa() == super::isa::Isa::Avx512
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+/// AVX-512 arithmetic is selected and the CPU has AVX-512F, BW and VL (without them the pair
+/// dots give the same bits).
+fn f32_tile_avx512(f: CpuFeatures) -> bool {
+    cfg!(target_arch = "x86_64") && f.wide() && f.has_avx512()
 }
 
 /// The 16-lane tile with AVX-512 intrinsics, for f32 rows (see [`tile_avx512`]).
@@ -373,7 +370,8 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let (ne11, ne12, ne13) = (b.ne[1], b.ne[2], b.ne[3]);
     let quant = a.dtype.is_quantized();
     let vd = a.dtype.vec_dot_type();
-    let conversion = src1_conversion(a.dtype, b.rows_contiguous());
+    let f = task.features;
+    let conversion = src1_conversion(f, a.dtype, b.rows_contiguous());
     let converted = conversion.is_some();
     let wrow = conversion.map_or(Ok(0), |c| c.row_bytes(ne00))?;
     let nrows1 = b.nrows();
@@ -388,7 +386,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     // panics (the checks above depend only on the node, so all threads agree on them).
     if let (Some(conversion), false) = (conversion, task.reuse_src1) {
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            convert_src1(b, tc, conversion, wrow, nrows1)
+            convert_src1(f, b, tc, conversion, wrow, nrows1)
         }));
         tc.barrier.wait();
         caught.unwrap_or_else(|_| {
@@ -401,10 +399,10 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
 
     // Phase 2.
     if conversion == Some(Src1::Bf16) {
-        return super::bf16::products(dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
+        return super::bf16::products(f, dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
     }
     if !quant {
-        return float_products(dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
+        return float_products(f, dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
     }
     let ne01 = a.ne[1];
     let r2 = ne12 / a.ne[2].max(1);
@@ -424,7 +422,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let nblk = ne01.div_ceil(blk);
     let b_row = b_row_fn(b, tc.shared, converted, wrow);
     let arow_bytes = a.row_bytes();
-    let tiled = super::tiled::supported(a.dtype);
+    let tiled = super::tiled::supported(f, a.dtype);
     for unit in super::split(batches * nblk, tc.ith, tc.nth) {
         let batch = unit / nblk;
         let i0 = (unit % nblk) * blk;
@@ -464,6 +462,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                         // (sized by `work_size`).
                         unsafe {
                             super::repack::tile_groups(
+                                f,
                                 a.dtype,
                                 nb,
                                 first,
@@ -483,7 +482,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         if quant && tiled {
             // Register tiles: rows x columns computed together, bit-equal to the pair dots.
             let nb = ne00 / vd.block_size();
-            let (rm, rn) = (super::tiled::tile_rows(), super::tiled::tile_cols());
+            let (rm, rn) = (super::tiled::tile_rows(f), super::tiled::tile_cols(f));
             let mut out = [0f32; 4 * super::tiled::TILE_COLS];
             for t0 in (0..ne11).step_by(TILE1) {
                 let t1 = (t0 + TILE1).min(ne11);
@@ -508,11 +507,12 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                         for (slot, i11) in y.iter_mut().zip(c0..c1) {
                             *slot = b_row(i11, i12, i13);
                         }
-                        // SAFETY: tiled::supported(a.dtype); the src0 rows are dense and
+                        // SAFETY: tiled::supported(f, a.dtype); the src0 rows are dense and
                         // in bounds, the src1 rows complete in the work area since the
                         // barrier, each `nb` blocks; `out` holds rm x TILE_COLS.
                         unsafe {
                             super::tiled::tile(
+                                f,
                                 a.dtype,
                                 nb,
                                 &x[..r1 - r0],
@@ -536,7 +536,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                 for i11 in t0..(t0 + TILE1).min(ne11) {
                     // SAFETY: a src1 row in the work area, complete since the barrier.
                     let y = unsafe { bytes(b_row(i11, i12, i13), wrow) };
-                    let v = vec_dot_quant(a.dtype, ne00, x, y)?;
+                    let v = vec_dot_quant(f, a.dtype, ne00, x, y)?;
                     let out = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
                     // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
                     // only by the thread owning row block (batch, i01).
@@ -635,6 +635,7 @@ impl Columns {
 /// one set of columns, so each weight row is decoded once for all of them, and multiplied in
 /// 4 x 4 tiles (edge tiles repeat a row or column and drop the copies) in `dot_f32`'s order.
 fn float_products(
+    f: CpuFeatures,
     dst: &super::TensorView,
     a: &super::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
@@ -651,7 +652,7 @@ fn float_products(
         .min(ne01.max(1));
     let nblk = ne01.div_ceil(blk);
     let arow_bytes = a.row_bytes();
-    let avx512 = f32_tile_avx512();
+    let avx512 = f32_tile_avx512(f);
     // F16 rows (the KV cache) widen in registers instead of being decoded first.
     let direct_f16 = avx512 && a.dtype == DType::F16 && cfg!(target_arch = "x86_64");
     for unit in super::split(weight_batches * nblk, tc.ith, tc.nth) {
@@ -706,13 +707,13 @@ fn float_products(
                 let mut out = [[0f32; 4]; 4];
                 #[cfg(target_arch = "x86_64")]
                 if direct_f16 {
-                    // SAFETY: `direct_f16` implies `f32_tile_avx512()` (AVX-512F, BW, VL).
+                    // SAFETY: `direct_f16` implies `f32_tile_avx512(f)` (AVX-512F, BW, VL).
                     unsafe { dot_f16_tile_avx512(&halves, &ys, &mut out) };
                 } else {
-                    dot_f32_tile(&xs, &ys, &mut out, avx512);
+                    dot_f32_tile(f, &xs, &ys, &mut out);
                 }
                 #[cfg(not(target_arch = "x86_64"))]
-                dot_f32_tile(&xs, &ys, &mut out, avx512);
+                dot_f32_tile(f, &xs, &ys, &mut out);
                 for (r, row) in out.iter().enumerate().take(nr) {
                     for (&v, &(i11, i12, i13)) in row.iter().zip(&at).take(nc) {
                         let dst_el = dst.row(i11, i12, i13).wrapping_add((r0 + r) * 4);
@@ -729,6 +730,7 @@ fn float_products(
 
 /// Phase 1 of MUL_MAT: this thread's rows of src1 into the work area, as `conversion` says.
 fn convert_src1(
+    f: CpuFeatures,
     b: &super::TensorView,
     tc: &mut ThreadCtx<'_>,
     conversion: Src1,
@@ -766,7 +768,7 @@ fn convert_src1(
         // written by this thread only; other threads read it only after the barrier.
         let dstb = unsafe { bytes_mut(out, wrow) };
         match conversion {
-            Src1::Quantized(vd) => quantize_activations(vd, row, dstb)?,
+            Src1::Quantized(vd) => quantize_activations(f, vd, row, dstb)?,
             Src1::Bf16 => super::bf16::row_to_bf16(row, dstb)?,
             Src1::Rounded(_) | Src1::Dense => row_from_f32(DType::F32, row, dstb)?,
         }
@@ -784,7 +786,8 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn f16_tiles_equal_the_pair_dots_of_decoded_rows() {
-        if !f32_tile_avx512() {
+        let f = CpuFeatures::resolve(Some(super::super::isa::IsaChoice::Avx512));
+        if !f32_tile_avx512(f) {
             return;
         }
         let mut rng = StdRng::seed_from_u64(12);
@@ -810,20 +813,22 @@ mod tests {
             let x: [&[u16]; 4] = std::array::from_fn(|r| halves[r].as_slice());
             let y: [&[f32]; 4] = std::array::from_fn(|c| cols[c].as_slice());
             let mut out = [[f32::NAN; 4]; 4];
-            // SAFETY: f32_tile_avx512() checked AVX-512F, BW and VL.
+            // SAFETY: f32_tile_avx512(f) checked AVX-512F, BW and VL.
             unsafe { dot_f16_tile_avx512(&x, &y, &mut out) };
             for r in 0..4 {
                 for c in 0..4 {
-                    let want = dot_f32(&decoded[r], y[c]);
+                    let want = dot_f32(f, &decoded[r], y[c]);
                     assert_eq!(out[r][c].to_bits(), want.to_bits(), "n {n} ({r}, {c})");
                 }
             }
         }
     }
 
-    /// The 4 x 4 tile gives each pair's `dot_f32` bit for bit, with and without a tail.
+    /// The 4 x 4 tile gives each pair's `dot_f32` bit for bit, with and without a tail, for
+    /// both arithmetic variants.
     #[test]
     fn f32_tiles_equal_the_pair_dots() {
+        use super::super::isa::IsaChoice;
         let mut rng = StdRng::seed_from_u64(11);
         for n in [7, 16, 64, 70, 256, 261] {
             let rows: Vec<Vec<f32>> = (0..8)
@@ -831,12 +836,14 @@ mod tests {
                 .collect();
             let x: [&[f32]; 4] = std::array::from_fn(|r| rows[r].as_slice());
             let y: [&[f32]; 4] = std::array::from_fn(|c| rows[4 + c].as_slice());
-            let mut out = [[f32::NAN; 4]; 4];
-            dot_f32_tile(&x, &y, &mut out, f32_tile_avx512());
-            for r in 0..4 {
-                for c in 0..4 {
-                    let want = dot_f32(x[r], y[c]);
-                    assert_eq!(out[r][c].to_bits(), want.to_bits(), "n {n} ({r}, {c})");
+            for f in [IsaChoice::Avx2, IsaChoice::Avx512].map(|c| CpuFeatures::resolve(Some(c))) {
+                let mut out = [[f32::NAN; 4]; 4];
+                dot_f32_tile(f, &x, &y, &mut out);
+                for r in 0..4 {
+                    for c in 0..4 {
+                        let want = dot_f32(f, x[r], y[c]);
+                        assert_eq!(out[r][c].to_bits(), want.to_bits(), "n {n} ({r}, {c})");
+                    }
                 }
             }
         }

@@ -2,6 +2,10 @@
 //! support table ([`check_supported`]) that says exactly which (op, dtypes, layouts) they
 //! implement.
 //!
+//! Which SIMD paths and which ggml build's arithmetic a kernel uses is decided by the
+//! [`CpuFeatures`] of its node (`NodeTask::features`, the backend's, resolved once when the
+//! device or backend was made; see [`isa`]): kernels never detect CPU features themselves.
+//!
 //! Kernels follow ggml's threading model: every thread of the backend calls the kernel of a node
 //! with its index `ith` of `nth`, and the kernel picks its share of the work (usually a range of
 //! destination rows). Phased kernels (MUL_MAT) synchronise with the shared barrier. Kernels
@@ -22,7 +26,7 @@ mod bf16;
 mod convert;
 mod copy;
 mod elementwise;
-pub(crate) mod isa;
+pub mod isa;
 pub(crate) mod matmul;
 mod norm;
 pub(crate) mod repack;
@@ -47,6 +51,7 @@ pub(crate) fn rope_corr_dims_for_tests(p: &rgml::RopeParams) -> [f32; 2] {
 }
 
 use crate::barrier::SpinBarrier;
+pub(crate) use isa::CpuFeatures;
 use rgml::{Context, DType, Error, Op, OpKind, Result, Tensor, TensorId};
 use std::ops::Range;
 
@@ -131,6 +136,8 @@ pub(crate) struct NodeTask {
     /// product of the same activations: q/k/v, gate/up), so phase 1 and its barrier are
     /// skipped.
     pub reuse_src1: bool,
+    /// The instructions the kernel may use and the arithmetic it mirrors (the backend's).
+    pub features: CpuFeatures,
 }
 
 impl NodeTask {
@@ -407,8 +414,9 @@ pub(crate) fn is_target_src(op: &Op, i: usize) -> bool {
     matches!((op, i), (Op::Cpy, 1) | (Op::SetRows, 0))
 }
 
-/// Work a node needs: `(shared bytes, per-thread scratch in f32 elements)`.
-pub(crate) fn work_size(ctx: &Context, t: &Tensor) -> Result<(usize, usize)> {
+/// Work a node needs on a backend with features `f`: `(shared bytes, per-thread scratch in f32
+/// elements)`.
+pub(crate) fn work_size(ctx: &Context, t: &Tensor, f: CpuFeatures) -> Result<(usize, usize)> {
     let mut widest = t.ne[0];
     for &s in &t.src {
         widest = widest.max(ctx.get(s)?.ne[0]);
@@ -416,7 +424,7 @@ pub(crate) fn work_size(ctx: &Context, t: &Tensor) -> Result<(usize, usize)> {
     let shared = match t.op {
         Op::MulMat => {
             let (a, b) = (ctx.get(t.src[0])?, ctx.get(t.src[1])?);
-            matmul::shared_size(a, b)?
+            matmul::shared_size(f, a, b)?
         }
         _ => 0,
     };

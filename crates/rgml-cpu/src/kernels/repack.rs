@@ -32,7 +32,7 @@ use std::arch::x86_64::*;
 
 use rgml::{DType, Error, Result};
 
-use super::isa::Isa;
+use super::isa::CpuFeatures;
 #[cfg(target_arch = "x86_64")]
 use super::tiled::{h2f, halves, hsum8};
 
@@ -47,12 +47,11 @@ pub(crate) fn supported(dtype: DType) -> bool {
     matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
 }
 
-/// Whether the direct kernels (which read the packed layout without unpacking) run on this CPU:
-/// AVX-512 F/BW/DQ/VL with VNNI, and the kernels mirror an AVX-512 ggml build
-/// ([`super::isa::isa`]). Otherwise [`tile`] unpacks each group into scratch first.
-pub(crate) fn fast() -> bool {
-    super::tiled::isa() == Some(super::tiled::TiledIsa::Avx512Vnni)
-        && super::isa::isa() == Isa::Avx512
+/// Whether the direct kernels (which read the packed layout without unpacking) run on the CPU
+/// `f` describes: AVX-512 F/BW/DQ/VL with VNNI, and the kernels mirror an AVX-512 ggml build
+/// ([`CpuFeatures::isa`]). Otherwise [`tile`] unpacks each group into scratch first.
+pub(crate) fn fast(f: CpuFeatures) -> bool {
+    super::tiled::build(f) == Some(super::tiled::TiledIsa::Avx512Vnni) && f.wide()
 }
 
 /// Per-dtype geometry of a ggml block: bytes, number of leading f16 fields, quant bytes.
@@ -236,7 +235,9 @@ pub(crate) fn unpack_row(
 /// `group` points to a whole packed group of `nb` blocks per row (`4 * nb * block_bytes`
 /// readable bytes); each `y[c]` to `nb` readable blocks of the vec-dot type; `out` has an
 /// element at every `r * out_stride + c`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile(
+    f: CpuFeatures,
     dtype: DType,
     nb: usize,
     group: *const u8,
@@ -246,7 +247,7 @@ pub(crate) unsafe fn tile(
     scratch: &mut [u8],
 ) {
     // SAFETY: one group, as the caller promises.
-    unsafe { tile_groups(dtype, nb, group, 1, y, out, out_stride, scratch) }
+    unsafe { tile_groups(f, dtype, nb, group, 1, y, out, out_stride, scratch) }
 }
 
 /// Groups a matrix-vector kernel call takes at once: the activation block's loads, scale
@@ -265,6 +266,7 @@ const MV_GROUPS: usize = 4;
 /// `row * out_stride + c` for `row < 4 * ngroups`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile_groups(
+    f: CpuFeatures,
     dtype: DType,
     nb: usize,
     groups: *const u8,
@@ -274,11 +276,11 @@ pub(crate) unsafe fn tile_groups(
     out_stride: usize,
     scratch: &mut [u8],
 ) {
-    let direct = fast() && supported(dtype);
-    // SAFETY: as the caller promises; `direct` only where fast() holds.
+    let direct = fast(f) && supported(dtype);
+    // SAFETY: as the caller promises; `direct` only where fast(f) holds.
     unsafe {
         tile_groups_on(
-            direct, dtype, nb, groups, ngroups, y, out, out_stride, scratch,
+            f, direct, dtype, nb, groups, ngroups, y, out, out_stride, scratch,
         )
     }
 }
@@ -287,9 +289,10 @@ pub(crate) unsafe fn tile_groups(
 /// dtype) or the unpacking fallback (the tests run both).
 ///
 /// # Safety
-/// As [`tile_groups`]; `direct` only where [`fast`] holds and `dtype` is [`supported`].
+/// As [`tile_groups`]; `direct` only where [`fast`]`(f)` holds and `dtype` is [`supported`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_groups_on(
+    f: CpuFeatures,
     direct: bool,
     dtype: DType,
     nb: usize,
@@ -319,6 +322,7 @@ unsafe fn tile_groups_on(
             // SAFETY: group `g` of the range the caller promised, and its rows of `out`.
             unsafe {
                 tile_unpacked(
+                    f,
                     dtype,
                     nb,
                     groups.wrapping_add(g * gbytes),
@@ -334,7 +338,7 @@ unsafe fn tile_groups_on(
     let mut g = 0;
     if y.len() == 1 {
         while g + MV_GROUPS <= ngroups {
-            // SAFETY: fast() detected the features; `MV_GROUPS` groups of the promised range
+            // SAFETY: fast(f) holds (the features); `MV_GROUPS` groups of the promised range
             // and their rows of `out`; one column.
             unsafe {
                 tile_fast::<MV_GROUPS>(
@@ -370,7 +374,7 @@ unsafe fn tile_groups_on(
     }
     for g in g..ngroups {
         for (i, cols) in y.chunks(MAX_COLS).enumerate() {
-            // SAFETY: fast() detected the features; group `g` of the promised range; the
+            // SAFETY: fast(f) holds (the features); group `g` of the promised range; the
             // offsets keep every written index within what the caller promised.
             unsafe {
                 tile_fast::<1>(
@@ -392,7 +396,9 @@ unsafe fn tile_groups_on(
 ///
 /// # Safety
 /// As [`tile`].
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile_unpacked(
+    f: CpuFeatures,
     dtype: DType,
     nb: usize,
     group: *const u8,
@@ -423,12 +429,12 @@ unsafe fn tile_unpacked(
         fill_nan(out);
         return;
     }
-    if super::tiled::supported(dtype) {
+    if super::tiled::supported(f, dtype) {
         let base = rows.as_ptr();
         let x: [*const u8; GROUP_ROWS] = std::array::from_fn(|r| base.wrapping_add(r * row_bytes));
-        // SAFETY: tiled::supported(dtype); the four rows are `nb` dense blocks in scratch;
+        // SAFETY: tiled::supported(f, dtype); the four rows are `nb` dense blocks in scratch;
         // columns and `out` as the caller promises.
-        unsafe { super::tiled::tile(dtype, nb, &x, y, out, out_stride) };
+        unsafe { super::tiled::tile(f, dtype, nb, &x, y, out, out_stride) };
         return;
     }
     let yb = nb * dtype.vec_dot_type().block_bytes();
@@ -437,7 +443,7 @@ unsafe fn tile_unpacked(
             // SAFETY: the caller promises `nb` readable activation blocks at each `y[c]`.
             let ys = unsafe { std::slice::from_raw_parts(yc, yb) };
             out[r * out_stride + c] =
-                super::convert::vec_dot_quant(dtype, 32 * nb, row, ys).unwrap_or(f32::NAN);
+                super::convert::vec_dot_quant(f, dtype, 32 * nb, row, ys).unwrap_or(f32::NAN);
         }
     }
 }
@@ -459,7 +465,8 @@ unsafe fn tile_fast<const G: usize>(
 ) {
     macro_rules! cols {
         ($f:ident $(, $k:literal)?) => {
-            // SAFETY: the features of `$f` were detected (fast()); pointers as promised.
+            // SAFETY: the features of `$f` were detected (the caller's fast(f)); pointers as
+            // promised.
             unsafe {
                 match (G, y.len()) {
                     (1, 2) => $f::<$($k,)? 2, 1>(nb, group, gbytes, y, out, out_stride),
@@ -737,9 +744,15 @@ mod tests {
     use super::*;
     use crate::kernels::activations::quantize_activations;
     use crate::kernels::convert::vec_dot_quant;
+    use crate::kernels::isa::CpuFeatures;
     use half::f16;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
+
+    /// This CPU's features (the tests exercise whatever it has).
+    fn hw() -> CpuFeatures {
+        CpuFeatures::detect()
+    }
 
     const DTYPES: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
 
@@ -770,7 +783,7 @@ mod tests {
         let vd = dtype.vec_dot_type();
         let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
         let mut b = vec![0u8; vd.row_bytes(n).unwrap()];
-        quantize_activations(vd, &v, &mut b).unwrap();
+        quantize_activations(hw(), vd, &v, &mut b).unwrap();
         b
     }
 
@@ -891,6 +904,7 @@ mod tests {
                     unsafe {
                         if fallback {
                             tile_unpacked(
+                                hw(),
                                 dtype,
                                 nb,
                                 packed.as_ptr(),
@@ -901,6 +915,7 @@ mod tests {
                             );
                         } else {
                             tile(
+                                hw(),
                                 dtype,
                                 nb,
                                 packed.as_ptr(),
@@ -913,9 +928,14 @@ mod tests {
                     }
                     for r in 0..4 {
                         for c in 0..nc {
-                            let want =
-                                vec_dot_quant(dtype, ne0, &src[r * rb..(r + 1) * rb], &cols[c])
-                                    .unwrap();
+                            let want = vec_dot_quant(
+                                hw(),
+                                dtype,
+                                ne0,
+                                &src[r * rb..(r + 1) * rb],
+                                &cols[c],
+                            )
+                            .unwrap();
                             assert_eq!(
                                 out[r * stride + c].to_bits(),
                                 want.to_bits(),
@@ -931,7 +951,7 @@ mod tests {
 
     #[test]
     fn tile_equals_the_pair_dots() {
-        eprintln!("repack fast path: {}", fast());
+        eprintln!("repack fast path: {}", fast(hw()));
         check_tile(false);
     }
 
@@ -962,10 +982,11 @@ mod tests {
                         let mut out = vec![f32::NAN; 4 * ngroups * stride];
                         // SAFETY: `packed` is `ngroups` whole groups of `nb` blocks per row;
                         // each column holds `nb` activation blocks; `out` covers every row;
-                        // the direct kernels only where fast().
+                        // the direct kernels only where fast(hw()).
                         unsafe {
                             tile_groups_on(
-                                fast() && !fallback,
+                                hw(),
+                                fast(hw()) && !fallback,
                                 dtype,
                                 nb,
                                 packed.as_ptr(),
@@ -979,7 +1000,7 @@ mod tests {
                         for row in 0..4 * ngroups {
                             for c in 0..nc {
                                 let x = &src[row * rb..(row + 1) * rb];
-                                let want = vec_dot_quant(dtype, ne0, x, &cols[c]).unwrap();
+                                let want = vec_dot_quant(hw(), dtype, ne0, x, &cols[c]).unwrap();
                                 assert_eq!(
                                     out[row * stride + c].to_bits(),
                                     want.to_bits(),
@@ -1014,6 +1035,7 @@ mod tests {
             // SAFETY: one whole group of ne0 / 32 blocks per row; 8 columns of as many blocks.
             unsafe {
                 tile(
+                    hw(),
                     dtype,
                     ne0 / 32,
                     packed.as_ptr(),
@@ -1025,7 +1047,8 @@ mod tests {
             };
             for r in 0..4 {
                 for c in 0..8 {
-                    let want = vec_dot_quant(dtype, ne0, &src[r * rb..(r + 1) * rb], &cols[c]);
+                    let want =
+                        vec_dot_quant(hw(), dtype, ne0, &src[r * rb..(r + 1) * rb], &cols[c]);
                     assert_eq!(out[r * 8 + c].to_bits(), want.unwrap().to_bits());
                 }
             }

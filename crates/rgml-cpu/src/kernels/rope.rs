@@ -54,8 +54,8 @@ fn fill_cache(cache: &mut [f32], pos: f32, p: &RopeParams, corr: [f32; 2], theta
 /// ROPE of src0 `[ne0, heads, tokens, ne3]` at the I32 positions of src1 (one per `ne2`).
 pub(crate) fn rope(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: FMA was detected at run time.
+    if task.features.has_avx2() {
+        // SAFETY: the node's features say the CPU has FMA (with AVX2 and F16C).
         return unsafe { rope_fma(task, tc, p) };
     }
     rope_rows(task, tc, p)

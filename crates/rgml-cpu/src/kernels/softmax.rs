@@ -77,7 +77,7 @@ pub(crate) fn soft_max(
                 d.fill(0.0);
                 0.0
             } else {
-                super::vexp::soft_max_row(d, max)
+                super::vexp::soft_max_row(task.features, d, max)
             };
             let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
             for v in d.iter_mut() {

@@ -15,11 +15,10 @@
 //! matrix-vector products (generation; about twice the per-pair dot's speed on cached
 //! weights, measured with `cargo bench -p rgml-cpu`).
 
+use super::isa::CpuFeatures;
+use rgml::DType;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
-
-use rgml::DType;
 
 /// Weight types with a tiled kernel.
 const Q4_0: u8 = 0;
@@ -34,32 +33,17 @@ pub(crate) enum TiledIsa {
     Avx512Vnni,
 }
 
-/// The tiled build for this CPU (`None`: no AVX2/FMA/F16C).
-pub(crate) fn isa() -> Option<TiledIsa> {
-    static ISA: OnceLock<Option<TiledIsa>> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if !(is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c"))
-            {
-                return None;
-            }
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
-                if is_x86_feature_detected!("avx512vnni")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512dq")
-                {
-                    return Some(TiledIsa::Avx512Vnni);
-                }
-                return Some(TiledIsa::Avx512);
-            }
-            Some(TiledIsa::Avx2)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
+/// The tiled build for the CPU `f` describes (`None`: no AVX2/FMA/F16C).
+pub(crate) fn build(f: CpuFeatures) -> Option<TiledIsa> {
+    if f.has_avx512_vnni() {
+        Some(TiledIsa::Avx512Vnni)
+    } else if f.has_avx512() {
+        Some(TiledIsa::Avx512)
+    } else if f.has_avx2() {
+        Some(TiledIsa::Avx2)
+    } else {
         None
-    })
+    }
 }
 
 fn kind(dtype: DType) -> Option<u8> {
@@ -72,13 +56,13 @@ fn kind(dtype: DType) -> Option<u8> {
 }
 
 /// Whether weights of `dtype` have a tiled kernel on this CPU.
-pub(crate) fn supported(dtype: DType) -> bool {
-    kind(dtype).is_some() && isa().is_some()
+pub(crate) fn supported(f: CpuFeatures, dtype: DType) -> bool {
+    kind(dtype).is_some() && build(f).is_some()
 }
 
 /// Rows of a tile for this CPU's build.
-pub(crate) fn tile_rows() -> usize {
-    match isa() {
+pub(crate) fn tile_rows(f: CpuFeatures) -> usize {
+    match build(f) {
         Some(TiledIsa::Avx512 | TiledIsa::Avx512Vnni) => 4,
         _ => 2,
     }
@@ -88,8 +72,8 @@ pub(crate) fn tile_rows() -> usize {
 pub(crate) const TILE_COLS: usize = 8;
 
 /// Columns of a tile for this CPU's build.
-pub(crate) fn tile_cols() -> usize {
-    match isa() {
+pub(crate) fn tile_cols(f: CpuFeatures) -> usize {
+    match build(f) {
         Some(TiledIsa::Avx512Vnni) => 8,
         _ => 4,
     }
@@ -99,9 +83,10 @@ pub(crate) fn tile_cols() -> usize {
 /// [`tile_rows`]) and any number of activation rows (best [`tile_cols`]) of `nb` blocks each.
 ///
 /// # Safety
-/// [`supported`]`(dtype)` holds; every `x[r]` points at `nb` readable blocks of `dtype`, every
-/// `y[c]` at `nb` blocks of its vec-dot type; `out` has room for every `(r, c)`.
+/// [`supported`]`(f, dtype)` holds; every `x[r]` points at `nb` readable blocks of `dtype`,
+/// every `y[c]` at `nb` blocks of its vec-dot type; `out` has room for every `(r, c)`.
 pub(crate) unsafe fn tile(
+    f: CpuFeatures,
     dtype: DType,
     nb: usize,
     x: &[*const u8],
@@ -109,8 +94,9 @@ pub(crate) unsafe fn tile(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    if let Some(isa) = isa() {
-        // SAFETY: as promised by the caller; `isa` is this CPU's.
+    if let Some(isa) = build(f) {
+        // SAFETY: as promised by the caller; `isa` is this CPU's (`f` never claims a feature
+        // the CPU lacks).
         unsafe { tile_on(isa, dtype, nb, x, y, out, out_stride) }
     }
 }
@@ -159,7 +145,7 @@ unsafe fn tile_on(
         };
         macro_rules! go {
             ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr) => {
-                // SAFETY: the features `$f` needs were detected (isa()); pointers as promised
+                // SAFETY: the features `$f` needs were detected (`build`); pointers as promised
                 // by the caller.
                 unsafe {
                     match k {
@@ -614,7 +600,8 @@ mod tests {
     /// Every tile shape gives each pair's `vec_dot` bit for bit, for each type.
     #[test]
     fn tiles_equal_the_pairwise_dots() {
-        if !supported(DType::Q4_1) {
+        let f = CpuFeatures::detect();
+        if !supported(f, DType::Q4_1) {
             return;
         }
         let mut rng = StdRng::seed_from_u64(7);
@@ -634,12 +621,15 @@ mod tests {
                 .map(|_| {
                     let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
                     let mut b = vec![0u8; vd.row_bytes(n).unwrap()];
-                    quantize_activations(vd, &v, &mut b).unwrap();
+                    quantize_activations(f, vd, &v, &mut b).unwrap();
                     b
                 })
                 .collect();
             let builds = [TiledIsa::Avx2, TiledIsa::Avx512, TiledIsa::Avx512Vnni];
-            let best = builds.iter().position(|&b| Some(b) == isa()).unwrap_or(0);
+            let best = builds
+                .iter()
+                .position(|&b| Some(b) == build(f))
+                .unwrap_or(0);
             for (isa, rm) in builds[..=best]
                 .iter()
                 .zip([2, 4, 4])
@@ -655,7 +645,8 @@ mod tests {
                     for r in 0..rm {
                         for c in 0..rn {
                             let want =
-                                crate::kernels::dot::vec_dot(dtype, n, &rows[r], &cols[c]).unwrap();
+                                crate::kernels::dot::vec_dot(f, dtype, n, &rows[r], &cols[c])
+                                    .unwrap();
                             assert_eq!(
                                 out[r * 11 + c].to_bits(),
                                 want.to_bits(),

@@ -13,7 +13,12 @@
 //! multiply-add the intrinsics use), the tail through `f32::exp` (glibc `expf`, as ggml).
 //!
 //! The hot loops are compiled a second time with AVX2+FMA enabled so `mul_add` becomes one
-//! instruction; the arithmetic is the same either way.
+//! instruction; the arithmetic is the same either way. Which variant and which compiled form
+//! run is decided by the [`CpuFeatures`] each call is handed.
+
+use super::isa::CpuFeatures;
+#[cfg(test)]
+use super::isa::IsaChoice;
 
 // The constants are the hex-float literals of ggml's code, spelled as bit patterns.
 const R: u32 = 0x4b40_0000; // 0x1.8p23
@@ -191,15 +196,6 @@ fn silu_row_impl(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
     silu_row_lanes::<8>(y, x, g, v_silu)
 }
 
-#[cfg(target_arch = "x86_64")]
-fn has_fma() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    })
-}
-
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
@@ -227,22 +223,13 @@ unsafe fn silu_row_fma(y: &mut [f32], x: &[f32], g: Option<&[f32]>, wide: bool) 
 /// The AVX-512 build's loops with its own instructions: the same operations as
 /// [`v_expf16`] / [`v_silu16`] / [`hsum16`], lane for lane, but 16 lanes per instruction instead
 /// of a scalar transcription per lane (which the compiler cannot vectorize: `vscalefps` has no
-/// scalar spelling, so [`v_expf16`] goes through f64).
+/// scalar spelling, so [`v_expf16`] goes through f64). Used where the CPU has AVX-512
+/// ([`CpuFeatures::has_avx512`]); the AVX-512 variant itself may be forced on a CPU without
+/// it, which then takes the lane-by-lane transcription.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{silu_f32, LN2_HI, LN2_LO, LOG2E, P1, P2, P3, P4, P5, R};
     use std::arch::x86_64::*;
-
-    /// Whether this CPU runs these loops (the AVX-512 variant itself may be forced by
-    /// `RGML_CPU_ISA` on a CPU without them; it then takes the lane-by-lane transcription).
-    pub(super) fn available() -> bool {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-        })
-    }
 
     /// ggml's `__m512` `ggml_v_expf`.
     #[inline]
@@ -341,21 +328,18 @@ mod avx512 {
     }
 }
 
-fn wide() -> bool {
-    super::isa::isa() == super::isa::Isa::Avx512
-}
-
-/// `y[i] = exp(y[i] - max)` in place, returning the f64 sum, exactly as the native ggml build.
-pub(crate) fn soft_max_row(y: &mut [f32], max: f32) -> f64 {
-    let wide = wide();
+/// `y[i] = exp(y[i] - max)` in place, returning the f64 sum, exactly as the ggml build `f`
+/// mirrors.
+pub(crate) fn soft_max_row(f: CpuFeatures, y: &mut [f32], max: f32) -> f64 {
+    let wide = f.wide();
     #[cfg(target_arch = "x86_64")]
-    if wide && avx512::available() {
-        // SAFETY: AVX-512 F and DQ were detected at runtime.
+    if wide && f.has_avx512() {
+        // SAFETY: `f` says the CPU has AVX-512 F and DQ.
         return unsafe { avx512::soft_max_row(y, max) };
     }
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: AVX2 and FMA were detected at runtime.
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2 and FMA.
         return unsafe { soft_max_row_fma(y, max, wide) };
     }
     if wide {
@@ -365,17 +349,18 @@ pub(crate) fn soft_max_row(y: &mut [f32], max: f32) -> f64 {
     }
 }
 
-/// `y[i] = silu(x[i]) * g[i]` (or `silu(x[i])` without `g`), exactly as the native ggml build.
-pub(crate) fn silu_row(y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
-    let wide = wide();
+/// `y[i] = silu(x[i]) * g[i]` (or `silu(x[i])` without `g`), exactly as the ggml build `f`
+/// mirrors.
+pub(crate) fn silu_row(f: CpuFeatures, y: &mut [f32], x: &[f32], g: Option<&[f32]>) {
+    let wide = f.wide();
     #[cfg(target_arch = "x86_64")]
-    if wide && avx512::available() {
-        // SAFETY: AVX-512 F and DQ were detected at runtime.
+    if wide && f.has_avx512() {
+        // SAFETY: `f` says the CPU has AVX-512 F and DQ.
         return unsafe { avx512::silu_row(y, x, g) };
     }
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: AVX2 and FMA were detected at runtime.
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2 and FMA.
         return unsafe { silu_row_fma(y, x, g, wide) };
     }
     if wide {
@@ -478,8 +463,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn v_expf16_matches_the_avx512_code() {
-        use std::arch::is_x86_feature_detected as has;
-        if !(has!("avx512f") && has!("avx512dq")) {
+        if !CpuFeatures::detect().has_avx512() {
             return;
         }
         let mut xs: Vec<f32> = (0..400_000).map(|i| -110.0 + i as f32 * 0.000_5).collect();
@@ -513,7 +497,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_rows_equal_the_transcription() {
-        if !avx512::available() {
+        if !CpuFeatures::detect().has_avx512() {
             return;
         }
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -563,10 +547,12 @@ mod tests {
     fn silu_row_matches_definition() {
         let x: Vec<f32> = (0..21).map(|i| i as f32 * 0.7 - 7.0).collect();
         let mut y = vec![0f32; x.len()];
-        silu_row(&mut y, &x, None);
-        for (a, &v) in y.iter().zip(&x) {
-            let want = f64::from(v) / (1.0 + (-f64::from(v)).exp());
-            assert!((f64::from(*a) - want).abs() < 1e-5 * want.abs().max(1.0));
+        for f in [IsaChoice::Avx2, IsaChoice::Avx512].map(|c| CpuFeatures::resolve(Some(c))) {
+            silu_row(f, &mut y, &x, None);
+            for (a, &v) in y.iter().zip(&x) {
+                let want = f64::from(v) / (1.0 + (-f64::from(v)).exp());
+                assert!((f64::from(*a) - want).abs() < 1e-5 * want.abs().max(1.0));
+            }
         }
     }
 }

@@ -1,0 +1,140 @@
+//! The environment variables of the `rgml` command line, mapped onto the backends' typed options
+//! in this one place (library crates read no environment):
+//!
+//! - `RGML_CPU_ISA=avx2|avx512|avx512-nobf16`: the ggml build whose arithmetic the CPU kernels
+//!   mirror ([`rgml_cpu::CpuOptions::isa`]); unset: the native build's.
+//! - `RGML_CPU_REPACK=0|1`: offer repacked weights where they pay ([`rgml_cpu::CpuOptions::repack`],
+//!   default 1).
+//! - `RGML_CPU_DEVICES=N`: devices `CPU0` … `CPU{N-1}` beside `CPU`, N from 0 to
+//!   [`rgml_cpu::MAX_EXTRA_DEVICES`] ([`rgml_cpu::CpuOptions::extra_devices`]).
+//! - `RGML_WGPU_SOFT_FMA=0|1`: the integer FMA emulation on every GPU
+//!   ([`rgml_wgpu::WgpuOptions::soft_fma`], default 0).
+//!
+//! An empty value counts as unset. Any other value is an error naming the variable and what it
+//! accepts, so a typo never silently runs something else than asked.
+
+use rgml_cpu::{CpuOptions, IsaChoice, MAX_EXTRA_DEVICES};
+use rgml_wgpu::WgpuOptions;
+
+/// Options for every backend the binary registers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendOptions {
+    /// The CPU registry's.
+    pub cpu: CpuOptions,
+    /// The wgpu registry's.
+    pub wgpu: WgpuOptions,
+}
+
+/// The variable names, as documented in the README.
+const ISA: &str = "RGML_CPU_ISA";
+const REPACK: &str = "RGML_CPU_REPACK";
+const DEVICES: &str = "RGML_CPU_DEVICES";
+const SOFT_FMA: &str = "RGML_WGPU_SOFT_FMA";
+
+/// The options the process environment asks for.
+pub fn from_env() -> Result<BackendOptions, String> {
+    from_lookup(|name| match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(format!("{name}={}: not valid UTF-8", v.to_string_lossy()))
+        }
+    })
+}
+
+/// The options for the variables `lookup` gives (`Ok(None)`: unset).
+fn from_lookup(
+    lookup: impl Fn(&str) -> Result<Option<String>, String>,
+) -> Result<BackendOptions, String> {
+    // Set and not blank, trimmed.
+    let get = |name: &str| -> Result<Option<String>, String> {
+        Ok(lookup(name)?
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty()))
+    };
+    let mut options = BackendOptions::default();
+    if let Some(v) = get(ISA)? {
+        let choice: IsaChoice = v.parse().map_err(|e| format!("{ISA}={v}: {e}"))?;
+        options.cpu.isa = Some(choice);
+    }
+    if let Some(v) = get(REPACK)? {
+        options.cpu.repack = flag(REPACK, &v)?;
+    }
+    if let Some(v) = get(DEVICES)? {
+        options.cpu.extra_devices = v
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n <= MAX_EXTRA_DEVICES)
+            .ok_or_else(|| {
+                format!("{DEVICES}={v}: expected a number of extra CPU devices from 0 to {MAX_EXTRA_DEVICES}")
+            })?;
+    }
+    if let Some(v) = get(SOFT_FMA)? {
+        options.wgpu.soft_fma = flag(SOFT_FMA, &v)?;
+    }
+    Ok(options)
+}
+
+/// A `0` / `1` switch.
+fn flag(name: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err(format!("{name}={v}: expected 0 or 1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Result<BackendOptions, String> {
+        from_lookup(|name| {
+            Ok(vars
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string()))
+        })
+    }
+
+    #[test]
+    fn unset_or_empty_is_the_default() {
+        assert_eq!(with(&[]), Ok(BackendOptions::default()));
+        let blank = [(ISA, " "), (REPACK, ""), (DEVICES, ""), (SOFT_FMA, "")];
+        assert_eq!(with(&blank), Ok(BackendOptions::default()));
+    }
+
+    #[test]
+    fn values_map_onto_the_options() {
+        let o = with(&[
+            (ISA, "AVX512-nobf16"),
+            (REPACK, "0"),
+            (DEVICES, " 3 "),
+            (SOFT_FMA, "1"),
+        ])
+        .unwrap();
+        assert_eq!(o.cpu.isa, Some(IsaChoice::Avx512NoBf16));
+        assert!(!o.cpu.repack);
+        assert_eq!(o.cpu.extra_devices, 3);
+        assert!(o.wgpu.soft_fma);
+        assert_eq!(with(&[(DEVICES, "64")]).unwrap().cpu.extra_devices, 64);
+        assert!(with(&[(REPACK, "1")]).unwrap().cpu.repack);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_what_it_accepts() {
+        for (var, value, accepted) in [
+            (ISA, "bogus", "avx512-nobf16"),
+            (REPACK, "bogus", "0 or 1"),
+            (REPACK, "2", "0 or 1"),
+            (DEVICES, "abc", "from 0 to 64"),
+            (DEVICES, "-1", "from 0 to 64"),
+            (DEVICES, "65", "from 0 to 64"),
+            (SOFT_FMA, "yes", "0 or 1"),
+        ] {
+            let e = with(&[(var, value)]).unwrap_err();
+            assert!(e.starts_with(&format!("{var}={value}: ")), "{e}");
+            assert!(e.contains(accepted), "{e}");
+        }
+    }
+}
