@@ -47,7 +47,6 @@ use crate::pool::Pool;
 use rgml::backend::AlignedMem;
 use rgml::backend::{Event, EventImpl, GraphPlan, HostAccess};
 use rgml::{Backend, Buffer, Context, DeviceRef, Error, Graph, Result, Tensor, TensorId};
-use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -254,16 +253,11 @@ impl EventImpl for CpuEvent {
         self.state.wait_for(self.state.recorded());
         Ok(())
     }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 fn cpu_event(event: &Event) -> Option<Arc<EventState>> {
     event
         .imp()
-        .as_any()
         .downcast_ref::<CpuEvent>()
         .map(|e| e.state.clone())
 }
@@ -320,7 +314,7 @@ impl CpuBackend {
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let device = rgml::registry::device("CPU")
             .ok()
-            .filter(|d| d.as_any().is::<crate::CpuDevice>())
+            .filter(|d| d.is::<crate::CpuDevice>())
             .unwrap_or_else(|| crate::CpuDevice::new("CPU") as DeviceRef);
         Self::with_device(device, n_threads)
     }
@@ -331,7 +325,6 @@ impl CpuBackend {
         let n_threads = n_threads.max(1);
         let name = Arc::from(device.name());
         let features = device
-            .as_any()
             .downcast_ref::<crate::CpuDevice>()
             .map_or_else(CpuFeatures::detect, crate::CpuDevice::features);
         Ok(CpuBackend {
@@ -1035,10 +1028,6 @@ impl Backend for CpuBackend {
             None => state.wait_for(generation),
         }
         Ok(())
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

@@ -10,7 +10,6 @@
 use crate::kernels::repack;
 use rgml::backend::{AlignedMem, BufferImpl, BufferType, BufferTypeRef, DeviceRef, HostMemory};
 use rgml::{DType, Error, OpKind, Result, Tensor};
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
@@ -57,10 +56,6 @@ impl BufferType for CpuBufferType {
     fn device(&self) -> Option<DeviceRef> {
         self.device.upgrade()
     }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 /// Storage of a CPU buffer.
@@ -98,10 +93,6 @@ unsafe impl BufferImpl for CpuBuffer {
     unsafe fn clear(&self, value: u8) -> Result<()> {
         // SAFETY: the caller holds the lock this method requires (its contract).
         unsafe { self.mem.fill(0, value, self.mem.len()) }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -176,10 +167,6 @@ unsafe impl BufferImpl for HostMemoryBuffer {
     unsafe fn clear(&self, _value: u8) -> Result<()> {
         Err(self.read_only())
     }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 /// The CPU's repacking buffer type (ggml's CPU_REPACK): Q4_0 / Q4_1 / Q8_0 weights that only
@@ -207,7 +194,7 @@ impl CpuRepackBufferType {
     /// Whether `buffer_type` is a repacking buffer type (whose tensors the kernels must read
     /// packed).
     pub fn is_repack(buffer_type: &BufferTypeRef) -> bool {
-        buffer_type.as_any().is::<CpuRepackBufferType>()
+        buffer_type.is::<CpuRepackBufferType>()
     }
 }
 
@@ -252,10 +239,6 @@ impl BufferType for CpuRepackBufferType {
             && uses
                 .iter()
                 .all(|u| matches!(u, OpKind::MulMat | OpKind::GetRows))
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -403,9 +386,5 @@ unsafe impl BufferImpl for RepackBuffer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -20,7 +20,6 @@ use rgml::backend::{
 };
 use rgml::registry::Registry;
 use rgml::{Context, DeviceRef, Error, Result, TensorId};
-use std::any::Any;
 use std::sync::{Arc, Weak};
 
 /// The most extra devices ([`CpuOptions::extra_devices`]) a registry makes: they stand in for
@@ -251,10 +250,6 @@ impl rgml::Device for CpuDevice {
 
     fn event_new(&self) -> Result<Event> {
         Ok(Event::new(self.shared(), Box::new(CpuEvent::new())))
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

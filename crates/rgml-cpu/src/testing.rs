@@ -14,7 +14,6 @@ use crate::device::CpuDevice;
 use rgml::backend::{Backend, BackendParams, BufferTypeRef, DeviceCaps, DeviceMemory, DeviceType};
 use rgml::registry::Registry;
 use rgml::{Context, DType, DeviceRef, Graph, OpKind, Result, TensorId};
-use std::any::Any;
 use std::sync::{Arc, Weak};
 
 /// What a perturbed node's output is multiplied by.
@@ -82,10 +81,6 @@ impl Backend for PerturbBackend {
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
         self.inner.supports_buffer_type(buffer_type)
     }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }
 
 /// The `PerturbCPU` device: host memory of its own buffer type, backends that are
@@ -149,10 +144,6 @@ impl rgml::Device for PerturbDevice {
 
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
         self.inner.supports_buffer_type(buffer_type)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

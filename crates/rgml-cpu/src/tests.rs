@@ -795,7 +795,7 @@ fn registry_and_params() {
     assert!(!dev.description().is_empty());
     assert!(dev.memory().total >= dev.memory().free);
     let mut be = rgml::registry::init_backend("CPU:n_threads=3").unwrap();
-    let cpu = be.as_any_mut().downcast_mut::<CpuBackend>().unwrap();
+    let cpu = be.downcast_mut::<CpuBackend>().unwrap();
     assert_eq!(cpu.n_threads(), 3);
     assert!(rgml::registry::init_backend("CPU:n_threads=x").is_err());
     assert!(rgml::registry::init_backend("CPU:bogus=1").is_err());
@@ -1040,9 +1040,6 @@ impl rgml::BufferType for DeviceOnly {
     fn alignment(&self) -> usize {
         64
     }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 struct DeviceOnlyBuf(std::sync::Mutex<Vec<u8>>);
@@ -1067,9 +1064,6 @@ unsafe impl rgml::backend::BufferImpl for DeviceOnlyBuf {
     unsafe fn clear(&self, value: u8) -> rgml::Result<()> {
         self.0.lock().unwrap().fill(value);
         Ok(())
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

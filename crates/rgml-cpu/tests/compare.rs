@@ -202,9 +202,6 @@ impl Backend for NoSilu {
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
         ctx[id].op.kind() != OpKind::Silu && self.0.supports_op(ctx, id)
     }
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }
 
 #[test]

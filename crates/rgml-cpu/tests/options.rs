@@ -33,7 +33,7 @@ fn the_isa_parameter_sets_the_backends_arithmetic() {
     assert_eq!(detected, CpuFeatures::detect());
     let open = |text: &str| -> CpuFeatures {
         let mut b = dev.init_backend(&params(text)).unwrap();
-        let cpu = b.as_any_mut().downcast_mut::<CpuBackend>().unwrap();
+        let cpu = b.downcast_mut::<CpuBackend>().unwrap();
         cpu.features()
     };
     assert_eq!(open(""), detected);
@@ -59,7 +59,7 @@ fn the_isa_parameter_sets_the_backends_arithmetic() {
     let backend = CpuBackend::with_device(forced.clone(), 1).unwrap();
     assert_eq!(backend.features(), forced.features());
     let mut b = forced.init_backend(&params("isa=avx2")).unwrap();
-    let cpu = b.as_any_mut().downcast_mut::<CpuBackend>().unwrap();
+    let cpu = b.downcast_mut::<CpuBackend>().unwrap();
     assert_eq!(cpu.features().isa(), Isa::Avx2);
 }
 

@@ -89,9 +89,6 @@ impl Backend for Idle {
     fn graph_compute_async(&mut self, _ctx: &Context, _graph: &Graph) -> rgml::Result<()> {
         Ok(())
     }
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }
 
 /// Print the scheduler's time per decode step (the session's one-token graph, computed again

@@ -6,7 +6,6 @@ use rgml::backend::{BufferImpl, BufferType, DeviceCaps, DeviceMemory, DeviceType
 use rgml::{Backend, BufferTypeRef, Context, Graph, OpKind, Result, TensorId};
 use rgml_opcheck::reference::{eval_node, Mem};
 use rgml_opcheck::{codec, run_tests, support_table, Outcome};
-use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 struct HostMem(Mutex<Vec<u8>>);
@@ -32,9 +31,6 @@ unsafe impl BufferImpl for HostMem {
         self.0.lock().unwrap().fill(value);
         Ok(())
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 struct HostType;
@@ -48,9 +44,6 @@ impl BufferType for HostType {
     }
     fn alignment(&self) -> usize {
         32
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -99,9 +92,6 @@ impl Device for RefDevice {
     }
     fn supports_buffer_type(&self, _bt: &BufferTypeRef) -> bool {
         true
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -159,9 +149,6 @@ impl Backend for RefBackend {
             }
         }
         Ok(())
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

@@ -131,7 +131,6 @@ impl WgpuBackend {
         Ok(data
             .buffer
             .imp()
-            .as_any()
             .downcast_ref::<WgpuBuffer>()
             .filter(|b| Arc::ptr_eq(&b.gpu, &self.gpu))
             .map(|b| (b, data.offset)))
@@ -422,8 +421,7 @@ impl Backend for WgpuBackend {
         if size != td.nbytes() || !ts.is_contiguous() || !td.is_contiguous() {
             return Ok(false);
         }
-        let same_queue = src_backend
-            .as_any_mut()
+        let same_queue = (&*src_backend as &dyn Any)
             .downcast_ref::<WgpuBackend>()
             .is_none_or(|b| Arc::ptr_eq(&b.gpu, &self.gpu));
         let (Some((sb, so)), Some((db, dof))) =
@@ -472,7 +470,7 @@ impl Backend for WgpuBackend {
     }
 
     fn event_wait(&mut self, event: &Event) -> Result<()> {
-        match event.imp().as_any().downcast_ref::<WgpuEvent>() {
+        match event.imp().downcast_ref::<WgpuEvent>() {
             // One queue per device orders all its work: nothing to wait for.
             Some(ev) if Arc::ptr_eq(&ev.gpu, &self.gpu) => Ok(()),
             // Another device: block until it is reached (wgpu cannot wait across devices).
@@ -483,17 +481,12 @@ impl Backend for WgpuBackend {
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
         crate::ops::supports_op(ctx, id)
     }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }
 
 impl WgpuBackend {
     fn own_event<'e>(&self, event: &'e Event) -> Result<&'e WgpuEvent> {
         event
             .imp()
-            .as_any()
             .downcast_ref::<WgpuEvent>()
             .filter(|ev| Arc::ptr_eq(&ev.gpu, &self.gpu))
             .ok_or_else(|| Error::Unsupported {
@@ -545,9 +538,5 @@ impl EventImpl for WgpuEvent {
             })
             .map_err(|e| self.gpu.err(e.to_string()))?;
         self.gpu.check()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

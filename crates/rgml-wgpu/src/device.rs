@@ -19,7 +19,6 @@ use rgml::backend::{
 };
 use rgml::registry::Registry;
 use rgml::{Context, DeviceRef, Error, Result, TensorId};
-use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 
@@ -387,13 +386,8 @@ impl rgml::Device for WgpuDevice {
     /// [`WgpuDevice::buffer_type_with_max_size`]. Not host memory: kernels bind wgpu buffers.
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
         buffer_type
-            .as_any()
             .downcast_ref::<WgpuBufferType>()
             .is_some_and(|bt| std::ptr::eq(bt.device.as_ptr(), self))
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -454,10 +448,6 @@ impl BufferType for WgpuBufferType {
 
     fn device(&self) -> Option<DeviceRef> {
         self.device.upgrade().map(|d| d as DeviceRef)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -584,7 +574,7 @@ unsafe impl BufferImpl for WgpuBuffer {
     ) -> Result<bool> {
         // Host sources need nothing here: the core's `Buffer::copy_from` hands their bytes to
         // `set`, which gives them straight to the queue.
-        let Some(s) = src.as_any().downcast_ref::<WgpuBuffer>() else {
+        let Some(s) = src.downcast_ref::<WgpuBuffer>() else {
             return Ok(false);
         };
         let aligned = [dst_offset, src_offset, size]
@@ -611,10 +601,6 @@ unsafe impl BufferImpl for WgpuBuffer {
     unsafe fn clear(&self, value: u8) -> Result<()> {
         // SAFETY: forwarded from this method's contract (the caller holds the exclusive lock).
         unsafe { self.memset(0, value, self.size) }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -14,7 +14,6 @@
 use crate::device::{WgpuBuffer, WgpuDevice};
 use rgml::backend::{AlignedMem, BufferImpl, BufferType, DeviceRef};
 use rgml::Result;
-use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::Weak;
 
@@ -68,10 +67,6 @@ impl BufferType for WgpuHostBufferType {
     fn device(&self) -> Option<DeviceRef> {
         self.device.upgrade().map(|d| d as DeviceRef)
     }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 /// A buffer of [`WgpuHostBufferType`].
@@ -117,7 +112,7 @@ unsafe impl BufferImpl for WgpuHostBuffer {
     ) -> Result<bool> {
         // SAFETY: the caller holds this buffer's exclusive lock (this method's contract).
         let dst = unsafe { self.mem.bytes_mut(dst_offset, size)? };
-        if let Some(s) = src.as_any().downcast_ref::<WgpuBuffer>() {
+        if let Some(s) = src.downcast_ref::<WgpuBuffer>() {
             s.read_into(src_offset, dst)?;
             return Ok(true);
         }
@@ -128,9 +123,5 @@ unsafe impl BufferImpl for WgpuHostBuffer {
     unsafe fn clear(&self, value: u8) -> Result<()> {
         // SAFETY: the caller holds the lock this method requires (its contract).
         unsafe { self.mem.fill(0, value, self.mem.len()) }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -530,7 +530,6 @@ impl<'a> Prep<'a> {
         let buf = data
             .buffer
             .imp()
-            .as_any()
             .downcast_ref::<WgpuBuffer>()
             .ok_or_else(|| {
                 self.err(format!(

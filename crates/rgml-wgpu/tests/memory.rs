@@ -12,8 +12,7 @@ mod common;
 use common::first_device;
 
 fn wgpu_device(dev: &DeviceRef) -> &WgpuDevice {
-    dev.as_any()
-        .downcast_ref::<WgpuDevice>()
+    dev.downcast_ref::<WgpuDevice>()
         .expect("a wgpu registry device is a WgpuDevice")
 }
 

@@ -72,7 +72,7 @@ fn split_mirrored_and_partial_tensors_round_trip() {
     assert_eq!(ctx.tensor_get_f32(m).unwrap(), vm);
 
     // What each device holds.
-    let meta = buf.imp().as_any().downcast_ref::<MetaBuffer>().unwrap();
+    let meta = buf.imp().downcast_ref::<MetaBuffer>().unwrap();
     let child = |d: usize, id, n: usize| {
         let off = ctx[id].data.as_ref().unwrap().offset;
         let mut out = vec![0u8; n * 4];

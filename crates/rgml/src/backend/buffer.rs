@@ -73,8 +73,6 @@ pub trait BufferType: Send + Sync + Any {
     fn accepts_weight(&self, _tensor: &Tensor, _uses: &[crate::OpKind]) -> bool {
         true
     }
-    /// For downcasting.
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// The storage behind a [`Buffer`]: what a backend implements.
@@ -145,8 +143,6 @@ pub unsafe trait BufferImpl: Send + Sync + Any {
     unsafe fn clear(&self, value: u8) -> Result<()>;
     /// Forget per-tensor state (default: none). Must not touch the bytes.
     fn reset(&self) {}
-    /// For downcasting.
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// Memory owned elsewhere that a buffer can wrap without copying (e.g. a file mapping).
@@ -634,9 +630,6 @@ unsafe impl BufferImpl for MultiImpl {
         for p in &self.parts {
             p.reset();
         }
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

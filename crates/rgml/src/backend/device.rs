@@ -185,8 +185,6 @@ pub trait Device: Send + Sync + Any {
             what: "events".into(),
         })
     }
-    /// For downcasting.
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// A stream of work on one device (ggml's `ggml_backend`). Methods take `&mut self`: one
@@ -300,8 +298,6 @@ pub trait Backend: Send + Any {
     /// Record this stream's own work (command buffers, copies) into `trace` on track `track`,
     /// or stop recording with `None` (default: the stream records nothing itself).
     fn set_trace(&mut self, _trace: Option<(Arc<Trace>, usize)>) {}
-    /// For downcasting (e.g. to set a CPU backend's thread count).
-    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 #[cfg(test)]

@@ -8,8 +8,6 @@ use std::any::Any;
 pub trait EventImpl: Send + Sync + Any {
     /// Block until the event is reached.
     fn synchronize(&self) -> Result<()>;
-    /// For downcasting by the owning backend.
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// An event of one device (ggml's `ggml_backend_event`).

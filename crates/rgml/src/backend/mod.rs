@@ -19,6 +19,31 @@ pub use device::{Backend, BackendParams, Device, DeviceCaps, DeviceMemory, Devic
 pub use event::{Event, EventImpl};
 pub use plan::GraphPlan;
 
+/// Downcasting to an implementation's own type, through `Any` (every backend trait has it as a
+/// supertrait, so no `as_any` method is needed).
+macro_rules! downcasts {
+    ($($tr:ident),*) => {$(
+        impl dyn $tr {
+            /// This object as a `T`, if it is one.
+            pub fn downcast_ref<T: $tr>(&self) -> Option<&T> {
+                (self as &dyn std::any::Any).downcast_ref()
+            }
+            /// Whether this object is a `T`.
+            pub fn is<T: $tr>(&self) -> bool {
+                (self as &dyn std::any::Any).is::<T>()
+            }
+        }
+    )*};
+}
+downcasts!(BufferType, BufferImpl, Device, EventImpl, Backend);
+
+impl dyn Backend {
+    /// This stream as a `T`, mutably, if it is one (e.g. to set a CPU backend's threads).
+    pub fn downcast_mut<T: Backend>(&mut self) -> Option<&mut T> {
+        (self as &mut dyn std::any::Any).downcast_mut()
+    }
+}
+
 /// How [`tensor_copy_async`] copied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyMode {

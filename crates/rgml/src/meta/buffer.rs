@@ -19,7 +19,6 @@ use crate::backend::{Buffer, BufferImpl, BufferType, BufferTypeRef, DeviceRef};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -126,10 +125,6 @@ impl BufferType for MetaBufferType {
 
     fn device(&self) -> Option<DeviceRef> {
         self.device.as_ref()?.upgrade()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -314,9 +309,5 @@ unsafe impl BufferImpl for MetaBuffer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

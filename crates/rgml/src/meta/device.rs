@@ -24,7 +24,6 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::tensor::{contiguous_strides, Tensor, TensorData, TensorId};
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
@@ -131,10 +130,6 @@ impl crate::backend::Device for MetaDevice {
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
         same_instance(buffer_type, &self.buffer_type)
     }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 impl MetaDevice {
@@ -163,7 +158,7 @@ fn meta_storage<'a>(ctx: &'a Context, t: &'a Tensor) -> Option<(&'a MetaBuffer, 
         None => t,
     };
     let data = root.data.as_ref()?;
-    let meta = data.buffer.imp().as_any().downcast_ref::<MetaBuffer>()?;
+    let meta = data.buffer.imp().downcast_ref::<MetaBuffer>()?;
     Some((meta, data))
 }
 
@@ -409,10 +404,6 @@ impl Backend for MetaBackend {
             }
         }
         Ok(())
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

@@ -3,7 +3,6 @@
 
 use rgml::backend::{BufferImpl, BufferType};
 use rgml::{BufferTypeRef, Result};
-use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 struct VecBufferType {
@@ -33,9 +32,6 @@ impl BufferType for VecBufferType {
     fn is_host(&self) -> bool {
         true
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 // SAFETY: no base; the bytes sit behind a mutex.
@@ -59,9 +55,6 @@ unsafe impl BufferImpl for VecBuffer {
     unsafe fn clear(&self, value: u8) -> Result<()> {
         self.bytes.lock().unwrap().fill(value);
         Ok(())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
