@@ -1024,52 +1024,13 @@ fn bench_mul_mat() {
     }
 }
 
-/// A buffer type whose memory the CPU cannot address (like a GPU's).
-struct DeviceOnly;
-
-impl rgml::BufferType for DeviceOnly {
-    fn name(&self) -> &str {
-        "DeviceOnly"
-    }
-    fn alloc_buffer(&self, size: usize) -> rgml::Result<Box<dyn rgml::backend::BufferImpl>> {
-        Ok(Box::new(DeviceOnlyBuf(std::sync::Mutex::new(vec![
-            0;
-            size
-        ]))))
-    }
-    fn alignment(&self) -> usize {
-        64
-    }
-}
-
-struct DeviceOnlyBuf(std::sync::Mutex<Vec<u8>>);
-
-// SAFETY: no base; the bytes sit behind a mutex.
-unsafe impl rgml::backend::BufferImpl for DeviceOnlyBuf {
-    fn size(&self) -> usize {
-        self.0.lock().map_or(0, |b| b.len())
-    }
-    unsafe fn set(&self, offset: usize, data: &[u8]) -> rgml::Result<()> {
-        self.0.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> rgml::Result<()> {
-        out.copy_from_slice(&self.0.lock().unwrap()[offset..offset + out.len()]);
-        Ok(())
-    }
-    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> rgml::Result<()> {
-        self.0.lock().unwrap()[offset..offset + size].fill(value);
-        Ok(())
-    }
-    unsafe fn clear(&self, value: u8) -> rgml::Result<()> {
-        self.0.lock().unwrap().fill(value);
-        Ok(())
-    }
-}
-
 #[test]
 fn non_host_buffers_are_refused() {
-    let bt: BufferTypeRef = Arc::new(DeviceOnly);
+    // Memory the CPU cannot address (like a GPU's).
+    let bt: BufferTypeRef = rgml::testing::VecBufferType::new("DeviceOnly")
+        .with_alignment(64)
+        .device_only()
+        .shared();
     let dev = CpuDevice::new("CPU");
     assert!(!dev.supports_buffer_type(&bt));
     let mut ctx = Context::new();

@@ -2,50 +2,11 @@
 //! pass every case, and the same backend with a deliberate fault must be caught.
 
 use rgml::backend::{BackendParams, Device, DeviceRef};
-use rgml::backend::{BufferImpl, BufferType, DeviceCaps, DeviceMemory, DeviceType};
+use rgml::backend::{DeviceCaps, DeviceMemory, DeviceType};
 use rgml::{Backend, BufferTypeRef, Context, Graph, OpKind, Result, TensorId};
 use rgml_opcheck::reference::{eval_node, Mem};
 use rgml_opcheck::{codec, run_tests, support_table, Outcome};
-use std::sync::{Arc, Mutex};
-
-struct HostMem(Mutex<Vec<u8>>);
-
-// SAFETY: no base; the bytes sit behind a mutex.
-unsafe impl BufferImpl for HostMem {
-    fn size(&self) -> usize {
-        self.0.lock().map_or(0, |b| b.len())
-    }
-    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.0.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        out.copy_from_slice(&self.0.lock().unwrap()[offset..offset + out.len()]);
-        Ok(())
-    }
-    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        self.0.lock().unwrap()[offset..offset + size].fill(value);
-        Ok(())
-    }
-    unsafe fn clear(&self, value: u8) -> Result<()> {
-        self.0.lock().unwrap().fill(value);
-        Ok(())
-    }
-}
-
-struct HostType;
-
-impl BufferType for HostType {
-    fn name(&self) -> &str {
-        "RefHost"
-    }
-    fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>> {
-        Ok(Box::new(HostMem(Mutex::new(vec![0; size]))))
-    }
-    fn alignment(&self) -> usize {
-        32
-    }
-}
+use std::sync::Arc;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Fault {
@@ -103,7 +64,9 @@ impl RefBackend {
     fn new(fault: Fault) -> Self {
         RefBackend {
             dev: Arc::new(RefDevice {
-                bt: Arc::new(HostType),
+                bt: rgml::testing::VecBufferType::new("RefHost")
+                    .device_only()
+                    .shared(),
                 fault,
             }),
         }

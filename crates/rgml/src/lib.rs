@@ -19,6 +19,8 @@ pub mod quant;
 pub mod registry;
 pub mod sched;
 pub mod tensor;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod trace;
 
 pub use backend::{Backend, Buffer, BufferType, BufferTypeRef, Device, DeviceRef};
