@@ -1,0 +1,355 @@
+//! Plans: checking a graph once and building the job that runs it (views with their bounds
+//! and alignment checked, the work area sized, the barriers between nodes planned).
+//!
+//! This module owns what makes a job sound to run later: every view inside its buffer, no
+//! writes into read-only memory, sources overlapping a destination only as exact in-place
+//! aliases, and the list of buffers (written or only read) whose guards the engine takes.
+//! It runs nothing.
+
+use crate::kernels::{self, CpuFeatures, NodeTask, TensorView};
+use rgml::{Buffer, Context, Error, Graph, Result, Tensor, TensorId};
+use std::sync::Arc;
+
+/// A checked graph, ready to run: owns everything it needs, borrows nothing.
+pub(super) struct Job {
+    /// Buffers the tasks point into, sorted by id, with the base address and size the views
+    /// were computed from, and whether a task writes into it (exclusive guard) or only reads
+    /// it (shared guard: weights other computations may read at the same time).
+    pub(super) buffers: Vec<(Arc<Buffer>, usize, usize, bool)>,
+    pub(super) tasks: Vec<NodeTask>,
+    pub(super) shared: usize,
+    pub(super) per_thread: usize,
+}
+
+/// Bytes from element 0 to one past the last element, with overflow checks.
+pub(super) fn span(t: &Tensor) -> Result<usize> {
+    if t.ne.contains(&0) {
+        return Ok(0);
+    }
+    let bs = t.dtype.block_size();
+    let mut bytes = (t.ne[0] / bs)
+        .checked_mul(t.nb[0])
+        .ok_or(Error::SizeOverflow)?;
+    if bs == 1 {
+        bytes = (t.ne[0] - 1)
+            .checked_mul(t.nb[0])
+            .and_then(|b| b.checked_add(t.dtype.block_bytes()))
+            .ok_or(Error::SizeOverflow)?;
+    }
+    for i in 1..4 {
+        bytes = (t.ne[i] - 1)
+            .checked_mul(t.nb[i])
+            .and_then(|b| b.checked_add(bytes))
+            .ok_or(Error::SizeOverflow)?;
+    }
+    Ok(bytes)
+}
+
+/// Check every node and build the node tasks: a job that owns everything it needs (`None`
+/// when there is nothing to run). Nothing is read or written here; the views' addresses are
+/// computed from the buffers' base addresses, which [`Engine::execute`] checks again under
+/// the buffers' guards before any access.
+pub(super) fn prepare(
+    device: &str,
+    features: CpuFeatures,
+    ctx: &Context,
+    graph: &Graph,
+) -> Result<Option<Job>> {
+    let mut run: Vec<TensorId> = Vec::with_capacity(graph.n_nodes());
+    // Each buffer touched, and whether a node writes into it.
+    let mut buffers: Vec<(Arc<Buffer>, bool)> = Vec::new();
+    let storage = |id: TensorId| -> Result<(&Tensor, &Arc<Buffer>, usize)> {
+        let t = ctx.get(id)?;
+        let d = t
+            .data
+            .as_ref()
+            .ok_or_else(|| Error::NoStorage(t.display_name().to_string()))?;
+        Ok((t, &d.buffer, d.offset))
+    };
+    for &id in graph.nodes() {
+        let t = ctx.get(id)?;
+        if t.op.kind().is_view() {
+            continue;
+        }
+        kernels::check_supported(ctx, id)?;
+        let (_, buf, _) = storage(id)?;
+        if buf.is_read_only() {
+            return Err(Error::ReadOnlyBuffer(format!(
+                "{} (destination of node '{}')",
+                buf.name(),
+                t.display_name()
+            )));
+        }
+        buffers.push((buf.clone(), true));
+        for &s in &t.src {
+            buffers.push((storage(s)?.1.clone(), false));
+        }
+        run.push(id);
+    }
+    if run.is_empty() {
+        return Ok(None);
+    }
+    // Writers first among equal ids, so the entry kept says whether any node writes.
+    buffers.sort_by_key(|(b, writes)| (b.id(), !writes));
+    buffers.dedup_by_key(|(b, _)| b.id());
+    for (b, _) in &buffers {
+        // Repacked weights are host memory to these kernels alone (see `check_supported`).
+        if !b.is_host() && !crate::CpuRepackBufferType::is_repack(b.buffer_type()) {
+            return Err(Error::Unsupported {
+                backend: device.to_string(),
+                what: format!("buffer '{}' is not host memory", b.name()),
+            });
+        }
+    }
+    // Base address and size of each buffer, in id order.
+    let mut bases: Vec<(Arc<Buffer>, std::ptr::NonNull<u8>, usize, bool)> =
+        Vec::with_capacity(buffers.len());
+    for (b, writes) in buffers {
+        let base = b.imp().base().ok_or_else(|| Error::Unsupported {
+            backend: device.to_string(),
+            what: format!("buffer '{}' is not host memory", b.name()),
+        })?;
+        let size = b.size();
+        bases.push((b, base, size, writes));
+    }
+    let view = |id: TensorId| -> Result<(TensorView, u64, usize)> {
+        let (t, buf, offset) = storage(id)?;
+        let &(_, base, size, _) = bases
+            .binary_search_by_key(&buf.id(), |(b, _, _, _)| b.id())
+            .map(|i| &bases[i])
+            .map_err(|_| Error::NoStorage(t.display_name().to_string()))?;
+        let len = span(t)?;
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::OutOfBounds {
+                what: format!("tensor '{}' in buffer '{}'", t.display_name(), buf.name()),
+                offset,
+                size: len,
+                limit: size,
+            });
+        }
+        // Only an address here: it is dereferenced by the kernels once the worker holds the
+        // buffer's guard and has checked that the base is unchanged.
+        let ptr = base.as_ptr().wrapping_add(offset);
+        if len > 0 && !(ptr as usize).is_multiple_of(t.dtype_align()) {
+            return Err(Error::Unsupported {
+                backend: device.to_string(),
+                what: format!(
+                    "tensor '{}' is misaligned for {}",
+                    t.display_name(),
+                    t.dtype
+                ),
+            });
+        }
+        let mut v = TensorView::new(t, ptr);
+        v.packed = crate::CpuRepackBufferType::is_repack(buf.buffer_type());
+        Ok((v, buf.id(), len))
+    };
+
+    let mut tasks = Vec::with_capacity(run.len());
+    let mut extents = Vec::with_capacity(run.len());
+    let (mut shared, mut per_thread) = (0usize, 0usize);
+    for &id in &run {
+        let t = &ctx[id];
+        let (dst, dbuf, dlen) = view(id)?;
+        let mut src: [Option<TensorView>; 3] = [None; 3];
+        let mut reads = [Extent::NONE; 3];
+        for (i, &s) in t.src.iter().enumerate() {
+            let (sv, sbuf, slen) = view(s)?;
+            if let Some(r) = reads.get_mut(i) {
+                *r = Extent::new(sv.ptr, slen);
+            }
+            if i >= src.len() {
+                return Err(Error::Unsupported {
+                    backend: device.to_string(),
+                    what: format!("{} with {} sources", t.op.kind(), t.src.len()),
+                });
+            }
+            let exact = sv.ptr == dst.ptr && sv.ne == dst.ne && sv.nb == dst.nb;
+            if !kernels::is_target_src(&t.op, i)
+                && sbuf == dbuf
+                && kernels::overlaps(sv.ptr, slen, dst.ptr, dlen)
+                && !(exact && sv.dtype == dst.dtype && kernels::inplace_capable(t.op.kind()))
+            {
+                return Err(Error::Unsupported {
+                    backend: device.to_string(),
+                    what: format!(
+                        "{}: source {i} overlaps destination '{}' (only exact in-place aliases are allowed)",
+                        t.op.kind(),
+                        t.display_name()
+                    ),
+                });
+            }
+            src[i] = Some(sv);
+        }
+        let (sh, pt) = kernels::work_size(ctx, t, features)?;
+        shared = shared.max(sh);
+        per_thread = per_thread.max(pt);
+        extents.push((reads, Extent::new(dst.ptr, dlen)));
+        tasks.push(NodeTask {
+            op: t.op,
+            dst,
+            src,
+            sync_before: true,
+            reuse_src1: false,
+            features,
+        });
+    }
+    plan_syncs(&mut tasks, &extents);
+
+    Ok(Some(Job {
+        buffers: bases
+            .into_iter()
+            .map(|(b, base, size, writes)| (b, base.as_ptr() as usize, size, writes))
+            .collect(),
+        tasks,
+        shared,
+        per_thread,
+    }))
+}
+
+/// A byte range of host memory a node reads or writes (addresses, so ranges of different
+/// buffers never meet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Extent {
+    start: usize,
+    end: usize,
+}
+
+impl Extent {
+    /// Nothing.
+    const NONE: Extent = Extent { start: 0, end: 0 };
+    /// The shared work area (MUL_MAT's converted src1): address 0 is never a tensor's, so
+    /// this range meets no tensor.
+    const WORK: Extent = Extent { start: 0, end: 1 };
+
+    fn new(ptr: *const u8, len: usize) -> Extent {
+        let start = ptr as usize;
+        Extent {
+            start,
+            end: start.saturating_add(len),
+        }
+    }
+
+    fn meets(self, other: Extent) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+}
+
+/// Which nodes need the threads synchronized before them, and which matrix products can
+/// reuse the previous one's converted src1 (see [`NodeTask`]).
+///
+/// Threads run the nodes in order; between two barriers they may be at different nodes. A
+/// node needs a barrier before it when it reads what a node since the last barrier writes, or
+/// writes what such a node reads or writes. A MUL_MAT that converts src1 synchronizes inside
+/// (after phase 1), so only phase 1's accesses (src1 in, work area out) count before it, and
+/// the nodes before it are all finished after it starts its phase 2.
+pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; 3], Extent)]) {
+    let mut reads: Vec<Extent> = Vec::new();
+    let mut writes: Vec<Extent> = Vec::new();
+    // The src1 the work area holds, and how it was converted.
+    let mut held: Option<(TensorView, kernels::matmul::Src1, Extent)> = None;
+    for (j, (task, &(srcs, dst))) in tasks.iter_mut().zip(extents).enumerate() {
+        let conversion = match (task.op, task.src[0], task.src[1]) {
+            (rgml::Op::MulMat, Some(a), Some(b)) => {
+                kernels::matmul::src1_conversion(task.features, a.dtype, b.rows_contiguous())
+                    .map(|c| (b, c, srcs[1]))
+            }
+            _ => None,
+        };
+        // A node that writes the held src1 (or its converted copy) ends its reuse.
+        if held.is_some_and(|(_, _, e)| dst.meets(e) || dst.meets(Extent::WORK)) {
+            held = None;
+        }
+        task.reuse_src1 = matches!((conversion, held), (Some((b, c, _)), Some((hb, hc, _)))
+            if c == hc && b.ptr == hb.ptr && b.ne == hb.ne && b.nb == hb.nb && b.dtype == hb.dtype);
+        let conflict = |r: &[Extent], w: &[Extent], node_reads: &[Extent], node_write: Extent| {
+            w.iter()
+                .any(|x| node_write.meets(*x) || node_reads.iter().any(|y| y.meets(*x)))
+                || r.iter().any(|x| node_write.meets(*x))
+        };
+        let node_reads: Vec<Extent> = srcs
+            .iter()
+            .copied()
+            .chain(conversion.map(|_| Extent::WORK))
+            .filter(|e| e.start < e.end)
+            .collect();
+        match conversion {
+            Some((b, c, b_extent)) if !task.reuse_src1 => {
+                // Phase 1 reads src1 and writes the work area, then every thread waits.
+                task.sync_before = j == 0 || conflict(&reads, &writes, &[b_extent], Extent::WORK);
+                reads.clear();
+                writes.clear();
+                held = Some((b, c, b_extent));
+            }
+            _ => {
+                task.sync_before = j == 0 || conflict(&reads, &writes, &node_reads, dst);
+                if task.sync_before {
+                    reads.clear();
+                    writes.clear();
+                }
+            }
+        }
+        reads.extend(node_reads);
+        writes.push(dst);
+    }
+}
+
+/// Alignment a tensor's element 0 needs for the kernels' typed accesses.
+pub(super) trait DTypeAlign {
+    fn dtype_align(&self) -> usize;
+}
+
+impl DTypeAlign for Tensor {
+    fn dtype_align(&self) -> usize {
+        match self.dtype {
+            rgml::DType::F32 | rgml::DType::I32 => 4,
+            _ => 2,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rgml::alloc::alloc_ctx_tensors;
+    use rgml::{DType, Device};
+
+    /// Three products of one activation (q/k/v) share its quantized copy and run without
+    /// barriers between them; nodes reading their results wait for them.
+    #[test]
+    fn products_of_one_activation_share_it_and_skip_barriers() {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor(DType::F32, &[64, 2]).unwrap();
+        let n = ctx.rms_norm(x, 1e-5).unwrap();
+        let w: Vec<TensorId> = (0..3)
+            .map(|_| ctx.new_tensor(DType::Q8_0, &[64, 64]).unwrap())
+            .collect();
+        let p: Vec<TensorId> = w.iter().map(|&w| ctx.mul_mat(w, n).unwrap()).collect();
+        let s = ctx.add(p[0], p[1]).unwrap();
+        let s = ctx.add(s, p[2]).unwrap();
+        alloc_ctx_tensors(&mut ctx, &crate::CpuDevice::new("CPU").buffer_type()).unwrap();
+        let graph = Graph::build(&mut ctx, &[s]).unwrap();
+        let job = prepare("CPU", CpuFeatures::detect(), &ctx, &graph)
+            .unwrap()
+            .unwrap();
+        let flags: Vec<(rgml::OpKind, bool, bool)> = job
+            .tasks
+            .iter()
+            .map(|t| (t.op.kind(), t.sync_before, t.reuse_src1))
+            .collect();
+        use rgml::OpKind::*;
+        assert_eq!(
+            flags,
+            [
+                (RmsNorm, true, false),
+                (MulMat, true, false),
+                (MulMat, false, true),
+                // Reads both products: waits for them.
+                (Add, true, false),
+                // Independent of that sum: no barrier, and still the same converted src1.
+                (MulMat, false, true),
+                (Add, true, false),
+            ]
+        );
+    }
+}
