@@ -7,8 +7,9 @@
 //! `rgml-llm`'s tests, with rgml-cpu's test-only `testing` feature; the binary never has it.)
 
 use clap::Args;
-use rgml_llm::{LoadOptions, Model, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, LoadOptions, Model, Session, SessionOptions};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Flags of `rgml compare`.
 #[derive(Args, Debug)]
@@ -68,13 +69,15 @@ pub fn run(args: CompareArgs) -> Result<bool, String> {
         device: Some(host),
         ..Default::default()
     };
-    let model = Model::load(&args.model, options).map_err(|e| e.to_string())?;
-    let tokens = model.tokenizer.encode(&args.prompt, true, true);
+    let model = Arc::new(Model::load(&args.model, options).map_err(|e| e.to_string())?);
+    let tokens = model
+        .tokenizer
+        .encode(&args.prompt, EncodeOptions::prompt());
     if tokens.is_empty() {
         return Err("the prompt is empty".into());
     }
     let mut session = Session::new(
-        &model,
+        model.clone(),
         &SessionOptions {
             n_ctx: tokens.len(),
             n_ubatch: tokens.len(),

@@ -2,9 +2,10 @@
 
 use clap::Args;
 use rgml_llm::chat::{ChatFormat, Message};
-use rgml_llm::{Logits, Model, Sampler, SamplerParams, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, Logits, Model, Sampler, SamplerParams, Session, SessionOptions};
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Where the README's first command puts the demo model.
@@ -52,7 +53,7 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    fn load(&self) -> Result<Model, String> {
+    fn load(&self) -> Result<Arc<Model>, String> {
         if !self.model.exists() {
             return Err(format!(
                 "model file {} not found (run scripts/fetch-model.sh for the demo model)",
@@ -117,10 +118,10 @@ impl ModelArgs {
         };
         let model = Model::load(&self.model, options).map_err(|e| e.to_string())?;
         bar.finish();
-        Ok(model)
+        Ok(Arc::new(model))
     }
 
-    fn session<'m>(&self, model: &'m Model, n_ctx: usize) -> Result<Session<'m>, String> {
+    fn session(&self, model: &Arc<Model>, n_ctx: usize) -> Result<Session, String> {
         let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
         let mut backend = names.join(",");
         if let Some(t) = self.threads {
@@ -131,7 +132,7 @@ impl ModelArgs {
             n_ubatch: self.ubatch,
             backend,
         };
-        let mut session = Session::new(model, &options).map_err(|e| e.to_string())?;
+        let mut session = Session::new(model.clone(), &options).map_err(|e| e.to_string())?;
         if self.trace.is_some() {
             session.set_trace(self.recorder.get_or_init(Default::default).clone());
         }
@@ -237,7 +238,7 @@ pub fn run(args: RunArgs) -> Result<bool, String> {
     } else {
         args.prompt.clone()
     };
-    let tokens = tok.encode(&prompt, true, true);
+    let tokens = tok.encode(&prompt, EncodeOptions::prompt());
     if tokens.is_empty() {
         return Err("the prompt is empty".into());
     }
@@ -254,38 +255,27 @@ pub fn run(args: RunArgs) -> Result<bool, String> {
         seed: args.seed,
         ..Default::default()
     });
-    for &t in &tokens {
-        sampler.accept(t);
-    }
     let mut out = std::io::stdout().lock();
     if !args.chat {
         write!(out, "{prompt}").map_err(|e| e.to_string())?;
         out.flush().map_err(|e| e.to_string())?;
     }
+    // `generate` evaluates the prompt before it returns, so this times the prompt alone.
     let t0 = Instant::now();
-    session
-        .decode(&tokens, Logits::Last)
+    let generation = session
+        .generate(&tokens, &mut sampler, args.n_predict)
         .map_err(|e| e.to_string())?;
     let t_prompt = t0.elapsed();
     let mut decoder = tok.decoder(false);
     let t1 = Instant::now();
     let mut n_gen = 0;
-    for i in 0..args.n_predict {
-        let next = sampler.sample(session.logits());
-        if tok.is_eog(next) {
-            break;
-        }
-        sampler.accept(next);
+    // It stops at an end-of-generation token, after -n tokens, or when the context is full.
+    for next in generation {
+        let next = next.map_err(|e| e.to_string())?;
         let piece = decoder.push(next).map_err(|e| e.to_string())?;
         write!(out, "{piece}").map_err(|e| e.to_string())?;
         out.flush().map_err(|e| e.to_string())?;
         n_gen += 1;
-        if i + 1 == args.n_predict || session.n_past() >= session.n_ctx() {
-            break;
-        }
-        session
-            .decode(&[next], Logits::Last)
-            .map_err(|e| e.to_string())?;
     }
     let rest = decoder.finish();
     writeln!(out, "{rest}").map_err(|e| e.to_string())?;
@@ -321,7 +311,9 @@ pub struct LogitsArgs {
 /// `rgml logits`: the prompt's tokens and the best next tokens with their logits.
 pub fn logits(args: LogitsArgs) -> Result<bool, String> {
     let model = args.model.load()?;
-    let tokens = model.tokenizer.encode(&args.prompt, true, true);
+    let tokens = model
+        .tokenizer
+        .encode(&args.prompt, EncodeOptions::prompt());
     if tokens.is_empty() {
         return Err("the prompt is empty".into());
     }
@@ -369,7 +361,13 @@ pub fn perplexity(args: PerplexityArgs) -> Result<bool, String> {
     let text =
         std::fs::read_to_string(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
     let model = args.model.load()?;
-    let tokens = model.tokenizer.encode(&text, true, false);
+    let tokens = model.tokenizer.encode(
+        &text,
+        EncodeOptions {
+            add_special: true,
+            parse_special: false,
+        },
+    );
     let n_ctx = args.model.ctx_size;
     if n_ctx < 2 {
         return Err("-c must be at least 2".into());

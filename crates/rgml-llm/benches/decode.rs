@@ -11,6 +11,7 @@
 use rgml::{Backend, Context, DeviceRef, Graph, Scheduler, SchedulerOptions};
 use rgml_llm::{Logits, Model, Session, SessionOptions};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 fn main() {
@@ -28,13 +29,13 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
     rgml_cpu::register();
-    let model = Model::load(&path, Default::default()).expect("load the demo model");
+    let model = Arc::new(Model::load(&path, Default::default()).expect("load the demo model"));
     let options = SessionOptions {
         n_ctx: 128,
         n_ubatch: 512,
         backend: format!("CPU:n_threads={threads}"),
     };
-    let mut session = Session::new(&model, &options).expect("session");
+    let mut session = Session::new(model.clone(), &options).expect("session");
     let n_vocab = model.config.n_vocab as u32;
     let prompt: Vec<u32> = (0..16u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
     let (n_steps, rounds) = (64usize, 5usize);

@@ -7,8 +7,9 @@
 //! tensor (`ne[0]` innermost), plus `logits.f32` for the last token.
 
 use rgml_llm::session::{Logits, Session, SessionOptions};
-use rgml_llm::{LoadOptions, Model};
+use rgml_llm::{EncodeOptions, LoadOptions, Model};
 use std::io::Write;
+use std::sync::Arc;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -16,9 +17,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: capture MODEL PROMPT OUT_DIR".into());
     };
     rgml_cpu::register();
-    let model = Model::load(model, LoadOptions::default())?;
-    let tokens = model.tokenizer.encode(prompt, true, true);
-    let mut session = Session::new(&model, &SessionOptions::default())?;
+    let model = Arc::new(Model::load(model, LoadOptions::default())?);
+    let tokens = model.tokenizer.encode(prompt, EncodeOptions::prompt());
+    let mut session = Session::new(model.clone(), &SessionOptions::default())?;
     session.set_capture(true);
     let logits = session.eval(&tokens, Logits::Last)?;
     std::fs::create_dir_all(out)?;

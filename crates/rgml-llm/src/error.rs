@@ -36,7 +36,8 @@ pub enum LlmError {
     /// Tokenizer metadata or input it cannot handle.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    /// A token id outside the vocabulary (e.g. passed to decode).
+    /// A token id outside the vocabulary, given to a session ([`crate::Session::eval`],
+    /// [`crate::Session::generate`], ...) or to the tokenizer's decode.
     #[error("token id {id} is out of range for a vocabulary of {n_vocab} tokens")]
     InvalidToken {
         /// The offending id.
@@ -44,10 +45,10 @@ pub enum LlmError {
         /// The vocabulary size.
         n_vocab: usize,
     },
-    /// Input the model cannot take (empty batch, ids outside the vocabulary, ...).
+    /// Input the model cannot take that has no variant of its own (an empty batch, ...).
     #[error("bad input: {0}")]
     BadInput(String),
-    /// The sequence would not fit in the KV cache.
+    /// The tokens would not fit in the rest of the session's context (its KV cache).
     #[error("context full: {needed} tokens needed, the context holds {n_ctx}")]
     ContextFull {
         /// Context length.

@@ -80,6 +80,9 @@ pub struct LoadOptions<'a> {
 }
 
 /// A loaded LLaMA-family model: configuration, tokenizer and weights.
+///
+/// `Send + Sync` and never changed after loading: share it with `Arc<Model>` between the
+/// [`Session`](crate::Session)s and threads that use it.
 pub struct Model {
     /// Hyper-parameters.
     pub config: ModelConfig,

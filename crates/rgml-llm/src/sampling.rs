@@ -39,7 +39,21 @@ impl Default for SamplerParams {
     }
 }
 
+impl SamplerParams {
+    /// Greedy decoding: always the most likely token (temperature 0), no repetition penalty.
+    /// The other settings are the defaults, which greedy decoding ignores; a penalty can be
+    /// added with `SamplerParams { repeat_penalty: 1.1, ..SamplerParams::greedy() }`.
+    pub fn greedy() -> Self {
+        SamplerParams {
+            temp: 0.0,
+            ..Default::default()
+        }
+    }
+}
+
 /// A stateful sampler (remembers recent tokens for the penalty, owns the random stream).
+///
+/// `Send`: one per sequence, used by whichever thread drives that sequence.
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplerParams,
@@ -179,6 +193,23 @@ mod tests {
         let mut l = logits();
         l[4] = f32::NAN;
         assert_eq!(s.sample(&l), 1, "NaN never wins");
+    }
+
+    #[test]
+    fn greedy_params_are_greedy() {
+        let p = SamplerParams::greedy();
+        assert!(p.temp <= 0.0);
+        assert_eq!(p.repeat_penalty, 1.0);
+        // Hot settings elsewhere do not matter: the argmax wins every time.
+        let mut s = Sampler::new(SamplerParams {
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..SamplerParams::greedy()
+        });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&logits()), 1);
+        }
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Inference state: the KV cache, the per-batch LLaMA graph, and evaluation.
 //!
-//! A [`Session`] owns a [`Scheduler`] over its backends and a KV cache for one model. Each
-//! call to [`Session::eval`] (or [`Session::decode`], which does not copy the logits out)
-//! builds the graph for one micro-batch on top of the model's weight tensors, allocates it
-//! through the scheduler (whose compute buffers are reused between steps), computes it and
-//! returns logits. There is one execution path: a model on one device gets a scheduler with
-//! that device's backend alone (one split, no copies), a split model one backend per device. The graph
+//! A [`Session`] owns a [`Scheduler`] over its backends and a KV cache for one model, which it
+//! shares (`Arc<Model>`) with the other sessions on it. Each call to [`Session::eval`] (or
+//! [`Session::decode`], which does not copy the logits out) builds the graph for one
+//! micro-batch on top of the model's weight tensors, allocates it through the scheduler (whose
+//! compute buffers are reused between steps), computes it and returns logits. There is one
+//! execution path: a model on one device gets a scheduler with that device's backend alone
+//! (one split, no copies), a split model one backend per device and the CPU. The graph
 //! depends only on the batch size and the number of cache cells attended to (a multiple of
 //! 32): where the batch goes is in its inputs (the K/V stores are SET_ROWS at the
 //! positions, the mask covers the cells). So the next micro-batch of the same key computes the
@@ -82,8 +83,13 @@ struct KvCache {
 pub const N_COPIES_SPLIT: usize = 4;
 
 /// Inference state for one sequence.
-pub struct Session<'m> {
-    model: &'m Model,
+///
+/// A session shares its model through an [`Arc`], so it has no lifetime: it can be stored
+/// beside the model (say in a map of a server's sequences) or moved to another thread. It is
+/// `Send` but not `Sync`: one thread at a time drives it (`&mut self`). Several sessions on one
+/// model compute at the same time, each reading the weights shared.
+pub struct Session {
+    model: Arc<Model>,
     ctx: Context,
     n_base: usize,
     kv: KvCache,
@@ -146,15 +152,16 @@ struct BatchGraph {
     pins: Vec<(TensorId, usize)>,
 }
 
-impl<'m> Session<'m> {
-    /// A session with an empty KV cache.
-    pub fn new(model: &'m Model, options: &SessionOptions) -> Result<Session<'m>> {
+impl Session {
+    /// A session with an empty KV cache on `model` (cloning the `Arc` is all a further session
+    /// needs).
+    pub fn new(model: Arc<Model>, options: &SessionOptions) -> Result<Session> {
         if options.n_ctx == 0 || options.n_ubatch == 0 {
             return Err(LlmError::BadConfig(
                 "n_ctx and n_ubatch must be positive".into(),
             ));
         }
-        let (sched, bufts) = open_backends(model, &options.backend)?;
+        let (sched, bufts) = open_backends(&model, &options.backend)?;
         let mut ctx = model.ctx.clone();
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -227,9 +234,9 @@ impl<'m> Session<'m> {
         self.kv.n_ctx
     }
 
-    /// The model.
-    pub fn model(&self) -> &'m Model {
-        self.model
+    /// The model, shared with the other sessions on it.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
     }
 
     /// The backend of the model's (first) device, e.g. to set a CPU thread count.
@@ -270,6 +277,11 @@ impl<'m> Session<'m> {
     /// Append `tokens` to the sequence and return logits: `[n_vocab]` for [`Logits::Last`], or
     /// `[n_tokens * n_vocab]` (row per token) for [`Logits::All`]. [`Session::decode`] returns
     /// the same values without copying them into a new vector.
+    ///
+    /// Errors: [`LlmError::InvalidToken`] for an id outside the vocabulary,
+    /// [`LlmError::ContextFull`] when the tokens do not fit in the rest of the context,
+    /// [`LlmError::BadInput`] for no tokens; the sequence is then unchanged. A failure of the
+    /// computation itself ([`LlmError::Core`]) may leave part of a long prompt in the cache.
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
         self.decode(tokens, which).map(<[f32]>::to_vec)
     }
@@ -278,7 +290,8 @@ impl<'m> Session<'m> {
     /// (llama.cpp's `llama_decode` + `llama_get_logits`). A micro-batch of the same size as
     /// the previous one, whose attention spans the same number of cache cells (generation:
     /// 32 tokens in a row, the attention span's padding), computes the previous graph again: nothing is
-    /// built, allocated or planned, and the call allocates no memory.
+    /// built, allocated or planned, and the call allocates no memory. Errors as
+    /// [`Session::eval`].
     pub fn decode(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
         self.check_tokens(tokens)?;
         let mut out = std::mem::take(&mut self.staging.logits);
@@ -346,10 +359,8 @@ impl<'m> Session<'m> {
             });
         }
         let n_vocab = self.model.config.n_vocab;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(LlmError::BadInput(format!(
-                "token id {bad} is outside the vocabulary of {n_vocab}"
-            )));
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(LlmError::InvalidToken { id, n_vocab });
         }
         Ok(())
     }
@@ -440,7 +451,7 @@ impl<'m> Session<'m> {
     /// Build the graph for the key's micro-batch at the end of the context's tensors and
     /// allocate it.
     fn build_ubatch(&mut self, key: GraphKey, capture: bool) -> Result<BatchGraph> {
-        let g = build_graph(&mut self.ctx, self.model, &self.kv, key, capture)?;
+        let g = build_graph(&mut self.ctx, &self.model, &self.kv, key, capture)?;
         // Overrides name tensor ids, which the next graph reuses: start afresh.
         self.sched.reset();
         for &(id, dev) in &g.pins {

@@ -10,15 +10,15 @@ use rgml::compare::compare_graph_backend;
 use rgml::{Device, OpKind};
 use rgml_cpu::testing::PerturbDevice;
 use rgml_cpu::CpuDevice;
-use rgml_llm::{Session, SessionOptions};
+use rgml_llm::{EncodeOptions, Session, SessionOptions};
 
 #[test]
 fn planted_wrong_kernel_is_found_at_its_first_node() {
     let model = common::demo_model();
-    let tokens = model.tokenizer.encode("Hello", true, true);
+    let tokens = model.tokenizer.encode("Hello", EncodeOptions::prompt());
     assert!(!tokens.is_empty());
     let mut session = Session::new(
-        &model,
+        model.clone(),
         &SessionOptions {
             n_ctx: tokens.len(),
             n_ubatch: tokens.len(),

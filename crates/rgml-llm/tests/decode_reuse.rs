@@ -7,7 +7,7 @@
 
 mod common;
 
-use rgml_llm::{Logits, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, Logits, Session, SessionOptions};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -66,12 +66,12 @@ fn decoding_reuses_the_graph_without_allocating() {
     };
     let prompt = model
         .tokenizer
-        .encode("Rust is a language that", false, false);
+        .encode("Rust is a language that", EncodeOptions::default());
     assert!(prompt.len() >= 3 && prompt.len() < 16);
 
-    let mut reused = Session::new(&model, &options).unwrap();
+    let mut reused = Session::new(model.clone(), &options).unwrap();
     // Capture keeps intermediates, which builds a new graph for every step: the reference.
-    let mut rebuilt = Session::new(&model, &options).unwrap();
+    let mut rebuilt = Session::new(model.clone(), &options).unwrap();
     rebuilt.set_capture(true);
 
     let first = reused.decode(&prompt, Logits::Last).unwrap().to_vec();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use rgml_llm::{LlmError, Logits, Model, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, LlmError, Logits, Model, Session, SessionOptions};
 
 fn options(n_ctx: usize, n_ubatch: usize) -> SessionOptions {
     SessionOptions {
@@ -16,20 +16,20 @@ fn options(n_ctx: usize, n_ubatch: usize) -> SessionOptions {
 #[test]
 fn micro_batches_and_single_steps_agree_with_one_batch() {
     let model = common::demo_model();
-    let tokens =
-        model
-            .tokenizer
-            .encode("The quick brown fox jumps over the lazy dog.", false, false);
+    let tokens = model.tokenizer.encode(
+        "The quick brown fox jumps over the lazy dog.",
+        EncodeOptions::default(),
+    );
     assert!(tokens.len() > 8);
-    let mut one = Session::new(&model, &options(64, 512)).unwrap();
+    let mut one = Session::new(model.clone(), &options(64, 512)).unwrap();
     let all = one.eval(&tokens, Logits::All).unwrap();
     let n_vocab = model.config.n_vocab;
     assert_eq!(all.len(), tokens.len() * n_vocab);
     let last = &all[(tokens.len() - 1) * n_vocab..];
 
-    let mut batched = Session::new(&model, &options(64, 3)).unwrap();
+    let mut batched = Session::new(model.clone(), &options(64, 3)).unwrap();
     let last_batched = batched.eval(&tokens, Logits::Last).unwrap();
-    let mut stepped = Session::new(&model, &options(64, 512)).unwrap();
+    let mut stepped = Session::new(model.clone(), &options(64, 512)).unwrap();
     let mut last_stepped = Vec::new();
     for &t in &tokens {
         last_stepped = stepped.eval(&[t], Logits::Last).unwrap();
@@ -52,7 +52,7 @@ fn micro_batches_and_single_steps_agree_with_one_batch() {
 #[test]
 fn limits_are_errors_not_panics() {
     let model = common::demo_model();
-    let mut s = Session::new(&model, &options(4, 512)).unwrap();
+    let mut s = Session::new(model.clone(), &options(4, 512)).unwrap();
     assert!(matches!(
         s.eval(&[], Logits::Last),
         Err(LlmError::BadInput(_))
@@ -63,7 +63,7 @@ fn limits_are_errors_not_panics() {
     ));
     assert!(matches!(
         s.eval(&[u32::MAX], Logits::Last),
-        Err(LlmError::BadInput(_))
+        Err(LlmError::InvalidToken { id: u32::MAX, .. })
     ));
     assert_eq!(s.n_past(), 0, "failed calls leave the sequence as it was");
     s.eval(&[1, 2, 3, 4], Logits::Last).unwrap();
@@ -73,9 +73,9 @@ fn limits_are_errors_not_panics() {
     ));
     s.reset();
     s.eval(&[5], Logits::Last).unwrap();
-    assert!(Session::new(&model, &options(0, 1)).is_err());
+    assert!(Session::new(model.clone(), &options(0, 1)).is_err());
     assert!(Session::new(
-        &model,
+        model.clone(),
         &SessionOptions {
             backend: "NoSuchDevice".into(),
             ..options(8, 8)

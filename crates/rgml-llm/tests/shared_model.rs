@@ -3,8 +3,9 @@
 
 mod common;
 
-use rgml_llm::{Logits, Model, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, Logits, Model, Session, SessionOptions};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog.";
@@ -20,9 +21,9 @@ fn options() -> SessionOptions {
 }
 
 /// The prompt's last logits, then those of `STEPS` greedy steps, bit for bit (as `u32`s).
-fn run(model: &Model) -> Vec<Vec<u32>> {
-    let tokens = model.tokenizer.encode(PROMPT, false, false);
-    let mut session = Session::new(model, &options()).expect("a session");
+fn run(model: &Arc<Model>) -> Vec<Vec<u32>> {
+    let tokens = model.tokenizer.encode(PROMPT, EncodeOptions::default());
+    let mut session = Session::new(model.clone(), &options()).expect("a session");
     let mut out = Vec::new();
     let mut logits = session.eval(&tokens, Logits::Last).expect("the prompt");
     for _ in 0..STEPS {

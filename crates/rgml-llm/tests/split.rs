@@ -5,7 +5,7 @@
 mod common;
 
 use rgml::registry::Registry;
-use rgml_llm::{LoadOptions, Logits, Model, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, LoadOptions, Logits, Model, Session, SessionOptions};
 use std::sync::Arc;
 
 /// Registers once: the devices of a model and of its session's backends must be the same
@@ -19,7 +19,7 @@ fn register() {
     });
 }
 
-fn load(devices: &[&str], split: &[f32]) -> Model {
+fn load(devices: &[&str], split: &[f32]) -> Arc<Model> {
     register();
     let devices = devices
         .iter()
@@ -30,17 +30,17 @@ fn load(devices: &[&str], split: &[f32]) -> Model {
         tensor_split: split.to_vec(),
         ..Default::default()
     };
-    Model::load(common::demo_model_path(), options).unwrap()
+    Arc::new(Model::load(common::demo_model_path(), options).unwrap())
 }
 
-fn session<'m>(model: &'m Model, n_ubatch: usize) -> Session<'m> {
+fn session(model: &Arc<Model>, n_ubatch: usize) -> Session {
     let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
     let options = SessionOptions {
         n_ctx: 64,
         n_ubatch,
         backend: format!("{}:n_threads=1", names.join(",")),
     };
-    Session::new(model, &options).unwrap()
+    Session::new(model.clone(), &options).unwrap()
 }
 
 const PROMPTS: [&str; 2] = [
@@ -50,10 +50,10 @@ const PROMPTS: [&str; 2] = [
 
 /// Logits of every position of each prompt (in micro-batches of `n_ubatch`), then of three
 /// single-token steps.
-fn all_logits(model: &Model, n_ubatch: usize) -> Vec<Vec<f32>> {
+fn all_logits(model: &Arc<Model>, n_ubatch: usize) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
     for p in PROMPTS {
-        let tokens = model.tokenizer.encode(p, true, true);
+        let tokens = model.tokenizer.encode(p, EncodeOptions::prompt());
         let mut s = session(model, n_ubatch);
         out.push(s.eval(&tokens, Logits::All).unwrap());
         for t in [42, 7, 1000] {
@@ -103,7 +103,13 @@ fn layer_split_matches_one_device() {
 fn two_devices_give_one_split_per_device_and_copies_across() {
     let model = load(&["CPU0", "CPU1"], &[]);
     let mut s = session(&model, 512);
-    let tokens = model.tokenizer.encode(PROMPTS[0], true, false);
+    let tokens = model.tokenizer.encode(
+        PROMPTS[0],
+        EncodeOptions {
+            add_special: true,
+            parse_special: false,
+        },
+    );
     s.eval(&tokens, Logits::Last).unwrap();
     let sched = s.scheduler();
     assert_eq!(sched.n_copies(), rgml_llm::session::N_COPIES_SPLIT);
@@ -142,16 +148,16 @@ fn bad_splits_are_errors() {
         );
     }
     let model = load(&["CPU0", "CPU1"], &[]);
-    let err = Session::new(&model, &SessionOptions::default()).err();
+    let err = Session::new(model.clone(), &SessionOptions::default()).err();
     assert!(err.is_some(), "a split model needs its devices named");
 }
 
 /// Logits of a long prompt in micro-batches of `n_ubatch` (the last ones, then every position
 /// in a fresh session), with backend parameters `params`.
-fn long_prompt_logits(model: &Model, n_ubatch: usize, params: &str) -> Vec<Vec<f32>> {
+fn long_prompt_logits(model: &Arc<Model>, n_ubatch: usize, params: &str) -> Vec<Vec<f32>> {
     let text =
         "The scheduler keeps several micro-batches in flight across the devices. ".repeat(12);
-    let tokens = model.tokenizer.encode(&text, true, true);
+    let tokens = model.tokenizer.encode(&text, EncodeOptions::prompt());
     assert!(tokens.len() >= 100, "{} tokens", tokens.len());
     let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
     let options = SessionOptions {
@@ -161,7 +167,7 @@ fn long_prompt_logits(model: &Model, n_ubatch: usize, params: &str) -> Vec<Vec<f
     };
     let mut out = Vec::new();
     for which in [Logits::Last, Logits::All] {
-        let mut s = Session::new(model, &options).unwrap();
+        let mut s = Session::new(model.clone(), &options).unwrap();
         out.push(s.eval(&tokens, which).unwrap());
         out.push(s.eval(&[42], Logits::Last).unwrap());
     }

@@ -13,8 +13,9 @@ use rand::{Rng, SeedableRng};
 use rgml::quant::{dequantize_row, quantize_row};
 use rgml::DType;
 use rgml_gguf::{GgufWriter, Value};
-use rgml_llm::{LlmError, Logits, Model, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, LlmError, Logits, Model, Session, SessionOptions};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 // ---------------------------------------------------------------------------------------------
 // The synthetic model: hyper-parameters, weights (kept as the f64 values the file stores), GGUF.
@@ -598,7 +599,9 @@ fn options(n_ubatch: usize) -> SessionOptions {
 
 /// A prompt through the model's own tokenizer, plus ids from all over the vocabulary.
 fn prompt(model: &Model) -> Vec<u32> {
-    let mut tokens = model.tokenizer.encode("hello world, the fox", false, false);
+    let mut tokens = model
+        .tokenizer
+        .encode("hello world, the fox", EncodeOptions::default());
     let n_vocab = model.config.n_vocab as u32;
     assert!(
         tokens.iter().any(|&t| t >= 256),
@@ -613,13 +616,13 @@ fn prompt(model: &Model) -> Vec<u32> {
 fn check(name: &str, spec: &Spec, tol: f64) -> f64 {
     let (reference_model, meta, tensors) = build(spec);
     let file = write(name, &meta, &tensors);
-    let model = load(&file).unwrap();
+    let model = Arc::new(load(&file).unwrap());
     assert_eq!(model.config.arch, spec.arch);
     assert_eq!(model.config.n_vocab, reference_model.n_vocab);
     assert_eq!(model.config.n_head_kv, spec.n_head_kv);
     let tokens = prompt(&model);
     let want = reference(&reference_model, &tokens);
-    let mut session = Session::new(&model, &options(512)).unwrap();
+    let mut session = Session::new(model.clone(), &options(512)).unwrap();
     let got = session.eval(&tokens, Logits::All).unwrap();
     let err = rel_err(&got, &want);
     eprintln!("{name}: max relative logit error {err:.2e}");
@@ -724,19 +727,19 @@ fn micro_batches_and_single_steps_match_the_reference() {
     ] {
         let (reference_model, meta, tensors) = build(&spec);
         let file = write(name, &meta, &tensors);
-        let model = load(&file).unwrap();
+        let model = Arc::new(load(&file).unwrap());
         let tokens = prompt(&model);
         let want = reference(&reference_model, &tokens);
         let n_vocab = model.config.n_vocab;
 
         // Micro-batches of 3 (the last one shorter), every position's logits.
-        let mut batched = Session::new(&model, &options(3)).unwrap();
+        let mut batched = Session::new(model.clone(), &options(3)).unwrap();
         let got = batched.eval(&tokens, Logits::All).unwrap();
         let err = rel_err(&got, &want);
         assert!(err < TOL_F32, "{name}: n_ubatch 3 off by {err:.3e}");
 
         // Micro-batches, last position only.
-        let mut last = Session::new(&model, &options(3)).unwrap();
+        let mut last = Session::new(model.clone(), &options(3)).unwrap();
         let got = last.eval(&tokens, Logits::Last).unwrap();
         let err = rel_err(&got, &want[tokens.len() - 1..]);
         assert!(
@@ -745,7 +748,7 @@ fn micro_batches_and_single_steps_match_the_reference() {
         );
 
         // One token at a time, through the KV cache.
-        let mut stepped = Session::new(&model, &options(512)).unwrap();
+        let mut stepped = Session::new(model.clone(), &options(512)).unwrap();
         let mut got = Vec::with_capacity(tokens.len() * n_vocab);
         for &t in &tokens {
             got.extend(stepped.eval(&[t], Logits::Last).unwrap());
@@ -755,7 +758,7 @@ fn micro_batches_and_single_steps_match_the_reference() {
         assert!(err < TOL_F32, "{name}: token by token off by {err:.3e}");
 
         // Two uneven calls that continue the same sequence.
-        let mut split = Session::new(&model, &options(4)).unwrap();
+        let mut split = Session::new(model.clone(), &options(4)).unwrap();
         let mut got = split.eval(&tokens[..5], Logits::All).unwrap();
         got.extend(split.eval(&tokens[5..], Logits::All).unwrap());
         let err = rel_err(&got, &want);

@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 
 use rand::{Rng, SeedableRng};
 use rgml_gguf::{GgufFile, GgufWriter, Value};
-use rgml_llm::tokenizer::{PreTokenizer, TokenType, Tokenizer, TokenizerKind, TokenizerParts};
+use rgml_llm::tokenizer::{
+    EncodeOptions, PreTokenizer, TokenType, Tokenizer, TokenizerKind, TokenizerParts,
+};
 use rgml_llm::LlmError;
 
 /// The demo model's tokenizer, loaded once for all tests.
@@ -69,7 +71,7 @@ fn smollm_matches_llama_cpp() {
     let cases = cases();
     assert!(cases.len() >= 4);
     for c in &cases {
-        let got = tok.encode(&c.prompt, true, true);
+        let got = tok.encode(&c.prompt, EncodeOptions::prompt());
         assert_eq!(got, c.tokens, "prompt {:?}", c.prompt);
     }
 }
@@ -86,11 +88,17 @@ fn smollm_round_trip_prompts() {
 fn smollm_special_tokens_parsing_and_rendering() {
     let tok = smollm();
     let text = "<|im_start|>user\nhi<|im_end|>";
-    let parsed = tok.encode(text, false, true);
+    let parsed = tok.encode(
+        text,
+        EncodeOptions {
+            add_special: false,
+            parse_special: true,
+        },
+    );
     assert_eq!(parsed.first(), Some(&1));
     assert_eq!(parsed.last(), Some(&2));
     // Not parsed: the markers are plain text and no control id appears.
-    let plain = tok.encode(text, false, false);
+    let plain = tok.encode(text, EncodeOptions::default());
     assert!(!plain.contains(&1) && !plain.contains(&2));
     assert_eq!(tok.decode(&plain, false).unwrap(), text);
     // Rendering control tokens is opt-in.
@@ -98,7 +106,13 @@ fn smollm_special_tokens_parsing_and_rendering() {
     assert_eq!(tok.decode(&parsed, true).unwrap(), text);
     // Adjacent specials and a special at both ends.
     assert_eq!(
-        tok.encode("<|im_end|><|im_start|>", false, true),
+        tok.encode(
+            "<|im_end|><|im_start|>",
+            EncodeOptions {
+                add_special: false,
+                parse_special: true
+            }
+        ),
         vec![2, 1]
     );
 }
@@ -106,16 +120,16 @@ fn smollm_special_tokens_parsing_and_rendering() {
 #[test]
 fn smollm_edge_cases() {
     let tok = smollm();
-    assert!(tok.encode("", true, true).is_empty());
+    assert!(tok.encode("", EncodeOptions::prompt()).is_empty());
     assert_eq!(tok.decode(&[], true).unwrap(), "");
     for spaces in [" ", "  ", "     ", "\n", " \n ", "\t\t"] {
-        let ids = tok.encode(spaces, false, false);
+        let ids = tok.encode(spaces, EncodeOptions::default());
         assert!(!ids.is_empty());
         assert_eq!(tok.decode(&ids, false).unwrap(), spaces);
     }
     // smollm isolates every digit: one token per digit, whatever the run length.
     let digits = "31415926535897932384626433832795";
-    let ids = tok.encode(digits, false, false);
+    let ids = tok.encode(digits, EncodeOptions::default());
     assert_eq!(ids.len(), digits.len());
     for (id, d) in ids.iter().zip(digits.bytes()) {
         assert_eq!(tok.token_to_piece(*id, false).unwrap(), &[d]);
@@ -128,7 +142,7 @@ fn smollm_edge_cases() {
         "\u{10FFFF}",
         "a\u{0301}",
     ] {
-        let ids = tok.encode(s, false, false);
+        let ids = tok.encode(s, EncodeOptions::default());
         assert_eq!(tok.decode(&ids, false).unwrap(), s, "{s:?}");
     }
     // Invalid ids are errors, not panics.
@@ -176,7 +190,7 @@ fn smollm_round_trip_random_unicode() {
     for _ in 0..300 {
         let len = rng.gen_range(0..40);
         let s = random_text(&mut rng, len);
-        let ids = tok.encode(&s, false, false);
+        let ids = tok.encode(&s, EncodeOptions::default());
         assert_eq!(tok.decode(&ids, false).unwrap(), s, "{s:?}");
     }
 }
@@ -186,8 +200,8 @@ fn smollm_drops_bytes_without_token() {
     // SmolLM2 has no token for the bytes 0x04 or 0xF1; llama.cpp's fallback (one-byte tokens
     // of the piece) finds none and drops them, and so do we.
     let tok = smollm();
-    assert!(tok.encode("\u{4}", false, false).is_empty());
-    let ids = tok.encode("a\u{4}b", false, false);
+    assert!(tok.encode("\u{4}", EncodeOptions::default()).is_empty());
+    let ids = tok.encode("a\u{4}b", EncodeOptions::default());
     assert_eq!(tok.decode(&ids, false).unwrap(), "ab");
 }
 
@@ -210,7 +224,7 @@ fn smollm_streaming_decode_equals_whole() {
         check_stream(tok, &c.tokens, false);
     }
     // An emoji split over byte tokens: nothing is printed until it is complete.
-    let ids = tok.encode("🚀", false, false);
+    let ids = tok.encode("🚀", EncodeOptions::default());
     assert!(ids.len() > 1);
     let mut dec = tok.decoder(false);
     let outs: Vec<String> = ids.iter().map(|&id| dec.push(id).unwrap()).collect();
@@ -236,7 +250,7 @@ fn smollm_encodes_10kb_quickly() {
     let base = include_str!("fixtures/reference.json");
     let text: String = base.chars().cycle().take(10_000).collect();
     let t0 = std::time::Instant::now();
-    let ids = tok.encode(&text, false, false);
+    let ids = tok.encode(&text, EncodeOptions::default());
     let dt = t0.elapsed();
     eprintln!("10 KB -> {} tokens in {dt:?}", ids.len());
     assert_eq!(tok.decode(&ids, false).unwrap(), text);
@@ -297,22 +311,52 @@ fn spm_hand_worked() {
     assert!(tok.add_bos());
 
     // "▁abc": "bc" (-0.1) outranks "ab" (-0.5) though it is further right; then "▁a" (-3).
-    assert_eq!(tok.encode("abc", false, false), vec![266, 265]);
+    assert_eq!(tok.encode("abc", EncodeOptions::default()), vec![266, 265]);
     // "▁ab": "ab" first, then "▁ab" (-0.2) becomes possible.
-    assert_eq!(tok.encode("ab", false, false), vec![264]);
+    assert_eq!(tok.encode("ab", EncodeOptions::default()), vec![264]);
     // BOS with add_special.
-    assert_eq!(tok.encode("ab", true, false), vec![1, 264]);
+    assert_eq!(
+        tok.encode(
+            "ab",
+            EncodeOptions {
+                add_special: true,
+                parse_special: false
+            }
+        ),
+        vec![1, 264]
+    );
     // Spaces are ▁; "▁b" is no token.
-    assert_eq!(tok.encode("a b", false, false), vec![266, 259, 261]);
+    assert_eq!(
+        tok.encode("a b", EncodeOptions::default()),
+        vec![266, 259, 261]
+    );
     // No piece for é: byte fallback of its UTF-8.
     assert_eq!(
-        tok.encode("é", false, false),
+        tok.encode("é", EncodeOptions::default()),
         vec![259, byte(0xC3), byte(0xA9)]
     );
     // Specials split the text; the text after one gets the space prefix again.
-    assert_eq!(tok.encode("ab<s>ab", false, true), vec![264, 1, 264]);
-    assert_eq!(tok.encode("<s>ab", false, true), vec![1, 264]);
-    assert!(tok.encode("", false, false).is_empty());
+    assert_eq!(
+        tok.encode(
+            "ab<s>ab",
+            EncodeOptions {
+                add_special: false,
+                parse_special: true
+            }
+        ),
+        vec![264, 1, 264]
+    );
+    assert_eq!(
+        tok.encode(
+            "<s>ab",
+            EncodeOptions {
+                add_special: false,
+                parse_special: true
+            }
+        ),
+        vec![1, 264]
+    );
+    assert!(tok.encode("", EncodeOptions::default()).is_empty());
 
     // Decoding drops the prefix space of the first token only.
     assert_eq!(tok.decode(&[266, 265], false).unwrap(), "abc");
@@ -323,7 +367,7 @@ fn spm_hand_worked() {
     assert_eq!(tok.decode(&[264, 1, 264], true).unwrap(), "ab<s> ab");
     assert_eq!(tok.decode(&[264, 1, 264], false).unwrap(), "ab ab");
     for s in ["abc", "a b", "é", "  cab  ", "日本 🚀"] {
-        let ids = tok.encode(s, false, false);
+        let ids = tok.encode(s, EncodeOptions::default());
         assert_eq!(tok.decode(&ids, false).unwrap(), s);
         check_stream(&tok, &ids, false);
     }
@@ -359,7 +403,16 @@ fn spm_from_gguf_metadata() {
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
     assert_eq!(tok.kind(), TokenizerKind::Spm);
-    assert_eq!(tok.encode("abc", true, false), vec![266, 265, 2]);
+    assert_eq!(
+        tok.encode(
+            "abc",
+            EncodeOptions {
+                add_special: true,
+                parse_special: false
+            }
+        ),
+        vec![266, 265, 2]
+    );
     assert!(tok.is_eog(2));
 }
 
@@ -412,13 +465,13 @@ fn bpe_tiny_vocab_merges_by_rank() {
     })
     .unwrap();
     // "abc": "b c" (rank 0) first, then "a"+"bc" has no merge.
-    assert_eq!(tok.encode("abc", false, false), vec![0, 5]);
+    assert_eq!(tok.encode("abc", EncodeOptions::default()), vec![0, 5]);
     // " ab": "a b" (rank 1) then "Ġ ab" has no merge → [Ġ, ab].
-    assert_eq!(tok.encode(" ab", false, false), vec![3, 4]);
+    assert_eq!(tok.encode(" ab", EncodeOptions::default()), vec![3, 4]);
     // " a": "Ġ a" (rank 2).
-    assert_eq!(tok.encode(" a", false, false), vec![6]);
+    assert_eq!(tok.encode(" a", EncodeOptions::default()), vec![6]);
     // User-defined tokens are matched even without parse_special, and always rendered.
-    assert_eq!(tok.encode("a<x>b", false, false), vec![0, 8, 1]);
+    assert_eq!(tok.encode("a<x>b", EncodeOptions::default()), vec![0, 8, 1]);
     assert_eq!(tok.decode(&[0, 8, 1], false).unwrap(), "a<x>b");
     assert!(!tok.add_bos());
 }

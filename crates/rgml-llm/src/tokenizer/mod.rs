@@ -8,7 +8,8 @@
 //!
 //! ```no_run
 //! # fn demo(tok: &rgml_llm::tokenizer::Tokenizer) -> rgml_llm::Result<()> {
-//! let ids = tok.encode("<|im_start|>user\nHi<|im_end|>\n", true, true);
+//! use rgml_llm::tokenizer::EncodeOptions;
+//! let ids = tok.encode("<|im_start|>user\nHi<|im_end|>\n", EncodeOptions::prompt());
 //! let text = tok.decode(&ids, true)?;
 //! # Ok(()) }
 //! ```
@@ -118,10 +119,10 @@ pub struct TokenizerParts {
     pub unk: Option<TokenId>,
     /// Padding id.
     pub pad: Option<TokenId>,
-    /// Whether `encode(.., add_special = true, ..)` prepends BOS; default true for
+    /// Whether encoding with [`EncodeOptions::add_special`] prepends BOS; default true for
     /// SentencePiece and Llama 3's BPE, false for other BPE.
     pub add_bos: Option<bool>,
-    /// Whether `encode(.., add_special = true, ..)` appends EOS; default false.
+    /// Whether encoding with [`EncodeOptions::add_special`] appends EOS; default false.
     pub add_eos: Option<bool>,
     /// Whether SentencePiece prefixes text with a space; default true for SentencePiece.
     pub add_space_prefix: Option<bool>,
@@ -214,7 +215,32 @@ const EOG_TEXTS: &[&str] = &[
     "<|end_of_text|>",
 ];
 
+/// How [`Tokenizer::encode`] treats special tokens. The default (both off) tokenizes plain
+/// text as it is; [`EncodeOptions::prompt`] is what a prompt for generation wants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// Add BOS/EOS as the vocabulary asks ([`Tokenizer::add_bos`], [`Tokenizer::add_eos`]).
+    pub add_special: bool,
+    /// Control tokens written in the text (e.g. `<|im_start|>`) become their ids; otherwise
+    /// they are tokenized as plain text. User-defined tokens are always matched, as in
+    /// llama.cpp.
+    pub parse_special: bool,
+}
+
+impl EncodeOptions {
+    /// A prompt, as llama.cpp's tools tokenize one: BOS/EOS as the vocabulary asks, and
+    /// control tokens in the text (a chat template's markers) parsed.
+    pub const fn prompt() -> Self {
+        EncodeOptions {
+            add_special: true,
+            parse_special: true,
+        }
+    }
+}
+
 /// A tokenizer: text to token ids and back, matching llama.cpp for the same GGUF metadata.
+///
+/// `Send + Sync`: a model's tokenizer is read by every session and thread at once.
 #[derive(Clone, Debug)]
 pub struct Tokenizer {
     kind: TokenizerKind,
@@ -360,16 +386,15 @@ impl Tokenizer {
         })
     }
 
-    /// Tokenizes `text`.
-    ///
-    /// - `add_special`: add BOS/EOS as the vocabulary asks (`add_bos`/`add_eos`).
-    /// - `parse_special`: control tokens written in the text (e.g. `<|im_start|>`) become
-    ///   their ids; otherwise they are tokenized as plain text. User-defined tokens are
-    ///   always matched, as in llama.cpp.
+    /// Tokenizes `text`, with special tokens as `options` say (see [`EncodeOptions`]).
     ///
     /// Never fails: every string has a tokenization (bytes without a token are dropped, as
     /// llama.cpp drops them, which a consistent vocabulary never needs).
-    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<TokenId> {
+    pub fn encode(&self, text: &str, options: EncodeOptions) -> Vec<TokenId> {
+        let EncodeOptions {
+            add_special,
+            parse_special,
+        } = options;
         let frags = self.split_specials(text, parse_special);
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {

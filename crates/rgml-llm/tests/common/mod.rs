@@ -2,6 +2,7 @@
 
 use rgml_llm::Model;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The demo model's path; fails the test with the fetch command when it is missing.
 pub fn demo_model_path() -> PathBuf {
@@ -15,9 +16,10 @@ pub fn demo_model_path() -> PathBuf {
     path
 }
 
-/// The demo model, with the CPU backend registered and default load options.
+/// The demo model, with the CPU backend registered and default load options, shared as
+/// sessions take it.
 #[allow(dead_code)] // Not every test binary that includes this module loads the whole model.
-pub fn demo_model() -> Model {
+pub fn demo_model() -> Arc<Model> {
     rgml_cpu::register();
-    Model::load(demo_model_path(), Default::default()).expect("load the demo model")
+    Arc::new(Model::load(demo_model_path(), Default::default()).expect("load the demo model"))
 }
