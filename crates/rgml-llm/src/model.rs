@@ -125,9 +125,13 @@ impl Model {
     /// Load a GGUF file.
     pub fn load(path: impl AsRef<Path>, options: LoadOptions<'_>) -> Result<Model> {
         let path = path.as_ref();
-        let gguf = GgufFile::open(path).map_err(|e| LlmError::Load {
-            path: path.display().to_string(),
-            source: Box::new(e.into()),
+        let gguf = GgufFile::open(path).map_err(|e| match e {
+            // Opening or mapping failed: the error names the file already.
+            e @ rgml_gguf::GgufError::Io { .. } => LlmError::from(e),
+            e => LlmError::Load {
+                path: path.display().to_string(),
+                source: Box::new(e.into()),
+            },
         })?;
         Self::from_gguf(&gguf, options)
     }

@@ -87,7 +87,15 @@ fn limits_are_errors_not_panics() {
 #[test]
 fn missing_and_malformed_files_are_errors() {
     rgml_cpu::register();
-    assert!(Model::load("/nonexistent/model.gguf", Default::default()).is_err());
+    let missing = Model::load("/nonexistent/model.gguf", Default::default())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert_eq!(
+        missing.matches("/nonexistent/model.gguf").count(),
+        1,
+        "the path once: {missing}"
+    );
     let dir = std::env::temp_dir().join(format!("rgml-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.gguf");

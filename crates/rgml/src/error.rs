@@ -71,6 +71,29 @@ pub enum Error {
         /// Size of what was accessed.
         limit: usize,
     },
+    /// Typed values (`tensor_set_f32`, `tensor_get_i32`, ...) of a tensor of another dtype.
+    #[error("tensor '{tensor}' is {dtype}, not {asked}")]
+    DTypeMismatch {
+        /// The tensor's display name.
+        tensor: String,
+        /// Its dtype.
+        dtype: DType,
+        /// The dtype of the values.
+        asked: DType,
+    },
+    /// Typed values for a tensor whose elements are not contiguous.
+    #[error("tensor '{0}' is not contiguous: its values cannot be read or written as one slice")]
+    NotContiguous(String),
+    /// Typed values whose count is not the tensor's element count.
+    #[error("tensor '{tensor}' has {n_elements} elements, {given} values given")]
+    ValueCount {
+        /// The tensor's display name.
+        tensor: String,
+        /// Its element count.
+        n_elements: usize,
+        /// Values given (or room for them).
+        given: usize,
+    },
     /// A tensor that has no storage yet was read, written or computed.
     #[error("tensor '{0}' has no buffer")]
     NoStorage(String),

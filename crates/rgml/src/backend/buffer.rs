@@ -709,18 +709,20 @@ impl Context {
     fn check_plain(&self, id: TensorId, dtype: crate::DType, len: usize) -> Result<()> {
         let t = self.get(id)?;
         if t.dtype != dtype {
-            return Err(Error::UnsupportedDType {
-                op: crate::OpKind::None,
+            return Err(Error::DTypeMismatch {
+                tensor: t.display_name().to_string(),
                 dtype: t.dtype,
-                reason: "typed access needs the tensor's own dtype",
+                asked: dtype,
             });
         }
-        if !t.is_contiguous() || len != t.nelements() {
-            return Err(Error::OutOfBounds {
-                what: format!("contiguous values of tensor '{}'", t.display_name()),
-                offset: 0,
-                size: len,
-                limit: t.nelements(),
+        if !t.is_contiguous() {
+            return Err(Error::NotContiguous(t.display_name().to_string()));
+        }
+        if len != t.nelements() {
+            return Err(Error::ValueCount {
+                tensor: t.display_name().to_string(),
+                n_elements: t.nelements(),
+                given: len,
             });
         }
         Ok(())
