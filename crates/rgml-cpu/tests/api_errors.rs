@@ -38,9 +38,10 @@ fn out_of_bounds_set_and_get_are_errors() {
         ctx.tensor_get(t, usize::MAX, &mut out),
         Err(Error::OutOfBounds { .. })
     ));
+    // Too few values: a count error (issue 14 asked for this one to be exact).
     assert!(matches!(
         ctx.tensor_set_f32(t, &values[..3]),
-        Err(Error::OutOfBounds { .. })
+        Err(Error::ValueCount { given: 3, .. })
     ));
     // Past the buffer itself.
     assert!(matches!(
