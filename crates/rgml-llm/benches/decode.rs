@@ -75,6 +75,56 @@ fn main() {
         bytes / median / 1e9
     );
     scheduler_overhead(&mut session, median);
+    two_sessions(&model);
+}
+
+/// 32 decode steps after a 16-token prompt on a new one-thread session of `model`.
+fn decode_run(model: &Arc<Model>) -> f64 {
+    let options = SessionOptions {
+        n_ctx: 64,
+        n_ubatch: 512,
+        backend: "CPU:n_threads=1".into(),
+    };
+    let mut session = Session::new(model.clone(), &options).expect("session");
+    let n_vocab = model.config.n_vocab as u32;
+    let prompt: Vec<u32> = (0..16u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
+    let t = Instant::now();
+    session.decode(&prompt, Logits::Last).expect("prompt");
+    for i in 0..32u32 {
+        let token = (i * 104_729 + 7) % n_vocab;
+        std::hint::black_box(session.decode(&[token], Logits::Last).expect("step"));
+    }
+    t.elapsed().as_secs_f64()
+}
+
+/// Two one-thread sessions on one model: one after the other, then at the same time on two
+/// threads (their computations hold the weights shared, so they overlap).
+fn two_sessions(model: &Arc<Model>) {
+    decode_run(model);
+    let (mut apart, mut together) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        apart.push(decode_run(model) + decode_run(model));
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            let a = s.spawn(|| decode_run(model));
+            let b = s.spawn(|| decode_run(model));
+            let _ = (a.join(), b.join());
+        });
+        together.push(t.elapsed().as_secs_f64());
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let (apart, together) = (best(&apart), best(&together));
+    println!();
+    println!(
+        "| two sessions on one model, 1 thread each | one after the other | at once | ratio |"
+    );
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| 16-token prompt + 32 steps each (best of 3) | {:.1} ms | {:.1} ms | {:.2} |",
+        apart * 1e3,
+        together * 1e3,
+        together / apart
+    );
 }
 
 /// A backend that computes nothing: what remains of a scheduled step is the scheduler's work.
