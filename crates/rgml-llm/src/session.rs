@@ -256,6 +256,22 @@ impl Session {
         self.sched.set_trace(recorder);
     }
 
+    /// Observe nodes while evaluating, as llama.cpp's `cb_eval` does, whatever devices the
+    /// model is on: `callback(ctx, id, true)` asks whether the caller wants node `id` (named
+    /// as llama.cpp names it, `ctx[id].name`: `attn_norm-0`, `ffn_swiglu-3`, `result_norm`,
+    /// ...); for those it wants, the node is computed and `callback(ctx, id, false)` is called
+    /// while its values can be read (`ctx.tensor_get_f32(id)`); returning `false` then stops
+    /// the evaluation with an error ([`rgml::Error::Aborted`]). Replaces any earlier callback;
+    /// nodes are computed one group at a time while one is set, so it costs speed.
+    pub fn set_eval_callback(&mut self, callback: rgml::sched::EvalCallback) {
+        self.sched.set_eval_callback(callback);
+    }
+
+    /// Stop calling the eval callback.
+    pub fn clear_eval_callback(&mut self) {
+        self.sched.clear_eval_callback();
+    }
+
     /// Debugging aid: while on, every evaluation also keeps the main intermediate tensors of its
     /// last micro-batch (named as llama.cpp names them, so they can be compared with a
     /// `cb_eval` dump); read them with [`Session::captured`]. Costs memory (the tensors are
@@ -570,8 +586,9 @@ fn build_graph(
     let mut pins = Vec::new();
     // Names `id` like llama.cpp and, when capturing, keeps it.
     let mut keep = |ctx: &mut Context, id: TensorId, name: String| -> Result<TensorId> {
+        // Named always, so an eval callback can pick nodes by name.
+        ctx.set_name(id, name)?;
         if capture && ctx[id].is_contiguous() {
-            ctx.set_name(id, name)?;
             ctx.set_output(id)?;
             captured.push(id);
         }

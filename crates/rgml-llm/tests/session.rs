@@ -104,3 +104,53 @@ fn missing_and_malformed_files_are_errors() {
     assert!(err.to_string().contains("bad.gguf"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The eval callback observes nodes by llama.cpp's names on any session (here one device), sees
+/// the values capture keeps, and stops the evaluation when it returns false.
+#[test]
+fn eval_callback_observes_named_nodes_and_can_stop() {
+    use std::sync::{Arc, Mutex};
+    let model = common::demo_model();
+    let tokens = model
+        .tokenizer
+        .encode("The quick brown fox", rgml_llm::EncodeOptions::default());
+    let mut captured = Session::new(model.clone(), &options(64, 512)).unwrap();
+    captured.set_capture(true);
+    let want_logits = captured.eval(&tokens, Logits::Last).unwrap();
+    let want = captured
+        .captured()
+        .iter()
+        .find(|c| c.name == "attn_norm-0")
+        .map(|c| c.data.clone())
+        .expect("capture keeps attn_norm-0");
+
+    type Seen = Vec<(String, Vec<f32>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let mut s = Session::new(model.clone(), &options(64, 512)).unwrap();
+    let sink = seen.clone();
+    s.set_eval_callback(Box::new(move |ctx, id, ask| {
+        let name = &ctx[id].name;
+        if ask {
+            return name == "attn_norm-0" || name == "logits";
+        }
+        let values = ctx.tensor_get_f32(id).unwrap_or_default();
+        sink.lock().unwrap().push((name.clone(), values));
+        true
+    }));
+    let logits = s.eval(&tokens, Logits::Last).unwrap();
+    assert_eq!(logits, want_logits, "observing changes nothing");
+    let seen = seen.lock().unwrap().clone();
+    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["attn_norm-0", "logits"]);
+    assert_eq!(seen[0].1, want, "the callback sees what capture keeps");
+
+    let mut stopped = Session::new(model.clone(), &options(64, 512)).unwrap();
+    stopped.set_eval_callback(Box::new(|ctx, id, ask| {
+        ask || ctx[id].name != "attn_norm-1"
+    }));
+    assert!(matches!(
+        stopped.eval(&tokens, Logits::Last),
+        Err(LlmError::Core(rgml::Error::Aborted))
+    ));
+    stopped.clear_eval_callback();
+}
