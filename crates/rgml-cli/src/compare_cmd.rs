@@ -6,6 +6,7 @@
 //! memory. (The comparison itself is tested against a deliberately wrong backend in
 //! `rgml-llm`'s tests, with rgml-cpu's test-only `testing` feature; the binary never has it.)
 
+use crate::error::CliError;
 use clap::Args;
 use rgml_llm::{EncodeOptions, LoadOptions, Model, Session, SessionOptions};
 use std::path::PathBuf;
@@ -35,7 +36,7 @@ pub struct CompareArgs {
 }
 
 /// Run `rgml compare`; `Ok(false)` when a node diverged.
-pub fn run(args: CompareArgs) -> Result<bool, String> {
+pub fn run(args: CompareArgs) -> Result<bool, CliError> {
     let names: Vec<&str> = args
         .device
         .split(',')
@@ -46,30 +47,32 @@ pub fn run(args: CompareArgs) -> Result<bool, String> {
         return Err(format!(
             "--device {}: give exactly two devices, e.g. CPU0,CPU1",
             args.device
-        ));
+        )
+        .into());
     };
     if !args.tol.is_finite() || args.tol < 0.0 {
-        return Err(format!("--tol {}: must be a finite number >= 0", args.tol));
+        return Err(format!("--tol {}: must be a finite number >= 0", args.tol).into());
     }
     if !args.model.exists() {
         return Err(format!(
             "model file {} not found (run scripts/fetch-model.sh for the demo model)",
             args.model.display()
-        ));
+        )
+        .into());
     }
     let spec = |name: &str| match args.threads {
         Some(t) => format!("{name}:n_threads={t}"),
         None => name.to_string(),
     };
-    let mut backend1 = rgml::registry::init_backend(&spec(dev1)).map_err(|e| e.to_string())?;
-    let mut backend2 = rgml::registry::init_backend(&spec(dev2)).map_err(|e| e.to_string())?;
+    let mut backend1 = rgml::registry::init_backend(&spec(dev1))?;
+    let mut backend2 = rgml::registry::init_backend(&spec(dev2))?;
 
-    let host = rgml::registry::device("CPU").map_err(|e| e.to_string())?;
+    let host = rgml::registry::device("CPU")?;
     let options = LoadOptions {
         device: Some(host),
         ..Default::default()
     };
-    let model = Arc::new(Model::load(&args.model, options).map_err(|e| e.to_string())?);
+    let model = Arc::new(Model::load(&args.model, options)?);
     let tokens = model
         .tokenizer
         .encode(&args.prompt, EncodeOptions::prompt());
@@ -83,9 +86,8 @@ pub fn run(args: CompareArgs) -> Result<bool, String> {
             n_ubatch: tokens.len(),
             backend: spec("CPU"),
         },
-    )
-    .map_err(|e| e.to_string())?;
-    let (ctx, graph) = session.prompt_graph(&tokens).map_err(|e| e.to_string())?;
+    )?;
+    let (ctx, graph) = session.prompt_graph(&tokens)?;
 
     let (tol, verbose) = (args.tol, args.verbose);
     let report = rgml::compare::compare_graph_backend(
@@ -114,8 +116,7 @@ pub fn run(args: CompareArgs) -> Result<bool, String> {
             }
             true
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let first = match &report.first_divergent {
         None => "none".to_string(),
         Some(c) => format!(

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 mod compare_cmd;
 mod env_options;
+mod error;
 mod model_cmds;
 mod test_ops;
 
@@ -131,10 +132,10 @@ fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
-    let result = match cli.command {
-        Command::Devices { json } => devices(json).map(|()| true),
+    let result: Result<bool, error::CliError> = match cli.command {
+        Command::Devices { json } => devices(json).map(|()| true).map_err(Into::into),
         Command::TestOps { backend, op, mode } => {
-            test_ops::run(backend.as_deref(), op.as_deref(), &mode)
+            test_ops::run(backend.as_deref(), op.as_deref(), &mode).map_err(Into::into)
         }
         Command::Run(args) => model_cmds::run(args),
         Command::Logits(args) => model_cmds::logits(args),
@@ -147,7 +148,8 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e}");
+            // The error with its causes, each on its own line.
+            eprintln!("{}", error::report(&e));
             ExitCode::from(2)
         }
     }

@@ -1,5 +1,6 @@
 //! The model commands: `run`, `logits`, `perplexity`, `bench`, `gguf-info`.
 
+use crate::error::CliError;
 use clap::Args;
 use rgml_llm::chat::{ChatFormat, Message};
 use rgml_llm::{EncodeOptions, Logits, Model, Sampler, SamplerParams, Session, SessionOptions};
@@ -53,12 +54,13 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    fn load(&self) -> Result<Arc<Model>, String> {
+    fn load(&self) -> Result<Arc<Model>, CliError> {
         if !self.model.exists() {
             return Err(format!(
                 "model file {} not found (run scripts/fetch-model.sh for the demo model)",
                 self.model.display()
-            ));
+            )
+            .into());
         }
         let mut names: Vec<&str> = self
             .device
@@ -82,8 +84,8 @@ impl ModelArgs {
         };
         let devices = names
             .iter()
-            .map(|n| rgml::registry::device(n).map_err(|e| e.to_string()))
-            .collect::<Result<Vec<_>, String>>()?;
+            .map(|n| rgml::registry::device(n))
+            .collect::<Result<Vec<_>, rgml::Error>>()?;
         let tensor_split = match &self.tensor_split {
             None => Vec::new(),
             Some(list) => list
@@ -101,7 +103,8 @@ impl ModelArgs {
                 self.tensor_split.as_deref().unwrap_or_default(),
                 tensor_split.len(),
                 devices.len()
-            ));
+            )
+            .into());
         }
         let mut bar = Progress::new("loading");
         let options = rgml_llm::LoadOptions {
@@ -116,12 +119,12 @@ impl ModelArgs {
             },
             progress: Some(&mut |done, total| bar.update(done, total)),
         };
-        let model = Model::load(&self.model, options).map_err(|e| e.to_string())?;
+        let model = Model::load(&self.model, options)?;
         bar.finish();
         Ok(Arc::new(model))
     }
 
-    fn session(&self, model: &Arc<Model>, n_ctx: usize) -> Result<Session, String> {
+    fn session(&self, model: &Arc<Model>, n_ctx: usize) -> Result<Session, CliError> {
         let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
         let mut backend = names.join(",");
         if let Some(t) = self.threads {
@@ -132,7 +135,7 @@ impl ModelArgs {
             n_ubatch: self.ubatch,
             backend,
         };
-        let mut session = Session::new(model.clone(), &options).map_err(|e| e.to_string())?;
+        let mut session = Session::new(model.clone(), &options)?;
         if self.trace.is_some() {
             session.set_trace(self.recorder.get_or_init(Default::default).clone());
         }
@@ -140,7 +143,7 @@ impl ModelArgs {
     }
 
     /// End of a command: write the `--trace` file.
-    fn finish(&self) -> Result<(), String> {
+    fn finish(&self) -> Result<(), CliError> {
         if let (Some(path), Some(trace)) = (&self.trace, self.recorder.get()) {
             trace
                 .write(path)
@@ -225,7 +228,7 @@ pub struct RunArgs {
 }
 
 /// `rgml run`: stream a continuation of the prompt to stdout.
-pub fn run(args: RunArgs) -> Result<bool, String> {
+pub fn run(args: RunArgs) -> Result<bool, CliError> {
     let model = args.model.load()?;
     let tok = &model.tokenizer;
     let prompt = if args.chat {
@@ -257,28 +260,26 @@ pub fn run(args: RunArgs) -> Result<bool, String> {
     });
     let mut out = std::io::stdout().lock();
     if !args.chat {
-        write!(out, "{prompt}").map_err(|e| e.to_string())?;
-        out.flush().map_err(|e| e.to_string())?;
+        write!(out, "{prompt}")?;
+        out.flush()?;
     }
     // `generate` evaluates the prompt before it returns, so this times the prompt alone.
     let t0 = Instant::now();
-    let generation = session
-        .generate(&tokens, &mut sampler, args.n_predict)
-        .map_err(|e| e.to_string())?;
+    let generation = session.generate(&tokens, &mut sampler, args.n_predict)?;
     let t_prompt = t0.elapsed();
     let mut decoder = tok.decoder(false);
     let t1 = Instant::now();
     let mut n_gen = 0;
     // It stops at an end-of-generation token, after -n tokens, or when the context is full.
     for next in generation {
-        let next = next.map_err(|e| e.to_string())?;
-        let piece = decoder.push(next).map_err(|e| e.to_string())?;
-        write!(out, "{piece}").map_err(|e| e.to_string())?;
-        out.flush().map_err(|e| e.to_string())?;
+        let next = next?;
+        let piece = decoder.push(next)?;
+        write!(out, "{piece}")?;
+        out.flush()?;
         n_gen += 1;
     }
     let rest = decoder.finish();
-    writeln!(out, "{rest}").map_err(|e| e.to_string())?;
+    writeln!(out, "{rest}")?;
     let t_gen = t1.elapsed().as_secs_f64();
     eprintln!(
         "prompt: {} tokens in {:.1} ms ({:.1} tok/s); generated: {n_gen} tokens in {:.1} ms ({:.1} tok/s)",
@@ -309,7 +310,7 @@ pub struct LogitsArgs {
 }
 
 /// `rgml logits`: the prompt's tokens and the best next tokens with their logits.
-pub fn logits(args: LogitsArgs) -> Result<bool, String> {
+pub fn logits(args: LogitsArgs) -> Result<bool, CliError> {
     let model = args.model.load()?;
     let tokens = model
         .tokenizer
@@ -318,9 +319,7 @@ pub fn logits(args: LogitsArgs) -> Result<bool, String> {
         return Err("the prompt is empty".into());
     }
     let mut session = args.model.session(&model, tokens.len())?;
-    let logits = session
-        .eval(&tokens, Logits::Last)
-        .map_err(|e| e.to_string())?;
+    let logits = session.eval(&tokens, Logits::Last)?;
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     let top: Vec<(usize, f32)> = order
@@ -357,7 +356,7 @@ pub struct PerplexityArgs {
 
 /// `rgml perplexity`, as llama-perplexity computes it: chunks of `-c` tokens, each evaluated
 /// from an empty cache, the second half of each chunk scored.
-pub fn perplexity(args: PerplexityArgs) -> Result<bool, String> {
+pub fn perplexity(args: PerplexityArgs) -> Result<bool, CliError> {
     let text =
         std::fs::read_to_string(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
     let model = args.model.load()?;
@@ -377,7 +376,8 @@ pub fn perplexity(args: PerplexityArgs) -> Result<bool, String> {
         return Err(format!(
             "{} tokens are fewer than one chunk of {n_ctx}",
             tokens.len()
-        ));
+        )
+        .into());
     }
     let mut session = args.model.session(&model, n_ctx)?;
     let n_vocab = model.config.n_vocab;
@@ -388,14 +388,14 @@ pub fn perplexity(args: PerplexityArgs) -> Result<bool, String> {
     for chunk in 0..n_chunks {
         let toks = &tokens[chunk * n_ctx..(chunk + 1) * n_ctx];
         session.reset();
-        let logits = session.eval(toks, Logits::All).map_err(|e| e.to_string())?;
+        let logits = session.eval(toks, Logits::All)?;
         for j in first..n_ctx - 1 {
             let row = &logits[j * n_vocab..(j + 1) * n_vocab];
             nll -= log_softmax_at(row, toks[j + 1] as usize);
             count += 1;
         }
         print!("[{}]{:.4} ", chunk + 1, (nll / count as f64).exp());
-        std::io::stdout().flush().map_err(|e| e.to_string())?;
+        std::io::stdout().flush()?;
     }
     println!();
     println!("PPL = {:.4}", (nll / count as f64).exp());
@@ -431,7 +431,7 @@ pub struct BenchArgs {
 
 /// `rgml bench`, as llama-bench measures: pp = one batch of P tokens from an empty cache, tg = N
 /// single-token steps from an empty cache, each after a warm-up run, averaged over repetitions.
-pub fn bench(args: BenchArgs) -> Result<bool, String> {
+pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
     let model = args.model.load()?;
     let n_ctx = args.n_prompt.max(args.n_gen).max(1);
     let mut session = args.model.session(&model, n_ctx)?;
@@ -452,9 +452,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, String> {
         for rep in 0..=reps {
             session.reset();
             let t = Instant::now();
-            session
-                .decode(&prompt, Logits::Last)
-                .map_err(|e| e.to_string())?;
+            session.decode(&prompt, Logits::Last)?;
             if rep > 0 {
                 pp.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
             }
@@ -465,9 +463,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, String> {
             session.reset();
             let t = Instant::now();
             for _ in 0..args.n_gen {
-                session
-                    .decode(&[next_token()], Logits::Last)
-                    .map_err(|e| e.to_string())?;
+                session.decode(&[next_token()], Logits::Last)?;
             }
             if rep > 0 {
                 tg.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
@@ -524,7 +520,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, String> {
 }
 
 /// `rgml gguf-info`: a GGUF file's metadata and tensors.
-pub fn gguf_info(path: &PathBuf) -> Result<bool, String> {
+pub fn gguf_info(path: &PathBuf) -> Result<bool, CliError> {
     let gguf = rgml_gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     println!(
         "GGUF v{}, alignment {}, data at {}",
