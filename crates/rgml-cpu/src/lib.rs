@@ -10,6 +10,36 @@
 //! environment variable: the `rgml` command line maps its documented variables onto
 //! [`CpuOptions`].
 //!
+//! The core's library sketch (the one in the repository's README; a test keeps the two the
+//! same), compiled and run as a doc test:
+//!
+//! ```rust
+//! use rgml::{alloc::alloc_ctx_tensors, Context, DType, Graph};
+//! # fn main() -> rgml::Result<()> {
+//!
+//! rgml_cpu::register();
+//! let mut backend = rgml::registry::init_backend("CPU:n_threads=2")?;
+//! let mut ctx = Context::new();
+//! let w = ctx.new_tensor(DType::Q4_0, &[64, 8])?;     // weights [k, m]
+//! let x = ctx.new_tensor(DType::F32, &[64, 3])?;      // activations [k, n]
+//! let y = ctx.mul_mat(w, x)?;                         // [m, n]
+//! let graph = Graph::build(&mut ctx, &[y])?;
+//! let _buffer = alloc_ctx_tensors(&mut ctx, &backend.default_buffer_type())?;
+//! // ctx.tensor_set(w, 0, &bytes)?; ctx.tensor_set_f32(x, &values)?;
+//! backend.graph_compute(&ctx, &graph)?;
+//! let out = ctx.tensor_get_f32(y)?;
+//! # assert_eq!(out.len(), 8 * 3);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Threads
+//!
+//! Devices, buffer types and buffers are `Send + Sync` and shared (`Arc`); a buffer locks its
+//! bytes (compute holds the buffers it only reads shared, so several backends read one set of
+//! weights at once). A [`CpuBackend`] is a stream: `Send`, driven by one thread at a time
+//! (`&mut self`), with its own thread pool.
+//!
 //! Cargo feature `testing`: the `testing` module (a deliberately wrong backend, `PerturbCPU`,
 //! for testing graph comparison); off by default, so production builds cannot register it.
 #![warn(missing_docs)]
