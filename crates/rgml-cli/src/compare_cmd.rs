@@ -8,7 +8,7 @@
 
 use crate::error::CliError;
 use clap::Args;
-use rgml_llm::{EncodeOptions, LoadOptions, Model, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, LoadOptions, Model, Placement, Session, SessionOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -60,16 +60,24 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
         )
         .into());
     }
-    let spec = |name: &str| match args.threads {
-        Some(t) => format!("{name}:n_threads={t}"),
-        None => name.to_string(),
+    // Devices by name (any characters), parameters as values.
+    let open = |name: &str| -> Result<Box<dyn rgml::Backend>, CliError> {
+        let device = rgml::registry::device(name)?;
+        let mut params = rgml::backend::BackendParams::default();
+        if let Some(t) = args
+            .threads
+            .filter(|_| device.device_type() == rgml::backend::DeviceType::Cpu)
+        {
+            params.set("n_threads", t);
+        }
+        Ok(device.init_backend(&params)?)
     };
-    let mut backend1 = rgml::registry::init_backend(&spec(dev1))?;
-    let mut backend2 = rgml::registry::init_backend(&spec(dev2))?;
+    let mut backend1 = open(dev1)?;
+    let mut backend2 = open(dev2)?;
 
     let host = rgml::registry::device("CPU")?;
     let options = LoadOptions {
-        device: Some(host),
+        placement: Some(Placement::Single(host)),
         ..Default::default()
     };
     let model = Arc::new(Model::load(&args.model, options)?);
@@ -84,7 +92,8 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
         &SessionOptions {
             n_ctx: tokens.len(),
             n_ubatch: tokens.len(),
-            backend: spec("CPU"),
+            n_threads: args.threads,
+            device_params: Vec::new(),
         },
     )?;
     let (ctx, graph) = session.prompt_graph(&tokens)?;

@@ -106,17 +106,25 @@ impl ModelArgs {
             )
             .into());
         }
+        let placement = if tensor_parallel {
+            rgml_llm::Placement::Tensor {
+                devices,
+                shares: tensor_split,
+                sync: if self.tensor_sync == "reduce" {
+                    rgml_llm::TensorSync::Reduce
+                } else {
+                    rgml_llm::TensorSync::Gather
+                },
+            }
+        } else {
+            rgml_llm::Placement::Layers {
+                devices,
+                shares: tensor_split,
+            }
+        };
         let mut bar = Progress::new("loading");
         let options = rgml_llm::LoadOptions {
-            device: None,
-            devices,
-            tensor_split,
-            tensor_parallel,
-            tensor_sync: if self.tensor_sync == "reduce" {
-                rgml_llm::TensorSync::Reduce
-            } else {
-                rgml_llm::TensorSync::Gather
-            },
+            placement: Some(placement),
             progress: Some(&mut |done, total| bar.update(done, total)),
         };
         let model = Model::load(&self.model, options)?;
@@ -125,15 +133,11 @@ impl ModelArgs {
     }
 
     fn session(&self, model: &Arc<Model>, n_ctx: usize) -> Result<Session, CliError> {
-        let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
-        let mut backend = names.join(",");
-        if let Some(t) = self.threads {
-            backend.push_str(&format!(":n_threads={t}"));
-        }
         let options = SessionOptions {
             n_ctx,
             n_ubatch: self.ubatch,
-            backend,
+            n_threads: self.threads,
+            device_params: Vec::new(),
         };
         let mut session = Session::new(model.clone(), &options)?;
         if self.trace.is_some() {

@@ -14,9 +14,10 @@ const PERF_BUDGET_MS: u64 = 20;
 
 fn open_backends(name: Option<&str>) -> Result<Vec<Box<dyn Backend>>, String> {
     match name {
-        Some(spec) => Ok(vec![
-            registry::init_backend(spec).map_err(|e| e.to_string())?
-        ]),
+        // A device name, whatever characters it holds.
+        Some(name) => Ok(vec![registry::device(name)
+            .and_then(|d| d.init_backend(&BackendParams::default()))
+            .map_err(|e| e.to_string())?]),
         None => {
             let devices = registry::devices();
             if devices.is_empty() {

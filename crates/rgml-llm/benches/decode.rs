@@ -33,7 +33,8 @@ fn main() {
     let options = SessionOptions {
         n_ctx: 128,
         n_ubatch: 512,
-        backend: format!("CPU:n_threads={threads}"),
+        n_threads: Some(threads),
+        device_params: Vec::new(),
     };
     let mut session = Session::new(model.clone(), &options).expect("session");
     let n_vocab = model.config.n_vocab as u32;
@@ -83,7 +84,8 @@ fn decode_run(model: &Arc<Model>) -> f64 {
     let options = SessionOptions {
         n_ctx: 64,
         n_ubatch: 512,
-        backend: "CPU:n_threads=1".into(),
+        n_threads: Some(1),
+        device_params: Vec::new(),
     };
     let mut session = Session::new(model.clone(), &options).expect("session");
     let n_vocab = model.config.n_vocab as u32;

@@ -51,7 +51,7 @@ pub mod tokenizer;
 pub use config::ModelConfig;
 pub use error::{LlmError, Result};
 pub use generate::{Generation, StopReason};
-pub use model::{LoadOptions, Model};
+pub use model::{LoadOptions, Model, Placement};
 pub use sampling::{Sampler, SamplerParams};
 pub use session::{Logits, Session, SessionOptions};
 pub use tensor_split::TensorSync;

@@ -57,24 +57,63 @@ pub struct LayerWeights {
 /// Called while loading with (tensors done, tensors in total).
 pub type ProgressFn<'a> = &'a mut dyn FnMut(usize, usize);
 
+/// Where a model's weights go: a value, not device names, so any device (a remote one whose
+/// name holds `:` or `,` included) can be given.
+#[derive(Clone)]
+pub enum Placement {
+    /// Every weight on one device.
+    Single(DeviceRef),
+    /// Whole blocks over the devices, in order (layer split; pipeline parallelism), each
+    /// device's share of the blocks in proportion to `shares` (any unit, `[3, 1]`: three
+    /// quarters on the first; empty: even).
+    Layers {
+        /// The devices, in order.
+        devices: Vec<DeviceRef>,
+        /// Share of the blocks per device.
+        shares: Vec<f32>,
+    },
+    /// Every block's weights split across the devices (tensor parallelism, a meta device; see
+    /// `crate::tensor_split`), each device's share of every split weight in proportion to
+    /// `shares` (empty: even), joined as `sync` says.
+    Tensor {
+        /// The devices (at least two).
+        devices: Vec<DeviceRef>,
+        /// Share of every split weight per device.
+        shares: Vec<f32>,
+        /// How the devices' work is joined (see [`TensorSync`]).
+        sync: TensorSync,
+    },
+}
+
+impl std::fmt::Debug for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = |d: &[DeviceRef]| d.iter().map(|d| d.name().to_string()).collect::<Vec<_>>();
+        match self {
+            Placement::Single(d) => f.debug_tuple("Single").field(&d.name()).finish(),
+            Placement::Layers { devices, shares } => f
+                .debug_struct("Layers")
+                .field("devices", &names(devices))
+                .field("shares", shares)
+                .finish(),
+            Placement::Tensor {
+                devices,
+                shares,
+                sync,
+            } => f
+                .debug_struct("Tensor")
+                .field("devices", &names(devices))
+                .field("shares", shares)
+                .field("sync", sync)
+                .finish(),
+        }
+    }
+}
+
 /// How to load a model.
 #[derive(Default)]
 pub struct LoadOptions<'a> {
-    /// Device that holds the weights (default: the registry's "CPU"). Ignored when
-    /// [`devices`](Self::devices) names more than one.
-    pub device: Option<DeviceRef>,
-    /// Devices to split the blocks over, in order (layer split). Zero or one device: all
-    /// weights on that device (or on [`device`](Self::device)).
-    pub devices: Vec<DeviceRef>,
-    /// Share of the blocks per device of [`devices`](Self::devices), in any unit (`[3, 1]`:
-    /// three quarters on the first). Empty: even. With
-    /// [`tensor_parallel`](Self::tensor_parallel), the share of every split weight instead.
-    pub tensor_split: Vec<f32>,
-    /// Split every block's weights across [`devices`](Self::devices) (tensor parallelism, a
-    /// meta device; see `crate::tensor_split`) instead of giving each device whole blocks.
-    pub tensor_parallel: bool,
-    /// How tensor parallelism joins the devices' work (see [`TensorSync`]).
-    pub tensor_sync: TensorSync,
+    /// Where the weights go (default: all on the registry's "CPU" device).
+    pub placement: Option<Placement>,
     /// Progress callback.
     pub progress: Option<ProgressFn<'a>>,
 }
@@ -140,27 +179,31 @@ impl Model {
     pub fn from_gguf(gguf: &GgufFile, mut options: LoadOptions<'_>) -> Result<Model> {
         let config = ModelConfig::from_gguf(gguf)?;
         let tokenizer = Tokenizer::from_gguf(gguf)?;
-        let devices = if options.devices.len() > 1 {
-            std::mem::take(&mut options.devices)
-        } else {
-            match options.devices.pop().or(options.device.take()) {
-                Some(d) => vec![d],
-                None => vec![rgml::registry::device("CPU")?],
-            }
+        let placement = match options.placement.take() {
+            Some(p) => p,
+            None => Placement::Single(rgml::registry::device("CPU")?),
         };
-        let (devices, layer_shares) = if options.tensor_parallel && devices.len() > 1 {
-            (
-                vec![meta_device(
-                    gguf,
-                    &config,
-                    devices,
-                    &options.tensor_split,
-                    options.tensor_sync,
-                )?],
+        let (devices, layer_shares) = match placement {
+            Placement::Single(d) => (vec![d], Vec::new()),
+            Placement::Layers { devices, .. } if devices.is_empty() => {
+                return Err(LlmError::BadConfig(
+                    "a layer split needs at least one device".into(),
+                ))
+            }
+            Placement::Layers { devices, shares } => (devices, shares),
+            Placement::Tensor { devices, .. } if devices.len() < 2 => {
+                return Err(LlmError::BadConfig(
+                    "a tensor split needs at least two devices".into(),
+                ))
+            }
+            Placement::Tensor {
+                devices,
+                shares,
+                sync,
+            } => (
+                vec![meta_device(gguf, &config, devices, &shares, sync)?],
                 Vec::new(),
-            )
-        } else {
-            (devices, std::mem::take(&mut options.tensor_split))
+            ),
         };
         let layer_devices = assign_layers(config.n_layer, devices.len(), &layer_shares)?;
 

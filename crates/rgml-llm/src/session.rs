@@ -26,10 +26,10 @@
 use crate::error::{LlmError, Result};
 use crate::model::Model;
 use rgml::alloc::TensorAllocator;
-use rgml::backend::{Buffer, BufferUsage};
+use rgml::backend::{BackendParams, Buffer, BufferUsage, DeviceType};
 use rgml::sched::{Scheduler, SchedulerOptions};
 use rgml::trace::Trace;
-use rgml::{Backend, Context, DType, Graph, RopeParams, TensorFlags, TensorId};
+use rgml::{Backend, Context, DType, DeviceRef, Graph, RopeParams, TensorFlags, TensorId};
 use std::sync::Arc;
 
 /// Which positions' logits an evaluation returns.
@@ -42,16 +42,18 @@ pub enum Logits {
 }
 
 /// How to set up a session.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SessionOptions {
     /// Context length (KV cache positions).
     pub n_ctx: usize,
     /// Largest number of tokens computed in one graph; longer prompts go in several.
     pub n_ubatch: usize,
-    /// Backend spec for the registry (`"CPU"`, `"CPU:n_threads=2"`). For a model split over
-    /// several devices, the comma-separated list of the model's devices, in order, with the
-    /// parameters for all of them (`"CPU0,CPU1:n_threads=2"`).
-    pub backend: String,
+    /// Threads of each CPU backend the session opens (`None`: the backend's default). Only
+    /// CPU devices get it.
+    pub n_threads: Option<usize>,
+    /// Further parameters for the backends of particular devices (the device's own keys, e.g.
+    /// `isa=avx2` for a CPU, `n_cb=2` for a GPU), by device.
+    pub device_params: Vec<(DeviceRef, BackendParams)>,
 }
 
 impl Default for SessionOptions {
@@ -59,8 +61,44 @@ impl Default for SessionOptions {
         SessionOptions {
             n_ctx: 2048,
             n_ubatch: 512,
-            backend: "CPU".into(),
+            n_threads: None,
+            device_params: Vec::new(),
         }
+    }
+}
+
+impl std::fmt::Debug for SessionOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let params: Vec<(&str, &BackendParams)> = self
+            .device_params
+            .iter()
+            .map(|(d, p)| (d.name(), p))
+            .collect();
+        f.debug_struct("SessionOptions")
+            .field("n_ctx", &self.n_ctx)
+            .field("n_ubatch", &self.n_ubatch)
+            .field("n_threads", &self.n_threads)
+            .field("device_params", &params)
+            .finish()
+    }
+}
+
+impl SessionOptions {
+    /// The parameters of `device`'s backend: its own from [`device_params`](Self::device_params),
+    /// and `n_threads` for a CPU device (for a meta device, when its devices are CPUs).
+    fn params_for(&self, device: &DeviceRef) -> BackendParams {
+        let mut params = self
+            .device_params
+            .iter()
+            .find(|(d, _)| rgml::backend::same_instance(d, device) || d.name() == device.name())
+            .map(|(_, p)| p.clone())
+            .unwrap_or_default();
+        if let Some(n) = self.n_threads {
+            if device.device_type() == DeviceType::Cpu {
+                params.set("n_threads", n);
+            }
+        }
+        params
     }
 }
 
@@ -161,7 +199,7 @@ impl Session {
                 "n_ctx and n_ubatch must be positive".into(),
             ));
         }
-        let (sched, bufts) = open_backends(&model, &options.backend)?;
+        let (sched, bufts) = open_backends(&model, options)?;
         let mut ctx = model.ctx.clone();
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -503,50 +541,28 @@ impl Session {
     }
 }
 
-/// The scheduler over the backends for `model` from the session's backend `spec`, and the
-/// KV-cache buffer type of each of the model's devices.
-fn open_backends(model: &Model, spec: &str) -> Result<(Box<Scheduler>, Vec<rgml::BufferTypeRef>)> {
+/// The scheduler over the backends of `model`'s devices (and the CPU, last, when there are
+/// several), and the KV-cache buffer type of each of the model's devices.
+fn open_backends(
+    model: &Model,
+    options: &SessionOptions,
+) -> Result<(Box<Scheduler>, Vec<rgml::BufferTypeRef>)> {
     let devices = model.devices();
-    if devices.len() == 1 {
-        // The model's own device when the spec names it (a meta device is in no registry),
-        // else whatever the registry gives for the spec.
-        let (name, params) = spec.split_once(':').unwrap_or((spec, ""));
-        let backend = if name.trim().eq_ignore_ascii_case(devices[0].name()) {
-            devices[0].init_backend(&rgml::backend::BackendParams::parse(params)?)?
-        } else {
-            rgml::registry::init_backend(spec)?
-        };
-        let buft = backend.default_buffer_type();
-        // One backend: one split, no copies, so one copy of the (absent) split inputs.
-        let sched = Scheduler::new(vec![backend], SchedulerOptions::default())?;
-        return Ok((Box::new(sched), vec![buft]));
-    }
-    let (names, params) = spec.split_once(':').unwrap_or((spec, ""));
-    let names: Vec<&str> = names.split(',').map(str::trim).collect();
-    let matches = names.len() == devices.len()
-        && names
-            .iter()
-            .zip(devices)
-            .all(|(n, d)| n.eq_ignore_ascii_case(d.name()));
-    if !matches {
-        let list: Vec<&str> = devices.iter().map(|d| d.name()).collect();
-        return Err(LlmError::BadConfig(format!(
-            "the model is split over {}; the session's backend spec '{spec}' must name them in order",
-            list.join(",")
-        )));
-    }
     let mut backends = Vec::with_capacity(devices.len() + 1);
     for d in devices {
-        backends.push(rgml::registry::init_backend(&format!(
-            "{}:{params}",
-            d.name()
-        ))?);
+        backends.push(d.init_backend(&options.params_for(d))?);
     }
     let bufts: Vec<rgml::BufferTypeRef> =
         backends.iter().map(|b| b.default_buffer_type()).collect();
+    if devices.len() == 1 {
+        // One backend: one split, no copies, so one copy of the (absent) split inputs.
+        let sched = Scheduler::new(backends, SchedulerOptions::default())?;
+        return Ok((Box::new(sched), bufts));
+    }
     // The scheduler runs what no device takes (inputs, the token embeddings in host memory)
     // on a CPU backend, which must come last.
-    backends.push(rgml::registry::init_backend(&format!("CPU:{params}"))?);
+    let cpu = rgml::registry::device("CPU")?;
+    backends.push(cpu.init_backend(&options.params_for(&cpu))?);
     let sched = Scheduler::new(
         backends,
         SchedulerOptions {

@@ -31,7 +31,8 @@ fn options(n_ctx: usize) -> SessionOptions {
     SessionOptions {
         n_ctx,
         n_ubatch: 512,
-        backend: "CPU:n_threads=1".into(),
+        n_threads: Some(1),
+        device_params: Vec::new(),
     }
 }
 

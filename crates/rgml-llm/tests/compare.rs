@@ -22,7 +22,8 @@ fn planted_wrong_kernel_is_found_at_its_first_node() {
         &SessionOptions {
             n_ctx: tokens.len(),
             n_ubatch: tokens.len(),
-            backend: "CPU:n_threads=2".into(),
+            n_threads: Some(2),
+            device_params: Vec::new(),
         },
     )
     .unwrap();

@@ -62,7 +62,8 @@ fn decoding_reuses_the_graph_without_allocating() {
     let options = SessionOptions {
         n_ctx: 128,
         n_ubatch: 512,
-        backend: "CPU:n_threads=2".into(),
+        n_threads: Some(2),
+        device_params: Vec::new(),
     };
     let prompt = model
         .tokenizer

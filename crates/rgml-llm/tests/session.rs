@@ -9,7 +9,8 @@ fn options(n_ctx: usize, n_ubatch: usize) -> SessionOptions {
     SessionOptions {
         n_ctx,
         n_ubatch,
-        backend: "CPU".into(),
+        n_threads: None,
+        device_params: Vec::new(),
     }
 }
 
@@ -74,10 +75,13 @@ fn limits_are_errors_not_panics() {
     s.reset();
     s.eval(&[5], Logits::Last).unwrap();
     assert!(Session::new(model.clone(), &options(0, 1)).is_err());
+    // A device's own parameters are checked by its backend.
+    let cpu = model.device().clone();
+    let bad = rgml::backend::BackendParams::parse("isa=bogus").unwrap();
     assert!(Session::new(
         model.clone(),
         &SessionOptions {
-            backend: "NoSuchDevice".into(),
+            device_params: vec![(cpu, bad)],
             ..options(8, 8)
         }
     )

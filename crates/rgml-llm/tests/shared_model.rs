@@ -16,7 +16,8 @@ fn options() -> SessionOptions {
     SessionOptions {
         n_ctx: 64,
         n_ubatch: 512,
-        backend: "CPU:n_threads=1".into(),
+        n_threads: Some(1),
+        device_params: Vec::new(),
     }
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use rgml::registry::Registry;
-use rgml_llm::{EncodeOptions, LoadOptions, Logits, Model, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, LoadOptions, Logits, Model, Placement, Session, SessionOptions};
 use std::sync::Arc;
 
 /// Registers once: the devices of a model and of its session's backends must be the same
@@ -26,19 +26,21 @@ fn load(devices: &[&str], split: &[f32]) -> Arc<Model> {
         .map(|d| rgml::registry::device(d).unwrap())
         .collect();
     let options = LoadOptions {
-        devices,
-        tensor_split: split.to_vec(),
+        placement: Some(Placement::Layers {
+            devices,
+            shares: split.to_vec(),
+        }),
         ..Default::default()
     };
     Arc::new(Model::load(common::demo_model_path(), options).unwrap())
 }
 
 fn session(model: &Arc<Model>, n_ubatch: usize) -> Session {
-    let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
     let options = SessionOptions {
         n_ctx: 64,
         n_ubatch,
-        backend: format!("{}:n_threads=1", names.join(",")),
+        n_threads: Some(1),
+        device_params: Vec::new(),
     };
     Session::new(model.clone(), &options).unwrap()
 }
@@ -138,8 +140,10 @@ fn bad_splits_are_errors() {
     };
     for split in [vec![1.0], vec![0.0, 0.0], vec![f32::NAN, 1.0]] {
         let options = LoadOptions {
-            devices: devices(),
-            tensor_split: split.clone(),
+            placement: Some(Placement::Layers {
+                devices: devices(),
+                shares: split.clone(),
+            }),
             ..Default::default()
         };
         assert!(
@@ -147,9 +151,11 @@ fn bad_splits_are_errors() {
             "{split:?}"
         );
     }
+    // Sessions take their devices from the model (no device names to get wrong): default
+    // options on a split model open its two devices and the CPU.
     let model = load(&["CPU0", "CPU1"], &[]);
-    let err = Session::new(model.clone(), &SessionOptions::default()).err();
-    assert!(err.is_some(), "a split model needs its devices named");
+    let s = Session::new(model.clone(), &SessionOptions::default()).unwrap();
+    assert_eq!(s.scheduler().n_backends(), 3);
 }
 
 /// Logits of a long prompt in micro-batches of `n_ubatch` (the last ones, then every position
@@ -159,11 +165,19 @@ fn long_prompt_logits(model: &Arc<Model>, n_ubatch: usize, params: &str) -> Vec<
         "The scheduler keeps several micro-batches in flight across the devices. ".repeat(12);
     let tokens = model.tokenizer.encode(&text, EncodeOptions::prompt());
     assert!(tokens.len() >= 100, "{} tokens", tokens.len());
-    let names: Vec<&str> = model.devices().iter().map(|d| d.name()).collect();
+    let params = rgml::backend::BackendParams::parse(params).unwrap();
     let options = SessionOptions {
         n_ctx: 256,
         n_ubatch,
-        backend: format!("{}:n_threads=1{params}", names.join(",")),
+        n_threads: Some(1),
+        // The same parameters for every device, the CPU (last) included.
+        device_params: model
+            .devices()
+            .iter()
+            .cloned()
+            .chain(rgml::registry::device("CPU").ok())
+            .map(|d| (d, params.clone()))
+            .collect(),
     };
     let mut out = Vec::new();
     for which in [Logits::Last, Logits::All] {
@@ -183,7 +197,7 @@ fn pipelined_async_prompt_equals_sync_and_one_device() {
     // CPU0 and CPU1 run asynchronously by default: micro-batches whose logits are not read
     // are queued, several in flight across the two devices.
     let pipelined = long_prompt_logits(&model, 16, "");
-    let sync = long_prompt_logits(&model, 16, ",async=0");
+    let sync = long_prompt_logits(&model, 16, "async=0");
     assert!(
         pipelined
             .iter()

@@ -593,7 +593,8 @@ fn options(n_ubatch: usize) -> SessionOptions {
     SessionOptions {
         n_ctx: 64,
         n_ubatch,
-        backend: "CPU".into(),
+        n_threads: None,
+        device_params: Vec::new(),
     }
 }
 
