@@ -6,9 +6,9 @@
 //! a wrap) get a copy. Graph building and inference state live in [`crate::session`].
 //!
 //! # Layer split
-//! With several devices ([`LoadOptions::devices`]) the blocks are assigned as llama.cpp's
-//! `--split-mode layer` does: contiguous ranges in device order, in proportion to
-//! [`LoadOptions::tensor_split`] (default even). The token embeddings stay in host memory (the
+//! With several devices ([`Placement::Layers`]) the blocks are assigned as llama.cpp's
+//! `--split-mode layer` does: contiguous ranges in device order, in proportion to the
+//! placement's shares (default even). The token embeddings stay in host memory (the
 //! registry's "CPU" device), as llama.cpp keeps input embeddings on the CPU; the output norm
 //! and output projection go to the last device (a file with tied embeddings gets a second
 //! tensor over the same data there, as llama.cpp duplicates it).
