@@ -278,8 +278,9 @@ impl Session {
         Ok(&self.staging.logits)
     }
 
-    /// The logits of the last [`Session::eval`] or [`Session::decode`] (empty before the first
-    /// and after a failed one).
+    /// The logits of the last [`Session::eval`] or [`Session::decode`]: empty before the first
+    /// and after one whose computation failed; a call refused by its input checks (no tokens,
+    /// a full context, a token outside the vocabulary) leaves the previous logits.
     pub fn logits(&self) -> &[f32] {
         &self.staging.logits
     }
