@@ -49,30 +49,70 @@ pub(super) fn span(t: &Tensor) -> Result<usize> {
 /// when there is nothing to run). Nothing is read or written here; the views' addresses are
 /// computed from the buffers' base addresses, which [`Engine::execute`] checks again under
 /// the buffers' guards before any access.
+///
+/// [`Engine::execute`]: super::engine::Engine::execute
 pub(super) fn prepare(
     device: &str,
     features: CpuFeatures,
     ctx: &Context,
     graph: &Graph,
 ) -> Result<Option<Job>> {
-    let mut run: Vec<TensorId> = Vec::with_capacity(graph.n_nodes());
-    // Each buffer touched, and whether a node writes into it.
-    let mut buffers: Vec<(Arc<Buffer>, bool)> = Vec::new();
-    let storage = |id: TensorId| -> Result<(&Tensor, &Arc<Buffer>, usize)> {
-        let t = ctx.get(id)?;
-        let d = t
-            .data
-            .as_ref()
-            .ok_or_else(|| Error::NoStorage(t.display_name().to_string()))?;
-        Ok((t, &d.buffer, d.offset))
+    let (run, buffers) = nodes_to_run(ctx, graph)?;
+    if run.is_empty() {
+        return Ok(None);
+    }
+    let views = Views {
+        device,
+        ctx,
+        bases: host_bases(device, buffers)?,
     };
+    let mut tasks = Vec::with_capacity(run.len());
+    let mut extents = Vec::with_capacity(run.len());
+    let (mut shared, mut per_thread) = (0usize, 0usize);
+    for &id in &run {
+        let (task, extent) = node_task(&views, id, features)?;
+        let (sh, pt) = kernels::work_size(ctx, &ctx[id], features)?;
+        shared = shared.max(sh);
+        per_thread = per_thread.max(pt);
+        extents.push(extent);
+        tasks.push(task);
+    }
+    plan_syncs(&mut tasks, &extents);
+    Ok(Some(Job {
+        buffers: views
+            .bases
+            .into_iter()
+            .map(|(b, base, size, writes)| (b, base.as_ptr() as usize, size, writes))
+            .collect(),
+        tasks,
+        shared,
+        per_thread,
+    }))
+}
+
+/// A tensor's storage: the tensor, its buffer and its offset there.
+fn storage(ctx: &Context, id: TensorId) -> Result<(&Tensor, &Arc<Buffer>, usize)> {
+    let t = ctx.get(id)?;
+    let d = t
+        .data
+        .as_ref()
+        .ok_or_else(|| Error::NoStorage(t.display_name().to_string()))?;
+    Ok((t, &d.buffer, d.offset))
+}
+
+/// The nodes that compute something (each checked as supported, its destination writable),
+/// and every buffer they touch with whether a node writes into it.
+#[allow(clippy::type_complexity)]
+fn nodes_to_run(ctx: &Context, graph: &Graph) -> Result<(Vec<TensorId>, Vec<(Arc<Buffer>, bool)>)> {
+    let mut run: Vec<TensorId> = Vec::with_capacity(graph.n_nodes());
+    let mut buffers: Vec<(Arc<Buffer>, bool)> = Vec::new();
     for &id in graph.nodes() {
         let t = ctx.get(id)?;
         if t.op.kind().is_view() {
             continue;
         }
         kernels::check_supported(ctx, id)?;
-        let (_, buf, _) = storage(id)?;
+        let (_, buf, _) = storage(ctx, id)?;
         if buf.is_read_only() {
             return Err(Error::ReadOnlyBuffer(format!(
                 "{} (destination of node '{}')",
@@ -82,41 +122,54 @@ pub(super) fn prepare(
         }
         buffers.push((buf.clone(), true));
         for &s in &t.src {
-            buffers.push((storage(s)?.1.clone(), false));
+            buffers.push((storage(ctx, s)?.1.clone(), false));
         }
         run.push(id);
     }
-    if run.is_empty() {
-        return Ok(None);
-    }
-    // Writers first among equal ids, so the entry kept says whether any node writes.
+    Ok((run, buffers))
+}
+
+/// A buffer of a job: the buffer, its base address and size, and whether the job writes it.
+type BufferBase = (Arc<Buffer>, std::ptr::NonNull<u8>, usize, bool);
+
+/// Each buffer once, in id order (writers first among equal ids, so the entry kept says
+/// whether any node writes), with its base address; an error for memory the kernels cannot
+/// address.
+fn host_bases(device: &str, mut buffers: Vec<(Arc<Buffer>, bool)>) -> Result<Vec<BufferBase>> {
     buffers.sort_by_key(|(b, writes)| (b.id(), !writes));
     buffers.dedup_by_key(|(b, _)| b.id());
-    for (b, _) in &buffers {
+    let not_host = |b: &Buffer| Error::Unsupported {
+        backend: device.to_string(),
+        what: format!("buffer '{}' is not host memory", b.name()),
+    };
+    let mut bases = Vec::with_capacity(buffers.len());
+    for (b, writes) in buffers {
         // Repacked weights are host memory to these kernels alone (see `check_supported`).
         if !b.is_host() && !crate::CpuRepackBufferType::is_repack(b.buffer_type()) {
-            return Err(Error::Unsupported {
-                backend: device.to_string(),
-                what: format!("buffer '{}' is not host memory", b.name()),
-            });
+            return Err(not_host(&b));
         }
-    }
-    // Base address and size of each buffer, in id order.
-    let mut bases: Vec<(Arc<Buffer>, std::ptr::NonNull<u8>, usize, bool)> =
-        Vec::with_capacity(buffers.len());
-    for (b, writes) in buffers {
-        let base = b.imp().base().ok_or_else(|| Error::Unsupported {
-            backend: device.to_string(),
-            what: format!("buffer '{}' is not host memory", b.name()),
-        })?;
+        let base = b.imp().base().ok_or_else(|| not_host(&b))?;
         let size = b.size();
         bases.push((b, base, size, writes));
     }
-    let view = |id: TensorId| -> Result<(TensorView, u64, usize)> {
-        let (t, buf, offset) = storage(id)?;
-        let &(_, base, size, _) = bases
+    Ok(bases)
+}
+
+/// Views of a graph's tensors in the job's buffers.
+struct Views<'a> {
+    device: &'a str,
+    ctx: &'a Context,
+    bases: Vec<BufferBase>,
+}
+
+impl Views<'_> {
+    /// Tensor `id`'s view (bounds and alignment checked), its buffer's id and its byte span.
+    fn view(&self, id: TensorId) -> Result<(TensorView, u64, usize)> {
+        let (t, buf, offset) = storage(self.ctx, id)?;
+        let &(_, base, size, _) = self
+            .bases
             .binary_search_by_key(&buf.id(), |(b, _, _, _)| b.id())
-            .map(|i| &bases[i])
+            .map(|i| &self.bases[i])
             .map_err(|_| Error::NoStorage(t.display_name().to_string()))?;
         let len = span(t)?;
         if offset.checked_add(len).is_none_or(|end| end > size) {
@@ -131,80 +184,68 @@ pub(super) fn prepare(
         // buffer's guard and has checked that the base is unchanged.
         let ptr = base.as_ptr().wrapping_add(offset);
         if len > 0 && !(ptr as usize).is_multiple_of(t.dtype_align()) {
-            return Err(Error::Unsupported {
-                backend: device.to_string(),
-                what: format!(
-                    "tensor '{}' is misaligned for {}",
-                    t.display_name(),
-                    t.dtype
-                ),
-            });
+            return Err(self.unsupported(format!(
+                "tensor '{}' is misaligned for {}",
+                t.display_name(),
+                t.dtype
+            )));
         }
         let mut v = TensorView::new(t, ptr);
         v.packed = crate::CpuRepackBufferType::is_repack(buf.buffer_type());
         Ok((v, buf.id(), len))
-    };
-
-    let mut tasks = Vec::with_capacity(run.len());
-    let mut extents = Vec::with_capacity(run.len());
-    let (mut shared, mut per_thread) = (0usize, 0usize);
-    for &id in &run {
-        let t = &ctx[id];
-        let (dst, dbuf, dlen) = view(id)?;
-        let mut src: [Option<TensorView>; 3] = [None; 3];
-        let mut reads = [Extent::NONE; 3];
-        for (i, &s) in t.src.iter().enumerate() {
-            let (sv, sbuf, slen) = view(s)?;
-            if let Some(r) = reads.get_mut(i) {
-                *r = Extent::new(sv.ptr, slen);
-            }
-            if i >= src.len() {
-                return Err(Error::Unsupported {
-                    backend: device.to_string(),
-                    what: format!("{} with {} sources", t.op.kind(), t.src.len()),
-                });
-            }
-            let exact = sv.ptr == dst.ptr && sv.ne == dst.ne && sv.nb == dst.nb;
-            if !kernels::is_target_src(&t.op, i)
-                && sbuf == dbuf
-                && kernels::overlaps(sv.ptr, slen, dst.ptr, dlen)
-                && !(exact && sv.dtype == dst.dtype && kernels::inplace_capable(t.op.kind()))
-            {
-                return Err(Error::Unsupported {
-                    backend: device.to_string(),
-                    what: format!(
-                        "{}: source {i} overlaps destination '{}' (only exact in-place aliases are allowed)",
-                        t.op.kind(),
-                        t.display_name()
-                    ),
-                });
-            }
-            src[i] = Some(sv);
-        }
-        let (sh, pt) = kernels::work_size(ctx, t, features)?;
-        shared = shared.max(sh);
-        per_thread = per_thread.max(pt);
-        extents.push((reads, Extent::new(dst.ptr, dlen)));
-        tasks.push(NodeTask {
-            op: t.op,
-            dst,
-            src,
-            sync_before: true,
-            reuse_src1: false,
-            features,
-        });
     }
-    plan_syncs(&mut tasks, &extents);
 
-    Ok(Some(Job {
-        buffers: bases
-            .into_iter()
-            .map(|(b, base, size, writes)| (b, base.as_ptr() as usize, size, writes))
-            .collect(),
-        tasks,
-        shared,
-        per_thread,
-    }))
+    fn unsupported(&self, what: String) -> Error {
+        Error::Unsupported {
+            backend: self.device.to_string(),
+            what,
+        }
+    }
+}
+
+/// Node `id`'s task and the byte ranges it reads and writes; an error for a source that
+/// overlaps the destination other than as an exact in-place alias.
+fn node_task(
+    views: &Views<'_>,
+    id: TensorId,
+    features: CpuFeatures,
+) -> Result<(NodeTask, ([Extent; 3], Extent))> {
+    let t = &views.ctx[id];
+    let (dst, dbuf, dlen) = views.view(id)?;
+    let mut src: [Option<TensorView>; 3] = [None; 3];
+    let mut reads = [Extent::NONE; 3];
+    for (i, &s) in t.src.iter().enumerate() {
+        let (sv, sbuf, slen) = views.view(s)?;
+        if let Some(r) = reads.get_mut(i) {
+            *r = Extent::new(sv.ptr, slen);
+        }
+        if i >= src.len() {
+            return Err(views.unsupported(format!("{} with {} sources", t.op.kind(), t.src.len())));
+        }
+        let exact = sv.ptr == dst.ptr && sv.ne == dst.ne && sv.nb == dst.nb;
+        if !kernels::is_target_src(&t.op, i)
+            && sbuf == dbuf
+            && kernels::overlaps(sv.ptr, slen, dst.ptr, dlen)
+            && !(exact && sv.dtype == dst.dtype && kernels::inplace_capable(t.op.kind()))
+        {
+            return Err(views.unsupported(format!(
+                "{}: source {i} overlaps destination '{}' (only exact in-place aliases are allowed)",
+                t.op.kind(),
+                t.display_name()
+            )));
+        }
+        src[i] = Some(sv);
+    }
+    let writes = Extent::new(dst.ptr, dlen);
+    let task = NodeTask {
+        op: t.op,
+        dst,
+        src,
+        sync_before: true,
+        reuse_src1: false,
+        features,
+    };
+    Ok((task, (reads, writes)))
 }
 
 /// A byte range of host memory a node reads or writes (addresses, so ranges of different
