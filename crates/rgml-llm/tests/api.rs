@@ -36,6 +36,16 @@ fn options(n_ctx: usize) -> SessionOptions {
     }
 }
 
+/// [`options`] with the arithmetic of llama.cpp's AVX-512 build forced on `model`'s CPU device
+/// (the build that made the fixture): exact on any CPU, and on an AVX2 CPU the forced path.
+fn avx512_options(model: &Arc<Model>, n_ctx: usize) -> SessionOptions {
+    let isa = rgml::backend::BackendParams::parse("isa=avx512").unwrap();
+    SessionOptions {
+        device_params: vec![(model.device().clone(), isa)],
+        ..options(n_ctx)
+    }
+}
+
 /// The most likely token, the lowest id among equals (as the greedy sampler picks).
 fn argmax(logits: &[f32]) -> TokenId {
     let mut best = 0;
@@ -72,7 +82,17 @@ fn generate(
     params: SamplerParams,
     n: usize,
 ) -> Vec<TokenId> {
-    let mut session = Session::new(model.clone(), &options(prompt.len() + n)).unwrap();
+    generate_with(model, &options(prompt.len() + n), prompt, params, n)
+}
+
+fn generate_with(
+    model: &Arc<Model>,
+    options: &SessionOptions,
+    prompt: &[TokenId],
+    params: SamplerParams,
+    n: usize,
+) -> Vec<TokenId> {
+    let mut session = Session::new(model.clone(), options).unwrap();
     let mut sampler = Sampler::new(params);
     let generation = session.generate(prompt, &mut sampler, n).unwrap();
     generation.collect::<rgml_llm::Result<_>>().unwrap()
@@ -123,21 +143,6 @@ fn sessions_live_in_a_map_and_move_into_threads() {
     assert_eq!(Arc::strong_count(&model), 1);
 }
 
-/// Whether this CPU computes as the native llama.cpp build that made the fixture (see
-/// crates/rgml-cli/tests/model.rs): AVX-512 and `RGML_CPU_ISA` unset.
-fn exact_expected() -> bool {
-    if std::env::var_os("RGML_CPU_ISA").is_some() {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        has!("avx512f") && has!("avx512dq") && has!("avx512bw") && has!("avx512vl")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 fn fixture() -> serde_json::Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference.json");
     let text = std::fs::read_to_string(path).expect("reference.json");
@@ -147,7 +152,6 @@ fn fixture() -> serde_json::Value {
 #[test]
 fn greedy_generation_matches_llama_cpp() {
     let model = common::demo_model();
-    let exact = exact_expected();
     for case in fixture()["cases"].as_array().expect("cases") {
         let text = case["prompt"].as_str().expect("prompt");
         let ids = |v: &serde_json::Value| -> Vec<TokenId> {
@@ -164,13 +168,17 @@ fn greedy_generation_matches_llama_cpp() {
         let got = generate(&model, &prompt, SamplerParams::greedy(), want.len());
         // On any CPU: exactly the greedy loop written by hand.
         assert_eq!(got, greedy_by_hand(&model, &prompt, want.len()), "{text:?}");
-        if exact {
-            assert_eq!(got, want, "greedy tokens of {text:?}");
-        } else {
-            // Elsewhere a low-margin step may flip (as in crates/rgml-cli/tests/model.rs);
-            // the first token has a wide margin on every fixture prompt.
-            assert_eq!(got.first(), want.first(), "first greedy token of {text:?}");
-        }
+        // With this CPU's own arithmetic a low-margin step may flip where it is not the
+        // AVX-512 build's (as in crates/rgml-cli/tests/model.rs); the first token has a wide
+        // margin on every fixture prompt.
+        assert_eq!(got.first(), want.first(), "first greedy token of {text:?}");
+        // With the fixture's build's arithmetic forced: exactly its tokens, on any CPU.
+        let opts = avx512_options(&model, prompt.len() + want.len());
+        let forced = generate_with(&model, &opts, &prompt, SamplerParams::greedy(), want.len());
+        assert_eq!(
+            forced, want,
+            "greedy tokens of {text:?}, AVX-512 arithmetic"
+        );
     }
 }
 
