@@ -23,6 +23,8 @@ use std::ops::Index;
 #[derive(Debug)]
 pub struct Context {
     tensors: Vec<Tensor>,
+    /// `serials[i]` is the serial of `tensors[i]` (see [`TensorId`]).
+    serials: Vec<u64>,
     uid: u64,
     epoch: u64,
 }
@@ -33,10 +35,20 @@ fn next_context_uid() -> u64 {
     NEXT_CONTEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Tensor serials are unique in the process, across contexts, so an id is never valid in a
+/// context that did not create its tensor (or clone it from the one that did). 64 bits do not
+/// wrap in any process lifetime.
+static NEXT_TENSOR_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_tensor_serial() -> u64 {
+    NEXT_TENSOR_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Default for Context {
     fn default() -> Self {
         Context {
             tensors: Vec::new(),
+            serials: Vec::new(),
             uid: next_context_uid(),
             epoch: 0,
         }
@@ -49,16 +61,26 @@ impl Clone for Context {
     fn clone(&self) -> Self {
         Context {
             tensors: self.tensors.clone(),
+            serials: self.serials.clone(),
             uid: next_context_uid(),
             epoch: self.epoch,
         }
     }
 }
 
+/// `ctx[id]` for an id known to be of this context (the builders' results, ids already
+/// checked by [`Context::get`]).
+///
+/// # Panics
+/// If `id` does not belong to this context (see [`TensorId`]); [`Context::get`] returns the
+/// error instead.
 impl Index<TensorId> for Context {
     type Output = Tensor;
     fn index(&self, id: TensorId) -> &Tensor {
-        &self.tensors[id.index()]
+        match self.get(id) {
+            Ok(tensor) => tensor,
+            Err(err) => panic!("{err}"),
+        }
     }
 }
 
@@ -107,22 +129,45 @@ impl Context {
 
     /// All tensor ids, in creation order.
     pub fn ids(&self) -> impl Iterator<Item = TensorId> + '_ {
-        (0..self.tensors.len() as u32).map(TensorId)
+        self.serials
+            .iter()
+            .enumerate()
+            .map(|(index, &serial)| TensorId {
+                index: index as u32,
+                serial,
+            })
     }
 
-    /// The tensor `id`, or an error if it is not in this context.
+    /// The id of the tensor at arena position `index` (for code that keeps positions, such as
+    /// a plan reused for a graph rebuilt with the same structure).
+    pub fn id_at(&self, index: usize) -> Option<TensorId> {
+        let serial = *self.serials.get(index)?;
+        Some(TensorId {
+            index: u32::try_from(index).ok()?,
+            serial,
+        })
+    }
+
+    /// Whether `id` names a tensor of this context (see [`TensorId`]).
+    pub fn contains(&self, id: TensorId) -> bool {
+        self.serials.get(id.index()) == Some(&id.serial)
+    }
+
+    /// The tensor `id`, or [`Error::InvalidTensor`] if it does not belong to this context.
     pub fn get(&self, id: TensorId) -> Result<&Tensor> {
-        self.tensors
-            .get(id.index())
-            .ok_or(Error::InvalidTensor(id.index()))
+        if !self.contains(id) {
+            return Err(Error::InvalidTensor(id.index()));
+        }
+        Ok(&self.tensors[id.index()])
     }
 
     /// Mutable access to tensor `id` (advances the epoch: the caller may change anything).
     pub fn get_mut(&mut self, id: TensorId) -> Result<&mut Tensor> {
+        if !self.contains(id) {
+            return Err(Error::InvalidTensor(id.index()));
+        }
         self.epoch += 1;
-        self.tensors
-            .get_mut(id.index())
-            .ok_or(Error::InvalidTensor(id.index()))
+        Ok(&mut self.tensors[id.index()])
     }
 
     /// Drop every tensor created after the first `len` (e.g. a per-token graph built on top of
@@ -132,6 +177,7 @@ impl Context {
             self.epoch += 1;
         }
         self.tensors.truncate(len);
+        self.serials.truncate(len);
     }
 
     /// The first tensor named `name`.
@@ -144,10 +190,42 @@ impl Context {
         for &s in tensor.src.iter().chain(tensor.view_src.iter()) {
             self.get(s)?;
         }
-        let id = u32::try_from(self.tensors.len()).map_err(|_| Error::SizeOverflow)?;
+        let index = u32::try_from(self.tensors.len()).map_err(|_| Error::SizeOverflow)?;
+        let serial = next_tensor_serial();
         self.epoch += 1;
         self.tensors.push(tensor);
-        Ok(TensorId(id))
+        self.serials.push(serial);
+        Ok(TensorId { index, serial })
+    }
+
+    /// The id the tensor pushed `ahead` pushes from now will get, its serial reserved now:
+    /// for callers that name tensors before they can push them (see [`Self::push_reserved`]).
+    pub(crate) fn reserve_id(&self, ahead: usize) -> Result<TensorId> {
+        let index = self
+            .tensors
+            .len()
+            .checked_add(ahead)
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or(Error::SizeOverflow)?;
+        Ok(TensorId {
+            index,
+            serial: next_tensor_serial(),
+        })
+    }
+
+    /// Push `tensor` under an id from [`Self::reserve_id`]; the reserved ids must be pushed in
+    /// the order of their positions, with nothing pushed between.
+    pub(crate) fn push_reserved(&mut self, id: TensorId, tensor: Tensor) -> Result<TensorId> {
+        if id.index() != self.tensors.len() {
+            return Err(Error::InvalidTensor(id.index()));
+        }
+        for &s in tensor.src.iter().chain(tensor.view_src.iter()) {
+            self.get(s)?;
+        }
+        self.epoch += 1;
+        self.tensors.push(tensor);
+        self.serials.push(id.serial);
+        Ok(id)
     }
 
     /// A new leaf tensor with contiguous layout; `dims` has 1 to 4 entries.
@@ -818,7 +896,45 @@ mod tests {
         assert!(ctx.permute(a, [0, 0, 1, 2]).is_err());
         assert!(ctx.view(a, &[4, 4], &[16], 0).is_err());
         assert!(ctx.new_tensor(DType::F32, &[1, 2, 3, 4, 5]).is_err());
-        assert!(ctx.get(TensorId(999)).is_err());
+        let beyond = TensorId {
+            index: 999,
+            serial: 1,
+        };
+        assert!(matches!(ctx.get(beyond), Err(Error::InvalidTensor(999))));
+    }
+
+    #[test]
+    fn ids_from_another_context_or_before_a_truncation_are_refused() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[4]).unwrap();
+        let b = ctx.new_tensor(DType::F32, &[4]).unwrap();
+
+        // Same positions, other tensors: a foreign id is an error, not its neighbour's tensor.
+        let mut other = Context::new();
+        let x = other.new_tensor(DType::F32, &[8]).unwrap();
+        assert_eq!(x.index(), a.index());
+        assert!(!ctx.contains(x));
+        assert!(matches!(ctx.get(x), Err(Error::InvalidTensor(0))));
+        assert!(ctx.add(x, a).is_err());
+        assert!(ctx.set_name(x, "x").is_err());
+
+        // A clone keeps the ids it inherited and refuses the ones the original made later.
+        let mut copy = ctx.clone();
+        assert!(copy.get(a).is_ok() && copy.get(b).is_ok());
+        let c_orig = ctx.add(a, b).unwrap();
+        let c_copy = copy.add(a, b).unwrap();
+        assert_eq!(c_orig.index(), c_copy.index());
+        assert!(copy.get(c_orig).is_err());
+        assert!(ctx.get(c_copy).is_err());
+
+        // After a truncation, the dropped id stays invalid even when its position is reused.
+        ctx.truncate(2);
+        assert!(ctx.get(c_orig).is_err());
+        let d = ctx.mul(a, b).unwrap();
+        assert_eq!(d.index(), c_orig.index());
+        assert!(ctx.get(c_orig).is_err());
+        assert_eq!(ctx.get(d).unwrap().op.kind(), OpKind::Mul);
+        assert_eq!(ctx.ids().collect::<Vec<_>>(), vec![a, b, d]);
     }
 
     #[test]

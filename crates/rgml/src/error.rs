@@ -56,8 +56,12 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A tensor id that does not belong to the context.
-    #[error("tensor id {0} is not in this context")]
+    /// A tensor id that does not name a tensor of the context: it comes from another context,
+    /// or its tensor was dropped by a truncation (the position may hold another tensor now).
+    #[error(
+        "tensor id {0} does not belong to this context (an id from another context, or from \
+         before a truncation dropped its tensor)"
+    )]
     InvalidTensor(usize),
     /// A read or write outside a tensor or buffer.
     #[error("out of bounds: {what}: offset {offset} + size {size} > {limit}")]

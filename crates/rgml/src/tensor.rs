@@ -12,14 +12,31 @@ use std::sync::Arc;
 /// Maximum number of dimensions.
 pub const MAX_DIMS: usize = 4;
 
-/// Index of a tensor in its [`crate::Context`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TensorId(pub(crate) u32);
+/// A tensor of a [`crate::Context`]: its position in the arena and the process-unique serial
+/// the context gave it when it was pushed.
+///
+/// The serial makes ids checkable: a context accepts an id only if the tensor at that position
+/// carries the same serial, so an id from another context, or from before a
+/// [`truncate`](crate::Context::truncate) that dropped its tensor, is an error instead of a
+/// silent reference to whatever tensor now sits there. A [`Clone`] of a context keeps its
+/// tensors' serials, so ids of tensors that existed before the clone work in both (a session's
+/// graph context is a clone of its model's).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId {
+    pub(crate) index: u32,
+    pub(crate) serial: u64,
+}
 
 impl TensorId {
     /// Position in the context's arena.
     pub const fn index(self) -> usize {
-        self.0 as usize
+        self.index as usize
+    }
+}
+
+impl std::fmt::Debug for TensorId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TensorId({}#{})", self.index, self.serial)
     }
 }
 

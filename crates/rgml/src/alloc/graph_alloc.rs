@@ -277,22 +277,31 @@ enum Placement {
 }
 
 /// What the plan knew about one tensor; a plan is reused only while these still hold.
+///
+/// A plan names tensors by their position in the context, not by their [`TensorId`]: a graph
+/// rebuilt with the same structure (after a truncation, or in a fresh context) gets new ids at
+/// the same positions and can reuse the plan.
 #[derive(Clone, Debug)]
 struct Record {
     flags: TensorFlags,
-    view_src: Option<TensorId>,
+    view_src: Option<usize>,
     placement: Placement,
-    /// The `src0` whose memory this tensor took over in place.
-    inplace_of: Option<TensorId>,
+    /// The position of the `src0` whose memory this tensor took over in place.
+    inplace_of: Option<usize>,
 }
 
-/// The result of planning one graph.
+/// Tensor positions of `ids`.
+fn positions(ids: &[TensorId]) -> Vec<usize> {
+    ids.iter().map(|id| id.index()).collect()
+}
+
+/// The result of planning one graph (tensors named by position, see [`Record`]).
 #[derive(Clone, Debug)]
 struct Plan {
-    nodes: Vec<TensorId>,
-    node_srcs: Vec<Vec<TensorId>>,
-    leafs: Vec<TensorId>,
-    records: HashMap<TensorId, Record>,
+    nodes: Vec<usize>,
+    node_srcs: Vec<Vec<usize>>,
+    leafs: Vec<usize>,
+    records: HashMap<usize, Record>,
     /// Peak bytes per chunk, per slot (at least one chunk each).
     peaks: Vec<Vec<usize>>,
     /// Whether any tensor is placed in each slot (zero-size tensors still need a buffer).
@@ -306,20 +315,20 @@ struct Plan {
 impl Plan {
     /// Same node, leaf and source ids, flags and view sources as when the plan was made.
     fn same_structure(&self, ctx: &Context, graph: &Graph) -> bool {
-        if self.nodes != graph.nodes() || self.leafs != graph.leafs() {
+        if self.nodes != positions(graph.nodes()) || self.leafs != positions(graph.leafs()) {
             return false;
         }
         for (&node, srcs) in graph.nodes().iter().zip(&self.node_srcs) {
             let Ok(t) = ctx.get(node) else { return false };
-            if t.src != *srcs {
+            if positions(&t.src) != *srcs {
                 return false;
             }
         }
         graph_tensors(ctx, graph).all(|id| {
-            let (Ok(t), Some(rec)) = (ctx.get(id), self.records.get(&id)) else {
+            let (Ok(t), Some(rec)) = (ctx.get(id), self.records.get(&id.index())) else {
                 return false;
             };
-            rec.flags == t.flags && rec.view_src == t.view_src
+            rec.flags == t.flags && rec.view_src == t.view_src.map(TensorId::index)
         })
     }
 }
@@ -682,23 +691,23 @@ impl<'a> Planner<'a> {
                 Placement::NotOwned
             };
             records.insert(
-                id,
+                id.index(),
                 Record {
                     flags: t.flags,
-                    view_src: t.view_src,
+                    view_src: t.view_src.map(TensorId::index),
                     placement,
-                    inplace_of: st.inplace_of,
+                    inplace_of: st.inplace_of.map(TensorId::index),
                 },
             );
         }
         let mut node_srcs = Vec::with_capacity(graph.n_nodes());
         for &n in graph.nodes() {
-            node_srcs.push(ctx.get(n)?.src.clone());
+            node_srcs.push(positions(&ctx.get(n)?.src));
         }
         Ok(Plan {
-            nodes: graph.nodes().to_vec(),
+            nodes: positions(graph.nodes()),
             node_srcs,
-            leafs: graph.leafs().to_vec(),
+            leafs: positions(graph.leafs()),
             records,
             peaks: self.allocs.iter().map(|a| a.peaks()).collect(),
             used: self.used,
@@ -913,12 +922,13 @@ impl GraphAllocator {
             return true;
         }
         !graph_tensors(ctx, graph).all(|id| {
-            let (Ok(t), Some(rec)) = (ctx.get(id), plan.records.get(&id)) else {
+            let (Ok(t), Some(rec)) = (ctx.get(id), plan.records.get(&id.index())) else {
                 return false;
             };
             if let Some(parent) = rec.inplace_of {
                 // An in-place pair is only valid while the layouts still match.
-                if ctx.get(parent).map_or(true, |p| !t.same_layout(p)) {
+                let parent = ctx.id_at(parent).and_then(|p| ctx.get(p).ok());
+                if parent.is_none_or(|p| !t.same_layout(p)) {
                     return false;
                 }
             }
@@ -1082,7 +1092,7 @@ fn place(
         return ctx.init_view(id);
     }
     let name = t.display_name().to_string();
-    match plan.records.get(&id).map(|r| r.placement) {
+    match plan.records.get(&id.index()).map(|r| r.placement) {
         Some(Placement::Own {
             slot,
             chunk,

@@ -724,12 +724,9 @@ impl Scheduler {
         // Graph inputs that get `n_copies` places, with their backend.
         let mut graph_inputs: Vec<(TensorId, usize)> = Vec::new();
         let mut rewrites: Vec<(TensorId, usize, TensorId)> = Vec::new();
-        let mut extra: Vec<Tensor> = Vec::new();
-        let next_id = |extra: &Vec<Tensor>| -> Result<TensorId> {
-            u32::try_from(ctx.len() + extra.len())
-                .map(TensorId)
-                .map_err(|_| Error::SizeOverflow)
-        };
+        // Copies are pushed after the walk (which borrows `ctx`); their ids are reserved now.
+        let mut extra: Vec<(TensorId, Tensor)> = Vec::new();
+        let next_id = |extra: &Vec<(TensorId, Tensor)>| ctx.reserve_id(extra.len());
         let dup = |src: &Tensor, name: String, flags: TensorFlags| -> Result<Tensor> {
             let mut t = Tensor::new(src.dtype, src.ne)?;
             t.nb = src.nb;
@@ -779,9 +776,10 @@ impl Scheduler {
                         if c == cur_copy {
                             v.push(src);
                         } else {
-                            v.push(next_id(&extra)?);
+                            let id = next_id(&extra)?;
+                            v.push(id);
                             let name = format!("{}#{}#{c}", self.backends[sb].name(), st.name);
-                            extra.push(dup(st, name, pipelined)?);
+                            extra.push((id, dup(st, name, pipelined)?));
                         }
                     }
                     copies.insert((src, sb), v);
@@ -798,9 +796,10 @@ impl Scheduler {
                             };
                             let mut v = Vec::with_capacity(self.n_copies);
                             for c in 0..self.n_copies {
-                                v.push(next_id(&extra)?);
+                                let id = next_id(&extra)?;
+                                v.push(id);
                                 let name = format!("{}#{}#{c}", self.backends[nb].name(), st.name);
-                                extra.push(dup(st, name, flags)?);
+                                extra.push((id, dup(st, name, flags)?));
                             }
                             if let Some(s) = splits.last_mut() {
                                 s.inputs.push(src);
@@ -814,12 +813,12 @@ impl Scheduler {
         }
 
         // 4. Materialise the copies and rewrite the sources.
-        for mut t in extra {
+        for (id, mut t) in extra {
             if self.n_copies > 1 {
                 // Pipelined copies must never be reused by other tensors.
                 t.flags.insert(TensorFlags::OUTPUT);
             }
-            ctx.push(t)?;
+            ctx.push_reserved(id, t)?;
         }
         for &(src, _) in &graph_inputs {
             let t = ctx.get_mut(src)?;
