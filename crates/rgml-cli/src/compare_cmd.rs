@@ -7,6 +7,7 @@
 //! `rgml-llm`'s tests, with rgml-cpu's test-only `testing` feature; the binary never has it.)
 
 use crate::error::CliError;
+use crate::output::Out;
 use clap::Args;
 use rgml_llm::{EncodeOptions, LoadOptions, Model, Placement, Session, SessionOptions};
 use std::path::PathBuf;
@@ -23,12 +24,14 @@ pub struct CompareArgs {
     prompt: String,
     /// Two devices from `rgml devices`: reference,tested (e.g. `CPU0,CPU1`).
     #[arg(long)]
-    device: String,
-    /// A node diverges when its NMSE against the reference exceeds this.
-    #[arg(long, default_value_t = 1e-5)]
+    pub(crate) device: String,
+    /// A node diverges when its NMSE against the reference exceeds this. The default, 0,
+    /// reports any difference: two devices that mirror the same arithmetic agree bit for bit
+    /// (e.g. `1e-6` passes rounding differences between instruction sets).
+    #[arg(long, default_value_t = 0.0)]
     tol: f64,
-    /// Compute threads per device (default: all cores).
-    #[arg(short = 't', long)]
+    /// Compute threads per device, 1 to 256 (default: all cores).
+    #[arg(short = 't', long, value_parser = crate::model_cmds::parse_threads)]
     threads: Option<usize>,
     /// Print every node, not only divergent ones.
     #[arg(short = 'v', long)]
@@ -44,25 +47,27 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
         .filter(|s| !s.is_empty())
         .collect();
     let [dev1, dev2] = names.as_slice() else {
-        return Err(format!(
+        return Err(CliError::usage(format!(
             "--device {}: give exactly two devices, e.g. CPU0,CPU1",
             args.device
-        )
-        .into());
+        )));
     };
     if !args.tol.is_finite() || args.tol < 0.0 {
-        return Err(format!("--tol {}: must be a finite number >= 0", args.tol).into());
+        return Err(CliError::usage(format!(
+            "--tol {}: must be a finite number >= 0",
+            args.tol
+        )));
     }
     if !args.model.exists() {
-        return Err(format!(
+        return Err(CliError::usage(format!(
             "model file {} not found (run scripts/fetch-model.sh for the demo model)",
             args.model.display()
-        )
-        .into());
+        )));
     }
     // Devices by name (any characters), parameters as values.
     let open = |name: &str| -> Result<Box<dyn rgml::Backend>, CliError> {
-        let device = rgml::registry::device(name)?;
+        let device =
+            rgml::registry::device(name).map_err(|e| CliError::usage(format!("--device: {e}")))?;
         let mut params = rgml::backend::BackendParams::default();
         if let Some(t) = args
             .threads
@@ -99,6 +104,7 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
     let (ctx, graph) = session.prompt_graph(&tokens)?;
 
     let (tol, verbose) = (args.tol, args.verbose);
+    let mut out = Out::new();
     let report = rgml::compare::compare_graph_backend(
         ctx,
         &graph,
@@ -108,7 +114,7 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
         &mut |c| {
             let diverges = c.diverges(tol);
             if verbose || diverges {
-                println!(
+                out.line(format_args!(
                     "#{:<5} {:<24} {:<14} nmse={:.3e} max_abs={:.3e}{}{}",
                     c.index,
                     c.name,
@@ -121,7 +127,7 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
                         ""
                     },
                     if diverges { "  DIVERGES" } else { "" }
-                );
+                ));
             }
             true
         },
@@ -136,13 +142,14 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
             c.nmse
         ),
     };
-    println!(
+    out.line(format_args!(
         "compared {} nodes, first divergent: {first} ({} divergent; {} vs {}, tol {:e})",
         report.n_nodes_compared,
         report.n_divergent,
         backend1.name(),
         backend2.name(),
         tol
-    );
+    ));
+    out.finish()?;
     Ok(report.first_divergent.is_none())
 }

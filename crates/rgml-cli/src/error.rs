@@ -1,5 +1,7 @@
 //! The command line's error: the libraries' typed errors kept whole (so their causes can be
-//! printed), or a message about the command's own arguments.
+//! printed), or a message about the command's own arguments; and how each ends the process
+//! (exit status 2 for a usage error, 1 for a runtime error, 141 and no message for a closed
+//! output pipe, as the shell reports for Unix tools that SIGPIPE ended).
 
 use std::error::Error as _;
 
@@ -18,9 +20,54 @@ pub enum CliError {
     /// Writing the output failed.
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
-    /// A bad argument or a condition of the command itself.
+    /// A bad argument, flag or environment variable (exit status 2).
+    #[error("{0}")]
+    Usage(String),
+    /// A condition of the command itself at run time.
     #[error("{0}")]
     Message(String),
+}
+
+/// Exit status for a usage error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status for a runtime error.
+pub const EXIT_RUNTIME: u8 = 1;
+/// Exit status when the reader of the output went away (128 + SIGPIPE).
+pub const EXIT_BROKEN_PIPE: u8 = 141;
+
+impl CliError {
+    /// A usage error with this message.
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError::Usage(message.into())
+    }
+
+    /// Whether the output's reader went away (`rgml ... | head -1`): not worth a message.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, CliError::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+
+    /// The process's exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            _ if self.is_broken_pipe() => EXIT_BROKEN_PIPE,
+            CliError::Usage(_) => EXIT_USAGE,
+            _ => EXIT_RUNTIME,
+        }
+    }
+
+    /// What to change, for errors whose fix is a flag.
+    pub fn hint(&self) -> Option<&'static str> {
+        use rgml_llm::{LlmError, MemoryUse};
+        match self {
+            CliError::Llm(LlmError::OutOfMemory { what, .. }) => Some(match what {
+                MemoryUse::KvCache => "lower the context length (-c)",
+                MemoryUse::Compute => "lower the context length (-c) or the micro-batch (--ubatch)",
+                _ => "place the model on devices with more free memory (--device, --tensor-split)",
+            }),
+            CliError::Llm(LlmError::ContextFull { .. }) => Some("raise the context length (-c)"),
+            _ => None,
+        }
+    }
 }
 
 impl From<String> for CliError {
@@ -45,6 +92,9 @@ pub fn report(error: &CliError) -> String {
             text.push_str(&format!("\n  caused by: {line}"));
         }
         cause = c.source();
+    }
+    if let Some(hint) = error.hint() {
+        text.push_str(&format!("\n  hint: {hint}"));
     }
     text
 }

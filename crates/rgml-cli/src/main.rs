@@ -3,12 +3,15 @@
 //! it uses, with the options the environment asks for ([`env_options`]).
 
 use clap::{Parser, Subcommand};
+use error::CliError;
+use std::io::Write;
 use std::process::ExitCode;
 
 mod compare_cmd;
 mod env_options;
 mod error;
 mod model_cmds;
+mod output;
 mod test_ops;
 
 #[derive(Parser)]
@@ -80,18 +83,74 @@ fn ensure_runtime_dir() {
     }
 }
 
-/// Register every backend with the options the environment asks for; a bad value is an error.
-fn register_backends() -> Result<(), String> {
-    let options = env_options::from_env()?;
-    rgml_cpu::register_with(&options.cpu).map_err(|e| e.to_string())?;
-    // GPUs through wgpu (Vulkan / Metal / DX12); no adapter gives no devices.
-    ensure_runtime_dir();
-    rgml_wgpu::register_with(options.wgpu);
+/// A line on stderr. Diagnostics have nowhere else to go, so a failed write is dropped rather
+/// than a panic (as `eprintln!` would panic).
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Register the CPU backend always, and the GPU backend only when the command may use a GPU
+/// (`gpu_needed`, asked once the CPU devices are known): probing GPU adapters starts a
+/// driver (tens of MB, a tenth of a second), which a CPU-only command does without.
+fn register_backends(gpu_needed: impl FnOnce() -> bool) -> Result<(), CliError> {
+    let options = env_options::from_env().map_err(CliError::Usage)?;
+    rgml_cpu::register_with(&options.cpu)?;
+    if gpu_needed() {
+        // GPUs through wgpu (Vulkan / Metal / DX12); no adapter gives no devices.
+        ensure_runtime_dir();
+        rgml_wgpu::register_with(options.wgpu);
+    }
     Ok(())
 }
 
-fn devices(json: bool) -> Result<(), String> {
+/// Whether any of the comma-separated device `names` is not a device registered so far.
+fn names_unknown_device(names: &str) -> bool {
+    names
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .any(|n| rgml::registry::device(n).is_err())
+}
+
+impl Command {
+    /// Whether the command may use a device other than the CPU ones (see
+    /// [`register_backends`]).
+    fn may_use_gpu(&self) -> bool {
+        match self {
+            Command::Devices { .. } => true,
+            Command::TestOps { backend, .. } => backend.as_deref().is_none_or(names_unknown_device),
+            Command::Run(a) => names_unknown_device(&a.model.device),
+            Command::Logits(a) => names_unknown_device(&a.model.device),
+            Command::Perplexity(a) => names_unknown_device(&a.model.device),
+            Command::Bench(a) => names_unknown_device(&a.model.device),
+            Command::Compare(a) => names_unknown_device(&a.device),
+            Command::GgufInfo { .. } => false,
+        }
+    }
+
+    fn run(self) -> Result<bool, CliError> {
+        match self {
+            Command::Devices { json } => devices(json).map(|()| true),
+            Command::TestOps { backend, op, mode } => {
+                test_ops::run(backend.as_deref(), op.as_deref(), &mode)
+            }
+            Command::Run(args) => model_cmds::run(args),
+            Command::Logits(args) => model_cmds::logits(args),
+            Command::Perplexity(args) => model_cmds::perplexity(args),
+            Command::Bench(args) => model_cmds::bench(args),
+            Command::Compare(args) => compare_cmd::run(args),
+            Command::GgufInfo { model } => model_cmds::gguf_info(&model),
+        }
+    }
+}
+
+fn devices(json: bool) -> Result<(), CliError> {
     let devices = rgml::registry::devices();
+    let mut out = std::io::stdout().lock();
     if json {
         let list: Vec<serde_json::Value> = devices
             .iter()
@@ -108,49 +167,40 @@ fn devices(json: bool) -> Result<(), String> {
             })
             .collect();
         let text = serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?;
-        println!("{text}");
+        writeln!(out, "{text}")?;
         return Ok(());
     }
-    println!("{} device(s):", devices.len());
+    writeln!(out, "{} device(s):", devices.len())?;
     for d in &devices {
         let mem = d.memory();
-        println!(
+        writeln!(
+            out,
             "  {:<10} {:<6} {:>8} MiB free / {:>8} MiB  {}",
             d.name(),
             d.device_type().name(),
             mem.free >> 20,
             mem.total >> 20,
             d.description()
-        );
+        )?;
     }
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Err(e) = register_backends() {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
+    // A model file truncated while mapped: an error and status 1, not death by SIGBUS.
+    if let Err(e) = rgml_gguf::install_sigbus_handler() {
+        note!("warning: cannot install the SIGBUS handler: {e}");
     }
-    let result: Result<bool, error::CliError> = match cli.command {
-        Command::Devices { json } => devices(json).map(|()| true).map_err(Into::into),
-        Command::TestOps { backend, op, mode } => {
-            test_ops::run(backend.as_deref(), op.as_deref(), &mode).map_err(Into::into)
-        }
-        Command::Run(args) => model_cmds::run(args),
-        Command::Logits(args) => model_cmds::logits(args),
-        Command::Perplexity(args) => model_cmds::perplexity(args),
-        Command::Bench(args) => model_cmds::bench(args),
-        Command::Compare(args) => compare_cmd::run(args),
-        Command::GgufInfo { model } => model_cmds::gguf_info(&model),
-    };
+    let cli = Cli::parse();
+    let result = register_backends(|| cli.command.may_use_gpu()).and_then(|()| cli.command.run());
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        Err(e) if e.is_broken_pipe() => ExitCode::from(e.exit_code()),
         Err(e) => {
             // The error with its causes, each on its own line.
-            eprintln!("{}", error::report(&e));
-            ExitCode::from(2)
+            note!("{}", error::report(&e));
+            ExitCode::from(e.exit_code())
         }
     }
 }

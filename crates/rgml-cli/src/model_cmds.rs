@@ -3,7 +3,9 @@
 use crate::error::CliError;
 use clap::Args;
 use rgml_llm::chat::{ChatFormat, Message};
-use rgml_llm::{EncodeOptions, Logits, Model, Sampler, SamplerParams, Session, SessionOptions};
+use rgml_llm::{
+    EncodeOptions, Logits, Model, Sampler, SamplerParams, Session, SessionOptions, StopReason,
+};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,8 +20,8 @@ pub struct ModelArgs {
     /// GGUF model file.
     #[arg(short = 'm', long, default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
-    /// Compute threads (default: all cores).
-    #[arg(short = 't', long)]
+    /// Compute threads, 1 to 256 (default: all cores).
+    #[arg(short = 't', long, value_parser = parse_threads)]
     pub threads: Option<usize>,
     /// Devices from `rgml devices`, comma-separated (`CPU0,CPU1` splits the model over both).
     #[arg(long, default_value = "CPU")]
@@ -45,22 +47,64 @@ pub struct ModelArgs {
     /// The recorder behind `--trace`, created with the session.
     #[arg(skip)]
     recorder: std::sync::OnceLock<std::sync::Arc<rgml::trace::Trace>>,
-    /// Context length.
-    #[arg(short = 'c', long, default_value_t = 2048)]
+    /// Context length: the most tokens a sequence holds (prompt and generated). Every command
+    /// that evaluates the model is bound by it; sessions allocate what the command needs up to it.
+    #[arg(short = 'c', long, default_value_t = 2048, value_parser = parse_positive)]
     pub ctx_size: usize,
     /// Largest number of tokens per graph (prompt micro-batch).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = parse_positive)]
     pub ubatch: usize,
 }
 
+/// The most compute threads `-t` accepts: beyond any core count these machines have, and low
+/// enough that a typo (`-t 1000`) is an error rather than a 60× slowdown.
+pub const MAX_THREADS: usize = 256;
+
+fn parse_positive(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+pub(crate) fn parse_threads(value: &str) -> Result<usize, String> {
+    let n = parse_positive(value)?;
+    if n > MAX_THREADS {
+        return Err(format!("at most {MAX_THREADS}"));
+    }
+    Ok(n)
+}
+
+/// Bytes of text `perplexity` reads at most (an endless stream such as `/dev/zero` must not
+/// be read forever); far above any evaluation set.
+pub const MAX_TEXT_BYTES: u64 = 256 << 20;
+
 impl ModelArgs {
+    /// Checks that need no model: a writable `--trace` file (created now, so a bad path fails
+    /// before the work, not after it), and a warning for more threads than cores.
+    fn check(&self) -> Result<(), CliError> {
+        if let Some(path) = &self.trace {
+            std::fs::File::create(path)
+                .map_err(|e| CliError::usage(format!("--trace {}: {e}", path.display())))?;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let Some(t) = self.threads.filter(|&t| t > cores) {
+            crate::note!(
+                "warning: -t {t} is more threads than the {cores} cores: threads will wait on \
+                 each other"
+            );
+        }
+        Ok(())
+    }
+
     fn load(&self) -> Result<Arc<Model>, CliError> {
+        self.check()?;
         if !self.model.exists() {
-            return Err(format!(
+            return Err(CliError::usage(format!(
                 "model file {} not found (run scripts/fetch-model.sh for the demo model)",
                 self.model.display()
-            )
-            .into());
+            )));
         }
         let mut names: Vec<&str> = self
             .device
@@ -69,11 +113,13 @@ impl ModelArgs {
             .filter(|s| !s.is_empty())
             .collect();
         if names.is_empty() {
-            return Err("--device: no device named".into());
+            return Err(CliError::usage("--device: no device named"));
         }
         let tensor_parallel = match self.split_mode.as_str() {
             "tensor" if names.len() < 2 => {
-                return Err("--split-mode tensor needs at least two devices in --device".into())
+                return Err(CliError::usage(
+                    "--split-mode tensor needs at least two devices in --device",
+                ))
             }
             "tensor" => true,
             "none" => {
@@ -84,8 +130,10 @@ impl ModelArgs {
         };
         let devices = names
             .iter()
-            .map(|n| rgml::registry::device(n))
-            .collect::<Result<Vec<_>, rgml::Error>>()?;
+            .map(|n| {
+                rgml::registry::device(n).map_err(|e| CliError::usage(format!("--device: {e}")))
+            })
+            .collect::<Result<Vec<_>, CliError>>()?;
         let tensor_split = match &self.tensor_split {
             None => Vec::new(),
             Some(list) => list
@@ -93,18 +141,23 @@ impl ModelArgs {
                 .map(|v| {
                     v.trim()
                         .parse::<f32>()
-                        .map_err(|e| format!("--tensor-split {list}: '{v}': {e}"))
+                        .ok()
+                        .filter(|x| x.is_finite() && *x >= 0.0)
+                        .ok_or_else(|| {
+                            CliError::usage(format!(
+                                "--tensor-split {list}: '{v}' is not a finite share >= 0"
+                            ))
+                        })
                 })
-                .collect::<Result<Vec<_>, String>>()?,
+                .collect::<Result<Vec<_>, CliError>>()?,
         };
         if !tensor_split.is_empty() && tensor_split.len() != devices.len() {
-            return Err(format!(
+            return Err(CliError::usage(format!(
                 "--tensor-split {}: {} values for {} devices",
                 self.tensor_split.as_deref().unwrap_or_default(),
                 tensor_split.len(),
                 devices.len()
-            )
-            .into());
+            )));
         }
         let placement = if tensor_parallel {
             rgml_llm::Placement::Tensor {
@@ -152,7 +205,7 @@ impl ModelArgs {
             trace
                 .write(path)
                 .map_err(|e| format!("--trace {}: {e}", path.display()))?;
-            eprintln!("trace written to {}", path.display());
+            crate::note!("trace written to {}", path.display());
         }
         Ok(())
     }
@@ -179,7 +232,9 @@ impl Progress {
         if self.tty && pct != self.last {
             self.last = pct;
             let filled = pct * 30 / 100;
-            eprint!(
+            // Progress is best effort: a failed write to stderr is dropped.
+            let _ = write!(
+                std::io::stderr(),
                 "\r{} [{}{}] {pct:3}%",
                 self.label,
                 "#".repeat(filled),
@@ -189,7 +244,7 @@ impl Progress {
     }
     fn finish(&mut self) {
         if self.tty {
-            eprintln!();
+            crate::note!();
         }
     }
 }
@@ -198,7 +253,7 @@ impl Progress {
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Prompt (with `--chat`: the user's message).
     #[arg(short = 'p', long, default_value = "Once upon a time")]
     prompt: String,
@@ -206,7 +261,7 @@ pub struct RunArgs {
     #[arg(short = 'n', long, default_value_t = 64)]
     n_predict: usize,
     /// Temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temp: f32,
     /// Random seed.
     #[arg(long, default_value_t = 0)]
@@ -215,13 +270,13 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Top-p (1: off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
     /// Min-p (0: off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     min_p: f32,
     /// Repetition penalty (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
     /// Apply the model's chat template to the prompt as a user message.
     #[arg(long)]
@@ -231,8 +286,40 @@ pub struct RunArgs {
     system: Option<String>,
 }
 
+/// The sampling settings of `run`'s flags, checked (a usage error names the flag).
+fn sampler_params(args: &RunArgs) -> Result<SamplerParams, CliError> {
+    let params = SamplerParams {
+        temp: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        seed: args.seed,
+        ..Default::default()
+    };
+    params.validate().map_err(|e| match e {
+        rgml_llm::LlmError::InvalidSampler { name, value, range } => CliError::usage(format!(
+            "--{} {value}: must be {range}",
+            name.replace('_', "-")
+        )),
+        e => e.into(),
+    })?;
+    Ok(params)
+}
+
+/// A usage error unless `n_tokens` fit in the context of `-c`.
+fn check_context(what: &str, n_tokens: usize, ctx_size: usize) -> Result<(), CliError> {
+    if n_tokens > ctx_size {
+        return Err(CliError::usage(format!(
+            "{what} needs {n_tokens} tokens, more than the context of {ctx_size} (-c); raise -c"
+        )));
+    }
+    Ok(())
+}
+
 /// `rgml run`: stream a continuation of the prompt to stdout.
 pub fn run(args: RunArgs) -> Result<bool, CliError> {
+    let params = sampler_params(&args)?;
     let model = args.model.load()?;
     let tok = &model.tokenizer;
     let prompt = if args.chat {
@@ -247,21 +334,16 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
     };
     let tokens = tok.encode(&prompt, EncodeOptions::prompt());
     if tokens.is_empty() {
-        return Err("the prompt is empty".into());
+        return Err(CliError::usage("the prompt is empty"));
     }
-    let n_ctx = (tokens.len() + args.n_predict)
-        .min(args.model.ctx_size)
-        .max(tokens.len());
+    check_context("the prompt", tokens.len(), args.model.ctx_size)?;
+    // What this run can use: the prompt and the tokens asked for, within -c.
+    let n_ctx = tokens
+        .len()
+        .saturating_add(args.n_predict)
+        .min(args.model.ctx_size);
     let mut session = args.model.session(&model, n_ctx)?;
-    let mut sampler = Sampler::new(SamplerParams {
-        temp: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        seed: args.seed,
-        ..Default::default()
-    });
+    let mut sampler = Sampler::new(params);
     let mut out = std::io::stdout().lock();
     if !args.chat {
         write!(out, "{prompt}")?;
@@ -269,23 +351,31 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
     }
     // `generate` evaluates the prompt before it returns, so this times the prompt alone.
     let t0 = Instant::now();
-    let generation = session.generate(&tokens, &mut sampler, args.n_predict)?;
+    let mut generation = session.generate(&tokens, &mut sampler, args.n_predict)?;
     let t_prompt = t0.elapsed();
     let mut decoder = tok.decoder(false);
     let t1 = Instant::now();
     let mut n_gen = 0;
     // It stops at an end-of-generation token, after -n tokens, or when the context is full.
-    for next in generation {
+    for next in &mut generation {
         let next = next?;
         let piece = decoder.push(next)?;
         write!(out, "{piece}")?;
         out.flush()?;
         n_gen += 1;
     }
+    let stop = generation.stop_reason();
     let rest = decoder.finish();
     writeln!(out, "{rest}")?;
     let t_gen = t1.elapsed().as_secs_f64();
-    eprintln!(
+    if stop == Some(StopReason::ContextFull) {
+        crate::note!(
+            "generation stopped after {n_gen} of {} tokens: the context of {n_ctx} tokens (-c) \
+             is full",
+            args.n_predict
+        );
+    }
+    crate::note!(
         "prompt: {} tokens in {:.1} ms ({:.1} tok/s); generated: {n_gen} tokens in {:.1} ms ({:.1} tok/s)",
         tokens.len(),
         t_prompt.as_secs_f64() * 1e3,
@@ -301,7 +391,7 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Prompt (special tokens such as `<|im_start|>` are parsed).
     #[arg(short = 'p', long)]
     prompt: String,
@@ -320,8 +410,9 @@ pub fn logits(args: LogitsArgs) -> Result<bool, CliError> {
         .tokenizer
         .encode(&args.prompt, EncodeOptions::prompt());
     if tokens.is_empty() {
-        return Err("the prompt is empty".into());
+        return Err(CliError::usage("the prompt is empty"));
     }
+    check_context("the prompt", tokens.len(), args.model.ctx_size)?;
     let mut session = args.model.session(&model, tokens.len())?;
     let logits = session.eval(&tokens, Logits::Last)?;
     let mut order: Vec<usize> = (0..logits.len()).collect();
@@ -331,17 +422,18 @@ pub fn logits(args: LogitsArgs) -> Result<bool, CliError> {
         .take(args.top)
         .map(|&i| (i, logits[i]))
         .collect();
+    let mut out = std::io::stdout().lock();
     if args.json {
         let v = serde_json::json!({
             "tokens": tokens,
             "top": top.iter().map(|&(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
         });
-        println!("{v}");
+        writeln!(out, "{v}")?;
     } else {
-        println!("tokens: {tokens:?}");
+        writeln!(out, "tokens: {tokens:?}")?;
         for (i, l) in top {
             let piece = model.tokenizer.token_text(i as u32).unwrap_or_default();
-            println!("{i:>8} {l:>10.4}  {piece:?}");
+            writeln!(out, "{i:>8} {l:>10.4}  {piece:?}")?;
         }
     }
     args.model.finish()?;
@@ -352,7 +444,7 @@ pub fn logits(args: LogitsArgs) -> Result<bool, CliError> {
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Text file to score.
     #[arg(short = 'f', long)]
     file: PathBuf,
@@ -361,8 +453,14 @@ pub struct PerplexityArgs {
 /// `rgml perplexity`, as llama-perplexity computes it: chunks of `-c` tokens, each evaluated
 /// from an empty cache, the second half of each chunk scored.
 pub fn perplexity(args: PerplexityArgs) -> Result<bool, CliError> {
-    let text =
-        std::fs::read_to_string(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
+    let n_ctx = args.model.ctx_size;
+    // Each chunk scores its tokens from n_ctx/2 to n_ctx-2 against their successors.
+    if n_ctx < 3 {
+        return Err(CliError::usage(
+            "-c must be at least 3 for perplexity (the second half of each chunk is scored)",
+        ));
+    }
+    let text = read_text(&args.file)?;
     let model = args.model.load()?;
     let tokens = model.tokenizer.encode(
         &text,
@@ -371,10 +469,6 @@ pub fn perplexity(args: PerplexityArgs) -> Result<bool, CliError> {
             parse_special: false,
         },
     );
-    let n_ctx = args.model.ctx_size;
-    if n_ctx < 2 {
-        return Err("-c must be at least 2".into());
-    }
     let n_chunks = tokens.len() / n_ctx;
     if n_chunks == 0 {
         return Err(format!(
@@ -388,7 +482,8 @@ pub fn perplexity(args: PerplexityArgs) -> Result<bool, CliError> {
     let first = n_ctx / 2;
     let (mut nll, mut count) = (0f64, 0usize);
     let t0 = Instant::now();
-    eprintln!("{} tokens, {n_chunks} chunks of {n_ctx}", tokens.len());
+    crate::note!("{} tokens, {n_chunks} chunks of {n_ctx}", tokens.len());
+    let mut out = std::io::stdout().lock();
     for chunk in 0..n_chunks {
         let toks = &tokens[chunk * n_ctx..(chunk + 1) * n_ctx];
         session.reset();
@@ -398,14 +493,34 @@ pub fn perplexity(args: PerplexityArgs) -> Result<bool, CliError> {
             nll -= log_softmax_at(row, toks[j + 1] as usize);
             count += 1;
         }
-        print!("[{}]{:.4} ", chunk + 1, (nll / count as f64).exp());
-        std::io::stdout().flush()?;
+        write!(out, "[{}]{:.4} ", chunk + 1, (nll / count as f64).exp())?;
+        out.flush()?;
     }
-    println!();
-    println!("PPL = {:.4}", (nll / count as f64).exp());
-    eprintln!("{:.2} s", t0.elapsed().as_secs_f64());
+    writeln!(out)?;
+    writeln!(out, "PPL = {:.4}", (nll / count as f64).exp())?;
+    crate::note!("{:.2} s", t0.elapsed().as_secs_f64());
     args.model.finish()?;
     Ok(true)
+}
+
+/// The text of `path`, read with a size limit ([`MAX_TEXT_BYTES`]).
+fn read_text(path: &PathBuf) -> Result<String, CliError> {
+    use std::io::Read;
+    let io = |e: std::io::Error| CliError::Message(format!("{}: {e}", path.display()));
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_TEXT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_TEXT_BYTES {
+        return Err(CliError::Message(format!(
+            "{}: longer than {} MiB, the most perplexity reads",
+            path.display(),
+            MAX_TEXT_BYTES >> 20
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| CliError::Message(format!("{}: not UTF-8 text: {e}", path.display())))
 }
 
 fn log_softmax_at(row: &[f32], i: usize) -> f64 {
@@ -418,7 +533,7 @@ fn log_softmax_at(row: &[f32], i: usize) -> f64 {
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Prompt tokens per pp test.
     #[arg(short = 'p', long, default_value_t = 512)]
     n_prompt: usize,
@@ -426,7 +541,7 @@ pub struct BenchArgs {
     #[arg(short = 'n', long, default_value_t = 128)]
     n_gen: usize,
     /// Repetitions.
-    #[arg(short = 'r', long, default_value_t = 5)]
+    #[arg(short = 'r', long, default_value_t = 5, value_parser = parse_positive)]
     reps: usize,
     /// Print JSON.
     #[arg(long)]
@@ -436,8 +551,13 @@ pub struct BenchArgs {
 /// `rgml bench`, as llama-bench measures: pp = one batch of P tokens from an empty cache, tg = N
 /// single-token steps from an empty cache, each after a warm-up run, averaged over repetitions.
 pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        return Err(CliError::usage("-p 0 -n 0: nothing to measure"));
+    }
+    // Each test starts from an empty cache: the longer one bounds the context.
+    let n_ctx = args.n_prompt.max(args.n_gen);
+    check_context("bench", n_ctx, args.model.ctx_size)?;
     let model = args.model.load()?;
-    let n_ctx = args.n_prompt.max(args.n_gen).max(1);
     let mut session = args.model.session(&model, n_ctx)?;
     let n_vocab = model.config.n_vocab as u64;
     // Deterministic pseudo-random tokens, like llama-bench's random prompt.
@@ -448,7 +568,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
         state ^= state << 17;
         (state % n_vocab) as u32
     };
-    let reps = args.reps.max(1);
+    let reps = args.reps;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     if args.n_prompt > 0 {
@@ -489,6 +609,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
         .model
         .threads
         .unwrap_or_else(rgml_cpu::default_n_threads);
+    let mut out = std::io::stdout().lock();
     if args.json {
         let v = serde_json::json!({
             "model": args.model.model.display().to_string(),
@@ -505,18 +626,21 @@ pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
             "tg_tok_s": tg_mean,
             "tg_tok_s_sd": tg_sd,
         });
-        println!("{v}");
+        writeln!(out, "{v}")?;
     } else {
-        println!("| model | size | params | device | threads | test | t/s |");
-        println!("| --- | ---: | ---: | --- | ---: | --- | ---: |");
+        writeln!(
+            out,
+            "| model | size | params | device | threads | test | t/s |"
+        )?;
+        writeln!(out, "| --- | ---: | ---: | --- | ---: | --- | ---: |")?;
         let size = format!("{:.2} MiB", model.size_bytes() as f64 / (1 << 20) as f64);
         let params = format!("{:.2} M", model.n_params() as f64 / 1e6);
         let name = format!("{} {}", model.config.arch, model.file_type());
         if args.n_prompt > 0 {
-            println!("| {name} | {size} | {params} | {} | {threads} | pp{} | {pp_mean:.2} ± {pp_sd:.2} |", args.model.device, args.n_prompt);
+            writeln!(out, "| {name} | {size} | {params} | {} | {threads} | pp{} | {pp_mean:.2} ± {pp_sd:.2} |", args.model.device, args.n_prompt)?;
         }
         if args.n_gen > 0 {
-            println!("| {name} | {size} | {params} | {} | {threads} | tg{} | {tg_mean:.2} ± {tg_sd:.2} |", args.model.device, args.n_gen);
+            writeln!(out, "| {name} | {size} | {params} | {} | {threads} | tg{} | {tg_mean:.2} ± {tg_sd:.2} |", args.model.device, args.n_gen)?;
         }
     }
     args.model.finish()?;
@@ -525,27 +649,36 @@ pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
 
 /// `rgml gguf-info`: a GGUF file's metadata and tensors.
 pub fn gguf_info(path: &PathBuf) -> Result<bool, CliError> {
-    let gguf = rgml_gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    println!(
+    let gguf = rgml_gguf::GgufFile::open(path).map_err(|e| match e {
+        // These name the file already.
+        e @ (rgml_gguf::GgufError::Io { .. } | rgml_gguf::GgufError::NotAFile { .. }) => {
+            CliError::from(e)
+        }
+        e => CliError::Message(format!("{}: {e}", path.display())),
+    })?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "GGUF v{}, alignment {}, data at {}",
         gguf.version(),
         gguf.alignment(),
         gguf.data_offset()
-    );
-    println!("{} metadata entries:", gguf.metadata().len());
+    )?;
+    writeln!(out, "{} metadata entries:", gguf.metadata().len())?;
     for (k, v) in gguf.metadata() {
-        println!("  {k} = {}", short_value(v));
+        writeln!(out, "  {k} = {}", short_value(v))?;
     }
-    println!("{} tensors:", gguf.tensors().len());
+    writeln!(out, "{} tensors:", gguf.tensors().len())?;
     for t in gguf.tensors() {
-        println!(
+        writeln!(
+            out,
             "  {:<32} {:<6} {:?} {} bytes at {}",
             t.name,
             t.dtype.name(),
             &t.ne[..t.n_dims.max(1)],
             t.size,
             t.offset
-        );
+        )?;
     }
     Ok(true)
 }

@@ -3,6 +3,8 @@
 //! This module registers nothing: the CLI registers its backends before calling [`run`]. It only
 //! resolves names, runs the suite and prints; the checks themselves live in rgml-opcheck.
 
+use crate::error::CliError;
+use crate::output::Out;
 use rgml::backend::BackendParams;
 use rgml::{registry, Backend, OpKind};
 use rgml_opcheck::{Mode, Outcome};
@@ -55,23 +57,37 @@ fn parse_op(op: Option<&str>) -> Result<Option<OpKind>, String> {
 /// name, optionally with `:key=value` parameters; `None` = every registered device), only for
 /// `op` if given. Prints a line per failed case and ends with `{passed} passed, {failed} failed`.
 /// Returns `Ok(true)` when nothing failed.
-pub fn run(backend: Option<&str>, op: Option<&str>, mode: &str) -> Result<bool, String> {
-    let mode = Mode::from_name(mode)
-        .ok_or_else(|| format!("unknown mode '{mode}' (valid: test, support, perf)"))?;
-    let op = parse_op(op)?;
-    let mut backends = open_backends(backend)?;
+pub fn run(backend: Option<&str>, op: Option<&str>, mode: &str) -> Result<bool, CliError> {
+    let mode = Mode::from_name(mode).ok_or_else(|| {
+        CliError::usage(format!(
+            "unknown mode '{mode}' (valid: test, support, perf)"
+        ))
+    })?;
+    let op = parse_op(op).map_err(CliError::Usage)?;
+    let mut backends = open_backends(backend).map_err(CliError::Usage)?;
+    let mut out = Out::new();
+    let ok = run_mode(mode, op, &mut backends, &mut out)?;
+    out.finish()?;
+    Ok(ok)
+}
+
+fn run_mode(
+    mode: Mode,
+    op: Option<OpKind>,
+    backends: &mut [Box<dyn Backend>],
+    out: &mut Out,
+) -> Result<bool, CliError> {
     match mode {
         Mode::Support => {
-            let table =
-                rgml_opcheck::support_table(&mut backends, op).map_err(|e| e.to_string())?;
-            print!("{table}");
+            let table = rgml_opcheck::support_table(backends, op).map_err(|e| e.to_string())?;
+            out.text(&table);
             Ok(true)
         }
         Mode::Perf => {
             for be in backends.iter_mut() {
-                println!("Backend {}:", be.name());
+                out.line(format_args!("Backend {}:", be.name()));
                 rgml_opcheck::run_perf(be.as_mut(), op, PERF_BUDGET_MS, &mut |r| {
-                    println!("  {}", r.line())
+                    out.line(format_args!("  {}", r.line()))
                 })
                 .map_err(|e| e.to_string())?;
             }
@@ -82,26 +98,28 @@ pub fn run(backend: Option<&str>, op: Option<&str>, mode: &str) -> Result<bool, 
             let (mut passed, mut failed, mut unsupported) = (0, 0, 0);
             for be in backends.iter_mut() {
                 let name = be.name().to_string();
-                println!("Backend {name}:");
+                out.line(format_args!("Backend {name}:"));
                 let s = rgml_opcheck::run_tests(be.as_mut(), op, &mut |r| match &r.outcome {
-                    Outcome::Failed(why) => println!("  FAIL {}: {why}", r.name),
-                    Outcome::Passed if verbose => {
-                        println!("  ok   {} (nmse {:.2e})", r.name, r.nmse.unwrap_or(0.0))
-                    }
-                    Outcome::Unsupported if verbose => println!("  n/a  {}", r.name),
+                    Outcome::Failed(why) => out.line(format_args!("  FAIL {}: {why}", r.name)),
+                    Outcome::Passed if verbose => out.line(format_args!(
+                        "  ok   {} (nmse {:.2e})",
+                        r.name,
+                        r.nmse.unwrap_or(0.0)
+                    )),
+                    Outcome::Unsupported if verbose => out.line(format_args!("  n/a  {}", r.name)),
                     _ => {}
                 })
                 .map_err(|e| e.to_string())?;
-                println!(
+                out.line(format_args!(
                     "  {name}: passed={}, failed={}, unsupported={}",
                     s.passed, s.failed, s.unsupported
-                );
+                ));
                 passed += s.passed;
                 failed += s.failed;
                 unsupported += s.unsupported;
             }
-            println!("{unsupported} unsupported");
-            println!("{passed} passed, {failed} failed");
+            out.line(format_args!("{unsupported} unsupported"));
+            out.line(format_args!("{passed} passed, {failed} failed"));
             Ok(failed == 0)
         }
     }
@@ -113,11 +131,13 @@ mod tests {
 
     #[test]
     fn bad_names_are_errors_listing_valid_ones() {
-        let e = run(None, None, "fast").unwrap_err();
+        let e = run(None, None, "fast").unwrap_err().to_string();
         assert!(e.contains("test, support, perf"), "{e}");
-        let e = run(None, Some("MATMUL"), "test").unwrap_err();
+        let e = run(None, Some("MATMUL"), "test").unwrap_err().to_string();
         assert!(e.contains("MUL_MAT") && e.contains("SOFT_MAX"), "{e}");
-        let e = run(Some("NoSuchDevice"), None, "test").unwrap_err();
+        let e = run(Some("NoSuchDevice"), None, "test")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown device 'NoSuchDevice'"), "{e}");
     }
 }

@@ -56,6 +56,11 @@ impl BufferType for CpuBufferType {
     fn device(&self) -> Option<DeviceRef> {
         self.device.upgrade()
     }
+
+    /// [`AlignedMem`] is allocated zeroed (pages the kernel maps in on first touch).
+    fn alloc_is_zeroed(&self) -> bool {
+        true
+    }
 }
 
 /// Storage of a CPU buffer.

@@ -20,6 +20,19 @@ pub enum GgufError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The path is not a regular file (a directory, a device, ...).
+    #[error("{}: not a regular file", .path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A mapped file changed (truncated, extended or written to) after it was opened: its
+    /// weights can no longer be trusted.
+    #[error("{}: the file changed while in use (truncated or rewritten); load it again", .path.display())]
+    FileChanged {
+        /// The file.
+        path: PathBuf,
+    },
     /// Writing to a stream failed.
     #[error("write failed: {0}")]
     Write(#[from] std::io::Error),
@@ -36,7 +49,10 @@ pub enum GgufError {
         len: usize,
     },
     /// The first four bytes are not `GGUF`.
-    #[error("bad magic {found:02x?}: not a GGUF file")]
+    #[error(
+        "not a GGUF file: it starts with bytes {:02x} {:02x} {:02x} {:02x} ({:?}), not \"GGUF\"",
+        .found[0], .found[1], .found[2], .found[3], String::from_utf8_lossy(.found)
+    )]
     BadMagic {
         /// The bytes found.
         found: [u8; 4],
@@ -246,6 +262,8 @@ impl GgufError {
         match self {
             GgufError::Io { .. } => "io",
             GgufError::Write(_) => "write",
+            GgufError::NotAFile { .. } => "not_a_file",
+            GgufError::FileChanged { .. } => "file_changed",
             GgufError::Truncated { .. } => "truncated",
             GgufError::BadMagic { .. } => "bad_magic",
             GgufError::UnsupportedVersion { .. } => "unsupported_version",

@@ -18,11 +18,13 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod file_guard;
 mod reader;
 mod value;
 mod writer;
 
 pub use error::{GgufError, Result};
+pub use file_guard::{install_sigbus_handler, FileStamp};
 pub use reader::{
     GgufFile, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS,
     MAX_METADATA_ELEMENTS,

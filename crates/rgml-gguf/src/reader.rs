@@ -8,6 +8,7 @@
 //! [`GgufFile::tensor_data`] cannot fail.
 
 use crate::error::{GgufError, Result};
+use crate::file_guard::{FileStamp, GuardedRange};
 use crate::value::{type_id, Value};
 use rgml::backend::HostMemory;
 use rgml::DType;
@@ -66,12 +67,17 @@ impl TensorInfo {
     }
 }
 
-/// A read-only file mapping as [`HostMemory`], so CPU buffers can wrap the weights in place.
-struct MmapMemory(memmap2::Mmap);
+/// A read-only file mapping as [`HostMemory`], so CPU buffers can wrap the weights in place;
+/// its range is listed for the SIGBUS handler while it lives (see [`crate::file_guard`]).
+struct MmapMemory {
+    // Declared first, so it is dropped (unlisted) before the mapping goes.
+    _guard: GuardedRange,
+    map: memmap2::Mmap,
+}
 
 impl HostMemory for MmapMemory {
     fn bytes(&self) -> &[u8] {
-        &self.0
+        &self.map
     }
 }
 
@@ -79,6 +85,8 @@ impl HostMemory for MmapMemory {
 #[derive(Clone)]
 pub struct GgufFile {
     memory: Arc<dyn HostMemory>,
+    /// The file behind a mapping made by [`GgufFile::open`].
+    stamp: Option<Arc<FileStamp>>,
     version: u32,
     alignment: usize,
     metadata: Vec<(String, Value)>,
@@ -110,16 +118,35 @@ impl GgufFile {
             source,
         };
         let file = std::fs::File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
-        if len == 0 {
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.is_file() {
+            return Err(GgufError::NotAFile {
+                path: path.to_path_buf(),
+            });
+        }
+        if meta.len() == 0 {
             // Mapping an empty file fails on some systems; an empty file is simply truncated.
             return Self::from_memory(Arc::new(Vec::new()));
         }
-        // SAFETY: the mapping is read-only and private to this process. As with every mmap
-        // reader (ggml included), another process truncating or rewriting the file while it is
-        // mapped is outside what we can defend against; we never create such writes ourselves.
+        // SAFETY: the mapping is read-only and private to this process. Another process may
+        // still truncate or rewrite the file while it is mapped: `file_guard` turns that into
+        // an error (the stamp, checked before each use) or, during a use, into an exit with a
+        // message (the SIGBUS handler a program may install); we never write to it ourselves.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-        Self::from_memory(Arc::new(MmapMemory(map)))
+        let memory = MmapMemory {
+            _guard: GuardedRange::new(&map),
+            map,
+        };
+        let stamp = FileStamp::new(path.to_path_buf(), file).map_err(io_err)?;
+        let mut gguf = Self::from_memory(Arc::new(memory))?;
+        gguf.stamp = Some(Arc::new(stamp));
+        Ok(gguf)
+    }
+
+    /// The file behind a mapping made by [`GgufFile::open`], to check that it has not changed
+    /// before its memory is used again ([`FileStamp::check`]); `None` for files in memory.
+    pub fn file_stamp(&self) -> Option<&Arc<FileStamp>> {
+        self.stamp.as_ref()
     }
 
     /// Parse and validate a GGUF file held in memory.
@@ -132,6 +159,7 @@ impl GgufFile {
         let parsed = parse(memory.bytes())?;
         Ok(GgufFile {
             memory,
+            stamp: None,
             version: parsed.version,
             alignment: parsed.alignment,
             metadata: parsed.metadata,

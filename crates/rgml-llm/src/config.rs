@@ -89,9 +89,10 @@ impl ModelConfig {
             }
             None => 1.0,
         };
-        if n_head == 0 || n_embd == 0 || n_layer == 0 || n_head_kv == 0 {
+        if n_head == 0 || n_embd == 0 || n_layer == 0 || n_head_kv == 0 || n_ff == 0 {
             return Err(LlmError::BadConfig(format!(
-                "zero-sized model: {n_layer} layers, {n_embd} wide, {n_head}/{n_head_kv} heads"
+                "zero-sized model: {n_layer} layers, {n_embd} wide, {n_head}/{n_head_kv} heads, \
+                 feed-forward {n_ff} wide"
             )));
         }
         if !n_embd.is_multiple_of(n_head) || !n_head.is_multiple_of(n_head_kv) {
@@ -104,15 +105,19 @@ impl ModelConfig {
             Some(_) => usize_key("rope.dimension_count")?,
             None => head_dim,
         };
-        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
+        if n_rot == 0 || n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(LlmError::BadConfig(format!(
-                "rope.dimension_count {n_rot} must be even and at most the head width {head_dim}"
+                "rope.dimension_count {n_rot} must be even, positive and at most the head width \
+                 {head_dim}"
             )));
         }
         let n_vocab = match gguf.get(&key("vocab_size")) {
             Some(_) => usize_key("vocab_size")?,
             None => gguf.get_array("tokenizer.ggml.tokens")?.len(),
         };
+        if n_vocab == 0 {
+            return Err(LlmError::BadConfig("an empty vocabulary".into()));
+        }
         let rope_mode = if arch == "qwen2" {
             RopeMode::Neox
         } else {

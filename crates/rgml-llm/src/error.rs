@@ -56,4 +56,72 @@ pub enum LlmError {
         /// Tokens the request needs.
         needed: usize,
     },
+    /// A sampling setting outside its range (see [`SamplerParams::validate`]).
+    ///
+    /// [`SamplerParams::validate`]: crate::SamplerParams::validate
+    #[error("sampling: {name} = {value} is out of range (must be {range})")]
+    InvalidSampler {
+        /// The setting.
+        name: &'static str,
+        /// Its value.
+        value: f32,
+        /// What it must be.
+        range: &'static str,
+    },
+    /// Not enough memory for what a load or session asked for; nothing was taken.
+    #[error("not enough memory for the {what}: {source}")]
+    OutOfMemory {
+        /// What the memory was for.
+        what: MemoryUse,
+        /// The device's refusal ([`rgml::Error::InsufficientMemory`] or
+        /// [`rgml::Error::OutOfMemory`]).
+        source: rgml::Error,
+    },
+    /// A computation gave NaN or infinite logits (e.g. weights that hold NaN). The batch was
+    /// taken back: the sequence is as before the call.
+    #[error(
+        "the logits are not finite (NaN or infinity){}",
+        match first { Some(t) => format!("; the first non-finite tensor is {t}"), None => String::new() }
+    )]
+    NonFinite {
+        /// The first node of the graph whose values are not finite, with its op and sources,
+        /// when a second, checked computation found it.
+        first: Option<String>,
+    },
+}
+
+/// What memory was asked for (see [`LlmError::OutOfMemory`]); a front end uses it to say
+/// which setting to lower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemoryUse {
+    /// Copies of the weights on a device.
+    Weights,
+    /// A session's KV cache (grows with the context length).
+    KvCache,
+    /// A graph's intermediate results (grow with the micro-batch and the context).
+    Compute,
+}
+
+impl std::fmt::Display for MemoryUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MemoryUse::Weights => "weights",
+            MemoryUse::KvCache => "KV cache",
+            MemoryUse::Compute => "compute buffers",
+        })
+    }
+}
+
+impl LlmError {
+    /// `error` as an [`LlmError::OutOfMemory`] for `what` when it is a refused allocation,
+    /// else unchanged.
+    pub(crate) fn memory(error: rgml::Error, what: MemoryUse) -> LlmError {
+        match error {
+            e @ (rgml::Error::InsufficientMemory { .. } | rgml::Error::OutOfMemory { .. }) => {
+                LlmError::OutOfMemory { what, source: e }
+            }
+            e => LlmError::Core(e),
+        }
+    }
 }

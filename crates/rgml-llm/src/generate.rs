@@ -75,6 +75,7 @@ impl Session {
         sampler: &'a mut Sampler,
         max_tokens: usize,
     ) -> Result<Generation<'a>> {
+        sampler.params().validate()?;
         self.decode(prompt, Logits::Last)?;
         for &t in prompt {
             sampler.accept(t);

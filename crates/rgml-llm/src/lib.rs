@@ -49,7 +49,7 @@ pub mod tensor_split;
 pub mod tokenizer;
 
 pub use config::ModelConfig;
-pub use error::{LlmError, Result};
+pub use error::{LlmError, MemoryUse, Result};
 pub use generate::{Generation, StopReason};
 pub use model::{LoadOptions, Model, Placement};
 pub use sampling::{Sampler, SamplerParams};

@@ -14,7 +14,7 @@
 //! tensor over the same data there, as llama.cpp duplicates it).
 
 use crate::config::ModelConfig;
-use crate::error::{LlmError, Result};
+use crate::error::{LlmError, MemoryUse, Result};
 use crate::tensor_split::{TensorSplitPlan, TensorSync};
 use crate::tokenizer::Tokenizer;
 use rgml::alloc::TensorAllocator;
@@ -146,6 +146,8 @@ pub struct Model {
     chat_template: Option<String>,
     n_params: usize,
     size_bytes: usize,
+    /// The mapped file the weights come from, to notice it changing under us.
+    file: Option<Arc<rgml_gguf::FileStamp>>,
 }
 
 impl std::fmt::Debug for Model {
@@ -166,7 +168,9 @@ impl Model {
         let path = path.as_ref();
         let gguf = GgufFile::open(path).map_err(|e| match e {
             // Opening or mapping failed: the error names the file already.
-            e @ rgml_gguf::GgufError::Io { .. } => LlmError::from(e),
+            e @ (rgml_gguf::GgufError::Io { .. } | rgml_gguf::GgufError::NotAFile { .. }) => {
+                LlmError::from(e)
+            }
             e => LlmError::Load {
                 path: path.display().to_string(),
                 source: Box::new(e.into()),
@@ -176,74 +180,24 @@ impl Model {
     }
 
     /// Build a model from an opened GGUF file.
+    ///
+    /// Everything that can be checked without touching tensor data is checked first: the
+    /// hyper-parameters, the tokenizer, every weight's presence, shape and dtype against them,
+    /// and no blocks beyond the block count; only then are weights placed (mapped or copied,
+    /// each copy checked against its device's free memory before it is allocated).
     pub fn from_gguf(gguf: &GgufFile, mut options: LoadOptions<'_>) -> Result<Model> {
         let config = ModelConfig::from_gguf(gguf)?;
         let tokenizer = Tokenizer::from_gguf(gguf)?;
-        let placement = match options.placement.take() {
-            Some(p) => p,
-            None => Placement::Single(rgml::registry::device("CPU")?),
-        };
-        let (devices, layer_shares) = match placement {
-            Placement::Single(d) => (vec![d], Vec::new()),
-            Placement::Layers { devices, .. } if devices.is_empty() => {
-                return Err(LlmError::BadConfig(
-                    "a layer split needs at least one device".into(),
-                ))
-            }
-            Placement::Layers { devices, shares } => (devices, shares),
-            Placement::Tensor { devices, .. } if devices.len() < 2 => {
-                return Err(LlmError::BadConfig(
-                    "a tensor split needs at least two devices".into(),
-                ))
-            }
-            Placement::Tensor {
-                devices,
-                shares,
-                sync,
-            } => (
-                vec![meta_device(gguf, &config, devices, &shares, sync)?],
-                Vec::new(),
-            ),
-        };
+        let (devices, layer_shares) = resolve_placement(gguf, &config, options.placement.take())?;
         let layer_devices = assign_layers(config.n_layer, devices.len(), &layer_shares)?;
 
-        let mut ctx = Context::new();
-        let mut ids = std::collections::HashMap::new();
-        for info in gguf.tensors() {
-            let id = ctx.new_tensor(info.dtype, &info.ne[..info.n_dims.max(1)])?;
-            ctx.set_name(id, info.name.clone())?;
-            ids.insert(info.name.as_str(), (id, info));
-        }
+        let (mut ctx, ids) = weights_context(gguf)?;
+        let weights = NamedWeights::resolve(&ids, config.n_layer)?;
+        check_blocks(gguf, config.n_layer)?;
+        weights.check_shapes(&ctx, &config)?;
 
-        // Where each tensor goes: an index into `devices`, or `None` for host memory.
-        let last = devices.len() - 1;
-        let split = devices.len() > 1;
-        let mut placed: Vec<(TensorId, &TensorInfo, Option<usize>)> = Vec::new();
-        for info in gguf.tensors() {
-            let (id, _) = ids[info.name.as_str()];
-            let where_ = if !split {
-                Some(0)
-            } else if let Some(il) = block_index(&info.name) {
-                Some(layer_devices.get(il).copied().unwrap_or(last))
-            } else if info.name.starts_with("output") {
-                Some(last)
-            } else {
-                None
-            };
-            placed.push((id, info, where_));
-        }
-        // Tied embeddings with a split: the output projection reads the same file data from
-        // the last device.
-        let mut tied_output = None;
-        if split && !ids.contains_key("output.weight") {
-            if let Some(&(_, info)) = ids.get("token_embd.weight") {
-                let id = ctx.new_tensor(info.dtype, &info.ne[..info.n_dims.max(1)])?;
-                ctx.set_name(id, "output.weight")?;
-                placed.push((id, info, Some(last)));
-                tied_output = Some(id);
-            }
-        }
-        let host = if split {
+        let (placed, tied_output) = assign_tensors(gguf, &mut ctx, &ids, &devices, &layer_devices)?;
+        let host = if devices.len() > 1 {
             Some(rgml::registry::device("CPU").unwrap_or_else(|_| devices[0].clone()))
         } else {
             None
@@ -257,63 +211,38 @@ impl Model {
             &mut options.progress,
         )?;
 
-        let get = |name: &str| -> Result<TensorId> {
-            ids.get(name)
-                .map(|&(id, _)| id)
-                .ok_or_else(|| LlmError::MissingTensor(name.to_string()))
-        };
-        let opt = |name: &str| ids.get(name).map(|&(id, _)| id);
-        let tok_embd = get("token_embd.weight")?;
-        let output_norm = get("output_norm.weight")?;
-        // Tied embeddings: files without `output.weight` reuse the token embeddings.
-        let output = opt("output.weight").or(tied_output).unwrap_or(tok_embd);
-        let mut layers = Vec::with_capacity(config.n_layer);
-        for i in 0..config.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            layers.push(LayerWeights {
-                attn_norm: get(&n("attn_norm.weight"))?,
-                wq: get(&n("attn_q.weight"))?,
-                wk: get(&n("attn_k.weight"))?,
-                wv: get(&n("attn_v.weight"))?,
-                wo: get(&n("attn_output.weight"))?,
-                bq: opt(&n("attn_q.bias")),
-                bk: opt(&n("attn_k.bias")),
-                bv: opt(&n("attn_v.bias")),
-                ffn_norm: get(&n("ffn_norm.weight"))?,
-                ffn_gate: get(&n("ffn_gate.weight"))?,
-                ffn_up: get(&n("ffn_up.weight"))?,
-                ffn_down: get(&n("ffn_down.weight"))?,
-            });
-        }
-        let n_params = gguf
-            .tensors()
-            .iter()
-            .map(|t| t.ne.iter().product::<usize>())
-            .sum();
-        let size_bytes = gguf.tensors().iter().map(|t| t.size).sum();
-        let file_type = dominant_type(gguf.tensors());
-        let chat_template = gguf
-            .get_str("tokenizer.chat_template")
-            .ok()
-            .map(str::to_string);
-        let model = Model {
+        let NamedWeights {
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+        } = weights;
+        Ok(Model {
             config,
             tokenizer,
             ctx,
             tok_embd,
             output_norm,
-            output,
+            // Tied embeddings: files without `output.weight` reuse the token embeddings (or
+            // the copy of them made on the last device of a split).
+            output: output.or(tied_output).unwrap_or(tok_embd),
             layers,
             devices,
             layer_devices,
             buffers,
-            file_type,
-            chat_template,
-            n_params,
-            size_bytes,
-        };
-        model.check_shapes()?;
-        Ok(model)
+            file_type: dominant_type(gguf.tensors()),
+            chat_template: gguf
+                .get_str("tokenizer.chat_template")
+                .ok()
+                .map(str::to_string),
+            n_params: gguf
+                .tensors()
+                .iter()
+                .map(|t| t.ne.iter().product::<usize>())
+                .sum(),
+            size_bytes: gguf.tensors().iter().map(|t| t.size).sum(),
+            file: gguf.file_stamp().cloned(),
+        })
     }
 
     /// The device holding the weights (the first one when split).
@@ -338,6 +267,16 @@ impl Model {
         &self.buffers
     }
 
+    /// An error if the mapped model file was truncated or written to since it was loaded
+    /// (its weights, read in place, could no longer be trusted); sessions check before every
+    /// evaluation. A cheap `fstat`; always `Ok` for a model not read from a mapped file.
+    pub fn check_file(&self) -> Result<()> {
+        match &self.file {
+            Some(stamp) => Ok(stamp.check()?),
+            None => Ok(()),
+        }
+    }
+
     /// The chat template text from the file (`tokenizer.chat_template`), if any.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
@@ -357,11 +296,162 @@ impl Model {
     pub fn file_type(&self) -> &str {
         &self.file_type
     }
+}
 
-    fn check_shapes(&self) -> Result<()> {
-        let c = &self.config;
+/// Tensors of the file by name, with their metadata.
+type FileTensors<'g> = std::collections::HashMap<&'g str, (TensorId, &'g TensorInfo)>;
+
+/// Tensors with their file metadata and target (see [`assign_tensors`]).
+type PlacedTensors<'g> = Vec<(TensorId, &'g TensorInfo, Option<usize>)>;
+
+/// The devices the weights go to and the layer shares, from the placement (default: the
+/// registry's "CPU" device); a tensor split becomes one meta device.
+fn resolve_placement(
+    gguf: &GgufFile,
+    config: &ModelConfig,
+    placement: Option<Placement>,
+) -> Result<(Vec<DeviceRef>, Vec<f32>)> {
+    let placement = match placement {
+        Some(p) => p,
+        None => Placement::Single(rgml::registry::device("CPU")?),
+    };
+    Ok(match placement {
+        Placement::Single(d) => (vec![d], Vec::new()),
+        Placement::Layers { devices, .. } if devices.is_empty() => {
+            return Err(LlmError::BadConfig(
+                "a layer split needs at least one device".into(),
+            ))
+        }
+        Placement::Layers { devices, shares } => (devices, shares),
+        Placement::Tensor { devices, .. } if devices.len() < 2 => {
+            return Err(LlmError::BadConfig(
+                "a tensor split needs at least two devices".into(),
+            ))
+        }
+        Placement::Tensor {
+            devices,
+            shares,
+            sync,
+        } => (
+            vec![meta_device(gguf, config, devices, &shares, sync)?],
+            Vec::new(),
+        ),
+    })
+}
+
+/// A context with one tensor (no storage yet) per tensor of the file, named as in the file.
+fn weights_context(gguf: &GgufFile) -> Result<(Context, FileTensors<'_>)> {
+    let mut ctx = Context::new();
+    let mut ids = FileTensors::new();
+    for info in gguf.tensors() {
+        let id = ctx.new_tensor(info.dtype, &info.ne[..info.n_dims.max(1)])?;
+        ctx.set_name(id, info.name.clone())?;
+        ids.insert(info.name.as_str(), (id, info));
+    }
+    Ok((ctx, ids))
+}
+
+/// A file whose blocks go beyond its block count was written for another configuration (or
+/// its count was edited): refuse it rather than run with blocks left out.
+fn check_blocks(gguf: &GgufFile, n_layer: usize) -> Result<()> {
+    match gguf
+        .tensors()
+        .iter()
+        .find(|t| block_index(&t.name).is_some_and(|il| il >= n_layer))
+    {
+        Some(extra) => Err(LlmError::BadConfig(format!(
+            "tensor '{}' belongs to a block beyond the block count {n_layer}",
+            extra.name
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Where each tensor goes: an index into `devices`, or `None` for host memory (the token
+/// embeddings of a split). With a split and tied embeddings, a second tensor over the
+/// embeddings' file data is added for the last device; its id is returned.
+fn assign_tensors<'g>(
+    gguf: &'g GgufFile,
+    ctx: &mut Context,
+    ids: &FileTensors<'g>,
+    devices: &[DeviceRef],
+    layer_devices: &[usize],
+) -> Result<(PlacedTensors<'g>, Option<TensorId>)> {
+    let last = devices.len() - 1;
+    let split = devices.len() > 1;
+    let mut placed: PlacedTensors<'g> = Vec::new();
+    for info in gguf.tensors() {
+        let (id, _) = ids[info.name.as_str()];
+        let where_ = if !split {
+            Some(0)
+        } else if let Some(il) = block_index(&info.name) {
+            Some(layer_devices.get(il).copied().unwrap_or(last))
+        } else if info.name.starts_with("output") {
+            Some(last)
+        } else {
+            None
+        };
+        placed.push((id, info, where_));
+    }
+    let mut tied_output = None;
+    if split && !ids.contains_key("output.weight") {
+        if let Some(&(_, info)) = ids.get("token_embd.weight") {
+            let id = ctx.new_tensor(info.dtype, &info.ne[..info.n_dims.max(1)])?;
+            ctx.set_name(id, "output.weight")?;
+            placed.push((id, info, Some(last)));
+            tied_output = Some(id);
+        }
+    }
+    Ok((placed, tied_output))
+}
+
+/// The weights the graph reads, found by name.
+struct NamedWeights {
+    tok_embd: TensorId,
+    output_norm: TensorId,
+    /// `output.weight`, absent when the file ties it to the token embeddings.
+    output: Option<TensorId>,
+    layers: Vec<LayerWeights>,
+}
+
+impl NamedWeights {
+    fn resolve(ids: &FileTensors<'_>, n_layer: usize) -> Result<NamedWeights> {
+        let get = |name: &str| -> Result<TensorId> {
+            ids.get(name)
+                .map(|&(id, _)| id)
+                .ok_or_else(|| LlmError::MissingTensor(name.to_string()))
+        };
+        let opt = |name: &str| ids.get(name).map(|&(id, _)| id);
+        let mut layers = Vec::with_capacity(n_layer);
+        for i in 0..n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            layers.push(LayerWeights {
+                attn_norm: get(&n("attn_norm.weight"))?,
+                wq: get(&n("attn_q.weight"))?,
+                wk: get(&n("attn_k.weight"))?,
+                wv: get(&n("attn_v.weight"))?,
+                wo: get(&n("attn_output.weight"))?,
+                bq: opt(&n("attn_q.bias")),
+                bk: opt(&n("attn_k.bias")),
+                bv: opt(&n("attn_v.bias")),
+                ffn_norm: get(&n("ffn_norm.weight"))?,
+                ffn_gate: get(&n("ffn_gate.weight"))?,
+                ffn_up: get(&n("ffn_up.weight"))?,
+                ffn_down: get(&n("ffn_down.weight"))?,
+            });
+        }
+        Ok(NamedWeights {
+            tok_embd: get("token_embd.weight")?,
+            output_norm: get("output_norm.weight")?,
+            output: opt("output.weight"),
+            layers,
+        })
+    }
+
+    /// Every weight's shape and dtype against the configuration.
+    fn check_shapes(&self, ctx: &Context, c: &ModelConfig) -> Result<()> {
         let expect = |id: TensorId, ne: [usize; 4]| -> Result<()> {
-            let t = &self.ctx[id];
+            let t = &ctx[id];
             if t.ne != ne {
                 return Err(LlmError::BadTensor(format!(
                     "'{}' has shape {:?}, the config needs {:?}",
@@ -377,7 +467,10 @@ impl Model {
             Ok(())
         };
         expect(self.tok_embd, [c.n_embd, c.n_vocab, 1, 1])?;
-        expect(self.output, [c.n_embd, c.n_vocab, 1, 1])?;
+        expect(
+            self.output.unwrap_or(self.tok_embd),
+            [c.n_embd, c.n_vocab, 1, 1],
+        )?;
         expect(self.output_norm, [c.n_embd, 1, 1, 1])?;
         for l in &self.layers {
             expect(l.attn_norm, [c.n_embd, 1, 1, 1])?;
@@ -403,10 +496,10 @@ impl Model {
             .iter()
             .chain(self.layers.iter().flat_map(|l| [&l.attn_norm, &l.ffn_norm]))
         {
-            if self.ctx[*t].dtype != DType::F32 {
+            if ctx[*t].dtype != DType::F32 {
                 return Err(LlmError::BadTensor(format!(
                     "norm weight '{}' must be f32",
-                    self.ctx[*t].name
+                    ctx[*t].name
                 )));
             }
         }
@@ -581,7 +674,8 @@ fn copy_weights(
         .iter()
         .map(|&(id, _)| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
         .sum::<usize>();
-    let buffer = Buffer::alloc(buft, size.max(1))?;
+    let buffer =
+        Buffer::alloc(buft, size.max(1)).map_err(|e| LlmError::memory(e, MemoryUse::Weights))?;
     buffer.set_usage(BufferUsage::Weights);
     let mut talloc = TensorAllocator::new(buffer.clone());
     for &(id, info) in tensors {

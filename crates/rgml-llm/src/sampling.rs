@@ -2,6 +2,7 @@
 //! then a seeded draw — llama.cpp's default sampler chain, in that order — or greedy argmax
 //! when the temperature is 0.
 
+use crate::error::{LlmError, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
@@ -49,6 +50,42 @@ impl SamplerParams {
             ..Default::default()
         }
     }
+
+    /// Each setting inside its range: `temp` finite and at least 0, `top_p` in (0, 1],
+    /// `min_p` in [0, 1], `repeat_penalty` finite and above 0. Outside them sampling would
+    /// not fail but silently degenerate (NaN probabilities, nothing or everything kept).
+    pub fn validate(&self) -> Result<()> {
+        let checks: [(&'static str, f32, bool, &'static str); 4] = [
+            (
+                "temp",
+                self.temp,
+                self.temp >= 0.0 && self.temp.is_finite(),
+                "a finite value >= 0",
+            ),
+            (
+                "top_p",
+                self.top_p,
+                self.top_p > 0.0 && self.top_p <= 1.0,
+                "in (0, 1]",
+            ),
+            (
+                "min_p",
+                self.min_p,
+                (0.0..=1.0).contains(&self.min_p),
+                "in [0, 1]",
+            ),
+            (
+                "repeat_penalty",
+                self.repeat_penalty,
+                self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite(),
+                "a finite value > 0",
+            ),
+        ];
+        match checks.into_iter().find(|check| !check.2) {
+            Some((name, value, _, range)) => Err(LlmError::InvalidSampler { name, value, range }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A stateful sampler (remembers recent tokens for the penalty, owns the random stream).
@@ -63,7 +100,15 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler with these settings.
+    /// The settings it samples with.
+    pub fn params(&self) -> &SamplerParams {
+        &self.params
+    }
+
+    /// A sampler with these settings (not checked here: [`Session::generate`] checks them,
+    /// see [`SamplerParams::validate`]).
+    ///
+    /// [`Session::generate`]: crate::Session::generate
     pub fn new(params: SamplerParams) -> Sampler {
         Sampler {
             rng: StdRng::seed_from_u64(params.seed),

@@ -124,6 +124,22 @@ pub enum Error {
         /// Extra detail.
         reason: &'static str,
     },
+    /// A buffer larger than its device's free memory, refused before anything was taken.
+    #[error(
+        "{device}: {} asked for a {buffer_type} buffer, {} free",
+        fmt_bytes(*.size),
+        fmt_bytes(*.free)
+    )]
+    InsufficientMemory {
+        /// The device.
+        device: String,
+        /// The buffer type asked.
+        buffer_type: String,
+        /// Requested bytes.
+        size: usize,
+        /// The device's free bytes when asked.
+        free: usize,
+    },
     /// A write to a buffer that wraps read-only memory.
     #[error("buffer '{0}' is read-only")]
     ReadOnlyBuffer(String),
@@ -210,6 +226,21 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+}
+
+/// Bytes in the unit a reader takes in at once (`512 B`, `12.0 MiB`, `21.42 GiB`).
+pub(crate) fn fmt_bytes(bytes: usize) -> String {
+    const KIB: f64 = 1024.0;
+    let b = bytes as f64;
+    if b < KIB {
+        format!("{bytes} B")
+    } else if b < KIB * KIB {
+        format!("{:.1} KiB", b / KIB)
+    } else if b < KIB * KIB * KIB {
+        format!("{:.1} MiB", b / (KIB * KIB))
+    } else {
+        format!("{:.2} GiB", b / (KIB * KIB * KIB))
+    }
 }
 
 fn fmt_reason(reason: &str) -> String {

@@ -4,7 +4,7 @@
 //! This module owns the cache's tensors and buffers; what is stored where is the graph's
 //! business (the stores are SET_ROWS at the positions).
 
-use crate::error::{LlmError, Result};
+use crate::error::{LlmError, MemoryUse, Result};
 use crate::model::Model;
 use rgml::alloc::TensorAllocator;
 use rgml::backend::{Buffer, BufferUsage};
@@ -62,11 +62,15 @@ impl KvCache {
                 .iter()
                 .map(|&id| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
                 .sum::<usize>();
-            let buffer = Buffer::alloc(buft, size)?;
+            let buffer =
+                Buffer::alloc(buft, size).map_err(|e| LlmError::memory(e, MemoryUse::KvCache))?;
             buffer.set_usage(BufferUsage::Compute);
             // Unwritten cache cells are masked out, but must not hold NaN bit patterns that a
-            // zero attention weight would still propagate.
-            buffer.clear(0)?;
+            // zero attention weight would still propagate. Memory allocated zeroed is left
+            // untouched: clearing it would commit every page of a large cache at once.
+            if !buft.alloc_is_zeroed() {
+                buffer.clear(0)?;
+            }
             let mut talloc = TensorAllocator::new(buffer.clone());
             for &id in &mine {
                 talloc.alloc(ctx, id)?;

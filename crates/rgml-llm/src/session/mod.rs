@@ -27,7 +27,7 @@
 mod graph;
 mod kv_cache;
 
-use crate::error::{LlmError, Result};
+use crate::error::{LlmError, MemoryUse, Result};
 use crate::model::Model;
 use graph::{build_graph, BatchGraph, GraphKey};
 use kv_cache::{padded_n_kv, KvCache};
@@ -270,6 +270,7 @@ impl Session {
     /// [`Session::eval`].
     pub fn decode(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
         self.check_tokens(tokens)?;
+        self.model.check_file()?;
         let mut out = std::mem::take(&mut self.staging.logits);
         out.clear();
         let result = self.decode_into(tokens, which, &mut out);
@@ -385,6 +386,10 @@ impl Session {
         if self.built.is_none() {
             self.ctx.truncate(self.n_base);
         }
+        if let Err(LlmError::NonFinite { first: None }) = result {
+            let first = self.find_non_finite(tokens, all_logits);
+            return Err(LlmError::NonFinite { first });
+        }
         result
     }
 
@@ -421,8 +426,36 @@ impl Session {
             let start = out.len();
             out.resize(start + self.ctx[g.logits].nelements(), 0.0);
             self.ctx.tensor_get_f32_into(g.logits, &mut out[start..])?;
+            if out[start..].iter().any(|l| !l.is_finite()) {
+                // Taken back, so that the sequence is as before the batch.
+                out.truncate(start);
+                self.n_past -= tokens.len();
+                return Err(LlmError::NonFinite { first: None });
+            }
         }
         Ok(())
+    }
+
+    /// After non-finite logits: compute the batch again with every named node kept and name
+    /// the first whose values are not finite (`None` if none is, or the check itself fails).
+    /// The batch's cache rows are written again with the same values; the sequence does not
+    /// advance.
+    fn find_non_finite(&mut self, tokens: &[u32], all_logits: bool) -> Option<String> {
+        self.built = None;
+        self.ctx.truncate(self.n_base);
+        let key = self.graph_key(tokens.len(), all_logits);
+        let found = self.build_ubatch(key, true).ok().and_then(|g| {
+            self.set_inputs(&g, tokens).ok()?;
+            self.sched.graph_compute(&mut self.ctx, &g.graph).ok()?;
+            let first = g.captured.iter().copied().find(|&id| {
+                self.ctx
+                    .tensor_get_f32(id)
+                    .is_ok_and(|v| v.iter().any(|x| !x.is_finite()))
+            })?;
+            Some(describe_node(&self.ctx, first))
+        });
+        self.ctx.truncate(self.n_base);
+        found
     }
 
     /// Build the graph for the key's micro-batch at the end of the context's tensors and
@@ -434,7 +467,9 @@ impl Session {
         for &(id, dev) in &g.pins {
             self.sched.set_tensor_backend(id, dev)?;
         }
-        self.sched.alloc_graph(&mut self.ctx, &g.graph)?;
+        self.sched
+            .alloc_graph(&mut self.ctx, &g.graph)
+            .map_err(|e| LlmError::memory(e, MemoryUse::Compute))?;
         Ok(g)
     }
 
@@ -494,4 +529,20 @@ fn open_backends(
         },
     )?;
     Ok((Box::new(sched), bufts))
+}
+
+/// `'name' (OP of 'src0', 'src1')`: a node as an error message names it.
+fn describe_node(ctx: &Context, id: rgml::TensorId) -> String {
+    let t = &ctx[id];
+    let sources: Vec<String> = t
+        .src
+        .iter()
+        .map(|&s| format!("'{}'", ctx[s].display_name()))
+        .collect();
+    format!(
+        "'{}' ({} of {})",
+        t.display_name(),
+        t.op.kind(),
+        sources.join(", ")
+    )
 }

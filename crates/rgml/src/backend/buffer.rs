@@ -73,6 +73,11 @@ pub trait BufferType: Send + Sync + Any {
     fn accepts_weight(&self, _tensor: &Tensor, _uses: &[crate::OpKind]) -> bool {
         true
     }
+    /// Whether a new buffer's bytes are all zero (default: no, they may hold anything), so
+    /// callers that need zeroed memory need not touch every page to clear it.
+    fn alloc_is_zeroed(&self) -> bool {
+        false
+    }
 }
 
 /// The storage behind a [`Buffer`]: what a backend implements.
@@ -234,6 +239,20 @@ impl Buffer {
                 size,
                 reason: "larger than the buffer type's maximum size",
             });
+        }
+        // Refused before it is taken: a request beyond what the device has free would
+        // otherwise succeed lazily (overcommit) and end with the process killed when touched.
+        // (A device that reports no total does not know its memory: nothing to compare.)
+        if let Some(device) = buffer_type.device() {
+            let memory = device.memory();
+            if memory.total > 0 && size > memory.free {
+                return Err(Error::InsufficientMemory {
+                    device: device.name().to_string(),
+                    buffer_type: buffer_type.name().to_string(),
+                    size,
+                    free: memory.free,
+                });
+            }
         }
         let imp = buffer_type.alloc_buffer(size)?;
         if imp.size() < size {
