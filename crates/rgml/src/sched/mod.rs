@@ -84,7 +84,7 @@ use crate::error::{Error, Result, SchedError};
 use crate::graph::Graph;
 use crate::tensor::{TensorFlags, TensorId};
 use crate::trace::{Trace, TraceArg};
-use split::{internal, Plan, Splitter};
+use split::{internal, Plan, Split, Splitter};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -589,123 +589,26 @@ impl Scheduler {
 
     /// Run the splits of the allocated graph (ggml's `ggml_backend_sched_compute_splits`).
     fn compute_splits(&mut self, user: &Context) -> Result<()> {
-        let plan = self.plan.as_ref().ok_or(SchedError::NotAllocated)?;
+        // Out of `self` while it runs, so the steps below can borrow the backends mutably;
+        // put back whatever happens.
+        let plan = self.plan.take().ok_or(SchedError::NotAllocated)?;
+        let result = self.run_splits(&plan, user);
+        self.plan = Some(plan);
+        result
+    }
+
+    /// For each split: copy its inputs in, wait for sources read in place, compute it, and
+    /// record its event (after which its input copies may be overwritten).
+    fn run_splits(&mut self, plan: &Plan, user: &Context) -> Result<()> {
         let c = plan.cur_copy;
         for (split_index, split) in plan.splits.iter().enumerate() {
             let b = split.backend;
             for &input in &split.inputs {
-                let t_copy = Instant::now();
-                let ib = plan.backend_ids[input.index()]
-                    .ok_or_else(|| internal("a split input has no backend"))?;
-                let cpy = plan
-                    .copies
-                    .get(&(input, b))
-                    .and_then(|v| v.get(c))
-                    .copied()
-                    .ok_or_else(|| internal("a split input has no copy"))?;
-                let event = self.events[b][c].as_ref();
-                if plan.ctx[input].flags.contains(TensorFlags::INPUT) {
-                    // The caller may overwrite its input as soon as we return: copy it now.
-                    match event {
-                        Some(e) => e.synchronize()?,
-                        None => self.backends[b].synchronize()?,
-                    }
-                    // Read now; the write goes through the split backend's stream, after the
-                    // work it has queued (which may still use that memory).
-                    let bytes = plan.ctx.tensor_bytes(input)?;
-                    if plan.ctx[cpy].nbytes() != bytes.len() {
-                        return Err(internal("a split input and its copy differ in size"));
-                    }
-                    self.backends[b].set_tensor_async(&plan.ctx, cpy, 0, &bytes)?;
-                } else {
-                    // Wait until the split backend is done with this copy before overwriting it.
-                    match event {
-                        Some(e) => self.backends[b].event_wait(e)?,
-                        None => self.backends[b].synchronize()?,
-                    }
-                    let (dst, src) = crate::backend::two_mut(&mut self.backends, b, ib)
-                        .ok_or_else(|| {
-                            internal(format!("cannot borrow backends {b} and {ib} together"))
-                        })?;
-                    crate::backend::tensor_copy_async(
-                        dst.as_mut(),
-                        src.as_mut(),
-                        &plan.ctx,
-                        input,
-                        cpy,
-                    )?;
-                }
-                let bytes = plan.ctx[input].nbytes() as u64;
-                self.stats.bytes[ib][b] += bytes;
-                self.stats.count[ib][b] += 1;
-                if let Some((trace, tracks)) = &self.trace {
-                    trace.span(
-                        tracks[b],
-                        format!("copy {}", plan.ctx[input].display_name()),
-                        "copy",
-                        t_copy,
-                        Instant::now(),
-                        vec![
-                            ("bytes".into(), TraceArg::Int(bytes)),
-                            (
-                                "from".into(),
-                                TraceArg::Text(self.backends[ib].name().to_string()),
-                            ),
-                        ],
-                    );
-                }
+                self.copy_input(plan, b, input)?;
             }
-
-            // Sources computed by another backend and read in place (by a backend that can use
-            // that memory, so no copy was made): that backend may still be running
-            // asynchronously, so wait for it first.
-            let mut waited: Vec<usize> = Vec::new();
-            for &n in split.graph.nodes() {
-                for &src in &plan.ctx[n].src {
-                    let computed = plan.ctx[src].op.kind() != crate::op::OpKind::None;
-                    if let Some(ob) = plan.backend_ids.get(src.index()).copied().flatten() {
-                        if computed && ob != b && !waited.contains(&ob) {
-                            self.backends[ob].synchronize()?;
-                            waited.push(ob);
-                        }
-                    }
-                }
-            }
-
+            self.wait_for_sources(plan, split)?;
             let t_split = Instant::now();
-            match self.eval_callback.as_mut() {
-                None => self.backends[b].graph_compute_async(&plan.ctx, &split.graph)?,
-                Some(cb) => {
-                    let nodes = split.graph.nodes();
-                    let mut j0 = 0;
-                    while j0 < nodes.len() {
-                        // Run nodes up to (and including) the next one the caller wants to see.
-                        let mut j1 = j0;
-                        let mut need;
-                        loop {
-                            let u = plan.to_user.get(&nodes[j1]).copied().ok_or_else(|| {
-                                internal("a split node is not in the caller's graph")
-                            })?;
-                            need = cb(user, u, true);
-                            if need || j1 + 1 == nodes.len() {
-                                break;
-                            }
-                            j1 += 1;
-                        }
-                        let view = Graph::from_nodes(nodes[j0..=j1].to_vec());
-                        self.backends[b].graph_compute(&plan.ctx, &view)?;
-                        self.backends[b].synchronize()?;
-                        if need {
-                            let u = plan.to_user[&nodes[j1]];
-                            if !cb(user, u, false) {
-                                return Err(Error::Aborted);
-                            }
-                        }
-                        j0 = j1 + 1;
-                    }
-                }
-            }
-
+            self.compute_split(plan, split, user)?;
             if let Some((trace, tracks)) = &self.trace {
                 trace.span(
                     tracks[b],
@@ -719,12 +622,128 @@ impl Scheduler {
                     ],
                 );
             }
-
             if !split.inputs.is_empty() {
                 if let Some(e) = self.events[b][c].as_ref() {
                     self.backends[b].event_record(e)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Copy split input `input` into its copy on backend `b`, counted in the statistics and
+    /// traced.
+    fn copy_input(&mut self, plan: &Plan, b: usize, input: TensorId) -> Result<()> {
+        let c = plan.cur_copy;
+        let t_copy = Instant::now();
+        let ib = plan.backend_ids[input.index()]
+            .ok_or_else(|| internal("a split input has no backend"))?;
+        let cpy = plan
+            .copies
+            .get(&(input, b))
+            .and_then(|v| v.get(c))
+            .copied()
+            .ok_or_else(|| internal("a split input has no copy"))?;
+        let event = self.events[b][c].as_ref();
+        if plan.ctx[input].flags.contains(TensorFlags::INPUT) {
+            // The caller may overwrite its input as soon as we return: copy it now.
+            match event {
+                Some(e) => e.synchronize()?,
+                None => self.backends[b].synchronize()?,
+            }
+            // Read now; the write goes through the split backend's stream, after the
+            // work it has queued (which may still use that memory).
+            let bytes = plan.ctx.tensor_bytes(input)?;
+            if plan.ctx[cpy].nbytes() != bytes.len() {
+                return Err(internal("a split input and its copy differ in size"));
+            }
+            self.backends[b].set_tensor_async(&plan.ctx, cpy, 0, &bytes)?;
+        } else {
+            // Wait until the split backend is done with this copy before overwriting it.
+            match event {
+                Some(e) => self.backends[b].event_wait(e)?,
+                None => self.backends[b].synchronize()?,
+            }
+            let (dst, src) = crate::backend::two_mut(&mut self.backends, b, ib)
+                .ok_or_else(|| internal(format!("cannot borrow backends {b} and {ib} together")))?;
+            crate::backend::tensor_copy_async(dst.as_mut(), src.as_mut(), &plan.ctx, input, cpy)?;
+        }
+        let bytes = plan.ctx[input].nbytes() as u64;
+        self.stats.bytes[ib][b] += bytes;
+        self.stats.count[ib][b] += 1;
+        if let Some((trace, tracks)) = &self.trace {
+            trace.span(
+                tracks[b],
+                format!("copy {}", plan.ctx[input].display_name()),
+                "copy",
+                t_copy,
+                Instant::now(),
+                vec![
+                    ("bytes".into(), TraceArg::Int(bytes)),
+                    (
+                        "from".into(),
+                        TraceArg::Text(self.backends[ib].name().to_string()),
+                    ),
+                ],
+            );
+        }
+        Ok(())
+    }
+
+    /// Sources computed by another backend and read in place (by a backend that can use that
+    /// memory, so no copy was made): that backend may still be running asynchronously, so wait
+    /// for it first.
+    fn wait_for_sources(&mut self, plan: &Plan, split: &Split) -> Result<()> {
+        let mut waited: Vec<usize> = Vec::new();
+        for &n in split.graph.nodes() {
+            for &src in &plan.ctx[n].src {
+                let computed = plan.ctx[src].op.kind() != crate::op::OpKind::None;
+                if let Some(ob) = plan.backend_ids.get(src.index()).copied().flatten() {
+                    if computed && ob != split.backend && !waited.contains(&ob) {
+                        self.backends[ob].synchronize()?;
+                        waited.push(ob);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue the split's nodes on its backend; with an eval callback, run them piece by piece
+    /// up to each node the caller wants to see, and stop when it says so.
+    fn compute_split(&mut self, plan: &Plan, split: &Split, user: &Context) -> Result<()> {
+        let b = split.backend;
+        let Some(cb) = self.eval_callback.as_mut() else {
+            return self.backends[b].graph_compute_async(&plan.ctx, &split.graph);
+        };
+        let nodes = split.graph.nodes();
+        let mut j0 = 0;
+        while j0 < nodes.len() {
+            // Run nodes up to (and including) the next one the caller wants to see.
+            let mut j1 = j0;
+            let mut need;
+            loop {
+                let u = plan
+                    .to_user
+                    .get(&nodes[j1])
+                    .copied()
+                    .ok_or_else(|| internal("a split node is not in the caller's graph"))?;
+                need = cb(user, u, true);
+                if need || j1 + 1 == nodes.len() {
+                    break;
+                }
+                j1 += 1;
+            }
+            let view = Graph::from_nodes(nodes[j0..=j1].to_vec());
+            self.backends[b].graph_compute(&plan.ctx, &view)?;
+            self.backends[b].synchronize()?;
+            if need {
+                let u = plan.to_user[&nodes[j1]];
+                if !cb(user, u, false) {
+                    return Err(Error::Aborted);
+                }
+            }
+            j0 = j1 + 1;
         }
         Ok(())
     }
