@@ -1,6 +1,7 @@
 //! The meta device over the core's test devices (`rgml::testing`): matrix products split by
 //! output rows (the result gathered on read), an FFN block whose down projection is split on
-//! its contraction axis (partial sums all-reduced before the residual), the same block under
+//! its contraction axis (partial sums all-reduced before the residual) or by output rows (its
+//! split input all-gathered first), the same block under
 //! the scheduler, and the all-reduce itself on 1 to 5 devices. Every result is compared with
 //! a float64 reference on random data.
 
@@ -216,6 +217,32 @@ fn contraction_splits_are_all_reduced_before_the_residual() {
         }
         let want_adds = if rows.len() == 2 { 2 } else { 3 };
         assert_eq!(adds, want_adds, "rows {rows:?}");
+    }
+}
+
+#[test]
+fn split_activations_are_gathered_for_products_split_by_output_rows() {
+    // down split by its output rows needs the whole activation h, which is split like up and
+    // gate: h is all-gathered first, and no partial sums arise.
+    let x = random(8, K * N);
+    let want = ffn_reference(&x);
+    for (rows, out_rows) in [(vec![16, 8], vec![4, 12]), (vec![8, 0, 16], vec![8, 8, 0])] {
+        let devs = devices(rows.len());
+        let states = [
+            ("up", SplitState::axis(1, rows.clone())),
+            ("gate", SplitState::axis(1, rows.clone())),
+            ("down", SplitState::axis(1, out_rows.clone())),
+        ];
+        let got = ffn().run(&meta(&devs, &states), &x);
+        assert_close(
+            &got,
+            &want,
+            &format!("rows {rows:?}, out rows {out_rows:?}"),
+        );
+        for d in &devs {
+            let log = d.take_computed();
+            assert!(!log.iter().any(|n| n.starts_with("allreduce")), "{log:?}");
+        }
     }
 }
 
