@@ -50,7 +50,7 @@
 //! the unused tail of an in-place parent is not returned early. Without a plan every node is its
 //! own group and the plan is exactly the sequential one.
 
-use super::Concurrency;
+use crate::backend::Concurrency;
 use crate::backend::{same_instance, Buffer, BufferTypeRef, BufferUsage};
 use crate::context::Context;
 use crate::error::{Error, GraphAllocError, Result};

@@ -1,13 +1,15 @@
-//! Buffer types and buffers, and tensor byte access through them.
+//! Buffers: what [`Buffer`] does with the storage a backend implements ([`BufferImpl`]), and
+//! tensor byte access through it.
 //!
-//! This module owns the [`BufferType`] / [`BufferImpl`] traits backends implement, the
-//! [`Buffer`] wrapper that bounds-checks and locks every access, multi-buffers (one logical
-//! buffer over several allocations of one buffer type, see [`Buffer::multi`]), and the
-//! `Context::tensor_*` byte accessors.
+//! This module owns the [`Buffer`] wrapper that bounds-checks and locks every access (the type
+//! itself is declared in `traits`, beside the traits that hand it out), host access guards,
+//! multi-buffers (one logical buffer over several allocations of one buffer type, see
+//! [`Buffer::multi`]), and the `Context::tensor_*` byte accessors.
 //!
 //! # Multi-buffers
-//! A buffer type may cap the size of one allocation ([`BufferType::max_size`]). Allocators that
-//! need more (`alloc::alloc_ctx_tensors` and `alloc::GraphAllocator`) allocate several buffers
+//! A buffer type may cap the size of one allocation
+//! ([`BufferType::max_size`](super::BufferType::max_size)). Allocators that need more
+//! (`alloc::alloc_ctx_tensors` and `alloc::GraphAllocator`) allocate several buffers
 //! ("parts"), each at most `max_size`, and wrap them in a multi-buffer, as ggml's
 //! `ggml_backend_multi_buffer` does:
 //! - tensors point at the part they live in (`TensorData::buffer` is the part, the offset is
@@ -17,19 +19,15 @@
 //!   [`Buffer::set_usage`], [`Buffer::clear`] and [`Buffer::reset`] apply to every part;
 //! - its own bytes are the parts laid end to end (part 0 first), so [`Buffer::set`],
 //!   [`Buffer::get`], [`Buffer::memset`] and copies on the multi-buffer itself also work, and may
-//!   span parts. It is never host-addressable as a whole ([`Buffer::host_access`] is `None`).
+//!   span parts. It is never host-addressable as a whole ([`Buffer::host_read`] is `None`).
 
-use super::device::DeviceRef;
+use super::traits::{same_instance, Buffer, BufferImpl, BufferTypeRef};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorId};
-use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-
-/// A shared buffer type.
-pub type BufferTypeRef = Arc<dyn BufferType>;
 
 /// What a buffer holds; schedulers and allocators treat weights and scratch differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,152 +40,7 @@ pub enum BufferUsage {
     Compute = 2,
 }
 
-/// A kind of memory a device can allocate (ggml's `ggml_backend_buffer_type`).
-pub trait BufferType: Send + Sync + Any {
-    /// A name unique among buffer types (e.g. `"CPU"`).
-    fn name(&self) -> &str;
-    /// Allocate `size` bytes of this memory.
-    fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>>;
-    /// Alignment of tensor offsets inside a buffer.
-    fn alignment(&self) -> usize;
-    /// Largest single buffer (default: unbounded).
-    fn max_size(&self) -> usize {
-        usize::MAX
-    }
-    /// Bytes a tensor needs in this memory (default: `nbytes`; a device may pad).
-    fn alloc_size(&self, tensor: &Tensor) -> usize {
-        tensor.nbytes()
-    }
-    /// Whether buffers of this type are plain host memory readable by the CPU (default: no).
-    fn is_host(&self) -> bool {
-        false
-    }
-    /// The device that owns this memory, if any.
-    fn device(&self) -> Option<DeviceRef> {
-        None
-    }
-    /// Whether weight `tensor`, read only by ops of the kinds in `uses`, may be stored here
-    /// (default: yes). Buffer types that keep weights in a layout of their own (ggml's "extra"
-    /// buffer types such as CPU_REPACK, see [`crate::Device::extra_buffer_types`]) accept only
-    /// the tensors and uses their device's kernels read in that layout.
-    fn accepts_weight(&self, _tensor: &Tensor, _uses: &[crate::OpKind]) -> bool {
-        true
-    }
-    /// Whether a new buffer's bytes are all zero (default: no, they may hold anything), so
-    /// callers that need zeroed memory need not touch every page to clear it.
-    fn alloc_is_zeroed(&self) -> bool {
-        false
-    }
-}
-
-/// The storage behind a [`Buffer`]: what a backend implements.
-///
-/// Every access to the bytes goes through [`Buffer`], which bounds-checks it and holds the
-/// buffer's lock while it calls these methods: shared for [`get`](Self::get), exclusive for
-/// the writes. The byte methods are therefore `unsafe` to call (only `Buffer` calls them, under
-/// that lock), so an implementation may write through a shared reference (e.g. into an
-/// [`AlignedMem`](super::AlignedMem)) without a lock of its own.
-///
-/// # Safety
-/// The trait is `unsafe` to implement because compute kernels dereference [`base`](Self::base)
-/// under the buffer's lock alone: when it returns `Some(ptr)`, `ptr` must be valid for reads
-/// and writes of [`size`](Self::size) bytes, all initialised, for as long as the
-/// implementation lives, and must be the same pointer on every call; and no method may touch
-/// those bytes except while the caller holds the lock as documented on each method.
-pub unsafe trait BufferImpl: Send + Sync + Any {
-    /// Bytes of storage (at least the size the buffer was asked for).
-    fn size(&self) -> usize;
-    /// Start of the memory if it is host-addressable (ggml's `get_base`), else `None`.
-    fn base(&self) -> Option<NonNull<u8>> {
-        None
-    }
-    /// Whether the memory must not be written (e.g. a read-only file mapping).
-    fn is_read_only(&self) -> bool {
-        false
-    }
-    /// Prepare a tensor placed in this buffer (default: nothing to do).
-    /// The tensor's storage (`data`) already points here. Must not touch the bytes.
-    fn init_tensor(&self, _tensor: &Tensor) -> Result<()> {
-        Ok(())
-    }
-    /// Write `data` at `offset`.
-    ///
-    /// # Safety
-    /// The caller holds the owning buffer's exclusive lock.
-    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()>;
-    /// Read `out.len()` bytes at `offset`.
-    ///
-    /// # Safety
-    /// The caller holds the owning buffer's lock (shared or exclusive).
-    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()>;
-    /// Fill `size` bytes at `offset` with `value`.
-    ///
-    /// # Safety
-    /// The caller holds the owning buffer's exclusive lock.
-    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()>;
-    /// Copy `size` bytes from `src` (the storage of another buffer) at `src_offset` to
-    /// `dst_offset` directly, if this buffer knows how (default: `Ok(false)`, the caller then
-    /// copies through host memory).
-    ///
-    /// # Safety
-    /// The caller holds this buffer's exclusive lock and `src`'s owning buffer's shared lock,
-    /// and the two are different buffers.
-    unsafe fn copy_from(
-        &self,
-        _dst_offset: usize,
-        _src: &dyn BufferImpl,
-        _src_offset: usize,
-        _size: usize,
-    ) -> Result<bool> {
-        Ok(false)
-    }
-    /// Fill the whole buffer with `value`.
-    ///
-    /// # Safety
-    /// The caller holds the owning buffer's exclusive lock.
-    unsafe fn clear(&self, value: u8) -> Result<()>;
-    /// Forget per-tensor state (default: none). Must not touch the bytes.
-    fn reset(&self) {}
-}
-
-/// Memory owned elsewhere that a buffer can wrap without copying (e.g. a file mapping).
-pub trait HostMemory: Send + Sync {
-    /// The bytes.
-    fn bytes(&self) -> &[u8];
-}
-
-impl HostMemory for Vec<u8> {
-    fn bytes(&self) -> &[u8] {
-        self
-    }
-}
-
-impl HostMemory for Box<[u8]> {
-    fn bytes(&self) -> &[u8] {
-        self
-    }
-}
-
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A block of memory of one buffer type (ggml's `ggml_backend_buffer`), shared by the tensors
-/// placed in it.
-///
-/// Access is guarded: safe reads take a shared lock, safe writes an exclusive one, and graph
-/// compute on host memory holds a guard for each buffer it touches
-/// ([`Buffer::host_read`] for buffers it only reads, such as weights, so several computations
-/// read them at once; [`Buffer::host_write`] for those it writes), so no two threads race on
-/// the bytes.
-pub struct Buffer {
-    imp: Box<dyn BufferImpl>,
-    /// The parts of a multi-buffer (empty for a plain buffer).
-    parts: Vec<Arc<Buffer>>,
-    buffer_type: BufferTypeRef,
-    size: usize,
-    usage: AtomicU8,
-    id: u64,
-    lock: RwLock<()>,
-}
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -302,7 +155,7 @@ impl Buffer {
         let usage = first.usage();
         let mut size = 0usize;
         for p in &parts {
-            if !super::same_instance(&p.buffer_type, &buffer_type) {
+            if !same_instance(&p.buffer_type, &buffer_type) {
                 return Err(Error::InvalidParams {
                     params: "multi-buffer".into(),
                     reason: format!(

@@ -4,20 +4,42 @@
 //! These traits mirror ggml's vtables. Each optional slot of ggml (NULL there) is a default
 //! method with ggml's fallback, so callers never ask whether a slot is implemented. This module
 //! owns the traits and the bounds-checked wrappers around them, not any implementation.
+//!
+//! # Modules, and the one way their imports go
+//! ```text
+//! mod.rs       re-exports; downcasts; the fallbacks written once (tensor_copy_async, ...)
+//!   |
+//! buffer       Buffer's methods, multi-buffers, host access guards, Context::tensor_* access
+//!   |
+//! traits       the traits and the handles they name (Buffer, Event, BufferTypeRef, DeviceRef)
+//!   |
+//! props, plan, concurrency
+//!              plain device values and backend parameters; graph plans; which nodes a
+//!              backend may run at once (read by the graph allocator)
+//!
+//! aligned      aligned host memory (imports nothing of backend)
+//! ```
+//! The traits and handles name each other (a buffer type knows its device, a device hands out
+//! buffer types, buffers and events), so they are declared together in `traits`; everything
+//! that only uses them sits above it. Paths outside the crate are the re-exports below
+//! (`rgml::backend::Buffer`, ...), whatever module declares the item.
 
 mod aligned;
 mod buffer;
-mod device;
-mod event;
+mod concurrency;
 mod plan;
+mod props;
+mod traits;
 
 pub use aligned::AlignedMem;
-pub use buffer::{
-    Buffer, BufferImpl, BufferType, BufferTypeRef, BufferUsage, HostAccess, HostMemory,
-};
-pub use device::{Backend, BackendParams, Device, DeviceCaps, DeviceMemory, DeviceRef, DeviceType};
-pub use event::{Event, EventImpl};
+pub use buffer::{BufferUsage, HostAccess};
+pub use concurrency::Concurrency;
 pub use plan::GraphPlan;
+pub use props::{BackendParams, DeviceCaps, DeviceMemory, DeviceType};
+pub use traits::{
+    same_instance, Backend, Buffer, BufferImpl, BufferType, BufferTypeRef, Device, DeviceRef,
+    Event, EventImpl, HostMemory,
+};
 
 /// Downcasting to an implementation's own type, through `Any` (every backend trait has it as a
 /// supertrait, so no `as_any` method is needed).
@@ -82,11 +104,6 @@ pub fn event_if_supported(device: &dyn Device) -> crate::Result<Option<Event>> {
         return Ok(None);
     }
     device.event_new().map(Some)
-}
-
-/// Whether two shared objects (buffer types, devices) are the same instance.
-pub fn same_instance<T: ?Sized>(a: &std::sync::Arc<T>, b: &std::sync::Arc<T>) -> bool {
-    std::ptr::addr_eq(std::sync::Arc::as_ptr(a), std::sync::Arc::as_ptr(b))
 }
 
 /// Two different elements of a slice, mutably (two backends of one copy); `None` when `a == b`

@@ -24,7 +24,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::tensor::{contiguous_strides, Tensor, TensorData, TensorId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 /// Several devices as one (`Meta(CPU0,CPU1)`).
@@ -419,7 +419,6 @@ impl MetaBackend {
         order: &[TensorId],
         local: &mut Local,
     ) -> Result<Vec<Step>> {
-        let n = self.n();
         let mut reduces_before: HashMap<TensorId, Vec<TensorId>> = HashMap::new();
         let mut reduces_at_end = Vec::new();
         for r in &split.reduces {
@@ -432,118 +431,110 @@ impl MetaBackend {
         for g in &split.gathers {
             gathers_before.entry(g.before).or_default().push(g.tensor);
         }
-        let root = |x: TensorId| ctx[x].view_src.unwrap_or(x);
         let mut views_of: HashMap<TensorId, Vec<TensorId>> = HashMap::new();
         for &x in order {
             if let Some(r) = ctx[x].view_src {
                 views_of.entry(r).or_default().push(x);
             }
         }
-        // The local copy each meta tensor has at this point of the walk.
-        let mut cur = local.maps.clone();
-        let mut gathered: std::collections::HashSet<TensorId> = Default::default();
-        // Meta tensors whose current copy differs from the as-computed one.
-        let mut moved: std::collections::HashSet<TensorId> = Default::default();
-        let mut steps = Vec::new();
-        let mut run: Vec<Vec<TensorId>> = vec![Vec::new(); n];
-        let flush = |run: &mut Vec<Vec<TensorId>>, steps: &mut Vec<Step>| {
-            if run.iter().any(|r| !r.is_empty()) {
-                steps.push(Step::Run(std::mem::replace(run, vec![Vec::new(); n])));
-            }
-        };
-        let copies = |cur: &[HashMap<TensorId, TensorId>], id: TensorId| -> Result<Vec<TensorId>> {
-            cur.iter()
-                .map(|m| m.get(&id).copied())
-                .collect::<Option<_>>()
-                .ok_or_else(|| Error::InvalidSplit("a tensor has no local copy".into()))
-        };
-        let mirrored = SplitState::Mirrored;
+        let mut walk = Walk::new(local.maps.clone());
         for &id in graph.nodes() {
             if let Some(tensors) = reduces_before.get(&id) {
-                flush(&mut run, &mut steps);
+                walk.flush();
                 for &t in tensors {
-                    steps.push(Step::Reduce {
-                        dims: ctx.get(t)?.ne.to_vec(),
-                        tensors: copies(&cur, t)?,
-                    });
+                    walk.reduce(ctx, t)?;
                 }
             }
             if let Some(roots) = gathers_before.get(&id) {
-                flush(&mut run, &mut steps);
+                walk.flush();
                 for &r in roots {
-                    let parts = copies(&cur, r)?;
-                    let mut whole = Vec::with_capacity(n);
-                    for (d, map) in cur.iter_mut().enumerate() {
-                        let lid =
-                            self.local_copy(ctx, &mut local.ctx, map, r, d, &mirrored, &mirrored)?;
-                        map.insert(r, lid);
-                        whole.push(lid);
-                    }
-                    steps.push(Step::Gather {
-                        parts: (r, parts),
-                        whole,
-                    });
-                    gathered.insert(r);
-                    moved.insert(r);
-                    for &v in views_of.get(&r).map(Vec::as_slice).unwrap_or_default() {
-                        for (d, map) in cur.iter_mut().enumerate() {
-                            let lid = self.local_copy(
-                                ctx,
-                                &mut local.ctx,
-                                map,
-                                v,
-                                d,
-                                &mirrored,
-                                &mirrored,
-                            )?;
-                            map.insert(v, lid);
-                        }
-                        moved.insert(v);
-                    }
+                    let views = views_of.get(&r).map(Vec::as_slice).unwrap_or_default();
+                    self.gather_step(ctx, local, &mut walk, r, views)?;
                 }
             }
-            let t = ctx.get(id)?;
-            let in_gathered = gathered.contains(&root(id));
-            let stale = in_gathered
-                || t.src.iter().any(|s| moved.contains(s))
-                || t.view_src.is_some_and(|r| moved.contains(&r));
-            if stale {
-                let state = if in_gathered {
-                    mirrored.clone()
-                } else {
-                    split.state(id).cloned().unwrap_or(SplitState::Mirrored)
-                };
-                let root_state = if in_gathered {
-                    mirrored.clone()
-                } else {
-                    split
-                        .state(root(id))
-                        .cloned()
-                        .unwrap_or(SplitState::Mirrored)
-                };
-                for (d, map) in cur.iter_mut().enumerate() {
-                    let lid =
-                        self.local_copy(ctx, &mut local.ctx, map, id, d, &state, &root_state)?;
-                    map.insert(id, lid);
-                }
-                moved.insert(id);
-            }
-            for (d, map) in cur.iter().enumerate() {
+            self.refresh_if_stale(ctx, split, local, &mut walk, id)?;
+            for (d, map) in walk.cur.iter().enumerate() {
                 let lid = map
                     .get(&id)
                     .copied()
                     .ok_or_else(|| Error::InvalidSplit("a node has no local copy".into()))?;
-                run[d].push(lid);
+                walk.run[d].push(lid);
             }
         }
-        flush(&mut run, &mut steps);
+        walk.flush();
         for t in reduces_at_end {
-            steps.push(Step::Reduce {
-                dims: ctx.get(t)?.ne.to_vec(),
-                tensors: copies(&cur, t)?,
-            });
+            walk.reduce(ctx, t)?;
         }
-        Ok(steps)
+        Ok(walk.steps)
+    }
+
+    /// An all-gather of split root `r` before the current node: every device gets a whole
+    /// (mirrored) local copy of `r` and of its `views`, from then on.
+    fn gather_step(
+        &self,
+        ctx: &Context,
+        local: &mut Local,
+        walk: &mut Walk,
+        r: TensorId,
+        views: &[TensorId],
+    ) -> Result<()> {
+        let mirrored = SplitState::Mirrored;
+        let parts = walk.copies(r)?;
+        let mut whole = Vec::with_capacity(self.n());
+        for (d, map) in walk.cur.iter_mut().enumerate() {
+            let lid = self.local_copy(ctx, &mut local.ctx, map, r, d, &mirrored, &mirrored)?;
+            map.insert(r, lid);
+            whole.push(lid);
+        }
+        walk.steps.push(Step::Gather {
+            parts: (r, parts),
+            whole,
+        });
+        walk.gathered.insert(r);
+        walk.moved.insert(r);
+        for &v in views {
+            for (d, map) in walk.cur.iter_mut().enumerate() {
+                let lid = self.local_copy(ctx, &mut local.ctx, map, v, d, &mirrored, &mirrored)?;
+                map.insert(v, lid);
+            }
+            walk.moved.insert(v);
+        }
+        Ok(())
+    }
+
+    /// Node `id` gets new local copies when its memory was gathered (then whole, mirrored) or
+    /// when a source or its view root has a new copy (then as computed, reading the new one).
+    fn refresh_if_stale(
+        &self,
+        ctx: &Context,
+        split: &GraphSplit,
+        local: &mut Local,
+        walk: &mut Walk,
+        id: TensorId,
+    ) -> Result<()> {
+        let root = |x: TensorId| ctx[x].view_src.unwrap_or(x);
+        let t = ctx.get(id)?;
+        let in_gathered = walk.gathered.contains(&root(id));
+        let stale = in_gathered
+            || t.src.iter().any(|s| walk.moved.contains(s))
+            || t.view_src.is_some_and(|r| walk.moved.contains(&r));
+        if !stale {
+            return Ok(());
+        }
+        let state_of = |x: TensorId| {
+            if in_gathered {
+                SplitState::Mirrored
+            } else {
+                split.state(x).cloned().unwrap_or(SplitState::Mirrored)
+            }
+        };
+        let (state, root_state) = (state_of(id), state_of(root(id)));
+        for (d, map) in walk.cur.iter_mut().enumerate() {
+            let lid = self.local_copy(ctx, &mut local.ctx, map, id, d, &state, &root_state)?;
+            map.insert(id, lid);
+        }
+        walk.moved.insert(id);
+        Ok(())
     }
 
     /// Run one piece: device `d` computes its local nodes `per_device[d]`. A device holding
@@ -577,6 +568,61 @@ impl MetaBackend {
         for c in &mut self.children {
             c.synchronize()?;
         }
+        Ok(())
+    }
+}
+
+/// Where [`MetaBackend::plan`]'s walk over a graph's nodes stands.
+struct Walk {
+    /// The local copy each meta tensor has at this point of the walk, per device.
+    cur: Vec<HashMap<TensorId, TensorId>>,
+    /// Roots all-gathered so far.
+    gathered: HashSet<TensorId>,
+    /// Meta tensors whose current copy differs from the as-computed one.
+    moved: HashSet<TensorId>,
+    steps: Vec<Step>,
+    /// The nodes of the run being gathered, per device.
+    run: Vec<Vec<TensorId>>,
+}
+
+impl Walk {
+    fn new(cur: Vec<HashMap<TensorId, TensorId>>) -> Walk {
+        let n = cur.len();
+        Walk {
+            cur,
+            gathered: HashSet::new(),
+            moved: HashSet::new(),
+            steps: Vec::new(),
+            run: vec![Vec::new(); n],
+        }
+    }
+
+    /// End the current run of nodes (if any) as a step.
+    fn flush(&mut self) {
+        if self.run.iter().any(|r| !r.is_empty()) {
+            let n = self.run.len();
+            self.steps.push(Step::Run(std::mem::replace(
+                &mut self.run,
+                vec![Vec::new(); n],
+            )));
+        }
+    }
+
+    /// The current local copies of meta tensor `id`, one per device.
+    fn copies(&self, id: TensorId) -> Result<Vec<TensorId>> {
+        self.cur
+            .iter()
+            .map(|m| m.get(&id).copied())
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::InvalidSplit("a tensor has no local copy".into()))
+    }
+
+    /// An all-reduce of meta tensor `t`'s current local copies.
+    fn reduce(&mut self, ctx: &Context, t: TensorId) -> Result<()> {
+        self.steps.push(Step::Reduce {
+            dims: ctx.get(t)?.ne.to_vec(),
+            tensors: self.copies(t)?,
+        });
         Ok(())
     }
 }

@@ -589,286 +589,362 @@ fn remap_view(
     remap_axis(op, *axis, segments, a.ne, t.ne, dst_st, offset / bb * bs)
 }
 
-fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
-    use SplitState::{Axis, Mirrored, Partial};
-    let kind = t.op.kind();
-    let src = |i: usize| -> Result<&Tensor> {
-        match t.src.get(i) {
-            Some(&id) => ctx.get(id),
-            None => Err(Error::InvalidSplit(format!("{kind}: missing source {i}"))),
+/// One node as its rule sees it: the tensor, its sources' states, and what every rule asks of
+/// them.
+struct Node<'a> {
+    ctx: &'a Context,
+    t: &'a Tensor,
+    s: &'a [SplitState],
+    kind: OpKind,
+}
+
+impl<'a> Node<'a> {
+    /// Source tensor `i`.
+    fn src(&self, i: usize) -> Result<&'a Tensor> {
+        match self.t.src.get(i) {
+            Some(&id) => self.ctx.get(id),
+            None => Err(Error::InvalidSplit(format!(
+                "{}: missing source {i}",
+                self.kind
+            ))),
         }
-    };
-    let st = |i: usize| -> Result<&SplitState> {
-        s.get(i)
-            .ok_or_else(|| Error::InvalidSplit(format!("{kind}: missing source state {i}")))
-    };
-    let no = |why: &str| unsupported(kind, format!("{why} (sources: {})", fmt_states(s)));
-    // Reduce the partial ones among `idx`, if any.
-    let reduce_any = |idx: &[usize]| {
-        let p = partials(s, idx);
+    }
+
+    /// The state of source `i`.
+    fn st(&self, i: usize) -> Result<&'a SplitState> {
+        self.s
+            .get(i)
+            .ok_or_else(|| Error::InvalidSplit(format!("{}: missing source state {i}", self.kind)))
+    }
+
+    /// The op refuses these states, because `why`.
+    fn no(&self, why: &str) -> Result<Rule> {
+        unsupported(
+            self.kind,
+            format!("{why} (sources: {})", fmt_states(self.s)),
+        )
+    }
+
+    /// Reduce the partial ones among sources `idx`, if any.
+    fn reduce_any(&self, idx: &[usize]) -> Option<Rule> {
+        let p = partials(self.s, idx);
         (!p.is_empty()).then_some(Rule::Reduce(p))
+    }
+
+    /// Every source position.
+    fn all(&self) -> Vec<usize> {
+        (0..self.s.len()).collect()
+    }
+}
+
+/// The rule of `t`'s op for source states `s` (see the module docs): one function per family
+/// of ops, in the order of [`Op`].
+fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
+    let n = Node {
+        ctx,
+        t,
+        s,
+        kind: t.op.kind(),
     };
-    let all: Vec<usize> = (0..s.len()).collect();
-
     match t.op {
-        Op::None => no("a leaf has no rule: its state comes from the loader"),
+        Op::None => n.no("a leaf has no rule: its state comes from the loader"),
+        Op::Dup
+        | Op::Cont
+        | Op::Reshape
+        | Op::View { .. }
+        | Op::Permute { .. }
+        | Op::Transpose
+        | Op::Cpy => copy_rule(&n),
+        Op::GetRows => get_rows_rule(&n),
+        Op::SetRows => set_rows_rule(&n),
+        Op::Add | Op::Sub | Op::Mul | Op::Div => binary_rule(&n),
+        Op::Scale { bias, .. } => match n.st(0)? {
+            // a * s is linear; a * s + b adds b once per device.
+            SplitState::Partial if bias != 0.0 => Ok(Rule::Reduce(vec![0])),
+            other => Ok(Rule::State(other.clone())),
+        },
+        Op::MulMat => mul_mat(n.src(0)?, n.src(1)?, n.st(0)?, n.st(1)?, &|why| n.no(why)),
+        Op::RmsNorm { .. } | Op::Norm { .. } => norm_rule(&n),
+        Op::Rope(_) => rope_rule(&n),
+        Op::SoftMax { max_bias, .. } => soft_max_rule(&n, max_bias),
+        Op::DiagMaskInf { .. } => diag_mask_rule(&n),
+        Op::Unary(_) => {
+            if let Some(r) = n.reduce_any(&[0]) {
+                return Ok(r);
+            }
+            Ok(Rule::State(n.st(0)?.clone()))
+        }
+        Op::Swiglu => swiglu_rule(&n),
+        Op::Concat { dim } => concat_rule(&n, dim),
+        Op::Argmax => argmax_rule(&n),
+    }
+}
 
-        // Copies and views are linear: partial and mirrored pass through.
-        Op::Dup => Ok(Rule::State(st(0)?.clone())),
-        Op::Cont | Op::Reshape => Ok(Rule::State(remap_order(kind, st(0)?, src(0)?.ne, t.ne)?)),
-        Op::View { offset } => Ok(Rule::State(remap_view(kind, st(0)?, src(0)?, t, offset)?)),
-        Op::Permute { axes } => Ok(Rule::State(permute(st(0)?, axes))),
-        Op::Transpose => Ok(Rule::State(permute(st(0)?, [1, 0, 2, 3]))),
-        Op::Cpy => {
-            let (a, b) = (st(0)?, st(1)?);
+/// Copies and views are linear: partial and mirrored pass through; splits are remapped.
+fn copy_rule(n: &Node) -> Result<Rule> {
+    use SplitState::Partial;
+    let (kind, t) = (n.kind, n.t);
+    match t.op {
+        Op::Dup => Ok(Rule::State(n.st(0)?.clone())),
+        Op::Cont | Op::Reshape => Ok(Rule::State(remap_order(
+            kind,
+            n.st(0)?,
+            n.src(0)?.ne,
+            t.ne,
+        )?)),
+        Op::View { offset } => Ok(Rule::State(remap_view(
+            kind,
+            n.st(0)?,
+            n.src(0)?,
+            t,
+            offset,
+        )?)),
+        Op::Permute { axes } => Ok(Rule::State(permute(n.st(0)?, axes))),
+        Op::Transpose => Ok(Rule::State(permute(n.st(0)?, [1, 0, 2, 3]))),
+        _ => {
+            let (a, b) = (n.st(0)?, n.st(1)?);
             if *b == Partial {
-                return no("CPY into a destination holding partial sums");
+                return n.no("CPY into a destination holding partial sums");
             }
             if *a == Partial {
                 // The destination (a cache, an output) holds full values.
                 return Ok(Rule::Reduce(vec![0]));
             }
-            let mapped = remap_order(kind, a, src(0)?.ne, src(1)?.ne)?;
+            let mapped = remap_order(kind, a, n.src(0)?.ne, n.src(1)?.ne)?;
             if same_placement(&mapped, b) {
                 Ok(Rule::State(b.clone()))
             } else {
-                no(&format!(
+                n.no(&format!(
                     "the source, seen in the destination's shape, is {} but the destination is {}",
                     fmt_state(&mapped),
                     fmt_state(b)
                 ))
             }
         }
+    }
+}
 
-        Op::GetRows => {
-            if let Some(r) = reduce_any(&[1]) {
-                return Ok(r);
-            }
-            let (table, idx) = (st(0)?, st(1)?);
-            if *table == Partial && *idx != Mirrored {
-                return Ok(Rule::Reduce(vec![0]));
-            }
-            match (table, idx) {
-                // Gathering rows is linear in the table.
-                (Partial | Mirrored, Mirrored) => Ok(Rule::State(table.clone())),
-                (Axis { axis: 0, .. }, Mirrored) => Ok(Rule::State(table.clone())),
-                (Mirrored, Axis { axis: 0, segments }) => Ok(Rule::State(Axis {
-                    axis: 1,
-                    segments: segments.clone(),
-                })),
-                // Table dims 2, 3 match index dims 1, 2: each device gathers from its matrices.
-                (Axis { axis: ta, segments }, Axis { axis: ia, .. })
-                    if *ta >= 2
-                        && *ia + 1 == *ta
-                        && same_placement(
-                            &Axis {
-                                axis: *ia,
-                                segments: segments.clone(),
-                            },
-                            idx,
-                        ) =>
-                {
-                    Ok(Rule::State(table.clone()))
-                }
-                _ => no("GET_ROWS needs the table split on axis 0 (or mirrored) with mirrored indices, or matching splits of the matrix axes"),
-            }
+fn get_rows_rule(n: &Node) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored, Partial};
+    if let Some(r) = n.reduce_any(&[1]) {
+        return Ok(r);
+    }
+    let (table, idx) = (n.st(0)?, n.st(1)?);
+    if *table == Partial && *idx != Mirrored {
+        return Ok(Rule::Reduce(vec![0]));
+    }
+    match (table, idx) {
+        // Gathering rows is linear in the table.
+        (Partial | Mirrored, Mirrored) => Ok(Rule::State(table.clone())),
+        (Axis { axis: 0, .. }, Mirrored) => Ok(Rule::State(table.clone())),
+        (Mirrored, Axis { axis: 0, segments }) => Ok(Rule::State(Axis {
+            axis: 1,
+            segments: segments.clone(),
+        })),
+        // Table dims 2, 3 match index dims 1, 2: each device gathers from its matrices.
+        (Axis { axis: ta, segments }, Axis { axis: ia, .. })
+            if *ta >= 2
+                && *ia + 1 == *ta
+                && same_placement(
+                    &Axis {
+                        axis: *ia,
+                        segments: segments.clone(),
+                    },
+                    idx,
+                ) =>
+        {
+            Ok(Rule::State(table.clone()))
         }
+        _ => n.no("GET_ROWS needs the table split on axis 0 (or mirrored) with mirrored indices, or matching splits of the matrix axes"),
+    }
+}
 
-        Op::SetRows => {
-            if *st(0)? == Partial {
-                return no("SET_ROWS into a destination holding partial sums");
-            }
-            if let Some(r) = reduce_any(&[1, 2]) {
-                return Ok(r);
-            }
-            let (dst, rows_src, rows) = (st(0)?, st(1)?, st(2)?);
-            if *rows != Mirrored {
-                return no("SET_ROWS needs mirrored row indices");
-            }
-            match dst {
-                Mirrored if *rows_src == Mirrored => Ok(Rule::State(Mirrored)),
-                Axis { axis, .. }
-                    if *axis != 1
-                        && same_placement(dst, rows_src)
-                        && (*axis == 0 || src(2)?.ne[*axis - 1] == 1) =>
-                {
-                    Ok(Rule::State(dst.clone()))
-                }
-                _ => no("SET_ROWS needs destination and source split alike on axis 0, 2 or 3 (indices broadcast there), or both mirrored"),
-            }
+fn set_rows_rule(n: &Node) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored, Partial};
+    if *n.st(0)? == Partial {
+        return n.no("SET_ROWS into a destination holding partial sums");
+    }
+    if let Some(r) = n.reduce_any(&[1, 2]) {
+        return Ok(r);
+    }
+    let (dst, rows_src, rows) = (n.st(0)?, n.st(1)?, n.st(2)?);
+    if *rows != Mirrored {
+        return n.no("SET_ROWS needs mirrored row indices");
+    }
+    match dst {
+        Mirrored if *rows_src == Mirrored => Ok(Rule::State(Mirrored)),
+        Axis { axis, .. }
+            if *axis != 1
+                && same_placement(dst, rows_src)
+                && (*axis == 0 || n.src(2)?.ne[*axis - 1] == 1) =>
+        {
+            Ok(Rule::State(dst.clone()))
         }
+        _ => n.no("SET_ROWS needs destination and source split alike on axis 0, 2 or 3 (indices broadcast there), or both mirrored"),
+    }
+}
 
-        Op::Add | Op::Sub | Op::Mul | Op::Div => {
-            let (a, b) = (st(0)?, st(1)?);
-            let linear = matches!(
-                (kind, a, b),
-                (OpKind::Add | OpKind::Sub, Partial, Partial)
-                    | (OpKind::Mul | OpKind::Div, Partial, Mirrored)
-                    | (OpKind::Mul, Mirrored, Partial)
-            );
-            if linear {
-                return Ok(Rule::State(Partial));
-            }
-            if let Some(r) = reduce_any(&all) {
-                return Ok(r);
-            }
-            let (ta, tb) = (src(0)?, src(1)?);
-            match (a, b) {
-                _ if a == b || same_placement(a, b) => Ok(Rule::State(a.clone())),
-                (Axis { axis, .. }, Mirrored) if tb.ne[*axis] == 1 => Ok(Rule::State(a.clone())),
-                (Axis { axis, .. }, Mirrored) if tb.ne[*axis] == ta.ne[*axis] => {
-                    no("src1 is mirrored at full size along src0's split axis: split it like src0")
-                }
-                (Mirrored, Axis { .. }) => {
-                    no("src0 is mirrored but src1 is split: the result would need src1 gathered")
-                }
-                _ => no("the operands are split differently"),
-            }
+/// ADD, SUB, MUL, DIV.
+fn binary_rule(n: &Node) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored, Partial};
+    let (a, b) = (n.st(0)?, n.st(1)?);
+    let linear = matches!(
+        (n.kind, a, b),
+        (OpKind::Add | OpKind::Sub, Partial, Partial)
+            | (OpKind::Mul | OpKind::Div, Partial, Mirrored)
+            | (OpKind::Mul, Mirrored, Partial)
+    );
+    if linear {
+        return Ok(Rule::State(Partial));
+    }
+    if let Some(r) = n.reduce_any(&n.all()) {
+        return Ok(r);
+    }
+    let (ta, tb) = (n.src(0)?, n.src(1)?);
+    match (a, b) {
+        _ if a == b || same_placement(a, b) => Ok(Rule::State(a.clone())),
+        (Axis { axis, .. }, Mirrored) if tb.ne[*axis] == 1 => Ok(Rule::State(a.clone())),
+        (Axis { axis, .. }, Mirrored) if tb.ne[*axis] == ta.ne[*axis] => {
+            n.no("src1 is mirrored at full size along src0's split axis: split it like src0")
         }
-
-        Op::Scale { bias, .. } => match st(0)? {
-            // a * s is linear; a * s + b adds b once per device.
-            Partial if bias != 0.0 => Ok(Rule::Reduce(vec![0])),
-            other => Ok(Rule::State(other.clone())),
-        },
-
-        Op::MulMat => mul_mat(src(0)?, src(1)?, st(0)?, st(1)?, &no),
-
-        Op::RmsNorm { .. } | Op::Norm { .. } => {
-            if let Some(r) = reduce_any(&[0]) {
-                return Ok(r);
-            }
-            match st(0)? {
-                Axis { axis: 0, .. } => no("row normalization needs whole rows (axis 0 unsplit)"),
-                other => Ok(Rule::State(other.clone())),
-            }
+        (Mirrored, Axis { .. }) => {
+            n.no("src0 is mirrored but src1 is split: the result would need src1 gathered")
         }
+        _ => n.no("the operands are split differently"),
+    }
+}
 
-        Op::Rope(_) => {
-            if let Some(r) = reduce_any(&[1]) {
-                return Ok(r);
-            }
-            if *st(1)? != Mirrored {
-                return no("ROPE needs mirrored positions");
-            }
-            match st(0)? {
-                Axis { axis: 0, .. } => no("ROPE rotates pairs within axis 0: it must be whole"),
-                Axis { axis: 2, .. } => {
-                    no("ROPE takes one position per axis-2 index: it must not be split")
-                }
-                // Rotation is linear, so partial sums rotate as well.
-                other => Ok(Rule::State(other.clone())),
-            }
+/// RMS_NORM, NORM.
+fn norm_rule(n: &Node) -> Result<Rule> {
+    if let Some(r) = n.reduce_any(&[0]) {
+        return Ok(r);
+    }
+    match n.st(0)? {
+        SplitState::Axis { axis: 0, .. } => {
+            n.no("row normalization needs whole rows (axis 0 unsplit)")
         }
+        other => Ok(Rule::State(other.clone())),
+    }
+}
 
-        Op::SoftMax { max_bias, .. } => {
-            if let Some(r) = reduce_any(&all) {
-                return Ok(r);
-            }
-            let a = st(0)?;
-            let mask = if t.src.len() > 1 {
-                Some((src(1)?, st(1)?))
-            } else {
-                None
-            };
-            match a {
-                Axis { axis: 0, .. } => no("SOFT_MAX needs whole rows (axis 0 unsplit)"),
-                Axis { axis: 2, .. } if max_bias > 0.0 => {
-                    no("ALiBi slopes depend on the global head index: axis 2 must be whole")
-                }
-                Axis { axis, .. } => match mask {
-                    None => Ok(Rule::State(a.clone())),
-                    Some((_, Mirrored)) if mask.is_some_and(|(m, _)| m.ne[*axis] == 1) => {
-                        Ok(Rule::State(a.clone()))
-                    }
-                    Some((m, ms)) if m.ne[*axis] == src(0)?.ne[*axis] && same_placement(a, ms) => {
-                        Ok(Rule::State(a.clone()))
-                    }
-                    Some(_) => {
-                        no("the mask must broadcast along the split axis or be split like src0")
-                    }
-                },
-                _ => match mask {
-                    Some((_, Axis { .. })) => no("a mirrored src0 with a split mask"),
-                    _ => Ok(Rule::State(a.clone())),
-                },
-            }
+fn rope_rule(n: &Node) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored};
+    if let Some(r) = n.reduce_any(&[1]) {
+        return Ok(r);
+    }
+    if *n.st(1)? != Mirrored {
+        return n.no("ROPE needs mirrored positions");
+    }
+    match n.st(0)? {
+        Axis { axis: 0, .. } => n.no("ROPE rotates pairs within axis 0: it must be whole"),
+        Axis { axis: 2, .. } => {
+            n.no("ROPE takes one position per axis-2 index: it must not be split")
         }
+        // Rotation is linear, so partial sums rotate as well.
+        other => Ok(Rule::State(other.clone())),
+    }
+}
 
-        Op::DiagMaskInf { .. } => {
-            if let Some(r) = reduce_any(&[0]) {
-                return Ok(r);
-            }
-            match st(0)? {
-                Axis { axis: 0 | 1, .. } => no(
-                    "the causal mask depends on global row and column: axes 0 and 1 must be whole",
-                ),
-                other => Ok(Rule::State(other.clone())),
-            }
+fn soft_max_rule(n: &Node, max_bias: f32) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored};
+    if let Some(r) = n.reduce_any(&n.all()) {
+        return Ok(r);
+    }
+    let a = n.st(0)?;
+    let mask = if n.t.src.len() > 1 {
+        Some((n.src(1)?, n.st(1)?))
+    } else {
+        None
+    };
+    match a {
+        Axis { axis: 0, .. } => n.no("SOFT_MAX needs whole rows (axis 0 unsplit)"),
+        Axis { axis: 2, .. } if max_bias > 0.0 => {
+            n.no("ALiBi slopes depend on the global head index: axis 2 must be whole")
         }
-
-        Op::Unary(_) => {
-            if let Some(r) = reduce_any(&[0]) {
-                return Ok(r);
-            }
-            Ok(Rule::State(st(0)?.clone()))
-        }
-
-        Op::Swiglu => {
-            if let Some(r) = reduce_any(&all) {
-                return Ok(r);
-            }
-            let (a, b) = (st(0)?, st(1)?);
-            if same_placement(a, b) {
+        Axis { axis, .. } => match mask {
+            None => Ok(Rule::State(a.clone())),
+            Some((_, Mirrored)) if mask.is_some_and(|(m, _)| m.ne[*axis] == 1) => {
                 Ok(Rule::State(a.clone()))
-            } else {
-                no("SWIGLU needs both operands split alike")
             }
-        }
+            Some((m, ms)) if m.ne[*axis] == n.src(0)?.ne[*axis] && same_placement(a, ms) => {
+                Ok(Rule::State(a.clone()))
+            }
+            Some(_) => n.no("the mask must broadcast along the split axis or be split like src0"),
+        },
+        _ => match mask {
+            Some((_, Axis { .. })) => n.no("a mirrored src0 with a split mask"),
+            _ => Ok(Rule::State(a.clone())),
+        },
+    }
+}
 
-        Op::Concat { dim } => {
-            let (a, b) = (st(0)?, st(1)?);
-            if *a == Partial && *b == Partial {
-                return Ok(Rule::State(Partial));
-            }
-            if let Some(r) = reduce_any(&all) {
-                return Ok(r);
-            }
-            match (a, b) {
-                (Mirrored, Mirrored) => Ok(Rule::State(Mirrored)),
-                // Along the concatenated axis each device joins its two slices: the result's
-                // segments are a's followed by b's.
-                (
-                    Axis {
-                        axis: x,
-                        segments: sa,
-                    },
-                    Axis {
-                        axis: y,
-                        segments: sb,
-                    },
-                ) if x == y && *x == dim => Ok(Rule::State(Axis {
-                    axis: dim,
-                    segments: sa.iter().chain(sb).cloned().collect(),
-                })),
-                (Axis { .. }, Axis { .. }) if same_placement(a, b) => Ok(Rule::State(a.clone())),
-                _ => no("CONCAT needs both operands mirrored or split on the same axis"),
-            }
+fn diag_mask_rule(n: &Node) -> Result<Rule> {
+    if let Some(r) = n.reduce_any(&[0]) {
+        return Ok(r);
+    }
+    match n.st(0)? {
+        SplitState::Axis { axis: 0 | 1, .. } => {
+            n.no("the causal mask depends on global row and column: axes 0 and 1 must be whole")
         }
+        other => Ok(Rule::State(other.clone())),
+    }
+}
 
-        Op::Argmax => {
-            if let Some(r) = reduce_any(&[0]) {
-                return Ok(r);
-            }
-            match st(0)? {
-                Axis { axis: 0, .. } => no("ARGMAX needs whole rows (axis 0 unsplit)"),
-                Axis { segments, .. } => Ok(Rule::State(Axis {
-                    axis: 0,
-                    segments: segments.clone(),
-                })),
-                other => Ok(Rule::State(other.clone())),
-            }
-        }
+fn swiglu_rule(n: &Node) -> Result<Rule> {
+    if let Some(r) = n.reduce_any(&n.all()) {
+        return Ok(r);
+    }
+    let (a, b) = (n.st(0)?, n.st(1)?);
+    if same_placement(a, b) {
+        Ok(Rule::State(a.clone()))
+    } else {
+        n.no("SWIGLU needs both operands split alike")
+    }
+}
+
+fn concat_rule(n: &Node, dim: usize) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored, Partial};
+    let (a, b) = (n.st(0)?, n.st(1)?);
+    if *a == Partial && *b == Partial {
+        return Ok(Rule::State(Partial));
+    }
+    if let Some(r) = n.reduce_any(&n.all()) {
+        return Ok(r);
+    }
+    match (a, b) {
+        (Mirrored, Mirrored) => Ok(Rule::State(Mirrored)),
+        // Along the concatenated axis each device joins its two slices: the result's
+        // segments are a's followed by b's.
+        (
+            Axis {
+                axis: x,
+                segments: sa,
+            },
+            Axis {
+                axis: y,
+                segments: sb,
+            },
+        ) if x == y && *x == dim => Ok(Rule::State(Axis {
+            axis: dim,
+            segments: sa.iter().chain(sb).cloned().collect(),
+        })),
+        (Axis { .. }, Axis { .. }) if same_placement(a, b) => Ok(Rule::State(a.clone())),
+        _ => n.no("CONCAT needs both operands mirrored or split on the same axis"),
+    }
+}
+
+fn argmax_rule(n: &Node) -> Result<Rule> {
+    use SplitState::Axis;
+    if let Some(r) = n.reduce_any(&[0]) {
+        return Ok(r);
+    }
+    match n.st(0)? {
+        Axis { axis: 0, .. } => n.no("ARGMAX needs whole rows (axis 0 unsplit)"),
+        Axis { segments, .. } => Ok(Rule::State(Axis {
+            axis: 0,
+            segments: segments.clone(),
+        })),
+        other => Ok(Rule::State(other.clone())),
     }
 }
 

@@ -132,7 +132,32 @@ impl<'a> Assigner<'a> {
     /// Run passes 1–4 over `nodes` and `leafs` (ids of `ctx`).
     pub fn run(&mut self, nodes: &[TensorId], leafs: &[TensorId]) -> Result<()> {
         let ctx = self.ctx;
-        // Pass 1: tensors in a buffer, graph inputs, ops reading weights.
+        self.pass_from_cur(nodes, leafs)?;
+        // Passes 2 and 3 skip view ops (no kernel runs for them).
+        let order_down: Vec<TensorId> = nodes
+            .iter()
+            .copied()
+            .filter(|&n| !is_view_op(&ctx[n].op))
+            .collect();
+        self.pass_expand(&order_down);
+        self.pass_upgrade(&order_down);
+        self.pass_views_and_sources(nodes)?;
+        // Leafs no node reads (nothing decided them): the CPU backend.
+        for &leaf in leafs {
+            if self.get(leaf).is_none() {
+                let b = ctx[leaf]
+                    .view_src
+                    .and_then(|v| self.get(v))
+                    .unwrap_or(self.last());
+                self.set(leaf, b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Pass 1: tensors in a buffer, graph inputs, ops reading weights.
+    fn pass_from_cur(&mut self, nodes: &[TensorId], leafs: &[TensorId]) -> Result<()> {
+        let ctx = self.ctx;
         for &leaf in leafs {
             self.assign_from_cur(leaf)?;
         }
@@ -142,17 +167,15 @@ impl<'a> Assigner<'a> {
                 self.assign_from_cur(src)?;
             }
         }
+        Ok(())
+    }
 
-        // Pass 2: expand assignments to neighbouring nodes; non-CPU backends first so they get
-        // as much of the graph as they support, then the rest.
-        let order_down: Vec<TensorId> = nodes
-            .iter()
-            .copied()
-            .filter(|&n| !is_view_op(&ctx[n].op))
-            .collect();
+    /// Pass 2: expand assignments to neighbouring nodes (down, then up); non-CPU backends
+    /// first so they get as much of the graph as they support, then the rest.
+    fn pass_expand(&mut self, order_down: &[TensorId]) {
         let order_up: Vec<TensorId> = order_down.iter().rev().copied().collect();
         for skip_last in [true, false] {
-            for order in [&order_down, &order_up] {
+            for order in [order_down, &order_up] {
                 let mut cur: Option<usize> = None;
                 for &node in order {
                     match self.get(node) {
@@ -172,31 +195,16 @@ impl<'a> Assigner<'a> {
                 }
             }
         }
+    }
 
-        // Pass 3: upgrade nodes to a higher-priority backend with the same buffer type; give
-        // unassigned ones to the backend that can read most of their inputs.
-        for &node in &order_down {
+    /// Pass 3: upgrade nodes to a higher-priority backend with the same buffer type; give
+    /// unassigned ones to the backend that can read most of their inputs.
+    fn pass_upgrade(&mut self, order_down: &[TensorId]) {
+        let ctx = self.ctx;
+        for &node in order_down {
             match self.get(node) {
                 None => {
-                    let mut best: Option<(usize, usize)> = None;
-                    for b in 0..self.backends.len() {
-                        if !self.supports_op(b, node) {
-                            continue;
-                        }
-                        let n = ctx[node]
-                            .src
-                            .iter()
-                            .filter(|&&s| {
-                                let assigned = self.get(s).is_some()
-                                    || ctx[s].view_src.and_then(|v| self.get(v)).is_some();
-                                assigned && self.buffer_supported(s, b)
-                            })
-                            .count();
-                        if best.is_none_or(|(_, m)| n > m) {
-                            best = Some((b, n));
-                        }
-                    }
-                    if let Some((b, _)) = best {
+                    if let Some(b) = self.best_reader(node) {
                         self.set(node, b);
                     }
                 }
@@ -213,8 +221,38 @@ impl<'a> Assigner<'a> {
                 Some(_) => {}
             }
         }
+    }
 
-        // Pass 4: views follow their sources; unassigned sources follow their node.
+    /// The backend supporting `node` that can read most of its assigned inputs (the first
+    /// of those in priority order on a tie).
+    fn best_reader(&self, node: TensorId) -> Option<usize> {
+        let ctx = self.ctx;
+        let mut best: Option<(usize, usize)> = None;
+        for b in 0..self.backends.len() {
+            if !self.supports_op(b, node) {
+                continue;
+            }
+            let n = ctx[node]
+                .src
+                .iter()
+                .filter(|&&s| {
+                    let assigned = self.get(s).is_some()
+                        || ctx[s].view_src.and_then(|v| self.get(v)).is_some();
+                    assigned && self.buffer_supported(s, b)
+                })
+                .count();
+            if best.is_none_or(|(_, m)| n > m) {
+                best = Some((b, n));
+            }
+        }
+        best.map(|(b, _)| b)
+    }
+
+    /// Pass 4: views follow their sources; unassigned sources follow their node; a node still
+    /// unassigned goes to the first backend that supports it. A node nobody can run, or one
+    /// assigned to a backend that cannot, is an error.
+    fn pass_views_and_sources(&mut self, nodes: &[TensorId]) -> Result<()> {
+        let ctx = self.ctx;
         for &node in nodes {
             let mut cur = self.get(node);
             if cur.is_none() {
@@ -242,37 +280,30 @@ impl<'a> Assigner<'a> {
                     cur = Some(b);
                 }
             }
-            let t = &ctx[node];
-            match cur {
-                None => {
-                    return Err(SchedError::NoBackendSupports {
-                        node: t.display_name().to_string(),
-                        op: t.op.kind(),
-                    }
-                    .into())
-                }
-                Some(b) if !is_view_op(&t.op) && !self.supports_op(b, node) => {
-                    return Err(SchedError::AssignedBackendUnsupported {
-                        node: t.display_name().to_string(),
-                        op: t.op.kind(),
-                        backend: self.backends[b].name().to_string(),
-                    }
-                    .into())
-                }
-                Some(_) => {}
-            }
-        }
-        // Leafs no node reads (nothing decided them): the CPU backend.
-        for &leaf in leafs {
-            if self.get(leaf).is_none() {
-                let b = ctx[leaf]
-                    .view_src
-                    .and_then(|v| self.get(v))
-                    .unwrap_or(self.last());
-                self.set(leaf, b);
-            }
+            self.check_assigned(node, cur)?;
         }
         Ok(())
+    }
+
+    /// The end of pass 4 for `node`, assigned to `cur`.
+    fn check_assigned(&self, node: TensorId, cur: Option<usize>) -> Result<()> {
+        let t = &self.ctx[node];
+        match cur {
+            None => Err(SchedError::NoBackendSupports {
+                node: t.display_name().to_string(),
+                op: t.op.kind(),
+            }
+            .into()),
+            Some(b) if !is_view_op(&t.op) && !self.supports_op(b, node) => {
+                Err(SchedError::AssignedBackendUnsupported {
+                    node: t.display_name().to_string(),
+                    op: t.op.kind(),
+                    backend: self.backends[b].name().to_string(),
+                }
+                .into())
+            }
+            Some(_) => Ok(()),
+        }
     }
 }
 

@@ -2,9 +2,11 @@
 //! tensors between them, with optional pipeline parallelism.
 //!
 //! This module owns backend assignment (in the private `assign` submodule), splitting a graph
-//! where the backend changes, the copies of split inputs, the compute buffers (one
-//! [`GraphAllocator`] buffer type per backend), the events between splits and the copy statistics. It never moves tensors that
-//! already have storage (weights, KV caches) and never changes the caller's graph.
+//! where the backend changes and the copies of split inputs (in the private `split`
+//! submodule), the compute buffers (one [`GraphAllocator`] buffer type per backend), the
+//! events between splits and the copy statistics. It never moves tensors that already have
+//! storage (weights, KV caches) and never changes the caller's graph. Imports go one way:
+//! `mod` (the [`Scheduler`] and running splits) → `split` → `assign`.
 //!
 //! # How a graph runs
 //! 1. **Assignment** (ggml's passes): tensors already in a buffer go to the highest-priority
@@ -73,17 +75,16 @@
 //! per chunk); the scheduler treats every part as its own compute memory.
 
 mod assign;
+mod split;
 
 use crate::alloc::{Concurrency, GraphAllocator};
 use crate::backend::{Backend, BufferTypeRef, DeviceType, Event};
 use crate::context::Context;
 use crate::error::{Error, Result, SchedError};
 use crate::graph::Graph;
-use crate::op::Op;
-use crate::tensor::{Tensor, TensorFlags, TensorId};
+use crate::tensor::{TensorFlags, TensorId};
 use crate::trace::{Trace, TraceArg};
-use assign::{buffer_supported, is_view_op, root_data, Assigner};
-use std::collections::hash_map::Entry;
+use split::{internal, Plan, Split, Splitter};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -135,41 +136,6 @@ pub struct SplitInfo {
     pub nodes: Vec<TensorId>,
     /// Tensors of the caller's graph copied into the split's backend before it runs.
     pub inputs: Vec<TensorId>,
-}
-
-/// A split in the scheduler's context.
-struct Split {
-    backend: usize,
-    /// The split's nodes (scheduler ids), with sources rewritten to the copies.
-    graph: Graph,
-    /// Tensors (scheduler ids) copied in before the split runs.
-    inputs: Vec<TensorId>,
-    /// Index of the split's first node in the augmented graph.
-    aug_start: usize,
-}
-
-/// The scheduler's augmented copy of one graph.
-struct Plan {
-    ctx: Context,
-    /// Caller id → scheduler id.
-    to_sched: HashMap<TensorId, TensorId>,
-    /// Scheduler id → caller id (only the caller's tensors).
-    to_user: HashMap<TensorId, TensorId>,
-    graph: Graph,
-    node_ids: Vec<usize>,
-    leaf_ids: Vec<usize>,
-    splits: Vec<Split>,
-    /// Backend of each scheduler tensor.
-    backend_ids: Vec<Option<usize>>,
-    /// Copies per (scheduler tensor, backend), one per copy index.
-    copies: HashMap<(TensorId, usize), Vec<TensorId>>,
-    /// The copy index the graph was built with.
-    cur_copy: usize,
-    /// The caller graph's uid.
-    uid: u64,
-    /// The caller context's uid and epoch once the plan's storage was written into it: the
-    /// plan is reused only while they are unchanged (see [`Context::epoch`]).
-    user_ctx: (u64, u64),
 }
 
 /// How a [`Scheduler`] is set up; `SchedulerOptions::default()` is llama.cpp's usual setup
@@ -251,21 +217,6 @@ impl std::fmt::Debug for Scheduler {
             .field("n_splits", &self.n_splits())
             .finish()
     }
-}
-
-/// A broken invariant of the scheduler's own plan, as an error instead of a panic.
-fn internal(msg: impl Into<String>) -> Error {
-    SchedError::Internal(msg.into()).into()
-}
-
-/// The backend assigned to `id`.
-fn backend_of(ctx: &Context, ids: &[Option<usize>], id: TensorId) -> Result<usize> {
-    ids.get(id.index()).copied().flatten().ok_or_else(|| {
-        internal(format!(
-            "tensor '{}' has no backend",
-            ctx[id].display_name()
-        ))
-    })
 }
 
 impl Scheduler {
@@ -622,410 +573,42 @@ impl Scheduler {
         }
     }
 
-    /// Copy the caller's graph into a private context, assign backends, split, and add the
-    /// input copies (ggml's `ggml_backend_sched_split_graph`).
+    /// Split `graph` of `user` (see [`split`]) with this scheduler's backends and settings.
     fn split_graph(&self, user: &Context, graph: &Graph, cur_copy: usize) -> Result<Plan> {
-        let n_user = graph.n_nodes() + graph.leafs().len();
-        if let Some(graph_size) = self.max_graph_size.filter(|&max| n_user > max) {
-            return Err(SchedError::GraphTooLarge {
-                n_tensors: n_user,
-                graph_size,
-            }
-            .into());
-        }
-        let n_back = self.backends.len();
-        let last = n_back - 1;
-
-        // 1. The caller's tensors, sources and view sources first; storage the scheduler gave
-        //    earlier is dropped so it can be placed again.
-        let mut ctx = Context::new();
-        let mut to_sched: HashMap<TensorId, TensorId> = HashMap::new();
-        let mut to_user: HashMap<TensorId, TensorId> = HashMap::new();
-        let mut stack: Vec<(TensorId, bool)> = Vec::new();
-        for &id in graph.leafs().iter().chain(graph.nodes()) {
-            user.get(id)?;
-            stack.push((id, false));
-            while let Some((t, done)) = stack.pop() {
-                if done {
-                    if to_sched.contains_key(&t) {
-                        continue;
-                    }
-                    let mut copy = user[t].clone();
-                    let own = copy
-                        .data
-                        .as_ref()
-                        .is_some_and(|d| self.own_buffers.contains(&d.buffer.id()));
-                    if own {
-                        copy.data = None;
-                    }
-                    copy.src = copy.src.iter().map(|s| to_sched[s]).collect();
-                    copy.view_src = copy.view_src.map(|s| to_sched[&s]);
-                    let s = ctx.push(copy)?;
-                    to_sched.insert(t, s);
-                    to_user.insert(s, t);
-                    continue;
-                }
-                if to_sched.contains_key(&t) {
-                    continue;
-                }
-                stack.push((t, true));
-                let tensor = user.get(t)?;
-                for &s in tensor.src.iter().chain(tensor.view_src.iter()) {
-                    user.get(s)?;
-                    if !to_sched.contains_key(&s) {
-                        stack.push((s, false));
-                    }
-                }
-            }
-        }
-        let nodes: Vec<TensorId> = graph.nodes().iter().map(|n| to_sched[n]).collect();
-        let leafs: Vec<TensorId> = graph.leafs().iter().map(|n| to_sched[n]).collect();
-
-        // 2. Assignment.
-        let mut ids = vec![None; ctx.len()];
-        let mut pinned = vec![false; ctx.len()];
-        for (u, &b) in &self.overrides {
-            if let Some(s) = to_sched.get(u) {
-                ids[s.index()] = Some(b);
-                pinned[s.index()] = true;
-            }
-        }
-        let mut assigner = Assigner {
+        Splitter {
             backends: &self.backends,
             bufts: &self.bufts,
-            ctx: &ctx,
+            max_graph_size: self.max_graph_size,
+            n_copies: self.n_copies,
             op_offload: self.op_offload,
-            ids,
-            pinned,
-        };
-        assigner.run(&nodes, &leafs)?;
-        let mut ids = assigner.ids;
-
-        // 3. Splits, and copies of the inputs a split's backend cannot read.
-        struct RawSplit {
-            backend: usize,
-            start: usize,
-            end: usize,
-            inputs: Vec<TensorId>,
+            overrides: &self.overrides,
+            own_buffers: &self.own_buffers,
         }
-        let first = nodes
-            .iter()
-            .find(|&&n| !is_view_op(&ctx[n].op))
-            .map(|&n| backend_of(&ctx, &ids, n))
-            .transpose()?
-            .unwrap_or(last);
-        let mut splits: Vec<RawSplit> = vec![RawSplit {
-            backend: first,
-            start: 0,
-            end: nodes.len(),
-            inputs: Vec::new(),
-        }];
-        let mut copies: HashMap<(TensorId, usize), Vec<TensorId>> = HashMap::new();
-        // Graph inputs that get `n_copies` places, with their backend.
-        let mut graph_inputs: Vec<(TensorId, usize)> = Vec::new();
-        let mut rewrites: Vec<(TensorId, usize, TensorId)> = Vec::new();
-        // Copies are pushed after the walk (which borrows `ctx`); their ids are reserved now.
-        let mut extra: Vec<(TensorId, Tensor)> = Vec::new();
-        let next_id = |extra: &Vec<(TensorId, Tensor)>| ctx.reserve_id(extra.len());
-        let dup = |src: &Tensor, name: String, flags: TensorFlags| -> Result<Tensor> {
-            let mut t = Tensor::new(src.dtype, src.ne)?;
-            t.nb = src.nb;
-            t.name = name;
-            t.flags = flags;
-            Ok(t)
-        };
-        let pipelined = TensorFlags::INPUT;
-        for (i, &node) in nodes.iter().enumerate() {
-            let t = &ctx[node];
-            if is_view_op(&t.op) {
-                continue;
-            }
-            let nb = backend_of(&ctx, &ids, node)?;
-            let cur = splits.last().map_or(last, |s| s.backend);
-            let mut new_split = false;
-            if nb == cur && !splits.last().is_some_and(|s| s.inputs.is_empty()) {
-                // A weight on another backend this one cannot read: start a new split so the
-                // memory of earlier weight copies can be reused.
-                new_split = t.src.iter().any(|&s| {
-                    root_data(&ctx, s)
-                        .is_some_and(|d| d.buffer.usage() == crate::backend::BufferUsage::Weights)
-                        && ids[s.index()] != Some(cur)
-                        && !buffer_supported(&ctx, &ids, &self.backends, &self.bufts, s, cur)
-                });
-            }
-            if nb != cur || new_split {
-                if let Some(s) = splits.last_mut() {
-                    s.end = i;
-                }
-                splits.push(RawSplit {
-                    backend: nb,
-                    start: i,
-                    end: nodes.len(),
-                    inputs: Vec::new(),
-                });
-            }
-            for (j, &src) in t.src.iter().enumerate() {
-                let sb = backend_of(&ctx, &ids, src)?;
-                let st = &ctx[src];
-                if st.flags.contains(TensorFlags::INPUT)
-                    && self.n_copies > 1
-                    && !copies.contains_key(&(src, sb))
-                {
-                    let mut v = Vec::with_capacity(self.n_copies);
-                    for c in 0..self.n_copies {
-                        if c == cur_copy {
-                            v.push(src);
-                        } else {
-                            let id = next_id(&extra)?;
-                            v.push(id);
-                            let name = format!("{}#{}#{c}", self.backends[sb].name(), st.name);
-                            extra.push((id, dup(st, name, pipelined)?));
-                        }
-                    }
-                    copies.insert((src, sb), v);
-                    graph_inputs.push((src, sb));
-                }
-                if sb != nb && !buffer_supported(&ctx, &ids, &self.backends, &self.bufts, src, nb) {
-                    let copy = match copies.entry((src, nb)) {
-                        Entry::Occupied(e) => e.get()[cur_copy],
-                        Entry::Vacant(e) => {
-                            let flags = if self.n_copies > 1 {
-                                pipelined
-                            } else {
-                                TensorFlags::empty()
-                            };
-                            let mut v = Vec::with_capacity(self.n_copies);
-                            for c in 0..self.n_copies {
-                                let id = next_id(&extra)?;
-                                v.push(id);
-                                let name = format!("{}#{}#{c}", self.backends[nb].name(), st.name);
-                                extra.push((id, dup(st, name, flags)?));
-                            }
-                            if let Some(s) = splits.last_mut() {
-                                s.inputs.push(src);
-                            }
-                            e.insert(v)[cur_copy]
-                        }
-                    };
-                    rewrites.push((node, j, copy));
-                }
-            }
-        }
-
-        // 4. Materialise the copies and rewrite the sources.
-        for (id, mut t) in extra {
-            if self.n_copies > 1 {
-                // Pipelined copies must never be reused by other tensors.
-                t.flags.insert(TensorFlags::OUTPUT);
-            }
-            ctx.push_reserved(id, t)?;
-        }
-        for &(src, _) in &graph_inputs {
-            let t = ctx.get_mut(src)?;
-            t.flags.insert(TensorFlags::OUTPUT);
-        }
-        for (node, j, copy) in rewrites {
-            ctx.get_mut(node)?.src[j] = copy;
-        }
-        ids.resize(ctx.len(), None);
-        for (&(_, b), v) in &copies {
-            for &c in v {
-                ids[c.index()] = Some(b);
-            }
-        }
-
-        // 5. The augmented graph: before each split's nodes, a view of each input (keeping it
-        //    alive until it is copied) and its copy (placed at the split's start).
-        let mut g_nodes: Vec<TensorId> = Vec::new();
-        let mut node_ids: Vec<usize> = Vec::new();
-        let mut out_splits: Vec<Split> = Vec::with_capacity(splits.len());
-        for s in &splits {
-            for &input in &s.inputs {
-                // A zero-size node reading the input: it keeps the input alive up to here
-                // without taking memory (ggml uses a view, which would pin the input forever).
-                let it = &ctx[input];
-                let mut dep = Tensor::new(it.dtype, [0, 1, 1, 1])?;
-                dep.op = Op::Dup;
-                dep.src = vec![input];
-                dep.name = format!("{} (dep)", it.name);
-                let ib = backend_of(&ctx, &ids, input)?;
-                let dep = ctx.push(dep)?;
-                ids.push(Some(ib));
-                g_nodes.push(dep);
-                node_ids.push(ib);
-                g_nodes.push(copies[&(input, s.backend)][cur_copy]);
-                node_ids.push(s.backend);
-            }
-            let aug_start = g_nodes.len();
-            for &n in &nodes[s.start..s.end] {
-                g_nodes.push(n);
-                node_ids.push(backend_of(&ctx, &ids, n)?);
-            }
-            out_splits.push(Split {
-                backend: s.backend,
-                graph: Graph::from_nodes(nodes[s.start..s.end].to_vec()),
-                inputs: s.inputs.clone(),
-                aug_start,
-            });
-        }
-        let mut g_leafs: Vec<TensorId> = Vec::new();
-        let mut leaf_ids: Vec<usize> = Vec::new();
-        if self.n_copies > 1 {
-            for &(input, b) in &graph_inputs {
-                for &c in &copies[&(input, b)] {
-                    g_leafs.push(c);
-                    leaf_ids.push(b);
-                }
-            }
-            for s in &splits {
-                for &input in &s.inputs {
-                    for &c in &copies[&(input, s.backend)] {
-                        g_leafs.push(c);
-                        leaf_ids.push(s.backend);
-                    }
-                }
-            }
-        }
-        for &l in &leafs {
-            g_leafs.push(l);
-            leaf_ids.push(backend_of(&ctx, &ids, l)?);
-        }
-        let aug = Graph::from_parts(g_nodes, g_leafs);
-        Ok(Plan {
-            ctx,
-            to_sched,
-            to_user,
-            graph: aug,
-            node_ids,
-            leaf_ids,
-            splits: out_splits,
-            backend_ids: ids,
-            copies,
-            cur_copy,
-            uid: graph.uid(),
-            user_ctx: (user.uid(), user.epoch()),
-        })
+        .split_graph(user, graph, cur_copy)
     }
 
     /// Run the splits of the allocated graph (ggml's `ggml_backend_sched_compute_splits`).
     fn compute_splits(&mut self, user: &Context) -> Result<()> {
-        let plan = self.plan.as_ref().ok_or(SchedError::NotAllocated)?;
+        // Out of `self` while it runs, so the steps below can borrow the backends mutably;
+        // put back whatever happens.
+        let plan = self.plan.take().ok_or(SchedError::NotAllocated)?;
+        let result = self.run_splits(&plan, user);
+        self.plan = Some(plan);
+        result
+    }
+
+    /// For each split: copy its inputs in, wait for sources read in place, compute it, and
+    /// record its event (after which its input copies may be overwritten).
+    fn run_splits(&mut self, plan: &Plan, user: &Context) -> Result<()> {
         let c = plan.cur_copy;
         for (split_index, split) in plan.splits.iter().enumerate() {
             let b = split.backend;
             for &input in &split.inputs {
-                let t_copy = Instant::now();
-                let ib = plan.backend_ids[input.index()]
-                    .ok_or_else(|| internal("a split input has no backend"))?;
-                let cpy = plan
-                    .copies
-                    .get(&(input, b))
-                    .and_then(|v| v.get(c))
-                    .copied()
-                    .ok_or_else(|| internal("a split input has no copy"))?;
-                let event = self.events[b][c].as_ref();
-                if plan.ctx[input].flags.contains(TensorFlags::INPUT) {
-                    // The caller may overwrite its input as soon as we return: copy it now.
-                    match event {
-                        Some(e) => e.synchronize()?,
-                        None => self.backends[b].synchronize()?,
-                    }
-                    // Read now; the write goes through the split backend's stream, after the
-                    // work it has queued (which may still use that memory).
-                    let bytes = plan.ctx.tensor_bytes(input)?;
-                    if plan.ctx[cpy].nbytes() != bytes.len() {
-                        return Err(internal("a split input and its copy differ in size"));
-                    }
-                    self.backends[b].set_tensor_async(&plan.ctx, cpy, 0, &bytes)?;
-                } else {
-                    // Wait until the split backend is done with this copy before overwriting it.
-                    match event {
-                        Some(e) => self.backends[b].event_wait(e)?,
-                        None => self.backends[b].synchronize()?,
-                    }
-                    let (dst, src) = crate::backend::two_mut(&mut self.backends, b, ib)
-                        .ok_or_else(|| {
-                            internal(format!("cannot borrow backends {b} and {ib} together"))
-                        })?;
-                    crate::backend::tensor_copy_async(
-                        dst.as_mut(),
-                        src.as_mut(),
-                        &plan.ctx,
-                        input,
-                        cpy,
-                    )?;
-                }
-                let bytes = plan.ctx[input].nbytes() as u64;
-                self.stats.bytes[ib][b] += bytes;
-                self.stats.count[ib][b] += 1;
-                if let Some((trace, tracks)) = &self.trace {
-                    trace.span(
-                        tracks[b],
-                        format!("copy {}", plan.ctx[input].display_name()),
-                        "copy",
-                        t_copy,
-                        Instant::now(),
-                        vec![
-                            ("bytes".into(), TraceArg::Int(bytes)),
-                            (
-                                "from".into(),
-                                TraceArg::Text(self.backends[ib].name().to_string()),
-                            ),
-                        ],
-                    );
-                }
+                self.copy_input(plan, b, input)?;
             }
-
-            // Sources computed by another backend and read in place (by a backend that can use
-            // that memory, so no copy was made): that backend may still be running
-            // asynchronously, so wait for it first.
-            let mut waited: Vec<usize> = Vec::new();
-            for &n in split.graph.nodes() {
-                for &src in &plan.ctx[n].src {
-                    let computed = plan.ctx[src].op.kind() != crate::op::OpKind::None;
-                    if let Some(ob) = plan.backend_ids.get(src.index()).copied().flatten() {
-                        if computed && ob != b && !waited.contains(&ob) {
-                            self.backends[ob].synchronize()?;
-                            waited.push(ob);
-                        }
-                    }
-                }
-            }
-
+            self.wait_for_sources(plan, split)?;
             let t_split = Instant::now();
-            match self.eval_callback.as_mut() {
-                None => self.backends[b].graph_compute_async(&plan.ctx, &split.graph)?,
-                Some(cb) => {
-                    let nodes = split.graph.nodes();
-                    let mut j0 = 0;
-                    while j0 < nodes.len() {
-                        // Run nodes up to (and including) the next one the caller wants to see.
-                        let mut j1 = j0;
-                        let mut need;
-                        loop {
-                            let u = plan.to_user.get(&nodes[j1]).copied().ok_or_else(|| {
-                                internal("a split node is not in the caller's graph")
-                            })?;
-                            need = cb(user, u, true);
-                            if need || j1 + 1 == nodes.len() {
-                                break;
-                            }
-                            j1 += 1;
-                        }
-                        let view = Graph::from_nodes(nodes[j0..=j1].to_vec());
-                        self.backends[b].graph_compute(&plan.ctx, &view)?;
-                        self.backends[b].synchronize()?;
-                        if need {
-                            let u = plan.to_user[&nodes[j1]];
-                            if !cb(user, u, false) {
-                                return Err(Error::Aborted);
-                            }
-                        }
-                        j0 = j1 + 1;
-                    }
-                }
-            }
-
+            self.compute_split(plan, split, user)?;
             if let Some((trace, tracks)) = &self.trace {
                 trace.span(
                     tracks[b],
@@ -1039,12 +622,128 @@ impl Scheduler {
                     ],
                 );
             }
-
             if !split.inputs.is_empty() {
                 if let Some(e) = self.events[b][c].as_ref() {
                     self.backends[b].event_record(e)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Copy split input `input` into its copy on backend `b`, counted in the statistics and
+    /// traced.
+    fn copy_input(&mut self, plan: &Plan, b: usize, input: TensorId) -> Result<()> {
+        let c = plan.cur_copy;
+        let t_copy = Instant::now();
+        let ib = plan.backend_ids[input.index()]
+            .ok_or_else(|| internal("a split input has no backend"))?;
+        let cpy = plan
+            .copies
+            .get(&(input, b))
+            .and_then(|v| v.get(c))
+            .copied()
+            .ok_or_else(|| internal("a split input has no copy"))?;
+        let event = self.events[b][c].as_ref();
+        if plan.ctx[input].flags.contains(TensorFlags::INPUT) {
+            // The caller may overwrite its input as soon as we return: copy it now.
+            match event {
+                Some(e) => e.synchronize()?,
+                None => self.backends[b].synchronize()?,
+            }
+            // Read now; the write goes through the split backend's stream, after the
+            // work it has queued (which may still use that memory).
+            let bytes = plan.ctx.tensor_bytes(input)?;
+            if plan.ctx[cpy].nbytes() != bytes.len() {
+                return Err(internal("a split input and its copy differ in size"));
+            }
+            self.backends[b].set_tensor_async(&plan.ctx, cpy, 0, &bytes)?;
+        } else {
+            // Wait until the split backend is done with this copy before overwriting it.
+            match event {
+                Some(e) => self.backends[b].event_wait(e)?,
+                None => self.backends[b].synchronize()?,
+            }
+            let (dst, src) = crate::backend::two_mut(&mut self.backends, b, ib)
+                .ok_or_else(|| internal(format!("cannot borrow backends {b} and {ib} together")))?;
+            crate::backend::tensor_copy_async(dst.as_mut(), src.as_mut(), &plan.ctx, input, cpy)?;
+        }
+        let bytes = plan.ctx[input].nbytes() as u64;
+        self.stats.bytes[ib][b] += bytes;
+        self.stats.count[ib][b] += 1;
+        if let Some((trace, tracks)) = &self.trace {
+            trace.span(
+                tracks[b],
+                format!("copy {}", plan.ctx[input].display_name()),
+                "copy",
+                t_copy,
+                Instant::now(),
+                vec![
+                    ("bytes".into(), TraceArg::Int(bytes)),
+                    (
+                        "from".into(),
+                        TraceArg::Text(self.backends[ib].name().to_string()),
+                    ),
+                ],
+            );
+        }
+        Ok(())
+    }
+
+    /// Sources computed by another backend and read in place (by a backend that can use that
+    /// memory, so no copy was made): that backend may still be running asynchronously, so wait
+    /// for it first.
+    fn wait_for_sources(&mut self, plan: &Plan, split: &Split) -> Result<()> {
+        let mut waited: Vec<usize> = Vec::new();
+        for &n in split.graph.nodes() {
+            for &src in &plan.ctx[n].src {
+                let computed = plan.ctx[src].op.kind() != crate::op::OpKind::None;
+                if let Some(ob) = plan.backend_ids.get(src.index()).copied().flatten() {
+                    if computed && ob != split.backend && !waited.contains(&ob) {
+                        self.backends[ob].synchronize()?;
+                        waited.push(ob);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue the split's nodes on its backend; with an eval callback, run them piece by piece
+    /// up to each node the caller wants to see, and stop when it says so.
+    fn compute_split(&mut self, plan: &Plan, split: &Split, user: &Context) -> Result<()> {
+        let b = split.backend;
+        let Some(cb) = self.eval_callback.as_mut() else {
+            return self.backends[b].graph_compute_async(&plan.ctx, &split.graph);
+        };
+        let nodes = split.graph.nodes();
+        let mut j0 = 0;
+        while j0 < nodes.len() {
+            // Run nodes up to (and including) the next one the caller wants to see.
+            let mut j1 = j0;
+            let mut need;
+            loop {
+                let u = plan
+                    .to_user
+                    .get(&nodes[j1])
+                    .copied()
+                    .ok_or_else(|| internal("a split node is not in the caller's graph"))?;
+                need = cb(user, u, true);
+                if need || j1 + 1 == nodes.len() {
+                    break;
+                }
+                j1 += 1;
+            }
+            let view = Graph::from_nodes(nodes[j0..=j1].to_vec());
+            self.backends[b].graph_compute(&plan.ctx, &view)?;
+            self.backends[b].synchronize()?;
+            if need {
+                let u = plan.to_user[&nodes[j1]];
+                if !cb(user, u, false) {
+                    return Err(Error::Aborted);
+                }
+            }
+            j0 = j1 + 1;
         }
         Ok(())
     }

@@ -1,7 +1,6 @@
-//! Test doubles for code that exercises the backend traits without a real device (only with
-//! the `testing` feature): a buffer type whose buffers are a `Vec<u8>` behind a mutex, either
-//! flagged as host memory or as memory only a device reaches. This module owns nothing the
-//! library itself uses.
+//! The mock buffer type: buffers that are a `Vec<u8>` behind a mutex, flagged either as host
+//! memory or as memory only a device reaches. No base pointer, so no kernel can address them;
+//! every byte goes through `Buffer::set` / `get`.
 
 use crate::backend::{BufferImpl, BufferType, BufferTypeRef};
 use crate::error::{Error, Result};

@@ -3,16 +3,20 @@
 //!
 //! This module owns the plan type and the generic dependency analysis that builds one; a
 //! backend that overlaps nodes reports its plan through
-//! [`Backend::graph_concurrency`](crate::backend::Backend::graph_concurrency), and the
-//! [`GraphAllocator`](super::GraphAllocator) honours it: memory freed by a node of a group only
-//! becomes reusable after the whole group, and no node of a group takes over (in place) a
-//! tensor another node of the group reads. So nodes of one group never get each other's
-//! memory, nor memory a node of the group still reads.
+//! [`Backend::graph_concurrency`](super::Backend::graph_concurrency), and the
+//! [`GraphAllocator`](crate::alloc::GraphAllocator) honours it: memory freed by a node of a
+//! group only becomes reusable after the whole group, and no node of a group takes over (in
+//! place) a tensor another node of the group reads. So nodes of one group never get each
+//! other's memory, nor memory a node of the group still reads.
 //!
 //! A plan splits the graph's node list into *contiguous* groups (levels in graph order). The
 //! allocator walks nodes in graph order, so groups that jump around in the node list would
 //! need the graph to be reordered first; contiguous groups keep the allocator's walk and the
 //! backend's encoding order the same.
+//!
+//! The plan is part of the backend API (what a backend reports, like a [`super::GraphPlan`]),
+//! so it lives here, below the allocator that reads it; `rgml::alloc::Concurrency` is the same
+//! type.
 
 use crate::context::Context;
 use crate::error::{GraphAllocError, Result};
