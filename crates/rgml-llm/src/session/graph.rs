@@ -80,7 +80,8 @@ pub(super) fn build_graph(
     let kq_scale = 1.0 / (hd as f32).sqrt();
 
     let mut graph = Graph::new();
-    let mut x = ctx.get_rows(model.tok_embd, tokens)?;
+    let inp_embd = ctx.get_rows(model.tok_embd, tokens)?;
+    let mut x = keep(ctx, inp_embd, "inp_embd".into())?;
     for (il, l) in model.layers.iter().enumerate() {
         let dev = model.layer_device(il).unwrap_or(0);
         let cur = ctx.rms_norm(x, c.rms_eps)?;

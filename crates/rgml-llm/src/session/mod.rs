@@ -275,6 +275,12 @@ impl Session {
         out.clear();
         let result = self.decode_into(tokens, which, &mut out);
         self.staging.logits = out;
+        // A model file that changed during the computation explains any result: it is the
+        // error (after a success too, as the weights read may have been garbage).
+        if let Err(changed) = self.model.check_file() {
+            self.staging.logits.clear();
+            return Err(changed);
+        }
         result?;
         Ok(&self.staging.logits)
     }

@@ -13,10 +13,18 @@ use std::ptr::NonNull;
 /// A zero-initialised heap block of `len` bytes aligned to `align` (an empty one allocates
 /// nothing).
 pub struct AlignedMem {
+    /// The first aligned byte.
     ptr: NonNull<u8>,
     size: usize,
-    align: usize,
+    /// What was allocated (`None`: nothing, for an empty block) and where it starts.
+    allocation: Option<(NonNull<u8>, Layout)>,
 }
+
+/// The largest alignment the system allocator's `calloc` path serves. Larger alignments are
+/// had by over-allocating with this one and aligning by hand: Rust's allocator zeroes an
+/// allocation aligned beyond it with a `memset`, which touches (commits) every page at once,
+/// while `calloc` of a large block maps zero pages that cost memory only when written.
+const CALLOC_ALIGN: usize = 16;
 
 // SAFETY: `AlignedMem` owns its allocation exclusively (like a `Box<[u8]>`); the raw pointer is
 // not shared with anything that outlives it, so moving it across threads is sound.
@@ -35,18 +43,41 @@ impl AlignedMem {
             size,
             reason,
         };
-        let layout = Layout::from_size_align(size.max(1), align)
-            .map_err(|_| oom("size too large for an allocation"))?;
+        if !align.is_power_of_two() {
+            return Err(oom("the alignment is not a power of two"));
+        }
         if size == 0 {
             // Aligned, never dereferenced for more than 0 bytes, never freed.
             let ptr = NonNull::new(align as *mut u8).ok_or_else(|| oom("zero alignment"))?;
-            return Ok(AlignedMem { ptr, size, align });
+            return Ok(AlignedMem {
+                ptr,
+                size,
+                allocation: None,
+            });
         }
+        let padding = align.saturating_sub(CALLOC_ALIGN);
+        let layout = size
+            .checked_add(padding)
+            .and_then(|total| Layout::from_size_align(total, align.min(CALLOC_ALIGN)).ok())
+            .ok_or_else(|| oom("size too large for an allocation"))?;
         // SAFETY: `layout` has a non-zero size and a valid power-of-two alignment (checked by
         // `from_size_align`), as `alloc_zeroed` requires.
-        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| oom("the system allocator failed"))?;
-        Ok(AlignedMem { ptr, size, align })
+        let raw = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| oom("the system allocator failed"))?;
+        let offset = raw.as_ptr().align_offset(align);
+        if offset > padding {
+            // SAFETY: `raw` was allocated just above with `layout`.
+            unsafe { std::alloc::dealloc(raw.as_ptr(), layout) };
+            return Err(oom("the allocation cannot be aligned"));
+        }
+        // SAFETY: `offset <= padding`, so `raw + offset .. raw + offset + size` lies inside
+        // the `size + padding` bytes allocated.
+        let ptr = unsafe { raw.add(offset) };
+        Ok(AlignedMem {
+            ptr,
+            size,
+            allocation: Some((raw, layout)),
+        })
     }
 
     /// The first byte.
@@ -154,13 +185,10 @@ impl AlignedMem {
 
 impl Drop for AlignedMem {
     fn drop(&mut self) {
-        if self.size == 0 {
-            return;
-        }
-        if let Ok(layout) = Layout::from_size_align(self.size, self.align) {
-            // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout (same size
-            // and alignment, validated when allocating) and is freed only here, once.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        if let Some((raw, layout)) = self.allocation.take() {
+            // SAFETY: `raw` was returned by `alloc_zeroed` with exactly `layout` and is freed
+            // only here, once.
+            unsafe { std::alloc::dealloc(raw.as_ptr(), layout) };
         }
     }
 }
@@ -171,7 +199,7 @@ mod tests {
 
     #[test]
     fn aligned_zeroed_and_bounds_checked() {
-        for align in [64, 4096] {
+        for align in [1, 16, 32, 64, 4096] {
             let mut m = AlignedMem::new(1000, align, "test").unwrap();
             assert_eq!(m.ptr().as_ptr() as usize % align, 0);
             assert!(m.as_mut_slice().iter().all(|&b| b == 0));
@@ -190,5 +218,35 @@ mod tests {
             assert!(empty.bytes(0, 1).is_err());
         }
         assert!(AlignedMem::new(8, 3, "test").is_err());
+    }
+
+    /// Resident memory of this process in bytes (Linux).
+    #[cfg(target_os = "linux")]
+    fn resident() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+            * 1024
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_large_block_costs_memory_only_where_written() {
+        const SIZE: usize = 1 << 30;
+        let before = resident();
+        let mut m = AlignedMem::new(SIZE, 64, "test").unwrap();
+        let slice = m.as_mut_slice();
+        slice[0] = 1;
+        slice[SIZE - 1] = 2;
+        let grown = resident().saturating_sub(before);
+        assert!(
+            grown < 64 << 20,
+            "a 1 GiB block made {grown} bytes resident"
+        );
+        assert_eq!((slice[0], slice[SIZE / 2], slice[SIZE - 1]), (1, 0, 2));
     }
 }
