@@ -59,3 +59,38 @@ fn bad_device_lists_are_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown device"));
 }
+
+/// The GPU device's name, if `rgml devices` lists one (none: skip, unless `RGML_REQUIRE_GPU=1`).
+fn gpu_device() -> Option<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .arg("devices")
+        .output()
+        .expect("run rgml");
+    let name = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|w| ["Vulkan0", "Metal0", "DX120"].contains(w))
+        .map(str::to_string);
+    if name.is_none() {
+        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        assert!(!required, "RGML_REQUIRE_GPU=1 but `rgml devices` lists no GPU");
+    }
+    name
+}
+
+/// The default tolerance shows real divergence: the GPU mirrors ggml's AVX-512 arithmetic, so
+/// against the CPU computing as the AVX-512 build no node differs, and against the AVX2 build's
+/// arithmetic (rounding differences only, NMSE far below the old default of 1e-5) nodes do.
+#[test]
+fn the_default_tolerance_shows_rounding_differences_from_the_gpu() {
+    let Some(gpu) = gpu_device() else { return };
+    let devices = format!("CPU,{gpu}");
+    let (out, stdout) = compare(&[("RGML_CPU_ISA", "avx512")], &devices, &[]);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("first divergent: none"), "{stdout}");
+    let (out, stdout) = compare(&[("RGML_CPU_ISA", "avx2")], &devices, &[]);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("DIVERGES"), "{stdout}");
+    // The same run with the old default hides them.
+    let (out, stdout) = compare(&[("RGML_CPU_ISA", "avx2")], &devices, &["--tol", "1e-5"]);
+    assert!(out.status.success(), "{stdout}");
+}
