@@ -639,6 +639,14 @@ fn unary(cases: &mut Vec<Case>) {
 }
 
 fn copies(cases: &mut Vec<Case>) {
+    cpy(cases);
+    dup(cases);
+    cont(cases);
+}
+
+/// CPY between every pair of plain types and from/to f32 for every quantized type, in
+/// the layouts of [`cpy_layouts`].
+fn cpy(cases: &mut Vec<Case>) {
     let mut pairs = vec![
         (DType::F32, DType::F32),
         (DType::F32, DType::F16),
@@ -653,25 +661,7 @@ fn copies(cases: &mut Vec<Case>) {
         pairs.push((q, DType::F32));
     }
     for (ta, tb) in pairs {
-        let quant = ta.is_quantized() || tb.is_quantized();
-        // (ne, permutation of the source or none, destination transposed)
-        let mut layouts: Vec<([usize; 4], Option<[usize; 4]>, bool)> = Vec::new();
-        if quant {
-            layouts.push(([256, 4, 2, 1], None, false));
-            layouts.push(([512, 3, 1, 1], None, false));
-            if !ta.is_quantized() {
-                layouts.push(([256, 3, 2, 1], Some([0, 2, 1, 3]), false));
-            }
-        } else {
-            layouts.push(([37, 5, 3, 2], None, false));
-            layouts.push(([37, 5, 3, 2], Some([1, 0, 2, 3]), false));
-            layouts.push(([37, 5, 3, 2], Some([0, 2, 1, 3]), false));
-            layouts.push(([8, 7, 2, 3], Some([2, 0, 3, 1]), false));
-            if ta == tb {
-                layouts.push(([9, 6, 2, 1], None, true));
-            }
-        }
-        for (ne, perm, dst_t) in layouts {
+        for (ne, perm, dst_t) in cpy_layouts(ta, tb) {
             let mut params = format!("type_src={ta},type_dst={tb},ne={}", dims(&ne));
             if let Some(p) = perm {
                 params += &format!(",permute={}", dims(&p));
@@ -708,6 +698,35 @@ fn copies(cases: &mut Vec<Case>) {
             ));
         }
     }
+}
+
+/// A CPY case's layout: (ne, permutation of the source or none, destination transposed).
+type CpyLayout = ([usize; 4], Option<[usize; 4]>, bool);
+
+/// The layouts a CPY from `ta` to `tb` is checked in.
+fn cpy_layouts(ta: DType, tb: DType) -> Vec<CpyLayout> {
+    let quant = ta.is_quantized() || tb.is_quantized();
+    let mut layouts = Vec::new();
+    if quant {
+        layouts.push(([256, 4, 2, 1], None, false));
+        layouts.push(([512, 3, 1, 1], None, false));
+        if !ta.is_quantized() {
+            layouts.push(([256, 3, 2, 1], Some([0, 2, 1, 3]), false));
+        }
+    } else {
+        layouts.push(([37, 5, 3, 2], None, false));
+        layouts.push(([37, 5, 3, 2], Some([1, 0, 2, 3]), false));
+        layouts.push(([37, 5, 3, 2], Some([0, 2, 1, 3]), false));
+        layouts.push(([8, 7, 2, 3], Some([2, 0, 3, 1]), false));
+        if ta == tb {
+            layouts.push(([9, 6, 2, 1], None, true));
+        }
+    }
+    layouts
+}
+
+/// DUP of plain and permuted tensors.
+fn dup(cases: &mut Vec<Case>) {
     for t in [DType::F32, DType::F16, DType::BF16, DType::I32] {
         for perm in [None, Some([0, 2, 1, 3]), Some([1, 0, 2, 3])] {
             let p = perm.map_or(String::new(), |p| format!(",permute={}", dims(&p)));
@@ -734,6 +753,10 @@ fn copies(cases: &mut Vec<Case>) {
             ));
         }
     }
+}
+
+/// CONT of permuted tensors, with and without a reshape.
+fn cont(cases: &mut Vec<Case>) {
     for t in [DType::F32, DType::F16, DType::BF16] {
         for (perm, reshape) in [
             ([1, 0, 2, 3], None),
