@@ -961,6 +961,16 @@ fn argmax(cases: &mut Vec<Case>) {
 /// A few larger shapes per hot op, so that kernels split work across threads and take their
 /// blocked / tiled paths (the small cases above may fit in one thread's share).
 fn large(cases: &mut Vec<Case>) {
+    large_mul_mat(cases);
+    large_quantized(cases);
+    large_binary(cases);
+    large_norm_soft_max(cases);
+    large_rope(cases);
+    large_unary(cases);
+}
+
+/// MUL_MAT of every weight type: a mat-mat and a mat-vec.
+fn large_mul_mat(cases: &mut Vec<Case>) {
     for t in with_plain(&QUANT) {
         cases.push(Case::new(
             OpKind::MulMat,
@@ -985,6 +995,10 @@ fn large(cases: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// CPY to and GET_ROWS of every quantized type.
+fn large_quantized(cases: &mut Vec<Case>) {
     for t in QUANT {
         cases.push(Case::new(
             OpKind::Cpy,
@@ -1009,6 +1023,10 @@ fn large(cases: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// ADD and MUL of a row broadcast over many rows.
+fn large_binary(cases: &mut Vec<Case>) {
     for op in [OpKind::Add, OpKind::Mul] {
         cases.push(Case::new(
             op,
@@ -1026,6 +1044,10 @@ fn large(cases: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// RMS_NORM and SOFT_MAX of long rows.
+fn large_norm_soft_max(cases: &mut Vec<Case>) {
     cases.push(Case::new(
         OpKind::RmsNorm,
         "RMS_NORM type=f32".into(),
@@ -1047,6 +1069,10 @@ fn large(cases: &mut Vec<Case>) {
             c.ctx.soft_max_ext(a, Some(m), 0.125, 0.0)
         },
     ));
+}
+
+/// ROPE of both modes on many heads and positions.
+fn large_rope(cases: &mut Vec<Case>) {
     for mode in [RopeMode::Normal, RopeMode::Neox] {
         let m = if mode == RopeMode::Normal {
             "normal"
@@ -1065,6 +1091,10 @@ fn large(cases: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// SILU and GELU of long rows.
+fn large_unary(cases: &mut Vec<Case>) {
     for op in [OpKind::Silu, OpKind::Gelu] {
         cases.push(Case::new(
             op,
