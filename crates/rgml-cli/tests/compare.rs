@@ -72,7 +72,10 @@ fn gpu_device() -> Option<String> {
         .map(str::to_string);
     if name.is_none() {
         let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(!required, "RGML_REQUIRE_GPU=1 but `rgml devices` lists no GPU");
+        assert!(
+            !required,
+            "RGML_REQUIRE_GPU=1 but `rgml devices` lists no GPU"
+        );
     }
     name
 }

@@ -639,6 +639,14 @@ fn unary(cases: &mut Vec<Case>) {
 }
 
 fn copies(cases: &mut Vec<Case>) {
+    cpy(cases);
+    dup(cases);
+    cont(cases);
+}
+
+/// CPY between every pair of plain types and from/to f32 for every quantized type, in
+/// the layouts of [`cpy_layouts`].
+fn cpy(cases: &mut Vec<Case>) {
     let mut pairs = vec![
         (DType::F32, DType::F32),
         (DType::F32, DType::F16),
@@ -653,25 +661,7 @@ fn copies(cases: &mut Vec<Case>) {
         pairs.push((q, DType::F32));
     }
     for (ta, tb) in pairs {
-        let quant = ta.is_quantized() || tb.is_quantized();
-        // (ne, permutation of the source or none, destination transposed)
-        let mut layouts: Vec<([usize; 4], Option<[usize; 4]>, bool)> = Vec::new();
-        if quant {
-            layouts.push(([256, 4, 2, 1], None, false));
-            layouts.push(([512, 3, 1, 1], None, false));
-            if !ta.is_quantized() {
-                layouts.push(([256, 3, 2, 1], Some([0, 2, 1, 3]), false));
-            }
-        } else {
-            layouts.push(([37, 5, 3, 2], None, false));
-            layouts.push(([37, 5, 3, 2], Some([1, 0, 2, 3]), false));
-            layouts.push(([37, 5, 3, 2], Some([0, 2, 1, 3]), false));
-            layouts.push(([8, 7, 2, 3], Some([2, 0, 3, 1]), false));
-            if ta == tb {
-                layouts.push(([9, 6, 2, 1], None, true));
-            }
-        }
-        for (ne, perm, dst_t) in layouts {
+        for (ne, perm, dst_t) in cpy_layouts(ta, tb) {
             let mut params = format!("type_src={ta},type_dst={tb},ne={}", dims(&ne));
             if let Some(p) = perm {
                 params += &format!(",permute={}", dims(&p));
@@ -708,6 +698,35 @@ fn copies(cases: &mut Vec<Case>) {
             ));
         }
     }
+}
+
+/// A CPY case's layout: (ne, permutation of the source or none, destination transposed).
+type CpyLayout = ([usize; 4], Option<[usize; 4]>, bool);
+
+/// The layouts a CPY from `ta` to `tb` is checked in.
+fn cpy_layouts(ta: DType, tb: DType) -> Vec<CpyLayout> {
+    let quant = ta.is_quantized() || tb.is_quantized();
+    let mut layouts = Vec::new();
+    if quant {
+        layouts.push(([256, 4, 2, 1], None, false));
+        layouts.push(([512, 3, 1, 1], None, false));
+        if !ta.is_quantized() {
+            layouts.push(([256, 3, 2, 1], Some([0, 2, 1, 3]), false));
+        }
+    } else {
+        layouts.push(([37, 5, 3, 2], None, false));
+        layouts.push(([37, 5, 3, 2], Some([1, 0, 2, 3]), false));
+        layouts.push(([37, 5, 3, 2], Some([0, 2, 1, 3]), false));
+        layouts.push(([8, 7, 2, 3], Some([2, 0, 3, 1]), false));
+        if ta == tb {
+            layouts.push(([9, 6, 2, 1], None, true));
+        }
+    }
+    layouts
+}
+
+/// DUP of plain and permuted tensors.
+fn dup(cases: &mut Vec<Case>) {
     for t in [DType::F32, DType::F16, DType::BF16, DType::I32] {
         for perm in [None, Some([0, 2, 1, 3]), Some([1, 0, 2, 3])] {
             let p = perm.map_or(String::new(), |p| format!(",permute={}", dims(&p)));
@@ -734,6 +753,10 @@ fn copies(cases: &mut Vec<Case>) {
             ));
         }
     }
+}
+
+/// CONT of permuted tensors, with and without a reshape.
+fn cont(cases: &mut Vec<Case>) {
     for t in [DType::F32, DType::F16, DType::BF16] {
         for (perm, reshape) in [
             ([1, 0, 2, 3], None),
@@ -938,6 +961,16 @@ fn argmax(cases: &mut Vec<Case>) {
 /// A few larger shapes per hot op, so that kernels split work across threads and take their
 /// blocked / tiled paths (the small cases above may fit in one thread's share).
 fn large(cases: &mut Vec<Case>) {
+    large_mul_mat(cases);
+    large_quantized(cases);
+    large_binary(cases);
+    large_norm_soft_max(cases);
+    large_rope(cases);
+    large_unary(cases);
+}
+
+/// MUL_MAT of every weight type: a mat-mat and a mat-vec.
+fn large_mul_mat(cases: &mut Vec<Case>) {
     for t in with_plain(&QUANT) {
         cases.push(Case::new(
             OpKind::MulMat,
@@ -962,6 +995,10 @@ fn large(cases: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// CPY to and GET_ROWS of every quantized type.
+fn large_quantized(cases: &mut Vec<Case>) {
     for t in QUANT {
         cases.push(Case::new(
             OpKind::Cpy,
@@ -986,6 +1023,10 @@ fn large(cases: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// ADD and MUL of a row broadcast over many rows.
+fn large_binary(cases: &mut Vec<Case>) {
     for op in [OpKind::Add, OpKind::Mul] {
         cases.push(Case::new(
             op,
@@ -1003,6 +1044,10 @@ fn large(cases: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// RMS_NORM and SOFT_MAX of long rows.
+fn large_norm_soft_max(cases: &mut Vec<Case>) {
     cases.push(Case::new(
         OpKind::RmsNorm,
         "RMS_NORM type=f32".into(),
@@ -1024,6 +1069,10 @@ fn large(cases: &mut Vec<Case>) {
             c.ctx.soft_max_ext(a, Some(m), 0.125, 0.0)
         },
     ));
+}
+
+/// ROPE of both modes on many heads and positions.
+fn large_rope(cases: &mut Vec<Case>) {
     for mode in [RopeMode::Normal, RopeMode::Neox] {
         let m = if mode == RopeMode::Normal {
             "normal"
@@ -1042,6 +1091,10 @@ fn large(cases: &mut Vec<Case>) {
             },
         ));
     }
+}
+
+/// SILU and GELU of long rows.
+fn large_unary(cases: &mut Vec<Case>) {
     for op in [OpKind::Silu, OpKind::Gelu] {
         cases.push(Case::new(
             op,

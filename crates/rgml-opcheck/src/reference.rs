@@ -165,12 +165,20 @@ fn index(v: f64, n: usize, what: &str) -> Result<usize> {
     }
 }
 
+/// The shape of source `i` of `t`.
+fn src_ne(ctx: &Context, t: &Tensor, i: usize) -> Result<[usize; 4]> {
+    Ok(ctx.get(src(t, i)?)?.ne)
+}
+
+/// The values of source `i` of `t` and its shape.
+fn read_src(ctx: &Context, t: &Tensor, mem: &Mem, i: usize) -> Result<(Vec<f64>, [usize; 4])> {
+    Ok((mem.read(ctx, src(t, i)?)?, src_ne(ctx, t, i)?))
+}
+
 /// Evaluate one node.
 pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
     let t = ctx.get(id)?;
-    let ne = t.ne;
     let n = t.nelements();
-    let src_ne = |i: usize| -> Result<[usize; 4]> { Ok(ctx.get(src(t, i)?)?.ne) };
     let out: Vec<f64> = match t.op {
         Op::None | Op::Reshape | Op::View { .. } | Op::Permute { .. } | Op::Transpose => {
             return Ok(())
@@ -183,110 +191,23 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             }
             a
         }
-        Op::GetRows => {
-            let (a, ane) = (mem.read(ctx, src(t, 0)?)?, src_ne(0)?);
-            let (r, rne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
-            let mut out = vec![0.0; n];
-            for i12 in 0..rne[2] {
-                for i11 in 0..rne[1] {
-                    for i10 in 0..rne[0] {
-                        let row = index(r[lin(rne, i10, i11, i12, 0)], ane[1], "row index")?;
-                        for i0 in 0..ne[0] {
-                            out[lin(ne, i0, i10, i11, i12)] = a[lin(ane, i0, row, i11, i12)];
-                        }
-                    }
-                }
-            }
-            out
-        }
-        Op::SetRows => {
-            let (v, vne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
-            let (r, rne) = (mem.read(ctx, src(t, 2)?)?, src_ne(2)?);
-            // Only the rows written are rounded again: untouched rows keep their exact bytes.
-            for i3 in 0..vne[3] {
-                for i2 in 0..vne[2] {
-                    for i in 0..vne[1] {
-                        let row = index(
-                            r[lin(rne, i, i2 % rne[1], i3 % rne[2], 0)],
-                            ne[1],
-                            "row index",
-                        )?;
-                        let at = lin(vne, 0, i, i2, i3);
-                        let mut vals = v[at..at + vne[0]].to_vec();
-                        mem.write_row(ctx, id, [row, i2, i3], &mut vals)?;
-                    }
-                }
-            }
-            return Ok(());
-        }
-        Op::Add | Op::Sub | Op::Mul | Op::Div => {
-            let a = mem.read(ctx, src(t, 0)?)?;
-            let (b, bne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
-            let f = |x: f64, y: f64| match t.op {
-                Op::Add => x + y,
-                Op::Sub => x - y,
-                Op::Mul => x * y,
-                _ => x / y,
-            };
-            let mut out = vec![0.0; n];
-            for i3 in 0..ne[3] {
-                for i2 in 0..ne[2] {
-                    for i1 in 0..ne[1] {
-                        for i0 in 0..ne[0] {
-                            let k = lin(ne, i0, i1, i2, i3);
-                            let j = lin(bne, i0 % bne[0], i1 % bne[1], i2 % bne[2], i3 % bne[3]);
-                            out[k] = f(a[k], b[j]);
-                        }
-                    }
-                }
-            }
-            out
-        }
+        Op::GetRows => get_rows(ctx, t, mem)?,
+        Op::SetRows => return set_rows(ctx, id, t, mem),
+        Op::Add | Op::Sub | Op::Mul | Op::Div => binary(ctx, t, mem)?,
         Op::Scale { scale, bias } => mem
             .read(ctx, src(t, 0)?)?
             .into_iter()
             .map(|x| x * scale as f64 + bias as f64)
             .collect(),
-        Op::MulMat => {
-            let (a, ane) = (mem.read(ctx, src(t, 0)?)?, src_ne(0)?);
-            let (b, bne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
-            let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
-            let k = ane[0];
-            let mut out = vec![0.0; n];
-            for i3 in 0..ne[3] {
-                for i2 in 0..ne[2] {
-                    for j in 0..ne[1] {
-                        let bj = &b[lin(bne, 0, j, i2, i3)..][..k];
-                        for i in 0..ne[0] {
-                            let ai = &a[lin(ane, 0, i, i2 / r2, i3 / r3)..][..k];
-                            out[lin(ne, i, j, i2, i3)] =
-                                ai.iter().zip(bj).map(|(x, y)| x * y).sum();
-                        }
-                    }
-                }
-            }
-            out
-        }
+        Op::MulMat => mul_mat(ctx, t, mem)?,
         Op::RmsNorm { eps } | Op::Norm { eps } => {
-            let mut x = mem.read(ctx, src(t, 0)?)?;
             let rms = matches!(t.op, Op::RmsNorm { .. });
-            for row in x.chunks_exact_mut(ne[0]) {
-                let len = row.len() as f64;
-                let mean = if rms {
-                    0.0
-                } else {
-                    row.iter().sum::<f64>() / len
-                };
-                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / len;
-                let s = 1.0 / (var + eps as f64).sqrt();
-                row.iter_mut().for_each(|v| *v = (*v - mean) * s);
-            }
-            x
+            norm(mem.read(ctx, src(t, 0)?)?, t.ne, rms, eps)
         }
         Op::Rope(p) => {
             let mut x = mem.read(ctx, src(t, 0)?)?;
             let pos = mem.read(ctx, src(t, 1)?)?;
-            rope(&mut x, ne, &pos, &p);
+            rope(&mut x, t.ne, &pos, &p);
             x
         }
         Op::SoftMax { scale, max_bias } => {
@@ -295,20 +216,9 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
                 Some(&m) => Some((mem.read(ctx, m)?, ctx.get(m)?.ne)),
                 None => None,
             };
-            soft_max(&x, ne, mask.as_ref(), scale as f64, max_bias as f64)
+            soft_max(&x, t.ne, mask.as_ref(), scale as f64, max_bias as f64)
         }
-        Op::DiagMaskInf { n_past } => {
-            let mut x = mem.read(ctx, src(t, 0)?)?;
-            for (r, row) in x.chunks_exact_mut(ne[0]).enumerate() {
-                let j = r % ne[1];
-                for (i, v) in row.iter_mut().enumerate() {
-                    if i > n_past + j {
-                        *v = f64::NEG_INFINITY;
-                    }
-                }
-            }
-            x
-        }
+        Op::DiagMaskInf { n_past } => diag_mask_inf(mem.read(ctx, src(t, 0)?)?, t.ne, n_past),
         Op::Unary(UnaryOp::Silu) => mem.read(ctx, src(t, 0)?)?.into_iter().map(silu).collect(),
         Op::Unary(UnaryOp::Gelu) => mem.read(ctx, src(t, 0)?)?.into_iter().map(gelu).collect(),
         Op::Swiglu => {
@@ -316,45 +226,171 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             let b = mem.read(ctx, src(t, 1)?)?;
             a.iter().zip(&b).map(|(x, y)| silu(*x) * y).collect()
         }
-        Op::Concat { dim } => {
-            let (a, ane) = (mem.read(ctx, src(t, 0)?)?, src_ne(0)?);
-            let (b, bne) = (mem.read(ctx, src(t, 1)?)?, src_ne(1)?);
-            let mut out = vec![0.0; n];
-            for i3 in 0..ne[3] {
-                for i2 in 0..ne[2] {
-                    for i1 in 0..ne[1] {
-                        for i0 in 0..ne[0] {
-                            let mut i = [i0, i1, i2, i3];
-                            let v = if i[dim] < ane[dim] {
-                                a[lin(ane, i[0], i[1], i[2], i[3])]
-                            } else {
-                                i[dim] -= ane[dim];
-                                b[lin(bne, i[0], i[1], i[2], i[3])]
-                            };
-                            out[lin(ne, i0, i1, i2, i3)] = v;
-                        }
-                    }
-                }
-            }
-            out
-        }
-        Op::Argmax => {
-            let (a, ane) = (mem.read(ctx, src(t, 0)?)?, src_ne(0)?);
-            a.chunks_exact(ane[0].max(1))
-                .map(|row| {
-                    // The first index of the maximum, as ggml's `v > max` scan yields.
-                    let mut best = 0;
-                    for (i, v) in row.iter().enumerate() {
-                        if *v > row[best] {
-                            best = i;
-                        }
-                    }
-                    best as f64
-                })
-                .collect()
-        }
+        Op::Concat { dim } => concat(ctx, t, mem, dim)?,
+        Op::Argmax => argmax(ctx, t, mem)?,
     };
     mem.write(ctx, id, &out)
+}
+
+/// GET_ROWS: the rows of source 0 that source 1 names.
+fn get_rows(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
+    let ne = t.ne;
+    let (a, ane) = read_src(ctx, t, mem, 0)?;
+    let (r, rne) = read_src(ctx, t, mem, 1)?;
+    let mut out = vec![0.0; t.nelements()];
+    for i12 in 0..rne[2] {
+        for i11 in 0..rne[1] {
+            for i10 in 0..rne[0] {
+                let row = index(r[lin(rne, i10, i11, i12, 0)], ane[1], "row index")?;
+                for i0 in 0..ne[0] {
+                    out[lin(ne, i0, i10, i11, i12)] = a[lin(ane, i0, row, i11, i12)];
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// SET_ROWS: source 1's rows written into node `id` at the rows source 2 names.
+fn set_rows(ctx: &Context, id: TensorId, t: &Tensor, mem: &mut Mem) -> Result<()> {
+    let ne = t.ne;
+    let (v, vne) = read_src(ctx, t, mem, 1)?;
+    let (r, rne) = read_src(ctx, t, mem, 2)?;
+    // Only the rows written are rounded again: untouched rows keep their exact bytes.
+    for i3 in 0..vne[3] {
+        for i2 in 0..vne[2] {
+            for i in 0..vne[1] {
+                let row = index(
+                    r[lin(rne, i, i2 % rne[1], i3 % rne[2], 0)],
+                    ne[1],
+                    "row index",
+                )?;
+                let at = lin(vne, 0, i, i2, i3);
+                let mut vals = v[at..at + vne[0]].to_vec();
+                mem.write_row(ctx, id, [row, i2, i3], &mut vals)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// ADD, SUB, MUL, DIV, with source 1 broadcast over source 0.
+fn binary(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
+    let ne = t.ne;
+    let a = mem.read(ctx, src(t, 0)?)?;
+    let (b, bne) = read_src(ctx, t, mem, 1)?;
+    let f = |x: f64, y: f64| match t.op {
+        Op::Add => x + y,
+        Op::Sub => x - y,
+        Op::Mul => x * y,
+        _ => x / y,
+    };
+    let mut out = vec![0.0; t.nelements()];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            for i1 in 0..ne[1] {
+                for i0 in 0..ne[0] {
+                    let k = lin(ne, i0, i1, i2, i3);
+                    let j = lin(bne, i0 % bne[0], i1 % bne[1], i2 % bne[2], i3 % bne[3]);
+                    out[k] = f(a[k], b[j]);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// MUL_MAT, with ggml's broadcast of source 0 over dims 2 and 3.
+fn mul_mat(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
+    let ne = t.ne;
+    let (a, ane) = read_src(ctx, t, mem, 0)?;
+    let (b, bne) = read_src(ctx, t, mem, 1)?;
+    let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
+    let k = ane[0];
+    let mut out = vec![0.0; t.nelements()];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            for j in 0..ne[1] {
+                let bj = &b[lin(bne, 0, j, i2, i3)..][..k];
+                for i in 0..ne[0] {
+                    let ai = &a[lin(ane, 0, i, i2 / r2, i3 / r3)..][..k];
+                    out[lin(ne, i, j, i2, i3)] = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// RMS_NORM (`rms`) or NORM of the rows of `x` (shape `ne`), in place.
+fn norm(mut x: Vec<f64>, ne: [usize; 4], rms: bool, eps: f32) -> Vec<f64> {
+    for row in x.chunks_exact_mut(ne[0]) {
+        let len = row.len() as f64;
+        let mean = if rms {
+            0.0
+        } else {
+            row.iter().sum::<f64>() / len
+        };
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / len;
+        let s = 1.0 / (var + eps as f64).sqrt();
+        row.iter_mut().for_each(|v| *v = (*v - mean) * s);
+    }
+    x
+}
+
+/// DIAG_MASK_INF of `x` (shape `ne`): -inf after column `n_past + row`, in place.
+fn diag_mask_inf(mut x: Vec<f64>, ne: [usize; 4], n_past: usize) -> Vec<f64> {
+    for (r, row) in x.chunks_exact_mut(ne[0]).enumerate() {
+        let j = r % ne[1];
+        for (i, v) in row.iter_mut().enumerate() {
+            if i > n_past + j {
+                *v = f64::NEG_INFINITY;
+            }
+        }
+    }
+    x
+}
+
+/// CONCAT of sources 0 and 1 along `dim`.
+fn concat(ctx: &Context, t: &Tensor, mem: &Mem, dim: usize) -> Result<Vec<f64>> {
+    let ne = t.ne;
+    let (a, ane) = read_src(ctx, t, mem, 0)?;
+    let (b, bne) = read_src(ctx, t, mem, 1)?;
+    let mut out = vec![0.0; t.nelements()];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            for i1 in 0..ne[1] {
+                for i0 in 0..ne[0] {
+                    let mut i = [i0, i1, i2, i3];
+                    let v = if i[dim] < ane[dim] {
+                        a[lin(ane, i[0], i[1], i[2], i[3])]
+                    } else {
+                        i[dim] -= ane[dim];
+                        b[lin(bne, i[0], i[1], i[2], i[3])]
+                    };
+                    out[lin(ne, i0, i1, i2, i3)] = v;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// ARGMAX of every row of source 0.
+fn argmax(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
+    let (a, ane) = read_src(ctx, t, mem, 0)?;
+    Ok(a.chunks_exact(ane[0].max(1))
+        .map(|row| {
+            // The first index of the maximum, as ggml's `v > max` scan yields.
+            let mut best = 0;
+            for (i, v) in row.iter().enumerate() {
+                if *v > row[best] {
+                    best = i;
+                }
+            }
+            best as f64
+        })
+        .collect())
 }
 
 /// `x * sigmoid(x)`.

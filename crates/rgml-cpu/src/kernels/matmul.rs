@@ -19,6 +19,7 @@ use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
 use super::isa::CpuFeatures;
 use super::{bytes, bytes_mut, f32_row, scratch_slice, NodeTask, ThreadCtx};
 use rgml::{DType, Error, Result, Tensor};
+use std::ops::Range;
 
 /// How far ahead of the rows being multiplied a matrix-vector product prefetches weights (tuned
 /// on the demo model's generation: 2 KiB gives +35%, 4 KiB +50%, 8 KiB +45%, 16 KiB +30%).
@@ -367,9 +368,7 @@ fn dot_f32_generic<const L: usize>(
 pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let (dst, a, b) = (&task.dst, task.src(0)?, task.src(1)?);
     let ne00 = a.ne[0];
-    let (ne11, ne12, ne13) = (b.ne[1], b.ne[2], b.ne[3]);
     let quant = a.dtype.is_quantized();
-    let vd = a.dtype.vec_dot_type();
     let f = task.features;
     let conversion = src1_conversion(f, a.dtype, b.rows_contiguous());
     let converted = conversion.is_some();
@@ -404,148 +403,199 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     if !quant {
         return float_products(f, dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
     }
-    let ne01 = a.ne[1];
-    let r2 = ne12 / a.ne[2].max(1);
-    let r3 = ne13 / a.ne[3].max(1);
-    let batches = ne12 * ne13;
-    let target = tc.nth * 8;
-    let blk = (ne01 * batches)
-        .div_ceil(target.max(1))
-        .clamp(1, 64)
-        .min(ne01.max(1));
-    // Packed weights are addressed by whole groups of rows.
-    let blk = if a.packed {
-        blk.next_multiple_of(super::repack::GROUP_ROWS)
-    } else {
-        blk
+    let products = QuantProducts {
+        f,
+        dst,
+        a,
+        b_row: b_row_fn(b, tc.shared, converted, wrow),
+        ne11: b.ne[1],
+        nb: ne00 / a.dtype.vec_dot_type().block_size(),
+        arow_bytes: a.row_bytes(),
+        wrow,
     };
-    let nblk = ne01.div_ceil(blk);
-    let b_row = b_row_fn(b, tc.shared, converted, wrow);
-    let arow_bytes = a.row_bytes();
-    let tiled = super::tiled::supported(f, a.dtype);
-    for unit in super::split(batches * nblk, tc.ith, tc.nth) {
-        let batch = unit / nblk;
-        let i0 = (unit % nblk) * blk;
-        let (i12, i13) = (batch % ne12, batch / ne12);
-        let (i02, i03) = (i12 / r2.max(1), i13 / r3.max(1));
-        let rows0 = i0..(i0 + blk).min(ne01);
-        if a.packed {
-            // Packed weights (a repacking buffer): each group of rows is one contiguous stream
-            // of interleaved blocks; runs of groups are multiplied by up to 8 activation rows
-            // per kernel call.
-            let nb = ne00 / vd.block_size();
-            let g = super::repack::GROUP_ROWS;
-            let mut out = [0f32; PACKED_RUN_ROWS * REPACK_COLS];
-            let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
-            for t0 in (0..ne11).step_by(TILE1) {
-                let t1 = (t0 + TILE1).min(ne11);
-                for r0 in rows0.clone().step_by(PACKED_RUN_ROWS) {
-                    let r1 = (r0 + PACKED_RUN_ROWS).min(rows0.end);
-                    let first = a.row(r0, i02, i03).cast_const();
-                    if ne11 == 1 {
-                        let ahead = first.wrapping_add(PREFETCH_AHEAD);
-                        for off in (0..(r1 - r0) * arow_bytes).step_by(64) {
-                            prefetch(ahead.wrapping_add(off));
-                        }
-                    }
-                    for c0 in (t0..t1).step_by(REPACK_COLS) {
-                        let c1 = (c0 + REPACK_COLS).min(t1);
-                        let mut y = [std::ptr::null::<u8>(); REPACK_COLS];
-                        for (slot, i11) in y.iter_mut().zip(c0..c1) {
-                            *slot = b_row(i11, i12, i13);
-                        }
-                        // SAFETY: `a.packed` means the weight is in the packed layout (the
-                        // backend checked its dtype and shape); rows r0..r1 are whole groups
-                        // (r0 and ne01 are multiples of the group size) in bounds; the src1
-                        // rows are complete in the work area since phase 1, `nb` blocks each;
-                        // `out` holds (r1 - r0) x REPACK_COLS; the scratch holds a group
-                        // (sized by `work_size`).
-                        unsafe {
-                            super::repack::tile_groups(
-                                f,
-                                a.dtype,
-                                nb,
-                                first,
-                                (r1 - r0) / g,
-                                &y[..c1 - c0],
-                                &mut out,
-                                REPACK_COLS,
-                                scratch,
-                            )
-                        };
-                        store_tile(dst, r0..r1, c0..c1, i12, i13, &out, REPACK_COLS);
-                    }
-                }
+    products.run([b.ne[2], b.ne[3]], tc)
+}
+
+/// Phase 2 of MUL_MAT with quantized weights: what every block of weight rows shares.
+struct QuantProducts<'a, B> {
+    f: CpuFeatures,
+    dst: &'a super::TensorView,
+    a: &'a super::TensorView,
+    /// Where src1 row `(i11, i12, i13)` is ([`b_row_fn`]).
+    b_row: B,
+    /// src1 rows per batch.
+    ne11: usize,
+    /// Blocks per weight row.
+    nb: usize,
+    /// Bytes of a weight row.
+    arow_bytes: usize,
+    /// Bytes of a src1 row in the work area.
+    wrow: usize,
+}
+
+impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
+    /// This thread's blocks of weight rows of the `ne12 x ne13` batches, each by the path
+    /// the weights take: packed, register tiles, or pair by pair.
+    fn run(&self, [ne12, ne13]: [usize; 2], tc: &mut ThreadCtx<'_>) -> Result<()> {
+        let (f, a) = (self.f, self.a);
+        let ne01 = a.ne[1];
+        let r2 = ne12 / a.ne[2].max(1);
+        let r3 = ne13 / a.ne[3].max(1);
+        let batches = ne12 * ne13;
+        let target = tc.nth * 8;
+        let blk = (ne01 * batches)
+            .div_ceil(target.max(1))
+            .clamp(1, 64)
+            .min(ne01.max(1));
+        // Packed weights are addressed by whole groups of rows.
+        let blk = if a.packed {
+            blk.next_multiple_of(super::repack::GROUP_ROWS)
+        } else {
+            blk
+        };
+        let nblk = ne01.div_ceil(blk);
+        let tiled = super::tiled::supported(f, a.dtype);
+        for unit in super::split(batches * nblk, tc.ith, tc.nth) {
+            let batch = unit / nblk;
+            let i0 = (unit % nblk) * blk;
+            let (i12, i13) = (batch % ne12, batch / ne12);
+            let (i02, i03) = (i12 / r2.max(1), i13 / r3.max(1));
+            let rows = i0..(i0 + blk).min(ne01);
+            let at = [i02, i03, i12, i13];
+            if a.packed {
+                let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
+                self.packed(rows, at, scratch);
+            } else if tiled {
+                self.tiled(rows, at);
+            } else {
+                self.pairs(rows, at)?;
             }
-            continue;
         }
-        if quant && tiled {
-            // Register tiles: rows x columns computed together, bit-equal to the pair dots.
-            let nb = ne00 / vd.block_size();
-            let (rm, rn) = (super::tiled::tile_rows(f), super::tiled::tile_cols(f));
-            let mut out = [0f32; 4 * super::tiled::TILE_COLS];
-            for t0 in (0..ne11).step_by(TILE1) {
-                let t1 = (t0 + TILE1).min(ne11);
-                for r0 in rows0.clone().step_by(rm) {
-                    let r1 = (r0 + rm).min(rows0.end);
-                    let mut x = [std::ptr::null::<u8>(); 4];
-                    for (slot, i01) in x.iter_mut().zip(r0..r1) {
-                        *slot = a.row(i01, i02, i03).cast_const();
-                    }
-                    if ne11 == 1 {
-                        // Matrix-vector products stream weights from memory; the hardware
-                        // prefetcher alone reaches about 12 GB/s here (measured), software
-                        // prefetch of the rows PREFETCH_AHEAD bytes on about 40% more.
-                        let ahead = x[0].wrapping_add(PREFETCH_AHEAD);
-                        for off in (0..(r1 - r0) * arow_bytes).step_by(64) {
-                            prefetch(ahead.wrapping_add(off));
-                        }
-                    }
-                    for c0 in (t0..t1).step_by(rn) {
-                        let c1 = (c0 + rn).min(t1);
-                        let mut y = [std::ptr::null::<u8>(); super::tiled::TILE_COLS];
-                        for (slot, i11) in y.iter_mut().zip(c0..c1) {
-                            *slot = b_row(i11, i12, i13);
-                        }
-                        // SAFETY: tiled::supported(f, a.dtype); the src0 rows are dense and
-                        // in bounds, the src1 rows complete in the work area since the
-                        // barrier, each `nb` blocks; `out` holds rm x TILE_COLS.
-                        unsafe {
-                            super::tiled::tile(
-                                f,
-                                a.dtype,
-                                nb,
-                                &x[..r1 - r0],
-                                &y[..c1 - c0],
-                                &mut out,
-                                rn,
-                            )
-                        };
-                        store_tile(dst, r0..r1, c0..c1, i12, i13, &out, rn);
-                    }
-                }
-            }
-            continue;
-        }
-        // Tiles of src1 rows keep a block of weight rows and a tile of activations in
-        // cache while every pair is multiplied.
+        Ok(())
+    }
+
+    /// Weight rows `rows` of weight batch (i02, i03) times src1 batch (i12, i13), packed
+    /// weights (a repacking buffer): each group of rows is one contiguous stream of interleaved
+    /// blocks; runs of groups are multiplied by up to 8 activation rows per kernel call.
+    /// `scratch` holds a group (sized by `work_size`).
+    fn packed(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4], scratch: &mut [u8]) {
+        let (f, a, ne11) = (self.f, self.a, self.ne11);
+        let g = super::repack::GROUP_ROWS;
+        let mut out = [0f32; PACKED_RUN_ROWS * REPACK_COLS];
         for t0 in (0..ne11).step_by(TILE1) {
-            for i01 in rows0.clone() {
+            let t1 = (t0 + TILE1).min(ne11);
+            for r0 in rows.clone().step_by(PACKED_RUN_ROWS) {
+                let r1 = (r0 + PACKED_RUN_ROWS).min(rows.end);
+                let first = a.row(r0, i02, i03).cast_const();
+                if ne11 == 1 {
+                    self.prefetch_rows(first, r1 - r0);
+                }
+                for c0 in (t0..t1).step_by(REPACK_COLS) {
+                    let c1 = (c0 + REPACK_COLS).min(t1);
+                    let mut y = [std::ptr::null::<u8>(); REPACK_COLS];
+                    for (slot, i11) in y.iter_mut().zip(c0..c1) {
+                        *slot = (self.b_row)(i11, i12, i13);
+                    }
+                    // SAFETY: `a.packed` means the weight is in the packed layout (the backend
+                    // checked its dtype and shape); rows r0..r1 are whole groups (r0 and ne01
+                    // are multiples of the group size) in bounds; the src1 rows are complete
+                    // in the work area since phase 1, `nb` blocks each; `out` holds
+                    // (r1 - r0) x REPACK_COLS; the scratch holds a group.
+                    unsafe {
+                        super::repack::tile_groups(
+                            f,
+                            a.dtype,
+                            self.nb,
+                            first,
+                            (r1 - r0) / g,
+                            &y[..c1 - c0],
+                            &mut out,
+                            REPACK_COLS,
+                            scratch,
+                        )
+                    };
+                    store_tile(self.dst, r0..r1, c0..c1, i12, i13, &out, REPACK_COLS);
+                }
+            }
+        }
+    }
+
+    /// As [`Self::packed`], plain weights in register tiles: rows x columns computed
+    /// together, bit-equal to the pair dots.
+    fn tiled(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
+        let (f, a, ne11) = (self.f, self.a, self.ne11);
+        let (rm, rn) = (super::tiled::tile_rows(f), super::tiled::tile_cols(f));
+        let mut out = [0f32; 4 * super::tiled::TILE_COLS];
+        for t0 in (0..ne11).step_by(TILE1) {
+            let t1 = (t0 + TILE1).min(ne11);
+            for r0 in rows.clone().step_by(rm) {
+                let r1 = (r0 + rm).min(rows.end);
+                let mut x = [std::ptr::null::<u8>(); 4];
+                for (slot, i01) in x.iter_mut().zip(r0..r1) {
+                    *slot = a.row(i01, i02, i03).cast_const();
+                }
+                if ne11 == 1 {
+                    self.prefetch_rows(x[0], r1 - r0);
+                }
+                for c0 in (t0..t1).step_by(rn) {
+                    let c1 = (c0 + rn).min(t1);
+                    let mut y = [std::ptr::null::<u8>(); super::tiled::TILE_COLS];
+                    for (slot, i11) in y.iter_mut().zip(c0..c1) {
+                        *slot = (self.b_row)(i11, i12, i13);
+                    }
+                    // SAFETY: tiled::supported(f, a.dtype); the src0 rows are dense and in
+                    // bounds, the src1 rows complete in the work area since the barrier, each
+                    // `nb` blocks; `out` holds rm x TILE_COLS.
+                    unsafe {
+                        super::tiled::tile(
+                            f,
+                            a.dtype,
+                            self.nb,
+                            &x[..r1 - r0],
+                            &y[..c1 - c0],
+                            &mut out,
+                            rn,
+                        )
+                    };
+                    store_tile(self.dst, r0..r1, c0..c1, i12, i13, &out, rn);
+                }
+            }
+        }
+    }
+
+    /// Matrix-vector products stream weights from memory; the hardware prefetcher alone
+    /// reaches about 12 GB/s here (measured), software prefetch of the `nrows` weight rows
+    /// from `first` PREFETCH_AHEAD bytes on about 40% more.
+    #[inline(always)]
+    fn prefetch_rows(&self, first: *const u8, nrows: usize) {
+        let ahead = first.wrapping_add(PREFETCH_AHEAD);
+        for off in (0..nrows * self.arow_bytes).step_by(64) {
+            prefetch(ahead.wrapping_add(off));
+        }
+    }
+
+    /// As [`Self::packed`], other quantized weights pair by pair. Tiles of src1 rows keep a
+    /// block of weight rows and a tile of activations in cache while every pair is multiplied.
+    fn pairs(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) -> Result<()> {
+        let (f, a, ne11) = (self.f, self.a, self.ne11);
+        let arow_bytes = self.arow_bytes;
+        for t0 in (0..ne11).step_by(TILE1) {
+            for i01 in rows.clone() {
                 // SAFETY: a dense, in-bounds src0 row, read-only during this node.
                 let x = unsafe { bytes(a.row(i01, i02, i03), arow_bytes) };
                 for i11 in t0..(t0 + TILE1).min(ne11) {
                     // SAFETY: a src1 row in the work area, complete since the barrier.
-                    let y = unsafe { bytes(b_row(i11, i12, i13), wrow) };
-                    let v = vec_dot_quant(f, a.dtype, ne00, x, y)?;
-                    let out = dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+                    let y = unsafe { bytes((self.b_row)(i11, i12, i13), self.wrow) };
+                    let v = vec_dot_quant(f, a.dtype, a.ne[0], x, y)?;
+                    let out = self.dst.row(i11, i12, i13).wrapping_add(i01 * 4);
                     // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
                     // only by the thread owning row block (batch, i01).
                     unsafe { out.cast::<f32>().write(v) };
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Write a tile's outputs: `out[r * stride + c]` is element (row `rows.start + r`, column

@@ -530,6 +530,10 @@ unsafe fn h2f_x4(p: *const u8) -> __m128 {
 /// `(y + 128) * (q - 8)` minus `128 * sum(q - 8)`, the correction computed once per weight
 /// block. Both are exact integers.
 ///
+/// The block loop's two halves ([`q4_weights`], [`q4_column`]) and the final sums
+/// ([`q4_store`]) are `#[inline(always)]` helpers without features of their own: they are
+/// compiled inside this function, under its features, as one body.
+///
 /// # Safety
 /// As [`tile_groups`] with `G` groups and `NC` columns, on a CPU with AVX-512 F/BW/DQ/VL and
 /// VNNI.
@@ -543,12 +547,72 @@ unsafe fn tile_q4<const Q41: bool, const NC: usize, const G: usize>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    // Packed block bytes and quants offset; activation block bytes and quants offset.
-    let (pb, pq, yb, yq) = if Q41 { (80, 16, 36, 4) } else { (72, 8, 34, 2) };
-    // Q4_0 with the correction on the weight side (see above).
-    let wside = !Q41 && NC > 1;
+    // Activation block bytes.
+    let yb = if Q41 { 36 } else { 34 };
     // SAFETY: reads within the groups and the activation blocks the caller promised, under
-    // the features of this function.
+    // the features of this function (which the helpers are inlined into).
+    unsafe {
+        let mut acc = Q4Acc::<NC, G> {
+            lo: [[_mm512_setzero_ps(); NC]; G],
+            hi: [[_mm512_setzero_ps(); NC]; G],
+            summs: [[_mm512_setzero_ps(); 2]; G],
+        };
+        for i in 0..nb {
+            let mut w = q4_weights::<Q41, NC, G>(group, gbytes, i);
+            // `c` also picks the column's accumulators (in `q4_column`).
+            #[allow(clippy::needless_range_loop)]
+            for c in 0..NC {
+                let py = y[c].add(i * yb);
+                q4_column::<Q41, NC, G>(py, c, &mut w, &mut acc);
+            }
+        }
+        q4_store::<Q41, NC, G>(&acc, out, out_stride);
+    }
+}
+
+/// [`tile_q4`]'s accumulators: per group and column, the scaled integer sums of the low and
+/// high nibbles; per group, Q4_1's min terms (column c's row r in lane 4 * (c % 4) + r of
+/// `summs[g][c / 4]`, each lane multiplied then added in block order as the pair dot does).
+#[cfg(target_arch = "x86_64")]
+struct Q4Acc<const NC: usize, const G: usize> {
+    lo: [[__m512; NC]; G],
+    hi: [[__m512; NC]; G],
+    summs: [[__m512; 2]; G],
+}
+
+/// One block of `G` groups of Q4 weights as [`tile_q4`] multiplies it.
+#[cfg(target_arch = "x86_64")]
+struct Q4Weights<const G: usize> {
+    /// The four rows' scales, row r's in lanes 4r..4r + 4.
+    dx: [__m512; G],
+    /// Q4_1: the four rows' mins in every 128-bit lane.
+    mx: [__m512; G],
+    /// Low and high nibbles (minus 8 with the correction on the weight side).
+    lo: [__m512i; G],
+    hi: [__m512i; G],
+    /// Q4_0: the correction per 4 bytes the integer sums start from (with the correction on
+    /// the activation side, index 0 only, set per column).
+    clo: [__m512i; G],
+    chi: [__m512i; G],
+}
+
+/// Block `i` of each of the `G` groups at `group` (`gbytes` apart), for [`tile_q4`].
+///
+/// # Safety
+/// Block `i` of every group is readable; the CPU has [`tile_q4`]'s features (its only caller,
+/// which inlines this under them).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q4_weights<const Q41: bool, const NC: usize, const G: usize>(
+    group: *const u8,
+    gbytes: usize,
+    i: usize,
+) -> Q4Weights<G> {
+    // Packed block bytes and quants offset.
+    let (pb, pq) = if Q41 { (80, 16) } else { (72, 8) };
+    // Q4_0 with the correction on the weight side (see [`tile_q4`]).
+    let wside = !Q41 && NC > 1;
+    // SAFETY: as the caller promises.
     unsafe {
         // Lane 4r + j takes row r's value.
         let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -556,92 +620,127 @@ unsafe fn tile_q4<const Q41: bool, const NC: usize, const G: usize>(
         let eight = _mm512_set1_epi8(8);
         let bias = _mm512_set1_epi8(-128);
         let zero = _mm512_setzero_si512();
-        let mut acc_lo = [[_mm512_setzero_ps(); NC]; G];
-        let mut acc_hi = [[_mm512_setzero_ps(); NC]; G];
-        // Q4_1 min terms: column c's row r in lane 4 * (c % 4) + r of `summs[g][c / 4]`, each
-        // lane multiplied then added in block order as the pair dot does.
-        let mut summs = [[_mm512_setzero_ps(); 2]; G];
-        for i in 0..nb {
-            let mut dx = [_mm512_setzero_ps(); G];
-            let mut mx = [_mm512_setzero_ps(); G];
-            let mut lo = [zero; G];
-            let mut hi = [zero; G];
-            let mut clo = [zero; G];
-            let mut chi = [zero; G];
-            for g in 0..G {
-                let p = group.add(g * gbytes + i * pb);
-                dx[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(h2f_x4(p)));
-                if Q41 {
-                    mx[g] = _mm512_broadcast_f32x4(h2f_x4(p.add(8)));
-                }
-                let v = _mm512_loadu_si512(p.add(pq).cast());
-                lo[g] = _mm512_and_si512(v, nib);
-                hi[g] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
-                if wside {
-                    lo[g] = _mm512_sub_epi8(lo[g], eight);
-                    hi[g] = _mm512_sub_epi8(hi[g], eight);
-                    // -128 * sum(q - 8) per 4 bytes (0x80 read as unsigned is 128).
-                    clo[g] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, lo[g]));
-                    chi[g] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, hi[g]));
-                }
+        let mut w = Q4Weights {
+            dx: [_mm512_setzero_ps(); G],
+            mx: [_mm512_setzero_ps(); G],
+            lo: [zero; G],
+            hi: [zero; G],
+            clo: [zero; G],
+            chi: [zero; G],
+        };
+        for g in 0..G {
+            let p = group.add(g * gbytes + i * pb);
+            w.dx[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(h2f_x4(p)));
+            if Q41 {
+                w.mx[g] = _mm512_broadcast_f32x4(h2f_x4(p.add(8)));
             }
-            for c in 0..NC {
-                let py = y[c].add(i * yb);
-                let dy = _mm512_set1_ps(h2f(py));
-                let mut ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(py.add(yq).cast()));
-                let mut yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(py.add(yq + 16).cast()));
-                let sy = if Q41 {
-                    _mm512_set1_ps(h2f(py.add(2)))
-                } else {
-                    _mm512_setzero_ps()
-                };
-                if wside {
-                    ylo = _mm512_xor_si512(ylo, bias);
-                    yhi = _mm512_xor_si512(yhi, bias);
-                } else if !Q41 {
-                    // -8 * sum(y) per 4 bytes, shared by the groups.
-                    clo[0] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, ylo));
-                    chi[0] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, yhi));
-                }
-                for g in 0..G {
-                    let (ilo, ihi) = if wside {
-                        (
-                            _mm512_dpbusd_epi32(clo[g], ylo, lo[g]),
-                            _mm512_dpbusd_epi32(chi[g], yhi, hi[g]),
-                        )
-                    } else if !Q41 {
-                        (
-                            _mm512_dpbusd_epi32(clo[0], lo[g], ylo),
-                            _mm512_dpbusd_epi32(chi[0], hi[g], yhi),
-                        )
-                    } else {
-                        (
-                            _mm512_dpbusd_epi32(zero, lo[g], ylo),
-                            _mm512_dpbusd_epi32(zero, hi[g], yhi),
-                        )
-                    };
-                    if Q41 {
-                        let lanes: __mmask16 = 0xF << (4 * (c % 4));
-                        let s = &mut summs[g][c / 4];
-                        *s = _mm512_mask_add_ps(*s, lanes, *s, _mm512_mul_ps(mx[g], sy));
-                    }
-                    let d = _mm512_mul_ps(dx[g], dy);
-                    acc_lo[g][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ilo), acc_lo[g][c]);
-                    acc_hi[g][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ihi), acc_hi[g][c]);
-                }
+            let v = _mm512_loadu_si512(p.add(pq).cast());
+            w.lo[g] = _mm512_and_si512(v, nib);
+            w.hi[g] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            if wside {
+                w.lo[g] = _mm512_sub_epi8(w.lo[g], eight);
+                w.hi[g] = _mm512_sub_epi8(w.hi[g], eight);
+                // -128 * sum(q - 8) per 4 bytes (0x80 read as unsigned is 128).
+                w.clo[g] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w.lo[g]));
+                w.chi[g] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w.hi[g]));
             }
         }
+        w
+    }
+}
+
+/// Column `c` (its block at `py`) times the block `w` of every group, into `acc`.
+///
+/// # Safety
+/// The activation block at `py` is readable; `c < NC`; the CPU has [`tile_q4`]'s features (its
+/// only caller, which inlines this under them).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q4_column<const Q41: bool, const NC: usize, const G: usize>(
+    py: *const u8,
+    c: usize,
+    w: &mut Q4Weights<G>,
+    acc: &mut Q4Acc<NC, G>,
+) {
+    // Activation quants offset.
+    let yq = if Q41 { 4 } else { 2 };
+    // Q4_0 with the correction on the weight side (see [`tile_q4`]).
+    let wside = !Q41 && NC > 1;
+    // SAFETY: as the caller promises.
+    unsafe {
+        let eight = _mm512_set1_epi8(8);
+        let bias = _mm512_set1_epi8(-128);
+        let zero = _mm512_setzero_si512();
+        let dy = _mm512_set1_ps(h2f(py));
+        let mut ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(py.add(yq).cast()));
+        let mut yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(py.add(yq + 16).cast()));
+        let sy = if Q41 {
+            _mm512_set1_ps(h2f(py.add(2)))
+        } else {
+            _mm512_setzero_ps()
+        };
+        if wside {
+            ylo = _mm512_xor_si512(ylo, bias);
+            yhi = _mm512_xor_si512(yhi, bias);
+        } else if !Q41 {
+            // -8 * sum(y) per 4 bytes, shared by the groups.
+            w.clo[0] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, ylo));
+            w.chi[0] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, yhi));
+        }
+        for g in 0..G {
+            let (ilo, ihi) = if wside {
+                (
+                    _mm512_dpbusd_epi32(w.clo[g], ylo, w.lo[g]),
+                    _mm512_dpbusd_epi32(w.chi[g], yhi, w.hi[g]),
+                )
+            } else if !Q41 {
+                (
+                    _mm512_dpbusd_epi32(w.clo[0], w.lo[g], ylo),
+                    _mm512_dpbusd_epi32(w.chi[0], w.hi[g], yhi),
+                )
+            } else {
+                (
+                    _mm512_dpbusd_epi32(zero, w.lo[g], ylo),
+                    _mm512_dpbusd_epi32(zero, w.hi[g], yhi),
+                )
+            };
+            if Q41 {
+                let lanes: __mmask16 = 0xF << (4 * (c % 4));
+                let s = &mut acc.summs[g][c / 4];
+                *s = _mm512_mask_add_ps(*s, lanes, *s, _mm512_mul_ps(w.mx[g], sy));
+            }
+            let d = _mm512_mul_ps(w.dx[g], dy);
+            acc.lo[g][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ilo), acc.lo[g][c]);
+            acc.hi[g][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ihi), acc.hi[g][c]);
+        }
+    }
+}
+
+/// The outputs of [`tile_q4`] from its accumulators: row r of group g, column c at
+/// `out[(4g + r) * out_stride + c]`.
+///
+/// # Safety
+/// As [`tile_q4`] (its only caller, which inlines this under its features).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q4_store<const Q41: bool, const NC: usize, const G: usize>(
+    acc: &Q4Acc<NC, G>,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
         for g in 0..G {
             let mut mins = [[0f32; 16]; 2];
             if Q41 {
-                for (m, s) in mins.iter_mut().zip(summs[g]) {
+                for (m, s) in mins.iter_mut().zip(acc.summs[g]) {
                     _mm512_storeu_ps(m.as_mut_ptr(), s);
                 }
             }
             for c in 0..NC {
                 // hsum_float_8 for the four rows at once: row r's lanes l0..l8 are lo's
                 // 4r..4r+4 and hi's; (l_j + l_{4+j}), then (s0 + s2, s1 + s3), then their sum.
-                let s = _mm512_add_ps(acc_lo[g][c], acc_hi[g][c]);
+                let s = _mm512_add_ps(acc.lo[g][c], acc.hi[g][c]);
                 let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
                 let s = _mm512_add_ps(s, _mm512_movehdup_ps(s));
                 let mut h = [0f32; 16];

@@ -263,74 +263,10 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Builds a tokenizer from plain parts (used by [`Tokenizer::from_gguf`] and tests).
     pub fn from_parts(parts: TokenizerParts) -> Result<Tokenizer> {
-        let n = parts.tokens.len();
-        if n == 0 {
-            return Err(LlmError::Tokenizer("empty vocabulary".into()));
-        }
-        if u32::try_from(n).is_err() {
-            return Err(LlmError::Tokenizer(format!(
-                "vocabulary of {n} tokens is too large"
-            )));
-        }
-        for (what, len) in [
-            ("scores", parts.scores.len()),
-            ("token types", parts.token_types.len()),
-        ] {
-            if len != 0 && len != n {
-                return Err(LlmError::Tokenizer(format!(
-                    "{len} {what} for a vocabulary of {n} tokens"
-                )));
-            }
-        }
-        let check = |what: &str, id: Option<TokenId>| -> Result<Option<TokenId>> {
-            match id {
-                Some(id) if id as usize >= n => Err(LlmError::Tokenizer(format!(
-                    "{what} token id {id} is out of range for a vocabulary of {n} tokens"
-                ))),
-                _ => Ok(id),
-            }
-        };
+        let n = check_lengths(&parts)?;
         let spm = parts.kind == TokenizerKind::Spm;
-        // llama.cpp's defaults for SentencePiece vocabularies that do not name these ids.
-        let default_if_spm = |v: TokenId| {
-            if spm && (v as usize) < n {
-                Some(v)
-            } else {
-                None
-            }
-        };
-        let bos = check("BOS", parts.bos.or_else(|| default_if_spm(1)))?;
-        let eos = check("EOS", parts.eos.or_else(|| default_if_spm(2)))?;
-        let unk = check("UNK", parts.unk.or_else(|| default_if_spm(0)))?;
-        let eot = check("EOT", parts.eot)?;
-        let eom = check("EOM", parts.eom)?;
-        let pad = check("PAD", parts.pad)?;
-
-        let tokens: Vec<TokenData> = parts
-            .tokens
-            .into_iter()
-            .enumerate()
-            .map(|(i, text)| TokenData {
-                text,
-                score: parts.scores.get(i).copied().unwrap_or(0.0),
-                ty: parts
-                    .token_types
-                    .get(i)
-                    .copied()
-                    .unwrap_or(TokenType::Normal),
-            })
-            .collect();
-        let mut token_to_id = HashMap::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            // As in llama.cpp, a duplicated text maps to its last id.
-            token_to_id.insert(t.text.clone(), i as TokenId);
-        }
-        let vocab = Vocab {
-            tokens,
-            token_to_id,
-            unk,
-        };
-
+        let ids = SpecialIds::of(&parts, n)?;
+        let vocab = build_vocab(parts.tokens, &parts.scores, &parts.token_types, ids.unk);
         let (model, add_bos_default) = match parts.kind {
             TokenizerKind::Bpe => {
                 let pre = match parts.pre.as_deref() {
@@ -342,43 +278,20 @@ impl Tokenizer {
             }
             TokenizerKind::Spm => (Model::Spm, true),
         };
-
-        let mut specials: Vec<TokenId> = (0..n as TokenId)
-            .filter(|&id| {
-                let t = &vocab.tokens[id as usize];
-                !t.text.is_empty()
-                    && matches!(
-                        t.ty,
-                        TokenType::Control | TokenType::UserDefined | TokenType::Unknown
-                    )
-            })
-            .collect();
-        // Longest first so that a special token containing another wins; ties by id keep
-        // the order deterministic.
-        specials.sort_by_key(|&id| (std::cmp::Reverse(vocab.tokens[id as usize].text.len()), id));
-
+        let specials = special_tokens(&vocab);
         let pieces = vocab.tokens.iter().map(|t| render(parts.kind, t)).collect();
-
-        let mut eog: Vec<TokenId> = [eos, eot, eom].into_iter().flatten().collect();
-        eog.extend(
-            EOG_TEXTS
-                .iter()
-                .filter_map(|t| vocab.token_to_id.get(*t).copied()),
-        );
-        eog.sort_unstable();
-        eog.dedup();
-
+        let eog = end_of_generation(&vocab, [ids.eos, ids.eot, ids.eom]);
         Ok(Tokenizer {
             kind: parts.kind,
             vocab,
             model,
             specials,
             pieces,
-            bos,
-            eos,
-            eot,
-            eom,
-            pad,
+            bos: ids.bos,
+            eos: ids.eos,
+            eot: ids.eot,
+            eom: ids.eom,
+            pad: ids.pad,
             add_bos: parts.add_bos.unwrap_or(add_bos_default),
             add_eos: parts.add_eos.unwrap_or(false),
             add_space_prefix: parts.add_space_prefix.unwrap_or(spm),
@@ -621,6 +534,134 @@ impl Tokenizer {
     pub fn is_eog(&self, id: TokenId) -> bool {
         self.eog.binary_search(&id).is_ok()
     }
+}
+
+/// The vocabulary size of `parts`, checked: not empty, ids fit in a `u32`, and scores and
+/// token types either absent or one per token.
+fn check_lengths(parts: &TokenizerParts) -> Result<usize> {
+    let n = parts.tokens.len();
+    if n == 0 {
+        return Err(LlmError::Tokenizer("empty vocabulary".into()));
+    }
+    if u32::try_from(n).is_err() {
+        return Err(LlmError::Tokenizer(format!(
+            "vocabulary of {n} tokens is too large"
+        )));
+    }
+    for (what, len) in [
+        ("scores", parts.scores.len()),
+        ("token types", parts.token_types.len()),
+    ] {
+        if len != 0 && len != n {
+            return Err(LlmError::Tokenizer(format!(
+                "{len} {what} for a vocabulary of {n} tokens"
+            )));
+        }
+    }
+    Ok(n)
+}
+
+/// The special token ids of a vocabulary, each checked against its size.
+struct SpecialIds {
+    bos: Option<TokenId>,
+    eos: Option<TokenId>,
+    unk: Option<TokenId>,
+    eot: Option<TokenId>,
+    eom: Option<TokenId>,
+    pad: Option<TokenId>,
+}
+
+impl SpecialIds {
+    /// The ids `parts` names for a vocabulary of `n` tokens, with llama.cpp's defaults for
+    /// SentencePiece.
+    fn of(parts: &TokenizerParts, n: usize) -> Result<SpecialIds> {
+        let check = |what: &str, id: Option<TokenId>| -> Result<Option<TokenId>> {
+            match id {
+                Some(id) if id as usize >= n => Err(LlmError::Tokenizer(format!(
+                    "{what} token id {id} is out of range for a vocabulary of {n} tokens"
+                ))),
+                _ => Ok(id),
+            }
+        };
+        let spm = parts.kind == TokenizerKind::Spm;
+        // llama.cpp's defaults for SentencePiece vocabularies that do not name these ids.
+        let default_if_spm = |v: TokenId| {
+            if spm && (v as usize) < n {
+                Some(v)
+            } else {
+                None
+            }
+        };
+        Ok(SpecialIds {
+            bos: check("BOS", parts.bos.or_else(|| default_if_spm(1)))?,
+            eos: check("EOS", parts.eos.or_else(|| default_if_spm(2)))?,
+            unk: check("UNK", parts.unk.or_else(|| default_if_spm(0)))?,
+            eot: check("EOT", parts.eot)?,
+            eom: check("EOM", parts.eom)?,
+            pad: check("PAD", parts.pad)?,
+        })
+    }
+}
+
+/// The vocabulary of `texts`, with their scores and types (0 and normal where absent).
+fn build_vocab(
+    texts: Vec<String>,
+    scores: &[f32],
+    token_types: &[TokenType],
+    unk: Option<TokenId>,
+) -> Vocab {
+    let tokens: Vec<TokenData> = texts
+        .into_iter()
+        .enumerate()
+        .map(|(i, text)| TokenData {
+            text,
+            score: scores.get(i).copied().unwrap_or(0.0),
+            ty: token_types.get(i).copied().unwrap_or(TokenType::Normal),
+        })
+        .collect();
+    let mut token_to_id = HashMap::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        // As in llama.cpp, a duplicated text maps to its last id.
+        token_to_id.insert(t.text.clone(), i as TokenId);
+    }
+    Vocab {
+        tokens,
+        token_to_id,
+        unk,
+    }
+}
+
+/// The tokens matched in raw text before tokenizing (control, user-defined and unknown
+/// tokens with a text), longest text first.
+fn special_tokens(vocab: &Vocab) -> Vec<TokenId> {
+    let mut specials: Vec<TokenId> = (0..vocab.tokens.len() as TokenId)
+        .filter(|&id| {
+            let t = &vocab.tokens[id as usize];
+            !t.text.is_empty()
+                && matches!(
+                    t.ty,
+                    TokenType::Control | TokenType::UserDefined | TokenType::Unknown
+                )
+        })
+        .collect();
+    // Longest first so that a special token containing another wins; ties by id keep
+    // the order deterministic.
+    specials.sort_by_key(|&id| (std::cmp::Reverse(vocab.tokens[id as usize].text.len()), id));
+    specials
+}
+
+/// The end-of-generation ids: `named` (EOS, EOT, EOM) and the tokens of [`EOG_TEXTS`],
+/// sorted, without repeats.
+fn end_of_generation(vocab: &Vocab, named: [Option<TokenId>; 3]) -> Vec<TokenId> {
+    let mut eog: Vec<TokenId> = named.into_iter().flatten().collect();
+    eog.extend(
+        EOG_TEXTS
+            .iter()
+            .filter_map(|t| vocab.token_to_id.get(*t).copied()),
+    );
+    eog.sort_unstable();
+    eog.dedup();
+    eog
 }
 
 /// What a token renders to, per llama.cpp's `token_to_piece`.
