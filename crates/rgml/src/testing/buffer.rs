@@ -2,9 +2,9 @@
 //! memory or as memory only a device reaches. No base pointer, so no kernel can address them;
 //! every byte goes through `Buffer::set` / `get`.
 
-use crate::backend::{BufferImpl, BufferType, BufferTypeRef};
+use crate::backend::{BufferImpl, BufferType, BufferTypeRef, Device, DeviceRef};
 use crate::error::{Error, Result};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// A buffer type of `Vec<u8>` buffers (see the module docs).
 #[derive(Clone, Debug)]
@@ -13,6 +13,7 @@ pub struct VecBufferType {
     alignment: usize,
     max_size: usize,
     host: bool,
+    device: Option<Weak<dyn Device>>,
 }
 
 impl VecBufferType {
@@ -23,7 +24,14 @@ impl VecBufferType {
             alignment: 32,
             max_size: usize::MAX,
             host: true,
+            device: None,
         }
+    }
+
+    /// Memory of `device` (what [`BufferType::device`] returns, e.g. for its free memory).
+    pub fn with_device(mut self, device: Weak<dyn Device>) -> Self {
+        self.device = Some(device);
+        self
     }
 
     /// Buffers of at most `max_size` bytes (multi-buffers beyond).
@@ -67,6 +75,9 @@ impl BufferType for VecBufferType {
     }
     fn is_host(&self) -> bool {
         self.host
+    }
+    fn device(&self) -> Option<DeviceRef> {
+        self.device.as_ref()?.upgrade()
     }
 }
 

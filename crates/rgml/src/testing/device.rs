@@ -35,6 +35,7 @@ pub struct TestDeviceBuilder {
     ops: Vec<OpKind>,
     events: bool,
     queued_copies: bool,
+    memory: DeviceMemory,
 }
 
 impl TestDeviceBuilder {
@@ -72,18 +73,28 @@ impl TestDeviceBuilder {
         self
     }
 
+    /// Report `memory` as the device's (default: zeros, "unknown"), so allocations beyond
+    /// its free bytes are refused.
+    pub fn memory(mut self, memory: DeviceMemory) -> Self {
+        self.memory = memory;
+        self
+    }
+
     /// The device.
     pub fn build(self) -> Arc<TestDevice> {
-        let mut buffer_type = VecBufferType::new(self.name.clone());
-        if !self.cpu {
-            buffer_type = buffer_type.device_only();
-        }
-        Arc::new_cyclic(|me| TestDevice {
-            buffer_type: buffer_type.shared(),
-            config: self,
-            computed: Mutex::new(Vec::new()),
-            events_recorded: AtomicUsize::new(0),
-            me: me.clone(),
+        Arc::new_cyclic(|me: &Weak<TestDevice>| {
+            let device: Weak<dyn Device> = me.clone();
+            let mut buffer_type = VecBufferType::new(self.name.clone()).with_device(device);
+            if !self.cpu {
+                buffer_type = buffer_type.device_only();
+            }
+            TestDevice {
+                buffer_type: buffer_type.shared(),
+                config: self,
+                computed: Mutex::new(Vec::new()),
+                events_recorded: AtomicUsize::new(0),
+                me: me.clone(),
+            }
         })
     }
 }
@@ -120,6 +131,7 @@ impl TestDevice {
             ops: KERNELS.to_vec(),
             events: false,
             queued_copies: false,
+            memory: DeviceMemory::default(),
         }
     }
 
@@ -192,7 +204,7 @@ impl Device for TestDevice {
         "rgml::testing reference device"
     }
     fn memory(&self) -> DeviceMemory {
-        DeviceMemory::default()
+        self.config.memory
     }
     fn device_type(&self) -> DeviceType {
         if self.config.cpu {
