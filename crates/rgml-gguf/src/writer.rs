@@ -11,6 +11,7 @@ use crate::reader::{
 };
 use crate::value::{type_id, Value};
 use rgml::DType;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
@@ -28,7 +29,11 @@ struct PendingTensor {
 #[derive(Default)]
 pub struct GgufWriter {
     metadata: Vec<(String, Value)>,
+    /// Position of each key in `metadata`, and the tensors' names: hashed, so that copying a
+    /// (possibly hostile) file with thousands of keys or tensors is not quadratic.
+    key_index: HashMap<String, usize>,
     tensors: Vec<PendingTensor>,
+    tensor_names: HashSet<String>,
 }
 
 impl std::fmt::Debug for GgufWriter {
@@ -62,9 +67,12 @@ impl GgufWriter {
     /// Array element types are checked when the file is written.
     pub fn add_metadata(&mut self, key: impl Into<String>, value: Value) {
         let key = key.into();
-        match self.metadata.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => slot.1 = value,
-            None => self.metadata.push((key, value)),
+        match self.key_index.get(&key) {
+            Some(&i) => self.metadata[i].1 = value,
+            None => {
+                self.key_index.insert(key.clone(), self.metadata.len());
+                self.metadata.push((key, value));
+            }
         }
     }
 
@@ -81,7 +89,7 @@ impl GgufWriter {
             tensor: name.to_string(),
             reason,
         };
-        if self.tensors.iter().any(|t| t.name == name) {
+        if self.tensor_names.contains(name) {
             return Err(GgufError::DuplicateTensor {
                 name: name.to_string(),
             });
@@ -120,6 +128,7 @@ impl GgufWriter {
                 data.len()
             )));
         }
+        self.tensor_names.insert(name.to_string());
         self.tensors.push(PendingTensor {
             name: name.to_string(),
             dtype,
