@@ -207,6 +207,13 @@ impl WgpuDevice {
         self.features.contains(wgpu::Features::SHADER_F16)
     }
 
+    /// Whether the adapter offers f64 arithmetic in shaders (`SHADER_F64`): RMS_NORM and
+    /// SOFT_MAX then sum in f64 and ROPE's table takes libm's cos / sin, as ggml-cpu does, so
+    /// their results are the CPU's bit for bit (see the crate docs).
+    pub fn has_shader_f64(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_F64)
+    }
+
     /// Whether the adapter offers subgroup operations in compute shaders (`SUBGROUP`).
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)

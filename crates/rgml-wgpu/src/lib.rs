@@ -28,7 +28,10 @@
 //!   buffers (backend parameter `n_cb`, default 2; encoded on threads when each has at least
 //!   32 dispatches), one compute pass per dispatch, submitted with one `queue.submit`;
 //!   `graph_compute_async` returns after the submit, `synchronize` waits and reports wgpu
-//!   errors ([`rgml::Error::Backend`] with the device's name). Events record a queue
+//!   errors ([`rgml::Error::Backend`] with the device's name). Graph plans
+//!   (`graph_plan_create` / `graph_plan_compute_async`): a graph's pipelines, bind groups,
+//!   workgroup counts and parameters, prepared once and kept (the last few graphs) while the
+//!   context's metadata is unchanged, so a decode step only encodes and submits. Events record a queue
 //!   submission index (`Device::event_new`; caps `events` and `async_io`); `set_tensor_async`
 //!   queues aligned writes, `get_tensor_async` synchronizes and reads, `cpy_tensor_async`
 //!   copies between buffers of the device on the queue. With a trace recorder
@@ -65,8 +68,12 @@
 //!   command line maps `RGML_WGPU_SOFT_FMA=1` onto it (this crate reads no environment).
 //! - RMS_NORM and SOFT_MAX sum in f64 where the adapter has `SHADER_F64` (f32 elsewhere, e.g.
 //!   Metal: close, not bit-equal); division and square root are corrected to IEEE rounding;
-//!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf`; ROPE takes its cos / sin table from the
-//!   host (libm, as ggml-cpu) when the positions are a graph input.
+//!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf`. ROPE's cos / sin table is filled on
+//!   the GPU from the positions when the graph runs (no read-back, so plans hold): θ in f32 as
+//!   ggml-cpu computes it and, where the adapter has `SHADER_F64`, cos / sin by x86-64 glibc's
+//!   `cosf` / `sinf` algorithm in f64 (`kernels_f64.wgsl`), equal to the CPU's libm calls bit
+//!   for bit (tested on random, large and negative positions); elsewhere the device's `cos` /
+//!   `sin` (close, not bit-equal).
 //!
 //! # What issue 5 still needs
 //! - A matrix-vector path for generation, tiled / subgroup kernels, f16 arithmetic where the
@@ -85,6 +92,7 @@ mod backend;
 mod device;
 mod host;
 mod ops;
+mod plan;
 
 pub use backend::WgpuBackend;
 pub use device::{WgpuBuffer, WgpuBufferType, WgpuDevice, WgpuRegistry};

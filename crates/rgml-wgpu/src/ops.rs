@@ -56,6 +56,8 @@ pub(crate) enum Kernel {
     SoftMaxF64,
     MulMvQ8,
     MulMv,
+    RopeCache,
+    RopeCacheF64,
 }
 
 /// The WGSL module a kernel is in.
@@ -70,7 +72,7 @@ enum Module {
 }
 
 /// Each kernel's entry point and module.
-const KERNELS: [(Kernel, &str, Module); 24] = [
+const KERNELS: [(Kernel, &str, Module); 26] = [
     (Kernel::Binary, "binary", Module::Plain),
     (Kernel::Scale, "scale", Module::Plain),
     (Kernel::Silu, "silu", Module::Plain),
@@ -95,6 +97,8 @@ const KERNELS: [(Kernel, &str, Module); 24] = [
     (Kernel::SoftMaxF64, "soft_max_f64", Module::F64),
     (Kernel::MulMvQ8, "mul_mv_q8", Module::Plain),
     (Kernel::MulMv, "mul_mv", Module::Plain),
+    (Kernel::RopeCache, "rope_cache", Module::Plain),
+    (Kernel::RopeCacheF64, "rope_cache_f64", Module::F64),
 ];
 
 /// Invocations per output of `mul_mv_q8` (ggml-cpu's 8 SIMD lanes of a Q8 dot product) and of
@@ -448,12 +452,6 @@ fn strides(t: &Tensor) -> [u32; 4] {
     t.nb.map(|b| (b / u) as u32)
 }
 
-/// ggml's `ggml_rope_yarn_corr_dim`: the dimension whose wavelength fits `n_rot` rotations into
-/// the original context.
-fn yarn_corr_dim(n_dims: f64, n_ctx_orig: f64, n_rot: f64, base: f64) -> f64 {
-    n_dims * (n_ctx_orig / (n_rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
-}
-
 /// YaRN's `[start, end]` correction dims in f32, as ggml-cpu computes them for its table.
 fn rope_corr_dims(p: &RopeParams) -> [f32; 2] {
     let dim = |n_rot: f32| {
@@ -465,27 +463,31 @@ fn rope_corr_dims(p: &RopeParams) -> [f32; 2] {
     [start.max(0.0), end.min(p.n_dims as f32 - 1.0)]
 }
 
-/// ROPE's kernel parameters (see `rope` in `kernels.wgsl`), computed in f64 as the reference
-/// does: θ scale, YaRN correction range and magnitude.
-fn rope_params(p: &mut Params, rp: &RopeParams) {
-    let nd = rp.n_dims as f64;
-    let base = rp.freq_base as f64;
-    let nco = rp.n_ctx_orig as f64;
-    let start = yarn_corr_dim(nd, nco, rp.beta_fast as f64, base).floor();
-    let end = yarn_corr_dim(nd, nco, rp.beta_slow as f64, base).ceil();
-    let mut mscale = rp.attn_factor as f64;
-    if rp.ext_factor != 0.0 {
-        mscale *= 1.0 + 0.1 * (1.0 / rp.freq_scale as f64).ln();
+/// What ROPE's cos / sin table depends on besides the positions' values, computed on the host
+/// in f32 exactly as the CPU backend (`rgml-cpu`'s `kernels/rope.rs`, after ggml-cpu) does: the
+/// rotated dims (even, at most ne0), θ scale, YaRN's correction dims and magnitude scale.
+/// Parameters only: the table itself is made on the GPU from the positions (`rope_cache`).
+struct RopeSetup {
+    n_dims: usize,
+    theta_scale: f32,
+    corr: [f32; 2],
+    mscale: f32,
+}
+
+impl RopeSetup {
+    fn new(rp: &RopeParams, ne0: usize) -> RopeSetup {
+        let n_dims = rp.n_dims.min(ne0) & !1;
+        let mut mscale = rp.attn_factor;
+        if rp.ext_factor != 0.0 {
+            mscale *= 1.0 + 0.1 * (1.0 / rp.freq_scale).ln();
+        }
+        RopeSetup {
+            n_dims,
+            theta_scale: rp.freq_base.powf(-2.0 / n_dims.max(1) as f32),
+            corr: rope_corr_dims(rp),
+            mscale,
+        }
     }
-    p.misc[1] = rp.n_dims as u32;
-    p.misc[2] = u32::from(rp.mode == RopeMode::Neox);
-    p.f = [
-        base.powf(-2.0 / nd) as f32,
-        rp.freq_scale,
-        rp.ext_factor,
-        mscale as f32,
-    ];
-    p.g = [start.max(0.0) as f32, end.min(nd - 1.0) as f32, 0.0, 0.0];
 }
 
 /// One node ready to encode: its kernel, parameters, bound buffers (A, B, C, D) and threads.
@@ -496,16 +498,27 @@ pub(crate) struct Dispatch {
     pub(crate) threads: u64,
 }
 
-/// What a ROPE table depends on: the positions tensor, how many positions, the parameters.
-type RopeTableKey = (TensorId, usize, RopeParams);
+/// What a ROPE table depends on: the positions tensor, how many positions, the rotated dims
+/// and the op's parameters.
+type RopeTableKey = (TensorId, usize, usize, RopeParams);
+
+/// A ROPE table made for the graph being prepared, and the bytes of its positions (buffer,
+/// byte range): a node that writes there afterwards makes it stale.
+struct RopeTable {
+    key: RopeTableKey,
+    table: wgpu::Buffer,
+    positions: (wgpu::Buffer, std::ops::Range<usize>),
+}
 
 /// Prepares one graph's nodes for dispatch on `gpu` (`device`: the device name, for errors).
+/// Preparation reads tensor metadata only, never values: what it makes stays valid while the
+/// context's metadata does (a graph plan).
 pub(crate) struct Prep<'a> {
     pub(crate) gpu: &'a Gpu,
     pub(crate) device: &'a str,
-    /// ROPE tables made for this graph, by positions tensor, rows and parameters: every layer
-    /// rotates at the same positions, and each table costs a read-back of the positions.
-    rope_tables: std::sync::Mutex<Vec<(RopeTableKey, wgpu::Buffer)>>,
+    /// ROPE tables made for this graph: every layer rotates at the same positions, so the first
+    /// ROPE fills the table and the later ones read it.
+    rope_tables: Vec<RopeTable>,
 }
 
 impl<'a> Prep<'a> {
@@ -513,7 +526,7 @@ impl<'a> Prep<'a> {
         Prep {
             gpu,
             device,
-            rope_tables: Default::default(),
+            rope_tables: Vec::new(),
         }
     }
 
@@ -531,6 +544,7 @@ impl<'a> Prep<'a> {
             .buffer
             .imp()
             .downcast_ref::<WgpuBuffer>()
+            .filter(|b| std::ptr::eq(&*b.gpu, self.gpu))
             .ok_or_else(|| {
                 self.err(format!(
                     "tensor '{}' is in '{}' memory, not this device's",
@@ -552,7 +566,31 @@ impl<'a> Prep<'a> {
     }
 
     /// The dispatches that compute node `id` (none for views and empty tensors), in order.
-    pub(crate) fn prepare(&self, ctx: &Context, id: TensorId) -> Result<Vec<Dispatch>> {
+    pub(crate) fn prepare(&mut self, ctx: &Context, id: TensorId) -> Result<Vec<Dispatch>> {
+        let dispatches = self.prepare_node(ctx, id)?;
+        if !dispatches.is_empty() {
+            self.forget_overwritten_tables(ctx.get(id)?);
+        }
+        Ok(dispatches)
+    }
+
+    /// Drop the ROPE tables whose positions node `t` overwrites: a later ROPE at those
+    /// positions must fill its table again, after `t`.
+    fn forget_overwritten_tables(&mut self, t: &Tensor) {
+        let Some(data) = t.data.as_ref() else {
+            return;
+        };
+        let Some(buf) = data.buffer.imp().downcast_ref::<WgpuBuffer>() else {
+            return;
+        };
+        let written = data.offset..data.offset + t.nbytes();
+        self.rope_tables.retain(|rt| {
+            let (b, range) = &rt.positions;
+            *b != buf.buffer || range.end <= written.start || written.end <= range.start
+        });
+    }
+
+    fn prepare_node(&mut self, ctx: &Context, id: TensorId) -> Result<Vec<Dispatch>> {
         let t = ctx.get(id)?;
         if t.op.kind().is_view() || t.nelements() == 0 {
             return Ok(Vec::new());
@@ -618,15 +656,7 @@ impl<'a> Prep<'a> {
                 p.f[0] = eps;
                 (Kernel::Norm, rows)
             }
-            Op::Rope(rp) => {
-                rope_params(&mut p, &rp);
-                if let Some(table) = self.rope_table(ctx, t, srcs[1], &rp)? {
-                    buffers[2] = table;
-                    p.off[2] = 0;
-                    p.misc[3] = 1;
-                }
-                (Kernel::Rope, rows)
-            }
+            Op::Rope(rp) => return self.rope(p, buffers, t, &srcs, &rp, rows),
             Op::Cpy | Op::Dup | Op::Cont => {
                 p.misc[2] = type_code(srcs[0].dtype).unwrap_or(0);
                 if t.dtype == DType::F16 {
@@ -711,71 +741,91 @@ impl<'a> Prep<'a> {
         self.dispatch(kernel, p, buffers, threads).map(|d| vec![d])
     }
 
-    /// ROPE's cos / sin table, computed on the host exactly as ggml-cpu does (f32 θ, libm
-    /// `cosf` / `sinf`: GPU trigonometry is only accurate to a few ulp, and the model amplifies
-    /// that), when the positions are an input of the graph (a leaf, already set before this
-    /// compute); `None` for computed positions, which the kernel handles with GPU `cos` / `sin`.
-    /// Pairs `(cos θ · mscale, sin θ · mscale)` for each position (dim 2 of the rotated tensor)
-    /// and each of the `n_dims / 2` pairs.
-    fn rope_table(
-        &self,
-        ctx: &Context,
+    /// ROPE: the (cos, sin) table of its positions, filled by a `rope_cache` dispatch unless
+    /// an earlier ROPE of the graph filled it for the same positions and parameters, then the
+    /// rotation, which reads the table through binding C.
+    fn rope(
+        &mut self,
+        mut p: Params,
+        mut buffers: [wgpu::Buffer; 4],
         t: &Tensor,
-        pos: &Tensor,
+        srcs: &[&Tensor],
         rp: &RopeParams,
-    ) -> Result<Option<wgpu::Buffer>> {
-        use wgpu::util::DeviceExt;
-        if pos.op != Op::None {
-            return Ok(None);
+        rows: u64,
+    ) -> Result<Vec<Dispatch>> {
+        let (Some(&pos_id), Some(&pos)) = (t.src.get(1), srcs.get(1)) else {
+            return Err(self.err("ROPE without positions"));
+        };
+        let setup = RopeSetup::new(rp, t.ne[0]);
+        let mut out = Vec::with_capacity(2);
+        if setup.n_dims > 0 {
+            let key = (pos_id, t.ne[2], setup.n_dims, *rp);
+            let (table, fill) = self.rope_table(key, pos, &setup, rp)?;
+            out.extend(fill);
+            buffers[2] = table;
+            p.off[2] = 0;
         }
-        let n_pos = t.ne[2];
-        let pos_id = t.src[1];
-        let key = (pos_id, n_pos, *rp);
-        let mut tables = self.rope_tables.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, b)) = tables.iter().find(|(k, _)| *k == key) {
-            return Ok(Some(b.clone()));
+        p.misc[1] = setup.n_dims as u32;
+        p.misc[2] = u32::from(rp.mode == RopeMode::Neox);
+        out.push(self.dispatch(Kernel::Rope, p, buffers, rows)?);
+        Ok(out)
+    }
+
+    /// The table for `key` (positions, their count, rotated dims, parameters) and, when this
+    /// graph has not filled it yet, the dispatch that does: (cos θ · mscale, sin θ · mscale)
+    /// for every position and pair, computed on the GPU from the positions as they are when
+    /// the graph runs. Where the device has f64 the kernel computes cos / sin as the CPU's libm
+    /// does (`rope_cache_f64`), bit for bit; elsewhere with the device's own.
+    fn rope_table(
+        &mut self,
+        key: RopeTableKey,
+        pos: &Tensor,
+        setup: &RopeSetup,
+        rp: &RopeParams,
+    ) -> Result<(wgpu::Buffer, Option<Dispatch>)> {
+        if let Some(rt) = self.rope_tables.iter().find(|rt| rt.key == key) {
+            return Ok((rt.table.clone(), None));
         }
-        let mut bytes = vec![0u8; n_pos * 4];
-        ctx.tensor_get(pos_id, 0, &mut bytes)?;
-        let n_dims = rp.n_dims;
-        if n_dims > t.ne[0] || n_dims % 2 == 1 {
-            // The kernel's pairs would not line up with the table's.
-            return Ok(None);
-        }
-        let theta_scale = rp.freq_base.powf(-2.0 / n_dims.max(1) as f32);
-        let corr = rope_corr_dims(rp);
-        let mut table = Vec::with_capacity(n_pos * n_dims);
-        for b in bytes.chunks_exact(4) {
-            let pos = i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32;
-            let mut theta_extrap = pos;
-            for i0 in (0..n_dims).step_by(2) {
-                let theta_interp = rp.freq_scale * theta_extrap;
-                let mut theta = theta_interp;
-                let mut mscale = rp.attn_factor;
-                if rp.ext_factor != 0.0 {
-                    let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
-                    let mix = (1.0 - y.clamp(0.0, 1.0)) * rp.ext_factor;
-                    theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
-                    mscale *= 1.0 + 0.1 * (1.0 / rp.freq_scale).ln();
-                }
-                table.push(theta.cos() * mscale);
-                table.push(theta.sin() * mscale);
-                theta_extrap *= theta_scale;
-            }
-        }
-        if table.is_empty() {
-            return Ok(None);
-        }
-        let buffer = self
-            .gpu
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("rgml rope table"),
-                contents: bytemuck::cast_slice(&table),
-                usage: wgpu::BufferUsages::STORAGE,
-            });
-        tables.push((key, buffer.clone()));
-        Ok(Some(buffer))
+        let (_, n_pos, n_dims, _) = key;
+        let bytes = n_pos
+            .checked_mul(n_dims * 4)
+            .filter(|&b| b / 4 <= u32::MAX as usize)
+            .ok_or_else(|| self.err("ROPE table too large"))?;
+        let table = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("rgml rope table"),
+            size: bytes.max(4) as u64,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let (pos_buf, pos_off) = self.storage(pos)?;
+        let mut q = Params {
+            b_ne: dims(pos.ne),
+            b_nb: strides(pos),
+            ..Params::default()
+        };
+        q.off[1] = pos_off;
+        q.misc[1] = n_dims as u32;
+        q.f = [
+            setup.theta_scale,
+            rp.freq_scale,
+            rp.ext_factor,
+            setup.mscale,
+        ];
+        q.g = [setup.corr[0], setup.corr[1], 0.0, 0.0];
+        let kernel = if self.gpu.kernels.f64 {
+            Kernel::RopeCacheF64
+        } else {
+            Kernel::RopeCache
+        };
+        let bufs = [table.clone(), pos_buf.clone(), table.clone(), table.clone()];
+        let fill = self.dispatch(kernel, q, bufs, (n_pos * n_dims / 2) as u64)?;
+        let start = pos.data.as_ref().map_or(0, |d| d.offset);
+        self.rope_tables.push(RopeTable {
+            key,
+            table: table.clone(),
+            positions: (pos_buf, start..start + pos.nbytes()),
+        });
+        Ok((table, Some(fill)))
     }
 
     fn dispatch(
