@@ -61,7 +61,9 @@
 //! next synchronize), so it covers encode, queue wait and execution; copy spans cover the call
 //! (a set / copy only queues the transfer).
 
-use crate::device::{Gpu, WgpuBuffer, WgpuDevice};
+use crate::buffer::{WgpuBuffer, COPY_ALIGN};
+use crate::gpu::Gpu;
+use crate::ops::supports_op;
 use crate::plan::Prepared;
 use rgml::alloc::Concurrency;
 use rgml::backend::{Backend, Event, EventImpl, GraphPlan};
@@ -74,9 +76,6 @@ use std::time::Instant;
 
 /// Fewest dispatches per command buffer for which encoding on threads pays off.
 const MIN_THREADED_RANGE: usize = 32;
-
-/// wgpu's copy granularity (`COPY_BUFFER_ALIGNMENT`).
-const COPY_ALIGN: usize = 4;
 
 /// How many plans a stream keeps: enough for a few graphs computed in turn (a scheduler's
 /// splits on this stream, a decode graph beside a prompt graph).
@@ -95,7 +94,7 @@ struct PendingSpan {
 
 /// A stream on a wgpu device.
 pub struct WgpuBackend {
-    device: Arc<WgpuDevice>,
+    device: DeviceRef,
     gpu: Arc<Gpu>,
     /// Command buffers per graph.
     n_cb: usize,
@@ -109,7 +108,7 @@ pub struct WgpuBackend {
 
 impl WgpuBackend {
     pub(crate) fn new(
-        device: Arc<WgpuDevice>,
+        device: DeviceRef,
         gpu: Arc<Gpu>,
         n_cb: usize,
         concurrency: bool,
@@ -251,7 +250,7 @@ fn split_even(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
 
 impl Backend for WgpuBackend {
     fn name(&self) -> &str {
-        self.device.name_str()
+        self.device.name()
     }
 
     fn device(&self) -> DeviceRef {
@@ -288,11 +287,11 @@ impl Backend for WgpuBackend {
     /// Every node prepared for this device: steps with their pipelines, bind groups and
     /// workgroup counts, and the uniform buffer of their parameters (see `plan.rs`).
     fn graph_plan_create(&mut self, ctx: &Context, graph: &Graph) -> Result<GraphPlan> {
-        let prepared = Prepared::new(&self.gpu, self.device.name_str(), ctx, graph)?;
+        let prepared = Prepared::new(&self.gpu, self.device.name(), ctx, graph)?;
         Ok(GraphPlan::new(
             ctx,
             graph,
-            self.device.name_str(),
+            self.device.name(),
             Arc::new(WgpuPlan(Arc::new(prepared))),
         ))
     }
@@ -437,7 +436,7 @@ impl Backend for WgpuBackend {
     }
 
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
-        crate::ops::supports_op(ctx, id)
+        supports_op(ctx, id)
     }
 }
 

@@ -11,11 +11,12 @@
 //! the plan from the positions as they are when it runs (see [`Prep`]), so new inputs set
 //! with `tensor_set` need no new plan. Bind groups hold wgpu handles, not [`rgml::Buffer`]s:
 //! a stale plan kept by the stream does not keep device memory alive (a dropped
-//! [`WgpuBuffer`](crate::WgpuBuffer) destroys its wgpu buffer; a plan is only computed while its
+//! `WgpuBuffer` destroys its wgpu buffer; a plan is only computed while its
 //! context, which holds those buffers, is unchanged).
 
-use crate::device::Gpu;
-use crate::ops::{Dispatch, Params, Prep, MAX_GROUPS, PARAM_STRIDE, WG};
+use crate::gpu::Gpu;
+use crate::kernels::{Params, MAX_GROUPS, PARAM_STRIDE, WG};
+use crate::ops::{Dispatch, Prep};
 use rgml::graph::Graph;
 use rgml::{Context, Result};
 use std::ops::Range;
