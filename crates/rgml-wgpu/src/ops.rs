@@ -298,12 +298,36 @@ impl<'a> Prep<'a> {
             return Ok(Vec::new());
         }
         if !supports_op(ctx, id) {
-            return Err(Error::Unsupported {
-                backend: self.device.to_string(),
-                what: format!("{} of {} ('{}')", t.op.kind(), t.dtype, t.display_name()),
-            });
+            return Err(self.unsupported(t));
         }
         let srcs: Vec<&Tensor> = t.src.iter().map(|&s| ctx.get(s)).collect::<Result<_>>()?;
+        let (mut p, buffers) = self.bind(t, &srcs)?;
+        match t.op {
+            Op::Rope(rp) => self.rope(p, buffers, t, &srcs, &rp),
+            Op::SoftMax { scale, max_bias } => {
+                let d = self.soft_max(p, buffers, t, &srcs, scale, max_bias)?;
+                Ok(vec![d])
+            }
+            Op::MulMat => self.mul_mat(p, buffers, t, &srcs),
+            _ => {
+                let (kernel, threads) = self
+                    .one_dispatch(&mut p, t, &srcs)
+                    .ok_or_else(|| self.unsupported(t))?;
+                Ok(vec![self.dispatch(kernel, p, buffers, threads)?])
+            }
+        }
+    }
+
+    fn unsupported(&self, t: &Tensor) -> Error {
+        Error::Unsupported {
+            backend: self.device.to_string(),
+            what: format!("{} of {} ('{}')", t.op.kind(), t.dtype, t.display_name()),
+        }
+    }
+
+    /// The parameters and bindings every kernel shares: node `t` as D, its sources as A, B, C
+    /// (shapes, strides, offsets); unused bindings hold D's buffer.
+    fn bind(&self, t: &Tensor, srcs: &[&Tensor]) -> Result<(Params, [wgpu::Buffer; 4])> {
         let (d_buf, d_off) = self.storage(t)?;
         let mut p = Params {
             d_ne: dims(t.ne),
@@ -330,9 +354,17 @@ impl<'a> Prep<'a> {
             *ne = dims(s.ne);
             *nb = strides(s);
         }
+        Ok((p, buffers))
+    }
+
+    /// The kernel and invocations of an op computed by one dispatch on the shared bindings,
+    /// with its own parameters set in `p`; `None` for the others (ROPE, SOFT_MAX, MUL_MAT have
+    /// their own methods).
+    fn one_dispatch(&self, p: &mut Params, t: &Tensor, srcs: &[&Tensor]) -> Option<(Kernel, u64)> {
         let elements = t.nelements() as u64;
         let rows = t.nrows() as u64;
-        let (kernel, threads) = match t.op {
+        let f16 = t.dtype == DType::F16;
+        Some(match t.op {
             Op::Add | Op::Sub | Op::Mul | Op::Div => {
                 p.misc[1] = match t.op {
                     Op::Add => 0,
@@ -358,89 +390,110 @@ impl<'a> Prep<'a> {
                 p.f[0] = eps;
                 (Kernel::Norm, rows)
             }
-            Op::Rope(rp) => return self.rope(p, buffers, t, &srcs, &rp, rows),
+            Op::RmsNorm { eps } => {
+                p.f[0] = eps;
+                let f64 = self.gpu.kernels.f64;
+                (
+                    if f64 {
+                        Kernel::RmsNormF64
+                    } else {
+                        Kernel::RmsNorm
+                    },
+                    rows,
+                )
+            }
             Op::Cpy | Op::Dup | Op::Cont => {
-                p.misc[2] = type_code(srcs[0].dtype).unwrap_or(0);
-                if t.dtype == DType::F16 {
-                    (Kernel::CpyF16, elements)
-                } else {
-                    (Kernel::Cpy, elements)
-                }
+                p.misc[2] = type_code(srcs.first()?.dtype)?;
+                (if f16 { Kernel::CpyF16 } else { Kernel::Cpy }, elements)
             }
             Op::SetRows => {
-                p.misc[2] = type_code(t.dtype).unwrap_or(0);
-                let n = srcs[1].nelements() as u64;
-                if t.dtype == DType::F16 {
-                    (Kernel::SetRowsF16, n)
-                } else {
-                    (Kernel::SetRows, n)
-                }
+                p.misc[2] = type_code(t.dtype)?;
+                let n = srcs.get(1)?.nelements() as u64;
+                (
+                    if f16 {
+                        Kernel::SetRowsF16
+                    } else {
+                        Kernel::SetRows
+                    },
+                    n,
+                )
             }
             Op::Concat { dim } => {
                 p.misc[1] = dim as u32;
                 (Kernel::Concat, elements)
             }
-            Op::Argmax => (Kernel::Argmax, srcs[0].nrows() as u64),
+            Op::Argmax => (Kernel::Argmax, srcs.first()?.nrows() as u64),
             Op::GetRows => {
-                p.misc[2] = type_code(srcs[0].dtype).unwrap_or(0);
+                p.misc[2] = type_code(srcs.first()?.dtype)?;
                 (Kernel::GetRows, elements)
             }
-            Op::RmsNorm { eps } => {
-                p.f[0] = eps;
-                if self.gpu.kernels.f64 {
-                    (Kernel::RmsNormF64, rows)
-                } else {
-                    (Kernel::RmsNorm, rows)
-                }
-            }
-            Op::SoftMax { scale, max_bias } => {
-                p.f[0] = scale;
-                // ALiBi slopes' bases (1 without ALiBi: every slope is 1).
-                let n_head = u32::try_from(t.ne[2]).unwrap_or(u32::MAX).max(1);
-                let n_head_log2 = 1u32 << n_head.ilog2();
-                p.f[1] = 2f32.powf(-max_bias / n_head_log2 as f32);
-                p.f[2] = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
-                p.misc[3] = n_head_log2;
-                if let Some(mask) = srcs.get(1) {
-                    p.misc[1] = 1;
-                    p.misc[2] = type_code(mask.dtype).unwrap_or(0);
-                    // The kernel takes the mask from binding C.
-                    buffers[2] = buffers[1].clone();
-                    p.off[2] = p.off[1];
-                    p.c_ne = p.b_ne;
-                    p.c_nb = p.b_nb;
-                } else {
-                    p.c_ne = [1; 4];
-                }
-                if self.gpu.kernels.f64 {
-                    (Kernel::SoftMaxF64, rows)
-                } else {
-                    (Kernel::SoftMax, rows)
-                }
-            }
-            Op::MulMat => {
-                p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
-                p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
-                p.misc[3] = type_code(srcs[0].dtype).unwrap_or(0);
-                // One activation column (generation): lanes of one output run side by side.
-                let vector = srcs[1].ne[1] == 1;
-                if quantizes_activations(srcs[0].dtype) {
-                    return self.mul_mat_q8(p, buffers, srcs[1], elements, vector);
-                }
-                if vector {
-                    (Kernel::MulMv, elements * MV_LANES)
-                } else {
-                    (Kernel::MulMat, elements)
-                }
-            }
-            _ => {
-                return Err(Error::Unsupported {
-                    backend: self.device.to_string(),
-                    what: format!("{}", t.op.kind()),
-                })
-            }
+            _ => return None,
+        })
+    }
+
+    /// SOFT_MAX: scale, ALiBi slope bases, and the optional mask (moved to binding C, where the
+    /// kernel reads it).
+    fn soft_max(
+        &self,
+        mut p: Params,
+        mut buffers: [wgpu::Buffer; 4],
+        t: &Tensor,
+        srcs: &[&Tensor],
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<Dispatch> {
+        p.f[0] = scale;
+        // ALiBi slopes' bases (1 without ALiBi: every slope is 1).
+        let n_head = u32::try_from(t.ne[2]).unwrap_or(u32::MAX).max(1);
+        let n_head_log2 = 1u32 << n_head.ilog2();
+        p.f[1] = 2f32.powf(-max_bias / n_head_log2 as f32);
+        p.f[2] = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+        p.misc[3] = n_head_log2;
+        if let Some(mask) = srcs.get(1) {
+            p.misc[1] = 1;
+            p.misc[2] = type_code(mask.dtype).unwrap_or(0);
+            buffers[2] = buffers[1].clone();
+            p.off[2] = p.off[1];
+            p.c_ne = p.b_ne;
+            p.c_nb = p.b_nb;
+        } else {
+            p.c_ne = [1; 4];
+        }
+        let kernel = if self.gpu.kernels.f64 {
+            Kernel::SoftMaxF64
+        } else {
+            Kernel::SoftMax
         };
-        self.dispatch(kernel, p, buffers, threads).map(|d| vec![d])
+        self.dispatch(kernel, p, buffers, t.nrows() as u64)
+    }
+
+    /// MUL_MAT: broadcast factors and the weights' type; Q8-dotted weights quantize the
+    /// activations first ([`Prep::mul_mat_q8`]), one activation column (generation) takes the
+    /// matrix-vector kernels, whose lanes of one output run side by side.
+    fn mul_mat(
+        &self,
+        mut p: Params,
+        buffers: [wgpu::Buffer; 4],
+        t: &Tensor,
+        srcs: &[&Tensor],
+    ) -> Result<Vec<Dispatch>> {
+        let (Some(a), Some(b)) = (srcs.first(), srcs.get(1)) else {
+            return Err(self.unsupported(t));
+        };
+        p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
+        p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
+        p.misc[3] = type_code(a.dtype).unwrap_or(0);
+        let elements = t.nelements() as u64;
+        let vector = b.ne[1] == 1;
+        if quantizes_activations(a.dtype) {
+            return self.mul_mat_q8(p, buffers, b, elements, vector);
+        }
+        let d = if vector {
+            self.dispatch(Kernel::MulMv, p, buffers, elements * MV_LANES)?
+        } else {
+            self.dispatch(Kernel::MulMat, p, buffers, elements)?
+        };
+        Ok(vec![d])
     }
 
     /// ROPE: the (cos, sin) table of its positions, filled by a `rope_cache` dispatch unless
@@ -453,7 +506,6 @@ impl<'a> Prep<'a> {
         t: &Tensor,
         srcs: &[&Tensor],
         rp: &RopeParams,
-        rows: u64,
     ) -> Result<Vec<Dispatch>> {
         let (Some(&pos_id), Some(&pos)) = (t.src.get(1), srcs.get(1)) else {
             return Err(self.err("ROPE without positions"));
@@ -469,7 +521,7 @@ impl<'a> Prep<'a> {
         }
         p.misc[1] = setup.n_dims as u32;
         p.misc[2] = u32::from(rp.mode == RopeMode::Neox);
-        out.push(self.dispatch(Kernel::Rope, p, buffers, rows)?);
+        out.push(self.dispatch(Kernel::Rope, p, buffers, t.nrows() as u64)?);
         Ok(out)
     }
 
