@@ -20,8 +20,19 @@
 //! # Asynchrony
 //! [`Backend::graph_compute_async`] submits and returns; [`Backend::synchronize`] waits for
 //! the queue and reports wgpu errors (validation or device loss) of the work submitted since.
-//! The uniform buffer holding the nodes' parameters is kept until then. Every stream of a
-//! device shares the device's one queue, so work is ordered across streams of the device.
+//! Every stream of a device shares the device's one queue, so work is ordered across streams of
+//! the device.
+//!
+//! # Plans
+//! `graph_compute_async` keeps the plans of the last few graphs (`PLAN_SLOTS`, ggml's
+//! `graph_plan`, as the CPU backend does) and reuses one while the graph's uid and the
+//! context's uid and epoch are those it was made for ([`GraphPlan`]): a decode step that
+//! computes its graph again encodes the plan's ready steps (pipelines, bind groups, workgroup
+//! counts; `plan.rs`) and submits, without preparing nodes, creating bind groups or writing
+//! parameters. Inputs are values, not metadata: ROPE's tables are filled on the GPU from the
+//! positions when the graph runs. `graph_plan_create` / `graph_plan_compute_async` expose the
+//! same plans. wgpu keeps the buffers of submitted work alive until it completes, so a plan
+//! may be replaced or dropped while its last submission runs.
 //!
 //! # Barriers and concurrency
 //! wgpu's resource tracker, not this backend, places barriers: inside a compute pass and
@@ -50,10 +61,12 @@
 //! next synchronize), so it covers encode, queue wait and execution; copy spans cover the call
 //! (a set / copy only queues the transfer).
 
-use crate::device::{Gpu, WgpuBuffer, WgpuDevice};
-use crate::ops::{Dispatch, Params, Prep, MAX_GROUPS, PARAM_STRIDE, WG};
+use crate::buffer::{WgpuBuffer, COPY_ALIGN};
+use crate::gpu::Gpu;
+use crate::ops::supports_op;
+use crate::plan::Prepared;
 use rgml::alloc::Concurrency;
-use rgml::backend::{Backend, Event, EventImpl};
+use rgml::backend::{Backend, Event, EventImpl, GraphPlan};
 use rgml::graph::Graph;
 use rgml::trace::{Trace, TraceArg};
 use rgml::{Context, DeviceRef, Error, Result, TensorId};
@@ -64,8 +77,12 @@ use std::time::Instant;
 /// Fewest dispatches per command buffer for which encoding on threads pays off.
 const MIN_THREADED_RANGE: usize = 32;
 
-/// wgpu's copy granularity (`COPY_BUFFER_ALIGNMENT`).
-const COPY_ALIGN: usize = 4;
+/// How many plans a stream keeps: enough for a few graphs computed in turn (a scheduler's
+/// splits on this stream, a decode graph beside a prompt graph).
+const PLAN_SLOTS: usize = 4;
+
+/// What a wgpu plan holds (shared, so computing it clones a pointer).
+struct WgpuPlan(Arc<Prepared>);
 
 /// A command buffer submitted but not yet seen complete, for its trace span.
 struct PendingSpan {
@@ -77,21 +94,21 @@ struct PendingSpan {
 
 /// A stream on a wgpu device.
 pub struct WgpuBackend {
-    device: Arc<WgpuDevice>,
+    device: DeviceRef,
     gpu: Arc<Gpu>,
     /// Command buffers per graph.
     n_cb: usize,
     /// Whether to report dependency levels to the graph allocator.
     concurrency: bool,
-    /// Uniform buffers of submitted graphs, destroyed once a synchronize saw them complete.
-    in_flight: Vec<wgpu::Buffer>,
+    /// The plans of the last graphs computed, most recently used first.
+    plans: Vec<GraphPlan>,
     trace: Option<(Arc<Trace>, usize)>,
     pending_spans: Vec<PendingSpan>,
 }
 
 impl WgpuBackend {
     pub(crate) fn new(
-        device: Arc<WgpuDevice>,
+        device: DeviceRef,
         gpu: Arc<Gpu>,
         n_cb: usize,
         concurrency: bool,
@@ -101,7 +118,7 @@ impl WgpuBackend {
             gpu,
             n_cb: n_cb.max(1),
             concurrency,
-            in_flight: Vec::new(),
+            plans: Vec::with_capacity(PLAN_SLOTS),
             trace: None,
             pending_spans: Vec::new(),
         }
@@ -149,60 +166,76 @@ impl WgpuBackend {
         }
     }
 
-    /// Encode dispatches `range` of a graph into one command buffer.
-    fn encode(
-        &self,
-        dispatches: &[Dispatch],
-        range: std::ops::Range<usize>,
-        uniforms: &wgpu::Buffer,
-    ) -> Result<wgpu::CommandBuffer> {
-        let gpu = &self.gpu;
-        let mut encoder = gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("rgml graph"),
-            });
-        let param_size = std::num::NonZeroU64::new(std::mem::size_of::<Params>() as u64);
-        for i in range {
-            let d = &dispatches[i];
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: uniforms,
-                    offset: i as u64 * PARAM_STRIDE,
-                    size: param_size,
-                }),
-            }];
-            for (j, b) in d.buffers.iter().enumerate() {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: j as u32 + 1,
-                    resource: b.as_entire_binding(),
+    /// The prepared graph for `graph`: from a kept plan while the graph and the context are
+    /// unchanged (three comparisons per plan), else from a new plan, which replaces the least
+    /// recently used one.
+    fn prepared_for(&mut self, ctx: &Context, graph: &Graph) -> Result<Arc<Prepared>> {
+        if let Some(i) = self.plans.iter().position(|p| p.is_for(ctx, graph)) {
+            // Most recently used first (a rotation: no allocation).
+            self.plans[..=i].rotate_right(1);
+            if let Some(WgpuPlan(prepared)) = self.plans[0].prepared::<WgpuPlan>() {
+                return Ok(prepared.clone());
+            }
+        }
+        let plan = self.graph_plan_create(ctx, graph)?;
+        let prepared = self.own_plan(&plan)?.clone();
+        self.plans.truncate(PLAN_SLOTS - 1);
+        self.plans.insert(0, plan);
+        Ok(prepared)
+    }
+
+    /// What `plan` holds, if this device's backend made it.
+    fn own_plan<'p>(&self, plan: &'p GraphPlan) -> Result<&'p Arc<Prepared>> {
+        match plan.prepared::<WgpuPlan>() {
+            Some(WgpuPlan(prepared)) if Arc::ptr_eq(&prepared.gpu, &self.gpu) => Ok(prepared),
+            _ => Err(Error::Unsupported {
+                backend: self.name().to_string(),
+                what: format!("a graph plan made by '{}'", plan.backend()),
+            }),
+        }
+    }
+
+    /// Encode `prepared` into `n_cb` command buffers and submit them with one submit.
+    fn submit(&mut self, prepared: &Prepared) -> Result<()> {
+        if prepared.len() == 0 {
+            return Ok(());
+        }
+        let ranges = split_even(prepared.len(), self.n_cb);
+        let t0 = Instant::now();
+        // Several ranges of enough steps each: encode them on threads (measured faster on
+        // lavapipe, see the module docs); small graphs are not worth the thread start-up.
+        let threaded = ranges.len() > 1 && prepared.len() >= ranges.len() * MIN_THREADED_RANGE;
+        let buffers: Vec<wgpu::CommandBuffer> = if threaded {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = ranges
+                    .iter()
+                    .map(|r| scope.spawn(move || prepared.encode(r.clone())))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .map_err(|_| self.gpu.err("encoder thread panicked"))
+                    })
+                    .collect::<Result<_>>()
+            })?
+        } else {
+            ranges.iter().map(|r| prepared.encode(r.clone())).collect()
+        };
+        if self.trace.is_some() {
+            for (k, r) in ranges.iter().enumerate() {
+                let nodes = prepared.nodes_of(k, r);
+                self.pending_spans.push(PendingSpan {
+                    name: format!("cb {k} nodes {}..{}", nodes.start, nodes.end),
+                    start: t0,
+                    nodes: nodes.len() as u64,
+                    dispatches: r.len() as u64,
                 });
             }
-            let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &gpu.kernels.layout,
-                entries: &entries,
-            });
-            let groups = d.threads.div_ceil(WG).max(1);
-            let x = groups.min(MAX_GROUPS);
-            let y = groups.div_ceil(x);
-            if y > MAX_GROUPS {
-                return Err(gpu.err("graph node too large for one dispatch"));
-            }
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes: None,
-            });
-            let pipeline = gpu
-                .kernels
-                .pipeline(d.kernel)
-                .ok_or_else(|| gpu.err("kernel not compiled for this device"))?;
-            pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
-            pass.dispatch_workgroups(x as u32, y as u32, 1);
         }
-        Ok(encoder.finish())
+        // One submit, in order: the queue runs the command buffers one after another.
+        self.gpu.queue.submit(buffers);
+        Ok(())
     }
 }
 
@@ -217,7 +250,7 @@ fn split_even(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
 
 impl Backend for WgpuBackend {
     fn name(&self) -> &str {
-        self.device.name_str()
+        self.device.name()
     }
 
     fn device(&self) -> DeviceRef {
@@ -227,10 +260,6 @@ impl Backend for WgpuBackend {
     fn synchronize(&mut self) -> Result<()> {
         let waited = self.gpu.wait();
         let end = Instant::now();
-        // Completed or failed, the submissions are over: release their parameters.
-        for b in self.in_flight.drain(..) {
-            b.destroy();
-        }
         let spans = std::mem::take(&mut self.pending_spans);
         if let Some((trace, track)) = &self.trace {
             for s in spans {
@@ -251,98 +280,26 @@ impl Backend for WgpuBackend {
     }
 
     fn graph_compute_async(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
-        let prep = Prep::new(&self.gpu, self.device.name_str());
-        // Dispatches, and the graph node index each one comes from (for span names).
-        let mut dispatches = Vec::new();
-        let mut node_of = Vec::new();
-        for (n, &id) in graph.nodes().iter().enumerate() {
-            for d in prep.prepare(ctx, id)? {
-                dispatches.push(d);
-                node_of.push(n);
-            }
-        }
-        if dispatches.is_empty() {
-            return Ok(());
-        }
-        let gpu = &self.gpu;
-        let mut uniform_bytes = vec![0u8; dispatches.len() * PARAM_STRIDE as usize];
-        for (i, d) in dispatches.iter().enumerate() {
-            let at = i * PARAM_STRIDE as usize;
-            uniform_bytes[at..at + std::mem::size_of::<Params>()]
-                .copy_from_slice(bytemuck::bytes_of(&d.params));
-        }
-        let uniforms = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("rgml node params"),
-            size: uniform_bytes.len() as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        gpu.queue.write_buffer(&uniforms, 0, &uniform_bytes);
-        let ranges = split_even(dispatches.len(), self.n_cb);
-        let mut buffers = Vec::with_capacity(ranges.len());
-        let mut spans = Vec::with_capacity(ranges.len());
-        let this: &WgpuBackend = self;
-        let t0 = Instant::now();
-        // Several ranges of enough nodes each: encode them on threads (measured faster on
-        // lavapipe, see the module docs); small graphs are not worth the thread start-up.
-        let threaded: Option<Vec<Result<wgpu::CommandBuffer>>> =
-            if ranges.len() > 1 && dispatches.len() >= ranges.len() * MIN_THREADED_RANGE {
-                Some(std::thread::scope(|scope| {
-                    let handles: Vec<_> = ranges
-                        .iter()
-                        .map(|r| {
-                            let (d, u) = (&dispatches, &uniforms);
-                            scope.spawn(move || this.encode(d, r.clone(), u))
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| {
-                            h.join()
-                                .unwrap_or_else(|_| Err(this.gpu.err("encoder thread panicked")))
-                        })
-                        .collect()
-                }))
-            } else {
-                None
-            };
-        let mut threaded = threaded.map(|v| v.into_iter());
-        for (k, r) in ranges.iter().enumerate() {
-            // Threaded ranges were all encoded from `t0` on.
-            let start = if threaded.is_some() {
-                t0
-            } else {
-                Instant::now()
-            };
-            let cb = match threaded.as_mut().and_then(|it| it.next()) {
-                Some(cb) => cb,
-                None => self.encode(&dispatches, r.clone(), &uniforms),
-            };
-            match cb {
-                Ok(cb) => buffers.push(cb),
-                Err(e) => {
-                    uniforms.destroy();
-                    return Err(e);
-                }
-            }
-            if self.trace.is_some() {
-                // The nodes from this range's first dispatch up to the next range's (views in
-                // between compute nothing and ride along); the first range starts at node 0.
-                let first = if k == 0 { 0 } else { node_of[r.start] };
-                let end = node_of.get(r.end).copied().unwrap_or(graph.n_nodes());
-                spans.push(PendingSpan {
-                    name: format!("cb {k} nodes {first}..{end}"),
-                    start,
-                    nodes: (end - first) as u64,
-                    dispatches: r.len() as u64,
-                });
-            }
-        }
-        // One submit, in order: the queue runs the command buffers one after another.
-        gpu.queue.submit(buffers);
-        self.in_flight.push(uniforms);
-        self.pending_spans.extend(spans);
-        Ok(())
+        let prepared = self.prepared_for(ctx, graph)?;
+        self.submit(&prepared)
+    }
+
+    /// Every node prepared for this device: steps with their pipelines, bind groups and
+    /// workgroup counts, and the uniform buffer of their parameters (see `plan.rs`).
+    fn graph_plan_create(&mut self, ctx: &Context, graph: &Graph) -> Result<GraphPlan> {
+        let prepared = Prepared::new(&self.gpu, self.device.name(), ctx, graph)?;
+        Ok(GraphPlan::new(
+            ctx,
+            graph,
+            self.device.name(),
+            Arc::new(WgpuPlan(Arc::new(prepared))),
+        ))
+    }
+
+    fn graph_plan_compute_async(&mut self, ctx: &Context, plan: &GraphPlan) -> Result<()> {
+        plan.check_current(ctx)?;
+        let prepared = self.own_plan(plan)?.clone();
+        self.submit(&prepared)
     }
 
     fn graph_concurrency(&self, ctx: &Context, graph: &Graph) -> Result<Option<Concurrency>> {
@@ -479,7 +436,7 @@ impl Backend for WgpuBackend {
     }
 
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
-        crate::ops::supports_op(ctx, id)
+        supports_op(ctx, id)
     }
 }
 
@@ -493,18 +450,6 @@ impl WgpuBackend {
                 backend: self.name().to_string(),
                 what: format!("events of device {}", event.device().name()),
             })
-    }
-}
-
-impl Drop for WgpuBackend {
-    fn drop(&mut self) {
-        // Let submitted work finish before its parameters go (errors have nowhere to go now).
-        if !self.in_flight.is_empty() {
-            let _ = self.gpu.wait();
-            for b in self.in_flight.drain(..) {
-                b.destroy();
-            }
-        }
     }
 }
 

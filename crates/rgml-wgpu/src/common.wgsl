@@ -24,7 +24,7 @@ struct P {
     misc: vec4<u32>,
     // Kernel-specific floats (scale, bias, eps).
     f: vec4<f32>,
-    // More kernel-specific floats (ROPE's YaRN range and magnitude).
+    // More kernel-specific floats (ROPE's YaRN correction dims).
     g: vec4<f32>,
 }
 
@@ -424,6 +424,26 @@ fn sqrt_rn(x: f32) -> f32 {
         }
     }
     return s;
+}
+
+// ROPE's angle for pair `k` of the position at index `i` of B (i32), as ggml-cpu computes it
+// in f32 (`rope_yarn` after `ggml_rope_cache_init`): θ_extrap = pos · θ_scale^k by k successive
+// products (not `pow`: every rounding of the chain counts), θ_interp = freq_scale · θ_extrap,
+// and with YaRN (ext_factor ≠ 0) the ramp between the correction dims mixing the two. f:
+// (θ_scale, freq_scale, ext_factor, mscale); g.xy: correction dims; b_nb.x: B's stride.
+fn rope_theta(i: u32, k: u32) -> f32 {
+    let pos = f32(bitcast<i32>(B[p.off.y + i * p.b_nb.x]));
+    var theta_extrap = pos;
+    for (var j = 0u; j < k; j++) {
+        theta_extrap = theta_extrap * p.f.x;
+    }
+    let theta_interp = p.f.y * theta_extrap;
+    if (p.f.z == 0.0) {
+        return theta_interp;
+    }
+    let y = div_rn(f32(k) - p.g.x, max(p.g.y - p.g.x, 0.001));
+    let mix = (1.0 - clamp(y, 0.0, 1.0)) * p.f.z;
+    return theta_interp * (1.0 - mix) + theta_extrap * mix;
 }
 
 // Sum of 8 lanes in the order of ggml's AVX `hsum_float_8` (high half + low half, then

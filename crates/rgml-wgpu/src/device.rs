@@ -1,141 +1,36 @@
-//! The wgpu registry and devices, the device buffer type and its buffers, and the device's
-//! memory figures.
+//! The wgpu registry and its devices ([`WgpuDevice`]: capabilities, memory figures, buffer
+//! types, streams, events).
+//!
+//! The top of the crate's modules: a device puts together what the others provide (its
+//! [`GpuCell`], buffer types, streams and events) and none of them refers back to it.
 //!
 //! Everything expensive is lazy: the registry enumerates adapters on its first `devices()` call
 //! (so registering it costs nothing for commands that never look for a device), and a device
 //! opens its wgpu device (queue, pipelines) on the first buffer or backend.
 //!
-//! The device's host buffer type is [`crate::WgpuHostBufferType`]. wgpu's safe API cannot import host
-//! memory, so [`rgml::Device::buffer_from_host_memory`] is unsupported here (see
+//! The device's host buffer type is [`WgpuHostBufferType`]. wgpu's safe API cannot import
+//! host memory, so [`rgml::Device::buffer_from_host_memory`] is unsupported here (see
 //! [`WgpuDevice`]'s implementation).
 
-use crate::backend::WgpuBackend;
+use crate::backend::{WgpuBackend, WgpuEvent};
+use crate::buffer::{WgpuBufferType, COPY_ALIGN};
+use crate::gpu::{Gpu, GpuCell, WgpuOptions};
 use crate::host::WgpuHostBufferType;
-use crate::ops::{Kernels, Scratch};
-use crate::WgpuOptions;
+use crate::ops::supports_op;
 use rgml::backend::{
-    Backend, BackendParams, Buffer, BufferImpl, BufferType, BufferTypeRef, DeviceCaps,
-    DeviceMemory, DeviceType, HostMemory,
+    Backend, BackendParams, Buffer, BufferTypeRef, DeviceCaps, DeviceMemory, DeviceType, HostMemory,
 };
 use rgml::registry::Registry;
 use rgml::{Context, DeviceRef, Error, Result, TensorId};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
-
-/// wgpu's copy and write granularity (`COPY_BUFFER_ALIGNMENT`).
-const COPY_ALIGN: usize = 4;
-
-/// Largest piece written at once by memset, so a large fill does not need one huge host vector.
-const MEMSET_CHUNK: usize = 16 << 20;
-
-fn align_down(x: usize) -> usize {
-    x & !(COPY_ALIGN - 1)
-}
-
-fn align_up(x: usize) -> usize {
-    x.div_ceil(COPY_ALIGN) * COPY_ALIGN
-}
-
-/// An open wgpu device: queue, kernels and the slot where wgpu reports errors.
-pub(crate) struct Gpu {
-    /// The rgml device name, for error messages.
-    pub(crate) name: String,
-    pub(crate) device: wgpu::Device,
-    pub(crate) queue: wgpu::Queue,
-    pub(crate) kernels: Kernels,
-    /// Scratch memory for kernels' intermediate results.
-    pub(crate) scratch: Scratch,
-    /// The first error wgpu reported since the last [`Gpu::check`].
-    error: Arc<Mutex<Option<String>>>,
-    /// Bytes held by the live [`WgpuBuffer`]s of this device (their rounded-up sizes; staging,
-    /// uniform and kernel objects are not counted).
-    allocated: AtomicUsize,
-}
-
-impl Gpu {
-    fn open(
-        name: &str,
-        adapter: &wgpu::Adapter,
-        options: WgpuOptions,
-    ) -> std::result::Result<Gpu, String> {
-        let desc = wgpu::DeviceDescriptor {
-            label: Some(name),
-            // f64 lets kernels sum as ggml-cpu does; the rest of the kernels need no features.
-            required_features: adapter.features() & wgpu::Features::SHADER_F64,
-            // The adapter's own limits: buffers and bindings as large as it allows.
-            required_limits: adapter.limits(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        };
-        let (device, queue) =
-            pollster::block_on(adapter.request_device(&desc)).map_err(|e| e.to_string())?;
-        let error = Arc::new(Mutex::new(None::<String>));
-        let slot = error.clone();
-        // wgpu's default handler panics; keep the first error for the next check instead.
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
-            if s.is_none() {
-                *s = Some(e.to_string());
-            }
-        }));
-        let hw_fma = !options.soft_fma && crate::ops::probe_fused_fma(&device, &queue);
-        let kernels = Kernels::new(&device, hw_fma);
-        let gpu = Gpu {
-            name: name.to_string(),
-            device,
-            queue,
-            kernels,
-            scratch: Scratch::default(),
-            error,
-            allocated: AtomicUsize::new(0),
-        };
-        gpu.check().map_err(|e| e.to_string())?;
-        Ok(gpu)
-    }
-
-    /// An rgml error for this device.
-    pub(crate) fn err(&self, message: impl Into<String>) -> Error {
-        Error::Backend {
-            backend: self.name.clone(),
-            message: message.into(),
-        }
-    }
-
-    /// The error wgpu reported since the last check, if any.
-    pub(crate) fn check(&self) -> Result<()> {
-        let taken = self.error.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match taken {
-            Some(message) => Err(self.err(message)),
-            None => Ok(()),
-        }
-    }
-
-    /// Block until all submitted work completes.
-    pub(crate) fn wait(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| self.err(e.to_string()))?;
-        self.check()
-    }
-
-    /// Submit an encoder's commands.
-    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
-        self.queue.submit([encoder.finish()]);
-        self.check()
-    }
-
-    fn encoder(&self) -> wgpu::CommandEncoder {
-        self.device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-    }
-}
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
 
 /// One adapter as an rgml device (`Vulkan0`, ...).
 pub struct WgpuDevice {
     name: String,
     description: String,
-    adapter: wgpu::Adapter,
+    /// The adapter and its wgpu device, opened on first use.
+    cell: Arc<GpuCell>,
     device_type: DeviceType,
     features: wgpu::Features,
     /// `min(max_buffer_size, max_storage_buffer_binding_size)`: the largest buffer a kernel can
@@ -144,8 +39,6 @@ pub struct WgpuDevice {
     alignment: usize,
     buffer_type: BufferTypeRef,
     host_buffer_type: BufferTypeRef,
-    gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
-    options: WgpuOptions,
     me: Weak<WgpuDevice>,
 }
 
@@ -170,41 +63,45 @@ impl WgpuDevice {
         .unwrap_or(usize::MAX);
         let alignment = (limits.min_storage_buffer_offset_alignment as usize).max(COPY_ALIGN);
         let features = adapter.features();
-        Arc::new_cyclic(|weak: &Weak<WgpuDevice>| WgpuDevice {
-            buffer_type: Arc::new(WgpuBufferType {
-                name: name.clone(),
-                device: weak.clone(),
+        let cell = Arc::new(GpuCell::new(&name, adapter, options));
+        Arc::new_cyclic(|weak: &Weak<WgpuDevice>| {
+            let device: Weak<dyn rgml::Device> = weak.clone();
+            WgpuDevice {
+                buffer_type: Arc::new(WgpuBufferType::new(
+                    name.clone(),
+                    device.clone(),
+                    cell.clone(),
+                    max_size,
+                    alignment,
+                )),
+                host_buffer_type: Arc::new(WgpuHostBufferType::new(&name, device)),
                 max_size,
                 alignment,
-            }),
-            host_buffer_type: Arc::new(WgpuHostBufferType::new(&name, weak.clone())),
-            max_size,
-            alignment,
-            name,
-            description,
-            adapter,
-            device_type,
-            features,
-            gpu: OnceLock::new(),
-            options,
-            me: weak.clone(),
+                name,
+                description,
+                cell,
+                device_type,
+                features,
+                me: weak.clone(),
+            }
         })
     }
 
     /// The open wgpu device, opening it on first use.
-    pub(crate) fn gpu(&self) -> Result<Arc<Gpu>> {
-        self.gpu
-            .get_or_init(|| Gpu::open(&self.name, &self.adapter, self.options).map(Arc::new))
-            .clone()
-            .map_err(|message| Error::Backend {
-                backend: self.name.clone(),
-                message: format!("cannot open the device: {message}"),
-            })
+    fn gpu(&self) -> Result<Arc<Gpu>> {
+        self.cell.get()
     }
 
     /// Whether the adapter offers f16 arithmetic in shaders (`SHADER_F16`).
     pub fn has_shader_f16(&self) -> bool {
         self.features.contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// Whether the adapter offers f64 arithmetic in shaders (`SHADER_F64`): RMS_NORM and
+    /// SOFT_MAX then sum in f64 and ROPE's table takes libm's cos / sin, as ggml-cpu does, so
+    /// their results are the CPU's bit for bit (see the crate docs).
+    pub fn has_shader_f64(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_F64)
     }
 
     /// Whether the adapter offers subgroup operations in compute shaders (`SUBGROUP`).
@@ -214,7 +111,7 @@ impl WgpuDevice {
 
     /// The adapter's limits (buffer sizes, bindings, workgroups).
     pub fn limits(&self) -> wgpu::Limits {
-        self.adapter.limits()
+        self.cell.adapter().limits()
     }
 
     /// The device name (`Vulkan0`).
@@ -223,13 +120,12 @@ impl WgpuDevice {
     }
 
     /// Bytes held by this process's live buffers of this device (0 before the device is open).
-    /// Counts every [`WgpuBuffer`] at its allocated size (the requested size rounded up to 4
+    /// Counts every [`WgpuBuffer`](crate::WgpuBuffer) at its allocated size (the requested size rounded up to 4
     /// bytes); short-lived staging and uniform buffers are not counted.
     pub fn allocated_bytes(&self) -> usize {
-        match self.gpu.get() {
-            Some(Ok(gpu)) => gpu.allocated.load(Ordering::Relaxed),
-            _ => 0,
-        }
+        self.cell
+            .opened()
+            .map_or(0, |gpu| gpu.allocated.load(Ordering::Relaxed))
     }
 
     /// Another buffer type of this device whose single allocations are capped at `max_size`
@@ -238,12 +134,14 @@ impl WgpuDevice {
     /// device without allocating gigabytes; backends of this device accept its buffers.
     pub fn buffer_type_with_max_size(&self, max_size: usize) -> BufferTypeRef {
         let max_size = max_size.clamp(COPY_ALIGN, self.max_size.max(COPY_ALIGN));
-        Arc::new(WgpuBufferType {
-            name: format!("{}_max{max_size}", self.name),
-            device: self.me.clone(),
+        let device: Weak<dyn rgml::Device> = self.me.clone();
+        Arc::new(WgpuBufferType::new(
+            format!("{}_max{max_size}", self.name),
+            device,
+            self.cell.clone(),
             max_size,
-            alignment: self.alignment,
-        })
+            self.alignment,
+        ))
     }
 
     fn me(&self) -> Result<Arc<WgpuDevice>> {
@@ -296,7 +194,8 @@ impl rgml::Device for WgpuDevice {
                 return mem;
             }
         }
-        let total = usize::try_from(self.adapter.limits().max_buffer_size).unwrap_or(usize::MAX);
+        let total =
+            usize::try_from(self.cell.adapter().limits().max_buffer_size).unwrap_or(usize::MAX);
         DeviceMemory {
             free: total.saturating_sub(self.allocated_bytes()),
             total,
@@ -333,7 +232,7 @@ impl rgml::Device for WgpuDevice {
         let concurrency = params.get_parsed::<u8>("concurrency")?.unwrap_or(0) != 0;
         let gpu = self.gpu()?;
         Ok(Box::new(WgpuBackend::new(
-            self.me()?,
+            self.me()? as DeviceRef,
             gpu,
             n_cb,
             concurrency,
@@ -344,7 +243,7 @@ impl rgml::Device for WgpuDevice {
         let gpu = self.gpu()?;
         Ok(rgml::backend::Event::new(
             self.me()? as DeviceRef,
-            Box::new(crate::backend::WgpuEvent::new(gpu)),
+            Box::new(WgpuEvent::new(gpu)),
         ))
     }
 
@@ -352,7 +251,7 @@ impl rgml::Device for WgpuDevice {
         self.buffer_type.clone()
     }
 
-    /// Page-aligned host memory for staging ([`crate::WgpuHostBufferType`]): plain host
+    /// Page-aligned host memory for staging ([`WgpuHostBufferType`]): plain host
     /// memory, so the CPU computes on it; copies between it and this device's buffers go
     /// through one queue write or one mapped staging buffer.
     fn host_buffer_type(&self) -> Option<BufferTypeRef> {
@@ -379,7 +278,7 @@ impl rgml::Device for WgpuDevice {
     }
 
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
-        crate::ops::supports_op(ctx, id)
+        supports_op(ctx, id)
     }
 
     /// This device's own buffer types only: [`rgml::Device::buffer_type`] and those made by
@@ -387,227 +286,7 @@ impl rgml::Device for WgpuDevice {
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
         buffer_type
             .downcast_ref::<WgpuBufferType>()
-            .is_some_and(|bt| std::ptr::eq(bt.device.as_ptr(), self))
-    }
-}
-
-/// The device's memory: storage buffers of at most the adapter's binding size.
-pub struct WgpuBufferType {
-    name: String,
-    device: Weak<WgpuDevice>,
-    max_size: usize,
-    alignment: usize,
-}
-
-impl BufferType for WgpuBufferType {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>> {
-        let device = self.device.upgrade().ok_or_else(|| Error::Backend {
-            backend: self.name.clone(),
-            message: "device dropped".into(),
-        })?;
-        let gpu = device.gpu()?;
-        // Sizes are rounded up to wgpu's copy granularity (and an empty buffer gets 4 bytes),
-        // so every aligned access of the logical size stays in the allocation.
-        let alloc = align_up(size.max(1));
-        let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: alloc as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        if let Err(e) = gpu.check() {
-            buffer.destroy();
-            return Err(Error::OutOfMemory {
-                buffer_type: format!("{} ({e})", self.name),
-                size,
-                reason: "wgpu refused the buffer",
-            });
-        }
-        gpu.allocated.fetch_add(alloc, Ordering::Relaxed);
-        Ok(Box::new(WgpuBuffer {
-            gpu,
-            buffer,
-            size,
-            alloc,
-        }))
-    }
-
-    fn alignment(&self) -> usize {
-        self.alignment
-    }
-
-    fn max_size(&self) -> usize {
-        self.max_size
-    }
-
-    fn device(&self) -> Option<DeviceRef> {
-        self.device.upgrade().map(|d| d as DeviceRef)
-    }
-}
-
-/// A storage buffer on a wgpu device.
-pub struct WgpuBuffer {
-    pub(crate) gpu: Arc<Gpu>,
-    pub(crate) buffer: wgpu::Buffer,
-    size: usize,
-    /// The allocated size (`size` rounded up), counted in [`Gpu`]'s `allocated`.
-    alloc: usize,
-}
-
-impl WgpuBuffer {
-    /// Read `out.len()` bytes at `offset` (any alignment): the enclosing 4-byte-aligned range
-    /// goes through one mapped staging buffer, and from its mapping straight into `out`.
-    pub(crate) fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        let start = align_down(offset);
-        let end = align_up(offset + out.len());
-        self.read_aligned(start, end, |bytes| {
-            out.copy_from_slice(&bytes[offset - start..offset - start + out.len()]);
-        })
-    }
-
-    /// Read the 4-byte-aligned range `[start, end)` through a mapped staging buffer and hand
-    /// the mapped bytes to `f`.
-    fn read_aligned(&self, start: usize, end: usize, f: impl FnOnce(&[u8])) -> Result<()> {
-        let len = (end - start) as u64;
-        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("rgml read-back"),
-            size: len,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut encoder = self.gpu.encoder();
-        encoder.copy_buffer_to_buffer(&self.buffer, start as u64, &staging, 0, len);
-        self.gpu.submit(encoder)?;
-        let (tx, rx) = mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            // The receiver waits below; a send can only fail if it is gone, which it is not.
-            let _ = tx.send(r);
-        });
-        self.gpu.wait()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(self.gpu.err(format!("mapping for read-back: {e}"))),
-            Err(_) => return Err(self.gpu.err("read-back was never mapped")),
-        }
-        {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| self.gpu.err(format!("read-back range: {e}")))?;
-            f(&view);
-        }
-        staging.unmap();
-        Ok(())
-    }
-
-    /// Write `data` at `offset`; unaligned edges are read, patched and written back.
-    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let start = align_down(offset);
-        let end = align_up(offset + data.len());
-        if start == offset && end == offset + data.len() {
-            self.gpu
-                .queue
-                .write_buffer(&self.buffer, offset as u64, data);
-        } else {
-            let mut bytes = vec![0u8; end - start];
-            self.read_aligned(start, end, |b| bytes.copy_from_slice(b))?;
-            bytes[offset - start..offset - start + data.len()].copy_from_slice(data);
-            self.gpu
-                .queue
-                .write_buffer(&self.buffer, start as u64, &bytes);
-        }
-        self.gpu.check()
-    }
-}
-
-// SAFETY: device memory has no base; every access goes through wgpu's queue and mapped
-// staging buffers, which synchronise themselves.
-unsafe impl BufferImpl for WgpuBuffer {
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.write(offset, data)
-    }
-
-    unsafe fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.read_into(offset, out)
-    }
-
-    unsafe fn memset(&self, offset: usize, value: u8, size: usize) -> Result<()> {
-        if size == 0 {
-            return Ok(());
-        }
-        if value == 0 && offset.is_multiple_of(COPY_ALIGN) && size.is_multiple_of(COPY_ALIGN) {
-            let mut encoder = self.gpu.encoder();
-            encoder.clear_buffer(&self.buffer, offset as u64, Some(size as u64));
-            return self.gpu.submit(encoder);
-        }
-        let chunk = vec![value; size.min(MEMSET_CHUNK)];
-        let mut done = 0;
-        while done < size {
-            let n = (size - done).min(chunk.len());
-            self.write(offset + done, &chunk[..n])?;
-            done += n;
-        }
-        Ok(())
-    }
-
-    unsafe fn copy_from(
-        &self,
-        dst_offset: usize,
-        src: &dyn BufferImpl,
-        src_offset: usize,
-        size: usize,
-    ) -> Result<bool> {
-        // Host sources need nothing here: the core's `Buffer::copy_from` hands their bytes to
-        // `set`, which gives them straight to the queue.
-        let Some(s) = src.downcast_ref::<WgpuBuffer>() else {
-            return Ok(false);
-        };
-        let aligned = [dst_offset, src_offset, size]
-            .iter()
-            .all(|x| x.is_multiple_of(COPY_ALIGN));
-        if !Arc::ptr_eq(&s.gpu, &self.gpu) || !aligned {
-            return Ok(false);
-        }
-        if size == 0 {
-            return Ok(true);
-        }
-        let mut encoder = self.gpu.encoder();
-        encoder.copy_buffer_to_buffer(
-            &s.buffer,
-            src_offset as u64,
-            &self.buffer,
-            dst_offset as u64,
-            size as u64,
-        );
-        self.gpu.submit(encoder)?;
-        Ok(true)
-    }
-
-    unsafe fn clear(&self, value: u8) -> Result<()> {
-        // SAFETY: forwarded from this method's contract (the caller holds the exclusive lock).
-        unsafe { self.memset(0, value, self.size) }
-    }
-}
-
-impl Drop for WgpuBuffer {
-    fn drop(&mut self) {
-        self.buffer.destroy();
-        self.gpu.allocated.fetch_sub(self.alloc, Ordering::Relaxed);
+            .is_some_and(|bt| bt.is_of(&self.cell))
     }
 }
 

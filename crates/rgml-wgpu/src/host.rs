@@ -11,7 +11,7 @@
 //! - device buffer → host buffer: [`WgpuHostBuffer`]'s `copy_from` copies the device range into
 //!   one mapped staging buffer and from its mapping directly into the host bytes.
 
-use crate::device::{WgpuBuffer, WgpuDevice};
+use crate::buffer::WgpuBuffer;
 use rgml::backend::{AlignedMem, BufferImpl, BufferType, DeviceRef};
 use rgml::Result;
 use std::ptr::NonNull;
@@ -33,11 +33,11 @@ pub const HOST_TENSOR_ALIGNMENT: usize = 64;
 /// `Vulkan0_Host`). Its buffers are host memory: the "CPU" device accepts them.
 pub struct WgpuHostBufferType {
     name: String,
-    device: Weak<WgpuDevice>,
+    device: Weak<dyn rgml::Device>,
 }
 
 impl WgpuHostBufferType {
-    pub(crate) fn new(device_name: &str, device: Weak<WgpuDevice>) -> WgpuHostBufferType {
+    pub(crate) fn new(device_name: &str, device: Weak<dyn rgml::Device>) -> WgpuHostBufferType {
         WgpuHostBufferType {
             name: format!("{device_name}_Host"),
             device,
@@ -65,7 +65,7 @@ impl BufferType for WgpuHostBufferType {
     }
 
     fn device(&self) -> Option<DeviceRef> {
-        self.device.upgrade().map(|d| d as DeviceRef)
+        self.device.upgrade()
     }
 }
 

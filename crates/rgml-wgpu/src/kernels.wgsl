@@ -418,9 +418,25 @@ fn norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
-// ROPE, one invocation per row (i1, i2, i3) of A, position B[i2]. misc.y: n_dims; misc.z: 0
-// normal (adjacent pairs), 1 NeoX (halves); f: (theta_scale, freq_scale, ext_factor, mscale);
-// g.xy: YaRN correction range. Dimensions from n_dims on are copied.
+// ROPE's cos / sin table where the device has no f64 (`rope_cache_f64` elsewhere): one
+// invocation per (position, pair), writing (cos θ · mscale, sin θ · mscale) at D[2 i] with the
+// device's `cos` / `sin` (a few ulp from libm's: close to the CPU, not bit-equal). misc.y:
+// n_dims (even); see `rope_theta` for the rest.
+@compute @workgroup_size(64)
+fn rope_cache(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let pairs = p.misc.y / 2u;
+    let theta = rope_theta(i / pairs, i % pairs);
+    dset(p.off.w + 2u * i, cos(theta) * p.f.w);
+    dset(p.off.w + 2u * i + 1u, sin(theta) * p.f.w);
+}
+
+// ROPE, one invocation per row (i1, i2, i3) of A, with the (cos, sin) pairs of position i2 from
+// the table in C (`rope_cache`, n_dims floats per position). misc.y: n_dims (even); misc.z: 0
+// normal (adjacent pairs), 1 NeoX (halves). Dimensions from n_dims on are copied.
 @compute @workgroup_size(64)
 fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = thread_index(gid, nwg);
@@ -431,31 +447,13 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let a0 = p.off.x + at(row, p.a_nb);
     let d0 = p.off.w + at(row, p.d_nb);
     let n_dims = p.misc.y;
-    let pos = f32(bitcast<i32>(B[p.off.y + row.z * p.b_nb.x]));
     for (var k = n_dims; k < p.a_ne.x; k++) {
         dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x));
     }
+    let t0 = p.off.z + row.z * n_dims;
     for (var i0 = 0u; i0 < n_dims; i0 += 2u) {
-        var c: f32;
-        var s: f32;
-        if (p.misc.w == 1u) {
-            // The host's table (C): ggml-cpu's cos / sin bit for bit.
-            let at_t = p.off.z + (row.z * n_dims + i0);
-            c = cf(at_t);
-            s = cf(at_t + 1u);
-        } else {
-            let half = f32(i0 / 2u);
-            let theta_extrap = pos * pow(p.f.x, half);
-            let theta_interp = p.f.y * theta_extrap;
-            var theta = theta_interp;
-            if (p.f.z != 0.0) {
-                let y = (half - p.g.x) / max(p.g.y - p.g.x, 0.001);
-                let ramp_mix = (1.0 - clamp(y, 0.0, 1.0)) * p.f.z;
-                theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
-            }
-            c = cos(theta) * p.f.w;
-            s = sin(theta) * p.f.w;
-        }
+        let c = cf(t0 + i0);
+        let s = cf(t0 + i0 + 1u);
         var ia = i0;
         var ib = i0 + 1u;
         if (p.misc.z == 1u) {

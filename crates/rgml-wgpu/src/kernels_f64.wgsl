@@ -81,3 +81,156 @@ fn soft_max_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
         dset(at_k, bitcast<f32>(D[at_k]) * inv);
     }
 }
+
+// ROPE's cos / sin table as ggml-cpu computes it: one invocation per (position, pair), writing
+// (cosf(θ) · mscale, sinf(θ) · mscale) at D[2 i], θ from `rope_theta` (f32, as the CPU), and
+// cosf / sinf as x86-64 glibc computes them (`libm_cosf` below), so the table is the CPU's bit
+// for bit. misc.y: n_dims (even).
+@compute @workgroup_size(64)
+fn rope_cache_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let pairs = p.misc.y / 2u;
+    let theta = rope_theta(i / pairs, i % pairs);
+    dset(p.off.w + 2u * i, libm_sincosf(theta, true) * p.f.w);
+    dset(p.off.w + 2u * i + 1u, libm_sincosf(theta, false) * p.f.w);
+}
+
+// glibc's `sinf` / `cosf` (since 2.28; the algorithm of Arm's optimized-routines), which
+// ggml-cpu's `sinf` / `cosf` calls run on x86-64 Linux: the argument reduced modulo π/2 in
+// double (one product for |y| < 120, a 4/π table in fixed point above), then a sine or cosine
+// polynomial in double, rounded once to float. GPU `sin` / `cos` are only accurate to a few
+// ulp, and the demo model amplifies one ulp of a ROPE factor into visibly different logits.
+//
+// x86-64 glibc runs its FMA build on CPUs with FMA (the AVX-512 build llama.cpp's fixtures
+// come from, and ours): there `x - n · π/2` is one fused operation, which matters near multiples
+// of π/2. `SC_HPI_HI` keeps π/2's top 27 bits and `SC_HPI_LO` the rest, so n · hi and n · lo
+// are exact for |n| < 128 and so is `x - n · hi`: the last subtraction is the only rounding,
+// as in the fused form (and a compiler contracting either product changes nothing). The
+// polynomials' own fusing moves a double by an ulp at most; no float in 87 million tested (every
+// ROPE angle of positions below 2^17 for three bases and two sizes, and 50 million random
+// floats) rounded differently.
+const SC_HPI_INV: f64 = 10680707.430881744lf;
+const SC_HPI_HI: f64 = 1.570796325802803lf;
+const SC_HPI_LO: f64 = 9.920935184482005e-10lf;
+const SC_PI63: f64 = 3.4061215800865545e-19lf;
+const SC_C1: f64 = -0.49999999725108224lf;
+const SC_C2: f64 = 0.041666623324344516lf;
+const SC_C3: f64 = -0.001388676379437604lf;
+const SC_C4: f64 = 2.4390450703564542e-05lf;
+const SC_S1: f64 = -0.16666654943701084lf;
+const SC_S2: f64 = 0.008332178146138854lf;
+const SC_S3: f64 = -0.00019517298981385725lf;
+
+// 4/π to 192 bits, 8 new bits per entry (glibc's `__inv_pio4`).
+var<private> SC_INV_PIO4: array<u32, 24> = array<u32, 24>(
+    0xa2u, 0xa2f9u, 0xa2f983u, 0xa2f9836eu,
+    0xf9836e4eu, 0x836e4e44u, 0x6e4e4415u, 0x4e441529u,
+    0x441529fcu, 0x1529fc27u, 0x29fc2757u, 0xfc2757d1u,
+    0x2757d1f5u, 0x57d1f534u, 0xd1f534ddu, 0xf534ddc0u,
+    0x34ddc0dbu, 0xddc0db62u, 0xc0db6295u, 0xdb629599u,
+    0x6295993cu, 0x95993c43u, 0x993c4390u, 0x3c439041u
+);
+
+// The top 12 bits of a float without its sign (glibc's `abstop12`).
+fn abstop12(x: f32) -> u32 {
+    return (bitcast<u32>(x) >> 20u) & 0x7ffu;
+}
+
+// The full 64-bit product a · b as (high, low) words.
+fn mul_wide(a: u32, b: u32) -> vec2<u32> {
+    let a1 = a >> 16u;
+    let a0 = a & 0xffffu;
+    let b1 = b >> 16u;
+    let b0 = b & 0xffffu;
+    let ll = a0 * b0;
+    let lh = a0 * b1;
+    let hl = a1 * b0;
+    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    let hi = a1 * b1 + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
+    return vec2<u32>(hi, (ll & 0xffffu) | (mid << 16u));
+}
+
+// A reduced argument in [-π/4, π/4] and its quadrant.
+struct Reduced {
+    x: f64,
+    n: u32,
+}
+
+// glibc's `reduce_large` for |y| >= 120 (bits `xi`): a 32 x 96-bit fixed-point product with
+// 4/π gives the quadrant (2 bits) and the remainder (62 bits), the remainder as a signed
+// 64-bit integer converted to double (the two words' sum rounds once, as the conversion does).
+fn reduce_large(xi_in: u32) -> Reduced {
+    let k = (xi_in >> 26u) & 15u;
+    let shift = (xi_in >> 23u) & 7u;
+    let xi = ((xi_in & 0xffffffu) | 0x800000u) << shift;
+    let r0 = xi * SC_INV_PIO4[k];
+    let r1 = mul_wide(xi, SC_INV_PIO4[k + 4u]);
+    let r2 = mul_wide(xi, SC_INV_PIO4[k + 8u]);
+    var res = u64_add(vec2<u32>(r0, r2.x), r1);
+    let n = u64_add(res, vec2<u32>(0x20000000u, 0u)).x >> 30u;
+    res = u64_sub(res, vec2<u32>(n << 30u, 0u));
+    let x = f64(bitcast<i32>(res.x)) * 4294967296.0lf + f64(res.y);
+    return Reduced(x * SC_PI63, n);
+}
+
+// glibc's `sinf_poly`: the sine polynomial of x for even n, else the cosine polynomial of x
+// (negated with `neg`, glibc's second table), rounded to float.
+fn sincosf_poly(x: f64, x2: f64, n: u32, neg: bool) -> f32 {
+    if ((n & 1u) == 0u) {
+        let x3 = x * x2;
+        let s1 = SC_S2 + x2 * SC_S3;
+        let x7 = x3 * x2;
+        let s = x + x3 * SC_S1;
+        return f32(s + x7 * s1);
+    }
+    let x4 = x2 * x2;
+    let c2 = SC_C3 + x2 * SC_C4;
+    let c1 = 1.0lf + x2 * SC_C1;
+    let x6 = x4 * x2;
+    let c = c1 + x4 * SC_C2;
+    // Negating every coefficient negates every rounded step: the result is exactly -(c + ...).
+    let r = c + x6 * c2;
+    return f32(select(r, -r, neg));
+}
+
+// glibc's `cosf(y)` (`want_cos`) or `sinf(y)`.
+fn libm_sincosf(y: f32, want_cos: bool) -> f32 {
+    let top = abstop12(y);
+    let odd = select(0u, 1u, want_cos);
+    // |y| < π/4 (as abstop12 compares it): no reduction; tiny |y|: sin y = y, cos y = 1.
+    if (top < 0x3f4u) {
+        if (top < 0x398u) {
+            return select(y, 1.0, want_cos);
+        }
+        let x = f64(y);
+        return sincosf_poly(x, x * x, odd, false);
+    }
+    var x: f64;
+    var n: u32;
+    // The quadrant that picks the sign and the table (glibc adds y's sign for large |y|).
+    var q: u32;
+    if (top < 0x42fu) {
+        let xd = f64(y);
+        // hpi_inv is scaled by 2^24, so the rounded quadrant lands in bits 24..31.
+        let ni = (i32(xd * SC_HPI_INV) + 0x800000) >> 24u;
+        let nd = f64(ni);
+        x = (xd - nd * SC_HPI_HI) - nd * SC_HPI_LO;
+        n = bitcast<u32>(ni);
+        q = n;
+    } else if (top < 0x7f8u) {
+        let xi = bitcast<u32>(y);
+        let r = reduce_large(xi);
+        x = r.x;
+        n = r.n;
+        q = n + (xi >> 31u);
+    } else {
+        // Infinity or NaN: NaN.
+        return y - y;
+    }
+    let quadrant = q & 3u;
+    let xs = select(x, -x, quadrant == 1u || quadrant == 2u);
+    return sincosf_poly(xs, x * x, n ^ odd, (q & 2u) != 0u);
+}

@@ -28,7 +28,10 @@
 //!   buffers (backend parameter `n_cb`, default 2; encoded on threads when each has at least
 //!   32 dispatches), one compute pass per dispatch, submitted with one `queue.submit`;
 //!   `graph_compute_async` returns after the submit, `synchronize` waits and reports wgpu
-//!   errors ([`rgml::Error::Backend`] with the device's name). Events record a queue
+//!   errors ([`rgml::Error::Backend`] with the device's name). Graph plans
+//!   (`graph_plan_create` / `graph_plan_compute_async`): a graph's pipelines, bind groups,
+//!   workgroup counts and parameters, prepared once and kept (the last few graphs) while the
+//!   context's metadata is unchanged, so a decode step only encodes and submits. Events record a queue
 //!   submission index (`Device::event_new`; caps `events` and `async_io`); `set_tensor_async`
 //!   queues aligned writes, `get_tensor_async` synchronizes and reads, `cpy_tensor_async`
 //!   copies between buffers of the device on the queue. With a trace recorder
@@ -38,7 +41,7 @@
 //!   gives nodes of one level shared memory; off by default because wgpu places a barrier
 //!   between every two dispatches on one buffer (see the backend module), so nodes never
 //!   overlap.
-//! - WGSL kernels (`ops.rs` prepares each node), any strides: ADD / SUB / MUL / DIV (src1
+//! - WGSL kernels (`ops.rs` prepares each node, `plan.rs` a graph), any strides: ADD / SUB / MUL / DIV (src1
 //!   broadcast), SCALE, SILU, GELU, SWIGLU, RMS_NORM, NORM, DIAG_MASK_INF, ROPE (normal and
 //!   NeoX, YaRN), SOFT_MAX (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32;
 //!   CPY / CONT / DUP between f32 and f16; SET_ROWS of f32 rows into f32 or f16; GET_ROWS from
@@ -48,6 +51,14 @@
 //!   with atomic and / or on their half of a word (`kernels_f16.wgsl`), so neighbouring
 //!   invocations never lose each other's value. View ops compute nothing. `supports_op` is
 //!   exact: anything else goes to the CPU.
+//!
+//! # Modules
+//! Imports go one way, from the bottom up: `kernels` (WGSL pipelines, the parameter block, the
+//! `fma` probe) → `gpu` (the open wgpu device, opened lazily; [`WgpuOptions`]) → `buffer`
+//! (device buffer type and buffers) → `host` (host buffer type) → `ops` (support check, each
+//! node's dispatches) → `plan` (a graph's steps and parameters, ready to encode) → `backend`
+//! (the stream and its events) → `device` (devices and the registry, which put the rest
+//! together). No module imports one after it.
 //!
 //! # Same answers as llama.cpp
 //! The demo model turns a one-ulp difference in an activation (one flipped Q8 quant) into logit
@@ -65,8 +76,12 @@
 //!   command line maps `RGML_WGPU_SOFT_FMA=1` onto it (this crate reads no environment).
 //! - RMS_NORM and SOFT_MAX sum in f64 where the adapter has `SHADER_F64` (f32 elsewhere, e.g.
 //!   Metal: close, not bit-equal); division and square root are corrected to IEEE rounding;
-//!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf`; ROPE takes its cos / sin table from the
-//!   host (libm, as ggml-cpu) when the positions are a graph input.
+//!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf`. ROPE's cos / sin table is filled on
+//!   the GPU from the positions when the graph runs (no read-back, so plans hold): θ in f32 as
+//!   ggml-cpu computes it and, where the adapter has `SHADER_F64`, cos / sin by x86-64 glibc's
+//!   `cosf` / `sinf` algorithm in f64 (`kernels_f64.wgsl`), equal to the CPU's libm calls bit
+//!   for bit (tested on random, large and negative positions); elsewhere the device's `cos` /
+//!   `sin` (close, not bit-equal).
 //!
 //! # What issue 5 still needs
 //! - A matrix-vector path for generation, tiled / subgroup kernels, f16 arithmetic where the
@@ -81,24 +96,23 @@
 //!   (Vulkan heap sizes and budgets are not in wgpu's safe API).
 #![warn(missing_docs)]
 
+// The order of their imports is in the crate docs ("Modules"); rustfmt sorts this list.
 mod backend;
+mod buffer;
 mod device;
+mod gpu;
 mod host;
+mod kernels;
 mod ops;
+mod plan;
 
 pub use backend::WgpuBackend;
-pub use device::{WgpuBuffer, WgpuBufferType, WgpuDevice, WgpuRegistry};
+pub use buffer::{WgpuBuffer, WgpuBufferType};
+pub use device::{WgpuDevice, WgpuRegistry};
+pub use gpu::WgpuOptions;
 pub use host::{WgpuHostBuffer, WgpuHostBufferType, HOST_PAGE, HOST_TENSOR_ALIGNMENT};
 
 use std::sync::Arc;
-
-/// How the wgpu devices are set up; the default is what [`register`] uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WgpuOptions {
-    /// Compute fused multiply-adds with the integer emulation even where the device's WGSL
-    /// `fma` rounds once (the results are the same; for testing the emulation on any device).
-    pub soft_fma: bool,
-}
 
 /// Register the wgpu registry with [`rgml::registry`] (see [`WgpuRegistry::new`]). Calling it
 /// again replaces the registry with a freshly enumerated one.

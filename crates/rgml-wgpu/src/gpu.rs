@@ -1,0 +1,190 @@
+//! An open wgpu device ([`Gpu`]: queue, compiled kernels, scratch memory, the error slot and
+//! the bytes its buffers hold), opened lazily by [`GpuCell`] on first use, and the options it is
+//! opened with ([`WgpuOptions`]).
+//!
+//! Below buffers, streams and devices: they all reach the wgpu device through here.
+
+use crate::kernels::{probe_fused_fma, Kernels};
+use rgml::{Error, Result};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// How the wgpu devices are set up; the default is what [`register`](crate::register) uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Compute fused multiply-adds with the integer emulation even where the device's WGSL
+    /// `fma` rounds once (the results are the same; for testing the emulation on any device).
+    pub soft_fma: bool,
+}
+
+/// An open wgpu device: queue, kernels and the slot where wgpu reports errors.
+pub(crate) struct Gpu {
+    /// The rgml device name, for error messages.
+    pub(crate) name: String,
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) kernels: Kernels,
+    /// Scratch memory for kernels' intermediate results.
+    pub(crate) scratch: Scratch,
+    /// The first error wgpu reported since the last [`Gpu::check`].
+    error: Arc<Mutex<Option<String>>>,
+    /// Bytes held by the live [`WgpuBuffer`]s of this device (their rounded-up sizes; staging,
+    /// uniform and kernel objects are not counted).
+    pub(crate) allocated: AtomicUsize,
+}
+
+impl Gpu {
+    fn open(
+        name: &str,
+        adapter: &wgpu::Adapter,
+        options: WgpuOptions,
+    ) -> std::result::Result<Gpu, String> {
+        let desc = wgpu::DeviceDescriptor {
+            label: Some(name),
+            // f64 lets kernels sum as ggml-cpu does; the rest of the kernels need no features.
+            required_features: adapter.features() & wgpu::Features::SHADER_F64,
+            // The adapter's own limits: buffers and bindings as large as it allows.
+            required_limits: adapter.limits(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|e| e.to_string())?;
+        let error = Arc::new(Mutex::new(None::<String>));
+        let slot = error.clone();
+        // wgpu's default handler panics; keep the first error for the next check instead.
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if s.is_none() {
+                *s = Some(e.to_string());
+            }
+        }));
+        let hw_fma = !options.soft_fma && probe_fused_fma(&device, &queue);
+        let kernels = Kernels::new(&device, hw_fma);
+        let gpu = Gpu {
+            name: name.to_string(),
+            device,
+            queue,
+            kernels,
+            scratch: Scratch::default(),
+            error,
+            allocated: AtomicUsize::new(0),
+        };
+        gpu.check().map_err(|e| e.to_string())?;
+        Ok(gpu)
+    }
+
+    /// An rgml error for this device.
+    pub(crate) fn err(&self, message: impl Into<String>) -> Error {
+        Error::Backend {
+            backend: self.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// The error wgpu reported since the last check, if any.
+    pub(crate) fn check(&self) -> Result<()> {
+        let taken = self.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match taken {
+            Some(message) => Err(self.err(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Block until all submitted work completes.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.err(e.to_string()))?;
+        self.check()
+    }
+
+    /// Submit an encoder's commands.
+    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.queue.submit([encoder.finish()]);
+        self.check()
+    }
+
+    /// A command encoder on this device.
+    pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    }
+}
+
+/// A device-wide scratch buffer for intermediate results of a node (quantized activations),
+/// grown on demand. Every node may reuse it from offset 0: wgpu orders the dispatches that use
+/// one buffer, and all work of a device goes through its one queue.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    buffer: std::sync::Mutex<Option<wgpu::Buffer>>,
+}
+
+impl Scratch {
+    /// A scratch buffer of at least `size` bytes.
+    pub(crate) fn get(&self, device: &wgpu::Device, size: usize) -> wgpu::Buffer {
+        let mut slot = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = slot.as_ref() {
+            if b.size() >= size as u64 {
+                return b.clone();
+            }
+        }
+        let old = slot.as_ref().map_or(0, |b| b.size());
+        // Doubling keeps a graph of growing nodes from allocating once per node; the old
+        // buffer lives on while queued work still uses it (wgpu counts references).
+        let size = (size as u64)
+            .max(old.saturating_mul(2))
+            .max(4)
+            .next_multiple_of(4);
+        let b = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("rgml scratch"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        *slot = Some(b.clone());
+        b
+    }
+}
+
+/// A device's [`Gpu`], opened on first use (by a buffer or a stream) and shared by the device
+/// and its buffer types, so they need not know each other.
+pub(crate) struct GpuCell {
+    name: String,
+    adapter: wgpu::Adapter,
+    options: WgpuOptions,
+    gpu: OnceLock<std::result::Result<Arc<Gpu>, String>>,
+}
+
+impl GpuCell {
+    pub(crate) fn new(name: &str, adapter: wgpu::Adapter, options: WgpuOptions) -> GpuCell {
+        GpuCell {
+            name: name.to_string(),
+            adapter,
+            options,
+            gpu: OnceLock::new(),
+        }
+    }
+
+    /// The adapter the device is on.
+    pub(crate) fn adapter(&self) -> &wgpu::Adapter {
+        &self.adapter
+    }
+
+    /// The open wgpu device, opening it on first use.
+    pub(crate) fn get(&self) -> Result<Arc<Gpu>> {
+        self.gpu
+            .get_or_init(|| Gpu::open(&self.name, &self.adapter, self.options).map(Arc::new))
+            .clone()
+            .map_err(|message| Error::Backend {
+                backend: self.name.clone(),
+                message: format!("cannot open the device: {message}"),
+            })
+    }
+
+    /// The wgpu device if it is open (without opening it).
+    pub(crate) fn opened(&self) -> Option<&Arc<Gpu>> {
+        self.gpu.get().and_then(|g| g.as_ref().ok())
+    }
+}

@@ -1,0 +1,272 @@
+//! The WGSL kernels: the parameter block every kernel reads, the kernel list, compiling them
+//! into pipelines with one shared bind group layout, and the probe of the device's `fma`.
+//!
+//! The bottom of the crate's modules: it knows wgpu and the WGSL sources, nothing of devices,
+//! buffers or graphs.
+
+/// Invocations per workgroup (the kernels' `@workgroup_size`).
+pub(crate) const WG: u64 = 64;
+/// Bytes per node in the uniform buffer (a multiple of every adapter's uniform offset alignment).
+pub(crate) const PARAM_STRIDE: u64 = 256;
+/// Most workgroups in one dispatch dimension (the WebGPU default limit).
+pub(crate) const MAX_GROUPS: u64 = 65535;
+
+/// The uniform block every kernel reads (`struct P` in `kernels.wgsl`).
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct Params {
+    pub(crate) a_ne: [u32; 4],
+    pub(crate) a_nb: [u32; 4],
+    pub(crate) b_ne: [u32; 4],
+    pub(crate) b_nb: [u32; 4],
+    pub(crate) c_ne: [u32; 4],
+    pub(crate) c_nb: [u32; 4],
+    pub(crate) d_ne: [u32; 4],
+    pub(crate) d_nb: [u32; 4],
+    pub(crate) off: [u32; 4],
+    pub(crate) misc: [u32; 4],
+    pub(crate) f: [f32; 4],
+    pub(crate) g: [f32; 4],
+}
+
+/// The kernels of `kernels.wgsl`.
+#[derive(Clone, Copy)]
+pub(crate) enum Kernel {
+    Binary,
+    Scale,
+    Silu,
+    Cpy,
+    GetRows,
+    RmsNorm,
+    SoftMax,
+    MulMat,
+    CpyF16,
+    Swiglu,
+    Gelu,
+    DiagMaskInf,
+    Norm,
+    Rope,
+    SetRows,
+    Concat,
+    Argmax,
+    SetRowsF16,
+    QuantizeQ8,
+    MulMatQ8,
+    RmsNormF64,
+    SoftMaxF64,
+    MulMvQ8,
+    MulMv,
+    RopeCache,
+    RopeCacheF64,
+}
+
+/// The WGSL module a kernel is in.
+#[derive(Clone, Copy, PartialEq)]
+enum Module {
+    /// `kernels.wgsl`: f32 / i32 results.
+    Plain,
+    /// `kernels_f16.wgsl`: f16 results.
+    F16,
+    /// `kernels_f64.wgsl`: f64 sums, only where the adapter offers `SHADER_F64`.
+    F64,
+}
+
+/// Each kernel's entry point and module.
+const KERNELS: [(Kernel, &str, Module); 26] = [
+    (Kernel::Binary, "binary", Module::Plain),
+    (Kernel::Scale, "scale", Module::Plain),
+    (Kernel::Silu, "silu", Module::Plain),
+    (Kernel::Cpy, "cpy", Module::Plain),
+    (Kernel::GetRows, "get_rows", Module::Plain),
+    (Kernel::RmsNorm, "rms_norm", Module::Plain),
+    (Kernel::SoftMax, "soft_max", Module::Plain),
+    (Kernel::MulMat, "mul_mat", Module::Plain),
+    (Kernel::CpyF16, "cpy_f16", Module::F16),
+    (Kernel::Swiglu, "swiglu", Module::Plain),
+    (Kernel::Gelu, "gelu", Module::Plain),
+    (Kernel::DiagMaskInf, "diag_mask_inf", Module::Plain),
+    (Kernel::Norm, "norm", Module::Plain),
+    (Kernel::Rope, "rope", Module::Plain),
+    (Kernel::SetRows, "set_rows", Module::Plain),
+    (Kernel::Concat, "concat", Module::Plain),
+    (Kernel::Argmax, "argmax", Module::Plain),
+    (Kernel::SetRowsF16, "set_rows_f16", Module::F16),
+    (Kernel::QuantizeQ8, "quantize_q8", Module::Plain),
+    (Kernel::MulMatQ8, "mul_mat_q8", Module::Plain),
+    (Kernel::RmsNormF64, "rms_norm_f64", Module::F64),
+    (Kernel::SoftMaxF64, "soft_max_f64", Module::F64),
+    (Kernel::MulMvQ8, "mul_mv_q8", Module::Plain),
+    (Kernel::MulMv, "mul_mv", Module::Plain),
+    (Kernel::RopeCache, "rope_cache", Module::Plain),
+    (Kernel::RopeCacheF64, "rope_cache_f64", Module::F64),
+];
+
+/// The compiled kernels and their shared bind group layout.
+pub(crate) struct Kernels {
+    pub(crate) layout: wgpu::BindGroupLayout,
+    /// By [`Kernel`]; `None` for the f64 kernels where the device has no f64.
+    pipelines: Vec<Option<wgpu::ComputePipeline>>,
+    /// The f64 kernels exist.
+    pub(crate) f64: bool,
+}
+
+impl Kernels {
+    /// Compile every kernel (errors surface through the device's error slot); `hw_fma`: the
+    /// device's `fma` rounds once (see [`probe_fused_fma`]).
+    pub(crate) fn new(device: &wgpu::Device, hw_fma: bool) -> Kernels {
+        let f64 = device.features().contains(wgpu::Features::SHADER_F64);
+        let storage = |binding| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("rgml kernels"),
+            entries: &[
+                wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                },
+                storage(1),
+                storage(2),
+                storage(3),
+                storage(4),
+            ],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("rgml kernels"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let common = include_str!("common.wgsl");
+        let module = |label, body: &str| {
+            device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(format!("{common}\n{body}").into()),
+            })
+        };
+        let plain = module("rgml kernels", include_str!("kernels.wgsl"));
+        let f16 = module("rgml f16 kernels", include_str!("kernels_f16.wgsl"));
+        let wide = f64.then(|| module("rgml f64 kernels", include_str!("kernels_f64.wgsl")));
+        let pipelines = KERNELS
+            .iter()
+            .map(|(_, entry, m)| {
+                let module = match m {
+                    Module::Plain => &plain,
+                    Module::F16 => &f16,
+                    Module::F64 => wide.as_ref()?,
+                };
+                Some(
+                    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry),
+                        layout: Some(&pipeline_layout),
+                        module,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &[("HW_FMA", if hw_fma { 1.0 } else { 0.0 })],
+                            ..Default::default()
+                        },
+                        cache: None,
+                    }),
+                )
+            })
+            .collect();
+        Kernels {
+            layout,
+            pipelines,
+            f64,
+        }
+    }
+
+    /// The kernel's pipeline (`None` only for f64 kernels on a device without f64, which
+    /// [`Prep::prepare`] never picks).
+    pub(crate) fn pipeline(&self, kernel: Kernel) -> Option<&wgpu::ComputePipeline> {
+        // `pipelines` is built from KERNELS, whose order is the enum's.
+        self.pipelines.get(kernel as usize)?.as_ref()
+    }
+}
+
+/// Whether the device's WGSL `fma` rounds once, as IEEE's fused multiply-add does (WGSL leaves
+/// it to the implementation: lavapipe, for one, rounds the product first). Computes
+/// `(1 + 2^-23)(1 - 2^-23) - 1` from a buffer, so no compiler can fold it: fused, that is
+/// `-2^-46`; rounded twice, 0. Any failure answers no (the integer path is exact everywhere,
+/// only slower). Not called with `WgpuOptions::soft_fma` (see the `gpu` module), which takes the integer path
+/// on any device (for testing it).
+pub(crate) fn probe_fused_fma(device: &wgpu::Device, queue: &wgpu::Queue) -> bool {
+    use wgpu::util::DeviceExt;
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("rgml fma probe"),
+        source: wgpu::ShaderSource::Wgsl(
+            "@group(0) @binding(0) var<storage, read_write> v: array<f32>;\n\
+             @compute @workgroup_size(1) fn main() { v[3] = fma(v[0], v[1], v[2]); }"
+                .into(),
+        ),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("rgml fma probe"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let input = [1.0 + f32::EPSILON, 1.0 - f32::EPSILON, -1.0, 0.0];
+    let data = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("rgml fma probe"),
+        contents: bytemuck::cast_slice(&input),
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    });
+    let read = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("rgml fma probe read-back"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: data.as_entire_binding(),
+        }],
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    encoder.copy_buffer_to_buffer(&data, 0, &read, 0, 16);
+    queue.submit([encoder.finish()]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    read.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    if device.poll(wgpu::PollType::wait_indefinitely()).is_err() {
+        return false;
+    }
+    if !matches!(rx.recv(), Ok(Ok(()))) {
+        return false;
+    }
+    let fused = match read.get_mapped_range(..) {
+        Ok(view) => {
+            let out: &[f32] = bytemuck::cast_slice(&view);
+            out[3] != 0.0
+        }
+        Err(_) => false,
+    };
+    read.unmap();
+    fused
+}
