@@ -34,10 +34,8 @@ def u32_key(buf, key, value):
 blocks = struct.unpack_from("<I", data, data.find(b"llama.block_count") + 17 + 4)[0]
 open(f"{tmp}/rope0.gguf", "wb").write(u32_key(data, "llama.rope.dimension_count", 0))
 open(f"{tmp}/short.gguf", "wb").write(u32_key(data, "llama.block_count", blocks - 1))
-# The data section starts at the last 32-byte boundary after the tensor infos; overwrite from
-# the first tensor's offset: find it as the aligned end of the header by scanning for the
-# largest offset below which the file parses is overkill here, so take gguf-info's figure.
 PY
+# Every byte of the data section (where `gguf-info` says it starts) set to 0xFF.
 DATA_AT=$($R gguf-info "$MODEL" | head -1 | sed -E 's/.*data at ([0-9]+).*/\1/')
 python3 - "$MODEL" "$TMP/nan.gguf" "$DATA_AT" <<'PY'
 import sys

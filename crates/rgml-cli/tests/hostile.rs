@@ -21,7 +21,7 @@ fn model() -> PathBuf {
 
 fn rgml() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rgml"));
-    // One thread per run: these tests run side by side.
+    // The native arithmetic, whatever the caller's environment forces.
     cmd.env_remove("RGML_CPU_ISA");
     cmd
 }

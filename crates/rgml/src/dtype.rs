@@ -4,7 +4,6 @@
 //! type id, names). The bit layout of the quantized blocks and their reference codecs live in
 //! [`crate::quant`]; kernels live in the backends.
 
-use crate::error::{Error, Result};
 use std::fmt;
 
 /// An element type. Quantized types store `block_size()` elements in `block_bytes()` bytes,
@@ -119,11 +118,11 @@ impl DType {
     }
 
     /// Parse a ggml type name (case-insensitive).
-    pub fn from_name(name: &str) -> Result<DType> {
+    pub fn from_name(name: &str) -> Result<DType, DTypeError> {
         DType::ALL
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(name))
-            .ok_or_else(|| Error::UnknownDType(name.to_string()))
+            .ok_or_else(|| DTypeError::Unknown(name.to_string()))
     }
 
     /// The numeric id ggml and GGUF use for this type.
@@ -147,17 +146,17 @@ impl DType {
     }
 
     /// The type with ggml/GGUF id `id`.
-    pub fn from_ggml_id(id: u32) -> Result<DType> {
+    pub fn from_ggml_id(id: u32) -> Result<DType, DTypeError> {
         DType::ALL
             .into_iter()
             .find(|t| t.ggml_id() == id)
-            .ok_or_else(|| Error::UnknownDType(format!("ggml type id {id}")))
+            .ok_or_else(|| DTypeError::Unknown(format!("ggml type id {id}")))
     }
 
     /// Bytes taken by a row of `n` elements; an error if `n` is not a whole number of blocks.
-    pub fn row_bytes(self, n: usize) -> Result<usize> {
+    pub fn row_bytes(self, n: usize) -> Result<usize, DTypeError> {
         if !n.is_multiple_of(self.block_size()) {
-            return Err(Error::BlockMisaligned {
+            return Err(DTypeError::BlockMisaligned {
                 dtype: self,
                 n,
                 block: self.block_size(),
@@ -165,7 +164,7 @@ impl DType {
         }
         (n / self.block_size())
             .checked_mul(self.block_bytes())
-            .ok_or(Error::SizeOverflow)
+            .ok_or(DTypeError::SizeOverflow)
     }
 
     /// The activation type that a dot product with this weight type quantizes its f32 operand to
@@ -207,4 +206,27 @@ mod tests {
         assert!(DType::Q4_0.row_bytes(33).is_err());
         assert_eq!(DType::F16.row_bytes(3).unwrap(), 6);
     }
+}
+
+/// Why a dtype lookup or size computation failed. This module sits below [`crate::error`]
+/// (errors carry dtypes), so it has its own error; [`crate::Error`] takes it in as its
+/// variants of the same meaning (`UnknownDType`, `BlockMisaligned`, `SizeOverflow`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DTypeError {
+    /// A name or id that names no dtype.
+    #[error("unknown dtype {0}")]
+    Unknown(String),
+    /// A row length that is not a whole number of blocks.
+    #[error("{n} elements of {dtype} are not a multiple of its block size {block}")]
+    BlockMisaligned {
+        /// The dtype.
+        dtype: DType,
+        /// The element count.
+        n: usize,
+        /// The dtype's block size.
+        block: usize,
+    },
+    /// A size computation overflowed `usize`.
+    #[error("size overflow")]
+    SizeOverflow,
 }

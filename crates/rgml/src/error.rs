@@ -1,6 +1,6 @@
 //! The core crate's error type. Everything a caller or a file can get wrong is one of these.
 
-use crate::dtype::DType;
+use crate::dtype::{DType, DTypeError};
 use crate::op::OpKind;
 
 /// Result with [`Error`].
@@ -393,4 +393,16 @@ pub enum SchedError {
     /// The scheduler's own bookkeeping is inconsistent (a bug, reported instead of a panic).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<DTypeError> for Error {
+    fn from(e: DTypeError) -> Error {
+        match e {
+            DTypeError::Unknown(what) => Error::UnknownDType(what),
+            DTypeError::BlockMisaligned { dtype, n, block } => {
+                Error::BlockMisaligned { dtype, n, block }
+            }
+            DTypeError::SizeOverflow => Error::SizeOverflow,
+        }
+    }
 }

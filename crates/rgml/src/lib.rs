@@ -25,7 +25,7 @@ pub mod trace;
 
 pub use backend::{Backend, Buffer, BufferType, BufferTypeRef, Device, DeviceRef};
 pub use context::Context;
-pub use dtype::DType;
+pub use dtype::{DType, DTypeError};
 pub use error::{Error, GraphAllocError, Result, SchedError};
 pub use graph::Graph;
 pub use op::{Op, OpKind, RopeMode, RopeParams, UnaryOp};

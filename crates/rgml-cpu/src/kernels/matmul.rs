@@ -90,11 +90,12 @@ pub(crate) enum Src1 {
 impl Src1 {
     /// Bytes of one converted row of `n` values.
     fn row_bytes(self, n: usize) -> Result<usize> {
-        match self {
-            Src1::Quantized(vd) => vd.row_bytes(n),
-            Src1::Bf16 => DType::BF16.row_bytes(n),
-            Src1::Rounded(_) | Src1::Dense => DType::F32.row_bytes(n),
-        }
+        let dtype = match self {
+            Src1::Quantized(vd) => vd,
+            Src1::Bf16 => DType::BF16,
+            Src1::Rounded(_) | Src1::Dense => DType::F32,
+        };
+        Ok(dtype.row_bytes(n)?)
     }
 }
 

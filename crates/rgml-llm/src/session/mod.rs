@@ -256,8 +256,13 @@ impl Session {
     ///
     /// Errors: [`LlmError::InvalidToken`] for an id outside the vocabulary,
     /// [`LlmError::ContextFull`] when the tokens do not fit in the rest of the context,
-    /// [`LlmError::BadInput`] for no tokens; the sequence is then unchanged. A failure of the
-    /// computation itself ([`LlmError::Core`]) may leave part of a long prompt in the cache.
+    /// [`LlmError::BadInput`] for no tokens; the sequence is then unchanged.
+    /// [`LlmError::NonFinite`] when the logits hold NaN or infinity (the failing micro-batch is
+    /// taken back and the first non-finite node named), [`LlmError::OutOfMemory`] when a
+    /// compute buffer does not fit the device's free memory, and a
+    /// [`rgml_gguf::GgufError::FileChanged`] (as [`LlmError::Gguf`]) when the mapped model file
+    /// was truncated or written to. A failure of the computation itself ([`LlmError::Core`]) may
+    /// leave part of a long prompt in the cache.
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
         self.decode(tokens, which).map(<[f32]>::to_vec)
     }
