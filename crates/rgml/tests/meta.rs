@@ -5,8 +5,6 @@
 //! the scheduler, and the all-reduce itself on 1 to 5 devices. Every result is compared with
 //! a float64 reference on random data.
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use rgml::alloc::{alloc_ctx_tensors, TensorAllocator};
 use rgml::backend::{Backend, Buffer, BufferUsage, DeviceRef};
 use rgml::meta::{AllReduce, MetaDevice, SplitState};
@@ -15,27 +13,15 @@ use rgml::{Context, DType, Device, Graph, Scheduler, SchedulerOptions, TensorId}
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod common;
+use common::random;
+
 /// Hidden size (contraction axis of the up/gate projections).
 const K: usize = 16;
 /// FFN size.
 const F: usize = 24;
 /// Tokens.
 const N: usize = 3;
-
-/// Uniform values in ±1, none near zero.
-fn random(seed: u64, n: usize) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let v: f32 = rng.gen_range(-1.0..1.0);
-            if v.abs() < 0.05 {
-                0.5
-            } else {
-                v
-            }
-        })
-        .collect()
-}
 
 fn devices(n: usize) -> Vec<Arc<TestDevice>> {
     (0..n).map(|d| TestDevice::accel(format!("D{d}"))).collect()

@@ -6,7 +6,7 @@
 //! right answer). Expected splits are worked out by hand in the comments.
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rgml::alloc::TensorAllocator;
 use rgml::backend::{Backend, Buffer, BufferUsage, Device, DeviceRef};
 use rgml::sched::SplitInfo;
@@ -17,24 +17,13 @@ use rgml::{
 };
 use std::sync::{Arc, Mutex};
 
+mod common;
+use common::random_from as random;
+
 /// Rows of the weights (and of the input).
 const K: usize = 8;
 /// Columns of the input (tokens).
 const N: usize = 3;
-
-/// Uniform values in ±1, none near zero (so a missing term always shows).
-fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let v: f32 = rng.gen_range(-1.0..1.0);
-            if v.abs() < 0.05 {
-                0.5
-            } else {
-                v
-            }
-        })
-        .collect()
-}
 
 fn backend(dev: &Arc<TestDevice>) -> Box<dyn Backend> {
     dev.init_backend(&Default::default()).unwrap()

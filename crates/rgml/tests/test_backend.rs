@@ -3,31 +3,18 @@
 //! scheduler and meta device tests rely on: unsupported nodes, memory the device cannot use,
 //! unknown parameters.
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::testing::TestDevice;
 use rgml::{Context, DType, Device, Error, Graph, OpKind, TensorId};
 use std::sync::Arc;
 
+mod common;
+use common::random;
+
 /// A binary op builder of `Context`.
 type Binary = fn(&mut Context, TensorId, TensorId) -> rgml::Result<TensorId>;
 /// Its float64 reference.
 type Reference = fn(f64, f64) -> f64;
-
-fn random(seed: u64, n: usize) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let v: f32 = rng.gen_range(-1.0..1.0);
-            if v.abs() < 0.05 {
-                0.5
-            } else {
-                v
-            }
-        })
-        .collect()
-}
 
 /// Leaves `[a, b, ...]` of the given shapes, filled at random once `run` places them.
 struct Case {
