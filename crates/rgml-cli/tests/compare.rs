@@ -6,6 +6,9 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod common;
+use common::gpu_device;
+
 fn model() -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -58,26 +61,6 @@ fn bad_device_lists_are_errors() {
     let (out, _) = compare(&[], "CPU,NoSuchDevice", &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown device"));
-}
-
-/// The GPU device's name, if `rgml devices` lists one (none: skip, unless `RGML_REQUIRE_GPU=1`).
-fn gpu_device() -> Option<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .arg("devices")
-        .output()
-        .expect("run rgml");
-    let name = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .find(|w| ["Vulkan0", "Metal0", "DX120"].contains(w))
-        .map(str::to_string);
-    if name.is_none() {
-        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "RGML_REQUIRE_GPU=1 but `rgml devices` lists no GPU"
-        );
-    }
-    name
 }
 
 /// The default tolerance shows real divergence: the GPU mirrors ggml's AVX-512 arithmetic, so

@@ -6,6 +6,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+mod common;
+use common::gpu_device;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -382,26 +385,6 @@ fn tensor_split_logits_match_one_device() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("at least two devices"), "{err}");
-}
-
-/// Whether a wgpu device (`Vulkan0`, `Metal0`, ...) is listed; without one the GPU tests skip,
-/// unless `RGML_REQUIRE_GPU=1` (set by `scripts/test.sh`, so CI never skips).
-fn gpu_device() -> Option<String> {
-    let out = rgml(&["devices"]);
-    let name = out
-        .split_whitespace()
-        .map(|w| w.trim_end_matches(':'))
-        .find(|w| ["Vulkan0", "Metal0", "DX120"].contains(w))
-        .map(str::to_string);
-    if name.is_none() {
-        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "RGML_REQUIRE_GPU=1 but `rgml devices` lists no GPU"
-        );
-        eprintln!("no GPU device: skipping");
-    }
-    name
 }
 
 /// The bound for the GPU: the same top-10 ids and logits within 0.05 of llama.cpp's.

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 mod common;
-use common::random;
+use common::{assert_close, mat_mul, random, silu};
 
 /// Hidden size (contraction axis of the up/gate projections).
 const K: usize = 16;
@@ -34,30 +34,6 @@ fn meta(devs: &[Arc<TestDevice>], states: &[(&str, SplitState)]) -> DeviceRef {
         .map(|(name, s)| (name.to_string(), s.clone()))
         .collect();
     MetaDevice::new(children, Arc::new(states)).unwrap()
-}
-
-/// `w` (`[k, m]` in ggml order: row `i` is `w[i*k..]`) times each `k`-column of `x`.
-fn mat_mul(w: &[f32], k: usize, x: &[f64]) -> Vec<f64> {
-    let m = w.len() / k;
-    x.chunks(k)
-        .flat_map(|col| {
-            (0..m).map(move |i| (0..k).map(|p| w[i * k + p] as f64 * col[p]).sum::<f64>())
-        })
-        .collect()
-}
-
-fn silu(v: f64) -> f64 {
-    v / (1.0 + (-v).exp())
-}
-
-fn assert_close(got: &[f32], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
-            "{what}[{i}]: {g} vs {w}"
-        );
-    }
 }
 
 /// A graph with named random f32 weights and an input `x`.

@@ -18,7 +18,7 @@ use rgml::{
 use std::sync::{Arc, Mutex};
 
 mod common;
-use common::random_from as random;
+use common::{assert_close, mat_mul, random_from as random, silu};
 
 /// Rows of the weights (and of the input).
 const K: usize = 8;
@@ -145,26 +145,7 @@ fn named(ctx: &mut Context, id: rgml::Result<TensorId>, name: &str) -> TensorId 
 
 /// `w` (`[K, K]`, ggml layout: row `i` is `w[i*K..]`) times each column of `x` (`[K, N]`).
 fn mat_vec(w: &[f32], x: &[f64]) -> Vec<f64> {
-    x.chunks(K)
-        .flat_map(|col| {
-            (0..K).map(move |i| (0..K).map(|k| w[i * K + k] as f64 * col[k]).sum::<f64>())
-        })
-        .collect()
-}
-
-fn silu(v: f64) -> f64 {
-    v / (1.0 + (-v).exp())
-}
-
-/// `got` equals the float64 `want` within f32 rounding of a few operations.
-fn assert_close(got: &[f32], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
-            "{what}[{i}]: {g} vs {w}"
-        );
-    }
+    mat_mul(w, K, x)
 }
 
 fn input(step: u64) -> Vec<f32> {

@@ -32,3 +32,30 @@ pub fn random_from(rng: &mut StdRng, n: usize) -> Vec<f32> {
 pub fn random(seed: u64, n: usize) -> Vec<f32> {
     random_from(&mut StdRng::seed_from_u64(seed), n)
 }
+
+/// `w` (`m` rows of `k`, ggml layout: row `i` is `w[i*k..]`) times each `k`-column of `x`, in
+/// float64.
+pub fn mat_mul(w: &[f32], k: usize, x: &[f64]) -> Vec<f64> {
+    let m = w.len() / k;
+    x.chunks(k)
+        .flat_map(|col| {
+            (0..m).map(move |i| (0..k).map(|p| w[i * k + p] as f64 * col[p]).sum::<f64>())
+        })
+        .collect()
+}
+
+/// SiLU in float64.
+pub fn silu(v: f64) -> f64 {
+    v / (1.0 + (-v).exp())
+}
+
+/// `got` equals the float64 `want` within f32 rounding of a few operations.
+pub fn assert_close(got: &[f32], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs {w}"
+        );
+    }
+}
