@@ -1,0 +1,158 @@
+//! Every weight type against llama.cpp's logits, bit for bit (up to the fixtures' rounding to 4
+//! decimals), on each instruction set llama.cpp's fixtures exist for.
+//!
+//! `tests/fixtures/logits/<isa>/<file stem>.json` holds what llama.cpp's native build for that
+//! instruction set computes (repacking off; `scripts/gen_model_fixtures.py`) for the demo model
+//! as published (`SmolLM2-135M-Instruct.Q4_1`) and requantized by `llama-quantize` to other
+//! types (`SmolLM2-135M-Instruct.<PRESET>`). Here the requantized files are made by
+//! `rgml quantize` from the demo model, and must have the fixture's sha256 (the same bytes as
+//! llama-quantize's), then `rgml logits` runs with `RGML_CPU_ISA=<isa>`: the CPU's own
+//! instruction set and, where the CPU can run it, the other one forced.
+
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const DEMO_STEM: &str = "SmolLM2-135M-Instruct.Q4_1";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn demo_model() -> PathBuf {
+    let path = root().join(format!("models/{DEMO_STEM}.gguf"));
+    assert!(
+        path.exists(),
+        "demo model not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    path
+}
+
+/// The instruction sets whose arithmetic rgml can run here: AVX-512's is emulated exactly on
+/// any x86 CPU with AVX2, AVX2's needs AVX2, FMA and F16C.
+fn runnable_isas() -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            return vec!["avx2", "avx512"];
+        }
+    }
+    Vec::new()
+}
+
+fn sha256_hex(path: &Path) -> String {
+    let bytes = std::fs::read(path).expect("read model");
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The file a fixture describes: the demo model, or the demo model requantized by
+/// `rgml quantize` to the preset named by the stem's suffix (made once per target directory and
+/// reused while its hash holds).
+fn model_for(stem: &str, sha256: &str) -> PathBuf {
+    if stem == DEMO_STEM {
+        return demo_model();
+    }
+    let preset = stem.rsplit('.').next().expect("stem has a preset suffix");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("quantized");
+    std::fs::create_dir_all(&dir).expect("create the quantized model directory");
+    let path = dir.join(format!("{stem}.gguf"));
+    if !path.exists() || sha256_hex(&path) != sha256 {
+        let tmp = dir.join(format!("{stem}.gguf.partial"));
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .arg("quantize")
+            .arg("--allow-requantize")
+            .arg(demo_model())
+            .arg(&tmp)
+            .arg(preset)
+            .output()
+            .expect("run rgml quantize");
+        assert!(
+            out.status.success(),
+            "rgml quantize to {preset} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::rename(&tmp, &path).expect("move the quantized model");
+    }
+    assert_eq!(
+        sha256_hex(&path),
+        sha256,
+        "rgml quantize to {preset} must write llama-quantize's bytes"
+    );
+    path
+}
+
+fn fixtures(isa: &str) -> Vec<(String, serde_json::Value)> {
+    let dir = root().join("crates/rgml-cli/tests/fixtures/logits").join(isa);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, serde_json::Value)> = entries
+        .map(|e| e.expect("fixture entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| {
+            let stem = p.file_stem().expect("stem").to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&p).expect("read fixture");
+            (stem, serde_json::from_str(&text).expect("fixture JSON"))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The largest |logit - llama.cpp's| over the fixture's top 10, after checking the tokens and
+/// the top-10 order.
+fn worst_difference(model: &Path, isa: &str, case: &serde_json::Value) -> f64 {
+    let prompt = case["prompt"].as_str().expect("prompt");
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
+        .arg("-m")
+        .arg(model)
+        .env("RGML_CPU_ISA", isa)
+        .output()
+        .expect("run rgml logits");
+    assert!(
+        out.status.success(),
+        "rgml logits failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    assert_eq!(got["tokens"], case["tokens"], "tokens of {prompt:?}");
+    let want = case["top10"].as_array().expect("top10");
+    let have = got["top"].as_array().expect("top");
+    let ids = |v: &[serde_json::Value]| v.iter().map(|e| e[0].as_u64()).collect::<Vec<_>>();
+    assert_eq!(ids(have), ids(want), "top-10 ids of {prompt:?}");
+    have.iter()
+        .zip(want)
+        .map(|(h, w)| (h[1].as_f64().unwrap_or(f64::NAN) - w[1].as_f64().unwrap_or(0.0)).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn every_weight_type_gives_llama_cpps_logits_on_each_instruction_set() {
+    let mut checked = 0;
+    for isa in runnable_isas() {
+        for (stem, fixture) in fixtures(isa) {
+            let sha = fixture["sha256"].as_str().expect("sha256");
+            let model = model_for(&stem, sha);
+            for case in fixture["cases"].as_array().expect("cases") {
+                let worst = worst_difference(&model, isa, case);
+                // 4-decimal rounding of the fixture, plus f32 spacing near |logit| 32.
+                assert!(
+                    worst <= 5.1e-5,
+                    "{stem} on {isa}: {:?} is {worst} from llama.cpp",
+                    case["prompt"]
+                );
+            }
+            eprintln!("{stem} on {isa}: exact");
+            checked += 1;
+        }
+    }
+    if !runnable_isas().is_empty() {
+        assert!(checked > 0, "no logits fixture was checked");
+    }
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Reference logits of llama.cpp for GGUF files, one fixture per file and instruction set.
+
+rgml's CPU kernels mirror the arithmetic of a *native* ggml-cpu build on the same instruction
+set, with weight repacking off (repacked layouts change the order of float operations). This
+script records what such a build computes, so the tests need no llama.cpp:
+
+    python3 scripts/gen_model_fixtures.py --isa avx2 --out DIR MODEL.gguf [MODEL.gguf ...]
+
+It needs llama.cpp's shared libraries, built natively for the named instruction set (see
+`scripts/llamacpp.sh`), found through `LLAMA_CPP_LIB_PATH`, and the `llama_cpp` Python package
+of the same source package (llama-cpp-python 0.3.36; its pure-Python `llama_cpp/` folder works
+without compiling it again) on `PYTHONPATH`, with numpy.
+
+For each file it writes `DIR/<file stem>.json`: the file's sha256, the instruction set, and per
+prompt of `../shared/fixtures/smollm2/prompts.json`: the tokens (special tokens parsed, no BOS
+unless the model adds one) and the 10 largest next-token logits at the last position, rounded to
+4 decimals. Flash attention is off and 2 threads are used, as in the other fixtures; the prompt
+is decoded in one batch (so llama.cpp's batched matmul paths are the ones recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import pathlib
+import sys
+
+import numpy as np
+import llama_cpp as L
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROMPTS = ROOT.parent / "shared" / "fixtures" / "smollm2" / "prompts.json"
+
+
+def sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load(path: pathlib.Path):
+    mp = L.llama_model_default_params()
+    mp.use_extra_bufts = False  # no CPU_REPACK: the plain layouts' arithmetic is the reference
+    model = L.llama_model_load_from_file(str(path).encode(), mp)
+    if not model:
+        sys.exit(f"llama.cpp could not load {path}")
+    cp = L.llama_context_default_params()
+    cp.n_ctx = 512
+    cp.n_batch = 512
+    cp.n_ubatch = 512
+    cp.n_threads = 2
+    cp.n_threads_batch = 2
+    cp.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        sys.exit(f"llama.cpp could not make a context for {path}")
+    return model, ctx
+
+
+def tokenize(vocab, text: str) -> list[int]:
+    raw = text.encode()
+    buf = (L.llama_token * (len(raw) + 16))()
+    n = L.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, True)
+    if n < 0:
+        sys.exit(f"tokenization of {text!r} failed")
+    return list(buf[:n])
+
+
+def top10(model, ctx, tokens: list[int]) -> list[list]:
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
+    arr = (L.llama_token * len(tokens))(*tokens)
+    if L.llama_decode(ctx, L.llama_batch_get_one(arr, len(tokens))) != 0:
+        sys.exit("llama_decode failed")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    ptr = L.llama_get_logits_ith(ctx, -1)
+    logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+    order = np.argsort(-logits, kind="stable")[:10]
+    return [[int(i), round(float(logits[i]), 4)] for i in order]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--isa", required=True, help="the instruction set llama.cpp was built for")
+    ap.add_argument("--out", required=True, type=pathlib.Path)
+    ap.add_argument("models", nargs="+", type=pathlib.Path)
+    args = ap.parse_args()
+    prompts = json.loads(PROMPTS.read_text())
+    L.llama_backend_init()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for path in args.models:
+        model, ctx = load(path)
+        vocab = L.llama_model_get_vocab(model)
+        cases = []
+        for prompt in prompts:
+            tokens = tokenize(vocab, prompt)
+            cases.append({"prompt": prompt, "tokens": tokens, "top10": top10(model, ctx, tokens)})
+        fixture = {
+            "file": path.name,
+            "sha256": sha256(path),
+            "isa": args.isa,
+            "llama_cpp": "llama-cpp-python 0.3.36 (vendored llama.cpp), native build, repack off",
+            "cases": cases,
+        }
+        out = args.out / (path.stem + ".json")
+        out.write_text(json.dumps(fixture, indent=1, ensure_ascii=False) + "\n")
+        print(f"{out}: {len(cases)} prompts", file=sys.stderr)
+        L.llama_free(ctx)
+        L.llama_model_free(model)
+
+
+if __name__ == "__main__":
+    main()
