@@ -1,35 +1,46 @@
 #!/usr/bin/env bash
-# rgml vs llama.cpp on this machine, side by side (issue 7). Not part of CI.
+# rgml vs llama.cpp on this machine, side by side (issues 7 and 16). Not part of CI.
 #
-# Builds the reference llama.cpp (the copy vendored in the PyPI source package llama-cpp-python,
-# CPU only, AMX off: ggml's AMX path dies with SIGILL on this VM) once into a cache directory,
-# builds `rgml` in release, then runs llama-bench and `rgml bench` alternately on the same GGUF
-# (the demo model), R rounds each, and prints both tools' pp and tg tokens/s (mean over rounds)
-# and the ratios rgml / llama.cpp against the issue's targets (tg >= 1.5x, pp >= 2x).
+# Builds the reference llama.cpp for the chosen instruction set once (scripts/llamacpp.sh),
+# builds `rgml` in release, then for each model and each load level runs llama-bench and
+# `rgml bench` alternately, R rounds each, and prints a table of pp and tg tokens/s (mean over
+# rounds) with the ratios rgml / llama.cpp against the targets (tg >= 1.5x, pp >= 2x).
 #
-# Usage: scripts/bench-vs-llamacpp.sh [-r ROUNDS] [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-m MODEL]
-# The same settings come from the environment: ROUNDS, THREADS, N_PROMPT, N_GEN, MODEL.
-# The llama.cpp build lives in $RGML_LLAMACPP_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/rgml/llamacpp).
+# Usage: scripts/bench-vs-llamacpp.sh [-r ROUNDS] [-t THREADS] [-p N_PROMPT] [-n N_GEN]
+#            [-m MODEL]... [--busy N[,N..]] [--isa native|avx2|avx512] [--no-repack]
+#   -m MODEL     a GGUF file; repeat for several (default: the demo model)
+#   --busy LIST  load levels: N CPU-bound background processes run during those rounds
+#                (default 0; e.g. --busy 0,1,2)
+#   --isa ISA    llama.cpp built for ISA (scripts/llamacpp.sh) and rgml forced to the same
+#                arithmetic with RGML_CPU_ISA (default native: each uses what the CPU has), so
+#                an AVX-512 machine can measure the AVX2 path of both
+#   --no-repack  llama.cpp without repacked weights (its arithmetic reference); by default it
+#                repacks, its fastest configuration
+# The settings also come from the environment: ROUNDS, THREADS, N_PROMPT, N_GEN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LLAMA_CPP_PYTHON_VERSION=0.3.36
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
 N_PROMPT=${N_PROMPT:-256}
 N_GEN=${N_GEN:-64}
-MODEL=${MODEL:-}
-cache=${RGML_LLAMACPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rgml/llamacpp}
+MODELS=()
+BUSY=0
+ISA=native
+REPACK=1
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
-while getopts "r:t:p:n:m:h" opt; do
-    case $opt in
-        r) ROUNDS=$OPTARG ;;
-        t) THREADS=$OPTARG ;;
-        p) N_PROMPT=$OPTARG ;;
-        n) N_GEN=$OPTARG ;;
-        m) MODEL=$OPTARG ;;
-        h) usage; exit 0 ;;
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        -r) ROUNDS=${2:?}; shift 2 ;;
+        -t) THREADS=${2:?}; shift 2 ;;
+        -p) N_PROMPT=${2:?}; shift 2 ;;
+        -n) N_GEN=${2:?}; shift 2 ;;
+        -m) MODELS+=("${2:?}"); shift 2 ;;
+        --busy) BUSY=${2:?}; shift 2 ;;
+        --isa) ISA=${2:?}; shift 2 ;;
+        --no-repack) REPACK=0; shift ;;
+        -h | --help) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
     esac
 done
@@ -39,128 +50,105 @@ for v in ROUNDS THREADS N_PROMPT N_GEN; do
         exit 2
     fi
 done
+[[ $BUSY =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "--busy takes N[,N..] (got '$BUSY')" >&2; exit 2; }
+rgml_isa=()
+case $ISA in
+    native) ;;
+    avx2 | avx512) rgml_isa=(env "RGML_CPU_ISA=$ISA") ;;
+    *) echo "--isa takes native, avx2 or avx512 (got '$ISA')" >&2; exit 2 ;;
+esac
 
 log() { echo "== $*" >&2; }
 
-# --- tools: cmake and a C/C++ toolchain -----------------------------------------------------
-need=()
-command -v cmake >/dev/null 2>&1 || need+=(cmake)
-{ command -v cc >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1 && command -v make >/dev/null 2>&1; } ||
-    need+=(build-essential)
-if [ ${#need[@]} -gt 0 ]; then
-    log "installing ${need[*]} with apt-get"
-    sudo=()
-    [ "$(id -u)" = 0 ] || sudo=(sudo)
-    "${sudo[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
-
-# --- llama.cpp (cached) ----------------------------------------------------------------------
-src=$cache/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION
-build=$cache/build-$LLAMA_CPP_PYTHON_VERSION
-llama_bench=$build/bin/llama-bench
-if [ ! -x "$llama_bench" ]; then
-    mkdir -p "$cache"
-    if [ ! -f "$src/vendor/llama.cpp/CMakeLists.txt" ]; then
-        sdist=$(ls "$cache"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz 2>/dev/null || true)
-        if [ -z "$sdist" ]; then
-            log "downloading llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (source package)"
-            # --no-binary for this package only: its build requirements (scikit-build-core, cmake,
-            # ninja) may come as wheels to prepare its metadata; from source they take very long.
-            python3 -m pip download --no-binary llama-cpp-python --no-deps --quiet \
-                --disable-pip-version-check -d "$cache" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-            sdist=$(ls "$cache"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz)
-        fi
-        log "unpacking $sdist"
-        rm -rf "$src"
-        tar -xzf "$sdist" -C "$cache"
-        [ -d "$src" ] || mv "$cache/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION" "$src"
-    fi
-    log "building llama-bench (CPU only, AMX off) in $build: about 10 minutes on 2 cores"
-    cmake -S "$src/vendor/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-        -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
-        >"$cache/cmake-configure.log" 2>&1 ||
-        { tail -n 30 "$cache/cmake-configure.log" >&2; exit 1; }
-    cmake --build "$build" --target llama-bench -j "$(nproc)" >"$cache/cmake-build.log" 2>&1 ||
-        { tail -n 30 "$cache/cmake-build.log" >&2; exit 1; }
-    [ -x "$llama_bench" ] || { echo "llama-bench not built; see $cache/cmake-build.log" >&2; exit 1; }
-fi
-
-# --- rgml and the model ----------------------------------------------------------------------
+bin=$(bash scripts/llamacpp.sh --isa "$ISA" llama-bench | tail -n 1)
+llama_bench=$bin/llama-bench
 log "building rgml (release)"
 cargo build --release --quiet -p rgml-cli
 rgml=target/release/rgml
-if [ -z "$MODEL" ]; then
+if [ ${#MODELS[@]} -eq 0 ]; then
     bash scripts/fetch-model.sh
-    MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    MODELS=(models/SmolLM2-135M-Instruct.Q4_1.gguf)
 fi
-[ -f "$MODEL" ] || { echo "model $MODEL not found" >&2; exit 1; }
+for m in "${MODELS[@]}"; do
+    [ -f "$m" ] || { echo "model $m not found" >&2; exit 1; }
+done
 
-# --- alternate rounds ------------------------------------------------------------------------
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+busy_pids=()
+stop_busy() {
+    for p in "${busy_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    busy_pids=()
+}
+trap 'stop_busy; rm -rf "$work"' EXIT
+start_busy() {
+    for _ in $(seq 1 "$1"); do
+        # A CPU-bound process that never sleeps, like a compiler job.
+        python3 -c 'while True: pass' &
+        busy_pids+=($!)
+    done
+}
+
 results=$work/results
 : >"$results"
-for round in $(seq 1 "$ROUNDS"); do
-    log "round $round/$ROUNDS: llama-bench"
-    # One JSON array per run; each entry is one test (pp or tg) with avg_ts in tokens/s.
-    if ! "$llama_bench" -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 -o json \
-        >"$work/llama.json" 2>"$work/llama.err"; then
-        cat "$work/llama.err" >&2
-        exit 1
-    fi
-    python3 - "$work/llama.json" >>"$results" <<'PY'
+IFS=, read -r -a levels <<<"$BUSY"
+for m in "${MODELS[@]}"; do
+    name=$(basename "$m" .gguf)
+    for busy in "${levels[@]}"; do
+        start_busy "$busy"
+        for round in $(seq 1 "$ROUNDS"); do
+            log "$name, busy $busy, round $round/$ROUNDS: llama-bench"
+            if ! LD_LIBRARY_PATH=$bin "$llama_bench" -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" \
+                -r 1 -o json --repack "$REPACK" >"$work/llama.json" 2>"$work/llama.err"; then
+                cat "$work/llama.err" >&2
+                exit 1
+            fi
+            python3 - "$work/llama.json" "$name" "$busy" >>"$results" <<'PY'
 import json, sys
 for t in json.load(open(sys.argv[1])):
     kind = "pp" if t["n_gen"] == 0 else "tg"
-    print("llama.cpp", kind, t["avg_ts"])
+    print(sys.argv[2], sys.argv[3], "llama.cpp", kind, t["avg_ts"])
 PY
-    log "round $round/$ROUNDS: rgml bench"
-    "$rgml" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 --json >"$work/rgml.json"
-    python3 - "$work/rgml.json" >>"$results" <<'PY'
+            log "$name, busy $busy, round $round/$ROUNDS: rgml bench"
+            "${rgml_isa[@]}" "$rgml" bench -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 \
+                --json >"$work/rgml.json"
+            python3 - "$work/rgml.json" "$name" "$busy" >>"$results" <<'PY'
 import json, sys
 v = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print("rgml pp", v["pp_tok_s"])
-print("rgml tg", v["tg_tok_s"])
+print(sys.argv[2], sys.argv[3], "rgml pp", v["pp_tok_s"])
+print(sys.argv[2], sys.argv[3], "rgml tg", v["tg_tok_s"])
 PY
+        done
+        stop_busy
+    done
 done
 
-# --- report ----------------------------------------------------------------------------------
-python3 - "$results" "$N_PROMPT" "$N_GEN" "$THREADS" "$ROUNDS" "$MODEL" "$LLAMA_CPP_PYTHON_VERSION" <<'PY'
-import statistics, sys
-path, n_prompt, n_gen, threads, rounds, model, llama_version = sys.argv[1:]
+python3 - "$results" "$N_PROMPT" "$N_GEN" "$THREADS" "$ROUNDS" "$ISA" "$REPACK" <<'PY'
+import os, statistics, sys
+path, n_prompt, n_gen, threads, rounds, isa, repack = sys.argv[1:]
 runs = {}
 for line in open(path):
-    tool, kind, ts = line.split()
-    runs.setdefault((tool, kind), []).append(float(ts))
-def mean(tool, kind):
-    v = runs.get((tool, kind), [])
+    model, busy, tool, kind, ts = line.split()
+    runs.setdefault((model, int(busy), tool, kind), []).append(float(ts))
+def mean(*key):
+    v = runs.get(key, [])
     return statistics.mean(v) if v else float("nan")
-def spread(tool, kind):
-    v = runs.get((tool, kind), [])
-    return statistics.stdev(v) if len(v) > 1 else 0.0
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-print(f"model {model}, {threads} threads, {rounds} rounds (alternating), CPU {cpu}")
-print(f"llama.cpp: llama-bench from llama-cpp-python {llama_version} (CPU, AMX off); tokens/s, mean ± sd")
-print(f"| test | llama.cpp | rgml | rgml / llama.cpp | target | |")
-print(f"| --- | ---: | ---: | ---: | ---: | --- |")
-for kind, n, target in (("pp", n_prompt, 2.0), ("tg", n_gen, 1.5)):
-    l, r = mean("llama.cpp", kind), mean("rgml", kind)
-    ratio = r / l if l > 0 else float("nan")
-    verdict = "PASS" if ratio >= target else "MISS"
-    print(f"| {kind}{n} | {l:.1f} ± {spread('llama.cpp', kind):.1f} | {r:.1f} ± {spread('rgml', kind):.1f} "
-          f"| {ratio:.2f}x | >= {target:g}x | {verdict} |")
-print("per round (and best round: least disturbed by other work on the machine):")
-for kind in ("pp", "tg"):
-    best = {}
-    for tool in ("llama.cpp", "rgml"):
-        v = runs.get((tool, kind), [])
-        best[tool] = max(v, default=float("nan"))
-        print(f"  {kind} {tool:9}: " + "  ".join(f"{x:7.1f}" for x in v) + f"   best {best[tool]:.1f}")
-    print(f"  {kind} best rgml / best llama.cpp: {best['rgml'] / best['llama.cpp']:.2f}x")
+print(f"{threads} threads, {rounds} rounds (alternating), CPU {cpu}, instruction set {isa}, "
+      f"llama.cpp repack {'on' if repack == '1' else 'off'}")
+print("tokens/s (mean); quiet = rgml's share of its own quiet speed under that load")
+print("| model | busy | test | llama.cpp | rgml | rgml / llama.cpp | target | quiet |")
+print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+keys = sorted({(m, b) for (m, b, _, _) in runs})
+for model, busy in keys:
+    for kind, n, target in (("pp", n_prompt, 2.0), ("tg", n_gen, 1.5)):
+        l, r = mean(model, busy, "llama.cpp", kind), mean(model, busy, "rgml", kind)
+        q = mean(model, 0, "rgml", kind)
+        ratio = r / l if l > 0 else float("nan")
+        goal = f">= {target:g}x" if busy == 0 else ">= 1x"
+        ok = ratio >= (target if busy == 0 else 1.0)
+        share = f"{r / q:.2f}" if busy and q == q and q > 0 else "-"
+        print(f"| {model} | {busy} | {kind}{n} | {l:.1f} | {r:.1f} | {ratio:.2f}x "
+              f"{'PASS' if ok else 'MISS'} | {goal} | {share} |")
 load = open("/proc/loadavg").read().split()[0]
-print(f"load average (1 min) after the runs: {load} on {__import__('os').cpu_count()} CPUs"
-      " (anything besides the benchmark makes the figures noisy)")
+print(f"load average (1 min) after the runs: {load} on {os.cpu_count()} CPUs")
 PY

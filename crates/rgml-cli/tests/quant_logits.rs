@@ -87,7 +87,9 @@ fn model_for(stem: &str, sha256: &str) -> PathBuf {
 }
 
 fn fixtures(isa: &str) -> Vec<(String, serde_json::Value)> {
-    let dir = root().join("crates/rgml-cli/tests/fixtures/logits").join(isa);
+    let dir = root()
+        .join("crates/rgml-cli/tests/fixtures/logits")
+        .join(isa);
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };

@@ -704,8 +704,10 @@ fn float_products(
     let nblk = ne01.div_ceil(blk);
     let arow_bytes = a.row_bytes();
     let avx512 = f32_tile_avx512(f);
+    // One activation row: ggml runs `ggml_vec_dot_f16` there, not tinyBLAS.
+    let single_f16 = a.dtype == DType::F16 && dst.ne[1] == 1;
     // F16 rows (the KV cache) widen in registers instead of being decoded first.
-    let direct_f16 = avx512 && a.dtype == DType::F16 && cfg!(target_arch = "x86_64");
+    let direct_f16 = !single_f16 && avx512 && a.dtype == DType::F16 && cfg!(target_arch = "x86_64");
     for unit in super::split(weight_batches * nblk, tc.ith, tc.nth) {
         let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
         let i0 = (unit % nblk) * blk;
@@ -756,15 +758,15 @@ fn float_products(
                     *slot = unsafe { f32_row(b_row(i11, i12, i13), ne00) };
                 }
                 let mut out = [[0f32; 4]; 4];
-                #[cfg(target_arch = "x86_64")]
-                if direct_f16 {
-                    // SAFETY: `direct_f16` implies `f32_tile_avx512(f)` (AVX-512F, BW, VL).
-                    unsafe { dot_f16_tile_avx512(&halves, &ys, &mut out) };
+                if single_f16 {
+                    for (row, x) in out.iter_mut().zip(&xs).take(nr) {
+                        for (o, y) in row.iter_mut().zip(&ys).take(nc) {
+                            *o = super::vec_f16::vec_dot_f16(f, x, y);
+                        }
+                    }
                 } else {
-                    dot_f32_tile(f, &xs, &ys, &mut out);
+                    float_tile(f, direct_f16, &xs, &halves, &ys, &mut out);
                 }
-                #[cfg(not(target_arch = "x86_64"))]
-                dot_f32_tile(f, &xs, &ys, &mut out);
                 for (r, row) in out.iter().enumerate().take(nr) {
                     for (&v, &(i11, i12, i13)) in row.iter().zip(&at).take(nc) {
                         let dst_el = dst.row(i11, i12, i13).wrapping_add((r0 + r) * 4);
@@ -777,6 +779,26 @@ fn float_products(
         }
     }
     Ok(())
+}
+
+/// One 4 x 4 tile of float products in tinyBLAS's order: F16 rows widened in registers
+/// (`direct_f16`, AVX-512) or decoded rows.
+fn float_tile(
+    f: CpuFeatures,
+    direct_f16: bool,
+    xs: &[&[f32]; 4],
+    halves: &[&[u16]; 4],
+    ys: &[&[f32]; 4],
+    out: &mut [[f32; 4]; 4],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if direct_f16 {
+        // SAFETY: `direct_f16` implies `f32_tile_avx512(f)` (AVX-512F, BW, VL).
+        unsafe { dot_f16_tile_avx512(halves, ys, out) };
+        return;
+    }
+    let _ = (direct_f16, halves);
+    dot_f32_tile(f, xs, ys, out);
 }
 
 /// Phase 1 of MUL_MAT: this thread's rows of src1 into the work area, as `conversion` says.

@@ -34,6 +34,7 @@ mod rope;
 mod rows;
 mod softmax;
 pub(crate) mod tiled;
+mod vec_f16;
 mod vexp;
 
 pub(crate) use convert::quant_available;
