@@ -27,6 +27,7 @@ mod convert;
 mod copy;
 mod elementwise;
 pub mod isa;
+mod kquant_dot;
 pub(crate) mod matmul;
 mod norm;
 pub(crate) mod repack;
