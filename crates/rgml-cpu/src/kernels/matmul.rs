@@ -456,6 +456,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         };
         let nblk = ne01.div_ceil(blk);
         let tiled = super::tiled::supported(f, a.dtype);
+        let ktiled = super::ktiled::takes(a.dtype, self.ne11);
         for unit in super::split(batches * nblk, tc.ith, tc.nth) {
             let batch = unit / nblk;
             let i0 = (unit % nblk) * blk;
@@ -466,6 +467,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             if a.packed {
                 let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
                 self.packed(rows, at, scratch);
+            } else if ktiled {
+                self.ktiled(rows, at);
             } else if tiled {
                 self.tiled(rows, at);
             } else {
@@ -559,6 +562,35 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                         )
                     };
                     store_tile(self.dst, r0..r1, c0..c1, i12, i13, &out, rn);
+                }
+            }
+        }
+    }
+
+    /// As [`Self::packed`], K-quant weights by 8 or more activation rows, with the arithmetic
+    /// of ggml's tiled kernel ([`super::ktiled`]): each weight row against runs of up to
+    /// [`super::ktiled::COLS`] activation rows, its blocks decoded once per run.
+    fn ktiled(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
+        const COLS: usize = super::ktiled::COLS;
+        let (a, ne11) = (self.a, self.ne11);
+        let mut acc = [0f32; COLS];
+        let mut y = [std::ptr::null::<u8>(); COLS];
+        for c0 in (0..ne11).step_by(COLS) {
+            let c1 = (c0 + COLS).min(ne11);
+            for (slot, i11) in y.iter_mut().zip(c0..c1) {
+                *slot = (self.b_row)(i11, i12, i13);
+            }
+            for i01 in rows.clone() {
+                let x = a.row(i01, i02, i03).cast_const();
+                // SAFETY: `ktiled::takes` checked the type; the src0 row is dense and in
+                // bounds with `nb` blocks, the src1 rows complete in the work area since the
+                // barrier, `nb` Q8_K blocks each.
+                unsafe { super::ktiled::row(self.f, a.dtype, self.nb, x, &y[..c1 - c0], &mut acc) };
+                for (&v, i11) in acc.iter().zip(c0..c1) {
+                    let out = self.dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+                    // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
+                    // only by the thread owning row block (batch, i01).
+                    unsafe { out.cast::<f32>().write(v) };
                 }
             }
         }
