@@ -13,7 +13,7 @@
 //! instructions. See the fixtures' README.
 
 use rgml::alloc::alloc_ctx_tensors;
-use rgml::{Backend, Context, DType, Device, Graph};
+use rgml::{Backend, Context, DType, Graph};
 use rgml_cpu::{CpuBackend, CpuDevice, CpuOptions, IsaChoice};
 use std::path::{Path, PathBuf};
 

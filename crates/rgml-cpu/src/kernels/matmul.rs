@@ -6,13 +6,20 @@
 //! with a strided src1). Barrier. A product of the same src1 as the previous one (q/k/v,
 //! gate/up; `NodeTask::reuse_src1`) skips phase 1 and its barrier. Phase 2: threads take
 //! contiguous blocks of src0 rows of each batch and compute all their outputs: packed weights
-//! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, plain q4_0/q4_1/q8_0
-//! through the register tiles of [`super::tiled`] (matrix-vector products prefetching the
-//! weight rows ahead), other quantized types pair by pair, F32/F16/BF16 in 4 x 4 tiles whose
+//! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, Q4_K/Q5_K/Q6_K weights by
+//! 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q8_0 through the register
+//! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead), other
+//! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
 //! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
-//! activation rows and `vdpbf16ps`, as ggml's build for such CPUs. Every output is computed
-//! with exactly its pair dot's operations, so tiling and packing change speed only.
+//! activation rows and `vdpbf16ps`, as ggml's build for such CPUs.
+//!
+//! The quantized paths give a native x86 ggml-cpu's bits (tested against outputs of the real
+//! ggml, `tests/ggml_matmul.rs`). ggml picks the arithmetic by src1's row count: its tiled
+//! K-quant kernel from 8 rows ([`super::ktiled`]), else llamafile's tinyBLAS_Q0 (Q4_0, Q5_0,
+//! Q8_0 from 2 rows, whose per-output operations are exactly `vec_dot`'s) or `vec_dot` pair by
+//! pair ([`super::dot`]). Within a path every output is computed with exactly the operations
+//! of that path, so tiling, packing and the thread count change speed only.
 
 use super::activations::quantize_activations;
 use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
@@ -614,8 +621,12 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let arow_bytes = self.arow_bytes;
         for t0 in (0..ne11).step_by(TILE1) {
             for i01 in rows.clone() {
+                let row = a.row(i01, i02, i03).cast_const();
+                if ne11 == 1 {
+                    self.prefetch_rows(row, 1);
+                }
                 // SAFETY: a dense, in-bounds src0 row, read-only during this node.
-                let x = unsafe { bytes(a.row(i01, i02, i03), arow_bytes) };
+                let x = unsafe { bytes(row, arow_bytes) };
                 for i11 in t0..(t0 + TILE1).min(ne11) {
                     // SAFETY: a src1 row in the work area, complete since the barrier.
                     let y = unsafe { bytes((self.b_row)(i11, i12, i13), self.wrow) };
