@@ -40,13 +40,14 @@ use std::time::{Duration, Instant};
 const NOMINAL_GBS: f64 = 25.0;
 const NOMINAL_GFLOPS: f64 = 280.0;
 
-const DTYPES: [DType; 10] = [
+const DTYPES: [DType; 11] = [
     DType::F32,
     DType::F16,
     DType::BF16,
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
+    DType::Q5_1,
     DType::Q8_0,
     DType::Q4_K,
     DType::Q5_K,

@@ -7,6 +7,11 @@
 //! SIMD rounding mode) rather than half away from zero. Both flip single quants by one step;
 //! small as that is, the demo model amplifies it to logit differences of ~0.3, so matching
 //! llama.cpp's answers needs the same arithmetic.
+//!
+//! Q8_K (the K-quants' activations) needs nothing of its own: x86 ggml-cpu's
+//! `quantize_row_q8_K` is the reference `quantize_row_q8_K_ref` (in ggml-base, which is not
+//! built with `-march=native`, so `nearest_int(iscale * x)` is not contracted into an FMA), and
+//! the codec in `rgml::quant` follows it bit for bit.
 
 use super::isa::CpuFeatures;
 use rgml::quant::{BlockQ8_0, BlockQ8_1, QK8_0};

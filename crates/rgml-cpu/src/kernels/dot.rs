@@ -2,18 +2,20 @@
 //! type against its [`DType::vec_dot_type`] (q4_0·q8_0, q4_1·q8_1, q5_0·q8_0, q5_1·q8_1,
 //! q8_0·q8_0, q4_K·q8_K, q5_K·q8_K, q6_K·q8_K), plus f32·f32, f16·f32 and bf16·f32.
 //!
-//! The quantized dots accumulate exact integer products per block and apply the block scales
-//! once, like ggml's scalar (`_generic`) kernels; the typed `dot_*` functions let the matmul
-//! kernel skip the per-call dispatch of [`vec_dot`]. Those with an AVX2 form take the
-//! [`CpuFeatures`] the caller resolved (e.g. [`CpuFeatures::detect`]) and use it where it says
-//! the CPU has AVX2, FMA and F16C.
+//! The quantized dots compute exactly what ggml's x86 `ggml_vec_dot_*` kernels compute (their
+//! AVX2 branches, which ggml's AVX-512 builds run as well): exact integer sums per block in
+//! ggml's 8 lanes, the block scales applied with the same FMAs, the same horizontal sums. Each
+//! has an AVX2 form and a portable one giving the same bits (the K-quants live in
+//! [`super::kquant_dot`]). The typed `dot_*` functions let the matmul kernel skip the per-call
+//! dispatch of [`vec_dot`]; they take the [`CpuFeatures`] the caller resolved (e.g.
+//! [`CpuFeatures::detect`]) and use AVX2 where it says the CPU has AVX2, FMA and F16C.
 
+use super::vexp::hsum8;
 use crate::CpuFeatures;
 use bytemuck::Pod;
 use half::{bf16, f16};
 use rgml::quant::{
-    cast_blocks, scale_min_k4, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K,
-    BlockQ6_K, BlockQ8_0, BlockQ8_1, BlockQ8_K, QuantBlock, QK_K,
+    cast_blocks, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QuantBlock,
 };
 use rgml::{DType, Error, Result};
 use std::borrow::Cow;
@@ -31,12 +33,12 @@ pub fn vec_dot(f: CpuFeatures, xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Re
         DType::BF16 => dot_bf16_f32(&plain::<bf16>(x), &plain::<f32>(y)),
         DType::Q4_0 => dot_q4_0_q8_0(f, &blocks(x)?, &blocks(y)?),
         DType::Q4_1 => dot_q4_1_q8_1(f, &blocks(x)?, &blocks(y)?),
-        DType::Q5_0 => dot_q5_0_q8_0(&blocks(x)?, &blocks(y)?),
-        DType::Q5_1 => dot_q5_1_q8_1(&blocks(x)?, &blocks(y)?),
+        DType::Q5_0 => dot_q5_0_q8_0(f, &blocks(x)?, &blocks(y)?),
+        DType::Q5_1 => dot_q5_1_q8_1(f, &blocks(x)?, &blocks(y)?),
         DType::Q8_0 => dot_q8_0_q8_0(f, &blocks(x)?, &blocks(y)?),
-        DType::Q4_K => dot_q4_k_q8_k(&blocks(x)?, &blocks(y)?),
-        DType::Q5_K => dot_q5_k_q8_k(&blocks(x)?, &blocks(y)?),
-        DType::Q6_K => dot_q6_k_q8_k(&blocks(x)?, &blocks(y)?),
+        DType::Q4_K => dot_q4_k_q8_k(f, &blocks(x)?, &blocks(y)?),
+        DType::Q5_K => dot_q5_k_q8_k(f, &blocks(x)?, &blocks(y)?),
+        DType::Q6_K => dot_q6_k_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::I32 | DType::Q8_1 | DType::Q8_K => return Err(Error::UnsupportedConversion(xtype)),
     })
 }
@@ -128,42 +130,46 @@ pub fn dot_bf16_f32(x: &[bf16], y: &[f32]) -> f32 {
 // f16 scales go through `to_f32_const` (exact, branchy software conversion): `to_f32` re-checks
 // CPU features on every call, which doubled the cost of the legacy dots in measurements.
 //
-// The legacy scalar dots first unpack the weights into a 32-byte array in element order and then
-// take a plain i8 x i8 dot: both loops vectorise, where a fused unpack-and-multiply loop does not.
+// The legacy dots mirror ggml's x86 AVX2 kernels (`arch/x86/quants.c`; AVX-512 builds run the
+// same branches, and llamafile's tinyBLAS_Q0 the same per-output operations for Q4_0, Q5_0 and
+// Q8_0): per 32-quant block 8 lanes of exact i32 sums of 4 products (lane k: elements 4k..4k+4),
+// converted to f32 and folded into an 8-lane accumulator with one FMA by `d_x * d_y`, then
+// `hsum_float_8`; the `_1` types add `sum(m_x * s_y)`, accumulated with scalar FMAs (GCC
+// contracts `summs += m * s`; the product of two f16 values is exact, so it is also a plain
+// add). The portable forms below compute the same lanes with integer code.
 
-/// Integer dot of 16 packed nibbles (elements j and j + 16) with 32 i8 activations, the nibbles
-/// taken as `q - offset`.
+/// A block's weight quants in element order (`q[j]`, `q[j + 16]` from byte j's nibbles), with
+/// the fifth bits of `qh` when given, minus `offset`.
 #[inline(always)]
-fn nibble_dot(qs: &[u8; 16], y: &[i8; 32], offset: i8) -> i32 {
-    let mut q = [0i8; 32];
-    for j in 0..16 {
-        q[j] = (qs[j] & 0x0F) as i8 - offset;
-        q[j + 16] = (qs[j] >> 4) as i8 - offset;
-    }
-    i8_dot(&q, y)
+fn legacy_quants(qs: &[u8; 16], qh: Option<[u8; 4]>, offset: i8) -> [i8; 32] {
+    let qh = qh.map_or(0, u32::from_le_bytes);
+    std::array::from_fn(|e| {
+        let nibble = if e < 16 {
+            qs[e] & 0x0F
+        } else {
+            qs[e - 16] >> 4
+        };
+        let high = ((qh >> e) & 1) as u8;
+        (nibble | (high << 4)) as i8 - offset
+    })
 }
 
-/// Integer dot of 5-bit quants (low nibbles + `qh` bit) with 32 i8 activations.
+/// ggml's 8 lanes of a block product: lane k = `sum(x[e] * y[e])` over e in 4k..4k + 4.
 #[inline(always)]
-fn five_bit_dot(qh: [u8; 4], qs: &[u8; 16], y: &[i8; 32], offset: i8) -> i32 {
-    let qh = u32::from_le_bytes(qh);
-    let mut q = [0i8; 32];
-    for j in 0..16 {
-        let h0 = ((qh >> j) & 1) as u8;
-        let h1 = ((qh >> (j + 16)) & 1) as u8;
-        q[j] = ((qs[j] & 0x0F) | (h0 << 4)) as i8 - offset;
-        q[j + 16] = ((qs[j] >> 4) | (h1 << 4)) as i8 - offset;
-    }
-    i8_dot(&q, y)
+fn lane_sums(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
+    std::array::from_fn(|k| {
+        (4 * k..4 * k + 4)
+            .map(|e| i32::from(x[e]) * i32::from(y[e]))
+            .sum()
+    })
 }
 
+/// `acc[k] = fma(d, lanes[k], acc[k])`.
 #[inline(always)]
-fn i8_dot<const N: usize>(a: &[i8; N], b: &[i8; N]) -> i32 {
-    let mut sum = 0i32;
-    for j in 0..N {
-        sum += i32::from(a[j]) * i32::from(b[j]);
+fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: [i32; 8]) {
+    for (a, l) in acc.iter_mut().zip(lanes) {
+        *a = d.mul_add(l as f32, *a);
     }
-    sum
 }
 
 /// Q4_0 weights · Q8_0 activations, over the common number of blocks.
@@ -177,12 +183,16 @@ pub fn dot_q4_0_q8_0(f: CpuFeatures, x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 fn dot_q4_0_q8_0_scalar(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
     for (bx, by) in x.iter().zip(y) {
-        let sumi = nibble_dot(&bx.qs, &by.qs, 8);
-        sumf += sumi as f32 * bx.d.to_f32_const() * by.d.to_f32_const();
+        let d = bx.d.to_f32_const() * by.d.to_f32_const();
+        fma_lanes(
+            &mut acc,
+            d,
+            lane_sums(&legacy_quants(&bx.qs, None, 8), &by.qs),
+        );
     }
-    sumf
+    hsum8(&acc)
 }
 
 /// Q4_1 weights · Q8_1 activations, over the common number of blocks.
@@ -196,35 +206,60 @@ pub fn dot_q4_1_q8_1(f: CpuFeatures, x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
 }
 
 fn dot_q4_1_q8_1_scalar(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
     for (bx, by) in x.iter().zip(y) {
-        let sumi = nibble_dot(&bx.qs, &by.qs, 0);
-        // The min term: m * sum(y) = m * s, with s = d_y * sum(q_y) precomputed in the block.
-        sumf += (bx.d.to_f32_const() * by.d.to_f32_const()) * sumi as f32
-            + bx.m.to_f32_const() * by.s.to_f32_const();
+        summs = bx.m.to_f32_const().mul_add(by.s.to_f32_const(), summs);
+        let d = bx.d.to_f32_const() * by.d.to_f32_const();
+        fma_lanes(
+            &mut acc,
+            d,
+            lane_sums(&legacy_quants(&bx.qs, None, 0), &by.qs),
+        );
     }
-    sumf
+    hsum8(&acc) + summs
 }
 
 /// Q5_0 weights · Q8_0 activations, over the common number of blocks.
-pub fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bx, by) in x.iter().zip(y) {
-        let sumi = five_bit_dot(bx.qh, &bx.qs, &by.qs, 16);
-        sumf += (bx.d.to_f32_const() * by.d.to_f32_const()) * sumi as f32;
+pub fn dot_q5_0_q8_0(f: CpuFeatures, x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::dot_q5_0_q8_0(x, y) };
     }
-    sumf
+    dot_q5_0_q8_0_scalar(x, y)
+}
+
+fn dot_q5_0_q8_0_scalar(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (bx, by) in x.iter().zip(y) {
+        let d = bx.d.to_f32_const() * by.d.to_f32_const();
+        let q = legacy_quants(&bx.qs, Some(bx.qh), 16);
+        fma_lanes(&mut acc, d, lane_sums(&q, &by.qs));
+    }
+    hsum8(&acc)
 }
 
 /// Q5_1 weights · Q8_1 activations, over the common number of blocks.
-pub fn dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bx, by) in x.iter().zip(y) {
-        let sumi = five_bit_dot(bx.qh, &bx.qs, &by.qs, 0);
-        sumf += (bx.d.to_f32_const() * by.d.to_f32_const()) * sumi as f32
-            + bx.m.to_f32_const() * by.s.to_f32_const();
+pub fn dot_q5_1_q8_1(f: CpuFeatures, x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::dot_q5_1_q8_1(x, y) };
     }
-    sumf
+    dot_q5_1_q8_1_scalar(x, y)
+}
+
+fn dot_q5_1_q8_1_scalar(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (bx, by) in x.iter().zip(y) {
+        summs = bx.m.to_f32_const().mul_add(by.s.to_f32_const(), summs);
+        let d = bx.d.to_f32_const() * by.d.to_f32_const();
+        let q = legacy_quants(&bx.qs, Some(bx.qh), 0);
+        fma_lanes(&mut acc, d, lane_sums(&q, &by.qs));
+    }
+    hsum8(&acc) + summs
 }
 
 /// Q8_0 weights · Q8_0 activations, over the common number of blocks.
@@ -238,120 +273,22 @@ pub fn dot_q8_0_q8_0(f: CpuFeatures, x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 fn dot_q8_0_q8_0_scalar(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
     for (bx, by) in x.iter().zip(y) {
-        let sumi = i8_dot(&bx.qs, &by.qs);
-        sumf += sumi as f32 * (bx.d.to_f32_const() * by.d.to_f32_const());
+        let d = bx.d.to_f32_const() * by.d.to_f32_const();
+        fma_lanes(&mut acc, d, lane_sums(&bx.qs, &by.qs));
     }
-    sumf
+    hsum8(&acc)
 }
 
-/// `sum(sc[j] * dot(q[32j..32j+32], y[32j..32j+32]))` for eight 32-element sub-blocks.
-#[inline(always)]
-fn scaled_dot_32(q: &[u8; QK_K], y: &[i8; QK_K], sc: &[u8; 8]) -> i32 {
-    let mut isum = 0i32;
-    for (j, (qc, yc)) in q.chunks_exact(32).zip(y.chunks_exact(32)).enumerate() {
-        let mut s = 0i32;
-        for (&a, &b) in qc.iter().zip(yc) {
-            s += i32::from(a) * i32::from(b);
-        }
-        isum += i32::from(sc[j & 7]) * s;
-    }
-    isum
-}
-
-/// Scales and mins of the 8 sub-blocks, and `sum(min[j] * sum(y in sub-block j))` from the
-/// activation's per-16 sums.
-#[inline(always)]
-fn k4_scales(scales: &[u8; 12], bsums: &[i16; 16]) -> ([u8; 8], i32) {
-    let mut sc = [0u8; 8];
-    let mut summs = 0i32;
-    for j in 0..8 {
-        let (s, m) = scale_min_k4(j, scales);
-        sc[j] = s;
-        summs += i32::from(m) * (i32::from(bsums[2 * j]) + i32::from(bsums[2 * j + 1]));
-    }
-    (sc, summs)
-}
-
-/// Q4_K weights · Q8_K activations, over the common number of super-blocks.
-pub fn dot_q4_k_q8_k(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
-    let mut sumf = 0.0f32;
-    let mut q = [0u8; QK_K];
-    for (bx, by) in x.iter().zip(y) {
-        for c in 0..4 {
-            for i in 0..32 {
-                let b = bx.qs[32 * c + i];
-                q[64 * c + i] = b & 0x0F;
-                q[64 * c + 32 + i] = b >> 4;
-            }
-        }
-        let (sc, summs) = k4_scales(&bx.scales, &by.bsums);
-        let isum = scaled_dot_32(&q, &by.qs, &sc);
-        let d = bx.d.to_f32_const() * by.d;
-        let dmin = bx.dmin.to_f32() * by.d;
-        sumf += d * isum as f32 - dmin * summs as f32;
-    }
-    sumf
-}
-
-/// Q5_K weights · Q8_K activations, over the common number of super-blocks.
-pub fn dot_q5_k_q8_k(x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 {
-    let mut sumf = 0.0f32;
-    let mut q = [0u8; QK_K];
-    for (bx, by) in x.iter().zip(y) {
-        for c in 0..4 {
-            for i in 0..32 {
-                let b = bx.qs[32 * c + i];
-                let h = bx.qh[i] >> (2 * c);
-                q[64 * c + i] = (b & 0x0F) | ((h & 1) << 4);
-                q[64 * c + 32 + i] = (b >> 4) | ((h & 2) << 3);
-            }
-        }
-        let (sc, summs) = k4_scales(&bx.scales, &by.bsums);
-        let isum = scaled_dot_32(&q, &by.qs, &sc);
-        let d = bx.d.to_f32_const() * by.d;
-        let dmin = bx.dmin.to_f32() * by.d;
-        sumf += d * isum as f32 - dmin * summs as f32;
-    }
-    sumf
-}
-
-/// Q6_K weights · Q8_K activations, over the common number of super-blocks.
-pub fn dot_q6_k_q8_k(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
-    let mut sumf = 0.0f32;
-    let mut q = [0i8; QK_K];
-    for (bx, by) in x.iter().zip(y) {
-        for h in 0..2 {
-            let (qb, lb, hb) = (128 * h, 64 * h, 32 * h);
-            for i in 0..32 {
-                let (lo, hi, qh) = (bx.ql[lb + i], bx.ql[lb + i + 32], bx.qh[hb + i]);
-                q[qb + i] = ((lo & 0x0F) | ((qh & 3) << 4)) as i8 - 32;
-                q[qb + i + 32] = ((hi & 0x0F) | (((qh >> 2) & 3) << 4)) as i8 - 32;
-                q[qb + i + 64] = ((lo >> 4) | (((qh >> 4) & 3) << 4)) as i8 - 32;
-                q[qb + i + 96] = ((hi >> 4) | (((qh >> 6) & 3) << 4)) as i8 - 32;
-            }
-        }
-        let mut isum = 0i32;
-        for (j, (qc, yc)) in q.chunks_exact(16).zip(by.qs.chunks_exact(16)).enumerate() {
-            let mut s = 0i32;
-            for (&a, &b) in qc.iter().zip(yc) {
-                s += i32::from(a) * i32::from(b);
-            }
-            isum += i32::from(bx.scales[j & 15]) * s;
-        }
-        sumf += bx.d.to_f32_const() * by.d * isum as f32;
-    }
-    sumf
-}
+pub use super::kquant_dot::{dot_q4_k_q8_k, dot_q5_k_q8_k, dot_q6_k_q8_k};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! AVX2 versions of the hottest legacy dots. Per block they compute the same exact integer
-    //! sum as the scalar code and fold it in with one FMA, so results differ from the scalar
-    //! path only by float rounding of the accumulation.
+    //! The legacy dots with AVX2 intrinsics, ggml's `__AVX2__` kernels operation for operation
+    //! (the portable forms above give the same bits).
 
-    use super::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
+    use super::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
     use std::arch::x86_64::*;
 
     /// f16 -> f32 with the F16C instruction (the generic conversion re-detects CPU features on
@@ -437,10 +374,59 @@ mod avx2 {
         let mut acc = _mm256_setzero_ps();
         let mut summs = 0.0f32;
         for (bx, by) in x.iter().zip(y) {
-            summs += h2f(bx.m) * h2f(by.s);
+            summs = h2f(bx.m).mul_add(h2f(by.s), summs);
             let d = _mm256_set1_ps(h2f(bx.d) * h2f(by.d));
             let p = mul_sum_us8(unpack_nibbles(&bx.qs), load32(&by.qs));
             acc = _mm256_fmadd_ps(d, p, acc);
+        }
+        hsum(acc) + summs
+    }
+
+    /// `bytes_from_bits_32`: byte j is 0xFF where bit j of `qh` is set, else 0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn bits_to_bytes(qh: [u8; 4]) -> __m256i {
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(i32::from_le_bytes(qh)),
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
+        );
+        let bit = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+        _mm256_cmpeq_epi8(bit, _mm256_set1_epi64x(-1))
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (bx, by) in x.iter().zip(y) {
+            let d = _mm256_set1_ps(h2f(bx.d) * h2f(by.d));
+            // 0xF0 where the fifth bit is clear: the nibble minus 16 as a signed byte.
+            let high = _mm256_andnot_si256(bits_to_bytes(bx.qh), _mm256_set1_epi8(-16));
+            let qx = _mm256_or_si256(unpack_nibbles(&bx.qs), high);
+            let p = mul_sum_i8(qx, load32(&by.qs));
+            acc = _mm256_fmadd_ps(d, p, acc);
+        }
+        hsum(acc)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = 0.0f32;
+        for (bx, by) in x.iter().zip(y) {
+            summs = h2f(bx.m).mul_add(h2f(by.s), summs);
+            let high = _mm256_and_si256(bits_to_bytes(bx.qh), _mm256_set1_epi8(0x10));
+            let qx = _mm256_or_si256(unpack_nibbles(&bx.qs), high);
+            let p = mul_sum_us8(qx, load32(&by.qs));
+            acc = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(bx.d) * h2f(by.d)), acc);
         }
         hsum(acc) + summs
     }
@@ -464,7 +450,7 @@ mod tests {
     use super::*;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-    use rgml::quant::{dequantize_row, quantize_row};
+    use rgml::quant::{dequantize_row, quantize_row, BlockQ4_K, BlockQ6_K, BlockQ8_K};
 
     const WEIGHT_TYPES: [DType; 11] = [
         DType::F32,
@@ -579,33 +565,27 @@ mod tests {
         cast_blocks::<B>(bytes).unwrap().into_owned()
     }
 
+    /// The portable dots give the SIMD dots' bits (both mirror ggml's AVX2 arithmetic), for
+    /// every quantized type, on rows with outliers and varied block scales.
     #[test]
     fn scalar_and_simd_paths_agree() {
+        let simd = CpuFeatures::detect();
+        let portable = simd.without_simd();
         let mut rng = StdRng::seed_from_u64(1);
-        let n = 32 * 67;
-        let (a, b) = (gaussianish(&mut rng, n), gaussianish(&mut rng, n));
-        let q4_0: Vec<BlockQ4_0> = blocks_of(&encode(DType::Q4_0, &a));
-        let q4_1: Vec<BlockQ4_1> = blocks_of(&encode(DType::Q4_1, &a));
-        let q8_0a: Vec<BlockQ8_0> = blocks_of(&encode(DType::Q8_0, &a));
-        let q8_0: Vec<BlockQ8_0> = blocks_of(&encode(DType::Q8_0, &b));
-        let q8_1: Vec<BlockQ8_1> = blocks_of(&encode(DType::Q8_1, &b));
-        let close = |p: f32, q: f32| (p - q).abs() <= 1e-5 * p.abs().max(q.abs()).max(1.0);
-        let pairs = [
-            (
-                dot_q4_0_q8_0(CpuFeatures::detect(), &q4_0, &q8_0),
-                dot_q4_0_q8_0_scalar(&q4_0, &q8_0),
-            ),
-            (
-                dot_q4_1_q8_1(CpuFeatures::detect(), &q4_1, &q8_1),
-                dot_q4_1_q8_1_scalar(&q4_1, &q8_1),
-            ),
-            (
-                dot_q8_0_q8_0(CpuFeatures::detect(), &q8_0a, &q8_0),
-                dot_q8_0_q8_0_scalar(&q8_0a, &q8_0),
-            ),
-        ];
-        for (fast, scalar) in pairs {
-            assert!(close(fast, scalar), "{fast} vs {scalar}");
+        for n in [256 * 3, 256 * 9] {
+            for xt in WEIGHT_TYPES.into_iter().filter(|t| t.is_quantized()) {
+                for _ in 0..4 {
+                    let (a, b) = (gaussianish(&mut rng, n), gaussianish(&mut rng, n));
+                    let (xb, yb) = (encode(xt, &a), encode(activation_type(xt), &b));
+                    let fast = vec_dot(simd, xt, n, &xb, &yb).unwrap();
+                    let slow = vec_dot(portable, xt, n, &xb, &yb).unwrap();
+                    assert_eq!(
+                        fast.to_bits(),
+                        slow.to_bits(),
+                        "{xt} n={n}: {fast} vs {slow}"
+                    );
+                }
+            }
         }
     }
 
@@ -656,9 +636,11 @@ mod tests {
         let q4k: Vec<BlockQ4_K> = blocks_of(&encode(DType::Q4_K, &a));
         let q6k: Vec<BlockQ6_K> = blocks_of(&encode(DType::Q6_K, &a));
         let q8k: Vec<BlockQ8_K> = blocks_of(&encode(DType::Q8_K, &b));
-        time("q5_0 scalar", &|| dot_q5_0_q8_0(black_box(&q5_0), &q8_0));
-        time("q4_K scalar", &|| dot_q4_k_q8_k(black_box(&q4k), &q8k));
-        time("q6_K scalar", &|| dot_q6_k_q8_k(black_box(&q6k), &q8k));
+        time("q5_0 scalar", &|| {
+            dot_q5_0_q8_0_scalar(black_box(&q5_0), &q8_0)
+        });
+        time("q4_K", &|| dot_q4_k_q8_k(f, black_box(&q4k), &q8k));
+        time("q6_K", &|| dot_q6_k_q8_k(f, black_box(&q6k), &q8k));
         time("f32", &|| dot_f32(black_box(&a), &b));
     }
 

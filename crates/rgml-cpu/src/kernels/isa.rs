@@ -195,6 +195,20 @@ impl CpuFeatures {
         self.bf16_products
     }
 
+    /// The same arithmetic with no SIMD instructions: every kernel takes its portable path
+    /// (for the tests that compare it with the SIMD one; dropping features is always safe).
+    #[cfg(test)]
+    pub(crate) fn without_simd(self) -> CpuFeatures {
+        CpuFeatures {
+            avx2: false,
+            avx512: false,
+            avx512_vnni: false,
+            avx512_bf16: false,
+            bf16_products: false,
+            ..self
+        }
+    }
+
     /// The CPU has AVX2, FMA and F16C.
     #[inline]
     pub fn has_avx2(self) -> bool {

@@ -6,13 +6,20 @@
 //! with a strided src1). Barrier. A product of the same src1 as the previous one (q/k/v,
 //! gate/up; `NodeTask::reuse_src1`) skips phase 1 and its barrier. Phase 2: threads take
 //! contiguous blocks of src0 rows of each batch and compute all their outputs: packed weights
-//! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, plain q4_0/q4_1/q8_0
-//! through the register tiles of [`super::tiled`] (matrix-vector products prefetching the
-//! weight rows ahead), other quantized types pair by pair, F32/F16/BF16 in 4 x 4 tiles whose
+//! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, Q4_K/Q5_K/Q6_K weights by
+//! 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q8_0 through the register
+//! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead), other
+//! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
 //! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
-//! activation rows and `vdpbf16ps`, as ggml's build for such CPUs. Every output is computed
-//! with exactly its pair dot's operations, so tiling and packing change speed only.
+//! activation rows and `vdpbf16ps`, as ggml's build for such CPUs.
+//!
+//! The quantized paths give a native x86 ggml-cpu's bits (tested against outputs of the real
+//! ggml, `tests/ggml_matmul.rs`). ggml picks the arithmetic by src1's row count: its tiled
+//! K-quant kernel from 8 rows ([`super::ktiled`]), else llamafile's tinyBLAS_Q0 (Q4_0, Q5_0,
+//! Q8_0 from 2 rows, whose per-output operations are exactly `vec_dot`'s) or `vec_dot` pair by
+//! pair ([`super::dot`]). Within a path every output is computed with exactly the operations
+//! of that path, so tiling, packing and the thread count change speed only.
 
 use super::activations::quantize_activations;
 use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
@@ -456,6 +463,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         };
         let nblk = ne01.div_ceil(blk);
         let tiled = super::tiled::supported(f, a.dtype);
+        let ktiled = super::ktiled::takes(a.dtype, self.ne11);
         for unit in super::split(batches * nblk, tc.ith, tc.nth) {
             let batch = unit / nblk;
             let i0 = (unit % nblk) * blk;
@@ -466,6 +474,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             if a.packed {
                 let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
                 self.packed(rows, at, scratch);
+            } else if ktiled {
+                self.ktiled(rows, at);
             } else if tiled {
                 self.tiled(rows, at);
             } else {
@@ -564,6 +574,35 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         }
     }
 
+    /// As [`Self::packed`], K-quant weights by 8 or more activation rows, with the arithmetic
+    /// of ggml's tiled kernel ([`super::ktiled`]): each weight row against runs of up to
+    /// [`super::ktiled::COLS`] activation rows, its blocks decoded once per run.
+    fn ktiled(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
+        const COLS: usize = super::ktiled::COLS;
+        let (a, ne11) = (self.a, self.ne11);
+        let mut acc = [0f32; COLS];
+        let mut y = [std::ptr::null::<u8>(); COLS];
+        for c0 in (0..ne11).step_by(COLS) {
+            let c1 = (c0 + COLS).min(ne11);
+            for (slot, i11) in y.iter_mut().zip(c0..c1) {
+                *slot = (self.b_row)(i11, i12, i13);
+            }
+            for i01 in rows.clone() {
+                let x = a.row(i01, i02, i03).cast_const();
+                // SAFETY: `ktiled::takes` checked the type; the src0 row is dense and in
+                // bounds with `nb` blocks, the src1 rows complete in the work area since the
+                // barrier, `nb` Q8_K blocks each.
+                unsafe { super::ktiled::row(self.f, a.dtype, self.nb, x, &y[..c1 - c0], &mut acc) };
+                for (&v, i11) in acc.iter().zip(c0..c1) {
+                    let out = self.dst.row(i11, i12, i13).wrapping_add(i01 * 4);
+                    // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
+                    // only by the thread owning row block (batch, i01).
+                    unsafe { out.cast::<f32>().write(v) };
+                }
+            }
+        }
+    }
+
     /// Matrix-vector products stream weights from memory; the hardware prefetcher alone
     /// reaches about 12 GB/s here (measured), software prefetch of the `nrows` weight rows
     /// from `first` PREFETCH_AHEAD bytes on about 40% more.
@@ -582,8 +621,12 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let arow_bytes = self.arow_bytes;
         for t0 in (0..ne11).step_by(TILE1) {
             for i01 in rows.clone() {
+                let row = a.row(i01, i02, i03).cast_const();
+                if ne11 == 1 {
+                    self.prefetch_rows(row, 1);
+                }
                 // SAFETY: a dense, in-bounds src0 row, read-only during this node.
-                let x = unsafe { bytes(a.row(i01, i02, i03), arow_bytes) };
+                let x = unsafe { bytes(row, arow_bytes) };
                 for i11 in t0..(t0 + TILE1).min(ne11) {
                     // SAFETY: a src1 row in the work area, complete since the barrier.
                     let y = unsafe { bytes((self.b_row)(i11, i12, i13), self.wrow) };

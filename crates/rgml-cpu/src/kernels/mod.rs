@@ -27,6 +27,8 @@ mod convert;
 mod copy;
 mod elementwise;
 pub mod isa;
+mod kquant_dot;
+mod ktiled;
 pub(crate) mod matmul;
 mod norm;
 pub(crate) mod repack;

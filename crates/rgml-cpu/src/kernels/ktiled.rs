@@ -1,0 +1,358 @@
+//! Batched K-quant products (Q4_K, Q5_K, Q6_K weights by 8 or more activation rows) with the
+//! arithmetic of ggml's tiled kernel (`ggml-cpu/tiled/`), which a native x86 ggml-cpu runs for
+//! these types whenever src1 has at least 8 rows, instead of `vec_dot`.
+//!
+//! Per output and per 256-element super-block ggml computes two exact integers, `s1 = sum_j
+//! scale_j * sum(q * y)` over the sub-blocks (Q6_K's quants taken as `q - 32`) and, for the
+//! types with mins, `s2 = sum_j min_j * bsum_j`; then, in f32, `res = d0 * s1`, `res =
+//! fnmadd(dmin0, s2, res)` and `acc = fma(res, d1, acc)`, with `d0`/`dmin0` the weight block's
+//! f16 scales and `d1` the Q8_K block's f32 scale; `acc` starts at 0 and goes through the
+//! blocks in order. The AVX2 microkernel and the AVX-512 VNNI one (whose `acc + res * d1`
+//! GCC contracts into the same FMA; checked on its disassembly) give the same numbers, so one
+//! form serves both [`crate::Isa`] choices.
+//!
+//! Here each weight super-block is decoded once (quants in element order, per-16 scales, the
+//! weights of the bsum correction) and multiplied by a run of activation columns; the integer
+//! sums use `maddubs`/`madd` on AVX2 and plain integer code otherwise, which are exact either
+//! way, and the float steps are the same on both.
+
+use super::isa::CpuFeatures;
+use super::kquant_dot::{q4k_quants, q5k_quants, q6k_quants, scales_mins};
+use rgml::quant::{BlockQ4_K, BlockQ5_K, BlockQ6_K, QK_K};
+use rgml::DType;
+
+/// ggml takes the tiled path from this many src1 rows (`ggml_tiled_min_batch`).
+pub(crate) const MIN_ROWS: usize = 8;
+
+/// Activation columns per call of [`row`] (a weight row's blocks are decoded once per call).
+pub(crate) const COLS: usize = 64;
+
+/// Bytes of a Q8_K block: `d` (f32), `qs` (256 i8), `bsums` (16 i16).
+const Q8K_BYTES: usize = 292;
+
+/// Whether weights of `dtype` take the tiled path with `rows` src1 rows.
+pub(crate) fn takes(dtype: DType, rows: usize) -> bool {
+    matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) && rows >= MIN_ROWS
+}
+
+/// One decoded weight super-block.
+#[repr(C, align(32))]
+struct Decoded {
+    /// Quants in element order, unsigned (Q6_K: `q + 32`).
+    q: [u8; QK_K],
+    /// The scale of each 16 quants, as `_mm256_madd_epi16` operands: chunk c's 16 lanes are
+    /// `scale(2c)` x 8 then `scale(2c + 1)` x 8.
+    scales: [[i16; 16]; 8],
+    /// Weights of the activation's per-16 sums: Q4_K/Q5_K the mins (each twice), Q6_K the
+    /// scales (for the `- 32` of its quants).
+    bsum_weights: [i16; 16],
+    d0: f32,
+    dmin0: f32,
+}
+
+impl Decoded {
+    fn new() -> Decoded {
+        Decoded {
+            q: [0; QK_K],
+            scales: [[0; 16]; 8],
+            bsum_weights: [0; 16],
+            d0: 0.0,
+            dmin0: 0.0,
+        }
+    }
+
+    /// Block `b` of a weight row of `K` (0: Q4_K, 1: Q5_K, 2: Q6_K) at `x`.
+    ///
+    /// # Safety
+    /// Block `b` of the row is readable at `x`.
+    #[inline(always)]
+    unsafe fn load<const K: u8>(&mut self, x: *const u8, b: usize) {
+        // SAFETY: as the caller promises; the reads are unaligned copies of one block.
+        unsafe {
+            match K {
+                0 => {
+                    let blk = x.cast::<BlockQ4_K>().add(b).read_unaligned();
+                    q4k_quants(&blk, &mut self.q);
+                    self.set_k4(blk.d, blk.dmin, &blk.scales);
+                }
+                1 => {
+                    let blk = x.cast::<BlockQ5_K>().add(b).read_unaligned();
+                    q5k_quants(&blk, &mut self.q);
+                    self.set_k4(blk.d, blk.dmin, &blk.scales);
+                }
+                _ => {
+                    let blk = x.cast::<BlockQ6_K>().add(b).read_unaligned();
+                    q6k_quants(&blk, &mut self.q);
+                    let sc = blk.scales.map(i16::from);
+                    for (c, lanes) in self.scales.iter_mut().enumerate() {
+                        lanes[..8].fill(sc[2 * c]);
+                        lanes[8..].fill(sc[2 * c + 1]);
+                    }
+                    self.bsum_weights = sc;
+                    self.d0 = blk.d.to_f32_const();
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn set_k4(&mut self, d: half::f16, dmin: half::f16, packed: &[u8; 12]) {
+        let (sc, m) = scales_mins(packed);
+        for (lanes, &s) in self.scales.iter_mut().zip(&sc) {
+            *lanes = [i16::from(s); 16];
+        }
+        for (j, &v) in m.iter().enumerate() {
+            self.bsum_weights[2 * j] = i16::from(v);
+            self.bsum_weights[2 * j + 1] = i16::from(v);
+        }
+        self.d0 = d.to_f32_const();
+        self.dmin0 = dmin.to_f32_const();
+    }
+}
+
+/// The Q8_K block at `p`: its scale, quants and per-16 sums.
+///
+/// # Safety
+/// 292 readable bytes at `p`.
+#[inline(always)]
+unsafe fn q8k_parts(p: *const u8) -> (f32, *const i8, [i16; 16]) {
+    // SAFETY: as the caller promises (d at 0, qs at 4, bsums at 260).
+    unsafe {
+        let d = p.cast::<f32>().read_unaligned();
+        let bsums = p.add(4 + QK_K).cast::<[i16; 16]>().read_unaligned();
+        (d, p.add(4).cast(), bsums)
+    }
+}
+
+/// `(s1, s2)` of a decoded block and an activation block, portable form.
+///
+/// # Safety
+/// 256 readable quants at `y`.
+#[inline(always)]
+unsafe fn sums_portable<const K: u8>(w: &Decoded, y: *const i8, bsums: &[i16; 16]) -> (i32, i32) {
+    // SAFETY: as the caller promises.
+    let y = unsafe { &*y.cast::<[i8; QK_K]>() };
+    let mut dot = 0i32;
+    for (j, (q, yv)) in w.q.chunks_exact(16).zip(y.chunks_exact(16)).enumerate() {
+        let s: i32 = q
+            .iter()
+            .zip(yv)
+            .map(|(&a, &b)| i32::from(a) * i32::from(b))
+            .sum();
+        dot += i32::from(w.scales[j / 2][8 * (j % 2)]) * s;
+    }
+    let corr: i32 = w
+        .bsum_weights
+        .iter()
+        .zip(bsums)
+        .map(|(&a, &b)| i32::from(a) * i32::from(b))
+        .sum();
+    finish::<K>(dot, corr)
+}
+
+/// `(s1, s2)` from the scaled quant products and the weighted bsums.
+#[inline(always)]
+fn finish<const K: u8>(dot: i32, corr: i32) -> (i32, i32) {
+    if K == 2 {
+        (dot - 32 * corr, 0)
+    } else {
+        (dot, corr)
+    }
+}
+
+/// The per-output float steps of one block (see the module docs).
+#[inline(always)]
+fn accumulate<const K: u8>(w: &Decoded, (s1, s2): (i32, i32), d1: f32, acc: &mut f32) {
+    let mut res = w.d0 * s1 as f32;
+    if K != 2 {
+        res = (-w.dmin0).mul_add(s2 as f32, res);
+    }
+    *acc = res.mul_add(d1, *acc);
+}
+
+/// `acc[c]` = the tiled product of the weight row at `x` (`nb` blocks of `dtype`) and the
+/// Q8_K activation row `y[c]`, for the first `y.len()` entries of `acc`.
+///
+/// # Safety
+/// `dtype` is Q4_K, Q5_K or Q6_K; `x` points at `nb` readable blocks of it, every `y[c]` at
+/// `nb` readable Q8_K blocks.
+pub(crate) unsafe fn row(
+    f: CpuFeatures,
+    dtype: DType,
+    nb: usize,
+    x: *const u8,
+    y: &[*const u8],
+    acc: &mut [f32],
+) {
+    macro_rules! go {
+        ($k:literal) => {{
+            #[cfg(target_arch = "x86_64")]
+            if f.has_avx2() {
+                // SAFETY: `f` says the CPU has AVX2, FMA and F16C; pointers as promised.
+                unsafe { row_avx2::<$k>(nb, x, y, acc) };
+                return;
+            }
+            // SAFETY: as promised by the caller.
+            unsafe { row_body::<$k, false>(nb, x, y, acc) }
+        }};
+    }
+    match dtype {
+        DType::Q4_K => go!(0),
+        DType::Q5_K => go!(1),
+        DType::Q6_K => go!(2),
+        _ => {}
+    }
+}
+
+/// [`row_body`] compiled for AVX2, FMA and F16C.
+///
+/// # Safety
+/// As [`row`], on a CPU with AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_avx2<const K: u8>(nb: usize, x: *const u8, y: &[*const u8], acc: &mut [f32]) {
+    // SAFETY: as promised by the caller.
+    unsafe { row_body::<K, true>(nb, x, y, acc) }
+}
+
+/// The row loop: each block decoded once, then every column's sums and float steps.
+///
+/// # Safety
+/// As [`row`]; with `AVX2`, the CPU has AVX2 and the caller is compiled with it.
+#[inline(always)]
+unsafe fn row_body<const K: u8, const AVX2: bool>(
+    nb: usize,
+    x: *const u8,
+    y: &[*const u8],
+    acc: &mut [f32],
+) {
+    let mut w = Decoded::new();
+    acc.fill(0.0);
+    for b in 0..nb {
+        // SAFETY: block `b < nb` of the row.
+        unsafe { w.load::<K>(x, b) };
+        for (a, &yc) in acc.iter_mut().zip(y) {
+            // SAFETY: block `b < nb` of an activation row.
+            let (d1, qs, bsums) = unsafe { q8k_parts(yc.add(b * Q8K_BYTES)) };
+            #[cfg(target_arch = "x86_64")]
+            let sums = if AVX2 {
+                // SAFETY: AVX2 (the caller's promise); 256 quants at `qs`.
+                unsafe { sums_avx2::<K>(&w, qs, &bsums) }
+            } else {
+                // SAFETY: 256 quants at `qs`.
+                unsafe { sums_portable::<K>(&w, qs, &bsums) }
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            // SAFETY: 256 quants at `qs`.
+            let sums = unsafe { sums_portable::<K>(&w, qs, &bsums) };
+            accumulate::<K>(&w, sums, d1, a);
+        }
+    }
+}
+
+/// [`sums_portable`] with AVX2: `maddubs` of the unsigned quants and the activations (pairs
+/// stay below 2 * 63 * 127), `madd` by the scales, an exact i32 reduction.
+///
+/// # Safety
+/// AVX2; 256 readable quants at `y`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sums_avx2<const K: u8>(w: &Decoded, y: *const i8, bsums: &[i16; 16]) -> (i32, i32) {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX2 as promised; loads inside `w` and the 256 quants at `y`.
+    unsafe {
+        let mut dot = _mm256_setzero_si256();
+        for c in 0..8 {
+            let q = _mm256_load_si256(w.q.as_ptr().add(32 * c).cast());
+            let yv = _mm256_loadu_si256(y.add(32 * c).cast());
+            let s = _mm256_loadu_si256(w.scales[c].as_ptr().cast());
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(q, yv), s));
+        }
+        let bw = _mm256_loadu_si256(w.bsum_weights.as_ptr().cast());
+        let corr = _mm256_madd_epi16(_mm256_loadu_si256(bsums.as_ptr().cast()), bw);
+        // Both reductions at once: dot in the low 128 bits, corr in the high.
+        let lo = _mm256_permute2x128_si256::<0x20>(dot, corr);
+        let hi = _mm256_permute2x128_si256::<0x31>(dot, corr);
+        let t = _mm256_add_epi32(lo, hi);
+        let t = _mm256_add_epi32(t, _mm256_shuffle_epi32::<0b01_00_11_10>(t));
+        let t = _mm256_add_epi32(t, _mm256_shuffle_epi32::<0b10_11_00_01>(t));
+        let dot = _mm256_cvtsi256_si32(t);
+        let corr = _mm_cvtsi128_si32(_mm256_extracti128_si256::<1>(t));
+        finish::<K>(dot, corr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn rows(rng: &mut StdRng, dtype: DType, n: usize, count: usize) -> Vec<Vec<u8>> {
+        (0..count)
+            .map(|_| {
+                let v: Vec<f32> = (0..n)
+                    .map(|_| {
+                        rng.gen_range(-1.0f32..1.0) * if rng.gen_bool(0.03) { 9.0 } else { 1.0 }
+                    })
+                    .collect();
+                let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
+                rgml::quant::quantize_row(dtype, &v, &mut b).unwrap();
+                b
+            })
+            .collect()
+    }
+
+    /// The AVX2 and portable forms give the same bits, and both are within f32 rounding of the
+    /// f64 product of the dequantized operands.
+    #[test]
+    fn simd_portable_and_f64_reference_agree() {
+        let f = CpuFeatures::detect();
+        let mut rng = StdRng::seed_from_u64(5);
+        let n = 3 * QK_K;
+        for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+            let w = rows(&mut rng, dtype, n, 3);
+            let a = rows(&mut rng, DType::Q8_K, n, 11);
+            let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();
+            for wr in &w {
+                let mut fast = vec![f32::NAN; y.len()];
+                let mut slow = vec![f32::NAN; y.len()];
+                // SAFETY: rows of `n / QK_K` blocks of their types.
+                unsafe {
+                    row(f, dtype, n / QK_K, wr.as_ptr(), &y, &mut fast);
+                    row(
+                        f.without_simd(),
+                        dtype,
+                        n / QK_K,
+                        wr.as_ptr(),
+                        &y,
+                        &mut slow,
+                    );
+                }
+                let mut wd = vec![0f32; n];
+                rgml::quant::dequantize_row(dtype, wr, &mut wd).unwrap();
+                for (c, ar) in a.iter().enumerate() {
+                    assert_eq!(fast[c].to_bits(), slow[c].to_bits(), "{dtype} column {c}");
+                    let mut ad = vec![0f32; n];
+                    rgml::quant::dequantize_row(DType::Q8_K, ar, &mut ad).unwrap();
+                    let exact: f64 = wd
+                        .iter()
+                        .zip(&ad)
+                        .map(|(&p, &q)| f64::from(p) * f64::from(q))
+                        .sum();
+                    let mag: f64 = wd
+                        .iter()
+                        .zip(&ad)
+                        .map(|(&p, &q)| (f64::from(p) * f64::from(q)).abs())
+                        .sum();
+                    let err = (f64::from(fast[c]) - exact).abs() / mag;
+                    assert!(
+                        err < 1e-5,
+                        "{dtype} column {c}: {} vs {exact} ({err})",
+                        fast[c]
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! MUL_MAT with quantized weights against the real ggml: the fixtures in
+//! `tests/fixtures/ggml_matmul/` hold weights quantized by ggml, f32 activations, and the
+//! products a native (`-march=native`, AVX2) ggml-cpu build computed for them with 1 and 2
+//! threads (`scripts/ggml_ref/gen_matmul.sh`). Batches of 1, 2, 5, 8 and 19 activation rows
+//! take every path ggml has: `vec_dot` pair by pair (1 row, and Q4_1/Q5_1 always), llamafile's
+//! tinyBLAS_Q0 (Q4_0/Q5_0/Q8_0 from 2 rows), and the tiled K-quant kernel (Q4_K/Q5_K/Q6_K from
+//! 8 rows). rgml must give the same bits on every path, with 1 and 2 threads.
+//!
+//! The `isa=avx512` arithmetic is asserted equal too: for quantized weights ggml's AVX-512
+//! builds run the same float operations (the `__AVX2__` `vec_dot` branches; tinyBLAS_Q0 on
+//! `__m256` with the same `hsum`; the VNNI tiled kernel's epilogue `buf + result * d1`, which
+//! GCC contracts into the AVX2 kernel's FMA), and only integer sums, exact either way, change
+//! instructions. See the fixtures' README.
+
+use rgml::alloc::alloc_ctx_tensors;
+use rgml::{Backend, Context, DType, Graph};
+use rgml_cpu::{CpuBackend, CpuDevice, CpuOptions, IsaChoice};
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ggml_matmul")
+}
+
+/// A little-endian reader over a fixture file.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        let s = &self.bytes[self.at..self.at + n];
+        self.at += n;
+        s
+    }
+
+    fn u32(&mut self) -> usize {
+        u32::from_le_bytes(self.take(4).try_into().unwrap()) as usize
+    }
+
+    fn f32s(&mut self, n: usize) -> Vec<f32> {
+        self.take(4 * n)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+}
+
+/// One weight matrix and ggml's products: `outputs[(batch, threads)]`, column-major `[b][n]`.
+struct Case {
+    dtype: DType,
+    k: usize,
+    n: usize,
+    weights: Vec<u8>,
+    outputs: Vec<(usize, usize, Vec<f32>)>,
+}
+
+fn ggml_dtype(id: usize) -> DType {
+    match id {
+        2 => DType::Q4_0,
+        3 => DType::Q4_1,
+        6 => DType::Q5_0,
+        7 => DType::Q5_1,
+        8 => DType::Q8_0,
+        12 => DType::Q4_K,
+        13 => DType::Q5_K,
+        14 => DType::Q6_K,
+        other => panic!("unexpected ggml type {other}"),
+    }
+}
+
+fn read_case(path: &Path) -> Case {
+    let bytes = std::fs::read(path).unwrap();
+    let mut r = Reader {
+        bytes: &bytes,
+        at: 0,
+    };
+    assert_eq!(r.take(8), b"RGMLMM1\0", "{}", path.display());
+    let dtype = ggml_dtype(r.u32());
+    let (k, n, nbatch) = (r.u32(), r.u32(), r.u32());
+    let batches: Vec<usize> = (0..nbatch).map(|_| r.u32()).collect();
+    let wbytes = r.u32();
+    let weights = r.take(wbytes).to_vec();
+    let mut outputs = Vec::new();
+    for &b in &batches {
+        for threads in [1, 2] {
+            outputs.push((b, threads, r.f32s(b * n)));
+        }
+    }
+    assert_eq!(r.at, bytes.len(), "{}", path.display());
+    Case {
+        dtype,
+        k,
+        n,
+        weights,
+        outputs,
+    }
+}
+
+/// The activations `[cols][k]` of the fixtures with row length `k`.
+fn read_x(k: usize) -> (usize, Vec<f32>) {
+    let bytes = std::fs::read(fixtures().join(format!("x_k{k}.bin"))).unwrap();
+    let mut r = Reader {
+        bytes: &bytes,
+        at: 0,
+    };
+    assert_eq!(r.u32(), k);
+    let cols = r.u32();
+    (cols, r.f32s(cols * k))
+}
+
+/// rgml's MUL_MAT of the case's weights by the first `b` activation rows.
+fn rgml_mul_mat(be: &mut CpuBackend, case: &Case, x: &[f32], b: usize) -> Vec<f32> {
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor(case.dtype, &[case.k, case.n]).unwrap();
+    let xt = ctx.new_tensor(DType::F32, &[case.k, b]).unwrap();
+    let y = ctx.mul_mat(w, xt).unwrap();
+    let graph = Graph::build(&mut ctx, &[y]).unwrap();
+    alloc_ctx_tensors(&mut ctx, &be.default_buffer_type()).unwrap();
+    ctx.tensor_set(w, 0, &case.weights).unwrap();
+    ctx.tensor_set_f32(xt, &x[..b * case.k]).unwrap();
+    be.graph_compute(&ctx, &graph).unwrap();
+    ctx.tensor_get_f32(y).unwrap()
+}
+
+fn cases() -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(fixtures())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('q') && n.ends_with(".bin"))
+        })
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// Every case, batch and thread count gives ggml's bits under the arithmetic `isa`; returns
+/// the mismatches as text.
+fn check(isa: IsaChoice) -> Vec<String> {
+    let options = CpuOptions {
+        isa: Some(isa),
+        ..Default::default()
+    };
+    let device = CpuDevice::with_options("CPU", &options);
+    let mut failures = Vec::new();
+    let paths = cases();
+    assert_eq!(paths.len(), 13, "fixture files");
+    for threads in [1, 2] {
+        let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
+        for path in &paths {
+            let case = read_case(path);
+            let (cols, x) = read_x(case.k);
+            for (b, ggml_threads, want) in &case.outputs {
+                assert!(*b <= cols);
+                let got = rgml_mul_mat(&mut be, &case, &x, *b);
+                let bad = got
+                    .iter()
+                    .zip(want)
+                    .filter(|(g, w)| g.to_bits() != w.to_bits())
+                    .count();
+                if bad > 0 {
+                    let first = got
+                        .iter()
+                        .zip(want)
+                        .find(|(g, w)| g.to_bits() != w.to_bits());
+                    failures.push(format!(
+                        "{} k {} batch {b} (ggml {ggml_threads} threads, rgml {threads}, {isa}): \
+                         {bad} of {} differ, e.g. {:?}",
+                        case.dtype,
+                        case.k,
+                        want.len(),
+                        first
+                    ));
+                }
+            }
+        }
+    }
+    failures
+}
+
+#[test]
+fn quantized_products_equal_ggml_avx2_bit_for_bit() {
+    let failures = check(IsaChoice::Avx2);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn quantized_products_equal_ggml_under_the_avx512_arithmetic() {
+    let failures = check(IsaChoice::Avx512);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The fixtures can tell the paths apart: for the K-quants, ggml's tiled kernel (8 and 19 rows)
+/// rounds differently from its `vec_dot` (1, 2 and 5 rows) on some outputs, so a product taking
+/// the wrong path fails the tests above.
+#[test]
+fn fixtures_distinguish_the_k_quant_paths() {
+    for path in cases() {
+        let case = read_case(&path);
+        if !matches!(case.dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
+            continue;
+        }
+        let column0 = |b: usize| {
+            let (_, _, v) = case
+                .outputs
+                .iter()
+                .find(|(bb, t, _)| *bb == b && *t == 1)
+                .unwrap();
+            v[..case.n]
+                .iter()
+                .map(|f| f.to_bits())
+                .collect::<Vec<u32>>()
+        };
+        assert_eq!(column0(1), column0(5), "{}: vec_dot columns", case.dtype);
+        assert_ne!(column0(1), column0(8), "{}: tiled vs vec_dot", case.dtype);
+    }
+}
