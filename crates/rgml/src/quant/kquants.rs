@@ -3,8 +3,11 @@
 //! Q4_K/Q5_K hold 8 sub-blocks of 32 with 6-bit scales and mins (packed into 12 bytes, see
 //! [`scale_min_k4`]) under f16 super-scales; Q6_K holds 16 sub-blocks of 16 with i8 scales;
 //! Q8_K is the f32-scaled activation format with per-16 sums for the k-quant dot products.
-//! Quantizers are ggml's `quantize_row_q*_K_ref` (no importance matrix), including its
-//! `nearest_int` rounding (round half to even) where ggml uses it.
+//! Quantizers are ggml's `quantize_row_q*_K_ref`, which is what `quantize_q4_K` ...
+//! `quantize_q6_K` (the functions llama-quantize calls) run when given no importance matrix,
+//! including its `nearest_int` rounding (round half to even) where ggml uses it. This module
+//! also owns the helpers the other k-quants share ([`nearest_int`], the `make_qkx2_quants`
+//! search).
 
 use super::QuantBlock;
 use crate::dtype::DType;

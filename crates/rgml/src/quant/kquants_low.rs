@@ -53,7 +53,8 @@ const _: () = {
 
 /// The 6-bit scale of Q3_K sub-block `j` (0..16), still offset by 32: bytes 0..8 hold the low
 /// nibbles (sub-blocks 0..8 low, 8..16 high), bytes 8..12 the high bit pairs, sub-block `j`'s at
-/// bits `2 * (j / 4)` of byte `8 + j % 4`.
+/// bits `2 * (j / 4)` of byte `8 + j % 4`. `j` is a sub-block index chosen by the caller and
+/// must be below 16.
 #[inline]
 pub fn q3_k_scale(j: usize, scales: &[u8; 12]) -> u8 {
     let low = if j < 8 {

@@ -452,3 +452,18 @@ fn quantizing_row_by_row_equals_one_row() {
         assert_eq!(parts, whole, "{dtype}");
     }
 }
+
+#[test]
+fn non_finite_input_does_not_panic() {
+    // ggml gives meaningless bytes for NaN/inf input; rgml must give bytes (not a panic) too.
+    let mut rng = StdRng::seed_from_u64(37);
+    let mut x = gaussianish(&mut rng, 512, 1.0);
+    x[3] = f32::NAN;
+    x[300] = f32::INFINITY;
+    x[301] = f32::NEG_INFINITY;
+    x[400] = f32::MAX;
+    for dtype in quantized() {
+        let y = round_trip(dtype, &x);
+        assert_eq!(y.len(), x.len(), "{dtype}");
+    }
+}
