@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# Bit-exactness fixtures from ggml's own C reference quantizers, for the types gguf-py cannot
-# quantize (Q8_1, Q4_K, Q5_K, Q6_K, Q8_K) and, as a second opinion, the legacy ones.
+# Bit-exactness fixtures from ggml's own C quantizers, run the way llama-quantize runs them
+# without an importance matrix: `quantize_<type>(src, dst, nrow, n_per_row, NULL)` for every
+# type that has one (q4_0 q4_1 q5_0 q5_1 q8_0 q2_K q3_K q4_K q5_K q6_K iq4_nl iq4_xs) and
+# `quantize_row_<type>_ref` for the activation types (q8_1 q8_K), plus ggml's
+# `dequantize_row_<type>` of those bytes for the types gguf-py's fixtures do not cover.
 #
-# Usage: scripts/ggml_ref/gen.sh /path/to/ggml-checkout   (needs gcc, python3 + numpy)
+# Usage: scripts/ggml_ref/gen.sh /root/.cache/rgml/llamacpp/llama-cpp-python-0.3.36/vendor/llama.cpp/ggml
+#        (the ggml tree vendored in llama-cpp-python 0.3.36, the documented source; any ggml
+#        tree with the same layout works). Needs gcc, python3 + numpy.
 # Output: crates/rgml/tests/fixtures/quant/ggml_ref/
-#   input.f32   raw little-endian f32 input (a multiple of 256 values)
-#   <type>.bin  quantize_row_<type>_ref(input) for q4_0 q4_1 q5_0 q5_1 q8_0 q8_1 q4_K q5_K q6_K q8_K
-#   SOURCE      the ggml commit the fixtures came from
-# The fixtures committed were made from ggml-org/ggml d99724f2 with gcc -O2 -ffp-contract=off
-# (no FMA contraction, which ggml's reference code does not rely on).
+#   input.f32       raw little-endian f32 input: 14 rows of 1280 values (17920), with edge blocks
+#   <type>.bin      the quantized input, for every quantized dtype rgml has
+#   <type>.deq.f32  dequantize_row_<type>(<type>.bin), for q2_K q3_K iq4_nl iq4_xs
+#   manifest.txt    per type: entry point, rows x values per row, whether the NULL path equals
+#                   quantize_row_<type>_ref (it does for all but iq4_nl), dequant fixture or not
+#   SOURCE          the ggml tree the fixtures came from
+# ggml-quants.c is compiled as ggml-base is for a release build on plain x86-64: -O2 -DNDEBUG
+# (asserts off), and -ffp-contract=off, which changes nothing there (baseline x86-64 has no FMA,
+# so ggml-base never fuses) but keeps the fixtures the same if this runs on a machine that does.
 set -euo pipefail
-GGML=${1:?usage: $0 /path/to/ggml}
+GGML=${1:?usage: $0 /path/to/ggml (e.g. the llama-cpp-python 0.3.36 vendored tree)}
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT="$HERE/../../crates/rgml/tests/fixtures/quant/ggml_ref"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
 
-gcc -O2 -ffp-contract=off -c "$GGML/src/ggml-quants.c" -I"$GGML/include" -I"$GGML/src" -o "$WORK/quants.o"
-gcc -O2 -ffp-contract=off -I"$GGML/include" -I"$GGML/src" "$HERE/ref_quant.c" "$WORK/quants.o" -lm -o "$WORK/ref_quant"
+CFLAGS=(-O2 -DNDEBUG -ffp-contract=off -march=x86-64 -I"$GGML/include" -I"$GGML/src")
+gcc "${CFLAGS[@]}" -c "$GGML/src/ggml-quants.c" -o "$WORK/quants.o"
+gcc "${CFLAGS[@]}" "$HERE/ref_quant.c" "$WORK/quants.o" -lm -o "$WORK/ref_quant"
 
 python3 - "$OUT/input.f32" "$HERE/../../crates/rgml/tests/fixtures/quant/q4_0.in.f32" <<'PY'
 import sys
@@ -38,10 +48,20 @@ parts = [
     (rng.standard_normal(256) * 1e4).astype(np.float32),
 ]
 x = np.concatenate(parts).astype("<f4")
-assert x.size % 256 == 0
+assert x.size % 1280 == 0
 x.tofile(sys.argv[1])
 PY
 
+rm -f "$OUT"/*.bin "$OUT"/*.deq.f32
 (cd "$OUT" && "$WORK/ref_quant" input.f32)
-echo "ggml-org/ggml $(git -C "$GGML" rev-parse HEAD 2>/dev/null || echo unknown)" > "$OUT/SOURCE"
+REV=$(git -C "$GGML" rev-parse HEAD 2>/dev/null || true)
+{
+    case "$GGML" in
+    *llama-cpp-python-0.3.36/vendor/llama.cpp/ggml*)
+        echo "ggml vendored in llama-cpp-python 0.3.36 (vendor/llama.cpp/ggml)" ;;
+    *) echo "ggml tree $(basename "$(dirname "$GGML")")/$(basename "$GGML") ${REV:-(no git revision)}" ;;
+    esac
+    echo "ggml-quants.c sha256 $(sha256sum "$GGML/src/ggml-quants.c" | cut -d' ' -f1)"
+    echo "built with gcc $(gcc -dumpfullversion) ${CFLAGS[*]:0:4}"
+} > "$OUT/SOURCE"
 echo "wrote $(ls "$OUT" | wc -l) files to $OUT"

@@ -1,36 +1,118 @@
-/* Quantizes input.f32 with ggml's C reference quantizers (quantize_row_*_ref) and writes
- * <type>.bin for each type. Built and run by scripts/ggml_ref/gen.sh; see there. */
+/* Quantizes input.f32 with ggml's own C quantizers, as llama-quantize runs them without an
+ * importance matrix, and writes the fixtures described in gen.sh (<type>.bin, <type>.deq.f32,
+ * manifest.txt). Built and run by scripts/ggml_ref/gen.sh; see there.
+ *
+ * For each type with a `quantize_<type>` entry point it calls that with quant_weights == NULL,
+ * treating the input as `nrow` rows of N_PER_ROW values (what llama-quantize does per tensor).
+ * It also checks, and records in the manifest, whether that output equals the type's
+ * `quantize_row_<type>_ref` over the whole input, so the fixtures say which algorithm the NULL
+ * path takes. Q8_1 and Q8_K are activation types with only a `_ref` quantizer. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <stdint.h>
 #include "ggml-quants.h"
 #include "ggml-common.h"
-void ggml_abort(const char * file, int line, const char * fmt, ...) { fprintf(stderr, "abort %s:%d\n", file, line); abort(); }
-size_t ggml_row_size(enum ggml_type t, int64_t n) { (void)t; (void)n; abort(); }
+
+/* ggml-quants.c needs these from ggml.c; only the row size is ever used on the paths called. */
+void ggml_abort(const char * file, int line, const char * fmt, ...) { (void)fmt; fprintf(stderr, "abort %s:%d\n", file, line); abort(); }
 const char * ggml_type_name(enum ggml_type t) { (void)t; return "?"; }
-size_t ggml_type_size(enum ggml_type t) { (void)t; abort(); }
-typedef void (*qfn)(const float *, void *, int64_t);
-static void run(const char *name, qfn f, size_t bs, size_t bb, const float *x, size_t n) {
-    size_t nb = n / bs;
-    void *out = calloc(nb, bb);
-    f(x, out, n);
-    char path[256]; snprintf(path, sizeof path, "%s.bin", name);
-    FILE *fp = fopen(path, "wb"); fwrite(out, bb, nb, fp); fclose(fp);
-    free(out);
+
+struct qtype {
+    const char * name;
+    enum ggml_type type;
+    int64_t blck;
+    size_t bytes;
+    size_t (*quantize)(const float *, void *, int64_t, int64_t, const float *); /* NULL: none */
+    void (*ref)(const float *, void *, int64_t);                                /* NULL: none */
+    /* Dequantized fixtures only for the types the gguf-py fixtures do not cover (the others
+     * would add 70 KiB each for a codec already checked bit for bit there). NULL: none. */
+    void (*dequant)(const void *, float *, int64_t);
+};
+
+#define Q(n, T, B) #n, GGML_TYPE_##T, B, sizeof(block_##n)
+static const struct qtype TYPES[] = {
+    { Q(q4_0, Q4_0, QK4_0), (void *)quantize_q4_0, (void *)quantize_row_q4_0_ref, NULL },
+    { Q(q4_1, Q4_1, QK4_1), (void *)quantize_q4_1, (void *)quantize_row_q4_1_ref, NULL },
+    { Q(q5_0, Q5_0, QK5_0), (void *)quantize_q5_0, (void *)quantize_row_q5_0_ref, NULL },
+    { Q(q5_1, Q5_1, QK5_1), (void *)quantize_q5_1, (void *)quantize_row_q5_1_ref, NULL },
+    { Q(q8_0, Q8_0, QK8_0), (void *)quantize_q8_0, (void *)quantize_row_q8_0_ref, NULL },
+    { Q(q8_1, Q8_1, QK8_1), NULL, (void *)quantize_row_q8_1_ref, NULL },
+    { Q(q2_K, Q2_K, QK_K), (void *)quantize_q2_K, (void *)quantize_row_q2_K_ref, (void *)dequantize_row_q2_K },
+    { Q(q3_K, Q3_K, QK_K), (void *)quantize_q3_K, (void *)quantize_row_q3_K_ref, (void *)dequantize_row_q3_K },
+    { Q(q4_K, Q4_K, QK_K), (void *)quantize_q4_K, (void *)quantize_row_q4_K_ref, NULL },
+    { Q(q5_K, Q5_K, QK_K), (void *)quantize_q5_K, (void *)quantize_row_q5_K_ref, NULL },
+    { Q(q6_K, Q6_K, QK_K), (void *)quantize_q6_K, (void *)quantize_row_q6_K_ref, NULL },
+    { Q(q8_K, Q8_K, QK_K), NULL, (void *)quantize_row_q8_K_ref, NULL },
+    { Q(iq4_nl, IQ4_NL, QK4_NL), (void *)quantize_iq4_nl, (void *)quantize_row_iq4_nl_ref, (void *)dequantize_row_iq4_nl },
+    { Q(iq4_xs, IQ4_XS, QK_K), (void *)quantize_iq4_xs, (void *)quantize_row_iq4_xs_ref, (void *)dequantize_row_iq4_xs },
+};
+#define NTYPES (sizeof TYPES / sizeof TYPES[0])
+
+/* Values per row handed to quantize_<type>: 5 super-blocks, so a row has several blocks. */
+#define N_PER_ROW 1280
+
+static const struct qtype * find(enum ggml_type t) {
+    for (size_t i = 0; i < NTYPES; ++i) if (TYPES[i].type == t) return &TYPES[i];
+    return NULL;
 }
-int main(int argc, char **argv) {
-    FILE *fp = fopen(argv[1], "rb"); fseek(fp, 0, SEEK_END); long len = ftell(fp); fseek(fp, 0, SEEK_SET);
-    float *x = malloc(len); fread(x, 1, len, fp); fclose(fp);
-    size_t n = len / 4;
-    run("q4_0", (qfn)quantize_row_q4_0_ref, 32, sizeof(block_q4_0), x, n);
-    run("q4_1", (qfn)quantize_row_q4_1_ref, 32, sizeof(block_q4_1), x, n);
-    run("q5_0", (qfn)quantize_row_q5_0_ref, 32, sizeof(block_q5_0), x, n);
-    run("q5_1", (qfn)quantize_row_q5_1_ref, 32, sizeof(block_q5_1), x, n);
-    run("q8_0", (qfn)quantize_row_q8_0_ref, 32, sizeof(block_q8_0), x, n);
-    run("q8_1", (qfn)quantize_row_q8_1_ref, 32, sizeof(block_q8_1), x, n);
-    run("q4_K", (qfn)quantize_row_q4_K_ref, 256, sizeof(block_q4_K), x, n);
-    run("q5_K", (qfn)quantize_row_q5_K_ref, 256, sizeof(block_q5_K), x, n);
-    run("q6_K", (qfn)quantize_row_q6_K_ref, 256, sizeof(block_q6_K), x, n);
-    run("q8_K", (qfn)quantize_row_q8_K_ref, 256, sizeof(block_q8_K), x, n);
+size_t ggml_type_size(enum ggml_type t) { const struct qtype * q = find(t); if (!q) abort(); return q->bytes; }
+size_t ggml_row_size(enum ggml_type t, int64_t n) {
+    const struct qtype * q = find(t);
+    if (!q || n % q->blck) abort();
+    return q->bytes * (size_t)(n / q->blck);
+}
+
+static void write_file(const char * name, const char * ext, const void * p, size_t len) {
+    char path[256];
+    snprintf(path, sizeof path, "%s%s", name, ext);
+    FILE * fp = fopen(path, "wb");
+    if (!fp || fwrite(p, 1, len, fp) != len || fclose(fp)) { perror(path); exit(1); }
+}
+
+int main(int argc, char ** argv) {
+    if (argc != 2) { fprintf(stderr, "usage: %s input.f32\n", argv[0]); return 1; }
+    FILE * fp = fopen(argv[1], "rb");
+    if (!fp) { perror(argv[1]); return 1; }
+    fseek(fp, 0, SEEK_END); long len = ftell(fp); fseek(fp, 0, SEEK_SET);
+    float * x = malloc(len);
+    if (fread(x, 1, len, fp) != (size_t)len) { perror(argv[1]); return 1; }
+    fclose(fp);
+    int64_t n = len / 4;
+    if (n % N_PER_ROW) { fprintf(stderr, "input is not whole rows of %d\n", N_PER_ROW); return 1; }
+    int64_t nrow = n / N_PER_ROW;
+
+    FILE * man = fopen("manifest.txt", "w");
+    fprintf(man, "# written by scripts/ggml_ref/ref_quant.c (run by gen.sh); one line per type:\n"
+                 "# <type> <entry point that made <type>.bin> <rows> <values per row> <NULL path vs _ref> <dequant>\n");
+    for (size_t i = 0; i < NTYPES; ++i) {
+        const struct qtype * t = &TYPES[i];
+        size_t bytes = (size_t)(n / t->blck) * t->bytes;
+        void * out = calloc(1, bytes), * ref = calloc(1, bytes);
+        t->ref(x, ref, n);
+        const char * same = "-";
+        if (t->quantize) {
+            size_t got = t->quantize(x, out, nrow, N_PER_ROW, NULL);
+            if (got != bytes) { fprintf(stderr, "%s: size %zu != %zu\n", t->name, got, bytes); return 1; }
+            same = memcmp(out, ref, bytes) ? "differs_from_ref" : "equals_ref";
+        } else {
+            memcpy(out, ref, bytes);
+        }
+        write_file(t->name, ".bin", out, bytes);
+        if (t->dequant) {
+            float * y = calloc(n, sizeof(float));
+            t->dequant(out, y, n);
+            write_file(t->name, ".deq.f32", y, n * sizeof(float));
+            free(y);
+        }
+        fprintf(man, "%s %s %lld %lld %s %s\n", t->name,
+                t->quantize ? "quantize_NULL" : "quantize_row_ref",
+                (long long)(t->quantize ? nrow : 1), (long long)(t->quantize ? N_PER_ROW : n),
+                same, t->dequant ? "deq" : "-");
+        printf("%-7s %s\n", t->name, t->quantize ? same : "(ref only)");
+        free(out); free(ref);
+    }
+    fclose(man);
+    free(x);
     return 0;
 }

@@ -225,3 +225,46 @@ fn open_maps_files_and_reports_io_errors() {
     assert_eq!(e.kind(), "io");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Offset of the first tensor's ggml type id in a file with no metadata: header (magic, version,
+/// tensor count, kv count), then the tensor's name (u64 length + bytes), n_dims and its dims.
+fn first_type_id(bytes: &[u8], name_len: usize, n_dims: usize) -> u32 {
+    let at = 4 + 4 + 8 + 8 + 8 + name_len + 4 + 8 * n_dims;
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+#[test]
+fn low_bit_and_iq4_tensors_round_trip_with_ggml_type_ids() {
+    // Real quantized rows (not filler bytes): the data must come back bit for bit and decode
+    // to what it decoded to before writing.
+    let x: Vec<f32> = (0..512)
+        .map(|i| (i as f32 * 0.37).sin() * 2.0 + 0.1)
+        .collect();
+    for (dtype, id) in [
+        (DType::Q2_K, 10),
+        (DType::Q3_K, 11),
+        (DType::IQ4_NL, 20),
+        (DType::IQ4_XS, 23),
+    ] {
+        let mut q = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
+        rgml::quant::quantize_row(dtype, &x, &mut q).unwrap();
+        let mut w = GgufWriter::new();
+        w.add_tensor("w", dtype, &[256, 2], &q).unwrap();
+        let bytes = w.to_bytes().unwrap();
+        assert_eq!(first_type_id(&bytes, 1, 2), id, "{dtype}");
+        let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+        let t = f.tensor("w").unwrap();
+        assert_eq!((t.dtype, t.ne, t.size), (dtype, [256, 2, 1, 1], q.len()));
+        assert_eq!(f.tensor_data(t), &q[..], "{dtype}");
+        let (mut before, mut after) = (vec![0.0f32; 512], vec![0.0f32; 512]);
+        rgml::quant::dequantize_row(dtype, &q, &mut before).unwrap();
+        rgml::quant::dequantize_row(dtype, f.tensor_data(t), &mut after).unwrap();
+        assert_eq!(before, after, "{dtype}");
+        let again = GgufWriter::from_file(&f).unwrap().to_bytes().unwrap();
+        assert!(again == bytes, "{dtype}");
+        // A row that is not whole blocks of the type is refused.
+        assert!(GgufWriter::new()
+            .add_tensor("bad", dtype, &[dtype.block_size() / 2, 1], &q)
+            .is_err());
+    }
+}

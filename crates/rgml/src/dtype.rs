@@ -31,6 +31,10 @@ pub enum DType {
     Q8_0,
     /// 8-bit, 32 per block, scale and scaled sum (activation type for Q4_1/Q5_1 dot products).
     Q8_1,
+    /// 2-bit k-quant, 256 per super-block (16 sub-blocks with 4-bit scales and mins).
+    Q2_K,
+    /// 3-bit k-quant, 256 per super-block (16 sub-blocks with 6-bit scales).
+    Q3_K,
     /// 4-bit k-quant, 256 per super-block.
     Q4_K,
     /// 5-bit k-quant, 256 per super-block.
@@ -39,11 +43,15 @@ pub enum DType {
     Q6_K,
     /// 8-bit k-quant, 256 per super-block (activation type for k-quant dot products).
     Q8_K,
+    /// 4-bit non-linear (codebook) quant, 32 per block, scale only.
+    IQ4_NL,
+    /// 4-bit non-linear quant, 256 per super-block with 6-bit sub-block scales.
+    IQ4_XS,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 14] = [
+    pub const ALL: [DType; 18] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -54,18 +62,34 @@ impl DType {
         DType::Q5_1,
         DType::Q8_0,
         DType::Q8_1,
+        DType::Q2_K,
+        DType::Q3_K,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
         DType::Q8_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
     ];
 
     /// Elements per block (1 for plain types).
     pub const fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 | DType::I32 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 => 32,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => 256,
+            DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q8_1
+            | DType::IQ4_NL => 32,
+            DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::Q8_K
+            | DType::IQ4_XS => 256,
         }
     }
 
@@ -80,10 +104,14 @@ impl DType {
             DType::Q5_1 => 24,
             DType::Q8_0 => 34,
             DType::Q8_1 => 36,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
             DType::Q4_K => 144,
             DType::Q5_K => 176,
             DType::Q6_K => 210,
             DType::Q8_K => 292,
+            DType::IQ4_NL => 18,
+            DType::IQ4_XS => 136,
         }
     }
 
@@ -110,10 +138,14 @@ impl DType {
             DType::Q5_1 => "q5_1",
             DType::Q8_0 => "q8_0",
             DType::Q8_1 => "q8_1",
+            DType::Q2_K => "q2_K",
+            DType::Q3_K => "q3_K",
             DType::Q4_K => "q4_K",
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
             DType::Q8_K => "q8_K",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ4_XS => "iq4_xs",
         }
     }
 
@@ -136,10 +168,14 @@ impl DType {
             DType::Q5_1 => 7,
             DType::Q8_0 => 8,
             DType::Q8_1 => 9,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
             DType::Q4_K => 12,
             DType::Q5_K => 13,
             DType::Q6_K => 14,
             DType::Q8_K => 15,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::I32 => 26,
             DType::BF16 => 30,
         }
@@ -171,9 +207,11 @@ impl DType {
     /// (ggml's `vec_dot_type`). Plain types return themselves.
     pub const fn vec_dot_type(self) -> DType {
         match self {
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => DType::Q8_0,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL => DType::Q8_0,
             DType::Q4_1 | DType::Q5_1 => DType::Q8_1,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => DType::Q8_K,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                DType::Q8_K
+            }
             other => other,
         }
     }
@@ -205,6 +243,28 @@ mod tests {
         assert_eq!(DType::Q6_K.row_bytes(512).unwrap(), 420);
         assert!(DType::Q4_0.row_bytes(33).is_err());
         assert_eq!(DType::F16.row_bytes(3).unwrap(), 6);
+        assert_eq!(DType::Q2_K.row_bytes(512).unwrap(), 168);
+        assert_eq!(DType::IQ4_NL.row_bytes(64).unwrap(), 36);
+        assert!(DType::IQ4_XS.row_bytes(32).is_err());
+    }
+
+    #[test]
+    fn low_bit_and_iq4_types_have_ggml_ids_and_names() {
+        // ggml.h's enum ggml_type and ggml.c's type_traits names.
+        let expect = [
+            (DType::Q2_K, 10, "q2_K", 256, 84, DType::Q8_K),
+            (DType::Q3_K, 11, "q3_K", 256, 110, DType::Q8_K),
+            (DType::IQ4_NL, 20, "iq4_nl", 32, 18, DType::Q8_0),
+            (DType::IQ4_XS, 23, "iq4_xs", 256, 136, DType::Q8_K),
+        ];
+        for (t, id, name, bs, bb, dot) in expect {
+            assert_eq!(DType::from_ggml_id(id).unwrap(), t);
+            assert_eq!(t.name(), name);
+            assert_eq!(DType::from_name(&name.to_uppercase()).unwrap(), t);
+            assert_eq!((t.block_size(), t.block_bytes()), (bs, bb), "{t}");
+            assert_eq!(t.vec_dot_type(), dot, "{t}");
+            assert!(t.is_quantized() && t.is_float());
+        }
     }
 }
 

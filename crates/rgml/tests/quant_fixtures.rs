@@ -1,7 +1,8 @@
 //! Bit-exactness against gguf-py (ggml's Python port of the GGUF codecs) and ggml's C reference.
 //!
 //! The fixtures come from `scripts/gen_quant_fixtures.py` (its docstring describes the format)
-//! and, for ggml's C reference quantizers, `scripts/ggml_ref/gen.sh`.
+//! and, for ggml's C quantizers as llama-quantize runs them (`quantize_<type>(..., NULL)`) and
+//! its C dequantizers, `scripts/ggml_ref/gen.sh` (its header describes the format).
 
 use rgml::quant::{dequantize_row, quantize_row};
 use rgml::DType;
@@ -130,24 +131,110 @@ fn quantize_is_bit_identical_to_gguf() {
     }
 }
 
-/// ggml's own C reference quantizers (`quantize_row_*_ref`), for every quantized type including
-/// those gguf-py cannot quantize (Q8_1 and the k-quants). Made by `scripts/ggml_ref/gen.sh`.
+/// One line of `ggml_ref/manifest.txt` (written by `scripts/ggml_ref/ref_quant.c`).
+struct GgmlRef {
+    dtype: DType,
+    /// `quantize_NULL` (ggml's `quantize_<type>(..., NULL)`) or `quantize_row_ref`.
+    entry: String,
+    rows: usize,
+    per_row: usize,
+    has_dequant: bool,
+}
+
+fn ggml_ref_manifest() -> Vec<GgmlRef> {
+    let text = String::from_utf8(read("ggml_ref/manifest.txt")).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 6, "bad manifest line {l:?}");
+            GgmlRef {
+                dtype: DType::from_name(f[0]).unwrap(),
+                entry: f[1].to_string(),
+                rows: f[2].parse().unwrap(),
+                per_row: f[3].parse().unwrap(),
+                has_dequant: f[5] == "deq",
+            }
+        })
+        .collect()
+}
+
+fn assert_same_bytes(dtype: DType, what: &str, got: &[u8], expect: &[u8]) {
+    assert_eq!(got.len(), expect.len(), "{dtype} {what}");
+    if let Some((i, g, e)) = first_diff(got, expect) {
+        let bb = dtype.block_bytes();
+        panic!(
+            "{dtype} {what}: byte {i} (block {}, offset {}): got {g:#04x}, ggml {e:#04x}",
+            i / bb,
+            i % bb
+        );
+    }
+}
+
+#[test]
+fn ggml_ref_manifest_covers_every_quantized_type_via_llama_quantize_path() {
+    let m = ggml_ref_manifest();
+    for dtype in DType::ALL.into_iter().filter(|t| t.is_quantized()) {
+        let f = m.iter().find(|f| f.dtype == dtype);
+        let f = f.unwrap_or_else(|| panic!("{dtype}: no ggml_ref fixture"));
+        // Weight types come from the entry point llama-quantize uses; only the activation
+        // types (which ggml never writes to files) come from the row reference.
+        let activation = matches!(dtype, DType::Q8_1 | DType::Q8_K);
+        let want = if activation {
+            "quantize_row_ref"
+        } else {
+            "quantize_NULL"
+        };
+        assert_eq!(f.entry, want, "{dtype}");
+    }
+    for t in [DType::Q2_K, DType::Q3_K, DType::IQ4_NL, DType::IQ4_XS] {
+        assert!(m.iter().any(|f| f.dtype == t && f.has_dequant), "{t}");
+    }
+}
+
+/// ggml's own C quantizers as llama-quantize calls them without an importance matrix
+/// (`quantize_<type>(src, dst, nrow, n_per_row, NULL)`; `quantize_row_*_ref` for Q8_1/Q8_K),
+/// for every quantized type including those gguf-py cannot quantize. Made by
+/// `scripts/ggml_ref/gen.sh`. rgml must give the same bytes whether the input is handed over
+/// as one row or as ggml's rows.
 #[test]
 fn quantize_is_bit_identical_to_ggml_c_reference() {
     let input = read_f32("ggml_ref/input.f32");
-    assert_eq!(input.len() % 256, 0);
-    for dtype in DType::ALL.into_iter().filter(|t| t.is_quantized()) {
-        let name = dtype.name();
-        let expect = read(&format!("ggml_ref/{name}.bin"));
+    for f in ggml_ref_manifest() {
+        let dtype = f.dtype;
+        assert_eq!(f.rows * f.per_row, input.len(), "{dtype}");
+        let expect = read(&format!("ggml_ref/{}.bin", dtype.name()));
         let mut got = vec![0u8; dtype.row_bytes(input.len()).unwrap()];
         quantize_row(dtype, &input, &mut got).unwrap();
-        assert_eq!(got.len(), expect.len(), "{name}");
-        if let Some((i, g, e)) = first_diff(&got, &expect) {
-            let bb = dtype.block_bytes();
+        assert_same_bytes(dtype, "as one row", &got, &expect);
+        let row_bytes = dtype.row_bytes(f.per_row).unwrap();
+        let mut by_row = vec![0u8; got.len()];
+        for (x, out) in input
+            .chunks_exact(f.per_row)
+            .zip(by_row.chunks_exact_mut(row_bytes))
+        {
+            quantize_row(dtype, x, out).unwrap();
+        }
+        assert_same_bytes(dtype, "row by row", &by_row, &expect);
+    }
+}
+
+/// ggml's `dequantize_row_*` of its own bytes, for the types the gguf-py fixtures lack.
+#[test]
+fn dequantize_is_bit_identical_to_ggml_c_reference() {
+    for f in ggml_ref_manifest().into_iter().filter(|f| f.has_dequant) {
+        let name = f.dtype.name();
+        let bytes = read(&format!("ggml_ref/{name}.bin"));
+        let expect = read_f32(&format!("ggml_ref/{name}.deq.f32"));
+        let mut got = vec![0.0f32; expect.len()];
+        dequantize_row(f.dtype, &bytes, &mut got).unwrap();
+        let got_bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+        let expect_bits: Vec<u32> = expect.iter().map(|v| v.to_bits()).collect();
+        if let Some((i, g, e)) = first_diff(&got_bits, &expect_bits) {
             panic!(
-                "{name}: byte {i} (block {}, offset {}): got {g:#04x}, ggml {e:#04x}",
-                i / bb,
-                i % bb
+                "{name}: element {i}: got {} ({g:#010x}), ggml {} ({e:#010x})",
+                f32::from_bits(*g),
+                f32::from_bits(*e)
             );
         }
     }

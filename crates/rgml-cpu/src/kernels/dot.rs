@@ -40,6 +40,10 @@ pub fn vec_dot(f: CpuFeatures, xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Re
         DType::Q5_K => dot_q5_k_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::Q6_K => dot_q6_k_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::I32 | DType::Q8_1 | DType::Q8_K => return Err(Error::UnsupportedConversion(xtype)),
+        // Weight types the core can store and decode but that have no dot kernel yet.
+        DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS => {
+            return Err(Error::UnsupportedConversion(xtype))
+        }
     })
 }
 

@@ -3,8 +3,11 @@
 //! Q4_K/Q5_K hold 8 sub-blocks of 32 with 6-bit scales and mins (packed into 12 bytes, see
 //! [`scale_min_k4`]) under f16 super-scales; Q6_K holds 16 sub-blocks of 16 with i8 scales;
 //! Q8_K is the f32-scaled activation format with per-16 sums for the k-quant dot products.
-//! Quantizers are ggml's `quantize_row_q*_K_ref` (no importance matrix), including its
-//! `nearest_int` rounding (round half to even) where ggml uses it.
+//! Quantizers are ggml's `quantize_row_q*_K_ref`, which is what `quantize_q4_K` ...
+//! `quantize_q6_K` (the functions llama-quantize calls) run when given no importance matrix,
+//! including its `nearest_int` rounding (round half to even) where ggml uses it. This module
+//! also owns the helpers the other k-quants share ([`nearest_int`], the `make_qkx2_quants`
+//! search).
 
 use super::QuantBlock;
 use crate::dtype::DType;
@@ -17,7 +20,7 @@ pub const QK_K: usize = 256;
 pub const K_SCALE_SIZE: usize = 12;
 
 /// Below this magnitude a group counts as all-zero (ggml's `GROUP_MAX_EPS`).
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// Q4_K: 8 sub-blocks of 32, `x = d * sc * q - dmin * m`, q in 0..16.
 #[repr(C)]
@@ -121,76 +124,87 @@ pub(super) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; K_SCALE_SIZE
     s
 }
 
-/// ggml's `make_qkx2_quants` for one sub-block of 32: fits `x ~ scale * L - min` with
-/// `L` in `0..=nmax`, searching `nstep + 1` candidate scales around `nmax / (max - min)` to
-/// minimise the weighted squared error. Returns `(scale, min)` with `min >= 0`.
-#[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
-    nmax: i32,
-    x: &[f32; 32],
-    weights: &[f32; 32],
-    l_out: &mut [u8; 32],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-) -> (f32, f32) {
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..32 {
-        if x[i] < min {
-            min = x[i];
+/// The search parameters of ggml's `make_qkx2_quants`: quants in `0..=nmax`, and `nstep + 1`
+/// candidate inverse scales `(nmax + rmin + rdelta * is) / (max - min)`; `use_mad` measures the
+/// error as weighted absolute rather than squared differences.
+pub(super) struct Qkx2 {
+    pub nmax: i32,
+    pub rmin: f32,
+    pub rdelta: f32,
+    pub nstep: i32,
+    pub use_mad: bool,
+}
+
+impl Qkx2 {
+    /// The weighted error term of one element, as ggml accumulates it.
+    fn err(&self, w: f32, diff: f32) -> f32 {
+        w * if self.use_mad {
+            diff.abs()
+        } else {
+            diff * diff
         }
-        if x[i] > max {
-            max = x[i];
+    }
+
+    /// Quantize `l.len()` values, returning the quants in `l` in `0..=nmax`.
+    fn quants(&self, iscale: f32, min: f32, x: &[f32], l: &mut [u8]) {
+        for (o, &v) in l.iter_mut().zip(x) {
+            *o = nearest_int(iscale * (v - min)).clamp(0, self.nmax) as u8;
         }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
     }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max == min {
-        *l_out = [0; 32];
-        return (0.0, -min);
-    }
-    let nmax_f = nmax as f32;
-    let mut iscale = nmax_f / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0.0f32;
-    for i in 0..32 {
-        let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-        l_out[i] = l as u8;
-        let diff = scale * l as f32 + min - x[i];
-        best_error += weights[i] * (diff * diff);
-    }
-    let mut laux = [0u8; 32];
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax_f) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..32 {
-            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            laux[i] = l as u8;
-            let w = weights[i];
-            let lf = l as f32;
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
-        }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+
+    /// ggml's `make_qkx2_quants` for one sub-block (16 or 32 values): fits `x ~ scale * L - min`
+    /// by trying each candidate scale and keeping the least-squares fit of the best
+    /// quantization. Returns `(scale, min)` with `min >= 0`, and the quants in `l_out`.
+    pub fn search<const N: usize>(
+        &self,
+        x: &[f32; N],
+        weights: &[f32; N],
+        l_out: &mut [u8; N],
+    ) -> (f32, f32) {
+        let (mut min, mut max) = (x[0], x[0]);
+        let mut sum_w = weights[0];
+        let mut sum_x = sum_w * x[0];
+        for i in 1..N {
+            if x[i] < min {
+                min = x[i];
             }
+            if x[i] > max {
+                max = x[i];
+            }
+            sum_w += weights[i];
+            sum_x += weights[i] * x[i];
+        }
+        if min > 0.0 {
+            min = 0.0;
+        }
+        if max == min {
+            *l_out = [0; N];
+            return (0.0, -min);
+        }
+        let nmax_f = self.nmax as f32;
+        let iscale = nmax_f / (max - min);
+        let mut scale = 1.0 / iscale;
+        self.quants(iscale, min, x, l_out);
+        let mut best_error = 0.0f32;
+        for i in 0..N {
+            best_error += self.err(weights[i], scale * f32::from(l_out[i]) + min - x[i]);
+        }
+        if self.nstep < 1 {
+            return (scale, -min);
+        }
+        let mut laux = [0u8; N];
+        for is in 0..=self.nstep {
+            let iscale = (self.rmin + self.rdelta * is as f32 + nmax_f) / (max - min);
+            self.quants(iscale, min, x, &mut laux);
+            let Some((this_scale, this_min)) = fit(&laux, x, weights, sum_w, sum_x) else {
+                continue;
+            };
             let mut cur_error = 0.0f32;
-            for i in 0..32 {
-                let diff = this_scale * f32::from(laux[i]) + this_min - x[i];
-                cur_error += weights[i] * (diff * diff);
+            for i in 0..N {
+                cur_error += self.err(
+                    weights[i],
+                    this_scale * f32::from(laux[i]) + this_min - x[i],
+                );
             }
             if cur_error < best_error {
                 *l_out = laux;
@@ -199,8 +213,31 @@ fn make_qkx2_quants(
                 min = this_min;
             }
         }
+        (scale, -min)
     }
-    (scale, -min)
+}
+
+/// Weighted least-squares `(scale, min)` (min <= 0) for fixed quants `l`, as in
+/// `make_qkx2_quants`; `None` when the system is singular.
+fn fit(l: &[u8], x: &[f32], weights: &[f32], sum_w: f32, sum_x: f32) -> Option<(f32, f32)> {
+    let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+    for ((&q, &v), &w) in l.iter().zip(x).zip(weights) {
+        let lf = f32::from(q);
+        sum_l += w * lf;
+        sum_l2 += w * lf * lf;
+        sum_xl += w * lf * v;
+    }
+    let det = sum_w * sum_l2 - sum_l * sum_l;
+    if det <= 0.0 || det.is_nan() {
+        return None;
+    }
+    let this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+    let this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+    if this_min > 0.0 {
+        Some((sum_xl / sum_l2, 0.0))
+    } else {
+        Some((this_scale, this_min))
+    }
 }
 
 /// ggml's `make_qx_quants` for one sub-block of 16 with `rmse_type == 1` (weights `x^2`) and no
@@ -283,7 +320,14 @@ fn quantize_k_scale_min(
         let av_x = (sum_x2 / 32.0).sqrt();
         let weights: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
         let mut lj = [0u8; 32];
-        let (scale, min) = make_qkx2_quants(nmax, xs, &weights, &mut lj, rmin, 0.1, nstep);
+        let search = Qkx2 {
+            nmax,
+            rmin,
+            rdelta: 0.1,
+            nstep,
+            use_mad: false,
+        };
+        let (scale, min) = search.search(xs, &weights, &mut lj);
         l[32 * j..32 * j + 32].copy_from_slice(&lj);
         scales[j] = scale;
         mins[j] = min;

@@ -3,7 +3,8 @@
 //! Element `j` of a block is in the low nibble of byte `j` for `j < 16` and in the high nibble of
 //! byte `j - 16` otherwise; the 5-bit types keep bit 4 of element `j` in bit `j` of `qh`
 //! (little-endian u32). Quantizers follow ggml's `quantize_row_*_ref` exactly, including its
-//! truncating float-to-int casts.
+//! truncating float-to-int casts; that is also what `quantize_q4_0` ... `quantize_q8_0` (the
+//! functions llama-quantize calls) run when given no importance matrix.
 
 use super::QuantBlock;
 use crate::dtype::DType;

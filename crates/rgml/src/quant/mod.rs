@@ -2,8 +2,12 @@
 //!
 //! This module owns the bit layout of every quantized block (bit-compatible with ggml and GGUF)
 //! and the *reference* conversions between f32 and each storage dtype: ggml's
-//! `quantize_row_*_ref` / `dequantize_row_*` algorithms, reproduced with the same rounding so that
-//! files written by rgml are byte-identical to ggml's. Kernels that compute on blocks (dot
+//! quantizers as `llama-quantize` runs them without an importance matrix (`quantize_<type>(...,
+//! NULL)`, which for most types is `quantize_row_*_ref`) and `dequantize_row_*`, reproduced with
+//! the same float arithmetic and rounding so that files written by rgml are byte-identical to
+//! ggml's. Every quantizer here works block by block (a block's bytes depend on that block's
+//! values only), so a "row" may hold any number of blocks and the result does not depend on how
+//! rows are grouped, just as with ggml's NULL-imatrix paths. Kernels that compute on blocks (dot
 //! products, matmul) live in the backends and use the block structs exported here.
 //!
 //! Two levels of API:
@@ -12,12 +16,16 @@
 //! - [`QuantBlock`], [`quantize_blocks`], [`dequantize_blocks`] and [`cast_blocks`]: typed
 //!   blocks, for kernels that want to skip the per-call dispatch.
 
+mod iq4;
 mod kquants;
+mod kquants_low;
 mod legacy;
 
+pub use iq4::{best_index_iq4nl, BlockIQ4_NL, BlockIQ4_XS, KVALUES_IQ4NL, QK4_NL};
 pub use kquants::{
     nearest_int, scale_min_k4, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K, K_SCALE_SIZE, QK_K,
 };
+pub use kquants_low::{q3_k_scale, BlockQ2_K, BlockQ3_K};
 pub use legacy::{
     BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK4_0, QK4_1, QK5_0, QK5_1,
     QK8_0, QK8_1,
@@ -35,7 +43,7 @@ pub trait QuantBlock: Pod {
     const DTYPE: DType;
     /// The decoded values of one block: `[f32; DTYPE.block_size()]`.
     type Values: Pod;
-    /// Encode one block with ggml's reference algorithm.
+    /// Encode one block as ggml's NULL-imatrix quantizer for the type does.
     fn quantize(x: &Self::Values) -> Self;
     /// Decode one block.
     fn dequantize(&self, y: &mut Self::Values);
@@ -196,10 +204,14 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::Q5_1 => quantize_bytes::<BlockQ5_1>(src, dst),
         DType::Q8_0 => quantize_bytes::<BlockQ8_0>(src, dst),
         DType::Q8_1 => quantize_bytes::<BlockQ8_1>(src, dst),
+        DType::Q2_K => quantize_bytes::<BlockQ2_K>(src, dst),
+        DType::Q3_K => quantize_bytes::<BlockQ3_K>(src, dst),
         DType::Q4_K => quantize_bytes::<BlockQ4_K>(src, dst),
         DType::Q5_K => quantize_bytes::<BlockQ5_K>(src, dst),
         DType::Q6_K => quantize_bytes::<BlockQ6_K>(src, dst),
         DType::Q8_K => quantize_bytes::<BlockQ8_K>(src, dst),
+        DType::IQ4_NL => quantize_bytes::<BlockIQ4_NL>(src, dst),
+        DType::IQ4_XS => quantize_bytes::<BlockIQ4_XS>(src, dst),
     }
 }
 
@@ -244,10 +256,14 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         DType::Q5_1 => dequantize_bytes::<BlockQ5_1>(src, dst),
         DType::Q8_0 => dequantize_bytes::<BlockQ8_0>(src, dst),
         DType::Q8_1 => dequantize_bytes::<BlockQ8_1>(src, dst),
+        DType::Q2_K => dequantize_bytes::<BlockQ2_K>(src, dst),
+        DType::Q3_K => dequantize_bytes::<BlockQ3_K>(src, dst),
         DType::Q4_K => dequantize_bytes::<BlockQ4_K>(src, dst),
         DType::Q5_K => dequantize_bytes::<BlockQ5_K>(src, dst),
         DType::Q6_K => dequantize_bytes::<BlockQ6_K>(src, dst),
         DType::Q8_K => dequantize_bytes::<BlockQ8_K>(src, dst),
+        DType::IQ4_NL => dequantize_bytes::<BlockIQ4_NL>(src, dst),
+        DType::IQ4_XS => dequantize_bytes::<BlockIQ4_XS>(src, dst),
     }
 }
 
