@@ -29,6 +29,9 @@ pub(super) struct Engine {
     pub(super) pool: Option<Pool>,
     pub(super) abort: Option<Mutex<AbortCallback>>,
     pub(super) work: AlignedMem,
+    /// One work counter per node of the running job ([`ThreadCtx::claim`]), reset before each
+    /// run; kept between runs so a run does not allocate.
+    pub(super) claims: Vec<AtomicUsize>,
 }
 
 pub(super) fn align64(n: usize) -> Result<usize> {
@@ -85,6 +88,13 @@ impl Engine {
             len: self.work.len(),
         };
         let barrier = SpinBarrier::new(nth);
+        if self.claims.len() < tasks.len() {
+            self.claims.resize_with(tasks.len(), || AtomicUsize::new(0));
+        }
+        for c in &mut self.claims[..tasks.len()] {
+            *c.get_mut() = 0;
+        }
+        let claims = &self.claims[..tasks.len()];
         let stop_at = AtomicUsize::new(usize::MAX);
         let error: Mutex<Option<(usize, Error)>> = Mutex::new(None);
         let abort = self.abort.as_ref();
@@ -128,6 +138,7 @@ impl Engine {
                     scratch: &mut *scratch,
                     shared,
                     barrier: &barrier,
+                    claim: &claims[j],
                 };
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     kernels::compute(task, &mut tc)

@@ -115,6 +115,7 @@ impl CpuBackend {
                 pool: None,
                 abort: None,
                 work: AlignedMem::new(0, CPU_ALIGNMENT, "CPU work area")?,
+                claims: Vec::new(),
             })),
             worker: None,
             plans: Vec::with_capacity(PLAN_SLOTS),

@@ -108,7 +108,8 @@ pub(crate) fn products(
             .min(m.max(1));
         let nblk = m.div_ceil(blk);
         let row_bytes = a.row_bytes();
-        for unit in super::split(weight_batches * nblk, tc.ith, tc.nth) {
+        // Blocks on demand: a descheduled thread's share goes to the others.
+        for unit in super::claimed(tc.claim, weight_batches * nblk) {
             let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
             let i0 = (unit % nblk) * blk;
             let rows = i0..(i0 + blk).min(m);

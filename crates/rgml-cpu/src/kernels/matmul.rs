@@ -464,7 +464,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let nblk = ne01.div_ceil(blk);
         let tiled = super::tiled::supported(f, a.dtype);
         let ktiled = super::ktiled::takes(a.dtype, self.ne11);
-        for unit in super::split(batches * nblk, tc.ith, tc.nth) {
+        // Blocks on demand: a descheduled thread's share goes to the others.
+        for unit in super::claimed(tc.claim, batches * nblk) {
             let batch = unit / nblk;
             let i0 = (unit % nblk) * blk;
             let (i12, i13) = (batch % ne12, batch / ne12);
@@ -751,7 +752,8 @@ fn float_products(
     let single_f16 = a.dtype == DType::F16 && dst.ne[1] == 1;
     // F16 rows (the KV cache) widen in registers instead of being decoded first.
     let direct_f16 = !single_f16 && avx512 && a.dtype == DType::F16 && cfg!(target_arch = "x86_64");
-    for unit in super::split(weight_batches * nblk, tc.ith, tc.nth) {
+    // Blocks on demand: a descheduled thread's share goes to the others.
+    for unit in super::claimed(tc.claim, weight_batches * nblk) {
         let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
         let i0 = (unit % nblk) * blk;
         let rows0 = i0..(i0 + blk).min(ne01);

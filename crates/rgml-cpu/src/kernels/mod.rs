@@ -57,6 +57,7 @@ use crate::barrier::SpinBarrier;
 pub(crate) use isa::CpuFeatures;
 use rgml::{Context, DType, Error, Op, OpKind, Result, Tensor, TensorId};
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A tensor as kernels see it: a base pointer, dtype, shape and byte strides.
 #[derive(Clone, Copy, Debug)]
@@ -189,6 +190,8 @@ pub(crate) struct ThreadCtx<'a> {
     pub shared: SharedWork,
     /// Synchronises phases inside a node.
     pub barrier: &'a SpinBarrier,
+    /// The node's work counter, zero when the node starts (see [`ThreadCtx::claim`]).
+    pub claim: &'a AtomicUsize,
 }
 
 impl ThreadCtx<'_> {
@@ -196,6 +199,20 @@ impl ThreadCtx<'_> {
     pub fn split(&self, n: usize) -> Range<usize> {
         split(n, self.ith, self.nth)
     }
+}
+
+/// The units of `0..n` this thread takes from a node's work counter (`ThreadCtx::claim`), one
+/// at a time, until none is left.
+///
+/// Work handed out on demand instead of by thread index: on a busy machine a thread that is
+/// descheduled mid-node leaves its remaining units to the others instead of making them wait
+/// for it at the next barrier. A node may use its counter for one loop only (it is not reset
+/// within the node), and a unit's results must not depend on which thread takes it.
+pub(crate) fn claimed(counter: &AtomicUsize, n: usize) -> impl Iterator<Item = usize> + '_ {
+    std::iter::from_fn(move || {
+        let unit = counter.fetch_add(1, Ordering::Relaxed);
+        (unit < n).then_some(unit)
+    })
 }
 
 /// Thread `ith`'s share of `0..n` among `nth` threads.
