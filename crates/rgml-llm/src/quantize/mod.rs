@@ -261,7 +261,14 @@ pub fn quantize_file(
         move |source| QuantizeError::Io { path, source }
     };
     let sink = std::fs::File::create(&part).map_err(io_err(&part))?;
-    let result = write_tensors(&file, &plan, &header, BufWriter::new(sink), options, progress);
+    let result = write_tensors(
+        &file,
+        &plan,
+        &header,
+        BufWriter::new(sink),
+        options,
+        progress,
+    );
     let summary = match result {
         Ok(summary) => summary,
         Err(e) => {
@@ -328,7 +335,8 @@ fn write_tensors<W: Write>(
             data.len()
         } else {
             summary.n_converted += 1;
-            convert_tensor(t, data, threads, &mut stream).map_err(|e| QuantizeError::on(&t.name, e))?
+            convert_tensor(t, data, threads, &mut stream)
+                .map_err(|e| QuantizeError::on(&t.name, e))?
         };
         summary.n_fallback += usize::from(t.fallback.is_some());
         summary.bytes_in += data.len();

@@ -135,7 +135,10 @@ impl Category {
 
     /// The attention-value-like kinds, the most sensitive to quantization.
     fn is_attn_v(self) -> bool {
-        matches!(self, Category::AttnV | Category::AttnQkv | Category::AttnKvB)
+        matches!(
+            self,
+            Category::AttnV | Category::AttnQkv | Category::AttnKvB
+        )
     }
 }
 
@@ -237,9 +240,9 @@ pub fn layer_of(name: &str) -> i64 {
         return -1;
     }
     // Saturate instead of overflowing; no real file has a layer number near i64's range.
-    let n = digits[..end]
-        .bytes()
-        .fold(0i64, |n, d| n.saturating_mul(10).saturating_add(i64::from(d - b'0')));
+    let n = digits[..end].bytes().fold(0i64, |n, d| {
+        n.saturating_mul(10).saturating_add(i64::from(d - b'0'))
+    });
     sign * n
 }
 
@@ -444,7 +447,11 @@ impl<'a> TypeChooser<'a> {
     fn attn_output_type(&self, ty: QType) -> QType {
         let p = self.preset;
         if self.traits.arch == "falcon" {
-            return if p == QuantPreset::Q3_K_L { QType::Q4_K } else { ty };
+            return if p == QuantPreset::Q3_K_L {
+                QType::Q4_K
+            } else {
+                ty
+            };
         }
         if self.traits.n_expert == 8 {
             let bumped = [
