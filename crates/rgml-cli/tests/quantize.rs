@@ -46,7 +46,7 @@ const SUPPORTED: [&str; 13] = [
 /// The presets checked by default (about 2 s each in the test profile on 2 cores): every code
 /// path (legacy and k-quant rules, the demo's fallbacks Q4_K -> Q5_0, Q5_K -> Q5_1,
 /// Q6_K -> Q8_0, float conversion) and the presets waiting for their types. All of the
-/// fixture's presets with `RGML_QUANTIZE_ALL=1` (about 35 s).
+/// fixture's presets with `RGML_QUANTIZE_ALL=1` (about a minute).
 const DEFAULT: [&str; 11] = [
     "Q4_0", "Q5_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K", "F16", "Q2_K", "Q3_K_M", "IQ4_NL", "IQ4_XS",
 ];

@@ -428,7 +428,7 @@ fn convert_rows(
     };
     let n_rows = dst.len() / rows.bytes_out.max(1);
     let threads = threads.clamp(1, n_rows.max(1));
-    if threads == 1 || n_rows * rows.n < MIN_PARALLEL_ELEMENTS {
+    if threads == 1 || n_rows.saturating_mul(rows.n) < MIN_PARALLEL_ELEMENTS {
         return run(src, dst);
     }
     let per_thread = n_rows.div_ceil(threads);

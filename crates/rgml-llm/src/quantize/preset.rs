@@ -4,7 +4,7 @@
 //! [`QType`] is deliberately wider than [`rgml::DType`]: the rules may name a ggml type rgml
 //! cannot encode yet (Q2_K, Q3_K, IQ4_NL, IQ4_XS), and the choice must still be made exactly
 //! as llama.cpp makes it. [`QType::dtype`] is where such a type becomes usable: one match arm
-//! each, once `rgml::DType` has it.
+//! each, once `rgml::DType` has it (and an encoder in `rgml::quant::quantize_row`).
 
 use super::QuantizeError;
 use rgml::DType;
@@ -46,6 +46,25 @@ pub enum QType {
 }
 
 impl QType {
+    /// Every type, in ggml's id order.
+    pub const ALL: [QType; 15] = [
+        QType::F32,
+        QType::F16,
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+        QType::Q2_K,
+        QType::Q3_K,
+        QType::Q4_K,
+        QType::Q5_K,
+        QType::Q6_K,
+        QType::IQ4_NL,
+        QType::IQ4_XS,
+        QType::BF16,
+    ];
+
     /// ggml's name of the type (`"q4_K"`, `"iq4_nl"`, ...).
     pub const fn name(self) -> &'static str {
         match self {
@@ -105,23 +124,12 @@ impl QType {
     }
 
     /// The type a file's tensor is stored in, as the rules see it; `None` for dtypes no rule
-    /// ever chooses (I32, the activation types Q8_1 and Q8_K). Exhaustive on purpose: a new
-    /// [`DType`] must be placed here.
-    pub const fn from_dtype(dtype: DType) -> Option<QType> {
-        match dtype {
-            DType::F32 => Some(QType::F32),
-            DType::F16 => Some(QType::F16),
-            DType::BF16 => Some(QType::BF16),
-            DType::Q4_0 => Some(QType::Q4_0),
-            DType::Q4_1 => Some(QType::Q4_1),
-            DType::Q5_0 => Some(QType::Q5_0),
-            DType::Q5_1 => Some(QType::Q5_1),
-            DType::Q8_0 => Some(QType::Q8_0),
-            DType::Q4_K => Some(QType::Q4_K),
-            DType::Q5_K => Some(QType::Q5_K),
-            DType::Q6_K => Some(QType::Q6_K),
-            DType::I32 | DType::Q8_1 | DType::Q8_K => None,
-        }
+    /// chooses (I32, the activation types Q8_1 and Q8_K). Derived from [`QType::dtype`], so a
+    /// type that becomes encodable there is recognised here too.
+    pub fn from_dtype(dtype: DType) -> Option<QType> {
+        QType::ALL
+            .into_iter()
+            .find(|q| q.dtype().ok() == Some(dtype))
     }
 }
 

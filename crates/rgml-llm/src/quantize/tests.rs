@@ -401,3 +401,20 @@ fn types_rgml_cannot_encode_yet_are_a_clear_error() {
         );
     }
 }
+
+#[test]
+fn qtypes_map_to_the_dtypes_rgml_encodes() {
+    for q in QType::ALL {
+        match q.dtype() {
+            Ok(d) => {
+                assert_eq!(QType::from_dtype(d), Some(q));
+                assert_eq!(d.block_size(), q.block_size(), "{q}");
+                assert_eq!(d.name(), q.name());
+                assert_eq!(d.is_quantized(), q.is_quantized());
+            }
+            Err(e) => assert!(e.to_string().contains(q.name()), "{e}"),
+        }
+    }
+    assert_eq!(QType::from_dtype(DType::Q8_K), None);
+    assert_eq!(QType::from_dtype(DType::I32), None);
+}
