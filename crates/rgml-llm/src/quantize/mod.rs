@@ -10,9 +10,10 @@
 //! thread count. Memory stays small: the input is mapped, and only a slab of output rows
 //! (at most [`SLAB_BYTES`]) plus one f32 row per thread is held at a time.
 //!
-//! One known difference: an input whose `general.alignment` is not 32 keeps that alignment
-//! (llama.cpp pads to 32 regardless and so writes a file whose data does not sit where its
-//! header says); at the default alignment the bytes are the same.
+//! Known differences, both outside ordinary files: an input whose `general.alignment` is not 32
+//! keeps that alignment (llama.cpp pads to 32 regardless and so writes a file whose data does
+//! not sit where its header says); and an empty metadata array is written as an array of `u8`
+//! (the reader's [`Value`] does not keep an empty array's element type; llama.cpp keeps it).
 
 mod preset;
 pub mod rules;
