@@ -11,6 +11,9 @@ pub enum CliError {
     /// From the model layer (loading, sessions, tokenizer).
     #[error(transparent)]
     Llm(#[from] rgml_llm::LlmError),
+    /// From `quantize`.
+    #[error(transparent)]
+    Quantize(#[from] rgml_llm::QuantizeError),
     /// From the core or a backend.
     #[error(transparent)]
     Core(#[from] rgml::Error),

@@ -1,5 +1,5 @@
 //! The `rgml` command line: devices, op conformance, and the model commands (run, logits,
-//! perplexity, bench, gguf-info). Backends are registered here, so the binary links only what
+//! perplexity, bench, gguf-info, quantize). Backends are registered here, so the binary links only what
 //! it uses, with the options the environment asks for ([`env_options`]).
 
 use clap::{Parser, Subcommand};
@@ -12,6 +12,7 @@ mod env_options;
 mod error;
 mod model_cmds;
 mod output;
+mod quantize_cmd;
 mod test_ops;
 
 #[derive(Parser)]
@@ -59,6 +60,9 @@ enum Command {
     Bench(model_cmds::BenchArgs),
     /// Run the model's prompt graph on two devices node by node; report the first divergent node.
     Compare(compare_cmd::CompareArgs),
+    /// Convert a GGUF model to another quantization type, writing the same bytes as
+    /// llama.cpp's llama-quantize.
+    Quantize(quantize_cmd::QuantizeArgs),
     /// Print a GGUF file's metadata and tensors.
     GgufInfo {
         /// The GGUF file.
@@ -128,7 +132,7 @@ impl Command {
             Command::Perplexity(a) => names_unknown_device(&a.model.device),
             Command::Bench(a) => names_unknown_device(&a.model.device),
             Command::Compare(a) => names_unknown_device(&a.device),
-            Command::GgufInfo { .. } => false,
+            Command::GgufInfo { .. } | Command::Quantize(_) => false,
         }
     }
 
@@ -144,6 +148,7 @@ impl Command {
             Command::Bench(args) => model_cmds::bench(args),
             Command::Compare(args) => compare_cmd::run(args),
             Command::GgufInfo { model } => model_cmds::gguf_info(&model),
+            Command::Quantize(args) => quantize_cmd::run(args),
         }
     }
 }

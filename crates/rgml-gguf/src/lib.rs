@@ -30,4 +30,4 @@ pub use reader::{
     MAX_METADATA_ELEMENTS,
 };
 pub use value::Value;
-pub use writer::{GgufWriter, WRITE_VERSION};
+pub use writer::{GgufWriter, TensorDecl, TensorStream, WRITE_VERSION};

@@ -4,6 +4,10 @@
 //! back unchanged, so a file written by ggml and passed through reader and writer is
 //! byte-identical (except empty arrays, whose element type [`Value`] does not keep: they are
 //! written as arrays of `u8`).
+//!
+//! Files too big to hold in memory are streamed: [`GgufWriter::stream_to`] writes the header
+//! for tensors declared up front ([`TensorDecl`]) and returns a [`TensorStream`] that takes
+//! their bytes in order, piece by piece, padding between tensors as it goes.
 
 use crate::error::{GgufError, Result};
 use crate::reader::{
@@ -23,6 +27,17 @@ struct PendingTensor {
     dtype: DType,
     ne: Vec<usize>,
     data: Vec<u8>,
+}
+
+/// A tensor whose data is not given up front but streamed (see [`GgufWriter::stream_to`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorDecl {
+    /// The tensor's name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions, innermost first (1 to 4 of them), written as given.
+    pub ne: Vec<usize>,
 }
 
 /// Builds a GGUF v3 file. Tensors are written in the order they were added.
@@ -85,48 +100,20 @@ impl GgufWriter {
         ne: &[usize],
         data: &[u8],
     ) -> Result<()> {
-        let invalid = |reason: String| GgufError::InvalidTensor {
-            tensor: name.to_string(),
-            reason,
-        };
         if self.tensor_names.contains(name) {
             return Err(GgufError::DuplicateTensor {
                 name: name.to_string(),
             });
         }
-        if ne.is_empty() || ne.len() > MAX_DIMS {
-            return Err(invalid(format!(
-                "{} dimensions (must be 1 to {MAX_DIMS})",
-                ne.len()
-            )));
-        }
-        if ne.contains(&0) {
-            return Err(invalid(format!("zero dimension in {ne:?}")));
-        }
-        let n_elements = ne.iter().try_fold(1u64, |acc, &d| {
-            acc.checked_mul(d as u64).filter(|&n| n <= i64::MAX as u64)
-        });
-        if n_elements.is_none() {
-            return Err(invalid(format!("shape {ne:?} overflows int64")));
-        }
-        if !ne[0].is_multiple_of(dtype.block_size()) {
-            return Err(GgufError::BlockMisaligned {
-                tensor: name.to_string(),
-                dtype,
-                ne0: ne[0],
-                block: dtype.block_size(),
-            });
-        }
-        let size = dtype
-            .row_bytes(ne[0])
-            .ok()
-            .and_then(|row| ne[1..].iter().try_fold(row, |acc, &d| acc.checked_mul(d)))
-            .ok_or_else(|| invalid(format!("byte size of {ne:?} overflows")))?;
+        let size = tensor_size(name, dtype, ne)?;
         if size != data.len() {
-            return Err(invalid(format!(
-                "{} bytes of data for a {dtype} tensor {ne:?} of {size} bytes",
-                data.len()
-            )));
+            return Err(GgufError::InvalidTensor {
+                tensor: name.to_string(),
+                reason: format!(
+                    "{} bytes of data for a {dtype} tensor {ne:?} of {size} bytes",
+                    data.len()
+                ),
+            });
         }
         self.tensor_names.insert(name.to_string());
         self.tensors.push(PendingTensor {
@@ -136,6 +123,19 @@ impl GgufWriter {
             data: data.to_vec(),
         });
         Ok(())
+    }
+
+    /// Remove `key` and return its value, if it was set. Keys after it move up one place; set
+    /// again, the key goes last (as ggml's `gguf_set_val_*` does to a key it already holds).
+    pub fn remove_metadata(&mut self, key: &str) -> Option<Value> {
+        let i = self.key_index.remove(key)?;
+        let (_, value) = self.metadata.remove(i);
+        for (k, _) in &self.metadata[i..] {
+            if let Some(pos) = self.key_index.get_mut(k) {
+                *pos -= 1;
+            }
+        }
+        Some(value)
     }
 
     /// The alignment the file will use: `general.alignment` if set (a nonzero power of two),
@@ -155,14 +155,40 @@ impl GgufWriter {
 
     /// Write the file to `out`.
     pub fn write_to(&self, out: &mut impl Write) -> Result<()> {
+        self.stream_to(out, &[])?.finish().map(|_| ())
+    }
+
+    /// Start writing a file whose tensors are this writer's own (those added with
+    /// [`GgufWriter::add_tensor`], whose data is written now) followed by `streamed`, whose data
+    /// the caller then passes to the returned [`TensorStream`] in order. The header is written
+    /// before this returns, so every declared tensor's type and shape must be final.
+    pub fn stream_to<W: Write>(&self, out: W, streamed: &[TensorDecl]) -> Result<TensorStream<W>> {
         let alignment = self.alignment()?;
         for (k, v) in &self.metadata {
             check_value(k, v, 0)?;
         }
+        let mut names = HashSet::new();
+        let mut infos: Vec<(&str, DType, &[usize], usize)> = Vec::new();
+        for t in &self.tensors {
+            infos.push((&t.name, t.dtype, &t.ne, t.data.len()));
+        }
+        for d in streamed {
+            if self.tensor_names.contains(&d.name) || !names.insert(d.name.as_str()) {
+                return Err(GgufError::DuplicateTensor {
+                    name: d.name.clone(),
+                });
+            }
+            infos.push((
+                &d.name,
+                d.dtype,
+                &d.ne,
+                tensor_size(&d.name, d.dtype, &d.ne)?,
+            ));
+        }
         let mut w = Counting { inner: out, n: 0 };
         w.put(&GGUF_MAGIC)?;
         w.put(&WRITE_VERSION.to_le_bytes())?;
-        w.put(&(self.tensors.len() as u64).to_le_bytes())?;
+        w.put(&(infos.len() as u64).to_le_bytes())?;
         w.put(&(self.metadata.len() as u64).to_le_bytes())?;
         for (k, v) in &self.metadata {
             w.string(k)?;
@@ -170,19 +196,19 @@ impl GgufWriter {
             w.value(v)?;
         }
         let mut offset = 0usize;
-        for t in &self.tensors {
-            w.string(&t.name)?;
-            w.put(&(t.ne.len() as u32).to_le_bytes())?;
-            for &d in &t.ne {
+        for &(name, dtype, ne, size) in &infos {
+            w.string(name)?;
+            w.put(&(ne.len() as u32).to_le_bytes())?;
+            for &d in ne {
                 w.put(&(d as u64).to_le_bytes())?;
             }
-            w.put(&t.dtype.ggml_id().to_le_bytes())?;
+            w.put(&dtype.ggml_id().to_le_bytes())?;
             w.put(&(offset as u64).to_le_bytes())?;
             offset = offset
-                .checked_add(t.data.len())
+                .checked_add(size)
                 .and_then(|end| align_up(end, alignment))
                 .ok_or_else(|| GgufError::InvalidTensor {
-                    tensor: t.name.clone(),
+                    tensor: name.to_string(),
                     reason: "data section size overflows".into(),
                 })?;
         }
@@ -191,7 +217,17 @@ impl GgufWriter {
             w.put(&t.data)?;
             w.pad(alignment)?;
         }
-        Ok(())
+        Ok(TensorStream {
+            w,
+            alignment,
+            pending: streamed
+                .iter()
+                .zip(&infos[self.tensors.len()..])
+                .map(|(d, info)| (d.name.clone(), info.3))
+                .collect(),
+            current: 0,
+            written: 0,
+        })
     }
 
     /// Write the file to `path` (created or truncated).
@@ -215,6 +251,113 @@ impl GgufWriter {
         let mut v = Vec::new();
         self.write_to(&mut v)?;
         Ok(v)
+    }
+}
+
+/// Validate a tensor's shape for `dtype` and return its data size in bytes.
+fn tensor_size(name: &str, dtype: DType, ne: &[usize]) -> Result<usize> {
+    let invalid = |reason: String| GgufError::InvalidTensor {
+        tensor: name.to_string(),
+        reason,
+    };
+    if ne.is_empty() || ne.len() > MAX_DIMS {
+        return Err(invalid(format!(
+            "{} dimensions (must be 1 to {MAX_DIMS})",
+            ne.len()
+        )));
+    }
+    if ne.contains(&0) {
+        return Err(invalid(format!("zero dimension in {ne:?}")));
+    }
+    let n_elements = ne.iter().try_fold(1u64, |acc, &d| {
+        acc.checked_mul(d as u64).filter(|&n| n <= i64::MAX as u64)
+    });
+    if n_elements.is_none() {
+        return Err(invalid(format!("shape {ne:?} overflows int64")));
+    }
+    if !ne[0].is_multiple_of(dtype.block_size()) {
+        return Err(GgufError::BlockMisaligned {
+            tensor: name.to_string(),
+            dtype,
+            ne0: ne[0],
+            block: dtype.block_size(),
+        });
+    }
+    dtype
+        .row_bytes(ne[0])
+        .ok()
+        .and_then(|row| ne[1..].iter().try_fold(row, |acc, &d| acc.checked_mul(d)))
+        .ok_or_else(|| invalid(format!("byte size of {ne:?} overflows")))
+}
+
+/// The data section of a file being streamed (see [`GgufWriter::stream_to`]): takes the
+/// declared tensors' bytes in declaration order, in pieces of any size, and pads each tensor to
+/// the alignment once its last byte is in.
+pub struct TensorStream<W: Write> {
+    w: Counting<W>,
+    alignment: usize,
+    /// Each streamed tensor's name and byte size, in order.
+    pending: Vec<(String, usize)>,
+    /// Index in `pending` of the tensor receiving bytes.
+    current: usize,
+    /// Bytes of the current tensor written so far.
+    written: usize,
+}
+
+impl<W: Write> std::fmt::Debug for TensorStream<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorStream")
+            .field("current", &self.current_tensor())
+            .field("written", &self.written)
+            .finish()
+    }
+}
+
+impl<W: Write> TensorStream<W> {
+    /// The name of the tensor the next bytes go to; `None` once every tensor is complete.
+    pub fn current_tensor(&self) -> Option<&str> {
+        self.pending.get(self.current).map(|(n, _)| n.as_str())
+    }
+
+    /// Append `bytes` to the data of the current tensor. A piece must not run past the end of
+    /// the tensor it starts in (each tensor gets its own calls).
+    pub fn write_data(&mut self, bytes: &[u8]) -> Result<()> {
+        let Some((name, size)) = self.pending.get(self.current) else {
+            return Err(GgufError::InvalidTensor {
+                tensor: "(none)".into(),
+                reason: format!("{} bytes written after the last tensor", bytes.len()),
+            });
+        };
+        let left = size - self.written;
+        if bytes.len() > left {
+            return Err(GgufError::InvalidTensor {
+                tensor: name.clone(),
+                reason: format!(
+                    "{} bytes written where {left} of its {size} bytes were left",
+                    bytes.len()
+                ),
+            });
+        }
+        self.w.put(bytes)?;
+        self.written += bytes.len();
+        if self.written == *size {
+            self.w.pad(self.alignment)?;
+            self.current += 1;
+            self.written = 0;
+        }
+        Ok(())
+    }
+
+    /// Check that every declared tensor got all its bytes, flush, and return the sink.
+    pub fn finish(mut self) -> Result<W> {
+        if let Some((name, size)) = self.pending.get(self.current) {
+            return Err(GgufError::InvalidTensor {
+                tensor: name.clone(),
+                reason: format!("only {} of its {size} bytes were written", self.written),
+            });
+        }
+        self.w.inner.flush()?;
+        Ok(self.w.inner)
     }
 }
 
@@ -246,12 +389,12 @@ fn check_value(key: &str, v: &Value, depth: usize) -> Result<()> {
 }
 
 /// A writer that counts bytes, for the padding.
-struct Counting<'a, W: Write> {
-    inner: &'a mut W,
+struct Counting<W: Write> {
+    inner: W,
     n: usize,
 }
 
-impl<W: Write> Counting<'_, W> {
+impl<W: Write> Counting<W> {
     fn put(&mut self, bytes: &[u8]) -> Result<()> {
         self.inner.write_all(bytes)?;
         self.n += bytes.len();

@@ -267,4 +267,101 @@ fn low_bit_and_iq4_tensors_round_trip_with_ggml_type_ids() {
             .add_tensor("bad", dtype, &[dtype.block_size() / 2, 1], &q)
             .is_err());
     }
+/// Streaming the same tensors in pieces gives the same bytes as writing them from memory, and
+/// the file reads back.
+#[test]
+fn streamed_tensors_match_buffered_ones() {
+    use rgml_gguf::TensorDecl;
+    let a: Vec<u8> = (0..=255).cycle().take(18 * 3).collect(); // 3 Q4_0 blocks
+    let b: Vec<u8> = (0..12).collect(); // 3 f32
+    let mut buffered = GgufWriter::new();
+    buffered.add_metadata("general.architecture", Value::String("llama".into()));
+    let mut header = GgufWriter::new();
+    header.add_metadata("general.architecture", Value::String("llama".into()));
+    buffered.add_tensor("a", DType::Q4_0, &[32, 3], &a).unwrap();
+    buffered.add_tensor("b", DType::F32, &[3], &b).unwrap();
+    let decls = [
+        TensorDecl {
+            name: "a".into(),
+            dtype: DType::Q4_0,
+            ne: vec![32, 3],
+        },
+        TensorDecl {
+            name: "b".into(),
+            dtype: DType::F32,
+            ne: vec![3],
+        },
+    ];
+    let mut s = header.stream_to(Vec::new(), &decls).unwrap();
+    assert_eq!(s.current_tensor(), Some("a"));
+    s.write_data(&a[..18]).unwrap();
+    s.write_data(&a[18..]).unwrap();
+    assert_eq!(s.current_tensor(), Some("b"));
+    s.write_data(&b).unwrap();
+    assert_eq!(s.current_tensor(), None);
+    let bytes = s.finish().unwrap();
+    assert_eq!(bytes, buffered.to_bytes().unwrap());
+    let f = GgufFile::from_bytes(bytes).unwrap();
+    assert_eq!(f.tensor_data(f.tensor("a").unwrap()), &a[..]);
+}
+
+#[test]
+fn stream_rejects_wrong_amounts_of_data() {
+    use rgml_gguf::TensorDecl;
+    let decls = [TensorDecl {
+        name: "t".into(),
+        dtype: DType::F32,
+        ne: vec![2],
+    }];
+    let w = GgufWriter::new();
+    let mut s = w.stream_to(Vec::new(), &decls).unwrap();
+    assert!(matches!(
+        s.write_data(&[0; 12]),
+        Err(GgufError::InvalidTensor { ref tensor, .. }) if tensor == "t"
+    ));
+    s.write_data(&[0; 4]).unwrap();
+    let err = s.finish().unwrap_err().to_string();
+    assert!(err.contains("only 4 of its 8 bytes"), "{err}");
+    // A misaligned shape and a duplicate name are refused before anything is written.
+    let bad = [TensorDecl {
+        name: "q".into(),
+        dtype: DType::Q4_0,
+        ne: vec![33],
+    }];
+    assert!(matches!(
+        w.stream_to(Vec::new(), &bad),
+        Err(GgufError::BlockMisaligned { .. })
+    ));
+    let dup = [decls[0].clone(), decls[0].clone()];
+    assert!(matches!(
+        w.stream_to(Vec::new(), &dup),
+        Err(GgufError::DuplicateTensor { .. })
+    ));
+}
+
+/// A removed key frees its place; set again, it goes last (what ggml's setters do).
+#[test]
+fn removed_metadata_key_goes_last_when_set_again() {
+    let mut w = GgufWriter::new();
+    for k in ["a", "b", "c"] {
+        w.add_metadata(k, Value::U32(1));
+    }
+    assert_eq!(w.remove_metadata("a"), Some(Value::U32(1)));
+    assert_eq!(w.remove_metadata("a"), None);
+    w.add_metadata("a", Value::U32(2));
+    w.add_metadata("b", Value::U32(3)); // keeps its place, takes the new value
+    let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let keys: Vec<_> = f
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("b", Value::U32(3)),
+            ("c", Value::U32(1)),
+            ("a", Value::U32(2))
+        ]
+    );
 }

@@ -1,5 +1,6 @@
 //! LLaMA-family models on rgml: GGUF loading, the transformer graph, KV cache, tokenizer,
-//! sampling, generation and chat formatting.
+//! sampling, generation and chat formatting; and [`quantize`], llama-quantize's conversion of a
+//! model file to another quantization preset.
 //!
 //! A program loads a [`Model`] once, shares it with [`Arc`](std::sync::Arc), and runs one
 //! [`Session`] (KV cache and backends) per sequence; [`Session::generate`] is the generation
@@ -43,6 +44,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod model;
+pub mod quantize;
 pub mod sampling;
 pub mod session;
 pub mod tensor_split;
@@ -52,6 +54,7 @@ pub use config::ModelConfig;
 pub use error::{LlmError, MemoryUse, Result};
 pub use generate::{Generation, StopReason};
 pub use model::{LoadOptions, Model, Placement};
+pub use quantize::{QuantPreset, QuantizeError, QuantizeOptions};
 pub use sampling::{Sampler, SamplerParams};
 pub use session::{Logits, Session, SessionOptions};
 pub use tensor_split::TensorSync;

@@ -1,0 +1,319 @@
+//! The quantization presets (llama.cpp's `llama_ftype` as `llama-quantize` names them) and the
+//! storage types their rules pick ([`QType`]).
+//!
+//! [`QType`] is deliberately wider than [`rgml::DType`]: the rules may name a ggml type rgml
+//! cannot encode yet (Q2_K, Q3_K, IQ4_NL, IQ4_XS), and the choice must still be made exactly
+//! as llama.cpp makes it. [`QType::dtype`] is where such a type becomes usable: one match arm
+//! each, once `rgml::DType` has it (and an encoder in `rgml::quant::quantize_row`).
+
+use super::QuantizeError;
+use rgml::DType;
+
+/// A ggml storage type the type rules can choose.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QType {
+    /// `f32`.
+    F32,
+    /// `f16`.
+    F16,
+    /// `bf16`.
+    BF16,
+    /// `q4_0`.
+    Q4_0,
+    /// `q4_1`.
+    Q4_1,
+    /// `q5_0`.
+    Q5_0,
+    /// `q5_1`.
+    Q5_1,
+    /// `q8_0`.
+    Q8_0,
+    /// `q2_K`.
+    Q2_K,
+    /// `q3_K`.
+    Q3_K,
+    /// `q4_K`.
+    Q4_K,
+    /// `q5_K`.
+    Q5_K,
+    /// `q6_K`.
+    Q6_K,
+    /// `iq4_nl`.
+    IQ4_NL,
+    /// `iq4_xs`.
+    IQ4_XS,
+}
+
+impl QType {
+    /// Every type, in ggml's id order.
+    pub const ALL: [QType; 15] = [
+        QType::F32,
+        QType::F16,
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+        QType::Q2_K,
+        QType::Q3_K,
+        QType::Q4_K,
+        QType::Q5_K,
+        QType::Q6_K,
+        QType::IQ4_NL,
+        QType::IQ4_XS,
+        QType::BF16,
+    ];
+
+    /// ggml's name of the type (`"q4_K"`, `"iq4_nl"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            QType::F32 => "f32",
+            QType::F16 => "f16",
+            QType::BF16 => "bf16",
+            QType::Q4_0 => "q4_0",
+            QType::Q4_1 => "q4_1",
+            QType::Q5_0 => "q5_0",
+            QType::Q5_1 => "q5_1",
+            QType::Q8_0 => "q8_0",
+            QType::Q2_K => "q2_K",
+            QType::Q3_K => "q3_K",
+            QType::Q4_K => "q4_K",
+            QType::Q5_K => "q5_K",
+            QType::Q6_K => "q6_K",
+            QType::IQ4_NL => "iq4_nl",
+            QType::IQ4_XS => "iq4_xs",
+        }
+    }
+
+    /// Elements per block, as ggml's `ggml_blck_size` (1 for plain types). Known here rather
+    /// than asked of [`DType`] because the rules need it for types rgml cannot encode yet.
+    pub const fn block_size(self) -> usize {
+        match self {
+            QType::F32 | QType::F16 | QType::BF16 => 1,
+            QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 => 32,
+            QType::IQ4_NL => 32,
+            QType::Q2_K | QType::Q3_K | QType::Q4_K | QType::Q5_K | QType::Q6_K => 256,
+            QType::IQ4_XS => 256,
+        }
+    }
+
+    /// Whether ggml counts the type as quantized (`ggml_is_quantized`).
+    pub const fn is_quantized(self) -> bool {
+        !matches!(self, QType::F32 | QType::F16 | QType::BF16)
+    }
+
+    /// The rgml dtype that stores this type, or [`QuantizeError::TypeNotSupported`] while
+    /// rgml has no encoder for it.
+    pub fn dtype(self) -> Result<DType, QuantizeError> {
+        let not_yet = || QuantizeError::TypeNotSupported { qtype: self.name() };
+        match self {
+            QType::F32 => Ok(DType::F32),
+            QType::F16 => Ok(DType::F16),
+            QType::BF16 => Ok(DType::BF16),
+            QType::Q4_0 => Ok(DType::Q4_0),
+            QType::Q4_1 => Ok(DType::Q4_1),
+            QType::Q5_0 => Ok(DType::Q5_0),
+            QType::Q5_1 => Ok(DType::Q5_1),
+            QType::Q8_0 => Ok(DType::Q8_0),
+            QType::Q4_K => Ok(DType::Q4_K),
+            QType::Q5_K => Ok(DType::Q5_K),
+            QType::Q6_K => Ok(DType::Q6_K),
+            QType::Q2_K | QType::Q3_K | QType::IQ4_NL | QType::IQ4_XS => Err(not_yet()),
+        }
+    }
+
+    /// The type a file's tensor is stored in, as the rules see it; `None` for dtypes no rule
+    /// chooses (I32, the activation types Q8_1 and Q8_K). Derived from [`QType::dtype`], so a
+    /// type that becomes encodable there is recognised here too.
+    pub fn from_dtype(dtype: DType) -> Option<QType> {
+        QType::ALL
+            .into_iter()
+            .find(|q| q.dtype().ok() == Some(dtype))
+    }
+}
+
+impl std::fmt::Display for QType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A quantization preset: what `llama-quantize` calls a type on its command line and what
+/// `general.file_type` records (llama.cpp's `llama_ftype`).
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantPreset {
+    /// Everything in f32.
+    F32,
+    /// f16 (1-D tensors stay as they are).
+    F16,
+    /// bf16.
+    BF16,
+    /// Q4_0.
+    Q4_0,
+    /// Q4_1.
+    Q4_1,
+    /// Q5_0.
+    Q5_0,
+    /// Q5_1.
+    Q5_1,
+    /// Q8_0.
+    Q8_0,
+    /// Q2_K mix.
+    Q2_K,
+    /// Q3_K small.
+    Q3_K_S,
+    /// Q3_K medium.
+    Q3_K_M,
+    /// Q3_K large.
+    Q3_K_L,
+    /// Q4_K small.
+    Q4_K_S,
+    /// Q4_K medium.
+    Q4_K_M,
+    /// Q5_K small.
+    Q5_K_S,
+    /// Q5_K medium.
+    Q5_K_M,
+    /// Q6_K.
+    Q6_K,
+    /// IQ4_NL.
+    IQ4_NL,
+    /// IQ4_XS.
+    IQ4_XS,
+}
+
+/// Names `llama-quantize` accepts that are another preset's alias.
+const ALIASES: [(&str, QuantPreset); 3] = [
+    ("Q3_K", QuantPreset::Q3_K_M),
+    ("Q4_K", QuantPreset::Q4_K_M),
+    ("Q5_K", QuantPreset::Q5_K_M),
+];
+
+impl QuantPreset {
+    /// Every preset, in `llama-quantize`'s listing order.
+    pub const ALL: [QuantPreset; 19] = [
+        QuantPreset::Q4_0,
+        QuantPreset::Q4_1,
+        QuantPreset::Q5_0,
+        QuantPreset::Q5_1,
+        QuantPreset::Q2_K,
+        QuantPreset::Q3_K_S,
+        QuantPreset::Q3_K_M,
+        QuantPreset::Q3_K_L,
+        QuantPreset::IQ4_NL,
+        QuantPreset::IQ4_XS,
+        QuantPreset::Q4_K_S,
+        QuantPreset::Q4_K_M,
+        QuantPreset::Q5_K_S,
+        QuantPreset::Q5_K_M,
+        QuantPreset::Q6_K,
+        QuantPreset::Q8_0,
+        QuantPreset::F16,
+        QuantPreset::BF16,
+        QuantPreset::F32,
+    ];
+
+    /// The name on `llama-quantize`'s command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantPreset::F32 => "F32",
+            QuantPreset::F16 => "F16",
+            QuantPreset::BF16 => "BF16",
+            QuantPreset::Q4_0 => "Q4_0",
+            QuantPreset::Q4_1 => "Q4_1",
+            QuantPreset::Q5_0 => "Q5_0",
+            QuantPreset::Q5_1 => "Q5_1",
+            QuantPreset::Q8_0 => "Q8_0",
+            QuantPreset::Q2_K => "Q2_K",
+            QuantPreset::Q3_K_S => "Q3_K_S",
+            QuantPreset::Q3_K_M => "Q3_K_M",
+            QuantPreset::Q3_K_L => "Q3_K_L",
+            QuantPreset::Q4_K_S => "Q4_K_S",
+            QuantPreset::Q4_K_M => "Q4_K_M",
+            QuantPreset::Q5_K_S => "Q5_K_S",
+            QuantPreset::Q5_K_M => "Q5_K_M",
+            QuantPreset::Q6_K => "Q6_K",
+            QuantPreset::IQ4_NL => "IQ4_NL",
+            QuantPreset::IQ4_XS => "IQ4_XS",
+        }
+    }
+
+    /// The `llama_ftype` number, written to `general.file_type`.
+    pub const fn file_type(self) -> u32 {
+        match self {
+            QuantPreset::F32 => 0,
+            QuantPreset::F16 => 1,
+            QuantPreset::Q4_0 => 2,
+            QuantPreset::Q4_1 => 3,
+            QuantPreset::Q8_0 => 7,
+            QuantPreset::Q5_0 => 8,
+            QuantPreset::Q5_1 => 9,
+            QuantPreset::Q2_K => 10,
+            QuantPreset::Q3_K_S => 11,
+            QuantPreset::Q3_K_M => 12,
+            QuantPreset::Q3_K_L => 13,
+            QuantPreset::Q4_K_S => 14,
+            QuantPreset::Q4_K_M => 15,
+            QuantPreset::Q5_K_S => 16,
+            QuantPreset::Q5_K_M => 17,
+            QuantPreset::Q6_K => 18,
+            QuantPreset::IQ4_NL => 25,
+            QuantPreset::IQ4_XS => 30,
+            QuantPreset::BF16 => 32,
+        }
+    }
+
+    /// The type of every quantizable tensor before the per-tensor rules
+    /// (`llama_ftype_get_default_type`).
+    pub const fn default_type(self) -> QType {
+        match self {
+            QuantPreset::F32 => QType::F32,
+            QuantPreset::F16 => QType::F16,
+            QuantPreset::BF16 => QType::BF16,
+            QuantPreset::Q4_0 => QType::Q4_0,
+            QuantPreset::Q4_1 => QType::Q4_1,
+            QuantPreset::Q5_0 => QType::Q5_0,
+            QuantPreset::Q5_1 => QType::Q5_1,
+            QuantPreset::Q8_0 => QType::Q8_0,
+            QuantPreset::Q2_K => QType::Q2_K,
+            QuantPreset::Q3_K_S | QuantPreset::Q3_K_M | QuantPreset::Q3_K_L => QType::Q3_K,
+            QuantPreset::Q4_K_S | QuantPreset::Q4_K_M => QType::Q4_K,
+            QuantPreset::Q5_K_S | QuantPreset::Q5_K_M => QType::Q5_K,
+            QuantPreset::Q6_K => QType::Q6_K,
+            QuantPreset::IQ4_NL => QType::IQ4_NL,
+            QuantPreset::IQ4_XS => QType::IQ4_XS,
+        }
+    }
+
+    /// Parse a preset as `llama-quantize` does: a name or alias in any case (`q4_k_m`, `Q4_K`),
+    /// or the `general.file_type` number.
+    pub fn parse(text: &str) -> Result<QuantPreset, QuantizeError> {
+        let by_name = QuantPreset::ALL
+            .into_iter()
+            .map(|p| (p.name(), p))
+            .chain(ALIASES)
+            .find(|(name, _)| name.eq_ignore_ascii_case(text))
+            .map(|(_, p)| p);
+        let by_number = || {
+            let n: u32 = text.trim().parse().ok()?;
+            QuantPreset::ALL.into_iter().find(|p| p.file_type() == n)
+        };
+        by_name
+            .or_else(by_number)
+            .ok_or_else(|| QuantizeError::UnknownPreset(text.to_string()))
+    }
+
+    /// The preset names, comma-separated, for usage messages.
+    pub fn names() -> String {
+        let names: Vec<&str> = QuantPreset::ALL.iter().map(|p| p.name()).collect();
+        names.join(", ")
+    }
+}
+
+impl std::fmt::Display for QuantPreset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
