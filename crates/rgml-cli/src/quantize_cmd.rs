@@ -15,9 +15,7 @@ use std::path::PathBuf;
 #[command(
     after_help = "Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S, Q3_K_M (Q3_K), \
                         Q3_K_L, Q4_K_S, Q4_K_M (Q4_K), Q5_K_S, Q5_K_M (Q5_K), Q6_K, IQ4_NL, \
-                        IQ4_XS, F16, BF16, F32 (any case, or the general.file_type number). \
-                        A preset whose tensors need a type rgml cannot encode yet fails with \
-                        'not supported yet'."
+                        IQ4_XS, F16, BF16, F32 (any case, or the general.file_type number)."
 )]
 pub struct QuantizeArgs {
     /// Dequantize already-quantized tensors and quantize them again (quality drops).

@@ -267,6 +267,8 @@ fn low_bit_and_iq4_tensors_round_trip_with_ggml_type_ids() {
             .add_tensor("bad", dtype, &[dtype.block_size() / 2, 1], &q)
             .is_err());
     }
+}
+
 /// Streaming the same tensors in pieces gives the same bytes as writing them from memory, and
 /// the file reads back.
 #[test]

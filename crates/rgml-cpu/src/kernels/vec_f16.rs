@@ -53,14 +53,15 @@ fn lanes<const L: usize>(x: &[f32], y: &[f32]) -> f32 {
             }
         }
     }
-    for l in 0..L {
-        sum[0][l] += sum[2][l];
-        sum[1][l] += sum[3][l];
+    let [mut s0, mut s1, s2, s3] = sum;
+    for ((a, b), (c, d)) in s0.iter_mut().zip(s1.iter_mut()).zip(s2.iter().zip(&s3)) {
+        *a += c;
+        *b += d;
     }
-    for l in 0..L {
-        sum[0][l] += sum[1][l];
+    for (a, b) in s0.iter_mut().zip(&s1) {
+        *a += b;
     }
-    let mut total = f64::from(reduce::<L>(&sum[0]));
+    let mut total = f64::from(reduce::<L>(&s0));
     for (a, b) in x[np..n].iter().zip(&y[np..n]) {
         total += f64::from(a * b);
     }

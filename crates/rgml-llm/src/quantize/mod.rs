@@ -42,12 +42,6 @@ pub enum QuantizeError {
     /// A preset name that is not one of [`QuantPreset::ALL`] (or their aliases and numbers).
     #[error("unknown quantization type '{0}' (known: {names})", names = QuantPreset::names())]
     UnknownPreset(String),
-    /// A type the rules chose that rgml cannot encode yet.
-    #[error("type {qtype} is not supported yet")]
-    TypeNotSupported {
-        /// ggml's name of the type.
-        qtype: &'static str,
-    },
     /// The tensor is already quantized and re-quantizing was not allowed.
     #[error("requantizing from type {from} is disabled (allow it with --allow-requantize; quality drops)")]
     RequantizeDisabled {
@@ -166,7 +160,7 @@ pub fn plan(file: &GgufFile, options: &QuantizeOptions) -> Result<QuantizePlan, 
             None => info.dtype,
             Some(q) if QType::from_dtype(info.dtype) == Some(q) => info.dtype,
             Some(q) => {
-                let to = q.dtype().map_err(|e| QuantizeError::on(&info.name, e))?;
+                let to = q.dtype();
                 check_convertible(info.dtype, to, options.allow_requantize)
                     .map_err(|e| QuantizeError::on(&info.name, e))?;
                 to

@@ -103,23 +103,24 @@ impl QType {
         !matches!(self, QType::F32 | QType::F16 | QType::BF16)
     }
 
-    /// The rgml dtype that stores this type, or [`QuantizeError::TypeNotSupported`] while
-    /// rgml has no encoder for it.
-    pub fn dtype(self) -> Result<DType, QuantizeError> {
-        let not_yet = || QuantizeError::TypeNotSupported { qtype: self.name() };
+    /// The rgml dtype that stores this type.
+    pub const fn dtype(self) -> DType {
         match self {
-            QType::F32 => Ok(DType::F32),
-            QType::F16 => Ok(DType::F16),
-            QType::BF16 => Ok(DType::BF16),
-            QType::Q4_0 => Ok(DType::Q4_0),
-            QType::Q4_1 => Ok(DType::Q4_1),
-            QType::Q5_0 => Ok(DType::Q5_0),
-            QType::Q5_1 => Ok(DType::Q5_1),
-            QType::Q8_0 => Ok(DType::Q8_0),
-            QType::Q4_K => Ok(DType::Q4_K),
-            QType::Q5_K => Ok(DType::Q5_K),
-            QType::Q6_K => Ok(DType::Q6_K),
-            QType::Q2_K | QType::Q3_K | QType::IQ4_NL | QType::IQ4_XS => Err(not_yet()),
+            QType::F32 => DType::F32,
+            QType::F16 => DType::F16,
+            QType::BF16 => DType::BF16,
+            QType::Q4_0 => DType::Q4_0,
+            QType::Q4_1 => DType::Q4_1,
+            QType::Q5_0 => DType::Q5_0,
+            QType::Q5_1 => DType::Q5_1,
+            QType::Q8_0 => DType::Q8_0,
+            QType::Q4_K => DType::Q4_K,
+            QType::Q5_K => DType::Q5_K,
+            QType::Q6_K => DType::Q6_K,
+            QType::Q2_K => DType::Q2_K,
+            QType::Q3_K => DType::Q3_K,
+            QType::IQ4_NL => DType::IQ4_NL,
+            QType::IQ4_XS => DType::IQ4_XS,
         }
     }
 
@@ -127,9 +128,7 @@ impl QType {
     /// chooses (I32, the activation types Q8_1 and Q8_K). Derived from [`QType::dtype`], so a
     /// type that becomes encodable there is recognised here too.
     pub fn from_dtype(dtype: DType) -> Option<QType> {
-        QType::ALL
-            .into_iter()
-            .find(|q| q.dtype().ok() == Some(dtype))
+        QType::ALL.into_iter().find(|q| q.dtype() == dtype)
     }
 }
 
