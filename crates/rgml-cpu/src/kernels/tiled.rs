@@ -617,7 +617,18 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    /// Every tile shape gives each pair's `vec_dot` bit for bit, for each type.
+    /// What one output of a tile must equal: `vec_dot`, or for IQ4_NL the tinyBLAS form.
+    fn pair_dot(f: CpuFeatures, dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+        if dtype == DType::IQ4_NL {
+            let xb = rgml::quant::cast_blocks(x).unwrap();
+            let yb = rgml::quant::cast_blocks(y).unwrap();
+            return crate::kernels::lowbit_dot::dot_iq4_nl_tinyblas(&xb, &yb);
+        }
+        crate::kernels::dot::vec_dot(f, dtype, n, x, y).unwrap()
+    }
+
+    /// Every tile shape gives each pair's dot (`vec_dot`, IQ4_NL's tinyBLAS form) bit for bit,
+    /// for each type.
     #[test]
     fn tiles_equal_the_pairwise_dots() {
         let f = CpuFeatures::detect();
@@ -627,7 +638,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let n = 256;
         let nb = n / 32;
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4_NL] {
             let vd = dtype.vec_dot_type();
             let rows: Vec<Vec<u8>> = (0..5)
                 .map(|_| {
@@ -664,9 +675,7 @@ mod tests {
                     unsafe { tile_on(isa, dtype, nb, &x, &y, &mut out, 11) };
                     for r in 0..rm {
                         for c in 0..rn {
-                            let want =
-                                crate::kernels::dot::vec_dot(f, dtype, n, &rows[r], &cols[c])
-                                    .unwrap();
+                            let want = pair_dot(f, dtype, n, &rows[r], &cols[c]);
                             assert_eq!(
                                 out[r * 11 + c].to_bits(),
                                 want.to_bits(),
