@@ -144,8 +144,10 @@ int main(int argc, char ** argv) {
         return 2;
     }
     ggml_cpu_init();
-    const enum ggml_type legacy[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0};
-    const enum ggml_type kquants[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    const enum ggml_type legacy[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
+                                     GGML_TYPE_IQ4_NL};
+    const enum ggml_type kquants[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+                                      GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS};
     const int ks[] = {768, 576};
     int rc = 0;
     for (int ki = 0; ki < 2; ki++) {

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 const NOMINAL_GBS: f64 = 25.0;
 const NOMINAL_GFLOPS: f64 = 280.0;
 
-const DTYPES: [DType; 11] = [
+const DTYPES: [DType; 15] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -49,9 +49,13 @@ const DTYPES: [DType; 11] = [
     DType::Q5_0,
     DType::Q5_1,
     DType::Q8_0,
+    DType::IQ4_NL,
+    DType::Q2_K,
+    DType::Q3_K,
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::IQ4_XS,
 ];
 
 struct Cfg {

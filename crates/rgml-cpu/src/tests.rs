@@ -833,15 +833,19 @@ fn registry_and_params() {
     assert_eq!(be.name(), "CPU1");
 }
 
-const QUANT_WEIGHTS: [DType; 8] = [
+const QUANT_WEIGHTS: [DType; 12] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
     DType::Q5_1,
     DType::Q8_0,
+    DType::IQ4_NL,
+    DType::Q2_K,
+    DType::Q3_K,
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::IQ4_XS,
 ];
 
 fn quantize(dtype: DType, v: &[f32], ne0: usize) -> Vec<u8> {

@@ -3,8 +3,8 @@
 //! products a native (`-march=native`, AVX2) ggml-cpu build computed for them with 1 and 2
 //! threads (`scripts/ggml_ref/gen_matmul.sh`). Batches of 1, 2, 5, 8 and 19 activation rows
 //! take every path ggml has: `vec_dot` pair by pair (1 row, and Q4_1/Q5_1 always), llamafile's
-//! tinyBLAS_Q0 (Q4_0/Q5_0/Q8_0 from 2 rows), and the tiled K-quant kernel (Q4_K/Q5_K/Q6_K from
-//! 8 rows). rgml must give the same bits on every path, with 1 and 2 threads.
+//! tinyBLAS_Q0 (Q4_0/Q5_0/Q8_0/IQ4_NL from 2 rows), and the tiled K-quant kernel
+//! (Q2_K…Q6_K and IQ4_XS from 8 rows). rgml must give the same bits on every path, with 1 and 2 threads.
 //!
 //! The `isa=avx512` arithmetic is asserted equal too: for quantized weights ggml's AVX-512
 //! builds run the same float operations (the `__AVX2__` `vec_dot` branches; tinyBLAS_Q0 on
@@ -62,9 +62,13 @@ fn ggml_dtype(id: usize) -> DType {
         6 => DType::Q5_0,
         7 => DType::Q5_1,
         8 => DType::Q8_0,
+        10 => DType::Q2_K,
+        11 => DType::Q3_K,
         12 => DType::Q4_K,
         13 => DType::Q5_K,
         14 => DType::Q6_K,
+        20 => DType::IQ4_NL,
+        23 => DType::IQ4_XS,
         other => panic!("unexpected ggml type {other}"),
     }
 }
@@ -130,7 +134,7 @@ fn cases() -> Vec<PathBuf> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('q') && n.ends_with(".bin"))
+                .is_some_and(|n| !n.starts_with("x_") && n.ends_with(".bin"))
         })
         .collect();
     paths.sort();
@@ -147,7 +151,7 @@ fn check(isa: IsaChoice) -> Vec<String> {
     let device = CpuDevice::with_options("CPU", &options);
     let mut failures = Vec::new();
     let paths = cases();
-    assert_eq!(paths.len(), 13, "fixture files");
+    assert_eq!(paths.len(), 18, "fixture files");
     for threads in [1, 2] {
         let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
         for path in &paths {
@@ -193,16 +197,15 @@ fn quantized_products_equal_ggml_under_the_avx512_arithmetic() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The fixtures can tell the paths apart: for the K-quants, ggml's tiled kernel (8 and 19 rows)
-/// rounds differently from its `vec_dot` (1, 2 and 5 rows) on some outputs, so a product taking
-/// the wrong path fails the tests above.
+/// The fixtures can tell the paths apart: for the K-quants and IQ4_XS, ggml's tiled kernel (8
+/// and 19 rows) rounds differently from its `vec_dot` (1, 2 and 5 rows) on some outputs, and
+/// for IQ4_NL tinyBLAS (2 rows and more) from `vec_dot` (1 row), so a product taking the wrong
+/// path fails the tests above.
 #[test]
-fn fixtures_distinguish_the_k_quant_paths() {
+fn fixtures_distinguish_the_paths() {
+    use DType::*;
     for path in cases() {
         let case = read_case(&path);
-        if !matches!(case.dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
-            continue;
-        }
         let column0 = |b: usize| {
             let (_, _, v) = case
                 .outputs
@@ -214,7 +217,21 @@ fn fixtures_distinguish_the_k_quant_paths() {
                 .map(|f| f.to_bits())
                 .collect::<Vec<u32>>()
         };
-        assert_eq!(column0(1), column0(5), "{}: vec_dot columns", case.dtype);
-        assert_ne!(column0(1), column0(8), "{}: tiled vs vec_dot", case.dtype);
+        match case.dtype {
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => {
+                assert_eq!(column0(1), column0(5), "{}: vec_dot columns", case.dtype);
+                assert_ne!(column0(1), column0(8), "{}: tiled vs vec_dot", case.dtype);
+            }
+            IQ4_NL => {
+                assert_eq!(column0(2), column0(5), "{}: tinyBLAS columns", case.dtype);
+                assert_ne!(
+                    column0(1),
+                    column0(2),
+                    "{}: tinyBLAS vs vec_dot",
+                    case.dtype
+                );
+            }
+            _ => {}
+        }
     }
 }

@@ -13,7 +13,12 @@ use rgml::{DType, Result, Tensor};
 pub(crate) fn supported(src: &Tensor, dst: &Tensor) -> bool {
     use DType::*;
     let plain = |d: DType| matches!(d, F32 | F16 | BF16);
-    let quant_dst = |d: DType| matches!(d, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K);
+    let quant_dst = |d: DType| {
+        matches!(
+            d,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS
+        )
+    };
     if src.nelements() != dst.nelements() {
         return false;
     }

@@ -1,12 +1,12 @@
 //! Dot products between a weight row and an activation row: ggml's `vec_dot` for each weight
 //! type against its [`DType::vec_dot_type`] (q4_0·q8_0, q4_1·q8_1, q5_0·q8_0, q5_1·q8_1,
-//! q8_0·q8_0, q4_K·q8_K, q5_K·q8_K, q6_K·q8_K), plus f32·f32, f16·f32 and bf16·f32.
+//! q8_0·q8_0, q2_K·q8_K … q6_K·q8_K, iq4_nl·q8_0, iq4_xs·q8_K), plus f32·f32, f16·f32 and bf16·f32.
 //!
 //! The quantized dots compute exactly what ggml's x86 `ggml_vec_dot_*` kernels compute (their
 //! AVX2 branches, which ggml's AVX-512 builds run as well): exact integer sums per block in
 //! ggml's 8 lanes, the block scales applied with the same FMAs, the same horizontal sums. Each
 //! has an AVX2 form and a portable one giving the same bits (the K-quants live in
-//! [`super::kquant_dot`]). The typed `dot_*` functions let the matmul kernel skip the per-call
+//! [`super::kquant_dot`], the low-bit types in [`super::lowbit_dot`]). The typed `dot_*` functions let the matmul kernel skip the per-call
 //! dispatch of [`vec_dot`]; they take the [`CpuFeatures`] the caller resolved (e.g.
 //! [`CpuFeatures::detect`]) and use AVX2 where it says the CPU has AVX2, FMA and F16C.
 
@@ -39,11 +39,11 @@ pub fn vec_dot(f: CpuFeatures, xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Re
         DType::Q4_K => dot_q4_k_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::Q5_K => dot_q5_k_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::Q6_K => dot_q6_k_q8_k(f, &blocks(x)?, &blocks(y)?),
+        DType::Q2_K => dot_q2_k_q8_k(f, &blocks(x)?, &blocks(y)?),
+        DType::Q3_K => dot_q3_k_q8_k(f, &blocks(x)?, &blocks(y)?),
+        DType::IQ4_XS => dot_iq4_xs_q8_k(f, &blocks(x)?, &blocks(y)?),
+        DType::IQ4_NL => dot_iq4_nl_q8_0(f, &blocks(x)?, &blocks(y)?),
         DType::I32 | DType::Q8_1 | DType::Q8_K => return Err(Error::UnsupportedConversion(xtype)),
-        // Weight types the core can store and decode but that have no dot kernel yet.
-        DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS => {
-            return Err(Error::UnsupportedConversion(xtype))
-        }
     })
 }
 
@@ -286,6 +286,7 @@ fn dot_q8_0_q8_0_scalar(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
 }
 
 pub use super::kquant_dot::{dot_q4_k_q8_k, dot_q5_k_q8_k, dot_q6_k_q8_k};
+pub use super::lowbit_dot::{dot_iq4_nl_q8_0, dot_iq4_xs_q8_k, dot_q2_k_q8_k, dot_q3_k_q8_k};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {

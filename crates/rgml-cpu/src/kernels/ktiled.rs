@@ -1,10 +1,11 @@
-//! Batched K-quant products (Q4_K, Q5_K, Q6_K weights by 8 or more activation rows) with the
+//! Batched K-quant products (Q2_K…Q6_K and IQ4_XS weights by 8 or more activation rows) with the
 //! arithmetic of ggml's tiled kernel (`ggml-cpu/tiled/`), which a native x86 ggml-cpu runs for
 //! these types whenever src1 has at least 8 rows, instead of `vec_dot`.
 //!
 //! Per output and per 256-element super-block ggml computes two exact integers, `s1 = sum_j
-//! scale_j * sum(q * y)` over the sub-blocks (Q6_K's quants taken as `q - 32`) and, for the
-//! types with mins, `s2 = sum_j min_j * bsum_j`; then, in f32, `res = d0 * s1`, `res =
+//! scale_j * sum(q * y)` over the sub-blocks (Q6_K's quants taken as `q - 32`, Q3_K's as `q - 4`,
+//! Q3_K's and IQ4_XS's scales as `scale - 32`, IQ4_XS's quants as their codebook values) and,
+//! for the types with mins (Q2_K, Q4_K, Q5_K), `s2 = sum_j min_j * bsum_j`; then, in f32, `res = d0 * s1`, `res =
 //! fnmadd(dmin0, s2, res)` and `acc = fma(res, d1, acc)`, with `d0`/`dmin0` the weight block's
 //! f16 scales and `d1` the Q8_K block's f32 scale; `acc` starts at 0 and goes through the
 //! blocks in order. The AVX2 microkernel and the AVX-512 VNNI one (whose `acc + res * d1`
@@ -14,11 +15,13 @@
 //! Here each weight super-block is decoded once (quants in element order, per-16 scales, the
 //! weights of the bsum correction) and multiplied by a run of activation columns; the integer
 //! sums use `maddubs`/`madd` on AVX2 and plain integer code otherwise, which are exact either
-//! way, and the float steps are the same on both.
+//! way (IQ4_XS's signed values go through `|q|` and `y * sign(q)`, as in ggml, since `q + 128`
+//! would overflow `maddubs`), and the float steps are the same on both.
 
 use super::isa::CpuFeatures;
 use super::kquant_dot::{q4k_quants, q5k_quants, q6k_quants, scales_mins};
-use rgml::quant::{BlockQ4_K, BlockQ5_K, BlockQ6_K, QK_K};
+use super::lowbit_dot::{iq4xs_scales, iq4xs_values, q2k_quants, q3k_codes, q3k_scales};
+use rgml::quant::{BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, QK_K};
 use rgml::DType;
 
 /// ggml takes the tiled path from this many src1 rows (`ggml_tiled_min_batch`).
@@ -30,21 +33,36 @@ pub(crate) const COLS: usize = 64;
 /// Bytes of a Q8_K block: `d` (f32), `qs` (256 i8), `bsums` (16 i16).
 const Q8K_BYTES: usize = 292;
 
+/// The weight types, as the kernels' `K` parameter.
+const Q4K: u8 = 0;
+const Q5K: u8 = 1;
+const Q6K: u8 = 2;
+const Q2K: u8 = 3;
+const Q3K: u8 = 4;
+const IQ4XS: u8 = 5;
+
 /// Whether weights of `dtype` take the tiled path with `rows` src1 rows.
 pub(crate) fn takes(dtype: DType, rows: usize) -> bool {
-    matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) && rows >= MIN_ROWS
+    use DType::*;
+    matches!(dtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS) && rows >= MIN_ROWS
+}
+
+/// Whether weights of kind `K` have mins (`s2` and its `fnmadd`).
+const fn has_min(k: u8) -> bool {
+    matches!(k, Q4K | Q5K | Q2K)
 }
 
 /// One decoded weight super-block.
 #[repr(C, align(32))]
 struct Decoded {
-    /// Quants in element order, unsigned (Q6_K: `q + 32`).
+    /// Quants in element order, unsigned (Q6_K: `q + 32`, Q3_K: `q + 4`), except IQ4_XS's
+    /// signed codebook values (as their bytes).
     q: [u8; QK_K],
     /// The scale of each 16 quants, as `_mm256_madd_epi16` operands: chunk c's 16 lanes are
     /// `scale(2c)` x 8 then `scale(2c + 1)` x 8.
     scales: [[i16; 16]; 8],
-    /// Weights of the activation's per-16 sums: Q4_K/Q5_K the mins (each twice), Q6_K the
-    /// scales (for the `- 32` of its quants).
+    /// Weights of the activation's per-16 sums: Q4_K/Q5_K the mins (each twice), Q2_K the
+    /// mins, Q6_K/Q3_K the scales (for the `- 32` / `- 4` of their quants); IQ4_XS none.
     bsum_weights: [i16; 16],
     d0: f32,
     dmin0: f32,
@@ -61,7 +79,7 @@ impl Decoded {
         }
     }
 
-    /// Block `b` of a weight row of `K` (0: Q4_K, 1: Q5_K, 2: Q6_K) at `x`.
+    /// Block `b` of a weight row of kind `K` at `x`.
     ///
     /// # Safety
     /// Block `b` of the row is readable at `x`.
@@ -70,29 +88,66 @@ impl Decoded {
         // SAFETY: as the caller promises; the reads are unaligned copies of one block.
         unsafe {
             match K {
-                0 => {
+                Q4K => {
                     let blk = x.cast::<BlockQ4_K>().add(b).read_unaligned();
                     q4k_quants(&blk, &mut self.q);
                     self.set_k4(blk.d, blk.dmin, &blk.scales);
                 }
-                1 => {
+                Q5K => {
                     let blk = x.cast::<BlockQ5_K>().add(b).read_unaligned();
                     q5k_quants(&blk, &mut self.q);
                     self.set_k4(blk.d, blk.dmin, &blk.scales);
                 }
+                Q2K => self.set_q2k(&x.cast::<BlockQ2_K>().add(b).read_unaligned()),
+                Q3K => self.set_q3k(&x.cast::<BlockQ3_K>().add(b).read_unaligned()),
+                IQ4XS => self.set_iq4xs(&x.cast::<BlockIQ4_XS>().add(b).read_unaligned()),
                 _ => {
                     let blk = x.cast::<BlockQ6_K>().add(b).read_unaligned();
                     q6k_quants(&blk, &mut self.q);
-                    let sc = blk.scales.map(i16::from);
-                    for (c, lanes) in self.scales.iter_mut().enumerate() {
-                        lanes[..8].fill(sc[2 * c]);
-                        lanes[8..].fill(sc[2 * c + 1]);
-                    }
-                    self.bsum_weights = sc;
+                    self.set_scales16(&blk.scales.map(i16::from));
+                    self.bsum_weights = blk.scales.map(i16::from);
                     self.d0 = blk.d.to_f32_const();
                 }
             }
         }
+    }
+
+    /// One scale per 16 quants.
+    #[inline(always)]
+    fn set_scales16(&mut self, sc: &[i16; 16]) {
+        for (c, lanes) in self.scales.iter_mut().enumerate() {
+            lanes[..8].fill(sc[2 * c]);
+            lanes[8..].fill(sc[2 * c + 1]);
+        }
+    }
+
+    #[inline(always)]
+    fn set_q2k(&mut self, blk: &BlockQ2_K) {
+        q2k_quants(blk, &mut self.q);
+        self.set_scales16(&blk.scales.map(|s| i16::from(s & 0x0F)));
+        self.bsum_weights = blk.scales.map(|s| i16::from(s >> 4));
+        self.d0 = blk.d.to_f32_const();
+        self.dmin0 = blk.dmin.to_f32_const();
+    }
+
+    #[inline(always)]
+    fn set_q3k(&mut self, blk: &BlockQ3_K) {
+        q3k_codes(blk, &mut self.q);
+        let sc = q3k_scales(blk).map(i16::from);
+        self.set_scales16(&sc);
+        self.bsum_weights = sc;
+        self.d0 = blk.d.to_f32_const();
+    }
+
+    #[inline(always)]
+    fn set_iq4xs(&mut self, blk: &BlockIQ4_XS) {
+        let mut v = [0i8; QK_K];
+        iq4xs_values(blk, &mut v);
+        self.q = v.map(|b| b as u8);
+        for (lanes, s) in self.scales.iter_mut().zip(iq4xs_scales(blk)) {
+            *lanes = [i16::from(s); 16];
+        }
+        self.d0 = blk.d.to_f32_const();
     }
 
     #[inline(always)]
@@ -137,7 +192,7 @@ unsafe fn sums_portable<const K: u8>(w: &Decoded, y: *const i8, bsums: &[i16; 16
         let s: i32 = q
             .iter()
             .zip(yv)
-            .map(|(&a, &b)| i32::from(a) * i32::from(b))
+            .map(|(&a, &b)| quant::<K>(a) * i32::from(b))
             .sum();
         dot += i32::from(w.scales[j / 2][8 * (j % 2)]) * s;
     }
@@ -150,13 +205,24 @@ unsafe fn sums_portable<const K: u8>(w: &Decoded, y: *const i8, bsums: &[i16; 16
     finish::<K>(dot, corr)
 }
 
+/// A decoded quant's value as stored (IQ4_XS's bytes are signed).
+#[inline(always)]
+fn quant<const K: u8>(q: u8) -> i32 {
+    if K == IQ4XS {
+        i32::from(q as i8)
+    } else {
+        i32::from(q)
+    }
+}
+
 /// `(s1, s2)` from the scaled quant products and the weighted bsums.
 #[inline(always)]
 fn finish<const K: u8>(dot: i32, corr: i32) -> (i32, i32) {
-    if K == 2 {
-        (dot - 32 * corr, 0)
-    } else {
-        (dot, corr)
+    match K {
+        Q6K => (dot - 32 * corr, 0),
+        Q3K => (dot - 4 * corr, 0),
+        IQ4XS => (dot, 0),
+        _ => (dot, corr),
     }
 }
 
@@ -164,7 +230,7 @@ fn finish<const K: u8>(dot: i32, corr: i32) -> (i32, i32) {
 #[inline(always)]
 fn accumulate<const K: u8>(w: &Decoded, (s1, s2): (i32, i32), d1: f32, acc: &mut f32) {
     let mut res = w.d0 * s1 as f32;
-    if K != 2 {
+    if has_min(K) {
         res = (-w.dmin0).mul_add(s2 as f32, res);
     }
     *acc = res.mul_add(d1, *acc);
@@ -174,7 +240,7 @@ fn accumulate<const K: u8>(w: &Decoded, (s1, s2): (i32, i32), d1: f32, acc: &mut
 /// Q8_K activation row `y[c]`, for the first `y.len()` entries of `acc`.
 ///
 /// # Safety
-/// `dtype` is Q4_K, Q5_K or Q6_K; `x` points at `nb` readable blocks of it, every `y[c]` at
+/// [`takes`] accepts `dtype`; `x` points at `nb` readable blocks of it, every `y[c]` at
 /// `nb` readable Q8_K blocks.
 pub(crate) unsafe fn row(
     f: CpuFeatures,
@@ -185,7 +251,7 @@ pub(crate) unsafe fn row(
     acc: &mut [f32],
 ) {
     macro_rules! go {
-        ($k:literal) => {{
+        ($k:ident) => {{
             #[cfg(target_arch = "x86_64")]
             if f.has_avx2() {
                 // SAFETY: `f` says the CPU has AVX2, FMA and F16C; pointers as promised.
@@ -197,9 +263,12 @@ pub(crate) unsafe fn row(
         }};
     }
     match dtype {
-        DType::Q4_K => go!(0),
-        DType::Q5_K => go!(1),
-        DType::Q6_K => go!(2),
+        DType::Q4_K => go!(Q4K),
+        DType::Q5_K => go!(Q5K),
+        DType::Q6_K => go!(Q6K),
+        DType::Q2_K => go!(Q2K),
+        DType::Q3_K => go!(Q3K),
+        DType::IQ4_XS => go!(IQ4XS),
         _ => {}
     }
 }
@@ -251,7 +320,8 @@ unsafe fn row_body<const K: u8, const AVX2: bool>(
 }
 
 /// [`sums_portable`] with AVX2: `maddubs` of the unsigned quants and the activations (pairs
-/// stay below 2 * 63 * 127), `madd` by the scales, an exact i32 reduction.
+/// stay below 2 * 63 * 127; IQ4_XS's signed values as `|q|` and `y * sign(q)`, below
+/// 2 * 127 * 127), `madd` by the scales, an exact i32 reduction.
 ///
 /// # Safety
 /// AVX2; 256 readable quants at `y`.
@@ -266,7 +336,12 @@ unsafe fn sums_avx2<const K: u8>(w: &Decoded, y: *const i8, bsums: &[i16; 16]) -
             let q = _mm256_load_si256(w.q.as_ptr().add(32 * c).cast());
             let yv = _mm256_loadu_si256(y.add(32 * c).cast());
             let s = _mm256_loadu_si256(w.scales[c].as_ptr().cast());
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(q, yv), s));
+            let p = if K == IQ4XS {
+                super::lowbit_dot::avx2::mul_add_i8(q, yv)
+            } else {
+                _mm256_maddubs_epi16(q, yv)
+            };
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, s));
         }
         let bw = _mm256_loadu_si256(w.bsum_weights.as_ptr().cast());
         let corr = _mm256_madd_epi16(_mm256_loadu_si256(bsums.as_ptr().cast()), bw);
@@ -310,7 +385,14 @@ mod tests {
         let f = CpuFeatures::detect();
         let mut rng = StdRng::seed_from_u64(5);
         let n = 3 * QK_K;
-        for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        for dtype in [
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::IQ4_XS,
+        ] {
             let w = rows(&mut rng, dtype, n, 3);
             let a = rows(&mut rng, DType::Q8_K, n, 11);
             let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();

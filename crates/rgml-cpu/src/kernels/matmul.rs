@@ -6,8 +6,9 @@
 //! with a strided src1). Barrier. A product of the same src1 as the previous one (q/k/v,
 //! gate/up; `NodeTask::reuse_src1`) skips phase 1 and its barrier. Phase 2: threads take
 //! contiguous blocks of src0 rows of each batch and compute all their outputs: packed weights
-//! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, Q4_K/Q5_K/Q6_K weights by
-//! 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q8_0 through the register
+//! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, Q2_K…Q6_K and IQ4_XS weights
+//! by 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q8_0 (and iq4_nl from 2
+//! src1 rows) through the register
 //! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead), other
 //! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
@@ -17,8 +18,8 @@
 //! The quantized paths give a native x86 ggml-cpu's bits (tested against outputs of the real
 //! ggml, `tests/ggml_matmul.rs`). ggml picks the arithmetic by src1's row count: its tiled
 //! K-quant kernel from 8 rows ([`super::ktiled`]), else llamafile's tinyBLAS_Q0 (Q4_0, Q5_0,
-//! Q8_0 from 2 rows, whose per-output operations are exactly `vec_dot`'s) or `vec_dot` pair by
-//! pair ([`super::dot`]). Within a path every output is computed with exactly the operations
+//! Q8_0 from 2 rows, whose per-output operations are exactly `vec_dot`'s; IQ4_NL from 2 rows,
+//! whose single accumulator is not) or `vec_dot` pair by pair ([`super::dot`]). Within a path every output is computed with exactly the operations
 //! of that path, so tiling, packing and the thread count change speed only.
 
 use super::activations::quantize_activations;
@@ -50,7 +51,7 @@ pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
     use DType::*;
     let weight_ok = match a.dtype {
         F32 | F16 | BF16 => true,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K => {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS => {
             super::quant_available() && a.ne[0].is_multiple_of(a.dtype.vec_dot_type().block_size())
         }
         _ => false,
@@ -462,7 +463,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             blk
         };
         let nblk = ne01.div_ceil(blk);
-        let tiled = super::tiled::supported(f, a.dtype);
+        let tiled = super::tiled::takes(f, a.dtype, self.ne11);
         let ktiled = super::ktiled::takes(a.dtype, self.ne11);
         // Blocks on demand: a descheduled thread's share goes to the others.
         for unit in super::claimed(tc.claim, batches * nblk) {
@@ -555,7 +556,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     for (slot, i11) in y.iter_mut().zip(c0..c1) {
                         *slot = (self.b_row)(i11, i12, i13);
                     }
-                    // SAFETY: tiled::supported(f, a.dtype); the src0 rows are dense and in
+                    // SAFETY: tiled::takes(f, a.dtype, ..); the src0 rows are dense and in
                     // bounds, the src1 rows complete in the work area since the barrier, each
                     // `nb` blocks; `out` holds rm x TILE_COLS.
                     unsafe {

@@ -29,6 +29,7 @@ mod elementwise;
 pub mod isa;
 mod kquant_dot;
 mod ktiled;
+mod lowbit_dot;
 pub(crate) mod matmul;
 mod norm;
 pub(crate) mod repack;

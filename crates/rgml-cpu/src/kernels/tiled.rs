@@ -3,7 +3,9 @@
 //! columns and each activation block loaded once for `RM` rows.
 //!
 //! Every output element goes through exactly the operations of its per-pair dot
-//! ([`super::dot`]'s AVX2 `q4_0·q8_0`, `q4_1·q8_1`, `q8_0·q8_0`, themselves ggml's): per block
+//! ([`super::dot`]'s AVX2 `q4_0·q8_0`, `q4_1·q8_1`, `q8_0·q8_0`, themselves ggml's; for IQ4_NL
+//! llamafile's `tinyBLAS_Q0_AVX<block_iq4_nl>`, which ggml runs from 2 activation rows and whose
+//! single accumulator differs from `ggml_vec_dot_iq4_nl_q8_0`'s two): per block
 //! 8 lanes of exact integer sums of 4 products, converted to f32 and folded into the pair's own
 //! 8-lane accumulator with one FMA by `d_x * d_y`; the q4_1 min terms summed in order in f32;
 //! one `hsum` at the end. Tiling only interleaves independent pairs, so the results are the
@@ -16,6 +18,8 @@
 //! weights, measured with `cargo bench -p rgml-cpu`).
 
 use super::isa::CpuFeatures;
+#[cfg(target_arch = "x86_64")]
+use rgml::quant::KVALUES_IQ4NL;
 use rgml::DType;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -24,6 +28,7 @@ use std::arch::x86_64::*;
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
+const IQ4_NL: u8 = 3;
 
 /// Which tiled build this CPU runs, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +56,7 @@ fn kind(dtype: DType) -> Option<u8> {
         DType::Q4_0 => Some(Q4_0),
         DType::Q4_1 => Some(Q4_1),
         DType::Q8_0 => Some(Q8_0),
+        DType::IQ4_NL => Some(IQ4_NL),
         _ => None,
     }
 }
@@ -58,6 +64,13 @@ fn kind(dtype: DType) -> Option<u8> {
 /// Whether weights of `dtype` have a tiled kernel on this CPU.
 pub(crate) fn supported(f: CpuFeatures, dtype: DType) -> bool {
     kind(dtype).is_some() && build(f).is_some()
+}
+
+/// Whether MUL_MAT takes the tiled kernel for weights of `dtype` and `rows` activation rows
+/// per batch: the types whose tiles equal `vec_dot` always, IQ4_NL where ggml takes tinyBLAS
+/// (from 2 rows; one row runs `vec_dot`, whose arithmetic differs).
+pub(crate) fn takes(f: CpuFeatures, dtype: DType, rows: usize) -> bool {
+    supported(f, dtype) && (dtype != DType::IQ4_NL || rows >= 2)
 }
 
 /// Rows of a tile for this CPU's build.
@@ -151,6 +164,7 @@ unsafe fn tile_on(
                     match k {
                         Q4_0 => $f::<Q4_0, $rm, $rn>(nb, $x, y, $out, out_stride),
                         Q4_1 => $f::<Q4_1, $rm, $rn>(nb, $x, y, $out, out_stride),
+                        IQ4_NL => $f::<IQ4_NL, $rm, $rn>(nb, $x, y, $out, out_stride),
                         _ => $f::<Q8_0, $rm, $rn>(nb, $x, y, $out, out_stride),
                     }
                 }
@@ -195,12 +209,12 @@ unsafe fn tile_on(
     }
 }
 
-/// Bytes of a weight block, of an activation block, and the offsets of their quants: q4_0
-/// {d, qs[16]}, q4_1 {d, m, qs[16]}, q8_0 {d, qs[32]}; activations q8_0 {d, qs[32]}, q8_1 {d, s,
-/// qs[32]}.
+/// Bytes of a weight block, of an activation block, and the offsets of their quants: q4_0 and
+/// iq4_nl {d, qs[16]}, q4_1 {d, m, qs[16]}, q8_0 {d, qs[32]}; activations q8_0 {d, qs[32]}, q8_1
+/// {d, s, qs[32]}.
 const fn layout(k: u8) -> (usize, usize, usize, usize) {
     match k {
-        Q4_0 => (18, 34, 2, 2),
+        Q4_0 | IQ4_NL => (18, 34, 2, 2),
         Q4_1 => (20, 36, 4, 4),
         _ => (34, 34, 2, 2),
     }
@@ -221,7 +235,7 @@ pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
 }
 
 /// A weight block's 32 quants in element order: q4_1 nibbles (unsigned), q4_0 nibbles - 8,
-/// q8_0 bytes.
+/// q8_0 bytes, iq4_nl codebook values.
 ///
 /// # Safety
 /// The block's quants are readable at `q`; the CPU supports AVX2.
@@ -232,6 +246,9 @@ unsafe fn weight_quants<const K: u8>(q: *const u8) -> __m256i {
     unsafe {
         if K == Q8_0 {
             return _mm256_loadu_si256(q.cast());
+        }
+        if K == IQ4_NL {
+            return super::lowbit_dot::avx2::iq4_values(q);
         }
         let b = _mm_loadu_si128(q.cast());
         let n = _mm256_and_si256(
@@ -519,10 +536,13 @@ unsafe fn rows_vnni512<const K: u8, const RP: usize, const _RN: usize>(
                         // Lanes (b0, b1, b0>>4, b1>>4) -> (b0, b0>>4, b1, b1>>4).
                         let ordered = _mm512_shuffle_i64x2::<0b11_01_10_00>(both, both);
                         let n = _mm512_and_si512(ordered, _mm512_set1_epi8(0x0F));
-                        if K == Q4_0 {
-                            _mm512_sub_epi8(n, _mm512_set1_epi8(8))
-                        } else {
-                            n
+                        match K {
+                            Q4_0 => _mm512_sub_epi8(n, _mm512_set1_epi8(8)),
+                            IQ4_NL => {
+                                let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+                                _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), n)
+                            }
+                            _ => n,
                         }
                     }
                 };
@@ -597,7 +617,18 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    /// Every tile shape gives each pair's `vec_dot` bit for bit, for each type.
+    /// What one output of a tile must equal: `vec_dot`, or for IQ4_NL the tinyBLAS form.
+    fn pair_dot(f: CpuFeatures, dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+        if dtype == DType::IQ4_NL {
+            let xb = rgml::quant::cast_blocks(x).unwrap();
+            let yb = rgml::quant::cast_blocks(y).unwrap();
+            return crate::kernels::lowbit_dot::dot_iq4_nl_tinyblas(&xb, &yb);
+        }
+        crate::kernels::dot::vec_dot(f, dtype, n, x, y).unwrap()
+    }
+
+    /// Every tile shape gives each pair's dot (`vec_dot`, IQ4_NL's tinyBLAS form) bit for bit,
+    /// for each type.
     #[test]
     fn tiles_equal_the_pairwise_dots() {
         let f = CpuFeatures::detect();
@@ -607,7 +638,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let n = 256;
         let nb = n / 32;
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4_NL] {
             let vd = dtype.vec_dot_type();
             let rows: Vec<Vec<u8>> = (0..5)
                 .map(|_| {
@@ -644,9 +675,7 @@ mod tests {
                     unsafe { tile_on(isa, dtype, nb, &x, &y, &mut out, 11) };
                     for r in 0..rm {
                         for c in 0..rn {
-                            let want =
-                                crate::kernels::dot::vec_dot(f, dtype, n, &rows[r], &cols[c])
-                                    .unwrap();
+                            let want = pair_dot(f, dtype, n, &rows[r], &cols[c]);
                             assert_eq!(
                                 out[r * 11 + c].to_bits(),
                                 want.to_bits(),

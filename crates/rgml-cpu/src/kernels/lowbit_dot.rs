@@ -1,0 +1,248 @@
+//! The low-bit dot products `q2_K·q8_K`, `q3_K·q8_K`, `iq4_xs·q8_K` and `iq4_nl·q8_0` with the
+//! float arithmetic of ggml's x86 `ggml_vec_dot_*` (`arch/x86/quants.c`, the `__AVX2__`
+//! branches, which AVX-512 builds run too: their helpers have no VNNI variant that reaches a
+//! float), plus the super-block decoders the tiled batch kernel ([`super::ktiled`]) shares.
+//!
+//! Per super-block ggml keeps 8 lanes of exact i32 sums (lane `k` sums the products of bytes
+//! `4k..4k + 4` of every 32-byte chunk, each scaled by its sub-block scale), converts them to
+//! f32 and folds them into an 8-lane accumulator with one FMA by `d = y.d * x.d`; one
+//! `hsum_float_8` at the end. Q2_K's mins enter the same accumulator first, with an FMA by
+//! `dmin = -y.d * x.dmin` of the 8 lanes `_mm256_madd_epi16(mins, bsums)`. IQ4_NL (32-value
+//! blocks) alternates two accumulators between even and odd blocks, adds them before the
+//! horizontal sum, and handles an odd last block in scalar code as `sumf + sumi * d`, which
+//! the native build does not contract (checked in its disassembly).
+//!
+//! The portable functions compute the same lanes with plain integer code and the same float
+//! operations, so both forms give the same bits.
+
+use super::vexp::hsum8;
+use crate::CpuFeatures;
+use rgml::quant::{
+    q3_k_scale, BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K,
+    KVALUES_IQ4NL, QK_K,
+};
+
+/// The 256 2-bit quants of a Q2_K (or the low bits of a Q3_K) super-block in element order:
+/// for each 128 values, byte `l` of the 32-byte group holds values `l + 32 t` at bits `2t`.
+#[inline(always)]
+fn low2_quants(qs: &[u8; 64], q: &mut [u8; QK_K]) {
+    for h in 0..2 {
+        for t in 0..4 {
+            for l in 0..32 {
+                q[128 * h + 32 * t + l] = (qs[32 * h + l] >> (2 * t)) & 3;
+            }
+        }
+    }
+}
+
+/// Q2_K quants in element order (0..4).
+#[inline(always)]
+pub(crate) fn q2k_quants(x: &BlockQ2_K, q: &mut [u8; QK_K]) {
+    low2_quants(&x.qs, q);
+}
+
+/// Q3_K codes in element order, unsigned (0..8; the value is `code - 4`): the low 2 bits and
+/// the hmask bit as bit 2 (value `j`'s at bit `j / 32` of byte `j % 32`).
+#[inline(always)]
+pub(crate) fn q3k_codes(x: &BlockQ3_K, q: &mut [u8; QK_K]) {
+    low2_quants(&x.qs, q);
+    for (j, v) in q.iter_mut().enumerate() {
+        *v |= ((x.hmask[j % 32] >> (j / 32)) & 1) << 2;
+    }
+}
+
+/// Q3_K's 16 sub-block scales, signed (`scale - 32`).
+#[inline(always)]
+pub(crate) fn q3k_scales(x: &BlockQ3_K) -> [i8; 16] {
+    std::array::from_fn(|j| q3_k_scale(j, &x.scales) as i8 - 32)
+}
+
+/// IQ4_XS's 8 sub-block scales, signed (`ls - 32`).
+#[inline(always)]
+pub(crate) fn iq4xs_scales(x: &BlockIQ4_XS) -> [i8; 8] {
+    std::array::from_fn(|ib| {
+        let lo = (x.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
+        let hi = ((x.scales_h >> (2 * ib)) & 3) as u8;
+        (lo | (hi << 4)) as i8 - 32
+    })
+}
+
+/// The 32 codebook values of 16 packed bytes in element order (low nibbles first).
+#[inline(always)]
+fn iq4_values(qs: &[u8], v: &mut [i8]) {
+    for (j, &b) in qs.iter().enumerate().take(16) {
+        v[j] = KVALUES_IQ4NL[usize::from(b & 0x0F)];
+        v[j + 16] = KVALUES_IQ4NL[usize::from(b >> 4)];
+    }
+}
+
+/// IQ4_XS values in element order.
+#[inline(always)]
+pub(crate) fn iq4xs_values(x: &BlockIQ4_XS, v: &mut [i8; QK_K]) {
+    for (qs, vs) in x.qs.chunks_exact(16).zip(v.chunks_exact_mut(32)) {
+        iq4_values(qs, vs);
+    }
+}
+
+/// ggml's 8 i32 lanes of a super-block of signed values `q`: lane `k` = `sum_chunk
+/// scale(chunk, k) * sum_{b in 4k..4k+4} q[32 chunk + b] * y[32 chunk + b]`, with one scale per
+/// `SUB` values (`SUB` = 16: `sc[2 chunk]` for lanes 0..4, `sc[2 chunk + 1]` for lanes 4..8).
+#[inline(always)]
+fn scaled_lanes<const SUB: usize>(q: &[i8; QK_K], y: &[i8; QK_K], sc: &[i8]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for (chunk, (qc, yc)) in q.chunks_exact(32).zip(y.chunks_exact(32)).enumerate() {
+        for (k, lane) in lanes.iter_mut().enumerate() {
+            let s = i32::from(sc[chunk * 32 / SUB + (4 * k) / SUB]);
+            let p: i32 = (4 * k..4 * k + 4)
+                .map(|b| i32::from(qc[b]) * i32::from(yc[b]))
+                .sum();
+            *lane += s * p;
+        }
+    }
+    lanes
+}
+
+#[inline(always)]
+fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: [i32; 8]) {
+    for (a, l) in acc.iter_mut().zip(lanes) {
+        *a = d.mul_add(l as f32, *a);
+    }
+}
+
+/// Q2_K weights · Q8_K activations, over the common number of super-blocks.
+pub fn dot_q2_k_q8_k(f: CpuFeatures, x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::dot_q2_k(x, y) };
+    }
+    let _ = f;
+    let mut acc = [0f32; 8];
+    let mut q = [0u8; QK_K];
+    for (bx, by) in x.iter().zip(y) {
+        let d = by.d * bx.d.to_f32_const();
+        let dmin = -by.d * bx.dmin.to_f32_const();
+        let m = |j: usize| i32::from(bx.scales[j] >> 4) * i32::from(by.bsums[j]);
+        fma_lanes(
+            &mut acc,
+            dmin,
+            std::array::from_fn(|k| m(2 * k) + m(2 * k + 1)),
+        );
+        q2k_quants(bx, &mut q);
+        let sc = bx.scales.map(|s| (s & 0x0F) as i8);
+        let lanes = scaled_lanes::<16>(&q.map(|v| v as i8), &by.qs, &sc);
+        fma_lanes(&mut acc, d, lanes);
+    }
+    hsum8(&acc)
+}
+
+/// Q3_K weights · Q8_K activations, over the common number of super-blocks.
+pub fn dot_q3_k_q8_k(f: CpuFeatures, x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::dot_q3_k(x, y) };
+    }
+    let _ = f;
+    let mut acc = [0f32; 8];
+    let mut q = [0u8; QK_K];
+    for (bx, by) in x.iter().zip(y) {
+        let d = by.d * bx.d.to_f32_const();
+        q3k_codes(bx, &mut q);
+        let lanes = scaled_lanes::<16>(&q.map(|v| v as i8 - 4), &by.qs, &q3k_scales(bx));
+        fma_lanes(&mut acc, d, lanes);
+    }
+    hsum8(&acc)
+}
+
+/// IQ4_XS weights · Q8_K activations, over the common number of super-blocks.
+pub fn dot_iq4_xs_q8_k(f: CpuFeatures, x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::dot_iq4_xs(x, y) };
+    }
+    let _ = f;
+    let mut acc = [0f32; 8];
+    let mut v = [0i8; QK_K];
+    for (bx, by) in x.iter().zip(y) {
+        let d = bx.d.to_f32_const() * by.d;
+        iq4xs_values(bx, &mut v);
+        fma_lanes(
+            &mut acc,
+            d,
+            scaled_lanes::<32>(&v, &by.qs, &iq4xs_scales(bx)),
+        );
+    }
+    hsum8(&acc)
+}
+
+/// The lanes of one IQ4_NL block: lane `k` = `sum_{b in 4k..4k+4} v[b] * y[b]`.
+#[inline(always)]
+fn iq4nl_lanes(x: &BlockIQ4_NL, y: &BlockQ8_0) -> [i32; 8] {
+    let mut v = [0i8; 32];
+    iq4_values(&x.qs, &mut v);
+    std::array::from_fn(|k| {
+        (4 * k..4 * k + 4)
+            .map(|b| i32::from(v[b]) * i32::from(y.qs[b]))
+            .sum()
+    })
+}
+
+/// IQ4_NL weights · Q8_0 activations, over the common number of blocks (`ggml_vec_dot`'s
+/// arithmetic: one weight row by one activation row).
+pub fn dot_iq4_nl_q8_0(f: CpuFeatures, x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
+    let nb = x.len().min(y.len());
+    let (x, y) = (&x[..nb], &y[..nb]);
+    let pairs = nb / 2;
+    #[cfg(target_arch = "x86_64")]
+    let head = if f.has_avx2() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
+        unsafe { avx2::dot_iq4_nl_pairs(&x[..2 * pairs], &y[..2 * pairs]) }
+    } else {
+        iq4nl_pairs(&x[..2 * pairs], &y[..2 * pairs])
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let head = {
+        let _ = f;
+        iq4nl_pairs(&x[..2 * pairs], &y[..2 * pairs])
+    };
+    match (x.last(), y.last()) {
+        (Some(bx), Some(by)) if nb % 2 == 1 => {
+            let d = by.d.to_f32_const() * bx.d.to_f32_const();
+            let sumi: i32 = iq4nl_lanes(bx, by).iter().sum();
+            head + sumi as f32 * d
+        }
+        _ => head,
+    }
+}
+
+/// The paired part of [`dot_iq4_nl_q8_0`] (an even number of blocks), portable form.
+fn iq4nl_pairs(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
+    let mut acc = [[0f32; 8]; 2];
+    for (i, (bx, by)) in x.iter().zip(y).enumerate() {
+        let d = by.d.to_f32_const() * bx.d.to_f32_const();
+        fma_lanes(&mut acc[i % 2], d, iq4nl_lanes(bx, by));
+    }
+    hsum8(&std::array::from_fn(|k| acc[0][k] + acc[1][k]))
+}
+
+/// IQ4_NL weights · Q8_0 activations with the arithmetic of llamafile's
+/// `tinyBLAS_Q0_AVX<block_iq4_nl, block_q8_0>` (ggml's path from 2 activation rows): one 8-lane
+/// accumulator over all blocks, FMAs by `x.d * y.d`, `hsum` at the end. Portable reference of
+/// the tiled kernel ([`super::tiled`]), used by the tests.
+#[cfg(test)]
+pub(crate) fn dot_iq4_nl_tinyblas(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (bx, by) in x.iter().zip(y) {
+        let d = bx.d.to_f32_const() * by.d.to_f32_const();
+        fma_lanes(&mut acc, d, iq4nl_lanes(bx, by));
+    }
+    hsum8(&acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+//! The low-bit dots with AVX2 intrinsics, in ggml's order where it matters (the float
+//! operations; the integer lanes are exact whatever computes them).
+
+use super::{iq4xs_scales, q3k_scales};
+use rgml::quant::{BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K};
+use rgml::quant::{KVALUES_IQ4NL, QK_K};
+use std::arch::x86_64::*;
+
+/// `hsum_float_8`.
+#[inline(always)]
+fn hsum(v: __m256) -> f32 {
+    // SAFETY: AVX; every caller is compiled with AVX2 enabled.
+    unsafe { crate::kernels::tiled::hsum8(v) }
+}
+
+/// 32 bytes at `p`.
+///
+/// # Safety
+/// 32 readable bytes at `p`; AVX.
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    // SAFETY: as the caller promises; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// The madd operand scaling bytes 0..16 of a 32-byte chunk by `lo` and bytes 16..32 by `hi`.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn scale_pair(lo: i8, hi: i8) -> __m256i {
+    // SAFETY: AVX2 as promised.
+    unsafe { _mm256_set_m128i(_mm_set1_epi16(i16::from(hi)), _mm_set1_epi16(i16::from(lo))) }
+}
+
+/// The 2-bit field `t` (bits `2t..2t + 2`) of every byte.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn field2(bits: __m256i, t: i32) -> __m256i {
+    // SAFETY: AVX2 as promised. The 16-bit shift moves no set bit across a byte that survives
+    // the mask.
+    unsafe {
+        let shifted = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * t));
+        _mm256_and_si256(shifted, _mm256_set1_epi8(3))
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.iter().zip(y) {
+        let d = by.d * bx.d.to_f32_const();
+        let dmin = -by.d * bx.dmin.to_f32_const();
+        let sc = bx.scales.map(|s| (s & 0x0F) as i8);
+        // SAFETY: AVX2, FMA (this function's features); loads inside the blocks (16 scale
+        // bytes, 32 bsum bytes, 2 x 32 quant bytes, 8 x 32 activation bytes).
+        unsafe {
+            let packed = _mm_loadu_si128(bx.scales.as_ptr().cast());
+            let mins8 = _mm_and_si128(_mm_srli_epi16::<4>(packed), _mm_set1_epi8(0x0F));
+            let bsums = load(by.bsums.as_ptr().cast());
+            let prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mins8), bsums);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+            let mut sumi = _mm256_setzero_si256();
+            for h in 0..2 {
+                let bits = load(bx.qs.as_ptr().add(32 * h));
+                for t in 0..4 {
+                    let c = 4 * h + t;
+                    let yv = load(by.qs.as_ptr().add(32 * c).cast());
+                    let p = _mm256_maddubs_epi16(field2(bits, t as i32), yv);
+                    let s = scale_pair(sc[2 * c], sc[2 * c + 1]);
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    hsum(acc)
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.iter().zip(y) {
+        let d = by.d * bx.d.to_f32_const();
+        let sc = q3k_scales(bx);
+        // SAFETY: AVX2, FMA (this function's features); loads inside the blocks.
+        unsafe {
+            let hbits = load(bx.hmask.as_ptr());
+            let four = _mm256_set1_epi8(4);
+            let mut sumi = _mm256_setzero_si256();
+            for h in 0..2 {
+                let bits = load(bx.qs.as_ptr().add(32 * h));
+                for t in 0..4 {
+                    let c = 4 * h + t;
+                    let yv = load(by.qs.as_ptr().add(32 * c).cast());
+                    // Chunk c's third bits are bit c of the hmask bytes; a clear bit means -4.
+                    let bit = _mm256_set1_epi8(1 << c);
+                    let clear =
+                        _mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), _mm256_setzero_si256());
+                    let minus = _mm256_maddubs_epi16(_mm256_and_si256(clear, four), yv);
+                    let plus = _mm256_maddubs_epi16(field2(bits, t as i32), yv);
+                    let p = _mm256_sub_epi16(plus, minus);
+                    let s = scale_pair(sc[2 * c], sc[2 * c + 1]);
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    hsum(acc)
+}
+
+/// The 32 codebook values of the 16 packed bytes at `qs` in element order (low nibbles in the
+/// low 128 bits).
+///
+/// # Safety
+/// 16 readable bytes at `qs`; AVX2.
+#[inline(always)]
+pub(crate) unsafe fn iq4_values(qs: *const u8) -> __m256i {
+    // SAFETY: as the caller promises; the codebook is 16 bytes.
+    unsafe {
+        let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+        let m4 = _mm_set1_epi8(0x0F);
+        let b = _mm_loadu_si128(qs.cast());
+        let lo = _mm_shuffle_epi8(table, _mm_and_si128(b, m4));
+        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(b), m4));
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
+/// 16 i16 pair sums of signed `v` times signed `y` (`mul_add_epi8`: `|v|` times `y * sign(v)`;
+/// no saturation: neither operand is -128, so a pair is at most 2 * 127 * 127).
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+pub(crate) unsafe fn mul_add_i8(v: __m256i, y: __m256i) -> __m256i {
+    // SAFETY: AVX2 as promised.
+    unsafe { _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(y, v)) }
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.iter().zip(y) {
+        let sc = iq4xs_scales(bx);
+        // SAFETY: AVX2, FMA (this function's features); loads inside the blocks (8 x 16
+        // quant bytes, 8 x 32 activation bytes).
+        unsafe {
+            let mut sumi = _mm256_setzero_si256();
+            for (ib, &s) in sc.iter().enumerate().take(QK_K / 32) {
+                let v = iq4_values(bx.qs.as_ptr().add(16 * ib));
+                let yv = load(by.qs.as_ptr().add(32 * ib).cast());
+                let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(i16::from(s)));
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+            let d = _mm256_set1_ps(bx.d.to_f32_const() * by.d);
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    hsum(acc)
+}
+
+/// The paired part of `dot_iq4_nl_q8_0` (an even number of blocks): even blocks into one
+/// accumulator, odd ones into another, added before the horizontal sum.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_iq4_nl_pairs(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (i, (bx, by)) in x.iter().zip(y).enumerate() {
+        let d = by.d.to_f32_const() * bx.d.to_f32_const();
+        // SAFETY: AVX2, FMA (this function's features); 16 quant bytes, 32 activation bytes.
+        unsafe {
+            let v = iq4_values(bx.qs.as_ptr());
+            let yv = load(by.qs.as_ptr().cast());
+            let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
+            acc[i % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[i % 2]);
+        }
+    }
+    hsum(_mm256_add_ps(acc[0], acc[1]))
+}

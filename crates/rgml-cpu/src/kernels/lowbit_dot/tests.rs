@@ -1,0 +1,83 @@
+use super::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rgml::quant::{cast_blocks, dequantize_row, quantize_row, QuantBlock};
+use rgml::DType;
+
+/// Random values with occasional outliers, quantized to `dtype`.
+fn row(rng: &mut StdRng, dtype: DType, n: usize) -> Vec<u8> {
+    let v: Vec<f32> = (0..n)
+        .map(|_| rng.gen_range(-1.0f32..1.0) * if rng.gen_bool(0.03) { 9.0 } else { 1.0 })
+        .collect();
+    let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
+    quantize_row(dtype, &v, &mut b).unwrap();
+    b
+}
+
+fn blocks<B: QuantBlock>(b: &[u8]) -> Vec<B> {
+    cast_blocks::<B>(b).unwrap().into_owned()
+}
+
+/// The f64 dot of the dequantized rows and the sum of the products' magnitudes.
+fn reference(xt: DType, x: &[u8], yt: DType, y: &[u8], n: usize) -> (f64, f64) {
+    let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+    dequantize_row(xt, x, &mut a).unwrap();
+    dequantize_row(yt, y, &mut b).unwrap();
+    a.iter().zip(&b).fold((0.0, 0.0), |(s, m), (&p, &q)| {
+        let t = f64::from(p) * f64::from(q);
+        (s + t, m + t.abs())
+    })
+}
+
+/// Each dot, SIMD and portable, gives the same bits, within f32 rounding of the f64 product
+/// of the dequantized operands (odd block counts included).
+#[test]
+fn simd_portable_and_f64_reference_agree() {
+    let f = CpuFeatures::detect();
+    let slow = f.without_simd();
+    let mut rng = StdRng::seed_from_u64(11);
+    for (xt, n) in [
+        (DType::Q2_K, 3 * QK_K),
+        (DType::Q3_K, 3 * QK_K),
+        (DType::IQ4_XS, 3 * QK_K),
+        (DType::IQ4_NL, 7 * 32),
+        (DType::IQ4_NL, 8 * 32),
+        (DType::IQ4_NL, 32),
+    ] {
+        let yt = xt.vec_dot_type();
+        for trial in 0..20 {
+            let (xb, yb) = (row(&mut rng, xt, n), row(&mut rng, yt, n));
+            let dot = |f: CpuFeatures| match xt {
+                DType::Q2_K => dot_q2_k_q8_k(f, &blocks(&xb), &blocks(&yb)),
+                DType::Q3_K => dot_q3_k_q8_k(f, &blocks(&xb), &blocks(&yb)),
+                DType::IQ4_XS => dot_iq4_xs_q8_k(f, &blocks(&xb), &blocks(&yb)),
+                _ => dot_iq4_nl_q8_0(f, &blocks(&xb), &blocks(&yb)),
+            };
+            let (fast, portable) = (dot(f), dot(slow));
+            assert_eq!(
+                fast.to_bits(),
+                portable.to_bits(),
+                "{xt} n={n} trial {trial}"
+            );
+            let (exact, mag) = reference(xt, &xb, yt, &yb, n);
+            let err = (f64::from(fast) - exact).abs() / mag;
+            assert!(err < 1e-5, "{xt} n={n}: {fast} vs {exact} ({err})");
+        }
+    }
+}
+
+/// The tinyBLAS form differs from `vec_dot`'s (one accumulator, not two) but is as accurate.
+#[test]
+fn iq4_nl_tinyblas_form_is_accurate() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let n = 9 * 32;
+    for _ in 0..20 {
+        let (xb, yb) = (
+            row(&mut rng, DType::IQ4_NL, n),
+            row(&mut rng, DType::Q8_0, n),
+        );
+        let got = dot_iq4_nl_tinyblas(&blocks(&xb), &blocks(&yb));
+        let (exact, mag) = reference(DType::IQ4_NL, &xb, DType::Q8_0, &yb, n);
+        assert!((f64::from(got) - exact).abs() / mag < 1e-5);
+    }
+}
