@@ -106,6 +106,9 @@ pub fn output_threshold(dtype: DType) -> f64 {
         DType::Q4_K => 1e-4,
         DType::Q5_K => 3e-5,
         DType::Q6_K | DType::Q8_K => 1e-5,
+        DType::Q2_K => 2e-3,
+        DType::Q3_K => 6e-4,
+        DType::IQ4_NL | DType::IQ4_XS => 4e-4,
         _ => DEFAULT_NMSE,
     }
 }
@@ -115,7 +118,8 @@ fn dims(ne: &[usize]) -> String {
     format!("[{}]", v.join(","))
 }
 
-const QUANT: [DType; 8] = [
+/// Every weight type of the common `llama-quantize` presets.
+const QUANT: [DType; 12] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -124,6 +128,10 @@ const QUANT: [DType; 8] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
 ];
 
 fn with_plain(q: &[DType]) -> Vec<DType> {
