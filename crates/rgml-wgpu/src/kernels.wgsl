@@ -321,24 +321,31 @@ fn mul_mv_q8(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wi
 }
 
 // The matrix-vector path of `mul_mat` for f32 / f16 weights: 16 invocations per output,
-// invocation l owning tinyBLAS lane l (elements l, l + 16, ...), then `hsum16` by lane 0.
+// invocation l owning lane l (elements l, l + 16, ...), then `hsum16` by lane 0. In tinyBLAS's
+// order (c_ne.x == 0) a lane has one accumulator; in `ggml_vec_dot_f16` / `_f32`'s (c_ne.x == 1,
+// where tinyBLAS declines: one activation row, or rows it cannot tile) four, taking the
+// elements of consecutive 64-element steps in turn, folded (0 + 2) + (1 + 3) before the sum.
+// (`supports_op` keeps the vec_dot order to rows of whole 64-element steps: ggml sums the
+// remainder in f64.)
 @compute @workgroup_size(64)
 fn mul_mv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let l = li % 16u;
     let out = (wid.x + wid.y * nwg.x) * 4u + li / 16u;
     let valid = out < p.misc.x / 16u;
-    var acc = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
     var idx = vec4<u32>(0u);
     if (valid) {
         idx = unravel(out, p.d_ne);
         let a0 = p.off.x + idx.x * p.a_nb.y + (idx.z / p.misc.y) * p.a_nb.z + (idx.w / p.misc.z) * p.a_nb.w;
         let b0 = p.off.y + idx.y * p.b_nb.y + idx.z * p.b_nb.z + idx.w * p.b_nb.w;
         let t = p.misc.w;
+        let steps = select(1u, 4u, p.c_ne.x == 1u);
         for (var k = l; k < p.a_ne.x; k += 16u) {
-            acc = mm_step(t, a0, b0, k, acc);
+            let j = (k / 16u) % steps;
+            acc[j] = mm_step(t, a0, b0, k, acc[j]);
         }
     }
-    lanes[li] = acc;
+    lanes[li] = (acc[0] + acc[2]) + (acc[1] + acc[3]);
     workgroupBarrier();
     if (valid && l == 0u) {
         var v: array<f32, 16>;

@@ -133,6 +133,7 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
         (Op::MulMat, [a, b]) => {
             fits(a)
                 && a.dtype != DType::I32
+                && (!vec_dot_order(a, b) || a.ne[0].is_multiple_of(64))
                 && f32s(&[b])
                 && a.ne[2] > 0
                 && a.ne[3] > 0
@@ -141,6 +142,18 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether ggml's AVX-512 build multiplies these f32 / f16 weights with tinyBLAS (two or more
+/// activation rows, weight rows in whole groups of 4, rows of whole 16-lane vectors); otherwise
+/// it takes `ggml_vec_dot_f16` / `_f32` pair by pair.
+fn tinyblas_takes(a: &Tensor, b: &Tensor) -> bool {
+    b.ne[1] >= 2 && a.ne[1].is_multiple_of(4) && a.ne[0].is_multiple_of(16)
+}
+
+/// f32 / f16 weights that ggml multiplies pair by pair, in `ggml_vec_dot`'s order.
+fn vec_dot_order(a: &Tensor, b: &Tensor) -> bool {
+    matches!(a.dtype, DType::F32 | DType::F16) && !tinyblas_takes(a, b)
 }
 
 fn dims(ne: [usize; 4]) -> [u32; 4] {
@@ -488,7 +501,10 @@ impl<'a> Prep<'a> {
         if quantizes_activations(a.dtype) {
             return self.mul_mat_q8(p, buffers, b, elements, vector);
         }
-        let d = if vector {
+        let vec_dot_order = vec_dot_order(a, b);
+        let d = if vector || vec_dot_order {
+            // Unused by MUL_MAT otherwise (it has no third source): the lanes' order.
+            p.c_ne[0] = u32::from(vec_dot_order);
             self.dispatch(Kernel::MulMv, p, buffers, elements * MV_LANES)?
         } else {
             self.dispatch(Kernel::MulMat, p, buffers, elements)?

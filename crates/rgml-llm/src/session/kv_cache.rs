@@ -87,13 +87,18 @@ impl KvCache {
     }
 }
 
-/// KV cells the attention reads: the used ones rounded up to a multiple of [`KV_PAD`] (at most
-/// the allocated `cells`, itself a multiple of it), masked with -inf. llama.cpp pads the same way, and its SIMD softmax and tinyBLAS
-/// dots then process whole groups of 8; computing on the same padded rows reproduces its
-/// results bit for bit (the padding adds exact zeros).
-pub(super) fn padded_n_kv(used: usize, n_ctx: usize) -> usize {
-    used.next_multiple_of(KV_PAD).min(n_ctx).max(used)
+/// KV cells the attention reads, as llama.cpp's `get_n_kv`: the used ones rounded up to a
+/// multiple of [`KV_PAD`], at least [`KV_PAD`], at most the allocated `cells` (a multiple of
+/// it), the rest masked with -inf. The exact count matters beyond the zeros the padding adds:
+/// it decides how ggml's dots group the cells (tinyBLAS's lanes, and `ggml_vec_dot_f16`'s
+/// steps of 32 or 64 elements with the remainder summed in f64 in generation), so computing
+/// on the same padded rows reproduces llama.cpp's results bit for bit.
+pub(super) fn padded_n_kv(used: usize, cells: usize) -> usize {
+    used.next_multiple_of(KV_PAD)
+        .max(KV_PAD)
+        .min(cells)
+        .max(used)
 }
 
-/// See [`padded_n_kv`].
-pub(super) const KV_PAD: usize = 32;
+/// See [`padded_n_kv`]: llama.cpp pads both its context (`n_ctx`) and the attended cells to 256.
+pub(super) const KV_PAD: usize = 256;
