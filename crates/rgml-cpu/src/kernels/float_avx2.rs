@@ -5,8 +5,8 @@
 //! Two orders, each giving ggml's bits for every output:
 //! - [`tile`]: llamafile's tinyBLAS (`tinyBLAS<8, __m256, ...>`, the path for two activation
 //!   rows or more): one 8-lane accumulator per output, `fma` in steps of 8, then `hsum`. An
-//!   `RM x RN` register tile (4 x 3, as tinyBLAS on 16-register AVX2) keeps every output's own
-//!   accumulator, so the tile changes only how often rows are loaded.
+//!   `RM x RN` register tile (2 x 6 here; tinyBLAS runs 4 x 3) keeps every output's own
+//!   accumulator, so the tile changes only how often rows are loaded and widened.
 //! - [`vec_dot`]: `ggml_vec_dot_f16/bf16/f32` (one activation row, or shapes tinyBLAS
 //!   declines), the order of [`super::vec_float`], prefetching the weight stream ahead.
 
@@ -80,11 +80,12 @@ pub(crate) unsafe fn tile<const W: u8, const RM: usize, const RN: usize>(
     // promise), on a CPU with the enabled features.
     unsafe {
         for k in (0..n).step_by(8) {
-            let yv: [__m256; RN] = std::array::from_fn(|c| _mm256_loadu_ps(y[c].add(k)));
-            for (acc_r, &xr) in acc.iter_mut().zip(x) {
-                let xv = load8::<W>(xr, k);
-                for (a, yc) in acc_r.iter_mut().zip(&yv) {
-                    *a = _mm256_fmadd_ps(xv, *yc, *a);
+            // Weight rows widened once per step; activation loads fold into the FMAs.
+            let xv: [__m256; RM] = std::array::from_fn(|r| load8::<W>(x[r], k));
+            for (c, &yc) in y.iter().enumerate() {
+                let yv = _mm256_loadu_ps(yc.add(k));
+                for (acc_r, xr) in acc.iter_mut().zip(&xv) {
+                    acc_r[c] = _mm256_fmadd_ps(*xr, yv, acc_r[c]);
                 }
             }
         }
@@ -244,8 +245,8 @@ unsafe fn run<const W: u8>(
                         }
                     }
                 } else {
-                    for r0 in rows.clone().step_by(4) {
-                        let xr: [*const u8; 4] = std::array::from_fn(|r| x(r0 + r));
+                    for r0 in rows.clone().step_by(TILE_ROWS) {
+                        let xr: [*const u8; TILE_ROWS] = std::array::from_fn(|r| x(r0 + r));
                         tile_row::<W>(&xr, &y[..nc], &out_rows[..nc], r0, k);
                     }
                 }
@@ -255,42 +256,61 @@ unsafe fn run<const W: u8>(
     Ok(())
 }
 
-/// Four weight rows from `r0` against every column of `y`, written to `out[c][r0 + r]`, by
-/// 4 x 3 tiles (the last 4 x 1 or 4 x 2).
+/// Weight rows per register tile of the tinyBLAS order, and columns: 12 accumulators, 2 rows
+/// widened per step (F16/BF16 conversions cost as much as FMAs on Zen), the activations read
+/// by the FMAs from memory. (tinyBLAS itself runs 4 x 3; every output keeps its own
+/// accumulator and operations either way.)
+const TILE_ROWS: usize = 2;
+const TILE_COLS: usize = 6;
+
+/// `TILE_ROWS` weight rows from `r0` against every column of `y`, written to `out[c][r0 +
+/// r]`, by `TILE_ROWS x TILE_COLS` tiles (the last one narrower).
 ///
 /// # Safety
-/// As [`tile`] for each column; `out[c]` has room for rows `r0..r0 + 4`, owned by the caller.
+/// As [`tile`] for each column; `out[c]` has room for rows `r0..r0 + TILE_ROWS`, owned by the
+/// caller.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_row<const W: u8>(
-    x: &[*const u8; 4],
+    x: &[*const u8; TILE_ROWS],
     y: &[*const f32],
     out: &[*mut f32],
     r0: usize,
     k: usize,
 ) {
-    let mut o = [[0f32; 3]; 4];
-    for (yc, oc) in y.chunks(3).zip(out.chunks(3)) {
+    for (yc, oc) in y.chunks(TILE_COLS).zip(out.chunks(TILE_COLS)) {
         // SAFETY: forwarded from the caller.
         unsafe {
             match yc.len() {
-                3 => tile::<W, 4, 3>(x, &[yc[0], yc[1], yc[2]], k, &mut o),
-                2 => {
-                    let mut o2 = [[0f32; 2]; 4];
-                    tile::<W, 4, 2>(x, &[yc[0], yc[1]], k, &mut o2);
-                    o.iter_mut()
-                        .zip(&o2)
-                        .for_each(|(a, b)| a[..2].copy_from_slice(b));
-                }
-                _ => {
-                    let mut o1 = [[0f32; 1]; 4];
-                    tile::<W, 4, 1>(x, &[yc[0]], k, &mut o1);
-                    o.iter_mut().zip(&o1).for_each(|(a, b)| a[0] = b[0]);
-                }
+                6 => narrow::<W, 6>(x, yc, oc, r0, k),
+                5 => narrow::<W, 5>(x, yc, oc, r0, k),
+                4 => narrow::<W, 4>(x, yc, oc, r0, k),
+                3 => narrow::<W, 3>(x, yc, oc, r0, k),
+                2 => narrow::<W, 2>(x, yc, oc, r0, k),
+                _ => narrow::<W, 1>(x, yc, oc, r0, k),
             }
-            for (c, dst) in oc.iter().enumerate() {
-                for (r, row) in o.iter().enumerate() {
-                    dst.add(r0 + r).write(row[c]);
-                }
+        }
+    }
+}
+
+/// One `TILE_ROWS x RN` tile of [`tile_row`].
+///
+/// # Safety
+/// As [`tile_row`], with `y` and `out` of `RN` columns.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn narrow<const W: u8, const RN: usize>(
+    x: &[*const u8; TILE_ROWS],
+    y: &[*const f32],
+    out: &[*mut f32],
+    r0: usize,
+    k: usize,
+) {
+    let mut o = [[0f32; RN]; TILE_ROWS];
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        tile::<W, TILE_ROWS, RN>(x, &std::array::from_fn(|c| y[c]), k, &mut o);
+        for (c, dst) in out.iter().enumerate() {
+            for (r, row) in o.iter().enumerate() {
+                dst.add(r0 + r).write(row[c]);
             }
         }
     }

@@ -67,15 +67,11 @@ fn portable(flavor: Flavor, x: &[f32], y: &[f32], wide: bool) -> f32 {
 /// The four-accumulator kernels.
 #[inline(always)]
 fn finish<const L: usize>(flavor: Flavor, x: &[f32], y: &[f32]) -> f32 {
-    let (mut sum, np) = accumulate::<L, 4>(x, y);
-    for l in 0..L {
-        sum[0][l] += sum[2][l];
-        sum[1][l] += sum[3][l];
-    }
-    for l in 0..L {
-        sum[0][l] += sum[1][l];
-    }
-    let s = reduce::<L>(&sum[0], flavor != Flavor::Bf16);
+    let (sum, np) = accumulate::<L, 4>(x, y);
+    // `(0 + 2) + (1 + 3)`, lane by lane.
+    let folded: [f32; L] =
+        std::array::from_fn(|l| (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]));
+    let s = reduce::<L>(&folded, flavor != Flavor::Bf16);
     match flavor {
         Flavor::F32 => leftovers_f32(s, &x[np..], &y[np..]),
         _ => leftovers_f64(f64::from(s), &x[np..], &y[np..]),
