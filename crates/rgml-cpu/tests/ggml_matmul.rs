@@ -57,6 +57,9 @@ struct Case {
 
 fn ggml_dtype(id: usize) -> DType {
     match id {
+        0 => DType::F32,
+        1 => DType::F16,
+        30 => DType::BF16,
         2 => DType::Q4_0,
         3 => DType::Q4_1,
         6 => DType::Q5_0,
@@ -127,58 +130,72 @@ fn rgml_mul_mat(be: &mut CpuBackend, case: &Case, x: &[f32], b: usize) -> Vec<f3
     ctx.tensor_get_f32(y).unwrap()
 }
 
-fn cases() -> Vec<PathBuf> {
+/// The fixture files whose names start with one of `prefixes`.
+fn files(prefixes: &[&str]) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(fixtures())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| !n.starts_with("x_") && n.ends_with(".bin"))
+                .is_some_and(|n| prefixes.iter().any(|p| n.starts_with(p)) && n.ends_with(".bin"))
         })
         .collect();
     paths.sort();
     paths
 }
 
+/// The quantized-weight cases.
+fn cases() -> Vec<PathBuf> {
+    files(&["q", "iq"])
+}
+
+/// The mismatches of `got` against ggml's `want`, as text (none: empty).
+fn mismatch(what: &str, got: &[f32], want: &[f32]) -> Option<String> {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let bad = got
+        .iter()
+        .zip(want)
+        .filter(|(g, w)| g.to_bits() != w.to_bits())
+        .count();
+    let first = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .find(|(_, (g, w))| g.to_bits() != w.to_bits())?;
+    Some(format!(
+        "{what}: {bad} of {} differ, e.g. {first:?}",
+        want.len()
+    ))
+}
+
 /// Every case, batch and thread count gives ggml's bits under the arithmetic `isa`; returns
 /// the mismatches as text.
 fn check(isa: IsaChoice) -> Vec<String> {
+    check_files(isa, &cases(), 18)
+}
+
+fn check_files(isa: IsaChoice, paths: &[PathBuf], expected_files: usize) -> Vec<String> {
     let options = CpuOptions {
         isa: Some(isa),
         ..Default::default()
     };
     let device = CpuDevice::with_options("CPU", &options);
     let mut failures = Vec::new();
-    let paths = cases();
-    assert_eq!(paths.len(), 18, "fixture files");
+    assert_eq!(paths.len(), expected_files, "fixture files");
     for threads in [1, 2] {
         let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
-        for path in &paths {
+        for path in paths {
             let case = read_case(path);
             let (cols, x) = read_x(case.k);
             for (b, ggml_threads, want) in &case.outputs {
                 assert!(*b <= cols);
                 let got = rgml_mul_mat(&mut be, &case, &x, *b);
-                let bad = got
-                    .iter()
-                    .zip(want)
-                    .filter(|(g, w)| g.to_bits() != w.to_bits())
-                    .count();
-                if bad > 0 {
-                    let first = got
-                        .iter()
-                        .zip(want)
-                        .find(|(g, w)| g.to_bits() != w.to_bits());
-                    failures.push(format!(
-                        "{} k {} batch {b} (ggml {ggml_threads} threads, rgml {threads}, {isa}): \
-                         {bad} of {} differ, e.g. {:?}",
-                        case.dtype,
-                        case.k,
-                        want.len(),
-                        first
-                    ));
-                }
+                let what = format!(
+                    "{} k {} m {} batch {b} (ggml {ggml_threads} threads, rgml {threads}, {isa})",
+                    case.dtype, case.k, case.n
+                );
+                failures.extend(mismatch(&what, &got, want));
             }
         }
     }
@@ -234,4 +251,130 @@ fn fixtures_distinguish_the_paths() {
             _ => {}
         }
     }
+}
+
+/// F32, F16 and BF16 weights of K = 576 and 1536 with 8 rows (tinyBLAS from 2 activation rows)
+/// and 6 rows (tinyBLAS declines: `ggml_vec_dot_f32/f16/bf16` pair by pair), 1..19 activation
+/// rows: the AVX2 build's bits. (The AVX-512 arithmetic of float weights is another order, 16
+/// lanes, which no fixture here pins.)
+#[test]
+fn float_products_equal_ggml_avx2_bit_for_bit() {
+    let failures = check_files(IsaChoice::Avx2, &files(&["f16", "f32", "bf16"]), 12);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// An attention-shaped case: weights `[k, m, ne02]`, activations `[k, cols, ne12]` and ggml's
+/// outputs `[ne12][b][m]` for the first `b` columns of every head.
+struct AttnCase {
+    dtype: DType,
+    dims: [usize; 4],
+    /// The activations are a permuted view of `[k, ne12, b]` (llama.cpp's Q).
+    permuted: bool,
+    weights: Vec<u8>,
+    cols: usize,
+    x: Vec<f32>,
+    outputs: Vec<(usize, usize, Vec<f32>)>,
+}
+
+fn read_attn_case(path: &Path) -> AttnCase {
+    let bytes = std::fs::read(path).unwrap();
+    let mut r = Reader {
+        bytes: &bytes,
+        at: 0,
+    };
+    assert_eq!(r.take(8), b"RGMLMM2\0", "{}", path.display());
+    let dtype = ggml_dtype(r.u32());
+    let dims = [r.u32(), r.u32(), r.u32(), r.u32()];
+    let [k, m, _, ne12] = dims;
+    let permuted = r.u32() != 0;
+    let nbatch = r.u32();
+    let batches: Vec<usize> = (0..nbatch).map(|_| r.u32()).collect();
+    let wbytes = r.u32();
+    let weights = r.take(wbytes).to_vec();
+    let cols = r.u32();
+    let x = r.f32s(ne12 * cols * k);
+    let mut outputs = Vec::new();
+    for &b in &batches {
+        for threads in [1, 2] {
+            outputs.push((b, threads, r.f32s(ne12 * b * m)));
+        }
+    }
+    assert_eq!(r.at, bytes.len(), "{}", path.display());
+    AttnCase {
+        dtype,
+        dims,
+        permuted,
+        weights,
+        cols,
+        x,
+        outputs,
+    }
+}
+
+/// rgml's MUL_MAT of an attention case's weights by the first `b` columns of every head.
+fn rgml_attn(be: &mut CpuBackend, case: &AttnCase, b: usize) -> Vec<f32> {
+    let [k, m, ne02, ne12] = case.dims;
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor(case.dtype, &[k, m, ne02]).unwrap();
+    let (xt, data) = if case.permuted {
+        let q = ctx.new_tensor(DType::F32, &[k, ne12, b]).unwrap();
+        let mut data = Vec::with_capacity(k * ne12 * b);
+        for t in 0..b {
+            for h in 0..ne12 {
+                let at = (h * case.cols + t) * k;
+                data.extend_from_slice(&case.x[at..at + k]);
+            }
+        }
+        (q, data)
+    } else {
+        let xt = ctx.new_tensor(DType::F32, &[k, b, ne12]).unwrap();
+        let mut data = Vec::with_capacity(k * ne12 * b);
+        for h in 0..ne12 {
+            let at = h * case.cols * k;
+            data.extend_from_slice(&case.x[at..at + b * k]);
+        }
+        (xt, data)
+    };
+    let src1 = if case.permuted {
+        ctx.permute(xt, [0, 2, 1, 3]).unwrap()
+    } else {
+        xt
+    };
+    let y = ctx.mul_mat(w, src1).unwrap();
+    let graph = Graph::build(&mut ctx, &[y]).unwrap();
+    alloc_ctx_tensors(&mut ctx, &be.default_buffer_type()).unwrap();
+    ctx.tensor_set(w, 0, &case.weights).unwrap();
+    ctx.tensor_set_f32(xt, &data).unwrap();
+    be.graph_compute(&ctx, &graph).unwrap();
+    ctx.tensor_get_f32(y).unwrap()
+}
+
+/// K*Q and V*KQ shapes (F16 cache rows, grouped-query broadcast of 9 heads onto 3, a permuted
+/// Q): with n_kv rows/columns tinyBLAS takes (40, 128) and declines (37), 1, 2 and 5 tokens.
+#[test]
+fn attention_products_equal_ggml_avx2_bit_for_bit() {
+    let options = CpuOptions {
+        isa: Some(IsaChoice::Avx2),
+        ..Default::default()
+    };
+    let device = CpuDevice::with_options("CPU", &options);
+    let paths = files(&["attn_"]);
+    assert_eq!(paths.len(), 4, "fixture files");
+    let mut failures = Vec::new();
+    for threads in [1, 2] {
+        let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
+        for path in &paths {
+            let case = read_attn_case(path);
+            for (b, ggml_threads, want) in &case.outputs {
+                let got = rgml_attn(&mut be, &case, *b);
+                let what = format!(
+                    "{} {:?} batch {b} (ggml {ggml_threads} threads, rgml {threads})",
+                    path.file_name().unwrap().to_string_lossy(),
+                    case.dims
+                );
+                failures.extend(mismatch(&what, &got, want));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -25,6 +25,7 @@
 use super::activations::quantize_activations;
 use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
 use super::isa::CpuFeatures;
+use super::vec_float::{vec_dot, Flavor};
 use super::{bytes, bytes_mut, f32_row, scratch_slice, NodeTask, ThreadCtx};
 use rgml::{DType, Error, Result, Tensor};
 use std::ops::Range;
@@ -738,6 +739,16 @@ fn float_products(
     tc: &mut ThreadCtx<'_>,
 ) -> Result<()> {
     let (ne00, ne01) = (a.ne[0], a.ne[1]);
+    // Where tinyBLAS declines, ggml runs the type's `vec_dot` pair by pair.
+    let pairwise = !tinyblas_takes(f, ne00, ne01, dst.ne[1]);
+    #[cfg(target_arch = "x86_64")]
+    if f.has_avx2() && !f.wide() {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C; `a` is F32/F16/BF16 (the caller's
+        // dispatch) with dense rows (`supported`); `b_row` gives dense f32 rows of `ne00`
+        // (src1 in place, or rounded/gathered in the work area since phase 1's barrier);
+        // tinyBLAS's order only where `ne00 % 8 == 0` (`tinyblas_takes`).
+        return unsafe { super::float_avx2::products(dst, a, b_row, tc, pairwise) };
+    }
     let weight_batches = a.ne[2] * a.ne[3];
     let columns = Columns::new(dst, a);
     let ncols = columns.n;
@@ -749,10 +760,13 @@ fn float_products(
     let nblk = ne01.div_ceil(blk);
     let arow_bytes = a.row_bytes();
     let avx512 = f32_tile_avx512(f);
-    // One activation row: ggml runs `ggml_vec_dot_f16` there, not tinyBLAS.
-    let single_f16 = a.dtype == DType::F16 && dst.ne[1] == 1;
+    let flavor = match a.dtype {
+        DType::F16 => Flavor::F16,
+        DType::BF16 => Flavor::Bf16,
+        _ => Flavor::F32,
+    };
     // F16 rows (the KV cache) widen in registers instead of being decoded first.
-    let direct_f16 = !single_f16 && avx512 && a.dtype == DType::F16 && cfg!(target_arch = "x86_64");
+    let direct_f16 = !pairwise && avx512 && a.dtype == DType::F16 && cfg!(target_arch = "x86_64");
     // Blocks on demand: a descheduled thread's share goes to the others.
     for unit in super::claimed(tc.claim, weight_batches * nblk) {
         let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
@@ -804,10 +818,10 @@ fn float_products(
                     *slot = unsafe { f32_row(b_row(i11, i12, i13), ne00) };
                 }
                 let mut out = [[0f32; 4]; 4];
-                if single_f16 {
+                if pairwise {
                     for (row, x) in out.iter_mut().zip(&xs).take(nr) {
                         for (o, y) in row.iter_mut().zip(&ys).take(nc) {
-                            *o = super::vec_f16::vec_dot_f16(f, x, y);
+                            *o = vec_dot(f, flavor, x, y);
                         }
                     }
                 } else {
@@ -825,6 +839,15 @@ fn float_products(
         }
     }
     Ok(())
+}
+
+/// Whether llamafile's tinyBLAS takes a float product of `ne01` weight rows of `ne00` by `ne11`
+/// activation rows (`llamafile_sgemm` for F32, F16 and BF16 weights): two activation rows or
+/// more (`n < 2` declines), whole vectors along the row (`k % KN`: 8 lanes on AVX2, 16 on
+/// AVX-512) and whole 4-row tiles (`m % 4`).
+pub(super) fn tinyblas_takes(f: CpuFeatures, ne00: usize, ne01: usize, ne11: usize) -> bool {
+    let lanes = if f.wide() { 16 } else { 8 };
+    ne11 >= 2 && ne00.is_multiple_of(lanes) && ne01.is_multiple_of(4)
 }
 
 /// One 4 x 4 tile of float products in tinyBLAS's order: F16 rows widened in registers

@@ -26,6 +26,7 @@ mod bf16;
 mod convert;
 mod copy;
 mod elementwise;
+mod float_avx2;
 pub mod isa;
 mod kquant_dot;
 mod ktiled;
@@ -37,7 +38,7 @@ mod rope;
 mod rows;
 mod softmax;
 pub(crate) mod tiled;
-mod vec_f16;
+mod vec_float;
 mod vexp;
 
 pub(crate) use convert::quant_available;

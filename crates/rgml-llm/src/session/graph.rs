@@ -63,6 +63,7 @@ pub(super) fn build_graph(
         mask,
         rope,
         kq_scale: 1.0 / (c.head_dim as f32).sqrt(),
+        last_only: !all_logits && n > 1,
         capture,
         captured: Vec::new(),
         pins: Vec::new(),
@@ -112,6 +113,8 @@ struct Builder<'a> {
     mask: TensorId,
     rope: RopeParams,
     kq_scale: f32,
+    /// Only the last position's logits are wanted (and the batch has several positions).
+    last_only: bool,
     capture: bool,
     captured: Vec<TensorId>,
     pins: Vec<(TensorId, usize)>,
@@ -144,10 +147,24 @@ impl Builder<'_> {
         let cur = self.keep(cur, format!("attn_norm-{il}"))?;
         let (q, k, v) = self.qkv(il, l, cur)?;
         self.store_kv(il, k, v)?;
-        let attn = self.attention(il, l, q)?;
+        let mut attn = self.attention(il, l, q)?;
+        let mut x = x;
+        if self.last_only && il + 1 == self.model.layers.len() {
+            // As llama.cpp (`inp_out_ids`): the last block's FFN runs on the output position
+            // only. Not only faster: F16/BF16/F32 weights by one activation row take ggml's
+            // `vec_dot` order, not tinyBLAS's, so this gives llama.cpp's logits bit for bit.
+            attn = self.last_row(attn)?;
+            x = self.last_row(x)?;
+        }
         let x_attn = self.ctx.add(attn, x)?;
         let x_attn = self.keep(x_attn, format!("ffn_inp-{il}"))?;
         self.ffn(il, l, x_attn, dev)
+    }
+
+    /// The last position's row `[n_embd, 1]` of the `[n_embd, n]` tensor `x` (a view).
+    fn last_row(&mut self, x: TensorId) -> Result<TensorId> {
+        let (ne0, nrows, row) = (self.ctx[x].ne[0], self.ctx[x].ne[1], self.ctx[x].nb[1]);
+        Ok(self.ctx.view(x, &[ne0, 1], &[row], (nrows - 1) * row)?)
     }
 
     /// Q, K and V of the normed input `cur`, Q and K roped (`[hd, heads, n]`), V flat.
@@ -269,12 +286,10 @@ impl Builder<'_> {
     /// The output head on the last block's `x`: the logits of every position, or of the last
     /// only unless `all_logits`; expanded into the graph.
     fn output(&mut self, mut x: TensorId, all_logits: bool) -> Result<TensorId> {
-        let (n, n_embd) = (self.n, self.model.config.n_embd);
-        if !all_logits && n > 1 {
+        if !all_logits && self.ctx[x].ne[1] > 1 {
             // Only the last position's logits are needed: skip the output projection for the
-            // rest.
-            let row = self.ctx[x].nb[1];
-            x = self.ctx.view(x, &[n_embd, 1], &[row], (n - 1) * row)?;
+            // rest (the last block has already done so unless the model has no blocks).
+            x = self.last_row(x)?;
         }
         let cur = self.ctx.rms_norm(x, self.model.config.rms_eps)?;
         self.pins.push((cur, self.model.devices().len() - 1));
