@@ -106,8 +106,8 @@ pub fn output_threshold(dtype: DType) -> f64 {
         DType::Q4_K => 1e-4,
         DType::Q5_K => 3e-5,
         DType::Q6_K | DType::Q8_K => 1e-5,
-        DType::Q2_K => 2e-3,
-        DType::Q3_K => 6e-4,
+        DType::Q2_K => 6e-3,
+        DType::Q3_K => 3e-3,
         DType::IQ4_NL | DType::IQ4_XS => 4e-4,
         _ => DEFAULT_NMSE,
     }
