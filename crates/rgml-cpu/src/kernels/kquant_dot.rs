@@ -14,17 +14,31 @@
 
 use super::vexp::hsum8;
 use crate::CpuFeatures;
-use rgml::quant::{scale_min_k4, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K, QK_K};
+use rgml::quant::{BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K, QK_K};
 
-/// The 8 scales and 8 mins of a Q4_K/Q5_K super-block.
+/// The 8 scales and 8 mins of a Q4_K/Q5_K super-block ([`rgml::quant::scale_min_k4`] for every `j`), with
+/// ggml's word-wise unpacking (`utmp` and `kmask1..3` in its x86 dots): a dozen integer
+/// operations instead of sixteen byte extractions.
 #[inline(always)]
 pub(crate) fn scales_mins(scales: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut m = [0u8; 8];
-    for j in 0..8 {
-        (sc[j], m[j]) = scale_min_k4(j, scales);
-    }
-    (sc, m)
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let w = |i: usize| {
+        u32::from_le_bytes([
+            scales[4 * i],
+            scales[4 * i + 1],
+            scales[4 * i + 2],
+            scales[4 * i + 3],
+        ])
+    };
+    let (u0, u1, u2) = (w(0), w(1), w(2));
+    // Scales 4..8: low nibbles of bytes 8..12 with the top bits of bytes 0..4; mins 4..8: the
+    // high nibbles with the top bits of bytes 4..8.
+    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let join = |lo: u32, hi: u32| (u64::from(lo) | (u64::from(hi) << 32)).to_le_bytes();
+    (join(u0 & KMASK1, sc_hi), join(u1 & KMASK1, m_hi))
 }
 
 /// `sum_j m[j] * (bsums[2j] + bsums[2j + 1])` split as ggml's `_mm_madd_epi16` does it: lane
@@ -195,6 +209,13 @@ pub(crate) mod avx2 {
     use super::{scales_mins, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
     use std::arch::x86_64::*;
 
+    /// f16 -> f32 with F16C: exact, as `to_f32_const`, without its branches.
+    #[inline(always)]
+    fn h2f(h: half::f16) -> f32 {
+        // SAFETY: F16C; every caller is compiled with it enabled.
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits())))) }
+    }
+
     /// `hsum_float_8`.
     #[inline(always)]
     pub(crate) fn hsum(v: __m256) -> f32 {
@@ -285,8 +306,8 @@ pub(crate) mod avx2 {
         let mut acc_m = _mm_setzero_ps();
         let no_high = [0u8; 32];
         for (bx, by) in x.iter().zip(y) {
-            let d = by.d * bx.d.to_f32_const();
-            let dmin = -by.d * bx.dmin.to_f32_const();
+            let d = by.d * h2f(bx.d);
+            let dmin = -by.d * h2f(bx.dmin);
             let (sc, m) = scales_mins(&bx.scales);
             // SAFETY: AVX2, FMA (this function's features).
             unsafe {
@@ -308,8 +329,8 @@ pub(crate) mod avx2 {
         let mut acc = _mm256_setzero_ps();
         let mut summs = 0f32;
         for (bx, by) in x.iter().zip(y) {
-            let d = by.d * bx.d.to_f32_const();
-            let dmin = -by.d * bx.dmin.to_f32_const();
+            let d = by.d * h2f(bx.d);
+            let dmin = -by.d * h2f(bx.dmin);
             let (sc, m) = scales_mins(&bx.scales);
             // SAFETY: AVX2, FMA (this function's features).
             unsafe {
@@ -387,7 +408,7 @@ pub(crate) mod avx2 {
     pub(crate) unsafe fn dot_q6_k(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (bx, by) in x.iter().zip(y) {
-            let d = by.d * bx.d.to_f32_const();
+            let d = by.d * h2f(bx.d);
             // SAFETY: AVX2, FMA (this function's features).
             unsafe {
                 let sumi = _mm256_sub_epi32(q6k_lanes(bx, &by.qs), q6k_offset(bx, by));
@@ -395,5 +416,26 @@ pub(crate) mod avx2 {
             }
         }
         hsum(acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scales_mins;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use rgml::quant::scale_min_k4;
+
+    /// The word-wise unpacking equals `scale_min_k4` byte by byte on random scale bytes.
+    #[test]
+    fn scales_mins_equal_scale_min_k4() {
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..10_000 {
+            let q: [u8; 12] = std::array::from_fn(|_| rng.gen());
+            let (sc, m) = scales_mins(&q);
+            for j in 0..8 {
+                assert_eq!((sc[j], m[j]), scale_min_k4(j, &q), "{q:?} {j}");
+            }
+        }
     }
 }
