@@ -13,6 +13,13 @@ fn hsum(v: __m256) -> f32 {
     unsafe { crate::kernels::tiled::hsum8(v) }
 }
 
+/// f16 -> f32 with F16C: exact, as `to_f32_const`, without its branches.
+#[inline(always)]
+fn h2f(h: half::f16) -> f32 {
+    // SAFETY: F16C; every caller is compiled with it enabled.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits())))) }
+}
+
 /// 32 bytes at `p`.
 ///
 /// # Safety
@@ -53,8 +60,8 @@ unsafe fn field2(bits: __m256i, t: i32) -> __m256i {
 pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
-        let d = by.d * bx.d.to_f32_const();
-        let dmin = -by.d * bx.dmin.to_f32_const();
+        let d = by.d * h2f(bx.d);
+        let dmin = -by.d * h2f(bx.dmin);
         let sc = bx.scales.map(|s| (s & 0x0F) as i8);
         // SAFETY: AVX2, FMA (this function's features); loads inside the blocks (16 scale
         // bytes, 32 bsum bytes, 2 x 32 quant bytes, 8 x 32 activation bytes).
@@ -87,7 +94,7 @@ pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
 pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
-        let d = by.d * bx.d.to_f32_const();
+        let d = by.d * h2f(bx.d);
         let sc = q3k_scales(bx);
         // SAFETY: AVX2, FMA (this function's features); loads inside the blocks.
         unsafe {
@@ -162,7 +169,7 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
                 let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(i16::from(s)));
                 sumi = _mm256_add_epi32(sumi, p);
             }
-            let d = _mm256_set1_ps(bx.d.to_f32_const() * by.d);
+            let d = _mm256_set1_ps(h2f(bx.d) * by.d);
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
         }
     }
@@ -178,7 +185,7 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
 pub(super) unsafe fn dot_iq4_nl_pairs(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 2];
     for (i, (bx, by)) in x.iter().zip(y).enumerate() {
-        let d = by.d.to_f32_const() * bx.d.to_f32_const();
+        let d = h2f(by.d) * h2f(bx.d);
         // SAFETY: AVX2, FMA (this function's features); 16 quant bytes, 32 activation bytes.
         unsafe {
             let v = iq4_values(bx.qs.as_ptr());
