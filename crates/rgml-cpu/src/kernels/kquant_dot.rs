@@ -257,6 +257,14 @@ pub(crate) mod avx2 {
         unsafe {
             let m4 = _mm256_set1_epi8(0x0F);
             let hbits = load(qh.as_ptr());
+            // The 8 scales as i16 in both halves, broadcast per sub-block by a byte shuffle
+            // (cheaper than a `set1` from a general register each).
+            let sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast()));
+            let sc16 = _mm256_broadcastsi128_si256(sc16);
+            let scale = |k: usize| {
+                let k = k as i16;
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k)))
+            };
             let mut sumi = _mm256_setzero_si256();
             for j in 0..4 {
                 let bits = load(qs.as_ptr().add(32 * j));
@@ -274,8 +282,7 @@ pub(crate) mod avx2 {
                 }
                 let y0 = load(y.as_ptr().add(64 * j).cast());
                 let y1 = load(y.as_ptr().add(64 * j + 32).cast());
-                let s0 = _mm256_set1_epi16(i16::from(sc[2 * j]));
-                let s1 = _mm256_set1_epi16(i16::from(sc[2 * j + 1]));
+                let (s0, s1) = (scale(2 * j), scale(2 * j + 1));
                 let p = _mm256_add_epi32(mul_scale(lo, y0, s0), mul_scale(hi, y1, s1));
                 sumi = _mm256_add_epi32(sumi, p);
             }
@@ -355,6 +362,7 @@ pub(crate) mod avx2 {
         // `x.scales` (16), `y.qs` (8 x 32).
         unsafe {
             let (m3, m15) = (_mm256_set1_epi8(3), _mm256_set1_epi8(15));
+            let scales = _mm_loadu_si128(x.scales.as_ptr().cast());
             let mut sumi = _mm256_setzero_si256();
             for j in 0..2 {
                 let b1 = load(x.ql.as_ptr().add(64 * j));
@@ -376,11 +384,11 @@ pub(crate) mod avx2 {
                     let q = _mm256_or_si256(lo[t], h[t]);
                     let c = 4 * j + t;
                     let yv = load(y.as_ptr().add(32 * c).cast());
-                    // Scales 2c (bytes 0..16) and 2c + 1 (bytes 16..32), as i16.
-                    let s = _mm256_set_m128i(
-                        _mm_set1_epi16(i16::from(x.scales[2 * c + 1])),
-                        _mm_set1_epi16(i16::from(x.scales[2 * c])),
-                    );
+                    // Scales 2c (bytes 0..16) and 2c + 1 (bytes 16..32), as i16: ggml's
+                    // `get_scale_shuffle` then a sign extension.
+                    let pick = 0x0101_0101_0101_0101i64 * (2 * c as i64);
+                    let pick = _mm_set_epi64x(pick + 0x0101_0101_0101_0101, pick);
+                    let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
                     sumi = _mm256_add_epi32(sumi, mul_scale(q, yv, s));
                 }
             }

@@ -413,8 +413,6 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    // Block bytes: q4_0 {d, qs[16]}, q4_1 {d, m, qs[16]}, q8_0 {d, qs[32]}; activations q8_0
-    // {d, qs[32]}, q8_1 {d, s, qs[32]}.
     let (xb, yb, xq, yq) = layout(K);
     // SAFETY: reads within the blocks the caller promised, under the CPU features of the
     // calling build.
@@ -429,9 +427,16 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
             };
             _mm256_cvtepi32_ps(dot32)
         };
+        // Q4_0 and Q5_0 without VNNI: unsigned codes u = q + off times y, less off * y in the
+        // i16 pair sums (no saturation: 2 * 31 * 127 + 2 * 16 * 127 < 2^15), which gives the
+        // sign-transfer form's exact i32 lanes with one operation less per pair; `yoff[c]`, the
+        // pair sums of off * y, is computed once per activation block for all rows.
+        let offset_form = !VNNI && (K == Q4_0 || K == Q5_0);
+        let off = _mm256_set1_epi8(if K == Q4_0 { 8 } else { 16 });
         let mut acc = [[_mm256_setzero_ps(); RN]; RM];
         let mut summs = [[0f32; RN]; RM];
         let mut qy = [_mm256_setzero_si256(); RN];
+        let mut yoff = [_mm256_setzero_si256(); RN];
         let mut dy = [0f32; RN];
         let mut sy = [0f32; RN];
         for i in 0..nb {
@@ -442,6 +447,9 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
                     sy[c] = h2f(p.add(2));
                 }
                 qy[c] = _mm256_loadu_si256(p.add(yq).cast());
+                if offset_form {
+                    yoff[c] = _mm256_maddubs_epi16(off, qy[c]);
+                }
             }
             for r in 0..RM {
                 let p = x[r].add(i * xb);
@@ -454,6 +462,20 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
                             summs[r][c] += mx * sy[c];
                             let d = _mm256_set1_ps(dx * dy[c]);
                             acc[r][c] = _mm256_fmadd_ps(d, us8(qx, qy[c]), acc[r][c]);
+                        }
+                    }
+                    Q4_0 | Q5_0 if offset_form => {
+                        let u = if K == Q4_0 {
+                            weight_quants::<Q4_1>(p.add(xq))
+                        } else {
+                            weight_quants::<Q5_1>(p.add(xq))
+                        };
+                        for c in 0..RN {
+                            let d = _mm256_set1_ps(dx * dy[c]);
+                            let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(u, qy[c]), yoff[c]);
+                            let p =
+                                _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+                            acc[r][c] = _mm256_fmadd_ps(d, p, acc[r][c]);
                         }
                     }
                     _ => {
