@@ -257,11 +257,16 @@ pub(crate) mod avx2 {
         unsafe {
             let m4 = _mm256_set1_epi8(0x0F);
             let hbits = load(qh.as_ptr());
-            // The 8 scales as i16 in both halves, broadcast per sub-block by a byte shuffle
-            // (cheaper than a `set1` from a general register each).
+            // Q4_K: the 8 scales as i16 in both halves, broadcast per sub-block by a byte
+            // shuffle (cheaper than a `set1` from a general register each). Q5_K keeps the
+            // `set1`s: with its high bits live, the shuffle indices cost registers (measured
+            // slower with `cargo bench -p rgml-cpu`).
             let sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast()));
             let sc16 = _mm256_broadcastsi128_si256(sc16);
             let scale = |k: usize| {
+                if HIGH {
+                    return _mm256_set1_epi16(i16::from(sc[k]));
+                }
                 let k = k as i16;
                 _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k)))
             };
