@@ -427,11 +427,12 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
             };
             _mm256_cvtepi32_ps(dot32)
         };
-        // Q4_0 and Q5_0 without VNNI: unsigned codes u = q + off times y, less off * y in the
-        // i16 pair sums (no saturation: 2 * 31 * 127 + 2 * 16 * 127 < 2^15), which gives the
-        // sign-transfer form's exact i32 lanes with one operation less per pair; `yoff[c]`, the
-        // pair sums of off * y, is computed once per activation block for all rows.
-        let offset_form = !VNNI && (K == Q4_0 || K == Q5_0);
+        // Q4_0 and Q5_0 matrix-vector without VNNI: unsigned codes u = q + off times y, less
+        // off * y in the i16 pair sums (no saturation: 2 * 31 * 127 + 2 * 16 * 127 < 2^15),
+        // which gives the sign-transfer form's exact i32 lanes with one operation less per
+        // pair; `yoff[c]`, the pair sums of off * y, is computed once per activation block for
+        // all rows. Not for several columns: a 2 x 4 tile has no 4 registers to spare for them.
+        let offset_form = !VNNI && RN == 1 && (K == Q4_0 || K == Q5_0);
         let off = _mm256_set1_epi8(if K == Q4_0 { 8 } else { 16 });
         let mut acc = [[_mm256_setzero_ps(); RN]; RM];
         let mut summs = [[0f32; RN]; RM];
