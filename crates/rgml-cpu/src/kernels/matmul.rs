@@ -7,8 +7,8 @@
 //! gate/up; `NodeTask::reuse_src1`) skips phase 1 and its barrier. Phase 2: threads take
 //! contiguous blocks of src0 rows of each batch and compute all their outputs: packed weights
 //! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, Q2_K…Q6_K and IQ4_XS weights
-//! by 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q8_0 (and iq4_nl from 2
-//! src1 rows) through the register
+//! by 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q5_0/q5_1/q8_0 (and iq4_nl
+//! from 2 src1 rows) through the register
 //! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead), other
 //! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
@@ -538,7 +538,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     /// together, bit-equal to the pair dots.
     fn tiled(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
         let (f, a, ne11) = (self.f, self.a, self.ne11);
-        let (rm, rn) = (super::tiled::tile_rows(f), super::tiled::tile_cols(f));
+        let (rm, rn) = (super::tiled::tile_rows(f, ne11), super::tiled::tile_cols(f));
         let mut out = [0f32; 4 * super::tiled::TILE_COLS];
         for t0 in (0..ne11).step_by(TILE1) {
             let t1 = (t0 + TILE1).min(ne11);

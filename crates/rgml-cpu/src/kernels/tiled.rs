@@ -3,12 +3,15 @@
 //! columns and each activation block loaded once for `RM` rows.
 //!
 //! Every output element goes through exactly the operations of its per-pair dot
-//! ([`super::dot`]'s AVX2 `q4_0·q8_0`, `q4_1·q8_1`, `q8_0·q8_0`, themselves ggml's; for IQ4_NL
-//! llamafile's `tinyBLAS_Q0_AVX<block_iq4_nl>`, which ggml runs from 2 activation rows and whose
-//! single accumulator differs from `ggml_vec_dot_iq4_nl_q8_0`'s two): per block
-//! 8 lanes of exact integer sums of 4 products, converted to f32 and folded into the pair's own
-//! 8-lane accumulator with one FMA by `d_x * d_y`; the q4_1 min terms summed in order in f32;
-//! one `hsum` at the end. Tiling only interleaves independent pairs, so the results are the
+//! ([`super::dot`]'s AVX2 `q4_0·q8_0`, `q4_1·q8_1`, `q5_0·q8_0`, `q5_1·q8_1`, `q8_0·q8_0`,
+//! themselves ggml's; for IQ4_NL llamafile's `tinyBLAS_Q0_AVX<block_iq4_nl>`, which ggml runs
+//! from 2 activation rows and whose single accumulator differs from
+//! `ggml_vec_dot_iq4_nl_q8_0`'s two): per block 8 lanes of exact integer sums of 4 products,
+//! converted to f32 and folded into the pair's own 8-lane accumulator with one FMA by
+//! `d_x * d_y`; the q4_1/q5_1 min terms summed in order in f32 (each `m_x * s_y` is exact, so
+//! vec_dot's scalar FMA and a multiply-add agree); one `hsum` at the end. ggml runs
+//! `tinyBLAS_Q0_AVX<block_q5_0>` from 2 rows, which is `vec_dot`'s arithmetic, and `vec_dot`
+//! for Q5_1 at every row count: both are these tiles' outputs. Tiling only interleaves independent pairs, so the results are the
 //! per-pair dots' bit for bit (tested below on random data).
 //!
 //! Builds: one body for AVX2 (16 vector registers: 2×4 tiles) and AVX-512VL (32 registers:
@@ -29,6 +32,13 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 const IQ4_NL: u8 = 3;
+const Q5_0: u8 = 4;
+const Q5_1: u8 = 5;
+
+/// Whether weights of kind `k` carry a min (`m_x * s_y` terms) and unsigned quants.
+const fn has_min(k: u8) -> bool {
+    k == Q4_1 || k == Q5_1
+}
 
 /// Which tiled build this CPU runs, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +67,8 @@ fn kind(dtype: DType) -> Option<u8> {
         DType::Q4_1 => Some(Q4_1),
         DType::Q8_0 => Some(Q8_0),
         DType::IQ4_NL => Some(IQ4_NL),
+        DType::Q5_0 => Some(Q5_0),
+        DType::Q5_1 => Some(Q5_1),
         _ => None,
     }
 }
@@ -73,10 +85,13 @@ pub(crate) fn takes(f: CpuFeatures, dtype: DType, rows: usize) -> bool {
     supported(f, dtype) && (dtype != DType::IQ4_NL || rows >= 2)
 }
 
-/// Rows of a tile for this CPU's build.
-pub(crate) fn tile_rows(f: CpuFeatures) -> usize {
+/// Rows of a tile for this CPU's build and `cols` activation rows: 4 on the AVX-512 builds
+/// and for AVX2 matrix-vector products (4 accumulators leave registers to spare; each
+/// activation block is loaded and converted once for 4 rows), else 2.
+pub(crate) fn tile_rows(f: CpuFeatures, cols: usize) -> usize {
     match build(f) {
         Some(TiledIsa::Avx512 | TiledIsa::Avx512Vnni) => 4,
+        _ if cols == 1 => 4,
         _ => 2,
     }
 }
@@ -92,7 +107,7 @@ pub(crate) fn tile_cols(f: CpuFeatures) -> usize {
     }
 }
 
-/// `out[r * out_stride + c] = dot(x[r], y[c])` for the `x.len()` weight rows (at most
+/// `out[r * out_stride + c] = dot(x[r], y[c])` for the `x.len()` weight rows (at most 4, best
 /// [`tile_rows`]) and any number of activation rows (best [`tile_cols`]) of `nb` blocks each.
 ///
 /// # Safety
@@ -127,9 +142,12 @@ unsafe fn tile_on(
     out: &mut [f32],
     out_stride: usize,
 ) {
+    // Q5_0/Q5_1 run the 256-bit body on every build (VNNI sums where the CPU has them, as
+    // tinyBLAS's AVX-512 VNNI build does; the float operations are the AVX2 dot's either way).
+    let q5 = matches!(dtype, DType::Q5_0 | DType::Q5_1);
     // Column counts a build does not take in one call are split (the 512-bit kernels take
     // column pairs).
-    let max = if isa == TiledIsa::Avx512Vnni && x.len() == 4 {
+    let max = if isa == TiledIsa::Avx512Vnni && x.len() == 4 && !q5 {
         8
     } else {
         4
@@ -156,18 +174,34 @@ unsafe fn tile_on(
         let Some(k) = kind(dtype) else {
             return;
         };
-        macro_rules! go {
-            ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr) => {
+        // `$f` for the kinds listed (the 512-bit kernels are not instantiated for Q5).
+        macro_rules! call {
+            ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr, [$($kk:ident),*]) => {
                 // SAFETY: the features `$f` needs were detected (`build`); pointers as promised
                 // by the caller.
                 unsafe {
                     match k {
-                        Q4_0 => $f::<Q4_0, $rm, $rn>(nb, $x, y, $out, out_stride),
-                        Q4_1 => $f::<Q4_1, $rm, $rn>(nb, $x, y, $out, out_stride),
-                        IQ4_NL => $f::<IQ4_NL, $rm, $rn>(nb, $x, y, $out, out_stride),
-                        _ => $f::<Q8_0, $rm, $rn>(nb, $x, y, $out, out_stride),
+                        $($kk => $f::<$kk, $rm, $rn>(nb, $x, y, $out, out_stride),)*
+                        _ => unreachable!("tiled kind {k} routed to {}", stringify!($f)),
                     }
                 }
+            };
+        }
+        macro_rules! go {
+            ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr) => {
+                call!(
+                    $f,
+                    $rm,
+                    $rn,
+                    $x,
+                    $out,
+                    [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL]
+                )
+            };
+        }
+        macro_rules! go512 {
+            ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr) => {
+                call!($f, $rm, $rn, $x, $out, [Q4_0, Q4_1, Q8_0, IQ4_NL])
             };
         }
         macro_rules! cols {
@@ -192,30 +226,46 @@ unsafe fn tile_on(
             };
         }
         match isa {
+            // Matrix-vector: 4 rows at once; 4-row tiles of more columns as two 2-row ones.
+            TiledIsa::Avx2 if x.len() == 4 && y.len() == 1 => go!(tile_avx2, 4, 1, x, out),
+            TiledIsa::Avx2 if x.len() == 4 => {
+                for h in 0..2 {
+                    cols!(
+                        tile_avx2,
+                        2,
+                        &x[2 * h..2 * h + 2],
+                        &mut out[2 * h * out_stride..]
+                    )
+                }
+            }
             TiledIsa::Avx2 => shapes!(tile_avx2, 2),
             TiledIsa::Avx512 => shapes!(tile_avx512, 4),
+            TiledIsa::Avx512Vnni if q5 => shapes!(tile_vnni, 4),
             TiledIsa::Avx512Vnni => match (x.len(), y.len()) {
                 // Two columns per 512-bit register.
-                (4, 8) => go!(tile_vnni512, 4, 4, x, out),
-                (4, 6) => go!(tile_vnni512, 4, 3, x, out),
-                (4, 4) => go!(tile_vnni512, 4, 2, x, out),
-                (4, 2) => go!(tile_vnni512, 4, 1, x, out),
+                (4, 8) => go512!(tile_vnni512, 4, 4, x, out),
+                (4, 6) => go512!(tile_vnni512, 4, 3, x, out),
+                (4, 4) => go512!(tile_vnni512, 4, 2, x, out),
+                (4, 2) => go512!(tile_vnni512, 4, 1, x, out),
                 // Matrix-vector: two rows per 512-bit register.
-                (4, 1) => go!(rows_vnni512, 2, 1, x, out),
-                (2, 1) => go!(rows_vnni512, 1, 1, x, out),
+                (4, 1) => go512!(rows_vnni512, 2, 1, x, out),
+                (2, 1) => go512!(rows_vnni512, 1, 1, x, out),
                 _ => shapes!(tile_vnni, 4),
             },
         }
     }
 }
 
-/// Bytes of a weight block, of an activation block, and the offsets of their quants: q4_0 and
-/// iq4_nl {d, qs[16]}, q4_1 {d, m, qs[16]}, q8_0 {d, qs[32]}; activations q8_0 {d, qs[32]}, q8_1
-/// {d, s, qs[32]}.
+/// Bytes of a weight block, of an activation block, and the offsets of their quants (for q5,
+/// of `qh`, which `qs` follows): q4_0 and iq4_nl {d, qs[16]}, q4_1 {d, m, qs[16]}, q5_0
+/// {d, qh[4], qs[16]}, q5_1 {d, m, qh[4], qs[16]}, q8_0 {d, qs[32]}; activations q8_0
+/// {d, qs[32]}, q8_1 {d, s, qs[32]}.
 const fn layout(k: u8) -> (usize, usize, usize, usize) {
     match k {
         Q4_0 | IQ4_NL => (18, 34, 2, 2),
         Q4_1 => (20, 36, 4, 4),
+        Q5_0 => (22, 34, 2, 2),
+        Q5_1 => (24, 36, 4, 4),
         _ => (34, 34, 2, 2),
     }
 }
@@ -235,7 +285,8 @@ pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
 }
 
 /// A weight block's 32 quants in element order: q4_1 nibbles (unsigned), q4_0 nibbles - 8,
-/// q8_0 bytes, iq4_nl codebook values.
+/// q5_1 5-bit values (unsigned), q5_0 5-bit values - 16, q8_0 bytes, iq4_nl codebook values
+/// (`layout`'s quant offset: for q5, `qh` then `qs`).
 ///
 /// # Safety
 /// The block's quants are readable at `q`; the CPU supports AVX2.
@@ -250,16 +301,53 @@ unsafe fn weight_quants<const K: u8>(q: *const u8) -> __m256i {
         if K == IQ4_NL {
             return super::lowbit_dot::avx2::iq4_values(q);
         }
+        let (qh, q) = if K == Q5_0 || K == Q5_1 {
+            (q.cast::<i32>().read_unaligned(), q.add(4))
+        } else {
+            (0, q)
+        };
         let b = _mm_loadu_si128(q.cast());
         let n = _mm256_and_si256(
             _mm256_set_m128i(_mm_srli_epi16::<4>(b), b),
             _mm256_set1_epi8(0x0F),
         );
-        if K == Q4_0 {
-            _mm256_sub_epi8(n, _mm256_set1_epi8(8))
-        } else {
-            n
+        match K {
+            Q4_0 => _mm256_sub_epi8(n, _mm256_set1_epi8(8)),
+            // ggml's forms: 0xF0 where the fifth bit is clear (the value minus 16 as a
+            // signed byte), 0x10 where it is set.
+            Q5_0 => _mm256_or_si256(
+                n,
+                _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(-16)),
+            ),
+            Q5_1 => _mm256_or_si256(
+                n,
+                _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)),
+            ),
+            _ => n,
         }
+    }
+}
+
+/// `bytes_from_bits_32`: byte j is 0xFF where bit j of `qh` is set, else 0.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn bits_to_bytes(qh: i32) -> __m256i {
+    // SAFETY: AVX2, as the caller promises.
+    unsafe {
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(qh),
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
+        );
+        let bit = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+        _mm256_cmpeq_epi8(bit, _mm256_set1_epi64x(-1))
     }
 }
 
@@ -325,8 +413,6 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    // Block bytes: q4_0 {d, qs[16]}, q4_1 {d, m, qs[16]}, q8_0 {d, qs[32]}; activations q8_0
-    // {d, qs[32]}, q8_1 {d, s, qs[32]}.
     let (xb, yb, xq, yq) = layout(K);
     // SAFETY: reads within the blocks the caller promised, under the CPU features of the
     // calling build.
@@ -341,31 +427,56 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
             };
             _mm256_cvtepi32_ps(dot32)
         };
+        // Q4_0 and Q5_0 matrix-vector without VNNI: unsigned codes u = q + off times y, less
+        // off * y in the i16 pair sums (no saturation: 2 * 31 * 127 + 2 * 16 * 127 < 2^15),
+        // which gives the sign-transfer form's exact i32 lanes with one operation less per
+        // pair; `yoff[c]`, the pair sums of off * y, is computed once per activation block for
+        // all rows. Not for several columns: a 2 x 4 tile has no 4 registers to spare for them.
+        let offset_form = !VNNI && RN == 1 && (K == Q4_0 || K == Q5_0);
+        let off = _mm256_set1_epi8(if K == Q4_0 { 8 } else { 16 });
         let mut acc = [[_mm256_setzero_ps(); RN]; RM];
         let mut summs = [[0f32; RN]; RM];
         let mut qy = [_mm256_setzero_si256(); RN];
+        let mut yoff = [_mm256_setzero_si256(); RN];
         let mut dy = [0f32; RN];
         let mut sy = [0f32; RN];
         for i in 0..nb {
             for c in 0..RN {
                 let p = y[c].add(i * yb);
                 dy[c] = h2f(p);
-                if K == Q4_1 {
+                if has_min(K) {
                     sy[c] = h2f(p.add(2));
                 }
                 qy[c] = _mm256_loadu_si256(p.add(yq).cast());
+                if offset_form {
+                    yoff[c] = _mm256_maddubs_epi16(off, qy[c]);
+                }
             }
             for r in 0..RM {
                 let p = x[r].add(i * xb);
                 let dx = h2f(p);
                 match K {
-                    Q4_1 => {
+                    Q4_1 | Q5_1 => {
                         let mx = h2f(p.add(2));
                         let qx = weight_quants::<K>(p.add(xq));
                         for c in 0..RN {
                             summs[r][c] += mx * sy[c];
                             let d = _mm256_set1_ps(dx * dy[c]);
                             acc[r][c] = _mm256_fmadd_ps(d, us8(qx, qy[c]), acc[r][c]);
+                        }
+                    }
+                    Q4_0 | Q5_0 if offset_form => {
+                        let u = if K == Q4_0 {
+                            weight_quants::<Q4_1>(p.add(xq))
+                        } else {
+                            weight_quants::<Q5_1>(p.add(xq))
+                        };
+                        for c in 0..RN {
+                            let d = _mm256_set1_ps(dx * dy[c]);
+                            let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(u, qy[c]), yoff[c]);
+                            let p =
+                                _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+                            acc[r][c] = _mm256_fmadd_ps(d, p, acc[r][c]);
                         }
                     }
                     _ => {
@@ -384,7 +495,7 @@ unsafe fn body<const K: u8, const RM: usize, const RN: usize, const VNNI: bool>(
         for r in 0..RM {
             for c in 0..RN {
                 let h = hsum8(acc[r][c]);
-                out[r * out_stride + c] = if K == Q4_1 { h + summs[r][c] } else { h };
+                out[r * out_stride + c] = if has_min(K) { h + summs[r][c] } else { h };
             }
         }
     }
@@ -638,7 +749,14 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let n = 256;
         let nb = n / 32;
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4_NL] {
+        for dtype in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::IQ4_NL,
+            DType::Q5_0,
+            DType::Q5_1,
+        ] {
             let vd = dtype.vec_dot_type();
             let rows: Vec<Vec<u8>> = (0..5)
                 .map(|_| {
@@ -663,7 +781,7 @@ mod tests {
                 .unwrap_or(0);
             for (isa, rm) in builds[..=best]
                 .iter()
-                .zip([2, 4, 4])
+                .zip([4, 4, 4])
                 .flat_map(|(&b, m)| (1..=m).map(move |rm| (b, rm)))
             {
                 for rn in 1..=TILE_COLS + 1 {

@@ -13,6 +13,13 @@ fn hsum(v: __m256) -> f32 {
     unsafe { crate::kernels::tiled::hsum8(v) }
 }
 
+/// f16 -> f32 with F16C: exact, as `to_f32_const`, without its branches.
+#[inline(always)]
+fn h2f(h: half::f16) -> f32 {
+    // SAFETY: F16C; every caller is compiled with it enabled.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits())))) }
+}
+
 /// 32 bytes at `p`.
 ///
 /// # Safety
@@ -23,14 +30,18 @@ unsafe fn load(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
-/// The madd operand scaling bytes 0..16 of a 32-byte chunk by `lo` and bytes 16..32 by `hi`.
+/// The madd operand scaling bytes 0..16 of chunk `c` by scale `2c` and bytes 16..32 by
+/// scale `2c + 1` of the 16 signed byte scales in `sc`: ggml's `get_scale_shuffle` and a sign
+/// extension (a `set1` per scale from a general register costs several times more).
 ///
 /// # Safety
 /// AVX2.
 #[inline(always)]
-unsafe fn scale_pair(lo: i8, hi: i8) -> __m256i {
+unsafe fn scale_pair(sc: __m128i, c: usize) -> __m256i {
+    const ONES: i64 = 0x0101_0101_0101_0101;
+    let pick = ONES * (2 * c as i64);
     // SAFETY: AVX2 as promised.
-    unsafe { _mm256_set_m128i(_mm_set1_epi16(i16::from(hi)), _mm_set1_epi16(i16::from(lo))) }
+    unsafe { _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, _mm_set_epi64x(pick + ONES, pick))) }
 }
 
 /// The 2-bit field `t` (bits `2t..2t + 2`) of every byte.
@@ -53,13 +64,13 @@ unsafe fn field2(bits: __m256i, t: i32) -> __m256i {
 pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
-        let d = by.d * bx.d.to_f32_const();
-        let dmin = -by.d * bx.dmin.to_f32_const();
-        let sc = bx.scales.map(|s| (s & 0x0F) as i8);
+        let d = by.d * h2f(bx.d);
+        let dmin = -by.d * h2f(bx.dmin);
         // SAFETY: AVX2, FMA (this function's features); loads inside the blocks (16 scale
         // bytes, 32 bsum bytes, 2 x 32 quant bytes, 8 x 32 activation bytes).
         unsafe {
             let packed = _mm_loadu_si128(bx.scales.as_ptr().cast());
+            let sc = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
             let mins8 = _mm_and_si128(_mm_srli_epi16::<4>(packed), _mm_set1_epi8(0x0F));
             let bsums = load(by.bsums.as_ptr().cast());
             let prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mins8), bsums);
@@ -71,7 +82,7 @@ pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
                     let c = 4 * h + t;
                     let yv = load(by.qs.as_ptr().add(32 * c).cast());
                     let p = _mm256_maddubs_epi16(field2(bits, t as i32), yv);
-                    let s = scale_pair(sc[2 * c], sc[2 * c + 1]);
+                    let s = scale_pair(sc, c);
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
                 }
             }
@@ -87,10 +98,11 @@ pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
 pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
-        let d = by.d * bx.d.to_f32_const();
+        let d = by.d * h2f(bx.d);
         let sc = q3k_scales(bx);
         // SAFETY: AVX2, FMA (this function's features); loads inside the blocks.
         unsafe {
+            let sc = _mm_loadu_si128(sc.as_ptr().cast());
             let hbits = load(bx.hmask.as_ptr());
             let four = _mm256_set1_epi8(4);
             let mut sumi = _mm256_setzero_si256();
@@ -106,7 +118,7 @@ pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
                     let minus = _mm256_maddubs_epi16(_mm256_and_si256(clear, four), yv);
                     let plus = _mm256_maddubs_epi16(field2(bits, t as i32), yv);
                     let p = _mm256_sub_epi16(plus, minus);
-                    let s = scale_pair(sc[2 * c], sc[2 * c + 1]);
+                    let s = scale_pair(sc, c);
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
                 }
             }
@@ -162,7 +174,7 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
                 let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(i16::from(s)));
                 sumi = _mm256_add_epi32(sumi, p);
             }
-            let d = _mm256_set1_ps(bx.d.to_f32_const() * by.d);
+            let d = _mm256_set1_ps(h2f(bx.d) * by.d);
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
         }
     }
@@ -178,7 +190,7 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
 pub(super) unsafe fn dot_iq4_nl_pairs(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 2];
     for (i, (bx, by)) in x.iter().zip(y).enumerate() {
-        let d = by.d.to_f32_const() * bx.d.to_f32_const();
+        let d = h2f(by.d) * h2f(bx.d);
         // SAFETY: AVX2, FMA (this function's features); 16 quant bytes, 32 activation bytes.
         unsafe {
             let v = iq4_values(bx.qs.as_ptr());

@@ -1,7 +1,7 @@
 use super::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rgml::quant::{cast_blocks, dequantize_row, quantize_row, QuantBlock};
+use rgml::quant::{cast_blocks, dequantize_row, q3_k_scale, quantize_row, QuantBlock};
 use rgml::DType;
 
 /// Random values with occasional outliers, quantized to `dtype`.
@@ -79,5 +79,18 @@ fn iq4_nl_tinyblas_form_is_accurate() {
         let got = dot_iq4_nl_tinyblas(&blocks(&xb), &blocks(&yb));
         let (exact, mag) = reference(DType::IQ4_NL, &xb, DType::Q8_0, &yb, n);
         assert!((f64::from(got) - exact).abs() / mag < 1e-5);
+    }
+}
+
+/// The word-wise Q3_K scale unpacking equals `q3_k_scale` on random scale bytes.
+#[test]
+fn q3k_scales_equal_q3_k_scale() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut b = vec![0u8; DType::Q3_K.row_bytes(QK_K).unwrap()];
+    for _ in 0..10_000 {
+        rng.fill(&mut b[..]);
+        let x: BlockQ3_K = blocks::<BlockQ3_K>(&b)[0];
+        let want: [i8; 16] = std::array::from_fn(|j| q3_k_scale(j, &x.scales) as i8 - 32);
+        assert_eq!(q3k_scales(&x), want, "{:?}", x.scales);
     }
 }
