@@ -26,13 +26,13 @@ fn argmax(v: &[f32]) -> usize {
 }
 
 /// Splitting a prompt into micro-batches changes the last logits exactly as it does in
-/// llama.cpp. The K/V the pieces store do not depend on the split (the weights' products are
-/// row by row the same for any row count), but the last piece's attention does: over one
-/// activation row ggml takes `ggml_vec_dot_f16`'s order, over several tinyBLAS's. So pieces
-/// ending with two or more tokens give the one batch's logits bit for bit, a last piece of one
-/// token gives the single steps' logits bit for bit, and those differ from the one batch by
-/// rounding (llama.cpp 0.3.36 on this prompt: 0.6178 for single steps and for micro-batches of
-/// 3, 0 for micro-batches of 2 or 4; rgml's are the same numbers).
+/// llama.cpp. Over one activation row ggml multiplies F16 (the KV cache) in
+/// `ggml_vec_dot_f16`'s order, over several in tinyBLAS's, so a piece of one token rounds its
+/// attention differently, and the K/V it stores carry that into later positions. llama.cpp
+/// 0.3.36's AVX2 build on this prompt (`scripts/gen_model_fixtures.py`'s loader, decoding in
+/// pieces): the last logits move by at most 0.6177826 in single steps and 0.3769989 in pieces of
+/// 3 (3, 3, 3, 1), and not at all in pieces of 2 or 4. rgml, with the AVX2 arithmetic, must
+/// move them by exactly as much.
 #[test]
 fn micro_batches_and_single_steps_change_the_logits_as_in_llama_cpp() {
     let model = common::demo_model();
@@ -41,34 +41,37 @@ fn micro_batches_and_single_steps_change_the_logits_as_in_llama_cpp() {
         EncodeOptions::default(),
     );
     assert_eq!(tokens.len(), 10);
-    let mut one = Session::new(model.clone(), &options(64, 512)).unwrap();
+    let isa = rgml::backend::BackendParams::parse("isa=avx2").unwrap();
+    let opts = |n_ubatch: usize| SessionOptions {
+        device_params: vec![(model.device().clone(), isa.clone())],
+        ..options(64, n_ubatch)
+    };
+    let mut one = Session::new(model.clone(), &opts(512)).unwrap();
     let all = one.eval(&tokens, Logits::All).unwrap();
     let n_vocab = model.config.n_vocab;
     assert_eq!(all.len(), tokens.len() * n_vocab);
     let last = &all[(tokens.len() - 1) * n_vocab..];
     let batched = |n_ubatch: usize| {
-        let mut s = Session::new(model.clone(), &options(64, n_ubatch)).unwrap();
+        let mut s = Session::new(model.clone(), &opts(n_ubatch)).unwrap();
         s.eval(&tokens, Logits::Last).unwrap()
     };
-    let mut stepped = Session::new(model.clone(), &options(64, 512)).unwrap();
+    let mut stepped = Session::new(model.clone(), &opts(512)).unwrap();
     let mut last_stepped = Vec::new();
     for &t in &tokens {
         last_stepped = stepped.eval(&[t], Logits::Last).unwrap();
     }
     assert_eq!(stepped.n_past(), tokens.len());
-    for n_ubatch in [2, 4] {
-        assert_eq!(
-            max_diff(last, &batched(n_ubatch)),
-            0.0,
-            "n_ubatch {n_ubatch}"
+    for (n_ubatch, llama_cpp) in [(2, 0.0), (4, 0.0), (3, 0.3769989)] {
+        let moved = max_diff(last, &batched(n_ubatch));
+        assert!(
+            (moved - llama_cpp).abs() <= 1e-6,
+            "pieces of {n_ubatch}: moved {moved}, llama.cpp {llama_cpp}"
         );
     }
-    // 10 tokens by 3: the last piece is one token.
-    assert_eq!(max_diff(&last_stepped, &batched(3)), 0.0);
-    let rounding = max_diff(last, &last_stepped);
+    let moved = max_diff(last, &last_stepped);
     assert!(
-        rounding > 0.0 && rounding < 1.0,
-        "single steps vs one batch: {rounding}"
+        (moved - 0.6177826).abs() <= 1e-6,
+        "single steps: moved {moved}"
     );
     assert_eq!(argmax(last), argmax(&last_stepped));
     // The logits are a real distribution over the vocabulary, not a constant.
