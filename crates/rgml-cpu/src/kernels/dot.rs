@@ -387,21 +387,12 @@ mod avx2 {
         hsum(acc) + summs
     }
 
-    /// `bytes_from_bits_32`: byte j is 0xFF where bit j of `qh` is set, else 0.
+    /// `bytes_from_bits_32` of a Q5 block's high bits ([`crate::kernels::tiled`]'s).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn bits_to_bytes(qh: [u8; 4]) -> __m256i {
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(i32::from_le_bytes(qh)),
-            _mm256_set_epi64x(
-                0x0303_0303_0303_0303,
-                0x0202_0202_0202_0202,
-                0x0101_0101_0101_0101,
-                0,
-            ),
-        );
-        let bit = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
-        _mm256_cmpeq_epi8(bit, _mm256_set1_epi64x(-1))
+        // SAFETY: this function's target features include AVX2.
+        unsafe { crate::kernels::tiled::bits_to_bytes(i32::from_le_bytes(qh)) }
     }
 
     /// # Safety

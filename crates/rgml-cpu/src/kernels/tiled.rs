@@ -334,7 +334,7 @@ unsafe fn weight_quants<const K: u8>(q: *const u8) -> __m256i {
 /// The CPU supports AVX2.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn bits_to_bytes(qh: i32) -> __m256i {
+pub(crate) unsafe fn bits_to_bytes(qh: i32) -> __m256i {
     // SAFETY: AVX2, as the caller promises.
     unsafe {
         let spread = _mm256_shuffle_epi8(
