@@ -5,10 +5,8 @@
 # tests/quantize.rs checks `rgml quantize` against these.
 #
 # Usage: scripts/gen_quantize_fixtures.sh [-m MODEL] [-o OUT.json]
-# llama-quantize comes from $LLAMA_QUANTIZE if set, else from the cached llama.cpp build that
-# scripts/bench-vs-llamacpp.sh also uses (the copy vendored in the PyPI source package
-# llama-cpp-python, CPU only), built here the first time (about 10 minutes on 2 cores).
-# The cache lives in $RGML_LLAMACPP_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/rgml/llamacpp).
+# llama-quantize comes from $LLAMA_QUANTIZE if set, else from the cached native llama.cpp
+# build of scripts/llamacpp.sh (built there the first time, about 10 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,48 +14,21 @@ LLAMA_CPP_PYTHON_VERSION=0.3.36
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 OUT=crates/rgml-cli/tests/fixtures/quantize.json
 PRESETS="Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS F16 BF16 F32"
-cache=${RGML_LLAMACPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rgml/llamacpp}
 
 while getopts "m:o:h" opt; do
     case $opt in
         m) MODEL=$OPTARG ;;
         o) OUT=$OPTARG ;;
-        h) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+        h) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
 log() { echo "== $*" >&2; }
 
 # --- llama-quantize ----------------------------------------------------------------------------
-src=$cache/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION
-build=$cache/build-$LLAMA_CPP_PYTHON_VERSION
 quantize=${LLAMA_QUANTIZE:-}
 if [ -z "$quantize" ]; then
-    for candidate in "$cache/build-native/bin/llama-quantize" "$build/bin/llama-quantize"; do
-        if [ -x "$candidate" ]; then quantize=$candidate; break; fi
-    done
-fi
-if [ -z "$quantize" ]; then
-    if [ ! -f "$src/vendor/llama.cpp/CMakeLists.txt" ]; then
-        mkdir -p "$cache"
-        log "downloading llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (source package)"
-        python3 -m pip download --no-binary llama-cpp-python --no-deps --quiet \
-            --disable-pip-version-check -d "$cache" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-        rm -rf "$src"
-        tar -xzf "$cache/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" -C "$cache"
-        [ -d "$src" ] || mv "$cache/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION" "$src"
-    fi
-    log "building llama-quantize in $build"
-    # The same configuration as scripts/bench-vs-llamacpp.sh, so the two share the build.
-    cmake -S "$src/vendor/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-        -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
-        >"$cache/cmake-configure.log" 2>&1 ||
-        { tail -n 30 "$cache/cmake-configure.log" >&2; exit 1; }
-    cmake --build "$build" --target llama-quantize -j "$(nproc)" >"$cache/cmake-build.log" 2>&1 ||
-        { tail -n 30 "$cache/cmake-build.log" >&2; exit 1; }
-    quantize=$build/bin/llama-quantize
+    quantize=$(bash scripts/llamacpp.sh llama-quantize | tail -n 1)/llama-quantize
 fi
 # A shared-library build finds its libraries beside the binary.
 export LD_LIBRARY_PATH=$(dirname "$quantize")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -8,9 +8,10 @@
 //! late thread. A parked waiter frees its core, so the scheduler can run the late thread there
 //! at once, and the last thread to arrive wakes the sleepers.
 
+use crate::pool::Spin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Busy-wait rounds before an active wait starts yielding.
 const PURE_SPINS: u32 = 256;
@@ -68,18 +69,11 @@ impl SpinBarrier {
 
     /// Spin, then yield, until the generation moves on (`true`) or [`ACTIVE`] has passed.
     fn wait_actively(&self, gen: usize) -> bool {
-        let mut spins = 0u32;
-        let mut start = None;
+        let mut spin = Spin::new(PURE_SPINS, ACTIVE);
         while self.generation.load(Ordering::Acquire) == gen {
-            if spins < PURE_SPINS {
-                std::hint::spin_loop();
-                spins += 1;
-                continue;
-            }
-            if start.get_or_insert_with(Instant::now).elapsed() > ACTIVE {
+            if !spin.step() {
                 return false;
             }
-            std::thread::yield_now();
         }
         true
     }

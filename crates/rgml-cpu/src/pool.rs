@@ -24,29 +24,35 @@ const SPIN: Duration = Duration::from_micros(50);
 /// shares its core must give the core up, or both lose the whole active wait.
 const PURE_SPINS: u32 = 128;
 
-/// The active part of a wait: spin, then yield, until [`SPIN`] has passed.
-struct Spin {
+/// The active part of a wait (here and at [`crate::barrier::SpinBarrier`]): spin a number of
+/// rounds, then yield, until a time has passed.
+pub(crate) struct Spin {
+    pure_spins: u32,
+    active: Duration,
     rounds: u32,
     start: Option<Instant>,
 }
 
 impl Spin {
-    fn new() -> Spin {
+    /// `pure_spins` busy-wait rounds, then yielding until `active` has passed.
+    pub(crate) fn new(pure_spins: u32, active: Duration) -> Spin {
         Spin {
+            pure_spins,
+            active,
             rounds: 0,
             start: None,
         }
     }
 
     /// Wait a little; `false` once it is time to park instead.
-    fn step(&mut self) -> bool {
-        if self.rounds < PURE_SPINS {
+    pub(crate) fn step(&mut self) -> bool {
+        if self.rounds < self.pure_spins {
             self.rounds += 1;
             std::hint::spin_loop();
             return true;
         }
         let start = *self.start.get_or_insert_with(Instant::now);
-        if start.elapsed() > SPIN {
+        if start.elapsed() > self.active {
             return false;
         }
         std::thread::yield_now();
@@ -181,7 +187,7 @@ impl Pool {
 
 /// Wait (spin, then park) until every worker has finished the current job.
 fn wait_done(s: &Shared) {
-    let mut spin = Spin::new();
+    let mut spin = Spin::new(PURE_SPINS, SPIN);
     while s.remaining.load(Ordering::Acquire) != 0 {
         if !spin.step() {
             let mut g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -199,7 +205,7 @@ fn worker_main(s: &Shared, index: usize) {
     let mut seen = 0usize;
     loop {
         // Wait for a generation other than the one last run (spin, then park).
-        let mut spin = Spin::new();
+        let mut spin = Spin::new(PURE_SPINS, SPIN);
         let mut gen = s.generation.load(Ordering::Acquire);
         while gen == seen && !s.shutdown.load(Ordering::Acquire) {
             if !spin.step() {

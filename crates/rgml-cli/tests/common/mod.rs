@@ -26,3 +26,23 @@ pub fn gpu_device() -> Option<String> {
     }
     name
 }
+
+/// `rgml logits --json` output `got` against a llama.cpp fixture case (`tokens`, `top10`):
+/// asserts the tokens and the top-10 ids in order, and returns the largest |logit difference|
+/// (NaN if a logit is missing). `what` names the run in failure messages.
+#[allow(dead_code)] // Not every test binary that shares this module compares logits.
+pub fn top10_worst(got: &serde_json::Value, case: &serde_json::Value, what: &str) -> f64 {
+    assert_eq!(got["tokens"], case["tokens"], "tokens of {what}");
+    let want = case["top10"].as_array().expect("top10");
+    let have = got["top"].as_array().expect("top");
+    let ids = |v: &[serde_json::Value]| v.iter().map(|e| e[0].as_u64()).collect::<Vec<_>>();
+    assert_eq!(ids(have), ids(want), "top-10 ids of {what}");
+    have.iter()
+        .zip(want)
+        .map(|(h, w)| (h[1].as_f64().unwrap_or(f64::NAN) - w[1].as_f64().unwrap_or(0.0)).abs())
+        // NaN (a logit that is not a number) wins, so it fails the caller's bound.
+        .fold(
+            0.0,
+            |worst, d| if d.is_nan() || d > worst { d } else { worst },
+        )
+}

@@ -101,11 +101,7 @@ pub(crate) fn products(
         // two accumulators per row, 16 registers).
         let group = if tinyblas { 4 } else { VEC_DOT_ROWS };
         // Blocks of whole row groups where the rows allow it (edge groups repeat a row).
-        let blk = (m * weight_batches)
-            .div_ceil((tc.nth * 8).max(1))
-            .clamp(group, 64)
-            .next_multiple_of(group)
-            .min(m.max(1));
+        let blk = super::row_block(m, weight_batches, tc.nth, group, group);
         let nblk = m.div_ceil(blk);
         let row_bytes = a.row_bytes();
         // Blocks on demand: a descheduled thread's share goes to the others.

@@ -162,7 +162,7 @@ pub(crate) unsafe fn vec_dot<const W: u8>(
 const COL_BLOCK: usize = 24;
 
 /// Phase 2 of MUL_MAT for F32/F16/BF16 weights under the AVX2 arithmetic on an AVX2 CPU: as
-/// `float_products` (the same split of weight rows between threads, every activation column
+/// `float_products` (the same blocks of weight rows, taken on demand, every activation column
 /// broadcast onto a weight matrix), with the kernels above. `pairwise`: ggml's `vec_dot`
 /// order (tinyBLAS declines the shape), else tinyBLAS's.
 ///
@@ -208,18 +208,15 @@ unsafe fn run<const W: u8>(
     let weight_batches = a.ne[2] * a.ne[3];
     let group = if pairwise { 1 } else { 4 };
     // Blocks of whole 4-row tiles (tinyBLAS takes only `m % 4 == 0`).
-    let blk = (m * weight_batches)
-        .div_ceil((tc.nth * 8).max(1))
-        .clamp(4, 64)
-        .next_multiple_of(group)
-        .min(m.max(1));
+    let blk = super::row_block(m, weight_batches, tc.nth, 4, group);
     let nblk = m.div_ceil(blk);
     let ahead = if cols.n == 1 {
         super::matmul::PREFETCH_AHEAD
     } else {
         0
     };
-    for unit in super::split(weight_batches * nblk, tc.ith, tc.nth) {
+    // Blocks on demand: a descheduled thread's share goes to the others.
+    for unit in super::claimed(tc.claim, weight_batches * nblk) {
         let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
         let i0 = (unit % nblk) * blk;
         let rows = i0..(i0 + blk).min(m);

@@ -452,17 +452,14 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let r2 = ne12 / a.ne[2].max(1);
         let r3 = ne13 / a.ne[3].max(1);
         let batches = ne12 * ne13;
-        let target = tc.nth * 8;
-        let blk = (ne01 * batches)
-            .div_ceil(target.max(1))
-            .clamp(1, 64)
-            .min(ne01.max(1));
-        // Packed weights are addressed by whole groups of rows.
-        let blk = if a.packed {
-            blk.next_multiple_of(super::repack::GROUP_ROWS)
+        // Packed weights are addressed by whole groups of rows (their row count is a multiple
+        // of the group).
+        let group = if a.packed {
+            super::repack::GROUP_ROWS
         } else {
-            blk
+            1
         };
+        let blk = super::row_block(ne01, batches, tc.nth, 1, group);
         let nblk = ne01.div_ceil(blk);
         let tiled = super::tiled::takes(f, a.dtype, self.ne11);
         let ktiled = super::ktiled::takes(a.dtype, self.ne11);
@@ -753,10 +750,7 @@ fn float_products(
     let columns = Columns::new(dst, a);
     let ncols = columns.n;
     let column = |c: usize, i02: usize, i03: usize| columns.at(c, i02, i03);
-    let blk = (ne01 * weight_batches)
-        .div_ceil((tc.nth * 8).max(1))
-        .clamp(4, 64)
-        .min(ne01.max(1));
+    let blk = super::row_block(ne01, weight_batches, tc.nth, 4, 1);
     let nblk = ne01.div_ceil(blk);
     let arow_bytes = a.row_bytes();
     let avx512 = f32_tile_avx512(f);

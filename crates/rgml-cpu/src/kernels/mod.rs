@@ -203,6 +203,24 @@ impl ThreadCtx<'_> {
     }
 }
 
+/// Weight rows per block of MUL_MAT's phase 2, where `m` rows of each of `batches` weight
+/// matrices are shared in blocks taken on demand ([`claimed`]): about 8 blocks per thread, at
+/// least `min` and at most 64 rows, a multiple of `multiple` (a kernel's row group), at most
+/// `m`.
+pub(crate) fn row_block(
+    m: usize,
+    batches: usize,
+    nth: usize,
+    min: usize,
+    multiple: usize,
+) -> usize {
+    (m * batches)
+        .div_ceil((nth * 8).max(1))
+        .clamp(min, 64)
+        .next_multiple_of(multiple)
+        .min(m.max(1))
+}
+
 /// The units of `0..n` this thread takes from a node's work counter (`ThreadCtx::claim`), one
 /// at a time, until none is left.
 ///

@@ -18,7 +18,7 @@
 mod preset;
 pub mod rules;
 
-pub use preset::{QType, QuantPreset};
+pub use preset::QuantPreset;
 pub use rules::{Fallback, ModelTraits, TypeChoice, TypeChooser};
 
 use rgml::DType;
@@ -158,9 +158,8 @@ pub fn plan(file: &GgufFile, options: &QuantizeOptions) -> Result<QuantizePlan, 
             .map_err(|e| QuantizeError::on(&info.name, e))?;
         let to = match choice.target {
             None => info.dtype,
-            Some(q) if QType::from_dtype(info.dtype) == Some(q) => info.dtype,
-            Some(q) => {
-                let to = q.dtype();
+            Some(to) if to == info.dtype => to,
+            Some(to) => {
                 check_convertible(info.dtype, to, options.allow_requantize)
                     .map_err(|e| QuantizeError::on(&info.name, e))?;
                 to

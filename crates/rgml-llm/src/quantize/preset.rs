@@ -1,142 +1,8 @@
 //! The quantization presets (llama.cpp's `llama_ftype` as `llama-quantize` names them) and the
-//! storage types their rules pick ([`QType`]).
-//!
-//! [`QType`] is deliberately wider than [`rgml::DType`]: the rules may name a ggml type rgml
-//! cannot encode yet (Q2_K, Q3_K, IQ4_NL, IQ4_XS), and the choice must still be made exactly
-//! as llama.cpp makes it. [`QType::dtype`] is where such a type becomes usable: one match arm
-//! each, once `rgml::DType` has it (and an encoder in `rgml::quant::quantize_row`).
+//! default storage type of each; the per-tensor rules pick among [`DType`]s.
 
 use super::QuantizeError;
 use rgml::DType;
-
-/// A ggml storage type the type rules can choose.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum QType {
-    /// `f32`.
-    F32,
-    /// `f16`.
-    F16,
-    /// `bf16`.
-    BF16,
-    /// `q4_0`.
-    Q4_0,
-    /// `q4_1`.
-    Q4_1,
-    /// `q5_0`.
-    Q5_0,
-    /// `q5_1`.
-    Q5_1,
-    /// `q8_0`.
-    Q8_0,
-    /// `q2_K`.
-    Q2_K,
-    /// `q3_K`.
-    Q3_K,
-    /// `q4_K`.
-    Q4_K,
-    /// `q5_K`.
-    Q5_K,
-    /// `q6_K`.
-    Q6_K,
-    /// `iq4_nl`.
-    IQ4_NL,
-    /// `iq4_xs`.
-    IQ4_XS,
-}
-
-impl QType {
-    /// Every type, in ggml's id order.
-    pub const ALL: [QType; 15] = [
-        QType::F32,
-        QType::F16,
-        QType::Q4_0,
-        QType::Q4_1,
-        QType::Q5_0,
-        QType::Q5_1,
-        QType::Q8_0,
-        QType::Q2_K,
-        QType::Q3_K,
-        QType::Q4_K,
-        QType::Q5_K,
-        QType::Q6_K,
-        QType::IQ4_NL,
-        QType::IQ4_XS,
-        QType::BF16,
-    ];
-
-    /// ggml's name of the type (`"q4_K"`, `"iq4_nl"`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            QType::F32 => "f32",
-            QType::F16 => "f16",
-            QType::BF16 => "bf16",
-            QType::Q4_0 => "q4_0",
-            QType::Q4_1 => "q4_1",
-            QType::Q5_0 => "q5_0",
-            QType::Q5_1 => "q5_1",
-            QType::Q8_0 => "q8_0",
-            QType::Q2_K => "q2_K",
-            QType::Q3_K => "q3_K",
-            QType::Q4_K => "q4_K",
-            QType::Q5_K => "q5_K",
-            QType::Q6_K => "q6_K",
-            QType::IQ4_NL => "iq4_nl",
-            QType::IQ4_XS => "iq4_xs",
-        }
-    }
-
-    /// Elements per block, as ggml's `ggml_blck_size` (1 for plain types). Known here rather
-    /// than asked of [`DType`] because the rules need it for types rgml cannot encode yet.
-    pub const fn block_size(self) -> usize {
-        match self {
-            QType::F32 | QType::F16 | QType::BF16 => 1,
-            QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 => 32,
-            QType::IQ4_NL => 32,
-            QType::Q2_K | QType::Q3_K | QType::Q4_K | QType::Q5_K | QType::Q6_K => 256,
-            QType::IQ4_XS => 256,
-        }
-    }
-
-    /// Whether ggml counts the type as quantized (`ggml_is_quantized`).
-    pub const fn is_quantized(self) -> bool {
-        !matches!(self, QType::F32 | QType::F16 | QType::BF16)
-    }
-
-    /// The rgml dtype that stores this type.
-    pub const fn dtype(self) -> DType {
-        match self {
-            QType::F32 => DType::F32,
-            QType::F16 => DType::F16,
-            QType::BF16 => DType::BF16,
-            QType::Q4_0 => DType::Q4_0,
-            QType::Q4_1 => DType::Q4_1,
-            QType::Q5_0 => DType::Q5_0,
-            QType::Q5_1 => DType::Q5_1,
-            QType::Q8_0 => DType::Q8_0,
-            QType::Q4_K => DType::Q4_K,
-            QType::Q5_K => DType::Q5_K,
-            QType::Q6_K => DType::Q6_K,
-            QType::Q2_K => DType::Q2_K,
-            QType::Q3_K => DType::Q3_K,
-            QType::IQ4_NL => DType::IQ4_NL,
-            QType::IQ4_XS => DType::IQ4_XS,
-        }
-    }
-
-    /// The type a file's tensor is stored in, as the rules see it; `None` for dtypes no rule
-    /// chooses (I32, the activation types Q8_1 and Q8_K). Derived from [`QType::dtype`], so a
-    /// type that becomes encodable there is recognised here too.
-    pub fn from_dtype(dtype: DType) -> Option<QType> {
-        QType::ALL.into_iter().find(|q| q.dtype() == dtype)
-    }
-}
-
-impl std::fmt::Display for QType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// A quantization preset: what `llama-quantize` calls a type on its command line and what
 /// `general.file_type` records (llama.cpp's `llama_ftype`).
@@ -266,23 +132,23 @@ impl QuantPreset {
 
     /// The type of every quantizable tensor before the per-tensor rules
     /// (`llama_ftype_get_default_type`).
-    pub const fn default_type(self) -> QType {
+    pub const fn default_type(self) -> DType {
         match self {
-            QuantPreset::F32 => QType::F32,
-            QuantPreset::F16 => QType::F16,
-            QuantPreset::BF16 => QType::BF16,
-            QuantPreset::Q4_0 => QType::Q4_0,
-            QuantPreset::Q4_1 => QType::Q4_1,
-            QuantPreset::Q5_0 => QType::Q5_0,
-            QuantPreset::Q5_1 => QType::Q5_1,
-            QuantPreset::Q8_0 => QType::Q8_0,
-            QuantPreset::Q2_K => QType::Q2_K,
-            QuantPreset::Q3_K_S | QuantPreset::Q3_K_M | QuantPreset::Q3_K_L => QType::Q3_K,
-            QuantPreset::Q4_K_S | QuantPreset::Q4_K_M => QType::Q4_K,
-            QuantPreset::Q5_K_S | QuantPreset::Q5_K_M => QType::Q5_K,
-            QuantPreset::Q6_K => QType::Q6_K,
-            QuantPreset::IQ4_NL => QType::IQ4_NL,
-            QuantPreset::IQ4_XS => QType::IQ4_XS,
+            QuantPreset::F32 => DType::F32,
+            QuantPreset::F16 => DType::F16,
+            QuantPreset::BF16 => DType::BF16,
+            QuantPreset::Q4_0 => DType::Q4_0,
+            QuantPreset::Q4_1 => DType::Q4_1,
+            QuantPreset::Q5_0 => DType::Q5_0,
+            QuantPreset::Q5_1 => DType::Q5_1,
+            QuantPreset::Q8_0 => DType::Q8_0,
+            QuantPreset::Q2_K => DType::Q2_K,
+            QuantPreset::Q3_K_S | QuantPreset::Q3_K_M | QuantPreset::Q3_K_L => DType::Q3_K,
+            QuantPreset::Q4_K_S | QuantPreset::Q4_K_M => DType::Q4_K,
+            QuantPreset::Q5_K_S | QuantPreset::Q5_K_M => DType::Q5_K,
+            QuantPreset::Q6_K => DType::Q6_K,
+            QuantPreset::IQ4_NL => DType::IQ4_NL,
+            QuantPreset::IQ4_XS => DType::IQ4_XS,
         }
     }
 

@@ -10,7 +10,8 @@
 //! Not reproduced: rules of presets rgml does not offer (IQ1/IQ2/IQ3, TQ, MXFP4), importance
 //! matrices, and `llama-quantize`'s per-tensor overrides (`--tensor-type`, `--pure`, ...).
 
-use super::{QType, QuantPreset, QuantizeError};
+use super::{QuantPreset, QuantizeError};
+use rgml::DType;
 use rgml_gguf::GgufFile;
 use std::cmp::Ordering;
 
@@ -258,16 +259,16 @@ pub fn llama_order(a: &str, b: &str) -> Ordering {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fallback {
     /// The type the rules chose.
-    pub wanted: QType,
+    pub wanted: DType,
     /// The type used, whose block divides the row length.
-    pub used: QType,
+    pub used: DType,
 }
 
 /// The type decided for one tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TypeChoice {
     /// The new type; `None` when the tensor is not quantizable and stays as it is.
-    pub target: Option<QType>,
+    pub target: Option<DType>,
     /// Set when the rules' type did not fit the row length.
     pub fallback: Option<Fallback>,
 }
@@ -347,13 +348,13 @@ impl<'a> TypeChooser<'a> {
     }
 
     /// `llama_tensor_get_type_impl` for the presets rgml offers.
-    fn rule_type(&mut self, name: &str, ne0: usize, ty: QType) -> Result<QType, QuantizeError> {
+    fn rule_type(&mut self, name: &str, ne0: usize, ty: DType) -> Result<DType, QuantizeError> {
         let t = self.traits;
         let glm_min_q8 = ["attn_q_a", "attn_q_b", "nextn.eh_proj"];
         // glm5-next keeps these at Q8_0 or better; only float presets (which never reach the
         // rules) would go higher.
         if t.arch == "glm5-next" && glm_min_q8.iter().any(|s| name.contains(s)) {
-            return Ok(QType::Q8_0);
+            return Ok(DType::Q8_0);
         }
         let category = Category::of(name);
         if category == Category::Output
@@ -365,7 +366,7 @@ impl<'a> TypeChooser<'a> {
             // Untied token embeddings change only under presets rgml does not offer.
             Category::TokenEmbd => ty,
             c if c.is_attn_v() => self.attn_v_type(ty),
-            Category::AttnK if t.n_expert == 8 => QType::Q8_0,
+            Category::AttnK if t.n_expert == 8 => DType::Q8_0,
             Category::FfnDown => self.ffn_down_type(name, ty)?,
             Category::AttnOutput => self.attn_output_type(ty),
             Category::FfnGate => {
@@ -385,70 +386,70 @@ impl<'a> TypeChooser<'a> {
 
     /// The output matrix, and the token embeddings when they double as it: Q6_K unless the
     /// rows do not fit the preset's block (or the model is a falcon), then Q8_0.
-    fn output_type(&self, ne0: usize, ty: QType) -> QType {
+    fn output_type(&self, ne0: usize, ty: DType) -> DType {
         if self.traits.arch == "falcon" || !ne0.is_multiple_of(ty.block_size()) {
-            QType::Q8_0
-        } else if ty != QType::Q8_0 {
-            QType::Q6_K
+            DType::Q8_0
+        } else if ty != DType::Q8_0 {
+            DType::Q6_K
         } else {
             ty
         }
     }
 
-    fn attn_v_type(&mut self, ty: QType) -> QType {
+    fn attn_v_type(&mut self, ty: DType) -> DType {
         let t = self.traits;
         let (i, n) = (self.i_attention_wv, self.n_attention_wv);
         let mut ty = match self.preset {
-            QuantPreset::Q2_K if t.n_gqa >= 4 => QType::Q4_K,
-            QuantPreset::Q2_K => QType::Q3_K,
-            QuantPreset::Q3_K_M if i < 2 => QType::Q5_K,
-            QuantPreset::Q3_K_M => QType::Q4_K,
-            QuantPreset::Q3_K_L => QType::Q5_K,
-            QuantPreset::IQ4_NL | QuantPreset::IQ4_XS if t.n_gqa >= 4 => QType::Q5_K,
-            QuantPreset::Q4_K_M | QuantPreset::Q5_K_M if use_more_bits(i, n) => QType::Q6_K,
-            QuantPreset::Q4_K_S if i < 4 => QType::Q5_K,
+            QuantPreset::Q2_K if t.n_gqa >= 4 => DType::Q4_K,
+            QuantPreset::Q2_K => DType::Q3_K,
+            QuantPreset::Q3_K_M if i < 2 => DType::Q5_K,
+            QuantPreset::Q3_K_M => DType::Q4_K,
+            QuantPreset::Q3_K_L => DType::Q5_K,
+            QuantPreset::IQ4_NL | QuantPreset::IQ4_XS if t.n_gqa >= 4 => DType::Q5_K,
+            QuantPreset::Q4_K_M | QuantPreset::Q5_K_M if use_more_bits(i, n) => DType::Q6_K,
+            QuantPreset::Q4_K_S if i < 4 => DType::Q5_K,
             _ => ty,
         };
         // A 70B's attn_v is 8x smaller than its attn_q: more bits cost almost nothing.
-        if t.is_70b && matches!(ty, QType::Q3_K | QType::Q4_K) {
-            ty = QType::Q5_K;
+        if t.is_70b && matches!(ty, DType::Q3_K | DType::Q4_K) {
+            ty = DType::Q5_K;
         }
         if t.n_expert == 8 {
-            ty = QType::Q8_0;
+            ty = DType::Q8_0;
         }
         self.i_attention_wv += 1;
         ty
     }
 
-    fn ffn_down_type(&mut self, name: &str, ty: QType) -> Result<QType, QuantizeError> {
+    fn ffn_down_type(&mut self, name: &str, ty: DType) -> Result<DType, QuantizeError> {
         let (i, n) = self.layer_info(self.i_ffn_down, name)?;
         let falcon = self.traits.arch == "falcon";
         let more = use_more_bits(i, n);
         let ty = match self.preset {
-            QuantPreset::Q2_K => QType::Q3_K,
-            QuantPreset::Q3_K_M if i < n / 16 => QType::Q5_K,
-            QuantPreset::Q3_K_M if !falcon || more => QType::Q4_K,
-            QuantPreset::Q3_K_M => QType::Q3_K,
-            QuantPreset::Q3_K_L if falcon => QType::Q4_K,
-            QuantPreset::Q3_K_L => QType::Q5_K,
-            QuantPreset::Q4_K_M if falcon && i < n / 16 => QType::Q6_K,
-            QuantPreset::Q4_K_M if falcon && more => QType::Q5_K,
-            QuantPreset::Q4_K_M if falcon => QType::Q4_K,
-            QuantPreset::Q4_K_M if more => QType::Q6_K,
-            QuantPreset::IQ4_NL | QuantPreset::IQ4_XS if i < n / 8 => QType::Q5_K,
-            QuantPreset::Q5_K_M if more => QType::Q6_K,
-            QuantPreset::Q4_K_S if !falcon && i < n / 8 => QType::Q5_K,
+            QuantPreset::Q2_K => DType::Q3_K,
+            QuantPreset::Q3_K_M if i < n / 16 => DType::Q5_K,
+            QuantPreset::Q3_K_M if !falcon || more => DType::Q4_K,
+            QuantPreset::Q3_K_M => DType::Q3_K,
+            QuantPreset::Q3_K_L if falcon => DType::Q4_K,
+            QuantPreset::Q3_K_L => DType::Q5_K,
+            QuantPreset::Q4_K_M if falcon && i < n / 16 => DType::Q6_K,
+            QuantPreset::Q4_K_M if falcon && more => DType::Q5_K,
+            QuantPreset::Q4_K_M if falcon => DType::Q4_K,
+            QuantPreset::Q4_K_M if more => DType::Q6_K,
+            QuantPreset::IQ4_NL | QuantPreset::IQ4_XS if i < n / 8 => DType::Q5_K,
+            QuantPreset::Q5_K_M if more => DType::Q6_K,
+            QuantPreset::Q4_K_S if !falcon && i < n / 8 => DType::Q5_K,
             _ => ty,
         };
         self.i_ffn_down += 1;
         Ok(ty)
     }
 
-    fn attn_output_type(&self, ty: QType) -> QType {
+    fn attn_output_type(&self, ty: DType) -> DType {
         let p = self.preset;
         if self.traits.arch == "falcon" {
             return if p == QuantPreset::Q3_K_L {
-                QType::Q4_K
+                DType::Q4_K
             } else {
                 ty
             };
@@ -463,12 +464,12 @@ impl<'a> TypeChooser<'a> {
                 QuantPreset::Q4_K_M,
                 QuantPreset::IQ4_XS,
             ];
-            return if bumped.contains(&p) { QType::Q5_K } else { ty };
+            return if bumped.contains(&p) { DType::Q5_K } else { ty };
         }
         match p {
-            QuantPreset::Q2_K => QType::Q3_K,
-            QuantPreset::Q3_K_M => QType::Q4_K,
-            QuantPreset::Q3_K_L => QType::Q5_K,
+            QuantPreset::Q2_K => DType::Q3_K,
+            QuantPreset::Q3_K_M => DType::Q4_K,
+            QuantPreset::Q3_K_L => DType::Q5_K,
             _ => ty,
         }
     }
@@ -491,32 +492,24 @@ impl<'a> TypeChooser<'a> {
     }
 
     /// `tensor_type_fallback`: a type whose block divides the row length `ne0`.
-    fn fallback(&mut self, ne0: usize, ty: QType) -> QType {
+    fn fallback(&mut self, ne0: usize, ty: DType) -> DType {
         if ne0.is_multiple_of(ty.block_size()) {
             return ty;
         }
         self.n_fallback += 1;
         let fallback = match ty {
-            QType::IQ4_XS => QType::IQ4_NL,
-            QType::Q2_K | QType::Q3_K => QType::Q4_0,
-            QType::Q4_K => QType::Q5_0,
-            QType::Q5_K => QType::Q5_1,
-            QType::Q6_K => QType::Q8_0,
-            // Already a 32-block type: nothing smaller to go to; f16 below.
-            QType::F32
-            | QType::F16
-            | QType::BF16
-            | QType::Q4_0
-            | QType::Q4_1
-            | QType::Q5_0
-            | QType::Q5_1
-            | QType::Q8_0
-            | QType::IQ4_NL => ty,
+            DType::IQ4_XS => DType::IQ4_NL,
+            DType::Q2_K | DType::Q3_K => DType::Q4_0,
+            DType::Q4_K => DType::Q5_0,
+            DType::Q5_K => DType::Q5_1,
+            DType::Q6_K => DType::Q8_0,
+            // 32-block types have nothing smaller to go to (F16 below); the rest are no targets.
+            _ => ty,
         };
         if ne0.is_multiple_of(fallback.block_size()) {
             fallback
         } else {
-            QType::F16
+            DType::F16
         }
     }
 }

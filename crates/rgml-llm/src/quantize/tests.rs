@@ -46,7 +46,7 @@ fn choose_all(
     preset: QuantPreset,
     names: &[String],
     ne0: usize,
-) -> Vec<(String, Option<QType>)> {
+) -> Vec<(String, Option<DType>)> {
     let mut chooser = TypeChooser::new(traits, preset, names.iter().map(String::as_str));
     names
         .iter()
@@ -61,7 +61,7 @@ fn choose_all(
         .collect()
 }
 
-fn layers_with(types: &[(String, Option<QType>)], kind: &str, ty: QType) -> Vec<i64> {
+fn layers_with(types: &[(String, Option<DType>)], kind: &str, ty: DType) -> Vec<i64> {
     types
         .iter()
         .filter(|(n, t)| n.contains(kind) && *t == Some(ty))
@@ -81,14 +81,14 @@ fn q4_k_m_gives_q6_k_to_the_more_bits_layers_of_attn_v_and_ffn_down() {
     let names = llama_names(30, false);
     let types = choose_all(&llama_traits(30), QuantPreset::Q4_K_M, &names, 4096);
     let expected = [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29];
-    assert_eq!(layers_with(&types, "attn_v", QType::Q6_K), expected);
-    assert_eq!(layers_with(&types, "ffn_down", QType::Q6_K), expected);
-    assert_eq!(layers_with(&types, "attn_q", QType::Q6_K), [] as [i64; 0]);
-    assert_eq!(layers_with(&types, "ffn_down", QType::Q4_K).len(), 30 - 14);
+    assert_eq!(layers_with(&types, "attn_v", DType::Q6_K), expected);
+    assert_eq!(layers_with(&types, "ffn_down", DType::Q6_K), expected);
+    assert_eq!(layers_with(&types, "attn_q", DType::Q6_K), [] as [i64; 0]);
+    assert_eq!(layers_with(&types, "ffn_down", DType::Q4_K).len(), 30 - 14);
     let get = |name: &str| types.iter().find(|(n, _)| n == name).unwrap().1;
-    assert_eq!(get("output.weight"), Some(QType::Q6_K));
+    assert_eq!(get("output.weight"), Some(DType::Q6_K));
     // Untied token embeddings keep the preset's type; norms are never quantized.
-    assert_eq!(get("token_embd.weight"), Some(QType::Q4_K));
+    assert_eq!(get("token_embd.weight"), Some(DType::Q4_K));
     assert_eq!(get("blk.3.ffn_norm.weight"), None);
     assert_eq!(get("output_norm.weight"), None);
 }
@@ -98,16 +98,16 @@ fn other_presets_bump_their_own_layers() {
     let names = llama_names(32, false);
     let traits = llama_traits(32);
     let q4_k_s = choose_all(&traits, QuantPreset::Q4_K_S, &names, 4096);
-    assert_eq!(layers_with(&q4_k_s, "attn_v", QType::Q5_K), [0, 1, 2, 3]);
-    assert_eq!(layers_with(&q4_k_s, "ffn_down", QType::Q5_K), [0, 1, 2, 3]);
+    assert_eq!(layers_with(&q4_k_s, "attn_v", DType::Q5_K), [0, 1, 2, 3]);
+    assert_eq!(layers_with(&q4_k_s, "ffn_down", DType::Q5_K), [0, 1, 2, 3]);
     let q3_k_m = choose_all(&traits, QuantPreset::Q3_K_M, &names, 4096);
-    assert_eq!(layers_with(&q3_k_m, "attn_v", QType::Q5_K), [0, 1]);
-    assert_eq!(layers_with(&q3_k_m, "ffn_down", QType::Q5_K), [0, 1]);
-    assert_eq!(layers_with(&q3_k_m, "attn_output", QType::Q4_K).len(), 32);
+    assert_eq!(layers_with(&q3_k_m, "attn_v", DType::Q5_K), [0, 1]);
+    assert_eq!(layers_with(&q3_k_m, "ffn_down", DType::Q5_K), [0, 1]);
+    assert_eq!(layers_with(&q3_k_m, "attn_output", DType::Q4_K).len(), 32);
     let q6_k = choose_all(&traits, QuantPreset::Q6_K, &names, 4096);
     assert!(q6_k
         .iter()
-        .all(|(n, t)| n.ends_with("norm.weight") || *t == Some(QType::Q6_K)));
+        .all(|(n, t)| n.ends_with("norm.weight") || *t == Some(DType::Q6_K)));
 }
 
 #[test]
@@ -117,27 +117,27 @@ fn tied_embeddings_take_the_output_rule_and_odd_rows_fall_back() {
     let traits = llama_traits(30);
     let types = choose_all(&traits, QuantPreset::Q4_K_M, &names, 576);
     let get = |name: &str| types.iter().find(|(n, _)| n == name).unwrap().1;
-    assert_eq!(get("token_embd.weight"), Some(QType::Q8_0));
-    assert_eq!(get("blk.0.attn_v.weight"), Some(QType::Q8_0)); // Q6_K -> Q8_0
-    assert_eq!(get("blk.3.attn_v.weight"), Some(QType::Q5_0)); // Q4_K -> Q5_0
-    assert_eq!(get("blk.0.attn_q.weight"), Some(QType::Q5_0));
+    assert_eq!(get("token_embd.weight"), Some(DType::Q8_0));
+    assert_eq!(get("blk.0.attn_v.weight"), Some(DType::Q8_0)); // Q6_K -> Q8_0
+    assert_eq!(get("blk.3.attn_v.weight"), Some(DType::Q5_0)); // Q4_K -> Q5_0
+    assert_eq!(get("blk.0.attn_q.weight"), Some(DType::Q5_0));
     // With 32-multiple rows, Q4_0's embeddings go to Q6_K, then fall back to Q8_0 at 576.
     let q4_0 = choose_all(&traits, QuantPreset::Q4_0, &names, 576);
-    assert_eq!(q4_0[1], ("token_embd.weight".into(), Some(QType::Q8_0)));
+    assert_eq!(q4_0[1], ("token_embd.weight".into(), Some(DType::Q8_0)));
     let q4_0 = choose_all(&traits, QuantPreset::Q4_0, &names, 512);
-    assert_eq!(q4_0[1], ("token_embd.weight".into(), Some(QType::Q6_K)));
+    assert_eq!(q4_0[1], ("token_embd.weight".into(), Some(DType::Q6_K)));
     // Q5_K_M: Q5_K -> Q5_1 where it does not fit.
     let q5 = choose_all(&traits, QuantPreset::Q5_K_M, &names, 576);
-    assert_eq!(layers_with(&q5, "attn_q", QType::Q5_1).len(), 30);
+    assert_eq!(layers_with(&q5, "attn_q", DType::Q5_1).len(), 30);
     // Rows not a multiple of 32: f16.
     let mut chooser = TypeChooser::new(&traits, QuantPreset::Q4_0, ["blk.0.attn_q.weight"]);
     let choice = chooser.choose("blk.0.attn_q.weight", &[48, 4]).unwrap();
-    assert_eq!(choice.target, Some(QType::F16));
+    assert_eq!(choice.target, Some(DType::F16));
     assert_eq!(
         choice.fallback,
         Some(Fallback {
-            wanted: QType::Q4_0,
-            used: QType::F16
+            wanted: DType::Q4_0,
+            used: DType::F16
         })
     );
     assert_eq!(chooser.n_fallback(), 1);
@@ -151,7 +151,7 @@ fn float_presets_skip_the_rules_but_not_the_exclusions() {
         let want = if n.ends_with("norm.weight") {
             None
         } else {
-            Some(QType::F16)
+            Some(DType::F16)
         };
         assert_eq!(t, want, "{n}");
     }
@@ -167,22 +167,22 @@ fn model_kinds_change_the_rules() {
     let types = choose_all(&falcon, QuantPreset::Q4_K_M, &names, 4096);
     assert_eq!(
         types.iter().find(|(n, _)| n == "output.weight").unwrap().1,
-        Some(QType::Q8_0)
+        Some(DType::Q8_0)
     );
     let experts = ModelTraits {
         n_expert: 8,
         ..llama_traits(8)
     };
     let types = choose_all(&experts, QuantPreset::Q4_K_M, &names, 4096);
-    assert_eq!(layers_with(&types, "attn_v", QType::Q8_0).len(), 8);
-    assert_eq!(layers_with(&types, "attn_k", QType::Q8_0).len(), 8);
-    assert_eq!(layers_with(&types, "attn_output", QType::Q5_K).len(), 8);
+    assert_eq!(layers_with(&types, "attn_v", DType::Q8_0).len(), 8);
+    assert_eq!(layers_with(&types, "attn_k", DType::Q8_0).len(), 8);
+    assert_eq!(layers_with(&types, "attn_output", DType::Q5_K).len(), 8);
     let big = ModelTraits {
         is_70b: true,
         ..llama_traits(8)
     };
     let types = choose_all(&big, QuantPreset::Q3_K_M, &names, 4096);
-    assert_eq!(layers_with(&types, "attn_v", QType::Q5_K).len(), 8);
+    assert_eq!(layers_with(&types, "attn_v", DType::Q5_K).len(), 8);
     // An expert tensor whose layer cannot be read is an error naming it.
     let mut chooser = TypeChooser::new(&experts, QuantPreset::Q4_K_M, ["ffn_down_exps.weight"]);
     let err = chooser
@@ -381,17 +381,4 @@ fn quantized_inputs_need_allow_requantize() {
         let converted = t.from != t.to;
         assert_eq!(converted, t.name == "token_embd.weight", "{t:?}");
     }
-}
-
-#[test]
-fn qtypes_map_to_the_dtypes_rgml_encodes() {
-    for q in QType::ALL {
-        let d = q.dtype();
-        assert_eq!(QType::from_dtype(d), Some(q));
-        assert_eq!(d.block_size(), q.block_size(), "{q}");
-        assert_eq!(d.name(), q.name());
-        assert_eq!(d.is_quantized(), q.is_quantized());
-    }
-    assert_eq!(QType::from_dtype(DType::Q8_K), None);
-    assert_eq!(QType::from_dtype(DType::I32), None);
 }

@@ -13,6 +13,7 @@
 //! depend on how blocks are grouped into rows.
 
 use super::kquants::{nearest_int, GROUP_MAX_EPS, QK_K};
+use super::legacy::signed_absmax;
 use super::QuantBlock;
 use crate::dtype::DType;
 use bytemuck::{Pod, Zeroable};
@@ -109,13 +110,8 @@ fn iq4_sums(id: f32, x: &[f32; 32], mut l: Option<&mut [u8; 32]>) -> (f32, f32) 
 /// importance weights (weights `x^2`), trying `2 * NTRY + 1` inverse scales around
 /// `KVALUES_IQ4NL[0] / max` and keeping the best least-squares fit. 0 for an all-zero block.
 fn iq4_sub_scale(x: &[f32; 32]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let max = signed_absmax(x);
+    let amax = max.abs();
     if amax < GROUP_MAX_EPS {
         return 0.0;
     }

@@ -9,6 +9,7 @@
 //! also owns the helpers the other k-quants share ([`nearest_int`], the `make_qkx2_quants`
 //! search).
 
+use super::legacy::signed_absmax;
 use super::QuantBlock;
 use crate::dtype::DType;
 use bytemuck::{Pod, Zeroable};
@@ -243,14 +244,8 @@ fn fit(l: &[u8], x: &[f32], weights: &[f32], sum_w: f32, sum_x: f32) -> Option<(
 /// ggml's `make_qx_quants` for one sub-block of 16 with `rmse_type == 1` (weights `x^2`) and no
 /// importance matrix: symmetric quants `L - nmax` in `-nmax..nmax`, returning the scale.
 fn make_qx_quants_rmse1(nmax: i32, x: &[f32; 16], l_out: &mut [u8; 16]) -> f32 {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let max = signed_absmax(x);
+    let amax = max.abs();
     if amax < GROUP_MAX_EPS {
         *l_out = [0; 16];
         return 0.0;
@@ -534,15 +529,8 @@ impl QuantBlock for BlockQ8_K {
     type Values = [f32; QK_K];
 
     fn quantize(x: &[f32; QK_K]) -> Self {
-        let mut max = 0.0f32;
-        let mut amax = 0.0f32;
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
+        let max = signed_absmax(x);
+        if max == 0.0 {
             return BlockQ8_K::zeroed();
         }
         // -127 rather than -128 keeps every quant in -127..=127 (ggml: needed by IQ2_XXS SIMD).

@@ -11,6 +11,7 @@
 //! its own, so the result does not depend on how blocks are grouped into rows.
 
 use super::kquants::{nearest_int, Qkx2, GROUP_MAX_EPS, QK_K};
+use super::legacy::signed_absmax;
 use super::QuantBlock;
 use crate::dtype::DType;
 use bytemuck::{Pod, Zeroable};
@@ -195,13 +196,8 @@ impl QuantBlock for BlockQ2_K {
 /// by `nmax`) for one sub-block of 16, weights `x^2`, refined by up to five passes of
 /// coordinate descent on the least-squares scale. Returns the scale.
 fn make_q3_quants(nmax: i32, x: &[f32; 16], l_out: &mut [i8; 16]) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let max = signed_absmax(x);
+    let amax = max.abs();
     if amax < GROUP_MAX_EPS {
         *l_out = [0; 16];
         return 0.0;

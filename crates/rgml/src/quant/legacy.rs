@@ -107,7 +107,7 @@ const _: () = {
 };
 
 /// The value of largest magnitude, keeping its sign; the first one wins ties, as in ggml.
-fn signed_absmax(x: &[f32]) -> f32 {
+pub(super) fn signed_absmax(x: &[f32]) -> f32 {
     let mut amax = 0.0f32;
     let mut max = 0.0f32;
     for &v in x {
