@@ -296,13 +296,7 @@ mod avx2 {
     use super::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
     use std::arch::x86_64::*;
 
-    /// f16 -> f32 with the F16C instruction (the generic conversion re-detects CPU features on
-    /// every call, which costs as much as the rest of a block's work).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn h2f(h: half::f16) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits()))))
-    }
+    use crate::kernels::fp16::f16_to_f32 as h2f;
 
     /// Horizontal sum of 8 f32 lanes.
     #[inline]

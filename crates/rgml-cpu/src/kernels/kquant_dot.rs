@@ -209,12 +209,7 @@ pub(crate) mod avx2 {
     use super::{scales_mins, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
     use std::arch::x86_64::*;
 
-    /// f16 -> f32 with F16C: exact, as `to_f32_const`, without its branches.
-    #[inline(always)]
-    fn h2f(h: half::f16) -> f32 {
-        // SAFETY: F16C; every caller is compiled with it enabled.
-        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits())))) }
-    }
+    use crate::kernels::fp16::f16_to_f32 as h2f;
 
     /// `hsum_float_8`.
     #[inline(always)]

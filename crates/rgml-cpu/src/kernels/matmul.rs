@@ -9,7 +9,8 @@
 //! (a repacking buffer, [`super::repack`]) by runs of 4-row groups, Q2_K…Q6_K and IQ4_XS weights
 //! by 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q5_0/q5_1/q8_0 (and iq4_nl
 //! from 2 src1 rows) through the register
-//! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead), other
+//! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead, on AVX2
+//! by [`super::tiled::matvec`]), other
 //! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
 //! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
@@ -31,7 +32,8 @@ use rgml::{DType, Error, Result, Tensor};
 use std::ops::Range;
 
 /// How far ahead of the rows being multiplied a matrix-vector product prefetches weights (tuned
-/// on the demo model's generation: 2 KiB gives +35%, 4 KiB +50%, 8 KiB +45%, 16 KiB +30%).
+/// on the demo model's generation: 2 KiB gives +35%, 4 KiB +50%, 8 KiB +45%, 16 KiB +30%; on a
+/// Zen 1 AVX2 CPU, as Q8_0, 4 KiB is best too: 65 tokens/s against 56-58 for 1, 2 and 8 KiB).
 pub(super) const PREFETCH_AHEAD: usize = 4096;
 
 /// A hint to load the cache line at `p`; never faults, whatever the address.
@@ -45,6 +47,14 @@ pub(super) fn prefetch(p: *const u8) {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// Prefetch the cache lines of `len` bytes from `p` (hints: any address is fine).
+#[inline(always)]
+pub(super) fn prefetch_span(p: *const u8, len: usize) {
+    for off in (0..len).step_by(64) {
+        prefetch(p.wrapping_add(off));
+    }
 }
 
 /// Whether the kernel handles `a · b -> t`.
@@ -130,6 +140,9 @@ pub(crate) fn src1_conversion(
 
 /// src1 rows per tile of the quantized path.
 const TILE1: usize = 16;
+
+/// Weight rows per [`super::tiled::matvec`] call (its outputs are stored after each).
+const MATVEC_RUN: usize = 64;
 
 /// Activation rows per call of the packed-weight kernel.
 const REPACK_COLS: usize = 8;
@@ -462,6 +475,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let blk = super::row_block(ne01, batches, tc.nth, 1, group);
         let nblk = ne01.div_ceil(blk);
         let tiled = super::tiled::takes(f, a.dtype, self.ne11);
+        let matvec = tiled && self.ne11 == 1 && !a.packed && super::tiled::has_matvec(f);
         let ktiled = super::ktiled::takes(a.dtype, self.ne11);
         // Blocks on demand: a descheduled thread's share goes to the others.
         for unit in super::claimed(tc.claim, batches * nblk) {
@@ -474,6 +488,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             if a.packed {
                 let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
                 self.packed(rows, at, scratch);
+            } else if matvec {
+                self.matvec(rows, at);
             } else if ktiled {
                 self.ktiled(rows, at);
             } else if tiled {
@@ -535,7 +551,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     /// together, bit-equal to the pair dots.
     fn tiled(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
         let (f, a, ne11) = (self.f, self.a, self.ne11);
-        let (rm, rn) = (super::tiled::tile_rows(f, ne11), super::tiled::tile_cols(f));
+        let (rm, rn) = (super::tiled::tile_rows(f), super::tiled::tile_cols(f));
         let mut out = [0f32; 4 * super::tiled::TILE_COLS];
         for t0 in (0..ne11).step_by(TILE1) {
             let t1 = (t0 + TILE1).min(ne11);
@@ -574,6 +590,36 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         }
     }
 
+    /// One activation row (a generation step) on the AVX2 build: [`super::tiled::matvec`] over
+    /// runs of [`MATVEC_RUN`] weight rows.
+    fn matvec(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
+        let (f, a) = (self.f, self.a);
+        let y = (self.b_row)(0, i12, i13);
+        let mut out = [0f32; MATVEC_RUN];
+        for r0 in rows.clone().step_by(MATVEC_RUN) {
+            let r1 = (r0 + MATVEC_RUN).min(rows.end);
+            let x0 = a.row(r0, i02, i03).cast_const();
+            // SAFETY: tiled::takes and has_matvec hold; the src0 rows r0..r1 are dense, in
+            // bounds and `a.nb[1]` apart, `nb` blocks each; the src1 row is complete in the
+            // work area since the barrier, `nb` blocks.
+            unsafe {
+                super::tiled::matvec(
+                    f,
+                    a.dtype,
+                    super::tiled::RowRun {
+                        nb: self.nb,
+                        x0,
+                        row_stride: a.nb[1],
+                        y,
+                        ahead: PREFETCH_AHEAD,
+                    },
+                    &mut out[..r1 - r0],
+                )
+            };
+            store_tile(self.dst, r0..r1, 0..1, i12, i13, &out, 1);
+        }
+    }
+
     /// As [`Self::packed`], K-quant weights by 8 or more activation rows, with the arithmetic
     /// of ggml's tiled kernel ([`super::ktiled`]): each weight row against runs of up to
     /// [`super::ktiled::COLS`] activation rows, its blocks decoded once per run.
@@ -608,10 +654,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     /// from `first` PREFETCH_AHEAD bytes on about 40% more.
     #[inline(always)]
     fn prefetch_rows(&self, first: *const u8, nrows: usize) {
-        let ahead = first.wrapping_add(PREFETCH_AHEAD);
-        for off in (0..nrows * self.arow_bytes).step_by(64) {
-            prefetch(ahead.wrapping_add(off));
-        }
+        prefetch_span(first.wrapping_add(PREFETCH_AHEAD), nrows * self.arow_bytes);
     }
 
     /// As [`Self::packed`], other quantized weights pair by pair. Tiles of src1 rows keep a

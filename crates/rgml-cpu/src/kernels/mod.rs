@@ -27,6 +27,7 @@ mod convert;
 mod copy;
 mod elementwise;
 mod float_avx2;
+mod fp16;
 pub mod isa;
 mod kquant_dot;
 mod ktiled;

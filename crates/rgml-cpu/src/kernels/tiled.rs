@@ -85,13 +85,11 @@ pub(crate) fn takes(f: CpuFeatures, dtype: DType, rows: usize) -> bool {
     supported(f, dtype) && (dtype != DType::IQ4_NL || rows >= 2)
 }
 
-/// Rows of a tile for this CPU's build and `cols` activation rows: 4 on the AVX-512 builds
-/// and for AVX2 matrix-vector products (4 accumulators leave registers to spare; each
-/// activation block is loaded and converted once for 4 rows), else 2.
-pub(crate) fn tile_rows(f: CpuFeatures, cols: usize) -> usize {
+/// Rows of a tile for this CPU's build: 4 on the AVX-512 builds, 2 on AVX2 (whose
+/// matrix-vector products run [`matvec`] instead).
+pub(crate) fn tile_rows(f: CpuFeatures) -> usize {
     match build(f) {
         Some(TiledIsa::Avx512 | TiledIsa::Avx512Vnni) => 4,
-        _ if cols == 1 => 4,
         _ => 2,
     }
 }
@@ -256,6 +254,100 @@ unsafe fn tile_on(
     }
 }
 
+/// Whether [`matvec`] runs on this CPU's build: the AVX2 build (the AVX-512 builds take 4-row
+/// tiles through [`tile`]).
+pub(crate) fn has_matvec(f: CpuFeatures) -> bool {
+    build(f) == Some(TiledIsa::Avx2)
+}
+
+/// A matrix-vector product on the AVX2 build: `out[r] = dot(row r, y)` for the `out.len()`
+/// weight rows of `rows`, each output bit for bit `vec_dot`'s (IQ4_NL: nothing, see
+/// [`takes`]).
+///
+/// Why not [`tile`] per 4 rows: one call per block of rows keeps the kernel, its dispatch and
+/// the prefetches in one loop, and 2-row tiles stream faster than 4-row ones on AVX2 CPUs that
+/// split 256-bit operations (Zen 1: 38 against 32 tokens/s on the demo model as Q8_0, one
+/// thread). Each pair of rows first prefetches its bytes `ahead` further on (the hardware
+/// prefetcher alone does not keep DRAM busy).
+///
+/// # Safety
+/// Each of the `out.len()` rows of `rows` holds `nb` readable blocks of `dtype`; `y` holds `nb`
+/// readable activation blocks.
+pub(crate) unsafe fn matvec(f: CpuFeatures, dtype: DType, rows: RowRun, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_matvec(f) && dtype != DType::IQ4_NL {
+        // SAFETY: the AVX2 build runs on AVX2, FMA and F16C; operands as promised.
+        unsafe { matvec_avx2_any(dtype, rows, out) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (f, dtype, rows, out);
+}
+
+/// [`matvec_avx2`] for `dtype` (nothing for IQ4_NL, whose one-row products take `vec_dot`'s
+/// arithmetic, not the tiles', or types without a tiled kernel).
+///
+/// # Safety
+/// As [`matvec`], on a CPU with AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+unsafe fn matvec_avx2_any(dtype: DType, rows: RowRun, out: &mut [f32]) {
+    // SAFETY: as promised by the caller.
+    unsafe {
+        match kind(dtype) {
+            Some(Q4_0) => matvec_avx2::<Q4_0>(rows, out),
+            Some(Q4_1) => matvec_avx2::<Q4_1>(rows, out),
+            Some(Q5_0) => matvec_avx2::<Q5_0>(rows, out),
+            Some(Q5_1) => matvec_avx2::<Q5_1>(rows, out),
+            Some(Q8_0) => matvec_avx2::<Q8_0>(rows, out),
+            _ => {}
+        }
+    }
+}
+
+/// The operands of [`matvec`] but the outputs.
+#[derive(Clone, Copy)]
+pub(crate) struct RowRun {
+    /// Blocks per row.
+    pub nb: usize,
+    /// The first weight row.
+    pub x0: *const u8,
+    /// Bytes from one weight row to the next.
+    pub row_stride: usize,
+    /// The activation row (blocks of the weight type's `vec_dot_type`).
+    pub y: *const u8,
+    /// How many bytes past each row its prefetches go.
+    pub ahead: usize,
+}
+
+/// # Safety
+/// As [`matvec`], on a CPU with AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn matvec_avx2<const K: u8>(rows: RowRun, out: &mut [f32]) {
+    let RowRun {
+        nb,
+        x0,
+        row_stride,
+        y,
+        ahead,
+    } = rows;
+    let ys = [y];
+    let row_bytes = nb * layout(K).0;
+    let mut pairs = out.chunks_exact_mut(2);
+    let mut x = x0;
+    for o in &mut pairs {
+        let next = x.wrapping_add(row_stride);
+        super::matmul::prefetch_span(x.wrapping_add(ahead), row_bytes);
+        super::matmul::prefetch_span(next.wrapping_add(ahead), row_bytes);
+        // SAFETY: two rows of `nb` blocks and `y`, as the caller promised; `o` holds 2.
+        unsafe { body::<K, 2, 1, false>(nb, &[x, next], &ys, o, 1) };
+        x = next.wrapping_add(row_stride);
+    }
+    if let [o] = pairs.into_remainder() {
+        // SAFETY: the last row, as above.
+        unsafe { body::<K, 1, 1, false>(nb, &[x], &ys, std::slice::from_mut(o), 1) };
+    }
+}
+
 /// Bytes of a weight block, of an activation block, and the offsets of their quants (for q5,
 /// of `qh`, which `qs` follows): q4_0 and iq4_nl {d, qs[16]}, q4_1 {d, m, qs[16]}, q5_0
 /// {d, qh[4], qs[16]}, q5_1 {d, m, qh[4], qs[16]}, q8_0 {d, qs[32]}; activations q8_0
@@ -270,18 +362,15 @@ const fn layout(k: u8) -> (usize, usize, usize, usize) {
     }
 }
 
-/// The f16 at `p` as f32 (F16C).
+/// The f16 at `p` as f32 (by [`super::fp16`]'s table).
 ///
 /// # Safety
-/// Two readable bytes at `p`; the CPU supports F16C.
+/// Two readable bytes at `p`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
     // SAFETY: as the caller promises.
-    unsafe {
-        let bits = p.cast::<u16>().read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-    }
+    super::fp16::f16_bits_to_f32(unsafe { p.cast::<u16>().read_unaligned() })
 }
 
 /// A weight block's 32 quants in element order: q4_1 nibbles (unsigned), q4_0 nibbles - 8,
@@ -801,6 +890,61 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The AVX2 matrix-vector kernel gives each row's `vec_dot` bit for bit, for odd row
+    /// counts and rows with gaps between them.
+    #[test]
+    fn matvec_equals_the_pair_dots() {
+        let f = CpuFeatures::detect();
+        if !f.has_avx2() {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(11);
+        let n = 320;
+        for dtype in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+        ] {
+            let rb = dtype.row_bytes(n).unwrap();
+            let stride = rb + 6;
+            let nrows = 7;
+            let mut w = vec![0u8; nrows * stride];
+            for r in 0..nrows {
+                let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                rgml::quant::quantize_row(dtype, &v, &mut w[r * stride..r * stride + rb]).unwrap();
+            }
+            let vd = dtype.vec_dot_type();
+            let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
+            let mut y = vec![0u8; vd.row_bytes(n).unwrap()];
+            quantize_activations(f, vd, &v, &mut y).unwrap();
+            for m in [1, 2, 5, 7] {
+                let mut out = vec![f32::NAN; m];
+                let rows = RowRun {
+                    nb: n / 32,
+                    x0: w.as_ptr(),
+                    row_stride: stride,
+                    y: y.as_ptr(),
+                    ahead: 4096,
+                };
+                // SAFETY: AVX2 checked; `m` rows of `nb` blocks `stride` apart, `y` `nb` blocks.
+                unsafe { matvec_avx2_any(dtype, rows, &mut out) };
+                for (r, got) in out.iter().enumerate() {
+                    let want = crate::kernels::dot::vec_dot(
+                        f,
+                        dtype,
+                        n,
+                        &w[r * stride..r * stride + rb],
+                        &y,
+                    )
+                    .unwrap();
+                    assert_eq!(got.to_bits(), want.to_bits(), "{dtype} {m} rows, row {r}");
                 }
             }
         }

@@ -13,12 +13,7 @@ fn hsum(v: __m256) -> f32 {
     unsafe { crate::kernels::tiled::hsum8(v) }
 }
 
-/// f16 -> f32 with F16C: exact, as `to_f32_const`, without its branches.
-#[inline(always)]
-fn h2f(h: half::f16) -> f32 {
-    // SAFETY: F16C; every caller is compiled with it enabled.
-    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits())))) }
-}
+use crate::kernels::fp16::f16_to_f32 as h2f;
 
 /// 32 bytes at `p`.
 ///
