@@ -230,7 +230,7 @@ impl Model {
             devices,
             layer_devices,
             buffers,
-            file_type: dominant_type(gguf.tensors()),
+            file_type: file_type_name(gguf),
             chat_template: gguf
                 .get_str("tokenizer.chat_template")
                 .ok()
@@ -710,6 +710,20 @@ fn weight_uses(name: &str, tied: bool) -> Vec<OpKind> {
         _ if block_matrix => vec![OpKind::MulMat],
         _ => Vec::new(),
     }
+}
+
+/// The file's type as llama.cpp names it: its `general.file_type` preset (`Q4_K_M`), else the
+/// type of most weight bytes (`q8_0`).
+fn file_type_name(gguf: &GgufFile) -> String {
+    gguf.get_u64("general.file_type")
+        .ok()
+        .and_then(|n| {
+            crate::quantize::QuantPreset::ALL
+                .into_iter()
+                .find(|p| u64::from(p.file_type()) == n)
+        })
+        .map(|p| p.name().to_string())
+        .unwrap_or_else(|| dominant_type(gguf.tensors()))
 }
 
 fn dominant_type(tensors: &[TensorInfo]) -> String {
