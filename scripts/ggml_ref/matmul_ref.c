@@ -74,6 +74,23 @@ static int write_x(const char * dir, int k, const float * x) {
     return fclose(f) | rc;
 }
 
+// out = ggml_mul_mat(w, xt) computed with n_threads threads (refused if ggml repacked w:
+// the fixtures are the plain layout's arithmetic); frees ctx.
+static int compute_and_free(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * xt,
+                            int n_threads, float * out) {
+    struct ggml_tensor * y = ggml_mul_mat(ctx, w, xt);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, y);
+    int rc = 0;
+    if (w->extra != NULL || ggml_graph_compute_with_ctx(ctx, gf, n_threads) != GGML_STATUS_SUCCESS) {
+        rc = -1;
+    } else {
+        memcpy(out, y->data, ggml_nbytes(y));
+    }
+    ggml_free(ctx);
+    return rc;
+}
+
 // out = W x X[:, :b] with n_threads threads
 static int mul_mat(enum ggml_type type, int k, int n_rows, const void * wbytes, size_t wsize, const float * x,
                    int b, int n_threads, float * out) {
@@ -90,17 +107,7 @@ static int mul_mat(enum ggml_type type, int k, int n_rows, const void * wbytes, 
     struct ggml_tensor * xt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, b);
     memcpy(w->data, wbytes, wsize);
     memcpy(xt->data, x, sizeof(float) * (size_t) k * b);
-    struct ggml_tensor * y = ggml_mul_mat(ctx, w, xt);
-    struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, y);
-    int rc = 0;
-    if (w->extra != NULL || ggml_graph_compute_with_ctx(ctx, gf, n_threads) != GGML_STATUS_SUCCESS) {
-        rc = -1;
-    } else {
-        memcpy(out, y->data, sizeof(float) * n_rows * b);
-    }
-    ggml_free(ctx);
-    return rc;
+    return compute_and_free(ctx, w, xt, n_threads, out);
 }
 
 // Quantized weights: {type}_k{K}.bin with N_ROWS rows; float weights (n_rows > 0):
@@ -185,17 +192,7 @@ static int mul_mat_3d(enum ggml_type type, int k, int m, int ne02, int ne12, int
             memcpy((float *) xt->data + (size_t) h * b * k, x + (size_t) h * ATT_COLS * k, sizeof(float) * k * b);
         }
     }
-    struct ggml_tensor * y = ggml_mul_mat(ctx, w, xt);
-    struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, y);
-    int rc = 0;
-    if (w->extra != NULL || ggml_graph_compute_with_ctx(ctx, gf, n_threads) != GGML_STATUS_SUCCESS) {
-        rc = -1;
-    } else {
-        memcpy(out, y->data, sizeof(float) * m * b * ne12);
-    }
-    ggml_free(ctx);
-    return rc;
+    return compute_and_free(ctx, w, xt, n_threads, out);
 }
 
 // attn_{name}.bin: "RGMLMM2\0", u32 type, u32 K, u32 M, u32 ne02, u32 ne12, u32 permuted,

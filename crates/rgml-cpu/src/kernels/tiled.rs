@@ -275,7 +275,7 @@ pub(crate) fn has_matvec(f: CpuFeatures) -> bool {
 /// readable activation blocks.
 pub(crate) unsafe fn matvec(f: CpuFeatures, dtype: DType, rows: RowRun, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if has_matvec(f) && dtype != DType::IQ4_NL {
+    if has_matvec(f) {
         // SAFETY: the AVX2 build runs on AVX2, FMA and F16C; operands as promised.
         unsafe { matvec_avx2_any(dtype, rows, out) }
     }
