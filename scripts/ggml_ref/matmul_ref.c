@@ -91,11 +91,19 @@ static int compute_and_free(struct ggml_context * ctx, struct ggml_tensor * w, s
     return rc;
 }
 
-// out = W x X[:, :b] with n_threads threads
-static int mul_mat(enum ggml_type type, int k, int n_rows, const void * wbytes, size_t wsize, const float * x,
-                   int b, int n_threads, float * out) {
+// Attention-shaped products with grouped-query broadcast: W of `type` [k, m, ne02] against
+// src1 [k, b, ne12] for b in ATT_BATCHES. `permuted`: src1 is a permuted view of a
+// [k, ne12, b] tensor (llama.cpp's Q in K*Q), else contiguous (the softmaxed KQ in V*KQ).
+static const int ATT_BATCHES[] = {1, 2, 5};
+#define ATT_NBATCH ((int) (sizeof(ATT_BATCHES) / sizeof(ATT_BATCHES[0])))
+#define ATT_COLS 5
+
+// out[h][t][i] = W[h / (ne12 / ne02)] row i . X[h][t], X as [ne12][ATT_COLS][k] (with
+// ne02 = ne12 = 1 and not permuted: the plain product W x X[:, :b] of the other fixtures)
+static int mul_mat_3d(enum ggml_type type, int k, int m, int ne02, int ne12, int permuted, const void * wbytes,
+                      size_t wsize, const float * x, int b, int n_threads, float * out) {
     struct ggml_init_params ip = {
-        .mem_size   = wsize + sizeof(float) * (size_t) k * b + sizeof(float) * n_rows * b + (8u << 20),
+        .mem_size   = wsize + sizeof(float) * ((size_t) k + m) * b * ne12 + (8u << 20),
         .mem_buffer = NULL,
         .no_alloc   = false,
     };
@@ -103,10 +111,24 @@ static int mul_mat(enum ggml_type type, int k, int n_rows, const void * wbytes, 
     if (!ctx) {
         return -1;
     }
-    struct ggml_tensor * w = ggml_new_tensor_2d(ctx, type, k, n_rows);
-    struct ggml_tensor * xt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, b);
+    struct ggml_tensor * w = ggml_new_tensor_3d(ctx, type, k, m, ne02);
     memcpy(w->data, wbytes, wsize);
-    memcpy(xt->data, x, sizeof(float) * (size_t) k * b);
+    struct ggml_tensor * xt;
+    if (permuted) {
+        struct ggml_tensor * q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, k, ne12, b);
+        for (int h = 0; h < ne12; h++) {
+            for (int t = 0; t < b; t++) {
+                memcpy((float *) q->data + ((size_t) t * ne12 + h) * k, x + ((size_t) h * ATT_COLS + t) * k,
+                       sizeof(float) * k);
+            }
+        }
+        xt = ggml_permute(ctx, q, 0, 2, 1, 3);
+    } else {
+        xt = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, k, b, ne12);
+        for (int h = 0; h < ne12; h++) {
+            memcpy((float *) xt->data + (size_t) h * b * k, x + (size_t) h * ATT_COLS * k, sizeof(float) * k * b);
+        }
+    }
     return compute_and_free(ctx, w, xt, n_threads, out);
 }
 
@@ -142,7 +164,7 @@ static int write_case(const char * dir, enum ggml_type type, int k, int n_rows, 
         rc |= write_u32(f, (uint32_t) wsize) | write_all(f, wbytes, wsize);
         for (int i = 0; i < NBATCH && rc == 0; i++) {
             for (int t = 1; t <= 2 && rc == 0; t++) {
-                rc |= mul_mat(type, k, n_rows, wbytes, wsize, x, BATCHES[i], t, out);
+                rc |= mul_mat_3d(type, k, n_rows, 1, 1, 0, wbytes, wsize, x, BATCHES[i], t, out);
                 rc |= write_all(f, out, sizeof(float) * n_rows * BATCHES[i]);
             }
         }
@@ -153,46 +175,6 @@ static int write_case(const char * dir, enum ggml_type type, int k, int n_rows, 
     free(wbytes);
     free(out);
     return rc;
-}
-
-// Attention-shaped products with grouped-query broadcast: W of `type` [k, m, ne02] against
-// src1 [k, b, ne12] for b in ATT_BATCHES. `permuted`: src1 is a permuted view of a
-// [k, ne12, b] tensor (llama.cpp's Q in K*Q), else contiguous (the softmaxed KQ in V*KQ).
-static const int ATT_BATCHES[] = {1, 2, 5};
-#define ATT_NBATCH ((int) (sizeof(ATT_BATCHES) / sizeof(ATT_BATCHES[0])))
-#define ATT_COLS 5
-
-// out[h][t][i] = W[h / (ne12 / ne02)] row i . X[h][t], X as [ne12][ATT_COLS][k]
-static int mul_mat_3d(enum ggml_type type, int k, int m, int ne02, int ne12, int permuted, const void * wbytes,
-                      size_t wsize, const float * x, int b, int n_threads, float * out) {
-    struct ggml_init_params ip = {
-        .mem_size   = wsize + sizeof(float) * ((size_t) k + m) * b * ne12 + (8u << 20),
-        .mem_buffer = NULL,
-        .no_alloc   = false,
-    };
-    struct ggml_context * ctx = ggml_init(ip);
-    if (!ctx) {
-        return -1;
-    }
-    struct ggml_tensor * w = ggml_new_tensor_3d(ctx, type, k, m, ne02);
-    memcpy(w->data, wbytes, wsize);
-    struct ggml_tensor * xt;
-    if (permuted) {
-        struct ggml_tensor * q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, k, ne12, b);
-        for (int h = 0; h < ne12; h++) {
-            for (int t = 0; t < b; t++) {
-                memcpy((float *) q->data + ((size_t) t * ne12 + h) * k, x + ((size_t) h * ATT_COLS + t) * k,
-                       sizeof(float) * k);
-            }
-        }
-        xt = ggml_permute(ctx, q, 0, 2, 1, 3);
-    } else {
-        xt = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, k, b, ne12);
-        for (int h = 0; h < ne12; h++) {
-            memcpy((float *) xt->data + (size_t) h * b * k, x + (size_t) h * ATT_COLS * k, sizeof(float) * k * b);
-        }
-    }
-    return compute_and_free(ctx, w, xt, n_threads, out);
 }
 
 // attn_{name}.bin: "RGMLMM2\0", u32 type, u32 K, u32 M, u32 ne02, u32 ne12, u32 permuted,

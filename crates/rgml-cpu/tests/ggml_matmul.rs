@@ -216,12 +216,12 @@ fn quantized_products_equal_ggml_under_the_avx512_arithmetic() {
 
 /// The fixtures can tell the paths apart: for the K-quants and IQ4_XS, ggml's tiled kernel (8
 /// and 19 rows) rounds differently from its `vec_dot` (1, 2 and 5 rows) on some outputs, and
-/// for IQ4_NL tinyBLAS (2 rows and more) from `vec_dot` (1 row), so a product taking the wrong
-/// path fails the tests above.
+/// for IQ4_NL and for float weights of 8 rows tinyBLAS (2 rows and more) from `vec_dot` (1 row),
+/// so a product taking the wrong path fails the tests above.
 #[test]
 fn fixtures_distinguish_the_paths() {
     use DType::*;
-    for path in cases() {
+    for path in files(&["q", "iq", "f16", "f32", "bf16"]) {
         let case = read_case(&path);
         let column0 = |b: usize| {
             let (_, _, v) = case
@@ -247,6 +247,18 @@ fn fixtures_distinguish_the_paths() {
                     "{}: tinyBLAS vs vec_dot",
                     case.dtype
                 );
+            }
+            // Float weights: 8 rows take tinyBLAS from 2 activation rows, 6 rows never.
+            F32 | F16 | BF16 if case.n == 8 => {
+                assert_ne!(
+                    column0(1),
+                    column0(2),
+                    "{}: tinyBLAS vs vec_dot",
+                    case.dtype
+                );
+            }
+            F32 | F16 | BF16 => {
+                assert_eq!(column0(1), column0(2), "{}: vec_dot columns", case.dtype);
             }
             _ => {}
         }

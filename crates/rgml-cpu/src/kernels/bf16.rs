@@ -34,7 +34,7 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
 use super::isa::CpuFeatures;
-use super::matmul::{prefetch, Columns, PREFETCH_AHEAD};
+use super::matmul::{prefetch_span, Columns, PREFETCH_AHEAD};
 use super::ThreadCtx;
 use rgml::{Error, Result};
 
@@ -130,10 +130,7 @@ pub(crate) fn products(
                     if cols.n == 1 {
                         // A matrix-vector product streams the weights: prefetch ahead as the
                         // quantized path does.
-                        let ahead = x[0].wrapping_add(PREFETCH_AHEAD);
-                        for off in (0..nr * row_bytes).step_by(64) {
-                            prefetch(ahead.wrapping_add(off));
-                        }
+                        prefetch_span(x[0].wrapping_add(PREFETCH_AHEAD), nr * row_bytes);
                     }
                     if tinyblas {
                         // SAFETY: bf16_products() implies AVX512_BF16, F, BW and VL; each x[r] is

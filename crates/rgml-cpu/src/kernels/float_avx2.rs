@@ -13,6 +13,8 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use super::fp16::f16_bits_to_f32;
+use super::tiled::hsum8;
 use super::vec_float::{leftovers_f32, leftovers_f64};
 
 /// Weight element types, as const parameters (`W`) so each kernel is compiled per type.
@@ -48,20 +50,6 @@ unsafe fn load8<const W: u8>(p: *const u8, i: usize) -> __m256 {
     }
 }
 
-/// tinyBLAS's `hsum(__m256)`: high half + low half, then `movehl`, then `movehdup`.
-///
-/// # Safety
-/// AVX.
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    // SAFETY: register-only AVX/SSE3 operations, as the caller promises.
-    unsafe {
-        let x = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-        _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
-    }
-}
-
 /// `out[r][c]` = tinyBLAS's dot of weight row `x[r]` (type `W`) and f32 row `y[c]`, `n`
 /// elements each.
 ///
@@ -91,7 +79,7 @@ pub(crate) unsafe fn tile<const W: u8, const RM: usize, const RN: usize>(
         }
         for (out_r, acc_r) in out.iter_mut().zip(&acc) {
             for (o, a) in out_r.iter_mut().zip(acc_r) {
-                *o = hsum(*a);
+                *o = hsum8(*a);
             }
         }
     }
@@ -112,8 +100,8 @@ pub(crate) unsafe fn vec_dot<const W: u8>(
 ) -> f32 {
     let np = n - n % 32;
     let mut sum = [_mm256_setzero_ps(); 4];
-    // SAFETY: loads read elements below `np <= n` of rows of `n` (the caller's promise); the
-    // prefetches are hints that never fault.
+    // SAFETY: loads read elements below `np <= n` of rows of `n` and the leftovers `np..n` of
+    // both rows (the caller's promise); the prefetches are hints that never fault.
     unsafe {
         for k in (0..np).step_by(32) {
             let line = x.add(k * elem_bytes(W)).wrapping_add(ahead);
@@ -128,7 +116,7 @@ pub(crate) unsafe fn vec_dot<const W: u8>(
         }
         let folded = _mm256_add_ps(_mm256_add_ps(sum[0], sum[2]), _mm256_add_ps(sum[1], sum[3]));
         let s = if W == BF16 {
-            hsum(folded)
+            hsum8(folded)
         } else {
             // `GGML_F32x8_REDUCE`: low half + high half, then `hadd` twice.
             let t = _mm_add_ps(
@@ -144,7 +132,7 @@ pub(crate) unsafe fn vec_dot<const W: u8>(
             let p = x.add((np + i) * elem_bytes(W));
             *v = match W {
                 F32 => p.cast::<f32>().read_unaligned(),
-                F16 => half::f16::from_bits(p.cast::<u16>().read_unaligned()).to_f32(),
+                F16 => f16_bits_to_f32(p.cast::<u16>().read_unaligned()),
                 _ => half::bf16::from_bits(p.cast::<u16>().read_unaligned()).to_f32(),
             };
         }
@@ -386,6 +374,7 @@ mod tests {
     fn kernels_equal_the_portable_orders() {
         let f = CpuFeatures::resolve(Some(crate::IsaChoice::Avx2));
         if !f.has_avx2() {
+            eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
         check::<F32>(f, Flavor::F32);

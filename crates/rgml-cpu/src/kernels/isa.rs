@@ -209,6 +209,20 @@ impl CpuFeatures {
         }
     }
 
+    /// The same CPU without its AVX-512 features, as an AVX2-only CPU (for the tests of the
+    /// AVX2-only kernels on any x86 CPU; dropping features is always safe).
+    #[cfg(test)]
+    pub(crate) fn avx2_only(self) -> CpuFeatures {
+        CpuFeatures {
+            avx512: false,
+            avx512_vnni: false,
+            avx512_bf16: false,
+            bf16_products: false,
+            ..self
+        }
+        .with_choice(Some(IsaChoice::Avx2))
+    }
+
     /// The CPU has AVX2, FMA and F16C.
     #[inline]
     pub fn has_avx2(self) -> bool {

@@ -10,7 +10,7 @@
 //! by 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q5_0/q5_1/q8_0 (and iq4_nl
 //! from 2 src1 rows) through the register
 //! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead, on AVX2
-//! by [`super::tiled::matvec`]), other
+//! by [`super::tiled::matvec_kernel`]), other
 //! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
 //! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
@@ -140,9 +140,6 @@ pub(crate) fn src1_conversion(
 
 /// src1 rows per tile of the quantized path.
 const TILE1: usize = 16;
-
-/// Weight rows per [`super::tiled::matvec`] call (its outputs are stored after each).
-const MATVEC_RUN: usize = 64;
 
 /// Activation rows per call of the packed-weight kernel.
 const REPACK_COLS: usize = 8;
@@ -475,7 +472,11 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let blk = super::row_block(ne01, batches, tc.nth, 1, group);
         let nblk = ne01.div_ceil(blk);
         let tiled = super::tiled::takes(f, a.dtype, self.ne11);
-        let matvec = tiled && self.ne11 == 1 && !a.packed && super::tiled::has_matvec(f);
+        let matvec = if tiled && self.ne11 == 1 && !a.packed {
+            super::tiled::matvec_kernel(f, a.dtype)
+        } else {
+            None
+        };
         let ktiled = super::ktiled::takes(a.dtype, self.ne11);
         // Blocks on demand: a descheduled thread's share goes to the others.
         for unit in super::claimed(tc.claim, batches * nblk) {
@@ -488,8 +489,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             if a.packed {
                 let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
                 self.packed(rows, at, scratch);
-            } else if matvec {
-                self.matvec(rows, at);
+            } else if let Some(kernel) = matvec {
+                self.matvec(kernel, rows, at);
             } else if ktiled {
                 self.ktiled(rows, at);
             } else if tiled {
@@ -590,32 +591,30 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         }
     }
 
-    /// One activation row (a generation step) on the AVX2 build: [`super::tiled::matvec`] over
-    /// runs of [`MATVEC_RUN`] weight rows.
-    fn matvec(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
-        let (f, a) = (self.f, self.a);
+    /// One activation row (a generation step) on the AVX2 build, by `kernel` (see
+    /// [`super::tiled::matvec_kernel`]).
+    fn matvec(
+        &self,
+        kernel: super::tiled::MatvecKernel,
+        rows: Range<usize>,
+        [i02, i03, i12, i13]: [usize; 4],
+    ) {
+        let a = self.a;
         let y = (self.b_row)(0, i12, i13);
-        let mut out = [0f32; MATVEC_RUN];
-        for r0 in rows.clone().step_by(MATVEC_RUN) {
-            let r1 = (r0 + MATVEC_RUN).min(rows.end);
-            let x0 = a.row(r0, i02, i03).cast_const();
-            // SAFETY: tiled::takes and has_matvec hold; the src0 rows r0..r1 are dense, in
-            // bounds and `a.nb[1]` apart, `nb` blocks each; the src1 row is complete in the
-            // work area since the barrier, `nb` blocks.
-            unsafe {
-                super::tiled::matvec(
-                    f,
-                    a.dtype,
-                    super::tiled::RowRun {
-                        nb: self.nb,
-                        x0,
-                        row_stride: a.nb[1],
-                        y,
-                        ahead: PREFETCH_AHEAD,
-                    },
-                    &mut out[..r1 - r0],
-                )
+        let mut out = [0f32; super::MAX_BLOCK_ROWS];
+        // One pass: `row_block` makes blocks of at most MAX_BLOCK_ROWS rows.
+        for r0 in rows.clone().step_by(super::MAX_BLOCK_ROWS) {
+            let r1 = (r0 + super::MAX_BLOCK_ROWS).min(rows.end);
+            let run = super::tiled::RowRun {
+                nb: self.nb,
+                x0: a.row(r0, i02, i03).cast_const(),
+                row_stride: a.nb[1],
+                y,
             };
+            // SAFETY: `kernel` is the matrix-vector kernel of the weight type; the src0 rows
+            // r0..r1 are dense, in bounds and `a.nb[1]` apart, `nb` blocks each; the src1 row
+            // is complete in the work area since the barrier, `nb` blocks.
+            unsafe { kernel(run, &mut out[..r1 - r0]) };
             store_tile(self.dst, r0..r1, 0..1, i12, i13, &out, 1);
         }
     }

@@ -26,6 +26,7 @@ mod bf16;
 mod convert;
 mod copy;
 mod elementwise;
+#[cfg(target_arch = "x86_64")]
 mod float_avx2;
 mod fp16;
 pub mod isa;
@@ -204,6 +205,9 @@ impl ThreadCtx<'_> {
     }
 }
 
+/// The most weight rows of one [`row_block`].
+pub(crate) const MAX_BLOCK_ROWS: usize = 64;
+
 /// Weight rows per block of MUL_MAT's phase 2, where `m` rows of each of `batches` weight
 /// matrices are shared in blocks taken on demand ([`claimed`]): about 8 blocks per thread, at
 /// least `min` and at most 64 rows, a multiple of `multiple` (a kernel's row group), at most
@@ -217,7 +221,7 @@ pub(crate) fn row_block(
 ) -> usize {
     (m * batches)
         .div_ceil((nth * 8).max(1))
-        .clamp(min, 64)
+        .clamp(min, MAX_BLOCK_ROWS)
         .next_multiple_of(multiple)
         .min(m.max(1))
 }

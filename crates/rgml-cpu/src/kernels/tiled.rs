@@ -86,7 +86,7 @@ pub(crate) fn takes(f: CpuFeatures, dtype: DType, rows: usize) -> bool {
 }
 
 /// Rows of a tile for this CPU's build: 4 on the AVX-512 builds, 2 on AVX2 (whose
-/// matrix-vector products run [`matvec`] instead).
+/// matrix-vector products run [`matvec_kernel`]'s kernels instead).
 pub(crate) fn tile_rows(f: CpuFeatures) -> usize {
     match build(f) {
         Some(TiledIsa::Avx512 | TiledIsa::Avx512Vnni) => 4,
@@ -224,8 +224,7 @@ unsafe fn tile_on(
             };
         }
         match isa {
-            // Matrix-vector: 4 rows at once; 4-row tiles of more columns as two 2-row ones.
-            TiledIsa::Avx2 if x.len() == 4 && y.len() == 1 => go!(tile_avx2, 4, 1, x, out),
+            // 4-row tiles (packed groups unpacked) as two 2-row ones.
             TiledIsa::Avx2 if x.len() == 4 => {
                 for h in 0..2 {
                     cols!(
@@ -254,56 +253,48 @@ unsafe fn tile_on(
     }
 }
 
-/// Whether [`matvec`] runs on this CPU's build: the AVX2 build (the AVX-512 builds take 4-row
-/// tiles through [`tile`]).
-pub(crate) fn has_matvec(f: CpuFeatures) -> bool {
-    build(f) == Some(TiledIsa::Avx2)
-}
+/// A matrix-vector kernel: `out[r] = dot(row r, y)` for the `out.len()` weight rows of the
+/// run, each output bit for bit `vec_dot`'s.
+///
+/// # Safety
+/// Each of the `out.len()` rows of the run holds `nb` readable blocks of the kernel's type;
+/// `y` holds `nb` readable activation blocks.
+pub(crate) type MatvecKernel = unsafe fn(RowRun, &mut [f32]);
 
-/// A matrix-vector product on the AVX2 build: `out[r] = dot(row r, y)` for the `out.len()`
-/// weight rows of `rows`, each output bit for bit `vec_dot`'s (IQ4_NL: nothing, see
-/// [`takes`]).
+/// The matrix-vector kernel for `dtype` on this CPU's build: the AVX2 build only (the AVX-512
+/// builds take 4-row tiles through [`tile`]), not IQ4_NL (whose one-row products take
+/// `vec_dot`'s arithmetic, not the tiles'; see [`takes`]).
 ///
 /// Why not [`tile`] per 4 rows: one call per block of rows keeps the kernel, its dispatch and
 /// the prefetches in one loop, and 2-row tiles stream faster than 4-row ones on AVX2 CPUs that
 /// split 256-bit operations (Zen 1: 38 against 32 tokens/s on the demo model as Q8_0, one
-/// thread). Each pair of rows first prefetches its bytes `ahead` further on (the hardware
-/// prefetcher alone does not keep DRAM busy).
-///
-/// # Safety
-/// Each of the `out.len()` rows of `rows` holds `nb` readable blocks of `dtype`; `y` holds `nb`
-/// readable activation blocks.
-pub(crate) unsafe fn matvec(f: CpuFeatures, dtype: DType, rows: RowRun, out: &mut [f32]) {
+/// thread). Each pair of rows first prefetches its bytes [`super::matmul::PREFETCH_AHEAD`] further on (the
+/// hardware prefetcher alone does not keep DRAM busy).
+pub(crate) fn matvec_kernel(f: CpuFeatures, dtype: DType) -> Option<MatvecKernel> {
+    if build(f) != Some(TiledIsa::Avx2) {
+        return None;
+    }
     #[cfg(target_arch = "x86_64")]
-    if has_matvec(f) {
-        // SAFETY: the AVX2 build runs on AVX2, FMA and F16C; operands as promised.
-        unsafe { matvec_avx2_any(dtype, rows, out) }
+    {
+        // Each kernel's features (AVX2, FMA, F16C) are the AVX2 build's, checked above.
+        let kernel: MatvecKernel = match kind(dtype)? {
+            Q4_0 => matvec_avx2::<Q4_0>,
+            Q4_1 => matvec_avx2::<Q4_1>,
+            Q5_0 => matvec_avx2::<Q5_0>,
+            Q5_1 => matvec_avx2::<Q5_1>,
+            Q8_0 => matvec_avx2::<Q8_0>,
+            _ => return None,
+        };
+        Some(kernel)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (f, dtype, rows, out);
-}
-
-/// [`matvec_avx2`] for `dtype` (nothing for IQ4_NL, whose one-row products take `vec_dot`'s
-/// arithmetic, not the tiles', or types without a tiled kernel).
-///
-/// # Safety
-/// As [`matvec`], on a CPU with AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-unsafe fn matvec_avx2_any(dtype: DType, rows: RowRun, out: &mut [f32]) {
-    // SAFETY: as promised by the caller.
-    unsafe {
-        match kind(dtype) {
-            Some(Q4_0) => matvec_avx2::<Q4_0>(rows, out),
-            Some(Q4_1) => matvec_avx2::<Q4_1>(rows, out),
-            Some(Q5_0) => matvec_avx2::<Q5_0>(rows, out),
-            Some(Q5_1) => matvec_avx2::<Q5_1>(rows, out),
-            Some(Q8_0) => matvec_avx2::<Q8_0>(rows, out),
-            _ => {}
-        }
+    {
+        let _ = dtype;
+        None
     }
 }
 
-/// The operands of [`matvec`] but the outputs.
+/// The operands of a [`MatvecKernel`] but the outputs.
 #[derive(Clone, Copy)]
 pub(crate) struct RowRun {
     /// Blocks per row.
@@ -314,12 +305,10 @@ pub(crate) struct RowRun {
     pub row_stride: usize,
     /// The activation row (blocks of the weight type's `vec_dot_type`).
     pub y: *const u8,
-    /// How many bytes past each row its prefetches go.
-    pub ahead: usize,
 }
 
 /// # Safety
-/// As [`matvec`], on a CPU with AVX2, FMA and F16C.
+/// As [`MatvecKernel`], on a CPU with AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn matvec_avx2<const K: u8>(rows: RowRun, out: &mut [f32]) {
@@ -328,8 +317,8 @@ unsafe fn matvec_avx2<const K: u8>(rows: RowRun, out: &mut [f32]) {
         x0,
         row_stride,
         y,
-        ahead,
     } = rows;
+    let ahead = super::matmul::PREFETCH_AHEAD;
     let ys = [y];
     let row_bytes = nb * layout(K).0;
     let mut pairs = out.chunks_exact_mut(2);
@@ -898,9 +887,11 @@ mod tests {
     /// The AVX2 matrix-vector kernel gives each row's `vec_dot` bit for bit, for odd row
     /// counts and rows with gaps between them.
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn matvec_equals_the_pair_dots() {
         let f = CpuFeatures::detect();
         if !f.has_avx2() {
+            eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
         let mut rng = StdRng::seed_from_u64(11);
@@ -924,6 +915,8 @@ mod tests {
             let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
             let mut y = vec![0u8; vd.row_bytes(n).unwrap()];
             quantize_activations(f, vd, &v, &mut y).unwrap();
+            // The AVX2 build's kernel, also where the CPU has AVX-512.
+            let kernel = matvec_kernel(f.avx2_only(), dtype).expect("a kernel");
             for m in [1, 2, 5, 7] {
                 let mut out = vec![f32::NAN; m];
                 let rows = RowRun {
@@ -931,10 +924,9 @@ mod tests {
                     x0: w.as_ptr(),
                     row_stride: stride,
                     y: y.as_ptr(),
-                    ahead: 4096,
                 };
                 // SAFETY: AVX2 checked; `m` rows of `nb` blocks `stride` apart, `y` `nb` blocks.
-                unsafe { matvec_avx2_any(dtype, rows, &mut out) };
+                unsafe { kernel(rows, &mut out) };
                 for (r, got) in out.iter().enumerate() {
                     let want = crate::kernels::dot::vec_dot(
                         f,

@@ -20,6 +20,8 @@
 //! FMA when there are at most 3). The AVX-512 build's leftover code is assumed to be the same
 //! (no such build to check).
 
+use super::vexp::{hsum16, hsum8};
+
 /// Which of ggml's float `vec_dot` kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Flavor {
@@ -128,21 +130,15 @@ pub(super) fn leftovers_f32(mut sum: f32, x: &[f32], y: &[f32]) -> f32 {
 /// or `hsum`'s `movehl`/`movehdup` for 8 lanes; `_mm512_reduce_add_ps` for 16.
 #[inline(always)]
 pub(super) fn reduce<const L: usize>(v: &[f32; L], hadd: bool) -> f32 {
-    if L == 16 {
-        // `_mm512_reduce_add_ps`: high 8 + low 8, high 4 + low 4, then (0 + 2) + (1 + 3).
-        let mut h = [0f32; 4];
-        for (k, h) in h.iter_mut().enumerate() {
-            *h = (v[k + 8] + v[k]) + (v[k + 12] + v[k + 4]);
-        }
-        (h[0] + h[2]) + (h[1] + h[3])
-    } else {
-        let t = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
-        if hadd {
-            (t[0] + t[1]) + (t[2] + t[3])
-        } else {
-            (t[0] + t[2]) + (t[1] + t[3])
-        }
+    if let Ok(v) = <&[f32; 16]>::try_from(v.as_slice()) {
+        return hsum16(v);
     }
+    if let (Ok(v), false) = (<&[f32; 8]>::try_from(v.as_slice()), hadd) {
+        return hsum8(v);
+    }
+    // `GGML_F32x8_REDUCE`: low half + high half, then `hadd` twice.
+    let t: [f32; 4] = std::array::from_fn(|k| v[k] + v[k + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
 }
 
 #[cfg(test)]

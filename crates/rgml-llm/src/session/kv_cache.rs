@@ -87,8 +87,9 @@ impl KvCache {
     }
 }
 
-/// KV cells the attention reads: the used ones rounded up to a multiple of [`ATTEND_PAD`], at
-/// most the allocated `cells`.
+/// KV cells the attention reads: the `used` ones (at least one; the session checks that they
+/// fit the context) rounded up to a multiple of [`ATTEND_PAD`], at most the allocated `cells`
+/// (a multiple of it).
 ///
 /// llama.cpp (`get_n_kv`) attends to the used cells rounded up to 256 and masks the rest with
 /// -inf. Those masked cells change nothing but the grouping of ggml's sums: their softmax
@@ -99,10 +100,7 @@ impl KvCache {
 /// remainder. So attending to a multiple of 64 gives llama.cpp's results bit for bit while a
 /// short context reads a quarter of the cells (generation from an empty context: ~10% faster).
 pub(super) fn padded_n_kv(used: usize, cells: usize) -> usize {
-    used.next_multiple_of(ATTEND_PAD)
-        .max(ATTEND_PAD)
-        .min(cells)
-        .max(used)
+    used.next_multiple_of(ATTEND_PAD).min(cells)
 }
 
 /// llama.cpp pads its context (`n_ctx`) to 256: the cache holds as many cells as its does.

@@ -9,10 +9,10 @@
 //! execution path: a model on one device gets a scheduler with that device's backend alone
 //! (one split, no copies), a split model one backend per device and the CPU. The graph
 //! depends only on the batch size and the number of cache cells attended to (a multiple of
-//! 32): where the batch goes is in its inputs (the K/V stores are SET_ROWS at the
+//! 64, see `kv_cache::padded_n_kv`): where the batch goes is in its inputs (the K/V stores are SET_ROWS at the
 //! positions, the mask covers the cells). So the next micro-batch of the same key computes the
 //! same graph again, without building or allocating anything: generation rebuilds its graph
-//! once every 32 tokens, and the steps between allocate no memory. A rebuild truncates the
+//! once every 64 tokens, and the steps between allocate no memory. A rebuild truncates the
 //! arena back to the weights and the cache, so it does not grow.
 //!
 //! A model split over several devices gets one backend per device plus the CPU backend (last),
@@ -270,8 +270,8 @@ impl Session {
     /// [`Session::eval`] into the session's own logits buffer, valid until the next call
     /// (llama.cpp's `llama_decode` + `llama_get_logits`). A micro-batch of the same size as
     /// the previous one, whose attention spans the same number of cache cells (generation:
-    /// 32 tokens in a row, the attention span's padding), computes the previous graph again: nothing is
-    /// built, allocated or planned, and the call allocates no memory. Errors as
+    /// 64 tokens in a row, the attention span's padding), computes the previous graph again:
+    /// nothing is built, allocated or planned, and the call allocates no memory. Errors as
     /// [`Session::eval`].
     pub fn decode(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
         self.check_tokens(tokens)?;

@@ -173,13 +173,7 @@ impl QuantBlock for BlockIQ4_XS {
 
     fn quantize(x: &[f32; QK_K]) -> Self {
         let scales: [f32; 8] = std::array::from_fn(|ib| iq4_sub_scale(&sub32(x, ib)));
-        let (mut max_scale, mut amax_scale) = (0.0f32, 0.0f32);
-        for &s in &scales {
-            if s.abs() > amax_scale {
-                amax_scale = s.abs();
-                max_scale = s;
-            }
-        }
+        let max_scale = signed_absmax(&scales);
         // The sub-block scales are quantized against this unrounded f32 `d`; only the stored
         // copy is rounded to f16 (an all-zero block stores -0.0, as ggml does).
         let d = -max_scale / 32.0;

@@ -249,17 +249,12 @@ fn make_q3_quants(nmax: i32, x: &[f32; 16], l_out: &mut [i8; 16]) -> f32 {
 /// magnitude (the first such on ties).
 fn q3_k_sub_fits(x: &[f32; QK_K], l: &mut [i8; QK_K]) -> ([f32; 16], f32) {
     let mut scales = [0.0f32; 16];
-    let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
     for j in 0..16 {
         let mut lj = [0i8; 16];
         scales[j] = make_q3_quants(4, &sub16(x, j), &mut lj);
         l[16 * j..16 * j + 16].copy_from_slice(&lj);
-        if scales[j].abs() > amax {
-            amax = scales[j].abs();
-            max_scale = scales[j];
-        }
     }
-    (scales, max_scale)
+    (scales, signed_absmax(&scales))
 }
 
 /// Splits Q3_K quants (0..8) into the high-bit mask and the low 2 bits.

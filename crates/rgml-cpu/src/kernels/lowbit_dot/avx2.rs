@@ -95,7 +95,8 @@ pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
     for (bx, by) in x.iter().zip(y) {
         let d = by.d * h2f(bx.d);
         let sc = q3k_scales(bx);
-        // SAFETY: AVX2, FMA (this function's features); loads inside the blocks.
+        // SAFETY: AVX2, FMA (this function's features); loads inside the blocks and of the 16
+        // local scales `sc`.
         unsafe {
             let sc = _mm_loadu_si128(sc.as_ptr().cast());
             let hbits = load(bx.hmask.as_ptr());
