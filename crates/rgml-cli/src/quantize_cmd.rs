@@ -12,11 +12,7 @@ use std::path::PathBuf;
 
 /// Arguments of `rgml quantize`.
 #[derive(Args, Debug, Clone)]
-#[command(
-    after_help = "Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S, Q3_K_M (Q3_K), \
-                        Q3_K_L, Q4_K_S, Q4_K_M (Q4_K), Q5_K_S, Q5_K_M (Q5_K), Q6_K, IQ4_NL, \
-                        IQ4_XS, F16, BF16, F32 (any case, or the general.file_type number)."
-)]
+#[command(after_help = preset_help())]
 pub struct QuantizeArgs {
     /// Dequantize already-quantized tensors and quantize them again (quality drops).
     #[arg(long)]
@@ -34,6 +30,25 @@ pub struct QuantizeArgs {
     /// The quantization type (preset), as llama-quantize names it.
     #[arg(value_parser = parse_preset)]
     pub preset: QuantPreset,
+}
+
+/// The presets `parse_preset` accepts, for `--help`: each name with its aliases.
+fn preset_help() -> String {
+    let types: Vec<String> = QuantPreset::ALL
+        .into_iter()
+        .map(|p| {
+            let aliases: Vec<&str> = p.aliases().collect();
+            if aliases.is_empty() {
+                p.name().to_string()
+            } else {
+                format!("{} ({})", p.name(), aliases.join(", "))
+            }
+        })
+        .collect();
+    format!(
+        "Types: {} (any case, or the general.file_type number).",
+        types.join(", ")
+    )
 }
 
 fn parse_preset(value: &str) -> Result<QuantPreset, String> {
@@ -63,11 +78,6 @@ pub fn run(args: QuantizeArgs) -> Result<bool, CliError> {
     let summary = quantize::quantize_file(&args.input, &args.output, &options, &mut progress)
         .map_err(|e| match e {
             QuantizeError::SameFile(_) => CliError::Usage(e.to_string()),
-            // The reader's format errors do not name the file; these do.
-            QuantizeError::Gguf(
-                g @ (rgml_gguf::GgufError::Io { .. } | rgml_gguf::GgufError::NotAFile { .. }),
-            ) => CliError::Gguf(g),
-            QuantizeError::Gguf(g) => CliError::Message(format!("{}: {g}", args.input.display())),
             e => CliError::Quantize(e),
         })?;
     if !args.quiet {

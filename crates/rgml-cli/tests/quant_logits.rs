@@ -9,28 +9,13 @@
 //! llama-quantize's), then `rgml logits` runs with `RGML_CPU_ISA=<isa>`: the CPU's own
 //! instruction set and, where the CPU can run it, the other one forced.
 
-#[allow(dead_code)] // Only its logit comparison is used here.
+#[allow(dead_code)] // The GPU lookup is not used here.
 mod common;
 
-use sha2::{Digest, Sha256};
+use common::{demo_model, root, sha256_hex, DEMO_STEM};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-const DEMO_STEM: &str = "SmolLM2-135M-Instruct.Q4_1";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn demo_model() -> PathBuf {
-    let path = root().join(format!("models/{DEMO_STEM}.gguf"));
-    assert!(
-        path.exists(),
-        "demo model not found at {}: run scripts/fetch-model.sh first",
-        path.display()
-    );
-    path
-}
 
 /// The instruction sets whose arithmetic rgml can run here: AVX-512's is emulated exactly on
 /// any x86 CPU with AVX2, AVX2's needs AVX2, FMA and F16C.
@@ -43,14 +28,6 @@ fn runnable_isas() -> Vec<&'static str> {
         }
     }
     Vec::new()
-}
-
-fn sha256_hex(path: &Path) -> String {
-    let bytes = std::fs::read(path).expect("read model");
-    Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// The file a fixture describes: the demo model, or the demo model requantized by
@@ -80,7 +57,7 @@ fn model_for(stem: &str, sha256: &str) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(
-        sha256_hex(&path),
+        sha256_hex(&std::fs::read(&path).expect("read model")),
         sha256,
         "rgml quantize to {preset} must write llama-quantize's bytes"
     );
@@ -130,12 +107,21 @@ fn worst_difference(model: &Path, isa: &str, case: &serde_json::Value) -> f64 {
 #[test]
 fn every_weight_type_gives_llama_cpps_logits_on_each_instruction_set() {
     let mut checked = 0;
+    // Each file is made once, though its fixtures may exist for several instruction sets (whose
+    // hashes must then agree): stem -> (file, its sha256).
+    let mut models: HashMap<String, (PathBuf, String)> = HashMap::new();
     for isa in runnable_isas() {
         for (stem, fixture) in fixtures(isa) {
             let sha = fixture["sha256"].as_str().expect("sha256");
-            let model = model_for(&stem, sha);
+            let (model, made_sha) = models
+                .entry(stem.clone())
+                .or_insert_with(|| (model_for(&stem, sha), sha.to_string()));
+            assert_eq!(
+                made_sha, sha,
+                "{stem}: the fixtures of two instruction sets differ"
+            );
             for case in fixture["cases"].as_array().expect("cases") {
-                let worst = worst_difference(&model, isa, case);
+                let worst = worst_difference(model, isa, case);
                 // 4-decimal rounding of the fixture, plus f32 spacing near |logit| 32.
                 assert!(
                     worst <= 5.1e-5,

@@ -3,22 +3,13 @@
 //! `tests/fixtures/quantize.json`, made by `scripts/gen_quantize_fixtures.sh`); and the
 //! command's errors and exit statuses.
 
+#[allow(dead_code)] // The GPU lookup and the logit comparison are not used here.
+mod common;
+
+use common::{demo_model, root, sha256_hex};
+use rgml_llm::QuantPreset;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn model() -> PathBuf {
-    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "demo model not found at {}: run scripts/fetch-model.sh first",
-        path.display()
-    );
-    path
-}
 
 fn rgml(args: &[&Path]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rgml"))
@@ -36,19 +27,20 @@ fn scratch(test: &str) -> PathBuf {
     dir
 }
 
-/// The presets checked by default (a few seconds each in the test profile on 2 cores): with
-/// those `tests/quant_logits.rs` makes and checks by hash (Q4_0, Q5_0, Q8_0, Q4_K_M, Q5_K_M,
-/// Q6_K, each with the logits that file gives), every code path: legacy, k-quant and IQ4
-/// rules, the demo's fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL),
-/// float conversion. All of the fixture's presets with `RGML_QUANTIZE_ALL=1`.
-const DEFAULT: [&str; 6] = ["Q5_1", "F16", "Q2_K", "Q3_K_M", "IQ4_NL", "IQ4_XS"];
+/// The presets checked by default (a few seconds each in the test profile on 2 cores), none of
+/// those `tests/quant_logits.rs` already makes and checks by hash on x86 with AVX2 (Q4_0, Q5_0,
+/// Q8_0, Q2_K, Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, each with the logits that file gives). Together
+/// they cover every code path: legacy, k-quant and IQ4 rules, the demo's fallbacks (Q2_K and
+/// Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL), float
+/// conversion. All of the fixture's presets with `RGML_QUANTIZE_ALL=1`.
+const DEFAULT: [&str; 6] = ["Q5_1", "F16", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S"];
 
 #[test]
 fn demo_model_quantizes_to_llama_quantize_bytes() {
     let text = std::fs::read_to_string(root().join("crates/rgml-cli/tests/fixtures/quantize.json"))
         .expect("quantize.json");
     let fixture: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-    let model = model();
+    let model = demo_model();
     let model_sha = sha256_hex(&std::fs::read(&model).expect("read model"));
     assert_eq!(
         fixture["model_sha256"].as_str(),
@@ -56,12 +48,14 @@ fn demo_model_quantizes_to_llama_quantize_bytes() {
         "not the fixture's model"
     );
     let outputs = fixture["outputs"].as_object().expect("outputs");
-    for name in DEFAULT {
-        assert!(outputs.contains_key(name), "fixture lacks {name}");
-    }
+    // Every preset, so that RGML_QUANTIZE_ALL=1 checks them all.
+    let mut in_fixture: Vec<&str> = outputs.keys().map(String::as_str).collect();
+    in_fixture.sort_unstable();
+    let mut presets: Vec<&str> = QuantPreset::ALL.iter().map(|p| p.name()).collect();
+    presets.sort_unstable();
+    assert_eq!(in_fixture, presets, "the fixture's presets");
     let all = std::env::var("RGML_QUANTIZE_ALL").is_ok_and(|v| v == "1");
     let dir = scratch("presets");
-    let mut checked = Vec::new();
     for (preset, expected) in outputs {
         if !all && !DEFAULT.contains(&preset.as_str()) {
             continue;
@@ -87,17 +81,14 @@ fn demo_model_quantizes_to_llama_quantize_bytes() {
             expected["sha256"].as_str(),
             "{preset}: not llama-quantize's bytes"
         );
-        checked.push(preset.clone());
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let wanted = if all { outputs.len() } else { DEFAULT.len() };
-    assert!(checked.len() >= wanted, "checked only {checked:?}");
 }
 
 #[test]
 fn unknown_type_is_a_usage_error() {
     let dir = scratch("unknown");
-    let out = rgml(&[&model(), &dir.join("o.gguf"), Path::new("Q9_9")]);
+    let out = rgml(&[&demo_model(), &dir.join("o.gguf"), Path::new("Q9_9")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
@@ -108,11 +99,13 @@ fn unknown_type_is_a_usage_error() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The refusal comes from the plan, before any file is created, so "no file" here holds
+/// trivially; `failed_write_names_the_output_and_leaves_no_file` checks the cleanup.
 #[test]
 fn requantizing_needs_the_flag_and_leaves_no_file() {
     let dir = scratch("requant");
     let target = dir.join("o.gguf");
-    let out = rgml(&[&model(), &target, Path::new("Q8_0")]);
+    let out = rgml(&[&demo_model(), &target, Path::new("Q8_0")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -123,6 +116,42 @@ fn requantizing_needs_the_flag_and_leaves_no_file() {
     );
     let left: Vec<_> = std::fs::read_dir(&dir).expect("read dir").collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A write that fails once the partial file exists: a file size limit of 200 KiB, with SIGXFSZ
+/// ignored so that the write past it fails (EFBIG) instead of killing the process. The error
+/// names the output, not the input, and neither the output nor its partial file is left.
+#[cfg(target_os = "linux")]
+#[test]
+fn failed_write_names_the_output_and_leaves_no_file() {
+    let dir = scratch("write-fails");
+    let target = dir.join("o.gguf");
+    let input = demo_model();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(r#"trap '' XFSZ; ulimit -f 200; exec "$0" "$@""#)
+        .arg(env!("CARGO_BIN_EXE_rgml"))
+        .args(["quantize", "-q", "--allow-requantize"])
+        .args([input.as_os_str(), target.as_os_str()])
+        .arg("Q4_0")
+        .output()
+        .expect("run rgml under bash");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&*target.to_string_lossy()) && stderr.contains("too large"),
+        "the error must name the output: {stderr}"
+    );
+    assert!(
+        !stderr.contains(&*input.to_string_lossy()),
+        "the error must not blame the input: {stderr}"
+    );
+    assert!(!target.exists(), "output left behind");
+    assert!(
+        !dir.join("o.gguf.part").exists(),
+        "partial file left behind"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -141,7 +170,7 @@ fn missing_input_is_a_runtime_error() {
 fn output_must_not_be_the_input() {
     let dir = scratch("same");
     let copy = dir.join("m.gguf");
-    std::fs::copy(model(), &copy).expect("copy model");
+    std::fs::copy(demo_model(), &copy).expect("copy model");
     let before = std::fs::read(&copy).expect("read copy");
     // The same file under another spelling of its path.
     let other = dir.join(".").join("m.gguf");
@@ -160,12 +189,4 @@ fn output_must_not_be_the_input() {
         "input changed"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }

@@ -125,19 +125,6 @@ impl GgufWriter {
         Ok(())
     }
 
-    /// Remove `key` and return its value, if it was set. Keys after it move up one place; set
-    /// again, the key goes last (as ggml's `gguf_set_val_*` does to a key it already holds).
-    pub fn remove_metadata(&mut self, key: &str) -> Option<Value> {
-        let i = self.key_index.remove(key)?;
-        let (_, value) = self.metadata.remove(i);
-        for (k, _) in &self.metadata[i..] {
-            if let Some(pos) = self.key_index.get_mut(k) {
-                *pos -= 1;
-            }
-        }
-        Some(value)
-    }
-
     /// The alignment the file will use: `general.alignment` if set (a nonzero power of two),
     /// else 32.
     pub fn alignment(&self) -> Result<usize> {

@@ -340,30 +340,3 @@ fn stream_rejects_wrong_amounts_of_data() {
         Err(GgufError::DuplicateTensor { .. })
     ));
 }
-
-/// A removed key frees its place; set again, it goes last (what ggml's setters do).
-#[test]
-fn removed_metadata_key_goes_last_when_set_again() {
-    let mut w = GgufWriter::new();
-    for k in ["a", "b", "c"] {
-        w.add_metadata(k, Value::U32(1));
-    }
-    assert_eq!(w.remove_metadata("a"), Some(Value::U32(1)));
-    assert_eq!(w.remove_metadata("a"), None);
-    w.add_metadata("a", Value::U32(2));
-    w.add_metadata("b", Value::U32(3)); // keeps its place, takes the new value
-    let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
-    let keys: Vec<_> = f
-        .metadata()
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.clone()))
-        .collect();
-    assert_eq!(
-        keys,
-        [
-            ("b", Value::U32(3)),
-            ("c", Value::U32(1)),
-            ("a", Value::U32(2))
-        ]
-    );
-}

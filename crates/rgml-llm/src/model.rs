@@ -717,11 +717,8 @@ fn weight_uses(name: &str, tied: bool) -> Vec<OpKind> {
 fn file_type_name(gguf: &GgufFile) -> String {
     gguf.get_u64("general.file_type")
         .ok()
-        .and_then(|n| {
-            crate::quantize::QuantPreset::ALL
-                .into_iter()
-                .find(|p| u64::from(p.file_type()) == n)
-        })
+        .and_then(|n| u32::try_from(n).ok())
+        .and_then(crate::quantize::QuantPreset::from_file_type)
         .map(|p| p.name().to_string())
         .unwrap_or_else(|| dominant_type(gguf.tensors()))
 }

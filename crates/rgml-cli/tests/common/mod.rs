@@ -1,6 +1,39 @@
 //! Test support shared by the CLI's integration tests.
 
+use std::path::PathBuf;
 use std::process::Command;
+
+/// The demo model's file stem: `models/<DEMO_STEM>.gguf`.
+#[allow(dead_code)] // Not every test binary that shares this module uses the demo model.
+pub const DEMO_STEM: &str = "SmolLM2-135M-Instruct.Q4_1";
+
+/// The workspace root.
+#[allow(dead_code)]
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The demo model's path; fails the test, saying how to fetch it, if it is not there.
+#[allow(dead_code)]
+pub fn demo_model() -> PathBuf {
+    let path = root().join(format!("models/{DEMO_STEM}.gguf"));
+    assert!(
+        path.exists(),
+        "demo model not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    path
+}
+
+/// The sha256 of `bytes`, in lowercase hex (as the fixtures hold it).
+#[allow(dead_code)]
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 /// The name of the GPU device `rgml devices` lists (`Vulkan0`, `Metal0`, ...), if any. Without
 /// one the GPU tests skip, unless `RGML_REQUIRE_GPU=1` (set by `scripts/test.sh`, so CI never

@@ -22,7 +22,7 @@ pub use preset::QuantPreset;
 pub use rules::{Fallback, ModelTraits, TypeChoice, TypeChooser};
 
 use rgml::DType;
-use rgml_gguf::{GgufFile, GgufWriter, TensorDecl, TensorStream, Value};
+use rgml_gguf::{GgufError, GgufFile, GgufWriter, TensorDecl, TensorStream, Value};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -73,9 +73,19 @@ pub enum QuantizeError {
     /// A conversion the core refused.
     #[error(transparent)]
     Core(#[from] rgml::Error),
-    /// Reading the input or writing the output as GGUF.
+    /// The input could not be read as GGUF (the reader's format errors do not name the file,
+    /// so this does).
+    #[error("{}: {source}", .path.display())]
+    Input {
+        /// The input file.
+        path: PathBuf,
+        /// Why.
+        source: GgufError,
+    },
+    /// A GGUF error that names its file itself (the input could not be opened), or one that is
+    /// about no file (an output header the writer refused).
     #[error(transparent)]
-    Gguf(#[from] rgml_gguf::GgufError),
+    Gguf(#[from] GgufError),
     /// A conversion thread panicked (a bug, not a property of the file).
     #[error("a conversion thread panicked")]
     WorkerPanicked,
@@ -126,6 +136,8 @@ impl QuantizeOptions {
 pub struct TensorPlan {
     /// The tensor's name.
     pub name: String,
+    /// Its index in the input's tensors ([`GgufFile::tensors`]).
+    pub input_index: usize,
     /// Its dimensions as written (trailing dimensions of 1 dropped, as ggml writes them).
     pub ne: Vec<usize>,
     /// Its type in the input.
@@ -147,11 +159,12 @@ pub struct QuantizePlan {
 /// before anything is written.
 pub fn plan(file: &GgufFile, options: &QuantizeOptions) -> Result<QuantizePlan, QuantizeError> {
     let traits = ModelTraits::from_gguf(file)?;
-    let mut infos: Vec<_> = file.tensors().iter().collect();
-    infos.sort_by(|a, b| rules::llama_order(&a.name, &b.name));
-    let mut chooser = TypeChooser::new(&traits, options.preset, infos.iter().map(|t| &*t.name));
+    let mut infos: Vec<_> = file.tensors().iter().enumerate().collect();
+    infos.sort_by(|(_, a), (_, b)| rules::llama_order(&a.name, &b.name));
+    let mut chooser =
+        TypeChooser::new(&traits, options.preset, infos.iter().map(|(_, t)| &*t.name));
     let mut tensors = Vec::with_capacity(infos.len());
-    for info in infos {
+    for (input_index, info) in infos {
         let ne = info.ne[..rules::n_dims(&info.ne)].to_vec();
         let choice = chooser
             .choose(&info.name, &ne)
@@ -167,6 +180,7 @@ pub fn plan(file: &GgufFile, options: &QuantizeOptions) -> Result<QuantizePlan, 
         };
         tensors.push(TensorPlan {
             name: info.name.clone(),
+            input_index,
             ne,
             from: info.dtype,
             to,
@@ -190,19 +204,16 @@ fn check_convertible(from: DType, to: DType, allow_requantize: bool) -> Result<(
 /// quantization version and file type set last (ggml's setters move a key they replace to the
 /// end).
 pub fn output_metadata(file: &GgufFile, preset: QuantPreset) -> GgufWriter {
-    let mut w = GgufWriter::new();
-    for (k, v) in file.metadata() {
-        w.add_metadata(k.clone(), v.clone());
-    }
     let version_key = "general.quantization_version";
     let file_type_key = "general.file_type";
-    w.remove_metadata(version_key);
-    w.add_metadata(version_key, Value::U32(QUANTIZATION_VERSION));
-    w.remove_metadata(file_type_key);
-    w.add_metadata(file_type_key, Value::U32(preset.file_type()));
-    for k in SPLIT_KEYS {
-        w.remove_metadata(k);
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        if k != version_key && k != file_type_key && !SPLIT_KEYS.contains(&k.as_str()) {
+            w.add_metadata(k.clone(), v.clone());
+        }
     }
+    w.add_metadata(version_key, Value::U32(QUANTIZATION_VERSION));
+    w.add_metadata(file_type_key, Value::U32(preset.file_type()));
     w
 }
 
@@ -246,7 +257,14 @@ pub fn quantize_file(
     progress: &mut dyn FnMut(&TensorDone<'_>),
 ) -> Result<QuantizeSummary, QuantizeError> {
     refuse_same_file(input, output)?;
-    let file = GgufFile::open(input)?;
+    let file = GgufFile::open(input).map_err(|e| match e {
+        // These name the file already.
+        e @ (GgufError::Io { .. } | GgufError::NotAFile { .. }) => QuantizeError::Gguf(e),
+        source => QuantizeError::Input {
+            path: input.to_path_buf(),
+            source,
+        },
+    })?;
     let plan = plan(&file, options)?;
     let header = output_metadata(&file, options.preset);
     let part = part_path(output);
@@ -260,6 +278,7 @@ pub fn quantize_file(
         &plan,
         &header,
         BufWriter::new(sink),
+        &part,
         options,
         progress,
     );
@@ -293,14 +312,25 @@ fn part_path(output: &Path) -> PathBuf {
     output.with_file_name(name)
 }
 
+/// Write the header and every planned tensor of `file` (the file `plan` was made from) to
+/// `sink`, the file at `sink_path`. The writer's I/O errors name no file: they are reported
+/// against `sink_path`, not the input.
 fn write_tensors<W: Write>(
     file: &GgufFile,
     plan: &QuantizePlan,
     header: &GgufWriter,
     sink: W,
+    sink_path: &Path,
     options: &QuantizeOptions,
     progress: &mut dyn FnMut(&TensorDone<'_>),
 ) -> Result<QuantizeSummary, QuantizeError> {
+    let out_err = |e| match e {
+        GgufError::Write(source) => QuantizeError::Io {
+            path: sink_path.to_path_buf(),
+            source,
+        },
+        e => QuantizeError::Gguf(e),
+    };
     let decls: Vec<TensorDecl> = plan
         .tensors
         .iter()
@@ -310,7 +340,7 @@ fn write_tensors<W: Write>(
             ne: t.ne.clone(),
         })
         .collect();
-    let mut stream = header.stream_to(sink, &decls)?;
+    let mut stream = header.stream_to(sink, &decls).map_err(out_err)?;
     let threads = match options.n_threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -319,18 +349,23 @@ fn write_tensors<W: Write>(
         n_tensors: plan.tensors.len(),
         ..QuantizeSummary::default()
     };
+    // One slab for every converted tensor: each would otherwise allocate (and zero) its own.
+    let mut slab = Vec::new();
     for (index, t) in plan.tensors.iter().enumerate() {
-        let info = file.tensor(&t.name).ok_or_else(|| {
-            QuantizeError::BadModel(format!("tensor '{}' vanished from the input", t.name))
-        })?;
-        let data = file.tensor_data(info);
+        // The plan was made from this file, so its indices are in range.
+        let data = file.tensor_data(&file.tensors()[t.input_index]);
         let bytes_out = if t.from == t.to {
-            stream.write_data(data)?;
+            stream.write_data(data).map_err(out_err)?;
             data.len()
         } else {
             summary.n_converted += 1;
-            convert_tensor(t, data, threads, &mut stream)
-                .map_err(|e| QuantizeError::on(&t.name, e))?
+            convert_tensor(t, data, threads, &mut slab, &mut stream, &out_err).map_err(|e| {
+                match e {
+                    // The output's errors are not the tensor's.
+                    e @ QuantizeError::Io { .. } => e,
+                    e => QuantizeError::on(&t.name, e),
+                }
+            })?
         };
         summary.n_fallback += usize::from(t.fallback.is_some());
         summary.bytes_in += data.len();
@@ -343,7 +378,7 @@ fn write_tensors<W: Write>(
             bytes_out,
         });
     }
-    stream.finish()?;
+    stream.finish().map_err(out_err)?;
     Ok(summary)
 }
 
@@ -360,13 +395,16 @@ struct Rows {
     bytes_out: usize,
 }
 
-/// Convert one tensor's rows from `t.from` to `t.to`, a slab of rows at a time, and stream
-/// them out. Returns the bytes written.
+/// Convert one tensor's rows from `t.from` to `t.to`, a slab of rows at a time (in `slab`,
+/// resized as needed), and stream them out through `out_err`'s error mapping. Returns the bytes
+/// written.
 fn convert_tensor<W: Write>(
     t: &TensorPlan,
     data: &[u8],
     threads: usize,
+    slab: &mut Vec<u8>,
     stream: &mut TensorStream<W>,
+    out_err: &dyn Fn(GgufError) -> QuantizeError,
 ) -> Result<usize, QuantizeError> {
     let n = t.ne.first().copied().unwrap_or(1);
     let n_rows: usize = t.ne.iter().skip(1).product();
@@ -385,14 +423,16 @@ fn convert_tensor<W: Write>(
         )));
     }
     let slab_rows = (SLAB_BYTES / rows.bytes_out.max(1)).clamp(1, n_rows.max(1));
-    let mut out = vec![0u8; slab_rows * rows.bytes_out];
+    // Every byte of a slab is overwritten before it is written out, so what an earlier tensor
+    // left in it does not matter.
+    slab.resize(slab_rows * rows.bytes_out, 0);
     let mut written = 0;
     for first in (0..n_rows).step_by(slab_rows) {
         let count = slab_rows.min(n_rows - first);
         let src = &data[first * rows.bytes_in..(first + count) * rows.bytes_in];
-        let dst = &mut out[..count * rows.bytes_out];
+        let dst = &mut slab[..count * rows.bytes_out];
         convert_rows(rows, src, dst, threads)?;
-        stream.write_data(dst)?;
+        stream.write_data(dst).map_err(out_err)?;
         written += dst.len();
     }
     Ok(written)

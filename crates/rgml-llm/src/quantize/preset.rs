@@ -130,6 +130,11 @@ impl QuantPreset {
         }
     }
 
+    /// The preset whose `general.file_type` number is `n`, if any.
+    pub fn from_file_type(n: u32) -> Option<QuantPreset> {
+        QuantPreset::ALL.into_iter().find(|p| p.file_type() == n)
+    }
+
     /// The type of every quantizable tensor before the per-tensor rules
     /// (`llama_ftype_get_default_type`).
     pub const fn default_type(self) -> DType {
@@ -161,13 +166,18 @@ impl QuantPreset {
             .chain(ALIASES)
             .find(|(name, _)| name.eq_ignore_ascii_case(text))
             .map(|(_, p)| p);
-        let by_number = || {
-            let n: u32 = text.trim().parse().ok()?;
-            QuantPreset::ALL.into_iter().find(|p| p.file_type() == n)
-        };
+        let by_number = || QuantPreset::from_file_type(text.trim().parse().ok()?);
         by_name
             .or_else(by_number)
             .ok_or_else(|| QuantizeError::UnknownPreset(text.to_string()))
+    }
+
+    /// The names `parse` also accepts for a preset (`Q4_K` for `Q4_K_M`).
+    pub fn aliases(self) -> impl Iterator<Item = &'static str> {
+        ALIASES
+            .into_iter()
+            .filter(move |&(_, p)| p == self)
+            .map(|(alias, _)| alias)
     }
 
     /// The preset names, comma-separated, for usage messages.

@@ -286,7 +286,6 @@ pub struct TypeChooser<'a> {
     i_ffn_down: i64,
     i_ffn_gate: i64,
     i_ffn_up: i64,
-    n_fallback: usize,
 }
 
 impl<'a> TypeChooser<'a> {
@@ -314,13 +313,7 @@ impl<'a> TypeChooser<'a> {
             i_ffn_down: 0,
             i_ffn_gate: 0,
             i_ffn_up: 0,
-            n_fallback: 0,
         }
-    }
-
-    /// How many tensors needed a fallback type so far.
-    pub fn n_fallback(&self) -> usize {
-        self.n_fallback
     }
 
     /// The type of the tensor `name` with dimensions `ne` (`llama_tensor_get_type`).
@@ -492,11 +485,10 @@ impl<'a> TypeChooser<'a> {
     }
 
     /// `tensor_type_fallback`: a type whose block divides the row length `ne0`.
-    fn fallback(&mut self, ne0: usize, ty: DType) -> DType {
+    fn fallback(&self, ne0: usize, ty: DType) -> DType {
         if ne0.is_multiple_of(ty.block_size()) {
             return ty;
         }
-        self.n_fallback += 1;
         let fallback = match ty {
             DType::IQ4_XS => DType::IQ4_NL,
             DType::Q2_K | DType::Q3_K => DType::Q4_0,

@@ -140,7 +140,6 @@ fn tied_embeddings_take_the_output_rule_and_odd_rows_fall_back() {
             used: DType::F16
         })
     );
-    assert_eq!(chooser.n_fallback(), 1);
 }
 
 #[test]
@@ -312,7 +311,8 @@ fn quantize_bytes(file: &GgufFile, options: &QuantizeOptions) -> Result<Vec<u8>,
     let plan = plan(file, options)?;
     let header = output_metadata(file, options.preset);
     let mut out = Vec::new();
-    write_tensors(file, &plan, &header, &mut out, options, &mut |_| {})?;
+    let path = Path::new("out.gguf");
+    write_tensors(file, &plan, &header, &mut out, path, options, &mut |_| {})?;
     Ok(out)
 }
 
