@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/fetch-model.sh
+bash scripts/fetch-vocab.sh
 # The GPU tests run on a real Vulkan device: Mesa's CPU driver (lavapipe) where no GPU exists.
 # On Debian as root (CI) it is installed here and the GPU tests must then find an adapter;
 # elsewhere, install a Vulkan driver yourself or the GPU tests say so and skip.
