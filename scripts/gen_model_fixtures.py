@@ -6,6 +6,8 @@ set, with weight repacking off (repacked layouts change the order of float opera
 script records what such a build computes, so the tests need no llama.cpp:
 
     python3 scripts/gen_model_fixtures.py --isa avx2 --out DIR MODEL.gguf [MODEL.gguf ...]
+    python3 scripts/gen_model_fixtures.py --isa avx2 --out DIR --prompts P.json --add-special \
+        --n-ctx 1024 MODEL.gguf
 
 It needs llama.cpp's shared libraries, built natively for the named instruction set (see
 `scripts/llamacpp.sh`), found through `LLAMA_CPP_LIB_PATH`, and the `llama_cpp` Python package
@@ -13,10 +15,12 @@ of the same source package (llama-cpp-python 0.3.36; its pure-Python `llama_cpp/
 without compiling it again) on `PYTHONPATH`, with numpy.
 
 For each file it writes `DIR/<file stem>.json`: the file's sha256, the instruction set, and per
-prompt of `../shared/fixtures/smollm2/prompts.json`: the tokens (special tokens parsed, no BOS
-unless the model adds one) and the 10 largest next-token logits at the last position, rounded to
-4 decimals. Flash attention is off and 2 threads are used, as in the other fixtures; the prompt
-is decoded in one batch (so llama.cpp's batched matmul paths are the ones recorded).
+prompt of `../shared/fixtures/smollm2/prompts.json` (or `--prompts`): the tokens (special tokens
+parsed; BOS and the like only with `--add-special`, where the vocabulary adds them) and the 10
+largest next-token logits at the last position, rounded to 4 decimals. Flash attention is off and 2
+threads are used, as in the other fixtures; the prompt is decoded in micro-batches of 512 tokens
+(one for short prompts, so llama.cpp's batched matmul paths are the ones recorded) in a context
+of 512 cells, or `--n-ctx`.
 """
 
 from __future__ import annotations
@@ -43,15 +47,15 @@ def sha256(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def load(path: pathlib.Path):
+def load(path: pathlib.Path, n_ctx: int = 512):
     mp = L.llama_model_default_params()
     mp.use_extra_bufts = False  # no CPU_REPACK: the plain layouts' arithmetic is the reference
     model = L.llama_model_load_from_file(str(path).encode(), mp)
     if not model:
         sys.exit(f"llama.cpp could not load {path}")
     cp = L.llama_context_default_params()
-    cp.n_ctx = 512
-    cp.n_batch = 512
+    cp.n_ctx = n_ctx
+    cp.n_batch = n_ctx
     cp.n_ubatch = 512
     cp.n_threads = 2
     cp.n_threads_batch = 2
@@ -62,10 +66,10 @@ def load(path: pathlib.Path):
     return model, ctx
 
 
-def tokenize(vocab, text: str) -> list[int]:
+def tokenize(vocab, text: str, add_special: bool = False) -> list[int]:
     raw = text.encode()
     buf = (L.llama_token * (len(raw) + 16))()
-    n = L.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, True)
+    n = L.llama_tokenize(vocab, raw, len(raw), buf, len(buf), add_special, True)
     if n < 0:
         sys.exit(f"tokenization of {text!r} failed")
     return list(buf[:n])
@@ -87,17 +91,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--isa", required=True, help="the instruction set llama.cpp was built for")
     ap.add_argument("--out", required=True, type=pathlib.Path)
+    ap.add_argument("--prompts", type=pathlib.Path, default=PROMPTS, help="a JSON list of prompts")
+    ap.add_argument("--add-special", action="store_true", help="add BOS etc. as the vocabulary says")
+    ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("models", nargs="+", type=pathlib.Path)
     args = ap.parse_args()
-    prompts = json.loads(PROMPTS.read_text())
+    prompts = json.loads(args.prompts.read_text())
     L.llama_backend_init()
     args.out.mkdir(parents=True, exist_ok=True)
     for path in args.models:
-        model, ctx = load(path)
+        model, ctx = load(path, args.n_ctx)
         vocab = L.llama_model_get_vocab(model)
         cases = []
         for prompt in prompts:
-            tokens = tokenize(vocab, prompt)
+            tokens = tokenize(vocab, prompt, args.add_special)
             cases.append({"prompt": prompt, "tokens": tokens, "top10": top10(model, ctx, tokens)})
         fixture = {
             "file": path.name,

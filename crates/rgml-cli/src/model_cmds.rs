@@ -328,7 +328,7 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
             messages.push(Message::new("system", s));
         }
         messages.push(Message::new("user", &args.prompt));
-        ChatFormat::detect(model.chat_template()).apply(&messages)
+        ChatFormat::for_model(model.config.kind, model.chat_template()).apply(&messages)
     } else {
         args.prompt.clone()
     };

@@ -2,7 +2,8 @@
 //!
 //! Models in GGUF carry a Jinja chat template (`tokenizer.chat_template`); like llama.cpp we
 //! recognise the common formats from markers in the template rather than running Jinja.
-//! ChatML (`<|im_start|>role\n…<|im_end|>\n`, the demo model's) is the default.
+//! Without a template, the architecture's own format is used where it has one (Gemma's files
+//! often carry none); otherwise ChatML (`<|im_start|>role\n…<|im_end|>\n`, the demo model's).
 
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +33,9 @@ pub enum ChatFormat {
     Llama2,
     /// Llama 3's `<|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|>`.
     Llama3,
+    /// Gemma's `<start_of_turn>role\n…<end_of_turn>\n` (the assistant is `model`; a system
+    /// message opens the first user turn).
+    Gemma,
 }
 
 impl ChatFormat {
@@ -39,8 +43,18 @@ impl ChatFormat {
     pub fn detect(template: Option<&str>) -> ChatFormat {
         match template {
             Some(t) if t.contains("<|start_header_id|>") => ChatFormat::Llama3,
+            Some(t) if t.contains("<start_of_turn>") => ChatFormat::Gemma,
             Some(t) if t.contains("[INST]") => ChatFormat::Llama2,
             _ => ChatFormat::ChatMl,
+        }
+    }
+
+    /// The format of a model of architecture `arch` with chat template `template`: the
+    /// template's, or without one the architecture's own.
+    pub fn for_model(arch: crate::config::Arch, template: Option<&str>) -> ChatFormat {
+        match (template, arch) {
+            (None, crate::config::Arch::Gemma3) => ChatFormat::Gemma,
+            _ => Self::detect(template),
         }
     }
 
@@ -68,6 +82,7 @@ impl ChatFormat {
                 }
                 out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
             }
+            ChatFormat::Gemma => gemma(messages, &mut out),
             ChatFormat::Llama2 => {
                 let mut system = String::new();
                 for m in messages {
@@ -85,6 +100,29 @@ impl ChatFormat {
         }
         out
     }
+}
+
+/// Gemma's turns (llama.cpp's `gemma` template): contents trimmed, `assistant` called
+/// `model`, system text merged into the next user turn.
+fn gemma(messages: &[Message], out: &mut String) {
+    let mut system = String::new();
+    for m in messages {
+        if m.role == "system" {
+            system.push_str(m.content.trim());
+            continue;
+        }
+        let role = if m.role == "assistant" {
+            "model"
+        } else {
+            &m.role
+        };
+        out.push_str(&format!("<start_of_turn>{role}\n"));
+        if !system.is_empty() && role != "model" {
+            out.push_str(&format!("{}\n\n", std::mem::take(&mut system)));
+        }
+        out.push_str(&format!("{}<end_of_turn>\n", m.content.trim()));
+    }
+    out.push_str("<start_of_turn>model\n");
 }
 
 #[cfg(test)]
@@ -109,5 +147,28 @@ mod tests {
         );
         assert_eq!(ChatFormat::detect(Some("[INST]")), ChatFormat::Llama2);
         assert_eq!(ChatFormat::detect(None), ChatFormat::ChatMl);
+        assert_eq!(
+            ChatFormat::for_model(crate::config::Arch::Gemma3, None),
+            ChatFormat::Gemma
+        );
+        assert_eq!(
+            ChatFormat::for_model(crate::config::Arch::Llama, None),
+            ChatFormat::ChatMl
+        );
+    }
+
+    #[test]
+    fn gemma_turns() {
+        let text = ChatFormat::Gemma.apply(&[
+            Message::new("system", " Be brief. "),
+            Message::new("user", "Hi "),
+            Message::new("assistant", "Hello!"),
+            Message::new("user", "Bye"),
+        ]);
+        assert_eq!(
+            text,
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n\
+             <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
     }
 }

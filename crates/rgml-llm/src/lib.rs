@@ -39,6 +39,7 @@
 //! `tests/api.rs` asserts these bounds at compile time.
 #![warn(missing_docs)]
 
+mod arch;
 pub mod chat;
 pub mod config;
 pub mod error;
@@ -50,7 +51,7 @@ pub mod session;
 pub mod tensor_split;
 pub mod tokenizer;
 
-pub use config::ModelConfig;
+pub use config::{Arch, FfnActivation, ModelConfig, SlidingWindow};
 pub use error::{LlmError, MemoryUse, Result};
 pub use generate::{Generation, StopReason};
 pub use model::{LoadOptions, Model, Placement};

@@ -25,34 +25,7 @@ use rgml_gguf::{GgufFile, TensorInfo};
 use std::path::Path;
 use std::sync::Arc;
 
-/// The weights of one transformer block.
-#[derive(Clone, Debug)]
-pub struct LayerWeights {
-    /// RMS norm before attention.
-    pub attn_norm: TensorId,
-    /// Query projection `[n_embd, n_embd]`.
-    pub wq: TensorId,
-    /// Key projection `[n_embd, n_embd_kv]`.
-    pub wk: TensorId,
-    /// Value projection `[n_embd, n_embd_kv]`.
-    pub wv: TensorId,
-    /// Attention output projection.
-    pub wo: TensorId,
-    /// Query bias (Qwen2).
-    pub bq: Option<TensorId>,
-    /// Key bias (Qwen2).
-    pub bk: Option<TensorId>,
-    /// Value bias (Qwen2).
-    pub bv: Option<TensorId>,
-    /// RMS norm before the feed-forward block.
-    pub ffn_norm: TensorId,
-    /// Gate projection `[n_embd, n_ff]`.
-    pub ffn_gate: TensorId,
-    /// Up projection `[n_embd, n_ff]`.
-    pub ffn_up: TensorId,
-    /// Down projection `[n_ff, n_embd]`.
-    pub ffn_down: TensorId,
-}
+pub use crate::arch::LayerWeights;
 
 /// Called while loading with (tensors done, tensors in total).
 pub type ProgressFn<'a> = &'a mut dyn FnMut(usize, usize);
@@ -192,8 +165,8 @@ impl Model {
         let layer_devices = assign_layers(config.n_layer, devices.len(), &layer_shares)?;
 
         let (mut ctx, ids) = weights_context(gguf)?;
-        let weights = NamedWeights::resolve(&ids, config.n_layer)?;
         check_blocks(gguf, config.n_layer)?;
+        let weights = NamedWeights::resolve(&ids, &config)?;
         weights.check_shapes(&ctx, &config)?;
 
         let (placed, tied_output) = assign_tensors(gguf, &mut ctx, &ids, &devices, &layer_devices)?;
@@ -415,37 +388,50 @@ struct NamedWeights {
 }
 
 impl NamedWeights {
-    fn resolve(ids: &FileTensors<'_>, n_layer: usize) -> Result<NamedWeights> {
-        let get = |name: &str| -> Result<TensorId> {
-            ids.get(name)
-                .map(|&(id, _)| id)
-                .ok_or_else(|| LlmError::MissingTensor(name.to_string()))
-        };
-        let opt = |name: &str| ids.get(name).map(|&(id, _)| id);
-        let mut layers = Vec::with_capacity(n_layer);
-        for i in 0..n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            layers.push(LayerWeights {
-                attn_norm: get(&n("attn_norm.weight"))?,
-                wq: get(&n("attn_q.weight"))?,
-                wk: get(&n("attn_k.weight"))?,
-                wv: get(&n("attn_v.weight"))?,
-                wo: get(&n("attn_output.weight"))?,
-                bq: opt(&n("attn_q.bias")),
-                bk: opt(&n("attn_k.bias")),
-                bv: opt(&n("attn_v.bias")),
-                ffn_norm: get(&n("ffn_norm.weight"))?,
-                ffn_gate: get(&n("ffn_gate.weight"))?,
-                ffn_up: get(&n("ffn_up.weight"))?,
-                ffn_down: get(&n("ffn_down.weight"))?,
-            });
-        }
-        Ok(NamedWeights {
-            tok_embd: get("token_embd.weight")?,
-            output_norm: get("output_norm.weight")?,
-            output: opt("output.weight"),
+    fn resolve(ids: &FileTensors<'_>, config: &ModelConfig) -> Result<NamedWeights> {
+        let get = |name: &str| ids.get(name).map(|&(id, _)| id);
+        let required =
+            |name: &str| get(name).ok_or_else(|| LlmError::MissingTensor(name.to_string()));
+        let layers = (0..config.n_layer)
+            .map(|il| crate::arch::layer_weights(config.kind, il, &get))
+            .collect::<Result<Vec<_>>>()?;
+        let weights = NamedWeights {
+            tok_embd: required("token_embd.weight")?,
+            output_norm: required("output_norm.weight")?,
+            output: get("output.weight"),
             layers,
-        })
+        };
+        weights.check_all_used(ids, config)?;
+        Ok(weights)
+    }
+
+    /// A tensor the graph would not read means a part of the model rgml does not know:
+    /// refused (as llama.cpp refuses files with unused tensors), not silently left out.
+    fn check_all_used(&self, ids: &FileTensors<'_>, config: &ModelConfig) -> Result<()> {
+        let mut used: std::collections::HashSet<TensorId> =
+            [self.tok_embd, self.output_norm].into_iter().collect();
+        used.extend(self.output);
+        for l in &self.layers {
+            used.extend(
+                crate::arch::layer_shapes(config, l)
+                    .into_iter()
+                    .map(|(id, ..)| id),
+            );
+        }
+        let mut unused: Vec<&str> = ids
+            .iter()
+            .filter(|(_, (id, _))| !used.contains(id))
+            .map(|(name, _)| *name)
+            .collect();
+        unused.sort_unstable();
+        match unused.first() {
+            Some(name) => Err(LlmError::BadTensor(format!(
+                "'{name}' is not part of a {} model ({} such tensors)",
+                config.arch,
+                unused.len()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Every weight's shape and dtype against the configuration.
@@ -472,35 +458,22 @@ impl NamedWeights {
             [c.n_embd, c.n_vocab, 1, 1],
         )?;
         expect(self.output_norm, [c.n_embd, 1, 1, 1])?;
-        for l in &self.layers {
-            expect(l.attn_norm, [c.n_embd, 1, 1, 1])?;
-            expect(l.wq, [c.n_embd, c.n_embd, 1, 1])?;
-            expect(l.wk, [c.n_embd, c.n_embd_kv(), 1, 1])?;
-            expect(l.wv, [c.n_embd, c.n_embd_kv(), 1, 1])?;
-            expect(l.wo, [c.n_embd, c.n_embd, 1, 1])?;
-            for (b, n) in [
-                (l.bq, c.n_embd),
-                (l.bk, c.n_embd_kv()),
-                (l.bv, c.n_embd_kv()),
-            ] {
-                if let Some(b) = b {
-                    expect(b, [n, 1, 1, 1])?;
-                }
-            }
-            expect(l.ffn_norm, [c.n_embd, 1, 1, 1])?;
-            expect(l.ffn_gate, [c.n_embd, c.n_ff, 1, 1])?;
-            expect(l.ffn_up, [c.n_embd, c.n_ff, 1, 1])?;
-            expect(l.ffn_down, [c.n_ff, c.n_embd, 1, 1])?;
-        }
-        for t in [self.output_norm]
-            .iter()
-            .chain(self.layers.iter().flat_map(|l| [&l.attn_norm, &l.ffn_norm]))
-        {
-            if ctx[*t].dtype != DType::F32 {
-                return Err(LlmError::BadTensor(format!(
+        let norm_f32 = |id: TensorId| -> Result<()> {
+            match ctx[id].dtype {
+                DType::F32 => Ok(()),
+                _ => Err(LlmError::BadTensor(format!(
                     "norm weight '{}' must be f32",
-                    ctx[*t].name
-                )));
+                    ctx[id].name
+                ))),
+            }
+        };
+        norm_f32(self.output_norm)?;
+        for l in &self.layers {
+            for (id, ne, is_norm) in crate::arch::layer_shapes(c, l) {
+                expect(id, ne)?;
+                if is_norm {
+                    norm_f32(id)?;
+                }
             }
         }
         Ok(())

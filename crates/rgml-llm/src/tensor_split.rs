@@ -161,6 +161,7 @@ mod tests {
     fn smollm() -> ModelConfig {
         ModelConfig {
             arch: "llama".into(),
+            kind: crate::config::Arch::Llama,
             n_layer: 30,
             n_embd: 576,
             n_ff: 1536,
@@ -174,6 +175,11 @@ mod tests {
             rope_freq_base: 100000.0,
             rope_freq_scale: 1.0,
             rope_mode: rgml::RopeMode::Normal,
+            sliding_window: None,
+            embd_scale: None,
+            attn_scale: 0.125,
+            attn_scale_on_q: false,
+            ffn_activation: crate::config::FfnActivation::Silu,
         }
     }
 

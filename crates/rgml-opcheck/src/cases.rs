@@ -643,6 +643,18 @@ fn unary(cases: &mut Vec<Case>) {
                 c.ctx.swiglu(a, b)
             },
         ));
+        // Wider than GELU's clamps at -10 and 10.
+        cases.push(Case::new(
+            OpKind::Geglu,
+            "GEGLU type=f32".into(),
+            format!("type=f32,ne={}", dims(&ne)),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.leaf(DType::F32, &ne, Init::Uniform(-12.0, 12.0))?;
+                let b = c.uniform(DType::F32, &ne)?;
+                c.ctx.geglu(a, b)
+            },
+        ));
     }
 }
 

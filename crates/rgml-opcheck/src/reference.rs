@@ -226,6 +226,11 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             let b = mem.read(ctx, src(t, 1)?)?;
             a.iter().zip(&b).map(|(x, y)| silu(*x) * y).collect()
         }
+        Op::Geglu => {
+            let a = mem.read(ctx, src(t, 0)?)?;
+            let b = mem.read(ctx, src(t, 1)?)?;
+            a.iter().zip(&b).map(|(x, y)| gelu(*x) * y).collect()
+        }
         Op::Concat { dim } => concat(ctx, t, mem, dim)?,
         Op::Argmax => argmax(ctx, t, mem)?,
     };

@@ -370,6 +370,11 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 }
 
 // GELU, ggml's tanh approximation (the tanh argument clamped, where tanh is already +-1 in f32).
+fn gelu_of(x: f32) -> f32 {
+    let u = clamp(0.7978845608028654 * x * (1.0 + 0.044715 * x * x), -15.0, 15.0);
+    return 0.5 * x * (1.0 + tanh(u));
+}
+
 @compute @workgroup_size(64)
 fn gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);
@@ -378,8 +383,20 @@ fn gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let idx = unravel(i, p.d_ne);
     let x = af(p.off.x + at(idx, p.a_nb));
-    let u = clamp(0.7978845608028654 * x * (1.0 + 0.044715 * x * x), -15.0, 15.0);
-    dset(p.off.w + at(idx, p.d_nb), 0.5 * x * (1.0 + tanh(u)));
+    dset(p.off.w + at(idx, p.d_nb), gelu_of(x));
+}
+
+// GEGLU: gelu(A) * B (equal shapes).
+@compute @workgroup_size(64)
+fn geglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let x = af(p.off.x + at(idx, p.a_nb));
+    let y = bf(p.off.y + at(idx, p.b_nb));
+    dset(p.off.w + at(idx, p.d_nb), gelu_of(x) * y);
 }
 
 // DIAG_MASK_INF: -inf where i0 > misc.y + i1, else a copy.

@@ -115,7 +115,7 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
             | Op::DiagMaskInf { .. },
             [a],
         ) => f32s(&[a]) && a.ne == t.ne,
-        (Op::Swiglu, [a, b]) => f32s(&[a, b]) && a.ne == t.ne && b.ne == t.ne,
+        (Op::Swiglu | Op::Geglu, [a, b]) => f32s(&[a, b]) && a.ne == t.ne && b.ne == t.ne,
         (Op::Rope(rp), [a, pos]) => {
             f32s(&[a])
                 && a.ne == t.ne
@@ -394,6 +394,7 @@ impl<'a> Prep<'a> {
             Op::Unary(UnaryOp::Silu) => (Kernel::Silu, elements),
             Op::Unary(UnaryOp::Gelu) => (Kernel::Gelu, elements),
             Op::Swiglu => (Kernel::Swiglu, elements),
+            Op::Geglu => (Kernel::Geglu, elements),
             Op::DiagMaskInf { n_past } => {
                 // Columns beyond ne0 do not exist: clamping keeps `n_past + i1` in range.
                 p.misc[1] = n_past.min(t.ne[0]) as u32;

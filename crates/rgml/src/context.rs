@@ -828,6 +828,15 @@ impl Context {
         Ok(id)
     }
 
+    /// `gelu(a) * b` (equal shapes; GELU's tanh approximation).
+    pub fn geglu(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.expect_dtype(OpKind::Geglu, b, &[DType::F32], "operands must be f32")?;
+        self.expect_same_shape(OpKind::Geglu, a, b)?;
+        let id = self.unary_like(Op::Geglu, a)?;
+        self.get_mut(id)?.src.push(b);
+        Ok(id)
+    }
+
     /// `a` and `b` joined along `dim` (other dims equal, same dtype).
     pub fn concat(&mut self, a: TensorId, b: TensorId, dim: usize) -> Result<TensorId> {
         if dim >= MAX_DIMS {

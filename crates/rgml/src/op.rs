@@ -137,6 +137,8 @@ pub enum Op {
     Unary(UnaryOp),
     /// `silu(src0) * src1`.
     Swiglu,
+    /// `gelu(src0) * src1` (GELU's tanh approximation; ggml's GEGLU, split form).
+    Geglu,
     /// Concatenate `src0` and `src1` along `dim`.
     Concat {
         /// Axis.
@@ -174,13 +176,14 @@ pub enum OpKind {
     Silu,
     Gelu,
     Swiglu,
+    Geglu,
     Concat,
     Argmax,
 }
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 26] = [
+    pub const ALL: [OpKind; 27] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -205,6 +208,7 @@ impl OpKind {
         OpKind::Silu,
         OpKind::Gelu,
         OpKind::Swiglu,
+        OpKind::Geglu,
         OpKind::Concat,
         OpKind::Argmax,
     ];
@@ -236,6 +240,7 @@ impl OpKind {
             OpKind::Silu => "SILU",
             OpKind::Gelu => "GELU",
             OpKind::Swiglu => "SWIGLU",
+            OpKind::Geglu => "GEGLU",
             OpKind::Concat => "CONCAT",
             OpKind::Argmax => "ARGMAX",
         }
@@ -291,6 +296,7 @@ impl Op {
             Op::Unary(UnaryOp::Silu) => OpKind::Silu,
             Op::Unary(UnaryOp::Gelu) => OpKind::Gelu,
             Op::Swiglu => OpKind::Swiglu,
+            Op::Geglu => OpKind::Geglu,
             Op::Concat { .. } => OpKind::Concat,
             Op::Argmax => OpKind::Argmax,
         }

@@ -1,4 +1,5 @@
-//! Elementwise kernels: ADD/SUB/MUL/DIV with ggml broadcasting, SCALE, SILU, GELU, SWIGLU.
+//! Elementwise kernels: ADD/SUB/MUL/DIV with ggml broadcasting, SCALE, SILU, GELU, SWIGLU,
+//! GEGLU.
 //!
 //! Threads split destination rows. Inner loops run over contiguous slices so they vectorize.
 
@@ -10,10 +11,47 @@ use rgml::{DType, Op, Result, UnaryOp};
 const GELU_COEF_A: f32 = 0.044715;
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
-/// GELU, tanh approximation.
+/// GELU, tanh approximation, in f32 (what ggml's table is made of). `1 + a*x*x` is one fused
+/// multiply-add, as GCC contracts ggml's expression in a native build on any CPU with FMA
+/// (checked against that build's table, see the tests).
 #[inline]
-pub(crate) fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+fn gelu_f32(x: f32) -> f32 {
+    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
+}
+
+/// `gelu_f32` of every f16 value, rounded to f16 (ggml's `ggml_table_gelu_f16`).
+fn gelu_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| {
+                let y = gelu_f32(super::fp16::f16_bits_to_f32(bits));
+                // ggml's table holds quiet NaNs without payload (of the sign x86 arithmetic
+                // gives); half would keep payloads.
+                if y.is_nan() {
+                    (u16::from(y.is_sign_negative()) << 15) | 0x7e00
+                } else {
+                    half::f16::from_f32(y).to_bits()
+                }
+            })
+            .collect()
+    })
+}
+
+/// GELU as ggml-cpu computes it (`GGML_GELU_FP16`): 0 at or below -10, `x` at or above 10,
+/// elsewhere the table's value at `x` rounded to f16. Not the f32 formula: ggml's results differ
+/// from it by up to an f16 rounding, and models must match ggml's.
+#[inline(always)]
+fn gelu_with(table: &[u16], x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let bits = half::f16::from_f32(x).to_bits();
+        super::fp16::f16_bits_to_f32(table[usize::from(bits)])
+    }
 }
 
 /// Apply `f` to `d[i] = f(a[i], b[i mod b.len()])`; `b.len()` divides `d.len()`.
@@ -123,8 +161,36 @@ pub(crate) fn scale(task: &NodeTask, tc: &mut ThreadCtx<'_>, s: f32, b: f32) -> 
 pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Result<()> {
     match op {
         UnaryOp::Silu => silu_rows(task, tc),
-        UnaryOp::Gelu => map_rows(task, tc, gelu),
+        UnaryOp::Gelu => {
+            let table = gelu_table();
+            map_rows(task, tc, move |x| gelu_with(table, x))
+        }
     }
+}
+
+/// GEGLU: `dst = gelu(src0) * src1`, as `ggml_vec_geglu_f32` (0 where `src0 <= -10`).
+pub(crate) fn geglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (dst, a, b) = (&task.dst, task.src(0)?, task.src(1)?);
+    let ne0 = dst.ne[0];
+    let table = gelu_table();
+    for r in tc.split(dst.nrows()) {
+        let (i1, i2, i3) = dst.row_index(r);
+        let drow = dst.row(i1, i2, i3);
+        let (sa, sb) = tc.scratch.split_at_mut(ne0.min(tc.scratch.len()));
+        // SAFETY: as in `map_rows`, for both sources.
+        unsafe {
+            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, sa)?;
+            let g = f32_row_for_write(b.row(i1, i2, i3), ne0, drow, ne0 * 4, sb)?;
+            for ((d, &x), &g) in f32_row_mut(drow, ne0).iter_mut().zip(x).zip(g) {
+                *d = if x <= -10.0 {
+                    0.0
+                } else {
+                    gelu_with(table, x) * g
+                };
+            }
+        }
+    }
+    Ok(())
 }
 
 /// SWIGLU: `dst = silu(src0) * src1`.
@@ -144,4 +210,39 @@ pub(crate) fn swiglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The hash `scripts/ggml_ref/gelu_table.c` prints for a native ggml-cpu build (FNV-1a 64
+    /// of the table's entries as little-endian u16).
+    const GGML_GELU_TABLE_FNV1A: u64 = 0xab04_4edb_a0ed_200c;
+
+    #[test]
+    fn gelu_table_equals_ggml() {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &v in super::gelu_table() {
+            for byte in v.to_le_bytes() {
+                h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        assert_eq!(h, GGML_GELU_TABLE_FNV1A);
+    }
+
+    #[test]
+    fn gelu_clamps_and_rounds_like_ggml() {
+        let t = super::gelu_table();
+        assert_eq!(super::gelu_with(t, -10.0), 0.0);
+        assert_eq!(super::gelu_with(t, 12.5), 12.5);
+        for x in [-3.7f32, -0.4, 0.013, 0.9, 2.2, 7.9] {
+            let y = super::gelu_with(t, x);
+            // Within an f16 rounding of the f32 formula at the f16-rounded input.
+            let exact = super::gelu_f32(half::f16::from_f32(x).to_f32());
+            assert!(
+                (y - exact).abs() <= exact.abs() * 1e-3 + 1e-6,
+                "{x}: {y} vs {exact}"
+            );
+            assert_eq!(y, half::f16::from_f32(y).to_f32(), "{x}: an f16 value");
+        }
+    }
 }

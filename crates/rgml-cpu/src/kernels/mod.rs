@@ -375,7 +375,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
         | Op::RmsNorm { .. }
         | Op::Norm { .. }
         | Op::DiagMaskInf { .. } => n(1) && f32_rows(t) && f32_rows(s[0]) && t.ne == s[0].ne,
-        Op::Swiglu => {
+        Op::Swiglu | Op::Geglu => {
             n(2) && f32_rows(t)
                 && f32_rows(s[0])
                 && f32_rows(s[1])
@@ -447,6 +447,7 @@ pub(crate) fn inplace_capable(kind: OpKind) -> bool {
             | OpKind::Silu
             | OpKind::Gelu
             | OpKind::Swiglu
+            | OpKind::Geglu
             | OpKind::Rope
             | OpKind::RmsNorm
             | OpKind::Norm
@@ -493,6 +494,7 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::Scale { scale, bias } => elementwise::scale(task, tc, scale, bias),
         Op::Unary(u) => elementwise::unary(task, tc, u),
         Op::Swiglu => elementwise::swiglu(task, tc),
+        Op::Geglu => elementwise::geglu(task, tc),
         Op::RmsNorm { eps } => norm::rms_norm(task, tc, eps),
         Op::Norm { eps } => norm::norm(task, tc, eps),
         Op::SoftMax { scale, max_bias } => softmax::soft_max(task, tc, scale, max_bias),

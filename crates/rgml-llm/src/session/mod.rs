@@ -498,15 +498,30 @@ impl Session {
             .extend((n_past..n_past + n).map(|p| p as i32));
         self.ctx.tensor_set_i32(g.positions, &staging.positions)?;
         let n_kv = self.ctx[g.mask].ne[0];
-        staging.mask.clear();
-        staging.mask.resize(n_kv * n, 0.0);
-        for (i, row) in staging.mask.chunks_exact_mut(n_kv).enumerate() {
-            for cell in row.iter_mut().skip(n_past + i + 1) {
-                *cell = f32::NEG_INFINITY;
+        causal_mask(&mut staging.mask, n_kv, n_past, n, None);
+        self.ctx.tensor_set_f32(g.mask, &staging.mask)?;
+        if let (Some(mask), Some(w)) = (g.mask_local, &self.model.config.sliding_window) {
+            causal_mask(&mut staging.mask, n_kv, n_past, n, Some(w.window));
+            self.ctx.tensor_set_f32(mask, &staging.mask)?;
+        }
+        Ok(())
+    }
+}
+
+/// The mask `[n_kv, n]` of `n` tokens at positions `n_past..` over cells that hold positions
+/// (cell `c`: position `c`): -inf where the cell is in the token's future or, with a `window`,
+/// `window` or more positions behind it (llama.cpp's standard sliding window); else 0.
+fn causal_mask(mask: &mut Vec<f32>, n_kv: usize, n_past: usize, n: usize, window: Option<usize>) {
+    mask.clear();
+    mask.resize(n_kv * n, 0.0);
+    for (i, row) in mask.chunks_exact_mut(n_kv).enumerate() {
+        let pos = n_past + i;
+        let first_seen = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        for (cell, m) in row.iter_mut().enumerate() {
+            if cell > pos || cell < first_seen {
+                *m = f32::NEG_INFINITY;
             }
         }
-        self.ctx.tensor_set_f32(g.mask, &staging.mask)?;
-        Ok(())
     }
 }
 

@@ -74,6 +74,7 @@ pub fn op_can_inplace(op: &Op) -> bool {
             | Op::Div
             | Op::Unary(_)
             | Op::Swiglu
+            | Op::Geglu
             | Op::Rope(_)
             | Op::RmsNorm { .. }
             | Op::Norm { .. }

@@ -674,7 +674,7 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
             }
             Ok(Rule::State(n.st(0)?.clone()))
         }
-        Op::Swiglu => swiglu_rule(&n),
+        Op::Swiglu | Op::Geglu => glu_rule(&n),
         Op::Concat { dim } => concat_rule(&n, dim),
         Op::Argmax => argmax_rule(&n),
     }
@@ -890,7 +890,7 @@ fn diag_mask_rule(n: &Node) -> Result<Rule> {
     }
 }
 
-fn swiglu_rule(n: &Node) -> Result<Rule> {
+fn glu_rule(n: &Node) -> Result<Rule> {
     if let Some(r) = n.reduce_any(&n.all()) {
         return Ok(r);
     }
@@ -898,7 +898,7 @@ fn swiglu_rule(n: &Node) -> Result<Rule> {
     if same_placement(a, b) {
         Ok(Rule::State(a.clone()))
     } else {
-        n.no("SWIGLU needs both operands split alike")
+        n.no("a gated unit needs both operands split alike")
     }
 }
 

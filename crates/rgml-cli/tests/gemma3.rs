@@ -1,0 +1,151 @@
+//! Gemma 3 270M (Q4_K_M, `models/gemma-3-270m-q4_k_m.gguf`, fetched by `scripts/fetch-model.sh`)
+//! against llama.cpp: tokens and logits, bit for bit up to the fixtures' rounding, for prompts in
+//! many scripts, code, emoji, chat turns, and one longer than the model's 512-position sliding
+//! window (so local and global layers see different cells).
+//!
+//! `tests/fixtures/gemma3/<isa>/gemma-3-270m-q4_k_m.json` holds what llama.cpp's native build
+//! for that instruction set computes for `tests/fixtures/gemma3/prompts.json` (BOS added,
+//! special tokens parsed, 1024 cells, micro-batches of 512; `scripts/gen_model_fixtures.py
+//! --prompts ... --add-special --n-ctx 1024`).
+
+#[allow(dead_code)]
+mod common;
+
+use common::{root, sha256_hex};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn gemma_model() -> PathBuf {
+    let path = root().join("models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.exists(),
+        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    path
+}
+
+/// The fixtures whose instruction set this CPU runs natively: llama.cpp's AVX2 and AVX-512
+/// builds differ in their last bits, and rgml mirrors the one it is forced to.
+fn fixture(isa: &str) -> Option<serde_json::Value> {
+    let path = root()
+        .join("crates/rgml-cli/tests/fixtures/gemma3")
+        .join(isa)
+        .join("gemma-3-270m-q4_k_m.json");
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(serde_json::from_str(&text).expect("fixture JSON"))
+}
+
+/// The instruction sets whose arithmetic rgml can run here (AVX-512's is emulated exactly on
+/// any x86 CPU with AVX2).
+fn runnable_isas() -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            return vec!["avx2", "avx512"];
+        }
+    }
+    Vec::new()
+}
+
+#[test]
+fn gemma3_gives_llama_cpps_tokens_and_logits() {
+    let model = gemma_model();
+    let mut checked = 0;
+    for isa in runnable_isas() {
+        let Some(fixture) = fixture(isa) else {
+            continue;
+        };
+        assert_eq!(
+            sha256_hex(&std::fs::read(&model).expect("read model")),
+            fixture["sha256"].as_str().expect("sha256"),
+            "the fixture is for another file"
+        );
+        for case in fixture["cases"].as_array().expect("cases") {
+            let prompt = case["prompt"].as_str().expect("prompt");
+            let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+                .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
+                .args(["-c", "1024"])
+                .arg("-m")
+                .arg(&model)
+                .env("RGML_CPU_ISA", isa)
+                .output()
+                .expect("run rgml logits");
+            assert!(
+                out.status.success(),
+                "rgml logits failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+            let what = format!("{prompt:?} on {isa}");
+            let worst = common::top10_worst(&got, case, &what);
+            // 4-decimal rounding of the fixture, plus f32 spacing at Gemma's |logits| (< 128).
+            assert!(worst <= 6e-5, "{what}: {worst} from llama.cpp");
+        }
+        checked += 1;
+    }
+    if !runnable_isas().is_empty() {
+        assert!(checked > 0, "no Gemma 3 fixture was checked");
+    }
+}
+
+/// `rgml run --temp 0` (and `--chat`, Gemma's turns: the file has no template) continues each
+/// prompt with llama.cpp's greedy text (`tests/fixtures/gemma3/<isa>/greedy*.json`, made by
+/// `scripts/gen_greedy_fixtures.py`, the chat prompts wrapped by llama.cpp's `gemma` template).
+#[test]
+fn gemma3_greedy_text_and_chat_equal_llama_cpps() {
+    let model = gemma_model();
+    let mut checked = 0;
+    for isa in runnable_isas() {
+        for (file, chat) in [("greedy.json", false), ("greedy-chat.json", true)] {
+            let path = root()
+                .join("crates/rgml-cli/tests/fixtures/gemma3")
+                .join(isa)
+                .join(file);
+            let Ok(text) = std::fs::read_to_string(path) else {
+                continue;
+            };
+            let fixture: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
+            let n = fixture["n_predict"]
+                .as_u64()
+                .expect("n_predict")
+                .to_string();
+            for case in fixture["cases"].as_array().expect("cases") {
+                let prompt = case["prompt"].as_str().expect("prompt");
+                let mut cmd = Command::new(env!("CARGO_BIN_EXE_rgml"));
+                cmd.args(["run", "-p", prompt, "-n", &n, "--temp", "0", "-t", "2"])
+                    .arg("-m")
+                    .arg(&model)
+                    .env("RGML_CPU_ISA", isa);
+                if chat {
+                    cmd.arg("--chat");
+                }
+                let out = cmd.output().expect("run rgml");
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let text = String::from_utf8_lossy(&out.stdout);
+                // Plain runs echo the prompt first; chat runs print the answer only.
+                let text = if chat {
+                    &text[..]
+                } else {
+                    text.strip_prefix(prompt)
+                        .expect("the prompt is echoed first")
+                };
+                let want = case["greedy_text"].as_str().expect("greedy_text");
+                assert_eq!(
+                    text.trim_end_matches('\n'),
+                    want.trim_end_matches('\n'),
+                    "greedy text of {prompt:?} (chat: {chat}) on {isa}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    if !runnable_isas().is_empty() {
+        assert!(checked > 0, "no Gemma 3 greedy fixture was checked");
+    }
+}

@@ -1,0 +1,312 @@
+//! The shared blocks every architecture's graph is made of: RMS norms, Q/K/V with biases,
+//! QK-norm and RoPE, the KV-cache stores, attention (global or sliding-window, GQA), gated
+//! FFNs, the output head; and llama.cpp's node names for them.
+//!
+//! This module owns [`Builder`], which adds those nodes to a context for one micro-batch; what
+//! a block is made of is each architecture's business.
+
+use super::LayerWeights;
+use crate::config::{FfnActivation, ModelConfig};
+use crate::error::Result;
+use rgml::{Context, DType, Graph, RopeParams, TensorId};
+
+/// What the graph reads of a loaded model.
+pub(crate) struct GraphModel<'a> {
+    pub(crate) config: &'a ModelConfig,
+    pub(crate) tok_embd: TensorId,
+    pub(crate) output_norm: TensorId,
+    pub(crate) output: TensorId,
+    pub(crate) layers: &'a [LayerWeights],
+    /// Per block, the index of its device.
+    pub(crate) layer_devices: &'a [usize],
+    pub(crate) n_devices: usize,
+}
+
+/// The KV cache's tensors: K `[n_embd_kv, cells]` and V transposed `[cells, n_embd_kv]` per
+/// layer, f16.
+pub(crate) struct CacheView<'a> {
+    pub(crate) k: &'a [TensorId],
+    pub(crate) v: &'a [TensorId],
+    pub(crate) cells: usize,
+}
+
+/// The graph inputs a micro-batch of `n` tokens attending to `n_kv` cells reads.
+pub(crate) struct BatchInputs {
+    pub(crate) n: usize,
+    pub(crate) n_kv: usize,
+    pub(crate) positions: TensorId,
+    /// The causal mask `[n_kv, n]`.
+    pub(crate) mask: TensorId,
+    /// The causal mask of sliding-window layers (where the model has some).
+    pub(crate) mask_local: Option<TensorId>,
+}
+
+/// What the blocks share while they add their nodes.
+pub(crate) struct Builder<'a> {
+    ctx: &'a mut Context,
+    model: GraphModel<'a>,
+    kv: CacheView<'a>,
+    inputs: BatchInputs,
+    /// Only the last position's logits are wanted (and the batch has several positions).
+    last_only: bool,
+    capture: bool,
+    pub(crate) captured: Vec<TensorId>,
+    /// Nodes to run on a given device (see `BatchGraph::pins`).
+    pub(crate) pins: Vec<(TensorId, usize)>,
+    pub(crate) graph: Graph,
+}
+
+impl<'a> Builder<'a> {
+    pub(crate) fn new(
+        ctx: &'a mut Context,
+        model: GraphModel<'a>,
+        kv: CacheView<'a>,
+        inputs: BatchInputs,
+        all_logits: bool,
+        capture: bool,
+    ) -> Builder<'a> {
+        let last_only = !all_logits && inputs.n > 1;
+        Builder {
+            ctx,
+            model,
+            kv,
+            inputs,
+            last_only,
+            capture,
+            captured: Vec::new(),
+            pins: Vec::new(),
+            graph: Graph::new(),
+        }
+    }
+
+    pub(crate) fn ctx(&mut self) -> &mut Context {
+        self.ctx
+    }
+
+    pub(crate) fn model(&self) -> &GraphModel<'a> {
+        &self.model
+    }
+
+    pub(crate) fn config(&self) -> &'a ModelConfig {
+        self.model.config
+    }
+
+    /// The device of block `il` (0 past the last).
+    fn device(&self, il: usize) -> usize {
+        self.model.layer_devices.get(il).copied().unwrap_or(0)
+    }
+
+    /// Names `id` like llama.cpp and, when capturing, keeps it.
+    pub(crate) fn keep(&mut self, id: TensorId, name: String) -> Result<TensorId> {
+        // Named always, so an eval callback can pick nodes by name.
+        self.ctx.set_name(id, name)?;
+        if self.capture && self.ctx[id].is_contiguous() {
+            self.ctx.set_output(id)?;
+            self.captured.push(id);
+        }
+        Ok(id)
+    }
+
+    /// RMS norm of `x` times `weight`, the norm pinned to block `il`'s device: the scheduler
+    /// would otherwise leave it on the previous block's device, so that the hidden state
+    /// crossed twice (llama.cpp pins them the same way).
+    pub(crate) fn norm(&mut self, x: TensorId, weight: TensorId, il: usize) -> Result<TensorId> {
+        let cur = self.ctx.rms_norm(x, self.config().rms_eps)?;
+        self.pins.push((cur, self.device(il)));
+        Ok(self.ctx.mul(cur, weight)?)
+    }
+
+    /// RMS norm of `x`'s rows times `weight` (no pin: QK-norm inside a block).
+    fn row_norm(&mut self, x: TensorId, weight: TensorId) -> Result<TensorId> {
+        let cur = self.ctx.rms_norm(x, self.config().rms_eps)?;
+        Ok(self.ctx.mul(cur, weight)?)
+    }
+
+    /// `attn` and `x` cut to the last position's row where only its logits are wanted and `il`
+    /// is the last block (llama.cpp's `inp_out_ids`): its FFN runs on that row only. Not only
+    /// faster: F16/BF16/F32 weights by one activation row take ggml's `vec_dot` order, not
+    /// tinyBLAS's, so this gives llama.cpp's logits bit for bit.
+    pub(crate) fn cut_to_output(
+        &mut self,
+        il: usize,
+        attn: TensorId,
+        x: TensorId,
+    ) -> Result<(TensorId, TensorId)> {
+        if self.last_only && il + 1 == self.model.layers.len() {
+            Ok((self.last_row(attn)?, self.last_row(x)?))
+        } else {
+            Ok((attn, x))
+        }
+    }
+
+    /// The last position's row `[n_embd, 1]` of the `[n_embd, n]` tensor `x` (a view).
+    fn last_row(&mut self, x: TensorId) -> Result<TensorId> {
+        let (ne0, nrows, row) = (self.ctx[x].ne[0], self.ctx[x].ne[1], self.ctx[x].nb[1]);
+        Ok(self.ctx.view(x, &[ne0, 1], &[row], (nrows - 1) * row)?)
+    }
+
+    /// Q, K and V of the normed input `cur` of block `il`: Q and K `[hd, heads, n]`, with
+    /// biases, QK-norm, RoPE (the layer's own base where it is local) and Q's scaling as the
+    /// architecture has them; V flat.
+    pub(crate) fn qkv(
+        &mut self,
+        il: usize,
+        l: &LayerWeights,
+        cur: TensorId,
+    ) -> Result<(TensorId, TensorId, TensorId)> {
+        let c = self.config();
+        let (hd, n) = (c.head_dim, self.inputs.n);
+        let mut q = self.ctx.mul_mat(l.wq, cur)?;
+        let mut k = self.ctx.mul_mat(l.wk, cur)?;
+        let mut v = self.ctx.mul_mat(l.wv, cur)?;
+        for (t, b) in [(&mut q, l.bq), (&mut k, l.bk), (&mut v, l.bv)] {
+            if let Some(b) = b {
+                *t = self.ctx.add(*t, b)?;
+            }
+        }
+        let mut q = self.ctx.reshape(q, &[hd, c.n_head, n])?;
+        let mut k = self.ctx.reshape(k, &[hd, c.n_head_kv, n])?;
+        if let Some(w) = l.attn_q_norm {
+            q = self.row_norm(q, w)?;
+            q = self.keep(q, format!("Qcur_normed-{il}"))?;
+        }
+        if let Some(w) = l.attn_k_norm {
+            k = self.row_norm(k, w)?;
+            k = self.keep(k, format!("Kcur_normed-{il}"))?;
+        }
+        let rope = self.rope_params(il);
+        let q = self.ctx.rope(q, self.inputs.positions, rope)?;
+        let mut q = self.keep(q, format!("Qcur-{il}"))?;
+        let k = self.ctx.rope(k, self.inputs.positions, rope)?;
+        let k = self.keep(k, format!("Kcur-{il}"))?;
+        if c.attn_scale_on_q {
+            q = self.ctx.scale(q, c.attn_scale)?;
+        }
+        Ok((q, k, v))
+    }
+
+    /// RoPE of block `il`: the local layers' base and scale where it is local.
+    fn rope_params(&self, il: usize) -> RopeParams {
+        let c = self.config();
+        let (base, scale) = match &c.sliding_window {
+            Some(w) if c.is_local(il) => (w.rope_freq_base, w.rope_freq_scale),
+            _ => (c.rope_freq_base, c.rope_freq_scale),
+        };
+        let mut rope = RopeParams::new(c.rope_mode, c.n_rot, base);
+        rope.freq_scale = scale;
+        rope.n_ctx_orig = c.n_ctx_train;
+        rope
+    }
+
+    /// Store this batch's K and V in layer `il`'s cache, at the rows the positions name
+    /// (SET_ROWS, as llama.cpp stores them): the graph then does not depend on where the batch
+    /// goes, so decoding reuses one graph for many tokens (see `Session::eval_ubatch`).
+    pub(crate) fn store_kv(&mut self, il: usize, k: TensorId, v: TensorId) -> Result<()> {
+        let (n, n_embd_kv) = (self.inputs.n, self.config().n_embd_kv());
+        let (cells, f16) = (self.kv.cells, DType::F16.block_bytes());
+        let positions = self.inputs.positions;
+        let k_flat = self.ctx.reshape(k, &[n_embd_kv, n])?;
+        let k_store = self.ctx.set_rows(self.kv.k[il], k_flat, positions)?;
+        // V is stored transposed: its "rows" are single elements, one per position, in a
+        // `[1, cells, n_embd_kv]` view of the cache, and the batch's values are the matching
+        // `[1, n, n_embd_kv]` view of `v`.
+        let v_cells = self.ctx.view(
+            self.kv.v[il],
+            &[1, cells, n_embd_kv],
+            &[f16, cells * f16],
+            0,
+        )?;
+        let f32b = DType::F32.block_bytes();
+        let v_rows = self
+            .ctx
+            .view(v, &[1, n, n_embd_kv], &[n_embd_kv * f32b, f32b], 0)?;
+        let v_store = self.ctx.set_rows(v_cells, v_rows, positions)?;
+
+        // The stores enter the graph before anything that reads the cache, so they run first
+        // (as in llama.cpp: the order of expansion is the order of execution).
+        self.graph.expand(self.ctx, k_store)?;
+        self.graph.expand(self.ctx, v_store)?;
+        Ok(())
+    }
+
+    /// Attention of the roped `q` over the cached positions of layer `il` that its mask lets
+    /// it see, through the output projection.
+    pub(crate) fn attention(
+        &mut self,
+        il: usize,
+        l: &LayerWeights,
+        q: TensorId,
+    ) -> Result<TensorId> {
+        let c = self.config();
+        let (hd, n_embd_kv, n_kv) = (c.head_dim, c.n_embd_kv(), self.inputs.n_kv);
+        let (cells, f16) = (self.kv.cells, DType::F16.block_bytes());
+        let k_all = self.ctx.view(
+            self.kv.k[il],
+            &[hd, c.n_head_kv, n_kv],
+            &[hd * f16, n_embd_kv * f16],
+            0,
+        )?;
+        let k_all = self.ctx.permute(k_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
+        let q = self.ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, n_head]
+        let kq = self.ctx.mul_mat(k_all, q)?; // [n_kv, n, n_head]
+        let kq = self.keep(kq, format!("kq-{il}"))?;
+        let mask = match self.inputs.mask_local {
+            Some(local) if c.is_local(il) => local,
+            _ => self.inputs.mask,
+        };
+        let kq_scale = if c.attn_scale_on_q { 1.0 } else { c.attn_scale };
+        let kq = self.ctx.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
+        let kq = self.keep(kq, format!("kq_soft_max-{il}"))?;
+        let v_all = self.ctx.view(
+            self.kv.v[il],
+            &[n_kv, hd, c.n_head_kv],
+            &[cells * f16, cells * f16 * hd],
+            0,
+        )?;
+        let kqv = self.ctx.mul_mat(v_all, kq)?; // [hd, n, n_head]
+        let kqv = self.ctx.permute(kqv, [0, 2, 1, 3])?; // [hd, n_head, n]
+        let attn = self.ctx.cont_shape(kqv, &[c.n_embd_q(), self.inputs.n])?;
+        let attn = self.keep(attn, format!("kqv_out-{il}"))?;
+        let attn = self.ctx.mul_mat(l.wo, attn)?;
+        self.keep(attn, format!("attn_out-{il}"))
+    }
+
+    /// The gated FFN of block `il` on the normed `cur`: `down(act(gate(cur)) * up(cur))`.
+    pub(crate) fn ffn(&mut self, il: usize, l: &LayerWeights, cur: TensorId) -> Result<TensorId> {
+        let gate = self.ctx.mul_mat(l.ffn_gate, cur)?;
+        let up = self.ctx.mul_mat(l.ffn_up, cur)?;
+        let gate = self.keep(gate, format!("ffn_gate-{il}"))?;
+        let up = self.keep(up, format!("ffn_up-{il}"))?;
+        let act = match self.config().ffn_activation {
+            FfnActivation::Silu => {
+                let act = self.ctx.swiglu(gate, up)?;
+                self.keep(act, format!("ffn_swiglu-{il}"))?
+            }
+            FfnActivation::Gelu => {
+                let act = self.ctx.geglu(gate, up)?;
+                self.keep(act, format!("ffn_geglu-{il}"))?
+            }
+        };
+        let down = self.ctx.mul_mat(l.ffn_down, act)?;
+        self.keep(down, format!("ffn_out-{il}"))
+    }
+
+    /// The output head on the last block's `x`: the logits of every position, or of the last
+    /// only unless `all_logits`; expanded into the graph.
+    pub(crate) fn output(&mut self, mut x: TensorId, all_logits: bool) -> Result<TensorId> {
+        if !all_logits && self.ctx[x].ne[1] > 1 {
+            // Only the last position's logits are needed: skip the output projection for the
+            // rest (the last block has already done so unless the model has no blocks).
+            x = self.last_row(x)?;
+        }
+        let cur = self.ctx.rms_norm(x, self.config().rms_eps)?;
+        self.pins.push((cur, self.model.n_devices - 1));
+        let cur = self.ctx.mul(cur, self.model.output_norm)?;
+        let cur = self.keep(cur, "result_norm".into())?;
+        let logits = self.ctx.mul_mat(self.model.output, cur)?;
+        self.ctx.set_name(logits, "logits")?;
+        self.ctx.set_output(logits)?;
+        self.graph.expand(self.ctx, logits)?;
+        Ok(logits)
+    }
+}

@@ -1,0 +1,52 @@
+//! LLaMA (`llama`, `mistral`, `smollm`), Qwen2 (`qwen2`: q/k/v biases, NeoX RoPE) and Qwen3
+//! (`qwen3`: QK-norm instead of biases, NeoX RoPE): pre-norm blocks of grouped-query attention
+//! and a SwiGLU FFN.
+
+use super::blocks::Builder;
+use super::keys::Keys;
+use super::{LayerParts, LayerWeights, Need};
+use crate::config::{Arch, ModelConfig};
+use crate::error::Result;
+use rgml::{RopeMode, TensorId};
+
+pub(super) const PARTS: LayerParts = LayerParts {
+    biases: Need::Optional,
+    qk_norm: Need::No,
+    post_norms: Need::No,
+};
+
+pub(super) const QWEN3_PARTS: LayerParts = LayerParts {
+    biases: Need::No,
+    qk_norm: Need::Required,
+    post_norms: Need::No,
+};
+
+/// LLaMA's hyper-parameters are the common ones; Qwen rotates NeoX-style.
+pub(super) fn hparams(_keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
+    if matches!(c.kind, Arch::Qwen2 | Arch::Qwen3) {
+        c.rope_mode = RopeMode::Neox;
+    }
+    Ok(())
+}
+
+/// Block `il`: attention, then the FFN, each with its residual.
+pub(super) fn layer(
+    b: &mut Builder<'_>,
+    il: usize,
+    l: &LayerWeights,
+    x: TensorId,
+) -> Result<TensorId> {
+    let cur = b.norm(x, l.attn_norm, il)?;
+    let cur = b.keep(cur, format!("attn_norm-{il}"))?;
+    let (q, k, v) = b.qkv(il, l, cur)?;
+    b.store_kv(il, k, v)?;
+    let attn = b.attention(il, l, q)?;
+    let (attn, x) = b.cut_to_output(il, attn, x)?;
+    let x_attn = b.ctx().add(attn, x)?;
+    let x_attn = b.keep(x_attn, format!("ffn_inp-{il}"))?;
+    let cur = b.norm(x_attn, l.ffn_norm, il)?;
+    let cur = b.keep(cur, format!("ffn_norm-{il}"))?;
+    let ffn = b.ffn(il, l, cur)?;
+    let out = b.ctx().add(ffn, x_attn)?;
+    b.keep(out, format!("l_out-{il}"))
+}
