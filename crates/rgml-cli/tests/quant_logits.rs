@@ -12,23 +12,10 @@
 #[allow(dead_code)] // The GPU lookup is not used here.
 mod common;
 
-use common::{demo_model, root, sha256_hex, DEMO_STEM};
+use common::{demo_model, root, runnable_isas, sha256_hex, DEMO_STEM};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// The instruction sets whose arithmetic rgml can run here: AVX-512's is emulated exactly on
-/// any x86 CPU with AVX2, AVX2's needs AVX2, FMA and F16C.
-fn runnable_isas() -> Vec<&'static str> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx2") && has!("fma") && has!("f16c") {
-            return vec!["avx2", "avx512"];
-        }
-    }
-    Vec::new()
-}
 
 /// The file a fixture describes: the demo model, or the demo model requantized by
 /// `rgml quantize` to the preset named by the stem's suffix, made afresh on every run (it is

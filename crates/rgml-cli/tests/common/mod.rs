@@ -35,6 +35,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// The instruction sets whose arithmetic rgml can run here, as `RGML_CPU_ISA` names them:
+/// AVX-512's is emulated exactly on any x86 CPU with AVX2, AVX2's needs AVX2, FMA and F16C.
+#[allow(dead_code)] // Only the logits tests choose instruction sets.
+pub fn runnable_isas() -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            return vec!["avx2", "avx512"];
+        }
+    }
+    Vec::new()
+}
+
 /// The name of the GPU device `rgml devices` lists (`Vulkan0`, `Metal0`, ...), if any. Without
 /// one the GPU tests skip, unless `RGML_REQUIRE_GPU=1` (set by `scripts/test.sh`, so CI never
 /// skips).

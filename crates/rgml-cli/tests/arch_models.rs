@@ -1,0 +1,130 @@
+//! Every architecture's random model (`crates/rgml-testmodels`) against llama.cpp's logits.
+//!
+//! `tests/fixtures/arch/<isa>/<arch>.json` holds what llama.cpp's native build for that
+//! instruction set computes for the model (`scripts/gen_arch_fixtures.py`): per prompt, the
+//! tokens and the top 10 logits of the last position after one batched decode, and a greedy
+//! continuation of 4 single-token decodes (recorded for the decode path; `rgml logits` checks
+//! the prompt). Here the model is written afresh by the library, must have the fixture's
+//! sha256 (the generator is deterministic, so the fixture describes these very bytes), and
+//! `rgml logits` runs it with `RGML_CPU_ISA=<isa>` wherever this CPU can run that ISA.
+//!
+//! An architecture rgml cannot run yet has its test ignored; `cargo test -- --ignored` shows
+//! how far each one is.
+
+#[allow(dead_code)] // The GPU lookup is not used here.
+mod common;
+
+use common::{root, runnable_isas, sha256_hex, top10_worst};
+use rgml_testmodels::{write_random_model, Arch};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The random model of `arch`, written into the test's scratch directory.
+fn model_file(arch: Arch) -> PathBuf {
+    let vocab = root().join(arch.vocab_file());
+    assert!(
+        vocab.exists(),
+        "vocabulary {} not found: run scripts/fetch-model.sh and scripts/fetch-vocab.sh first",
+        vocab.display()
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("arch-models");
+    std::fs::create_dir_all(&dir).expect("create the model directory");
+    let path = dir.join(format!("{arch}.gguf"));
+    write_random_model(arch, &vocab, &path).expect("write the random model");
+    path
+}
+
+/// The fixtures of `arch`, one per instruction set they were recorded on.
+fn fixtures(arch: Arch) -> Vec<(String, serde_json::Value)> {
+    let dir = root().join("crates/rgml-cli/tests/fixtures/arch");
+    let mut out: Vec<(String, serde_json::Value)> = std::fs::read_dir(&dir)
+        .expect("fixtures/arch")
+        .map(|e| e.expect("fixture directory").path())
+        .filter_map(|isa_dir| {
+            let text = std::fs::read_to_string(isa_dir.join(format!("{arch}.json"))).ok()?;
+            let isa = isa_dir.file_name()?.to_string_lossy().into_owned();
+            Some((isa, serde_json::from_str(&text).expect("fixture JSON")))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// `rgml logits --json` for `prompt` under the arithmetic of `isa`.
+fn logits(model: &Path, isa: &str, prompt: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
+        .arg("-m")
+        .arg(model)
+        .env("RGML_CPU_ISA", isa)
+        .output()
+        .expect("run rgml logits");
+    assert!(
+        out.status.success(),
+        "rgml logits failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+/// Write `arch`'s model, check its bytes against every fixture's sha256, and its logits on
+/// every instruction set this CPU runs.
+fn check(arch: Arch) {
+    let model = model_file(arch);
+    let sha = sha256_hex(&std::fs::read(&model).expect("read model"));
+    let fixtures = fixtures(arch);
+    assert!(!fixtures.is_empty(), "{arch}: no fixture");
+    let runnable = runnable_isas();
+    for (isa, fixture) in &fixtures {
+        assert_eq!(
+            fixture["sha256"].as_str(),
+            Some(sha.as_str()),
+            "{arch}: rgml-testmodels must write the bytes the {isa} fixture was made from"
+        );
+        if !runnable.contains(&isa.as_str()) {
+            continue;
+        }
+        for case in fixture["cases"].as_array().expect("cases") {
+            let prompt = case["prompt"].as_str().expect("prompt");
+            let what = format!("{arch} {prompt:?} on {isa}");
+            let worst = top10_worst(&logits(&model, isa, prompt), case, &what);
+            // 4-decimal rounding of the fixture, plus f32 spacing near |logit| 32.
+            assert!(worst <= 5.1e-5, "{what}: {worst} from llama.cpp");
+        }
+        eprintln!("{arch} on {isa}: exact");
+    }
+}
+
+#[test]
+#[ignore = "rgml has no gemma3 graph yet"]
+fn gemma3_gives_llama_cpps_logits() {
+    check(Arch::Gemma3);
+}
+
+#[test]
+fn qwen2_gives_llama_cpps_logits() {
+    check(Arch::Qwen2);
+}
+
+#[test]
+#[ignore = "rgml has no qwen3 graph yet"]
+fn qwen3_gives_llama_cpps_logits() {
+    check(Arch::Qwen3);
+}
+
+#[test]
+#[ignore = "rgml does not apply rope_freqs.weight (Llama 3.1 rope scaling) yet"]
+fn llama3_gives_llama_cpps_logits() {
+    check(Arch::Llama3);
+}
+
+#[test]
+#[ignore = "rgml has no phi3 graph yet"]
+fn phi3_gives_llama_cpps_logits() {
+    check(Arch::Phi3);
+}
+
+#[test]
+fn mistral_gives_llama_cpps_logits() {
+    check(Arch::Mistral);
+}

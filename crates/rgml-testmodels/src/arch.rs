@@ -1,0 +1,368 @@
+//! The architectures and the hyper-parameters of each one's random file. This module owns the
+//! choice of every number in the files (sizes, rope bases, windows, weight types) and the keys
+//! that llama.cpp's converter writes for the family; building tensors and writing bytes are
+//! elsewhere.
+//!
+//! The sizes are tiny (64 to 128 wide, 2 to 8 layers) but keep what distinguishes each family
+//! in real files: grouped-query attention, head widths that are not `n_embd / n_head`, q/k
+//! norms, biases, fused projections, tied or separate output weights, rope variants and
+//! sliding windows.
+
+use rgml::DType;
+use rgml_gguf::Value;
+use std::fmt;
+use std::str::FromStr;
+
+/// An architecture this crate writes a random model of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Gemma 3 (`gemma3`): 4B-style (linear rope scaling on global layers), sliding windows.
+    Gemma3,
+    /// Qwen2 / Qwen2.5 (`qwen2`): q/k/v biases, tied embeddings.
+    Qwen2,
+    /// Qwen3 (`qwen3`): q/k norms, head width above `n_embd / n_head`.
+    Qwen3,
+    /// Llama 3.1+ (`llama`): GQA and the llama3 rope scaling as a `rope_freqs` tensor.
+    Llama3,
+    /// Phi-3 mini (`phi3`): fused QKV and gate+up projections.
+    Phi3,
+    /// Mistral 7B style (`llama`, as llama.cpp's converter names it): SentencePiece vocabulary.
+    Mistral,
+}
+
+impl Arch {
+    /// Every architecture, in a fixed order.
+    pub const ALL: [Arch; 6] = [
+        Arch::Gemma3,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Llama3,
+        Arch::Phi3,
+        Arch::Mistral,
+    ];
+
+    /// The name used on the command line and for fixtures (`llama3`, not `llama`: Mistral's
+    /// file is a `llama` too).
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Gemma3 => "gemma3",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Llama3 => "llama3",
+            Arch::Phi3 => "phi3",
+            Arch::Mistral => "mistral",
+        }
+    }
+
+    /// `general.architecture` as llama.cpp expects it, and the prefix of the model's keys.
+    pub fn gguf_arch(self) -> &'static str {
+        match self {
+            Arch::Gemma3 => "gemma3",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Llama3 | Arch::Mistral => "llama",
+            Arch::Phi3 => "phi3",
+        }
+    }
+
+    /// The file, relative to the workspace root, whose `tokenizer.*` keys the model copies
+    /// (fetched by `scripts/fetch-model.sh` and `scripts/fetch-vocab.sh`).
+    pub fn vocab_file(self) -> &'static str {
+        match self {
+            Arch::Gemma3 => "models/gemma-3-270m-q4_k_m.gguf",
+            Arch::Qwen2 | Arch::Qwen3 => "models/vocab/ggml-vocab-qwen2.gguf",
+            Arch::Llama3 => "models/vocab/ggml-vocab-llama-bpe.gguf",
+            Arch::Phi3 => "models/vocab/ggml-vocab-phi-3.gguf",
+            Arch::Mistral => "models/vocab/ggml-vocab-llama-spm.gguf",
+        }
+    }
+
+    /// The hyper-parameters of the architecture's file.
+    pub fn spec(self) -> Spec {
+        match self {
+            Arch::Gemma3 => gemma3(),
+            Arch::Qwen2 => qwen2(),
+            Arch::Qwen3 => qwen3(),
+            Arch::Llama3 => llama3(),
+            Arch::Phi3 => phi3(),
+            Arch::Mistral => mistral(),
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not one of [`Arch::ALL`]'s.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownArch(pub String);
+
+impl fmt::Display for UnknownArch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+        write!(
+            f,
+            "unknown architecture {:?} (one of: {})",
+            self.0,
+            names.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownArch {}
+
+impl FromStr for Arch {
+    type Err = UnknownArch;
+
+    /// An [`Arch::name`]; `llama` is accepted for `llama3`.
+    fn from_str(s: &str) -> Result<Arch, UnknownArch> {
+        if s == "llama" {
+            return Ok(Arch::Llama3);
+        }
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| UnknownArch(s.to_string()))
+    }
+}
+
+/// How attention projects its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attention {
+    /// `attn_q`, `attn_k`, `attn_v`, with or without their biases.
+    Separate {
+        /// Whether `attn_{q,k,v}.bias` exist.
+        bias: bool,
+    },
+    /// One `attn_qkv` whose rows are q, then k, then v.
+    Fused,
+}
+
+/// How the feed-forward block is stored (both compute `down(act(gate) * up)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ffn {
+    /// `ffn_gate` and `ffn_up`, `n_ff` rows each.
+    Gated,
+    /// One `ffn_up` of `2 * n_ff` rows: gate rows, then up rows.
+    FusedGateUp,
+}
+
+/// Llama 3.1's rope scaling, which llama.cpp's converter writes as a `rope_freqs.weight`
+/// tensor of per-frequency divisors (no `rope.scaling.*` keys).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Rope {
+    /// `factor`: the divisor of the low frequencies.
+    pub factor: f32,
+    /// `low_freq_factor`.
+    pub low_freq_factor: f32,
+    /// `high_freq_factor`.
+    pub high_freq_factor: f32,
+    /// `original_max_position_embeddings`.
+    pub original_context: u32,
+}
+
+/// Everything that decides a file's contents besides the vocabulary and the random values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Width of one head (`attention.key_length` where it differs from `n_embd / n_head`).
+    pub head_dim: usize,
+    /// Feed-forward width.
+    pub n_ff: usize,
+    /// `context_length`.
+    pub n_ctx_train: u32,
+    /// `attention.layer_norm_rms_epsilon`.
+    pub rms_eps: f32,
+    /// `rope.freq_base` (Gemma 3: of the global layers).
+    pub rope_freq_base: f32,
+    /// Attention projections.
+    pub attention: Attention,
+    /// Whether `attn_q_norm` and `attn_k_norm` (one weight per head dimension) exist.
+    pub qk_norm: bool,
+    /// Whether Gemma's `post_attention_norm` and `post_ffw_norm` exist.
+    pub post_norms: bool,
+    /// Feed-forward projections.
+    pub ffn: Ffn,
+    /// Whether the output projection is the token embedding (no `output.weight`).
+    pub tied_output: bool,
+    /// Type of `token_embd.weight`; other matrices are Q8_0, norms and biases F32.
+    pub token_embd: DType,
+    /// Llama 3.1 rope scaling, written as `rope_freqs.weight`.
+    pub llama3_rope: Option<Llama3Rope>,
+    /// Whether `{arch}.vocab_size` is written (llama.cpp's converter does for `llama`).
+    pub vocab_size_key: bool,
+    /// Further `{arch}.*` keys, without the prefix, in the order written.
+    pub keys: Vec<(&'static str, Value)>,
+}
+
+/// The fields most files share: 64 wide, 4 query and 2 key/value heads of 16, Q8_0 embeddings.
+fn base() -> Spec {
+    Spec {
+        n_layer: 2,
+        n_embd: 64,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 16,
+        n_ff: 128,
+        n_ctx_train: 32768,
+        rms_eps: 1e-6,
+        rope_freq_base: 1_000_000.0,
+        attention: Attention::Separate { bias: false },
+        qk_norm: false,
+        post_norms: false,
+        ffn: Ffn::Gated,
+        tied_output: false,
+        token_embd: DType::Q8_0,
+        llama3_rope: None,
+        vocab_size_key: false,
+        keys: Vec::new(),
+    }
+}
+
+fn head_width_keys(head_dim: usize) -> [(&'static str, Value); 2] {
+    let w = Value::U32(head_dim as u32);
+    [
+        ("attention.key_length", w.clone()),
+        ("attention.value_length", w),
+    ]
+}
+
+/// Gemma 3 as converted from a 4B-style config: 8 layers so that llama.cpp's default pattern
+/// (every 6th layer global) gives local layers 0-4 and 6-7 around the global layer 5; a window
+/// of 8 tokens; one key/value head 32 wide (128-wide queries in a 64-wide model); linear rope
+/// scaling by 8, which llama.cpp applies to the global layers only; a local rope base that is
+/// not llama.cpp's default (10000), so a reader that ignores the key is caught.
+fn gemma3() -> Spec {
+    let mut keys = head_width_keys(32).to_vec();
+    keys.extend([
+        ("attention.sliding_window", Value::U32(8)),
+        ("rope.freq_base_swa", Value::F32(20_000.0)),
+        ("rope.scaling.type", Value::String("linear".into())),
+        ("rope.scaling.factor", Value::F32(8.0)),
+    ]);
+    Spec {
+        n_layer: 8,
+        n_head_kv: 1,
+        head_dim: 32,
+        qk_norm: true,
+        post_norms: true,
+        tied_output: true,
+        keys,
+        ..base()
+    }
+}
+
+/// Qwen2.5-0.5B style: biases on q, k and v, tied F16 embeddings.
+fn qwen2() -> Spec {
+    Spec {
+        attention: Attention::Separate { bias: true },
+        tied_output: true,
+        token_embd: DType::F16,
+        ..base()
+    }
+}
+
+/// Qwen3 style: q/k norms, heads 32 wide (`key_length`; 128-wide queries), a separate output.
+fn qwen3() -> Spec {
+    Spec {
+        n_layer: 3,
+        head_dim: 32,
+        n_ctx_train: 40960,
+        qk_norm: true,
+        keys: head_width_keys(32).to_vec(),
+        ..base()
+    }
+}
+
+/// Llama 3.1 style: rope base 500000 and the llama3 frequency scaling, with an original
+/// context of 64 (not 8192) so that the scaling changes most frequencies of a 16-wide head;
+/// F16 embeddings and a separate Q8_0 output.
+fn llama3() -> Spec {
+    Spec {
+        n_ff: 224,
+        n_ctx_train: 131072,
+        rms_eps: 1e-5,
+        rope_freq_base: 500_000.0,
+        token_embd: DType::F16,
+        llama3_rope: Some(Llama3Rope {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context: 64,
+        }),
+        vocab_size_key: true,
+        keys: vec![("rope.dimension_count", Value::U32(16))],
+        ..base()
+    }
+}
+
+/// Phi-3 mini 4k style: fused projections, as many key/value heads as query heads, rope base
+/// 10000, and the sliding window of 2047 that the converter writes (llama.cpp ignores it for
+/// `phi3`, with a warning).
+fn phi3() -> Spec {
+    Spec {
+        n_head_kv: 4,
+        n_ctx_train: 4096,
+        rms_eps: 1e-5,
+        rope_freq_base: 10_000.0,
+        attention: Attention::Fused,
+        ffn: Ffn::FusedGateUp,
+        keys: vec![
+            ("rope.scaling.original_context_length", Value::U32(4096)),
+            ("rope.dimension_count", Value::U32(16)),
+            ("attention.sliding_window", Value::U32(2047)),
+        ],
+        ..base()
+    }
+}
+
+/// Mistral 7B v0.2 style, as llama.cpp's converter writes it (architecture `llama`): 128 wide,
+/// 8 query heads sharing 2 key/value heads, rope base 1e6, the LLaMA SentencePiece vocabulary.
+fn mistral() -> Spec {
+    Spec {
+        n_layer: 3,
+        n_embd: 128,
+        n_head: 8,
+        n_ff: 448,
+        rms_eps: 1e-5,
+        vocab_size_key: true,
+        keys: vec![("rope.dimension_count", Value::U32(16))],
+        ..base()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_are_errors() {
+        for arch in Arch::ALL {
+            assert_eq!(arch.name().parse::<Arch>(), Ok(arch));
+        }
+        assert_eq!("llama".parse::<Arch>(), Ok(Arch::Llama3));
+        let err = "gpt5".parse::<Arch>().unwrap_err();
+        assert!(err.to_string().contains("gemma3, qwen2"), "{err}");
+    }
+
+    #[test]
+    fn every_matrix_row_is_a_whole_number_of_q8_0_blocks() {
+        for arch in Arch::ALL {
+            let s = arch.spec();
+            for width in [s.n_embd, s.n_ff, s.n_head * s.head_dim] {
+                assert_eq!(width % 32, 0, "{arch}: {width}");
+            }
+            assert_eq!(s.n_head % s.n_head_kv, 0, "{arch}");
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! The tensors of a random model: their names (llama.cpp's `llama-arch.cpp` names), shapes,
+//! types and values. This module owns the plan of each [`Spec`] and the value ranges; it
+//! writes no metadata.
+//!
+//! Ranges are chosen so that activations stay near unit scale and attention is far from
+//! uniform (a uniform attention would hide position and mask errors): matrices uniform in
+//! ±0.1, query and key projections ±0.25, embeddings and the output projection ±0.3 (logits
+//! then spread over a few units), norm weights 1 ± 0.1, biases ±0.1.
+
+use crate::arch::{Attention, Ffn, Llama3Rope, Spec};
+use crate::error::Result;
+use crate::rng::SplitMix64;
+use rgml::DType;
+
+const MATRIX: f32 = 0.2;
+const QUERY_KEY: f32 = 0.25;
+const EMBEDDING: f32 = 0.3;
+const NORM_SPREAD: f32 = 0.1;
+const BIAS: f32 = 0.1;
+
+/// How a tensor's values are made.
+#[derive(Clone, Debug, PartialEq)]
+enum Fill {
+    /// Uniform in ±amplitude.
+    Uniform(f32),
+    /// A norm weight: 1 plus uniform in ±[`NORM_SPREAD`].
+    Norm,
+    /// Given values (computed, not random).
+    Values(Vec<f32>),
+}
+
+/// One tensor to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    /// llama.cpp's name.
+    pub name: String,
+    /// Storage type.
+    pub dtype: DType,
+    /// Dimensions, innermost first.
+    pub ne: Vec<usize>,
+    fill: Fill,
+}
+
+impl Planned {
+    fn matrix(name: String, n_in: usize, n_out: usize, amplitude: f32) -> Planned {
+        Planned {
+            name,
+            dtype: DType::Q8_0,
+            ne: vec![n_in, n_out],
+            fill: Fill::Uniform(amplitude),
+        }
+    }
+
+    fn vector(name: String, n: usize, fill: Fill) -> Planned {
+        Planned {
+            name,
+            dtype: DType::F32,
+            ne: vec![n],
+            fill,
+        }
+    }
+
+    /// The tensor's bytes: its values, drawn from the stream of `model`/`name`, stored as its
+    /// type (Q8_0 by ggml's reference quantizer).
+    pub fn bytes(&self, model: &str) -> Result<Vec<u8>> {
+        let n: usize = self.ne.iter().product();
+        let values = match &self.fill {
+            Fill::Values(v) => v.clone(),
+            Fill::Uniform(amplitude) => {
+                let mut rng = SplitMix64::for_tensor(model, &self.name);
+                (0..n).map(|_| rng.symmetric(*amplitude)).collect()
+            }
+            Fill::Norm => {
+                let mut rng = SplitMix64::for_tensor(model, &self.name);
+                (0..n).map(|_| 1.0 + rng.symmetric(NORM_SPREAD)).collect()
+            }
+        };
+        let mut out = vec![0u8; self.dtype.row_bytes(n)?];
+        rgml::quant::quantize_row(self.dtype, &values, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// Every tensor of a model of `spec` with `n_vocab` tokens, in file order: embeddings, rope
+/// factors, the blocks, the output norm and projection.
+pub fn plan(spec: &Spec, n_vocab: usize) -> Vec<Planned> {
+    let mut out = vec![Planned {
+        dtype: spec.token_embd,
+        ..Planned::matrix("token_embd.weight".into(), spec.n_embd, n_vocab, EMBEDDING)
+    }];
+    if let Some(rope) = &spec.llama3_rope {
+        let factors = llama3_rope_factors(rope, spec.rope_freq_base, spec.head_dim);
+        out.push(Planned::vector(
+            "rope_freqs.weight".into(),
+            factors.len(),
+            Fill::Values(factors),
+        ));
+    }
+    for il in 0..spec.n_layer {
+        out.extend(block(spec, il));
+    }
+    out.push(Planned::vector(
+        "output_norm.weight".into(),
+        spec.n_embd,
+        Fill::Norm,
+    ));
+    if !spec.tied_output {
+        out.push(Planned::matrix(
+            "output.weight".into(),
+            spec.n_embd,
+            n_vocab,
+            EMBEDDING,
+        ));
+    }
+    out
+}
+
+/// The tensors of block `il`.
+fn block(spec: &Spec, il: usize) -> Vec<Planned> {
+    let name = |what: &str, kind: &str| format!("blk.{il}.{what}.{kind}");
+    let norm = |what: &str, n: usize| Planned::vector(name(what, "weight"), n, Fill::Norm);
+    let mut out = vec![norm("attn_norm", spec.n_embd)];
+    out.extend(attention_projections(spec, il));
+    if spec.qk_norm {
+        out.push(norm("attn_q_norm", spec.head_dim));
+        out.push(norm("attn_k_norm", spec.head_dim));
+    }
+    let n_q = spec.n_head * spec.head_dim;
+    out.push(Planned::matrix(
+        name("attn_output", "weight"),
+        n_q,
+        spec.n_embd,
+        MATRIX,
+    ));
+    if spec.post_norms {
+        out.push(norm("post_attention_norm", spec.n_embd));
+    }
+    out.push(norm("ffn_norm", spec.n_embd));
+    let (n_embd, n_ff) = (spec.n_embd, spec.n_ff);
+    match spec.ffn {
+        Ffn::Gated => {
+            out.push(Planned::matrix(
+                name("ffn_gate", "weight"),
+                n_embd,
+                n_ff,
+                MATRIX,
+            ));
+            out.push(Planned::matrix(
+                name("ffn_up", "weight"),
+                n_embd,
+                n_ff,
+                MATRIX,
+            ));
+        }
+        Ffn::FusedGateUp => {
+            out.push(Planned::matrix(
+                name("ffn_up", "weight"),
+                n_embd,
+                2 * n_ff,
+                MATRIX,
+            ));
+        }
+    }
+    out.push(Planned::matrix(
+        name("ffn_down", "weight"),
+        n_ff,
+        n_embd,
+        MATRIX,
+    ));
+    if spec.post_norms {
+        out.push(norm("post_ffw_norm", spec.n_embd));
+    }
+    out
+}
+
+/// Query, key and value projections of block `il`, with their biases if any.
+fn attention_projections(spec: &Spec, il: usize) -> Vec<Planned> {
+    let n_q = spec.n_head * spec.head_dim;
+    let n_kv = spec.n_head_kv * spec.head_dim;
+    let name = |what: &str, kind: &str| format!("blk.{il}.{what}.{kind}");
+    match spec.attention {
+        Attention::Fused => vec![Planned::matrix(
+            name("attn_qkv", "weight"),
+            spec.n_embd,
+            n_q + 2 * n_kv,
+            QUERY_KEY,
+        )],
+        Attention::Separate { bias } => {
+            let mut out = Vec::new();
+            for (what, n_out, amplitude) in [
+                ("attn_q", n_q, QUERY_KEY),
+                ("attn_k", n_kv, QUERY_KEY),
+                ("attn_v", n_kv, MATRIX),
+            ] {
+                out.push(Planned::matrix(
+                    name(what, "weight"),
+                    spec.n_embd,
+                    n_out,
+                    amplitude,
+                ));
+                if bias {
+                    out.push(Planned::vector(
+                        name(what, "bias"),
+                        n_out,
+                        Fill::Uniform(BIAS),
+                    ));
+                }
+            }
+            out
+        }
+    }
+}
+
+/// The divisors of each rope frequency that llama.cpp's converter computes for a Llama 3.1
+/// `rope_scaling` (`LlamaModel.generate_extra_tensors`): 1 for wavelengths shorter than
+/// `original_context / high_freq_factor`, `factor` for those longer than `original_context /
+/// low_freq_factor`, a smooth blend between. Computed in f64 and stored as f32.
+pub fn llama3_rope_factors(rope: &Llama3Rope, base: f32, head_dim: usize) -> Vec<f32> {
+    let old_context = f64::from(rope.original_context);
+    let (low, high) = (
+        f64::from(rope.low_freq_factor),
+        f64::from(rope.high_freq_factor),
+    );
+    let factor = f64::from(rope.factor);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / f64::from(base).powf((2 * i) as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let divisor = if wavelen < old_context / high {
+                1.0
+            } else if wavelen > old_context / low {
+                factor
+            } else {
+                let smooth = (old_context / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            divisor as f32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::Arch;
+
+    #[test]
+    fn llama3_factors_blend_from_one_to_the_factor() {
+        let spec = Arch::Llama3.spec();
+        let rope = spec.llama3_rope.expect("llama3 rope");
+        let f = llama3_rope_factors(&rope, spec.rope_freq_base, spec.head_dim);
+        assert_eq!(f.len(), 8);
+        assert_eq!(f[0], 1.0, "the fastest frequency is kept");
+        assert!(f[1] > 1.0 && f[1] < 8.0, "a blended frequency: {}", f[1]);
+        assert!(f[2..].iter().all(|&x| x == 8.0), "{f:?}");
+    }
+
+    #[test]
+    fn plans_hold_each_family_s_tensors() {
+        let names = |arch: Arch| -> Vec<String> {
+            plan(&arch.spec(), 1000)
+                .into_iter()
+                .map(|t| t.name)
+                .collect()
+        };
+        let has = |arch: Arch, n: &str| names(arch).iter().any(|x| x == n);
+        assert!(has(Arch::Qwen2, "blk.1.attn_k.bias") && !has(Arch::Qwen2, "output.weight"));
+        assert!(
+            has(Arch::Qwen3, "blk.2.attn_q_norm.weight") && !has(Arch::Qwen3, "blk.0.attn_q.bias")
+        );
+        assert!(
+            has(Arch::Phi3, "blk.0.attn_qkv.weight") && !has(Arch::Phi3, "blk.0.ffn_gate.weight")
+        );
+        assert!(has(Arch::Gemma3, "blk.7.post_ffw_norm.weight"));
+        assert!(has(Arch::Llama3, "rope_freqs.weight") && !has(Arch::Mistral, "rope_freqs.weight"));
+        let phi3 = plan(&Arch::Phi3.spec(), 1000);
+        let qkv = phi3
+            .iter()
+            .find(|t| t.name == "blk.0.attn_qkv.weight")
+            .expect("qkv");
+        assert_eq!(qkv.ne, [64, 64 + 2 * 64]);
+        let up = phi3
+            .iter()
+            .find(|t| t.name == "blk.0.ffn_up.weight")
+            .expect("up");
+        assert_eq!(up.ne, [64, 256]);
+    }
+
+    #[test]
+    fn values_are_reproducible_and_norms_sit_near_one() {
+        let spec = Arch::Gemma3.spec();
+        let p = plan(&spec, 64);
+        let norm = p
+            .iter()
+            .find(|t| t.name == "blk.0.attn_q_norm.weight")
+            .expect("q norm");
+        let bytes = norm.bytes("gemma3").unwrap();
+        assert_eq!(bytes, norm.bytes("gemma3").unwrap());
+        assert_ne!(bytes, norm.bytes("qwen3").unwrap());
+        let values: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(values.len(), 32);
+        assert!(values.iter().all(|v| (0.9..1.1).contains(v)), "{values:?}");
+        let q = p
+            .iter()
+            .find(|t| t.name == "blk.0.attn_q.weight")
+            .expect("q");
+        assert_eq!(q.bytes("gemma3").unwrap().len(), 64 * 128 / 32 * 34);
+    }
+}
