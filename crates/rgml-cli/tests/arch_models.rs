@@ -96,7 +96,6 @@ fn check(arch: Arch) {
 }
 
 #[test]
-#[ignore = "rgml has no gemma3 graph yet"]
 fn gemma3_gives_llama_cpps_logits() {
     check(Arch::Gemma3);
 }
@@ -107,7 +106,6 @@ fn qwen2_gives_llama_cpps_logits() {
 }
 
 #[test]
-#[ignore = "rgml has no qwen3 graph yet"]
 fn qwen3_gives_llama_cpps_logits() {
     check(Arch::Qwen3);
 }

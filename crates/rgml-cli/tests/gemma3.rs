@@ -11,7 +11,7 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{root, sha256_hex};
+use common::{root, runnable_isas, sha256_hex};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -34,19 +34,6 @@ fn fixture(isa: &str) -> Option<serde_json::Value> {
         .join("gemma-3-270m-q4_k_m.json");
     let text = std::fs::read_to_string(path).ok()?;
     Some(serde_json::from_str(&text).expect("fixture JSON"))
-}
-
-/// The instruction sets whose arithmetic rgml can run here (AVX-512's is emulated exactly on
-/// any x86 CPU with AVX2).
-fn runnable_isas() -> Vec<&'static str> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx2") && has!("fma") && has!("f16c") {
-            return vec!["avx2", "avx512"];
-        }
-    }
-    Vec::new()
 }
 
 #[test]
