@@ -52,11 +52,19 @@ fn fixtures(arch: Arch) -> Vec<(String, serde_json::Value)> {
 
 /// `rgml logits --json` for `prompt` under the arithmetic of `isa`.
 fn logits(model: &Path, isa: &str, prompt: &str) -> serde_json::Value {
+    logits_split(model, isa, prompt, &[])
+}
+
+/// [`logits`] with extra arguments (`--device CPU0,CPU1 --split-mode ...`), with the CPU
+/// devices CPU0 and CPU1 registered.
+fn logits_split(model: &Path, isa: &str, prompt: &str, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
         .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
+        .args(extra)
         .arg("-m")
         .arg(model)
         .env("RGML_CPU_ISA", isa)
+        .env("RGML_CPU_DEVICES", "2")
         .output()
         .expect("run rgml logits");
     assert!(
@@ -92,6 +100,34 @@ fn check(arch: Arch) {
             assert!(worst <= 5.1e-5, "{what}: {worst} from llama.cpp");
         }
         eprintln!("{arch} on {isa}: exact");
+    }
+    check_splits(arch, &model, &fixtures);
+}
+
+/// The longest prompt (past the sliding window where there is one) split over two CPU devices
+/// by layers and by tensors gives one device's logits bit for bit.
+fn check_splits(arch: Arch, model: &Path, fixtures: &[(String, serde_json::Value)]) {
+    let Some(isa) = runnable_isas().first().copied() else {
+        return;
+    };
+    let prompt = fixtures
+        .iter()
+        .flat_map(|(_, f)| f["cases"].as_array().expect("cases"))
+        .max_by_key(|c| c["tokens"].as_array().map_or(0, |t| t.len()))
+        .and_then(|c| c["prompt"].as_str())
+        .expect("a prompt");
+    let one = logits(model, isa, prompt);
+    for mode in ["layer", "tensor"] {
+        let split = logits_split(
+            model,
+            isa,
+            prompt,
+            &["--device", "CPU0,CPU1", "--split-mode", mode],
+        );
+        assert_eq!(
+            split, one,
+            "{arch}: --split-mode {mode} over two CPU devices"
+        );
     }
 }
 

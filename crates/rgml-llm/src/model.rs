@@ -502,13 +502,13 @@ fn meta_device(
             .max()
             .unwrap_or(1)
     };
-    let plan = TensorSplitPlan::new(
-        config,
-        shares,
-        devices.len(),
-        granule("attn_output.weight"),
-        granule("ffn_down.weight"),
-    )?;
+    // Only a split contraction axis (Reduce) must fall on whole quantization blocks; Gather
+    // splits every weight by whole rows.
+    let (attn_granule, ffn_granule) = match sync {
+        TensorSync::Reduce => (granule("attn_output.weight"), granule("ffn_down.weight")),
+        TensorSync::Gather => (1, 1),
+    };
+    let plan = TensorSplitPlan::new(config, shares, devices.len(), attn_granule, ffn_granule)?;
     let states = Arc::new(plan.name_states(config.n_layer, sync));
     Ok(MetaDevice::new(devices, states)?)
 }

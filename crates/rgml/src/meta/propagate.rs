@@ -461,6 +461,13 @@ fn remap_axis(
     dst_st: [usize; MAX_DIMS],
     offset: usize,
 ) -> Result<SplitState> {
+    if src_ne[axis] == 1 && axis > 0 && src_ne[axis - 1] > 1 {
+        // A split of a size-1 dim (see `lift_whole_split`) is one device holding all of the
+        // dim below it: map that instead, which a result without the size-1 dim still has.
+        if let Some(lowered) = scale_segments(segments, src_ne[axis - 1], 1) {
+            return remap_axis(op, axis - 1, &lowered, src_ne, dst_ne, dst_st, offset);
+        }
+    }
     let unit = dense_strides(src_ne)[axis];
     let span = unit * src_ne[axis];
     let why = |what: &str| {
@@ -520,12 +527,35 @@ fn remap_axis(
         scale_segments(segments, unit / t_top, 1)
     };
     match scaled {
-        Some(segments) => Ok(SplitState::Axis {
-            axis: top,
-            segments,
-        }),
+        Some(segments) => Ok(lift_whole_split(top, segments, dst_ne, dst_st)),
         None => why("a device's share is not a whole number of the result's indices"),
     }
+}
+
+/// A split of `axis` that gives one device all of it, followed by a dim of size 1 (a K of one
+/// head seen as `[head_dim, 1 head, n]`), is stated as a split of that dim: the same placement,
+/// but one that rules working on whole rows of `axis` (norms over a head, RoPE) accept.
+fn lift_whole_split(
+    axis: usize,
+    segments: Vec<Segment>,
+    ne: [usize; MAX_DIMS],
+    st: [usize; MAX_DIMS],
+) -> SplitState {
+    let next = axis + 1;
+    let whole = |segments: &[Segment]| {
+        segments
+            .iter()
+            .all(|s| s.sizes.iter().all(|&x| x == 0 || x == ne[axis]) && s.repeat == 1)
+    };
+    if next < MAX_DIMS && ne[next] == 1 && st[next] == st[axis] * ne[axis] && whole(&segments) {
+        if let Some(lifted) = scale_segments(&segments, 1, ne[axis]) {
+            return SplitState::Axis {
+                axis: next,
+                segments: lifted,
+            };
+        }
+    }
+    SplitState::Axis { axis, segments }
 }
 
 /// `state` of a tensor of shape `src_ne` seen as shape `dst_ne` in the same element order
