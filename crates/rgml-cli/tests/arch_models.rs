@@ -162,3 +162,97 @@ fn phi3_gives_llama_cpps_logits() {
 fn mistral_gives_llama_cpps_logits() {
     check(Arch::Mistral);
 }
+
+/// The Gemma 3 random model with `edit` applied to a copy of its metadata and tensors
+/// (`None` from the tensor edit drops the tensor), written next to it as `<name>.gguf`.
+fn edited_gemma3(
+    name: &str,
+    edit_meta: impl Fn(&mut rgml_gguf::GgufWriter),
+    edit_tensor: impl Fn(&rgml_gguf::TensorInfo) -> Option<(Vec<usize>, usize)>,
+) -> PathBuf {
+    let source = model_file(Arch::Gemma3);
+    let file = rgml_gguf::GgufFile::open(&source).expect("open the model");
+    let mut w = rgml_gguf::GgufWriter::new();
+    for (k, v) in file.metadata() {
+        w.add_metadata(k.clone(), v.clone());
+    }
+    edit_meta(&mut w);
+    for t in file.tensors() {
+        // The edit gives the tensor's new shape and how many bytes of its data to keep.
+        let Some((ne, bytes)) = edit_tensor(t) else {
+            continue;
+        };
+        let data = &file.tensor_data(t)[..bytes];
+        w.add_tensor(&t.name, t.dtype, &ne, data)
+            .expect("add tensor");
+    }
+    let path = source.with_file_name(format!("{name}.gguf"));
+    w.write_file(&path).expect("write the edited model");
+    path
+}
+
+/// Loading `path` fails with an error that names `what`.
+fn refused(path: &Path, what: &str) {
+    rgml_cpu::register();
+    let err =
+        rgml_llm::Model::load(path, Default::default()).expect_err("the model must be refused");
+    let text = err.to_string();
+    assert!(
+        text.contains(what),
+        "the error should name {what:?}: {text}"
+    );
+}
+
+#[test]
+fn bad_or_unsupported_metadata_is_a_clear_error() {
+    use rgml_gguf::Value;
+    let whole = |t: &rgml_gguf::TensorInfo| Some((t.ne[..t.n_dims].to_vec(), t.size));
+    let unknown = edited_gemma3(
+        "unknown-arch",
+        |w| w.add_metadata("general.architecture", Value::String("gemma9".into())),
+        whole,
+    );
+    refused(&unknown, "architecture 'gemma9'");
+    let missing = edited_gemma3(
+        "missing-tensor",
+        |_| {},
+        |t| {
+            (t.name != "blk.1.attn_q_norm.weight")
+                .then(|| whole(t))
+                .flatten()
+        },
+    );
+    refused(&missing, "blk.1.attn_q_norm.weight");
+    let wrong_shape = edited_gemma3(
+        "wrong-shape",
+        |_| {},
+        |t| match t.name.as_str() {
+            "blk.0.attn_k_norm.weight" => Some((vec![t.ne[0] / 2], t.size / 2)),
+            _ => whole(t),
+        },
+    );
+    refused(&wrong_shape, "blk.0.attn_k_norm.weight");
+    let wide_window = edited_gemma3(
+        "wide-window",
+        |w| w.add_metadata("gemma3.attention.sliding_window", Value::U32(1 << 20)),
+        whole,
+    );
+    refused(&wide_window, "gemma3.attention.sliding_window");
+    let short_pattern = edited_gemma3(
+        "short-pattern",
+        |w| {
+            w.add_metadata(
+                "gemma3.attention.sliding_window_pattern",
+                Value::Array(vec![Value::Bool(true); 2]),
+            )
+        },
+        whole,
+    );
+    refused(&short_pattern, "gemma3.attention.sliding_window_pattern");
+    let no_head_width = edited_gemma3(
+        "no-key-length",
+        |w| w.add_metadata("gemma3.attention.key_length", Value::String("wide".into())),
+        whole,
+    );
+    refused(&no_head_width, "gemma3.attention.key_length");
+}

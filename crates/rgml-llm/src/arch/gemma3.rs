@@ -45,6 +45,13 @@ pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
         }
     }
     let window = keys.usize_or("attention.sliding_window", 0)?;
+    if window > c.n_ctx_train {
+        return Err(LlmError::BadConfig(format!(
+            "{} = {window} is larger than the context length {}",
+            keys.name("attention.sliding_window"),
+            c.n_ctx_train
+        )));
+    }
     if window > 0 {
         c.sliding_window = Some(SlidingWindow {
             window,
