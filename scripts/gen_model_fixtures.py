@@ -60,6 +60,9 @@ def load(path: pathlib.Path, n_ctx: int = 512):
     cp.n_threads = 2
     cp.n_threads_batch = 2
     cp.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+    # Sliding-window layers keep only their window, as llama.cpp's tools do by default (the C
+    # API's default is a full-size cache); rgml places their cells the same way.
+    cp.swa_full = False
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         sys.exit(f"llama.cpp could not make a context for {path}")

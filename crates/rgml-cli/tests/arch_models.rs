@@ -21,6 +21,11 @@ use std::process::Command;
 
 /// The random model of `arch`, written into the test's scratch directory.
 fn model_file(arch: Arch) -> PathBuf {
+    model_file_named(arch, &arch.to_string())
+}
+
+/// [`model_file`] as `<name>.gguf` (tests running at once must not rewrite each other's).
+fn model_file_named(arch: Arch, name: &str) -> PathBuf {
     let vocab = root().join(arch.vocab_file());
     assert!(
         vocab.exists(),
@@ -29,7 +34,7 @@ fn model_file(arch: Arch) -> PathBuf {
     );
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("arch-models");
     std::fs::create_dir_all(&dir).expect("create the model directory");
-    let path = dir.join(format!("{arch}.gguf"));
+    let path = dir.join(format!("{name}.gguf"));
     write_random_model(arch, &vocab, &path).expect("write the random model");
     path
 }
@@ -170,7 +175,7 @@ fn edited_gemma3(
     edit_meta: impl Fn(&mut rgml_gguf::GgufWriter),
     edit_tensor: impl Fn(&rgml_gguf::TensorInfo) -> Option<(Vec<usize>, usize)>,
 ) -> PathBuf {
-    let source = model_file(Arch::Gemma3);
+    let source = model_file_named(Arch::Gemma3, &format!("{name}-source"));
     let file = rgml_gguf::GgufFile::open(&source).expect("open the model");
     let mut w = rgml_gguf::GgufWriter::new();
     for (k, v) in file.metadata() {

@@ -25,23 +25,24 @@ fn gemma_model() -> PathBuf {
     path
 }
 
-/// The fixtures whose instruction set this CPU runs natively: llama.cpp's AVX2 and AVX-512
-/// builds differ in their last bits, and rgml mirrors the one it is forced to.
-fn fixture(isa: &str) -> Option<serde_json::Value> {
+/// The fixture of `set` (`""` or `long`) for `isa`, if recorded.
+fn fixture(set: &str, isa: &str) -> Option<serde_json::Value> {
     let path = root()
         .join("crates/rgml-cli/tests/fixtures/gemma3")
+        .join(set)
         .join(isa)
         .join("gemma-3-270m-q4_k_m.json");
     let text = std::fs::read_to_string(path).ok()?;
     Some(serde_json::from_str(&text).expect("fixture JSON"))
 }
 
-#[test]
-fn gemma3_gives_llama_cpps_tokens_and_logits() {
+/// Every case of fixture `set` (recorded with a context of `n_ctx`), on every instruction set
+/// rgml runs here: tokens and top-10 logits equal llama.cpp's up to the fixture's rounding.
+fn check_logits(set: &str, n_ctx: usize) {
     let model = gemma_model();
     let mut checked = 0;
     for isa in runnable_isas() {
-        let Some(fixture) = fixture(isa) else {
+        let Some(fixture) = fixture(set, isa) else {
             continue;
         };
         assert_eq!(
@@ -53,7 +54,7 @@ fn gemma3_gives_llama_cpps_tokens_and_logits() {
             let prompt = case["prompt"].as_str().expect("prompt");
             let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
                 .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
-                .args(["-c", "1024"])
+                .args(["-c", &n_ctx.to_string()])
                 .arg("-m")
                 .arg(&model)
                 .env("RGML_CPU_ISA", isa)
@@ -65,7 +66,7 @@ fn gemma3_gives_llama_cpps_tokens_and_logits() {
                 String::from_utf8_lossy(&out.stderr)
             );
             let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
-            let what = format!("{prompt:?} on {isa}");
+            let what = format!("{set} {prompt:.40?} on {isa}");
             let worst = common::top10_worst(&got, case, &what);
             // 4-decimal rounding of the fixture, plus f32 spacing at Gemma's |logits| (< 128).
             assert!(worst <= 6e-5, "{what}: {worst} from llama.cpp");
@@ -73,7 +74,43 @@ fn gemma3_gives_llama_cpps_tokens_and_logits() {
         checked += 1;
     }
     if !runnable_isas().is_empty() {
-        assert!(checked > 0, "no Gemma 3 fixture was checked");
+        assert!(checked > 0, "no Gemma 3 {set} fixture was checked");
+    }
+}
+
+#[test]
+fn gemma3_gives_llama_cpps_tokens_and_logits() {
+    check_logits("", 1024);
+}
+
+/// A 1,923-token prompt (four micro-batches of 512) in a context of 2,048: the local layers'
+/// cache of 1,024 cells (window 512 and a micro-batch) wraps around, its cells reused as
+/// llama.cpp's tools reuse them (`swa_full` off), and the logits still equal llama.cpp's.
+#[test]
+fn gemma3_long_prompt_wraps_the_local_cache_and_equals_llama_cpp() {
+    check_logits("long", 2048);
+}
+
+/// The local layers' KV memory is their window plus a micro-batch, whatever the context.
+#[test]
+fn gemma3_local_layers_hold_only_their_window() {
+    rgml_cpu::register();
+    let model = rgml_llm::Model::load(gemma_model(), Default::default()).expect("load Gemma 3");
+    let model = std::sync::Arc::new(model);
+    let options = rgml_llm::SessionOptions {
+        n_ctx: 8192,
+        ..Default::default()
+    };
+    let session = rgml_llm::Session::new(model.clone(), &options).expect("session");
+    let cells = session.kv_cells();
+    let local: Vec<usize> = (0..cells.len())
+        .filter(|&il| model.config.is_local(il))
+        .collect();
+    // Gemma 3: five local layers, then a global one.
+    assert_eq!(local.len(), 15);
+    for (il, &n) in cells.iter().enumerate() {
+        let want = if local.contains(&il) { 1024 } else { 8192 };
+        assert_eq!(n, want, "cells of layer {il}");
     }
 }
 

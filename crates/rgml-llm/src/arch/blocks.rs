@@ -23,22 +23,34 @@ pub(crate) struct GraphModel<'a> {
 }
 
 /// The KV cache's tensors: K `[n_embd_kv, cells]` and V transposed `[cells, n_embd_kv]` per
-/// layer, f16.
+/// layer, f16; local layers have `local_cells` cells.
 pub(crate) struct CacheView<'a> {
     pub(crate) k: &'a [TensorId],
     pub(crate) v: &'a [TensorId],
     pub(crate) cells: usize,
+    pub(crate) local_cells: usize,
 }
 
 /// The graph inputs a micro-batch of `n` tokens attending to `n_kv` cells reads.
 pub(crate) struct BatchInputs {
     pub(crate) n: usize,
     pub(crate) n_kv: usize,
+    /// The tokens' positions, which are also their cells in the global layers' cache.
     pub(crate) positions: TensorId,
     /// The causal mask `[n_kv, n]`.
     pub(crate) mask: TensorId,
-    /// The causal mask of sliding-window layers (where the model has some).
-    pub(crate) mask_local: Option<TensorId>,
+    /// What the local (sliding-window) layers read instead, where the model has some.
+    pub(crate) local: Option<LocalInputs>,
+}
+
+/// The inputs of the local layers: their cache's cells are placed apart from positions.
+pub(crate) struct LocalInputs {
+    /// Cells attended to.
+    pub(crate) n_kv: usize,
+    /// The cell of each token `[n]` (i32).
+    pub(crate) cells: TensorId,
+    /// Their mask `[n_kv, n]`.
+    pub(crate) mask: TensorId,
 }
 
 /// What the blocks share while they add their nodes.
@@ -203,8 +215,8 @@ impl<'a> Builder<'a> {
     /// goes, so decoding reuses one graph for many tokens (see `Session::eval_ubatch`).
     pub(crate) fn store_kv(&mut self, il: usize, k: TensorId, v: TensorId) -> Result<()> {
         let (n, n_embd_kv) = (self.inputs.n, self.config().n_embd_kv());
-        let (cells, f16) = (self.kv.cells, DType::F16.block_bytes());
-        let positions = self.inputs.positions;
+        let (cells, f16) = (self.cells(il), DType::F16.block_bytes());
+        let positions = self.local(il).map_or(self.inputs.positions, |l| l.cells);
         let k_flat = self.ctx.reshape(k, &[n_embd_kv, n])?;
         let k_store = self.ctx.set_rows(self.kv.k[il], k_flat, positions)?;
         // V is stored transposed: its "rows" are single elements, one per position, in a
@@ -229,6 +241,22 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// The local layers' inputs if block `il` is local.
+    fn local(&self, il: usize) -> Option<&LocalInputs> {
+        self.inputs
+            .local
+            .as_ref()
+            .filter(|_| self.config().is_local(il))
+    }
+
+    /// Cells of block `il`'s cache.
+    fn cells(&self, il: usize) -> usize {
+        match self.local(il) {
+            Some(_) => self.kv.local_cells,
+            None => self.kv.cells,
+        }
+    }
+
     /// Attention of the roped `q` over the cached positions of layer `il` that its mask lets
     /// it see, through the output projection.
     pub(crate) fn attention(
@@ -238,8 +266,12 @@ impl<'a> Builder<'a> {
         q: TensorId,
     ) -> Result<TensorId> {
         let c = self.config();
-        let (hd, n_embd_kv, n_kv) = (c.head_dim, c.n_embd_kv(), self.inputs.n_kv);
-        let (cells, f16) = (self.kv.cells, DType::F16.block_bytes());
+        let (n_kv, mask) = match self.local(il) {
+            Some(l) => (l.n_kv, l.mask),
+            None => (self.inputs.n_kv, self.inputs.mask),
+        };
+        let (hd, n_embd_kv) = (c.head_dim, c.n_embd_kv());
+        let (cells, f16) = (self.cells(il), DType::F16.block_bytes());
         let k_all = self.ctx.view(
             self.kv.k[il],
             &[hd, c.n_head_kv, n_kv],
@@ -250,10 +282,6 @@ impl<'a> Builder<'a> {
         let q = self.ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, n_head]
         let kq = self.ctx.mul_mat(k_all, q)?; // [n_kv, n, n_head]
         let kq = self.keep(kq, format!("kq-{il}"))?;
-        let mask = match self.inputs.mask_local {
-            Some(local) if c.is_local(il) => local,
-            _ => self.inputs.mask,
-        };
         let kq_scale = if c.attn_scale_on_q { 1.0 } else { c.attn_scale };
         let kq = self.ctx.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
         let kq = self.keep(kq, format!("kq_soft_max-{il}"))?;

@@ -5,7 +5,7 @@
 //! This module owns the graph's inputs and its reuse key; it allocates and computes nothing.
 
 use super::kv_cache::KvCache;
-use crate::arch::blocks::{BatchInputs, Builder, CacheView, GraphModel};
+use crate::arch::blocks::{BatchInputs, Builder, CacheView, GraphModel, LocalInputs};
 use crate::error::Result;
 use crate::model::Model;
 use rgml::{Context, DType, Graph, TensorFlags, TensorId};
@@ -17,6 +17,8 @@ use rgml::{Context, DType, Graph, TensorFlags, TensorId};
 pub(super) struct GraphKey {
     pub(super) n_tokens: usize,
     pub(super) n_kv: usize,
+    /// Cells the local layers attend to (0 without local layers).
+    pub(super) n_kv_local: usize,
     pub(super) all_logits: bool,
 }
 
@@ -26,8 +28,8 @@ pub(super) struct BatchGraph {
     pub(super) tokens: TensorId,
     pub(super) positions: TensorId,
     pub(super) mask: TensorId,
-    /// The mask of the sliding-window layers, where the model has some.
-    pub(super) mask_local: Option<TensorId>,
+    /// The local layers' cells of the tokens and mask, where the model has local layers.
+    pub(super) local: Option<(TensorId, TensorId)>,
     pub(super) logits: TensorId,
     /// Intermediates named and kept for [`Session::set_capture`].
     pub(super) captured: Vec<TensorId>,
@@ -49,10 +51,14 @@ pub(super) fn build_graph(
     let GraphKey {
         n_tokens: n,
         n_kv,
+        n_kv_local,
         all_logits,
     } = key;
-    let local = model.config.sliding_window.is_some();
-    let (tokens, positions, mask, mask_local) = inputs(ctx, n, n_kv, local)?;
+    let (tokens, positions, mask) = inputs(ctx, n, n_kv)?;
+    let local = match model.config.sliding_window {
+        Some(_) => Some(local_inputs(ctx, n, n_kv_local)?),
+        None => None,
+    };
     let layer_devices: Vec<usize> = (0..model.layers.len())
         .map(|il| model.layer_device(il).unwrap_or(0))
         .collect();
@@ -69,13 +75,18 @@ pub(super) fn build_graph(
         k: &kv.k,
         v: &kv.v,
         cells: kv.cells,
+        local_cells: kv.local_cells,
     };
     let batch = BatchInputs {
         n,
         n_kv,
         positions,
         mask,
-        mask_local,
+        local: local.as_ref().map(|&(cells, mask)| LocalInputs {
+            n_kv: n_kv_local,
+            cells,
+            mask,
+        }),
     };
     let mut b = Builder::new(ctx, graph_model, cache, batch, all_logits, capture);
     let mut x = crate::arch::embeddings(&mut b, tokens)?;
@@ -88,36 +99,37 @@ pub(super) fn build_graph(
         tokens,
         positions,
         mask,
-        mask_local,
+        local,
         logits,
         captured: b.captured,
         pins: b.pins,
     })
 }
 
-/// The graph's inputs for `n` tokens attending to `n_kv` cells: token ids, positions, the
-/// causal mask and, for a model with local layers, theirs.
-fn inputs(
-    ctx: &mut Context,
-    n: usize,
-    n_kv: usize,
-    local: bool,
-) -> Result<(TensorId, TensorId, TensorId, Option<TensorId>)> {
+/// The graph's inputs for `n` tokens attending to `n_kv` cells: token ids, positions (also
+/// the tokens' cells in the global layers' cache) and the causal mask.
+fn inputs(ctx: &mut Context, n: usize, n_kv: usize) -> Result<(TensorId, TensorId, TensorId)> {
     let tokens = ctx.new_tensor(DType::I32, &[n])?;
     ctx.set_name(tokens, "inp_tokens")?;
     let positions = ctx.new_tensor(DType::I32, &[n])?;
     ctx.set_name(positions, "inp_pos")?;
     let mask = ctx.new_tensor(DType::F32, &[n_kv, n])?;
     ctx.set_name(mask, "kq_mask")?;
-    let mask_local = if local {
-        let m = ctx.new_tensor(DType::F32, &[n_kv, n])?;
-        ctx.set_name(m, "kq_mask_swa")?;
-        Some(m)
-    } else {
-        None
-    };
-    for id in [tokens, positions, mask].into_iter().chain(mask_local) {
+    for id in [tokens, positions, mask] {
         ctx.set_flags(id, TensorFlags::INPUT)?;
     }
-    Ok((tokens, positions, mask, mask_local))
+    Ok((tokens, positions, mask))
+}
+
+/// The local layers' inputs: the tokens' cells in their cache and their mask over `n_kv`
+/// cells.
+fn local_inputs(ctx: &mut Context, n: usize, n_kv: usize) -> Result<(TensorId, TensorId)> {
+    let cells = ctx.new_tensor(DType::I32, &[n])?;
+    ctx.set_name(cells, "inp_k_idxs_swa")?;
+    let mask = ctx.new_tensor(DType::F32, &[n_kv, n])?;
+    ctx.set_name(mask, "kq_mask_swa")?;
+    for id in [cells, mask] {
+        ctx.set_flags(id, TensorFlags::INPUT)?;
+    }
+    Ok((cells, mask))
 }

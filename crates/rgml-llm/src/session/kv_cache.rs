@@ -1,9 +1,12 @@
 //! The KV cache of a session: K and V of every layer, f16, in one buffer per device (each
-//! block's on that block's device), and how many cells an attention reads.
+//! block's on that block's device), and how many cells an attention reads. Local
+//! (sliding-window) layers hold only their window and a micro-batch, in cells placed by
+//! [`LocalCells`]; the other layers hold one cell per position of the context.
 //!
 //! This module owns the cache's tensors and buffers; what is stored where is the graph's
 //! business (the stores are SET_ROWS at the positions).
 
+use super::local_cells::{local_cache_cells, LocalCells};
 use crate::error::{LlmError, MemoryUse, Result};
 use crate::model::Model;
 use rgml::alloc::TensorAllocator;
@@ -22,6 +25,10 @@ pub(super) struct KvCache {
     /// Allocated positions: `n_ctx` rounded up to [`KV_PAD`] (as llama.cpp pads its context),
     /// so the attention can always read whole padded groups of cells.
     pub(super) cells: usize,
+    /// The local layers' cells and what they hold, for a model with local layers.
+    pub(super) local: Option<LocalCells>,
+    /// Cells of the local layers' caches (`cells` without local layers).
+    pub(super) local_cells: usize,
     _buffers: Vec<Arc<Buffer>>,
 }
 
@@ -33,16 +40,22 @@ impl KvCache {
         model: &Model,
         bufts: &[rgml::BufferTypeRef],
         n_ctx: usize,
+        n_ubatch: usize,
     ) -> Result<KvCache> {
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
         let cells = n_ctx
             .checked_next_multiple_of(KV_PAD)
             .ok_or_else(|| LlmError::BadConfig("n_ctx too large".into()))?;
+        let local_cells = match &c.sliding_window {
+            Some(w) => local_cache_cells(w.window, n_ubatch, cells),
+            None => cells,
+        };
         for il in 0..c.n_layer {
-            let kt = ctx.new_tensor(DType::F16, &[c.n_embd_kv(), cells])?;
+            let n = if c.is_local(il) { local_cells } else { cells };
+            let kt = ctx.new_tensor(DType::F16, &[c.n_embd_kv(), n])?;
             ctx.set_name(kt, format!("cache_k_l{il}"))?;
-            let vt = ctx.new_tensor(DType::F16, &[cells, c.n_embd_kv()])?;
+            let vt = ctx.new_tensor(DType::F16, &[n, c.n_embd_kv()])?;
             ctx.set_name(vt, format!("cache_v_l{il}"))?;
             k.push(kt);
             v.push(vt);
@@ -82,6 +95,11 @@ impl KvCache {
             v,
             n_ctx,
             cells,
+            local: c
+                .sliding_window
+                .as_ref()
+                .map(|w| LocalCells::new(local_cells, w.window)),
+            local_cells,
             _buffers: buffers,
         })
     }

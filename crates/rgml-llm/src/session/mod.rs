@@ -26,6 +26,7 @@
 
 mod graph;
 mod kv_cache;
+mod local_cells;
 
 use crate::error::{LlmError, MemoryUse, Result};
 use crate::model::Model;
@@ -134,6 +135,15 @@ pub struct Session {
     /// Host copies of the inputs and of the logits, kept between calls so that decoding
     /// allocates nothing per token.
     staging: Staging,
+    /// Where the micro-batch being evaluated goes in the local layers' cache, made by
+    /// [`Session::plan_ubatch`] and kept once the micro-batch is computed.
+    pending_local: Option<LocalPlacement>,
+}
+
+/// The local layers' cells of a micro-batch's tokens, and what the cells hold after it.
+struct LocalPlacement {
+    cells: Vec<i32>,
+    after: local_cells::LocalCells,
 }
 
 /// See [`Session::staging`].
@@ -168,7 +178,7 @@ impl Session {
         }
         let (sched, bufts) = open_backends(&model, options)?;
         let mut ctx = model.ctx.clone();
-        let kv = KvCache::allocate(&mut ctx, &model, &bufts, options.n_ctx)?;
+        let kv = KvCache::allocate(&mut ctx, &model, &bufts, options.n_ctx, options.n_ubatch)?;
         let n_base = ctx.len();
         Ok(Session {
             model,
@@ -181,6 +191,7 @@ impl Session {
             capture: None,
             built: None,
             staging: Staging::default(),
+            pending_local: None,
         })
     }
 
@@ -192,6 +203,17 @@ impl Session {
     /// Context length.
     pub fn n_ctx(&self) -> usize {
         self.kv.n_ctx
+    }
+
+    /// KV-cache cells per layer: the context (rounded up to 256) for global layers; a
+    /// sliding-window layer's window and one micro-batch (rounded up to 256) for local ones.
+    pub fn kv_cells(&self) -> Vec<usize> {
+        (0..self.model.config.n_layer)
+            .map(|il| match self.model.config.is_local(il) {
+                true => self.kv.local_cells,
+                false => self.kv.cells,
+            })
+            .collect()
     }
 
     /// The model, shared with the other sessions on it.
@@ -248,6 +270,9 @@ impl Session {
     /// Forget the sequence (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
         self.n_past = 0;
+        if let Some(local) = &mut self.kv.local {
+            local.clear();
+        }
     }
 
     /// Append `tokens` to the sequence and return logits: `[n_vocab]` for [`Logits::Last`], or
@@ -330,9 +355,10 @@ impl Session {
         }
         self.built = None;
         self.ctx.truncate(self.n_base);
-        let key = self.graph_key(tokens.len(), false);
+        let key = self.plan_ubatch(tokens.len(), false)?;
         let g = self.build_ubatch(key, true)?;
         self.set_inputs(&g, tokens)?;
+        self.pending_local = None;
         Ok((&self.ctx, g.graph))
     }
 
@@ -354,12 +380,38 @@ impl Session {
         Ok(())
     }
 
-    /// The key of the graph for `n_tokens` tokens at the current position.
-    fn graph_key(&self, n_tokens: usize, all_logits: bool) -> GraphKey {
-        GraphKey {
+    /// The key of the graph for `n_tokens` tokens at the current position, after placing them
+    /// in the local layers' cache (kept pending until the micro-batch is computed).
+    fn plan_ubatch(&mut self, n_tokens: usize, all_logits: bool) -> Result<GraphKey> {
+        let mut n_kv_local = 0;
+        self.pending_local = match &self.kv.local {
+            Some(cells) => {
+                let mut after = cells.clone();
+                let placed = after.place(self.n_past, n_tokens)?;
+                n_kv_local = padded_n_kv(after.used_max_p1(), self.kv.local_cells);
+                let cells = placed
+                    .into_iter()
+                    .map(|c| {
+                        i32::try_from(c).map_err(|_| LlmError::BadConfig("n_ctx too large".into()))
+                    })
+                    .collect::<Result<Vec<i32>>>()?;
+                Some(LocalPlacement { cells, after })
+            }
+            None => None,
+        };
+        Ok(GraphKey {
             n_tokens,
             n_kv: padded_n_kv(self.n_past + n_tokens, self.kv.cells),
+            n_kv_local,
             all_logits,
+        })
+    }
+
+    /// The micro-batch just computed is in the cache: so are its local layers' cells.
+    fn commit_ubatch(&mut self, n_tokens: usize) {
+        self.n_past += n_tokens;
+        if let Some(placed) = self.pending_local.take() {
+            self.kv.local = Some(placed.after);
         }
     }
 
@@ -379,7 +431,7 @@ impl Session {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let capture = self.capture.is_some();
-        let key = self.graph_key(tokens.len(), all_logits);
+        let key = self.plan_ubatch(tokens.len(), all_logits)?;
         let graph = match self.built.take() {
             Some((built_key, g)) if built_key == key && !capture => Ok(g),
             _ => {
@@ -418,10 +470,11 @@ impl Session {
             self.sched.graph_compute(&mut self.ctx, &g.graph)?;
         } else {
             self.sched.graph_compute_async(&mut self.ctx, &g.graph)?;
-            self.n_past += tokens.len();
+            self.commit_ubatch(tokens.len());
             return Ok(());
         }
-        self.n_past += tokens.len();
+        let local_before = self.kv.local.clone();
+        self.commit_ubatch(tokens.len());
         if let Some(kept) = &mut self.capture {
             kept.clear();
             for &id in &g.captured {
@@ -441,6 +494,7 @@ impl Session {
                 // Taken back, so that the sequence is as before the batch.
                 out.truncate(start);
                 self.n_past -= tokens.len();
+                self.kv.local = local_before;
                 return Err(LlmError::NonFinite { first: None });
             }
         }
@@ -454,7 +508,7 @@ impl Session {
     fn find_non_finite(&mut self, tokens: &[u32], all_logits: bool) -> Option<String> {
         self.built = None;
         self.ctx.truncate(self.n_base);
-        let key = self.graph_key(tokens.len(), all_logits);
+        let key = self.plan_ubatch(tokens.len(), all_logits).ok()?;
         let found = self.build_ubatch(key, true).ok().and_then(|g| {
             self.set_inputs(&g, tokens).ok()?;
             self.sched.graph_compute(&mut self.ctx, &g.graph).ok()?;
@@ -498,10 +552,12 @@ impl Session {
             .extend((n_past..n_past + n).map(|p| p as i32));
         self.ctx.tensor_set_i32(g.positions, &staging.positions)?;
         let n_kv = self.ctx[g.mask].ne[0];
-        causal_mask(&mut staging.mask, n_kv, n_past, n, None);
+        causal_mask(&mut staging.mask, n_kv, n_past, n);
         self.ctx.tensor_set_f32(g.mask, &staging.mask)?;
-        if let (Some(mask), Some(w)) = (g.mask_local, &self.model.config.sliding_window) {
-            causal_mask(&mut staging.mask, n_kv, n_past, n, Some(w.window));
+        if let (Some((cells, mask)), Some(placed)) = (g.local, &self.pending_local) {
+            self.ctx.tensor_set_i32(cells, &placed.cells)?;
+            let n_kv = self.ctx[mask].ne[0];
+            placed.after.mask(n_kv, n_past, n, &mut staging.mask);
             self.ctx.tensor_set_f32(mask, &staging.mask)?;
         }
         Ok(())
@@ -509,18 +565,13 @@ impl Session {
 }
 
 /// The mask `[n_kv, n]` of `n` tokens at positions `n_past..` over cells that hold positions
-/// (cell `c`: position `c`): -inf where the cell is in the token's future or, with a `window`,
-/// `window` or more positions behind it (llama.cpp's standard sliding window); else 0.
-fn causal_mask(mask: &mut Vec<f32>, n_kv: usize, n_past: usize, n: usize, window: Option<usize>) {
+/// (cell `c`: position `c`): -inf where the cell is in the token's future, else 0.
+fn causal_mask(mask: &mut Vec<f32>, n_kv: usize, n_past: usize, n: usize) {
     mask.clear();
     mask.resize(n_kv * n, 0.0);
     for (i, row) in mask.chunks_exact_mut(n_kv).enumerate() {
-        let pos = n_past + i;
-        let first_seen = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        for (cell, m) in row.iter_mut().enumerate() {
-            if cell > pos || cell < first_seen {
-                *m = f32::NEG_INFINITY;
-            }
+        for cell in row.iter_mut().skip(n_past + i + 1) {
+            *cell = f32::NEG_INFINITY;
         }
     }
 }
