@@ -4,7 +4,7 @@
 
 use rgml_gguf::{GgufFile, Value};
 
-use super::{TokenType, Tokenizer, TokenizerKind, TokenizerParts};
+use super::{FimIds, TokenType, Tokenizer, TokenizerKind, TokenizerParts};
 use crate::error::{LlmError, Result};
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
@@ -35,6 +35,12 @@ fn opt_array<T>(
             .map(|(i, e)| f(e).ok_or_else(|| bad(key, &format!("element {i} is not {what}"))))
             .collect(),
     }
+}
+
+/// An optional string key (a value of another type reads as absent, as llama.cpp's
+/// optional `get_key` of `general.*` would fail it).
+fn opt_string(file: &GgufFile, key: &str) -> Option<String> {
+    file.get(key)?.as_str().map(str::to_owned)
 }
 
 fn opt_bool(file: &GgufFile, key: &str) -> Result<Option<bool>> {
@@ -88,6 +94,16 @@ impl Tokenizer {
             ));
         }
         let id = |name: &str| opt_id(file, &format!("tokenizer.ggml.{name}_token_id"), n);
+        // The deprecated `prefix`/`suffix`/`middle` keys come later in llama.cpp's reading,
+        // so they win.
+        let fim = FimIds {
+            pre: id("prefix").or_else(|| id("fim_pre")),
+            suf: id("suffix").or_else(|| id("fim_suf")),
+            mid: id("middle").or_else(|| id("fim_mid")),
+            pad: id("fim_pad"),
+            rep: id("fim_rep"),
+            sep: id("fim_sep"),
+        };
         Tokenizer::from_parts(TokenizerParts {
             kind,
             pre,
@@ -104,6 +120,9 @@ impl Tokenizer {
             add_bos: opt_bool(file, "tokenizer.ggml.add_bos_token")?,
             add_eos: opt_bool(file, "tokenizer.ggml.add_eos_token")?,
             add_space_prefix: opt_bool(file, "tokenizer.ggml.add_space_prefix")?,
+            fim,
+            name: opt_string(file, "general.name"),
+            architecture: opt_string(file, "general.architecture"),
         })
     }
 }

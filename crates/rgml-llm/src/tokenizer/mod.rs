@@ -1,10 +1,10 @@
 //! Tokenizers built from GGUF metadata (`tokenizer.ggml.*`), reproducing llama.cpp's token ids.
 //!
 //! This module owns the vocabulary, the special-token handling shared by all tokenizer kinds
-//! (splitting text at special tokens, BOS/EOS, end-of-generation ids) and decoding. The
-//! algorithms live in submodules: [`pretokenize`] (the word splitters of byte-level BPE),
-//! `bpe` (byte-level BPE, `gpt2`), `spm` (SentencePiece, `llama`) and [`Decoder`] (streaming
-//! detokenization).
+//! (splitting text at special tokens, BOS/EOS) and decoding. The algorithms live in
+//! submodules: `attr` (the token attributes llama.cpp derives, end-of-generation ids),
+//! [`pretokenize`] (the word splitters of byte-level BPE), `bpe` (byte-level BPE, `gpt2`),
+//! `spm` (SentencePiece, `llama`) and [`Decoder`] (streaming detokenization).
 //!
 //! ```no_run
 //! # fn demo(tok: &rgml_llm::tokenizer::Tokenizer) -> rgml_llm::Result<()> {
@@ -14,6 +14,7 @@
 //! # Ok(()) }
 //! ```
 
+mod attr;
 mod bpe;
 mod decode;
 mod gguf;
@@ -23,6 +24,7 @@ mod unicode;
 
 use std::collections::HashMap;
 
+pub use attr::{FimIds, TokenAttr};
 pub use decode::Decoder;
 pub use pretokenize::PreTokenizer;
 
@@ -34,7 +36,7 @@ pub type TokenId = u32;
 /// The type of a vocabulary entry (`tokenizer.ggml.token_type`, llama.cpp's values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TokenType {
-    /// 0: no type given; treated like [`TokenType::Normal`].
+    /// 0: no type given; as in llama.cpp, such a token renders as nothing.
     Undefined,
     /// 1: an ordinary piece of text.
     Normal,
@@ -107,9 +109,10 @@ pub struct TokenizerParts {
     pub token_types: Vec<TokenType>,
     /// BPE merges, `"left right"`, highest priority first.
     pub merges: Vec<String>,
-    /// Beginning-of-sequence id; SentencePiece defaults to 1.
+    /// Beginning-of-sequence id; SentencePiece defaults to 1, byte-level BPE to 11 (as in
+    /// llama.cpp).
     pub bos: Option<TokenId>,
-    /// End-of-sequence id; SentencePiece defaults to 2.
+    /// End-of-sequence id; SentencePiece defaults to 2, byte-level BPE to 11.
     pub eos: Option<TokenId>,
     /// End-of-turn id, if the model has one.
     pub eot: Option<TokenId>,
@@ -124,8 +127,17 @@ pub struct TokenizerParts {
     pub add_bos: Option<bool>,
     /// Whether encoding with [`EncodeOptions::add_special`] appends EOS; default false.
     pub add_eos: Option<bool>,
-    /// Whether SentencePiece prefixes text with a space; default true for SentencePiece.
+    /// Whether SentencePiece prefixes text with a space, and decoding drops the first
+    /// token's leading space; default true for SentencePiece, false for BPE.
     pub add_space_prefix: Option<bool>,
+    /// Fill-in-the-middle ids the file names (`tokenizer.ggml.fim_*_token_id`); the others
+    /// are found by text, as llama.cpp finds them.
+    pub fim: FimIds,
+    /// The model's name (`general.name`): llama.cpp gives Phi-3's special tokens their
+    /// whitespace stripping by it.
+    pub name: Option<String>,
+    /// The model's architecture (`general.architecture`), for the same per-model rules.
+    pub architecture: Option<String>,
 }
 
 impl Default for TokenizerParts {
@@ -146,6 +158,9 @@ impl Default for TokenizerParts {
             add_bos: None,
             add_eos: None,
             add_space_prefix: None,
+            fim: FimIds::default(),
+            name: None,
+            architecture: None,
         }
     }
 }
@@ -156,6 +171,8 @@ pub(crate) struct TokenData {
     pub text: String,
     pub score: f32,
     pub ty: TokenType,
+    /// What llama.cpp makes of `ty` (see [`TokenAttr`]); the tokenizer goes by this.
+    pub attr: TokenAttr,
 }
 
 /// Token texts and the reverse lookup, shared by the algorithms.
@@ -202,19 +219,6 @@ struct Piece {
     special: bool,
 }
 
-/// Token texts llama.cpp treats as end-of-generation whatever their type.
-const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|eom_id|>",
-    "<EOT>",
-    "_<EOT>",
-    "<|end_of_text|>",
-];
-
 /// How [`Tokenizer::encode`] treats special tokens. The default (both off) tokenizes plain
 /// text as it is; [`EncodeOptions::prompt`] is what a prompt for generation wants.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -223,7 +227,7 @@ pub struct EncodeOptions {
     pub add_special: bool,
     /// Control tokens written in the text (e.g. `<|im_start|>`) become their ids; otherwise
     /// they are tokenized as plain text. User-defined tokens are always matched, as in
-    /// llama.cpp.
+    /// llama.cpp (unless llama.cpp also made them control tokens, see [`TokenAttr`]).
     pub parse_special: bool,
 }
 
@@ -254,9 +258,12 @@ pub struct Tokenizer {
     eot: Option<TokenId>,
     eom: Option<TokenId>,
     pad: Option<TokenId>,
+    fim: FimIds,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
+    /// Whether decoding tidies spaces before punctuation (llama.cpp's `clean_spaces`).
+    clean_spaces: bool,
     eog: Vec<TokenId>,
 }
 
@@ -264,38 +271,46 @@ impl Tokenizer {
     /// Builds a tokenizer from plain parts (used by [`Tokenizer::from_gguf`] and tests).
     pub fn from_parts(parts: TokenizerParts) -> Result<Tokenizer> {
         let n = check_lengths(&parts)?;
-        let spm = parts.kind == TokenizerKind::Spm;
         let ids = SpecialIds::of(&parts, n)?;
-        let vocab = build_vocab(parts.tokens, &parts.scores, &parts.token_types, ids.unk);
-        let (model, add_bos_default) = match parts.kind {
-            TokenizerKind::Bpe => {
-                let pre = match parts.pre.as_deref() {
-                    Some(name) => PreTokenizer::from_name(name)?,
-                    None => PreTokenizer::Default,
-                };
-                let m = bpe::BpeModel::new(&vocab, &parts.merges, pre)?;
-                (Model::Bpe(Box::new(m)), pre == PreTokenizer::Llama3)
-            }
-            TokenizerKind::Spm => (Model::Spm, true),
+        let mut vocab = build_vocab(parts.tokens, &parts.scores, &parts.token_types, ids.unk);
+        let algo = Algorithm::new(parts.kind, parts.pre.as_deref(), &vocab, &parts.merges)?;
+        let given = attr::NamedIds {
+            eos: ids.eos,
+            eot: ids.eot,
+            eom: ids.eom,
+            fim: parts.fim,
         };
+        let derived = attr::derive(&mut vocab, given);
         let specials = special_tokens(&vocab);
         let pieces = vocab.tokens.iter().map(|t| render(parts.kind, t)).collect();
-        let eog = end_of_generation(&vocab, [ids.eos, ids.eot, ids.eom]);
+        // llama.cpp sets the strip flags after its special-token list and pieces are built;
+        // they change neither.
+        let names = attr::ModelNames {
+            name: parts.name.as_deref(),
+            architecture: parts.architecture.as_deref(),
+            pre: parts.pre.as_deref(),
+        };
+        attr::apply_strip_rules(&mut vocab, &specials, names);
+        let named = derived.named;
         Ok(Tokenizer {
             kind: parts.kind,
             vocab,
-            model,
+            model: algo.model,
             specials,
             pieces,
             bos: ids.bos,
             eos: ids.eos,
-            eot: ids.eot,
-            eom: ids.eom,
+            eot: named.eot,
+            eom: named.eom,
             pad: ids.pad,
-            add_bos: parts.add_bos.unwrap_or(add_bos_default),
+            fim: named.fim,
+            add_bos: parts.add_bos.unwrap_or(algo.add_bos),
             add_eos: parts.add_eos.unwrap_or(false),
-            add_space_prefix: parts.add_space_prefix.unwrap_or(spm),
-            eog,
+            add_space_prefix: parts
+                .add_space_prefix
+                .unwrap_or(parts.kind == TokenizerKind::Spm),
+            clean_spaces: algo.clean_spaces,
+            eog: derived.eog,
         })
     }
 
@@ -355,7 +370,7 @@ impl Tokenizer {
 
     /// Splits `text` at special tokens, longest first, as llama.cpp's
     /// `tokenizer_st_partition`: each special token is searched for in every text fragment
-    /// the longer ones left.
+    /// the longer ones left. Control and unknown tokens are matched only if `parse_special`.
     fn split_specials<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
         let mut frags = Vec::new();
         if text.is_empty() {
@@ -364,36 +379,16 @@ impl Tokenizer {
         frags.push(Fragment::Text(text));
         for &id in &self.specials {
             let tok = &self.vocab.tokens[id as usize];
-            if !parse_special && tok.ty != TokenType::UserDefined {
+            if !parse_special && tok.attr.is_special() {
                 continue;
             }
             let needle = tok.text.as_str();
-            if !frags
+            if frags
                 .iter()
                 .any(|f| matches!(f, Fragment::Text(t) if t.contains(needle)))
             {
-                continue;
+                frags = split_at(frags, needle, id, tok.attr);
             }
-            let mut next = Vec::with_capacity(frags.len() + 2);
-            for f in frags {
-                match f {
-                    Fragment::Text(t) => {
-                        let mut rest = t;
-                        while let Some(i) = rest.find(needle) {
-                            if i > 0 {
-                                next.push(Fragment::Text(&rest[..i]));
-                            }
-                            next.push(Fragment::Token(id));
-                            rest = &rest[i + needle.len()..];
-                        }
-                        if !rest.is_empty() {
-                            next.push(Fragment::Text(rest));
-                        }
-                    }
-                    tok @ Fragment::Token(_) => next.push(tok),
-                }
-            }
-            frags = next;
         }
         frags
     }
@@ -408,31 +403,35 @@ impl Tokenizer {
         Ok(if p.special && !special { &[] } else { &p.bytes })
     }
 
-    /// The piece of the token at position `index` of a decoded sequence: SentencePiece with a
-    /// space prefix drops the first token's leading space, as llama.cpp's detokenizer does.
+    /// The piece of the token at position `index` of a decoded sequence: with a space prefix
+    /// the first token's leading space is dropped, as llama.cpp's detokenizer does.
     fn piece_at(&self, index: usize, id: TokenId, special: bool) -> Result<&[u8]> {
         let p = self.token_to_piece(id, special)?;
         Ok(match p {
-            [b' ', rest @ ..] if index == 0 && self.strips_first_space() => rest,
+            [b' ', rest @ ..] if index == 0 && self.add_space_prefix => rest,
             _ => p,
         })
     }
 
-    fn strips_first_space(&self) -> bool {
-        self.kind == TokenizerKind::Spm && self.add_space_prefix
-    }
-
-    /// The raw bytes of a token sequence (not necessarily valid UTF-8 when cut mid-char).
+    /// The bytes of a token sequence, as llama.cpp's `llama_detokenize` (BOS and EOS kept)
+    /// gives them: the pieces, then, for the BPE vocabularies llama.cpp cleans, spaces
+    /// before `?!.,` and in some contractions removed (see [`Decoder`] for pieces as they
+    /// stream). Not necessarily valid UTF-8 when cut inside a character.
     pub fn decode_bytes(&self, ids: &[TokenId], special: bool) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(ids.len() * 4);
         for (i, &id) in ids.iter().enumerate() {
             out.extend_from_slice(self.piece_at(i, id, special)?);
         }
-        Ok(out)
+        Ok(if self.clean_spaces {
+            decode::clean_spaces(&out)
+        } else {
+            out
+        })
     }
 
-    /// Decodes a token sequence to text; invalid UTF-8 (e.g. a sequence cut inside a
-    /// character) becomes U+FFFD. `special`: render control tokens such as `<|im_end|>`.
+    /// Decodes a token sequence to text, as [`Tokenizer::decode_bytes`]; invalid UTF-8 (e.g.
+    /// a sequence cut inside a character) becomes U+FFFD. `special`: render control tokens
+    /// such as `<|im_end|>`.
     pub fn decode(&self, ids: &[TokenId], special: bool) -> Result<String> {
         let bytes = self.decode_bytes(ids, special)?;
         Ok(match String::from_utf8(bytes) {
@@ -469,9 +468,15 @@ impl Tokenizer {
         self.vocab.tokens.get(id as usize).map(|t| t.text.as_str())
     }
 
-    /// The type of token `id`.
+    /// The type of token `id`, as the file gives it.
     pub fn token_type(&self, id: TokenId) -> Option<TokenType> {
         self.vocab.tokens.get(id as usize).map(|t| t.ty)
+    }
+
+    /// The attributes of token `id`, as llama.cpp derives them from its type, its text and
+    /// the model (see [`TokenAttr`]).
+    pub fn token_attr(&self, id: TokenId) -> Option<TokenAttr> {
+        self.vocab.tokens.get(id as usize).map(|t| t.attr)
     }
 
     /// The score of token `id` (0 where the vocabulary has none).
@@ -494,14 +499,20 @@ impl Tokenizer {
         self.eos
     }
 
-    /// End-of-turn id.
+    /// End-of-turn id: the file's, else found by text as llama.cpp finds it (`<|eot_id|>`,
+    /// `<|im_end|>`, `<end_of_turn>`, ...; the first of its list the vocabulary has).
     pub fn eot(&self) -> Option<TokenId> {
         self.eot
     }
 
-    /// End-of-message id.
+    /// End-of-message id: the file's, else `<|eom_id|>` if the vocabulary has it.
     pub fn eom(&self) -> Option<TokenId> {
         self.eom
+    }
+
+    /// Fill-in-the-middle ids: the file's, else found by text as llama.cpp finds them.
+    pub fn fim(&self) -> FimIds {
+        self.fim
     }
 
     /// Unknown-token id.
@@ -524,8 +535,9 @@ impl Tokenizer {
         self.add_eos
     }
 
-    /// The end-of-generation ids: EOS, EOT, EOM and the tokens llama.cpp recognises by text
-    /// (`<|im_end|>`, `<|eot_id|>`, `<|endoftext|>`, ...), sorted.
+    /// The end-of-generation ids, sorted: EOS, EOT, EOM, the FIM padding, repository and
+    /// file-separator tokens, and the tokens llama.cpp recognises by text (`<|im_end|>`,
+    /// `<|eot_id|>`, `<|endoftext|>`, `</s>`, ...).
     pub fn eog_ids(&self) -> &[TokenId] {
         &self.eog
     }
@@ -573,7 +585,7 @@ struct SpecialIds {
 
 impl SpecialIds {
     /// The ids `parts` names for a vocabulary of `n` tokens, with llama.cpp's defaults for
-    /// SentencePiece.
+    /// those it does not name (where they are in range).
     fn of(parts: &TokenizerParts, n: usize) -> Result<SpecialIds> {
         let check = |what: &str, id: Option<TokenId>| -> Result<Option<TokenId>> {
             match id {
@@ -583,19 +595,17 @@ impl SpecialIds {
                 _ => Ok(id),
             }
         };
-        let spm = parts.kind == TokenizerKind::Spm;
-        // llama.cpp's defaults for SentencePiece vocabularies that do not name these ids.
-        let default_if_spm = |v: TokenId| {
-            if spm && (v as usize) < n {
-                Some(v)
-            } else {
-                None
-            }
+        // llama.cpp's defaults: SentencePiece's BOS 1, EOS 2 and UNK 0; byte-level BPE's
+        // BOS and EOS 11 (GPT-2's, whatever the vocabulary), no UNK.
+        let (bos, eos, unk) = match parts.kind {
+            TokenizerKind::Spm => (Some(1), Some(2), Some(0)),
+            TokenizerKind::Bpe => (Some(11), Some(11), None),
         };
+        let default = |v: Option<TokenId>| v.filter(|&v| (v as usize) < n);
         Ok(SpecialIds {
-            bos: check("BOS", parts.bos.or_else(|| default_if_spm(1)))?,
-            eos: check("EOS", parts.eos.or_else(|| default_if_spm(2)))?,
-            unk: check("UNK", parts.unk.or_else(|| default_if_spm(0)))?,
+            bos: check("BOS", parts.bos.or_else(|| default(bos)))?,
+            eos: check("EOS", parts.eos.or_else(|| default(eos)))?,
+            unk: check("UNK", parts.unk.or_else(|| default(unk)))?,
             eot: check("EOT", parts.eot)?,
             eom: check("EOM", parts.eom)?,
             pad: check("PAD", parts.pad)?,
@@ -603,7 +613,44 @@ impl SpecialIds {
     }
 }
 
-/// The vocabulary of `texts`, with their scores and types (0 and normal where absent).
+/// The algorithm-specific part of a tokenizer and the defaults that follow from it.
+struct Algorithm {
+    model: Model,
+    /// Whether BOS is added when the file does not say.
+    add_bos: bool,
+    /// llama.cpp's `clean_spaces`, set per pre-tokenizer name.
+    clean_spaces: bool,
+}
+
+impl Algorithm {
+    fn new(
+        kind: TokenizerKind,
+        pre: Option<&str>,
+        vocab: &Vocab,
+        merges: &[String],
+    ) -> Result<Algorithm> {
+        Ok(match kind {
+            TokenizerKind::Bpe => {
+                // An absent or empty name is llama.cpp's `default` (it warns).
+                let name = pre.filter(|p| !p.is_empty()).unwrap_or("default");
+                let pre = PreTokenizer::from_name(name)?;
+                Algorithm {
+                    model: Model::Bpe(Box::new(bpe::BpeModel::new(vocab, merges, pre)?)),
+                    add_bos: pre == PreTokenizer::Llama3,
+                    clean_spaces: pretokenize::cleans_spaces(name),
+                }
+            }
+            TokenizerKind::Spm => Algorithm {
+                model: Model::Spm,
+                add_bos: true,
+                clean_spaces: false,
+            },
+        })
+    }
+}
+
+/// The vocabulary of `texts`, with their scores and types (0 and normal where absent). An
+/// empty text becomes `[EMPTY_<id>]`, as llama.cpp names it.
 fn build_vocab(
     texts: Vec<String>,
     scores: &[f32],
@@ -613,10 +660,18 @@ fn build_vocab(
     let tokens: Vec<TokenData> = texts
         .into_iter()
         .enumerate()
-        .map(|(i, text)| TokenData {
-            text,
-            score: scores.get(i).copied().unwrap_or(0.0),
-            ty: token_types.get(i).copied().unwrap_or(TokenType::Normal),
+        .map(|(i, text)| {
+            let ty = token_types.get(i).copied().unwrap_or(TokenType::Normal);
+            TokenData {
+                text: if text.is_empty() {
+                    format!("[EMPTY_{i}]")
+                } else {
+                    text
+                },
+                score: scores.get(i).copied().unwrap_or(0.0),
+                ty,
+                attr: TokenAttr::from(ty),
+            }
         })
         .collect();
     let mut token_to_id = HashMap::with_capacity(tokens.len());
@@ -632,72 +687,93 @@ fn build_vocab(
 }
 
 /// The tokens matched in raw text before tokenizing (control, user-defined and unknown
-/// tokens with a text), longest text first.
+/// tokens), longest text first.
 fn special_tokens(vocab: &Vocab) -> Vec<TokenId> {
+    let matched = TokenAttr::CONTROL | TokenAttr::USER_DEFINED | TokenAttr::UNKNOWN;
     let mut specials: Vec<TokenId> = (0..vocab.tokens.len() as TokenId)
-        .filter(|&id| {
-            let t = &vocab.tokens[id as usize];
-            !t.text.is_empty()
-                && matches!(
-                    t.ty,
-                    TokenType::Control | TokenType::UserDefined | TokenType::Unknown
-                )
-        })
+        .filter(|&id| vocab.tokens[id as usize].attr.intersects(matched))
         .collect();
     // Longest first so that a special token containing another wins; ties by id keep
-    // the order deterministic.
+    // the order deterministic (llama.cpp's sort leaves it unspecified).
     specials.sort_by_key(|&id| (std::cmp::Reverse(vocab.tokens[id as usize].text.len()), id));
     specials
 }
 
-/// The end-of-generation ids: `named` (EOS, EOT, EOM) and the tokens of [`EOG_TEXTS`],
-/// sorted, without repeats.
-fn end_of_generation(vocab: &Vocab, named: [Option<TokenId>; 3]) -> Vec<TokenId> {
-    let mut eog: Vec<TokenId> = named.into_iter().flatten().collect();
-    eog.extend(
-        EOG_TEXTS
-            .iter()
-            .filter_map(|t| vocab.token_to_id.get(*t).copied()),
-    );
-    eog.sort_unstable();
-    eog.dedup();
-    eog
+/// Splits the text fragments of `frags` at every occurrence of the special token `id`
+/// (text `needle`, not empty), swallowing the whitespace its strip flags ask for.
+fn split_at<'t>(
+    frags: Vec<Fragment<'t>>,
+    needle: &str,
+    id: TokenId,
+    attr: TokenAttr,
+) -> Vec<Fragment<'t>> {
+    // llama.cpp strips with C's isspace on bytes: ASCII whitespace only.
+    let is_space = |c: char| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r');
+    let mut next = Vec::with_capacity(frags.len() + 2);
+    for f in frags {
+        let Fragment::Text(mut rest) = f else {
+            next.push(f);
+            continue;
+        };
+        while let Some(i) = rest.find(needle) {
+            let mut left = &rest[..i];
+            if attr.contains(TokenAttr::LSTRIP) {
+                left = left.trim_end_matches(is_space);
+            }
+            if !left.is_empty() {
+                next.push(Fragment::Text(left));
+            }
+            next.push(Fragment::Token(id));
+            rest = &rest[i + needle.len()..];
+            if attr.contains(TokenAttr::RSTRIP) {
+                rest = rest.trim_start_matches(is_space);
+            }
+        }
+        if !rest.is_empty() {
+            next.push(Fragment::Text(rest));
+        }
+    }
+    next
 }
 
-/// What a token renders to, per llama.cpp's `token_to_piece`.
+/// What a token renders to, per llama.cpp's `token_to_piece`: control, unknown and
+/// user-defined tokens their text as it is, normal ones their text decoded, byte tokens their
+/// byte, anything else (undefined or unused) nothing.
 fn render(kind: TokenizerKind, t: &TokenData) -> Piece {
     let text = t.text.as_str();
-    let (bytes, special): (Vec<u8>, bool) = match t.ty {
-        TokenType::Control | TokenType::Unknown => (text.as_bytes().to_vec(), true),
-        TokenType::UserDefined => (text.as_bytes().to_vec(), false),
-        TokenType::Unused => (Vec::new(), false),
-        TokenType::Byte if kind == TokenizerKind::Spm => (
-            parse_byte_token(text).map_or_else(|| text.as_bytes().to_vec(), |b| vec![b]),
-            false,
-        ),
-        _ => match kind {
-            TokenizerKind::Bpe => (decode_byte_level(text), false),
-            TokenizerKind::Spm => (text.replace('▁', " ").into_bytes(), false),
-        },
+    let a = t.attr;
+    let bytes = if a.intersects(TokenAttr::CONTROL | TokenAttr::UNKNOWN | TokenAttr::USER_DEFINED) {
+        text.as_bytes().to_vec()
+    } else if a.contains(TokenAttr::NORMAL) {
+        match kind {
+            TokenizerKind::Bpe => decode_byte_level(text),
+            TokenizerKind::Spm => text.replace('▁', " ").into_bytes(),
+        }
+    } else if a.contains(TokenAttr::BYTE) {
+        vec![byte_value(text)]
+    } else {
+        Vec::new()
     };
     Piece {
         bytes: bytes.into_boxed_slice(),
-        special,
+        special: a.is_special(),
     }
 }
 
-/// `<0xXX>` to its byte.
-fn parse_byte_token(text: &str) -> Option<u8> {
-    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
-    if hex.len() != 2 {
-        return None;
-    }
-    u8::from_str_radix(hex, 16).ok()
+/// The byte of a byte token `<0xXX>`. llama.cpp reads the two characters after `<0x` with
+/// `strtol`, so a malformed text gives the value of its leading hex digits there, or 0.
+fn byte_value(text: &str) -> u8 {
+    let digits = text.as_bytes().get(3..).unwrap_or_default();
+    digits
+        .iter()
+        .take(2)
+        .map_while(|&b| char::from(b).to_digit(16))
+        .fold(0u8, |acc, d| acc * 16 + d as u8)
 }
 
 /// Byte-level BPE text back to raw bytes. A char outside GPT-2's table (a vocabulary that was
-/// not fully byte-encoded) passes through as its own UTF-8, where llama.cpp would print a
-/// `[UNK_BYTE_..]` marker.
+/// not fully byte-encoded) becomes llama.cpp's marker for it: `[UNK_BYTE_0x` and the char's
+/// UTF-8 in hex, then (as llama.cpp writes it) the whole token text and `]`.
 fn decode_byte_level(text: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     for c in text.chars() {
@@ -705,7 +781,12 @@ fn decode_byte_level(text: &str) -> Vec<u8> {
             Some(b) => out.push(b),
             None => {
                 let mut buf = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                let hex: String = c
+                    .encode_utf8(&mut buf)
+                    .bytes()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                out.extend_from_slice(format!("[UNK_BYTE_0x{hex}{text}]").as_bytes());
             }
         }
     }

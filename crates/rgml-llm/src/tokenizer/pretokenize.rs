@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use super::unicode::{flags, CpFlags};
+use super::unicode::{flags, general_category, CpFlags};
 use crate::error::{LlmError, Result};
 
 /// A pre-tokenizer: which splitting rules a byte-level BPE vocabulary was trained with.
@@ -22,35 +22,39 @@ pub enum PreTokenizer {
     /// ASCII digit triples.
     Default,
     /// GPT-2's regex `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
-    /// (also gpt-2, phi-2, mpt, olmo, jais, jina-*).
+    /// (also gpt-2, phi-2, mpt, olmo, jais, jina-*, ...).
     Gpt2,
     /// Each number code point alone, then GPT-2's regex (smollm, starcoder, refact, command-r,
-    /// codeshell, exaone, minerva-7b).
+    /// codeshell, exaone, minerva-7b, mellum2).
     Starcoder,
     /// Llama 3's regex: case-insensitive contractions, an optional non-letter before letter
     /// runs, numbers in groups of up to 3, newline-aware whitespace (llama3, llama-bpe, ...).
     Llama3,
-    /// Qwen 2's regex: like Llama 3's but with single-digit numbers (qwen2, stablelm2, ...).
+    /// Qwen 2's regex: like Llama 3's but with single-digit numbers (qwen2, stablelm2,
+    /// hunyuan, ...).
     Qwen2,
     /// Falcon's: punctuation-and-backtick runs, GPT-2's regex, then ASCII digit triples.
     Falcon,
 }
 
 impl PreTokenizer {
-    /// The pre-tokenizer for a `tokenizer.ggml.pre` value, using the names llama.cpp accepts.
-    /// A missing value means [`PreTokenizer::Default`], as in llama.cpp; an unknown one is an
-    /// error rather than a silent fallback, because the ids would quietly differ.
+    /// The pre-tokenizer for a `tokenizer.ggml.pre` value, using the names llama.cpp accepts
+    /// for these splitters (plus `gpt2`, which older rgml files used for `gpt-2`). A missing
+    /// value means [`PreTokenizer::Default`], as in llama.cpp; an unknown one is an error, as
+    /// in llama.cpp, rather than a silent fallback, because the ids would quietly differ.
     pub fn from_name(name: &str) -> Result<PreTokenizer> {
         Ok(match name {
             "default" => PreTokenizer::Default,
             "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "jina-es" | "jina-de"
             | "jina-v1-en" | "jina-v2-es" | "jina-v2-de" | "jina-v2-code" | "roberta-bpe"
-            | "gigachat" | "trillion" | "granite-docling" => PreTokenizer::Gpt2,
+            | "gigachat" | "trillion" | "granite-docling" | "a.x-4.0" | "mellum"
+            | "modern-bert" | "exaone4" => PreTokenizer::Gpt2,
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
-            | "minerva-7b" => PreTokenizer::Starcoder,
+            | "minerva-7b" | "mellum2" => PreTokenizer::Starcoder,
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" => PreTokenizer::Llama3,
-            "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" => PreTokenizer::Qwen2,
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => PreTokenizer::Llama3,
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2"
+            | "hunyuan" | "solar-open" => PreTokenizer::Qwen2,
             "falcon" => PreTokenizer::Falcon,
             other => {
                 return Err(LlmError::Tokenizer(format!(
@@ -114,6 +118,25 @@ impl PreTokenizer {
     }
 }
 
+/// Whether llama.cpp tidies decoded text (`clean_spaces`: no space before `?!.,` and some
+/// contractions) for the BPE vocabulary with pre-tokenizer `name`. It is set by name, not by
+/// splitter: `qwen2` does not clean, `megrez` (the same splitter) does.
+pub(crate) fn cleans_spaces(name: &str) -> bool {
+    !matches!(
+        name,
+        "smollm"
+            | "command-r"
+            | "qwen2"
+            | "deepseek-r1-qwen"
+            | "kormo"
+            | "f2llmv2"
+            | "hunyuan"
+            | "solar-open"
+            | "trillion"
+            | "granite-docling"
+    )
+}
+
 /// One regex of a pre-tokenizer, hand-written.
 #[derive(Clone, Copy, Debug)]
 enum Stage {
@@ -144,7 +167,7 @@ enum Class {
 /// Punctuation as llama.cpp's collapsed-regex `\p{P}` sees it: for ASCII its fixed list
 /// (which leaves out `$+<=>^`|` and backtick, they are symbols), else general category P*.
 fn is_punct(c: char) -> bool {
-    use unicode_general_category::{get_general_category, GeneralCategory as Gc};
+    use unicode_general_category::GeneralCategory as Gc;
     if c.is_ascii() {
         return matches!(
             c,
@@ -165,7 +188,7 @@ fn is_punct(c: char) -> bool {
     // Non-ASCII whitespace collapses to a whitespace byte before the class is tested.
     !c.is_whitespace()
         && matches!(
-            get_general_category(c),
+            general_category(c),
             Gc::ConnectorPunctuation
                 | Gc::DashPunctuation
                 | Gc::OpenPunctuation
@@ -486,6 +509,14 @@ mod tests {
             split(PreTokenizer::Default, "a+b 12345"),
             vec!["a", "+", "b", " ", "123", "45"]
         );
+    }
+
+    #[test]
+    fn clean_spaces_follows_the_name() {
+        // The same splitter, cleaned or not depending on the name, as in llama.cpp.
+        assert!(cleans_spaces("llama-bpe") && cleans_spaces("default"));
+        assert!(!cleans_spaces("qwen2") && cleans_spaces("megrez"));
+        assert!(!cleans_spaces("smollm") && cleans_spaces("starcoder"));
     }
 
     #[test]

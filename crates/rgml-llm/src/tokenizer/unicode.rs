@@ -1,7 +1,85 @@
 //! Unicode helpers the tokenizers share: the code point classes the pre-tokenizers test
 //! (letter, number, whitespace, assigned) and GPT-2's byte <-> printable-char mapping.
+//!
+//! The classes are those of Unicode 15.1, the version of llama.cpp's tables: the general
+//! category comes from the `unicode-general-category` crate (Unicode 16.0) except for the
+//! code points 16.0 added, which read as unassigned ([`general_category`]).
 
 use unicode_general_category::{get_general_category, GeneralCategory as Gc};
+
+/// Code points Unicode 16.0 assigns and 15.1 does not, first and last of each range
+/// (made by scripts/gen_unicode_delta.py).
+const NEW_IN_UNICODE_16: &[(u32, u32)] = &[
+    (0x00897, 0x00897),
+    (0x01B4E, 0x01B4F),
+    (0x01B7F, 0x01B7F),
+    (0x01C89, 0x01C8A),
+    (0x02427, 0x02429),
+    (0x031E4, 0x031E5),
+    (0x0A7CB, 0x0A7CD),
+    (0x0A7DA, 0x0A7DC),
+    (0x105C0, 0x105F3),
+    (0x10D40, 0x10D65),
+    (0x10D69, 0x10D85),
+    (0x10D8E, 0x10D8F),
+    (0x10EC2, 0x10EC4),
+    (0x10EFC, 0x10EFC),
+    (0x11380, 0x11389),
+    (0x1138B, 0x1138B),
+    (0x1138E, 0x1138E),
+    (0x11390, 0x113B5),
+    (0x113B7, 0x113C0),
+    (0x113C2, 0x113C2),
+    (0x113C5, 0x113C5),
+    (0x113C7, 0x113CA),
+    (0x113CC, 0x113D5),
+    (0x113D7, 0x113D8),
+    (0x113E1, 0x113E2),
+    (0x116D0, 0x116E3),
+    (0x11BC0, 0x11BE1),
+    (0x11BF0, 0x11BF9),
+    (0x11F5A, 0x11F5A),
+    (0x13460, 0x143FA),
+    (0x16100, 0x16139),
+    (0x16D40, 0x16D79),
+    (0x18CFF, 0x18CFF),
+    (0x1CC00, 0x1CCF9),
+    (0x1CD00, 0x1CEB3),
+    (0x1E5D0, 0x1E5FA),
+    (0x1E5FF, 0x1E5FF),
+    (0x1F8B2, 0x1F8BB),
+    (0x1F8C0, 0x1F8C1),
+    (0x1FA89, 0x1FA89),
+    (0x1FA8F, 0x1FA8F),
+    (0x1FABE, 0x1FABE),
+    (0x1FAC6, 0x1FAC6),
+    (0x1FADC, 0x1FADC),
+    (0x1FADF, 0x1FADF),
+    (0x1FAE9, 0x1FAE9),
+    (0x1FBCB, 0x1FBEF),
+];
+
+/// The general category of `c` in Unicode 15.1: the crate's, or unassigned for a code point
+/// Unicode 16.0 added.
+pub(crate) fn general_category(c: char) -> Gc {
+    let cp = c as u32;
+    let new = NEW_IN_UNICODE_16
+        .binary_search_by(|&(first, last)| {
+            if last < cp {
+                std::cmp::Ordering::Less
+            } else if first > cp {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .is_ok();
+    if new {
+        Gc::Unassigned
+    } else {
+        get_general_category(c)
+    }
+}
 
 /// The classes of a code point that the pre-tokenizers look at, as llama.cpp's
 /// `unicode_cpt_flags` does: `letter` is general category L*, `number` is N*, `whitespace`
@@ -47,7 +125,7 @@ pub(crate) fn flags(c: char) -> CpFlags {
             present: true,
         };
     }
-    let cat = get_general_category(c);
+    let cat = general_category(c);
     CpFlags {
         letter: matches!(
             cat,
@@ -130,6 +208,19 @@ mod tests {
         assert_eq!(t[b'\n' as usize], 'Ċ');
         assert_eq!(char_to_byte('a'), Some(b'a'));
         assert_eq!(char_to_byte('€'), None);
+    }
+
+    #[test]
+    fn unicode_version_of_the_tables() {
+        // NEW_IN_UNICODE_16 is the difference between the crate's tables and llama.cpp's;
+        // a crate of another Unicode version needs it made again (scripts/gen_unicode_delta.py).
+        assert_eq!(unicode_general_category::UNICODE_VERSION, (16, 0, 0));
+        assert!(NEW_IN_UNICODE_16.windows(2).all(|w| w[0].1 < w[1].0));
+        // U+135AD, an Egyptian hieroglyph of Unicode 16.0, is no letter to llama.cpp.
+        assert_eq!(general_category('\u{135AD}'), Gc::Unassigned);
+        assert!(flags('\u{135AD}').is_other());
+        assert_eq!(general_category('\u{1F000}'), Gc::OtherSymbol);
+        assert_eq!(general_category('日'), Gc::OtherLetter);
     }
 
     #[test]
