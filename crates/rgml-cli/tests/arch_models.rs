@@ -158,7 +158,6 @@ fn llama3_gives_llama_cpps_logits() {
 }
 
 #[test]
-#[ignore = "rgml has no phi3 graph yet"]
 fn phi3_gives_llama_cpps_logits() {
     check(Arch::Phi3);
 }

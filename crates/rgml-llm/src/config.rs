@@ -15,18 +15,21 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: LLaMA with QK-norm (no biases), NeoX RoPE, heads as wide as `key_length`.
     Qwen3,
+    /// Phi-3: LLaMA with Q/K/V fused in one projection and gate/up in another, NeoX RoPE.
+    Phi3,
     /// Gemma 3: QK-norm, norms after attention and FFN, GELU, interleaved sliding-window layers.
     Gemma3,
 }
 
 impl Arch {
     /// Every `general.architecture` value accepted, with its architecture.
-    pub const NAMES: [(&'static str, Arch); 6] = [
+    pub const NAMES: [(&'static str, Arch); 7] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Llama),
         ("smollm", Arch::Llama),
         ("qwen2", Arch::Qwen2),
         ("qwen3", Arch::Qwen3),
+        ("phi3", Arch::Phi3),
         ("gemma3", Arch::Gemma3),
     ];
 
@@ -117,6 +120,11 @@ impl ModelConfig {
     /// Width of the query projection (and of the attention output's input).
     pub fn n_embd_q(&self) -> usize {
         self.head_dim * self.n_head
+    }
+
+    /// Whether Q/K/V come from one projection (`attn_qkv`) and gate/up from one (`ffn_up`).
+    pub fn fused_projections(&self) -> bool {
+        self.kind == Arch::Phi3
     }
 
     /// Whether layer `il` attends through a sliding window.

@@ -662,7 +662,8 @@ fn copy_weights(
 /// The ops that read weight `name` in the graphs this model builds (empty: other ops, or
 /// unknown). `tied`: the output projection reuses the token embeddings.
 fn weight_uses(name: &str, tied: bool) -> Vec<OpKind> {
-    const MATRICES: [&str; 7] = [
+    const MATRICES: [&str; 8] = [
+        "attn_qkv.weight",
         "attn_q.weight",
         "attn_k.weight",
         "attn_v.weight",

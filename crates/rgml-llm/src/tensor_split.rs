@@ -7,6 +7,9 @@
 //!   gets whole KV heads and the query heads that share them (grouped-query attention keeps
 //!   each group on one device);
 //! - FFN gate and up split by output rows;
+//! - fused projections (Phi-3's `attn_qkv`, and `ffn_up` holding gate and up) split as their
+//!   parts are, one run of the split per part, so each device's rows are its Q, K and V heads
+//!   (its gate and up rows) and the views of the parts stay on their devices;
 //! - the KV cache split by KV heads;
 //! - everything else (norms, embeddings, output) mirrored;
 //! - the two projections back to the model width, attention output and FFN down, one of two
@@ -26,7 +29,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
-use rgml::meta::{split_sizes, SplitState};
+use rgml::meta::{split_sizes, Segment, SplitState};
 use std::collections::HashMap;
 
 /// How the projections back to the model width (attention output, FFN down) are split, and so
@@ -53,6 +56,8 @@ pub struct TensorSplitPlan {
     pub ffn_rows: Vec<usize>,
     /// Rows of the model width per device (outputs of the projections split by rows).
     pub embd_rows: Vec<usize>,
+    /// Q/K/V and gate/up are fused projections (see [`ModelConfig::fused_projections`]).
+    pub fused: bool,
 }
 
 impl TensorSplitPlan {
@@ -104,6 +109,7 @@ impl TensorSplitPlan {
             kv_rows,
             ffn_rows,
             embd_rows,
+            fused: c.fused_projections(),
         })
     }
 
@@ -138,7 +144,18 @@ impl TensorSplitPlan {
                 "ffn_gate.weight",
                 SplitState::axis(1, self.ffn_rows.clone()),
             );
-            put("ffn_up.weight", SplitState::axis(1, self.ffn_rows.clone()));
+            if self.fused {
+                put(
+                    "attn_qkv.weight",
+                    self.runs(&[&self.q_rows, &self.kv_rows, &self.kv_rows]),
+                );
+                put(
+                    "ffn_up.weight",
+                    self.runs(&[&self.ffn_rows, &self.ffn_rows]),
+                );
+            } else {
+                put("ffn_up.weight", SplitState::axis(1, self.ffn_rows.clone()));
+            }
             put("ffn_down.weight", ffn_down.clone());
             out.insert(
                 format!("cache_k_l{il}"),
@@ -150,6 +167,22 @@ impl TensorSplitPlan {
             );
         }
         out
+    }
+}
+
+impl TensorSplitPlan {
+    /// A fused weight's split by output rows (axis 1): one run per part, of the part's sizes.
+    fn runs(&self, parts: &[&Vec<usize>]) -> SplitState {
+        SplitState::Axis {
+            axis: 1,
+            segments: parts
+                .iter()
+                .map(|sizes| Segment {
+                    sizes: sizes.to_vec(),
+                    repeat: 1,
+                })
+                .collect(),
+        }
     }
 }
 

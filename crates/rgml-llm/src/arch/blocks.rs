@@ -5,7 +5,7 @@
 //! This module owns [`Builder`], which adds those nodes to a context for one micro-batch; what
 //! a block is made of is each architecture's business.
 
-use super::LayerWeights;
+use super::{LayerWeights, QkvWeights};
 use crate::config::{FfnActivation, ModelConfig};
 use crate::error::Result;
 use rgml::{Context, DType, Graph, RopeParams, TensorId};
@@ -167,17 +167,23 @@ impl<'a> Builder<'a> {
         cur: TensorId,
     ) -> Result<(TensorId, TensorId, TensorId)> {
         let c = self.config();
-        let (hd, n) = (c.head_dim, self.inputs.n);
-        let mut q = self.ctx.mul_mat(l.wq, cur)?;
-        let mut k = self.ctx.mul_mat(l.wk, cur)?;
-        let mut v = self.ctx.mul_mat(l.wv, cur)?;
-        for (t, b) in [(&mut q, l.bq), (&mut k, l.bk), (&mut v, l.bv)] {
-            if let Some(b) = b {
-                *t = self.ctx.add(*t, b)?;
+        let (mut q, mut k, v) = match l.qkv {
+            QkvWeights::Separate { wq, wk, wv } => {
+                let (hd, n) = (c.head_dim, self.inputs.n);
+                let mut q = self.ctx.mul_mat(wq, cur)?;
+                let mut k = self.ctx.mul_mat(wk, cur)?;
+                let mut v = self.ctx.mul_mat(wv, cur)?;
+                for (t, b) in [(&mut q, l.bq), (&mut k, l.bk), (&mut v, l.bv)] {
+                    if let Some(b) = b {
+                        *t = self.ctx.add(*t, b)?;
+                    }
+                }
+                let q = self.ctx.reshape(q, &[hd, c.n_head, n])?;
+                let k = self.ctx.reshape(k, &[hd, c.n_head_kv, n])?;
+                (q, k, v)
             }
-        }
-        let mut q = self.ctx.reshape(q, &[hd, c.n_head, n])?;
-        let mut k = self.ctx.reshape(k, &[hd, c.n_head_kv, n])?;
+            QkvWeights::Fused(wqkv) => self.fused_qkv(wqkv, cur)?,
+        };
         if let Some(w) = l.attn_q_norm {
             q = self.row_norm(q, w)?;
             q = self.keep(q, format!("Qcur_normed-{il}"))?;
@@ -194,6 +200,36 @@ impl<'a> Builder<'a> {
         if c.attn_scale_on_q {
             q = self.ctx.scale(q, c.attn_scale)?;
         }
+        Ok((q, k, v))
+    }
+
+    /// Q `[hd, n_head, n]`, K `[hd, n_head_kv, n]` and V `[n_embd_kv, n]`: views of one fused
+    /// projection's rows (as llama.cpp's `build_qkv`; RoPE reads the strided views).
+    fn fused_qkv(
+        &mut self,
+        wqkv: TensorId,
+        cur: TensorId,
+    ) -> Result<(TensorId, TensorId, TensorId)> {
+        let c = self.config();
+        let (hd, n) = (c.head_dim, self.inputs.n);
+        let qkv = self.ctx.mul_mat(wqkv, cur)?;
+        let row = self.ctx[qkv].nb[1];
+        let f32b = DType::F32.block_bytes();
+        let q = self
+            .ctx
+            .view(qkv, &[hd, c.n_head, n], &[hd * f32b, row], 0)?;
+        let k = self.ctx.view(
+            qkv,
+            &[hd, c.n_head_kv, n],
+            &[hd * f32b, row],
+            c.n_embd_q() * f32b,
+        )?;
+        let v = self.ctx.view(
+            qkv,
+            &[c.n_embd_kv(), n],
+            &[row],
+            (c.n_embd_q() + c.n_embd_kv()) * f32b,
+        )?;
         Ok((q, k, v))
     }
 
@@ -228,6 +264,12 @@ impl<'a> Builder<'a> {
             &[f16, cells * f16],
             0,
         )?;
+        // A view of a fused projection is made dense first: the split model can then view it
+        // again (and the copy is exact).
+        let v = match self.ctx[v].is_contiguous() {
+            true => v,
+            false => self.ctx.cont(v)?,
+        };
         let f32b = DType::F32.block_bytes();
         let v_rows = self
             .ctx
@@ -301,10 +343,29 @@ impl<'a> Builder<'a> {
 
     /// The gated FFN of block `il` on the normed `cur`: `down(act(gate(cur)) * up(cur))`.
     pub(crate) fn ffn(&mut self, il: usize, l: &LayerWeights, cur: TensorId) -> Result<TensorId> {
-        let gate = self.ctx.mul_mat(l.ffn_gate, cur)?;
-        let up = self.ctx.mul_mat(l.ffn_up, cur)?;
-        let gate = self.keep(gate, format!("ffn_gate-{il}"))?;
-        let up = self.keep(up, format!("ffn_up-{il}"))?;
+        let (gate, up) = match l.ffn_gate {
+            Some(gate) => {
+                let gate = self.ctx.mul_mat(gate, cur)?;
+                let up = self.ctx.mul_mat(l.ffn_up, cur)?;
+                let gate = self.keep(gate, format!("ffn_gate-{il}"))?;
+                (gate, self.keep(up, format!("ffn_up-{il}"))?)
+            }
+            None => {
+                // Gate and up fused: the gate's half of each row, then the up's (ggml's
+                // single-operand SWIGLU on the fused rows).
+                let both = self.ctx.mul_mat(l.ffn_up, cur)?;
+                let both = self.keep(both, format!("ffn_up-{il}"))?;
+                // Rows of `cur`: one where the last block runs on the output position only.
+                let (ff, n, row) = (
+                    self.config().n_ff,
+                    self.ctx[both].ne[1],
+                    self.ctx[both].nb[1],
+                );
+                let gate = self.ctx.view(both, &[ff, n], &[row], 0)?;
+                let f32b = DType::F32.block_bytes();
+                (gate, self.ctx.view(both, &[ff, n], &[row], ff * f32b)?)
+            }
+        };
         let act = match self.config().ffn_activation {
             FfnActivation::Silu => {
                 let act = self.ctx.swiglu(gate, up)?;

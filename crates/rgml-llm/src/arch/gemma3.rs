@@ -15,6 +15,7 @@ pub(super) const PARTS: LayerParts = LayerParts {
     biases: Need::No,
     qk_norm: Need::Required,
     post_norms: Need::Required,
+    fused: false,
 };
 
 /// Without a pattern key, every sixth layer is global (llama.cpp's default for Gemma 3).

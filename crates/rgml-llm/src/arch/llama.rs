@@ -13,12 +13,14 @@ pub(super) const PARTS: LayerParts = LayerParts {
     biases: Need::Optional,
     qk_norm: Need::No,
     post_norms: Need::No,
+    fused: false,
 };
 
 pub(super) const QWEN3_PARTS: LayerParts = LayerParts {
     biases: Need::No,
     qk_norm: Need::Required,
     post_norms: Need::No,
+    fused: false,
 };
 
 /// LLaMA's hyper-parameters are the common ones; Qwen rotates NeoX-style.

@@ -10,6 +10,7 @@ pub(crate) mod blocks;
 mod gemma3;
 mod keys;
 mod llama;
+mod phi3;
 
 use crate::config::{Arch, FfnActivation, ModelConfig};
 use crate::error::{LlmError, Result};
@@ -24,12 +25,8 @@ use rgml_gguf::GgufFile;
 pub struct LayerWeights {
     /// RMS norm before attention.
     pub attn_norm: TensorId,
-    /// Query projection `[n_embd, n_embd_q]`.
-    pub wq: TensorId,
-    /// Key projection `[n_embd, n_embd_kv]`.
-    pub wk: TensorId,
-    /// Value projection `[n_embd, n_embd_kv]`.
-    pub wv: TensorId,
+    /// The Q, K and V projections, separate or fused.
+    pub qkv: QkvWeights,
     /// Attention output projection `[n_embd_q, n_embd]`.
     pub wo: TensorId,
     /// Query bias (Qwen2).
@@ -46,14 +43,31 @@ pub struct LayerWeights {
     pub attn_post_norm: Option<TensorId>,
     /// RMS norm before the feed-forward block.
     pub ffn_norm: TensorId,
-    /// Gate projection `[n_embd, n_ff]`.
-    pub ffn_gate: TensorId,
-    /// Up projection `[n_embd, n_ff]`.
+    /// Gate projection `[n_embd, n_ff]`; `None` where the up projection holds both (Phi-3).
+    pub ffn_gate: Option<TensorId>,
+    /// Up projection `[n_embd, n_ff]`, or gate and up fused `[n_embd, 2 * n_ff]` (the gate's
+    /// rows first).
     pub ffn_up: TensorId,
     /// Down projection `[n_ff, n_embd]`.
     pub ffn_down: TensorId,
     /// RMS norm of the FFN output, before the residual (Gemma 3).
     pub ffn_post_norm: Option<TensorId>,
+}
+
+/// The attention's input projections.
+#[derive(Clone, Debug)]
+pub enum QkvWeights {
+    /// Query `[n_embd, n_embd_q]`, key and value `[n_embd, n_embd_kv]`.
+    Separate {
+        /// Query projection.
+        wq: TensorId,
+        /// Key projection.
+        wk: TensorId,
+        /// Value projection.
+        wv: TensorId,
+    },
+    /// One `[n_embd, n_embd_q + 2 * n_embd_kv]` projection: Q's rows, then K's, then V's.
+    Fused(TensorId),
 }
 
 /// Whether an architecture's blocks have a part: a file with a part its architecture does not
@@ -73,12 +87,15 @@ struct LayerParts {
     qk_norm: Need,
     /// Norms after attention and after the FFN.
     post_norms: Need,
+    /// Q/K/V in one `attn_qkv` and gate/up in one `ffn_up` (instead of separate tensors).
+    fused: bool,
 }
 
 fn parts(arch: Arch) -> LayerParts {
     match arch {
         Arch::Llama | Arch::Qwen2 => llama::PARTS,
         Arch::Qwen3 => llama::QWEN3_PARTS,
+        Arch::Phi3 => phi3::PARTS,
         Arch::Gemma3 => gemma3::PARTS,
     }
 }
@@ -98,6 +115,7 @@ impl ModelConfig {
         let mut c = common(&keys, arch.clone(), kind)?;
         match kind {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::hparams(&keys, &mut c)?,
+            Arch::Phi3 => phi3::hparams(&keys, &mut c)?,
             Arch::Gemma3 => gemma3::hparams(&keys, &mut c)?,
         }
         check(&c)?;
@@ -235,11 +253,28 @@ pub(crate) fn layer_weights(
             (_, found) => Ok(found),
         }
     };
+    let (qkv, ffn_gate) = if p.fused {
+        for separate in [
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "ffn_gate.weight",
+        ] {
+            part(Need::No, separate)?;
+        }
+        (QkvWeights::Fused(required("attn_qkv.weight")?), None)
+    } else {
+        part(Need::No, "attn_qkv.weight")?;
+        let qkv = QkvWeights::Separate {
+            wq: required("attn_q.weight")?,
+            wk: required("attn_k.weight")?,
+            wv: required("attn_v.weight")?,
+        };
+        (qkv, Some(required("ffn_gate.weight")?))
+    };
     Ok(LayerWeights {
         attn_norm: required("attn_norm.weight")?,
-        wq: required("attn_q.weight")?,
-        wk: required("attn_k.weight")?,
-        wv: required("attn_v.weight")?,
+        qkv,
         wo: required("attn_output.weight")?,
         bq: part(p.biases, "attn_q.bias")?,
         bk: part(p.biases, "attn_k.bias")?,
@@ -248,7 +283,7 @@ pub(crate) fn layer_weights(
         attn_k_norm: part(p.qk_norm, "attn_k_norm.weight")?,
         attn_post_norm: part(p.post_norms, "post_attention_norm.weight")?,
         ffn_norm: required("ffn_norm.weight")?,
-        ffn_gate: required("ffn_gate.weight")?,
+        ffn_gate,
         ffn_up: required("ffn_up.weight")?,
         ffn_down: required("ffn_down.weight")?,
         ffn_post_norm: part(p.post_norms, "post_ffw_norm.weight")?,
@@ -260,15 +295,25 @@ pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, 
     let (e, q, kv, ff, hd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff, c.head_dim);
     let mut out = vec![
         (l.attn_norm, [e, 1, 1, 1], true),
-        (l.wq, [e, q, 1, 1], false),
-        (l.wk, [e, kv, 1, 1], false),
-        (l.wv, [e, kv, 1, 1], false),
         (l.wo, [q, e, 1, 1], false),
         (l.ffn_norm, [e, 1, 1, 1], true),
-        (l.ffn_gate, [e, ff, 1, 1], false),
-        (l.ffn_up, [e, ff, 1, 1], false),
         (l.ffn_down, [ff, e, 1, 1], false),
     ];
+    match l.qkv {
+        QkvWeights::Separate { wq, wk, wv } => out.extend([
+            (wq, [e, q, 1, 1], false),
+            (wk, [e, kv, 1, 1], false),
+            (wv, [e, kv, 1, 1], false),
+        ]),
+        QkvWeights::Fused(wqkv) => out.push((wqkv, [e, q + 2 * kv, 1, 1], false)),
+    }
+    match l.ffn_gate {
+        Some(gate) => out.extend([
+            (gate, [e, ff, 1, 1], false),
+            (l.ffn_up, [e, ff, 1, 1], false),
+        ]),
+        None => out.push((l.ffn_up, [e, 2 * ff, 1, 1], false)),
+    }
     let optional = [
         (l.bq, q, false),
         (l.bk, kv, false),
@@ -295,6 +340,7 @@ pub(crate) fn build_layer(
 ) -> Result<TensorId> {
     match b.config().kind {
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::layer(b, il, l, x),
+        Arch::Phi3 => phi3::layer(b, il, l, x),
         Arch::Gemma3 => gemma3::layer(b, il, l, x),
     }
 }

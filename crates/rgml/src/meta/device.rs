@@ -328,15 +328,48 @@ fn local_view(
         remap(t.nb[3])?,
     ];
     let within = t.view_offset % outer.max(1);
-    if within >= inner {
-        return Err(Error::InvalidSplit(format!(
+    // A view may start at a run of the split (a fused projection's K or V rows): locally, at
+    // this device's share of the runs before it.
+    let (first, rest) = (within / inner.max(1), within % inner.max(1));
+    let local_first = local_run_start(r_state, first, d).ok_or_else(|| {
+        Error::InvalidSplit(format!(
             "view '{}' starts inside the split axis of '{}'",
             t.display_name(),
             r.display_name()
-        )));
-    }
-    let offset = remap(t.view_offset - within)? + within;
+        ))
+    })?;
+    let offset = remap(t.view_offset - within)? + local_first * inner + rest;
     Ok((nb, offset))
+}
+
+/// Where axis index `first` of a split, the start of one of its runs, is on device `d`: the
+/// device's share of the runs before it (`None` if `first` is inside a run).
+fn local_run_start(state: &SplitState, first: usize, d: usize) -> Option<usize> {
+    let SplitState::Axis { segments, .. } = state else {
+        return (first == 0).then_some(0);
+    };
+    let (mut at, mut local) = (0usize, 0usize);
+    for s in segments {
+        if at == first {
+            return Some(local);
+        }
+        let run: usize = s.sizes.iter().sum();
+        let mine = s.sizes.get(d).copied().unwrap_or(0);
+        if run == 0 {
+            continue;
+        }
+        // Whole runs of this segment before `first`.
+        let n = ((first - at) / run).min(s.repeat);
+        at += n * run;
+        local += n * mine;
+        if at == first {
+            return Some(local);
+        }
+        if n < s.repeat {
+            return None;
+        }
+    }
+    (at == first).then_some(local)
 }
 
 impl Backend for MetaBackend {

@@ -511,10 +511,22 @@ fn remap_axis(
             return why("the dims covering the axis are not dense");
         }
     }
-    if dst_st[top] * dst_ne[top] != span {
-        return why("the result does not cover the whole axis (it cuts across the split)");
-    }
-    if (offset % span) + inner_reach >= t_first.min(unit) {
+    let covered = dst_st[top] * dst_ne[top];
+    let (picked, start) = if covered == span {
+        (segments.to_vec(), offset % span)
+    } else {
+        // Some of the axis's indices: whole runs of the split only (the Q, K or V rows of a
+        // fused projection, split as one run each).
+        let first = (offset % span) / unit;
+        match covered
+            .is_multiple_of(unit)
+            .then(|| pick_runs(segments, first, covered / unit))
+        {
+            Some(Some(picked)) => (picked, offset % span - first * unit),
+            _ => return why("the result cuts across the split"),
+        }
+    };
+    if start + inner_reach >= t_first.min(unit) {
         return why("the offset moves along the split axis");
     }
     let t_top = dst_st[top];
@@ -522,14 +534,48 @@ fn remap_axis(
         if !t_top.is_multiple_of(unit) {
             return why("the carrying dim's stride is not whole axis indices");
         }
-        scale_segments(segments, 1, t_top / unit)
+        scale_segments(&picked, 1, t_top / unit)
     } else {
-        scale_segments(segments, unit / t_top, 1)
+        scale_segments(&picked, unit / t_top, 1)
     };
     match scaled {
         Some(segments) => Ok(lift_whole_split(top, segments, dst_ne, dst_st)),
         None => why("a device's share is not a whole number of the result's indices"),
     }
+}
+
+/// The runs of `segments` (one per repeat) covering axis indices `first..first + len`, if
+/// that range starts and ends on run boundaries.
+fn pick_runs(segments: &[Segment], first: usize, len: usize) -> Option<Vec<Segment>> {
+    let mut picked: Vec<Segment> = Vec::new();
+    let (mut at, end) = (0usize, first.checked_add(len)?);
+    for s in segments {
+        let run: usize = s.sizes.iter().sum();
+        if run == 0 {
+            continue;
+        }
+        // Whole repeats before the range are skipped at once (a split may repeat per head).
+        let skip = (first.saturating_sub(at) / run).min(s.repeat);
+        at += skip * run;
+        for _ in skip..s.repeat {
+            if at >= end {
+                break;
+            }
+            if at < first || at + run > end {
+                return None;
+            }
+            match picked.last_mut() {
+                Some(last) if last.sizes == s.sizes => last.repeat += 1,
+                _ => picked.push(Segment {
+                    sizes: s.sizes.clone(),
+                    repeat: 1,
+                }),
+            }
+            at += run;
+        }
+    }
+    let total: usize = picked.iter().map(Segment::len).sum();
+    (total == len).then_some(picked)
 }
 
 /// A split of `axis` that gives one device all of it, followed by a dim of size 1 (a K of one
