@@ -287,7 +287,13 @@ fn diag_mask() {
     });
 }
 
-fn rope_ref(x: &[f32], ne: [usize; 4], pos: &[i32], p: &RopeParams) -> Vec<f32> {
+fn rope_ref(
+    x: &[f32],
+    ne: [usize; 4],
+    pos: &[i32],
+    p: &RopeParams,
+    freq_factors: Option<&[f32]>,
+) -> Vec<f32> {
     let n_dims = p.n_dims;
     let theta_scale = (p.freq_base as f64).powf(-2.0 / n_dims as f64);
     let corr = crate::kernels::rope_corr_dims_for_tests(p);
@@ -297,7 +303,8 @@ fn rope_ref(x: &[f32], ne: [usize; 4], pos: &[i32], p: &RopeParams) -> Vec<f32> 
             for i1 in 0..ne[1] {
                 for k in 0..n_dims / 2 {
                     let i0 = 2 * k;
-                    let theta_extrap = pos[i2] as f64 * theta_scale.powi(k as i32);
+                    let ff = freq_factors.map_or(1.0, |f| f[k] as f64);
+                    let theta_extrap = pos[i2] as f64 * theta_scale.powi(k as i32) / ff;
                     let theta_interp = p.freq_scale as f64 * theta_extrap;
                     let mut theta = theta_interp;
                     let mut mscale = p.attn_factor as f64;
@@ -327,13 +334,15 @@ fn rope_ref(x: &[f32], ne: [usize; 4], pos: &[i32], p: &RopeParams) -> Vec<f32> 
 }
 
 #[test]
-fn rope_modes_and_yarn() {
+fn rope_modes_yarn_and_frequency_factors() {
     for mode in [RopeMode::Normal, RopeMode::Neox] {
-        for yarn in [false, true] {
+        for (yarn, factors) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut ctx = Context::new();
             let ne = [16, 3, 5, 1];
             let a = ctx.new_tensor(DType::F32, &ne).unwrap();
             let pos = ctx.new_tensor(DType::I32, &[5]).unwrap();
+            // More factors than the 6 pairs: as in ggml, only the first n_dims / 2 are read.
+            let ff = ctx.new_tensor(DType::F32, &[8]).unwrap();
             let mut p = RopeParams::new(mode, 12, 10000.0);
             if yarn {
                 p.n_ctx_orig = 4096;
@@ -341,14 +350,22 @@ fn rope_modes_and_yarn() {
                 p.ext_factor = 1.0;
                 p.attn_factor = 1.1;
             }
-            let o = ctx.rope(a, pos, p).unwrap();
+            let o = ctx.rope_ext(a, pos, factors.then_some(ff), p).unwrap();
             alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
             let va = fill(&ctx, a, 10);
             let vp = [0, 3, 17, 100, 2047];
             ctx.tensor_set_i32(pos, &vp).unwrap();
+            // Llama 3's factors range from 1 (high frequencies) to 8 (low ones).
+            let vf = [1.0, 1.0, 1.5, 2.25, 4.0, 8.0, -1.0, 0.0];
+            ctx.tensor_set_f32(ff, &vf).unwrap();
             compute(&mut ctx, &[o], 2).unwrap();
+            let want = rope_ref(&va, ne, &vp, &p, factors.then_some(&vf[..]));
             // Large angles lose precision in f32 argument reduction: a loose tolerance.
-            assert_close(&read(&ctx, o), &rope_ref(&va, ne, &vp, &p), 2e-4);
+            assert_close(&read(&ctx, o), &want, 2e-4);
+            if factors {
+                // The factors change the low-frequency pairs.
+                assert_ne!(want, rope_ref(&va, ne, &vp, &p, None));
+            }
         }
     }
 }
@@ -683,25 +700,52 @@ fn in_place_ops_match_out_of_place() {
         }
         assert_eq!(results[0], results[1], "{name}");
     }
-    // ROPE in place.
-    let mut results = vec![];
-    for in_place in [false, true] {
-        let mut ctx = Context::new();
-        let a = ctx.new_tensor(DType::F32, &[16, 4, 5]).unwrap();
-        let pos = ctx.new_tensor(DType::I32, &[5]).unwrap();
-        let o = ctx
-            .rope(a, pos, RopeParams::new(RopeMode::Normal, 16, 10000.0))
-            .unwrap();
-        alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
-        fill(&ctx, a, 23);
-        ctx.tensor_set_i32(pos, &[1, 2, 3, 4, 5]).unwrap();
-        if in_place {
-            alias_to_src0(&mut ctx, o);
+    // ROPE in place, with and without frequency factors.
+    for factors in [false, true] {
+        let mut results = vec![];
+        for in_place in [false, true] {
+            let mut ctx = Context::new();
+            let a = ctx.new_tensor(DType::F32, &[16, 4, 5]).unwrap();
+            let pos = ctx.new_tensor(DType::I32, &[5]).unwrap();
+            let ff = ctx.new_tensor(DType::F32, &[8]).unwrap();
+            let p = RopeParams::new(RopeMode::Normal, 16, 10000.0);
+            let o = ctx.rope_ext(a, pos, factors.then_some(ff), p).unwrap();
+            alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+            fill(&ctx, a, 23);
+            ctx.tensor_set_i32(pos, &[1, 2, 3, 4, 5]).unwrap();
+            ctx.tensor_set_f32(ff, &[1.0, 1.0, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0])
+                .unwrap();
+            if in_place {
+                alias_to_src0(&mut ctx, o);
+            }
+            compute(&mut ctx, &[o], 2).unwrap();
+            results.push(read(&ctx, o));
         }
-        compute(&mut ctx, &[o], 2).unwrap();
-        results.push(read(&ctx, o));
+        assert_eq!(results[0], results[1], "rope, factors: {factors}");
     }
-    assert_eq!(results[0], results[1], "rope");
+}
+
+#[test]
+fn rope_frequency_factors_aliasing_the_destination_are_refused() {
+    // Every row reads every factor: factors in the destination's memory would be overwritten
+    // while other rows still read them.
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(DType::F32, &[4, 1, 1]).unwrap();
+    let pos = ctx.new_tensor(DType::I32, &[1]).unwrap();
+    let ff = ctx.new_tensor(DType::F32, &[4]).unwrap();
+    let o = ctx
+        .rope_ext(
+            a,
+            pos,
+            Some(ff),
+            RopeParams::new(RopeMode::Neox, 4, 10000.0),
+        )
+        .unwrap();
+    alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+    let data = ctx[ff].data.clone();
+    ctx.get_mut(o).unwrap().data = data;
+    let err = compute(&mut ctx, &[o], 2).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
 }
 
 #[test]

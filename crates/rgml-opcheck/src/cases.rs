@@ -466,8 +466,10 @@ fn rope(cases: &mut Vec<Case>) {
         ext: f32,
         attn: f32,
         n_ctx_orig: usize,
+        /// Number of frequency factors (0: none).
+        n_ff: usize,
     }
-    let cfg = |ne, n_dims, base, fscale, ext, attn, n_ctx_orig| Cfg {
+    let cfg = |ne, n_dims, base, fscale, ext, attn, n_ctx_orig, n_ff| Cfg {
         ne,
         n_dims,
         base,
@@ -475,16 +477,26 @@ fn rope(cases: &mut Vec<Case>) {
         ext,
         attn,
         n_ctx_orig,
+        n_ff,
     };
     let cfgs = [
-        cfg([64, 4, 7, 1], 64, 10000.0, 1.0, 0.0, 1.0, 0),
-        cfg([64, 4, 7, 1], 32, 10000.0, 1.0, 0.0, 1.0, 0),
-        cfg([128, 2, 5, 1], 128, 500000.0, 1.0, 0.0, 1.0, 0),
-        cfg([80, 3, 6, 1], 64, 10000.0, 0.5, 0.0, 1.0, 0),
-        cfg([64, 3, 5, 2], 64, 10000.0, 0.25, 1.0, 1.0, 4096),
-        cfg([64, 3, 5, 1], 48, 1000000.0, 0.125, 1.0, 1.3, 2048),
-        cfg([96, 2, 9, 1], 96, 10000.0, 1.0, 0.5, 0.8, 512),
-        cfg([10, 5, 3, 1], 6, 100.0, 1.0, 0.0, 1.0, 0),
+        cfg([64, 4, 7, 1], 64, 10000.0, 1.0, 0.0, 1.0, 0, 0),
+        cfg([64, 4, 7, 1], 32, 10000.0, 1.0, 0.0, 1.0, 0, 0),
+        cfg([128, 2, 5, 1], 128, 500000.0, 1.0, 0.0, 1.0, 0, 0),
+        cfg([80, 3, 6, 1], 64, 10000.0, 0.5, 0.0, 1.0, 0, 0),
+        cfg([64, 3, 5, 2], 64, 10000.0, 0.25, 1.0, 1.0, 4096, 0),
+        cfg([64, 3, 5, 1], 48, 1000000.0, 0.125, 1.0, 1.3, 2048, 0),
+        cfg([96, 2, 9, 1], 96, 10000.0, 1.0, 0.5, 0.8, 512, 0),
+        cfg([10, 5, 3, 1], 6, 100.0, 1.0, 0.0, 1.0, 0, 0),
+        // Frequency factors (Llama 3's `rope_freqs`): exactly n_dims / 2 of them, or more
+        // (ggml reads the first n_dims / 2), with and without YaRN, odd shapes.
+        cfg([64, 4, 7, 1], 64, 500000.0, 1.0, 0.0, 1.0, 0, 32),
+        cfg([128, 3, 5, 1], 128, 500000.0, 1.0, 0.0, 1.0, 0, 64),
+        cfg([80, 3, 6, 1], 64, 10000.0, 0.5, 0.0, 1.0, 0, 35),
+        cfg([64, 3, 5, 2], 64, 10000.0, 0.25, 1.0, 1.0, 4096, 32),
+        cfg([96, 2, 9, 1], 96, 500000.0, 1.0, 0.5, 0.8, 8192, 48),
+        cfg([10, 5, 3, 1], 6, 100.0, 1.0, 0.0, 1.0, 0, 3),
+        cfg([18, 3, 7, 1], 14, 10000.0, 1.0, 1.0, 1.0, 512, 9),
     ];
     for mode in [RopeMode::Normal, RopeMode::Neox] {
         for c0 in &cfgs {
@@ -493,26 +505,36 @@ fn rope(cases: &mut Vec<Case>) {
             p.ext_factor = c0.ext;
             p.attn_factor = c0.attn;
             p.n_ctx_orig = c0.n_ctx_orig;
-            let ne = c0.ne;
+            let (ne, n_ff) = (c0.ne, c0.n_ff);
             let m = if mode == RopeMode::Normal {
                 "normal"
             } else {
                 "neox"
             };
-            let params = format!(
+            let mut params = format!(
                 "type=f32,ne={},mode={m},n_dims={},freq_base={},freq_scale={},ext_factor={},attn_factor={},n_ctx_orig={}",
                 dims(&ne), c0.n_dims, c0.base, c0.fscale, c0.ext, c0.attn, c0.n_ctx_orig
             );
+            let mut family = format!("ROPE type=f32,mode={m}");
+            if n_ff > 0 {
+                params.push_str(&format!(",freq_factors={n_ff}"));
+                family.push_str(",freq_factors");
+            }
             cases.push(Case::new(
                 OpKind::Rope,
-                format!("ROPE type=f32,mode={m}"),
+                family,
                 params,
                 DEFAULT_NMSE,
                 move |c| {
                     let a = c.uniform(DType::F32, &ne)?;
                     // Random, non-sequential positions.
                     let pos = c.leaf(DType::I32, &[ne[2]], Init::Index(300))?;
-                    c.ctx.rope(a, pos, p)
+                    // Llama 3's factors range from 1 to 8.
+                    let ff = match n_ff {
+                        0 => None,
+                        n => Some(c.leaf(DType::F32, &[n], Init::Uniform(1.0, 8.0))?),
+                    };
+                    c.ctx.rope_ext(a, pos, ff, p)
                 },
             ));
         }
@@ -1091,7 +1113,7 @@ fn large_norm_soft_max(cases: &mut Vec<Case>) {
     ));
 }
 
-/// ROPE of both modes on many heads and positions.
+/// ROPE of both modes on many heads and positions, with and without frequency factors.
 fn large_rope(cases: &mut Vec<Case>) {
     for mode in [RopeMode::Normal, RopeMode::Neox] {
         let m = if mode == RopeMode::Normal {
@@ -1108,6 +1130,22 @@ fn large_rope(cases: &mut Vec<Case>) {
                 let a = c.uniform(DType::F32, &[128, 32, 33])?;
                 let pos = c.leaf(DType::I32, &[33], Init::Index(300))?;
                 c.ctx.rope(a, pos, RopeParams::new(mode, 128, 10000.0))
+            },
+        ));
+        // Llama 3.x: θ base 500000 and a frequency factor per pair.
+        cases.push(Case::new(
+            OpKind::Rope,
+            format!("ROPE type=f32,mode={m},freq_factors"),
+            format!(
+                "type=f32,ne=[128,32,33,1],mode={m},n_dims=128,freq_base=500000,freq_factors=64,large"
+            ),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &[128, 32, 33])?;
+                let pos = c.leaf(DType::I32, &[33], Init::Index(8192))?;
+                let ff = c.leaf(DType::F32, &[64], Init::Uniform(1.0, 8.0))?;
+                c.ctx
+                    .rope_ext(a, pos, Some(ff), RopeParams::new(mode, 128, 500000.0))
             },
         ));
     }

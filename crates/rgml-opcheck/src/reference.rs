@@ -207,7 +207,17 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
         Op::Rope(p) => {
             let mut x = mem.read(ctx, src(t, 0)?)?;
             let pos = mem.read(ctx, src(t, 1)?)?;
-            rope(&mut x, t.ne, &pos, &p);
+            let freq_factors = match t.src.get(2) {
+                Some(&f) => {
+                    let f = mem.read(ctx, f)?;
+                    if f.len() < p.n_dims / 2 {
+                        return Err(err("ROPE with fewer than n_dims / 2 frequency factors"));
+                    }
+                    Some(f)
+                }
+                None => None,
+            };
+            rope(&mut x, t.ne, &pos, freq_factors.as_deref(), &p);
             x
         }
         Op::SoftMax { scale, max_bias } => {
@@ -416,12 +426,14 @@ fn yarn_corr_dim(n_dims: f64, n_ctx_orig: f64, n_rot: f64, base: f64) -> f64 {
     n_dims * (n_ctx_orig / (n_rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
 }
 
-/// Rotation angle scale and magnitude for pair index `i0` (even) at position `pos`, following
-/// ggml's `rope_yarn` (including the YaRN ramp and its magnitude correction).
-fn rope_cos_sin(p: &RopeParams, pos: f64, i0: usize, corr: [f64; 2]) -> (f64, f64) {
+/// Rotation angle scale and magnitude for pair index `i0` (even) at position `pos` with
+/// frequency factor `ff` (1 without factors), following ggml's `rope_yarn` after
+/// `ggml_rope_cache_init` (the factor divides the angle before the YaRN ramp and its magnitude
+/// correction).
+fn rope_cos_sin(p: &RopeParams, pos: f64, i0: usize, ff: f64, corr: [f64; 2]) -> (f64, f64) {
     let n_dims = p.n_dims as f64;
     let theta_scale = (p.freq_base as f64).powf(-2.0 / n_dims);
-    let theta_extrap = pos * theta_scale.powi((i0 / 2) as i32);
+    let theta_extrap = pos * theta_scale.powi((i0 / 2) as i32) / ff;
     let freq_scale = p.freq_scale as f64;
     let theta_interp = freq_scale * theta_extrap;
     let mut theta = theta_interp;
@@ -436,8 +448,15 @@ fn rope_cos_sin(p: &RopeParams, pos: f64, i0: usize, corr: [f64; 2]) -> (f64, f6
     (theta.cos() * mscale, theta.sin() * mscale)
 }
 
-/// Rotary embedding of `x` (shape `ne`, positions per `ne[2]`) in place.
-pub fn rope(x: &mut [f64], ne: [usize; 4], pos: &[f64], p: &RopeParams) {
+/// Rotary embedding of `x` (shape `ne`, positions per `ne[2]`) in place; pair `k`'s angle is
+/// divided by `freq_factors[k]` when given (at least `n_dims / 2` values).
+pub fn rope(
+    x: &mut [f64],
+    ne: [usize; 4],
+    pos: &[f64],
+    freq_factors: Option<&[f64]>,
+    p: &RopeParams,
+) {
     let n_dims = p.n_dims;
     let nd = n_dims as f64;
     let base = p.freq_base as f64;
@@ -451,7 +470,8 @@ pub fn rope(x: &mut [f64], ne: [usize; 4], pos: &[f64], p: &RopeParams) {
             for i1 in 0..ne[1] {
                 let row = &mut x[lin(ne, 0, i1, i2, i3)..][..ne[0]];
                 for i0 in (0..n_dims).step_by(2) {
-                    let (c, s) = rope_cos_sin(p, ps, i0, corr);
+                    let ff = freq_factors.map_or(1.0, |f| f[i0 / 2]);
+                    let (c, s) = rope_cos_sin(p, ps, i0, ff, corr);
                     let (a, b) = match p.mode {
                         RopeMode::Normal => (i0, i0 + 1),
                         RopeMode::Neox => (i0 / 2, i0 / 2 + n_dims / 2),
@@ -549,11 +569,11 @@ mod tests {
         for mode in [RopeMode::Normal, RopeMode::Neox] {
             let mut x = x0.clone();
             let p = RopeParams::new(mode, 8, 10000.0);
-            rope(&mut x, [8, 2, 1, 1], &[0.0], &p);
+            rope(&mut x, [8, 2, 1, 1], &[0.0], None, &p);
             assert_eq!(x, x0);
             // Position 1 rotates the first pair by exactly one radian.
             let mut y = x0.clone();
-            rope(&mut y, [8, 2, 1, 1], &[1.0], &p);
+            rope(&mut y, [8, 2, 1, 1], &[1.0], None, &p);
             let (a, b) = if mode == RopeMode::Normal {
                 (0, 1)
             } else {
@@ -562,6 +582,34 @@ mod tests {
             let (c, s) = (1f64.cos(), 1f64.sin());
             assert!((y[a] - (x0[a] * c - x0[b] * s)).abs() < 1e-12);
             assert!((y[b] - (x0[a] * s + x0[b] * c)).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn rope_frequency_factors_divide_the_angle() {
+        let x0: Vec<f64> = (0..16).map(|i| i as f64 * 0.25 - 1.0).collect();
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            let p = RopeParams::new(mode, 8, 10000.0);
+            // A factor f on every pair is the rotation at position pos / f.
+            let mut y = x0.clone();
+            rope(&mut y, [8, 2, 1, 1], &[6.0], Some(&[2.0; 4]), &p);
+            let mut z = x0.clone();
+            rope(&mut z, [8, 2, 1, 1], &[3.0], None, &p);
+            for (a, b) in y.iter().zip(&z) {
+                assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+            }
+            // Factors of 1 change nothing; only the first n_dims / 2 factors are read.
+            let mut u = x0.clone();
+            rope(
+                &mut u,
+                [8, 2, 1, 1],
+                &[6.0],
+                Some(&[1.0, 1.0, 1.0, 1.0, 9.0]),
+                &p,
+            );
+            let mut v = x0.clone();
+            rope(&mut v, [8, 2, 1, 1], &[6.0], None, &p);
+            assert_eq!(u, v);
         }
     }
 

@@ -428,14 +428,18 @@ fn sqrt_rn(x: f32) -> f32 {
 
 // ROPE's angle for pair `k` of the position at index `i` of B (i32), as ggml-cpu computes it
 // in f32 (`rope_yarn` after `ggml_rope_cache_init`): θ_extrap = pos · θ_scale^k by k successive
-// products (not `pow`: every rounding of the chain counts), θ_interp = freq_scale · θ_extrap,
+// products (not `pow`: every rounding of the chain counts), divided by the pair's frequency
+// factor (f32 C[k], when misc.z is 1) with IEEE rounding, θ_interp = freq_scale · θ_extrap,
 // and with YaRN (ext_factor ≠ 0) the ramp between the correction dims mixing the two. f:
-// (θ_scale, freq_scale, ext_factor, mscale); g.xy: correction dims; b_nb.x: B's stride.
+// (θ_scale, freq_scale, ext_factor, mscale); g.xy: correction dims; b_nb.x, c_nb.x: strides.
 fn rope_theta(i: u32, k: u32) -> f32 {
     let pos = f32(bitcast<i32>(B[p.off.y + i * p.b_nb.x]));
     var theta_extrap = pos;
     for (var j = 0u; j < k; j++) {
         theta_extrap = theta_extrap * p.f.x;
+    }
+    if (p.misc.z == 1u) {
+        theta_extrap = div_rn(theta_extrap, cf(p.off.z + k * p.c_nb.x));
     }
     let theta_interp = p.f.y * theta_extrap;
     if (p.f.z == 0.0) {
@@ -443,7 +447,9 @@ fn rope_theta(i: u32, k: u32) -> f32 {
     }
     let y = div_rn(f32(k) - p.g.x, max(p.g.y - p.g.x, 0.001));
     let mix = (1.0 - clamp(y, 0.0, 1.0)) * p.f.z;
-    return theta_interp * (1.0 - mix) + theta_extrap * mix;
+    // ggml's `theta_interp * (1 - mix) + theta_extrap * mix`, the first product fused into the
+    // sum as GCC compiles it.
+    return fma_x(theta_interp, 1.0 - mix, theta_extrap * mix);
 }
 
 // Sum of 8 lanes in the order of ggml's AVX `hsum_float_8` (high half + low half, then

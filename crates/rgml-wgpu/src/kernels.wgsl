@@ -445,7 +445,7 @@ fn norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 // ROPE's cos / sin table where the device has no f64 (`rope_cache_f64` elsewhere): one
 // invocation per (position, pair), writing (cos θ · mscale, sin θ · mscale) at D[2 i] with the
 // device's `cos` / `sin` (a few ulp from libm's: close to the CPU, not bit-equal). misc.y:
-// n_dims (even); see `rope_theta` for the rest.
+// n_dims (even); misc.z: 1 with frequency factors in C; see `rope_theta` for the rest.
 @compute @workgroup_size(64)
 fn rope_cache(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);
@@ -460,7 +460,9 @@ fn rope_cache(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 
 // ROPE, one invocation per row (i1, i2, i3) of A, with the (cos, sin) pairs of position i2 from
 // the table in C (`rope_cache`, n_dims floats per position). misc.y: n_dims (even); misc.z: 0
-// normal (adjacent pairs), 1 NeoX (halves). Dimensions from n_dims on are copied.
+// normal (adjacent pairs), 1 NeoX (halves); misc.w: how many leading pairs rotate with fused
+// multiply-adds (the rest with every product rounded, as ggml's vectorized normal-mode loop
+// leaves them). Dimensions from n_dims on are copied.
 @compute @workgroup_size(64)
 fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = thread_index(gid, nwg);
@@ -486,9 +488,15 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         }
         let x0 = af(a0 + ia * p.a_nb.x);
         let x1 = af(a0 + ib * p.a_nb.x);
-        // ggml's `x0*c - x1*s`, `x0*s + x1*c` with the first products fused, as GCC compiles it.
-        dset(d0 + ia * p.d_nb.x, fma_x(x0, c, -(x1 * s)));
-        dset(d0 + ib * p.d_nb.x, fma_x(x0, s, x1 * c));
+        // ggml's `x0*c - x1*s`, `x0*s + x1*c` with the first products fused, as GCC compiles it,
+        // except in the pairs its vectorized loop leaves over.
+        if (i0 / 2u < p.misc.w) {
+            dset(d0 + ia * p.d_nb.x, fma_x(x0, c, -(x1 * s)));
+            dset(d0 + ib * p.d_nb.x, fma_x(x0, s, x1 * c));
+        } else {
+            dset(d0 + ia * p.d_nb.x, x0 * c - x1 * s);
+            dset(d0 + ib * p.d_nb.x, x0 * s + x1 * c);
+        }
     }
 }
 

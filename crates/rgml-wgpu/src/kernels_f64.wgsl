@@ -85,7 +85,7 @@ fn soft_max_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 // ROPE's cos / sin table as ggml-cpu computes it: one invocation per (position, pair), writing
 // (cosf(θ) · mscale, sinf(θ) · mscale) at D[2 i], θ from `rope_theta` (f32, as the CPU), and
 // cosf / sinf as x86-64 glibc computes them (`libm_cosf` below), so the table is the CPU's bit
-// for bit. misc.y: n_dims (even).
+// for bit. misc.y: n_dims (even); misc.z: 1 with frequency factors in C.
 @compute @workgroup_size(64)
 fn rope_cache_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);

@@ -43,7 +43,7 @@
 //!   overlap.
 //! - WGSL kernels (`ops.rs` prepares each node, `plan.rs` a graph), any strides: ADD / SUB / MUL / DIV (src1
 //!   broadcast), SCALE, SILU, GELU, SWIGLU, RMS_NORM, NORM, DIAG_MASK_INF, ROPE (normal and
-//!   NeoX, YaRN), SOFT_MAX (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32;
+//!   NeoX, YaRN, frequency factors), SOFT_MAX (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32;
 //!   CPY / CONT / DUP between f32 and f16; SET_ROWS of f32 rows into f32 or f16; GET_ROWS from
 //!   f32, f16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; MUL_MAT of those weights × f32 (broadcast over
 //!   dims 2 and 3). Buffers are bound as `array<u32>`: f16 values and quantized blocks (which
@@ -77,8 +77,8 @@
 //! - RMS_NORM and SOFT_MAX sum in f64 where the adapter has `SHADER_F64` (f32 elsewhere, e.g.
 //!   Metal: close, not bit-equal); division and square root are corrected to IEEE rounding;
 //!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf`. ROPE's cos / sin table is filled on
-//!   the GPU from the positions when the graph runs (no read-back, so plans hold): θ in f32 as
-//!   ggml-cpu computes it and, where the adapter has `SHADER_F64`, cos / sin by x86-64 glibc's
+//!   the GPU from the positions (and frequency factors) when the graph runs (no read-back, so
+//!   plans hold): θ in f32 as ggml-cpu computes it and, where the adapter has `SHADER_F64`, cos / sin by x86-64 glibc's
 //!   `cosf` / `sinf` algorithm in f64 (`kernels_f64.wgsl`), equal to the CPU's libm calls bit
 //!   for bit (tested on random, large and negative positions); elsewhere the device's `cos` /
 //!   `sin` (close, not bit-equal).

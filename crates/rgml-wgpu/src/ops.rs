@@ -116,13 +116,17 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
             [a],
         ) => f32s(&[a]) && a.ne == t.ne,
         (Op::Swiglu | Op::Geglu, [a, b]) => f32s(&[a, b]) && a.ne == t.ne && b.ne == t.ne,
-        (Op::Rope(rp), [a, pos]) => {
+        (Op::Rope(rp), [a, pos, factors @ ..]) if factors.len() <= 1 => {
             f32s(&[a])
                 && a.ne == t.ne
                 && pos.dtype == DType::I32
                 && fits(pos)
                 && rp.n_dims <= a.ne[0]
                 && u32::try_from(rp.n_dims).is_ok()
+                // Frequency factors: the first n_dims / 2 values of a dense f32 row.
+                && factors
+                    .iter()
+                    .all(|f| f32s(&[f]) && f.rows_contiguous() && f.ne[0] >= rp.n_dims / 2)
         }
         (Op::GetRows, [a, rows]) => fits(a) && rows.dtype == DType::I32 && fits(rows),
         (Op::SoftMax { max_bias, .. }, srcs) if max_bias.is_finite() => match srcs {
@@ -194,7 +198,8 @@ impl RopeSetup {
         let n_dims = rp.n_dims.min(ne0) & !1;
         let mut mscale = rp.attn_factor;
         if rp.ext_factor != 0.0 {
-            mscale *= 1.0 + 0.1 * (1.0 / rp.freq_scale).ln();
+            // ggml's `1.0f + 0.1f * logf(1.0f / freq_scale)`, contracted by GCC into an FMA.
+            mscale *= 0.1f32.mul_add((1.0 / rp.freq_scale).ln(), 1.0);
         }
         RopeSetup {
             n_dims,
@@ -213,16 +218,17 @@ pub(crate) struct Dispatch {
     pub(crate) threads: u64,
 }
 
-/// What a ROPE table depends on: the positions tensor, how many positions, the rotated dims
-/// and the op's parameters.
-type RopeTableKey = (TensorId, usize, usize, RopeParams);
+/// What a ROPE table depends on: the positions tensor, the frequency factors tensor (if any),
+/// how many positions, the rotated dims and the op's parameters.
+type RopeTableKey = (TensorId, Option<TensorId>, usize, usize, RopeParams);
 
-/// A ROPE table made for the graph being prepared, and the bytes of its positions (buffer,
-/// byte range): a node that writes there afterwards makes it stale.
+/// A ROPE table made for the graph being prepared, and the bytes it was made from (buffer,
+/// byte range: the positions, the frequency factors): a node that writes there afterwards
+/// makes it stale.
 struct RopeTable {
     key: RopeTableKey,
     table: wgpu::Buffer,
-    positions: (wgpu::Buffer, std::ops::Range<usize>),
+    inputs: Vec<(wgpu::Buffer, std::ops::Range<usize>)>,
 }
 
 /// Prepares one graph's nodes for dispatch on `gpu` (`device`: the device name, for errors).
@@ -289,8 +295,8 @@ impl<'a> Prep<'a> {
         Ok(dispatches)
     }
 
-    /// Drop the ROPE tables whose positions node `t` overwrites: a later ROPE at those
-    /// positions must fill its table again, after `t`.
+    /// Drop the ROPE tables whose positions or frequency factors node `t` overwrites: a later
+    /// ROPE reading them must fill its table again, after `t`.
     fn forget_overwritten_tables(&mut self, t: &Tensor) {
         let Some(data) = t.data.as_ref() else {
             return;
@@ -300,8 +306,9 @@ impl<'a> Prep<'a> {
         };
         let written = data.offset..data.offset + t.nbytes();
         self.rope_tables.retain(|rt| {
-            let (b, range) = &rt.positions;
-            *b != buf.buffer || range.end <= written.start || written.end <= range.start
+            rt.inputs.iter().all(|(b, range)| {
+                *b != buf.buffer || range.end <= written.start || written.end <= range.start
+            })
         });
     }
 
@@ -513,9 +520,10 @@ impl<'a> Prep<'a> {
         Ok(vec![d])
     }
 
-    /// ROPE: the (cos, sin) table of its positions, filled by a `rope_cache` dispatch unless
-    /// an earlier ROPE of the graph filled it for the same positions and parameters, then the
-    /// rotation, which reads the table through binding C.
+    /// ROPE: the (cos, sin) table of its positions (and frequency factors), filled by a
+    /// `rope_cache` dispatch unless an earlier ROPE of the graph filled it for the same
+    /// positions, factors and parameters, then the rotation, which reads the table through
+    /// binding C.
     fn rope(
         &mut self,
         mut p: Params,
@@ -527,37 +535,48 @@ impl<'a> Prep<'a> {
         let (Some(&pos_id), Some(&pos)) = (t.src.get(1), srcs.get(1)) else {
             return Err(self.err("ROPE without positions"));
         };
+        let factors = t.src.get(2).copied().zip(srcs.get(2).copied());
         let setup = RopeSetup::new(rp, t.ne[0]);
         let mut out = Vec::with_capacity(2);
         if setup.n_dims > 0 {
-            let key = (pos_id, t.ne[2], setup.n_dims, *rp);
-            let (table, fill) = self.rope_table(key, pos, &setup, rp)?;
+            let key = (pos_id, factors.map(|f| f.0), t.ne[2], setup.n_dims, *rp);
+            let (table, fill) = self.rope_table(key, pos, factors.map(|f| f.1), &setup, rp)?;
             out.extend(fill);
             buffers[2] = table;
             p.off[2] = 0;
         }
         p.misc[1] = setup.n_dims as u32;
         p.misc[2] = u32::from(rp.mode == RopeMode::Neox);
+        // Pairs rotated with fused multiply-adds, as ggml's AVX-512 build (the CPU backend's
+        // `fused_pairs`): NeoX all; normal mode all but the last n_pairs % 4, which GCC's
+        // vectorized loop leaves to code that rounds every product.
+        let pairs = setup.n_dims / 2;
+        p.misc[3] = match rp.mode {
+            RopeMode::Neox => pairs as u32,
+            RopeMode::Normal => (pairs - pairs % 4) as u32,
+        };
         out.push(self.dispatch(Kernel::Rope, p, buffers, t.nrows() as u64)?);
         Ok(out)
     }
 
-    /// The table for `key` (positions, their count, rotated dims, parameters) and, when this
-    /// graph has not filled it yet, the dispatch that does: (cos θ · mscale, sin θ · mscale)
-    /// for every position and pair, computed on the GPU from the positions as they are when
-    /// the graph runs. Where the device has f64 the kernel computes cos / sin as the CPU's libm
-    /// does (`rope_cache_f64`), bit for bit; elsewhere with the device's own.
+    /// The table for `key` (positions, frequency factors, count of positions, rotated dims,
+    /// parameters) and, when this graph has not filled it yet, the dispatch that does:
+    /// (cos θ · mscale, sin θ · mscale) for every position and pair, computed on the GPU from
+    /// the positions and factors as they are when the graph runs. Where the device has f64 the
+    /// kernel computes cos / sin as the CPU's libm does (`rope_cache_f64`), bit for bit;
+    /// elsewhere with the device's own.
     fn rope_table(
         &mut self,
         key: RopeTableKey,
         pos: &Tensor,
+        factors: Option<&Tensor>,
         setup: &RopeSetup,
         rp: &RopeParams,
     ) -> Result<(wgpu::Buffer, Option<Dispatch>)> {
         if let Some(rt) = self.rope_tables.iter().find(|rt| rt.key == key) {
             return Ok((rt.table.clone(), None));
         }
-        let (_, n_pos, n_dims, _) = key;
+        let (_, _, n_pos, n_dims, _) = key;
         let bytes = n_pos
             .checked_mul(n_dims * 4)
             .filter(|&b| b / 4 <= u32::MAX as usize)
@@ -588,13 +607,28 @@ impl<'a> Prep<'a> {
         } else {
             Kernel::RopeCache
         };
-        let bufs = [table.clone(), pos_buf.clone(), table.clone(), table.clone()];
+        let byte_range = |t: &Tensor| {
+            let start = t.data.as_ref().map_or(0, |d| d.offset);
+            start..start + t.nbytes()
+        };
+        let mut inputs = vec![(pos_buf.clone(), byte_range(pos))];
+        // The factors, if any, through binding C (misc.z = 1).
+        let mut c_buf = table.clone();
+        if let Some(f) = factors {
+            let (f_buf, f_off) = self.storage(f)?;
+            q.off[2] = f_off;
+            q.c_ne = dims(f.ne);
+            q.c_nb = strides(f);
+            q.misc[2] = 1;
+            inputs.push((f_buf.clone(), byte_range(f)));
+            c_buf = f_buf;
+        }
+        let bufs = [table.clone(), pos_buf, c_buf, table.clone()];
         let fill = self.dispatch(kernel, q, bufs, (n_pos * n_dims / 2) as u64)?;
-        let start = pos.data.as_ref().map_or(0, |d| d.offset);
         self.rope_tables.push(RopeTable {
             key,
             table: table.clone(),
-            positions: (pos_buf, start..start + pos.nbytes()),
+            inputs,
         });
         Ok((table, Some(fill)))
     }

@@ -1,7 +1,8 @@
 //! Graph plans on the first wgpu device: one plan computes new input values (positions
 //! included) exactly as the CPU does, a metadata change makes a plan stale, and ROPE's cos /
 //! sin table, made on the GPU from the positions, is the CPU's bit for bit (libm's `cosf` /
-//! `sinf` included) for random, large and negative positions, both pair layouts and YaRN.
+//! `sinf` included) for random, large and negative positions, both pair layouts, YaRN and
+//! frequency factors.
 //!
 //! Without an adapter the tests skip, unless `RGML_REQUIRE_GPU=1`.
 
@@ -215,14 +216,16 @@ fn a_metadata_change_makes_a_plan_stale() {
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
 }
 
-/// ROPE of `[ne0, heads, n]` random rows at `positions` on the CPU and on `gpu`, twice through
-/// one GPU plan (the second time at other positions): the outputs, CPU and GPU.
+/// ROPE of `[ne0, heads, n]` random rows at `positions` (with `factors` as frequency factors)
+/// on the CPU and on `gpu`, twice through one GPU plan (the second time at other positions):
+/// the outputs, CPU and GPU.
 fn rope_both(
     gpu: &mut dyn Backend,
     ne0: usize,
     heads: usize,
     positions: [&[i32]; 2],
     rp: RopeParams,
+    factors: Option<&[f32]>,
     seed: u64,
 ) -> Vec<(Vec<f32>, Vec<f32>)> {
     let n = positions[0].len();
@@ -230,12 +233,16 @@ fn rope_both(
         let mut ctx = Context::new();
         let x = ctx.new_tensor(DType::F32, &[ne0, heads, n]).unwrap();
         let pos = ctx.new_tensor(DType::I32, &[n]).unwrap();
-        let r = ctx.rope(x, pos, rp).unwrap();
+        let ff = factors.map(|f| ctx.new_tensor(DType::F32, &[f.len()]).unwrap());
+        let r = ctx.rope_ext(x, pos, ff, rp).unwrap();
         let graph = Graph::build(&mut ctx, &[r]).unwrap();
         let buf = alloc_ctx_tensors(&mut ctx, &be.default_buffer_type()).unwrap();
         let mut rng = StdRng::seed_from_u64(seed);
         ctx.tensor_set_f32(x, &values(&mut rng, ne0 * heads * n))
             .unwrap();
+        if let (Some(ff), Some(f)) = (ff, factors) {
+            ctx.tensor_set_f32(ff, f).unwrap();
+        }
         (ctx, graph, pos, r, buf)
     };
     let mut cpu = cpu_backend();
@@ -274,16 +281,31 @@ fn rope_on_the_gpu_is_the_cpus_bit_for_bit() {
     yarn.attn_factor = 1.1;
     let mut scaled = RopeParams::new(RopeMode::Neox, 32, 1e6);
     scaled.freq_scale = 0.5;
+    let mut yarn_neox = yarn;
+    yarn_neox.mode = RopeMode::Neox;
+    // Frequency factors as Llama 3's (1 to 8), 3 more than the 32 pairs read.
+    let factors: Vec<f32> = (0..35).map(|_| rng.gen_range(1.0..8.0)).collect();
+    let ff = Some(&factors[..]);
     let cases = [
-        (64, RopeParams::new(RopeMode::Normal, 64, 10000.0)),
-        (64, RopeParams::new(RopeMode::Neox, 64, 100000.0)),
+        (64, RopeParams::new(RopeMode::Normal, 64, 10000.0), None),
+        (64, RopeParams::new(RopeMode::Neox, 64, 100000.0), None),
         // Part of each row rotates, the rest passes through.
-        (80, RopeParams::new(RopeMode::Neox, 48, 10000.0)),
-        (80, RopeParams::new(RopeMode::Normal, 48, 10000.0)),
-        (64, yarn),
-        (48, scaled),
+        (80, RopeParams::new(RopeMode::Neox, 48, 10000.0), None),
+        (80, RopeParams::new(RopeMode::Normal, 48, 10000.0), None),
+        (64, yarn, None),
+        (48, scaled, None),
+        (64, RopeParams::new(RopeMode::Normal, 64, 500000.0), ff),
+        (80, RopeParams::new(RopeMode::Neox, 64, 500000.0), ff),
+        (64, yarn, ff),
+        (64, yarn_neox, ff),
+        // Pair counts that are not multiples of 4: ggml's vectorized normal-mode loop rounds
+        // the last pairs' products.
+        (18, RopeParams::new(RopeMode::Normal, 14, 10000.0), ff),
+        (10, RopeParams::new(RopeMode::Normal, 10, 10000.0), None),
+        (6, RopeParams::new(RopeMode::Normal, 2, 10000.0), None),
+        (18, RopeParams::new(RopeMode::Neox, 14, 10000.0), ff),
     ];
-    for (k, (ne0, rp)) in cases.into_iter().enumerate() {
+    for (k, (ne0, rp, ff)) in cases.into_iter().enumerate() {
         // Small, large (past 2^24, where positions round to f32) and negative positions.
         let a: Vec<i32> = (0..9)
             .map(|i| match i {
@@ -296,7 +318,7 @@ fn rope_on_the_gpu_is_the_cpus_bit_for_bit() {
             })
             .collect();
         let b: Vec<i32> = (0..9).map(|_| rng.gen_range(-1 << 30..1 << 30)).collect();
-        let runs = rope_both(gpu.as_mut(), ne0, 3, [&a, &b], rp, k as u64);
+        let runs = rope_both(gpu.as_mut(), ne0, 3, [&a, &b], rp, ff, k as u64);
         for (run, (cpu, got)) in runs.iter().enumerate() {
             assert!(cpu.iter().any(|&v| v != 0.0));
             if exact {
@@ -312,6 +334,68 @@ fn rope_on_the_gpu_is_the_cpus_bit_for_bit() {
             bits(&runs[1].1),
             "new positions, new output"
         );
+    }
+}
+
+/// ROPEs at the same positions with other frequency factors, or none, each get their own
+/// table, and a node that rewrites the factors between two ROPEs reading them makes the second
+/// fill its table again.
+#[test]
+fn rope_tables_follow_the_frequency_factors() {
+    let Some(dev) = first_device() else {
+        return;
+    };
+    let exact = exact_rope(&dev);
+    let mut gpu = dev.init_backend(&Default::default()).unwrap();
+    let (ne0, n) = (16, 5);
+    let rp = RopeParams::new(RopeMode::Neox, ne0, 10000.0);
+    let build = |be: &dyn Backend| {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor(DType::F32, &[ne0, 2, n]).unwrap();
+        let pos = ctx.new_tensor(DType::I32, &[n]).unwrap();
+        let f1 = ctx.new_tensor(DType::F32, &[ne0 / 2]).unwrap();
+        let f2 = ctx.new_tensor(DType::F32, &[ne0 / 2]).unwrap();
+        let r0 = ctx.rope(x, pos, rp).unwrap();
+        let r1 = ctx.rope_ext(x, pos, Some(f1), rp).unwrap();
+        let r2 = ctx.rope_ext(x, pos, Some(f2), rp).unwrap();
+        let doubled = ctx.scale(f2, 2.0).unwrap();
+        let r3 = ctx.rope_ext(x, pos, Some(f2), rp).unwrap();
+        // Outputs are ordered as given: r2, then f2 doubled in place, then r3 reads f2 again.
+        let graph = Graph::build(&mut ctx, &[r0, r1, r2, doubled, r3]).unwrap();
+        let buf = alloc_ctx_tensors(&mut ctx, &be.default_buffer_type()).unwrap();
+        let f2_data = ctx[f2].data.clone();
+        ctx.get_mut(doubled).unwrap().data = f2_data;
+        let mut rng = StdRng::seed_from_u64(5);
+        ctx.tensor_set_f32(x, &values(&mut rng, ne0 * 2 * n))
+            .unwrap();
+        ctx.tensor_set_i32(pos, &[0, 7, 300, 4095, 12]).unwrap();
+        ctx.tensor_set_f32(f1, &[1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0])
+            .unwrap();
+        ctx.tensor_set_f32(f2, &[1.5, 1.5, 1.5, 3.0, 3.0, 6.0, 6.0, 7.5])
+            .unwrap();
+        (ctx, graph, [r0, r1, r2, r3], buf)
+    };
+    let mut cpu = cpu_backend();
+    let (c_ctx, c_graph, c_outs, _cb) = build(cpu.as_ref());
+    let (g_ctx, g_graph, g_outs, _gb) = build(gpu.as_ref());
+    cpu.graph_compute(&c_ctx, &c_graph).unwrap();
+    gpu.graph_compute(&g_ctx, &g_graph).unwrap();
+    let mut seen = Vec::new();
+    for (k, (&c, &g)) in c_outs.iter().zip(&g_outs).enumerate() {
+        let want = c_ctx.tensor_get_f32(c).unwrap();
+        let got = g_ctx.tensor_get_f32(g).unwrap();
+        if exact {
+            assert_eq!(bits(&got), bits(&want), "rope {k}");
+        } else {
+            for (x, y) in got.iter().zip(&want) {
+                assert!((x - y).abs() <= 1e-3 * (1.0 + y.abs()), "rope {k}");
+            }
+        }
+        assert!(
+            !seen.contains(&bits(&want)),
+            "rope {k} repeats an earlier one"
+        );
+        seen.push(bits(&want));
     }
 }
 

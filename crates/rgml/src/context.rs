@@ -721,6 +721,23 @@ impl Context {
 
     /// Rotary embedding of `a` `[head_dim, n_head, n_tokens, 1]` at I32 positions `pos` `[n_tokens]`.
     pub fn rope(&mut self, a: TensorId, pos: TensorId, params: RopeParams) -> Result<TensorId> {
+        self.rope_ext(a, pos, None, params)
+    }
+
+    /// [`rope`](Self::rope) with optional frequency factors (ggml's `ggml_rope_ext` with its
+    /// third source, Llama 3's `rope_freqs.weight`): pair `i`'s angle before YaRN is
+    /// `pos · θ_scale^i / freq_factors[i]`.
+    ///
+    /// The factors must be a contiguous f32 tensor with `ne[0] >= n_dims / 2`: ggml's rule
+    /// (`c->ne[0] >= n_dims/2`), so the tensors ggml accepts are accepted here; only the first
+    /// `n_dims / 2` values are read. They become the node's third source.
+    pub fn rope_ext(
+        &mut self,
+        a: TensorId,
+        pos: TensorId,
+        freq_factors: Option<TensorId>,
+        params: RopeParams,
+    ) -> Result<TensorId> {
         self.expect_dtype(OpKind::Rope, pos, &[DType::I32], "positions must be i32")?;
         let (ta, tp) = (self.get(a)?, self.get(pos)?);
         if tp.ne != [ta.ne[2], 1, 1, 1] {
@@ -746,8 +763,33 @@ impl Context {
                 reason: format!("freq_base {} must be positive", params.freq_base),
             });
         }
+        if let Some(ff) = freq_factors {
+            self.expect_dtype(
+                OpKind::Rope,
+                ff,
+                &[DType::F32],
+                "frequency factors must be f32",
+            )?;
+            let tf = self.get(ff)?;
+            if tf.ne[0] < params.n_dims / 2 {
+                return Err(Error::ShapeMismatch {
+                    op: OpKind::Rope,
+                    lhs: ta.ne,
+                    rhs: tf.ne,
+                    reason: "frequency factors need ne0 >= n_dims / 2",
+                });
+            }
+            if !tf.is_contiguous() {
+                return Err(Error::InvalidArgument {
+                    op: OpKind::Rope,
+                    reason: "frequency factors must be contiguous".into(),
+                });
+            }
+        }
         let id = self.unary_like(Op::Rope(params), a)?;
-        self.get_mut(id)?.src.push(pos);
+        let src = &mut self.get_mut(id)?.src;
+        src.push(pos);
+        src.extend(freq_factors);
         Ok(id)
     }
 
@@ -944,6 +986,41 @@ mod tests {
         assert!(ctx.get(c_orig).is_err());
         assert_eq!(ctx.get(d).unwrap().op.kind(), OpKind::Mul);
         assert_eq!(ctx.ids().collect::<Vec<_>>(), vec![a, b, d]);
+    }
+
+    #[test]
+    fn rope_frequency_factors_are_validated() {
+        use crate::op::RopeMode;
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[16, 2, 3]).unwrap();
+        let pos = ctx.new_tensor(DType::I32, &[3]).unwrap();
+        let p = RopeParams::new(RopeMode::Neox, 12, 10000.0);
+        // ggml's rule: f32, at least n_dims / 2 values along dim 0; more are allowed.
+        for n in [6, 9] {
+            let ff = ctx.new_tensor(DType::F32, &[n]).unwrap();
+            let r = ctx.rope_ext(a, pos, Some(ff), p).unwrap();
+            assert_eq!(ctx[r].src, vec![a, pos, ff]);
+            assert_eq!(ctx[r].ne, ctx[a].ne);
+        }
+        let r = ctx.rope(a, pos, p).unwrap();
+        assert_eq!(ctx[r].src, vec![a, pos]);
+        let short = ctx.new_tensor(DType::F32, &[5]).unwrap();
+        assert!(matches!(
+            ctx.rope_ext(a, pos, Some(short), p),
+            Err(Error::ShapeMismatch { .. })
+        ));
+        let f16 = ctx.new_tensor(DType::F16, &[6]).unwrap();
+        assert!(matches!(
+            ctx.rope_ext(a, pos, Some(f16), p),
+            Err(Error::UnsupportedDType { .. })
+        ));
+        // Long enough along dim 0, but not contiguous.
+        let wide = ctx.new_tensor(DType::F32, &[12, 8]).unwrap();
+        let t = ctx.transpose(wide).unwrap();
+        assert!(matches!(
+            ctx.rope_ext(a, pos, Some(t), p),
+            Err(Error::InvalidArgument { .. })
+        ));
     }
 
     #[test]

@@ -119,7 +119,9 @@ pub enum Op {
         /// Added to the variance.
         eps: f32,
     },
-    /// Rotary position embedding with positions in `src1` (I32, one per `ne2` row).
+    /// Rotary position embedding with positions in `src1` (I32, one per `ne2` row) and
+    /// optional frequency factors in `src2` (f32, `n_dims / 2` of them: pair `i`'s angle is
+    /// divided by factor `i`).
     Rope(RopeParams),
     /// Row-wise softmax of `src0 * scale + mask` (mask `src1` optional, broadcast over rows).
     SoftMax {

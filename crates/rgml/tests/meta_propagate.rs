@@ -323,6 +323,41 @@ fn rope_soft_max_get_rows_set_rows_argmax_concat() {
         propagate(&ctx, rope, &[split(2, &[2, 1]), split(0, &[2, 1])], 2),
         OpKind::Rope,
     );
+    // ROPE with frequency factors: a small weight every device reads whole.
+    let ff = f32(&mut ctx, &[2]);
+    let rope_ff = ctx
+        .rope_ext(
+            q,
+            pos,
+            Some(ff),
+            RopeParams::new(RopeMode::Normal, 4, 10000.0),
+        )
+        .unwrap();
+    assert_eq!(
+        state(propagate(
+            &ctx,
+            rope_ff,
+            &[heads.clone(), Mirrored, Mirrored],
+            2
+        )),
+        heads
+    );
+    assert_eq!(
+        state(propagate(&ctx, rope_ff, &[Partial, Mirrored, Mirrored], 2)),
+        Partial
+    );
+    // Partial factors are summed first (the angle is not linear in them).
+    let p = propagate(&ctx, rope_ff, &[heads.clone(), Mirrored, Partial], 2).unwrap();
+    assert_eq!((p.state, p.reduce), (heads.clone(), vec![2]));
+    unsupported(
+        propagate(
+            &ctx,
+            rope_ff,
+            &[heads.clone(), Mirrored, split(0, &[1, 1])],
+            2,
+        ),
+        OpKind::Rope,
+    );
 
     // SOFT_MAX over [n_kv, tokens, heads] with a mask broadcast over heads.
     let kq = f32(&mut ctx, &[8, 3, 4]);

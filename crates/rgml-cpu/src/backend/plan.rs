@@ -226,7 +226,7 @@ fn node_task(
         if !kernels::is_target_src(&t.op, i)
             && sbuf == dbuf
             && kernels::overlaps(sv.ptr, slen, dst.ptr, dlen)
-            && !(exact && sv.dtype == dst.dtype && kernels::inplace_capable(t.op.kind()))
+            && !(exact && sv.dtype == dst.dtype && kernels::inplace_capable(&t.op, i))
         {
             return Err(views.unsupported(format!(
                 "{}: source {i} overlaps destination '{}' (only exact in-place aliases are allowed)",

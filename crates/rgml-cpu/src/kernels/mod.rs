@@ -399,7 +399,8 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 })
         }
         Op::Rope(p) => {
-            n(2) && f32_rows(t)
+            (n(2) || n(3))
+                && f32_rows(t)
                 && f32_rows(s[0])
                 && t.ne == s[0].ne
                 && s[1].dtype == I32
@@ -407,6 +408,8 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 && s[1].ne[0] >= t.ne[2]
                 && p.n_dims.is_multiple_of(2)
                 && p.n_dims <= t.ne[0]
+                // Frequency factors: the first n_dims / 2 values of a dense f32 row.
+                && s.get(2).is_none_or(|f| f32_rows(f) && f.ne[0] >= p.n_dims / 2)
         }
         Op::MulMat => n(2) && matmul::supported(s[0], s[1], t),
         Op::Concat { dim } => {
@@ -434,10 +437,15 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
     }
 }
 
-/// Whether a node may write over a source that it reads (exact alias only): ggml's in-place ops.
-pub(crate) fn inplace_capable(kind: OpKind) -> bool {
+/// Whether source `i` of a node may be its destination (exact alias only): the operands of
+/// ggml's in-place ops, which each row reads before writing it. Not ROPE's frequency factors:
+/// every row reads all of them.
+pub(crate) fn inplace_capable(op: &Op, i: usize) -> bool {
+    if matches!((op, i), (Op::Rope(_), 2)) {
+        return false;
+    }
     matches!(
-        kind,
+        op.kind(),
         OpKind::Scale
             | OpKind::DiagMaskInf
             | OpKind::Add

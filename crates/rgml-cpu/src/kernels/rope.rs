@@ -1,9 +1,14 @@
 //! ROPE: rotary position embedding in Normal (adjacent pairs) and NeoX (half-split pairs)
 //! layouts, with ggml's YaRN (`rope_yarn`): `theta_scale = freq_base^(-2/n_dims)`, the
 //! interpolation/extrapolation ramp between the correction dims, and the magnitude scale.
-//! Dimensions from `n_dims` on are copied through.
+//! Optional frequency factors (src2, Llama 3's `rope_freqs`) divide each pair's angle before
+//! YaRN, as ggml's `ggml_rope_cache_init` does. Dimensions from `n_dims` on are copied through.
+//!
+//! The f32 operations are those of ggml-cpu's compiled code, GCC's fused multiply-adds included
+//! ([`rotate`], [`fused_pairs`], [`yarn_mix`]); `tests/ggml_rope.rs` checks them against ggml's
+//! own output.
 
-use super::{f32_row_for_write, f32_row_mut, scratch_slice, NodeTask, ThreadCtx};
+use super::{f32_row, f32_row_for_write, f32_row_mut, scratch_slice, NodeTask, ThreadCtx};
 use rgml::{Result, RopeMode, RopeParams};
 
 /// YaRN correction dim for `n_rot` rotations (ggml's `ggml_rope_yarn_corr_dim`).
@@ -32,26 +37,75 @@ fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> [f32; 2] {
     [x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c)]
 }
 
-/// Fill `cache[i0] = cos`, `cache[i0 + 1] = sin` for the pairs of position `pos`.
-fn fill_cache(cache: &mut [f32], pos: f32, p: &RopeParams, corr: [f32; 2], theta_scale: f32) {
-    let mut theta_extrap = pos;
+/// [`rotate`] with every product rounded: how ggml rotates the Normal-mode pairs that its
+/// vectorized loop leaves over (see [`fused_pairs`]).
+#[inline(always)]
+fn rotate_unfused(x0: f32, x1: f32, c: f32, s: f32) -> [f32; 2] {
+    [x0 * c - x1 * s, x0 * s + x1 * c]
+}
+
+/// How many leading pairs of a Normal-mode row ggml rotates with fused multiply-adds. GCC
+/// vectorizes its loop over adjacent pairs: whole vectors use `vfmaddsub` (fused, as
+/// [`rotate`]); the last vector step holds two pairs in the AVX2 builds (128-bit, after any
+/// 256-bit steps) and four in the AVX-512 build (256-bit, after 512-bit steps), and the pairs
+/// left over, as all pairs of a row with fewer than four (AVX-512), go through a two-lane
+/// `vmulps` / `vaddsubps` block: [`rotate_unfused`]. NeoX pairs are never vectorized: all fused.
+/// Read from GCC 12's code for llama.cpp's native (Zen 1), `GGML_NATIVE=OFF` AVX2 and AVX-512
+/// builds; the native build's is checked against its output in `tests/ggml_rope.rs`.
+fn fused_pairs(n_pairs: usize, wide: bool) -> usize {
+    let group = if wide { 4 } else { 2 };
+    n_pairs - n_pairs % group
+}
+
+/// YaRN's angle, ggml's `theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix`: GCC
+/// contracts the first product and the sum into a fused multiply-add (read from the
+/// disassembly of llama.cpp's x86 build, and checked against its output in
+/// `tests/ggml_rope.rs`).
+#[inline(always)]
+fn yarn_mix(theta_interp: f32, theta_extrap: f32, mix: f32) -> f32 {
+    theta_interp.mul_add(1.0 - mix, theta_extrap * mix)
+}
+
+/// YaRN's magnitude correction, ggml's `1.0f + 0.1f * logf(1.0f / freq_scale)`, which GCC
+/// contracts into one fused multiply-add.
+fn yarn_mscale(freq_scale: f32) -> f32 {
+    0.1f32.mul_add((1.0 / freq_scale).ln(), 1.0)
+}
+
+/// Fill `cache[i0] = cos`, `cache[i0 + 1] = sin` for the pairs of position `pos`, pair `k`'s
+/// angle divided by `freq_factors[k]` when there are factors.
+fn fill_cache(
+    cache: &mut [f32],
+    pos: f32,
+    p: &RopeParams,
+    corr: [f32; 2],
+    theta_scale: f32,
+    freq_factors: Option<&[f32]>,
+) {
+    // As ggml: the running product stays undivided and `theta / ff` (one f32 division; without
+    // factors `ff = 1`, which is exact) is the extrapolated angle. The caller passes n_dims / 2
+    // factors, one per pair.
+    let mut theta_base = pos;
     for (k, pair) in cache.chunks_exact_mut(2).enumerate() {
         let i0 = 2 * k;
+        let ff = freq_factors.and_then(|f| f.get(k)).copied().unwrap_or(1.0);
+        let theta_extrap = theta_base / ff;
         let theta_interp = p.freq_scale * theta_extrap;
         let mut theta = theta_interp;
         let mut mscale = p.attn_factor;
         if p.ext_factor != 0.0 {
             let mix = ramp(corr[0], corr[1], i0) * p.ext_factor;
-            theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
-            mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
+            theta = yarn_mix(theta_interp, theta_extrap, mix);
+            mscale *= yarn_mscale(p.freq_scale);
         }
         pair[0] = theta.cos() * mscale;
         pair[1] = theta.sin() * mscale;
-        theta_extrap *= theta_scale;
+        theta_base *= theta_scale;
     }
 }
 
-/// ROPE of src0 `[ne0, heads, tokens, ne3]` at the I32 positions of src1 (one per `ne2`).
+/// ROPE of src0 `[ne0, heads, tokens, ne3]` at the I32 positions of src1 (one per `ne2`), with
+/// the optional f32 frequency factors of src2 (the first `n_dims / 2` values).
 pub(crate) fn rope(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
     if task.features.has_avx2() {
@@ -79,6 +133,12 @@ fn rope_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<
     let n_dims = p.n_dims.min(ne0) & !1;
     let theta_scale = p.freq_base.powf(-2.0 / n_dims.max(1) as f32);
     let corr = corr_dims(p);
+    let freq_factors = task.src.get(2).and_then(Option::as_ref).map(|ff| {
+        // SAFETY: the support check requires src2 to be F32 with dense rows of at least
+        // n_dims / 2 values (its first row is read), and the plan refuses one that overlaps the
+        // destination (the only memory the node writes), so nobody writes them meanwhile.
+        unsafe { f32_row(ff.ptr, n_dims / 2) }
+    });
     let (cache, rest) = tc.scratch.split_at_mut(n_dims.min(tc.scratch.len()));
     let cache = scratch_slice(cache, n_dims)?;
     let mut cached: Option<usize> = None;
@@ -87,7 +147,7 @@ fn rope_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<
         if cached != Some(i2) {
             // SAFETY: `pos` is a dense I32 vector with at least `ne2` entries (support table).
             let pi = unsafe { pos.ptr.cast::<i32>().add(i2).read_unaligned() };
-            fill_cache(cache, pi as f32, p, corr, theta_scale);
+            fill_cache(cache, pi as f32, p, corr, theta_scale, freq_factors);
             cached = Some(i2);
         }
         let drow = dst.row(i1, i2, i3);
@@ -98,12 +158,18 @@ fn rope_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<
             let d = f32_row_mut(drow, ne0);
             match p.mode {
                 RopeMode::Normal => {
-                    for ((dp, xp), cs) in d[..n_dims]
+                    let fused = fused_pairs(n_dims / 2, task.features.wide());
+                    for (k, ((dp, xp), cs)) in d[..n_dims]
                         .chunks_exact_mut(2)
                         .zip(x[..n_dims].chunks_exact(2))
                         .zip(cache.chunks_exact(2))
+                        .enumerate()
                     {
-                        [dp[0], dp[1]] = rotate(xp[0], xp[1], cs[0], cs[1]);
+                        [dp[0], dp[1]] = if k < fused {
+                            rotate(xp[0], xp[1], cs[0], cs[1])
+                        } else {
+                            rotate_unfused(xp[0], xp[1], cs[0], cs[1])
+                        };
                     }
                 }
                 RopeMode::Neox => {

@@ -12,7 +12,7 @@
 //! first ([`Propagation::reduce`]). Only ops that are linear in a partial source keep it partial
 //! (the sum over devices commutes with them): ADD/SUB of two partials; MUL by, or DIV of a
 //! partial by, a mirrored tensor; SCALE without bias; MUL_MAT, GET_ROWS (table side) and ROPE
-//! with the other operand mirrored; CONCAT of two partials; DUP/CONT/CPY and the view ops. Every
+//! with the other operands mirrored; CONCAT of two partials; DUP/CONT/CPY and the view ops. Every
 //! other use of a partial source reduces it (ADD of a partial and a mirrored tensor would add
 //! the mirrored term once per device).
 //!
@@ -903,13 +903,19 @@ fn norm_rule(n: &Node) -> Result<Rule> {
     }
 }
 
+/// ROPE: positions and the optional frequency factors (a small weight, indexed by the global
+/// pair) are read whole on every device, so they must be mirrored.
 fn rope_rule(n: &Node) -> Result<Rule> {
     use SplitState::{Axis, Mirrored};
-    if let Some(r) = n.reduce_any(&[1]) {
+    let tables: Vec<usize> = (1..n.s.len()).collect();
+    if let Some(r) = n.reduce_any(&tables) {
         return Ok(r);
     }
     if *n.st(1)? != Mirrored {
         return n.no("ROPE needs mirrored positions");
+    }
+    if n.s.len() > 2 && *n.st(2)? != Mirrored {
+        return n.no("ROPE needs mirrored frequency factors");
     }
     match n.st(0)? {
         Axis { axis: 0, .. } => n.no("ROPE rotates pairs within axis 0: it must be whole"),
