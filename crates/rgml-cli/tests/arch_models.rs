@@ -152,7 +152,6 @@ fn qwen3_gives_llama_cpps_logits() {
 }
 
 #[test]
-#[ignore = "rgml does not apply rope_freqs.weight (Llama 3.1 rope scaling) yet"]
 fn llama3_gives_llama_cpps_logits() {
     check(Arch::Llama3);
 }

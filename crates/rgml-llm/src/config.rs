@@ -33,6 +33,12 @@ impl Arch {
         ("gemma3", Arch::Gemma3),
     ];
 
+    /// Whether the graph divides RoPE frequencies by `rope_freqs.weight` when the file has it
+    /// (LLaMA: Llama 3.1's scaling, as llama.cpp).
+    pub fn has_rope_freqs(self) -> bool {
+        self == Arch::Llama
+    }
+
     /// The architecture a file's `general.architecture` names, if rgml runs it.
     pub fn from_name(name: &str) -> Option<Arch> {
         Self::NAMES

@@ -108,6 +108,8 @@ pub struct Model {
     pub output_norm: TensorId,
     /// Output projection (the token embeddings when the file ties them).
     pub output: TensorId,
+    /// RoPE frequency divisors per rotated pair (`rope_freqs.weight`, Llama 3.1's scaling).
+    pub rope_freqs: Option<TensorId>,
     /// Per-block weights.
     pub layers: Vec<LayerWeights>,
     /// The devices holding the weights (one unless split).
@@ -188,6 +190,7 @@ impl Model {
             tok_embd,
             output_norm,
             output,
+            rope_freqs,
             layers,
         } = weights;
         Ok(Model {
@@ -199,6 +202,7 @@ impl Model {
             // Tied embeddings: files without `output.weight` reuse the token embeddings (or
             // the copy of them made on the last device of a split).
             output: output.or(tied_output).unwrap_or(tok_embd),
+            rope_freqs,
             layers,
             devices,
             layer_devices,
@@ -384,6 +388,8 @@ struct NamedWeights {
     output_norm: TensorId,
     /// `output.weight`, absent when the file ties it to the token embeddings.
     output: Option<TensorId>,
+    /// `rope_freqs.weight`, where the architecture reads it.
+    rope_freqs: Option<TensorId>,
     layers: Vec<LayerWeights>,
 }
 
@@ -399,6 +405,8 @@ impl NamedWeights {
             tok_embd: required("token_embd.weight")?,
             output_norm: required("output_norm.weight")?,
             output: get("output.weight"),
+            // Left out where the graph would not read them, so such a file is refused.
+            rope_freqs: get("rope_freqs.weight").filter(|_| config.kind.has_rope_freqs()),
             layers,
         };
         weights.check_all_used(ids, config)?;
@@ -411,6 +419,7 @@ impl NamedWeights {
         let mut used: std::collections::HashSet<TensorId> =
             [self.tok_embd, self.output_norm].into_iter().collect();
         used.extend(self.output);
+        used.extend(self.rope_freqs);
         for l in &self.layers {
             used.extend(
                 crate::arch::layer_shapes(config, l)
@@ -458,6 +467,9 @@ impl NamedWeights {
             [c.n_embd, c.n_vocab, 1, 1],
         )?;
         expect(self.output_norm, [c.n_embd, 1, 1, 1])?;
+        if let Some(f) = self.rope_freqs {
+            expect(f, [c.n_rot / 2, 1, 1, 1])?;
+        }
         let norm_f32 = |id: TensorId| -> Result<()> {
             match ctx[id].dtype {
                 DType::F32 => Ok(()),
@@ -468,6 +480,12 @@ impl NamedWeights {
             }
         };
         norm_f32(self.output_norm)?;
+        if let Some(f) = self.rope_freqs.filter(|&f| ctx[f].dtype != DType::F32) {
+            return Err(LlmError::BadTensor(format!(
+                "'{}' must be f32, not {}",
+                ctx[f].name, ctx[f].dtype
+            )));
+        }
         for l in &self.layers {
             for (id, ne, is_norm) in crate::arch::layer_shapes(c, l) {
                 expect(id, ne)?;

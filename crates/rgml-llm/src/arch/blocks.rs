@@ -16,6 +16,8 @@ pub(crate) struct GraphModel<'a> {
     pub(crate) tok_embd: TensorId,
     pub(crate) output_norm: TensorId,
     pub(crate) output: TensorId,
+    /// Per-pair RoPE frequency divisors (`rope_freqs.weight`: Llama 3.1's scaling).
+    pub(crate) rope_freqs: Option<TensorId>,
     pub(crate) layers: &'a [LayerWeights],
     /// Per block, the index of its device.
     pub(crate) layer_devices: &'a [usize],
@@ -192,10 +194,10 @@ impl<'a> Builder<'a> {
             k = self.row_norm(k, w)?;
             k = self.keep(k, format!("Kcur_normed-{il}"))?;
         }
-        let rope = self.rope_params(il);
-        let q = self.ctx.rope(q, self.inputs.positions, rope)?;
+        let (rope, factors) = (self.rope_params(il), self.model.rope_freqs);
+        let q = self.ctx.rope_ext(q, self.inputs.positions, factors, rope)?;
         let mut q = self.keep(q, format!("Qcur-{il}"))?;
-        let k = self.ctx.rope(k, self.inputs.positions, rope)?;
+        let k = self.ctx.rope_ext(k, self.inputs.positions, factors, rope)?;
         let k = self.keep(k, format!("Kcur-{il}"))?;
         if c.attn_scale_on_q {
             q = self.ctx.scale(q, c.attn_scale)?;

@@ -67,6 +67,7 @@ pub(super) fn build_graph(
         tok_embd: model.tok_embd,
         output_norm: model.output_norm,
         output: model.output,
+        rope_freqs: model.rope_freqs,
         layers: &model.layers,
         layer_devices: &layer_devices,
         n_devices: model.devices().len(),
