@@ -14,10 +14,9 @@
 #[allow(dead_code)] // The GPU lookup is not used here.
 mod common;
 
-use common::{root, runnable_isas, sha256_hex, top10_worst};
+use common::{logits_json, root, runnable_isas, sha256_hex, top10_worst};
 use rgml_testmodels::{write_random_model, Arch};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The random model of `arch`, written into the test's scratch directory.
 fn model_file(arch: Arch) -> PathBuf {
@@ -57,27 +56,7 @@ fn fixtures(arch: Arch) -> Vec<(String, serde_json::Value)> {
 
 /// `rgml logits --json` for `prompt` under the arithmetic of `isa`.
 fn logits(model: &Path, isa: &str, prompt: &str) -> serde_json::Value {
-    logits_split(model, isa, prompt, &[])
-}
-
-/// [`logits`] with extra arguments (`--device CPU0,CPU1 --split-mode ...`), with the CPU
-/// devices CPU0 and CPU1 registered.
-fn logits_split(model: &Path, isa: &str, prompt: &str, extra: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
-        .args(extra)
-        .arg("-m")
-        .arg(model)
-        .env("RGML_CPU_ISA", isa)
-        .env("RGML_CPU_DEVICES", "2")
-        .output()
-        .expect("run rgml logits");
-    assert!(
-        out.status.success(),
-        "rgml logits failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON output")
+    logits_json(model, isa, prompt, &[])
 }
 
 /// Write `arch`'s model, check its bytes against every fixture's sha256, and its logits on
@@ -123,7 +102,7 @@ fn check_splits(arch: Arch, model: &Path, fixtures: &[(String, serde_json::Value
         .expect("a prompt");
     let one = logits(model, isa, prompt);
     for mode in ["layer", "tensor"] {
-        let split = logits_split(
+        let split = logits_json(
             model,
             isa,
             prompt,

@@ -11,7 +11,7 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{root, runnable_isas, sha256_hex};
+use common::{logits_json, root, runnable_isas, sha256_hex};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -52,20 +52,7 @@ fn check_logits(set: &str, n_ctx: usize) {
         );
         for case in fixture["cases"].as_array().expect("cases") {
             let prompt = case["prompt"].as_str().expect("prompt");
-            let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-                .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
-                .args(["-c", &n_ctx.to_string()])
-                .arg("-m")
-                .arg(&model)
-                .env("RGML_CPU_ISA", isa)
-                .output()
-                .expect("run rgml logits");
-            assert!(
-                out.status.success(),
-                "rgml logits failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+            let got = logits_json(&model, isa, prompt, &["-c", &n_ctx.to_string()]);
             let what = format!("{set} {prompt:.40?} on {isa}");
             let worst = common::top10_worst(&got, case, &what);
             // 4-decimal rounding of the fixture, plus f32 spacing at Gemma's |logits| (< 128).
@@ -83,12 +70,12 @@ fn gemma3_gives_llama_cpps_tokens_and_logits() {
     check_logits("", 1024);
 }
 
-/// A 1,923-token prompt (four micro-batches of 512) in a context of 2,048: the local layers'
-/// cache of 1,024 cells (window 512 and a micro-batch) wraps around, its cells reused as
+/// A 2,127-token prompt (five micro-batches of 512) in a context of 4,096: the local layers'
+/// cache of 1,024 cells (window 512 and a micro-batch) wraps around twice, its cells reused as
 /// llama.cpp's tools reuse them (`swa_full` off), and the logits still equal llama.cpp's.
 #[test]
 fn gemma3_long_prompt_wraps_the_local_cache_and_equals_llama_cpp() {
-    check_logits("long", 2048);
+    check_logits("long", 4096);
 }
 
 /// The local layers' KV memory is their window plus a micro-batch, whatever the context.

@@ -75,19 +75,7 @@ fn fixtures(isa: &str) -> Vec<(String, serde_json::Value)> {
 /// the top-10 order.
 fn worst_difference(model: &Path, isa: &str, case: &serde_json::Value) -> f64 {
     let prompt = case["prompt"].as_str().expect("prompt");
-    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
-        .arg("-m")
-        .arg(model)
-        .env("RGML_CPU_ISA", isa)
-        .output()
-        .expect("run rgml logits");
-    assert!(
-        out.status.success(),
-        "rgml logits failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let got = common::logits_json(model, isa, prompt, &[]);
     common::top10_worst(&got, case, &format!("{prompt:?} on {isa}"))
 }
 

@@ -93,3 +93,30 @@ pub fn top10_worst(got: &serde_json::Value, case: &serde_json::Value, what: &str
             |worst, d| if d.is_nan() || d > worst { d } else { worst },
         )
 }
+
+/// `rgml logits --json --top 10 -t 2 -p PROMPT -m MODEL EXTRA..` under the CPU arithmetic of
+/// `isa`, with the devices CPU0 and CPU1 registered beside CPU (for `--device` splits); the
+/// parsed output. Fails the test if rgml fails.
+#[allow(dead_code)] // Not every test binary that shares this module runs logits.
+pub fn logits_json(
+    model: &std::path::Path,
+    isa: &str,
+    prompt: &str,
+    extra: &[&str],
+) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
+        .args(extra)
+        .arg("-m")
+        .arg(model)
+        .env("RGML_CPU_ISA", isa)
+        .env("RGML_CPU_DEVICES", "2")
+        .output()
+        .expect("run rgml logits");
+    assert!(
+        out.status.success(),
+        "rgml logits failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}

@@ -170,31 +170,33 @@ pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Res
 
 /// GEGLU: `dst = gelu(src0) * src1`, as `ggml_vec_geglu_f32` (0 where `src0 <= -10`).
 pub(crate) fn geglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
-    let (dst, a, b) = (&task.dst, task.src(0)?, task.src(1)?);
-    let ne0 = dst.ne[0];
     let table = gelu_table();
-    for r in tc.split(dst.nrows()) {
-        let (i1, i2, i3) = dst.row_index(r);
-        let drow = dst.row(i1, i2, i3);
-        let (sa, sb) = tc.scratch.split_at_mut(ne0.min(tc.scratch.len()));
-        // SAFETY: as in `map_rows`, for both sources.
-        unsafe {
-            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, sa)?;
-            let g = f32_row_for_write(b.row(i1, i2, i3), ne0, drow, ne0 * 4, sb)?;
-            for ((d, &x), &g) in f32_row_mut(drow, ne0).iter_mut().zip(x).zip(g) {
-                *d = if x <= -10.0 {
-                    0.0
-                } else {
-                    gelu_with(table, x) * g
-                };
-            }
+    gated_rows(task, tc, |d, x, g| {
+        for ((d, &x), &g) in d.iter_mut().zip(x).zip(g) {
+            *d = if x <= -10.0 {
+                0.0
+            } else {
+                gelu_with(table, x) * g
+            };
         }
-    }
-    Ok(())
+    })
 }
 
 /// SWIGLU: `dst = silu(src0) * src1`.
 pub(crate) fn swiglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let features = task.features;
+    // ggml_vec_swiglu_f32: ggml_v_silu on groups of 8, expf on the tail.
+    gated_rows(task, tc, |d, x, g| {
+        super::vexp::silu_row(features, d, x, Some(g))
+    })
+}
+
+/// Run `f(dst_row, src0_row, src1_row)` over this thread's rows of a gated unit.
+fn gated_rows(
+    task: &NodeTask,
+    tc: &mut ThreadCtx<'_>,
+    f: impl Fn(&mut [f32], &[f32], &[f32]),
+) -> Result<()> {
     let (dst, a, b) = (&task.dst, task.src(0)?, task.src(1)?);
     let ne0 = dst.ne[0];
     for r in tc.split(dst.nrows()) {
@@ -205,8 +207,7 @@ pub(crate) fn swiglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         unsafe {
             let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, sa)?;
             let g = f32_row_for_write(b.row(i1, i2, i3), ne0, drow, ne0 * 4, sb)?;
-            // ggml_vec_swiglu_f32: ggml_v_silu on groups of 8, expf on the tail.
-            super::vexp::silu_row(task.features, f32_row_mut(drow, ne0), x, Some(g));
+            f(f32_row_mut(drow, ne0), x, g);
         }
     }
     Ok(())

@@ -339,8 +339,8 @@ pub(crate) fn build_layer(
     x: TensorId,
 ) -> Result<TensorId> {
     match b.config().kind {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::layer(b, il, l, x),
-        Arch::Phi3 => phi3::layer(b, il, l, x),
+        // Phi-3's fused projections are the shared blocks' business: LLaMA's block.
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::layer(b, il, l, x),
         Arch::Gemma3 => gemma3::layer(b, il, l, x),
     }
 }
