@@ -587,6 +587,11 @@ fn lift_whole_split(
     ne: [usize; MAX_DIMS],
     st: [usize; MAX_DIMS],
 ) -> SplitState {
+    // Only a row's first axis (a head's width) is lifted: higher axes are where rules expect
+    // splits to stay (a split giving one device everything is valid there as it is).
+    if axis != 0 {
+        return SplitState::Axis { axis, segments };
+    }
     let next = axis + 1;
     let whole = |segments: &[Segment]| {
         segments
