@@ -231,6 +231,12 @@ fn bad_or_unsupported_metadata_is_a_clear_error() {
         whole,
     );
     refused(&short_pattern, "gemma3.attention.sliding_window_pattern");
+    let negative_cap = edited_gemma3(
+        "negative-cap",
+        |w| w.add_metadata("gemma3.final_logit_softcapping", Value::F32(-4.0)),
+        whole,
+    );
+    refused(&negative_cap, "gemma3.final_logit_softcapping");
     let no_head_width = edited_gemma3(
         "no-key-length",
         |w| w.add_metadata("gemma3.attention.key_length", Value::String("wide".into())),

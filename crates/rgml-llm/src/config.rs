@@ -115,6 +115,8 @@ pub struct ModelConfig {
     pub attn_scale_on_q: bool,
     /// Activation of the gated FFN.
     pub ffn_activation: FfnActivation,
+    /// Soft-capping of the logits: `cap * tanh(logits / cap)`.
+    pub final_logit_softcap: Option<f32>,
 }
 
 impl ModelConfig {

@@ -213,6 +213,7 @@ mod tests {
             attn_scale: 0.125,
             attn_scale_on_q: false,
             ffn_activation: crate::config::FfnActivation::Silu,
+            final_logit_softcap: None,
         }
     }
 

@@ -620,7 +620,7 @@ fn diag_mask(cases: &mut Vec<Case>) {
 }
 
 fn unary(cases: &mut Vec<Case>) {
-    for op in [OpKind::Silu, OpKind::Gelu] {
+    for op in [OpKind::Silu, OpKind::Gelu, OpKind::Tanh] {
         for (ne, permuted) in [
             ([128, 7, 3, 1], false),
             ([5, 1, 1, 1], false),
@@ -644,10 +644,10 @@ fn unary(cases: &mut Vec<Case>) {
                     } else {
                         c.leaf(DType::F32, &ne, Init::Uniform(-6.0, 6.0))?
                     };
-                    if op == OpKind::Silu {
-                        c.ctx.silu(a)
-                    } else {
-                        c.ctx.gelu(a)
+                    match op {
+                        OpKind::Silu => c.ctx.silu(a),
+                        OpKind::Tanh => c.ctx.tanh(a),
+                        _ => c.ctx.gelu(a),
                     }
                 },
             ));

@@ -231,6 +231,11 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
         Op::DiagMaskInf { n_past } => diag_mask_inf(mem.read(ctx, src(t, 0)?)?, t.ne, n_past),
         Op::Unary(UnaryOp::Silu) => mem.read(ctx, src(t, 0)?)?.into_iter().map(silu).collect(),
         Op::Unary(UnaryOp::Gelu) => mem.read(ctx, src(t, 0)?)?.into_iter().map(gelu).collect(),
+        Op::Unary(UnaryOp::Tanh) => mem
+            .read(ctx, src(t, 0)?)?
+            .into_iter()
+            .map(f64::tanh)
+            .collect(),
         Op::Swiglu => {
             let a = mem.read(ctx, src(t, 0)?)?;
             let b = mem.read(ctx, src(t, 1)?)?;

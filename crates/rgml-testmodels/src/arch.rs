@@ -241,7 +241,9 @@ fn head_width_keys(head_dim: usize) -> [(&'static str, Value); 2] {
 /// (every 6th layer global) gives local layers 0-4 and 6-7 around the global layer 5; a window
 /// of 8 tokens; one key/value head 32 wide (128-wide queries in a 64-wide model); linear rope
 /// scaling by 8, which llama.cpp applies to the global layers only; a local rope base that is
-/// not llama.cpp's default (10000), so a reader that ignores the key is caught.
+/// not llama.cpp's default (10000), so a reader that ignores the key is caught; and the final
+/// logits soft-capped at 4 (Gemma 2's mechanism, which llama.cpp's Gemma 3 graph honours too),
+/// low enough to reshape logits of this model's size.
 fn gemma3() -> Spec {
     let mut keys = head_width_keys(32).to_vec();
     keys.extend([
@@ -249,6 +251,7 @@ fn gemma3() -> Spec {
         ("rope.freq_base_swa", Value::F32(20_000.0)),
         ("rope.scaling.type", Value::String("linear".into())),
         ("rope.scaling.factor", Value::F32(8.0)),
+        ("final_logit_softcapping", Value::F32(4.0)),
     ]);
     Spec {
         n_layer: 8,

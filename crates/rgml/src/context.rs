@@ -870,6 +870,11 @@ impl Context {
         Ok(id)
     }
 
+    /// `tanh(a)`.
+    pub fn tanh(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary_like(Op::Unary(UnaryOp::Tanh), a)
+    }
+
     /// `gelu(a) * b` (equal shapes; GELU's tanh approximation).
     pub fn geglu(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         self.expect_dtype(OpKind::Geglu, b, &[DType::F32], "operands must be f32")?;

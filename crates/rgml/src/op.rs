@@ -61,6 +61,8 @@ pub enum UnaryOp {
     Silu,
     /// GELU, tanh approximation (ggml's `gelu`).
     Gelu,
+    /// `tanh(x)` (soft-capping of logits).
+    Tanh,
 }
 
 /// An operation with its parameters. Sources live in the tensor's `src` list.
@@ -177,6 +179,7 @@ pub enum OpKind {
     DiagMaskInf,
     Silu,
     Gelu,
+    Tanh,
     Swiglu,
     Geglu,
     Concat,
@@ -185,7 +188,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 27] = [
+    pub const ALL: [OpKind; 28] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -209,6 +212,7 @@ impl OpKind {
         OpKind::DiagMaskInf,
         OpKind::Silu,
         OpKind::Gelu,
+        OpKind::Tanh,
         OpKind::Swiglu,
         OpKind::Geglu,
         OpKind::Concat,
@@ -241,6 +245,7 @@ impl OpKind {
             OpKind::DiagMaskInf => "DIAG_MASK_INF",
             OpKind::Silu => "SILU",
             OpKind::Gelu => "GELU",
+            OpKind::Tanh => "TANH",
             OpKind::Swiglu => "SWIGLU",
             OpKind::Geglu => "GEGLU",
             OpKind::Concat => "CONCAT",
@@ -297,6 +302,7 @@ impl Op {
             Op::DiagMaskInf { .. } => OpKind::DiagMaskInf,
             Op::Unary(UnaryOp::Silu) => OpKind::Silu,
             Op::Unary(UnaryOp::Gelu) => OpKind::Gelu,
+            Op::Unary(UnaryOp::Tanh) => OpKind::Tanh,
             Op::Swiglu => OpKind::Swiglu,
             Op::Geglu => OpKind::Geglu,
             Op::Concat { .. } => OpKind::Concat,

@@ -157,7 +157,7 @@ pub(crate) fn scale(task: &NodeTask, tc: &mut ThreadCtx<'_>, s: f32, b: f32) -> 
     map_rows(task, tc, move |x| x * s + b)
 }
 
-/// SILU and GELU.
+/// SILU, GELU and TANH.
 pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Result<()> {
     match op {
         UnaryOp::Silu => silu_rows(task, tc),
@@ -165,6 +165,8 @@ pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Res
             let table = gelu_table();
             map_rows(task, tc, move |x| gelu_with(table, x))
         }
+        // ggml_vec_tanh_f32: libm's tanhf per element.
+        UnaryOp::Tanh => map_rows(task, tc, f32::tanh),
     }
 }
 

@@ -454,6 +454,7 @@ pub(crate) fn inplace_capable(op: &Op, i: usize) -> bool {
             | OpKind::Div
             | OpKind::Silu
             | OpKind::Gelu
+            | OpKind::Tanh
             | OpKind::Swiglu
             | OpKind::Geglu
             | OpKind::Rope

@@ -394,7 +394,13 @@ impl<'a> Builder<'a> {
         self.pins.push((cur, self.model.n_devices - 1));
         let cur = self.ctx.mul(cur, self.model.output_norm)?;
         let cur = self.keep(cur, "result_norm".into())?;
-        let logits = self.ctx.mul_mat(self.model.output, cur)?;
+        let mut logits = self.ctx.mul_mat(self.model.output, cur)?;
+        if let Some(cap) = self.config().final_logit_softcap {
+            // As llama.cpp: scale down, tanh, scale up (three roundings).
+            logits = self.ctx.scale(logits, 1.0 / cap)?;
+            logits = self.ctx.tanh(logits)?;
+            logits = self.ctx.scale(logits, cap)?;
+        }
         self.ctx.set_name(logits, "logits")?;
         self.ctx.set_output(logits)?;
         self.graph.expand(self.ctx, logits)?;

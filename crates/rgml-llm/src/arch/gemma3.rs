@@ -1,7 +1,7 @@
 //! Gemma 3 (`gemma3`): heads wider than `n_embd / n_head` (`attention.key_length`), QK-norm,
 //! RMS norms after attention and after the FFN as well as before, a GeGLU FFN, embeddings
-//! scaled by √n_embd, Q scaled before attention, and interleaved local (sliding-window) and
-//! global layers with their own RoPE bases.
+//! scaled by √n_embd, Q scaled before attention, interleaved local (sliding-window) and
+//! global layers with their own RoPE bases, and optionally soft-capped logits.
 
 use super::blocks::Builder;
 use super::keys::Keys;
@@ -37,13 +37,16 @@ pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
     };
     c.attn_scale = 1.0 / (scale_width as f32).sqrt();
     c.attn_scale_on_q = true;
-    if let Some(cap) = keys.f32_opt("final_logit_softcapping")? {
-        if cap != 0.0 {
-            return Err(LlmError::UnsupportedModel(format!(
-                "{} = {cap}: logit soft-capping",
+    // 0 (or absent) means none, as llama.cpp reads it.
+    match keys.f32_opt("final_logit_softcapping")? {
+        Some(cap) if cap.is_finite() && cap > 0.0 => c.final_logit_softcap = Some(cap),
+        Some(cap) if cap != 0.0 => {
+            return Err(LlmError::BadConfig(format!(
+                "{} = {cap} must be positive",
                 keys.name("final_logit_softcapping")
-            )));
+            )))
         }
+        _ => {}
     }
     let window = keys.usize_or("attention.sliding_window", 0)?;
     if window > c.n_ctx_train {

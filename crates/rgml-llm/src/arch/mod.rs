@@ -171,6 +171,7 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         attn_scale_on_q: false,
         ffn_activation: FfnActivation::Silu,
+        final_logit_softcap: None,
     })
 }
 
