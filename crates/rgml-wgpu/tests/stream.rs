@@ -83,11 +83,13 @@ fn cpu_backend() -> Box<dyn Backend> {
     dev.init_backend(&Default::default()).unwrap()
 }
 
+/// The chain has a GELU, which the CPU computes as ggml does, through an f16 table (input and
+/// result rounded to f16: up to 2^-11 relative), and the GPU by the f32 formula.
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         assert!(
-            (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+            (x - y).abs() <= 1e-3 * (1.0 + y.abs()),
             "{what}: element {i}: {x} vs {y}"
         );
     }
