@@ -36,7 +36,7 @@ import numpy as np
 import llama_cpp as L
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from gen_model_fixtures import load, sha256  # noqa: E402
+from gen_model_fixtures import load, sha256, tokenize  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARCHS = ["gemma3", "qwen2", "qwen3", "llama3", "phi3", "mistral"]
@@ -75,17 +75,6 @@ def prompts(arch: str) -> list[str]:
     return COMMON + extra + [CHAT[arch]]
 
 
-def tokenize(vocab, text: str) -> list[int]:
-    """As llama.cpp's tools tokenize a prompt (and `rgml logits` does): BOS/EOS as the
-    vocabulary asks, special tokens in the text parsed."""
-    raw = text.encode()
-    buf = (L.llama_token * (len(raw) + 16))()
-    n = L.llama_tokenize(vocab, raw, len(raw), buf, len(buf), True, True)
-    if n < 0:
-        sys.exit(f"tokenization of {text!r} failed")
-    return list(buf[:n])
-
-
 def write_model(arch: str, binary: pathlib.Path, out: pathlib.Path) -> None:
     subprocess.run([str(binary), "--arch", arch, "--out", str(out)], cwd=ROOT, check=True)
 
@@ -112,7 +101,7 @@ def top10(logits: np.ndarray, what: str) -> list[list]:
 
 
 def run_case(model, ctx, vocab, prompt: str, what: str) -> dict:
-    tokens = tokenize(vocab, prompt)
+    tokens = tokenize(vocab, prompt, True)
     L.llama_memory_clear(L.llama_get_memory(ctx), True)
     decode(ctx, tokens)
     top = top10(logits_of(model, ctx), what)

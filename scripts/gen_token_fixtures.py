@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
 import json
 import os
 import pathlib
@@ -43,6 +42,9 @@ import random
 import sys
 
 import llama_cpp as L
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from gen_model_fixtures import sha256  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "crates" / "rgml-llm" / "tests" / "fixtures" / "tokens"
@@ -167,14 +169,6 @@ def random_text(rng: random.Random) -> str:
 
 # Cases tokenized once more with special tokens not parsed (markers become plain text).
 UNPARSED = [*CHAT_TURNS.values(), "<s>Hello</s> <unk> <bos><eos> <|endoftext|>"]
-
-
-def sha256(path: pathlib.Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def text_or_bytes(raw: bytes):

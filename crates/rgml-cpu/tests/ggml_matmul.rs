@@ -12,6 +12,8 @@
 //! GCC contracts into the AVX2 kernel's FMA), and only integer sums, exact either way, change
 //! instructions. See the fixtures' README.
 
+mod fixture_reader;
+use fixture_reader::Reader;
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::{Backend, Context, DType, Graph};
 use rgml_cpu::{CpuBackend, CpuDevice, CpuOptions, IsaChoice};
@@ -19,31 +21,6 @@ use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ggml_matmul")
-}
-
-/// A little-endian reader over a fixture file.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> &'a [u8] {
-        let s = &self.bytes[self.at..self.at + n];
-        self.at += n;
-        s
-    }
-
-    fn u32(&mut self) -> usize {
-        u32::from_le_bytes(self.take(4).try_into().unwrap()) as usize
-    }
-
-    fn f32s(&mut self, n: usize) -> Vec<f32> {
-        self.take(4 * n)
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
 }
 
 /// One weight matrix and ggml's products: `outputs[(batch, threads)]`, column-major `[b][n]`.
@@ -78,10 +55,7 @@ fn ggml_dtype(id: usize) -> DType {
 
 fn read_case(path: &Path) -> Case {
     let bytes = std::fs::read(path).unwrap();
-    let mut r = Reader {
-        bytes: &bytes,
-        at: 0,
-    };
+    let mut r = Reader::new(&bytes);
     assert_eq!(r.take(8), b"RGMLMM1\0", "{}", path.display());
     let dtype = ggml_dtype(r.u32());
     let (k, n, nbatch) = (r.u32(), r.u32(), r.u32());
@@ -94,7 +68,7 @@ fn read_case(path: &Path) -> Case {
             outputs.push((b, threads, r.f32s(b * n)));
         }
     }
-    assert_eq!(r.at, bytes.len(), "{}", path.display());
+    assert!(r.done(), "trailing bytes in {}", path.display());
     Case {
         dtype,
         k,
@@ -107,10 +81,7 @@ fn read_case(path: &Path) -> Case {
 /// The activations `[cols][k]` of the fixtures with row length `k`.
 fn read_x(k: usize) -> (usize, Vec<f32>) {
     let bytes = std::fs::read(fixtures().join(format!("x_k{k}.bin"))).unwrap();
-    let mut r = Reader {
-        bytes: &bytes,
-        at: 0,
-    };
+    let mut r = Reader::new(&bytes);
     assert_eq!(r.u32(), k);
     let cols = r.u32();
     (cols, r.f32s(cols * k))
@@ -290,10 +261,7 @@ struct AttnCase {
 
 fn read_attn_case(path: &Path) -> AttnCase {
     let bytes = std::fs::read(path).unwrap();
-    let mut r = Reader {
-        bytes: &bytes,
-        at: 0,
-    };
+    let mut r = Reader::new(&bytes);
     assert_eq!(r.take(8), b"RGMLMM2\0", "{}", path.display());
     let dtype = ggml_dtype(r.u32());
     let dims = [r.u32(), r.u32(), r.u32(), r.u32()];
@@ -311,7 +279,7 @@ fn read_attn_case(path: &Path) -> AttnCase {
             outputs.push((b, threads, r.f32s(ne12 * b * m)));
         }
     }
-    assert_eq!(r.at, bytes.len(), "{}", path.display());
+    assert!(r.done(), "trailing bytes in {}", path.display());
     AttnCase {
         dtype,
         dims,

@@ -12,43 +12,12 @@
 //! code there, `n_pairs % 2` in the AVX2 builds (see `fused_pairs` in `kernels/rope.rs`). Under
 //! `isa=avx512` those pairs may differ by rounding; every other value must be the same bits.
 
+mod fixture_reader;
+use fixture_reader::Reader;
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::{Backend, Context, DType, Graph, RopeMode, RopeParams};
 use rgml_cpu::{CpuBackend, CpuDevice, CpuOptions, IsaChoice};
 use std::path::Path;
-
-/// A little-endian reader over the fixture file.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> &'a [u8] {
-        let s = &self.bytes[self.at..self.at + n];
-        self.at += n;
-        s
-    }
-
-    fn u32(&mut self) -> usize {
-        u32::from_le_bytes(self.take(4).try_into().unwrap()) as usize
-    }
-
-    fn f32(&mut self) -> f32 {
-        f32::from_le_bytes(self.take(4).try_into().unwrap())
-    }
-
-    fn f32s(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-
-    fn i32s(&mut self, n: usize) -> Vec<i32> {
-        self.take(4 * n)
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
-}
 
 /// One ggml ROPE: its inputs and output.
 struct Case {
@@ -63,10 +32,7 @@ struct Case {
 fn read_cases() -> Vec<Case> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ggml_rope/rope.bin");
     let bytes = std::fs::read(&path).unwrap();
-    let mut r = Reader {
-        bytes: &bytes,
-        at: 0,
-    };
+    let mut r = Reader::new(&bytes);
     assert_eq!(r.take(8), b"RGMLRP1\0");
     let n_cases = r.u32();
     let cases = (0..n_cases)
@@ -100,7 +66,7 @@ fn read_cases() -> Vec<Case> {
             }
         })
         .collect();
-    assert_eq!(r.at, bytes.len());
+    assert!(r.done(), "trailing bytes in the fixture");
     cases
 }
 

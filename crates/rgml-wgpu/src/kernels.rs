@@ -41,8 +41,7 @@ pub(crate) enum Kernel {
     SoftMax,
     MulMat,
     CpyF16,
-    Swiglu,
-    Geglu,
+    Glu,
     Gelu,
     DiagMaskInf,
     Norm,
@@ -73,7 +72,7 @@ enum Module {
 }
 
 /// Each kernel's entry point and module.
-const KERNELS: [(Kernel, &str, Module); 27] = [
+const KERNELS: [(Kernel, &str, Module); 26] = [
     (Kernel::Binary, "binary", Module::Plain),
     (Kernel::Scale, "scale", Module::Plain),
     (Kernel::Silu, "silu", Module::Plain),
@@ -83,8 +82,7 @@ const KERNELS: [(Kernel, &str, Module); 27] = [
     (Kernel::SoftMax, "soft_max", Module::Plain),
     (Kernel::MulMat, "mul_mat", Module::Plain),
     (Kernel::CpyF16, "cpy_f16", Module::F16),
-    (Kernel::Swiglu, "swiglu", Module::Plain),
-    (Kernel::Geglu, "geglu", Module::Plain),
+    (Kernel::Glu, "glu", Module::Plain),
     (Kernel::Gelu, "gelu", Module::Plain),
     (Kernel::DiagMaskInf, "diag_mask_inf", Module::Plain),
     (Kernel::Norm, "norm", Module::Plain),

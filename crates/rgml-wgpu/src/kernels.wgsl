@@ -356,19 +356,6 @@ fn mul_mv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: 
     }
 }
 
-// SWIGLU: silu(A) * B (equal shapes).
-@compute @workgroup_size(64)
-fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = thread_index(gid, nwg);
-    if (i >= p.misc.x) {
-        return;
-    }
-    let idx = unravel(i, p.d_ne);
-    let x = af(p.off.x + at(idx, p.a_nb));
-    let y = bf(p.off.y + at(idx, p.b_nb));
-    dset(p.off.w + at(idx, p.d_nb), silu_at(x, idx.x, p.d_ne.x) * y);
-}
-
 // GELU, ggml's tanh approximation (the tanh argument clamped, where tanh is already +-1 in f32).
 fn gelu_of(x: f32) -> f32 {
     let u = clamp(0.7978845608028654 * x * (1.0 + 0.044715 * x * x), -15.0, 15.0);
@@ -386,9 +373,9 @@ fn gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     dset(p.off.w + at(idx, p.d_nb), gelu_of(x));
 }
 
-// GEGLU: gelu(A) * B (equal shapes).
+// SWIGLU (misc.y 0) and GEGLU (misc.y 1): act(A) * B (equal shapes).
 @compute @workgroup_size(64)
-fn geglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn glu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = thread_index(gid, nwg);
     if (i >= p.misc.x) {
         return;
@@ -396,7 +383,13 @@ fn geglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     let idx = unravel(i, p.d_ne);
     let x = af(p.off.x + at(idx, p.a_nb));
     let y = bf(p.off.y + at(idx, p.b_nb));
-    dset(p.off.w + at(idx, p.d_nb), gelu_of(x) * y);
+    var act: f32;
+    if (p.misc.y == 1u) {
+        act = gelu_of(x);
+    } else {
+        act = silu_at(x, idx.x, p.d_ne.x);
+    }
+    dset(p.off.w + at(idx, p.d_nb), act * y);
 }
 
 // DIAG_MASK_INF: -inf where i0 > misc.y + i1, else a copy.

@@ -400,8 +400,10 @@ impl<'a> Prep<'a> {
             }
             Op::Unary(UnaryOp::Silu) => (Kernel::Silu, elements),
             Op::Unary(UnaryOp::Gelu) => (Kernel::Gelu, elements),
-            Op::Swiglu => (Kernel::Swiglu, elements),
-            Op::Geglu => (Kernel::Geglu, elements),
+            Op::Swiglu | Op::Geglu => {
+                p.misc[1] = u32::from(t.op == Op::Geglu);
+                (Kernel::Glu, elements)
+            }
             Op::DiagMaskInf { n_past } => {
                 // Columns beyond ne0 do not exist: clamping keeps `n_past + i1` in range.
                 p.misc[1] = n_past.min(t.ne[0]) as u32;

@@ -140,7 +140,7 @@ impl<'a> Builder<'a> {
     /// is the last block (llama.cpp's `inp_out_ids`): its FFN runs on that row only. Not only
     /// faster: F16/BF16/F32 weights by one activation row take ggml's `vec_dot` order, not
     /// tinyBLAS's, so this gives llama.cpp's logits bit for bit.
-    pub(crate) fn cut_to_output(
+    fn cut_to_output(
         &mut self,
         il: usize,
         attn: TensorId,
@@ -151,6 +151,23 @@ impl<'a> Builder<'a> {
         } else {
             Ok((attn, x))
         }
+    }
+
+    /// The attention half of a pre-norm block on the hidden state `x`: RMS norm, Q/K/V, the
+    /// cache stores, attention through the output projection. Returns the attention output
+    /// and `x`, both cut to the output position where [`Builder::cut_to_output`] says so.
+    pub(crate) fn self_attention(
+        &mut self,
+        il: usize,
+        l: &LayerWeights,
+        x: TensorId,
+    ) -> Result<(TensorId, TensorId)> {
+        let cur = self.norm(x, l.attn_norm, il)?;
+        let cur = self.keep(cur, format!("attn_norm-{il}"))?;
+        let (q, k, v) = self.qkv(il, l, cur)?;
+        self.store_kv(il, k, v)?;
+        let attn = self.attention(il, l, q)?;
+        self.cut_to_output(il, attn, x)
     }
 
     /// The last position's row `[n_embd, 1]` of the `[n_embd, n]` tensor `x` (a view).

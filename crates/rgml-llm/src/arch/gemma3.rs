@@ -109,17 +109,12 @@ pub(super) fn layer(
     l: &LayerWeights,
     x: TensorId,
 ) -> Result<TensorId> {
-    let (Some(attn_post_norm), Some(ffn_post_norm)) = (l.attn_post_norm, l.ffn_post_norm) else {
-        return Err(LlmError::MissingTensor(format!(
-            "blk.{il}.post_attention_norm.weight"
-        )));
-    };
-    let cur = b.norm(x, l.attn_norm, il)?;
-    let cur = b.keep(cur, format!("attn_norm-{il}"))?;
-    let (q, k, v) = b.qkv(il, l, cur)?;
-    b.store_kv(il, k, v)?;
-    let attn = b.attention(il, l, q)?;
-    let (attn, x) = b.cut_to_output(il, attn, x)?;
+    let missing = |name: &str| LlmError::MissingTensor(format!("blk.{il}.{name}.weight"));
+    let attn_post_norm = l
+        .attn_post_norm
+        .ok_or_else(|| missing("post_attention_norm"))?;
+    let ffn_post_norm = l.ffn_post_norm.ok_or_else(|| missing("post_ffw_norm"))?;
+    let (attn, x) = b.self_attention(il, l, x)?;
     let cur = b.norm(attn, attn_post_norm, il)?;
     let cur = b.keep(cur, format!("attn_post_norm-{il}"))?;
     let sa_out = b.ctx().add(cur, x)?;

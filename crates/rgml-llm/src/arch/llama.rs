@@ -38,12 +38,7 @@ pub(super) fn layer(
     l: &LayerWeights,
     x: TensorId,
 ) -> Result<TensorId> {
-    let cur = b.norm(x, l.attn_norm, il)?;
-    let cur = b.keep(cur, format!("attn_norm-{il}"))?;
-    let (q, k, v) = b.qkv(il, l, cur)?;
-    b.store_kv(il, k, v)?;
-    let attn = b.attention(il, l, q)?;
-    let (attn, x) = b.cut_to_output(il, attn, x)?;
+    let (attn, x) = b.self_attention(il, l, x)?;
     let x_attn = b.ctx().add(attn, x)?;
     let x_attn = b.keep(x_attn, format!("ffn_inp-{il}"))?;
     let cur = b.norm(x_attn, l.ffn_norm, il)?;

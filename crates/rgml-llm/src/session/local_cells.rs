@@ -41,6 +41,13 @@ impl LocalCells {
         }
     }
 
+    /// Become a copy of `other`, reusing this one's memory (decoding allocates nothing).
+    pub(super) fn copy_from(&mut self, other: &LocalCells) {
+        self.pos.clone_from(&other.pos);
+        self.head = other.head;
+        self.window = other.window;
+    }
+
     pub(super) fn clear(&mut self) {
         self.pos.fill(None);
         self.head = 0;
@@ -63,10 +70,10 @@ impl LocalCells {
         pos.saturating_sub(cell_pos) >= self.window && pos > cell_pos
     }
 
-    /// The cells `n` new tokens go to: free ones, or ones out of the window of the position
-    /// after the newest held, found from the head on, wrapping (llama.cpp's search without
-    /// the contiguity requirement).
-    fn find_slot(&self, n: usize) -> Result<Vec<usize>> {
+    /// The cells `n` new tokens go to, into `found`: free ones, or ones out of the window of
+    /// the position after the newest held, found from the head on, wrapping (llama.cpp's
+    /// search without the contiguity requirement).
+    fn find_slot(&self, n: usize, found: &mut Vec<i32>) -> Result<()> {
         let size = self.pos.len();
         let full =
             || LlmError::BadConfig(format!("the local layers' cache of {size} cells is full"));
@@ -79,7 +86,7 @@ impl LocalCells {
         if head > self.used() + 2 * n {
             head = 0;
         }
-        let mut found = Vec::with_capacity(n);
+        found.clear();
         let mut tested = 0;
         while found.len() < n {
             if tested >= size {
@@ -93,21 +100,23 @@ impl LocalCells {
                 Some(p) => self.out_of_window(p, next_pos),
             };
             if usable {
-                found.push(head);
+                let cell = i32::try_from(head)
+                    .map_err(|_| LlmError::BadConfig(format!("{size} cells are too many")))?;
+                found.push(cell);
             }
             head += 1;
             tested += 1;
         }
-        Ok(found)
+        Ok(())
     }
 
-    /// Place `n` tokens at positions `first..first + n`: returns the cells they went to.
+    /// Place `n` tokens at positions `first..first + n`; `cells` gets the cells they went to.
     /// Positions up to the newest one overwritten are dropped (the cache keeps every position
     /// between its oldest and newest, as llama.cpp's does).
-    pub(super) fn place(&mut self, first: usize, n: usize) -> Result<Vec<usize>> {
-        let cells = self.find_slot(n)?;
+    pub(super) fn place(&mut self, first: usize, n: usize, cells: &mut Vec<i32>) -> Result<()> {
+        self.find_slot(n, cells)?;
         let mut dropped: Option<usize> = None;
-        for (i, &c) in cells.iter().enumerate() {
+        for (i, c) in cells.iter().map(|&c| c as usize).enumerate() {
             if let Some(old) = self.pos[c] {
                 dropped = Some(dropped.map_or(old, |d: usize| d.max(old)));
             }
@@ -121,9 +130,9 @@ impl LocalCells {
             }
         }
         if let Some(&last) = cells.last() {
-            self.head = last + 1;
+            self.head = last as usize + 1;
         }
-        Ok(cells)
+        Ok(())
     }
 
     /// The mask `[n_kv, n]` of the tokens at `first..first + n` over the first `n_kv` cells:
@@ -147,14 +156,20 @@ impl LocalCells {
 mod tests {
     use super::*;
 
+    /// The cells `n` tokens at `first..` go to.
+    fn place(c: &mut LocalCells, first: usize, n: usize) -> Result<Vec<i32>> {
+        let mut cells = Vec::new();
+        c.place(first, n, &mut cells).map(|()| cells)
+    }
+
     #[test]
     fn cells_fill_in_order_then_reuse_what_left_the_window() {
         // A window of 4 in 8 cells, filled by micro-batches of 3.
         let mut c = LocalCells::new(8, 4);
-        assert_eq!(c.place(0, 3).unwrap(), [0, 1, 2]);
-        assert_eq!(c.place(3, 3).unwrap(), [3, 4, 5]);
+        assert_eq!(place(&mut c, 0, 3).unwrap(), [0, 1, 2]);
+        assert_eq!(place(&mut c, 3, 3).unwrap(), [3, 4, 5]);
         // Positions 0 and 1 are out of the window of position 6: reused after the head.
-        assert_eq!(c.place(6, 3).unwrap(), [6, 7, 0]);
+        assert_eq!(place(&mut c, 6, 3).unwrap(), [6, 7, 0]);
         assert_eq!(c.pos[0], Some(8));
         // Overwriting position 0 drops nothing older; the held range stays whole.
         let held: Vec<usize> = c.pos.iter().flatten().copied().collect();
@@ -166,7 +181,7 @@ mod tests {
     #[test]
     fn the_mask_sees_the_window_and_the_past_only() {
         let mut c = LocalCells::new(8, 3);
-        c.place(0, 5).unwrap();
+        place(&mut c, 0, 5).unwrap();
         let mut m = Vec::new();
         c.mask(8, 3, 2, &mut m);
         let row =
@@ -186,13 +201,13 @@ mod tests {
     fn a_full_cache_is_an_error() {
         // Position 0 has left the window of position 4: its cell is reused.
         let mut c = LocalCells::new(4, 4);
-        c.place(0, 4).unwrap();
-        assert_eq!(c.place(4, 1).unwrap(), [0]);
+        place(&mut c, 0, 4).unwrap();
+        assert_eq!(place(&mut c, 4, 1).unwrap(), [0]);
         // With a window of 8, every held position is still seen: no cell is free.
         let mut c = LocalCells::new(4, 8);
-        c.place(0, 4).unwrap();
-        assert!(c.place(4, 1).is_err());
-        assert!(LocalCells::new(4, 8).place(0, 5).is_err());
+        place(&mut c, 0, 4).unwrap();
+        assert!(place(&mut c, 4, 1).is_err());
+        assert!(place(&mut LocalCells::new(4, 8), 0, 5).is_err());
     }
 
     #[test]

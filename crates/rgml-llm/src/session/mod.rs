@@ -135,15 +135,20 @@ pub struct Session {
     /// Host copies of the inputs and of the logits, kept between calls so that decoding
     /// allocates nothing per token.
     staging: Staging,
-    /// Where the micro-batch being evaluated goes in the local layers' cache, made by
-    /// [`Session::plan_ubatch`] and kept once the micro-batch is computed.
-    pending_local: Option<LocalPlacement>,
+    /// Where the micro-batch being evaluated goes in the local layers' cache (for a model
+    /// with local layers), made by [`Session::plan_ubatch`]: its memory is reused for every
+    /// micro-batch.
+    local_plan: Option<LocalPlan>,
 }
 
-/// The local layers' cells of a micro-batch's tokens, and what the cells hold after it.
-struct LocalPlacement {
+/// The local layers' cells of a micro-batch's tokens and what the cells hold after it. Once
+/// the micro-batch is computed, `after` is swapped with the cache's cells, and then holds the
+/// cells as they were before (to take the micro-batch back).
+struct LocalPlan {
     cells: Vec<i32>,
     after: local_cells::LocalCells,
+    /// `cells` and `after` describe the micro-batch being evaluated.
+    ready: bool,
 }
 
 /// See [`Session::staging`].
@@ -180,6 +185,11 @@ impl Session {
         let mut ctx = model.ctx.clone();
         let kv = KvCache::allocate(&mut ctx, &model, &bufts, options.n_ctx, options.n_ubatch)?;
         let n_base = ctx.len();
+        let local_plan = kv.local.clone().map(|after| LocalPlan {
+            cells: Vec::with_capacity(options.n_ubatch),
+            after,
+            ready: false,
+        });
         Ok(Session {
             model,
             ctx,
@@ -191,7 +201,7 @@ impl Session {
             capture: None,
             built: None,
             staging: Staging::default(),
-            pending_local: None,
+            local_plan,
         })
     }
 
@@ -272,6 +282,9 @@ impl Session {
         self.n_past = 0;
         if let Some(local) = &mut self.kv.local {
             local.clear();
+        }
+        if let Some(plan) = &mut self.local_plan {
+            plan.ready = false;
         }
     }
 
@@ -358,7 +371,9 @@ impl Session {
         let key = self.plan_ubatch(tokens.len(), false)?;
         let g = self.build_ubatch(key, true)?;
         self.set_inputs(&g, tokens)?;
-        self.pending_local = None;
+        if let Some(plan) = &mut self.local_plan {
+            plan.ready = false;
+        }
         Ok((&self.ctx, g.graph))
     }
 
@@ -384,21 +399,13 @@ impl Session {
     /// in the local layers' cache (kept pending until the micro-batch is computed).
     fn plan_ubatch(&mut self, n_tokens: usize, all_logits: bool) -> Result<GraphKey> {
         let mut n_kv_local = 0;
-        self.pending_local = match &self.kv.local {
-            Some(cells) => {
-                let mut after = cells.clone();
-                let placed = after.place(self.n_past, n_tokens)?;
-                n_kv_local = padded_n_kv(after.used_max_p1(), self.kv.local_cells);
-                let cells = placed
-                    .into_iter()
-                    .map(|c| {
-                        i32::try_from(c).map_err(|_| LlmError::BadConfig("n_ctx too large".into()))
-                    })
-                    .collect::<Result<Vec<i32>>>()?;
-                Some(LocalPlacement { cells, after })
-            }
-            None => None,
-        };
+        if let (Some(current), Some(plan)) = (&self.kv.local, &mut self.local_plan) {
+            plan.ready = false;
+            plan.after.copy_from(current);
+            plan.after.place(self.n_past, n_tokens, &mut plan.cells)?;
+            plan.ready = true;
+            n_kv_local = padded_n_kv(plan.after.used_max_p1(), self.kv.local_cells);
+        }
         Ok(GraphKey {
             n_tokens,
             n_kv: padded_n_kv(self.n_past + n_tokens, self.kv.cells),
@@ -410,8 +417,19 @@ impl Session {
     /// The micro-batch just computed is in the cache: so are its local layers' cells.
     fn commit_ubatch(&mut self, n_tokens: usize) {
         self.n_past += n_tokens;
-        if let Some(placed) = self.pending_local.take() {
-            self.kv.local = Some(placed.after);
+        if let (Some(current), Some(plan)) = (&mut self.kv.local, &mut self.local_plan) {
+            if plan.ready {
+                std::mem::swap(current, &mut plan.after);
+                plan.ready = false;
+            }
+        }
+    }
+
+    /// Take back the micro-batch [`Session::commit_ubatch`] just committed.
+    fn uncommit_ubatch(&mut self, n_tokens: usize) {
+        self.n_past -= n_tokens;
+        if let (Some(current), Some(plan)) = (&mut self.kv.local, &mut self.local_plan) {
+            std::mem::swap(current, &mut plan.after);
         }
     }
 
@@ -473,7 +491,6 @@ impl Session {
             self.commit_ubatch(tokens.len());
             return Ok(());
         }
-        let local_before = self.kv.local.clone();
         self.commit_ubatch(tokens.len());
         if let Some(kept) = &mut self.capture {
             kept.clear();
@@ -493,8 +510,7 @@ impl Session {
             if out[start..].iter().any(|l| !l.is_finite()) {
                 // Taken back, so that the sequence is as before the batch.
                 out.truncate(start);
-                self.n_past -= tokens.len();
-                self.kv.local = local_before;
+                self.uncommit_ubatch(tokens.len());
                 return Err(LlmError::NonFinite { first: None });
             }
         }
@@ -554,7 +570,8 @@ impl Session {
         let n_kv = self.ctx[g.mask].ne[0];
         causal_mask(&mut staging.mask, n_kv, n_past, n);
         self.ctx.tensor_set_f32(g.mask, &staging.mask)?;
-        if let (Some((cells, mask)), Some(placed)) = (g.local, &self.pending_local) {
+        let plan = self.local_plan.as_ref().filter(|p| p.ready);
+        if let (Some((cells, mask)), Some(placed)) = (g.local, plan) {
             self.ctx.tensor_set_i32(cells, &placed.cells)?;
             let n_kv = self.ctx[mask].ne[0];
             placed.after.mask(n_kv, n_past, n, &mut staging.mask);
