@@ -23,3 +23,17 @@ pub fn demo_model() -> Arc<Model> {
     rgml_cpu::register();
     Arc::new(Model::load(demo_model_path(), Default::default()).expect("load the demo model"))
 }
+
+/// Gemma 3 270M (local sliding-window layers), loaded like [`demo_model`].
+#[allow(dead_code)]
+pub fn gemma_model() -> Arc<Model> {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.exists(),
+        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    rgml_cpu::register();
+    Arc::new(Model::load(path, Default::default()).expect("load Gemma 3 270M"))
+}
