@@ -4,10 +4,12 @@
 # instruction set into a cache directory, and prints the directory holding its binaries and
 # libraries. Used by the fixture and benchmark scripts; not part of CI.
 #
-# Usage: scripts/llamacpp.sh [--isa native|avx2|avx512] [TARGET ...]
+# Usage: scripts/llamacpp.sh [--isa native|avx2|avx512] [--rpc] [TARGET ...]
 #   --isa native   GGML_NATIVE=ON: what this CPU has (the default)
 #   --isa avx2     AVX2 + FMA + F16C + BMI2, no AVX-512: the AVX2 path, also on an AVX-512 CPU
 #   --isa avx512   AVX-512 F/BW/DQ/VL/VNNI/BF16 (needs such a CPU to run)
+#   --rpc          with ggml's RPC backend (-DGGML_RPC=ON, its own build directory): the
+#                  targets ggml-rpc-server and the tools' --rpc flag
 #   TARGET         CMake targets (default: llama-bench llama-quantize llama-perplexity llama)
 # The cache is $RGML_LLAMACPP_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/rgml/llamacpp); a build
 # takes about 10 minutes on 2 cores. The Python bindings of the same package work with these
@@ -17,10 +19,14 @@ set -euo pipefail
 LLAMA_CPP_PYTHON_VERSION=0.3.36
 cache=${RGML_LLAMACPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rgml/llamacpp}
 isa=native
-if [ "${1:-}" = "--isa" ]; then
-    isa=${2:?--isa needs a value}
-    shift 2
-fi
+rpc=OFF
+while [ $# -gt 0 ]; do
+    case $1 in
+        --isa) isa=${2:?--isa needs a value}; shift 2 ;;
+        --rpc) rpc=ON; shift ;;
+        *) break ;;
+    esac
+done
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(llama-bench llama-quantize llama-perplexity llama)
 case $isa in
@@ -48,6 +54,7 @@ fi
 
 src=$cache/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION
 build=$cache/build-$LLAMA_CPP_PYTHON_VERSION-$isa
+[ "$rpc" = OFF ] || build=$build-rpc
 mkdir -p "$cache"
 if [ ! -f "$src/vendor/llama.cpp/CMakeLists.txt" ]; then
     sdist=$cache/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz
@@ -73,12 +80,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     if [ ! -f "$build/CMakeCache.txt" ]; then
         cmake -S "$src/vendor/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" \
             -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-            -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+            -DGGML_RPC=$rpc -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
             -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
             -DBUILD_SHARED_LIBS=ON >"$build.configure.log" 2>&1 ||
             { tail -n 30 "$build.configure.log" >&2; exit 1; }
     fi
-    log "building ${missing[*]} ($isa) in $build: about 10 minutes on 2 cores"
+    log "building ${missing[*]} ($isa, RPC $rpc) in $build: about 10 minutes on 2 cores"
     cmake --build "$build" --target "${missing[@]}" -j "$(nproc)" >"$build.build.log" 2>&1 ||
         { tail -n 30 "$build.build.log" >&2; exit 1; }
 fi

@@ -37,6 +37,9 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also list the devices of these servers of ggml's RPC protocol: `HOST:PORT[,..]`.
+        #[arg(long)]
+        rpc: Option<String>,
     },
     /// Check every op against a float64 reference on one or all backends.
     TestOps {
@@ -97,13 +100,16 @@ macro_rules! note {
     }};
 }
 
-/// Register the CPU backend always, and the GPU backend only when the command may use a GPU
-/// (`gpu_needed`, asked once the CPU devices are known): probing GPU adapters starts a
+/// Register the CPU backend always, the servers of `--rpc`, and the GPU backend only when the
+/// command may use a GPU (asked once the CPU and remote devices are known): probing GPU adapters starts a
 /// driver (tens of MB, a tenth of a second), which a CPU-only command does without.
-fn register_backends(gpu_needed: impl FnOnce() -> bool) -> Result<(), CliError> {
+fn register_backends(command: &Command) -> Result<(), CliError> {
     let options = env_options::from_env().map_err(CliError::Usage)?;
     rgml_cpu::register_with(&options.cpu)?;
-    if gpu_needed() {
+    if let Some(list) = command.rpc() {
+        model_cmds::add_rpc_servers(list)?;
+    }
+    if command.may_use_gpu() {
         // GPUs through wgpu (Vulkan / Metal / DX12); no adapter gives no devices.
         ensure_runtime_dir();
         rgml_wgpu::register_with(options.wgpu);
@@ -127,18 +133,30 @@ impl Command {
         match self {
             Command::Devices { .. } => true,
             Command::TestOps { backend, .. } => backend.as_deref().is_none_or(names_unknown_device),
-            Command::Run(a) => names_unknown_device(&a.model.device),
-            Command::Logits(a) => names_unknown_device(&a.model.device),
-            Command::Perplexity(a) => names_unknown_device(&a.model.device),
-            Command::Bench(a) => names_unknown_device(&a.model.device),
+            Command::Run(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
+            Command::Logits(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
+            Command::Perplexity(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
+            Command::Bench(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
             Command::Compare(a) => names_unknown_device(&a.device),
             Command::GgufInfo { .. } | Command::Quantize(_) => false,
         }
     }
 
+    /// The `--rpc` list of the command, if it has one.
+    fn rpc(&self) -> Option<&str> {
+        match self {
+            Command::Devices { rpc, .. } => rpc.as_deref(),
+            Command::Run(a) => a.model.rpc.as_deref(),
+            Command::Logits(a) => a.model.rpc.as_deref(),
+            Command::Perplexity(a) => a.model.rpc.as_deref(),
+            Command::Bench(a) => a.model.rpc.as_deref(),
+            _ => None,
+        }
+    }
+
     fn run(self) -> Result<bool, CliError> {
         match self {
-            Command::Devices { json } => devices(json).map(|()| true),
+            Command::Devices { json, .. } => devices(json).map(|()| true),
             Command::TestOps { backend, op, mode } => {
                 test_ops::run(backend.as_deref(), op.as_deref(), &mode)
             }
@@ -197,7 +215,7 @@ fn main() -> ExitCode {
         note!("warning: cannot install the SIGBUS handler: {e}");
     }
     let cli = Cli::parse();
-    let result = register_backends(|| cli.command.may_use_gpu()).and_then(|()| cli.command.run());
+    let result = register_backends(&cli.command).and_then(|()| cli.command.run());
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

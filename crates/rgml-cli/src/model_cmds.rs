@@ -24,8 +24,14 @@ pub struct ModelArgs {
     #[arg(short = 't', long, value_parser = parse_threads)]
     pub threads: Option<usize>,
     /// Devices from `rgml devices`, comma-separated (`CPU0,CPU1` splits the model over both).
-    #[arg(long, default_value = "CPU")]
-    pub device: String,
+    /// Default: `CPU`, or with `--rpc` every remote device.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Servers of ggml's RPC protocol (`rgml rpc-server`, llama.cpp's `ggml-rpc-server`) whose
+    /// devices join the local ones: `HOST:PORT[,HOST:PORT..]`. Their devices are named
+    /// `RPC0[HOST:PORT]`, ...; without `--device` the model is split by layers over all of them.
+    #[arg(long)]
+    pub rpc: Option<String>,
     /// How to split the model over several devices: `none` (first device only), `layer`
     /// (whole blocks per device, run by the scheduler) or `tensor` (every block's weights split
     /// over the devices, a meta device; at least two devices).
@@ -80,7 +86,61 @@ pub(crate) fn parse_threads(value: &str) -> Result<usize, String> {
 /// be read forever); far above any evaluation set.
 pub const MAX_TEXT_BYTES: u64 = 256 << 20;
 
+/// The endpoints of an `--rpc` list, checked to look like `HOST:PORT`.
+pub(crate) fn rpc_endpoints(list: &str) -> Result<Vec<&str>, CliError> {
+    let endpoints: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if endpoints.is_empty() {
+        return Err(CliError::usage("--rpc: no server named"));
+    }
+    for ep in &endpoints {
+        let port_ok = ep
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(CliError::usage(format!(
+                "--rpc {list}: '{ep}' is not HOST:PORT"
+            )));
+        }
+    }
+    Ok(endpoints)
+}
+
+/// Connect to every server of an `--rpc` list and register its devices.
+pub(crate) fn add_rpc_servers(list: &str) -> Result<(), CliError> {
+    for ep in rpc_endpoints(list)? {
+        rgml_rpc::add_server(ep)?;
+    }
+    Ok(())
+}
+
 impl ModelArgs {
+    /// The devices to use, comma-separated: `--device`, else every device of the `--rpc`
+    /// servers (connected by then), else `CPU`.
+    pub(crate) fn device_list(&self) -> Result<String, CliError> {
+        if let Some(list) = &self.device {
+            return Ok(list.clone());
+        }
+        let Some(rpc) = &self.rpc else {
+            return Ok("CPU".into());
+        };
+        let mut names = Vec::new();
+        for ep in rpc_endpoints(rpc)? {
+            let registry = rgml::registry::registries()
+                .into_iter()
+                .find(|r| r.name() == format!("RPC[{ep}]"))
+                .ok_or_else(|| CliError::usage(format!("--rpc: server {ep} is not connected")))?;
+            names.extend(registry.devices().iter().map(|d| d.name().to_string()));
+        }
+        if names.is_empty() {
+            return Err(CliError::usage(format!("--rpc {rpc}: the servers have no devices")));
+        }
+        Ok(names.join(","))
+    }
+
     /// Checks that need no model: a writable `--trace` file (created now, so a bad path fails
     /// before the work, not after it), and a warning for more threads than cores.
     fn check(&self) -> Result<(), CliError> {
@@ -106,8 +166,8 @@ impl ModelArgs {
                 self.model.display()
             )));
         }
-        let mut names: Vec<&str> = self
-            .device
+        let device_list = self.device_list()?;
+        let mut names: Vec<&str> = device_list
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
@@ -609,6 +669,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
         .model
         .threads
         .unwrap_or_else(rgml_cpu::default_n_threads);
+    let device = args.model.device_list()?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let v = serde_json::json!({
@@ -616,7 +677,7 @@ pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
             "model_type": model.file_type(),
             "model_size": model.size_bytes(),
             "n_params": model.n_params(),
-            "device": args.model.device,
+            "device": device,
             "threads": threads,
             "n_prompt": args.n_prompt,
             "n_gen": args.n_gen,
@@ -637,10 +698,10 @@ pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
         let params = format!("{:.2} M", model.n_params() as f64 / 1e6);
         let name = format!("{} {}", model.config.arch, model.file_type());
         if args.n_prompt > 0 {
-            writeln!(out, "| {name} | {size} | {params} | {} | {threads} | pp{} | {pp_mean:.2} ± {pp_sd:.2} |", args.model.device, args.n_prompt)?;
+            writeln!(out, "| {name} | {size} | {params} | {} | {threads} | pp{} | {pp_mean:.2} ± {pp_sd:.2} |", device, args.n_prompt)?;
         }
         if args.n_gen > 0 {
-            writeln!(out, "| {name} | {size} | {params} | {} | {threads} | tg{} | {tg_mean:.2} ± {tg_sd:.2} |", args.model.device, args.n_gen)?;
+            writeln!(out, "| {name} | {size} | {params} | {} | {threads} | tg{} | {tg_mean:.2} ± {tg_sd:.2} |", device, args.n_gen)?;
         }
     }
     args.model.finish()?;

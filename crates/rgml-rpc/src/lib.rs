@@ -1,10 +1,16 @@
 //! ggml's RPC protocol, version 7.0 (the one llama.cpp's `ggml-rpc-server` and `--rpc` speak):
 //! remote devices for rgml and a server for any client of the protocol.
 //!
-//! So far this crate holds the protocol's wire format ([`wire`]): commands, the packed tensor
-//! description, the fixed-size messages and the framing, each decoded with every length and
-//! count checked before use. The client and the server build on it.
+//! - [`wire`]: the wire format: commands, the packed tensor description, every request's
+//!   payload, framing; decoding checks every length and count before use.
+//! - [`ggml`]: rgml's ops, dtypes and flags in ggml's numbering.
+//! - [`client`]: a server's devices as rgml devices ([`add_server`]).
 
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod ggml;
 pub mod wire;
 
+pub use client::{add_server, RpcBackend, RpcDevice, RpcServer};
 pub use wire::{Command, Request, RpcTensor, WireError};

@@ -453,6 +453,141 @@ impl Request {
     }
 }
 
+impl Request {
+    /// The command this request is sent with.
+    pub fn command(&self) -> Command {
+        match self {
+            Request::Hello { .. } => Command::Hello,
+            Request::DeviceCount => Command::DeviceCount,
+            Request::AllocBuffer { .. } => Command::AllocBuffer,
+            Request::GetAlignment { .. } => Command::GetAlignment,
+            Request::GetMaxSize { .. } => Command::GetMaxSize,
+            Request::GetDeviceMemory { .. } => Command::GetDeviceMemory,
+            Request::BufferGetBase { .. } => Command::BufferGetBase,
+            Request::FreeBuffer { .. } => Command::FreeBuffer,
+            Request::BufferClear { .. } => Command::BufferClear,
+            Request::SetTensor { .. } => Command::SetTensor,
+            Request::SetTensorHash { .. } => Command::SetTensorHash,
+            Request::GetTensor { .. } => Command::GetTensor,
+            Request::CopyTensor { .. } => Command::CopyTensor,
+            Request::MemsetTensor { .. } => Command::MemsetTensor,
+            Request::InitTensor { .. } => Command::InitTensor,
+            Request::GetAllocSize { .. } => Command::GetAllocSize,
+            Request::GraphCompute(_) => Command::GraphCompute,
+            Request::GraphRecompute { .. } => Command::GraphRecompute,
+        }
+    }
+
+    /// The payload, packed as ggml packs it (the inverse of [`Request::decode`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            Request::Hello { caps } => out.extend_from_slice(caps),
+            Request::DeviceCount => {}
+            Request::AllocBuffer { device, size } => {
+                put_u32(&mut out, *device);
+                put_u64(&mut out, *size);
+            }
+            Request::GetAlignment { device }
+            | Request::GetMaxSize { device }
+            | Request::GetDeviceMemory { device }
+            | Request::GraphRecompute { device } => put_u32(&mut out, *device),
+            Request::BufferGetBase { buffer } | Request::FreeBuffer { buffer } => {
+                put_u64(&mut out, *buffer)
+            }
+            Request::BufferClear { buffer, value } => {
+                put_u64(&mut out, *buffer);
+                out.push(*value);
+            }
+            Request::SetTensor {
+                tensor,
+                cache,
+                offset,
+                data,
+            } => {
+                out = set_tensor_header(tensor, *cache, *offset);
+                out.extend_from_slice(data);
+            }
+            Request::SetTensorHash {
+                tensor,
+                offset,
+                hash,
+            } => {
+                tensor.encode(&mut out);
+                put_u64(&mut out, *offset);
+                put_u64(&mut out, *hash);
+            }
+            Request::GetTensor {
+                tensor,
+                offset,
+                size,
+            } => {
+                tensor.encode(&mut out);
+                put_u64(&mut out, *offset);
+                put_u64(&mut out, *size);
+            }
+            Request::CopyTensor { src, dst } => {
+                src.encode(&mut out);
+                dst.encode(&mut out);
+            }
+            Request::MemsetTensor {
+                tensor,
+                offset,
+                size,
+                value,
+            } => {
+                tensor.encode(&mut out);
+                put_u64(&mut out, *offset);
+                put_u64(&mut out, *size);
+                out.push(*value);
+            }
+            Request::InitTensor { tensor } => tensor.encode(&mut out),
+            Request::GetAllocSize {
+                device,
+                tensor,
+                srcs,
+            } => {
+                put_u32(&mut out, *device);
+                tensor.encode(&mut out);
+                let none = RpcTensor::default();
+                (0..MAX_SRC).for_each(|i| srcs.get(i).unwrap_or(&none).encode(&mut out));
+            }
+            Request::GraphCompute(graph) => graph.encode(&mut out),
+        }
+        out
+    }
+}
+
+/// The part of a SET_TENSOR payload before the data (`| tensor | cache flag | offset |`), so a
+/// sender can write the data from where it is instead of copying it into one payload.
+pub fn set_tensor_header(tensor: &RpcTensor, cache: u8, offset: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RPC_TENSOR_SIZE + 9);
+    tensor.encode(&mut out);
+    out.push(cache);
+    put_u64(&mut out, offset);
+    out
+}
+
+impl WireGraph {
+    /// Append the packed form (see [`decode_graph`]).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.reserve(12 + 8 * self.nodes.len() + RPC_TENSOR_SIZE * self.tensors.len());
+        put_u32(out, self.device);
+        put_u32(out, self.nodes.len() as u32);
+        self.nodes.iter().for_each(|&id| put_u64(out, id));
+        put_u32(out, self.tensors.len() as u32);
+        self.tensors.iter().for_each(|t| t.encode(out));
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
 /// `| device (4) | n_nodes (4) | node ids (8 each) | n_tensors (4) | tensors |`; the counts are
 /// checked against the bytes left before anything is allocated for them.
 fn decode_graph(r: &mut Reader<'_>) -> Result<WireGraph> {
@@ -604,8 +739,16 @@ fn read_sized(r: &mut impl Read, limit: u64) -> Result<Vec<u8>> {
 
 /// Write one request frame.
 pub fn write_request(w: &mut impl Write, command: Command, payload: &[u8]) -> Result<()> {
+    write_request_parts(w, command, &[payload])
+}
+
+/// Write one request frame whose payload is `parts` one after another.
+pub fn write_request_parts(w: &mut impl Write, command: Command, parts: &[&[u8]]) -> Result<()> {
+    let size: usize = parts.iter().map(|p| p.len()).sum();
     w.write_all(&[command as u8])?;
-    write_response(w, payload)
+    w.write_all(&(size as u64).to_le_bytes())?;
+    parts.iter().try_for_each(|p| w.write_all(p))?;
+    Ok(w.flush()?)
 }
 
 /// Write one response frame.

@@ -72,16 +72,41 @@ pub fn device_by_type(device_type: DeviceType) -> Option<DeviceRef> {
         .find(|d| d.device_type() == device_type)
 }
 
-/// Open a backend from `"NAME"` or `"NAME:key=value,key=value"`.
+/// Open a backend from `"NAME"` or `"NAME:key=value,key=value"`. A name may hold a bracketed
+/// part with colons of its own (remote devices: `RPC0[127.0.0.1:50052]`); the parameters
+/// start at the first colon after it.
 pub fn init_backend(spec: &str) -> Result<Box<dyn Backend>> {
-    let (name, params) = spec.split_once(':').unwrap_or((spec, ""));
+    let (name, params) = split_spec(spec);
     let device = device(name.trim())?;
     device.init_backend(&BackendParams::parse(params)?)
+}
+
+/// `"NAME:params"` into name and parameters (see [`init_backend`]).
+fn split_spec(spec: &str) -> (&str, &str) {
+    let search_from = match (spec.find('['), spec.find(']')) {
+        (Some(open), Some(close)) if open < close => close,
+        _ => 0,
+    };
+    match spec[search_from..].find(':') {
+        Some(at) => (&spec[..search_from + at], &spec[search_from + at + 1..]),
+        None => (spec, ""),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn specs_split_after_bracketed_names() {
+        assert_eq!(split_spec("CPU"), ("CPU", ""));
+        assert_eq!(split_spec("CPU:n_threads=2"), ("CPU", "n_threads=2"));
+        assert_eq!(split_spec("RPC0[127.0.0.1:50052]"), ("RPC0[127.0.0.1:50052]", ""));
+        assert_eq!(
+            split_spec("RPC1[h:1]:a=b"),
+            ("RPC1[h:1]", "a=b")
+        );
+    }
 
     #[test]
     fn unknown_device_is_an_error() {
