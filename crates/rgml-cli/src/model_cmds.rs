@@ -136,7 +136,9 @@ impl ModelArgs {
             names.extend(registry.devices().iter().map(|d| d.name().to_string()));
         }
         if names.is_empty() {
-            return Err(CliError::usage(format!("--rpc {rpc}: the servers have no devices")));
+            return Err(CliError::usage(format!(
+                "--rpc {rpc}: the servers have no devices"
+            )));
         }
         Ok(names.join(","))
     }

@@ -101,11 +101,11 @@ mod tests {
     fn specs_split_after_bracketed_names() {
         assert_eq!(split_spec("CPU"), ("CPU", ""));
         assert_eq!(split_spec("CPU:n_threads=2"), ("CPU", "n_threads=2"));
-        assert_eq!(split_spec("RPC0[127.0.0.1:50052]"), ("RPC0[127.0.0.1:50052]", ""));
         assert_eq!(
-            split_spec("RPC1[h:1]:a=b"),
-            ("RPC1[h:1]", "a=b")
+            split_spec("RPC0[127.0.0.1:50052]"),
+            ("RPC0[127.0.0.1:50052]", "")
         );
+        assert_eq!(split_spec("RPC1[h:1]:a=b"), ("RPC1[h:1]", "a=b"));
     }
 
     #[test]

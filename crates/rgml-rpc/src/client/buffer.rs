@@ -19,6 +19,9 @@ const GGML_I8: u32 = 24;
 /// Largest byte range sent in one message (ggml's sizes on the wire are 32-bit).
 const PIECE: usize = 1 << 30;
 
+/// A tensor layout: dtype, sizes and strides.
+type Layout = (DType, [usize; 4], [usize; 4]);
+
 /// Memory of one device of a server.
 pub struct RpcBufferType {
     pub(crate) name: String,
@@ -28,7 +31,7 @@ pub struct RpcBufferType {
     pub(crate) alignment: usize,
     pub(crate) max_size: usize,
     /// GET_ALLOC_SIZE answers by (dtype, shape, strides): they never change for a tensor layout.
-    pub(crate) alloc_sizes: Mutex<HashMap<(DType, [usize; 4], [usize; 4]), usize>>,
+    pub(crate) alloc_sizes: Mutex<HashMap<Layout, usize>>,
 }
 
 impl RpcBufferType {

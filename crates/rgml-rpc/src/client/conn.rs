@@ -155,22 +155,23 @@ impl Connection {
         let Some(socket) = state.socket.as_mut() else {
             return Err(self.error(format!("connection lost earlier: {}", state.lost)));
         };
-        let result = wire::write_request_parts(&mut socket.writer, command, parts).and_then(|()| {
-            match reply {
-                Reply::None => Ok(Vec::new()),
-                Reply::Exactly(n) => {
-                    let rsp = wire::read_response(&mut socket.reader, n as u64)?;
-                    if rsp.len() != n {
-                        return Err(wire::WireError::BadLength {
-                            what: "response",
-                            got: rsp.len(),
-                            expected: n,
-                        });
+        let result =
+            wire::write_request_parts(&mut socket.writer, command, parts).and_then(
+                |()| match reply {
+                    Reply::None => Ok(Vec::new()),
+                    Reply::Exactly(n) => {
+                        let rsp = wire::read_response(&mut socket.reader, n as u64)?;
+                        if rsp.len() != n {
+                            return Err(wire::WireError::BadLength {
+                                what: "response",
+                                got: rsp.len(),
+                                expected: n,
+                            });
+                        }
+                        Ok(rsp)
                     }
-                    Ok(rsp)
-                }
-            }
-        });
+                },
+            );
         result.map_err(|e| {
             let why = format!("{command:?}: {e}");
             self.poison(state, why.clone());

@@ -95,10 +95,7 @@ impl rgml::Device for RpcDevice {
         let Ok(t) = ctx.get(id) else {
             return false;
         };
-        expressible(t)
-            && t.src
-                .iter()
-                .all(|&s| ctx.get(s).is_ok_and(|s| expressible(s)))
+        expressible(t) && t.src.iter().all(|&s| ctx.get(s).is_ok_and(expressible))
     }
 
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
@@ -176,7 +173,9 @@ fn device(conn: &Arc<Connection>, index: u32) -> Result<Arc<RpcDevice>> {
     if !alignment.is_power_of_two() || max_size == 0 {
         return Err(rgml::Error::Backend {
             backend: name,
-            message: format!("the server reports alignment {alignment} and maximum buffer size {max_size}"),
+            message: format!(
+                "the server reports alignment {alignment} and maximum buffer size {max_size}"
+            ),
         });
     }
     Ok(Arc::new_cyclic(|me: &Weak<RpcDevice>| {

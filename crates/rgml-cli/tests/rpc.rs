@@ -1,0 +1,207 @@
+//! Remote devices over ggml's RPC protocol against llama.cpp's own server (`ggml-rpc-server`,
+//! built by `scripts/llamacpp.sh --rpc` and found through `RGML_GGML_RPC_SERVER`, set by
+//! `scripts/test.sh`): the demo model with every layer remote, and split 1:1 between the local
+//! CPU and the remote device, gives llama.cpp's logits bit for bit (up to the fixture's 4
+//! decimals).
+//!
+//! The server computes with ggml's CPU kernels of this CPU's native build, so the reference is
+//! llama.cpp's native build for this CPU's instruction set (`tests/fixtures/logits/<isa>/`,
+//! repacking off: the server's CPU memory is plain, not repacked).
+
+#[allow(dead_code)] // The GPU lookup is not used here.
+mod common;
+
+use common::{demo_model, root, top10_worst, DEMO_STEM};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `ggml-rpc-server`, if built: `RGML_GGML_RPC_SERVER`, else the default cache of
+/// `scripts/llamacpp.sh --rpc`. Without it the tests skip, unless `RGML_REQUIRE_RPC_SERVER=1`
+/// (set by `scripts/test.sh`, so CI never skips).
+fn ggml_rpc_server() -> Option<PathBuf> {
+    let path = std::env::var_os("RGML_GGML_RPC_SERVER")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let home = std::env::var_os("HOME")?;
+            Some(
+                PathBuf::from(home)
+                    .join(".cache/rgml/llamacpp/build-0.3.36-native-rpc/bin/ggml-rpc-server"),
+            )
+        })
+        .filter(|p| p.exists());
+    if path.is_none() {
+        let required = std::env::var("RGML_REQUIRE_RPC_SERVER").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "RGML_REQUIRE_RPC_SERVER=1 but no ggml-rpc-server"
+        );
+        eprintln!("no ggml-rpc-server (scripts/llamacpp.sh --rpc ggml-rpc-server): skipping");
+    }
+    path
+}
+
+/// A server process on a free loopback port, killed when dropped.
+struct Server {
+    child: Child,
+    endpoint: String,
+}
+
+impl Server {
+    fn start(binary: &PathBuf, extra: &[&str]) -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new(binary)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the RPC server");
+        let endpoint = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Connecting counts as a client for ggml's server, which then waits for a HELLO; a
+        // connection closed at once is harmless.
+        while TcpStream::connect(&endpoint).is_err() {
+            assert!(Instant::now() < deadline, "the RPC server never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server { child, endpoint }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// This CPU's native instruction set as the fixtures name it.
+fn native_isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512dq") && has!("avx512bw") && has!("avx512vl") {
+            return "avx512";
+        }
+    }
+    "avx2"
+}
+
+fn fixture() -> serde_json::Value {
+    let path = root()
+        .join("crates/rgml-cli/tests/fixtures/logits")
+        .join(native_isa())
+        .join(format!("{DEMO_STEM}.json"));
+    let text = std::fs::read_to_string(&path).expect("read the logits fixture");
+    serde_json::from_str(&text).expect("fixture JSON")
+}
+
+fn logits(prompt: &str, extra: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
+        .args(extra)
+        .arg("-m")
+        .arg(demo_model())
+        .env_remove("RGML_CPU_ISA")
+        .output()
+        .expect("run rgml logits");
+    assert!(
+        out.status.success(),
+        "rgml logits {extra:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+#[test]
+fn demo_model_on_llama_cpp_rpc_server_matches_llama_cpp() {
+    let Some(binary) = ggml_rpc_server() else {
+        return;
+    };
+    let server = Server::start(&binary, &["-t", "2"]);
+    let remote = format!("RPC0[{}]", server.endpoint);
+    let local_and_remote = format!("CPU,{remote}");
+    let fixture = fixture();
+    for case in fixture["cases"].as_array().expect("cases") {
+        let prompt = case["prompt"].as_str().expect("prompt");
+        // Every layer remote: `--rpc` alone puts the model on the remote devices.
+        let all_remote = logits(prompt, &["--rpc", &server.endpoint]);
+        let worst = top10_worst(&all_remote, case, &format!("{prompt:?}, all remote"));
+        assert!(worst <= 5.1e-5, "{prompt:?} all remote: off by {worst}");
+        // Half the layers on the local CPU, half remote.
+        let split = logits(
+            prompt,
+            &[
+                "--rpc",
+                &server.endpoint,
+                "--device",
+                &local_and_remote,
+                "--tensor-split",
+                "1,1",
+            ],
+        );
+        let worst = top10_worst(&split, case, &format!("{prompt:?}, split 1:1"));
+        assert!(worst <= 5.1e-5, "{prompt:?} split 1:1: off by {worst}");
+    }
+}
+
+#[test]
+fn devices_lists_the_remote_device_with_its_memory() {
+    let Some(binary) = ggml_rpc_server() else {
+        return;
+    };
+    let server = Server::start(&binary, &[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["devices", "--json", "--rpc", &server.endpoint])
+        .output()
+        .expect("run rgml devices");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let remote = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|d| d["name"] == format!("RPC0[{}]", server.endpoint))
+        .expect("the remote device is listed");
+    assert!(remote["memory_total"].as_u64().unwrap_or(0) > 0, "{remote}");
+    assert!(
+        remote["memory_free"].as_u64().unwrap_or(0) <= remote["memory_total"].as_u64().unwrap_or(0)
+    );
+}
+
+#[test]
+fn an_unreachable_server_is_a_clear_error() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["logits", "-p", "Hi", "--rpc", &endpoint])
+        .arg("-m")
+        .arg(demo_model())
+        .output()
+        .expect("run rgml logits");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&endpoint) && err.contains("cannot connect"),
+        "{err}"
+    );
+    for bad in ["nohost", "host:notaport", ":80"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(["logits", "-p", "Hi", "--rpc", bad])
+            .output()
+            .expect("run rgml logits");
+        assert_eq!(out.status.code(), Some(2), "--rpc {bad}");
+    }
+}
