@@ -13,6 +13,7 @@ mod error;
 mod model_cmds;
 mod output;
 mod quantize_cmd;
+mod rpc_server_cmd;
 mod test_ops;
 
 #[derive(Parser)]
@@ -55,6 +56,8 @@ enum Command {
     },
     /// Generate text from a prompt, streaming tokens to stdout.
     Run(model_cmds::RunArgs),
+    /// Serve this machine's devices over ggml's RPC protocol (to llama.cpp's `--rpc` or rgml's).
+    RpcServer(rpc_server_cmd::RpcServerArgs),
     /// Print the prompt's tokens and the best next tokens with their logits.
     Logits(model_cmds::LogitsArgs),
     /// Perplexity of a text file, computed as llama-perplexity does.
@@ -138,6 +141,7 @@ impl Command {
             Command::Perplexity(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
             Command::Bench(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
             Command::Compare(a) => names_unknown_device(&a.device),
+            Command::RpcServer(a) => a.device.as_deref().is_none_or(names_unknown_device),
             Command::GgufInfo { .. } | Command::Quantize(_) => false,
         }
     }
@@ -161,6 +165,7 @@ impl Command {
                 test_ops::run(backend.as_deref(), op.as_deref(), &mode)
             }
             Command::Run(args) => model_cmds::run(args),
+            Command::RpcServer(args) => rpc_server_cmd::run(args),
             Command::Logits(args) => model_cmds::logits(args),
             Command::Perplexity(args) => model_cmds::perplexity(args),
             Command::Bench(args) => model_cmds::bench(args),

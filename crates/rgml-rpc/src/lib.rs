@@ -5,11 +5,13 @@
 //!   payload, framing; decoding checks every length and count before use.
 //! - [`ggml`]: rgml's ops, dtypes and flags in ggml's numbering.
 //! - [`client`]: a server's devices as rgml devices ([`add_server`]).
+//! - [`server`]: rgml's devices for any client of the protocol ([`server::serve`]).
 
 #![warn(missing_docs)]
 
 pub mod client;
 pub mod ggml;
+pub mod server;
 pub mod wire;
 
 pub use client::{add_server, RpcBackend, RpcDevice, RpcServer};

@@ -1,0 +1,438 @@
+//! A client's graph ([`WireGraph`]) rebuilt as an rgml [`Context`] and [`Graph`], trusting
+//! nothing in it.
+//!
+//! Every tensor is rebuilt through rgml's own op builders from its rebuilt sources, so an op is
+//! accepted only with operands rgml's builders accept, and the result must then have exactly
+//! the dtype, sizes and strides the client stated. Ids must be unique and non-zero, every
+//! source must be in the message (no dangling ids), and the walk over sources is iterative
+//! with cycle detection, so a hostile graph can neither loop nor exhaust the stack. Storage is
+//! resolved through the session's buffers ([`Locate`]): a tensor's bytes must lie inside the
+//! client's own buffer, and a view's address must be its source's plus its offset.
+
+use super::Refusal;
+use crate::ggml::{glu, op, unary};
+use crate::wire::{RpcTensor, WireGraph, MAX_SRC};
+use rgml::backend::Buffer;
+use rgml::{Context, DType, Graph, RopeMode, RopeParams, Tensor, TensorId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Where a client's `(buffer, address)` is: the buffer and the byte offset in it.
+pub(crate) trait Locate {
+    /// The buffer `buffer` of this client and the offset of `address` in it.
+    fn locate(&self, buffer: u64, address: u64) -> Result<(Arc<Buffer>, usize), Refusal>;
+}
+
+/// A rebuilt graph, ready to compute.
+pub(crate) struct Rebuilt {
+    pub(crate) ctx: Context,
+    pub(crate) graph: Graph,
+}
+
+/// The most tensors one graph may hold (ggml's graphs of the largest models hold tens of
+/// thousands).
+pub(crate) const MAX_GRAPH_TENSORS: usize = 1 << 20;
+
+fn refuse(why: impl Into<String>) -> Refusal {
+    Refusal(why.into())
+}
+
+/// Rebuild `wire` with storage from `mem`.
+pub(crate) fn rebuild(wire: &WireGraph, mem: &dyn Locate) -> Result<Rebuilt, Refusal> {
+    if wire.tensors.len() > MAX_GRAPH_TENSORS {
+        return Err(refuse(format!(
+            "{} tensors in one graph",
+            wire.tensors.len()
+        )));
+    }
+    let mut by_id = HashMap::with_capacity(wire.tensors.len());
+    for (i, t) in wire.tensors.iter().enumerate() {
+        if t.id == 0 {
+            return Err(refuse("a tensor with id 0"));
+        }
+        if by_id.insert(t.id, i).is_some() {
+            return Err(refuse(format!("tensor id {} appears twice", t.id)));
+        }
+    }
+    let mut b = Builder {
+        wire,
+        mem,
+        by_id,
+        done: HashMap::new(),
+        ctx: Context::new(),
+    };
+    let mut nodes = Vec::with_capacity(wire.nodes.len());
+    for &id in &wire.nodes {
+        if id == 0 {
+            continue;
+        }
+        let t = b.walk(id)?;
+        nodes.push(t);
+    }
+    Ok(Rebuilt {
+        graph: Graph::from_nodes(nodes),
+        ctx: b.ctx,
+    })
+}
+
+enum State {
+    InProgress,
+    Built(TensorId),
+}
+
+struct Builder<'a> {
+    wire: &'a WireGraph,
+    mem: &'a dyn Locate,
+    by_id: HashMap<u64, usize>,
+    done: HashMap<u64, State>,
+    ctx: Context,
+}
+
+/// A tensor's references: its source slots and its view source.
+fn references(t: &RpcTensor) -> impl Iterator<Item = u64> + '_ {
+    t.src
+        .iter()
+        .copied()
+        .chain(std::iter::once(t.view_src))
+        .filter(|&id| id != 0)
+}
+
+impl Builder<'_> {
+    fn tensor(&self, id: u64) -> Result<&RpcTensor, Refusal> {
+        self.by_id
+            .get(&id)
+            .map(|&i| &self.wire.tensors[i])
+            .ok_or_else(|| refuse(format!("tensor id {id} is referenced but not sent")))
+    }
+
+    fn built(&self, id: u64) -> Option<TensorId> {
+        match self.done.get(&id) {
+            Some(State::Built(t)) => Some(*t),
+            _ => None,
+        }
+    }
+
+    /// Build `root` after everything it references, depth first without recursion.
+    fn walk(&mut self, root: u64) -> Result<TensorId, Refusal> {
+        if let Some(t) = self.built(root) {
+            return Ok(t);
+        }
+        let mut stack = vec![root];
+        self.done.insert(root, State::InProgress);
+        while let Some(&id) = stack.last() {
+            let wire = self.tensor(id)?;
+            let pending = references(wire).find(|r| self.built(*r).is_none());
+            match pending {
+                Some(r) if matches!(self.done.get(&r), Some(State::InProgress)) => {
+                    return Err(refuse(format!("tensor id {r} depends on itself")));
+                }
+                Some(r) => {
+                    self.tensor(r)?;
+                    self.done.insert(r, State::InProgress);
+                    stack.push(r);
+                }
+                None => {
+                    let built = self.build(id)?;
+                    self.done.insert(id, State::Built(built));
+                    stack.pop();
+                }
+            }
+        }
+        self.built(root)
+            .ok_or_else(|| refuse("internal: a walked tensor was not built"))
+    }
+
+    fn build(&mut self, id: u64) -> Result<TensorId, Refusal> {
+        let w = self.tensor(id)?.clone();
+        let name = w.name();
+        let fail = |e: rgml::Error| refuse(format!("tensor '{name}' (id {id}): {e}"));
+        let dtype = DType::from_ggml_id(w.dtype).map_err(|_| {
+            refuse(format!(
+                "tensor '{name}': ggml type {} is not supported",
+                w.dtype
+            ))
+        })?;
+        let ne = w.ne.map(|v| v as usize);
+        let nb = w.nb.map(|v| v as usize);
+        let mut src: [Option<TensorId>; MAX_SRC] = [None; MAX_SRC];
+        for (slot, &s) in w.src.iter().enumerate() {
+            if s != 0 {
+                src[slot] = self.built(s);
+            }
+        }
+        let view_src = (w.view_src != 0).then(|| self.built(w.view_src)).flatten();
+        let built = self
+            .build_op(&w, dtype, ne, nb, &src, view_src)
+            .map_err(|e| match e {
+                BuildError::Core(e) => fail(e),
+                BuildError::Refused(r) => refuse(format!("tensor '{name}' (id {id}): {}", r.0)),
+            })?;
+        let t = self.ctx.get(built).map_err(fail)?;
+        if t.dtype != dtype || t.ne != ne || t.nb != nb {
+            return Err(refuse(format!(
+                "tensor '{name}' (id {id}): stated {} {:?} strides {:?}, but the op gives {} {:?} strides {:?}",
+                w.dtype, ne, nb, t.dtype, t.ne, t.nb
+            )));
+        }
+        self.place(built, &w)
+            .map_err(|r| refuse(format!("tensor '{name}' (id {id}): {}", r.0)))?;
+        if w.flags & crate::ggml::flag::INPUT != 0 {
+            self.ctx.set_input(built).map_err(fail)?;
+        }
+        if w.flags & crate::ggml::flag::OUTPUT != 0 {
+            self.ctx.set_output(built).map_err(fail)?;
+        }
+        self.ctx.set_name(built, name.clone()).map_err(fail)?;
+        Ok(built)
+    }
+
+    /// Give `id` its storage: a view's comes from its source and must be where the client said;
+    /// anything else must lie in one of the client's buffers.
+    fn place(&mut self, id: TensorId, w: &RpcTensor) -> Result<(), Refusal> {
+        let (buffer, offset) = self.mem.locate(w.buffer, w.data)?;
+        let t = self.ctx.get(id).map_err(|e| refuse(e.to_string()))?;
+        if t.view_src.is_some() {
+            let same = t
+                .data
+                .as_ref()
+                .is_some_and(|d| Arc::ptr_eq(&d.buffer, &buffer) && d.offset == offset);
+            return if same {
+                Ok(())
+            } else {
+                Err(refuse(
+                    "a view whose address is not its source's plus its offset",
+                ))
+            };
+        }
+        self.ctx
+            .set_data(id, buffer, offset)
+            .map_err(|e| refuse(e.to_string()))
+    }
+
+    fn build_op(
+        &mut self,
+        w: &RpcTensor,
+        dtype: DType,
+        ne: [usize; 4],
+        nb: [usize; 4],
+        src: &[Option<TensorId>; MAX_SRC],
+        view_src: Option<TensorId>,
+    ) -> Result<TensorId, BuildError> {
+        let p = &w.op_params;
+        let pf = |i: usize| f32::from_bits(p[i] as u32);
+        let uses = |n: usize| -> Result<(), BuildError> {
+            match src[n..].iter().position(Option::is_some) {
+                Some(extra) => Err(BuildError::Refused(refuse(format!(
+                    "source slot {} is set, but op {} reads {n}",
+                    n + extra,
+                    w.op
+                )))),
+                None => Ok(()),
+            }
+        };
+        let need = |i: usize| -> Result<TensorId, BuildError> {
+            src[i]
+                .ok_or_else(|| BuildError::Refused(refuse(format!("op {} lacks source {i}", w.op))))
+        };
+        let ctx = &mut self.ctx;
+        let id = match w.op {
+            op::NONE => {
+                uses(0)?;
+                match view_src {
+                    Some(v) => {
+                        let offset = usize::try_from(w.view_offs)
+                            .map_err(|_| BuildError::refused("view offset too large"))?;
+                        ctx.view(v, &ne, &nb[1..], offset)?
+                    }
+                    None => {
+                        let t = Tensor::new(dtype, ne)?;
+                        if t.nb != nb {
+                            return Err(BuildError::refused("a leaf that is not contiguous"));
+                        }
+                        ctx.push(t)?
+                    }
+                }
+            }
+            op::RESHAPE => {
+                uses(1)?;
+                ctx.reshape(need(0)?, &ne)?
+            }
+            op::VIEW => {
+                uses(1)?;
+                let offset = (p[0] as u32 as u64) | ((p[1] as u32 as u64) << 32);
+                let offset = usize::try_from(offset)
+                    .map_err(|_| BuildError::refused("view offset too large"))?;
+                ctx.view(need(0)?, &ne, &nb[1..], offset)?
+            }
+            op::PERMUTE => {
+                uses(1)?;
+                let mut axes = [0usize; 4];
+                for (a, &v) in axes.iter_mut().zip(&p[..4]) {
+                    *a = usize::try_from(v).map_err(|_| BuildError::refused("negative axis"))?;
+                }
+                ctx.permute(need(0)?, axes)?
+            }
+            op::TRANSPOSE => {
+                uses(1)?;
+                ctx.transpose(need(0)?)?
+            }
+            op::DUP => {
+                uses(1)?;
+                ctx.dup(need(0)?)?
+            }
+            op::CONT => {
+                uses(1)?;
+                ctx.cont_shape(need(0)?, &ne)?
+            }
+            op::CPY => {
+                uses(2)?;
+                ctx.cpy(need(0)?, need(1)?)?
+            }
+            op::ADD | op::SUB | op::MUL | op::DIV => {
+                uses(2)?;
+                let (a, b) = (need(0)?, need(1)?);
+                match w.op {
+                    op::ADD => ctx.add(a, b)?,
+                    op::SUB => ctx.sub(a, b)?,
+                    op::MUL => ctx.mul(a, b)?,
+                    _ => ctx.div(a, b)?,
+                }
+            }
+            op::MUL_MAT => {
+                uses(2)?;
+                ctx.mul_mat(need(0)?, need(1)?)?
+            }
+            op::SCALE => {
+                uses(1)?;
+                ctx.scale_bias(need(0)?, pf(0), pf(1))?
+            }
+            op::RMS_NORM => {
+                uses(1)?;
+                ctx.rms_norm(need(0)?, pf(0))?
+            }
+            op::NORM => {
+                uses(1)?;
+                ctx.norm(need(0)?, pf(0))?
+            }
+            op::ROPE => {
+                uses(3)?;
+                let params = rope_params(p)?;
+                ctx.rope_ext(need(0)?, need(1)?, src[2], params)?
+            }
+            op::SOFT_MAX => {
+                // Source 2 would be attention sinks, which rgml's softmax does not have.
+                uses(2)?;
+                ctx.soft_max_ext(need(0)?, src[1], pf(0), pf(1))?
+            }
+            op::DIAG_MASK_INF => {
+                uses(1)?;
+                let n_past =
+                    usize::try_from(p[0]).map_err(|_| BuildError::refused("negative n_past"))?;
+                ctx.diag_mask_inf(need(0)?, n_past)?
+            }
+            op::UNARY => {
+                uses(1)?;
+                let a = need(0)?;
+                match p[0] {
+                    unary::SILU => ctx.silu(a)?,
+                    unary::GELU => ctx.gelu(a)?,
+                    unary::TANH => ctx.tanh(a)?,
+                    u => {
+                        return Err(BuildError::refused(format!(
+                            "unary op {u} is not supported"
+                        )))
+                    }
+                }
+            }
+            op::GLU => {
+                uses(2)?;
+                let (a, b) = (need(0)?, src[1]);
+                let Some(b) = b else {
+                    return Err(BuildError::refused("GLU of one operand is not supported"));
+                };
+                if p[1] != 0 {
+                    return Err(BuildError::refused("swapped GLU is not supported"));
+                }
+                match p[0] {
+                    glu::SWIGLU => ctx.swiglu(a, b)?,
+                    glu::GEGLU => ctx.geglu(a, b)?,
+                    g => return Err(BuildError::refused(format!("GLU op {g} is not supported"))),
+                }
+            }
+            op::CONCAT => {
+                uses(2)?;
+                let dim =
+                    usize::try_from(p[0]).map_err(|_| BuildError::refused("negative axis"))?;
+                ctx.concat(need(0)?, need(1)?, dim)?
+            }
+            op::ARGMAX => {
+                uses(1)?;
+                ctx.argmax(need(0)?)?
+            }
+            op::GET_ROWS => {
+                uses(2)?;
+                ctx.get_rows(need(0)?, need(1)?)?
+            }
+            op::SET_ROWS => {
+                // ggml's slots: (rows, indices, destination).
+                uses(3)?;
+                ctx.set_rows(need(2)?, need(0)?, need(1)?)?
+            }
+            other => {
+                return Err(BuildError::refused(format!(
+                    "ggml op {other} is not supported by this server"
+                )))
+            }
+        };
+        if view_src.is_some() != ctx.get(id)?.view_src.is_some() {
+            return Err(BuildError::refused("its view source does not match its op"));
+        }
+        Ok(id)
+    }
+}
+
+fn rope_params(p: &[i32; 16]) -> Result<RopeParams, BuildError> {
+    let pf = |i: usize| f32::from_bits(p[i] as u32);
+    let mode = match p[2] {
+        0 => RopeMode::Normal,
+        2 => RopeMode::Neox,
+        m => {
+            return Err(BuildError::refused(format!(
+                "rope mode {m} is not supported"
+            )))
+        }
+    };
+    if p[11..].iter().any(|&v| v != 0) {
+        return Err(BuildError::refused("rope sections are not supported"));
+    }
+    let count = |v: i32| usize::try_from(v).map_err(|_| BuildError::refused("negative rope size"));
+    Ok(RopeParams {
+        mode,
+        n_dims: count(p[1])?,
+        n_ctx_orig: count(p[4])?,
+        freq_base: pf(5),
+        freq_scale: pf(6),
+        ext_factor: pf(7),
+        attn_factor: pf(8),
+        beta_fast: pf(9),
+        beta_slow: pf(10),
+    })
+}
+
+/// Why one tensor could not be built.
+enum BuildError {
+    Core(rgml::Error),
+    Refused(Refusal),
+}
+
+impl BuildError {
+    fn refused(why: impl Into<String>) -> BuildError {
+        BuildError::Refused(refuse(why))
+    }
+}
+
+impl From<rgml::Error> for BuildError {
+    fn from(e: rgml::Error) -> BuildError {
+        BuildError::Core(e)
+    }
+}
