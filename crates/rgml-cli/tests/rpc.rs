@@ -49,12 +49,26 @@ struct Server {
 }
 
 impl Server {
+    /// llama.cpp's server `binary` with `extra` flags.
     fn start(binary: &PathBuf, extra: &[&str]) -> Server {
+        Server::spawn(Command::new(binary), extra)
+    }
+
+    /// `rgml rpc-server` with `extra` flags, with `cpu_devices` CPU devices beside `CPU`.
+    fn rgml(extra: &[&str], cpu_devices: usize) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rgml"));
+        cmd.arg("rpc-server")
+            .env("RGML_CPU_DEVICES", cpu_devices.to_string())
+            .env_remove("RGML_CPU_ISA");
+        Server::spawn(cmd, extra)
+    }
+
+    fn spawn(mut cmd: Command, extra: &[&str]) -> Server {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = Command::new(binary)
+        let child = cmd
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .args(extra)
             .stdout(Stdio::null())
@@ -203,5 +217,41 @@ fn an_unreachable_server_is_a_clear_error() {
             .output()
             .expect("run rgml logits");
         assert_eq!(out.status.code(), Some(2), "--rpc {bad}");
+    }
+}
+
+/// rgml's client on two rgml servers at once, one with two devices: the model split by layers
+/// over the three remote devices gives llama.cpp's logits, as one local device does.
+#[test]
+fn two_rgml_servers_with_several_devices_match_llama_cpp() {
+    let a = Server::rgml(&["--device", "CPU0,CPU1", "-t", "1"], 2);
+    let b = Server::rgml(&["-t", "1"], 0);
+    let servers = format!("{},{}", a.endpoint, b.endpoint);
+    let devices = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["devices", "--json", "--rpc", &servers])
+        .output()
+        .expect("run rgml devices");
+    let list: serde_json::Value = serde_json::from_slice(&devices.stdout).expect("JSON");
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|d| d["name"].as_str())
+        .filter(|n| n.starts_with("RPC"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            format!("RPC0[{}]", a.endpoint),
+            format!("RPC1[{}]", a.endpoint),
+            format!("RPC0[{}]", b.endpoint)
+        ]
+    );
+    let fixture = fixture();
+    for case in fixture["cases"].as_array().expect("cases") {
+        let prompt = case["prompt"].as_str().expect("prompt");
+        let got = logits(prompt, &["--rpc", &servers]);
+        let worst = top10_worst(&got, case, &format!("{prompt:?} on three remote devices"));
+        assert!(worst <= 5.1e-5, "{prompt:?}: off by {worst}");
     }
 }

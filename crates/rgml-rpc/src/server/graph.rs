@@ -170,7 +170,7 @@ impl Builder<'_> {
         let t = self.ctx.get(built).map_err(fail)?;
         if t.dtype != dtype || t.ne != ne || t.nb != nb {
             return Err(refuse(format!(
-                "tensor '{name}' (id {id}): stated {} {:?} strides {:?}, but the op gives {} {:?} strides {:?}",
+                "tensor '{name}' (id {id}): stated ggml type {} {:?} strides {:?}, but the op gives {} {:?} strides {:?}",
                 w.dtype, ne, nb, t.dtype, t.ne, t.nb
             )));
         }
