@@ -179,30 +179,38 @@ fn get_rows(cases: &mut Vec<Case>) {
 fn set_rows(cases: &mut Vec<Case>) {
     let types = with_plain(&QUANT[..5]);
     for t in types {
-        for (ne0, nr, n, b, k) in [
-            (35, 7, 3, [1, 1], [1, 1]),
-            (35, 9, 4, [2, 3], [2, 3]),
-            (19, 5, 2, [2, 3], [1, 3]),
-        ] {
-            let ne0 = row_len(t, ne0);
-            let params = format!(
-                "type={t},ne=[{ne0},{nr},{},{}],nr={n},idx={}",
-                b[0],
-                b[1],
-                dims(&k)
-            );
-            cases.push(Case::new(
-                OpKind::SetRows,
-                format!("SET_ROWS type={t}"),
-                params,
-                output_threshold(t),
-                move |c| {
-                    let dst = c.uniform(t, &[ne0, nr, b[0], b[1]])?;
-                    let src = c.uniform(DType::F32, &[ne0, n, b[0], b[1]])?;
-                    let idx = c.leaf(DType::I32, &[n, k[0], k[1]], Init::Distinct(nr))?;
-                    c.ctx.set_rows(dst, src, idx)
-                },
-            ));
+        // I64 indices (llama.cpp's KV cache writes) for the cache types.
+        let index_types: &[DType] = if matches!(t, DType::F32 | DType::F16) {
+            &[DType::I32, DType::I64]
+        } else {
+            &[DType::I32]
+        };
+        for &it in index_types {
+            for (ne0, nr, n, b, k) in [
+                (35, 7, 3, [1, 1], [1, 1]),
+                (35, 9, 4, [2, 3], [2, 3]),
+                (19, 5, 2, [2, 3], [1, 3]),
+            ] {
+                let ne0 = row_len(t, ne0);
+                let params = format!(
+                    "type={t},ne=[{ne0},{nr},{},{}],nr={n},idx={},type_idx={it}",
+                    b[0],
+                    b[1],
+                    dims(&k)
+                );
+                cases.push(Case::new(
+                    OpKind::SetRows,
+                    format!("SET_ROWS type={t}"),
+                    params,
+                    output_threshold(t),
+                    move |c| {
+                        let dst = c.uniform(t, &[ne0, nr, b[0], b[1]])?;
+                        let src = c.uniform(DType::F32, &[ne0, n, b[0], b[1]])?;
+                        let idx = c.leaf(it, &[n, k[0], k[1]], Init::Distinct(nr))?;
+                        c.ctx.set_rows(dst, src, idx)
+                    },
+                ));
+            }
         }
     }
 }

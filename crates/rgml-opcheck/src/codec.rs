@@ -38,6 +38,11 @@ pub fn encode(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
                 o.copy_from_slice(&(*v as i32).to_le_bytes());
             }
         }
+        DType::I64 => {
+            for (v, o) in values.iter().zip(out.chunks_exact_mut(8)) {
+                o.copy_from_slice(&(*v as i64).to_le_bytes());
+            }
+        }
         q => rgml::quant::quantize_row(q, values, &mut out)?,
     }
     Ok(out)
@@ -58,6 +63,10 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>> {
         DType::I32 => bytes
             .chunks_exact(4)
             .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+            .collect(),
+        DType::I64 => bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64)
             .collect(),
         DType::F16 => bytes
             .chunks_exact(2)
@@ -86,7 +95,7 @@ pub fn round_trip(dtype: DType, values: &mut [f64]) -> Result<()> {
         DType::BF16 => values
             .iter_mut()
             .for_each(|v| *v = half::bf16::from_f64(*v).to_f64()),
-        DType::I32 => values.iter_mut().for_each(|v| *v = v.trunc()),
+        DType::I32 | DType::I64 => values.iter_mut().for_each(|v| *v = v.trunc()),
         q => {
             let f: Vec<f32> = values.iter().map(|&v| v as f32).collect();
             let back = decode(q, &encode(q, &f)?)?;

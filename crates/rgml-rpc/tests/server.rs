@@ -4,6 +4,10 @@
 //! and the server must then serve the next client correctly. A well-formed client computes a
 //! graph through the raw protocol and reads the right answer.
 
+mod common {
+    pub mod seeds;
+}
+
 use rgml::DType;
 use rgml_rpc::ggml::{flag, op};
 use rgml_rpc::server::{serve, ServerOptions};
@@ -555,4 +559,27 @@ fn the_device_count_and_types_are_ggmls() {
     );
     assert_eq!(r, vec![5; 4]);
     assert_eq!(DType::from_ggml_id(0).ok(), Some(DType::F32));
+}
+
+/// The fuzz target's seeds (whole conversations over several op families) are served to the
+/// end, each graph computed twice: a check of the ops' wire forms, and of the seeds.
+#[test]
+fn the_fuzz_seeds_are_served_to_the_end() {
+    server();
+    let cpu = rgml::registry::device("CPU").expect("CPU device");
+    let options = ServerOptions {
+        devices: vec![cpu],
+        threads: Some(1),
+        client_memory: CLIENT_MEMORY,
+        max_clients: 1,
+        cache_dir: None,
+    };
+    for (name, bytes) in common::seeds::seeds() {
+        let mut replies = Vec::new();
+        let served = rgml_rpc::server::serve_stream(bytes.as_slice(), &mut replies, &options);
+        assert!(served.is_ok(), "{name}: {:?}", served.err());
+        // HELLO (28), DEVICE_COUNT (4), ALLOC_BUFFER (16), BUFFER_GET_BASE (8), GET_TENSOR (16),
+        // each with its 8-byte size.
+        assert_eq!(replies.len(), 5 * 8 + 28 + 4 + 16 + 8 + 16, "{name}");
+    }
 }

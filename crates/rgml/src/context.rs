@@ -556,6 +556,13 @@ impl Context {
             "row indices must be i32",
         )?;
         let (ta, tb) = (self.get(a)?, self.get(rows)?);
+        if ta.dtype == DType::I64 {
+            return Err(Error::UnsupportedDType {
+                op: OpKind::GetRows,
+                dtype: ta.dtype,
+                reason: "rows must be floating point or i32",
+            });
+        }
         if ta.ne[2] != tb.ne[1] || tb.ne[3] != 1 || ta.ne[3] != tb.ne[2] {
             return Err(Error::ShapeMismatch {
                 op: OpKind::GetRows,
@@ -573,7 +580,7 @@ impl Context {
         self.node(dtype, ne, Op::GetRows, &[a, rows])
     }
 
-    /// Write the f32 rows of `src` into `dst` at I32 indices `rows` (`[src.ne1, k2, k3]`, src dims
+    /// Write the f32 rows of `src` into `dst` at I32 or I64 indices `rows` (`[src.ne1, k2, k3]`, src dims
     /// 2 and 3 multiples of k2, k3); the result is a view of `dst`.
     pub fn set_rows(&mut self, dst: TensorId, src: TensorId, rows: TensorId) -> Result<TensorId> {
         self.expect_dtype(
@@ -585,8 +592,8 @@ impl Context {
         self.expect_dtype(
             OpKind::SetRows,
             rows,
-            &[DType::I32],
-            "row indices must be i32",
+            &[DType::I32, DType::I64],
+            "row indices must be i32 or i64",
         )?;
         let (ta, tb, tc) = (self.get(dst)?, self.get(src)?, self.get(rows)?);
         if ta.ne[0] != tb.ne[0] || ta.ne[2] != tb.ne[2] || ta.ne[3] != tb.ne[3] {
@@ -684,7 +691,7 @@ impl Context {
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         self.expect_dtype(OpKind::MulMat, b, &[DType::F32], "src1 must be f32")?;
         let (ta, tb) = (self.get(a)?, self.get(b)?);
-        if ta.dtype == DType::I32 {
+        if !ta.dtype.is_float() {
             return Err(Error::UnsupportedDType {
                 op: OpKind::MulMat,
                 dtype: ta.dtype,

@@ -19,6 +19,8 @@ pub enum DType {
     BF16,
     /// 32-bit signed integer (row indices, positions).
     I32,
+    /// 64-bit signed integer (row indices of SET_ROWS, as llama.cpp's KV cache writes them).
+    I64,
     /// 4-bit, 32 per block, scale only.
     Q4_0,
     /// 4-bit, 32 per block, scale and minimum.
@@ -51,11 +53,12 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 18] = [
+    pub const ALL: [DType; 19] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::I32,
+        DType::I64,
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
@@ -75,7 +78,7 @@ impl DType {
     /// Elements per block (1 for plain types).
     pub const fn block_size(self) -> usize {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 | DType::I32 => 1,
+            DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::I64 => 1,
             DType::Q4_0
             | DType::Q4_1
             | DType::Q5_0
@@ -97,6 +100,7 @@ impl DType {
     pub const fn block_bytes(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
+            DType::I64 => 8,
             DType::F16 | DType::BF16 => 2,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
@@ -120,9 +124,9 @@ impl DType {
         self.block_size() > 1
     }
 
-    /// Whether the type holds floating-point values (plain or quantized), i.e. not `I32`.
+    /// Whether the type holds floating-point values (plain or quantized), i.e. not an integer.
     pub const fn is_float(self) -> bool {
-        !matches!(self, DType::I32)
+        !matches!(self, DType::I32 | DType::I64)
     }
 
     /// ggml's lower-case type name (`"f32"`, `"q4_0"`, ...).
@@ -132,6 +136,7 @@ impl DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::I32 => "i32",
+            DType::I64 => "i64",
             DType::Q4_0 => "q4_0",
             DType::Q4_1 => "q4_1",
             DType::Q5_0 => "q5_0",
@@ -177,6 +182,7 @@ impl DType {
             DType::IQ4_NL => 20,
             DType::IQ4_XS => 23,
             DType::I32 => 26,
+            DType::I64 => 27,
             DType::BF16 => 30,
         }
     }

@@ -76,7 +76,7 @@ pub(crate) fn row_to_f32(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()
             }
             Ok(())
         }
-        DType::I32 => Err(conversion_error(dtype, "conversion to f32")),
+        DType::I32 | DType::I64 => Err(conversion_error(dtype, "conversion to f32")),
         q => dequantize_row(q, src, dst),
     }
 }
@@ -124,7 +124,7 @@ pub(crate) fn row_from_f32(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<
             }
             Ok(())
         }
-        DType::I32 => Err(conversion_error(dtype, "conversion from f32")),
+        DType::I32 | DType::I64 => Err(conversion_error(dtype, "conversion from f32")),
         q => quantize_row(q, src, dst),
     }
 }

@@ -43,7 +43,9 @@ pub fn vec_dot(f: CpuFeatures, xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Re
         DType::Q3_K => dot_q3_k_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::IQ4_XS => dot_iq4_xs_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::IQ4_NL => dot_iq4_nl_q8_0(f, &blocks(x)?, &blocks(y)?),
-        DType::I32 | DType::Q8_1 | DType::Q8_K => return Err(Error::UnsupportedConversion(xtype)),
+        DType::I32 | DType::I64 | DType::Q8_1 | DType::Q8_K => {
+            return Err(Error::UnsupportedConversion(xtype))
+        }
     })
 }
 

@@ -345,7 +345,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
         }
         Op::SetRows => {
             n(3) && f32_rows(s[1])
-                && s[2].dtype == I32
+                && matches!(s[2].dtype, I32 | I64)
                 && s[2].rows_contiguous()
                 && t.rows_contiguous()
                 && t.ne[0] == s[1].ne[0]

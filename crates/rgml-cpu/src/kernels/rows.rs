@@ -4,17 +4,24 @@ use super::convert::{row_from_f32, row_to_f32};
 use super::{bytes, bytes_mut, f32_row, NodeTask, TensorView, ThreadCtx};
 use rgml::{DType, Error, Result};
 
-/// Read I32 element `(i0, i1, i2)` of `idx`.
-fn index_at(idx: &TensorView, i0: usize, i1: usize, i2: usize) -> i32 {
+/// Read element `(i0, i1, i2)` of the I32 or I64 index tensor `idx`.
+fn index_at(idx: &TensorView, i0: usize, i1: usize, i2: usize) -> i64 {
     let p = idx.row(i1, i2, 0).wrapping_add(i0 * idx.nb[0]);
-    // SAFETY: the callers pass in-bounds indices of the I32 index tensor.
-    unsafe { p.cast::<i32>().read_unaligned() }
+    // SAFETY: the callers pass in-bounds indices of the index tensor, whose dtype (I32 or I64,
+    // checked by `supports`) gives the element's width.
+    unsafe {
+        if idx.dtype == DType::I64 {
+            p.cast::<i64>().read_unaligned()
+        } else {
+            i64::from(p.cast::<i32>().read_unaligned())
+        }
+    }
 }
 
-fn bad_index(op: &str, index: i32, rows: usize) -> Error {
+fn bad_index(op: &str, index: i64, rows: usize) -> Error {
     Error::OutOfBounds {
         what: format!("{op} row index"),
-        offset: index.max(0) as usize,
+        offset: usize::try_from(index.max(0)).unwrap_or(usize::MAX),
         size: 1,
         limit: rows,
     }

@@ -19,7 +19,7 @@ mod session;
 use crate::wire::{self, Command, Request, WireError};
 use rgml::DeviceRef;
 use session::Session;
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -83,16 +83,32 @@ pub fn serve_client(stream: TcpStream, options: &ServerOptions) -> Result<(), Re
     let reader = stream
         .try_clone()
         .map_err(|e| Refusal(format!("socket: {e}")))?;
-    let mut reader = BufReader::with_capacity(1 << 16, reader);
-    let mut writer = BufWriter::with_capacity(1 << 16, stream);
+    serve_stream(
+        BufReader::with_capacity(1 << 16, reader),
+        BufWriter::with_capacity(1 << 16, stream),
+        options,
+    )
+}
+
+/// Serve the requests read from `reader`, replies to `writer`, until end of input (`Ok`) or a
+/// refusal (`Err`): one client's connection, whatever carries it (a socket, or a fuzzer's
+/// bytes).
+pub fn serve_stream(
+    mut reader: impl Read,
+    mut writer: impl Write,
+    options: &ServerOptions,
+) -> Result<(), Refusal> {
     // The largest frame: a SET_TENSOR of all the client may hold, and its header.
     let limit = options.client_memory as u64 + 4096;
     let io = |e: WireError| Refusal(e.to_string());
+    let next = |reader: &mut dyn Read| match wire::read_request(&mut &mut *reader, limit) {
+        Ok(r) => Ok(Some(r)),
+        Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(io(e)),
+    };
 
-    let (command, payload) = match wire::read_request(&mut reader, limit) {
-        Ok(r) => r,
-        Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-        Err(e) => return Err(io(e)),
+    let Some((command, payload)) = next(&mut reader)? else {
+        return Ok(());
     };
     if command != Command::Hello {
         return Err(Refusal(format!("{command:?} before HELLO")));
@@ -101,12 +117,7 @@ pub fn serve_client(stream: TcpStream, options: &ServerOptions) -> Result<(), Re
     wire::write_response(&mut writer, &session::hello_reply()).map_err(io)?;
 
     let mut session = Session::new(options);
-    loop {
-        let (command, payload) = match wire::read_request(&mut reader, limit) {
-            Ok(r) => r,
-            Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(io(e)),
-        };
+    while let Some((command, payload)) = next(&mut reader)? {
         let request = Request::decode(command, &payload).map_err(io)?;
         drop(payload);
         let reply = session
@@ -116,6 +127,7 @@ pub fn serve_client(stream: TcpStream, options: &ServerOptions) -> Result<(), Re
             wire::write_response(&mut writer, &reply).map_err(io)?;
         }
     }
+    Ok(())
 }
 
 /// The hash cache of `-c`: SET_TENSOR data the client marks for caching is kept in a file

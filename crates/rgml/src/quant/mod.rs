@@ -197,7 +197,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
             f32_to_bf16_bytes(src, dst);
             Ok(())
         }
-        DType::I32 => Err(Error::UnsupportedConversion(dtype)),
+        DType::I32 | DType::I64 => Err(Error::UnsupportedConversion(dtype)),
         DType::Q4_0 => quantize_bytes::<BlockQ4_0>(src, dst),
         DType::Q4_1 => quantize_bytes::<BlockQ4_1>(src, dst),
         DType::Q5_0 => quantize_bytes::<BlockQ5_0>(src, dst),
@@ -249,7 +249,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
             bf16_bytes_to_f32(src, dst);
             Ok(())
         }
-        DType::I32 => Err(Error::UnsupportedConversion(dtype)),
+        DType::I32 | DType::I64 => Err(Error::UnsupportedConversion(dtype)),
         DType::Q4_0 => dequantize_bytes::<BlockQ4_0>(src, dst),
         DType::Q4_1 => dequantize_bytes::<BlockQ4_1>(src, dst),
         DType::Q5_0 => dequantize_bytes::<BlockQ5_0>(src, dst),
