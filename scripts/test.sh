@@ -21,9 +21,11 @@ if command -v dpkg >/dev/null 2>&1 && dpkg -s mesa-vulkan-drivers >/dev/null 2>&
     # Mesa's loader complains on stderr when this is unset.
     export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 fi
-# llama.cpp's RPC server (ggml-rpc-server, native CPU build), the peer of the RPC tests; built
-# once into the cache (a few minutes on 2 cores), and required: the tests fail without it.
-rpc_bin=$(bash scripts/llamacpp.sh --rpc ggml-rpc-server)
+# llama.cpp with its RPC backend (native CPU build), the peer of the RPC tests: its server
+# (ggml-rpc-server) for rgml's client, and llama-perplexity / llama-completion as clients of
+# rgml's server. Built once into the cache (about 15 minutes on 2 cores), and required: the
+# tests fail without them.
+rpc_bin=$(bash scripts/llamacpp.sh --rpc ggml-rpc-server llama-perplexity llama-completion)
 export RGML_GGML_RPC_SERVER="$rpc_bin/ggml-rpc-server" RGML_REQUIRE_RPC_SERVER=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -4,6 +4,10 @@
 //! CPU and the remote device, gives llama.cpp's logits bit for bit (up to the fixture's 4
 //! decimals).
 //!
+//! And the other way: llama.cpp's `llama-perplexity` and `llama-completion` (built beside the
+//! server) with `--rpc` to `rgml rpc-server` and `-ngl 99` give the perplexity and the text
+//! they give without it.
+//!
 //! The server computes with ggml's CPU kernels of this CPU's native build, so the reference is
 //! llama.cpp's native build for this CPU's instruction set (`tests/fixtures/logits/<isa>/`,
 //! repacking off: the server's CPU memory is plain, not repacked).
@@ -253,5 +257,92 @@ fn two_rgml_servers_with_several_devices_match_llama_cpp() {
         let got = logits(prompt, &["--rpc", &servers]);
         let worst = top10_worst(&got, case, &format!("{prompt:?} on three remote devices"));
         assert!(worst <= 5.1e-5, "{prompt:?}: off by {worst}");
+    }
+}
+
+/// A llama.cpp tool built beside `ggml-rpc-server` (same directory), if there.
+fn llama_tool(server: &std::path::Path, name: &str) -> Option<PathBuf> {
+    let path = server.parent()?.join(name);
+    if path.exists() {
+        return Some(path);
+    }
+    let required = std::env::var("RGML_REQUIRE_RPC_SERVER").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "RGML_REQUIRE_RPC_SERVER=1 but no {name} beside the server"
+    );
+    eprintln!("no {name}: skipping");
+    None
+}
+
+/// Run a llama.cpp tool; its stdout and stderr.
+fn run_tool(tool: &PathBuf, args: &[&str]) -> (String, String) {
+    let out = Command::new(tool)
+        .args(args)
+        .output()
+        .expect("run the llama.cpp tool");
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed: {}",
+        tool.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The per-chunk line and the final estimate of llama-perplexity's output.
+fn perplexity_lines(out: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.starts_with('[') || l.contains("Final estimate"))
+        .map(|l| match l.find("Final estimate") {
+            Some(at) => l[at..].to_string(),
+            None => l.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn llama_cpp_on_rgml_rpc_server_gives_its_own_perplexity_and_text() {
+    let Some(server_bin) = ggml_rpc_server() else {
+        return;
+    };
+    let (Some(perplexity), Some(completion)) = (
+        llama_tool(&server_bin, "llama-perplexity"),
+        llama_tool(&server_bin, "llama-completion"),
+    ) else {
+        return;
+    };
+    let server = Server::rgml(&["-t", "2"], 0);
+    let model = demo_model().display().to_string();
+    let text = root()
+        .join("crates/rgml-llm/tests/fixtures/ppl-text.txt")
+        .display()
+        .to_string();
+    let remote = ["--rpc", server.endpoint.as_str(), "-ngl", "99"];
+
+    let ppl_args = [
+        "-m", &model, "-f", &text, "-c", "128", "-b", "128", "-t", "2",
+    ];
+    let (o, e) = run_tool(&perplexity, &ppl_args);
+    let local = perplexity_lines(&(o + &e));
+    let (o, e) = run_tool(&perplexity, &[&ppl_args[..], &remote].concat());
+    let through_rgml = perplexity_lines(&(o + &e));
+    assert!(local.iter().any(|l| l.contains("PPL = ")), "{local:?}");
+    assert_eq!(through_rgml, local, "perplexity through rgml rpc-server");
+
+    for prompt in ["Once upon a time", "The capital of France is"] {
+        let args = [
+            "-m", &model, "-p", prompt, "-n", "32", "--temp", "0", "-no-cnv", "-t", "2",
+        ];
+        let (local, _) = run_tool(&completion, &args);
+        let (remote_text, _) = run_tool(&completion, &[&args[..], &remote].concat());
+        assert!(local.len() > prompt.len() + 20, "{local:?}");
+        assert_eq!(
+            remote_text, local,
+            "greedy text of {prompt:?} through rgml rpc-server"
+        );
     }
 }

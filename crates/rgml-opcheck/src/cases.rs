@@ -1179,6 +1179,60 @@ fn large_unary(cases: &mut Vec<Case>) {
     }
 }
 
+/// FLASH_ATTN_EXT as llama.cpp's attention sends it: f16 or f32 K/V, grouped heads, an f16
+/// causal mask (padded rows, as llama.cpp pads the batch), ALiBi, soft-capping, sinks.
+fn flash_attn(cases: &mut Vec<Case>) {
+    // (dk, dv, n_q, n_kv, n_head, n_head_kv)
+    let shapes = [
+        (64, 64, 1, 37, 4, 2),
+        (64, 64, 7, 40, 4, 4),
+        (128, 64, 3, 19, 6, 2),
+        (40, 40, 5, 600, 2, 1),
+        // 64 queries and more: ggml's tiled kernel.
+        (64, 64, 70, 150, 2, 2),
+        (16, 16, 64, 64, 1, 1),
+    ];
+    for kv in [DType::F16, DType::F32] {
+        for (dk, dv, nq, nkv, nh, nhk) in shapes {
+            for (mask, max_bias, softcap, sinks) in [
+                (true, 0.0f32, 0.0f32, false),
+                (false, 0.0, 0.0, false),
+                (true, 8.0, 0.0, false),
+                (true, 0.0, 30.0, true),
+            ] {
+                cases.push(Case::new(
+                    OpKind::FlashAttnExt,
+                    format!("FLASH_ATTN_EXT type_kv={kv}"),
+                    format!(
+                        "type_kv={kv},dk={dk},dv={dv},nq={nq},nkv={nkv},nh={nh},nh_kv={nhk},\
+                         mask={mask},max_bias={max_bias},softcap={softcap},sinks={sinks}"
+                    ),
+                    5e-4,
+                    move |c| {
+                        let q = c.leaf(DType::F32, &[dk, nq, nh, 1], Init::Uniform(-1.0, 1.0))?;
+                        let k = c.leaf(kv, &[dk, nkv, nhk, 1], Init::Uniform(-1.0, 1.0))?;
+                        let v = c.leaf(kv, &[dv, nkv, nhk, 1], Init::Uniform(-1.0, 1.0))?;
+                        let m = if mask {
+                            let pad = nq.next_multiple_of(8);
+                            Some(c.leaf(DType::F16, &[nkv, pad, 1, 1], Init::Causal(nkv - nq))?)
+                        } else {
+                            None
+                        };
+                        let sk = if sinks {
+                            Some(c.leaf(DType::F32, &[nh], Init::Uniform(-2.0, 2.0))?)
+                        } else {
+                            None
+                        };
+                        let scale = 1.0 / (dk as f32).sqrt();
+                        c.ctx
+                            .flash_attn_ext(q, k, v, m, sk, scale, max_bias, softcap)
+                    },
+                ));
+            }
+        }
+    }
+}
+
 /// Every case of the suite, in a stable order.
 pub fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();
@@ -1196,6 +1250,7 @@ pub fn all_cases() -> Vec<Case> {
     views(&mut cases);
     concat(&mut cases);
     argmax(&mut cases);
+    flash_attn(&mut cases);
     large(&mut cases);
     cases
 }

@@ -248,6 +248,13 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
         }
         Op::Concat { dim } => concat(ctx, t, mem, dim)?,
         Op::Argmax => argmax(ctx, t, mem)?,
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            softcap,
+            mask,
+            sinks,
+        } => flash_attn(ctx, t, mem, [scale, max_bias, softcap], mask, sinks)?,
     };
     mem.write(ctx, id, &out)
 }
@@ -488,6 +495,83 @@ pub fn rope(
             }
         }
     }
+}
+
+/// FLASH_ATTN_EXT: for each query and head, `softmax(softcap(scale · k·q) + slope · mask)`
+/// (with the head's sink as one more score that weighs no V row) times `v`, written at
+/// `(head, query)`.
+fn flash_attn(
+    ctx: &Context,
+    t: &Tensor,
+    mem: &Mem,
+    [scale, max_bias, softcap]: [f32; 3],
+    has_mask: bool,
+    has_sinks: bool,
+) -> Result<Vec<f64>> {
+    let (q, qne) = read_src(ctx, t, mem, 0)?;
+    let (k, kne) = read_src(ctx, t, mem, 1)?;
+    let (v, vne) = read_src(ctx, t, mem, 2)?;
+    let mask = if has_mask {
+        Some(read_src(ctx, t, mem, 3)?)
+    } else {
+        None
+    };
+    let sinks = if has_sinks {
+        Some(mem.read(ctx, src(t, 3 + usize::from(has_mask))?)?)
+    } else {
+        None
+    };
+    let (dk, nq, nh, n3) = (qne[0], qne[1], qne[2], qne[3]);
+    let (dv, nkv) = (vne[0], kne[1]);
+    let (scale, max_bias, softcap) = (scale as f64, max_bias as f64, softcap as f64);
+    let n_head_log2 = 1u32 << (nh as u32).max(1).ilog2();
+    let m0 = 2f64.powf(-max_bias / n_head_log2 as f64);
+    let m1 = 2f64.powf(-(max_bias / 2.0) / n_head_log2 as f64);
+    let mut out = vec![0.0; t.nelements()];
+    for i3 in 0..n3 {
+        for h in 0..nh {
+            let hu = h as u32;
+            let slope = match max_bias > 0.0 {
+                false => 1.0,
+                true if hu < n_head_log2 => m0.powi(hu as i32 + 1),
+                true => m1.powi(2 * (hu - n_head_log2) as i32 + 1),
+            };
+            let (hk, hv) = (h / (nh / kne[2]), h / (nh / vne[2]));
+            for iq in 0..nq {
+                let mut scores = Vec::with_capacity(nkv);
+                for c in 0..nkv {
+                    let m = mask.as_ref().map_or(0.0, |(m, mne)| {
+                        slope * m[lin(*mne, c, iq, h % mne[2], i3 % mne[3])]
+                    });
+                    let dot: f64 = (0..dk)
+                        .map(|d| k[lin(kne, d, c, hk, i3)] * q[lin(qne, d, iq, h, i3)])
+                        .sum();
+                    let mut s = dot * scale;
+                    if softcap != 0.0 {
+                        s = softcap * (s / softcap).tanh();
+                    }
+                    scores.push(s + m);
+                }
+                let sink = sinks.as_ref().map(|sk| sk[h]);
+                let max = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 =
+                    weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
+                for d in 0..dv {
+                    let acc: f64 = (0..nkv)
+                        .filter(|&c| weights[c] > 0.0)
+                        .map(|c| weights[c] * v[lin(vne, d, c, hv, i3)])
+                        .sum();
+                    out[lin(t.ne, d, h, iq, i3)] = if total > 0.0 { acc / total } else { 0.0 };
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Row-wise softmax of `x * scale + slope * mask` (mask rows indexed by `i1`, broadcast over

@@ -185,16 +185,33 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
         Op::Concat { dim } => Ok(Params::new()
             .i32(0, small(kind, dim, "axis out of range")?)
             .done(op::CONCAT)),
+        // Parameter 3 is the precision, ggml's default (0).
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            softcap,
+            ..
+        } => Ok(Params::new()
+            .f32(0, scale)
+            .f32(1, max_bias)
+            .f32(2, softcap)
+            .done(op::FLASH_ATTN_EXT)),
     }
 }
 
-/// Which of rgml's sources sits in each of ggml's source slots: the same order for every op
-/// but SET_ROWS, whose ggml slots are (rows, indices, destination) where rgml has
-/// (destination, rows, indices).
-pub fn ggml_src_order(op: &Op, n_src: usize) -> Vec<usize> {
-    match op {
-        Op::SetRows if n_src == 3 => vec![1, 2, 0],
-        _ => (0..n_src).collect(),
+/// Which of rgml's sources sits in each of ggml's source slots (`None`: the slot is empty):
+/// the same order for every op but SET_ROWS, whose ggml slots are (rows, indices,
+/// destination) where rgml has (destination, rows, indices), and FLASH_ATTN_EXT, whose mask
+/// and sinks have fixed slots 3 and 4 where rgml lists only those present.
+pub fn ggml_src_order(op: &Op, n_src: usize) -> Vec<Option<usize>> {
+    match *op {
+        Op::SetRows if n_src == 3 => vec![Some(1), Some(2), Some(0)],
+        Op::FlashAttnExt { mask, sinks, .. } => {
+            let mask_slot = mask.then_some(3);
+            let sinks_slot = sinks.then_some(3 + usize::from(mask));
+            vec![Some(0), Some(1), Some(2), mask_slot, sinks_slot]
+        }
+        _ => (0..n_src).map(Some).collect(),
     }
 }
 
@@ -261,7 +278,7 @@ mod tests {
         let t = ctx.get(sr).unwrap();
         assert_eq!(encode_op(t).unwrap().op, op::SET_ROWS);
         let order = ggml_src_order(&t.op, t.src.len());
-        let slots: Vec<_> = order.iter().map(|&i| t.src[i]).collect();
+        let slots: Vec<_> = order.iter().flatten().map(|&i| t.src[i]).collect();
         assert_eq!(slots, vec![rows, idx, a]);
     }
 

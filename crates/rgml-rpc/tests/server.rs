@@ -583,3 +583,25 @@ fn the_fuzz_seeds_are_served_to_the_end() {
         assert_eq!(replies.len(), 5 * 8 + 28 + 4 + 16 + 8 + 16, "{name}");
     }
 }
+
+/// Inputs the fuzz target once crashed on (`tests/corpus/`): each is served without a panic.
+#[test]
+fn the_fuzzers_former_crashes_are_served_without_panicking() {
+    server();
+    let cpu = rgml::registry::device("CPU").expect("CPU device");
+    let options = ServerOptions {
+        devices: vec![cpu],
+        threads: Some(1),
+        client_memory: 1 << 20,
+        max_clients: 1,
+        cache_dir: None,
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("the corpus directory") {
+        let bytes = std::fs::read(entry.expect("an entry").path()).expect("a corpus file");
+        let _ = rgml_rpc::server::serve_stream(bytes.as_slice(), std::io::sink(), &options);
+        n += 1;
+    }
+    assert!(n > 0, "no corpus files in {}", dir.display());
+}

@@ -84,6 +84,12 @@ impl Index<TensorId> for Context {
     }
 }
 
+/// The element count of shape `ne`, `None` if it overflows (a shape from a file or a peer may
+/// be anything).
+fn checked_count(ne: [usize; MAX_DIMS]) -> Option<usize> {
+    ne.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n))
+}
+
 fn shape4(dims: &[usize], op: OpKind) -> Result<[usize; MAX_DIMS]> {
     if dims.is_empty() || dims.len() > MAX_DIMS {
         return Err(Error::InvalidArgument {
@@ -446,7 +452,7 @@ impl Context {
     pub fn cont_shape(&mut self, a: TensorId, dims: &[usize]) -> Result<TensorId> {
         let ne = shape4(dims, OpKind::Cont)?;
         let t = self.get(a)?;
-        if t.nelements() != ne.iter().product::<usize>() {
+        if Some(t.nelements()) != checked_count(ne) {
             return Err(Error::ShapeMismatch {
                 op: OpKind::Cont,
                 lhs: t.ne,
@@ -468,7 +474,7 @@ impl Context {
                 reason: format!("source '{}' is not contiguous", t.display_name()),
             });
         }
-        if t.nelements() != ne.iter().product::<usize>() {
+        if Some(t.nelements()) != checked_count(ne) {
             return Err(Error::ShapeMismatch {
                 op: OpKind::Reshape,
                 lhs: t.ne,
@@ -921,6 +927,103 @@ impl Context {
         self.node(dtype, ne, Op::Concat { dim }, &[a, b])
     }
 
+    /// Attention in one op with ggml's semantics (`ggml_flash_attn_ext`, see
+    /// [`Op::FlashAttnExt`]): `q` f32 `[dk, n_q, n_head, ne3]`; `k` `[dk, n_kv, n_head_kv, ne3]`
+    /// and `v` `[dv, n_kv, n_head_kv, ne3]`, f16 or f32 with dense rows, `n_head` a multiple of
+    /// their heads; `mask` f16 contiguous `[>= n_kv, >= n_q, m2, m3]` with `m2`, `m3` dividing
+    /// `n_head`, `ne3`; `sinks` f32 `[n_head]`. The result is f32 `[dv, n_head, n_q, ne3]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_ext(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        mask: Option<TensorId>,
+        sinks: Option<TensorId>,
+        scale: f32,
+        max_bias: f32,
+        softcap: f32,
+    ) -> Result<TensorId> {
+        let kind = OpKind::FlashAttnExt;
+        self.expect_dtype(kind, q, &[DType::F32], "q must be f32")?;
+        self.expect_dtype(kind, k, &[DType::F32, DType::F16], "k must be f32 or f16")?;
+        self.expect_dtype(kind, v, &[DType::F32, DType::F16], "v must be f32 or f16")?;
+        let (tq, tk, tv) = (self.get(q)?, self.get(k)?, self.get(v)?);
+        let mismatch = |lhs: &Tensor, rhs: &Tensor, reason| Error::ShapeMismatch {
+            op: kind,
+            lhs: lhs.ne,
+            rhs: rhs.ne,
+            reason,
+        };
+        if tk.ne[0] != tq.ne[0] || tk.ne[2] == 0 || !tq.ne[2].is_multiple_of(tk.ne[2]) {
+            return Err(mismatch(
+                tq,
+                tk,
+                "k must be [q.ne0, n_kv, a divisor of q's heads]",
+            ));
+        }
+        if tv.ne[1] != tk.ne[1] || tv.ne[2] == 0 || !tq.ne[2].is_multiple_of(tv.ne[2]) {
+            return Err(mismatch(
+                tk,
+                tv,
+                "v must be [dv, k.ne1, a divisor of q's heads]",
+            ));
+        }
+        if tk.ne[3] != tq.ne[3] || tv.ne[3] != tq.ne[3] {
+            return Err(mismatch(tq, tk, "q, k and v must agree in dim 3"));
+        }
+        for t in [tq, tk, tv] {
+            if !t.rows_contiguous() {
+                return Err(Error::NotContiguous(t.display_name().to_string()));
+            }
+        }
+        if let Some(m) = mask {
+            self.expect_dtype(kind, m, &[DType::F16], "the mask must be f16")?;
+            let tm = self.get(m)?;
+            if !tm.is_contiguous() {
+                return Err(Error::NotContiguous(tm.display_name().to_string()));
+            }
+            if tm.ne[0] < tk.ne[1]
+                || tm.ne[1] < tq.ne[1]
+                || tm.ne[2] == 0
+                || tm.ne[3] == 0
+                || !tq.ne[2].is_multiple_of(tm.ne[2])
+                || !tq.ne[3].is_multiple_of(tm.ne[3])
+            {
+                return Err(mismatch(
+                    tq,
+                    tm,
+                    "the mask must be [>= n_kv, >= n_q, m2 | n_head, m3 | ne3]",
+                ));
+            }
+        } else if max_bias > 0.0 {
+            return Err(Error::InvalidArgument {
+                op: kind,
+                reason: "ALiBi (max_bias > 0) needs a mask".into(),
+            });
+        }
+        if let Some(s) = sinks {
+            self.expect_dtype(kind, s, &[DType::F32], "sinks must be f32")?;
+            let ts = self.get(s)?;
+            if ts.ne != [tq.ne[2], 1, 1, 1] {
+                return Err(mismatch(tq, ts, "sinks must be [n_head]"));
+            }
+        }
+        let ne = [tv.ne[0], tq.ne[2], tq.ne[1], tq.ne[3]];
+        let op = Op::FlashAttnExt {
+            scale,
+            max_bias,
+            softcap,
+            mask: mask.is_some(),
+            sinks: sinks.is_some(),
+        };
+        let srcs: Vec<TensorId> = [Some(q), Some(k), Some(v), mask, sinks]
+            .into_iter()
+            .flatten()
+            .collect();
+        self.node(DType::F32, ne, op, &srcs)
+    }
+
     /// Index of the largest element of each row of a matrix: i32 `[ne1]`.
     pub fn argmax(&mut self, a: TensorId) -> Result<TensorId> {
         self.expect_dtype(OpKind::Argmax, a, &[DType::F32], "operand must be f32")?;
@@ -939,6 +1042,15 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shapes_whose_element_count_overflows_are_errors() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[4, 4]).unwrap();
+        let huge = [1 << 32, 1 << 32, 1 << 32, 1 << 32];
+        assert!(ctx.cont_shape(a, &huge).is_err());
+        assert!(ctx.reshape(a, &huge).is_err());
+    }
 
     #[test]
     fn builders_validate_shapes() {

@@ -150,6 +150,23 @@ pub enum Op {
     },
     /// Index of the largest element of each row (I32 result).
     Argmax,
+    /// Attention in one op, with ggml's semantics (`ggml_flash_attn_ext`): sources `q` (f32
+    /// `[dk, n_q, n_head, ne3]`), `k` (`[dk, n_kv, n_head_kv, ne3]`), `v` (`[dv, n_kv,
+    /// n_head_kv, ne3]`), then the f16 mask (`[>= n_kv, >= n_q, ..]`, broadcast over heads and
+    /// dim 3) if `mask`, then the f32 per-head sinks if `sinks`. Row `(q, head)` of the result
+    /// (f32 `[dv, n_head, n_q, ne3]`) is `softmax(softcap(scale · k·q) + slope · mask) · v`.
+    FlashAttnExt {
+        /// Multiplier of `k·q`.
+        scale: f32,
+        /// ALiBi maximum bias (0 disables).
+        max_bias: f32,
+        /// Logit soft-capping `c · tanh(x / c)` (0 disables).
+        softcap: f32,
+        /// Whether a mask source follows `v`.
+        mask: bool,
+        /// Whether a sinks source comes last.
+        sinks: bool,
+    },
 }
 
 /// The parameter-free name of an [`Op`].
@@ -184,11 +201,12 @@ pub enum OpKind {
     Geglu,
     Concat,
     Argmax,
+    FlashAttnExt,
 }
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 28] = [
+    pub const ALL: [OpKind; 29] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -217,6 +235,7 @@ impl OpKind {
         OpKind::Geglu,
         OpKind::Concat,
         OpKind::Argmax,
+        OpKind::FlashAttnExt,
     ];
 
     /// ggml's upper-case name (`"MUL_MAT"`, `"SILU"`, ...).
@@ -250,6 +269,7 @@ impl OpKind {
             OpKind::Geglu => "GEGLU",
             OpKind::Concat => "CONCAT",
             OpKind::Argmax => "ARGMAX",
+            OpKind::FlashAttnExt => "FLASH_ATTN_EXT",
         }
     }
 
@@ -307,6 +327,7 @@ impl Op {
             Op::Geglu => OpKind::Geglu,
             Op::Concat { .. } => OpKind::Concat,
             Op::Argmax => OpKind::Argmax,
+            Op::FlashAttnExt { .. } => OpKind::FlashAttnExt,
         }
     }
 }

@@ -6,7 +6,7 @@
 //! aliases, and the list of buffers (written or only read) whose guards the engine takes.
 //! It runs nothing.
 
-use crate::kernels::{self, CpuFeatures, NodeTask, TensorView};
+use crate::kernels::{self, CpuFeatures, NodeTask, TensorView, MAX_NODE_SRC};
 use rgml::{Buffer, Context, Error, Graph, Result, Tensor, TensorId};
 use std::sync::Arc;
 
@@ -209,11 +209,11 @@ fn node_task(
     views: &Views<'_>,
     id: TensorId,
     features: CpuFeatures,
-) -> Result<(NodeTask, ([Extent; 3], Extent))> {
+) -> Result<(NodeTask, ([Extent; MAX_NODE_SRC], Extent))> {
     let t = &views.ctx[id];
     let (dst, dbuf, dlen) = views.view(id)?;
-    let mut src: [Option<TensorView>; 3] = [None; 3];
-    let mut reads = [Extent::NONE; 3];
+    let mut src: [Option<TensorView>; MAX_NODE_SRC] = [None; MAX_NODE_SRC];
+    let mut reads = [Extent::NONE; MAX_NODE_SRC];
     for (i, &s) in t.src.iter().enumerate() {
         let (sv, sbuf, slen) = views.view(s)?;
         if let Some(r) = reads.get_mut(i) {
@@ -284,7 +284,7 @@ impl Extent {
 /// writes what such a node reads or writes. A MUL_MAT that converts src1 synchronizes inside
 /// (after phase 1), so only phase 1's accesses (src1 in, work area out) count before it, and
 /// the nodes before it are all finished after it starts its phase 2.
-pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; 3], Extent)]) {
+pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_SRC], Extent)]) {
     let mut reads: Vec<Extent> = Vec::new();
     let mut writes: Vec<Extent> = Vec::new();
     // The src1 the work area holds, and how it was converted.

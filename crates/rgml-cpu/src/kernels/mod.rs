@@ -27,6 +27,7 @@ mod convert;
 mod copy;
 mod elementwise;
 #[cfg(target_arch = "x86_64")]
+mod flash_attn;
 mod float_avx2;
 mod fp16;
 pub mod isa;
@@ -128,6 +129,9 @@ impl TensorView {
     }
 }
 
+/// The most sources a node has (FLASH_ATTN_EXT: q, k, v, mask, sinks).
+pub(crate) const MAX_NODE_SRC: usize = 5;
+
 /// One node ready to run: op, destination and sources.
 #[derive(Clone, Debug)]
 pub(crate) struct NodeTask {
@@ -136,7 +140,7 @@ pub(crate) struct NodeTask {
     /// The node's own memory.
     pub dst: TensorView,
     /// Its sources (unused slots are `None`).
-    pub src: [Option<TensorView>; 3],
+    pub src: [Option<TensorView>; MAX_NODE_SRC],
     /// Whether the threads must all have finished the nodes before this one when it starts
     /// (false when it touches nothing they write, and writes nothing they touch).
     pub sync_before: bool,
@@ -326,6 +330,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
         return false;
     }
     match t.op {
+        Op::FlashAttnExt { mask, sinks, .. } => flash_attn::supported(t, s, mask, sinks),
         Op::Dup | Op::Cont => n(1) && copy::supported(s[0], t),
         Op::Cpy => n(2) && copy::supported(s[0], t),
         Op::GetRows => {
@@ -476,6 +481,10 @@ pub(crate) fn work_size(ctx: &Context, t: &Tensor, f: CpuFeatures) -> Result<(us
     for &s in &t.src {
         widest = widest.max(ctx.get(s)?.ne[0]);
     }
+    if matches!(t.op, Op::FlashAttnExt { .. }) {
+        // Its tiled kernel also holds a tile of 64 scores.
+        widest = widest.max(64);
+    }
     let shared = match t.op {
         Op::MulMat => {
             let (a, b) = (ctx.get(t.src[0])?, ctx.get(t.src[1])?);
@@ -510,6 +519,23 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::DiagMaskInf { n_past } => softmax::diag_mask_inf(task, tc, n_past),
         Op::Rope(p) => rope::rope(task, tc, &p),
         Op::MulMat => matmul::mul_mat(task, tc),
+        Op::FlashAttnExt {
+            scale,
+            max_bias,
+            softcap,
+            mask,
+            sinks,
+        } => flash_attn::flash_attn_ext(
+            task,
+            tc,
+            &flash_attn::FlashParams {
+                scale,
+                max_bias,
+                softcap,
+                mask,
+                sinks,
+            },
+        ),
     }
 }
 

@@ -106,8 +106,10 @@ impl Packer<'_> {
             })?;
         out.buffer = remote.remote;
         out.data = remote.base.wrapping_add(data.offset as u64);
-        for (slot, &i) in ggml_src_order(&t.op, t.src.len()).iter().enumerate() {
-            out.src[slot] = wire_id(t.src[i]);
+        for (slot, i) in ggml_src_order(&t.op, t.src.len()).into_iter().enumerate() {
+            if let Some(&s) = i.and_then(|i| t.src.get(i)) {
+                out.src[slot] = wire_id(s);
+            }
         }
         if let Some(v) = t.view_src {
             out.view_src = wire_id(v);

@@ -378,6 +378,27 @@ impl Builder<'_> {
                 uses(3)?;
                 ctx.set_rows(need(2)?, need(0)?, need(1)?)?
             }
+            op::FLASH_ATTN_EXT => {
+                // Slots: q, k, v, mask (optional), sinks (optional); parameter 3 is the
+                // precision, which ggml's CPU computes in f32 either way.
+                uses(5)?;
+                if !matches!(p[3], 0 | 10) {
+                    return Err(BuildError::refused(format!(
+                        "precision {} is not supported",
+                        p[3]
+                    )));
+                }
+                ctx.flash_attn_ext(
+                    need(0)?,
+                    need(1)?,
+                    need(2)?,
+                    src[3],
+                    src[4],
+                    pf(0),
+                    pf(1),
+                    pf(2),
+                )?
+            }
             other => {
                 return Err(BuildError::refused(format!(
                     "ggml op {other} is not supported by this server"
