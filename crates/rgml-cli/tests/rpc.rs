@@ -55,16 +55,23 @@ struct Server {
 impl Server {
     /// llama.cpp's server `binary` with `extra` flags.
     fn start(binary: &PathBuf, extra: &[&str]) -> Server {
-        Server::spawn(Command::new(binary), extra)
+        let mut cmd = Command::new(binary);
+        cmd.stderr(Stdio::null());
+        Server::spawn(cmd, extra)
     }
 
     /// `rgml rpc-server` with `extra` flags, with `cpu_devices` CPU devices beside `CPU`.
     fn rgml(extra: &[&str], cpu_devices: usize) -> Server {
+        Server::spawn(Server::rgml_command(cpu_devices), extra)
+    }
+
+    fn rgml_command(cpu_devices: usize) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_rgml"));
         cmd.arg("rpc-server")
             .env("RGML_CPU_DEVICES", cpu_devices.to_string())
-            .env_remove("RGML_CPU_ISA");
-        Server::spawn(cmd, extra)
+            .env_remove("RGML_CPU_ISA")
+            .stderr(Stdio::null());
+        cmd
     }
 
     fn spawn(mut cmd: Command, extra: &[&str]) -> Server {
@@ -76,7 +83,6 @@ impl Server {
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .expect("start the RPC server");
         let endpoint = format!("127.0.0.1:{port}");
@@ -345,4 +351,25 @@ fn llama_cpp_on_rgml_rpc_server_gives_its_own_perplexity_and_text() {
             "greedy text of {prompt:?} through rgml rpc-server"
         );
     }
+}
+
+/// `rgml rpc-server -c`: the demo model's token embeddings (over the 10 MiB hash threshold) go
+/// into the cache on the first load and come from it on the second, with the same logits.
+#[test]
+fn the_hash_cache_skips_large_weights_on_a_reload() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rpc-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("cache directory");
+    let log = dir.join("server.log");
+    let mut cmd = Server::rgml_command(0);
+    cmd.env("XDG_CACHE_HOME", &dir)
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let server = Server::spawn(cmd, &["-c", "-t", "2"]);
+    let first = logits("Once upon a time", &["--rpc", &server.endpoint]);
+    let cached = std::fs::read_dir(dir.join("rgml/rpc")).map_or(0, |d| d.count());
+    assert!(cached > 0, "nothing was cached");
+    let second = logits("Once upon a time", &["--rpc", &server.endpoint]);
+    assert_eq!(first, second);
+    let text = std::fs::read_to_string(&log).expect("server log");
+    assert!(text.contains("written from the cache"), "{text}");
 }

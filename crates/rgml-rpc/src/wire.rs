@@ -25,6 +25,17 @@ pub const MAX_OP_PARAMS: usize = 16;
 /// Bytes of a tensor's name, NUL-padded (`GGML_MAX_NAME`).
 pub const MAX_NAME: usize = 64;
 
+/// Writes larger than this are first offered by hash (SET_TENSOR_HASH), as ggml's client
+/// does, so a server that cached them (`-c`) skips the transfer.
+pub const HASH_THRESHOLD: usize = 10 << 20;
+
+/// ggml's FNV-1a hash of `data` (SET_TENSOR_HASH and the server's cache file names).
+pub fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// Bytes of one packed [`RpcTensor`].
 pub const RPC_TENSOR_SIZE: usize =
     8 + 4 + 8 + 4 * MAX_DIMS * 2 + 4 + 4 * MAX_OP_PARAMS + 4 + 8 * MAX_SRC + 8 * 3 + MAX_NAME + 4;

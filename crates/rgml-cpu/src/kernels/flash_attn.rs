@@ -161,16 +161,7 @@ pub(crate) fn flash_attn_ext(
             sum = sum.mul_add(ms, vs);
         }
         if let Some(sk) = sinks {
-            // SAFETY: element `iq2 < n_head` of the dense f32 sinks vector.
-            let s = unsafe { sk.ptr.cast::<f32>().add(iq2).read_unaligned() };
-            let (mut ms, mut vs) = (1.0f32, 1.0f32);
-            if s > max {
-                ms = (max - s).exp();
-                acc.iter_mut().for_each(|a| *a *= ms);
-            } else {
-                vs = (s - max).exp();
-            }
-            sum = sum.mul_add(ms, vs);
+            add_sink(sk, iq2, max, &mut sum, acc);
         }
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
         // SAFETY: row `(head iq2, query iq1)` of the dense f32 destination, written by this
@@ -181,6 +172,21 @@ pub(crate) fn flash_attn_ext(
         }
     }
     Ok(())
+}
+
+/// Head `h`'s sink as one more score after the last cell: it weighs in the sum and no V row.
+fn add_sink(sinks: &super::TensorView, h: usize, max: f32, sum: &mut f32, acc: &mut [f32]) {
+    // SAFETY: element `h < n_head` of the dense f32 sinks vector (the support table checks
+    // its length).
+    let s = unsafe { sinks.ptr.cast::<f32>().add(h).read_unaligned() };
+    let (mut ms, mut vs) = (1.0f32, 1.0f32);
+    if s > max {
+        ms = (max - s).exp();
+        acc.iter_mut().for_each(|a| *a *= ms);
+    } else {
+        vs = (s - max).exp();
+    }
+    *sum = sum.mul_add(ms, vs);
 }
 
 /// ggml's tile of queries and of cells (`GGML_FA_TILE_Q`, `GGML_FA_TILE_KV`).
@@ -290,17 +296,13 @@ fn tiled_row(
         }
     }
     if p.sinks {
-        let sk = task.src(if p.mask { 4 } else { 3 })?;
-        // SAFETY: element `iq2 < n_head` of the dense f32 sinks vector.
-        let s = unsafe { sk.ptr.cast::<f32>().add(iq2).read_unaligned() };
-        let (mut ms, mut vs) = (1.0f32, 1.0f32);
-        if s > max {
-            ms = (max - s).exp();
-            acc.iter_mut().for_each(|a| *a *= ms);
-        } else {
-            vs = (s - max).exp();
-        }
-        sum = sum.mul_add(ms, vs);
+        add_sink(
+            task.src(if p.mask { 4 } else { 3 })?,
+            iq2,
+            max,
+            &mut sum,
+            acc,
+        );
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     acc.iter_mut().for_each(|a| *a *= inv);

@@ -7,7 +7,7 @@
 //! sizes go in pieces.
 
 use super::conn::{le_u64, Connection, Reply};
-use crate::wire::{set_tensor_header, Command, Request, RpcTensor};
+use crate::wire::{fnv1a, set_tensor_header, Command, Request, RpcTensor, HASH_THRESHOLD};
 use rgml::backend::{BufferImpl, BufferType, DeviceRef};
 use rgml::{DType, Error, Result, Tensor};
 use std::collections::HashMap;
@@ -180,11 +180,25 @@ unsafe impl BufferImpl for RpcBuffer {
     unsafe fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
         let mut sent = 0;
         for (at, len) in Self::pieces(offset, data.len()) {
-            let header = set_tensor_header(&self.bytes(at, len), 0, 0);
             let chunk = &data[sent..sent + len];
+            sent += len;
+            let mut cache = 0;
+            if len > HASH_THRESHOLD {
+                // Offered by hash first: a server that cached these bytes writes them itself;
+                // otherwise they follow, marked for its cache.
+                let req = Request::SetTensorHash {
+                    tensor: Box::new(self.bytes(at, len)),
+                    offset: 0,
+                    hash: fnv1a(chunk),
+                };
+                if self.conn.call(&req, Reply::Exactly(1))?[0] != 0 {
+                    continue;
+                }
+                cache = 1;
+            }
+            let header = set_tensor_header(&self.bytes(at, len), cache, 0);
             self.conn
                 .call_parts(Command::SetTensor, &[&header, chunk], Reply::None)?;
-            sent += len;
         }
         Ok(())
     }

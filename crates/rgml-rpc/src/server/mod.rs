@@ -134,13 +134,7 @@ pub fn serve_stream(
 /// named by its FNV-1a hash (as ggml's server does), and SET_TENSOR_HASH finds it there.
 pub(crate) mod cache {
     use super::ServerOptions;
-
-    /// ggml's FNV-1a over the bytes.
-    pub(crate) fn fnv1a(data: &[u8]) -> u64 {
-        data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
-    }
+    use crate::wire::fnv1a;
 
     fn path(options: &ServerOptions, hash: u64) -> Option<std::path::PathBuf> {
         Some(options.cache_dir.as_ref()?.join(format!("{hash:016x}")))

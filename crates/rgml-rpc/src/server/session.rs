@@ -124,6 +124,10 @@ impl<'a> Session<'a> {
                 };
                 let (buffer, at) = self.range(&tensor, offset, data.len() as u64)?;
                 buffer.set(at, &data).map_err(core)?;
+                super::log(format!(
+                    "{} bytes written from the cache ({hash:016x})",
+                    data.len()
+                ));
                 Ok(Some(vec![1]))
             }
             Request::GetTensor {
