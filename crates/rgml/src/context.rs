@@ -611,8 +611,10 @@ impl Context {
             });
         }
         if tb.ne[1] != tc.ne[0]
-            || tb.ne[2] % tc.ne[1] != 0
-            || tb.ne[3] % tc.ne[2] != 0
+            || tc.ne[1] == 0
+            || tc.ne[2] == 0
+            || !tb.ne[2].is_multiple_of(tc.ne[1])
+            || !tb.ne[3].is_multiple_of(tc.ne[2])
             || tc.ne[3] != 1
         {
             return Err(Error::ShapeMismatch {
@@ -704,7 +706,12 @@ impl Context {
                 reason: "src0 must hold floats",
             });
         }
-        if ta.ne[0] != tb.ne[0] || tb.ne[2] % ta.ne[2] != 0 || tb.ne[3] % ta.ne[3] != 0 {
+        if ta.ne[0] != tb.ne[0]
+            || ta.ne[2] == 0
+            || ta.ne[3] == 0
+            || !tb.ne[2].is_multiple_of(ta.ne[2])
+            || !tb.ne[3].is_multiple_of(ta.ne[3])
+        {
             return Err(Error::ShapeMismatch {
                 op: OpKind::MulMat,
                 lhs: ta.ne,
@@ -830,8 +837,10 @@ impl Context {
             let (ta, tm) = (self.get(a)?, self.get(m)?);
             if tm.ne[0] != ta.ne[0]
                 || tm.ne[1] < ta.ne[1]
-                || ta.ne[2] % tm.ne[2] != 0
-                || ta.ne[3] % tm.ne[3] != 0
+                || tm.ne[2] == 0
+                || tm.ne[3] == 0
+                || !ta.ne[2].is_multiple_of(tm.ne[2])
+                || !ta.ne[3].is_multiple_of(tm.ne[3])
             {
                 return Err(Error::ShapeMismatch {
                     op: OpKind::SoftMax,
@@ -1042,6 +1051,20 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_divisor_dims_are_errors_not_divisions_by_zero() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[4, 2, 0, 1]).unwrap();
+        let b = ctx.new_tensor(DType::F32, &[4, 3, 2, 1]).unwrap();
+        assert!(ctx.mul_mat(a, b).is_err());
+        let x = ctx.new_tensor(DType::F32, &[4, 3, 2, 1]).unwrap();
+        let m = ctx.new_tensor(DType::F32, &[4, 3, 0, 1]).unwrap();
+        assert!(ctx.soft_max_ext(x, Some(m), 1.0, 0.0).is_err());
+        let dst = ctx.new_tensor(DType::F32, &[4, 5, 2, 1]).unwrap();
+        let idx = ctx.new_tensor(DType::I32, &[3, 0, 1]).unwrap();
+        assert!(ctx.set_rows(dst, x, idx).is_err());
+    }
 
     #[test]
     fn shapes_whose_element_count_overflows_are_errors() {
