@@ -346,13 +346,21 @@ impl Builder<'_> {
             }
             op::GLU => {
                 uses(2)?;
-                let (a, b) = (need(0)?, src[1]);
-                let Some(b) = b else {
-                    return Err(BuildError::refused("GLU of one operand is not supported"));
+                let a = need(0)?;
+                let (a, b) = match src[1] {
+                    // Split form: gate and up as two operands (swapping applies to the fused
+                    // form only).
+                    Some(b) => (a, b),
+                    // Fused form: the two halves of each row of `a` (gate first unless swapped).
+                    None => {
+                        let (first, second) = halves(ctx, a)?;
+                        if p[1] != 0 {
+                            (second, first)
+                        } else {
+                            (first, second)
+                        }
+                    }
                 };
-                if p[1] != 0 {
-                    return Err(BuildError::refused("swapped GLU is not supported"));
-                }
                 match p[0] {
                     glu::SWIGLU => ctx.swiglu(a, b)?,
                     glu::GEGLU => ctx.geglu(a, b)?,
@@ -410,6 +418,21 @@ impl Builder<'_> {
         }
         Ok(id)
     }
+}
+
+/// Views of the first and second halves of each row of `a` (ggml's fused GLU operand).
+fn halves(ctx: &mut Context, a: TensorId) -> Result<(TensorId, TensorId), BuildError> {
+    let t = ctx.get(a)?;
+    let (ne, nb, dtype) = (t.ne, t.nb, t.dtype);
+    if dtype != DType::F32 || !ne[0].is_multiple_of(2) {
+        return Err(BuildError::refused(
+            "a fused GLU operand must be f32 with an even row",
+        ));
+    }
+    let half = [ne[0] / 2, ne[1], ne[2], ne[3]];
+    let first = ctx.view(a, &half, &nb[1..], 0)?;
+    let second = ctx.view(a, &half, &nb[1..], half[0] * dtype.block_bytes())?;
+    Ok((first, second))
 }
 
 fn rope_params(p: &[i32; 16]) -> Result<RopeParams, BuildError> {
