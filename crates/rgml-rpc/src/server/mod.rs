@@ -50,12 +50,21 @@ pub(crate) fn log(line: impl AsRef<str>) {
     let _ = writeln!(std::io::stderr(), "rpc-server: {}", line.as_ref());
 }
 
-/// Serve clients on `listener` until it fails.
+/// Serve clients on `listener`, for ever: a failed `accept` is logged and serving goes on.
 pub fn serve(listener: TcpListener, options: ServerOptions) -> std::io::Result<()> {
     let options = Arc::new(options);
     let active = Arc::new(AtomicUsize::new(0));
     loop {
-        let (stream, peer) = listener.accept()?;
+        let (stream, peer) = match listener.accept() {
+            Ok(c) => c,
+            // A connection that failed while queued, or no file descriptor left for now:
+            // the listener itself is fine, so serving goes on.
+            Err(e) => {
+                log(format!("accept: {e}"));
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+        };
         if active.load(Ordering::Acquire) >= options.max_clients {
             log(format!(
                 "{peer}: refused, {} clients are connected",
