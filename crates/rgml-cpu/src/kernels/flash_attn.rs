@@ -28,6 +28,7 @@ use rgml::{DType, Result};
 ///
 /// # Safety
 /// `ptr` must point at `n` readable elements of `dtype`.
+#[inline(always)]
 unsafe fn widen(dtype: DType, ptr: *const u8, n: usize, out: &mut [f32]) {
     if dtype == DType::F16 {
         // SAFETY: guaranteed by the caller.
@@ -41,11 +42,13 @@ unsafe fn widen(dtype: DType, ptr: *const u8, n: usize, out: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
 /// ggml's ALiBi slope of head `h` of `n_head`.
+#[inline(always)]
 fn slope(max_bias: f32, h: u32, n_head: u32) -> f32 {
     if max_bias <= 0.0 {
         return 1.0;
@@ -79,6 +82,31 @@ pub(crate) fn flash_attn_ext(
     tc: &mut ThreadCtx<'_>,
     p: &FlashParams,
 ) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if task.features.has_avx2() {
+        // SAFETY: the features say the CPU has AVX2 and FMA.
+        return unsafe { flash_attn_ext_fma(task, tc, p) };
+    }
+    flash_attn_ext_impl(task, tc, p)
+}
+
+/// [`flash_attn_ext_impl`] compiled with AVX2 and FMA, so its `mul_add`s are single FMA
+/// instructions rather than calls (the results are the same: a fused multiply-add either way).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn flash_attn_ext_fma(
+    task: &NodeTask,
+    tc: &mut ThreadCtx<'_>,
+    p: &FlashParams,
+) -> Result<()> {
+    flash_attn_ext_impl(task, tc, p)
+}
+
+#[inline(always)]
+fn flash_attn_ext_impl(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams) -> Result<()> {
     let (dst, q, k, v) = (&task.dst, task.src(0)?, task.src(1)?, task.src(2)?);
     let mask = if p.mask { Some(task.src(3)?) } else { None };
     let sinks = if p.sinks {
@@ -175,6 +203,7 @@ pub(crate) fn flash_attn_ext(
 }
 
 /// Head `h`'s sink as one more score after the last cell: it weighs in the sum and no V row.
+#[inline(always)]
 fn add_sink(sinks: &super::TensorView, h: usize, max: f32, sum: &mut f32, acc: &mut [f32]) {
     // SAFETY: element `h < n_head` of the dense f32 sinks vector (the support table checks
     // its length).
@@ -193,6 +222,7 @@ fn add_sink(sinks: &super::TensorView, h: usize, max: f32, sum: &mut f32, acc: &
 const TILE: usize = 64;
 
 /// The tiled kernel: this thread's query rows, each by [`tiled_row`].
+#[inline(always)]
 fn tiled(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams, scale: f32) -> Result<()> {
     let (dst, q) = (&task.dst, task.src(0)?);
     let (dk, dv) = (task.src(1)?.ne[0], task.src(2)?.ne[0]);
@@ -230,6 +260,7 @@ struct RowAt {
 
 /// One query row as ggml's tiled kernel computes it, into `acc` (already divided by the sum).
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn tiled_row(
     task: &NodeTask,
     p: &FlashParams,
@@ -311,6 +342,7 @@ fn tiled_row(
 
 /// The accumulator times `ms`, rounded to f16 at each element for an f16 V (ggml's
 /// `vec_scale_f16` stores f16).
+#[inline(always)]
 fn scale_acc(acc: &mut [f32], ms: f32, v_dtype: DType) {
     for a in acc.iter_mut() {
         let t = *a * ms;
