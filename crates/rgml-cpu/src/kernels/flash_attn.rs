@@ -20,7 +20,7 @@
 
 use super::vec_float::{self, Flavor};
 use super::vexp;
-use super::{f32_row, scratch_slice, NodeTask, ThreadCtx};
+use super::{f32_row, scratch_slice, NodeTask, TensorView, ThreadCtx};
 use half::f16;
 use rgml::{DType, Result};
 
@@ -135,12 +135,11 @@ fn flash_attn_ext_impl(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams)
     let (acc, v_row) = rest.split_at_mut(dv);
     let rows = n_q * n_head * q.ne[3];
     for r in super::split(rows, tc.ith, tc.nth) {
-        let iq3 = r / (n_head * n_q);
-        let iq2 = (r - iq3 * n_head * n_q) / n_q;
-        let iq1 = r - iq3 * n_head * n_q - iq2 * n_q;
+        let at = RowAt::of(r, q);
+        let RowAt { iq1, iq2, iq3 } = at;
         let slope = slope(p.max_bias, iq2 as u32, n_head as u32);
-        let (ik2, ik3) = (iq2 / (n_head / k.ne[2]), iq3 / (q.ne[3] / k.ne[3]));
-        let (iv2, iv3) = (iq2 / (n_head / v.ne[2]), iq3 / (q.ne[3] / v.ne[3]));
+        let (ik2, ik3) = at.kv_head(q, k);
+        let (iv2, iv3) = at.kv_head(q, v);
         // SAFETY: a dense, in-bounds f32 row of `q` (the support table checks shapes).
         unsafe { widen(DType::F32, q.row(iq1, iq2, iq3), dk, q_q) };
         if k_flavor == Flavor::F16 {
@@ -235,12 +234,10 @@ fn tiled(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams, scale: f32) -
     let (scores, acc) = rest.split_at_mut(TILE);
     let rows = n_q * n_head * q.ne[3];
     for r in super::split(rows, tc.ith, tc.nth) {
-        let iq3 = r / (n_head * n_q);
-        let iq2 = (r - iq3 * n_head * n_q) / n_q;
-        let iq1 = r - iq3 * n_head * n_q - iq2 * n_q;
+        let at = RowAt::of(r, q);
+        let RowAt { iq1, iq2, iq3 } = at;
         // SAFETY: a dense, in-bounds f32 row of `q` (the support table checks shapes).
         unsafe { widen(DType::F32, q.row(iq1, iq2, iq3), dk, q_row) };
-        let at = RowAt { iq1, iq2, iq3 };
         tiled_row(task, p, scale, at, q_row, cell, scores, acc)?;
         // SAFETY: row `(head iq2, query iq1)` of the dense f32 destination, written by this
         // thread only (rows are split between threads).
@@ -256,6 +253,30 @@ struct RowAt {
     iq1: usize,
     iq2: usize,
     iq3: usize,
+}
+
+impl RowAt {
+    /// Row `r` of `q`'s rows, counted query fastest, then head, then dim 3 (ggml's order).
+    #[inline(always)]
+    fn of(r: usize, q: &TensorView) -> RowAt {
+        let (n_q, n_head) = (q.ne[1], q.ne[2]);
+        let iq3 = r / (n_head * n_q);
+        let iq2 = (r - iq3 * n_head * n_q) / n_q;
+        RowAt {
+            iq1: r - iq3 * n_head * n_q - iq2 * n_q,
+            iq2,
+            iq3,
+        }
+    }
+
+    /// The head and dim-3 index of K or V (`kv`) this row reads: heads are shared by groups.
+    #[inline(always)]
+    fn kv_head(self, q: &TensorView, kv: &TensorView) -> (usize, usize) {
+        (
+            self.iq2 / (q.ne[2] / kv.ne[2]),
+            self.iq3 / (q.ne[3] / kv.ne[3]),
+        )
+    }
 }
 
 /// One query row as ggml's tiled kernel computes it, into `acc` (already divided by the sum).
@@ -276,8 +297,8 @@ fn tiled_row(
     let (dk, dv, n_kv, n_head) = (k.ne[0], v.ne[0], k.ne[1], q.ne[2]);
     let RowAt { iq1, iq2, iq3 } = at;
     let slope = slope(p.max_bias, iq2 as u32, n_head as u32);
-    let (ik2, ik3) = (iq2 / (n_head / k.ne[2]), iq3 / (q.ne[3] / k.ne[3]));
-    let (iv2, iv3) = (iq2 / (n_head / v.ne[2]), iq3 / (q.ne[3] / v.ne[3]));
+    let (ik2, ik3) = at.kv_head(q, k);
+    let (iv2, iv3) = at.kv_head(q, v);
     let mask_row = mask.map(|m| m.row(iq1, iq2 % m.ne[2], iq3 % m.ne[3]));
     acc.iter_mut().for_each(|a| *a = 0.0);
     let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);

@@ -165,6 +165,7 @@ impl<'a> Session<'a> {
                 let device = graph.device;
                 self.device(device)?;
                 let rebuilt = rebuild(&graph, self)?;
+                self.check_supported(device, &rebuilt)?;
                 self.compute(device, &rebuilt)?;
                 self.graphs[device as usize] = Some(rebuilt);
                 Ok(None)
@@ -264,8 +265,10 @@ impl<'a> Session<'a> {
         Ok(vec![1])
     }
 
-    fn compute(&mut self, device: u32, rebuilt: &Rebuilt) -> Result<(), Refusal> {
-        let dev = self.device(device)?.clone();
+    /// Refuse `rebuilt` unless `device` computes every node of it: checked once, when a graph
+    /// arrives, not again for each GRAPH_RECOMPUTE of it.
+    fn check_supported(&self, device: u32, rebuilt: &Rebuilt) -> Result<(), Refusal> {
+        let dev = self.device(device)?;
         for &n in rebuilt.graph.nodes() {
             if !dev.supports_op(&rebuilt.ctx, n) {
                 let t = rebuilt.ctx.get(n).map_err(core)?;
@@ -277,6 +280,11 @@ impl<'a> Session<'a> {
                 )));
             }
         }
+        Ok(())
+    }
+
+    fn compute(&mut self, device: u32, rebuilt: &Rebuilt) -> Result<(), Refusal> {
+        let dev = self.device(device)?.clone();
         let slot = &mut self.backends[device as usize];
         if slot.is_none() {
             let params = match (dev.device_type(), self.options.threads) {
