@@ -1,0 +1,1 @@
+//! The engine: slots over one multi-sequence session, continuous batching (being written).
