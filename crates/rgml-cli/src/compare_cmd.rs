@@ -99,6 +99,7 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
             n_ubatch: tokens.len(),
             n_threads: args.threads,
             device_params: Vec::new(),
+            ..Default::default()
         },
     )?;
     let (ctx, graph) = session.prompt_graph(&tokens)?;

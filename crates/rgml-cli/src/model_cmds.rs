@@ -248,11 +248,22 @@ impl ModelArgs {
     }
 
     fn session(&self, model: &Arc<Model>, n_ctx: usize) -> Result<Session, CliError> {
+        self.session_for(model, n_ctx, 1)
+    }
+
+    /// A session of `n_seq` sequences of `n_ctx` positions each.
+    pub(crate) fn session_for(
+        &self,
+        model: &Arc<Model>,
+        n_ctx: usize,
+        n_seq: usize,
+    ) -> Result<Session, CliError> {
         let options = SessionOptions {
             n_ctx,
             n_ubatch: self.ubatch,
             n_threads: self.threads,
             device_params: Vec::new(),
+            n_seq,
         };
         let mut session = Session::new(model.clone(), &options)?;
         if self.trace.is_some() {

@@ -35,6 +35,7 @@ fn main() {
         n_ubatch: 512,
         n_threads: Some(threads),
         device_params: Vec::new(),
+        ..Default::default()
     };
     let mut session = Session::new(model.clone(), &options).expect("session");
     let n_vocab = model.config.n_vocab as u32;
@@ -86,6 +87,7 @@ fn decode_run(model: &Arc<Model>) -> f64 {
         n_ubatch: 512,
         n_threads: Some(1),
         device_params: Vec::new(),
+        ..Default::default()
     };
     let mut session = Session::new(model.clone(), &options).expect("session");
     let n_vocab = model.config.n_vocab as u32;

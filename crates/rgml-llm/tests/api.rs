@@ -33,6 +33,7 @@ fn options(n_ctx: usize) -> SessionOptions {
         n_ubatch: 512,
         n_threads: Some(1),
         device_params: Vec::new(),
+        ..Default::default()
     }
 }
 

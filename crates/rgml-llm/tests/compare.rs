@@ -24,6 +24,7 @@ fn planted_wrong_kernel_is_found_at_its_first_node() {
             n_ubatch: tokens.len(),
             n_threads: Some(2),
             device_params: Vec::new(),
+            ..Default::default()
         },
     )
     .unwrap();

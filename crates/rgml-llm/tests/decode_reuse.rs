@@ -69,6 +69,7 @@ fn check_decoding(model: std::sync::Arc<rgml_llm::Model>) {
         n_ubatch: 512,
         n_threads: Some(2),
         device_params: Vec::new(),
+        ..Default::default()
     };
     let prompt = model
         .tokenizer

@@ -11,6 +11,7 @@ fn options(n_ctx: usize, n_ubatch: usize) -> SessionOptions {
         n_ubatch,
         n_threads: None,
         device_params: Vec::new(),
+        ..Default::default()
     }
 }
 

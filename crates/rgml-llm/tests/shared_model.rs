@@ -18,6 +18,7 @@ fn options() -> SessionOptions {
         n_ubatch: 512,
         n_threads: Some(1),
         device_params: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -595,6 +595,7 @@ fn options(n_ubatch: usize) -> SessionOptions {
         n_ubatch,
         n_threads: None,
         device_params: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -24,35 +24,66 @@ pub(crate) struct GraphModel<'a> {
     pub(crate) n_devices: usize,
 }
 
-/// The KV cache's tensors: K `[n_embd_kv, cells]` and V transposed `[cells, n_embd_kv]` per
-/// layer, f16; local layers have `local_cells` cells.
+/// The KV cache's tensors: K `[n_embd_kv, n_seq * cells]` and V transposed
+/// `[n_seq * cells, n_embd_kv]` per layer, f16 (a stream's cells after another's); local
+/// layers have `local_cells` cells per stream.
 pub(crate) struct CacheView<'a> {
     pub(crate) k: &'a [TensorId],
     pub(crate) v: &'a [TensorId],
+    pub(crate) n_seq: usize,
     pub(crate) cells: usize,
     pub(crate) local_cells: usize,
 }
 
-/// The graph inputs a micro-batch of `n` tokens attending to `n_kv` cells reads.
-pub(crate) struct BatchInputs {
+/// The graph inputs a micro-batch of `n` tokens reads.
+pub(crate) struct BatchInputs<'g> {
     pub(crate) n: usize,
-    pub(crate) n_kv: usize,
-    /// The tokens' positions, which are also their cells in the global layers' cache.
+    /// The tokens' positions (RoPE).
     pub(crate) positions: TensorId,
-    /// The causal mask `[n_kv, n]`.
-    pub(crate) mask: TensorId,
-    /// What the local (sliding-window) layers read instead, where the model has some.
-    pub(crate) local: Option<LocalInputs>,
+    /// Each token's row in the global layers' cache (`stream * cells + cell`).
+    pub(crate) kv_rows: TensorId,
+    /// Each token's row in the local layers' cache, where the model has local layers.
+    pub(crate) local_rows: Option<TensorId>,
+    /// The tokens of each sequence, consecutive, and what their attention reads.
+    pub(crate) groups: &'g [GroupInputs],
+    /// Which rows' logits are computed.
+    pub(crate) outputs: Outputs,
 }
 
-/// The inputs of the local layers: their cache's cells are placed apart from positions.
-pub(crate) struct LocalInputs {
-    /// Cells attended to.
+/// The tokens of one sequence in a micro-batch: `n` of them from token `first`, in cache
+/// stream `stream`, attending to the stream's first `n_kv` cells (`n_kv_local` in the local
+/// layers) under their masks `[n_kv, n]`.
+pub(crate) struct GroupInputs {
+    pub(crate) stream: usize,
+    pub(crate) first: usize,
+    pub(crate) n: usize,
     pub(crate) n_kv: usize,
-    /// The cell of each token `[n]` (i32).
-    pub(crate) cells: TensorId,
-    /// Their mask `[n_kv, n]`.
     pub(crate) mask: TensorId,
+    pub(crate) n_kv_local: usize,
+    pub(crate) local_mask: Option<TensorId>,
+}
+
+/// The rows of the last block's output that go through the output head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outputs {
+    /// Every token's.
+    All,
+    /// The last token's (a view).
+    Last,
+    /// The rows listed in this `[n_out]` i32 input (llama.cpp's `inp_out_ids`).
+    Rows(TensorId),
+}
+
+/// RoPE of block `il`: the local layers' base and scale where it is local.
+pub(crate) fn rope_params(c: &ModelConfig, il: usize) -> RopeParams {
+    let (base, scale) = match &c.sliding_window {
+        Some(w) if c.is_local(il) => (w.rope_freq_base, w.rope_freq_scale),
+        _ => (c.rope_freq_base, c.rope_freq_scale),
+    };
+    let mut rope = RopeParams::new(c.rope_mode, c.n_rot, base);
+    rope.freq_scale = scale;
+    rope.n_ctx_orig = c.n_ctx_train;
+    rope
 }
 
 /// What the blocks share while they add their nodes.
@@ -60,9 +91,7 @@ pub(crate) struct Builder<'a> {
     ctx: &'a mut Context,
     model: GraphModel<'a>,
     kv: CacheView<'a>,
-    inputs: BatchInputs,
-    /// Only the last position's logits are wanted (and the batch has several positions).
-    last_only: bool,
+    inputs: BatchInputs<'a>,
     capture: bool,
     pub(crate) captured: Vec<TensorId>,
     /// Nodes to run on a given device (see `BatchGraph::pins`).
@@ -75,17 +104,14 @@ impl<'a> Builder<'a> {
         ctx: &'a mut Context,
         model: GraphModel<'a>,
         kv: CacheView<'a>,
-        inputs: BatchInputs,
-        all_logits: bool,
+        inputs: BatchInputs<'a>,
         capture: bool,
     ) -> Builder<'a> {
-        let last_only = !all_logits && inputs.n > 1;
         Builder {
             ctx,
             model,
             kv,
             inputs,
-            last_only,
             capture,
             captured: Vec::new(),
             pins: Vec::new(),
@@ -136,20 +162,29 @@ impl<'a> Builder<'a> {
         Ok(self.ctx.mul(cur, weight)?)
     }
 
-    /// `attn` and `x` cut to the last position's row where only its logits are wanted and `il`
-    /// is the last block (llama.cpp's `inp_out_ids`): its FFN runs on that row only. Not only
-    /// faster: F16/BF16/F32 weights by one activation row take ggml's `vec_dot` order, not
-    /// tinyBLAS's, so this gives llama.cpp's logits bit for bit.
+    /// `attn` and `x` cut to the output rows where `il` is the last block (llama.cpp's
+    /// `inp_out_ids`): its FFN runs on those rows only. Not only faster: F16/BF16/F32 weights
+    /// by one activation row take ggml's `vec_dot` order, not tinyBLAS's, so this gives
+    /// llama.cpp's logits bit for bit.
     fn cut_to_output(
         &mut self,
         il: usize,
         attn: TensorId,
         x: TensorId,
     ) -> Result<(TensorId, TensorId)> {
-        if self.last_only && il + 1 == self.model.layers.len() {
-            Ok((self.last_row(attn)?, self.last_row(x)?))
+        if il + 1 == self.model.layers.len() {
+            Ok((self.output_rows(attn)?, self.output_rows(x)?))
         } else {
             Ok((attn, x))
+        }
+    }
+
+    /// The rows of `x` `[n_embd, n]` whose logits are wanted (`x` itself for all of them).
+    fn output_rows(&mut self, x: TensorId) -> Result<TensorId> {
+        match self.inputs.outputs {
+            Outputs::Last if self.ctx[x].ne[1] > 1 => self.last_row(x),
+            Outputs::Rows(ids) => Ok(self.ctx.get_rows(x, ids)?),
+            _ => Ok(x),
         }
     }
 
@@ -211,7 +246,7 @@ impl<'a> Builder<'a> {
             k = self.row_norm(k, w)?;
             k = self.keep(k, format!("Kcur_normed-{il}"))?;
         }
-        let (rope, factors) = (self.rope_params(il), self.model.rope_freqs);
+        let (rope, factors) = (rope_params(c, il), self.model.rope_freqs);
         let q = self.ctx.rope_ext(q, self.inputs.positions, factors, rope)?;
         let mut q = self.keep(q, format!("Qcur-{il}"))?;
         let k = self.ctx.rope_ext(k, self.inputs.positions, factors, rope)?;
@@ -252,37 +287,24 @@ impl<'a> Builder<'a> {
         Ok((q, k, v))
     }
 
-    /// RoPE of block `il`: the local layers' base and scale where it is local.
-    fn rope_params(&self, il: usize) -> RopeParams {
-        let c = self.config();
-        let (base, scale) = match &c.sliding_window {
-            Some(w) if c.is_local(il) => (w.rope_freq_base, w.rope_freq_scale),
-            _ => (c.rope_freq_base, c.rope_freq_scale),
-        };
-        let mut rope = RopeParams::new(c.rope_mode, c.n_rot, base);
-        rope.freq_scale = scale;
-        rope.n_ctx_orig = c.n_ctx_train;
-        rope
-    }
-
-    /// Store this batch's K and V in layer `il`'s cache, at the rows the positions name
+    /// Store this batch's K and V in layer `il`'s cache, at the rows the inputs name
     /// (SET_ROWS, as llama.cpp stores them): the graph then does not depend on where the batch
     /// goes, so decoding reuses one graph for many tokens (see `Session::eval_ubatch`).
     pub(crate) fn store_kv(&mut self, il: usize, k: TensorId, v: TensorId) -> Result<()> {
         let (n, n_embd_kv) = (self.inputs.n, self.config().n_embd_kv());
-        let (cells, f16) = (self.cells(il), DType::F16.block_bytes());
-        let positions = self.local(il).map_or(self.inputs.positions, |l| l.cells);
+        let (rows, f16) = (self.stream_cells(il) * self.kv.n_seq, DType::F16.block_bytes());
+        let kv_rows = match self.is_local(il) {
+            true => self.inputs.local_rows.unwrap_or(self.inputs.kv_rows),
+            false => self.inputs.kv_rows,
+        };
         let k_flat = self.ctx.reshape(k, &[n_embd_kv, n])?;
-        let k_store = self.ctx.set_rows(self.kv.k[il], k_flat, positions)?;
-        // V is stored transposed: its "rows" are single elements, one per position, in a
-        // `[1, cells, n_embd_kv]` view of the cache, and the batch's values are the matching
+        let k_store = self.ctx.set_rows(self.kv.k[il], k_flat, kv_rows)?;
+        // V is stored transposed: its "rows" are single elements, one per cell, in a
+        // `[1, rows, n_embd_kv]` view of the cache, and the batch's values are the matching
         // `[1, n, n_embd_kv]` view of `v`.
-        let v_cells = self.ctx.view(
-            self.kv.v[il],
-            &[1, cells, n_embd_kv],
-            &[f16, cells * f16],
-            0,
-        )?;
+        let v_cells = self
+            .ctx
+            .view(self.kv.v[il], &[1, rows, n_embd_kv], &[f16, rows * f16], 0)?;
         // A view of a fused projection is made dense first: the split model can then view it
         // again (and the copy is exact).
         let v = match self.ctx[v].is_contiguous() {
@@ -293,7 +315,7 @@ impl<'a> Builder<'a> {
         let v_rows = self
             .ctx
             .view(v, &[1, n, n_embd_kv], &[n_embd_kv * f32b, f32b], 0)?;
-        let v_store = self.ctx.set_rows(v_cells, v_rows, positions)?;
+        let v_store = self.ctx.set_rows(v_cells, v_rows, kv_rows)?;
 
         // The stores enter the graph before anything that reads the cache, so they run first
         // (as in llama.cpp: the order of expansion is the order of execution).
@@ -302,62 +324,99 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
-    /// The local layers' inputs if block `il` is local.
-    fn local(&self, il: usize) -> Option<&LocalInputs> {
-        self.inputs
-            .local
-            .as_ref()
-            .filter(|_| self.config().is_local(il))
+    /// Whether block `il` is a local one (with the local layers' inputs).
+    fn is_local(&self, il: usize) -> bool {
+        self.inputs.local_rows.is_some() && self.config().is_local(il)
     }
 
-    /// Cells of block `il`'s cache.
-    fn cells(&self, il: usize) -> usize {
-        match self.local(il) {
-            Some(_) => self.kv.local_cells,
-            None => self.kv.cells,
+    /// Cells of one stream of block `il`'s cache.
+    fn stream_cells(&self, il: usize) -> usize {
+        match self.is_local(il) {
+            true => self.kv.local_cells,
+            false => self.kv.cells,
         }
     }
 
-    /// Attention of the roped `q` over the cached positions of layer `il` that its mask lets
-    /// it see, through the output projection.
+    /// Attention of the roped `q` `[hd, n_head, n]` over the cached positions of layer `il`
+    /// that each token's mask lets it see, through the output projection. Each sequence's
+    /// tokens attend to their own stream's cells, in a product of their own: a token's sums run
+    /// over the same cells in the same order whatever else is in the batch.
     pub(crate) fn attention(
         &mut self,
         il: usize,
         l: &LayerWeights,
         q: TensorId,
     ) -> Result<TensorId> {
+        let groups = self.inputs.groups;
+        let mut attn: Option<TensorId> = None;
+        for g in groups {
+            // One sequence (the usual case): its product reads `q` itself.
+            let q_g = match groups.len() {
+                1 => q,
+                _ => {
+                    let (ne, nb) = (self.ctx[q].ne, self.ctx[q].nb);
+                    self.ctx
+                        .view(q, &[ne[0], ne[1], g.n], &[nb[1], nb[2]], g.first * nb[2])?
+                }
+            };
+            let out = self.group_attention(il, g, q_g, groups.len() == 1)?;
+            attn = Some(match attn {
+                Some(before) => self.ctx.concat(before, out, 1)?,
+                None => out,
+            });
+        }
+        let attn = attn.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))?;
+        let attn = self.keep(attn, format!("kqv_out-{il}"))?;
+        let attn = self.ctx.mul_mat(l.wo, attn)?;
+        self.keep(attn, format!("attn_out-{il}"))
+    }
+
+    /// One sequence's attention: `q` `[hd, n_head, g.n]` over its stream's cells, to
+    /// `[n_embd_q, g.n]`. `name` keeps llama.cpp's names for the intermediates.
+    fn group_attention(
+        &mut self,
+        il: usize,
+        g: &GroupInputs,
+        q: TensorId,
+        name: bool,
+    ) -> Result<TensorId> {
         let c = self.config();
-        let (n_kv, mask) = match self.local(il) {
-            Some(l) => (l.n_kv, l.mask),
-            None => (self.inputs.n_kv, self.inputs.mask),
+        let (n_kv, mask) = match (self.is_local(il), g.local_mask) {
+            (true, Some(mask)) => (g.n_kv_local, mask),
+            _ => (g.n_kv, g.mask),
         };
         let (hd, n_embd_kv) = (c.head_dim, c.n_embd_kv());
-        let (cells, f16) = (self.cells(il), DType::F16.block_bytes());
+        let (cells, f16) = (self.stream_cells(il), DType::F16.block_bytes());
         let k_all = self.ctx.view(
             self.kv.k[il],
             &[hd, c.n_head_kv, n_kv],
             &[hd * f16, n_embd_kv * f16],
-            0,
+            g.stream * cells * n_embd_kv * f16,
         )?;
         let k_all = self.ctx.permute(k_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
         let q = self.ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, n_head]
         let kq = self.ctx.mul_mat(k_all, q)?; // [n_kv, n, n_head]
-        let kq = self.keep(kq, format!("kq-{il}"))?;
         let kq_scale = if c.attn_scale_on_q { 1.0 } else { c.attn_scale };
+        let kq = match name {
+            true => self.keep(kq, format!("kq-{il}"))?,
+            false => kq,
+        };
         let kq = self.ctx.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
-        let kq = self.keep(kq, format!("kq_soft_max-{il}"))?;
+        let kq = match name {
+            true => self.keep(kq, format!("kq_soft_max-{il}"))?,
+            false => kq,
+        };
+        // A stream's cells of one dimension are one dense run of each row of V.
+        let row = cells * self.kv.n_seq * f16;
         let v_all = self.ctx.view(
             self.kv.v[il],
             &[n_kv, hd, c.n_head_kv],
-            &[cells * f16, cells * f16 * hd],
-            0,
+            &[row, row * hd],
+            g.stream * cells * f16,
         )?;
         let kqv = self.ctx.mul_mat(v_all, kq)?; // [hd, n, n_head]
         let kqv = self.ctx.permute(kqv, [0, 2, 1, 3])?; // [hd, n_head, n]
-        let attn = self.ctx.cont_shape(kqv, &[c.n_embd_q(), self.inputs.n])?;
-        let attn = self.keep(attn, format!("kqv_out-{il}"))?;
-        let attn = self.ctx.mul_mat(l.wo, attn)?;
-        self.keep(attn, format!("attn_out-{il}"))
+        Ok(self.ctx.cont_shape(kqv, &[c.n_embd_q(), g.n])?)
     }
 
     /// The gated FFN of block `il` on the normed `cur`: `down(act(gate(cur)) * up(cur))`.
@@ -399,13 +458,12 @@ impl<'a> Builder<'a> {
         self.keep(down, format!("ffn_out-{il}"))
     }
 
-    /// The output head on the last block's `x`: the logits of every position, or of the last
-    /// only unless `all_logits`; expanded into the graph.
-    pub(crate) fn output(&mut self, mut x: TensorId, all_logits: bool) -> Result<TensorId> {
-        if !all_logits && self.ctx[x].ne[1] > 1 {
-            // Only the last position's logits are needed: skip the output projection for the
-            // rest (the last block has already done so unless the model has no blocks).
-            x = self.last_row(x)?;
+    /// The output head on the last block's `x`: the logits of the output rows (see
+    /// [`Outputs`]); expanded into the graph.
+    pub(crate) fn output(&mut self, mut x: TensorId) -> Result<TensorId> {
+        if self.model.layers.is_empty() {
+            // The last block cuts to the output rows; without blocks, cut here.
+            x = self.output_rows(x)?;
         }
         let cur = self.ctx.rms_norm(x, self.config().rms_eps)?;
         self.pins.push((cur, self.model.n_devices - 1));

@@ -5,21 +5,43 @@
 //! This module owns the graph's inputs and its reuse key; it allocates and computes nothing.
 
 use super::kv_cache::KvCache;
-use crate::arch::blocks::{BatchInputs, Builder, CacheView, GraphModel, LocalInputs};
+use crate::arch::blocks::{BatchInputs, Builder, CacheView, GraphModel, GroupInputs, Outputs};
 use crate::error::Result;
 use crate::model::Model;
 use rgml::{Context, DType, Graph, TensorFlags, TensorId};
 
 /// What a built graph depends on besides the weights and the cache: the graph is the same
-/// for every micro-batch with the same key, wherever in the sequence it goes (the cache rows
+/// for every micro-batch with the same key, wherever in the sequences it goes (the cache rows
 /// written and the masks are inputs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct GraphKey {
     pub(super) n_tokens: usize,
+    /// The tokens of each sequence, in batch order.
+    pub(super) groups: Vec<GroupKey>,
+    pub(super) outputs: OutputKey,
+}
+
+/// One sequence's part of a micro-batch (see [`GroupInputs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct GroupKey {
+    pub(super) stream: usize,
+    pub(super) n_tokens: usize,
+    /// Cells of the stream the global layers attend to.
     pub(super) n_kv: usize,
     /// Cells the local layers attend to (0 without local layers).
     pub(super) n_kv_local: usize,
-    pub(super) all_logits: bool,
+}
+
+/// Which rows' logits a graph computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum OutputKey {
+    /// Every token's.
+    All,
+    /// The last token's.
+    #[default]
+    Last,
+    /// This many rows, listed in an input.
+    Rows(usize),
 }
 
 /// The input tensors and the logits of one built graph.
@@ -27,9 +49,12 @@ pub(super) struct BatchGraph {
     pub(super) graph: Graph,
     pub(super) tokens: TensorId,
     pub(super) positions: TensorId,
-    pub(super) mask: TensorId,
-    /// The local layers' cells of the tokens and mask, where the model has local layers.
-    pub(super) local: Option<(TensorId, TensorId)>,
+    pub(super) kv_rows: TensorId,
+    pub(super) local_rows: Option<TensorId>,
+    /// Per group, its mask and its local layers' mask.
+    pub(super) masks: Vec<(TensorId, Option<TensorId>)>,
+    /// The rows whose logits are computed, for [`OutputKey::Rows`].
+    pub(super) out_ids: Option<TensorId>,
     pub(super) logits: TensorId,
     /// Intermediates named and kept for [`Session::set_capture`].
     pub(super) captured: Vec<TensorId>,
@@ -39,25 +64,32 @@ pub(super) struct BatchGraph {
     pub(super) pins: Vec<(TensorId, usize)>,
 }
 
-/// The graph for a micro-batch of `key.n_tokens` tokens attending to `key.n_kv` cache
-/// cells; where the batch goes in the sequence is only in its inputs (positions, masks).
+/// The graph for the micro-batch of `key`; where the batch goes in its sequences is only in
+/// its inputs (positions, cache rows, masks).
 pub(super) fn build_graph(
     ctx: &mut Context,
     model: &Model,
     kv: &KvCache,
-    key: GraphKey,
+    key: &GraphKey,
     capture: bool,
 ) -> Result<BatchGraph> {
-    let GraphKey {
-        n_tokens: n,
-        n_kv,
-        n_kv_local,
-        all_logits,
-    } = key;
-    let (tokens, positions, mask) = inputs(ctx, n, n_kv)?;
-    let local = match model.config.sliding_window {
-        Some(_) => Some(local_inputs(ctx, n, n_kv_local)?),
-        None => None,
+    let n = key.n_tokens;
+    let tokens = input(ctx, DType::I32, &[n], "inp_tokens")?;
+    let positions = input(ctx, DType::I32, &[n], "inp_pos")?;
+    let kv_rows = input(ctx, DType::I32, &[n], "inp_k_idxs")?;
+    let local = model.config.sliding_window.is_some();
+    let local_rows = match local {
+        true => Some(input(ctx, DType::I32, &[n], "inp_k_idxs_swa")?),
+        false => None,
+    };
+    let (groups, masks) = group_inputs(ctx, key, local)?;
+    let (outputs, out_ids) = match key.outputs {
+        OutputKey::All => (Outputs::All, None),
+        OutputKey::Last => (Outputs::Last, None),
+        OutputKey::Rows(n_out) => {
+            let ids = input(ctx, DType::I32, &[n_out], "inp_out_ids")?;
+            (Outputs::Rows(ids), Some(ids))
+        }
     };
     let layer_devices: Vec<usize> = (0..model.layers.len())
         .map(|il| model.layer_device(il).unwrap_or(0))
@@ -75,62 +107,83 @@ pub(super) fn build_graph(
     let cache = CacheView {
         k: &kv.k,
         v: &kv.v,
+        n_seq: kv.n_seq,
         cells: kv.cells,
         local_cells: kv.local_cells,
     };
     let batch = BatchInputs {
         n,
-        n_kv,
         positions,
-        mask,
-        local: local.as_ref().map(|&(cells, mask)| LocalInputs {
-            n_kv: n_kv_local,
-            cells,
-            mask,
-        }),
+        kv_rows,
+        local_rows,
+        groups: &groups,
+        outputs,
     };
-    let mut b = Builder::new(ctx, graph_model, cache, batch, all_logits, capture);
+    let mut b = Builder::new(ctx, graph_model, cache, batch, capture);
     let mut x = crate::arch::embeddings(&mut b, tokens)?;
     for (il, l) in model.layers.iter().enumerate() {
         x = crate::arch::build_layer(&mut b, il, l, x)?;
     }
-    let logits = b.output(x, all_logits)?;
+    let logits = b.output(x)?;
     Ok(BatchGraph {
         graph: b.graph,
         tokens,
         positions,
-        mask,
-        local,
+        kv_rows,
+        local_rows,
+        masks,
+        out_ids,
         logits,
         captured: b.captured,
         pins: b.pins,
     })
 }
 
-/// The graph's inputs for `n` tokens attending to `n_kv` cells: token ids, positions (also
-/// the tokens' cells in the global layers' cache) and the causal mask.
-fn inputs(ctx: &mut Context, n: usize, n_kv: usize) -> Result<(TensorId, TensorId, TensorId)> {
-    let tokens = ctx.new_tensor(DType::I32, &[n])?;
-    ctx.set_name(tokens, "inp_tokens")?;
-    let positions = ctx.new_tensor(DType::I32, &[n])?;
-    ctx.set_name(positions, "inp_pos")?;
-    let mask = ctx.new_tensor(DType::F32, &[n_kv, n])?;
-    ctx.set_name(mask, "kq_mask")?;
-    for id in [tokens, positions, mask] {
-        ctx.set_flags(id, TensorFlags::INPUT)?;
+/// The groups' inputs: a mask `[n_kv, n]` each, and the local layers' where there are some.
+/// One group's masks keep llama.cpp's names.
+#[allow(clippy::type_complexity)]
+fn group_inputs(
+    ctx: &mut Context,
+    key: &GraphKey,
+    local: bool,
+) -> Result<(Vec<GroupInputs>, Vec<(TensorId, Option<TensorId>)>)> {
+    let mut groups = Vec::with_capacity(key.groups.len());
+    let mut masks = Vec::with_capacity(key.groups.len());
+    let mut first = 0;
+    for (i, g) in key.groups.iter().enumerate() {
+        let suffix = match key.groups.len() {
+            1 => String::new(),
+            _ => format!("-s{i}"),
+        };
+        let mask = input(ctx, DType::F32, &[g.n_kv, g.n_tokens], &format!("kq_mask{suffix}"))?;
+        let local_mask = match local {
+            true => Some(input(
+                ctx,
+                DType::F32,
+                &[g.n_kv_local, g.n_tokens],
+                &format!("kq_mask_swa{suffix}"),
+            )?),
+            false => None,
+        };
+        groups.push(GroupInputs {
+            stream: g.stream,
+            first,
+            n: g.n_tokens,
+            n_kv: g.n_kv,
+            mask,
+            n_kv_local: g.n_kv_local,
+            local_mask,
+        });
+        masks.push((mask, local_mask));
+        first += g.n_tokens;
     }
-    Ok((tokens, positions, mask))
+    Ok((groups, masks))
 }
 
-/// The local layers' inputs: the tokens' cells in their cache and their mask over `n_kv`
-/// cells.
-fn local_inputs(ctx: &mut Context, n: usize, n_kv: usize) -> Result<(TensorId, TensorId)> {
-    let cells = ctx.new_tensor(DType::I32, &[n])?;
-    ctx.set_name(cells, "inp_k_idxs_swa")?;
-    let mask = ctx.new_tensor(DType::F32, &[n_kv, n])?;
-    ctx.set_name(mask, "kq_mask_swa")?;
-    for id in [cells, mask] {
-        ctx.set_flags(id, TensorFlags::INPUT)?;
-    }
-    Ok((cells, mask))
+/// A new input tensor.
+fn input(ctx: &mut Context, dtype: DType, ne: &[usize], name: &str) -> Result<TensorId> {
+    let id = ctx.new_tensor(dtype, ne)?;
+    ctx.set_name(id, name)?;
+    ctx.set_flags(id, TensorFlags::INPUT)?;
+    Ok(id)
 }

@@ -1,12 +1,15 @@
 //! The KV cache of a session: K and V of every layer, f16, in one buffer per device (each
-//! block's on that block's device), and how many cells an attention reads. Local
-//! (sliding-window) layers hold only their window and a micro-batch, in cells placed by
-//! [`LocalCells`]; the other layers hold one cell per position of the context.
+//! block's on that block's device), and how many cells an attention reads. Each sequence has
+//! its own stream of cells (llama.cpp's non-unified cache), so a sequence's cells are laid out
+//! as they would be alone and its attention sums in the same order whatever else is in the
+//! batch. Local (sliding-window) layers hold only their window and a micro-batch per stream;
+//! the other layers hold one cell per position of the context. Which position each cell holds
+//! is [`Cells`]' business.
 //!
 //! This module owns the cache's tensors and buffers; what is stored where is the graph's
 //! business (the stores are SET_ROWS at the positions).
 
-use super::local_cells::{local_cache_cells, LocalCells};
+use super::cells::{local_cache_cells, Cells, NO_WINDOW};
 use crate::error::{LlmError, MemoryUse, Result};
 use crate::model::Model;
 use rgml::alloc::TensorAllocator;
@@ -14,33 +17,39 @@ use rgml::backend::{Buffer, BufferUsage};
 use rgml::{Context, DType, TensorId};
 use std::sync::Arc;
 
-/// K and V of every layer for `cells` positions, f16, in one buffer. K is stored
-/// `[n_embd_kv, cells]` (one column per position); V transposed, `[cells, n_embd_kv]`, so the
-/// attention product reads it with dense rows.
+/// K and V of every layer for `cells` positions of `n_seq` streams, f16. K is stored
+/// `[n_embd_kv, n_seq * cells]` (one column per cell, stream after stream); V transposed,
+/// `[n_seq * cells, n_embd_kv]` (each row holds one dimension of every stream's cells), so the
+/// attention product reads a stream's cells as dense rows. A token's cache row is
+/// `stream * cells + cell` in both.
 pub(super) struct KvCache {
     pub(super) k: Vec<TensorId>,
     pub(super) v: Vec<TensorId>,
+    /// Streams (sequences held at once).
+    pub(super) n_seq: usize,
     /// Positions a sequence may use (the requested context length).
     pub(super) n_ctx: usize,
     /// Allocated positions: `n_ctx` rounded up to [`KV_PAD`] (as llama.cpp pads its context),
     /// so the attention can always read whole padded groups of cells.
     pub(super) cells: usize,
-    /// The local layers' cells and what they hold, for a model with local layers.
-    pub(super) local: Option<LocalCells>,
-    /// Cells of the local layers' caches (`cells` without local layers).
+    /// Per stream, which position each cell holds.
+    pub(super) streams: Vec<StreamCells>,
+    /// Cells of a stream of the local layers' caches (`cells` without local layers).
     pub(super) local_cells: usize,
     _buffers: Vec<Arc<Buffer>>,
 }
 
 impl KvCache {
-    /// The cache for `n_ctx` positions of `model`'s blocks, its tensors added to `ctx` and
-    /// placed in one cleared buffer per device (`bufts`: each device's buffer type).
+    /// The cache for `n_seq` sequences of `n_ctx` positions of `model`'s blocks, its tensors
+    /// added to `ctx` and placed in one cleared buffer per device (`bufts`: each device's
+    /// buffer type).
     pub(super) fn allocate(
         ctx: &mut Context,
         model: &Model,
         bufts: &[rgml::BufferTypeRef],
         n_ctx: usize,
         n_ubatch: usize,
+        n_seq: usize,
     ) -> Result<KvCache> {
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -51,8 +60,10 @@ impl KvCache {
             Some(w) => local_cache_cells(w.window, n_ubatch, cells),
             None => cells,
         };
+        let too_large = || LlmError::BadConfig(format!("{n_seq} sequences of {cells} cells"));
         for il in 0..c.n_layer {
-            let n = if c.is_local(il) { local_cells } else { cells };
+            let per_seq = if c.is_local(il) { local_cells } else { cells };
+            let n = per_seq.checked_mul(n_seq).ok_or_else(too_large)?;
             let kt = ctx.new_tensor(DType::F16, &[c.n_embd_kv(), n])?;
             ctx.set_name(kt, format!("cache_k_l{il}"))?;
             let vt = ctx.new_tensor(DType::F16, &[n, c.n_embd_kv()])?;
@@ -90,18 +101,48 @@ impl KvCache {
             }
             buffers.push(buffer);
         }
-        Ok(KvCache {
-            k,
-            v,
-            n_ctx,
-            cells,
+        let stream = StreamCells {
+            global: Cells::new(cells, NO_WINDOW),
             local: c
                 .sliding_window
                 .as_ref()
-                .map(|w| LocalCells::new(local_cells, w.window)),
+                .map(|w| Cells::new(local_cells, w.window)),
+        };
+        Ok(KvCache {
+            k,
+            v,
+            n_seq,
+            n_ctx,
+            cells,
+            streams: vec![stream; n_seq],
             local_cells,
             _buffers: buffers,
         })
+    }
+}
+
+/// Which position each cell of one stream holds, in the global layers and (for a model with
+/// them) in the local layers.
+#[derive(Clone, Debug)]
+pub(super) struct StreamCells {
+    pub(super) global: Cells,
+    pub(super) local: Option<Cells>,
+}
+
+impl StreamCells {
+    /// Become a copy of `other`, reusing this one's memory.
+    pub(super) fn copy_from(&mut self, other: &StreamCells) {
+        self.global.copy_from(&other.global);
+        if let (Some(mine), Some(theirs)) = (&mut self.local, &other.local) {
+            mine.copy_from(theirs);
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.global.clear();
+        if let Some(local) = &mut self.local {
+            local.clear();
+        }
     }
 }
 

@@ -24,14 +24,18 @@
 //! in flight across the devices, and the micro-batch whose logits are read waits for them all.
 //! An error of a queued micro-batch is reported by the call that reads logits.
 
+mod batch;
+mod cells;
 mod graph;
 mod kv_cache;
-mod local_cells;
+mod seq;
 
 use crate::error::{LlmError, MemoryUse, Result};
 use crate::model::Model;
+pub use batch::BatchToken;
+use batch::UbatchPlan;
 use graph::{build_graph, BatchGraph, GraphKey};
-use kv_cache::{padded_n_kv, KvCache};
+use kv_cache::KvCache;
 
 use rgml::backend::{BackendParams, DeviceType};
 use rgml::sched::{Scheduler, SchedulerOptions};
@@ -61,6 +65,9 @@ pub struct SessionOptions {
     /// Further parameters for the backends of particular devices (the device's own keys, e.g.
     /// `isa=avx2` for a CPU, `n_cb=2` for a GPU), by device.
     pub device_params: Vec<(DeviceRef, BackendParams)>,
+    /// Sequences the session holds at once, each with its own `n_ctx` positions of KV cache
+    /// (see [`Session::decode_batch`]).
+    pub n_seq: usize,
 }
 
 impl Default for SessionOptions {
@@ -70,6 +77,7 @@ impl Default for SessionOptions {
             n_ubatch: 512,
             n_threads: None,
             device_params: Vec::new(),
+            n_seq: 1,
         }
     }
 }
@@ -86,6 +94,7 @@ impl std::fmt::Debug for SessionOptions {
             .field("n_ubatch", &self.n_ubatch)
             .field("n_threads", &self.n_threads)
             .field("device_params", &params)
+            .field("n_seq", &self.n_seq)
             .finish()
     }
 }
@@ -126,7 +135,6 @@ pub struct Session {
     kv: KvCache,
     /// Runs every graph: over the model's device alone, or over its devices and the CPU.
     sched: Box<Scheduler>,
-    n_past: usize,
     n_ubatch: usize,
     capture: Option<Vec<Captured>>,
     /// The graph of the last micro-batch, still allocated, with what it was built for: the
@@ -135,29 +143,26 @@ pub struct Session {
     /// Host copies of the inputs and of the logits, kept between calls so that decoding
     /// allocates nothing per token.
     staging: Staging,
-    /// Where the micro-batch being evaluated goes in the local layers' cache (for a model
-    /// with local layers), made by [`Session::plan_ubatch`]: its memory is reused for every
-    /// micro-batch.
-    local_plan: Option<LocalPlan>,
-}
-
-/// The local layers' cells of a micro-batch's tokens and what the cells hold after it. Once
-/// the micro-batch is computed, `after` is swapped with the cache's cells, and then holds the
-/// cells as they were before (to take the micro-batch back).
-struct LocalPlan {
-    cells: Vec<i32>,
-    after: local_cells::LocalCells,
-    /// `cells` and `after` describe the micro-batch being evaluated.
-    ready: bool,
+    /// The micro-batch being evaluated, made by [`UbatchPlan::plan`]: its memory is reused
+    /// for every micro-batch.
+    plan: UbatchPlan,
 }
 
 /// See [`Session::staging`].
 #[derive(Default)]
 struct Staging {
-    tokens: Vec<i32>,
-    positions: Vec<i32>,
-    mask: Vec<f32>,
     logits: Vec<f32>,
+    /// The batch of [`Session::decode`]'s tokens (one sequence).
+    batch: Vec<BatchToken>,
+    /// A batch's token indices grouped by sequence, and scratch for it.
+    order: Vec<usize>,
+    scratch: Vec<usize>,
+    /// The micro-batch being planned, in `order`.
+    ubatch: Vec<BatchToken>,
+    /// Per micro-batch token (in `ubatch`), its index in the batch.
+    ubatch_index: Vec<usize>,
+    /// Per batch token, its row in the returned logits (`usize::MAX`: none).
+    out_row: Vec<usize>,
 }
 
 /// An intermediate tensor kept by [`Session::set_capture`]: llama.cpp's name for it (such as
@@ -176,38 +181,39 @@ impl Session {
     /// A session with an empty KV cache on `model` (cloning the `Arc` is all a further session
     /// needs).
     pub fn new(model: Arc<Model>, options: &SessionOptions) -> Result<Session> {
-        if options.n_ctx == 0 || options.n_ubatch == 0 {
+        if options.n_ctx == 0 || options.n_ubatch == 0 || options.n_seq == 0 {
             return Err(LlmError::BadConfig(
-                "n_ctx and n_ubatch must be positive".into(),
+                "n_ctx, n_ubatch and n_seq must be positive".into(),
             ));
         }
         let (sched, bufts) = open_backends(&model, options)?;
         let mut ctx = model.ctx.clone();
-        let kv = KvCache::allocate(&mut ctx, &model, &bufts, options.n_ctx, options.n_ubatch)?;
+        let kv = KvCache::allocate(
+            &mut ctx,
+            &model,
+            &bufts,
+            options.n_ctx,
+            options.n_ubatch,
+            options.n_seq,
+        )?;
         let n_base = ctx.len();
-        let local_plan = kv.local.clone().map(|after| LocalPlan {
-            cells: Vec::with_capacity(options.n_ubatch),
-            after,
-            ready: false,
-        });
         Ok(Session {
             model,
             ctx,
             n_base,
             kv,
             sched,
-            n_past: 0,
             n_ubatch: options.n_ubatch,
             capture: None,
             built: None,
             staging: Staging::default(),
-            local_plan,
+            plan: UbatchPlan::default(),
         })
     }
 
-    /// Tokens in the KV cache.
+    /// Tokens of sequence 0 in the KV cache (the position its next token goes to).
     pub fn n_past(&self) -> usize {
-        self.n_past
+        self.seq_len(0)
     }
 
     /// Context length.
@@ -277,15 +283,12 @@ impl Session {
         self.capture.as_deref().unwrap_or(&[])
     }
 
-    /// Forget the sequence (the cache is overwritten from position 0).
+    /// Forget every sequence (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
-        self.n_past = 0;
-        if let Some(local) = &mut self.kv.local {
-            local.clear();
+        for stream in &mut self.kv.streams {
+            stream.clear();
         }
-        if let Some(plan) = &mut self.local_plan {
-            plan.ready = false;
-        }
+        self.plan.ready = false;
     }
 
     /// Append `tokens` to the sequence and return logits: `[n_vocab]` for [`Logits::Last`], or
@@ -312,11 +315,40 @@ impl Session {
     /// nothing is built, allocated or planned, and the call allocates no memory. Errors as
     /// [`Session::eval`].
     pub fn decode(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
-        self.check_tokens(tokens)?;
+        let mut batch = std::mem::take(&mut self.staging.batch);
+        batch.clear();
+        let last = tokens.len().saturating_sub(1);
+        batch.extend(tokens.iter().enumerate().map(|(i, &token)| BatchToken {
+            token,
+            seq: 0,
+            logits: which == Logits::All || i == last,
+        }));
+        let result = self.decode_batch(&batch).map(|_| ());
+        self.staging.batch = batch;
+        result?;
+        Ok(&self.staging.logits)
+    }
+
+    /// Evaluate a batch of tokens of several sequences in one graph per micro-batch (each
+    /// sequence's tokens attend to its own cells only), and return the logits of the tokens
+    /// whose [`BatchToken::logits`] is set: `[n_vocab]` each, in batch order, valid until the
+    /// next call. A sequence's logits are those it would get decoded alone: its tokens go
+    /// to the same cells of its own cache stream and every attention sums over them in the
+    /// same order. (The matrix products over the weights are per token too, but ggml's
+    /// arithmetic for some weight types depends on how many tokens a product has, see
+    /// `rgml_cpu`'s `mul_mat`: with those, a token decoded beside others can differ in the last
+    /// bits from one decoded alone, as in llama.cpp.)
+    ///
+    /// Errors as [`Session::eval`]; a token of a sequence outside the session's
+    /// [`n_seq`](SessionOptions::n_seq) is [`LlmError::BadInput`]. Checks fail before anything
+    /// is computed, leaving every sequence as it was.
+    pub fn decode_batch(&mut self, batch: &[BatchToken]) -> Result<&[f32]> {
+        let n_vocab = self.model.config.n_vocab;
+        batch::check_batch(&self.kv, batch, n_vocab, &mut self.staging.scratch)?;
         self.model.check_file()?;
         let mut out = std::mem::take(&mut self.staging.logits);
         out.clear();
-        let result = self.decode_into(tokens, which, &mut out);
+        let result = self.decode_batch_into(batch, &mut out);
         self.staging.logits = out;
         // A model file that changed during the computation explains any result: it is the
         // error (after a success too, as the weights read may have been garbage).
@@ -324,7 +356,10 @@ impl Session {
             self.staging.logits.clear();
             return Err(changed);
         }
-        result?;
+        if let Err(e) = result {
+            self.staging.logits.clear();
+            return Err(e);
+        }
         Ok(&self.staging.logits)
     }
 
@@ -335,14 +370,37 @@ impl Session {
         &self.staging.logits
     }
 
-    fn decode_into(&mut self, tokens: &[u32], which: Logits, out: &mut Vec<f32>) -> Result<()> {
-        let n_chunks = tokens.len().div_ceil(self.n_ubatch);
-        for (i, chunk) in tokens.chunks(self.n_ubatch).enumerate() {
-            let read = which == Logits::All || i + 1 == n_chunks;
+    /// [`Session::decode_batch`] after its checks: the batch grouped by sequence and cut into
+    /// micro-batches, their logits into `out` in batch order.
+    fn decode_batch_into(&mut self, batch: &[BatchToken], out: &mut Vec<f32>) -> Result<()> {
+        let st = &mut self.staging;
+        batch::group_order(batch, self.kv.n_seq, &mut st.scratch, &mut st.order);
+        st.out_row.clear();
+        let mut n_out = 0;
+        for t in batch {
+            st.out_row.push(if t.logits { n_out } else { usize::MAX });
+            n_out += usize::from(t.logits);
+        }
+        let n_vocab = self.model.config.n_vocab;
+        out.resize(n_out * n_vocab, 0.0);
+        let n_chunks = batch.len().div_ceil(self.n_ubatch);
+        for i in 0..n_chunks {
+            let st = &mut self.staging;
+            let range = i * self.n_ubatch..((i + 1) * self.n_ubatch).min(batch.len());
+            st.ubatch.clear();
+            st.ubatch_index.clear();
+            for &k in &st.order[range] {
+                st.ubatch.push(batch[k]);
+                st.ubatch_index.push(k);
+            }
+            let ubatch = std::mem::take(&mut st.ubatch);
             // Micro-batches whose logits are not read are only queued: on several devices the
             // scheduler's pipeline then keeps several of them in flight. The read one waits
             // for all of them (and reports their errors).
-            if let Err(e) = self.eval_ubatch(chunk, which == Logits::All, read, out) {
+            let read = ubatch.iter().any(|t| t.logits);
+            let result = self.eval_ubatch(&ubatch, read, out);
+            self.staging.ubatch = ubatch;
+            if let Err(e) = result {
                 // Let queued micro-batches finish before reporting; theirs would be stale.
                 let _ = self.sched.synchronize();
                 return Err(e);
@@ -358,107 +416,91 @@ impl Session {
     /// tensors (weights and KV cache included) and the graph; they stay valid until the next
     /// call that changes the session. The sequence does not advance.
     pub fn prompt_graph(&mut self, tokens: &[u32]) -> Result<(&Context, Graph)> {
-        self.check_tokens(tokens)?;
-        if tokens.len() > self.n_ubatch {
+        let mut batch = std::mem::take(&mut self.staging.batch);
+        batch.clear();
+        batch.extend(tokens.iter().map(|&token| BatchToken {
+            token,
+            seq: 0,
+            logits: false,
+        }));
+        if let Some(last) = batch.last_mut() {
+            last.logits = true;
+        }
+        let result = self.batch_graph(&batch);
+        self.staging.batch = batch;
+        result?;
+        let g = self.built.take().map(|(_, g)| g.graph);
+        g.map(|g| (&self.ctx, g))
+            .ok_or_else(|| LlmError::BadInput("no graph".into()))
+    }
+
+    /// [`Session::prompt_graph`] for a batch: built, allocated and with its inputs set, kept
+    /// in `built`.
+    fn batch_graph(&mut self, batch: &[BatchToken]) -> Result<()> {
+        let n_vocab = self.model.config.n_vocab;
+        batch::check_batch(&self.kv, batch, n_vocab, &mut self.staging.scratch)?;
+        if batch.len() > self.n_ubatch {
             return Err(LlmError::BadInput(format!(
                 "{} tokens do not fit in one micro-batch of {}",
-                tokens.len(),
+                batch.len(),
                 self.n_ubatch
             )));
         }
         self.built = None;
         self.ctx.truncate(self.n_base);
-        let key = self.plan_ubatch(tokens.len(), false)?;
-        let g = self.build_ubatch(key, true)?;
-        self.set_inputs(&g, tokens)?;
-        if let Some(plan) = &mut self.local_plan {
-            plan.ready = false;
-        }
-        Ok((&self.ctx, g.graph))
-    }
-
-    /// Errors for an empty batch, a full context or a token outside the vocabulary.
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(LlmError::BadInput("no tokens to evaluate".into()));
-        }
-        if self.n_past + tokens.len() > self.kv.n_ctx {
-            return Err(LlmError::ContextFull {
-                n_ctx: self.kv.n_ctx,
-                needed: self.n_past + tokens.len(),
-            });
-        }
-        let n_vocab = self.model.config.n_vocab;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(LlmError::InvalidToken { id, n_vocab });
-        }
+        let st = &mut self.staging;
+        batch::group_order(batch, self.kv.n_seq, &mut st.scratch, &mut st.order);
+        st.ubatch.clear();
+        st.ubatch.extend(st.order.iter().map(|&k| batch[k]));
+        self.plan.plan(&self.kv, &self.staging.ubatch)?;
+        let g = self.build_ubatch(&self.plan.key.clone(), true)?;
+        self.set_inputs(&g)?;
+        self.plan.ready = false;
+        self.built = Some((self.plan.key.clone(), g));
         Ok(())
     }
 
-    /// The key of the graph for `n_tokens` tokens at the current position, after placing them
-    /// in the local layers' cache (kept pending until the micro-batch is computed).
-    fn plan_ubatch(&mut self, n_tokens: usize, all_logits: bool) -> Result<GraphKey> {
-        let mut n_kv_local = 0;
-        if let (Some(current), Some(plan)) = (&self.kv.local, &mut self.local_plan) {
-            plan.ready = false;
-            plan.after.copy_from(current);
-            plan.after.place(self.n_past, n_tokens, &mut plan.cells)?;
-            plan.ready = true;
-            n_kv_local = padded_n_kv(plan.after.used_max_p1(), self.kv.local_cells);
+    /// The micro-batch just computed is in the cache: its streams' cells become the plan's
+    /// (and the plan keeps the cells as they were, to take the micro-batch back).
+    fn commit_ubatch(&mut self) {
+        if !self.plan.ready {
+            return;
         }
-        Ok(GraphKey {
-            n_tokens,
-            n_kv: padded_n_kv(self.n_past + n_tokens, self.kv.cells),
-            n_kv_local,
-            all_logits,
-        })
-    }
-
-    /// The micro-batch just computed is in the cache: so are its local layers' cells.
-    fn commit_ubatch(&mut self, n_tokens: usize) {
-        self.n_past += n_tokens;
-        if let (Some(current), Some(plan)) = (&mut self.kv.local, &mut self.local_plan) {
-            if plan.ready {
-                std::mem::swap(current, &mut plan.after);
-                plan.ready = false;
-            }
+        for &seq in &self.plan.touched {
+            std::mem::swap(&mut self.kv.streams[seq], &mut self.plan.after[seq]);
         }
+        self.plan.ready = false;
     }
 
     /// Take back the micro-batch [`Session::commit_ubatch`] just committed.
-    fn uncommit_ubatch(&mut self, n_tokens: usize) {
-        self.n_past -= n_tokens;
-        if let (Some(current), Some(plan)) = (&mut self.kv.local, &mut self.local_plan) {
-            std::mem::swap(current, &mut plan.after);
+    fn uncommit_ubatch(&mut self) {
+        for &seq in &self.plan.touched {
+            std::mem::swap(&mut self.kv.streams[seq], &mut self.plan.after[seq]);
         }
     }
 
-    /// Evaluate one micro-batch, appending its logits to `out` when `read`. Unless `read` (or
-    /// capture is on), the scheduler only queues it.
+    /// Evaluate the micro-batch in `ubatch` (grouped by sequence; `staging.ubatch_index` maps
+    /// it to the batch), writing its logits to their rows of `out` when `read`. Unless `read`
+    /// (or capture is on), the scheduler only queues it.
     ///
     /// The graph of the previous micro-batch is computed again when its key matches: it is
     /// still allocated (the graph allocator and the scheduler keep their buffers until the next
     /// allocation), only the inputs change. Otherwise (or with capture on, whose graphs differ)
     /// the graph is built and allocated afresh, replacing the old one's tensors. After an error
     /// the graph is dropped, so the next call starts clean.
-    fn eval_ubatch(
-        &mut self,
-        tokens: &[u32],
-        all_logits: bool,
-        read: bool,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
+    fn eval_ubatch(&mut self, ubatch: &[BatchToken], read: bool, out: &mut [f32]) -> Result<()> {
         let capture = self.capture.is_some();
-        let key = self.plan_ubatch(tokens.len(), all_logits)?;
+        self.plan.plan(&self.kv, ubatch)?;
         let graph = match self.built.take() {
-            Some((built_key, g)) if built_key == key && !capture => Ok(g),
+            Some((built_key, g)) if built_key == self.plan.key && !capture => Ok((built_key, g)),
             _ => {
                 self.ctx.truncate(self.n_base);
-                self.build_ubatch(key, capture)
+                let key = self.plan.key.clone();
+                self.build_ubatch(&key, capture).map(|g| (key, g))
             }
         };
-        let result = graph.and_then(|g| {
-            let r = self.run_ubatch(&g, tokens, read, out);
+        let result = graph.and_then(|(key, g)| {
+            let r = self.run_ubatch(&g, ubatch, read, out);
             if r.is_ok() && !capture {
                 self.built = Some((key, g));
             }
@@ -468,7 +510,7 @@ impl Session {
             self.ctx.truncate(self.n_base);
         }
         if let Err(LlmError::NonFinite { first: None }) = result {
-            let first = self.find_non_finite(tokens, all_logits);
+            let first = self.find_non_finite(ubatch);
             return Err(LlmError::NonFinite { first });
         }
         result
@@ -478,20 +520,20 @@ impl Session {
     fn run_ubatch(
         &mut self,
         g: &BatchGraph,
-        tokens: &[u32],
+        ubatch: &[BatchToken],
         read: bool,
-        out: &mut Vec<f32>,
+        out: &mut [f32],
     ) -> Result<()> {
-        self.set_inputs(g, tokens)?;
+        self.set_inputs(g)?;
         let capture = self.capture.is_some();
         if read || capture {
             self.sched.graph_compute(&mut self.ctx, &g.graph)?;
         } else {
             self.sched.graph_compute_async(&mut self.ctx, &g.graph)?;
-            self.commit_ubatch(tokens.len());
+            self.commit_ubatch();
             return Ok(());
         }
-        self.commit_ubatch(tokens.len());
+        self.commit_ubatch();
         if let Some(kept) = &mut self.capture {
             kept.clear();
             for &id in &g.captured {
@@ -504,29 +546,76 @@ impl Session {
             }
         }
         if read {
-            let start = out.len();
-            out.resize(start + self.ctx[g.logits].nelements(), 0.0);
-            self.ctx.tensor_get_f32_into(g.logits, &mut out[start..])?;
-            if out[start..].iter().any(|l| !l.is_finite()) {
-                // Taken back, so that the sequence is as before the batch.
-                out.truncate(start);
-                self.uncommit_ubatch(tokens.len());
-                return Err(LlmError::NonFinite { first: None });
-            }
+            self.read_logits(g, ubatch, out)?;
         }
         Ok(())
     }
 
-    /// After non-finite logits: compute the batch again with every named node kept and name
-    /// the first whose values are not finite (`None` if none is, or the check itself fails).
-    /// The batch's cache rows are written again with the same values; the sequence does not
-    /// advance.
-    fn find_non_finite(&mut self, tokens: &[u32], all_logits: bool) -> Option<String> {
+    /// Copy the micro-batch's logits to their rows of `out` (batch order); non-finite logits
+    /// take the micro-batch back, so that its sequences are as before it.
+    fn read_logits(
+        &mut self,
+        g: &BatchGraph,
+        ubatch: &[BatchToken],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let n_vocab = self.model.config.n_vocab;
+        let st = &self.staging;
+        let rows = ubatch
+            .iter()
+            .zip(&st.ubatch_index)
+            .filter(|(t, _)| t.logits)
+            .map(|(_, &k)| st.out_row[k]);
+        let n_rows = self.ctx[g.logits].nelements() / n_vocab.max(1);
+        // One row computed when none is wanted (`OutputKey::Last` of an unread micro-batch).
+        let first_row = rows.clone().next();
+        let contiguous = rows.clone().zip(first_row.unwrap_or(0)..).all(|(r, e)| r == e);
+        let Some(first_row) = first_row else {
+            return Ok(());
+        };
+        let n_wanted = rows.clone().count();
+        if n_wanted != n_rows {
+            return Err(LlmError::BadInput(format!(
+                "{n_rows} rows of logits computed for {n_wanted} wanted"
+            )));
+        }
+        let span = first_row * n_vocab..(first_row + n_rows) * n_vocab;
+        if contiguous {
+            self.ctx.tensor_get_f32_into(g.logits, &mut out[span.clone()])?;
+        } else {
+            let all = self.ctx.tensor_get_f32(g.logits)?;
+            for (i, r) in rows.enumerate() {
+                out[r * n_vocab..(r + 1) * n_vocab]
+                    .copy_from_slice(&all[i * n_vocab..(i + 1) * n_vocab]);
+            }
+        }
+        let st = &self.staging;
+        let finite = ubatch
+            .iter()
+            .zip(&st.ubatch_index)
+            .filter(|(t, _)| t.logits)
+            .all(|(_, &k)| {
+                let r = st.out_row[k];
+                out[r * n_vocab..(r + 1) * n_vocab].iter().all(|l| l.is_finite())
+            });
+        if !finite {
+            self.uncommit_ubatch();
+            return Err(LlmError::NonFinite { first: None });
+        }
+        Ok(())
+    }
+
+    /// After non-finite logits: compute the micro-batch again with every named node kept and
+    /// name the first whose values are not finite (`None` if none is, or the check itself
+    /// fails). The micro-batch's cache rows are written again with the same values; its
+    /// sequences do not advance.
+    fn find_non_finite(&mut self, ubatch: &[BatchToken]) -> Option<String> {
         self.built = None;
         self.ctx.truncate(self.n_base);
-        let key = self.plan_ubatch(tokens.len(), all_logits).ok()?;
-        let found = self.build_ubatch(key, true).ok().and_then(|g| {
-            self.set_inputs(&g, tokens).ok()?;
+        self.plan.plan(&self.kv, ubatch).ok()?;
+        let key = self.plan.key.clone();
+        let found = self.build_ubatch(&key, true).ok().and_then(|g| {
+            self.set_inputs(&g).ok()?;
             self.sched.graph_compute(&mut self.ctx, &g.graph).ok()?;
             let first = g.captured.iter().copied().find(|&id| {
                 self.ctx
@@ -535,13 +624,14 @@ impl Session {
             })?;
             Some(describe_node(&self.ctx, first))
         });
+        self.plan.ready = false;
         self.ctx.truncate(self.n_base);
         found
     }
 
     /// Build the graph for the key's micro-batch at the end of the context's tensors and
     /// allocate it.
-    fn build_ubatch(&mut self, key: GraphKey, capture: bool) -> Result<BatchGraph> {
+    fn build_ubatch(&mut self, key: &GraphKey, capture: bool) -> Result<BatchGraph> {
         let g = build_graph(&mut self.ctx, &self.model, &self.kv, key, capture)?;
         // Overrides name tensor ids, which the next graph reuses: start afresh.
         self.sched.reset();
@@ -554,42 +644,32 @@ impl Session {
         Ok(g)
     }
 
-    /// The inputs of `g` for `tokens` at the current position: token ids, positions (which
-    /// also name the cache rows the batch's K and V go to) and the causal mask over the cells.
-    fn set_inputs(&mut self, g: &BatchGraph, tokens: &[u32]) -> Result<()> {
-        let (n, n_past) = (tokens.len(), self.n_past);
-        let staging = &mut self.staging;
-        staging.tokens.clear();
-        staging.tokens.extend(tokens.iter().map(|&t| t as i32));
-        self.ctx.tensor_set_i32(g.tokens, &staging.tokens)?;
-        staging.positions.clear();
-        staging
-            .positions
-            .extend((n_past..n_past + n).map(|p| p as i32));
-        self.ctx.tensor_set_i32(g.positions, &staging.positions)?;
-        let n_kv = self.ctx[g.mask].ne[0];
-        causal_mask(&mut staging.mask, n_kv, n_past, n);
-        self.ctx.tensor_set_f32(g.mask, &staging.mask)?;
-        let plan = self.local_plan.as_ref().filter(|p| p.ready);
-        if let (Some((cells, mask)), Some(placed)) = (g.local, plan) {
-            self.ctx.tensor_set_i32(cells, &placed.cells)?;
-            let n_kv = self.ctx[mask].ne[0];
-            placed.after.mask(n_kv, n_past, n, &mut staging.mask);
-            self.ctx.tensor_set_f32(mask, &staging.mask)?;
+    /// The inputs of `g` from the plan: token ids, positions, the tokens' cache rows, the
+    /// masks over each sequence's cells, the output rows.
+    fn set_inputs(&mut self, g: &BatchGraph) -> Result<()> {
+        let plan = &self.plan;
+        self.ctx.tensor_set_i32(g.tokens, &plan.tokens)?;
+        self.ctx.tensor_set_i32(g.positions, &plan.positions)?;
+        self.ctx.tensor_set_i32(g.kv_rows, &plan.kv_rows)?;
+        if let Some(rows) = g.local_rows {
+            self.ctx.tensor_set_i32(rows, &plan.local_rows)?;
+        }
+        if let Some(ids) = g.out_ids {
+            self.ctx.tensor_set_i32(ids, &plan.out_ids)?;
+        }
+        let (mut at, mut at_local) = (0, 0);
+        for (group, &(mask, local_mask)) in plan.key.groups.iter().zip(&g.masks) {
+            let n = group.n_kv * group.n_tokens;
+            self.ctx.tensor_set_f32(mask, &plan.masks[at..at + n])?;
+            at += n;
+            if let Some(local_mask) = local_mask {
+                let n = group.n_kv_local * group.n_tokens;
+                self.ctx
+                    .tensor_set_f32(local_mask, &plan.local_masks[at_local..at_local + n])?;
+                at_local += n;
+            }
         }
         Ok(())
-    }
-}
-
-/// The mask `[n_kv, n]` of `n` tokens at positions `n_past..` over cells that hold positions
-/// (cell `c`: position `c`): -inf where the cell is in the token's future, else 0.
-fn causal_mask(mask: &mut Vec<f32>, n_kv: usize, n_past: usize, n: usize) {
-    mask.clear();
-    mask.resize(n_kv * n, 0.0);
-    for (i, row) in mask.chunks_exact_mut(n_kv).enumerate() {
-        for cell in row.iter_mut().skip(n_past + i + 1) {
-            *cell = f32::NEG_INFINITY;
-        }
     }
 }
 

@@ -1,26 +1,32 @@
-//! Which position each cell of the local (sliding-window) layers' KV cache holds.
+//! Which position each cell of one sequence's KV cache holds, for the global layers (every
+//! position kept) and for the local (sliding-window) ones.
 //!
 //! Local layers only ever see their window, so their cache holds the window and one
 //! micro-batch (rounded up to 256 cells) instead of the whole context, and reuses cells whose
 //! positions fell out of the window. Where a position goes decides the order in which the
-//! attention sums over cells, so this module places them exactly as llama.cpp's SWA cache
-//! does (`llama_kv_cache::find_slot` and `apply_ubatch`, one sequence): the logits stay equal
-//! to llama.cpp's for prompts and generations of any length.
+//! attention sums over cells, so this module places them exactly as llama.cpp's cache does
+//! (`llama_kv_cache::find_slot` and `apply_ubatch`, one sequence per stream): the logits stay
+//! equal to llama.cpp's for prompts and generations of any length. A global layer's table is
+//! the same with an endless window: appending to a sequence fills cell `p` with position `p`.
 //!
-//! This module owns that bookkeeping and the local layers' mask; it touches no tensors.
+//! This module owns that bookkeeping, the masks, and removing and shifting positions; it
+//! touches no tensors.
 
 use crate::error::{LlmError, Result};
 
-/// The cells of the local layers' cache of one sequence.
+/// The cells of one layer kind's cache of one sequence.
 #[derive(Clone, Debug)]
-pub(super) struct LocalCells {
+pub(super) struct Cells {
     /// The position each cell holds (`None`: empty).
     pos: Vec<Option<usize>>,
     /// Where the next search starts (after the last cell written).
     head: usize,
-    /// Positions a token sees: itself and the `window - 1` before it.
+    /// Positions a token sees: itself and the `window - 1` before it (`usize::MAX`: all).
     window: usize,
 }
+
+/// The window of a global layer's table: every earlier position is seen.
+pub(super) const NO_WINDOW: usize = usize::MAX;
 
 /// llama.cpp's cache size for its local layers: the window and a micro-batch, rounded up to
 /// 256 cells, at most the whole context's cells.
@@ -32,9 +38,9 @@ pub(super) fn local_cache_cells(window: usize, n_ubatch: usize, cells: usize) ->
         .min(cells)
 }
 
-impl LocalCells {
-    pub(super) fn new(size: usize, window: usize) -> LocalCells {
-        LocalCells {
+impl Cells {
+    pub(super) fn new(size: usize, window: usize) -> Cells {
+        Cells {
             pos: vec![None; size],
             head: 0,
             window,
@@ -42,7 +48,7 @@ impl LocalCells {
     }
 
     /// Become a copy of `other`, reusing this one's memory (decoding allocates nothing).
-    pub(super) fn copy_from(&mut self, other: &LocalCells) {
+    pub(super) fn copy_from(&mut self, other: &Cells) {
         self.pos.clone_from(&other.pos);
         self.head = other.head;
         self.window = other.window;
@@ -53,8 +59,68 @@ impl LocalCells {
         self.head = 0;
     }
 
-    fn used(&self) -> usize {
+    /// Cells holding a position.
+    pub(super) fn used(&self) -> usize {
         self.pos.iter().filter(|p| p.is_some()).count()
+    }
+
+    /// Cells in the table.
+    pub(super) fn size(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// The position after the newest one held (0 when empty): where the sequence goes on.
+    pub(super) fn next_pos(&self) -> usize {
+        self.pos.iter().flatten().max().map_or(0, |&p| p + 1)
+    }
+
+    /// Forget the positions in `range`.
+    pub(super) fn remove(&mut self, range: std::ops::Range<usize>) {
+        for p in self.pos.iter_mut() {
+            if p.is_some_and(|p| range.contains(&p)) {
+                *p = None;
+            }
+        }
+    }
+
+    /// Move the positions in `range` by `delta` (those that would go below 0 are forgotten);
+    /// `moved` gets each moved cell with its delta (for the K-shift). The head goes back to the
+    /// start, as llama.cpp's does after a shift.
+    pub(super) fn shift(
+        &mut self,
+        range: std::ops::Range<usize>,
+        delta: isize,
+        moved: &mut Vec<(usize, isize)>,
+    ) {
+        moved.clear();
+        for (cell, p) in self.pos.iter_mut().enumerate() {
+            let Some(old) = *p else { continue };
+            if !range.contains(&old) {
+                continue;
+            }
+            *p = old.checked_add_signed(delta);
+            if p.is_some() {
+                moved.push((cell, delta));
+            }
+        }
+        self.head = 0;
+    }
+
+    /// Hold, in the same cells, the positions in `range` that `src` holds (their K and V are
+    /// copied along by the caller); what these cells held is forgotten. The cells copied.
+    pub(super) fn copy_range(
+        &mut self,
+        src: &Cells,
+        range: std::ops::Range<usize>,
+        copied: &mut Vec<usize>,
+    ) {
+        copied.clear();
+        for (cell, (dst, &p)) in self.pos.iter_mut().zip(&src.pos).enumerate() {
+            if p.is_some_and(|p| range.contains(&p)) {
+                *dst = p;
+                copied.push(cell);
+            }
+        }
     }
 
     /// Cells up to the last used one (the attention reads them; the rest are empty).
@@ -66,7 +132,7 @@ impl LocalCells {
     }
 
     /// Whether a cell at position `cell_pos` is out of the window of a token at `pos`.
-    fn out_of_window(&self, cell_pos: usize, pos: usize) -> bool {
+    pub(super) fn out_of_window(&self, cell_pos: usize, pos: usize) -> bool {
         pos.saturating_sub(cell_pos) >= self.window && pos > cell_pos
     }
 
@@ -75,12 +141,11 @@ impl LocalCells {
     /// search without the contiguity requirement).
     fn find_slot(&self, n: usize, found: &mut Vec<i32>) -> Result<()> {
         let size = self.pos.len();
-        let full =
-            || LlmError::BadConfig(format!("the local layers' cache of {size} cells is full"));
+        let full = || LlmError::BadConfig(format!("the KV cache's {size} cells are full"));
         if n > size {
             return Err(full());
         }
-        let next_pos = self.pos.iter().flatten().max().map_or(0, |&p| p + 1);
+        let next_pos = self.next_pos();
         let mut head = self.head;
         // As llama.cpp: plenty of unused cells before the head, so search from the start.
         if head > self.used() + 2 * n {
@@ -138,9 +203,15 @@ impl LocalCells {
     /// The mask `[n_kv, n]` of the tokens at `first..first + n` over the first `n_kv` cells:
     /// 0 where the cell holds a position the token sees (not in its future, within its
     /// window), else -inf.
-    pub(super) fn mask(&self, n_kv: usize, first: usize, n: usize, out: &mut Vec<f32>) {
+    #[cfg(test)]
+    fn mask(&self, n_kv: usize, first: usize, n: usize, out: &mut Vec<f32>) {
         out.clear();
         out.resize(n_kv * n, f32::NEG_INFINITY);
+        self.mask_rows(n_kv, first, out);
+    }
+
+    /// [`Cells::mask`] into `out` (`n_kv` times the tokens, all -inf).
+    pub(super) fn mask_rows(&self, n_kv: usize, first: usize, out: &mut [f32]) {
         for (i, row) in out.chunks_exact_mut(n_kv).enumerate() {
             let pos = first + i;
             for (m, cell) in row.iter_mut().zip(&self.pos) {
@@ -157,7 +228,7 @@ mod tests {
     use super::*;
 
     /// The cells `n` tokens at `first..` go to.
-    fn place(c: &mut LocalCells, first: usize, n: usize) -> Result<Vec<i32>> {
+    fn place(c: &mut Cells, first: usize, n: usize) -> Result<Vec<i32>> {
         let mut cells = Vec::new();
         c.place(first, n, &mut cells).map(|()| cells)
     }
@@ -165,7 +236,7 @@ mod tests {
     #[test]
     fn cells_fill_in_order_then_reuse_what_left_the_window() {
         // A window of 4 in 8 cells, filled by micro-batches of 3.
-        let mut c = LocalCells::new(8, 4);
+        let mut c = Cells::new(8, 4);
         assert_eq!(place(&mut c, 0, 3).unwrap(), [0, 1, 2]);
         assert_eq!(place(&mut c, 3, 3).unwrap(), [3, 4, 5]);
         // Positions 0 and 1 are out of the window of position 6: reused after the head.
@@ -180,7 +251,7 @@ mod tests {
 
     #[test]
     fn the_mask_sees_the_window_and_the_past_only() {
-        let mut c = LocalCells::new(8, 3);
+        let mut c = Cells::new(8, 3);
         place(&mut c, 0, 5).unwrap();
         let mut m = Vec::new();
         c.mask(8, 3, 2, &mut m);
@@ -200,14 +271,14 @@ mod tests {
     #[test]
     fn a_full_cache_is_an_error() {
         // Position 0 has left the window of position 4: its cell is reused.
-        let mut c = LocalCells::new(4, 4);
+        let mut c = Cells::new(4, 4);
         place(&mut c, 0, 4).unwrap();
         assert_eq!(place(&mut c, 4, 1).unwrap(), [0]);
         // With a window of 8, every held position is still seen: no cell is free.
-        let mut c = LocalCells::new(4, 8);
+        let mut c = Cells::new(4, 8);
         place(&mut c, 0, 4).unwrap();
         assert!(place(&mut c, 4, 1).is_err());
-        assert!(place(&mut LocalCells::new(4, 8), 0, 5).is_err());
+        assert!(place(&mut Cells::new(4, 8), 0, 5).is_err());
     }
 
     #[test]

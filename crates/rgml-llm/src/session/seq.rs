@@ -1,0 +1,227 @@
+//! A session's sequences: their lengths, and removing, copying and shifting their positions
+//! (llama.cpp's `llama_memory_seq_rm`, `_seq_cp`, `_seq_add`), so that a new request can keep
+//! the common prefix a sequence already holds, or take another sequence's.
+//!
+//! This module owns those operations on the cell tables and the cache data they need: copying
+//! a stream's K and V rows, and the K-shift graph that rotates moved keys by their distance.
+
+use super::Session;
+use crate::error::{LlmError, MemoryUse, Result};
+use rgml::{DType, Graph, TensorFlags, TensorId};
+use std::ops::Range;
+
+impl Session {
+    /// Sequences the session holds (its [`SessionOptions::n_seq`](super::SessionOptions)).
+    pub fn n_seq(&self) -> usize {
+        self.kv.n_seq
+    }
+
+    /// The position sequence `seq`'s next token goes to: one after its newest (0 when empty or
+    /// when there is no such sequence).
+    pub fn seq_len(&self, seq: usize) -> usize {
+        self.kv
+            .streams
+            .get(seq)
+            .map_or(0, |s| s.global.next_pos())
+    }
+
+    /// Cells sequence `seq` holds in the global layers (its share of the context used).
+    pub fn seq_cells_used(&self, seq: usize) -> usize {
+        self.kv.streams.get(seq).map_or(0, |s| s.global.used())
+    }
+
+    fn check_seq(&self, seq: usize) -> Result<()> {
+        match seq < self.kv.n_seq {
+            true => Ok(()),
+            false => Err(LlmError::BadInput(format!(
+                "sequence {seq} of a session holding {}",
+                self.kv.n_seq
+            ))),
+        }
+    }
+
+    /// Forget sequence `seq`'s positions in `range` (`0..usize::MAX`: all of them). Its next
+    /// token goes after the newest position left.
+    pub fn seq_rm(&mut self, seq: usize, range: Range<usize>) -> Result<()> {
+        self.check_seq(seq)?;
+        let stream = &mut self.kv.streams[seq];
+        stream.global.remove(range.clone());
+        if let Some(local) = &mut stream.local {
+            local.remove(range);
+        }
+        Ok(())
+    }
+
+    /// Make `dst` hold `src`'s positions in `range`, with their keys and values, in the same
+    /// cells; what `dst` held in those cells is forgotten. To start `dst` as a copy of a prefix
+    /// of `src`: clear it (`seq_rm(dst, 0..usize::MAX)`), then copy `0..prefix_len`.
+    pub fn seq_cp(&mut self, src: usize, dst: usize, range: Range<usize>) -> Result<()> {
+        self.check_seq(src)?;
+        self.check_seq(dst)?;
+        if src == dst {
+            return Ok(());
+        }
+        // Queued micro-batches may still write the cache.
+        self.sched.synchronize()?;
+        let mut copied = Vec::new();
+        let (from, to) = pick_two(&mut self.kv.streams, src, dst);
+        to.global.copy_range(&from.global, range.clone(), &mut copied);
+        let global = std::mem::take(&mut copied);
+        let mut local = Vec::new();
+        if let (Some(f), Some(t)) = (&from.local, &mut to.local) {
+            t.copy_range(f, range, &mut local);
+        }
+        for il in 0..self.model.config.n_layer {
+            let (cells, per_stream) = match self.model.config.is_local(il) {
+                true => (&local, self.kv.local_cells),
+                false => (&global, self.kv.cells),
+            };
+            self.copy_cells(il, cells, per_stream, src, dst)?;
+        }
+        Ok(())
+    }
+
+    /// Copy layer `il`'s K and V of `cells` from stream `src` to stream `dst`.
+    fn copy_cells(
+        &mut self,
+        il: usize,
+        cells: &[usize],
+        per_stream: usize,
+        src: usize,
+        dst: usize,
+    ) -> Result<()> {
+        let n_embd_kv = self.model.config.n_embd_kv();
+        let f16 = DType::F16.block_bytes();
+        let (k, v) = (self.kv.k[il], self.kv.v[il]);
+        let row = n_embd_kv * f16;
+        let mut buf = Vec::new();
+        for run in runs(cells) {
+            // K: one column per cell, so a run of cells is one span.
+            let span = run.len() * row;
+            buf.resize(span, 0);
+            self.ctx
+                .tensor_get(k, (src * per_stream + run.start) * row, &mut buf)?;
+            self.ctx
+                .tensor_set(k, (dst * per_stream + run.start) * row, &buf)?;
+            // V: each dimension's row holds every stream's cells, a run is one span of it.
+            let v_row = per_stream * self.kv.n_seq * f16;
+            buf.resize(run.len() * f16, 0);
+            for d in 0..n_embd_kv {
+                let at = |stream: usize| d * v_row + (stream * per_stream + run.start) * f16;
+                self.ctx.tensor_get(v, at(src), &mut buf)?;
+                self.ctx.tensor_set(v, at(dst), &buf)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Move sequence `seq`'s positions in `range` by `delta` (those that would fall below 0 are
+    /// forgotten), and rotate their cached keys by the same distance (llama.cpp's K-shift):
+    /// e.g. after removing `a..b`, `seq_shift(seq, b..usize::MAX, a - b)` closes the gap. As in
+    /// llama.cpp, the rotated keys are close to, not exactly, those the new positions would
+    /// have been given.
+    pub fn seq_shift(&mut self, seq: usize, range: Range<usize>, delta: isize) -> Result<()> {
+        self.check_seq(seq)?;
+        if delta == 0 {
+            return Ok(());
+        }
+        let stream = &mut self.kv.streams[seq];
+        let mut moved = Vec::new();
+        stream.global.shift(range.clone(), delta, &mut moved);
+        let global = shift_of(&moved, stream.global.size());
+        let local = match &mut stream.local {
+            Some(local) => {
+                local.shift(range, delta, &mut moved);
+                Some(shift_of(&moved, local.size()))
+            }
+            None => None,
+        };
+        self.k_shift(seq, &global, local.as_deref())
+    }
+
+    /// Rotate stream `seq`'s keys by `global` (per cell of a global layer) and `local`.
+    fn k_shift(&mut self, seq: usize, global: &[i32], local: Option<&[i32]>) -> Result<()> {
+        self.sched.synchronize()?;
+        self.built = None;
+        self.ctx.truncate(self.n_base);
+        let result = self.k_shift_graph(seq, global, local);
+        self.ctx.truncate(self.n_base);
+        result
+    }
+
+    fn k_shift_graph(&mut self, seq: usize, global: &[i32], local: Option<&[i32]>) -> Result<()> {
+        let c = &self.model.config;
+        let (hd, n_head_kv, f16) = (c.head_dim, c.n_head_kv, DType::F16.block_bytes());
+        let mut graph = Graph::new();
+        let mut inputs: Vec<(TensorId, &[i32])> = Vec::new();
+        for il in 0..c.n_layer {
+            let (shift, cells) = match (local, c.is_local(il)) {
+                (Some(l), true) => (l, self.kv.local_cells),
+                _ => (global, self.kv.cells),
+            };
+            if shift.iter().all(|&d| d == 0) {
+                continue;
+            }
+            let pos = self.ctx.new_tensor(DType::I32, &[cells])?;
+            self.ctx.set_flags(pos, TensorFlags::INPUT)?;
+            inputs.push((pos, shift));
+            let row = c.n_embd_kv() * f16;
+            let k = self.ctx.view(
+                self.kv.k[il],
+                &[hd, n_head_kv, cells],
+                &[hd * f16, row],
+                seq * cells * row,
+            )?;
+            let k32 = self.ctx.new_tensor(DType::F32, &[hd, n_head_kv, cells])?;
+            let k32 = self.ctx.cpy(k, k32)?;
+            let rope = crate::arch::blocks::rope_params(c, il);
+            let rotated = self.ctx.rope_ext(k32, pos, self.model.rope_freqs, rope)?;
+            let back = self.ctx.cpy(rotated, k)?;
+            graph.expand(&self.ctx, back)?;
+        }
+        if inputs.is_empty() {
+            return Ok(());
+        }
+        self.sched.reset();
+        self.sched
+            .alloc_graph(&mut self.ctx, &graph)
+            .map_err(|e| LlmError::memory(e, MemoryUse::Compute))?;
+        for (pos, shift) in inputs {
+            self.ctx.tensor_set_i32(pos, shift)?;
+        }
+        self.sched.graph_compute(&mut self.ctx, &graph)?;
+        Ok(())
+    }
+}
+
+/// Per cell of a table of `size`, the distance it moved (0: not moved).
+fn shift_of(moved: &[(usize, isize)], size: usize) -> Vec<i32> {
+    let mut shift = vec![0i32; size];
+    for &(cell, delta) in moved {
+        shift[cell] = delta.clamp(i32::MIN as isize, i32::MAX as isize) as i32;
+    }
+    shift
+}
+
+/// Runs of consecutive cells in the ascending `cells`.
+fn runs(cells: &[usize]) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for &c in cells {
+        match out.last_mut() {
+            Some(r) if r.end == c => r.end += 1,
+            _ => out.push(c..c + 1),
+        }
+    }
+    out
+}
+
+/// `&streams[a]` and `&mut streams[b]` (`a != b`).
+fn pick_two<T>(streams: &mut [T], a: usize, b: usize) -> (&T, &mut T) {
+    if a < b {
+        let (lo, hi) = streams.split_at_mut(b);
+        (&lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = streams.split_at_mut(a);
+        (&hi[0], &mut lo[b])
+    }
+}
