@@ -124,13 +124,15 @@ fn two_devices_give_one_split_per_device_and_copies_across() {
     let (n_embd, n) = (model.config.n_embd as u64, tokens.len() as u64);
     // The hidden state crosses each device boundary once (f32).
     assert_eq!(
-        st.count[2][0],
-        4,
+        st.count[2][0], 4,
         "embeddings, positions, cache rows, mask into CPU0"
     );
     assert_eq!(st.count[0][1], 1, "the hidden state from CPU0 to CPU1");
     assert_eq!(st.bytes[0][1], n_embd * n * 4);
-    assert_eq!(st.count[2][1], 3, "positions, cache rows and mask into CPU1");
+    assert_eq!(
+        st.count[2][1], 3,
+        "positions, cache rows and mask into CPU1"
+    );
     assert_eq!(st.count[1][0] + st.count[0][2] + st.count[1][2], 0);
 }
 

@@ -12,4 +12,4 @@ pub mod engine;
 pub mod generator;
 pub mod http;
 
-pub use generator::{GenEvent, GenRequest, Generator, Prompt, Stats, SubmitError, Submission};
+pub use generator::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};

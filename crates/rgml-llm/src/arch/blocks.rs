@@ -292,7 +292,10 @@ impl<'a> Builder<'a> {
     /// goes, so decoding reuses one graph for many tokens (see `Session::eval_ubatch`).
     pub(crate) fn store_kv(&mut self, il: usize, k: TensorId, v: TensorId) -> Result<()> {
         let (n, n_embd_kv) = (self.inputs.n, self.config().n_embd_kv());
-        let (rows, f16) = (self.stream_cells(il) * self.kv.n_seq, DType::F16.block_bytes());
+        let (rows, f16) = (
+            self.stream_cells(il) * self.kv.n_seq,
+            DType::F16.block_bytes(),
+        );
         let kv_rows = match self.is_local(il) {
             true => self.inputs.local_rows.unwrap_or(self.inputs.kv_rows),
             false => self.inputs.kv_rows,

@@ -115,8 +115,7 @@ impl UbatchPlan {
             local.mask_rows(n_kv_local, first, &mut self.local_masks[at..]);
         }
         self.tokens.extend(group.iter().map(|t| t.token as i32));
-        self.positions
-            .extend((first..first + n).map(|p| p as i32));
+        self.positions.extend((first..first + n).map(|p| p as i32));
         self.key.groups.push(GroupKey {
             stream: seq,
             n_tokens: n,

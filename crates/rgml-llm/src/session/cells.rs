@@ -74,11 +74,14 @@ impl Cells {
         self.pos.iter().flatten().max().map_or(0, |&p| p + 1)
     }
 
-    /// Forget the positions in `range`.
+    /// Forget the positions in `range`. The head goes back to the first cell freed, as
+    /// llama.cpp's does: a sequence cut back and continued fills the same cells as one that
+    /// was never longer.
     pub(super) fn remove(&mut self, range: std::ops::Range<usize>) {
-        for p in self.pos.iter_mut() {
+        for (cell, p) in self.pos.iter_mut().enumerate() {
             if p.is_some_and(|p| range.contains(&p)) {
                 *p = None;
+                self.head = self.head.min(cell);
             }
         }
     }

@@ -155,7 +155,12 @@ fn group_inputs(
             1 => String::new(),
             _ => format!("-s{i}"),
         };
-        let mask = input(ctx, DType::F32, &[g.n_kv, g.n_tokens], &format!("kq_mask{suffix}"))?;
+        let mask = input(
+            ctx,
+            DType::F32,
+            &[g.n_kv, g.n_tokens],
+            &format!("kq_mask{suffix}"),
+        )?;
         let local_mask = match local {
             true => Some(input(
                 ctx,

@@ -569,7 +569,10 @@ impl Session {
         let n_rows = self.ctx[g.logits].nelements() / n_vocab.max(1);
         // One row computed when none is wanted (`OutputKey::Last` of an unread micro-batch).
         let first_row = rows.clone().next();
-        let contiguous = rows.clone().zip(first_row.unwrap_or(0)..).all(|(r, e)| r == e);
+        let contiguous = rows
+            .clone()
+            .zip(first_row.unwrap_or(0)..)
+            .all(|(r, e)| r == e);
         let Some(first_row) = first_row else {
             return Ok(());
         };
@@ -581,7 +584,8 @@ impl Session {
         }
         let span = first_row * n_vocab..(first_row + n_rows) * n_vocab;
         if contiguous {
-            self.ctx.tensor_get_f32_into(g.logits, &mut out[span.clone()])?;
+            self.ctx
+                .tensor_get_f32_into(g.logits, &mut out[span.clone()])?;
         } else {
             let all = self.ctx.tensor_get_f32(g.logits)?;
             for (i, r) in rows.enumerate() {
@@ -596,7 +600,9 @@ impl Session {
             .filter(|(t, _)| t.logits)
             .all(|(_, &k)| {
                 let r = st.out_row[k];
-                out[r * n_vocab..(r + 1) * n_vocab].iter().all(|l| l.is_finite())
+                out[r * n_vocab..(r + 1) * n_vocab]
+                    .iter()
+                    .all(|l| l.is_finite())
             });
         if !finite {
             self.uncommit_ubatch();

@@ -19,10 +19,7 @@ impl Session {
     /// The position sequence `seq`'s next token goes to: one after its newest (0 when empty or
     /// when there is no such sequence).
     pub fn seq_len(&self, seq: usize) -> usize {
-        self.kv
-            .streams
-            .get(seq)
-            .map_or(0, |s| s.global.next_pos())
+        self.kv.streams.get(seq).map_or(0, |s| s.global.next_pos())
     }
 
     /// Cells sequence `seq` holds in the global layers (its share of the context used).
@@ -65,7 +62,8 @@ impl Session {
         self.sched.synchronize()?;
         let mut copied = Vec::new();
         let (from, to) = pick_two(&mut self.kv.streams, src, dst);
-        to.global.copy_range(&from.global, range.clone(), &mut copied);
+        to.global
+            .copy_range(&from.global, range.clone(), &mut copied);
         let global = std::mem::take(&mut copied);
         let mut local = Vec::new();
         if let (Some(f), Some(t)) = (&from.local, &mut to.local) {
