@@ -1,1 +1,266 @@
-//! The engine: slots over one multi-sequence session, continuous batching (being written).
+//! The engine: a [`Generator`] that decodes up to `n_slots` requests together on one model.
+//!
+//! One thread (the worker, [`worker`]) owns a [`Session`] holding one sequence per slot. Each
+//! step it gives queued requests the free slots, builds one batch of every busy slot's next
+//! tokens (a generating slot's last sampled token; a new request's prompt, in pieces that keep
+//! the step to one micro-batch) and decodes it: continuous batching, where a request joins the
+//! running batch at the next step and leaves it when it ends. A slot keeps the tokens its
+//! sequence holds after its request ends, so that the next request with the same beginning (a
+//! chat's next turn) evaluates only what is new; a request takes the common prefix from another
+//! slot when that one has more of it ([`Session::seq_cp`]).
+//!
+//! This module owns the requests' way in: checking them against the model ([`Engine::submit`]),
+//! the queue, cancellation and the counters. The worker and the slots own the decoding.
+
+mod slot;
+mod worker;
+
+use crate::generator::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
+use rgml_llm::chat::ChatFormat;
+use rgml_llm::{EncodeOptions, LlmError, Model, Session, TokenId};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// How to run the engine.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// The name clients use for the model.
+    pub model_id: String,
+    /// Most requests waiting for a slot; more are refused ([`SubmitError::QueueFull`]).
+    pub max_queue: usize,
+    /// Most prompt tokens a step evaluates (with the generating slots' tokens): a long prompt is
+    /// spread over several steps so that the others keep generating. At most the session's
+    /// micro-batch.
+    pub max_batch: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            model_id: "model".into(),
+            max_queue: 1024,
+            max_batch: 512,
+        }
+    }
+}
+
+/// A request accepted: its tokens, its settings and where its events go.
+pub(crate) struct Job {
+    pub(crate) prompt: Vec<TokenId>,
+    pub(crate) request: GenRequest,
+    pub(crate) events: tokio::sync::mpsc::UnboundedSender<GenEvent>,
+    pub(crate) cancelled: Arc<AtomicBool>,
+}
+
+impl Job {
+    /// The client went away (dropped its submission or its receiver).
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire) || self.events.is_closed()
+    }
+}
+
+/// What the submitters and the worker share.
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    /// Signalled on a new request, a cancellation and shutdown.
+    pub(crate) wake: Condvar,
+}
+
+/// The queue and the counters.
+pub(crate) struct State {
+    pub(crate) queue: VecDeque<Job>,
+    pub(crate) shutdown: bool,
+    pub(crate) stats: Stats,
+    /// Generated tokens of recent steps, for the tokens/s gauge.
+    pub(crate) recent: VecDeque<(Instant, usize)>,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain counters and a queue: still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The generator of `rgml serve`: see the [module docs](self).
+pub struct Engine {
+    model: Arc<Model>,
+    options: EngineOptions,
+    n_ctx: usize,
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// An engine decoding `session`'s sequences (one slot each, `session.n_ctx()` tokens
+    /// each); starts its worker thread.
+    pub fn start(session: Session, options: EngineOptions) -> std::io::Result<Engine> {
+        let model = session.model().clone();
+        let n_ctx = session.n_ctx();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                shutdown: false,
+                stats: Stats {
+                    n_slots: session.n_seq(),
+                    ..Default::default()
+                },
+                recent: VecDeque::new(),
+            }),
+            wake: Condvar::new(),
+        });
+        let worker_shared = shared.clone();
+        let max_batch = options.max_batch.max(1);
+        let handle = std::thread::Builder::new()
+            .name("rgml-serve-engine".into())
+            .spawn(move || worker::run(session, worker_shared, max_batch))?;
+        Ok(Engine {
+            model,
+            options,
+            n_ctx,
+            shared,
+            worker: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Wait for the worker to end (after [`Generator::shutdown`], once the running requests
+    /// have ended).
+    pub fn join(&self) {
+        let handle = self.worker.lock().map(|mut h| h.take()).ok().flatten();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+
+    /// The prompt's tokens: text tokenized as llama.cpp's tools do, a conversation formatted
+    /// with the model's chat template first (as `rgml run --chat`).
+    fn tokenize(&self, prompt: &Prompt) -> Result<Vec<TokenId>, SubmitError> {
+        let tok = &self.model.tokenizer;
+        let tokens = match prompt {
+            Prompt::Text(text) => tok.encode(text, EncodeOptions::prompt()),
+            Prompt::Chat(messages) => {
+                let format =
+                    ChatFormat::for_model(self.model.config.kind, self.model.chat_template());
+                tok.encode(&format.apply(messages), EncodeOptions::prompt())
+            }
+            Prompt::Tokens(ids) => {
+                let n_vocab = self.model.config.n_vocab;
+                if let Some(&id) = ids.iter().find(|&&id| id as usize >= n_vocab) {
+                    return Err(SubmitError::InvalidToken { id, n_vocab });
+                }
+                ids.clone()
+            }
+        };
+        Ok(tokens)
+    }
+
+    /// Check `request` against the model and the context.
+    fn check(&self, request: &GenRequest, prompt: &[TokenId]) -> Result<(), SubmitError> {
+        if prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        // At least one token must follow the prompt.
+        if prompt.len() >= self.n_ctx {
+            return Err(SubmitError::PromptTooLong {
+                n_prompt: prompt.len(),
+                n_ctx: self.n_ctx,
+            });
+        }
+        if let Some(max_tokens) = request.max_tokens {
+            if max_tokens > self.n_ctx {
+                return Err(SubmitError::MaxTokensTooLarge {
+                    max_tokens,
+                    n_ctx: self.n_ctx,
+                });
+            }
+        }
+        request.sampling.validate().map_err(|e| match e {
+            LlmError::InvalidSampler { name, value, range } => SubmitError::InvalidSampling {
+                name: sampling_field(name),
+                value: value.to_string(),
+                range,
+            },
+            other => SubmitError::InvalidSampling {
+                name: "sampling",
+                value: other.to_string(),
+                range: "valid",
+            },
+        })
+    }
+}
+
+/// The request field of a sampler setting.
+fn sampling_field(name: &'static str) -> &'static str {
+    match name {
+        "temp" => "temperature",
+        other => other,
+    }
+}
+
+impl Generator for Engine {
+    fn model_id(&self) -> &str {
+        &self.options.model_id
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn submit(&self, request: GenRequest) -> Result<Submission, SubmitError> {
+        let prompt = self.tokenize(&request.prompt)?;
+        self.check(&request, &prompt)?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let n_prompt = prompt.len();
+        {
+            let mut state = self.shared.lock();
+            if state.shutdown {
+                return Err(SubmitError::ShuttingDown);
+            }
+            if state.queue.len() >= self.options.max_queue {
+                return Err(SubmitError::QueueFull(state.queue.len()));
+            }
+            state.queue.push_back(Job {
+                prompt,
+                request,
+                events: tx,
+                cancelled: cancelled.clone(),
+            });
+            state.stats.requests_total += 1;
+            state.stats.queue_len = state.queue.len();
+        }
+        self.shared.wake.notify_all();
+        let shared = self.shared.clone();
+        let wake = Box::new(move || {
+            // Taking the lock orders the flag before the worker's next look.
+            drop(shared.lock());
+            shared.wake.notify_all();
+        });
+        Ok(Submission::new(rx, n_prompt, cancelled, wake))
+    }
+
+    fn stats(&self) -> Stats {
+        let mut state = self.shared.lock();
+        let now = Instant::now();
+        worker::trim_recent(&mut state.recent, now);
+        let recent: usize = state.recent.iter().map(|&(_, n)| n).sum();
+        let mut stats = state.stats;
+        stats.generated_tokens_per_second = recent as f64 / worker::RECENT.as_secs_f64();
+        stats
+    }
+
+    fn shutdown(&self) {
+        self.shared.lock().shutdown = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+        self.join();
+    }
+}

@@ -1,0 +1,249 @@
+//! A slot: one sequence of the session, what its cache holds, and the request it runs (the
+//! prompt still to evaluate, the sampler, the streaming detokenizer, stop strings, the token
+//! counts).
+//!
+//! This module owns turning one row of logits into the request's next event: the sampled
+//! token, its log-probabilities, its text (held back while it could be the start of a stop
+//! string) and the end of the request.
+
+use super::Job;
+use crate::generator::{FinishReason, GenEvent, Logprobs, TokenLogprob, TokenOut, Usage};
+use rgml_llm::tokenizer::Decoder;
+use rgml_llm::{Sampler, TokenId, Tokenizer};
+
+/// One sequence of the session.
+pub(crate) struct Slot<'t> {
+    /// Its sequence in the session.
+    pub(crate) seq: usize,
+    /// The tokens its cache holds, in order (evaluated ones only).
+    pub(crate) cached: Vec<TokenId>,
+    /// The request it runs.
+    pub(crate) run: Option<Running<'t>>,
+    /// When it last ran a request (the worker's step count), to reuse the least recent.
+    pub(crate) last_used: u64,
+}
+
+/// A request running in a slot.
+pub(crate) struct Running<'t> {
+    pub(crate) job: Job,
+    /// Prompt tokens evaluated or found in the cache.
+    pub(crate) n_prompt_done: usize,
+    /// Prompt tokens found in the cache.
+    pub(crate) n_cached: usize,
+    sampler: Sampler,
+    decoder: Decoder<'t>,
+    /// Generated text so far, and how much of it was sent.
+    text: String,
+    sent: usize,
+    pub(crate) n_generated: usize,
+    /// Most tokens to generate (the context may end it sooner).
+    max_tokens: usize,
+    /// The last sampled token, to evaluate next.
+    pub(crate) pending: Option<TokenId>,
+}
+
+/// What the slot does after a row of logits.
+pub(crate) enum Next {
+    /// Evaluate the pending token next step.
+    Continue,
+    /// The request ended (its `Done` was sent).
+    Finished,
+}
+
+impl<'t> Slot<'t> {
+    pub(crate) fn new(seq: usize) -> Slot<'t> {
+        Slot {
+            seq,
+            cached: Vec::new(),
+            run: None,
+            last_used: 0,
+        }
+    }
+
+    /// Start `job`, whose first `n_cached` prompt tokens the cache holds already.
+    pub(crate) fn start(&mut self, job: Job, n_cached: usize, tok: &'t Tokenizer) {
+        let mut sampler = Sampler::new(job.request.sampling.clone());
+        // As `Session::generate`: the repetition penalty sees the prompt.
+        for &t in &job.prompt {
+            sampler.accept(t);
+        }
+        let max_tokens = job.request.max_tokens.unwrap_or(usize::MAX);
+        self.run = Some(Running {
+            job,
+            n_prompt_done: n_cached,
+            n_cached,
+            sampler,
+            decoder: tok.decoder(false),
+            text: String::new(),
+            sent: 0,
+            n_generated: 0,
+            max_tokens,
+            pending: None,
+        });
+    }
+}
+
+impl Running<'_> {
+    /// Prompt tokens still to evaluate.
+    pub(crate) fn prompt_left(&self) -> &[TokenId] {
+        &self.job.prompt[self.n_prompt_done..]
+    }
+
+    pub(crate) fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.job.prompt.len(),
+            cached_tokens: self.n_cached,
+            completion_tokens: self.n_generated,
+        }
+    }
+
+    /// Sample the next token from `logits`, send it, and say whether the request goes on.
+    /// `room`: whether the context has a cell for the token after this one.
+    pub(crate) fn on_logits(&mut self, logits: &[f32], tok: &Tokenizer, room: bool) -> Next {
+        let norm = self.job.request.n_probs.map(|_| LogNorm::of(logits));
+        let top = match (self.job.request.n_probs, norm) {
+            (Some(n), Some(norm)) => Some(top_logprobs(logits, n, norm, tok)),
+            _ => None,
+        };
+        let token = self.sampler.sample(logits);
+        if tok.is_eog(token) {
+            return self.finish(FinishReason::Stop);
+        }
+        self.sampler.accept(token);
+        self.n_generated += 1;
+        let logprobs = top.zip(norm).map(|(top, norm)| Logprobs {
+            chosen: token_logprob(token, logits, norm, tok),
+            top,
+        });
+        let piece = self.decoder.push(token).unwrap_or_default();
+        self.text.push_str(&piece);
+        if let Some(at) = self.stop_at() {
+            self.text.truncate(at);
+            self.send_token(token, logprobs);
+            return self.finish(FinishReason::Stop);
+        }
+        self.send_token(token, logprobs);
+        if self.n_generated >= self.max_tokens || !room {
+            return self.finish(FinishReason::Length);
+        }
+        self.pending = Some(token);
+        Next::Continue
+    }
+
+    /// Send the token with the text that is safe to show: all but a suffix that could begin
+    /// a stop string.
+    fn send_token(&mut self, id: TokenId, logprobs: Option<Logprobs>) {
+        let hold = self.held_back();
+        let end = self.text.len() - hold;
+        let text = self.text[self.sent..end].to_string();
+        self.sent = end;
+        let _ = self
+            .job
+            .events
+            .send(GenEvent::Token(TokenOut { id, text, logprobs }));
+    }
+
+    /// End the request: the rest of the text (a held-back suffix, the detokenizer's last
+    /// bytes unless a stop string cut the text) and the reason.
+    pub(crate) fn finish(&mut self, reason: FinishReason) -> Next {
+        if reason != FinishReason::Stop || self.stop_at().is_none() {
+            let rest = self.decoder.finish();
+            self.text.push_str(&rest);
+            if let Some(at) = self.stop_at() {
+                self.text.truncate(at);
+            }
+        }
+        let text = self.text.get(self.sent..).unwrap_or_default().to_string();
+        self.sent = self.text.len();
+        let _ = self.job.events.send(GenEvent::Done {
+            text,
+            reason,
+            usage: self.usage(),
+        });
+        Next::Finished
+    }
+
+    /// Where the first stop string begins in the text, if one is there (searched from a little
+    /// before what was sent, as a stop string can straddle tokens).
+    fn stop_at(&self) -> Option<usize> {
+        let stops = &self.job.request.stop;
+        let longest = stops.iter().map(String::len).max()?;
+        let mut from = self.sent.saturating_sub(longest);
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
+            .min()
+    }
+
+    /// Bytes at the end of the text that are the beginning of a stop string.
+    fn held_back(&self) -> usize {
+        let text = &self.text[self.sent..];
+        self.job
+            .request
+            .stop
+            .iter()
+            .flat_map(|s| {
+                (1..=s.len().min(text.len()))
+                    .rev()
+                    .find(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n]))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// What turns a logit into a log-probability under the softmax of a row: its largest logit and
+/// the log of the sum of `exp(logit - max)`.
+#[derive(Clone, Copy)]
+struct LogNorm {
+    max: f32,
+    ln_sum: f64,
+}
+
+impl LogNorm {
+    fn of(logits: &[f32]) -> LogNorm {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+        LogNorm {
+            max,
+            ln_sum: sum.ln(),
+        }
+    }
+}
+
+/// The `n` most likely tokens under the softmax of the raw `logits`, best first.
+fn top_logprobs(logits: &[f32], n: usize, norm: LogNorm, tok: &Tokenizer) -> Vec<TokenLogprob> {
+    let n = n.min(logits.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut best: Vec<usize> = (0..logits.len()).collect();
+    best.select_nth_unstable_by(n - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
+    best.truncate(n);
+    best.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    best.into_iter()
+        .map(|id| token_logprob(id as TokenId, logits, norm, tok))
+        .collect()
+}
+
+/// `id`'s log-probability under the softmax of `logits`.
+fn token_logprob(id: TokenId, logits: &[f32], norm: LogNorm, tok: &Tokenizer) -> TokenLogprob {
+    let logit = logits
+        .get(id as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    let bytes = tok
+        .token_to_piece(id, false)
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
+    TokenLogprob {
+        id,
+        text: String::from_utf8_lossy(&bytes).into_owned(),
+        bytes,
+        logprob: (f64::from(logit - norm.max) - norm.ln_sum) as f32,
+    }
+}

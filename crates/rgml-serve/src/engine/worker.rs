@@ -1,0 +1,320 @@
+//! The engine's worker thread: the loop that gives queued requests to free slots, decodes one
+//! batch of every busy slot's next tokens per step, and hands each row of logits to its slot.
+//!
+//! This module owns the step: admission (slot choice and prefix reuse), cancellation, the
+//! batch, and the counters of [`State`].
+
+use super::slot::{Next, Slot};
+use super::{Job, Shared, State};
+use crate::generator::{FinishReason, GenEvent};
+use rgml_llm::session::BatchToken;
+use rgml_llm::{Session, TokenId};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The window of the tokens/s gauge.
+pub(crate) const RECENT: Duration = Duration::from_secs(10);
+
+/// A prefix held by another slot is copied (rather than evaluated again) from this many tokens
+/// more than the chosen slot holds.
+const MIN_COPY: usize = 16;
+
+/// Drop the steps older than [`RECENT`].
+pub(crate) fn trim_recent(recent: &mut VecDeque<(Instant, usize)>, now: Instant) {
+    while recent
+        .front()
+        .is_some_and(|&(t, _)| now.duration_since(t) > RECENT)
+    {
+        recent.pop_front();
+    }
+}
+
+/// Run until shutdown once no request is left.
+pub(crate) fn run(mut session: Session, shared: Arc<Shared>, max_batch: usize) {
+    let model = session.model().clone();
+    let tok = &model.tokenizer;
+    let n_ctx = session.n_ctx();
+    let mut slots: Vec<Slot<'_>> = (0..session.n_seq()).map(Slot::new).collect();
+    let mut batch: Vec<BatchToken> = Vec::new();
+    let mut rows: Vec<usize> = Vec::new();
+    let mut step = 0u64;
+    loop {
+        step += 1;
+        let Some(starting) = admit(&shared, &mut slots) else {
+            return;
+        };
+        for (slot, job) in starting {
+            start(&mut session, &mut slots, slot, job, tok, step);
+        }
+        let n_cancelled = drop_cancelled(&mut session, &mut slots);
+        let n_prompt = fill_batch(&slots, max_batch, &mut batch, &mut rows);
+        let t0 = Instant::now();
+        let n_generated = match batch.is_empty() {
+            true => 0,
+            false => match session.decode_batch(&batch) {
+                Ok(logits) => after_step(&mut slots, &batch, &rows, logits, tok, n_ctx),
+                Err(e) => fail_batch(&mut session, &mut slots, &e.to_string()),
+            },
+        };
+        let mut state = shared.lock();
+        count_step(&mut state, &slots, n_prompt, n_generated, n_cancelled, t0);
+    }
+}
+
+/// Under the lock: forget cancelled queued requests; at shutdown, fail the queued ones and end
+/// the running ones; hand queued requests to free slots. Waits while there is nothing to do;
+/// `None` when the worker should end.
+fn admit(shared: &Shared, slots: &mut [Slot<'_>]) -> Option<Vec<(usize, Job)>> {
+    let mut state = shared.lock();
+    loop {
+        let before = state.queue.len();
+        state.queue.retain(|job| !job.is_cancelled());
+        state.stats.requests_cancelled += (before - state.queue.len()) as u64;
+        if state.shutdown {
+            for job in state.queue.drain(..) {
+                let _ = job
+                    .events
+                    .send(GenEvent::Failed("the server is shutting down".into()));
+            }
+            for slot in slots.iter_mut() {
+                if let Some(mut run) = slot.run.take() {
+                    run.finish(FinishReason::Shutdown);
+                }
+            }
+            state.stats.requests_finished = state.stats.requests_total;
+            state.stats.slots_busy = 0;
+            state.stats.queue_len = 0;
+            return None;
+        }
+        let mut starting = Vec::new();
+        let mut free = slots.iter().filter(|s| s.run.is_none()).count();
+        while free > 0 {
+            let Some(job) = state.queue.pop_front() else {
+                break;
+            };
+            starting.push(job);
+            free -= 1;
+        }
+        state.stats.queue_len = state.queue.len();
+        let busy = slots.iter().any(|s| s.run.is_some());
+        if !starting.is_empty() || busy {
+            return Some(assign(slots, starting));
+        }
+        state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// A free slot for each job: the one whose cache holds the most of its prompt, else the one
+/// used least recently.
+fn assign(slots: &[Slot<'_>], jobs: Vec<Job>) -> Vec<(usize, Job)> {
+    let mut taken = vec![false; slots.len()];
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let best = slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| s.run.is_none() && !taken[*i])
+            .max_by_key(|(_, s)| {
+                (
+                    common_prefix(&s.cached, &job.prompt),
+                    u64::MAX - s.last_used,
+                )
+            })
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            taken[i] = true;
+            out.push((i, job));
+        }
+    }
+    out
+}
+
+fn common_prefix(a: &[TokenId], b: &[TokenId]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Start `job` in slot `i`: keep the common prefix its cache holds (or copy a longer one from
+/// another slot), forget the rest, leaving at least the prompt's last token to evaluate.
+fn start<'t>(
+    session: &mut Session,
+    slots: &mut [Slot<'t>],
+    i: usize,
+    job: Job,
+    tok: &'t rgml_llm::Tokenizer,
+    step: u64,
+) {
+    let seq = slots[i].seq;
+    let mut keep = common_prefix(&slots[i].cached, &job.prompt);
+    let donor = slots
+        .iter()
+        .enumerate()
+        .filter(|&(j, _)| j != i)
+        .map(|(j, s)| (j, common_prefix(&s.cached, &job.prompt)))
+        .max_by_key(|&(_, n)| n);
+    if let Some((j, n)) = donor.filter(|&(_, n)| n >= keep + MIN_COPY) {
+        let src = slots[j].seq;
+        let copied = session
+            .seq_rm(seq, 0..usize::MAX)
+            .and_then(|()| session.seq_cp(src, seq, 0..n));
+        if copied.is_ok() {
+            let prefix = slots[j].cached[..n].to_vec();
+            slots[i].cached = prefix;
+            keep = n;
+        } else {
+            keep = 0;
+        }
+    }
+    keep = keep.min(job.prompt.len() - 1);
+    if session.seq_rm(seq, keep..usize::MAX).is_err() {
+        keep = 0;
+        let _ = session.seq_rm(seq, 0..usize::MAX);
+    }
+    let slot = &mut slots[i];
+    slot.cached.truncate(keep);
+    slot.last_used = step;
+    slot.start(job, keep, tok);
+}
+
+/// End the requests whose clients went away; their slots are free from this step on.
+fn drop_cancelled(session: &mut Session, slots: &mut [Slot<'_>]) -> usize {
+    let mut n = 0;
+    for slot in slots.iter_mut() {
+        if slot.run.as_ref().is_some_and(|r| r.job.is_cancelled()) {
+            let run = slot.run.take();
+            // A token sampled but not evaluated is not in the cache; the cache is kept.
+            drop(run);
+            let _ = session.seq_rm(slot.seq, slot.cached.len()..usize::MAX);
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The step's batch: each generating slot's pending token, then prompt tokens up to
+/// `max_batch` in all (a prompt may take several steps). `rows` gets the slot of each token
+/// whose logits are asked, in batch order. Returns the prompt tokens in the batch.
+fn fill_batch(
+    slots: &[Slot<'_>],
+    max_batch: usize,
+    batch: &mut Vec<BatchToken>,
+    rows: &mut Vec<usize>,
+) -> usize {
+    batch.clear();
+    rows.clear();
+    for (i, slot) in slots.iter().enumerate() {
+        if let Some(token) = slot.run.as_ref().and_then(|r| r.pending) {
+            batch.push(BatchToken {
+                token,
+                seq: slot.seq,
+                logits: true,
+            });
+            rows.push(i);
+        }
+    }
+    let mut n_prompt = 0;
+    for (i, slot) in slots.iter().enumerate() {
+        let Some(run) = slot.run.as_ref().filter(|r| r.pending.is_none()) else {
+            continue;
+        };
+        let left = run.prompt_left();
+        let budget = max_batch.saturating_sub(batch.len()).max(1);
+        let take = left.len().min(budget);
+        if take == 0 || (n_prompt > 0 && batch.len() >= max_batch) {
+            continue;
+        }
+        let done = take == left.len();
+        for (k, &token) in left[..take].iter().enumerate() {
+            batch.push(BatchToken {
+                token,
+                seq: slot.seq,
+                logits: done && k + 1 == take,
+            });
+        }
+        if done {
+            rows.push(i);
+        }
+        n_prompt += take;
+    }
+    n_prompt
+}
+
+/// Hand each row of logits to its slot; returns the tokens generated.
+fn after_step(
+    slots: &mut [Slot<'_>],
+    batch: &[BatchToken],
+    rows: &[usize],
+    logits: &[f32],
+    tok: &rgml_llm::Tokenizer,
+    n_ctx: usize,
+) -> usize {
+    // The batch's tokens are now in the caches.
+    for t in batch {
+        // Slot `i` runs sequence `i`.
+        if let Some(slot) = slots.get_mut(t.seq) {
+            slot.cached.push(t.token);
+            if let Some(run) = &mut slot.run {
+                match run.pending {
+                    Some(_) => run.pending = None,
+                    None => run.n_prompt_done += 1,
+                }
+            }
+        }
+    }
+    let n_vocab = logits.len() / rows.len().max(1);
+    let mut n_generated = 0;
+    for (row, &i) in rows.iter().enumerate() {
+        let slot = &mut slots[i];
+        let room = slot.cached.len() < n_ctx;
+        let Some(run) = &mut slot.run else { continue };
+        let before = run.n_generated;
+        let next = run.on_logits(&logits[row * n_vocab..(row + 1) * n_vocab], tok, room);
+        n_generated += run.n_generated - before;
+        if let Next::Finished = next {
+            slot.run = None;
+        }
+    }
+    n_generated
+}
+
+/// A failed step: its requests fail, and their sequences are forgotten (a failed
+/// micro-batch may have left part of them in the cache).
+fn fail_batch(session: &mut Session, slots: &mut [Slot<'_>], why: &str) -> usize {
+    for slot in slots.iter_mut() {
+        if let Some(run) = slot.run.take() {
+            let _ = run.job.events.send(GenEvent::Failed(why.to_string()));
+            let _ = session.seq_rm(slot.seq, 0..usize::MAX);
+            slot.cached.clear();
+        }
+    }
+    0
+}
+
+/// Count the step into the stats.
+fn count_step(
+    state: &mut State,
+    slots: &[Slot<'_>],
+    n_prompt: usize,
+    n_generated: usize,
+    n_cancelled: usize,
+    t0: Instant,
+) {
+    let now = Instant::now();
+    let secs = now.duration_since(t0).as_secs_f64();
+    let stats = &mut state.stats;
+    stats.prompt_tokens_total += n_prompt as u64;
+    stats.generated_tokens_total += n_generated as u64;
+    match n_prompt > 0 {
+        true => stats.prompt_seconds_total += secs,
+        false => stats.generation_seconds_total += secs,
+    }
+    stats.requests_cancelled += n_cancelled as u64;
+    let busy = slots.iter().filter(|s| s.run.is_some()).count();
+    stats.requests_finished = stats.requests_total - (busy + state.queue.len()) as u64;
+    stats.slots_busy = busy;
+    stats.queue_len = state.queue.len();
+    if n_generated > 0 {
+        state.recent.push_back((now, n_generated));
+    }
+    trim_recent(&mut state.recent, now);
+}

@@ -1,0 +1,305 @@
+//! The engine on the demo model: requests decoded together give their solo greedy output
+//! (`Session::generate`, what `rgml run --temp 0` prints), queue when every slot is busy, free
+//! their slot when cancelled, reuse cached prefixes, stop at stop strings, and bad requests are
+//! refused before they start.
+
+use rgml_llm::chat::{ChatFormat, Message};
+use rgml_llm::{EncodeOptions, Model, Sampler, SamplerParams, Session, SessionOptions};
+use rgml_serve::engine::{Engine, EngineOptions};
+use rgml_serve::generator::{FinishReason, GenEvent, Usage};
+use rgml_serve::{GenRequest, Generator, Prompt, Submission, SubmitError};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const N_CTX: usize = 256;
+
+fn model() -> Arc<Model> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.exists(), "run scripts/fetch-model.sh first");
+    rgml_cpu::register();
+    Arc::new(Model::load(path, Default::default()).unwrap())
+}
+
+fn engine(model: &Arc<Model>, n_slots: usize, max_batch: usize) -> Engine {
+    let session = Session::new(
+        model.clone(),
+        &SessionOptions {
+            n_ctx: N_CTX,
+            n_threads: Some(2),
+            n_seq: n_slots,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    Engine::start(
+        session,
+        EngineOptions {
+            model_id: "demo".into(),
+            max_batch,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn greedy(prompt: Prompt, max_tokens: usize) -> GenRequest {
+    GenRequest {
+        prompt,
+        sampling: SamplerParams::greedy(),
+        max_tokens: Some(max_tokens),
+        stop: Vec::new(),
+        n_probs: None,
+    }
+}
+
+/// What `rgml run --temp 0` prints for `text` (with `chat`: as the user's message).
+fn solo(model: &Arc<Model>, text: &str, chat: bool, max_tokens: usize) -> String {
+    let prompt = match chat {
+        true => ChatFormat::for_model(model.config.kind, model.chat_template())
+            .apply(&[Message::new("user", text)]),
+        false => text.to_string(),
+    };
+    let tokens = model.tokenizer.encode(&prompt, EncodeOptions::prompt());
+    let mut s = Session::new(
+        model.clone(),
+        &SessionOptions {
+            n_ctx: N_CTX,
+            n_threads: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut sampler = Sampler::new(SamplerParams::greedy());
+    let mut decoder = model.tokenizer.decoder(false);
+    let mut out = String::new();
+    for t in s.generate(&tokens, &mut sampler, max_tokens).unwrap() {
+        out += &decoder.push(t.unwrap()).unwrap();
+    }
+    out + &decoder.finish()
+}
+
+/// The whole text of a submission, its finish reason and usage.
+fn collect(mut sub: Submission) -> (String, FinishReason, Usage) {
+    let mut text = String::new();
+    while let Some(ev) = sub.events.blocking_recv() {
+        match ev {
+            GenEvent::Token(t) => text += &t.text,
+            GenEvent::Done {
+                text: rest,
+                reason,
+                usage,
+            } => return (text + &rest, reason, usage),
+            GenEvent::Failed(why) => panic!("failed: {why}"),
+        }
+    }
+    panic!("the events ended without Done");
+}
+
+const PROMPTS: [&str; 8] = [
+    "Once upon a time",
+    "The capital of France is",
+    "def add(a, b):",
+    "The quick brown fox",
+    "In 1492, Columbus",
+    "Water boils at",
+    "My favourite colour is",
+    "Rust is a programming language that",
+];
+
+#[test]
+fn concurrent_requests_give_their_solo_output() {
+    let model = model();
+    // 4 slots for 8 requests: half of them queue; prompts join the running batch.
+    let e = engine(&model, 4, 512);
+    let subs: Vec<Submission> = PROMPTS
+        .iter()
+        .map(|p| e.submit(greedy(Prompt::Text(p.to_string()), 24)).unwrap())
+        .collect();
+    let mut n_generated = 0;
+    for (p, sub) in PROMPTS.iter().zip(subs) {
+        let (text, reason, usage) = collect(sub);
+        assert_eq!(text, solo(&model, p, false, 24), "prompt {p:?}");
+        // 24 tokens, or fewer ended by the end-of-generation token.
+        let full = usage.completion_tokens == 24;
+        assert_eq!(
+            reason,
+            [FinishReason::Stop, FinishReason::Length][usize::from(full)]
+        );
+        n_generated += usage.completion_tokens as u64;
+    }
+    let stats = e.stats();
+    assert_eq!(stats.requests_total, 8);
+    assert_eq!(stats.requests_finished, 8);
+    assert_eq!(stats.generated_tokens_total, n_generated);
+}
+
+#[test]
+fn chat_requests_give_run_chat_output_and_reuse_the_cached_prefix() {
+    let model = model();
+    // A micro-batch budget of 16: prompts take several steps.
+    let e = engine(&model, 2, 16);
+    let ask = |text: &str| {
+        let req = greedy(Prompt::Chat(vec![Message::new("user", text)]), 32);
+        collect(e.submit(req).unwrap())
+    };
+    let (first, _, usage) = ask("What is the capital of France?");
+    assert_eq!(
+        first,
+        solo(&model, "What is the capital of France?", true, 32)
+    );
+    assert_eq!(usage.cached_tokens, 0);
+    // The same beginning: the slot's cache holds it.
+    let (second, _, usage) = ask("What is the capital of France? Answer in one word.");
+    assert_eq!(
+        second,
+        solo(
+            &model,
+            "What is the capital of France? Answer in one word.",
+            true,
+            32
+        )
+    );
+    let tokens = |text: &str| {
+        let prompt = ChatFormat::for_model(model.config.kind, model.chat_template())
+            .apply(&[Message::new("user", text)]);
+        model.tokenizer.encode(&prompt, EncodeOptions::prompt())
+    };
+    let (a, b) = (
+        tokens("What is the capital of France?"),
+        tokens("What is the capital of France? Answer in one word."),
+    );
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(common >= 8);
+    assert_eq!(usage.cached_tokens, common);
+}
+
+#[test]
+fn a_cancelled_request_frees_its_slot() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    let long = e
+        .submit(greedy(Prompt::Text("Once upon a time".into()), 200))
+        .unwrap();
+    let waiting = e
+        .submit(greedy(Prompt::Text("Water boils at".into()), 8))
+        .unwrap();
+    let mut long = long;
+    // The first token comes, then the client goes away.
+    assert!(matches!(
+        long.events.blocking_recv(),
+        Some(GenEvent::Token(_))
+    ));
+    let t0 = Instant::now();
+    drop(long);
+    let (text, _, _) = collect(waiting);
+    assert_eq!(text, solo(&model, "Water boils at", false, 8));
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let stats = e.stats();
+    assert_eq!(stats.requests_cancelled, 1);
+    assert!(stats.generated_tokens_total < 100, "{stats:?}");
+    assert_eq!(stats.slots_busy, 0);
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    let full = solo(&model, "Once upon a time", false, 32);
+    // A stop string from the middle of the greedy text.
+    let words: Vec<&str> = full.split_whitespace().collect();
+    let stop = format!("{} {}", words[3], words[4]);
+    let at = full.find(&stop).unwrap();
+    let mut req = greedy(Prompt::Text("Once upon a time".into()), 32);
+    req.stop = vec!["never appears in this text".into(), stop];
+    let (text, reason, _) = collect(e.submit(req).unwrap());
+    assert_eq!(text, full[..at]);
+    assert_eq!(reason, FinishReason::Stop);
+}
+
+#[test]
+fn logprobs_are_the_softmax_of_the_logits() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    let mut req = greedy(Prompt::Text("The capital of France is".into()), 4);
+    req.n_probs = Some(5);
+    let mut sub = e.submit(req).unwrap();
+    let mut n = 0;
+    while let Some(GenEvent::Token(t)) = sub.events.blocking_recv() {
+        let lp = t.logprobs.unwrap();
+        assert_eq!(lp.top.len(), 5);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(lp.chosen.id, t.id);
+        assert_eq!(lp.top[0].id, t.id);
+        assert!(lp.top.windows(2).all(|w| w[0].logprob >= w[1].logprob));
+        let total: f32 = lp.top.iter().map(|x| x.logprob.exp()).sum();
+        assert!(lp.top[0].logprob <= 0.0 && total <= 1.0001, "{total}");
+        n += 1;
+    }
+    assert_eq!(n, 4);
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    let long = "word ".repeat(400);
+    assert!(matches!(
+        e.submit(greedy(Prompt::Text(long), 4)).err(),
+        Some(SubmitError::PromptTooLong { .. })
+    ));
+    assert!(matches!(
+        e.submit(greedy(Prompt::Text("hi".into()), N_CTX + 1)).err(),
+        Some(SubmitError::MaxTokensTooLarge { .. })
+    ));
+    assert!(matches!(
+        e.submit(greedy(Prompt::Tokens(vec![1, 999_999]), 4)).err(),
+        Some(SubmitError::InvalidToken { .. })
+    ));
+    assert!(matches!(
+        e.submit(greedy(Prompt::Tokens(vec![]), 4)).err(),
+        Some(SubmitError::EmptyPrompt)
+    ));
+    let mut req = greedy(Prompt::Text("hi".into()), 4);
+    req.sampling.top_p = 2.0;
+    assert!(matches!(
+        e.submit(req).err(),
+        Some(SubmitError::InvalidSampling { name: "top_p", .. })
+    ));
+    e.shutdown();
+    assert!(matches!(
+        e.submit(greedy(Prompt::Text("hi".into()), 4)).err(),
+        Some(SubmitError::ShuttingDown)
+    ));
+}
+
+#[test]
+fn shutdown_ends_running_requests() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    let mut running = e
+        .submit(greedy(Prompt::Text("Once upon a time".into()), 200))
+        .unwrap();
+    let queued = e
+        .submit(greedy(Prompt::Text("Water boils at".into()), 8))
+        .unwrap();
+    assert!(matches!(
+        running.events.blocking_recv(),
+        Some(GenEvent::Token(_))
+    ));
+    e.shutdown();
+    let mut reason = None;
+    while let Some(ev) = running.events.blocking_recv() {
+        if let GenEvent::Done { reason: r, .. } = ev {
+            reason = Some(r);
+        }
+    }
+    assert_eq!(reason, Some(FinishReason::Shutdown));
+    let mut queued = queued;
+    assert!(matches!(
+        queued.events.blocking_recv(),
+        Some(GenEvent::Failed(_))
+    ));
+    e.join();
+}
