@@ -27,6 +27,22 @@ fi
 # tests fail without them.
 rpc_bin=$(bash scripts/llamacpp.sh --rpc ggml-rpc-server llama-perplexity llama-completion)
 export RGML_GGML_RPC_SERVER="$rpc_bin/ggml-rpc-server" RGML_REQUIRE_RPC_SERVER=1
+# The clients of the `rgml serve` tests: the PyPI `openai` package and Selenium (in a venv kept
+# in the cache), and Debian's Chromium with its driver for the chat page. Required in CI.
+if command -v dpkg >/dev/null 2>&1 && ! dpkg -s chromium chromium-driver >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
+fi
+serve_venv="$HOME/.cache/rgml/venv-serve"
+serve_pkgs="openai==3.57.0 selenium==4.51.0"
+if [ "$(cat "$serve_venv/.pkgs" 2>/dev/null)" != "$serve_pkgs" ]; then
+    rm -rf "$serve_venv"
+    python3 -m venv "$serve_venv"
+    # shellcheck disable=SC2086
+    "$serve_venv/bin/pip" install -q $serve_pkgs
+    echo "$serve_pkgs" > "$serve_venv/.pkgs"
+fi
+export RGML_SERVE_PYTHON="$serve_venv/bin/python" RGML_REQUIRE_SERVE_CLIENTS=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

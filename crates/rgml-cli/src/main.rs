@@ -14,6 +14,7 @@ mod model_cmds;
 mod output;
 mod quantize_cmd;
 mod rpc_server_cmd;
+mod serve_cmd;
 mod test_ops;
 
 #[derive(Parser)]
@@ -58,6 +59,9 @@ enum Command {
     Run(model_cmds::RunArgs),
     /// Serve this machine's devices over ggml's RPC protocol (to llama.cpp's `--rpc` or rgml's).
     RpcServer(rpc_server_cmd::RpcServerArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API (`/v1/chat/completions`, `/v1/completions`,
+    /// a chat page at `/`), decoding several requests together.
+    Serve(serve_cmd::ServeArgs),
     /// Print the prompt's tokens and the best next tokens with their logits.
     Logits(model_cmds::LogitsArgs),
     /// Perplexity of a text file, computed as llama-perplexity does.
@@ -140,6 +144,7 @@ impl Command {
             Command::Logits(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
             Command::Perplexity(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
             Command::Bench(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
+            Command::Serve(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
             Command::Compare(a) => names_unknown_device(&a.device),
             Command::RpcServer(a) => a.device.as_deref().is_none_or(names_unknown_device),
             Command::GgufInfo { .. } | Command::Quantize(_) => false,
@@ -154,6 +159,7 @@ impl Command {
             Command::Logits(a) => a.model.rpc.as_deref(),
             Command::Perplexity(a) => a.model.rpc.as_deref(),
             Command::Bench(a) => a.model.rpc.as_deref(),
+            Command::Serve(a) => a.model.rpc.as_deref(),
             _ => None,
         }
     }
@@ -166,6 +172,7 @@ impl Command {
             }
             Command::Run(args) => model_cmds::run(args),
             Command::RpcServer(args) => rpc_server_cmd::run(args),
+            Command::Serve(args) => serve_cmd::run(args),
             Command::Logits(args) => model_cmds::logits(args),
             Command::Perplexity(args) => model_cmds::perplexity(args),
             Command::Bench(args) => model_cmds::bench(args),
@@ -219,7 +226,7 @@ fn main() -> ExitCode {
     if let Err(e) = rgml_gguf::install_sigbus_handler() {
         note!("warning: cannot install the SIGBUS handler: {e}");
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(serve_cmd::rewrite_args(std::env::args_os()));
     let result = register_backends(&cli.command).and_then(|()| cli.command.run());
     match result {
         Ok(true) => ExitCode::SUCCESS,

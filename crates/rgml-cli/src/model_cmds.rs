@@ -160,7 +160,7 @@ impl ModelArgs {
         Ok(())
     }
 
-    fn load(&self) -> Result<Arc<Model>, CliError> {
+    pub(crate) fn load(&self) -> Result<Arc<Model>, CliError> {
         self.check()?;
         if !self.model.exists() {
             return Err(CliError::usage(format!(
@@ -273,7 +273,7 @@ impl ModelArgs {
     }
 
     /// End of a command: write the `--trace` file.
-    fn finish(&self) -> Result<(), CliError> {
+    pub(crate) fn finish(&self) -> Result<(), CliError> {
         if let (Some(path), Some(trace)) = (&self.trace, self.recorder.get()) {
             trace
                 .write(path)

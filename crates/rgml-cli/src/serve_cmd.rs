@@ -1,0 +1,131 @@
+//! `rgml serve`: the OpenAI-compatible HTTP server of `rgml-serve` on a model, with one
+//! sequence per slot decoded in one batch.
+//!
+//! This module turns flags into the engine's and the HTTP layer's options, runs the server on
+//! a tokio runtime, and ends it on SIGTERM or Ctrl-C (running streams end cleanly first).
+
+use crate::error::CliError;
+use crate::model_cmds::ModelArgs;
+use clap::Args;
+use rgml_serve::engine::{Engine, EngineOptions};
+use rgml_serve::http::HttpOptions;
+use rgml_serve::Generator;
+use std::sync::Arc;
+
+/// Flags of `rgml serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Slots: requests decoded together, each with its own `-c` tokens of context (llama-server
+    /// divides its `-c` among its slots; here each slot has all of it). Also `-np`.
+    #[arg(long = "parallel", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    parallel: u16,
+    /// The model's name in the API (default: the file's name without `.gguf`).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Requests waiting for a slot at most; more get HTTP 429.
+    #[arg(long, default_value_t = 1024)]
+    max_queue: usize,
+    /// Open connections at most; more wait to be accepted.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Largest request body, in KiB.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
+    max_body_kib: u32,
+}
+
+/// `-np N` as llama-server spells it becomes `--parallel N` (clap's short flags are one
+/// letter).
+pub fn rewrite_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-np") => "--parallel".into(),
+        Some(s) if s.starts_with("-np=") => format!("--parallel={}", &s[4..]).into(),
+        _ => a,
+    })
+    .collect()
+}
+
+/// Serve until SIGTERM or Ctrl-C.
+pub fn run(args: ServeArgs) -> Result<bool, CliError> {
+    let model = args.model.load()?;
+    let n_slots = usize::from(args.parallel);
+    let session = args
+        .model
+        .session_for(&model, args.model.ctx_size, n_slots)?;
+    let model_id = args.alias.clone().unwrap_or_else(|| {
+        let stem = args.model.model.file_stem().unwrap_or_default();
+        stem.to_string_lossy().into_owned()
+    });
+    let engine = Engine::start(
+        session,
+        EngineOptions {
+            model_id: model_id.clone(),
+            max_queue: args.max_queue,
+            max_batch: args.model.ubatch,
+        },
+    )
+    .map_err(|e| CliError::Message(format!("starting the engine: {e}")))?;
+    let engine = Arc::new(engine);
+    let http = HttpOptions {
+        max_body_bytes: (args.max_body_kib as usize).saturating_mul(1024),
+        max_connections: args.max_connections as usize,
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Message(format!("starting the runtime: {e}")))?;
+    let endpoint = format!("{}:{}", args.host, args.port);
+    let served = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&endpoint)
+            .await
+            .map_err(|e| CliError::Message(format!("cannot listen on {endpoint}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| CliError::Message(format!("{endpoint}: {e}")))?;
+        crate::note!(
+            "rgml serve: {model_id} on http://{local} ({n_slots} slots of {} tokens)",
+            args.model.ctx_size
+        );
+        let generator: Arc<dyn Generator> = engine.clone();
+        rgml_serve::http::serve(listener, generator, http, shutdown_signal())
+            .await
+            .map_err(|e| CliError::Message(format!("serving on {endpoint}: {e}")))
+    });
+    engine.shutdown();
+    engine.join();
+    crate::note!("rgml serve: stopped");
+    args.model.finish()?;
+    served.map(|()| true)
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    crate::note!("rgml serve: shutting down (running requests end first)");
+}

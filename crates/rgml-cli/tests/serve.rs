@@ -1,0 +1,207 @@
+//! `rgml serve` with real clients: the PyPI `openai` package (`tests/serve/openai_client.py`:
+//! chat and completions, streaming and not, greedy output equal to `rgml run --temp 0`, 8
+//! concurrent streams each giving its solo output, bad requests, a dropped connection freeing
+//! its slot) and Debian's Chromium driving the chat page (`tests/serve/browser.py`); and a
+//! graceful shutdown ending a running stream cleanly.
+//!
+//! The clients run in the Python of `RGML_SERVE_PYTHON` (a venv with `openai` and `selenium`,
+//! made by `scripts/test.sh`); without it the client tests skip, unless
+//! `RGML_REQUIRE_SERVE_CLIENTS=1` (set by `scripts/test.sh`, so CI never skips).
+
+#[allow(dead_code)]
+mod common;
+
+use common::{demo_model, root};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The Python with the client packages, if there is one.
+fn python() -> Option<PathBuf> {
+    let path = std::env::var_os("RGML_SERVE_PYTHON")
+        .map(PathBuf::from)
+        .filter(|p| p.exists());
+    if path.is_none() {
+        let required = std::env::var("RGML_REQUIRE_SERVE_CLIENTS").is_ok_and(|v| v == "1");
+        assert!(!required, "RGML_REQUIRE_SERVE_CLIENTS=1 but no RGML_SERVE_PYTHON");
+        eprintln!("no RGML_SERVE_PYTHON (a venv with openai and selenium): skipping");
+    }
+    path
+}
+
+/// `rgml serve` on the demo model on a free port; killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(["serve", "-m"])
+            .arg(demo_model())
+            .args(["--port", "0", "-t", "2"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start rgml serve");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("rgml serve exited before listening")
+                .expect("read its stderr");
+            if let Some(at) = line.find("http://") {
+                let url = line[at..].split_whitespace().next().unwrap_or_default();
+                break url.to_string();
+            }
+        };
+        // Keep draining its stderr so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Server { child, url }
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        self.child.wait().expect("wait for rgml serve")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What `rgml run --temp 0 -n N` prints after the prompt (with `chat`, for the user's
+/// message).
+fn run_greedy(prompt: &str, chat: bool, n: usize) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rgml"));
+    cmd.args(["run", "-m"])
+        .arg(demo_model())
+        .args(["--temp", "0", "-t", "2", "-n", &n.to_string(), "-p", prompt]);
+    if chat {
+        cmd.arg("--chat");
+    }
+    let out = cmd.stderr(Stdio::null()).output().expect("rgml run");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    match chat {
+        true => text.to_string(),
+        false => text.strip_prefix(prompt).expect("run echoes the prompt").to_string(),
+    }
+}
+
+const MAX_TOKENS: usize = 32;
+const COMPLETIONS: [&str; 2] = ["Once upon a time", "The three primary colours are"];
+const CHATS: [&str; 8] = [
+    "What is the capital of France?",
+    "Name a fruit that is yellow.",
+    "How many legs does a spider have?",
+    "Say hello in Spanish.",
+    "What is 2 + 2?",
+    "Give me a word that rhymes with cat.",
+    "What colour is the sky?",
+    "Who wrote Romeo and Juliet?",
+];
+
+#[test]
+fn openai_clients_and_the_chat_page_in_chromium() {
+    let Some(python) = python() else { return };
+    let expected = serde_json::json!({
+        "model": common::DEMO_STEM,
+        "max_tokens": MAX_TOKENS,
+        "completion": COMPLETIONS.iter().map(|p| (p.to_string(), run_greedy(p, false, MAX_TOKENS)))
+            .collect::<serde_json::Map<_, _>>(),
+        "chat": CHATS.iter().map(|p| (p.to_string(), run_greedy(p, true, MAX_TOKENS).into()))
+            .collect::<serde_json::Map<_, _>>(),
+    });
+    let file = std::env::temp_dir().join(format!("rgml-serve-expected-{}.json", std::process::id()));
+    std::fs::write(&file, expected.to_string()).expect("write the expectations");
+    let mut server = Server::start(&["-np", "4", "-c", "512"]);
+    let scripts = root().join("tests/serve");
+    let client = Command::new(&python)
+        .arg(scripts.join("openai_client.py"))
+        .arg(&server.url)
+        .arg(&file)
+        .status()
+        .expect("run the openai client");
+    let _ = std::fs::remove_file(&file);
+    assert!(client.success(), "the openai client tests failed (see above)");
+    let browser = Command::new(&python)
+        .arg(scripts.join("browser.py"))
+        .arg(&server.url)
+        .status()
+        .expect("run the browser test");
+    assert!(browser.success(), "the chat page test failed (see above)");
+    assert!(server.terminate().success());
+}
+
+/// A streamed request in raw HTTP: the response so far after `wait`.
+fn open_stream(url: &str, max_tokens: usize) -> TcpStream {
+    let addr = url.trim_start_matches("http://");
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    let body = format!(
+        r#"{{"prompt": "Once upon a time", "max_tokens": {max_tokens}, "stream": true, "temperature": 0}}"#
+    );
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    conn.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    conn
+}
+
+#[test]
+fn sigterm_ends_running_streams_cleanly() {
+    let mut server = Server::start(&["-np", "2", "-c", "1024"]);
+    let mut conn = open_stream(&server.url, 900);
+    // Wait for the first token's event.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"text\"") {
+        let n = conn.read(&mut buf).expect("read");
+        assert!(n > 0, "the stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let status = server.terminate();
+    conn.read_to_end(&mut seen).expect("read the rest");
+    let text = String::from_utf8_lossy(&seen);
+    assert!(status.success(), "rgml serve exited with {status}");
+    assert!(
+        text.contains("\"finish_reason\":\"stop\"") && text.trim_end().ends_with("data: [DONE]"),
+        "the stream did not end cleanly: ...{}",
+        &text[text.len().saturating_sub(400)..]
+    );
+    // Not all 900 tokens: the stream was cut short.
+    assert!(text.matches("\"text\"").count() < 900);
+}
+
+#[test]
+fn a_bad_address_or_slot_count_is_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["serve", "-np", "0"])
+        .output()
+        .expect("rgml serve");
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["serve", "-m"])
+        .arg(demo_model())
+        .args(["--host", "256.1.1.1"])
+        .output()
+        .expect("rgml serve");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}
