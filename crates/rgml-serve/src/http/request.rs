@@ -1,0 +1,472 @@
+//! Request bodies of `/v1/chat/completions` and `/v1/completions`: JSON parsed and checked
+//! here into a [`GenRequest`] plus how to answer (streamed or not, usage chunk or not).
+//!
+//! The body is parsed as a JSON value first (a syntax error is reported as such), then read
+//! twice with serde: once for the fields both routes share ([`CommonFields`]), once for the
+//! route's own fields. Unknown fields are ignored, as OpenAI and llama-server do. Type errors
+//! name the field at fault (`param`) through `serde_path_to_error`. Ranges are checked here
+//! with the request's field names, before the generator checks them again against the model.
+
+use super::error::ApiError;
+use super::HttpOptions;
+use crate::generator::{GenRequest, Prompt};
+use rgml_llm::chat::Message;
+use rgml_llm::{SamplerParams, TokenId};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Most stop strings a request may give (OpenAI allows 4; llama-server more).
+const MAX_STOP: usize = 16;
+/// Most alternatives reported per token (OpenAI's `top_logprobs` limit).
+const MAX_LOGPROBS: u64 = 20;
+
+/// A checked generation request and how to answer it.
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub(crate) request: GenRequest,
+    /// Answer with server-sent events.
+    pub(crate) stream: bool,
+    /// Streaming: send a last chunk with the token counts (`stream_options.include_usage`).
+    pub(crate) include_usage: bool,
+}
+
+/// `stop`: one string or several.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `seed`: OpenAI's is a signed 64-bit integer; llama.cpp's unsigned. Either is taken.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Seed {
+    Unsigned(u64),
+    Signed(i64),
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// The fields both routes share.
+#[derive(Deserialize)]
+struct CommonFields {
+    model: Option<String>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u64>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    repeat_last_n: Option<u64>,
+    seed: Option<Seed>,
+    stop: Option<Stop>,
+    n: Option<u64>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+}
+
+/// `/v1/chat/completions`' own fields.
+#[derive(Deserialize)]
+struct ChatFields {
+    messages: Vec<ChatMessage>,
+    max_completion_tokens: Option<u64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    /// Absent or `null` (an assistant turn that only called tools) reads as empty.
+    content: Option<Content>,
+}
+
+/// A message's content: text, or a list of parts of which only text is supported.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+/// `/v1/completions`' own fields.
+#[derive(Deserialize)]
+struct CompletionFields {
+    prompt: CompletionPrompt,
+    logprobs: Option<u64>,
+    echo: Option<bool>,
+}
+
+/// `prompt`: text, token ids, or a list of (exactly one) text.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CompletionPrompt {
+    Text(String),
+    Tokens(Vec<TokenId>),
+    Texts(Vec<String>),
+}
+
+/// A `/v1/chat/completions` body.
+pub(crate) fn parse_chat(
+    body: &[u8],
+    model_id: &str,
+    options: &HttpOptions,
+) -> Result<Parsed, ApiError> {
+    let value = parse_value(body)?;
+    let common: CommonFields = read(&value)?;
+    let chat: ChatFields = read(&value)?;
+    check_model(common.model.as_deref(), model_id)?;
+    let messages = chat_messages(chat.messages)?;
+    let n_probs = chat_n_probs(chat.logprobs, chat.top_logprobs)?;
+    let max_tokens = match chat.max_completion_tokens {
+        Some(n) => Some(("max_completion_tokens", n)),
+        None => common.max_tokens.map(|n| ("max_tokens", n)),
+    };
+    finish(common, Prompt::Chat(messages), max_tokens, n_probs, options)
+}
+
+/// A `/v1/completions` body.
+pub(crate) fn parse_completion(
+    body: &[u8],
+    model_id: &str,
+    options: &HttpOptions,
+) -> Result<Parsed, ApiError> {
+    let value = parse_value(body)?;
+    let common: CommonFields = read(&value)?;
+    let fields: CompletionFields = read(&value)?;
+    check_model(common.model.as_deref(), model_id)?;
+    if fields.echo == Some(true) {
+        return Err(ApiError::unsupported("echo", "echo"));
+    }
+    let prompt = completion_prompt(fields.prompt)?;
+    let n_probs = match fields.logprobs {
+        Some(n) if n > MAX_LOGPROBS => Err(ApiError::bad_request(
+            format!("logprobs = {n}: must be at most {MAX_LOGPROBS}"),
+            Some("logprobs"),
+        )),
+        other => other.map(to_usize).transpose(),
+    }?;
+    let max_tokens = common.max_tokens.map(|n| ("max_tokens", n));
+    finish(common, prompt, max_tokens, n_probs, options)
+}
+
+/// The JSON object of the body (a syntax error is the client's, 400). Anything but an
+/// object is refused here: serde would read a struct out of an array too.
+fn parse_value(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}"), None))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            "the body must be a JSON object",
+            None,
+        ));
+    }
+    Ok(value)
+}
+
+/// Reads `T` out of `value`, naming the field at fault when a type is wrong.
+fn read<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        // The root's path is "."; a missing field is reported at its parent, and named in
+        // the message as "missing field `name`".
+        let param = match (path.as_str(), missing_field(&inner)) {
+            (".", Some(field)) => Some(field.to_owned()),
+            (".", None) => None,
+            (parent, Some(field)) => Some(format!("{parent}.{field}")),
+            (field, None) => Some(field.to_owned()),
+        };
+        let message = match &param {
+            Some(param) => format!("{param}: {inner}"),
+            None => inner,
+        };
+        ApiError::bad_request(message, param.as_deref())
+    })
+}
+
+/// The field a serde "missing field `x`" message names.
+fn missing_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("missing field `")?;
+    rest.split('`').next()
+}
+
+/// A `model` other than the one served is an error; absent (or empty) means this one.
+fn check_model(model: Option<&str>, model_id: &str) -> Result<(), ApiError> {
+    match model {
+        Some(model) if !model.is_empty() && model != model_id => {
+            Err(ApiError::model_not_found(model))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "messages must not be empty",
+            Some("messages"),
+        ));
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, message)| {
+            let role = chat_role(&message.role)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        format!(
+                            "unknown role `{}`: must be system, developer, user or assistant",
+                            message.role
+                        ),
+                        Some(&format!("messages[{i}].role")),
+                    )
+                })?
+                .to_owned();
+            let content = content_text(message.content, i)?;
+            Ok(Message { role, content })
+        })
+        .collect()
+}
+
+/// The chat template's role for a request's role (`developer` is OpenAI's new `system`).
+fn chat_role(role: &str) -> Option<&'static str> {
+    match role {
+        "system" | "developer" => Some("system"),
+        "user" => Some("user"),
+        "assistant" => Some("assistant"),
+        _ => None,
+    }
+}
+
+/// A message's text: the string, or its text parts joined.
+fn content_text(content: Option<Content>, index: usize) -> Result<String, ApiError> {
+    match content {
+        None => Ok(String::new()),
+        Some(Content::Text(text)) => Ok(text),
+        Some(Content::Parts(parts)) => parts
+            .into_iter()
+            .map(|part| match (part.kind.as_str(), part.text) {
+                ("text", Some(text)) => Ok(text),
+                ("text", None) => Err(ApiError::bad_request(
+                    "a text part needs `text`",
+                    Some(&format!("messages[{index}].content")),
+                )),
+                (kind, _) => Err(ApiError::bad_request(
+                    format!("content parts of type `{kind}` are not supported (only `text`)"),
+                    Some(&format!("messages[{index}].content")),
+                )),
+            })
+            .collect(),
+    }
+}
+
+/// Chat's `logprobs` (a flag) and `top_logprobs` (how many alternatives) as `n_probs`.
+fn chat_n_probs(logprobs: Option<bool>, top: Option<u64>) -> Result<Option<usize>, ApiError> {
+    let logprobs = logprobs.unwrap_or(false);
+    match top {
+        Some(n) if n > MAX_LOGPROBS => Err(ApiError::bad_request(
+            format!("top_logprobs = {n}: must be at most {MAX_LOGPROBS}"),
+            Some("top_logprobs"),
+        )),
+        Some(_) if !logprobs => Err(ApiError::bad_request(
+            "top_logprobs needs logprobs: true",
+            Some("top_logprobs"),
+        )),
+        _ if !logprobs => Ok(None),
+        top => to_usize(top.unwrap_or(0)).map(Some),
+    }
+}
+
+fn completion_prompt(prompt: CompletionPrompt) -> Result<Prompt, ApiError> {
+    match prompt {
+        CompletionPrompt::Text(text) => Ok(Prompt::Text(text)),
+        CompletionPrompt::Tokens(tokens) if tokens.is_empty() => {
+            Err(ApiError::bad_request("the prompt is empty", Some("prompt")))
+        }
+        CompletionPrompt::Tokens(tokens) => Ok(Prompt::Tokens(tokens)),
+        CompletionPrompt::Texts(mut texts) if texts.len() == 1 => {
+            Ok(Prompt::Text(texts.swap_remove(0)))
+        }
+        CompletionPrompt::Texts(_) => Err(ApiError::bad_request(
+            "only one prompt per request is supported",
+            Some("prompt"),
+        )),
+    }
+}
+
+/// The checks and settings both routes share, and the request.
+fn finish(
+    common: CommonFields,
+    prompt: Prompt,
+    max_tokens: Option<(&'static str, u64)>,
+    n_probs: Option<usize>,
+    options: &HttpOptions,
+) -> Result<Parsed, ApiError> {
+    check_unsupported(&common)?;
+    let max_tokens = match max_tokens {
+        Some((field, 0)) => Err(ApiError::bad_request(
+            format!("{field} must be at least 1"),
+            Some(field),
+        )),
+        Some((_, n)) => to_usize(n).map(Some),
+        None => Ok(options.max_tokens_default),
+    }?;
+    let sampling = sampling(&common)?;
+    let stop = stop_strings(common.stop)?;
+    let include_usage = common
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    Ok(Parsed {
+        request: GenRequest {
+            prompt,
+            sampling,
+            max_tokens,
+            stop,
+            n_probs,
+        },
+        stream: common.stream.unwrap_or(false),
+        include_usage,
+    })
+}
+
+/// Several choices and the OpenAI penalties are not implemented; a request that asks for
+/// them is refused rather than answered as if it had not.
+fn check_unsupported(common: &CommonFields) -> Result<(), ApiError> {
+    if common.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
+    }
+    for (name, value) in [
+        ("frequency_penalty", common.frequency_penalty),
+        ("presence_penalty", common.presence_penalty),
+    ] {
+        if value.is_some_and(|v| v != 0.0) {
+            return Err(ApiError::unsupported(name, name));
+        }
+    }
+    Ok(())
+}
+
+fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stop = match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(list)) => list,
+    };
+    if stop.len() > MAX_STOP {
+        return Err(ApiError::bad_request(
+            format!("at most {MAX_STOP} stop strings"),
+            Some("stop"),
+        ));
+    }
+    // An empty stop string would end every generation at once; llama-server ignores them.
+    Ok(stop.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+/// The sampler's settings: the request's, llama.cpp's defaults for absent ones.
+fn sampling(common: &CommonFields) -> Result<SamplerParams, ApiError> {
+    let defaults = SamplerParams::default();
+    let params = SamplerParams {
+        temp: common.temperature.unwrap_or(defaults.temp),
+        top_k: common
+            .top_k
+            .map(to_usize)
+            .transpose()?
+            .unwrap_or(defaults.top_k),
+        top_p: common.top_p.unwrap_or(defaults.top_p),
+        min_p: common.min_p.unwrap_or(defaults.min_p),
+        repeat_penalty: common.repeat_penalty.unwrap_or(defaults.repeat_penalty),
+        repeat_last_n: common
+            .repeat_last_n
+            .map(to_usize)
+            .transpose()?
+            .unwrap_or(defaults.repeat_last_n),
+        seed: match common.seed {
+            Some(Seed::Unsigned(seed)) => seed,
+            // The bits of a negative seed are as good a seed as any.
+            Some(Seed::Signed(seed)) => seed as u64,
+            None => random_seed(),
+        },
+    };
+    check_ranges(&params)?;
+    Ok(params)
+}
+
+/// The sampler's ranges, reported with the request's field names.
+fn check_ranges(p: &SamplerParams) -> Result<(), ApiError> {
+    let checks: [(&str, f32, bool, &str); 4] = [
+        (
+            "temperature",
+            p.temp,
+            p.temp.is_finite() && p.temp >= 0.0,
+            "a finite value >= 0",
+        ),
+        (
+            "top_p",
+            p.top_p,
+            p.top_p > 0.0 && p.top_p <= 1.0,
+            "in (0, 1]",
+        ),
+        (
+            "min_p",
+            p.min_p,
+            (0.0..=1.0).contains(&p.min_p),
+            "in [0, 1]",
+        ),
+        (
+            "repeat_penalty",
+            p.repeat_penalty,
+            p.repeat_penalty.is_finite() && p.repeat_penalty > 0.0,
+            "a finite value > 0",
+        ),
+    ];
+    match checks.into_iter().find(|check| !check.2) {
+        Some((name, value, _, range)) => Err(ApiError::bad_request(
+            format!("{name} = {value}: must be {range}"),
+            Some(name),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn to_usize(n: u64) -> Result<usize, ApiError> {
+    usize::try_from(n).map_err(|_| ApiError::bad_request(format!("{n} is too large"), None))
+}
+
+/// A seed for a request that gave none: the clock's nanoseconds and a counter, mixed
+/// (SplitMix64's finalizer) so that requests in the same nanosecond still differ.
+fn random_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    splitmix64(nanos ^ count.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// SplitMix64's output function: a bijection that spreads every input bit over the output.
+pub(crate) fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,355 @@
+//! OpenAI's response shapes for both generation routes, whole (`chat.completion`,
+//! `text_completion`) and in pieces (`chat.completion.chunk`, streamed `text_completion`),
+//! and collecting a [`Submission`]'s events into a whole answer.
+//!
+//! Only shapes live here; the streaming state machine is `super::stream`.
+
+use super::error::ApiError;
+use super::request::splitmix64;
+use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, TokenLogprob, Usage};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Which generation route answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+impl Route {
+    /// The request field that holds the prompt.
+    pub(crate) fn prompt_param(self) -> &'static str {
+        match self {
+            Route::Chat => "messages",
+            Route::Completion => "prompt",
+        }
+    }
+}
+
+/// What every response (and chunk) of one request shares.
+#[derive(Clone, Debug)]
+pub(crate) struct Meta {
+    pub(crate) route: Route,
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    /// The client asked for log-probabilities (then `logprobs` is an object, even if empty).
+    pub(crate) logprobs: bool,
+}
+
+impl Meta {
+    pub(crate) fn new(route: Route, model: &str, logprobs: bool) -> Meta {
+        let prefix = match route {
+            Route::Chat => "chatcmpl",
+            Route::Completion => "cmpl",
+        };
+        Meta {
+            route,
+            id: format!("{prefix}-{}", unique_id()),
+            created: unix_now(),
+            model: model.to_owned(),
+            logprobs,
+        }
+    }
+}
+
+/// Seconds since 1970 (0 if the clock is before it).
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// 16 hex digits, different for every call in this process (SplitMix64 is a bijection of a
+/// counter started at the first call's clock), and unlikely to repeat across restarts.
+fn unique_id() -> String {
+    static BASE: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:016x}", splitmix64(base.wrapping_add(n)))
+}
+
+/// OpenAI's `finish_reason`; a shutdown cut is reported as a stop.
+pub(crate) fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop | FinishReason::Shutdown => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// `usage`.
+#[derive(Serialize, Debug)]
+pub(crate) struct UsageOut {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+    prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Serialize, Debug)]
+struct PromptTokensDetails {
+    cached_tokens: usize,
+}
+
+impl From<Usage> for UsageOut {
+    fn from(usage: Usage) -> UsageOut {
+        UsageOut {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            total_tokens: usage.prompt_tokens + usage.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: usage.cached_tokens,
+            },
+        }
+    }
+}
+
+/// Chat's `logprobs`: one entry per token.
+#[derive(Serialize, Debug)]
+pub(crate) struct ChatLogprobs {
+    content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Serialize, Debug)]
+struct ChatTokenLogprob {
+    token: String,
+    logprob: f32,
+    bytes: Vec<u8>,
+    top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Serialize, Debug)]
+struct TopLogprob {
+    token: String,
+    logprob: f32,
+    bytes: Vec<u8>,
+}
+
+impl TopLogprob {
+    fn new(t: &TokenLogprob) -> TopLogprob {
+        TopLogprob {
+            token: t.text.clone(),
+            logprob: t.logprob,
+            bytes: t.bytes.clone(),
+        }
+    }
+}
+
+impl ChatLogprobs {
+    pub(crate) fn new(tokens: &[Logprobs]) -> ChatLogprobs {
+        let content = tokens
+            .iter()
+            .map(|lp| ChatTokenLogprob {
+                token: lp.chosen.text.clone(),
+                logprob: lp.chosen.logprob,
+                bytes: lp.chosen.bytes.clone(),
+                top_logprobs: lp.top.iter().map(TopLogprob::new).collect(),
+            })
+            .collect();
+        ChatLogprobs { content }
+    }
+}
+
+/// The legacy completions' `logprobs`: parallel lists.
+#[derive(Serialize, Debug)]
+pub(crate) struct CompletionLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f32>,
+    /// Per token, alternative text → its log-probability.
+    top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    /// Where each token's text starts in the completion (in characters).
+    text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// The entries of `tokens`, whose texts start `offset` characters into the completion;
+    /// `offset` is moved past them.
+    pub(crate) fn new(tokens: &[Logprobs], offset: &mut usize) -> CompletionLogprobs {
+        let mut out = CompletionLogprobs {
+            tokens: Vec::with_capacity(tokens.len()),
+            token_logprobs: Vec::with_capacity(tokens.len()),
+            top_logprobs: Vec::with_capacity(tokens.len()),
+            text_offset: Vec::with_capacity(tokens.len()),
+        };
+        for lp in tokens {
+            out.tokens.push(lp.chosen.text.clone());
+            out.token_logprobs.push(lp.chosen.logprob);
+            out.top_logprobs.push(
+                lp.top
+                    .iter()
+                    .map(|t| (t.text.clone(), serde_json::Value::from(t.logprob)))
+                    .collect(),
+            );
+            out.text_offset.push(*offset);
+            *offset += lp.chosen.text.chars().count();
+        }
+        out
+    }
+}
+
+/// A whole generation, collected.
+#[derive(Debug, Default)]
+pub(crate) struct Collected {
+    pub(crate) text: String,
+    pub(crate) logprobs: Vec<Logprobs>,
+    pub(crate) reason: Option<FinishReason>,
+    pub(crate) usage: Usage,
+}
+
+/// Reads `submission` to its end. A failure is the server's (500).
+pub(crate) async fn collect(mut submission: Submission) -> Result<Collected, ApiError> {
+    let mut out = Collected::default();
+    while let Some(event) = submission.events.recv().await {
+        match event {
+            GenEvent::Token(token) => {
+                out.text.push_str(&token.text);
+                out.logprobs.extend(token.logprobs);
+            }
+            GenEvent::Done {
+                text,
+                reason,
+                usage,
+            } => {
+                out.text.push_str(&text);
+                out.reason = Some(reason);
+                out.usage = usage;
+                return Ok(out);
+            }
+            GenEvent::Failed(message) => return Err(ApiError::server(message)),
+        }
+    }
+    Err(ApiError::server(NO_RESULT))
+}
+
+/// A generator that closed a request's events without `Done` or `Failed`.
+pub(crate) const NO_RESULT: &str = "the generation ended without a result";
+
+/// `chat.completion`.
+#[derive(Serialize, Debug)]
+struct ChatCompletion {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: [ChatChoice; 1],
+    usage: UsageOut,
+}
+
+#[derive(Serialize, Debug)]
+struct ChatChoice {
+    index: u32,
+    message: AssistantMessage,
+    logprobs: Option<ChatLogprobs>,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize, Debug)]
+struct AssistantMessage {
+    role: &'static str,
+    content: String,
+}
+
+/// `text_completion`, whole or as a chunk (same shape; a chunk's `finish_reason` is null
+/// until the last, and only a usage chunk has `usage`).
+#[derive(Serialize, Debug)]
+pub(crate) struct TextCompletion {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageOut>,
+}
+
+#[derive(Serialize, Debug)]
+pub(crate) struct CompletionChoice {
+    index: u32,
+    text: String,
+    logprobs: Option<CompletionLogprobs>,
+    finish_reason: Option<&'static str>,
+}
+
+impl TextCompletion {
+    /// A chunk (or whole answer) with one choice.
+    pub(crate) fn one(
+        meta: &Meta,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish_reason: Option<&'static str>,
+        usage: Option<UsageOut>,
+    ) -> TextCompletion {
+        TextCompletion {
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                logprobs,
+                finish_reason,
+            }],
+            ..TextCompletion::usage_only(meta, usage)
+        }
+    }
+
+    /// The streamed usage chunk: no choices.
+    pub(crate) fn usage_only(meta: &Meta, usage: Option<UsageOut>) -> TextCompletion {
+        TextCompletion {
+            id: meta.id.clone(),
+            object: "text_completion",
+            created: meta.created,
+            model: meta.model.clone(),
+            choices: Vec::new(),
+            usage,
+        }
+    }
+}
+
+/// The whole answer's JSON for `meta`'s route.
+pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Value, ApiError> {
+    let reason = finish_reason(collected.reason.unwrap_or(FinishReason::Stop));
+    let usage = UsageOut::from(collected.usage);
+    let value = match meta.route {
+        Route::Chat => serde_json::to_value(ChatCompletion {
+            id: meta.id.clone(),
+            object: "chat.completion",
+            created: meta.created,
+            model: meta.model.clone(),
+            choices: [ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: collected.text,
+                },
+                logprobs: meta
+                    .logprobs
+                    .then(|| ChatLogprobs::new(&collected.logprobs)),
+                finish_reason: reason,
+            }],
+            usage,
+        }),
+        Route::Completion => {
+            let logprobs = meta
+                .logprobs
+                .then(|| CompletionLogprobs::new(&collected.logprobs, &mut 0));
+            serde_json::to_value(TextCompletion::one(
+                meta,
+                collected.text,
+                logprobs,
+                Some(reason),
+                Some(usage),
+            ))
+        }
+    };
+    value.map_err(|e| ApiError::server(format!("cannot encode the response: {e}")))
+}

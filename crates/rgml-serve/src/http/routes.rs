@@ -1,0 +1,220 @@
+//! The route table and its handlers, the JSON fallbacks for unknown routes and methods,
+//! and CORS.
+
+use super::error::ApiError;
+use super::listener::Connections;
+use super::request::{parse_chat, parse_completion};
+use super::response::{collect, unix_now, whole, Meta, Route};
+use super::{metrics, stream, HttpOptions, ShutdownFlag};
+use crate::generator::Generator;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::header::{self, HeaderValue};
+use axum::http::{Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The chat page.
+const INDEX_HTML: &str = include_str!("../page/index.html");
+
+/// What the handlers share.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    generator: Arc<dyn Generator>,
+    options: Arc<HttpOptions>,
+    pub(crate) shutting_down: ShutdownFlag,
+    connections: Option<Connections>,
+    /// When this server started (the model's `created`).
+    started: u64,
+}
+
+impl AppState {
+    pub(crate) fn new(
+        generator: Arc<dyn Generator>,
+        options: &HttpOptions,
+        connections: Option<Connections>,
+    ) -> AppState {
+        AppState {
+            generator,
+            options: Arc::new(options.clone()),
+            shutting_down: ShutdownFlag::default(),
+            connections,
+            started: unix_now(),
+        }
+    }
+}
+
+/// The router over `state`.
+pub(crate) fn build(state: AppState) -> Router {
+    let body_limit = state.options.max_body_bytes;
+    Router::new()
+        .route("/", get(index))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/models", get(models))
+        // Model ids may hold slashes (`org/name`).
+        .route("/v1/models/{*id}", get(model))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn(cors))
+        .with_state(state)
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(&state, body, Route::Chat).await
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(&state, body, Route::Completion).await
+}
+
+/// Either generation route: parse, submit, answer whole or streamed. The body is taken as
+/// bytes whatever its `Content-Type` (curl users forget it) and parsed here, so that every
+/// error is OpenAI's JSON rather than axum's plain-text rejection.
+async fn generate(state: &AppState, body: Result<Bytes, BytesRejection>, route: Route) -> Response {
+    match try_generate(state, body, route).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn try_generate(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    route: Route,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|rejection| body_error(&rejection, state.options.max_body_bytes))?;
+    let model_id = state.generator.model_id();
+    let parsed = match route {
+        Route::Chat => parse_chat(&body, model_id, &state.options),
+        Route::Completion => parse_completion(&body, model_id, &state.options),
+    }?;
+    let meta = Meta::new(route, model_id, parsed.request.n_probs.is_some());
+    let submission = state
+        .generator
+        .submit(parsed.request)
+        .map_err(|e| ApiError::from_submit(&e, route.prompt_param()))?;
+    if parsed.stream {
+        return Ok(stream::sse(meta, submission, parsed.include_usage).into_response());
+    }
+    let collected = collect(submission).await?;
+    Ok(Json(whole(&meta, collected)?).into_response())
+}
+
+/// A body that could not be read: too large (413) or broken off.
+fn body_error(rejection: &BytesRejection, limit: usize) -> ApiError {
+    let status = rejection.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::client(status, format!("the body is larger than {limit} bytes"))
+    } else {
+        ApiError::client(status, rejection.body_text())
+    }
+}
+
+async fn index() -> Html<&'static str> {
+    Html(INDEX_HTML)
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    if state.shutting_down.load(Ordering::Acquire) {
+        let body = Json(json!({"status": "shutting down"}));
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    } else {
+        Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    let open = state.connections.as_ref().map(Connections::open);
+    let text = metrics::render(&state.generator.stats(), open);
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
+}
+
+fn model_object(state: &AppState) -> serde_json::Value {
+    json!({
+        "id": state.generator.model_id(),
+        "object": "model",
+        "created": state.started,
+        "owned_by": "rgml",
+    })
+}
+
+async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({"object": "list", "data": [model_object(&state)]}))
+}
+
+async fn model(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    if id == state.generator.model_id() {
+        Json(model_object(&state)).into_response()
+    } else {
+        ApiError::model_not_found(&id).into_response()
+    }
+}
+
+async fn not_found(request: Request) -> ApiError {
+    let message = format!("no route {} {}", request.method(), request.uri().path());
+    ApiError::client(StatusCode::NOT_FOUND, message)
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    let message = format!(
+        "method {} is not allowed on {}",
+        request.method(),
+        request.uri().path()
+    );
+    ApiError::client(StatusCode::METHOD_NOT_ALLOWED, message)
+}
+
+/// CORS for browser clients on other origins: any origin may call (no credentials are
+/// involved), and preflight `OPTIONS` requests are answered here, before routing.
+async fn cors(request: Request, next: Next) -> Response {
+    let mut response = if request.method() == Method::OPTIONS {
+        preflight(&request)
+    } else {
+        next.run(request).await
+    };
+    response.headers_mut().insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    response
+}
+
+fn preflight(request: &Request) -> Response {
+    // `*` does not cover `Authorization`, so the headers asked for are allowed by name.
+    let allow_headers = request
+        .headers()
+        .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from_static("authorization, content-type"));
+    (
+        StatusCode::NO_CONTENT,
+        [
+            (
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static("GET, POST, OPTIONS"),
+            ),
+            (header::ACCESS_CONTROL_ALLOW_HEADERS, allow_headers),
+            (
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static("86400"),
+            ),
+        ],
+    )
+        .into_response()
+}

@@ -1,0 +1,226 @@
+//! Streamed answers: a [`Submission`]'s events as server-sent events, one JSON chunk per
+//! `data:` line, ending with `data: [DONE]`.
+//!
+//! The submission is moved into the stream, so when a client disconnects and hyper drops
+//! the response body, the submission is dropped with it and the request is cancelled at once.
+
+use super::error::ApiError;
+use super::response::{
+    finish_reason, ChatLogprobs, CompletionLogprobs, Meta, Route, TextCompletion, UsageOut,
+    NO_RESULT,
+};
+use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, Usage};
+use axum::response::sse::{Event, Sse};
+use futures_util::stream::{self, Stream};
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+/// `chat.completion.chunk`.
+#[derive(Serialize, Debug)]
+struct ChatChunk {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageOut>,
+}
+
+#[derive(Serialize, Debug)]
+struct ChatChunkChoice {
+    index: u32,
+    delta: Delta,
+    logprobs: Option<ChatLogprobs>,
+    finish_reason: Option<&'static str>,
+}
+
+/// What a chunk adds to the assistant's message.
+#[derive(Serialize, Debug, Default)]
+struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+}
+
+/// The stream's state: events ready to send, and the submission until it ends.
+struct State {
+    meta: Meta,
+    submission: Submission,
+    include_usage: bool,
+    ready: VecDeque<Event>,
+    ended: bool,
+    /// Characters of the completion so far (the legacy logprobs' `text_offset`).
+    offset: usize,
+}
+
+/// The server-sent events answering `submission`.
+pub(crate) fn sse(
+    meta: Meta,
+    submission: Submission,
+    include_usage: bool,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut state = State {
+        meta,
+        submission,
+        include_usage,
+        ready: VecDeque::new(),
+        ended: false,
+        offset: 0,
+    };
+    if state.meta.route == Route::Chat {
+        // OpenAI opens a chat stream with the assistant's role and no text.
+        let delta = Delta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+        };
+        let chunk = state.chat_chunk(delta, None, None);
+        state.ready.push_back(chunk);
+    }
+    Sse::new(stream::unfold(state, next_event))
+}
+
+/// The next event to send, waiting for the generator when none is ready.
+async fn next_event(mut state: State) -> Option<(Result<Event, Infallible>, State)> {
+    loop {
+        if let Some(event) = state.ready.pop_front() {
+            return Some((Ok(event), state));
+        }
+        if state.ended {
+            return None;
+        }
+        let event = state.submission.events.recv().await;
+        state.on_event(event);
+    }
+}
+
+impl State {
+    fn on_event(&mut self, event: Option<GenEvent>) {
+        match event {
+            Some(GenEvent::Token(token)) => {
+                // A token that ends inside a character or a possible stop string shows no
+                // text yet; it is worth a chunk only for its log-probabilities.
+                if !token.text.is_empty() || token.logprobs.is_some() {
+                    let logprobs: Vec<Logprobs> = token.logprobs.into_iter().collect();
+                    let chunk = self.piece(token.text, &logprobs, None);
+                    self.ready.push_back(chunk);
+                }
+            }
+            Some(GenEvent::Done {
+                text,
+                reason,
+                usage,
+            }) => self.on_done(text, reason, usage),
+            Some(GenEvent::Failed(message)) => self.on_failed(&message),
+            None => self.on_failed(NO_RESULT),
+        }
+    }
+
+    fn on_done(&mut self, text: String, reason: FinishReason, usage: Usage) {
+        let reason = finish_reason(reason);
+        match self.meta.route {
+            Route::Chat => {
+                if !text.is_empty() {
+                    let chunk = self.piece(text, &[], None);
+                    self.ready.push_back(chunk);
+                }
+                let chunk = self.chat_chunk(Delta::default(), None, Some(reason));
+                self.ready.push_back(chunk);
+            }
+            Route::Completion => {
+                let chunk = self.piece(text, &[], Some(reason));
+                self.ready.push_back(chunk);
+            }
+        }
+        if self.include_usage {
+            let chunk = self.usage_chunk(usage);
+            self.ready.push_back(chunk);
+        }
+        self.end();
+    }
+
+    fn on_failed(&mut self, message: &str) {
+        let error = ApiError::server(message);
+        self.ready.push_back(json_event(&error.body()));
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.ready.push_back(Event::default().data("[DONE]"));
+        self.ended = true;
+    }
+
+    /// A chunk carrying generated text (and its tokens' log-probabilities).
+    fn piece(
+        &mut self,
+        text: String,
+        logprobs: &[Logprobs],
+        reason: Option<&'static str>,
+    ) -> Event {
+        match self.meta.route {
+            Route::Chat => {
+                let logprobs = (!logprobs.is_empty()).then(|| ChatLogprobs::new(logprobs));
+                let delta = Delta {
+                    role: None,
+                    content: Some(text),
+                };
+                self.chat_chunk(delta, logprobs, reason)
+            }
+            Route::Completion => {
+                let logprobs = (self.meta.logprobs)
+                    .then(|| CompletionLogprobs::new(logprobs, &mut self.offset));
+                json_event(&TextCompletion::one(
+                    &self.meta, text, logprobs, reason, None,
+                ))
+            }
+        }
+    }
+
+    fn chat_chunk(
+        &self,
+        delta: Delta,
+        logprobs: Option<ChatLogprobs>,
+        finish_reason: Option<&'static str>,
+    ) -> Event {
+        let choice = ChatChunkChoice {
+            index: 0,
+            delta,
+            logprobs,
+            finish_reason,
+        };
+        json_event(&self.chunk_envelope(vec![choice], None))
+    }
+
+    fn usage_chunk(&self, usage: Usage) -> Event {
+        let usage = Some(UsageOut::from(usage));
+        match self.meta.route {
+            Route::Chat => json_event(&self.chunk_envelope(Vec::new(), usage)),
+            Route::Completion => json_event(&TextCompletion::usage_only(&self.meta, usage)),
+        }
+    }
+
+    fn chunk_envelope(&self, choices: Vec<ChatChunkChoice>, usage: Option<UsageOut>) -> ChatChunk {
+        ChatChunk {
+            id: self.meta.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            choices,
+            usage,
+        }
+    }
+}
+
+/// `value` as one `data:` line. Serializing these types cannot fail (string keys only);
+/// were it to, the client gets an error event rather than nothing.
+fn json_event<T: Serialize>(value: &T) -> Event {
+    match serde_json::to_string(value) {
+        Ok(json) => Event::default().data(json),
+        Err(e) => {
+            let error = ApiError::server(format!("cannot encode a chunk: {e}"));
+            Event::default().data(error.body().to_string())
+        }
+    }
+}

@@ -1,0 +1,1128 @@
+//! The HTTP layer over a scripted generator, through real TCP connections: response shapes
+//! (whole and streamed), errors as OpenAI JSON, limits, cancellation when a client goes
+//! away, and graceful shutdown.
+//!
+//! The fake generator echoes the prompt's words back as tokens, a few milliseconds apart.
+//! Words steer it: `forever` generates until cancelled or shut down, `fail` fails after one
+//! token, `<hidden>` is a token with no text (held back, as a partial stop string would be).
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use rgml_llm::chat::Message;
+use rgml_serve::generator::{FinishReason, Logprobs, TokenLogprob, TokenOut, Usage};
+use rgml_serve::http::{router, serve, HttpOptions};
+use rgml_serve::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const MODEL: &str = "fake-model";
+const TOKEN_DELAY: Duration = Duration::from_millis(5);
+
+/// What the fake's generation tasks share with the test.
+#[derive(Default)]
+struct Shared {
+    /// Requests that saw their cancellation flag.
+    cancelled: AtomicUsize,
+    shutting_down: AtomicBool,
+}
+
+/// A scripted [`Generator`].
+#[derive(Default)]
+struct Fake {
+    shared: Arc<Shared>,
+    /// Every request submitted, as the HTTP layer built it.
+    submitted: Mutex<Vec<GenRequest>>,
+    /// Refuse every request with this.
+    refuse: Mutex<Option<SubmitError>>,
+}
+
+impl Fake {
+    fn cancelled(&self) -> usize {
+        self.shared.cancelled.load(Ordering::SeqCst)
+    }
+
+    fn last_request(&self) -> GenRequest {
+        let submitted = self.submitted.lock().unwrap();
+        submitted.last().cloned().expect("a request was submitted")
+    }
+}
+
+/// The stats `/metrics` must show.
+const STATS: Stats = Stats {
+    n_slots: 4,
+    slots_busy: 3,
+    queue_len: 2,
+    requests_total: 17,
+    requests_finished: 11,
+    requests_cancelled: 5,
+    prompt_tokens_total: 1234,
+    generated_tokens_total: 5678,
+    prompt_seconds_total: 1.5,
+    generation_seconds_total: 2.25,
+    generated_tokens_per_second: 42.5,
+};
+
+impl Generator for Fake {
+    fn model_id(&self) -> &str {
+        MODEL
+    }
+
+    fn n_ctx(&self) -> usize {
+        4096
+    }
+
+    fn submit(&self, request: GenRequest) -> Result<Submission, SubmitError> {
+        if let Some(error) = self.refuse.lock().unwrap().clone() {
+            return Err(error);
+        }
+        if self.shared.shutting_down.load(Ordering::SeqCst) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        self.submitted.lock().unwrap().push(request.clone());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let words = prompt_words(&request.prompt);
+        let prompt_tokens = words.len();
+        let run = Run {
+            words,
+            request,
+            tx,
+            cancelled: cancelled.clone(),
+            shared: self.shared.clone(),
+        };
+        tokio::spawn(run.generate());
+        Ok(Submission::new(
+            rx,
+            prompt_tokens,
+            cancelled,
+            Box::new(|| {}),
+        ))
+    }
+
+    fn stats(&self) -> Stats {
+        STATS
+    }
+
+    fn shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The words the fake answers with: the last message's (chat), the text's, or `t<id>` per
+/// token id.
+fn prompt_words(prompt: &Prompt) -> Vec<String> {
+    let text = match prompt {
+        Prompt::Text(text) => text.clone(),
+        Prompt::Chat(messages) => messages
+            .last()
+            .map(|m| m.content.clone())
+            .unwrap_or_default(),
+        Prompt::Tokens(ids) => ids.iter().map(|id| format!("t{id} ")).collect(),
+    };
+    text.split_whitespace().map(str::to_owned).collect()
+}
+
+/// One generation of the fake.
+struct Run {
+    words: Vec<String>,
+    request: GenRequest,
+    tx: UnboundedSender<GenEvent>,
+    cancelled: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+}
+
+impl Run {
+    async fn generate(self) {
+        let endless = self.words.first().is_some_and(|w| w == "forever");
+        let mut n = 0;
+        loop {
+            tokio::time::sleep(TOKEN_DELAY).await;
+            if self.cancelled.load(Ordering::SeqCst) {
+                self.shared.cancelled.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            if self.shared.shutting_down.load(Ordering::SeqCst) {
+                return self.done(FinishReason::Shutdown, n);
+            }
+            if self.request.max_tokens == Some(n) {
+                return self.done(FinishReason::Length, n);
+            }
+            let word = match self.words.get(n) {
+                _ if endless => "tick".to_owned(),
+                Some(word) if self.request.stop.contains(word) => {
+                    return self.done(FinishReason::Stop, n)
+                }
+                Some(word) => word.clone(),
+                None => return self.done(FinishReason::Stop, n),
+            };
+            if n == 1 && self.words[0] == "fail" {
+                let _ = self.tx.send(GenEvent::Failed("boom".to_owned()));
+                return;
+            }
+            let _ = self.tx.send(GenEvent::Token(self.token(n, &word)));
+            n += 1;
+        }
+    }
+
+    fn token(&self, n: usize, word: &str) -> TokenOut {
+        let text = match (n, word) {
+            (_, "<hidden>") => String::new(),
+            (0, word) => word.to_owned(),
+            (_, word) => format!(" {word}"),
+        };
+        let logprobs = self.request.n_probs.map(|k| Logprobs {
+            chosen: logprob(n as u32, &text, -0.5),
+            top: (0..k)
+                .map(|i| logprob(1000 + i as u32, &format!("alt{i}"), -1.0 - i as f32))
+                .collect(),
+        });
+        TokenOut {
+            id: n as u32,
+            text,
+            logprobs,
+        }
+    }
+
+    fn done(&self, reason: FinishReason, completion_tokens: usize) {
+        let usage = Usage {
+            prompt_tokens: self.words.len(),
+            cached_tokens: 1,
+            completion_tokens,
+        };
+        let _ = self.tx.send(GenEvent::Done {
+            text: String::new(),
+            reason,
+            usage,
+        });
+    }
+}
+
+fn logprob(id: u32, text: &str, logprob: f32) -> TokenLogprob {
+    TokenLogprob {
+        id,
+        text: text.to_owned(),
+        bytes: text.as_bytes().to_vec(),
+        logprob,
+    }
+}
+
+/// A server on a free port.
+struct Server {
+    addr: SocketAddr,
+    fake: Arc<Fake>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+async fn start(options: HttpOptions) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = Arc::new(Fake::default());
+    let (shutdown, signal) = oneshot::channel::<()>();
+    let generator: Arc<dyn Generator> = fake.clone();
+    let signal = async move {
+        let _ = signal.await;
+    };
+    let task = tokio::spawn(serve(listener, generator, options, signal));
+    Server {
+        addr,
+        fake,
+        shutdown: Some(shutdown),
+        task,
+    }
+}
+
+async fn start_default() -> Server {
+    start(HttpOptions::default()).await
+}
+
+/// A client connection and the task driving it (abort it to drop the connection).
+struct Client {
+    sender: SendRequest<Full<Bytes>>,
+    conn: JoinHandle<()>,
+}
+
+async fn connect(addr: SocketAddr) -> Client {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Client { sender, conn }
+}
+
+fn build(
+    method: &str,
+    path: &str,
+    body: &[u8],
+    content_type: Option<&str>,
+) -> hyper::Request<Full<Bytes>> {
+    let mut builder = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost");
+    if let Some(content_type) = content_type {
+        builder = builder.header("content-type", content_type);
+    }
+    builder
+        .body(Full::new(Bytes::copy_from_slice(body)))
+        .unwrap()
+}
+
+/// A whole response.
+struct Reply {
+    status: u16,
+    headers: hyper::HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+async fn request_on(client: &mut Client, req: hyper::Request<Full<Bytes>>) -> Reply {
+    let response = client.sender.send_request(req).await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    content_type: Option<&str>,
+) -> Reply {
+    let mut client = connect(addr).await;
+    request_on(&mut client, build(method, path, body, content_type)).await
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Reply {
+    request(addr, "GET", path, b"", None).await
+}
+
+async fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
+    let body = serde_json::to_vec(body).unwrap();
+    request(addr, "POST", path, &body, Some("application/json")).await
+}
+
+/// A streamed response, read event by event.
+struct Events {
+    status: u16,
+    headers: hyper::HeaderMap,
+    body: Incoming,
+    buffer: String,
+    client: Client,
+}
+
+async fn open_stream(addr: SocketAddr, path: &str, body: &Value) -> Events {
+    let mut client = connect(addr).await;
+    let body = serde_json::to_vec(body).unwrap();
+    let req = build("POST", path, &body, Some("application/json"));
+    let response = client.sender.send_request(req).await.unwrap();
+    Events {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.into_body(),
+        buffer: String::new(),
+        client,
+    }
+}
+
+impl Events {
+    /// The next event's `data` (`None` at the end of the body).
+    async fn next(&mut self) -> Option<String> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let event: String = self.buffer.drain(..end + 2).collect();
+                let data: Vec<&str> = event
+                    .lines()
+                    .filter_map(|line| line.strip_prefix("data:"))
+                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                    .collect();
+                assert!(!data.is_empty(), "an event without data: {event:?}");
+                return Some(data.join("\n"));
+            }
+            let frame = self.body.frame().await?.unwrap();
+            if let Ok(data) = frame.into_data() {
+                self.buffer.push_str(std::str::from_utf8(&data).unwrap());
+            }
+        }
+    }
+
+    /// Every remaining event; the last must be `[DONE]` and the body must end after it.
+    async fn rest(&mut self) -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Some(data) = self.next().await {
+            if data == "[DONE]" {
+                assert!(self.next().await.is_none(), "events after [DONE]");
+                assert!(self.buffer.trim().is_empty());
+                return out;
+            }
+            out.push(serde_json::from_str(&data).unwrap());
+        }
+        panic!("the stream ended without [DONE] after {out:?}");
+    }
+}
+
+fn chat(content: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": content}]})
+}
+
+fn with(mut body: Value, extra: Value) -> Value {
+    let (Value::Object(body_map), Value::Object(extra)) = (&mut body, extra) else {
+        panic!("objects expected");
+    };
+    body_map.extend(extra);
+    body
+}
+
+/// Asserts an OpenAI error body with `status`, `type` and `param`.
+fn assert_error(reply: &Reply, status: u16, kind: &str, param: Option<&str>) -> Value {
+    assert_eq!(reply.status, status, "{}", reply.body);
+    assert!(reply.header("content-type").starts_with("application/json"));
+    let body = reply.json();
+    let error = &body["error"];
+    assert_eq!(error["type"], kind, "{body}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert_eq!(error["param"].as_str(), param, "{body}");
+    assert!(error.get("code").is_some(), "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_completion_whole() {
+    let server = start_default().await;
+    let body = with(
+        chat("the cat sat"),
+        json!({"model": MODEL, "temperature": 0.0}),
+    );
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body = reply.json();
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], MODEL);
+    assert!(body["created"].as_u64().unwrap() > 1_600_000_000);
+    let choice = &body["choices"][0];
+    assert_eq!(body["choices"].as_array().unwrap().len(), 1);
+    assert_eq!(choice["index"], 0);
+    assert_eq!(
+        choice["message"],
+        json!({"role": "assistant", "content": "the cat sat"})
+    );
+    assert_eq!(choice["finish_reason"], "stop");
+    assert!(choice["logprobs"].is_null());
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+               "prompt_tokens_details": {"cached_tokens": 1}})
+    );
+    let request = server.fake.last_request();
+    assert_eq!(request.sampling.temp, 0.0);
+    assert!(
+        matches!(&request.prompt, Prompt::Chat(m) if m == &[Message::new("user", "the cat sat")])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_request_fields_reach_the_generator() {
+    let server = start_default().await;
+    let body = json!({
+        "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "user", "content": "hi"},
+        ],
+        "max_completion_tokens": 7, "top_p": 0.5, "top_k": 3, "min_p": 0.1, "seed": 99,
+        "stop": ["x", "", "y"], "repeat_penalty": 1.1, "frequency_penalty": 0, "presence_penalty": 0.0,
+        "n": 1, "logprobs": true, "top_logprobs": 2,
+    });
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let request = server.fake.last_request();
+    let Prompt::Chat(messages) = &request.prompt else {
+        panic!("a chat prompt expected")
+    };
+    let expected = [
+        Message::new("system", "be brief"),
+        Message::new("assistant", "ab"),
+        Message::new("user", "hi"),
+    ];
+    assert_eq!(messages, &expected);
+    assert_eq!(request.max_tokens, Some(7));
+    assert_eq!(
+        (
+            request.sampling.top_p,
+            request.sampling.top_k,
+            request.sampling.min_p
+        ),
+        (0.5, 3, 0.1)
+    );
+    assert_eq!(
+        (request.sampling.seed, request.sampling.repeat_penalty),
+        (99, 1.1)
+    );
+    // Absent: llama.cpp's default.
+    assert_eq!(request.sampling.temp, 0.8);
+    assert_eq!(request.stop, ["x", "y"]);
+    assert_eq!(request.n_probs, Some(2));
+
+    // Defaults: sampler defaults, a random seed, the server's max_tokens default.
+    let server = start(HttpOptions {
+        max_tokens_default: Some(5),
+        ..HttpOptions::default()
+    })
+    .await;
+    post(server.addr, "/v1/chat/completions", &chat("a")).await;
+    let first = server.fake.last_request();
+    post(server.addr, "/v1/chat/completions", &chat("a")).await;
+    let second = server.fake.last_request();
+    assert_eq!(first.max_tokens, Some(5));
+    assert_eq!(
+        (
+            first.sampling.top_k,
+            first.sampling.top_p,
+            first.sampling.min_p
+        ),
+        (40, 0.95, 0.05)
+    );
+    assert_ne!(first.sampling.seed, second.sampling.seed);
+    assert_eq!(first.n_probs, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_logprobs_and_length() {
+    let server = start_default().await;
+    let body = with(
+        chat("one two three four"),
+        json!({"max_tokens": 2, "logprobs": true, "top_logprobs": 2}),
+    );
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body = reply.json();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["message"]["content"], "one two");
+    assert_eq!(choice["finish_reason"], "length");
+    let content = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 2);
+    assert_eq!(content[1]["token"], " two");
+    assert_eq!(content[1]["logprob"], -0.5);
+    assert_eq!(content[1]["bytes"], json!(b" two".to_vec()));
+    assert_eq!(
+        content[1]["top_logprobs"],
+        json!([{"token": "alt0", "logprob": -1.0, "bytes": b"alt0".to_vec()},
+               {"token": "alt1", "logprob": -2.0, "bytes": b"alt1".to_vec()}])
+    );
+    // logprobs without alternatives.
+    let body = with(chat("one"), json!({"logprobs": true}));
+    let body = post(server.addr, "/v1/chat/completions", &body)
+        .await
+        .json();
+    assert_eq!(
+        body["choices"][0]["logprobs"]["content"][0]["top_logprobs"],
+        json!([])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_stream() {
+    let server = start_default().await;
+    let body = with(
+        chat("a <hidden> b"),
+        json!({"stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(events.status, 200);
+    assert!(events.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let chunks = events.rest().await;
+    let id = chunks[0]["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("chatcmpl-"));
+    for chunk in &chunks {
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        assert_eq!(chunk["id"], id.as_str());
+        assert_eq!(chunk["model"], MODEL);
+    }
+    // Role first, one chunk per visible token (the hidden one skipped), the finish, usage.
+    let choices: Vec<&Value> = chunks.iter().map(|c| &c["choices"]).collect();
+    assert_eq!(choices.len(), 5, "{chunks:?}");
+    assert_eq!(
+        choices[0][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    assert_eq!(choices[1][0]["delta"], json!({"content": "a"}));
+    assert_eq!(choices[2][0]["delta"], json!({"content": " b"}));
+    for choice in &choices[..3] {
+        assert!(choice[0]["finish_reason"].is_null());
+        assert!(choice[0]["logprobs"].is_null());
+    }
+    assert_eq!(choices[3][0]["delta"], json!({}));
+    assert_eq!(choices[3][0]["finish_reason"], "stop");
+    assert_eq!(choices[4], &json!([]));
+    assert_eq!(chunks[4]["usage"]["completion_tokens"], 3);
+    assert_eq!(chunks[4]["usage"]["total_tokens"], 6);
+    assert!(chunks[3].get("usage").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_stream_without_usage_with_logprobs() {
+    let server = start_default().await;
+    let body = with(
+        chat("a <hidden> b"),
+        json!({"stream": true, "logprobs": true, "max_tokens": 2}),
+    );
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    let chunks = events.rest().await;
+    // The hidden token carries log-probabilities, so it has a chunk of its own.
+    assert_eq!(chunks.len(), 4, "{chunks:?}");
+    assert_eq!(chunks[2]["choices"][0]["delta"], json!({"content": ""}));
+    assert_eq!(
+        chunks[2]["choices"][0]["logprobs"]["content"][0]["logprob"],
+        -0.5
+    );
+    assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_whole_and_prompts() {
+    let server = start_default().await;
+    let body = json!({"prompt": "x y z", "max_tokens": 2, "logprobs": 1, "stop": "q"});
+    let reply = post(server.addr, "/v1/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body = reply.json();
+    assert!(body["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["model"], MODEL);
+    let choice = &body["choices"][0];
+    assert_eq!(choice["text"], "x y");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(
+        choice["logprobs"],
+        json!({"tokens": ["x", " y"], "token_logprobs": [-0.5, -0.5],
+               "top_logprobs": [{"alt0": -1.0}, {"alt0": -1.0}], "text_offset": [0, 1]})
+    );
+    assert_eq!(body["usage"]["prompt_tokens"], 3);
+    assert_eq!(server.fake.last_request().stop, ["q"]);
+
+    // A stop word: finish reason stop.
+    let body = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": "x q z", "stop": ["q"]}),
+    )
+    .await
+    .json();
+    assert_eq!(body["choices"][0]["text"], "x");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert!(body["choices"][0]["logprobs"].is_null());
+
+    // Token ids, and a list of one string.
+    let body = post(server.addr, "/v1/completions", &json!({"prompt": [5, 6]}))
+        .await
+        .json();
+    assert_eq!(body["choices"][0]["text"], "t5 t6");
+    assert!(matches!(server.fake.last_request().prompt, Prompt::Tokens(ref t) if t == &[5, 6]));
+    let body = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": ["only one"]}),
+    )
+    .await
+    .json();
+    assert_eq!(body["choices"][0]["text"], "only one");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_stream() {
+    let server = start_default().await;
+    let body = json!({"prompt": "p q", "stream": true, "logprobs": 0, "stream_options": {"include_usage": true}});
+    let mut events = open_stream(server.addr, "/v1/completions", &body).await;
+    let chunks = events.rest().await;
+    assert_eq!(chunks.len(), 4, "{chunks:?}");
+    for chunk in &chunks {
+        assert_eq!(chunk["object"], "text_completion");
+        assert!(chunk["id"].as_str().unwrap().starts_with("cmpl-"));
+    }
+    assert_eq!(chunks[0]["choices"][0]["text"], "p");
+    assert_eq!(chunks[1]["choices"][0]["text"], " q");
+    assert_eq!(
+        chunks[1]["choices"][0]["logprobs"]["text_offset"],
+        json!([1])
+    );
+    assert!(chunks[1]["choices"][0]["finish_reason"].is_null());
+    assert_eq!(chunks[2]["choices"][0]["text"], "");
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(chunks[3]["choices"], json!([]));
+    assert_eq!(chunks[3]["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generation_failures() {
+    let server = start_default().await;
+    let reply = post(server.addr, "/v1/chat/completions", &chat("fail now")).await;
+    assert_error(&reply, 500, "server_error", None);
+    assert_eq!(reply.json()["error"]["message"], "boom");
+
+    let body = with(chat("fail now"), json!({"stream": true}));
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    let chunks = events.rest().await;
+    let last = chunks.last().unwrap();
+    assert_eq!(last["error"]["message"], "boom");
+    assert_eq!(last["error"]["type"], "server_error");
+    assert_eq!(chunks[1]["choices"][0]["delta"]["content"], "fail");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_errors() {
+    let server = start_default().await;
+    let addr = server.addr;
+    let chat_path = "/v1/chat/completions";
+    let reply = request(
+        addr,
+        "POST",
+        chat_path,
+        b"{\"messages\": [",
+        Some("application/json"),
+    )
+    .await;
+    assert_error(&reply, 400, "invalid_request_error", None);
+    // No Content-Type, or another one: the body is still read as JSON.
+    let body = serde_json::to_vec(&chat("hello")).unwrap();
+    assert_eq!(
+        request(addr, "POST", chat_path, &body, None).await.status,
+        200
+    );
+    assert_eq!(
+        request(addr, "POST", chat_path, &body, Some("text/plain"))
+            .await
+            .status,
+        200
+    );
+
+    let cases: [(Value, &str, Option<&str>); 18] = [
+        (json!({}), chat_path, Some("messages")),
+        (json!([1]), chat_path, None),
+        (
+            with(chat("a"), json!({"temperature": "hot"})),
+            chat_path,
+            Some("temperature"),
+        ),
+        (
+            with(chat("a"), json!({"temperature": -1})),
+            chat_path,
+            Some("temperature"),
+        ),
+        (
+            with(chat("a"), json!({"top_p": 0})),
+            chat_path,
+            Some("top_p"),
+        ),
+        (
+            with(chat("a"), json!({"min_p": 2})),
+            chat_path,
+            Some("min_p"),
+        ),
+        (
+            with(chat("a"), json!({"max_tokens": 0})),
+            chat_path,
+            Some("max_tokens"),
+        ),
+        (
+            with(chat("a"), json!({"max_tokens": -3})),
+            chat_path,
+            Some("max_tokens"),
+        ),
+        (with(chat("a"), json!({"n": 2})), chat_path, Some("n")),
+        (
+            with(chat("a"), json!({"frequency_penalty": 0.5})),
+            chat_path,
+            Some("frequency_penalty"),
+        ),
+        (
+            with(chat("a"), json!({"top_logprobs": 3})),
+            chat_path,
+            Some("top_logprobs"),
+        ),
+        (
+            with(chat("a"), json!({"logprobs": true, "top_logprobs": 21})),
+            chat_path,
+            Some("top_logprobs"),
+        ),
+        (
+            with(chat("a"), json!({"stop": vec!["s"; 17]})),
+            chat_path,
+            Some("stop"),
+        ),
+        (json!({"messages": []}), chat_path, Some("messages")),
+        (
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            chat_path,
+            Some("messages[0].role"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            chat_path,
+            Some("messages[0].content"),
+        ),
+        (
+            json!({"prompt": ["a", "b"]}),
+            "/v1/completions",
+            Some("prompt"),
+        ),
+        (
+            json!({"prompt": "a", "echo": true}),
+            "/v1/completions",
+            Some("echo"),
+        ),
+    ];
+    for (body, path, param) in cases {
+        let reply = post(addr, path, &body).await;
+        assert_error(&reply, 400, "invalid_request_error", param);
+    }
+    for (body, param) in [
+        (json!({"prompt": "a", "logprobs": 21}), Some("logprobs")),
+        (json!({"prompt": []}), Some("prompt")),
+        (json!({"prompt": 3}), Some("prompt")),
+        (json!({}), Some("prompt")),
+    ] {
+        let reply = post(addr, "/v1/completions", &body).await;
+        assert_error(&reply, 400, "invalid_request_error", param);
+    }
+    // Nothing invalid reached the generator.
+    assert_eq!(server.fake.submitted.lock().unwrap().len(), 2);
+
+    let reply = post(addr, chat_path, &with(chat("a"), json!({"model": "gpt-4"}))).await;
+    let body = assert_error(&reply, 404, "invalid_request_error", Some("model"));
+    assert_eq!(body["error"]["code"], "model_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_limit_routes_and_methods() {
+    let server = start(HttpOptions {
+        max_body_bytes: 1024,
+        ..HttpOptions::default()
+    })
+    .await;
+    let addr = server.addr;
+    let big = chat(&"word ".repeat(400));
+    let reply = post(addr, "/v1/chat/completions", &big).await;
+    assert_error(&reply, 413, "invalid_request_error", None);
+    let reply = get(addr, "/v2/nothing").await;
+    assert_error(&reply, 404, "invalid_request_error", None);
+    let reply = get(addr, "/v1/chat/completions").await;
+    assert_error(&reply, 405, "invalid_request_error", None);
+    let reply = request(addr, "POST", "/health", b"", None).await;
+    assert_error(&reply, 405, "invalid_request_error", None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_errors_map_to_statuses() {
+    let server = start_default().await;
+    let cases = [
+        (
+            SubmitError::EmptyPrompt,
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        ),
+        (
+            SubmitError::PromptTooLong {
+                n_prompt: 9,
+                n_ctx: 4,
+            },
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        ),
+        (
+            SubmitError::MaxTokensTooLarge {
+                max_tokens: 9,
+                n_ctx: 4,
+            },
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        ),
+        (
+            SubmitError::InvalidToken { id: 9, n_vocab: 4 },
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            SubmitError::InvalidSampling {
+                name: "temp",
+                value: "9".into(),
+                range: "small",
+            },
+            400,
+            "invalid_request_error",
+            Some("temperature"),
+        ),
+        (SubmitError::QueueFull(8), 429, "rate_limit_error", None),
+        (SubmitError::ShuttingDown, 503, "server_error", None),
+    ];
+    for (error, status, kind, param) in cases {
+        *server.fake.refuse.lock().unwrap() = Some(error.clone());
+        let reply = post(server.addr, "/v1/chat/completions", &chat("a")).await;
+        let body = assert_error(&reply, status, kind, param);
+        assert_eq!(body["error"]["message"], error.to_string());
+        // Streamed requests are refused the same way, before any event.
+        let reply = post(
+            server.addr,
+            "/v1/chat/completions",
+            &with(chat("a"), json!({"stream": true})),
+        )
+        .await;
+        assert_error(&reply, status, kind, param);
+    }
+    *server.fake.refuse.lock().unwrap() = Some(SubmitError::EmptyPrompt);
+    let reply = post(server.addr, "/v1/completions", &json!({"prompt": ""})).await;
+    assert_error(&reply, 400, "invalid_request_error", Some("prompt"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_health_metrics_page_cors() {
+    let server = start_default().await;
+    let addr = server.addr;
+    let body = get(addr, "/v1/models").await.json();
+    assert_eq!(body["object"], "list");
+    let data = body["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1);
+    assert_eq!(data[0]["id"], MODEL);
+    assert_eq!(data[0]["object"], "model");
+    assert_eq!(data[0]["owned_by"], "rgml");
+    assert!(data[0]["created"].is_u64());
+    assert_eq!(
+        get(addr, &format!("/v1/models/{MODEL}")).await.json(),
+        data[0]
+    );
+    let reply = get(addr, "/v1/models/other").await;
+    assert_error(&reply, 404, "invalid_request_error", Some("model"));
+
+    let reply = get(addr, "/health").await;
+    assert_eq!((reply.status, reply.json()), (200, json!({"status": "ok"})));
+
+    let reply = get(addr, "/metrics").await;
+    assert_eq!(reply.status, 200);
+    assert!(reply
+        .header("content-type")
+        .starts_with("text/plain; version=0.0.4"));
+    for (name, kind, value) in [
+        ("rgml_requests_total", "counter", "17"),
+        ("rgml_requests_finished_total", "counter", "11"),
+        ("rgml_requests_cancelled_total", "counter", "5"),
+        ("rgml_prompt_tokens_total", "counter", "1234"),
+        ("rgml_generated_tokens_total", "counter", "5678"),
+        ("rgml_prompt_seconds_total", "counter", "1.5"),
+        ("rgml_generation_seconds_total", "counter", "2.25"),
+        ("rgml_slots", "gauge", "4"),
+        ("rgml_slots_busy", "gauge", "3"),
+        ("rgml_queue_length", "gauge", "2"),
+        ("rgml_generated_tokens_per_second", "gauge", "42.5"),
+    ] {
+        assert!(reply.body.contains(&format!("# HELP {name} ")), "{name}");
+        assert!(
+            reply.body.contains(&format!("# TYPE {name} {kind}\n")),
+            "{name}"
+        );
+        assert!(
+            reply.body.contains(&format!("\n{name} {value}\n")),
+            "{name}: {}",
+            reply.body
+        );
+    }
+
+    // At least this request's own connection (earlier ones may not be closed yet).
+    let name = "rgml_http_connections";
+    assert!(reply.body.contains(&format!("# TYPE {name} gauge\n")));
+    let open: usize = reply
+        .body
+        .lines()
+        .find_map(|line| line.strip_prefix("rgml_http_connections "))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(open >= 1);
+
+    let reply = get(addr, "/").await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), "text/html; charset=utf-8");
+    for needle in [
+        "id=\"input\"",
+        "id=\"send\"",
+        "id=\"messages\"",
+        "data-done",
+        "getReader",
+    ] {
+        assert!(reply.body.contains(needle), "{needle}");
+    }
+
+    // CORS: every answer allows any origin; a preflight is answered.
+    assert_eq!(reply.header("access-control-allow-origin"), "*");
+    let mut client = connect(addr).await;
+    let preflight = hyper::Request::builder()
+        .method("OPTIONS")
+        .uri("/v1/chat/completions")
+        .header("host", "localhost")
+        .header("origin", "http://elsewhere.example")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "content-type, authorization",
+        )
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = request_on(&mut client, preflight).await;
+    assert_eq!(reply.status, 204);
+    assert_eq!(reply.header("access-control-allow-origin"), "*");
+    assert!(reply
+        .header("access-control-allow-methods")
+        .contains("POST"));
+    assert_eq!(
+        reply.header("access-control-allow-headers"),
+        "content-type, authorization"
+    );
+    let reply = post(addr, "/v1/chat/completions", &chat("a")).await;
+    assert_eq!(reply.header("access-control-allow-origin"), "*");
+}
+
+/// `router` alone serves the same routes (without the connection gauge).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_without_serve() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake: Arc<dyn Generator> = Arc::new(Fake::default());
+    let app = router(fake, &HttpOptions::default());
+    tokio::spawn(async move { axum_serve(listener, app).await });
+    let body = post(addr, "/v1/chat/completions", &chat("hi there"))
+        .await
+        .json();
+    assert_eq!(body["choices"][0]["message"]["content"], "hi there");
+    let metrics = get(addr, "/metrics").await.body;
+    assert!(metrics.contains("rgml_slots 4\n"));
+    assert!(!metrics.contains("rgml_http_connections"));
+}
+
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    let _ = axum::serve(listener, app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_cancels_its_request() {
+    let server = start_default().await;
+    let body = with(chat("forever"), json!({"stream": true}));
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    for _ in 0..3 {
+        events.next().await.unwrap();
+    }
+    assert_eq!(server.fake.cancelled(), 0);
+    events.client.conn.abort();
+    drop(events);
+    let start = Instant::now();
+    while server.fake.cancelled() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "not cancelled within a second"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // A whole (unstreamed) request is cancelled too when its client goes away.
+    let mut client = connect(server.addr).await;
+    let body = serde_json::to_vec(&chat("forever")).unwrap();
+    let pending = client.sender.send_request(build(
+        "POST",
+        "/v1/chat/completions",
+        &body,
+        Some("application/json"),
+    ));
+    let _ = tokio::time::timeout(Duration::from_millis(50), pending).await;
+    client.conn.abort();
+    let start = Instant::now();
+    while server.fake.cancelled() == 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "not cancelled within a second"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_limit_wait() {
+    let server = start(HttpOptions {
+        max_connections: 1,
+        ..HttpOptions::default()
+    })
+    .await;
+    let mut first = connect(server.addr).await;
+    let reply = request_on(&mut first, build("GET", "/health", b"", None)).await;
+    assert_eq!(reply.status, 200);
+    // The second connection is not answered while the first stays open...
+    let mut second = connect(server.addr).await;
+    let waiting =
+        tokio::spawn(
+            async move { request_on(&mut second, build("GET", "/health", b"", None)).await },
+        );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished());
+    // ...and is once it closes.
+    first.conn.abort();
+    drop(first);
+    let reply = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_ends_streams() {
+    let mut server = start_default().await;
+    let body = with(chat("forever"), json!({"stream": true}));
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    for _ in 0..3 {
+        events.next().await.unwrap();
+    }
+    server.shutdown.take().unwrap().send(()).unwrap();
+    let chunks = events.rest().await;
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{chunks:?}");
+    assert_eq!(last["choices"][0]["delta"], json!({}));
+    let served = tokio::time::timeout(Duration::from_secs(5), server.task).await;
+    served.unwrap().unwrap().unwrap();
+    assert!(server.fake.shared.shutting_down.load(Ordering::SeqCst));
+    assert!(TcpStream::connect(server.addr).await.is_err());
+}
