@@ -10,7 +10,8 @@
 #   --isa avx512   AVX-512 F/BW/DQ/VL/VNNI/BF16 (needs such a CPU to run)
 #   --rpc          with ggml's RPC backend (-DGGML_RPC=ON, its own build directory): the
 #                  targets ggml-rpc-server and the tools' --rpc flag
-#   TARGET         CMake targets (default: llama-bench llama-quantize llama-perplexity llama)
+#   TARGET         CMake targets (default: llama-bench llama-quantize llama-perplexity llama);
+#                  llama-server turns LLAMA_BUILD_SERVER on in the build directory
 # The cache is $RGML_LLAMACPP_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/rgml/llamacpp); a build
 # takes about 10 minutes on 2 cores. The Python bindings of the same package work with these
 # libraries: PYTHONPATH=<cache>/llama-cpp-python-<version> LLAMA_CPP_LIB_PATH=<printed dir>.
@@ -76,12 +77,17 @@ for t in "${targets[@]}"; do
         *) [ -x "$build/bin/$t" ] || missing+=("$t") ;;
     esac
 done
+server=OFF
+for t in "${targets[@]}"; do [ "$t" != llama-server ] || server=ON; done
 if [ ${#missing[@]} -gt 0 ]; then
-    if [ ! -f "$build/CMakeCache.txt" ]; then
+    # The server is off unless asked for (it is a long build); asking turns it on in an existing
+    # build directory too, whose other targets stay built.
+    if [ ! -f "$build/CMakeCache.txt" ] ||
+        { [ $server = ON ] && grep -q '^LLAMA_BUILD_SERVER:BOOL=OFF' "$build/CMakeCache.txt"; }; then
         cmake -S "$src/vendor/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" \
             -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
             -DGGML_RPC=$rpc -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
-            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=$server \
             -DBUILD_SHARED_LIBS=ON >"$build.configure.log" 2>&1 ||
             { tail -n 30 "$build.configure.log" >&2; exit 1; }
     fi

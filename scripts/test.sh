@@ -29,9 +29,9 @@ rpc_bin=$(bash scripts/llamacpp.sh --rpc ggml-rpc-server llama-perplexity llama-
 export RGML_GGML_RPC_SERVER="$rpc_bin/ggml-rpc-server" RGML_REQUIRE_RPC_SERVER=1
 # The clients of the `rgml serve` tests: the PyPI `openai` package and Selenium (in a venv kept
 # in the cache), and Debian's Chromium with its driver for the chat page. Required in CI.
-if command -v dpkg >/dev/null 2>&1 && ! dpkg -s chromium chromium-driver >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+if command -v dpkg >/dev/null 2>&1 && ! dpkg -s chromium chromium-driver python3-venv >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver python3-venv
 fi
 serve_venv="$HOME/.cache/rgml/venv-serve"
 serve_pkgs="openai==3.57.0 selenium==4.51.0"

@@ -7,7 +7,7 @@
 use crate::error::CliError;
 use crate::model_cmds::ModelArgs;
 use clap::Args;
-use rgml_serve::engine::{Engine, EngineOptions};
+use rgml_serve::engine::{Engine, EngineOptions, PrefixReuse};
 use rgml_serve::http::HttpOptions;
 use rgml_serve::Generator;
 use std::sync::Arc;
@@ -36,6 +36,11 @@ pub struct ServeArgs {
     /// Open connections at most; more wait to be accepted.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// What a new request may keep of a slot's cache: `exact` (whole `--ubatch` pieces of an
+    /// earlier prompt: outputs bit for bit those of a fresh request, as `rgml run`'s) or `any`
+    /// (the whole common prefix, e.g. a chat's history: faster, last bits may differ).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "any"])]
+    prefix_reuse: String,
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     max_body_kib: u32,
@@ -69,6 +74,10 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
             model_id: model_id.clone(),
             max_queue: args.max_queue,
             max_batch: args.model.ubatch,
+            prefix_reuse: match args.prefix_reuse.as_str() {
+                "any" => PrefixReuse::Any,
+                _ => PrefixReuse::Exact,
+            },
         },
     )
     .map_err(|e| CliError::Message(format!("starting the engine: {e}")))?;

@@ -25,7 +25,10 @@ fn python() -> Option<PathBuf> {
         .filter(|p| p.exists());
     if path.is_none() {
         let required = std::env::var("RGML_REQUIRE_SERVE_CLIENTS").is_ok_and(|v| v == "1");
-        assert!(!required, "RGML_REQUIRE_SERVE_CLIENTS=1 but no RGML_SERVE_PYTHON");
+        assert!(
+            !required,
+            "RGML_REQUIRE_SERVE_CLIENTS=1 but no RGML_SERVE_PYTHON"
+        );
         eprintln!("no RGML_SERVE_PYTHON (a venv with openai and selenium): skipping");
     }
     path
@@ -85,9 +88,16 @@ impl Drop for Server {
 /// message).
 fn run_greedy(prompt: &str, chat: bool, n: usize) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rgml"));
-    cmd.args(["run", "-m"])
-        .arg(demo_model())
-        .args(["--temp", "0", "-t", "2", "-n", &n.to_string(), "-p", prompt]);
+    cmd.args(["run", "-m"]).arg(demo_model()).args([
+        "--temp",
+        "0",
+        "-t",
+        "2",
+        "-n",
+        &n.to_string(),
+        "-p",
+        prompt,
+    ]);
     if chat {
         cmd.arg("--chat");
     }
@@ -97,7 +107,10 @@ fn run_greedy(prompt: &str, chat: bool, n: usize) -> String {
     let text = text.strip_suffix('\n').unwrap_or(&text);
     match chat {
         true => text.to_string(),
-        false => text.strip_prefix(prompt).expect("run echoes the prompt").to_string(),
+        false => text
+            .strip_prefix(prompt)
+            .expect("run echoes the prompt")
+            .to_string(),
     }
 }
 
@@ -120,12 +133,13 @@ fn openai_clients_and_the_chat_page_in_chromium() {
     let expected = serde_json::json!({
         "model": common::DEMO_STEM,
         "max_tokens": MAX_TOKENS,
-        "completion": COMPLETIONS.iter().map(|p| (p.to_string(), run_greedy(p, false, MAX_TOKENS)))
+        "completion": COMPLETIONS.iter().map(|p| (p.to_string(), run_greedy(p, false, MAX_TOKENS).into()))
             .collect::<serde_json::Map<_, _>>(),
         "chat": CHATS.iter().map(|p| (p.to_string(), run_greedy(p, true, MAX_TOKENS).into()))
             .collect::<serde_json::Map<_, _>>(),
     });
-    let file = std::env::temp_dir().join(format!("rgml-serve-expected-{}.json", std::process::id()));
+    let file =
+        std::env::temp_dir().join(format!("rgml-serve-expected-{}.json", std::process::id()));
     std::fs::write(&file, expected.to_string()).expect("write the expectations");
     let mut server = Server::start(&["-np", "4", "-c", "512"]);
     let scripts = root().join("tests/serve");
@@ -136,7 +150,10 @@ fn openai_clients_and_the_chat_page_in_chromium() {
         .status()
         .expect("run the openai client");
     let _ = std::fs::remove_file(&file);
-    assert!(client.success(), "the openai client tests failed (see above)");
+    assert!(
+        client.success(),
+        "the openai client tests failed (see above)"
+    );
     let browser = Command::new(&python)
         .arg(scripts.join("browser.py"))
         .arg(&server.url)
@@ -160,7 +177,8 @@ fn open_stream(url: &str, max_tokens: usize) -> TcpStream {
         body.len()
     )
     .expect("send");
-    conn.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
     conn
 }
 
@@ -180,8 +198,10 @@ fn sigterm_ends_running_streams_cleanly() {
     conn.read_to_end(&mut seen).expect("read the rest");
     let text = String::from_utf8_lossy(&seen);
     assert!(status.success(), "rgml serve exited with {status}");
+    // The body is chunked: the last event, not the last bytes, is `[DONE]`.
+    let last_event = text.rsplit("data: ").next().unwrap_or_default();
     assert!(
-        text.contains("\"finish_reason\":\"stop\"") && text.trim_end().ends_with("data: [DONE]"),
+        text.contains("\"finish_reason\":\"stop\"") && last_event.starts_with("[DONE]"),
         "the stream did not end cleanly: ...{}",
         &text[text.len().saturating_sub(400)..]
     );

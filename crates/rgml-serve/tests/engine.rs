@@ -5,7 +5,7 @@
 
 use rgml_llm::chat::{ChatFormat, Message};
 use rgml_llm::{EncodeOptions, Model, Sampler, SamplerParams, Session, SessionOptions};
-use rgml_serve::engine::{Engine, EngineOptions};
+use rgml_serve::engine::{Engine, EngineOptions, PrefixReuse};
 use rgml_serve::generator::{FinishReason, GenEvent, Usage};
 use rgml_serve::{GenRequest, Generator, Prompt, Submission, SubmitError};
 use std::path::PathBuf;
@@ -23,10 +23,16 @@ fn model() -> Arc<Model> {
 }
 
 fn engine(model: &Arc<Model>, n_slots: usize, max_batch: usize) -> Engine {
+    engine_ub(model, n_slots, max_batch, 512)
+}
+
+/// An engine whose session evaluates prompts in pieces of `n_ubatch`.
+fn engine_ub(model: &Arc<Model>, n_slots: usize, max_batch: usize, n_ubatch: usize) -> Engine {
     let session = Session::new(
         model.clone(),
         &SessionOptions {
             n_ctx: N_CTX,
+            n_ubatch,
             n_threads: Some(2),
             n_seq: n_slots,
             ..Default::default()
@@ -56,6 +62,17 @@ fn greedy(prompt: Prompt, max_tokens: usize) -> GenRequest {
 
 /// What `rgml run --temp 0` prints for `text` (with `chat`: as the user's message).
 fn solo(model: &Arc<Model>, text: &str, chat: bool, max_tokens: usize) -> String {
+    solo_ub(model, text, chat, max_tokens, 512)
+}
+
+/// [`solo`] with prompts evaluated in pieces of `n_ubatch` (`rgml run --ubatch`).
+fn solo_ub(
+    model: &Arc<Model>,
+    text: &str,
+    chat: bool,
+    max_tokens: usize,
+    n_ubatch: usize,
+) -> String {
     let prompt = match chat {
         true => ChatFormat::for_model(model.config.kind, model.chat_template())
             .apply(&[Message::new("user", text)]),
@@ -66,6 +83,7 @@ fn solo(model: &Arc<Model>, text: &str, chat: bool, max_tokens: usize) -> String
         model.clone(),
         &SessionOptions {
             n_ctx: N_CTX,
+            n_ubatch,
             n_threads: Some(2),
             ..Default::default()
         },
@@ -135,44 +153,69 @@ fn concurrent_requests_give_their_solo_output() {
     assert_eq!(stats.generated_tokens_total, n_generated);
 }
 
+/// A chat's next turn keeps the whole micro-batch pieces of the earlier prompt that it shares,
+/// and evaluates the rest in the pieces a fresh request would: the same output as `rgml run
+/// --chat --ubatch 8`, bit for bit.
 #[test]
 fn chat_requests_give_run_chat_output_and_reuse_the_cached_prefix() {
     let model = model();
-    // A micro-batch budget of 16: prompts take several steps.
-    let e = engine(&model, 2, 16);
+    let ub = 8;
+    // A step budget of 16 tokens: prompts take several steps.
+    let e = engine_ub(&model, 2, 16, ub);
     let ask = |text: &str| {
         let req = greedy(Prompt::Chat(vec![Message::new("user", text)]), 32);
         collect(e.submit(req).unwrap())
     };
-    let (first, _, usage) = ask("What is the capital of France?");
-    assert_eq!(
-        first,
-        solo(&model, "What is the capital of France?", true, 32)
+    let (q1, q2) = (
+        "What is the capital of France?",
+        "What is the capital of France? Answer in one word.",
     );
+    let (first, _, usage) = ask(q1);
+    assert_eq!(first, solo_ub(&model, q1, true, 32, ub));
     assert_eq!(usage.cached_tokens, 0);
-    // The same beginning: the slot's cache holds it.
-    let (second, _, usage) = ask("What is the capital of France? Answer in one word.");
-    assert_eq!(
-        second,
-        solo(
-            &model,
-            "What is the capital of France? Answer in one word.",
-            true,
-            32
-        )
-    );
+    let (second, _, usage) = ask(q2);
+    assert_eq!(second, solo_ub(&model, q2, true, 32, ub));
     let tokens = |text: &str| {
         let prompt = ChatFormat::for_model(model.config.kind, model.chat_template())
             .apply(&[Message::new("user", text)]);
         model.tokenizer.encode(&prompt, EncodeOptions::prompt())
     };
-    let (a, b) = (
-        tokens("What is the capital of France?"),
-        tokens("What is the capital of France? Answer in one word."),
-    );
+    let (a, b) = (tokens(q1), tokens(q2));
     let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    assert!(common >= 8);
-    assert_eq!(usage.cached_tokens, common);
+    assert!(common >= ub);
+    assert_eq!(usage.cached_tokens, common / ub * ub);
+}
+
+/// With any prefix reused, the next turn evaluates only what is new.
+#[test]
+fn any_prefix_reuse_keeps_the_whole_common_prefix() {
+    let model = model();
+    let session = Session::new(
+        model.clone(),
+        &SessionOptions {
+            n_ctx: N_CTX,
+            n_threads: Some(2),
+            n_seq: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let options = EngineOptions {
+        prefix_reuse: PrefixReuse::Any,
+        ..Default::default()
+    };
+    let e = Engine::start(session, options).unwrap();
+    let first = Prompt::Text("The quick brown fox jumps over the lazy dog. It".into());
+    let (_, _, usage) = collect(e.submit(greedy(first, 8)).unwrap());
+    assert_eq!(usage.cached_tokens, 0);
+    let second = Prompt::Text("The quick brown fox jumps over the lazy dog. Then".into());
+    let (text, _, usage) = collect(e.submit(greedy(second, 8)).unwrap());
+    assert!(!text.is_empty());
+    let n = model.tokenizer.encode(
+        "The quick brown fox jumps over the lazy dog.",
+        EncodeOptions::prompt(),
+    );
+    assert_eq!(usage.cached_tokens, n.len());
 }
 
 #[test]

@@ -210,3 +210,40 @@ pub(super) fn group_order(
     // sequence.
     order.sort_unstable_by_key(|&i| (first_seen[batch[i].seq], i));
 }
+
+/// The next micro-batch of `batch` from `order[start..]` (its indices grouped by sequence),
+/// into `picked` (batch indices); returns where the one after starts. A sequence's tokens are
+/// cut into pieces of `n_ubatch` from its first token in the batch; pieces go whole, one per
+/// sequence, while they fit in `n_ubatch` tokens.
+pub(super) fn next_ubatch(
+    batch: &[BatchToken],
+    order: &[usize],
+    start: usize,
+    n_ubatch: usize,
+    picked: &mut Vec<usize>,
+) -> usize {
+    picked.clear();
+    let mut at = start;
+    while at < order.len() {
+        let seq = batch[order[at]].seq;
+        // Where this sequence's tokens begin in `order`, and how far its piece goes.
+        let group_start = order[..at]
+            .iter()
+            .rposition(|&k| batch[k].seq != seq)
+            .map_or(0, |i| i + 1);
+        let group_end = at
+            + order[at..]
+                .iter()
+                .take_while(|&&k| batch[k].seq == seq)
+                .count();
+        let piece_end = group_end.min(at + n_ubatch - (at - group_start) % n_ubatch);
+        let len = piece_end - at;
+        let seen = picked.iter().any(|&k| batch[k].seq == seq);
+        if !picked.is_empty() && (picked.len() + len > n_ubatch || seen) {
+            break;
+        }
+        picked.extend_from_slice(&order[at..piece_end]);
+        at = piece_end;
+    }
+    at
+}

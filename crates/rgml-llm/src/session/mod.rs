@@ -211,6 +211,11 @@ impl Session {
         })
     }
 
+    /// Largest number of tokens per graph (see [`Session::decode_batch`]).
+    pub fn n_ubatch(&self) -> usize {
+        self.n_ubatch
+    }
+
     /// Tokens of sequence 0 in the KV cache (the position its next token goes to).
     pub fn n_past(&self) -> usize {
         self.seq_len(0)
@@ -339,6 +344,11 @@ impl Session {
     /// `rgml_cpu`'s `mul_mat`: with those, a token decoded beside others can differ in the last
     /// bits from one decoded alone, as in llama.cpp.)
     ///
+    /// Micro-batches: each sequence's tokens are cut every `n_ubatch` tokens from its first one
+    /// in the batch (as [`Session::eval`] cuts a prompt, and llama.cpp a batch), and the pieces
+    /// go whole into micro-batches of at most `n_ubatch` tokens, one piece per sequence each,
+    /// in order: a sequence's tokens are evaluated in the same pieces as they would be alone.
+    ///
     /// Errors as [`Session::eval`]; a token of a sequence outside the session's
     /// [`n_seq`](SessionOptions::n_seq) is [`LlmError::BadInput`]. Checks fail before anything
     /// is computed, leaving every sequence as it was.
@@ -383,16 +393,12 @@ impl Session {
         }
         let n_vocab = self.model.config.n_vocab;
         out.resize(n_out * n_vocab, 0.0);
-        let n_chunks = batch.len().div_ceil(self.n_ubatch);
-        for i in 0..n_chunks {
+        let mut next = 0;
+        while next < batch.len() {
             let st = &mut self.staging;
-            let range = i * self.n_ubatch..((i + 1) * self.n_ubatch).min(batch.len());
+            next = batch::next_ubatch(batch, &st.order, next, self.n_ubatch, &mut st.ubatch_index);
             st.ubatch.clear();
-            st.ubatch_index.clear();
-            for &k in &st.order[range] {
-                st.ubatch.push(batch[k]);
-                st.ubatch_index.push(k);
-            }
+            st.ubatch.extend(st.ubatch_index.iter().map(|&k| batch[k]));
             let ubatch = std::mem::take(&mut st.ubatch);
             // Micro-batches whose logits are not read are only queued: on several devices the
             // scheduler's pipeline then keeps several of them in flight. The read one waits

@@ -31,10 +31,28 @@ pub struct EngineOptions {
     pub model_id: String,
     /// Most requests waiting for a slot; more are refused ([`SubmitError::QueueFull`]).
     pub max_queue: usize,
-    /// Most prompt tokens a step evaluates (with the generating slots' tokens): a long prompt is
-    /// spread over several steps so that the others keep generating. At most the session's
-    /// micro-batch.
+    /// Tokens a step evaluates, about: the generating slots' tokens and pieces of prompts
+    /// until this many (at least one piece). A prompt is evaluated in pieces of the session's
+    /// micro-batch, as `Session::eval` cuts it, so a long one spreads over several steps and the
+    /// other slots keep generating between them.
     pub max_batch: usize,
+    /// Which cached prefix a new request may keep (see [`PrefixReuse`]).
+    pub prefix_reuse: PrefixReuse,
+}
+
+/// How much of a prompt a slot's cache (or another slot's, copied) may give a new request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefixReuse {
+    /// Whole micro-batch pieces of an earlier prompt only: the rest of the prompt is then
+    /// evaluated in the pieces a fresh evaluation would use, so the output is bit for bit a
+    /// fresh request's (`rgml run`'s). A prompt shorter than a micro-batch is evaluated whole.
+    #[default]
+    Exact,
+    /// Any common prefix (a chat's whole history): faster, but the prompt's rest is evaluated
+    /// in other pieces than a fresh evaluation's, and ggml's products round differently by how
+    /// many rows they have, so the output may differ from a fresh request's in the last bits
+    /// (as llama-server's with its cache).
+    Any,
 }
 
 impl Default for EngineOptions {
@@ -43,6 +61,7 @@ impl Default for EngineOptions {
             model_id: "model".into(),
             max_queue: 1024,
             max_batch: 512,
+            prefix_reuse: PrefixReuse::Exact,
         }
     }
 }
@@ -113,10 +132,14 @@ impl Engine {
             wake: Condvar::new(),
         });
         let worker_shared = shared.clone();
-        let max_batch = options.max_batch.max(1);
+        let policy = worker::Policy {
+            max_batch: options.max_batch.max(1),
+            reuse: options.prefix_reuse,
+            n_ubatch: session.n_ubatch().max(1),
+        };
         let handle = std::thread::Builder::new()
             .name("rgml-serve-engine".into())
-            .spawn(move || worker::run(session, worker_shared, max_batch))?;
+            .spawn(move || worker::run(session, worker_shared, policy))?;
         Ok(Engine {
             model,
             options,

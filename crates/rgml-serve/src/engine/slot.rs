@@ -17,6 +17,9 @@ pub(crate) struct Slot<'t> {
     pub(crate) seq: usize,
     /// The tokens its cache holds, in order (evaluated ones only).
     pub(crate) cached: Vec<TokenId>,
+    /// How many of them are a prompt evaluated in micro-batch pieces from position 0 (what
+    /// [`super::PrefixReuse::Exact`] may reuse).
+    pub(crate) aligned: usize,
     /// The request it runs.
     pub(crate) run: Option<Running<'t>>,
     /// When it last ran a request (the worker's step count), to reuse the least recent.
@@ -55,6 +58,7 @@ impl<'t> Slot<'t> {
         Slot {
             seq,
             cached: Vec::new(),
+            aligned: 0,
             run: None,
             last_used: 0,
         }

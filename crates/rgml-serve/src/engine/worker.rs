@@ -5,7 +5,7 @@
 //! batch, and the counters of [`State`].
 
 use super::slot::{Next, Slot};
-use super::{Job, Shared, State};
+use super::{Job, PrefixReuse, Shared, State};
 use crate::generator::{FinishReason, GenEvent};
 use rgml_llm::session::BatchToken;
 use rgml_llm::{Session, TokenId};
@@ -30,8 +30,28 @@ pub(crate) fn trim_recent(recent: &mut VecDeque<(Instant, usize)>, now: Instant)
     }
 }
 
+/// How the worker batches and reuses caches.
+pub(crate) struct Policy {
+    pub(crate) max_batch: usize,
+    pub(crate) reuse: PrefixReuse,
+    /// The session's micro-batch: prompts are evaluated in pieces of it.
+    pub(crate) n_ubatch: usize,
+}
+
+impl Policy {
+    /// How much of `prompt` `slot`'s cache may give (at least one prompt token is left to
+    /// evaluate, for its logits).
+    fn reusable(&self, slot: &Slot<'_>, prompt: &[TokenId]) -> usize {
+        let n = common_prefix(&slot.cached, prompt).min(prompt.len().saturating_sub(1));
+        match self.reuse {
+            PrefixReuse::Exact => n.min(slot.aligned) / self.n_ubatch * self.n_ubatch,
+            PrefixReuse::Any => n,
+        }
+    }
+}
+
 /// Run until shutdown once no request is left.
-pub(crate) fn run(mut session: Session, shared: Arc<Shared>, max_batch: usize) {
+pub(crate) fn run(mut session: Session, shared: Arc<Shared>, policy: Policy) {
     let model = session.model().clone();
     let tok = &model.tokenizer;
     let n_ctx = session.n_ctx();
@@ -41,14 +61,14 @@ pub(crate) fn run(mut session: Session, shared: Arc<Shared>, max_batch: usize) {
     let mut step = 0u64;
     loop {
         step += 1;
-        let Some(starting) = admit(&shared, &mut slots) else {
+        let Some(starting) = admit(&shared, &mut slots, &policy) else {
             return;
         };
         for (slot, job) in starting {
-            start(&mut session, &mut slots, slot, job, tok, step);
+            start(&mut session, &mut slots, slot, job, tok, step, &policy);
         }
         let n_cancelled = drop_cancelled(&mut session, &mut slots);
-        let n_prompt = fill_batch(&slots, max_batch, &mut batch, &mut rows);
+        let n_prompt = fill_batch(&slots, &policy, &mut batch, &mut rows);
         let t0 = Instant::now();
         let n_generated = match batch.is_empty() {
             true => 0,
@@ -65,7 +85,7 @@ pub(crate) fn run(mut session: Session, shared: Arc<Shared>, max_batch: usize) {
 /// Under the lock: forget cancelled queued requests; at shutdown, fail the queued ones and end
 /// the running ones; hand queued requests to free slots. Waits while there is nothing to do;
 /// `None` when the worker should end.
-fn admit(shared: &Shared, slots: &mut [Slot<'_>]) -> Option<Vec<(usize, Job)>> {
+fn admit(shared: &Shared, slots: &mut [Slot<'_>], policy: &Policy) -> Option<Vec<(usize, Job)>> {
     let mut state = shared.lock();
     loop {
         let before = state.queue.len();
@@ -99,7 +119,7 @@ fn admit(shared: &Shared, slots: &mut [Slot<'_>]) -> Option<Vec<(usize, Job)>> {
         state.stats.queue_len = state.queue.len();
         let busy = slots.iter().any(|s| s.run.is_some());
         if !starting.is_empty() || busy {
-            return Some(assign(slots, starting));
+            return Some(assign(slots, starting, policy));
         }
         state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
     }
@@ -107,7 +127,7 @@ fn admit(shared: &Shared, slots: &mut [Slot<'_>]) -> Option<Vec<(usize, Job)>> {
 
 /// A free slot for each job: the one whose cache holds the most of its prompt, else the one
 /// used least recently.
-fn assign(slots: &[Slot<'_>], jobs: Vec<Job>) -> Vec<(usize, Job)> {
+fn assign(slots: &[Slot<'_>], jobs: Vec<Job>, policy: &Policy) -> Vec<(usize, Job)> {
     let mut taken = vec![false; slots.len()];
     let mut out = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -115,12 +135,7 @@ fn assign(slots: &[Slot<'_>], jobs: Vec<Job>) -> Vec<(usize, Job)> {
             .iter()
             .enumerate()
             .filter(|(i, s)| s.run.is_none() && !taken[*i])
-            .max_by_key(|(_, s)| {
-                (
-                    common_prefix(&s.cached, &job.prompt),
-                    u64::MAX - s.last_used,
-                )
-            })
+            .max_by_key(|(_, s)| (policy.reusable(s, &job.prompt), u64::MAX - s.last_used))
             .map(|(i, _)| i);
         if let Some(i) = best {
             taken[i] = true;
@@ -134,8 +149,8 @@ fn common_prefix(a: &[TokenId], b: &[TokenId]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Start `job` in slot `i`: keep the common prefix its cache holds (or copy a longer one from
-/// another slot), forget the rest, leaving at least the prompt's last token to evaluate.
+/// Start `job` in slot `i`: keep what its cache may give (or copy more from another slot),
+/// forget the rest.
 fn start<'t>(
     session: &mut Session,
     slots: &mut [Slot<'t>],
@@ -143,35 +158,35 @@ fn start<'t>(
     job: Job,
     tok: &'t rgml_llm::Tokenizer,
     step: u64,
+    policy: &Policy,
 ) {
     let seq = slots[i].seq;
-    let mut keep = common_prefix(&slots[i].cached, &job.prompt);
+    let mut keep = policy.reusable(&slots[i], &job.prompt);
     let donor = slots
         .iter()
         .enumerate()
         .filter(|&(j, _)| j != i)
-        .map(|(j, s)| (j, common_prefix(&s.cached, &job.prompt)))
+        .map(|(j, s)| (j, policy.reusable(s, &job.prompt)))
         .max_by_key(|&(_, n)| n);
     if let Some((j, n)) = donor.filter(|&(_, n)| n >= keep + MIN_COPY) {
         let src = slots[j].seq;
         let copied = session
             .seq_rm(seq, 0..usize::MAX)
             .and_then(|()| session.seq_cp(src, seq, 0..n));
-        if copied.is_ok() {
-            let prefix = slots[j].cached[..n].to_vec();
-            slots[i].cached = prefix;
-            keep = n;
-        } else {
-            keep = 0;
-        }
+        let prefix = slots[j].cached[..n].to_vec();
+        let slot = &mut slots[i];
+        (slot.cached, slot.aligned, keep) = match copied {
+            Ok(()) => (prefix, n, n),
+            Err(_) => (Vec::new(), 0, 0),
+        };
     }
-    keep = keep.min(job.prompt.len() - 1);
     if session.seq_rm(seq, keep..usize::MAX).is_err() {
         keep = 0;
         let _ = session.seq_rm(seq, 0..usize::MAX);
     }
     let slot = &mut slots[i];
     slot.cached.truncate(keep);
+    slot.aligned = slot.aligned.min(keep);
     slot.last_used = step;
     slot.start(job, keep, tok);
 }
@@ -191,12 +206,13 @@ fn drop_cancelled(session: &mut Session, slots: &mut [Slot<'_>]) -> usize {
     n
 }
 
-/// The step's batch: each generating slot's pending token, then prompt tokens up to
-/// `max_batch` in all (a prompt may take several steps). `rows` gets the slot of each token
-/// whose logits are asked, in batch order. Returns the prompt tokens in the batch.
+/// The step's batch: each generating slot's pending token, then pieces of prompts (up to the
+/// next multiple of the micro-batch, as a fresh evaluation cuts them) while the batch has fewer
+/// than `max_batch` tokens (at least one piece). `rows` gets the slot of each token whose
+/// logits are asked, in batch order. Returns the prompt tokens in the batch.
 fn fill_batch(
     slots: &[Slot<'_>],
-    max_batch: usize,
+    policy: &Policy,
     batch: &mut Vec<BatchToken>,
     rows: &mut Vec<usize>,
 ) -> usize {
@@ -218,11 +234,11 @@ fn fill_batch(
             continue;
         };
         let left = run.prompt_left();
-        let budget = max_batch.saturating_sub(batch.len()).max(1);
-        let take = left.len().min(budget);
-        if take == 0 || (n_prompt > 0 && batch.len() >= max_batch) {
+        if left.is_empty() || (n_prompt > 0 && batch.len() >= policy.max_batch) {
             continue;
         }
+        let to_boundary = policy.n_ubatch - run.n_prompt_done % policy.n_ubatch;
+        let take = left.len().min(to_boundary);
         let done = take == left.len();
         for (k, &token) in left[..take].iter().enumerate() {
             batch.push(BatchToken {
@@ -256,7 +272,13 @@ fn after_step(
             if let Some(run) = &mut slot.run {
                 match run.pending {
                     Some(_) => run.pending = None,
-                    None => run.n_prompt_done += 1,
+                    None => {
+                        run.n_prompt_done += 1;
+                        // The prompt so far was evaluated in pieces from position 0.
+                        if slot.aligned + 1 == slot.cached.len() {
+                            slot.aligned += 1;
+                        }
+                    }
                 }
             }
         }
@@ -285,6 +307,7 @@ fn fail_batch(session: &mut Session, slots: &mut [Slot<'_>], why: &str) -> usize
             let _ = run.job.events.send(GenEvent::Failed(why.to_string()));
             let _ = session.seq_rm(slot.seq, 0..usize::MAX);
             slot.cached.clear();
+            slot.aligned = 0;
         }
     }
     0

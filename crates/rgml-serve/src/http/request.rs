@@ -239,6 +239,13 @@ fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                     )
                 })?
                 .to_owned();
+            // Only an assistant's turn may come without content (OpenAI's tool calls).
+            if message.content.is_none() && role != "assistant" {
+                return Err(ApiError::bad_request(
+                    format!("a {role} message needs `content`"),
+                    Some(&format!("messages[{i}].content")),
+                ));
+            }
             let content = content_text(message.content, i)?;
             Ok(Message { role, content })
         })
