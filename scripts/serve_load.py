@@ -27,14 +27,14 @@ gaps, tokens, errors, requests = [], [0], [], [0]
 
 def one_request(conn, prompt):
     body = json.dumps({"prompt": prompt, "max_tokens": MAX_TOKENS, "stream": True,
-                       "temperature": 0.8, "seed": 1})
+                       "temperature": 0.8, "seed": 1, "ignore_eos": True})
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
     last, mine, n = None, [], 0
     while True:
-        line = resp.fp.readline()
+        line = resp.readline()
         if not line:
             break
         line = line.strip()
@@ -58,23 +58,23 @@ def one_request(conn, prompt):
 
 
 def client(i, deadline):
-    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=600)
     k = 0
     while time.perf_counter() < deadline:
+        # A connection per request: servers differ in how long they keep one alive.
+        conn = http.client.HTTPConnection(host.hostname, host.port, timeout=600)
         try:
             mine, n = one_request(conn, PROMPTS[(i + k) % len(PROMPTS)])
         except Exception as e:  # noqa: BLE001 - every failure is counted and reported
             with lock:
                 errors.append(repr(e))
-            conn.close()
-            conn = http.client.HTTPConnection(host.hostname, host.port, timeout=600)
             continue
+        finally:
+            conn.close()
         k += 1
         with lock:
             gaps.extend(mine)
             tokens[0] += n
             requests[0] += 1
-    conn.close()
 
 
 t0 = time.perf_counter()

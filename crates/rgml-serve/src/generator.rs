@@ -39,6 +39,9 @@ pub struct GenRequest {
     /// How many most likely alternatives to report with each token's log-probability (`None`:
     /// no log-probabilities; `Some(0)`: the chosen token's only).
     pub n_probs: Option<usize>,
+    /// Never end at an end-of-generation token (llama-server's `ignore_eos`: such tokens are
+    /// not sampled), e.g. to make benchmark requests equally long.
+    pub ignore_eos: bool,
 }
 
 /// A token's log-probability under the model's distribution (softmax of the raw logits).

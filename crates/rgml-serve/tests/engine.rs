@@ -57,6 +57,7 @@ fn greedy(prompt: Prompt, max_tokens: usize) -> GenRequest {
         max_tokens: Some(max_tokens),
         stop: Vec::new(),
         n_probs: None,
+        ignore_eos: false,
     }
 }
 
@@ -281,6 +282,25 @@ fn logprobs_are_the_softmax_of_the_logits() {
         n += 1;
     }
     assert_eq!(n, 4);
+}
+
+/// `ignore_eos`: a request that would end at an end-of-generation token runs to max_tokens.
+#[test]
+fn ignore_eos_runs_to_max_tokens() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    let chat = || Prompt::Chat(vec![Message::new("user", "What is the capital of France?")]);
+    let (short, reason, usage) = collect(e.submit(greedy(chat(), 40)).unwrap());
+    assert_eq!(reason, FinishReason::Stop);
+    assert!(usage.completion_tokens < 40);
+    let mut req = greedy(chat(), 40);
+    req.ignore_eos = true;
+    let (long, reason, usage) = collect(e.submit(req).unwrap());
+    assert_eq!(
+        (reason, usage.completion_tokens),
+        (FinishReason::Length, 40)
+    );
+    assert!(long.starts_with(&short), "{long:?} / {short:?}");
 }
 
 #[test]

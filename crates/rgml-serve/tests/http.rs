@@ -465,7 +465,7 @@ async fn chat_request_fields_reach_the_generator() {
         ],
         "max_completion_tokens": 7, "top_p": 0.5, "top_k": 3, "min_p": 0.1, "seed": 99,
         "stop": ["x", "", "y"], "repeat_penalty": 1.1, "frequency_penalty": 0, "presence_penalty": 0.0,
-        "n": 1, "logprobs": true, "top_logprobs": 2,
+        "n": 1, "logprobs": true, "top_logprobs": 2, "ignore_eos": true,
     });
     let reply = post(server.addr, "/v1/chat/completions", &body).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
@@ -496,6 +496,7 @@ async fn chat_request_fields_reach_the_generator() {
     assert_eq!(request.sampling.temp, 0.8);
     assert_eq!(request.stop, ["x", "y"]);
     assert_eq!(request.n_probs, Some(2));
+    assert!(request.ignore_eos);
 
     // Defaults: sampler defaults, a random seed, the server's max_tokens default.
     let server = start(HttpOptions {
@@ -518,6 +519,7 @@ async fn chat_request_fields_reach_the_generator() {
     );
     assert_ne!(first.sampling.seed, second.sampling.seed);
     assert_eq!(first.n_probs, None);
+    assert!(!first.ignore_eos);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

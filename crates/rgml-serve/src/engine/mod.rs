@@ -31,8 +31,8 @@ pub struct EngineOptions {
     pub model_id: String,
     /// Most requests waiting for a slot; more are refused ([`SubmitError::QueueFull`]).
     pub max_queue: usize,
-    /// Tokens a step evaluates, about: the generating slots' tokens and pieces of prompts
-    /// until this many (at least one piece). A prompt is evaluated in pieces of the session's
+    /// Tokens a step evaluates, about: with no slot generating, pieces of prompts until this
+    /// many (at least one piece); while slots generate, their tokens and one prompt piece. A prompt is evaluated in pieces of the session's
     /// micro-batch, as `Session::eval` cuts it, so a long one spreads over several steps and the
     /// other slots keep generating between them.
     pub max_batch: usize,

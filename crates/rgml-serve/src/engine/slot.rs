@@ -43,6 +43,8 @@ pub(crate) struct Running<'t> {
     max_tokens: usize,
     /// The last sampled token, to evaluate next.
     pub(crate) pending: Option<TokenId>,
+    /// Scratch: the logits with end-of-generation tokens masked (`ignore_eos`).
+    masked: Vec<f32>,
 }
 
 /// What the slot does after a row of logits.
@@ -83,6 +85,7 @@ impl<'t> Slot<'t> {
             n_generated: 0,
             max_tokens,
             pending: None,
+            masked: Vec::new(),
         });
     }
 }
@@ -109,7 +112,20 @@ impl Running<'_> {
             (Some(n), Some(norm)) => Some(top_logprobs(logits, n, norm, tok)),
             _ => None,
         };
-        let token = self.sampler.sample(logits);
+        let token = match self.job.request.ignore_eos {
+            true => {
+                // End-of-generation tokens cannot be drawn (llama.cpp's logit bias of -inf).
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                for &eog in tok.eog_ids() {
+                    if let Some(l) = self.masked.get_mut(eog as usize) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+                self.sampler.sample(&self.masked)
+            }
+            false => self.sampler.sample(logits),
+        };
         if tok.is_eog(token) {
             return self.finish(FinishReason::Stop);
         }

@@ -207,8 +207,8 @@ fn drop_cancelled(session: &mut Session, slots: &mut [Slot<'_>]) -> usize {
 }
 
 /// The step's batch: each generating slot's pending token, then pieces of prompts (up to the
-/// next multiple of the micro-batch, as a fresh evaluation cuts them) while the batch has fewer
-/// than `max_batch` tokens (at least one piece). `rows` gets the slot of each token whose
+/// next multiple of the micro-batch, as a fresh evaluation cuts them): one piece while slots
+/// generate, else pieces while the batch has fewer than `max_batch` tokens. `rows` gets the slot of each token whose
 /// logits are asked, in batch order. Returns the prompt tokens in the batch.
 fn fill_batch(
     slots: &[Slot<'_>],
@@ -228,13 +228,17 @@ fn fill_batch(
             rows.push(i);
         }
     }
+    let n_generating = batch.len();
     let mut n_prompt = 0;
     for (i, slot) in slots.iter().enumerate() {
         let Some(run) = slot.run.as_ref().filter(|r| r.pending.is_none()) else {
             continue;
         };
         let left = run.prompt_left();
-        if left.is_empty() || (n_prompt > 0 && batch.len() >= policy.max_batch) {
+        // While slots generate, one prompt piece per step: a step's time is every running
+        // stream's gap between two tokens, so prompts take turns rather than pile up.
+        let full = batch.len() >= policy.max_batch || n_generating > 0;
+        if left.is_empty() || (n_prompt > 0 && full) {
             continue;
         }
         let to_boundary = policy.n_ubatch - run.n_prompt_done % policy.n_ubatch;

@@ -72,6 +72,8 @@ struct CommonFields {
     n: Option<u64>,
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
+    /// llama-server's extension: never end at an end-of-generation token.
+    ignore_eos: Option<bool>,
 }
 
 /// `/v1/chat/completions`' own fields.
@@ -336,6 +338,7 @@ fn finish(
         None => Ok(options.max_tokens_default),
     }?;
     let sampling = sampling(&common)?;
+    let ignore_eos = common.ignore_eos.unwrap_or(false);
     let stop = stop_strings(common.stop)?;
     let include_usage = common
         .stream_options
@@ -349,6 +352,7 @@ fn finish(
             max_tokens,
             stop,
             n_probs,
+            ignore_eos,
         },
         stream: common.stream.unwrap_or(false),
         include_usage,
