@@ -139,7 +139,23 @@ impl Engine {
         };
         let handle = std::thread::Builder::new()
             .name("rgml-serve-engine".into())
-            .spawn(move || worker::run(session, worker_shared, policy))?;
+            .spawn(move || {
+                let shared = worker_shared.clone();
+                let run =
+                    std::panic::AssertUnwindSafe(|| worker::run(session, worker_shared, policy));
+                if std::panic::catch_unwind(run).is_err() {
+                    // A bug, not a request's fault: the running requests' channels closed with
+                    // the slots (a server error to their clients); refuse what waits and what
+                    // comes, rather than let it wait for ever.
+                    let mut state = shared.lock();
+                    state.shutdown = true;
+                    for job in state.queue.drain(..) {
+                        let _ = job
+                            .events
+                            .send(GenEvent::Failed("the engine stopped".into()));
+                    }
+                }
+            })?;
         Ok(Engine {
             model,
             options,

@@ -421,41 +421,15 @@ fn sampling(common: &CommonFields) -> Result<SamplerParams, ApiError> {
     Ok(params)
 }
 
-/// The sampler's ranges, reported with the request's field names.
+/// The sampler's own range checks ([`SamplerParams::validate`]), named by the request's fields.
 fn check_ranges(p: &SamplerParams) -> Result<(), ApiError> {
-    let checks: [(&str, f32, bool, &str); 4] = [
-        (
-            "temperature",
-            p.temp,
-            p.temp.is_finite() && p.temp >= 0.0,
-            "a finite value >= 0",
-        ),
-        (
-            "top_p",
-            p.top_p,
-            p.top_p > 0.0 && p.top_p <= 1.0,
-            "in (0, 1]",
-        ),
-        (
-            "min_p",
-            p.min_p,
-            (0.0..=1.0).contains(&p.min_p),
-            "in [0, 1]",
-        ),
-        (
-            "repeat_penalty",
-            p.repeat_penalty,
-            p.repeat_penalty.is_finite() && p.repeat_penalty > 0.0,
-            "a finite value > 0",
-        ),
-    ];
-    match checks.into_iter().find(|check| !check.2) {
-        Some((name, value, _, range)) => Err(ApiError::bad_request(
-            format!("{name} = {value}: must be {range}"),
-            Some(name),
-        )),
-        None => Ok(()),
-    }
+    p.validate().map_err(|e| match e {
+        rgml_llm::LlmError::InvalidSampler { name, value, range } => {
+            let field = if name == "temp" { "temperature" } else { name };
+            ApiError::bad_request(format!("{field} = {value}: must be {range}"), Some(field))
+        }
+        other => ApiError::bad_request(other.to_string(), None),
+    })
 }
 
 fn to_usize(n: u64) -> Result<usize, ApiError> {
