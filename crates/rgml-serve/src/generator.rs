@@ -259,4 +259,8 @@ pub trait Generator: Send + Sync + 'static {
     /// Stop accepting requests; end running ones at their next token with
     /// [`FinishReason::Shutdown`], fail queued ones. Returns at once.
     fn shutdown(&self);
+    /// Whether it can serve requests (`/health`); `false` once it failed for good.
+    fn healthy(&self) -> bool {
+        true
+    }
 }

@@ -330,6 +330,7 @@ fn bad_requests_are_refused() {
         e.submit(req).err(),
         Some(SubmitError::InvalidSampling { name: "top_p", .. })
     ));
+    assert!(e.healthy());
     e.shutdown();
     assert!(matches!(
         e.submit(greedy(Prompt::Text("hi".into()), 4)).err(),

@@ -33,6 +33,8 @@ struct Shared {
     /// Requests that saw their cancellation flag.
     cancelled: AtomicUsize,
     shutting_down: AtomicBool,
+    /// The generator failed for good (`/health` says so).
+    broken: AtomicBool,
 }
 
 /// A scripted [`Generator`].
@@ -114,6 +116,10 @@ impl Generator for Fake {
 
     fn shutdown(&self) {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    fn healthy(&self) -> bool {
+        !self.shared.broken.load(Ordering::SeqCst)
     }
 }
 
@@ -936,6 +942,13 @@ async fn models_health_metrics_page_cors() {
 
     let reply = get(addr, "/health").await;
     assert_eq!((reply.status, reply.json()), (200, json!({"status": "ok"})));
+    server.fake.shared.broken.store(true, Ordering::SeqCst);
+    let reply = get(addr, "/health").await;
+    assert_eq!(
+        (reply.status, reply.json()),
+        (503, json!({"status": "error"}))
+    );
+    server.fake.shared.broken.store(false, Ordering::SeqCst);
 
     let reply = get(addr, "/metrics").await;
     assert_eq!(reply.status, 200);

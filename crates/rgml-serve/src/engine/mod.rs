@@ -295,6 +295,15 @@ impl Generator for Engine {
         self.shared.lock().shutdown = true;
         self.shared.wake.notify_all();
     }
+
+    /// The worker runs (it ends only at shutdown, or after a bug).
+    fn healthy(&self) -> bool {
+        let running = self
+            .worker
+            .lock()
+            .map(|h| h.as_ref().is_some_and(|h| !h.is_finished()));
+        running.unwrap_or(false) || self.shared.lock().shutdown
+    }
 }
 
 impl Drop for Engine {

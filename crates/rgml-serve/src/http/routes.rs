@@ -134,6 +134,9 @@ async fn health(State(state): State<AppState>) -> Response {
     if state.shutting_down.load(Ordering::Acquire) {
         let body = Json(json!({"status": "shutting down"}));
         (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    } else if !state.generator.healthy() {
+        let body = Json(json!({"status": "error"}));
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
     } else {
         Json(json!({"status": "ok"})).into_response()
     }
