@@ -36,12 +36,10 @@ fn ggml_rpc_server() -> Option<PathBuf> {
         })
         .filter(|p| p.exists());
     if path.is_none() {
-        let required = std::env::var("RGML_REQUIRE_RPC_SERVER").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "RGML_REQUIRE_RPC_SERVER=1 but no ggml-rpc-server"
+        common::skip_unless_required(
+            "RGML_REQUIRE_RPC_SERVER",
+            "no ggml-rpc-server (scripts/llamacpp.sh --rpc ggml-rpc-server)",
         );
-        eprintln!("no ggml-rpc-server (scripts/llamacpp.sh --rpc ggml-rpc-server): skipping");
     }
     path
 }

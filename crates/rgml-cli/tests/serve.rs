@@ -24,12 +24,10 @@ fn python() -> Option<PathBuf> {
         .map(PathBuf::from)
         .filter(|p| p.exists());
     if path.is_none() {
-        let required = std::env::var("RGML_REQUIRE_SERVE_CLIENTS").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "RGML_REQUIRE_SERVE_CLIENTS=1 but no RGML_SERVE_PYTHON"
+        common::skip_unless_required(
+            "RGML_REQUIRE_SERVE_CLIENTS",
+            "no RGML_SERVE_PYTHON (a venv with openai and selenium)",
         );
-        eprintln!("no RGML_SERVE_PYTHON (a venv with openai and selenium): skipping");
     }
     path
 }

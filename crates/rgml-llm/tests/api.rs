@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::argmax;
+
 use rgml_llm::{
     EncodeOptions, LlmError, Logits, Model, Sampler, SamplerParams, Session, SessionOptions,
     StopReason, TokenId, Tokenizer,
@@ -45,17 +47,6 @@ fn avx512_options(model: &Arc<Model>, n_ctx: usize) -> SessionOptions {
         device_params: vec![(model.device().clone(), isa)],
         ..options(n_ctx)
     }
-}
-
-/// The most likely token, the lowest id among equals (as the greedy sampler picks).
-fn argmax(logits: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as TokenId
 }
 
 /// Greedy continuation written out by hand with `Session::eval`, as an independent check of

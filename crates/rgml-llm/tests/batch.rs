@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::argmax;
+
 use rgml_llm::session::BatchToken;
 use rgml_llm::{EncodeOptions, LlmError, Logits, Model, Session, SessionOptions, TokenId};
 use std::sync::Arc;
@@ -28,16 +30,6 @@ fn options(n_seq: usize) -> SessionOptions {
     }
 }
 
-fn argmax(logits: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as TokenId
-}
-
 fn bits(logits: &[f32]) -> Vec<u32> {
     logits.iter().map(|l| l.to_bits()).collect()
 }
@@ -47,8 +39,8 @@ fn tokens(model: &Model, prompt: &str) -> Vec<TokenId> {
 }
 
 /// A sequence decoded alone: the prompt's last logits, then those of `STEPS` greedy steps.
-fn alone(model: &Arc<Model>, prompt: &[TokenId]) -> Vec<Vec<u32>> {
-    let mut s = Session::new(model.clone(), &options(1)).unwrap();
+fn alone(model: &Arc<Model>, prompt: &[TokenId], base: &SessionOptions) -> Vec<Vec<u32>> {
+    let mut s = Session::new(model.clone(), base).unwrap();
     let mut logits = s.eval(prompt, Logits::Last).unwrap();
     let mut out = vec![bits(&logits)];
     for _ in 0..STEPS {
@@ -60,9 +52,18 @@ fn alone(model: &Arc<Model>, prompt: &[TokenId]) -> Vec<Vec<u32>> {
 
 /// The sequences decoded together, sequence `i` joining at step `start[i]` (its whole prompt in
 /// that step's batch, beside the others' generated tokens): what each one got, as [`alone`].
-fn together(model: &Arc<Model>, prompts: &[Vec<TokenId>], start: &[usize]) -> Vec<Vec<Vec<u32>>> {
+fn together(
+    model: &Arc<Model>,
+    prompts: &[Vec<TokenId>],
+    start: &[usize],
+    base: &SessionOptions,
+) -> Vec<Vec<Vec<u32>>> {
     let n_vocab = model.config.n_vocab;
-    let mut s = Session::new(model.clone(), &options(prompts.len())).unwrap();
+    let options = SessionOptions {
+        n_seq: prompts.len(),
+        ..base.clone()
+    };
+    let mut s = Session::new(model.clone(), &options).unwrap();
     let mut got: Vec<Vec<Vec<u32>>> = vec![Vec::new(); prompts.len()];
     let mut next: Vec<Option<TokenId>> = vec![None; prompts.len()];
     for step in 0.. {
@@ -101,11 +102,28 @@ fn together(model: &Arc<Model>, prompts: &[Vec<TokenId>], start: &[usize]) -> Ve
     got
 }
 
-fn check_batched_equals_alone(model: &Arc<Model>, prompts: &[&str], starts: &[[usize; 4]]) {
+/// `options(1)`, with the arithmetic of ggml's build for `isa` forced on the model's CPU
+/// device (`None`: this CPU's own).
+fn isa_options(model: &Arc<Model>, isa: Option<&str>) -> SessionOptions {
+    let mut base = options(1);
+    if let Some(isa) = isa {
+        let params = rgml::backend::BackendParams::parse(&format!("isa={isa}")).unwrap();
+        base.device_params = vec![(model.device().clone(), params)];
+    }
+    base
+}
+
+fn check_batched_equals_alone(
+    model: &Arc<Model>,
+    prompts: &[&str],
+    starts: &[[usize; 4]],
+    isa: Option<&str>,
+) {
+    let base = isa_options(model, isa);
     let prompts: Vec<Vec<TokenId>> = prompts.iter().map(|p| tokens(model, p)).collect();
-    let solo: Vec<Vec<Vec<u32>>> = prompts.iter().map(|p| alone(model, p)).collect();
+    let solo: Vec<Vec<Vec<u32>>> = prompts.iter().map(|p| alone(model, p, &base)).collect();
     for start in starts {
-        let batched = together(model, &prompts, start);
+        let batched = together(model, &prompts, start, &base);
         for (seq, (b, a)) in batched.iter().zip(&solo).enumerate() {
             assert_eq!(b.len(), a.len());
             for (step, (x, y)) in b.iter().zip(a).enumerate() {
@@ -124,7 +142,17 @@ fn check_batched_equals_alone(model: &Arc<Model>, prompts: &[&str], starts: &[[u
 #[test]
 fn sequences_batched_give_their_logits_alone() {
     let starts = [[0, 0, 0, 0], [0, 1, 3, 4]];
-    check_batched_equals_alone(&common::demo_model(), &PROMPTS, &starts);
+    check_batched_equals_alone(&common::demo_model(), &PROMPTS, &starts, None);
+}
+
+/// The same with the arithmetic of the other instruction sets' builds forced (this CPU's own
+/// is the test above): the kernels' choice by row count differs between builds.
+#[test]
+fn sequences_batched_give_their_logits_alone_on_each_isa() {
+    let model = common::demo_model();
+    for isa in ["avx2", "avx512"] {
+        check_batched_equals_alone(&model, &PROMPTS, &[[0, 1, 3, 4]], Some(isa));
+    }
 }
 
 /// Gemma 3: local (sliding-window) layers with their own cells per sequence. Its K-quant
@@ -139,7 +167,7 @@ fn sliding_window_sequences_batched_give_their_logits_alone() {
         "Paris is the capital of France, and Berlin is the capital of",
         PROMPTS[3],
     ];
-    check_batched_equals_alone(&common::gemma_model(), &prompts, &[[0, 0, 0, 0]]);
+    check_batched_equals_alone(&common::gemma_model(), &prompts, &[[0, 0, 0, 0]], None);
 }
 
 #[test]

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::argmax;
+
 use rgml_llm::{EncodeOptions, Logits, Session, SessionOptions};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,16 +48,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 #[test]
 fn decoding_reuses_the_graph_without_allocating() {

@@ -150,8 +150,9 @@ pub enum SubmitError {
         /// The vocabulary's size.
         n_vocab: usize,
     },
-    /// A sampling setting out of range (`name` is the request's field).
-    #[error("{name} = {value}: must be {range}")]
+    /// A sampling setting out of range (`name` is the [`SamplerParams`] field; the message
+    /// names the request's).
+    #[error("{} = {value}: must be {range}", request_field(name))]
     InvalidSampling {
         /// The field.
         name: &'static str,
@@ -166,6 +167,35 @@ pub enum SubmitError {
     /// The server is shutting down (HTTP 503).
     #[error("the server is shutting down")]
     ShuttingDown,
+}
+
+/// The request's field of a sampler setting (`temperature` for the sampler's `temp`).
+pub fn request_field(sampler_name: &str) -> &str {
+    match sampler_name {
+        "temp" => "temperature",
+        other => other,
+    }
+}
+
+impl SubmitError {
+    /// `params`' range check ([`SamplerParams::validate`]) as a refusal naming the sampler's
+    /// setting.
+    pub fn check_sampling(params: &SamplerParams) -> Result<(), SubmitError> {
+        params.validate().map_err(|e| match e {
+            rgml_llm::LlmError::InvalidSampler { name, value, range } => {
+                SubmitError::InvalidSampling {
+                    name,
+                    value: value.to_string(),
+                    range,
+                }
+            }
+            other => SubmitError::InvalidSampling {
+                name: "sampling",
+                value: other.to_string(),
+                range: "valid",
+            },
+        })
+    }
 }
 
 /// A running request: its events, and cancellation when dropped (a client that disconnects

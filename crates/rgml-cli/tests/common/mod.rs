@@ -64,14 +64,18 @@ pub fn gpu_device() -> Option<String> {
         .find(|w| ["Vulkan0", "Metal0", "DX120"].contains(w))
         .map(str::to_string);
     if name.is_none() {
-        let required = std::env::var("RGML_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "RGML_REQUIRE_GPU=1 but `rgml devices` lists no GPU"
-        );
-        eprintln!("no GPU device: skipping");
+        skip_unless_required("RGML_REQUIRE_GPU", "`rgml devices` lists no GPU");
     }
     name
+}
+
+/// A test's optional peer is missing (`why`): skip with a message, unless the variable
+/// `require` is `1` (set by `scripts/test.sh`, so CI never skips), which fails the test.
+#[allow(dead_code)]
+pub fn skip_unless_required(require: &str, why: &str) {
+    let required = std::env::var(require).is_ok_and(|v| v == "1");
+    assert!(!required, "{require}=1 but {why}");
+    eprintln!("{why}: skipping");
 }
 
 /// `rgml logits --json` output `got` against a llama.cpp fixture case (`tokens`, `top10`):

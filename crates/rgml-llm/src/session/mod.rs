@@ -434,15 +434,11 @@ impl Session {
         }
         let result = self.batch_graph(&batch);
         self.staging.batch = batch;
-        result?;
-        let g = self.built.take().map(|(_, g)| g.graph);
-        g.map(|g| (&self.ctx, g))
-            .ok_or_else(|| LlmError::BadInput("no graph".into()))
+        Ok((&self.ctx, result?.graph))
     }
 
-    /// [`Session::prompt_graph`] for a batch: built, allocated and with its inputs set, kept
-    /// in `built`.
-    fn batch_graph(&mut self, batch: &[BatchToken]) -> Result<()> {
+    /// [`Session::prompt_graph`] for a batch: built, allocated and with its inputs set.
+    fn batch_graph(&mut self, batch: &[BatchToken]) -> Result<BatchGraph> {
         let n_vocab = self.model.config.n_vocab;
         batch::check_batch(&self.kv, batch, n_vocab, &mut self.staging.scratch)?;
         if batch.len() > self.n_ubatch {
@@ -459,11 +455,11 @@ impl Session {
         st.ubatch.clear();
         st.ubatch.extend(st.order.iter().map(|&k| batch[k]));
         self.plan.plan(&self.kv, &self.staging.ubatch)?;
-        let g = self.build_ubatch(&self.plan.key.clone(), true)?;
+        let key = self.plan.key.clone();
+        let g = self.build_ubatch(&key, true)?;
         self.set_inputs(&g)?;
         self.plan.ready = false;
-        self.built = Some((self.plan.key.clone(), g));
-        Ok(())
+        Ok(g)
     }
 
     /// The micro-batch just computed is in the cache: its streams' cells become the plan's

@@ -37,3 +37,15 @@ pub fn gemma_model() -> Arc<Model> {
     rgml_cpu::register();
     Arc::new(Model::load(path, Default::default()).expect("load Gemma 3 270M"))
 }
+
+/// The most likely token, the lowest id among equals (as the greedy sampler picks).
+#[allow(dead_code)]
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

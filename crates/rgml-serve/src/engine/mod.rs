@@ -17,7 +17,7 @@ mod worker;
 
 use crate::generator::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
 use rgml_llm::chat::ChatFormat;
-use rgml_llm::{EncodeOptions, LlmError, Model, Session, TokenId};
+use rgml_llm::{EncodeOptions, Model, Session, TokenId};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -216,26 +216,7 @@ impl Engine {
                 });
             }
         }
-        request.sampling.validate().map_err(|e| match e {
-            LlmError::InvalidSampler { name, value, range } => SubmitError::InvalidSampling {
-                name: sampling_field(name),
-                value: value.to_string(),
-                range,
-            },
-            other => SubmitError::InvalidSampling {
-                name: "sampling",
-                value: other.to_string(),
-                range: "valid",
-            },
-        })
-    }
-}
-
-/// The request field of a sampler setting.
-fn sampling_field(name: &'static str) -> &'static str {
-    match name {
-        "temp" => "temperature",
-        other => other,
+        SubmitError::check_sampling(&request.sampling)
     }
 }
 

@@ -140,7 +140,7 @@ impl Running<'_> {
         if let Some(at) = self.stop_at() {
             self.text.truncate(at);
             self.send_token(token, logprobs);
-            return self.finish(FinishReason::Stop);
+            return self.end(FinishReason::Stop);
         }
         self.send_token(token, logprobs);
         if self.n_generated >= self.max_tokens || !room {
@@ -163,16 +163,22 @@ impl Running<'_> {
             .send(GenEvent::Token(TokenOut { id, text, logprobs }));
     }
 
-    /// End the request: the rest of the text (a held-back suffix, the detokenizer's last
-    /// bytes unless a stop string cut the text) and the reason.
+    /// End the request: the rest of the text (a held-back suffix and the detokenizer's last
+    /// bytes, cut at a stop string they complete) and the reason.
     pub(crate) fn finish(&mut self, reason: FinishReason) -> Next {
-        if reason != FinishReason::Stop || self.stop_at().is_none() {
-            let rest = self.decoder.finish();
-            self.text.push_str(&rest);
-            if let Some(at) = self.stop_at() {
+        let rest = self.decoder.finish();
+        self.text.push_str(&rest);
+        match self.stop_at() {
+            Some(at) => {
                 self.text.truncate(at);
+                self.end(FinishReason::Stop)
             }
+            None => self.end(reason),
         }
+    }
+
+    /// Send what is left of the text (nothing more comes) and the reason.
+    fn end(&mut self, reason: FinishReason) -> Next {
         let text = self.text.get(self.sent..).unwrap_or_default().to_string();
         self.sent = self.text.len();
         let _ = self.job.events.send(GenEvent::Done {

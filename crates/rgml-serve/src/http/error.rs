@@ -3,7 +3,7 @@
 //! including axum's own rejections (body too large, unknown route, wrong method), goes
 //! through [`ApiError`], so a client always gets JSON it can parse.
 
-use crate::generator::SubmitError;
+use crate::generator::{request_field, SubmitError};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -134,14 +134,6 @@ impl ApiError {
                 code: None,
             },
         }
-    }
-}
-
-/// The request field of a sampler setting: the sampler calls temperature `temp`.
-fn request_field(sampler_name: &str) -> &str {
-    match sampler_name {
-        "temp" => "temperature",
-        other => other,
     }
 }
 

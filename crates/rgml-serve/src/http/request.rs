@@ -9,7 +9,7 @@
 
 use super::error::ApiError;
 use super::HttpOptions;
-use crate::generator::{GenRequest, Prompt};
+use crate::generator::{GenRequest, Prompt, SubmitError};
 use rgml_llm::chat::Message;
 use rgml_llm::{SamplerParams, TokenId};
 use serde::de::DeserializeOwned;
@@ -124,16 +124,22 @@ enum CompletionPrompt {
     Texts(Vec<String>),
 }
 
+/// A body as JSON and the fields both routes share, for this server's model.
+fn parse_common(body: &[u8], model_id: &str) -> Result<(Value, CommonFields), ApiError> {
+    let value = parse_value(body)?;
+    let common: CommonFields = read(&value)?;
+    check_model(common.model.as_deref(), model_id)?;
+    Ok((value, common))
+}
+
 /// A `/v1/chat/completions` body.
 pub(crate) fn parse_chat(
     body: &[u8],
     model_id: &str,
     options: &HttpOptions,
 ) -> Result<Parsed, ApiError> {
-    let value = parse_value(body)?;
-    let common: CommonFields = read(&value)?;
+    let (value, common) = parse_common(body, model_id)?;
     let chat: ChatFields = read(&value)?;
-    check_model(common.model.as_deref(), model_id)?;
     let messages = chat_messages(chat.messages)?;
     let n_probs = chat_n_probs(chat.logprobs, chat.top_logprobs)?;
     let max_tokens = match chat.max_completion_tokens {
@@ -149,10 +155,8 @@ pub(crate) fn parse_completion(
     model_id: &str,
     options: &HttpOptions,
 ) -> Result<Parsed, ApiError> {
-    let value = parse_value(body)?;
-    let common: CommonFields = read(&value)?;
+    let (value, common) = parse_common(body, model_id)?;
     let fields: CompletionFields = read(&value)?;
-    check_model(common.model.as_deref(), model_id)?;
     if fields.echo == Some(true) {
         return Err(ApiError::unsupported("echo", "echo"));
     }
@@ -421,15 +425,9 @@ fn sampling(common: &CommonFields) -> Result<SamplerParams, ApiError> {
     Ok(params)
 }
 
-/// The sampler's own range checks ([`SamplerParams::validate`]), named by the request's fields.
+/// The sampler's own range checks, named by the request's fields.
 fn check_ranges(p: &SamplerParams) -> Result<(), ApiError> {
-    p.validate().map_err(|e| match e {
-        rgml_llm::LlmError::InvalidSampler { name, value, range } => {
-            let field = if name == "temp" { "temperature" } else { name };
-            ApiError::bad_request(format!("{field} = {value}: must be {range}"), Some(field))
-        }
-        other => ApiError::bad_request(other.to_string(), None),
-    })
+    SubmitError::check_sampling(p).map_err(|e| ApiError::from_submit(&e, "prompt"))
 }
 
 fn to_usize(n: u64) -> Result<usize, ApiError> {
