@@ -89,10 +89,18 @@ fn read_x(k: usize) -> (usize, Vec<f32>) {
 
 /// rgml's MUL_MAT of the case's weights by the first `b` activation rows.
 fn rgml_mul_mat(be: &mut CpuBackend, case: &Case, x: &[f32], b: usize) -> Vec<f32> {
+    product(be, case, x, b, false)
+}
+
+/// As [`rgml_mul_mat`], each row computed as alone when `rows_alone`.
+fn product(be: &mut CpuBackend, case: &Case, x: &[f32], b: usize, rows_alone: bool) -> Vec<f32> {
     let mut ctx = Context::new();
     let w = ctx.new_tensor(case.dtype, &[case.k, case.n]).unwrap();
     let xt = ctx.new_tensor(DType::F32, &[case.k, b]).unwrap();
-    let y = ctx.mul_mat(w, xt).unwrap();
+    let y = match rows_alone {
+        true => ctx.mul_mat_rows_alone(w, xt).unwrap(),
+        false => ctx.mul_mat(w, xt).unwrap(),
+    };
     let graph = Graph::build(&mut ctx, &[y]).unwrap();
     alloc_ctx_tensors(&mut ctx, &be.default_buffer_type()).unwrap();
     ctx.tensor_set(w, 0, &case.weights).unwrap();
@@ -183,6 +191,51 @@ fn quantized_products_equal_ggml_avx2_bit_for_bit() {
 fn quantized_products_equal_ggml_under_the_avx512_arithmetic() {
     let failures = check(IsaChoice::Avx512);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `mul_mat_rows_alone` (a batch of independent sequences' rows): every column of a product
+/// of 19 rows is the bits of that row's product alone, on every path (the tiled K-quant and
+/// tinyBLAS paths the row count would otherwise take: see [`fixtures_distinguish_the_paths`]),
+/// and column 0 is ggml's own one-row product (AVX2's, which made the fixtures).
+#[test]
+fn rows_alone_give_each_row_its_one_row_product() {
+    for isa in [IsaChoice::Avx2, IsaChoice::Avx512] {
+        let options = CpuOptions {
+            isa: Some(isa),
+            ..Default::default()
+        };
+        let device = CpuDevice::with_options("CPU", &options);
+        let mut be = CpuBackend::with_device(device, 2).unwrap();
+        for path in files(&["q", "iq", "f16", "f32", "bf16"]) {
+            let case = read_case(&path);
+            let (cols, x) = read_x(case.k);
+            let b = cols.min(19);
+            let batched = product(&mut be, &case, &x, b, true);
+            let what = |c: usize| {
+                format!(
+                    "{} k {} m {} column {c} of {b} ({isa})",
+                    case.dtype, case.k, case.n
+                )
+            };
+            for c in 0..b {
+                let alone = product(&mut be, &case, &x[c * case.k..], 1, false);
+                let got = &batched[c * case.n..(c + 1) * case.n];
+                if let Some(m) = mismatch(&what(c), got, &alone) {
+                    panic!("{m}");
+                }
+            }
+            let (_, _, ggml_one) = case
+                .outputs
+                .iter()
+                .find(|(bb, t, _)| *bb == 1 && *t == 1)
+                .unwrap();
+            // The fixtures are the AVX2 build's (float weights take another order on AVX-512).
+            let ggml_isa = isa == IsaChoice::Avx2;
+            if let Some(m) = mismatch(&what(0), &batched[..case.n], ggml_one).filter(|_| ggml_isa) {
+                panic!("{m}");
+            }
+        }
+    }
 }
 
 /// The fixtures can tell the paths apart: for the K-quants and IQ4_XS, ggml's tiled kernel (8

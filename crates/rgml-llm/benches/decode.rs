@@ -4,11 +4,15 @@
 //! filled. Prints the median and mean step time, tokens/s, and the weight bytes streamed per
 //! second. Skips, with a message, when the demo model is absent (scripts/fetch-model.sh).
 //!
+//! Then a batched step (`Session::decode_batch`): N = 1, 4, 8, 16 sequences of one session,
+//! one token each, as `rgml serve` decodes N streams (steps at positions 16..80).
+//!
 //! Then the scheduler's own cost per step, which every session pays (one execution path): the
 //! same one-token graph computed through a `Scheduler` over a backend that does no work, as a
 //! share of the decode step.
 
 use rgml::{Backend, Context, DeviceRef, Graph, Scheduler, SchedulerOptions};
+use rgml_llm::session::BatchToken;
 use rgml_llm::{Logits, Model, Session, SessionOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,8 +80,64 @@ fn main() {
         1.0 / median,
         bytes / median / 1e9
     );
+    batched_steps(&model, threads);
     scheduler_overhead(&mut session, median);
     two_sessions(&model);
+}
+
+/// Median time of a step of `n` sequences (one token each) for n = 1, 4, 8, 16.
+fn batched_steps(model: &Arc<Model>, threads: usize) {
+    let n_vocab = model.config.n_vocab as u32;
+    println!();
+    println!("| batched step, {threads} threads | median | tok/s |");
+    println!("| --- | ---: | ---: |");
+    for n in [1usize, 4, 8, 16] {
+        let options = SessionOptions {
+            n_ctx: 128,
+            n_ubatch: 512,
+            n_threads: Some(threads),
+            n_seq: n,
+            ..Default::default()
+        };
+        let mut session = Session::new(model.clone(), &options).expect("session");
+        let mut times = Vec::new();
+        for round in 0..3u32 {
+            for seq in 0..n {
+                session.seq_rm(seq, 0..usize::MAX).expect("clear");
+            }
+            let prompt: Vec<BatchToken> = (0..n)
+                .flat_map(|seq| {
+                    (0..16u32).map(move |i| BatchToken {
+                        token: (i * 7919 + seq as u32 * 31 + 13) % n_vocab,
+                        seq,
+                        logits: i == 15,
+                    })
+                })
+                .collect();
+            session.decode_batch(&prompt).expect("prompts");
+            for i in 0..64u32 {
+                let step: Vec<BatchToken> = (0..n)
+                    .map(|seq| BatchToken {
+                        token: ((i + round * 64) * 104_729 + seq as u32 * 17 + 7) % n_vocab,
+                        seq,
+                        logits: true,
+                    })
+                    .collect();
+                let t = Instant::now();
+                std::hint::black_box(session.decode_batch(&step).expect("step"));
+                if round > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        println!(
+            "| {n} sequences | {:.2} ms | {:.1} |",
+            median * 1e3,
+            n as f64 / median
+        );
+    }
 }
 
 /// 32 decode steps after a 16-token prompt on a new one-thread session of `model`.

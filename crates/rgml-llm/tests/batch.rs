@@ -116,7 +116,7 @@ fn isa_options(model: &Arc<Model>, isa: Option<&str>) -> SessionOptions {
 fn check_batched_equals_alone(
     model: &Arc<Model>,
     prompts: &[&str],
-    starts: &[[usize; 4]],
+    starts: &[&[usize]],
     isa: Option<&str>,
 ) {
     let base = isa_options(model, isa);
@@ -141,7 +141,7 @@ fn check_batched_equals_alone(
 /// All at once; then joining one after another while the others generate.
 #[test]
 fn sequences_batched_give_their_logits_alone() {
-    let starts = [[0, 0, 0, 0], [0, 1, 3, 4]];
+    let starts: [&[usize]; 2] = [&[0, 0, 0, 0], &[0, 1, 3, 4]];
     check_batched_equals_alone(&common::demo_model(), &PROMPTS, &starts, None);
 }
 
@@ -151,23 +151,41 @@ fn sequences_batched_give_their_logits_alone() {
 fn sequences_batched_give_their_logits_alone_on_each_isa() {
     let model = common::demo_model();
     for isa in ["avx2", "avx512"] {
-        check_batched_equals_alone(&model, &PROMPTS, &[[0, 1, 3, 4]], Some(isa));
+        check_batched_equals_alone(&model, &PROMPTS, &[&[0, 1, 3, 4]], Some(isa));
     }
 }
 
-/// Gemma 3: local (sliding-window) layers with their own cells per sequence. Its K-quant
-/// weights take ggml's tiled arithmetic in products of 8 tokens or more and `vec_dot`'s below
-/// (see `rgml_cpu`'s `mul_mat`), so this batches what keeps each token on its own side of
-/// that line: prompts of 8 tokens or more together, then 4 sequences' steps.
+/// Nine prompts, short (under ggml's 8-row line for K-quants) and long.
+const MANY: [&str; 9] = [
+    PROMPTS[0],
+    "Once upon a time, in a land far away, there",
+    "Paris is the capital of France, and Berlin is the capital of",
+    PROMPTS[3],
+    "Hello",
+    PROMPTS[1],
+    "The sum of two and two is",
+    PROMPTS[2],
+    "Water boils at a temperature of one hundred degrees",
+];
+
+/// Gemma 3: local (sliding-window) layers with their own cells per sequence, and Q4_K/Q6_K
+/// weights, whose ggml arithmetic changes at 8 rows (tiled; Q5_0/Q8_0 take tinyBLAS from 2,
+/// with `vec_dot`'s bits): nine sequences joining at different steps put up to 8 other
+/// sequences' tokens beside each one's, in mixes of prompts and generation steps.
 #[test]
-fn sliding_window_sequences_batched_give_their_logits_alone() {
-    let prompts = [
-        PROMPTS[0],
-        "Once upon a time, in a land far away, there",
-        "Paris is the capital of France, and Berlin is the capital of",
-        PROMPTS[3],
-    ];
-    check_batched_equals_alone(&common::gemma_model(), &prompts, &[[0, 0, 0, 0]], None);
+fn sliding_window_k_quant_sequences_batched_give_their_logits_alone() {
+    let starts: [&[usize]; 2] = [&[0, 0, 0, 0, 0, 0, 0, 0, 0], &[0, 0, 0, 1, 1, 2, 3, 3, 5]];
+    check_batched_equals_alone(&common::gemma_model(), &MANY, &starts, None);
+}
+
+/// The same on forced AVX2 and AVX-512 arithmetic (tinyBLAS's lanes differ).
+#[test]
+fn k_quant_sequences_batched_give_their_logits_alone_on_each_isa() {
+    let model = common::gemma_model();
+    for isa in ["avx2", "avx512"] {
+        let starts: [&[usize]; 1] = [&[0, 0, 1, 1, 2, 3, 3, 4, 6]];
+        check_batched_equals_alone(&model, &MANY, &starts, Some(isa));
+    }
 }
 
 #[test]

@@ -199,7 +199,7 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             .into_iter()
             .map(|x| x * scale as f64 + bias as f64)
             .collect(),
-        Op::MulMat => mul_mat(ctx, t, mem)?,
+        Op::MulMat { .. } => mul_mat(ctx, t, mem)?,
         Op::RmsNorm { eps } | Op::Norm { eps } => {
             let rms = matches!(t.op, Op::RmsNorm { .. });
             norm(mem.read(ctx, src(t, 0)?)?, t.ne, rms, eps)

@@ -127,7 +127,7 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
         Op::Sub => plain(op::SUB),
         Op::Mul => plain(op::MUL),
         Op::Div => plain(op::DIV),
-        Op::MulMat => plain(op::MUL_MAT),
+        Op::MulMat { .. } => plain(op::MUL_MAT),
         Op::Argmax => plain(op::ARGMAX),
         Op::View { offset } => {
             // ggml stores the view's byte offset as a size_t in the first two parameters.

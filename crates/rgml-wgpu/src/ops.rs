@@ -134,7 +134,7 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
             [a, mask] => f32s(&[a]) && f32_or_f16(mask) && a.ne == t.ne,
             _ => false,
         },
-        (Op::MulMat, [a, b]) => {
+        (Op::MulMat { .. }, [a, b]) => {
             fits(a)
                 && a.dtype != DType::I32
                 && (!vec_dot_order(a, b) || a.ne[0].is_multiple_of(64))
@@ -328,7 +328,7 @@ impl<'a> Prep<'a> {
                 let d = self.soft_max(p, buffers, t, &srcs, scale, max_bias)?;
                 Ok(vec![d])
             }
-            Op::MulMat => self.mul_mat(p, buffers, t, &srcs),
+            Op::MulMat { .. } => self.mul_mat(p, buffers, t, &srcs),
             _ => {
                 let (kernel, threads) = self
                     .one_dispatch(&mut p, t, &srcs)

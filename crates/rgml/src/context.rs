@@ -697,6 +697,17 @@ impl Context {
     /// Matrix product per ggml: `a` `[k, m, ...]` (any weight dtype) and `b` `[k, n, b2, b3]`
     /// (f32) give f32 `[m, n, b2, b3]`; `a`'s dims 2 and 3 broadcast to `b`'s.
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.mul_mat_op(a, b, false)
+    }
+
+    /// [`Context::mul_mat`] whose every `b` row is computed as a product of that row alone
+    /// would compute it (see [`Op::MulMat`]): the rows of independent sequences batched
+    /// together give their results alone, bit for bit.
+    pub fn mul_mat_rows_alone(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.mul_mat_op(a, b, true)
+    }
+
+    fn mul_mat_op(&mut self, a: TensorId, b: TensorId, rows_alone: bool) -> Result<TensorId> {
         self.expect_dtype(OpKind::MulMat, b, &[DType::F32], "src1 must be f32")?;
         let (ta, tb) = (self.get(a)?, self.get(b)?);
         if !ta.dtype.is_float() {
@@ -726,7 +737,7 @@ impl Context {
             });
         }
         let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
-        self.node(DType::F32, ne, Op::MulMat, &[a, b])
+        self.node(DType::F32, ne, Op::MulMat { rows_alone }, &[a, b])
     }
 
     /// Root-mean-square normalization of each row.

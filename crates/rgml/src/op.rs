@@ -110,7 +110,15 @@ pub enum Op {
         bias: f32,
     },
     /// `src0ᵀ · src1` per ggml: result `[src0.ne1, src1.ne1, src1.ne2, src1.ne3]`.
-    MulMat,
+    MulMat {
+        /// Compute every src1 row with the arithmetic a product of that row alone takes.
+        /// ggml's CPU kernels choose their arithmetic by src1's row count (tiled K-quant and
+        /// tinyBLAS products from a few rows, `vec_dot` for one), so a token batched with
+        /// other sequences' tokens would otherwise differ in the last bits from the same
+        /// token decoded alone. Backends whose arithmetic does not depend on the row count
+        /// ignore it.
+        rows_alone: bool,
+    },
     /// Row-wise `x / sqrt(mean(x²) + eps)`.
     RmsNorm {
         /// Added to the mean square.
@@ -314,7 +322,7 @@ impl Op {
             Op::Mul => OpKind::Mul,
             Op::Div => OpKind::Div,
             Op::Scale { .. } => OpKind::Scale,
-            Op::MulMat => OpKind::MulMat,
+            Op::MulMat { .. } => OpKind::MulMat,
             Op::RmsNorm { .. } => OpKind::RmsNorm,
             Op::Norm { .. } => OpKind::Norm,
             Op::Rope(_) => OpKind::Rope,

@@ -291,7 +291,7 @@ pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_S
     let mut held: Option<(TensorView, kernels::matmul::Src1, Extent)> = None;
     for (j, (task, &(srcs, dst))) in tasks.iter_mut().zip(extents).enumerate() {
         let conversion = match (task.op, task.src[0], task.src[1]) {
-            (rgml::Op::MulMat, Some(a), Some(b)) => {
+            (rgml::Op::MulMat { .. }, Some(a), Some(b)) => {
                 kernels::matmul::src1_conversion(task.features, a.dtype, b.rows_contiguous())
                     .map(|c| (b, c, srcs[1]))
             }

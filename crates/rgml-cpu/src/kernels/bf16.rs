@@ -89,13 +89,14 @@ pub(crate) fn products(
     dst: &super::TensorView,
     a: &super::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
+    path_rows: usize,
     tc: &mut ThreadCtx<'_>,
 ) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
     if f.bf16_products() {
         let (k, m) = (a.ne[0], a.ne[1]);
         let cols = Columns::new(dst, a);
-        let tinyblas = tinyblas_shape(m, dst.ne[1], k);
+        let tinyblas = tinyblas_shape(m, path_rows, k);
         let weight_batches = a.ne[2] * a.ne[3];
         // Weight rows per kernel call: 4 by 4 columns (tinyBLAS), 8 by one column (vec_dot:
         // two accumulators per row, 16 registers).

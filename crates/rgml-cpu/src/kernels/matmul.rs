@@ -21,7 +21,9 @@
 //! K-quant kernel from 8 rows ([`super::ktiled`]), else llamafile's tinyBLAS_Q0 (Q4_0, Q5_0,
 //! Q8_0 from 2 rows, whose per-output operations are exactly `vec_dot`'s; IQ4_NL from 2 rows,
 //! whose single accumulator is not) or `vec_dot` pair by pair ([`super::dot`]). Within a path every output is computed with exactly the operations
-//! of that path, so tiling, packing and the thread count change speed only.
+//! of that path, so tiling, packing and the thread count change speed only. A product
+//! marked `rows_alone` (`rgml::Op::MulMat`) chooses its path as for one row, so each of its
+//! rows gets the bits a one-row product gives (independent sequences batched together).
 
 use super::activations::quantize_activations;
 use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
@@ -394,6 +396,12 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let converted = conversion.is_some();
     let wrow = conversion.map_or(Ok(0), |c| c.row_bytes(ne00))?;
     let nrows1 = b.nrows();
+    // The row count that chooses the arithmetic (ggml's paths depend on it): one for a
+    // product whose rows are computed as alone.
+    let path_rows = match task.op {
+        rgml::Op::MulMat { rows_alone: true } => 1,
+        _ => b.ne[1],
+    };
     if converted && wrow.saturating_mul(nrows1) > tc.shared.len {
         return Err(Error::Backend {
             backend: "CPU".into(),
@@ -418,10 +426,12 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
 
     // Phase 2.
     if conversion == Some(Src1::Bf16) {
-        return super::bf16::products(f, dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
+        let b_row = b_row_fn(b, tc.shared, converted, wrow);
+        return super::bf16::products(f, dst, a, &b_row, path_rows, tc);
     }
     if !quant {
-        return float_products(f, dst, a, &b_row_fn(b, tc.shared, converted, wrow), tc);
+        let b_row = b_row_fn(b, tc.shared, converted, wrow);
+        return float_products(f, dst, a, &b_row, path_rows, tc);
     }
     let products = QuantProducts {
         f,
@@ -429,6 +439,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         a,
         b_row: b_row_fn(b, tc.shared, converted, wrow),
         ne11: b.ne[1],
+        path_rows,
         nb: ne00 / a.dtype.vec_dot_type().block_size(),
         arow_bytes: a.row_bytes(),
         wrow,
@@ -445,6 +456,8 @@ struct QuantProducts<'a, B> {
     b_row: B,
     /// src1 rows per batch.
     ne11: usize,
+    /// The row count that chooses the arithmetic (1 for rows computed as alone).
+    path_rows: usize,
     /// Blocks per weight row.
     nb: usize,
     /// Bytes of a weight row.
@@ -471,13 +484,13 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         };
         let blk = super::row_block(ne01, batches, tc.nth, 1, group);
         let nblk = ne01.div_ceil(blk);
-        let tiled = super::tiled::takes(f, a.dtype, self.ne11);
+        let tiled = super::tiled::takes(f, a.dtype, self.path_rows);
         let matvec = if tiled && self.ne11 == 1 && !a.packed {
             super::tiled::matvec_kernel(f, a.dtype)
         } else {
             None
         };
-        let ktiled = super::ktiled::takes(a.dtype, self.ne11);
+        let ktiled = super::ktiled::takes(a.dtype, self.path_rows);
         // Blocks on demand: a descheduled thread's share goes to the others.
         for unit in super::claimed(tc.claim, batches * nblk) {
             let batch = unit / nblk;
@@ -775,11 +788,12 @@ fn float_products(
     dst: &super::TensorView,
     a: &super::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
+    path_rows: usize,
     tc: &mut ThreadCtx<'_>,
 ) -> Result<()> {
     let (ne00, ne01) = (a.ne[0], a.ne[1]);
     // Where tinyBLAS declines, ggml runs the type's `vec_dot` pair by pair.
-    let pairwise = !tinyblas_takes(f, ne00, ne01, dst.ne[1]);
+    let pairwise = !tinyblas_takes(f, ne00, ne01, path_rows);
     #[cfg(target_arch = "x86_64")]
     if f.has_avx2() && !f.wide() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C; `a` is F32/F16/BF16 (the caller's

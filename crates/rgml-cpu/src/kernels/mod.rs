@@ -297,7 +297,7 @@ pub fn check_supported(ctx: &Context, id: TensorId) -> Result<()> {
             !in_repack_memory(ctx, src)
                 || (i == 0
                     && crate::buffer::packable(src)
-                    && matches!(t.op, Op::MulMat | Op::GetRows))
+                    && matches!(t.op, Op::MulMat { .. } | Op::GetRows))
         });
     let ok = packed_ok && supported(t, &srcs);
     if ok {
@@ -416,7 +416,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 // Frequency factors: the first n_dims / 2 values of a dense f32 row.
                 && s.get(2).is_none_or(|f| f32_rows(f) && f.ne[0] >= p.n_dims / 2)
         }
-        Op::MulMat => n(2) && matmul::supported(s[0], s[1], t),
+        Op::MulMat { .. } => n(2) && matmul::supported(s[0], s[1], t),
         Op::Concat { dim } => {
             n(2) && dim < 4
                 && s[0].dtype == t.dtype
@@ -486,7 +486,7 @@ pub(crate) fn work_size(ctx: &Context, t: &Tensor, f: CpuFeatures) -> Result<(us
         widest = widest.max(64);
     }
     let shared = match t.op {
-        Op::MulMat => {
+        Op::MulMat { .. } => {
             let (a, b) = (ctx.get(t.src[0])?, ctx.get(t.src[1])?);
             matmul::shared_size(f, a, b)?
         }
@@ -518,7 +518,7 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::SoftMax { scale, max_bias } => softmax::soft_max(task, tc, scale, max_bias),
         Op::DiagMaskInf { n_past } => softmax::diag_mask_inf(task, tc, n_past),
         Op::Rope(p) => rope::rope(task, tc, &p),
-        Op::MulMat => matmul::mul_mat(task, tc),
+        Op::MulMat { .. } => matmul::mul_mat(task, tc),
         Op::FlashAttnExt {
             scale,
             max_bias,

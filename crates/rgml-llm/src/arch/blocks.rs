@@ -46,8 +46,12 @@ pub(crate) struct BatchInputs<'g> {
     pub(crate) local_rows: Option<TensorId>,
     /// The tokens of each sequence, consecutive, and what their attention reads.
     pub(crate) groups: &'g [GroupInputs],
+    /// The groups' token counts (the rows of each sequence, in order).
+    pub(crate) row_groups: &'g [usize],
     /// Which rows' logits are computed.
     pub(crate) outputs: Outputs,
+    /// How many of the output rows each sequence has, in order.
+    pub(crate) out_groups: &'g [usize],
 }
 
 /// The tokens of one sequence in a micro-batch: `n` of them from token `first`, in cache
@@ -147,6 +151,49 @@ impl<'a> Builder<'a> {
         Ok(id)
     }
 
+    /// `w · x` for rows `x` of the micro-batch (all of them, or the output rows), each
+    /// sequence's rows computed as they are alone: ggml's CPU arithmetic depends on a
+    /// product's row count, so one sequence's rows are one product; runs of sequences with one
+    /// row each (generation steps) are one product computed row by row as alone
+    /// ([`Context::mul_mat_rows_alone`]). The products' rows are concatenated in order.
+    fn project(&mut self, w: TensorId, x: TensorId) -> Result<TensorId> {
+        let rows = self.ctx[x].ne[1];
+        let groups = match rows == self.inputs.n {
+            true => self.inputs.row_groups,
+            false => self.inputs.out_groups,
+        };
+        if groups.len() <= 1 || groups.iter().sum::<usize>() != rows {
+            return Ok(self.ctx.mul_mat(w, x)?);
+        }
+        let mut out: Option<TensorId> = None;
+        let (mut first, mut i) = (0, 0);
+        while i < groups.len() {
+            let singles = groups[i..].iter().take_while(|&&g| g == 1).count();
+            let (n, alone) = match singles {
+                0 => (groups[i], false),
+                _ => (singles, true),
+            };
+            i += singles.max(1);
+            let part = match n == rows {
+                true => x,
+                false => {
+                    let (ne0, nb1) = (self.ctx[x].ne[0], self.ctx[x].nb[1]);
+                    self.ctx.view(x, &[ne0, n], &[nb1], first * nb1)?
+                }
+            };
+            let product = match alone {
+                true => self.ctx.mul_mat_rows_alone(w, part)?,
+                false => self.ctx.mul_mat(w, part)?,
+            };
+            out = Some(match out {
+                Some(before) => self.ctx.concat(before, product, 1)?,
+                None => product,
+            });
+            first += n;
+        }
+        out.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))
+    }
+
     /// RMS norm of `x` times `weight`, the norm pinned to block `il`'s device: the scheduler
     /// would otherwise leave it on the previous block's device, so that the hidden state
     /// crossed twice (llama.cpp pins them the same way).
@@ -224,9 +271,9 @@ impl<'a> Builder<'a> {
         let (mut q, mut k, v) = match l.qkv {
             QkvWeights::Separate { wq, wk, wv } => {
                 let (hd, n) = (c.head_dim, self.inputs.n);
-                let mut q = self.ctx.mul_mat(wq, cur)?;
-                let mut k = self.ctx.mul_mat(wk, cur)?;
-                let mut v = self.ctx.mul_mat(wv, cur)?;
+                let mut q = self.project(wq, cur)?;
+                let mut k = self.project(wk, cur)?;
+                let mut v = self.project(wv, cur)?;
                 for (t, b) in [(&mut q, l.bq), (&mut k, l.bk), (&mut v, l.bv)] {
                     if let Some(b) = b {
                         *t = self.ctx.add(*t, b)?;
@@ -266,7 +313,7 @@ impl<'a> Builder<'a> {
     ) -> Result<(TensorId, TensorId, TensorId)> {
         let c = self.config();
         let (hd, n) = (c.head_dim, self.inputs.n);
-        let qkv = self.ctx.mul_mat(wqkv, cur)?;
+        let qkv = self.project(wqkv, cur)?;
         let row = self.ctx[qkv].nb[1];
         let f32b = DType::F32.block_bytes();
         let q = self
@@ -370,7 +417,7 @@ impl<'a> Builder<'a> {
         }
         let attn = attn.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))?;
         let attn = self.keep(attn, format!("kqv_out-{il}"))?;
-        let attn = self.ctx.mul_mat(l.wo, attn)?;
+        let attn = self.project(l.wo, attn)?;
         self.keep(attn, format!("attn_out-{il}"))
     }
 
@@ -426,15 +473,15 @@ impl<'a> Builder<'a> {
     pub(crate) fn ffn(&mut self, il: usize, l: &LayerWeights, cur: TensorId) -> Result<TensorId> {
         let (gate, up) = match l.ffn_gate {
             Some(gate) => {
-                let gate = self.ctx.mul_mat(gate, cur)?;
-                let up = self.ctx.mul_mat(l.ffn_up, cur)?;
+                let gate = self.project(gate, cur)?;
+                let up = self.project(l.ffn_up, cur)?;
                 let gate = self.keep(gate, format!("ffn_gate-{il}"))?;
                 (gate, self.keep(up, format!("ffn_up-{il}"))?)
             }
             None => {
                 // Gate and up fused: the gate's half of each row, then the up's (ggml's
                 // single-operand SWIGLU on the fused rows).
-                let both = self.ctx.mul_mat(l.ffn_up, cur)?;
+                let both = self.project(l.ffn_up, cur)?;
                 let both = self.keep(both, format!("ffn_up-{il}"))?;
                 // Rows of `cur`: one where the last block runs on the output position only.
                 let (ff, n, row) = (
@@ -457,7 +504,7 @@ impl<'a> Builder<'a> {
                 self.keep(act, format!("ffn_geglu-{il}"))?
             }
         };
-        let down = self.ctx.mul_mat(l.ffn_down, act)?;
+        let down = self.project(l.ffn_down, act)?;
         self.keep(down, format!("ffn_out-{il}"))
     }
 
@@ -472,7 +519,7 @@ impl<'a> Builder<'a> {
         self.pins.push((cur, self.model.n_devices - 1));
         let cur = self.ctx.mul(cur, self.model.output_norm)?;
         let cur = self.keep(cur, "result_norm".into())?;
-        let mut logits = self.ctx.mul_mat(self.model.output, cur)?;
+        let mut logits = self.project(self.model.output, cur)?;
         if let Some(cap) = self.config().final_logit_softcap {
             // As llama.cpp: scale down, tanh, scale up (three roundings).
             logits = self.ctx.scale(logits, 1.0 / cap)?;

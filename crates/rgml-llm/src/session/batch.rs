@@ -63,6 +63,7 @@ impl UbatchPlan {
         }
         self.key.n_tokens = ubatch.len();
         self.key.outputs = outputs(ubatch, &mut self.out_ids);
+        output_groups(ubatch, self.key.outputs, &mut self.key.out_groups);
         self.ready = true;
         Ok(())
     }
@@ -81,6 +82,7 @@ impl UbatchPlan {
         self.local_masks.clear();
         self.touched.clear();
         self.key.groups.clear();
+        self.key.out_groups.clear();
     }
 
     /// Place the `group`'s tokens (all of sequence `seq`) after the sequence's newest position.
@@ -145,6 +147,26 @@ fn outputs(ubatch: &[BatchToken], out_ids: &mut Vec<i32>) -> OutputKey {
                 .map(|(i, _)| i as i32),
         );
         OutputKey::Rows(n_out)
+    }
+}
+
+/// How many output rows each sequence of `ubatch` (grouped by sequence) has, in order, into
+/// `out_groups` (sequences without outputs left out; [`OutputKey::Last`] is one row).
+fn output_groups(ubatch: &[BatchToken], outputs: OutputKey, out_groups: &mut Vec<usize>) {
+    out_groups.clear();
+    if outputs == OutputKey::Last {
+        out_groups.push(1);
+        return;
+    }
+    let mut start = 0;
+    while start < ubatch.len() {
+        let seq = ubatch[start].seq;
+        let group = ubatch[start..].iter().take_while(|t| t.seq == seq);
+        let (n, n_out) = group.fold((0, 0), |(n, o), t| (n + 1, o + usize::from(t.logits)));
+        if n_out > 0 {
+            out_groups.push(n_out);
+        }
+        start += n;
     }
 }
 

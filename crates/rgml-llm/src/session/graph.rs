@@ -19,6 +19,9 @@ pub(super) struct GraphKey {
     /// The tokens of each sequence, in batch order.
     pub(super) groups: Vec<GroupKey>,
     pub(super) outputs: OutputKey,
+    /// How many of the output rows each sequence has, in order (sequences without any left
+    /// out): the output head computes each sequence's rows as they are computed alone.
+    pub(super) out_groups: Vec<usize>,
 }
 
 /// One sequence's part of a micro-batch (see [`GroupInputs`]).
@@ -83,6 +86,7 @@ pub(super) fn build_graph(
         false => None,
     };
     let (groups, masks) = group_inputs(ctx, key, local)?;
+    let row_groups: Vec<usize> = key.groups.iter().map(|g| g.n_tokens).collect();
     let (outputs, out_ids) = match key.outputs {
         OutputKey::All => (Outputs::All, None),
         OutputKey::Last => (Outputs::Last, None),
@@ -117,7 +121,9 @@ pub(super) fn build_graph(
         kv_rows,
         local_rows,
         groups: &groups,
+        row_groups: &row_groups,
         outputs,
+        out_groups: &key.out_groups,
     };
     let mut b = Builder::new(ctx, graph_model, cache, batch, capture);
     let mut x = crate::arch::embeddings(&mut b, tokens)?;

@@ -582,7 +582,7 @@ impl MetaBackend {
                 if t.nelements() == 0 {
                     continue;
                 }
-                let empty_dot = t.op == crate::op::Op::MulMat
+                let empty_dot = matches!(t.op, crate::op::Op::MulMat { .. })
                     && t.src.first().is_some_and(|&a| local[a].ne[0] == 0);
                 if empty_dot {
                     if !run.is_empty() {

@@ -744,7 +744,7 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
             SplitState::Partial if bias != 0.0 => Ok(Rule::Reduce(vec![0])),
             other => Ok(Rule::State(other.clone())),
         },
-        Op::MulMat => mul_mat(n.src(0)?, n.src(1)?, n.st(0)?, n.st(1)?, &|why| n.no(why)),
+        Op::MulMat { .. } => mul_mat(n.src(0)?, n.src(1)?, n.st(0)?, n.st(1)?, &|why| n.no(why)),
         Op::RmsNorm { .. } | Op::Norm { .. } => norm_rule(&n),
         Op::Rope(_) => rope_rule(&n),
         Op::SoftMax { max_bias, .. } => soft_max_rule(&n, max_bias),

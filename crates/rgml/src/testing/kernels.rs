@@ -178,7 +178,7 @@ pub fn compute(ctx: &Context, id: TensorId) -> Result<()> {
             g.v.iter().zip(&u.v).map(|(&g, &u)| silu(g) * u).collect()
         }
         Op::RmsNorm { eps } => rms_norm(&a()?, eps),
-        Op::MulMat => mul_mat(&a()?, &b()?, t.ne)?,
+        Op::MulMat { .. } => mul_mat(&a()?, &b()?, t.ne)?,
         Op::GetRows => get_rows(&a()?, &read_i32(ctx, src(t, 1)?)?, t.ne)?,
         _ => {
             return Err(invalid(
