@@ -490,6 +490,10 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         } else {
             None
         };
+        let cols = match tiled && self.ne11 > 1 && !a.packed {
+            true => super::tiled::cols_kernel(f, a.dtype),
+            false => None,
+        };
         let ktiled = super::ktiled::takes(a.dtype, self.path_rows);
         // Blocks on demand: a descheduled thread's share goes to the others.
         for unit in super::claimed(tc.claim, batches * nblk) {
@@ -504,6 +508,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 self.packed(rows, at, scratch);
             } else if let Some(kernel) = matvec {
                 self.matvec(kernel, rows, at);
+            } else if let Some(kernel) = cols {
+                self.cols(kernel, rows, at, tc.scratch)?;
             } else if ktiled {
                 self.ktiled(rows, at);
             } else if tiled {
@@ -630,6 +636,47 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             unsafe { kernel(run, &mut out[..r1 - r0]) };
             store_tile(self.dst, r0..r1, 0..1, i12, i13, &out, 1);
         }
+    }
+
+    /// Several activation rows on the AVX2 build, by `kernel` (see
+    /// [`super::tiled::cols_kernel`]): chunks of weight rows, each by every tile of up to
+    /// [`super::tiled::COLS`] columns, whose block scales are widened once per chunk into
+    /// `scratch`.
+    fn cols(
+        &self,
+        kernel: super::tiled::ColsKernel,
+        rows: Range<usize>,
+        [i02, i03, i12, i13]: [usize; 4],
+        scratch: &mut [f32],
+    ) -> Result<()> {
+        const COLS: usize = super::tiled::COLS;
+        // Weight rows per chunk: their bytes stay in L1/L2 while every column tile reads them.
+        const CHUNK: usize = 32;
+        let (a, ne11) = (self.a, self.ne11);
+        let scales = scratch_slice(scratch, super::tiled::scales_len(self.nb))?;
+        let mut out = [0f32; COLS];
+        for r0 in rows.clone().step_by(CHUNK) {
+            let r1 = (r0 + CHUNK).min(rows.end);
+            for c0 in (0..ne11).step_by(COLS) {
+                let c1 = (c0 + COLS).min(ne11);
+                let mut y = [std::ptr::null::<u8>(); COLS];
+                for (slot, i11) in y.iter_mut().zip(c0..c1) {
+                    *slot = (self.b_row)(i11, i12, i13);
+                }
+                let y = &y[..c1 - c0];
+                // SAFETY: the src1 rows are complete in the work area since the barrier, `nb`
+                // blocks of the vec-dot type each; `scales` holds scales_len(nb).
+                unsafe { super::tiled::widen_scales(a.dtype, self.nb, y, scales) };
+                for i01 in r0..r1 {
+                    let x = a.row(i01, i02, i03).cast_const();
+                    // SAFETY: `kernel` is the weight type's; the src0 row is dense and in
+                    // bounds with `nb` blocks; `y` and `scales` as above; `out` holds COLS.
+                    unsafe { kernel(self.nb, x, y, scales, &mut out) };
+                    store_tile(self.dst, i01..i01 + 1, c0..c1, i12, i13, &out, COLS);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// As [`Self::packed`], K-quant weights by 8 or more activation rows, with the arithmetic
