@@ -1,4 +1,4 @@
-//! `cargo bench -p rgml-llm`: one decode step of the demo model (a single-token forward with
+//! `cargo bench -p rgml-llm`: one decode step of the demo model (or of `RGML_BENCH_MODEL`) (a single-token forward with
 //! the last logits), on the CPU backend with `RGML_BENCH_THREADS` threads (default 2), as a
 //! token of `rgml bench`'s tg test sees it: positions 16..80 of a context that a 16-token prompt
 //! filled. Prints the median and mean step time, tokens/s, and the weight bytes streamed per
@@ -19,8 +19,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 fn main() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = match std::env::var_os("RGML_BENCH_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
     if !path.exists() {
         println!(
             "decode bench skipped: demo model not found at {} (run scripts/fetch-model.sh)",

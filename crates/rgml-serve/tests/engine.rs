@@ -187,6 +187,29 @@ fn chat_requests_give_run_chat_output_and_reuse_the_cached_prefix() {
     assert_eq!(usage.cached_tokens, common / ub * ub);
 }
 
+/// A request whose prompt a slot holds whole (the same prompt again) evaluates nothing: it
+/// starts from the kept logits, with the same output; a longer prompt after a cut one, and a
+/// prompt after another, are evaluated as usual.
+#[test]
+fn the_same_prompt_again_starts_from_its_kept_logits() {
+    let model = model();
+    let e = engine(&model, 1, 64);
+    let text = "The quick brown fox";
+    let n = model.tokenizer.encode(text, EncodeOptions::prompt()).len();
+    let want = solo(&model, text, false, 12);
+    for round in 0..3 {
+        let (got, _, usage) = collect(e.submit(greedy(Prompt::Text(text.into()), 12)).unwrap());
+        assert_eq!(got, want, "round {round}");
+        assert_eq!(usage.cached_tokens, if round == 0 { 0 } else { n });
+    }
+    // Another prompt, then the first again: evaluated (the cache holds the other one).
+    let other = "Water boils at";
+    let (got, _, usage) = collect(e.submit(greedy(Prompt::Text(other.into()), 12)).unwrap());
+    assert_eq!((got, usage.cached_tokens), (solo(&model, other, false, 12), 0));
+    let (got, _, usage) = collect(e.submit(greedy(Prompt::Text(text.into()), 12)).unwrap());
+    assert_eq!((got, usage.cached_tokens), (want, 0));
+}
+
 /// With any prefix reused, the next turn evaluates only what is new.
 #[test]
 fn any_prefix_reuse_keeps_the_whole_common_prefix() {

@@ -20,6 +20,12 @@ pub(crate) struct Slot<'t> {
     /// How many of them are a prompt evaluated in micro-batch pieces from position 0 (what
     /// [`super::PrefixReuse::Exact`] may reuse).
     pub(crate) aligned: usize,
+    /// The logits after the last token of the prompt its cache begins with, where that prompt
+    /// was evaluated in pieces from position 0 (`aligned`): a request with the same prompt
+    /// starts from them, evaluating nothing, with the bits a fresh evaluation gives.
+    pub(crate) prompt_logits: Vec<f32>,
+    /// How many cached tokens `prompt_logits` follow (0: none held).
+    pub(crate) logits_at: usize,
     /// The request it runs.
     pub(crate) run: Option<Running<'t>>,
     /// When it last ran a request (the worker's step count), to reuse the least recent.
@@ -61,8 +67,39 @@ impl<'t> Slot<'t> {
             seq,
             cached: Vec::new(),
             aligned: 0,
+            prompt_logits: Vec::new(),
+            logits_at: 0,
             run: None,
             last_used: 0,
+        }
+    }
+
+    /// Whether the cache holds all of `prompt`, evaluated as a fresh prompt, with the logits
+    /// after it.
+    pub(crate) fn holds_whole(&self, prompt: &[TokenId]) -> bool {
+        let n = prompt.len();
+        n > 0
+            && self.logits_at == n
+            && self.aligned >= n
+            && self.cached.get(..n).is_some_and(|c| c == prompt)
+    }
+
+    /// Keep `logits`, which follow the whole cache, where the cache is one aligned prompt.
+    pub(crate) fn keep_prompt_logits(&mut self, logits: &[f32]) {
+        if self.aligned == self.cached.len() {
+            self.prompt_logits.clear();
+            self.prompt_logits.extend_from_slice(logits);
+            self.logits_at = self.cached.len();
+        }
+    }
+
+    /// The cache was cut to `n` tokens: the prompt logits are kept only while their prompt
+    /// is.
+    pub(crate) fn truncate(&mut self, n: usize) {
+        self.cached.truncate(n);
+        self.aligned = self.aligned.min(n);
+        if self.logits_at > n.min(self.aligned) {
+            self.logits_at = 0;
         }
     }
 

@@ -64,19 +64,22 @@ pub(crate) fn run(mut session: Session, shared: Arc<Shared>, policy: Policy) {
         let Some(starting) = admit(&shared, &mut slots, &policy) else {
             return;
         };
+        let mut n_started = 0;
         for (slot, job) in starting {
-            start(&mut session, &mut slots, slot, job, tok, step, &policy);
+            let at = Start { step, n_ctx };
+            n_started += start(&mut session, &mut slots, slot, job, tok, at, &policy);
         }
         let n_cancelled = drop_cancelled(&mut session, &mut slots);
         let n_prompt = fill_batch(&slots, &policy, &mut batch, &mut rows);
         let t0 = Instant::now();
-        let n_generated = match batch.is_empty() {
-            true => 0,
-            false => match session.decode_batch(&batch) {
-                Ok(logits) => after_step(&mut slots, &batch, &rows, logits, tok, n_ctx),
-                Err(e) => fail_batch(&mut session, &mut slots, &e.to_string()),
-            },
-        };
+        let n_generated = n_started
+            + match batch.is_empty() {
+                true => 0,
+                false => match session.decode_batch(&batch) {
+                    Ok(logits) => after_step(&mut slots, &batch, &rows, logits, tok, n_ctx),
+                    Err(e) => fail_batch(&mut session, &mut slots, &e.to_string()),
+                },
+            };
         let mut state = shared.lock();
         count_step(&mut state, &slots, n_prompt, n_generated, n_cancelled, t0);
     }
@@ -125,8 +128,8 @@ fn admit(shared: &Shared, slots: &mut [Slot<'_>], policy: &Policy) -> Option<Vec
     }
 }
 
-/// A free slot for each job: the one whose cache holds the most of its prompt, else the one
-/// used least recently.
+/// A free slot for each job: one whose cache holds all of its prompt with its logits, else
+/// the one whose cache gives the most of it, else the one used least recently.
 fn assign(slots: &[Slot<'_>], jobs: Vec<Job>, policy: &Policy) -> Vec<(usize, Job)> {
     let mut taken = vec![false; slots.len()];
     let mut out = Vec::with_capacity(jobs.len());
@@ -135,7 +138,10 @@ fn assign(slots: &[Slot<'_>], jobs: Vec<Job>, policy: &Policy) -> Vec<(usize, Jo
             .iter()
             .enumerate()
             .filter(|(i, s)| s.run.is_none() && !taken[*i])
-            .max_by_key(|(_, s)| (policy.reusable(s, &job.prompt), u64::MAX - s.last_used))
+            .max_by_key(|(_, s)| {
+                let whole = s.holds_whole(&job.prompt);
+                (whole, policy.reusable(s, &job.prompt), u64::MAX - s.last_used)
+            })
             .map(|(i, _)| i);
         if let Some(i) = best {
             taken[i] = true;
@@ -149,18 +155,28 @@ fn common_prefix(a: &[TokenId], b: &[TokenId]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// When a request starts: the worker's step, and the context of a sequence.
+struct Start {
+    step: u64,
+    n_ctx: usize,
+}
+
 /// Start `job` in slot `i`: keep what its cache may give (or copy more from another slot),
-/// forget the rest.
+/// forget the rest. A prompt the cache holds whole, with its logits, is not evaluated again:
+/// its first token is sampled now. Returns the tokens generated (0 or 1).
 fn start<'t>(
     session: &mut Session,
     slots: &mut [Slot<'t>],
     i: usize,
     job: Job,
     tok: &'t rgml_llm::Tokenizer,
-    step: u64,
+    at: Start,
     policy: &Policy,
-) {
+) -> usize {
     let seq = slots[i].seq;
+    if slots[i].holds_whole(&job.prompt) {
+        return start_from_logits(session, &mut slots[i], job, tok, at);
+    }
     let mut keep = policy.reusable(&slots[i], &job.prompt);
     let donor = slots
         .iter()
@@ -179,16 +195,51 @@ fn start<'t>(
             Ok(()) => (prefix, n, n),
             Err(_) => (Vec::new(), 0, 0),
         };
+        slot.logits_at = 0;
     }
     if session.seq_rm(seq, keep..usize::MAX).is_err() {
         keep = 0;
         let _ = session.seq_rm(seq, 0..usize::MAX);
     }
     let slot = &mut slots[i];
-    slot.cached.truncate(keep);
-    slot.aligned = slot.aligned.min(keep);
-    slot.last_used = step;
+    slot.truncate(keep);
+    slot.last_used = at.step;
     slot.start(job, keep, tok);
+    0
+}
+
+/// Start `job`, whose whole prompt `slot` holds with its logits: cut the cache back to the
+/// prompt and sample the first token from the kept logits.
+fn start_from_logits<'t>(
+    session: &mut Session,
+    slot: &mut Slot<'t>,
+    job: Job,
+    tok: &'t rgml_llm::Tokenizer,
+    at: Start,
+) -> usize {
+    let n = job.prompt.len();
+    if session.seq_rm(slot.seq, n..usize::MAX).is_err() {
+        // Nothing kept: evaluated from scratch.
+        let _ = session.seq_rm(slot.seq, 0..usize::MAX);
+        slot.truncate(0);
+        slot.last_used = at.step;
+        slot.start(job, 0, tok);
+        return 0;
+    }
+    slot.truncate(n);
+    slot.last_used = at.step;
+    slot.start(job, n, tok);
+    let room = n < at.n_ctx;
+    let Slot {
+        run, prompt_logits, ..
+    } = slot;
+    let Some(r) = run else { return 0 };
+    let next = r.on_logits(prompt_logits, tok, room);
+    let generated = r.n_generated;
+    if let Next::Finished = next {
+        *run = None;
+    }
+    generated
 }
 
 /// End the requests whose clients went away; their slots are free from this step on.
@@ -291,10 +342,13 @@ fn after_step(
     let mut n_generated = 0;
     for (row, &i) in rows.iter().enumerate() {
         let slot = &mut slots[i];
+        let row_logits = &logits[row * n_vocab..(row + 1) * n_vocab];
+        // A prompt's last row: kept for a request with the same prompt.
+        slot.keep_prompt_logits(row_logits);
         let room = slot.cached.len() < n_ctx;
         let Some(run) = &mut slot.run else { continue };
         let before = run.n_generated;
-        let next = run.on_logits(&logits[row * n_vocab..(row + 1) * n_vocab], tok, room);
+        let next = run.on_logits(row_logits, tok, room);
         n_generated += run.n_generated - before;
         if let Next::Finished = next {
             slot.run = None;
@@ -310,8 +364,7 @@ fn fail_batch(session: &mut Session, slots: &mut [Slot<'_>], why: &str) -> usize
         if let Some(run) = slot.run.take() {
             let _ = run.job.events.send(GenEvent::Failed(why.to_string()));
             let _ = session.seq_rm(slot.seq, 0..usize::MAX);
-            slot.cached.clear();
-            slot.aligned = 0;
+            slot.truncate(0);
         }
     }
     0
