@@ -381,13 +381,11 @@ unsafe fn cols_body<const K: u8, const RN: usize>(
     unsafe {
         let mut acc = [_mm256_setzero_ps(); RN];
         let mut summs = _mm256_setzero_ps();
-        let mut d = [0f32; COLS];
         for i in 0..nb {
             let p = x.add(i * xb);
             // The scale products of the block, `d_x * d_y` per column, one IEEE product each.
             let dx = _mm256_set1_ps(h2f(p));
-            let dd = _mm256_mul_ps(dx, _mm256_loadu_ps(d_y.as_ptr().add(i * COLS)));
-            _mm256_storeu_ps(d.as_mut_ptr(), dd);
+            let dyc = d_y.as_ptr().add(i * COLS);
             if has_min(K) {
                 // `m_x * s_y` is exact (two f16), so the FMA adds what the scalar form adds.
                 let mx = _mm256_set1_ps(h2f(p.add(2)));
@@ -405,7 +403,8 @@ unsafe fn cols_body<const K: u8, const RN: usize>(
                 };
                 // No saturation: |15 * 128 * 2| and |127 * 127 * 2| fit in i16.
                 let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, _mm256_set1_epi16(1)));
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d[c]), p, acc[c]);
+                let d = _mm256_mul_ps(dx, _mm256_broadcast_ss(&*dyc.add(c)));
+                acc[c] = _mm256_fmadd_ps(d, p, acc[c]);
             }
         }
         let mut mins = [0f32; COLS];
