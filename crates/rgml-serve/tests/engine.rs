@@ -205,7 +205,10 @@ fn the_same_prompt_again_starts_from_its_kept_logits() {
     // Another prompt, then the first again: evaluated (the cache holds the other one).
     let other = "Water boils at";
     let (got, _, usage) = collect(e.submit(greedy(Prompt::Text(other.into()), 12)).unwrap());
-    assert_eq!((got, usage.cached_tokens), (solo(&model, other, false, 12), 0));
+    assert_eq!(
+        (got, usage.cached_tokens),
+        (solo(&model, other, false, 12), 0)
+    );
     let (got, _, usage) = collect(e.submit(greedy(Prompt::Text(text.into()), 12)).unwrap());
     assert_eq!((got, usage.cached_tokens), (want, 0));
 }

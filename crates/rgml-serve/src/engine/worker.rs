@@ -140,7 +140,11 @@ fn assign(slots: &[Slot<'_>], jobs: Vec<Job>, policy: &Policy) -> Vec<(usize, Jo
             .filter(|(i, s)| s.run.is_none() && !taken[*i])
             .max_by_key(|(_, s)| {
                 let whole = s.holds_whole(&job.prompt);
-                (whole, policy.reusable(s, &job.prompt), u64::MAX - s.last_used)
+                (
+                    whole,
+                    policy.reusable(s, &job.prompt),
+                    u64::MAX - s.last_used,
+                )
             })
             .map(|(i, _)| i);
         if let Some(i) = best {
