@@ -213,6 +213,26 @@ fn the_same_prompt_again_starts_from_its_kept_logits() {
     assert_eq!((got, usage.cached_tokens), (want, 0));
 }
 
+/// A prompt another slot holds whole, while that slot still generates, is copied from it
+/// with its logits: evaluated nowhere again, the same output as alone.
+#[test]
+fn a_prompt_held_by_a_busy_slot_is_copied_with_its_logits() {
+    let model = model();
+    let e = engine(&model, 2, 64);
+    let text = "Rust is a programming language that";
+    let n = model.tokenizer.encode(text, EncodeOptions::prompt()).len();
+    let mut long = e.submit(greedy(Prompt::Text(text.into()), 48)).unwrap();
+    // Its first token: the prompt is evaluated and its logits kept.
+    assert!(matches!(
+        long.events.blocking_recv(),
+        Some(GenEvent::Token(_))
+    ));
+    let (got, _, usage) = collect(e.submit(greedy(Prompt::Text(text.into()), 12)).unwrap());
+    assert_eq!(got, solo(&model, text, false, 12));
+    assert_eq!(usage.cached_tokens, n);
+    drop(long);
+}
+
 /// With any prefix reused, the next turn evaluates only what is new.
 #[test]
 fn any_prefix_reuse_keeps_the_whole_common_prefix() {

@@ -178,7 +178,7 @@ fn start<'t>(
     policy: &Policy,
 ) -> usize {
     let seq = slots[i].seq;
-    if slots[i].holds_whole(&job.prompt) {
+    if slots[i].holds_whole(&job.prompt) || copy_whole(session, slots, i, &job.prompt) {
         return start_from_logits(session, &mut slots[i], job, tok, at);
     }
     let mut keep = policy.reusable(&slots[i], &job.prompt);
@@ -210,6 +210,35 @@ fn start<'t>(
     slot.last_used = at.step;
     slot.start(job, keep, tok);
     0
+}
+
+/// Copy `prompt`'s cells and logits into slot `i` from another slot (busy or not) that holds
+/// the whole prompt with its logits; whether one did (the copied rows are the same bytes, so
+/// the request starts as from its own cache).
+fn copy_whole(session: &mut Session, slots: &mut [Slot<'_>], i: usize, prompt: &[TokenId]) -> bool {
+    let Some(j) = (0..slots.len()).find(|&j| j != i && slots[j].holds_whole(prompt)) else {
+        return false;
+    };
+    let (src, dst, n) = (slots[j].seq, slots[i].seq, prompt.len());
+    let copied = session
+        .seq_rm(dst, 0..usize::MAX)
+        .and_then(|()| session.seq_cp(src, dst, 0..n));
+    let logits = slots[j].prompt_logits.clone();
+    let slot = &mut slots[i];
+    match copied {
+        Ok(()) => {
+            slot.cached = prompt.to_vec();
+            slot.aligned = n;
+            slot.prompt_logits = logits;
+            slot.logits_at = n;
+            true
+        }
+        Err(_) => {
+            let _ = session.seq_rm(dst, 0..usize::MAX);
+            slot.truncate(0);
+            false
+        }
+    }
 }
 
 /// Start `job`, whose whole prompt `slot` holds with its logits: cut the cache back to the
