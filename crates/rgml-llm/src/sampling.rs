@@ -97,6 +97,8 @@ pub struct Sampler {
     rng: StdRng,
     recent: VecDeque<u32>,
     candidates: Vec<(u32, f32)>,
+    /// Scratch: the logits after the penalty.
+    penalized: Vec<f32>,
 }
 
 impl Sampler {
@@ -115,6 +117,7 @@ impl Sampler {
             params,
             recent: VecDeque::new(),
             candidates: Vec::new(),
+            penalized: Vec::new(),
         }
     }
 
@@ -133,33 +136,42 @@ impl Sampler {
     /// unless every logit is non-finite.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        self.candidates.clear();
-        self.candidates.extend(
+        self.penalized.clear();
+        self.penalized.extend(
             logits
                 .iter()
-                .enumerate()
-                .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })),
+                .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l }),
         );
         if p.repeat_penalty != 1.0 {
             for &t in &self.recent {
-                if let Some(c) = self.candidates.get_mut(t as usize) {
-                    c.1 = if c.1 > 0.0 {
-                        c.1 / p.repeat_penalty
+                if let Some(l) = self.penalized.get_mut(t as usize) {
+                    *l = if *l > 0.0 {
+                        *l / p.repeat_penalty
                     } else {
-                        c.1 * p.repeat_penalty
+                        *l * p.repeat_penalty
                     };
                 }
             }
         }
-        if p.temp <= 0.0 {
-            return argmax(&self.candidates);
-        }
-        let by_logit_desc =
-            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let c = &mut self.candidates;
-        if p.top_k > 0 && p.top_k < c.len() {
-            c.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            c.truncate(p.top_k);
+        c.clear();
+        if p.temp <= 0.0 {
+            c.extend(
+                self.penalized
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (i as u32, l)),
+            );
+            return argmax(c);
+        }
+        match p.top_k > 0 && p.top_k < self.penalized.len() {
+            true => top_k(&self.penalized, p.top_k, c),
+            false => c.extend(
+                self.penalized
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (i as u32, l)),
+            ),
         }
         c.sort_unstable_by(by_logit_desc);
         let probs = softmax(c.iter().map(|x| x.1), 1.0);
@@ -195,6 +207,35 @@ impl Sampler {
     }
 }
 
+/// The candidates' order: higher logit first (`total_cmp`), lower id among equals.
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The `k` best of `logits` by [`by_logit_desc`] (`0 < k < logits.len()`), in any order, into
+/// `out`. One pass: a logit enters a buffer of up to `2k` only if it beats the `k`-th best kept
+/// so far, and a full buffer is cut back to its `k` best; the same set as selecting among all.
+fn top_k(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
+    out.reserve(2 * k);
+    let mut worst: Option<(u32, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        let c = (i as u32, l);
+        if worst.is_some_and(|w| by_logit_desc(&c, &w).is_ge()) {
+            continue;
+        }
+        out.push(c);
+        if out.len() == 2 * k {
+            out.select_nth_unstable_by(k - 1, by_logit_desc);
+            out.truncate(k);
+            worst = out.iter().copied().max_by(by_logit_desc);
+        }
+    }
+    if out.len() > k {
+        out.select_nth_unstable_by(k - 1, by_logit_desc);
+        out.truncate(k);
+    }
+}
+
 fn argmax(c: &[(u32, f32)]) -> u32 {
     let mut best = (0u32, f32::NEG_INFINITY);
     for &(i, l) in c {
@@ -226,6 +267,45 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.5, -1.0, 0.5, 2.9]
+    }
+
+    /// The one-pass top-k keeps the set a selection among all candidates keeps, ties (equal
+    /// logits, infinities) included, for every k.
+    #[test]
+    fn top_k_is_the_k_best_by_logit_then_id() {
+        let mut x: u64 = 99;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for n in [2usize, 7, 100, 1000] {
+            // Few distinct values: many ties.
+            let logits: Vec<f32> = (0..n)
+                .map(|_| match next() % 50 {
+                    0 => f32::NEG_INFINITY,
+                    1 => f32::INFINITY,
+                    v => (v % 13) as f32 - 6.0,
+                })
+                .collect();
+            for k in 1..n {
+                let mut all: Vec<(u32, f32)> = logits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (i as u32, l))
+                    .collect();
+                all.sort_by(by_logit_desc);
+                all.truncate(k);
+                let mut got = Vec::new();
+                top_k(&logits, k, &mut got);
+                got.sort_by(by_logit_desc);
+                let bits = |v: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                    v.iter().map(|&(i, l)| (i, l.to_bits())).collect()
+                };
+                assert_eq!(bits(&got), bits(&all), "n {n} k {k}");
+            }
+        }
     }
 
     #[test]
