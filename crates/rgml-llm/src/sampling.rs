@@ -153,17 +153,11 @@ impl Sampler {
                 }
             }
         }
+        if p.temp <= 0.0 {
+            return argmax(&self.penalized);
+        }
         let c = &mut self.candidates;
         c.clear();
-        if p.temp <= 0.0 {
-            c.extend(
-                self.penalized
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &l)| (i as u32, l)),
-            );
-            return argmax(c);
-        }
         match p.top_k > 0 && p.top_k < self.penalized.len() {
             true => top_k(&self.penalized, p.top_k, c),
             false => c.extend(
@@ -236,11 +230,12 @@ fn top_k(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
     }
 }
 
-fn argmax(c: &[(u32, f32)]) -> u32 {
+/// The first index of the largest logit (the lowest id among equals).
+fn argmax(logits: &[f32]) -> u32 {
     let mut best = (0u32, f32::NEG_INFINITY);
-    for &(i, l) in c {
+    for (i, &l) in logits.iter().enumerate() {
         if l > best.1 {
-            best = (i, l);
+            best = (i as u32, l);
         }
     }
     best.0

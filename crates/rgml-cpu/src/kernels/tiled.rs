@@ -253,6 +253,21 @@ unsafe fn tile_on(
     }
 }
 
+/// `$f::<K>` as a `$t` for the kind `K` of `$dtype` among the kinds listed (`None` for the
+/// others, and off x86-64).
+macro_rules! avx2_kernel {
+    ($dtype:expr, $f:ident, $t:ty, [$($k:ident),*]) => {{
+        #[cfg(target_arch = "x86_64")]
+        let kernel: Option<$t> = match kind($dtype) {
+            $(Some($k) => Some($f::<$k>),)*
+            _ => None,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernel: Option<$t> = { let _ = $dtype; None };
+        kernel
+    }};
+}
+
 /// Most activation columns of a [`ColsKernel`] call.
 pub(crate) const COLS: usize = 8;
 
@@ -275,28 +290,20 @@ pub(crate) type ColsKernel = unsafe fn(usize, *const u8, &[*const u8], &[f32], &
 /// The [`ColsKernel`] for `dtype` on this CPU's build: the AVX2 build only, the types of
 /// [`tile`].
 pub(crate) fn cols_kernel(f: CpuFeatures, dtype: DType) -> Option<ColsKernel> {
-    if build(f) != Some(TiledIsa::Avx2) {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Each kernel's features (AVX2, FMA, F16C) are the AVX2 build's, checked above.
-        let kernel: ColsKernel = match kind(dtype)? {
-            Q4_0 => cols_avx2::<Q4_0>,
-            Q4_1 => cols_avx2::<Q4_1>,
-            Q5_0 => cols_avx2::<Q5_0>,
-            Q5_1 => cols_avx2::<Q5_1>,
-            Q8_0 => cols_avx2::<Q8_0>,
-            IQ4_NL => cols_avx2::<IQ4_NL>,
-            _ => return None,
-        };
-        Some(kernel)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = dtype;
-        None
-    }
+    // Each kernel's features (AVX2, FMA, F16C) are the AVX2 build's.
+    (build(f) == Some(TiledIsa::Avx2))
+        .then(|| avx2_cols(dtype))
+        .flatten()
+}
+
+/// The AVX2 column kernel of `dtype`, whatever build the CPU runs.
+fn avx2_cols(dtype: DType) -> Option<ColsKernel> {
+    avx2_kernel!(
+        dtype,
+        cols_avx2,
+        ColsKernel,
+        [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL]
+    )
 }
 
 /// f32 values of [`widen_scales`] for `nb` blocks: scales, then mins.
@@ -434,27 +441,17 @@ pub(crate) type MatvecKernel = unsafe fn(RowRun, &mut [f32]);
 /// thread). Each pair of rows first prefetches its bytes [`super::matmul::PREFETCH_AHEAD`] further on (the
 /// hardware prefetcher alone does not keep DRAM busy).
 pub(crate) fn matvec_kernel(f: CpuFeatures, dtype: DType) -> Option<MatvecKernel> {
-    if build(f) != Some(TiledIsa::Avx2) {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Each kernel's features (AVX2, FMA, F16C) are the AVX2 build's, checked above.
-        let kernel: MatvecKernel = match kind(dtype)? {
-            Q4_0 => matvec_avx2::<Q4_0>,
-            Q4_1 => matvec_avx2::<Q4_1>,
-            Q5_0 => matvec_avx2::<Q5_0>,
-            Q5_1 => matvec_avx2::<Q5_1>,
-            Q8_0 => matvec_avx2::<Q8_0>,
-            _ => return None,
-        };
-        Some(kernel)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = dtype;
-        None
-    }
+    // Each kernel's features (AVX2, FMA, F16C) are the AVX2 build's.
+    (build(f) == Some(TiledIsa::Avx2))
+        .then(|| {
+            avx2_kernel!(
+                dtype,
+                matvec_avx2,
+                MatvecKernel,
+                [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0]
+            )
+        })
+        .flatten()
 }
 
 /// The operands of a [`MatvecKernel`] but the outputs.
@@ -1053,7 +1050,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn cols_kernel_equals_the_pair_dots() {
         let f = CpuFeatures::detect();
-        if build(f) != Some(TiledIsa::Avx2) && !f.has_avx2() {
+        if !f.has_avx2() {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
@@ -1088,7 +1085,8 @@ mod tests {
                 // and out sized as the kernel needs.
                 unsafe {
                     widen_scales(dtype, nb, &y, &mut scales);
-                    cols_avx2_for_test(dtype, nb, row.as_ptr(), &y, &scales, &mut out);
+                    let kernel = avx2_cols(dtype).unwrap();
+                    kernel(nb, row.as_ptr(), &y, &scales, &mut out);
                 }
                 for c in 0..rn {
                     let want = pair_dot(f, dtype, n, &row, &cols[c]);
@@ -1098,32 +1096,6 @@ mod tests {
                         "{dtype} {rn} columns ({c})"
                     );
                 }
-            }
-        }
-    }
-
-    /// The column kernel of `dtype` whatever the build `cols_kernel` would pick.
-    ///
-    /// # Safety
-    /// As [`ColsKernel`], on a CPU with AVX2, FMA and F16C.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn cols_avx2_for_test(
-        dtype: DType,
-        nb: usize,
-        x: *const u8,
-        y: &[*const u8],
-        scales: &[f32],
-        out: &mut [f32],
-    ) {
-        // SAFETY: as the caller promises.
-        unsafe {
-            match kind(dtype).unwrap() {
-                Q4_0 => cols_avx2::<Q4_0>(nb, x, y, scales, out),
-                Q4_1 => cols_avx2::<Q4_1>(nb, x, y, scales, out),
-                Q5_0 => cols_avx2::<Q5_0>(nb, x, y, scales, out),
-                Q5_1 => cols_avx2::<Q5_1>(nb, x, y, scales, out),
-                Q8_0 => cols_avx2::<Q8_0>(nb, x, y, scales, out),
-                _ => cols_avx2::<IQ4_NL>(nb, x, y, scales, out),
             }
         }
     }

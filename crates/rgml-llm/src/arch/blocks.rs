@@ -185,13 +185,18 @@ impl<'a> Builder<'a> {
                 true => self.ctx.mul_mat_rows_alone(w, part)?,
                 false => self.ctx.mul_mat(w, part)?,
             };
-            out = Some(match out {
-                Some(before) => self.ctx.concat(before, product, 1)?,
-                None => product,
-            });
+            out = Some(self.append_rows(out, product)?);
             first += n;
         }
         out.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))
+    }
+
+    /// `rows` after the rows of `before` (dim 1), or `rows` alone.
+    fn append_rows(&mut self, before: Option<TensorId>, rows: TensorId) -> Result<TensorId> {
+        match before {
+            Some(before) => Ok(self.ctx.concat(before, rows, 1)?),
+            None => Ok(rows),
+        }
     }
 
     /// RMS norm of `x` times `weight`, the norm pinned to block `il`'s device: the scheduler
@@ -410,10 +415,7 @@ impl<'a> Builder<'a> {
                 }
             };
             let out = self.group_attention(il, g, q_g, groups.len() == 1)?;
-            attn = Some(match attn {
-                Some(before) => self.ctx.concat(before, out, 1)?,
-                None => out,
-            });
+            attn = Some(self.append_rows(attn, out)?);
         }
         let attn = attn.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))?;
         let attn = self.keep(attn, format!("kqv_out-{il}"))?;

@@ -166,8 +166,9 @@ struct Start {
 }
 
 /// Start `job` in slot `i`: keep what its cache may give (or copy more from another slot),
-/// forget the rest. A prompt the cache holds whole, with its logits, is not evaluated again:
-/// its first token is sampled now. Returns the tokens generated (0 or 1).
+/// forget the rest. A prompt the cache holds whole, with its logits (its own, or copied from
+/// another slot), is not evaluated again: its first token is sampled now. Returns the tokens
+/// generated (0 or 1).
 fn start<'t>(
     session: &mut Session,
     slots: &mut [Slot<'t>],
@@ -177,30 +178,12 @@ fn start<'t>(
     at: Start,
     policy: &Policy,
 ) -> usize {
-    let seq = slots[i].seq;
-    if slots[i].holds_whole(&job.prompt) || copy_whole(session, slots, i, &job.prompt) {
-        return start_from_logits(session, &mut slots[i], job, tok, at);
-    }
-    let mut keep = policy.reusable(&slots[i], &job.prompt);
-    let donor = slots
-        .iter()
-        .enumerate()
-        .filter(|&(j, _)| j != i)
-        .map(|(j, s)| (j, policy.reusable(s, &job.prompt)))
-        .max_by_key(|&(_, n)| n);
-    if let Some((j, n)) = donor.filter(|&(_, n)| n >= keep + MIN_COPY) {
-        let src = slots[j].seq;
-        let copied = session
-            .seq_rm(seq, 0..usize::MAX)
-            .and_then(|()| session.seq_cp(src, seq, 0..n));
-        let prefix = slots[j].cached[..n].to_vec();
-        let slot = &mut slots[i];
-        (slot.cached, slot.aligned, keep) = match copied {
-            Ok(()) => (prefix, n, n),
-            Err(_) => (Vec::new(), 0, 0),
-        };
-        slot.logits_at = 0;
-    }
+    let (seq, n) = (slots[i].seq, job.prompt.len());
+    let whole = slots[i].holds_whole(&job.prompt) || copy_whole(session, slots, i, &job.prompt);
+    let mut keep = match whole {
+        true => n,
+        false => reuse_prefix(session, slots, i, &job.prompt, policy),
+    };
     if session.seq_rm(seq, keep..usize::MAX).is_err() {
         keep = 0;
         let _ = session.seq_rm(seq, 0..usize::MAX);
@@ -208,8 +191,61 @@ fn start<'t>(
     let slot = &mut slots[i];
     slot.truncate(keep);
     slot.last_used = at.step;
+    // Whole still unless the cut failed (`truncate` then forgot the logits).
+    let from_logits = slot.holds_whole(&job.prompt);
     slot.start(job, keep, tok);
-    0
+    match from_logits {
+        true => first_from_logits(slot, tok, n < at.n_ctx),
+        false => 0,
+    }
+}
+
+/// How much of `prompt` slot `i` keeps: what its cache may give, or a longer prefix copied
+/// from another slot.
+fn reuse_prefix(
+    session: &mut Session,
+    slots: &mut [Slot<'_>],
+    i: usize,
+    prompt: &[TokenId],
+    policy: &Policy,
+) -> usize {
+    let keep = policy.reusable(&slots[i], prompt);
+    let donor = slots
+        .iter()
+        .enumerate()
+        .filter(|&(j, _)| j != i)
+        .map(|(j, s)| (j, policy.reusable(s, prompt)))
+        .max_by_key(|&(_, n)| n);
+    match donor.filter(|&(_, n)| n >= keep + MIN_COPY) {
+        Some((j, n)) if copy_prefix(session, slots, j, i, n) => n,
+        Some(_) => 0,
+        None => keep,
+    }
+}
+
+/// Replace slot `i`'s cache with the first `n` tokens of slot `j`'s (an aligned prefix),
+/// copying their cells; whether that worked (slot `i` holds nothing otherwise).
+fn copy_prefix(
+    session: &mut Session,
+    slots: &mut [Slot<'_>],
+    j: usize,
+    i: usize,
+    n: usize,
+) -> bool {
+    let (src, dst) = (slots[j].seq, slots[i].seq);
+    let copied = session
+        .seq_rm(dst, 0..usize::MAX)
+        .and_then(|()| session.seq_cp(src, dst, 0..n))
+        .is_ok();
+    let prefix = match copied {
+        true => slots[j].cached[..n].to_vec(),
+        false => Vec::new(),
+    };
+    let slot = &mut slots[i];
+    slot.aligned = prefix.len();
+    slot.cached = prefix;
+    slot.logits_at = 0;
+    copied
 }
 
 /// Copy `prompt`'s cells and logits into slot `i` from another slot (busy or not) that holds
@@ -219,50 +255,19 @@ fn copy_whole(session: &mut Session, slots: &mut [Slot<'_>], i: usize, prompt: &
     let Some(j) = (0..slots.len()).find(|&j| j != i && slots[j].holds_whole(prompt)) else {
         return false;
     };
-    let (src, dst, n) = (slots[j].seq, slots[i].seq, prompt.len());
-    let copied = session
-        .seq_rm(dst, 0..usize::MAX)
-        .and_then(|()| session.seq_cp(src, dst, 0..n));
+    if !copy_prefix(session, slots, j, i, prompt.len()) {
+        return false;
+    }
     let logits = slots[j].prompt_logits.clone();
     let slot = &mut slots[i];
-    match copied {
-        Ok(()) => {
-            slot.cached = prompt.to_vec();
-            slot.aligned = n;
-            slot.prompt_logits = logits;
-            slot.logits_at = n;
-            true
-        }
-        Err(_) => {
-            let _ = session.seq_rm(dst, 0..usize::MAX);
-            slot.truncate(0);
-            false
-        }
-    }
+    slot.prompt_logits = logits;
+    slot.logits_at = prompt.len();
+    true
 }
 
-/// Start `job`, whose whole prompt `slot` holds with its logits: cut the cache back to the
-/// prompt and sample the first token from the kept logits.
-fn start_from_logits<'t>(
-    session: &mut Session,
-    slot: &mut Slot<'t>,
-    job: Job,
-    tok: &'t rgml_llm::Tokenizer,
-    at: Start,
-) -> usize {
-    let n = job.prompt.len();
-    if session.seq_rm(slot.seq, n..usize::MAX).is_err() {
-        // Nothing kept: evaluated from scratch.
-        let _ = session.seq_rm(slot.seq, 0..usize::MAX);
-        slot.truncate(0);
-        slot.last_used = at.step;
-        slot.start(job, 0, tok);
-        return 0;
-    }
-    slot.truncate(n);
-    slot.last_used = at.step;
-    slot.start(job, n, tok);
-    let room = n < at.n_ctx;
+/// The first token of the request `slot` just started, sampled from the kept logits of its
+/// whole prompt; returns the tokens generated.
+fn first_from_logits(slot: &mut Slot<'_>, tok: &rgml_llm::Tokenizer, room: bool) -> usize {
     let Slot {
         run, prompt_logits, ..
     } = slot;
