@@ -976,6 +976,47 @@ mod tests {
         crate::kernels::dot::vec_dot(f, dtype, n, x, y).unwrap()
     }
 
+    /// The types with tiled kernels.
+    const TYPES: [DType; 6] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::IQ4_NL,
+        DType::Q5_0,
+        DType::Q5_1,
+    ];
+
+    /// `count` random weight rows of `n` values quantized to `dtype`.
+    fn weight_rows(rng: &mut StdRng, dtype: DType, n: usize, count: usize) -> Vec<Vec<u8>> {
+        (0..count)
+            .map(|_| {
+                let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
+                rgml::quant::quantize_row(dtype, &v, &mut b).unwrap();
+                b
+            })
+            .collect()
+    }
+
+    /// `count` random activation rows of `n` values in `dtype`'s vec-dot type.
+    fn activation_rows(
+        f: CpuFeatures,
+        rng: &mut StdRng,
+        dtype: DType,
+        n: usize,
+        count: usize,
+    ) -> Vec<Vec<u8>> {
+        let vd = dtype.vec_dot_type();
+        (0..count)
+            .map(|_| {
+                let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
+                let mut b = vec![0u8; vd.row_bytes(n).unwrap()];
+                quantize_activations(f, vd, &v, &mut b).unwrap();
+                b
+            })
+            .collect()
+    }
+
     /// Every tile shape gives each pair's dot (`vec_dot`, IQ4_NL's tinyBLAS form) bit for bit,
     /// for each type.
     #[test]
@@ -987,31 +1028,9 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let n = 256;
         let nb = n / 32;
-        for dtype in [
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q8_0,
-            DType::IQ4_NL,
-            DType::Q5_0,
-            DType::Q5_1,
-        ] {
-            let vd = dtype.vec_dot_type();
-            let rows: Vec<Vec<u8>> = (0..5)
-                .map(|_| {
-                    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                    let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
-                    rgml::quant::quantize_row(dtype, &v, &mut b).unwrap();
-                    b
-                })
-                .collect();
-            let cols: Vec<Vec<u8>> = (0..TILE_COLS + 1)
-                .map(|_| {
-                    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
-                    let mut b = vec![0u8; vd.row_bytes(n).unwrap()];
-                    quantize_activations(f, vd, &v, &mut b).unwrap();
-                    b
-                })
-                .collect();
+        for dtype in TYPES {
+            let rows = weight_rows(&mut rng, dtype, n, 5);
+            let cols = activation_rows(f, &mut rng, dtype, n, TILE_COLS + 1);
             let builds = [TiledIsa::Avx2, TiledIsa::Avx512, TiledIsa::Avx512Vnni];
             let best = builds
                 .iter()
@@ -1057,26 +1076,9 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(23);
         let n = 288;
         let nb = n / 32;
-        for dtype in [
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q8_0,
-            DType::IQ4_NL,
-            DType::Q5_0,
-            DType::Q5_1,
-        ] {
-            let vd = dtype.vec_dot_type();
-            let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let mut row = vec![0u8; dtype.row_bytes(n).unwrap()];
-            rgml::quant::quantize_row(dtype, &v, &mut row).unwrap();
-            let cols: Vec<Vec<u8>> = (0..COLS)
-                .map(|_| {
-                    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
-                    let mut b = vec![0u8; vd.row_bytes(n).unwrap()];
-                    quantize_activations(f, vd, &v, &mut b).unwrap();
-                    b
-                })
-                .collect();
+        for dtype in TYPES {
+            let row = weight_rows(&mut rng, dtype, n, 1).remove(0);
+            let cols = activation_rows(f, &mut rng, dtype, n, COLS);
             for rn in 1..=COLS {
                 let y: Vec<*const u8> = cols[..rn].iter().map(|c| c.as_ptr()).collect();
                 let mut scales = vec![f32::NAN; scales_len(nb)];
