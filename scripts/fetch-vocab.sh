@@ -29,7 +29,9 @@ mkdir -p "$cache" models/vocab
 if ! { [ -f "$sdist" ] && echo "$sdist_sha  $sdist" | sha256sum --check --quiet --status; }; then
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
-    python3 -m pip download --no-binary llama-cpp-python --no-deps --no-build-isolation --quiet \
+    # pip prepares an sdist's metadata with its build backend (scikit-build-core), which it
+    # installs into an isolated environment: no build isolation fails on a fresh machine.
+    python3 -m pip download --no-binary llama-cpp-python --no-deps --quiet \
         --disable-pip-version-check "llama-cpp-python==$version" -d "$tmp"
     echo "$sdist_sha  $tmp/llama_cpp_python-$version.tar.gz" | sha256sum --check --quiet
     mv "$tmp/llama_cpp_python-$version.tar.gz" "$sdist"
