@@ -9,6 +9,9 @@
 //!   accumulator, so the tile changes only how often rows are loaded and widened.
 //! - [`vec_dot`]: `ggml_vec_dot_f16/bf16/f32` (one activation row, or shapes tinyBLAS
 //!   declines), the order of [`super::vec_float`], prefetching the weight stream ahead.
+//! - [`vec_dot16`]: the same `ggml_vec_dot_*` as the AVX-512 build computes it (16-lane
+//!   accumulators, lanes summed in `_mm512_reduce_add_ps`'s order), for the AVX-512 arithmetic on an AVX-512 CPU; the AVX-512 build's tinyBLAS
+//!   tiles live in `matmul` (`f32_tile_avx512`).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -145,6 +148,94 @@ pub(crate) unsafe fn vec_dot<const W: u8>(
     }
 }
 
+/// Sixteen weights from element `i` of the row at `p`, widened to f32 lanes.
+///
+/// # Safety
+/// AVX-512 F and BW; `p` holds elements `i..i + 16` of type `W`.
+#[inline(always)]
+unsafe fn load16<const W: u8>(p: *const u8, i: usize) -> __m512 {
+    // SAFETY: the caller guarantees the 16 elements and the CPU features.
+    unsafe {
+        let q = p.add(i * elem_bytes(W));
+        match W {
+            F32 => _mm512_loadu_ps(q.cast()),
+            F16 => _mm512_cvtph_ps(_mm256_loadu_si256(q.cast())),
+            _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_loadu_si256(q.cast()),
+            ))),
+        }
+    }
+}
+
+/// The lanes of `v`, summed as `_mm512_reduce_add_ps` sums them ([`super::vexp::hsum16`]'s order: high 8 +
+/// low 8, then `hsum8`), in registers.
+///
+/// # Safety
+/// AVX-512 F and DQ.
+#[inline(always)]
+unsafe fn reduce16(v: __m512) -> f32 {
+    // SAFETY: the caller promises the features.
+    unsafe {
+        let [lo, hi] = super::tiled::halves(v);
+        hsum8(_mm256_add_ps(lo, hi))
+    }
+}
+
+/// [`vec_dot`] as the AVX-512 build computes it: `A` accumulators of 16 lanes (4 for F16 and
+/// F32, folded `(0 + 2) + (1 + 3)` and reduced once; 2 for BF16 without AVX512_BF16, each
+/// reduced and both added in f64), then the same leftovers ([`super::vec_float`]).
+///
+/// # Safety
+/// AVX-512 F, BW, DQ and VL, AVX2, FMA and F16C; `x` points to `n` elements of type `W`, `y` to
+/// `n` f32 values.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn vec_dot16<const W: u8>(
+    x: *const u8,
+    y: *const f32,
+    n: usize,
+    ahead: usize,
+) -> f32 {
+    let accs = if W == BF16 { 2 } else { 4 };
+    let step = 16 * accs;
+    let np = n - n % step;
+    let mut sum = [_mm512_setzero_ps(); 4];
+    // SAFETY: loads read elements below `np <= n` of rows of `n` and the leftovers `np..n` of
+    // both rows (the caller's promise); the prefetches are hints that never fault.
+    unsafe {
+        for k in (0..np).step_by(step) {
+            let line = x.add(k * elem_bytes(W)).wrapping_add(ahead);
+            for b in (0..step * elem_bytes(W)).step_by(64) {
+                super::matmul::prefetch(line.wrapping_add(b));
+            }
+            for (j, s) in sum.iter_mut().enumerate().take(accs) {
+                let xv = load16::<W>(x, k + 16 * j);
+                *s = _mm512_fmadd_ps(xv, _mm512_loadu_ps(y.add(k + 16 * j)), *s);
+            }
+        }
+        let mut xs = [0f32; 64];
+        for (i, v) in xs.iter_mut().enumerate().take(n - np) {
+            let p = x.add((np + i) * elem_bytes(W));
+            *v = match W {
+                F32 => p.cast::<f32>().read_unaligned(),
+                F16 => f16_bits_to_f32(p.cast::<u16>().read_unaligned()),
+                _ => half::bf16::from_bits(p.cast::<u16>().read_unaligned()).to_f32(),
+            };
+        }
+        let (xs, ys) = (&xs[..n - np], std::slice::from_raw_parts(y.add(np), n - np));
+        if W == BF16 {
+            let total = f64::from(reduce16(sum[0])) + f64::from(reduce16(sum[1]));
+            return leftovers_f64(total, xs, ys);
+        }
+        let folded = _mm512_add_ps(_mm512_add_ps(sum[0], sum[2]), _mm512_add_ps(sum[1], sum[3]));
+        let s = reduce16(folded);
+        if W == F32 {
+            leftovers_f32(s, xs, ys)
+        } else {
+            leftovers_f64(f64::from(s), xs, ys)
+        }
+    }
+}
+
 /// Columns per block of the tinyBLAS order: their f32 rows (up to 24 x 6 KiB) stay in L2
 /// while every 4-row tile of the weight block passes over them.
 const COL_BLOCK: usize = 24;
@@ -152,25 +243,27 @@ const COL_BLOCK: usize = 24;
 /// Phase 2 of MUL_MAT for F32/F16/BF16 weights under the AVX2 arithmetic on an AVX2 CPU: as
 /// `float_products` (the same blocks of weight rows, taken on demand, every activation column
 /// broadcast onto a weight matrix), with the kernels above. `pairwise`: ggml's `vec_dot`
-/// order (tinyBLAS declines the shape), else tinyBLAS's.
+/// order (tinyBLAS declines the shape), else tinyBLAS's. `wide`: the AVX-512 build's `vec_dot`
+/// ([`vec_dot16`]), only with `pairwise`.
 ///
 /// # Safety
-/// The CPU supports AVX2, FMA and F16C; `a` is F32, F16 or BF16 with dense rows; `b_row`
-/// gives dense f32 rows of `a.ne[0]` values (src1, or its copy complete since phase 1); with
-/// `!pairwise`, `a.ne[0] % 8 == 0`.
+/// The CPU supports AVX2, FMA and F16C, and with `wide` AVX-512 F, BW, DQ and VL; `a` is F32, F16
+/// or BF16 with dense rows; `b_row` gives dense f32 rows of `a.ne[0]` values (src1, or its
+/// copy complete since phase 1); with `!pairwise`, `a.ne[0] % 8 == 0` and `!wide`.
 pub(super) unsafe fn products(
     dst: &super::TensorView,
     a: &super::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
     tc: &mut super::ThreadCtx<'_>,
     pairwise: bool,
+    wide: bool,
 ) -> rgml::Result<()> {
     // SAFETY: forwarded from the caller.
     unsafe {
         match a.dtype {
-            rgml::DType::F32 => run::<F32>(dst, a, b_row, tc, pairwise),
-            rgml::DType::F16 => run::<F16>(dst, a, b_row, tc, pairwise),
-            rgml::DType::BF16 => run::<BF16>(dst, a, b_row, tc, pairwise),
+            rgml::DType::F32 => run::<F32>(dst, a, b_row, tc, pairwise, wide),
+            rgml::DType::F16 => run::<F16>(dst, a, b_row, tc, pairwise, wide),
+            rgml::DType::BF16 => run::<BF16>(dst, a, b_row, tc, pairwise, wide),
             other => Err(rgml::Error::Backend {
                 backend: "CPU".into(),
                 message: format!("MUL_MAT: no float kernel for {other}"),
@@ -190,6 +283,7 @@ unsafe fn run<const W: u8>(
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
     tc: &mut super::ThreadCtx<'_>,
     pairwise: bool,
+    wide: bool,
 ) -> rgml::Result<()> {
     let (k, m) = (a.ne[0], a.ne[1]);
     let cols = super::matmul::Columns::new(dst, a);
@@ -221,12 +315,17 @@ unsafe fn run<const W: u8>(
             // SAFETY: weight rows below `m` of batch (i02, i03) are dense and in bounds, the
             // `nc` column rows hold `k` f32 values each, and the outputs (i01, column) are in
             // bounds and written only by this thread (it owns the row block); the caller
-            // promised the features and `k % 8 == 0` for the tile.
+            // promised the features (AVX-512 with `wide`) and `k % 8 == 0` for the tile.
             unsafe {
                 if pairwise {
                     for (yj, oj) in y.iter().zip(&out_rows).take(nc) {
                         for i01 in rows.clone() {
-                            oj.add(i01).write(vec_dot::<W>(x(i01), *yj, k, ahead));
+                            let dot = if wide {
+                                vec_dot16::<W>(x(i01), *yj, k, ahead)
+                            } else {
+                                vec_dot::<W>(x(i01), *yj, k, ahead)
+                            };
+                            oj.add(i01).write(dot);
                         }
                     }
                 } else {
@@ -380,5 +479,34 @@ mod tests {
         check::<F32>(f, Flavor::F32);
         check::<F16>(f, Flavor::F16);
         check::<BF16>(f, Flavor::Bf16);
+    }
+
+    /// The AVX-512 build's `vec_dot` ([`vec_dot16`]) gives [`vec_float`]'s 16-lane bits.
+    fn check16<const W: u8>(f: CpuFeatures, flavor: Flavor) {
+        let mut rng = StdRng::seed_from_u64(60 + u64::from(W));
+        for n in [1, 15, 16, 31, 32, 63, 64, 100, 576, 1000, 1536] {
+            let (xb, xf) = rows(&mut rng, W, 3, n);
+            let (_, yf) = rows(&mut rng, F32, 2, n);
+            for (xb, xf) in xb.iter().zip(&xf) {
+                for y in &yf {
+                    // SAFETY: AVX-512 F/BW/DQ/VL, AVX2, FMA, F16C checked; rows of `n`.
+                    let got = unsafe { vec_dot16::<W>(xb.as_ptr(), y.as_ptr(), n, 4096) };
+                    let want = vec_float::vec_dot(f, flavor, xf, y);
+                    assert_eq!(got.to_bits(), want.to_bits(), "vec_dot16 {flavor:?} n {n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wide_vec_dot_equals_the_portable_order() {
+        let f = CpuFeatures::resolve(Some(crate::IsaChoice::Avx512));
+        if !(f.has_avx512() && f.wide()) {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        check16::<F32>(f, Flavor::F32);
+        check16::<F16>(f, Flavor::F16);
+        check16::<BF16>(f, Flavor::Bf16);
     }
 }

@@ -841,13 +841,16 @@ fn float_products(
     let (ne00, ne01) = (a.ne[0], a.ne[1]);
     // Where tinyBLAS declines, ggml runs the type's `vec_dot` pair by pair.
     let pairwise = !tinyblas_takes(f, ne00, ne01, path_rows);
+    // The AVX-512 build's `vec_dot` reads weights in place where the CPU has AVX-512; its
+    // tinyBLAS tiles are below.
     #[cfg(target_arch = "x86_64")]
-    if f.has_avx2() && !f.wide() {
-        // SAFETY: `f` says the CPU has AVX2, FMA and F16C; `a` is F32/F16/BF16 (the caller's
-        // dispatch) with dense rows (`supported`); `b_row` gives dense f32 rows of `ne00`
-        // (src1 in place, or rounded/gathered in the work area since phase 1's barrier);
-        // tinyBLAS's order only where `ne00 % 8 == 0` (`tinyblas_takes`).
-        return unsafe { super::float_avx2::products(dst, a, b_row, tc, pairwise) };
+    if f.has_avx2() && (!f.wide() || (pairwise && f.has_avx512())) {
+        // SAFETY: `f` says the CPU has AVX2, FMA and F16C, and AVX-512 F/DQ/BW/VL where `wide`
+        // is passed; `a` is F32/F16/BF16 (the caller's dispatch) with dense rows
+        // (`supported`); `b_row` gives dense f32 rows of `ne00` (src1 in place, or
+        // rounded/gathered in the work area since phase 1's barrier); tinyBLAS's order only
+        // where `ne00 % 8 == 0` (`tinyblas_takes`) and never with `wide`.
+        return unsafe { super::float_avx2::products(dst, a, b_row, tc, pairwise, f.wide()) };
     }
     let weight_batches = a.ne[2] * a.ne[3];
     let columns = Columns::new(dst, a);
