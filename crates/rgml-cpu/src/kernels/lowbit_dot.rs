@@ -221,12 +221,49 @@ pub fn dot_iq4_nl_q8_0(f: CpuFeatures, x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f3
         iq4nl_pairs(&x[..2 * pairs], &y[..2 * pairs])
     };
     match (x.last(), y.last()) {
-        (Some(bx), Some(by)) if nb % 2 == 1 => {
-            let d = by.d.to_f32_const() * bx.d.to_f32_const();
-            let sumi: i32 = iq4nl_lanes(bx, by).iter().sum();
-            head + sumi as f32 * d
-        }
+        (Some(bx), Some(by)) if nb % 2 == 1 => iq4nl_tail(head, bx, by),
         _ => head,
+    }
+}
+
+/// [`dot_iq4_nl_q8_0`]'s last block of an odd count, added to the paired blocks' `head` as
+/// ggml's scalar leftover loop adds it.
+fn iq4nl_tail(head: f32, bx: &BlockIQ4_NL, by: &BlockQ8_0) -> f32 {
+    let d = by.d.to_f32_const() * bx.d.to_f32_const();
+    let sumi: i32 = iq4nl_lanes(bx, by).iter().sum();
+    head + sumi as f32 * d
+}
+
+/// The matrix-vector kernel of IQ4_NL weights, where the CPU has AVX2 (under either build's
+/// arithmetic: ggml's AVX-512 build runs the AVX2 `vec_dot` for IQ4_NL).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn iq4_nl_matvec(f: CpuFeatures) -> Option<super::tiled::MatvecKernel> {
+    f.has_avx2()
+        .then_some(matvec_iq4_nl as super::tiled::MatvecKernel)
+}
+
+/// `out[r]` = [`dot_iq4_nl_q8_0`] of weight row `r` of `run` and its activation row, bit for
+/// bit, for every row of the run ([`super::tiled::MatvecKernel`]).
+///
+/// # Safety
+/// As [`super::tiled::MatvecKernel`] for IQ4_NL rows and Q8_0 activations, on a CPU with AVX2,
+/// FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+unsafe fn matvec_iq4_nl(run: super::tiled::RowRun, out: &mut [f32]) {
+    // SAFETY: forwarded from the caller.
+    unsafe { avx2::matvec_iq4_nl_pairs(run, out) };
+    if run.nb % 2 == 1 {
+        let last = run.nb - 1;
+        let block = std::mem::size_of::<BlockIQ4_NL>();
+        // SAFETY: block `last` of the activation row and of each weight row is readable (the
+        // caller's promise); the blocks are plain bytes, read unaligned.
+        let by = unsafe { run.y.cast::<BlockQ8_0>().add(last).read_unaligned() };
+        for (r, o) in out.iter_mut().enumerate() {
+            let at = run.x0.wrapping_add(r * run.row_stride + last * block);
+            // SAFETY: as above.
+            let bx = unsafe { at.cast::<BlockIQ4_NL>().read_unaligned() };
+            *o = iq4nl_tail(*o, &bx, &by);
+        }
     }
 }
 

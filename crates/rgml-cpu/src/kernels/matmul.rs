@@ -10,7 +10,8 @@
 //! by 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q5_0/q5_1/q8_0 (and iq4_nl
 //! from 2 src1 rows) through the register
 //! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead, on AVX2
-//! by [`super::tiled::matvec_kernel`]), other
+//! by [`super::tiled::matvec_kernel`]), one src1 row of iq4_nl by
+//! [`super::lowbit_dot::iq4_nl_matvec`]'s kernel (`vec_dot`'s order, two rows per pass), other
 //! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
 //! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
@@ -36,7 +37,7 @@ use std::ops::Range;
 /// How far ahead of the rows being multiplied a matrix-vector product prefetches weights (tuned
 /// on the demo model's generation: 2 KiB gives +35%, 4 KiB +50%, 8 KiB +45%, 16 KiB +30%; on a
 /// Zen 1 AVX2 CPU, as Q8_0, 4 KiB is best too: 65 tokens/s against 56-58 for 1, 2 and 8 KiB).
-pub(super) const PREFETCH_AHEAD: usize = 4096;
+pub(crate) const PREFETCH_AHEAD: usize = 4096;
 
 /// A hint to load the cache line at `p`; never faults, whatever the address.
 #[inline(always)]
@@ -53,7 +54,7 @@ pub(super) fn prefetch(p: *const u8) {
 
 /// Prefetch the cache lines of `len` bytes from `p` (hints: any address is fine).
 #[inline(always)]
-pub(super) fn prefetch_span(p: *const u8, len: usize) {
+pub(crate) fn prefetch_span(p: *const u8, len: usize) {
     for off in (0..len).step_by(64) {
         prefetch(p.wrapping_add(off));
     }
@@ -485,10 +486,12 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let blk = super::row_block(ne01, batches, tc.nth, 1, group);
         let nblk = ne01.div_ceil(blk);
         let tiled = super::tiled::takes(f, a.dtype, self.path_rows);
-        let matvec = if tiled && self.ne11 == 1 && !a.packed {
-            super::tiled::matvec_kernel(f, a.dtype)
-        } else {
-            None
+        let matvec = match (self.ne11, a.packed) {
+            // One row of IQ4_NL takes `vec_dot`'s arithmetic, not the tiles'.
+            #[cfg(target_arch = "x86_64")]
+            (1, false) if a.dtype == DType::IQ4_NL => super::lowbit_dot::iq4_nl_matvec(f),
+            (1, false) if tiled => super::tiled::matvec_kernel(f, a.dtype),
+            _ => None,
         };
         let cols = match tiled && self.ne11 > 1 && !a.packed {
             true => super::tiled::cols_kernel(f, a.dtype),
@@ -610,8 +613,9 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         }
     }
 
-    /// One activation row (a generation step) on the AVX2 build, by `kernel` (see
-    /// [`super::tiled::matvec_kernel`]).
+    /// One activation row (a generation step) by `kernel`: on the AVX2 build (see
+    /// [`super::tiled::matvec_kernel`]), and for IQ4_NL weights on either build
+    /// ([`super::lowbit_dot::iq4_nl_matvec`]).
     fn matvec(
         &self,
         kernel: super::tiled::MatvecKernel,

@@ -433,7 +433,8 @@ pub(crate) type MatvecKernel = unsafe fn(RowRun, &mut [f32]);
 
 /// The matrix-vector kernel for `dtype` on this CPU's build: the AVX2 build only (the AVX-512
 /// builds take 4-row tiles through [`tile`]), not IQ4_NL (whose one-row products take
-/// `vec_dot`'s arithmetic, not the tiles'; see [`takes`]).
+/// `vec_dot`'s arithmetic, not the tiles' (see [`takes`]): its kernel is
+/// [`super::lowbit_dot::iq4_nl_matvec`]'s).
 ///
 /// Why not [`tile`] per 4 rows: one call per block of rows keeps the kernel, its dispatch and
 /// the prefetches in one loop, and 2-row tiles stream faster than 4-row ones on AVX2 CPUs that

@@ -2,9 +2,12 @@
 //! operations; the integer lanes are exact whatever computes them).
 
 use super::{iq4xs_scales, q3k_scales};
+use crate::kernels::matmul::{prefetch_span, PREFETCH_AHEAD};
+use crate::kernels::tiled::RowRun;
 use rgml::quant::{BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K};
 use rgml::quant::{KVALUES_IQ4NL, QK_K};
 use std::arch::x86_64::*;
+use std::mem::size_of;
 
 /// `hsum_float_8`.
 #[inline(always)]
@@ -151,6 +154,62 @@ pub(crate) unsafe fn iq4_values(qs: *const u8) -> __m256i {
 pub(crate) unsafe fn mul_add_i8(v: __m256i, y: __m256i) -> __m256i {
     // SAFETY: AVX2 as promised.
     unsafe { _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(y, v)) }
+}
+
+/// [`dot_iq4_nl_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
+/// the activation row, into `out[r]`: two rows per pass share the activation loads, and each
+/// pass first prefetches its rows [`PREFETCH_AHEAD`] bytes further on.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the run's `out.len()` rows hold `nb` IQ4_NL
+/// blocks each and `y` holds `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn matvec_iq4_nl_pairs(run: RowRun, out: &mut [f32]) {
+    let row_bytes = run.nb * size_of::<BlockIQ4_NL>();
+    let mut pairs = out.chunks_exact_mut(2);
+    let mut x = run.x0;
+    for o in &mut pairs {
+        let next = x.wrapping_add(run.row_stride);
+        prefetch_span(x.wrapping_add(PREFETCH_AHEAD), row_bytes);
+        prefetch_span(next.wrapping_add(PREFETCH_AHEAD), row_bytes);
+        // SAFETY: two rows of the run, as the caller promised; `o` holds 2.
+        unsafe { iq4_nl_rows::<2>(run.nb, [x, next], run.y, o) };
+        x = next.wrapping_add(run.row_stride);
+    }
+    if let [o] = pairs.into_remainder() {
+        // SAFETY: the last row, as above.
+        unsafe { iq4_nl_rows::<1>(run.nb, [x], run.y, std::slice::from_mut(o)) };
+    }
+}
+
+/// [`dot_iq4_nl_pairs`] of `R` weight rows at `x` (`nb` blocks each, the paired ones used) and
+/// the Q8_0 row at `y`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `x[r]` and `y` hold `nb` blocks; `out` holds `R`.
+#[inline(always)]
+unsafe fn iq4_nl_rows<const R: usize>(nb: usize, x: [*const u8; R], y: *const u8, out: &mut [f32]) {
+    let (xb, yb) = (size_of::<BlockIQ4_NL>(), size_of::<BlockQ8_0>());
+    // SAFETY: the caller's features; block i < nb of each row and of `y` (the caller's
+    // promise): a block's f16 scale at offset 0, its quants at offset 2.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for i in 0..nb - nb % 2 {
+            let py = y.add(i * yb);
+            let dy = crate::kernels::tiled::h2f(py);
+            let yv = load(py.add(2));
+            for (acc, &xr) in acc.iter_mut().zip(&x) {
+                let px = xr.add(i * xb);
+                let d = dy * crate::kernels::tiled::h2f(px);
+                let v = iq4_values(px.add(2));
+                let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
+                acc[i % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[i % 2]);
+            }
+        }
+        for (o, acc) in out.iter_mut().zip(&acc) {
+            *o = hsum(_mm256_add_ps(acc[0], acc[1]));
+        }
+    }
 }
 
 /// # Safety

@@ -94,3 +94,46 @@ fn q3k_scales_equal_q3_k_scale() {
         assert_eq!(q3k_scales(&x), want, "{:?}", x.scales);
     }
 }
+
+/// The IQ4_NL matrix-vector kernel gives each row `vec_dot`'s bits, for odd and even block
+/// counts and row counts, with gaps between the rows.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn iq4_nl_matvec_equals_the_pair_dots() {
+    let f = CpuFeatures::detect();
+    let Some(kernel) = iq4_nl_matvec(f) else {
+        eprintln!("skipped: no AVX2 on this CPU");
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(12);
+    for nb in [1, 2, 7, 18, 48] {
+        let n = nb * 32;
+        let row_bytes = DType::IQ4_NL.row_bytes(n).unwrap();
+        let stride = row_bytes + 6;
+        for rows in [1, 2, 3, 5] {
+            let mut x = vec![0u8; rows * stride];
+            for r in 0..rows {
+                x[r * stride..r * stride + row_bytes].copy_from_slice(&row(
+                    &mut rng,
+                    DType::IQ4_NL,
+                    n,
+                ));
+            }
+            let y = row(&mut rng, DType::Q8_0, n);
+            let run = crate::kernels::tiled::RowRun {
+                nb,
+                x0: x.as_ptr(),
+                row_stride: stride,
+                y: y.as_ptr(),
+            };
+            let mut out = vec![f32::NAN; rows];
+            // SAFETY: `rows` rows of `nb` IQ4_NL blocks `stride` apart, `nb` Q8_0 blocks.
+            unsafe { kernel(run, &mut out) };
+            for (r, got) in out.iter().enumerate() {
+                let xr = &x[r * stride..r * stride + row_bytes];
+                let want = dot_iq4_nl_q8_0(f, &blocks(xr), &blocks(&y));
+                assert_eq!(got.to_bits(), want.to_bits(), "nb {nb} rows {rows} row {r}");
+            }
+        }
+    }
+}
