@@ -9,9 +9,9 @@
 //! at once, and the last thread to arrive wakes the sleepers.
 
 use crate::pool::Spin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Busy-wait rounds before an active wait starts yielding.
 const PURE_SPINS: u32 = 256;
@@ -29,6 +29,8 @@ pub(crate) struct SpinBarrier {
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
+    /// Nanoseconds the threads spent waiting here (actively or parked), summed over them.
+    waited_ns: AtomicU64,
 }
 
 impl SpinBarrier {
@@ -41,6 +43,7 @@ impl SpinBarrier {
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
+            waited_ns: AtomicU64::new(0),
         }
     }
 
@@ -62,9 +65,18 @@ impl SpinBarrier {
             }
             return;
         }
+        let start = Instant::now();
         if !self.wait_actively(gen) {
             self.park(gen);
         }
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.waited_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The time threads have spent waiting here so far, summed over them (the last arrival
+    /// of each generation does not wait).
+    pub(crate) fn waited(&self) -> Duration {
+        Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed))
     }
 
     /// Spin, then yield, until the generation moves on (`true`) or [`ACTIVE`] has passed.
@@ -127,6 +139,23 @@ mod tests {
     #[test]
     fn barrier_orders_phases() {
         run_rounds(4, 50, |_, _| false);
+    }
+
+    #[test]
+    fn waiting_for_a_late_thread_is_counted() {
+        let b = Arc::new(SpinBarrier::new(2));
+        let late = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                b.wait();
+            })
+        };
+        b.wait();
+        late.join().unwrap();
+        // The early thread waited about 5 ms; the late one did not wait.
+        assert!(b.waited() >= Duration::from_millis(4), "{:?}", b.waited());
+        assert!(b.waited() < Duration::from_secs(5));
     }
 
     #[test]

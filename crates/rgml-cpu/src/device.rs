@@ -169,25 +169,17 @@ impl rgml::Device for CpuDevice {
     /// Parameters: `n_threads` (default: all cores), `async` (0 or 1; default 1 for the
     /// stand-in devices `CPU0`, ..., 0 for "CPU"), `isa` (`avx2`, `avx512` or
     /// `avx512-nobf16`: the arithmetic of that ggml build, see [`IsaChoice`]; default: the
-    /// device's).
+    /// device's), `adapt` (0 or 1, default 1: runs use fewer threads while other processes
+    /// keep the cores busy, see [`CpuBackend::set_adaptive_threads`]).
     fn init_backend(&self, params: &BackendParams) -> Result<Box<dyn Backend>> {
-        params.check_known(&["n_threads", "async", "isa"])?;
+        params.check_known(&["n_threads", "async", "isa", "adapt"])?;
         let n_threads = params
             .get_parsed::<usize>("n_threads")?
             .unwrap_or_else(crate::default_n_threads);
         // The devices standing in for separate ones (`CPU0`, ...) run asynchronously by
         // default, so work on several of them overlaps; "CPU" stays synchronous.
-        let asynchronous = match params.get("async") {
-            None => self.name != "CPU",
-            Some("1" | "true") => true,
-            Some("0" | "false") => false,
-            Some(other) => {
-                return Err(rgml::Error::InvalidParams {
-                    params: format!("async={other}"),
-                    reason: "async must be 0 or 1".into(),
-                })
-            }
-        };
+        let asynchronous = flag(params, "async")?.unwrap_or(self.name != "CPU");
+        let adapt = flag(params, "adapt")?.unwrap_or(true);
         let features = match params.get("isa") {
             None => self.features,
             Some(v) => {
@@ -200,6 +192,7 @@ impl rgml::Device for CpuDevice {
         };
         let mut backend = CpuBackend::with_mode(self.shared(), n_threads, asynchronous)?;
         backend.set_features(features);
+        backend.set_adaptive_threads(adapt);
         Ok(Box::new(backend))
     }
 
@@ -312,5 +305,18 @@ impl Registry for CpuRegistry {
 
     fn devices(&self) -> Vec<DeviceRef> {
         self.devices.clone()
+    }
+}
+
+/// Backend parameter `name` as a boolean (`0`/`false` or `1`/`true`), if given.
+fn flag(params: &BackendParams, name: &str) -> Result<Option<bool>> {
+    match params.get(name) {
+        None => Ok(None),
+        Some("1" | "true") => Ok(Some(true)),
+        Some("0" | "false") => Ok(Some(false)),
+        Some(other) => Err(Error::InvalidParams {
+            params: format!("{name}={other}"),
+            reason: format!("{name} must be 0 or 1"),
+        }),
     }
 }

@@ -164,6 +164,8 @@ fn check_files(isa: IsaChoice, paths: &[PathBuf], expected_files: usize) -> Vec<
     assert_eq!(paths.len(), expected_files, "fixture files");
     for threads in [1, 2] {
         let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
+        // Every thread count asked for runs, even on a loaded machine.
+        be.set_adaptive_threads(false);
         for path in paths {
             let case = read_case(path);
             let (cols, x) = read_x(case.k);
@@ -206,6 +208,7 @@ fn rows_alone_give_each_row_its_one_row_product() {
         };
         let device = CpuDevice::with_options("CPU", &options);
         let mut be = CpuBackend::with_device(device, 2).unwrap();
+        be.set_adaptive_threads(false);
         for path in files(&["q", "iq", "f16", "f32", "bf16"]) {
             let case = read_case(&path);
             let (cols, x) = read_x(case.k);
@@ -396,6 +399,8 @@ fn attention_products_equal_ggml_avx2_bit_for_bit() {
     let mut failures = Vec::new();
     for threads in [1, 2] {
         let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
+        // Every thread count asked for runs, even on a loaded machine.
+        be.set_adaptive_threads(false);
         for path in &paths {
             let case = read_attn_case(path);
             for (b, ggml_threads, want) in &case.outputs {

@@ -6,6 +6,7 @@
 //! views (checked by [`super::plan`]) once it has checked, under the guards, that every buffer
 //! is still where the views point.
 
+use super::governor::Governor;
 use super::plan::Job;
 use crate::barrier::SpinBarrier;
 use crate::buffer::CPU_ALIGNMENT;
@@ -15,6 +16,7 @@ use rgml::backend::{AlignedMem, HostAccess};
 use rgml::{Buffer, Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// A callback polled between nodes; returning `true` stops the computation with
 /// [`Error::Aborted`].
@@ -32,6 +34,8 @@ pub(super) struct Engine {
     /// One work counter per node of the running job ([`ThreadCtx::claim`]), reset before each
     /// run; kept between runs so a run does not allocate.
     pub(super) claims: Vec<AtomicUsize>,
+    /// How many of the `n_threads` each run uses.
+    pub(super) governor: Governor,
 }
 
 pub(super) fn align64(n: usize) -> Result<usize> {
@@ -70,8 +74,9 @@ impl Engine {
         })
     }
 
-    /// Run the tasks on all threads: every thread runs every node in order (taking its share),
-    /// with a barrier only before the nodes that `plan_syncs` marks.
+    /// Run the tasks on the threads the governor gives this run: every thread runs every node
+    /// in order (taking its share), with a barrier only before the nodes that `plan_syncs`
+    /// marks; then tell the governor how long the threads waited at the barriers.
     pub(super) fn run_tasks(
         &mut self,
         tasks: &[NodeTask],
@@ -87,7 +92,10 @@ impl Engine {
             ptr: self.work.ptr().as_ptr(),
             len: self.work.len(),
         };
+        // The threads that work on this run (see `governor`): the pool's others return at once.
+        let nth = self.governor.threads().min(nth);
         let barrier = SpinBarrier::new(nth);
+        let started = Instant::now();
         if self.claims.len() < tasks.len() {
             self.claims.resize_with(tasks.len(), || AtomicUsize::new(0));
         }
@@ -107,6 +115,9 @@ impl Engine {
             stop_at.fetch_min(j + 1, Ordering::AcqRel);
         };
         let body = |ith: usize| {
+            if ith >= nth {
+                return;
+            }
             let pt_len = pt_bytes / 4;
             // SAFETY: the work area is `shared_bytes + nth * pt_bytes` bytes or more (sized in
             // `execute`), 64-byte aligned, and borrowed by this call for the whole run; thread
@@ -168,6 +179,8 @@ impl Engine {
             Some(pool) if nth > 1 => pool.run(&body)?,
             _ => body(0),
         }
+        self.governor
+            .record(nth, barrier.waited(), started.elapsed());
         match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some((_, e)) => Err(e),
             None => Ok(()),

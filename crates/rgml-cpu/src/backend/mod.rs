@@ -41,6 +41,7 @@
 //! blocking read). Dropping the backend finishes the queued work and joins the worker.
 
 mod engine;
+mod governor;
 mod plan;
 mod queue;
 
@@ -116,6 +117,7 @@ impl CpuBackend {
                 abort: None,
                 work: AlignedMem::new(0, CPU_ALIGNMENT, "CPU work area")?,
                 claims: Vec::new(),
+                governor: governor::Governor::new(n_threads, true),
             })),
             worker: None,
             plans: Vec::with_capacity(PLAN_SLOTS),
@@ -191,7 +193,17 @@ impl CpuBackend {
             let mut e = self.engine_idle();
             e.n_threads = n;
             e.pool = None;
+            e.governor = governor::Governor::new(n, e.governor.enabled());
         }
+    }
+
+    /// Whether graph runs may use fewer threads than [`CpuBackend::n_threads`] while other
+    /// processes keep the cores busy (on by default; see `governor`). Off, every run uses
+    /// them all, as for measuring what a fixed thread count does.
+    pub fn set_adaptive_threads(&mut self, on: bool) {
+        let mut e = self.engine_idle();
+        let n = e.n_threads;
+        e.governor = governor::Governor::new(n, on);
     }
 
     /// Poll `callback` between nodes; when it returns `true` compute stops with
