@@ -1,7 +1,7 @@
 // Reference MUL_MAT results from the real ggml CPU backend, for rgml-cpu's bit-exactness tests
 // (crates/rgml-cpu/tests/ggml_matmul.rs). Build and run with gen_matmul.sh.
 //
-// For each weight type and row length K it quantizes a deterministic random weight matrix
+// For each weight type and row length K (768, 576 and 544 = 17 blocks, an odd count) it quantizes a deterministic random weight matrix
 // W [K x N] with ggml_quantize_chunk, multiplies it with the first B columns of a deterministic
 // random f32 matrix X [K x 19] for B in {1, 2, 5, 8, 19} (vec_dot, llamafile tinyBLAS and the
 // tiled K-quant paths), on 1 and 2 threads, and writes
@@ -237,9 +237,10 @@ int main(int argc, char ** argv) {
     const enum ggml_type floats[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16};
     // Float weights: a row count tinyBLAS takes (m % 4 == 0) and one it declines.
     const int float_rows[] = {8, 6};
-    const int ks[] = {768, 576, 1536};
+    // 544 = 17 blocks of 32: the odd last block `vec_dot` adds on its own (IQ4_NL's pairs).
+    const int ks[] = {768, 576, 1536, 544};
     int rc = 0;
-    for (int ki = 0; ki < 3; ki++) {
+    for (int ki = 0; ki < 4; ki++) {
         const int k = ks[ki];
         float * x = malloc(sizeof(float) * (size_t) k * X_COLS);
         if (!x) {
@@ -255,7 +256,7 @@ int main(int argc, char ** argv) {
                 rc |= write_case(argv[1], kquants[i], k, 0, x);
             }
         }
-        for (size_t i = 0; k != 768 && i < sizeof floats / sizeof floats[0]; i++) {
+        for (size_t i = 0; k != 768 && k != 544 && i < sizeof floats / sizeof floats[0]; i++) {
             for (int r = 0; r < 2; r++) {
                 rc |= write_case(argv[1], floats[i], k, float_rows[r], x);
             }

@@ -10,7 +10,9 @@
 //! builds run the same float operations (the `__AVX2__` `vec_dot` branches; tinyBLAS_Q0 on
 //! `__m256` with the same `hsum`; the VNNI tiled kernel's epilogue `buf + result * d1`, which
 //! GCC contracts into the AVX2 kernel's FMA), and only integer sums, exact either way, change
-//! instructions. See the fixtures' README.
+//! instructions (checked on an AVX-512 CPU: its build writes the same quantized fixtures).
+//! Float and attention products differ in that build; `avx512/` holds its results for them.
+//! See the fixtures' README.
 
 mod fixture_reader;
 use fixture_reader::Reader;
@@ -111,7 +113,30 @@ fn product(be: &mut CpuBackend, case: &Case, x: &[f32], b: usize, rows_alone: bo
 
 /// The fixture files whose names start with one of `prefixes`.
 fn files(prefixes: &[&str]) -> Vec<PathBuf> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(fixtures())
+    files_in(&fixtures(), prefixes)
+}
+
+/// The AVX-512 build's fixtures (only those whose bits differ from the AVX2 build's: float
+/// weights and attention shapes), made on an AVX-512 CPU (`gen_matmul.sh --isa avx512`). BF16
+/// weights are left out where the CPU lacks AVX512_BF16: that build's BF16 dots need it.
+fn avx512_files(prefixes: &[&str]) -> Vec<PathBuf> {
+    let bf16 = CpuDevice::with_options(
+        "CPU",
+        &CpuOptions {
+            isa: Some(IsaChoice::Avx512),
+            ..Default::default()
+        },
+    )
+    .features()
+    .bf16_products();
+    files_in(&fixtures().join("avx512"), prefixes)
+        .into_iter()
+        .filter(|p| bf16 || !p.to_string_lossy().contains("bf16_"))
+        .collect()
+}
+
+fn files_in(dir: &Path, prefixes: &[&str]) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| {
@@ -151,7 +176,7 @@ fn mismatch(what: &str, got: &[f32], want: &[f32]) -> Option<String> {
 /// Every case, batch and thread count gives ggml's bits under the arithmetic `isa`; returns
 /// the mismatches as text.
 fn check(isa: IsaChoice) -> Vec<String> {
-    check_files(isa, &cases(), 18)
+    check_files(isa, &cases(), 24)
 }
 
 fn check_files(isa: IsaChoice, paths: &[PathBuf], expected_files: usize) -> Vec<String> {
@@ -295,10 +320,25 @@ fn fixtures_distinguish_the_paths() {
 /// F32, F16 and BF16 weights of K = 576 and 1536 with 8 rows (tinyBLAS from 2 activation rows)
 /// and 6 rows (tinyBLAS declines: `ggml_vec_dot_f32/f16/bf16` pair by pair), 1..19 activation
 /// rows: the AVX2 build's bits. (The AVX-512 arithmetic of float weights is another order, 16
-/// lanes, which no fixture here pins.)
+/// lanes: the next test.)
 #[test]
 fn float_products_equal_ggml_avx2_bit_for_bit() {
     let failures = check_files(IsaChoice::Avx2, &files(&["f16", "f32", "bf16"]), 12);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The same float cases against ggml's AVX-512 build (16-lane `vec_dot`, tinyBLAS on
+/// `__m512`, `vdpbf16ps` for BF16), under the AVX-512 arithmetic: natively on an AVX-512 CPU,
+/// emulated on others.
+#[test]
+fn float_products_equal_ggml_avx512_bit_for_bit() {
+    let paths = avx512_files(&["f16", "f32", "bf16"]);
+    let expected = if paths.iter().any(|p| p.to_string_lossy().contains("bf16_")) {
+        12
+    } else {
+        8
+    };
+    let failures = check_files(IsaChoice::Avx512, &paths, expected);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -389,24 +429,33 @@ fn rgml_attn(be: &mut CpuBackend, case: &AttnCase, b: usize) -> Vec<f32> {
 /// Q): with n_kv rows/columns tinyBLAS takes (40, 128) and declines (37), 1, 2 and 5 tokens.
 #[test]
 fn attention_products_equal_ggml_avx2_bit_for_bit() {
+    check_attention(IsaChoice::Avx2, &files(&["attn_"]));
+}
+
+/// The same attention shapes against ggml's AVX-512 build.
+#[test]
+fn attention_products_equal_ggml_avx512_bit_for_bit() {
+    check_attention(IsaChoice::Avx512, &avx512_files(&["attn_"]));
+}
+
+fn check_attention(isa: IsaChoice, paths: &[PathBuf]) {
     let options = CpuOptions {
-        isa: Some(IsaChoice::Avx2),
+        isa: Some(isa),
         ..Default::default()
     };
     let device = CpuDevice::with_options("CPU", &options);
-    let paths = files(&["attn_"]);
     assert_eq!(paths.len(), 4, "fixture files");
     let mut failures = Vec::new();
     for threads in [1, 2] {
         let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
         // Every thread count asked for runs, even on a loaded machine.
         be.set_adaptive_threads(false);
-        for path in &paths {
+        for path in paths {
             let case = read_attn_case(path);
             for (b, ggml_threads, want) in &case.outputs {
                 let got = rgml_attn(&mut be, &case, *b);
                 let what = format!(
-                    "{} {:?} batch {b} (ggml {ggml_threads} threads, rgml {threads})",
+                    "{} {:?} batch {b} (ggml {ggml_threads} threads, rgml {threads}, {isa})",
                     path.file_name().unwrap().to_string_lossy(),
                     case.dims
                 );

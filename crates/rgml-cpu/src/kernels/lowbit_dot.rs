@@ -227,11 +227,12 @@ pub fn dot_iq4_nl_q8_0(f: CpuFeatures, x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f3
 }
 
 /// [`dot_iq4_nl_q8_0`]'s last block of an odd count, added to the paired blocks' `head` as
-/// ggml's scalar leftover loop adds it.
+/// ggml's scalar leftover loop adds it: `sumf += d * (sumi1 + sumi2)`, which GCC contracts
+/// into one FMA (pinned by the `iq4_nl_k544` fixture of `tests/ggml_matmul.rs`, 17 blocks).
 fn iq4nl_tail(head: f32, bx: &BlockIQ4_NL, by: &BlockQ8_0) -> f32 {
     let d = by.d.to_f32_const() * bx.d.to_f32_const();
     let sumi: i32 = iq4nl_lanes(bx, by).iter().sum();
-    head + sumi as f32 * d
+    d.mul_add(sumi as f32, head)
 }
 
 /// The matrix-vector kernel of IQ4_NL weights, where the CPU has AVX2 (under either build's
