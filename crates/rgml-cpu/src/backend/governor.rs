@@ -13,8 +13,9 @@
 //! thread's time in generation, about 3% in prompts; with a busy process sharing the cores it
 //! exceeds 100% (both threads spin and park by turns). A run that waited more than
 //! [`STALLED_SHARE`] is a stalled run, and the next runs use one thread fewer. While below the
-//! full count, a run now and then tries one thread more and keeps it if that run did not stall;
-//! after each failed try the next waits twice as long (from [`PROBE_AFTER`] up to
+//! full count, a run now and then tries one thread more and keeps it if that run did not stall:
+//! once both [`PROBE_AFTER`] and [`PROBE_RUNS`] runs have passed (so long runs, such as
+//! prompts, do not try every other time), and after each failed try twice as long (up to
 //! [`PROBE_MAX`]). The thread count never changes results: every kernel computes each output
 //! with the same operations whatever the number of threads.
 
@@ -27,7 +28,10 @@ const STALLED_SHARE: f64 = 0.5;
 /// How long a reduced thread count stays before a run first tries one thread more.
 const PROBE_AFTER: Duration = Duration::from_millis(200);
 
-/// The longest wait between tries.
+/// How many runs a reduced thread count makes before a run first tries one thread more.
+const PROBE_RUNS: u32 = 8;
+
+/// The longest wait between tries (16 times the first).
 const PROBE_MAX: Duration = Duration::from_millis(3200);
 
 /// The thread count of the next runs (see the module docs).
@@ -41,6 +45,9 @@ pub(super) struct Governor {
     since: Instant,
     /// How long after `since` the next try comes.
     interval: Duration,
+    /// Runs since `since`, and how many must pass before the next try.
+    runs: u32,
+    runs_needed: u32,
     /// Adapting at all (otherwise every run uses `max`).
     enabled: bool,
 }
@@ -52,6 +59,8 @@ impl Governor {
             active: max.max(1),
             since: Instant::now(),
             interval: PROBE_AFTER,
+            runs: 0,
+            runs_needed: PROBE_RUNS,
             enabled,
         }
     }
@@ -65,7 +74,8 @@ impl Governor {
         if !self.enabled {
             return self.max;
         }
-        if self.active < self.max && self.since.elapsed() >= self.interval {
+        let due = self.runs >= self.runs_needed && self.since.elapsed() >= self.interval;
+        if self.active < self.max && due {
             return self.active + 1;
         }
         self.active
@@ -74,7 +84,11 @@ impl Governor {
     /// What a run on `used` threads measured: `waited`, the time its threads spent at
     /// barriers (summed over them), and its wall time.
     pub(super) fn record(&mut self, used: usize, waited: Duration, wall: Duration) {
-        if !self.enabled || used <= 1 {
+        if !self.enabled {
+            return;
+        }
+        self.runs = self.runs.saturating_add(1);
+        if used <= 1 {
             return;
         }
         // Up to `used - 1` threads wait at a time.
@@ -82,18 +96,27 @@ impl Governor {
         let stalled = waited.as_secs_f64() > STALLED_SHARE * waiting;
         let tried = used > self.active;
         if stalled {
-            self.interval = match tried {
-                true => (self.interval * 2).min(PROBE_MAX),
-                false => PROBE_AFTER,
-            };
+            if tried {
+                self.interval = (self.interval * 2).min(PROBE_MAX);
+                self.runs_needed = (self.runs_needed * 2).min(PROBE_RUNS * 16);
+            } else {
+                self.interval = PROBE_AFTER;
+                self.runs_needed = PROBE_RUNS;
+            }
             self.active = used - 1;
-            self.since = Instant::now();
+            self.restart();
         } else if tried {
             // A try that kept pace: the machine has the cores again.
             self.active = used;
             self.interval = PROBE_AFTER;
-            self.since = Instant::now();
+            self.runs_needed = PROBE_RUNS;
+            self.restart();
         }
+    }
+
+    fn restart(&mut self) {
+        self.since = Instant::now();
+        self.runs = 0;
     }
 }
 
@@ -102,6 +125,12 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// Pretend `interval` and `runs` have passed since the last change.
+    fn age(g: &mut Governor, interval: Duration, runs: u32) {
+        g.since = Instant::now() - interval;
+        g.runs = runs;
+    }
 
     #[test]
     fn stalled_runs_shed_threads_and_probes_win_them_back() {
@@ -119,22 +148,27 @@ mod tests {
         // One thread measures nothing.
         g.record(1, Duration::ZERO, 5 * MS);
         assert_eq!(g.threads(), 1);
-        // Once the interval has passed, a run tries one more; a stalled try goes back and
-        // doubles the interval.
-        g.since = Instant::now() - PROBE_AFTER;
+        // Once the interval and the runs have passed, a run tries one more; a stalled try goes
+        // back and doubles both.
+        age(&mut g, PROBE_AFTER, PROBE_RUNS - 1);
+        assert_eq!(g.threads(), 1, "not enough runs yet");
+        age(&mut g, PROBE_AFTER, PROBE_RUNS);
         assert_eq!(g.threads(), 2);
         g.record(2, 4 * MS, 5 * MS);
         assert_eq!(g.threads(), 1);
-        assert_eq!(g.interval, 2 * PROBE_AFTER);
-        g.since = Instant::now() - PROBE_AFTER;
-        assert_eq!(g.threads(), 1, "not yet");
+        assert_eq!(
+            (g.interval, g.runs_needed),
+            (2 * PROBE_AFTER, 2 * PROBE_RUNS)
+        );
+        age(&mut g, PROBE_AFTER, 2 * PROBE_RUNS);
+        assert_eq!(g.threads(), 1, "not long enough yet");
         // A try that keeps pace is kept, and the next try can climb further.
-        g.since = Instant::now() - 2 * PROBE_AFTER;
+        age(&mut g, 2 * PROBE_AFTER, 2 * PROBE_RUNS);
         assert_eq!(g.threads(), 2);
         g.record(2, Duration::ZERO, 5 * MS);
         assert_eq!(g.threads(), 2);
-        assert_eq!(g.interval, PROBE_AFTER);
-        g.since = Instant::now() - PROBE_AFTER;
+        assert_eq!((g.interval, g.runs_needed), (PROBE_AFTER, PROBE_RUNS));
+        age(&mut g, PROBE_AFTER, PROBE_RUNS);
         assert_eq!(g.threads(), 3);
         g.record(3, Duration::ZERO, 5 * MS);
         assert_eq!(g.threads(), 3);
