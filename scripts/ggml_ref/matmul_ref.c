@@ -9,7 +9,7 @@
 //   {type}_k{K}.bin:     "RGMLMM1\0", u32 ggml type, u32 K, u32 N, u32 nbatch, u32 batch[nbatch],
 //                        u32 w_bytes, W bytes, then per batch B, per threads T in {1, 2}:
 //                        f32 out[B][N]
-// Float weights (F32/F16/BF16, K = 576 and 1536, 8 and 6 rows) use the same layout, named
+// Float weights (F32/F16/BF16, K = 576, 1536 and 544, 8 and 6 rows) use the same layout, named
 // {type}_k{K}_m{rows}.bin; attention-shaped 3-D products are described at write_attn_case.
 // Tensors live in a plain ggml context (no backend buffer), so src0->extra == NULL and no
 // repacking is involved.
@@ -256,7 +256,7 @@ int main(int argc, char ** argv) {
                 rc |= write_case(argv[1], kquants[i], k, 0, x);
             }
         }
-        for (size_t i = 0; k != 768 && k != 544 && i < sizeof floats / sizeof floats[0]; i++) {
+        for (size_t i = 0; k != 768 && i < sizeof floats / sizeof floats[0]; i++) {
             for (int r = 0; r < 2; r++) {
                 rc |= write_case(argv[1], floats[i], k, float_rows[r], x);
             }

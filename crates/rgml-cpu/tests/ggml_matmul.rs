@@ -317,13 +317,13 @@ fn fixtures_distinguish_the_paths() {
     }
 }
 
-/// F32, F16 and BF16 weights of K = 576 and 1536 with 8 rows (tinyBLAS from 2 activation rows)
+/// F32, F16 and BF16 weights of K = 576, 1536 and 544 (leftovers past the vector steps) with 8 rows (tinyBLAS from 2 activation rows)
 /// and 6 rows (tinyBLAS declines: `ggml_vec_dot_f32/f16/bf16` pair by pair), 1..19 activation
 /// rows: the AVX2 build's bits. (The AVX-512 arithmetic of float weights is another order, 16
 /// lanes: the next test.)
 #[test]
 fn float_products_equal_ggml_avx2_bit_for_bit() {
-    let failures = check_files(IsaChoice::Avx2, &files(&["f16", "f32", "bf16"]), 12);
+    let failures = check_files(IsaChoice::Avx2, &files(&["f16", "f32", "bf16"]), 18);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -334,9 +334,9 @@ fn float_products_equal_ggml_avx2_bit_for_bit() {
 fn float_products_equal_ggml_avx512_bit_for_bit() {
     let paths = avx512_files(&["f16", "f32", "bf16"]);
     let expected = if paths.iter().any(|p| p.to_string_lossy().contains("bf16_")) {
-        12
+        18
     } else {
-        8
+        12
     };
     let failures = check_files(IsaChoice::Avx512, &paths, expected);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -17,8 +17,8 @@
 //! The `n % (A·L)` leftover products: F16 and BF16 add them one by one in f64 and round the
 //! total to f32 once; F32 keeps an f32 sum, into which GCC's code for the AVX2 build adds
 //! groups of four rounded products one by one and the last `< 4` by scalar FMA (all of them by
-//! FMA when there are at most 3). The AVX-512 build's leftover code is assumed to be the same
-//! (no such build to check).
+//! FMA when there are at most 3). The AVX-512 build's leftovers are the same (checked against
+//! that build on an AVX-512 CPU: the K = 544 cases of `tests/ggml_matmul.rs`).
 
 use super::vexp::{hsum16, hsum8};
 
