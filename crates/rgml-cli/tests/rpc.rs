@@ -202,19 +202,28 @@ fn devices_lists_the_remote_device_with_its_memory() {
 
 #[test]
 fn an_unreachable_server_is_a_clear_error() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let endpoint = format!("127.0.0.1:{port}");
-    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .args(["logits", "-p", "Hi", "--rpc", &endpoint])
-        .arg("-m")
-        .arg(demo_model())
-        .output()
-        .expect("run rgml logits");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    // A port free a moment ago; a server of a test running beside this one may take it in
+    // between (then the connection is made and dropped), so try a few.
+    let mut tries = 0;
+    let (endpoint, err) = loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let endpoint = format!("127.0.0.1:{port}");
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(["logits", "-p", "Hi", "--rpc", &endpoint])
+            .arg("-m")
+            .arg(demo_model())
+            .output()
+            .expect("run rgml logits");
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        tries += 1;
+        if err.contains("cannot connect") || tries == 5 {
+            break (endpoint, err);
+        }
+    };
     assert!(
         err.contains(&endpoint) && err.contains("cannot connect"),
         "{err}"
