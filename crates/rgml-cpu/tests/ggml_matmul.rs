@@ -20,6 +20,7 @@ use rgml::alloc::alloc_ctx_tensors;
 use rgml::{Backend, Context, DType, Graph};
 use rgml_cpu::{CpuBackend, CpuDevice, CpuOptions, IsaChoice};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ggml_matmul")
@@ -120,19 +121,32 @@ fn files(prefixes: &[&str]) -> Vec<PathBuf> {
 /// weights and attention shapes), made on an AVX-512 CPU (`gen_matmul.sh --isa avx512`). BF16
 /// weights are left out where the CPU lacks AVX512_BF16: that build's BF16 dots need it.
 fn avx512_files(prefixes: &[&str]) -> Vec<PathBuf> {
-    let bf16 = CpuDevice::with_options(
-        "CPU",
-        &CpuOptions {
-            isa: Some(IsaChoice::Avx512),
-            ..Default::default()
-        },
-    )
-    .features()
-    .bf16_products();
+    let bf16 = avx512_bf16();
     files_in(&fixtures().join("avx512"), prefixes)
         .into_iter()
         .filter(|p| bf16 || !p.to_string_lossy().contains("bf16_"))
         .collect()
+}
+
+/// The AVX-512 arithmetic runs BF16 weights through `vdpbf16ps` here (the CPU has it).
+fn avx512_bf16() -> bool {
+    device(IsaChoice::Avx512).features().bf16_products()
+}
+
+/// The CPU device with the arithmetic of `isa`.
+fn device(isa: IsaChoice) -> Arc<CpuDevice> {
+    let options = CpuOptions {
+        isa: Some(isa),
+        ..Default::default()
+    };
+    CpuDevice::with_options("CPU", &options)
+}
+
+/// A backend on `device` that runs every thread count asked for, even on a loaded machine.
+fn backend(device: &Arc<CpuDevice>, threads: usize) -> CpuBackend {
+    let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
+    be.set_adaptive_threads(false);
+    be
 }
 
 fn files_in(dir: &Path, prefixes: &[&str]) -> Vec<PathBuf> {
@@ -180,17 +194,11 @@ fn check(isa: IsaChoice) -> Vec<String> {
 }
 
 fn check_files(isa: IsaChoice, paths: &[PathBuf], expected_files: usize) -> Vec<String> {
-    let options = CpuOptions {
-        isa: Some(isa),
-        ..Default::default()
-    };
-    let device = CpuDevice::with_options("CPU", &options);
+    let device = device(isa);
     let mut failures = Vec::new();
     assert_eq!(paths.len(), expected_files, "fixture files");
     for threads in [1, 2] {
-        let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
-        // Every thread count asked for runs, even on a loaded machine.
-        be.set_adaptive_threads(false);
+        let mut be = backend(&device, threads);
         for path in paths {
             let case = read_case(path);
             let (cols, x) = read_x(case.k);
@@ -227,13 +235,7 @@ fn quantized_products_equal_ggml_under_the_avx512_arithmetic() {
 #[test]
 fn rows_alone_give_each_row_its_one_row_product() {
     for isa in [IsaChoice::Avx2, IsaChoice::Avx512] {
-        let options = CpuOptions {
-            isa: Some(isa),
-            ..Default::default()
-        };
-        let device = CpuDevice::with_options("CPU", &options);
-        let mut be = CpuBackend::with_device(device, 2).unwrap();
-        be.set_adaptive_threads(false);
+        let mut be = backend(&device(isa), 2);
         for path in files(&["q", "iq", "f16", "f32", "bf16"]) {
             let case = read_case(&path);
             let (cols, x) = read_x(case.k);
@@ -317,8 +319,8 @@ fn fixtures_distinguish_the_paths() {
     }
 }
 
-/// F32, F16 and BF16 weights of K = 576, 1536 and 544 (leftovers past the vector steps) with 8 rows (tinyBLAS from 2 activation rows)
-/// and 6 rows (tinyBLAS declines: `ggml_vec_dot_f32/f16/bf16` pair by pair), 1..19 activation
+/// F32, F16 and BF16 weights of K = 576, 1536 and 544 (leftovers past the vector steps) with
+/// 8 rows (tinyBLAS from 2 activation rows) and 6 rows (tinyBLAS declines: `ggml_vec_dot_f32/f16/bf16` pair by pair), 1..19 activation
 /// rows: the AVX2 build's bits. (The AVX-512 arithmetic of float weights is another order, 16
 /// lanes: the next test.)
 #[test]
@@ -332,13 +334,12 @@ fn float_products_equal_ggml_avx2_bit_for_bit() {
 /// emulated on others.
 #[test]
 fn float_products_equal_ggml_avx512_bit_for_bit() {
-    let paths = avx512_files(&["f16", "f32", "bf16"]);
-    let expected = if paths.iter().any(|p| p.to_string_lossy().contains("bf16_")) {
-        18
-    } else {
-        12
-    };
-    let failures = check_files(IsaChoice::Avx512, &paths, expected);
+    let expected = if avx512_bf16() { 18 } else { 12 };
+    let failures = check_files(
+        IsaChoice::Avx512,
+        &avx512_files(&["f16", "f32", "bf16"]),
+        expected,
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -439,17 +440,11 @@ fn attention_products_equal_ggml_avx512_bit_for_bit() {
 }
 
 fn check_attention(isa: IsaChoice, paths: &[PathBuf]) {
-    let options = CpuOptions {
-        isa: Some(isa),
-        ..Default::default()
-    };
-    let device = CpuDevice::with_options("CPU", &options);
+    let device = device(isa);
     assert_eq!(paths.len(), 4, "fixture files");
     let mut failures = Vec::new();
     for threads in [1, 2] {
-        let mut be = CpuBackend::with_device(device.clone(), threads).unwrap();
-        // Every thread count asked for runs, even on a loaded machine.
-        be.set_adaptive_threads(false);
+        let mut be = backend(&device, threads);
         for path in paths {
             let case = read_attn_case(path);
             for (b, ggml_threads, want) in &case.outputs {

@@ -15,9 +15,9 @@
 //! [`STALLED_SHARE`] is a stalled run, and the next runs use one thread fewer. While below the
 //! full count, a run now and then tries one thread more and keeps it if that run did not stall:
 //! once both [`PROBE_AFTER`] and [`PROBE_RUNS`] runs have passed (so long runs, such as
-//! prompts, do not try every other time), and after each failed try twice as long (up to
-//! [`PROBE_MAX`]). The thread count never changes results: every kernel computes each output
-//! with the same operations whatever the number of threads.
+//! prompts, do not try every other time), and after each failed try twice as long (at most
+//! [`MAX_BACKOFF`] doublings). The thread count never changes results: every kernel computes
+//! each output with the same operations whatever the number of threads.
 
 use std::time::{Duration, Instant};
 
@@ -31,8 +31,8 @@ const PROBE_AFTER: Duration = Duration::from_millis(200);
 /// How many runs a reduced thread count makes before a run first tries one thread more.
 const PROBE_RUNS: u32 = 8;
 
-/// The longest wait between tries (16 times the first).
-const PROBE_MAX: Duration = Duration::from_millis(3200);
+/// How many times a failed try doubles the wait for the next (up to 3.2 s and 128 runs).
+const MAX_BACKOFF: u32 = 4;
 
 /// The thread count of the next runs (see the module docs).
 #[derive(Debug)]
@@ -41,13 +41,12 @@ pub(super) struct Governor {
     max: usize,
     /// Threads the runs use now.
     active: usize,
-    /// When `active` last changed or a try failed.
+    /// When `active` last changed or a try failed, and the runs since.
     since: Instant,
-    /// How long after `since` the next try comes.
-    interval: Duration,
-    /// Runs since `since`, and how many must pass before the next try.
     runs: u32,
-    runs_needed: u32,
+    /// Failed tries in a row (up to [`MAX_BACKOFF`]): the next try waits [`PROBE_AFTER`] and
+    /// [`PROBE_RUNS`] times 2 to this power.
+    backoff: u32,
     /// Adapting at all (otherwise every run uses `max`).
     enabled: bool,
 }
@@ -58,9 +57,8 @@ impl Governor {
             max: max.max(1),
             active: max.max(1),
             since: Instant::now(),
-            interval: PROBE_AFTER,
             runs: 0,
-            runs_needed: PROBE_RUNS,
+            backoff: 0,
             enabled,
         }
     }
@@ -74,7 +72,7 @@ impl Governor {
         if !self.enabled {
             return self.max;
         }
-        let due = self.runs >= self.runs_needed && self.since.elapsed() >= self.interval;
+        let due = self.runs >= self.runs_needed() && self.since.elapsed() >= self.interval();
         if self.active < self.max && due {
             return self.active + 1;
         }
@@ -96,25 +94,31 @@ impl Governor {
         let stalled = waited.as_secs_f64() > STALLED_SHARE * waiting;
         let tried = used > self.active;
         if stalled {
-            if tried {
-                self.interval = (self.interval * 2).min(PROBE_MAX);
-                self.runs_needed = (self.runs_needed * 2).min(PROBE_RUNS * 16);
+            self.backoff = if tried {
+                (self.backoff + 1).min(MAX_BACKOFF)
             } else {
-                self.interval = PROBE_AFTER;
-                self.runs_needed = PROBE_RUNS;
-            }
-            self.active = used - 1;
-            self.restart();
+                0
+            };
+            self.restart(used - 1);
         } else if tried {
             // A try that kept pace: the machine has the cores again.
-            self.active = used;
-            self.interval = PROBE_AFTER;
-            self.runs_needed = PROBE_RUNS;
-            self.restart();
+            self.backoff = 0;
+            self.restart(used);
         }
     }
 
-    fn restart(&mut self) {
+    /// How long after `since` the next try comes.
+    fn interval(&self) -> Duration {
+        PROBE_AFTER * (1 << self.backoff)
+    }
+
+    /// How many runs after `since` the next try comes.
+    fn runs_needed(&self) -> u32 {
+        PROBE_RUNS << self.backoff
+    }
+
+    fn restart(&mut self, active: usize) {
+        self.active = active;
         self.since = Instant::now();
         self.runs = 0;
     }
@@ -144,7 +148,7 @@ mod tests {
         assert_eq!(g.threads(), 2);
         g.record(2, 3 * MS, 5 * MS);
         assert_eq!(g.threads(), 1);
-        assert_eq!(g.interval, PROBE_AFTER);
+        assert_eq!(g.interval(), PROBE_AFTER);
         // One thread measures nothing.
         g.record(1, Duration::ZERO, 5 * MS);
         assert_eq!(g.threads(), 1);
@@ -157,7 +161,7 @@ mod tests {
         g.record(2, 4 * MS, 5 * MS);
         assert_eq!(g.threads(), 1);
         assert_eq!(
-            (g.interval, g.runs_needed),
+            (g.interval(), g.runs_needed()),
             (2 * PROBE_AFTER, 2 * PROBE_RUNS)
         );
         age(&mut g, PROBE_AFTER, 2 * PROBE_RUNS);
@@ -167,7 +171,7 @@ mod tests {
         assert_eq!(g.threads(), 2);
         g.record(2, Duration::ZERO, 5 * MS);
         assert_eq!(g.threads(), 2);
-        assert_eq!((g.interval, g.runs_needed), (PROBE_AFTER, PROBE_RUNS));
+        assert_eq!((g.interval(), g.runs_needed()), (PROBE_AFTER, PROBE_RUNS));
         age(&mut g, PROBE_AFTER, PROBE_RUNS);
         assert_eq!(g.threads(), 3);
         g.record(3, Duration::ZERO, 5 * MS);

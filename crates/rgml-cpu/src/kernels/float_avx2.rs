@@ -10,8 +10,9 @@
 //! - [`vec_dot`]: `ggml_vec_dot_f16/bf16/f32` (one activation row, or shapes tinyBLAS
 //!   declines), the order of [`super::vec_float`], prefetching the weight stream ahead.
 //! - [`vec_dot16`]: the same `ggml_vec_dot_*` as the AVX-512 build computes it (16-lane
-//!   accumulators, lanes summed in `_mm512_reduce_add_ps`'s order), for the AVX-512 arithmetic on an AVX-512 CPU; the AVX-512 build's tinyBLAS
-//!   tiles live in `matmul` (`f32_tile_avx512`).
+//!   accumulators, lanes summed in `_mm512_reduce_add_ps`'s order), for the AVX-512
+//!   arithmetic on an AVX-512 CPU; the AVX-512 build's tinyBLAS tiles live in `matmul`
+//!   (`f32_tile_avx512`).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -50,6 +51,27 @@ unsafe fn load8<const W: u8>(p: *const u8, i: usize) -> __m256 {
                 _mm_loadu_si128(q.cast()),
             ))),
         }
+    }
+}
+
+/// Elements `from..from + out.len()` of the row at `x` (type `W`), widened exactly to f32:
+/// the leftovers past a `vec_dot`'s vector steps.
+///
+/// # Safety
+/// `x` holds those elements.
+#[inline(always)]
+unsafe fn widen_tail<const W: u8>(x: *const u8, from: usize, out: &mut [f32]) {
+    for (i, v) in out.iter_mut().enumerate() {
+        // SAFETY: element `from + i` is inside the row (the caller's promise).
+        let p = unsafe { x.add((from + i) * elem_bytes(W)) };
+        // SAFETY: as above; unaligned reads of plain values.
+        *v = unsafe {
+            match W {
+                F32 => p.cast::<f32>().read_unaligned(),
+                F16 => f16_bits_to_f32(p.cast::<u16>().read_unaligned()),
+                _ => half::bf16::from_bits(p.cast::<u16>().read_unaligned()).to_f32(),
+            }
+        };
     }
 }
 
@@ -131,14 +153,7 @@ pub(crate) unsafe fn vec_dot<const W: u8>(
         };
         // The < 32 leftovers, widened (exactly) for the scalar tails.
         let mut xs = [0f32; 32];
-        for (i, v) in xs.iter_mut().enumerate().take(n - np) {
-            let p = x.add((np + i) * elem_bytes(W));
-            *v = match W {
-                F32 => p.cast::<f32>().read_unaligned(),
-                F16 => f16_bits_to_f32(p.cast::<u16>().read_unaligned()),
-                _ => half::bf16::from_bits(p.cast::<u16>().read_unaligned()).to_f32(),
-            };
-        }
+        widen_tail::<W>(x, np, &mut xs[..n - np]);
         let ys = std::slice::from_raw_parts(y.add(np), n - np);
         if W == F32 {
             leftovers_f32(s, &xs[..n - np], ys)
@@ -167,8 +182,8 @@ unsafe fn load16<const W: u8>(p: *const u8, i: usize) -> __m512 {
     }
 }
 
-/// The lanes of `v`, summed as `_mm512_reduce_add_ps` sums them ([`super::vexp::hsum16`]'s order: high 8 +
-/// low 8, then `hsum8`), in registers.
+/// The lanes of `v`, summed as `_mm512_reduce_add_ps` sums them ([`super::vexp::hsum16`]'s
+/// order: high 8 + low 8, then `hsum8`), in registers.
 ///
 /// # Safety
 /// AVX-512 F and DQ.
@@ -213,15 +228,9 @@ pub(crate) unsafe fn vec_dot16<const W: u8>(
             }
         }
         let mut xs = [0f32; 64];
-        for (i, v) in xs.iter_mut().enumerate().take(n - np) {
-            let p = x.add((np + i) * elem_bytes(W));
-            *v = match W {
-                F32 => p.cast::<f32>().read_unaligned(),
-                F16 => f16_bits_to_f32(p.cast::<u16>().read_unaligned()),
-                _ => half::bf16::from_bits(p.cast::<u16>().read_unaligned()).to_f32(),
-            };
-        }
-        let (xs, ys) = (&xs[..n - np], std::slice::from_raw_parts(y.add(np), n - np));
+        let xs = &mut xs[..n - np];
+        widen_tail::<W>(x, np, xs);
+        let ys = std::slice::from_raw_parts(y.add(np), n - np);
         if W == BF16 {
             let total = f64::from(reduce16(sum[0])) + f64::from(reduce16(sum[1]));
             return leftovers_f64(total, xs, ys);
@@ -240,15 +249,16 @@ pub(crate) unsafe fn vec_dot16<const W: u8>(
 /// while every 4-row tile of the weight block passes over them.
 const COL_BLOCK: usize = 24;
 
-/// Phase 2 of MUL_MAT for F32/F16/BF16 weights under the AVX2 arithmetic on an AVX2 CPU: as
+/// Phase 2 of MUL_MAT for F32/F16/BF16 weights under the AVX2 arithmetic on an AVX2 CPU, and
+/// for the pair-by-pair products under the AVX-512 arithmetic on an AVX-512 CPU: as
 /// `float_products` (the same blocks of weight rows, taken on demand, every activation column
 /// broadcast onto a weight matrix), with the kernels above. `pairwise`: ggml's `vec_dot`
 /// order (tinyBLAS declines the shape), else tinyBLAS's. `wide`: the AVX-512 build's `vec_dot`
 /// ([`vec_dot16`]), only with `pairwise`.
 ///
 /// # Safety
-/// The CPU supports AVX2, FMA and F16C, and with `wide` AVX-512 F, BW, DQ and VL; `a` is F32, F16
-/// or BF16 with dense rows; `b_row` gives dense f32 rows of `a.ne[0]` values (src1, or its
+/// The CPU supports AVX2, FMA and F16C, and with `wide` AVX-512 F, BW, DQ and VL; `a` is F32,
+/// F16 or BF16 with dense rows; `b_row` gives dense f32 rows of `a.ne[0]` values (src1, or its
 /// copy complete since phase 1); with `!pairwise`, `a.ne[0] % 8 == 0` and `!wide`.
 pub(super) unsafe fn products(
     dst: &super::TensorView,

@@ -182,8 +182,10 @@ pub(super) unsafe fn matvec_iq4_nl_pairs(run: RowRun, out: &mut [f32]) {
     }
 }
 
-/// [`dot_iq4_nl_pairs`] of `R` weight rows at `x` (`nb` blocks each, the paired ones used) and
-/// the Q8_0 row at `y`.
+/// The paired part of `dot_iq4_nl_q8_0` for `R` weight rows at `x` (`nb` blocks each, the
+/// first `2 * (nb / 2)` used) and the Q8_0 row at `y`: per row, even blocks into one
+/// accumulator, odd ones into another, added before the horizontal sum. Rows share the
+/// activation loads.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `x[r]` and `y` hold `nb` blocks; `out` holds `R`.
@@ -236,23 +238,15 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
     hsum(acc)
 }
 
-/// The paired part of `dot_iq4_nl_q8_0` (an even number of blocks): even blocks into one
-/// accumulator, odd ones into another, added before the horizontal sum.
+/// [`iq4_nl_rows`] for one row (the blocks given: an even number).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_iq4_nl_pairs(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (i, (bx, by)) in x.iter().zip(y).enumerate() {
-        let d = h2f(by.d) * h2f(bx.d);
-        // SAFETY: AVX2, FMA (this function's features); 16 quant bytes, 32 activation bytes.
-        unsafe {
-            let v = iq4_values(bx.qs.as_ptr());
-            let yv = load(by.qs.as_ptr().cast());
-            let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
-            acc[i % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[i % 2]);
-        }
-    }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
+    let nb = x.len().min(y.len());
+    let mut out = [0f32];
+    // SAFETY: AVX2, FMA and F16C (this function's features); `nb` blocks in each slice.
+    unsafe { iq4_nl_rows::<1>(nb, [x.as_ptr().cast()], y.as_ptr().cast(), &mut out) };
+    out[0]
 }
