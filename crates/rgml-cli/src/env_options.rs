@@ -9,6 +9,9 @@
 //!   [`rgml_cpu::MAX_EXTRA_DEVICES`] ([`rgml_cpu::CpuOptions::extra_devices`]).
 //! - `RGML_WGPU_SOFT_FMA=0|1`: the integer FMA emulation on every GPU
 //!   ([`rgml_wgpu::WgpuOptions::soft_fma`], default 0).
+//! - `RGML_WGPU_EXACT=0|1`: fast or exact arithmetic on every GPU
+//!   ([`rgml_wgpu::WgpuOptions::exact`]; unset: exact on CPU drivers such as lavapipe, fast on
+//!   GPUs; a device parameter `Vulkan0:exact=0|1` overrides it).
 //!
 //! An empty value counts as unset. Any other value is an error naming the variable and what it
 //! accepts, so a typo never silently runs something else than asked.
@@ -30,6 +33,7 @@ const ISA: &str = "RGML_CPU_ISA";
 const REPACK: &str = "RGML_CPU_REPACK";
 const DEVICES: &str = "RGML_CPU_DEVICES";
 const SOFT_FMA: &str = "RGML_WGPU_SOFT_FMA";
+const EXACT: &str = "RGML_WGPU_EXACT";
 
 /// The options the process environment asks for.
 pub fn from_env() -> Result<BackendOptions, String> {
@@ -72,6 +76,9 @@ fn from_lookup(
     if let Some(v) = get(SOFT_FMA)? {
         options.wgpu.soft_fma = flag(SOFT_FMA, &v)?;
     }
+    if let Some(v) = get(EXACT)? {
+        options.wgpu.exact = Some(flag(EXACT, &v)?);
+    }
     Ok(options)
 }
 
@@ -100,7 +107,13 @@ mod tests {
     #[test]
     fn unset_or_empty_is_the_default() {
         assert_eq!(with(&[]), Ok(BackendOptions::default()));
-        let blank = [(ISA, " "), (REPACK, ""), (DEVICES, ""), (SOFT_FMA, "")];
+        let blank = [
+            (ISA, " "),
+            (REPACK, ""),
+            (DEVICES, ""),
+            (SOFT_FMA, ""),
+            (EXACT, ""),
+        ];
         assert_eq!(with(&blank), Ok(BackendOptions::default()));
     }
 
@@ -111,12 +124,15 @@ mod tests {
             (REPACK, "0"),
             (DEVICES, " 3 "),
             (SOFT_FMA, "1"),
+            (EXACT, "0"),
         ])
         .unwrap();
         assert_eq!(o.cpu.isa, Some(IsaChoice::Avx512NoBf16));
         assert!(!o.cpu.repack);
         assert_eq!(o.cpu.extra_devices, 3);
         assert!(o.wgpu.soft_fma);
+        assert_eq!(o.wgpu.exact, Some(false));
+        assert_eq!(with(&[(EXACT, "1")]).unwrap().wgpu.exact, Some(true));
         assert_eq!(with(&[(DEVICES, "64")]).unwrap().cpu.extra_devices, 64);
         assert!(with(&[(REPACK, "1")]).unwrap().cpu.repack);
     }
@@ -131,6 +147,7 @@ mod tests {
             (DEVICES, "-1", "from 0 to 64"),
             (DEVICES, "65", "from 0 to 64"),
             (SOFT_FMA, "yes", "0 or 1"),
+            (EXACT, "fast", "0 or 1"),
         ] {
             let e = with(&[(var, value)]).unwrap_err();
             assert!(e.starts_with(&format!("{var}={value}: ")), "{e}");

@@ -100,6 +100,8 @@ pub struct WgpuBackend {
     n_cb: usize,
     /// Whether to report dependency levels to the graph allocator.
     concurrency: bool,
+    /// Exact arithmetic (the CPU's bits) rather than fast.
+    exact: bool,
     /// The plans of the last graphs computed, most recently used first.
     plans: Vec<GraphPlan>,
     trace: Option<(Arc<Trace>, usize)>,
@@ -112,16 +114,24 @@ impl WgpuBackend {
         gpu: Arc<Gpu>,
         n_cb: usize,
         concurrency: bool,
+        exact: bool,
     ) -> WgpuBackend {
         WgpuBackend {
             device,
             gpu,
             n_cb: n_cb.max(1),
             concurrency,
+            exact,
             plans: Vec::with_capacity(PLAN_SLOTS),
             trace: None,
             pending_spans: Vec::new(),
         }
+    }
+
+    /// Whether this stream computes in exact arithmetic (the CPU backend's bits) rather than
+    /// fast (the `exact` parameter; see the crate docs).
+    pub fn is_exact(&self) -> bool {
+        self.exact
     }
 
     /// Command buffers per graph (the `n_cb` parameter).
@@ -187,7 +197,11 @@ impl WgpuBackend {
     /// What `plan` holds, if this device's backend made it.
     fn own_plan<'p>(&self, plan: &'p GraphPlan) -> Result<&'p Arc<Prepared>> {
         match plan.prepared::<WgpuPlan>() {
-            Some(WgpuPlan(prepared)) if Arc::ptr_eq(&prepared.gpu, &self.gpu) => Ok(prepared),
+            Some(WgpuPlan(prepared))
+                if Arc::ptr_eq(&prepared.gpu, &self.gpu) && prepared.exact == self.exact =>
+            {
+                Ok(prepared)
+            }
             _ => Err(Error::Unsupported {
                 backend: self.name().to_string(),
                 what: format!("a graph plan made by '{}'", plan.backend()),
@@ -287,7 +301,7 @@ impl Backend for WgpuBackend {
     /// Every node prepared for this device: steps with their pipelines, bind groups and
     /// workgroup counts, and the uniform buffer of their parameters (see `plan.rs`).
     fn graph_plan_create(&mut self, ctx: &Context, graph: &Graph) -> Result<GraphPlan> {
-        let prepared = Prepared::new(&self.gpu, self.device.name(), ctx, graph)?;
+        let prepared = Prepared::new(&self.gpu, self.device.name(), self.exact, ctx, graph)?;
         Ok(GraphPlan::new(
             ctx,
             graph,
@@ -436,7 +450,7 @@ impl Backend for WgpuBackend {
     }
 
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
-        supports_op(ctx, id)
+        supports_op(ctx, id, self.exact)
     }
 }
 

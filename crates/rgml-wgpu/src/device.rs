@@ -32,6 +32,10 @@ pub struct WgpuDevice {
     /// The adapter and its wgpu device, opened on first use.
     cell: Arc<GpuCell>,
     device_type: DeviceType,
+    /// The adapter is a CPU driver (lavapipe, SwiftShader), not a GPU.
+    software: bool,
+    /// The arithmetic a stream gets without an `exact=` parameter.
+    exact: bool,
     features: wgpu::Features,
     /// `min(max_buffer_size, max_storage_buffer_binding_size)`: the largest buffer a kernel can
     /// bind whole.
@@ -50,10 +54,13 @@ impl WgpuDevice {
             wgpu::DeviceType::DiscreteGpu => DeviceType::Gpu,
             _ => DeviceType::IntegratedGpu,
         };
+        let software = info.device_type == wgpu::DeviceType::Cpu;
+        let exact = options.exact.unwrap_or(software);
+        let mode = if exact { "exact" } else { "fast" };
         let description = if info.driver.is_empty() {
-            info.name.clone()
+            format!("{}; {mode} arithmetic", info.name)
         } else {
-            format!("{} ({})", info.name, info.driver)
+            format!("{} ({}); {mode} arithmetic", info.name, info.driver)
         };
         let max_size = usize::try_from(
             limits
@@ -81,6 +88,8 @@ impl WgpuDevice {
                 description,
                 cell,
                 device_type,
+                software,
+                exact,
                 features,
                 me: weak.clone(),
             }
@@ -90,6 +99,21 @@ impl WgpuDevice {
     /// The open wgpu device, opening it on first use.
     fn gpu(&self) -> Result<Arc<Gpu>> {
         self.cell.get()
+    }
+
+    /// Whether the adapter is a CPU driver (lavapipe, SwiftShader) rather than a GPU: a
+    /// program choosing where to offload a model skips it, as llama.cpp's Vulkan backend
+    /// skips CPU devices.
+    pub fn is_software(&self) -> bool {
+        self.software
+    }
+
+    /// The arithmetic a stream of this device computes in unless its `exact=0|1` parameter says
+    /// otherwise: exact (the CPU backend's bits, see the crate docs) on CPU drivers, where it is
+    /// the only arithmetic tests can compare bit for bit, fast on GPUs; [`WgpuOptions::exact`]
+    /// sets it for every device.
+    pub fn exact_by_default(&self) -> bool {
+        self.exact
     }
 
     /// Whether the adapter offers f16 arithmetic in shaders (`SHADER_F16`).
@@ -221,7 +245,7 @@ impl rgml::Device for WgpuDevice {
         // dependency levels to the graph allocator. n_threads is accepted and has nothing to
         // set here: one parameter list goes to every device of a split (`rgml -t 2 --device
         // Vulkan0,CPU`), and the GPU has no host threads.
-        params.check_known(&["n_cb", "concurrency", "n_threads"])?;
+        params.check_known(&["n_cb", "concurrency", "exact", "n_threads"])?;
         let n_cb = params.get_parsed::<usize>("n_cb")?.unwrap_or(2);
         if n_cb == 0 {
             return Err(Error::InvalidParams {
@@ -230,12 +254,24 @@ impl rgml::Device for WgpuDevice {
             });
         }
         let concurrency = params.get_parsed::<u8>("concurrency")?.unwrap_or(0) != 0;
+        let exact = match params.get_parsed::<u8>("exact")? {
+            None => self.exact,
+            Some(0) => false,
+            Some(1) => true,
+            Some(v) => {
+                return Err(Error::InvalidParams {
+                    params: format!("exact={v}"),
+                    reason: "exact must be 0 (fast arithmetic) or 1 (the CPU's bits)".into(),
+                })
+            }
+        };
         let gpu = self.gpu()?;
         Ok(Box::new(WgpuBackend::new(
             self.me()? as DeviceRef,
             gpu,
             n_cb,
             concurrency,
+            exact,
         )))
     }
 
@@ -278,7 +314,7 @@ impl rgml::Device for WgpuDevice {
     }
 
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
-        supports_op(ctx, id)
+        supports_op(ctx, id, self.exact)
     }
 
     /// This device's own buffer types only: [`rgml::Device::buffer_type`] and those made by

@@ -15,6 +15,11 @@ pub struct WgpuOptions {
     /// Compute fused multiply-adds with the integer emulation even where the device's WGSL
     /// `fma` rounds once (the results are the same; for testing the emulation on any device).
     pub soft_fma: bool,
+    /// The arithmetic of every device's streams: `Some(true)` exact (the CPU's bits), `Some(false)`
+    /// fast (native FMA, subgroups, tiles), `None` each adapter's default
+    /// ([`WgpuDevice::exact_by_default`](crate::WgpuDevice::exact_by_default): exact on CPU
+    /// drivers such as lavapipe, fast on GPUs). A stream's `exact=0|1` parameter overrides it.
+    pub exact: Option<bool>,
 }
 
 /// An open wgpu device: queue, kernels and the slot where wgpu reports errors.

@@ -29,8 +29,10 @@ pub(crate) struct Params {
     pub(crate) g: [f32; 4],
 }
 
-/// The kernels of `kernels.wgsl`.
-#[derive(Clone, Copy)]
+/// The kernels: those of the exact arithmetic (`kernels.wgsl`, `kernels_f16.wgsl`,
+/// `kernels_f64.wgsl`), compiled when the device opens, and the fast arithmetic's
+/// (`kernels_fast.wgsl`), compiled on first use per weight type.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) enum Kernel {
     Binary,
     Scale,
@@ -58,7 +60,41 @@ pub(crate) enum Kernel {
     MulMv,
     RopeCache,
     RopeCacheF64,
+    /// A fast kernel for weights of the given type code (`T_*` in the WGSL; 0 where the kernel
+    /// reads no weights).
+    Fast(FastKernel, u32),
 }
+
+/// The kernels of `kernels_fast.wgsl`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum FastKernel {
+    /// `mul_mv_fast`: MUL_MAT of up to [`MV_COLS`] activation columns.
+    MulMv,
+    /// `mul_mm_fast`: tiled MUL_MAT.
+    MulMm,
+    /// `rms_norm_fast`: RMS_NORM, a workgroup per row.
+    RmsNorm,
+    /// `soft_max_fast`: SOFT_MAX, a workgroup per row.
+    SoftMax,
+}
+
+impl FastKernel {
+    fn entry(self) -> &'static str {
+        match self {
+            FastKernel::MulMv => "mul_mv_fast",
+            FastKernel::MulMm => "mul_mm_fast",
+            FastKernel::RmsNorm => "rms_norm_fast",
+            FastKernel::SoftMax => "soft_max_fast",
+        }
+    }
+}
+
+/// Most activation columns `mul_mv_fast` takes (`MV_COLS` in the WGSL); more take `mul_mm_fast`.
+pub(crate) const MV_COLS: usize = 8;
+/// Weight rows per workgroup of `mul_mv_fast`.
+pub(crate) const MV_ROWS: u64 = 2;
+/// Outputs per tile edge of `mul_mm_fast` (`TILE` in the WGSL).
+pub(crate) const MM_TILE: u64 = 64;
 
 /// The WGSL module a kernel is in.
 #[derive(Clone, Copy, PartialEq)]
@@ -104,10 +140,19 @@ const KERNELS: [(Kernel, &str, Module); 26] = [
 /// The compiled kernels and their shared bind group layout.
 pub(crate) struct Kernels {
     pub(crate) layout: wgpu::BindGroupLayout,
-    /// By [`Kernel`]; `None` for the f64 kernels where the device has no f64.
+    /// The exact kernels, in `KERNELS`' order; `None` for the f64 kernels where the device has
+    /// no f64.
     pipelines: Vec<Option<wgpu::ComputePipeline>>,
     /// The f64 kernels exist.
     pub(crate) f64: bool,
+    /// What compiling a fast kernel needs: the device, the pipeline layout, and the module,
+    /// made on the first fast kernel (a stream in exact arithmetic never pays for it).
+    device: wgpu::Device,
+    pipeline_layout: wgpu::PipelineLayout,
+    hw_fma: bool,
+    fast_module: std::sync::OnceLock<wgpu::ShaderModule>,
+    /// The fast kernels compiled so far, by kernel and weight type.
+    fast: std::sync::Mutex<std::collections::HashMap<(FastKernel, u32), wgpu::ComputePipeline>>,
 }
 
 impl Kernels {
@@ -186,14 +231,59 @@ impl Kernels {
             layout,
             pipelines,
             f64,
+            device: device.clone(),
+            pipeline_layout,
+            hw_fma,
+            fast_module: std::sync::OnceLock::new(),
+            fast: Default::default(),
         }
     }
 
     /// The kernel's pipeline (`None` only for f64 kernels on a device without f64, which
-    /// [`Prep::prepare`] never picks).
-    pub(crate) fn pipeline(&self, kernel: Kernel) -> Option<&wgpu::ComputePipeline> {
-        // `pipelines` is built from KERNELS, whose order is the enum's.
-        self.pipelines.get(kernel as usize)?.as_ref()
+    /// the node preparation never picks). A fast kernel is compiled on its first use; errors
+    /// surface through the device's error slot, as at opening.
+    pub(crate) fn pipeline(&self, kernel: Kernel) -> Option<wgpu::ComputePipeline> {
+        if let Kernel::Fast(fast, type_code) = kernel {
+            return Some(self.fast_pipeline(fast, type_code));
+        }
+        let index = KERNELS.iter().position(|(k, _, _)| *k == kernel)?;
+        self.pipelines.get(index)?.clone()
+    }
+
+    fn fast_pipeline(&self, kernel: FastKernel, type_code: u32) -> wgpu::ComputePipeline {
+        let mut compiled = self.fast.lock().unwrap_or_else(|p| p.into_inner());
+        compiled
+            .entry((kernel, type_code))
+            .or_insert_with(|| {
+                let module = self.fast_module.get_or_init(|| {
+                    let source = format!(
+                        "{}\n{}",
+                        include_str!("common.wgsl"),
+                        include_str!("kernels_fast.wgsl")
+                    );
+                    self.device
+                        .create_shader_module(wgpu::ShaderModuleDescriptor {
+                            label: Some("rgml fast kernels"),
+                            source: wgpu::ShaderSource::Wgsl(source.into()),
+                        })
+                });
+                self.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(kernel.entry()),
+                        layout: Some(&self.pipeline_layout),
+                        module,
+                        entry_point: Some(kernel.entry()),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &[
+                                ("HW_FMA", if self.hw_fma { 1.0 } else { 0.0 }),
+                                ("TYPE", f64::from(type_code)),
+                            ],
+                            ..Default::default()
+                        },
+                        cache: None,
+                    })
+            })
+            .clone()
     }
 }
 

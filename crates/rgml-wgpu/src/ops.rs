@@ -5,7 +5,7 @@
 
 use crate::buffer::WgpuBuffer;
 use crate::gpu::Gpu;
-use crate::kernels::{Kernel, Params};
+use crate::kernels::{FastKernel, Kernel, Params, MM_TILE, MV_COLS, MV_ROWS, WG};
 use rgml::{Context, DType, Error, Op, Result, RopeMode, RopeParams, Tensor, TensorId, UnaryOp};
 
 /// Invocations per output of `mul_mv_q8` (ggml-cpu's 8 SIMD lanes of a Q8 dot product) and of
@@ -23,7 +23,7 @@ fn quantizes_activations(dtype: DType) -> bool {
     matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
 }
 
-/// The kernels' code for an element type (`T_*` in `kernels.wgsl`), if they read it.
+/// The exact kernels' code for an element type (`T_*` in `common.wgsl`), if they read it.
 fn type_code(dtype: DType) -> Option<u32> {
     match dtype {
         DType::F32 | DType::I32 => Some(0),
@@ -35,6 +35,36 @@ fn type_code(dtype: DType) -> Option<u32> {
         DType::Q6_K => Some(6),
         _ => None,
     }
+}
+
+/// The fast kernels' code for a weight type (`T_*` in `common.wgsl` and `kernels_fast.wgsl`):
+/// every type the CPU multiplies.
+fn weight_code(dtype: DType) -> Option<u32> {
+    match dtype {
+        DType::I32 => None,
+        DType::BF16 => Some(7),
+        DType::Q5_0 => Some(8),
+        DType::Q5_1 => Some(9),
+        DType::Q2_K => Some(10),
+        DType::Q3_K => Some(11),
+        DType::Q5_K => Some(12),
+        DType::IQ4_NL => Some(13),
+        DType::IQ4_XS => Some(14),
+        _ => type_code(dtype),
+    }
+}
+
+/// Whether the fast kernels take MUL_MAT of weights `a` by activations `b`: a weight type they
+/// decode, rows of contiguous elements (or blocks), dimensions and offsets within their u32
+/// arithmetic, f32 activations (any strides) and whole broadcasts.
+fn fast_mul_mat(a: &Tensor, b: &Tensor) -> bool {
+    let contiguous_rows = a.nb[0] == a.dtype.block_bytes();
+    weight_code(a.dtype).is_some()
+        && contiguous_rows
+        && a.ne.iter().all(|&n| n <= u32::MAX as usize)
+        && a.nb.iter().all(|&n| n / unit(a.dtype) <= u32::MAX as usize)
+        && a.nbytes() / unit(a.dtype) <= u32::MAX as usize
+        && f32_operand(a, b)
 }
 
 /// Bytes per unit of the kernels' strides and offsets for `dtype`: 4 for 4-byte elements
@@ -59,9 +89,10 @@ fn fits(t: &Tensor) -> bool {
         && t.nbytes() / unit(t.dtype) <= u32::MAX as usize
 }
 
-/// Whether node `id` runs on a wgpu device: exactly the ops, dtypes and layouts the kernels
-/// implement (view ops always: nothing runs for them).
-pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
+/// Whether node `id` runs on a stream of a wgpu device in the given arithmetic: exactly the
+/// ops, dtypes and layouts its kernels implement (view ops always: nothing runs for them). The
+/// fast arithmetic adds MUL_MAT of every weight type.
+pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
     let Ok(t) = ctx.get(id) else {
         return false;
     };
@@ -134,18 +165,28 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId) -> bool {
             [a, mask] => f32s(&[a]) && f32_or_f16(mask) && a.ne == t.ne,
             _ => false,
         },
-        (Op::MulMat { .. }, [a, b]) => {
-            fits(a)
-                && a.dtype != DType::I32
-                && (!vec_dot_order(a, b) || a.ne[0].is_multiple_of(64))
-                && f32s(&[b])
-                && a.ne[2] > 0
-                && a.ne[3] > 0
-                && b.ne[2] % a.ne[2] == 0
-                && b.ne[3] % a.ne[3] == 0
-        }
+        (Op::MulMat { .. }, [a, b]) => (!exact && fast_mul_mat(a, b)) || exact_mul_mat(a, b),
         _ => false,
     }
+}
+
+/// Whether MUL_MAT's activations `b` are f32 that the kernels can address and its weights `a`
+/// broadcast over them in whole multiples (dims 2 and 3).
+fn f32_operand(a: &Tensor, b: &Tensor) -> bool {
+    b.dtype == DType::F32
+        && fits(b)
+        && a.ne[2] > 0
+        && a.ne[3] > 0
+        && b.ne[2].is_multiple_of(a.ne[2])
+        && b.ne[3].is_multiple_of(a.ne[3])
+}
+
+/// Whether the exact kernels take MUL_MAT of weights `a` by activations `b`.
+fn exact_mul_mat(a: &Tensor, b: &Tensor) -> bool {
+    fits(a)
+        && a.dtype != DType::I32
+        && (!vec_dot_order(a, b) || a.ne[0].is_multiple_of(64))
+        && f32_operand(a, b)
 }
 
 /// Whether ggml's AVX-512 build multiplies these f32 / f16 weights with tinyBLAS (two or more
@@ -237,16 +278,19 @@ struct RopeTable {
 pub(crate) struct Prep<'a> {
     pub(crate) gpu: &'a Gpu,
     pub(crate) device: &'a str,
+    /// The exact arithmetic's kernels (else the fast ones, where they exist).
+    exact: bool,
     /// ROPE tables made for this graph: every layer rotates at the same positions, so the first
     /// ROPE fills the table and the later ones read it.
     rope_tables: Vec<RopeTable>,
 }
 
 impl<'a> Prep<'a> {
-    pub(crate) fn new(gpu: &'a Gpu, device: &'a str) -> Prep<'a> {
+    pub(crate) fn new(gpu: &'a Gpu, device: &'a str, exact: bool) -> Prep<'a> {
         Prep {
             gpu,
             device,
+            exact,
             rope_tables: Vec::new(),
         }
     }
@@ -317,11 +361,16 @@ impl<'a> Prep<'a> {
         if t.op.kind().is_view() || t.nelements() == 0 {
             return Ok(Vec::new());
         }
-        if !supports_op(ctx, id) {
+        if !supports_op(ctx, id, self.exact) {
             return Err(self.unsupported(t));
         }
         let srcs: Vec<&Tensor> = t.src.iter().map(|&s| ctx.get(s)).collect::<Result<_>>()?;
         let (mut p, buffers) = self.bind(t, &srcs)?;
+        if !self.exact {
+            if let Some(d) = self.fast(&mut p, &buffers, t, &srcs)? {
+                return Ok(vec![d]);
+            }
+        }
         match t.op {
             Op::Rope(rp) => self.rope(p, buffers, t, &srcs, &rp),
             Op::SoftMax { scale, max_bias } => {
@@ -336,6 +385,57 @@ impl<'a> Prep<'a> {
                 Ok(vec![self.dispatch(kernel, p, buffers, threads)?])
             }
         }
+    }
+
+    /// Node `t`'s one dispatch in the fast arithmetic, if a fast kernel computes its op
+    /// (`None`: the exact kernel, which is right in either arithmetic).
+    fn fast(
+        &self,
+        p: &mut Params,
+        buffers: &[wgpu::Buffer; 4],
+        t: &Tensor,
+        srcs: &[&Tensor],
+    ) -> Result<Option<Dispatch>> {
+        let rows = t.nrows() as u64;
+        let (kernel, groups) = match (t.op, srcs) {
+            (Op::MulMat { .. }, [a, b]) if fast_mul_mat(a, b) => {
+                p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
+                p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
+                let code = weight_code(a.dtype).ok_or_else(|| self.unsupported(t))?;
+                let matrices = (t.ne[2] * t.ne[3]) as u64;
+                let (m, n) = (t.ne[0] as u64, t.ne[1] as u64);
+                if t.ne[1] <= MV_COLS {
+                    let groups = m.div_ceil(MV_ROWS) * matrices;
+                    (Kernel::Fast(FastKernel::MulMv, code), groups)
+                } else {
+                    let groups = m.div_ceil(MM_TILE) * n.div_ceil(MM_TILE) * matrices;
+                    (Kernel::Fast(FastKernel::MulMm, code), groups)
+                }
+            }
+            (Op::RmsNorm { eps }, _) => {
+                p.f[0] = eps;
+                (Kernel::Fast(FastKernel::RmsNorm, 0), rows)
+            }
+            (Op::SoftMax { scale, max_bias }, _) => {
+                let d = self.soft_max(*p, buffers.clone(), t, srcs, scale, max_bias)?;
+                let mut q = d.params;
+                q.misc[0] = 0;
+                let d = self.dispatch(
+                    Kernel::Fast(FastKernel::SoftMax, 0),
+                    q,
+                    d.buffers,
+                    rows * WG,
+                )?;
+                return Ok(Some(d));
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(self.dispatch(
+            kernel,
+            *p,
+            buffers.clone(),
+            groups * WG,
+        )?))
     }
 
     fn unsupported(&self, t: &Tensor) -> Error {

@@ -34,6 +34,8 @@ struct Step {
 pub(crate) struct Prepared {
     /// The device the pipelines, bind groups and buffers belong to.
     pub(crate) gpu: Arc<Gpu>,
+    /// Made with the exact arithmetic's kernels (else the fast ones).
+    pub(crate) exact: bool,
     steps: Vec<Step>,
     /// The graph node each step comes from (for trace spans).
     node_of: Vec<usize>,
@@ -43,14 +45,16 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    /// Prepare every node of `graph` for `gpu` (`device`: the device name, for errors).
+    /// Prepare every node of `graph` for `gpu` in the exact or the fast arithmetic (`device`:
+    /// the device name, for errors).
     pub(crate) fn new(
         gpu: &Arc<Gpu>,
         device: &str,
+        exact: bool,
         ctx: &Context,
         graph: &Graph,
     ) -> Result<Prepared> {
-        let mut prep = Prep::new(gpu, device);
+        let mut prep = Prep::new(gpu, device, exact);
         let mut dispatches = Vec::new();
         let mut node_of = Vec::new();
         for (n, &id) in graph.nodes().iter().enumerate() {
@@ -62,6 +66,7 @@ impl Prepared {
         if dispatches.is_empty() {
             return Ok(Prepared {
                 gpu: gpu.clone(),
+                exact,
                 steps: Vec::new(),
                 node_of,
                 n_nodes: graph.n_nodes(),
@@ -78,6 +83,7 @@ impl Prepared {
         gpu.check()?;
         Ok(Prepared {
             gpu: gpu.clone(),
+            exact,
             steps,
             node_of,
             n_nodes: graph.n_nodes(),
@@ -106,7 +112,9 @@ impl Prepared {
         first..end.max(first)
     }
 
-    /// Encode steps `range` into one command buffer, one compute pass per step.
+    /// Encode steps `range` into one command buffer, all in one compute pass: wgpu tracks
+    /// the buffers each dispatch uses and places the barriers between dispatches itself, so a
+    /// pass per dispatch (begin / end recorded hundreds of times per token) buys nothing.
     pub(crate) fn encode(&self, range: Range<usize>) -> wgpu::CommandBuffer {
         let mut encoder = self
             .gpu
@@ -114,14 +122,16 @@ impl Prepared {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("rgml graph"),
             });
-        for step in self.steps.get(range).unwrap_or_default() {
+        {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: None,
             });
-            pass.set_pipeline(&step.pipeline);
-            pass.set_bind_group(0, &step.bind_group, &[]);
-            pass.dispatch_workgroups(step.groups[0], step.groups[1], 1);
+            for step in self.steps.get(range).unwrap_or_default() {
+                pass.set_pipeline(&step.pipeline);
+                pass.set_bind_group(0, &step.bind_group, &[]);
+                pass.dispatch_workgroups(step.groups[0], step.groups[1], 1);
+            }
         }
         encoder.finish()
     }
@@ -180,8 +190,7 @@ fn step(gpu: &Gpu, uniforms: &wgpu::Buffer, i: usize, d: &Dispatch) -> Result<St
     let pipeline = gpu
         .kernels
         .pipeline(d.kernel)
-        .ok_or_else(|| gpu.err("kernel not compiled for this device"))?
-        .clone();
+        .ok_or_else(|| gpu.err("kernel not compiled for this device"))?;
     Ok(Step {
         pipeline,
         bind_group,

@@ -8,15 +8,37 @@ use common::first_device;
 
 #[test]
 fn wgpu_passes_every_supported_case() {
+    passes_every_supported_case("");
+}
+
+/// The fast arithmetic on the same device (on lavapipe, whose default is exact), against the
+/// same reference and thresholds; it adds MUL_MAT of every weight type, so more cases run.
+#[test]
+fn wgpu_fast_arithmetic_passes_every_supported_case() {
+    let unsupported = passes_every_supported_case("exact=0");
+    // Every MUL_MAT case of the suite, whatever its weight type or layout, runs.
+    let mul_mats: Vec<&String> = unsupported
+        .iter()
+        .filter(|(op, _)| *op == rgml::OpKind::MulMat)
+        .map(|(_, name)| name)
+        .collect();
+    assert!(mul_mats.is_empty(), "unsupported: {mul_mats:?}");
+}
+
+/// Runs the suite on the first device's stream made with `params` and asserts that every case
+/// it supports passes; returns the unsupported cases (op, name).
+fn passes_every_supported_case(params: &str) -> Vec<(rgml::OpKind, String)> {
     let Some(dev) = first_device() else {
-        return;
+        return Vec::new();
     };
-    let mut be = dev.init_backend(&Default::default()).unwrap();
+    let params = rgml::backend::BackendParams::parse(params).unwrap();
+    let mut be = dev.init_backend(&params).unwrap();
     let mut failed = Vec::new();
-    let s = run_tests(be.as_mut(), None, &mut |r| {
-        if let Outcome::Failed(why) = &r.outcome {
-            failed.push(format!("{}: {why}", r.name));
-        }
+    let mut unsupported = Vec::new();
+    let s = run_tests(be.as_mut(), None, &mut |r| match &r.outcome {
+        Outcome::Failed(why) => failed.push(format!("{}: {why}", r.name)),
+        Outcome::Unsupported => unsupported.push((r.op, r.name.clone())),
+        Outcome::Passed => {}
     })
     .unwrap();
     eprintln!(
@@ -33,6 +55,7 @@ fn wgpu_passes_every_supported_case() {
         failed.join("\n")
     );
     assert!(s.passed >= 50, "only {} cases passed", s.passed);
+    unsupported
 }
 
 #[test]

@@ -1,0 +1,503 @@
+// The fast arithmetic's kernels (see `kernels.rs`): native f32 fused multiply-adds in whatever
+// order the parallel work gives, workgroup-shared tiles and reductions. Prefixed with
+// `common.wgsl`. The weight type is the pipeline constant TYPE, so each type's decoder is
+// compiled into its own pipeline with no branch on the type at run time.
+//
+// Every weight type stores 8 consecutive elements of a row (at an element index that is a
+// multiple of 8) in 8 consecutive quant bytes of one block, plus the block's scales: `deq8`
+// decodes such a group in registers from two or four word reads, so a kernel reads each weight
+// byte once.
+
+@group(0) @binding(4) var<storage, read_write> D: array<u32>;
+
+override TYPE: u32 = 0u;
+
+// Type codes beyond `common.wgsl`'s, read only by these kernels.
+const T_BF16: u32 = 7u;
+const T_Q5_0: u32 = 8u;
+const T_Q5_1: u32 = 9u;
+const T_Q2_K: u32 = 10u;
+const T_Q3_K: u32 = 11u;
+const T_Q5_K: u32 = 12u;
+const T_IQ4_NL: u32 = 13u;
+const T_IQ4_XS: u32 = 14u;
+
+// The non-linear 4-bit levels of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
+var<private> IQ4_LEVELS: array<f32, 16> = array<f32, 16>(
+    -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+    1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+
+fn dset(i: u32, v: f32) { D[i] = bitcast<u32>(v); }
+
+// Elements and bytes per block of TYPE (1 and the element size for the plain types).
+fn block_elems() -> u32 {
+    switch TYPE {
+        case T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K, T_IQ4_XS: { return 256u; }
+        case T_F32, T_F16, T_BF16: { return 1u; }
+        default: { return 32u; }
+    }
+}
+
+fn block_bytes() -> u32 {
+    switch TYPE {
+        case T_F32: { return 4u; }
+        case T_F16, T_BF16: { return 2u; }
+        case T_Q4_0, T_IQ4_NL: { return 18u; }
+        case T_Q4_1: { return 20u; }
+        case T_Q5_0: { return 22u; }
+        case T_Q5_1: { return 24u; }
+        case T_Q8_0: { return 34u; }
+        case T_Q2_K: { return 84u; }
+        case T_Q3_K: { return 110u; }
+        case T_Q4_K: { return 144u; }
+        case T_Q5_K: { return 176u; }
+        case T_Q6_K: { return 210u; }
+        default: { return 136u; }
+    }
+}
+
+// Eight consecutive decoded elements.
+struct G8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// The four bytes of `w` as unsigned / signed values.
+fn u8x4(w: u32) -> vec4<f32> {
+    return vec4<f32>(f32(w & 0xffu), f32((w >> 8u) & 0xffu), f32((w >> 16u) & 0xffu), f32(w >> 24u));
+}
+
+fn i8x4(w: u32) -> vec4<f32> {
+    return vec4<f32>(
+        f32(bitcast<i32>(w << 24u) >> 24u),
+        f32(bitcast<i32>(w << 16u) >> 24u),
+        f32(bitcast<i32>(w << 8u) >> 24u),
+        f32(bitcast<i32>(w) >> 24u));
+}
+
+// The four 4-bit fields at bit `sh` (0 or 4) of each byte of `w`.
+fn nib4(w: u32, sh: u32) -> vec4<u32> {
+    let n = (w >> sh) & 0x0f0f0f0fu;
+    return vec4<u32>(n & 0xfu, (n >> 8u) & 0xfu, (n >> 16u) & 0xfu, n >> 24u);
+}
+
+// The four 2-bit fields at bit `sh` of each byte of `w`.
+fn crumb4(w: u32, sh: u32) -> vec4<u32> {
+    let n = (w >> sh) & 0x03030303u;
+    return vec4<u32>(n & 3u, (n >> 8u) & 3u, (n >> 16u) & 3u, n >> 24u);
+}
+
+// Bit `b` of each of the four bytes of `w`, as 0 or 1.
+fn bit4(w: u32, b: u32) -> vec4<u32> {
+    return crumb4(w, b) & vec4<u32>(1u);
+}
+
+fn iq4(n: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(IQ4_LEVELS[n.x], IQ4_LEVELS[n.y], IQ4_LEVELS[n.z], IQ4_LEVELS[n.w]);
+}
+
+// Elements k..k+8 of the plain-typed row at `base` (elements for f32, bytes otherwise; the row
+// is contiguous), zero from `n` on.
+fn plain8(base: u32, k: u32, n: u32) -> G8 {
+    var v: array<f32, 8>;
+    for (var e = 0u; e < 8u; e++) {
+        let i = k + e;
+        if (i < n) {
+            switch TYPE {
+                case T_F32: { v[e] = af(base + i); }
+                case T_F16: { v[e] = a_f16(base + 2u * i); }
+                default: {
+                    let b = base + 2u * i;
+                    v[e] = bitcast<f32>(((A[b >> 2u] >> ((b & 2u) * 8u)) & 0xffffu) << 16u);
+                }
+            }
+        }
+    }
+    return G8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// Scale and min of sub-block `sb` (0..8) of a Q4_K / Q5_K block at byte `blk` (ggml's
+// `get_scale_min_k4`: 6-bit values packed in 12 bytes from byte 4).
+fn scale_min_k4(blk: u32, sb: u32) -> vec2<f32> {
+    if (sb < 4u) {
+        return vec2<f32>(f32(a_u8(blk + 4u + sb) & 63u), f32(a_u8(blk + 8u + sb) & 63u));
+    }
+    let sc = (a_u8(blk + 8u + sb) & 0xfu) | ((a_u8(blk + sb) >> 6u) << 4u);
+    let mn = (a_u8(blk + 8u + sb) >> 4u) | ((a_u8(blk + 4u + sb) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(mn));
+}
+
+// Scale `i` (0..16) of a Q3_K block at byte `blk`: 6-bit values packed in 12 bytes from byte
+// 96 (low 4 bits in bytes 0..8, two nibbles each; high 2 bits in bytes 8..12), minus 32.
+fn scale_q3k(blk: u32, i: u32) -> f32 {
+    let s = blk + 96u;
+    let low = select(a_u8(s + i) & 0xfu, a_u8(s + i - 8u) >> 4u, i >= 8u);
+    let high = (a_u8(s + 8u + i % 4u) >> (2u * (i / 4u))) & 3u;
+    return f32(i32(low | (high << 4u)) - 32);
+}
+
+// Elements k..k+8 (k a multiple of 8) of the TYPE row at byte `base` (elements for f32) whose
+// length is `n`.
+fn deq8(base: u32, k: u32, n: u32) -> G8 {
+    if (TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16) {
+        return plain8(base, k, n);
+    }
+    let blk = base + (k / block_elems()) * block_bytes();
+    let j = k % block_elems();
+    switch TYPE {
+        case T_Q4_0, T_Q4_1, T_IQ4_NL: {
+            // d (f16), [m (f16),] 16 bytes: elements 0..16 low nibbles, 16..32 high.
+            let qs = blk + select(2u, 4u, TYPE == T_Q4_1) + j % 16u;
+            let sh = select(0u, 4u, j >= 16u);
+            let n0 = nib4(a_u32(qs), sh);
+            let n1 = nib4(a_u32(qs + 4u), sh);
+            let d = a_f16(blk);
+            if (TYPE == T_IQ4_NL) {
+                return G8(iq4(n0) * d, iq4(n1) * d);
+            }
+            if (TYPE == T_Q4_1) {
+                let m = a_f16(blk + 2u);
+                return G8(vec4<f32>(n0) * d + m, vec4<f32>(n1) * d + m);
+            }
+            return G8((vec4<f32>(n0) - 8.0) * d, (vec4<f32>(n1) - 8.0) * d);
+        }
+        case T_Q5_0, T_Q5_1: {
+            // d, [m,] 32 high bits (bit e for element e), 16 bytes of low nibbles as Q4_0.
+            let q1 = TYPE == T_Q5_1;
+            let qh = a_u32(blk + select(2u, 4u, q1)) >> j;
+            let qs = blk + select(6u, 8u, q1) + j % 16u;
+            let sh = select(0u, 4u, j >= 16u);
+            let hb0 = vec4<u32>(qh & 1u, (qh >> 1u) & 1u, (qh >> 2u) & 1u, (qh >> 3u) & 1u);
+            let hb1 = vec4<u32>((qh >> 4u) & 1u, (qh >> 5u) & 1u, (qh >> 6u) & 1u, (qh >> 7u) & 1u);
+            let v0 = vec4<f32>(nib4(a_u32(qs), sh) | (hb0 << vec4<u32>(4u)));
+            let v1 = vec4<f32>(nib4(a_u32(qs + 4u), sh) | (hb1 << vec4<u32>(4u)));
+            let d = a_f16(blk);
+            if (q1) {
+                let m = a_f16(blk + 2u);
+                return G8(v0 * d + m, v1 * d + m);
+            }
+            return G8((v0 - 16.0) * d, (v1 - 16.0) * d);
+        }
+        case T_Q8_0: {
+            let d = a_f16(blk);
+            return G8(i8x4(a_u32(blk + 2u + j)) * d, i8x4(a_u32(blk + 6u + j)) * d);
+        }
+        case T_Q2_K: {
+            // 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit quants, d,
+            // dmin: element 128 n + 32 s + l is bits 2s of byte 32 n + l, scale 8 n + 2 s + l / 16.
+            let h = j / 128u;
+            let s = (j % 128u) / 32u;
+            let l = j % 32u;
+            let sc = a_u8(blk + 8u * h + 2u * s + l / 16u);
+            let dl = a_f16(blk + 80u) * f32(sc & 0xfu);
+            let ml = a_f16(blk + 82u) * f32(sc >> 4u);
+            let qs = blk + 16u + 32u * h + l;
+            return G8(
+                vec4<f32>(crumb4(a_u32(qs), 2u * s)) * dl - ml,
+                vec4<f32>(crumb4(a_u32(qs + 4u), 2u * s)) * dl - ml);
+        }
+        case T_Q3_K: {
+            // 32 bytes of high-bit masks, 64 of 2-bit quants (as Q2_K), 12 of scales, d: the
+            // quant loses 4 where its mask bit (4 n + s of byte l) is clear.
+            let h = j / 128u;
+            let s = (j % 128u) / 32u;
+            let l = j % 32u;
+            let dl = a_f16(blk + 108u) * scale_q3k(blk, 8u * h + 2u * s + l / 16u);
+            let qs = blk + 32u + 32u * h + l;
+            let mb = 4u * h + s;
+            let q0 = vec4<f32>(crumb4(a_u32(qs), 2u * s)) - 4.0 * vec4<f32>(vec4<u32>(1u) - bit4(a_u32(blk + l), mb));
+            let q1 = vec4<f32>(crumb4(a_u32(qs + 4u), 2u * s)) - 4.0 * vec4<f32>(vec4<u32>(1u) - bit4(a_u32(blk + l + 4u), mb));
+            return G8(q0 * dl, q1 * dl);
+        }
+        case T_Q4_K, T_Q5_K: {
+            // d, dmin, 12 bytes of scales and mins, [32 bytes of high bits,] 128 bytes of
+            // nibbles: 64 elements per 32 bytes, low nibbles first.
+            let sb = j / 32u;
+            let l = j % 32u;
+            let sm = scale_min_k4(blk, sb);
+            let d = a_f16(blk) * sm.x;
+            let m = a_f16(blk + 2u) * sm.y;
+            let q5 = TYPE == T_Q5_K;
+            let qs = blk + select(16u, 48u, q5) + (j / 64u) * 32u + l;
+            let sh = select(0u, 4u, (j % 64u) >= 32u);
+            var n0 = nib4(a_u32(qs), sh);
+            var n1 = nib4(a_u32(qs + 4u), sh);
+            if (q5) {
+                n0 = n0 | (bit4(a_u32(blk + 16u + l), sb) << vec4<u32>(4u));
+                n1 = n1 | (bit4(a_u32(blk + 20u + l), sb) << vec4<u32>(4u));
+            }
+            return G8(vec4<f32>(n0) * d - m, vec4<f32>(n1) * d - m);
+        }
+        case T_Q6_K: {
+            // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 signed scales, d.
+            let h = j / 128u;
+            let quarter = (j % 128u) / 32u;
+            let l = j % 32u;
+            let ql = blk + 64u * h + l + (quarter & 1u) * 32u;
+            let sh = select(0u, 4u, quarter >= 2u);
+            let qh = blk + 128u + 32u * h + l;
+            let q0 = nib4(a_u32(ql), sh) | (crumb4(a_u32(qh), 2u * quarter) << vec4<u32>(4u));
+            let q1 = nib4(a_u32(ql + 4u), sh) | (crumb4(a_u32(qh + 4u), 2u * quarter) << vec4<u32>(4u));
+            let s = a_u8(blk + 192u + 8u * h + l / 16u + 2u * quarter);
+            let d = a_f16(blk + 208u) * f32(select(i32(s), i32(s) - 256, s >= 128u));
+            return G8((vec4<f32>(q0) - 32.0) * d, (vec4<f32>(q1) - 32.0) * d);
+        }
+        default: {
+            // IQ4_XS: d, 16 high scale bits, 4 bytes of low scale nibbles, then per 32-element
+            // sub-block 16 bytes of nibbles (low first) into the IQ4_NL levels.
+            let ib = j / 32u;
+            let l = j % 32u;
+            let lo = (a_u8(blk + 4u + ib / 2u) >> (4u * (ib % 2u))) & 0xfu;
+            let hi = ((a_u8(blk + 2u + ib / 4u) >> (2u * (ib % 4u))) & 3u);
+            let d = a_f16(blk) * f32(i32(lo | (hi << 4u)) - 32);
+            let qs = blk + 8u + 16u * ib + l % 16u;
+            let sh = select(0u, 4u, l >= 16u);
+            return G8(iq4(nib4(a_u32(qs), sh)) * d, iq4(nib4(a_u32(qs + 4u), sh)) * d);
+        }
+    }
+}
+
+// Elements k..k+8 of the f32 activation row at element `b0` (element stride b_nb.x), zero from
+// `n` on.
+fn act8(b0: u32, k: u32, n: u32) -> G8 {
+    var v: array<f32, 8>;
+    for (var e = 0u; e < 8u; e++) {
+        if (k + e < n) {
+            v[e] = bf(b0 + (k + e) * p.b_nb.x);
+        }
+    }
+    return G8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// The weight row (A) of output row `i0` in the matrix of batch indices (i2, i3): dims 2 and 3
+// broadcast by misc.y and misc.z.
+fn weight_row(i0: u32, i2: u32, i3: u32) -> u32 {
+    return p.off.x + i0 * p.a_nb.y + (i2 / p.misc.y) * p.a_nb.z + (i3 / p.misc.z) * p.a_nb.w;
+}
+
+fn act_row(i1: u32, i2: u32, i3: u32) -> u32 {
+    return p.off.y + i1 * p.b_nb.y + i2 * p.b_nb.z + i3 * p.b_nb.w;
+}
+
+// Threads per row of `mul_mv_fast` and the most activation columns it takes at once.
+const MV_THREADS: u32 = 32u;
+const MV_COLS: u32 = 8u;
+
+var<workgroup> partial: array<f32, 512>;
+
+// MUL_MAT with few activation columns (B's ne1 <= MV_COLS: generation): a workgroup of 64
+// computes two weight rows for every column, 32 invocations per row, each taking every 32nd
+// group of 8 elements, so a row's bytes are read once, side by side; then a tree sum through
+// workgroup memory. Workgroup w: rows 2 (w % ceil(ne0 / 2)) .. + 2 of matrix w / ceil(ne0 / 2)
+// (i2 + ne2 i3).
+@compute @workgroup_size(64)
+fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = wid.x + wid.y * nwg.x;
+    let pairs = (p.d_ne.x + 1u) / 2u;
+    let mat = w / pairs;
+    let i2 = mat % p.d_ne.z;
+    let i3 = mat / p.d_ne.z;
+    let i0 = 2u * (w % pairs) + li / MV_THREADS;
+    let t = li % MV_THREADS;
+    let ncols = min(p.d_ne.y, MV_COLS);
+    let n = p.a_ne.x;
+    var acc: array<f32, MV_COLS>;
+    if (i0 < p.d_ne.x && i3 < p.d_ne.w) {
+        let a0 = weight_row(i0, i2, i3);
+        for (var k = 8u * t; k < n; k += 8u * MV_THREADS) {
+            let x = deq8(a0, k, n);
+            for (var c = 0u; c < ncols; c++) {
+                let y = act8(act_row(c, i2, i3), k, n);
+                acc[c] += dot(x.lo, y.lo) + dot(x.hi, y.hi);
+            }
+        }
+    }
+    for (var c = 0u; c < ncols; c++) {
+        partial[c * 64u + li] = acc[c];
+    }
+    workgroupBarrier();
+    for (var s = MV_THREADS / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            for (var c = 0u; c < ncols; c++) {
+                partial[c * 64u + li] += partial[c * 64u + li + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (t == 0u && i0 < p.d_ne.x && i3 < p.d_ne.w) {
+        for (var c = 0u; c < ncols; c++) {
+            dset(p.off.w + i0 * p.d_nb.x + c * p.d_nb.y + i2 * p.d_nb.z + i3 * p.d_nb.w, partial[c * 64u + li]);
+        }
+    }
+}
+
+// Tile edge (outputs) and depth (elements of k) of `mul_mm_fast`.
+const TILE: u32 = 64u;
+const DEPTH: u32 = 32u;
+
+var<workgroup> tile_a: array<f32, 2048>;
+var<workgroup> tile_b: array<f32, 2048>;
+
+// MUL_MAT with many activation columns (prompts): a workgroup of 64 computes a 64 x 64 tile of
+// outputs, 8 x 8 per invocation (rows tx + 8 i, columns ty + 8 j), over steps of 32 elements:
+// each step decodes the tile's 64 weight rows into workgroup memory (4 groups of 8 per
+// invocation) and loads the 64 activation columns beside them (k-major, so invocations read
+// neighbouring words). Workgroup w: tile w % tiles of matrix w / tiles.
+@compute @workgroup_size(64)
+fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = wid.x + wid.y * nwg.x;
+    let tiles_m = (p.d_ne.x + TILE - 1u) / TILE;
+    let tiles_n = (p.d_ne.y + TILE - 1u) / TILE;
+    let tiles = tiles_m * tiles_n;
+    let mat = w / tiles;
+    let i2 = mat % p.d_ne.z;
+    let i3 = mat / p.d_ne.z;
+    let m0 = (w % tiles_m) * TILE;
+    let n0 = ((w % tiles) / tiles_m) * TILE;
+    let tx = li % 8u;
+    let ty = li / 8u;
+    let n = p.a_ne.x;
+    // Out-of-range workgroups (none unless the grid is padded) still reach every barrier.
+    let live = i3 < p.d_ne.w;
+    var acc: array<f32, 64>;
+    for (var k0 = 0u; k0 < n; k0 += DEPTH) {
+        for (var r = 0u; r < 4u; r++) {
+            let q = li + 64u * r;
+            let row = q / 4u;
+            let kg = 8u * (q % 4u);
+            var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
+            if (live && m0 + row < p.d_ne.x) {
+                x = deq8(weight_row(m0 + row, i2, i3), k0 + kg, n);
+            }
+            var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
+            if (live && n0 + row < p.d_ne.y) {
+                y = act8(act_row(n0 + row, i2, i3), k0 + kg, n);
+            }
+            for (var e = 0u; e < 4u; e++) {
+                tile_a[(kg + e) * TILE + row] = x.lo[e];
+                tile_a[(kg + 4u + e) * TILE + row] = x.hi[e];
+                tile_b[(kg + e) * TILE + row] = y.lo[e];
+                tile_b[(kg + 4u + e) * TILE + row] = y.hi[e];
+            }
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < DEPTH; k++) {
+            var a: array<f32, 8>;
+            var b: array<f32, 8>;
+            for (var i = 0u; i < 8u; i++) {
+                a[i] = tile_a[k * TILE + tx + 8u * i];
+                b[i] = tile_b[k * TILE + ty + 8u * i];
+            }
+            for (var i = 0u; i < 8u; i++) {
+                for (var jj = 0u; jj < 8u; jj++) {
+                    acc[8u * i + jj] = fma(a[i], b[jj], acc[8u * i + jj]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    if (!live) {
+        return;
+    }
+    for (var i = 0u; i < 8u; i++) {
+        let i0 = m0 + tx + 8u * i;
+        for (var jj = 0u; jj < 8u; jj++) {
+            let i1 = n0 + ty + 8u * jj;
+            if (i0 < p.d_ne.x && i1 < p.d_ne.y) {
+                dset(p.off.w + i0 * p.d_nb.x + i1 * p.d_nb.y + i2 * p.d_nb.z + i3 * p.d_nb.w, acc[8u * i + jj]);
+            }
+        }
+    }
+}
+
+var<workgroup> row_sum: array<f32, 64>;
+
+// The sum of every invocation's `v` over the workgroup of 64 (every invocation gets it).
+fn workgroup_sum(li: u32, v: f32) -> f32 {
+    row_sum[li] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (li < s) {
+            row_sum[li] += row_sum[li + s];
+        }
+        workgroupBarrier();
+    }
+    let total = row_sum[0];
+    workgroupBarrier();
+    return total;
+}
+
+// As `workgroup_sum`, the maximum.
+fn workgroup_max(li: u32, v: f32) -> f32 {
+    row_sum[li] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (li < s) {
+            row_sum[li] = max(row_sum[li], row_sum[li + s]);
+        }
+        workgroupBarrier();
+    }
+    let total = row_sum[0];
+    workgroupBarrier();
+    return total;
+}
+
+// RMS_NORM, one workgroup per row (workgroup w: row w): x / sqrt(mean(x^2) + f.x).
+@compute @workgroup_size(64)
+fn rms_norm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = wid.x + wid.y * nwg.x;
+    let rows = p.a_ne.y * p.a_ne.z * p.a_ne.w;
+    let live = r < rows;
+    let row = unravel_row(min(r, rows - 1u), p.a_ne);
+    let a0 = p.off.x + at(row, p.a_nb);
+    let d0 = p.off.w + at(row, p.d_nb);
+    var sum = 0.0;
+    if (live) {
+        for (var k = li; k < p.a_ne.x; k += 64u) {
+            let x = af(a0 + k * p.a_nb.x);
+            sum = fma(x, x, sum);
+        }
+    }
+    let s = inverseSqrt(workgroup_sum(li, sum) / f32(p.a_ne.x) + p.f.x);
+    if (live) {
+        for (var k = li; k < p.a_ne.x; k += 64u) {
+            dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x) * s);
+        }
+    }
+}
+
+// SOFT_MAX, one workgroup per row, with `soft_max`'s inputs (scale, mask, ALiBi).
+@compute @workgroup_size(64)
+fn soft_max_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = wid.x + wid.y * nwg.x;
+    let rows = p.a_ne.y * p.a_ne.z * p.a_ne.w;
+    let live = r < rows;
+    let row = unravel_row(min(r, rows - 1u), p.a_ne);
+    let a0 = p.off.x + at(row, p.a_nb);
+    let d0 = p.off.w + at(row, p.d_nb);
+    let c0 = soft_max_mask_row(row);
+    let slope = alibi_slope(row.z);
+    var m = -3.4028235e38;
+    if (live) {
+        for (var k = li; k < p.a_ne.x; k += 64u) {
+            m = max(m, soft_max_input(a0, c0, k, slope));
+        }
+    }
+    m = workgroup_max(li, m);
+    var sum = 0.0;
+    if (live) {
+        for (var k = li; k < p.a_ne.x; k += 64u) {
+            let e = exp(soft_max_input(a0, c0, k, slope) - m);
+            sum += e;
+            dset(d0 + k * p.d_nb.x, e);
+        }
+    }
+    let inv = 1.0 / workgroup_sum(li, sum);
+    if (live) {
+        // Each invocation rescales the elements it wrote itself: no barrier needed.
+        for (var k = li; k < p.a_ne.x; k += 64u) {
+            let i = d0 + k * p.d_nb.x;
+            dset(i, bitcast<f32>(D[i]) * inv);
+        }
+    }
+}
