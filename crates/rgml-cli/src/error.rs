@@ -65,7 +65,10 @@ impl CliError {
             CliError::Llm(LlmError::OutOfMemory { what, .. }) => Some(match what {
                 MemoryUse::KvCache => "lower the context length (-c)",
                 MemoryUse::Compute => "lower the context length (-c) or the micro-batch (--ubatch)",
-                _ => "place the model on devices with more free memory (--device, --tensor-split)",
+                _ => {
+                    "offload fewer layers (-ngl) or place the model on devices with more free \
+                     memory (--device, --tensor-split)"
+                }
             }),
             CliError::Llm(LlmError::ContextFull { .. }) => Some("raise the context length (-c)"),
             _ => None,

@@ -1,17 +1,20 @@
 //! The `rgml` command line: devices, op conformance, and the model commands (run, logits,
-//! perplexity, bench, gguf-info, quantize). Backends are registered here, so the binary links only what
-//! it uses, with the options the environment asks for ([`env_options`]).
+//! perplexity, bench, serve, gguf-info, quantize). Backends are registered here, so the binary
+//! links only what it uses, with the options the environment asks for ([`env_options`]).
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use error::CliError;
 use std::io::Write;
 use std::process::ExitCode;
 
+mod bench_cmd;
 mod compare_cmd;
 mod env_options;
 mod error;
+mod llama_flags;
 mod model_cmds;
 mod output;
+mod placement;
 mod quantize_cmd;
 mod rpc_server_cmd;
 mod serve_cmd;
@@ -25,7 +28,9 @@ mod test_ops;
     after_help = "Environment: RGML_CPU_ISA=avx2|avx512|avx512-nobf16 (the ggml build whose \
                   arithmetic the CPU mirrors), RGML_CPU_REPACK=0|1 (repacked weights), \
                   RGML_CPU_DEVICES=N (devices CPU0..CPU{N-1} beside CPU, N <= 64), \
-                  RGML_WGPU_SOFT_FMA=0|1 (integer FMA emulation on GPUs)."
+                  RGML_WGPU_SOFT_FMA=0|1 (integer FMA emulation on GPUs), \
+                  RGML_WGPU_EXACT=0|1 (GPU arithmetic: fast, or the CPU's bits; default exact \
+                  on CPU drivers such as lavapipe, fast on GPUs)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -67,7 +72,7 @@ enum Command {
     /// Perplexity of a text file, computed as llama-perplexity does.
     Perplexity(model_cmds::PerplexityArgs),
     /// Prompt and generation speed, measured as llama-bench does.
-    Bench(model_cmds::BenchArgs),
+    Bench(bench_cmd::BenchArgs),
     /// Run the model's prompt graph on two devices node by node; report the first divergent node.
     Compare(compare_cmd::CompareArgs),
     /// Convert a GGUF model to another quantization type, writing the same bytes as
@@ -134,17 +139,18 @@ fn names_unknown_device(names: &str) -> bool {
 }
 
 impl Command {
-    /// Whether the command may use a device other than the CPU ones (see
-    /// [`register_backends`]).
+    /// Whether the command may use a device other than the CPU and remote ones (see
+    /// [`register_backends`]): a model command without `--device` may (its default is the
+    /// first GPU), unless `-ngl 0`, `--rpc` or a split flag keeps it off local GPUs.
     fn may_use_gpu(&self) -> bool {
         match self {
             Command::Devices { .. } => true,
             Command::TestOps { backend, .. } => backend.as_deref().is_none_or(names_unknown_device),
-            Command::Run(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
-            Command::Logits(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
-            Command::Perplexity(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
-            Command::Bench(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
-            Command::Serve(a) => a.model.device.as_deref().is_some_and(names_unknown_device),
+            Command::Run(a) => a.model.may_use_local_gpu(),
+            Command::Logits(a) => a.model.may_use_local_gpu(),
+            Command::Perplexity(a) => a.model.may_use_local_gpu(),
+            Command::Bench(a) => a.model.may_use_local_gpu(),
+            Command::Serve(a) => a.model.may_use_local_gpu(),
             Command::Compare(a) => names_unknown_device(&a.device),
             Command::RpcServer(a) => a.device.as_deref().is_none_or(names_unknown_device),
             Command::GgufInfo { .. } | Command::Quantize(_) => false,
@@ -175,7 +181,7 @@ impl Command {
             Command::Serve(args) => serve_cmd::run(args),
             Command::Logits(args) => model_cmds::logits(args),
             Command::Perplexity(args) => model_cmds::perplexity(args),
-            Command::Bench(args) => model_cmds::bench(args),
+            Command::Bench(args) => bench_cmd::bench(args),
             Command::Compare(args) => compare_cmd::run(args),
             Command::GgufInfo { model } => model_cmds::gguf_info(&model),
             Command::Quantize(args) => quantize_cmd::run(args),
@@ -226,7 +232,10 @@ fn main() -> ExitCode {
     if let Err(e) = rgml_gguf::install_sigbus_handler() {
         note!("warning: cannot install the SIGBUS handler: {e}");
     }
-    let cli = Cli::parse_from(serve_cmd::rewrite_args(std::env::args_os()));
+    let cli = Cli::parse_from(llama_flags::rewrite(
+        std::env::args_os().collect(),
+        &Cli::command(),
+    ));
     let result = register_backends(&cli.command).and_then(|()| cli.command.run());
     match result {
         Ok(true) => ExitCode::SUCCESS,

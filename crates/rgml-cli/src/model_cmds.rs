@@ -1,6 +1,9 @@
-//! The model commands: `run`, `logits`, `perplexity`, `bench`, `gguf-info`.
+//! The model commands: `run`, `logits`, `perplexity`, `gguf-info`, and the model and device
+//! flags they share with `bench` and `serve` ([`ModelArgs`]; where they put the model is
+//! [`crate::placement`]'s).
 
 use crate::error::CliError;
+use crate::placement::GpuLayers;
 use clap::Args;
 use rgml_llm::chat::{ChatFormat, Message};
 use rgml_llm::{
@@ -23,10 +26,18 @@ pub struct ModelArgs {
     /// Compute threads, 1 to 256 (default: all cores).
     #[arg(short = 't', long, value_parser = parse_threads)]
     pub threads: Option<usize>,
-    /// Devices from `rgml devices`, comma-separated (`CPU0,CPU1` splits the model over both).
-    /// Default: `CPU`, or with `--rpc` every remote device.
+    /// Devices from `rgml devices`, comma-separated (`CPU0,CPU1` splits the model over both;
+    /// with `-ngl`, one GPU and the CPU: `Vulkan0,CPU`). Default: the first GPU with every
+    /// layer (CPU drivers such as lavapipe are skipped), else `CPU`; with `--rpc` every remote
+    /// device.
     #[arg(long)]
     pub device: Option<String>,
+    /// Layers on the GPU, as llama.cpp counts them (also `-ngl`, `--gpu-layers`): N is the
+    /// output head and the last N-1 blocks, the rest stays on the CPU; more than the block
+    /// count (or `all`): every layer; 0: the CPU alone; `auto`: the default. The GPU is the
+    /// first one `rgml devices` lists (with `--device`, the list's first non-CPU device).
+    #[arg(long = "n-gpu-layers", alias = "gpu-layers", value_name = "N", value_parser = GpuLayers::parse)]
+    pub n_gpu_layers: Option<GpuLayers>,
     /// Servers of ggml's RPC protocol (`rgml rpc-server`, llama.cpp's `ggml-rpc-server`) whose
     /// devices join the local ones: `HOST:PORT[,HOST:PORT..]`. Their devices are named
     /// `RPC0[HOST:PORT]`, ...; without `--device` the model is split by layers over all of them.
@@ -53,20 +64,24 @@ pub struct ModelArgs {
     /// The recorder behind `--trace`, created with the session.
     #[arg(skip)]
     recorder: std::sync::OnceLock<std::sync::Arc<rgml::trace::Trace>>,
-    /// Context length: the most tokens a sequence holds (prompt and generated). Every command
-    /// that evaluates the model is bound by it; sessions allocate what the command needs up to it.
-    #[arg(short = 'c', long, default_value_t = 2048, value_parser = parse_positive)]
-    pub ctx_size: usize,
+    /// Context length: the most tokens a sequence holds (prompt and generated; default 2048,
+    /// for `bench` what it needs). Every command that evaluates the model is bound by it;
+    /// sessions allocate what the command needs up to it.
+    #[arg(short = 'c', long = "ctx-size", value_parser = parse_positive)]
+    pub ctx: Option<usize>,
     /// Largest number of tokens per graph (prompt micro-batch).
     #[arg(long, default_value_t = 512, value_parser = parse_positive)]
     pub ubatch: usize,
 }
 
+/// The context of commands run without `-c`.
+pub const DEFAULT_CTX: usize = 2048;
+
 /// The most compute threads `-t` accepts: beyond any core count these machines have, and low
 /// enough that a typo (`-t 1000`) is an error rather than a 60× slowdown.
 pub const MAX_THREADS: usize = 256;
 
-fn parse_positive(value: &str) -> Result<usize, String> {
+pub(crate) fn parse_positive(value: &str) -> Result<usize, String> {
     match value.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
@@ -118,29 +133,9 @@ pub(crate) fn add_rpc_servers(list: &str) -> Result<(), CliError> {
 }
 
 impl ModelArgs {
-    /// The devices to use, comma-separated: `--device`, else every device of the `--rpc`
-    /// servers (connected by then), else `CPU`.
-    pub(crate) fn device_list(&self) -> Result<String, CliError> {
-        if let Some(list) = &self.device {
-            return Ok(list.clone());
-        }
-        let Some(rpc) = &self.rpc else {
-            return Ok("CPU".into());
-        };
-        let mut names = Vec::new();
-        for ep in rpc_endpoints(rpc)? {
-            let registry = rgml::registry::registries()
-                .into_iter()
-                .find(|r| r.name() == format!("RPC[{ep}]"))
-                .ok_or_else(|| CliError::usage(format!("--rpc: server {ep} is not connected")))?;
-            names.extend(registry.devices().iter().map(|d| d.name().to_string()));
-        }
-        if names.is_empty() {
-            return Err(CliError::usage(format!(
-                "--rpc {rpc}: the servers have no devices"
-            )));
-        }
-        Ok(names.join(","))
+    /// `-c`, or its default.
+    pub(crate) fn ctx_size(&self) -> usize {
+        self.ctx.unwrap_or(DEFAULT_CTX)
     }
 
     /// Checks that need no model: a writable `--trace` file (created now, so a bad path fails
@@ -168,75 +163,8 @@ impl ModelArgs {
                 self.model.display()
             )));
         }
-        let device_list = self.device_list()?;
-        let mut names: Vec<&str> = device_list
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .collect();
-        if names.is_empty() {
-            return Err(CliError::usage("--device: no device named"));
-        }
-        let tensor_parallel = match self.split_mode.as_str() {
-            "tensor" if names.len() < 2 => {
-                return Err(CliError::usage(
-                    "--split-mode tensor needs at least two devices in --device",
-                ))
-            }
-            "tensor" => true,
-            "none" => {
-                names.truncate(1);
-                false
-            }
-            _ => false,
-        };
-        let devices = names
-            .iter()
-            .map(|n| {
-                rgml::registry::device(n).map_err(|e| CliError::usage(format!("--device: {e}")))
-            })
-            .collect::<Result<Vec<_>, CliError>>()?;
-        let tensor_split = match &self.tensor_split {
-            None => Vec::new(),
-            Some(list) => list
-                .split(',')
-                .map(|v| {
-                    v.trim()
-                        .parse::<f32>()
-                        .ok()
-                        .filter(|x| x.is_finite() && *x >= 0.0)
-                        .ok_or_else(|| {
-                            CliError::usage(format!(
-                                "--tensor-split {list}: '{v}' is not a finite share >= 0"
-                            ))
-                        })
-                })
-                .collect::<Result<Vec<_>, CliError>>()?,
-        };
-        if !tensor_split.is_empty() && tensor_split.len() != devices.len() {
-            return Err(CliError::usage(format!(
-                "--tensor-split {}: {} values for {} devices",
-                self.tensor_split.as_deref().unwrap_or_default(),
-                tensor_split.len(),
-                devices.len()
-            )));
-        }
-        let placement = if tensor_parallel {
-            rgml_llm::Placement::Tensor {
-                devices,
-                shares: tensor_split,
-                sync: if self.tensor_sync == "reduce" {
-                    rgml_llm::TensorSync::Reduce
-                } else {
-                    rgml_llm::TensorSync::Gather
-                },
-            }
-        } else {
-            rgml_llm::Placement::Layers {
-                devices,
-                shares: tensor_split,
-            }
-        };
+        let placement = self.placement()?;
+        let offload = matches!(placement, rgml_llm::Placement::Offload { .. });
         let mut bar = Progress::new("loading");
         let options = rgml_llm::LoadOptions {
             placement: Some(placement),
@@ -244,6 +172,9 @@ impl ModelArgs {
         };
         let model = Model::load(&self.model, options)?;
         bar.finish();
+        if offload {
+            note_offload(&model);
+        }
         Ok(Arc::new(model))
     }
 
@@ -282,6 +213,25 @@ impl ModelArgs {
         }
         Ok(())
     }
+}
+
+/// One line on stderr for a model loaded with [`Placement::Offload`](rgml_llm::Placement),
+/// as llama.cpp reports it ("offloaded 31/31 layers to GPU"): how many layers, the output head
+/// counted as one, went to which device (the model's first; none when it has one device).
+fn note_offload(model: &Model) {
+    let [gpu, _cpu] = model.devices() else {
+        return;
+    };
+    let n_layer = model.config.n_layer;
+    let blocks = (0..n_layer)
+        .filter(|&il| model.layer_device(il) == Some(0))
+        .count();
+    crate::note!(
+        "offloaded {}/{} layers to {} (the output head and {blocks} of {n_layer} blocks)",
+        blocks + 1,
+        n_layer + 1,
+        gpu.name()
+    );
 }
 
 /// A one-line progress bar on stderr when it is a terminal.
@@ -381,7 +331,7 @@ fn sampler_params(args: &RunArgs) -> Result<SamplerParams, CliError> {
 }
 
 /// A usage error unless `n_tokens` fit in the context of `-c`.
-fn check_context(what: &str, n_tokens: usize, ctx_size: usize) -> Result<(), CliError> {
+pub(crate) fn check_context(what: &str, n_tokens: usize, ctx_size: usize) -> Result<(), CliError> {
     if n_tokens > ctx_size {
         return Err(CliError::usage(format!(
             "{what} needs {n_tokens} tokens, more than the context of {ctx_size} (-c); raise -c"
@@ -409,12 +359,12 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
     if tokens.is_empty() {
         return Err(CliError::usage("the prompt is empty"));
     }
-    check_context("the prompt", tokens.len(), args.model.ctx_size)?;
+    check_context("the prompt", tokens.len(), args.model.ctx_size())?;
     // What this run can use: the prompt and the tokens asked for, within -c.
     let n_ctx = tokens
         .len()
         .saturating_add(args.n_predict)
-        .min(args.model.ctx_size);
+        .min(args.model.ctx_size());
     let mut session = args.model.session(&model, n_ctx)?;
     let mut sampler = Sampler::new(params);
     let mut out = std::io::stdout().lock();
@@ -485,7 +435,7 @@ pub fn logits(args: LogitsArgs) -> Result<bool, CliError> {
     if tokens.is_empty() {
         return Err(CliError::usage("the prompt is empty"));
     }
-    check_context("the prompt", tokens.len(), args.model.ctx_size)?;
+    check_context("the prompt", tokens.len(), args.model.ctx_size())?;
     let mut session = args.model.session(&model, tokens.len())?;
     let logits = session.eval(&tokens, Logits::Last)?;
     let mut order: Vec<usize> = (0..logits.len()).collect();
@@ -526,7 +476,7 @@ pub struct PerplexityArgs {
 /// `rgml perplexity`, as llama-perplexity computes it: chunks of `-c` tokens, each evaluated
 /// from an empty cache, the second half of each chunk scored.
 pub fn perplexity(args: PerplexityArgs) -> Result<bool, CliError> {
-    let n_ctx = args.model.ctx_size;
+    let n_ctx = args.model.ctx_size();
     // Each chunk scores its tokens from n_ctx/2 to n_ctx-2 against their successors.
     if n_ctx < 3 {
         return Err(CliError::usage(
@@ -600,125 +550,6 @@ fn log_softmax_at(row: &[f32], i: usize) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
     row[i] as f64 - max - sum.ln()
-}
-
-/// Flags of `rgml bench`.
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    #[command(flatten)]
-    pub(crate) model: ModelArgs,
-    /// Prompt tokens per pp test.
-    #[arg(short = 'p', long, default_value_t = 512)]
-    n_prompt: usize,
-    /// Generated tokens per tg test.
-    #[arg(short = 'n', long, default_value_t = 128)]
-    n_gen: usize,
-    /// Repetitions.
-    #[arg(short = 'r', long, default_value_t = 5, value_parser = parse_positive)]
-    reps: usize,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
-}
-
-/// `rgml bench`, as llama-bench measures: pp = one batch of P tokens from an empty cache, tg = N
-/// single-token steps from an empty cache, each after a warm-up run, averaged over repetitions.
-pub fn bench(args: BenchArgs) -> Result<bool, CliError> {
-    if args.n_prompt == 0 && args.n_gen == 0 {
-        return Err(CliError::usage("-p 0 -n 0: nothing to measure"));
-    }
-    // Each test starts from an empty cache: the longer one bounds the context.
-    let n_ctx = args.n_prompt.max(args.n_gen);
-    check_context("bench", n_ctx, args.model.ctx_size)?;
-    let model = args.model.load()?;
-    let mut session = args.model.session(&model, n_ctx)?;
-    let n_vocab = model.config.n_vocab as u64;
-    // Deterministic pseudo-random tokens, like llama-bench's random prompt.
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next_token = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n_vocab) as u32
-    };
-    let reps = args.reps;
-    let mut pp = Vec::new();
-    let mut tg = Vec::new();
-    if args.n_prompt > 0 {
-        let prompt: Vec<u32> = (0..args.n_prompt).map(|_| next_token()).collect();
-        for rep in 0..=reps {
-            session.reset();
-            let t = Instant::now();
-            session.decode(&prompt, Logits::Last)?;
-            if rep > 0 {
-                pp.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
-            }
-        }
-    }
-    if args.n_gen > 0 {
-        for rep in 0..=reps {
-            session.reset();
-            let t = Instant::now();
-            for _ in 0..args.n_gen {
-                session.decode(&[next_token()], Logits::Last)?;
-            }
-            if rep > 0 {
-                tg.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
-            }
-        }
-    }
-    let stats = |v: &[f64]| -> (f64, f64) {
-        if v.is_empty() {
-            return (0.0, 0.0);
-        }
-        let mean = v.iter().sum::<f64>() / v.len() as f64;
-        let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>()
-            / v.len().max(2).saturating_sub(1) as f64;
-        (mean, var.sqrt())
-    };
-    let (pp_mean, pp_sd) = stats(&pp);
-    let (tg_mean, tg_sd) = stats(&tg);
-    let threads = args
-        .model
-        .threads
-        .unwrap_or_else(rgml_cpu::default_n_threads);
-    let device = args.model.device_list()?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        let v = serde_json::json!({
-            "model": args.model.model.display().to_string(),
-            "model_type": model.file_type(),
-            "model_size": model.size_bytes(),
-            "n_params": model.n_params(),
-            "device": device,
-            "threads": threads,
-            "n_prompt": args.n_prompt,
-            "n_gen": args.n_gen,
-            "reps": reps,
-            "pp_tok_s": pp_mean,
-            "pp_tok_s_sd": pp_sd,
-            "tg_tok_s": tg_mean,
-            "tg_tok_s_sd": tg_sd,
-        });
-        writeln!(out, "{v}")?;
-    } else {
-        writeln!(
-            out,
-            "| model | size | params | device | threads | test | t/s |"
-        )?;
-        writeln!(out, "| --- | ---: | ---: | --- | ---: | --- | ---: |")?;
-        let size = format!("{:.2} MiB", model.size_bytes() as f64 / (1 << 20) as f64);
-        let params = format!("{:.2} M", model.n_params() as f64 / 1e6);
-        let name = format!("{} {}", model.config.arch, model.file_type());
-        if args.n_prompt > 0 {
-            writeln!(out, "| {name} | {size} | {params} | {} | {threads} | pp{} | {pp_mean:.2} ± {pp_sd:.2} |", device, args.n_prompt)?;
-        }
-        if args.n_gen > 0 {
-            writeln!(out, "| {name} | {size} | {params} | {} | {threads} | tg{} | {tg_mean:.2} ± {tg_sd:.2} |", device, args.n_gen)?;
-        }
-    }
-    args.model.finish()?;
-    Ok(true)
 }
 
 /// `rgml gguf-info`: a GGUF file's metadata and tensors.

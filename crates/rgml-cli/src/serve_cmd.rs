@@ -46,29 +46,13 @@ pub struct ServeArgs {
     max_body_kib: u32,
 }
 
-/// `rgml serve -np N` as llama-server spells it becomes `--parallel N` (clap's short flags are
-/// one letter); other commands' arguments are left as they are.
-pub fn rewrite_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let args: Vec<std::ffi::OsString> = args.collect();
-    if args.get(1).and_then(|a| a.to_str()) != Some("serve") {
-        return args;
-    }
-    args.into_iter()
-        .map(|a| match a.to_str() {
-            Some("-np") => "--parallel".into(),
-            Some(s) if s.starts_with("-np=") => format!("--parallel={}", &s[4..]).into(),
-            _ => a,
-        })
-        .collect()
-}
-
 /// Serve until SIGTERM or Ctrl-C.
 pub fn run(args: ServeArgs) -> Result<bool, CliError> {
     let model = args.model.load()?;
     let n_slots = usize::from(args.parallel);
     let session = args
         .model
-        .session_for(&model, args.model.ctx_size, n_slots)?;
+        .session_for(&model, args.model.ctx_size(), n_slots)?;
     let model_id = args.alias.clone().unwrap_or_else(|| {
         let stem = args.model.model.file_stem().unwrap_or_default();
         stem.to_string_lossy().into_owned()
@@ -107,7 +91,7 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
             .map_err(|e| CliError::Message(format!("{endpoint}: {e}")))?;
         crate::note!(
             "rgml serve: {model_id} on http://{local} ({n_slots} slots of {} tokens)",
-            args.model.ctx_size
+            args.model.ctx_size()
         );
         let generator: Arc<dyn Generator> = engine.clone();
         rgml_serve::http::serve(listener, generator, http, shutdown_signal())
@@ -142,29 +126,4 @@ async fn shutdown_signal() {
         () = term => {},
     }
     crate::note!("rgml serve: shutting down (running requests end first)");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rewrite_args;
-
-    fn rewrite(args: &[&str]) -> Vec<String> {
-        rewrite_args(args.iter().map(|a| a.into()))
-            .into_iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect()
-    }
-
-    #[test]
-    fn np_is_parallel_for_serve_only() {
-        assert_eq!(
-            rewrite(&["rgml", "serve", "-np", "8", "-np=2"]),
-            ["rgml", "serve", "--parallel", "8", "--parallel=2"]
-        );
-        // A prompt that happens to read `-np` stays one.
-        assert_eq!(
-            rewrite(&["rgml", "run", "-p", "-np"]),
-            ["rgml", "run", "-p", "-np"]
-        );
-    }
 }

@@ -1,9 +1,11 @@
 //! Model loading: GGUF tensors into backend buffers, named and shape-checked.
 //!
-//! This module owns the weights (a [`Context`] whose tensors have storage) and their layout per
-//! layer. CPU weights are used in place: the memory-mapped file is wrapped as a read-only
-//! buffer (zero-copy). Devices that cannot wrap host memory (or whose backends cannot use such
-//! a wrap) get a copy. Graph building and inference state live in [`crate::session`].
+//! This module owns the weights (a [`Context`] whose tensors have storage), their layout per
+//! layer, and where each part of the model goes ([`Placement`] resolved into a `LayerMap`).
+//! CPU weights are used in place: the memory-mapped file is wrapped as a read-only buffer
+//! (zero-copy). Devices that cannot wrap host memory (or whose backends cannot use such a wrap)
+//! get a copy, in as many buffers as the device's largest allocation asks. Graph building and
+//! inference state live in [`crate::session`].
 //!
 //! # Layer split
 //! With several devices ([`Placement::Layers`]) the blocks are assigned as llama.cpp's
@@ -12,6 +14,13 @@
 //! registry's "CPU" device), as llama.cpp keeps input embeddings on the CPU; the output norm
 //! and output projection go to the last device (a file with tied embeddings gets a second
 //! tensor over the same data there, as llama.cpp duplicates it).
+//!
+//! # Offload
+//! [`Placement::Offload`] is llama.cpp's `-ngl N` with one GPU: exact counts, not shares.
+//! llama.cpp (since its PR 18148, in the vendored llama-cpp-python 0.3.36) counts the output
+//! head as layer `n_layer` and offloads from the top, the head first: `N` layers are the
+//! output head and the last `N - 1` blocks, `N > n_layer` is everything, `0` nothing. The
+//! token embeddings stay on the CPU device, as llama.cpp's input layer does.
 
 use crate::config::ModelConfig;
 use crate::error::{LlmError, MemoryUse, Result};
@@ -45,6 +54,19 @@ pub enum Placement {
         /// Share of the blocks per device.
         shares: Vec<f32>,
     },
+    /// llama.cpp's `-ngl`: the last `n_gpu_layers` layers on `gpu`, the rest and the token
+    /// embeddings on `cpu`, where the output head (output norm and projection) counts as the
+    /// top layer and goes first (see the module docs): `1` is the head alone, `n_layer + 1` or
+    /// more is every block and the head, `0` is everything on `cpu`. `gpu` may be any device
+    /// (the caller chooses which GPU); it must not be `cpu`.
+    Offload {
+        /// Where the offloaded layers go.
+        gpu: DeviceRef,
+        /// Where the other blocks and the token embeddings go (a CPU device).
+        cpu: DeviceRef,
+        /// Layers offloaded, the output head counted as one (llama.cpp's `n_gpu_layers`).
+        n_gpu_layers: usize,
+    },
     /// Every block's weights split across the devices (tensor parallelism, a meta device; see
     /// `crate::tensor_split`), each device's share of every split weight in proportion to
     /// `shares` (empty: even), joined as `sync` says.
@@ -67,6 +89,16 @@ impl std::fmt::Debug for Placement {
                 .debug_struct("Layers")
                 .field("devices", &names(devices))
                 .field("shares", shares)
+                .finish(),
+            Placement::Offload {
+                gpu,
+                cpu,
+                n_gpu_layers,
+            } => f
+                .debug_struct("Offload")
+                .field("gpu", &gpu.name())
+                .field("cpu", &cpu.name())
+                .field("n_gpu_layers", n_gpu_layers)
                 .finish(),
             Placement::Tensor {
                 devices,
@@ -116,6 +148,8 @@ pub struct Model {
     devices: Vec<DeviceRef>,
     /// The index in `devices` of each block.
     layer_devices: Vec<usize>,
+    /// The index in `devices` of the output norm and projection.
+    output_device: usize,
     buffers: Vec<Arc<Buffer>>,
     file_type: String,
     chat_template: Option<String>,
@@ -163,19 +197,17 @@ impl Model {
     pub fn from_gguf(gguf: &GgufFile, mut options: LoadOptions<'_>) -> Result<Model> {
         let config = ModelConfig::from_gguf(gguf)?;
         let tokenizer = Tokenizer::from_gguf(gguf)?;
-        let (devices, layer_shares) = resolve_placement(gguf, &config, options.placement.take())?;
-        let layer_devices = assign_layers(config.n_layer, devices.len(), &layer_shares)?;
+        let (devices, map) = resolve_placement(gguf, &config, options.placement.take())?;
 
         let (mut ctx, ids) = weights_context(gguf)?;
         check_blocks(gguf, config.n_layer)?;
         let weights = NamedWeights::resolve(&ids, &config)?;
         weights.check_shapes(&ctx, &config)?;
 
-        let (placed, tied_output) = assign_tensors(gguf, &mut ctx, &ids, &devices, &layer_devices)?;
-        let host = if devices.len() > 1 {
-            Some(rgml::registry::device("CPU").unwrap_or_else(|_| devices[0].clone()))
-        } else {
-            None
+        let (placed, tied_output) = assign_tensors(gguf, &mut ctx, &ids, &map)?;
+        let host = match map.inputs {
+            Some(_) => None,
+            None => Some(rgml::registry::device("CPU").unwrap_or_else(|_| devices[0].clone())),
         };
         let buffers = place_weights(
             gguf,
@@ -200,12 +232,13 @@ impl Model {
             tok_embd,
             output_norm,
             // Tied embeddings: files without `output.weight` reuse the token embeddings (or
-            // the copy of them made on the last device of a split).
+            // the copy of them made on the output's device when that is not theirs).
             output: output.or(tied_output).unwrap_or(tok_embd),
             rope_freqs,
             layers,
             devices,
-            layer_devices,
+            layer_devices: map.blocks,
+            output_device: map.output,
             buffers,
             file_type: file_type_name(gguf),
             chat_template: gguf
@@ -236,6 +269,12 @@ impl Model {
     /// cache); `None` past the last block.
     pub fn layer_device(&self, il: usize) -> Option<usize> {
         self.layer_devices.get(il).copied()
+    }
+
+    /// The index in [`devices`](Self::devices) of the device holding the output head (the
+    /// output norm and projection).
+    pub fn output_device(&self) -> usize {
+        self.output_device
     }
 
     /// The buffers holding the weights (file mappings, device memory). Sessions only read
@@ -281,25 +320,62 @@ type FileTensors<'g> = std::collections::HashMap<&'g str, (TensorId, &'g TensorI
 /// Tensors with their file metadata and target (see [`assign_tensors`]).
 type PlacedTensors<'g> = Vec<(TensorId, &'g TensorInfo, Option<usize>)>;
 
-/// The devices the weights go to and the layer shares, from the placement (default: the
+/// Where each part of a model goes: indices into the model's devices.
+#[derive(Debug)]
+struct LayerMap {
+    /// The device of each block (and of its KV cache).
+    blocks: Vec<usize>,
+    /// The device of the output norm and projection.
+    output: usize,
+    /// The device of the other tensors (the token embeddings; `rope_freqs`), or `None` for
+    /// host memory (the registry's "CPU" device).
+    inputs: Option<usize>,
+}
+
+impl LayerMap {
+    /// Everything on device `dev`.
+    fn all_on(dev: usize, n_layer: usize) -> LayerMap {
+        LayerMap {
+            blocks: vec![dev; n_layer],
+            output: dev,
+            inputs: Some(dev),
+        }
+    }
+}
+
+/// The devices the weights go to and where each part goes, from the placement (default: the
 /// registry's "CPU" device); a tensor split becomes one meta device.
 fn resolve_placement(
     gguf: &GgufFile,
     config: &ModelConfig,
     placement: Option<Placement>,
-) -> Result<(Vec<DeviceRef>, Vec<f32>)> {
+) -> Result<(Vec<DeviceRef>, LayerMap)> {
     let placement = match placement {
         Some(p) => p,
         None => Placement::Single(rgml::registry::device("CPU")?),
     };
+    let n_layer = config.n_layer;
     Ok(match placement {
-        Placement::Single(d) => (vec![d], Vec::new()),
+        Placement::Single(d) => (vec![d], LayerMap::all_on(0, n_layer)),
         Placement::Layers { devices, .. } if devices.is_empty() => {
             return Err(LlmError::BadConfig(
                 "a layer split needs at least one device".into(),
             ))
         }
-        Placement::Layers { devices, shares } => (devices, shares),
+        Placement::Layers { devices, shares } => {
+            let blocks = assign_layers(n_layer, devices.len(), &shares)?;
+            let map = LayerMap {
+                blocks,
+                output: devices.len() - 1,
+                inputs: (devices.len() == 1).then_some(0),
+            };
+            (devices, map)
+        }
+        Placement::Offload {
+            gpu,
+            cpu,
+            n_gpu_layers,
+        } => offload(gpu, cpu, n_gpu_layers, n_layer)?,
         Placement::Tensor { devices, .. } if devices.len() < 2 => {
             return Err(LlmError::BadConfig(
                 "a tensor split needs at least two devices".into(),
@@ -311,8 +387,48 @@ fn resolve_placement(
             sync,
         } => (
             vec![meta_device(gguf, config, devices, &shares, sync)?],
-            Vec::new(),
+            LayerMap::all_on(0, n_layer),
         ),
+    })
+}
+
+/// [`Placement::Offload`]'s devices and map: `[gpu, cpu]` (the GPU first, as llama.cpp's
+/// scheduler has its GPUs before the CPU), or `[cpu]` alone when nothing is offloaded.
+fn offload(
+    gpu: DeviceRef,
+    cpu: DeviceRef,
+    n_gpu_layers: usize,
+    n_layer: usize,
+) -> Result<(Vec<DeviceRef>, LayerMap)> {
+    if rgml::backend::same_instance(&gpu, &cpu) {
+        return Err(LlmError::BadConfig(format!(
+            "offloading needs two devices; {} was given as both",
+            gpu.name()
+        )));
+    }
+    Ok(match offload_map(n_layer, n_gpu_layers) {
+        Some(map) => (vec![gpu, cpu], map),
+        None => (vec![cpu], LayerMap::all_on(0, n_layer)),
+    })
+}
+
+/// Where `n_gpu_layers` offloaded layers of a model of `n_layer` blocks go over devices
+/// `[gpu, cpu]`: llama.cpp's `load_tensors` numbers the output head `n_layer` and offloads
+/// the layers `il >= n_layer + 1 - n_gpu_layers`, so the head first, then the blocks from the
+/// last down. `None`: nothing is offloaded.
+fn offload_map(n_layer: usize, n_gpu_layers: usize) -> Option<LayerMap> {
+    const GPU: usize = 0;
+    const CPU: usize = 1;
+    if n_gpu_layers == 0 {
+        return None;
+    }
+    let first_offloaded = (n_layer + 1).saturating_sub(n_gpu_layers);
+    Some(LayerMap {
+        blocks: (0..n_layer)
+            .map(|il| if il < first_offloaded { CPU } else { GPU })
+            .collect(),
+        output: GPU,
+        inputs: Some(CPU),
     })
 }
 
@@ -344,38 +460,35 @@ fn check_blocks(gguf: &GgufFile, n_layer: usize) -> Result<()> {
     }
 }
 
-/// Where each tensor goes: an index into `devices`, or `None` for host memory (the token
-/// embeddings of a split). With a split and tied embeddings, a second tensor over the
-/// embeddings' file data is added for the last device; its id is returned.
+/// Where each tensor goes, as `map` says: an index into the model's devices, or `None` for
+/// host memory. Where the output head's device is not the token embeddings', a file with tied
+/// embeddings gets a second tensor over the embeddings' file data for the head; its id is
+/// returned.
 fn assign_tensors<'g>(
     gguf: &'g GgufFile,
     ctx: &mut Context,
     ids: &FileTensors<'g>,
-    devices: &[DeviceRef],
-    layer_devices: &[usize],
+    map: &LayerMap,
 ) -> Result<(PlacedTensors<'g>, Option<TensorId>)> {
-    let last = devices.len() - 1;
-    let split = devices.len() > 1;
     let mut placed: PlacedTensors<'g> = Vec::new();
     for info in gguf.tensors() {
         let (id, _) = ids[info.name.as_str()];
-        let where_ = if !split {
-            Some(0)
-        } else if let Some(il) = block_index(&info.name) {
-            Some(layer_devices.get(il).copied().unwrap_or(last))
+        let where_ = if let Some(il) = block_index(&info.name) {
+            // `check_blocks` has refused blocks beyond the count.
+            Some(map.blocks.get(il).copied().unwrap_or(map.output))
         } else if info.name.starts_with("output") {
-            Some(last)
+            Some(map.output)
         } else {
-            None
+            map.inputs
         };
         placed.push((id, info, where_));
     }
     let mut tied_output = None;
-    if split && !ids.contains_key("output.weight") {
+    if map.inputs != Some(map.output) && !ids.contains_key("output.weight") {
         if let Some(&(_, info)) = ids.get("token_embd.weight") {
             let id = ctx.new_tensor(info.dtype, &info.ne[..info.n_dims.max(1)])?;
             ctx.set_name(id, "output.weight")?;
-            placed.push((id, info, Some(last)));
+            placed.push((id, info, Some(map.output)));
             tied_output = Some(id);
         }
     }
@@ -652,7 +765,11 @@ fn place_weights(
     Ok(buffers)
 }
 
-/// One buffer of `buft` holding `tensors`, their file bytes copied in.
+/// A buffer of `buft` holding `tensors`, their file bytes copied in: one allocation, or a
+/// multi-buffer over several where they exceed the buffer type's largest (as ggml's
+/// `alloc_ctx_tensors_from_buft` packs them: a model bigger than a GPU's largest buffer still
+/// loads). The whole size is compared with the device's free memory before any part is taken,
+/// so a model that does not fit is an error naming its size.
 fn copy_weights(
     gguf: &GgufFile,
     ctx: &mut Context,
@@ -660,21 +777,83 @@ fn copy_weights(
     buft: &rgml::BufferTypeRef,
     report: &mut impl FnMut(usize),
 ) -> Result<Arc<Buffer>> {
-    let align = buft.alignment();
-    let size = tensors
+    let sizes: Vec<usize> = tensors
         .iter()
-        .map(|&(id, _)| rgml::alloc::align_up(buft.alloc_size(&ctx[id]), align))
-        .sum::<usize>();
-    let buffer =
-        Buffer::alloc(buft, size.max(1)).map_err(|e| LlmError::memory(e, MemoryUse::Weights))?;
-    buffer.set_usage(BufferUsage::Weights);
-    let mut talloc = TensorAllocator::new(buffer.clone());
-    for &(id, info) in tensors {
-        talloc.alloc(ctx, id)?;
-        ctx.tensor_set(id, 0, gguf.tensor_data(info))?;
-        report(1);
+        .map(|&(id, _)| buft.alloc_size(&ctx[id]))
+        .collect();
+    let parts = pack_parts(&sizes, buft.alignment(), buft.max_size()).map_err(|i| {
+        rgml::Error::TensorTooLarge {
+            tensor: ctx[tensors[i].0].display_name().to_string(),
+            buffer_type: buft.name().to_string(),
+            size: sizes[i],
+            max_size: buft.max_size(),
+        }
+    })?;
+    let total = parts.iter().map(|p| p.1).sum::<usize>();
+    check_free(buft, total).map_err(|e| LlmError::memory(e, MemoryUse::Weights))?;
+    let mut buffers = Vec::with_capacity(parts.len());
+    let mut first = 0;
+    for &(end, size) in &parts {
+        let buffer = Buffer::alloc(buft, size.max(1))
+            .map_err(|e| LlmError::memory(e, MemoryUse::Weights))?;
+        buffer.set_usage(BufferUsage::Weights);
+        let mut talloc = TensorAllocator::new(buffer.clone());
+        for &(id, info) in &tensors[first..end] {
+            talloc.alloc(ctx, id)?;
+            ctx.tensor_set(id, 0, gguf.tensor_data(info))?;
+            report(1);
+        }
+        buffers.push(buffer);
+        first = end;
     }
-    Ok(buffer)
+    match buffers.len() {
+        1 => Ok(buffers.remove(0)),
+        _ => Ok(Buffer::multi(buffers)?),
+    }
+}
+
+/// Tensors of `sizes` bytes packed in order into parts of at most `max_size` bytes (offsets
+/// aligned to `align`): per part, one past its last tensor and its bytes. `Err(i)`: tensor `i`
+/// alone is larger than `max_size`.
+fn pack_parts(
+    sizes: &[usize],
+    align: usize,
+    max_size: usize,
+) -> std::result::Result<Vec<(usize, usize)>, usize> {
+    let mut parts = Vec::new();
+    let (mut first, mut used) = (0, 0usize);
+    for (i, &size) in sizes.iter().enumerate() {
+        if size > max_size {
+            return Err(i);
+        }
+        let end = rgml::alloc::align_up(used, align).saturating_add(size);
+        if end > max_size && i > first {
+            parts.push((i, used));
+            (first, used) = (i, size);
+        } else {
+            used = end;
+        }
+    }
+    parts.push((sizes.len(), used));
+    Ok(parts)
+}
+
+/// An error naming the sizes when `size` bytes exceed what `buft`'s device has free (as
+/// [`Buffer::alloc`] checks each allocation; this checks several together).
+fn check_free(buft: &rgml::BufferTypeRef, size: usize) -> rgml::Result<()> {
+    let Some(device) = buft.device() else {
+        return Ok(());
+    };
+    let memory = device.memory();
+    if memory.total > 0 && size > memory.free {
+        return Err(rgml::Error::InsufficientMemory {
+            device: device.name().to_string(),
+            buffer_type: buft.name().to_string(),
+            size,
+            free: memory.free,
+        });
+    }
+    Ok(())
 }
 
 /// The ops that read weight `name` in the graphs this model builds (empty: other ops, or
@@ -747,5 +926,46 @@ mod tests {
         assert!(assign_layers(4, 2, &[-1.0, 2.0]).is_err());
         assert_eq!(block_index("blk.12.attn_q.weight"), Some(12));
         assert_eq!(block_index("output.weight"), None);
+    }
+
+    /// Blocks on the GPU (device 0) of `-ngl n` over 30 blocks, and whether the head is.
+    fn offloaded(n: usize) -> (usize, bool) {
+        match offload_map(30, n) {
+            None => (0, false),
+            Some(map) => {
+                assert_eq!(map.inputs, Some(1), "token embeddings on the CPU");
+                let on_gpu = map.blocks.iter().filter(|&&d| d == 0).count();
+                // The offloaded blocks are the last ones.
+                assert!(map.blocks[30 - on_gpu..].iter().all(|&d| d == 0), "{n}");
+                (on_gpu, map.output == 0)
+            }
+        }
+    }
+
+    #[test]
+    fn offload_counts_the_output_head_first_like_llama_cpp() {
+        // 0: all on the CPU. 1: the output head alone (llama.cpp's "offloading output layer
+        // to GPU, 0 repeating layers").
+        assert_eq!(offloaded(0), (0, false));
+        assert_eq!(offloaded(1), (0, true));
+        assert_eq!(offloaded(8), (7, true));
+        // n_layer: the head and all blocks but the first; n_layer + 1 and more: everything.
+        assert_eq!(offloaded(30), (29, true));
+        assert_eq!(offloaded(31), (30, true));
+        assert_eq!(offloaded(99), (30, true));
+        assert_eq!(offloaded(usize::MAX), (30, true));
+        assert_eq!(offload_map(0, 5).map(|m| m.output), Some(0), "no blocks");
+    }
+
+    #[test]
+    fn weights_pack_into_parts_of_the_largest_buffer() {
+        // One part when everything fits (aligned offsets: 10 -> 16).
+        assert_eq!(pack_parts(&[10, 10], 16, 100), Ok(vec![(2, 26)]));
+        // A new part where the next tensor would cross the limit.
+        assert_eq!(
+            pack_parts(&[60, 30, 30, 100], 1, 100),
+            Ok(vec![(2, 90), (3, 30), (4, 100)])
+        );
+        assert_eq!(pack_parts(&[10, 101], 1, 100), Err(1));
     }
 }

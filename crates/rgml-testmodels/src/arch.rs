@@ -195,7 +195,8 @@ pub struct Spec {
     pub ffn: Ffn,
     /// Whether the output projection is the token embedding (no `output.weight`).
     pub tied_output: bool,
-    /// Type of `token_embd.weight`; other matrices are Q8_0, norms and biases F32.
+    /// Type of `token_embd.weight` in the tiny models, whose other matrices are Q8_0 and norms
+    /// and biases F32. (Shape models take every type from their preset instead.)
     pub token_embd: DType,
     /// Llama 3.1 rope scaling, written as `rope_freqs.weight`.
     pub llama3_rope: Option<Llama3Rope>,

@@ -1,6 +1,8 @@
 //! The crate's error type: what can go wrong while making a random model (reading the
-//! vocabulary file, encoding a tensor, writing the file).
+//! vocabulary file, choosing or encoding a tensor's type, writing the file).
 
+use rgml::DType;
+use rgml_llm::QuantizeError;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -15,11 +17,45 @@ pub enum Error {
     Gguf(rgml_gguf::GgufError),
     /// A tensor's values could not be encoded in its type.
     Encode(rgml::Error),
+    /// The vocabulary file could not be read as GGUF (the reader's format errors do not name
+    /// the file, so this does).
+    Vocabulary {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: rgml_gguf::GgufError,
+    },
     /// The vocabulary file has no usable `tokenizer.ggml.tokens`.
     NoVocabulary {
         /// The file.
         path: PathBuf,
     },
+    /// llama-quantize's type rules refused the model (a shape model's metadata is wrong).
+    Types(QuantizeError),
+    /// A tensor was given a type this crate cannot make random blocks of.
+    UnsupportedType {
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        dtype: DType,
+    },
+    /// Creating, writing or renaming a file failed.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The output would replace the vocabulary file it is made from.
+    SameFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A thread making tensor data panicked (a bug, not a property of the input).
+    WorkerPanicked,
+    /// The data planned for a tensor does not match its size (a bug, not a property of the
+    /// input).
+    Layout(String),
 }
 
 impl fmt::Display for Error {
@@ -32,6 +68,19 @@ impl fmt::Display for Error {
                 "{}: no tokenizer.ggml.tokens array to take the vocabulary from",
                 path.display()
             ),
+            Error::Vocabulary { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::Types(e) => write!(f, "choosing tensor types: {e}"),
+            Error::UnsupportedType { tensor, dtype } => {
+                write!(f, "tensor '{tensor}': cannot make random {dtype} data")
+            }
+            Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::SameFile { path } => write!(
+                f,
+                "{}: the output is the vocabulary file it is made from",
+                path.display()
+            ),
+            Error::WorkerPanicked => f.write_str("a thread making tensor data panicked"),
+            Error::Layout(what) => write!(f, "file layout: {what}"),
         }
     }
 }
@@ -41,7 +90,14 @@ impl std::error::Error for Error {
         match self {
             Error::Gguf(e) => Some(e),
             Error::Encode(e) => Some(e),
-            Error::NoVocabulary { .. } => None,
+            Error::Types(e) => Some(e),
+            Error::Vocabulary { source, .. } => Some(source),
+            Error::Io { source, .. } => Some(source),
+            Error::NoVocabulary { .. }
+            | Error::UnsupportedType { .. }
+            | Error::SameFile { .. }
+            | Error::WorkerPanicked
+            | Error::Layout(_) => None,
         }
     }
 }
@@ -61,5 +117,11 @@ impl From<rgml::Error> for Error {
 impl From<rgml::DTypeError> for Error {
     fn from(e: rgml::DTypeError) -> Error {
         Error::Encode(e.into())
+    }
+}
+
+impl From<QuantizeError> for Error {
+    fn from(e: QuantizeError) -> Error {
+        Error::Types(e)
     }
 }

@@ -1,34 +1,57 @@
-//! Tiny random-weight GGUF models, one per architecture that rgml-llm verifies against
-//! llama.cpp (Gemma 3, Qwen2, Qwen3, Llama 3.1, Phi-3, Mistral).
+//! Random-weight GGUF models, of two kinds.
 //!
-//! A model is a few layers of 64 to 128 wide random weights (Q8_0 matrices, F32 norms and
-//! biases, F16 or Q8_0 embeddings) under the hyper-parameter keys llama.cpp's converter writes
-//! for the family, with the real vocabulary and every `tokenizer.*` key (chat template
-//! included) copied from a file of that family. The bytes are deterministic: every value comes
-//! from a SplitMix64 stream seeded by the tensor's name, so a model written twice, or on
-//! another machine, has the same sha256, and llama.cpp's logits recorded once for it
+//! **Tiny models** ([`Arch`], `rgml-random-model --arch NAME`), one per architecture that
+//! rgml-llm verifies against llama.cpp (Gemma 3, Qwen2, Qwen3, Llama 3.1, Phi-3, Mistral): a
+//! few layers of 64 to 128 wide random weights (Q8_0 matrices, F32 norms and biases, F16 or
+//! Q8_0 embeddings) under the hyper-parameter keys llama.cpp's converter writes for the family,
+//! with the real vocabulary and every `tokenizer.*` key (chat template included) copied from a
+//! file of that family. The bytes are deterministic: every value comes from a SplitMix64
+//! stream seeded by the tensor's name, so a model written twice, or on another machine, has
+//! the same sha256, and llama.cpp's logits recorded once for it
 //! (`scripts/gen_arch_fixtures.py`) stay valid.
+//!
+//! **Shape models** ([`Shape`], `rgml-random-model --shape NAME --type TYPE`): real models'
+//! shapes (Llama 3.2 1B and 3B, Llama 3.1 8B, Qwen2.5 7B, SmolLM2-135M) in any
+//! `llama-quantize` file type, for benchmarks at real sizes on machines that cannot download
+//! the real weights. Each tensor has the type `llama-quantize` would give it under the preset
+//! (the rules of `rgml quantize`, in rgml-llm), the file's metadata is what it would write,
+//! and the weights are random blocks written straight in their type (no quantizer; a standard
+//! deviation of about 0.02, so activations stay finite through every block). The data is made
+//! on several threads and streamed to the file, so a multi-GB model takes seconds and little
+//! memory; `seed` picks the values. The output is noise: these files measure speed and memory,
+//! not quality.
 //!
 //! This crate owns only the files; running them is rgml-llm's job (and llama.cpp's).
 //!
 //! ```no_run
-//! use rgml_testmodels::{write_random_model, Arch};
+//! use rgml_testmodels::{write_random_model, write_shape_model, Arch, QuantPreset, Shape};
 //! use std::path::Path;
 //! let arch = Arch::Qwen3;
 //! let written = write_random_model(arch, Path::new(arch.vocab_file()), Path::new("qwen3.gguf"))?;
 //! println!("{} tensors, {} bytes", written.n_tensors, written.bytes);
+//! let shape = Shape::Llama8B;
+//! let vocab = Path::new(shape.vocab_file());
+//! write_shape_model(shape, QuantPreset::Q4_K_M, 0, vocab, Path::new("llama-8b.gguf"))?;
 //! # Ok::<(), rgml_testmodels::Error>(())
 //! ```
 #![warn(missing_docs)]
 
 mod arch;
+mod blocks;
 mod error;
 mod rng;
+mod shape;
+mod shaped;
+mod stream;
 mod tensors;
 
 pub use arch::{Arch, Attention, Ffn, Llama3Rope, Spec, UnknownArch};
+pub use blocks::WEIGHT_STD;
 pub use error::{Error, Result};
+pub use rgml_llm::quantize::QuantPreset;
 pub use rng::SplitMix64;
+pub use shape::{Shape, UnknownShape};
+pub use shaped::{ShapedModel, ShapedTensor};
 pub use tensors::llama3_rope_factors;
 
 use rgml_gguf::{GgufFile, GgufWriter, Value};
@@ -38,7 +61,7 @@ use std::path::{Path, PathBuf};
 /// of their weights.
 const FILE_TYPE_Q8_0: u32 = 7;
 
-/// What [`write_random_model`] wrote.
+/// What [`write_random_model`] or [`write_shape_model`] wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Written {
     /// Tokens in the vocabulary (rows of the embedding).
@@ -55,12 +78,10 @@ pub fn random_model(arch: Arch, vocab: &GgufFile, vocab_path: &Path) -> Result<G
     let n_vocab = vocabulary_size(vocab, vocab_path)?;
     let spec = arch.spec();
     let mut w = GgufWriter::new();
-    add_hyperparameters(&mut w, arch, &spec, n_vocab);
-    for (key, value) in vocab.metadata() {
-        if key.starts_with("tokenizer.") {
-            w.add_metadata(key.clone(), value.clone());
-        }
-    }
+    let name = format!("rgml random {}", arch.name());
+    let file_type = Some(FILE_TYPE_Q8_0);
+    add_hyperparameters(&mut w, arch.gguf_arch(), &name, &spec, n_vocab, file_type);
+    copy_tokenizer(&mut w, vocab);
     w.add_metadata("general.quantization_version", Value::U32(2));
     for t in tensors::plan(&spec, n_vocab) {
         w.add_tensor(&t.name, t.dtype, &t.ne, &t.bytes(arch.name())?)?;
@@ -71,7 +92,7 @@ pub fn random_model(arch: Arch, vocab: &GgufFile, vocab_path: &Path) -> Result<G
 /// Write the random model of `arch`, with the tokenizer of the GGUF file `vocab` (usually
 /// [`Arch::vocab_file`]), to `out`.
 pub fn write_random_model(arch: Arch, vocab: &Path, out: &Path) -> Result<Written> {
-    let vocab_file = GgufFile::open(vocab)?;
+    let vocab_file = open_vocabulary(vocab)?;
     let w = random_model(arch, &vocab_file, vocab)?;
     w.write_file(out)?;
     let bytes = std::fs::metadata(out)
@@ -88,6 +109,42 @@ pub fn write_random_model(arch: Arch, vocab: &Path, out: &Path) -> Result<Writte
     })
 }
 
+/// Write the model of `shape` under `preset` with the random values of `seed` and the
+/// tokenizer of the GGUF file `vocab` (usually [`Shape::vocab_file`]; any GGUF file with a
+/// `tokenizer.ggml.tokens` array) to `out`, on every core. See [`ShapedModel`].
+pub fn write_shape_model(
+    shape: Shape,
+    preset: QuantPreset,
+    seed: u64,
+    vocab: &Path,
+    out: &Path,
+) -> Result<Written> {
+    let vocab_file = open_vocabulary(vocab)?;
+    // Renaming over the vocabulary would keep the mapping valid but lose the file.
+    if let (Ok(a), Ok(b)) = (vocab.canonicalize(), out.canonicalize()) {
+        if a == b {
+            return Err(Error::SameFile {
+                path: out.to_path_buf(),
+            });
+        }
+    }
+    ShapedModel::new(shape, preset, seed, &vocab_file, vocab)?.write(out, 0)
+}
+
+/// The GGUF file at `path`, with errors that name it.
+fn open_vocabulary(path: &Path) -> Result<GgufFile> {
+    GgufFile::open(path).map_err(|e| match e {
+        // These name the file already.
+        e @ (rgml_gguf::GgufError::Io { .. } | rgml_gguf::GgufError::NotAFile { .. }) => {
+            Error::Gguf(e)
+        }
+        source => Error::Vocabulary {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
+}
+
 /// The number of tokens of `vocab`, whose path is `path`.
 fn vocabulary_size(vocab: &GgufFile, path: &Path) -> Result<usize> {
     vocab
@@ -100,16 +157,32 @@ fn vocabulary_size(vocab: &GgufFile, path: &Path) -> Result<usize> {
         })
 }
 
-/// The `general.*` and `{arch}.*` keys.
-fn add_hyperparameters(w: &mut GgufWriter, arch: Arch, spec: &Spec, n_vocab: usize) {
-    let prefix = arch.gguf_arch();
+/// Copy every `tokenizer.*` key of `vocab`, in its order.
+fn copy_tokenizer(w: &mut GgufWriter, vocab: &GgufFile) {
+    for (key, value) in vocab.metadata() {
+        if key.starts_with("tokenizer.") {
+            w.add_metadata(key.clone(), value.clone());
+        }
+    }
+}
+
+/// The `general.*` and `{prefix}.*` keys of a model of `spec` called `name`, architecture
+/// `prefix`. `general.file_type` is written here when given; a caller that passes `None`
+/// writes it last, as `llama-quantize` does.
+fn add_hyperparameters(
+    w: &mut GgufWriter,
+    prefix: &str,
+    name: &str,
+    spec: &Spec,
+    n_vocab: usize,
+    file_type: Option<u32>,
+) {
     let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
     w.add_metadata("general.architecture", Value::String(prefix.into()));
-    w.add_metadata(
-        "general.name",
-        Value::String(format!("rgml random {}", arch.name())),
-    );
-    w.add_metadata("general.file_type", Value::U32(FILE_TYPE_Q8_0));
+    w.add_metadata("general.name", Value::String(name.into()));
+    if let Some(file_type) = file_type {
+        w.add_metadata("general.file_type", Value::U32(file_type));
+    }
     let mut keys = vec![
         ("context_length", Value::U32(spec.n_ctx_train)),
         ("embedding_length", u32_of(spec.n_embd)),
@@ -188,6 +261,27 @@ mod tests {
         };
         assert_eq!(bytes(Arch::Qwen2), bytes(Arch::Qwen2));
         assert_ne!(bytes(Arch::Qwen2), bytes(Arch::Qwen3));
+    }
+
+    #[test]
+    fn shape_models_refuse_to_replace_their_vocabulary_and_name_a_bad_one() {
+        let dir = std::env::temp_dir().join(format!("rgml-testmodels-lib-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vocab.gguf");
+        std::fs::write(&path, GgufWriter::new().to_bytes().unwrap()).unwrap();
+        let err =
+            write_shape_model(Shape::Llama1B, QuantPreset::Q8_0, 0, &path, &path).unwrap_err();
+        assert!(matches!(err, Error::SameFile { .. }), "{err}");
+        let text = dir.join("text.gguf");
+        std::fs::write(&text, "not a model").unwrap();
+        let err = write_shape_model(Shape::Llama1B, QuantPreset::Q8_0, 0, &text, &dir.join("o"))
+            .unwrap_err();
+        assert!(err.to_string().contains("text.gguf"), "{err}");
+        let err = write_shape_model(Shape::Llama1B, QuantPreset::Q8_0, 0, &path, &dir.join("o"))
+            .unwrap_err();
+        assert!(matches!(err, Error::NoVocabulary { .. }), "{err}");
+        assert!(!dir.join("o").exists() && !dir.join("o.part").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! The deterministic random numbers behind every weight: SplitMix64 streams seeded from the
-//! tensor's name. This module owns the seeding and the mapping from 64 random bits to a float;
-//! what the floats are used for is the tensor plan's business.
+//! tensor's name (tiny models) or from the tensor's name, the user's seed and the piece of
+//! the tensor (shape models, whose pieces are made on several threads). This module owns the
+//! seeding and the mapping from 64 random bits to floats and bytes; what they are used for is
+//! the tensor plans' business.
 //!
 //! Each tensor has its own stream, so adding, removing or reordering tensors leaves the values
-//! of the others unchanged, and the bytes of a file do not depend on anything but its
-//! architecture's plan (no external RNG crate whose algorithm might change between versions).
+//! of the others unchanged, and the bytes of a file do not depend on anything but its plan
+//! (and seed), not on threads (no external RNG crate whose algorithm might change between
+//! versions).
 
 /// SplitMix64 (Steele, Lea and Flood, 2014): a 64-bit state stepped by a Weyl constant and
 /// scrambled; small, fast and good enough for test weights.
@@ -17,12 +20,20 @@ impl SplitMix64 {
     /// A stream for the tensor `name` of the model `model` (its [`crate::Arch`] name): the seed
     /// is the FNV-1a hash of `model/name`, so two files that share tensor names still differ.
     pub fn for_tensor(model: &str, name: &str) -> SplitMix64 {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in model.bytes().chain(*b"/").chain(name.bytes()) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        SplitMix64 {
+            state: fnv1a(model.bytes().chain(*b"/").chain(name.bytes())),
         }
-        SplitMix64 { state: hash }
+    }
+
+    /// A stream for piece `chunk` of the tensor `name` of the model `model` under the user's
+    /// `seed`: the FNV-1a hash of `model/name/` and the little-endian bytes of `seed` and
+    /// `chunk`. Pieces of one tensor get their own streams, so they can be made on any
+    /// thread, in any order, and give the same bytes.
+    pub fn for_chunk(model: &str, name: &str, seed: u64, chunk: u64) -> SplitMix64 {
+        let bytes = model.bytes().chain(*b"/").chain(name.bytes()).chain(*b"/");
+        SplitMix64 {
+            state: fnv1a(bytes.chain(seed.to_le_bytes()).chain(chunk.to_le_bytes())),
+        }
     }
 
     /// The next 64 random bits.
@@ -34,6 +45,19 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
 
+    /// Fill `out` with random bytes (each 8 from one [`SplitMix64::next_u64`], little-endian).
+    pub fn fill_bytes(&mut self, out: &mut [u8]) {
+        let mut words = out.chunks_exact_mut(8);
+        for word in &mut words {
+            word.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let tail = words.into_remainder();
+        if !tail.is_empty() {
+            let bytes = self.next_u64().to_le_bytes();
+            tail.copy_from_slice(&bytes[..tail.len()]);
+        }
+    }
+
     /// A float uniform in `[-amplitude, amplitude)`. The top 24 bits make a float in [-1, 1)
     /// exactly (no rounding), so the only rounding is the final product, which IEEE 754 fixes:
     /// every platform gets the same values.
@@ -41,6 +65,16 @@ impl SplitMix64 {
         let unit = (self.next_u64() >> 40) as f32 * (1.0 / (1u32 << 23) as f32) - 1.0;
         unit * amplitude
     }
+}
+
+/// The 64-bit FNV-1a hash of `bytes`.
+fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
 }
 
 #[cfg(test)]
@@ -71,6 +105,23 @@ mod tests {
             first("qwen2", "blk.0.attn_q.weight"),
             first("qwen2", "blk.1.attn_q.weight")
         );
+    }
+
+    #[test]
+    fn chunk_streams_depend_on_seed_and_chunk_and_fill_whole_buffers() {
+        let first = |seed: u64, chunk: u64| {
+            SplitMix64::for_chunk("llama-1b", "blk.0.attn_q.weight", seed, chunk).next_u64()
+        };
+        assert_eq!(first(7, 3), first(7, 3));
+        assert_ne!(first(7, 3), first(8, 3));
+        assert_ne!(first(7, 3), first(7, 4));
+        let mut a = [0u8; 13];
+        let mut r = SplitMix64::for_chunk("m", "t", 0, 0);
+        r.fill_bytes(&mut a);
+        let mut r2 = SplitMix64::for_chunk("m", "t", 0, 0);
+        let (w0, w1) = (r2.next_u64().to_le_bytes(), r2.next_u64().to_le_bytes());
+        assert_eq!(a[..8], w0);
+        assert_eq!(a[8..], w1[..5]);
     }
 
     #[test]

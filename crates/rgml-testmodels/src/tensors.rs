@@ -1,11 +1,13 @@
 //! The tensors of a random model: their names (llama.cpp's `llama-arch.cpp` names), shapes,
-//! types and values. This module owns the plan of each [`Spec`] and the value ranges; it
-//! writes no metadata.
+//! types and values. This module owns the plan of each [`Spec`] and the tiny models' value
+//! ranges; it writes no metadata. Shape models take their names, shapes and kinds of values
+//! (matrix, norm, bias, computed) from the same plan, and their types and values elsewhere
+//! (`shaped`, `blocks`).
 //!
-//! Ranges are chosen so that activations stay near unit scale and attention is far from
-//! uniform (a uniform attention would hide position and mask errors): matrices uniform in
-//! ±0.1, query and key projections ±0.25, embeddings and the output projection ±0.3 (logits
-//! then spread over a few units), norm weights 1 ± 0.1, biases ±0.1.
+//! The tiny models' ranges are chosen so that activations stay near unit scale and attention
+//! is far from uniform (a uniform attention would hide position and mask errors): matrices
+//! uniform in ±0.2, query and key projections ±0.25, embeddings and the output projection ±0.3
+//! (logits then spread over a few units), norm weights 1 ± 0.1, biases ±0.1.
 
 use crate::arch::{Attention, Ffn, Llama3Rope, Spec};
 use crate::error::Result;
@@ -20,7 +22,7 @@ const BIAS: f32 = 0.1;
 
 /// How a tensor's values are made.
 #[derive(Clone, Debug, PartialEq)]
-enum Fill {
+pub(crate) enum Fill {
     /// Uniform in ±amplitude.
     Uniform(f32),
     /// A norm weight: 1 plus uniform in ±[`NORM_SPREAD`].
@@ -38,7 +40,7 @@ pub struct Planned {
     pub dtype: DType,
     /// Dimensions, innermost first.
     pub ne: Vec<usize>,
-    fill: Fill,
+    pub(crate) fill: Fill,
 }
 
 impl Planned {

@@ -21,7 +21,8 @@ pub(crate) struct GraphModel<'a> {
     pub(crate) layers: &'a [LayerWeights],
     /// Per block, the index of its device.
     pub(crate) layer_devices: &'a [usize],
-    pub(crate) n_devices: usize,
+    /// The index of the output head's device.
+    pub(crate) output_device: usize,
 }
 
 /// The KV cache's tensors: K `[n_embd_kv, n_seq * cells]` and V transposed
@@ -518,7 +519,7 @@ impl<'a> Builder<'a> {
             x = self.output_rows(x)?;
         }
         let cur = self.ctx.rms_norm(x, self.config().rms_eps)?;
-        self.pins.push((cur, self.model.n_devices - 1));
+        self.pins.push((cur, self.model.output_device));
         let cur = self.ctx.mul(cur, self.model.output_norm)?;
         let cur = self.keep(cur, "result_norm".into())?;
         let mut logits = self.project(self.model.output, cur)?;

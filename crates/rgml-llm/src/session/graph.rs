@@ -106,7 +106,7 @@ pub(super) fn build_graph(
         rope_freqs: model.rope_freqs,
         layers: &model.layers,
         layer_devices: &layer_devices,
-        n_devices: model.devices().len(),
+        output_device: model.output_device(),
     };
     let cache = CacheView {
         k: &kv.k,

@@ -15,11 +15,12 @@
 //! once every 64 tokens, and the steps between allocate no memory. A rebuild truncates the
 //! arena back to the weights and the cache, so it does not grow.
 //!
-//! A model split over several devices gets one backend per device plus the CPU backend (last),
-//! and its graphs run through the [`Scheduler`] with [`N_COPIES_SPLIT`] copies of the split
-//! inputs (pipeline parallelism); each block's KV cache lives on that block's device, so the
-//! cache stores and the attention reads of a block run on the same backend. Prompt
-//! micro-batches whose logits are not read are only queued (`graph_compute_async`); with
+//! A model split over several devices gets one backend per device plus the CPU backend (last;
+//! an offloaded model's last device is the CPU already), and its graphs run through the
+//! [`Scheduler`] with [`N_COPIES_SPLIT`] copies of the split inputs (pipeline parallelism);
+//! each block's KV cache lives on that block's device, so the cache stores and the attention
+//! reads of a block run on the same backend. Prompt micro-batches whose logits are not read
+//! are only queued (`graph_compute_async`); with
 //! asynchronous backends (the `CPU0`, `CPU1`, ... devices by default) several of them are then
 //! in flight across the devices, and the micro-batch whose logits are read waits for them all.
 //! An error of a queued micro-batch is reported by the call that reads logits.
@@ -682,7 +683,8 @@ impl Session {
 }
 
 /// The scheduler over the backends of `model`'s devices (and the CPU, last, when there are
-/// several), and the KV-cache buffer type of each of the model's devices.
+/// several and the last is not it), and the KV-cache buffer type of each of the model's
+/// devices.
 fn open_backends(
     model: &Model,
     options: &SessionOptions,
@@ -700,9 +702,15 @@ fn open_backends(
         return Ok((Box::new(sched), bufts));
     }
     // The scheduler runs what no device takes (inputs, the token embeddings in host memory)
-    // on a CPU backend, which must come last.
+    // on a CPU backend, which must come last: the model's last device when that is the
+    // registry's CPU (an offloaded model: GPU, CPU), else one more.
     let cpu = rgml::registry::device("CPU")?;
-    backends.push(cpu.init_backend(&options.params_for(&cpu))?);
+    let last_is_cpu = devices
+        .last()
+        .is_some_and(|d| rgml::backend::same_instance(d, &cpu));
+    if !last_is_cpu {
+        backends.push(cpu.init_backend(&options.params_for(&cpu))?);
+    }
     let sched = Scheduler::new(
         backends,
         SchedulerOptions {

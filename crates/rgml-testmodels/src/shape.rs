@@ -1,0 +1,245 @@
+//! The real model shapes (`--shape`): the hyper-parameters of Llama 3.2 1B and 3B, Llama 3.1
+//! 8B, Qwen2.5 7B and SmolLM2-135M, under the keys llama.cpp's converter writes for each (the
+//! same [`Spec`] the tiny architectures use), and each shape's default vocabulary file. This
+//! module owns those numbers only; types, values and writing are elsewhere.
+//!
+//! These files exist to measure speed and memory at real sizes (benchmark machines without a
+//! network make a multi-GB model in seconds); their weights are random, so their output is
+//! noise.
+
+use crate::arch::{Attention, Ffn, Llama3Rope, Spec};
+use rgml::DType;
+use rgml_gguf::Value;
+use std::fmt;
+use std::str::FromStr;
+
+/// A real model's shape that this crate writes with random weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// Llama 3.2 1B (`llama`): 2048 wide, 16 blocks, tied embeddings, llama3 rope scaling.
+    Llama1B,
+    /// Llama 3.2 3B (`llama`): 3072 wide, 28 blocks, tied embeddings, llama3 rope scaling.
+    Llama3B,
+    /// Llama 3.1 8B (`llama`): 4096 wide, 32 blocks, a separate output, llama3 rope scaling.
+    Llama8B,
+    /// Qwen2.5 7B (`qwen2`): 3584 wide, 28 blocks, q/k/v biases, a separate output.
+    Qwen7B,
+    /// SmolLM2-135M (`llama`): 576 wide (not a whole number of K-quant blocks), 30 blocks.
+    SmolLM2_135M,
+}
+
+impl Shape {
+    /// Every shape, in a fixed order.
+    pub const ALL: [Shape; 5] = [
+        Shape::Llama1B,
+        Shape::Llama3B,
+        Shape::Llama8B,
+        Shape::Qwen7B,
+        Shape::SmolLM2_135M,
+    ];
+
+    /// The name on the command line (and in `general.name` and the random streams' seeds).
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Llama1B => "llama-1b",
+            Shape::Llama3B => "llama-3b",
+            Shape::Llama8B => "llama-8b",
+            Shape::Qwen7B => "qwen-7b",
+            Shape::SmolLM2_135M => "smollm2-135m",
+        }
+    }
+
+    /// `general.architecture` and the prefix of the model's keys.
+    pub fn gguf_arch(self) -> &'static str {
+        match self {
+            Shape::Qwen7B => "qwen2",
+            _ => "llama",
+        }
+    }
+
+    /// The file, relative to the workspace root, whose vocabulary and `tokenizer.*` keys the
+    /// model copies unless another is given. SmolLM2 has no vocabulary-only file: the demo
+    /// model (`scripts/fetch-model.sh`) is one.
+    pub fn vocab_file(self) -> &'static str {
+        match self {
+            Shape::Llama1B | Shape::Llama3B | Shape::Llama8B => {
+                "models/vocab/ggml-vocab-llama-bpe.gguf"
+            }
+            Shape::Qwen7B => "models/vocab/ggml-vocab-qwen2.gguf",
+            Shape::SmolLM2_135M => "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        }
+    }
+
+    /// The hyper-parameters (the embedding's rows are the vocabulary's tokens; `token_embd`
+    /// is unused: every type comes from the preset).
+    pub fn spec(self) -> Spec {
+        match self {
+            Shape::Llama1B => llama32(2048, 16, 32, 64),
+            Shape::Llama3B => llama32(3072, 28, 24, 128),
+            Shape::Llama8B => llama31_8b(),
+            Shape::Qwen7B => qwen25_7b(),
+            Shape::SmolLM2_135M => smollm2_135m(),
+        }
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not one of [`Shape::ALL`]'s.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownShape(pub String);
+
+impl fmt::Display for UnknownShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown shape {:?} (one of: {})", self.0, Shape::names())
+    }
+}
+
+impl std::error::Error for UnknownShape {}
+
+impl Shape {
+    /// The shape names, comma-separated, for usage messages.
+    pub fn names() -> String {
+        let names: Vec<&str> = Shape::ALL.iter().map(|s| s.name()).collect();
+        names.join(", ")
+    }
+}
+
+impl FromStr for Shape {
+    type Err = UnknownShape;
+
+    /// A [`Shape::name`], in any case.
+    fn from_str(s: &str) -> Result<Shape, UnknownShape> {
+        Shape::ALL
+            .into_iter()
+            .find(|shape| shape.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownShape(s.to_string()))
+    }
+}
+
+/// Llama 3's rope scaling as Meta's configs give it, with `factor`.
+fn llama3_rope(factor: f32) -> Llama3Rope {
+    Llama3Rope {
+        factor,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_context: 8192,
+    }
+}
+
+/// What every shape shares: separate q/k/v projections without biases, a gated FFN, no q/k
+/// norms, and (for the `llama` ones) the vocabulary size key.
+#[allow(clippy::too_many_arguments)]
+fn dense(
+    n_embd: usize,
+    n_layer: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    n_ff: usize,
+    tied_output: bool,
+) -> Spec {
+    Spec {
+        n_layer,
+        n_embd,
+        n_head,
+        n_head_kv,
+        head_dim,
+        n_ff,
+        n_ctx_train: 131_072,
+        rms_eps: 1e-5,
+        rope_freq_base: 500_000.0,
+        attention: Attention::Separate { bias: false },
+        qk_norm: false,
+        post_norms: false,
+        ffn: Ffn::Gated,
+        tied_output,
+        token_embd: DType::F16,
+        llama3_rope: None,
+        vocab_size_key: true,
+        keys: vec![("rope.dimension_count", Value::U32(head_dim as u32))],
+    }
+}
+
+/// Llama 3.2 (1B, 3B): 8 key/value heads, n_ff 8192, tied embeddings, rope factor 32. Their
+/// configs name `head_dim`, so the converter writes `key_length` and `value_length`.
+fn llama32(n_embd: usize, n_layer: usize, n_head: usize, head_dim: usize) -> Spec {
+    let width = Value::U32(head_dim as u32);
+    Spec {
+        llama3_rope: Some(llama3_rope(32.0)),
+        keys: vec![
+            ("attention.key_length", width.clone()),
+            ("attention.value_length", width.clone()),
+            ("rope.dimension_count", width),
+        ],
+        ..dense(n_embd, n_layer, n_head, 8, head_dim, 8192, true)
+    }
+}
+
+/// Llama 3.1 8B: 4096 wide, 32 blocks of 32 query and 8 key/value heads, n_ff 14336, a
+/// separate output, rope factor 8.
+fn llama31_8b() -> Spec {
+    Spec {
+        llama3_rope: Some(llama3_rope(8.0)),
+        ..dense(4096, 32, 32, 8, 128, 14336, false)
+    }
+}
+
+/// Qwen2.5 7B (Instruct): 3584 wide, 28 blocks of 28 query and 4 key/value heads, n_ff 18944,
+/// q/k/v biases, a separate output, rope base 1e6, rms eps 1e-6, context 32768. The converter
+/// writes no vocabulary size or rope dimension for `qwen2`.
+fn qwen25_7b() -> Spec {
+    Spec {
+        n_ctx_train: 32_768,
+        rms_eps: 1e-6,
+        rope_freq_base: 1_000_000.0,
+        attention: Attention::Separate { bias: true },
+        vocab_size_key: false,
+        keys: Vec::new(),
+        ..dense(3584, 28, 28, 4, 128, 18944, false)
+    }
+}
+
+/// SmolLM2-135M as its GGUF (the demo model) has it: 576 wide, 30 blocks of 9 query and 3
+/// key/value heads of 64, n_ff 1536, tied embeddings, rope base 100000, context 8192.
+fn smollm2_135m() -> Spec {
+    Spec {
+        n_ctx_train: 8192,
+        rope_freq_base: 100_000.0,
+        ..dense(576, 30, 9, 3, 64, 1536, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_list_the_shapes() {
+        for shape in Shape::ALL {
+            assert_eq!(shape.name().parse::<Shape>(), Ok(shape));
+        }
+        assert_eq!("LLAMA-8B".parse::<Shape>(), Ok(Shape::Llama8B));
+        let err = "llama-70b".parse::<Shape>().unwrap_err().to_string();
+        assert!(
+            err.contains("llama-70b")
+                && err.contains("llama-1b, llama-3b")
+                && err.contains("smollm2-135m"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn heads_cover_the_width_and_divide_into_kv_groups() {
+        for shape in Shape::ALL {
+            let s = shape.spec();
+            assert_eq!(s.n_head * s.head_dim, s.n_embd, "{shape}");
+            assert_eq!(s.n_head % s.n_head_kv, 0, "{shape}");
+            assert_eq!(s.n_ff % 256, 0, "{shape}");
+        }
+    }
+}
