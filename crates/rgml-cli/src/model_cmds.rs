@@ -471,6 +471,10 @@ pub struct PerplexityArgs {
     /// Text file to score.
     #[arg(short = 'f', long)]
     file: PathBuf,
+    /// Score at most this many chunks, the first ones of the text (llama-perplexity's
+    /// `--chunks`; default: every whole chunk).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    chunks: Option<u64>,
 }
 
 /// `rgml perplexity`, as llama-perplexity computes it: chunks of `-c` tokens, each evaluated
@@ -492,7 +496,10 @@ pub fn perplexity(args: PerplexityArgs) -> Result<bool, CliError> {
             parse_special: false,
         },
     );
-    let n_chunks = tokens.len() / n_ctx;
+    let whole_chunks = tokens.len() / n_ctx;
+    let n_chunks = args.chunks.map_or(whole_chunks, |c| {
+        whole_chunks.min(usize::try_from(c).unwrap_or(usize::MAX))
+    });
     if n_chunks == 0 {
         return Err(format!(
             "{} tokens are fewer than one chunk of {n_ctx}",

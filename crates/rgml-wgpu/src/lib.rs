@@ -46,7 +46,8 @@
 //!   NeoX, YaRN, frequency factors), SOFT_MAX (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32;
 //!   CPY / CONT / DUP between f32 and f16; SET_ROWS of f32 rows into f32 or f16; GET_ROWS from
 //!   f32, f16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; MUL_MAT of those weights × f32 (broadcast over
-//!   dims 2 and 3). Buffers are bound as `array<u32>`: f16 values and quantized blocks (which
+//!   dims 2 and 3), and in the fast arithmetic also of BF16, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K,
+//!   IQ4_NL and IQ4_XS weights. Buffers are bound as `array<u32>`: f16 values and quantized blocks (which
 //!   need not be 4-byte aligned) are read as bytes / halves of words; f16 results are stored
 //!   with atomic and / or on their half of a word (`kernels_f16.wgsl`), so neighbouring
 //!   invocations never lose each other's value. View ops compute nothing. `supports_op` is
@@ -60,7 +61,16 @@
 //! (the stream and its events) → `device` (devices and the registry, which put the rest
 //! together). No module imports one after it.
 //!
-//! # Same answers as llama.cpp
+//! # Two arithmetics
+//! A stream computes in the exact arithmetic (below: the CPU's bits) or the fast one
+//! (`kernels_fast.wgsl`: native FMA, a workgroup per row or tile, every weight type the CPU
+//! multiplies decoded in registers, one pipeline per weight type compiled on first use). The
+//! stream's `exact=0|1` parameter chooses; without it [`WgpuOptions::exact`] (the CLI's
+//! `RGML_WGPU_EXACT`), else the adapter's default ([`WgpuDevice::exact_by_default`]: exact on
+//! CPU drivers such as lavapipe, fast on GPUs). `supports_op` answers for the stream's own
+//! arithmetic. `docs/GPU.md` says how each kernel maps work onto the GPU and what is left.
+//!
+//! # Same answers as llama.cpp (exact arithmetic)
 //! The demo model turns a one-ulp difference in an activation (one flipped Q8 quant) into logit
 //! differences of tenths, so the kernels of the LLaMA graph reproduce ggml-cpu's arithmetic (its
 //! AVX-512 build, which the fixtures come from) bit for bit (`tests/parity.rs`):
@@ -83,9 +93,10 @@
 //!   for bit (tested on random, large and negative positions); elsewhere the device's `cos` /
 //!   `sin` (close, not bit-equal).
 //!
-//! # What issue 5 still needs
-//! - A matrix-vector path for generation, tiled / subgroup kernels, f16 arithmetic where the
-//!   adapter offers it (all while keeping the parity above), measured on a real GPU.
+//! # What is still missing
+//! - Subgroup reductions, packed int8 dots, f16 tiles and cooperative matrices in the fast
+//!   arithmetic; flash attention; fused RMS_NORM + MUL (see `docs/GPU.md`), measured on a real
+//!   GPU.
 //! - Barriers only between dependent nodes: wgpu's safe API places them itself (one between
 //!   any two dispatches that use the same read-write buffer); dropping them needs wgpu-hal
 //!   encoding. The allocator side (concurrency levels) is done and opt-in (`concurrency=1`).
