@@ -307,17 +307,7 @@ fn tensor_split_logits_match_one_device() {
             String::from_utf8_lossy(&out.stderr)
         );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
-        v["top"]
-            .as_array()
-            .expect("top")
-            .iter()
-            .map(|e| {
-                (
-                    e[0].as_u64().unwrap_or(0),
-                    e[1].as_f64().unwrap_or(f64::NAN),
-                )
-            })
-            .collect()
+        common::top_pairs(&v)
     };
     let one = logits(&["--device", "CPU0"]);
     let mut sets: Vec<(String, Option<&str>)> = vec![

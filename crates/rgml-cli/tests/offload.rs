@@ -58,17 +58,7 @@ fn logits(extra: &[&str]) -> Run {
     args.extend_from_slice(&["--trace", trace.to_str().expect("UTF-8 path")]);
     let out = ok(&args);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
-    let top = v["top"]
-        .as_array()
-        .expect("top")
-        .iter()
-        .map(|e| {
-            (
-                e[0].as_u64().unwrap_or(0),
-                e[1].as_f64().unwrap_or(f64::NAN),
-            )
-        })
-        .collect();
+    let top = common::top_pairs(&v);
     let text = std::fs::read_to_string(&trace).expect("trace written");
     let _ = std::fs::remove_file(&trace);
     Run {

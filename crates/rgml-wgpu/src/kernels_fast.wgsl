@@ -412,28 +412,15 @@ fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
 
 var<workgroup> row_sum: array<f32, 64>;
 
-// The sum of every invocation's `v` over the workgroup of 64 (every invocation gets it).
-fn workgroup_sum(li: u32, v: f32) -> f32 {
+// The sum (or, with `maximum`, the largest) of every invocation's `v` over the workgroup of 64;
+// every invocation gets it.
+fn workgroup_reduce(li: u32, v: f32, maximum: bool) -> f32 {
     row_sum[li] = v;
     workgroupBarrier();
     for (var s = 32u; s > 0u; s >>= 1u) {
         if (li < s) {
-            row_sum[li] += row_sum[li + s];
-        }
-        workgroupBarrier();
-    }
-    let total = row_sum[0];
-    workgroupBarrier();
-    return total;
-}
-
-// As `workgroup_sum`, the maximum.
-fn workgroup_max(li: u32, v: f32) -> f32 {
-    row_sum[li] = v;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            row_sum[li] = max(row_sum[li], row_sum[li + s]);
+            let other = row_sum[li + s];
+            row_sum[li] = select(row_sum[li] + other, max(row_sum[li], other), maximum);
         }
         workgroupBarrier();
     }
@@ -458,7 +445,7 @@ fn rms_norm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
             sum = fma(x, x, sum);
         }
     }
-    let s = inverseSqrt(workgroup_sum(li, sum) / f32(p.a_ne.x) + p.f.x);
+    let s = inverseSqrt(workgroup_reduce(li, sum, false) / f32(p.a_ne.x) + p.f.x);
     if (live) {
         for (var k = li; k < p.a_ne.x; k += 64u) {
             dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x) * s);
@@ -483,7 +470,7 @@ fn soft_max_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
             m = max(m, soft_max_input(a0, c0, k, slope));
         }
     }
-    m = workgroup_max(li, m);
+    m = workgroup_reduce(li, m, true);
     var sum = 0.0;
     if (live) {
         for (var k = li; k < p.a_ne.x; k += 64u) {
@@ -492,7 +479,7 @@ fn soft_max_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
             dset(d0 + k * p.d_nb.x, e);
         }
     }
-    let inv = 1.0 / workgroup_sum(li, sum);
+    let inv = 1.0 / workgroup_reduce(li, sum, false);
     if (live) {
         // Each invocation rescales the elements it wrote itself: no barrier needed.
         for (var k = li; k < p.a_ne.x; k += 64u) {

@@ -98,6 +98,23 @@ pub fn top10_worst(got: &serde_json::Value, case: &serde_json::Value, what: &str
         )
 }
 
+/// The `top` list of `rgml logits --json` output as (id, logit) pairs (NaN for a logit that is
+/// not a number).
+#[allow(dead_code)] // Not every test binary that shares this module reads logits.
+pub fn top_pairs(logits: &serde_json::Value) -> Vec<(u64, f64)> {
+    logits["top"]
+        .as_array()
+        .expect("top")
+        .iter()
+        .map(|e| {
+            (
+                e[0].as_u64().unwrap_or(0),
+                e[1].as_f64().unwrap_or(f64::NAN),
+            )
+        })
+        .collect()
+}
+
 /// `rgml logits --json --top 10 -t 2 -p PROMPT -m MODEL EXTRA..` under the CPU arithmetic of
 /// `isa`, with the devices CPU0 and CPU1 registered beside CPU (for `--device` splits); the
 /// parsed output. Fails the test if rgml fails.
