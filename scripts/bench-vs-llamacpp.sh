@@ -128,8 +128,10 @@ for t in json.load(open(sys.argv[1])):
     print(sys.argv[2], sys.argv[3], "llama.cpp", kind, t["avg_ts"])
 PY
             log "$name, busy $busy, round $round/$ROUNDS: rgml bench"
+            # -ngl 0: the CPU against llama.cpp's CPU build, also where a GPU would take the
+            # model by default.
             "${rgml_isa[@]}" "$rgml" bench -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 \
-                --json >"$work/rgml.json"
+                -ngl 0 --json >"$work/rgml.json"
             python3 - "$work/rgml.json" "$name" "$busy" >>"$results" <<'PY'
 import json, sys
 v = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])

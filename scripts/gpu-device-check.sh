@@ -272,8 +272,12 @@ gen_model() { # KEY
     [ ! -s "$W/models/$key.gguf" ] || stat -L -c %s "$W/models/$key.gguf" >"$W/models/$key.bytes"
 }
 
-# rgml's GPU flags: -ngl 99 if rgml has it, else --device Vulkan0 (noted in the results).
-RGML_GPU=(-ngl 99)
+# rgml's GPU flags: -ngl 99 if rgml has it, else --device Vulkan0 (noted in the results). rgml
+# offloads by default only to a GPU that is not a CPU driver, so the dry run on lavapipe names
+# the devices (as it makes llama.cpp see lavapipe with GGML_VK_VISIBLE_DEVICES).
+RGML_PAIR=()
+[ "$quick" = 0 ] || RGML_PAIR=(--device "Vulkan0,CPU")
+RGML_GPU=("${RGML_PAIR[@]}" -ngl 99)
 rgml_probe() {
     # clap rejects an unknown flag before any file is opened: a cheap probe. Without -ngl, clap
     # reads "-ngl" as -n with the value "gl".
@@ -328,7 +332,8 @@ bench_half() { # KEY: -ngl at half the blocks for both, and rgml on the CPU alon
         printf '%s\t%s\t0\t0\n' "rgml-$key-half" "NOFLAG -ngl" >>"$W/steps.tsv"
         say "rgml-$key-half: NOFLAG -ngl (rgml has no -ngl yet)"
     else
-        run_step "rgml-$key-half" 90 "$RGML" bench -m "$f" -p $NP -n $NG -r $REPS --json -ngl $half
+        run_step "rgml-$key-half" 90 "$RGML" bench -m "$f" -p $NP -n $NG -r $REPS --json \
+            "${RGML_PAIR[@]}" -ngl $half
     fi
     run_step "rgml-$key-cpu" 90 "$RGML" bench -m "$f" -p $NP -n $NG -r $REPS --json --device CPU
 }
