@@ -11,6 +11,7 @@ mod bench_cmd;
 mod compare_cmd;
 mod env_options;
 mod error;
+mod gpu_layers;
 mod llama_flags;
 mod model_cmds;
 mod output;

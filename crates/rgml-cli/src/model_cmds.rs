@@ -1,9 +1,9 @@
 //! The model commands: `run`, `logits`, `perplexity`, `gguf-info`, and the model and device
-//! flags they share with `bench` and `serve` ([`ModelArgs`]; where they put the model is
-//! [`crate::placement`]'s).
+//! flags they share with `bench` and `serve` ([`ModelArgs`]; where they put the model is the
+//! `placement` module's, which reads these flags).
 
 use crate::error::CliError;
-use crate::placement::GpuLayers;
+use crate::gpu_layers::GpuLayers;
 use clap::Args;
 use rgml_llm::chat::{ChatFormat, Message};
 use rgml_llm::{

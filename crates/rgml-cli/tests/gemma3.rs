@@ -11,19 +11,8 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{logits_json, root, runnable_isas, sha256_hex};
-use std::path::PathBuf;
+use common::{gemma_model, logits_json, root, runnable_isas, sha256_hex};
 use std::process::Command;
-
-fn gemma_model() -> PathBuf {
-    let path = root().join("models/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        path.exists(),
-        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh first",
-        path.display()
-    );
-    path
-}
 
 /// The fixture of `set` (`""` or `long`) for `isa`, if recorded.
 fn fixture(set: &str, isa: &str) -> Option<serde_json::Value> {

@@ -8,7 +8,7 @@
 //! `RGML_REQUIRE_GPU=1`.
 
 mod common;
-use common::{demo_model, gpu_device, root};
+use common::{demo_model, gemma_model, gpu_device, root};
 use rgml_llm::{EncodeOptions, Logits, Model, Placement, Session, SessionOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,16 +19,6 @@ const PPL_TOLERANCE: f64 = 0.005;
 /// Tokens of greedy text compared, and the CPU's top-2 margin below which a step may differ.
 const GREEDY_TOKENS: usize = 16;
 const CLEAR_MARGIN: f32 = 0.5;
-
-fn gemma_model() -> PathBuf {
-    let path = root().join("models/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        path.exists(),
-        "{} not found: run scripts/fetch-model.sh first",
-        path.display()
-    );
-    path
-}
 
 fn ppl_text() -> PathBuf {
     root().join("../shared/fixtures/smollm2/ppl-text.txt")

@@ -48,6 +48,15 @@ const T_Q4_1: u32 = 3u;
 const T_Q8_0: u32 = 4u;
 const T_Q4_K: u32 = 5u;
 const T_Q6_K: u32 = 6u;
+// Read only by the fast kernels (`kernels_fast.wgsl`).
+const T_BF16: u32 = 7u;
+const T_Q5_0: u32 = 8u;
+const T_Q5_1: u32 = 9u;
+const T_Q2_K: u32 = 10u;
+const T_Q3_K: u32 = 11u;
+const T_Q5_K: u32 = 12u;
+const T_IQ4_NL: u32 = 13u;
+const T_IQ4_XS: u32 = 14u;
 
 // Words per block of quantized activations in the scratch buffer (`quantize_q8`): the f16-rounded
 // scale and the f16-rounded `d * sum(q)` as f32, then 32 signed bytes.

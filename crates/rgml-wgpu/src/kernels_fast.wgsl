@@ -12,16 +12,6 @@
 
 override TYPE: u32 = 0u;
 
-// Type codes beyond `common.wgsl`'s, read only by these kernels.
-const T_BF16: u32 = 7u;
-const T_Q5_0: u32 = 8u;
-const T_Q5_1: u32 = 9u;
-const T_Q2_K: u32 = 10u;
-const T_Q3_K: u32 = 11u;
-const T_Q5_K: u32 = 12u;
-const T_IQ4_NL: u32 = 13u;
-const T_IQ4_XS: u32 = 14u;
-
 // The non-linear 4-bit levels of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
 var<private> IQ4_LEVELS: array<f32, 16> = array<f32, 16>(
     -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
@@ -429,26 +419,36 @@ fn workgroup_reduce(li: u32, v: f32, maximum: bool) -> f32 {
     return total;
 }
 
-// RMS_NORM, one workgroup per row (workgroup w: row w): x / sqrt(mean(x^2) + f.x).
+// The row of A (and D) a workgroup of the per-row kernels takes: `live` is false for a padding
+// workgroup beyond the last row, which still reaches every barrier (on the last row's indices).
+struct RowAt {
+    live: bool,
+    row: vec4<u32>,
+    a0: u32,
+    d0: u32,
+}
+
+fn row_of_workgroup(r: u32) -> RowAt {
+    let rows = p.a_ne.y * p.a_ne.z * p.a_ne.w;
+    let row = unravel_row(min(r, rows - 1u), p.a_ne);
+    return RowAt(r < rows, row, p.off.x + at(row, p.a_nb), p.off.w + at(row, p.d_nb));
+}
+
+// RMS_NORM, one workgroup per row (workgroup r: row r): x / sqrt(mean(x^2) + f.x).
 @compute @workgroup_size(64)
 fn rms_norm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let r = wid.x + wid.y * nwg.x;
-    let rows = p.a_ne.y * p.a_ne.z * p.a_ne.w;
-    let live = r < rows;
-    let row = unravel_row(min(r, rows - 1u), p.a_ne);
-    let a0 = p.off.x + at(row, p.a_nb);
-    let d0 = p.off.w + at(row, p.d_nb);
+    let w = row_of_workgroup(wid.x + wid.y * nwg.x);
     var sum = 0.0;
-    if (live) {
+    if (w.live) {
         for (var k = li; k < p.a_ne.x; k += 64u) {
-            let x = af(a0 + k * p.a_nb.x);
+            let x = af(w.a0 + k * p.a_nb.x);
             sum = fma(x, x, sum);
         }
     }
     let s = inverseSqrt(workgroup_reduce(li, sum, false) / f32(p.a_ne.x) + p.f.x);
-    if (live) {
+    if (w.live) {
         for (var k = li; k < p.a_ne.x; k += 64u) {
-            dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x) * s);
+            dset(w.d0 + k * p.d_nb.x, af(w.a0 + k * p.a_nb.x) * s);
         }
     }
 }
@@ -456,34 +456,29 @@ fn rms_norm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
 // SOFT_MAX, one workgroup per row, with `soft_max`'s inputs (scale, mask, ALiBi).
 @compute @workgroup_size(64)
 fn soft_max_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let r = wid.x + wid.y * nwg.x;
-    let rows = p.a_ne.y * p.a_ne.z * p.a_ne.w;
-    let live = r < rows;
-    let row = unravel_row(min(r, rows - 1u), p.a_ne);
-    let a0 = p.off.x + at(row, p.a_nb);
-    let d0 = p.off.w + at(row, p.d_nb);
-    let c0 = soft_max_mask_row(row);
-    let slope = alibi_slope(row.z);
+    let w = row_of_workgroup(wid.x + wid.y * nwg.x);
+    let c0 = soft_max_mask_row(w.row);
+    let slope = alibi_slope(w.row.z);
     var m = -3.4028235e38;
-    if (live) {
+    if (w.live) {
         for (var k = li; k < p.a_ne.x; k += 64u) {
-            m = max(m, soft_max_input(a0, c0, k, slope));
+            m = max(m, soft_max_input(w.a0, c0, k, slope));
         }
     }
     m = workgroup_reduce(li, m, true);
     var sum = 0.0;
-    if (live) {
+    if (w.live) {
         for (var k = li; k < p.a_ne.x; k += 64u) {
-            let e = exp(soft_max_input(a0, c0, k, slope) - m);
+            let e = exp(soft_max_input(w.a0, c0, k, slope) - m);
             sum += e;
-            dset(d0 + k * p.d_nb.x, e);
+            dset(w.d0 + k * p.d_nb.x, e);
         }
     }
     let inv = 1.0 / workgroup_reduce(li, sum, false);
-    if (live) {
+    if (w.live) {
         // Each invocation rescales the elements it wrote itself: no barrier needed.
         for (var k = li; k < p.a_ne.x; k += 64u) {
-            let i = d0 + k * p.d_nb.x;
+            let i = w.d0 + k * p.d_nb.x;
             dset(i, bitcast<f32>(D[i]) * inv);
         }
     }

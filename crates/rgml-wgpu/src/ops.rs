@@ -59,12 +59,7 @@ fn weight_code(dtype: DType) -> Option<u32> {
 /// arithmetic, f32 activations (any strides) and whole broadcasts.
 fn fast_mul_mat(a: &Tensor, b: &Tensor) -> bool {
     let contiguous_rows = a.nb[0] == a.dtype.block_bytes();
-    weight_code(a.dtype).is_some()
-        && contiguous_rows
-        && a.ne.iter().all(|&n| n <= u32::MAX as usize)
-        && a.nb.iter().all(|&n| n / unit(a.dtype) <= u32::MAX as usize)
-        && a.nbytes() / unit(a.dtype) <= u32::MAX as usize
-        && f32_operand(a, b)
+    weight_code(a.dtype).is_some() && contiguous_rows && addressable(a) && f32_operand(a, b)
 }
 
 /// Bytes per unit of the kernels' strides and offsets for `dtype`: 4 for 4-byte elements
@@ -82,9 +77,13 @@ fn unit(dtype: DType) -> usize {
 /// 4-byte words) and the kernels read its type.
 fn fits(t: &Tensor) -> bool {
     let align = if unit(t.dtype) == 4 { 4 } else { 2 };
-    type_code(t.dtype).is_some()
-        && t.nb.iter().all(|&b| b.is_multiple_of(align))
-        && t.ne.iter().all(|&n| n <= u32::MAX as usize)
+    type_code(t.dtype).is_some() && t.nb.iter().all(|&b| b.is_multiple_of(align)) && addressable(t)
+}
+
+/// Whether `t`'s sizes, element count and extent (in the kernels' units) fit their u32
+/// arithmetic (a stride that matters is below the extent).
+fn addressable(t: &Tensor) -> bool {
+    t.ne.iter().all(|&n| n <= u32::MAX as usize)
         && t.nelements() <= u32::MAX as usize
         && t.nbytes() / unit(t.dtype) <= u32::MAX as usize
 }
@@ -366,11 +365,6 @@ impl<'a> Prep<'a> {
         }
         let srcs: Vec<&Tensor> = t.src.iter().map(|&s| ctx.get(s)).collect::<Result<_>>()?;
         let (mut p, buffers) = self.bind(t, &srcs)?;
-        if !self.exact {
-            if let Some(d) = self.fast(&mut p, &buffers, t, &srcs)? {
-                return Ok(vec![d]);
-            }
-        }
         match t.op {
             Op::Rope(rp) => self.rope(p, buffers, t, &srcs, &rp),
             Op::SoftMax { scale, max_bias } => {
@@ -387,55 +381,26 @@ impl<'a> Prep<'a> {
         }
     }
 
-    /// Node `t`'s one dispatch in the fast arithmetic, if a fast kernel computes its op
-    /// (`None`: the exact kernel, which is right in either arithmetic).
-    fn fast(
+    /// MUL_MAT in the fast arithmetic: `mul_mv_fast` for up to [`MV_COLS`] activation columns
+    /// (two weight rows per workgroup), else `mul_mm_fast` (a tile of outputs per workgroup),
+    /// each matrix of dims 2 and 3 in its own workgroups.
+    fn mul_mat_fast(
         &self,
-        p: &mut Params,
-        buffers: &[wgpu::Buffer; 4],
+        p: Params,
+        buffers: [wgpu::Buffer; 4],
         t: &Tensor,
-        srcs: &[&Tensor],
-    ) -> Result<Option<Dispatch>> {
-        let rows = t.nrows() as u64;
-        let (kernel, groups) = match (t.op, srcs) {
-            (Op::MulMat { .. }, [a, b]) if fast_mul_mat(a, b) => {
-                p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
-                p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
-                let code = weight_code(a.dtype).ok_or_else(|| self.unsupported(t))?;
-                let matrices = (t.ne[2] * t.ne[3]) as u64;
-                let (m, n) = (t.ne[0] as u64, t.ne[1] as u64);
-                if t.ne[1] <= MV_COLS {
-                    let groups = m.div_ceil(MV_ROWS) * matrices;
-                    (Kernel::Fast(FastKernel::MulMv, code), groups)
-                } else {
-                    let groups = m.div_ceil(MM_TILE) * n.div_ceil(MM_TILE) * matrices;
-                    (Kernel::Fast(FastKernel::MulMm, code), groups)
-                }
-            }
-            (Op::RmsNorm { eps }, _) => {
-                p.f[0] = eps;
-                (Kernel::Fast(FastKernel::RmsNorm, 0), rows)
-            }
-            (Op::SoftMax { scale, max_bias }, _) => {
-                let d = self.soft_max(*p, buffers.clone(), t, srcs, scale, max_bias)?;
-                let mut q = d.params;
-                q.misc[0] = 0;
-                let d = self.dispatch(
-                    Kernel::Fast(FastKernel::SoftMax, 0),
-                    q,
-                    d.buffers,
-                    rows * WG,
-                )?;
-                return Ok(Some(d));
-            }
-            _ => return Ok(None),
+        a: &Tensor,
+    ) -> Result<Dispatch> {
+        let code = weight_code(a.dtype).ok_or_else(|| self.unsupported(t))?;
+        let matrices = (t.ne[2] * t.ne[3]) as u64;
+        let (m, n) = (t.ne[0] as u64, t.ne[1] as u64);
+        let (kernel, groups) = if t.ne[1] <= MV_COLS {
+            (FastKernel::MulMv, m.div_ceil(MV_ROWS) * matrices)
+        } else {
+            let tiles = m.div_ceil(MM_TILE) * n.div_ceil(MM_TILE);
+            (FastKernel::MulMm, tiles * matrices)
         };
-        Ok(Some(self.dispatch(
-            kernel,
-            *p,
-            buffers.clone(),
-            groups * WG,
-        )?))
+        self.dispatch(Kernel::Fast(kernel, code), p, buffers, groups * WG)
     }
 
     fn unsupported(&self, t: &Tensor) -> Error {
@@ -515,15 +480,14 @@ impl<'a> Prep<'a> {
             }
             Op::RmsNorm { eps } => {
                 p.f[0] = eps;
-                let f64 = self.gpu.kernels.f64;
-                (
-                    if f64 {
-                        Kernel::RmsNormF64
-                    } else {
-                        Kernel::RmsNorm
-                    },
-                    rows,
-                )
+                if !self.exact {
+                    // A workgroup per row.
+                    (Kernel::Fast(FastKernel::RmsNorm, 0), rows * WG)
+                } else if self.gpu.kernels.f64 {
+                    (Kernel::RmsNormF64, rows)
+                } else {
+                    (Kernel::RmsNorm, rows)
+                }
             }
             Op::Cpy | Op::Dup | Op::Cont => {
                 p.misc[2] = type_code(srcs.first()?.dtype)?;
@@ -582,15 +546,20 @@ impl<'a> Prep<'a> {
         } else {
             p.c_ne = [1; 4];
         }
-        let kernel = if self.gpu.kernels.f64 {
-            Kernel::SoftMaxF64
+        let rows = t.nrows() as u64;
+        let (kernel, threads) = if !self.exact {
+            // A workgroup per row.
+            (Kernel::Fast(FastKernel::SoftMax, 0), rows * WG)
+        } else if self.gpu.kernels.f64 {
+            (Kernel::SoftMaxF64, rows)
         } else {
-            Kernel::SoftMax
+            (Kernel::SoftMax, rows)
         };
-        self.dispatch(kernel, p, buffers, t.nrows() as u64)
+        self.dispatch(kernel, p, buffers, threads)
     }
 
-    /// MUL_MAT: broadcast factors and the weights' type; Q8-dotted weights quantize the
+    /// MUL_MAT: broadcast factors and the weights' type; the fast arithmetic's kernels
+    /// ([`Prep::mul_mat_fast`]) where they take it; Q8-dotted weights quantize the
     /// activations first ([`Prep::mul_mat_q8`]), one activation column (generation) takes the
     /// matrix-vector kernels, whose lanes of one output run side by side.
     fn mul_mat(
@@ -603,8 +572,12 @@ impl<'a> Prep<'a> {
         let (Some(a), Some(b)) = (srcs.first(), srcs.get(1)) else {
             return Err(self.unsupported(t));
         };
+        // Broadcast factors of the weights over the activations' dims 2 and 3.
         p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
         p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
+        if !self.exact && fast_mul_mat(a, b) {
+            return Ok(vec![self.mul_mat_fast(p, buffers, t, a)?]);
+        }
         p.misc[3] = type_code(a.dtype).unwrap_or(0);
         let elements = t.nelements() as u64;
         let vector = b.ne[1] == 1;

@@ -25,6 +25,19 @@ pub fn demo_model() -> PathBuf {
     path
 }
 
+/// Gemma 3 270M's path (`scripts/fetch-model.sh` fetches it); fails the test, saying so, if it
+/// is not there.
+#[allow(dead_code)]
+pub fn gemma_model() -> PathBuf {
+    let path = root().join("models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.exists(),
+        "Gemma 3 270M not found at {}: run scripts/fetch-model.sh first",
+        path.display()
+    );
+    path
+}
+
 /// The sha256 of `bytes`, in lowercase hex (as the fixtures hold it).
 #[allow(dead_code)]
 pub fn sha256_hex(bytes: &[u8]) -> String {

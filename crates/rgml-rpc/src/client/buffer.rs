@@ -100,7 +100,7 @@ impl BufferType for RpcBufferType {
         if let Some(&size) = cache.get(&key) {
             return size.max(nbytes);
         }
-        let Ok(described) = super::graph::describe_unplaced(tensor) else {
+        let Ok(described) = super::describe::describe_unplaced(tensor) else {
             return nbytes;
         };
         let req = Request::GetAllocSize {
@@ -168,7 +168,7 @@ unsafe impl BufferImpl for RpcBuffer {
         let Some(data) = &tensor.data else {
             return Ok(());
         };
-        let mut described = super::graph::describe_unplaced(tensor)?;
+        let mut described = super::describe::describe_unplaced(tensor)?;
         described.buffer = self.remote;
         described.data = self.base.wrapping_add(data.offset as u64);
         let req = Request::InitTensor {

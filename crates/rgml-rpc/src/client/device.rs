@@ -8,7 +8,8 @@
 
 use super::buffer::RpcBufferType;
 use super::conn::{le_u32, le_u64, Connection, Reply};
-use super::graph::{expressible, pack_graph};
+use super::describe::expressible;
+use super::graph::pack_graph;
 use crate::wire::Request;
 use rgml::backend::{
     same_instance, Backend, BackendParams, BufferTypeRef, DeviceCaps, DeviceMemory, DeviceType,

@@ -3,55 +3,16 @@
 //! A tensor's id on the wire is its arena position plus one (0 means "none"); its `buffer` and
 //! `data` are the server's buffer id and address, so every tensor a graph reaches must live in
 //! a buffer of the same server. Sizes and strides travel as 32-bit values, so a tensor whose
-//! shape or strides do not fit is refused (see [`expressible`]).
+//! shape or strides do not fit is refused (see [`expressible`](super::describe::expressible)).
 
 use super::buffer::RpcBuffer;
 use super::conn::Connection;
-use crate::ggml::{encode_flags, encode_op, ggml_src_order};
-use crate::wire::{RpcTensor, WireGraph, MAX_NAME, MAX_SRC};
+use super::describe::describe_unplaced;
+use crate::ggml::{encode_flags, ggml_src_order};
+use crate::wire::{RpcTensor, WireGraph};
 use rgml::{Context, Error, Graph, Result, Tensor, TensorId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-
-/// Whether `tensor`'s shape, strides and op fit the protocol's fields.
-pub(crate) fn expressible(tensor: &Tensor) -> bool {
-    let fits = |v: &usize| u32::try_from(*v).is_ok();
-    tensor.ne.iter().all(fits)
-        && tensor.nb.iter().all(fits)
-        && tensor.src.len() <= MAX_SRC
-        && encode_op(tensor).is_ok()
-}
-
-/// `tensor` without storage, sources or id: what GET_ALLOC_SIZE and INIT_TENSOR describe.
-pub(crate) fn describe_unplaced(tensor: &Tensor) -> Result<RpcTensor> {
-    let unfit = |what: &str| Error::InvalidArgument {
-        op: tensor.op.kind(),
-        reason: format!(
-            "the {what} of tensor '{}' do not fit ggml's 32-bit RPC fields",
-            tensor.display_name()
-        ),
-    };
-    let mut out = RpcTensor {
-        dtype: tensor.dtype.ggml_id(),
-        ..RpcTensor::default()
-    };
-    for i in 0..4 {
-        out.ne[i] = u32::try_from(tensor.ne[i]).map_err(|_| unfit("sizes"))?;
-        out.nb[i] = u32::try_from(tensor.nb[i]).map_err(|_| unfit("strides"))?;
-    }
-    let op = encode_op(tensor).map_err(|e| Error::InvalidArgument {
-        op: e.op,
-        reason: e.to_string(),
-    })?;
-    out.op = op.op;
-    out.op_params = op.params;
-    out.flags = encode_flags(tensor.flags, false);
-    let name = tensor.name.as_bytes();
-    // ggml keeps names NUL-terminated in 64 bytes.
-    let n = name.len().min(MAX_NAME - 1);
-    out.name[..n].copy_from_slice(&name[..n]);
-    Ok(out)
-}
 
 fn wire_id(id: TensorId) -> u64 {
     id.index() as u64 + 1

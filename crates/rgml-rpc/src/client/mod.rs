@@ -3,14 +3,16 @@
 //!
 //! ```text
 //! device     RpcServer (registry), RpcDevice, RpcBackend (stream)
-//!   |   \
-//! buffer  graph    RpcBufferType / RpcBuffer; rgml tensors and graphs as rpc_tensor
-//!   |   /
+//! graph      rgml graphs as the protocol's tensors (the buffers' ids from `buffer`)
+//! buffer     RpcBufferType / RpcBuffer
+//! describe   one tensor as rpc_tensor, before it has storage or sources
 //! conn       one TCP connection per server: handshake, exchanges, lost-connection state
 //! ```
+//! Each module imports only modules below it.
 
 mod buffer;
 mod conn;
+mod describe;
 mod device;
 mod graph;
 
