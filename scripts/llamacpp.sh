@@ -6,7 +6,7 @@
 #
 # Usage: scripts/llamacpp.sh [--isa native|avx2|avx512] [--rpc] [--vulkan [--vk-tools T]] [--dir]
 #            [TARGET ...]
-#   --isa native   GGML_NATIVE=ON: what this CPU has (the default, except with --vulkan)
+#   --isa native   GGML_NATIVE=ON without AMX: what this CPU has (the default, except with --vulkan)
 #   --isa avx2     AVX2 + FMA + F16C + BMI2, no AVX-512: the AVX2 path, also on an AVX-512 CPU
 #   --isa avx512   AVX-512 F/BW/DQ/VL/VNNI/BF16 (needs such a CPU to run)
 #   --rpc          with ggml's RPC backend (-DGGML_RPC=ON, its own build directory): the
@@ -93,8 +93,12 @@ if [ ${#targets[@]} -eq 0 ]; then
         targets=(llama-bench llama-quantize llama-perplexity llama)
     fi
 fi
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 case $isa in
-    native) flags=(-DGGML_NATIVE=ON) ;;
+    # -march=native turns AMX on where the CPU has it, and ggml's AMX matmul (on with repacking,
+    # its default) dies with SIGILL on these VMs; the GGML_AMX_* options below only act without
+    # GGML_NATIVE. Its own build directory (native-noamx), so older native builds are not reused.
+    native) flags=(-DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx") ;;
     avx2) flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
         -DGGML_BMI2=ON -DGGML_AVX512=OFF) ;;
     avx512) flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
@@ -106,6 +110,7 @@ log() { echo "== $*" >&2; }
 
 src=$cache/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION
 build=$cache/build-$LLAMA_CPP_PYTHON_VERSION-$isa
+[ "$isa" != native ] || build=$build-noamx
 [ "$rpc" = OFF ] || build=$build-rpc
 [ "$vulkan" = OFF ] || build=$build-vulkan
 [ "$vulkan" = OFF ] || [ "$vk_tools" = trixie ] || build=$build-bookworm

@@ -31,7 +31,7 @@ fn ggml_rpc_server() -> Option<PathBuf> {
             let home = std::env::var_os("HOME")?;
             Some(
                 PathBuf::from(home)
-                    .join(".cache/rgml/llamacpp/build-0.3.36-native-rpc/bin/ggml-rpc-server"),
+                    .join(".cache/rgml/llamacpp/build-0.3.36-native-noamx-rpc/bin/ggml-rpc-server"),
             )
         })
         .filter(|p| p.exists());
