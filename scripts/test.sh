@@ -44,5 +44,6 @@ if [ "$(cat "$serve_venv/.pkgs" 2>/dev/null)" != "$serve_pkgs" ]; then
 fi
 export RGML_SERVE_PYTHON="$serve_venv/bin/python" RGML_REQUIRE_SERVE_CLIENTS=1
 cargo fmt --all --check
+python3 scripts/check-layers.py
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

@@ -7,7 +7,7 @@
 //! wrapped here, while a [`rgml::backend::HostAccess`] guard is held. Copies from other host
 //! memory need nothing here: the core's `Buffer::copy_from` hands their bytes to `set`.
 
-use crate::kernels::repack;
+use crate::kernels::tiles::repack;
 use rgml::backend::{AlignedMem, BufferImpl, BufferType, BufferTypeRef, DeviceRef, HostMemory};
 use rgml::{DType, Error, OpKind, Result, Tensor};
 use std::collections::BTreeMap;

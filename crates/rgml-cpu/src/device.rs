@@ -204,7 +204,7 @@ impl rgml::Device for CpuDevice {
     /// plain ones (AVX-512 VNNI with the AVX-512 arithmetic; see `kernels::repack::fast`) and
     /// [`CpuOptions::repack`] is on (off: for measuring against plain weights).
     fn extra_buffer_types(&self) -> Vec<BufferTypeRef> {
-        if self.options.repack && crate::kernels::repack::fast(self.features) {
+        if self.options.repack && crate::kernels::tiles::repack::fast(self.features) {
             vec![self.repack.clone()]
         } else {
             Vec::new()

@@ -109,7 +109,8 @@ pub mod bench_support {
     /// Repacked (4-row interleaved) weights against the plain tiled kernels, single thread,
     /// kernel only: the row and column loops MUL_MAT would run, without the graph around them.
     pub mod repack {
-        use crate::kernels::{activations, repack, tiled};
+        use crate::kernels::blocks::activations;
+        use crate::kernels::tiles::{legacy as tiled, repack};
         use rgml::{DType, Error, Result};
 
         use crate::CpuFeatures;

@@ -6,7 +6,8 @@
 //! aliases, and the list of buffers (written or only read) whose guards the engine takes.
 //! It runs nothing.
 
-use crate::kernels::{self, CpuFeatures, NodeTask, TensorView, MAX_NODE_SRC};
+use crate::kernels::task::MAX_NODE_SRC;
+use crate::kernels::{self, CpuFeatures, NodeTask, TensorView};
 use rgml::{Buffer, Context, Error, Graph, Result, Tensor, TensorId};
 use std::sync::Arc;
 
@@ -225,7 +226,7 @@ fn node_task(
         let exact = sv.ptr == dst.ptr && sv.ne == dst.ne && sv.nb == dst.nb;
         if !kernels::is_target_src(&t.op, i)
             && sbuf == dbuf
-            && kernels::overlaps(sv.ptr, slen, dst.ptr, dlen)
+            && kernels::task::overlaps(sv.ptr, slen, dst.ptr, dlen)
             && !(exact && sv.dtype == dst.dtype && kernels::inplace_capable(&t.op, i))
         {
             return Err(views.unsupported(format!(

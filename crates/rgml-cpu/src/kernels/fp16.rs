@@ -34,6 +34,17 @@ pub(crate) fn f16_to_f32(h: half::f16) -> f32 {
     f16_bits_to_f32(h.to_bits())
 }
 
+/// The f16 at `p` as f32 (by [`super::fp16`]'s table).
+///
+/// # Safety
+/// Two readable bytes at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
+    // SAFETY: as the caller promises.
+    f16_bits_to_f32(unsafe { p.cast::<u16>().read_unaligned() })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -10,8 +10,8 @@
 //! by 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q5_0/q5_1/q8_0 (and iq4_nl
 //! from 2 src1 rows) through the register
 //! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead, on AVX2
-//! by [`super::tiled::matvec_kernel`]), one src1 row of iq4_nl by
-//! [`super::lowbit_dot::iq4_nl_matvec`]'s kernel (`vec_dot`'s order, two rows per pass), other
+//! by [`crate::kernels::tiles::legacy::matvec_kernel`]), one src1 row of iq4_nl by
+//! [`crate::kernels::dots::lowbit::iq4_nl_matvec`]'s kernel (`vec_dot`'s order, two rows per pass), other
 //! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
 //! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
@@ -26,39 +26,24 @@
 //! marked `rows_alone` (`rgml::Op::MulMat`) chooses its path as for one row, so each of its
 //! rows gets the bits a one-row product gives (independent sequences batched together).
 
-use super::activations::quantize_activations;
-use super::convert::{row_from_f32, row_to_f32, vec_dot_quant};
-use super::isa::CpuFeatures;
-use super::vec_float::{vec_dot, Flavor};
-use super::{bytes, bytes_mut, f32_row, scratch_slice, NodeTask, ThreadCtx};
+use crate::kernels::blocks::activations::quantize_activations;
+use crate::kernels::blocks::convert;
+use crate::kernels::blocks::convert::{row_from_f32, row_to_f32};
+use crate::kernels::dots;
+use crate::kernels::dots::float::{vec_dot, Flavor};
+use crate::kernels::dots::lowbit;
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
+use crate::kernels::task;
+use crate::kernels::task::{bytes, bytes_mut, f32_row, scratch_slice, NodeTask, ThreadCtx};
+use crate::kernels::tiles::bf16;
+use crate::kernels::tiles::float;
+use crate::kernels::tiles::float_avx2;
+use crate::kernels::tiles::kquant;
+use crate::kernels::tiles::legacy;
+use crate::kernels::tiles::repack;
 use rgml::{DType, Error, Result, Tensor};
 use std::ops::Range;
-
-/// How far ahead of the rows being multiplied a matrix-vector product prefetches weights (tuned
-/// on the demo model's generation: 2 KiB gives +35%, 4 KiB +50%, 8 KiB +45%, 16 KiB +30%; on a
-/// Zen 1 AVX2 CPU, as Q8_0, 4 KiB is best too: 65 tokens/s against 56-58 for 1, 2 and 8 KiB).
-pub(crate) const PREFETCH_AHEAD: usize = 4096;
-
-/// A hint to load the cache line at `p`; never faults, whatever the address.
-#[inline(always)]
-pub(super) fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint: it does not fault on any address and changes no state
-    // visible to the program; SSE is part of the x86_64 baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Prefetch the cache lines of `len` bytes from `p` (hints: any address is fine).
-#[inline(always)]
-pub(crate) fn prefetch_span(p: *const u8, len: usize) {
-    for off in (0..len).step_by(64) {
-        prefetch(p.wrapping_add(off));
-    }
-}
 
 /// Whether the kernel handles `a · b -> t`.
 pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
@@ -66,7 +51,8 @@ pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
     let weight_ok = match a.dtype {
         F32 | F16 | BF16 => true,
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS => {
-            super::quant_available() && a.ne[0].is_multiple_of(a.dtype.vec_dot_type().block_size())
+            convert::quant_available()
+                && a.ne[0].is_multiple_of(a.dtype.vec_dot_type().block_size())
         }
         _ => false,
     };
@@ -150,243 +136,6 @@ const REPACK_COLS: usize = 8;
 /// Weight rows per call of the packed-weight kernel (whole groups; prefetched together).
 const PACKED_RUN_ROWS: usize = 16;
 
-/// f32 dot product in tinyBLAS's order for the build `f` mirrors (see [`super::isa`]); uses
-/// AVX2+FMA code generation when the CPU has it.
-#[inline]
-pub(crate) fn dot_f32(f: CpuFeatures, x: &[f32], y: &[f32]) -> f32 {
-    let wide = f.wide();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if f.has_avx2() {
-            // SAFETY: `f` says the CPU has AVX2 and FMA.
-            return unsafe { dot_f32_avx2(x, y, wide) };
-        }
-    }
-    if wide {
-        dot_f32_generic::<16>(x, y, f32::mul_add)
-    } else {
-        dot_f32_generic::<8>(x, y, f32::mul_add)
-    }
-}
-
-/// The same loop compiled for AVX2+FMA (no hand-written intrinsics: the target features let the
-/// compiler use 8-wide registers and fused multiply-adds).
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_f32_avx2(x: &[f32], y: &[f32], wide: bool) -> f32 {
-    if wide {
-        dot_f32_generic::<16>(x, y, f32::mul_add)
-    } else {
-        dot_f32_generic::<8>(x, y, f32::mul_add)
-    }
-}
-
-/// `out[r][c] = dot_f32(x[r], y[c])` for 4 x 4 rows of one length, bit for bit: each pair
-/// keeps its own `L`-lane accumulator through the same FMAs and horizontal sum; the tile only
-/// loads each row once for four partners.
-fn dot_f32_tile(f: CpuFeatures, x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    #[cfg(target_arch = "x86_64")]
-    if f32_tile_avx512(f) {
-        // SAFETY: `f32_tile_avx512(f)`: `f` says the CPU has AVX-512F, BW and VL.
-        unsafe { dot_f32_tile_avx512(x, y, out) };
-        return;
-    }
-    for (out_r, xr) in out.iter_mut().zip(x) {
-        for (o, yc) in out_r.iter_mut().zip(y) {
-            *o = dot_f32(f, xr, yc);
-        }
-    }
-}
-
-/// Whether [`dot_f32_tile`] and [`dot_f16_tile_avx512`] may use their AVX-512 form: the
-/// AVX-512 arithmetic is selected and the CPU has AVX-512F, BW and VL (without them the pair
-/// dots give the same bits).
-fn f32_tile_avx512(f: CpuFeatures) -> bool {
-    cfg!(target_arch = "x86_64") && f.wide() && f.has_avx512()
-}
-
-/// The 16-lane tile with AVX-512 intrinsics, for f32 rows (see [`tile_avx512`]).
-///
-/// # Safety
-/// The CPU must support AVX-512F, BW and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
-unsafe fn dot_f32_tile_avx512(x: &[&[f32]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    let n = x[0].len();
-    if x.iter().chain(y).any(|r| r.len() != n) {
-        return;
-    }
-    // SAFETY: four rows of `n` f32 values each, on a CPU with AVX-512F.
-    unsafe { tile_avx512::<false>(x.map(|r| r.as_ptr().cast()), n, y, out) }
-}
-
-/// The same tile reading F16 weight rows directly: each 16 halves are widened in a register
-/// (`vcvtph2ps`, exact), which is what decoding the row to f32 first would give, without the
-/// decode pass (the KV cache's rows in attention).
-///
-/// # Safety
-/// The CPU must support AVX-512F, BW and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
-unsafe fn dot_f16_tile_avx512(x: &[&[u16]; 4], y: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    let n = x[0].len();
-    if x.iter().any(|r| r.len() != n) || y.iter().any(|r| r.len() != n) {
-        return;
-    }
-    // SAFETY: four rows of `n` f16 values each, on a CPU with AVX-512F, BW and VL.
-    unsafe { tile_avx512::<true>(x.map(|r| r.as_ptr().cast()), n, y, out) }
-}
-
-/// 16 accumulators of 16 lanes in registers; the tail goes into lanes `0..n % 16` with a
-/// masked FMA (the other lanes keep their value, as `dot_f32_generic` leaves them). Rows `x`
-/// hold f32 values, or f16 values when `F16`.
-///
-/// # Safety
-/// The CPU must support AVX-512F (and BW and VL when `F16`); each `x[r]` points to `n` values
-/// and each `y[c]` has `n`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
-unsafe fn tile_avx512<const F16: bool>(
-    x: [*const u8; 4],
-    n: usize,
-    y: &[&[f32]; 4],
-    out: &mut [[f32; 4]; 4],
-) {
-    use std::arch::x86_64::*;
-    let full = n - n % 16;
-    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-    // SAFETY: every load reads 16 values at `k0 < full <= n` of a row of length `n`, or (the
-    // tail) only the lanes below `n - full` under the mask.
-    unsafe {
-        let load_x = |r: usize, k0: usize| -> __m512 {
-            if F16 {
-                _mm512_cvtph_ps(_mm256_loadu_si256(x[r].cast::<u16>().add(k0).cast()))
-            } else {
-                _mm512_loadu_ps(x[r].cast::<f32>().add(k0))
-            }
-        };
-        let mut k0 = 0;
-        while k0 < full {
-            let xv: [__m512; 4] = std::array::from_fn(|r| load_x(r, k0));
-            let yv: [__m512; 4] = std::array::from_fn(|c| _mm512_loadu_ps(y[c].as_ptr().add(k0)));
-            for (acc_r, xr) in acc.iter_mut().zip(&xv) {
-                for (a, yc) in acc_r.iter_mut().zip(&yv) {
-                    *a = _mm512_fmadd_ps(*xr, *yc, *a);
-                }
-            }
-            k0 += 16;
-        }
-        if full < n {
-            let mask: __mmask16 = (1u16 << (n - full)) - 1;
-            let xv: [__m512; 4] = std::array::from_fn(|r| {
-                if F16 {
-                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                        mask,
-                        x[r].cast::<i16>().add(full).cast(),
-                    ))
-                } else {
-                    _mm512_maskz_loadu_ps(mask, x[r].cast::<f32>().add(full))
-                }
-            });
-            let yv: [__m512; 4] =
-                std::array::from_fn(|c| _mm512_maskz_loadu_ps(mask, y[c].as_ptr().add(full)));
-            for (acc_r, xr) in acc.iter_mut().zip(&xv) {
-                for (a, yc) in acc_r.iter_mut().zip(&yv) {
-                    *a = _mm512_mask3_fmadd_ps(*xr, *yc, *a, mask);
-                }
-            }
-        }
-        let sums = hsum16x16(std::array::from_fn(|j| acc[j / 4][j % 4]));
-        for (j, v) in sums.into_iter().enumerate() {
-            out[j / 4][j % 4] = v;
-        }
-    }
-}
-
-/// The horizontal sums of 16 registers, `[hsum16(a[0]), ..., hsum16(a[15])]`, each in
-/// `hsum16`'s order (`_mm512_reduce_add_ps`: lane k + lane k+8, then k + k+4, then k + k+2,
-/// then the last two): the same additions of the same operands, with the registers packed side
-/// by side by shuffles between the levels.
-///
-/// # Safety
-/// The CPU supports AVX-512F (the callers inline this under their AVX-512 features).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(super) unsafe fn hsum16x16(a: [std::arch::x86_64::__m512; 16]) -> [f32; 16] {
-    use std::arch::x86_64::*;
-    // SAFETY: AVX-512F, as the caller promises.
-    unsafe {
-        // Level 1: two accumulators per register, quarters (a.lo8 as two 4s, b.lo8 as two 4s).
-        let s1: [__m512; 8] = std::array::from_fn(|i| {
-            let (x, y) = (a[2 * i], a[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
-            )
-        });
-        // Level 2: quarter q of register m holds accumulator 4m + q's four partial sums.
-        let s2: [__m512; 4] = std::array::from_fn(|m| {
-            let (x, y) = (s1[2 * m], s1[2 * m + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
-            )
-        });
-        // Level 3: lanes 0..2 of quarter q: accumulator 8p + q; lanes 2..4: 8p + 4 + q.
-        let s3: [__m512; 2] = std::array::from_fn(|p| {
-            let (x, y) = (s2[2 * p], s2[2 * p + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
-                _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
-            )
-        });
-        // Level 4: lane 4q + e holds accumulator 4e + q.
-        let sums = _mm512_add_ps(
-            _mm512_shuffle_ps::<0b10_00_10_00>(s3[0], s3[1]),
-            _mm512_shuffle_ps::<0b11_01_11_01>(s3[0], s3[1]),
-        );
-        let mut w = [0f32; 16];
-        _mm512_storeu_ps(w.as_mut_ptr(), sums);
-        std::array::from_fn(|j| w[4 * (j % 4) + j / 4])
-    }
-}
-
-/// Dot product as llamafile's tinyBLAS computes each output of an F32/F16 matmul (llama.cpp's
-/// path for attention): one `L`-lane accumulator (8 on AVX2, `tinyBLAS<8, __m256, ...>`; 16 on
-/// AVX-512, `tinyBLAS<16, __m512, ...>`), `acc = fma(a, b, acc)` for `k` in steps of `L`, then
-/// `hsum` (the AVX `hsum`, or `_mm512_reduce_add_ps`). A tail of `k % L` elements goes into
-/// lanes `0..k % L`, which is what tinyBLAS computes on llama.cpp's zero-padded KV cache.
-#[inline(always)]
-fn dot_f32_generic<const L: usize>(
-    x: &[f32],
-    y: &[f32],
-    fma: impl Fn(f32, f32, f32) -> f32,
-) -> f32 {
-    let mut acc = [0f32; L];
-    let (xc, yc) = (x.chunks_exact(L), y.chunks_exact(L));
-    let (xt, yt) = (xc.remainder(), yc.remainder());
-    for (a, b) in xc.zip(yc) {
-        for k in 0..L {
-            acc[k] = fma(a[k], b[k], acc[k]);
-        }
-    }
-    for (k, (a, b)) in xt.iter().zip(yt).enumerate() {
-        acc[k] = fma(*a, *b, acc[k]);
-    }
-    if L == 16 {
-        let mut w = [0f32; 16];
-        w.copy_from_slice(&acc[..16]);
-        super::vexp::hsum16(&w)
-    } else {
-        let mut w = [0f32; 8];
-        w.copy_from_slice(&acc[..8]);
-        super::vexp::hsum8(&w)
-    }
-}
-
 /// MUL_MAT.
 pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let (dst, a, b) = (&task.dst, task.src(0)?, task.src(1)?);
@@ -428,7 +177,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     // Phase 2.
     if conversion == Some(Src1::Bf16) {
         let b_row = b_row_fn(b, tc.shared, converted, wrow);
-        return super::bf16::products(f, dst, a, &b_row, path_rows, tc);
+        return bf16::products(f, dst, a, &b_row, path_rows, tc);
     }
     if !quant {
         let b_row = b_row_fn(b, tc.shared, converted, wrow);
@@ -451,8 +200,8 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
 /// Phase 2 of MUL_MAT with quantized weights: what every block of weight rows shares.
 struct QuantProducts<'a, B> {
     f: CpuFeatures,
-    dst: &'a super::TensorView,
-    a: &'a super::TensorView,
+    dst: &'a task::TensorView,
+    a: &'a task::TensorView,
     /// Where src1 row `(i11, i12, i13)` is ([`b_row_fn`]).
     b_row: B,
     /// src1 rows per batch.
@@ -478,28 +227,24 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let batches = ne12 * ne13;
         // Packed weights are addressed by whole groups of rows (their row count is a multiple
         // of the group).
-        let group = if a.packed {
-            super::repack::GROUP_ROWS
-        } else {
-            1
-        };
-        let blk = super::row_block(ne01, batches, tc.nth, 1, group);
+        let group = if a.packed { repack::GROUP_ROWS } else { 1 };
+        let blk = task::row_block(ne01, batches, tc.nth, 1, group);
         let nblk = ne01.div_ceil(blk);
-        let tiled = super::tiled::takes(f, a.dtype, self.path_rows);
+        let tiled = legacy::takes(f, a.dtype, self.path_rows);
         let matvec = match (self.ne11, a.packed) {
             // One row of IQ4_NL takes `vec_dot`'s arithmetic, not the tiles'.
             #[cfg(target_arch = "x86_64")]
-            (1, false) if a.dtype == DType::IQ4_NL => super::lowbit_dot::iq4_nl_matvec(f),
-            (1, false) if tiled => super::tiled::matvec_kernel(f, a.dtype),
+            (1, false) if a.dtype == DType::IQ4_NL => lowbit::iq4_nl_matvec(f),
+            (1, false) if tiled => legacy::matvec_kernel(f, a.dtype),
             _ => None,
         };
         let cols = match tiled && self.ne11 > 1 && !a.packed {
-            true => super::tiled::cols_kernel(f, a.dtype),
+            true => legacy::cols_kernel(f, a.dtype),
             false => None,
         };
-        let ktiled = super::ktiled::takes(a.dtype, self.path_rows);
+        let ktiled = kquant::takes(a.dtype, self.path_rows);
         // Blocks on demand: a descheduled thread's share goes to the others.
-        for unit in super::claimed(tc.claim, batches * nblk) {
+        for unit in task::claimed(tc.claim, batches * nblk) {
             let batch = unit / nblk;
             let i0 = (unit % nblk) * blk;
             let (i12, i13) = (batch % ne12, batch / ne12);
@@ -530,7 +275,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     /// `scratch` holds a group (sized by `work_size`).
     fn packed(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4], scratch: &mut [u8]) {
         let (f, a, ne11) = (self.f, self.a, self.ne11);
-        let g = super::repack::GROUP_ROWS;
+        let g = repack::GROUP_ROWS;
         let mut out = [0f32; PACKED_RUN_ROWS * REPACK_COLS];
         for t0 in (0..ne11).step_by(TILE1) {
             let t1 = (t0 + TILE1).min(ne11);
@@ -552,7 +297,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     // in the work area since phase 1, `nb` blocks each; `out` holds
                     // (r1 - r0) x REPACK_COLS; the scratch holds a group.
                     unsafe {
-                        super::repack::tile_groups(
+                        repack::tile_groups(
                             f,
                             a.dtype,
                             self.nb,
@@ -574,8 +319,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     /// together, bit-equal to the pair dots.
     fn tiled(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
         let (f, a, ne11) = (self.f, self.a, self.ne11);
-        let (rm, rn) = (super::tiled::tile_rows(f), super::tiled::tile_cols(f));
-        let mut out = [0f32; 4 * super::tiled::TILE_COLS];
+        let (rm, rn) = (legacy::tile_rows(f), legacy::tile_cols(f));
+        let mut out = [0f32; 4 * legacy::TILE_COLS];
         for t0 in (0..ne11).step_by(TILE1) {
             let t1 = (t0 + TILE1).min(ne11);
             for r0 in rows.clone().step_by(rm) {
@@ -589,7 +334,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 }
                 for c0 in (t0..t1).step_by(rn) {
                     let c1 = (c0 + rn).min(t1);
-                    let mut y = [std::ptr::null::<u8>(); super::tiled::TILE_COLS];
+                    let mut y = [std::ptr::null::<u8>(); legacy::TILE_COLS];
                     for (slot, i11) in y.iter_mut().zip(c0..c1) {
                         *slot = (self.b_row)(i11, i12, i13);
                     }
@@ -597,7 +342,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     // bounds, the src1 rows complete in the work area since the barrier, each
                     // `nb` blocks; `out` holds rm x TILE_COLS.
                     unsafe {
-                        super::tiled::tile(
+                        legacy::tile(
                             f,
                             a.dtype,
                             self.nb,
@@ -614,21 +359,21 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     }
 
     /// One activation row (a generation step) by `kernel`: on the AVX2 build (see
-    /// [`super::tiled::matvec_kernel`]), and for IQ4_NL weights on either build
-    /// ([`super::lowbit_dot::iq4_nl_matvec`]).
+    /// [`crate::kernels::tiles::legacy::matvec_kernel`]), and for IQ4_NL weights on either build
+    /// ([`crate::kernels::dots::lowbit::iq4_nl_matvec`]).
     fn matvec(
         &self,
-        kernel: super::tiled::MatvecKernel,
+        kernel: crate::kernels::dots::run::MatvecKernel,
         rows: Range<usize>,
         [i02, i03, i12, i13]: [usize; 4],
     ) {
         let a = self.a;
         let y = (self.b_row)(0, i12, i13);
-        let mut out = [0f32; super::MAX_BLOCK_ROWS];
+        let mut out = [0f32; task::MAX_BLOCK_ROWS];
         // One pass: `row_block` makes blocks of at most MAX_BLOCK_ROWS rows.
-        for r0 in rows.clone().step_by(super::MAX_BLOCK_ROWS) {
-            let r1 = (r0 + super::MAX_BLOCK_ROWS).min(rows.end);
-            let run = super::tiled::RowRun {
+        for r0 in rows.clone().step_by(task::MAX_BLOCK_ROWS) {
+            let r1 = (r0 + task::MAX_BLOCK_ROWS).min(rows.end);
+            let run = crate::kernels::dots::run::RowRun {
                 nb: self.nb,
                 x0: a.row(r0, i02, i03).cast_const(),
                 row_stride: a.nb[1],
@@ -643,21 +388,21 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     }
 
     /// Several activation rows on the AVX2 build, by `kernel` (see
-    /// [`super::tiled::cols_kernel`]): chunks of weight rows, each by every tile of up to
-    /// [`super::tiled::COLS`] columns, whose block scales are widened once per chunk into
+    /// [`crate::kernels::tiles::legacy::cols_kernel`]): chunks of weight rows, each by every tile of up to
+    /// [`crate::kernels::tiles::legacy::COLS`] columns, whose block scales are widened once per chunk into
     /// `scratch`.
     fn cols(
         &self,
-        kernel: super::tiled::ColsKernel,
+        kernel: legacy::ColsKernel,
         rows: Range<usize>,
         [i02, i03, i12, i13]: [usize; 4],
         scratch: &mut [f32],
     ) -> Result<()> {
-        const COLS: usize = super::tiled::COLS;
+        const COLS: usize = legacy::COLS;
         // Weight rows per chunk: their bytes stay in L1/L2 while every column tile reads them.
         const CHUNK: usize = 32;
         let (a, ne11) = (self.a, self.ne11);
-        let scales = scratch_slice(scratch, super::tiled::scales_len(self.nb))?;
+        let scales = scratch_slice(scratch, legacy::scales_len(self.nb))?;
         let mut out = [0f32; COLS];
         for r0 in rows.clone().step_by(CHUNK) {
             let r1 = (r0 + CHUNK).min(rows.end);
@@ -670,7 +415,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 let y = &y[..c1 - c0];
                 // SAFETY: the src1 rows are complete in the work area since the barrier, `nb`
                 // blocks of the vec-dot type each; `scales` holds scales_len(nb).
-                unsafe { super::tiled::widen_scales(a.dtype, self.nb, y, scales) };
+                unsafe { legacy::widen_scales(a.dtype, self.nb, y, scales) };
                 for i01 in r0..r1 {
                     let x = a.row(i01, i02, i03).cast_const();
                     // SAFETY: `kernel` is the weight type's; the src0 row is dense and in
@@ -685,9 +430,9 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
 
     /// As [`Self::packed`], K-quant weights by 8 or more activation rows, with the arithmetic
     /// of ggml's tiled kernel ([`super::ktiled`]): each weight row against runs of up to
-    /// [`super::ktiled::COLS`] activation rows, its blocks decoded once per run.
+    /// [`crate::kernels::tiles::kquant::COLS`] activation rows, its blocks decoded once per run.
     fn ktiled(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
-        const COLS: usize = super::ktiled::COLS;
+        const COLS: usize = kquant::COLS;
         let (a, ne11) = (self.a, self.ne11);
         let mut acc = [0f32; COLS];
         let mut y = [std::ptr::null::<u8>(); COLS];
@@ -701,7 +446,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 // SAFETY: `ktiled::takes` checked the type; the src0 row is dense and in
                 // bounds with `nb` blocks, the src1 rows complete in the work area since the
                 // barrier, `nb` Q8_K blocks each.
-                unsafe { super::ktiled::row(self.f, a.dtype, self.nb, x, &y[..c1 - c0], &mut acc) };
+                unsafe { kquant::row(self.f, a.dtype, self.nb, x, &y[..c1 - c0], &mut acc) };
                 for (&v, i11) in acc.iter().zip(c0..c1) {
                     let out = self.dst.row(i11, i12, i13).wrapping_add(i01 * 4);
                     // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
@@ -736,7 +481,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 for i11 in t0..(t0 + TILE1).min(ne11) {
                     // SAFETY: a src1 row in the work area, complete since the barrier.
                     let y = unsafe { bytes((self.b_row)(i11, i12, i13), self.wrow) };
-                    let v = vec_dot_quant(f, a.dtype, a.ne[0], x, y)?;
+                    let v = dots::vec_dot(f, a.dtype, a.ne[0], x, y)?;
                     let out = self.dst.row(i11, i12, i13).wrapping_add(i01 * 4);
                     // SAFETY: output element (i01, i11, i12, i13) is in bounds and written
                     // only by the thread owning row block (batch, i01).
@@ -752,7 +497,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
 /// `cols.start + c`) of batch (i12, i13). The caller's thread owns the row block `rows` of
 /// that batch (every quantized path splits the work so), and the indices are below `dst.ne`.
 fn store_tile(
-    dst: &super::TensorView,
+    dst: &task::TensorView,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     i12: usize,
@@ -775,8 +520,8 @@ fn store_tile(
 
 /// Where src1 row `(i11, i12, i13)` is after phase 1: in the work area, or in place.
 fn b_row_fn<'a>(
-    b: &'a super::TensorView,
-    shared: super::SharedWork,
+    b: &'a task::TensorView,
+    shared: task::SharedWork,
     converted: bool,
     wrow: usize,
 ) -> impl Fn(usize, usize, usize) -> *const u8 + 'a {
@@ -793,51 +538,14 @@ fn b_row_fn<'a>(
     }
 }
 
-/// The activation columns of a product with ggml's broadcast: every src1 row of the `r2 x r3`
-/// batches broadcast onto one weight matrix (grouped-query attention's heads) is a column of
-/// that matrix's product.
-pub(super) struct Columns {
-    ne11: usize,
-    r2: usize,
-    r3: usize,
-    /// Columns per weight matrix.
-    pub n: usize,
-}
-
-impl Columns {
-    pub(super) fn new(dst: &super::TensorView, a: &super::TensorView) -> Self {
-        let (ne11, ne12, ne13) = (dst.ne[1], dst.ne[2], dst.ne[3]);
-        let r2 = ne12 / a.ne[2].max(1);
-        let r3 = ne13 / a.ne[3].max(1);
-        Columns {
-            ne11,
-            r2,
-            r3,
-            n: ne11 * r2 * r3,
-        }
-    }
-
-    /// Column c of weight batch (i02, i03): src1 row `(c % ne11, i02 * r2 + j % r2, i03 * r3 +
-    /// j / r2)` with `j = c / ne11`.
-    #[inline]
-    pub(super) fn at(&self, c: usize, i02: usize, i03: usize) -> (usize, usize, usize) {
-        let j = c / self.ne11.max(1);
-        (
-            c % self.ne11.max(1),
-            i02 * self.r2 + j % self.r2.max(1),
-            i03 * self.r3 + j / self.r2.max(1),
-        )
-    }
-}
-
 /// Phase 2 for F32/F16/BF16 weights. The activation rows that share a weight matrix (every
 /// src1 row of the `r2 x r3` batches broadcast onto it: grouped-query attention's heads) are
 /// one set of columns, so each weight row is decoded once for all of them, and multiplied in
-/// 4 x 4 tiles (edge tiles repeat a row or column and drop the copies) in `dot_f32`'s order.
+/// 4 x 4 tiles (edge tiles repeat a row or column and drop the copies) in `dot_f32_tinyblas`'s order.
 fn float_products(
     f: CpuFeatures,
-    dst: &super::TensorView,
-    a: &super::TensorView,
+    dst: &task::TensorView,
+    a: &task::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
     path_rows: usize,
     tc: &mut ThreadCtx<'_>,
@@ -854,16 +562,16 @@ fn float_products(
         // (`supported`); `b_row` gives dense f32 rows of `ne00` (src1 in place, or
         // rounded/gathered in the work area since phase 1's barrier); tinyBLAS's order only
         // where `ne00 % 8 == 0` (`tinyblas_takes`) and never with `wide`.
-        return unsafe { super::float_avx2::products(dst, a, b_row, tc, pairwise, f.wide()) };
+        return unsafe { float_avx2::products(dst, a, b_row, tc, pairwise, f.wide()) };
     }
     let weight_batches = a.ne[2] * a.ne[3];
-    let columns = Columns::new(dst, a);
+    let columns = task::Columns::new(dst, a);
     let ncols = columns.n;
     let column = |c: usize, i02: usize, i03: usize| columns.at(c, i02, i03);
-    let blk = super::row_block(ne01, weight_batches, tc.nth, 4, 1);
+    let blk = task::row_block(ne01, weight_batches, tc.nth, 4, 1);
     let nblk = ne01.div_ceil(blk);
     let arow_bytes = a.row_bytes();
-    let avx512 = f32_tile_avx512(f);
+    let avx512 = float::f32_tile_avx512(f);
     let flavor = match a.dtype {
         DType::F16 => Flavor::F16,
         DType::BF16 => Flavor::Bf16,
@@ -872,7 +580,7 @@ fn float_products(
     // F16 rows (the KV cache) widen in registers instead of being decoded first.
     let direct_f16 = !pairwise && avx512 && a.dtype == DType::F16 && cfg!(target_arch = "x86_64");
     // Blocks on demand: a descheduled thread's share goes to the others.
-    for unit in super::claimed(tc.claim, weight_batches * nblk) {
+    for unit in task::claimed(tc.claim, weight_batches * nblk) {
         let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
         let i0 = (unit % nblk) * blk;
         let rows0 = i0..(i0 + blk).min(ne01);
@@ -929,7 +637,7 @@ fn float_products(
                         }
                     }
                 } else {
-                    float_tile(f, direct_f16, &xs, &halves, &ys, &mut out);
+                    float::float_tile(f, direct_f16, &xs, &halves, &ys, &mut out);
                 }
                 for (r, row) in out.iter().enumerate().take(nr) {
                     for (&v, &(i11, i12, i13)) in row.iter().zip(&at).take(nc) {
@@ -954,30 +662,10 @@ pub(super) fn tinyblas_takes(f: CpuFeatures, ne00: usize, ne01: usize, ne11: usi
     ne11 >= 2 && ne00.is_multiple_of(lanes) && ne01.is_multiple_of(4)
 }
 
-/// One 4 x 4 tile of float products in tinyBLAS's order: F16 rows widened in registers
-/// (`direct_f16`, AVX-512) or decoded rows.
-fn float_tile(
-    f: CpuFeatures,
-    direct_f16: bool,
-    xs: &[&[f32]; 4],
-    halves: &[&[u16]; 4],
-    ys: &[&[f32]; 4],
-    out: &mut [[f32; 4]; 4],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if direct_f16 {
-        // SAFETY: `direct_f16` implies `f32_tile_avx512(f)` (AVX-512F, BW, VL).
-        unsafe { dot_f16_tile_avx512(halves, ys, out) };
-        return;
-    }
-    let _ = (direct_f16, halves);
-    dot_f32_tile(f, xs, ys, out);
-}
-
 /// Phase 1 of MUL_MAT: this thread's rows of src1 into the work area, as `conversion` says.
 fn convert_src1(
     f: CpuFeatures,
-    b: &super::TensorView,
+    b: &task::TensorView,
     tc: &mut ThreadCtx<'_>,
     conversion: Src1,
     wrow: usize,
@@ -1002,7 +690,7 @@ fn convert_src1(
                 *v = unsafe { srow.add(t * b.nb[0]).cast::<f32>().read_unaligned() };
             }
             match round_to {
-                Some(DType::F16) => super::convert::round_through_f16(tmp),
+                Some(DType::F16) => convert::round_through_f16(tmp),
                 Some(DType::BF16) => tmp
                     .iter_mut()
                     .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
@@ -1015,83 +703,9 @@ fn convert_src1(
         let dstb = unsafe { bytes_mut(out, wrow) };
         match conversion {
             Src1::Quantized(vd) => quantize_activations(f, vd, row, dstb)?,
-            Src1::Bf16 => super::bf16::row_to_bf16(row, dstb)?,
+            Src1::Bf16 => bf16::row_to_bf16(row, dstb)?,
             Src1::Rounded(_) | Src1::Dense => row_from_f32(DType::F32, row, dstb)?,
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    /// The F16 tile gives each pair's `dot_f32` of the decoded row bit for bit.
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn f16_tiles_equal_the_pair_dots_of_decoded_rows() {
-        let f = CpuFeatures::resolve(Some(super::super::isa::IsaChoice::Avx512));
-        if !f32_tile_avx512(f) {
-            return;
-        }
-        let mut rng = StdRng::seed_from_u64(12);
-        for n in [7, 16, 64, 70, 256, 261] {
-            let halves: Vec<Vec<u16>> = (0..4)
-                .map(|_| {
-                    (0..n)
-                        .map(|_| half::f16::from_f32(rng.gen_range(-2.0..2.0)).to_bits())
-                        .collect()
-                })
-                .collect();
-            let decoded: Vec<Vec<f32>> = halves
-                .iter()
-                .map(|r| {
-                    r.iter()
-                        .map(|&h| half::f16::from_bits(h).to_f32())
-                        .collect()
-                })
-                .collect();
-            let cols: Vec<Vec<f32>> = (0..4)
-                .map(|_| (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect())
-                .collect();
-            let x: [&[u16]; 4] = std::array::from_fn(|r| halves[r].as_slice());
-            let y: [&[f32]; 4] = std::array::from_fn(|c| cols[c].as_slice());
-            let mut out = [[f32::NAN; 4]; 4];
-            // SAFETY: f32_tile_avx512(f) checked AVX-512F, BW and VL.
-            unsafe { dot_f16_tile_avx512(&x, &y, &mut out) };
-            for r in 0..4 {
-                for c in 0..4 {
-                    let want = dot_f32(f, &decoded[r], y[c]);
-                    assert_eq!(out[r][c].to_bits(), want.to_bits(), "n {n} ({r}, {c})");
-                }
-            }
-        }
-    }
-
-    /// The 4 x 4 tile gives each pair's `dot_f32` bit for bit, with and without a tail, for
-    /// both arithmetic variants.
-    #[test]
-    fn f32_tiles_equal_the_pair_dots() {
-        use super::super::isa::IsaChoice;
-        let mut rng = StdRng::seed_from_u64(11);
-        for n in [7, 16, 64, 70, 256, 261] {
-            let rows: Vec<Vec<f32>> = (0..8)
-                .map(|_| (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect())
-                .collect();
-            let x: [&[f32]; 4] = std::array::from_fn(|r| rows[r].as_slice());
-            let y: [&[f32]; 4] = std::array::from_fn(|c| rows[4 + c].as_slice());
-            for f in [IsaChoice::Avx2, IsaChoice::Avx512].map(|c| CpuFeatures::resolve(Some(c))) {
-                let mut out = [[f32::NAN; 4]; 4];
-                dot_f32_tile(f, &x, &y, &mut out);
-                for r in 0..4 {
-                    for c in 0..4 {
-                        let want = dot_f32(f, x[r], y[c]);
-                        assert_eq!(out[r][c].to_bits(), want.to_bits(), "n {n} ({r}, {c})");
-                    }
-                }
-            }
-        }
-    }
 }

@@ -16,9 +16,10 @@
 //! instruction; the arithmetic is the same either way. Which variant and which compiled form
 //! run is decided by the [`CpuFeatures`] each call is handed.
 
-use super::isa::CpuFeatures;
+use crate::kernels::isa::CpuFeatures;
 #[cfg(test)]
-use super::isa::IsaChoice;
+use crate::kernels::isa::IsaChoice;
+use crate::kernels::simd::{hsum16, hsum8};
 
 // The constants are the hex-float literals of ggml's code, spelled as bit patterns.
 const R: u32 = 0x4b40_0000; // 0x1.8p23
@@ -105,25 +106,6 @@ pub(crate) fn v_silu16(x: f32) -> f32 {
 #[inline(always)]
 pub(crate) fn silu_f32(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
-}
-
-/// Sum of 8 lanes in the order of ggml's / tinyBLAS's AVX `hsum`: high half + low half, then
-/// `movehl` pairs, then the last two.
-#[inline(always)]
-pub(crate) fn hsum8(v: &[f32; 8]) -> f32 {
-    let t = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
-    (t[0] + t[2]) + (t[1] + t[3])
-}
-
-/// Sum of 16 lanes in the order of `_mm512_reduce_add_ps` (GCC and clang): high 8 + low 8, then
-/// as [`hsum8`].
-#[inline(always)]
-pub(crate) fn hsum16(v: &[f32; 16]) -> f32 {
-    let mut t = [0f32; 8];
-    for (k, t) in t.iter_mut().enumerate() {
-        *t = v[k] + v[k + 8];
-    }
-    hsum8(&t)
 }
 
 /// `ggml_vec_soft_max_f32` in place, as a build with `L`-lane vectors runs it: `y[i] =
@@ -265,17 +247,6 @@ mod avx512 {
         _mm512_mask_blend_ps(big, res, overflow)
     }
 
-    /// The 16 lanes summed in [`super::hsum16`]'s order (GCC's `_mm512_reduce_add_ps`).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512dq")]
-    fn hsum(v: __m512) -> f32 {
-        let h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
-        let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-        // [q0 + q2, q1 + q3, ..], then lane 0 + lane 1.
-        let p = _mm_add_ps(q, _mm_movehl_ps(q, q));
-        _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps::<1>(p, p)))
-    }
-
     /// [`super::soft_max_row`] for the AVX-512 variant.
     #[target_feature(enable = "avx512f,avx512dq")]
     pub(super) fn soft_max_row(y: &mut [f32], max: f32) -> f64 {
@@ -287,7 +258,7 @@ mod avx512 {
             unsafe {
                 let v = expf(_mm512_sub_ps(_mm512_loadu_ps(group.as_ptr()), m));
                 _mm512_storeu_ps(group.as_mut_ptr(), v);
-                sum += f64::from(hsum(v));
+                sum += f64::from(crate::kernels::simd::x86::hsum16(v));
             }
         }
         for y in groups.into_remainder() {

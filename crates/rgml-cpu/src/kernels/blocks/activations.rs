@@ -13,7 +13,8 @@
 //! built with `-march=native`, so `nearest_int(iscale * x)` is not contracted into an FMA), and
 //! the codec in `rgml::quant` follows it bit for bit.
 
-use super::isa::CpuFeatures;
+use crate::kernels::blocks::convert;
+use crate::kernels::isa::CpuFeatures;
 use rgml::quant::{BlockQ8_0, BlockQ8_1, QK8_0};
 use rgml::{DType, Result};
 
@@ -124,7 +125,7 @@ fn quantize_row(
             }
             Ok(())
         }
-        other => super::convert::row_from_f32(other, src, dst),
+        other => convert::row_from_f32(other, src, dst),
     }
 }
 

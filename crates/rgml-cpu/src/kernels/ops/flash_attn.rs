@@ -18,9 +18,11 @@
 //! count, which this kernel cannot know, so on those shapes it agrees with ggml only to
 //! rounding.
 
-use super::vec_float::{self, Flavor};
-use super::vexp;
-use super::{f32_row, scratch_slice, NodeTask, TensorView, ThreadCtx};
+use crate::kernels::dots::float::{self as vec_float, Flavor};
+use crate::kernels::fp16;
+use crate::kernels::task;
+use crate::kernels::task::{f32_row, scratch_slice, NodeTask, TensorView, ThreadCtx};
+use crate::kernels::vexp;
 use half::f16;
 use rgml::{DType, Result};
 
@@ -34,7 +36,7 @@ unsafe fn widen(dtype: DType, ptr: *const u8, n: usize, out: &mut [f32]) {
         // SAFETY: guaranteed by the caller.
         let h = unsafe { std::slice::from_raw_parts(ptr.cast::<u16>(), n) };
         for (o, &b) in out.iter_mut().zip(h) {
-            *o = super::fp16::f16_bits_to_f32(b);
+            *o = fp16::f16_bits_to_f32(b);
         }
     } else {
         // SAFETY: guaranteed by the caller.
@@ -134,7 +136,7 @@ fn flash_attn_ext_impl(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams)
     let (k_row, rest) = rest.split_at_mut(dk);
     let (acc, v_row) = rest.split_at_mut(dv);
     let rows = n_q * n_head * q.ne[3];
-    for r in super::split(rows, tc.ith, tc.nth) {
+    for r in task::split(rows, tc.ith, tc.nth) {
         let at = RowAt::of(r, q);
         let RowAt { iq1, iq2, iq3 } = at;
         let slope = slope(p.max_bias, iq2 as u32, n_head as u32);
@@ -153,7 +155,7 @@ fn flash_attn_ext_impl(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams)
                 Some(m) => {
                     // SAFETY: element `ic < n_kv <= mask.ne0` of an in-bounds f16 mask row.
                     let bits = unsafe { m.cast::<u16>().add(ic).read_unaligned() };
-                    slope * super::fp16::f16_bits_to_f32(bits)
+                    slope * fp16::f16_bits_to_f32(bits)
                 }
                 None => 0.0,
             };
@@ -193,7 +195,7 @@ fn flash_attn_ext_impl(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams)
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
         // SAFETY: row `(head iq2, query iq1)` of the dense f32 destination, written by this
         // thread only (rows are split between threads).
-        let out = unsafe { super::f32_row_mut(dst.row(iq2, iq1, iq3), dv) };
+        let out = unsafe { task::f32_row_mut(dst.row(iq2, iq1, iq3), dv) };
         for (o, &a) in out.iter_mut().zip(acc.iter()) {
             *o = a * inv;
         }
@@ -203,7 +205,7 @@ fn flash_attn_ext_impl(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams)
 
 /// Head `h`'s sink as one more score after the last cell: it weighs in the sum and no V row.
 #[inline(always)]
-fn add_sink(sinks: &super::TensorView, h: usize, max: f32, sum: &mut f32, acc: &mut [f32]) {
+fn add_sink(sinks: &task::TensorView, h: usize, max: f32, sum: &mut f32, acc: &mut [f32]) {
     // SAFETY: element `h < n_head` of the dense f32 sinks vector (the support table checks
     // its length).
     let s = unsafe { sinks.ptr.cast::<f32>().add(h).read_unaligned() };
@@ -233,7 +235,7 @@ fn tiled(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams, scale: f32) -
     let (cell, rest) = rest.split_at_mut(dk.max(dv));
     let (scores, acc) = rest.split_at_mut(TILE);
     let rows = n_q * n_head * q.ne[3];
-    for r in super::split(rows, tc.ith, tc.nth) {
+    for r in task::split(rows, tc.ith, tc.nth) {
         let at = RowAt::of(r, q);
         let RowAt { iq1, iq2, iq3 } = at;
         // SAFETY: a dense, in-bounds f32 row of `q` (the support table checks shapes).
@@ -241,7 +243,7 @@ fn tiled(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams, scale: f32) -
         tiled_row(task, p, scale, at, q_row, cell, scores, acc)?;
         // SAFETY: row `(head iq2, query iq1)` of the dense f32 destination, written by this
         // thread only (rows are split between threads).
-        let out = unsafe { super::f32_row_mut(dst.row(iq2, iq1, iq3), dv) };
+        let out = unsafe { task::f32_row_mut(dst.row(iq2, iq1, iq3), dv) };
         out.copy_from_slice(acc);
     }
     Ok(())
@@ -323,7 +325,7 @@ fn tiled_row(
             if let Some(m) = mask_row {
                 // SAFETY: element `ic + t < n_kv <= mask.ne0` of an in-bounds f16 mask row.
                 let bits = unsafe { m.cast::<u16>().add(ic + t).read_unaligned() };
-                s += slope * super::fp16::f16_bits_to_f32(bits);
+                s += slope * fp16::f16_bits_to_f32(bits);
             }
             *sc = s;
         }

@@ -33,9 +33,12 @@
 // never chosen there: `bf16_products` is false).
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
-use super::isa::CpuFeatures;
-use super::matmul::{prefetch_span, Columns, PREFETCH_AHEAD};
-use super::ThreadCtx;
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::x86;
+use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
+use crate::kernels::task;
+use crate::kernels::task::Columns;
+use crate::kernels::task::ThreadCtx;
 use rgml::{Error, Result};
 
 /// bf16 values per `vdpbf16ps` (tinyBLAS's `KN`).
@@ -86,8 +89,8 @@ pub(crate) fn tinyblas_shape(m: usize, n: usize, k: usize) -> bool {
 /// Runs only where [`CpuFeatures::bf16_products`] holds (an error otherwise).
 pub(crate) fn products(
     f: CpuFeatures,
-    dst: &super::TensorView,
-    a: &super::TensorView,
+    dst: &task::TensorView,
+    a: &task::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
     path_rows: usize,
     tc: &mut ThreadCtx<'_>,
@@ -102,11 +105,11 @@ pub(crate) fn products(
         // two accumulators per row, 16 registers).
         let group = if tinyblas { 4 } else { VEC_DOT_ROWS };
         // Blocks of whole row groups where the rows allow it (edge groups repeat a row).
-        let blk = super::row_block(m, weight_batches, tc.nth, group, group);
+        let blk = task::row_block(m, weight_batches, tc.nth, group, group);
         let nblk = m.div_ceil(blk);
         let row_bytes = a.row_bytes();
         // Blocks on demand: a descheduled thread's share goes to the others.
-        for unit in super::claimed(tc.claim, weight_batches * nblk) {
+        for unit in task::claimed(tc.claim, weight_batches * nblk) {
             let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
             let i0 = (unit % nblk) * blk;
             let rows = i0..(i0 + blk).min(m);
@@ -198,7 +201,7 @@ unsafe fn tile_tinyblas(x: [*const u8; 4], y: [*const u8; 4], k: usize) -> [[f32
             }
             l += KN;
         }
-        let sums = super::matmul::hsum16x16(std::array::from_fn(|j| acc[j / 4][j % 4]));
+        let sums = x86::hsum16x16(std::array::from_fn(|j| acc[j / 4][j % 4]));
         std::array::from_fn(|r| std::array::from_fn(|c| sums[4 * r + c]))
     }
 }
@@ -229,7 +232,7 @@ unsafe fn rows_vec_dot(
             }
             i += 2 * KN;
         }
-        let sums = super::matmul::hsum16x16(std::array::from_fn(|j| {
+        let sums = x86::hsum16x16(std::array::from_fn(|j| {
             if j < VEC_DOT_ROWS {
                 c1[j]
             } else {
@@ -287,7 +290,7 @@ mod tests {
                 *a = dp_lane(*a, [xs[2 * i], xs[2 * i + 1]], [ys[2 * i], ys[2 * i + 1]]);
             }
         }
-        crate::kernels::vexp::hsum16(&acc)
+        crate::kernels::simd::hsum16(&acc)
     }
 
     /// `ggml_vec_dot_bf16` with `__AVX512BF16__`, scalar.
@@ -303,8 +306,8 @@ mod tests {
             }
         }
         let mut s = 0f64;
-        s += f64::from(crate::kernels::vexp::hsum16(&c1));
-        s += f64::from(crate::kernels::vexp::hsum16(&c2));
+        s += f64::from(crate::kernels::simd::hsum16(&c1));
+        s += f64::from(crate::kernels::simd::hsum16(&c2));
         for (&a, &b) in x[n..].iter().zip(&y[n..]) {
             s += f64::from(f(a) * f(b));
         }

@@ -17,9 +17,11 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::fp16::f16_bits_to_f32;
-use super::tiled::hsum8;
-use super::vec_float::{leftovers_f32, leftovers_f64};
+use crate::kernels::dots::float::{leftovers_f32, leftovers_f64};
+use crate::kernels::fp16::f16_bits_to_f32;
+use crate::kernels::simd;
+use crate::kernels::simd::x86::{hsum16, hsum8};
+use crate::kernels::task;
 
 /// Weight element types, as const parameters (`W`) so each kernel is compiled per type.
 pub(crate) const F32: u8 = 0;
@@ -130,9 +132,9 @@ pub(crate) unsafe fn vec_dot<const W: u8>(
     unsafe {
         for k in (0..np).step_by(32) {
             let line = x.add(k * elem_bytes(W)).wrapping_add(ahead);
-            super::matmul::prefetch(line);
+            simd::prefetch(line);
             if W == F32 {
-                super::matmul::prefetch(line.wrapping_add(64));
+                simd::prefetch(line.wrapping_add(64));
             }
             for (j, s) in sum.iter_mut().enumerate() {
                 let xv = load8::<W>(x, k + 8 * j);
@@ -182,20 +184,6 @@ unsafe fn load16<const W: u8>(p: *const u8, i: usize) -> __m512 {
     }
 }
 
-/// The lanes of `v`, summed as `_mm512_reduce_add_ps` sums them ([`super::vexp::hsum16`]'s
-/// order: high 8 + low 8, then `hsum8`), in registers.
-///
-/// # Safety
-/// AVX-512 F and DQ.
-#[inline(always)]
-unsafe fn reduce16(v: __m512) -> f32 {
-    // SAFETY: the caller promises the features.
-    unsafe {
-        let [lo, hi] = super::tiled::halves(v);
-        hsum8(_mm256_add_ps(lo, hi))
-    }
-}
-
 /// [`vec_dot`] as the AVX-512 build computes it: `A` accumulators of 16 lanes (4 for F16 and
 /// F32, folded `(0 + 2) + (1 + 3)` and reduced once; 2 for BF16 without AVX512_BF16, each
 /// reduced and both added in f64), then the same leftovers ([`super::vec_float`]).
@@ -220,7 +208,7 @@ pub(crate) unsafe fn vec_dot16<const W: u8>(
         for k in (0..np).step_by(step) {
             let line = x.add(k * elem_bytes(W)).wrapping_add(ahead);
             for b in (0..step * elem_bytes(W)).step_by(64) {
-                super::matmul::prefetch(line.wrapping_add(b));
+                simd::prefetch(line.wrapping_add(b));
             }
             for (j, s) in sum.iter_mut().enumerate().take(accs) {
                 let xv = load16::<W>(x, k + 16 * j);
@@ -232,11 +220,11 @@ pub(crate) unsafe fn vec_dot16<const W: u8>(
         widen_tail::<W>(x, np, xs);
         let ys = std::slice::from_raw_parts(y.add(np), n - np);
         if W == BF16 {
-            let total = f64::from(reduce16(sum[0])) + f64::from(reduce16(sum[1]));
+            let total = f64::from(hsum16(sum[0])) + f64::from(hsum16(sum[1]));
             return leftovers_f64(total, xs, ys);
         }
         let folded = _mm512_add_ps(_mm512_add_ps(sum[0], sum[2]), _mm512_add_ps(sum[1], sum[3]));
-        let s = reduce16(folded);
+        let s = hsum16(folded);
         if W == F32 {
             leftovers_f32(s, xs, ys)
         } else {
@@ -260,11 +248,11 @@ const COL_BLOCK: usize = 24;
 /// The CPU supports AVX2, FMA and F16C, and with `wide` AVX-512 F, BW, DQ and VL; `a` is F32,
 /// F16 or BF16 with dense rows; `b_row` gives dense f32 rows of `a.ne[0]` values (src1, or its
 /// copy complete since phase 1); with `!pairwise`, `a.ne[0] % 8 == 0` and `!wide`.
-pub(super) unsafe fn products(
-    dst: &super::TensorView,
-    a: &super::TensorView,
+pub(crate) unsafe fn products(
+    dst: &task::TensorView,
+    a: &task::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
-    tc: &mut super::ThreadCtx<'_>,
+    tc: &mut task::ThreadCtx<'_>,
     pairwise: bool,
     wide: bool,
 ) -> rgml::Result<()> {
@@ -288,27 +276,23 @@ pub(super) unsafe fn products(
 /// As [`products`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run<const W: u8>(
-    dst: &super::TensorView,
-    a: &super::TensorView,
+    dst: &task::TensorView,
+    a: &task::TensorView,
     b_row: &dyn Fn(usize, usize, usize) -> *const u8,
-    tc: &mut super::ThreadCtx<'_>,
+    tc: &mut task::ThreadCtx<'_>,
     pairwise: bool,
     wide: bool,
 ) -> rgml::Result<()> {
     let (k, m) = (a.ne[0], a.ne[1]);
-    let cols = super::matmul::Columns::new(dst, a);
+    let cols = task::Columns::new(dst, a);
     let weight_batches = a.ne[2] * a.ne[3];
     let group = if pairwise { 1 } else { 4 };
     // Blocks of whole 4-row tiles (tinyBLAS takes only `m % 4 == 0`).
-    let blk = super::row_block(m, weight_batches, tc.nth, 4, group);
+    let blk = task::row_block(m, weight_batches, tc.nth, 4, group);
     let nblk = m.div_ceil(blk);
-    let ahead = if cols.n == 1 {
-        super::matmul::PREFETCH_AHEAD
-    } else {
-        0
-    };
+    let ahead = if cols.n == 1 { simd::PREFETCH_AHEAD } else { 0 };
     // Blocks on demand: a descheduled thread's share goes to the others.
-    for unit in super::claimed(tc.claim, weight_batches * nblk) {
+    for unit in task::claimed(tc.claim, weight_batches * nblk) {
         let (i02, i03) = ((unit / nblk) % a.ne[2], unit / nblk / a.ne[2]);
         let i0 = (unit % nblk) * blk;
         let rows = i0..(i0 + blk).min(m);
@@ -413,8 +397,8 @@ unsafe fn narrow<const W: u8, const RN: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::vec_float::{self, Flavor};
-    use crate::CpuFeatures;
+    use crate::kernels::dots::float::{self as vec_float, Flavor};
+    use crate::kernels::isa::CpuFeatures;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -470,7 +454,7 @@ mod tests {
             unsafe { tile::<W, 4, 3>(&xp, &yp, n, &mut out) };
             for r in 0..4 {
                 for c in 0..3 {
-                    let want = super::super::matmul::dot_f32(f, &xf[r], &yf[c]);
+                    let want = crate::kernels::dots::float::dot_f32_tinyblas(f, &xf[r], &yf[c]);
                     assert_eq!(out[r][c].to_bits(), want.to_bits(), "tile {flavor:?} n {n}");
                 }
             }
@@ -478,7 +462,7 @@ mod tests {
     }
 
     /// Both kernels give the portable definitions' bits ([`vec_float`] and tinyBLAS's
-    /// `dot_f32`), and stay near the f64 dot.
+    /// `dot_f32_tinyblas`), and stay near the f64 dot.
     #[test]
     fn kernels_equal_the_portable_orders() {
         let f = CpuFeatures::resolve(Some(crate::IsaChoice::Avx2));

@@ -3,8 +3,12 @@
 //!
 //! Threads split destination rows. Inner loops run over contiguous slices so they vectorize.
 
-use super::convert::{row_from_f32, row_to_f32};
-use super::{bytes, bytes_mut, f32_row_for_write, f32_row_mut, scratch_slice, NodeTask, ThreadCtx};
+use crate::kernels::blocks::convert::{row_from_f32, row_to_f32};
+use crate::kernels::fp16;
+use crate::kernels::task::{
+    bytes, bytes_mut, f32_row_for_write, f32_row_mut, scratch_slice, NodeTask, ThreadCtx,
+};
+use crate::kernels::vexp;
 use rgml::{DType, Op, Result, UnaryOp};
 
 /// GELU's tanh approximation constants (as ggml).
@@ -26,7 +30,7 @@ fn gelu_table() -> &'static [u16] {
     TABLE.get_or_init(|| {
         (0..=u16::MAX)
             .map(|bits| {
-                let y = gelu_f32(super::fp16::f16_bits_to_f32(bits));
+                let y = gelu_f32(fp16::f16_bits_to_f32(bits));
                 // ggml's table holds quiet NaNs without payload (of the sign x86 arithmetic
                 // gives); half would keep payloads.
                 if y.is_nan() {
@@ -50,7 +54,7 @@ fn gelu_with(table: &[u16], x: f32) -> f32 {
         x
     } else {
         let bits = half::f16::from_f32(x).to_bits();
-        super::fp16::f16_bits_to_f32(table[usize::from(bits)])
+        fp16::f16_bits_to_f32(table[usize::from(bits)])
     }
 }
 
@@ -146,7 +150,7 @@ fn silu_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         // SAFETY: as in `map_rows`.
         unsafe {
             let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, tc.scratch)?;
-            super::vexp::silu_row(task.features, f32_row_mut(drow, ne0), x, None);
+            vexp::silu_row(task.features, f32_row_mut(drow, ne0), x, None);
         }
     }
     Ok(())
@@ -188,9 +192,7 @@ pub(crate) fn geglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
 pub(crate) fn swiglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let features = task.features;
     // ggml_vec_swiglu_f32: ggml_v_silu on groups of 8, expf on the tail.
-    gated_rows(task, tc, |d, x, g| {
-        super::vexp::silu_row(features, d, x, Some(g))
-    })
+    gated_rows(task, tc, |d, x, g| vexp::silu_row(features, d, x, Some(g)))
 }
 
 /// Run `f(dst_row, src0_row, src1_row)` over this thread's rows of a gated unit.

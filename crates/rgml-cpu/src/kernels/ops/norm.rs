@@ -1,6 +1,6 @@
 //! Row normalisations: RMS_NORM and NORM. Sums accumulate in f64 as ggml does.
 
-use super::{f32_row_for_write, f32_row_mut, NodeTask, ThreadCtx};
+use crate::kernels::task::{f32_row_for_write, f32_row_mut, NodeTask, ThreadCtx};
 use rgml::Result;
 
 /// Sum of `x` in f64, with independent partial sums so the loop vectorizes.

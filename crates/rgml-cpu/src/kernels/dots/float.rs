@@ -1,6 +1,6 @@
 //! ggml's `ggml_vec_dot_f16`, `ggml_vec_dot_bf16` and `ggml_vec_dot_f32`: the dot products a
 //! native ggml-cpu build runs for F16, BF16 and F32 weights pair by pair, where llamafile's
-//! tinyBLAS ([`super::matmul::dot_f32`]'s order) declines: one activation row (generation
+//! tinyBLAS ([`crate::kernels::dots::float::dot_f32_tinyblas`]'s order) declines: one activation row (generation
 //! steps, the last block's FFN and the output projection), a row length that is not a multiple
 //! of the vector width, or a weight row count that is not a multiple of 4.
 //!
@@ -20,7 +20,9 @@
 //! FMA when there are at most 3). The AVX-512 build's leftovers are the same (checked against
 //! that build on an AVX-512 CPU: the K = 544 cases of `tests/ggml_matmul.rs`).
 
-use super::vexp::{hsum16, hsum8};
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd;
+use crate::kernels::simd::{hsum16, hsum8};
 
 /// Which of ggml's float `vec_dot` kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +106,7 @@ pub(super) fn accumulate<const L: usize, const A: usize>(
 
 /// F16/BF16 leftovers: each f32 product added in f64, the total rounded once.
 #[inline(always)]
-pub(super) fn leftovers_f64(mut total: f64, x: &[f32], y: &[f32]) -> f32 {
+pub(crate) fn leftovers_f64(mut total: f64, x: &[f32], y: &[f32]) -> f32 {
     for (a, b) in x.iter().zip(y) {
         total += f64::from(a * b);
     }
@@ -114,7 +116,7 @@ pub(super) fn leftovers_f64(mut total: f64, x: &[f32], y: &[f32]) -> f32 {
 /// F32 leftovers as GCC compiled `sumf += x[i]*y[i]` for the AVX2 build: groups of four
 /// rounded products added in order, then the rest by FMA (all by FMA when fewer than 4).
 #[inline(always)]
-pub(super) fn leftovers_f32(mut sum: f32, x: &[f32], y: &[f32]) -> f32 {
+pub(crate) fn leftovers_f32(mut sum: f32, x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     let grouped = if n <= 3 { 0 } else { n - n % 4 };
     for (a, b) in x[..grouped].iter().zip(&y[..grouped]) {
@@ -141,10 +143,77 @@ pub(super) fn reduce<const L: usize>(v: &[f32; L], hadd: bool) -> f32 {
     (t[0] + t[1]) + (t[2] + t[3])
 }
 
+/// f32 dot product in tinyBLAS's order for the build `f` mirrors (see [`super::isa`]); uses
+/// AVX2+FMA code generation when the CPU has it.
+#[inline]
+pub(crate) fn dot_f32_tinyblas(f: CpuFeatures, x: &[f32], y: &[f32]) -> f32 {
+    let wide = f.wide();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if f.has_avx2() {
+            // SAFETY: `f` says the CPU has AVX2 and FMA.
+            return unsafe { dot_f32_avx2(x, y, wide) };
+        }
+    }
+    if wide {
+        dot_f32_generic::<16>(x, y, f32::mul_add)
+    } else {
+        dot_f32_generic::<8>(x, y, f32::mul_add)
+    }
+}
+
+/// The same loop compiled for AVX2+FMA (no hand-written intrinsics: the target features let the
+/// compiler use 8-wide registers and fused multiply-adds).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f32_avx2(x: &[f32], y: &[f32], wide: bool) -> f32 {
+    if wide {
+        dot_f32_generic::<16>(x, y, f32::mul_add)
+    } else {
+        dot_f32_generic::<8>(x, y, f32::mul_add)
+    }
+}
+
+/// Dot product as llamafile's tinyBLAS computes each output of an F32/F16 matmul (llama.cpp's
+/// path for attention): one `L`-lane accumulator (8 on AVX2, `tinyBLAS<8, __m256, ...>`; 16 on
+/// AVX-512, `tinyBLAS<16, __m512, ...>`), `acc = fma(a, b, acc)` for `k` in steps of `L`, then
+/// `hsum` (the AVX `hsum`, or `_mm512_reduce_add_ps`). A tail of `k % L` elements goes into
+/// lanes `0..k % L`, which is what tinyBLAS computes on llama.cpp's zero-padded KV cache.
+#[inline(always)]
+fn dot_f32_generic<const L: usize>(
+    x: &[f32],
+    y: &[f32],
+    fma: impl Fn(f32, f32, f32) -> f32,
+) -> f32 {
+    let mut acc = [0f32; L];
+    let (xc, yc) = (x.chunks_exact(L), y.chunks_exact(L));
+    let (xt, yt) = (xc.remainder(), yc.remainder());
+    for (a, b) in xc.zip(yc) {
+        for k in 0..L {
+            acc[k] = fma(a[k], b[k], acc[k]);
+        }
+    }
+    for (k, (a, b)) in xt.iter().zip(yt).enumerate() {
+        acc[k] = fma(*a, *b, acc[k]);
+    }
+    if L == 16 {
+        let mut w = [0f32; 16];
+        w.copy_from_slice(&acc[..16]);
+        simd::hsum16(&w)
+    } else {
+        let mut w = [0f32; 8];
+        w.copy_from_slice(&acc[..8]);
+        simd::hsum8(&w)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::CpuFeatures;
+    use crate::kernels::isa::CpuFeatures;
     use half::f16;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 

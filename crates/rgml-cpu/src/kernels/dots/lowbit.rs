@@ -15,87 +15,14 @@
 //! The portable functions compute the same lanes with plain integer code and the same float
 //! operations, so both forms give the same bits.
 
-use super::vexp::hsum8;
-use crate::CpuFeatures;
-use rgml::quant::{
-    BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K, KVALUES_IQ4NL, QK_K,
+use crate::kernels::blocks::lowbit::iq4_values;
+use crate::kernels::blocks::lowbit::{
+    iq4xs_scales, iq4xs_values, q2k_quants, q3k_codes, q3k_scales,
 };
-
-/// The 256 2-bit quants of a Q2_K (or the low bits of a Q3_K) super-block in element order:
-/// for each 128 values, byte `l` of the 32-byte group holds values `l + 32 t` at bits `2t`.
-#[inline(always)]
-fn low2_quants(qs: &[u8; 64], q: &mut [u8; QK_K]) {
-    for h in 0..2 {
-        for t in 0..4 {
-            for l in 0..32 {
-                q[128 * h + 32 * t + l] = (qs[32 * h + l] >> (2 * t)) & 3;
-            }
-        }
-    }
-}
-
-/// Q2_K quants in element order (0..4).
-#[inline(always)]
-pub(crate) fn q2k_quants(x: &BlockQ2_K, q: &mut [u8; QK_K]) {
-    low2_quants(&x.qs, q);
-}
-
-/// Q3_K codes in element order, unsigned (0..8; the value is `code - 4`): the low 2 bits and
-/// the hmask bit as bit 2 (value `j`'s at bit `j / 32` of byte `j % 32`).
-#[inline(always)]
-pub(crate) fn q3k_codes(x: &BlockQ3_K, q: &mut [u8; QK_K]) {
-    low2_quants(&x.qs, q);
-    for (j, v) in q.iter_mut().enumerate() {
-        *v |= ((x.hmask[j % 32] >> (j / 32)) & 1) << 2;
-    }
-}
-
-/// Q3_K's 16 sub-block scales, signed (`scale - 32`).
-#[inline(always)]
-pub(crate) fn q3k_scales(x: &BlockQ3_K) -> [i8; 16] {
-    // ggml's word-wise unpacking (`aux`, `kmask1/2` in its x86 dot): each word's low nibbles
-    // or high nibbles, with the matching 2-bit field of word 2 as bits 4..6 (`q3_k_scale` for
-    // every `j`, a dozen integer operations instead of 16 extractions).
-    const KMASK1: u32 = 0x0303_0303;
-    const KMASK2: u32 = 0x0f0f_0f0f;
-    let s = &x.scales;
-    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
-    let (a0, a1, t) = (w(0), w(1), w(2));
-    let words = [
-        (a0 & KMASK2) | ((t & KMASK1) << 4),
-        (a1 & KMASK2) | (((t >> 2) & KMASK1) << 4),
-        ((a0 >> 4) & KMASK2) | (((t >> 4) & KMASK1) << 4),
-        ((a1 >> 4) & KMASK2) | (((t >> 6) & KMASK1) << 4),
-    ];
-    std::array::from_fn(|j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8 - 32)
-}
-
-/// IQ4_XS's 8 sub-block scales, signed (`ls - 32`).
-#[inline(always)]
-pub(crate) fn iq4xs_scales(x: &BlockIQ4_XS) -> [i8; 8] {
-    std::array::from_fn(|ib| {
-        let lo = (x.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
-        let hi = ((x.scales_h >> (2 * ib)) & 3) as u8;
-        (lo | (hi << 4)) as i8 - 32
-    })
-}
-
-/// The 32 codebook values of 16 packed bytes in element order (low nibbles first).
-#[inline(always)]
-fn iq4_values(qs: &[u8], v: &mut [i8]) {
-    for (j, &b) in qs.iter().enumerate().take(16) {
-        v[j] = KVALUES_IQ4NL[usize::from(b & 0x0F)];
-        v[j + 16] = KVALUES_IQ4NL[usize::from(b >> 4)];
-    }
-}
-
-/// IQ4_XS values in element order.
-#[inline(always)]
-pub(crate) fn iq4xs_values(x: &BlockIQ4_XS, v: &mut [i8; QK_K]) {
-    for (qs, vs) in x.qs.chunks_exact(16).zip(v.chunks_exact_mut(32)) {
-        iq4_values(qs, vs);
-    }
-}
+use crate::kernels::dots::run;
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::hsum8;
+use rgml::quant::{BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K, QK_K};
 
 /// ggml's 8 i32 lanes of a super-block of signed values `q`: lane `k` = `sum_chunk
 /// scale(chunk, k) * sum_{b in 4k..4k+4} q[32 chunk + b] * y[32 chunk + b]`, with one scale per
@@ -238,19 +165,18 @@ fn iq4nl_tail(head: f32, bx: &BlockIQ4_NL, by: &BlockQ8_0) -> f32 {
 /// The matrix-vector kernel of IQ4_NL weights, where the CPU has AVX2 (under either build's
 /// arithmetic: ggml's AVX-512 build runs the AVX2 `vec_dot` for IQ4_NL).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn iq4_nl_matvec(f: CpuFeatures) -> Option<super::tiled::MatvecKernel> {
-    f.has_avx2()
-        .then_some(matvec_iq4_nl as super::tiled::MatvecKernel)
+pub(crate) fn iq4_nl_matvec(f: CpuFeatures) -> Option<run::MatvecKernel> {
+    f.has_avx2().then_some(matvec_iq4_nl as run::MatvecKernel)
 }
 
 /// `out[r]` = [`dot_iq4_nl_q8_0`] of weight row `r` of `run` and its activation row, bit for
-/// bit, for every row of the run ([`super::tiled::MatvecKernel`]).
+/// bit, for every row of the run ([`crate::kernels::dots::run::MatvecKernel`]).
 ///
 /// # Safety
-/// As [`super::tiled::MatvecKernel`] for IQ4_NL rows and Q8_0 activations, on a CPU with AVX2,
+/// As [`crate::kernels::dots::run::MatvecKernel`] for IQ4_NL rows and Q8_0 activations, on a CPU with AVX2,
 /// FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-unsafe fn matvec_iq4_nl(run: super::tiled::RowRun, out: &mut [f32]) {
+unsafe fn matvec_iq4_nl(run: run::RowRun, out: &mut [f32]) {
     // SAFETY: forwarded from the caller.
     unsafe { avx2::matvec_iq4_nl_pairs(run, out) };
     if run.nb % 2 == 1 {

@@ -1,32 +1,17 @@
 //! The low-bit dots with AVX2 intrinsics, in ggml's order where it matters (the float
 //! operations; the integer lanes are exact whatever computes them).
 
-use super::{iq4xs_scales, q3k_scales};
-use crate::kernels::matmul::{prefetch_span, PREFETCH_AHEAD};
-use crate::kernels::tiled::RowRun;
+use crate::kernels::blocks::lowbit::{iq4_values_avx2 as iq4_values, iq4xs_scales, q3k_scales};
+use crate::kernels::dots::run::RowRun;
+use crate::kernels::simd::x86::{hsum8_avx2, load256, mul_add_i8};
+use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
+use rgml::quant::QK_K;
 use rgml::quant::{BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K};
-use rgml::quant::{KVALUES_IQ4NL, QK_K};
 use std::arch::x86_64::*;
 use std::mem::size_of;
 
-/// `hsum_float_8`.
-#[inline(always)]
-fn hsum(v: __m256) -> f32 {
-    // SAFETY: AVX; every caller is compiled with AVX2 enabled.
-    unsafe { crate::kernels::tiled::hsum8(v) }
-}
-
+use crate::kernels::fp16;
 use crate::kernels::fp16::f16_to_f32 as h2f;
-
-/// 32 bytes at `p`.
-///
-/// # Safety
-/// 32 readable bytes at `p`; AVX.
-#[inline(always)]
-unsafe fn load(p: *const u8) -> __m256i {
-    // SAFETY: as the caller promises; loadu has no alignment requirement.
-    unsafe { _mm256_loadu_si256(p.cast()) }
-}
 
 /// The madd operand scaling bytes 0..16 of chunk `c` by scale `2c` and bytes 16..32 by
 /// scale `2c + 1` of the 16 signed byte scales in `sc`: ggml's `get_scale_shuffle` and a sign
@@ -70,15 +55,15 @@ pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
             let packed = _mm_loadu_si128(bx.scales.as_ptr().cast());
             let sc = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
             let mins8 = _mm_and_si128(_mm_srli_epi16::<4>(packed), _mm_set1_epi8(0x0F));
-            let bsums = load(by.bsums.as_ptr().cast());
+            let bsums = load256(by.bsums.as_ptr().cast());
             let prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mins8), bsums);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
             let mut sumi = _mm256_setzero_si256();
             for h in 0..2 {
-                let bits = load(bx.qs.as_ptr().add(32 * h));
+                let bits = load256(bx.qs.as_ptr().add(32 * h));
                 for t in 0..4 {
                     let c = 4 * h + t;
-                    let yv = load(by.qs.as_ptr().add(32 * c).cast());
+                    let yv = load256(by.qs.as_ptr().add(32 * c).cast());
                     let p = _mm256_maddubs_epi16(field2(bits, t as i32), yv);
                     let s = scale_pair(sc, c);
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
@@ -87,7 +72,7 @@ pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         }
     }
-    hsum(acc)
+    hsum8_avx2(acc)
 }
 
 /// # Safety
@@ -102,14 +87,14 @@ pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
         // local scales `sc`.
         unsafe {
             let sc = _mm_loadu_si128(sc.as_ptr().cast());
-            let hbits = load(bx.hmask.as_ptr());
+            let hbits = load256(bx.hmask.as_ptr());
             let four = _mm256_set1_epi8(4);
             let mut sumi = _mm256_setzero_si256();
             for h in 0..2 {
-                let bits = load(bx.qs.as_ptr().add(32 * h));
+                let bits = load256(bx.qs.as_ptr().add(32 * h));
                 for t in 0..4 {
                     let c = 4 * h + t;
-                    let yv = load(by.qs.as_ptr().add(32 * c).cast());
+                    let yv = load256(by.qs.as_ptr().add(32 * c).cast());
                     // Chunk c's third bits are bit c of the hmask bytes; a clear bit means -4.
                     let bit = _mm256_set1_epi8(1 << c);
                     let clear =
@@ -124,36 +109,7 @@ pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         }
     }
-    hsum(acc)
-}
-
-/// The 32 codebook values of the 16 packed bytes at `qs` in element order (low nibbles in the
-/// low 128 bits).
-///
-/// # Safety
-/// 16 readable bytes at `qs`; AVX2.
-#[inline(always)]
-pub(crate) unsafe fn iq4_values(qs: *const u8) -> __m256i {
-    // SAFETY: as the caller promises; the codebook is 16 bytes.
-    unsafe {
-        let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
-        let m4 = _mm_set1_epi8(0x0F);
-        let b = _mm_loadu_si128(qs.cast());
-        let lo = _mm_shuffle_epi8(table, _mm_and_si128(b, m4));
-        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(b), m4));
-        _mm256_set_m128i(hi, lo)
-    }
-}
-
-/// 16 i16 pair sums of signed `v` times signed `y` (`mul_add_epi8`: `|v|` times `y * sign(v)`;
-/// no saturation: neither operand is -128, so a pair is at most 2 * 127 * 127).
-///
-/// # Safety
-/// AVX2.
-#[inline(always)]
-pub(crate) unsafe fn mul_add_i8(v: __m256i, y: __m256i) -> __m256i {
-    // SAFETY: AVX2 as promised.
-    unsafe { _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(y, v)) }
+    hsum8_avx2(acc)
 }
 
 /// [`dot_iq4_nl_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
@@ -198,18 +154,18 @@ unsafe fn iq4_nl_rows<const R: usize>(nb: usize, x: [*const u8; R], y: *const u8
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for i in 0..nb - nb % 2 {
             let py = y.add(i * yb);
-            let dy = crate::kernels::tiled::h2f(py);
-            let yv = load(py.add(2));
+            let dy = fp16::h2f(py);
+            let yv = load256(py.add(2));
             for (acc, &xr) in acc.iter_mut().zip(&x) {
                 let px = xr.add(i * xb);
-                let d = dy * crate::kernels::tiled::h2f(px);
+                let d = dy * fp16::h2f(px);
                 let v = iq4_values(px.add(2));
                 let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
                 acc[i % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[i % 2]);
             }
         }
         for (o, acc) in out.iter_mut().zip(&acc) {
-            *o = hsum(_mm256_add_ps(acc[0], acc[1]));
+            *o = hsum8_avx2(_mm256_add_ps(acc[0], acc[1]));
         }
     }
 }
@@ -227,7 +183,7 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
             let mut sumi = _mm256_setzero_si256();
             for (ib, &s) in sc.iter().enumerate().take(QK_K / 32) {
                 let v = iq4_values(bx.qs.as_ptr().add(16 * ib));
-                let yv = load(by.qs.as_ptr().add(32 * ib).cast());
+                let yv = load256(by.qs.as_ptr().add(32 * ib).cast());
                 let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(i16::from(s)));
                 sumi = _mm256_add_epi32(sumi, p);
             }
@@ -235,7 +191,7 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
         }
     }
-    hsum(acc)
+    hsum8_avx2(acc)
 }
 
 /// [`iq4_nl_rows`] for one row (the blocks given: an even number).

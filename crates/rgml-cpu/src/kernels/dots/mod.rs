@@ -6,12 +6,18 @@
 //! AVX2 branches, which ggml's AVX-512 builds run as well): exact integer sums per block in
 //! ggml's 8 lanes, the block scales applied with the same FMAs, the same horizontal sums. Each
 //! has an AVX2 form and a portable one giving the same bits (the K-quants live in
-//! [`super::kquant_dot`], the low-bit types in [`super::lowbit_dot`]). The typed `dot_*` functions let the matmul kernel skip the per-call
+//! [`kquant`], the low-bit types in [`lowbit`]). The typed `dot_*` functions let the matmul kernel skip the per-call
 //! dispatch of [`vec_dot`]; they take the [`CpuFeatures`] the caller resolved (e.g.
 //! [`CpuFeatures::detect`]) and use AVX2 where it says the CPU has AVX2, FMA and F16C.
 
-use super::vexp::hsum8;
-use crate::CpuFeatures;
+pub(crate) mod float;
+pub(crate) mod kquant;
+pub(crate) mod lowbit;
+pub(crate) mod run;
+
+use crate::kernels::blocks::legacy::legacy_quants;
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::hsum8;
 use bytemuck::Pod;
 use half::{bf16, f16};
 use rgml::quant::{
@@ -144,22 +150,6 @@ pub fn dot_bf16_f32(x: &[bf16], y: &[f32]) -> f32 {
 // contracts `summs += m * s`; the product of two f16 values is exact, so it is also a plain
 // add). The portable forms below compute the same lanes with integer code.
 
-/// A block's weight quants in element order (`q[j]`, `q[j + 16]` from byte j's nibbles), with
-/// the fifth bits of `qh` when given, minus `offset`.
-#[inline(always)]
-fn legacy_quants(qs: &[u8; 16], qh: Option<[u8; 4]>, offset: i8) -> [i8; 32] {
-    let qh = qh.map_or(0, u32::from_le_bytes);
-    std::array::from_fn(|e| {
-        let nibble = if e < 16 {
-            qs[e] & 0x0F
-        } else {
-            qs[e - 16] >> 4
-        };
-        let high = ((qh >> e) & 1) as u8;
-        (nibble | (high << 4)) as i8 - offset
-    })
-}
-
 /// ggml's 8 lanes of a block product: lane k = `sum(x[e] * y[e])` over e in 4k..4k + 4.
 #[inline(always)]
 fn lane_sums(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
@@ -287,8 +277,10 @@ fn dot_q8_0_q8_0_scalar(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     hsum8(&acc)
 }
 
-pub use super::kquant_dot::{dot_q4_k_q8_k, dot_q5_k_q8_k, dot_q6_k_q8_k};
-pub use super::lowbit_dot::{dot_iq4_nl_q8_0, dot_iq4_xs_q8_k, dot_q2_k_q8_k, dot_q3_k_q8_k};
+pub use crate::kernels::dots::kquant::{dot_q4_k_q8_k, dot_q5_k_q8_k, dot_q6_k_q8_k};
+pub use crate::kernels::dots::lowbit::{
+    dot_iq4_nl_q8_0, dot_iq4_xs_q8_k, dot_q2_k_q8_k, dot_q3_k_q8_k,
+};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -299,25 +291,14 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use crate::kernels::fp16::f16_to_f32 as h2f;
-
-    /// Horizontal sum of 8 f32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps::<1>(v);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
+    use crate::kernels::simd::x86::{hsum8_avx2, load256};
 
     /// 32 bytes from a 32-byte array.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn load32(a: &[i8; 32]) -> __m256i {
-        // SAFETY: `a` is exactly 32 readable bytes; loadu has no alignment requirement.
-        unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }
+        // SAFETY: `a` is exactly 32 readable bytes, and AVX2 is enabled here.
+        unsafe { load256(a.as_ptr().cast()) }
     }
 
     /// The 16 nibble bytes of a 4-bit block unpacked into 32 bytes in element order
@@ -365,7 +346,7 @@ mod avx2 {
             let p = mul_sum_i8(qx, load32(&by.qs));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
-        hsum(acc)
+        hsum8_avx2(acc)
     }
 
     /// # Safety
@@ -380,7 +361,7 @@ mod avx2 {
             let p = mul_sum_us8(unpack_nibbles(&bx.qs), load32(&by.qs));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
-        hsum(acc) + summs
+        hsum8_avx2(acc) + summs
     }
 
     /// `bytes_from_bits_32` of a Q5 block's high bits ([`crate::kernels::tiled`]'s).
@@ -388,7 +369,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn bits_to_bytes(qh: [u8; 4]) -> __m256i {
         // SAFETY: this function's target features include AVX2.
-        unsafe { crate::kernels::tiled::bits_to_bytes(i32::from_le_bytes(qh)) }
+        unsafe { crate::kernels::simd::x86::bits_to_bytes(i32::from_le_bytes(qh)) }
     }
 
     /// # Safety
@@ -404,7 +385,7 @@ mod avx2 {
             let p = mul_sum_i8(qx, load32(&by.qs));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
-        hsum(acc)
+        hsum8_avx2(acc)
     }
 
     /// # Safety
@@ -420,7 +401,7 @@ mod avx2 {
             let p = mul_sum_us8(qx, load32(&by.qs));
             acc = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(bx.d) * h2f(by.d)), acc);
         }
-        hsum(acc) + summs
+        hsum8_avx2(acc) + summs
     }
 
     /// # Safety
@@ -433,7 +414,7 @@ mod avx2 {
             let p = mul_sum_i8(load32(&bx.qs), load32(&by.qs));
             acc = _mm256_fmadd_ps(d, p, acc);
         }
-        hsum(acc)
+        hsum8_avx2(acc)
     }
 }
 

@@ -18,9 +18,12 @@
 //! way (IQ4_XS's signed values go through `|q|` and `y * sign(q)`, as in ggml, since `q + 128`
 //! would overflow `maddubs`), and the float steps are the same on both.
 
-use super::isa::CpuFeatures;
-use super::kquant_dot::{q4k_quants, q5k_quants, q6k_quants, scales_mins};
-use super::lowbit_dot::{iq4xs_scales, iq4xs_values, q2k_quants, q3k_codes, q3k_scales};
+use crate::kernels::blocks::kquant::{q4k_quants, q5k_quants, q6k_quants, scales_mins};
+use crate::kernels::blocks::lowbit::{
+    iq4xs_scales, iq4xs_values, q2k_quants, q3k_codes, q3k_scales,
+};
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::x86;
 use rgml::quant::{BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, QK_K};
 use rgml::DType;
 
@@ -337,7 +340,7 @@ unsafe fn sums_avx2<const K: u8>(w: &Decoded, y: *const i8, bsums: &[i16; 16]) -
             let yv = _mm256_loadu_si256(y.add(32 * c).cast());
             let s = _mm256_loadu_si256(w.scales[c].as_ptr().cast());
             let p = if K == IQ4XS {
-                super::lowbit_dot::avx2::mul_add_i8(q, yv)
+                x86::mul_add_i8(q, yv)
             } else {
                 _mm256_maddubs_epi16(q, yv)
             };

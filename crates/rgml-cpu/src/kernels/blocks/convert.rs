@@ -180,18 +180,6 @@ fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     rgml::quant::dequantize_row(dtype, src, dst)
 }
 
-/// Dot product of `n` elements: `x` a row of weight type `xtype`, `y` a row of
-/// `xtype.vec_dot_type()` (quantized types only; plain types are handled by the matmul kernel).
-pub(crate) fn vec_dot_quant(
-    f: super::isa::CpuFeatures,
-    xtype: DType,
-    n: usize,
-    x: &[u8],
-    y: &[u8],
-) -> Result<f32> {
-    super::dot::vec_dot(f, xtype, n, x, y)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

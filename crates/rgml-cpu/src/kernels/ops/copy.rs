@@ -5,8 +5,9 @@
 //! in the same order, as ggml's dup. Threads split destination rows; each destination row is
 //! filled from one or more runs ("segments") of source rows.
 
-use super::convert::{load_f32, row_from_f32, row_to_f32, store_f32};
-use super::{bytes, bytes_mut, scratch_slice, NodeTask, TensorView, ThreadCtx};
+use crate::kernels::blocks::convert;
+use crate::kernels::blocks::convert::{load_f32, row_from_f32, row_to_f32, store_f32};
+use crate::kernels::task::{bytes, bytes_mut, scratch_slice, NodeTask, TensorView, ThreadCtx};
 use rgml::{DType, Result, Tensor};
 
 /// Whether [`dup`] handles copying `src` into `dst`.
@@ -29,7 +30,7 @@ pub(crate) fn supported(src: &Tensor, dst: &Tensor) -> bool {
             true
         };
     }
-    let q = super::quant_available();
+    let q = convert::quant_available();
     (plain(src.dtype) && plain(dst.dtype))
         || (q && plain(src.dtype) && quant_dst(dst.dtype) && dst.rows_contiguous())
         || (q && src.dtype.is_quantized() && dst.dtype == F32 && src.rows_contiguous())

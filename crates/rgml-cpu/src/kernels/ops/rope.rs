@@ -8,7 +8,10 @@
 //! ([`rotate`], [`fused_pairs`], [`yarn_mix`]); `tests/ggml_rope.rs` checks them against ggml's
 //! own output.
 
-use super::{f32_row, f32_row_for_write, f32_row_mut, scratch_slice, NodeTask, ThreadCtx};
+use crate::kernels::task;
+use crate::kernels::task::{
+    f32_row, f32_row_for_write, f32_row_mut, scratch_slice, NodeTask, ThreadCtx,
+};
 use rgml::{Result, RopeMode, RopeParams};
 
 /// YaRN correction dim for `n_rot` rotations (ggml's `ggml_rope_yarn_corr_dim`).
@@ -142,7 +145,7 @@ fn rope_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<
     let (cache, rest) = tc.scratch.split_at_mut(n_dims.min(tc.scratch.len()));
     let cache = scratch_slice(cache, n_dims)?;
     let mut cached: Option<usize> = None;
-    for r in super::split(dst.nrows(), tc.ith, tc.nth) {
+    for r in task::split(dst.nrows(), tc.ith, tc.nth) {
         let (i1, i2, i3) = dst.row_index(r);
         if cached != Some(i2) {
             // SAFETY: `pos` is a dense I32 vector with at least `ne2` entries (support table).

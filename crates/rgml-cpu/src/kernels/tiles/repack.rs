@@ -19,7 +19,7 @@
 //! unchanged. Packed blocks are 72 (Q4_0), 80 (Q4_1) and 136 (Q8_0) bytes.
 //!
 //! # Exactness
-//! [`tile`] gives, bit for bit, what [`super::convert::vec_dot_quant`] gives on the unpacked
+//! [`tile`] gives, bit for bit, what [`crate::kernels::dots::vec_dot`] gives on the unpacked
 //! rows (ggml's AVX2 per-pair dots): each pair's 8 f32 lanes receive per block the same exact
 //! integer sums of 4 byte products, the same scale product `d_x * d_y` and the same FMA; Q4_1's
 //! min terms are multiplied then added in block order; the final horizontal sum associates as
@@ -32,9 +32,12 @@ use std::arch::x86_64::*;
 
 use rgml::{DType, Error, Result};
 
-use super::isa::CpuFeatures;
+use crate::kernels::dots;
 #[cfg(target_arch = "x86_64")]
-use super::tiled::{h2f, halves, hsum8};
+use crate::kernels::fp16::h2f;
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::x86::{halves, hsum8};
+use crate::kernels::tiles::legacy;
 
 /// Rows per interleaved group.
 pub(crate) const GROUP_ROWS: usize = 4;
@@ -51,7 +54,7 @@ pub(crate) fn supported(dtype: DType) -> bool {
 /// `f` describes: AVX-512 F/BW/DQ/VL with VNNI, and the kernels mirror an AVX-512 ggml build
 /// ([`CpuFeatures::isa`]). Otherwise [`tile`] unpacks each group into scratch first.
 pub(crate) fn fast(f: CpuFeatures) -> bool {
-    super::tiled::build(f) == Some(super::tiled::TiledIsa::Avx512Vnni) && f.wide()
+    legacy::build(f) == Some(legacy::TiledIsa::Avx512Vnni) && f.wide()
 }
 
 /// Per-dtype geometry of a ggml block: bytes, number of leading f16 fields, quant bytes.
@@ -221,7 +224,7 @@ pub(crate) fn unpack_row(
     Ok(())
 }
 
-/// `out[r * out_stride + c]` = `vec_dot_quant(dtype, 32 * nb, row r of the group, y[c])` for
+/// `out[r * out_stride + c]` = `vec_dot(dtype, 32 * nb, row r of the group, y[c])` for
 /// `r` in 0..4 and every column `c`, bit for bit.
 ///
 /// `y[c]` are activation rows already quantized to `dtype.vec_dot_type()` (Q8_0 for Q4_0 and
@@ -429,12 +432,12 @@ unsafe fn tile_unpacked(
         fill_nan(out);
         return;
     }
-    if super::tiled::supported(f, dtype) {
+    if legacy::supported(f, dtype) {
         let base = rows.as_ptr();
         let x: [*const u8; GROUP_ROWS] = std::array::from_fn(|r| base.wrapping_add(r * row_bytes));
         // SAFETY: tiled::supported(f, dtype); the four rows are `nb` dense blocks in scratch;
         // columns and `out` as the caller promises.
-        unsafe { super::tiled::tile(f, dtype, nb, &x, y, out, out_stride) };
+        unsafe { legacy::tile(f, dtype, nb, &x, y, out, out_stride) };
         return;
     }
     let yb = nb * dtype.vec_dot_type().block_bytes();
@@ -442,8 +445,7 @@ unsafe fn tile_unpacked(
         for (c, &yc) in y.iter().enumerate() {
             // SAFETY: the caller promises `nb` readable activation blocks at each `y[c]`.
             let ys = unsafe { std::slice::from_raw_parts(yc, yb) };
-            out[r * out_stride + c] =
-                super::convert::vec_dot_quant(f, dtype, 32 * nb, row, ys).unwrap_or(f32::NAN);
+            out[r * out_stride + c] = dots::vec_dot(f, dtype, 32 * nb, row, ys).unwrap_or(f32::NAN);
         }
     }
 }
@@ -841,8 +843,8 @@ unsafe fn tile_q8<const NC: usize, const G: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::activations::quantize_activations;
-    use crate::kernels::convert::vec_dot_quant;
+    use crate::kernels::blocks::activations::quantize_activations;
+    use crate::kernels::dots::vec_dot;
     use crate::kernels::isa::CpuFeatures;
     use half::f16;
     use rand::rngs::StdRng;
@@ -1027,14 +1029,9 @@ mod tests {
                     }
                     for r in 0..4 {
                         for c in 0..nc {
-                            let want = vec_dot_quant(
-                                hw(),
-                                dtype,
-                                ne0,
-                                &src[r * rb..(r + 1) * rb],
-                                &cols[c],
-                            )
-                            .unwrap();
+                            let want =
+                                vec_dot(hw(), dtype, ne0, &src[r * rb..(r + 1) * rb], &cols[c])
+                                    .unwrap();
                             assert_eq!(
                                 out[r * stride + c].to_bits(),
                                 want.to_bits(),
@@ -1099,7 +1096,7 @@ mod tests {
                         for row in 0..4 * ngroups {
                             for c in 0..nc {
                                 let x = &src[row * rb..(row + 1) * rb];
-                                let want = vec_dot_quant(hw(), dtype, ne0, x, &cols[c]).unwrap();
+                                let want = vec_dot(hw(), dtype, ne0, x, &cols[c]).unwrap();
                                 assert_eq!(
                                     out[row * stride + c].to_bits(),
                                     want.to_bits(),
@@ -1146,8 +1143,7 @@ mod tests {
             };
             for r in 0..4 {
                 for c in 0..8 {
-                    let want =
-                        vec_dot_quant(hw(), dtype, ne0, &src[r * rb..(r + 1) * rb], &cols[c]);
+                    let want = vec_dot(hw(), dtype, ne0, &src[r * rb..(r + 1) * rb], &cols[c]);
                     assert_eq!(out[r * 8 + c].to_bits(), want.unwrap().to_bits());
                 }
             }

@@ -12,34 +12,10 @@
 //! portable functions compute the same lanes with plain integer code and the same float
 //! operations (`f32::mul_add` where ggml fuses), so both paths give the same bits.
 
-use super::vexp::hsum8;
-use crate::CpuFeatures;
+use crate::kernels::blocks::kquant::{q4k_quants, q5k_quants, q6k_quants, scales_mins};
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::hsum8;
 use rgml::quant::{BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K, QK_K};
-
-/// The 8 scales and 8 mins of a Q4_K/Q5_K super-block ([`rgml::quant::scale_min_k4`] for every `j`), with
-/// ggml's word-wise unpacking (`utmp` and `kmask1..3` in its x86 dots): a dozen integer
-/// operations instead of sixteen byte extractions.
-#[inline(always)]
-pub(crate) fn scales_mins(scales: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
-    const KMASK1: u32 = 0x3f3f_3f3f;
-    const KMASK2: u32 = 0x0f0f_0f0f;
-    const KMASK3: u32 = 0x0303_0303;
-    let w = |i: usize| {
-        u32::from_le_bytes([
-            scales[4 * i],
-            scales[4 * i + 1],
-            scales[4 * i + 2],
-            scales[4 * i + 3],
-        ])
-    };
-    let (u0, u1, u2) = (w(0), w(1), w(2));
-    // Scales 4..8: low nibbles of bytes 8..12 with the top bits of bytes 0..4; mins 4..8: the
-    // high nibbles with the top bits of bytes 4..8.
-    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
-    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    let join = |lo: u32, hi: u32| (u64::from(lo) | (u64::from(hi) << 32)).to_le_bytes();
-    (join(u0 & KMASK1, sc_hi), join(u1 & KMASK1, m_hi))
-}
 
 /// `sum_j m[j] * (bsums[2j] + bsums[2j + 1])` split as ggml's `_mm_madd_epi16` does it: lane
 /// `i` holds sub-blocks `2i` and `2i + 1`.
@@ -49,47 +25,6 @@ fn min_lanes(m: &[u8; 8], bsums: &[i16; 16]) -> [i32; 4] {
     std::array::from_fn(|i| {
         i32::from(m[2 * i]) * pair(2 * i) + i32::from(m[2 * i + 1]) * pair(2 * i + 1)
     })
-}
-
-/// The 256 quants of a Q4_K super-block in element order (0..16).
-#[inline(always)]
-pub(crate) fn q4k_quants(x: &BlockQ4_K, q: &mut [u8; QK_K]) {
-    for c in 0..4 {
-        for i in 0..32 {
-            let b = x.qs[32 * c + i];
-            q[64 * c + i] = b & 0x0F;
-            q[64 * c + 32 + i] = b >> 4;
-        }
-    }
-}
-
-/// The 256 quants of a Q5_K super-block in element order (0..32).
-#[inline(always)]
-pub(crate) fn q5k_quants(x: &BlockQ5_K, q: &mut [u8; QK_K]) {
-    for c in 0..4 {
-        for i in 0..32 {
-            let b = x.qs[32 * c + i];
-            let h = x.qh[i] >> (2 * c);
-            q[64 * c + i] = (b & 0x0F) | ((h & 1) << 4);
-            q[64 * c + 32 + i] = (b >> 4) | ((h & 2) << 3);
-        }
-    }
-}
-
-/// The 256 quants of a Q6_K super-block in element order, unsigned (0..64; the value is
-/// `q - 32`).
-#[inline(always)]
-pub(crate) fn q6k_quants(x: &BlockQ6_K, q: &mut [u8; QK_K]) {
-    for h in 0..2 {
-        let (qb, lb, hb) = (128 * h, 64 * h, 32 * h);
-        for i in 0..32 {
-            let (lo, hi, qh) = (x.ql[lb + i], x.ql[lb + i + 32], x.qh[hb + i]);
-            q[qb + i] = (lo & 0x0F) | ((qh & 3) << 4);
-            q[qb + i + 32] = (hi & 0x0F) | (((qh >> 2) & 3) << 4);
-            q[qb + i + 64] = (lo >> 4) | (((qh >> 4) & 3) << 4);
-            q[qb + i + 96] = (hi >> 4) | (((qh >> 6) & 3) << 4);
-        }
-    }
 }
 
 /// ggml's 8 i32 lanes of a super-block: lane `k` = `sum_chunk scale(chunk, k) * sum_{b in
@@ -206,17 +141,12 @@ pub(crate) mod avx2 {
     //! The dots with AVX2 intrinsics, in ggml's instruction order where it matters (the float
     //! operations; the integer lanes are exact whatever computes them).
 
-    use super::{scales_mins, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
+    use super::{BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
+    use crate::kernels::blocks::kquant::scales_mins;
     use std::arch::x86_64::*;
 
     use crate::kernels::fp16::f16_to_f32 as h2f;
-
-    /// `hsum_float_8`.
-    #[inline(always)]
-    pub(crate) fn hsum(v: __m256) -> f32 {
-        // SAFETY: AVX; every caller is compiled with AVX2 enabled.
-        unsafe { crate::kernels::tiled::hsum8(v) }
-    }
+    use crate::kernels::simd::x86::{hsum8_avx2, load256};
 
     /// `_mm256_madd_epi16(maddubs(q, y), scales)`: 8 lanes of scaled 4-byte sums.
     #[inline(always)]
@@ -224,16 +154,6 @@ pub(crate) mod avx2 {
         // SAFETY: AVX2; every caller is compiled with AVX2 enabled. maddubs cannot saturate:
         // quants are below 64 and |y| <= 127, so a pair sums to at most 2 * 63 * 127.
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), scales) }
-    }
-
-    /// 32 bytes at `p`.
-    ///
-    /// # Safety
-    /// 32 readable bytes at `p`; AVX.
-    #[inline(always)]
-    unsafe fn load(p: *const u8) -> __m256i {
-        // SAFETY: as the caller promises; loadu has no alignment requirement.
-        unsafe { _mm256_loadu_si256(p.cast()) }
     }
 
     /// The 8 integer lanes of a Q4_K (`HIGH` = false) or Q5_K super-block: quants times
@@ -251,7 +171,7 @@ pub(crate) mod avx2 {
         // SAFETY: AVX2 as promised; loads inside `qs` (4 x 32), `qh` (32) and `y` (8 x 32).
         unsafe {
             let m4 = _mm256_set1_epi8(0x0F);
-            let hbits = load(qh.as_ptr());
+            let hbits = load256(qh.as_ptr());
             // Q4_K: the 8 scales as i16 in both halves, broadcast per sub-block by a byte
             // shuffle (cheaper than a `set1` from a general register each). Q5_K keeps the
             // `set1`s: with its high bits live, the shuffle indices cost registers (measured
@@ -267,7 +187,7 @@ pub(crate) mod avx2 {
             };
             let mut sumi = _mm256_setzero_si256();
             for j in 0..4 {
-                let bits = load(qs.as_ptr().add(32 * j));
+                let bits = load256(qs.as_ptr().add(32 * j));
                 let mut lo = _mm256_and_si256(bits, m4);
                 let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
                 if HIGH {
@@ -280,8 +200,8 @@ pub(crate) mod avx2 {
                     let h1 = _mm256_and_si256(_mm256_srli_epi16::<1>(h), one);
                     hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(h1));
                 }
-                let y0 = load(y.as_ptr().add(64 * j).cast());
-                let y1 = load(y.as_ptr().add(64 * j + 32).cast());
+                let y0 = load256(y.as_ptr().add(64 * j).cast());
+                let y1 = load256(y.as_ptr().add(64 * j + 32).cast());
                 let (s0, s1) = (scale(2 * j), scale(2 * j + 1));
                 let p = _mm256_add_epi32(mul_scale(lo, y0, s0), mul_scale(hi, y1, s1));
                 sumi = _mm256_add_epi32(sumi, p);
@@ -298,7 +218,7 @@ pub(crate) mod avx2 {
     unsafe fn min_lanes(m: &[u8; 8], bsums: &[i16; 16]) -> __m128i {
         // SAFETY: AVX2 as promised; 32 bytes of `bsums`, 8 of `m`.
         unsafe {
-            let b = load(bsums.as_ptr().cast());
+            let b = load256(bsums.as_ptr().cast());
             let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
             let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(m.as_ptr().cast()));
             _mm_madd_epi16(mins, pairs)
@@ -326,7 +246,7 @@ pub(crate) mod avx2 {
         }
         let acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
         let acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
-        hsum(acc) + _mm_cvtss_f32(acc_m)
+        hsum8_avx2(acc) + _mm_cvtss_f32(acc_m)
     }
 
     /// # Safety
@@ -349,7 +269,7 @@ pub(crate) mod avx2 {
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
             }
         }
-        hsum(acc) + summs
+        hsum8_avx2(acc) + summs
     }
 
     /// The 8 integer lanes of a Q6_K super-block, `- 32` included.
@@ -365,9 +285,9 @@ pub(crate) mod avx2 {
             let scales = _mm_loadu_si128(x.scales.as_ptr().cast());
             let mut sumi = _mm256_setzero_si256();
             for j in 0..2 {
-                let b1 = load(x.ql.as_ptr().add(64 * j));
-                let b2 = load(x.ql.as_ptr().add(64 * j + 32));
-                let bh = load(x.qh.as_ptr().add(32 * j));
+                let b1 = load256(x.ql.as_ptr().add(64 * j));
+                let b2 = load256(x.ql.as_ptr().add(64 * j + 32));
+                let bh = load256(x.qh.as_ptr().add(32 * j));
                 let h = [
                     _mm256_slli_epi16::<4>(_mm256_and_si256(bh, m3)),
                     _mm256_slli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(12))),
@@ -383,7 +303,7 @@ pub(crate) mod avx2 {
                 for t in 0..4 {
                     let q = _mm256_or_si256(lo[t], h[t]);
                     let c = 4 * j + t;
-                    let yv = load(y.as_ptr().add(32 * c).cast());
+                    let yv = load256(y.as_ptr().add(32 * c).cast());
                     // Scales 2c (bytes 0..16) and 2c + 1 (bytes 16..32), as i16: ggml's
                     // `get_scale_shuffle` then a sign extension.
                     let pick = 0x0101_0101_0101_0101i64 * (2 * c as i64);
@@ -405,7 +325,7 @@ pub(crate) mod avx2 {
         // SAFETY: AVX2 as promised; 16 scale bytes, 32 bsum bytes.
         unsafe {
             let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast()));
-            let bsums = load(y.bsums.as_ptr().cast());
+            let bsums = load256(y.bsums.as_ptr().cast());
             _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, scales))
         }
     }
@@ -423,13 +343,13 @@ pub(crate) mod avx2 {
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
             }
         }
-        hsum(acc)
+        hsum8_avx2(acc)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::scales_mins;
+    use crate::kernels::blocks::kquant::scales_mins;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     use rgml::quant::scale_min_k4;

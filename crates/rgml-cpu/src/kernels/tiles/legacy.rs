@@ -20,7 +20,14 @@
 //! matrix-vector products (generation; about twice the per-pair dot's speed on cached
 //! weights, measured with `cargo bench -p rgml-cpu`).
 
-use super::isa::CpuFeatures;
+use crate::kernels::dots::run::{MatvecKernel, RowRun};
+use crate::kernels::fp16;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::fp16::h2f;
+use crate::kernels::isa::CpuFeatures;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::simd::x86::{bits_to_bytes, halves, hsum8};
+use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
 #[cfg(target_arch = "x86_64")]
 use rgml::quant::KVALUES_IQ4NL;
 use rgml::DType;
@@ -336,8 +343,8 @@ pub(crate) unsafe fn widen_scales(dtype: DType, nb: usize, y: &[*const u8], scal
                 },
                 None => (0, 0),
             };
-            d[i * COLS + c] = super::fp16::f16_bits_to_f32(dc);
-            s[i * COLS + c] = super::fp16::f16_bits_to_f32(sc);
+            d[i * COLS + c] = fp16::f16_bits_to_f32(dc);
+            s[i * COLS + c] = fp16::f16_bits_to_f32(sc);
         }
     }
 }
@@ -423,23 +430,15 @@ unsafe fn cols_body<const K: u8, const RN: usize>(
     }
 }
 
-/// A matrix-vector kernel: `out[r] = dot(row r, y)` for the `out.len()` weight rows of the
-/// run, each output bit for bit `vec_dot`'s.
-///
-/// # Safety
-/// Each of the `out.len()` rows of the run holds `nb` readable blocks of the kernel's type;
-/// `y` holds `nb` readable activation blocks.
-pub(crate) type MatvecKernel = unsafe fn(RowRun, &mut [f32]);
-
 /// The matrix-vector kernel for `dtype` on this CPU's build: the AVX2 build only (the AVX-512
 /// builds take 4-row tiles through [`tile`]), not IQ4_NL (whose one-row products take
 /// `vec_dot`'s arithmetic, not the tiles' (see [`takes`]): its kernel is
-/// [`super::lowbit_dot::iq4_nl_matvec`]'s).
+/// [`crate::kernels::dots::lowbit::iq4_nl_matvec`]'s).
 ///
 /// Why not [`tile`] per 4 rows: one call per block of rows keeps the kernel, its dispatch and
 /// the prefetches in one loop, and 2-row tiles stream faster than 4-row ones on AVX2 CPUs that
 /// split 256-bit operations (Zen 1: 38 against 32 tokens/s on the demo model as Q8_0, one
-/// thread). Each pair of rows first prefetches its bytes [`super::matmul::PREFETCH_AHEAD`] further on (the
+/// thread). Each pair of rows first prefetches its bytes [`crate::kernels::simd::PREFETCH_AHEAD`] further on (the
 /// hardware prefetcher alone does not keep DRAM busy).
 pub(crate) fn matvec_kernel(f: CpuFeatures, dtype: DType) -> Option<MatvecKernel> {
     // Each kernel's features (AVX2, FMA, F16C) are the AVX2 build's.
@@ -455,19 +454,6 @@ pub(crate) fn matvec_kernel(f: CpuFeatures, dtype: DType) -> Option<MatvecKernel
         .flatten()
 }
 
-/// The operands of a [`MatvecKernel`] but the outputs.
-#[derive(Clone, Copy)]
-pub(crate) struct RowRun {
-    /// Blocks per row.
-    pub nb: usize,
-    /// The first weight row.
-    pub x0: *const u8,
-    /// Bytes from one weight row to the next.
-    pub row_stride: usize,
-    /// The activation row (blocks of the weight type's `vec_dot_type`).
-    pub y: *const u8,
-}
-
 /// # Safety
 /// As [`MatvecKernel`], on a CPU with AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
@@ -479,15 +465,15 @@ unsafe fn matvec_avx2<const K: u8>(rows: RowRun, out: &mut [f32]) {
         row_stride,
         y,
     } = rows;
-    let ahead = super::matmul::PREFETCH_AHEAD;
+    let ahead = PREFETCH_AHEAD;
     let ys = [y];
     let row_bytes = nb * layout(K).0;
     let mut pairs = out.chunks_exact_mut(2);
     let mut x = x0;
     for o in &mut pairs {
         let next = x.wrapping_add(row_stride);
-        super::matmul::prefetch_span(x.wrapping_add(ahead), row_bytes);
-        super::matmul::prefetch_span(next.wrapping_add(ahead), row_bytes);
+        prefetch_span(x.wrapping_add(ahead), row_bytes);
+        prefetch_span(next.wrapping_add(ahead), row_bytes);
         // SAFETY: two rows of `nb` blocks and `y`, as the caller promised; `o` holds 2.
         unsafe { body::<K, 2, 1, false>(nb, &[x, next], &ys, o, 1) };
         x = next.wrapping_add(row_stride);
@@ -512,17 +498,6 @@ const fn layout(k: u8) -> (usize, usize, usize, usize) {
     }
 }
 
-/// The f16 at `p` as f32 (by [`super::fp16`]'s table).
-///
-/// # Safety
-/// Two readable bytes at `p`.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
-    // SAFETY: as the caller promises.
-    super::fp16::f16_bits_to_f32(unsafe { p.cast::<u16>().read_unaligned() })
-}
-
 /// A weight block's 32 quants in element order: q4_1 nibbles (unsigned), q4_0 nibbles - 8,
 /// q5_1 5-bit values (unsigned), q5_0 5-bit values - 16, q8_0 bytes, iq4_nl codebook values
 /// (`layout`'s quant offset: for q5, `qh` then `qs`).
@@ -538,7 +513,7 @@ unsafe fn weight_quants<const K: u8>(q: *const u8) -> __m256i {
             return _mm256_loadu_si256(q.cast());
         }
         if K == IQ4_NL {
-            return super::lowbit_dot::avx2::iq4_values(q);
+            return crate::kernels::blocks::lowbit::iq4_values_avx2(q);
         }
         let (qh, q) = if K == Q5_0 || K == Q5_1 {
             (q.cast::<i32>().read_unaligned(), q.add(4))
@@ -567,29 +542,6 @@ unsafe fn weight_quants<const K: u8>(q: *const u8) -> __m256i {
     }
 }
 
-/// `bytes_from_bits_32`: byte j is 0xFF where bit j of `qh` is set, else 0.
-///
-/// # Safety
-/// The CPU supports AVX2.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn bits_to_bytes(qh: i32) -> __m256i {
-    // SAFETY: AVX2, as the caller promises.
-    unsafe {
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(qh),
-            _mm256_set_epi64x(
-                0x0303_0303_0303_0303,
-                0x0202_0202_0202_0202,
-                0x0101_0101_0101_0101,
-                0,
-            ),
-        );
-        let bit = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
-        _mm256_cmpeq_epi8(bit, _mm256_set1_epi64x(-1))
-    }
-}
-
 /// The unsigned and signed operands of `vpdpbusd` for quants `qx` (weights) and `qy`: as they
 /// are for q4_1 (unsigned nibbles), else `|x|` and `y * sign(x)` (quants are never -128).
 ///
@@ -608,33 +560,6 @@ unsafe fn dot_operands<const K: u8>(qx: __m512i, qy: __m512i) -> (__m512i, __m51
         let flipped = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
         (_mm512_abs_epi8(qx), _mm512_maskz_mov_epi8(!zero, flipped))
     }
-}
-
-/// Horizontal sum of 8 lanes in `hsum_float_8`'s order (as [`super::dot`]'s AVX2 dots).
-///
-/// # Safety
-/// The CPU supports AVX (every build here inlines it).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
-    // SAFETY: AVX, as the caller promises.
-    unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-}
-
-/// The low and high 8 lanes of a 512-bit register.
-///
-/// # Safety
-/// The CPU supports AVX-512 F and DQ.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn halves(v: __m512) -> [__m256; 2] {
-    // SAFETY: AVX-512 F and DQ, as the caller promises.
-    unsafe { [_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)] }
 }
 
 /// The tile body, compiled into each build below (`#[inline(always)]` so that the intrinsics
@@ -963,7 +888,7 @@ unsafe fn tile_vnni<const K: u8, const RM: usize, const RN: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::activations::quantize_activations;
+    use crate::kernels::blocks::activations::quantize_activations;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -972,9 +897,9 @@ mod tests {
         if dtype == DType::IQ4_NL {
             let xb = rgml::quant::cast_blocks(x).unwrap();
             let yb = rgml::quant::cast_blocks(y).unwrap();
-            return crate::kernels::lowbit_dot::dot_iq4_nl_tinyblas(&xb, &yb);
+            return crate::kernels::dots::lowbit::dot_iq4_nl_tinyblas(&xb, &yb);
         }
-        crate::kernels::dot::vec_dot(f, dtype, n, x, y).unwrap()
+        crate::kernels::dots::vec_dot(f, dtype, n, x, y).unwrap()
     }
 
     /// The types with tiled kernels.
@@ -1147,7 +1072,7 @@ mod tests {
                 // SAFETY: AVX2 checked; `m` rows of `nb` blocks `stride` apart, `y` `nb` blocks.
                 unsafe { kernel(rows, &mut out) };
                 for (r, got) in out.iter().enumerate() {
-                    let want = crate::kernels::dot::vec_dot(
+                    let want = crate::kernels::dots::vec_dot(
                         f,
                         dtype,
                         n,

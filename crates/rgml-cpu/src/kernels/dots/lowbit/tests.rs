@@ -1,4 +1,5 @@
 use super::*;
+use crate::kernels::dots::run;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rgml::quant::{cast_blocks, dequantize_row, q3_k_scale, quantize_row, QuantBlock};
@@ -120,7 +121,7 @@ fn iq4_nl_matvec_equals_the_pair_dots() {
                 ));
             }
             let y = row(&mut rng, DType::Q8_0, n);
-            let run = crate::kernels::tiled::RowRun {
+            let run = run::RowRun {
                 nb,
                 x0: x.as_ptr(),
                 row_stride: stride,

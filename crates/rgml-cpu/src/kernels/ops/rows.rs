@@ -1,7 +1,9 @@
 //! Row gathers and scatters: GET_ROWS, SET_ROWS, and ARGMAX (one index per row).
 
-use super::convert::{row_from_f32, row_to_f32};
-use super::{bytes, bytes_mut, f32_row, NodeTask, TensorView, ThreadCtx};
+use crate::kernels::blocks::convert::{row_from_f32, row_to_f32};
+use crate::kernels::task;
+use crate::kernels::task::{bytes, bytes_mut, f32_row, NodeTask, TensorView, ThreadCtx};
+use crate::kernels::tiles::repack;
 use rgml::{DType, Error, Result};
 
 /// Read element `(i0, i1, i2)` of the I32 or I64 index tensor `idx`.
@@ -42,18 +44,18 @@ pub(crate) fn get_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         if src.packed {
             // A packed weight (the token embeddings tied to the output projection): the row
             // comes out of its group of interleaved rows.
-            let g = super::repack::GROUP_ROWS;
+            let g = repack::GROUP_ROWS;
             let group_start = src.row(row / g * g, i2, i3);
             let rb = src.row_bytes();
-            let tmp = super::scratch_slice(tc.scratch, rb.div_ceil(4))?;
+            let tmp = task::scratch_slice(tc.scratch, rb.div_ceil(4))?;
             // 4 * ceil(rb / 4) >= rb bytes.
             let plain = &mut bytemuck::cast_slice_mut::<f32, u8>(tmp)[..rb];
             // SAFETY: the group is dense and in bounds (`row` < ne1, a multiple of the group
             // size), read-only during this node; the destination row belongs to this thread.
             unsafe {
                 let group = bytes(group_start, g * rb);
-                super::repack::unpack_row(src.dtype, src.ne[0], group, row % g, plain)?;
-                row_to_f32(src.dtype, plain, super::f32_row_mut(drow, dst.ne[0]))?;
+                repack::unpack_row(src.dtype, src.ne[0], group, row % g, plain)?;
+                row_to_f32(src.dtype, plain, task::f32_row_mut(drow, dst.ne[0]))?;
             }
             continue;
         }
@@ -65,7 +67,7 @@ pub(crate) fn get_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
             if dst.dtype == DType::I32 {
                 bytes_mut(drow, dst.row_bytes()).copy_from_slice(s);
             } else {
-                row_to_f32(src.dtype, s, super::f32_row_mut(drow, dst.ne[0]))?;
+                row_to_f32(src.dtype, s, task::f32_row_mut(drow, dst.ne[0]))?;
             }
         }
     }

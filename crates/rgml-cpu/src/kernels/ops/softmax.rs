@@ -4,8 +4,10 @@
 //! slope of head `i2` follows ggml (`m0 = 2^(-max_bias / n_head_log2)`, `m1 = 2^(-max_bias / 2 /
 //! n_head_log2)`).
 
-use super::convert::row_to_f32;
-use super::{bytes, f32_row_for_write, f32_row_mut, NodeTask, ThreadCtx};
+use crate::kernels::blocks::convert::row_to_f32;
+use crate::kernels::task;
+use crate::kernels::task::{bytes, f32_row_for_write, f32_row_mut, NodeTask, ThreadCtx};
+use crate::kernels::vexp;
 use rgml::{DType, Result};
 
 /// SOFT_MAX: `softmax(src0 * scale + slope * mask)` per row.
@@ -51,7 +53,7 @@ pub(crate) fn soft_max(
                     if m.dtype == DType::F32 {
                         Some(f32_row_for_write(mrow, ne0, drow, ne0 * 4, sm)?)
                     } else {
-                        let buf = super::scratch_slice(sm, ne0)?;
+                        let buf = task::scratch_slice(sm, ne0)?;
                         row_to_f32(m.dtype, bytes(mrow, m.row_bytes()), buf)?;
                         Some(&*buf)
                     }
@@ -77,7 +79,7 @@ pub(crate) fn soft_max(
                 d.fill(0.0);
                 0.0
             } else {
-                super::vexp::soft_max_row(task.features, d, max)
+                vexp::soft_max_row(task.features, d, max)
             };
             let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
             for v in d.iter_mut() {

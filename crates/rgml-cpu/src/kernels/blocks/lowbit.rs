@@ -1,0 +1,100 @@
+//! Decoders of Q2_K, Q3_K, IQ4_XS and IQ4_NL blocks: their quants (or codebook values) in
+//! element order and their unpacked scales, shared by the low-bit pair dots
+//! ([`crate::kernels::dots::lowbit`]) and the tile kernels ([`crate::kernels::tiles`]).
+
+use rgml::quant::{BlockIQ4_XS, BlockQ2_K, BlockQ3_K, KVALUES_IQ4NL, QK_K};
+
+/// The 256 2-bit quants of a Q2_K (or the low bits of a Q3_K) super-block in element order:
+/// for each 128 values, byte `l` of the 32-byte group holds values `l + 32 t` at bits `2t`.
+#[inline(always)]
+fn low2_quants(qs: &[u8; 64], q: &mut [u8; QK_K]) {
+    for h in 0..2 {
+        for t in 0..4 {
+            for l in 0..32 {
+                q[128 * h + 32 * t + l] = (qs[32 * h + l] >> (2 * t)) & 3;
+            }
+        }
+    }
+}
+
+/// Q2_K quants in element order (0..4).
+#[inline(always)]
+pub(crate) fn q2k_quants(x: &BlockQ2_K, q: &mut [u8; QK_K]) {
+    low2_quants(&x.qs, q);
+}
+
+/// Q3_K codes in element order, unsigned (0..8; the value is `code - 4`): the low 2 bits and
+/// the hmask bit as bit 2 (value `j`'s at bit `j / 32` of byte `j % 32`).
+#[inline(always)]
+pub(crate) fn q3k_codes(x: &BlockQ3_K, q: &mut [u8; QK_K]) {
+    low2_quants(&x.qs, q);
+    for (j, v) in q.iter_mut().enumerate() {
+        *v |= ((x.hmask[j % 32] >> (j / 32)) & 1) << 2;
+    }
+}
+
+/// Q3_K's 16 sub-block scales, signed (`scale - 32`).
+#[inline(always)]
+pub(crate) fn q3k_scales(x: &BlockQ3_K) -> [i8; 16] {
+    // ggml's word-wise unpacking (`aux`, `kmask1/2` in its x86 dot): each word's low nibbles
+    // or high nibbles, with the matching 2-bit field of word 2 as bits 4..6 (`q3_k_scale` for
+    // every `j`, a dozen integer operations instead of 16 extractions).
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let s = &x.scales;
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, t) = (w(0), w(1), w(2));
+    let words = [
+        (a0 & KMASK2) | ((t & KMASK1) << 4),
+        (a1 & KMASK2) | (((t >> 2) & KMASK1) << 4),
+        ((a0 >> 4) & KMASK2) | (((t >> 4) & KMASK1) << 4),
+        ((a1 >> 4) & KMASK2) | (((t >> 6) & KMASK1) << 4),
+    ];
+    std::array::from_fn(|j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8 - 32)
+}
+
+/// IQ4_XS's 8 sub-block scales, signed (`ls - 32`).
+#[inline(always)]
+pub(crate) fn iq4xs_scales(x: &BlockIQ4_XS) -> [i8; 8] {
+    std::array::from_fn(|ib| {
+        let lo = (x.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F;
+        let hi = ((x.scales_h >> (2 * ib)) & 3) as u8;
+        (lo | (hi << 4)) as i8 - 32
+    })
+}
+
+/// The 32 codebook values of 16 packed bytes in element order (low nibbles first).
+#[inline(always)]
+pub(crate) fn iq4_values(qs: &[u8], v: &mut [i8]) {
+    for (j, &b) in qs.iter().enumerate().take(16) {
+        v[j] = KVALUES_IQ4NL[usize::from(b & 0x0F)];
+        v[j + 16] = KVALUES_IQ4NL[usize::from(b >> 4)];
+    }
+}
+
+/// IQ4_XS values in element order.
+#[inline(always)]
+pub(crate) fn iq4xs_values(x: &BlockIQ4_XS, v: &mut [i8; QK_K]) {
+    for (qs, vs) in x.qs.chunks_exact(16).zip(v.chunks_exact_mut(32)) {
+        iq4_values(qs, vs);
+    }
+}
+/// The 32 codebook values of the 16 packed bytes at `qs` in element order (low nibbles in the
+/// low 128 bits).
+///
+/// # Safety
+/// 16 readable bytes at `qs`; AVX2.
+#[inline(always)]
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn iq4_values_avx2(qs: *const u8) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: as the caller promises; the codebook is 16 bytes.
+    unsafe {
+        let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+        let m4 = _mm_set1_epi8(0x0F);
+        let b = _mm_loadu_si128(qs.cast());
+        let lo = _mm_shuffle_epi8(table, _mm_and_si128(b, m4));
+        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(b), m4));
+        _mm256_set_m128i(hi, lo)
+    }
+}

@@ -1,0 +1,143 @@
+//! x86-64 SIMD primitives (AVX2, AVX-512): horizontal sums of registers in ggml's orders, the
+//! widening of packed bits, and the signed int8 pair products. Every function is
+//! `#[inline(always)]` and `unsafe`: the caller promises the instruction set and inlines the body
+//! under its own target features.
+
+use std::arch::x86_64::*;
+
+/// Horizontal sum of 8 lanes in `hsum_float_8`'s order (as [`super::dot`]'s AVX2 dots).
+///
+/// # Safety
+/// The CPU supports AVX (every build here inlines it).
+#[inline(always)]
+pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
+    // SAFETY: AVX, as the caller promises.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// The low and high 8 lanes of a 512-bit register.
+///
+/// # Safety
+/// The CPU supports AVX-512 F and DQ.
+#[inline(always)]
+pub(crate) unsafe fn halves(v: __m512) -> [__m256; 2] {
+    // SAFETY: AVX-512 F and DQ, as the caller promises.
+    unsafe { [_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)] }
+}
+
+/// `bytes_from_bits_32`: byte j is 0xFF where bit j of `qh` is set, else 0.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[inline(always)]
+pub(crate) unsafe fn bits_to_bytes(qh: i32) -> __m256i {
+    // SAFETY: AVX2, as the caller promises.
+    unsafe {
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(qh),
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
+        );
+        let bit = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+        _mm256_cmpeq_epi8(bit, _mm256_set1_epi64x(-1))
+    }
+}
+
+/// The horizontal sums of 16 registers, `[hsum16(a[0]), ..., hsum16(a[15])]`, each in
+/// `hsum16`'s order (`_mm512_reduce_add_ps`: lane k + lane k+8, then k + k+4, then k + k+2,
+/// then the last two): the same additions of the same operands, with the registers packed side
+/// by side by shuffles between the levels.
+///
+/// # Safety
+/// The CPU supports AVX-512F (the callers inline this under their AVX-512 features).
+#[inline(always)]
+pub(crate) unsafe fn hsum16x16(a: [__m512; 16]) -> [f32; 16] {
+    // SAFETY: AVX-512F, as the caller promises.
+    unsafe {
+        // Level 1: two accumulators per register, quarters (a.lo8 as two 4s, b.lo8 as two 4s).
+        let s1: [__m512; 8] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Level 2: quarter q of register m holds accumulator 4m + q's four partial sums.
+        let s2: [__m512; 4] = std::array::from_fn(|m| {
+            let (x, y) = (s1[2 * m], s1[2 * m + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+            )
+        });
+        // Level 3: lanes 0..2 of quarter q: accumulator 8p + q; lanes 2..4: 8p + 4 + q.
+        let s3: [__m512; 2] = std::array::from_fn(|p| {
+            let (x, y) = (s2[2 * p], s2[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Level 4: lane 4q + e holds accumulator 4e + q.
+        let sums = _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(s3[0], s3[1]),
+            _mm512_shuffle_ps::<0b11_01_11_01>(s3[0], s3[1]),
+        );
+        let mut w = [0f32; 16];
+        _mm512_storeu_ps(w.as_mut_ptr(), sums);
+        std::array::from_fn(|j| w[4 * (j % 4) + j / 4])
+    }
+}
+
+/// 16 i16 pair sums of signed `v` times signed `y` (`mul_add_epi8`: `|v|` times `y * sign(v)`;
+/// no saturation: neither operand is -128, so a pair is at most 2 * 127 * 127).
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+pub(crate) unsafe fn mul_add_i8(v: __m256i, y: __m256i) -> __m256i {
+    // SAFETY: AVX2 as promised.
+    unsafe { _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(y, v)) }
+}
+
+/// The 16 lanes summed in [`super::hsum16`]'s order (GCC's `_mm512_reduce_add_ps`): high 8 +
+/// low 8, then as [`hsum8`].
+///
+/// # Safety
+/// The CPU supports AVX-512 F and DQ.
+#[inline(always)]
+pub(crate) unsafe fn hsum16(v: __m512) -> f32 {
+    // SAFETY: AVX-512 F and DQ (and so AVX), as the caller promises.
+    unsafe {
+        let [lo, hi] = halves(v);
+        hsum8(_mm256_add_ps(lo, hi))
+    }
+}
+
+/// [`hsum8`] for the pair dots' AVX2 functions, which call it without `unsafe` (their
+/// `#[target_feature]` includes AVX2).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum8_avx2(v: __m256) -> f32 {
+    // SAFETY: AVX2 (and so AVX) is enabled for this function.
+    unsafe { hsum8(v) }
+}
+
+/// The 32 bytes at `p`, unaligned.
+///
+/// # Safety
+/// 32 readable bytes at `p`; the CPU supports AVX.
+#[inline(always)]
+pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
+    // SAFETY: as the caller promises; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
