@@ -5,6 +5,8 @@
 //!   mirror ([`rgml_cpu::CpuOptions::isa`]); unset: the native build's.
 //! - `RGML_CPU_REPACK=0|1`: offer repacked weights where they pay ([`rgml_cpu::CpuOptions::repack`],
 //!   default 1).
+//! - `RGML_CPU_AMX=0|1`: AMX tiles for the CPU kernels where the CPU and OS have them
+//!   ([`rgml_cpu::CpuOptions::amx`], default 1; the same bits either way).
 //! - `RGML_CPU_DEVICES=N`: devices `CPU0` … `CPU{N-1}` beside `CPU`, N from 0 to
 //!   [`rgml_cpu::MAX_EXTRA_DEVICES`] ([`rgml_cpu::CpuOptions::extra_devices`]).
 //! - `RGML_WGPU_SOFT_FMA=0|1`: the integer FMA emulation on every GPU
@@ -32,6 +34,7 @@ pub struct BackendOptions {
 const ISA: &str = "RGML_CPU_ISA";
 const REPACK: &str = "RGML_CPU_REPACK";
 const DEVICES: &str = "RGML_CPU_DEVICES";
+const AMX: &str = "RGML_CPU_AMX";
 const SOFT_FMA: &str = "RGML_WGPU_SOFT_FMA";
 const EXACT: &str = "RGML_WGPU_EXACT";
 
@@ -63,6 +66,9 @@ fn from_lookup(
     }
     if let Some(v) = get(REPACK)? {
         options.cpu.repack = flag(REPACK, &v)?;
+    }
+    if let Some(v) = get(AMX)? {
+        options.cpu.amx = flag(AMX, &v)?;
     }
     if let Some(v) = get(DEVICES)? {
         options.cpu.extra_devices = v
@@ -110,6 +116,7 @@ mod tests {
         let blank = [
             (ISA, " "),
             (REPACK, ""),
+            (AMX, ""),
             (DEVICES, ""),
             (SOFT_FMA, ""),
             (EXACT, ""),
@@ -122,6 +129,7 @@ mod tests {
         let o = with(&[
             (ISA, "AVX512-nobf16"),
             (REPACK, "0"),
+            (AMX, "0"),
             (DEVICES, " 3 "),
             (SOFT_FMA, "1"),
             (EXACT, "0"),
@@ -129,6 +137,7 @@ mod tests {
         .unwrap();
         assert_eq!(o.cpu.isa, Some(IsaChoice::Avx512NoBf16));
         assert!(!o.cpu.repack);
+        assert!(!o.cpu.amx);
         assert_eq!(o.cpu.extra_devices, 3);
         assert!(o.wgpu.soft_fma);
         assert_eq!(o.wgpu.exact, Some(false));
@@ -143,6 +152,7 @@ mod tests {
             (ISA, "bogus", "avx512-nobf16"),
             (REPACK, "bogus", "0 or 1"),
             (REPACK, "2", "0 or 1"),
+            (AMX, "on", "0 or 1"),
             (DEVICES, "abc", "from 0 to 64"),
             (DEVICES, "-1", "from 0 to 64"),
             (DEVICES, "65", "from 0 to 64"),

@@ -40,6 +40,10 @@ pub struct CpuOptions {
     /// Force the arithmetic of one ggml build (`None`: the native build's; see
     /// [`crate::kernels::isa`]). The backend parameter `isa=` overrides it per backend.
     pub isa: Option<IsaChoice>,
+    /// Use AMX tiles where the CPU has AMX-INT8 and Linux grants them (`false`: the AVX-512
+    /// kernels, which give the same bits; for comparisons). The backend parameter `amx=`
+    /// overrides it per backend.
+    pub amx: bool,
 }
 
 impl Default for CpuOptions {
@@ -48,6 +52,7 @@ impl Default for CpuOptions {
             extra_devices: 0,
             repack: true,
             isa: None,
+            amx: true,
         }
     }
 }
@@ -79,7 +84,10 @@ impl CpuDevice {
     /// here).
     pub fn with_options(name: impl Into<String>, options: &CpuOptions) -> Arc<CpuDevice> {
         let name = name.into();
-        let features = CpuFeatures::resolve(options.isa);
+        let mut features = CpuFeatures::resolve(options.isa);
+        if !options.amx {
+            features = features.without_amx();
+        }
         Arc::new_cyclic(|weak: &Weak<CpuDevice>| {
             let weak_dyn: Weak<dyn rgml::Device> = weak.clone();
             CpuDevice {
@@ -170,9 +178,10 @@ impl rgml::Device for CpuDevice {
     /// stand-in devices `CPU0`, ..., 0 for "CPU"), `isa` (`avx2`, `avx512` or
     /// `avx512-nobf16`: the arithmetic of that ggml build, see [`IsaChoice`]; default: the
     /// device's), `adapt` (0 or 1, default 1: runs use fewer threads while other processes
-    /// keep the cores busy, see [`CpuBackend::set_adaptive_threads`]).
+    /// keep the cores busy, see [`CpuBackend::set_adaptive_threads`]), `amx` (0 or 1; default:
+    /// the device's, see [`CpuOptions::amx`]; 1 never enables AMX the CPU or OS lacks).
     fn init_backend(&self, params: &BackendParams) -> Result<Box<dyn Backend>> {
-        params.check_known(&["n_threads", "async", "isa", "adapt"])?;
+        params.check_known(&["n_threads", "async", "isa", "adapt", "amx"])?;
         let n_threads = params
             .get_parsed::<usize>("n_threads")?
             .unwrap_or_else(crate::default_n_threads);
@@ -189,6 +198,13 @@ impl rgml::Device for CpuDevice {
                 })?;
                 self.features.with_choice(Some(choice))
             }
+        };
+        let features = match flag(params, "amx")? {
+            Some(false) => features.without_amx(),
+            Some(true) if self.options.amx => features,
+            // `amx=1` on a device made without AMX: the hardware's answer again.
+            Some(true) => features.with_amx_as_detected(),
+            None => features,
         };
         let mut backend = CpuBackend::with_mode(self.shared(), n_threads, asynchronous)?;
         backend.set_features(features);

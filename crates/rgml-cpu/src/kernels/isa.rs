@@ -122,6 +122,8 @@ pub struct CpuFeatures {
     avx512_vnni: bool,
     /// AVX512_BF16 (and everything `avx512` covers).
     avx512_bf16: bool,
+    /// AMX-TILE and AMX-INT8, usable by this process (and everything `avx512` covers).
+    amx_int8: bool,
     /// The arithmetic mirrored.
     isa: Isa,
     /// BF16 weights through `vdpbf16ps`: implies `isa == Avx512` and `avx512_bf16`.
@@ -147,11 +149,16 @@ impl CpuFeatures {
         };
         #[cfg(not(target_arch = "x86_64"))]
         let (avx2, avx512, avx512_vnni, avx512_bf16) = (false, false, false, false);
+        #[cfg(target_arch = "x86_64")]
+        let amx_int8 = avx512 && super::simd::amx::usable();
+        #[cfg(not(target_arch = "x86_64"))]
+        let amx_int8 = false;
         CpuFeatures {
             avx2,
             avx512,
             avx512_vnni,
             avx512_bf16,
+            amx_int8,
             isa: Isa::Avx2,
             bf16_products: false,
         }
@@ -204,6 +211,7 @@ impl CpuFeatures {
             avx512: false,
             avx512_vnni: false,
             avx512_bf16: false,
+            amx_int8: false,
             bf16_products: false,
             ..self
         }
@@ -217,6 +225,7 @@ impl CpuFeatures {
             avx512: false,
             avx512_vnni: false,
             avx512_bf16: false,
+            amx_int8: false,
             bf16_products: false,
             ..self
         }
@@ -247,6 +256,31 @@ impl CpuFeatures {
         self.avx512_bf16
     }
 
+    /// The CPU has AMX-TILE and AMX-INT8 besides [`CpuFeatures::has_avx512`]'s features, and
+    /// this process may use them (Linux granted the tile state).
+    #[inline]
+    pub fn has_amx_int8(self) -> bool {
+        self.amx_int8
+    }
+
+    /// The same CPU without AMX: the tile kernels' AVX-512 and AVX2 fallbacks (dropping
+    /// features is always safe).
+    pub(crate) fn without_amx(self) -> CpuFeatures {
+        CpuFeatures {
+            amx_int8: false,
+            ..self
+        }
+    }
+
+    /// AMX as [`CpuFeatures::detect`] finds it, where this value has AVX-512 (never enables AMX
+    /// the CPU or OS lacks).
+    pub(crate) fn with_amx_as_detected(self) -> CpuFeatures {
+        CpuFeatures {
+            amx_int8: self.avx512 && CpuFeatures::detect().amx_int8,
+            ..self
+        }
+    }
+
     /// The AVX-512 arithmetic is mirrored (16 float lanes).
     #[inline]
     pub(crate) fn wide(self) -> bool {
@@ -267,6 +301,7 @@ impl fmt::Display for CpuFeatures {
             (self.avx512, " avx512"),
             (self.avx512_vnni, " vnni"),
             (self.avx512_bf16, " bf16"),
+            (self.amx_int8, " amx"),
         ];
         let mut any = false;
         for (on, name) in flags {

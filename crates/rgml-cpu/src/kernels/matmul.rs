@@ -40,6 +40,8 @@ use crate::kernels::tiles::bf16;
 use crate::kernels::tiles::float;
 use crate::kernels::tiles::float_avx2;
 use crate::kernels::tiles::kquant;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::tiles::kquant_amx;
 use crate::kernels::tiles::legacy;
 use crate::kernels::tiles::repack;
 use rgml::{DType, Error, Result, Tensor};
@@ -78,6 +80,18 @@ pub(crate) fn shared_size(f: CpuFeatures, a: &Tensor, b: &Tensor) -> Result<usiz
             .ok_or(Error::SizeOverflow),
         None => Ok(0),
     }
+}
+
+/// f32 values of per-thread scratch MUL_MAT needs beyond `work_size`'s rows: the decoded
+/// weight block of the AMX K-quant kernel where it may run (the src1 row count is not known
+/// here, so whenever the CPU and type allow it).
+pub(crate) fn scratch_floats(f: CpuFeatures, a: &Tensor) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if kquant_amx::takes(f, a.dtype, kquant::MIN_ROWS) {
+        return kquant_amx::scratch_bytes(a.ne[0] / rgml::quant::QK_K).div_ceil(4) + 16;
+    }
+    let _ = (f, a);
+    0
 }
 
 /// What phase 1 makes of src1 in the work area.
@@ -243,6 +257,10 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             false => None,
         };
         let ktiled = kquant::takes(a.dtype, self.path_rows);
+        #[cfg(target_arch = "x86_64")]
+        let amx = kquant_amx::takes(f, a.dtype, self.path_rows);
+        #[cfg(not(target_arch = "x86_64"))]
+        let amx = false;
         // Blocks on demand: a descheduled thread's share goes to the others.
         for unit in task::claimed(tc.claim, batches * nblk) {
             let batch = unit / nblk;
@@ -259,7 +277,12 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             } else if let Some(kernel) = cols {
                 self.cols(kernel, rows, at, tc.scratch)?;
             } else if ktiled {
-                self.ktiled(rows, at);
+                if amx {
+                    let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
+                    self.ktiled_amx(rows, at, scratch)?;
+                } else {
+                    self.ktiled(rows, at);
+                }
             } else if tiled {
                 self.tiled(rows, at);
             } else {
@@ -455,6 +478,46 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 }
             }
         }
+    }
+
+    /// As [`Self::ktiled`] on AMX tiles ([`kquant_amx`]): blocks of 16 weight rows, each
+    /// decoded once into `scratch` for all the activation rows.
+    #[cfg(target_arch = "x86_64")]
+    fn ktiled_amx(
+        &self,
+        rows: Range<usize>,
+        [i02, i03, i12, i13]: [usize; 4],
+        scratch: &mut [u8],
+    ) -> Result<()> {
+        let a = self.a;
+        let need = kquant_amx::scratch_bytes(self.nb);
+        let len = scratch.len();
+        let scratch = scratch.get_mut(..need).ok_or_else(|| Error::Backend {
+            backend: "CPU".into(),
+            message: format!("MUL_MAT: AMX scratch of {len} bytes too small for {need}"),
+        })?;
+        let y0 = (self.b_row)(0, i12, i13);
+        let dst0 = self.dst.row(0, i12, i13);
+        for r0 in rows.clone().step_by(kquant_amx::ROWS) {
+            let mrows = kquant_amx::ROWS.min(rows.end - r0);
+            // SAFETY: `kquant_amx::takes` checked the CPU and type; weight rows r0..r0 + mrows
+            // are dense and in bounds, `a.nb[1]` apart, `nb` blocks each; the ne11 src1 rows
+            // of batch (i12, i13) are complete in the work area since the barrier, `wrow`
+            // apart, `nb` Q8_K blocks each; the outputs (i01 in r0..r0 + mrows, every i11)
+            // are in bounds, `dst.nb[1]` apart, and written only by the thread owning this
+            // row block; `scratch` has the size the kernel needs.
+            unsafe {
+                kquant_amx::rows(
+                    a.dtype,
+                    self.nb,
+                    (a.row(r0, i02, i03).cast_const(), a.nb[1], mrows),
+                    (y0, self.wrow, self.ne11),
+                    (dst0.wrapping_add(r0 * 4), self.dst.nb[1]),
+                    scratch,
+                )
+            };
+        }
+        Ok(())
     }
 
     /// Matrix-vector products stream weights from memory; the hardware prefetcher alone

@@ -301,7 +301,10 @@ pub(crate) fn work_size(ctx: &Context, t: &Tensor, f: CpuFeatures) -> Result<(us
     // Up to four rows of the widest operand (sources copied out of the destination, converted
     // rows, ROPE's cos/sin cache, a packed group unpacked), plus slack to keep per-thread areas
     // on separate cache lines.
-    let per_thread = widest.checked_mul(4).ok_or(Error::SizeOverflow)? + 16;
+    let mut per_thread = widest.checked_mul(4).ok_or(Error::SizeOverflow)? + 16;
+    if let Op::MulMat { .. } = t.op {
+        per_thread = per_thread.max(matmul::scratch_floats(f, ctx.get(t.src[0])?));
+    }
     Ok((shared, per_thread))
 }
 

@@ -141,3 +141,74 @@ pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
     // SAFETY: as the caller promises; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
+
+/// The 16 x 16 matrix of 32-bit elements in `rows` (row `i` in register `i`), transposed in
+/// place: unpacks of dwords and qwords within 128-bit lanes, then a 4 x 4 transpose of the
+/// lanes (64 shuffles).
+///
+/// # Safety
+/// The CPU supports AVX-512 F.
+#[inline(always)]
+pub(crate) unsafe fn transpose16x16_epi32(rows: &mut [__m512i; 16]) {
+    // SAFETY: AVX-512 F, as the caller promises.
+    unsafe {
+        let r = *rows;
+        // a[2i], a[2i + 1]: rows 2i and 2i + 1 interleaved, low and high dword pairs per lane.
+        let a: [__m512i; 16] = std::array::from_fn(|k| {
+            let (x, y) = (r[k & !1], r[k | 1]);
+            if k % 2 == 0 {
+                _mm512_unpacklo_epi32(x, y)
+            } else {
+                _mm512_unpackhi_epi32(x, y)
+            }
+        });
+        // b[4i + j]'s lane L: column 4L + j of rows 4i..4i + 4.
+        let b: [__m512i; 16] = std::array::from_fn(|k| {
+            let (i, j) = (k / 4, k % 4);
+            let (x, y) = (a[4 * i + j / 2], a[4 * i + 2 + j / 2]);
+            if j % 2 == 0 {
+                _mm512_unpacklo_epi64(x, y)
+            } else {
+                _mm512_unpackhi_epi64(x, y)
+            }
+        });
+        for j in 0..4 {
+            let c0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(b[j], b[4 + j]);
+            let c1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(b[j], b[4 + j]);
+            let c2 = _mm512_shuffle_i32x4::<0b01_00_01_00>(b[8 + j], b[12 + j]);
+            let c3 = _mm512_shuffle_i32x4::<0b11_10_11_10>(b[8 + j], b[12 + j]);
+            rows[j] = _mm512_shuffle_i32x4::<0b10_00_10_00>(c0, c2);
+            rows[4 + j] = _mm512_shuffle_i32x4::<0b11_01_11_01>(c0, c2);
+            rows[8 + j] = _mm512_shuffle_i32x4::<0b10_00_10_00>(c1, c3);
+            rows[12 + j] = _mm512_shuffle_i32x4::<0b11_01_11_01>(c1, c3);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose16x16_moves_every_element() {
+        if !crate::kernels::isa::CpuFeatures::detect().has_avx512() {
+            return;
+        }
+        let m: Vec<i32> = (0..256).map(|i| i * 7919 + 13).collect();
+        let mut out = [0i32; 256];
+        // SAFETY: AVX-512 F (checked); 16 rows of 16 i32 read and written in bounds.
+        unsafe {
+            let mut rows: [__m512i; 16] =
+                std::array::from_fn(|i| _mm512_loadu_si512(m.as_ptr().add(16 * i).cast()));
+            transpose16x16_epi32(&mut rows);
+            for (i, r) in rows.iter().enumerate() {
+                _mm512_storeu_si512(out.as_mut_ptr().add(16 * i).cast(), *r);
+            }
+        }
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(out[16 * i + j], m[16 * j + i], "({i}, {j})");
+            }
+        }
+    }
+}

@@ -34,15 +34,15 @@ pub(crate) const MIN_ROWS: usize = 8;
 pub(crate) const COLS: usize = 64;
 
 /// Bytes of a Q8_K block: `d` (f32), `qs` (256 i8), `bsums` (16 i16).
-const Q8K_BYTES: usize = 292;
+pub(super) const Q8K_BYTES: usize = 292;
 
 /// The weight types, as the kernels' `K` parameter.
-const Q4K: u8 = 0;
-const Q5K: u8 = 1;
-const Q6K: u8 = 2;
-const Q2K: u8 = 3;
-const Q3K: u8 = 4;
-const IQ4XS: u8 = 5;
+pub(super) const Q4K: u8 = 0;
+pub(super) const Q5K: u8 = 1;
+pub(super) const Q6K: u8 = 2;
+pub(super) const Q2K: u8 = 3;
+pub(super) const Q3K: u8 = 4;
+pub(super) const IQ4XS: u8 = 5;
 
 /// Whether weights of `dtype` take the tiled path with `rows` src1 rows.
 pub(crate) fn takes(dtype: DType, rows: usize) -> bool {
@@ -51,28 +51,28 @@ pub(crate) fn takes(dtype: DType, rows: usize) -> bool {
 }
 
 /// Whether weights of kind `K` have mins (`s2` and its `fnmadd`).
-const fn has_min(k: u8) -> bool {
+pub(super) const fn has_min(k: u8) -> bool {
     matches!(k, Q4K | Q5K | Q2K)
 }
 
 /// One decoded weight super-block.
 #[repr(C, align(32))]
-struct Decoded {
+pub(super) struct Decoded {
     /// Quants in element order, unsigned (Q6_K: `q + 32`, Q3_K: `q + 4`), except IQ4_XS's
     /// signed codebook values (as their bytes).
-    q: [u8; QK_K],
+    pub(super) q: [u8; QK_K],
     /// The scale of each 16 quants, as `_mm256_madd_epi16` operands: chunk c's 16 lanes are
     /// `scale(2c)` x 8 then `scale(2c + 1)` x 8.
-    scales: [[i16; 16]; 8],
+    pub(super) scales: [[i16; 16]; 8],
     /// Weights of the activation's per-16 sums: Q4_K/Q5_K the mins (each twice), Q2_K the
     /// mins, Q6_K/Q3_K the scales (for the `- 32` / `- 4` of their quants); IQ4_XS none.
-    bsum_weights: [i16; 16],
-    d0: f32,
-    dmin0: f32,
+    pub(super) bsum_weights: [i16; 16],
+    pub(super) d0: f32,
+    pub(super) dmin0: f32,
 }
 
 impl Decoded {
-    fn new() -> Decoded {
+    pub(super) fn new() -> Decoded {
         Decoded {
             q: [0; QK_K],
             scales: [[0; 16]; 8],
@@ -87,7 +87,7 @@ impl Decoded {
     /// # Safety
     /// Block `b` of the row is readable at `x`.
     #[inline(always)]
-    unsafe fn load<const K: u8>(&mut self, x: *const u8, b: usize) {
+    pub(super) unsafe fn load<const K: u8>(&mut self, x: *const u8, b: usize) {
         // SAFETY: as the caller promises; the reads are unaligned copies of one block.
         unsafe {
             match K {
@@ -210,7 +210,7 @@ unsafe fn sums_portable<const K: u8>(w: &Decoded, y: *const i8, bsums: &[i16; 16
 
 /// A decoded quant's value as stored (IQ4_XS's bytes are signed).
 #[inline(always)]
-fn quant<const K: u8>(q: u8) -> i32 {
+pub(super) fn quant<const K: u8>(q: u8) -> i32 {
     if K == IQ4XS {
         i32::from(q as i8)
     } else {
@@ -220,7 +220,7 @@ fn quant<const K: u8>(q: u8) -> i32 {
 
 /// `(s1, s2)` from the scaled quant products and the weighted bsums.
 #[inline(always)]
-fn finish<const K: u8>(dot: i32, corr: i32) -> (i32, i32) {
+pub(super) fn finish<const K: u8>(dot: i32, corr: i32) -> (i32, i32) {
     match K {
         Q6K => (dot - 32 * corr, 0),
         Q3K => (dot - 4 * corr, 0),

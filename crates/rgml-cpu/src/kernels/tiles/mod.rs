@@ -2,7 +2,8 @@
 //! give each output the bits its path's pair dot (floor 2) or ggml's tile kernel gives.
 //! - [`legacy`]: register tiles for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (AVX2, AVX-512
 //!   VNNI), and the matrix-vector kernels that prefetch weight rows;
-//! - [`kquant`]: ggml's tiled K-quant and IQ4_XS kernel (from 8 activation rows);
+//! - [`kquant`]: ggml's tiled K-quant and IQ4_XS kernel (from 8 activation rows), and
+//!   [`kquant_amx`] its integer sums on AMX tiles;
 //! - [`repack`]: the 4-row interleaved layouts of repacked weights;
 //! - [`float_avx2`], [`bf16`]: F32/F16/BF16 tiles (tinyBLAS, `vdpbf16ps`).
 
@@ -10,5 +11,7 @@ pub(crate) mod bf16;
 pub(crate) mod float;
 pub(crate) mod float_avx2;
 pub(crate) mod kquant;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kquant_amx;
 pub(crate) mod legacy;
 pub(crate) mod repack;
