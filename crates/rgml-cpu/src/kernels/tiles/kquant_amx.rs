@@ -3,21 +3,23 @@
 //!
 //! ggml's tiled kernel computes, per output and 256-element super-block, two exact integers
 //! (`s1`, the sub-block-scaled quant products, and `s2`, the mins' products with the activation
-//! sums) and then three float steps in block order. Exact integers can be computed any way, so
-//! here the tile unit computes both and only the float steps follow ggml's order. Both are
-//! dot products of the 256 activation quants with per-element weight values:
-//! - `s1`: `v = (q - offset) * scale` (the `- 32` of Q6_K's and the `- 4` of Q3_K's quants
-//!   folded in, which is what ggml's correction by the block sums computes), an integer of at
-//!   most 14 bits, split into bytes `v = lo + 256 * hi` (`lo` unsigned, `hi` signed) so that
-//!   the tile unit's int8 products (`tdpbsud` for `lo`, `tdpbssd` for `hi`) give it without a
-//!   per-sub-block pass; Q2_K's `v` fits `lo`;
-//! - `s2` (Q2_K, Q4_K, Q5_K): each element's sub-block min, a third plane.
+//! block sums) and then three float steps in block order. Exact integers can be computed any
+//! way, so here the tile unit computes `s1` and only the float steps follow ggml's order:
+//! - `s1` is the dot product of the activation quants with `v = (q - offset) * scale` per
+//!   element (the `- 32` of Q6_K's and the `- 4` of Q3_K's quants folded in, which is what
+//!   ggml's correction by the block sums computes), an integer of at most 14 bits, split into
+//!   bytes `v = lo + 256 * hi` (`lo` unsigned, `hi` signed) so that the tile unit's int8
+//!   products (`tdpbsud` for `lo`, `tdpbssd` for `hi`) give it with no per-sub-block pass;
+//!   Q2_K's `v` fits `lo` alone;
+//! - `s2` (Q2_K, Q4_K, Q5_K) comes from the Q8_K block sums with `madd` on the vector units,
+//!   which run beside the tile unit.
 //!
-//! The activation rows (signed Q8_K quants) are the A tile as they lie in the work area, 16
+//! The activation rows (signed Q8_K quants) are the A tiles as they lie in the work area, 16
 //! rows `wrow` bytes apart. A block of 16 weight rows is decoded once per call into B tiles (a
-//! 16 x 16 transpose of 4-byte groups per 64 elements) that serve every tile of 16 activation
-//! rows. The float steps (`res = d0 * s1`, `res = fnmadd(dmin0, s2, res)`, `acc = fma(res, d1,
-//! acc)`) run on 16 weight rows at once in AVX-512 registers.
+//! 16 x 16 transpose of 4-byte groups per 64 elements) that serve every pair of activation
+//! tiles; each B tile loaded serves two activation tiles, since tile loads, not products, bound
+//! the speed. The float steps (`res = d0 * s1`, `res = fnmadd(dmin0, s2, res)`,
+//! `acc = fma(res, d1, acc)`) run on 16 weight rows at once in AVX-512 registers.
 //!
 //! The integer sums fit in i32 (256 products of at most 14 and 8 bits), so the result equals
 //! [`super::kquant::row`]'s bit for bit (tested below against it on random rows).
@@ -33,7 +35,7 @@ use std::arch::x86_64::*;
 /// Weight rows per call (the 16 i32 columns of a tile).
 pub(crate) const ROWS: usize = 16;
 
-/// Activation rows per tile.
+/// Activation rows per tile; tiles go in pairs.
 const TOKENS: usize = 16;
 
 /// Bytes of one plane of a decoded super-block: 4 B tiles of 64 elements by 16 rows.
@@ -42,17 +44,19 @@ const PLANE: usize = 4 * 1024;
 /// The planes, in the order they sit in a decoded super-block and in the results.
 const LO: usize = 0;
 const HI: usize = 1;
-const MIN: usize = 2;
 
-/// Bytes of one decoded super-block of a 16-row block: 3 planes, then `d0` and `dmin0`.
-const BLOCK_BYTES: usize = 3 * PLANE + 2 * 64;
-const D0: usize = 3 * PLANE;
+/// Bytes of one decoded super-block of a 16-row block: 2 planes, the weights of the block sums
+/// as `madd` pairs (8 x 16 i32), `d0` and `dmin0`.
+const BLOCK_BYTES: usize = 2 * PLANE + 8 * 64 + 2 * 64;
+const CORR: usize = 2 * PLANE;
+const D0: usize = CORR + 8 * 64;
 const DMIN: usize = D0 + 64;
 
 /// The decoded rows in element order (16 rows of 256 bytes per plane), before the transpose
-/// into tiles, and the i32 result tiles of the planes.
-const NATURAL_BYTES: usize = 3 * ROWS * QK_K;
-const RESULT_BYTES: usize = 3 * TOKENS * 64;
+/// into tiles.
+const NATURAL_BYTES: usize = 2 * ROWS * QK_K;
+/// The i32 results of a pair of activation tiles (two planes each) for one super-block.
+const RESULT_BYTES: usize = 2 * 2 * TOKENS * 64;
 
 /// Whether weights of kind `K` need the `hi` plane (every `v` but Q2_K's exceeds a byte).
 const fn has_hi(k: u8) -> bool {
@@ -70,7 +74,7 @@ const fn offset(k: u8) -> i16 {
 
 /// Scratch bytes a call needs for weight rows of `nb` super-blocks.
 pub(crate) fn scratch_bytes(nb: usize) -> usize {
-    nb * BLOCK_BYTES + NATURAL_BYTES + RESULT_BYTES
+    nb * BLOCK_BYTES + NATURAL_BYTES + 2 * RESULT_BYTES
 }
 
 /// Whether weights of `dtype` take the AMX path with `rows` src1 rows on a CPU with `f`.
@@ -130,26 +134,28 @@ unsafe fn rows_k<const K: u8>(
     // `decode` and `tokens` need.
     unsafe {
         decode::<K>(nb, x0, x_stride, mrows, tiles, natural);
-        let mut configured = usize::MAX;
-        for n0 in (0..ntok).step_by(TOKENS) {
-            let nt = TOKENS.min(ntok - n0);
-            if nt != configured {
+        let mut configured = (usize::MAX, usize::MAX);
+        for n0 in (0..ntok).step_by(2 * TOKENS) {
+            let nt0 = TOKENS.min(ntok - n0);
+            let nt1 = TOKENS.min(ntok - n0 - nt0);
+            if (nt0, nt1) != configured {
                 let mut cfg = TileConfig::new();
-                for t in 0..5 {
-                    cfg.set(t, nt as u8, 64);
+                for (t, rows) in [(0, nt0), (1, nt0), (2, nt1), (3, nt1), (4, nt0), (5, nt1)] {
+                    if rows > 0 {
+                        cfg.set(t, rows as u8, 64);
+                    }
                 }
-                for t in 5..8 {
-                    cfg.set(t, 16, 64);
-                }
+                cfg.set(6, 16, 64);
+                cfg.set(7, 16, 64);
                 cfg.load();
-                configured = nt;
+                configured = (nt0, nt1);
             }
             let y = y0.add(n0 * y_stride);
             let out = dst.add(n0 * dst_stride);
             tokens::<K>(
                 nb,
                 tiles,
-                (y, y_stride, nt),
+                (y, y_stride, nt0, nt1),
                 (out, dst_stride, mrows),
                 result,
             );
@@ -185,10 +191,11 @@ unsafe fn decode<const K: u8>(
     let mut w = Decoded::new();
     for b in 0..nb {
         let block = &mut tiles[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
+        let mut corr = [[0i32; ROWS]; 8];
         let (mut d0, mut dmin) = ([0f32; ROWS], [0f32; ROWS]);
         for m in 0..ROWS {
             if m >= mrows {
-                for plane in [LO, HI, MIN] {
+                for plane in [LO, HI] {
                     natural[at(plane, m)..at(plane, m) + QK_K].fill(0);
                 }
                 continue;
@@ -214,17 +221,15 @@ unsafe fn decode<const K: u8>(
                     _mm256_storeu_si256(to.add(at(HI, m)).cast(), hi);
                 }
             }
-            if kquant::has_min(K) {
-                let row = &mut natural[at(MIN, m)..at(MIN, m) + QK_K];
-                for (group, &wt) in row.chunks_exact_mut(16).zip(&w.bsum_weights) {
-                    group.fill(wt as u8);
-                }
+            for (t, pair) in corr.iter_mut().enumerate() {
+                let (a, c) = (w.bsum_weights[2 * t], w.bsum_weights[2 * t + 1]);
+                pair[m] = i32::from(a as u16) | (i32::from(c) << 16);
             }
             d0[m] = w.d0;
             dmin[m] = w.dmin0;
         }
-        for plane in [LO, HI, MIN] {
-            if (plane == HI && !has_hi(K)) || (plane == MIN && !kquant::has_min(K)) {
+        for plane in [LO, HI] {
+            if plane == HI && !has_hi(K) {
                 continue;
             }
             for c in 0..4 {
@@ -242,59 +247,49 @@ unsafe fn decode<const K: u8>(
                 }
             }
         }
+        block[CORR..D0].copy_from_slice(bytemuck::cast_slice(&corr));
         block[D0..DMIN].copy_from_slice(bytemuck::cast_slice(&d0));
         block[DMIN..BLOCK_BYTES].copy_from_slice(bytemuck::cast_slice(&dmin));
     }
 }
 
-/// One tile of `nt` activation rows by the decoded 16 weight rows, every super-block in
-/// order, into `out + n * out_stride` (the first `mrows` floats of each row).
+/// A pair of activation tiles (`nt0` and `nt1` rows; `nt1` may be 0) by the decoded 16 weight
+/// rows, every super-block in order, into `out + n * out_stride` (the first `mrows` floats of
+/// each row).
 ///
 /// # Safety
-/// AVX-512 F/BW and the tiles configured for `nt` rows; `tiles` decoded by [`decode`]; the
-/// activation rows readable (`nb` Q8_K blocks each); the outputs writable.
+/// AVX-512 F/BW and the tiles configured for `nt0`/`nt1` rows; `tiles` decoded by [`decode`];
+/// the activation rows readable (`nb` Q8_K blocks each); the outputs writable.
 #[inline(always)]
 unsafe fn tokens<const K: u8>(
     nb: usize,
     tiles: &[u8],
-    (y, y_stride, nt): (*const u8, usize, usize),
+    (y, y_stride, nt0, nt1): (*const u8, usize, usize, usize),
     (out, out_stride, mrows): (*mut u8, usize, usize),
     result: &mut [u8],
 ) {
+    let nt = nt0 + nt1;
     // SAFETY: AVX-512 F, as the caller promises.
-    let mut acc = [unsafe { _mm512_setzero_ps() }; TOKENS];
-    for b in 0..nb {
-        let block = tiles[b * BLOCK_BYTES..].as_ptr();
-        let res = result.as_mut_ptr();
-        // SAFETY: the tiles are configured (the caller's promise); A rows: 64 quants of
-        // super-block `b` of each activation row; B: the block's decoded planes; results into
-        // `result` (a plane's 16 rows of 64 bytes each).
-        unsafe {
-            amx::zero::<0>();
-            if has_hi(K) {
-                amx::zero::<1>();
-            }
-            if kquant::has_min(K) {
-                amx::zero::<2>();
-            }
-            let qs = y.add(b * Q8K_BYTES + 4);
-            // A alternates between tiles 3 and 4 and each plane has its own B tile, so the
-            // loads for the next products need not wait for the last ones.
-            chunk::<K, 3>(qs, y_stride, block, 0);
-            chunk::<K, 4>(qs, y_stride, block, 1);
-            chunk::<K, 3>(qs, y_stride, block, 2);
-            chunk::<K, 4>(qs, y_stride, block, 3);
-            amx::store::<0>(res, 64);
-            if has_hi(K) {
-                amx::store::<1>(res.add(HI * TOKENS * 64), 64);
-            }
-            if kquant::has_min(K) {
-                amx::store::<2>(res.add(MIN * TOKENS * 64), 64);
-            }
+    let mut acc = [unsafe { _mm512_setzero_ps() }; 2 * TOKENS];
+    // Software pipelined: super-block b's products go to the tile unit, then the float steps
+    // of block b - 1 run on the vector units meanwhile, from the other half of `result`.
+    for b in 0..=nb {
+        if b < nb {
+            let block = tiles[b * BLOCK_BYTES..].as_ptr();
+            let res = result[(b % 2) * RESULT_BYTES..].as_mut_ptr();
+            // SAFETY: the tiles are configured (the caller's promise); A rows: the quants of
+            // super-block `b` of each activation row; B: the block's decoded planes; results
+            // into this block's half of `result`.
+            unsafe { products::<K>(block, y.add(b * Q8K_BYTES + 4), y_stride, nt1 > 0, res) };
         }
-        // SAFETY: the decoded block's scales and the results are in bounds; the Q8_K blocks
-        // `b` of the `nt` activation rows are readable.
-        unsafe { epilogue::<K>(block, res, y.add(b * Q8K_BYTES), y_stride, &mut acc[..nt]) };
+        if b > 0 {
+            let block = tiles[(b - 1) * BLOCK_BYTES..].as_ptr();
+            let res = result[((b - 1) % 2) * RESULT_BYTES..].as_ptr();
+            let q8 = y.wrapping_add((b - 1) * Q8K_BYTES);
+            // SAFETY: the decoded block and its results are in bounds; the Q8_K blocks `b - 1`
+            // of the `nt` activation rows are readable.
+            unsafe { epilogue::<K>(block, res, q8, y_stride, &mut acc[..nt]) };
+        }
     }
     let mask = if mrows >= 16 {
         u16::MAX
@@ -308,44 +303,72 @@ unsafe fn tokens<const K: u8>(
     }
 }
 
-/// The products of chunk `c` (64 elements) of a super-block: activations into tile `A`, each
-/// plane's B tile (5, 6, 7) and its accumulator (0, 1, 2).
+/// One super-block's products for the pair of activation tiles at `qs` (the first row's
+/// quants; the second tile's rows follow the first's 16, `y_stride` apart), into the result
+/// tiles at `res`: tile t's plane p at `res + (2 * t + p) * 1024`.
 ///
 /// # Safety
-/// The tiles configured; the activation rows' 64 quants at `qs + 64 * c` readable, `y_stride`
-/// apart; `block` a decoded super-block.
+/// The tiles configured; the activation rows' 256 quants readable; `block` a decoded
+/// super-block; `res` holds `RESULT_BYTES` writable bytes.
 #[inline(always)]
-unsafe fn chunk<const K: u8, const A: u8>(
+unsafe fn products<const K: u8>(
+    block: *const u8,
     qs: *const u8,
     y_stride: usize,
-    block: *const u8,
-    c: usize,
+    pair: bool,
+    res: *mut u8,
 ) {
+    let second = qs.wrapping_add(TOKENS * y_stride);
     // SAFETY: as the caller promises.
     unsafe {
-        amx::load::<A>(qs.add(64 * c), y_stride);
-        amx::load::<5>(block.add(LO * PLANE + c * 1024), 64);
+        amx::zero::<0>();
         if has_hi(K) {
-            amx::load::<6>(block.add(HI * PLANE + c * 1024), 64);
+            amx::zero::<1>();
         }
-        if kquant::has_min(K) {
-            amx::load::<7>(block.add(MIN * PLANE + c * 1024), 64);
+        if pair {
+            amx::zero::<2>();
+            if has_hi(K) {
+                amx::zero::<3>();
+            }
         }
-        amx::dot_signed_unsigned::<0, A, 5>();
+        for c in 0..4 {
+            amx::load::<4>(qs.add(64 * c), y_stride);
+            if pair {
+                amx::load::<5>(second.add(64 * c), y_stride);
+            }
+            amx::load::<6>(block.add(LO * PLANE + c * 1024), 64);
+            if has_hi(K) {
+                amx::load::<7>(block.add(HI * PLANE + c * 1024), 64);
+            }
+            amx::dot_signed_unsigned::<0, 4, 6>();
+            if pair {
+                amx::dot_signed_unsigned::<2, 5, 6>();
+            }
+            if has_hi(K) {
+                amx::dot_signed_signed::<1, 4, 7>();
+                if pair {
+                    amx::dot_signed_signed::<3, 5, 7>();
+                }
+            }
+        }
+        amx::store::<0>(res, 64);
         if has_hi(K) {
-            amx::dot_signed_signed::<1, A, 6>();
+            amx::store::<1>(res.add(1024), 64);
         }
-        if kquant::has_min(K) {
-            amx::dot_signed_unsigned::<2, A, 7>();
+        if pair {
+            amx::store::<2>(res.add(2048), 64);
+            if has_hi(K) {
+                amx::store::<3>(res.add(3072), 64);
+            }
         }
     }
 }
 
-/// The float steps of one super-block for every activation row of the tile, from the planes'
-/// result tiles.
+/// The float steps of one super-block for every activation row of the tile pair: `s1` from the
+/// result tiles, `s2` from the Q8_K block sums.
 ///
 /// # Safety
-/// AVX-512 F/BW; `block` a decoded super-block, `res` its result tiles of `acc.len()` rows,
+/// AVX-512 F/BW; `block` a decoded super-block, `res` its result tiles for `acc.len()` rows,
 /// `q8` the Q8_K block of the first activation row (the others `q8_stride` apart).
 #[inline(always)]
 unsafe fn epilogue<const K: u8>(
@@ -359,17 +382,27 @@ unsafe fn epilogue<const K: u8>(
     unsafe {
         let d0 = _mm512_loadu_ps(block.add(D0).cast());
         let dmin = _mm512_loadu_ps(block.add(DMIN).cast());
+        let weights: [__m512i; 8] =
+            std::array::from_fn(|t| _mm512_loadu_si512(block.add(CORR + 64 * t).cast()));
         for (n, a) in acc.iter_mut().enumerate() {
-            let plane = |p: usize| _mm512_loadu_si512(res.add(p * TOKENS * 64 + 64 * n).cast());
-            let mut s1 = plane(LO);
+            let row = q8.add(n * q8_stride);
+            let tile = res.add((n / TOKENS) * 2048 + (n % TOKENS) * 64);
+            let mut s1 = _mm512_loadu_si512(tile.cast());
             if has_hi(K) {
-                s1 = _mm512_add_epi32(s1, _mm512_slli_epi32::<8>(plane(HI)));
+                let hi = _mm512_loadu_si512(tile.add(1024).cast());
+                s1 = _mm512_add_epi32(s1, _mm512_slli_epi32::<8>(hi));
             }
             let mut r = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(s1));
             if kquant::has_min(K) {
-                r = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(plane(MIN)), r);
+                let bsums = row.add(4 + QK_K);
+                let mut s2 = _mm512_setzero_si512();
+                for (t, wt) in weights.iter().enumerate() {
+                    let pair = _mm512_set1_epi32(bsums.add(4 * t).cast::<i32>().read_unaligned());
+                    s2 = _mm512_add_epi32(s2, _mm512_madd_epi16(pair, *wt));
+                }
+                r = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2), r);
             }
-            let d1 = _mm512_set1_ps(q8.add(n * q8_stride).cast::<f32>().read_unaligned());
+            let d1 = _mm512_set1_ps(row.cast::<f32>().read_unaligned());
             *a = _mm512_fmadd_ps(r, d1, *a);
         }
     }
@@ -406,7 +439,13 @@ mod tests {
             DType::IQ4_XS,
         ];
         for dtype in types {
-            for (k, mrows, ntok) in [(256, 16, 16), (512, 11, 37), (768, 16, 8), (256, 1, 20)] {
+            for (k, mrows, ntok) in [
+                (256, 16, 16),
+                (512, 11, 37),
+                (768, 16, 8),
+                (256, 1, 20),
+                (256, 16, 64),
+            ] {
                 let nb = k / QK_K;
                 let xrow = dtype.row_bytes(k).unwrap();
                 let mut x = vec![0u8; xrow * mrows];
@@ -444,6 +483,67 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// `cargo test --release -p rgml-cpu --lib amx_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn amx_speed() {
+        let f = CpuFeatures::detect();
+        if !f.has_amx_int8() {
+            return;
+        }
+        let ntok: usize = std::env::var("NTOK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(512);
+        let (k, mrows_total) = (2048usize, 256usize);
+        let nb = k / QK_K;
+        for dtype in [DType::Q4_K, DType::Q6_K] {
+            let xrow = dtype.row_bytes(k).unwrap();
+            let x: Vec<u8> = (0..xrow * mrows_total)
+                .map(|i| (i * 31 % 251) as u8)
+                .collect();
+            let mut x = x;
+            for r in x.chunks_exact_mut(xrow) {
+                let v: Vec<f32> = (0..k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
+                rgml::quant::quantize_row(dtype, &v, r).unwrap();
+            }
+            let yrow = DType::Q8_K.row_bytes(k).unwrap();
+            let mut y = vec![0u8; yrow * ntok];
+            for r in y.chunks_exact_mut(yrow) {
+                let v: Vec<f32> = (0..k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0).collect();
+                rgml::quant::quantize_row(DType::Q8_K, &v, r).unwrap();
+            }
+            let mut out = vec![0u8; ntok * mrows_total * 4];
+            let mut scratch = vec![0u8; scratch_bytes(nb)];
+            let mut best = f64::MAX;
+            for _ in 0..7 {
+                let t = std::time::Instant::now();
+                for r0 in (0..mrows_total).step_by(16) {
+                    // SAFETY: sizes as promised.
+                    unsafe {
+                        rows(
+                            dtype,
+                            nb,
+                            (x[r0 * xrow..].as_ptr(), xrow, 16),
+                            (y.as_ptr(), yrow, ntok),
+                            (out[r0 * 4..].as_mut_ptr(), mrows_total * 4),
+                            &mut scratch,
+                        )
+                    };
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let s = best;
+            let macs = (k * ntok * mrows_total) as f64;
+            println!("{dtype}: {:.1} GMAC/s", macs / s / 1e9);
         }
     }
 }
