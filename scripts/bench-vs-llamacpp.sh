@@ -4,20 +4,28 @@
 # Builds the reference llama.cpp for the chosen instruction set once (scripts/llamacpp.sh),
 # builds `rgml` in release, then for each model and each load level runs llama-bench and
 # `rgml bench` alternately, R rounds each, and prints a table of pp and tg tokens/s (mean over
-# rounds) with the ratios rgml / llama.cpp against the targets (tg >= 1.5x, pp >= 2x). A quiet
-# tg row also passes at >= 85% of this machine's limit: the file's bytes read once per token at
+# rounds) with the ratios rgml / llama.cpp against issue 31's targets (tg >= 1.1x; pp >= 1.5x,
+# >= 3x where the CPU has AMX, whose path llama.cpp's native build cannot run here; tg at depth
+# >= 1x). A quiet tg row also passes at >= 90% of this machine's limit: the file's bytes read once per token at
 # the DRAM read bandwidth that `cargo bench -p rgml-cpu` measures (the better of 1 and THREADS
-# threads), shown in the limit column.
+# threads), shown in the limit column. A pp row's limit is the int8 multiply-add peak the same
+# benchmark measures (AMX where the CPU has it, else AVX-512 VNNI) over the file's parameter
+# count, one multiply-add per parameter and token.
 #
 # Usage: scripts/bench-vs-llamacpp.sh [-r ROUNDS] [-t THREADS] [-p N_PROMPT] [-n N_GEN]
-#            [-m MODEL]... [--busy N[,N..]] [--isa native|avx2|avx512] [--no-repack]
-#            [--dram-gbs GBS]
+#            [-d DEPTH] [-m MODEL]... [-s SHAPE:TYPE]... [--busy N[,N..]]
+#            [--isa native|avx2|avx512] [--no-repack] [--dram-gbs GBS]
 #   -m MODEL     a GGUF file; repeat for several (default: the demo model)
+#   -s SHAPE:TYPE a real-size random-weight file made by `rgml-random-model --shape SHAPE
+#                --type TYPE` (e.g. llama-1b:Q4_K_M, llama-3b:Q8_0, llama-8b:Q4_0), kept in
+#                ~/.cache/rgml/random-models/; repeat for several
+#   -d DEPTH     also tg N_GEN with DEPTH tokens already in the KV cache (llama-bench -d;
+#                e.g. 4096), quiet rounds only
 #   --busy LIST  load levels: N CPU-bound background processes run during those rounds
 #                (default 0; e.g. --busy 0,1,2)
 #   --isa ISA    llama.cpp built for ISA (scripts/llamacpp.sh) and rgml forced to the same
-#                arithmetic with RGML_CPU_ISA (default native: each uses what the CPU has), so
-#                an AVX-512 machine can measure the AVX2 path of both
+#                arithmetic with RGML_CPU_ISA and without AMX (default native: each uses what
+#                the CPU has), so an AVX-512 machine can measure the AVX2 path of both
 #   --no-repack  llama.cpp without repacked weights (its arithmetic reference); by default it
 #                repacks, its fastest configuration
 #   --dram-gbs G the DRAM read bandwidth in GB/s for the tg limit (default: measured first)
@@ -27,15 +35,17 @@ cd "$(dirname "$0")/.."
 
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
-N_PROMPT=${N_PROMPT:-256}
-N_GEN=${N_GEN:-64}
+N_PROMPT=${N_PROMPT:-512}
+N_GEN=${N_GEN:-128}
+DEPTH=0
 MODELS=()
+SHAPES=()
 BUSY=0
 ISA=native
 REPACK=1
 DRAM_GBS=
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case $1 in
         -r) ROUNDS=${2:?}; shift 2 ;;
@@ -43,6 +53,8 @@ while [ $# -gt 0 ]; do
         -p) N_PROMPT=${2:?}; shift 2 ;;
         -n) N_GEN=${2:?}; shift 2 ;;
         -m) MODELS+=("${2:?}"); shift 2 ;;
+        -s) SHAPES+=("${2:?}"); shift 2 ;;
+        -d) DEPTH=${2:?}; shift 2 ;;
         --busy) BUSY=${2:?}; shift 2 ;;
         --isa) ISA=${2:?}; shift 2 ;;
         --no-repack) REPACK=0; shift ;;
@@ -57,11 +69,13 @@ for v in ROUNDS THREADS N_PROMPT N_GEN; do
         exit 2
     fi
 done
+[[ $DEPTH =~ ^[0-9]+$ ]] || { echo "-d takes a token count (got '$DEPTH')" >&2; exit 2; }
 [[ $BUSY =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "--busy takes N[,N..] (got '$BUSY')" >&2; exit 2; }
 rgml_isa=()
 case $ISA in
     native) ;;
-    avx2 | avx512) rgml_isa=(env "RGML_CPU_ISA=$ISA") ;;
+    # The forced instruction set's path of both: no AMX tiles for rgml either.
+    avx2 | avx512) rgml_isa=(env "RGML_CPU_ISA=$ISA" RGML_CPU_AMX=0) ;;
     *) echo "--isa takes native, avx2 or avx512 (got '$ISA')" >&2; exit 2 ;;
 esac
 
@@ -70,8 +84,22 @@ log() { echo "== $*" >&2; }
 bin=$(bash scripts/llamacpp.sh --isa "$ISA" llama-bench | tail -n 1)
 llama_bench=$bin/llama-bench
 log "building rgml (release)"
-cargo build --release --quiet -p rgml-cli
+cargo build --release --quiet -p rgml-cli -p rgml-testmodels
 rgml=target/release/rgml
+random_dir=$HOME/.cache/rgml/random-models
+for st in ${SHAPES[@]+"${SHAPES[@]}"}; do
+    shape=${st%%:*}
+    type=${st#*:}
+    [ "$shape" != "$st" ] || { echo "-s takes SHAPE:TYPE (got '$st')" >&2; exit 2; }
+    mkdir -p "$random_dir"
+    f=$random_dir/$shape-$type.gguf
+    if [ ! -f "$f" ]; then
+        log "writing $f (rgml-random-model, seed 0)"
+        target/release/rgml-random-model --shape "$shape" --type "$type" --out "$f.tmp" >&2
+        mv "$f.tmp" "$f"
+    fi
+    MODELS+=("$f")
+done
 if [ ${#MODELS[@]} -eq 0 ]; then
     bash scripts/fetch-model.sh
     MODELS=(models/SmolLM2-135M-Instruct.Q4_1.gguf)
@@ -80,13 +108,18 @@ for m in "${MODELS[@]}"; do
     [ -f "$m" ] || { echo "model $m not found" >&2; exit 1; }
 done
 
+log "measuring the DRAM read bandwidth and the int8 peaks (cargo bench -p rgml-cpu)"
+ceilings=$(RGML_BENCH_QUICK=1 RGML_BENCH_ONLY=mul_mat RGML_BENCH_DTYPES=f32 \
+    RGML_BENCH_THREADS="$THREADS" cargo bench -q -p rgml-cpu --bench kernels 2>/dev/null)
 if [ -z "$DRAM_GBS" ]; then
-    log "measuring the DRAM read bandwidth (cargo bench -p rgml-cpu)"
-    DRAM_GBS=$(RGML_BENCH_QUICK=1 RGML_BENCH_ONLY=mul_mat RGML_BENCH_DTYPES=f32 \
-        RGML_BENCH_THREADS="$THREADS" cargo bench -q -p rgml-cpu --bench kernels 2>/dev/null |
-        sed -n 's/^| DRAM read, [^|]* |[^|]* | \([0-9.]*\) GB\/s |$/\1/p' | sort -g | tail -n 1)
+    DRAM_GBS=$(sed -n 's/^| DRAM read, [^|]* |[^|]* | \([0-9.]*\) GB\/s |$/\1/p' <<<"$ceilings" |
+        sort -g | tail -n 1)
 fi
 [[ $DRAM_GBS =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "no DRAM bandwidth (got '$DRAM_GBS')" >&2; exit 1; }
+# The best int8 multiply-add peak ("AMX 3843" or "AVX-512 VNNI 498", GMAC/s), or "- 0".
+INT8_PEAK=$(sed -n 's/^| int8 multiply-adds, \([^,]*\), [^|]* | | \([0-9.]*\) GMAC\/s |$/\1 \2/p' \
+    <<<"$ceilings" | sort -k2 -g | tail -n 1 | tr ' ' '_')
+INT8_PEAK=${INT8_PEAK:-none_0}
 
 work=$(mktemp -d)
 busy_pids=()
@@ -105,9 +138,11 @@ start_busy() {
 
 results=$work/results
 : >"$results"
+params=$work/params
+: >"$params"
 sizes=$work/sizes
 for m in "${MODELS[@]}"; do
-    echo "$(basename "$m" .gguf) $(stat -c %s "$m")" >>"$sizes"
+    echo "$(basename "$m" .gguf) $(stat -L -c %s "$m")" >>"$sizes"
 done
 IFS=, read -r -a levels <<<"$BUSY"
 for m in "${MODELS[@]}"; do
@@ -121,10 +156,23 @@ for m in "${MODELS[@]}"; do
                 cat "$work/llama.err" >&2
                 exit 1
             fi
+            if [ "$DEPTH" -gt 0 ] && [ "$busy" = 0 ]; then
+                if ! LD_LIBRARY_PATH=$bin "$llama_bench" -m "$m" -p 0 -n "$N_GEN" -d "$DEPTH" \
+                    -t "$THREADS" -r 1 -o json --repack "$REPACK" >"$work/llama-d.json" \
+                    2>"$work/llama.err"; then
+                    cat "$work/llama.err" >&2
+                    exit 1
+                fi
+                python3 - "$work/llama-d.json" "$work/llama.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[2])) + json.load(open(sys.argv[1]))
+json.dump(a, open(sys.argv[2], "w"))
+PY
+            fi
             python3 - "$work/llama.json" "$name" "$busy" >>"$results" <<'PY'
 import json, sys
 for t in json.load(open(sys.argv[1])):
-    kind = "pp" if t["n_gen"] == 0 else "tg"
+    kind = "pp" if t["n_gen"] == 0 else ("tgd" if t.get("n_depth", 0) > 0 else "tg")
     print(sys.argv[2], sys.argv[3], "llama.cpp", kind, t["avg_ts"])
 PY
             log "$name, busy $busy, round $round/$ROUNDS: rgml bench"
@@ -132,11 +180,20 @@ PY
             # model by default.
             "${rgml_isa[@]}" "$rgml" bench -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 \
                 -ngl 0 --json >"$work/rgml.json"
-            python3 - "$work/rgml.json" "$name" "$busy" >>"$results" <<'PY'
+            if [ "$DEPTH" -gt 0 ] && [ "$busy" = 0 ]; then
+                "${rgml_isa[@]}" "$rgml" bench -m "$m" -p 0 -n "$N_GEN" -d "$DEPTH" \
+                    -t "$THREADS" -r 1 -ngl 0 --json >>"$work/rgml.json"
+            fi
+            python3 - "$work/rgml.json" "$name" "$busy" "$params" >>"$results" <<'PY'
 import json, sys
-v = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+lines = [json.loads(l) for l in open(sys.argv[1]).read().strip().splitlines()]
+v = lines[0]
 print(sys.argv[2], sys.argv[3], "rgml pp", v["pp_tok_s"])
 print(sys.argv[2], sys.argv[3], "rgml tg", v["tg_tok_s"])
+for d in lines[1:]:
+    print(sys.argv[2], sys.argv[3], "rgml tgd", d["tg_tok_s"])
+with open(sys.argv[4], "a") as f:
+    f.write(f"{sys.argv[2]} {v['n_params']}\n")
 PY
         done
         stop_busy
@@ -144,11 +201,14 @@ PY
 done
 
 python3 - "$results" "$N_PROMPT" "$N_GEN" "$THREADS" "$ROUNDS" "$ISA" "$REPACK" "$sizes" \
-    "$DRAM_GBS" <<'PY'
+    "$DRAM_GBS" "$params" "$INT8_PEAK" "$DEPTH" <<'PY'
 import os, statistics, sys
-path, n_prompt, n_gen, threads, rounds, isa, repack, sizes, dram = sys.argv[1:]
+path, n_prompt, n_gen, threads, rounds, isa, repack, sizes, dram, params, peak, depth = sys.argv[1:]
 size = {m: int(b) for m, b in (l.split() for l in open(sizes))}
+n_params = {m: int(n) for m, n in (l.split() for l in open(params))}
 dram = float(dram) * 1e9
+peak_name, peak = peak.rsplit("_", 1)
+peak_name, peak = peak_name.replace("_", " "), float(peak) * 1e9
 runs = {}
 for line in open(path):
     model, busy, tool, kind, ts = line.split()
@@ -160,12 +220,18 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 print(f"{threads} threads, {rounds} rounds (alternating), CPU {cpu}, instruction set {isa}, "
       f"llama.cpp repack {'on' if repack == '1' else 'off'}")
 print("tokens/s (mean); quiet = rgml's share of its own quiet speed under that load; limit = "
-      f"the file read once per token at {dram / 1e9:.1f} GB/s (DRAM read), and rgml's share of it")
+      f"tg: the file read once per token at {dram / 1e9:.1f} GB/s (DRAM read); pp: one int8 "
+      f"multiply-add per parameter and token at {peak_name}'s {peak / 1e9:.0f} GMAC/s; and "
+      "rgml's share of it")
 print("| model | busy | test | llama.cpp | rgml | rgml / llama.cpp | target | quiet | limit |")
 print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 keys = sorted({(m, b) for (m, b, _, _) in runs})
 for model, busy in keys:
-    for kind, n, target in (("pp", n_prompt, 2.0), ("tg", n_gen, 1.5)):
+    pp_target = 3.0 if peak_name == "AMX" and isa == "native" else 1.5
+    tests = [("pp", f"pp{n_prompt}", pp_target), ("tg", f"tg{n_gen}", 1.1)]
+    if int(depth) > 0 and busy == 0:
+        tests.append(("tgd", f"tg{n_gen}@d{depth}", 1.0))
+    for kind, label, target in tests:
         l, r = mean(model, busy, "llama.cpp", kind), mean(model, busy, "rgml", kind)
         q = mean(model, 0, "rgml", kind)
         ratio = r / l if l > 0 else float("nan")
@@ -175,11 +241,14 @@ for model, busy in keys:
         if kind == "tg" and busy == 0 and size.get(model):
             lim = dram / size[model]
             limit = f"{lim:.0f} ({r / lim:.0%})"
-            if r >= 0.85 * lim:
-                goal += " or >= 85% of limit"
+            if r >= 0.9 * lim:
+                goal += " or >= 90% of limit"
                 ok = True
+        if kind == "pp" and busy == 0 and n_params.get(model) and peak > 0:
+            lim = peak / n_params[model]
+            limit = f"{lim:.0f} ({r / lim:.0%})"
         share = f"{r / q:.2f}" if busy and q == q and q > 0 else "-"
-        print(f"| {model} | {busy} | {kind}{n} | {l:.1f} | {r:.1f} | {ratio:.2f}x "
+        print(f"| {model} | {busy} | {label} | {l:.1f} | {r:.1f} | {ratio:.2f}x "
               f"{'PASS' if ok else 'MISS'} | {goal} | {share} | {limit} |")
 load = open("/proc/loadavg").read().split()[0]
 print(f"load average (1 min) after the runs: {load} on {os.cpu_count()} CPUs")

@@ -442,6 +442,18 @@ fn main() {
         Some(g) => println!("| f32 FMA (widest vectors), {threads} threads | {NOMINAL_GFLOPS:.0} GFLOP/s | {g:.1} GFLOP/s |"),
         None => println!("| f32 FMA, {threads} threads | {NOMINAL_GFLOPS:.0} GFLOP/s | (no AVX2/FMA) |"),
     }
+    let (vnni, amx) = rgml_cpu::bench_support::int8_peak_macs(threads);
+    for (name, peak) in [("AVX-512 VNNI", vnni), ("AMX", amx)] {
+        match peak {
+            Some(p) => println!(
+                "| int8 multiply-adds, {name}, {threads} threads | | {:.0} GMAC/s |",
+                p / 1e9
+            ),
+            None => {
+                println!("| int8 multiply-adds, {name}, {threads} threads | | (not on this CPU) |")
+            }
+        }
+    }
     println!();
 
     // --- MUL_MAT per dtype ---

@@ -106,6 +106,36 @@ pub mod bench_support {
         }
     }
 
+    /// Int8 multiply-adds per second of `threads` threads running at once: `(AVX-512 VNNI,
+    /// AMX)`, each `None` where this CPU (or OS) lacks it.
+    pub fn int8_peak_macs(threads: usize) -> (Option<f64>, Option<f64>) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::simd::{amx, x86};
+            let all = |f: fn(usize) -> Option<f64>, rounds: usize| -> Option<f64> {
+                let rates: Vec<Option<f64>> = std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..threads.max(1))
+                        .map(|_| s.spawn(move || f(rounds)))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().ok().flatten())
+                        .collect()
+                });
+                rates.into_iter().sum()
+            };
+            (
+                all(x86::vnni_peak_macs, 20_000_000),
+                all(amx::peak_macs, 500_000),
+            )
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = threads;
+            (None, None)
+        }
+    }
+
     /// Repacked (4-row interleaved) weights against the plain tiled kernels, single thread,
     /// kernel only: the row and column loops MUL_MAT would run, without the graph around them.
     pub mod repack {

@@ -201,6 +201,57 @@ pub(crate) unsafe fn dot_signed_signed<const C: u8, const A: u8, const B: u8>() 
     unsafe { dot_tiles!("tdpbssd", C, A, B) }
 }
 
+/// Int8 multiply-adds per second of this thread's tile unit: `rounds` of four independent
+/// 16 x 16 x 64 `tdpbssd` products (the measurement behind the prompt limit of
+/// `scripts/bench-vs-llamacpp.sh`). `None` without AMX-INT8.
+pub(crate) fn peak_macs(rounds: usize) -> Option<f64> {
+    if !usable() {
+        return None;
+    }
+    let mut cfg = TileConfig::new();
+    for t in 0..8 {
+        cfg.set(t, 16, 64);
+    }
+    let operands = [1u8; 1024];
+    let start = std::time::Instant::now();
+    // SAFETY: usable(); every tile 16 rows of 64 bytes, loaded from 1 KiB.
+    unsafe {
+        cfg.load();
+        for t in 0..4 {
+            zero_any(t);
+        }
+        load::<4>(operands.as_ptr(), 64);
+        load::<5>(operands.as_ptr(), 64);
+        load::<6>(operands.as_ptr(), 64);
+        load::<7>(operands.as_ptr(), 64);
+        for _ in 0..rounds {
+            dot_signed_signed::<0, 4, 6>();
+            dot_signed_signed::<1, 4, 7>();
+            dot_signed_signed::<2, 5, 6>();
+            dot_signed_signed::<3, 5, 7>();
+        }
+        release();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    Some((rounds * 4 * 16 * 16 * 64) as f64 / secs)
+}
+
+/// Zero accumulator `t` (0..=3), chosen at run time.
+///
+/// # Safety
+/// As [`zero`].
+unsafe fn zero_any(t: usize) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        match t {
+            0 => zero::<0>(),
+            1 => zero::<1>(),
+            2 => zero::<2>(),
+            _ => zero::<3>(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -185,6 +185,40 @@ pub(crate) unsafe fn transpose16x16_epi32(rows: &mut [__m512i; 16]) {
     }
 }
 
+/// Int8 multiply-adds per second of this thread with AVX-512 VNNI: `rounds` of 8 independent
+/// 512-bit `vpdpbusd` (64 each). `None` without AVX-512 VNNI.
+pub(crate) fn vnni_peak_macs(rounds: usize) -> Option<f64> {
+    if !crate::kernels::isa::CpuFeatures::detect().has_avx512_vnni() {
+        return None;
+    }
+    let start = std::time::Instant::now();
+    // SAFETY: the CPU has AVX-512 F and VNNI (checked above).
+    let sum = unsafe { vnni_rounds(rounds) };
+    let secs = start.elapsed().as_secs_f64();
+    std::hint::black_box(sum);
+    Some((rounds * 8 * 64) as f64 / secs)
+}
+
+/// The loop of [`vnni_peak_macs`].
+///
+/// # Safety
+/// The CPU has AVX-512 F and VNNI.
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn vnni_rounds(rounds: usize) -> i32 {
+    let a = _mm512_set1_epi8(3);
+    let b = std::hint::black_box(_mm512_set1_epi8(-2));
+    let mut acc = [_mm512_setzero_si512(); 8];
+    for _ in 0..rounds {
+        for v in &mut acc {
+            *v = _mm512_dpbusd_epi32(*v, a, b);
+        }
+    }
+    let total = acc
+        .iter()
+        .fold(_mm512_setzero_si512(), |s, v| _mm512_add_epi32(s, *v));
+    _mm512_reduce_add_epi32(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
