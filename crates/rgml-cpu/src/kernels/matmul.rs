@@ -47,20 +47,124 @@ use crate::kernels::tiles::repack;
 use rgml::{DType, Error, Result, Tensor};
 use std::ops::Range;
 
+/// The tile kernels the floors below have for one weight type, by path (in the manner of
+/// ggml's `type_traits_cpu`). Whether a path runs also depends on the CPU and the activation
+/// rows ([`QuantPath::choose`]); every weight type has pair dots (`dots::vec_dot`, floor 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WeightKernels {
+    /// Register tiles with `vec_dot`'s (or tinyBLAS_Q0's) arithmetic and the matrix-vector
+    /// kernels ([`legacy`]).
+    pub register_tiles: bool,
+    /// ggml's tiled K-quant kernel from 8 activation rows ([`kquant`]; on AMX tiles where the
+    /// CPU has them, [`kquant_amx`]).
+    pub kquant_tiles: bool,
+    /// Weights repacked 4 rows at a time ([`repack`]).
+    pub repack: bool,
+    /// tinyBLAS's F32/F16/BF16 tiles ([`float`], [`float_avx2`], [`bf16`]).
+    pub float_tiles: bool,
+}
+
+/// The weight types MUL_MAT multiplies and their tile kernels (`None`: not a weight type).
+pub(crate) const fn weight_kernels(dtype: DType) -> Option<WeightKernels> {
+    use DType::*;
+    let none = WeightKernels {
+        register_tiles: false,
+        kquant_tiles: false,
+        repack: false,
+        float_tiles: false,
+    };
+    Some(match dtype {
+        F32 | F16 | BF16 => WeightKernels {
+            float_tiles: true,
+            ..none
+        },
+        Q4_0 | Q4_1 | Q8_0 => WeightKernels {
+            register_tiles: true,
+            repack: true,
+            ..none
+        },
+        Q5_0 | Q5_1 | IQ4_NL => WeightKernels {
+            register_tiles: true,
+            ..none
+        },
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => WeightKernels {
+            kquant_tiles: true,
+            ..none
+        },
+        _ => return None,
+    })
+}
+
+/// The path a block of quantized weight rows takes (phase 2).
+#[derive(Clone, Copy)]
+enum QuantPath {
+    /// Repacked weights ([`repack`]).
+    Packed,
+    /// One activation row by a matrix-vector kernel.
+    Matvec(crate::kernels::dots::run::MatvecKernel),
+    /// Several activation rows by a column kernel (AVX2 register tiles).
+    Cols(legacy::ColsKernel),
+    /// ggml's tiled K-quant kernel on AMX tiles.
+    KquantAmx,
+    /// ggml's tiled K-quant kernel.
+    Kquant,
+    /// Register tiles.
+    Tiled,
+    /// Pair by pair (`vec_dot`).
+    Pairs,
+}
+
+impl QuantPath {
+    /// The path of weights of `dtype` (packed or not) by `ne11` activation rows per batch whose
+    /// arithmetic is chosen as for `path_rows` rows, on a CPU with `f`: the first of ggml's
+    /// choices this CPU has a kernel for.
+    fn choose(f: CpuFeatures, dtype: DType, packed: bool, ne11: usize, path_rows: usize) -> Self {
+        let Some(caps) = weight_kernels(dtype) else {
+            return QuantPath::Pairs;
+        };
+        // Packed weights are read only by the repacked kernels (only types with `repack` are
+        // ever packed, `crate::buffer::packable`).
+        if packed {
+            return QuantPath::Packed;
+        }
+        let tiled = caps.register_tiles && legacy::takes(f, dtype, path_rows);
+        #[cfg(target_arch = "x86_64")]
+        if ne11 == 1 && dtype == DType::IQ4_NL {
+            // One row of IQ4_NL takes `vec_dot`'s arithmetic, not the tiles'.
+            if let Some(kernel) = lowbit::iq4_nl_matvec(f) {
+                return QuantPath::Matvec(kernel);
+            }
+        }
+        if let (1, true, Some(kernel)) = (ne11, tiled, legacy::matvec_kernel(f, dtype)) {
+            return QuantPath::Matvec(kernel);
+        }
+        if let (true, true, Some(kernel)) = (tiled, ne11 > 1, legacy::cols_kernel(f, dtype)) {
+            return QuantPath::Cols(kernel);
+        }
+        if caps.kquant_tiles && kquant::takes(dtype, path_rows) {
+            #[cfg(target_arch = "x86_64")]
+            if kquant_amx::takes(f, dtype, path_rows) {
+                return QuantPath::KquantAmx;
+            }
+            return QuantPath::Kquant;
+        }
+        if tiled {
+            QuantPath::Tiled
+        } else {
+            QuantPath::Pairs
+        }
+    }
+}
+
 /// Whether the kernel handles `a · b -> t`.
 pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
-    use DType::*;
-    let weight_ok = match a.dtype {
-        F32 | F16 | BF16 => true,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS => {
-            convert::quant_available()
-                && a.ne[0].is_multiple_of(a.dtype.vec_dot_type().block_size())
-        }
-        _ => false,
-    };
+    let weight_ok = weight_kernels(a.dtype).is_some()
+        && (!a.dtype.is_quantized()
+            || (convert::quant_available()
+                && a.ne[0].is_multiple_of(a.dtype.vec_dot_type().block_size())));
     weight_ok
-        && b.dtype == F32
-        && t.dtype == F32
+        && b.dtype == DType::F32
+        && t.dtype == DType::F32
         && a.rows_contiguous()
         && t.rows_contiguous()
         && a.ne[0] == b.ne[0]
@@ -244,23 +348,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         let group = if a.packed { repack::GROUP_ROWS } else { 1 };
         let blk = task::row_block(ne01, batches, tc.nth, 1, group);
         let nblk = ne01.div_ceil(blk);
-        let tiled = legacy::takes(f, a.dtype, self.path_rows);
-        let matvec = match (self.ne11, a.packed) {
-            // One row of IQ4_NL takes `vec_dot`'s arithmetic, not the tiles'.
-            #[cfg(target_arch = "x86_64")]
-            (1, false) if a.dtype == DType::IQ4_NL => lowbit::iq4_nl_matvec(f),
-            (1, false) if tiled => legacy::matvec_kernel(f, a.dtype),
-            _ => None,
-        };
-        let cols = match tiled && self.ne11 > 1 && !a.packed {
-            true => legacy::cols_kernel(f, a.dtype),
-            false => None,
-        };
-        let ktiled = kquant::takes(a.dtype, self.path_rows);
-        #[cfg(target_arch = "x86_64")]
-        let amx = kquant_amx::takes(f, a.dtype, self.path_rows);
-        #[cfg(not(target_arch = "x86_64"))]
-        let amx = false;
+        let path = QuantPath::choose(f, a.dtype, a.packed, self.ne11, self.path_rows);
         // Blocks on demand: a descheduled thread's share goes to the others.
         for unit in task::claimed(tc.claim, batches * nblk) {
             let batch = unit / nblk;
@@ -269,24 +357,23 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             let (i02, i03) = (i12 / r2.max(1), i13 / r3.max(1));
             let rows = i0..(i0 + blk).min(ne01);
             let at = [i02, i03, i12, i13];
-            if a.packed {
-                let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
-                self.packed(rows, at, scratch);
-            } else if let Some(kernel) = matvec {
-                self.matvec(kernel, rows, at);
-            } else if let Some(kernel) = cols {
-                self.cols(kernel, rows, at, tc.scratch)?;
-            } else if ktiled {
-                if amx {
+            match path {
+                QuantPath::Packed => {
+                    let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
+                    self.packed(rows, at, scratch);
+                }
+                QuantPath::Matvec(kernel) => self.matvec(kernel, rows, at),
+                QuantPath::Cols(kernel) => self.cols(kernel, rows, at, tc.scratch)?,
+                #[cfg(target_arch = "x86_64")]
+                QuantPath::KquantAmx => {
                     let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
                     self.ktiled_amx(rows, at, scratch)?;
-                } else {
-                    self.ktiled(rows, at);
                 }
-            } else if tiled {
-                self.tiled(rows, at);
-            } else {
-                self.pairs(rows, at)?;
+                #[cfg(not(target_arch = "x86_64"))]
+                QuantPath::KquantAmx => self.ktiled(rows, at),
+                QuantPath::Kquant => self.ktiled(rows, at),
+                QuantPath::Tiled => self.tiled(rows, at),
+                QuantPath::Pairs => self.pairs(rows, at)?,
             }
         }
         Ok(())
@@ -771,4 +858,30 @@ fn convert_src1(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The capability table says what the floors' own checks say, for every type.
+    #[test]
+    fn the_table_agrees_with_the_kernels() {
+        let f = CpuFeatures::detect();
+        for dtype in DType::ALL {
+            let Some(caps) = weight_kernels(dtype) else {
+                assert!(
+                    !repack::supported(dtype) && !kquant::takes(dtype, 64),
+                    "{dtype}"
+                );
+                continue;
+            };
+            assert_eq!(caps.repack, repack::supported(dtype), "{dtype}");
+            assert_eq!(caps.kquant_tiles, kquant::takes(dtype, 64), "{dtype}");
+            if f.has_avx2() {
+                assert_eq!(caps.register_tiles, legacy::supported(f, dtype), "{dtype}");
+            }
+            assert_eq!(caps.float_tiles, !dtype.is_quantized(), "{dtype}");
+        }
+    }
 }
