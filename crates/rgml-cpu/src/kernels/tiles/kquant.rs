@@ -44,6 +44,23 @@ pub(super) const Q2K: u8 = 3;
 pub(super) const Q3K: u8 = 4;
 pub(super) const IQ4XS: u8 = 5;
 
+/// `$go!(K)` with the kind constant of weight type `$dtype` (nothing for other types): the one
+/// place that maps types onto the kernels' `K` parameter.
+macro_rules! by_kind {
+    ($dtype:expr, $go:ident) => {
+        match $dtype {
+            DType::Q4_K => $go!(Q4K),
+            DType::Q5_K => $go!(Q5K),
+            DType::Q6_K => $go!(Q6K),
+            DType::Q2_K => $go!(Q2K),
+            DType::Q3_K => $go!(Q3K),
+            DType::IQ4_XS => $go!(IQ4XS),
+            _ => {}
+        }
+    };
+}
+pub(super) use by_kind;
+
 /// Whether weights of `dtype` take the tiled path with `rows` src1 rows.
 pub(crate) fn takes(dtype: DType, rows: usize) -> bool {
     use DType::*;
@@ -265,15 +282,7 @@ pub(crate) unsafe fn row(
             unsafe { row_body::<$k, false>(nb, x, y, acc) }
         }};
     }
-    match dtype {
-        DType::Q4_K => go!(Q4K),
-        DType::Q5_K => go!(Q5K),
-        DType::Q6_K => go!(Q6K),
-        DType::Q2_K => go!(Q2K),
-        DType::Q3_K => go!(Q3K),
-        DType::IQ4_XS => go!(IQ4XS),
-        _ => {}
-    }
+    by_kind!(dtype, go);
 }
 
 /// [`row_body`] compiled for AVX2, FMA and F16C.

@@ -24,7 +24,7 @@
 //! The integer sums fit in i32 (256 products of at most 14 and 8 bits), so the result equals
 //! [`super::kquant::row`]'s bit for bit (tested below against it on random rows).
 
-use super::kquant::{self, Decoded, IQ4XS, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BYTES};
+use super::kquant::{self, by_kind, Decoded, IQ4XS, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BYTES};
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::amx::{self, TileConfig};
 use crate::kernels::simd::x86::transpose16x16_epi32;
@@ -105,15 +105,7 @@ pub(crate) unsafe fn rows(
             unsafe { rows_k::<$k>(nb, weights, activations, out, scratch) }
         };
     }
-    match dtype {
-        DType::Q4_K => go!(Q4K),
-        DType::Q5_K => go!(Q5K),
-        DType::Q6_K => go!(Q6K),
-        DType::Q2_K => go!(Q2K),
-        DType::Q3_K => go!(Q3K),
-        DType::IQ4_XS => go!(IQ4XS),
-        _ => {}
-    }
+    by_kind!(dtype, go);
 }
 
 /// [`rows`] for weights of kind `K`, compiled for AVX-512.
