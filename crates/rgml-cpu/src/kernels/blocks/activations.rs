@@ -15,7 +15,7 @@
 
 use crate::kernels::blocks::convert;
 use crate::kernels::isa::CpuFeatures;
-use rgml::quant::{BlockQ8_0, BlockQ8_1, QK8_0};
+use rgml::quant::{BlockQ8_0, BlockQ8_1, BlockQ8_K, QK8_0, QK_K};
 use rgml::{DType, Result};
 
 /// Quantize one row of activations to `dtype` (the vec-dot type of some weight type). The
@@ -61,6 +61,14 @@ unsafe fn quantize_activations_avx2(dtype: DType, src: &[f32], dst: &mut [u8]) -
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn quantize_activations_avx512(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    if dtype == DType::Q8_K {
+        let blocks: &mut [BlockQ8_K] = cast_blocks(dtype, src.len(), dst)?;
+        for (b, x) in blocks.iter_mut().zip(src.chunks_exact(QK_K)) {
+            // SAFETY: this function's caller guarantees AVX-512 F and BW; `x` is one block.
+            *b = unsafe { quantize_q8k_avx512(x) };
+        }
+        return Ok(());
+    }
     quantize_row(dtype, src, dst, |x, qs| {
         // SAFETY: this function's caller guarantees AVX-512 F and BW.
         unsafe { quantize_block_avx512(x, qs) }
@@ -95,6 +103,58 @@ unsafe fn quantize_block_avx512(x: &[f32], qs: &mut [i8; QK8_0]) -> (f32, i32) {
         _mm_storeu_si128(qs.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(qa));
         _mm_storeu_si128(qs.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(qb));
         (d, sum)
+    }
+}
+
+/// One Q8_K block as [`rgml::quant::QuantBlock::quantize`] makes it (ggml's
+/// `quantize_row_q8_K_ref`), 16 lanes at a time: the element of largest magnitude (the first
+/// of equals) sets `iscale = -127 / max`, quants are `nearest_int(iscale * x)` (`vcvtps2dq`
+/// rounds half to even as the float trick does, for these magnitudes) capped at 127, and each
+/// 16 quants' sum is exact. A block with NaN goes to the portable code, whose comparisons
+/// skip NaN as ggml's do.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and BW; `x` holds `QK_K` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_q8k_avx512(x: &[f32]) -> BlockQ8_K {
+    use rgml::quant::QuantBlock;
+    use std::arch::x86_64::*;
+    let portable = |x: &[f32]| {
+        let mut block = [0f32; QK_K];
+        block.copy_from_slice(&x[..QK_K]);
+        BlockQ8_K::quantize(&block)
+    };
+    // SAFETY: `x` holds 256 floats, read 16 at a time; AVX-512 F/BW as the caller promises.
+    unsafe {
+        let v: [__m512; 16] = std::array::from_fn(|j| _mm512_loadu_ps(x.as_ptr().add(16 * j)));
+        let nan = v
+            .iter()
+            .any(|&w| _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(w, w) != 0);
+        if nan {
+            return portable(x);
+        }
+        let amax = _mm512_reduce_max_ps(v.iter().fold(_mm512_setzero_ps(), |m, &w| {
+            _mm512_max_ps(m, _mm512_abs_ps(w))
+        }));
+        if amax == 0.0 {
+            return <BlockQ8_K as bytemuck::Zeroable>::zeroed();
+        }
+        let first = x.iter().position(|w| w.abs() == amax).unwrap_or(0);
+        let iscale = -127.0 / x[first];
+        let scale = _mm512_set1_ps(iscale);
+        let cap = _mm512_set1_epi32(127);
+        let mut block = <BlockQ8_K as bytemuck::Zeroable>::zeroed();
+        for (j, &w) in v.iter().enumerate() {
+            let q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(scale, w)), cap);
+            _mm_storeu_si128(
+                block.qs.as_mut_ptr().add(16 * j).cast(),
+                _mm512_cvtepi32_epi8(q),
+            );
+            block.bsums[j] = _mm512_reduce_add_epi32(q) as i16;
+        }
+        block.d = 1.0 / iscale;
+        block
     }
 }
 
@@ -183,10 +243,21 @@ mod tests {
         x[64] = 127.0;
         x[65] = 0.5;
         x[66] = -2.5;
-        for dtype in [DType::Q8_0, DType::Q8_1] {
+        x[300] = -3.75;
+        x[301] = 3.75; // equal magnitudes: the first sets the sign of the scale
+        x[310] = -3.75;
+        for dtype in [DType::Q8_0, DType::Q8_1, DType::Q8_K] {
+            if dtype == DType::Q8_K {
+                // NaN (the 32-value quantizers do not promise anything for it).
+                x[512 + 7] = f32::NAN;
+            }
             let size = dtype.row_bytes(x.len()).unwrap();
             let mut portable = vec![0u8; size];
             quantize_row(dtype, &x, &mut portable, quantize_block).unwrap();
+            if dtype == DType::Q8_K {
+                // The reference codec, and NaN blocks compared by bits.
+                rgml::quant::quantize_row(dtype, &x, &mut portable).unwrap();
+            }
             let mut dispatched = vec![0u8; size];
             quantize_activations(CpuFeatures::detect(), dtype, &x, &mut dispatched).unwrap();
             assert_eq!(portable, dispatched, "{dtype}");
