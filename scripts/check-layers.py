@@ -46,7 +46,7 @@ def expand(path):
     return [f"{m.group(1)}::{part.strip()}" for part in m.group(2).split(",") if part.strip()]
 
 
-def resolve(mod, is_dir_mod, path, mods):
+def resolve(mod, path, mods):
     parts = path.split("::")
     if parts[0] == "crate":
         base, rest = [], parts[1:]
@@ -82,7 +82,7 @@ def deps_of(mod, path, mods):
                     continue
                 p = "::".join(p.split("::")[nested:])
             for q in expand(p):
-                target = resolve(mod, is_dir_mod, q, mods)
+                target = resolve(mod, q, mods)
                 if target is not None and target != mod and not (
                     len(target) > len(mod) and target[: len(mod)] == mod and not is_dir_mod
                 ):

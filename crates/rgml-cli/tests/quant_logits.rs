@@ -72,11 +72,28 @@ fn fixtures(isa: &str) -> Vec<(String, serde_json::Value)> {
 }
 
 /// The largest |logit - llama.cpp's| over the fixture's top 10, after checking the tokens and
-/// the top-10 order.
-fn worst_difference(model: &Path, isa: &str, case: &serde_json::Value) -> f64 {
+/// the top-10 order, with the environment `env` besides the instruction set.
+fn worst_difference(
+    model: &Path,
+    isa: &str,
+    env: &[(&str, &str)],
+    case: &serde_json::Value,
+) -> f64 {
     let prompt = case["prompt"].as_str().expect("prompt");
-    let got = common::logits_json(model, isa, prompt, &[]);
-    common::top10_worst(&got, case, &format!("{prompt:?} on {isa}"))
+    let got = common::logits_json_with_env(model, isa, prompt, &[], env);
+    common::top10_worst(&got, case, &format!("{prompt:?} on {isa} {env:?}"))
+}
+
+/// The settings each fixture runs under: the default, and on a CPU with AMX also without it,
+/// for the files whose prompts the AMX kernel takes (K-quants, IQ4_XS), so that both the AMX
+/// and the AVX-512/AVX2 kernels are checked against llama.cpp on such a CPU.
+fn settings(stem: &str) -> Vec<Vec<(&'static str, &'static str)>> {
+    let kquant = ["_K", "IQ4_XS"].iter().any(|t| stem.contains(t));
+    if kquant && rgml_cpu::CpuFeatures::detect().has_amx_int8() {
+        vec![vec![], vec![("RGML_CPU_AMX", "0")]]
+    } else {
+        vec![vec![]]
+    }
 }
 
 #[test]
@@ -95,14 +112,16 @@ fn every_weight_type_gives_llama_cpps_logits_on_each_instruction_set() {
                 made_sha, sha,
                 "{stem}: the fixtures of two instruction sets differ"
             );
-            for case in fixture["cases"].as_array().expect("cases") {
-                let worst = worst_difference(model, isa, case);
-                // 4-decimal rounding of the fixture, plus f32 spacing near |logit| 32.
-                assert!(
-                    worst <= 5.1e-5,
-                    "{stem} on {isa}: {:?} is {worst} from llama.cpp",
-                    case["prompt"]
-                );
+            for env in settings(&stem) {
+                for case in fixture["cases"].as_array().expect("cases") {
+                    let worst = worst_difference(model, isa, &env, case);
+                    // 4-decimal rounding of the fixture, plus f32 spacing near |logit| 32.
+                    assert!(
+                        worst <= 5.1e-5,
+                        "{stem} on {isa} {env:?}: {:?} is {worst} from llama.cpp",
+                        case["prompt"]
+                    );
+                }
             }
             eprintln!("{stem} on {isa}: exact");
             checked += 1;

@@ -454,6 +454,14 @@ fn main() {
             }
         }
     }
+    for dtype in [rgml::DType::Q4_K, rgml::DType::Q6_K] {
+        if let Some(m) = rgml_cpu::bench_support::amx_kquant_macs(dtype, 512) {
+            println!(
+                "| AMX K-quant kernel, {dtype}, K 2048 by 512 rows, 1 thread | | {:.0} GMAC/s |",
+                m / 1e9
+            );
+        }
+    }
     println!();
 
     // --- MUL_MAT per dtype ---

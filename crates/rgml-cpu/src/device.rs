@@ -201,8 +201,7 @@ impl rgml::Device for CpuDevice {
         };
         let features = match flag(params, "amx")? {
             Some(false) => features.without_amx(),
-            Some(true) if self.options.amx => features,
-            // `amx=1` on a device made without AMX: the hardware's answer again.
+            // Also on a device made without AMX: the hardware's answer again.
             Some(true) => features.with_amx_as_detected(),
             None => features,
         };

@@ -136,6 +136,18 @@ pub mod bench_support {
         }
     }
 
+    /// Int8 multiply-adds per second of the AMX K-quant kernel on one thread (K = 2048, 256
+    /// weight rows of `dtype` by `ntok` activation rows); `None` without AMX.
+    pub fn amx_kquant_macs(dtype: rgml::DType, ntok: usize) -> Option<f64> {
+        #[cfg(target_arch = "x86_64")]
+        return crate::kernels::tiles::kquant_amx::bench_macs(dtype, ntok);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (dtype, ntok);
+            None
+        }
+    }
+
     /// Repacked (4-row interleaved) weights against the plain tiled kernels, single thread,
     /// kernel only: the row and column loops MUL_MAT would run, without the graph around them.
     pub mod repack {

@@ -138,6 +138,18 @@ pub fn logits_json(
     prompt: &str,
     extra: &[&str],
 ) -> serde_json::Value {
+    logits_json_with_env(model, isa, prompt, extra, &[])
+}
+
+/// As [`logits_json`], with more environment variables set (e.g. `RGML_CPU_AMX=0`).
+#[allow(dead_code)]
+pub fn logits_json_with_env(
+    model: &std::path::Path,
+    isa: &str,
+    prompt: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
         .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
         .args(extra)
@@ -145,6 +157,7 @@ pub fn logits_json(
         .arg(model)
         .env("RGML_CPU_ISA", isa)
         .env("RGML_CPU_DEVICES", "2")
+        .envs(env.iter().copied())
         .output()
         .expect("run rgml logits");
     assert!(

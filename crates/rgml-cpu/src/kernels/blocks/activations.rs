@@ -253,11 +253,8 @@ mod tests {
             }
             let size = dtype.row_bytes(x.len()).unwrap();
             let mut portable = vec![0u8; size];
+            // (Q8_K: the reference codec, `convert::row_from_f32`; NaN compared by bits.)
             quantize_row(dtype, &x, &mut portable, quantize_block).unwrap();
-            if dtype == DType::Q8_K {
-                // The reference codec, and NaN blocks compared by bits.
-                rgml::quant::quantize_row(dtype, &x, &mut portable).unwrap();
-            }
             let mut dispatched = vec![0u8; size];
             quantize_activations(CpuFeatures::detect(), dtype, &x, &mut dispatched).unwrap();
             assert_eq!(portable, dispatched, "{dtype}");

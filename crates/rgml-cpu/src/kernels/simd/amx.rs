@@ -22,7 +22,7 @@ pub(crate) fn usable() -> bool {
 
 /// CPUID leaf 7's AMX-TILE and AMX-INT8 bits, and XCR0's tile state bits (17 and 18).
 fn cpu_has_amx_int8() -> bool {
-    use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
     const OSXSAVE: u32 = 1 << 27;
     const AMX_TILE: u32 = 1 << 24;
     const AMX_INT8: u32 = 1 << 25;
@@ -36,7 +36,6 @@ fn cpu_has_amx_int8() -> bool {
     }
     // SAFETY: OSXSAVE says XGETBV is enabled, and XCR0 (register 0) always exists then.
     let xcr0 = unsafe { xgetbv0() };
-    let _ = _xgetbv;
     xcr0 & XCR0_TILE == XCR0_TILE
 }
 
@@ -217,9 +216,10 @@ pub(crate) fn peak_macs(rounds: usize) -> Option<f64> {
     // SAFETY: usable(); every tile 16 rows of 64 bytes, loaded from 1 KiB.
     unsafe {
         cfg.load();
-        for t in 0..4 {
-            zero_any(t);
-        }
+        zero::<0>();
+        zero::<1>();
+        zero::<2>();
+        zero::<3>();
         load::<4>(operands.as_ptr(), 64);
         load::<5>(operands.as_ptr(), 64);
         load::<6>(operands.as_ptr(), 64);
@@ -234,22 +234,6 @@ pub(crate) fn peak_macs(rounds: usize) -> Option<f64> {
     }
     let secs = start.elapsed().as_secs_f64();
     Some((rounds * 4 * 16 * 16 * 64) as f64 / secs)
-}
-
-/// Zero accumulator `t` (0..=3), chosen at run time.
-///
-/// # Safety
-/// As [`zero`].
-unsafe fn zero_any(t: usize) {
-    // SAFETY: as the caller promises.
-    unsafe {
-        match t {
-            0 => zero::<0>(),
-            1 => zero::<1>(),
-            2 => zero::<2>(),
-            _ => zero::<3>(),
-        }
-    }
 }
 
 #[cfg(test)]

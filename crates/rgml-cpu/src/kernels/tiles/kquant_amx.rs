@@ -213,9 +213,12 @@ unsafe fn decode<const K: u8>(
                     _mm256_storeu_si256(to.add(at(HI, m)).cast(), hi);
                 }
             }
-            for (t, pair) in corr.iter_mut().enumerate() {
-                let (a, c) = (w.bsum_weights[2 * t], w.bsum_weights[2 * t + 1]);
-                pair[m] = i32::from(a as u16) | (i32::from(c) << 16);
+            // Only `s2` needs the block sums' weights (Q6_K's and Q3_K's offsets are folded in).
+            if kquant::has_min(K) {
+                for (t, pair) in corr.iter_mut().enumerate() {
+                    let (a, c) = (w.bsum_weights[2 * t], w.bsum_weights[2 * t + 1]);
+                    pair[m] = i32::from(a as u16) | (i32::from(c) << 16);
+                }
             }
             d0[m] = w.d0;
             dmin[m] = w.dmin0;
@@ -400,6 +403,51 @@ unsafe fn epilogue<const K: u8>(
     }
 }
 
+/// Multiply-adds per second of [`rows`] on one thread, for `cargo bench -p rgml-cpu`: 256
+/// weight rows of `dtype` and K = 2048 by `ntok` activation rows, the best of 7 passes (`None`
+/// without AMX or for a type the kernel does not take).
+pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
+    if !takes(CpuFeatures::detect(), dtype, kquant::MIN_ROWS) {
+        return None;
+    }
+    let (k, mrows_total) = (2048usize, 256usize);
+    let nb = k / QK_K;
+    let row = |n: usize, t: DType, f: fn(usize) -> f32| -> Option<Vec<u8>> {
+        let v: Vec<f32> = (0..k).map(f).collect();
+        let bytes = t.row_bytes(k).ok()?;
+        let mut out = vec![0u8; bytes * n];
+        for r in out.chunks_exact_mut(bytes) {
+            rgml::quant::quantize_row(t, &v, r).ok()?;
+        }
+        Some(out)
+    };
+    let x = row(mrows_total, dtype, |i| ((i * 7 % 13) as f32 - 6.0) / 7.0)?;
+    let y = row(ntok, DType::Q8_K, |i| ((i * 5 % 11) as f32 - 5.0) / 5.0)?;
+    let (xrow, yrow) = (x.len() / mrows_total, y.len() / ntok);
+    let mut out = vec![0u8; ntok * mrows_total * 4];
+    let mut scratch = vec![0u8; scratch_bytes(nb)];
+    let mut best = f64::MAX;
+    for _ in 0..7 {
+        let start = std::time::Instant::now();
+        for r0 in (0..mrows_total).step_by(ROWS) {
+            // SAFETY: `takes` checked the CPU and type; 16 weight rows of `nb` blocks from
+            // `r0`, `ntok` Q8_K rows, the outputs and the scratch have the sizes promised.
+            unsafe {
+                rows(
+                    dtype,
+                    nb,
+                    (x[r0 * xrow..].as_ptr(), xrow, ROWS),
+                    (y.as_ptr(), yrow, ntok),
+                    (out[r0 * 4..].as_mut_ptr(), mrows_total * 4),
+                    &mut scratch,
+                )
+            };
+        }
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Some((k * ntok * mrows_total) as f64 / best)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,67 +523,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod speed {
-    use super::*;
-
-    /// `cargo test --release -p rgml-cpu --lib amx_speed -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn amx_speed() {
-        let f = CpuFeatures::detect();
-        if !f.has_amx_int8() {
-            return;
-        }
-        let ntok: usize = std::env::var("NTOK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(512);
-        let (k, mrows_total) = (2048usize, 256usize);
-        let nb = k / QK_K;
-        for dtype in [DType::Q4_K, DType::Q6_K] {
-            let xrow = dtype.row_bytes(k).unwrap();
-            let x: Vec<u8> = (0..xrow * mrows_total)
-                .map(|i| (i * 31 % 251) as u8)
-                .collect();
-            let mut x = x;
-            for r in x.chunks_exact_mut(xrow) {
-                let v: Vec<f32> = (0..k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
-                rgml::quant::quantize_row(dtype, &v, r).unwrap();
-            }
-            let yrow = DType::Q8_K.row_bytes(k).unwrap();
-            let mut y = vec![0u8; yrow * ntok];
-            for r in y.chunks_exact_mut(yrow) {
-                let v: Vec<f32> = (0..k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0).collect();
-                rgml::quant::quantize_row(DType::Q8_K, &v, r).unwrap();
-            }
-            let mut out = vec![0u8; ntok * mrows_total * 4];
-            let mut scratch = vec![0u8; scratch_bytes(nb)];
-            let mut best = f64::MAX;
-            for _ in 0..7 {
-                let t = std::time::Instant::now();
-                for r0 in (0..mrows_total).step_by(16) {
-                    // SAFETY: sizes as promised.
-                    unsafe {
-                        rows(
-                            dtype,
-                            nb,
-                            (x[r0 * xrow..].as_ptr(), xrow, 16),
-                            (y.as_ptr(), yrow, ntok),
-                            (out[r0 * 4..].as_mut_ptr(), mrows_total * 4),
-                            &mut scratch,
-                        )
-                    };
-                }
-                best = best.min(t.elapsed().as_secs_f64());
-            }
-            let s = best;
-            let macs = (k * ntok * mrows_total) as f64;
-            println!("{dtype}: {:.1} GMAC/s", macs / s / 1e9);
         }
     }
 }
