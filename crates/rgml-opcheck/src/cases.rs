@@ -1179,8 +1179,9 @@ fn large_unary(cases: &mut Vec<Case>) {
     }
 }
 
-/// FLASH_ATTN_EXT as llama.cpp's attention sends it: f16 or f32 K/V, grouped heads, an f16
-/// causal mask (padded rows, as llama.cpp pads the batch), ALiBi, soft-capping, sinks.
+/// FLASH_ATTN_EXT as llama.cpp's attention sends it: f16, f32, q8_0 or q4_0 K/V (the quantized
+/// ones on rows of whole blocks), grouped heads, an f16 causal mask (padded rows, as llama.cpp
+/// pads the batch), ALiBi, soft-capping, sinks.
 fn flash_attn(cases: &mut Vec<Case>) {
     // (dk, dv, n_q, n_kv, n_head, n_head_kv)
     let shapes = [
@@ -1192,8 +1193,11 @@ fn flash_attn(cases: &mut Vec<Case>) {
         (64, 64, 70, 150, 2, 2),
         (16, 16, 64, 64, 1, 1),
     ];
-    for kv in [DType::F16, DType::F32] {
+    for kv in [DType::F16, DType::F32, DType::Q8_0, DType::Q4_0] {
         for (dk, dv, nq, nkv, nh, nhk) in shapes {
+            if dk % kv.block_size() != 0 || dv % kv.block_size() != 0 {
+                continue;
+            }
             for (mask, max_bias, softcap, sinks) in [
                 (true, 0.0f32, 0.0f32, false),
                 (false, 0.0, 0.0, false),

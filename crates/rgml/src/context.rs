@@ -949,7 +949,8 @@ impl Context {
 
     /// Attention in one op with ggml's semantics (`ggml_flash_attn_ext`, see
     /// [`Op::FlashAttnExt`]): `q` f32 `[dk, n_q, n_head, ne3]`; `k` `[dk, n_kv, n_head_kv, ne3]`
-    /// and `v` `[dv, n_kv, n_head_kv, ne3]`, f16 or f32 with dense rows, `n_head` a multiple of
+    /// and `v` `[dv, n_kv, n_head_kv, ne3]`, f16, f32, q8_0 or q4_0 with dense rows (whole
+    /// blocks), `n_head` a multiple of
     /// their heads; `mask` f16 contiguous `[>= n_kv, >= n_q, m2, m3]` with `m2`, `m3` dividing
     /// `n_head`, `ne3`; `sinks` f32 `[n_head]`. The result is f32 `[dv, n_head, n_q, ne3]`.
     #[allow(clippy::too_many_arguments)]
@@ -966,9 +967,22 @@ impl Context {
     ) -> Result<TensorId> {
         let kind = OpKind::FlashAttnExt;
         self.expect_dtype(kind, q, &[DType::F32], "q must be f32")?;
-        self.expect_dtype(kind, k, &[DType::F32, DType::F16], "k must be f32 or f16")?;
-        self.expect_dtype(kind, v, &[DType::F32, DType::F16], "v must be f32 or f16")?;
+        let kv_types = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0];
+        self.expect_dtype(kind, k, &kv_types, "k must be f32, f16, q8_0 or q4_0")?;
+        self.expect_dtype(kind, v, &kv_types, "v must be f32, f16, q8_0 or q4_0")?;
         let (tq, tk, tv) = (self.get(q)?, self.get(k)?, self.get(v)?);
+        for t in [tk, tv] {
+            if !t.ne[0].is_multiple_of(t.dtype.block_size()) {
+                return Err(Error::InvalidArgument {
+                    op: kind,
+                    reason: format!(
+                        "rows of {} must be whole {} blocks",
+                        t.display_name(),
+                        t.dtype
+                    ),
+                });
+            }
+        }
         let mismatch = |lhs: &Tensor, rhs: &Tensor, reason| Error::ShapeMismatch {
             op: kind,
             lhs: lhs.ne,

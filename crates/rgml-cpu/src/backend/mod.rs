@@ -190,6 +190,8 @@ impl CpuBackend {
         let n = n.max(1);
         if n != self.n_threads {
             self.n_threads = n;
+            // Cached jobs split some work by the old count (see `NodeTask::threads`).
+            self.plans.clear();
             let mut e = self.engine_idle();
             e.n_threads = n;
             e.pool = None;
@@ -305,7 +307,14 @@ impl Backend for CpuBackend {
 
     /// The checked job (views, extents, barrier plan) for `graph`, holding its buffers.
     fn graph_plan_create(&mut self, ctx: &Context, graph: &Graph) -> Result<GraphPlan> {
-        let job = plan::prepare(self.device.name(), self.features, ctx, graph)?.map(Arc::new);
+        let job = plan::prepare(
+            self.device.name(),
+            self.features,
+            self.n_threads,
+            ctx,
+            graph,
+        )?
+        .map(Arc::new);
         Ok(GraphPlan::new(
             ctx,
             graph,

@@ -55,6 +55,7 @@ pub(super) fn span(t: &Tensor) -> Result<usize> {
 pub(super) fn prepare(
     device: &str,
     features: CpuFeatures,
+    threads: usize,
     ctx: &Context,
     graph: &Graph,
 ) -> Result<Option<Job>> {
@@ -71,8 +72,8 @@ pub(super) fn prepare(
     let mut extents = Vec::with_capacity(run.len());
     let (mut shared, mut per_thread) = (0usize, 0usize);
     for &id in &run {
-        let (task, extent) = node_task(&views, id, features)?;
-        let (sh, pt) = kernels::work_size(ctx, &ctx[id], features)?;
+        let (task, extent) = node_task(&views, id, features, threads)?;
+        let (sh, pt) = kernels::work_size(ctx, &ctx[id], features, threads)?;
         shared = shared.max(sh);
         per_thread = per_thread.max(pt);
         extents.push(extent);
@@ -210,6 +211,7 @@ fn node_task(
     views: &Views<'_>,
     id: TensorId,
     features: CpuFeatures,
+    threads: usize,
 ) -> Result<(NodeTask, ([Extent; MAX_NODE_SRC], Extent))> {
     let t = &views.ctx[id];
     let (dst, dbuf, dlen) = views.view(id)?;
@@ -245,6 +247,7 @@ fn node_task(
         sync_before: true,
         reuse_src1: false,
         features,
+        threads,
     };
     Ok((task, (reads, writes)))
 }
@@ -371,7 +374,7 @@ mod tests {
         let s = ctx.add(s, p[2]).unwrap();
         alloc_ctx_tensors(&mut ctx, &crate::CpuDevice::new("CPU").buffer_type()).unwrap();
         let graph = Graph::build(&mut ctx, &[s]).unwrap();
-        let job = prepare("CPU", CpuFeatures::detect(), &ctx, &graph)
+        let job = prepare("CPU", CpuFeatures::detect(), 1, &ctx, &graph)
             .unwrap()
             .unwrap();
         let flags: Vec<(rgml::OpKind, bool, bool)> = job

@@ -24,6 +24,14 @@
 //! AVX-512 (or AVX2) build's f32 arithmetic, which is also what a native build on such a CPU
 //! computes.
 //!
+//! Half-precision vectors: a native build on a CPU with AVX512-FP16 (Sapphire Rapids and later
+//! Intel CPUs; not AMD's Zen 4 or 5) has `__AVX512FP16__`, and then `vec_mad_f16` and
+//! `vec_scale_f16` (flash attention's f16 accumulator) compute in f16 with one rounding per
+//! operation, the f32 weight first rounded to f16, where a build without it computes in f32 and
+//! rounds the result. [`CpuFeatures::f16_vectors`] says whether we mirror that build: the
+//! AVX-512 arithmetic is selected (not `avx512-nobf16`, which stands for the builds of older
+//! AVX-512 CPUs) and the CPU has AVX512-FP16.
+//!
 //! # Forcing the arithmetic
 //! An [`IsaChoice`] overrides the detected variant: `avx2` the AVX2-build arithmetic, `avx512`
 //! the AVX-512-build arithmetic (with `vdpbf16ps` for BF16 weights if the CPU has it),
@@ -124,10 +132,14 @@ pub struct CpuFeatures {
     avx512_bf16: bool,
     /// AMX-TILE and AMX-INT8, usable by this process (and everything `avx512` covers).
     amx_int8: bool,
+    /// AVX512-FP16 (and everything `avx512` covers).
+    avx512_fp16: bool,
     /// The arithmetic mirrored.
     isa: Isa,
     /// BF16 weights through `vdpbf16ps`: implies `isa == Avx512` and `avx512_bf16`.
     bf16_products: bool,
+    /// ggml's f16 vector ops in half precision: implies `isa == Avx512` and `avx512_fp16`.
+    f16_vectors: bool,
 }
 
 impl CpuFeatures {
@@ -135,7 +147,7 @@ impl CpuFeatures {
     /// that detects CPU features (std caches the answer, so calling it again is cheap).
     pub fn detect() -> CpuFeatures {
         #[cfg(target_arch = "x86_64")]
-        let (avx2, avx512, avx512_vnni, avx512_bf16) = {
+        let (avx2, avx512, avx512_vnni, avx512_bf16, avx512_fp16) = {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
             let avx512 =
@@ -145,10 +157,12 @@ impl CpuFeatures {
                 avx512,
                 avx512 && has!("avx512vnni"),
                 avx512 && has!("avx512bf16"),
+                avx512 && has!("avx512fp16"),
             )
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let (avx2, avx512, avx512_vnni, avx512_bf16) = (false, false, false, false);
+        let (avx2, avx512, avx512_vnni, avx512_bf16, avx512_fp16) =
+            (false, false, false, false, false);
         #[cfg(target_arch = "x86_64")]
         let amx_int8 = avx512 && super::simd::amx::usable();
         #[cfg(not(target_arch = "x86_64"))]
@@ -159,8 +173,10 @@ impl CpuFeatures {
             avx512_vnni,
             avx512_bf16,
             amx_int8,
+            avx512_fp16,
             isa: Isa::Avx2,
             bf16_products: false,
+            f16_vectors: false,
         }
         .with_choice(None)
     }
@@ -172,7 +188,7 @@ impl CpuFeatures {
 
     /// The same hardware with the arithmetic `choice` (`None`: the native build's). Never
     /// enables an instruction path: only [`CpuFeatures::isa`] and
-    /// [`CpuFeatures::bf16_products`] change.
+    /// [`CpuFeatures::bf16_products`] and [`CpuFeatures::f16_vectors`] change.
     pub fn with_choice(self, choice: Option<IsaChoice>) -> CpuFeatures {
         let (isa, allow_bf16) = match choice {
             None if self.avx512 => (Isa::Avx512, true),
@@ -180,9 +196,12 @@ impl CpuFeatures {
             Some(IsaChoice::Avx512) => (Isa::Avx512, true),
             Some(IsaChoice::Avx512NoBf16) => (Isa::Avx512, false),
         };
+        // `avx512-nobf16` stands for an older AVX-512 CPU's build: without FP16 either.
+        let newer = isa == Isa::Avx512 && allow_bf16;
         CpuFeatures {
             isa,
-            bf16_products: isa == Isa::Avx512 && allow_bf16 && self.avx512_bf16,
+            bf16_products: newer && self.avx512_bf16,
+            f16_vectors: newer && self.avx512_fp16,
             ..self
         }
     }
@@ -202,6 +221,15 @@ impl CpuFeatures {
         self.bf16_products
     }
 
+    /// Whether ggml's f16 vector ops (`vec_mad_f16`, `vec_scale_f16`) compute in half
+    /// precision, as a native build with `__AVX512FP16__` does: the AVX-512 arithmetic is
+    /// selected (not `avx512-nobf16`) and the CPU has AVX512-FP16. Kernels that use the
+    /// instructions may rely on AVX512-FP16, F and BW when this is true.
+    #[inline]
+    pub fn f16_vectors(self) -> bool {
+        self.f16_vectors
+    }
+
     /// The same arithmetic with no SIMD instructions: every kernel takes its portable path
     /// (for the tests that compare it with the SIMD one; dropping features is always safe).
     #[cfg(test)]
@@ -212,7 +240,9 @@ impl CpuFeatures {
             avx512_vnni: false,
             avx512_bf16: false,
             amx_int8: false,
+            avx512_fp16: false,
             bf16_products: false,
+            f16_vectors: false,
             ..self
         }
     }
@@ -226,7 +256,9 @@ impl CpuFeatures {
             avx512_vnni: false,
             avx512_bf16: false,
             amx_int8: false,
+            avx512_fp16: false,
             bf16_products: false,
+            f16_vectors: false,
             ..self
         }
         .with_choice(Some(IsaChoice::Avx2))
@@ -302,6 +334,7 @@ impl fmt::Display for CpuFeatures {
             (self.avx512_vnni, " vnni"),
             (self.avx512_bf16, " bf16"),
             (self.amx_int8, " amx"),
+            (self.avx512_fp16, " fp16"),
         ];
         let mut any = false;
         for (on, name) in flags {
@@ -315,6 +348,9 @@ impl fmt::Display for CpuFeatures {
         }
         if self.bf16_products {
             f.write_str("; bf16 products")?;
+        }
+        if self.f16_vectors {
+            f.write_str("; f16 vectors")?;
         }
         f.write_str(")")
     }

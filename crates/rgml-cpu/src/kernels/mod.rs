@@ -280,18 +280,19 @@ pub(crate) fn is_target_src(op: &Op, i: usize) -> bool {
     matches!((op, i), (Op::Cpy, 1) | (Op::SetRows, 0))
 }
 
-/// Work a node needs on a backend with features `f`: `(shared bytes, per-thread scratch in f32
-/// elements)`.
-pub(crate) fn work_size(ctx: &Context, t: &Tensor, f: CpuFeatures) -> Result<(usize, usize)> {
+/// Work a node needs on a backend with features `f` and `threads` threads: `(shared bytes,
+/// per-thread scratch in f32 elements)`.
+pub(crate) fn work_size(
+    ctx: &Context,
+    t: &Tensor,
+    f: CpuFeatures,
+    threads: usize,
+) -> Result<(usize, usize)> {
     let mut widest = t.ne[0];
     for &s in &t.src {
         widest = widest.max(ctx.get(s)?.ne[0]);
     }
-    if matches!(t.op, Op::FlashAttnExt { .. }) {
-        // Its tiled kernel also holds a tile of 64 scores.
-        widest = widest.max(64);
-    }
-    let shared = match t.op {
+    let mut shared = match t.op {
         Op::MulMat { .. } => {
             let (a, b) = (ctx.get(t.src[0])?, ctx.get(t.src[1])?);
             matmul::shared_size(f, a, b)?
@@ -304,6 +305,16 @@ pub(crate) fn work_size(ctx: &Context, t: &Tensor, f: CpuFeatures) -> Result<(us
     let mut per_thread = widest.checked_mul(4).ok_or(Error::SizeOverflow)? + 16;
     if let Op::MulMat { .. } = t.op {
         per_thread = per_thread.max(matmul::scratch_floats(f, ctx.get(t.src[0])?));
+    }
+    if let Op::FlashAttnExt { .. } = t.op {
+        let srcs = t
+            .src
+            .iter()
+            .map(|&s| ctx.get(s))
+            .collect::<Result<Vec<_>>>()?;
+        let (sh, pt) = flash_attn::work_size(&srcs, threads).ok_or(Error::SizeOverflow)?;
+        shared = shared.max(sh);
+        per_thread = per_thread.max(pt.checked_add(16).ok_or(Error::SizeOverflow)?);
     }
     Ok((shared, per_thread))
 }

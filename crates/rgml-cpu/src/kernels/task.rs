@@ -95,6 +95,10 @@ pub(crate) struct NodeTask {
     pub reuse_src1: bool,
     /// The instructions the kernel may use and the arithmetic it mirrors (the backend's).
     pub features: CpuFeatures,
+    /// The backend's thread count: where ggml's rounding depends on how many threads share a
+    /// node (FLASH_ATTN_EXT of one query over many cells), the kernel splits the work as that
+    /// many ggml threads would, however many threads run it.
+    pub threads: usize,
 }
 
 impl NodeTask {

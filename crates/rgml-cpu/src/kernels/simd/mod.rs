@@ -1,7 +1,8 @@
 //! Floor 0 of the kernels: SIMD primitives that every floor above shares (see
 //! `docs/ARCHITECTURE.md`, "The CPU kernels in floors"). This module owns the portable lane-order
 //! sums (what a vector horizontal add computes, spelled over arrays) and the cache prefetch
-//! hints; [`x86`] owns the x86-64 register primitives and [`amx`] the AMX tile instructions. A NEON path would sit beside `x86` as
+//! hints; [`x86`] owns the x86-64 register primitives and [`amx`] the AMX tile instructions and [`fp16`] AVX512-FP16's half-precision
+//! arithmetic. A NEON path would sit beside `x86` as
 //! `arm.rs`, and nothing above would change but the dispatch of its callers.
 //!
 //! Each horizontal sum mirrors one reduction order of ggml's code (the sums of its `hsum`,
@@ -10,6 +11,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod fp16;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 

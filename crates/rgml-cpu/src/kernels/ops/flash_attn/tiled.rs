@@ -1,0 +1,249 @@
+//! ggml-cpu's tiled kernel (`ggml_compute_forward_flash_attn_ext_tiled`), which ggml runs for
+//! batches of at least 64 queries with f16 or f32 K and V of one type.
+//!
+//! Its arithmetic is f32 throughout: cells in tiles of 64; each score a sequential FMA chain
+//! over the dimensions from zero (ggml's `simd_gemm`), scaled, soft-capped and masked; each
+//! tile's probabilities by ggml's vectorised `exp` ([`vexp::soft_max_row`], summed in f64 and
+//! added to the row's f32 sum); the weighted V rows added to each dimension's accumulator by
+//! one FMA per cell, in cell order. Every one of those chains is per output element, so the
+//! kernel is free to vectorise across cells and dimensions, as here: a block of up to 64
+//! queries of one head shares each tile of K (transposed, so 64 cells are one vector run per
+//! dimension) and V (widened once).
+
+use super::common::{
+    add_sink, mask_value, normalise, slope, widen, FlashParams, RowAt, Sources, TILE,
+};
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::task::{self, scratch_slice, NodeTask, ThreadCtx};
+use crate::kernels::vexp;
+use rgml::{DType, Result};
+
+/// f32 values of per-thread scratch the tiled kernel needs.
+pub(super) fn scratch_floats(dk: usize, dv: usize) -> usize {
+    // queries, K tile, V tile, scores, accumulators, max and sum per query, one row widened
+    TILE * dk + dk * TILE + TILE * dv + TILE * TILE + TILE * dv + 2 * TILE + dk.max(dv)
+}
+
+/// One block's scratch (see [`scratch_floats`]).
+struct Tiles<'a> {
+    q: &'a mut [f32],
+    k: &'a mut [f32],
+    v: &'a mut [f32],
+    scores: &'a mut [f32],
+    acc: &'a mut [f32],
+    max: &'a mut [f32],
+    sum: &'a mut [f32],
+    row: &'a mut [f32],
+}
+
+impl Tiles<'_> {
+    fn of(scratch: &mut [f32], dk: usize, dv: usize) -> Result<Tiles<'_>> {
+        let s = scratch_slice(scratch, scratch_floats(dk, dv))?;
+        let (q, s) = s.split_at_mut(TILE * dk);
+        let (k, s) = s.split_at_mut(dk * TILE);
+        let (v, s) = s.split_at_mut(TILE * dv);
+        let (scores, s) = s.split_at_mut(TILE * TILE);
+        let (acc, s) = s.split_at_mut(TILE * dv);
+        let (max, s) = s.split_at_mut(TILE);
+        let (sum, row) = s.split_at_mut(TILE);
+        Ok(Tiles {
+            q,
+            k,
+            v,
+            scores,
+            acc,
+            max,
+            sum,
+            row,
+        })
+    }
+}
+
+/// This thread's query rows, in blocks of up to 64 queries of one head.
+pub(super) fn tiled(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams) -> Result<()> {
+    let src = Sources::of(task, p)?;
+    let (dk, dv, n_q) = (src.k.ne[0], src.v.ne[0], src.q.ne[1]);
+    let mut t = Tiles::of(tc.scratch, dk, dv)?;
+    let mine = task::split(src.rows(), tc.ith, tc.nth);
+    let mut r = mine.start;
+    while r < mine.end {
+        let at = RowAt::of(r, src.q);
+        let n_rows = TILE.min(mine.end - r).min(n_q - at.iq1);
+        block(task.features, &src, p, at, n_rows, &mut t);
+        for i in 0..n_rows {
+            // SAFETY: row `(head iq2, query iq1 + i)` of the dense f32 destination, written by
+            // this thread only (rows are split between threads).
+            let out = unsafe { task::f32_row_mut(task.dst.row(at.iq2, at.iq1 + i, at.iq3), dv) };
+            normalise(&t.acc[i * dv..(i + 1) * dv], t.sum[i], out);
+        }
+        r += n_rows;
+    }
+    Ok(())
+}
+
+/// Queries `at.iq1 .. at.iq1 + n_rows` of head `at.iq2` over every cell: unnormalised
+/// accumulators and sums (sinks included) in `t`.
+fn block(
+    f: CpuFeatures,
+    src: &Sources<'_>,
+    p: &FlashParams,
+    at: RowAt,
+    n_rows: usize,
+    t: &mut Tiles<'_>,
+) {
+    let (q, k, v) = (src.q, src.k, src.v);
+    let (dk, dv, n_kv) = (k.ne[0], v.ne[0], k.ne[1]);
+    let slope = slope(p.max_bias, at.iq2 as u32, q.ne[2] as u32);
+    let (ik2, ik3) = at.kv_head(q, k);
+    let (iv2, iv3) = at.kv_head(q, v);
+    for i in 0..n_rows {
+        // SAFETY: a dense, in-bounds f32 row of `q` (the support check makes q's rows dense).
+        unsafe {
+            widen(
+                DType::F32,
+                q.row(at.iq1 + i, at.iq2, at.iq3),
+                &mut t.q[i * dk..(i + 1) * dk],
+            )
+        };
+    }
+    t.acc[..n_rows * dv].iter_mut().for_each(|a| *a = 0.0);
+    t.max[..n_rows]
+        .iter_mut()
+        .for_each(|m| *m = f32::NEG_INFINITY);
+    t.sum[..n_rows].iter_mut().for_each(|s| *s = 0.0);
+    for ic in (0..n_kv).step_by(TILE) {
+        let n = TILE.min(n_kv - ic);
+        if !load_mask(src, at, n_rows, ic, n, slope, t.scores) {
+            continue;
+        }
+        for c in 0..n {
+            // SAFETY: cell `ic + c < n_kv` of K head `ik2`: a dense, in-bounds row.
+            unsafe { widen(k.dtype, k.row(ic + c, ik2, ik3), &mut t.row[..dk]) };
+            for (d, &x) in t.row[..dk].iter().enumerate() {
+                t.k[d * TILE + c] = x;
+            }
+            // SAFETY: cell `ic + c` of V head `iv2`: a dense, in-bounds row.
+            unsafe {
+                widen(
+                    v.dtype,
+                    v.row(ic + c, iv2, iv3),
+                    &mut t.v[c * dv..(c + 1) * dv],
+                )
+            };
+        }
+        if n < TILE {
+            // The last tile's missing cells score 0 before their -inf mask (ggml's zero padding).
+            for d in 0..dk {
+                t.k[d * TILE + n..(d + 1) * TILE]
+                    .iter_mut()
+                    .for_each(|x| *x = 0.0);
+            }
+        }
+        for i in 0..n_rows {
+            let scores: &mut [f32; TILE] = (&mut t.scores[i * TILE..(i + 1) * TILE])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("a tile row"));
+            score_row(&t.q[i * dk..(i + 1) * dk], t.k, p, scores);
+            let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if tile_max == f32::NEG_INFINITY {
+                continue;
+            }
+            let acc = &mut t.acc[i * dv..(i + 1) * dv];
+            if tile_max > t.max[i] {
+                let ms = (t.max[i] - tile_max).exp();
+                acc.iter_mut().for_each(|a| *a *= ms);
+                t.sum[i] *= ms;
+                t.max[i] = tile_max;
+            }
+            let tile_sum = vexp::soft_max_row(f, scores, t.max[i]);
+            t.sum[i] = (f64::from(t.sum[i]) + tile_sum) as f32;
+            add_values(&scores[..n], &t.v[..n * dv], acc);
+        }
+    }
+    if let Some(sinks) = src.sinks {
+        for i in 0..n_rows {
+            let acc = &mut t.acc[i * dv..(i + 1) * dv];
+            add_sink(sinks, at.iq2, &mut t.max[i], &mut t.sum[i], acc);
+        }
+    }
+}
+
+/// Each block row's mask over cells `ic .. ic + n` of the tile, times the slope, into the
+/// first `n` scores of its row (0 without a mask) and `-inf` after them; false when every
+/// one is `-inf` (ggml skips such a tile).
+#[allow(clippy::too_many_arguments)]
+fn load_mask(
+    src: &Sources<'_>,
+    at: RowAt,
+    n_rows: usize,
+    ic: usize,
+    n: usize,
+    slope: f32,
+    scores: &mut [f32],
+) -> bool {
+    let mut any = false;
+    for i in 0..n_rows {
+        let row = &mut scores[i * TILE..(i + 1) * TILE];
+        let mask_row = src.mask_row(RowAt {
+            iq1: at.iq1 + i,
+            ..at
+        });
+        for (c, m) in row.iter_mut().enumerate() {
+            *m = match mask_row {
+                _ if c >= n => f32::NEG_INFINITY,
+                // SAFETY: `ic + c < n_kv <= mask.ne0` (the support check) of an in-bounds row.
+                Some(mr) => slope * unsafe { mask_value(mr, ic + c) },
+                None => 0.0,
+            };
+            any |= *m != f32::NEG_INFINITY;
+        }
+    }
+    any
+}
+
+/// A query's scores over the tile, with the mask already in `scores`: `k·q` as one FMA chain
+/// per cell (`kt` is the K tile transposed, zeros past the last cell), scaled, soft-capped,
+/// plus the mask.
+#[inline(always)]
+fn score_row(q: &[f32], kt: &[f32], p: &FlashParams, scores: &mut [f32; TILE]) {
+    let mut dots = [0f32; TILE];
+    for (&qd, kd) in q.iter().zip(kt.chunks_exact(TILE)) {
+        for (acc, &kx) in dots.iter_mut().zip(kd) {
+            *acc = qd.mul_add(kx, *acc);
+        }
+    }
+    let scale = p.score_scale();
+    for (s, &dot) in scores.iter_mut().zip(&dots) {
+        let mut x = dot * scale;
+        if p.softcap != 0.0 {
+            x = x.tanh() * p.softcap;
+        }
+        *s += x;
+    }
+}
+
+/// `acc += w[c] * v[c]` for each cell `c` in order, one FMA per element (ggml's `simd_gemm`
+/// of the probabilities and the V tile), 32 dimensions at a time so they stay in registers.
+#[inline(always)]
+fn add_values(w: &[f32], v: &[f32], acc: &mut [f32]) {
+    let dv = acc.len();
+    for (j, part) in acc.chunks_mut(32).enumerate() {
+        let at = j * 32;
+        if let Ok(part) = <&mut [f32; 32]>::try_from(&mut *part) {
+            let mut regs = *part;
+            for (c, &wc) in w.iter().enumerate() {
+                let row = &v[c * dv + at..c * dv + at + 32];
+                for (r, &x) in regs.iter_mut().zip(row) {
+                    *r = wc.mul_add(x, *r);
+                }
+            }
+            *part = regs;
+        } else {
+            for (c, &wc) in w.iter().enumerate() {
+                for (r, &x) in part.iter_mut().zip(&v[c * dv + at..]) {
+                    *r = wc.mul_add(x, *r);
+                }
+            }
+        }
+    }
+}
