@@ -15,10 +15,13 @@ of the same source package (llama-cpp-python 0.3.36; its pure-Python `llama_cpp/
 without compiling it again) on `PYTHONPATH`, with numpy.
 
 For each file it writes `DIR/<file stem>.json`: the file's sha256, the instruction set, and per
-prompt of `../shared/fixtures/smollm2/prompts.json` (or `--prompts`): the tokens (special tokens
+prompt of `../shared/fixtures/smollm2/prompts.json` (or `--prompts`), and of prompts cut from
+`--long-text` to exactly the token counts `--lengths` names (e.g. 513 tokens: a micro-batch of
+512, then one token alone over 768 cells, which is what generation at that depth computes): the tokens (special tokens
 parsed; BOS and the like only with `--add-special`, where the vocabulary adds them) and the 10
-largest next-token logits at the last position, rounded to 4 decimals. Flash attention is off and 2
-threads are used, as in the other fixtures; the prompt is decoded in micro-batches of 512 tokens
+largest next-token logits at the last position, rounded to 4 decimals. Flash attention is off
+(`--flash-attn on` for the fixtures of rgml's `-fa on`) and 2 threads are used, as in the other
+fixtures; the prompt is decoded in micro-batches of 512 tokens
 (one for short prompts, so llama.cpp's batched matmul paths are the ones recorded) in a context
 of 512 cells, or `--n-ctx`.
 """
@@ -47,7 +50,7 @@ def sha256(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def load(path: pathlib.Path, n_ctx: int = 512):
+def load(path: pathlib.Path, n_ctx: int = 512, flash_attn: bool = False):
     mp = L.llama_model_default_params()
     mp.use_extra_bufts = False  # no CPU_REPACK: the plain layouts' arithmetic is the reference
     model = L.llama_model_load_from_file(str(path).encode(), mp)
@@ -59,7 +62,7 @@ def load(path: pathlib.Path, n_ctx: int = 512):
     cp.n_ubatch = 512
     cp.n_threads = 2
     cp.n_threads_batch = 2
-    cp.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.flash_attn_type = 1 if flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
     # Sliding-window layers keep only their window, as llama.cpp's tools do by default (the C
     # API's default is a full-size cache); rgml places their cells the same way.
     cp.swa_full = False
@@ -76,6 +79,16 @@ def tokenize(vocab, text: str, add_special: bool = False) -> list[int]:
     if n < 0:
         sys.exit(f"tokenization of {text!r} failed")
     return list(buf[:n])
+
+
+def prompt_of_length(vocab, text: str, n: int, add_special: bool) -> str:
+    """The shortest prefix of `text` that tokenizes to exactly `n` tokens (cut at a word
+    boundary where one gives `n`, else at a character)."""
+    cuts = [i for i, ch in enumerate(text) if ch == " "] + [len(text)]
+    for cut in cuts + list(range(1, len(text) + 1)):
+        if len(tokenize(vocab, text[:cut], add_special)) == n:
+            return text[:cut]
+    sys.exit(f"no prefix of the long text has {n} tokens")
 
 
 def top10(model, ctx, tokens: list[int]) -> list[list]:
@@ -97,16 +110,26 @@ def main() -> None:
     ap.add_argument("--prompts", type=pathlib.Path, default=PROMPTS, help="a JSON list of prompts")
     ap.add_argument("--add-special", action="store_true", help="add BOS etc. as the vocabulary says")
     ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--flash-attn", choices=["on", "off"], default="off")
+    ap.add_argument(
+        "--lengths",
+        default="",
+        help="also prompts of exactly these token counts (comma-separated), cut from --long-text",
+    )
+    ap.add_argument("--long-text", type=pathlib.Path, default=PROMPTS.parent / "ppl-text.txt")
     ap.add_argument("models", nargs="+", type=pathlib.Path)
     args = ap.parse_args()
     prompts = json.loads(args.prompts.read_text())
     L.llama_backend_init()
     args.out.mkdir(parents=True, exist_ok=True)
     for path in args.models:
-        model, ctx = load(path, args.n_ctx)
+        model, ctx = load(path, args.n_ctx, args.flash_attn == "on")
         vocab = L.llama_model_get_vocab(model)
         cases = []
-        for prompt in prompts:
+        long_text = " ".join([args.long_text.read_text()] * 4)
+        lengths = [int(n) for n in args.lengths.split(",") if n]
+        extra = [prompt_of_length(vocab, long_text, n, args.add_special) for n in lengths]
+        for prompt in prompts + extra:
             tokens = tokenize(vocab, prompt, args.add_special)
             cases.append({"prompt": prompt, "tokens": tokens, "top10": top10(model, ctx, tokens)})
         fixture = {
@@ -114,6 +137,7 @@ def main() -> None:
             "sha256": sha256(path),
             "isa": args.isa,
             "llama_cpp": "llama-cpp-python 0.3.36 (vendored llama.cpp), native build, repack off",
+            "flash_attn": args.flash_attn,
             "cases": cases,
         }
         out = args.out / (path.stem + ".json")

@@ -9,7 +9,7 @@
 use crate::error::CliError;
 use crate::output::Out;
 use clap::Args;
-use rgml_llm::{EncodeOptions, LoadOptions, Model, Placement, Session, SessionOptions};
+use rgml_llm::{EncodeOptions, FlashAttn, LoadOptions, Model, Placement, Session, SessionOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -36,6 +36,10 @@ pub struct CompareArgs {
     /// Print every node, not only divergent ones.
     #[arg(short = 'v', long)]
     verbose: bool,
+    /// Flash attention in the compared graph (also `-fa`): `on`, `off` or `auto` (on where
+    /// both devices compute it).
+    #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto", value_parser = crate::model_cmds::parse_flash_attn)]
+    flash_attn: FlashAttn,
 }
 
 /// Run `rgml compare`; `Ok(false)` when a node diverged.
@@ -92,6 +96,20 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
     if tokens.is_empty() {
         return Err("the prompt is empty".into());
     }
+    let flash_attn = match args.flash_attn {
+        FlashAttn::Auto => {
+            let (probe, fa) = rgml_llm::flash_attn_probe(&model.config)?;
+            let both = [&backend1, &backend2]
+                .iter()
+                .all(|b| b.device().supports_op(&probe, fa));
+            if both {
+                FlashAttn::On
+            } else {
+                FlashAttn::Off
+            }
+        }
+        chosen => chosen,
+    };
     let mut session = Session::new(
         model.clone(),
         &SessionOptions {
@@ -99,6 +117,7 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
             n_ubatch: tokens.len(),
             n_threads: args.threads,
             device_params: Vec::new(),
+            flash_attn,
             ..Default::default()
         },
     )?;

@@ -1,4 +1,4 @@
-//! llama.cpp's multi-letter short flags (`-ngl`, and `-np` of `serve`), which clap cannot
+//! llama.cpp's multi-letter short flags (`-ngl`, `-fa`, and `-np` of `serve`), which clap cannot
 //! declare (its short flags are one letter), rewritten to their long forms before parsing.
 //!
 //! This module owns that rewrite only. A value is never rewritten: a word that follows an
@@ -10,9 +10,11 @@ use std::ffi::OsString;
 /// The multi-letter short flags of `subcommand` and their long forms.
 fn spellings(subcommand: &str) -> &'static [(&'static str, &'static str)] {
     const NGL: (&str, &str) = ("-ngl", "--n-gpu-layers");
+    const FA: (&str, &str) = ("-fa", "--flash-attn");
     match subcommand {
-        "serve" => &[("-np", "--parallel"), NGL],
-        "run" | "logits" | "perplexity" | "bench" => &[NGL],
+        "serve" => &[("-np", "--parallel"), NGL, FA],
+        "run" | "logits" | "perplexity" | "bench" => &[NGL, FA],
+        "compare" => &[FA],
         _ => &[],
     }
 }

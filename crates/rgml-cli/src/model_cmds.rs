@@ -7,7 +7,8 @@ use crate::gpu_layers::GpuLayers;
 use clap::Args;
 use rgml_llm::chat::{ChatFormat, Message};
 use rgml_llm::{
-    EncodeOptions, Logits, Model, Sampler, SamplerParams, Session, SessionOptions, StopReason,
+    EncodeOptions, FlashAttn, Logits, Model, Sampler, SamplerParams, Session, SessionOptions,
+    StopReason,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -72,6 +73,21 @@ pub struct ModelArgs {
     /// Largest number of tokens per graph (prompt micro-batch).
     #[arg(long, default_value_t = 512, value_parser = parse_positive)]
     pub ubatch: usize,
+    /// Flash attention, as llama.cpp's flag (also `-fa`): `on`, `off` or `auto` (on where
+    /// every device holding the model's blocks computes it). The logits differ from `off` in
+    /// rounding, as llama.cpp's do.
+    #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto", value_parser = parse_flash_attn)]
+    pub flash_attn: FlashAttn,
+}
+
+/// `--flash-attn`'s value: llama.cpp's `on|off|auto`, and llama-bench's `1|0`.
+pub(crate) fn parse_flash_attn(value: &str) -> Result<FlashAttn, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" => Ok(FlashAttn::On),
+        "off" | "0" | "false" => Ok(FlashAttn::Off),
+        "auto" => Ok(FlashAttn::Auto),
+        _ => Err("expected on, off or auto".into()),
+    }
 }
 
 /// The context of commands run without `-c`.
@@ -195,6 +211,7 @@ impl ModelArgs {
             n_threads: self.threads,
             device_params: Vec::new(),
             n_seq,
+            flash_attn: self.flash_attn,
         };
         let mut session = Session::new(model.clone(), &options)?;
         if self.trace.is_some() {

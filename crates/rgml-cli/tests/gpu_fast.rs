@@ -36,6 +36,8 @@ fn perplexity(model: &Path, chunks: usize, devices: &[&str], isa: Option<&str>) 
     }
     let out = command
         .arg("perplexity")
+        // The GPU backend has no flash attention yet: the CPU's runs without it too.
+        .args(["-fa", "off"])
         .arg("-m")
         .arg(model)
         .arg("-f")

@@ -29,9 +29,11 @@ fn fixture() -> serde_json::Value {
     serde_json::from_str(&text).expect("valid JSON")
 }
 
+/// `rgml ARGS..`'s standard output; flash attention off (`-fa off` after the command) for the
+/// model commands, as llama.cpp made the fixture.
 fn rgml(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .args(args)
+        .args(with_fa_off(args))
         .output()
         .expect("run rgml");
     assert!(
@@ -207,9 +209,20 @@ fn sampling_is_reproducible_by_seed_and_chat_uses_the_template() {
 }
 
 /// `rgml` with `RGML_CPU_DEVICES=2` (devices CPU0 and CPU1 beside CPU).
+/// `args` with `-fa off` after a model command (`logits`, `run`, `perplexity`) that does not
+/// set `-fa`.
+fn with_fa_off<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut out = args.to_vec();
+    let model_command = matches!(args.first(), Some(&("logits" | "run" | "perplexity")));
+    if model_command && !args.contains(&"-fa") {
+        out.splice(1..1, ["-fa", "off"]);
+    }
+    out
+}
+
 fn rgml_split(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .args(args)
+        .args(with_fa_off(args))
         .env("RGML_CPU_DEVICES", "2")
         .output()
         .expect("run rgml")
@@ -296,7 +309,7 @@ fn tensor_split_logits_match_one_device() {
         ];
         args.extend_from_slice(extra);
         let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-            .args(&args)
+            .args(with_fa_off(&args))
             .env("RGML_CPU_DEVICES", "3")
             .env("RGML_CPU_ISA", "avx512")
             .output()
@@ -395,10 +408,10 @@ fn logits_on_the_gpu_match_llama_cpp() {
         for case in fixture()["cases"].as_array().expect("cases") {
             let prompt = case["prompt"].as_str().expect("prompt");
             let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-                .args([
+                .args(with_fa_off(&[
                     "logits", "-m", &model, "-p", prompt, "--top", "10", "--json", "--device",
                     &devices,
-                ])
+                ]))
                 .env("RGML_CPU_ISA", "avx512")
                 .output()
                 .expect("run rgml");
@@ -422,9 +435,9 @@ fn logits_on_the_gpu_match_llama_cpp() {
     let prompt = case["prompt"].as_str().expect("prompt");
     let want = case["greedy_text"].as_str().expect("greedy_text");
     let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .args([
+        .args(with_fa_off(&[
             "run", "-m", &model, "-p", prompt, "-n", "32", "--temp", "0", "--device", &gpu,
-        ])
+        ]))
         .output()
         .expect("run rgml");
     assert!(

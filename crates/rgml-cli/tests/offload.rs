@@ -53,7 +53,7 @@ fn logits(extra: &[&str]) -> Run {
         std::process::id(),
         extra.join("_").replace(['/', ','], "-")
     ));
-    let mut args = vec!["logits", "-p", PROMPT, "--json", "-t", "2"];
+    let mut args = vec!["logits", "-fa", "off", "-p", PROMPT, "--json", "-t", "2"];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--trace", trace.to_str().expect("UTF-8 path")]);
     let out = ok(&args);

@@ -12,44 +12,9 @@
 #[allow(dead_code)] // The GPU lookup is not used here.
 mod common;
 
-use common::{demo_model, root, runnable_isas, sha256_hex, DEMO_STEM};
+use common::{root, runnable_isas};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// The file a fixture describes: the demo model, or the demo model requantized by
-/// `rgml quantize` to the preset named by the stem's suffix, made afresh on every run (it is
-/// the only byte check of those presets against llama-quantize's, so a file left by an earlier
-/// build must not stand in for it).
-fn model_for(stem: &str, sha256: &str) -> PathBuf {
-    if stem == DEMO_STEM {
-        return demo_model();
-    }
-    let preset = stem.rsplit('.').next().expect("stem has a preset suffix");
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("quantized");
-    std::fs::create_dir_all(&dir).expect("create the quantized model directory");
-    let path = dir.join(format!("{stem}.gguf"));
-    let _ = std::fs::remove_file(&path);
-    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .arg("quantize")
-        .arg("--allow-requantize")
-        .arg(demo_model())
-        .arg(&path)
-        .arg(preset)
-        .output()
-        .expect("run rgml quantize");
-    assert!(
-        out.status.success(),
-        "rgml quantize to {preset} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        sha256_hex(&std::fs::read(&path).expect("read model")),
-        sha256,
-        "rgml quantize to {preset} must write llama-quantize's bytes"
-    );
-    path
-}
 
 fn fixtures(isa: &str) -> Vec<(String, serde_json::Value)> {
     let dir = root()
@@ -107,7 +72,7 @@ fn every_weight_type_gives_llama_cpps_logits_on_each_instruction_set() {
             let sha = fixture["sha256"].as_str().expect("sha256");
             let (model, made_sha) = models
                 .entry(stem.clone())
-                .or_insert_with(|| (model_for(&stem, sha), sha.to_string()));
+                .or_insert_with(|| (common::fixture_model(&stem, sha), sha.to_string()));
             assert_eq!(
                 made_sha, sha,
                 "{stem}: the fixtures of two instruction sets differ"

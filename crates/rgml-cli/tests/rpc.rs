@@ -125,7 +125,10 @@ fn fixture() -> serde_json::Value {
 
 fn logits(prompt: &str, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
+        // Flash attention off, as llama.cpp made the fixture.
+        .args([
+            "logits", "-fa", "off", "-p", prompt, "--top", "10", "--json", "-t", "2",
+        ])
         .args(extra)
         .arg("-m")
         .arg(demo_model())

@@ -8,8 +8,8 @@ mod common;
 use common::argmax;
 
 use rgml_llm::{
-    EncodeOptions, LlmError, Logits, Model, Sampler, SamplerParams, Session, SessionOptions,
-    StopReason, TokenId, Tokenizer,
+    EncodeOptions, FlashAttn, LlmError, Logits, Model, Sampler, SamplerParams, Session,
+    SessionOptions, StopReason, TokenId, Tokenizer,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -29,12 +29,14 @@ const _: () = {
     send::<HashMap<u32, Session>>();
 };
 
+/// Flash attention off, as llama.cpp made the fixture.
 fn options(n_ctx: usize) -> SessionOptions {
     SessionOptions {
         n_ctx,
         n_ubatch: 512,
         n_threads: Some(1),
         device_params: Vec::new(),
+        flash_attn: FlashAttn::Off,
         ..Default::default()
     }
 }

@@ -130,7 +130,8 @@ pub fn top_pairs(logits: &serde_json::Value) -> Vec<(u64, f64)> {
 
 /// `rgml logits --json --top 10 -t 2 -p PROMPT -m MODEL EXTRA..` under the CPU arithmetic of
 /// `isa`, with the devices CPU0 and CPU1 registered beside CPU (for `--device` splits); the
-/// parsed output. Fails the test if rgml fails.
+/// parsed output. Flash attention is off unless `extra` sets `-fa`: llama.cpp's fixtures were
+/// recorded with it off, except those of `fixtures/flash`. Fails the test if rgml fails.
 #[allow(dead_code)] // Not every test binary that shares this module runs logits.
 pub fn logits_json(
     model: &std::path::Path,
@@ -150,8 +151,13 @@ pub fn logits_json_with_env(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> serde_json::Value {
+    let fa_off: &[&str] = match extra.contains(&"-fa") {
+        true => &[],
+        false => &["-fa", "off"],
+    };
     let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
         .args(["logits", "-p", prompt, "--top", "10", "--json", "-t", "2"])
+        .args(fa_off)
         .args(extra)
         .arg("-m")
         .arg(model)
@@ -166,4 +172,43 @@ pub fn logits_json_with_env(
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+/// The file a fixture describes: the demo model, Gemma 3 270M (`gemma-3-270m-q4_k_m`), or the
+/// demo model requantized by
+/// `rgml quantize` to the preset named by the stem's suffix, made afresh on every run (it is
+/// the only byte check of those presets against llama-quantize's, so a file left by an earlier
+/// build must not stand in for it).
+#[allow(dead_code)]
+pub fn fixture_model(stem: &str, sha256: &str) -> PathBuf {
+    if stem == DEMO_STEM {
+        return demo_model();
+    }
+    if stem == "gemma-3-270m-q4_k_m" {
+        return gemma_model();
+    }
+    let preset = stem.rsplit('.').next().expect("stem has a preset suffix");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("quantized");
+    std::fs::create_dir_all(&dir).expect("create the quantized model directory");
+    let path = dir.join(format!("{stem}.gguf"));
+    let _ = std::fs::remove_file(&path);
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .arg("quantize")
+        .arg("--allow-requantize")
+        .arg(demo_model())
+        .arg(&path)
+        .arg(preset)
+        .output()
+        .expect("run rgml quantize");
+    assert!(
+        out.status.success(),
+        "rgml quantize to {preset} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        sha256_hex(&std::fs::read(&path).expect("read model")),
+        sha256,
+        "rgml quantize to {preset} must write llama-quantize's bytes"
+    );
+    path
 }

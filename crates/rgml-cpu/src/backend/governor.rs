@@ -16,8 +16,10 @@
 //! full count, a run now and then tries one thread more and keeps it if that run did not stall:
 //! once both [`PROBE_AFTER`] and [`PROBE_RUNS`] runs have passed (so long runs, such as
 //! prompts, do not try every other time), and after each failed try twice as long (at most
-//! [`MAX_BACKOFF`] doublings). The thread count never changes results: every kernel computes
-//! each output with the same operations whatever the number of threads.
+//! [`MAX_BACKOFF`] doublings). The count of running threads never changes results: every
+//! kernel computes each output with the same operations however many threads share it (where
+//! ggml's rounding depends on its thread count, the kernel splits the work by the backend's
+//! configured count, `NodeTask::threads`, whatever the governor runs).
 
 use std::time::{Duration, Instant};
 

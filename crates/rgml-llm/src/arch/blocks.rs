@@ -25,15 +25,17 @@ pub(crate) struct GraphModel<'a> {
     pub(crate) output_device: usize,
 }
 
-/// The KV cache's tensors: K `[n_embd_kv, n_seq * cells]` and V transposed
-/// `[n_seq * cells, n_embd_kv]` per layer, f16 (a stream's cells after another's); local
-/// layers have `local_cells` cells per stream.
+/// The KV cache's tensors: K `[n_embd_kv, n_seq * cells]` per layer, and V the same with flash
+/// attention, else transposed `[n_seq * cells, n_embd_kv]`, f16 (a stream's cells after
+/// another's); local layers have `local_cells` cells per stream.
 pub(crate) struct CacheView<'a> {
     pub(crate) k: &'a [TensorId],
     pub(crate) v: &'a [TensorId],
     pub(crate) n_seq: usize,
     pub(crate) cells: usize,
     pub(crate) local_cells: usize,
+    /// Attention is one FLASH_ATTN_EXT op (V not transposed; f16 masks).
+    pub(crate) flash_attn: bool,
 }
 
 /// The graph inputs a micro-batch of `n` tokens reads.
@@ -355,6 +357,18 @@ impl<'a> Builder<'a> {
         };
         let k_flat = self.ctx.reshape(k, &[n_embd_kv, n])?;
         let k_store = self.ctx.set_rows(self.kv.k[il], k_flat, kv_rows)?;
+        if self.kv.flash_attn {
+            // V as K: one row per cell (a view of a fused projection made dense first).
+            let v = match self.ctx[v].is_contiguous() {
+                true => v,
+                false => self.ctx.cont(v)?,
+            };
+            let v_flat = self.ctx.reshape(v, &[n_embd_kv, n])?;
+            let v_store = self.ctx.set_rows(self.kv.v[il], v_flat, kv_rows)?;
+            self.graph.expand(self.ctx, k_store)?;
+            self.graph.expand(self.ctx, v_store)?;
+            return Ok(());
+        }
         // V is stored transposed: its "rows" are single elements, one per cell, in a
         // `[1, rows, n_embd_kv]` view of the cache, and the batch's values are the matching
         // `[1, n, n_embd_kv]` view of `v`.
@@ -448,8 +462,23 @@ impl<'a> Builder<'a> {
         )?;
         let k_all = self.ctx.permute(k_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
         let q = self.ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, n_head]
-        let kq = self.ctx.mul_mat(k_all, q)?; // [n_kv, n, n_head]
         let kq_scale = if c.attn_scale_on_q { 1.0 } else { c.attn_scale };
+        if self.kv.flash_attn {
+            // V's cells are rows, as K's.
+            let v_all = self.ctx.view(
+                self.kv.v[il],
+                &[hd, c.n_head_kv, n_kv],
+                &[hd * f16, n_embd_kv * f16],
+                g.stream * cells * n_embd_kv * f16,
+            )?;
+            let v_all = self.ctx.permute(v_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
+            let kqv =
+                self.ctx
+                    .flash_attn_ext(q, k_all, v_all, Some(mask), None, kq_scale, 0.0, 0.0)?;
+            // [hd, n_head, n], dense.
+            return Ok(self.ctx.reshape(kqv, &[c.n_embd_q(), g.n])?);
+        }
+        let kq = self.ctx.mul_mat(k_all, q)?; // [n_kv, n, n_head]
         let kq = match name {
             true => self.keep(kq, format!("kq-{il}"))?,
             false => kq,

@@ -6,7 +6,7 @@
 //! cells a micro-batch leaves behind are kept in the plan until the session commits them.
 
 use super::graph::{GraphKey, GroupKey, OutputKey};
-use super::kv_cache::{padded_n_kv, KvCache, StreamCells};
+use super::kv_cache::{KvCache, StreamCells};
 use crate::error::{LlmError, Result};
 use crate::tokenizer::TokenId;
 
@@ -101,7 +101,7 @@ impl UbatchPlan {
         let base = |cells: usize| seq * cells;
         self.kv_rows
             .extend(self.cells.iter().map(|&c| c + base(kv.cells) as i32));
-        let n_kv = padded_n_kv(after.global.used_max_p1(), kv.cells);
+        let n_kv = kv.attended(after.global.used_max_p1(), kv.cells);
         let at = self.masks.len();
         self.masks.resize(at + n_kv * n, f32::NEG_INFINITY);
         after.global.mask_rows(n_kv, first, &mut self.masks[at..]);
@@ -110,7 +110,7 @@ impl UbatchPlan {
             local.place(first, n, &mut self.cells)?;
             self.local_rows
                 .extend(self.cells.iter().map(|&c| c + base(kv.local_cells) as i32));
-            n_kv_local = padded_n_kv(local.used_max_p1(), kv.local_cells);
+            n_kv_local = kv.attended(local.used_max_p1(), kv.local_cells);
             let at = self.local_masks.len();
             self.local_masks
                 .resize(at + n_kv_local * n, f32::NEG_INFINITY);

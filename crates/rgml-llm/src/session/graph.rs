@@ -85,7 +85,12 @@ pub(super) fn build_graph(
         true => Some(input(ctx, DType::I32, &[n], "inp_k_idxs_swa")?),
         false => None,
     };
-    let (groups, masks) = group_inputs(ctx, key, local)?;
+    // Flash attention takes its masks in f16, as llama.cpp makes them then.
+    let mask_type = match kv.flash_attn {
+        true => DType::F16,
+        false => DType::F32,
+    };
+    let (groups, masks) = group_inputs(ctx, key, local, mask_type)?;
     let row_groups: Vec<usize> = key.groups.iter().map(|g| g.n_tokens).collect();
     let (outputs, out_ids) = match key.outputs {
         OutputKey::All => (Outputs::All, None),
@@ -114,6 +119,7 @@ pub(super) fn build_graph(
         n_seq: kv.n_seq,
         cells: kv.cells,
         local_cells: kv.local_cells,
+        flash_attn: kv.flash_attn,
     };
     let batch = BatchInputs {
         n,
@@ -152,6 +158,7 @@ fn group_inputs(
     ctx: &mut Context,
     key: &GraphKey,
     local: bool,
+    mask_type: DType,
 ) -> Result<(Vec<GroupInputs>, Vec<(TensorId, Option<TensorId>)>)> {
     let mut groups = Vec::with_capacity(key.groups.len());
     let mut masks = Vec::with_capacity(key.groups.len());
@@ -163,14 +170,14 @@ fn group_inputs(
         };
         let mask = input(
             ctx,
-            DType::F32,
+            mask_type,
             &[g.n_kv, g.n_tokens],
             &format!("kq_mask{suffix}"),
         )?;
         let local_mask = match local {
             true => Some(input(
                 ctx,
-                DType::F32,
+                mask_type,
                 &[g.n_kv_local, g.n_tokens],
                 &format!("kq_mask_swa{suffix}"),
             )?),

@@ -18,13 +18,17 @@ use rgml::{Context, DType, TensorId};
 use std::sync::Arc;
 
 /// K and V of every layer for `cells` positions of `n_seq` streams, f16. K is stored
-/// `[n_embd_kv, n_seq * cells]` (one column per cell, stream after stream); V transposed,
-/// `[n_seq * cells, n_embd_kv]` (each row holds one dimension of every stream's cells), so the
-/// attention product reads a stream's cells as dense rows. A token's cache row is
-/// `stream * cells + cell` in both.
+/// `[n_embd_kv, n_seq * cells]` (one column per cell, stream after stream). V is stored as K
+/// for flash attention (llama.cpp's layout then), else transposed, `[n_seq * cells,
+/// n_embd_kv]` (each row holds one dimension of every stream's cells), so the attention
+/// product reads a stream's cells as dense rows. A token's cache row is `stream * cells + cell`
+/// in both.
 pub(super) struct KvCache {
     pub(super) k: Vec<TensorId>,
     pub(super) v: Vec<TensorId>,
+    /// Attention is one FLASH_ATTN_EXT op: V not transposed, and the cells attended to padded
+    /// as llama.cpp pads them (see [`KvCache::attended`]).
+    pub(super) flash_attn: bool,
     /// Streams (sequences held at once).
     pub(super) n_seq: usize,
     /// Positions a sequence may use (the requested context length).
@@ -50,6 +54,7 @@ impl KvCache {
         n_ctx: usize,
         n_ubatch: usize,
         n_seq: usize,
+        flash_attn: bool,
     ) -> Result<KvCache> {
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -66,7 +71,11 @@ impl KvCache {
             let n = per_seq.checked_mul(n_seq).ok_or_else(too_large)?;
             let kt = ctx.new_tensor(DType::F16, &[c.n_embd_kv(), n])?;
             ctx.set_name(kt, format!("cache_k_l{il}"))?;
-            let vt = ctx.new_tensor(DType::F16, &[n, c.n_embd_kv()])?;
+            let v_shape = match flash_attn {
+                true => [c.n_embd_kv(), n],
+                false => [n, c.n_embd_kv()],
+            };
+            let vt = ctx.new_tensor(DType::F16, &v_shape)?;
             ctx.set_name(vt, format!("cache_v_l{il}"))?;
             k.push(kt);
             v.push(vt);
@@ -111,6 +120,7 @@ impl KvCache {
         Ok(KvCache {
             k,
             v,
+            flash_attn,
             n_seq,
             n_ctx,
             cells,
@@ -146,6 +156,19 @@ impl StreamCells {
     }
 }
 
+impl KvCache {
+    /// Cells of a stream of `cells` an attention reads when `used` of them are in use: as
+    /// [`padded_n_kv`] without flash attention; with it, as llama.cpp's `get_n_kv` (the used
+    /// cells rounded up to 256, at least 256, at most `cells`), because ggml's kernel for one
+    /// query over 512 cells or more splits the cells between threads by that count.
+    pub(super) fn attended(&self, used: usize, cells: usize) -> usize {
+        match self.flash_attn {
+            true => used.next_multiple_of(KV_PAD).max(KV_PAD).min(cells),
+            false => padded_n_kv(used, cells),
+        }
+    }
+}
+
 /// KV cells the attention reads: the `used` ones (at least one; the session checks that they
 /// fit the context) rounded up to a multiple of [`ATTEND_PAD`], at most the allocated `cells`
 /// (a multiple of it).
@@ -158,7 +181,7 @@ impl StreamCells {
 /// vectors of at most 16) is the same for any count that is a multiple of 64 and has no
 /// remainder. So attending to a multiple of 64 gives llama.cpp's results bit for bit while a
 /// short context reads a quarter of the cells (generation from an empty context: ~10% faster).
-pub(super) fn padded_n_kv(used: usize, cells: usize) -> usize {
+fn padded_n_kv(used: usize, cells: usize) -> usize {
     used.next_multiple_of(ATTEND_PAD).min(cells)
 }
 

@@ -9,7 +9,7 @@
 //! execution path: a model on one device gets a scheduler with that device's backend alone
 //! (one split, no copies), a split model one backend per device and the CPU. The graph
 //! depends only on the batch size and the number of cache cells attended to (a multiple of
-//! 64, see `kv_cache::padded_n_kv`): where the batch goes is in its inputs (the K/V stores are SET_ROWS at the
+//! 64, or 256 with flash attention: see `KvCache::attended`): where the batch goes is in its inputs (the K/V stores are SET_ROWS at the
 //! positions, the mask covers the cells). So the next micro-batch of the same key computes the
 //! same graph again, without building or allocating anything: generation rebuilds its graph
 //! once every 64 tokens, and the steps between allocate no memory. A rebuild truncates the
@@ -69,6 +69,23 @@ pub struct SessionOptions {
     /// Sequences the session holds at once, each with its own `n_ctx` positions of KV cache
     /// (see [`Session::decode_batch`]).
     pub n_seq: usize,
+    /// Whether attention runs as one FLASH_ATTN_EXT op (llama.cpp's `--flash-attn`).
+    pub flash_attn: FlashAttn,
+}
+
+/// Whether attention runs as one FLASH_ATTN_EXT op per layer (llama.cpp's `--flash-attn
+/// on|off|auto`). The results differ in rounding: with it, ggml's flash-attention kernels;
+/// without it, a product, a softmax and a product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FlashAttn {
+    /// Always (a device without the op leaves it to the scheduler's CPU fallback).
+    On,
+    /// Never.
+    Off,
+    /// On where every device holding the model's blocks computes FLASH_ATTN_EXT on the
+    /// model's shapes, else off (llama.cpp's default, resolved as it resolves it).
+    #[default]
+    Auto,
 }
 
 impl Default for SessionOptions {
@@ -79,6 +96,7 @@ impl Default for SessionOptions {
             n_threads: None,
             device_params: Vec::new(),
             n_seq: 1,
+            flash_attn: FlashAttn::Auto,
         }
     }
 }
@@ -96,6 +114,7 @@ impl std::fmt::Debug for SessionOptions {
             .field("n_threads", &self.n_threads)
             .field("device_params", &params)
             .field("n_seq", &self.n_seq)
+            .field("flash_attn", &self.flash_attn)
             .finish()
     }
 }
@@ -164,6 +183,8 @@ struct Staging {
     ubatch_index: Vec<usize>,
     /// Per batch token, its row in the returned logits (`usize::MAX`: none).
     out_row: Vec<usize>,
+    /// A mask converted to f16 (flash attention).
+    mask16: Vec<u8>,
 }
 
 /// An intermediate tensor kept by [`Session::set_capture`]: llama.cpp's name for it (such as
@@ -188,6 +209,11 @@ impl Session {
             ));
         }
         let (sched, bufts) = open_backends(&model, options)?;
+        let flash_attn = match options.flash_attn {
+            FlashAttn::On => true,
+            FlashAttn::Off => false,
+            FlashAttn::Auto => flash_attn_supported(&model)?,
+        };
         let mut ctx = model.ctx.clone();
         let kv = KvCache::allocate(
             &mut ctx,
@@ -196,6 +222,7 @@ impl Session {
             options.n_ctx,
             options.n_ubatch,
             options.n_seq,
+            flash_attn,
         )?;
         let n_base = ctx.len();
         Ok(Session {
@@ -210,6 +237,12 @@ impl Session {
             staging: Staging::default(),
             plan: UbatchPlan::default(),
         })
+    }
+
+    /// Whether attention runs as one FLASH_ATTN_EXT op ([`SessionOptions::flash_attn`],
+    /// resolved).
+    pub fn flash_attn(&self) -> bool {
+        self.kv.flash_attn
     }
 
     /// Largest number of tokens per graph (see [`Session::decode_batch`]).
@@ -669,17 +702,39 @@ impl Session {
         let (mut at, mut at_local) = (0, 0);
         for (group, &(mask, local_mask)) in plan.key.groups.iter().zip(&g.masks) {
             let n = group.n_kv * group.n_tokens;
-            self.ctx.tensor_set_f32(mask, &plan.masks[at..at + n])?;
+            set_mask(
+                &self.ctx,
+                mask,
+                &plan.masks[at..at + n],
+                &mut self.staging.mask16,
+            )?;
             at += n;
             if let Some(local_mask) = local_mask {
                 let n = group.n_kv_local * group.n_tokens;
-                self.ctx
-                    .tensor_set_f32(local_mask, &plan.local_masks[at_local..at_local + n])?;
+                let values = &plan.local_masks[at_local..at_local + n];
+                set_mask(&self.ctx, local_mask, values, &mut self.staging.mask16)?;
                 at_local += n;
             }
         }
         Ok(())
     }
+}
+
+/// A mask input from its f32 values (0 or `-inf`): as they are, or converted (exactly) for an
+/// f16 mask through `scratch`.
+fn set_mask(
+    ctx: &Context,
+    mask: rgml::TensorId,
+    values: &[f32],
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    let dtype = ctx[mask].dtype;
+    if dtype != rgml::DType::F16 {
+        return Ok(ctx.tensor_set_f32(mask, values)?);
+    }
+    scratch.resize(2 * values.len(), 0);
+    rgml::quant::quantize_row(dtype, values, scratch)?;
+    Ok(ctx.tensor_set(mask, 0, scratch)?)
 }
 
 /// The scheduler over the backends of `model`'s devices (and the CPU, last, when there are
@@ -719,6 +774,31 @@ fn open_backends(
         },
     )?;
     Ok((Box::new(sched), bufts))
+}
+
+/// Whether every device holding `model`'s blocks computes FLASH_ATTN_EXT on its shapes.
+fn flash_attn_supported(model: &Model) -> Result<bool> {
+    let (ctx, fa) = flash_attn_probe(&model.config)?;
+    let devices = model.devices();
+    Ok((0..model.config.n_layer).all(|il| {
+        let dev = model.layer_device(il).unwrap_or(0);
+        devices.get(dev).is_some_and(|d| d.supports_op(&ctx, fa))
+    }))
+}
+
+/// A FLASH_ATTN_EXT node of a model's shapes, to ask a device whether it computes it
+/// ([`rgml::backend::Device::supports_op`]; [`FlashAttn::Auto`] asks each device holding the
+/// model's blocks): one query over an f16 cache of 512 cells with an f16 mask.
+pub fn flash_attn_probe(config: &crate::ModelConfig) -> Result<(Context, rgml::TensorId)> {
+    let c = config;
+    let mut ctx = Context::new();
+    let cells = 512;
+    let q = ctx.new_tensor(rgml::DType::F32, &[c.head_dim, 1, c.n_head])?;
+    let k = ctx.new_tensor(rgml::DType::F16, &[c.head_dim, cells, c.n_head_kv])?;
+    let v = ctx.new_tensor(rgml::DType::F16, &[c.head_dim, cells, c.n_head_kv])?;
+    let mask = ctx.new_tensor(rgml::DType::F16, &[cells, 1])?;
+    let fa = ctx.flash_attn_ext(q, k, v, Some(mask), None, c.attn_scale, 0.0, 0.0)?;
+    Ok((ctx, fa))
 }
 
 /// `'name' (OP of 'src0', 'src1')`: a node as an error message names it.

@@ -70,6 +70,7 @@ struct Folded {
 }
 
 /// The plain path: this thread's query rows, each folded over every cell.
+#[inline(always)]
 pub(super) fn rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams) -> Result<()> {
     let src = Sources::of(task, p)?;
     let (dk, dv, n_kv) = (src.k.ne[0], src.v.ne[0], src.k.ne[1]);
@@ -91,6 +92,7 @@ pub(super) fn rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams) -> 
 /// One query over many cells: the cells in `task.threads` chunks (ggml's thread count, so
 /// the sums group as there), each chunk's per-head state into the shared area, then after a
 /// barrier each head's chunks merged in order.
+#[inline(always)]
 pub(super) fn split_cells(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams) -> Result<()> {
     let src = Sources::of(task, p)?;
     let (dk, dv, n_kv, n_head) = (src.k.ne[0], src.v.ne[0], src.k.ne[1], src.q.ne[2]);
@@ -146,6 +148,7 @@ pub(super) fn split_cells(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashPara
 
 /// The chunks' states merged in order into `acc` (as `ggml_flash_attn_ext_reduce_partials`):
 /// returns the total sum and the unnormalised accumulator.
+#[inline(always)]
 fn merge<'a>(parts: impl Iterator<Item = &'a [f32]>, acc: &'a mut [f32]) -> (f32, &'a [f32]) {
     acc.iter_mut().for_each(|a| *a = 0.0);
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
@@ -168,6 +171,7 @@ fn merge<'a>(parts: impl Iterator<Item = &'a [f32]>, acc: &'a mut [f32]) -> (f32
 
 /// Row `at` folded over `cells` into `s.acc` (zeroed first); for f16 V the accumulator holds
 /// f16 values, widened.
+#[inline(always)]
 fn fold(
     f: CpuFeatures,
     src: &Sources<'_>,
@@ -238,6 +242,7 @@ enum QueryFor {
 
 /// Convert the scratch's `q` as ggml converts it for K's dot (`from_float` of K's vec-dot
 /// type).
+#[inline(always)]
 fn convert_q(f: CpuFeatures, k_dtype: DType, s: &mut RowScratch<'_>) -> Result<QueryFor> {
     match k_dtype {
         DType::F32 => Ok(QueryFor::Float(Flavor::F32)),
@@ -329,6 +334,7 @@ mod f16_vectors {
     const STEP: usize = 128;
 
     /// `acc += v_row * w`, `v_row` an f16 row of `acc.len()` values.
+    #[inline(always)]
     pub(super) fn mad(acc: &mut [u16], v_row: *const u8, w: f32) {
         let np = acc.len() - acc.len() % STEP;
         let x = v_row.cast::<u16>();
@@ -346,6 +352,7 @@ mod f16_vectors {
     }
 
     /// `acc *= w`.
+    #[inline(always)]
     pub(super) fn scale(acc: &mut [u16], w: f32) {
         let np = acc.len() - acc.len() % STEP;
         #[cfg(target_arch = "x86_64")]

@@ -60,6 +60,7 @@ impl Tiles<'_> {
 }
 
 /// This thread's query rows, in blocks of up to 64 queries of one head.
+#[inline(always)]
 pub(super) fn tiled(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams) -> Result<()> {
     let src = Sources::of(task, p)?;
     let (dk, dv, n_q) = (src.k.ne[0], src.v.ne[0], src.q.ne[1]);
@@ -83,6 +84,7 @@ pub(super) fn tiled(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams) ->
 
 /// Queries `at.iq1 .. at.iq1 + n_rows` of head `at.iq2` over every cell: unnormalised
 /// accumulators and sums (sinks included) in `t`.
+#[inline(always)]
 fn block(
     f: CpuFeatures,
     src: &Sources<'_>,
@@ -172,6 +174,7 @@ fn block(
 /// first `n` scores of its row (0 without a mask) and `-inf` after them; false when every
 /// one is `-inf` (ggml skips such a tile).
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn load_mask(
     src: &Sources<'_>,
     at: RowAt,

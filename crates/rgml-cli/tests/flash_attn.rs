@@ -1,0 +1,103 @@
+//! `-fa on` against llama.cpp's logits with flash attention on, bit for bit (up to the
+//! fixtures' rounding), on each instruction set llama.cpp's fixtures exist for.
+//!
+//! `tests/fixtures/flash/<isa>/<file stem>.json` holds what llama.cpp's native build for that
+//! instruction set computes with `flash_attn_type` enabled (repacking off;
+//! `scripts/gen_model_fixtures.py --flash-attn on --n-ctx 1024 --lengths 70,513,600`, Gemma's
+//! with its prompts and `--add-special`) for the demo model, two requantizations of it (F16,
+//! Q4_K_M) and Gemma 3 270M (head size 256, sliding-window layers). The prompts run each of
+//! ggml's flash-attention kernels: short ones a query row at a time, 70 tokens the tiled
+//! kernel, 513 tokens a micro-batch of 512 and then one token alone over 768 cells (the cells
+//! split between the threads, as in generation at that depth), 600 tokens a second, tiled
+//! micro-batch over the first's cells.
+
+#[allow(dead_code)] // The GPU lookup is not used here.
+mod common;
+
+use common::{root, runnable_isas, sha256_hex};
+
+fn fixtures(isa: &str) -> Vec<(String, serde_json::Value)> {
+    let dir = root()
+        .join("crates/rgml-cli/tests/fixtures/flash")
+        .join(isa);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, serde_json::Value)> = entries
+        .map(|e| e.expect("fixture entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| {
+            let stem = p.file_stem().expect("stem").to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&p).expect("read fixture");
+            (stem, serde_json::from_str(&text).expect("fixture JSON"))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn flash_attention_gives_llama_cpps_logits_on_each_instruction_set() {
+    let mut checked = 0;
+    for isa in runnable_isas() {
+        for (stem, fixture) in fixtures(isa) {
+            assert_eq!(
+                fixture["flash_attn"], "on",
+                "{stem}: not a flash-attention fixture"
+            );
+            let sha = fixture["sha256"].as_str().expect("sha256");
+            let model = common::fixture_model(&stem, sha);
+            assert_eq!(
+                sha256_hex(&std::fs::read(&model).expect("read model")),
+                sha,
+                "{stem}: the fixture is for another file"
+            );
+            for case in fixture["cases"].as_array().expect("cases") {
+                let prompt = case["prompt"].as_str().expect("prompt");
+                let extra = ["-fa", "on", "-c", "1024"];
+                let got = common::logits_json(&model, isa, prompt, &extra);
+                let what = format!("{stem} {prompt:.30?} on {isa}");
+                let worst = common::top10_worst(&got, case, &what);
+                // 4-decimal rounding of the fixture, plus f32 spacing at |logits| < 128.
+                assert!(worst <= 6e-5, "{what}: {worst} from llama.cpp");
+                checked += 1;
+            }
+        }
+    }
+    if !runnable_isas().is_empty() {
+        assert!(checked >= 41, "only {checked} cases were checked");
+    }
+}
+
+/// The fixtures tell flash attention from the product-softmax-product path: `-fa off` misses
+/// them (so the check above cannot pass by chance).
+#[test]
+fn flash_attention_changes_the_logits() {
+    let Some(isa) = runnable_isas().first().copied() else {
+        return;
+    };
+    let (stem, fixture) = fixtures(isa)
+        .into_iter()
+        .find(|(s, _)| s == common::DEMO_STEM)
+        .expect("the demo model's fixture");
+    let model = common::fixture_model(&stem, fixture["sha256"].as_str().expect("sha256"));
+    let case = fixture["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["tokens"].as_array().is_some_and(|t| t.len() == 513))
+        .expect("the 513-token case");
+    let prompt = case["prompt"].as_str().expect("prompt");
+    let got = common::logits_json(&model, isa, prompt, &["-fa", "off", "-c", "1024"]);
+    let off = common::top_pairs(&got);
+    let best = &case["top10"][0];
+    let (id, on) = (
+        best[0].as_u64().expect("id"),
+        best[1].as_f64().expect("logit"),
+    );
+    let off = off.iter().find(|p| p.0 == id).map(|p| p.1);
+    assert!(
+        off.is_none_or(|off| (off - on).abs() > 1e-3),
+        "{off:?} vs {on}"
+    );
+}
