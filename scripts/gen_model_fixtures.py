@@ -20,7 +20,8 @@ prompt of `../shared/fixtures/smollm2/prompts.json` (or `--prompts`), and of pro
 512, then one token alone over 768 cells, which is what generation at that depth computes): the tokens (special tokens
 parsed; BOS and the like only with `--add-special`, where the vocabulary adds them) and the 10
 largest next-token logits at the last position, rounded to 4 decimals. Flash attention is off
-(`--flash-attn on` for the fixtures of rgml's `-fa on`) and 2 threads are used, as in the other
+(`--flash-attn on` for the fixtures of rgml's `-fa on`; `--cache-type-k/v` as llama.cpp's
+flags, for rgml's `-ctk/-ctv`) and 2 threads are used, as in the other
 fixtures; the prompt is decoded in micro-batches of 512 tokens
 (one for short prompts, so llama.cpp's batched matmul paths are the ones recorded) in a context
 of 512 cells, or `--n-ctx`.
@@ -50,7 +51,10 @@ def sha256(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def load(path: pathlib.Path, n_ctx: int = 512, flash_attn: bool = False):
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
+
+
+def load(path: pathlib.Path, n_ctx: int = 512, flash_attn: bool = False, ctk="f16", ctv="f16"):
     mp = L.llama_model_default_params()
     mp.use_extra_bufts = False  # no CPU_REPACK: the plain layouts' arithmetic is the reference
     model = L.llama_model_load_from_file(str(path).encode(), mp)
@@ -63,6 +67,8 @@ def load(path: pathlib.Path, n_ctx: int = 512, flash_attn: bool = False):
     cp.n_threads = 2
     cp.n_threads_batch = 2
     cp.flash_attn_type = 1 if flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
+    cp.type_k = GGML_TYPES[ctk]
+    cp.type_v = GGML_TYPES[ctv]
     # Sliding-window layers keep only their window, as llama.cpp's tools do by default (the C
     # API's default is a full-size cache); rgml places their cells the same way.
     cp.swa_full = False
@@ -111,6 +117,9 @@ def main() -> None:
     ap.add_argument("--add-special", action="store_true", help="add BOS etc. as the vocabulary says")
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--flash-attn", choices=["on", "off"], default="off")
+    ap.add_argument("--cache-type-k", choices=sorted(GGML_TYPES), default="f16")
+    ap.add_argument("--cache-type-v", choices=sorted(GGML_TYPES), default="f16")
+    ap.add_argument("--suffix", default="", help="appended to each fixture's file stem")
     ap.add_argument(
         "--lengths",
         default="",
@@ -123,7 +132,9 @@ def main() -> None:
     L.llama_backend_init()
     args.out.mkdir(parents=True, exist_ok=True)
     for path in args.models:
-        model, ctx = load(path, args.n_ctx, args.flash_attn == "on")
+        model, ctx = load(
+            path, args.n_ctx, args.flash_attn == "on", args.cache_type_k, args.cache_type_v
+        )
         vocab = L.llama_model_get_vocab(model)
         cases = []
         long_text = " ".join([args.long_text.read_text()] * 4)
@@ -138,9 +149,11 @@ def main() -> None:
             "isa": args.isa,
             "llama_cpp": "llama-cpp-python 0.3.36 (vendored llama.cpp), native build, repack off",
             "flash_attn": args.flash_attn,
+            "cache_type_k": args.cache_type_k,
+            "cache_type_v": args.cache_type_v,
             "cases": cases,
         }
-        out = args.out / (path.stem + ".json")
+        out = args.out / (path.stem + args.suffix + ".json")
         out.write_text(json.dumps(fixture, indent=1, ensure_ascii=False) + "\n")
         print(f"{out}: {len(cases)} prompts", file=sys.stderr)
         L.llama_free(ctx)

@@ -1,4 +1,4 @@
-//! llama.cpp's multi-letter short flags (`-ngl`, `-fa`, and `-np` of `serve`), which clap cannot
+//! llama.cpp's multi-letter short flags (`-ngl`, `-fa`, `-ctk`, `-ctv`, and `-np` of `serve`), which clap cannot
 //! declare (its short flags are one letter), rewritten to their long forms before parsing.
 //!
 //! This module owns that rewrite only. A value is never rewritten: a word that follows an
@@ -11,9 +11,11 @@ use std::ffi::OsString;
 fn spellings(subcommand: &str) -> &'static [(&'static str, &'static str)] {
     const NGL: (&str, &str) = ("-ngl", "--n-gpu-layers");
     const FA: (&str, &str) = ("-fa", "--flash-attn");
+    const CTK: (&str, &str) = ("-ctk", "--cache-type-k");
+    const CTV: (&str, &str) = ("-ctv", "--cache-type-v");
     match subcommand {
-        "serve" => &[("-np", "--parallel"), NGL, FA],
-        "run" | "logits" | "perplexity" | "bench" => &[NGL, FA],
+        "serve" => &[("-np", "--parallel"), NGL, FA, CTK, CTV],
+        "run" | "logits" | "perplexity" | "bench" => &[NGL, FA, CTK, CTV],
         "compare" => &[FA],
         _ => &[],
     }

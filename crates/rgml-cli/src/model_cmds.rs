@@ -5,6 +5,7 @@
 use crate::error::CliError;
 use crate::gpu_layers::GpuLayers;
 use clap::Args;
+use rgml::DType;
 use rgml_llm::chat::{ChatFormat, Message};
 use rgml_llm::{
     EncodeOptions, FlashAttn, Logits, Model, Sampler, SamplerParams, Session, SessionOptions,
@@ -78,6 +79,24 @@ pub struct ModelArgs {
     /// rounding, as llama.cpp's do.
     #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto", value_parser = parse_flash_attn)]
     pub flash_attn: FlashAttn,
+    /// The K cache's type, as llama.cpp's flag (also `-ctk`): f16, f32, q8_0 or q4_0.
+    #[arg(long = "cache-type-k", value_name = "TYPE", default_value = "f16", value_parser = parse_cache_type)]
+    pub cache_type_k: DType,
+    /// The V cache's type (also `-ctv`): f16, f32, or q8_0 / q4_0 with flash attention.
+    #[arg(long = "cache-type-v", value_name = "TYPE", default_value = "f16", value_parser = parse_cache_type)]
+    pub cache_type_v: DType,
+}
+
+/// `--cache-type-k/v`'s value: a type llama.cpp spells as there that rgml's attention computes
+/// (any other type llama.cpp takes is refused by name).
+pub(crate) fn parse_cache_type(value: &str) -> Result<DType, String> {
+    let t = DType::from_name(value.trim()).map_err(|e| e.to_string())?;
+    match rgml_llm::CACHE_TYPES.contains(&t) {
+        true => Ok(t),
+        false => Err(format!(
+            "{t} caches are not supported (f32, f16, q8_0 or q4_0)"
+        )),
+    }
 }
 
 /// `--flash-attn`'s value: llama.cpp's `on|off|auto`, and llama-bench's `1|0`.
@@ -212,6 +231,8 @@ impl ModelArgs {
             device_params: Vec::new(),
             n_seq,
             flash_attn: self.flash_attn,
+            cache_type_k: self.cache_type_k,
+            cache_type_v: self.cache_type_v,
         };
         let mut session = Session::new(model.clone(), &options)?;
         if self.trace.is_some() {

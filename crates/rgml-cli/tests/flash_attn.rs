@@ -10,15 +10,22 @@
 //! kernel, 513 tokens a micro-batch of 512 and then one token alone over 768 cells (the cells
 //! split between the threads, as in generation at that depth), 600 tokens a second, tiled
 //! micro-batch over the first's cells.
+//!
+//! `tests/fixtures/kv/<isa>/<file stem>.ctk-<K>.ctv-<V>.fa-<on|off>.json` holds the same for
+//! quantized caches (`--cache-type-k/v`, `--lengths 70,513`): llama.cpp rotates Q and K (and V)
+//! by a Walsh-Hadamard matrix where the cache is quantized, stores the rows in its CPU
+//! quantizers' bytes and attends with quantized dots, with flash attention and without it
+//! (quantized K only).
 
 #[allow(dead_code)] // The GPU lookup is not used here.
 mod common;
 
 use common::{root, runnable_isas, sha256_hex};
 
-fn fixtures(isa: &str) -> Vec<(String, serde_json::Value)> {
+fn fixtures(set: &str, isa: &str) -> Vec<(String, serde_json::Value)> {
     let dir = root()
-        .join("crates/rgml-cli/tests/fixtures/flash")
+        .join("crates/rgml-cli/tests/fixtures")
+        .join(set)
         .join(isa);
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
@@ -36,27 +43,32 @@ fn fixtures(isa: &str) -> Vec<(String, serde_json::Value)> {
     out
 }
 
-#[test]
-fn flash_attention_gives_llama_cpps_logits_on_each_instruction_set() {
+/// Every case of fixture set `set` on every instruction set rgml runs here, with the flags the
+/// fixture records; returns how many were checked.
+fn check_set(set: &str) -> usize {
     let mut checked = 0;
     for isa in runnable_isas() {
-        for (stem, fixture) in fixtures(isa) {
-            assert_eq!(
-                fixture["flash_attn"], "on",
-                "{stem}: not a flash-attention fixture"
+        for (name, fixture) in fixtures(set, isa) {
+            let field = |key: &str| fixture[key].as_str().unwrap_or("f16").to_string();
+            let (fa, ctk, ctv) = (
+                field("flash_attn"),
+                field("cache_type_k"),
+                field("cache_type_v"),
             );
+            let file = fixture["file"].as_str().expect("file");
+            let stem = file.strip_suffix(".gguf").expect("a GGUF file name");
             let sha = fixture["sha256"].as_str().expect("sha256");
-            let model = common::fixture_model(&stem, sha);
+            let model = common::fixture_model(stem, sha);
             assert_eq!(
                 sha256_hex(&std::fs::read(&model).expect("read model")),
                 sha,
-                "{stem}: the fixture is for another file"
+                "{name}: the fixture is for another file"
             );
+            let extra = ["-fa", &fa, "-ctk", &ctk, "-ctv", &ctv, "-c", "1024"];
             for case in fixture["cases"].as_array().expect("cases") {
                 let prompt = case["prompt"].as_str().expect("prompt");
-                let extra = ["-fa", "on", "-c", "1024"];
                 let got = common::logits_json(&model, isa, prompt, &extra);
-                let what = format!("{stem} {prompt:.30?} on {isa}");
+                let what = format!("{name} {prompt:.30?} on {isa}");
                 let worst = common::top10_worst(&got, case, &what);
                 // 4-decimal rounding of the fixture, plus f32 spacing at |logits| < 128.
                 assert!(worst <= 6e-5, "{what}: {worst} from llama.cpp");
@@ -64,8 +76,30 @@ fn flash_attention_gives_llama_cpps_logits_on_each_instruction_set() {
             }
         }
     }
+    checked
+}
+
+#[test]
+fn flash_attention_gives_llama_cpps_logits_on_each_instruction_set() {
+    for isa in runnable_isas() {
+        for (name, fixture) in fixtures("flash", isa) {
+            assert_eq!(
+                fixture["flash_attn"], "on",
+                "{name}: not a flash-attention fixture"
+            );
+        }
+    }
+    let checked = check_set("flash");
     if !runnable_isas().is_empty() {
         assert!(checked >= 41, "only {checked} cases were checked");
+    }
+}
+
+#[test]
+fn quantized_caches_give_llama_cpps_logits_on_each_instruction_set() {
+    let checked = check_set("kv");
+    if !runnable_isas().is_empty() {
+        assert!(checked >= 51, "only {checked} cases were checked");
     }
 }
 
@@ -76,7 +110,7 @@ fn flash_attention_changes_the_logits() {
     let Some(isa) = runnable_isas().first().copied() else {
         return;
     };
-    let (stem, fixture) = fixtures(isa)
+    let (stem, fixture) = fixtures("flash", isa)
         .into_iter()
         .find(|(s, _)| s == common::DEMO_STEM)
         .expect("the demo model's fixture");
@@ -100,4 +134,27 @@ fn flash_attention_changes_the_logits() {
         off.is_none_or(|off| (off - on).abs() > 1e-3),
         "{off:?} vs {on}"
     );
+}
+
+/// Cache types rgml does not compute, and a quantized V without flash attention (which
+/// llama.cpp refuses too), are errors naming the flag, before any output.
+#[test]
+fn cache_types_that_do_not_work_are_refused_by_name() {
+    let model = common::demo_model();
+    for (flags, needle) in [
+        (&["-ctv", "q8_0", "-fa", "off"][..], "--cache-type-v q8_0"),
+        (&["-ctk", "q5_1"][..], "q5_1"),
+        (&["-ctk", "bogus"][..], "bogus"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(["logits", "-p", "Hi", "-t", "1"])
+            .args(flags)
+            .arg("-m")
+            .arg(&model)
+            .output()
+            .expect("run rgml");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && out.stdout.is_empty(), "{flags:?}");
+        assert!(err.contains(needle), "{flags:?}: {err}");
+    }
 }

@@ -57,6 +57,6 @@ pub use generate::{Generation, StopReason};
 pub use model::{LoadOptions, Model, Placement};
 pub use quantize::{QuantPreset, QuantizeError, QuantizeOptions};
 pub use sampling::{Sampler, SamplerParams};
-pub use session::{flash_attn_probe, FlashAttn, Logits, Session, SessionOptions};
+pub use session::{flash_attn_probe, FlashAttn, Logits, Session, SessionOptions, CACHE_TYPES};
 pub use tensor_split::TensorSync;
 pub use tokenizer::{EncodeOptions, TokenId, Tokenizer};

@@ -127,7 +127,10 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
         Op::Sub => plain(op::SUB),
         Op::Mul => plain(op::MUL),
         Op::Div => plain(op::DIV),
-        Op::MulMat { .. } => plain(op::MUL_MAT),
+        // ggml's hint in parameter 1 (`GGML_HINT_SRC0_IS_HADAMARD` = 1).
+        Op::MulMat { hadamard, .. } => {
+            Ok(Params::new().i32(1, i32::from(hadamard)).done(op::MUL_MAT))
+        }
         Op::Argmax => plain(op::ARGMAX),
         Op::View { offset } => {
             // ggml stores the view's byte offset as a size_t in the first two parameters.

@@ -164,6 +164,9 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
             [a, mask] => f32s(&[a]) && f32_or_f16(mask) && a.ne == t.ne,
             _ => false,
         },
+        // A Hadamard product stays on the CPU, whose transform is ggml's (this backend would
+        // round the product with the matrix differently).
+        (Op::MulMat { hadamard: true, .. }, _) => false,
         (Op::MulMat { .. }, [a, b]) => (!exact && fast_mul_mat(a, b)) || exact_mul_mat(a, b),
         _ => false,
     }

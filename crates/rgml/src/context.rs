@@ -737,7 +737,45 @@ impl Context {
             });
         }
         let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
-        self.node(DType::F32, ne, Op::MulMat { rows_alone }, &[a, b])
+        let op = Op::MulMat {
+            rows_alone,
+            hadamard: false,
+        };
+        self.node(DType::F32, ne, op, &[a, b])
+    }
+
+    /// `h · x` for `h` the `n × n` Walsh-Hadamard matrix over `sqrt(n)` (f32, `n` a power of
+    /// two; its values are the caller's to set) and `x` f32 or f16 with rows of `n`: a
+    /// [`Op::MulMat`] marked `hadamard`, which ggml-cpu computes as a fast Walsh-Hadamard
+    /// transform (llama.cpp's `llama_mul_mat_hadamard` of quantized KV caches).
+    pub fn mul_mat_hadamard(&mut self, h: TensorId, x: TensorId) -> Result<TensorId> {
+        let kind = OpKind::MulMat;
+        self.expect_dtype(kind, h, &[DType::F32], "the Hadamard matrix must be f32")?;
+        self.expect_dtype(
+            kind,
+            x,
+            &[DType::F32, DType::F16],
+            "src1 must be f32 or f16",
+        )?;
+        let (th, tx) = (self.get(h)?, self.get(x)?);
+        let n = th.ne[0];
+        if th.ne != [n, n, 1, 1] || !n.is_power_of_two() || tx.ne[0] != n {
+            return Err(Error::ShapeMismatch {
+                op: kind,
+                lhs: th.ne,
+                rhs: tx.ne,
+                reason: "need a square matrix of a power-of-two size and rows of that size",
+            });
+        }
+        if !th.is_contiguous() || !tx.rows_contiguous() {
+            return Err(Error::NotContiguous(tx.display_name().to_string()));
+        }
+        let ne = [n, tx.ne[1], tx.ne[2], tx.ne[3]];
+        let op = Op::MulMat {
+            rows_alone: false,
+            hadamard: true,
+        };
+        self.node(DType::F32, ne, op, &[h, x])
     }
 
     /// Root-mean-square normalization of each row.

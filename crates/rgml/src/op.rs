@@ -118,6 +118,11 @@ pub enum Op {
         /// token decoded alone. Backends whose arithmetic does not depend on the row count
         /// ignore it.
         rows_alone: bool,
+        /// src0 is the `n × n` Walsh-Hadamard matrix over `sqrt(n)` (ggml's
+        /// `GGML_HINT_SRC0_IS_HADAMARD`, llama.cpp's rotation of quantized KV caches): ggml-cpu
+        /// computes the product as a fast Walsh-Hadamard transform of each src1 row (scaled
+        /// first, then butterflies of widths 1, 2, 4, ...), reading nothing of src0.
+        hadamard: bool,
     },
     /// Row-wise `x / sqrt(mean(x²) + eps)`.
     RmsNorm {

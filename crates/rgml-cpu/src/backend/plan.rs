@@ -295,10 +295,14 @@ pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_S
     let mut held: Option<(TensorView, kernels::matmul::Src1, Extent)> = None;
     for (j, (task, &(srcs, dst))) in tasks.iter_mut().zip(extents).enumerate() {
         let conversion = match (task.op, task.src[0], task.src[1]) {
-            (rgml::Op::MulMat { .. }, Some(a), Some(b)) => {
-                kernels::matmul::src1_conversion(task.features, a.dtype, b.rows_contiguous())
-                    .map(|c| (b, c, srcs[1]))
-            }
+            (
+                rgml::Op::MulMat {
+                    hadamard: false, ..
+                },
+                Some(a),
+                Some(b),
+            ) => kernels::matmul::src1_conversion(task.features, a.dtype, b.rows_contiguous())
+                .map(|c| (b, c, srcs[1])),
             _ => None,
         };
         // A node that writes the held src1 (or its converted copy) ends its reuse.

@@ -267,7 +267,9 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     // The row count that chooses the arithmetic (ggml's paths depend on it): one for a
     // product whose rows are computed as alone.
     let path_rows = match task.op {
-        rgml::Op::MulMat { rows_alone: true } => 1,
+        rgml::Op::MulMat {
+            rows_alone: true, ..
+        } => 1,
         _ => b.ne[1],
     };
     if converted && wrow.saturating_mul(nrows1) > tc.shared.len {

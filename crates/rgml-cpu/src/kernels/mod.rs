@@ -40,6 +40,7 @@ mod ops;
 pub(crate) use blocks::convert::quant_available;
 #[cfg(target_arch = "x86_64")]
 use ops::flash_attn;
+use ops::hadamard;
 use ops::{copy, elementwise, norm, rope, rows, softmax};
 pub(crate) use task::{NodeTask, SharedWork, TensorView, ThreadCtx};
 
@@ -222,6 +223,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 // Frequency factors: the first n_dims / 2 values of a dense f32 row.
                 && s.get(2).is_none_or(|f| f32_rows(f) && f.ne[0] >= p.n_dims / 2)
         }
+        Op::MulMat { hadamard: true, .. } => n(2) && hadamard::supported(s[0], s[1], t),
         Op::MulMat { .. } => n(2) && matmul::supported(s[0], s[1], t),
         Op::Concat { dim } => {
             n(2) && dim < 4
@@ -293,7 +295,9 @@ pub(crate) fn work_size(
         widest = widest.max(ctx.get(s)?.ne[0]);
     }
     let mut shared = match t.op {
-        Op::MulMat { .. } => {
+        Op::MulMat {
+            hadamard: false, ..
+        } => {
             let (a, b) = (ctx.get(t.src[0])?, ctx.get(t.src[1])?);
             matmul::shared_size(f, a, b)?
         }
@@ -303,7 +307,10 @@ pub(crate) fn work_size(
     // rows, ROPE's cos/sin cache, a packed group unpacked), plus slack to keep per-thread areas
     // on separate cache lines.
     let mut per_thread = widest.checked_mul(4).ok_or(Error::SizeOverflow)? + 16;
-    if let Op::MulMat { .. } = t.op {
+    if let Op::MulMat {
+        hadamard: false, ..
+    } = t.op
+    {
         per_thread = per_thread.max(matmul::scratch_floats(f, ctx.get(t.src[0])?));
     }
     if let Op::FlashAttnExt { .. } = t.op {
@@ -338,6 +345,7 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::SoftMax { scale, max_bias } => softmax::soft_max(task, tc, scale, max_bias),
         Op::DiagMaskInf { n_past } => softmax::diag_mask_inf(task, tc, n_past),
         Op::Rope(p) => rope::rope(task, tc, &p),
+        Op::MulMat { hadamard: true, .. } => hadamard::fwht(task, tc),
         Op::MulMat { .. } => matmul::mul_mat(task, tc),
         Op::FlashAttnExt {
             scale,

@@ -26,8 +26,9 @@ pub(crate) struct GraphModel<'a> {
 }
 
 /// The KV cache's tensors: K `[n_embd_kv, n_seq * cells]` per layer, and V the same with flash
-/// attention, else transposed `[n_seq * cells, n_embd_kv]`, f16 (a stream's cells after
-/// another's); local layers have `local_cells` cells per stream.
+/// attention, else transposed `[n_seq * cells, n_embd_kv]` (a stream's cells after another's),
+/// of the cache types (f16 by default; quantized rows of whole blocks per head); local layers
+/// have `local_cells` cells per stream.
 pub(crate) struct CacheView<'a> {
     pub(crate) k: &'a [TensorId],
     pub(crate) v: &'a [TensorId],
@@ -55,6 +56,10 @@ pub(crate) struct BatchInputs<'g> {
     pub(crate) outputs: Outputs,
     /// How many of the output rows each sequence has, in order.
     pub(crate) out_groups: &'g [usize],
+    /// llama.cpp's rotations for quantized caches (Walsh-Hadamard matrices): of Q and K where
+    /// K is quantized, of V (and back, of the attention output) where V is.
+    pub(crate) k_rot: Option<TensorId>,
+    pub(crate) v_rot: Option<TensorId>,
 }
 
 /// The tokens of one sequence in a micro-batch: `n` of them from token `first`, in cache
@@ -255,9 +260,34 @@ impl<'a> Builder<'a> {
         let cur = self.norm(x, l.attn_norm, il)?;
         let cur = self.keep(cur, format!("attn_norm-{il}"))?;
         let (q, k, v) = self.qkv(il, l, cur)?;
+        // Where the cache is quantized, Q and K (and V) are rotated first, as llama.cpp does
+        // (the V rotation is undone on the attention output).
+        let (q, k) = match self.inputs.k_rot {
+            Some(rot) => (self.hadamard(rot, q)?, self.hadamard(rot, k)?),
+            None => (q, k),
+        };
+        let v = match self.inputs.v_rot {
+            Some(rot) => self.hadamard(rot, v)?,
+            None => v,
+        };
         self.store_kv(il, k, v)?;
         let attn = self.attention(il, l, q)?;
         self.cut_to_output(il, attn, x)
+    }
+
+    /// `x` rotated by the Walsh-Hadamard matrix `rot` (`n × n`) in runs of `n` values, in
+    /// `x`'s shape (llama.cpp's `llama_mul_mat_hadamard`).
+    fn hadamard(&mut self, rot: TensorId, x: TensorId) -> Result<TensorId> {
+        let (n, ne) = (self.ctx[rot].ne[0], self.ctx[x].ne);
+        let x = match self.ctx[x].is_contiguous() {
+            true => x,
+            false => self.ctx.cont(x)?,
+        };
+        let rows = self
+            .ctx
+            .reshape(x, &[n, ne.iter().product::<usize>() / n])?;
+        let y = self.ctx.mul_mat_hadamard(rot, rows)?;
+        Ok(self.ctx.reshape(y, &ne)?)
     }
 
     /// The last position's row `[n_embd, 1]` of the `[n_embd, n]` tensor `x` (a view).
@@ -347,10 +377,7 @@ impl<'a> Builder<'a> {
     /// goes, so decoding reuses one graph for many tokens (see `Session::eval_ubatch`).
     pub(crate) fn store_kv(&mut self, il: usize, k: TensorId, v: TensorId) -> Result<()> {
         let (n, n_embd_kv) = (self.inputs.n, self.config().n_embd_kv());
-        let (rows, f16) = (
-            self.stream_cells(il) * self.kv.n_seq,
-            DType::F16.block_bytes(),
-        );
+        let rows = self.stream_cells(il) * self.kv.n_seq;
         let kv_rows = match self.is_local(il) {
             true => self.inputs.local_rows.unwrap_or(self.inputs.kv_rows),
             false => self.inputs.kv_rows,
@@ -369,12 +396,14 @@ impl<'a> Builder<'a> {
             self.graph.expand(self.ctx, v_store)?;
             return Ok(());
         }
+        // (Without flash attention V is f16 or f32: elements, not blocks.)
+        let es = self.ctx[self.kv.v[il]].dtype.block_bytes();
         // V is stored transposed: its "rows" are single elements, one per cell, in a
         // `[1, rows, n_embd_kv]` view of the cache, and the batch's values are the matching
         // `[1, n, n_embd_kv]` view of `v`.
         let v_cells = self
             .ctx
-            .view(self.kv.v[il], &[1, rows, n_embd_kv], &[f16, rows * f16], 0)?;
+            .view(self.kv.v[il], &[1, rows, n_embd_kv], &[es, rows * es], 0)?;
         // A view of a fused projection is made dense first: the split model can then view it
         // again (and the copy is exact).
         let v = match self.ctx[v].is_contiguous() {
@@ -433,6 +462,10 @@ impl<'a> Builder<'a> {
             attn = Some(self.append_rows(attn, out)?);
         }
         let attn = attn.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))?;
+        let attn = match self.inputs.v_rot {
+            Some(rot) => self.hadamard(rot, attn)?,
+            None => attn,
+        };
         let attn = self.keep(attn, format!("kqv_out-{il}"))?;
         let attn = self.project(l.wo, attn)?;
         self.keep(attn, format!("attn_out-{il}"))
@@ -453,23 +486,38 @@ impl<'a> Builder<'a> {
             _ => (g.n_kv, g.mask),
         };
         let (hd, n_embd_kv) = (c.head_dim, c.n_embd_kv());
-        let (cells, f16) = (self.stream_cells(il), DType::F16.block_bytes());
+        let cells = self.stream_cells(il);
+        // Bytes of one head's row and of one cell's rows, in the cache's type.
+        let row_bytes = |ctx: &Context, t: TensorId, n: usize| {
+            ctx[t]
+                .dtype
+                .row_bytes(n)
+                .map_err(|e| crate::LlmError::BadConfig(format!("KV cache: {e}")))
+        };
+        let (k_head, k_cell) = (
+            row_bytes(self.ctx, self.kv.k[il], hd)?,
+            row_bytes(self.ctx, self.kv.k[il], n_embd_kv)?,
+        );
         let k_all = self.ctx.view(
             self.kv.k[il],
             &[hd, c.n_head_kv, n_kv],
-            &[hd * f16, n_embd_kv * f16],
-            g.stream * cells * n_embd_kv * f16,
+            &[k_head, k_cell],
+            g.stream * cells * k_cell,
         )?;
         let k_all = self.ctx.permute(k_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
         let q = self.ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, n_head]
         let kq_scale = if c.attn_scale_on_q { 1.0 } else { c.attn_scale };
         if self.kv.flash_attn {
             // V's cells are rows, as K's.
+            let (v_head, v_cell) = (
+                row_bytes(self.ctx, self.kv.v[il], hd)?,
+                row_bytes(self.ctx, self.kv.v[il], n_embd_kv)?,
+            );
             let v_all = self.ctx.view(
                 self.kv.v[il],
                 &[hd, c.n_head_kv, n_kv],
-                &[hd * f16, n_embd_kv * f16],
-                g.stream * cells * n_embd_kv * f16,
+                &[v_head, v_cell],
+                g.stream * cells * v_cell,
             )?;
             let v_all = self.ctx.permute(v_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
             let kqv =
@@ -489,12 +537,13 @@ impl<'a> Builder<'a> {
             false => kq,
         };
         // A stream's cells of one dimension are one dense run of each row of V.
-        let row = cells * self.kv.n_seq * f16;
+        let es = self.ctx[self.kv.v[il]].dtype.block_bytes();
+        let row = cells * self.kv.n_seq * es;
         let v_all = self.ctx.view(
             self.kv.v[il],
             &[n_kv, hd, c.n_head_kv],
             &[row, row * hd],
-            g.stream * cells * f16,
+            g.stream * cells * es,
         )?;
         let kqv = self.ctx.mul_mat(v_all, kq)?; // [hd, n, n_head]
         let kqv = self.ctx.permute(kqv, [0, 2, 1, 3])?; // [hd, n_head, n]

@@ -58,6 +58,9 @@ pub(super) struct BatchGraph {
     pub(super) masks: Vec<(TensorId, Option<TensorId>)>,
     /// The rows whose logits are computed, for [`OutputKey::Rows`].
     pub(super) out_ids: Option<TensorId>,
+    /// The rotation matrices of quantized caches (see `kv_cache::rotations`).
+    pub(super) k_rot: Option<TensorId>,
+    pub(super) v_rot: Option<TensorId>,
     pub(super) logits: TensorId,
     /// Intermediates named and kept for [`Session::set_capture`].
     pub(super) captured: Vec<TensorId>,
@@ -100,6 +103,11 @@ pub(super) fn build_graph(
             (Outputs::Rows(ids), Some(ids))
         }
     };
+    let rot = |ctx: &mut Context, n: Option<usize>, name: &str| -> Result<Option<TensorId>> {
+        n.map(|n| input(ctx, DType::F32, &[n, n], name)).transpose()
+    };
+    let k_rot = rot(ctx, kv.k_rot, "attn_inp_k_rot")?;
+    let v_rot = rot(ctx, kv.v_rot, "attn_inp_v_rot")?;
     let layer_devices: Vec<usize> = (0..model.layers.len())
         .map(|il| model.layer_device(il).unwrap_or(0))
         .collect();
@@ -130,6 +138,8 @@ pub(super) fn build_graph(
         row_groups: &row_groups,
         outputs,
         out_groups: &key.out_groups,
+        k_rot,
+        v_rot,
     };
     let mut b = Builder::new(ctx, graph_model, cache, batch, capture);
     let mut x = crate::arch::embeddings(&mut b, tokens)?;
@@ -145,6 +155,8 @@ pub(super) fn build_graph(
         local_rows,
         masks,
         out_ids,
+        k_rot,
+        v_rot,
         logits,
         captured: b.captured,
         pins: b.pins,

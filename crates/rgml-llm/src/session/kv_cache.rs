@@ -1,4 +1,5 @@
-//! The KV cache of a session: K and V of every layer, f16, in one buffer per device (each
+//! The KV cache of a session: K and V of every layer (f16, or the types asked for), in one
+//! buffer per device (each
 //! block's on that block's device), and how many cells an attention reads. Each sequence has
 //! its own stream of cells (llama.cpp's non-unified cache), so a sequence's cells are laid out
 //! as they would be alone and its attention sums in the same order whatever else is in the
@@ -10,6 +11,7 @@
 //! business (the stores are SET_ROWS at the positions).
 
 use super::cells::{local_cache_cells, Cells, NO_WINDOW};
+use super::SessionOptions;
 use crate::error::{LlmError, MemoryUse, Result};
 use crate::model::Model;
 use rgml::alloc::TensorAllocator;
@@ -17,7 +19,8 @@ use rgml::backend::{Buffer, BufferUsage};
 use rgml::{Context, DType, TensorId};
 use std::sync::Arc;
 
-/// K and V of every layer for `cells` positions of `n_seq` streams, f16. K is stored
+/// K and V of every layer for `cells` positions of `n_seq` streams, of the session's cache
+/// types (f16 by default). K is stored
 /// `[n_embd_kv, n_seq * cells]` (one column per cell, stream after stream). V is stored as K
 /// for flash attention (llama.cpp's layout then), else transposed, `[n_seq * cells,
 /// n_embd_kv]` (each row holds one dimension of every stream's cells), so the attention
@@ -29,6 +32,10 @@ pub(super) struct KvCache {
     /// Attention is one FLASH_ATTN_EXT op: V not transposed, and the cells attended to padded
     /// as llama.cpp pads them (see [`KvCache::attended`]).
     pub(super) flash_attn: bool,
+    /// The sizes of llama.cpp's Walsh-Hadamard rotations of quantized caches (see
+    /// [`rotations`]): of Q and K, of V.
+    pub(super) k_rot: Option<usize>,
+    pub(super) v_rot: Option<usize>,
     /// Streams (sequences held at once).
     pub(super) n_seq: usize,
     /// Positions a sequence may use (the requested context length).
@@ -44,18 +51,18 @@ pub(super) struct KvCache {
 }
 
 impl KvCache {
-    /// The cache for `n_seq` sequences of `n_ctx` positions of `model`'s blocks, its tensors
-    /// added to `ctx` and placed in one cleared buffer per device (`bufts`: each device's
-    /// buffer type).
+    /// The cache for the options' `n_seq` sequences of `n_ctx` positions of `model`'s blocks,
+    /// of their cache types, laid out for flash attention or not, its tensors added to `ctx`
+    /// and placed in one cleared buffer per device (`bufts`: each device's buffer type).
     pub(super) fn allocate(
         ctx: &mut Context,
         model: &Model,
         bufts: &[rgml::BufferTypeRef],
-        n_ctx: usize,
-        n_ubatch: usize,
-        n_seq: usize,
+        options: &SessionOptions,
         flash_attn: bool,
     ) -> Result<KvCache> {
+        let (n_ctx, n_ubatch, n_seq) = (options.n_ctx, options.n_ubatch, options.n_seq);
+        let (k_type, v_type) = (options.cache_type_k, options.cache_type_v);
         let c = &model.config;
         let (mut k, mut v) = (Vec::new(), Vec::new());
         let cells = n_ctx
@@ -69,13 +76,13 @@ impl KvCache {
         for il in 0..c.n_layer {
             let per_seq = if c.is_local(il) { local_cells } else { cells };
             let n = per_seq.checked_mul(n_seq).ok_or_else(too_large)?;
-            let kt = ctx.new_tensor(DType::F16, &[c.n_embd_kv(), n])?;
+            let kt = ctx.new_tensor(k_type, &[c.n_embd_kv(), n])?;
             ctx.set_name(kt, format!("cache_k_l{il}"))?;
             let v_shape = match flash_attn {
                 true => [c.n_embd_kv(), n],
                 false => [n, c.n_embd_kv()],
             };
-            let vt = ctx.new_tensor(DType::F16, &v_shape)?;
+            let vt = ctx.new_tensor(v_type, &v_shape)?;
             ctx.set_name(vt, format!("cache_v_l{il}"))?;
             k.push(kt);
             v.push(vt);
@@ -117,10 +124,13 @@ impl KvCache {
                 .as_ref()
                 .map(|w| Cells::new(local_cells, w.window)),
         };
+        let (k_rot, v_rot) = rotations(c.head_dim, k_type, v_type);
         Ok(KvCache {
             k,
             v,
             flash_attn,
+            k_rot,
+            v_rot,
             n_seq,
             n_ctx,
             cells,
@@ -154,6 +164,39 @@ impl StreamCells {
             local.clear();
         }
     }
+}
+
+/// llama.cpp's rotations of quantized caches (`attn_rot_k`, `attn_rot_v`; on unless its
+/// `LLAMA_ATTN_ROT_DISABLE` is set): for a quantized K cache and heads of a multiple of 64
+/// values, Q and K are multiplied by the Walsh-Hadamard matrix of the largest power of two
+/// dividing the head size; for a quantized V cache, V by the one of 64 (and the attention output
+/// by it again, which undoes it). Quantization errors then spread over a head's values.
+pub(super) fn rotations(head_dim: usize, k: DType, v: DType) -> (Option<usize>, Option<usize>) {
+    let heads_fit = head_dim > 0 && head_dim.is_multiple_of(64);
+    let k_rot = (heads_fit && k.is_quantized()).then(|| 1 << head_dim.trailing_zeros());
+    let v_rot = (heads_fit && v.is_quantized()).then_some(64);
+    (k_rot, v_rot)
+}
+
+/// The `n × n` Walsh-Hadamard matrix over `sqrt(n)`, row-major (llama.cpp's
+/// `ggml_gen_hadamard`; the CPU computes the product as a transform and reads none of it, other
+/// devices multiply by it).
+pub(super) fn hadamard_matrix(n: usize) -> Vec<f32> {
+    let mut h = vec![0f32; n * n];
+    h[0] = 1.0 / (n as f32).sqrt();
+    let mut s = 1;
+    while s < n {
+        for i in 0..s {
+            for j in 0..s {
+                let v = h[i * n + j];
+                h[(i + s) * n + j] = v;
+                h[i * n + j + s] = v;
+                h[(i + s) * n + j + s] = -v;
+            }
+        }
+        s *= 2;
+    }
+    h
 }
 
 impl KvCache {

@@ -41,7 +41,7 @@ use kv_cache::KvCache;
 use rgml::backend::{BackendParams, DeviceType};
 use rgml::sched::{Scheduler, SchedulerOptions};
 use rgml::trace::Trace;
-use rgml::{Backend, Context, DeviceRef, Graph};
+use rgml::{Backend, Context, DType, DeviceRef, Graph};
 use std::sync::Arc;
 
 /// Which positions' logits an evaluation returns.
@@ -71,7 +71,16 @@ pub struct SessionOptions {
     pub n_seq: usize,
     /// Whether attention runs as one FLASH_ATTN_EXT op (llama.cpp's `--flash-attn`).
     pub flash_attn: FlashAttn,
+    /// The K cache's type (llama.cpp's `--cache-type-k`): one of [`CACHE_TYPES`].
+    pub cache_type_k: DType,
+    /// The V cache's type (llama.cpp's `--cache-type-v`): one of [`CACHE_TYPES`]; a quantized
+    /// one needs flash attention, as in llama.cpp.
+    pub cache_type_v: DType,
 }
+
+/// The KV cache types a session takes: llama.cpp's `--cache-type-k/v` values that rgml's
+/// attention computes as ggml does (f32, f16, q8_0, q4_0).
+pub const CACHE_TYPES: [DType; 4] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0];
 
 /// Whether attention runs as one FLASH_ATTN_EXT op per layer (llama.cpp's `--flash-attn
 /// on|off|auto`). The results differ in rounding: with it, ggml's flash-attention kernels;
@@ -97,6 +106,8 @@ impl Default for SessionOptions {
             device_params: Vec::new(),
             n_seq: 1,
             flash_attn: FlashAttn::Auto,
+            cache_type_k: DType::F16,
+            cache_type_v: DType::F16,
         }
     }
 }
@@ -115,6 +126,8 @@ impl std::fmt::Debug for SessionOptions {
             .field("device_params", &params)
             .field("n_seq", &self.n_seq)
             .field("flash_attn", &self.flash_attn)
+            .field("cache_type_k", &self.cache_type_k)
+            .field("cache_type_v", &self.cache_type_v)
             .finish()
     }
 }
@@ -185,6 +198,8 @@ struct Staging {
     out_row: Vec<usize>,
     /// A mask converted to f16 (flash attention).
     mask16: Vec<u8>,
+    /// The Walsh-Hadamard matrices of quantized caches, by size.
+    rotations: std::collections::HashMap<usize, Vec<f32>>,
 }
 
 /// An intermediate tensor kept by [`Session::set_capture`]: llama.cpp's name for it (such as
@@ -214,16 +229,9 @@ impl Session {
             FlashAttn::Off => false,
             FlashAttn::Auto => flash_attn_supported(&model)?,
         };
+        check_cache_types(&model.config, options, flash_attn)?;
         let mut ctx = model.ctx.clone();
-        let kv = KvCache::allocate(
-            &mut ctx,
-            &model,
-            &bufts,
-            options.n_ctx,
-            options.n_ubatch,
-            options.n_seq,
-            flash_attn,
-        )?;
+        let kv = KvCache::allocate(&mut ctx, &model, &bufts, options, flash_attn)?;
         let n_base = ctx.len();
         Ok(Session {
             model,
@@ -699,6 +707,15 @@ impl Session {
         if let Some(ids) = g.out_ids {
             self.ctx.tensor_set_i32(ids, &plan.out_ids)?;
         }
+        for rot in [g.k_rot, g.v_rot].into_iter().flatten() {
+            let n = self.ctx[rot].ne[0];
+            let matrix = self
+                .staging
+                .rotations
+                .entry(n)
+                .or_insert_with(|| kv_cache::hadamard_matrix(n));
+            self.ctx.tensor_set_f32(rot, matrix)?;
+        }
         let (mut at, mut at_local) = (0, 0);
         for (group, &(mask, local_mask)) in plan.key.groups.iter().zip(&g.masks) {
             let n = group.n_kv * group.n_tokens;
@@ -774,6 +791,37 @@ fn open_backends(
         },
     )?;
     Ok((Box::new(sched), bufts))
+}
+
+/// The cache types are ones the attention computes: [`CACHE_TYPES`], quantized ones on rows of
+/// whole blocks per head, and a quantized V only with flash attention (llama.cpp refuses it
+/// without, too: the transposed V would be quantized across cells).
+fn check_cache_types(
+    c: &crate::ModelConfig,
+    options: &SessionOptions,
+    flash_attn: bool,
+) -> Result<()> {
+    for (flag, t) in [("k", options.cache_type_k), ("v", options.cache_type_v)] {
+        if !CACHE_TYPES.contains(&t) {
+            return Err(LlmError::BadConfig(format!(
+                "--cache-type-{flag} {t}: not a KV cache type rgml computes (f32, f16, q8_0, q4_0)"
+            )));
+        }
+        if !c.head_dim.is_multiple_of(t.block_size()) {
+            return Err(LlmError::BadConfig(format!(
+                "--cache-type-{flag} {t}: the head size {} is not a whole number of {t} blocks",
+                c.head_dim
+            )));
+        }
+    }
+    let quantized_v = !matches!(options.cache_type_v, DType::F16 | DType::F32);
+    if quantized_v && !flash_attn {
+        return Err(LlmError::BadConfig(format!(
+            "--cache-type-v {}: a quantized V cache needs flash attention (-fa on)",
+            options.cache_type_v
+        )));
+    }
+    Ok(())
 }
 
 /// Whether every device holding `model`'s blocks computes FLASH_ATTN_EXT on its shapes.

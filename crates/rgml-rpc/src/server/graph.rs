@@ -300,7 +300,11 @@ impl Builder<'_> {
             }
             op::MUL_MAT => {
                 uses(2)?;
-                ctx.mul_mat(need(0)?, need(1)?)?
+                // ggml's hint 1: src0 is the Walsh-Hadamard matrix.
+                match p[1] {
+                    1 => ctx.mul_mat_hadamard(need(0)?, need(1)?)?,
+                    _ => ctx.mul_mat(need(0)?, need(1)?)?,
+                }
             }
             op::SCALE => {
                 uses(1)?;

@@ -5,8 +5,10 @@
 //! in the same order, as ggml's dup. Threads split destination rows; each destination row is
 //! filled from one or more runs ("segments") of source rows.
 
+use crate::kernels::blocks::activations::quantize_activations;
 use crate::kernels::blocks::convert;
-use crate::kernels::blocks::convert::{load_f32, row_from_f32, row_to_f32, store_f32};
+use crate::kernels::blocks::convert::{load_f32, row_to_f32, store_f32};
+use crate::kernels::isa::CpuFeatures;
 use crate::kernels::task::{bytes, bytes_mut, scratch_slice, NodeTask, TensorView, ThreadCtx};
 use rgml::{DType, Result, Tensor};
 
@@ -84,7 +86,7 @@ pub(crate) fn dup(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         }
         return Ok(());
     }
-    convert_rows(src, dst, rows, tc.scratch)
+    convert_rows(task.features, src, dst, rows, tc.scratch)
 }
 
 /// Same non-block dtype: copy element bytes, exactly (no f32 round trip).
@@ -125,6 +127,7 @@ fn copy_same(src: &TensorView, dst: &TensorView, rows: std::ops::Range<usize>) -
 
 /// Different dtypes: gather each destination row as f32, then encode it.
 fn convert_rows(
+    features: CpuFeatures,
     src: &TensorView,
     dst: &TensorView,
     rows: std::ops::Range<usize>,
@@ -175,7 +178,10 @@ fn convert_rows(
         let drow = dst.row(i1, i2, i3);
         if dst.rows_contiguous() {
             // SAFETY: this thread's dense destination row, in bounds, overlapping no source.
-            row_from_f32(dst.dtype, buf, unsafe { bytes_mut(drow, dst.row_bytes()) })?;
+            // (ggml-cpu's `from_float` of the type, as ggml's copy encodes rows.)
+            quantize_activations(features, dst.dtype, buf, unsafe {
+                bytes_mut(drow, dst.row_bytes())
+            })?;
         } else {
             for (t, &v) in buf.iter().enumerate() {
                 // SAFETY: element `t` of this thread's destination row (plain dtype: the

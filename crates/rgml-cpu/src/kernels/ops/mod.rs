@@ -5,6 +5,7 @@ pub(crate) mod copy;
 pub(crate) mod elementwise;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod flash_attn;
+pub(crate) mod hadamard;
 pub(crate) mod norm;
 pub(crate) mod rope;
 pub(crate) mod rows;

@@ -1,6 +1,7 @@
 //! Row gathers and scatters: GET_ROWS, SET_ROWS, and ARGMAX (one index per row).
 
-use crate::kernels::blocks::convert::{row_from_f32, row_to_f32};
+use crate::kernels::blocks::activations::quantize_activations;
+use crate::kernels::blocks::convert::row_to_f32;
 use crate::kernels::task;
 use crate::kernels::task::{bytes, bytes_mut, f32_row, NodeTask, TensorView, ThreadCtx};
 use crate::kernels::tiles::repack;
@@ -98,7 +99,10 @@ pub(crate) fn set_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                 // the destination (backend check).
                 unsafe {
                     let s = f32_row(src.row(i1, i2, i3), n);
-                    row_from_f32(
+                    // ggml-cpu's `from_float` of the type (its own Q8_0 quantizer: a KV cache
+                    // of Q8_0 holds what llama.cpp's holds).
+                    quantize_activations(
+                        task.features,
                         dst.dtype,
                         s,
                         bytes_mut(dst.row(row, i2, i3), dst.row_bytes()),
