@@ -14,7 +14,8 @@
 #
 # Usage: scripts/bench-vs-llamacpp.sh [-r ROUNDS] [-t THREADS] [-p N_PROMPT] [-n N_GEN]
 #            [-d DEPTH] [-m MODEL]... [-s SHAPE:TYPE]... [--busy N[,N..]]
-#            [--isa native|avx2|avx512] [--no-repack] [--dram-gbs GBS]
+#            [--isa native|avx2|avx512] [--no-repack] [--dram-gbs GBS] [--fa on|off]
+#            [--ctk TYPE] [--ctv TYPE]
 #   -m MODEL     a GGUF file; repeat for several (default: the demo model)
 #   -s SHAPE:TYPE a real-size random-weight file made by `rgml-random-model --shape SHAPE
 #                --type TYPE` (e.g. llama-1b:Q4_K_M, llama-3b:Q8_0, llama-8b:Q4_0), kept in
@@ -29,6 +30,8 @@
 #   --no-repack  llama.cpp without repacked weights (its arithmetic reference); by default it
 #                repacks, its fastest configuration
 #   --dram-gbs G the DRAM read bandwidth in GB/s for the tg limit (default: measured first)
+#   --fa on|off  flash attention in both (default on: what both do by default on a CPU)
+#   --ctk, --ctv the KV cache types of both (default f16; q8_0, q4_0: quantized caches)
 # The settings also come from the environment: ROUNDS, THREADS, N_PROMPT, N_GEN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +47,11 @@ BUSY=0
 ISA=native
 REPACK=1
 DRAM_GBS=
+FA=on
+CTK=f16
+CTV=f16
 
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case $1 in
         -r) ROUNDS=${2:?}; shift 2 ;;
@@ -59,6 +65,9 @@ while [ $# -gt 0 ]; do
         --isa) ISA=${2:?}; shift 2 ;;
         --no-repack) REPACK=0; shift ;;
         --dram-gbs) DRAM_GBS=${2:?}; shift 2 ;;
+        --fa) FA=${2:?}; shift 2 ;;
+        --ctk) CTK=${2:?}; shift 2 ;;
+        --ctv) CTV=${2:?}; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
     esac
@@ -71,6 +80,9 @@ for v in ROUNDS THREADS N_PROMPT N_GEN; do
 done
 [[ $DEPTH =~ ^[0-9]+$ ]] || { echo "-d takes a token count (got '$DEPTH')" >&2; exit 2; }
 [[ $BUSY =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "--busy takes N[,N..] (got '$BUSY')" >&2; exit 2; }
+[[ $FA =~ ^(on|off)$ ]] || { echo "--fa takes on or off (got '$FA')" >&2; exit 2; }
+# The attention settings, the same for both.
+attn=(-fa "$FA" -ctk "$CTK" -ctv "$CTV")
 rgml_isa=()
 case $ISA in
     native) ;;
@@ -158,13 +170,13 @@ for m in "${MODELS[@]}"; do
         for round in $(seq 1 "$ROUNDS"); do
             log "$name, busy $busy, round $round/$ROUNDS: llama-bench"
             if ! LD_LIBRARY_PATH=$bin "$llama_bench" -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" \
-                -r 1 -o json --repack "$REPACK" >"$work/llama.json" 2>"$work/llama.err"; then
+                -r 1 -o json --repack "$REPACK" "${attn[@]}" >"$work/llama.json" 2>"$work/llama.err"; then
                 cat "$work/llama.err" >&2
                 exit 1
             fi
             if [ "$DEPTH" -gt 0 ] && [ "$busy" = 0 ]; then
                 if ! LD_LIBRARY_PATH=$bin "$llama_bench" -m "$m" -p 0 -n "$N_GEN" -d "$DEPTH" \
-                    -t "$THREADS" -r 1 -o json --repack "$REPACK" >"$work/llama-d.json" \
+                    -t "$THREADS" -r 1 -o json --repack "$REPACK" "${attn[@]}" >"$work/llama-d.json" \
                     2>"$work/llama.err"; then
                     cat "$work/llama.err" >&2
                     exit 1
@@ -185,10 +197,10 @@ PY
             # -ngl 0: the CPU against llama.cpp's CPU build, also where a GPU would take the
             # model by default.
             "${rgml_isa[@]}" "$rgml" bench -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 \
-                -ngl 0 --json >"$work/rgml.json"
+                -ngl 0 "${attn[@]}" --json >"$work/rgml.json"
             if [ "$DEPTH" -gt 0 ] && [ "$busy" = 0 ]; then
                 "${rgml_isa[@]}" "$rgml" bench -m "$m" -p 0 -n "$N_GEN" -d "$DEPTH" \
-                    -t "$THREADS" -r 1 -ngl 0 --json >>"$work/rgml.json"
+                    -t "$THREADS" -r 1 -ngl 0 "${attn[@]}" --json >>"$work/rgml.json"
             fi
             python3 - "$work/rgml.json" "$name" "$busy" "$params" >>"$results" <<'PY'
 import json, sys
