@@ -219,6 +219,80 @@ unsafe fn vnni_rounds(rounds: usize) -> i32 {
     _mm512_reduce_add_epi32(total)
 }
 
+/// `dst.len()` f16 values at `src` widened into `dst` (exact): 8 at a time by `vcvtph2ps`,
+/// the rest one by one.
+///
+/// # Safety
+/// The CPU supports AVX and F16C; `src` points at `dst.len()` readable f16 values.
+#[inline(always)]
+pub(crate) unsafe fn widen_f16(src: *const u16, dst: &mut [f32]) {
+    let n = dst.len();
+    let mut i = 0;
+    // SAFETY: 8 readable values at `src + i` and 8 writable at `dst[i..]` (`i + 8 <= n`); the
+    // instructions, as the caller promises.
+    unsafe {
+        while i + 8 <= n {
+            let h = _mm_loadu_si128(src.add(i).cast());
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        for (j, d) in dst.iter_mut().enumerate().skip(i) {
+            *d = crate::kernels::fp16::f16_bits_to_f32(src.add(j).read_unaligned());
+        }
+    }
+}
+
+/// `acc[i] = f16(x[i] * w + acc[i])` with one FMA per element, rounded to f16 (ggml's
+/// `vec_mad_f16` without half-precision arithmetic); `x` holds `acc.len()` f16 values and
+/// `acc` f16 values widened.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` points at `acc.len()` readable f16 values.
+#[inline(always)]
+pub(crate) unsafe fn mad_f16_rounded(acc: &mut [f32], x: *const u16, w: f32) {
+    let n = acc.len();
+    let mut i = 0;
+    // SAFETY: as in `widen_f16`; FMA and F16C as the caller promises.
+    unsafe {
+        let wv = _mm256_set1_ps(w);
+        while i + 8 <= n {
+            let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.add(i).cast()));
+            let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+            let t = _mm256_fmadd_ps(xv, wv, a);
+            let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(t));
+            _mm256_storeu_ps(acc.as_mut_ptr().add(i), r);
+            i += 8;
+        }
+        for (j, a) in acc.iter_mut().enumerate().skip(i) {
+            let xv = crate::kernels::fp16::f16_bits_to_f32(x.add(j).read_unaligned());
+            *a = half::f16::from_f32(xv.mul_add(w, *a)).to_f32();
+        }
+    }
+}
+
+/// `acc[i] = f16(acc[i] * w)` (ggml's `vec_scale_f16` without half-precision arithmetic).
+///
+/// # Safety
+/// The CPU supports AVX and F16C.
+#[inline(always)]
+pub(crate) unsafe fn scale_f16_rounded(acc: &mut [f32], w: f32) {
+    let n = acc.len();
+    let mut i = 0;
+    // SAFETY: 8 values at `acc[i..]` (`i + 8 <= n`); the instructions, as the caller promises.
+    unsafe {
+        let wv = _mm256_set1_ps(w);
+        while i + 8 <= n {
+            let t = _mm256_mul_ps(_mm256_loadu_ps(acc.as_ptr().add(i)), wv);
+            let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(t));
+            _mm256_storeu_ps(acc.as_mut_ptr().add(i), r);
+            i += 8;
+        }
+    }
+    for a in acc.iter_mut().skip(i) {
+        *a = half::f16::from_f32(*a * w).to_f32();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,9 +2,8 @@
 //! row's indices, ALiBi slopes, the mask, sinks and the widening of K and V rows to f32.
 
 use crate::kernels::fp16;
+use crate::kernels::isa::CpuFeatures;
 use crate::kernels::task::{f32_row, NodeTask, TensorView};
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 use rgml::{DType, Result};
 
 /// ggml's tile of queries and of cells (`GGML_FA_TILE_Q`, `GGML_FA_TILE_KV`).
@@ -161,24 +160,25 @@ pub(super) fn slope(max_bias: f32, h: u32, n_head: u32) -> f32 {
     }
 }
 
-/// Widen `out.len()` elements of a dense f16 or f32 row at `ptr` into `out` (exact).
+/// Widen `out.len()` elements of a dense f16 or f32 row at `ptr` into `out` (exact), with
+/// F16C where `f` says the CPU has it.
 ///
 /// # Safety
 /// `ptr` must point at `out.len()` readable elements of `dtype`.
 #[inline(always)]
-pub(super) unsafe fn widen(dtype: DType, ptr: *const u8, out: &mut [f32]) {
+pub(super) unsafe fn widen(f: CpuFeatures, dtype: DType, ptr: *const u8, out: &mut [f32]) {
     let n = out.len();
     if dtype == DType::F16 {
-        if ptr.align_offset(std::mem::align_of::<f16>()) == 0 {
-            // SAFETY: guaranteed by the caller; the pointer is aligned for f16.
-            let h = unsafe { std::slice::from_raw_parts(ptr.cast::<f16>(), n) };
-            // The CPU's conversion instructions, several values at a time.
-            h.convert_to_f32_slice(out);
-        } else {
-            for (i, o) in out.iter_mut().enumerate() {
-                // SAFETY: element `i < n` of the row.
-                *o = fp16::f16_bits_to_f32(unsafe { ptr.cast::<u16>().add(i).read_unaligned() });
-            }
+        #[cfg(target_arch = "x86_64")]
+        if f.has_avx2() {
+            // SAFETY: the CPU has AVX2 and F16C (the features say so); the row is readable.
+            return unsafe { crate::kernels::simd::x86::widen_f16(ptr.cast(), out) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = f;
+        for (i, o) in out.iter_mut().enumerate() {
+            // SAFETY: element `i < n` of the row.
+            *o = fp16::f16_bits_to_f32(unsafe { ptr.cast::<u16>().add(i).read_unaligned() });
         }
     } else {
         // SAFETY: guaranteed by the caller.

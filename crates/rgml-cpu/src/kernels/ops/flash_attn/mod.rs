@@ -27,12 +27,12 @@ pub(crate) fn flash_attn_ext(
 ) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
     if task.features.has_avx512() {
-        // SAFETY: the features say the CPU has AVX-512 F, DQ, BW and VL, AVX2 and FMA.
+        // SAFETY: the features say the CPU has AVX-512 F, DQ, BW and VL, AVX2, FMA and F16C.
         return unsafe { flash_attn_ext_avx512(task, tc, p) };
     }
     #[cfg(target_arch = "x86_64")]
     if task.features.has_avx2() {
-        // SAFETY: the features say the CPU has AVX2 and FMA.
+        // SAFETY: the features say the CPU has AVX2, FMA and F16C.
         return unsafe { flash_attn_ext_fma(task, tc, p) };
     }
     dispatch(task, tc, p)
@@ -42,9 +42,9 @@ pub(crate) fn flash_attn_ext(
 /// per-element loops vectorise (each element's operations stay the same).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn flash_attn_ext_fma(
     task: &NodeTask,
     tc: &mut ThreadCtx<'_>,
@@ -56,9 +56,9 @@ unsafe fn flash_attn_ext_fma(
 /// [`dispatch`] compiled with AVX-512: 16-lane vectors for the same per-element operations.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, DQ, BW and VL, AVX2 and FMA.
+/// The CPU must support AVX-512 F, DQ, BW and VL, AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn flash_attn_ext_avx512(
     task: &NodeTask,
     tc: &mut ThreadCtx<'_>,

@@ -186,12 +186,14 @@ fn fold(
     let (ik2, ik3) = at.kv_head(q, k);
     let (iv2, iv3) = at.kv_head(q, v);
     // SAFETY: a dense, in-bounds f32 row of `q` (the support check makes q's rows dense).
-    unsafe { widen(DType::F32, q.row(at.iq1, at.iq2, at.iq3), s.q) };
+    unsafe { widen(f, DType::F32, q.row(at.iq1, at.iq2, at.iq3), s.q) };
     let query = convert_q(f, k.dtype, s)?;
     s.acc.iter_mut().for_each(|a| *a = 0.0);
     s.acc16.iter_mut().for_each(|a| *a = 0);
-    // ggml's f16 accumulator in half-precision arithmetic (see `CpuFeatures::f16_vectors`).
-    let native16 = v.dtype == DType::F16 && f.f16_vectors();
+    // ggml's f16 accumulator in half-precision arithmetic (see `CpuFeatures::f16_vectors`)
+    // where rows have a whole step of it; shorter rows are all leftovers, computed as without
+    // it (f32, rounded), which the general path does faster.
+    let native16 = v.dtype == DType::F16 && f.f16_vectors() && v.ne[0] >= f16_vectors::STEP;
     let mask_row = src.mask_row(at);
     let scale = p.score_scale();
     let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
@@ -212,14 +214,14 @@ fn fold(
             max = score;
             match native16 {
                 true => f16_vectors::scale(s.acc16, ms),
-                false => scale_acc(s.acc, ms, v.dtype),
+                false => scale_acc(f, s.acc, ms, v.dtype),
             }
         } else {
             vs = (score - max).exp();
         }
         match native16 {
             true => f16_vectors::mad(s.acc16, v.row(ic, iv2, iv3), vs),
-            false => add_value_row(v, v.row(ic, iv2, iv3), vs, s.v, s.acc)?,
+            false => add_value_row(f, v, v.row(ic, iv2, iv3), vs, s.v, s.acc)?,
         }
         sum = sum.mul_add(ms, vs);
     }
@@ -276,7 +278,7 @@ fn key_dot(
     match query {
         QueryFor::Float(flavor) => {
             // SAFETY: a dense, in-bounds row of `k` (the support check makes its rows dense).
-            unsafe { widen(k.dtype, k_row, s.k) };
+            unsafe { widen(f, k.dtype, k_row, s.k) };
             Ok(vec_float::vec_dot(f, flavor, s.k, s.q))
         }
         QueryFor::Quantized(len) => {
@@ -291,15 +293,23 @@ fn key_dot(
 /// `acc += v_row * w` (ggml's `vec_mad`): rounded to f16 at each element for an f16 V.
 #[inline(always)]
 fn add_value_row(
+    f: CpuFeatures,
     v: &task::TensorView,
     v_row: *const u8,
     w: f32,
     widened: &mut [f32],
     acc: &mut [f32],
 ) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if v.dtype == DType::F16 && f.has_avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (the features say so); `v_row` is a dense,
+        // in-bounds f16 row of `acc.len()` values (the support check makes V's rows dense).
+        unsafe { crate::kernels::simd::x86::mad_f16_rounded(acc, v_row.cast(), w) };
+        return Ok(());
+    }
     match v.dtype {
         // SAFETY: a dense, in-bounds row of `v` (the support check makes its rows dense).
-        DType::F16 | DType::F32 => unsafe { widen(v.dtype, v_row, widened) },
+        DType::F16 | DType::F32 => unsafe { widen(f, v.dtype, v_row, widened) },
         // SAFETY: as above, `row_bytes` long.
         t => row_to_f32(t, unsafe { bytes(v_row, v.row_bytes()) }, widened)?,
     }
@@ -315,7 +325,15 @@ fn add_value_row(
 /// The accumulator times `ms`, rounded to f16 at each element for an f16 V (ggml's
 /// `vec_scale_f16` stores f16).
 #[inline(always)]
-fn scale_acc(acc: &mut [f32], ms: f32, v_dtype: DType) {
+fn scale_acc(f: CpuFeatures, acc: &mut [f32], ms: f32, v_dtype: DType) {
+    #[cfg(target_arch = "x86_64")]
+    if v_dtype == DType::F16 && f.has_avx2() {
+        // SAFETY: the CPU has AVX2 and F16C (the features say so).
+        unsafe { crate::kernels::simd::x86::scale_f16_rounded(acc, ms) };
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = f;
     acc.iter_mut().for_each(|a| *a *= ms);
     if v_dtype == DType::F16 {
         round_through_f16(acc);
@@ -331,7 +349,7 @@ mod f16_vectors {
     use half::f16;
 
     /// ggml's `GGML_F16_STEP` with AVX512-FP16.
-    const STEP: usize = 128;
+    pub(super) const STEP: usize = 128;
 
     /// `acc += v_row * w`, `v_row` an f16 row of `acc.len()` values.
     #[inline(always)]

@@ -102,6 +102,7 @@ fn block(
         // SAFETY: a dense, in-bounds f32 row of `q` (the support check makes q's rows dense).
         unsafe {
             widen(
+                f,
                 DType::F32,
                 q.row(at.iq1 + i, at.iq2, at.iq3),
                 &mut t.q[i * dk..(i + 1) * dk],
@@ -120,13 +121,14 @@ fn block(
         }
         for c in 0..n {
             // SAFETY: cell `ic + c < n_kv` of K head `ik2`: a dense, in-bounds row.
-            unsafe { widen(k.dtype, k.row(ic + c, ik2, ik3), &mut t.row[..dk]) };
+            unsafe { widen(f, k.dtype, k.row(ic + c, ik2, ik3), &mut t.row[..dk]) };
             for (d, &x) in t.row[..dk].iter().enumerate() {
                 t.k[d * TILE + c] = x;
             }
             // SAFETY: cell `ic + c` of V head `iv2`: a dense, in-bounds row.
             unsafe {
                 widen(
+                    f,
                     v.dtype,
                     v.row(ic + c, iv2, iv3),
                     &mut t.v[c * dv..(c + 1) * dv],
