@@ -89,23 +89,37 @@ impl Session {
         dst: usize,
     ) -> Result<()> {
         let n_embd_kv = self.model.config.n_embd_kv();
-        let f16 = DType::F16.block_bytes();
         let (k, v) = (self.kv.k[il], self.kv.v[il]);
-        let row = n_embd_kv * f16;
+        let cell_bytes = |t: rgml::TensorId| {
+            self.ctx[t]
+                .dtype
+                .row_bytes(n_embd_kv)
+                .map_err(|e| LlmError::BadConfig(format!("KV cache: {e}")))
+        };
+        let (k_row, v_row) = (cell_bytes(k)?, cell_bytes(v)?);
         let mut buf = Vec::new();
         for run in runs(cells) {
-            // K: one column per cell, so a run of cells is one span.
-            let span = run.len() * row;
-            buf.resize(span, 0);
-            self.ctx
-                .tensor_get(k, (src * per_stream + run.start) * row, &mut buf)?;
-            self.ctx
-                .tensor_set(k, (dst * per_stream + run.start) * row, &buf)?;
-            // V: each dimension's row holds every stream's cells, a run is one span of it.
-            let v_row = per_stream * self.kv.n_seq * f16;
-            buf.resize(run.len() * f16, 0);
+            // K (and V with flash attention): one row per cell, so a run of cells is one span.
+            let mut copy_rows = |t: rgml::TensorId, row: usize| -> Result<()> {
+                buf.resize(run.len() * row, 0);
+                self.ctx
+                    .tensor_get(t, (src * per_stream + run.start) * row, &mut buf)?;
+                self.ctx
+                    .tensor_set(t, (dst * per_stream + run.start) * row, &buf)?;
+                Ok(())
+            };
+            copy_rows(k, k_row)?;
+            if self.kv.flash_attn {
+                copy_rows(v, v_row)?;
+                continue;
+            }
+            // V transposed (f16 or f32): each dimension's row holds every stream's cells, a run
+            // is one span of it.
+            let es = self.ctx[v].dtype.block_bytes();
+            let dim_row = per_stream * self.kv.n_seq * es;
+            buf.resize(run.len() * es, 0);
             for d in 0..n_embd_kv {
-                let at = |stream: usize| d * v_row + (stream * per_stream + run.start) * f16;
+                let at = |stream: usize| d * dim_row + (stream * per_stream + run.start) * es;
                 self.ctx.tensor_get(v, at(src), &mut buf)?;
                 self.ctx.tensor_set(v, at(dst), &buf)?;
             }
@@ -122,6 +136,14 @@ impl Session {
         self.check_seq(seq)?;
         if delta == 0 {
             return Ok(());
+        }
+        let k_type = self.kv.k.first().map_or(DType::F16, |&k| self.ctx[k].dtype);
+        if k_type.is_quantized() {
+            // llama.cpp undoes and redoes the quantized cache's rotation around the shift; not
+            // yet here. Refused before anything changes.
+            return Err(LlmError::BadInput(format!(
+                "shifting positions in a {k_type} K cache (--cache-type-k) is not supported"
+            )));
         }
         let stream = &mut self.kv.streams[seq];
         let mut moved = Vec::new();
@@ -149,7 +171,8 @@ impl Session {
 
     fn k_shift_graph(&mut self, seq: usize, global: &[i32], local: Option<&[i32]>) -> Result<()> {
         let c = &self.model.config;
-        let (hd, n_head_kv, f16) = (c.head_dim, c.n_head_kv, DType::F16.block_bytes());
+        let k_type = self.kv.k.first().map_or(DType::F16, |&k| self.ctx[k].dtype);
+        let (hd, n_head_kv, es) = (c.head_dim, c.n_head_kv, k_type.block_bytes());
         let mut graph = Graph::new();
         let mut inputs: Vec<(TensorId, &[i32])> = Vec::new();
         for il in 0..c.n_layer {
@@ -163,11 +186,11 @@ impl Session {
             let pos = self.ctx.new_tensor(DType::I32, &[cells])?;
             self.ctx.set_flags(pos, TensorFlags::INPUT)?;
             inputs.push((pos, shift));
-            let row = c.n_embd_kv() * f16;
+            let row = c.n_embd_kv() * es;
             let k = self.ctx.view(
                 self.kv.k[il],
                 &[hd, n_head_kv, cells],
-                &[hd * f16, row],
+                &[hd * es, row],
                 seq * cells * row,
             )?;
             let k32 = self.ctx.new_tensor(DType::F32, &[hd, n_head_kv, cells])?;
