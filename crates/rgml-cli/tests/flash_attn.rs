@@ -27,20 +27,7 @@ fn fixtures(set: &str, isa: &str) -> Vec<(String, serde_json::Value)> {
         .join("crates/rgml-cli/tests/fixtures")
         .join(set)
         .join(isa);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(String, serde_json::Value)> = entries
-        .map(|e| e.expect("fixture entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .map(|p| {
-            let stem = p.file_stem().expect("stem").to_string_lossy().into_owned();
-            let text = std::fs::read_to_string(&p).expect("read fixture");
-            (stem, serde_json::from_str(&text).expect("fixture JSON"))
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+    common::json_fixtures(&dir)
 }
 
 /// Every case of fixture set `set` on every instruction set rgml runs here, with the flags the

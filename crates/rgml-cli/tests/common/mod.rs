@@ -212,3 +212,22 @@ pub fn fixture_model(stem: &str, sha256: &str) -> PathBuf {
     );
     path
 }
+
+/// The JSON fixtures of directory `dir` (none if it does not exist), by file stem, sorted.
+#[allow(dead_code)]
+pub fn json_fixtures(dir: &std::path::Path) -> Vec<(String, serde_json::Value)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, serde_json::Value)> = entries
+        .map(|e| e.expect("fixture entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| {
+            let stem = p.file_stem().expect("stem").to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&p).expect("read fixture");
+            (stem, serde_json::from_str(&text).expect("fixture JSON"))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
