@@ -1005,7 +1005,7 @@ impl Context {
     ) -> Result<TensorId> {
         let kind = OpKind::FlashAttnExt;
         self.expect_dtype(kind, q, &[DType::F32], "q must be f32")?;
-        let kv_types = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0];
+        let kv_types = crate::op::FLASH_ATTN_KV_TYPES;
         self.expect_dtype(kind, k, &kv_types, "k must be f32, f16, q8_0 or q4_0")?;
         self.expect_dtype(kind, v, &kv_types, "v must be f32, f16, q8_0 or q4_0")?;
         let (tq, tk, tv) = (self.get(q)?, self.get(k)?, self.get(v)?);

@@ -344,3 +344,12 @@ impl Op {
         }
     }
 }
+
+/// The K and V types FLASH_ATTN_EXT takes ([`Op::FlashAttnExt`]): llama.cpp's cache types that
+/// rgml's attention computes as ggml does.
+pub const FLASH_ATTN_KV_TYPES: [crate::DType; 4] = [
+    crate::DType::F32,
+    crate::DType::F16,
+    crate::DType::Q8_0,
+    crate::DType::Q4_0,
+];

@@ -80,7 +80,7 @@ pub struct SessionOptions {
 
 /// The KV cache types a session takes: llama.cpp's `--cache-type-k/v` values that rgml's
 /// attention computes as ggml does (f32, f16, q8_0, q4_0).
-pub const CACHE_TYPES: [DType; 4] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0];
+pub const CACHE_TYPES: [DType; 4] = rgml::op::FLASH_ATTN_KV_TYPES;
 
 /// Whether attention runs as one FLASH_ATTN_EXT op per layer (llama.cpp's `--flash-attn
 /// on|off|auto`). The results differ in rounding: with it, ggml's flash-attention kernels;

@@ -95,7 +95,7 @@ pub(crate) fn work_size(s: &[&Tensor], threads: usize) -> Option<(usize, usize)>
 /// K and V types the kernels take: f16 and f32, and the quantized caches llama.cpp's
 /// `--cache-type-k/v` offers that have been checked against ggml here (Q8_0, Q4_0).
 pub(crate) fn kv_type_supported(t: DType) -> bool {
-    matches!(t, DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0)
+    rgml::op::FLASH_ATTN_KV_TYPES.contains(&t)
 }
 
 /// Whether the task's shapes are ones [`flash_attn_ext`] reads in bounds.
