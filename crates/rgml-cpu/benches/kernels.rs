@@ -24,7 +24,8 @@
 //!   thread, kernel only, mat-vec and 8-column tiles.
 //!
 //! Knobs: `RGML_BENCH_THREADS` (default 2), `RGML_BENCH_QUICK=1` (fewer runs),
-//! `RGML_BENCH_ONLY=repack` (only the repacked-weights table), `RGML_BENCH_ONLY=mul_mat` (the
+//! `RGML_BENCH_ONLY=repack` (only the repacked-weights table), `RGML_BENCH_ONLY=flash_attn`
+//! (only one decode step's attention over an f16 cache), `RGML_BENCH_ONLY=mul_mat` (the
 //! ceilings and the MUL_MAT table only), `RGML_BENCH_ONLY=threadpool` (only the barrier and
 //! graph-overhead table), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the MUL_MAT table, by
 //! dtype name).
@@ -418,6 +419,10 @@ fn main() {
             threadpool_section(&cfg, threads);
             return;
         }
+        Ok("flash_attn") => {
+            flash_attn_section(&cfg);
+            return;
+        }
         _ => {}
     }
 
@@ -539,7 +544,60 @@ fn main() {
     }
 
     repack_section(&cfg);
+    flash_attn_section(&cfg);
     threadpool_section(&cfg, threads);
+}
+
+/// One decode step's attention (one query per head) over an f16 cache, the shapes of Llama
+/// 3.2 1B and 3B (head size 64 and 128, 8 KV heads, query heads in groups of 4 and 3): GB/s
+/// of K and V bytes per step.
+fn flash_attn_section(cfg: &Cfg) {
+    println!("FLASH_ATTN_EXT, one query per head over an f16 cache ({} threads): GB/s of K+V bytes read.", cfg.threads);
+    println!("| head size | heads / KV heads | cells | µs per step | GB/s |");
+    println!("| ---: | --- | ---: | ---: | ---: |");
+    let mut be = CpuBackend::new(cfg.threads).expect("backend");
+    for (d, heads) in [(64, 32), (128, 24)] {
+        for cells in [4096, 16384] {
+            let secs = flash_attn_secs(cfg, &mut be, d, heads, 8, cells);
+            let bytes = 2 * 2 * d * 8 * cells;
+            println!(
+                "| {d} | {heads} / 8 | {cells} | {:.0} | {:.1} |",
+                secs * 1e6,
+                bytes as f64 / secs / 1e9
+            );
+        }
+    }
+    println!();
+}
+
+/// Seconds per FLASH_ATTN_EXT of one query per head over `cells` f16 cells, with a mask.
+fn flash_attn_secs(
+    cfg: &Cfg,
+    be: &mut CpuBackend,
+    d: usize,
+    heads: usize,
+    kv_heads: usize,
+    cells: usize,
+) -> f64 {
+    let mut ctx = Context::new();
+    let q = ctx.new_tensor(DType::F32, &[d, 1, heads]).expect("q");
+    let k = ctx
+        .new_tensor(DType::F16, &[d, cells, kv_heads])
+        .expect("k");
+    let v = ctx
+        .new_tensor(DType::F16, &[d, cells, kv_heads])
+        .expect("v");
+    let mask = ctx.new_tensor(DType::F16, &[cells, 1]).expect("mask");
+    let scale = 1.0 / (d as f32).sqrt();
+    let out = ctx
+        .flash_attn_ext(q, k, v, Some(mask), None, scale, 0.0, 0.0)
+        .expect("flash_attn_ext");
+    alloc_ctx_tensors(&mut ctx, &CpuDevice::new("CPU").buffer_type()).expect("alloc");
+    for (id, seed) in [(q, 3), (k, 4), (v, 5), (mask, 6)] {
+        set_random(&ctx, id, seed);
+    }
+    let graph = Graph::build(&mut ctx, &[out]).expect("graph");
+    median_secs(cfg, || be.graph_compute(&ctx, &graph).expect("compute"))
 }
 
 /// The compute threads' barrier, and what a graph costs beyond its kernels: per node of a long

@@ -44,6 +44,44 @@ pub(crate) fn vec_dot(f: super::CpuFeatures, flavor: Flavor, x: &[f32], y: &[f32
     portable(flavor, x, y, wide)
 }
 
+/// ggml's `ggml_vec_dot_f16` of the f16 row at `x`, read in place, and `y` (f16 values
+/// widened to f32), as the build `f` mirrors computes it: flash attention's `k·q` per cell
+/// without a pass that widens each K row first. The caller inlines it under its own target
+/// features.
+///
+/// # Safety
+/// `x` must point at `y.len()` readable f16 values.
+#[inline(always)]
+pub(crate) unsafe fn vec_dot_f16_in_place(f: CpuFeatures, x: *const u16, y: &[f32]) -> f32 {
+    let wide = f.wide();
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the features say the CPU has the instructions; `x` holds `y.len()` values
+        // (the caller's promise).
+        let steps = unsafe {
+            match (wide, f.has_avx512(), f.has_avx2()) {
+                (true, true, _) => Some(simd::x86::dot_f16_steps_avx512(x, y)),
+                (false, _, true) => Some(simd::x86::dot_f16_steps_avx2(x, y)),
+                _ => None,
+            }
+        };
+        if let Some((sum, np)) = steps {
+            let mut total = f64::from(sum);
+            for (i, &b) in y.iter().enumerate().skip(np) {
+                // SAFETY: element `i < y.len()` of the row.
+                let a = crate::kernels::fp16::f16_bits_to_f32(unsafe { x.add(i).read_unaligned() });
+                total += f64::from(a * b);
+            }
+            return total as f32;
+        }
+    }
+    // SAFETY: as the caller promises.
+    let x: Vec<f32> = (0..y.len())
+        .map(|i| crate::kernels::fp16::f16_bits_to_f32(unsafe { x.add(i).read_unaligned() }))
+        .collect();
+    portable(Flavor::F16, &x, y, wide)
+}
+
 /// [`portable`] compiled with AVX2 and FMA, so the lane loops become vector FMAs.
 ///
 /// # Safety

@@ -242,6 +242,60 @@ pub(crate) unsafe fn widen_f16(src: *const u16, dst: &mut [f32]) {
     }
 }
 
+/// ggml's `ggml_vec_dot_f16` of the AVX-512 build over the whole 64-value steps of `y`: the f16
+/// row `x` widened in registers, four 16-lane accumulators by FMA, folded `(0 + 2) + (1 + 3)`
+/// and summed as `_mm512_reduce_add_ps`. Returns the sum and the values taken.
+///
+/// # Safety
+/// The CPU supports AVX-512 F and DQ, FMA and F16C; `x` points at `y.len()` readable f16 values.
+#[inline(always)]
+pub(crate) unsafe fn dot_f16_steps_avx512(x: *const u16, y: &[f32]) -> (f32, usize) {
+    let np = y.len() - y.len() % 64;
+    // SAFETY: each step reads 64 values at `x + i` and `y[i..]` (`i + 64 <= np <= y.len()`);
+    // the instructions, as the caller promises.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for i in (0..np).step_by(64) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(i + 16 * j).cast()));
+                let yv = _mm512_loadu_ps(y.as_ptr().add(i + 16 * j));
+                *a = _mm512_fmadd_ps(xv, yv, *a);
+            }
+        }
+        let folded = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+        (hsum16(folded), np)
+    }
+}
+
+/// [`dot_f16_steps_avx512`] for the AVX2 build: 32-value steps, four 8-lane accumulators,
+/// folded the same way and summed as `GGML_F32x8_REDUCE` (halves added, then `hadd` twice).
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` points at `y.len()` readable f16 values.
+#[inline(always)]
+pub(crate) unsafe fn dot_f16_steps_avx2(x: *const u16, y: &[f32]) -> (f32, usize) {
+    let np = y.len() - y.len() % 32;
+    // SAFETY: each step reads 32 values at `x + i` and `y[i..]` (`i + 32 <= np <= y.len()`);
+    // the instructions, as the caller promises.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..np).step_by(32) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.add(i + 8 * j).cast()));
+                let yv = _mm256_loadu_ps(y.as_ptr().add(i + 8 * j));
+                *a = _mm256_fmadd_ps(xv, yv, *a);
+            }
+        }
+        let folded = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t = _mm_add_ps(
+            _mm256_castps256_ps128(folded),
+            _mm256_extractf128_ps::<1>(folded),
+        );
+        let t = _mm_hadd_ps(t, t);
+        (_mm_cvtss_f32(_mm_hadd_ps(t, t)), np)
+    }
+}
+
 /// `acc[i] = f16(x[i] * w + acc[i])` with one FMA per element, rounded to f16 (ggml's
 /// `vec_mad_f16` without half-precision arithmetic); `x` holds `acc.len()` f16 values and
 /// `acc` f16 values widened.

@@ -8,6 +8,11 @@
 //! times the f16 mask; `-inf` skips the cell) and folded into an online softmax whose V
 //! accumulator is f16 for f16 V (each step rounded to f16, as ggml's `vec_mad_f16` and
 //! `vec_scale_f16` store it) and f32 otherwise (quantized V rows dequantized first).
+//!
+//! Query heads that read the same K and V head (grouped-query attention) are folded together,
+//! up to [`MAX_GROUP`] per pass over the cells: each K and V row is read from memory once for
+//! the group instead of once per head, and each head's operations stay those of its row alone.
+//! f16 K rows are dotted in place ([`vec_float::vec_dot_f16_in_place`]), not widened first.
 
 use super::common::{add_sink, mask_value, normalise, slope, widen, FlashParams, RowAt, Sources};
 use crate::kernels::blocks::activations::quantize_activations;
@@ -20,9 +25,18 @@ use crate::kernels::task::{self, bytes, scratch_slice, NodeTask, ThreadCtx};
 use rgml::{DType, Error, Result};
 use std::ops::Range;
 
-/// f32 values of per-thread scratch the one-row kernel needs.
+/// The most query heads folded together over one pass of the cells: heads that read the same
+/// K and V head (grouped-query attention) share each K and V row while it is in L1.
+const MAX_GROUP: usize = 8;
+
+/// f32 values of per-thread scratch the one-row kernel needs: a K and a V row widened, and per
+/// head of a group the query as f32 and as K's vec-dot type, and the accumulator (f32, and f16).
 pub(super) fn scratch_floats(dk: usize, dv: usize) -> usize {
-    2 * dk + 2 * dv + dv.div_ceil(2)
+    dk + dv + MAX_GROUP * head_floats(dk, dv)
+}
+
+fn head_floats(dk: usize, dv: usize) -> usize {
+    2 * dk + dv + dv.div_ceil(2)
 }
 
 /// Bytes of the shared area the split needs: per head and chunk, the max, the sum and the
@@ -34,57 +48,131 @@ pub(super) fn partials_bytes(n_head: usize, dv: usize, chunks: usize) -> Option<
         .checked_mul(4)
 }
 
-/// One row's scratch: q converted for K's dot, one K and one V row widened, the accumulator
-/// (f32; and f16 where the build mirrored computes in f16).
-struct RowScratch<'a> {
-    q: &'a mut [f32],
+/// A group's scratch: one K and one V row widened (for the types read through f32), and each
+/// head's part (see [`HeadScratch`]).
+struct GroupScratch<'a> {
     k: &'a mut [f32],
     v: &'a mut [f32],
+    heads: &'a mut [f32],
+    dk: usize,
+    dv: usize,
+}
+
+/// One head's query (f32; and converted for K's dot, in `q_dot`) and accumulator (f32, and
+/// f16 where the build mirrored computes in f16).
+struct HeadScratch<'a> {
+    q: &'a mut [f32],
+    q_dot: &'a mut [f32],
     acc: &'a mut [f32],
     acc16: &'a mut [u16],
 }
 
-impl RowScratch<'_> {
-    fn of<'s>(scratch: &'s mut [f32], dk: usize, dv: usize) -> Result<RowScratch<'s>> {
+impl GroupScratch<'_> {
+    fn of(scratch: &mut [f32], dk: usize, dv: usize) -> Result<GroupScratch<'_>> {
         let s = scratch_slice(scratch, scratch_floats(dk, dv))?;
-        let (q, rest) = s.split_at_mut(dk);
-        let (k, rest) = rest.split_at_mut(dk);
-        let (acc, rest) = rest.split_at_mut(dv);
-        let (v, rest) = rest.split_at_mut(dv);
-        let acc16 = &mut bytemuck::cast_slice_mut::<f32, u16>(rest)[..dv];
-        Ok(RowScratch {
-            q,
+        let (k, rest) = s.split_at_mut(dk);
+        let (v, heads) = rest.split_at_mut(dv);
+        Ok(GroupScratch {
             k,
             v,
+            heads,
+            dk,
+            dv,
+        })
+    }
+
+    /// Head `g`'s part (`g < MAX_GROUP`), and the shared K and V rows.
+    #[inline(always)]
+    fn head(&mut self, g: usize) -> (HeadScratch<'_>, &mut [f32], &mut [f32]) {
+        let n = head_floats(self.dk, self.dv);
+        let part = &mut self.heads[g * n..(g + 1) * n];
+        let (q, rest) = part.split_at_mut(self.dk);
+        let (q_dot, rest) = rest.split_at_mut(self.dk);
+        let (acc, rest) = rest.split_at_mut(self.dv);
+        let acc16 = &mut bytemuck::cast_slice_mut::<f32, u16>(rest)[..self.dv];
+        let head = HeadScratch {
+            q,
+            q_dot,
             acc,
             acc16,
-        })
+        };
+        (head, &mut *self.k, &mut *self.v)
     }
 }
 
 /// Softmax state of a row over some cells: the largest score and the sum of `exp(s - max)`
-/// (the weighted V rows are in the scratch's accumulator).
+/// (the weighted V rows are in the head's accumulator).
+#[derive(Clone, Copy)]
 struct Folded {
     max: f32,
     sum: f32,
 }
 
-/// The plain path: this thread's query rows, each folded over every cell.
+/// Query heads `first..first + len` of one query that read the same K and V head.
+#[derive(Clone, Copy)]
+struct Group {
+    at: RowAt,
+    len: usize,
+}
+
+impl Group {
+    /// How many consecutive heads a group holds: the largest divisor of the heads per K head
+    /// and per V head up to [`MAX_GROUP`], so no group straddles two K or V heads.
+    fn size(src: &Sources<'_>) -> usize {
+        let n_head = src.q.ne[2];
+        let (per_k, per_v) = (n_head / src.k.ne[2], n_head / src.v.ne[2]);
+        (1..=MAX_GROUP)
+            .rev()
+            .find(|g| per_k.is_multiple_of(*g) && per_v.is_multiple_of(*g))
+            .unwrap_or(1)
+    }
+
+    /// Group `i` of `q`'s groups of `size` heads, counted query fastest, then group, then
+    /// dim 3 (ggml's row order).
+    fn nth(i: usize, size: usize, q: &task::TensorView) -> Group {
+        let n_q = q.ne[1];
+        let per_slice = n_q * (q.ne[2] / size);
+        let iq3 = i / per_slice;
+        let ig = (i % per_slice) / n_q;
+        Group {
+            at: RowAt {
+                iq1: i % n_q,
+                iq2: ig * size,
+                iq3,
+            },
+            len: size,
+        }
+    }
+
+    fn head(self, g: usize) -> RowAt {
+        RowAt {
+            iq2: self.at.iq2 + g,
+            ..self.at
+        }
+    }
+}
+
+/// The plain path: this thread's groups of query rows, each folded over every cell.
 #[inline(always)]
 pub(super) fn rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashParams) -> Result<()> {
     let src = Sources::of(task, p)?;
     let (dk, dv, n_kv) = (src.k.ne[0], src.v.ne[0], src.k.ne[1]);
-    let mut s = RowScratch::of(tc.scratch, dk, dv)?;
-    for r in task::split(src.rows(), tc.ith, tc.nth) {
-        let at = RowAt::of(r, src.q);
-        let mut f = fold(task.features, &src, p, at, 0..n_kv, &mut s)?;
-        if let Some(sinks) = src.sinks {
-            add_sink(sinks, at.iq2, &mut f.max, &mut f.sum, s.acc);
+    let size = Group::size(&src);
+    let mut s = GroupScratch::of(tc.scratch, dk, dv)?;
+    for i in task::split(src.rows() / size, tc.ith, tc.nth) {
+        let group = Group::nth(i, size, src.q);
+        let mut folded = fold(task.features, &src, p, group, 0..n_kv, &mut s)?;
+        for (g, f) in folded.iter_mut().enumerate().take(group.len) {
+            let at = group.head(g);
+            let (h, _, _) = s.head(g);
+            if let Some(sinks) = src.sinks {
+                add_sink(sinks, at.iq2, &mut f.max, &mut f.sum, h.acc);
+            }
+            // SAFETY: row `(head iq2, query iq1)` of the dense f32 destination, written by
+            // this thread only (groups of rows are split between threads).
+            let out = unsafe { task::f32_row_mut(task.dst.row(at.iq2, at.iq1, at.iq3), dv) };
+            normalise(h.acc, f.sum, out);
         }
-        // SAFETY: row `(head iq2, query iq1)` of the dense f32 destination, written by this
-        // thread only (rows are split between threads).
-        let out = unsafe { task::f32_row_mut(task.dst.row(at.iq2, at.iq1, at.iq3), dv) };
-        normalise(s.acc, f.sum, out);
     }
     Ok(())
 }
@@ -106,38 +194,46 @@ pub(super) fn split_cells(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &FlashPara
         });
     }
     let partial = |h: usize, c: usize| tc.shared.at(4 * (h * chunks + c) * (2 + dv)).cast::<f32>();
-    let mut s = RowScratch::of(tc.scratch, dk, dv)?;
+    let size = Group::size(&src);
+    let mut s = GroupScratch::of(tc.scratch, dk, dv)?;
     for c in (tc.ith..chunks).step_by(tc.nth) {
         let cells = (c * chunk).min(n_kv)..((c + 1) * chunk).min(n_kv);
-        for h in 0..n_head {
-            // SAFETY: partial `(h, c)` lies in the shared area (checked above: `need` bytes
-            // fit, 4-byte aligned) and chunk `c` belongs to this thread alone; nobody reads the
-            // partials before the barrier below.
-            let out = unsafe { std::slice::from_raw_parts_mut(partial(h, c), 2 + dv) };
-            if cells.is_empty() {
-                (out[0], out[1]) = (f32::NEG_INFINITY, 0.0);
-                continue;
-            }
-            let at = RowAt {
-                iq1: 0,
-                iq2: h,
-                iq3: 0,
+        for i in 0..n_head / size {
+            let group = Group::nth(i, size, src.q);
+            let mut folded = match cells.is_empty() {
+                true => {
+                    [Folded {
+                        max: f32::NEG_INFINITY,
+                        sum: 0.0,
+                    }; MAX_GROUP]
+                }
+                false => fold(task.features, &src, p, group, cells.clone(), &mut s)?,
             };
-            let mut f = fold(task.features, &src, p, at, cells.clone(), &mut s)?;
-            if let (Some(sinks), 0) = (src.sinks, c) {
-                add_sink(sinks, h, &mut f.max, &mut f.sum, s.acc);
+            for (g, f) in folded.iter_mut().enumerate().take(group.len) {
+                let h = group.head(g).iq2;
+                let (head, _, _) = s.head(g);
+                if let (Some(sinks), 0, false) = (src.sinks, c, cells.is_empty()) {
+                    add_sink(sinks, h, &mut f.max, &mut f.sum, head.acc);
+                }
+                // SAFETY: partial `(h, c)` lies in the shared area (checked above: `need`
+                // bytes fit, 4-byte aligned) and chunk `c` belongs to this thread alone;
+                // nobody reads the partials before the barrier below.
+                let out = unsafe { std::slice::from_raw_parts_mut(partial(h, c), 2 + dv) };
+                (out[0], out[1]) = (f.max, f.sum);
+                if !cells.is_empty() {
+                    out[2..].copy_from_slice(head.acc);
+                }
             }
-            (out[0], out[1]) = (f.max, f.sum);
-            out[2..].copy_from_slice(s.acc);
         }
     }
     tc.barrier.wait();
+    let (merged, _, _) = s.head(0);
     for h in (tc.ith..n_head).step_by(tc.nth) {
         // SAFETY: every partial was written before the barrier and nobody writes them now.
         let parts = (0..chunks)
             .filter(|&c| c * chunk < n_kv)
             .map(|c| unsafe { std::slice::from_raw_parts(partial(h, c).cast_const(), 2 + dv) });
-        let (sum, acc) = merge(parts, s.acc);
+        let (sum, acc) = merge(parts, merged.acc);
         // SAFETY: head `h`'s row of the dense f32 destination (one query), written by this
         // thread only (heads are split between threads).
         let out = unsafe { task::f32_row_mut(task.dst.row(h, 0, 0), dv) };
@@ -169,68 +265,105 @@ fn merge<'a>(parts: impl Iterator<Item = &'a [f32]>, acc: &'a mut [f32]) -> (f32
     (sum, acc)
 }
 
-/// Row `at` folded over `cells` into `s.acc` (zeroed first); for f16 V the accumulator holds
-/// f16 values, widened.
+/// A head's fixed part of the fold: its query converted for K's dot, its mask row and slope.
+#[derive(Clone, Copy)]
+struct HeadSetup {
+    query: QueryFor,
+    mask_row: Option<*const u8>,
+    slope: f32,
+}
+
+/// The group's rows folded over `cells`, each into its head's accumulator (zeroed first; for
+/// f16 V it holds f16 values, widened). Every head's operations are those of ggml's one-row
+/// kernel for that row alone; the heads only share the reading of each K and V row.
 #[inline(always)]
 fn fold(
     f: CpuFeatures,
     src: &Sources<'_>,
     p: &FlashParams,
-    at: RowAt,
+    group: Group,
     cells: Range<usize>,
-    s: &mut RowScratch<'_>,
-) -> Result<Folded> {
+    s: &mut GroupScratch<'_>,
+) -> Result<[Folded; MAX_GROUP]> {
     let (q, k, v) = (src.q, src.k, src.v);
-    let n_head = q.ne[2];
-    let slope = slope(p.max_bias, at.iq2 as u32, n_head as u32);
-    let (ik2, ik3) = at.kv_head(q, k);
-    let (iv2, iv3) = at.kv_head(q, v);
-    // SAFETY: a dense, in-bounds f32 row of `q` (the support check makes q's rows dense).
-    unsafe { widen(f, DType::F32, q.row(at.iq1, at.iq2, at.iq3), s.q) };
-    let query = convert_q(f, k.dtype, s)?;
-    s.acc.iter_mut().for_each(|a| *a = 0.0);
-    s.acc16.iter_mut().for_each(|a| *a = 0);
+    let (ik2, ik3) = group.at.kv_head(q, k);
+    let (iv2, iv3) = group.at.kv_head(q, v);
+    let mut setup = [HeadSetup {
+        query: QueryFor::Float(Flavor::F32),
+        mask_row: None,
+        slope: 1.0,
+    }; MAX_GROUP];
+    for (g, hs) in setup.iter_mut().enumerate().take(group.len) {
+        let at = group.head(g);
+        let (h, _, _) = s.head(g);
+        // SAFETY: a dense, in-bounds f32 row of `q` (the support check makes q's rows dense).
+        unsafe { widen(f, DType::F32, q.row(at.iq1, at.iq2, at.iq3), h.q) };
+        *hs = HeadSetup {
+            query: convert_q(f, k.dtype, h.q, h.q_dot)?,
+            mask_row: src.mask_row(at),
+            slope: slope(p.max_bias, at.iq2 as u32, q.ne[2] as u32),
+        };
+        h.acc.iter_mut().for_each(|a| *a = 0.0);
+        h.acc16.iter_mut().for_each(|a| *a = 0);
+    }
     // ggml's f16 accumulator in half-precision arithmetic (see `CpuFeatures::f16_vectors`)
     // where rows have a whole step of it; shorter rows are all leftovers, computed as without
     // it (f32, rounded), which the general path does faster.
     let native16 = v.dtype == DType::F16 && f.f16_vectors() && v.ne[0] >= f16_vectors::STEP;
-    let mask_row = src.mask_row(at);
     let scale = p.score_scale();
-    let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
+    let mut state = [Folded {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    }; MAX_GROUP];
     for ic in cells {
-        // SAFETY: `ic < n_kv <= mask.ne0` (the support check) of an in-bounds mask row.
-        let mv = mask_row.map_or(0.0, |m| slope * unsafe { mask_value(m, ic) });
-        if mv == f32::NEG_INFINITY {
-            continue;
-        }
-        let mut score = key_dot(f, k, k.row(ic, ik2, ik3), query, s)? * scale;
-        if p.softcap != 0.0 {
-            score = p.softcap * score.tanh();
-        }
-        score += mv;
-        let (mut ms, mut vs) = (1.0f32, 1.0f32);
-        if score > max {
-            ms = (max - score).exp();
-            max = score;
-            match native16 {
-                true => f16_vectors::scale(s.acc16, ms),
-                false => scale_acc(f, s.acc, ms, v.dtype),
+        let (k_row, v_row) = (k.row(ic, ik2, ik3), v.row(ic, iv2, iv3));
+        let (mut k_widened, mut v_widened) = (false, false);
+        for (g, (hs, st)) in setup
+            .iter()
+            .zip(state.iter_mut())
+            .enumerate()
+            .take(group.len)
+        {
+            // SAFETY: `ic < n_kv <= mask.ne0` (the support check) of an in-bounds mask row.
+            let mv = hs
+                .mask_row
+                .map_or(0.0, |m| hs.slope * unsafe { mask_value(m, ic) });
+            if mv == f32::NEG_INFINITY {
+                continue;
             }
-        } else {
-            vs = (score - max).exp();
+            let (h, kw, vw) = s.head(g);
+            let mut score = key_dot(f, k, k_row, hs.query, &h, kw, &mut k_widened)? * scale;
+            if p.softcap != 0.0 {
+                score = p.softcap * score.tanh();
+            }
+            score += mv;
+            let (mut ms, mut vs) = (1.0f32, 1.0f32);
+            if score > st.max {
+                ms = (st.max - score).exp();
+                st.max = score;
+                match native16 {
+                    true => f16_vectors::scale(h.acc16, ms),
+                    false => scale_acc(f, h.acc, ms, v.dtype),
+                }
+            } else {
+                vs = (score - st.max).exp();
+            }
+            match native16 {
+                true => f16_vectors::mad(h.acc16, v_row, vs),
+                false => add_value_row(f, v, v_row, vs, vw, &mut v_widened, h.acc)?,
+            }
+            st.sum = st.sum.mul_add(ms, vs);
         }
-        match native16 {
-            true => f16_vectors::mad(s.acc16, v.row(ic, iv2, iv3), vs),
-            false => add_value_row(f, v, v.row(ic, iv2, iv3), vs, s.v, s.acc)?,
-        }
-        sum = sum.mul_add(ms, vs);
     }
     if native16 {
-        for (a, &h) in s.acc.iter_mut().zip(s.acc16.iter()) {
-            *a = fp16::f16_bits_to_f32(h);
+        for g in 0..group.len {
+            let (h, _, _) = s.head(g);
+            for (a, &b) in h.acc.iter_mut().zip(h.acc16.iter()) {
+                *a = fp16::f16_bits_to_f32(b);
+            }
         }
     }
-    Ok(Folded { max, sum })
+    Ok(state)
 }
 
 /// How the converted query row is held for K's dot.
@@ -242,62 +375,78 @@ enum QueryFor {
     Quantized(usize),
 }
 
-/// Convert the scratch's `q` as ggml converts it for K's dot (`from_float` of K's vec-dot
-/// type).
+/// Convert `q` as ggml converts it for K's dot (`from_float` of K's vec-dot type): rounded
+/// to f16 in place for f16 K, quantized into `q_dot` for quantized K.
 #[inline(always)]
-fn convert_q(f: CpuFeatures, k_dtype: DType, s: &mut RowScratch<'_>) -> Result<QueryFor> {
+fn convert_q(f: CpuFeatures, k_dtype: DType, q: &mut [f32], q_dot: &mut [f32]) -> Result<QueryFor> {
     match k_dtype {
         DType::F32 => Ok(QueryFor::Float(Flavor::F32)),
         DType::F16 => {
-            round_through_f16(s.q);
+            round_through_f16(q);
             Ok(QueryFor::Float(Flavor::F16))
         }
         quant => {
             let dot_type = quant.vec_dot_type();
-            let len = dot_type.row_bytes(s.q.len())?;
-            let out = bytemuck::cast_slice_mut::<f32, u8>(s.k);
+            let len = dot_type.row_bytes(q.len())?;
+            let out = bytemuck::cast_slice_mut::<f32, u8>(q_dot);
             let out = out.get_mut(..len).ok_or_else(|| Error::Backend {
                 backend: "CPU".into(),
                 message: format!("FLASH_ATTN_EXT: no room for q as {dot_type}"),
             })?;
-            quantize_activations(f, dot_type, s.q, out)?;
+            quantize_activations(f, dot_type, q, out)?;
             Ok(QueryFor::Quantized(len))
         }
     }
 }
 
-/// ggml's `vec_dot` of K's type between the K row at `k_row` and the converted query.
+/// ggml's `vec_dot` of K's type between the K row at `k_row` and a head's converted query;
+/// an f32 K row is widened into `k_f32` once per cell (`widened` says whether it is).
 #[inline(always)]
 fn key_dot(
     f: CpuFeatures,
     k: &task::TensorView,
     k_row: *const u8,
     query: QueryFor,
-    s: &mut RowScratch<'_>,
+    h: &HeadScratch<'_>,
+    k_f32: &mut [f32],
+    widened: &mut bool,
 ) -> Result<f32> {
     match query {
+        QueryFor::Float(Flavor::F16) => {
+            // SAFETY: a dense, in-bounds f16 row of `k` of `q.len()` values (the support
+            // check makes its rows dense and as long as q's).
+            let dot = unsafe { vec_float::vec_dot_f16_in_place(f, k_row.cast(), h.q) };
+            Ok(dot)
+        }
         QueryFor::Float(flavor) => {
-            // SAFETY: a dense, in-bounds row of `k` (the support check makes its rows dense).
-            unsafe { widen(f, k.dtype, k_row, s.k) };
-            Ok(vec_float::vec_dot(f, flavor, s.k, s.q))
+            if !*widened {
+                // SAFETY: a dense, in-bounds row of `k` (the support check makes its rows
+                // dense).
+                unsafe { widen(f, k.dtype, k_row, k_f32) };
+                *widened = true;
+            }
+            Ok(vec_float::vec_dot(f, flavor, k_f32, h.q))
         }
         QueryFor::Quantized(len) => {
             // SAFETY: a dense, in-bounds row of `k`, `row_bytes` long.
             let k_bytes = unsafe { bytes(k_row, k.row_bytes()) };
-            let q_bytes = &bytemuck::cast_slice::<f32, u8>(s.k)[..len];
+            let q_bytes = &bytemuck::cast_slice::<f32, u8>(h.q_dot)[..len];
             vec_dot(f, k.dtype, k.ne[0], k_bytes, q_bytes)
         }
     }
 }
 
-/// `acc += v_row * w` (ggml's `vec_mad`): rounded to f16 at each element for an f16 V.
+/// `acc += v_row * w` (ggml's `vec_mad`): rounded to f16 at each element for an f16 V. A V row
+/// read through f32 is widened (or dequantized) into `v_f32` once per cell (`widened` says
+/// whether it is).
 #[inline(always)]
 fn add_value_row(
     f: CpuFeatures,
     v: &task::TensorView,
     v_row: *const u8,
     w: f32,
-    widened: &mut [f32],
+    v_f32: &mut [f32],
+    widened: &mut bool,
     acc: &mut [f32],
 ) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
@@ -307,13 +456,16 @@ fn add_value_row(
         unsafe { crate::kernels::simd::x86::mad_f16_rounded(acc, v_row.cast(), w) };
         return Ok(());
     }
-    match v.dtype {
-        // SAFETY: a dense, in-bounds row of `v` (the support check makes its rows dense).
-        DType::F16 | DType::F32 => unsafe { widen(f, v.dtype, v_row, widened) },
-        // SAFETY: as above, `row_bytes` long.
-        t => row_to_f32(t, unsafe { bytes(v_row, v.row_bytes()) }, widened)?,
+    if !*widened {
+        match v.dtype {
+            // SAFETY: a dense, in-bounds row of `v` (the support check makes its rows dense).
+            DType::F16 | DType::F32 => unsafe { widen(f, v.dtype, v_row, v_f32) },
+            // SAFETY: as above, `row_bytes` long.
+            t => row_to_f32(t, unsafe { bytes(v_row, v.row_bytes()) }, v_f32)?,
+        }
+        *widened = true;
     }
-    for (a, &x) in acc.iter_mut().zip(widened.iter()) {
+    for (a, &x) in acc.iter_mut().zip(v_f32.iter()) {
         *a = x.mul_add(w, *a);
     }
     if v.dtype == DType::F16 {
