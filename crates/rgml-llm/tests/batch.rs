@@ -325,6 +325,42 @@ fn a_shifted_sequence_continues_as_unshifted() {
     );
 }
 
+/// A quantized K cache shifts as llama.cpp shifts it: dequantized, its Walsh-Hadamard rotation
+/// undone, rotated by RoPE, rotated again and quantized back. Moved forward and back, the
+/// sequence continues as it would have unmoved, up to the rounding of the re-quantized keys.
+#[test]
+fn a_quantized_k_cache_shifts() {
+    let model = common::demo_model();
+    let (p, y) = (tokens(&model, PROMPTS[2]), tokens(&model, " the"));
+    for k_type in [rgml::DType::Q8_0, rgml::DType::Q4_0] {
+        let opts = SessionOptions {
+            cache_type_k: k_type,
+            flash_attn: FlashAttn::On,
+            ..options(1)
+        };
+        let fresh = {
+            let mut s = Session::new(model.clone(), &opts).unwrap();
+            s.eval(&[p.clone(), y.clone()].concat(), Logits::Last)
+                .unwrap()
+        };
+        let mut s = Session::new(model.clone(), &opts).unwrap();
+        s.eval(&p, Logits::Last).unwrap();
+        s.seq_shift(0, 0..usize::MAX, 40).unwrap();
+        assert_eq!(s.seq_len(0), p.len() + 40);
+        let shifted = s.eval(&y, Logits::Last).unwrap();
+        let diff = max_diff(&shifted, &fresh);
+        assert!(diff < 2.0, "{k_type}: moved forward, logits off by {diff}");
+        assert_eq!(argmax(&shifted), argmax(&fresh), "{k_type}");
+        s.seq_rm(0, p.len() + 40..usize::MAX).unwrap();
+        s.seq_shift(0, 40..usize::MAX, -40).unwrap();
+        assert_eq!(s.seq_len(0), p.len());
+        let back = s.eval(&y, Logits::Last).unwrap();
+        let diff = max_diff(&back, &fresh);
+        assert!(diff < 2.0, "{k_type}: moved back, logits off by {diff}");
+        assert_eq!(argmax(&back), argmax(&fresh), "{k_type}");
+    }
+}
+
 #[test]
 fn bad_batches_are_errors_that_change_nothing() {
     let model = common::demo_model();

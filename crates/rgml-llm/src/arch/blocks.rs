@@ -86,6 +86,20 @@ pub(crate) enum Outputs {
     Rows(TensorId),
 }
 
+/// `x` rotated by the Walsh-Hadamard matrix `rot` (`n × n`) in runs of `n` values, in `x`'s
+/// shape (llama.cpp's `llama_mul_mat_hadamard`; the matrix is its own inverse, so the same
+/// product undoes it).
+pub(crate) fn hadamard(ctx: &mut Context, rot: TensorId, x: TensorId) -> Result<TensorId> {
+    let (n, ne) = (ctx[rot].ne[0], ctx[x].ne);
+    let x = match ctx[x].is_contiguous() {
+        true => x,
+        false => ctx.cont(x)?,
+    };
+    let rows = ctx.reshape(x, &[n, ne.iter().product::<usize>() / n])?;
+    let y = ctx.mul_mat_hadamard(rot, rows)?;
+    Ok(ctx.reshape(y, &ne)?)
+}
+
 /// RoPE of block `il`: the local layers' base and scale where it is local.
 pub(crate) fn rope_params(c: &ModelConfig, il: usize) -> RopeParams {
     let (base, scale) = match &c.sliding_window {
@@ -278,16 +292,7 @@ impl<'a> Builder<'a> {
     /// `x` rotated by the Walsh-Hadamard matrix `rot` (`n × n`) in runs of `n` values, in
     /// `x`'s shape (llama.cpp's `llama_mul_mat_hadamard`).
     fn hadamard(&mut self, rot: TensorId, x: TensorId) -> Result<TensorId> {
-        let (n, ne) = (self.ctx[rot].ne[0], self.ctx[x].ne);
-        let x = match self.ctx[x].is_contiguous() {
-            true => x,
-            false => self.ctx.cont(x)?,
-        };
-        let rows = self
-            .ctx
-            .reshape(x, &[n, ne.iter().product::<usize>() / n])?;
-        let y = self.ctx.mul_mat_hadamard(rot, rows)?;
-        Ok(self.ctx.reshape(y, &ne)?)
+        hadamard(self.ctx, rot, x)
     }
 
     /// The last position's row `[n_embd, 1]` of the `[n_embd, n]` tensor `x` (a view).

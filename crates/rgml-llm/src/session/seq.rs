@@ -131,19 +131,12 @@ impl Session {
     /// forgotten), and rotate their cached keys by the same distance (llama.cpp's K-shift):
     /// e.g. after removing `a..b`, `seq_shift(seq, b..usize::MAX, a - b)` closes the gap. As in
     /// llama.cpp, the rotated keys are close to, not exactly, those the new positions would
-    /// have been given.
+    /// have been given. A quantized K cache is dequantized, its Walsh-Hadamard rotation undone,
+    /// rotated by RoPE, rotated again and quantized back, as llama.cpp does it.
     pub fn seq_shift(&mut self, seq: usize, range: Range<usize>, delta: isize) -> Result<()> {
         self.check_seq(seq)?;
         if delta == 0 {
             return Ok(());
-        }
-        let k_type = self.kv.k.first().map_or(DType::F16, |&k| self.ctx[k].dtype);
-        if k_type.is_quantized() {
-            // llama.cpp undoes and redoes the quantized cache's rotation around the shift; not
-            // yet here. Refused before anything changes.
-            return Err(LlmError::BadInput(format!(
-                "shifting positions in a {k_type} K cache (--cache-type-k) is not supported"
-            )));
         }
         let stream = &mut self.kv.streams[seq];
         let mut moved = Vec::new();
@@ -172,9 +165,21 @@ impl Session {
     fn k_shift_graph(&mut self, seq: usize, global: &[i32], local: Option<&[i32]>) -> Result<()> {
         let c = &self.model.config;
         let k_type = self.kv.k.first().map_or(DType::F16, |&k| self.ctx[k].dtype);
-        let (hd, n_head_kv, es) = (c.head_dim, c.n_head_kv, k_type.block_bytes());
+        let (hd, n_head_kv) = (c.head_dim, c.n_head_kv);
+        let row_bytes = |n: usize| k_type.row_bytes(n).map_err(rgml::Error::from);
+        let (head_bytes, row) = (row_bytes(hd)?, row_bytes(c.n_embd_kv())?);
         let mut graph = Graph::new();
         let mut inputs: Vec<(TensorId, &[i32])> = Vec::new();
+        // The rotation of a quantized K cache (see `kv_cache::rotations`), one input for all
+        // layers.
+        let rot = match self.kv.k_rot {
+            Some(n) => {
+                let rot = self.ctx.new_tensor(DType::F32, &[n, n])?;
+                self.ctx.set_flags(rot, TensorFlags::INPUT)?;
+                Some(rot)
+            }
+            None => None,
+        };
         for il in 0..c.n_layer {
             let (shift, cells) = match (local, c.is_local(il)) {
                 (Some(l), true) => (l, self.kv.local_cells),
@@ -186,17 +191,22 @@ impl Session {
             let pos = self.ctx.new_tensor(DType::I32, &[cells])?;
             self.ctx.set_flags(pos, TensorFlags::INPUT)?;
             inputs.push((pos, shift));
-            let row = c.n_embd_kv() * es;
             let k = self.ctx.view(
                 self.kv.k[il],
                 &[hd, n_head_kv, cells],
-                &[hd * es, row],
+                &[head_bytes, row],
                 seq * cells * row,
             )?;
             let k32 = self.ctx.new_tensor(DType::F32, &[hd, n_head_kv, cells])?;
-            let k32 = self.ctx.cpy(k, k32)?;
+            let mut k32 = self.ctx.cpy(k, k32)?;
+            if let Some(rot) = rot {
+                k32 = crate::arch::blocks::hadamard(&mut self.ctx, rot, k32)?;
+            }
             let rope = crate::arch::blocks::rope_params(c, il);
-            let rotated = self.ctx.rope_ext(k32, pos, self.model.rope_freqs, rope)?;
+            let mut rotated = self.ctx.rope_ext(k32, pos, self.model.rope_freqs, rope)?;
+            if let Some(rot) = rot {
+                rotated = crate::arch::blocks::hadamard(&mut self.ctx, rot, rotated)?;
+            }
             let back = self.ctx.cpy(rotated, k)?;
             graph.expand(&self.ctx, back)?;
         }
@@ -209,6 +219,15 @@ impl Session {
             .map_err(|e| LlmError::memory(e, MemoryUse::Compute))?;
         for (pos, shift) in inputs {
             self.ctx.tensor_set_i32(pos, shift)?;
+        }
+        if let Some(rot) = rot {
+            let n = self.ctx[rot].ne[0];
+            let matrix = self
+                .staging
+                .rotations
+                .entry(n)
+                .or_insert_with(|| super::kv_cache::hadamard_matrix(n));
+            self.ctx.tensor_set_f32(rot, matrix)?;
         }
         self.sched.graph_compute(&mut self.ctx, &graph)?;
         Ok(())
