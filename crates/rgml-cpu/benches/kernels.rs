@@ -25,7 +25,8 @@
 //!
 //! Knobs: `RGML_BENCH_THREADS` (default 2), `RGML_BENCH_QUICK=1` (fewer runs),
 //! `RGML_BENCH_ONLY=repack` (only the repacked-weights table), `RGML_BENCH_ONLY=flash_attn`
-//! (only one decode step's attention over an f16 cache), `RGML_BENCH_ONLY=mul_mat` (the
+//! (only one decode step's attention over an f16 cache), `RGML_BENCH_ONLY=amx` (only the AMX
+//! K-quant kernel's rows), `RGML_BENCH_ONLY=mul_mat` (the
 //! ceilings and the MUL_MAT table only), `RGML_BENCH_ONLY=threadpool` (only the barrier and
 //! graph-overhead table), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the MUL_MAT table, by
 //! dtype name).
@@ -423,6 +424,10 @@ fn main() {
             flash_attn_section(&cfg);
             return;
         }
+        Ok("amx") => {
+            amx_kquant_rows();
+            return;
+        }
         _ => {}
     }
 
@@ -459,14 +464,7 @@ fn main() {
             }
         }
     }
-    for dtype in [rgml::DType::Q4_K, rgml::DType::Q6_K] {
-        if let Some(m) = rgml_cpu::bench_support::amx_kquant_macs(dtype, 512) {
-            println!(
-                "| AMX K-quant kernel, {dtype}, K 2048 by 512 rows, 1 thread | | {:.0} GMAC/s |",
-                m / 1e9
-            );
-        }
-    }
+    amx_kquant_rows();
     println!();
 
     // --- MUL_MAT per dtype ---
@@ -546,6 +544,22 @@ fn main() {
     repack_section(&cfg);
     flash_attn_section(&cfg);
     threadpool_section(&cfg, threads);
+}
+
+/// The AMX K-quant kernel alone, and the cost of each tile operation (rows of the ceilings
+/// table; nothing without AMX).
+fn amx_kquant_rows() {
+    if let Some([load, product, store]) = rgml_cpu::bench_support::amx_op_nanos() {
+        println!("| AMX tile ops, 1 thread: tileloadd 1 KiB (L1) / tdpbssd / tilestored 1 KiB | | {load:.1} / {product:.1} / {store:.1} ns |");
+    }
+    for dtype in [rgml::DType::Q4_K, rgml::DType::Q6_K] {
+        if let Some(m) = rgml_cpu::bench_support::amx_kquant_macs(dtype, 512) {
+            println!(
+                "| AMX K-quant kernel, {dtype}, K 2048 by 512 rows, 1 thread | | {:.0} GMAC/s |",
+                m / 1e9
+            );
+        }
+    }
 }
 
 /// One decode step's attention (one query per head) over an f16 cache, the shapes of Llama

@@ -136,6 +136,15 @@ pub mod bench_support {
         }
     }
 
+    /// Nanoseconds per AMX `tileloadd` (1 KiB from L1), `tdpbssd` and `tilestored` on one
+    /// thread (`None` without AMX-INT8).
+    pub fn amx_op_nanos() -> Option<[f64; 3]> {
+        #[cfg(target_arch = "x86_64")]
+        return crate::kernels::simd::amx::op_nanos(200_000);
+        #[cfg(not(target_arch = "x86_64"))]
+        None
+    }
+
     /// Int8 multiply-adds per second of the AMX K-quant kernel on one thread (K = 2048, 256
     /// weight rows of `dtype` by `ntok` activation rows); `None` without AMX.
     pub fn amx_kquant_macs(dtype: rgml::DType, ntok: usize) -> Option<f64> {

@@ -236,6 +236,56 @@ pub(crate) fn peak_macs(rounds: usize) -> Option<f64> {
     Some((rounds * 4 * 16 * 16 * 64) as f64 / secs)
 }
 
+/// Nanoseconds per tile operation on this thread, for `cargo bench -p rgml-cpu`: a
+/// `tileloadd` of 1 KiB from L1 (four tiles in turn, nothing using them), a `tdpbssd` (four
+/// independent accumulators) and a `tilestored` of 1 KiB to L1, each over `rounds` rounds of
+/// four. `None` without AMX-INT8.
+pub(crate) fn op_nanos(rounds: usize) -> Option<[f64; 3]> {
+    if !usable() {
+        return None;
+    }
+    let mut cfg = TileConfig::new();
+    for t in 0..8 {
+        cfg.set(t, 16, 64);
+    }
+    let operands = [1u8; 4096];
+    let mut out = [0u8; 4096];
+    let per_op =
+        |start: std::time::Instant| start.elapsed().as_secs_f64() * 1e9 / (4 * rounds) as f64;
+    // SAFETY: usable(); every tile 16 rows of 64 bytes, loaded from and stored to 1 KiB pieces
+    // of the 4 KiB arrays.
+    unsafe {
+        cfg.load();
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            load::<4>(operands.as_ptr(), 64);
+            load::<5>(operands.as_ptr().add(1024), 64);
+            load::<6>(operands.as_ptr().add(2048), 64);
+            load::<7>(operands.as_ptr().add(3072), 64);
+        }
+        let loads = per_op(start);
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            dot_signed_signed::<0, 4, 6>();
+            dot_signed_signed::<1, 4, 7>();
+            dot_signed_signed::<2, 5, 6>();
+            dot_signed_signed::<3, 5, 7>();
+        }
+        let products = per_op(start);
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            store::<0>(out.as_mut_ptr(), 64);
+            store::<1>(out.as_mut_ptr().add(1024), 64);
+            store::<2>(out.as_mut_ptr().add(2048), 64);
+            store::<3>(out.as_mut_ptr().add(3072), 64);
+        }
+        let stores = per_op(start);
+        release();
+        std::hint::black_box(&out);
+        Some([loads, products, stores])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
