@@ -1008,6 +1008,33 @@ fn argmax(cases: &mut Vec<Case>) {
     }
 }
 
+/// ARGSORT of random rows (no equal values, so any correct sort agrees with the reference;
+/// ggml's order of ties is checked against ggml itself in rgml-cpu's tests), in both orders,
+/// across the insertion-sort threshold of 16, in 3 and 4 dimensions.
+fn argsort(cases: &mut Vec<Case>) {
+    for descending in [false, true] {
+        for ne in [
+            [16, 10, 1, 1],
+            [17, 3, 1, 1],
+            [128, 9, 1, 1],
+            [1000, 2, 3, 1],
+            [5, 3, 2, 2],
+        ] {
+            let order = if descending { "desc" } else { "asc" };
+            cases.push(Case::new(
+                OpKind::Argsort,
+                format!("ARGSORT type=f32,order={order}"),
+                format!("type=f32,ne={},order={order}", dims(&ne)),
+                0.0,
+                move |c| {
+                    let a = c.uniform(DType::F32, &ne)?;
+                    c.ctx.argsort(a, descending)
+                },
+            ));
+        }
+    }
+}
+
 /// A few larger shapes per hot op, so that kernels split work across threads and take their
 /// blocked / tiled paths (the small cases above may fit in one thread's share).
 fn large(cases: &mut Vec<Case>) {
@@ -1254,6 +1281,7 @@ pub fn all_cases() -> Vec<Case> {
     views(&mut cases);
     concat(&mut cases);
     argmax(&mut cases);
+    argsort(&mut cases);
     flash_attn(&mut cases);
     large(&mut cases);
     cases

@@ -248,6 +248,7 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
         }
         Op::Concat { dim } => concat(ctx, t, mem, dim)?,
         Op::Argmax => argmax(ctx, t, mem)?,
+        Op::Argsort { descending } => argsort(ctx, t, mem, descending)?,
         Op::FlashAttnExt {
             scale,
             max_bias,
@@ -418,6 +419,22 @@ fn argmax(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
             best as f64
         })
         .collect())
+}
+
+/// Each row's indices in value order (equal values by index: the cases have none, since
+/// ggml's own order of ties is its sort algorithm's, which the CPU backend's tests check).
+fn argsort(ctx: &Context, t: &Tensor, mem: &Mem, descending: bool) -> Result<Vec<f64>> {
+    let (a, ane) = read_src(ctx, t, mem, 0)?;
+    let mut out = Vec::with_capacity(a.len());
+    for row in a.chunks_exact(ane[0].max(1)) {
+        let mut idx: Vec<usize> = (0..row.len()).collect();
+        idx.sort_by(|&x, &y| match descending {
+            true => row[y].total_cmp(&row[x]),
+            false => row[x].total_cmp(&row[y]),
+        });
+        out.extend(idx.into_iter().map(|i| i as f64));
+    }
+    Ok(out)
 }
 
 /// `x * sigmoid(x)`.

@@ -34,6 +34,7 @@ pub mod op {
     pub const DIAG_MASK_INF: u32 = 44;
     pub const SOFT_MAX: u32 = 46;
     pub const ROPE: u32 = 48;
+    pub const ARGSORT: u32 = 69;
     pub const FLASH_ATTN_EXT: u32 = 74;
     pub const UNARY: u32 = 91;
     pub const GLU: u32 = 100;
@@ -132,6 +133,10 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
             Ok(Params::new().i32(1, i32::from(hadamard)).done(op::MUL_MAT))
         }
         Op::Argmax => plain(op::ARGMAX),
+        // `ggml_sort_order`: 0 ascending, 1 descending.
+        Op::Argsort { descending } => Ok(Params::new()
+            .i32(0, i32::from(descending))
+            .done(op::ARGSORT)),
         Op::View { offset } => {
             // ggml stores the view's byte offset as a size_t in the first two parameters.
             let off = offset as u64;

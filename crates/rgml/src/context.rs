@@ -1109,6 +1109,36 @@ impl Context {
         let n = t.ne[1];
         self.node(DType::I32, [n, 1, 1, 1], Op::Argmax, &[a])
     }
+
+    /// The indices that sort each row of `a` (f32), largest first if `descending`: i32 of
+    /// `a`'s shape (ggml's `ggml_argsort`; ties as ggml-cpu leaves them, see [`Op::Argsort`]).
+    pub fn argsort(&mut self, a: TensorId, descending: bool) -> Result<TensorId> {
+        self.expect_dtype(OpKind::Argsort, a, &[DType::F32], "operand must be f32")?;
+        let ne = self.get(a)?.ne;
+        if i32::try_from(ne[0]).is_err() {
+            return Err(Error::InvalidArgument {
+                op: OpKind::Argsort,
+                reason: format!("rows of {} elements have indices beyond i32", ne[0]),
+            });
+        }
+        self.node(DType::I32, ne, Op::Argsort { descending }, &[a])
+    }
+
+    /// The indices of the `k` largest elements of each row of `a`, largest first: a view of
+    /// the first `k` columns of [`Context::argsort`] (ggml's `ggml_argsort_top_k`, which
+    /// llama.cpp's MoE routers use).
+    pub fn argsort_top_k(&mut self, a: TensorId, k: usize) -> Result<TensorId> {
+        let ne = self.get(a)?.ne;
+        if k == 0 || k > ne[0] {
+            return Err(Error::InvalidArgument {
+                op: OpKind::Argsort,
+                reason: format!("top {k} of rows of {} elements", ne[0]),
+            });
+        }
+        let sorted = self.argsort(a, true)?;
+        let nb = self.get(sorted)?.nb;
+        self.view(sorted, &[k, ne[1], ne[2], ne[3]], &[nb[1], nb[2], nb[3]], 0)
+    }
 }
 
 #[cfg(test)]

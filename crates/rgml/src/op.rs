@@ -163,6 +163,13 @@ pub enum Op {
     },
     /// Index of the largest element of each row (I32 result).
     Argmax,
+    /// The indices that sort each row (I32, the source's shape), as ggml-cpu sorts them:
+    /// libstdc++'s `std::sort` (not stable) with a strict `<` or `>` on the values, so ties come
+    /// out in the order that algorithm leaves them (MoE routers pick experts by it).
+    Argsort {
+        /// Largest first (ggml's `GGML_SORT_ORDER_DESC`).
+        descending: bool,
+    },
     /// Attention in one op, with ggml's semantics (`ggml_flash_attn_ext`): sources `q` (f32
     /// `[dk, n_q, n_head, ne3]`), `k` (`[dk, n_kv, n_head_kv, ne3]`), `v` (`[dv, n_kv,
     /// n_head_kv, ne3]`), then the f16 mask (`[>= n_kv, >= n_q, ..]`, broadcast over heads and
@@ -214,12 +221,13 @@ pub enum OpKind {
     Geglu,
     Concat,
     Argmax,
+    Argsort,
     FlashAttnExt,
 }
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 29] = [
+    pub const ALL: [OpKind; 30] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -248,6 +256,7 @@ impl OpKind {
         OpKind::Geglu,
         OpKind::Concat,
         OpKind::Argmax,
+        OpKind::Argsort,
         OpKind::FlashAttnExt,
     ];
 
@@ -282,6 +291,7 @@ impl OpKind {
             OpKind::Geglu => "GEGLU",
             OpKind::Concat => "CONCAT",
             OpKind::Argmax => "ARGMAX",
+            OpKind::Argsort => "ARGSORT",
             OpKind::FlashAttnExt => "FLASH_ATTN_EXT",
         }
     }
@@ -340,6 +350,7 @@ impl Op {
             Op::Geglu => OpKind::Geglu,
             Op::Concat { .. } => OpKind::Concat,
             Op::Argmax => OpKind::Argmax,
+            Op::Argsort { .. } => OpKind::Argsort,
             Op::FlashAttnExt { .. } => OpKind::FlashAttnExt,
         }
     }

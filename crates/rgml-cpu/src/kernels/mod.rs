@@ -41,7 +41,7 @@ pub(crate) use blocks::convert::quant_available;
 #[cfg(target_arch = "x86_64")]
 use ops::flash_attn;
 use ops::hadamard;
-use ops::{copy, elementwise, norm, rope, rows, softmax};
+use ops::{copy, elementwise, norm, rope, rows, softmax, sort};
 pub(crate) use task::{NodeTask, SharedWork, TensorView, ThreadCtx};
 
 /// Row encoding, for the tests.
@@ -246,6 +246,9 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 && s[0].ne[2] == 1
                 && s[0].ne[3] == 1
         }
+        Op::Argsort { .. } => {
+            n(1) && s[0].dtype == F32 && t.dtype == I32 && t.rows_contiguous() && t.ne == s[0].ne
+        }
         Op::None | Op::Reshape | Op::View { .. } | Op::Permute { .. } | Op::Transpose => true,
     }
 }
@@ -335,6 +338,7 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::GetRows => rows::get_rows(task, tc),
         Op::SetRows => rows::set_rows(task, tc),
         Op::Argmax => rows::argmax(task, tc),
+        Op::Argsort { .. } => sort::argsort(task, tc),
         Op::Add | Op::Sub | Op::Mul | Op::Div => elementwise::binary(task, tc),
         Op::Scale { scale, bias } => elementwise::scale(task, tc, scale, bias),
         Op::Unary(u) => elementwise::unary(task, tc, u),

@@ -381,6 +381,15 @@ impl Builder<'_> {
                 uses(1)?;
                 ctx.argmax(need(0)?)?
             }
+            op::ARGSORT => {
+                uses(1)?;
+                let descending = match p[0] {
+                    0 => false,
+                    1 => true,
+                    o => return Err(BuildError::refused(format!("sort order {o}"))),
+                };
+                ctx.argsort(need(0)?, descending)?
+            }
             op::GET_ROWS => {
                 uses(2)?;
                 ctx.get_rows(need(0)?, need(1)?)?

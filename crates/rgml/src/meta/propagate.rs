@@ -758,6 +758,7 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
         Op::Swiglu | Op::Geglu => glu_rule(&n),
         Op::Concat { dim } => concat_rule(&n, dim),
         Op::Argmax => argmax_rule(&n),
+        Op::Argsort { .. } => argsort_rule(&n),
         // Not built by rgml's models; a split state over it is not worked out yet.
         Op::FlashAttnExt { .. } => n.no("FLASH_ATTN_EXT has no split rule"),
     }
@@ -1033,6 +1034,17 @@ fn argmax_rule(n: &Node) -> Result<Rule> {
             axis: 0,
             segments: segments.clone(),
         })),
+        other => Ok(Rule::State(other.clone())),
+    }
+}
+
+/// ARGSORT sorts whole rows: rows split along another axis stay so.
+fn argsort_rule(n: &Node) -> Result<Rule> {
+    if let Some(r) = n.reduce_any(&[0]) {
+        return Ok(r);
+    }
+    match n.st(0)? {
+        SplitState::Axis { axis: 0, .. } => n.no("ARGSORT needs whole rows (axis 0 unsplit)"),
         other => Ok(Rule::State(other.clone())),
     }
 }

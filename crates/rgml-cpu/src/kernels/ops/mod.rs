@@ -10,3 +10,4 @@ pub(crate) mod norm;
 pub(crate) mod rope;
 pub(crate) mod rows;
 pub(crate) mod softmax;
+pub(crate) mod sort;
