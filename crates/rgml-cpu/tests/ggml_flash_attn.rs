@@ -14,7 +14,9 @@
 //! of that accumulation on every CPU).
 
 mod fixture_reader;
+mod ggml_inputs;
 use fixture_reader::Reader;
+use ggml_inputs::{encode, fnv1a, Values};
 use half::f16;
 use rgml::alloc::alloc_ctx_tensors;
 use rgml::{Backend, Context, DType, Graph};
@@ -102,54 +104,6 @@ fn read_cases(isa: &str) -> Vec<Case> {
         .collect();
     assert!(r.done(), "trailing bytes in the fixture");
     cases
-}
-
-/// `flash_attn_ref.c`'s generator: xorshift uniforms, sums of four, occasional outliers, in
-/// plain f32 arithmetic.
-struct Values(u64);
-
-impl Values {
-    fn new(seed: u64) -> Values {
-        Values(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
-    }
-
-    fn uniform(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f64 / (1u64 << 24) as f64) as f32
-    }
-
-    fn value(&mut self) -> f32 {
-        let mut s = 0f32;
-        for _ in 0..4 {
-            s += self.uniform();
-        }
-        let scale = if self.uniform() < 0.05 { 4.0 } else { 1.0 };
-        (s - 2.0) * scale + 0.01
-    }
-
-    fn fill(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-        let mut g = Values::new(seed);
-        (0..n).map(|_| g.value() * scale).collect()
-    }
-}
-
-/// Rows of `dtype` as ggml-base stores them (f16 rounding, reference quantizers).
-fn encode(dtype: DType, values: &[f32], row: usize) -> Vec<u8> {
-    let row_bytes = dtype.row_bytes(row).unwrap();
-    let mut out = vec![0u8; values.len() / row * row_bytes];
-    for (src, dst) in values.chunks(row).zip(out.chunks_mut(row_bytes)) {
-        rgml::quant::quantize_row(dtype, src, dst).unwrap();
-    }
-    out
-}
-
-fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
-    }
-    h
 }
 
 /// A case's inputs: q, K bytes, V bytes, mask bits, sinks.

@@ -1008,6 +1008,40 @@ fn argmax(cases: &mut Vec<Case>) {
     }
 }
 
+/// MUL_MAT_ID over 4 or 8 experts: one token (a decode step), a few tokens, and 40 tokens so
+/// that K-quant experts get 8 or more routed rows (ggml's tiled kernel per expert), src1 per
+/// slot or broadcast to every slot (n_b = 1, as llama.cpp's gate and up products have it).
+fn mul_mat_id(cases: &mut Vec<Case>) {
+    let types = [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::IQ4_XS,
+    ];
+    for t in types {
+        for (n_expert, n_used, n_b, tokens) in
+            [(4, 2, 1, 1), (4, 2, 2, 3), (8, 2, 1, 40), (4, 4, 4, 9)]
+        {
+            let (m, k) = (19, 256);
+            cases.push(Case::new(
+                OpKind::MulMatId,
+                format!("MUL_MAT_ID type_a={t},type_b=f32"),
+                format!("type_a={t},type_b=f32,n_mats={n_expert},n_used={n_used},b={},m={m},n={tokens},k={k}", n_b > 1),
+                MUL_MAT_NMSE,
+                move |c| {
+                    let a = c.uniform(t, &[k, m, n_expert])?;
+                    let b = c.uniform(DType::F32, &[k, n_b, tokens])?;
+                    let ids = c.leaf(DType::I32, &[n_used, tokens], Init::Distinct(n_expert))?;
+                    c.ctx.mul_mat_id(a, b, ids)
+                },
+            ));
+        }
+    }
+}
+
 /// ARGSORT of random rows (no equal values, so any correct sort agrees with the reference;
 /// ggml's order of ties is checked against ggml itself in rgml-cpu's tests), in both orders,
 /// across the insertion-sort threshold of 16, in 3 and 4 dimensions.
@@ -1282,6 +1316,7 @@ pub fn all_cases() -> Vec<Case> {
     concat(&mut cases);
     argmax(&mut cases);
     argsort(&mut cases);
+    mul_mat_id(&mut cases);
     flash_attn(&mut cases);
     large(&mut cases);
     cases

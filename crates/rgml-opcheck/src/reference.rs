@@ -200,6 +200,7 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             .map(|x| x * scale as f64 + bias as f64)
             .collect(),
         Op::MulMat { .. } => mul_mat(ctx, t, mem)?,
+        Op::MulMatId { .. } => mul_mat_id(ctx, t, mem)?,
         Op::RmsNorm { eps } | Op::Norm { eps } => {
             let rms = matches!(t.op, Op::RmsNorm { .. });
             norm(mem.read(ctx, src(t, 0)?)?, t.ne, rms, eps)
@@ -344,6 +345,31 @@ fn mul_mat(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
                     let ai = &a[lin(ane, 0, i, i2 / r2, i3 / r3)..][..k];
                     out[lin(ne, i, j, i2, i3)] = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
                 }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// MUL_MAT_ID: column `(slot, t)` is expert `ids[slot, t]`'s matrix times src1 row
+/// `(slot % n_b, t)`.
+fn mul_mat_id(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
+    let ne = t.ne;
+    let (a, ane) = read_src(ctx, t, mem, 0)?;
+    let (b, bne) = read_src(ctx, t, mem, 1)?;
+    let (ids, idne) = read_src(ctx, t, mem, 2)?;
+    let k = ane[0];
+    let mut out = vec![0.0; t.nelements()];
+    for tok in 0..ne[2] {
+        for slot in 0..ne[1] {
+            let e = ids[lin(idne, slot, tok, 0, 0)];
+            if !(0.0..ane[2] as f64).contains(&e) {
+                return Err(err("MUL_MAT_ID with an expert id out of range"));
+            }
+            let bj = &b[lin(bne, 0, slot % bne[1], tok, 0)..][..k];
+            for i in 0..ne[0] {
+                let ai = &a[lin(ane, 0, i, e as usize, 0)..][..k];
+                out[lin(ne, i, slot, tok, 0)] = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
             }
         }
     }

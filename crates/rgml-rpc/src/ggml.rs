@@ -22,6 +22,7 @@ pub mod op {
     pub const NORM: u32 = 24;
     pub const RMS_NORM: u32 = 25;
     pub const MUL_MAT: u32 = 29;
+    pub const MUL_MAT_ID: u32 = 30;
     pub const SCALE: u32 = 32;
     pub const CPY: u32 = 34;
     pub const CONT: u32 = 35;
@@ -133,6 +134,7 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
             Ok(Params::new().i32(1, i32::from(hadamard)).done(op::MUL_MAT))
         }
         Op::Argmax => plain(op::ARGMAX),
+        Op::MulMatId { .. } => plain(op::MUL_MAT_ID),
         // `ggml_sort_order`: 0 ascending, 1 descending.
         Op::Argsort { descending } => Ok(Params::new()
             .i32(0, i32::from(descending))

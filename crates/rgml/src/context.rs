@@ -707,6 +707,69 @@ impl Context {
         self.mul_mat_op(a, b, true)
     }
 
+    /// Expert products (ggml's `ggml_mul_mat_id`, see [`Op::MulMatId`]): `as` `[k, n,
+    /// n_expert]` weights, `b` f32 `[k, n_b, n_tokens]`, `ids` I32 `[n_used, n_tokens]` with
+    /// `n_b` dividing `n_used`; f32 `[n, n_used, n_tokens]`.
+    pub fn mul_mat_id(&mut self, as_: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
+        self.mul_mat_id_op(as_, b, ids, false)
+    }
+
+    /// [`Context::mul_mat_id`] whose every product takes the arithmetic of a lone routed row
+    /// (see [`Op::MulMatId`]).
+    pub fn mul_mat_id_rows_alone(
+        &mut self,
+        as_: TensorId,
+        b: TensorId,
+        ids: TensorId,
+    ) -> Result<TensorId> {
+        self.mul_mat_id_op(as_, b, ids, true)
+    }
+
+    fn mul_mat_id_op(
+        &mut self,
+        as_: TensorId,
+        b: TensorId,
+        ids: TensorId,
+        rows_alone: bool,
+    ) -> Result<TensorId> {
+        let kind = OpKind::MulMatId;
+        self.expect_dtype(kind, b, &[DType::F32], "src1 must be f32")?;
+        self.expect_dtype(kind, ids, &[DType::I32], "ids must be i32")?;
+        let (ta, tb, ti) = (self.get(as_)?, self.get(b)?, self.get(ids)?);
+        if !ta.dtype.is_float() {
+            return Err(Error::UnsupportedDType {
+                op: kind,
+                dtype: ta.dtype,
+                reason: "src0 must hold floats",
+            });
+        }
+        if ta.is_transposed() {
+            return Err(Error::InvalidArgument {
+                op: kind,
+                reason: "src0 must not be transposed".into(),
+            });
+        }
+        let shapes_fit = ta.ne[3] == 1
+            && tb.ne[3] == 1
+            && ti.ne[2] == 1
+            && ti.ne[3] == 1
+            && ti.ne[1] == tb.ne[2]
+            && ta.ne[0] == tb.ne[0]
+            && ta.ne[2] > 0
+            && tb.ne[1] > 0
+            && ti.ne[0].is_multiple_of(tb.ne[1]);
+        if !shapes_fit {
+            return Err(Error::ShapeMismatch {
+                op: kind,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "need as [k, n, experts], b [k, n_b, tokens], ids [n_used, tokens] with n_b dividing n_used",
+            });
+        }
+        let ne = [ta.ne[1], ti.ne[0], tb.ne[2], 1];
+        self.node(DType::F32, ne, Op::MulMatId { rows_alone }, &[as_, b, ids])
+    }
+
     fn mul_mat_op(&mut self, a: TensorId, b: TensorId, rows_alone: bool) -> Result<TensorId> {
         self.expect_dtype(OpKind::MulMat, b, &[DType::F32], "src1 must be f32")?;
         let (ta, tb) = (self.get(a)?, self.get(b)?);

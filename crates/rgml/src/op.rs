@@ -124,6 +124,17 @@ pub enum Op {
         /// first, then butterflies of widths 1, 2, 4, ...), reading nothing of src0.
         hadamard: bool,
     },
+    /// Expert products, with ggml's semantics (`ggml_mul_mat_id`): sources `as` (one weight
+    /// matrix per expert, `[k, n, n_expert]`), `b` (f32 `[k, n_b, n_tokens]`, `n_b` dividing the
+    /// experts per token) and `ids` (I32 `[n_used, n_tokens]`, the experts each token uses).
+    /// Result f32 `[n, n_used, n_tokens]`: column `(slot, t)` is `as[ids[slot, t]]ᵀ ·
+    /// b[:, slot % n_b, t]`.
+    MulMatId {
+        /// Compute every product with the arithmetic a lone row routed to its expert takes
+        /// (see [`Op::MulMat`]'s `rows_alone`: ggml's CPU picks a tiled K-quant kernel per
+        /// expert from 8 routed rows).
+        rows_alone: bool,
+    },
     /// Row-wise `x / sqrt(mean(x²) + eps)`.
     RmsNorm {
         /// Added to the mean square.
@@ -209,6 +220,7 @@ pub enum OpKind {
     Div,
     Scale,
     MulMat,
+    MulMatId,
     RmsNorm,
     Norm,
     Rope,
@@ -227,7 +239,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 30] = [
+    pub const ALL: [OpKind; 31] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -244,6 +256,7 @@ impl OpKind {
         OpKind::Div,
         OpKind::Scale,
         OpKind::MulMat,
+        OpKind::MulMatId,
         OpKind::RmsNorm,
         OpKind::Norm,
         OpKind::Rope,
@@ -279,6 +292,7 @@ impl OpKind {
             OpKind::Div => "DIV",
             OpKind::Scale => "SCALE",
             OpKind::MulMat => "MUL_MAT",
+            OpKind::MulMatId => "MUL_MAT_ID",
             OpKind::RmsNorm => "RMS_NORM",
             OpKind::Norm => "NORM",
             OpKind::Rope => "ROPE",
@@ -338,6 +352,7 @@ impl Op {
             Op::Div => OpKind::Div,
             Op::Scale { .. } => OpKind::Scale,
             Op::MulMat { .. } => OpKind::MulMat,
+            Op::MulMatId { .. } => OpKind::MulMatId,
             Op::RmsNorm { .. } => OpKind::RmsNorm,
             Op::Norm { .. } => OpKind::Norm,
             Op::Rope(_) => OpKind::Rope,

@@ -32,8 +32,9 @@ mod vexp;
 pub mod dots;
 // Floor 3: tile kernels (register tiles, repacked rows, K-quant tiles, float and BF16 tiles).
 pub(crate) mod tiles;
-// Floor 4: MUL_MAT's path selection over the floors below.
+// Floor 4: MUL_MAT's path selection over the floors below, and MUL_MAT_ID's.
 pub(crate) mod matmul;
+mod mul_mat_id;
 // Floor 5: the other ops.
 mod ops;
 
@@ -246,6 +247,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 && s[0].ne[2] == 1
                 && s[0].ne[3] == 1
         }
+        Op::MulMatId { .. } => n(3) && mul_mat_id::supported(s[0], s[1], s[2], t),
         Op::Argsort { .. } => {
             n(1) && s[0].dtype == F32 && t.dtype == I32 && t.rows_contiguous() && t.ne == s[0].ne
         }
@@ -304,6 +306,10 @@ pub(crate) fn work_size(
             let (a, b) = (ctx.get(t.src[0])?, ctx.get(t.src[1])?);
             matmul::shared_size(f, a, b)?
         }
+        Op::MulMatId { .. } => {
+            let (a, b, ids) = (ctx.get(t.src[0])?, ctx.get(t.src[1])?, ctx.get(t.src[2])?);
+            mul_mat_id::shared_size(a, b, ids)?
+        }
         _ => 0,
     };
     // Up to four rows of the widest operand (sources copied out of the destination, converted
@@ -339,6 +345,7 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::SetRows => rows::set_rows(task, tc),
         Op::Argmax => rows::argmax(task, tc),
         Op::Argsort { .. } => sort::argsort(task, tc),
+        Op::MulMatId { .. } => mul_mat_id::mul_mat_id(task, tc),
         Op::Add | Op::Sub | Op::Mul | Op::Div => elementwise::binary(task, tc),
         Op::Scale { scale, bias } => elementwise::scale(task, tc, scale, bias),
         Op::Unary(u) => elementwise::unary(task, tc, u),

@@ -306,6 +306,10 @@ impl Builder<'_> {
                     _ => ctx.mul_mat(need(0)?, need(1)?)?,
                 }
             }
+            op::MUL_MAT_ID => {
+                uses(3)?;
+                ctx.mul_mat_id(need(0)?, need(1)?, need(2)?)?
+            }
             op::SCALE => {
                 uses(1)?;
                 ctx.scale_bias(need(0)?, pf(0), pf(1))?

@@ -759,6 +759,7 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
         Op::Concat { dim } => concat_rule(&n, dim),
         Op::Argmax => argmax_rule(&n),
         Op::Argsort { .. } => argsort_rule(&n),
+        Op::MulMatId { .. } => n.no("MUL_MAT_ID has no split rule yet"),
         // Not built by rgml's models; a split state over it is not worked out yet.
         Op::FlashAttnExt { .. } => n.no("FLASH_ATTN_EXT has no split rule"),
     }

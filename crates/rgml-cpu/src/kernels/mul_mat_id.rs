@@ -1,0 +1,330 @@
+//! MUL_MAT_ID, ggml's expert products (`ggml_compute_forward_mul_mat_id`): column `(slot, t)`
+//! of the result is expert `ids[slot, t]`'s weight matrix times src1 row `(slot % n_b, t)`.
+//!
+//! As ggml-cpu computes it. Phase 1 (all threads): src1's rows converted to the weight type's
+//! vec-dot type in the work area (quantized as ggml quantizes activations, rounded through f16
+//! for F16 weights; F32 weights read them as they are), while thread 0 checks the expert ids
+//! and groups the `(slot, token)` pairs by expert, in token order. Barrier. Phase 2: blocks of
+//! each used expert's weight rows, taken on demand; an expert with 8 or more routed rows of a
+//! K-quant type takes ggml's tiled K-quant kernel ([`kquant::row`]), every other product is
+//! `vec_dot` pair by pair. ggml makes that choice per expert (`ggml_tiled_min_batch` on the
+//! routed rows), so a token's result depends on how many tokens share its expert, as in
+//! llama.cpp; with `rows_alone` every product takes `vec_dot`, as a lone routed row would.
+
+use crate::kernels::blocks::activations::quantize_activations;
+use crate::kernels::blocks::convert;
+use crate::kernels::dots;
+use crate::kernels::dots::float::{self as vec_float, Flavor};
+use crate::kernels::task::{
+    self, bytes, bytes_mut, f32_row, scratch_slice, NodeTask, TensorView, ThreadCtx,
+};
+use crate::kernels::tiles::kquant;
+use rgml::{DType, Error, Op, Result, Tensor};
+
+/// Weight rows per unit of phase 2.
+const BLOCK_ROWS: usize = 16;
+
+/// Whether the kernel handles `as · b` routed by `ids` into `t`.
+pub(crate) fn supported(a: &Tensor, b: &Tensor, ids: &Tensor, t: &Tensor) -> bool {
+    let weight_ok = match a.dtype {
+        DType::F32 | DType::F16 => true,
+        d if d.is_quantized() => {
+            convert::quant_available()
+                && crate::kernels::matmul::weight_kernels(d).is_some()
+                && a.ne[0].is_multiple_of(d.vec_dot_type().block_size())
+                && a.ne[0].is_multiple_of(d.block_size())
+        }
+        _ => false,
+    };
+    weight_ok
+        && b.dtype == DType::F32
+        && ids.dtype == DType::I32
+        && t.dtype == DType::F32
+        && a.rows_contiguous()
+        && b.rows_contiguous()
+        && t.rows_contiguous()
+        && a.ne[0] == b.ne[0]
+        && a.ne[3] == 1
+        && b.ne[3] == 1
+        && b.ne[1] > 0
+        && ids.ne[1] == b.ne[2]
+        && ids.ne[0].is_multiple_of(b.ne[1])
+        && t.ne == [a.ne[1], ids.ne[0], b.ne[2], 1]
+        && u32::try_from(ids.ne[0] * ids.ne[1]).is_ok()
+}
+
+/// How phase 1 stores src1's rows for weights of `dtype`: their type and bytes per row of `k`.
+fn converted(dtype: DType, k: usize) -> Result<(DType, usize)> {
+    let to = match dtype {
+        DType::F32 | DType::F16 => DType::F32,
+        q => q.vec_dot_type(),
+    };
+    Ok((to, to.row_bytes(k)?))
+}
+
+/// Where phase 1 puts things in the work area: the converted rows, then (8-byte aligned) a
+/// flag (nonzero: an id out of range), each expert's first entry (`n_expert + 1` offsets) and
+/// the entries (two u32 each: slot, token).
+struct Layout {
+    wrow: usize,
+    flag: usize,
+    offsets: usize,
+    entries: usize,
+    end: usize,
+}
+
+impl Layout {
+    fn of(a: &[usize; 4], a_dtype: DType, b: &[usize; 4], ids: &[usize; 4]) -> Result<Layout> {
+        let (_, wrow) = converted(a_dtype, a[0])?;
+        let rows = wrow.checked_mul(b[1] * b[2]).ok_or(Error::SizeOverflow)?;
+        let flag = rows.next_multiple_of(8);
+        let offsets = flag + 8;
+        let entries = offsets + 4 * (a[2] + 1);
+        let end = (ids[0] * ids[1])
+            .checked_mul(8)
+            .and_then(|e| e.checked_add(entries))
+            .ok_or(Error::SizeOverflow)?;
+        Ok(Layout {
+            wrow,
+            flag,
+            offsets,
+            entries,
+            end,
+        })
+    }
+}
+
+/// Bytes of the work area the node needs.
+pub(crate) fn shared_size(a: &Tensor, b: &Tensor, ids: &Tensor) -> Result<usize> {
+    Ok(Layout::of(&a.ne, a.dtype, &b.ne, &ids.ne)?.end + 8)
+}
+
+/// MUL_MAT_ID.
+pub(crate) fn mul_mat_id(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (a, b, ids) = (task.src(0)?, task.src(1)?, task.src(2)?);
+    let layout = Layout::of(&a.ne, a.dtype, &b.ne, &ids.ne)?;
+    let base = tc.shared.ptr;
+    if layout.end > tc.shared.len || base.align_offset(8) != 0 {
+        return Err(Error::Backend {
+            backend: "CPU".into(),
+            message: "MUL_MAT_ID: work area smaller than planned".into(),
+        });
+    }
+    // Phase 1. Every thread reaches the barrier, also on errors and panics.
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if tc.ith == 0 {
+            group_by_expert(ids, a.ne[2], &layout, base);
+        }
+        convert_rows(task, tc, &layout)
+    }));
+    tc.barrier.wait();
+    caught.unwrap_or_else(|_| {
+        Err(Error::Backend {
+            backend: "CPU".into(),
+            message: "MUL_MAT_ID: phase 1 panicked".into(),
+        })
+    })?;
+    // SAFETY: the flag, offsets and entries lie in the work area (checked against `end`
+    // above), 4-byte aligned, written by thread 0 before the barrier and only read now.
+    let (flag, offsets, entries) = unsafe {
+        let words = |at: usize, n: usize| std::slice::from_raw_parts(base.add(at).cast::<u32>(), n);
+        (
+            words(layout.flag, 1)[0],
+            words(layout.offsets, a.ne[2] + 1),
+            words(layout.entries, 2 * ids.ne[0] * ids.ne[1]),
+        )
+    };
+    if flag != 0 {
+        return Err(Error::Backend {
+            backend: "CPU".into(),
+            message: format!("MUL_MAT_ID: an expert id outside 0..{}", a.ne[2]),
+        });
+    }
+    let rows_alone = matches!(task.op, Op::MulMatId { rows_alone: true });
+    let blocks = a.ne[1].div_ceil(BLOCK_ROWS);
+    let used: Vec<usize> = (0..a.ne[2])
+        .filter(|&e| offsets[e + 1] > offsets[e])
+        .collect();
+    let products = Products {
+        task,
+        layout: &layout,
+        base,
+    };
+    for unit in task::claimed(tc.claim, used.len() * blocks) {
+        let e = used[unit / blocks];
+        let r0 = (unit % blocks) * BLOCK_ROWS;
+        let rows = r0..(r0 + BLOCK_ROWS).min(a.ne[1]);
+        let routed = &entries[2 * offsets[e] as usize..2 * offsets[e + 1] as usize];
+        products.expert(e, rows, routed, rows_alone, tc.scratch)?;
+    }
+    Ok(())
+}
+
+/// Thread 0's part of phase 1: the routed `(slot, token)` pairs grouped by expert (a counting
+/// sort in token order, as ggml lists them), or the flag set if an id is out of range.
+fn group_by_expert(ids: &TensorView, n_expert: usize, layout: &Layout, base: *mut u8) {
+    let (n_used, n_tokens) = (ids.ne[0], ids.ne[1]);
+    let id_at = |slot: usize, t: usize| {
+        // SAFETY: element (slot, t) of the I32 ids tensor, in bounds.
+        unsafe {
+            ids.row(t, 0, 0)
+                .add(slot * ids.nb[0])
+                .cast::<i32>()
+                .read_unaligned()
+        }
+    };
+    // SAFETY: the flag, offsets and entries areas lie in the work area (the caller checked
+    // `end`), 4-byte aligned, and only thread 0 touches them before the barrier.
+    let (flag, offsets, entries) = unsafe {
+        let words =
+            |at: usize, n: usize| std::slice::from_raw_parts_mut(base.add(at).cast::<u32>(), n);
+        (
+            words(layout.flag, 1),
+            words(layout.offsets, n_expert + 1),
+            words(layout.entries, 2 * n_used * n_tokens),
+        )
+    };
+    offsets.fill(0);
+    flag[0] = 0;
+    for t in 0..n_tokens {
+        for slot in 0..n_used {
+            match usize::try_from(id_at(slot, t)) {
+                Ok(e) if e < n_expert => offsets[e + 1] += 1,
+                _ => {
+                    flag[0] = 1;
+                    return;
+                }
+            }
+        }
+    }
+    for e in 0..n_expert {
+        offsets[e + 1] += offsets[e];
+    }
+    let mut next: Vec<u32> = offsets[..n_expert].to_vec();
+    for t in 0..n_tokens {
+        for slot in 0..n_used {
+            let e = id_at(slot, t) as usize;
+            let at = 2 * next[e] as usize;
+            (entries[at], entries[at + 1]) = (slot as u32, t as u32);
+            next[e] += 1;
+        }
+    }
+}
+
+/// This thread's share of src1's rows, converted into the work area.
+fn convert_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, layout: &Layout) -> Result<()> {
+    let (a, b) = (task.src(0)?, task.src(1)?);
+    let (to, wrow) = (converted(a.dtype, a.ne[0])?.0, layout.wrow);
+    let k = b.ne[0];
+    for r in tc.split(b.ne[1] * b.ne[2]) {
+        // SAFETY: a dense, in-bounds f32 row of src1 (the support check).
+        let src = unsafe { f32_row(b.row(r % b.ne[1], r / b.ne[1], 0), k) };
+        // SAFETY: row `r` of the converted rows (in the work area: `end` checked), written by
+        // this thread only; read by others only after the barrier.
+        let out = unsafe { bytes_mut(tc.shared.at(r * wrow), wrow) };
+        match (a.dtype, to) {
+            (DType::F16, _) => {
+                let tmp = scratch_slice(tc.scratch, k)?;
+                tmp.copy_from_slice(src);
+                convert::round_through_f16(tmp);
+                out.copy_from_slice(bytemuck::cast_slice(tmp));
+            }
+            (_, DType::F32) => out.copy_from_slice(bytemuck::cast_slice(src)),
+            (_, vd) => quantize_activations(task.features, vd, src, out)?,
+        }
+    }
+    Ok(())
+}
+
+/// Phase 2: what every unit shares.
+struct Products<'a> {
+    task: &'a NodeTask,
+    layout: &'a Layout,
+    base: *mut u8,
+}
+
+impl Products<'_> {
+    /// The converted src1 row of pair `(slot, token)`.
+    fn activation(&self, b: &TensorView, slot: u32, token: u32) -> *const u8 {
+        let r = slot as usize % b.ne[1] + token as usize * b.ne[1];
+        self.base.wrapping_add(r * self.layout.wrow).cast_const()
+    }
+
+    /// Weight rows `rows` of expert `e` times each routed pair, into the destination.
+    fn expert(
+        &self,
+        e: usize,
+        rows: std::ops::Range<usize>,
+        routed: &[u32],
+        rows_alone: bool,
+        scratch: &mut [f32],
+    ) -> Result<()> {
+        let (f, dst) = (self.task.features, &self.task.dst);
+        let (a, b) = (self.task.src(0)?, self.task.src(1)?);
+        let n_routed = routed.len() / 2;
+        let out = |row: usize, slot: u32, token: u32| {
+            dst.row(slot as usize, token as usize, 0)
+                .wrapping_add(row * 4)
+                .cast::<f32>()
+        };
+        if !rows_alone && kquant::takes(a.dtype, n_routed) {
+            let nb = a.ne[0] / rgml::quant::QK_K;
+            let mut acc = [0f32; kquant::COLS];
+            for pairs in routed.chunks(2 * kquant::COLS) {
+                let ys: Vec<*const u8> = pairs
+                    .chunks_exact(2)
+                    .map(|p| self.activation(b, p[0], p[1]))
+                    .collect();
+                for row in rows.clone() {
+                    // SAFETY: `kquant::takes` accepted the type; the weight row is dense and
+                    // in bounds with `nb` blocks, each activation row `nb` Q8_K blocks in the
+                    // work area (complete since the barrier).
+                    unsafe { kquant::row(f, a.dtype, nb, a.row(row, e, 0), &ys, &mut acc) };
+                    for (p, v) in pairs.chunks_exact(2).zip(acc) {
+                        // SAFETY: output (row, slot, token) is in bounds and written only by the
+                        // thread that claimed this expert's row block.
+                        unsafe { out(row, p[0], p[1]).write(v) };
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let k = a.ne[0];
+        let wrow = self.layout.wrow;
+        for row in rows {
+            let x = a.row(row, e, 0).cast_const();
+            let widened = match a.dtype {
+                DType::F16 => {
+                    let w = scratch_slice(scratch, k)?;
+                    // SAFETY: a dense, in-bounds f16 weight row of `k` values.
+                    convert::row_to_f32(DType::F16, unsafe { bytes(x, a.row_bytes()) }, w)?;
+                    Some(&*w)
+                }
+                _ => None,
+            };
+            for p in routed.chunks_exact(2) {
+                let y = self.activation(b, p[0], p[1]);
+                let v = match (a.dtype, widened) {
+                    (DType::F16, Some(w)) => {
+                        // SAFETY: a converted row of `k` f32 values in the work area.
+                        let y = unsafe { f32_row(y, k) };
+                        vec_float::vec_dot(f, Flavor::F16, w, y)
+                    }
+                    (DType::F32, _) => {
+                        // SAFETY: dense f32 rows of `k` values (weight, converted src1).
+                        let (x, y) = unsafe { (f32_row(x, k), f32_row(y, k)) };
+                        vec_float::vec_dot(f, Flavor::F32, x, y)
+                    }
+                    (t, _) => {
+                        // SAFETY: a dense weight row and a converted activation row, in bounds.
+                        let (x, y) = unsafe { (bytes(x, a.row_bytes()), bytes(y, wrow)) };
+                        dots::vec_dot(f, t, k, x, y)?
+                    }
+                };
+                // SAFETY: as above.
+                unsafe { out(row, p[0], p[1]).write(v) };
+            }
+        }
+        Ok(())
+    }
+}
