@@ -1042,6 +1042,35 @@ fn mul_mat_id(cases: &mut Vec<Case>) {
     }
 }
 
+/// SUM_ROWS over rows of several lengths and dims (llama.cpp sums each token's expert
+/// weights), and CLAMP with bounds inside and outside the values.
+fn sum_rows_clamp(cases: &mut Vec<Case>) {
+    for ne in [[8, 5, 1, 1], [1031, 3, 2, 1], [1, 4, 3, 2]] {
+        cases.push(Case::new(
+            OpKind::SumRows,
+            "SUM_ROWS type=f32".into(),
+            format!("type=f32,ne={}", dims(&ne)),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &ne)?;
+                c.ctx.sum_rows(a)
+            },
+        ));
+    }
+    for (min, max) in [(-0.5f32, 0.5f32), (6.1e-5, f32::INFINITY), (-2.0, 2.0)] {
+        cases.push(Case::new(
+            OpKind::Clamp,
+            "CLAMP type=f32".into(),
+            format!("type=f32,ne=[33,7,2,1],min={min},max={max}"),
+            0.0,
+            move |c| {
+                let a = c.uniform(DType::F32, &[33, 7, 2])?;
+                c.ctx.clamp(a, min, max)
+            },
+        ));
+    }
+}
+
 /// ARGSORT of random rows (no equal values, so any correct sort agrees with the reference;
 /// ggml's order of ties is checked against ggml itself in rgml-cpu's tests), in both orders,
 /// across the insertion-sort threshold of 16, in 3 and 4 dimensions.
@@ -1317,6 +1346,7 @@ pub fn all_cases() -> Vec<Case> {
     argmax(&mut cases);
     argsort(&mut cases);
     mul_mat_id(&mut cases);
+    sum_rows_clamp(&mut cases);
     flash_attn(&mut cases);
     large(&mut cases);
     cases

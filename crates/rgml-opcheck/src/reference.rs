@@ -250,6 +250,17 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
         Op::Concat { dim } => concat(ctx, t, mem, dim)?,
         Op::Argmax => argmax(ctx, t, mem)?,
         Op::Argsort { descending } => argsort(ctx, t, mem, descending)?,
+        Op::SumRows => {
+            let (a, ane) = read_src(ctx, t, mem, 0)?;
+            a.chunks_exact(ane[0].max(1))
+                .map(|r| r.iter().sum())
+                .collect()
+        }
+        Op::Clamp { min, max } => mem
+            .read(ctx, src(t, 0)?)?
+            .into_iter()
+            .map(|x| x.clamp(min as f64, max as f64))
+            .collect(),
         Op::FlashAttnExt {
             scale,
             max_bias,

@@ -17,6 +17,7 @@ pub mod op {
     pub const SUB: u32 = 6;
     pub const MUL: u32 = 7;
     pub const DIV: u32 = 8;
+    pub const SUM_ROWS: u32 = 15;
     pub const ARGMAX: u32 = 18;
     pub const CONCAT: u32 = 22;
     pub const NORM: u32 = 24;
@@ -33,6 +34,7 @@ pub mod op {
     pub const GET_ROWS: u32 = 40;
     pub const SET_ROWS: u32 = 42;
     pub const DIAG_MASK_INF: u32 = 44;
+    pub const CLAMP: u32 = 50;
     pub const SOFT_MAX: u32 = 46;
     pub const ROPE: u32 = 48;
     pub const ARGSORT: u32 = 69;
@@ -135,6 +137,8 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
         }
         Op::Argmax => plain(op::ARGMAX),
         Op::MulMatId { .. } => plain(op::MUL_MAT_ID),
+        Op::SumRows => plain(op::SUM_ROWS),
+        Op::Clamp { min, max } => Ok(Params::new().f32(0, min).f32(1, max).done(op::CLAMP)),
         // `ggml_sort_order`: 0 ascending, 1 descending.
         Op::Argsort { descending } => Ok(Params::new()
             .i32(0, i32::from(descending))

@@ -1173,6 +1173,26 @@ impl Context {
         self.node(DType::I32, [n, 1, 1, 1], Op::Argmax, &[a])
     }
 
+    /// The sum of each row of `a` (f32): `[1, ne1, ne2, ne3]` (ggml's `ggml_sum_rows`).
+    pub fn sum_rows(&mut self, a: TensorId) -> Result<TensorId> {
+        self.expect_dtype(OpKind::SumRows, a, &[DType::F32], "operand must be f32")?;
+        let ne = self.get(a)?.ne;
+        self.node(DType::F32, [1, ne[1], ne[2], ne[3]], Op::SumRows, &[a])
+    }
+
+    /// `a` (f32) limited to `[min, max]` elementwise (ggml's `ggml_clamp`).
+    pub fn clamp(&mut self, a: TensorId, min: f32, max: f32) -> Result<TensorId> {
+        self.expect_dtype(OpKind::Clamp, a, &[DType::F32], "operand must be f32")?;
+        if min.is_nan() || max.is_nan() || min > max {
+            return Err(Error::InvalidArgument {
+                op: OpKind::Clamp,
+                reason: format!("bounds [{min}, {max}]"),
+            });
+        }
+        let ne = self.get(a)?.ne;
+        self.node(DType::F32, ne, Op::Clamp { min, max }, &[a])
+    }
+
     /// The indices that sort each row of `a` (f32), largest first if `descending`: i32 of
     /// `a`'s shape (ggml's `ggml_argsort`; ties as ggml-cpu leaves them, see [`Op::Argsort`]).
     pub fn argsort(&mut self, a: TensorId, descending: bool) -> Result<TensorId> {

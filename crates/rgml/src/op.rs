@@ -174,6 +174,17 @@ pub enum Op {
     },
     /// Index of the largest element of each row (I32 result).
     Argmax,
+    /// The sum of each row (result `[1, ne1, ne2, ne3]`), accumulated in f64 in element order
+    /// and rounded to f32 once, as ggml-cpu's `ggml_vec_sum_f32`.
+    SumRows,
+    /// Each element limited to `[min, max]`, as ggml's `MAX(MIN(x, max), min)` (a NaN becomes
+    /// `max`).
+    Clamp {
+        /// Lower bound.
+        min: f32,
+        /// Upper bound.
+        max: f32,
+    },
     /// The indices that sort each row (I32, the source's shape), as ggml-cpu sorts them:
     /// libstdc++'s `std::sort` (not stable) with a strict `<` or `>` on the values, so ties come
     /// out in the order that algorithm leaves them (MoE routers pick experts by it).
@@ -234,12 +245,14 @@ pub enum OpKind {
     Concat,
     Argmax,
     Argsort,
+    SumRows,
+    Clamp,
     FlashAttnExt,
 }
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 31] = [
+    pub const ALL: [OpKind; 33] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -270,6 +283,8 @@ impl OpKind {
         OpKind::Concat,
         OpKind::Argmax,
         OpKind::Argsort,
+        OpKind::SumRows,
+        OpKind::Clamp,
         OpKind::FlashAttnExt,
     ];
 
@@ -306,6 +321,8 @@ impl OpKind {
             OpKind::Concat => "CONCAT",
             OpKind::Argmax => "ARGMAX",
             OpKind::Argsort => "ARGSORT",
+            OpKind::SumRows => "SUM_ROWS",
+            OpKind::Clamp => "CLAMP",
             OpKind::FlashAttnExt => "FLASH_ATTN_EXT",
         }
     }
@@ -366,6 +383,8 @@ impl Op {
             Op::Concat { .. } => OpKind::Concat,
             Op::Argmax => OpKind::Argmax,
             Op::Argsort { .. } => OpKind::Argsort,
+            Op::SumRows => OpKind::SumRows,
+            Op::Clamp { .. } => OpKind::Clamp,
             Op::FlashAttnExt { .. } => OpKind::FlashAttnExt,
         }
     }

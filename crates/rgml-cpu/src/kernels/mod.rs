@@ -184,6 +184,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 && (0..4).all(|i| s[1].ne[i] > 0 && t.ne[i].is_multiple_of(s[1].ne[i]))
         }
         Op::Scale { .. }
+        | Op::Clamp { .. }
         | Op::Unary(_)
         | Op::RmsNorm { .. }
         | Op::Norm { .. }
@@ -248,6 +249,9 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 && s[0].ne[3] == 1
         }
         Op::MulMatId { .. } => n(3) && mul_mat_id::supported(s[0], s[1], s[2], t),
+        Op::SumRows => {
+            n(1) && f32_rows(s[0]) && f32_rows(t) && t.ne == [1, s[0].ne[1], s[0].ne[2], s[0].ne[3]]
+        }
         Op::Argsort { .. } => {
             n(1) && s[0].dtype == F32 && t.dtype == I32 && t.rows_contiguous() && t.ne == s[0].ne
         }
@@ -265,6 +269,7 @@ pub(crate) fn inplace_capable(op: &Op, i: usize) -> bool {
     matches!(
         op.kind(),
         OpKind::Scale
+            | OpKind::Clamp
             | OpKind::DiagMaskInf
             | OpKind::Add
             | OpKind::Sub
@@ -345,6 +350,8 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::SetRows => rows::set_rows(task, tc),
         Op::Argmax => rows::argmax(task, tc),
         Op::Argsort { .. } => sort::argsort(task, tc),
+        Op::SumRows => rows::sum_rows(task, tc),
+        Op::Clamp { min, max } => elementwise::clamp(task, tc, min, max),
         Op::MulMatId { .. } => mul_mat_id::mul_mat_id(task, tc),
         Op::Add | Op::Sub | Op::Mul | Op::Div => elementwise::binary(task, tc),
         Op::Scale { scale, bias } => elementwise::scale(task, tc, scale, bias),

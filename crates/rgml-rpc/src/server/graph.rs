@@ -385,6 +385,14 @@ impl Builder<'_> {
                 uses(1)?;
                 ctx.argmax(need(0)?)?
             }
+            op::SUM_ROWS => {
+                uses(1)?;
+                ctx.sum_rows(need(0)?)?
+            }
+            op::CLAMP => {
+                uses(1)?;
+                ctx.clamp(need(0)?, pf(0), pf(1))?
+            }
             op::ARGSORT => {
                 uses(1)?;
                 let descending = match p[0] {

@@ -67,6 +67,7 @@ pub fn op_can_inplace(op: &Op) -> bool {
     matches!(
         op,
         Op::Scale { .. }
+            | Op::Clamp { .. }
             | Op::DiagMaskInf { .. }
             | Op::Add
             | Op::Sub

@@ -759,6 +759,13 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
         Op::Concat { dim } => concat_rule(&n, dim),
         Op::Argmax => argmax_rule(&n),
         Op::Argsort { .. } => argsort_rule(&n),
+        Op::SumRows => sum_rows_rule(&n),
+        Op::Clamp { .. } => {
+            if let Some(r) = n.reduce_any(&[0]) {
+                return Ok(r);
+            }
+            Ok(Rule::State(n.st(0)?.clone()))
+        }
         Op::MulMatId { .. } => n.no("MUL_MAT_ID has no split rule yet"),
         // Not built by rgml's models; a split state over it is not worked out yet.
         Op::FlashAttnExt { .. } => n.no("FLASH_ATTN_EXT has no split rule"),
@@ -1035,6 +1042,15 @@ fn argmax_rule(n: &Node) -> Result<Rule> {
             axis: 0,
             segments: segments.clone(),
         })),
+        other => Ok(Rule::State(other.clone())),
+    }
+}
+
+/// SUM_ROWS is linear: partial sums stay partial, and rows split along axis 0 become partial
+/// sums of their segments.
+fn sum_rows_rule(n: &Node) -> Result<Rule> {
+    match n.st(0)? {
+        SplitState::Axis { axis: 0, .. } => Ok(Rule::State(SplitState::Partial)),
         other => Ok(Rule::State(other.clone())),
     }
 }

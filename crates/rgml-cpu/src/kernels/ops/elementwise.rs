@@ -161,6 +161,18 @@ pub(crate) fn scale(task: &NodeTask, tc: &mut ThreadCtx<'_>, s: f32, b: f32) -> 
     map_rows(task, tc, move |x| x * s + b)
 }
 
+/// CLAMP: ggml's `MAX(MIN(x, max), min)`, with C's comparisons (a NaN becomes `max`).
+pub(crate) fn clamp(task: &NodeTask, tc: &mut ThreadCtx<'_>, min: f32, max: f32) -> Result<()> {
+    map_rows(task, tc, move |x| {
+        let upper = if x < max { x } else { max };
+        if upper > min {
+            upper
+        } else {
+            min
+        }
+    })
+}
+
 /// SILU, GELU and TANH.
 pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Result<()> {
     match op {

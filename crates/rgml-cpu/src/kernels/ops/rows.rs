@@ -1,4 +1,4 @@
-//! Row gathers and scatters: GET_ROWS, SET_ROWS, and ARGMAX (one index per row).
+//! Row gathers and scatters (GET_ROWS, SET_ROWS) and one value per row (ARGMAX, SUM_ROWS).
 
 use crate::kernels::blocks::activations::quantize_activations;
 use crate::kernels::blocks::convert::row_to_f32;
@@ -110,6 +110,23 @@ pub(crate) fn set_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// SUM_ROWS: each row summed in f64 in element order, rounded to f32 once
+/// (`ggml_vec_sum_f32`).
+pub(crate) fn sum_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (dst, src) = (&task.dst, task.src(0)?);
+    let (ne1, ne2) = (src.ne[1], src.ne[2]);
+    for r in tc.split(ne1 * ne2 * src.ne[3]) {
+        let (i1, i2, i3) = (r % ne1, (r / ne1) % ne2, r / (ne1 * ne2));
+        // SAFETY: a dense, in-bounds f32 row of the source (the support check).
+        let x = unsafe { f32_row(src.row(i1, i2, i3), src.ne[0]) };
+        let sum = x.iter().fold(0f64, |s, &v| s + f64::from(v)) as f32;
+        // SAFETY: element 0 of row (i1, i2, i3) of the f32 destination, written by this thread
+        // only (rows are split between threads).
+        unsafe { dst.row(i1, i2, i3).cast::<f32>().write_unaligned(sum) };
     }
     Ok(())
 }
