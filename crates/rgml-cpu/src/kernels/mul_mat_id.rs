@@ -142,16 +142,17 @@ pub(crate) fn mul_mat_id(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> 
     }
     let rows_alone = matches!(task.op, Op::MulMatId { rows_alone: true });
     let blocks = a.ne[1].div_ceil(BLOCK_ROWS);
-    let used: Vec<usize> = (0..a.ne[2])
-        .filter(|&e| offsets[e + 1] > offsets[e])
-        .collect();
     let products = Products {
         task,
         layout: &layout,
         base,
     };
-    for unit in task::claimed(tc.claim, used.len() * blocks) {
-        let e = used[unit / blocks];
+    // Units of every expert's blocks; those of unused experts are claimed and skipped.
+    for unit in task::claimed(tc.claim, a.ne[2] * blocks) {
+        let e = unit / blocks;
+        if offsets[e + 1] == offsets[e] {
+            continue;
+        }
         let r0 = (unit % blocks) * BLOCK_ROWS;
         let rows = r0..(r0 + BLOCK_ROWS).min(a.ne[1]);
         let routed = &entries[2 * offsets[e] as usize..2 * offsets[e + 1] as usize];
@@ -200,15 +201,18 @@ fn group_by_expert(ids: &TensorView, n_expert: usize, layout: &Layout, base: *mu
     for e in 0..n_expert {
         offsets[e + 1] += offsets[e];
     }
-    let mut next: Vec<u32> = offsets[..n_expert].to_vec();
+    // `offsets[e]` serves as expert e's write cursor, so it ends at e + 1's start; moving
+    // every offset up one place restores the starts (kernels never allocate).
     for t in 0..n_tokens {
         for slot in 0..n_used {
             let e = id_at(slot, t) as usize;
-            let at = 2 * next[e] as usize;
+            let at = 2 * offsets[e] as usize;
             (entries[at], entries[at + 1]) = (slot as u32, t as u32);
-            next[e] += 1;
+            offsets[e] += 1;
         }
     }
+    offsets.copy_within(0..n_expert, 1);
+    offsets[0] = 0;
 }
 
 /// This thread's share of src1's rows, converted into the work area.
@@ -270,16 +274,18 @@ impl Products<'_> {
         if !rows_alone && kquant::takes(a.dtype, n_routed) {
             let nb = a.ne[0] / rgml::quant::QK_K;
             let mut acc = [0f32; kquant::COLS];
+            let mut ys = [std::ptr::null::<u8>(); kquant::COLS];
             for pairs in routed.chunks(2 * kquant::COLS) {
-                let ys: Vec<*const u8> = pairs
-                    .chunks_exact(2)
-                    .map(|p| self.activation(b, p[0], p[1]))
-                    .collect();
+                let n = pairs.len() / 2;
+                for (y, p) in ys.iter_mut().zip(pairs.chunks_exact(2)) {
+                    *y = self.activation(b, p[0], p[1]);
+                }
+                let ys = &ys[..n];
                 for row in rows.clone() {
                     // SAFETY: `kquant::takes` accepted the type; the weight row is dense and
                     // in bounds with `nb` blocks, each activation row `nb` Q8_K blocks in the
                     // work area (complete since the barrier).
-                    unsafe { kquant::row(f, a.dtype, nb, a.row(row, e, 0), &ys, &mut acc) };
+                    unsafe { kquant::row(f, a.dtype, nb, a.row(row, e, 0), ys, &mut acc) };
                     for (p, v) in pairs.chunks_exact(2).zip(acc) {
                         // SAFETY: output (row, slot, token) is in bounds and written only by the
                         // thread that claimed this expert's row block.
