@@ -459,12 +459,17 @@ pub struct LogitsArgs {
     /// How many of the best next tokens to print.
     #[arg(long, default_value_t = 10)]
     top: usize,
-    /// Print `{"tokens": [...], "top": [[id, logit], ...]}`.
+    /// Print `{"tokens": [...], "top": [[id, logit], ...]}` (and `"continuation"`).
     #[arg(long)]
     json: bool,
+    /// Then decode this many tokens one at a time, each the best of the step before, and
+    /// print each step's best tokens too (the generation path's logits, greedy).
+    #[arg(long, default_value_t = 0)]
+    greedy: usize,
 }
 
-/// `rgml logits`: the prompt's tokens and the best next tokens with their logits.
+/// `rgml logits`: the prompt's tokens and the best next tokens with their logits; with
+/// `--greedy N`, the same after each of N greedy single-token steps.
 pub fn logits(args: LogitsArgs) -> Result<bool, CliError> {
     let model = args.model.load()?;
     let tokens = model
@@ -473,32 +478,66 @@ pub fn logits(args: LogitsArgs) -> Result<bool, CliError> {
     if tokens.is_empty() {
         return Err(CliError::usage("the prompt is empty"));
     }
-    check_context("the prompt", tokens.len(), args.model.ctx_size())?;
-    let mut session = args.model.session(&model, tokens.len())?;
-    let logits = session.eval(&tokens, Logits::Last)?;
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    let top: Vec<(usize, f32)> = order
-        .iter()
-        .take(args.top)
-        .map(|&i| (i, logits[i]))
-        .collect();
+    let n_total = tokens.len().saturating_add(args.greedy);
+    check_context(
+        "the prompt and the greedy steps",
+        n_total,
+        args.model.ctx_size(),
+    )?;
+    let mut session = args.model.session(&model, n_total)?;
+    let top = best(&session.eval(&tokens, Logits::Last)?, args.top);
+    let mut steps: Vec<(u32, Vec<(usize, f32)>)> = Vec::with_capacity(args.greedy);
+    for _ in 0..args.greedy {
+        let prev = steps.last().map_or(&top, |(_, t)| t);
+        let token = prev.first().map_or(0, |&(i, _)| i as u32);
+        let step_top = best(&session.eval(&[token], Logits::Last)?, args.top);
+        steps.push((token, step_top));
+    }
     let mut out = std::io::stdout().lock();
+    let pairs = |top: &[(usize, f32)]| -> Vec<serde_json::Value> {
+        top.iter()
+            .map(|&(i, l)| serde_json::json!([i, l]))
+            .collect()
+    };
     if args.json {
-        let v = serde_json::json!({
-            "tokens": tokens,
-            "top": top.iter().map(|&(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
-        });
+        let mut v = serde_json::json!({ "tokens": tokens, "top": pairs(&top) });
+        if args.greedy > 0 {
+            v["continuation"] = steps
+                .iter()
+                .map(|(token, top)| serde_json::json!({ "token": token, "top": pairs(top) }))
+                .collect();
+        }
         writeln!(out, "{v}")?;
     } else {
         writeln!(out, "tokens: {tokens:?}")?;
-        for (i, l) in top {
-            let piece = model.tokenizer.token_text(i as u32).unwrap_or_default();
-            writeln!(out, "{i:>8} {l:>10.4}  {piece:?}")?;
+        print_top(&mut out, &model, &top)?;
+        for (token, top) in &steps {
+            let piece = model.tokenizer.token_text(*token).unwrap_or_default();
+            writeln!(out, "after {token} {piece:?}:")?;
+            print_top(&mut out, &model, top)?;
         }
     }
     args.model.finish()?;
     Ok(true)
+}
+
+/// The `n` largest logits with their token ids, largest first (ties: the lower id first).
+fn best(logits: &[f32], n: usize) -> Vec<(usize, f32)> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    order.iter().take(n).map(|&i| (i, logits[i])).collect()
+}
+
+fn print_top(
+    out: &mut impl Write,
+    model: &rgml_llm::Model,
+    top: &[(usize, f32)],
+) -> Result<(), CliError> {
+    for &(i, l) in top {
+        let piece = model.tokenizer.token_text(i as u32).unwrap_or_default();
+        writeln!(out, "{i:>8} {l:>10.4}  {piece:?}")?;
+    }
+    Ok(())
 }
 
 /// Flags of `rgml perplexity`.

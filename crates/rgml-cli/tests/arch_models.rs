@@ -3,10 +3,11 @@
 //! `tests/fixtures/arch/<isa>/<arch>.json` holds what llama.cpp's native build for that
 //! instruction set computes for the model (`scripts/gen_arch_fixtures.py`): per prompt, the
 //! tokens and the top 10 logits of the last position after one batched decode, and a greedy
-//! continuation of 4 single-token decodes (recorded for the decode path; `rgml logits` checks
-//! the prompt). Here the model is written afresh by the library, must have the fixture's
-//! sha256 (the generator is deterministic, so the fixture describes these very bytes), and
-//! `rgml logits` runs it with `RGML_CPU_ISA=<isa>` wherever this CPU can run that ISA.
+//! continuation of 4 single-token decodes (the generation path). Here the model is written
+//! afresh by the library, must have the fixture's sha256 (the generator is deterministic, so
+//! the fixture describes these very bytes), and `rgml logits --greedy 4` runs it with
+//! `RGML_CPU_ISA=<isa>` wherever this CPU can run that ISA: the prompt's logits and every
+//! step's.
 //!
 //! An architecture rgml cannot run yet has its test ignored; `cargo test -- --ignored` shows
 //! how far each one is.
@@ -79,7 +80,19 @@ fn check(arch: Arch) {
         for case in fixture["cases"].as_array().expect("cases") {
             let prompt = case["prompt"].as_str().expect("prompt");
             let what = format!("{arch} {prompt:?} on {isa}");
-            let worst = top10_worst(&logits(&model, isa, prompt), case, &what);
+            let got = logits_json(&model, isa, prompt, &["--greedy", "4"]);
+            let mut worst = top10_worst(&got, case, &what);
+            let steps = case["continuation"].as_array().expect("continuation");
+            let have = got["continuation"].as_array().expect("rgml's continuation");
+            assert_eq!(have.len(), steps.len(), "{what}: greedy steps");
+            for (i, (h, w)) in have.iter().zip(steps).enumerate() {
+                assert_eq!(h["token"], w["token"], "{what}: greedy step {i}'s token");
+                let h = serde_json::json!({ "tokens": got["tokens"], "top": h["top"] });
+                let w = serde_json::json!({ "tokens": case["tokens"], "top10": w["top10"] });
+                let d = top10_worst(&h, &w, &format!("{what}, step {i}"));
+                // NaN (a logit that is not a number) wins, so it fails the bound below.
+                worst = if d.is_nan() || d > worst { d } else { worst };
+            }
             // 4-decimal rounding of the fixture, plus f32 spacing near |logit| 32.
             assert!(worst <= 5.1e-5, "{what}: {worst} from llama.cpp");
         }
@@ -145,6 +158,11 @@ fn mistral_gives_llama_cpps_logits() {
     check(Arch::Mistral);
 }
 
+#[test]
+fn qwen3moe_gives_llama_cpps_logits() {
+    check(Arch::Qwen3Moe);
+}
+
 /// The Gemma 3 random model with `edit` applied to a copy of its metadata and tensors
 /// (`None` from the tensor edit drops the tensor), written next to it as `<name>.gguf`.
 fn edited_gemma3(
@@ -152,7 +170,17 @@ fn edited_gemma3(
     edit_meta: impl Fn(&mut rgml_gguf::GgufWriter),
     edit_tensor: impl Fn(&rgml_gguf::TensorInfo) -> Option<(Vec<usize>, usize)>,
 ) -> PathBuf {
-    let source = model_file_named(Arch::Gemma3, &format!("{name}-source"));
+    edited(Arch::Gemma3, name, edit_meta, edit_tensor)
+}
+
+/// [`edited_gemma3`] for the random model of `arch`.
+fn edited(
+    arch: Arch,
+    name: &str,
+    edit_meta: impl Fn(&mut rgml_gguf::GgufWriter),
+    edit_tensor: impl Fn(&rgml_gguf::TensorInfo) -> Option<(Vec<usize>, usize)>,
+) -> PathBuf {
+    let source = model_file_named(arch, &format!("{name}-source"));
     let file = rgml_gguf::GgufFile::open(&source).expect("open the model");
     let mut w = rgml_gguf::GgufWriter::new();
     for (k, v) in file.metadata() {
@@ -243,4 +271,66 @@ fn bad_or_unsupported_metadata_is_a_clear_error() {
         whole,
     );
     refused(&no_head_width, "gemma3.attention.key_length");
+}
+
+#[test]
+fn bad_expert_metadata_is_a_clear_error() {
+    use rgml_gguf::Value;
+    let whole = |t: &rgml_gguf::TensorInfo| Some((t.ne[..t.n_dims].to_vec(), t.size));
+    let moe = |name: &str, key: &str, value: Value| {
+        let key = key.to_string();
+        edited(
+            Arch::Qwen3Moe,
+            name,
+            move |w| w.add_metadata(key.clone(), value.clone()),
+            whole,
+        )
+    };
+    refused(
+        &moe("too-many-used", "qwen3moe.expert_used_count", Value::U32(9)),
+        "9 of 8 experts",
+    );
+    refused(
+        &moe("no-experts", "qwen3moe.expert_count", Value::U32(0)),
+        "qwen3moe.expert_count must be positive",
+    );
+    let per_layer = |counts: &[u32]| Value::Array(counts.iter().map(|&n| Value::U32(n)).collect());
+    refused(
+        &moe(
+            "uneven-used",
+            "qwen3moe.expert_used_count",
+            per_layer(&[3, 2, 3]),
+        ),
+        "qwen3moe.expert_used_count differs between layers",
+    );
+    // The same count for every layer, as an array, is read as llama.cpp reads it.
+    let even = moe(
+        "even-used",
+        "qwen3moe.expert_used_count",
+        per_layer(&[3, 3, 3]),
+    );
+    let model = rgml_llm::Model::load(&even, Default::default()).expect("per-layer counts");
+    assert_eq!(model.config.moe.as_ref().map(|m| m.n_expert_used), Some(3));
+    // Expert weights of the wrong width; a block without its router.
+    let narrow = edited(
+        Arch::Qwen3Moe,
+        "narrow-experts",
+        |_| {},
+        |t| match t.name.as_str() {
+            "blk.1.ffn_up_exps.weight" => Some((vec![t.ne[0], t.ne[1] / 2, t.ne[2]], t.size / 2)),
+            _ => whole(t),
+        },
+    );
+    refused(&narrow, "blk.1.ffn_up_exps.weight");
+    let no_router = edited(
+        Arch::Qwen3Moe,
+        "no-router",
+        |_| {},
+        |t| {
+            (t.name != "blk.2.ffn_gate_inp.weight")
+                .then(|| whole(t))
+                .flatten()
+        },
+    );
+    refused(&no_router, "blk.2.ffn_gate_inp.weight");
 }

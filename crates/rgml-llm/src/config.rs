@@ -19,11 +19,14 @@ pub enum Arch {
     Phi3,
     /// Gemma 3: QK-norm, norms after attention and FFN, GELU, interleaved sliding-window layers.
     Gemma3,
+    /// Qwen3 MoE (`qwen3moe`, Qwen3-30B-A3B): Qwen3's attention, a mixture of experts as
+    /// every block's FFN.
+    Qwen3Moe,
 }
 
 impl Arch {
     /// Every `general.architecture` value accepted, with its architecture.
-    pub const NAMES: [(&'static str, Arch); 7] = [
+    pub const NAMES: [(&'static str, Arch); 8] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Llama),
         ("smollm", Arch::Llama),
@@ -31,6 +34,7 @@ impl Arch {
         ("qwen3", Arch::Qwen3),
         ("phi3", Arch::Phi3),
         ("gemma3", Arch::Gemma3),
+        ("qwen3moe", Arch::Qwen3Moe),
     ];
 
     /// Whether the graph divides RoPE frequencies by `rope_freqs.weight` when the file has it
@@ -71,6 +75,22 @@ pub struct SlidingWindow {
     pub rope_freq_scale: f32,
 }
 
+/// A mixture-of-experts FFN (llama.cpp's `build_moe_ffn` with softmax gating): a router
+/// scores every expert per token, the `n_expert_used` best run, and their outputs are summed
+/// weighted by their softmax probabilities (renormalised over the chosen ones where
+/// `norm_weights`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per block (`expert_count`).
+    pub n_expert: usize,
+    /// Experts each token runs (`expert_used_count`).
+    pub n_expert_used: usize,
+    /// Hidden width of one expert (`expert_feed_forward_length`, else as the family says).
+    pub n_ff_exp: usize,
+    /// Divide the chosen experts' probabilities by their sum.
+    pub norm_weights: bool,
+}
+
 /// Hyper-parameters of a model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -82,7 +102,7 @@ pub struct ModelConfig {
     pub n_layer: usize,
     /// Embedding width.
     pub n_embd: usize,
-    /// Feed-forward width.
+    /// Feed-forward width of a dense FFN (0 where a mixture-of-experts model has none).
     pub n_ff: usize,
     /// Query heads.
     pub n_head: usize,
@@ -117,6 +137,8 @@ pub struct ModelConfig {
     pub ffn_activation: FfnActivation,
     /// Soft-capping of the logits: `cap * tanh(logits / cap)`.
     pub final_logit_softcap: Option<f32>,
+    /// The blocks' FFN is a mixture of experts.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {

@@ -512,7 +512,7 @@ impl NamedWeights {
         let required =
             |name: &str| get(name).ok_or_else(|| LlmError::MissingTensor(name.to_string()));
         let layers = (0..config.n_layer)
-            .map(|il| crate::arch::layer_weights(config.kind, il, &get))
+            .map(|il| crate::arch::layer_weights(config, il, &get))
             .collect::<Result<Vec<_>>>()?;
         let weights = NamedWeights {
             tok_embd: required("token_embd.weight")?,
@@ -636,7 +636,10 @@ fn meta_device(
     // Only a split contraction axis (Reduce) must fall on whole quantization blocks; Gather
     // splits every weight by whole rows.
     let (attn_granule, ffn_granule) = match sync {
-        TensorSync::Reduce => (granule("attn_output.weight"), granule("ffn_down.weight")),
+        TensorSync::Reduce => (
+            granule("attn_output.weight"),
+            granule("ffn_down.weight").max(granule("ffn_down_exps.weight")),
+        ),
         TensorSync::Gather => (1, 1),
     };
     let plan = TensorSplitPlan::new(config, shares, devices.len(), attn_granule, ffn_granule)?;
@@ -859,7 +862,7 @@ fn check_free(buft: &rgml::BufferTypeRef, size: usize) -> rgml::Result<()> {
 /// The ops that read weight `name` in the graphs this model builds (empty: other ops, or
 /// unknown). `tied`: the output projection reuses the token embeddings.
 fn weight_uses(name: &str, tied: bool) -> Vec<OpKind> {
-    const MATRICES: [&str; 8] = [
+    const MATRICES: [&str; 9] = [
         "attn_qkv.weight",
         "attn_q.weight",
         "attn_k.weight",
@@ -868,17 +871,23 @@ fn weight_uses(name: &str, tied: bool) -> Vec<OpKind> {
         "ffn_gate.weight",
         "ffn_up.weight",
         "ffn_down.weight",
+        "ffn_gate_inp.weight",
     ];
-    let block_matrix = block_index(name).is_some()
-        && name
-            .split_once('.')
-            .and_then(|(_, rest)| rest.split_once('.'))
-            .is_some_and(|(_, field)| MATRICES.contains(&field));
+    const EXPERTS: [&str; 3] = [
+        "ffn_gate_exps.weight",
+        "ffn_up_exps.weight",
+        "ffn_down_exps.weight",
+    ];
+    let field = block_index(name)
+        .and(name.split_once('.'))
+        .and_then(|(_, rest)| rest.split_once('.'))
+        .map(|(_, field)| field);
     match name {
         "token_embd.weight" if tied => vec![OpKind::GetRows, OpKind::MulMat],
         "token_embd.weight" => vec![OpKind::GetRows],
         "output.weight" => vec![OpKind::MulMat],
-        _ if block_matrix => vec![OpKind::MulMat],
+        _ if field.is_some_and(|f| MATRICES.contains(&f)) => vec![OpKind::MulMat],
+        _ if field.is_some_and(|f| EXPERTS.contains(&f)) => vec![OpKind::MulMatId],
         _ => Vec::new(),
     }
 }

@@ -6,7 +6,9 @@
 //! - attention Q, K, V (and their biases) split by output rows, in whole heads; every device
 //!   gets whole KV heads and the query heads that share them (grouped-query attention keeps
 //!   each group on one device);
-//! - FFN gate and up split by output rows;
+//! - FFN gate and up split by output rows; a mixture of experts the same way, every expert
+//!   split alike (`ffn_{gate,up}_exps` by their hidden rows; the router stays whole, as the
+//!   routing must);
 //! - fused projections (Phi-3's `attn_qkv`, and `ffn_up` holding gate and up) split as their
 //!   parts are, one run of the split per part, so each device's rows are its Q, K and V heads
 //!   (its gate and up rows) and the views of the parts stay on their devices;
@@ -52,7 +54,7 @@ pub struct TensorSplitPlan {
     pub q_rows: Vec<usize>,
     /// K / V rows (KV heads × head size) per device.
     pub kv_rows: Vec<usize>,
-    /// FFN hidden rows per device.
+    /// FFN hidden rows per device (of each expert, where the FFN is a mixture of experts).
     pub ffn_rows: Vec<usize>,
     /// Rows of the model width per device (outputs of the projections split by rows).
     pub embd_rows: Vec<usize>,
@@ -99,7 +101,8 @@ impl TensorSplitPlan {
         let kv_heads = split_sizes(c.n_head_kv, &shares, 1)?;
         let q_rows = kv_heads.iter().map(|h| h * group * c.head_dim).collect();
         let kv_rows = kv_heads.iter().map(|h| h * c.head_dim).collect();
-        let ffn_rows = split_sizes(c.n_ff, &shares, ffn_granule.max(1))?;
+        let ffn_width = c.moe.as_ref().map_or(c.n_ff, |m| m.n_ff_exp);
+        let ffn_rows = split_sizes(ffn_width, &shares, ffn_granule.max(1))?;
         // Whole 32-element blocks where the width allows (aligned slices), single rows else.
         let embd_granule = if c.n_embd.is_multiple_of(32) { 32 } else { 1 };
         let embd_rows = split_sizes(c.n_embd, &shares, embd_granule)?;
@@ -157,6 +160,15 @@ impl TensorSplitPlan {
                 put("ffn_up.weight", SplitState::axis(1, self.ffn_rows.clone()));
             }
             put("ffn_down.weight", ffn_down.clone());
+            put(
+                "ffn_gate_exps.weight",
+                SplitState::axis(1, self.ffn_rows.clone()),
+            );
+            put(
+                "ffn_up_exps.weight",
+                SplitState::axis(1, self.ffn_rows.clone()),
+            );
+            put("ffn_down_exps.weight", ffn_down.clone());
             out.insert(
                 format!("cache_k_l{il}"),
                 SplitState::axis(0, self.kv_rows.clone()),
@@ -214,6 +226,7 @@ mod tests {
             attn_scale_on_q: false,
             ffn_activation: crate::config::FfnActivation::Silu,
             final_logit_softcap: None,
+            moe: None,
         }
     }
 
@@ -257,8 +270,9 @@ mod tests {
         assert!(
             !s.contains_key("blk.0.attn_norm.weight") && !s.contains_key("blk.0.ffn_norm.weight")
         );
-        // Per layer: q, k, v, output, three biases, gate, up, down, and the two caches.
-        assert_eq!(s.len(), 2 * 12);
+        // Per layer: q, k, v, output, three biases, gate, up, down (dense and experts), and
+        // the two caches.
+        assert_eq!(s.len(), 2 * 15);
         assert_eq!(s["cache_k_l0"], SplitState::axis(0, vec![128, 64]));
         assert_eq!(s["cache_v_l1"], SplitState::axis(1, vec![128, 64]));
         assert!(!s.contains_key("blk.2.attn_q.weight"));
@@ -277,6 +291,30 @@ mod tests {
         let p3 = TensorSplitPlan::new(&c, &[1.0, 2.0, 1.0], 3, 32, 32).unwrap();
         assert_eq!(p3.embd_rows.iter().sum::<usize>(), c.n_embd);
         assert!(p3.embd_rows.iter().all(|r| r % 32 == 0));
+    }
+
+    #[test]
+    fn experts_split_by_their_hidden_rows_and_the_router_stays_whole() {
+        let mut c = smollm();
+        c.moe = Some(crate::config::MoeConfig {
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 512,
+            norm_weights: true,
+        });
+        let p = TensorSplitPlan::new(&c, &[], 2, 32, 256).unwrap();
+        assert_eq!(p.ffn_rows, vec![256, 256]);
+        let s = p.name_states(1, TensorSync::Reduce);
+        let rows = SplitState::axis(1, vec![256, 256]);
+        assert_eq!(s["blk.0.ffn_gate_exps.weight"], rows);
+        assert_eq!(s["blk.0.ffn_up_exps.weight"], rows);
+        assert_eq!(
+            s["blk.0.ffn_down_exps.weight"],
+            SplitState::axis(0, vec![256, 256])
+        );
+        assert!(!s.contains_key("blk.0.ffn_gate_inp.weight"));
+        let g = p.name_states(1, TensorSync::Gather);
+        assert_eq!(g["blk.0.ffn_down_exps.weight"], g["blk.0.ffn_down.weight"]);
     }
 
     #[test]

@@ -28,17 +28,21 @@ pub enum Arch {
     Phi3,
     /// Mistral 7B style (`llama`, as llama.cpp's converter names it): SentencePiece vocabulary.
     Mistral,
+    /// Qwen3 MoE (`qwen3moe`, Qwen3-30B-A3B style): Qwen3's attention, 8 experts of which 3
+    /// run per token, K-quant experts wide enough for ggml's tiled expert kernels.
+    Qwen3Moe,
 }
 
 impl Arch {
     /// Every architecture, in a fixed order.
-    pub const ALL: [Arch; 6] = [
+    pub const ALL: [Arch; 7] = [
         Arch::Gemma3,
         Arch::Qwen2,
         Arch::Qwen3,
         Arch::Llama3,
         Arch::Phi3,
         Arch::Mistral,
+        Arch::Qwen3Moe,
     ];
 
     /// The name used on the command line and for fixtures (`llama3`, not `llama`: Mistral's
@@ -51,6 +55,7 @@ impl Arch {
             Arch::Llama3 => "llama3",
             Arch::Phi3 => "phi3",
             Arch::Mistral => "mistral",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -62,6 +67,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Llama3 | Arch::Mistral => "llama",
             Arch::Phi3 => "phi3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -70,7 +76,7 @@ impl Arch {
     pub fn vocab_file(self) -> &'static str {
         match self {
             Arch::Gemma3 => "models/gemma-3-270m-q4_k_m.gguf",
-            Arch::Qwen2 | Arch::Qwen3 => "models/vocab/ggml-vocab-qwen2.gguf",
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => "models/vocab/ggml-vocab-qwen2.gguf",
             Arch::Llama3 => "models/vocab/ggml-vocab-llama-bpe.gguf",
             Arch::Phi3 => "models/vocab/ggml-vocab-phi-3.gguf",
             Arch::Mistral => "models/vocab/ggml-vocab-llama-spm.gguf",
@@ -86,6 +92,7 @@ impl Arch {
             Arch::Llama3 => llama3(),
             Arch::Phi3 => phi3(),
             Arch::Mistral => mistral(),
+            Arch::Qwen3Moe => qwen3moe(),
         }
     }
 }
@@ -148,6 +155,24 @@ pub enum Ffn {
     Gated,
     /// One `ffn_up` of `2 * n_ff` rows: gate rows, then up rows.
     FusedGateUp,
+    /// A router (`ffn_gate_inp`, F32 as llama-quantize leaves it) and experts stacked on dim
+    /// 2 (`ffn_{gate,up,down}_exps`).
+    Experts(Experts),
+}
+
+/// The experts of a mixture-of-experts FFN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    /// `expert_count`.
+    pub n_expert: usize,
+    /// `expert_used_count`.
+    pub n_expert_used: usize,
+    /// Hidden width of one expert (written as `expert_feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// Type of the gate and up experts.
+    pub gate_up: DType,
+    /// Type of the down experts.
+    pub down: DType,
 }
 
 /// Llama 3.1's rope scaling, which llama.cpp's converter writes as a `rope_freqs.weight`
@@ -341,6 +366,32 @@ fn mistral() -> Spec {
         rms_eps: 1e-5,
         vocab_size_key: true,
         keys: vec![("rope.dimension_count", Value::U32(16))],
+        ..base()
+    }
+}
+
+/// Qwen3-30B-A3B style: q/k norms, heads 128 wide (512-wide queries in a 256-wide model), a
+/// dense width (`feed_forward_length`) the graph must not use, 8 experts 256 wide of which 3
+/// run per token, Q4_K gate/up and Q6_K down experts (as in a Q4_K_M file), tied embeddings.
+/// A 40-token prompt routes more than 8 rows to some experts, where ggml's CPU switches to its
+/// tiled K-quant kernel.
+fn qwen3moe() -> Spec {
+    Spec {
+        n_layer: 3,
+        n_embd: 256,
+        head_dim: 128,
+        n_ff: 768,
+        n_ctx_train: 40960,
+        qk_norm: true,
+        ffn: Ffn::Experts(Experts {
+            n_expert: 8,
+            n_expert_used: 3,
+            n_ff_exp: 256,
+            gate_up: DType::Q4_K,
+            down: DType::Q6_K,
+        }),
+        tied_output: true,
+        keys: head_width_keys(128).to_vec(),
         ..base()
     }
 }

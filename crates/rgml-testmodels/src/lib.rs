@@ -45,7 +45,7 @@ mod shaped;
 mod stream;
 mod tensors;
 
-pub use arch::{Arch, Attention, Ffn, Llama3Rope, Spec, UnknownArch};
+pub use arch::{Arch, Attention, Experts, Ffn, Llama3Rope, Spec, UnknownArch};
 pub use blocks::WEIGHT_STD;
 pub use error::{Error, Result};
 pub use rgml_llm::quantize::QuantPreset;
@@ -195,6 +195,13 @@ fn add_hyperparameters(
     ];
     if spec.vocab_size_key {
         keys.push(("vocab_size", u32_of(n_vocab)));
+    }
+    if let arch::Ffn::Experts(x) = spec.ffn {
+        keys.extend([
+            ("expert_count", u32_of(x.n_expert)),
+            ("expert_used_count", u32_of(x.n_expert_used)),
+            ("expert_feed_forward_length", u32_of(x.n_ff_exp)),
+        ]);
     }
     keys.extend(spec.keys.iter().cloned());
     for (key, value) in keys {

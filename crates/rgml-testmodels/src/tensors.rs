@@ -9,7 +9,7 @@
 //! uniform in ±0.2, query and key projections ±0.25, embeddings and the output projection ±0.3
 //! (logits then spread over a few units), norm weights 1 ± 0.1, biases ±0.1.
 
-use crate::arch::{Attention, Ffn, Llama3Rope, Spec};
+use crate::arch::{Attention, Experts, Ffn, Llama3Rope, Spec};
 use crate::error::Result;
 use crate::rng::SplitMix64;
 use rgml::DType;
@@ -162,17 +162,42 @@ fn block(spec: &Spec, il: usize) -> Vec<Planned> {
                 MATRIX,
             ));
         }
+        Ffn::Experts(x) => {
+            out.extend(experts(spec, il, &x));
+        }
     }
-    out.push(Planned::matrix(
-        name("ffn_down", "weight"),
-        n_ff,
-        n_embd,
-        MATRIX,
-    ));
+    if !matches!(spec.ffn, Ffn::Experts(_)) {
+        out.push(Planned::matrix(
+            name("ffn_down", "weight"),
+            n_ff,
+            n_embd,
+            MATRIX,
+        ));
+    }
     if spec.post_norms {
         out.push(norm("post_ffw_norm", spec.n_embd));
     }
     out
+}
+
+/// The router and the experts of block `il`, in llama.cpp's converter's order.
+fn experts(spec: &Spec, il: usize, x: &Experts) -> Vec<Planned> {
+    let name = |what: &str| format!("blk.{il}.{what}.weight");
+    let stacked = |what: &str, dtype: DType, n_in: usize, n_out: usize| Planned {
+        dtype,
+        ne: vec![n_in, n_out, x.n_expert],
+        ..Planned::matrix(name(what), n_in, n_out, MATRIX)
+    };
+    let router = Planned {
+        dtype: DType::F32,
+        ..Planned::matrix(name("ffn_gate_inp"), spec.n_embd, x.n_expert, MATRIX)
+    };
+    vec![
+        router,
+        stacked("ffn_gate_exps", x.gate_up, spec.n_embd, x.n_ff_exp),
+        stacked("ffn_up_exps", x.gate_up, spec.n_embd, x.n_ff_exp),
+        stacked("ffn_down_exps", x.down, x.n_ff_exp, spec.n_embd),
+    ]
 }
 
 /// Query, key and value projections of block `il`, with their biases if any.

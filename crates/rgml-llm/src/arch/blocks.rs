@@ -5,7 +5,7 @@
 //! This module owns [`Builder`], which adds those nodes to a context for one micro-batch; what
 //! a block is made of is each architecture's business.
 
-use super::{LayerWeights, QkvWeights};
+use super::{FfnWeights, LayerWeights, QkvWeights};
 use crate::config::{FfnActivation, ModelConfig};
 use crate::error::Result;
 use rgml::{Context, DType, Graph, RopeParams, TensorId};
@@ -174,18 +174,32 @@ impl<'a> Builder<'a> {
     }
 
     /// `w · x` for rows `x` of the micro-batch (all of them, or the output rows), each
-    /// sequence's rows computed as they are alone: ggml's CPU arithmetic depends on a
-    /// product's row count, so one sequence's rows are one product; runs of sequences with one
-    /// row each (generation steps) are one product computed row by row as alone
-    /// ([`Context::mul_mat_rows_alone`]). The products' rows are concatenated in order.
+    /// sequence's rows computed as they are alone (see [`Builder::by_sequence`]).
     fn project(&mut self, w: TensorId, x: TensorId) -> Result<TensorId> {
+        self.by_sequence(x, &mut |b, part, alone| match alone {
+            true => Ok(b.ctx.mul_mat_rows_alone(w, part)?),
+            false => Ok(b.ctx.mul_mat(w, part)?),
+        })
+    }
+
+    /// `f` of the rows `x` `[ne0, rows]` of the micro-batch (all of them, or the output
+    /// rows), each sequence's rows given to `f` as a part of their own: ggml's CPU arithmetic
+    /// of a product depends on its row count, so one sequence's rows are one product; runs of
+    /// sequences with one row each (generation steps) are one part with `alone` set, for `f`
+    /// to compute row by row as alone ([`Context::mul_mat_rows_alone`]). The parts' results
+    /// `[_, rows of the part]` are concatenated in order; with one sequence, `f(x, false)`.
+    fn by_sequence(
+        &mut self,
+        x: TensorId,
+        f: &mut dyn FnMut(&mut Self, TensorId, bool) -> Result<TensorId>,
+    ) -> Result<TensorId> {
         let rows = self.ctx[x].ne[1];
         let groups = match rows == self.inputs.n {
             true => self.inputs.row_groups,
             false => self.inputs.out_groups,
         };
         if groups.len() <= 1 || groups.iter().sum::<usize>() != rows {
-            return Ok(self.ctx.mul_mat(w, x)?);
+            return f(self, x, false);
         }
         let mut out: Option<TensorId> = None;
         let (mut first, mut i) = (0, 0);
@@ -203,14 +217,17 @@ impl<'a> Builder<'a> {
                     self.ctx.view(x, &[ne0, n], &[nb1], first * nb1)?
                 }
             };
-            let product = match alone {
-                true => self.ctx.mul_mat_rows_alone(w, part)?,
-                false => self.ctx.mul_mat(w, part)?,
-            };
-            out = Some(self.append_rows(out, product)?);
+            let result = f(self, part, alone)?;
+            out = Some(self.append_rows(out, result)?);
             first += n;
         }
         out.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))
+    }
+
+    /// Add `t` and what it reads to the graph now (llama.cpp's `ggml_build_forward_expand`:
+    /// the order of expansion is the order of execution).
+    pub(crate) fn expand(&mut self, t: TensorId) -> Result<()> {
+        Ok(self.graph.expand(self.ctx, t)?)
     }
 
     /// `rows` after the rows of `before` (dim 1), or `rows` alone.
@@ -555,19 +572,40 @@ impl<'a> Builder<'a> {
         Ok(self.ctx.cont_shape(kqv, &[c.n_embd_q(), g.n])?)
     }
 
-    /// The gated FFN of block `il` on the normed `cur`: `down(act(gate(cur)) * up(cur))`.
+    /// The FFN of block `il` on the normed `cur`: the gated FFN, or the mixture of experts
+    /// (each sequence's rows routed as alone, see [`Builder::by_sequence`]).
     pub(crate) fn ffn(&mut self, il: usize, l: &LayerWeights, cur: TensorId) -> Result<TensorId> {
-        let (gate, up) = match l.ffn_gate {
+        match &l.ffn {
+            FfnWeights::Dense { gate, up, down } => self.dense_ffn(il, *gate, *up, *down, cur),
+            FfnWeights::Experts(experts) => {
+                let one_part = self.inputs.row_groups.len() <= 1;
+                self.by_sequence(cur, &mut |b, part, alone| {
+                    super::moe::ffn(b, il, experts, part, alone, one_part)
+                })
+            }
+        }
+    }
+
+    /// The gated FFN `down(act(gate(cur)) * up(cur))`; `gate` `None`: fused in `up`.
+    fn dense_ffn(
+        &mut self,
+        il: usize,
+        gate: Option<TensorId>,
+        up: TensorId,
+        down: TensorId,
+        cur: TensorId,
+    ) -> Result<TensorId> {
+        let (gate, up) = match gate {
             Some(gate) => {
                 let gate = self.project(gate, cur)?;
-                let up = self.project(l.ffn_up, cur)?;
+                let up = self.project(up, cur)?;
                 let gate = self.keep(gate, format!("ffn_gate-{il}"))?;
                 (gate, self.keep(up, format!("ffn_up-{il}"))?)
             }
             None => {
                 // Gate and up fused: the gate's half of each row, then the up's (ggml's
                 // single-operand SWIGLU on the fused rows).
-                let both = self.project(l.ffn_up, cur)?;
+                let both = self.project(up, cur)?;
                 let both = self.keep(both, format!("ffn_up-{il}"))?;
                 // Rows of `cur`: one where the last block runs on the output position only.
                 let (ff, n, row) = (
@@ -590,7 +628,7 @@ impl<'a> Builder<'a> {
                 self.keep(act, format!("ffn_geglu-{il}"))?
             }
         };
-        let down = self.project(l.ffn_down, act)?;
+        let down = self.project(down, act)?;
         self.keep(down, format!("ffn_out-{il}"))
     }
 

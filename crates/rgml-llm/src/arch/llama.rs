@@ -1,9 +1,11 @@
-//! LLaMA (`llama`, `mistral`, `smollm`), Qwen2 (`qwen2`: q/k/v biases, NeoX RoPE) and Qwen3
-//! (`qwen3`: QK-norm instead of biases, NeoX RoPE): pre-norm blocks of grouped-query attention
-//! and a SwiGLU FFN.
+//! LLaMA (`llama`, `mistral`, `smollm`; Mixtral: `llama` with experts), Qwen2 (`qwen2`: q/k/v
+//! biases, NeoX RoPE), Qwen3 (`qwen3`: QK-norm instead of biases, NeoX RoPE) and Qwen3 MoE
+//! (`qwen3moe`: Qwen3 with experts): pre-norm blocks of grouped-query attention and a SwiGLU
+//! FFN, dense or a mixture of experts.
 
 use super::blocks::Builder;
 use super::keys::Keys;
+use super::moe::{self, ExpertWidth};
 use super::{LayerParts, LayerWeights, Need};
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
@@ -23,12 +25,17 @@ pub(super) const QWEN3_PARTS: LayerParts = LayerParts {
     fused: false,
 };
 
-/// LLaMA's hyper-parameters are the common ones; Qwen rotates NeoX-style.
-pub(super) fn hparams(_keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
-    if matches!(c.kind, Arch::Qwen2 | Arch::Qwen3) {
+/// LLaMA's hyper-parameters are the common ones, with experts where `expert_count` says
+/// (Mixtral); Qwen rotates NeoX-style; Qwen3 MoE always has experts.
+pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
+    if matches!(c.kind, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe) {
         c.rope_mode = RopeMode::Neox;
     }
-    Ok(())
+    match c.kind {
+        Arch::Llama => moe::hparams(keys, c, ExpertWidth::FeedForward, false),
+        Arch::Qwen3Moe => moe::hparams(keys, c, ExpertWidth::ExpertKey, true),
+        _ => Ok(()),
+    }
 }
 
 /// Block `il`: attention, then the FFN, each with its residual.

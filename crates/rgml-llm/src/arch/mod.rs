@@ -10,6 +10,7 @@ pub(crate) mod blocks;
 mod gemma3;
 mod keys;
 mod llama;
+mod moe;
 mod phi3;
 
 use crate::config::{Arch, FfnActivation, ModelConfig};
@@ -43,15 +44,42 @@ pub struct LayerWeights {
     pub attn_post_norm: Option<TensorId>,
     /// RMS norm before the feed-forward block.
     pub ffn_norm: TensorId,
-    /// Gate projection `[n_embd, n_ff]`; `None` where the up projection holds both (Phi-3).
-    pub ffn_gate: Option<TensorId>,
-    /// Up projection `[n_embd, n_ff]`, or gate and up fused `[n_embd, 2 * n_ff]` (the gate's
-    /// rows first).
-    pub ffn_up: TensorId,
-    /// Down projection `[n_ff, n_embd]`.
-    pub ffn_down: TensorId,
+    /// The feed-forward block's projections.
+    pub ffn: FfnWeights,
     /// RMS norm of the FFN output, before the residual (Gemma 3).
     pub ffn_post_norm: Option<TensorId>,
+}
+
+/// A feed-forward block's projections: one gated FFN, or a mixture of experts.
+#[derive(Clone, Debug)]
+pub enum FfnWeights {
+    /// One FFN for every token.
+    Dense {
+        /// Gate projection `[n_embd, n_ff]`; `None` where the up projection holds both
+        /// (Phi-3).
+        gate: Option<TensorId>,
+        /// Up projection `[n_embd, n_ff]`, or gate and up fused `[n_embd, 2 * n_ff]` (the
+        /// gate's rows first).
+        up: TensorId,
+        /// Down projection `[n_ff, n_embd]`.
+        down: TensorId,
+    },
+    /// A router and `n_expert` FFNs stacked on dim 2.
+    Experts(ExpertWeights),
+}
+
+/// The weights of a mixture-of-experts FFN (`ffn_*_exps`).
+#[derive(Clone, Debug)]
+pub struct ExpertWeights {
+    /// The router `[n_embd, n_expert]`.
+    pub gate_inp: TensorId,
+    /// Gate projections `[n_embd, n_ff_exp, n_expert]`; `None`: the experts are not gated
+    /// (SiLU of the up projection).
+    pub gate: Option<TensorId>,
+    /// Up projections `[n_embd, n_ff_exp, n_expert]`.
+    pub up: TensorId,
+    /// Down projections `[n_ff_exp, n_embd, n_expert]`.
+    pub down: TensorId,
 }
 
 /// The attention's input projections.
@@ -94,7 +122,7 @@ struct LayerParts {
 fn parts(arch: Arch) -> LayerParts {
     match arch {
         Arch::Llama | Arch::Qwen2 => llama::PARTS,
-        Arch::Qwen3 => llama::QWEN3_PARTS,
+        Arch::Qwen3 | Arch::Qwen3Moe => llama::QWEN3_PARTS,
         Arch::Phi3 => phi3::PARTS,
         Arch::Gemma3 => gemma3::PARTS,
     }
@@ -114,7 +142,9 @@ impl ModelConfig {
         let keys = Keys::new(gguf, &arch);
         let mut c = common(&keys, arch.clone(), kind)?;
         match kind {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => llama::hparams(&keys, &mut c)?,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+                llama::hparams(&keys, &mut c)?
+            }
             Arch::Phi3 => phi3::hparams(&keys, &mut c)?,
             Arch::Gemma3 => gemma3::hparams(&keys, &mut c)?,
         }
@@ -155,7 +185,8 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         kind,
         n_layer: keys.usize("block_count")?,
         n_embd,
-        n_ff: keys.usize("feed_forward_length")?,
+        // Required where the FFN is dense: checked once the architecture has read its experts.
+        n_ff: keys.usize_or("feed_forward_length", 0)?,
         n_head,
         n_head_kv,
         head_dim,
@@ -172,6 +203,7 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         attn_scale_on_q: false,
         ffn_activation: FfnActivation::Silu,
         final_logit_softcap: None,
+        moe: None,
     })
 }
 
@@ -190,10 +222,11 @@ fn check(c: &ModelConfig) -> Result<()> {
         rope_freq_base,
         ..
     } = *c;
-    if [n_head, n_embd, n_layer, n_head_kv, n_ff, head_dim].contains(&0) {
+    let ffn_width = c.moe.as_ref().map_or(n_ff, |m| m.n_ff_exp);
+    if [n_head, n_embd, n_layer, n_head_kv, ffn_width, head_dim].contains(&0) {
         return Err(LlmError::BadConfig(format!(
             "zero-sized model: {n_layer} layers, {n_embd} wide, {n_head}/{n_head_kv} heads \
-             {head_dim} wide, feed-forward {n_ff} wide"
+             {head_dim} wide, feed-forward {ffn_width} wide"
         )));
     }
     if !n_head.is_multiple_of(n_head_kv) {
@@ -236,10 +269,11 @@ fn check(c: &ModelConfig) -> Result<()> {
 
 /// Block `il`'s weights, found by name with `get` (`None`: not in the file).
 pub(crate) fn layer_weights(
-    arch: Arch,
+    c: &ModelConfig,
     il: usize,
     get: &dyn Fn(&str) -> Option<TensorId>,
 ) -> Result<LayerWeights> {
+    let arch = c.kind;
     let name = |s: &str| format!("blk.{il}.{s}");
     let required = |s: &str| get(&name(s)).ok_or_else(|| LlmError::MissingTensor(name(s)));
     let p = parts(arch);
@@ -254,24 +288,39 @@ pub(crate) fn layer_weights(
             (_, found) => Ok(found),
         }
     };
-    let (qkv, ffn_gate) = if p.fused {
-        for separate in [
-            "attn_q.weight",
-            "attn_k.weight",
-            "attn_v.weight",
-            "ffn_gate.weight",
-        ] {
+    let qkv = if p.fused {
+        for separate in ["attn_q.weight", "attn_k.weight", "attn_v.weight"] {
             part(Need::No, separate)?;
         }
-        (QkvWeights::Fused(required("attn_qkv.weight")?), None)
+        QkvWeights::Fused(required("attn_qkv.weight")?)
     } else {
         part(Need::No, "attn_qkv.weight")?;
-        let qkv = QkvWeights::Separate {
+        QkvWeights::Separate {
             wq: required("attn_q.weight")?,
             wk: required("attn_k.weight")?,
             wv: required("attn_v.weight")?,
-        };
-        (qkv, Some(required("ffn_gate.weight")?))
+        }
+    };
+    let ffn = match (&c.moe, p.fused) {
+        (Some(_), _) => FfnWeights::Experts(ExpertWeights {
+            gate_inp: required("ffn_gate_inp.weight")?,
+            gate: get(&name("ffn_gate_exps.weight")),
+            up: required("ffn_up_exps.weight")?,
+            down: required("ffn_down_exps.weight")?,
+        }),
+        (None, true) => {
+            part(Need::No, "ffn_gate.weight")?;
+            FfnWeights::Dense {
+                gate: None,
+                up: required("ffn_up.weight")?,
+                down: required("ffn_down.weight")?,
+            }
+        }
+        (None, false) => FfnWeights::Dense {
+            gate: Some(required("ffn_gate.weight")?),
+            up: required("ffn_up.weight")?,
+            down: required("ffn_down.weight")?,
+        },
     };
     Ok(LayerWeights {
         attn_norm: required("attn_norm.weight")?,
@@ -284,21 +333,18 @@ pub(crate) fn layer_weights(
         attn_k_norm: part(p.qk_norm, "attn_k_norm.weight")?,
         attn_post_norm: part(p.post_norms, "post_attention_norm.weight")?,
         ffn_norm: required("ffn_norm.weight")?,
-        ffn_gate,
-        ffn_up: required("ffn_up.weight")?,
-        ffn_down: required("ffn_down.weight")?,
+        ffn,
         ffn_post_norm: part(p.post_norms, "post_ffw_norm.weight")?,
     })
 }
 
 /// The shapes block weights must have, `(tensor, ne)`, and which of them are norms.
 pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, [usize; 4], bool)> {
-    let (e, q, kv, ff, hd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff, c.head_dim);
+    let (e, q, kv, hd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.head_dim);
     let mut out = vec![
         (l.attn_norm, [e, 1, 1, 1], true),
         (l.wo, [q, e, 1, 1], false),
         (l.ffn_norm, [e, 1, 1, 1], true),
-        (l.ffn_down, [ff, e, 1, 1], false),
     ];
     match l.qkv {
         QkvWeights::Separate { wq, wk, wv } => out.extend([
@@ -308,13 +354,7 @@ pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, 
         ]),
         QkvWeights::Fused(wqkv) => out.push((wqkv, [e, q + 2 * kv, 1, 1], false)),
     }
-    match l.ffn_gate {
-        Some(gate) => out.extend([
-            (gate, [e, ff, 1, 1], false),
-            (l.ffn_up, [e, ff, 1, 1], false),
-        ]),
-        None => out.push((l.ffn_up, [e, 2 * ff, 1, 1], false)),
-    }
+    out.extend(ffn_shapes(c, &l.ffn));
     let optional = [
         (l.bq, q, false),
         (l.bk, kv, false),
@@ -332,6 +372,32 @@ pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, 
     out
 }
 
+/// The shapes of an FFN's weights (none of them norms).
+fn ffn_shapes(c: &ModelConfig, ffn: &FfnWeights) -> Vec<(TensorId, [usize; 4], bool)> {
+    let (e, ff) = (c.n_embd, c.n_ff);
+    match ffn {
+        FfnWeights::Dense { gate, up, down } => {
+            let up_rows = if gate.is_some() { ff } else { 2 * ff };
+            let mut out = vec![
+                (*up, [e, up_rows, 1, 1], false),
+                (*down, [ff, e, 1, 1], false),
+            ];
+            out.extend(gate.map(|g| (g, [e, ff, 1, 1], false)));
+            out
+        }
+        FfnWeights::Experts(x) => {
+            let (n_exp, ff) = c.moe.as_ref().map_or((0, 0), |m| (m.n_expert, m.n_ff_exp));
+            let mut out = vec![
+                (x.gate_inp, [e, n_exp, 1, 1], false),
+                (x.up, [e, ff, n_exp, 1], false),
+                (x.down, [ff, e, n_exp, 1], false),
+            ];
+            out.extend(x.gate.map(|g| (g, [e, ff, n_exp, 1], false)));
+            out
+        }
+    }
+}
+
 /// Add block `il`'s nodes on the hidden state `x`; returns the block's output.
 pub(crate) fn build_layer(
     b: &mut Builder<'_>,
@@ -341,7 +407,9 @@ pub(crate) fn build_layer(
 ) -> Result<TensorId> {
     match b.config().kind {
         // Phi-3's fused projections are the shared blocks' business: LLaMA's block.
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::layer(b, il, l, x),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 => {
+            llama::layer(b, il, l, x)
+        }
         Arch::Gemma3 => gemma3::layer(b, il, l, x),
     }
 }

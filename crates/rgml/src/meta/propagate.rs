@@ -766,7 +766,7 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
             }
             Ok(Rule::State(n.st(0)?.clone()))
         }
-        Op::MulMatId { .. } => n.no("MUL_MAT_ID has no split rule yet"),
+        Op::MulMatId { .. } => mul_mat_id_rule(&n),
         // Not built by rgml's models; a split state over it is not worked out yet.
         Op::FlashAttnExt { .. } => n.no("FLASH_ATTN_EXT has no split rule"),
     }
@@ -1063,6 +1063,32 @@ fn argsort_rule(n: &Node) -> Result<Rule> {
     match n.st(0)? {
         SplitState::Axis { axis: 0, .. } => n.no("ARGSORT needs whole rows (axis 0 unsplit)"),
         other => Ok(Rule::State(other.clone())),
+    }
+}
+
+/// MUL_MAT_ID `as` `[K, M, experts]` by `b` `[K, n_b, tokens]` routed by `ids` `[n_used,
+/// tokens]`, giving `[M, n_used, tokens]`. The routing must be whole on every device; then,
+/// as MUL_MAT: linear in `as` and in `b`, experts split by output rows give the result split
+/// by rows, and a contraction split alike on both gives partial sums.
+fn mul_mat_id_rule(n: &Node) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored, Partial};
+    let (a, b, ids) = (n.st(0)?, n.st(1)?, n.st(2)?);
+    if *ids != Mirrored {
+        return n.no("MUL_MAT_ID needs the expert ids on every device");
+    }
+    match (a, b) {
+        (Partial, Mirrored) | (Mirrored, Partial) => Ok(Rule::State(Partial)),
+        (Partial, _) => Ok(Rule::Reduce(vec![0])),
+        (_, Partial) => Ok(Rule::Reduce(vec![1])),
+        (Mirrored, Mirrored) => Ok(Rule::State(Mirrored)),
+        (Axis { axis: 1, segments }, Mirrored) => Ok(Rule::State(Axis {
+            axis: 0,
+            segments: segments.clone(),
+        })),
+        (Axis { axis: 0, .. }, Axis { axis: 0, .. }) if same_placement(a, b) => {
+            Ok(Rule::State(Partial))
+        }
+        _ => n.no("no MUL_MAT_ID rule for these states"),
     }
 }
 

@@ -1,0 +1,203 @@
+//! Mixture-of-experts FFNs, as llama.cpp's `build_moe_ffn` builds them with softmax gating
+//! (Mixtral's `llama`, `qwen3moe`): the expert hyper-parameters, and the routed FFN's graph.
+//!
+//! Per token: the router's logits, their softmax, the `n_expert_used` most probable experts
+//! (ARGSORT, ggml's order of ties), their probabilities (GET_ROWS), renormalised over the
+//! chosen ones where the family does, each chosen expert's gated FFN (MUL_MAT_ID), and the
+//! experts' outputs weighted and added in slot order: the same ops in the same order as
+//! llama.cpp, so the same roundings.
+
+use super::blocks::Builder;
+use super::keys::Keys;
+use super::ExpertWeights;
+use crate::config::{FfnActivation, ModelConfig, MoeConfig};
+use crate::error::{LlmError, Result};
+use rgml::TensorId;
+use rgml_gguf::Value;
+
+/// llama.cpp's `LLAMA_MAX_EXPERTS`.
+const MAX_EXPERTS: usize = 1024;
+
+/// The smallest normal f16, 2⁻¹⁴ (llama.cpp writes 6.103515625e-5): the floor of the chosen
+/// probabilities' sum before it divides them (llama.cpp's guard against a zero sum).
+const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0;
+
+/// How a family sizes its experts.
+pub(super) enum ExpertWidth {
+    /// As wide as the dense FFN (`feed_forward_length`: Mixtral).
+    FeedForward,
+    /// `expert_feed_forward_length`, else `feed_forward_length / expert_used_count`
+    /// (`qwen3moe`).
+    ExpertKey,
+}
+
+/// Read the expert keys into `c.moe` (left `None` where `expert_count` is 0 or absent and
+/// experts are optional). The chosen experts' probabilities are renormalised, as both
+/// families do.
+pub(super) fn hparams(
+    keys: &Keys<'_>,
+    c: &mut ModelConfig,
+    width: ExpertWidth,
+    required: bool,
+) -> Result<()> {
+    let n_expert = keys.usize_or("expert_count", 0)?;
+    if n_expert == 0 {
+        return match required {
+            true => Err(LlmError::BadConfig(format!(
+                "{} must be positive for {}",
+                keys.name("expert_count"),
+                c.arch
+            ))),
+            false => Ok(()),
+        };
+    }
+    let n_expert_used = used_count(keys, c.n_layer)?;
+    if n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
+        return Err(LlmError::BadConfig(format!(
+            "{n_expert_used} of {n_expert} experts per token (at most {MAX_EXPERTS} experts, \
+             at least one used)"
+        )));
+    }
+    let n_ff_exp = match width {
+        ExpertWidth::FeedForward => c.n_ff,
+        ExpertWidth::ExpertKey => match keys.usize_or("expert_feed_forward_length", 0)? {
+            0 => c.n_ff / n_expert_used,
+            n => n,
+        },
+    };
+    c.moe = Some(MoeConfig {
+        n_expert,
+        n_expert_used,
+        n_ff_exp,
+        norm_weights: true,
+    });
+    Ok(())
+}
+
+/// `expert_used_count`: one number, or one per layer (llama.cpp reads either); per-layer
+/// counts that differ are refused by name.
+fn used_count(keys: &Keys<'_>, n_layer: usize) -> Result<usize> {
+    let key = "expert_used_count";
+    let Some(Value::Array(items)) = keys.value(key) else {
+        return keys.usize_or(key, 0);
+    };
+    let counts: Option<Vec<u64>> = items.iter().map(Value::as_u64).collect();
+    let bad = |what: String| LlmError::BadConfig(format!("{}: {what}", keys.name(key)));
+    let counts = counts.ok_or_else(|| bad("not an array of integers".into()))?;
+    if counts.len() < n_layer {
+        return Err(bad(format!(
+            "{} entries for {n_layer} layers",
+            counts.len()
+        )));
+    }
+    match counts[..n_layer].iter().all(|&n| n == counts[0]) {
+        true => usize::try_from(counts[0]).map_err(|_| bad(format!("{} too large", counts[0]))),
+        false => Err(LlmError::UnsupportedModel(format!(
+            "{} differs between layers",
+            keys.name(key)
+        ))),
+    }
+}
+
+/// The routed FFN of block `il` on the normed rows `x` `[n_embd, n]`: `[n_embd, n]`.
+/// `alone`: every expert product takes the arithmetic of a lone row (a run of one-token
+/// sequences); `name`: keep llama.cpp's node names.
+pub(super) fn ffn(
+    b: &mut Builder<'_>,
+    il: usize,
+    w: &ExpertWeights,
+    x: TensorId,
+    alone: bool,
+    name: bool,
+) -> Result<TensorId> {
+    let c: &ModelConfig = b.config();
+    let moe = c
+        .moe
+        .as_ref()
+        .ok_or_else(|| LlmError::BadConfig("expert weights without expert counts".into()))?;
+    let (n_embd, n, k) = (c.n_embd, b.ctx()[x].ne[1], moe.n_expert_used);
+    let keep = |b: &mut Builder<'_>, t: TensorId, what: &str| match name {
+        true => b.keep(t, format!("{what}-{il}")),
+        false => Ok(t),
+    };
+    let logits = match alone {
+        true => b.ctx().mul_mat_rows_alone(w.gate_inp, x)?,
+        false => b.ctx().mul_mat(w.gate_inp, x)?,
+    };
+    let logits = keep(b, logits, "ffn_moe_logits")?;
+    let probs = b.ctx().soft_max(logits)?; // [n_expert, n]
+    let probs = keep(b, probs, "ffn_moe_probs")?;
+    let selected = b.ctx().argsort_top_k(probs, k)?; // [k, n]
+    let selected = keep(b, selected, "ffn_moe_topk")?;
+    let probs = b.ctx().reshape(probs, &[1, moe.n_expert, n])?;
+    let mut weights = b.ctx().get_rows(probs, selected)?; // [1, k, n]
+    weights = keep(b, weights, "ffn_moe_weights")?;
+    if moe.norm_weights {
+        let flat = b.ctx().reshape(weights, &[k, n])?;
+        let sum = b.ctx().sum_rows(flat)?; // [1, n]
+        let sum = b.ctx().clamp(sum, MIN_WEIGHT_SUM, f32::INFINITY)?;
+        let normed = b.ctx().div(flat, sum)?;
+        let normed = keep(b, normed, "ffn_moe_weights_norm")?;
+        weights = b.ctx().reshape(normed, &[1, k, n])?;
+    }
+    // Expanded here, as llama.cpp does: the graph's order is its order.
+    b.expand(weights)?;
+    let rows = b.ctx().reshape(x, &[n_embd, 1, n])?;
+    let experts = |b: &mut Builder<'_>, weights: TensorId, input: TensorId| match alone {
+        true => b.ctx().mul_mat_id_rows_alone(weights, input, selected),
+        false => b.ctx().mul_mat_id(weights, input, selected),
+    };
+    let up = experts(b, w.up, rows)?; // [n_ff_exp, k, n]
+    let up = keep(b, up, "ffn_moe_up")?;
+    let act = match (w.gate, c.ffn_activation) {
+        (Some(gate), FfnActivation::Silu) => {
+            let gate = experts(b, gate, rows)?;
+            let gate = keep(b, gate, "ffn_moe_gate")?;
+            let act = b.ctx().swiglu(gate, up)?;
+            keep(b, act, "ffn_moe_swiglu")?
+        }
+        (Some(gate), FfnActivation::Gelu) => {
+            let gate = experts(b, gate, rows)?;
+            let gate = keep(b, gate, "ffn_moe_gate")?;
+            let act = b.ctx().geglu(gate, up)?;
+            keep(b, act, "ffn_moe_geglu")?
+        }
+        (None, FfnActivation::Silu) => {
+            let act = b.ctx().silu(up)?;
+            keep(b, act, "ffn_moe_silu")?
+        }
+        (None, FfnActivation::Gelu) => {
+            let act = b.ctx().gelu(up)?;
+            keep(b, act, "ffn_moe_gelu")?
+        }
+    };
+    let down = experts(b, w.down, act)?; // [n_embd, k, n]
+    let down = keep(b, down, "ffn_moe_down")?;
+    let weighted = b.ctx().mul(down, weights)?;
+    let weighted = keep(b, weighted, "ffn_moe_weighted")?;
+    b.expand(weighted)?;
+    sum_slots(b, weighted, k)
+}
+
+/// The sum over the `k` slots of `experts` `[n_embd, k, n]`, added in slot order as llama.cpp
+/// adds its views: `[n_embd, n]`, dense.
+fn sum_slots(b: &mut Builder<'_>, experts: TensorId, k: usize) -> Result<TensorId> {
+    let (ne, nb) = (b.ctx()[experts].ne, b.ctx()[experts].nb);
+    let mut slots = Vec::with_capacity(k);
+    for slot in 0..k {
+        let view = b
+            .ctx()
+            .view(experts, &[ne[0], ne[2]], &[nb[2]], slot * nb[1])?;
+        b.expand(view)?;
+        slots.push(view);
+    }
+    let mut out = slots[0];
+    for &slot in &slots[1..] {
+        out = b.ctx().add(out, slot)?;
+        b.expand(out)?;
+    }
+    if k == 1 {
+        out = b.ctx().cont(out)?;
+    }
+    Ok(out)
+}
