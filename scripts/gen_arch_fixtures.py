@@ -39,7 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gen_model_fixtures import load, sha256, tokenize  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-ARCHS = ["gemma3", "qwen2", "qwen3", "llama3", "phi3", "mistral", "qwen3moe"]
+ARCHS = ["gemma3", "qwen2", "qwen3", "llama3", "phi3", "mistral", "qwen3moe", "mixtral"]
 CONTINUATION = 4
 
 STORY = (
@@ -67,6 +67,7 @@ CHAT = {
     "mistral": "[INST] Hi there [/INST] Hello!</s>[INST] What is 2+2? [/INST]",
 }
 CHAT["qwen3"] = CHAT["qwen3moe"] = CHAT["qwen2"]
+CHAT["mixtral"] = CHAT["mistral"]
 
 
 def prompts(arch: str) -> list[str]:

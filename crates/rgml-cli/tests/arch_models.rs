@@ -163,6 +163,11 @@ fn qwen3moe_gives_llama_cpps_logits() {
     check(Arch::Qwen3Moe);
 }
 
+#[test]
+fn mixtral_gives_llama_cpps_logits() {
+    check(Arch::Mixtral);
+}
+
 /// The Gemma 3 random model with `edit` applied to a copy of its metadata and tensors
 /// (`None` from the tensor edit drops the tensor), written next to it as `<name>.gguf`.
 fn edited_gemma3(

@@ -31,11 +31,14 @@ pub enum Arch {
     /// Qwen3 MoE (`qwen3moe`, Qwen3-30B-A3B style): Qwen3's attention, 8 experts of which 3
     /// run per token, K-quant experts wide enough for ggml's tiled expert kernels.
     Qwen3Moe,
+    /// Mixtral 8x7B style (`llama` with experts): 8 experts, 2 per token, as wide as
+    /// `feed_forward_length`; the LLaMA SentencePiece vocabulary.
+    Mixtral,
 }
 
 impl Arch {
     /// Every architecture, in a fixed order.
-    pub const ALL: [Arch; 7] = [
+    pub const ALL: [Arch; 8] = [
         Arch::Gemma3,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -43,6 +46,7 @@ impl Arch {
         Arch::Phi3,
         Arch::Mistral,
         Arch::Qwen3Moe,
+        Arch::Mixtral,
     ];
 
     /// The name used on the command line and for fixtures (`llama3`, not `llama`: Mistral's
@@ -56,6 +60,7 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Mistral => "mistral",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Mixtral => "mixtral",
         }
     }
 
@@ -65,7 +70,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
-            Arch::Llama3 | Arch::Mistral => "llama",
+            Arch::Llama3 | Arch::Mistral | Arch::Mixtral => "llama",
             Arch::Phi3 => "phi3",
             Arch::Qwen3Moe => "qwen3moe",
         }
@@ -79,7 +84,7 @@ impl Arch {
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => "models/vocab/ggml-vocab-qwen2.gguf",
             Arch::Llama3 => "models/vocab/ggml-vocab-llama-bpe.gguf",
             Arch::Phi3 => "models/vocab/ggml-vocab-phi-3.gguf",
-            Arch::Mistral => "models/vocab/ggml-vocab-llama-spm.gguf",
+            Arch::Mistral | Arch::Mixtral => "models/vocab/ggml-vocab-llama-spm.gguf",
         }
     }
 
@@ -93,6 +98,7 @@ impl Arch {
             Arch::Phi3 => phi3(),
             Arch::Mistral => mistral(),
             Arch::Qwen3Moe => qwen3moe(),
+            Arch::Mixtral => mixtral(),
         }
     }
 }
@@ -167,8 +173,11 @@ pub struct Experts {
     pub n_expert: usize,
     /// `expert_used_count`.
     pub n_expert_used: usize,
-    /// Hidden width of one expert (written as `expert_feed_forward_length`).
+    /// Hidden width of one expert.
     pub n_ff_exp: usize,
+    /// Whether the width is written as `expert_feed_forward_length` (else the experts are
+    /// `feed_forward_length` wide, as Mixtral's).
+    pub width_key: bool,
     /// Type of the gate and up experts.
     pub gate_up: DType,
     /// Type of the down experts.
@@ -387,11 +396,36 @@ fn qwen3moe() -> Spec {
             n_expert: 8,
             n_expert_used: 3,
             n_ff_exp: 256,
+            width_key: true,
             gate_up: DType::Q4_K,
             down: DType::Q6_K,
         }),
         tied_output: true,
         keys: head_width_keys(128).to_vec(),
+        ..base()
+    }
+}
+
+/// Mixtral style, as llama.cpp's converter writes it (architecture `llama`): 128 wide, 8 query
+/// heads sharing 2 key/value heads, 8 experts 256 wide (`feed_forward_length`) of which 2 run
+/// per token, Q4_0 gate/up and Q8_0 down experts, rope base 1e6.
+fn mixtral() -> Spec {
+    Spec {
+        n_layer: 3,
+        n_embd: 128,
+        n_head: 8,
+        n_ff: 256,
+        rms_eps: 1e-5,
+        ffn: Ffn::Experts(Experts {
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 256,
+            width_key: false,
+            gate_up: DType::Q4_0,
+            down: DType::Q8_0,
+        }),
+        vocab_size_key: true,
+        keys: vec![("rope.dimension_count", Value::U32(16))],
         ..base()
     }
 }

@@ -1,9 +1,10 @@
 //! Random-weight GGUF models, of two kinds.
 //!
 //! **Tiny models** ([`Arch`], `rgml-random-model --arch NAME`), one per architecture that
-//! rgml-llm verifies against llama.cpp (Gemma 3, Qwen2, Qwen3, Llama 3.1, Phi-3, Mistral): a
-//! few layers of 64 to 128 wide random weights (Q8_0 matrices, F32 norms and biases, F16 or
-//! Q8_0 embeddings) under the hyper-parameter keys llama.cpp's converter writes for the family,
+//! rgml-llm verifies against llama.cpp (Gemma 3, Qwen2, Qwen3, Llama 3.1, Phi-3, Mistral, and
+//! the mixtures of experts Qwen3 MoE and Mixtral): a few layers of 64 to 256 wide random
+//! weights (Q8_0 matrices, experts in the types of real files, F32 norms, biases and routers,
+//! F16 or Q8_0 embeddings) under the hyper-parameter keys llama.cpp's converter writes for the family,
 //! with the real vocabulary and every `tokenizer.*` key (chat template included) copied from a
 //! file of that family. The bytes are deterministic: every value comes from a SplitMix64
 //! stream seeded by the tensor's name, so a model written twice, or on another machine, has
@@ -200,8 +201,10 @@ fn add_hyperparameters(
         keys.extend([
             ("expert_count", u32_of(x.n_expert)),
             ("expert_used_count", u32_of(x.n_expert_used)),
-            ("expert_feed_forward_length", u32_of(x.n_ff_exp)),
         ]);
+        if x.width_key {
+            keys.push(("expert_feed_forward_length", u32_of(x.n_ff_exp)));
+        }
     }
     keys.extend(spec.keys.iter().cloned());
     for (key, value) in keys {
