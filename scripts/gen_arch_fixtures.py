@@ -101,13 +101,13 @@ def top10(logits: np.ndarray, what: str) -> list[list]:
     return [[int(i), round(float(logits[i]), 4)] for i in order]
 
 
-def run_case(model, ctx, vocab, prompt: str, what: str) -> dict:
+def run_case(model, ctx, vocab, prompt: str, what: str, steps: int = CONTINUATION) -> dict:
     tokens = tokenize(vocab, prompt, True)
     L.llama_memory_clear(L.llama_get_memory(ctx), True)
     decode(ctx, tokens)
     top = top10(logits_of(model, ctx), what)
     continuation = []
-    for step in range(CONTINUATION):
+    for step in range(steps):
         token = (continuation[-1]["top10"] if continuation else top)[0][0]
         decode(ctx, [token])
         step_top = top10(logits_of(model, ctx), f"{what} step {step}")

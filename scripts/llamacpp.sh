@@ -54,7 +54,8 @@
 #   --dir          print the bin directory these options build into and exit (nothing built)
 #   TARGET         CMake targets (default: llama-bench llama-quantize llama-perplexity llama;
 #                  with --vulkan: llama-bench); llama-server turns LLAMA_BUILD_SERVER on in the
-#                  build directory
+#                  build directory, test-llama-archs (random-weight files of every architecture,
+#                  `-o DIR -s SEED -a REGEX`) LLAMA_BUILD_TESTS
 # The cache is $RGML_LLAMACPP_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/rgml/llamacpp); a build
 # takes about 10 minutes on 2 cores. The Python bindings of the same package work with these
 # libraries: PYTHONPATH=<cache>/llama-cpp-python-<version> LLAMA_CPP_LIB_PATH=<printed dir>.
@@ -205,7 +206,11 @@ for t in "${targets[@]}"; do
     esac
 done
 server=OFF
-for t in "${targets[@]}"; do [ "$t" != llama-server ] || server=ON; done
+tests=OFF
+for t in "${targets[@]}"; do
+    [ "$t" != llama-server ] || server=ON
+    [ "$t" != test-llama-archs ] || tests=ON
+done
 # A Vulkan build directory configured before OpenSSL was turned off is reconfigured and its
 # targets relinked (the shaders stay built).
 if [ "$vulkan" = ON ] && grep -q '^LLAMA_OPENSSL:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
@@ -216,11 +221,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     # build directory too, whose other targets stay built.
     if [ ! -f "$build/CMakeCache.txt" ] ||
         { [ $server = ON ] && grep -q '^LLAMA_BUILD_SERVER:BOOL=OFF' "$build/CMakeCache.txt"; } ||
+        { [ $tests = ON ] && grep -q '^LLAMA_BUILD_TESTS:BOOL=OFF' "$build/CMakeCache.txt"; } ||
         { [ "$vulkan" = ON ] && grep -q '^LLAMA_OPENSSL:BOOL=ON' "$build/CMakeCache.txt"; }; then
         cmake -S "$src/vendor/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" \
             -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
             -DGGML_RPC=$rpc -DGGML_CUDA=OFF -DGGML_VULKAN=$vulkan -DGGML_METAL=OFF -DGGML_BLAS=OFF \
-            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=$server \
+            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=$tests -DLLAMA_BUILD_SERVER=$server \
             ${vk_flags[@]+"${vk_flags[@]}"} \
             -DBUILD_SHARED_LIBS=ON >"$build.configure.log" 2>&1 ||
             { tail -n 30 "$build.configure.log" >&2; exit 1; }

@@ -25,8 +25,11 @@ fi
 # (ggml-rpc-server) for rgml's client, and llama-perplexity / llama-completion as clients of
 # rgml's server. Built once into the cache (about 15 minutes on 2 cores), and required: the
 # tests fail without them.
-rpc_bin=$(bash scripts/llamacpp.sh --rpc ggml-rpc-server llama-perplexity llama-completion)
+# The same build's test-llama-archs saves llama.cpp's own random models of every architecture
+# for tests/llama_archs.rs (a minute more to build).
+rpc_bin=$(bash scripts/llamacpp.sh --rpc ggml-rpc-server llama-perplexity llama-completion test-llama-archs)
 export RGML_GGML_RPC_SERVER="$rpc_bin/ggml-rpc-server" RGML_REQUIRE_RPC_SERVER=1
+export RGML_TEST_LLAMA_ARCHS="$rpc_bin/test-llama-archs" RGML_REQUIRE_LLAMA_ARCHS=1
 # The clients of the `rgml serve` tests: the PyPI `openai` package and Selenium (in a venv kept
 # in the cache), and Debian's Chromium with its driver for the chat page. Required in CI.
 if command -v dpkg >/dev/null 2>&1 && ! dpkg -s chromium chromium-driver python3-venv >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

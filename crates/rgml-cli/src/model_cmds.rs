@@ -233,6 +233,7 @@ impl ModelArgs {
             flash_attn: self.flash_attn,
             cache_type_k: self.cache_type_k,
             cache_type_v: self.cache_type_v,
+            context_window: Some(self.ctx_size()),
         };
         let mut session = Session::new(model.clone(), &options)?;
         if self.trace.is_some() {

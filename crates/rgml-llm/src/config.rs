@@ -43,6 +43,17 @@ impl Arch {
         self == Arch::Llama
     }
 
+    /// Whether the graph takes LongRoPE's `rope_factors_long/short.weight` when the file has
+    /// them (Phi-3, as llama.cpp).
+    pub fn has_longrope_factors(self) -> bool {
+        self == Arch::Phi3
+    }
+
+    /// Whether the output projection has a bias when the file has `output.bias` (Qwen2).
+    pub fn has_output_bias(self) -> bool {
+        self == Arch::Qwen2
+    }
+
     /// The architecture a file's `general.architecture` names, if rgml runs it.
     pub fn from_name(name: &str) -> Option<Arch> {
         Self::NAMES
@@ -114,6 +125,10 @@ pub struct ModelConfig {
     pub n_rot: usize,
     /// Training context length.
     pub n_ctx_train: usize,
+    /// The context the model was trained for before any RoPE scaling
+    /// (`rope.scaling.original_context_length`, else `n_ctx_train`): LongRoPE's long factors
+    /// apply beyond it.
+    pub n_ctx_orig: usize,
     /// Vocabulary size.
     pub n_vocab: usize,
     /// RMS norm epsilon.
@@ -122,6 +137,9 @@ pub struct ModelConfig {
     pub rope_freq_base: f32,
     /// RoPE position scale (1 / linear scaling factor).
     pub rope_freq_scale: f32,
+    /// RoPE's magnitude factor on the rotated values (`rope.scaling.attn_factor`; LongRoPE
+    /// files set it).
+    pub rope_attn_factor: f32,
     /// Pair layout of RoPE: LLaMA GGUF files use `Normal`, Qwen and Gemma `Neox`.
     pub rope_mode: RopeMode,
     /// Local attention layers, if any.

@@ -142,6 +142,11 @@ pub struct Model {
     pub output: TensorId,
     /// RoPE frequency divisors per rotated pair (`rope_freqs.weight`, Llama 3.1's scaling).
     pub rope_freqs: Option<TensorId>,
+    /// LongRoPE's divisors (`rope_factors_long.weight`, `rope_factors_short.weight`: Phi-3
+    /// 128k), chosen by the context length (see [`Model::rope_factors`]).
+    pub rope_long_short: Option<(TensorId, TensorId)>,
+    /// Bias of the output projection `[n_vocab]` (`output.bias`: Qwen2).
+    pub output_bias: Option<TensorId>,
     /// Per-block weights.
     pub layers: Vec<LayerWeights>,
     /// The devices holding the weights (one unless split).
@@ -223,7 +228,10 @@ impl Model {
             output_norm,
             output,
             rope_freqs,
+            rope_long_short,
+            output_bias,
             layers,
+            unread: _,
         } = weights;
         Ok(Model {
             config,
@@ -235,6 +243,8 @@ impl Model {
             // the copy of them made on the output's device when that is not theirs).
             output: output.or(tied_output).unwrap_or(tok_embd),
             rope_freqs,
+            rope_long_short,
+            output_bias,
             layers,
             devices,
             layer_devices: map.blocks,
@@ -252,6 +262,19 @@ impl Model {
                 .sum(),
             size_bytes: gguf.tensors().iter().map(|t| t.size).sum(),
             file: gguf.file_stamp().cloned(),
+        })
+    }
+
+    /// The RoPE frequency divisors of a context of `n_ctx` positions per sequence, as
+    /// llama.cpp's `get_rope_factors`: `rope_freqs.weight`, else LongRoPE's long factors for
+    /// a context beyond the original one and its short factors within it, else none.
+    pub fn rope_factors(&self, n_ctx: usize) -> Option<TensorId> {
+        self.rope_freqs.or_else(|| {
+            self.rope_long_short
+                .map(|(long, short)| match n_ctx > self.config.n_ctx_orig {
+                    true => long,
+                    false => short,
+                })
         })
     }
 
@@ -503,7 +526,14 @@ struct NamedWeights {
     output: Option<TensorId>,
     /// `rope_freqs.weight`, where the architecture reads it.
     rope_freqs: Option<TensorId>,
+    /// LongRoPE's long and short factors, where the architecture reads them.
+    rope_long_short: Option<(TensorId, TensorId)>,
+    /// `output.bias`, where the architecture reads it.
+    output_bias: Option<TensorId>,
     layers: Vec<LayerWeights>,
+    /// Tensors accepted and never read: Qwen3's reranker head (`cls.output.weight`, read
+    /// only by llama.cpp's rank pooling, which rgml does not have).
+    unread: Vec<TensorId>,
 }
 
 impl NamedWeights {
@@ -514,13 +544,24 @@ impl NamedWeights {
         let layers = (0..config.n_layer)
             .map(|il| crate::arch::layer_weights(config, il, &get))
             .collect::<Result<Vec<_>>>()?;
+        // Left out where the graph would not read them, so such a file is refused.
+        let kind = config.kind;
+        let rope_long_short = match kind.has_longrope_factors() {
+            true => get("rope_factors_long.weight").zip(get("rope_factors_short.weight")),
+            false => None,
+        };
         let weights = NamedWeights {
             tok_embd: required("token_embd.weight")?,
             output_norm: required("output_norm.weight")?,
             output: get("output.weight"),
-            // Left out where the graph would not read them, so such a file is refused.
-            rope_freqs: get("rope_freqs.weight").filter(|_| config.kind.has_rope_freqs()),
+            rope_freqs: get("rope_freqs.weight").filter(|_| kind.has_rope_freqs()),
+            rope_long_short,
+            output_bias: get("output.bias").filter(|_| kind.has_output_bias()),
             layers,
+            unread: get("cls.output.weight")
+                .filter(|_| kind == crate::config::Arch::Qwen3)
+                .into_iter()
+                .collect(),
         };
         weights.check_all_used(ids, config)?;
         Ok(weights)
@@ -533,6 +574,9 @@ impl NamedWeights {
             [self.tok_embd, self.output_norm].into_iter().collect();
         used.extend(self.output);
         used.extend(self.rope_freqs);
+        used.extend(self.rope_long_short.into_iter().flat_map(|(l, s)| [l, s]));
+        used.extend(self.output_bias);
+        used.extend(self.unread.iter().copied());
         for l in &self.layers {
             used.extend(
                 crate::arch::layer_shapes(config, l)
@@ -580,8 +624,13 @@ impl NamedWeights {
             [c.n_embd, c.n_vocab, 1, 1],
         )?;
         expect(self.output_norm, [c.n_embd, 1, 1, 1])?;
-        if let Some(f) = self.rope_freqs {
+        let factors = self.rope_freqs.into_iter();
+        let factors = factors.chain(self.rope_long_short.into_iter().flat_map(|(l, s)| [l, s]));
+        for f in factors.clone() {
             expect(f, [c.n_rot / 2, 1, 1, 1])?;
+        }
+        if let Some(b) = self.output_bias {
+            expect(b, [c.n_vocab, 1, 1, 1])?;
         }
         let norm_f32 = |id: TensorId| -> Result<()> {
             match ctx[id].dtype {
@@ -593,7 +642,7 @@ impl NamedWeights {
             }
         };
         norm_f32(self.output_norm)?;
-        if let Some(f) = self.rope_freqs.filter(|&f| ctx[f].dtype != DType::F32) {
+        if let Some(f) = factors.into_iter().find(|&f| ctx[f].dtype != DType::F32) {
             return Err(LlmError::BadTensor(format!(
                 "'{}' must be f32, not {}",
                 ctx[f].name, ctx[f].dtype

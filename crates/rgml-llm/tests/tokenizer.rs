@@ -475,3 +475,30 @@ fn bpe_tiny_vocab_merges_by_rank() {
     assert_eq!(tok.decode(&[0, 8, 1], false).unwrap(), "a<x>b");
     assert!(!tok.add_bos());
 }
+
+/// llama.cpp's `test` tokenizer (its random test models): 5-byte chunks hashed modulo the
+/// vocabulary size, special tokens still split out, ids rendered in hexadecimal.
+#[test]
+fn test_tokenizer_hashes_chunks_and_renders_hex() {
+    let tokens: Vec<String> = (0..128).map(|i| format!("tok_{i}")).collect();
+    let tok = Tokenizer::from_parts(TokenizerParts {
+        kind: TokenizerKind::Test,
+        tokens,
+        ..TokenizerParts::default()
+    })
+    .unwrap();
+    assert_eq!((tok.bos(), tok.eos(), tok.unk()), (None, None, None));
+    assert!(!tok.add_bos());
+    // "hello" "worl" "d!": h = h * 31 + byte, mod 128 (worked in Python).
+    assert_eq!(
+        tok.encode("hello world!", EncodeOptions::prompt()),
+        [82, 50, 61]
+    );
+    // Chunks of bytes, not characters: "naïve" is 6 bytes.
+    assert_eq!(tok.encode("naïve", EncodeOptions::default()), [23, 101]);
+    assert_eq!(tok.decode(&[82, 50, 61, 10], false).unwrap(), "52323da");
+    assert_eq!(
+        TokenizerKind::from_name("test").unwrap(),
+        TokenizerKind::Test
+    );
+}

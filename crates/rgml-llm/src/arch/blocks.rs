@@ -5,7 +5,7 @@
 //! This module owns [`Builder`], which adds those nodes to a context for one micro-batch; what
 //! a block is made of is each architecture's business.
 
-use super::{FfnWeights, LayerWeights, QkvWeights};
+use super::{FfnWeights, LayerWeights, Matrix, QkvWeights};
 use crate::config::{FfnActivation, ModelConfig};
 use crate::error::Result;
 use rgml::{Context, DType, Graph, RopeParams, TensorId};
@@ -16,8 +16,11 @@ pub(crate) struct GraphModel<'a> {
     pub(crate) tok_embd: TensorId,
     pub(crate) output_norm: TensorId,
     pub(crate) output: TensorId,
-    /// Per-pair RoPE frequency divisors (`rope_freqs.weight`: Llama 3.1's scaling).
+    /// Per-pair RoPE frequency divisors (`rope_freqs.weight`: Llama 3.1's scaling; LongRoPE's
+    /// factors for the session's context).
     pub(crate) rope_freqs: Option<TensorId>,
+    /// Bias of the output projection (Qwen2's `output.bias`).
+    pub(crate) output_bias: Option<TensorId>,
     pub(crate) layers: &'a [LayerWeights],
     /// Per block, the index of its device.
     pub(crate) layer_devices: &'a [usize],
@@ -108,6 +111,7 @@ pub(crate) fn rope_params(c: &ModelConfig, il: usize) -> RopeParams {
     };
     let mut rope = RopeParams::new(c.rope_mode, c.n_rot, base);
     rope.freq_scale = scale;
+    rope.attn_factor = c.rope_attn_factor;
     rope.n_ctx_orig = c.n_ctx_train;
     rope
 }
@@ -171,6 +175,31 @@ impl<'a> Builder<'a> {
             self.captured.push(id);
         }
         Ok(id)
+    }
+
+    /// `m · x`, then its scale, then its bias (llama.cpp's attention projections:
+    /// `build_lora_mm` with the scale, the bias after).
+    fn linear(&mut self, m: &Matrix, x: TensorId) -> Result<TensorId> {
+        let mut y = self.project(m.w, x)?;
+        if let Some(s) = m.scale {
+            y = self.ctx.mul(y, s)?;
+        }
+        if let Some(b) = m.bias {
+            y = self.ctx.add(y, b)?;
+        }
+        Ok(y)
+    }
+
+    /// `m · x`, then its bias, then its scale (llama.cpp's `build_ffn` order).
+    fn linear_ffn(&mut self, m: &Matrix, x: TensorId) -> Result<TensorId> {
+        let mut y = self.project(m.w, x)?;
+        if let Some(b) = m.bias {
+            y = self.ctx.add(y, b)?;
+        }
+        if let Some(s) = m.scale {
+            y = self.ctx.mul(y, s)?;
+        }
+        Ok(y)
     }
 
     /// `w · x` for rows `x` of the micro-batch (all of them, or the output rows), each
@@ -328,17 +357,12 @@ impl<'a> Builder<'a> {
         cur: TensorId,
     ) -> Result<(TensorId, TensorId, TensorId)> {
         let c = self.config();
-        let (mut q, mut k, v) = match l.qkv {
-            QkvWeights::Separate { wq, wk, wv } => {
+        let (mut q, mut k, v) = match &l.qkv {
+            QkvWeights::Separate { q, k, v } => {
                 let (hd, n) = (c.head_dim, self.inputs.n);
-                let mut q = self.project(wq, cur)?;
-                let mut k = self.project(wk, cur)?;
-                let mut v = self.project(wv, cur)?;
-                for (t, b) in [(&mut q, l.bq), (&mut k, l.bk), (&mut v, l.bv)] {
-                    if let Some(b) = b {
-                        *t = self.ctx.add(*t, b)?;
-                    }
-                }
+                let q = self.linear(q, cur)?;
+                let k = self.linear(k, cur)?;
+                let v = self.linear(v, cur)?;
                 let q = self.ctx.reshape(q, &[hd, c.n_head, n])?;
                 let k = self.ctx.reshape(k, &[hd, c.n_head_kv, n])?;
                 (q, k, v)
@@ -368,12 +392,12 @@ impl<'a> Builder<'a> {
     /// projection's rows (as llama.cpp's `build_qkv`; RoPE reads the strided views).
     fn fused_qkv(
         &mut self,
-        wqkv: TensorId,
+        wqkv: &Matrix,
         cur: TensorId,
     ) -> Result<(TensorId, TensorId, TensorId)> {
         let c = self.config();
         let (hd, n) = (c.head_dim, self.inputs.n);
-        let qkv = self.project(wqkv, cur)?;
+        let qkv = self.linear(wqkv, cur)?;
         let row = self.ctx[qkv].nb[1];
         let f32b = DType::F32.block_bytes();
         let q = self
@@ -489,7 +513,7 @@ impl<'a> Builder<'a> {
             None => attn,
         };
         let attn = self.keep(attn, format!("kqv_out-{il}"))?;
-        let attn = self.project(l.wo, attn)?;
+        let attn = self.linear(&l.wo, attn)?;
         self.keep(attn, format!("attn_out-{il}"))
     }
 
@@ -576,7 +600,9 @@ impl<'a> Builder<'a> {
     /// (each sequence's rows routed as alone, see [`Builder::by_sequence`]).
     pub(crate) fn ffn(&mut self, il: usize, l: &LayerWeights, cur: TensorId) -> Result<TensorId> {
         match &l.ffn {
-            FfnWeights::Dense { gate, up, down } => self.dense_ffn(il, *gate, *up, *down, cur),
+            FfnWeights::Dense { gate, up, down } => {
+                self.dense_ffn(il, gate.as_ref(), up, down, cur)
+            }
             FfnWeights::Experts(experts) => {
                 let one_part = self.inputs.row_groups.len() <= 1;
                 self.by_sequence(cur, &mut |b, part, alone| {
@@ -590,22 +616,23 @@ impl<'a> Builder<'a> {
     fn dense_ffn(
         &mut self,
         il: usize,
-        gate: Option<TensorId>,
-        up: TensorId,
-        down: TensorId,
+        gate: Option<&Matrix>,
+        up: &Matrix,
+        down: &Matrix,
         cur: TensorId,
     ) -> Result<TensorId> {
         let (gate, up) = match gate {
             Some(gate) => {
-                let gate = self.project(gate, cur)?;
-                let up = self.project(up, cur)?;
+                // llama.cpp computes up first.
+                let up = self.linear_ffn(up, cur)?;
+                let gate = self.linear_ffn(gate, cur)?;
                 let gate = self.keep(gate, format!("ffn_gate-{il}"))?;
                 (gate, self.keep(up, format!("ffn_up-{il}"))?)
             }
             None => {
                 // Gate and up fused: the gate's half of each row, then the up's (ggml's
                 // single-operand SWIGLU on the fused rows).
-                let both = self.project(up, cur)?;
+                let both = self.linear_ffn(up, cur)?;
                 let both = self.keep(both, format!("ffn_up-{il}"))?;
                 // Rows of `cur`: one where the last block runs on the output position only.
                 let (ff, n, row) = (
@@ -628,7 +655,7 @@ impl<'a> Builder<'a> {
                 self.keep(act, format!("ffn_geglu-{il}"))?
             }
         };
-        let down = self.project(down, act)?;
+        let down = self.linear_ffn(down, act)?;
         self.keep(down, format!("ffn_out-{il}"))
     }
 
@@ -644,6 +671,9 @@ impl<'a> Builder<'a> {
         let cur = self.ctx.mul(cur, self.model.output_norm)?;
         let cur = self.keep(cur, "result_norm".into())?;
         let mut logits = self.project(self.model.output, cur)?;
+        if let Some(b) = self.model.output_bias {
+            logits = self.ctx.add(logits, b)?;
+        }
         if let Some(cap) = self.config().final_logit_softcap {
             // As llama.cpp: scale down, tanh, scale up (three roundings).
             logits = self.ctx.scale(logits, 1.0 / cap)?;

@@ -12,10 +12,12 @@ use rgml::{RopeMode, TensorId};
 use rgml_gguf::Value;
 
 pub(super) const PARTS: LayerParts = LayerParts {
-    biases: Need::No,
     qk_norm: Need::Required,
     post_norms: Need::Required,
-    fused: false,
+    out_biases: Need::No,
+    fused_gate_up: false,
+    // llama.cpp's graph passes no FFN scales.
+    ffn_scales: false,
 };
 
 /// Without a pattern key, every sixth layer is global (llama.cpp's default for Gemma 3).
@@ -69,7 +71,7 @@ pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
-/// Which layers are local: a per-layer array of booleans, or a period `p` (all but every
+/// Which layers are local: a per-layer array of booleans (or of 0/1 integers), or a period `p` (all but every
 /// `p`-th layer local; 0: all local), from `attention.sliding_window_pattern`.
 fn local_layers(keys: &Keys<'_>, n_layer: usize) -> Result<Vec<bool>> {
     let key = "attention.sliding_window_pattern";
@@ -85,9 +87,11 @@ fn local_layers(keys: &Keys<'_>, n_layer: usize) -> Result<Vec<bool>> {
             return items
                 .iter()
                 .take(n_layer)
-                .map(|v| match v {
-                    Value::Bool(b) => Ok(*b),
-                    _ => Err(bad("an array of booleans expected")),
+                .map(|v| match (v, v.as_i64()) {
+                    (Value::Bool(b), _) => Ok(*b),
+                    // llama.cpp reads u32/i32 arrays too (llama_model_saver writes u32).
+                    (Value::U32(_) | Value::I32(_), Some(n)) => Ok(n != 0),
+                    _ => Err(bad("an array of booleans or 32-bit integers expected")),
                 })
                 .collect();
         }

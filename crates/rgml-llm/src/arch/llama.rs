@@ -11,18 +11,26 @@ use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 use rgml::{RopeMode, TensorId};
 
+/// LLaMA: biases on the attention output and the FFN's matrices too (llama.cpp's `llama`).
 pub(super) const PARTS: LayerParts = LayerParts {
-    biases: Need::Optional,
     qk_norm: Need::No,
     post_norms: Need::No,
-    fused: false,
+    out_biases: Need::Optional,
+    fused_gate_up: false,
+    ffn_scales: true,
+};
+
+/// Qwen2: llama.cpp's graph passes no FFN scales.
+pub(super) const QWEN2_PARTS: LayerParts = LayerParts {
+    out_biases: Need::No,
+    ffn_scales: false,
+    ..PARTS
 };
 
 pub(super) const QWEN3_PARTS: LayerParts = LayerParts {
-    biases: Need::No,
     qk_norm: Need::Required,
-    post_norms: Need::No,
-    fused: false,
+    ffn_scales: true,
+    ..QWEN2_PARTS
 };
 
 /// LLaMA's hyper-parameters are the common ones, with experts where `expert_count` says

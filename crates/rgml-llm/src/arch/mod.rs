@@ -12,6 +12,11 @@ mod keys;
 mod llama;
 mod moe;
 mod phi3;
+mod weights;
+
+pub(crate) use weights::layer_shapes;
+pub use weights::{ExpertWeights, FfnWeights, LayerWeights, Matrix, QkvWeights};
+use weights::{LayerParts, Need};
 
 use crate::config::{Arch, FfnActivation, ModelConfig};
 use crate::error::{LlmError, Result};
@@ -20,108 +25,10 @@ use keys::Keys;
 use rgml::TensorId;
 use rgml_gguf::GgufFile;
 
-/// The weights of one transformer block. Which of the optional ones a block has depends on
-/// the architecture (see [`LayerParts`]).
-#[derive(Clone, Debug)]
-pub struct LayerWeights {
-    /// RMS norm before attention.
-    pub attn_norm: TensorId,
-    /// The Q, K and V projections, separate or fused.
-    pub qkv: QkvWeights,
-    /// Attention output projection `[n_embd_q, n_embd]`.
-    pub wo: TensorId,
-    /// Query bias (Qwen2).
-    pub bq: Option<TensorId>,
-    /// Key bias (Qwen2).
-    pub bk: Option<TensorId>,
-    /// Value bias (Qwen2).
-    pub bv: Option<TensorId>,
-    /// RMS norm of each query head `[head_dim]` (QK-norm: Gemma 3).
-    pub attn_q_norm: Option<TensorId>,
-    /// RMS norm of each key head `[head_dim]`.
-    pub attn_k_norm: Option<TensorId>,
-    /// RMS norm of the attention output, before the residual (Gemma 3).
-    pub attn_post_norm: Option<TensorId>,
-    /// RMS norm before the feed-forward block.
-    pub ffn_norm: TensorId,
-    /// The feed-forward block's projections.
-    pub ffn: FfnWeights,
-    /// RMS norm of the FFN output, before the residual (Gemma 3).
-    pub ffn_post_norm: Option<TensorId>,
-}
-
-/// A feed-forward block's projections: one gated FFN, or a mixture of experts.
-#[derive(Clone, Debug)]
-pub enum FfnWeights {
-    /// One FFN for every token.
-    Dense {
-        /// Gate projection `[n_embd, n_ff]`; `None` where the up projection holds both
-        /// (Phi-3).
-        gate: Option<TensorId>,
-        /// Up projection `[n_embd, n_ff]`, or gate and up fused `[n_embd, 2 * n_ff]` (the
-        /// gate's rows first).
-        up: TensorId,
-        /// Down projection `[n_ff, n_embd]`.
-        down: TensorId,
-    },
-    /// A router and `n_expert` FFNs stacked on dim 2.
-    Experts(ExpertWeights),
-}
-
-/// The weights of a mixture-of-experts FFN (`ffn_*_exps`).
-#[derive(Clone, Debug)]
-pub struct ExpertWeights {
-    /// The router `[n_embd, n_expert]`.
-    pub gate_inp: TensorId,
-    /// Gate projections `[n_embd, n_ff_exp, n_expert]`; `None`: the experts are not gated
-    /// (SiLU of the up projection).
-    pub gate: Option<TensorId>,
-    /// Up projections `[n_embd, n_ff_exp, n_expert]`.
-    pub up: TensorId,
-    /// Down projections `[n_ff_exp, n_embd, n_expert]`.
-    pub down: TensorId,
-}
-
-/// The attention's input projections.
-#[derive(Clone, Debug)]
-pub enum QkvWeights {
-    /// Query `[n_embd, n_embd_q]`, key and value `[n_embd, n_embd_kv]`.
-    Separate {
-        /// Query projection.
-        wq: TensorId,
-        /// Key projection.
-        wk: TensorId,
-        /// Value projection.
-        wv: TensorId,
-    },
-    /// One `[n_embd, n_embd_q + 2 * n_embd_kv]` projection: Q's rows, then K's, then V's.
-    Fused(TensorId),
-}
-
-/// Whether an architecture's blocks have a part: a file with a part its architecture does not
-/// have is refused (as llama.cpp refuses unused tensors), not silently run without it.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Need {
-    No,
-    Optional,
-    Required,
-}
-
-/// The optional parts of an architecture's blocks.
-struct LayerParts {
-    /// q/k/v biases.
-    biases: Need,
-    /// Per-head q/k RMS norms.
-    qk_norm: Need,
-    /// Norms after attention and after the FFN.
-    post_norms: Need,
-    /// Q/K/V in one `attn_qkv` and gate/up in one `ffn_up` (instead of separate tensors).
-    fused: bool,
-}
-
 fn parts(arch: Arch) -> LayerParts {
     match arch {
-        Arch::Llama | Arch::Qwen2 => llama::PARTS,
+        Arch::Llama => llama::PARTS,
+        Arch::Qwen2 => llama::QWEN2_PARTS,
         Arch::Qwen3 | Arch::Qwen3Moe => llama::QWEN3_PARTS,
         Arch::Phi3 => phi3::PARTS,
         Arch::Gemma3 => gemma3::PARTS,
@@ -176,6 +83,15 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         Some(f) if f > 0.0 => 1.0 / f,
         _ => 1.0,
     };
+    check_rope_scaling(keys)?;
+    let rope_attn_factor = keys.f32_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    if !(rope_attn_factor.is_finite() && rope_attn_factor > 0.0) {
+        return Err(LlmError::BadConfig(format!(
+            "{} = {rope_attn_factor} must be positive",
+            keys.name("rope.scaling.attn_factor")
+        )));
+    }
+    let n_ctx_train = keys.usize("context_length")?;
     let n_vocab = match keys.has("vocab_size") {
         true => keys.usize("vocab_size")?,
         false => keys.gguf.get_array("tokenizer.ggml.tokens")?.len(),
@@ -191,11 +107,13 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         n_head_kv,
         head_dim,
         n_rot: keys.usize_or("rope.dimension_count", head_dim)?,
-        n_ctx_train: keys.usize("context_length")?,
+        n_ctx_train,
+        n_ctx_orig: keys.usize_or("rope.scaling.original_context_length", n_ctx_train)?,
         n_vocab,
         rms_eps: keys.f32("attention.layer_norm_rms_epsilon")?,
         rope_freq_base: keys.f32_opt("rope.freq_base")?.unwrap_or(10_000.0),
         rope_freq_scale,
+        rope_attn_factor,
         rope_mode: rgml::RopeMode::Normal,
         sliding_window: None,
         embd_scale: None,
@@ -205,6 +123,24 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         final_logit_softcap: None,
         moe: None,
     })
+}
+
+/// `rope.scaling.type`: none, linear (`rope.scaling.factor`) and LongRoPE (per-frequency
+/// factor tensors) are what rgml's graphs compute; YaRN is refused by name rather than run
+/// without its ramp.
+fn check_rope_scaling(keys: &Keys<'_>) -> Result<()> {
+    let key = "rope.scaling.type";
+    match keys.value(key).map(|v| v.as_str()) {
+        None | Some(Some("none" | "linear" | "longrope")) => Ok(()),
+        Some(Some(other)) => Err(LlmError::UnsupportedModel(format!(
+            "{} = {other:?} (supported: none, linear, longrope)",
+            keys.name(key)
+        ))),
+        Some(None) => Err(LlmError::BadConfig(format!(
+            "{} is not a string",
+            keys.name(key)
+        ))),
+    }
 }
 
 /// The checks that make the numbers safe to build graphs from.
@@ -273,129 +209,7 @@ pub(crate) fn layer_weights(
     il: usize,
     get: &dyn Fn(&str) -> Option<TensorId>,
 ) -> Result<LayerWeights> {
-    let arch = c.kind;
-    let name = |s: &str| format!("blk.{il}.{s}");
-    let required = |s: &str| get(&name(s)).ok_or_else(|| LlmError::MissingTensor(name(s)));
-    let p = parts(arch);
-    let part = |need: Need, s: &str| -> Result<Option<TensorId>> {
-        match (need, get(&name(s))) {
-            (Need::Required, None) => Err(LlmError::MissingTensor(name(s))),
-            (Need::No, Some(_)) => Err(LlmError::BadTensor(format!(
-                "'{}' is not part of a {arch:?} model",
-                name(s)
-            ))),
-            (Need::No, None) => Ok(None),
-            (_, found) => Ok(found),
-        }
-    };
-    let qkv = if p.fused {
-        for separate in ["attn_q.weight", "attn_k.weight", "attn_v.weight"] {
-            part(Need::No, separate)?;
-        }
-        QkvWeights::Fused(required("attn_qkv.weight")?)
-    } else {
-        part(Need::No, "attn_qkv.weight")?;
-        QkvWeights::Separate {
-            wq: required("attn_q.weight")?,
-            wk: required("attn_k.weight")?,
-            wv: required("attn_v.weight")?,
-        }
-    };
-    let ffn = match (&c.moe, p.fused) {
-        (Some(_), _) => FfnWeights::Experts(ExpertWeights {
-            gate_inp: required("ffn_gate_inp.weight")?,
-            gate: get(&name("ffn_gate_exps.weight")),
-            up: required("ffn_up_exps.weight")?,
-            down: required("ffn_down_exps.weight")?,
-        }),
-        (None, true) => {
-            part(Need::No, "ffn_gate.weight")?;
-            FfnWeights::Dense {
-                gate: None,
-                up: required("ffn_up.weight")?,
-                down: required("ffn_down.weight")?,
-            }
-        }
-        (None, false) => FfnWeights::Dense {
-            gate: Some(required("ffn_gate.weight")?),
-            up: required("ffn_up.weight")?,
-            down: required("ffn_down.weight")?,
-        },
-    };
-    Ok(LayerWeights {
-        attn_norm: required("attn_norm.weight")?,
-        qkv,
-        wo: required("attn_output.weight")?,
-        bq: part(p.biases, "attn_q.bias")?,
-        bk: part(p.biases, "attn_k.bias")?,
-        bv: part(p.biases, "attn_v.bias")?,
-        attn_q_norm: part(p.qk_norm, "attn_q_norm.weight")?,
-        attn_k_norm: part(p.qk_norm, "attn_k_norm.weight")?,
-        attn_post_norm: part(p.post_norms, "post_attention_norm.weight")?,
-        ffn_norm: required("ffn_norm.weight")?,
-        ffn,
-        ffn_post_norm: part(p.post_norms, "post_ffw_norm.weight")?,
-    })
-}
-
-/// The shapes block weights must have, `(tensor, ne)`, and which of them are norms.
-pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, [usize; 4], bool)> {
-    let (e, q, kv, hd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.head_dim);
-    let mut out = vec![
-        (l.attn_norm, [e, 1, 1, 1], true),
-        (l.wo, [q, e, 1, 1], false),
-        (l.ffn_norm, [e, 1, 1, 1], true),
-    ];
-    match l.qkv {
-        QkvWeights::Separate { wq, wk, wv } => out.extend([
-            (wq, [e, q, 1, 1], false),
-            (wk, [e, kv, 1, 1], false),
-            (wv, [e, kv, 1, 1], false),
-        ]),
-        QkvWeights::Fused(wqkv) => out.push((wqkv, [e, q + 2 * kv, 1, 1], false)),
-    }
-    out.extend(ffn_shapes(c, &l.ffn));
-    let optional = [
-        (l.bq, q, false),
-        (l.bk, kv, false),
-        (l.bv, kv, false),
-        (l.attn_q_norm, hd, true),
-        (l.attn_k_norm, hd, true),
-        (l.attn_post_norm, e, true),
-        (l.ffn_post_norm, e, true),
-    ];
-    out.extend(
-        optional
-            .into_iter()
-            .filter_map(|(t, n, norm)| t.map(|t| (t, [n, 1, 1, 1], norm))),
-    );
-    out
-}
-
-/// The shapes of an FFN's weights (none of them norms).
-fn ffn_shapes(c: &ModelConfig, ffn: &FfnWeights) -> Vec<(TensorId, [usize; 4], bool)> {
-    let (e, ff) = (c.n_embd, c.n_ff);
-    match ffn {
-        FfnWeights::Dense { gate, up, down } => {
-            let up_rows = if gate.is_some() { ff } else { 2 * ff };
-            let mut out = vec![
-                (*up, [e, up_rows, 1, 1], false),
-                (*down, [ff, e, 1, 1], false),
-            ];
-            out.extend(gate.map(|g| (g, [e, ff, 1, 1], false)));
-            out
-        }
-        FfnWeights::Experts(x) => {
-            let (n_exp, ff) = c.moe.as_ref().map_or((0, 0), |m| (m.n_expert, m.n_ff_exp));
-            let mut out = vec![
-                (x.gate_inp, [e, n_exp, 1, 1], false),
-                (x.up, [e, ff, n_exp, 1], false),
-                (x.down, [ff, e, n_exp, 1], false),
-            ];
-            out.extend(x.gate.map(|g| (g, [e, ff, n_exp, 1], false)));
-            out
-        }
-    }
+    weights::layer_weights(c, &parts(c.kind), il, get)
 }
 
 /// Add block `il`'s nodes on the hidden state `x`; returns the block's output.

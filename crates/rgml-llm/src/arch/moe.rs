@@ -9,7 +9,7 @@
 
 use super::blocks::Builder;
 use super::keys::Keys;
-use super::ExpertWeights;
+use super::{ExpertWeights, Matrix};
 use crate::config::{FfnActivation, ModelConfig, MoeConfig};
 use crate::error::{LlmError, Result};
 use rgml::TensorId;
@@ -143,13 +143,19 @@ pub(super) fn ffn(
     // Expanded here, as llama.cpp does: the graph's order is its order.
     b.expand(weights)?;
     let rows = b.ctx().reshape(x, &[n_embd, 1, n])?;
-    let experts = |b: &mut Builder<'_>, weights: TensorId, input: TensorId| match alone {
-        true => b.ctx().mul_mat_id_rows_alone(weights, input, selected),
-        false => b.ctx().mul_mat_id(weights, input, selected),
+    let experts = |b: &mut Builder<'_>, m: &Matrix, input: TensorId| -> Result<TensorId> {
+        let y = match alone {
+            true => b.ctx().mul_mat_id_rows_alone(m.w, input, selected)?,
+            false => b.ctx().mul_mat_id(m.w, input, selected)?,
+        };
+        match m.scale {
+            Some(scale) => expert_scales(b, y, scale, selected),
+            None => Ok(y),
+        }
     };
-    let up = experts(b, w.up, rows)?; // [n_ff_exp, k, n]
+    let up = experts(b, &w.up, rows)?; // [n_ff_exp, k, n]
     let up = keep(b, up, "ffn_moe_up")?;
-    let act = match (w.gate, c.ffn_activation) {
+    let act = match (&w.gate, c.ffn_activation) {
         (Some(gate), FfnActivation::Silu) => {
             let gate = experts(b, gate, rows)?;
             let gate = keep(b, gate, "ffn_moe_gate")?;
@@ -171,12 +177,30 @@ pub(super) fn ffn(
             keep(b, act, "ffn_moe_gelu")?
         }
     };
-    let down = experts(b, w.down, act)?; // [n_embd, k, n]
+    let down = experts(b, &w.down, act)?; // [n_embd, k, n]
     let down = keep(b, down, "ffn_moe_down")?;
     let weighted = b.ctx().mul(down, weights)?;
     let weighted = keep(b, weighted, "ffn_moe_weighted")?;
     b.expand(weighted)?;
     sum_slots(b, weighted, k)
+}
+
+/// `y` `[rows, k, n]` times each slot's expert's scale (`scales` `[n_expert]`), as llama.cpp's
+/// `build_lora_mm_id` multiplies them: the scales picked by `selected` `[k, n]` into `[1, k,
+/// n]`, then one MUL.
+fn expert_scales(
+    b: &mut Builder<'_>,
+    y: TensorId,
+    scales: TensorId,
+    selected: TensorId,
+) -> Result<TensorId> {
+    let (k, n) = (b.ctx()[selected].ne[0], b.ctx()[selected].ne[1]);
+    let n_expert = b.ctx()[scales].ne[0];
+    let table = b.ctx().reshape(scales, &[1, n_expert])?;
+    let ids = b.ctx().cont_shape(selected, &[k * n])?;
+    let picked = b.ctx().get_rows(table, ids)?; // [1, k * n]
+    let picked = b.ctx().reshape(picked, &[1, k, n])?;
+    Ok(b.ctx().mul(y, picked)?)
 }
 
 /// The sum over the `k` slots of `experts` `[n_embd, k, n]`, added in slot order as llama.cpp

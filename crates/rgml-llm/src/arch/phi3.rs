@@ -1,5 +1,6 @@
 //! Phi-3 (`phi3`): LLaMA-style blocks whose Q, K and V come from one fused projection
-//! (`attn_qkv`) and whose gate and up projections are one (`ffn_up`, gate rows first), with
+//! (`attn_qkv`, or separate ones as any architecture may have) and whose gate and up
+//! projections are one (`ffn_up`, gate rows first), with
 //! NeoX RoPE and Q scaled before attention. Its `sliding_window` key is ignored, as llama.cpp
 //! ignores it (every layer attends globally). Its block is LLaMA's (`llama::layer`): the fused
 //! projections are the shared blocks' business.
@@ -11,10 +12,12 @@ use crate::error::Result;
 use rgml::RopeMode;
 
 pub(super) const PARTS: LayerParts = LayerParts {
-    biases: Need::No,
     qk_norm: Need::No,
     post_norms: Need::No,
-    fused: true,
+    out_biases: Need::No,
+    fused_gate_up: true,
+    // llama.cpp's graph passes no FFN scales.
+    ffn_scales: false,
 };
 
 pub(super) fn hparams(_keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {

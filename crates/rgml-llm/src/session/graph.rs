@@ -78,6 +78,7 @@ pub(super) fn build_graph(
     kv: &KvCache,
     key: &GraphKey,
     capture: bool,
+    rope_factors: Option<TensorId>,
 ) -> Result<BatchGraph> {
     let n = key.n_tokens;
     let tokens = input(ctx, DType::I32, &[n], "inp_tokens")?;
@@ -116,7 +117,8 @@ pub(super) fn build_graph(
         tok_embd: model.tok_embd,
         output_norm: model.output_norm,
         output: model.output,
-        rope_freqs: model.rope_freqs,
+        rope_freqs: rope_factors,
+        output_bias: model.output_bias,
         layers: &model.layers,
         layer_devices: &layer_devices,
         output_device: model.output_device(),

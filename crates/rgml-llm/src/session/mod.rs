@@ -76,6 +76,10 @@ pub struct SessionOptions {
     /// The V cache's type (llama.cpp's `--cache-type-v`): one of [`CACHE_TYPES`]; a quantized
     /// one needs flash attention, as in llama.cpp.
     pub cache_type_v: DType,
+    /// The context length the model runs under (llama.cpp's `n_ctx`, the CLI's `-c`) where
+    /// the session holds fewer positions than that: it picks LongRoPE's long or short factors
+    /// (Phi-3 128k), as the context does in llama.cpp. `None`: `n_ctx`.
+    pub context_window: Option<usize>,
 }
 
 /// The KV cache types a session takes: llama.cpp's `--cache-type-k/v` values that rgml's
@@ -108,6 +112,7 @@ impl Default for SessionOptions {
             flash_attn: FlashAttn::Auto,
             cache_type_k: DType::F16,
             cache_type_v: DType::F16,
+            context_window: None,
         }
     }
 }
@@ -166,6 +171,8 @@ pub struct Session {
     ctx: Context,
     n_base: usize,
     kv: KvCache,
+    /// The RoPE frequency divisors of the session's context (see [`Model::rope_factors`]).
+    rope_factors: Option<rgml::TensorId>,
     /// Runs every graph: over the model's device alone, or over its devices and the CPU.
     sched: Box<Scheduler>,
     n_ubatch: usize,
@@ -233,11 +240,13 @@ impl Session {
         let mut ctx = model.ctx.clone();
         let kv = KvCache::allocate(&mut ctx, &model, &bufts, options, flash_attn)?;
         let n_base = ctx.len();
+        let rope_factors = model.rope_factors(options.context_window.unwrap_or(options.n_ctx));
         Ok(Session {
             model,
             ctx,
             n_base,
             kv,
+            rope_factors,
             sched,
             n_ubatch: options.n_ubatch,
             capture: None,
@@ -682,7 +691,14 @@ impl Session {
     /// Build the graph for the key's micro-batch at the end of the context's tensors and
     /// allocate it.
     fn build_ubatch(&mut self, key: &GraphKey, capture: bool) -> Result<BatchGraph> {
-        let g = build_graph(&mut self.ctx, &self.model, &self.kv, key, capture)?;
+        let g = build_graph(
+            &mut self.ctx,
+            &self.model,
+            &self.kv,
+            key,
+            capture,
+            self.rope_factors,
+        )?;
         // Overrides name tensor ids, which the next graph reuses: start afresh.
         self.sched.reset();
         for &(id, dev) in &g.pins {

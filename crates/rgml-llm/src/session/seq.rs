@@ -203,7 +203,7 @@ impl Session {
                 k32 = crate::arch::blocks::hadamard(&mut self.ctx, rot, k32)?;
             }
             let rope = crate::arch::blocks::rope_params(c, il);
-            let mut rotated = self.ctx.rope_ext(k32, pos, self.model.rope_freqs, rope)?;
+            let mut rotated = self.ctx.rope_ext(k32, pos, self.rope_factors, rope)?;
             if let Some(rot) = rot {
                 rotated = crate::arch::blocks::hadamard(&mut self.ctx, rot, rotated)?;
             }

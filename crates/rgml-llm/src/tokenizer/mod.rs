@@ -77,6 +77,10 @@ pub enum TokenizerKind {
     Bpe,
     /// `llama`: SentencePiece BPE with scores and byte fallback.
     Spm,
+    /// `test`: llama.cpp's tokenizer of its random test models (`test-llama-archs`): text in
+    /// chunks of 5 bytes, each hashed (`h = h * 31 + byte`) modulo the vocabulary size; tokens
+    /// render as their id in hexadecimal.
+    Test,
 }
 
 impl TokenizerKind {
@@ -85,8 +89,9 @@ impl TokenizerKind {
         match name {
             "gpt2" => Ok(TokenizerKind::Bpe),
             "llama" => Ok(TokenizerKind::Spm),
+            "test" => Ok(TokenizerKind::Test),
             other => Err(LlmError::Tokenizer(format!(
-                "unsupported tokenizer model '{other}' (supported: gpt2, llama)"
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama, test)"
             ))),
         }
     }
@@ -203,6 +208,7 @@ impl Vocab {
 enum Model {
     Bpe(Box<bpe::BpeModel>),
     Spm,
+    Test,
 }
 
 /// A text fragment or an already-identified special token, while splitting at specials.
@@ -282,7 +288,12 @@ impl Tokenizer {
         };
         let derived = attr::derive(&mut vocab, given);
         let specials = special_tokens(&vocab);
-        let pieces = vocab.tokens.iter().map(|t| render(parts.kind, t)).collect();
+        let pieces = vocab
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(id, t)| render(parts.kind, id, t))
+            .collect();
         // llama.cpp sets the strip flags after its special-token list and pieces are built;
         // they change neither.
         let names = attr::ModelNames {
@@ -358,6 +369,14 @@ impl Tokenizer {
                             out.push(id);
                             prev_special = true;
                         }
+                    }
+                }
+            }
+            Model::Test => {
+                for f in &frags {
+                    match *f {
+                        Fragment::Text(t) => test_hash_chunks(t, self.pieces.len(), &mut out),
+                        Fragment::Token(id) => out.push(id),
                     }
                 }
             }
@@ -454,7 +473,7 @@ impl Tokenizer {
     pub fn pre_tokenizer(&self) -> Option<PreTokenizer> {
         match &self.model {
             Model::Bpe(m) => Some(m.pre),
-            Model::Spm => None,
+            Model::Spm | Model::Test => None,
         }
     }
 
@@ -600,6 +619,7 @@ impl SpecialIds {
         let (bos, eos, unk) = match parts.kind {
             TokenizerKind::Spm => (Some(1), Some(2), Some(0)),
             TokenizerKind::Bpe => (Some(11), Some(11), None),
+            TokenizerKind::Test => (None, None, None),
         };
         let default = |v: Option<TokenId>| v.filter(|&v| (v as usize) < n);
         Ok(SpecialIds {
@@ -643,6 +663,11 @@ impl Algorithm {
             TokenizerKind::Spm => Algorithm {
                 model: Model::Spm,
                 add_bos: true,
+                clean_spaces: false,
+            },
+            TokenizerKind::Test => Algorithm {
+                model: Model::Test,
+                add_bos: false,
                 clean_spaces: false,
             },
         })
@@ -739,15 +764,19 @@ fn split_at<'t>(
 /// What a token renders to, per llama.cpp's `token_to_piece`: control, unknown and
 /// user-defined tokens their text as it is, normal ones their text decoded, byte tokens their
 /// byte, anything else (undefined or unused) nothing.
-fn render(kind: TokenizerKind, t: &TokenData) -> Piece {
+fn render(kind: TokenizerKind, id: usize, t: &TokenData) -> Piece {
     let text = t.text.as_str();
     let a = t.attr;
-    let bytes = if a.intersects(TokenAttr::CONTROL | TokenAttr::UNKNOWN | TokenAttr::USER_DEFINED) {
+    let bytes = if kind == TokenizerKind::Test {
+        // Whatever the token's text and type.
+        format!("{id:x}").into_bytes()
+    } else if a.intersects(TokenAttr::CONTROL | TokenAttr::UNKNOWN | TokenAttr::USER_DEFINED) {
         text.as_bytes().to_vec()
     } else if a.contains(TokenAttr::NORMAL) {
         match kind {
             TokenizerKind::Bpe => decode_byte_level(text),
             TokenizerKind::Spm => text.replace('▁', " ").into_bytes(),
+            TokenizerKind::Test => Vec::new(),
         }
     } else if a.contains(TokenAttr::BYTE) {
         vec![byte_value(text)]
@@ -757,6 +786,19 @@ fn render(kind: TokenizerKind, t: &TokenData) -> Piece {
     Piece {
         bytes: bytes.into_boxed_slice(),
         special: a.is_special(),
+    }
+}
+
+/// The `test` tokenizer's ids of `text` (see [`TokenizerKind::Test`]), appended to `out`.
+fn test_hash_chunks(text: &str, n_vocab: usize, out: &mut Vec<TokenId>) {
+    const CHUNK: usize = 5;
+    let n_vocab = n_vocab.max(1) as u64;
+    for chunk in text.as_bytes().chunks(CHUNK) {
+        let hash = chunk
+            .iter()
+            .fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        // Below n_vocab, which fits a TokenId (checked when the vocabulary was built).
+        out.push((hash % n_vocab) as TokenId);
     }
 }
 

@@ -1,0 +1,132 @@
+//! llama.cpp's own random models (its `tests/test-llama-archs` tool, `-o DIR -s SEED`) of every
+//! architecture rgml runs, against llama.cpp's logits.
+//!
+//! The files carry what llama.cpp's loader accepts beyond what converters write: separate or
+//! fused Q/K/V with biases on every architecture, output and FFN biases (LLaMA), a `.scale`
+//! per matrix and per expert, `.input_scale` tensors, LongRoPE factors (Phi-3), an output bias
+//! (Qwen2), a reranker head (Qwen3), integer sliding-window patterns (Gemma 3), and its `test`
+//! tokenizer. `tests/fixtures/llama_archs/<isa>/<file>.json` holds, per file, the seed, its
+//! sha256 and llama.cpp's top 10 logits after each prompt and after each of 32 greedy steps
+//! (`scripts/gen_llama_archs_fixtures.py`). The test runs the tool named by
+//! `RGML_TEST_LLAMA_ARCHS` (built by `scripts/llamacpp.sh test-llama-archs`, as
+//! `scripts/test.sh` does), checks each file's bytes against its fixture and runs
+//! `rgml logits --greedy 32` with each instruction set's arithmetic. Without the tool it
+//! skips, unless `RGML_REQUIRE_LLAMA_ARCHS=1` (set in CI).
+
+#[allow(dead_code)] // Not every helper is used here.
+mod common;
+
+use common::{logits_json, root, runnable_isas, sha256_hex, top10_worst};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// llama.cpp's names of the architectures rgml runs (test-llama-archs' `-a` is a regex).
+const ARCHS: &str = "^(llama|qwen2|qwen3|qwen3moe|phi3|gemma3)$";
+const STEPS: usize = 32;
+
+/// The fixtures, by instruction set: `(isa, file stem, fixture)`.
+fn fixtures() -> Vec<(String, String, serde_json::Value)> {
+    let dir = root().join("crates/rgml-cli/tests/fixtures/llama_archs");
+    let mut out = Vec::new();
+    for isa_dir in std::fs::read_dir(&dir).expect("fixtures/llama_archs") {
+        let isa_dir = isa_dir.expect("fixture directory").path();
+        let isa = isa_dir
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        for f in std::fs::read_dir(&isa_dir).expect("isa directory") {
+            let path = f.expect("fixture").path();
+            let stem = path
+                .file_stem()
+                .expect("stem")
+                .to_string_lossy()
+                .into_owned();
+            let text = std::fs::read_to_string(&path).expect("read fixture");
+            out.push((
+                isa.clone(),
+                stem,
+                serde_json::from_str(&text).expect("JSON"),
+            ));
+        }
+    }
+    out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    out
+}
+
+/// The tool's files for `seed`, written into the test's scratch directory.
+fn saved_models(tool: &Path, seed: u64) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("llama-archs-{seed}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the model directory");
+    let out = Command::new(tool)
+        .args(["-a", ARCHS, "-s", &seed.to_string(), "-o"])
+        .arg(&dir)
+        .output()
+        .expect("run test-llama-archs");
+    assert!(
+        out.status.success(),
+        "test-llama-archs failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// The largest |difference| of `got` (`rgml logits --json --greedy N`) from `case`, after the
+/// prompt and after each greedy step (their tokens must be the same).
+fn worst_of(got: &serde_json::Value, case: &serde_json::Value, what: &str) -> f64 {
+    let mut worst = top10_worst(got, case, what);
+    let steps = case["continuation"].as_array().expect("continuation");
+    let have = got["continuation"].as_array().expect("rgml's continuation");
+    assert_eq!(have.len(), steps.len(), "{what}: greedy steps");
+    for (i, (h, w)) in have.iter().zip(steps).enumerate() {
+        assert_eq!(h["token"], w["token"], "{what}: greedy step {i}'s token");
+        let h = serde_json::json!({ "tokens": got["tokens"], "top": h["top"] });
+        let w = serde_json::json!({ "tokens": case["tokens"], "top10": w["top10"] });
+        let d = top10_worst(&h, &w, &format!("{what}, step {i}"));
+        worst = if d.is_nan() || d > worst { d } else { worst };
+    }
+    worst
+}
+
+#[test]
+fn llama_cpps_own_random_models_give_its_logits() {
+    let Some(tool) = std::env::var_os("RGML_TEST_LLAMA_ARCHS") else {
+        assert!(
+            std::env::var("RGML_REQUIRE_LLAMA_ARCHS").as_deref() != Ok("1"),
+            "RGML_TEST_LLAMA_ARCHS is not set (scripts/llamacpp.sh test-llama-archs builds it)"
+        );
+        eprintln!("skipped: RGML_TEST_LLAMA_ARCHS names no test-llama-archs");
+        return;
+    };
+    let fixtures = fixtures();
+    assert!(fixtures.len() >= 7, "fixtures for every architecture");
+    let runnable = runnable_isas();
+    let mut dirs = std::collections::HashMap::new();
+    for (isa, stem, fixture) in &fixtures {
+        let seed = fixture["seed"].as_u64().expect("seed");
+        let dir = dirs
+            .entry(seed)
+            .or_insert_with(|| saved_models(Path::new(&tool), seed));
+        let model = dir.join(format!("{stem}.gguf"));
+        let bytes = std::fs::read(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+        assert_eq!(
+            fixture["sha256"].as_str(),
+            Some(sha256_hex(&bytes).as_str()),
+            "{stem}: test-llama-archs -s {seed} must write the bytes the {isa} fixture was made from"
+        );
+        if !runnable.contains(&isa.as_str()) {
+            continue;
+        }
+        let steps = STEPS.to_string();
+        for case in fixture["cases"].as_array().expect("cases") {
+            let prompt = case["prompt"].as_str().expect("prompt");
+            let what = format!("{stem} {prompt:?} on {isa}");
+            let got = logits_json(&model, isa, prompt, &["--greedy", &steps]);
+            let worst = worst_of(&got, case, &what);
+            // 4-decimal rounding of the fixture.
+            assert!(worst <= 5.1e-5, "{what}: {worst} from llama.cpp");
+        }
+        eprintln!("{stem} on {isa}: exact, {STEPS} greedy steps");
+    }
+}
