@@ -16,7 +16,7 @@ generator is built with `cargo build --release -p rgml-testmodels`.
 For each architecture it writes `crates/rgml-cli/tests/fixtures/arch/<isa>/<arch>.json`: the
 file's sha256, the instruction set and, per prompt, the tokens (special tokens parsed, BOS and
 EOS as the vocabulary says, as llama.cpp's tools and `rgml logits` tokenize a prompt) and the 10 largest logits of the last position after the prompt is
-decoded in one batch, rounded to 4 decimals; then `continuation`: 4 more tokens chosen
+decoded in one batch, rounded to 4 decimals; then `continuation`: 32 more tokens chosen
 greedily and decoded one at a time, each with its own top 10. Loading and context are as in
 `scripts/gen_model_fixtures.py`: repacking off, flash attention off, n_ctx 512, 2 threads.
 The script stops if llama.cpp refuses a file or if logits are not finite or barely vary.
@@ -40,7 +40,7 @@ from gen_model_fixtures import load, sha256, tokenize  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARCHS = ["gemma3", "qwen2", "qwen3", "llama3", "phi3", "mistral", "qwen3moe", "mixtral"]
-CONTINUATION = 4
+CONTINUATION = 32
 
 STORY = (
     "Once upon a time, in a small village at the edge of a great forest, there lived an old "

@@ -16,7 +16,7 @@
 #[allow(dead_code)] // Not every helper is used here.
 mod common;
 
-use common::{logits_json, root, runnable_isas, sha256_hex, top10_worst};
+use common::{greedy_worst, logits_json, root, runnable_isas, sha256_hex};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -72,23 +72,6 @@ fn saved_models(tool: &Path, seed: u64) -> PathBuf {
     dir
 }
 
-/// The largest |difference| of `got` (`rgml logits --json --greedy N`) from `case`, after the
-/// prompt and after each greedy step (their tokens must be the same).
-fn worst_of(got: &serde_json::Value, case: &serde_json::Value, what: &str) -> f64 {
-    let mut worst = top10_worst(got, case, what);
-    let steps = case["continuation"].as_array().expect("continuation");
-    let have = got["continuation"].as_array().expect("rgml's continuation");
-    assert_eq!(have.len(), steps.len(), "{what}: greedy steps");
-    for (i, (h, w)) in have.iter().zip(steps).enumerate() {
-        assert_eq!(h["token"], w["token"], "{what}: greedy step {i}'s token");
-        let h = serde_json::json!({ "tokens": got["tokens"], "top": h["top"] });
-        let w = serde_json::json!({ "tokens": case["tokens"], "top10": w["top10"] });
-        let d = top10_worst(&h, &w, &format!("{what}, step {i}"));
-        worst = if d.is_nan() || d > worst { d } else { worst };
-    }
-    worst
-}
-
 #[test]
 fn llama_cpps_own_random_models_give_its_logits() {
     let Some(tool) = std::env::var_os("RGML_TEST_LLAMA_ARCHS") else {
@@ -123,7 +106,7 @@ fn llama_cpps_own_random_models_give_its_logits() {
             let prompt = case["prompt"].as_str().expect("prompt");
             let what = format!("{stem} {prompt:?} on {isa}");
             let got = logits_json(&model, isa, prompt, &["--greedy", &steps]);
-            let worst = worst_of(&got, case, &what);
+            let worst = greedy_worst(&got, case, &what);
             // 4-decimal rounding of the fixture.
             assert!(worst <= 5.1e-5, "{what}: {worst} from llama.cpp");
         }

@@ -111,6 +111,26 @@ pub fn top10_worst(got: &serde_json::Value, case: &serde_json::Value, what: &str
         )
 }
 
+/// [`top10_worst`] of `got` (`rgml logits --json --greedy N`) against `case`, after the prompt
+/// and after each of its greedy steps (`case["continuation"]`: each step's token and top 10),
+/// whose tokens must be the same: the largest |logit difference| over all of them.
+#[allow(dead_code)] // Not every test binary that shares this module compares greedy steps.
+pub fn greedy_worst(got: &serde_json::Value, case: &serde_json::Value, what: &str) -> f64 {
+    let mut worst = top10_worst(got, case, what);
+    let steps = case["continuation"].as_array().expect("continuation");
+    let have = got["continuation"].as_array().expect("rgml's continuation");
+    assert_eq!(have.len(), steps.len(), "{what}: greedy steps");
+    for (i, (h, w)) in have.iter().zip(steps).enumerate() {
+        assert_eq!(h["token"], w["token"], "{what}: greedy step {i}'s token");
+        let h = serde_json::json!({ "tokens": got["tokens"], "top": h["top"] });
+        let w = serde_json::json!({ "tokens": case["tokens"], "top10": w["top10"] });
+        let d = top10_worst(&h, &w, &format!("{what}, step {i}"));
+        // NaN (a logit that is not a number) wins, so it fails the caller's bound.
+        worst = if d.is_nan() || d > worst { d } else { worst };
+    }
+    worst
+}
+
 /// The `top` list of `rgml logits --json` output as (id, logit) pairs (NaN for a logit that is
 /// not a number).
 #[allow(dead_code)] // Not every test binary that shares this module reads logits.
