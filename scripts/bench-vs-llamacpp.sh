@@ -10,16 +10,19 @@
 # the DRAM read bandwidth that `cargo bench -p rgml-cpu` measures (the better of 1 and THREADS
 # threads), shown in the limit column. A pp row's limit is the int8 multiply-add peak the same
 # benchmark measures (AMX where the CPU has it, else AVX-512 VNNI) over the file's parameter
-# count, one multiply-add per parameter and token.
+# count, one multiply-add per parameter and token. For a mixture-of-experts file both count
+# the active weights only: the expert tensors' bytes and parameters times expert_used_count /
+# expert_count.
 #
 # Usage: scripts/bench-vs-llamacpp.sh [-r ROUNDS] [-t THREADS] [-p N_PROMPT] [-n N_GEN]
 #            [-d DEPTH] [-m MODEL]... [-s SHAPE:TYPE]... [--busy N[,N..]]
 #            [--isa native|avx2|avx512] [--no-repack] [--dram-gbs GBS] [--fa on|off]
 #            [--ctk TYPE] [--ctv TYPE]
 #   -m MODEL     a GGUF file; repeat for several (default: the demo model)
-#   -s SHAPE:TYPE a real-size random-weight file made by `rgml-random-model --shape SHAPE
-#                --type TYPE` (e.g. llama-1b:Q4_K_M, llama-3b:Q8_0, llama-8b:Q4_0), kept in
-#                ~/.cache/rgml/random-models/; repeat for several
+#   -s SHAPE:TYPE[:EXPERTS] a real-size random-weight file made by `rgml-random-model --shape
+#                SHAPE --type TYPE [--experts EXPERTS]` (e.g. llama-1b:Q4_K_M, llama-8b:Q4_0,
+#                qwen3moe-30b-a3b:Q4_K_M:64), kept in ~/.cache/rgml/random-models/; repeat
+#                for several
 #   -d DEPTH     also tg N_GEN with DEPTH tokens already in the KV cache (llama-bench -d;
 #                e.g. 4096), quiet rounds only
 #   --busy LIST  load levels: N CPU-bound background processes run during those rounds
@@ -100,14 +103,19 @@ cargo build --release --quiet -p rgml-cli -p rgml-testmodels
 rgml=target/release/rgml
 random_dir=$HOME/.cache/rgml/random-models
 for st in ${SHAPES[@]+"${SHAPES[@]}"}; do
-    shape=${st%%:*}
-    type=${st#*:}
-    [ "$shape" != "$st" ] || { echo "-s takes SHAPE:TYPE (got '$st')" >&2; exit 2; }
+    IFS=: read -r shape type experts <<<"$st"
+    [ -n "$type" ] || { echo "-s takes SHAPE:TYPE[:EXPERTS] (got '$st')" >&2; exit 2; }
     mkdir -p "$random_dir"
     f=$random_dir/$shape-$type.gguf
+    more=()
+    if [ -n "$experts" ]; then
+        f=$random_dir/$shape-x$experts-$type.gguf
+        more=(--experts "$experts")
+    fi
     if [ ! -f "$f" ]; then
         log "writing $f (rgml-random-model, seed 0)"
-        target/release/rgml-random-model --shape "$shape" --type "$type" --out "$f.tmp" >&2
+        target/release/rgml-random-model --shape "$shape" --type "$type" ${more[@]+"${more[@]}"} \
+            --out "$f.tmp" >&2
         mv "$f.tmp" "$f"
     fi
     MODELS+=("$f")
@@ -159,8 +167,29 @@ results=$work/results
 params=$work/params
 : >"$params"
 sizes=$work/sizes
+# Per model: the bytes read per token and the share of the parameters that are active (1 for
+# a dense model; the active experts' share for a mixture of experts), from its tensor list.
 for m in "${MODELS[@]}"; do
-    echo "$(basename "$m" .gguf) $(stat -L -c %s "$m")" >>"$sizes"
+    "$rgml" gguf-info "$m" | python3 -c '
+import re, sys
+meta, total, experts, n_total, n_experts = {}, 0, 0, 0, 0
+for line in sys.stdin:
+    k = re.match(r"\s+\S+\.(expert_count|expert_used_count) = (\d+)$", line)
+    if k:
+        meta[k.group(1)] = int(k.group(2))
+    t = re.match(r"\s+(\S+)\s+\S+\s+\[([\d, ]+)\] (\d+) bytes at", line)
+    if t:
+        n = 1
+        for d in t.group(2).split(","):
+            n *= int(d)
+        b = int(t.group(3))
+        total, n_total = total + b, n_total + n
+        if "_exps." in t.group(1):
+            experts, n_experts = experts + b, n_experts + n
+used = meta.get("expert_used_count", 0) / meta["expert_count"] if meta.get("expert_count") else 1
+active = total - experts * (1 - used)
+print(sys.argv[1], int(active), (n_total - n_experts * (1 - used)) / n_total)
+' "$(basename "$m" .gguf)" >>"$sizes"
 done
 IFS=, read -r -a levels <<<"$BUSY"
 for m in "${MODELS[@]}"; do
@@ -222,8 +251,9 @@ python3 - "$results" "$N_PROMPT" "$N_GEN" "$THREADS" "$ROUNDS" "$ISA" "$REPACK" 
     "$DRAM_GBS" "$params" "$INT8_PEAK" "$DEPTH" <<'PY'
 import os, statistics, sys
 path, n_prompt, n_gen, threads, rounds, isa, repack, sizes, dram, params, peak, depth = sys.argv[1:]
-size = {m: int(b) for m, b in (l.split() for l in open(sizes))}
-n_params = {m: int(n) for m, n in (l.split() for l in open(params))}
+size = {m: int(b) for m, b, _ in (l.split() for l in open(sizes))}
+active = {m: float(f) for m, _, f in (l.split() for l in open(sizes))}
+n_params = {m: int(n) * active.get(m, 1.0) for m, n in (l.split() for l in open(params))}
 dram = float(dram) * 1e9
 peak_name, peak = peak.rsplit("_", 1)
 peak_name, peak = peak_name.replace("_", " "), float(peak) * 1e9

@@ -120,6 +120,19 @@ pub fn write_shape_model(
     vocab: &Path,
     out: &Path,
 ) -> Result<Written> {
+    write_shape_spec(shape, &shape.spec(), preset, seed, vocab, out)
+}
+
+/// [`write_shape_model`] with the shape's hyper-parameters replaced by `spec` (e.g.
+/// [`Shape::spec_with_experts`]); the shape still names the file and seeds its values.
+pub fn write_shape_spec(
+    shape: Shape,
+    spec: &Spec,
+    preset: QuantPreset,
+    seed: u64,
+    vocab: &Path,
+    out: &Path,
+) -> Result<Written> {
     let vocab_file = open_vocabulary(vocab)?;
     // Renaming over the vocabulary would keep the mapping valid but lose the file.
     if let (Ok(a), Ok(b)) = (vocab.canonicalize(), out.canonicalize()) {
@@ -129,7 +142,8 @@ pub fn write_shape_model(
             });
         }
     }
-    ShapedModel::new(shape, preset, seed, &vocab_file, vocab)?.write(out, 0)
+    let (name, arch) = (shape.name(), shape.gguf_arch());
+    ShapedModel::from_spec(name, arch, spec, preset, seed, &vocab_file, vocab)?.write(out, 0)
 }
 
 /// The GGUF file at `path`, with errors that name it.

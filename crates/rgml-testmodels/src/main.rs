@@ -3,13 +3,14 @@
 //!
 //! - `--arch NAME --out FILE [--vocab GGUF]`: the tiny model of one architecture, byte for
 //!   byte the same every time (the logits fixtures depend on it);
-//! - `--shape NAME --type TYPE --out FILE [--vocab GGUF] [--seed N]`: a real model's shape in a
-//!   `llama-quantize` file type, for benchmarks.
+//! - `--shape NAME --type TYPE --out FILE [--vocab GGUF] [--seed N] [--experts N]`: a real
+//!   model's shape in a `llama-quantize` file type, for benchmarks (`--experts`: a
+//!   mixture-of-experts shape with fewer experts of the same width).
 //!
 //! The vocabulary defaults to the architecture's or shape's file under `models/` of the
 //! current directory (the workspace root).
 
-use rgml_testmodels::{write_random_model, write_shape_model, Arch, QuantPreset, Shape};
+use rgml_testmodels::{write_random_model, write_shape_spec, Arch, QuantPreset, Shape};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -19,6 +20,7 @@ fn usage() -> String {
     format!(
         "usage: rgml-random-model --arch NAME --out FILE [--vocab GGUF]\n\
          \x20      rgml-random-model --shape SHAPE --type TYPE --out FILE [--vocab GGUF] [--seed N]\n\
+         \x20                        [--experts N]\n\
          \n\
          --arch NAME    a tiny model of an architecture (always the same bytes):\n\
          \x20              {} (llama = llama3)\n\
@@ -29,7 +31,10 @@ fn usage() -> String {
          --out FILE     the model to write (under FILE.part until complete)\n\
          --vocab GGUF   the GGUF file whose vocabulary and tokenizer.* keys are copied\n\
          \x20              (default: the architecture's or shape's file under models/)\n\
-         --seed N       the random values of a --shape model (default 0)",
+         --seed N       the random values of a --shape model (default 0)\n\
+         --experts N    a mixture-of-experts shape with N experts per block instead of the\n\
+         \x20              real count (as wide, as many used per token: the same work per\n\
+         \x20              token in a smaller file)",
         arches.join(", "),
         Shape::names(),
         QuantPreset::names(),
@@ -46,6 +51,8 @@ enum Kind {
         shape: Shape,
         preset: QuantPreset,
         seed: u64,
+        /// `--experts`: the expert count in place of the shape's.
+        experts: Option<usize>,
     },
 }
 
@@ -79,6 +86,7 @@ impl From<String> for Usage {
 
 fn parse(args: impl Iterator<Item = String>) -> Result<Args, Usage> {
     let (mut arch, mut shape, mut preset, mut seed) = (None, None, None, None);
+    let mut experts = None;
     let (mut out, mut vocab) = (None, None);
     let mut args = args;
     while let Some(flag) = args.next() {
@@ -97,6 +105,11 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, Usage> {
                 })?;
                 seed = Some(n);
             }
+            "--experts" => {
+                let v = value()?;
+                let n = v.parse::<usize>().ok().filter(|&n| n > 0);
+                experts = Some(n.ok_or(format!("--experts takes a positive count, not {v:?}"))?);
+            }
             "--out" => out = Some(PathBuf::from(value()?)),
             "--vocab" => vocab = Some(PathBuf::from(value()?)),
             "-h" | "--help" => return Err(Usage::Help),
@@ -107,8 +120,8 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, Usage> {
         (Some(_), Some(_)) => return Err("--arch and --shape exclude each other".into()),
         (None, None) => return Err("--arch or --shape is required".into()),
         (Some(arch), None) => {
-            if preset.is_some() || seed.is_some() {
-                return Err("--type and --seed go with --shape, not --arch".into());
+            if preset.is_some() || seed.is_some() || experts.is_some() {
+                return Err("--type, --seed and --experts go with --shape, not --arch".into());
             }
             (Kind::Arch(arch), arch.vocab_file())
         }
@@ -117,11 +130,18 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, Usage> {
                 format!("--shape needs --type (one of: {})", QuantPreset::names())
             })?;
             let seed = seed.unwrap_or(0);
+            if let Some(n) = experts.filter(|&n| shape.spec_with_experts(n).is_none()) {
+                return Err(format!(
+                    "--experts {n}: {shape} has no experts, or uses more per token"
+                )
+                .into());
+            }
             (
                 Kind::Shape {
                     shape,
                     preset,
                     seed,
+                    experts,
                 },
                 shape.vocab_file(),
             )
@@ -156,10 +176,17 @@ fn main() -> ExitCode {
             shape,
             preset,
             seed,
-        } => (
-            format!("{shape} {preset} seed {seed}"),
-            write_shape_model(shape, preset, seed, &args.vocab, &args.out),
-        ),
+            experts,
+        } => {
+            // Checked when parsed.
+            let spec = experts.and_then(|n| shape.spec_with_experts(n));
+            let spec = spec.unwrap_or_else(|| shape.spec());
+            let with = experts.map_or(String::new(), |n| format!(", {n} experts"));
+            (
+                format!("{shape}{with} {preset} seed {seed}"),
+                write_shape_spec(shape, &spec, preset, seed, &args.vocab, &args.out),
+            )
+        }
     };
     match written {
         Ok(w) => {
@@ -218,6 +245,7 @@ mod tests {
             shape: Shape::Llama8B,
             preset: QuantPreset::Q4_K_M,
             seed: 0,
+            experts: None,
         };
         assert_eq!(a.kind, want);
         assert_eq!(a.vocab, PathBuf::from(Shape::Llama8B.vocab_file()));
@@ -238,6 +266,7 @@ mod tests {
             shape: Shape::SmolLM2_135M,
             preset: QuantPreset::Q8_0,
             seed: 42,
+            experts: None,
         };
         assert_eq!((b.kind, b.vocab), (want, PathBuf::from("v.gguf")));
         assert_eq!(
@@ -254,6 +283,52 @@ mod tests {
         assert!(error(&["--arch", "bert"]).contains("unknown architecture"));
         assert!(error(&["--frob"]).contains("unknown argument"));
         assert_eq!(args(&["--help"]).unwrap_err(), Usage::Help);
+    }
+
+    #[test]
+    fn experts_go_with_mixture_of_experts_shapes_only() {
+        let a = args(&[
+            "--shape",
+            "qwen3moe-30b-a3b",
+            "--type",
+            "Q4_K_M",
+            "--experts",
+            "64",
+            "--out",
+            "m",
+        ])
+        .unwrap();
+        assert!(matches!(
+            a.kind,
+            Kind::Shape {
+                experts: Some(64),
+                ..
+            }
+        ));
+        let e = error(&[
+            "--shape",
+            "llama-1b",
+            "--type",
+            "Q8_0",
+            "--experts",
+            "8",
+            "--out",
+            "x",
+        ]);
+        assert!(e.contains("--experts 8") && e.contains("no experts"), "{e}");
+        let e = error(&[
+            "--shape",
+            "qwen3moe-30b-a3b",
+            "--type",
+            "Q8_0",
+            "--experts",
+            "4",
+            "--out",
+            "x",
+        ]);
+        assert!(e.contains("uses more per token"), "{e}");
+        let e = error(&["--arch", "qwen3moe", "--experts", "4", "--out", "x"]);
+        assert!(e.contains("--experts go with --shape"), "{e}");
     }
 
     #[test]

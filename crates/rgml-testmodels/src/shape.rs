@@ -7,7 +7,7 @@
 //! network make a multi-GB model in seconds); their weights are random, so their output is
 //! noise.
 
-use crate::arch::{Attention, Ffn, Llama3Rope, Spec};
+use crate::arch::{Attention, Experts, Ffn, Llama3Rope, Spec};
 use rgml::DType;
 use rgml_gguf::Value;
 use std::fmt;
@@ -26,16 +26,19 @@ pub enum Shape {
     Qwen7B,
     /// SmolLM2-135M (`llama`): 576 wide (not a whole number of K-quant blocks), 30 blocks.
     SmolLM2_135M,
+    /// Qwen3-30B-A3B (`qwen3moe`): 2048 wide, 48 blocks, 128 experts of which 8 run per token.
+    Qwen3Moe30BA3B,
 }
 
 impl Shape {
     /// Every shape, in a fixed order.
-    pub const ALL: [Shape; 5] = [
+    pub const ALL: [Shape; 6] = [
         Shape::Llama1B,
         Shape::Llama3B,
         Shape::Llama8B,
         Shape::Qwen7B,
         Shape::SmolLM2_135M,
+        Shape::Qwen3Moe30BA3B,
     ];
 
     /// The name on the command line (and in `general.name` and the random streams' seeds).
@@ -46,6 +49,7 @@ impl Shape {
             Shape::Llama8B => "llama-8b",
             Shape::Qwen7B => "qwen-7b",
             Shape::SmolLM2_135M => "smollm2-135m",
+            Shape::Qwen3Moe30BA3B => "qwen3moe-30b-a3b",
         }
     }
 
@@ -53,6 +57,7 @@ impl Shape {
     pub fn gguf_arch(self) -> &'static str {
         match self {
             Shape::Qwen7B => "qwen2",
+            Shape::Qwen3Moe30BA3B => "qwen3moe",
             _ => "llama",
         }
     }
@@ -65,7 +70,7 @@ impl Shape {
             Shape::Llama1B | Shape::Llama3B | Shape::Llama8B => {
                 "models/vocab/ggml-vocab-llama-bpe.gguf"
             }
-            Shape::Qwen7B => "models/vocab/ggml-vocab-qwen2.gguf",
+            Shape::Qwen7B | Shape::Qwen3Moe30BA3B => "models/vocab/ggml-vocab-qwen2.gguf",
             Shape::SmolLM2_135M => "models/SmolLM2-135M-Instruct.Q4_1.gguf",
         }
     }
@@ -79,7 +84,21 @@ impl Shape {
             Shape::Llama8B => llama31_8b(),
             Shape::Qwen7B => qwen25_7b(),
             Shape::SmolLM2_135M => smollm2_135m(),
+            Shape::Qwen3Moe30BA3B => qwen3moe_30b_a3b(),
         }
+    }
+
+    /// [`Shape::spec`] with `n_expert` experts per block instead of the real count (of the
+    /// same width, as many used per token): a smaller file with the same work per token, for
+    /// machines that cannot hold the real one. `None` for a shape without experts, or a count
+    /// below the experts used per token.
+    pub fn spec_with_experts(self, n_expert: usize) -> Option<Spec> {
+        let mut spec = self.spec();
+        match &mut spec.ffn {
+            Ffn::Experts(x) if n_expert >= x.n_expert_used => x.n_expert = n_expert,
+            _ => return None,
+        }
+        Some(spec)
     }
 }
 
@@ -214,6 +233,36 @@ fn smollm2_135m() -> Spec {
     }
 }
 
+/// Qwen3-30B-A3B as its GGUF has it: 2048 wide, 48 blocks of 32 query and 4 key/value heads
+/// of 128 (4096-wide queries, `key_length`), q/k norms, a dense width (`feed_forward_length`
+/// 6144) no tensor uses, 128 experts 768 wide of which 8 run per token (about 3.3 billion
+/// parameters read per token of 30.5 billion), a separate output, rope base 1e6, rms eps 1e-6,
+/// context 40960.
+fn qwen3moe_30b_a3b() -> Spec {
+    let width = Value::U32(128);
+    Spec {
+        n_ctx_train: 40_960,
+        rms_eps: 1e-6,
+        rope_freq_base: 1_000_000.0,
+        qk_norm: true,
+        ffn: Ffn::Experts(Experts {
+            n_expert: 128,
+            n_expert_used: 8,
+            n_ff_exp: 768,
+            width_key: true,
+            // Unused: a shape's types come from its preset.
+            gate_up: DType::Q8_0,
+            down: DType::Q8_0,
+        }),
+        vocab_size_key: false,
+        keys: vec![
+            ("attention.key_length", width.clone()),
+            ("attention.value_length", width),
+        ],
+        ..dense(2048, 48, 32, 4, 128, 6144, false)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,7 +286,9 @@ mod tests {
     fn heads_cover_the_width_and_divide_into_kv_groups() {
         for shape in Shape::ALL {
             let s = shape.spec();
-            assert_eq!(s.n_head * s.head_dim, s.n_embd, "{shape}");
+            // Qwen3's queries are wider than the model (`key_length`).
+            let wide = s.keys.iter().any(|(k, _)| *k == "attention.key_length");
+            assert!(wide || s.n_head * s.head_dim == s.n_embd, "{shape}");
             assert_eq!(s.n_head % s.n_head_kv, 0, "{shape}");
             assert_eq!(s.n_ff % 256, 0, "{shape}");
         }

@@ -241,7 +241,13 @@ fn plan_types(
                 Fill::Uniform(_) if matrix => Content::Weights,
                 Fill::Uniform(_) => Content::Bias,
             };
-            let unchanged = if matrix { DType::F16 } else { DType::F32 };
+            // The converter writes routers (`ffn_gate_inp`) in F32, other matrices in F16.
+            let router = t.name.ends_with("ffn_gate_inp.weight");
+            let unchanged = if matrix && !router {
+                DType::F16
+            } else {
+                DType::F32
+            };
             let dtype = chooser.choose(&t.name, &t.ne)?.target.unwrap_or(unchanged);
             // The rules never quantize a vector; the values are written as f32.
             if content != Content::Weights && dtype != DType::F32 {
@@ -377,9 +383,52 @@ mod tests {
         assert!(qwen.get("qwen2.rope.dimension_count").is_none());
     }
 
+    /// The dense shapes (the mixture-of-experts one has its own test).
+    fn dense_shapes() -> impl Iterator<Item = Shape> {
+        Shape::ALL
+            .into_iter()
+            .filter(|s| !matches!(s.spec().ffn, crate::arch::Ffn::Experts(_)))
+    }
+
+    #[test]
+    fn the_moe_shape_has_routers_in_f32_and_stacked_experts() {
+        let m = model(Shape::Qwen3Moe30BA3B, QuantPreset::Q4_K_M);
+        // Output, its norm, the embeddings; 12 per block (q/k norms, router, three experts).
+        assert_eq!(m.tensors().len(), 3 + 12 * 48);
+        let router = tensor(&m, "blk.7.ffn_gate_inp.weight");
+        assert_eq!(
+            (router.dtype, &router.ne[..]),
+            (DType::F32, &[2048, 128][..])
+        );
+        let up = tensor(&m, "blk.7.ffn_up_exps.weight");
+        assert_eq!((up.dtype, &up.ne[..]), (DType::Q4_K, &[2048, 768, 128][..]));
+        let down = tensor(&m, "blk.0.ffn_down_exps.weight");
+        assert_eq!(
+            (down.dtype, &down.ne[..]),
+            (DType::Q6_K, &[768, 2048, 128][..])
+        );
+        let few = Shape::Qwen3Moe30BA3B.spec_with_experts(16).unwrap();
+        let path = Path::new("v.gguf");
+        let small = ShapedModel::from_spec(
+            "s",
+            "qwen3moe",
+            &few,
+            QuantPreset::Q4_K_M,
+            0,
+            &vocab(N_VOCAB),
+            path,
+        )
+        .unwrap();
+        let meta = metadata(&small);
+        assert_eq!(meta.get_u64("qwen3moe.expert_count").unwrap(), 16);
+        assert_eq!(meta.get_u64("qwen3moe.expert_used_count").unwrap(), 8);
+        assert!(small.data_bytes() * 5 < m.data_bytes());
+        assert!(Shape::Llama1B.spec_with_experts(16).is_none());
+    }
+
     #[test]
     fn every_shape_has_its_tensors_in_llama_cpp_s_order() {
-        for shape in Shape::ALL {
+        for shape in dense_shapes() {
             let m = model(shape, QuantPreset::Q8_0);
             let s = shape.spec();
             let names: Vec<&str> = m.tensors().iter().map(|t| t.name.as_str()).collect();
@@ -470,7 +519,7 @@ mod tests {
 
     #[test]
     fn q4_k_m_types_are_llama_quantize_s() {
-        for shape in Shape::ALL {
+        for shape in dense_shapes() {
             let m = model(shape, QuantPreset::Q4_K_M);
             for t in m.tensors() {
                 let want = q4_k_m_type(shape, &t.name, t.ne[0]);
