@@ -15,6 +15,7 @@ use crate::kernels::blocks::activations::quantize_activations;
 use crate::kernels::blocks::convert;
 use crate::kernels::dots;
 use crate::kernels::dots::float::{self as vec_float, Flavor};
+use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
 use crate::kernels::task::{
     self, bytes, bytes_mut, f32_row, scratch_slice, NodeTask, TensorView, ThreadCtx,
 };
@@ -63,12 +64,14 @@ fn converted(dtype: DType, k: usize) -> Result<(DType, usize)> {
 }
 
 /// Where phase 1 puts things in the work area: the converted rows, then (8-byte aligned) a
-/// flag (nonzero: an id out of range), each expert's first entry (`n_expert + 1` offsets) and
+/// flag (nonzero: an id out of range), each expert's first entry (`n_expert + 1` offsets), the
+/// experts with routed pairs (a count, then their ids: phase 2 claims only their blocks) and
 /// the entries (two u32 each: slot, token).
 struct Layout {
     wrow: usize,
     flag: usize,
     offsets: usize,
+    used: usize,
     entries: usize,
     end: usize,
 }
@@ -79,7 +82,8 @@ impl Layout {
         let rows = wrow.checked_mul(b[1] * b[2]).ok_or(Error::SizeOverflow)?;
         let flag = rows.next_multiple_of(8);
         let offsets = flag + 8;
-        let entries = offsets + 4 * (a[2] + 1);
+        let used = offsets + 4 * (a[2] + 1);
+        let entries = used + 4 * (a[2] + 1);
         let end = (ids[0] * ids[1])
             .checked_mul(8)
             .and_then(|e| e.checked_add(entries))
@@ -88,6 +92,7 @@ impl Layout {
             wrow,
             flag,
             offsets,
+            used,
             entries,
             end,
         })
@@ -124,13 +129,15 @@ pub(crate) fn mul_mat_id(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> 
             message: "MUL_MAT_ID: phase 1 panicked".into(),
         })
     })?;
-    // SAFETY: the flag, offsets and entries lie in the work area (checked against `end`
-    // above), 4-byte aligned, written by thread 0 before the barrier and only read now.
-    let (flag, offsets, entries) = unsafe {
+    // SAFETY: the flag, offsets, used experts and entries lie in the work area (checked
+    // against `end` above), 4-byte aligned, written by thread 0 before the barrier and only
+    // read now.
+    let (flag, offsets, used, entries) = unsafe {
         let words = |at: usize, n: usize| std::slice::from_raw_parts(base.add(at).cast::<u32>(), n);
         (
             words(layout.flag, 1)[0],
             words(layout.offsets, a.ne[2] + 1),
+            words(layout.used, a.ne[2] + 1),
             words(layout.entries, 2 * ids.ne[0] * ids.ne[1]),
         )
     };
@@ -147,12 +154,11 @@ pub(crate) fn mul_mat_id(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> 
         layout: &layout,
         base,
     };
-    // Units of every expert's blocks; those of unused experts are claimed and skipped.
-    for unit in task::claimed(tc.claim, a.ne[2] * blocks) {
-        let e = unit / blocks;
-        if offsets[e + 1] == offsets[e] {
-            continue;
-        }
+    // Units of the used experts' blocks only: claiming (an atomic add) every expert's blocks
+    // costs more than a generation step's products when most experts are idle.
+    let used = &used[1..1 + (used[0] as usize).min(a.ne[2])];
+    for unit in task::claimed(tc.claim, used.len() * blocks) {
+        let e = used[unit / blocks] as usize;
         let r0 = (unit % blocks) * BLOCK_ROWS;
         let rows = r0..(r0 + BLOCK_ROWS).min(a.ne[1]);
         let routed = &entries[2 * offsets[e] as usize..2 * offsets[e + 1] as usize];
@@ -213,6 +219,18 @@ fn group_by_expert(ids: &TensorView, n_expert: usize, layout: &Layout, base: *mu
     }
     offsets.copy_within(0..n_expert, 1);
     offsets[0] = 0;
+    // SAFETY: as above: the used-experts area, thread 0's alone before the barrier.
+    let used = unsafe {
+        std::slice::from_raw_parts_mut(base.add(layout.used).cast::<u32>(), n_expert + 1)
+    };
+    let mut n_used_experts = 0;
+    for e in 0..n_expert {
+        if offsets[e + 1] > offsets[e] {
+            n_used_experts += 1;
+            used[n_used_experts] = e as u32;
+        }
+    }
+    used[0] = n_used_experts as u32;
 }
 
 /// This thread's share of src1's rows, converted into the work area.
@@ -299,6 +317,9 @@ impl Products<'_> {
         let wrow = self.layout.wrow;
         for row in rows {
             let x = a.row(row, e, 0).cast_const();
+            // Generation streams each expert's rows from memory once: prefetched ahead, as
+            // the matrix-vector path does (the hardware prefetcher alone is slower).
+            prefetch_span(x.wrapping_add(PREFETCH_AHEAD), a.row_bytes());
             let widened = match a.dtype {
                 DType::F16 => {
                     let w = scratch_slice(scratch, k)?;
