@@ -327,6 +327,9 @@ pub(crate) fn work_size(
     {
         per_thread = per_thread.max(matmul::scratch_floats(f, ctx.get(t.src[0])?));
     }
+    if let Op::MulMatId { .. } = t.op {
+        per_thread = per_thread.max(mul_mat_id::scratch_floats(f, ctx.get(t.src[0])?)?);
+    }
     if let Op::FlashAttnExt { .. } = t.op {
         let srcs = t
             .src

@@ -20,10 +20,32 @@ use crate::kernels::task::{
     self, bytes, bytes_mut, f32_row, scratch_slice, NodeTask, TensorView, ThreadCtx,
 };
 use crate::kernels::tiles::kquant;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::tiles::kquant_amx;
 use rgml::{DType, Error, Op, Result, Tensor};
 
 /// Weight rows per unit of phase 2.
 const BLOCK_ROWS: usize = 16;
+
+/// Routed pairs gathered at once for the AMX kernel (their activation rows copied together,
+/// so that the kernel reads them `wrow` apart as it reads a dense src1).
+const AMX_PAIRS: usize = 64;
+
+/// f32 values of per-thread scratch MUL_MAT_ID needs beyond `work_size`'s rows: where the AMX
+/// K-quant kernel may run, a gather area of [`AMX_PAIRS`] activation rows, the kernel's
+/// decoded weights and a block of results.
+pub(crate) fn scratch_floats(f: crate::kernels::isa::CpuFeatures, a: &Tensor) -> Result<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if kquant_amx::takes(f, a.dtype, kquant::MIN_ROWS) {
+        let (_, wrow) = converted(a.dtype, a.ne[0])?;
+        let nb = a.ne[0] / rgml::quant::QK_K;
+        let bytes =
+            AMX_PAIRS * wrow + kquant_amx::scratch_bytes(nb) + 4 * kquant_amx::ROWS * AMX_PAIRS;
+        return Ok(bytes.div_ceil(4) + 16);
+    }
+    let _ = (f, a);
+    Ok(0)
+}
 
 /// Whether the kernel handles `as · b` routed by `ids` into `t`.
 pub(crate) fn supported(a: &Tensor, b: &Tensor, ids: &Tensor, t: &Tensor) -> bool {
@@ -290,6 +312,10 @@ impl Products<'_> {
                 .cast::<f32>()
         };
         if !rows_alone && kquant::takes(a.dtype, n_routed) {
+            #[cfg(target_arch = "x86_64")]
+            if kquant_amx::takes(f, a.dtype, n_routed) {
+                return self.expert_amx(e, rows, routed, scratch);
+            }
             let nb = a.ne[0] / rgml::quant::QK_K;
             let mut acc = [0f32; kquant::COLS];
             let mut ys = [std::ptr::null::<u8>(); kquant::COLS];
@@ -354,4 +380,79 @@ impl Products<'_> {
         }
         Ok(())
     }
+
+    /// [`Self::expert`]'s tiled K-quant products on AMX tiles ([`kquant_amx`], the same bits):
+    /// the routed pairs in chunks of [`AMX_PAIRS`], each chunk's activation rows gathered into
+    /// `scratch`, then every 16-row block of the weights against them, the results scattered.
+    #[cfg(target_arch = "x86_64")]
+    fn expert_amx(
+        &self,
+        e: usize,
+        rows: std::ops::Range<usize>,
+        routed: &[u32],
+        scratch: &mut [f32],
+    ) -> Result<()> {
+        let (dst, a, b) = (&self.task.dst, self.task.src(0)?, self.task.src(1)?);
+        let (wrow, nb) = (self.layout.wrow, a.ne[0] / rgml::quant::QK_K);
+        let scratch = bytemuck::cast_slice_mut::<f32, u8>(scratch);
+        let (gathered, rest) = scratch
+            .split_at_mut_checked(AMX_PAIRS * wrow)
+            .ok_or_else(|| small_scratch(scratch_len(AMX_PAIRS * wrow)))?;
+        let (results, amx) = rest
+            .split_at_mut_checked(4 * kquant_amx::ROWS * AMX_PAIRS)
+            .ok_or_else(|| small_scratch(0))?;
+        let amx = amx
+            .get_mut(..kquant_amx::scratch_bytes(nb))
+            .ok_or_else(|| small_scratch(0))?;
+        for pairs in routed.chunks(2 * AMX_PAIRS) {
+            let n = pairs.len() / 2;
+            for (i, p) in pairs.chunks_exact(2).enumerate() {
+                let y = self.activation(b, p[0], p[1]);
+                // SAFETY: a converted activation row of `wrow` bytes in the work area,
+                // complete since the barrier.
+                let y = unsafe { bytes(y, wrow) };
+                gathered[i * wrow..(i + 1) * wrow].copy_from_slice(y);
+            }
+            for r0 in rows.clone().step_by(kquant_amx::ROWS) {
+                let mrows = kquant_amx::ROWS.min(rows.end - r0);
+                // SAFETY: `kquant_amx::takes` checked the CPU and type; weight rows r0..r0 +
+                // mrows of expert `e` are dense and in bounds, `a.nb[1]` apart, `nb` blocks
+                // each; the `n` gathered rows are `wrow` apart in `gathered`, `nb` Q8_K
+                // blocks each; `results` holds 16 floats per pair; `amx` is the kernel's
+                // scratch size.
+                unsafe {
+                    kquant_amx::rows(
+                        a.dtype,
+                        nb,
+                        (a.row(r0, e, 0).cast_const(), a.nb[1], mrows),
+                        (gathered.as_ptr(), wrow, n),
+                        (results.as_mut_ptr(), 4 * kquant_amx::ROWS),
+                        amx,
+                    )
+                };
+                for (i, p) in pairs.chunks_exact(2).enumerate() {
+                    let out = dst
+                        .row(p[0] as usize, p[1] as usize, 0)
+                        .wrapping_add(r0 * 4);
+                    let from = &results[i * 4 * kquant_amx::ROWS..][..4 * mrows];
+                    // SAFETY: outputs (r0..r0 + mrows, slot, token) are in bounds, dense in
+                    // the row, and written only by the thread that claimed this row block.
+                    unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), out, 4 * mrows) };
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error of a per-thread scratch smaller than planned.
+fn small_scratch(need: usize) -> Error {
+    Error::Backend {
+        backend: "CPU".into(),
+        message: format!("MUL_MAT_ID: per-thread scratch smaller than planned ({need} values)"),
+    }
+}
+
+fn scratch_len(bytes: usize) -> usize {
+    bytes.div_ceil(4)
 }
