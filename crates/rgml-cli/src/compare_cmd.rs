@@ -86,6 +86,7 @@ pub fn run(args: CompareArgs) -> Result<bool, CliError> {
 
     let host = rgml::registry::device("CPU")?;
     let options = LoadOptions {
+        overrides: Vec::new(),
         placement: Some(Placement::Single(host)),
         ..Default::default()
     };

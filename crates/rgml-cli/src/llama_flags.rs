@@ -1,4 +1,5 @@
-//! llama.cpp's multi-letter short flags (`-ngl`, `-fa`, `-ctk`, `-ctv`, and `-np` of `serve`), which clap cannot
+//! llama.cpp's multi-letter short flags (`-ngl`, `-fa`, `-ctk`, `-ctv`, `-ot`, `-cmoe`,
+//! `-ncmoe`, and `-np` of `serve`), which clap cannot
 //! declare (its short flags are one letter), rewritten to their long forms before parsing.
 //!
 //! This module owns that rewrite only. A value is never rewritten: a word that follows an
@@ -13,9 +14,12 @@ fn spellings(subcommand: &str) -> &'static [(&'static str, &'static str)] {
     const FA: (&str, &str) = ("-fa", "--flash-attn");
     const CTK: (&str, &str) = ("-ctk", "--cache-type-k");
     const CTV: (&str, &str) = ("-ctv", "--cache-type-v");
+    const OT: (&str, &str) = ("-ot", "--override-tensor");
+    const CMOE: (&str, &str) = ("-cmoe", "--cpu-moe");
+    const NCMOE: (&str, &str) = ("-ncmoe", "--n-cpu-moe");
     match subcommand {
-        "serve" => &[("-np", "--parallel"), NGL, FA, CTK, CTV],
-        "run" | "logits" | "perplexity" | "bench" => &[NGL, FA, CTK, CTV],
+        "serve" => &[("-np", "--parallel"), NGL, FA, CTK, CTV, OT, CMOE, NCMOE],
+        "run" | "logits" | "perplexity" | "bench" => &[NGL, FA, CTK, CTV, OT, CMOE, NCMOE],
         "compare" => &[FA],
         _ => &[],
     }

@@ -60,6 +60,18 @@ pub struct ModelArgs {
     /// all-reduced: half the joins, but rounding differs from one device).
     #[arg(long, default_value = "gather", value_parser = ["gather", "reduce"])]
     pub tensor_sync: String,
+    /// Weights whose name matches PATTERN (a regex, anywhere in the name) go to DEVICE, as
+    /// llama.cpp's flag (also `-ot`): `PATTERN=DEVICE[,PATTERN=DEVICE..]`, repeatable; the
+    /// first match wins; e.g. `-ot 'ffn_.*_exps=CPU'`.
+    #[arg(long = "override-tensor", value_name = "PATTERN=DEVICE")]
+    pub override_tensor: Vec<String>,
+    /// Every block's experts (`ffn_{up,down,gate}_exps`) in host memory, computed by the CPU
+    /// (also `-cmoe`), the rest where the placement puts it: llama.cpp's flag.
+    #[arg(long)]
+    pub cpu_moe: bool,
+    /// The experts of the first N blocks on the CPU (also `-ncmoe`): llama.cpp's flag.
+    #[arg(long, value_name = "N")]
+    pub n_cpu_moe: Option<usize>,
     /// Write a Chrome/Perfetto trace (splits and copies per backend) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -203,6 +215,7 @@ impl ModelArgs {
         let mut bar = Progress::new("loading");
         let options = rgml_llm::LoadOptions {
             placement: Some(placement),
+            overrides: self.tensor_overrides()?,
             progress: Some(&mut |done, total| bar.update(done, total)),
         };
         let model = Model::load(&self.model, options)?;
@@ -210,6 +223,7 @@ impl ModelArgs {
         if offload {
             note_offload(&model);
         }
+        note_overrides(&model);
         Ok(Arc::new(model))
     }
 
@@ -271,6 +285,26 @@ fn note_offload(model: &Model) {
         n_layer + 1,
         gpu.name()
     );
+}
+
+/// What the tensor overrides moved, per device (as llama.cpp reports its buffer overrides).
+fn note_overrides(model: &Model) {
+    for (i, device) in model.devices().iter().enumerate() {
+        let moved: Vec<_> = model
+            .overridden_tensors()
+            .iter()
+            .filter(|(_, d, _)| *d == i)
+            .collect();
+        if !moved.is_empty() {
+            let bytes: usize = moved.iter().map(|(_, _, b)| b).sum();
+            crate::note!(
+                "tensor overrides: {} tensors ({:.1} MiB) on {}",
+                moved.len(),
+                bytes as f64 / (1 << 20) as f64,
+                device.name()
+            );
+        }
+    }
 }
 
 /// A one-line progress bar on stderr when it is a terminal.

@@ -1,5 +1,7 @@
 //! Where a model command puts the model: the device flags (`--device`, `--split-mode`,
-//! `--tensor-split`, `--tensor-sync`, `--rpc`, `-ngl`) turned into an [`rgml_llm::Placement`].
+//! `--tensor-split`, `--tensor-sync`, `--rpc`, `-ngl`) turned into an [`rgml_llm::Placement`],
+//! and the tensor overrides (`-ot`, `--cpu-moe`, `--n-cpu-moe`) into
+//! [`rgml_llm::TensorOverride`]s.
 //!
 //! This module owns the choice of devices, the default GPU included, and the checks of those
 //! flags together (a combination that makes no sense is a usage error naming the flags);
@@ -52,11 +54,61 @@ fn named_devices(names: &[&str]) -> Result<Vec<DeviceRef>, CliError> {
         .collect()
 }
 
+/// One override: `pattern` compiled, `device` found in the registry; `flag` names the flag in
+/// errors.
+fn tensor_override(
+    pattern: &str,
+    device: &str,
+    flag: &str,
+) -> Result<rgml_llm::TensorOverride, CliError> {
+    let pattern = regex::Regex::new(pattern)
+        .map_err(|e| CliError::usage(format!("{flag}: pattern {pattern:?}: {e}")))?;
+    let device =
+        rgml::registry::device(device).map_err(|e| CliError::usage(format!("{flag}: {e}")))?;
+    Ok(rgml_llm::TensorOverride { pattern, device })
+}
+
 fn host_cpu() -> Result<DeviceRef, CliError> {
     Ok(rgml::registry::device("CPU")?)
 }
 
+/// llama.cpp's pattern of the experts (`--cpu-moe`), after a block's `blk.N`.
+const EXPERTS: &str = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps";
+
 impl ModelArgs {
+    /// The tensor overrides of `-ot`, then `--cpu-moe` / `--n-cpu-moe` (the CPU device), in
+    /// that order (the first match wins, as in llama.cpp).
+    pub(crate) fn tensor_overrides(&self) -> Result<Vec<rgml_llm::TensorOverride>, CliError> {
+        let mut out = Vec::new();
+        for list in &self.override_tensor {
+            for item in split_names(list) {
+                let (pattern, device) = item.rsplit_once('=').ok_or_else(|| {
+                    CliError::usage(format!(
+                        "--override-tensor {item:?}: expected PATTERN=DEVICE"
+                    ))
+                })?;
+                out.push(tensor_override(
+                    pattern,
+                    device.trim(),
+                    "--override-tensor",
+                )?);
+            }
+        }
+        if self.cpu_moe && self.n_cpu_moe.is_some() {
+            return Err(CliError::usage(
+                "--cpu-moe and --n-cpu-moe exclude each other",
+            ));
+        }
+        if self.cpu_moe {
+            out.push(tensor_override(EXPERTS, "CPU", "--cpu-moe")?);
+        }
+        for il in 0..self.n_cpu_moe.unwrap_or(0) {
+            let pattern = format!(r"blk\.{il}{EXPERTS}");
+            out.push(tensor_override(&pattern, "CPU", "--n-cpu-moe")?);
+        }
+        Ok(out)
+    }
+
     /// Where the model goes, from the device flags (see the module docs).
     pub(crate) fn placement(&self) -> Result<Placement, CliError> {
         let ngl = self.n_gpu_layers.and_then(GpuLayers::count);

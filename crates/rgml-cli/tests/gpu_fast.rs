@@ -147,6 +147,7 @@ fn greedy(model: &Arc<Model>, prompt: &str, n: usize) -> Vec<(u32, f32)> {
 fn load(path: &Path, device: &str) -> Arc<Model> {
     let device = rgml::registry::device(device).expect("device");
     let options = rgml_llm::LoadOptions {
+        overrides: Vec::new(),
         placement: Some(Placement::Single(device)),
         ..Default::default()
     };

@@ -16,7 +16,7 @@
 #[allow(dead_code)] // Not every helper is used here.
 mod common;
 
-use common::{greedy_worst, logits_json, root, runnable_isas, sha256_hex};
+use common::{greedy_worst, logits_json, root, runnable_isas, sha256_hex, skip_unless_required};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -75,11 +75,10 @@ fn saved_models(tool: &Path, seed: u64) -> PathBuf {
 #[test]
 fn llama_cpps_own_random_models_give_its_logits() {
     let Some(tool) = std::env::var_os("RGML_TEST_LLAMA_ARCHS") else {
-        assert!(
-            std::env::var("RGML_REQUIRE_LLAMA_ARCHS").as_deref() != Ok("1"),
-            "RGML_TEST_LLAMA_ARCHS is not set (scripts/llamacpp.sh test-llama-archs builds it)"
+        skip_unless_required(
+            "RGML_REQUIRE_LLAMA_ARCHS",
+            "RGML_TEST_LLAMA_ARCHS names no test-llama-archs (scripts/llamacpp.sh builds it)",
         );
-        eprintln!("skipped: RGML_TEST_LLAMA_ARCHS names no test-llama-archs");
         return;
     };
     let fixtures = fixtures();

@@ -54,7 +54,7 @@ pub mod tokenizer;
 pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, SlidingWindow};
 pub use error::{LlmError, MemoryUse, Result};
 pub use generate::{Generation, StopReason};
-pub use model::{LoadOptions, Model, Placement};
+pub use model::{LoadOptions, Model, Placement, TensorOverride};
 pub use quantize::{QuantPreset, QuantizeError, QuantizeOptions};
 pub use sampling::{Sampler, SamplerParams};
 pub use session::{flash_attn_probe, FlashAttn, Logits, Session, SessionOptions, CACHE_TYPES};

@@ -119,8 +119,31 @@ impl std::fmt::Debug for Placement {
 pub struct LoadOptions<'a> {
     /// Where the weights go (default: all on the registry's "CPU" device).
     pub placement: Option<Placement>,
+    /// Weights that go elsewhere than the placement puts them (llama.cpp's
+    /// `--override-tensor`; the first match wins). Not with [`Placement::Tensor`].
+    pub overrides: Vec<TensorOverride>,
     /// Progress callback.
     pub progress: Option<ProgressFn<'a>>,
+}
+
+/// llama.cpp's `--override-tensor PATTERN=DEVICE`: the weights whose name `pattern` matches
+/// (anywhere in the name, as llama.cpp's `std::regex_search`) go to `device`, whatever the
+/// placement says of their block; the ops that read them follow them there (the scheduler
+/// runs an op where its weights are). `--cpu-moe` is `\.ffn_(up|down|gate)_exps` on the CPU:
+/// the experts, most of a mixture-of-experts model's bytes, in host memory, the rest on the
+/// GPU.
+#[derive(Clone)]
+pub struct TensorOverride {
+    /// Matched against each tensor's name.
+    pub pattern: regex::Regex,
+    /// Where the matching tensors go.
+    pub device: DeviceRef,
+}
+
+impl std::fmt::Debug for TensorOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.pattern.as_str(), self.device.name())
+    }
 }
 
 /// A loaded LLaMA-family model: configuration, tokenizer and weights.
@@ -162,6 +185,8 @@ pub struct Model {
     size_bytes: usize,
     /// The mapped file the weights come from, to notice it changing under us.
     file: Option<Arc<rgml_gguf::FileStamp>>,
+    /// The tensors a [`TensorOverride`] placed: name, device index, bytes.
+    overridden: Vec<(String, usize, usize)>,
 }
 
 impl std::fmt::Debug for Model {
@@ -202,7 +227,16 @@ impl Model {
     pub fn from_gguf(gguf: &GgufFile, mut options: LoadOptions<'_>) -> Result<Model> {
         let config = ModelConfig::from_gguf(gguf)?;
         let tokenizer = Tokenizer::from_gguf(gguf)?;
-        let (devices, map) = resolve_placement(gguf, &config, options.placement.take())?;
+        let tensor_split = matches!(options.placement, Some(Placement::Tensor { .. }));
+        if tensor_split && !options.overrides.is_empty() {
+            return Err(LlmError::BadConfig(
+                "tensor overrides (--override-tensor, --cpu-moe) do not combine with a tensor \
+                 split"
+                    .into(),
+            ));
+        }
+        let (mut devices, mut map) = resolve_placement(gguf, &config, options.placement.take())?;
+        map.overrides = override_devices(&mut devices, &options.overrides);
 
         let (mut ctx, ids) = weights_context(gguf)?;
         check_blocks(gguf, config.n_layer)?;
@@ -210,6 +244,11 @@ impl Model {
         weights.check_shapes(&ctx, &config)?;
 
         let (placed, tied_output) = assign_tensors(gguf, &mut ctx, &ids, &map)?;
+        let overridden = placed
+            .iter()
+            .filter(|(_, info, _)| map.overrides.iter().any(|(re, _)| re.is_match(&info.name)))
+            .filter_map(|&(_, info, dev)| dev.map(|d| (info.name.clone(), d, info.size)))
+            .collect();
         let host = match map.inputs {
             Some(_) => None,
             None => Some(rgml::registry::device("CPU").unwrap_or_else(|_| devices[0].clone())),
@@ -262,7 +301,14 @@ impl Model {
                 .sum(),
             size_bytes: gguf.tensors().iter().map(|t| t.size).sum(),
             file: gguf.file_stamp().cloned(),
+            overridden,
         })
+    }
+
+    /// The tensors a [`TensorOverride`] placed, as `(name, device index into
+    /// [`Model::devices`], bytes)`, in file order.
+    pub fn overridden_tensors(&self) -> &[(String, usize, usize)] {
+        &self.overridden
     }
 
     /// The RoPE frequency divisors of a context of `n_ctx` positions per sequence, as
@@ -353,6 +399,8 @@ struct LayerMap {
     /// The device of the other tensors (the token embeddings; `rope_freqs`), or `None` for
     /// host memory (the registry's "CPU" device).
     inputs: Option<usize>,
+    /// Tensors whose name matches go to the device, whatever their part.
+    overrides: Vec<(regex::Regex, usize)>,
 }
 
 impl LayerMap {
@@ -362,6 +410,7 @@ impl LayerMap {
             blocks: vec![dev; n_layer],
             output: dev,
             inputs: Some(dev),
+            overrides: Vec::new(),
         }
     }
 }
@@ -391,6 +440,7 @@ fn resolve_placement(
                 blocks,
                 output: devices.len() - 1,
                 inputs: (devices.len() == 1).then_some(0),
+                overrides: Vec::new(),
             };
             (devices, map)
         }
@@ -452,7 +502,29 @@ fn offload_map(n_layer: usize, n_gpu_layers: usize) -> Option<LayerMap> {
             .collect(),
         output: GPU,
         inputs: Some(CPU),
+        overrides: Vec::new(),
     })
+}
+
+/// The overrides as indices into `devices`, a device not among them added at the end (the
+/// blocks keep their devices; the session opens a backend for every device).
+fn override_devices(
+    devices: &mut Vec<DeviceRef>,
+    overrides: &[TensorOverride],
+) -> Vec<(regex::Regex, usize)> {
+    overrides
+        .iter()
+        .map(|o| {
+            let at = devices
+                .iter()
+                .position(|d| rgml::backend::same_instance(d, &o.device))
+                .unwrap_or_else(|| {
+                    devices.push(o.device.clone());
+                    devices.len() - 1
+                });
+            (o.pattern.clone(), at)
+        })
+        .collect()
 }
 
 /// A context with one tensor (no storage yet) per tensor of the file, named as in the file.
@@ -496,7 +568,10 @@ fn assign_tensors<'g>(
     let mut placed: PlacedTensors<'g> = Vec::new();
     for info in gguf.tensors() {
         let (id, _) = ids[info.name.as_str()];
-        let where_ = if let Some(il) = block_index(&info.name) {
+        let overridden = map.overrides.iter().find(|(re, _)| re.is_match(&info.name));
+        let where_ = if let Some(&(_, dev)) = overridden {
+            Some(dev)
+        } else if let Some(il) = block_index(&info.name) {
             // `check_blocks` has refused blocks beyond the count.
             Some(map.blocks.get(il).copied().unwrap_or(map.output))
         } else if info.name.starts_with("output") {

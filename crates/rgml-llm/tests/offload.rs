@@ -24,6 +24,7 @@ fn device(name: &str) -> rgml::DeviceRef {
 
 fn load(placement: Placement) -> rgml_llm::Result<Arc<Model>> {
     let options = LoadOptions {
+        overrides: Vec::new(),
         placement: Some(placement),
         ..Default::default()
     };

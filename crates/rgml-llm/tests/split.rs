@@ -26,6 +26,7 @@ fn load(devices: &[&str], split: &[f32]) -> Arc<Model> {
         .map(|d| rgml::registry::device(d).unwrap())
         .collect();
     let options = LoadOptions {
+        overrides: Vec::new(),
         placement: Some(Placement::Layers {
             devices,
             shares: split.to_vec(),
@@ -147,6 +148,7 @@ fn bad_splits_are_errors() {
     };
     for split in [vec![1.0], vec![0.0, 0.0], vec![f32::NAN, 1.0]] {
         let options = LoadOptions {
+            overrides: Vec::new(),
             placement: Some(Placement::Layers {
                 devices: devices(),
                 shares: split.clone(),

@@ -5,7 +5,7 @@
 //! This module owns [`Builder`], which adds those nodes to a context for one micro-batch; what
 //! a block is made of is each architecture's business.
 
-use super::{FfnWeights, LayerWeights, Matrix, QkvWeights};
+use super::{LayerWeights, Matrix, QkvWeights};
 use crate::config::{FfnActivation, ModelConfig};
 use crate::error::Result;
 use rgml::{Context, DType, Graph, RopeParams, TensorId};
@@ -157,6 +157,11 @@ impl<'a> Builder<'a> {
         &self.model
     }
 
+    /// Whether the micro-batch is one sequence's tokens (llama.cpp's node names are kept).
+    pub(crate) fn one_sequence(&self) -> bool {
+        self.inputs.row_groups.len() <= 1
+    }
+
     pub(crate) fn config(&self) -> &'a ModelConfig {
         self.model.config
     }
@@ -217,7 +222,7 @@ impl<'a> Builder<'a> {
     /// sequences with one row each (generation steps) are one part with `alone` set, for `f`
     /// to compute row by row as alone ([`Context::mul_mat_rows_alone`]). The parts' results
     /// `[_, rows of the part]` are concatenated in order; with one sequence, `f(x, false)`.
-    fn by_sequence(
+    pub(crate) fn by_sequence(
         &mut self,
         x: TensorId,
         f: &mut dyn FnMut(&mut Self, TensorId, bool) -> Result<TensorId>,
@@ -596,24 +601,9 @@ impl<'a> Builder<'a> {
         Ok(self.ctx.cont_shape(kqv, &[c.n_embd_q(), g.n])?)
     }
 
-    /// The FFN of block `il` on the normed `cur`: the gated FFN, or the mixture of experts
-    /// (each sequence's rows routed as alone, see [`Builder::by_sequence`]).
-    pub(crate) fn ffn(&mut self, il: usize, l: &LayerWeights, cur: TensorId) -> Result<TensorId> {
-        match &l.ffn {
-            FfnWeights::Dense { gate, up, down } => {
-                self.dense_ffn(il, gate.as_ref(), up, down, cur)
-            }
-            FfnWeights::Experts(experts) => {
-                let one_part = self.inputs.row_groups.len() <= 1;
-                self.by_sequence(cur, &mut |b, part, alone| {
-                    super::moe::ffn(b, il, experts, part, alone, one_part)
-                })
-            }
-        }
-    }
-
-    /// The gated FFN `down(act(gate(cur)) * up(cur))`; `gate` `None`: fused in `up`.
-    fn dense_ffn(
+    /// The gated FFN of block `il` on the normed `cur`: `down(act(gate(cur)) * up(cur))`;
+    /// `gate` `None`: fused in `up`.
+    pub(crate) fn dense_ffn(
         &mut self,
         il: usize,
         gate: Option<&Matrix>,

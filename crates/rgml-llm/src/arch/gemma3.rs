@@ -125,7 +125,7 @@ pub(super) fn layer(
     let sa_out = b.keep(sa_out, format!("sa_out-{il}"))?;
     let cur = b.norm(sa_out, l.ffn_norm, il)?;
     let cur = b.keep(cur, format!("ffn_norm-{il}"))?;
-    let ffn = b.ffn(il, l, cur)?;
+    let ffn = super::ffn(b, il, l, cur)?;
     let cur = b.norm(ffn, ffn_post_norm, il)?;
     let cur = b.keep(cur, format!("ffn_post_norm-{il}"))?;
     let out = b.ctx().add(cur, sa_out)?;

@@ -58,7 +58,7 @@ pub(super) fn layer(
     let x_attn = b.keep(x_attn, format!("ffn_inp-{il}"))?;
     let cur = b.norm(x_attn, l.ffn_norm, il)?;
     let cur = b.keep(cur, format!("ffn_norm-{il}"))?;
-    let ffn = b.ffn(il, l, cur)?;
+    let ffn = super::ffn(b, il, l, cur)?;
     let out = b.ctx().add(ffn, x_attn)?;
     b.keep(out, format!("l_out-{il}"))
 }

@@ -228,6 +228,25 @@ pub(crate) fn build_layer(
     }
 }
 
+/// The FFN of block `il` on the normed `cur`: the gated FFN, or the mixture of experts (each
+/// sequence's rows routed as alone, see [`Builder::by_sequence`]).
+pub(crate) fn ffn(
+    b: &mut Builder<'_>,
+    il: usize,
+    l: &LayerWeights,
+    cur: TensorId,
+) -> Result<TensorId> {
+    match &l.ffn {
+        FfnWeights::Dense { gate, up, down } => b.dense_ffn(il, gate.as_ref(), up, down, cur),
+        FfnWeights::Experts(experts) => {
+            let named = b.one_sequence();
+            b.by_sequence(cur, &mut |b, part, alone| {
+                moe::ffn(b, il, experts, part, alone, named)
+            })
+        }
+    }
+}
+
 /// The token embeddings of the batch, scaled where the architecture scales them.
 pub(crate) fn embeddings(b: &mut Builder<'_>, tokens: TensorId) -> Result<TensorId> {
     let tok_embd = b.model().tok_embd;

@@ -784,7 +784,12 @@ fn open_backends(
     }
     let bufts: Vec<rgml::BufferTypeRef> =
         backends.iter().map(|b| b.default_buffer_type()).collect();
-    if devices.len() == 1 {
+    let cpu = rgml::registry::device("CPU")?;
+    // A mixture of experts on one GPU still needs the CPU for the routing ops a GPU backend
+    // may not have (ARGSORT, MUL_MAT_ID, ...): the scheduler falls back to it.
+    let alone = devices.len() == 1
+        && (model.config.moe.is_none() || rgml::backend::same_instance(&devices[0], &cpu));
+    if alone {
         // One backend: one split, no copies, so one copy of the (absent) split inputs.
         let sched = Scheduler::new(backends, SchedulerOptions::default())?;
         return Ok((Box::new(sched), bufts));
@@ -792,7 +797,6 @@ fn open_backends(
     // The scheduler runs what no device takes (inputs, the token embeddings in host memory)
     // on a CPU backend, which must come last: the model's last device when that is the
     // registry's CPU (an offloaded model: GPU, CPU), else one more.
-    let cpu = rgml::registry::device("CPU")?;
     let last_is_cpu = devices
         .last()
         .is_some_and(|d| rgml::backend::same_instance(d, &cpu));

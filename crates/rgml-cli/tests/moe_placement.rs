@@ -1,0 +1,121 @@
+//! Expert placement (llama.cpp's `-ot/--override-tensor`, `--cpu-moe`, `--n-cpu-moe`) on the
+//! `qwen3moe` random model: the overridden tensors go to the named device (reported on
+//! stderr), the ops that read them follow them, and the logits are one CPU's bit for bit, on
+//! the CPU-device pair and with a GPU (in its exact mode) taking the rest of the model. A
+//! mixture of experts on the GPU alone runs too: the scheduler falls back to the CPU for the
+//! routing ops the GPU backend lacks. Bad overrides are usage errors naming the flag.
+
+#[allow(dead_code)] // Only some of the helpers are used here.
+mod common;
+
+use common::{gpu_device, root, runnable_isas};
+use rgml_testmodels::{write_random_model, Arch};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PROMPT: &str = "Once upon a time, in a small village at the edge of a great forest, there \
+                      lived an old clockmaker.";
+
+fn model() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("moe-placement");
+    std::fs::create_dir_all(&dir).expect("create the model directory");
+    let path = dir.join("qwen3moe.gguf");
+    let vocab = root().join(Arch::Qwen3Moe.vocab_file());
+    write_random_model(Arch::Qwen3Moe, &vocab, &path).expect("write the random model");
+    path
+}
+
+/// `rgml logits` with `args`: (stdout as JSON, stderr).
+fn run(model: &Path, args: &[&str]) -> (serde_json::Value, String) {
+    let isa = runnable_isas().first().copied().unwrap_or("avx2");
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["logits", "-p", PROMPT, "--json", "-t", "2", "-fa", "off"])
+        .args(args)
+        .arg("-m")
+        .arg(model)
+        .env("RGML_CPU_ISA", isa)
+        .env("RGML_CPU_DEVICES", "2")
+        .env("RGML_WGPU_EXACT", "1")
+        .output()
+        .expect("run rgml logits");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "rgml logits {args:?} failed: {stderr}"
+    );
+    (serde_json::from_slice(&out.stdout).expect("JSON"), stderr)
+}
+
+#[test]
+fn overridden_experts_give_one_cpu_s_logits() {
+    let m = model();
+    let (alone, _) = run(&m, &["--device", "CPU0"]);
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--device", "CPU0", "-ot", "exps=CPU1"],
+            "9 tensors (2.9 MiB) on CPU1",
+        ),
+        (
+            &["--device", "CPU0,CPU1", "--cpu-moe"],
+            "9 tensors (2.9 MiB) on CPU\n",
+        ),
+        (
+            &["--device", "CPU0,CPU1", "-ncmoe", "2"],
+            "6 tensors (1.9 MiB) on CPU\n",
+        ),
+        // The first match wins: block 0's experts on CPU0, the others on CPU1.
+        (
+            &["--device", "CPU0", "-ot", r"blk\.0\.ffn=CPU0,exps=CPU1"],
+            "6 tensors (1.9 MiB) on CPU1",
+        ),
+    ];
+    for (args, report) in cases {
+        let (got, stderr) = run(&m, args);
+        assert!(stderr.contains(report), "{args:?}: {stderr}");
+        assert_eq!(got, alone, "{args:?}");
+    }
+    let Some(gpu) = gpu_device() else { return };
+    for args in [
+        vec!["--device", gpu.as_str(), "--cpu-moe"],
+        vec!["--device", gpu.as_str()],
+        vec![
+            "--device",
+            &format!("{gpu},CPU"),
+            "-ngl",
+            "2",
+            "-ot",
+            "exps=CPU",
+        ],
+    ] {
+        let (got, _) = run(&m, &args.iter().map(|s| &**s).collect::<Vec<_>>());
+        assert_eq!(got, alone, "{args:?} (exact GPU arithmetic)");
+    }
+}
+
+#[test]
+fn bad_overrides_are_usage_errors() {
+    let m = model();
+    let isa = runnable_isas().first().copied().unwrap_or("avx2");
+    for (args, want) in [
+        (vec!["-ot", "exps"], "expected PATTERN=DEVICE"),
+        (vec!["-ot", "ffn_(=CPU"], "pattern \"ffn_(\""),
+        (vec!["-ot", "exps=GPU9"], "GPU9"),
+        (vec!["--cpu-moe", "-ncmoe", "2"], "exclude each other"),
+        (
+            vec!["--device", "CPU0,CPU1", "--split-mode", "tensor", "-cmoe"],
+            "tensor split",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(["logits", "-p", "hi", "-m"])
+            .arg(&m)
+            .args(&args)
+            .env("RGML_CPU_ISA", isa)
+            .env("RGML_CPU_DEVICES", "2")
+            .output()
+            .expect("run rgml logits");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
