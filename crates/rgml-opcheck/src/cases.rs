@@ -628,7 +628,16 @@ fn diag_mask(cases: &mut Vec<Case>) {
 }
 
 fn unary(cases: &mut Vec<Case>) {
-    for op in [OpKind::Silu, OpKind::Gelu, OpKind::Tanh] {
+    let unary_ops = [
+        OpKind::Silu,
+        OpKind::Gelu,
+        OpKind::Tanh,
+        OpKind::Neg,
+        OpKind::Sigmoid,
+        OpKind::Exp,
+        OpKind::Softplus,
+    ];
+    for op in unary_ops {
         for (ne, permuted) in [
             ([128, 7, 3, 1], false),
             ([5, 1, 1, 1], false),
@@ -655,6 +664,10 @@ fn unary(cases: &mut Vec<Case>) {
                     match op {
                         OpKind::Silu => c.ctx.silu(a),
                         OpKind::Tanh => c.ctx.tanh(a),
+                        OpKind::Neg => c.ctx.neg(a),
+                        OpKind::Sigmoid => c.ctx.sigmoid(a),
+                        OpKind::Exp => c.ctx.exp(a),
+                        OpKind::Softplus => c.ctx.softplus(a),
                         _ => c.ctx.gelu(a),
                     }
                 },

@@ -237,6 +237,22 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             .into_iter()
             .map(f64::tanh)
             .collect(),
+        Op::Unary(UnaryOp::Neg) => mem.read(ctx, src(t, 0)?)?.into_iter().map(|x| -x).collect(),
+        Op::Unary(UnaryOp::Sigmoid) => mem
+            .read(ctx, src(t, 0)?)?
+            .into_iter()
+            .map(|x| 1.0 / (1.0 + (-x).exp()))
+            .collect(),
+        Op::Unary(UnaryOp::Exp) => mem
+            .read(ctx, src(t, 0)?)?
+            .into_iter()
+            .map(f64::exp)
+            .collect(),
+        Op::Unary(UnaryOp::Softplus) => mem
+            .read(ctx, src(t, 0)?)?
+            .into_iter()
+            .map(|x| if x > 20.0 { x } else { x.exp().ln_1p() })
+            .collect(),
         Op::Swiglu => {
             let a = mem.read(ctx, src(t, 0)?)?;
             let b = mem.read(ctx, src(t, 1)?)?;

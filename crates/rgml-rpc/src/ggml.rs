@@ -48,7 +48,11 @@ pub mod op {
 /// ggml's `enum ggml_unary_op` values rgml uses.
 #[allow(missing_docs)]
 pub mod unary {
+    pub const NEG: i32 = 2;
     pub const TANH: i32 = 4;
+    pub const SIGMOID: i32 = 7;
+    pub const EXP: i32 = 13;
+    pub const SOFTPLUS: i32 = 15;
     pub const GELU: i32 = 8;
     pub const SILU: i32 = 10;
 }
@@ -190,6 +194,10 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
                 UnaryOp::Silu => unary::SILU,
                 UnaryOp::Gelu => unary::GELU,
                 UnaryOp::Tanh => unary::TANH,
+                UnaryOp::Neg => unary::NEG,
+                UnaryOp::Sigmoid => unary::SIGMOID,
+                UnaryOp::Exp => unary::EXP,
+                UnaryOp::Softplus => unary::SOFTPLUS,
             };
             Ok(Params::new().i32(0, which).done(op::UNARY))
         }

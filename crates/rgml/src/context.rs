@@ -1009,6 +1009,26 @@ impl Context {
         self.unary_like(Op::Unary(UnaryOp::Tanh), a)
     }
 
+    /// `-a`.
+    pub fn neg(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary_like(Op::Unary(UnaryOp::Neg), a)
+    }
+
+    /// `1 / (1 + exp(-a))` (ggml's `ggml_sigmoid`).
+    pub fn sigmoid(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary_like(Op::Unary(UnaryOp::Sigmoid), a)
+    }
+
+    /// `exp(a)`.
+    pub fn exp(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary_like(Op::Unary(UnaryOp::Exp), a)
+    }
+
+    /// `log(1 + exp(a))`, `a` itself above 20 (ggml's `ggml_softplus`).
+    pub fn softplus(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary_like(Op::Unary(UnaryOp::Softplus), a)
+    }
+
     /// `gelu(a) * b` (equal shapes; GELU's tanh approximation).
     pub fn geglu(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         self.expect_dtype(OpKind::Geglu, b, &[DType::F32], "operands must be f32")?;

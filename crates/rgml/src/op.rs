@@ -63,6 +63,14 @@ pub enum UnaryOp {
     Gelu,
     /// `tanh(x)` (soft-capping of logits).
     Tanh,
+    /// `-x`.
+    Neg,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
+    /// `exp(x)`.
+    Exp,
+    /// `log(1 + exp(x))`, or `x` above 20 (ggml's cut-over).
+    Softplus,
 }
 
 /// An operation with its parameters. Sources live in the tensor's `src` list.
@@ -240,6 +248,10 @@ pub enum OpKind {
     Silu,
     Gelu,
     Tanh,
+    Neg,
+    Sigmoid,
+    Exp,
+    Softplus,
     Swiglu,
     Geglu,
     Concat,
@@ -252,7 +264,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 33] = [
+    pub const ALL: [OpKind; 37] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -278,6 +290,10 @@ impl OpKind {
         OpKind::Silu,
         OpKind::Gelu,
         OpKind::Tanh,
+        OpKind::Neg,
+        OpKind::Sigmoid,
+        OpKind::Exp,
+        OpKind::Softplus,
         OpKind::Swiglu,
         OpKind::Geglu,
         OpKind::Concat,
@@ -316,6 +332,10 @@ impl OpKind {
             OpKind::Silu => "SILU",
             OpKind::Gelu => "GELU",
             OpKind::Tanh => "TANH",
+            OpKind::Neg => "NEG",
+            OpKind::Sigmoid => "SIGMOID",
+            OpKind::Exp => "EXP",
+            OpKind::Softplus => "SOFTPLUS",
             OpKind::Swiglu => "SWIGLU",
             OpKind::Geglu => "GEGLU",
             OpKind::Concat => "CONCAT",
@@ -378,6 +398,10 @@ impl Op {
             Op::Unary(UnaryOp::Silu) => OpKind::Silu,
             Op::Unary(UnaryOp::Gelu) => OpKind::Gelu,
             Op::Unary(UnaryOp::Tanh) => OpKind::Tanh,
+            Op::Unary(UnaryOp::Neg) => OpKind::Neg,
+            Op::Unary(UnaryOp::Sigmoid) => OpKind::Sigmoid,
+            Op::Unary(UnaryOp::Exp) => OpKind::Exp,
+            Op::Unary(UnaryOp::Softplus) => OpKind::Softplus,
             Op::Swiglu => OpKind::Swiglu,
             Op::Geglu => OpKind::Geglu,
             Op::Concat { .. } => OpKind::Concat,

@@ -278,6 +278,10 @@ pub(crate) fn inplace_capable(op: &Op, i: usize) -> bool {
             | OpKind::Silu
             | OpKind::Gelu
             | OpKind::Tanh
+            | OpKind::Neg
+            | OpKind::Sigmoid
+            | OpKind::Exp
+            | OpKind::Softplus
             | OpKind::Swiglu
             | OpKind::Geglu
             | OpKind::Rope

@@ -345,6 +345,10 @@ impl Builder<'_> {
                     unary::SILU => ctx.silu(a)?,
                     unary::GELU => ctx.gelu(a)?,
                     unary::TANH => ctx.tanh(a)?,
+                    unary::NEG => ctx.neg(a)?,
+                    unary::SIGMOID => ctx.sigmoid(a)?,
+                    unary::EXP => ctx.exp(a)?,
+                    unary::SOFTPLUS => ctx.softplus(a)?,
                     u => {
                         return Err(BuildError::refused(format!(
                             "unary op {u} is not supported"

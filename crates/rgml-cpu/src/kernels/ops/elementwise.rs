@@ -183,6 +183,14 @@ pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Res
         }
         // ggml_vec_tanh_f32: libm's tanhf per element.
         UnaryOp::Tanh => map_rows(task, tc, f32::tanh),
+        // ggml-cpu's scalar formulas (`unary-ops.cpp`), on libm's expf/logf as its build.
+        UnaryOp::Neg => map_rows(task, tc, |x| -x),
+        UnaryOp::Sigmoid => map_rows(task, tc, |x| 1.0 / (1.0 + (-x).exp())),
+        UnaryOp::Exp => map_rows(task, tc, f32::exp),
+        UnaryOp::Softplus => map_rows(task, tc, |x| match x > 20.0 {
+            true => x,
+            false => (1.0 + x.exp()).ln(),
+        }),
     }
 }
 
