@@ -674,6 +674,20 @@ fn unary(cases: &mut Vec<Case>) {
             ));
         }
     }
+    // gpt-oss's alpha and limit; operands beyond the limit on both sides.
+    for ne in [[128, 7, 3, 1], [5, 1, 1, 1], [1037, 3, 1, 1]] {
+        cases.push(Case::new(
+            OpKind::SwigluOai,
+            "SWIGLU_OAI type=f32".into(),
+            format!("type=f32,ne={},alpha=1.702,limit=7", dims(&ne)),
+            DEFAULT_NMSE,
+            move |c| {
+                let g = c.leaf(DType::F32, &ne, Init::Uniform(-10.0, 10.0))?;
+                let u = c.leaf(DType::F32, &ne, Init::Uniform(-10.0, 10.0))?;
+                c.ctx.swiglu_oai(g, u, 1.702, 7.0)
+            },
+        ));
+    }
     for ne in [[128, 7, 3, 1], [5, 1, 1, 1], [1037, 3, 1, 1]] {
         cases.push(Case::new(
             OpKind::Swiglu,

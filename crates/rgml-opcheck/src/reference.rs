@@ -253,6 +253,18 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             .into_iter()
             .map(|x| if x > 20.0 { x } else { x.exp().ln_1p() })
             .collect(),
+        Op::SwigluOai { alpha, limit } => {
+            let a = mem.read(ctx, src(t, 0)?)?;
+            let b = mem.read(ctx, src(t, 1)?)?;
+            let (alpha, limit) = (f64::from(alpha), f64::from(limit));
+            a.iter()
+                .zip(&b)
+                .map(|(&g, &u)| {
+                    let x = g.min(limit);
+                    x / (1.0 + (-alpha * x).exp()) * (u.clamp(-limit, limit) + 1.0)
+                })
+                .collect()
+        }
         Op::Swiglu => {
             let a = mem.read(ctx, src(t, 0)?)?;
             let b = mem.read(ctx, src(t, 1)?)?;

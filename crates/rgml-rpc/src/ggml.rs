@@ -62,6 +62,7 @@ pub mod unary {
 pub mod glu {
     pub const GEGLU: i32 = 1;
     pub const SWIGLU: i32 = 2;
+    pub const SWIGLU_OAI: i32 = 3;
 }
 
 /// ggml's `GGML_TENSOR_FLAG_*`.
@@ -204,6 +205,11 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
         // The split form (gate and up as two operands, not swapped).
         Op::Swiglu => Ok(Params::new().i32(0, glu::SWIGLU).done(op::GLU)),
         Op::Geglu => Ok(Params::new().i32(0, glu::GEGLU).done(op::GLU)),
+        Op::SwigluOai { alpha, limit } => Ok(Params::new()
+            .i32(0, glu::SWIGLU_OAI)
+            .f32(2, alpha)
+            .f32(3, limit)
+            .done(op::GLU)),
         Op::Concat { dim } => Ok(Params::new()
             .i32(0, small(kind, dim, "axis out of range")?)
             .done(op::CONCAT)),

@@ -995,6 +995,29 @@ impl Context {
         self.unary_like(Op::Unary(UnaryOp::Gelu), a)
     }
 
+    /// gpt-oss's SwiGLU (ggml's `ggml_swiglu_oai`, split form; see [`Op::SwigluOai`]): `a`
+    /// the gate, `b` the up projection, equal shapes.
+    pub fn swiglu_oai(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<TensorId> {
+        let kind = OpKind::SwigluOai;
+        self.expect_dtype(kind, b, &[DType::F32], "operands must be f32")?;
+        self.expect_same_shape(kind, a, b)?;
+        if !(alpha.is_finite() && limit.is_finite() && limit > 0.0) {
+            return Err(Error::InvalidArgument {
+                op: kind,
+                reason: format!("alpha {alpha} and limit {limit} (a positive limit)"),
+            });
+        }
+        let id = self.unary_like(Op::SwigluOai { alpha, limit }, a)?;
+        self.get_mut(id)?.src.push(b);
+        Ok(id)
+    }
+
     /// `silu(a) * b` (equal shapes).
     pub fn swiglu(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         self.expect_dtype(OpKind::Swiglu, b, &[DType::F32], "operands must be f32")?;

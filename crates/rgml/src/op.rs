@@ -175,6 +175,14 @@ pub enum Op {
     Swiglu,
     /// `gelu(src0) * src1` (GELU's tanh approximation; ggml's GEGLU, split form).
     Geglu,
+    /// gpt-oss's gated activation (ggml's SWIGLU_OAI, split form): with `x = min(src0,
+    /// limit)` and `y = clamp(src1, -limit, limit)`, `x / (1 + exp(-alpha x)) * (y + 1)`.
+    SwigluOai {
+        /// The sigmoid's slope.
+        alpha: f32,
+        /// The bound of both operands.
+        limit: f32,
+    },
     /// Concatenate `src0` and `src1` along `dim`.
     Concat {
         /// Axis.
@@ -254,6 +262,7 @@ pub enum OpKind {
     Softplus,
     Swiglu,
     Geglu,
+    SwigluOai,
     Concat,
     Argmax,
     Argsort,
@@ -264,7 +273,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 37] = [
+    pub const ALL: [OpKind; 38] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -296,6 +305,7 @@ impl OpKind {
         OpKind::Softplus,
         OpKind::Swiglu,
         OpKind::Geglu,
+        OpKind::SwigluOai,
         OpKind::Concat,
         OpKind::Argmax,
         OpKind::Argsort,
@@ -338,6 +348,7 @@ impl OpKind {
             OpKind::Softplus => "SOFTPLUS",
             OpKind::Swiglu => "SWIGLU",
             OpKind::Geglu => "GEGLU",
+            OpKind::SwigluOai => "SWIGLU_OAI",
             OpKind::Concat => "CONCAT",
             OpKind::Argmax => "ARGMAX",
             OpKind::Argsort => "ARGSORT",
@@ -404,6 +415,7 @@ impl Op {
             Op::Unary(UnaryOp::Softplus) => OpKind::Softplus,
             Op::Swiglu => OpKind::Swiglu,
             Op::Geglu => OpKind::Geglu,
+            Op::SwigluOai { .. } => OpKind::SwigluOai,
             Op::Concat { .. } => OpKind::Concat,
             Op::Argmax => OpKind::Argmax,
             Op::Argsort { .. } => OpKind::Argsort,

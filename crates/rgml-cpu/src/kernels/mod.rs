@@ -189,7 +189,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
         | Op::RmsNorm { .. }
         | Op::Norm { .. }
         | Op::DiagMaskInf { .. } => n(1) && f32_rows(t) && f32_rows(s[0]) && t.ne == s[0].ne,
-        Op::Swiglu | Op::Geglu => {
+        Op::Swiglu | Op::Geglu | Op::SwigluOai { .. } => {
             n(2) && f32_rows(t)
                 && f32_rows(s[0])
                 && f32_rows(s[1])
@@ -364,6 +364,7 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::Scale { scale, bias } => elementwise::scale(task, tc, scale, bias),
         Op::Unary(u) => elementwise::unary(task, tc, u),
         Op::Swiglu => elementwise::swiglu(task, tc),
+        Op::SwigluOai { alpha, limit } => elementwise::swiglu_oai(task, tc, alpha, limit),
         Op::Geglu => elementwise::geglu(task, tc),
         Op::RmsNorm { eps } => norm::rms_norm(task, tc, eps),
         Op::Norm { eps } => norm::norm(task, tc, eps),

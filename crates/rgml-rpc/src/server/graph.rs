@@ -376,6 +376,7 @@ impl Builder<'_> {
                 match p[0] {
                     glu::SWIGLU => ctx.swiglu(a, b)?,
                     glu::GEGLU => ctx.geglu(a, b)?,
+                    glu::SWIGLU_OAI => ctx.swiglu_oai(a, b, pf(2), pf(3))?,
                     g => return Err(BuildError::refused(format!("GLU op {g} is not supported"))),
                 }
             }

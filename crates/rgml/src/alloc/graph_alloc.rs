@@ -76,6 +76,7 @@ pub fn op_can_inplace(op: &Op) -> bool {
             | Op::Unary(_)
             | Op::Swiglu
             | Op::Geglu
+            | Op::SwigluOai { .. }
             | Op::Rope(_)
             | Op::RmsNorm { .. }
             | Op::Norm { .. }

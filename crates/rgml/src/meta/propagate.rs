@@ -755,7 +755,7 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
             }
             Ok(Rule::State(n.st(0)?.clone()))
         }
-        Op::Swiglu | Op::Geglu => glu_rule(&n),
+        Op::Swiglu | Op::Geglu | Op::SwigluOai { .. } => glu_rule(&n),
         Op::Concat { dim } => concat_rule(&n, dim),
         Op::Argmax => argmax_rule(&n),
         Op::Argsort { .. } => argsort_rule(&n),

@@ -215,6 +215,31 @@ pub(crate) fn swiglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     gated_rows(task, tc, |d, x, g| vexp::silu_row(features, d, x, Some(g)))
 }
 
+/// gpt-oss's SwiGLU as ggml-cpu's `ggml_compute_forward_swiglu_oai_f32` computes it, element
+/// by element: `std::min` and `std::clamp` (a NaN passes through), then the division by `1 +
+/// expf(alpha * -x)`.
+pub(crate) fn swiglu_oai(
+    task: &NodeTask,
+    tc: &mut ThreadCtx<'_>,
+    alpha: f32,
+    limit: f32,
+) -> Result<()> {
+    gated_rows(task, tc, |d, gate, up| {
+        for ((d, &g), &u) in d.iter_mut().zip(gate).zip(up) {
+            let x = if limit < g { limit } else { g };
+            let y = if u < -limit {
+                -limit
+            } else if limit < u {
+                limit
+            } else {
+                u
+            };
+            let glu = x / (1.0 + (alpha * -x).exp());
+            *d = glu * (y + 1.0);
+        }
+    })
+}
+
 /// Run `f(dst_row, src0_row, src1_row)` over this thread's rows of a gated unit.
 fn gated_rows(
     task: &NodeTask,

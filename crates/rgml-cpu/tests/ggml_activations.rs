@@ -1,0 +1,83 @@
+//! NEG, SIGMOID, EXP, SOFTPLUS and SWIGLU_OAI against the real ggml, bit for bit:
+//! `tests/fixtures/ggml_activations/activations.bin` holds inputs and what ggml-cpu computed
+//! from them (`scripts/ggml_ref/gen_activations.sh`), over ranges that reach softplus's
+//! cut-over at 20, the saturation of sigmoid and exp, and SwiGLU-OAI's clamps.
+
+mod fixture_reader;
+use fixture_reader::Reader;
+use rgml::alloc::alloc_ctx_tensors;
+use rgml::{Backend, Context, DType, Device, Graph};
+use rgml_cpu::{CpuBackend, CpuDevice};
+use std::path::Path;
+
+struct Case {
+    op: u32,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    out: Vec<f32>,
+}
+
+fn read_cases() -> Vec<Case> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/ggml_activations/activations.bin");
+    let bytes = std::fs::read(&path).unwrap();
+    let mut r = Reader::new(&bytes);
+    assert_eq!(r.take(8), b"RGMLAC1\0");
+    let cases = (0..r.u32())
+        .map(|_| {
+            let (op, n) = (r.u32(), r.u32());
+            Case {
+                op: op as u32,
+                a: r.f32s(n),
+                b: r.f32s(n),
+                out: r.f32s(n),
+            }
+        })
+        .collect();
+    assert!(r.done(), "trailing bytes in the fixture");
+    cases
+}
+
+fn rgml_op(be: &mut CpuBackend, case: &Case) -> Vec<f32> {
+    let n = case.a.len();
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(DType::F32, &[n]).unwrap();
+    let b = ctx.new_tensor(DType::F32, &[n]).unwrap();
+    let y = match case.op {
+        0 => ctx.neg(a),
+        1 => ctx.sigmoid(a),
+        2 => ctx.exp(a),
+        3 => ctx.softplus(a),
+        _ => ctx.swiglu_oai(a, b, 1.702, 7.0),
+    }
+    .unwrap();
+    alloc_ctx_tensors(&mut ctx, &CpuDevice::new("CPU").buffer_type()).unwrap();
+    ctx.tensor_set_f32(a, &case.a).unwrap();
+    ctx.tensor_set_f32(b, &case.b).unwrap();
+    let graph = Graph::build(&mut ctx, &[y]).unwrap();
+    be.graph_compute(&ctx, &graph).unwrap();
+    ctx.tensor_get_f32(y).unwrap()
+}
+
+#[test]
+fn activations_are_ggml_bit_for_bit() {
+    let cases = read_cases();
+    assert_eq!(cases.len(), 10);
+    let mut be = CpuBackend::new(2).unwrap();
+    for (i, case) in cases.iter().enumerate() {
+        let got = rgml_op(&mut be, case);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let differ = bits(&got)
+            .iter()
+            .zip(bits(&case.out))
+            .filter(|(g, w)| *g != w)
+            .count();
+        assert_eq!(
+            differ, 0,
+            "case {i} (op {}): {differ} values differ",
+            case.op
+        );
+        // Not all-zero or constant data.
+        assert!(case.out.iter().any(|&v| v != case.out[0]), "case {i}");
+    }
+}
