@@ -1069,6 +1069,24 @@ fn mul_mat_id(cases: &mut Vec<Case>) {
     }
 }
 
+/// ADD_ID: gpt-oss's expert biases, one row of `b` per (slot, token).
+fn add_id(cases: &mut Vec<Case>) {
+    for (n, n_rows, n_used, tokens) in [(64, 4, 2, 5), (1031, 8, 4, 3), (7, 32, 4, 40)] {
+        cases.push(Case::new(
+            OpKind::AddId,
+            "ADD_ID type=f32".into(),
+            format!("type=f32,n={n},n_rows={n_rows},n_used={n_used},n_tokens={tokens}"),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.uniform(DType::F32, &[n, n_used, tokens])?;
+                let b = c.uniform(DType::F32, &[n, n_rows])?;
+                let ids = c.leaf(DType::I32, &[n_used, tokens], Init::Distinct(n_rows))?;
+                c.ctx.add_id(a, b, ids)
+            },
+        ));
+    }
+}
+
 /// SUM_ROWS over rows of several lengths and dims (llama.cpp sums each token's expert
 /// weights), and CLAMP with bounds inside and outside the values.
 fn sum_rows_clamp(cases: &mut Vec<Case>) {
@@ -1373,6 +1391,7 @@ pub fn all_cases() -> Vec<Case> {
     argmax(&mut cases);
     argsort(&mut cases);
     mul_mat_id(&mut cases);
+    add_id(&mut cases);
     sum_rows_clamp(&mut cases);
     flash_attn(&mut cases);
     large(&mut cases);

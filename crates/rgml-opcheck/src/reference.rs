@@ -201,6 +201,7 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             .collect(),
         Op::MulMat { .. } => mul_mat(ctx, t, mem)?,
         Op::MulMatId { .. } => mul_mat_id(ctx, t, mem)?,
+        Op::AddId => add_id(ctx, t, mem)?,
         Op::RmsNorm { eps } | Op::Norm { eps } => {
             let rms = matches!(t.op, Op::RmsNorm { .. });
             norm(mem.read(ctx, src(t, 0)?)?, t.ne, rms, eps)
@@ -409,6 +410,23 @@ fn mul_mat_id(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
             for i in 0..ne[0] {
                 let ai = &a[lin(ane, 0, i, e as usize, 0)..][..k];
                 out[lin(ne, i, slot, tok, 0)] = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn add_id(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
+    let ne = t.ne;
+    let (a, ane) = read_src(ctx, t, mem, 0)?;
+    let (b, bne) = read_src(ctx, t, mem, 1)?;
+    let (ids, idne) = read_src(ctx, t, mem, 2)?;
+    let mut out = a.clone();
+    for tok in 0..ne[2] {
+        for slot in 0..ne[1] {
+            let row = index(ids[lin(idne, slot, tok, 0, 0)], bne[1], "ADD_ID row id")?;
+            for i in 0..ne[0] {
+                out[lin(ane, i, slot, tok, 0)] += b[lin(bne, i, row, 0, 0)];
             }
         }
     }

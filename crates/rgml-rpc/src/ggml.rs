@@ -14,6 +14,7 @@ pub mod op {
     pub const NONE: u32 = 0;
     pub const DUP: u32 = 1;
     pub const ADD: u32 = 2;
+    pub const ADD_ID: u32 = 3;
     pub const SUB: u32 = 6;
     pub const MUL: u32 = 7;
     pub const DIV: u32 = 8;
@@ -143,6 +144,7 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
         Op::Argmax => plain(op::ARGMAX),
         Op::MulMatId { .. } => plain(op::MUL_MAT_ID),
         Op::SumRows => plain(op::SUM_ROWS),
+        Op::AddId => plain(op::ADD_ID),
         Op::Clamp { min, max } => Ok(Params::new().f32(0, min).f32(1, max).done(op::CLAMP)),
         // `ggml_sort_order`: 0 ascending, 1 descending.
         Op::Argsort { descending } => Ok(Params::new()

@@ -1216,6 +1216,35 @@ impl Context {
         self.node(DType::I32, [n, 1, 1, 1], Op::Argmax, &[a])
     }
 
+    /// `a` `[n, n_used, n_tokens]` plus, at slot `(i, t)`, row `ids[i, t]` of `b` `[n, n_rows]`
+    /// (ggml's `ggml_add_id`: gpt-oss's per-expert biases); f32, `ids` I32 `[n_used,
+    /// n_tokens]`.
+    pub fn add_id(&mut self, a: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
+        let kind = OpKind::AddId;
+        self.expect_dtype(kind, a, &[DType::F32], "src0 must be f32")?;
+        self.expect_dtype(kind, b, &[DType::F32], "src1 must be f32")?;
+        self.expect_dtype(kind, ids, &[DType::I32], "ids must be i32")?;
+        let (ta, tb, ti) = (self.get(a)?, self.get(b)?, self.get(ids)?);
+        let fits = ta.ne[0] == tb.ne[0]
+            && tb.ne[2] == 1
+            && tb.ne[3] == 1
+            && ta.ne[3] == 1
+            && ti.ne[0] == ta.ne[1]
+            && ti.ne[1] == ta.ne[2]
+            && ti.ne[2] == 1
+            && ti.ne[3] == 1;
+        if !fits {
+            return Err(Error::ShapeMismatch {
+                op: kind,
+                lhs: ta.ne,
+                rhs: tb.ne,
+                reason: "need a [n, n_used, n_tokens], b [n, rows], ids [n_used, n_tokens]",
+            });
+        }
+        let ne = ta.ne;
+        self.node(DType::F32, ne, Op::AddId, &[a, b, ids])
+    }
+
     /// The sum of each row of `a` (f32): `[1, ne1, ne2, ne3]` (ggml's `ggml_sum_rows`).
     pub fn sum_rows(&mut self, a: TensorId) -> Result<TensorId> {
         self.expect_dtype(OpKind::SumRows, a, &[DType::F32], "operand must be f32")?;

@@ -143,6 +143,9 @@ pub enum Op {
         /// expert from 8 routed rows).
         rows_alone: bool,
     },
+    /// gpt-oss's expert biases (ggml's `ggml_add_id`): `src0` `[n, n_used, n_tokens]` plus row
+    /// `ids[slot, t]` of `src1` `[n, n_rows]` (`src2`: I32 `[n_used, n_tokens]`).
+    AddId,
     /// Row-wise `x / sqrt(mean(x²) + eps)`.
     RmsNorm {
         /// Added to the mean square.
@@ -248,6 +251,7 @@ pub enum OpKind {
     Scale,
     MulMat,
     MulMatId,
+    AddId,
     RmsNorm,
     Norm,
     Rope,
@@ -273,7 +277,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 38] = [
+    pub const ALL: [OpKind; 39] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -291,6 +295,7 @@ impl OpKind {
         OpKind::Scale,
         OpKind::MulMat,
         OpKind::MulMatId,
+        OpKind::AddId,
         OpKind::RmsNorm,
         OpKind::Norm,
         OpKind::Rope,
@@ -334,6 +339,7 @@ impl OpKind {
             OpKind::Scale => "SCALE",
             OpKind::MulMat => "MUL_MAT",
             OpKind::MulMatId => "MUL_MAT_ID",
+            OpKind::AddId => "ADD_ID",
             OpKind::RmsNorm => "RMS_NORM",
             OpKind::Norm => "NORM",
             OpKind::Rope => "ROPE",
@@ -401,6 +407,7 @@ impl Op {
             Op::Scale { .. } => OpKind::Scale,
             Op::MulMat { .. } => OpKind::MulMat,
             Op::MulMatId { .. } => OpKind::MulMatId,
+            Op::AddId => OpKind::AddId,
             Op::RmsNorm { .. } => OpKind::RmsNorm,
             Op::Norm { .. } => OpKind::Norm,
             Op::Rope(_) => OpKind::Rope,

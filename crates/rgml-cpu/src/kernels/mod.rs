@@ -249,6 +249,16 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 && s[0].ne[3] == 1
         }
         Op::MulMatId { .. } => n(3) && mul_mat_id::supported(s[0], s[1], s[2], t),
+        Op::AddId => {
+            n(3) && f32_rows(s[0])
+                && f32_rows(s[1])
+                && f32_rows(t)
+                && s[2].dtype == I32
+                && t.ne == s[0].ne
+                && s[1].ne[0] == t.ne[0]
+                && s[2].ne[0] == t.ne[1]
+                && s[2].ne[1] == t.ne[2]
+        }
         Op::SumRows => {
             n(1) && f32_rows(s[0]) && f32_rows(t) && t.ne == [1, s[0].ne[1], s[0].ne[2], s[0].ne[3]]
         }
@@ -358,6 +368,7 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::Argmax => rows::argmax(task, tc),
         Op::Argsort { .. } => sort::argsort(task, tc),
         Op::SumRows => rows::sum_rows(task, tc),
+        Op::AddId => elementwise::add_id(task, tc),
         Op::Clamp { min, max } => elementwise::clamp(task, tc, min, max),
         Op::MulMatId { .. } => mul_mat_id::mul_mat_id(task, tc),
         Op::Add | Op::Sub | Op::Mul | Op::Div => elementwise::binary(task, tc),

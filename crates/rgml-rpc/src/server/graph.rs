@@ -390,6 +390,10 @@ impl Builder<'_> {
                 uses(1)?;
                 ctx.argmax(need(0)?)?
             }
+            op::ADD_ID => {
+                uses(3)?;
+                ctx.add_id(need(0)?, need(1)?, need(2)?)?
+            }
             op::SUM_ROWS => {
                 uses(1)?;
                 ctx.sum_rows(need(0)?)?

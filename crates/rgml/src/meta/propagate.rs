@@ -767,6 +767,7 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
             Ok(Rule::State(n.st(0)?.clone()))
         }
         Op::MulMatId { .. } => mul_mat_id_rule(&n),
+        Op::AddId => add_id_rule(&n),
         // Not built by rgml's models; a split state over it is not worked out yet.
         Op::FlashAttnExt { .. } => n.no("FLASH_ATTN_EXT has no split rule"),
     }
@@ -1089,6 +1090,27 @@ fn mul_mat_id_rule(n: &Node) -> Result<Rule> {
             Ok(Rule::State(Partial))
         }
         _ => n.no("no MUL_MAT_ID rule for these states"),
+    }
+}
+
+/// ADD_ID: the ids whole on every device; then as ADD, rows split alike on axis 0 on both
+/// sides (the bias rows split as the rows they are added to), or everything mirrored. A
+/// partial source is reduced first (each device would add the other once).
+fn add_id_rule(n: &Node) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored};
+    if *n.st(2)? != Mirrored {
+        return n.no("ADD_ID needs the row ids on every device");
+    }
+    if let Some(r) = n.reduce_any(&[0, 1]) {
+        return Ok(r);
+    }
+    let (a, b) = (n.st(0)?, n.st(1)?);
+    match (a, b) {
+        (Mirrored, Mirrored) => Ok(Rule::State(Mirrored)),
+        (Axis { axis: 0, .. }, Axis { axis: 0, .. }) if same_placement(a, b) => {
+            Ok(Rule::State(a.clone()))
+        }
+        _ => n.no("no ADD_ID rule for these states"),
     }
 }
 

@@ -240,6 +240,42 @@ pub(crate) fn swiglu_oai(
     })
 }
 
+/// ADD_ID as ggml-cpu computes it: row `(i, t)` of src0 plus row `ids[i, t]` of src1
+/// (`ggml_vec_add_f32`). An id outside src1's rows is an error.
+pub(crate) fn add_id(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (dst, a, b, ids) = (&task.dst, task.src(0)?, task.src(1)?, task.src(2)?);
+    let ne0 = dst.ne[0];
+    for r in tc.split(dst.nrows()) {
+        let (i1, i2, i3) = dst.row_index(r);
+        // SAFETY: element (i1, i2) of the I32 ids tensor, in bounds (the support check).
+        let id = unsafe {
+            ids.row(i2, 0, 0)
+                .add(i1 * ids.nb[0])
+                .cast::<i32>()
+                .read_unaligned()
+        };
+        let row = usize::try_from(id)
+            .ok()
+            .filter(|&i| i < b.ne[1])
+            .ok_or_else(|| rgml::Error::Backend {
+                backend: "CPU".into(),
+                message: format!("ADD_ID: row id {id} outside 0..{}", b.ne[1]),
+            })?;
+        let drow = dst.row(i1, i2, i3);
+        let (sa, sb) = tc.scratch.split_at_mut(ne0.min(tc.scratch.len()));
+        // SAFETY: dense F32 rows of in-bounds indices; the destination row belongs to this
+        // thread and an overlapping source row is copied to scratch first.
+        unsafe {
+            let x = f32_row_for_write(a.row(i1, i2, i3), ne0, drow, ne0 * 4, sa)?;
+            let y = f32_row_for_write(b.row(row, 0, 0), ne0, drow, ne0 * 4, sb)?;
+            for ((d, &x), &y) in f32_row_mut(drow, ne0).iter_mut().zip(x).zip(y) {
+                *d = x + y;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Run `f(dst_row, src0_row, src1_row)` over this thread's rows of a gated unit.
 fn gated_rows(
     task: &NodeTask,
