@@ -16,10 +16,12 @@ use std::process::Command;
 const PROMPT: &str = "Once upon a time, in a small village at the edge of a great forest, there \
                       lived an old clockmaker.";
 
-fn model() -> PathBuf {
+/// The random `qwen3moe` model as `<name>.gguf` (tests running at once must not rewrite each
+/// other's file).
+fn model(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("moe-placement");
     std::fs::create_dir_all(&dir).expect("create the model directory");
-    let path = dir.join("qwen3moe.gguf");
+    let path = dir.join(format!("{name}.gguf"));
     let vocab = root().join(Arch::Qwen3Moe.vocab_file());
     write_random_model(Arch::Qwen3Moe, &vocab, &path).expect("write the random model");
     path
@@ -48,7 +50,7 @@ fn run(model: &Path, args: &[&str]) -> (serde_json::Value, String) {
 
 #[test]
 fn overridden_experts_give_one_cpu_s_logits() {
-    let m = model();
+    let m = model("overrides");
     let (alone, _) = run(&m, &["--device", "CPU0"]);
     let cases: [(&[&str], &str); 4] = [
         (
@@ -94,7 +96,7 @@ fn overridden_experts_give_one_cpu_s_logits() {
 
 #[test]
 fn bad_overrides_are_usage_errors() {
-    let m = model();
+    let m = model("bad-overrides");
     let isa = runnable_isas().first().copied().unwrap_or("avx2");
     for (args, want) in [
         (vec!["-ot", "exps"], "expected PATTERN=DEVICE"),
