@@ -12,7 +12,7 @@ use rgml_cpu::{CpuBackend, CpuDevice};
 use std::path::Path;
 
 struct Case {
-    op: u32,
+    op: usize,
     a: Vec<f32>,
     b: Vec<f32>,
     out: Vec<f32>,
@@ -28,7 +28,7 @@ fn read_cases() -> Vec<Case> {
         .map(|_| {
             let (op, n) = (r.u32(), r.u32());
             Case {
-                op: op as u32,
+                op,
                 a: r.f32s(n),
                 b: r.f32s(n),
                 out: r.f32s(n),

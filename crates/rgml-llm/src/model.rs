@@ -243,12 +243,7 @@ impl Model {
         let weights = NamedWeights::resolve(&ids, &config)?;
         weights.check_shapes(&ctx, &config)?;
 
-        let (placed, tied_output) = assign_tensors(gguf, &mut ctx, &ids, &map)?;
-        let overridden = placed
-            .iter()
-            .filter(|(_, info, _)| map.overrides.iter().any(|(re, _)| re.is_match(&info.name)))
-            .filter_map(|&(_, info, dev)| dev.map(|d| (info.name.clone(), d, info.size)))
-            .collect();
+        let (placed, tied_output, overridden) = assign_tensors(gguf, &mut ctx, &ids, &map)?;
         let host = match map.inputs {
             Some(_) => None,
             None => Some(rgml::registry::device("CPU").unwrap_or_else(|_| devices[0].clone())),
@@ -558,18 +553,25 @@ fn check_blocks(gguf: &GgufFile, n_layer: usize) -> Result<()> {
 /// Where each tensor goes, as `map` says: an index into the model's devices, or `None` for
 /// host memory. Where the output head's device is not the token embeddings', a file with tied
 /// embeddings gets a second tensor over the embeddings' file data for the head; its id is
-/// returned.
+/// returned, with the tensors an override placed (name, device, bytes).
+#[allow(clippy::type_complexity)]
 fn assign_tensors<'g>(
     gguf: &'g GgufFile,
     ctx: &mut Context,
     ids: &FileTensors<'g>,
     map: &LayerMap,
-) -> Result<(PlacedTensors<'g>, Option<TensorId>)> {
+) -> Result<(
+    PlacedTensors<'g>,
+    Option<TensorId>,
+    Vec<(String, usize, usize)>,
+)> {
     let mut placed: PlacedTensors<'g> = Vec::new();
+    let mut overridden = Vec::new();
     for info in gguf.tensors() {
         let (id, _) = ids[info.name.as_str()];
-        let overridden = map.overrides.iter().find(|(re, _)| re.is_match(&info.name));
-        let where_ = if let Some(&(_, dev)) = overridden {
+        let matched = map.overrides.iter().find(|(re, _)| re.is_match(&info.name));
+        let where_ = if let Some(&(_, dev)) = matched {
+            overridden.push((info.name.clone(), dev, info.size));
             Some(dev)
         } else if let Some(il) = block_index(&info.name) {
             // `check_blocks` has refused blocks beyond the count.
@@ -590,7 +592,7 @@ fn assign_tensors<'g>(
             tied_output = Some(id);
         }
     }
-    Ok((placed, tied_output))
+    Ok((placed, tied_output, overridden))
 }
 
 /// The weights the graph reads, found by name.

@@ -399,13 +399,13 @@ impl Products<'_> {
         let scratch = bytemuck::cast_slice_mut::<f32, u8>(scratch);
         let (gathered, rest) = scratch
             .split_at_mut_checked(AMX_PAIRS * wrow)
-            .ok_or_else(|| small_scratch(scratch_len(AMX_PAIRS * wrow)))?;
+            .ok_or_else(small_scratch)?;
         let (results, amx) = rest
             .split_at_mut_checked(4 * kquant_amx::ROWS * AMX_PAIRS)
-            .ok_or_else(|| small_scratch(0))?;
+            .ok_or_else(small_scratch)?;
         let amx = amx
             .get_mut(..kquant_amx::scratch_bytes(nb))
-            .ok_or_else(|| small_scratch(0))?;
+            .ok_or_else(small_scratch)?;
         for pairs in routed.chunks(2 * AMX_PAIRS) {
             let n = pairs.len() / 2;
             for (i, p) in pairs.chunks_exact(2).enumerate() {
@@ -447,14 +447,10 @@ impl Products<'_> {
     }
 }
 
-/// The error of a per-thread scratch smaller than planned.
-fn small_scratch(need: usize) -> Error {
+/// The error of a per-thread scratch smaller than [`scratch_floats`] planned.
+fn small_scratch() -> Error {
     Error::Backend {
         backend: "CPU".into(),
-        message: format!("MUL_MAT_ID: per-thread scratch smaller than planned ({need} values)"),
+        message: "MUL_MAT_ID: per-thread scratch smaller than planned".into(),
     }
-}
-
-fn scratch_len(bytes: usize) -> usize {
-    bytes.div_ceil(4)
 }
