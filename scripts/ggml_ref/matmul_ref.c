@@ -230,8 +230,9 @@ int main(int argc, char ** argv) {
         return 2;
     }
     ggml_cpu_init();
+    // MXFP4: `vec_dot` at every batch (neither tinyBLAS nor the tiled kernels take it).
     const enum ggml_type legacy[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
-                                     GGML_TYPE_IQ4_NL};
+                                     GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4};
     const enum ggml_type kquants[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
                                       GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS};
     const enum ggml_type floats[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16};

@@ -145,8 +145,9 @@ int main(int argc, char ** argv) {
         return 2;
     }
     ggml_cpu_init();
-    const enum ggml_type types[] = {GGML_TYPE_F32, GGML_TYPE_F16,  GGML_TYPE_Q4_0,  GGML_TYPE_Q8_0,
-                                    GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS};
+    // MXFP4 last (the seeds follow the order): `vec_dot` for every expert.
+    const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_Q4_0,   GGML_TYPE_Q8_0,
+                                    GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4};
     const int n_types = (int) (sizeof types / sizeof types[0]);
     char path[1024];
     snprintf(path, sizeof path, "%s/mul_mat_id.bin", argv[1]);

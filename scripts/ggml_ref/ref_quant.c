@@ -1,6 +1,8 @@
 /* Quantizes input.f32 with ggml's own C quantizers, as llama-quantize runs them without an
  * importance matrix, and writes the fixtures described in gen.sh (<type>.bin, <type>.deq.f32,
- * manifest.txt). Built and run by scripts/ggml_ref/gen.sh; see there.
+ * manifest.txt); given a second file (mxfp4_edges.f32), also MXFP4's bytes and dequantized
+ * values of those edge blocks (mxfp4_edges.bin, mxfp4_edges.deq.f32). Built and run by
+ * scripts/ggml_ref/gen.sh; see there.
  *
  * For each type with a `quantize_<type>` entry point it calls that with quant_weights == NULL,
  * treating the input as `nrow` rows of N_PER_ROW values (what llama-quantize does per tensor).
@@ -46,6 +48,7 @@ static const struct qtype TYPES[] = {
     { Q(q8_K, Q8_K, QK_K), NULL, (void *)quantize_row_q8_K_ref, NULL },
     { Q(iq4_nl, IQ4_NL, QK4_NL), (void *)quantize_iq4_nl, (void *)quantize_row_iq4_nl_ref, (void *)dequantize_row_iq4_nl },
     { Q(iq4_xs, IQ4_XS, QK_K), (void *)quantize_iq4_xs, (void *)quantize_row_iq4_xs_ref, (void *)dequantize_row_iq4_xs },
+    { Q(mxfp4, MXFP4, QK_MXFP4), (void *)quantize_mxfp4, (void *)quantize_row_mxfp4_ref, (void *)dequantize_row_mxfp4 },
 };
 #define NTYPES (sizeof TYPES / sizeof TYPES[0])
 
@@ -70,15 +73,39 @@ static void write_file(const char * name, const char * ext, const void * p, size
     if (!fp || fwrite(p, 1, len, fp) != len || fclose(fp)) { perror(path); exit(1); }
 }
 
-int main(int argc, char ** argv) {
-    if (argc != 2) { fprintf(stderr, "usage: %s input.f32\n", argv[0]); return 1; }
-    FILE * fp = fopen(argv[1], "rb");
-    if (!fp) { perror(argv[1]); return 1; }
+/* The f32 values of a file; their count in *n. */
+static float * read_f32(const char * path, int64_t * n) {
+    FILE * fp = fopen(path, "rb");
+    if (!fp) { perror(path); exit(1); }
     fseek(fp, 0, SEEK_END); long len = ftell(fp); fseek(fp, 0, SEEK_SET);
     float * x = malloc(len);
-    if (fread(x, 1, len, fp) != (size_t)len) { perror(argv[1]); return 1; }
+    if (fread(x, 1, len, fp) != (size_t)len) { perror(path); exit(1); }
     fclose(fp);
-    int64_t n = len / 4;
+    *n = len / 4;
+    return x;
+}
+
+/* MXFP4's edge blocks (exact powers of two, magnitudes just below them, ties, zero blocks,
+ * exponents outside E8M0's range, non-finite values), as one row through quantize_mxfp4. */
+static void write_mxfp4_edges(const char * path) {
+    int64_t n;
+    float * x = read_f32(path, &n);
+    if (n % QK_MXFP4) { fprintf(stderr, "%s is not whole MXFP4 blocks\n", path); exit(1); }
+    size_t bytes = (size_t)(n / QK_MXFP4) * sizeof(block_mxfp4);
+    void * q = calloc(1, bytes);
+    float * y = calloc(n, sizeof(float));
+    if (quantize_mxfp4(x, q, 1, n, NULL) != bytes) { fprintf(stderr, "mxfp4 edges: size\n"); exit(1); }
+    dequantize_row_mxfp4(q, y, n);
+    write_file("mxfp4_edges", ".bin", q, bytes);
+    write_file("mxfp4_edges", ".deq.f32", y, n * sizeof(float));
+    printf("mxfp4   edges: %lld blocks\n", (long long)(n / QK_MXFP4));
+    free(x); free(q); free(y);
+}
+
+int main(int argc, char ** argv) {
+    if (argc != 2 && argc != 3) { fprintf(stderr, "usage: %s input.f32 [mxfp4_edges.f32]\n", argv[0]); return 1; }
+    int64_t n;
+    float * x = read_f32(argv[1], &n);
     if (n % N_PER_ROW) { fprintf(stderr, "input is not whole rows of %d\n", N_PER_ROW); return 1; }
     int64_t nrow = n / N_PER_ROW;
 
@@ -114,5 +141,6 @@ int main(int argc, char ** argv) {
     }
     fclose(man);
     free(x);
+    if (argc == 3) write_mxfp4_edges(argv[2]);
     return 0;
 }

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 const NOMINAL_GBS: f64 = 25.0;
 const NOMINAL_GFLOPS: f64 = 280.0;
 
-const DTYPES: [DType; 15] = [
+const DTYPES: [DType; 16] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -58,6 +58,7 @@ const DTYPES: [DType; 15] = [
     DType::Q5_K,
     DType::Q6_K,
     DType::IQ4_XS,
+    DType::MXFP4,
 ];
 
 struct Cfg {

@@ -880,7 +880,7 @@ fn registry_and_params() {
     assert_eq!(be.name(), "CPU1");
 }
 
-const QUANT_WEIGHTS: [DType; 12] = [
+const QUANT_WEIGHTS: [DType; 13] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -893,6 +893,7 @@ const QUANT_WEIGHTS: [DType; 12] = [
     DType::Q5_K,
     DType::Q6_K,
     DType::IQ4_XS,
+    DType::MXFP4,
 ];
 
 fn quantize(dtype: DType, v: &[f32], ne0: usize) -> Vec<u8> {

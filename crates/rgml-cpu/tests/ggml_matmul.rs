@@ -2,8 +2,8 @@
 //! `tests/fixtures/ggml_matmul/` hold weights quantized by ggml, f32 activations, and the
 //! products a native (`-march=native`, AVX2) ggml-cpu build computed for them with 1 and 2
 //! threads (`scripts/ggml_ref/gen_matmul.sh`). Batches of 1, 2, 5, 8 and 19 activation rows
-//! take every path ggml has: `vec_dot` pair by pair (1 row, and Q4_1/Q5_1 always), llamafile's
-//! tinyBLAS_Q0 (Q4_0/Q5_0/Q8_0/IQ4_NL from 2 rows), and the tiled K-quant kernel
+//! take every path ggml has: `vec_dot` pair by pair (1 row, and Q4_1/Q5_1/MXFP4 always),
+//! llamafile's tinyBLAS_Q0 (Q4_0/Q5_0/Q8_0/IQ4_NL from 2 rows), and the tiled K-quant kernel
 //! (Q2_K…Q6_K and IQ4_XS from 8 rows). rgml must give the same bits on every path, with 1 and 2 threads.
 //!
 //! The `isa=avx512` arithmetic is asserted equal too: for quantized weights ggml's AVX-512
@@ -52,6 +52,7 @@ fn ggml_dtype(id: usize) -> DType {
         14 => DType::Q6_K,
         20 => DType::IQ4_NL,
         23 => DType::IQ4_XS,
+        39 => DType::MXFP4,
         other => panic!("unexpected ggml type {other}"),
     }
 }
@@ -165,7 +166,7 @@ fn files_in(dir: &Path, prefixes: &[&str]) -> Vec<PathBuf> {
 
 /// The quantized-weight cases.
 fn cases() -> Vec<PathBuf> {
-    files(&["q", "iq"])
+    files(&["q", "iq", "mxfp4"])
 }
 
 /// The mismatches of `got` against ggml's `want`, as text (none: empty).
@@ -190,7 +191,7 @@ fn mismatch(what: &str, got: &[f32], want: &[f32]) -> Option<String> {
 /// Every case, batch and thread count gives ggml's bits under the arithmetic `isa`; returns
 /// the mismatches as text.
 fn check(isa: IsaChoice) -> Vec<String> {
-    check_files(isa, &cases(), 24)
+    check_files(isa, &cases(), 27)
 }
 
 fn check_files(isa: IsaChoice, paths: &[PathBuf], expected_files: usize) -> Vec<String> {
@@ -236,7 +237,7 @@ fn quantized_products_equal_ggml_under_the_avx512_arithmetic() {
 fn rows_alone_give_each_row_its_one_row_product() {
     for isa in [IsaChoice::Avx2, IsaChoice::Avx512] {
         let mut be = backend(&device(isa), 2);
-        for path in files(&["q", "iq", "f16", "f32", "bf16"]) {
+        for path in files(&["q", "iq", "mxfp4", "f16", "f32", "bf16"]) {
             let case = read_case(&path);
             let (cols, x) = read_x(case.k);
             let b = cols.min(19);
@@ -271,11 +272,11 @@ fn rows_alone_give_each_row_its_one_row_product() {
 /// The fixtures can tell the paths apart: for the K-quants and IQ4_XS, ggml's tiled kernel (8
 /// and 19 rows) rounds differently from its `vec_dot` (1, 2 and 5 rows) on some outputs, and
 /// for IQ4_NL and for float weights of 8 rows tinyBLAS (2 rows and more) from `vec_dot` (1 row),
-/// so a product taking the wrong path fails the tests above.
+/// so a product taking the wrong path fails the tests above. MXFP4 has `vec_dot` only.
 #[test]
 fn fixtures_distinguish_the_paths() {
     use DType::*;
-    for path in files(&["q", "iq", "f16", "f32", "bf16"]) {
+    for path in files(&["q", "iq", "mxfp4", "f16", "f32", "bf16"]) {
         let case = read_case(&path);
         let column0 = |b: usize| {
             let (_, _, v) = case
@@ -292,6 +293,11 @@ fn fixtures_distinguish_the_paths() {
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => {
                 assert_eq!(column0(1), column0(5), "{}: vec_dot columns", case.dtype);
                 assert_ne!(column0(1), column0(8), "{}: tiled vs vec_dot", case.dtype);
+            }
+            MXFP4 => {
+                for b in [2, 5, 8, 19] {
+                    assert_eq!(column0(1), column0(b), "{}: vec_dot columns", case.dtype);
+                }
             }
             IQ4_NL => {
                 assert_eq!(column0(2), column0(5), "{}: tinyBLAS columns", case.dtype);

@@ -2,10 +2,10 @@
 //! what ggml-cpu's native build for that instruction set computed (`scripts/ggml_ref/
 //! gen_mul_mat_id.sh`) for 4 experts over 20 tokens, routed so that some experts get 8 or more
 //! rows (ggml's tiled K-quant kernel) and some fewer (`vec_dot`), with src1 broadcast to the
-//! slots and per slot, for F32, F16, Q4_0, Q8_0, Q4_K, Q6_K and IQ4_XS weights. The inputs are
-//! made here again from the fixture's seeds and checked against its hash of them. rgml must
-//! give the same bits on 1 and 2 threads, on the CPU's own instruction set and the other one
-//! forced where the CPU runs it.
+//! slots and per slot, for F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, IQ4_XS and MXFP4 weights (MXFP4:
+//! `vec_dot` for every expert). The inputs are made here again from the fixture's seeds and
+//! checked against its hash of them. rgml must give the same bits on 1 and 2 threads, on the
+//! CPU's own instruction set and the other one forced where the CPU runs it.
 
 mod fixture_reader;
 mod ggml_inputs;
@@ -38,6 +38,7 @@ fn ggml_type(id: usize) -> DType {
         12 => DType::Q4_K,
         14 => DType::Q6_K,
         23 => DType::IQ4_XS,
+        39 => DType::MXFP4,
         other => panic!("unexpected ggml type {other}"),
     }
 }
@@ -99,7 +100,7 @@ fn rgml_mul_mat_id(be: &mut CpuBackend, c: &Case, w: &[u8], b: &[f32], routes: &
 
 fn check(isa: IsaChoice, fixture: &str) {
     let cases = read_cases(fixture);
-    assert_eq!(cases.len(), 14);
+    assert_eq!(cases.len(), 16);
     let device = CpuDevice::with_options(
         "CPU",
         &CpuOptions {

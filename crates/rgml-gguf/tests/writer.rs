@@ -234,7 +234,7 @@ fn first_type_id(bytes: &[u8], name_len: usize, n_dims: usize) -> u32 {
 }
 
 #[test]
-fn low_bit_and_iq4_tensors_round_trip_with_ggml_type_ids() {
+fn low_bit_iq4_and_mxfp4_tensors_round_trip_with_ggml_type_ids() {
     // Real quantized rows (not filler bytes): the data must come back bit for bit and decode
     // to what it decoded to before writing.
     let x: Vec<f32> = (0..512)
@@ -245,6 +245,7 @@ fn low_bit_and_iq4_tensors_round_trip_with_ggml_type_ids() {
         (DType::Q3_K, 11),
         (DType::IQ4_NL, 20),
         (DType::IQ4_XS, 23),
+        (DType::MXFP4, 39),
     ] {
         let mut q = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
         rgml::quant::quantize_row(dtype, &x, &mut q).unwrap();

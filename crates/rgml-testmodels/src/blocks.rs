@@ -13,7 +13,10 @@
 //! the K-quants' `dmin`) are set to cancel the mean. Q8_0's quants avoid -128 (made -127),
 //! which ggml's quantizer never writes. K-quant scales below f16's normal range (Q5_K's and
 //! Q6_K's `d` are about 4e-5 and 1.5e-5) are stored as f16 subnormals, as in real files of
-//! weights this small (llama-quantize gives Q6_K blocks of such weights a `d` near 2.5e-5). Float matrices map each random 16-bit value to one of 65536
+//! weights this small (llama-quantize gives Q6_K blocks of such weights a `d` near 2.5e-5).
+//! MXFP4's scale is a power of two (an E8M0 exponent byte): its random byte picks one of the
+//! two exponents around the scale that gives [`WEIGHT_STD`], in the proportion that gives it
+//! exactly ([`mxfp4_exponents`]). Float matrices map each random 16-bit value to one of 65536
 //! evenly spaced values in ±`WEIGHT_STD`·√3 (a uniform distribution of that deviation).
 //!
 //! With weights of deviation 0.02 a projection of width n scales a unit-RMS input to about
@@ -24,8 +27,8 @@
 use crate::rng::SplitMix64;
 use half::{bf16, f16};
 use rgml::quant::{
-    BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0,
-    BlockQ5_1, BlockQ5_K, BlockQ6_K, BlockQ8_0, KVALUES_IQ4NL,
+    BlockIQ4_NL, BlockIQ4_XS, BlockMXFP4, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K,
+    BlockQ5_0, BlockQ5_1, BlockQ5_K, BlockQ6_K, BlockQ8_0, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
 use rgml::DType;
 use std::mem::offset_of;
@@ -79,6 +82,30 @@ fn k_mix(s_max: i32, q_max: i32) -> (f64, f64) {
 fn iq4_msq() -> f64 {
     let sum: f64 = KVALUES_IQ4NL.iter().map(|&k| f64::from(k).powi(2)).sum();
     sum / KVALUES_IQ4NL.len() as f64
+}
+
+/// MXFP4's exponent bytes by random byte: of the two powers of two `lo` and `2·lo` around the
+/// scale `d` that gives [`WEIGHT_STD`] for uniform codes, `2·lo` for the share `p` of the 256
+/// entries with `p·(2·lo)² + (1 − p)·lo² = d²`, so the mean squared value is `WEIGHT_STD²`
+/// (the stored exponent of a half scale `h` is `log2(h) + 128`).
+fn mxfp4_exponents() -> Box<[u8; 256]> {
+    let msq = KVALUES_MXFP4
+        .iter()
+        .map(|&k| f64::from(k).powi(2))
+        .sum::<f64>()
+        / 16.0;
+    let d2 = f64::from(WEIGHT_STD).powi(2) / msq;
+    let lo = d2.sqrt().log2().floor();
+    let share = (d2 / 4f64.powf(lo) - 1.0) / 3.0;
+    let high = (256.0 * share).round() as usize;
+    let e = |log2: f64| (log2 + 128.0) as u8;
+    Box::new(std::array::from_fn(|i| {
+        if i < high {
+            e(lo + 1.0)
+        } else {
+            e(lo)
+        }
+    }))
 }
 
 /// The layout of a quantized `dtype`; `None` for float and unsupported types.
@@ -171,13 +198,16 @@ enum Kind {
         d: Box<[[u8; 2]; 256]>,
         second: Box<[[u8; 2]; 256]>,
     },
+    /// MXFP4 blocks: the 256 exponent bytes ([`mxfp4_exponents`]).
+    Mxfp4(Box<[u8; 256]>),
 }
 
 impl BlockFiller {
     /// A filler for `dtype`, a weight type of llama-quantize's presets (F32, F16, BF16, Q4_0,
-    /// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K...Q6_K, IQ4_NL, IQ4_XS); `None` for any other type.
+    /// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K...Q6_K, IQ4_NL, IQ4_XS) or MXFP4; `None` for any other type.
     pub fn new(dtype: DType) -> Option<BlockFiller> {
         let kind = match dtype {
+            DType::MXFP4 => Kind::Mxfp4(mxfp4_exponents()),
             DType::F32 => Kind::Single(float_table(|v| (v as f32).to_le_bytes())),
             DType::F16 => Kind::Half(float_table(|v| f16::from_f64(v).to_le_bytes())),
             DType::BF16 => Kind::Half(float_table(|v| bf16::from_f64(v).to_le_bytes())),
@@ -215,6 +245,13 @@ impl BlockFiller {
         match &self.kind {
             Kind::Half(table) => fill_floats(rng, table, out),
             Kind::Single(table) => fill_floats(rng, table, out),
+            Kind::Mxfp4(e) => {
+                rng.fill_bytes(out);
+                let at = offset_of!(BlockMXFP4, e);
+                for block in out.chunks_exact_mut(std::mem::size_of::<BlockMXFP4>()) {
+                    block[at] = e[usize::from(block[at])];
+                }
+            }
             Kind::Blocks {
                 block_bytes,
                 layout,
@@ -285,8 +322,9 @@ pub fn bias_values(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
 mod tests {
     use super::*;
 
-    /// The types [`BlockFiller::new`] accepts: the weight types of llama-quantize's presets.
-    const FILLABLE: [DType; 15] = [
+    /// The types [`BlockFiller::new`] accepts: the weight types of llama-quantize's presets
+    /// and MXFP4.
+    const FILLABLE: [DType; 16] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -302,6 +340,7 @@ mod tests {
         DType::Q6_K,
         DType::IQ4_NL,
         DType::IQ4_XS,
+        DType::MXFP4,
     ];
 
     /// Decode 64 random blocks' worth of a 256-wide row set of `dtype`.
@@ -331,8 +370,10 @@ mod tests {
             assert!((0.017..0.023).contains(&std), "{dtype}: std {std}");
             assert!(mean.abs() < 0.003, "{dtype}: mean {mean}");
             let distinct: std::collections::HashSet<u32> = v.iter().map(|x| x.to_bits()).collect();
+            // MXFP4's values are ±{0, 1, 2, 3, 4, 6, 8, 12} times 2^-9 or 2^-8: 19 in all.
+            let least = if dtype == DType::MXFP4 { 18 } else { 100 };
             assert!(
-                distinct.len() > 100,
+                distinct.len() > least,
                 "{dtype}: {} distinct values",
                 distinct.len()
             );
@@ -341,7 +382,7 @@ mod tests {
 
     #[test]
     fn the_same_stream_gives_the_same_blocks_and_another_differs() {
-        for dtype in [DType::Q4_K, DType::F16, DType::IQ4_XS] {
+        for dtype in [DType::Q4_K, DType::F16, DType::IQ4_XS, DType::MXFP4] {
             assert_eq!(decoded(dtype, 5), decoded(dtype, 5), "{dtype}");
             assert_ne!(decoded(dtype, 5), decoded(dtype, 6), "{dtype}");
         }
@@ -355,6 +396,15 @@ mod tests {
         for block in bytes.chunks_exact(34) {
             assert!(block[2..].iter().all(|&q| q != 0x80));
         }
+    }
+
+    /// MXFP4's exponents are the two powers of two around the nominal scale, 2^-9 and 2^-8
+    /// (E8M0 bytes 119 and 120), so every value is a code times 2^-9 or 2^-8.
+    #[test]
+    fn mxfp4_exponents_bracket_the_nominal_scale() {
+        let e = mxfp4_exponents();
+        assert!(e.iter().all(|&b| b == 119 || b == 120), "{e:?}");
+        assert!(e.contains(&119) && e.contains(&120));
     }
 
     #[test]

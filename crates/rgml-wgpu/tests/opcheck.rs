@@ -16,13 +16,18 @@ fn wgpu_passes_every_supported_case() {
 #[test]
 fn wgpu_fast_arithmetic_passes_every_supported_case() {
     let unsupported = passes_every_supported_case("exact=0");
-    // Every MUL_MAT case of the suite, whatever its weight type or layout, runs.
+    // Every MUL_MAT case of the suite, whatever its weight type or layout, runs, but MXFP4's:
+    // the kernels do not decode it yet (it is refused, so the scheduler leaves it to the CPU).
     let mul_mats: Vec<&String> = unsupported
         .iter()
-        .filter(|(op, _)| *op == rgml::OpKind::MulMat)
+        .filter(|(op, name)| *op == rgml::OpKind::MulMat && !name.contains("type_a=mxfp4"))
         .map(|(_, name)| name)
         .collect();
     assert!(mul_mats.is_empty(), "unsupported: {mul_mats:?}");
+    assert!(
+        unsupported.iter().any(|(_, name)| name.contains("mxfp4")),
+        "MXFP4 cases ran: update this test"
+    );
 }
 
 /// Runs the suite on the first device's stream made with `params` and asserts that every case

@@ -49,11 +49,13 @@ pub enum DType {
     IQ4_NL,
     /// 4-bit non-linear quant, 256 per super-block with 6-bit sub-block scales.
     IQ4_XS,
+    /// OCP microscaling FP4: 32 E2M1 values per block under one E8M0 (power-of-two) scale.
+    MXFP4,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 19] = [
+    pub const ALL: [DType; 20] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -73,6 +75,7 @@ impl DType {
         DType::Q8_K,
         DType::IQ4_NL,
         DType::IQ4_XS,
+        DType::MXFP4,
     ];
 
     /// Elements per block (1 for plain types).
@@ -85,7 +88,8 @@ impl DType {
             | DType::Q5_1
             | DType::Q8_0
             | DType::Q8_1
-            | DType::IQ4_NL => 32,
+            | DType::IQ4_NL
+            | DType::MXFP4 => 32,
             DType::Q2_K
             | DType::Q3_K
             | DType::Q4_K
@@ -116,6 +120,7 @@ impl DType {
             DType::Q8_K => 292,
             DType::IQ4_NL => 18,
             DType::IQ4_XS => 136,
+            DType::MXFP4 => 17,
         }
     }
 
@@ -151,6 +156,7 @@ impl DType {
             DType::Q8_K => "q8_K",
             DType::IQ4_NL => "iq4_nl",
             DType::IQ4_XS => "iq4_xs",
+            DType::MXFP4 => "mxfp4",
         }
     }
 
@@ -184,6 +190,7 @@ impl DType {
             DType::I32 => 26,
             DType::I64 => 27,
             DType::BF16 => 30,
+            DType::MXFP4 => 39,
         }
     }
 
@@ -213,7 +220,7 @@ impl DType {
     /// (ggml's `vec_dot_type`). Plain types return themselves.
     pub const fn vec_dot_type(self) -> DType {
         match self {
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL => DType::Q8_0,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::MXFP4 => DType::Q8_0,
             DType::Q4_1 | DType::Q5_1 => DType::Q8_1,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
                 DType::Q8_K
@@ -252,16 +259,19 @@ mod tests {
         assert_eq!(DType::Q2_K.row_bytes(512).unwrap(), 168);
         assert_eq!(DType::IQ4_NL.row_bytes(64).unwrap(), 36);
         assert!(DType::IQ4_XS.row_bytes(32).is_err());
+        assert_eq!(DType::MXFP4.row_bytes(64).unwrap(), 34);
+        assert!(DType::MXFP4.row_bytes(48).is_err());
     }
 
     #[test]
-    fn low_bit_and_iq4_types_have_ggml_ids_and_names() {
+    fn low_bit_iq4_and_mxfp4_types_have_ggml_ids_and_names() {
         // ggml.h's enum ggml_type and ggml.c's type_traits names.
         let expect = [
             (DType::Q2_K, 10, "q2_K", 256, 84, DType::Q8_K),
             (DType::Q3_K, 11, "q3_K", 256, 110, DType::Q8_K),
             (DType::IQ4_NL, 20, "iq4_nl", 32, 18, DType::Q8_0),
             (DType::IQ4_XS, 23, "iq4_xs", 256, 136, DType::Q8_K),
+            (DType::MXFP4, 39, "mxfp4", 32, 17, DType::Q8_0),
         ];
         for (t, id, name, bs, bb, dot) in expect {
             assert_eq!(DType::from_ggml_id(id).unwrap(), t);

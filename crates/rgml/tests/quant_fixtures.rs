@@ -187,7 +187,13 @@ fn ggml_ref_manifest_covers_every_quantized_type_via_llama_quantize_path() {
         };
         assert_eq!(f.entry, want, "{dtype}");
     }
-    for t in [DType::Q2_K, DType::Q3_K, DType::IQ4_NL, DType::IQ4_XS] {
+    for t in [
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
+    ] {
         assert!(m.iter().any(|f| f.dtype == t && f.has_dequant), "{t}");
     }
 }
@@ -224,18 +230,37 @@ fn quantize_is_bit_identical_to_ggml_c_reference() {
 fn dequantize_is_bit_identical_to_ggml_c_reference() {
     for f in ggml_ref_manifest().into_iter().filter(|f| f.has_dequant) {
         let name = f.dtype.name();
-        let bytes = read(&format!("ggml_ref/{name}.bin"));
-        let expect = read_f32(&format!("ggml_ref/{name}.deq.f32"));
-        let mut got = vec![0.0f32; expect.len()];
-        dequantize_row(f.dtype, &bytes, &mut got).unwrap();
-        let got_bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
-        let expect_bits: Vec<u32> = expect.iter().map(|v| v.to_bits()).collect();
-        if let Some((i, g, e)) = first_diff(&got_bits, &expect_bits) {
-            panic!(
-                "{name}: element {i}: got {} ({g:#010x}), ggml {} ({e:#010x})",
-                f32::from_bits(*g),
-                f32::from_bits(*e)
-            );
-        }
+        assert_same_values(f.dtype, &format!("ggml_ref/{name}"));
     }
+}
+
+/// `dequantize_row(dtype, <stem>.bin)` has the bits of `<stem>.deq.f32`.
+fn assert_same_values(dtype: DType, stem: &str) {
+    let bytes = read(&format!("{stem}.bin"));
+    let expect = read_f32(&format!("{stem}.deq.f32"));
+    let mut got = vec![0.0f32; expect.len()];
+    dequantize_row(dtype, &bytes, &mut got).unwrap();
+    let got_bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+    let expect_bits: Vec<u32> = expect.iter().map(|v| v.to_bits()).collect();
+    if let Some((i, g, e)) = first_diff(&got_bits, &expect_bits) {
+        panic!(
+            "{stem}: element {i}: got {} ({g:#010x}), ggml {} ({e:#010x})",
+            f32::from_bits(*g),
+            f32::from_bits(*e)
+        );
+    }
+}
+
+/// MXFP4's edge blocks (`mxfp4_edges.f32`, see `scripts/ggml_ref/gen.sh`): exact powers of two
+/// and magnitudes just below them (where glibc's `log2f` rounds up), ties between codes, zero
+/// blocks, exponents outside E8M0's range and non-finite values give ggml's bytes, and those
+/// bytes decode to ggml's values.
+#[test]
+fn mxfp4_edge_blocks_are_bit_identical_to_ggml_c_reference() {
+    let input = read_f32("ggml_ref/mxfp4_edges.f32");
+    let expect = read("ggml_ref/mxfp4_edges.bin");
+    let mut got = vec![0u8; DType::MXFP4.row_bytes(input.len()).unwrap()];
+    quantize_row(DType::MXFP4, &input, &mut got).unwrap();
+    assert_same_bytes(DType::MXFP4, "edge blocks", &got, &expect);
+    assert_same_values(DType::MXFP4, "ggml_ref/mxfp4_edges");
 }

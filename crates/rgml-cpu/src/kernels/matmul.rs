@@ -10,9 +10,10 @@
 //! by 8 or more src1 rows through [`super::ktiled`], plain q4_0/q4_1/q5_0/q5_1/q8_0 (and iq4_nl
 //! from 2 src1 rows) through the register
 //! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead, on AVX2
-//! by [`crate::kernels::tiles::legacy::matvec_kernel`]), one src1 row of iq4_nl by
-//! [`crate::kernels::dots::lowbit::iq4_nl_matvec`]'s kernel (`vec_dot`'s order, two rows per pass), other
-//! quantized types pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
+//! by [`crate::kernels::tiles::legacy::matvec_kernel`]), one src1 row of iq4_nl or mxfp4 by
+//! [`crate::kernels::dots::lowbit::nibble_matvec`]'s kernel (`vec_dot`'s order, two rows per
+//! pass), other quantized types (mxfp4 always: ggml has no tiles for it outside its repacking
+//! buffer) pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
 //! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
 //! activation rows and `vdpbf16ps`, as ggml's build for such CPUs.
@@ -91,6 +92,8 @@ pub(crate) const fn weight_kernels(dtype: DType) -> Option<WeightKernels> {
             kquant_tiles: true,
             ..none
         },
+        // llamafile's sgemm and ggml's tiled kernels do not take MXFP4: `vec_dot` only.
+        MXFP4 => none,
         _ => return None,
     })
 }
@@ -129,9 +132,9 @@ impl QuantPath {
         }
         let tiled = caps.register_tiles && legacy::takes(f, dtype, path_rows);
         #[cfg(target_arch = "x86_64")]
-        if ne11 == 1 && dtype == DType::IQ4_NL {
-            // One row of IQ4_NL takes `vec_dot`'s arithmetic, not the tiles'.
-            if let Some(kernel) = lowbit::iq4_nl_matvec(f) {
+        if ne11 == 1 {
+            // One row of IQ4_NL takes `vec_dot`'s arithmetic, not the tiles'; MXFP4 has only it.
+            if let Some(kernel) = lowbit::nibble_matvec(f, dtype) {
                 return QuantPath::Matvec(kernel);
             }
         }
@@ -471,8 +474,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     }
 
     /// One activation row (a generation step) by `kernel`: on the AVX2 build (see
-    /// [`crate::kernels::tiles::legacy::matvec_kernel`]), and for IQ4_NL weights on either build
-    /// ([`crate::kernels::dots::lowbit::iq4_nl_matvec`]).
+    /// [`crate::kernels::tiles::legacy::matvec_kernel`]), and for IQ4_NL and MXFP4 weights on
+    /// either build ([`crate::kernels::dots::lowbit::nibble_matvec`]).
     fn matvec(
         &self,
         kernel: crate::kernels::dots::run::MatvecKernel,
@@ -884,6 +887,22 @@ mod tests {
                 assert_eq!(caps.register_tiles, legacy::supported(f, dtype), "{dtype}");
             }
             assert_eq!(caps.float_tiles, !dtype.is_quantized(), "{dtype}");
+        }
+    }
+
+    /// MXFP4 weights take `vec_dot`'s arithmetic at every row count, as in ggml (no tinyBLAS,
+    /// tiled or AMX kernel takes them): the pair dots, or for one row the matrix-vector kernel
+    /// with `vec_dot`'s bits where the CPU has AVX2.
+    #[test]
+    fn mxfp4_takes_only_vec_dot_paths() {
+        let native = CpuFeatures::detect();
+        for f in [native, native.without_simd()] {
+            for rows in [1, 2, 5, 8, 16, 64] {
+                let path = QuantPath::choose(f, DType::MXFP4, false, rows, rows);
+                let matvec = matches!(path, QuantPath::Matvec(_));
+                assert!(matvec || matches!(path, QuantPath::Pairs), "{rows} rows");
+                assert_eq!(matvec, rows == 1 && f.has_avx2(), "{rows} rows");
+            }
         }
     }
 }

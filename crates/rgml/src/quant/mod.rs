@@ -20,6 +20,7 @@ mod iq4;
 mod kquants;
 mod kquants_low;
 mod legacy;
+mod mxfp4;
 
 pub use iq4::{best_index_iq4nl, BlockIQ4_NL, BlockIQ4_XS, KVALUES_IQ4NL, QK4_NL};
 pub use kquants::{
@@ -30,6 +31,7 @@ pub use legacy::{
     BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK4_0, QK4_1, QK5_0, QK5_1,
     QK8_0, QK8_1,
 };
+pub use mxfp4::{e8m0_to_f32_half, BlockMXFP4, KVALUES_MXFP4, QK_MXFP4};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -212,6 +214,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::Q8_K => quantize_bytes::<BlockQ8_K>(src, dst),
         DType::IQ4_NL => quantize_bytes::<BlockIQ4_NL>(src, dst),
         DType::IQ4_XS => quantize_bytes::<BlockIQ4_XS>(src, dst),
+        DType::MXFP4 => quantize_bytes::<BlockMXFP4>(src, dst),
     }
 }
 
@@ -264,6 +267,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         DType::Q8_K => dequantize_bytes::<BlockQ8_K>(src, dst),
         DType::IQ4_NL => dequantize_bytes::<BlockIQ4_NL>(src, dst),
         DType::IQ4_XS => dequantize_bytes::<BlockIQ4_XS>(src, dst),
+        DType::MXFP4 => dequantize_bytes::<BlockMXFP4>(src, dst),
     }
 }
 

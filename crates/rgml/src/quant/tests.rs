@@ -9,11 +9,13 @@ fn quantized() -> impl Iterator<Item = DType> {
 }
 
 /// ggml's test-quantize-fns `MAX_QUANTIZATION_TOTAL_ERROR` (and its `_2BITS` / `_3BITS` bounds
-/// for Q2_K / Q3_K), which its quantizers meet on the cos signal.
+/// for Q2_K / Q3_K, `_FP4` for MXFP4, whose coarse power-of-two scales exceed 0.002 on uniform
+/// data), which its quantizers meet on the cos signal.
 fn max_total_error(dtype: DType) -> f32 {
     match dtype {
         DType::Q2_K => 0.0075,
         DType::Q3_K => 0.0040,
+        DType::MXFP4 => 0.0030,
         _ => 0.002,
     }
 }
@@ -334,13 +336,26 @@ fn decode_f64(dtype: DType, bytes: &[u8]) -> Vec<f64> {
                     y.extend(qs.iter().map(|&q| dl * kv(q >> 4)));
                 }
             }
+            DType::MXFP4 => {
+                // e (E8M0: 2^(e - 127)) qs[16]; the codes are E2M1 values, doubled in the table
+                let d = 2f64.powi(i32::from(b[0]) - 127) / 2.0;
+                let fp4 = |i: u8| f64::from(KVALUES_MXFP4[usize::from(i)]);
+                y.extend(b[1..17].iter().map(|&q| d * fp4(q & 15)));
+                y.extend(b[1..17].iter().map(|&q| d * fp4(q >> 4)));
+            }
             other => panic!("no float64 decoder for {other}"),
         }
     }
     y
 }
 
-const NEW_TYPES: [DType; 4] = [DType::Q2_K, DType::Q3_K, DType::IQ4_NL, DType::IQ4_XS];
+const NEW_TYPES: [DType; 5] = [
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
+    DType::MXFP4,
+];
 
 fn quantize(dtype: DType, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
@@ -406,6 +421,8 @@ fn low_bit_and_iq4_error_bounded_by_block_range() {
             (DType::Q3_K, 0.125),
             (DType::IQ4_NL, 0.1),
             (DType::IQ4_XS, 0.1),
+            // Magnitudes in [8d, 16d) against a largest code of 12d.
+            (DType::MXFP4, 0.125),
         ] {
             let y = round_trip(dtype, x);
             for (xb, yb) in x

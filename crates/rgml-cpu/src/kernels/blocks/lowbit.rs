@@ -1,8 +1,72 @@
-//! Decoders of Q2_K, Q3_K, IQ4_XS and IQ4_NL blocks: their quants (or codebook values) in
-//! element order and their unpacked scales, shared by the low-bit pair dots
+//! Decoders of Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 blocks: their quants (or codebook values)
+//! in element order and their unpacked scales, shared by the low-bit pair dots
 //! ([`crate::kernels::dots::lowbit`]) and the tile kernels ([`crate::kernels::tiles`]).
+//! IQ4_NL and MXFP4 share one layout, 32 indices into a 16-entry codebook under one scale
+//! ([`NibbleBlock`]).
 
-use rgml::quant::{BlockIQ4_XS, BlockQ2_K, BlockQ3_K, KVALUES_IQ4NL, QK_K};
+use crate::kernels::fp16;
+use bytemuck::Pod;
+use rgml::quant::{
+    e8m0_to_f32_half, BlockIQ4_NL, BlockIQ4_XS, BlockMXFP4, BlockQ2_K, BlockQ3_K, KVALUES_IQ4NL,
+    KVALUES_MXFP4, QK_K,
+};
+
+/// A block of 32 4-bit indices into a 16-entry codebook under one scale, the layout IQ4_NL and
+/// MXFP4 share: byte `j` of the 16 index bytes holds value `j` in its low nibble and value
+/// `j + 16` in its high nibble, and the bytes follow the scale. ggml's `vec_dot`s of both
+/// with Q8_0 do the same arithmetic but for the scale's format.
+pub(crate) trait NibbleBlock: Pod {
+    /// The values the indices stand for, before the scale.
+    const CODEBOOK: [i8; 16];
+    /// The offset of the 16 index bytes in the block.
+    const QS: usize;
+    /// The block's scale as f32 (exact).
+    fn scale(&self) -> f32;
+    /// The 16 index bytes.
+    fn qs(&self) -> &[u8; 16];
+    /// [`Self::scale`] of the block whose bytes start at `p`.
+    ///
+    /// # Safety
+    /// The block's first [`Self::QS`] bytes are readable at `p`.
+    unsafe fn scale_at(p: *const u8) -> f32;
+}
+
+impl NibbleBlock for BlockIQ4_NL {
+    const CODEBOOK: [i8; 16] = KVALUES_IQ4NL;
+    const QS: usize = 2;
+    #[inline(always)]
+    fn scale(&self) -> f32 {
+        fp16::f16_to_f32(self.d)
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 16] {
+        &self.qs
+    }
+    #[inline(always)]
+    unsafe fn scale_at(p: *const u8) -> f32 {
+        // SAFETY: the f16 scale's two bytes, as the caller promises.
+        fp16::f16_bits_to_f32(unsafe { p.cast::<u16>().read_unaligned() })
+    }
+}
+
+impl NibbleBlock for BlockMXFP4 {
+    const CODEBOOK: [i8; 16] = KVALUES_MXFP4;
+    const QS: usize = 1;
+    /// Half the E8M0 scale, as ggml's dot takes it (its codebook holds doubled values).
+    #[inline(always)]
+    fn scale(&self) -> f32 {
+        e8m0_to_f32_half(self.e)
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 16] {
+        &self.qs
+    }
+    #[inline(always)]
+    unsafe fn scale_at(p: *const u8) -> f32 {
+        // SAFETY: the scale byte, as the caller promises.
+        e8m0_to_f32_half(unsafe { p.read() })
+    }
+}
 
 /// The 256 2-bit quants of a Q2_K (or the low bits of a Q3_K) super-block in element order:
 /// for each 128 values, byte `l` of the 32-byte group holds values `l + 32 t` at bits `2t`.
@@ -63,12 +127,12 @@ pub(crate) fn iq4xs_scales(x: &BlockIQ4_XS) -> [i8; 8] {
     })
 }
 
-/// The 32 codebook values of 16 packed bytes in element order (low nibbles first).
+/// The 32 `codebook` values of 16 packed bytes in element order (low nibbles first).
 #[inline(always)]
-pub(crate) fn iq4_values(qs: &[u8], v: &mut [i8]) {
+pub(crate) fn nibble_values(codebook: &[i8; 16], qs: &[u8], v: &mut [i8]) {
     for (j, &b) in qs.iter().enumerate().take(16) {
-        v[j] = KVALUES_IQ4NL[usize::from(b & 0x0F)];
-        v[j + 16] = KVALUES_IQ4NL[usize::from(b >> 4)];
+        v[j] = codebook[usize::from(b & 0x0F)];
+        v[j + 16] = codebook[usize::from(b >> 4)];
     }
 }
 
@@ -76,21 +140,24 @@ pub(crate) fn iq4_values(qs: &[u8], v: &mut [i8]) {
 #[inline(always)]
 pub(crate) fn iq4xs_values(x: &BlockIQ4_XS, v: &mut [i8; QK_K]) {
     for (qs, vs) in x.qs.chunks_exact(16).zip(v.chunks_exact_mut(32)) {
-        iq4_values(qs, vs);
+        nibble_values(&KVALUES_IQ4NL, qs, vs);
     }
 }
-/// The 32 codebook values of the 16 packed bytes at `qs` in element order (low nibbles in the
-/// low 128 bits).
+/// The 32 `codebook` values of the 16 packed bytes at `qs` in element order (low nibbles in
+/// the low 128 bits).
 ///
 /// # Safety
 /// 16 readable bytes at `qs`; AVX2.
 #[inline(always)]
 #[cfg(target_arch = "x86_64")]
-pub(crate) unsafe fn iq4_values_avx2(qs: *const u8) -> std::arch::x86_64::__m256i {
+pub(crate) unsafe fn nibble_values_avx2(
+    codebook: &[i8; 16],
+    qs: *const u8,
+) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
     // SAFETY: as the caller promises; the codebook is 16 bytes.
     unsafe {
-        let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+        let table = _mm_loadu_si128(codebook.as_ptr().cast());
         let m4 = _mm_set1_epi8(0x0F);
         let b = _mm_loadu_si128(qs.cast());
         let lo = _mm_shuffle_epi8(table, _mm_and_si128(b, m4));

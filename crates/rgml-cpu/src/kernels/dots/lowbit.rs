@@ -1,28 +1,33 @@
-//! The low-bit dot products `q2_K·q8_K`, `q3_K·q8_K`, `iq4_xs·q8_K` and `iq4_nl·q8_0` with the
-//! float arithmetic of ggml's x86 `ggml_vec_dot_*` (`arch/x86/quants.c`, the `__AVX2__`
-//! branches, which AVX-512 builds run too: their helpers have no VNNI variant that reaches a
-//! float), plus the super-block decoders the tiled batch kernel ([`super::ktiled`]) shares.
+//! The low-bit dot products `q2_K·q8_K`, `q3_K·q8_K`, `iq4_xs·q8_K`, `iq4_nl·q8_0` and
+//! `mxfp4·q8_0` with the float arithmetic of ggml's x86 `ggml_vec_dot_*` (`arch/x86/quants.c`,
+//! the `__AVX2__` branches, which AVX-512 builds run too: their helpers have no VNNI variant
+//! that reaches a float), plus the super-block decoders the tiled batch kernel ([`super::ktiled`]) shares.
 //!
 //! Per super-block ggml keeps 8 lanes of exact i32 sums (lane `k` sums the products of bytes
 //! `4k..4k + 4` of every 32-byte chunk, each scaled by its sub-block scale), converts them to
 //! f32 and folds them into an 8-lane accumulator with one FMA by `d = y.d * x.d`; one
 //! `hsum_float_8` at the end. Q2_K's mins enter the same accumulator first, with an FMA by
-//! `dmin = -y.d * x.dmin` of the 8 lanes `_mm256_madd_epi16(mins, bsums)`. IQ4_NL (32-value
-//! blocks) alternates two accumulators between even and odd blocks, adds them before the
-//! horizontal sum, and handles an odd last block in scalar code as `sumf + sumi * d`, which
-//! the native build does not contract (checked in its disassembly).
+//! `dmin = -y.d * x.dmin` of the 8 lanes `_mm256_madd_epi16(mins, bsums)`. IQ4_NL and MXFP4
+//! (32-value codebook blocks, [`NibbleBlock`]; one kernel for both, the block scale `y.d *
+//! x.d` or `y.d * e8m0_half(x.e)`) alternate two accumulators between even and odd blocks, add
+//! them before the horizontal sum, and handle an odd last block in scalar code as
+//! `sumf + sumi * d`, contracted into one FMA ([`nibble_tail`]).
 //!
 //! The portable functions compute the same lanes with plain integer code and the same float
 //! operations, so both forms give the same bits.
 
-use crate::kernels::blocks::lowbit::iq4_values;
 use crate::kernels::blocks::lowbit::{
-    iq4xs_scales, iq4xs_values, q2k_quants, q3k_codes, q3k_scales,
+    iq4xs_scales, iq4xs_values, nibble_values, q2k_quants, q3k_codes, q3k_scales, NibbleBlock,
 };
 use crate::kernels::dots::run;
+use crate::kernels::fp16;
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::hsum8;
-use rgml::quant::{BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K, QK_K};
+use rgml::quant::{
+    BlockIQ4_NL, BlockIQ4_XS, BlockMXFP4, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K, QK_K,
+};
+#[cfg(target_arch = "x86_64")]
+use rgml::DType;
 
 /// ggml's 8 i32 lanes of a super-block of signed values `q`: lane `k` = `sum_chunk
 /// scale(chunk, k) * sum_{b in 4k..4k+4} q[32 chunk + b] * y[32 chunk + b]`, with one scale per
@@ -117,11 +122,11 @@ pub fn dot_iq4_xs_q8_k(f: CpuFeatures, x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f3
     hsum8(&acc)
 }
 
-/// The lanes of one IQ4_NL block: lane `k` = `sum_{b in 4k..4k+4} v[b] * y[b]`.
+/// The lanes of one codebook block (IQ4_NL, MXFP4): lane `k` = `sum_{b in 4k..4k+4} v[b] * y[b]`.
 #[inline(always)]
-fn iq4nl_lanes(x: &BlockIQ4_NL, y: &BlockQ8_0) -> [i32; 8] {
+fn nibble_lanes<B: NibbleBlock>(x: &B, y: &BlockQ8_0) -> [i32; 8] {
     let mut v = [0i8; 32];
-    iq4_values(&x.qs, &mut v);
+    nibble_values(&B::CODEBOOK, x.qs(), &mut v);
     std::array::from_fn(|k| {
         (4 * k..4 * k + 4)
             .map(|b| i32::from(v[b]) * i32::from(y.qs[b]))
@@ -132,74 +137,94 @@ fn iq4nl_lanes(x: &BlockIQ4_NL, y: &BlockQ8_0) -> [i32; 8] {
 /// IQ4_NL weights · Q8_0 activations, over the common number of blocks (`ggml_vec_dot`'s
 /// arithmetic: one weight row by one activation row).
 pub fn dot_iq4_nl_q8_0(f: CpuFeatures, x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
+    dot_nibble_q8_0(f, x, y)
+}
+
+/// MXFP4 weights · Q8_0 activations, over the common number of blocks (`ggml_vec_dot`'s
+/// arithmetic, that of IQ4_NL with the block scale `fp16(y.d) * e8m0_half(x.e)`).
+pub fn dot_mxfp4_q8_0(f: CpuFeatures, x: &[BlockMXFP4], y: &[BlockQ8_0]) -> f32 {
+    dot_nibble_q8_0(f, x, y)
+}
+
+/// [`dot_iq4_nl_q8_0`] and [`dot_mxfp4_q8_0`]: the blocks by pairs, then an odd last block.
+fn dot_nibble_q8_0<B: NibbleBlock>(f: CpuFeatures, x: &[B], y: &[BlockQ8_0]) -> f32 {
     let nb = x.len().min(y.len());
     let (x, y) = (&x[..nb], &y[..nb]);
     let pairs = nb / 2;
     #[cfg(target_arch = "x86_64")]
     let head = if f.has_avx2() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
-        unsafe { avx2::dot_iq4_nl_pairs(&x[..2 * pairs], &y[..2 * pairs]) }
+        unsafe { avx2::dot_nibble_pairs(&x[..2 * pairs], &y[..2 * pairs]) }
     } else {
-        iq4nl_pairs(&x[..2 * pairs], &y[..2 * pairs])
+        nibble_pairs(&x[..2 * pairs], &y[..2 * pairs])
     };
     #[cfg(not(target_arch = "x86_64"))]
     let head = {
         let _ = f;
-        iq4nl_pairs(&x[..2 * pairs], &y[..2 * pairs])
+        nibble_pairs(&x[..2 * pairs], &y[..2 * pairs])
     };
     match (x.last(), y.last()) {
-        (Some(bx), Some(by)) if nb % 2 == 1 => iq4nl_tail(head, bx, by),
+        (Some(bx), Some(by)) if nb % 2 == 1 => nibble_tail(head, bx, by),
         _ => head,
     }
 }
 
-/// [`dot_iq4_nl_q8_0`]'s last block of an odd count, added to the paired blocks' `head` as
+/// [`dot_nibble_q8_0`]'s last block of an odd count, added to the paired blocks' `head` as
 /// ggml's scalar leftover loop adds it: `sumf += d * (sumi1 + sumi2)`, which GCC contracts
-/// into one FMA (pinned by the `iq4_nl_k544` fixture of `tests/ggml_matmul.rs`, 17 blocks).
-fn iq4nl_tail(head: f32, bx: &BlockIQ4_NL, by: &BlockQ8_0) -> f32 {
-    let d = by.d.to_f32_const() * bx.d.to_f32_const();
-    let sumi: i32 = iq4nl_lanes(bx, by).iter().sum();
+/// into one FMA (pinned by the `iq4_nl_k544` and `mxfp4_k544` fixtures of
+/// `tests/ggml_matmul.rs`, 17 blocks).
+fn nibble_tail<B: NibbleBlock>(head: f32, bx: &B, by: &BlockQ8_0) -> f32 {
+    let d = fp16::f16_to_f32(by.d) * bx.scale();
+    let sumi: i32 = nibble_lanes(bx, by).iter().sum();
     d.mul_add(sumi as f32, head)
 }
 
-/// The matrix-vector kernel of IQ4_NL weights, where the CPU has AVX2 (under either build's
-/// arithmetic: ggml's AVX-512 build runs the AVX2 `vec_dot` for IQ4_NL).
+/// The matrix-vector kernel of IQ4_NL or MXFP4 weights (`None` for other types), where the
+/// CPU has AVX2 (under either build's arithmetic: ggml's AVX-512 build runs the AVX2
+/// `vec_dot` for both).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn iq4_nl_matvec(f: CpuFeatures) -> Option<run::MatvecKernel> {
-    f.has_avx2().then_some(matvec_iq4_nl as run::MatvecKernel)
+pub(crate) fn nibble_matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecKernel> {
+    if !f.has_avx2() {
+        return None;
+    }
+    match dtype {
+        DType::IQ4_NL => Some(matvec_nibble::<BlockIQ4_NL>),
+        DType::MXFP4 => Some(matvec_nibble::<BlockMXFP4>),
+        _ => None,
+    }
 }
 
-/// `out[r]` = [`dot_iq4_nl_q8_0`] of weight row `r` of `run` and its activation row, bit for
+/// `out[r]` = [`dot_nibble_q8_0`] of weight row `r` of `run` and its activation row, bit for
 /// bit, for every row of the run ([`crate::kernels::dots::run::MatvecKernel`]).
 ///
 /// # Safety
-/// As [`crate::kernels::dots::run::MatvecKernel`] for IQ4_NL rows and Q8_0 activations, on a CPU with AVX2,
-/// FMA and F16C.
+/// As [`crate::kernels::dots::run::MatvecKernel`] for rows of `B` and Q8_0 activations, on a
+/// CPU with AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-unsafe fn matvec_iq4_nl(run: run::RowRun, out: &mut [f32]) {
+unsafe fn matvec_nibble<B: NibbleBlock>(run: run::RowRun, out: &mut [f32]) {
     // SAFETY: forwarded from the caller.
-    unsafe { avx2::matvec_iq4_nl_pairs(run, out) };
+    unsafe { avx2::matvec_nibble_pairs::<B>(run, out) };
     if run.nb % 2 == 1 {
         let last = run.nb - 1;
-        let block = std::mem::size_of::<BlockIQ4_NL>();
+        let block = std::mem::size_of::<B>();
         // SAFETY: block `last` of the activation row and of each weight row is readable (the
         // caller's promise); the blocks are plain bytes, read unaligned.
         let by = unsafe { run.y.cast::<BlockQ8_0>().add(last).read_unaligned() };
         for (r, o) in out.iter_mut().enumerate() {
             let at = run.x0.wrapping_add(r * run.row_stride + last * block);
             // SAFETY: as above.
-            let bx = unsafe { at.cast::<BlockIQ4_NL>().read_unaligned() };
-            *o = iq4nl_tail(*o, &bx, &by);
+            let bx = unsafe { at.cast::<B>().read_unaligned() };
+            *o = nibble_tail(*o, &bx, &by);
         }
     }
 }
 
-/// The paired part of [`dot_iq4_nl_q8_0`] (an even number of blocks), portable form.
-fn iq4nl_pairs(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
+/// The paired part of [`dot_nibble_q8_0`] (an even number of blocks), portable form.
+fn nibble_pairs<B: NibbleBlock>(x: &[B], y: &[BlockQ8_0]) -> f32 {
     let mut acc = [[0f32; 8]; 2];
     for (i, (bx, by)) in x.iter().zip(y).enumerate() {
-        let d = by.d.to_f32_const() * bx.d.to_f32_const();
-        fma_lanes(&mut acc[i % 2], d, iq4nl_lanes(bx, by));
+        let d = fp16::f16_to_f32(by.d) * bx.scale();
+        fma_lanes(&mut acc[i % 2], d, nibble_lanes(bx, by));
     }
     hsum8(&std::array::from_fn(|k| acc[0][k] + acc[1][k]))
 }
@@ -213,7 +238,7 @@ pub(crate) fn dot_iq4_nl_tinyblas(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
     let mut acc = [0f32; 8];
     for (bx, by) in x.iter().zip(y) {
         let d = bx.d.to_f32_const() * by.d.to_f32_const();
-        fma_lanes(&mut acc, d, iq4nl_lanes(bx, by));
+        fma_lanes(&mut acc, d, nibble_lanes(bx, by));
     }
     hsum8(&acc)
 }

@@ -1,6 +1,7 @@
 //! Dot products between a weight row and an activation row: ggml's `vec_dot` for each weight
 //! type against its [`DType::vec_dot_type`] (q4_0·q8_0, q4_1·q8_1, q5_0·q8_0, q5_1·q8_1,
-//! q8_0·q8_0, q2_K·q8_K … q6_K·q8_K, iq4_nl·q8_0, iq4_xs·q8_K), plus f32·f32, f16·f32 and bf16·f32.
+//! q8_0·q8_0, q2_K·q8_K … q6_K·q8_K, iq4_nl·q8_0, iq4_xs·q8_K, mxfp4·q8_0), plus f32·f32, f16·f32
+//! and bf16·f32.
 //!
 //! The quantized dots compute exactly what ggml's x86 `ggml_vec_dot_*` kernels compute (their
 //! AVX2 branches, which ggml's AVX-512 builds run as well): exact integer sums per block in
@@ -49,6 +50,7 @@ pub fn vec_dot(f: CpuFeatures, xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Re
         DType::Q3_K => dot_q3_k_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::IQ4_XS => dot_iq4_xs_q8_k(f, &blocks(x)?, &blocks(y)?),
         DType::IQ4_NL => dot_iq4_nl_q8_0(f, &blocks(x)?, &blocks(y)?),
+        DType::MXFP4 => dot_mxfp4_q8_0(f, &blocks(x)?, &blocks(y)?),
         DType::I32 | DType::I64 | DType::Q8_1 | DType::Q8_K => {
             return Err(Error::UnsupportedConversion(xtype))
         }
@@ -279,7 +281,7 @@ fn dot_q8_0_q8_0_scalar(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
 
 pub use crate::kernels::dots::kquant::{dot_q4_k_q8_k, dot_q5_k_q8_k, dot_q6_k_q8_k};
 pub use crate::kernels::dots::lowbit::{
-    dot_iq4_nl_q8_0, dot_iq4_xs_q8_k, dot_q2_k_q8_k, dot_q3_k_q8_k,
+    dot_iq4_nl_q8_0, dot_iq4_xs_q8_k, dot_mxfp4_q8_0, dot_q2_k_q8_k, dot_q3_k_q8_k,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -425,7 +427,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rgml::quant::{dequantize_row, quantize_row, BlockQ4_K, BlockQ6_K, BlockQ8_K};
 
-    const WEIGHT_TYPES: [DType; 11] = [
+    const WEIGHT_TYPES: [DType; 12] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -437,6 +439,7 @@ mod tests {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::MXFP4,
     ];
 
     fn encode(t: DType, x: &[f32]) -> Vec<u8> {

@@ -19,7 +19,18 @@ pub(crate) fn supported(src: &Tensor, dst: &Tensor) -> bool {
     let quant_dst = |d: DType| {
         matches!(
             d,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS
+            Q4_0 | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+                | IQ4_NL
+                | IQ4_XS
+                | MXFP4
         )
     };
     if src.nelements() != dst.nelements() {

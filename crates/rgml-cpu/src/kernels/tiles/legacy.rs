@@ -433,7 +433,7 @@ unsafe fn cols_body<const K: u8, const RN: usize>(
 /// The matrix-vector kernel for `dtype` on this CPU's build: the AVX2 build only (the AVX-512
 /// builds take 4-row tiles through [`tile`]), not IQ4_NL (whose one-row products take
 /// `vec_dot`'s arithmetic, not the tiles' (see [`takes`]): its kernel is
-/// [`crate::kernels::dots::lowbit::iq4_nl_matvec`]'s).
+/// [`crate::kernels::dots::lowbit::nibble_matvec`]'s).
 ///
 /// Why not [`tile`] per 4 rows: one call per block of rows keeps the kernel, its dispatch and
 /// the prefetches in one loop, and 2-row tiles stream faster than 4-row ones on AVX2 CPUs that
@@ -513,7 +513,7 @@ unsafe fn weight_quants<const K: u8>(q: *const u8) -> __m256i {
             return _mm256_loadu_si256(q.cast());
         }
         if K == IQ4_NL {
-            return crate::kernels::blocks::lowbit::iq4_values_avx2(q);
+            return crate::kernels::blocks::lowbit::nibble_values_avx2(&KVALUES_IQ4NL, q);
         }
         let (qh, q) = if K == Q5_0 || K == Q5_1 {
             (q.cast::<i32>().read_unaligned(), q.add(4))

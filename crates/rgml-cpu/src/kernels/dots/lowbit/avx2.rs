@@ -1,12 +1,12 @@
 //! The low-bit dots with AVX2 intrinsics, in ggml's order where it matters (the float
 //! operations; the integer lanes are exact whatever computes them).
 
-use crate::kernels::blocks::lowbit::{iq4_values_avx2 as iq4_values, iq4xs_scales, q3k_scales};
+use crate::kernels::blocks::lowbit::{iq4xs_scales, nibble_values_avx2, q3k_scales, NibbleBlock};
 use crate::kernels::dots::run::RowRun;
 use crate::kernels::simd::x86::{hsum8_avx2, load256, mul_add_i8};
 use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
-use rgml::quant::QK_K;
-use rgml::quant::{BlockIQ4_NL, BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K};
+use rgml::quant::{BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K};
+use rgml::quant::{KVALUES_IQ4NL, QK_K};
 use std::arch::x86_64::*;
 use std::mem::size_of;
 
@@ -112,16 +112,16 @@ pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
     hsum8_avx2(acc)
 }
 
-/// [`dot_iq4_nl_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
+/// [`dot_nibble_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
 /// the activation row, into `out[r]`: two rows per pass share the activation loads, and each
 /// pass first prefetches its rows [`PREFETCH_AHEAD`] bytes further on.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; the run's `out.len()` rows hold `nb` IQ4_NL
-/// blocks each and `y` holds `nb` Q8_0 blocks.
+/// The CPU must support AVX2, FMA and F16C; the run's `out.len()` rows hold `nb` blocks of `B`
+/// each and `y` holds `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn matvec_iq4_nl_pairs(run: RowRun, out: &mut [f32]) {
-    let row_bytes = run.nb * size_of::<BlockIQ4_NL>();
+pub(super) unsafe fn matvec_nibble_pairs<B: NibbleBlock>(run: RowRun, out: &mut [f32]) {
+    let row_bytes = run.nb * size_of::<B>();
     let mut pairs = out.chunks_exact_mut(2);
     let mut x = run.x0;
     for o in &mut pairs {
@@ -129,27 +129,33 @@ pub(super) unsafe fn matvec_iq4_nl_pairs(run: RowRun, out: &mut [f32]) {
         prefetch_span(x.wrapping_add(PREFETCH_AHEAD), row_bytes);
         prefetch_span(next.wrapping_add(PREFETCH_AHEAD), row_bytes);
         // SAFETY: two rows of the run, as the caller promised; `o` holds 2.
-        unsafe { iq4_nl_rows::<2>(run.nb, [x, next], run.y, o) };
+        unsafe { nibble_rows::<B, 2>(run.nb, [x, next], run.y, o) };
         x = next.wrapping_add(run.row_stride);
     }
     if let [o] = pairs.into_remainder() {
         // SAFETY: the last row, as above.
-        unsafe { iq4_nl_rows::<1>(run.nb, [x], run.y, std::slice::from_mut(o)) };
+        unsafe { nibble_rows::<B, 1>(run.nb, [x], run.y, std::slice::from_mut(o)) };
     }
 }
 
-/// The paired part of `dot_iq4_nl_q8_0` for `R` weight rows at `x` (`nb` blocks each, the
-/// first `2 * (nb / 2)` used) and the Q8_0 row at `y`: per row, even blocks into one
+/// The paired part of `dot_nibble_q8_0` for `R` weight rows of `B` at `x` (`nb` blocks each,
+/// the first `2 * (nb / 2)` used) and the Q8_0 row at `y`: per row, even blocks into one
 /// accumulator, odd ones into another, added before the horizontal sum. Rows share the
 /// activation loads.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `x[r]` and `y` hold `nb` blocks; `out` holds `R`.
 #[inline(always)]
-unsafe fn iq4_nl_rows<const R: usize>(nb: usize, x: [*const u8; R], y: *const u8, out: &mut [f32]) {
-    let (xb, yb) = (size_of::<BlockIQ4_NL>(), size_of::<BlockQ8_0>());
+unsafe fn nibble_rows<B: NibbleBlock, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+    out: &mut [f32],
+) {
+    let (xb, yb) = (size_of::<B>(), size_of::<BlockQ8_0>());
     // SAFETY: the caller's features; block i < nb of each row and of `y` (the caller's
-    // promise): a block's f16 scale at offset 0, its quants at offset 2.
+    // promise): a Q8_0 block's f16 scale at offset 0 and quants at offset 2, a `B`'s scale at
+    // offset 0 and indices at `B::QS`.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for i in 0..nb - nb % 2 {
@@ -158,8 +164,8 @@ unsafe fn iq4_nl_rows<const R: usize>(nb: usize, x: [*const u8; R], y: *const u8
             let yv = load256(py.add(2));
             for (acc, &xr) in acc.iter_mut().zip(&x) {
                 let px = xr.add(i * xb);
-                let d = dy * fp16::h2f(px);
-                let v = iq4_values(px.add(2));
+                let d = dy * B::scale_at(px);
+                let v = nibble_values_avx2(&B::CODEBOOK, px.add(B::QS));
                 let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
                 acc[i % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[i % 2]);
             }
@@ -182,7 +188,7 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
         unsafe {
             let mut sumi = _mm256_setzero_si256();
             for (ib, &s) in sc.iter().enumerate().take(QK_K / 32) {
-                let v = iq4_values(bx.qs.as_ptr().add(16 * ib));
+                let v = nibble_values_avx2(&KVALUES_IQ4NL, bx.qs.as_ptr().add(16 * ib));
                 let yv = load256(by.qs.as_ptr().add(32 * ib).cast());
                 let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(i16::from(s)));
                 sumi = _mm256_add_epi32(sumi, p);
@@ -194,15 +200,15 @@ pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
     hsum8_avx2(acc)
 }
 
-/// [`iq4_nl_rows`] for one row (the blocks given: an even number).
+/// [`nibble_rows`] for one row (the blocks given: an even number).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_iq4_nl_pairs(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
+pub(super) unsafe fn dot_nibble_pairs<B: NibbleBlock>(x: &[B], y: &[BlockQ8_0]) -> f32 {
     let nb = x.len().min(y.len());
     let mut out = [0f32];
     // SAFETY: AVX2, FMA and F16C (this function's features); `nb` blocks in each slice.
-    unsafe { iq4_nl_rows::<1>(nb, [x.as_ptr().cast()], y.as_ptr().cast(), &mut out) };
+    unsafe { nibble_rows::<B, 1>(nb, [x.as_ptr().cast()], y.as_ptr().cast(), &mut out) };
     out[0]
 }
