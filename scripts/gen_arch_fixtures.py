@@ -6,6 +6,7 @@ Each architecture rgml-llm supports (or will) has a tiny random model that
 script writes each file, runs it in llama.cpp and records what llama.cpp computes:
 
     python3 scripts/gen_arch_fixtures.py --isa avx2 [--arch NAME ...] [--bin PATH]
+        [--flash-attn on]
 
 It needs llama.cpp's shared libraries built natively for the named instruction set (see
 `scripts/llamacpp.sh`), found through `LLAMA_CPP_LIB_PATH`, the `llama_cpp` Python package of
@@ -19,6 +20,7 @@ EOS as the vocabulary says, as llama.cpp's tools and `rgml logits` tokenize a pr
 decoded in one batch, rounded to 4 decimals; then `continuation`: 32 more tokens chosen
 greedily and decoded one at a time, each with its own top 10. Loading and context are as in
 `scripts/gen_model_fixtures.py`: repacking off, flash attention off, n_ctx 512, 2 threads.
+With `--flash-attn on` the fixture is `<arch>.fa-on.json`, made with flash attention on.
 The script stops if llama.cpp refuses a file or if logits are not finite or barely vary.
 """
 
@@ -39,7 +41,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gen_model_fixtures import load, sha256, tokenize  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-ARCHS = ["gemma3", "qwen2", "qwen3", "llama3", "phi3", "mistral", "qwen3moe", "mixtral"]
+ARCHS = [
+    "gemma3", "qwen2", "qwen3", "llama3", "phi3", "mistral", "qwen3moe", "mixtral", "gpt-oss",
+]
 CONTINUATION = 32
 
 STORY = (
@@ -68,11 +72,13 @@ CHAT = {
 }
 CHAT["qwen3"] = CHAT["qwen3moe"] = CHAT["qwen2"]
 CHAT["mixtral"] = CHAT["mistral"]
+# gpt-oss's test model has the Llama 3 vocabulary (llama.cpp vendors no o200k one).
+CHAT["gpt-oss"] = CHAT["llama3"]
 
 
 def prompts(arch: str) -> list[str]:
-    """The family's prompts; Gemma 3 gets a second one well past its 8-token window."""
-    extra = [LIST] if arch == "gemma3" else []
+    """The family's prompts; those with an 8-token window get a second one well past it."""
+    extra = [LIST] if arch in ("gemma3", "gpt-oss") else []
     return COMMON + extra + [CHAT[arch]]
 
 
@@ -115,8 +121,8 @@ def run_case(model, ctx, vocab, prompt: str, what: str, steps: int = CONTINUATIO
     return {"prompt": prompt, "tokens": tokens, "top10": top, "continuation": continuation}
 
 
-def fixture(arch: str, path: pathlib.Path, isa: str) -> dict:
-    model, ctx = load(path)
+def fixture(arch: str, path: pathlib.Path, isa: str, flash_attn: bool) -> dict:
+    model, ctx = load(path, flash_attn=flash_attn)
     vocab = L.llama_model_get_vocab(model)
     cases = [run_case(model, ctx, vocab, p, f"{arch} {p[:20]!r}") for p in prompts(arch)]
     L.llama_free(ctx)
@@ -126,6 +132,7 @@ def fixture(arch: str, path: pathlib.Path, isa: str) -> dict:
         "file": path.name,
         "sha256": sha256(path),
         "isa": isa,
+        "flash_attn": "on" if flash_attn else "off",
         "llama_cpp": "llama-cpp-python 0.3.36 (vendored llama.cpp), native build, repack off",
         "cases": cases,
     }
@@ -136,6 +143,7 @@ def main() -> None:
     ap.add_argument("--isa", required=True, help="the instruction set llama.cpp was built for")
     ap.add_argument("--arch", action="append", choices=ARCHS, help="default: all")
     ap.add_argument("--bin", type=pathlib.Path, help="rgml-random-model (default: build it)")
+    ap.add_argument("--flash-attn", choices=["off", "on"], default="off")
     target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     ap.add_argument("--models", type=pathlib.Path, default=target / "arch-models")
     args = ap.parse_args()
@@ -149,8 +157,9 @@ def main() -> None:
     for arch in args.arch or ARCHS:
         path = args.models / f"{arch}.gguf"
         write_model(arch, args.bin, path)
-        fx = fixture(arch, path, args.isa)
-        out = out_dir / f"{arch}.json"
+        fx = fixture(arch, path, args.isa, args.flash_attn == "on")
+        suffix = ".fa-on" if args.flash_attn == "on" else ""
+        out = out_dir / f"{arch}{suffix}.json"
         out.write_text(json.dumps(fx, indent=1, ensure_ascii=False) + "\n")
         print(f"{out}: {len(fx['cases'])} prompts", file=sys.stderr)
 

@@ -242,6 +242,8 @@ int main(int argc, char ** argv) {
         {F16, F16, 256, 256, 66, 128, 2, 1, 20, 86, 1, 0.0625f, 8.0f, 30.0f},
         // no mask
         {F16, F16, 64, 64, 2, 96, 4, 4, 0, 0, 0, 0.125f, 0.0f, 0.0f},
+        // gpt-oss's shape: 38 queries (the one-row kernel) over 256 cells, 8 heads on 2, sinks
+        {F16, F16, 64, 64, 38, 256, 8, 2, 0, 38, 1, 0.125f, 0.0f, 0.0f},
         // quantized caches (the one-row kernel takes them at any size)
         {Q8, Q8, 64, 64, 4, 256, 8, 2, 50, 54, 0, 0.125f, 0.0f, 0.0f},
         {Q4, Q4, 64, 64, 4, 256, 8, 2, 50, 54, 0, 0.125f, 0.0f, 0.0f},

@@ -3,7 +3,8 @@
 //! `tests/fixtures/arch/<isa>/<arch>.json` holds what llama.cpp's native build for that
 //! instruction set computes for the model (`scripts/gen_arch_fixtures.py`): per prompt, the
 //! tokens and the top 10 logits of the last position after one batched decode, and a greedy
-//! continuation of 32 single-token decodes (the generation path). Here the model is written
+//! continuation of 32 single-token decodes (the generation path); `<arch>.fa-on.json` the same
+//! with flash attention on (`--flash-attn on`). Here the model is written
 //! afresh by the library, must have the fixture's sha256 (the generator is deterministic, so
 //! the fixture describes these very bytes), and `rgml logits --greedy 32` runs it with
 //! `RGML_CPU_ISA=<isa>` wherever this CPU can run that ISA: the prompt's logits and every
@@ -39,16 +40,26 @@ fn model_file_named(arch: Arch, name: &str) -> PathBuf {
     path
 }
 
-/// The fixtures of `arch`, one per instruction set they were recorded on.
+/// The fixtures of `arch`, per instruction set they were recorded on: flash attention off,
+/// and on where that fixture exists.
 fn fixtures(arch: Arch) -> Vec<(String, serde_json::Value)> {
     let dir = root().join("crates/rgml-cli/tests/fixtures/arch");
     let mut out: Vec<(String, serde_json::Value)> = std::fs::read_dir(&dir)
         .expect("fixtures/arch")
         .map(|e| e.expect("fixture directory").path())
-        .filter_map(|isa_dir| {
-            let text = std::fs::read_to_string(isa_dir.join(format!("{arch}.json"))).ok()?;
-            let isa = isa_dir.file_name()?.to_string_lossy().into_owned();
-            Some((isa, serde_json::from_str(&text).expect("fixture JSON")))
+        .flat_map(|isa_dir| {
+            let isa = isa_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+            [format!("{arch}.json"), format!("{arch}.fa-on.json")]
+                .into_iter()
+                .filter_map(move |name| {
+                    let text = std::fs::read_to_string(isa_dir.join(name)).ok()?;
+                    Some((
+                        isa.clone()?,
+                        serde_json::from_str(&text).expect("fixture JSON"),
+                    ))
+                })
         })
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -77,19 +88,20 @@ fn check(arch: Arch) {
         if !runnable.contains(&isa.as_str()) {
             continue;
         }
+        let fa = fixture["flash_attn"].as_str().unwrap_or("off");
         for case in fixture["cases"].as_array().expect("cases") {
             let prompt = case["prompt"].as_str().expect("prompt");
-            let what = format!("{arch} {prompt:?} on {isa}");
+            let what = format!("{arch} {prompt:?} on {isa}, -fa {fa}");
             let steps = case["continuation"]
                 .as_array()
                 .map_or(0, Vec::len)
                 .to_string();
-            let got = logits_json(&model, isa, prompt, &["--greedy", &steps]);
+            let got = logits_json(&model, isa, prompt, &["--greedy", &steps, "-fa", fa]);
             let worst = greedy_worst(&got, case, &what);
             // 4-decimal rounding of the fixture, plus f32 spacing near |logit| 32.
             assert!(worst <= 5.1e-5, "{what}: {worst} from llama.cpp");
         }
-        eprintln!("{arch} on {isa}: exact");
+        eprintln!("{arch} on {isa}, -fa {fa}: exact");
     }
     check_splits(arch, &model, &fixtures);
 }
@@ -159,6 +171,11 @@ fn qwen3moe_gives_llama_cpps_logits() {
 #[test]
 fn mixtral_gives_llama_cpps_logits() {
     check(Arch::Mixtral);
+}
+
+#[test]
+fn gpt_oss_gives_llama_cpps_logits() {
+    check(Arch::GptOss);
 }
 
 /// The Gemma 3 random model with `edit` applied to a copy of its metadata and tensors
@@ -331,4 +348,40 @@ fn bad_expert_metadata_is_a_clear_error() {
         },
     );
     refused(&no_router, "blk.2.ffn_gate_inp.weight");
+}
+
+#[test]
+fn gpt_oss_without_its_parts_is_a_clear_error() {
+    use rgml_gguf::Value;
+    let whole = |t: &rgml_gguf::TensorInfo| Some((t.ne[..t.n_dims].to_vec(), t.size));
+    let without = |name: &str, tensor: &'static str| {
+        edited(
+            Arch::GptOss,
+            name,
+            |_| {},
+            move |t| (t.name != tensor).then(|| whole(t)).flatten(),
+        )
+    };
+    refused(
+        &without("no-sinks", "blk.1.attn_sinks.weight"),
+        "blk.1.attn_sinks.weight",
+    );
+    refused(
+        &without("no-expert-bias", "blk.0.ffn_down_exps.bias"),
+        "blk.0.ffn_down_exps.bias",
+    );
+    let no_window = edited(
+        Arch::GptOss,
+        "no-window",
+        |w| w.add_metadata("gpt-oss.attention.sliding_window", Value::U32(0)),
+        whole,
+    );
+    refused(&no_window, "gpt-oss.attention.sliding_window");
+    let bad_scaling = edited(
+        Arch::GptOss,
+        "bad-scaling",
+        |w| w.add_metadata("gpt-oss.rope.scaling.type", Value::String("dynamic".into())),
+        whole,
+    );
+    refused(&bad_scaling, "gpt-oss.rope.scaling.type");
 }

@@ -197,7 +197,7 @@ fn rgml_flash_attn(be: &mut CpuBackend, c: &Case, x: &Inputs) -> Vec<f32> {
 
 fn check(isa: IsaChoice, fixture: &str) {
     let cases = read_cases(fixture);
-    assert_eq!(cases.len(), 14);
+    assert_eq!(cases.len(), 15);
     let device = CpuDevice::with_options(
         "CPU",
         &CpuOptions {

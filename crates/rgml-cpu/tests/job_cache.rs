@@ -109,6 +109,7 @@ fn changed_op_parameters_rebuild_the_job() {
         net.ctx.get_mut(net.softmax).unwrap().op = Op::SoftMax {
             scale: 0.5,
             max_bias: 0.0,
+            sinks: false,
         };
         let second = compute_checked(&mut be, &net.ctx, &net.graph, &net.outs);
         assert_ne!(second[0], first[0]);

@@ -22,11 +22,15 @@ pub enum Arch {
     /// Qwen3 MoE (`qwen3moe`, Qwen3-30B-A3B): Qwen3's attention, a mixture of experts as
     /// every block's FFN.
     Qwen3Moe,
+    /// gpt-oss (`gpt-oss`, llama.cpp's `LLM_ARCH_OPENAI_MOE`): attention with biases and
+    /// per-head sinks, alternating sliding-window layers, YaRN, and experts with biases, a
+    /// softmax over the chosen experts' logits and the clamped SwiGLU variant.
+    GptOss,
 }
 
 impl Arch {
     /// Every `general.architecture` value accepted, with its architecture.
-    pub const NAMES: [(&'static str, Arch); 8] = [
+    pub const NAMES: [(&'static str, Arch); 9] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Llama),
         ("smollm", Arch::Llama),
@@ -35,6 +39,7 @@ impl Arch {
         ("phi3", Arch::Phi3),
         ("gemma3", Arch::Gemma3),
         ("qwen3moe", Arch::Qwen3Moe),
+        ("gpt-oss", Arch::GptOss),
     ];
 
     /// Whether the graph divides RoPE frequencies by `rope_freqs.weight` when the file has it
@@ -70,6 +75,18 @@ pub enum FfnActivation {
     Silu,
     /// GELU, tanh approximation (GeGLU).
     Gelu,
+    /// gpt-oss's clamped SwiGLU (ggml's SWIGLU_OAI with llama.cpp's α = 1.702, limit 7).
+    SwigluOai,
+}
+
+/// How the router's logits become the chosen experts' weights (llama.cpp's
+/// `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertGating {
+    /// Softmax over every expert, then the chosen ones' probabilities.
+    Softmax,
+    /// The chosen experts' logits, then their softmax (gpt-oss).
+    SoftmaxWeight,
 }
 
 /// Sliding-window (local) attention on some layers: each position attends to the `window` last
@@ -100,6 +117,8 @@ pub struct MoeConfig {
     pub n_ff_exp: usize,
     /// Divide the chosen experts' probabilities by their sum.
     pub norm_weights: bool,
+    /// From router logits to expert weights.
+    pub gating: ExpertGating,
 }
 
 /// Hyper-parameters of a model.
@@ -137,9 +156,12 @@ pub struct ModelConfig {
     pub rope_freq_base: f32,
     /// RoPE position scale (1 / linear scaling factor).
     pub rope_freq_scale: f32,
-    /// RoPE's magnitude factor on the rotated values (`rope.scaling.attn_factor`; LongRoPE
-    /// files set it).
+    /// RoPE's magnitude factor on the rotated values: `rope.scaling.attn_factor` (LongRoPE
+    /// files set it) times, with YaRN, llama.cpp's magnitude correction.
     pub rope_attn_factor: f32,
+    /// YaRN's extrapolation mix (1 with `rope.scaling.type = yarn`, else 0: llama.cpp's
+    /// default `yarn_ext_factor`).
+    pub rope_ext_factor: f32,
     /// Pair layout of RoPE: LLaMA GGUF files use `Normal`, Qwen and Gemma `Neox`.
     pub rope_mode: RopeMode,
     /// Local attention layers, if any.

@@ -5,10 +5,10 @@
 //! Per block:
 //! - attention Q, K, V (and their biases) split by output rows, in whole heads; every device
 //!   gets whole KV heads and the query heads that share them (grouped-query attention keeps
-//!   each group on one device);
+//!   each group on one device), and those heads' attention sinks;
 //! - FFN gate and up split by output rows; a mixture of experts the same way, every expert
-//!   split alike (`ffn_{gate,up}_exps` by their hidden rows; the router stays whole, as the
-//!   routing must);
+//!   split alike (`ffn_{gate,up}_exps` and their biases by their hidden rows; the router
+//!   stays whole, as the routing must);
 //! - fused projections (Phi-3's `attn_qkv`, and `ffn_up` holding gate and up) split as their
 //!   parts are, one run of the split per part, so each device's rows are its Q, K and V heads
 //!   (its gate and up rows) and the views of the parts stay on their devices;
@@ -50,6 +50,8 @@ pub enum TensorSync {
 pub struct TensorSplitPlan {
     /// KV heads per device.
     pub kv_heads: Vec<usize>,
+    /// Query heads per device.
+    pub q_heads: Vec<usize>,
     /// Query rows (query heads × head size) per device.
     pub q_rows: Vec<usize>,
     /// K / V rows (KV heads × head size) per device.
@@ -99,7 +101,8 @@ impl TensorSplitPlan {
         }
         let group = c.n_head / c.n_head_kv;
         let kv_heads = split_sizes(c.n_head_kv, &shares, 1)?;
-        let q_rows = kv_heads.iter().map(|h| h * group * c.head_dim).collect();
+        let q_heads: Vec<usize> = kv_heads.iter().map(|h| h * group).collect();
+        let q_rows = q_heads.iter().map(|h| h * c.head_dim).collect();
         let kv_rows = kv_heads.iter().map(|h| h * c.head_dim).collect();
         let ffn_width = c.moe.as_ref().map_or(c.n_ff, |m| m.n_ff_exp);
         let ffn_rows = split_sizes(ffn_width, &shares, ffn_granule.max(1))?;
@@ -108,6 +111,7 @@ impl TensorSplitPlan {
         let embd_rows = split_sizes(c.n_embd, &shares, embd_granule)?;
         Ok(TensorSplitPlan {
             kv_heads,
+            q_heads,
             q_rows,
             kv_rows,
             ffn_rows,
@@ -131,6 +135,12 @@ impl TensorSplitPlan {
                 SplitState::axis(0, self.ffn_rows.clone()),
             ),
         };
+        // Biases of the projections back to the model width: split as their rows where the
+        // rows are split, else whole (added once, after the partial sums are joined).
+        let width_bias = match sync {
+            TensorSync::Gather => SplitState::axis(0, self.embd_rows.clone()),
+            TensorSync::Reduce => SplitState::Mirrored,
+        };
         let mut out = HashMap::new();
         for il in 0..n_layer {
             let mut put = |name: &str, state: SplitState| {
@@ -140,6 +150,11 @@ impl TensorSplitPlan {
             put("attn_k.weight", SplitState::axis(1, self.kv_rows.clone()));
             put("attn_v.weight", SplitState::axis(1, self.kv_rows.clone()));
             put("attn_output.weight", attn_output.clone());
+            put("attn_output.bias", width_bias.clone());
+            put(
+                "attn_sinks.weight",
+                SplitState::axis(0, self.q_heads.clone()),
+            );
             put("attn_q.bias", SplitState::axis(0, self.q_rows.clone()));
             put("attn_k.bias", SplitState::axis(0, self.kv_rows.clone()));
             put("attn_v.bias", SplitState::axis(0, self.kv_rows.clone()));
@@ -169,6 +184,10 @@ impl TensorSplitPlan {
                 SplitState::axis(1, self.ffn_rows.clone()),
             );
             put("ffn_down_exps.weight", ffn_down.clone());
+            for bias in ["ffn_gate_exps.bias", "ffn_up_exps.bias"] {
+                put(bias, SplitState::axis(0, self.ffn_rows.clone()));
+            }
+            put("ffn_down_exps.bias", width_bias.clone());
             out.insert(
                 format!("cache_k_l{il}"),
                 SplitState::axis(0, self.kv_rows.clone()),
@@ -221,6 +240,7 @@ mod tests {
             rope_freq_base: 100000.0,
             rope_freq_scale: 1.0,
             rope_attn_factor: 1.0,
+            rope_ext_factor: 0.0,
             rope_mode: rgml::RopeMode::Normal,
             sliding_window: None,
             embd_scale: None,
@@ -303,6 +323,7 @@ mod tests {
             n_expert_used: 2,
             n_ff_exp: 512,
             norm_weights: true,
+            gating: crate::config::ExpertGating::Softmax,
         });
         let p = TensorSplitPlan::new(&c, &[], 2, 32, 256).unwrap();
         assert_eq!(p.ffn_rows, vec![256, 256]);

@@ -109,6 +109,8 @@ pub fn output_threshold(dtype: DType) -> f64 {
         DType::Q2_K => 6e-3,
         DType::Q3_K => 3e-3,
         DType::IQ4_NL | DType::IQ4_XS => 4e-4,
+        // Power-of-two block scales: about 2e-2 on uniform data.
+        DType::MXFP4 => 2e-3,
         _ => DEFAULT_NMSE,
     }
 }
@@ -118,8 +120,8 @@ fn dims(ne: &[usize]) -> String {
     format!("[{}]", v.join(","))
 }
 
-/// Every weight type of the common `llama-quantize` presets.
-const QUANT: [DType; 12] = [
+/// Every weight type of the common `llama-quantize` presets, and MXFP4 (gpt-oss's experts).
+const QUANT: [DType; 13] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -132,6 +134,7 @@ const QUANT: [DType; 12] = [
     DType::Q3_K,
     DType::IQ4_NL,
     DType::IQ4_XS,
+    DType::MXFP4,
 ];
 
 fn with_plain(q: &[DType]) -> Vec<DType> {
@@ -608,6 +611,25 @@ fn soft_max(cases: &mut Vec<Case>) {
             },
         ));
     }
+    // Attention sinks (gpt-oss), with and without a causal mask.
+    for (mask, n_past) in [(None, 0), (Some(DType::F16), 2), (Some(DType::F32), 0)] {
+        let mdesc = mask.map_or("none".to_string(), |m| m.to_string());
+        cases.push(Case::new(
+            OpKind::SoftMax,
+            format!("SOFT_MAX type=f32,mask={mdesc},sinks"),
+            format!("type=f32,ne=[9,4,5,2],mask={mdesc},n_past={n_past},sinks,scale=0.7"),
+            DEFAULT_NMSE,
+            move |c| {
+                let a = c.leaf(DType::F32, &[9, 4, 5, 2], Init::Uniform(-3.0, 3.0))?;
+                let m = match mask {
+                    Some(t) => Some(c.leaf(t, &[9, 4, 1, 1], Init::Causal(n_past))?),
+                    None => None,
+                };
+                let sinks = c.leaf(DType::F32, &[5], Init::Uniform(-4.0, 4.0))?;
+                c.ctx.soft_max_sinks(a, m, Some(sinks), 0.7, 0.0)
+            },
+        ));
+    }
 }
 
 fn diag_mask(cases: &mut Vec<Case>) {
@@ -1047,6 +1069,7 @@ fn mul_mat_id(cases: &mut Vec<Case>) {
         DType::Q4_K,
         DType::Q6_K,
         DType::IQ4_XS,
+        DType::MXFP4,
     ];
     for t in types {
         for (n_expert, n_used, n_b, tokens) in

@@ -222,13 +222,25 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             rope(&mut x, t.ne, &pos, freq_factors.as_deref(), &p);
             x
         }
-        Op::SoftMax { scale, max_bias } => {
+        Op::SoftMax {
+            scale,
+            max_bias,
+            sinks,
+        } => {
             let x = mem.read(ctx, src(t, 0)?)?;
-            let mask = match t.src.get(1) {
-                Some(&m) => Some((mem.read(ctx, m)?, ctx.get(m)?.ne)),
-                None => None,
+            let mask = match t.src.len() > 1 + usize::from(sinks) {
+                true => Some((mem.read(ctx, src(t, 1)?)?, ctx.get(src(t, 1)?)?.ne)),
+                false => None,
             };
-            soft_max(&x, t.ne, mask.as_ref(), scale as f64, max_bias as f64)
+            let sinks = match sinks {
+                true => Some(mem.read(ctx, src(t, t.src.len() - 1)?)?),
+                false => None,
+            };
+            let p = SoftMaxParams {
+                scale: scale as f64,
+                max_bias: max_bias as f64,
+            };
+            soft_max(&x, t.ne, mask.as_ref(), sinks.as_deref(), p)
         }
         Op::DiagMaskInf { n_past } => diag_mask_inf(mem.read(ctx, src(t, 0)?)?, t.ne, n_past),
         Op::Unary(UnaryOp::Silu) => mem.read(ctx, src(t, 0)?)?.into_iter().map(silu).collect(),
@@ -674,15 +686,26 @@ fn flash_attn(
     Ok(out)
 }
 
+/// SOFT_MAX's scalar parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct SoftMaxParams {
+    /// Multiplier of `x`.
+    pub scale: f64,
+    /// ALiBi maximum bias (0 disables).
+    pub max_bias: f64,
+}
+
 /// Row-wise softmax of `x * scale + slope * mask` (mask rows indexed by `i1`, broadcast over
-/// dims 2 and 3 by modulo; ALiBi slope per head `i2` when `max_bias > 0`).
+/// dims 2 and 3 by modulo; ALiBi slope per head `i2` when `max_bias > 0`), with head `i2`'s
+/// sink as one more score of each row that weighs no output.
 pub fn soft_max(
     x: &[f64],
     ne: [usize; 4],
     mask: Option<&(Vec<f64>, [usize; 4])>,
-    scale: f64,
-    max_bias: f64,
+    sinks: Option<&[f64]>,
+    p: SoftMaxParams,
 ) -> Vec<f64> {
+    let SoftMaxParams { scale, max_bias } = p;
     let n_head = ne[2] as u32;
     let n_head_log2 = 1u32 << n_head.max(1).ilog2();
     let m0 = 2f64.powf(-max_bias / n_head_log2 as f64);
@@ -710,9 +733,14 @@ pub fn soft_max(
                         x[at + i0] * scale + m
                     })
                     .collect();
-                let max = w.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sink = sinks.map(|s| s[i2]);
+                let max = w
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = w.iter().map(|v| (v - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
+                let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 for (o, v) in out[at..at + ne[0]].iter_mut().zip(&e) {
                     *o = v / sum;
                 }
@@ -805,7 +833,8 @@ mod tests {
     #[test]
     fn softmax_rows_sum_to_one_and_alibi_slopes() {
         let x: Vec<f64> = (0..24).map(|i| (i as f64 * 0.7).sin()).collect();
-        let y = soft_max(&x, [6, 2, 2, 1], None, 0.5, 0.0);
+        let p = |scale, max_bias| SoftMaxParams { scale, max_bias };
+        let y = soft_max(&x, [6, 2, 2, 1], None, None, p(0.5, 0.0));
         for row in y.chunks(6) {
             assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         }
@@ -813,11 +842,21 @@ mod tests {
         let mut m = vec![0.0; 12];
         m[5] = f64::NEG_INFINITY;
         m[6] = 1.0;
-        let y = soft_max(&[0.0; 12], [6, 2, 1, 1], Some(&(m, [6, 2, 1, 1])), 1.0, 8.0);
+        let mask = (m, [6, 2, 1, 1]);
+        let y = soft_max(&[0.0; 12], [6, 2, 1, 1], Some(&mask), None, p(1.0, 8.0));
         assert_eq!(y[5], 0.0);
         let w = 2f64.powf(-8.0);
         let expect = w.exp() / (w.exp() + 5.0);
         assert!((y[6] - expect).abs() < 1e-12, "{} vs {expect}", y[6]);
+        // A sink of ln 6 over six zero scores takes half of each row's weight.
+        let y = soft_max(
+            &[0.0; 6],
+            [6, 1, 1, 1],
+            None,
+            Some(&[6f64.ln()]),
+            p(1.0, 0.0),
+        );
+        assert!(y.iter().all(|v| (v - 1.0 / 12.0).abs() < 1e-12), "{y:?}");
     }
 
     #[test]

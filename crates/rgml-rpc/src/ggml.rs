@@ -185,7 +185,9 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
                 .f32(10, r.beta_slow)
                 .done(op::ROPE))
         }
-        Op::SoftMax { scale, max_bias } => Ok(Params::new()
+        Op::SoftMax {
+            scale, max_bias, ..
+        } => Ok(Params::new()
             .f32(0, scale)
             .f32(1, max_bias)
             .done(op::SOFT_MAX)),
@@ -231,11 +233,17 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
 
 /// Which of rgml's sources sits in each of ggml's source slots (`None`: the slot is empty):
 /// the same order for every op but SET_ROWS, whose ggml slots are (rows, indices,
-/// destination) where rgml has (destination, rows, indices), and FLASH_ATTN_EXT, whose mask
-/// and sinks have fixed slots 3 and 4 where rgml lists only those present.
+/// destination) where rgml has (destination, rows, indices), and FLASH_ATTN_EXT and
+/// SOFT_MAX, whose mask and sinks have fixed slots (3 and 4; 1 and 2) where rgml lists only
+/// those present.
 pub fn ggml_src_order(op: &Op, n_src: usize) -> Vec<Option<usize>> {
     match *op {
         Op::SetRows if n_src == 3 => vec![Some(1), Some(2), Some(0)],
+        // SOFT_MAX's sinks have the fixed slot 2 (after the optional mask).
+        Op::SoftMax { sinks: true, .. } => {
+            let mask_slot = (n_src > 2).then_some(1);
+            vec![Some(0), mask_slot, Some(n_src - 1)]
+        }
         Op::FlashAttnExt { mask, sinks, .. } => {
             let mask_slot = mask.then_some(3);
             let sinks_slot = sinks.then_some(3 + usize::from(mask));
@@ -310,6 +318,27 @@ mod tests {
         let order = ggml_src_order(&t.op, t.src.len());
         let slots: Vec<_> = order.iter().flatten().map(|&i| t.src[i]).collect();
         assert_eq!(slots, vec![rows, idx, a]);
+    }
+
+    #[test]
+    fn soft_max_sinks_take_slot_two_with_or_without_a_mask() {
+        let mut ctx = Context::new();
+        let kq = ctx.new_tensor(DType::F32, &[8, 3, 4, 1]).unwrap();
+        let mask = ctx.new_tensor(DType::F16, &[8, 3, 1, 1]).unwrap();
+        let sinks = ctx.new_tensor(DType::F32, &[4, 1, 1, 1]).unwrap();
+        for (m, want) in [
+            (Some(mask), vec![Some(kq), Some(mask), Some(sinks)]),
+            (None, vec![Some(kq), None, Some(sinks)]),
+        ] {
+            let s = ctx.soft_max_sinks(kq, m, Some(sinks), 0.5, 0.0).unwrap();
+            let t = ctx.get(s).unwrap();
+            assert_eq!(encode_op(t).unwrap().op, op::SOFT_MAX);
+            let slots: Vec<_> = ggml_src_order(&t.op, t.src.len())
+                .into_iter()
+                .map(|i| i.map(|i| t.src[i]))
+                .collect();
+            assert_eq!(slots, want);
+        }
     }
 
     #[test]

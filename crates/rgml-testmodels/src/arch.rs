@@ -34,11 +34,15 @@ pub enum Arch {
     /// Mixtral 8x7B style (`llama` with experts): 8 experts, 2 per token, as wide as
     /// `feed_forward_length`; the LLaMA SentencePiece vocabulary.
     Mixtral,
+    /// gpt-oss-20b style (`gpt-oss`): biases everywhere, attention sinks, alternating
+    /// sliding-window layers, YaRN, MXFP4 experts; the Llama 3 vocabulary (llama.cpp vendors
+    /// no o200k one).
+    GptOss,
 }
 
 impl Arch {
     /// Every architecture, in a fixed order.
-    pub const ALL: [Arch; 8] = [
+    pub const ALL: [Arch; 9] = [
         Arch::Gemma3,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -47,6 +51,7 @@ impl Arch {
         Arch::Mistral,
         Arch::Qwen3Moe,
         Arch::Mixtral,
+        Arch::GptOss,
     ];
 
     /// The name used on the command line and for fixtures (`llama3`, not `llama`: Mistral's
@@ -61,6 +66,7 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Mixtral => "mixtral",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -73,6 +79,7 @@ impl Arch {
             Arch::Llama3 | Arch::Mistral | Arch::Mixtral => "llama",
             Arch::Phi3 => "phi3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -82,7 +89,7 @@ impl Arch {
         match self {
             Arch::Gemma3 => "models/gemma-3-270m-q4_k_m.gguf",
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => "models/vocab/ggml-vocab-qwen2.gguf",
-            Arch::Llama3 => "models/vocab/ggml-vocab-llama-bpe.gguf",
+            Arch::Llama3 | Arch::GptOss => "models/vocab/ggml-vocab-llama-bpe.gguf",
             Arch::Phi3 => "models/vocab/ggml-vocab-phi-3.gguf",
             Arch::Mistral | Arch::Mixtral => "models/vocab/ggml-vocab-llama-spm.gguf",
         }
@@ -99,6 +106,7 @@ impl Arch {
             Arch::Mistral => mistral(),
             Arch::Qwen3Moe => qwen3moe(),
             Arch::Mixtral => mixtral(),
+            Arch::GptOss => gpt_oss(),
         }
     }
 }
@@ -182,6 +190,8 @@ pub struct Experts {
     pub gate_up: DType,
     /// Type of the down experts.
     pub down: DType,
+    /// Whether the router and the experts have biases (`ffn_*.bias`: gpt-oss).
+    pub biases: bool,
 }
 
 /// Llama 3.1's rope scaling, which llama.cpp's converter writes as a `rope_freqs.weight`
@@ -225,6 +235,12 @@ pub struct Spec {
     pub qk_norm: bool,
     /// Whether Gemma's `post_attention_norm` and `post_ffw_norm` exist.
     pub post_norms: bool,
+    /// Whether `attn_output.bias` exists.
+    pub out_bias: bool,
+    /// Whether `attn_sinks.weight` (one per query head) exists.
+    pub sinks: bool,
+    /// The name of the norm before the FFN (gpt-oss: `post_attention_norm`).
+    pub ffn_norm: &'static str,
     /// Feed-forward projections.
     pub ffn: Ffn,
     /// Whether the output projection is the token embedding (no `output.weight`).
@@ -255,6 +271,9 @@ fn base() -> Spec {
         attention: Attention::Separate { bias: false },
         qk_norm: false,
         post_norms: false,
+        out_bias: false,
+        sinks: false,
+        ffn_norm: "ffn_norm",
         ffn: Ffn::Gated,
         tied_output: false,
         token_embd: DType::Q8_0,
@@ -399,6 +418,7 @@ fn qwen3moe() -> Spec {
             width_key: true,
             gate_up: DType::Q4_K,
             down: DType::Q6_K,
+            biases: false,
         }),
         tied_output: true,
         keys: head_width_keys(128).to_vec(),
@@ -423,9 +443,50 @@ fn mixtral() -> Spec {
             width_key: false,
             gate_up: DType::Q4_0,
             down: DType::Q8_0,
+            biases: false,
         }),
         vocab_size_key: true,
         keys: vec![("rope.dimension_count", Value::U32(16))],
+        ..base()
+    }
+}
+
+/// gpt-oss-20b style: 128 wide, 8 query heads of 64 sharing 2 key/value heads (512-wide
+/// queries, `key_length`), q/k/v and output biases, one sink per head, 4 layers alternating
+/// local (window 8) and global, NeoX RoPE with YaRN (factor 32 over an original context of
+/// 4096, base 150000), 8 MXFP4 experts 128 wide with biases of which 4 run per token, a
+/// separate output.
+fn gpt_oss() -> Spec {
+    let mut keys = head_width_keys(64).to_vec();
+    keys.extend([
+        ("attention.sliding_window", Value::U32(8)),
+        ("rope.scaling.type", Value::String("yarn".into())),
+        ("rope.scaling.factor", Value::F32(32.0)),
+        ("rope.scaling.original_context_length", Value::U32(4096)),
+    ]);
+    Spec {
+        n_layer: 4,
+        n_embd: 128,
+        n_head: 8,
+        head_dim: 64,
+        n_ff: 128,
+        n_ctx_train: 131_072,
+        rms_eps: 1e-5,
+        rope_freq_base: 150_000.0,
+        attention: Attention::Separate { bias: true },
+        out_bias: true,
+        sinks: true,
+        ffn_norm: "post_attention_norm",
+        ffn: Ffn::Experts(Experts {
+            n_expert: 8,
+            n_expert_used: 4,
+            n_ff_exp: 128,
+            width_key: true,
+            gate_up: DType::MXFP4,
+            down: DType::MXFP4,
+            biases: true,
+        }),
+        keys,
         ..base()
     }
 }

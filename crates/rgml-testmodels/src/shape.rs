@@ -175,6 +175,9 @@ fn dense(
         attention: Attention::Separate { bias: false },
         qk_norm: false,
         post_norms: false,
+        out_bias: false,
+        sinks: false,
+        ffn_norm: "ffn_norm",
         ffn: Ffn::Gated,
         tied_output,
         token_embd: DType::F16,
@@ -253,6 +256,7 @@ fn qwen3moe_30b_a3b() -> Spec {
             // Unused: a shape's types come from its preset.
             gate_up: DType::Q8_0,
             down: DType::Q8_0,
+            biases: false,
         }),
         vocab_size_key: false,
         keys: vec![

@@ -19,6 +19,8 @@ const QUERY_KEY: f32 = 0.25;
 const EMBEDDING: f32 = 0.3;
 const NORM_SPREAD: f32 = 0.1;
 const BIAS: f32 = 0.1;
+/// Attention sinks: logits of the same order as the scores, so they take a real share.
+const SINK: f32 = 1.5;
 
 /// How a tensor's values are made.
 #[derive(Clone, Debug, PartialEq)]
@@ -134,10 +136,26 @@ fn block(spec: &Spec, il: usize) -> Vec<Planned> {
         spec.n_embd,
         MATRIX,
     ));
+    if spec.out_bias {
+        let bias = Fill::Uniform(BIAS);
+        out.push(Planned::vector(
+            name("attn_output", "bias"),
+            spec.n_embd,
+            bias,
+        ));
+    }
+    if spec.sinks {
+        let sinks = Fill::Uniform(SINK);
+        out.push(Planned::vector(
+            name("attn_sinks", "weight"),
+            spec.n_head,
+            sinks,
+        ));
+    }
     if spec.post_norms {
         out.push(norm("post_attention_norm", spec.n_embd));
     }
-    out.push(norm("ffn_norm", spec.n_embd));
+    out.push(norm(spec.ffn_norm, spec.n_embd));
     let (n_embd, n_ff) = (spec.n_embd, spec.n_ff);
     match spec.ffn {
         Ffn::Gated => {
@@ -180,7 +198,8 @@ fn block(spec: &Spec, il: usize) -> Vec<Planned> {
     out
 }
 
-/// The router and the experts of block `il`, in llama.cpp's converter's order.
+/// The router and the experts of block `il`, in llama.cpp's converter's order, each followed
+/// by its bias where the experts have them (`[n_out, n_expert]`; the router's `[n_expert]`).
 fn experts(spec: &Spec, il: usize, x: &Experts) -> Vec<Planned> {
     let name = |what: &str| format!("blk.{il}.{what}.weight");
     let stacked = |what: &str, dtype: DType, n_in: usize, n_out: usize| Planned {
@@ -192,12 +211,24 @@ fn experts(spec: &Spec, il: usize, x: &Experts) -> Vec<Planned> {
         dtype: DType::F32,
         ..Planned::matrix(name("ffn_gate_inp"), spec.n_embd, x.n_expert, MATRIX)
     };
-    vec![
+    let matrices = [
         router,
         stacked("ffn_gate_exps", x.gate_up, spec.n_embd, x.n_ff_exp),
         stacked("ffn_up_exps", x.gate_up, spec.n_embd, x.n_ff_exp),
         stacked("ffn_down_exps", x.down, x.n_ff_exp, spec.n_embd),
-    ]
+    ];
+    let mut out = Vec::new();
+    for m in matrices {
+        let bias = x.biases.then(|| Planned {
+            name: m.name.replace(".weight", ".bias"),
+            dtype: DType::F32,
+            ne: m.ne[1..].to_vec(),
+            fill: Fill::Uniform(BIAS),
+        });
+        out.push(m);
+        out.extend(bias);
+    }
+    out
 }
 
 /// Query, key and value projections of block `il`, with their biases if any.

@@ -159,7 +159,15 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
                     .all(|f| f32s(&[f]) && f.rows_contiguous() && f.ne[0] >= rp.n_dims / 2)
         }
         (Op::GetRows, [a, rows]) => fits(a) && rows.dtype == DType::I32 && fits(rows),
-        (Op::SoftMax { max_bias, .. }, srcs) if max_bias.is_finite() => match srcs {
+        // Sinks stay on the CPU.
+        (
+            Op::SoftMax {
+                max_bias,
+                sinks: false,
+                ..
+            },
+            srcs,
+        ) if max_bias.is_finite() => match srcs {
             [a] => f32s(&[a]) && a.ne == t.ne,
             [a, mask] => f32s(&[a]) && f32_or_f16(mask) && a.ne == t.ne,
             _ => false,
@@ -370,7 +378,9 @@ impl<'a> Prep<'a> {
         let (mut p, buffers) = self.bind(t, &srcs)?;
         match t.op {
             Op::Rope(rp) => self.rope(p, buffers, t, &srcs, &rp),
-            Op::SoftMax { scale, max_bias } => {
+            Op::SoftMax {
+                scale, max_bias, ..
+            } => {
                 let d = self.soft_max(p, buffers, t, &srcs, scale, max_bias)?;
                 Ok(vec![d])
             }

@@ -939,6 +939,19 @@ impl Context {
         scale: f32,
         max_bias: f32,
     ) -> Result<TensorId> {
+        self.soft_max_sinks(a, mask, None, scale, max_bias)
+    }
+
+    /// [`Context::soft_max_ext`] with per-head attention sinks (f32 `[a.ne2]`; ggml's
+    /// `ggml_soft_max_add_sinks`): head `i2`'s sink joins each row's softmax as one more score.
+    pub fn soft_max_sinks(
+        &mut self,
+        a: TensorId,
+        mask: Option<TensorId>,
+        sinks: Option<TensorId>,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<TensorId> {
         if let Some(m) = mask {
             self.expect_dtype(
                 OpKind::SoftMax,
@@ -973,10 +986,27 @@ impl Context {
                 reason: "ALiBi (max_bias > 0) needs a mask".into(),
             });
         }
-        let id = self.unary_like(Op::SoftMax { scale, max_bias }, a)?;
-        if let Some(m) = mask {
-            self.get_mut(id)?.src.push(m);
+        if let Some(s) = sinks {
+            self.expect_dtype(OpKind::SoftMax, s, &[DType::F32], "sinks must be f32")?;
+            let (ta, ts) = (self.get(a)?, self.get(s)?);
+            if ts.ne != [ta.ne[2], 1, 1, 1] || !ts.is_contiguous() {
+                return Err(Error::ShapeMismatch {
+                    op: OpKind::SoftMax,
+                    lhs: ta.ne,
+                    rhs: ts.ne,
+                    reason: "sinks must be a dense [ne2] vector",
+                });
+            }
         }
+        let op = Op::SoftMax {
+            scale,
+            max_bias,
+            sinks: sinks.is_some(),
+        };
+        let id = self.unary_like(op, a)?;
+        let src = &mut self.get_mut(id)?.src;
+        src.extend(mask);
+        src.extend(sinks);
         Ok(id)
     }
 

@@ -160,12 +160,16 @@ pub enum Op {
     /// optional frequency factors in `src2` (f32, `n_dims / 2` of them: pair `i`'s angle is
     /// divided by factor `i`).
     Rope(RopeParams),
-    /// Row-wise softmax of `src0 * scale + mask` (mask `src1` optional, broadcast over rows).
+    /// Row-wise softmax of `src0 * scale + mask` (mask `src1` optional, broadcast over rows),
+    /// with the f32 per-head sinks (`[ne2]`) last if `sinks`: head `i2`'s sink is one more
+    /// score in each row's softmax that weighs no output (gpt-oss's attention sinks).
     SoftMax {
         /// Multiplier applied before the mask.
         scale: f32,
         /// ALiBi maximum bias (0 disables).
         max_bias: f32,
+        /// Whether a sinks source comes last.
+        sinks: bool,
     },
     /// Set elements with column `> n_past + row` to -inf (causal mask).
     DiagMaskInf {

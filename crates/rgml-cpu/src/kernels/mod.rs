@@ -196,12 +196,17 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 && t.ne == s[0].ne
                 && t.ne == s[1].ne
         }
-        Op::SoftMax { .. } => {
-            (n(1) || n(2))
+        Op::SoftMax { sinks, .. } => {
+            let n_mask = s.len().saturating_sub(1 + usize::from(sinks));
+            n_mask <= 1
                 && f32_rows(t)
                 && f32_rows(s[0])
                 && t.ne == s[0].ne
-                && s.get(1).is_none_or(|m| {
+                && (!sinks
+                    || s.last().is_some_and(|k| {
+                        k.dtype == F32 && k.is_contiguous() && k.nelements() >= t.ne[2]
+                    }))
+                && s[1..1 + n_mask].iter().all(|m| {
                     matches!(m.dtype, F32 | F16)
                         && m.rows_contiguous()
                         && m.ne[0] == t.ne[0]
@@ -294,6 +299,7 @@ pub(crate) fn inplace_capable(op: &Op, i: usize) -> bool {
             | OpKind::Softplus
             | OpKind::Swiglu
             | OpKind::Geglu
+            | OpKind::SwigluOai
             | OpKind::Rope
             | OpKind::RmsNorm
             | OpKind::Norm
@@ -379,7 +385,11 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         Op::Geglu => elementwise::geglu(task, tc),
         Op::RmsNorm { eps } => norm::rms_norm(task, tc, eps),
         Op::Norm { eps } => norm::norm(task, tc, eps),
-        Op::SoftMax { scale, max_bias } => softmax::soft_max(task, tc, scale, max_bias),
+        Op::SoftMax {
+            scale,
+            max_bias,
+            sinks,
+        } => softmax::soft_max(task, tc, scale, max_bias, sinks),
         Op::DiagMaskInf { n_past } => softmax::diag_mask_inf(task, tc, n_past),
         Op::Rope(p) => rope::rope(task, tc, &p),
         Op::MulMat { hadamard: true, .. } => hadamard::fwht(task, tc),

@@ -112,7 +112,8 @@ pub(crate) fn rope_params(c: &ModelConfig, il: usize) -> RopeParams {
     let mut rope = RopeParams::new(c.rope_mode, c.n_rot, base);
     rope.freq_scale = scale;
     rope.attn_factor = c.rope_attn_factor;
-    rope.n_ctx_orig = c.n_ctx_train;
+    rope.ext_factor = c.rope_ext_factor;
+    rope.n_ctx_orig = c.n_ctx_orig;
     rope
 }
 
@@ -509,7 +510,7 @@ impl<'a> Builder<'a> {
                         .view(q, &[ne[0], ne[1], g.n], &[nb[1], nb[2]], g.first * nb[2])?
                 }
             };
-            let out = self.group_attention(il, g, q_g, groups.len() == 1)?;
+            let out = self.group_attention(il, g, q_g, l.attn_sinks, groups.len() == 1)?;
             attn = Some(self.append_rows(attn, out)?);
         }
         let attn = attn.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))?;
@@ -522,13 +523,15 @@ impl<'a> Builder<'a> {
         self.keep(attn, format!("attn_out-{il}"))
     }
 
-    /// One sequence's attention: `q` `[hd, n_head, g.n]` over its stream's cells, to
-    /// `[n_embd_q, g.n]`. `name` keeps llama.cpp's names for the intermediates.
+    /// One sequence's attention: `q` `[hd, n_head, g.n]` over its stream's cells (and each
+    /// head's sink, where the model has them), to `[n_embd_q, g.n]`. `name` keeps llama.cpp's
+    /// names for the intermediates.
     fn group_attention(
         &mut self,
         il: usize,
         g: &GroupInputs,
         q: TensorId,
+        sinks: Option<TensorId>,
         name: bool,
     ) -> Result<TensorId> {
         let c = self.config();
@@ -573,7 +576,7 @@ impl<'a> Builder<'a> {
             let v_all = self.ctx.permute(v_all, [0, 2, 1, 3])?; // [hd, n_kv, n_head_kv]
             let kqv =
                 self.ctx
-                    .flash_attn_ext(q, k_all, v_all, Some(mask), None, kq_scale, 0.0, 0.0)?;
+                    .flash_attn_ext(q, k_all, v_all, Some(mask), sinks, kq_scale, 0.0, 0.0)?;
             // [hd, n_head, n], dense.
             return Ok(self.ctx.reshape(kqv, &[c.n_embd_q(), g.n])?);
         }
@@ -582,7 +585,9 @@ impl<'a> Builder<'a> {
             true => self.keep(kq, format!("kq-{il}"))?,
             false => kq,
         };
-        let kq = self.ctx.soft_max_ext(kq, Some(mask), kq_scale, 0.0)?;
+        let kq = self
+            .ctx
+            .soft_max_sinks(kq, Some(mask), sinks, kq_scale, 0.0)?;
         let kq = match name {
             true => self.keep(kq, format!("kq_soft_max-{il}"))?,
             false => kq,
@@ -643,6 +648,12 @@ impl<'a> Builder<'a> {
             FfnActivation::Gelu => {
                 let act = self.ctx.geglu(gate, up)?;
                 self.keep(act, format!("ffn_geglu-{il}"))?
+            }
+            // llama.cpp has it for experts only.
+            FfnActivation::SwigluOai => {
+                return Err(crate::LlmError::BadConfig(
+                    "gpt-oss's SwiGLU in a dense FFN".into(),
+                ))
             }
         };
         let down = self.linear_ffn(down, act)?;

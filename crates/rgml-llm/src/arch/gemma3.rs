@@ -5,11 +5,11 @@
 
 use super::blocks::Builder;
 use super::keys::Keys;
-use super::{LayerParts, LayerWeights, Need};
-use crate::config::{FfnActivation, ModelConfig, SlidingWindow};
+use super::swa;
+use super::{LayerParts, LayerWeights, Need, FFN_NORM};
+use crate::config::{FfnActivation, ModelConfig};
 use crate::error::{LlmError, Result};
 use rgml::{RopeMode, TensorId};
-use rgml_gguf::Value;
 
 pub(super) const PARTS: LayerParts = LayerParts {
     qk_norm: Need::Required,
@@ -18,6 +18,9 @@ pub(super) const PARTS: LayerParts = LayerParts {
     fused_gate_up: false,
     // llama.cpp's graph passes no FFN scales.
     ffn_scales: false,
+    sinks: Need::No,
+    expert_biases: Need::No,
+    ffn_norm: FFN_NORM,
 };
 
 /// Without a pattern key, every sixth layer is global (llama.cpp's default for Gemma 3).
@@ -50,60 +53,12 @@ pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
         }
         _ => {}
     }
-    let window = keys.usize_or("attention.sliding_window", 0)?;
-    if window > c.n_ctx_train {
-        return Err(LlmError::BadConfig(format!(
-            "{} = {window} is larger than the context length {}",
-            keys.name("attention.sliding_window"),
-            c.n_ctx_train
-        )));
-    }
-    if window > 0 {
-        c.sliding_window = Some(SlidingWindow {
-            window,
-            layers: local_layers(keys, c.n_layer)?,
-            rope_freq_base: keys
-                .f32_opt("rope.freq_base_swa")?
-                .unwrap_or(DEFAULT_LOCAL_ROPE_BASE),
-            rope_freq_scale: 1.0,
-        });
-    }
-    Ok(())
-}
-
-/// Which layers are local: a per-layer array of booleans (or of 0/1 integers), or a period `p` (all but every
-/// `p`-th layer local; 0: all local), from `attention.sliding_window_pattern`.
-fn local_layers(keys: &Keys<'_>, n_layer: usize) -> Result<Vec<bool>> {
-    let key = "attention.sliding_window_pattern";
-    let bad = |what: &str| LlmError::BadConfig(format!("{}: {what}", keys.name(key)));
-    let period = match keys.value(key) {
-        Some(Value::Array(items)) => {
-            if items.len() < n_layer {
-                return Err(bad(&format!(
-                    "{} entries for {n_layer} layers",
-                    items.len()
-                )));
-            }
-            return items
-                .iter()
-                .take(n_layer)
-                .map(|v| match (v, v.as_i64()) {
-                    (Value::Bool(b), _) => Ok(*b),
-                    // llama.cpp reads u32/i32 arrays too (llama_model_saver writes u32).
-                    (Value::U32(_) | Value::I32(_), Some(n)) => Ok(n != 0),
-                    _ => Err(bad("an array of booleans or 32-bit integers expected")),
-                })
-                .collect();
-        }
-        Some(v) => {
-            let p = v.as_u64().ok_or_else(|| bad("an integer expected"))?;
-            usize::try_from(p).map_err(|_| bad("too large"))?
-        }
-        None => DEFAULT_PATTERN,
+    let local = swa::LocalRope {
+        base: DEFAULT_LOCAL_ROPE_BASE,
+        scale: 1.0,
     };
-    Ok((0..n_layer)
-        .map(|il| period == 0 || il % period < period - 1)
-        .collect())
+    c.sliding_window = swa::sliding_window(keys, c, DEFAULT_PATTERN, local, false)?;
+    Ok(())
 }
 
 /// Block `il`: normed attention, normed again before its residual; the same for the FFN.

@@ -5,8 +5,8 @@
 
 use super::blocks::Builder;
 use super::keys::Keys;
-use super::moe::{self, ExpertWidth};
-use super::{LayerParts, LayerWeights, Need};
+use super::moe::{self, ExpertRules, ExpertWidth};
+use super::{LayerParts, LayerWeights, Need, FFN_NORM};
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 use rgml::{RopeMode, TensorId};
@@ -18,6 +18,9 @@ pub(super) const PARTS: LayerParts = LayerParts {
     out_biases: Need::Optional,
     fused_gate_up: false,
     ffn_scales: true,
+    sinks: Need::No,
+    expert_biases: Need::No,
+    ffn_norm: FFN_NORM,
 };
 
 /// Qwen2: llama.cpp's graph passes no FFN scales.
@@ -40,8 +43,15 @@ pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
         c.rope_mode = RopeMode::Neox;
     }
     match c.kind {
-        Arch::Llama => moe::hparams(keys, c, ExpertWidth::FeedForward, false),
-        Arch::Qwen3Moe => moe::hparams(keys, c, ExpertWidth::ExpertKey, true),
+        Arch::Llama => moe::hparams(keys, c, moe::SOFTMAX_NORMED),
+        Arch::Qwen3Moe => {
+            let rules = ExpertRules {
+                width: ExpertWidth::ExpertKey,
+                required: true,
+                ..moe::SOFTMAX_NORMED
+            };
+            moe::hparams(keys, c, rules)
+        }
         _ => Ok(()),
     }
 }

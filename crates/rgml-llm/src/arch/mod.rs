@@ -2,21 +2,23 @@
 //! of a block, and the graph of a block, built from the shared blocks of [`blocks`].
 //!
 //! This module owns reading a [`ModelConfig`] and resolving a block's weights by name, and
-//! dispatches to one module per architecture ([`llama`], [`gemma3`]). Adding an architecture
+//! dispatches to one module per architecture ([`llama`], [`phi3`], [`gemma3`], [`gpt_oss`]). Adding an architecture
 //! is one such module and a line in each `match` here. Loading, sessions, the scheduler and
 //! the tensor split are the same for every architecture.
 
 pub(crate) mod blocks;
 mod gemma3;
+mod gpt_oss;
 mod keys;
 mod llama;
 mod moe;
 mod phi3;
+mod swa;
 mod weights;
 
 pub(crate) use weights::layer_shapes;
 pub use weights::{ExpertWeights, FfnWeights, LayerWeights, Matrix, QkvWeights};
-use weights::{LayerParts, Need};
+use weights::{LayerParts, Need, FFN_NORM, POST_ATTENTION_NORM};
 
 use crate::config::{Arch, FfnActivation, ModelConfig};
 use crate::error::{LlmError, Result};
@@ -32,6 +34,7 @@ fn parts(arch: Arch) -> LayerParts {
         Arch::Qwen3 | Arch::Qwen3Moe => llama::QWEN3_PARTS,
         Arch::Phi3 => phi3::PARTS,
         Arch::Gemma3 => gemma3::PARTS,
+        Arch::GptOss => gpt_oss::PARTS,
     }
 }
 
@@ -54,6 +57,7 @@ impl ModelConfig {
             }
             Arch::Phi3 => phi3::hparams(&keys, &mut c)?,
             Arch::Gemma3 => gemma3::hparams(&keys, &mut c)?,
+            Arch::GptOss => gpt_oss::hparams(&keys, &mut c)?,
         }
         check(&c)?;
         Ok(c)
@@ -79,11 +83,13 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
             keys.name("attention.value_length")
         )));
     }
+    let scaling = rope_scaling(keys)?;
     let rope_freq_scale = match keys.f32_opt("rope.scaling.factor")? {
+        // llama.cpp never scales positions when the type says none.
+        _ if scaling == RopeScaling::None => 1.0,
         Some(f) if f > 0.0 => 1.0 / f,
         _ => 1.0,
     };
-    check_rope_scaling(keys)?;
     let rope_attn_factor = keys.f32_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
     if !(rope_attn_factor.is_finite() && rope_attn_factor > 0.0) {
         return Err(LlmError::BadConfig(format!(
@@ -91,6 +97,15 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
             keys.name("rope.scaling.attn_factor")
         )));
     }
+    let rope_ext_factor = if scaling == RopeScaling::Yarn {
+        1.0
+    } else {
+        0.0
+    };
+    let rope_attn_factor = match scaling {
+        RopeScaling::Yarn => yarn_attn_factor(keys, rope_freq_scale)? * rope_attn_factor,
+        _ => rope_attn_factor,
+    };
     let n_ctx_train = keys.usize("context_length")?;
     let n_vocab = match keys.has("vocab_size") {
         true => keys.usize("vocab_size")?,
@@ -114,6 +129,7 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         rope_freq_base: keys.f32_opt("rope.freq_base")?.unwrap_or(10_000.0),
         rope_freq_scale,
         rope_attn_factor,
+        rope_ext_factor,
         rope_mode: rgml::RopeMode::Normal,
         sliding_window: None,
         embd_scale: None,
@@ -125,15 +141,24 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
     })
 }
 
-/// `rope.scaling.type`: none, linear (`rope.scaling.factor`) and LongRoPE (per-frequency
-/// factor tensors) are what rgml's graphs compute; YaRN is refused by name rather than run
-/// without its ramp.
-fn check_rope_scaling(keys: &Keys<'_>) -> Result<()> {
+/// `rope.scaling.type`, as llama.cpp reads it (absent: linear).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RopeScaling {
+    None,
+    /// Linear position scaling (`rope.scaling.factor`); also LongRoPE, whose per-frequency
+    /// factors are tensors.
+    Linear,
+    Yarn,
+}
+
+fn rope_scaling(keys: &Keys<'_>) -> Result<RopeScaling> {
     let key = "rope.scaling.type";
     match keys.value(key).map(|v| v.as_str()) {
-        None | Some(Some("none" | "linear" | "longrope")) => Ok(()),
+        None | Some(Some("linear" | "longrope")) => Ok(RopeScaling::Linear),
+        Some(Some("none")) => Ok(RopeScaling::None),
+        Some(Some("yarn")) => Ok(RopeScaling::Yarn),
         Some(Some(other)) => Err(LlmError::UnsupportedModel(format!(
-            "{} = {other:?} (supported: none, linear, longrope)",
+            "{} = {other:?} (supported: none, linear, longrope, yarn)",
             keys.name(key)
         ))),
         Some(None) => Err(LlmError::BadConfig(format!(
@@ -141,6 +166,22 @@ fn check_rope_scaling(keys: &Keys<'_>) -> Result<()> {
             keys.name(key)
         ))),
     }
+}
+
+/// YaRN's magnitude factor as llama.cpp's context computes it (`yarn_attn_factor`): the
+/// `0.1 ln(s) + 1` correction (over that of `rope.scaling.yarn_log_multiplier` where the file
+/// has one), divided by the correction ggml's ROPE applies itself.
+fn yarn_attn_factor(keys: &Keys<'_>, freq_scale: f32) -> Result<f32> {
+    let mscale = |scale: f32, m: f32| match scale <= 1.0 {
+        true => 1.0,
+        false => 0.1 * m * scale.ln() + 1.0,
+    };
+    let factor = 1.0 / freq_scale;
+    let attn = match keys.f32_opt("rope.scaling.yarn_log_multiplier")? {
+        Some(m) if m != 0.0 => mscale(factor, 1.0) / mscale(factor, m),
+        _ => mscale(factor, 1.0),
+    };
+    Ok(attn * (1.0 / (1.0 + 0.1 * factor.ln())))
 }
 
 /// The checks that make the numbers safe to build graphs from.
@@ -221,7 +262,8 @@ pub(crate) fn build_layer(
 ) -> Result<TensorId> {
     match b.config().kind {
         // Phi-3's fused projections are the shared blocks' business: LLaMA's block.
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 => {
+        // gpt-oss's block is LLaMA's: its differences are in the parts and hyper-parameters.
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::GptOss => {
             llama::layer(b, il, l, x)
         }
         Arch::Gemma3 => gemma3::layer(b, il, l, x),

@@ -1,22 +1,27 @@
-//! Mixture-of-experts FFNs, as llama.cpp's `build_moe_ffn` builds them with softmax gating
-//! (Mixtral's `llama`, `qwen3moe`): the expert hyper-parameters, and the routed FFN's graph.
+//! Mixture-of-experts FFNs, as llama.cpp's `build_moe_ffn` builds them (Mixtral's `llama`,
+//! `qwen3moe`, `gpt-oss`): the expert hyper-parameters, and the routed FFN's graph.
 //!
-//! Per token: the router's logits, their softmax, the `n_expert_used` most probable experts
-//! (ARGSORT, ggml's order of ties), their probabilities (GET_ROWS), renormalised over the
-//! chosen ones where the family does, each chosen expert's gated FFN (MUL_MAT_ID), and the
-//! experts' outputs weighted and added in slot order: the same ops in the same order as
-//! llama.cpp, so the same roundings.
+//! Per token: the router's logits (plus its bias), their softmax (or, gpt-oss, the logits
+//! themselves), the `n_expert_used` best experts (ARGSORT, ggml's order of ties), their
+//! probabilities (GET_ROWS; gpt-oss: the softmax of the chosen logits), renormalised over the
+//! chosen ones where the family does, each chosen expert's gated FFN (MUL_MAT_ID, plus each
+//! expert's biases with ADD_ID), and the experts' outputs weighted and added in slot order:
+//! the same ops in the same order as llama.cpp, so the same roundings.
 
 use super::blocks::Builder;
 use super::keys::Keys;
 use super::{ExpertWeights, Matrix};
-use crate::config::{FfnActivation, ModelConfig, MoeConfig};
+use crate::config::{ExpertGating, FfnActivation, ModelConfig, MoeConfig};
 use crate::error::{LlmError, Result};
 use rgml::TensorId;
 use rgml_gguf::Value;
 
 /// llama.cpp's `LLAMA_MAX_EXPERTS`.
 const MAX_EXPERTS: usize = 1024;
+
+/// gpt-oss's SwiGLU constants (llama.cpp's `LLM_FFN_SWIGLU_OAI_MOE`).
+const SWIGLU_OAI_ALPHA: f32 = 1.702;
+const SWIGLU_OAI_LIMIT: f32 = 7.0;
 
 /// The smallest normal f16, 2⁻¹⁴ (llama.cpp writes 6.103515625e-5): the floor of the chosen
 /// probabilities' sum before it divides them (llama.cpp's guard against a zero sum).
@@ -29,20 +34,32 @@ pub(super) enum ExpertWidth {
     /// `expert_feed_forward_length`, else `feed_forward_length / expert_used_count`
     /// (`qwen3moe`).
     ExpertKey,
+    /// `expert_feed_forward_length`, which the file must have (gpt-oss).
+    ExpertKeyRequired,
 }
 
+/// A family's experts: how wide, whether every file has them, and how they are weighted.
+pub(super) struct ExpertRules {
+    pub(super) width: ExpertWidth,
+    pub(super) required: bool,
+    pub(super) norm_weights: bool,
+    pub(super) gating: ExpertGating,
+}
+
+/// Mixtral's and Qwen3 MoE's: softmax gating, the chosen probabilities renormalised.
+pub(super) const SOFTMAX_NORMED: ExpertRules = ExpertRules {
+    width: ExpertWidth::FeedForward,
+    required: false,
+    norm_weights: true,
+    gating: ExpertGating::Softmax,
+};
+
 /// Read the expert keys into `c.moe` (left `None` where `expert_count` is 0 or absent and
-/// experts are optional). The chosen experts' probabilities are renormalised, as both
-/// families do.
-pub(super) fn hparams(
-    keys: &Keys<'_>,
-    c: &mut ModelConfig,
-    width: ExpertWidth,
-    required: bool,
-) -> Result<()> {
+/// experts are optional).
+pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig, rules: ExpertRules) -> Result<()> {
     let n_expert = keys.usize_or("expert_count", 0)?;
     if n_expert == 0 {
-        return match required {
+        return match rules.required {
             true => Err(LlmError::BadConfig(format!(
                 "{} must be positive for {}",
                 keys.name("expert_count"),
@@ -58,18 +75,20 @@ pub(super) fn hparams(
              at least one used)"
         )));
     }
-    let n_ff_exp = match width {
+    let n_ff_exp = match rules.width {
         ExpertWidth::FeedForward => c.n_ff,
         ExpertWidth::ExpertKey => match keys.usize_or("expert_feed_forward_length", 0)? {
             0 => c.n_ff / n_expert_used,
             n => n,
         },
+        ExpertWidth::ExpertKeyRequired => keys.usize("expert_feed_forward_length")?,
     };
     c.moe = Some(MoeConfig {
         n_expert,
         n_expert_used,
         n_ff_exp,
-        norm_weights: true,
+        norm_weights: rules.norm_weights,
+        gating: rules.gating,
     });
     Ok(())
 }
@@ -120,18 +139,31 @@ pub(super) fn ffn(
         true => b.keep(t, format!("{what}-{il}")),
         false => Ok(t),
     };
-    let logits = match alone {
-        true => b.ctx().mul_mat_rows_alone(w.gate_inp, x)?,
-        false => b.ctx().mul_mat(w.gate_inp, x)?,
+    let mut logits = match alone {
+        true => b.ctx().mul_mat_rows_alone(w.gate_inp.w, x)?,
+        false => b.ctx().mul_mat(w.gate_inp.w, x)?,
     };
-    let logits = keep(b, logits, "ffn_moe_logits")?;
-    let probs = b.ctx().soft_max(logits)?; // [n_expert, n]
+    logits = keep(b, logits, "ffn_moe_logits")?;
+    if let Some(bias) = w.gate_inp.bias {
+        logits = b.ctx().add(logits, bias)?;
+        logits = keep(b, logits, "ffn_moe_logits_biased")?;
+    }
+    let probs = match moe.gating {
+        ExpertGating::Softmax => b.ctx().soft_max(logits)?, // [n_expert, n]
+        ExpertGating::SoftmaxWeight => logits,
+    };
     let probs = keep(b, probs, "ffn_moe_probs")?;
     let selected = b.ctx().argsort_top_k(probs, k)?; // [k, n]
     let selected = keep(b, selected, "ffn_moe_topk")?;
     let probs = b.ctx().reshape(probs, &[1, moe.n_expert, n])?;
     let mut weights = b.ctx().get_rows(probs, selected)?; // [1, k, n]
     weights = keep(b, weights, "ffn_moe_weights")?;
+    if moe.gating == ExpertGating::SoftmaxWeight {
+        let flat = b.ctx().reshape(weights, &[k, n])?;
+        let soft = b.ctx().soft_max(flat)?;
+        let soft = keep(b, soft, "ffn_moe_weights_softmax")?;
+        weights = b.ctx().reshape(soft, &[1, k, n])?;
+    }
     if moe.norm_weights {
         let flat = b.ctx().reshape(weights, &[k, n])?;
         let sum = b.ctx().sum_rows(flat)?; // [1, n]
@@ -143,15 +175,19 @@ pub(super) fn ffn(
     // Expanded here, as llama.cpp does: the graph's order is its order.
     b.expand(weights)?;
     let rows = b.ctx().reshape(x, &[n_embd, 1, n])?;
+    // Each chosen expert's product, times its scale, plus its bias.
     let experts = |b: &mut Builder<'_>, m: &Matrix, input: TensorId| -> Result<TensorId> {
-        let y = match alone {
+        let mut y = match alone {
             true => b.ctx().mul_mat_id_rows_alone(m.w, input, selected)?,
             false => b.ctx().mul_mat_id(m.w, input, selected)?,
         };
-        match m.scale {
-            Some(scale) => expert_scales(b, y, scale, selected),
-            None => Ok(y),
+        if let Some(scale) = m.scale {
+            y = expert_scales(b, y, scale, selected)?;
         }
+        if let Some(bias) = m.bias {
+            y = b.ctx().add_id(y, bias, selected)?;
+        }
+        Ok(y)
     };
     let up = experts(b, &w.up, rows)?; // [n_ff_exp, k, n]
     let up = keep(b, up, "ffn_moe_up")?;
@@ -168,6 +204,14 @@ pub(super) fn ffn(
             let act = b.ctx().geglu(gate, up)?;
             keep(b, act, "ffn_moe_geglu")?
         }
+        (Some(gate), FfnActivation::SwigluOai) => {
+            let gate = experts(b, gate, rows)?;
+            let gate = keep(b, gate, "ffn_moe_gate")?;
+            let act = b
+                .ctx()
+                .swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)?;
+            keep(b, act, "ffn_moe_swiglu_oai")?
+        }
         (None, FfnActivation::Silu) => {
             let act = b.ctx().silu(up)?;
             keep(b, act, "ffn_moe_silu")?
@@ -175,6 +219,11 @@ pub(super) fn ffn(
         (None, FfnActivation::Gelu) => {
             let act = b.ctx().gelu(up)?;
             keep(b, act, "ffn_moe_gelu")?
+        }
+        (None, FfnActivation::SwigluOai) => {
+            return Err(LlmError::BadConfig(
+                "gpt-oss's SwiGLU needs the experts' gate projections".into(),
+            ))
         }
     };
     let down = experts(b, &w.down, act)?; // [n_embd, k, n]

@@ -6,7 +6,7 @@
 //! projections are the shared blocks' business.
 
 use super::keys::Keys;
-use super::{LayerParts, Need};
+use super::{LayerParts, Need, FFN_NORM};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use rgml::RopeMode;
@@ -18,6 +18,9 @@ pub(super) const PARTS: LayerParts = LayerParts {
     fused_gate_up: true,
     // llama.cpp's graph passes no FFN scales.
     ffn_scales: false,
+    sinks: Need::No,
+    expert_biases: Need::No,
+    ffn_norm: FFN_NORM,
 };
 
 pub(super) fn hparams(_keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {

@@ -41,7 +41,9 @@ pub struct LayerWeights {
     pub attn_k_norm: Option<TensorId>,
     /// RMS norm of the attention output, before the residual (Gemma 3).
     pub attn_post_norm: Option<TensorId>,
-    /// RMS norm before the feed-forward block.
+    /// Per-head attention sinks `[n_head]` (gpt-oss): one more score in each softmax.
+    pub attn_sinks: Option<TensorId>,
+    /// RMS norm before the feed-forward block (gpt-oss's `post_attention_norm`).
     pub ffn_norm: TensorId,
     /// The feed-forward block's projections.
     pub ffn: FfnWeights,
@@ -88,8 +90,8 @@ pub enum FfnWeights {
 /// The weights of a mixture-of-experts FFN (`ffn_*_exps`); their scales are per expert.
 #[derive(Clone, Debug)]
 pub struct ExpertWeights {
-    /// The router `[n_embd, n_expert]`.
-    pub gate_inp: TensorId,
+    /// The router `[n_embd, n_expert]`, with its bias `[n_expert]` (gpt-oss).
+    pub gate_inp: Matrix,
     /// Gate projections `[n_embd, n_ff_exp, n_expert]`; `None`: the experts are not gated
     /// (SiLU of the up projection).
     pub gate: Option<Matrix>,
@@ -118,11 +120,23 @@ pub(super) struct LayerParts {
     pub(super) out_biases: Need,
     /// Gate and up in one `ffn_up` (Phi-3) instead of `ffn_gate` and `ffn_up`.
     pub(super) fused_gate_up: bool,
-    /// Whether the dense FFN's `.scale` tensors multiply its products. llama.cpp loads them
-    /// for every architecture, but only some graphs pass them on (LLaMA, Qwen3); elsewhere
-    /// they are accepted and never read, so the logits stay llama.cpp's.
+    /// Whether the FFN's (or the experts') `.scale` tensors multiply its products. llama.cpp
+    /// loads them for every architecture, but only some graphs pass them on (LLaMA, Qwen3,
+    /// their MoE); elsewhere they are accepted and never read, so the logits stay llama.cpp's.
     pub(super) ffn_scales: bool,
+    /// Per-head attention sinks (`attn_sinks`).
+    pub(super) sinks: Need,
+    /// Biases of the router and of the experts' matrices.
+    pub(super) expert_biases: Need,
+    /// The name of the norm before the FFN (gpt-oss: `post_attention_norm`).
+    pub(super) ffn_norm: &'static str,
 }
+
+/// The usual name of the norm before the FFN.
+pub(super) const FFN_NORM: &str = "ffn_norm";
+
+/// The norm after attention (Gemma 3), which is gpt-oss's norm before the FFN.
+pub(super) const POST_ATTENTION_NORM: &str = "post_attention_norm";
 
 /// Finds block `il`'s tensors by name.
 struct Finder<'a> {
@@ -187,19 +201,36 @@ pub(crate) fn layer_weights(
     let mut ffn = ffn_weights(c, parts, &f)?;
     let mut unread = unread_scales(c, &f, &qkv, &ffn);
     if !parts.ffn_scales {
-        if let FfnWeights::Dense { gate, up, down } = &mut ffn {
-            let matrices = gate.iter_mut().chain([up, down]);
-            unread.extend(matrices.filter_map(|m| m.scale.take().map(|s| (s, [1, 1, 1, 1]))));
-        }
+        let n_expert = c.moe.as_ref().map_or(1, |m| m.n_expert);
+        let (matrices, n): (Vec<&mut Matrix>, usize) = match &mut ffn {
+            FfnWeights::Dense { gate, up, down } => {
+                (gate.iter_mut().chain([up, down]).collect(), 1)
+            }
+            FfnWeights::Experts(x) => {
+                let ExpertWeights { gate, up, down, .. } = x;
+                (gate.iter_mut().chain([up, down]).collect(), n_expert)
+            }
+        };
+        unread.extend(
+            matrices
+                .into_iter()
+                .filter_map(|m| m.scale.take().map(|s| (s, [n, 1, 1, 1]))),
+        );
     }
+    // gpt-oss's pre-FFN norm has the post-attention norm's name.
+    let attn_post_norm = match parts.ffn_norm {
+        POST_ATTENTION_NORM => None,
+        _ => f.part(parts.post_norms, &format!("{POST_ATTENTION_NORM}.weight"))?,
+    };
     Ok(LayerWeights {
         attn_norm: f.required("attn_norm.weight")?,
         qkv,
         wo: f.matrix("attn_output", parts.out_biases)?,
         attn_q_norm: f.part(parts.qk_norm, "attn_q_norm.weight")?,
         attn_k_norm: f.part(parts.qk_norm, "attn_k_norm.weight")?,
-        attn_post_norm: f.part(parts.post_norms, "post_attention_norm.weight")?,
-        ffn_norm: f.required("ffn_norm.weight")?,
+        attn_post_norm,
+        attn_sinks: f.part(parts.sinks, "attn_sinks.weight")?,
+        ffn_norm: f.required(&format!("{}.weight", parts.ffn_norm))?,
         ffn,
         ffn_post_norm: f.part(parts.post_norms, "post_ffw_norm.weight")?,
         unread,
@@ -227,11 +258,14 @@ fn qkv_weights(f: &Finder<'_>) -> Result<QkvWeights> {
 
 fn ffn_weights(c: &ModelConfig, parts: &LayerParts, f: &Finder<'_>) -> Result<FfnWeights> {
     if c.moe.is_some() {
+        let biases = parts.expert_biases;
+        // llama.cpp's router takes no scale.
+        f.part(Need::No, "ffn_gate_inp.scale")?;
         return Ok(FfnWeights::Experts(ExpertWeights {
-            gate_inp: f.required("ffn_gate_inp.weight")?,
-            gate: f.optional_matrix("ffn_gate_exps", Need::No)?,
-            up: f.matrix("ffn_up_exps", Need::No)?,
-            down: f.matrix("ffn_down_exps", Need::No)?,
+            gate_inp: f.matrix("ffn_gate_inp", biases)?,
+            gate: f.optional_matrix("ffn_gate_exps", biases)?,
+            up: f.matrix("ffn_up_exps", biases)?,
+            down: f.matrix("ffn_down_exps", biases)?,
         }));
     }
     let gate = match parts.fused_gate_up {
@@ -307,6 +341,7 @@ pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, 
         (l.attn_k_norm, hd),
         (l.attn_post_norm, e),
         (l.ffn_post_norm, e),
+        (l.attn_sinks, c.n_head),
     ];
     out.extend(
         norms
@@ -317,11 +352,11 @@ pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, 
     out
 }
 
-/// A matrix of shape `ne` (`[n_in, n_out, n_expert]`), its bias `[n_out]` and its scale
-/// (`[n_expert]`).
+/// A matrix of shape `ne` (`[n_in, n_out, n_expert]`), its bias `[n_out, n_expert]` and its
+/// scale (`[n_expert]`).
 fn matrix_shapes(out: &mut Vec<(TensorId, [usize; 4], bool)>, m: &Matrix, ne: [usize; 4]) {
     out.push((m.w, ne, false));
-    out.extend(m.bias.map(|b| (b, [ne[1], 1, 1, 1], false)));
+    out.extend(m.bias.map(|b| (b, [ne[1], ne[2], 1, 1], false)));
     out.extend(m.scale.map(|s| (s, [ne[2], 1, 1, 1], true)));
 }
 
@@ -339,7 +374,7 @@ fn ffn_shapes(c: &ModelConfig, ffn: &FfnWeights, out: &mut Vec<(TensorId, [usize
         }
         FfnWeights::Experts(x) => {
             let (n, ff) = c.moe.as_ref().map_or((0, 0), |m| (m.n_expert, m.n_ff_exp));
-            out.push((x.gate_inp, [e, n, 1, 1], false));
+            matrix_shapes(out, &x.gate_inp, [e, n, 1, 1]);
             matrix_shapes(out, &x.up, [e, ff, n, 1]);
             matrix_shapes(out, &x.down, [ff, e, n, 1]);
             if let Some(g) = &x.gate {

@@ -328,9 +328,9 @@ impl Builder<'_> {
                 ctx.rope_ext(need(0)?, need(1)?, src[2], params)?
             }
             op::SOFT_MAX => {
-                // Source 2 would be attention sinks, which rgml's softmax does not have.
-                uses(2)?;
-                ctx.soft_max_ext(need(0)?, src[1], pf(0), pf(1))?
+                // Slots: input, mask (optional), sinks (optional).
+                uses(3)?;
+                ctx.soft_max_sinks(need(0)?, src[1], src[2], pf(0), pf(1))?
             }
             op::DIAG_MASK_INF => {
                 uses(1)?;

@@ -747,7 +747,9 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
         Op::MulMat { .. } => mul_mat(n.src(0)?, n.src(1)?, n.st(0)?, n.st(1)?, &|why| n.no(why)),
         Op::RmsNorm { .. } | Op::Norm { .. } => norm_rule(&n),
         Op::Rope(_) => rope_rule(&n),
-        Op::SoftMax { max_bias, .. } => soft_max_rule(&n, max_bias),
+        Op::SoftMax {
+            max_bias, sinks, ..
+        } => soft_max_rule(&n, max_bias, sinks),
         Op::DiagMaskInf { .. } => diag_mask_rule(&n),
         Op::Unary(_) => {
             if let Some(r) = n.reduce_any(&[0]) {
@@ -944,13 +946,31 @@ fn rope_rule(n: &Node) -> Result<Rule> {
     }
 }
 
-fn soft_max_rule(n: &Node, max_bias: f32) -> Result<Rule> {
+fn soft_max_rule(n: &Node, max_bias: f32, sinks: bool) -> Result<Rule> {
     use SplitState::{Axis, Mirrored};
     if let Some(r) = n.reduce_any(&n.all()) {
         return Ok(r);
     }
     let a = n.st(0)?;
-    let mask = if n.t.src.len() > 1 {
+    if sinks {
+        // One sink per head: split as the heads are, or whole where they are.
+        let sinks = n.st(n.t.src.len() - 1)?;
+        let fits = match (a, sinks) {
+            (
+                Axis { axis: 2, segments },
+                Axis {
+                    axis: 0,
+                    segments: s,
+                },
+            ) => runs(segments) == runs(s),
+            (Axis { axis: 2, .. }, _) | (_, Axis { .. }) => false,
+            _ => true,
+        };
+        if !fits {
+            return n.no("the sinks must be split as the heads (axis 2) are, or both whole");
+        }
+    }
+    let mask = if n.t.src.len() > 1 + usize::from(sinks) {
         Some((n.src(1)?, n.st(1)?))
     } else {
         None

@@ -1,4 +1,5 @@
-//! SOFT_MAX (scale, optional f32/f16 mask, ALiBi) and DIAG_MASK_INF, with ggml's semantics.
+//! SOFT_MAX (scale, optional f32/f16 mask, ALiBi, attention sinks) and DIAG_MASK_INF, with
+//! ggml's semantics.
 //!
 //! The mask row of source row `(i1, i2, i3)` is mask row `(i1, i2 mod m2, i3 mod m3)`; the ALiBi
 //! slope of head `i2` follows ggml (`m0 = 2^(-max_bias / n_head_log2)`, `m1 = 2^(-max_bias / 2 /
@@ -6,19 +7,31 @@
 
 use crate::kernels::blocks::convert::row_to_f32;
 use crate::kernels::task;
-use crate::kernels::task::{bytes, f32_row_for_write, f32_row_mut, NodeTask, ThreadCtx};
+use crate::kernels::task::{
+    bytes, f32_row_for_write, f32_row_mut, NodeTask, TensorView, ThreadCtx,
+};
 use crate::kernels::vexp;
 use rgml::{DType, Result};
 
-/// SOFT_MAX: `softmax(src0 * scale + slope * mask)` per row.
+/// SOFT_MAX: `softmax(src0 * scale + slope * mask)` per row; with `sinks`, head `i2`'s sink
+/// (the last source) joins each row's maximum and sum as ggml's CPU adds it.
 pub(crate) fn soft_max(
     task: &NodeTask,
     tc: &mut ThreadCtx<'_>,
     scale: f32,
     max_bias: f32,
+    sinks: bool,
 ) -> Result<()> {
     let (dst, a) = (&task.dst, task.src(0)?);
-    let mask = task.src.get(1).copied().flatten();
+    let n_src = task.src.iter().take_while(|s| s.is_some()).count();
+    let mask = match n_src > 1 + usize::from(sinks) {
+        true => Some(task.src(1)?),
+        false => None,
+    };
+    let sinks = match sinks {
+        true => Some(sink_values(task.src(n_src - 1)?, dst.ne[2])),
+        false => None,
+    };
     let ne0 = dst.ne[0];
     let n_head = dst.ne[2] as u32;
     let n_head_log2 = if n_head == 0 {
@@ -73,14 +86,22 @@ pub(crate) fn soft_max(
                     }
                 }
             }
-            let max = row_max(d);
+            let mut max = row_max(d);
+            let sink = sinks.map(|s| s[i2]);
+            if let Some(s) = sink {
+                // ggml's MAX(max, sink).
+                max = if max > s { max } else { s };
+            }
             // ggml_vec_soft_max_f32, in place.
-            let sum = if max == f32::NEG_INFINITY {
+            let mut sum = if max == f32::NEG_INFINITY {
                 d.fill(0.0);
                 0.0
             } else {
                 vexp::soft_max_row(task.features, d, max)
             };
+            if let Some(s) = sink {
+                sum += f64::from((s - max).exp());
+            }
             let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
             for v in d.iter_mut() {
                 *v *= inv;
@@ -88,6 +109,13 @@ pub(crate) fn soft_max(
         }
     }
     Ok(())
+}
+
+/// The first `n` f32 values of the dense sinks vector `s`.
+fn sink_values(s: &TensorView, n: usize) -> &[f32] {
+    // SAFETY: the support table checks that the sinks are dense f32 with at least `n` values;
+    // nothing writes a source while a node runs.
+    unsafe { task::f32_row(s.ptr, n) }
 }
 
 /// The largest value of a row, as ggml's `ggml_vec_max_f32` (`MAX(max, x)`, a select) finds

@@ -207,7 +207,8 @@ pub(super) fn add_sink(
     } else {
         vs = (s - *max).exp();
     }
-    *sum = sum.mul_add(ms, vs);
+    // Two roundings: ggml's build does not fuse this update (its fixtures show it).
+    *sum = *sum * ms + vs;
 }
 
 /// `acc / sum` (0 where the sum is 0: a row that saw no cell), as ggml scales the row.
