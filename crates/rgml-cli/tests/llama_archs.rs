@@ -10,8 +10,10 @@
 //! (`scripts/gen_llama_archs_fixtures.py`). The test runs the tool named by
 //! `RGML_TEST_LLAMA_ARCHS` (built by `scripts/llamacpp.sh test-llama-archs`, as
 //! `scripts/test.sh` does), checks each file's bytes against its fixture and runs
-//! `rgml logits --greedy 32` with each instruction set's arithmetic. Without the tool it
-//! skips, unless `RGML_REQUIRE_LLAMA_ARCHS=1` (set in CI).
+//! `rgml logits --greedy 32` with each instruction set's arithmetic. The mixture-of-experts
+//! files also go through `rgml quantize` (MXFP4_MOE, K-quants), which must write
+//! llama-quantize's bytes. Without the tool it skips, unless `RGML_REQUIRE_LLAMA_ARCHS=1` (set
+//! in CI).
 
 #[allow(dead_code)] // Not every helper is used here.
 mod common;
@@ -54,9 +56,10 @@ fn fixtures() -> Vec<(String, String, serde_json::Value)> {
     out
 }
 
-/// The tool's files for `seed`, written into the test's scratch directory.
-fn saved_models(tool: &Path, seed: u64) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("llama-archs-{seed}"));
+/// The tool's files for `seed`, written into the scratch directory `<test>-<seed>` (tests
+/// running at once must not rewrite each other's files).
+fn saved_models(tool: &Path, seed: u64, test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{test}-{seed}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the model directory");
     let out = Command::new(tool)
@@ -89,7 +92,7 @@ fn llama_cpps_own_random_models_give_its_logits() {
         let seed = fixture["seed"].as_u64().expect("seed");
         let dir = dirs
             .entry(seed)
-            .or_insert_with(|| saved_models(Path::new(&tool), seed));
+            .or_insert_with(|| saved_models(Path::new(&tool), seed, "llama-archs"));
         let model = dir.join(format!("{stem}.gguf"));
         let bytes = std::fs::read(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
         assert_eq!(
@@ -110,5 +113,57 @@ fn llama_cpps_own_random_models_give_its_logits() {
             assert!(worst <= 5.1e-5, "{what}: {worst} from llama.cpp");
         }
         eprintln!("{stem} on {isa}: exact, {STEPS} greedy steps");
+    }
+}
+
+/// `rgml quantize` on the tool's mixture-of-experts files writes the bytes llama-quantize
+/// wrote (`tests/fixtures/quantize_llama_archs.json`, made by
+/// `scripts/gen_quantize_llama_archs_fixtures.sh`): MXFP4_MOE's MXFP4 experts, and the
+/// K-quant presets' expert rules.
+#[test]
+fn llama_cpps_moe_files_quantize_to_llama_quantize_bytes() {
+    let Some(tool) = std::env::var_os("RGML_TEST_LLAMA_ARCHS") else {
+        skip_unless_required(
+            "RGML_REQUIRE_LLAMA_ARCHS",
+            "RGML_TEST_LLAMA_ARCHS names no test-llama-archs (scripts/llamacpp.sh builds it)",
+        );
+        return;
+    };
+    let path = root().join("crates/rgml-cli/tests/fixtures/quantize_llama_archs.json");
+    let text = std::fs::read_to_string(&path).expect("read the quantize fixture");
+    let fixture: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let seed = fixture["seed"].as_u64().expect("seed");
+    let dir = saved_models(Path::new(&tool), seed, "llama-archs-quantize");
+    let files = fixture["files"].as_object().expect("files");
+    assert!(files.contains_key("gpt-oss-moe"), "an MXFP4 file");
+    for (stem, file) in files {
+        let source = dir.join(format!("{stem}.gguf"));
+        let bytes = std::fs::read(&source).expect("read the tool's file");
+        assert_eq!(
+            file["sha256"].as_str(),
+            Some(sha256_hex(&bytes).as_str()),
+            "{stem}"
+        );
+        for (preset, want) in file["outputs"].as_object().expect("outputs") {
+            let out = dir.join(format!("{stem}.{preset}.gguf"));
+            let run = Command::new(env!("CARGO_BIN_EXE_rgml"))
+                .arg("quantize")
+                .args([&source, &out])
+                .arg(preset)
+                .output()
+                .expect("run rgml quantize");
+            assert!(
+                run.status.success(),
+                "rgml quantize {stem} {preset}: {}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+            let got = sha256_hex(&std::fs::read(&out).expect("read the output"));
+            assert_eq!(
+                Some(got.as_str()),
+                want["sha256"].as_str(),
+                "{stem} as {preset}: not llama-quantize's bytes"
+            );
+            eprintln!("{stem} as {preset}: llama-quantize's bytes");
+        }
     }
 }

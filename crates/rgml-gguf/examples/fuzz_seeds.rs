@@ -117,5 +117,6 @@ fn encoded_len(v: &Value) -> usize {
         Value::U64(_) | Value::I64(_) | Value::F64(_) => 8,
         Value::String(s) => 8 + s.len(),
         Value::Array(items) => 4 + 8 + items.iter().map(encoded_len).sum::<usize>(),
+        Value::EmptyArray(_) => 4 + 8,
     }
 }

@@ -460,6 +460,9 @@ fn read_value(c: &mut Cursor<'_>, t: u32, key: &str, depth: usize) -> Result<Val
                         offset: at,
                         max: c.elements_left as u64,
                     })?;
+            if n == 0 {
+                return Ok(Value::EmptyArray(elem));
+            }
             let mut items = Vec::with_capacity(n.min(MAX_PREALLOC));
             for _ in 0..n {
                 items.push(read_value(c, elem, key, depth + 1)?);

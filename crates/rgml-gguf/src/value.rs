@@ -32,6 +32,9 @@ pub enum Value {
     String(String),
     /// An array whose elements all have one type; arrays may nest.
     Array(Vec<Value>),
+    /// An empty array, with the GGUF type id its file declares for the elements (ggml keeps
+    /// it, so a file rewritten with one keeps its bytes; 8 is `string`).
+    EmptyArray(u32),
 }
 
 /// GGUF value type ids (`gguf_type` in ggml).
@@ -111,6 +114,7 @@ impl Value {
     pub fn as_array(&self) -> Option<&[Value]> {
         match self {
             Value::Array(a) => Some(a),
+            Value::EmptyArray(_) => Some(&[]),
             _ => None,
         }
     }
@@ -130,7 +134,7 @@ impl Value {
             Value::F64(_) => "f64",
             Value::Bool(_) => "bool",
             Value::String(_) => "string",
-            Value::Array(_) => "array",
+            Value::Array(_) | Value::EmptyArray(_) => "array",
         }
     }
 
@@ -149,7 +153,7 @@ impl Value {
             Value::F64(_) => type_id::F64,
             Value::Bool(_) => type_id::BOOL,
             Value::String(_) => type_id::STRING,
-            Value::Array(_) => type_id::ARRAY,
+            Value::Array(_) | Value::EmptyArray(_) => type_id::ARRAY,
         }
     }
 }
@@ -184,6 +188,7 @@ impl std::fmt::Display for Value {
                 }
                 f.write_str("]")
             }
+            Value::EmptyArray(_) => f.write_str("[]"),
         }
     }
 }

@@ -351,6 +351,16 @@ impl<W: Write> TensorStream<W> {
 /// Arrays must be homogeneous (GGUF stores one element type per array) and nest at most
 /// [`MAX_ARRAY_DEPTH`] deep, so that what we write our reader reads.
 fn check_value(key: &str, v: &Value, depth: usize) -> Result<()> {
+    if let Value::EmptyArray(elem) = *v {
+        return match elem <= type_id::F64 {
+            true => Ok(()),
+            false => Err(GgufError::UnknownValueType {
+                key: key.to_string(),
+                type_id: elem,
+                offset: 0,
+            }),
+        };
+    }
     let Value::Array(items) = v else {
         return Ok(());
     };
@@ -422,6 +432,10 @@ impl<W: Write> Counting<W> {
                 self.put(&elem.to_le_bytes())?;
                 self.put(&(items.len() as u64).to_le_bytes())?;
                 items.iter().try_for_each(|x| self.value(x))
+            }
+            Value::EmptyArray(elem) => {
+                self.put(&elem.to_le_bytes())?;
+                self.put(&0u64.to_le_bytes())
             }
         }
     }

@@ -18,7 +18,9 @@ fn all_values() -> Vec<(&'static str, Value)> {
         ("bool", Value::Bool(false)),
         ("str", Value::String("héllo\0world".into())),
         ("empty_str", Value::String(String::new())),
-        ("empty_arr", Value::Array(vec![])),
+        // Empty arrays keep their declared element type (u8, string).
+        ("empty_arr", Value::EmptyArray(0)),
+        ("empty_strs", Value::EmptyArray(8)),
         (
             "bools",
             Value::Array(vec![Value::Bool(true), Value::Bool(false)]),
@@ -27,7 +29,7 @@ fn all_values() -> Vec<(&'static str, Value)> {
             "nested",
             Value::Array(vec![
                 Value::Array(vec![Value::Array(vec![Value::U16(1)])]),
-                Value::Array(vec![Value::Array(vec![])]),
+                Value::Array(vec![Value::EmptyArray(4)]),
             ]),
         ),
     ]
@@ -133,6 +135,8 @@ fn writer_rejects_what_it_cannot_write() {
     }
     w.add_metadata("m", deep);
     assert_eq!(w.to_bytes().unwrap_err().kind(), "nesting_too_deep");
+    w.add_metadata("m", Value::EmptyArray(13));
+    assert_eq!(w.to_bytes().unwrap_err().kind(), "unknown_value_type");
     // Setting a key again replaces its value in place.
     w.add_metadata("m", Value::U8(1));
     let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();

@@ -1,5 +1,5 @@
 //! The real model shapes (`--shape`): the hyper-parameters of Llama 3.2 1B and 3B, Llama 3.1
-//! 8B, Qwen2.5 7B and SmolLM2-135M, under the keys llama.cpp's converter writes for each (the
+//! 8B, Qwen2.5 7B, SmolLM2-135M, Qwen3-30B-A3B and gpt-oss-20b, under the keys llama.cpp's converter writes for each (the
 //! same [`Spec`] the tiny architectures use), and each shape's default vocabulary file. This
 //! module owns those numbers only; types, values and writing are elsewhere.
 //!
@@ -28,17 +28,20 @@ pub enum Shape {
     SmolLM2_135M,
     /// Qwen3-30B-A3B (`qwen3moe`): 2048 wide, 48 blocks, 128 experts of which 8 run per token.
     Qwen3Moe30BA3B,
+    /// gpt-oss-20b (`gpt-oss`): 2880 wide, 24 blocks, 32 experts of which 4 run per token.
+    GptOss20B,
 }
 
 impl Shape {
     /// Every shape, in a fixed order.
-    pub const ALL: [Shape; 6] = [
+    pub const ALL: [Shape; 7] = [
         Shape::Llama1B,
         Shape::Llama3B,
         Shape::Llama8B,
         Shape::Qwen7B,
         Shape::SmolLM2_135M,
         Shape::Qwen3Moe30BA3B,
+        Shape::GptOss20B,
     ];
 
     /// The name on the command line (and in `general.name` and the random streams' seeds).
@@ -50,6 +53,7 @@ impl Shape {
             Shape::Qwen7B => "qwen-7b",
             Shape::SmolLM2_135M => "smollm2-135m",
             Shape::Qwen3Moe30BA3B => "qwen3moe-30b-a3b",
+            Shape::GptOss20B => "gpt-oss-20b",
         }
     }
 
@@ -58,16 +62,19 @@ impl Shape {
         match self {
             Shape::Qwen7B => "qwen2",
             Shape::Qwen3Moe30BA3B => "qwen3moe",
+            Shape::GptOss20B => "gpt-oss",
             _ => "llama",
         }
     }
 
     /// The file, relative to the workspace root, whose vocabulary and `tokenizer.*` keys the
     /// model copies unless another is given. SmolLM2 has no vocabulary-only file: the demo
-    /// model (`scripts/fetch-model.sh`) is one.
+    /// model (`scripts/fetch-model.sh`) is one. gpt-oss's o200k vocabulary (201088 tokens) is
+    /// not vendored by llama.cpp: its shape takes Llama 3's (128256), so its output head is
+    /// about two thirds of the real one.
     pub fn vocab_file(self) -> &'static str {
         match self {
-            Shape::Llama1B | Shape::Llama3B | Shape::Llama8B => {
+            Shape::Llama1B | Shape::Llama3B | Shape::Llama8B | Shape::GptOss20B => {
                 "models/vocab/ggml-vocab-llama-bpe.gguf"
             }
             Shape::Qwen7B | Shape::Qwen3Moe30BA3B => "models/vocab/ggml-vocab-qwen2.gguf",
@@ -85,6 +92,7 @@ impl Shape {
             Shape::Qwen7B => qwen25_7b(),
             Shape::SmolLM2_135M => smollm2_135m(),
             Shape::Qwen3Moe30BA3B => qwen3moe_30b_a3b(),
+            Shape::GptOss20B => gpt_oss_20b(),
         }
     }
 
@@ -267,6 +275,43 @@ fn qwen3moe_30b_a3b() -> Spec {
     }
 }
 
+/// gpt-oss-20b as its GGUF has it: 2880 wide, 24 blocks of 64 query and 8 key/value heads of
+/// 64 (4096-wide queries, `key_length`), biases on q/k/v, the attention output and the
+/// experts, a sink per head, local layers (window 128) alternating with global ones, NeoX RoPE
+/// with YaRN (factor 32 over 4096, base 150000), 32 experts 2880 wide of which 4 run per token
+/// (about 3.6 billion parameters read per token of 20.9 billion with the real vocabulary), a
+/// separate output, rms eps 1e-5, context 131072.
+fn gpt_oss_20b() -> Spec {
+    let width = Value::U32(64);
+    Spec {
+        attention: Attention::Separate { bias: true },
+        out_bias: true,
+        sinks: true,
+        ffn_norm: "post_attention_norm",
+        ffn: Ffn::Experts(Experts {
+            n_expert: 32,
+            n_expert_used: 4,
+            n_ff_exp: 2880,
+            width_key: true,
+            // Unused: a shape's types come from its preset.
+            gate_up: DType::Q8_0,
+            down: DType::Q8_0,
+            biases: true,
+        }),
+        rope_freq_base: 150_000.0,
+        vocab_size_key: false,
+        keys: vec![
+            ("attention.key_length", width.clone()),
+            ("attention.value_length", width),
+            ("attention.sliding_window", Value::U32(128)),
+            ("rope.scaling.type", Value::String("yarn".into())),
+            ("rope.scaling.factor", Value::F32(32.0)),
+            ("rope.scaling.original_context_length", Value::U32(4096)),
+        ],
+        ..dense(2880, 24, 64, 8, 64, 2880, false)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,7 +339,9 @@ mod tests {
             let wide = s.keys.iter().any(|(k, _)| *k == "attention.key_length");
             assert!(wide || s.n_head * s.head_dim == s.n_embd, "{shape}");
             assert_eq!(s.n_head % s.n_head_kv, 0, "{shape}");
-            assert_eq!(s.n_ff % 256, 0, "{shape}");
+            // gpt-oss's 2880 is whole 32-blocks only (its files are MXFP4 and Q8_0).
+            let block = if shape == Shape::GptOss20B { 32 } else { 256 };
+            assert_eq!(s.n_ff % block, 0, "{shape}");
         }
     }
 }

@@ -234,7 +234,8 @@ fn plan_types(
     planned
         .into_iter()
         .map(|t| {
-            let matrix = rules::n_dims(&t.ne) >= 2;
+            // Biases are F32 however many dimensions they have (gpt-oss's per-expert ones).
+            let matrix = rules::n_dims(&t.ne) >= 2 && !t.name.ends_with(".bias");
             let content = match t.fill {
                 Fill::Values(v) => Content::Values(v),
                 Fill::Norm => Content::Norm,

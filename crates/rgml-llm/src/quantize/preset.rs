@@ -47,6 +47,8 @@ pub enum QuantPreset {
     IQ4_NL,
     /// IQ4_XS.
     IQ4_XS,
+    /// Experts (3-D weights) in MXFP4, every other matrix in Q8_0 (gpt-oss's release format).
+    MXFP4_MOE,
 }
 
 /// Names `llama-quantize` accepts that are another preset's alias.
@@ -58,9 +60,10 @@ const ALIASES: [(&str, QuantPreset); 3] = [
 
 impl QuantPreset {
     /// Every preset, in `llama-quantize`'s listing order.
-    pub const ALL: [QuantPreset; 19] = [
+    pub const ALL: [QuantPreset; 20] = [
         QuantPreset::Q4_0,
         QuantPreset::Q4_1,
+        QuantPreset::MXFP4_MOE,
         QuantPreset::Q5_0,
         QuantPreset::Q5_1,
         QuantPreset::Q2_K,
@@ -102,6 +105,7 @@ impl QuantPreset {
             QuantPreset::Q6_K => "Q6_K",
             QuantPreset::IQ4_NL => "IQ4_NL",
             QuantPreset::IQ4_XS => "IQ4_XS",
+            QuantPreset::MXFP4_MOE => "MXFP4_MOE",
         }
     }
 
@@ -127,6 +131,7 @@ impl QuantPreset {
             QuantPreset::IQ4_NL => 25,
             QuantPreset::IQ4_XS => 30,
             QuantPreset::BF16 => 32,
+            QuantPreset::MXFP4_MOE => 38,
         }
     }
 
@@ -154,6 +159,7 @@ impl QuantPreset {
             QuantPreset::Q6_K => DType::Q6_K,
             QuantPreset::IQ4_NL => DType::IQ4_NL,
             QuantPreset::IQ4_XS => DType::IQ4_XS,
+            QuantPreset::MXFP4_MOE => DType::MXFP4,
         }
     }
 

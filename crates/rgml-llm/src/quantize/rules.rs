@@ -332,7 +332,7 @@ impl<'a> TypeChooser<'a> {
             });
         }
         let ne0 = ne.first().copied().unwrap_or(1);
-        let wanted = self.rule_type(name, ne0, default)?;
+        let wanted = self.rule_type(name, ne, default)?;
         let used = self.fallback(ne0, wanted);
         Ok(TypeChoice {
             target: Some(used),
@@ -341,8 +341,9 @@ impl<'a> TypeChooser<'a> {
     }
 
     /// `llama_tensor_get_type_impl` for the presets rgml offers.
-    fn rule_type(&mut self, name: &str, ne0: usize, ty: DType) -> Result<DType, QuantizeError> {
+    fn rule_type(&mut self, name: &str, ne: &[usize], ty: DType) -> Result<DType, QuantizeError> {
         let t = self.traits;
+        let ne0 = ne.first().copied().unwrap_or(1);
         let glm_min_q8 = ["attn_q_a", "attn_q_b", "nextn.eh_proj"];
         // glm5-next keeps these at Q8_0 or better; only float presets (which never reach the
         // rules) would go higher.
@@ -353,7 +354,15 @@ impl<'a> TypeChooser<'a> {
         if category == Category::Output
             || (self.has_tied_embeddings && category == Category::TokenEmbd)
         {
-            return Ok(self.output_type(ne0, ty));
+            return Ok(match self.preset {
+                QuantPreset::MXFP4_MOE => DType::Q8_0,
+                _ => self.output_type(ne0, ty),
+            });
+        }
+        if self.preset == QuantPreset::MXFP4_MOE {
+            // Experts (stacked on dim 2) in MXFP4, every other matrix in Q8_0.
+            let experts = ne.get(2).is_some_and(|&n| n > 1);
+            return Ok(if experts { DType::MXFP4 } else { DType::Q8_0 });
         }
         Ok(match category {
             // Untied token embeddings change only under presets rgml does not offer.
