@@ -152,7 +152,10 @@ fn dot_nibble_q8_0<B: NibbleBlock>(f: CpuFeatures, x: &[B], y: &[BlockQ8_0]) -> 
     let (x, y) = (&x[..nb], &y[..nb]);
     let pairs = nb / 2;
     #[cfg(target_arch = "x86_64")]
-    let head = if f.has_avx2() {
+    let head = if f.has_avx512_vnni() {
+        // SAFETY: `f` says the CPU has AVX-512 F/DQ/BW/VL and VNNI, AVX2, FMA and F16C.
+        unsafe { avx512::dot_nibble_pairs(&x[..2 * pairs], &y[..2 * pairs]) }
+    } else if f.has_avx2() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
         unsafe { avx2::dot_nibble_pairs(&x[..2 * pairs], &y[..2 * pairs]) }
     } else {
@@ -181,29 +184,36 @@ fn nibble_tail<B: NibbleBlock>(head: f32, bx: &B, by: &BlockQ8_0) -> f32 {
 
 /// The matrix-vector kernel of IQ4_NL or MXFP4 weights (`None` for other types), where the
 /// CPU has AVX2 (under either build's arithmetic: ggml's AVX-512 build runs the AVX2
-/// `vec_dot` for both).
+/// `vec_dot` for both, which AVX-512 VNNI computes two blocks at a time).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn nibble_matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecKernel> {
-    if !f.has_avx2() {
-        return None;
-    }
-    match dtype {
-        DType::IQ4_NL => Some(matvec_nibble::<BlockIQ4_NL>),
-        DType::MXFP4 => Some(matvec_nibble::<BlockMXFP4>),
+    let vnni = f.has_avx512_vnni();
+    match (dtype, vnni) {
+        _ if !f.has_avx2() => None,
+        (DType::IQ4_NL, false) => Some(matvec_nibble::<BlockIQ4_NL, false>),
+        (DType::IQ4_NL, true) => Some(matvec_nibble::<BlockIQ4_NL, true>),
+        (DType::MXFP4, false) => Some(matvec_nibble::<BlockMXFP4, false>),
+        (DType::MXFP4, true) => Some(matvec_nibble::<BlockMXFP4, true>),
         _ => None,
     }
 }
 
 /// `out[r]` = [`dot_nibble_q8_0`] of weight row `r` of `run` and its activation row, bit for
-/// bit, for every row of the run ([`crate::kernels::dots::run::MatvecKernel`]).
+/// bit, for every row of the run ([`crate::kernels::dots::run::MatvecKernel`]); `VNNI`: with
+/// AVX-512 VNNI.
 ///
 /// # Safety
 /// As [`crate::kernels::dots::run::MatvecKernel`] for rows of `B` and Q8_0 activations, on a
-/// CPU with AVX2, FMA and F16C.
+/// CPU with AVX2, FMA and F16C (and AVX-512 F/DQ/BW/VL and VNNI where `VNNI`).
 #[cfg(target_arch = "x86_64")]
-unsafe fn matvec_nibble<B: NibbleBlock>(run: run::RowRun, out: &mut [f32]) {
+unsafe fn matvec_nibble<B: NibbleBlock, const VNNI: bool>(run: run::RowRun, out: &mut [f32]) {
     // SAFETY: forwarded from the caller.
-    unsafe { avx2::matvec_nibble_pairs::<B>(run, out) };
+    unsafe {
+        match VNNI {
+            true => avx512::matvec_nibble_pairs::<B>(run, out),
+            false => avx2::matvec_nibble_pairs::<B>(run, out),
+        }
+    };
     if run.nb % 2 == 1 {
         let last = run.nb - 1;
         let block = std::mem::size_of::<B>();
@@ -245,6 +255,8 @@ pub(crate) fn dot_iq4_nl_tinyblas(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 #[cfg(test)]
 mod tests;

@@ -59,11 +59,14 @@ fn simd_portable_and_f64_reference_agree() {
                 _ => dot_iq4_nl_q8_0(f, &blocks(&xb), &blocks(&yb)),
             };
             let (fast, portable) = (dot(f), dot(slow));
-            assert_eq!(
-                fast.to_bits(),
-                portable.to_bits(),
-                "{xt} n={n} trial {trial}"
-            );
+            // The AVX-512 (VNNI) and AVX2 forms and the portable one agree bit for bit.
+            for got in [fast, dot(f.avx2_only())] {
+                assert_eq!(
+                    got.to_bits(),
+                    portable.to_bits(),
+                    "{xt} n={n} trial {trial}"
+                );
+            }
             let (exact, mag) = reference(xt, &xb, yt, &yb, n);
             let err = (f64::from(fast) - exact).abs() / mag;
             assert!(err < 1e-5, "{xt} n={n}: {fast} vs {exact} ({err})");
@@ -142,8 +145,12 @@ fn mxfp4_dot_on_raw_blocks() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn nibble_matvec_equals_the_pair_dots() {
-    let f = CpuFeatures::detect();
-    for dtype in [DType::IQ4_NL, DType::MXFP4] {
+    // This CPU's kernels (AVX-512 VNNI where it has it) and the AVX2 ones.
+    let detected = CpuFeatures::detect();
+    for (f, dtype) in [detected, detected.avx2_only()]
+        .into_iter()
+        .flat_map(|f| [(f, DType::IQ4_NL), (f, DType::MXFP4)])
+    {
         let Some(kernel) = nibble_matvec(f, dtype) else {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
@@ -181,7 +188,7 @@ fn nibble_matvec_equals_the_pair_dots() {
             }
         }
     }
-    assert!(nibble_matvec(f, DType::Q4_0).is_none());
+    assert!(nibble_matvec(detected, DType::Q4_0).is_none());
 }
 
 /// The portable MXFP4 and IQ4_NL dots, with no SIMD at all, give ggml's own one-row products

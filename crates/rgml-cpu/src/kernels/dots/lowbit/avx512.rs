@@ -1,0 +1,127 @@
+//! The codebook-nibble dots (IQ4_NL, MXFP4 · Q8_0) with AVX-512 VNNI: ggml's AVX2 arithmetic
+//! two blocks per instruction.
+//!
+//! ggml's AVX2 `vec_dot` (which its AVX-512 builds run too) takes blocks in pairs: each block's
+//! eight int32 lanes (lane `k` sums the products of bytes `4k..4k+4`) are converted and added
+//! by one FMA into an accumulator of its own, even blocks into one and odd into the other.
+//! Here a 512-bit register holds both: lanes 0-7 are the even block's and the even
+//! accumulator, lanes 8-15 the odd one's, so the FMAs and the final horizontal sum are ggml's.
+//! The lanes' integer sums come from one `vpdpbusd` of the codebook values' magnitudes and
+//! the activations carrying their signs, which gives ggml's `maddubs`/`madd` sums exactly (no
+//! product pair reaches `maddubs`' saturation: |value| <= 127 and |activation| <= 127).
+
+use crate::kernels::blocks::lowbit::NibbleBlock;
+use crate::kernels::dots::run::RowRun;
+use crate::kernels::fp16;
+use crate::kernels::simd::x86::hsum8_avx2;
+use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
+use rgml::quant::BlockQ8_0;
+use std::arch::x86_64::*;
+use std::mem::size_of;
+
+/// The 32 codebook values of two blocks' index bytes at `pa` and `pb`: 128-bit lanes [a's low
+/// nibbles, a's high nibbles, b's low, b's high] (ggml's byte order of each block).
+///
+/// # Safety
+/// AVX-512 F and BW; 16 readable bytes at `pa` and at `pb`.
+#[inline(always)]
+unsafe fn pair_values(table: __m512i, pa: *const u8, pb: *const u8) -> __m512i {
+    // SAFETY: as the caller promises; the loads are unaligned.
+    unsafe {
+        let a = _mm_loadu_si128(pa.cast());
+        let b = _mm_loadu_si128(pb.cast());
+        let ab = _mm512_castsi256_si512(_mm256_set_m128i(b, a));
+        let aabb = _mm512_shuffle_i64x2::<0b01_01_00_00>(ab, ab);
+        let shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+        let idx = _mm512_and_si512(_mm512_srlv_epi64(aabb, shifts), _mm512_set1_epi8(0x0f));
+        _mm512_shuffle_epi8(table, idx)
+    }
+}
+
+/// The paired part of the nibble dot for `R` weight rows of `B` at `x` (`nb` blocks each, the
+/// first `2 * (nb / 2)` used) and the Q8_0 row at `y`, into `out` (see the module docs).
+///
+/// # Safety
+/// AVX-512 F, DQ, BW, VL and VNNI, with AVX2, FMA and F16C; `x[r]` and `y` hold `nb` blocks;
+/// `out` holds `R`.
+#[inline(always)]
+unsafe fn nibble_rows<B: NibbleBlock, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+    out: &mut [f32],
+) {
+    let (xb, yb) = (size_of::<B>(), size_of::<BlockQ8_0>());
+    // SAFETY: the caller's features; blocks i, i + 1 < nb of each row and of `y` (the caller's
+    // promise): a Q8_0 block's f16 scale at offset 0 and quants at offset 2, a `B`'s scale at
+    // offset 0 and indices at `B::QS`.
+    unsafe {
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(B::CODEBOOK.as_ptr().cast()));
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); R];
+        for i in (0..nb - nb % 2).step_by(2) {
+            let (py0, py1) = (y.add(i * yb), y.add((i + 1) * yb));
+            let (dy0, dy1) = (fp16::h2f(py0), fp16::h2f(py1));
+            let ya = _mm256_loadu_si256(py0.add(2).cast());
+            let yv = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(ya),
+                _mm256_loadu_si256(py1.add(2).cast()),
+            );
+            for (acc, &xr) in acc.iter_mut().zip(&x) {
+                let (px0, px1) = (xr.add(i * xb), xr.add((i + 1) * xb));
+                let v = pair_values(table, px0.add(B::QS), px1.add(B::QS));
+                let signed_y = _mm512_mask_sub_epi8(yv, _mm512_movepi8_mask(v), zero, yv);
+                let p = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(v), signed_y);
+                let d0 = _mm512_set1_ps(dy0 * B::scale_at(px0));
+                let d = _mm512_insertf32x8::<1>(d0, _mm256_set1_ps(dy1 * B::scale_at(px1)));
+                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), *acc);
+            }
+        }
+        for (o, acc) in out.iter_mut().zip(&acc) {
+            let (even, odd) = (
+                _mm512_castps512_ps256(*acc),
+                _mm512_extractf32x8_ps::<1>(*acc),
+            );
+            *o = hsum8_avx2(_mm256_add_ps(even, odd));
+        }
+    }
+}
+
+/// [`nibble_rows`] for one row (the blocks given: an even number).
+///
+/// # Safety
+/// The CPU must support AVX-512 F, DQ, BW, VL and VNNI, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn dot_nibble_pairs<B: NibbleBlock>(x: &[B], y: &[BlockQ8_0]) -> f32 {
+    let nb = x.len().min(y.len());
+    let mut out = [0f32];
+    // SAFETY: this function's features; `nb` blocks in each slice.
+    unsafe { nibble_rows::<B, 1>(nb, [x.as_ptr().cast()], y.as_ptr().cast(), &mut out) };
+    out[0]
+}
+
+/// [`dot_nibble_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
+/// the activation row, into `out[r]`: two rows per pass share the activation loads, and each
+/// pass first prefetches its rows [`PREFETCH_AHEAD`] bytes further on.
+///
+/// # Safety
+/// As [`dot_nibble_pairs`]; the run's `out.len()` rows hold `nb` blocks of `B` each and `y`
+/// holds `nb` Q8_0 blocks.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn matvec_nibble_pairs<B: NibbleBlock>(run: RowRun, out: &mut [f32]) {
+    let row_bytes = run.nb * size_of::<B>();
+    let mut pairs = out.chunks_exact_mut(2);
+    let mut x = run.x0;
+    for o in &mut pairs {
+        let next = x.wrapping_add(run.row_stride);
+        prefetch_span(x.wrapping_add(PREFETCH_AHEAD), row_bytes);
+        prefetch_span(next.wrapping_add(PREFETCH_AHEAD), row_bytes);
+        // SAFETY: two rows of the run, as the caller promised; `o` holds 2.
+        unsafe { nibble_rows::<B, 2>(run.nb, [x, next], run.y, o) };
+        x = next.wrapping_add(run.row_stride);
+    }
+    if let [o] = pairs.into_remainder() {
+        // SAFETY: the last row, as above.
+        unsafe { nibble_rows::<B, 1>(run.nb, [x], run.y, std::slice::from_mut(o)) };
+    }
+}
