@@ -15,6 +15,8 @@ use crate::kernels::blocks::activations::quantize_activations;
 use crate::kernels::blocks::convert;
 use crate::kernels::dots;
 use crate::kernels::dots::float::{self as vec_float, Flavor};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::dots::lowbit;
 use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
 use crate::kernels::task::{
     self, bytes, bytes_mut, f32_row, scratch_slice, NodeTask, TensorView, ThreadCtx,
@@ -341,6 +343,10 @@ impl Products<'_> {
             }
             return Ok(());
         }
+        #[cfg(target_arch = "x86_64")]
+        if !rows_alone && n_routed >= 2 && self.expert_nibbles(e, rows.clone(), routed)? {
+            return Ok(());
+        }
         let k = a.ne[0];
         let wrow = self.layout.wrow;
         for row in rows {
@@ -381,6 +387,46 @@ impl Products<'_> {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::expert`]'s IQ4_NL and MXFP4 products with AVX-512 VNNI ([`lowbit::NibbleTile`],
+    /// `vec_dot`'s bits): the routed activation rows prepared once, each weight row decoded
+    /// once for all of them. False (nothing done) where the CPU or the type does not take it.
+    #[cfg(target_arch = "x86_64")]
+    fn expert_nibbles(
+        &self,
+        e: usize,
+        rows: std::ops::Range<usize>,
+        routed: &[u32],
+    ) -> Result<bool> {
+        let (f, dst) = (self.task.features, &self.task.dst);
+        let (a, b) = (self.task.src(0)?, self.task.src(1)?);
+        let ys: Vec<*const u8> = routed
+            .chunks_exact(2)
+            .map(|p| self.activation(b, p[0], p[1]))
+            .collect();
+        let nb = a.ne[0] / a.dtype.block_size();
+        // SAFETY: each activation row holds `nb` Q8_0 blocks in the work area, complete since
+        // the barrier and unchanged until the node ends.
+        let Some(tile) = (unsafe { lowbit::NibbleTile::new(f, a.dtype, nb, &ys) }) else {
+            return Ok(false);
+        };
+        let mut out = vec![0f32; ys.len()];
+        for row in rows {
+            let x = a.row(row, e, 0).cast_const();
+            prefetch_span(x.wrapping_add(PREFETCH_AHEAD), a.row_bytes());
+            // SAFETY: a dense, in-bounds weight row of `nb` blocks of the tile's type.
+            unsafe { tile.row(x, &mut out) };
+            for (p, &v) in routed.chunks_exact(2).zip(&out) {
+                let at = dst
+                    .row(p[0] as usize, p[1] as usize, 0)
+                    .wrapping_add(row * 4);
+                // SAFETY: output (row, slot, token) is in bounds and written only by the
+                // thread that claimed this expert's row block.
+                unsafe { at.cast::<f32>().write(v) };
+            }
+        }
+        Ok(true)
     }
 
     /// [`Self::expert`]'s tiled K-quant products on AMX tiles ([`kquant_amx`], the same bits):

@@ -229,6 +229,77 @@ unsafe fn matvec_nibble<B: NibbleBlock, const VNNI: bool>(run: run::RowRun, out:
     }
 }
 
+/// Activation rows prepared once for many IQ4_NL or MXFP4 weight rows (an expert's rows
+/// against the prompt rows routed to it), with AVX-512 VNNI: every product the bits of
+/// [`dot_nibble_q8_0`], each weight block decoded once for all the rows.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct NibbleTile {
+    cols: avx512::NibbleCols,
+    dtype: DType,
+    nb: usize,
+    ys: Vec<*const u8>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl NibbleTile {
+    /// The Q8_0 rows at `ys` (`nb` blocks each) for weights of `dtype`; `None` where the CPU
+    /// lacks AVX-512 VNNI or `dtype` is neither IQ4_NL nor MXFP4.
+    ///
+    /// # Safety
+    /// Each of `ys` holds `nb` Q8_0 blocks, unchanged while the tile lives.
+    pub(crate) unsafe fn new(
+        f: CpuFeatures,
+        dtype: DType,
+        nb: usize,
+        ys: &[*const u8],
+    ) -> Option<NibbleTile> {
+        if !f.has_avx512_vnni() || !matches!(dtype, DType::IQ4_NL | DType::MXFP4) {
+            return None;
+        }
+        Some(NibbleTile {
+            // SAFETY: AVX-512 (VNNI implies the rest, see `CpuFeatures`); the rows as promised.
+            cols: unsafe { avx512::NibbleCols::new(nb, ys) },
+            dtype,
+            nb,
+            ys: ys.to_vec(),
+        })
+    }
+
+    /// `out[c]` = the dot of the weight row at `x` with prepared row `c`.
+    ///
+    /// # Safety
+    /// `x` holds `nb` blocks of the tile's type; `out` holds one value per prepared row.
+    pub(crate) unsafe fn row(&self, x: *const u8, out: &mut [f32]) {
+        // SAFETY: the features checked in `new`; `x` as the caller promises.
+        unsafe {
+            match self.dtype {
+                DType::IQ4_NL => self.row_of::<BlockIQ4_NL>(x, out),
+                _ => self.row_of::<BlockMXFP4>(x, out),
+            }
+        }
+    }
+
+    /// [`Self::row`] for blocks of `B`: the pairs, then an odd last block as `vec_dot` adds it.
+    ///
+    /// # Safety
+    /// As [`Self::row`].
+    unsafe fn row_of<B: NibbleBlock>(&self, x: *const u8, out: &mut [f32]) {
+        // SAFETY: as the caller promises.
+        unsafe { self.cols.row::<B>(x, out) };
+        if self.nb % 2 == 1 {
+            let last = self.nb - 1;
+            // SAFETY: block `last` of the weight row and of every prepared row is readable;
+            // the blocks are plain bytes, read unaligned.
+            let bx = unsafe { x.cast::<B>().add(last).read_unaligned() };
+            for (o, &y) in out.iter_mut().zip(&self.ys) {
+                // SAFETY: as above.
+                let by = unsafe { y.cast::<BlockQ8_0>().add(last).read_unaligned() };
+                *o = nibble_tail(*o, &bx, &by);
+            }
+        }
+    }
+}
+
 /// The paired part of [`dot_nibble_q8_0`] (an even number of blocks), portable form.
 fn nibble_pairs<B: NibbleBlock>(x: &[B], y: &[BlockQ8_0]) -> f32 {
     let mut acc = [[0f32; 8]; 2];

@@ -125,3 +125,110 @@ pub(super) unsafe fn matvec_nibble_pairs<B: NibbleBlock>(run: RowRun, out: &mut 
         unsafe { nibble_rows::<B, 1>(run.nb, [x], run.y, std::slice::from_mut(o)) };
     }
 }
+
+/// Activation rows prepared for [`NibbleCols::row`]: per block pair and row, the two blocks'
+/// 64 quants (one register) and their scales as the pair's lanes take them (`[d0; 8]`,
+/// `[d1; 8]`), so many weight rows reuse them.
+pub(crate) struct NibbleCols {
+    quants: Vec<__m512i>,
+    scales: Vec<__m512>,
+    cols: usize,
+    pairs: usize,
+}
+
+impl NibbleCols {
+    /// The first `2 * (nb / 2)` blocks of the Q8_0 rows at `ys`.
+    ///
+    /// # Safety
+    /// AVX-512 F and DQ, AVX2 and F16C; each of `ys` holds `nb` Q8_0 blocks.
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(crate) unsafe fn new(nb: usize, ys: &[*const u8]) -> NibbleCols {
+        let (pairs, yb) = (nb / 2, size_of::<BlockQ8_0>());
+        let mut quants = Vec::with_capacity(pairs * ys.len());
+        let mut scales = Vec::with_capacity(pairs * ys.len());
+        for p in 0..pairs {
+            for &y in ys {
+                // SAFETY: blocks 2p and 2p + 1 of the row (the caller's promise).
+                unsafe {
+                    let (py0, py1) = (y.add(2 * p * yb), y.add((2 * p + 1) * yb));
+                    let lo = _mm256_loadu_si256(py0.add(2).cast());
+                    let hi = _mm256_loadu_si256(py1.add(2).cast());
+                    quants.push(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi));
+                    let d0 = _mm512_set1_ps(fp16::h2f(py0));
+                    scales.push(_mm512_insertf32x8::<1>(d0, _mm256_set1_ps(fp16::h2f(py1))));
+                }
+            }
+        }
+        NibbleCols {
+            quants,
+            scales,
+            cols: ys.len(),
+            pairs,
+        }
+    }
+
+    /// The paired part of the nibble dot of the weight row of `B` at `x` with every prepared
+    /// row, into `out` (one per row): each product the bits of [`dot_nibble_pairs`].
+    ///
+    /// # Safety
+    /// The CPU features of [`dot_nibble_pairs`]; `x` holds `2 * pairs` blocks of `B`; `out`
+    /// holds the prepared rows' count.
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(crate) unsafe fn row<B: NibbleBlock>(&self, x: *const u8, out: &mut [f32]) {
+        let mut chunks = out.chunks_exact_mut(4);
+        let mut first = 0;
+        for o in &mut chunks {
+            // SAFETY: as the caller promises; columns `first..first + 4` exist.
+            unsafe { self.cols::<B, 4>(x, first, o) };
+            first += 4;
+        }
+        for (c, o) in chunks.into_remainder().iter_mut().enumerate() {
+            // SAFETY: as above, column `first + c`.
+            unsafe { self.cols::<B, 1>(x, first + c, std::slice::from_mut(o)) };
+        }
+    }
+
+    /// [`Self::row`] for the `C` prepared rows from `first`.
+    ///
+    /// # Safety
+    /// As [`Self::row`]; `first + C <= cols`; `out` holds `C`.
+    #[inline(always)]
+    unsafe fn cols<B: NibbleBlock, const C: usize>(
+        &self,
+        x: *const u8,
+        first: usize,
+        out: &mut [f32],
+    ) {
+        let xb = size_of::<B>();
+        // SAFETY: the caller's features and bounds; the prepared vectors hold `pairs * cols`
+        // entries.
+        unsafe {
+            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(B::CODEBOOK.as_ptr().cast()));
+            let zero = _mm512_setzero_si512();
+            let mut acc = [_mm512_setzero_ps(); C];
+            for p in 0..self.pairs {
+                let (px0, px1) = (x.add(2 * p * xb), x.add((2 * p + 1) * xb));
+                let v = pair_values(table, px0.add(B::QS), px1.add(B::QS));
+                let (negative, magnitude) = (_mm512_movepi8_mask(v), _mm512_abs_epi8(v));
+                let dx0 = _mm512_set1_ps(B::scale_at(px0));
+                let dx = _mm512_insertf32x8::<1>(dx0, _mm256_set1_ps(B::scale_at(px1)));
+                let at = p * self.cols + first;
+                for (c, acc) in acc.iter_mut().enumerate() {
+                    let yv = *self.quants.get_unchecked(at + c);
+                    let signed_y = _mm512_mask_sub_epi8(yv, negative, zero, yv);
+                    let s = _mm512_dpbusd_epi32(zero, magnitude, signed_y);
+                    // ggml's `fp16(y.d) * scale(x)`, lane by lane.
+                    let d = _mm512_mul_ps(*self.scales.get_unchecked(at + c), dx);
+                    *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), *acc);
+                }
+            }
+            for (o, acc) in out.iter_mut().zip(&acc) {
+                let (even, odd) = (
+                    _mm512_castps512_ps256(*acc),
+                    _mm512_extractf32x8_ps::<1>(*acc),
+                );
+                *o = hsum8_avx2(_mm256_add_ps(even, odd));
+            }
+        }
+    }
+}

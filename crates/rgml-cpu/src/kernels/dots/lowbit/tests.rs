@@ -221,3 +221,40 @@ fn portable_nibble_dots_equal_ggml() {
         }
     }
 }
+
+/// A tile of prepared activation rows gives each weight row's `vec_dot` bits against each of
+/// them, for odd and even block counts and any number of rows (chunks of four and the rest).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn nibble_tile_equals_the_dots() {
+    let f = CpuFeatures::detect();
+    let mut rng = StdRng::seed_from_u64(13);
+    for dtype in [DType::IQ4_NL, DType::MXFP4] {
+        for nb in [1, 2, 7, 18] {
+            let n = nb * 32;
+            for cols in [1, 3, 4, 9] {
+                let ys: Vec<Vec<u8>> = (0..cols).map(|_| row(&mut rng, DType::Q8_0, n)).collect();
+                let ptrs: Vec<*const u8> = ys.iter().map(|y| y.as_ptr()).collect();
+                // SAFETY: each row holds `nb` Q8_0 blocks and outlives the tile.
+                let Some(tile) = (unsafe { NibbleTile::new(f, dtype, nb, &ptrs) }) else {
+                    eprintln!("skipped: no AVX-512 VNNI on this CPU");
+                    return;
+                };
+                let x = row(&mut rng, dtype, n);
+                let mut out = vec![f32::NAN; cols];
+                // SAFETY: `x` holds `nb` blocks of `dtype`; one output per row.
+                unsafe { tile.row(x.as_ptr(), &mut out) };
+                for (c, got) in out.iter().enumerate() {
+                    let want = match dtype {
+                        DType::MXFP4 => dot_mxfp4_q8_0(f, &blocks(&x), &blocks(&ys[c])),
+                        _ => dot_iq4_nl_q8_0(f, &blocks(&x), &blocks(&ys[c])),
+                    };
+                    let at = format!("{dtype} nb {nb} cols {cols} col {c}");
+                    assert_eq!(got.to_bits(), want.to_bits(), "{at}");
+                }
+            }
+        }
+    }
+    // SAFETY: no rows are read.
+    assert!(unsafe { NibbleTile::new(f, DType::Q4_0, 1, &[]) }.is_none());
+}
