@@ -304,7 +304,8 @@ fn rope_ref(
                 for k in 0..n_dims / 2 {
                     let i0 = 2 * k;
                     let ff = freq_factors.map_or(1.0, |f| f[k] as f64);
-                    let theta_extrap = pos[i2] as f64 * theta_scale.powi(k as i32) / ff;
+                    let pi = pos[i2 + p.mode.position_of_pair(k) * ne[2]];
+                    let theta_extrap = pi as f64 * theta_scale.powi(k as i32) / ff;
                     let theta_interp = p.freq_scale as f64 * theta_extrap;
                     let mut theta = theta_interp;
                     let mut mscale = p.attn_factor as f64;
@@ -318,7 +319,9 @@ fn rope_ref(
                     let (c, s) = (theta.cos() * mscale, theta.sin() * mscale);
                     let (a, b) = match p.mode {
                         RopeMode::Normal => (i0, i0 + 1),
-                        RopeMode::Neox => (k, k + n_dims / 2),
+                        RopeMode::Neox | RopeMode::Mrope { .. } | RopeMode::Imrope { .. } => {
+                            (k, k + n_dims / 2)
+                        }
                     };
                     let (xa, xb) = (
                         x[at(ne, [a, i1, i2, i3])] as f64,

@@ -552,6 +552,129 @@ fn rope(cases: &mut Vec<Case>) {
     }
 }
 
+/// Multi-section ROPE (ggml's `ggml_rope_multi`, text modes): four positions per token, with
+/// Qwen3.5's and Qwen3-VL's sections, sections that wrap around the pairs and use the fourth
+/// position, frequency factors and YaRN.
+fn rope_multi(cases: &mut Vec<Case>) {
+    /// (ne, n_dims, sections, freq_base, YaRN (freq_scale, n_ctx_orig), frequency factors)
+    type Cfg = (
+        [usize; 4],
+        usize,
+        [u32; 4],
+        f32,
+        Option<(f32, usize)>,
+        usize,
+    );
+    let cfgs: [Cfg; 5] = [
+        ([256, 2, 5, 1], 64, [11, 11, 10, 0], 1e7, None, 0),
+        ([128, 3, 4, 1], 128, [24, 20, 20, 0], 5e6, None, 0),
+        ([64, 2, 5, 2], 64, [3, 2, 2, 1], 10000.0, None, 0),
+        ([64, 2, 5, 1], 48, [8, 8, 8, 0], 10000.0, None, 30),
+        (
+            [64, 2, 5, 1],
+            64,
+            [12, 10, 10, 0],
+            10000.0,
+            Some((0.25, 4096)),
+            0,
+        ),
+    ];
+    for interleaved in [false, true] {
+        for (ne, n_dims, sections, base, yarn, n_ff) in cfgs {
+            let (mode, m) = match interleaved {
+                false => (RopeMode::Mrope { sections }, "mrope"),
+                true => (RopeMode::Imrope { sections }, "imrope"),
+            };
+            let mut p = RopeParams::new(mode, n_dims, base);
+            if let Some((fscale, n_ctx_orig)) = yarn {
+                (p.freq_scale, p.ext_factor, p.n_ctx_orig) = (fscale, 1.0, n_ctx_orig);
+            }
+            let mut family = format!("ROPE type=f32,mode={m}");
+            if n_ff > 0 {
+                family.push_str(",freq_factors");
+            }
+            let params = format!(
+                "type=f32,ne={},mode={m},n_dims={n_dims},sections={sections:?},freq_base={base},\
+                 freq_scale={},ext_factor={},n_ctx_orig={},freq_factors={n_ff}",
+                dims(&ne),
+                p.freq_scale,
+                p.ext_factor,
+                p.n_ctx_orig
+            );
+            cases.push(Case::new(
+                OpKind::Rope,
+                family,
+                params,
+                DEFAULT_NMSE,
+                move |c| {
+                    let a = c.uniform(DType::F32, &ne)?;
+                    let pos = c.leaf(DType::I32, &[4 * ne[2]], Init::Index(300))?;
+                    let ff = match n_ff {
+                        0 => None,
+                        n => Some(c.leaf(DType::F32, &[n], Init::Uniform(1.0, 8.0))?),
+                    };
+                    c.ctx.rope_ext(a, pos, ff, p)
+                },
+            ));
+        }
+    }
+}
+
+/// SSM_CONV: Qwen3.5's 4 taps and others, one to several tokens and sequences.
+fn ssm_conv(cases: &mut Vec<Case>) {
+    for (d_conv, d_inner, n_t, n_s) in [(4, 67, 5, 2), (3, 33, 1, 3), (1, 7, 3, 1), (13, 9, 6, 1)] {
+        cases.push(Case::new(
+            OpKind::SsmConv,
+            "SSM_CONV type=f32".into(),
+            format!("type=f32,d_conv={d_conv},d_inner={d_inner},n_t={n_t},n_s={n_s}"),
+            DEFAULT_NMSE,
+            move |c| {
+                let sx = c.uniform(DType::F32, &[d_conv - 1 + n_t, d_inner, n_s])?;
+                let w = c.uniform(DType::F32, &[d_conv, d_inner])?;
+                c.ctx.ssm_conv(sx, w)
+            },
+        ));
+    }
+}
+
+/// GATED_DELTA_NET: the scalar gate (Qwen3.5) and the vector gate (KDA), broadcast q/k heads
+/// and sequences, one and several snapshots (more than tokens too).
+fn gated_delta_net(cases: &mut Vec<Case>) {
+    // (s_v, h, h_k, n_tokens, n_seqs, b_k, vector gate, snapshots)
+    let shapes = [
+        (128, 2, 1, 3, 1, 1, false, 1),
+        (64, 2, 1, 2, 2, 1, false, 1),
+        (48, 2, 2, 3, 1, 1, true, 1),
+        (32, 2, 1, 5, 2, 2, false, 3),
+        (20, 2, 1, 2, 2, 2, true, 4),
+        (37, 3, 3, 1, 1, 1, false, 1),
+    ];
+    for (s_v, h, h_k, t, b, b_k, vector, snapshots) in shapes {
+        let gate = if vector { "vector" } else { "scalar" };
+        cases.push(Case::new(
+            OpKind::GatedDeltaNet,
+            format!("GATED_DELTA_NET type=f32,gate={gate}"),
+            format!(
+                "type=f32,s_v={s_v},h={h},h_k={h_k},n_tokens={t},n_seqs={b},b_k={b_k},\
+                 gate={gate},snapshots={snapshots}"
+            ),
+            DEFAULT_NMSE,
+            move |c| {
+                // Keys of about unit length keep the delta rule stable.
+                let r = 1.0 / (s_v as f32).sqrt();
+                let q = c.uniform(DType::F32, &[s_v, h_k, t, b_k])?;
+                let k = c.leaf(DType::F32, &[s_v, h_k, t, b_k], Init::Uniform(-r, r))?;
+                let v = c.uniform(DType::F32, &[s_v, h, t, b])?;
+                let g0 = if vector { s_v } else { 1 };
+                let g = c.leaf(DType::F32, &[g0, h, t, b], Init::Uniform(-0.5, 0.1))?;
+                let beta = c.leaf(DType::F32, &[1, h, t, b], Init::Uniform(0.05, 1.0))?;
+                let s = c.uniform(DType::F32, &[s_v, s_v, h, b])?;
+                c.ctx.gated_delta_net(q, k, v, g, beta, s, snapshots)
+            },
+        ));
+    }
+}
+
 fn soft_max(cases: &mut Vec<Case>) {
     // (ne, mask: None | Some((dtype, mask_ne1_extra, mask broadcast in dims 2/3)), scale, max_bias)
     let shapes = [[16, 7, 4, 1], [33, 5, 2, 3], [257, 3, 1, 1]];
@@ -1405,6 +1528,7 @@ pub fn all_cases() -> Vec<Case> {
     mul_mat(&mut cases);
     norms(&mut cases);
     rope(&mut cases);
+    rope_multi(&mut cases);
     soft_max(&mut cases);
     diag_mask(&mut cases);
     unary(&mut cases);
@@ -1417,6 +1541,8 @@ pub fn all_cases() -> Vec<Case> {
     add_id(&mut cases);
     sum_rows_clamp(&mut cases);
     flash_attn(&mut cases);
+    ssm_conv(&mut cases);
+    gated_delta_net(&mut cases);
     large(&mut cases);
     cases
 }

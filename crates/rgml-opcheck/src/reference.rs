@@ -209,6 +209,9 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
         Op::Rope(p) => {
             let mut x = mem.read(ctx, src(t, 0)?)?;
             let pos = mem.read(ctx, src(t, 1)?)?;
+            if pos.len() < t.ne[2] * p.mode.positions_per_token() {
+                return Err(err("ROPE with too few positions"));
+            }
             let freq_factors = match t.src.get(2) {
                 Some(&f) => {
                     let f = mem.read(ctx, f)?;
@@ -309,6 +312,8 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             mask,
             sinks,
         } => flash_attn(ctx, t, mem, [scale, max_bias, softcap], mask, sinks)?,
+        Op::SsmConv => ssm_conv(ctx, t, mem)?,
+        Op::GatedDeltaNet { snapshots } => gated_delta_net(ctx, t, mem, snapshots)?,
     };
     mem.write(ctx, id, &out)
 }
@@ -445,6 +450,75 @@ fn add_id(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
     Ok(out)
 }
 
+/// SSM_CONV: output `(i, t, s)` is channel `i`'s window `sx[t.., i, s]` dotted with its
+/// kernel `c[.., i]`.
+fn ssm_conv(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
+    let (sx, sne) = read_src(ctx, t, mem, 0)?;
+    let (c, cne) = read_src(ctx, t, mem, 1)?;
+    let ne = t.ne;
+    let mut out = vec![0.0; t.nelements()];
+    for s in 0..ne[2] {
+        for tok in 0..ne[1] {
+            for i in 0..ne[0] {
+                out[lin(ne, i, tok, s, 0)] = (0..cne[0])
+                    .map(|j| sx[lin(sne, tok + j, i, s, 0)] * c[lin(cne, j, i, 0, 0)])
+                    .sum();
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// GATED_DELTA_NET (see [`Op::GatedDeltaNet`]): per head and sequence, the state `S` (stored
+/// transposed: `st[j][i] = S[i][j]`) decays by `exp(g)`, takes the delta rule's update and
+/// gives `o = Sᵀq / sqrt(S_v)`; the outputs, then the snapshots (zeros where no token left
+/// one).
+fn gated_delta_net(ctx: &Context, t: &Tensor, mem: &Mem, snapshots: usize) -> Result<Vec<f64>> {
+    let src: Vec<(Vec<f64>, [usize; 4])> = (0..6)
+        .map(|i| read_src(ctx, t, mem, i))
+        .collect::<Result<_>>()?;
+    let [(q, qne), (k, kne), (v, vne), (g, gne), (beta, _), (s0, _)] = &src[..] else {
+        return Err(err("GATED_DELTA_NET needs six sources"));
+    };
+    let [n, h, n_tokens, n_seqs] = *vne;
+    let mut out = vec![0.0; t.nelements()];
+    let outputs = n * h * n_tokens * n_seqs;
+    let scale = 1.0 / (n as f64).sqrt();
+    for seq in 0..n_seqs {
+        for head in 0..h {
+            let base = (seq * h + head) * n * n;
+            let mut st = s0[base..base + n * n].to_vec();
+            for tok in 0..n_tokens {
+                let qk = |x: &[f64], ne: &[usize; 4], i: usize| {
+                    x[lin(*ne, i, head % ne[1], tok, seq / (n_seqs / ne[3]))]
+                };
+                let gate = |i: usize| g[lin(*gne, i % gne[0], head, tok, seq)].exp();
+                let b = beta[lin([1, h, n_tokens, n_seqs], 0, head, tok, seq)];
+                for (j, row) in st.chunks_exact_mut(n).enumerate() {
+                    // Column j of S: row i of S scales by gate(i).
+                    row.iter_mut().enumerate().for_each(|(i, x)| *x *= gate(i));
+                    let sk: f64 = (0..n).map(|i| row[i] * qk(k, kne, i)).sum();
+                    let d = (v[lin(*vne, j, head, tok, seq)] - sk) * b;
+                    row.iter_mut()
+                        .enumerate()
+                        .for_each(|(i, x)| *x += qk(k, kne, i) * d);
+                    let o: f64 = (0..n).map(|i| row[i] * qk(q, qne, i)).sum();
+                    out[(seq * n_tokens + tok) * h * n + head * n + j] = o * scale;
+                }
+                let slot = n_tokens - 1 - tok;
+                if slot < snapshots {
+                    let at = outputs + slot * n * n * h * n_seqs + base;
+                    out[at..at + n * n].copy_from_slice(&st);
+                }
+            }
+            if n_tokens == 0 && snapshots == 1 {
+                out[outputs + base..outputs + base + n * n].copy_from_slice(&st);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// RMS_NORM (`rms`) or NORM of the rows of `x` (shape `ne`), in place.
 fn norm(mut x: Vec<f64>, ne: [usize; 4], rms: bool, eps: f32) -> Vec<f64> {
     for row in x.chunks_exact_mut(ne[0]) {
@@ -572,8 +646,9 @@ fn rope_cos_sin(p: &RopeParams, pos: f64, i0: usize, ff: f64, corr: [f64; 2]) ->
     (theta.cos() * mscale, theta.sin() * mscale)
 }
 
-/// Rotary embedding of `x` (shape `ne`, positions per `ne[2]`) in place; pair `k`'s angle is
-/// divided by `freq_factors[k]` when given (at least `n_dims / 2` values).
+/// Rotary embedding of `x` (shape `ne`, positions per `ne[2]`, four per `ne[2]` in the
+/// multi-section modes) in place; pair `k`'s angle is divided by `freq_factors[k]` when given
+/// (at least `n_dims / 2` values).
 pub fn rope(
     x: &mut [f64],
     ne: [usize; 4],
@@ -590,15 +665,18 @@ pub fn rope(
     let corr = [start.max(0.0), end.min(nd - 1.0)];
     for i3 in 0..ne[3] {
         for i2 in 0..ne[2] {
-            let ps = pos[i2];
             for i1 in 0..ne[1] {
                 let row = &mut x[lin(ne, 0, i1, i2, i3)..][..ne[0]];
                 for i0 in (0..n_dims).step_by(2) {
                     let ff = freq_factors.map_or(1.0, |f| f[i0 / 2]);
+                    // The multi-section modes' positions: `pos[i2 + j·ne2]` for position j.
+                    let ps = pos[i2 + p.mode.position_of_pair(i0 / 2) * ne[2]];
                     let (c, s) = rope_cos_sin(p, ps, i0, ff, corr);
                     let (a, b) = match p.mode {
                         RopeMode::Normal => (i0, i0 + 1),
-                        RopeMode::Neox => (i0 / 2, i0 / 2 + n_dims / 2),
+                        RopeMode::Neox | RopeMode::Mrope { .. } | RopeMode::Imrope { .. } => {
+                            (i0 / 2, i0 / 2 + n_dims / 2)
+                        }
                     };
                     let (x0, x1) = (row[a], row[b]);
                     row[a] = x0 * c - x1 * s;
@@ -865,6 +943,42 @@ mod tests {
         assert!((silu(1.0) - 0.731_058_578_630_004_9).abs() < 1e-12);
         assert!((gelu(1.0) - 0.841_191_990_607_477_6).abs() < 1e-9);
         assert!(gelu(-10.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ssm_conv_and_delta_net_by_hand() {
+        let mut ctx = Context::new();
+        // Two channels, kernels of two taps, two tokens.
+        let sx = ctx.new_tensor(DType::F32, &[3, 2, 1]).unwrap();
+        let c = ctx.new_tensor(DType::F32, &[2, 2]).unwrap();
+        let y = ctx.ssm_conv(sx, c).unwrap();
+        let g = graph_of(&mut ctx, y);
+        let mut mem = Mem::new();
+        load_f32(&ctx, &mut mem, sx, &[1., 2., 3., 4., 5., 6.]);
+        load_f32(&ctx, &mut mem, c, &[10., 1., 100., 2.]);
+        eval(&ctx, &g, &mut mem).unwrap();
+        // (token, channel): 1·10 + 2·1, 4·100 + 5·2, 2·10 + 3·1, 5·100 + 6·2.
+        assert_eq!(mem.read(&ctx, y).unwrap(), vec![12., 410., 23., 512.]);
+
+        // One head of one value, one token, two snapshots: S = s0·e^g, d = (v - S·k)·beta,
+        // S += k·d, o = S·q; the second snapshot (no token left it) is 0.
+        let mut ctx = Context::new();
+        let ids: Vec<TensorId> = [[1usize, 1, 1, 1]; 6]
+            .iter()
+            .map(|ne| ctx.new_tensor(DType::F32, ne).unwrap())
+            .collect();
+        let y = ctx
+            .gated_delta_net(ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], 2)
+            .unwrap();
+        let g = graph_of(&mut ctx, y);
+        let mut mem = Mem::new();
+        let (q, k, v, gate, beta, s0) = (3.0, 2.0, 5.0, 0.0, 0.5, 1.5);
+        for (&id, x) in ids.iter().zip([q, k, v, gate, beta, s0]) {
+            load_f32(&ctx, &mut mem, id, &[x as f32]);
+        }
+        eval(&ctx, &g, &mut mem).unwrap();
+        let s = s0 + k * (v - s0 * k) * beta;
+        assert_eq!(mem.read(&ctx, y).unwrap(), vec![s * q, s, 0.0]);
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub mod op {
     pub const ROPE: u32 = 48;
     pub const ARGSORT: u32 = 69;
     pub const FLASH_ATTN_EXT: u32 = 74;
+    pub const SSM_CONV: u32 = 76;
+    pub const GATED_DELTA_NET: u32 = 86;
     pub const UNARY: u32 = 91;
     pub const GLU: u32 = 100;
     /// One past the last op.
@@ -76,8 +78,30 @@ pub mod flag {
     pub const COMPUTE: i32 = 16;
 }
 
-/// ggml's `GGML_ROPE_TYPE_NEOX`.
-const ROPE_TYPE_NEOX: i32 = 2;
+/// ggml's `GGML_ROPE_TYPE_*` and where ROPE's op parameters hold the sections.
+#[allow(missing_docs)]
+pub mod rope {
+    pub const NORMAL: i32 = 0;
+    pub const NEOX: i32 = 2;
+    pub const MROPE: i32 = 8;
+    /// ggml's vision form of the multi-section rotation, which rgml does not compute.
+    pub const VISION: i32 = 24;
+    pub const IMROPE: i32 = 40;
+    /// The first of the four sections in the op parameters (`GGML_MROPE_SECTIONS`), then
+    /// `n_offs` (ggml's `ggml_rope_set_offset`).
+    pub const SECTIONS_AT: usize = 11;
+    pub const N_OFFS_AT: usize = 15;
+}
+
+/// ggml's number of a ROPE mode.
+fn rope_mode(mode: RopeMode) -> i32 {
+    match mode {
+        RopeMode::Normal => rope::NORMAL,
+        RopeMode::Neox => rope::NEOX,
+        RopeMode::Mrope { .. } => rope::MROPE,
+        RopeMode::Imrope { .. } => rope::IMROPE,
+    }
+}
 
 /// An op (or its parameters) that ggml's numbering cannot state with rgml's meaning.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -169,13 +193,14 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
         Op::RmsNorm { eps } => Ok(Params::new().f32(0, eps).done(op::RMS_NORM)),
         Op::Norm { eps } => Ok(Params::new().f32(0, eps).done(op::NORM)),
         Op::Rope(r) => {
-            let mode = match r.mode {
-                RopeMode::Normal => 0,
-                RopeMode::Neox => ROPE_TYPE_NEOX,
-            };
-            Ok(Params::new()
-                .i32(1, small(kind, r.n_dims, "n_dims too large")?)
-                .i32(2, mode)
+            let mut p = Params::new();
+            // The multi-section modes' sections; zeros otherwise, as `ggml_rope_impl` leaves.
+            for (i, &v) in r.mode.sections().unwrap_or_default().iter().enumerate() {
+                let v = small(kind, v as usize, "rope section too large")?;
+                p = p.i32(rope::SECTIONS_AT + i, v);
+            }
+            Ok(p.i32(1, small(kind, r.n_dims, "n_dims too large")?)
+                .i32(2, rope_mode(r.mode))
                 .i32(4, small(kind, r.n_ctx_orig, "n_ctx_orig too large")?)
                 .f32(5, r.freq_base)
                 .f32(6, r.freq_scale)
@@ -228,6 +253,11 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
             .f32(1, max_bias)
             .f32(2, softcap)
             .done(op::FLASH_ATTN_EXT)),
+        Op::SsmConv => plain(op::SSM_CONV),
+        // Parameter 0 is K, the snapshot count.
+        Op::GatedDeltaNet { snapshots } => Ok(Params::new()
+            .i32(0, small(kind, snapshots, "too many state snapshots")?)
+            .done(op::GATED_DELTA_NET)),
     }
 }
 
@@ -292,6 +322,50 @@ mod tests {
         assert_eq!(f32::from_bits(g.params[6] as u32), 0.25);
         assert_eq!(f32::from_bits(g.params[9] as u32), 32.0);
         assert_eq!(&g.params[11..], &[0; 5]);
+    }
+
+    #[test]
+    fn rope_multi_ssm_conv_and_delta_net_pack_like_ggml() {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor(DType::F32, &[256, 2, 3, 1]).unwrap();
+        let pos = ctx.new_tensor(DType::I32, &[12, 1, 1, 1]).unwrap();
+        let sections = [11, 11, 10, 0];
+        for (mode, number) in [
+            (RopeMode::Mrope { sections }, 8),
+            (RopeMode::Imrope { sections }, 40),
+        ] {
+            let r = ctx.rope(x, pos, RopeParams::new(mode, 64, 1e7)).unwrap();
+            let g = encode_op(ctx.get(r).unwrap()).unwrap();
+            assert_eq!(g.op, op::ROPE);
+            assert_eq!(&g.params[..3], &[0, 64, number]);
+            assert_eq!(&g.params[11..], &[11, 11, 10, 0, 0]);
+        }
+        let sx = ctx.new_tensor(DType::F32, &[6, 8, 1, 1]).unwrap();
+        let c = ctx.new_tensor(DType::F32, &[4, 8, 1, 1]).unwrap();
+        let conv = ctx.ssm_conv(sx, c).unwrap();
+        let t = ctx.get(conv).unwrap();
+        assert_eq!(encode_op(t).unwrap(), Params::new().done(op::SSM_CONV));
+        assert_eq!(ggml_src_order(&t.op, 2), vec![Some(0), Some(1)]);
+        let mut f32s = |ne: &[usize]| ctx.new_tensor(DType::F32, ne).unwrap();
+        let (q, k, v) = (
+            f32s(&[8, 2, 3, 1]),
+            f32s(&[8, 2, 3, 1]),
+            f32s(&[8, 2, 3, 1]),
+        );
+        let (g, beta, s) = (
+            f32s(&[1, 2, 3, 1]),
+            f32s(&[1, 2, 3, 1]),
+            f32s(&[8, 8, 2, 1]),
+        );
+        let net = ctx.gated_delta_net(q, k, v, g, beta, s, 3).unwrap();
+        let t = ctx.get(net).unwrap();
+        let packed = encode_op(t).unwrap();
+        assert_eq!((packed.op, packed.params[0]), (op::GATED_DELTA_NET, 3));
+        // ggml's slots: q, k, v, g, beta, state, as rgml's.
+        assert_eq!(
+            ggml_src_order(&t.op, 6),
+            (0..6).map(Some).collect::<Vec<_>>()
+        );
     }
 
     #[test]

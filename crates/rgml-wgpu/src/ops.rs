@@ -146,8 +146,10 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
             [a],
         ) => f32s(&[a]) && a.ne == t.ne,
         (Op::Swiglu | Op::Geglu, [a, b]) => f32s(&[a, b]) && a.ne == t.ne && b.ne == t.ne,
+        // The multi-section modes (four positions per token) stay on the CPU.
         (Op::Rope(rp), [a, pos, factors @ ..]) if factors.len() <= 1 => {
-            f32s(&[a])
+            matches!(rp.mode, RopeMode::Normal | RopeMode::Neox)
+                && f32s(&[a])
                 && a.ne == t.ne
                 && pos.dtype == DType::I32
                 && fits(pos)
@@ -625,6 +627,18 @@ impl<'a> Prep<'a> {
         };
         let factors = t.src.get(2).copied().zip(srcs.get(2).copied());
         let setup = RopeSetup::new(rp, t.ne[0]);
+        // Pairs rotated with fused multiply-adds, as ggml's AVX-512 build (the CPU backend's
+        // `fused_pairs`): NeoX all; normal mode all but the last n_pairs % 4, which GCC's
+        // vectorized loop leaves to code that rounds every product. The multi-section modes
+        // are refused by `supports_op`.
+        let pairs = setup.n_dims / 2;
+        let fused = match rp.mode {
+            RopeMode::Neox => pairs,
+            RopeMode::Normal => pairs - pairs % 4,
+            RopeMode::Mrope { .. } | RopeMode::Imrope { .. } => {
+                return Err(self.err("multi-section ROPE is not supported on this device"))
+            }
+        };
         let mut out = Vec::with_capacity(2);
         if setup.n_dims > 0 {
             let key = (pos_id, factors.map(|f| f.0), t.ne[2], setup.n_dims, *rp);
@@ -635,14 +649,7 @@ impl<'a> Prep<'a> {
         }
         p.misc[1] = setup.n_dims as u32;
         p.misc[2] = u32::from(rp.mode == RopeMode::Neox);
-        // Pairs rotated with fused multiply-adds, as ggml's AVX-512 build (the CPU backend's
-        // `fused_pairs`): NeoX all; normal mode all but the last n_pairs % 4, which GCC's
-        // vectorized loop leaves to code that rounds every product.
-        let pairs = setup.n_dims / 2;
-        p.misc[3] = match rp.mode {
-            RopeMode::Neox => pairs as u32,
-            RopeMode::Normal => (pairs - pairs % 4) as u32,
-        };
+        p.misc[3] = fused as u32;
         out.push(self.dispatch(Kernel::Rope, p, buffers, t.nrows() as u64)?);
         Ok(out)
     }
@@ -771,5 +778,53 @@ impl<'a> Prep<'a> {
             self.dispatch(Kernel::MulMatQ8, m, [a, b_buf, scratch, d], elements)?
         };
         Ok(vec![quantize, dots])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::supports_op;
+    use rgml::{Context, DType, RopeMode, RopeParams};
+
+    /// Qwen3.5's ops stay on the CPU: the multi-section ROPE modes, SSM_CONV and
+    /// GATED_DELTA_NET are not claimed, while the one-position ROPE modes still are.
+    #[test]
+    fn multi_section_rope_and_recurrent_ops_are_not_claimed() {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor(DType::F32, &[16, 2, 3]).unwrap();
+        let pos1 = ctx.new_tensor(DType::I32, &[3]).unwrap();
+        let pos4 = ctx.new_tensor(DType::I32, &[12]).unwrap();
+        let sections = [3, 3, 2, 0];
+        for (mode, pos, claimed) in [
+            (RopeMode::Normal, pos1, true),
+            (RopeMode::Neox, pos1, true),
+            (RopeMode::Mrope { sections }, pos4, false),
+            (RopeMode::Imrope { sections }, pos4, false),
+        ] {
+            let y = ctx
+                .rope(x, pos, RopeParams::new(mode, 16, 10000.0))
+                .unwrap();
+            for exact in [true, false] {
+                assert_eq!(supports_op(&ctx, y, exact), claimed, "{mode:?}");
+            }
+        }
+        let sx = ctx.new_tensor(DType::F32, &[6, 8, 1]).unwrap();
+        let c = ctx.new_tensor(DType::F32, &[4, 8]).unwrap();
+        let conv = ctx.ssm_conv(sx, c).unwrap();
+        let mut f32s = |ne: &[usize]| ctx.new_tensor(DType::F32, ne).unwrap();
+        let (q, k, v) = (
+            f32s(&[8, 2, 3, 1]),
+            f32s(&[8, 2, 3, 1]),
+            f32s(&[8, 2, 3, 1]),
+        );
+        let (g, beta, s) = (
+            f32s(&[1, 2, 3, 1]),
+            f32s(&[1, 2, 3, 1]),
+            f32s(&[8, 8, 2, 1]),
+        );
+        let net = ctx.gated_delta_net(q, k, v, g, beta, s, 1).unwrap();
+        for id in [conv, net] {
+            assert!(!supports_op(&ctx, id, true) && !supports_op(&ctx, id, false));
+        }
     }
 }

@@ -11,6 +11,8 @@ use crate::op::{Op, OpKind, RopeParams, UnaryOp};
 use crate::tensor::{contiguous_strides, Tensor, TensorData, TensorFlags, TensorId, MAX_DIMS};
 use std::ops::Index;
 
+mod recurrent;
+
 /// An arena of tensors.
 ///
 /// Every context has a process-unique [`uid`](Self::uid) (a clone gets a new one) and an
@@ -100,6 +102,23 @@ fn shape4(dims: &[usize], op: OpKind) -> Result<[usize; MAX_DIMS]> {
     let mut ne = [1; MAX_DIMS];
     ne[..dims.len()].copy_from_slice(dims);
     Ok(ne)
+}
+
+/// ggml's rules for the sections of a multi-section ROPE of rows of `ne0` values: one of the
+/// first three is not 0 (`ggml_compute_forward_rope`), and they sum to at most `ne0` pairs
+/// (`ggml_mrope_cache_init`).
+fn check_rope_sections(sections: [u32; 4], ne0: usize) -> Result<()> {
+    let total: u64 = sections.iter().map(|&s| u64::from(s)).sum();
+    if sections[..3].iter().all(|&s| s == 0) || total > ne0 as u64 {
+        return Err(Error::InvalidArgument {
+            op: OpKind::Rope,
+            reason: format!(
+                "rope sections {sections:?} must not all be 0 in the first three and must sum \
+                 to at most ne0 {ne0}"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Whether `b` can be broadcast (repeated) to the shape of `a`.
@@ -863,6 +882,11 @@ impl Context {
     /// The factors must be a contiguous f32 tensor with `ne[0] >= n_dims / 2`: ggml's rule
     /// (`c->ne[0] >= n_dims/2`), so the tensors ggml accepts are accepted here; only the first
     /// `n_dims / 2` values are read. They become the node's third source.
+    ///
+    /// With a multi-section mode ([`Mrope`](crate::RopeMode::Mrope),
+    /// [`Imrope`](crate::RopeMode::Imrope): ggml's `ggml_rope_multi`) `pos` holds four
+    /// positions per token (`[4 ne2]`) and the sections must be ggml's: not all of the first
+    /// three 0, and at most `ne0` pairs in all.
     pub fn rope_ext(
         &mut self,
         a: TensorId,
@@ -872,13 +896,22 @@ impl Context {
     ) -> Result<TensorId> {
         self.expect_dtype(OpKind::Rope, pos, &[DType::I32], "positions must be i32")?;
         let (ta, tp) = (self.get(a)?, self.get(pos)?);
-        if tp.ne != [ta.ne[2], 1, 1, 1] {
+        let per_token = params.mode.positions_per_token();
+        let want = ta.ne[2].checked_mul(per_token);
+        if want != Some(tp.ne[0]) || tp.ne[1..] != [1, 1, 1] {
             return Err(Error::ShapeMismatch {
                 op: OpKind::Rope,
                 lhs: ta.ne,
                 rhs: tp.ne,
-                reason: "one position per src0.ne2",
+                reason: if per_token == 1 {
+                    "one position per src0.ne2"
+                } else {
+                    "four positions per src0.ne2"
+                },
             });
+        }
+        if let Some(sections) = params.mode.sections() {
+            check_rope_sections(sections, ta.ne[0])?;
         }
         if params.n_dims == 0 || !params.n_dims.is_multiple_of(2) || params.n_dims > ta.ne[0] {
             return Err(Error::InvalidArgument {

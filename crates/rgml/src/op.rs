@@ -5,13 +5,84 @@
 
 use std::fmt;
 
-/// Rotary-embedding layout: which pairs of elements rotate together.
+/// Rotary-embedding layout: which pairs of elements rotate together, and by which position.
+///
+/// The multi-section modes (ggml's `ggml_rope_multi`, text form) take four positions per
+/// token, stored as ggml lays them out: `pos[i]`, `pos[i + n]`, `pos[i + 2n]`, `pos[i + 3n]`
+/// for token `i` of `n` (ggml's `t`, `h`, `w` and `e` positions). Pair `k` rotates by the
+/// position [`RopeMode::position_of_pair`] names, with its angle's running product kept per
+/// position as ggml's `ggml_mrope_cache_init` keeps them. Pairs are NeoX pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RopeMode {
     /// Adjacent pairs `(x[2i], x[2i+1])` (ggml mode 0, LLaMA GGUF files).
     Normal,
     /// Pairs split across halves `(x[i], x[i + n_dims/2])` (ggml mode 2, GPT-NeoX, Qwen).
     Neox,
+    /// Multi-section RoPE (ggml mode 8, `GGML_ROPE_TYPE_MROPE`, Qwen2-VL's text): of each run
+    /// of `sum(sections)` pairs, the first `sections[0]` rotate by position 0, the next
+    /// `sections[1]` by position 1, the next `sections[2]` by position 2, the rest by
+    /// position 3.
+    Mrope {
+        /// Pairs per section (ggml's `sections[4]`).
+        sections: [u32; 4],
+    },
+    /// Interleaved multi-section RoPE (ggml mode 40, `GGML_ROPE_TYPE_IMROPE`, Qwen3-VL and
+    /// Qwen3.5): sector `s = k % sum(sections)` of pair `k` rotates by position 1 when `s % 3
+    /// == 1` and `s < 3 sections[1]`, 2 when `s % 3 == 2` and `s < 3 sections[2]`, 0 when `s %
+    /// 3 == 0` and `s < 3 sections[0]`, else by position 3.
+    Imrope {
+        /// Pairs per section (ggml's `sections[4]`).
+        sections: [u32; 4],
+    },
+}
+
+impl RopeMode {
+    /// The sections of a multi-section mode.
+    pub const fn sections(self) -> Option<[u32; 4]> {
+        match self {
+            RopeMode::Normal | RopeMode::Neox => None,
+            RopeMode::Mrope { sections } | RopeMode::Imrope { sections } => Some(sections),
+        }
+    }
+
+    /// Positions per token: 4 for the multi-section modes, else 1.
+    pub const fn positions_per_token(self) -> usize {
+        match self.sections() {
+            Some(_) => 4,
+            None => 1,
+        }
+    }
+
+    /// Which of a token's positions pair `k` rotates by (ggml's `ggml_mrope_cache_init`;
+    /// always 0 for the one-position modes, and for sections that sum to 0, which the op
+    /// builders refuse).
+    pub fn position_of_pair(self, k: usize) -> usize {
+        let (s, interleaved) = match self {
+            RopeMode::Normal | RopeMode::Neox => return 0,
+            RopeMode::Mrope { sections } => (sections.map(|v| v as usize), false),
+            RopeMode::Imrope { sections } => (sections.map(|v| v as usize), true),
+        };
+        let total = s.iter().sum::<usize>();
+        let Some(sector) = k.checked_rem(total) else {
+            return 0;
+        };
+        if interleaved {
+            match sector % 3 {
+                1 if sector < 3 * s[1] => 1,
+                2 if sector < 3 * s[2] => 2,
+                0 if sector < 3 * s[0] => 0,
+                _ => 3,
+            }
+        } else if sector < s[0] {
+            0
+        } else if sector < s[0] + s[1] {
+            1
+        } else if sector < s[0] + s[1] + s[2] {
+            2
+        } else {
+            3
+        }
+    }
 }
 
 /// Parameters of ROPE, as ggml's `rope_ext` takes them (YaRN included).
@@ -156,9 +227,9 @@ pub enum Op {
         /// Added to the variance.
         eps: f32,
     },
-    /// Rotary position embedding with positions in `src1` (I32, one per `ne2` row) and
-    /// optional frequency factors in `src2` (f32, `n_dims / 2` of them: pair `i`'s angle is
-    /// divided by factor `i`).
+    /// Rotary position embedding with positions in `src1` (I32, one per `ne2` row, four for
+    /// the multi-section modes: see [`RopeMode`]) and optional frequency factors in `src2`
+    /// (f32, `n_dims / 2` of them: pair `i`'s angle is divided by factor `i`).
     Rope(RopeParams),
     /// Row-wise softmax of `src0 * scale + mask` (mask `src1` optional, broadcast over rows),
     /// with the f32 per-head sinks (`[ne2]`) last if `sinks`: head `i2`'s sink is one more
@@ -232,6 +303,27 @@ pub enum Op {
         /// Whether a sinks source comes last.
         sinks: bool,
     },
+    /// The short causal convolution of Mamba and delta-net layers (ggml's `ggml_ssm_conv`):
+    /// sources `sx` (f32 `[d_conv - 1 + n_t, d_inner, n_s]`: each channel's past inputs then
+    /// its `n_t` new ones) and `c` (f32 `[d_conv, d_inner]`, one kernel per channel). Result
+    /// f32 `[d_inner, n_t, n_s]`: element `(i, t, s)` is `sum_j sx[t + j, i, s] · c[j, i]`.
+    SsmConv,
+    /// The gated delta rule of Qwen3.5's and Kimi's linear attention (ggml's
+    /// `ggml_gated_delta_net`), one recurrent state `S` (`S_v x S_v`) per head and sequence.
+    /// Sources `q`, `k` (f32 `[S_v, H_k, n_tokens, B_k]`; head `h` reads head `h % H_k`,
+    /// sequence `b` reads `b / (n_seqs / B_k)`), `v` (f32 `[S_v, H, n_tokens, n_seqs]`), `g`
+    /// (f32 `[1, H, n_tokens, n_seqs]`, a scalar gate per head, or `[S_v, ..]`, a gate per row
+    /// of `S`), `beta` (f32 `[1, H, n_tokens, n_seqs]`) and `state` (f32 `[S_v, S_v, H,
+    /// n_seqs]`, each head's initial `S` stored transposed). Per token: `S *= exp(g)`, `d =
+    /// (v - Sᵀk) · beta`, `S += k dᵀ`, `o = Sᵀq / sqrt(S_v)`. Result f32 `[S_v·H, rows]` with
+    /// `rows = n_tokens·n_seqs + snapshots·S_v·n_seqs`: the outputs `o` (`[S_v, H, n_tokens,
+    /// n_seqs]`), then `snapshots` states (each `[S_v, S_v, H, n_seqs]`): slot 0 after the last
+    /// token, slot `i` `i` tokens before it. Slots from `n_tokens` on are not written by ggml;
+    /// rgml's CPU writes zeros there.
+    GatedDeltaNet {
+        /// How many states to keep (ggml's `K`, at least 1).
+        snapshots: usize,
+    },
 }
 
 /// The parameter-free name of an [`Op`].
@@ -277,11 +369,13 @@ pub enum OpKind {
     SumRows,
     Clamp,
     FlashAttnExt,
+    SsmConv,
+    GatedDeltaNet,
 }
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 39] = [
+    pub const ALL: [OpKind; 41] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -321,6 +415,8 @@ impl OpKind {
         OpKind::SumRows,
         OpKind::Clamp,
         OpKind::FlashAttnExt,
+        OpKind::SsmConv,
+        OpKind::GatedDeltaNet,
     ];
 
     /// ggml's upper-case name (`"MUL_MAT"`, `"SILU"`, ...).
@@ -365,6 +461,8 @@ impl OpKind {
             OpKind::SumRows => "SUM_ROWS",
             OpKind::Clamp => "CLAMP",
             OpKind::FlashAttnExt => "FLASH_ATTN_EXT",
+            OpKind::SsmConv => "SSM_CONV",
+            OpKind::GatedDeltaNet => "GATED_DELTA_NET",
         }
     }
 
@@ -433,6 +531,8 @@ impl Op {
             Op::SumRows => OpKind::SumRows,
             Op::Clamp { .. } => OpKind::Clamp,
             Op::FlashAttnExt { .. } => OpKind::FlashAttnExt,
+            Op::SsmConv => OpKind::SsmConv,
+            Op::GatedDeltaNet { .. } => OpKind::GatedDeltaNet,
         }
     }
 }
@@ -445,3 +545,37 @@ pub const FLASH_ATTN_KV_TYPES: [crate::DType; 4] = [
     crate::DType::Q8_0,
     crate::DType::Q4_0,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::RopeMode;
+
+    /// Which position each pair rotates by, worked out by hand from ggml's
+    /// `ggml_mrope_cache_init`.
+    #[test]
+    fn multi_section_positions_follow_ggml() {
+        let pairs = |mode: RopeMode, n: usize| -> Vec<usize> {
+            (0..n).map(|k| mode.position_of_pair(k)).collect()
+        };
+        let mrope = RopeMode::Mrope {
+            sections: [2, 1, 1, 1],
+        };
+        assert_eq!(pairs(mrope, 7), [0, 0, 1, 2, 3, 0, 0]);
+        let imrope = RopeMode::Imrope {
+            sections: [2, 1, 1, 0],
+        };
+        assert_eq!(pairs(imrope, 6), [0, 1, 2, 0, 0, 1]);
+        // Qwen3-VL's text sections: sectors 61 and 62 fall past 3·20 and take position 3.
+        let qwen3_vl = RopeMode::Imrope {
+            sections: [24, 20, 20, 0],
+        };
+        assert_eq!(pairs(qwen3_vl, 64)[58..], [1, 2, 0, 3, 3, 0]);
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            assert_eq!(pairs(mode, 5), [0; 5]);
+        }
+        // Sections summing to 0 (refused by the builders) do not divide by zero.
+        let empty = RopeMode::Mrope { sections: [0; 4] };
+        assert_eq!(pairs(empty, 2), [0, 0]);
+        assert_eq!(mrope.positions_per_token(), 4);
+    }
+}

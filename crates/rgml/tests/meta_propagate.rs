@@ -502,6 +502,56 @@ fn rope_soft_max_get_rows_set_rows_argmax_concat() {
 }
 
 #[test]
+fn ssm_conv_splits_by_channel_and_delta_net_stays_whole() {
+    let mut ctx = Context::new();
+    let sx = f32(&mut ctx, &[6, 8, 2]);
+    let c = f32(&mut ctx, &[4, 8]);
+    let y = ctx.ssm_conv(sx, c).unwrap();
+    // Channels split alike on both sides: the result's channels (axis 0) are split so.
+    assert_eq!(
+        state(propagate(
+            &ctx,
+            y,
+            &[split(1, &[5, 3]), split(1, &[5, 3])],
+            2
+        )),
+        split(0, &[5, 3])
+    );
+    assert_eq!(
+        state(propagate(&ctx, y, &[Mirrored, Mirrored], 2)),
+        Mirrored
+    );
+    unsupported(
+        propagate(&ctx, y, &[split(1, &[4, 4]), split(1, &[5, 3])], 2),
+        OpKind::SsmConv,
+    );
+    unsupported(
+        propagate(&ctx, y, &[split(1, &[4, 4]), Mirrored], 2),
+        OpKind::SsmConv,
+    );
+    let p = propagate(&ctx, y, &[Partial, Mirrored], 2).unwrap();
+    assert_eq!((p.state, p.reduce), (Mirrored, vec![0]));
+
+    let shapes: [&[usize]; 6] = [
+        &[8, 2, 3, 1],
+        &[8, 2, 3, 1],
+        &[8, 2, 3, 1],
+        &[1, 2, 3, 1],
+        &[1, 2, 3, 1],
+        &[8, 8, 2, 1],
+    ];
+    let src: Vec<TensorId> = shapes.iter().map(|ne| f32(&mut ctx, ne)).collect();
+    let net = ctx
+        .gated_delta_net(src[0], src[1], src[2], src[3], src[4], src[5], 1)
+        .unwrap();
+    let mirrored = vec![Mirrored; 6];
+    assert_eq!(state(propagate(&ctx, net, &mirrored, 2)), Mirrored);
+    let mut by_head = vec![Mirrored; 6];
+    by_head[2] = split(1, &[1, 1]);
+    unsupported(propagate(&ctx, net, &by_head, 2), OpKind::GatedDeltaNet);
+}
+
+#[test]
 fn view_ops_remap_the_axis() {
     let mut ctx = Context::new();
     let a = f32(&mut ctx, &[576, 3]);

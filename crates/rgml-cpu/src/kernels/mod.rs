@@ -42,7 +42,7 @@ pub(crate) use blocks::convert::quant_available;
 #[cfg(target_arch = "x86_64")]
 use ops::flash_attn;
 use ops::hadamard;
-use ops::{copy, elementwise, norm, rope, rows, softmax, sort};
+use ops::{copy, elementwise, norm, recurrent, rope, rows, softmax, sort};
 pub(crate) use task::{NodeTask, SharedWork, TensorView, ThreadCtx};
 
 /// Row encoding, for the tests.
@@ -224,7 +224,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
                 && t.ne == s[0].ne
                 && s[1].dtype == I32
                 && s[1].rows_contiguous()
-                && s[1].ne[0] >= t.ne[2]
+                && s[1].ne[0] / p.mode.positions_per_token() >= t.ne[2]
                 && p.n_dims.is_multiple_of(2)
                 && p.n_dims <= t.ne[0]
                 // Frequency factors: the first n_dims / 2 values of a dense f32 row.
@@ -270,6 +270,8 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
         Op::Argsort { .. } => {
             n(1) && s[0].dtype == F32 && t.dtype == I32 && t.rows_contiguous() && t.ne == s[0].ne
         }
+        Op::SsmConv => recurrent::ssm_conv_supported(t, s),
+        Op::GatedDeltaNet { snapshots } => recurrent::delta_net_supported(t, s, snapshots),
         Op::None | Op::Reshape | Op::View { .. } | Op::Permute { .. } | Op::Transpose => true,
     }
 }
@@ -350,6 +352,15 @@ pub(crate) fn work_size(
     if let Op::MulMatId { .. } = t.op {
         per_thread = per_thread.max(mul_mat_id::scratch_floats(f, ctx.get(t.src[0])?)?);
     }
+    if let Op::GatedDeltaNet { snapshots } = t.op {
+        // v's rows (a node without v fails its support check first).
+        let s_v = match t.src.get(2) {
+            Some(&v) => ctx.get(v)?.ne[0],
+            None => 0,
+        };
+        let floats = recurrent::delta_net_scratch(s_v, snapshots).ok_or(Error::SizeOverflow)?;
+        per_thread = per_thread.max(floats.checked_add(16).ok_or(Error::SizeOverflow)?);
+    }
     if let Op::FlashAttnExt { .. } = t.op {
         let srcs = t
             .src
@@ -392,6 +403,8 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         } => softmax::soft_max(task, tc, scale, max_bias, sinks),
         Op::DiagMaskInf { n_past } => softmax::diag_mask_inf(task, tc, n_past),
         Op::Rope(p) => rope::rope(task, tc, &p),
+        Op::SsmConv => recurrent::ssm_conv(task, tc),
+        Op::GatedDeltaNet { snapshots } => recurrent::gated_delta_net(task, tc, snapshots),
         Op::MulMat { hadamard: true, .. } => hadamard::fwht(task, tc),
         Op::MulMat { .. } => matmul::mul_mat(task, tc),
         Op::FlashAttnExt {

@@ -74,8 +74,8 @@ impl TensorView {
     }
 }
 
-/// The most sources a node has (FLASH_ATTN_EXT: q, k, v, mask, sinks).
-pub(crate) const MAX_NODE_SRC: usize = 5;
+/// The most sources a node has (GATED_DELTA_NET: q, k, v, g, beta, state).
+pub(crate) const MAX_NODE_SRC: usize = 6;
 
 /// One node ready to run: op, destination and sources.
 #[derive(Clone, Debug)]

@@ -10,7 +10,7 @@
 //! client's own buffer, and a view's address must be its source's plus its offset.
 
 use super::Refusal;
-use crate::ggml::{glu, op, unary};
+use crate::ggml::{glu, op, rope, unary};
 use crate::wire::{RpcTensor, WireGraph, MAX_SRC};
 use rgml::backend::Buffer;
 use rgml::{Context, DType, Graph, RopeMode, RopeParams, Tensor, TensorId};
@@ -441,6 +441,18 @@ impl Builder<'_> {
                     pf(2),
                 )?
             }
+            op::SSM_CONV => {
+                uses(2)?;
+                ctx.ssm_conv(need(0)?, need(1)?)?
+            }
+            op::GATED_DELTA_NET => {
+                // Slots: q, k, v, g, beta, state; parameter 0 is K, the snapshot count.
+                uses(6)?;
+                let snapshots = usize::try_from(p[0])
+                    .map_err(|_| BuildError::refused("a negative snapshot count"))?;
+                let [q, k, v, g, beta, state] = [0, 1, 2, 3, 4, 5].map(need);
+                ctx.gated_delta_net(q?, k?, v?, g?, beta?, state?, snapshots)?
+            }
             other => {
                 return Err(BuildError::refused(format!(
                     "ggml op {other} is not supported by this server"
@@ -471,17 +483,34 @@ fn halves(ctx: &mut Context, a: TensorId) -> Result<(TensorId, TensorId), BuildE
 
 fn rope_params(p: &[i32; 16]) -> Result<RopeParams, BuildError> {
     let pf = |i: usize| f32::from_bits(p[i] as u32);
+    let section = |i: usize| {
+        u32::try_from(p[rope::SECTIONS_AT + i])
+            .map_err(|_| BuildError::refused("a negative rope section"))
+    };
+    let sections = [section(0)?, section(1)?, section(2)?, section(3)?];
     let mode = match p[2] {
-        0 => RopeMode::Normal,
-        2 => RopeMode::Neox,
+        rope::NORMAL | rope::NEOX if sections != [0; 4] => {
+            return Err(BuildError::refused("rope sections in a one-position mode"))
+        }
+        rope::NORMAL => RopeMode::Normal,
+        rope::NEOX => RopeMode::Neox,
+        rope::MROPE => RopeMode::Mrope { sections },
+        rope::IMROPE => RopeMode::Imrope { sections },
+        rope::VISION => {
+            return Err(BuildError::refused(
+                "the vision rope mode (24) is not supported",
+            ))
+        }
         m => {
             return Err(BuildError::refused(format!(
                 "rope mode {m} is not supported"
             )))
         }
     };
-    if p[11..].iter().any(|&v| v != 0) {
-        return Err(BuildError::refused("rope sections are not supported"));
+    if p[rope::N_OFFS_AT] != 0 {
+        return Err(BuildError::refused(
+            "rope offsets (n_offs) are not supported",
+        ));
     }
     let count = |v: i32| usize::try_from(v).map_err(|_| BuildError::refused("negative rope size"));
     Ok(RopeParams {
@@ -512,5 +541,125 @@ impl BuildError {
 impl From<rgml::Error> for BuildError {
     fn from(e: rgml::Error) -> BuildError {
         BuildError::Core(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ggml::{encode_op, ggml_src_order};
+    use rgml::{Device as _, Op};
+
+    /// Buffer 1 of a client, at address 0.
+    struct OneBuffer(Arc<Buffer>);
+
+    impl Locate for OneBuffer {
+        fn locate(&self, buffer: u64, address: u64) -> Result<(Arc<Buffer>, usize), Refusal> {
+            match buffer {
+                1 => Ok((self.0.clone(), address as usize)),
+                _ => Err(refuse("an unknown buffer")),
+            }
+        }
+    }
+
+    /// Every tensor of `ctx` (no views) as ggml's client packs it, one after another in
+    /// buffer 1, with `op_params` changed by `edit` for the last one; and what the server
+    /// rebuilds of it.
+    fn round_trip(ctx: &Context, edit: impl Fn(&mut [i32; 16])) -> Result<Rebuilt, Refusal> {
+        let mut tensors = Vec::new();
+        let mut data = 0;
+        for id in ctx.ids() {
+            let t = &ctx[id];
+            let g = encode_op(t).map_err(|e| refuse(e.to_string()))?;
+            let mut w = RpcTensor {
+                id: id.index() as u64 + 1,
+                dtype: t.dtype.ggml_id(),
+                buffer: 1,
+                ne: t.ne.map(|v| v as u32),
+                nb: t.nb.map(|v| v as u32),
+                op: g.op,
+                op_params: g.params,
+                data,
+                ..RpcTensor::default()
+            };
+            for (slot, i) in ggml_src_order(&t.op, t.src.len()).into_iter().enumerate() {
+                if let Some(i) = i {
+                    w.src[slot] = t.src[i].index() as u64 + 1;
+                }
+            }
+            data += (t.nbytes() as u64).next_multiple_of(64);
+            tensors.push(w);
+        }
+        let last = tensors.last_mut().ok_or_else(|| refuse("no tensors"))?;
+        edit(&mut last.op_params);
+        let wire = WireGraph {
+            device: 0,
+            nodes: vec![last.id],
+            tensors,
+        };
+        let cpu = rgml_cpu::CpuDevice::new("CPU").buffer_type();
+        let buffer = Buffer::alloc(&cpu, data as usize).map_err(|e| refuse(e.to_string()))?;
+        rebuild(&wire, &OneBuffer(buffer))
+    }
+
+    /// The rebuilt graph's node equals the one sent.
+    fn same_node(ctx: &Context, rebuilt: &Rebuilt) {
+        let sent = ctx.ids().last().map(|id| &ctx[id]).unwrap();
+        let node = rebuilt.graph.nodes()[0];
+        let got = &rebuilt.ctx[node];
+        assert_eq!(
+            (got.op, got.ne, got.src.len()),
+            (sent.op, sent.ne, sent.src.len())
+        );
+    }
+
+    #[test]
+    fn qwen35s_ops_round_trip_and_the_vision_rope_is_refused() {
+        let sections = [11, 11, 10, 0];
+        for mode in [RopeMode::Mrope { sections }, RopeMode::Imrope { sections }] {
+            let mut ctx = Context::new();
+            let x = ctx.new_tensor(DType::F32, &[256, 2, 3]).unwrap();
+            let pos = ctx.new_tensor(DType::I32, &[12]).unwrap();
+            let ff = ctx.new_tensor(DType::F32, &[32]).unwrap();
+            let p = RopeParams::new(mode, 64, 1e7);
+            ctx.rope_ext(x, pos, Some(ff), p).unwrap();
+            same_node(&ctx, &round_trip(&ctx, |_| ()).unwrap());
+            // Vision mode, negative sections, offsets: refused by name.
+            for (at, value, why) in [
+                (2, 24, "vision"),
+                (12, -1, "negative rope section"),
+                (15, 2, "n_offs"),
+            ] {
+                let e = round_trip(&ctx, |p| p[at] = value).err().unwrap();
+                assert!(e.0.contains(why), "{}", e.0);
+            }
+        }
+        let mut ctx = Context::new();
+        let sx = ctx.new_tensor(DType::F32, &[6, 8, 2]).unwrap();
+        let c = ctx.new_tensor(DType::F32, &[4, 8]).unwrap();
+        ctx.ssm_conv(sx, c).unwrap();
+        same_node(&ctx, &round_trip(&ctx, |_| ()).unwrap());
+
+        let mut ctx = Context::new();
+        let mut f32s = |ne: &[usize]| ctx.new_tensor(DType::F32, ne).unwrap();
+        let (q, k, v) = (
+            f32s(&[8, 1, 3, 2]),
+            f32s(&[8, 1, 3, 2]),
+            f32s(&[8, 2, 3, 2]),
+        );
+        let (g, beta, s) = (
+            f32s(&[8, 2, 3, 2]),
+            f32s(&[1, 2, 3, 2]),
+            f32s(&[8, 8, 2, 2]),
+        );
+        ctx.gated_delta_net(q, k, v, g, beta, s, 2).unwrap();
+        let rebuilt = round_trip(&ctx, |_| ()).unwrap();
+        same_node(&ctx, &rebuilt);
+        let node = rebuilt.graph.nodes()[0];
+        assert_eq!(rebuilt.ctx[node].op, Op::GatedDeltaNet { snapshots: 2 });
+        // K is the result's shape: another K states another size, and K = 0 is refused.
+        for k in [1, 0, -1] {
+            assert!(round_trip(&ctx, |p| p[0] = k).is_err());
+        }
     }
 }

@@ -772,6 +772,8 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
         Op::AddId => add_id_rule(&n),
         // Not built by rgml's models; a split state over it is not worked out yet.
         Op::FlashAttnExt { .. } => n.no("FLASH_ATTN_EXT has no split rule"),
+        Op::SsmConv => ssm_conv_rule(&n),
+        Op::GatedDeltaNet { .. } => delta_net_rule(&n),
     }
 }
 
@@ -1131,6 +1133,40 @@ fn add_id_rule(n: &Node) -> Result<Rule> {
             Ok(Rule::State(a.clone()))
         }
         _ => n.no("no ADD_ID rule for these states"),
+    }
+}
+
+/// SSM_CONV: each channel (axis 1 of the window and of the kernel, axis 0 of the result)
+/// convolves alone, so channels split alike on both sides stay split; or everything mirrored.
+/// A partial source is reduced first (the kernel's sum over taps is not linear in both).
+fn ssm_conv_rule(n: &Node) -> Result<Rule> {
+    use SplitState::{Axis, Mirrored};
+    if let Some(r) = n.reduce_any(&n.all()) {
+        return Ok(r);
+    }
+    let (x, c) = (n.st(0)?, n.st(1)?);
+    match (x, c) {
+        (Mirrored, Mirrored) => Ok(Rule::State(Mirrored)),
+        (Axis { axis: 1, segments }, Axis { axis: 1, .. }) if same_placement(x, c) => {
+            Ok(Rule::State(Axis {
+                axis: 0,
+                segments: segments.clone(),
+            }))
+        }
+        _ => n.no("SSM_CONV needs its window and kernel mirrored or split alike by channel"),
+    }
+}
+
+/// GATED_DELTA_NET: mirrored only. Its result packs every head's outputs and states into
+/// rows of `S_v·H` values, so a split by head is not a split of one of its axes.
+fn delta_net_rule(n: &Node) -> Result<Rule> {
+    if let Some(r) = n.reduce_any(&n.all()) {
+        return Ok(r);
+    }
+    if n.s.iter().all(|s| *s == SplitState::Mirrored) {
+        Ok(Rule::State(SplitState::Mirrored))
+    } else {
+        n.no("GATED_DELTA_NET has no split rule: its sources must be mirrored")
     }
 }
 

@@ -17,8 +17,10 @@
 //! The `n % (A·L)` leftover products: F16 and BF16 add them one by one in f64 and round the
 //! total to f32 once; F32 keeps an f32 sum, into which GCC's code for the AVX2 build adds
 //! groups of four rounded products one by one and the last `< 4` by scalar FMA (all of them by
-//! FMA when there are at most 3). The AVX-512 build's leftovers are the same (checked against
-//! that build on an AVX-512 CPU: the K = 544 cases of `tests/ggml_matmul.rs`).
+//! FMA when there are at most 3), and the AVX-512 build groups of eight and the last `< 8`
+//! ([`leftovers_f32`]; the K = 544 cases of `tests/ggml_matmul.rs` leave 32, which both orders
+//! sum alike; GATED_DELTA_NET's rows of 20 and 37 in `tests/ggml_recurrent.rs` tell them apart,
+//! against a Sapphire Rapids native build).
 
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd;
@@ -115,7 +117,7 @@ fn finish<const L: usize>(flavor: Flavor, x: &[f32], y: &[f32]) -> f32 {
         std::array::from_fn(|l| (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]));
     let s = reduce::<L>(&folded, flavor != Flavor::Bf16);
     match flavor {
-        Flavor::F32 => leftovers_f32(s, &x[np..], &y[np..]),
+        Flavor::F32 => leftovers_f32(s, &x[np..], &y[np..], L == 16),
         _ => leftovers_f64(f64::from(s), &x[np..], &y[np..]),
     }
 }
@@ -151,12 +153,18 @@ pub(crate) fn leftovers_f64(mut total: f64, x: &[f32], y: &[f32]) -> f32 {
     total as f32
 }
 
-/// F32 leftovers as GCC compiled `sumf += x[i]*y[i]` for the AVX2 build: groups of four
-/// rounded products added in order, then the rest by FMA (all by FMA when fewer than 4).
+/// `sum + Σ x[i]·y[i]` as GCC compiles a scalar loop `sumf += x[i]*y[i]` that it vectorizes
+/// without reassociating (`ggml_vec_dot_f32`'s F32 leftovers, SSM_CONV's sums): vectors of
+/// rounded products added one by one in order, then the last `n % g` (all of them when `n <
+/// g`) by scalar FMA, where `g` is the narrowest vector of GCC's code: 4 in the AVX2 builds (8
+/// lanes, then 4), 8 in the AVX-512 (`wide`) build (16 lanes, then 8). Read from both builds'
+/// code and checked against their outputs (`tests/ggml_recurrent.rs`: rows of 20 and 37 values
+/// tell the two apart).
 #[inline(always)]
-pub(crate) fn leftovers_f32(mut sum: f32, x: &[f32], y: &[f32]) -> f32 {
+pub(crate) fn leftovers_f32(mut sum: f32, x: &[f32], y: &[f32], wide: bool) -> f32 {
     let n = x.len().min(y.len());
-    let grouped = if n <= 3 { 0 } else { n - n % 4 };
+    let g = if wide { 8 } else { 4 };
+    let grouped = if n < g { 0 } else { n - n % g };
     for (a, b) in x[..grouped].iter().zip(&y[..grouped]) {
         sum += a * b;
     }

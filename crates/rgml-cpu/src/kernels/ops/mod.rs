@@ -7,6 +7,7 @@ pub(crate) mod elementwise;
 pub(crate) mod flash_attn;
 pub(crate) mod hadamard;
 pub(crate) mod norm;
+pub(crate) mod recurrent;
 pub(crate) mod rope;
 pub(crate) mod rows;
 pub(crate) mod softmax;

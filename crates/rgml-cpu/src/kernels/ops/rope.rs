@@ -3,6 +3,9 @@
 //! interpolation/extrapolation ramp between the correction dims, and the magnitude scale.
 //! Optional frequency factors (src2, Llama 3's `rope_freqs`) divide each pair's angle before
 //! YaRN, as ggml's `ggml_rope_cache_init` does. Dimensions from `n_dims` on are copied through.
+//! The multi-section modes (ggml's MROPE and IMROPE, text form) rotate NeoX pairs, each by one
+//! of its token's four positions ([`rgml::RopeMode::position_of_pair`]), with one running
+//! angle product per position as `ggml_mrope_cache_init` keeps them.
 //!
 //! The f32 operations are those of ggml-cpu's compiled code, GCC's fused multiply-adds included
 //! ([`rotate`], [`fused_pairs`], [`yarn_mix`]); `tests/ggml_rope.rs` checks them against ggml's
@@ -75,24 +78,26 @@ fn yarn_mscale(freq_scale: f32) -> f32 {
     0.1f32.mul_add((1.0 / freq_scale).ln(), 1.0)
 }
 
-/// Fill `cache[i0] = cos`, `cache[i0 + 1] = sin` for the pairs of position `pos`, pair `k`'s
-/// angle divided by `freq_factors[k]` when there are factors.
+/// Fill `cache[i0] = cos`, `cache[i0 + 1] = sin` for the pairs of a token at positions `pos`
+/// (the first alone in the one-position modes), pair `k`'s angle divided by `freq_factors[k]`
+/// when there are factors.
 fn fill_cache(
     cache: &mut [f32],
-    pos: f32,
+    pos: [f32; 4],
     p: &RopeParams,
     corr: [f32; 2],
     theta_scale: f32,
     freq_factors: Option<&[f32]>,
 ) {
-    // As ggml: the running product stays undivided and `theta / ff` (one f32 division; without
-    // factors `ff = 1`, which is exact) is the extrapolated angle. The caller passes n_dims / 2
-    // factors, one per pair.
+    // As ggml: the running products (one per position, as `ggml_mrope_cache_init` keeps
+    // `theta_t`, `theta_h`, `theta_w`, `theta_e`) stay undivided and `theta / ff` (one f32
+    // division; without factors `ff = 1`, which is exact) is the extrapolated angle. The caller
+    // passes n_dims / 2 factors, one per pair.
     let mut theta_base = pos;
     for (k, pair) in cache.chunks_exact_mut(2).enumerate() {
         let i0 = 2 * k;
         let ff = freq_factors.and_then(|f| f.get(k)).copied().unwrap_or(1.0);
-        let theta_extrap = theta_base / ff;
+        let theta_extrap = theta_base[p.mode.position_of_pair(k).min(3)] / ff;
         let theta_interp = p.freq_scale * theta_extrap;
         let mut theta = theta_interp;
         let mut mscale = p.attn_factor;
@@ -103,7 +108,26 @@ fn fill_cache(
         }
         pair[0] = theta.cos() * mscale;
         pair[1] = theta.sin() * mscale;
-        theta_base *= theta_scale;
+        for t in &mut theta_base {
+            *t *= theta_scale;
+        }
+    }
+}
+
+/// The positions of token `i2` of `n_tokens`, as ggml lays out the multi-section modes' four
+/// (`pos[i2 + j·n_tokens]`); the one position of the other modes in every slot.
+///
+/// # Safety
+/// `pos` must point at `n_tokens` dense I32 values, `4 n_tokens` for a multi-section `mode`.
+unsafe fn token_positions(pos: *const u8, i2: usize, n_tokens: usize, mode: RopeMode) -> [f32; 4] {
+    let at = |j: usize| {
+        // SAFETY: `i2 + j·n_tokens` is below the count the caller promises (`j` is 0 in the
+        // one-position modes).
+        unsafe { pos.cast::<i32>().add(i2 + j * n_tokens).read_unaligned() as f32 }
+    };
+    match mode.positions_per_token() {
+        4 => [at(0), at(1), at(2), at(3)],
+        _ => [at(0); 4],
     }
 }
 
@@ -148,9 +172,10 @@ fn rope_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<
     for r in task::split(dst.nrows(), tc.ith, tc.nth) {
         let (i1, i2, i3) = dst.row_index(r);
         if cached != Some(i2) {
-            // SAFETY: `pos` is a dense I32 vector with at least `ne2` entries (support table).
-            let pi = unsafe { pos.ptr.cast::<i32>().add(i2).read_unaligned() };
-            fill_cache(cache, pi as f32, p, corr, theta_scale, freq_factors);
+            // SAFETY: `pos` is a dense I32 vector with at least `ne2` entries, `4 ne2` in the
+            // multi-section modes (support table).
+            let pi = unsafe { token_positions(pos.ptr, i2, dst.ne[2], p.mode) };
+            fill_cache(cache, pi, p, corr, theta_scale, freq_factors);
             cached = Some(i2);
         }
         let drow = dst.row(i1, i2, i3);
@@ -175,7 +200,7 @@ fn rope_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, p: &RopeParams) -> Result<
                         };
                     }
                 }
-                RopeMode::Neox => {
+                RopeMode::Neox | RopeMode::Mrope { .. } | RopeMode::Imrope { .. } => {
                     let half = n_dims / 2;
                     let (d0, d1) = d[..n_dims].split_at_mut(half);
                     let (x0, x1) = x[..n_dims].split_at(half);

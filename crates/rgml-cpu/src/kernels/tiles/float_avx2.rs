@@ -158,7 +158,7 @@ pub(crate) unsafe fn vec_dot<const W: u8>(
         widen_tail::<W>(x, np, &mut xs[..n - np]);
         let ys = std::slice::from_raw_parts(y.add(np), n - np);
         if W == F32 {
-            leftovers_f32(s, &xs[..n - np], ys)
+            leftovers_f32(s, &xs[..n - np], ys, false)
         } else {
             leftovers_f64(f64::from(s), &xs[..n - np], ys)
         }
@@ -186,7 +186,8 @@ unsafe fn load16<const W: u8>(p: *const u8, i: usize) -> __m512 {
 
 /// [`vec_dot`] as the AVX-512 build computes it: `A` accumulators of 16 lanes (4 for F16 and
 /// F32, folded `(0 + 2) + (1 + 3)` and reduced once; 2 for BF16 without AVX512_BF16, each
-/// reduced and both added in f64), then the same leftovers ([`super::vec_float`]).
+/// reduced and both added in f64), then the leftovers as that build adds them
+/// ([`super::vec_float`]).
 ///
 /// # Safety
 /// AVX-512 F, BW, DQ and VL, AVX2, FMA and F16C; `x` points to `n` elements of type `W`, `y` to
@@ -226,7 +227,7 @@ pub(crate) unsafe fn vec_dot16<const W: u8>(
         let folded = _mm512_add_ps(_mm512_add_ps(sum[0], sum[2]), _mm512_add_ps(sum[1], sum[3]));
         let s = hsum16(folded);
         if W == F32 {
-            leftovers_f32(s, xs, ys)
+            leftovers_f32(s, xs, ys, true)
         } else {
             leftovers_f64(f64::from(s), xs, ys)
         }
