@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 LLAMA_CPP_PYTHON_VERSION=0.3.36
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 OUT=crates/rgml-cli/tests/fixtures/quantize.json
-PRESETS="Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS F16 BF16 F32"
+PRESETS="Q4_0 Q4_1 MXFP4_MOE Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS F16 BF16 F32"
 
 while getopts "m:o:h" opt; do
     case $opt in
