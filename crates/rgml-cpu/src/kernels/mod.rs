@@ -289,6 +289,7 @@ pub(crate) fn inplace_capable(op: &Op, i: usize) -> bool {
             | OpKind::Clamp
             | OpKind::DiagMaskInf
             | OpKind::Add
+            | OpKind::AddId
             | OpKind::Sub
             | OpKind::Mul
             | OpKind::Div
