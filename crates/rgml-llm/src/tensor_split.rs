@@ -292,9 +292,18 @@ mod tests {
         assert!(
             !s.contains_key("blk.0.attn_norm.weight") && !s.contains_key("blk.0.ffn_norm.weight")
         );
-        // Per layer: q, k, v, output, three biases, gate, up, down (dense and experts), and
-        // the two caches.
-        assert_eq!(s.len(), 2 * 15);
+        // Per layer: q, k, v, output, four biases, the sinks, gate, up, down (dense and
+        // experts), the experts' three biases, and the two caches.
+        assert_eq!(s.len(), 2 * 20);
+        // A head's sink goes with its head; biases of the reduced projections stay whole.
+        assert_eq!(w("attn_sinks.weight"), SplitState::axis(0, vec![6, 3]));
+        assert_eq!(w("attn_output.bias"), SplitState::Mirrored);
+        assert_eq!(w("ffn_up_exps.bias"), SplitState::axis(0, vec![768, 768]));
+        assert_eq!(w("ffn_down_exps.bias"), SplitState::Mirrored);
+        let gather = p.name_states(2, TensorSync::Gather);
+        let embd = SplitState::axis(0, p.embd_rows.clone());
+        assert_eq!(gather["blk.0.attn_output.bias"], embd);
+        assert_eq!(gather["blk.0.ffn_down_exps.bias"], embd);
         assert_eq!(s["cache_k_l0"], SplitState::axis(0, vec![128, 64]));
         assert_eq!(s["cache_v_l1"], SplitState::axis(1, vec![128, 64]));
         assert!(!s.contains_key("blk.2.attn_q.weight"));
