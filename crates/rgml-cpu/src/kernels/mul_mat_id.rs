@@ -347,6 +347,10 @@ impl Products<'_> {
         if !rows_alone && n_routed >= 2 && self.expert_nibbles(e, rows.clone(), routed)? {
             return Ok(());
         }
+        #[cfg(target_arch = "x86_64")]
+        if n_routed == 1 && self.expert_matvec(e, rows.clone(), routed)? {
+            return Ok(());
+        }
         let k = a.ne[0];
         let wrow = self.layout.wrow;
         for row in rows {
@@ -387,6 +391,41 @@ impl Products<'_> {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::expert`] for one routed pair (a generation step) through the IQ4_NL and MXFP4
+    /// matrix-vector kernel (`vec_dot`'s bits, rows prefetched ahead): the block's rows in one
+    /// call instead of a `vec_dot` dispatch per row. False (nothing done) for other types.
+    #[cfg(target_arch = "x86_64")]
+    fn expert_matvec(
+        &self,
+        e: usize,
+        rows: std::ops::Range<usize>,
+        routed: &[u32],
+    ) -> Result<bool> {
+        let (f, dst) = (self.task.features, &self.task.dst);
+        let (a, b) = (self.task.src(0)?, self.task.src(1)?);
+        let (Some(kernel), [slot, token]) = (lowbit::nibble_matvec(f, a.dtype), routed) else {
+            return Ok(false);
+        };
+        let run = dots::run::RowRun {
+            nb: a.ne[0] / a.dtype.block_size(),
+            x0: a.row(rows.start, e, 0).cast_const(),
+            row_stride: a.nb[1],
+            y: self.activation(b, *slot, *token),
+        };
+        let mut out = vec![0f32; rows.len()];
+        // SAFETY: dense, in-bounds weight rows `rows` of expert `e`, `a.nb[1]` apart, of
+        // `nb` blocks each, and a converted activation row of `nb` Q8_0 blocks in the work
+        // area (complete since the barrier); one output per row.
+        unsafe { kernel(run, &mut out) };
+        let at = dst.row(*slot as usize, *token as usize, 0).cast::<f32>();
+        for (row, v) in rows.zip(out) {
+            // SAFETY: output (row, slot, token) is in bounds and written only by the thread
+            // that claimed this expert's row block.
+            unsafe { at.add(row).write(v) };
+        }
+        Ok(true)
     }
 
     /// [`Self::expert`]'s IQ4_NL and MXFP4 products with AVX-512 VNNI ([`lowbit::NibbleTile`],
