@@ -414,17 +414,14 @@ impl Products<'_> {
             row_stride: a.nb[1],
             y: self.activation(b, *slot, *token),
         };
-        let mut out = vec![0f32; rows.len()];
-        // SAFETY: dense, in-bounds weight rows `rows` of expert `e`, `a.nb[1]` apart, of
-        // `nb` blocks each, and a converted activation row of `nb` Q8_0 blocks in the work
-        // area (complete since the barrier); one output per row.
-        unsafe { kernel(run, &mut out) };
-        let at = dst.row(*slot as usize, *token as usize, 0).cast::<f32>();
-        for (row, v) in rows.zip(out) {
-            // SAFETY: output (row, slot, token) is in bounds and written only by the thread
-            // that claimed this expert's row block.
-            unsafe { at.add(row).write(v) };
-        }
+        let first = dst
+            .row(*slot as usize, *token as usize, 0)
+            .wrapping_add(rows.start * 4);
+        // SAFETY: dense, in-bounds weight rows `rows` of expert `e`, `a.nb[1]` apart, of `nb`
+        // blocks each, and a converted activation row of `nb` Q8_0 blocks in the work area
+        // (complete since the barrier); the outputs (rows, slot, token) are consecutive f32s of
+        // the dense destination, written only by the thread that claimed this row block.
+        unsafe { kernel(run, task::f32_row_mut(first, rows.len())) };
         Ok(true)
     }
 

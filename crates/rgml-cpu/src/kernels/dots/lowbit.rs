@@ -324,6 +324,37 @@ pub(crate) fn dot_iq4_nl_tinyblas(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
     hsum8(&acc)
 }
 
+/// The body of a matrix-vector kernel over `$run`'s rows into `$out`: rows two at a time
+/// through `$rows::<$B, 2>` (sharing the activation loads), each pass first prefetching its
+/// rows `PREFETCH_AHEAD` bytes on, then an odd last row through `$rows::<$B, 1>`. A macro, so
+/// that each kernel's loop is compiled with that kernel's target features. Expands to unsafe
+/// calls: the caller promises `$rows`' conditions for every row of the run.
+#[cfg(target_arch = "x86_64")]
+macro_rules! row_pairs {
+    ($rows:ident, $B:ty, $run:expr, $out:expr) => {{
+        let run: $crate::kernels::dots::run::RowRun = $run;
+        let row_bytes = run.nb * ::std::mem::size_of::<$B>();
+        let mut pairs = $out.chunks_exact_mut(2);
+        let mut x = run.x0;
+        for o in &mut pairs {
+            let next = x.wrapping_add(run.row_stride);
+            $crate::kernels::simd::prefetch_span(
+                x.wrapping_add($crate::kernels::simd::PREFETCH_AHEAD),
+                row_bytes,
+            );
+            $crate::kernels::simd::prefetch_span(
+                next.wrapping_add($crate::kernels::simd::PREFETCH_AHEAD),
+                row_bytes,
+            );
+            $rows::<$B, 2>(run.nb, [x, next], run.y, o);
+            x = next.wrapping_add(run.row_stride);
+        }
+        if let [o] = pairs.into_remainder() {
+            $rows::<$B, 1>(run.nb, [x], run.y, ::std::slice::from_mut(o));
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -4,7 +4,6 @@
 use crate::kernels::blocks::lowbit::{iq4xs_scales, nibble_values_avx2, q3k_scales, NibbleBlock};
 use crate::kernels::dots::run::RowRun;
 use crate::kernels::simd::x86::{hsum8_avx2, load256, mul_add_i8};
-use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
 use rgml::quant::{BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K};
 use rgml::quant::{KVALUES_IQ4NL, QK_K};
 use std::arch::x86_64::*;
@@ -114,28 +113,15 @@ pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
 
 /// [`dot_nibble_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
 /// the activation row, into `out[r]`: two rows per pass share the activation loads, and each
-/// pass first prefetches its rows [`PREFETCH_AHEAD`] bytes further on.
+/// pass first prefetches its rows `PREFETCH_AHEAD` bytes further on.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the run's `out.len()` rows hold `nb` blocks of `B`
 /// each and `y` holds `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn matvec_nibble_pairs<B: NibbleBlock>(run: RowRun, out: &mut [f32]) {
-    let row_bytes = run.nb * size_of::<B>();
-    let mut pairs = out.chunks_exact_mut(2);
-    let mut x = run.x0;
-    for o in &mut pairs {
-        let next = x.wrapping_add(run.row_stride);
-        prefetch_span(x.wrapping_add(PREFETCH_AHEAD), row_bytes);
-        prefetch_span(next.wrapping_add(PREFETCH_AHEAD), row_bytes);
-        // SAFETY: two rows of the run, as the caller promised; `o` holds 2.
-        unsafe { nibble_rows::<B, 2>(run.nb, [x, next], run.y, o) };
-        x = next.wrapping_add(run.row_stride);
-    }
-    if let [o] = pairs.into_remainder() {
-        // SAFETY: the last row, as above.
-        unsafe { nibble_rows::<B, 1>(run.nb, [x], run.y, std::slice::from_mut(o)) };
-    }
+    // SAFETY: the caller's promises, which `nibble_rows` needs for each pair and the last row.
+    unsafe { row_pairs!(nibble_rows, B, run, out) }
 }
 
 /// The paired part of `dot_nibble_q8_0` for `R` weight rows of `B` at `x` (`nb` blocks each,

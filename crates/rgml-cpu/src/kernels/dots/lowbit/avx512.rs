@@ -14,7 +14,6 @@ use crate::kernels::blocks::lowbit::NibbleBlock;
 use crate::kernels::dots::run::RowRun;
 use crate::kernels::fp16;
 use crate::kernels::simd::x86::hsum8_avx2;
-use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
 use rgml::quant::BlockQ8_0;
 use std::arch::x86_64::*;
 use std::mem::size_of;
@@ -102,28 +101,15 @@ pub(super) unsafe fn dot_nibble_pairs<B: NibbleBlock>(x: &[B], y: &[BlockQ8_0]) 
 
 /// [`dot_nibble_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
 /// the activation row, into `out[r]`: two rows per pass share the activation loads, and each
-/// pass first prefetches its rows [`PREFETCH_AHEAD`] bytes further on.
+/// pass first prefetches its rows `PREFETCH_AHEAD` bytes further on.
 ///
 /// # Safety
 /// As [`dot_nibble_pairs`]; the run's `out.len()` rows hold `nb` blocks of `B` each and `y`
 /// holds `nb` Q8_0 blocks.
 #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn matvec_nibble_pairs<B: NibbleBlock>(run: RowRun, out: &mut [f32]) {
-    let row_bytes = run.nb * size_of::<B>();
-    let mut pairs = out.chunks_exact_mut(2);
-    let mut x = run.x0;
-    for o in &mut pairs {
-        let next = x.wrapping_add(run.row_stride);
-        prefetch_span(x.wrapping_add(PREFETCH_AHEAD), row_bytes);
-        prefetch_span(next.wrapping_add(PREFETCH_AHEAD), row_bytes);
-        // SAFETY: two rows of the run, as the caller promised; `o` holds 2.
-        unsafe { nibble_rows::<B, 2>(run.nb, [x, next], run.y, o) };
-        x = next.wrapping_add(run.row_stride);
-    }
-    if let [o] = pairs.into_remainder() {
-        // SAFETY: the last row, as above.
-        unsafe { nibble_rows::<B, 1>(run.nb, [x], run.y, std::slice::from_mut(o)) };
-    }
+    // SAFETY: the caller's promises, which `nibble_rows` needs for each pair and the last row.
+    unsafe { row_pairs!(nibble_rows, B, run, out) }
 }
 
 /// Activation rows prepared for [`NibbleCols::row`]: per block pair and row, the two blocks'
