@@ -21,8 +21,9 @@
 #   -m MODEL     a GGUF file; repeat for several (default: the demo model)
 #   -s SHAPE:TYPE[:EXPERTS] a real-size random-weight file made by `rgml-random-model --shape
 #                SHAPE --type TYPE [--experts EXPERTS]` (e.g. llama-1b:Q4_K_M, llama-8b:Q4_0,
-#                qwen3moe-30b-a3b:Q4_K_M:64), kept in ~/.cache/rgml/random-models/; repeat
-#                for several
+#                qwen3moe-30b-a3b:Q4_K_M:64), kept in $RGML_RANDOM_MODEL_DIR (default
+#                ~/rgml-random-models: outside ~/.cache/rgml, because a few of these files
+#                are tens of GB and CI machines start from that cache); repeat for several
 #   -d DEPTH     also tg N_GEN with DEPTH tokens already in the KV cache (llama-bench -d;
 #                e.g. 4096), quiet rounds only
 #   --busy LIST  load levels: N CPU-bound background processes run during those rounds
@@ -101,7 +102,7 @@ llama_bench=$bin/llama-bench
 log "building rgml (release)"
 cargo build --release --quiet -p rgml-cli -p rgml-testmodels
 rgml=target/release/rgml
-random_dir=$HOME/.cache/rgml/random-models
+random_dir=${RGML_RANDOM_MODEL_DIR:-$HOME/rgml-random-models}
 for st in ${SHAPES[@]+"${SHAPES[@]}"}; do
     IFS=: read -r shape type experts <<<"$st"
     [ -n "$type" ] || { echo "-s takes SHAPE:TYPE[:EXPERTS] (got '$st')" >&2; exit 2; }

@@ -34,7 +34,7 @@ from gen_model_fixtures import load, sha256  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # llama.cpp's names of the architectures rgml runs (test-llama-archs' -a is a regex).
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "gpt-oss"]
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "gpt-oss", "qwen35", "qwen35moe"]
 STEPS = 32
 
 

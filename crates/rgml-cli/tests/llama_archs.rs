@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// llama.cpp's names of the architectures rgml runs (test-llama-archs' `-a` is a regex).
-const ARCHS: &str = "^(llama|qwen2|qwen3|qwen3moe|phi3|gemma3|gpt-oss)$";
+const ARCHS: &str = "^(llama|qwen2|qwen3|qwen3moe|phi3|gemma3|gpt-oss|qwen35|qwen35moe)$";
 const STEPS: usize = 32;
 
 /// The fixtures, by instruction set: `(isa, file stem, fixture)`.

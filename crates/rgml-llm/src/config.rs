@@ -26,11 +26,18 @@ pub enum Arch {
     /// per-head sinks, alternating sliding-window layers, YaRN, and experts with biases, a
     /// softmax over the chosen experts' logits and the clamped SwiGLU variant.
     GptOss,
+    /// Qwen3.5 (`qwen35`): gated delta-net (linear attention) layers with a recurrent state,
+    /// and every few layers full attention with a gated query, QK-norm and multi-section RoPE;
+    /// dense SwiGLU FFNs.
+    Qwen35,
+    /// Qwen3.5 MoE (`qwen35moe`): Qwen3.5's layers with a mixture of experts and a gated
+    /// shared expert as every block's FFN.
+    Qwen35Moe,
 }
 
 impl Arch {
     /// Every `general.architecture` value accepted, with its architecture.
-    pub const NAMES: [(&'static str, Arch); 9] = [
+    pub const NAMES: [(&'static str, Arch); 11] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Llama),
         ("smollm", Arch::Llama),
@@ -40,6 +47,8 @@ impl Arch {
         ("gemma3", Arch::Gemma3),
         ("qwen3moe", Arch::Qwen3Moe),
         ("gpt-oss", Arch::GptOss),
+        ("qwen35", Arch::Qwen35),
+        ("qwen35moe", Arch::Qwen35Moe),
     ];
 
     /// Whether the graph divides RoPE frequencies by `rope_freqs.weight` when the file has it
@@ -119,6 +128,54 @@ pub struct MoeConfig {
     pub norm_weights: bool,
     /// From router logits to expert weights.
     pub gating: ExpertGating,
+    /// Hidden width of the shared expert, where the blocks have one
+    /// (`expert_shared_feed_forward_length`, else the dense FFN's).
+    pub n_ff_shexp: usize,
+}
+
+/// The gated delta-net layers of a hybrid model (llama.cpp's `ssm_*` hyper-parameters of
+/// Qwen3.5): per sequence, each such layer keeps a convolution state (the last
+/// `d_conv - 1` inputs of its short convolution) and a recurrent state (`n_v_heads` matrices of
+/// `head_dim × head_dim`) instead of a KV cache.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecurrentConfig {
+    /// Per layer: whether it is a delta-net layer (else full attention).
+    pub layers: Vec<bool>,
+    /// Taps of the short convolution (`ssm.conv_kernel`).
+    pub d_conv: usize,
+    /// Width of one key and value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// Key heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`), a multiple of the key heads.
+    pub n_v_heads: usize,
+}
+
+impl RecurrentConfig {
+    /// Width of the keys (and of the queries): `head_dim × n_k_heads`.
+    pub fn key_dim(&self) -> usize {
+        self.head_dim * self.n_k_heads
+    }
+
+    /// Width of the values (`ssm.inner_size`): `head_dim × n_v_heads`.
+    pub fn value_dim(&self) -> usize {
+        self.head_dim * self.n_v_heads
+    }
+
+    /// Channels of the short convolution: queries, keys and values.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Floats of one sequence's convolution state (llama.cpp's `n_embd_r`).
+    pub fn conv_state_len(&self) -> usize {
+        (self.d_conv - 1) * self.conv_channels()
+    }
+
+    /// Floats of one sequence's recurrent state (llama.cpp's `n_embd_s`).
+    pub fn ssm_state_len(&self) -> usize {
+        self.head_dim * self.head_dim * self.n_v_heads
+    }
 }
 
 /// Hyper-parameters of a model.
@@ -179,6 +236,15 @@ pub struct ModelConfig {
     pub final_logit_softcap: Option<f32>,
     /// The blocks' FFN is a mixture of experts.
     pub moe: Option<MoeConfig>,
+    /// The query projection also gives a gate per query value (twice as wide, each head's
+    /// query then its gate), and the attention output is multiplied by its sigmoid before
+    /// the output projection (Qwen3.5).
+    pub attn_output_gate: bool,
+    /// The delta-net layers of a hybrid model.
+    pub recurrent: Option<RecurrentConfig>,
+    /// The last block runs on every row and the output rows are picked after the final norm
+    /// (Qwen3.5, as llama.cpp's graph does), instead of before the last block's FFN.
+    pub output_rows_after_norm: bool,
 }
 
 impl ModelConfig {
@@ -195,6 +261,13 @@ impl ModelConfig {
     /// Whether Q/K/V come from one projection (`attn_qkv`) and gate/up from one (`ffn_up`).
     pub fn fused_projections(&self) -> bool {
         self.kind == Arch::Phi3
+    }
+
+    /// Whether layer `il` is a recurrent (delta-net) layer, without a KV cache.
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        self.recurrent
+            .as_ref()
+            .is_some_and(|r| r.layers.get(il).copied().unwrap_or(false))
     }
 
     /// Whether layer `il` attends through a sliding window.

@@ -51,7 +51,7 @@ pub mod session;
 pub mod tensor_split;
 pub mod tokenizer;
 
-pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, SlidingWindow};
+pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, RecurrentConfig, SlidingWindow};
 pub use error::{LlmError, MemoryUse, Result};
 pub use generate::{Generation, StopReason};
 pub use model::{LoadOptions, Model, Placement, TensorOverride};

@@ -751,6 +751,14 @@ fn meta_device(
     shares: &[f32],
     sync: TensorSync,
 ) -> Result<DeviceRef> {
+    if config.recurrent.is_some() {
+        // The delta net's heads would have to split with their states and convolution
+        // channels: not done yet.
+        return Err(LlmError::UnsupportedModel(format!(
+            "a tensor split of {}'s recurrent (delta-net) layers; use a layer split",
+            config.arch
+        )));
+    }
     let granule = |suffix: &str| {
         gguf.tensors()
             .iter()

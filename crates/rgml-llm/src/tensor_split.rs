@@ -249,6 +249,9 @@ mod tests {
             ffn_activation: crate::config::FfnActivation::Silu,
             final_logit_softcap: None,
             moe: None,
+            attn_output_gate: false,
+            recurrent: None,
+            output_rows_after_norm: false,
         }
     }
 
@@ -333,6 +336,7 @@ mod tests {
             n_ff_exp: 512,
             norm_weights: true,
             gating: crate::config::ExpertGating::Softmax,
+            n_ff_shexp: 0,
         });
         let p = TensorSplitPlan::new(&c, &[], 2, 32, 256).unwrap();
         assert_eq!(p.ffn_rows, vec![256, 256]);

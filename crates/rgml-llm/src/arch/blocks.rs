@@ -5,7 +5,7 @@
 //! This module owns [`Builder`], which adds those nodes to a context for one micro-batch; what
 //! a block is made of is each architecture's business.
 
-use super::{LayerWeights, Matrix, QkvWeights};
+use super::{AttentionWeights, LayerWeights, Matrix, Mixer, QkvWeights};
 use crate::config::{FfnActivation, ModelConfig};
 use crate::error::Result;
 use rgml::{Context, DType, Graph, RopeParams, TensorId};
@@ -33,8 +33,13 @@ pub(crate) struct GraphModel<'a> {
 /// of the cache types (f16 by default; quantized rows of whole blocks per head); local layers
 /// have `local_cells` cells per stream.
 pub(crate) struct CacheView<'a> {
-    pub(crate) k: &'a [TensorId],
-    pub(crate) v: &'a [TensorId],
+    /// Per layer, K and V (`None`: a recurrent layer).
+    pub(crate) k: &'a [Option<TensorId>],
+    pub(crate) v: &'a [Option<TensorId>],
+    /// Per layer, the recurrent layers' states: the convolution's `[conv_state_len, n_seq]`
+    /// and the delta net's `[ssm_state_len, n_seq]` (f32; row `s` is stream `s`'s).
+    pub(crate) conv: &'a [Option<TensorId>],
+    pub(crate) ssm: &'a [Option<TensorId>],
     pub(crate) n_seq: usize,
     pub(crate) cells: usize,
     pub(crate) local_cells: usize,
@@ -101,6 +106,21 @@ pub(crate) fn hadamard(ctx: &mut Context, rot: TensorId, x: TensorId) -> Result<
     let rows = ctx.reshape(x, &[n, ne.iter().product::<usize>() / n])?;
     let y = ctx.mul_mat_hadamard(rot, rows)?;
     Ok(ctx.reshape(y, &ne)?)
+}
+
+/// A layer's cache tensor, or the error of a layer without one.
+fn no_cache(t: Option<TensorId>, il: usize) -> Result<TensorId> {
+    t.ok_or_else(|| crate::LlmError::BadConfig(format!("layer {il} has no KV cache")))
+}
+
+/// The attention weights of a block that attends.
+pub(crate) fn attention_weights(l: &LayerWeights) -> Result<&AttentionWeights> {
+    match &l.mixer {
+        Mixer::Attention(a) => Ok(a),
+        Mixer::DeltaNet(_) => Err(crate::LlmError::BadConfig(
+            "a delta-net layer where attention was expected".into(),
+        )),
+    }
 }
 
 /// RoPE of block `il`: the local layers' base and scale where it is local.
@@ -185,7 +205,7 @@ impl<'a> Builder<'a> {
 
     /// `m · x`, then its scale, then its bias (llama.cpp's attention projections:
     /// `build_lora_mm` with the scale, the bias after).
-    fn linear(&mut self, m: &Matrix, x: TensorId) -> Result<TensorId> {
+    pub(crate) fn linear(&mut self, m: &Matrix, x: TensorId) -> Result<TensorId> {
         let mut y = self.project(m.w, x)?;
         if let Some(s) = m.scale {
             y = self.ctx.mul(y, s)?;
@@ -197,7 +217,7 @@ impl<'a> Builder<'a> {
     }
 
     /// `m · x`, then its bias, then its scale (llama.cpp's `build_ffn` order).
-    fn linear_ffn(&mut self, m: &Matrix, x: TensorId) -> Result<TensorId> {
+    pub(crate) fn linear_ffn(&mut self, m: &Matrix, x: TensorId) -> Result<TensorId> {
         let mut y = self.project(m.w, x)?;
         if let Some(b) = m.bias {
             y = self.ctx.add(y, b)?;
@@ -266,7 +286,11 @@ impl<'a> Builder<'a> {
     }
 
     /// `rows` after the rows of `before` (dim 1), or `rows` alone.
-    fn append_rows(&mut self, before: Option<TensorId>, rows: TensorId) -> Result<TensorId> {
+    pub(crate) fn append_rows(
+        &mut self,
+        before: Option<TensorId>,
+        rows: TensorId,
+    ) -> Result<TensorId> {
         match before {
             Some(before) => Ok(self.ctx.concat(before, rows, 1)?),
             None => Ok(rows),
@@ -283,7 +307,7 @@ impl<'a> Builder<'a> {
     }
 
     /// RMS norm of `x`'s rows times `weight` (no pin: QK-norm inside a block).
-    fn row_norm(&mut self, x: TensorId, weight: TensorId) -> Result<TensorId> {
+    pub(crate) fn row_norm(&mut self, x: TensorId, weight: TensorId) -> Result<TensorId> {
         let cur = self.ctx.rms_norm(x, self.config().rms_eps)?;
         Ok(self.ctx.mul(cur, weight)?)
     }
@@ -298,7 +322,7 @@ impl<'a> Builder<'a> {
         attn: TensorId,
         x: TensorId,
     ) -> Result<(TensorId, TensorId)> {
-        if il + 1 == self.model.layers.len() {
+        if il + 1 == self.model.layers.len() && !self.config().output_rows_after_norm {
             Ok((self.output_rows(attn)?, self.output_rows(x)?))
         } else {
             Ok((attn, x))
@@ -306,7 +330,7 @@ impl<'a> Builder<'a> {
     }
 
     /// The rows of `x` `[n_embd, n]` whose logits are wanted (`x` itself for all of them).
-    fn output_rows(&mut self, x: TensorId) -> Result<TensorId> {
+    pub(crate) fn output_rows(&mut self, x: TensorId) -> Result<TensorId> {
         match self.inputs.outputs {
             Outputs::Last if self.ctx[x].ne[1] > 1 => self.last_row(x),
             Outputs::Rows(ids) => Ok(self.ctx.get_rows(x, ids)?),
@@ -325,7 +349,8 @@ impl<'a> Builder<'a> {
     ) -> Result<(TensorId, TensorId)> {
         let cur = self.norm(x, l.attn_norm, il)?;
         let cur = self.keep(cur, format!("attn_norm-{il}"))?;
-        let (q, k, v) = self.qkv(il, l, cur)?;
+        let a = attention_weights(l)?;
+        let (q, k, v, gate) = self.qkv(il, a, cur)?;
         // Where the cache is quantized, Q and K (and V) are rotated first, as llama.cpp does
         // (the V rotation is undone on the attention output).
         let (q, k) = match self.inputs.k_rot {
@@ -337,7 +362,7 @@ impl<'a> Builder<'a> {
             None => v,
         };
         self.store_kv(il, k, v)?;
-        let attn = self.attention(il, l, q)?;
+        let attn = self.attention(il, a, q, gate)?;
         self.cut_to_output(il, attn, x)
     }
 
@@ -355,31 +380,33 @@ impl<'a> Builder<'a> {
 
     /// Q, K and V of the normed input `cur` of block `il`: Q and K `[hd, heads, n]`, with
     /// biases, QK-norm, RoPE (the layer's own base where it is local) and Q's scaling as the
-    /// architecture has them; V flat.
+    /// architecture has them; V flat; and, where the model gates the attention output, the
+    /// gate `[n_embd_q, n]` (dense).
+    #[allow(clippy::type_complexity)]
     pub(crate) fn qkv(
         &mut self,
         il: usize,
-        l: &LayerWeights,
+        a: &AttentionWeights,
         cur: TensorId,
-    ) -> Result<(TensorId, TensorId, TensorId)> {
+    ) -> Result<(TensorId, TensorId, TensorId, Option<TensorId>)> {
         let c = self.config();
-        let (mut q, mut k, v) = match &l.qkv {
+        let (hd, n) = (c.head_dim, self.inputs.n);
+        let (q_full, mut k, v) = match &a.qkv {
             QkvWeights::Separate { q, k, v } => {
-                let (hd, n) = (c.head_dim, self.inputs.n);
                 let q = self.linear(q, cur)?;
                 let k = self.linear(k, cur)?;
                 let v = self.linear(v, cur)?;
-                let q = self.ctx.reshape(q, &[hd, c.n_head, n])?;
                 let k = self.ctx.reshape(k, &[hd, c.n_head_kv, n])?;
                 (q, k, v)
             }
             QkvWeights::Fused(wqkv) => self.fused_qkv(wqkv, cur)?,
         };
-        if let Some(w) = l.attn_q_norm {
+        let (mut q, gate) = self.split_query(q_full)?;
+        if let Some(w) = a.q_norm {
             q = self.row_norm(q, w)?;
             q = self.keep(q, format!("Qcur_normed-{il}"))?;
         }
-        if let Some(w) = l.attn_k_norm {
+        if let Some(w) = a.k_norm {
             k = self.row_norm(k, w)?;
             k = self.keep(k, format!("Kcur_normed-{il}"))?;
         }
@@ -391,11 +418,34 @@ impl<'a> Builder<'a> {
         if c.attn_scale_on_q {
             q = self.ctx.scale(q, c.attn_scale)?;
         }
-        Ok((q, k, v))
+        Ok((q, k, v, gate))
     }
 
-    /// Q `[hd, n_head, n]`, K `[hd, n_head_kv, n]` and V `[n_embd_kv, n]`: views of one fused
-    /// projection's rows (as llama.cpp's `build_qkv`; RoPE reads the strided views).
+    /// The queries `[hd, n_head, n]` of the query projection's rows `q` `[_, n]` (a view
+    /// where the rows are not only queries), and where the model gates the attention
+    /// output, each head's gate after its query (`[n_embd_q, n]`, made dense as llama.cpp's
+    /// `ggml_cont_2d`).
+    fn split_query(&mut self, q: TensorId) -> Result<(TensorId, Option<TensorId>)> {
+        let c = self.config();
+        let (hd, n, f32b) = (c.head_dim, self.ctx[q].ne[1], DType::F32.block_bytes());
+        let (head, row) = (self.ctx[q].nb[0] * hd, self.ctx[q].nb[1]);
+        if !c.attn_output_gate {
+            let q = match self.ctx[q].is_contiguous() {
+                true => self.ctx.reshape(q, &[hd, c.n_head, n])?,
+                false => self.ctx.view(q, &[hd, c.n_head, n], &[head, row], 0)?,
+            };
+            return Ok((q, None));
+        }
+        let gated = [2 * head, row];
+        let query = self.ctx.view(q, &[hd, c.n_head, n], &gated, 0)?;
+        let gate = self.ctx.view(q, &[hd, c.n_head, n], &gated, hd * f32b)?;
+        let gate = self.ctx.cont_shape(gate, &[c.n_embd_q(), n])?;
+        Ok((query, Some(gate)))
+    }
+
+    /// Q's rows `[n_embd_q (twice that with a gate), n]`, K `[hd, n_head_kv, n]` and V
+    /// `[n_embd_kv, n]`: views of one fused projection's rows (as llama.cpp's `build_qkv`;
+    /// RoPE reads the strided views).
     fn fused_qkv(
         &mut self,
         wqkv: &Matrix,
@@ -403,23 +453,22 @@ impl<'a> Builder<'a> {
     ) -> Result<(TensorId, TensorId, TensorId)> {
         let c = self.config();
         let (hd, n) = (c.head_dim, self.inputs.n);
+        let q_rows = match c.attn_output_gate {
+            true => 2 * c.n_embd_q(),
+            false => c.n_embd_q(),
+        };
         let qkv = self.linear(wqkv, cur)?;
         let row = self.ctx[qkv].nb[1];
         let f32b = DType::F32.block_bytes();
-        let q = self
+        let q = self.ctx.view(qkv, &[q_rows, n], &[row], 0)?;
+        let k = self
             .ctx
-            .view(qkv, &[hd, c.n_head, n], &[hd * f32b, row], 0)?;
-        let k = self.ctx.view(
-            qkv,
-            &[hd, c.n_head_kv, n],
-            &[hd * f32b, row],
-            c.n_embd_q() * f32b,
-        )?;
+            .view(qkv, &[hd, c.n_head_kv, n], &[hd * f32b, row], q_rows * f32b)?;
         let v = self.ctx.view(
             qkv,
             &[c.n_embd_kv(), n],
             &[row],
-            (c.n_embd_q() + c.n_embd_kv()) * f32b,
+            (q_rows + c.n_embd_kv()) * f32b,
         )?;
         Ok((q, k, v))
     }
@@ -435,7 +484,7 @@ impl<'a> Builder<'a> {
             false => self.inputs.kv_rows,
         };
         let k_flat = self.ctx.reshape(k, &[n_embd_kv, n])?;
-        let k_store = self.ctx.set_rows(self.kv.k[il], k_flat, kv_rows)?;
+        let k_store = self.ctx.set_rows(self.cache_k(il)?, k_flat, kv_rows)?;
         if self.kv.flash_attn {
             // V as K: one row per cell (a view of a fused projection made dense first).
             let v = match self.ctx[v].is_contiguous() {
@@ -443,19 +492,22 @@ impl<'a> Builder<'a> {
                 false => self.ctx.cont(v)?,
             };
             let v_flat = self.ctx.reshape(v, &[n_embd_kv, n])?;
-            let v_store = self.ctx.set_rows(self.kv.v[il], v_flat, kv_rows)?;
+            let v_store = self.ctx.set_rows(self.cache_v(il)?, v_flat, kv_rows)?;
             self.graph.expand(self.ctx, k_store)?;
             self.graph.expand(self.ctx, v_store)?;
             return Ok(());
         }
         // (Without flash attention V is f16 or f32: elements, not blocks.)
-        let es = self.ctx[self.kv.v[il]].dtype.block_bytes();
+        let es = self.ctx[self.cache_v(il)?].dtype.block_bytes();
         // V is stored transposed: its "rows" are single elements, one per cell, in a
         // `[1, rows, n_embd_kv]` view of the cache, and the batch's values are the matching
         // `[1, n, n_embd_kv]` view of `v`.
-        let v_cells = self
-            .ctx
-            .view(self.kv.v[il], &[1, rows, n_embd_kv], &[es, rows * es], 0)?;
+        let v_cells = self.ctx.view(
+            self.cache_v(il)?,
+            &[1, rows, n_embd_kv],
+            &[es, rows * es],
+            0,
+        )?;
         // A view of a fused projection is made dense first: the split model can then view it
         // again (and the copy is exact).
         let v = match self.ctx[v].is_contiguous() {
@@ -473,6 +525,29 @@ impl<'a> Builder<'a> {
         self.graph.expand(self.ctx, k_store)?;
         self.graph.expand(self.ctx, v_store)?;
         Ok(())
+    }
+
+    /// Layer `il`'s K cache (an error for a recurrent layer, which has none).
+    fn cache_k(&self, il: usize) -> Result<TensorId> {
+        no_cache(self.kv.k.get(il).copied().flatten(), il)
+    }
+
+    /// Layer `il`'s V cache.
+    fn cache_v(&self, il: usize) -> Result<TensorId> {
+        no_cache(self.kv.v.get(il).copied().flatten(), il)
+    }
+
+    /// Layer `il`'s recurrent states (convolution, delta net) and the number of streams.
+    pub(crate) fn recurrent_state(&self, il: usize) -> Result<(TensorId, TensorId)> {
+        let conv = self.kv.conv.get(il).copied().flatten();
+        let ssm = self.kv.ssm.get(il).copied().flatten();
+        conv.zip(ssm)
+            .ok_or_else(|| crate::LlmError::BadConfig(format!("layer {il} has no recurrent state")))
+    }
+
+    /// The groups of the micro-batch (one per sequence, in order).
+    pub(crate) fn groups(&self) -> &'a [GroupInputs] {
+        self.inputs.groups
     }
 
     /// Whether block `il` is a local one (with the local layers' inputs).
@@ -495,8 +570,9 @@ impl<'a> Builder<'a> {
     pub(crate) fn attention(
         &mut self,
         il: usize,
-        l: &LayerWeights,
+        a: &AttentionWeights,
         q: TensorId,
+        gate: Option<TensorId>,
     ) -> Result<TensorId> {
         let groups = self.inputs.groups;
         let mut attn: Option<TensorId> = None;
@@ -510,7 +586,7 @@ impl<'a> Builder<'a> {
                         .view(q, &[ne[0], ne[1], g.n], &[nb[1], nb[2]], g.first * nb[2])?
                 }
             };
-            let out = self.group_attention(il, g, q_g, l.attn_sinks, groups.len() == 1)?;
+            let out = self.group_attention(il, g, q_g, a.sinks, groups.len() == 1)?;
             attn = Some(self.append_rows(attn, out)?);
         }
         let attn = attn.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))?;
@@ -518,8 +594,14 @@ impl<'a> Builder<'a> {
             Some(rot) => self.hadamard(rot, attn)?,
             None => attn,
         };
-        let attn = self.keep(attn, format!("kqv_out-{il}"))?;
-        let attn = self.linear(&l.wo, attn)?;
+        let mut attn = self.keep(attn, format!("kqv_out-{il}"))?;
+        if let Some(gate) = gate {
+            // Qwen3.5's gated attention: the output times the sigmoid of its gate.
+            let gate = self.ctx.sigmoid(gate)?;
+            attn = self.ctx.mul(attn, gate)?;
+            attn = self.keep(attn, format!("attn_gated-{il}"))?;
+        }
+        let attn = self.linear(&a.wo, attn)?;
         self.keep(attn, format!("attn_out-{il}"))
     }
 
@@ -549,11 +631,11 @@ impl<'a> Builder<'a> {
                 .map_err(|e| crate::LlmError::BadConfig(format!("KV cache: {e}")))
         };
         let (k_head, k_cell) = (
-            row_bytes(self.ctx, self.kv.k[il], hd)?,
-            row_bytes(self.ctx, self.kv.k[il], n_embd_kv)?,
+            row_bytes(self.ctx, self.cache_k(il)?, hd)?,
+            row_bytes(self.ctx, self.cache_k(il)?, n_embd_kv)?,
         );
         let k_all = self.ctx.view(
-            self.kv.k[il],
+            self.cache_k(il)?,
             &[hd, c.n_head_kv, n_kv],
             &[k_head, k_cell],
             g.stream * cells * k_cell,
@@ -564,11 +646,11 @@ impl<'a> Builder<'a> {
         if self.kv.flash_attn {
             // V's cells are rows, as K's.
             let (v_head, v_cell) = (
-                row_bytes(self.ctx, self.kv.v[il], hd)?,
-                row_bytes(self.ctx, self.kv.v[il], n_embd_kv)?,
+                row_bytes(self.ctx, self.cache_v(il)?, hd)?,
+                row_bytes(self.ctx, self.cache_v(il)?, n_embd_kv)?,
             );
             let v_all = self.ctx.view(
-                self.kv.v[il],
+                self.cache_v(il)?,
                 &[hd, c.n_head_kv, n_kv],
                 &[v_head, v_cell],
                 g.stream * cells * v_cell,
@@ -593,10 +675,10 @@ impl<'a> Builder<'a> {
             false => kq,
         };
         // A stream's cells of one dimension are one dense run of each row of V.
-        let es = self.ctx[self.kv.v[il]].dtype.block_bytes();
+        let es = self.ctx[self.cache_v(il)?].dtype.block_bytes();
         let row = cells * self.kv.n_seq * es;
         let v_all = self.ctx.view(
-            self.kv.v[il],
+            self.cache_v(il)?,
             &[n_kv, hd, c.n_head_kv],
             &[row, row * hd],
             g.stream * cells * es,
@@ -663,13 +745,17 @@ impl<'a> Builder<'a> {
     /// The output head on the last block's `x`: the logits of the output rows (see
     /// [`Outputs`]); expanded into the graph.
     pub(crate) fn output(&mut self, mut x: TensorId) -> Result<TensorId> {
-        if self.model.layers.is_empty() {
+        let after_norm = self.config().output_rows_after_norm;
+        if self.model.layers.is_empty() && !after_norm {
             // The last block cuts to the output rows; without blocks, cut here.
             x = self.output_rows(x)?;
         }
         let cur = self.ctx.rms_norm(x, self.config().rms_eps)?;
         self.pins.push((cur, self.model.output_device));
-        let cur = self.ctx.mul(cur, self.model.output_norm)?;
+        let mut cur = self.ctx.mul(cur, self.model.output_norm)?;
+        if after_norm {
+            cur = self.output_rows(cur)?;
+        }
         let cur = self.keep(cur, "result_norm".into())?;
         let mut logits = self.project(self.model.output, cur)?;
         if let Some(b) = self.model.output_bias {

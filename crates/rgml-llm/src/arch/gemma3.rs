@@ -21,6 +21,7 @@ pub(super) const PARTS: LayerParts = LayerParts {
     sinks: Need::No,
     expert_biases: Need::No,
     ffn_norm: FFN_NORM,
+    shared_expert: Need::No,
 };
 
 /// Without a pattern key, every sixth layer is global (llama.cpp's default for Gemma 3).

@@ -22,6 +22,7 @@ pub(super) const PARTS: LayerParts = LayerParts {
     sinks: Need::Required,
     expert_biases: Need::Required,
     ffn_norm: POST_ATTENTION_NORM,
+    shared_expert: Need::No,
 };
 
 /// Every other layer is local unless the file says otherwise (llama.cpp's default).

@@ -52,4 +52,54 @@ impl<'a> Keys<'a> {
             Ok(None)
         }
     }
+
+    /// A per-layer array of booleans (or of 32-bit integers, 0 or not) for the first
+    /// `n_layer` layers, as llama.cpp's `get_key_or_arr` reads one; `None` where the value is
+    /// not an array.
+    pub(super) fn layer_flags(&self, k: &str, n_layer: usize) -> Result<Option<Vec<bool>>> {
+        let Some(Value::Array(items)) = self.value(k) else {
+            return Ok(None);
+        };
+        let bad = |what: &str| LlmError::BadConfig(format!("{}: {what}", self.name(k)));
+        if items.len() < n_layer {
+            return Err(bad(&format!(
+                "{} entries for {n_layer} layers",
+                items.len()
+            )));
+        }
+        items
+            .iter()
+            .take(n_layer)
+            .map(|v| match (v, v.as_i64()) {
+                (Value::Bool(b), _) => Ok(*b),
+                // llama.cpp reads u32/i32 arrays too (llama_model_saver writes u32).
+                (Value::U32(_) | Value::I32(_), Some(n)) => Ok(n != 0),
+                _ => Err(bad("an array of booleans or 32-bit integers expected")),
+            })
+            .collect::<Result<Vec<bool>>>()
+            .map(Some)
+    }
+
+    /// The first `n` entries of an array of integers (`None` where the value is not an
+    /// array).
+    pub(super) fn usize_array(&self, k: &str, n: usize) -> Result<Option<Vec<usize>>> {
+        let Some(Value::Array(items)) = self.value(k) else {
+            return Ok(None);
+        };
+        let bad = |what: &str| LlmError::BadConfig(format!("{}: {what}", self.name(k)));
+        if items.len() < n {
+            return Err(bad(&format!("{} entries, {n} expected", items.len())));
+        }
+        items
+            .iter()
+            .take(n)
+            .map(|v| {
+                let x = v
+                    .as_u64()
+                    .ok_or_else(|| bad("an array of integers expected"))?;
+                usize::try_from(x).map_err(|_| bad("too large"))
+            })
+            .collect::<Result<Vec<usize>>>()
+            .map(Some)
+    }
 }

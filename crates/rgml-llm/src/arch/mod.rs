@@ -2,7 +2,8 @@
 //! of a block, and the graph of a block, built from the shared blocks of [`blocks`].
 //!
 //! This module owns reading a [`ModelConfig`] and resolving a block's weights by name, and
-//! dispatches to one module per architecture ([`llama`], [`phi3`], [`gemma3`], [`gpt_oss`]). Adding an architecture
+//! dispatches to one module per architecture ([`llama`], [`phi3`], [`gemma3`], [`gpt_oss`],
+//! [`qwen35`]). Adding an architecture
 //! is one such module and a line in each `match` here. Loading, sessions, the scheduler and
 //! the tensor split are the same for every architecture.
 
@@ -13,11 +14,15 @@ mod keys;
 mod llama;
 mod moe;
 mod phi3;
+mod qwen35;
 mod swa;
 mod weights;
 
 pub(crate) use weights::layer_shapes;
-pub use weights::{ExpertWeights, FfnWeights, LayerWeights, Matrix, QkvWeights};
+pub use weights::{
+    AttentionWeights, DeltaNetWeights, ExpertWeights, FfnWeights, LayerWeights, Matrix, Mixer,
+    QkvWeights, SharedExpert,
+};
 use weights::{LayerParts, Need, FFN_NORM, POST_ATTENTION_NORM};
 
 use crate::config::{Arch, FfnActivation, ModelConfig};
@@ -35,6 +40,7 @@ fn parts(arch: Arch) -> LayerParts {
         Arch::Phi3 => phi3::PARTS,
         Arch::Gemma3 => gemma3::PARTS,
         Arch::GptOss => gpt_oss::PARTS,
+        Arch::Qwen35 | Arch::Qwen35Moe => qwen35::PARTS,
     }
 }
 
@@ -58,6 +64,7 @@ impl ModelConfig {
             Arch::Phi3 => phi3::hparams(&keys, &mut c)?,
             Arch::Gemma3 => gemma3::hparams(&keys, &mut c)?,
             Arch::GptOss => gpt_oss::hparams(&keys, &mut c)?,
+            Arch::Qwen35 | Arch::Qwen35Moe => qwen35::hparams(&keys, &mut c)?,
         }
         check(&c)?;
         Ok(c)
@@ -138,6 +145,9 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         ffn_activation: FfnActivation::Silu,
         final_logit_softcap: None,
         moe: None,
+        attn_output_gate: false,
+        recurrent: None,
+        output_rows_after_norm: false,
     })
 }
 
@@ -267,6 +277,7 @@ pub(crate) fn build_layer(
             llama::layer(b, il, l, x)
         }
         Arch::Gemma3 => gemma3::layer(b, il, l, x),
+        Arch::Qwen35 | Arch::Qwen35Moe => qwen35::layer(b, il, l, x),
     }
 }
 
@@ -282,9 +293,13 @@ pub(crate) fn ffn(
         FfnWeights::Dense { gate, up, down } => b.dense_ffn(il, gate.as_ref(), up, down, cur),
         FfnWeights::Experts(experts) => {
             let named = b.one_sequence();
-            b.by_sequence(cur, &mut |b, part, alone| {
+            let routed = b.by_sequence(cur, &mut |b, part, alone| {
                 moe::ffn(b, il, experts, part, alone, named)
-            })
+            })?;
+            match &experts.shared {
+                Some(shared) => moe::add_shared_expert(b, il, shared, cur, routed),
+                None => Ok(routed),
+            }
         }
     }
 }

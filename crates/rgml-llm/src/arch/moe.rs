@@ -10,7 +10,7 @@
 
 use super::blocks::Builder;
 use super::keys::Keys;
-use super::{ExpertWeights, Matrix};
+use super::{ExpertWeights, Matrix, SharedExpert};
 use crate::config::{ExpertGating, FfnActivation, ModelConfig, MoeConfig};
 use crate::error::{LlmError, Result};
 use rgml::TensorId;
@@ -89,6 +89,10 @@ pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig, rules: ExpertRules) 
         n_ff_exp,
         norm_weights: rules.norm_weights,
         gating: rules.gating,
+        n_ff_shexp: match keys.usize_or("expert_shared_feed_forward_length", 0)? {
+            0 => c.n_ff,
+            n => n,
+        },
     });
     Ok(())
 }
@@ -189,24 +193,30 @@ pub(super) fn ffn(
         }
         Ok(y)
     };
-    let up = experts(b, &w.up, rows)?; // [n_ff_exp, k, n]
-    let up = keep(b, up, "ffn_moe_up")?;
-    let act = match (&w.gate, c.ffn_activation) {
-        (Some(gate), FfnActivation::Silu) => {
+    let up = experts(b, &w.up, rows)?; // [n_ff_exp, k, n] (twice as wide fused)
+    let (gate, up) = match (w.fused_gate_up, &w.gate) {
+        (true, _) => {
+            let both = keep(b, up, "ffn_moe_gate_up")?;
+            let (gate, up) = split_gate_up(b, both)?;
+            (Some(gate), up)
+        }
+        (false, Some(gate)) => {
+            let up = keep(b, up, "ffn_moe_up")?;
             let gate = experts(b, gate, rows)?;
-            let gate = keep(b, gate, "ffn_moe_gate")?;
+            (Some(keep(b, gate, "ffn_moe_gate")?), up)
+        }
+        (false, None) => (None, keep(b, up, "ffn_moe_up")?),
+    };
+    let act = match (gate, c.ffn_activation) {
+        (Some(gate), FfnActivation::Silu) => {
             let act = b.ctx().swiglu(gate, up)?;
             keep(b, act, "ffn_moe_swiglu")?
         }
         (Some(gate), FfnActivation::Gelu) => {
-            let gate = experts(b, gate, rows)?;
-            let gate = keep(b, gate, "ffn_moe_gate")?;
             let act = b.ctx().geglu(gate, up)?;
             keep(b, act, "ffn_moe_geglu")?
         }
         (Some(gate), FfnActivation::SwigluOai) => {
-            let gate = experts(b, gate, rows)?;
-            let gate = keep(b, gate, "ffn_moe_gate")?;
             let act = b
                 .ctx()
                 .swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)?;
@@ -232,6 +242,48 @@ pub(super) fn ffn(
     let weighted = keep(b, weighted, "ffn_moe_weighted")?;
     b.expand(weighted)?;
     sum_slots(b, weighted, k)
+}
+
+/// The gate's and the up projection's halves `[n_ff_exp, k, n]` of fused experts' rows
+/// `[2 n_ff_exp, k, n]` (views, as llama.cpp's merged path).
+fn split_gate_up(b: &mut Builder<'_>, both: TensorId) -> Result<(TensorId, TensorId)> {
+    let (ne, nb) = (b.ctx()[both].ne, b.ctx()[both].nb);
+    let ff = ne[0] / 2;
+    let gate = b
+        .ctx()
+        .view(both, &[ff, ne[1], ne[2]], &[nb[1], nb[2]], 0)?;
+    let up = b
+        .ctx()
+        .view(both, &[ff, ne[1], ne[2]], &[nb[1], nb[2]], ff * nb[0])?;
+    Ok((gate, up))
+}
+
+/// The shared expert of block `il` added to the routed experts' output `routed`, as
+/// llama.cpp's Qwen3.5 MoE adds it: its gated FFN on the normed `cur`, times the sigmoid of
+/// its own one-logit gate, then added.
+pub(super) fn add_shared_expert(
+    b: &mut Builder<'_>,
+    il: usize,
+    shared: &SharedExpert,
+    cur: TensorId,
+    routed: TensorId,
+) -> Result<TensorId> {
+    let ffn = b.dense_ffn(il, Some(&shared.gate), &shared.up, &shared.down, cur)?;
+    let ffn = b.keep(ffn, format!("ffn_shexp-{il}"))?;
+    let gate = b.linear(
+        &Matrix {
+            w: shared.gate_inp,
+            bias: None,
+            scale: None,
+        },
+        cur,
+    )?;
+    let gate = b.ctx().sigmoid(gate)?;
+    let gate = b.keep(gate, format!("shared_expert_gate_sigmoid-{il}"))?;
+    let gated = b.ctx().mul(ffn, gate)?;
+    let gated = b.keep(gated, format!("ffn_shexp_gated-{il}"))?;
+    let out = b.ctx().add(routed, gated)?;
+    b.keep(out, format!("ffn_out-{il}"))
 }
 
 /// `y` `[rows, k, n]` times each slot's expert's scale (`scales` `[n_expert]`), as llama.cpp's

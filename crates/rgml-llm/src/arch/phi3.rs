@@ -21,6 +21,7 @@ pub(super) const PARTS: LayerParts = LayerParts {
     sinks: Need::No,
     expert_biases: Need::No,
     ffn_norm: FFN_NORM,
+    shared_expert: Need::No,
 };
 
 pub(super) fn hparams(_keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {

@@ -5,7 +5,6 @@
 use super::keys::Keys;
 use crate::config::{ModelConfig, SlidingWindow};
 use crate::error::{LlmError, Result};
-use rgml_gguf::Value;
 
 /// The local layers' RoPE base unless `rope.freq_base_swa` says otherwise, and their scale.
 #[derive(Clone, Copy, Debug)]
@@ -51,26 +50,11 @@ pub(super) fn sliding_window(
 /// `default_period`.
 fn local_layers(keys: &Keys<'_>, n_layer: usize, default_period: usize) -> Result<Vec<bool>> {
     let key = "attention.sliding_window_pattern";
+    if let Some(flags) = keys.layer_flags(key, n_layer)? {
+        return Ok(flags);
+    }
     let bad = |what: &str| LlmError::BadConfig(format!("{}: {what}", keys.name(key)));
     let period = match keys.value(key) {
-        Some(Value::Array(items)) => {
-            if items.len() < n_layer {
-                return Err(bad(&format!(
-                    "{} entries for {n_layer} layers",
-                    items.len()
-                )));
-            }
-            return items
-                .iter()
-                .take(n_layer)
-                .map(|v| match (v, v.as_i64()) {
-                    (Value::Bool(b), _) => Ok(*b),
-                    // llama.cpp reads u32/i32 arrays too (llama_model_saver writes u32).
-                    (Value::U32(_) | Value::I32(_), Some(n)) => Ok(n != 0),
-                    _ => Err(bad("an array of booleans or 32-bit integers expected")),
-                })
-                .collect();
-        }
         Some(v) => {
             let p = v.as_u64().ok_or_else(|| bad("an integer expected"))?;
             usize::try_from(p).map_err(|_| bad("too large"))?

@@ -29,21 +29,13 @@ pub struct Matrix {
 /// the architecture (see [`LayerParts`]).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    /// RMS norm before attention.
+    /// RMS norm before attention (or the delta net).
     pub attn_norm: TensorId,
-    /// The Q, K and V projections, separate or fused.
-    pub qkv: QkvWeights,
-    /// Attention output projection `[n_embd_q, n_embd]` (a bias: LLaMA).
-    pub wo: Matrix,
-    /// RMS norm of each query head `[head_dim]` (QK-norm: Qwen3, Gemma 3).
-    pub attn_q_norm: Option<TensorId>,
-    /// RMS norm of each key head `[head_dim]`.
-    pub attn_k_norm: Option<TensorId>,
+    /// What mixes the positions: attention, or a gated delta net (hybrid models).
+    pub mixer: Mixer,
     /// RMS norm of the attention output, before the residual (Gemma 3).
     pub attn_post_norm: Option<TensorId>,
-    /// Per-head attention sinks `[n_head]` (gpt-oss): one more score in each softmax.
-    pub attn_sinks: Option<TensorId>,
-    /// RMS norm before the feed-forward block (gpt-oss's `post_attention_norm`).
+    /// RMS norm before the feed-forward block (gpt-oss's and Qwen3.5's `post_attention_norm`).
     pub ffn_norm: TensorId,
     /// The feed-forward block's projections.
     pub ffn: FfnWeights,
@@ -51,6 +43,57 @@ pub struct LayerWeights {
     pub ffn_post_norm: Option<TensorId>,
     /// Tensors accepted and never read (`.input_scale`), with their shapes.
     pub unread: Vec<(TensorId, [usize; 4])>,
+}
+
+/// The part of a block that mixes positions.
+// One per block, made once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum Mixer {
+    /// Self-attention over the KV cache.
+    Attention(AttentionWeights),
+    /// A gated delta net over its recurrent state (Qwen3.5's linear-attention layers).
+    DeltaNet(DeltaNetWeights),
+}
+
+/// A self-attention's weights.
+#[derive(Clone, Debug)]
+pub struct AttentionWeights {
+    /// The Q, K and V projections, separate or fused (Q twice as wide where the model gates
+    /// the attention output: each head's query, then its gate).
+    pub qkv: QkvWeights,
+    /// Attention output projection `[n_embd_q, n_embd]` (a bias: LLaMA).
+    pub wo: Matrix,
+    /// RMS norm of each query head `[head_dim]` (QK-norm: Qwen3, Gemma 3).
+    pub q_norm: Option<TensorId>,
+    /// RMS norm of each key head `[head_dim]`.
+    pub k_norm: Option<TensorId>,
+    /// Per-head attention sinks `[n_head]` (gpt-oss): one more score in each softmax.
+    pub sinks: Option<TensorId>,
+}
+
+/// A gated delta-net layer's weights (llama.cpp's names in parentheses).
+#[derive(Clone, Debug)]
+pub struct DeltaNetWeights {
+    /// Queries, keys and values before the convolution `[n_embd, conv_channels]`
+    /// (`attn_qkv`).
+    pub qkv: Matrix,
+    /// The output gate `z` `[n_embd, value_dim]` (`attn_gate`).
+    pub gate: Matrix,
+    /// One short causal kernel per channel `[d_conv, conv_channels]` (`ssm_conv1d`).
+    pub conv: TensorId,
+    /// Bias of the decay's softplus `[n_v_heads]` (`ssm_dt.bias`).
+    pub dt_bias: TensorId,
+    /// `-exp(A_log)` per value head `[n_v_heads]` (`ssm_a`).
+    pub a: TensorId,
+    /// The write strength's projection `[n_embd, n_v_heads]` (`ssm_beta`).
+    pub beta: Matrix,
+    /// The decay's projection `[n_embd, n_v_heads]` (`ssm_alpha`).
+    pub alpha: Matrix,
+    /// The gated RMS norm of each value head's output `[head_dim]` (`ssm_norm`).
+    pub norm: TensorId,
+    /// Output projection `[value_dim, n_embd]` (`ssm_out`).
+    pub out: Matrix,
 }
 
 /// The attention's input projections.
@@ -70,6 +113,8 @@ pub enum QkvWeights {
 }
 
 /// A feed-forward block's projections: one gated FFN, or a mixture of experts.
+// One per block, made once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum FfnWeights {
     /// One FFN for every token.
@@ -93,12 +138,33 @@ pub struct ExpertWeights {
     /// The router `[n_embd, n_expert]`, with its bias `[n_expert]` (gpt-oss).
     pub gate_inp: Matrix,
     /// Gate projections `[n_embd, n_ff_exp, n_expert]`; `None`: the experts are not gated
-    /// (SiLU of the up projection).
+    /// (SiLU of the up projection), or gate and up are fused in `up`.
     pub gate: Option<Matrix>,
-    /// Up projections `[n_embd, n_ff_exp, n_expert]`.
+    /// Up projections `[n_embd, n_ff_exp, n_expert]`, or with [`fused_gate_up`]
+    /// (`ffn_gate_up_exps`) gate and up `[n_embd, 2 * n_ff_exp, n_expert]`, the gate's rows
+    /// first.
+    ///
+    /// [`fused_gate_up`]: ExpertWeights::fused_gate_up
     pub up: Matrix,
+    /// Whether `up` holds gate and up.
+    pub fused_gate_up: bool,
     /// Down projections `[n_ff_exp, n_embd, n_expert]`.
     pub down: Matrix,
+    /// The shared expert every token runs beside the routed ones (Qwen3.5 MoE).
+    pub shared: Option<SharedExpert>,
+}
+
+/// A shared expert: a gated FFN whose output is scaled by the sigmoid of its own gate.
+#[derive(Clone, Debug)]
+pub struct SharedExpert {
+    /// `[n_embd, n_ff_shexp]` (`ffn_gate_shexp`).
+    pub gate: Matrix,
+    /// `[n_embd, n_ff_shexp]` (`ffn_up_shexp`).
+    pub up: Matrix,
+    /// `[n_ff_shexp, n_embd]` (`ffn_down_shexp`).
+    pub down: Matrix,
+    /// One logit per token: `[n_embd]` (`ffn_gate_inp_shexp`).
+    pub gate_inp: TensorId,
 }
 
 /// Whether an architecture's blocks have a part: a file with a part its architecture does not
@@ -130,6 +196,8 @@ pub(super) struct LayerParts {
     pub(super) expert_biases: Need,
     /// The name of the norm before the FFN (gpt-oss: `post_attention_norm`).
     pub(super) ffn_norm: &'static str,
+    /// A shared expert beside the routed ones (`ffn_*_shexp`, gated by `ffn_gate_inp_shexp`).
+    pub(super) shared_expert: Need,
 }
 
 /// The usual name of the norm before the FFN.
@@ -197,9 +265,18 @@ pub(crate) fn layer_weights(
         il,
         get,
     };
-    let qkv = qkv_weights(&f)?;
+    let mixer = match c.is_recurrent(il) {
+        true => Mixer::DeltaNet(delta_net_weights(&f)?),
+        false => Mixer::Attention(AttentionWeights {
+            qkv: qkv_weights(&f)?,
+            wo: f.matrix("attn_output", parts.out_biases)?,
+            q_norm: f.part(parts.qk_norm, "attn_q_norm.weight")?,
+            k_norm: f.part(parts.qk_norm, "attn_k_norm.weight")?,
+            sinks: f.part(parts.sinks, "attn_sinks.weight")?,
+        }),
+    };
     let mut ffn = ffn_weights(c, parts, &f)?;
-    let mut unread = unread_scales(c, &f, &qkv, &ffn);
+    let mut unread = unread_scales(c, &f, &mixer, &ffn);
     if !parts.ffn_scales {
         let n_expert = c.moe.as_ref().map_or(1, |m| m.n_expert);
         let (matrices, n): (Vec<&mut Matrix>, usize) = match &mut ffn {
@@ -217,23 +294,38 @@ pub(crate) fn layer_weights(
                 .filter_map(|m| m.scale.take().map(|s| (s, [n, 1, 1, 1]))),
         );
     }
-    // gpt-oss's pre-FFN norm has the post-attention norm's name.
+    // gpt-oss's and Qwen3.5's pre-FFN norm has the post-attention norm's name.
     let attn_post_norm = match parts.ffn_norm {
         POST_ATTENTION_NORM => None,
         _ => f.part(parts.post_norms, &format!("{POST_ATTENTION_NORM}.weight"))?,
     };
     Ok(LayerWeights {
         attn_norm: f.required("attn_norm.weight")?,
-        qkv,
-        wo: f.matrix("attn_output", parts.out_biases)?,
-        attn_q_norm: f.part(parts.qk_norm, "attn_q_norm.weight")?,
-        attn_k_norm: f.part(parts.qk_norm, "attn_k_norm.weight")?,
+        mixer,
         attn_post_norm,
-        attn_sinks: f.part(parts.sinks, "attn_sinks.weight")?,
         ffn_norm: f.required(&format!("{}.weight", parts.ffn_norm))?,
         ffn,
         ffn_post_norm: f.part(parts.post_norms, "post_ffw_norm.weight")?,
         unread,
+    })
+}
+
+/// A delta-net layer's tensors (llama.cpp's `qwen35` loader): the projections take their
+/// `.scale` as llama.cpp's graph does, and no biases.
+fn delta_net_weights(f: &Finder<'_>) -> Result<DeltaNetWeights> {
+    for attention in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+        f.part(Need::No, &format!("{attention}.weight"))?;
+    }
+    Ok(DeltaNetWeights {
+        qkv: f.matrix("attn_qkv", Need::No)?,
+        gate: f.matrix("attn_gate", Need::No)?,
+        conv: f.required("ssm_conv1d.weight")?,
+        dt_bias: f.required("ssm_dt.bias")?,
+        a: f.required("ssm_a")?,
+        beta: f.matrix("ssm_beta", Need::No)?,
+        alpha: f.matrix("ssm_alpha", Need::No)?,
+        norm: f.required("ssm_norm.weight")?,
+        out: f.matrix("ssm_out", Need::No)?,
     })
 }
 
@@ -258,15 +350,7 @@ fn qkv_weights(f: &Finder<'_>) -> Result<QkvWeights> {
 
 fn ffn_weights(c: &ModelConfig, parts: &LayerParts, f: &Finder<'_>) -> Result<FfnWeights> {
     if c.moe.is_some() {
-        let biases = parts.expert_biases;
-        // llama.cpp's router takes no scale.
-        f.part(Need::No, "ffn_gate_inp.scale")?;
-        return Ok(FfnWeights::Experts(ExpertWeights {
-            gate_inp: f.matrix("ffn_gate_inp", biases)?,
-            gate: f.optional_matrix("ffn_gate_exps", biases)?,
-            up: f.matrix("ffn_up_exps", biases)?,
-            down: f.matrix("ffn_down_exps", biases)?,
-        }));
+        return expert_weights(parts, f).map(FfnWeights::Experts);
     }
     let gate = match parts.fused_gate_up {
         true => {
@@ -282,19 +366,72 @@ fn ffn_weights(c: &ModelConfig, parts: &LayerParts, f: &Finder<'_>) -> Result<Ff
     })
 }
 
+/// The router, the experts (gate and up separate, or fused in `ffn_gate_up_exps` as
+/// llama.cpp's `create_tensor_moe` finds them) and the shared expert.
+fn expert_weights(parts: &LayerParts, f: &Finder<'_>) -> Result<ExpertWeights> {
+    let biases = parts.expert_biases;
+    // llama.cpp's router takes no scale, nor do fused gate/up experts.
+    f.part(Need::No, "ffn_gate_inp.scale")?;
+    let fused = f.optional_matrix("ffn_gate_up_exps", Need::No)?;
+    let (gate, up, fused_gate_up) = match fused {
+        Some(mut both) => {
+            for separate in ["ffn_gate_exps", "ffn_up_exps"] {
+                f.part(Need::No, &format!("{separate}.weight"))?;
+            }
+            f.part(Need::No, "ffn_gate_up_exps.scale")?;
+            both.scale = None;
+            (None, both, true)
+        }
+        None => (
+            f.optional_matrix("ffn_gate_exps", biases)?,
+            f.matrix("ffn_up_exps", biases)?,
+            false,
+        ),
+    };
+    let shared = match f.part(parts.shared_expert, "ffn_gate_inp_shexp.weight")? {
+        Some(gate_inp) => Some(SharedExpert {
+            gate: f.matrix("ffn_gate_shexp", Need::No)?,
+            up: f.matrix("ffn_up_shexp", Need::No)?,
+            down: f.matrix("ffn_down_shexp", Need::No)?,
+            gate_inp,
+        }),
+        None => {
+            f.part(Need::No, "ffn_up_shexp.weight")?;
+            None
+        }
+    };
+    Ok(ExpertWeights {
+        gate_inp: f.matrix("ffn_gate_inp", biases)?,
+        gate,
+        up,
+        fused_gate_up,
+        down: f.matrix("ffn_down_exps", biases)?,
+        shared,
+    })
+}
+
 /// The `.input_scale` of each matrix the block has, where the file has one: `[1]`, or
 /// `[n_expert]` for experts.
 fn unread_scales(
     c: &ModelConfig,
     f: &Finder<'_>,
-    qkv: &QkvWeights,
+    mixer: &Mixer,
     ffn: &FfnWeights,
 ) -> Vec<(TensorId, [usize; 4])> {
-    let mut bases: Vec<(&str, usize)> = match qkv {
-        QkvWeights::Fused(_) => vec![("attn_qkv", 1)],
-        QkvWeights::Separate { .. } => vec![("attn_q", 1), ("attn_k", 1), ("attn_v", 1)],
+    let mut bases: Vec<(&str, usize)> = match mixer {
+        Mixer::Attention(a) => match a.qkv {
+            QkvWeights::Fused(_) => vec![("attn_qkv", 1), ("attn_output", 1)],
+            QkvWeights::Separate { .. } => vec![
+                ("attn_q", 1),
+                ("attn_k", 1),
+                ("attn_v", 1),
+                ("attn_output", 1),
+            ],
+        },
+        Mixer::DeltaNet(_) => ["attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out"]
+            .map(|b| (b, 1))
+            .to_vec(),
     };
-    bases.push(("attn_output", 1));
     match ffn {
         FfnWeights::Dense { gate, .. } => {
             bases.extend(gate.map(|_| ("ffn_gate", 1)));
@@ -303,7 +440,18 @@ fn unread_scales(
         FfnWeights::Experts(x) => {
             let n = c.moe.as_ref().map_or(1, |m| m.n_expert);
             bases.extend(x.gate.map(|_| ("ffn_gate_exps", n)));
-            bases.extend([("ffn_up_exps", n), ("ffn_down_exps", n)]);
+            match x.fused_gate_up {
+                true => bases.push(("ffn_gate_up_exps", n)),
+                false => bases.push(("ffn_up_exps", n)),
+            }
+            bases.push(("ffn_down_exps", n));
+            if x.shared.is_some() {
+                bases.extend([
+                    ("ffn_gate_shexp", 1),
+                    ("ffn_up_shexp", 1),
+                    ("ffn_down_shexp", 1),
+                ]);
+            }
         }
     }
     bases
@@ -317,32 +465,17 @@ fn unread_scales(
 /// The shapes block weights must have, `(tensor, ne)`, and which of them must be f32 (norms,
 /// scales and the unread input scales).
 pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, [usize; 4], bool)> {
-    let (e, q, kv, hd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.head_dim);
+    let e = c.n_embd;
     let mut out = vec![
         (l.attn_norm, [e, 1, 1, 1], true),
         (l.ffn_norm, [e, 1, 1, 1], true),
     ];
-    match &l.qkv {
-        QkvWeights::Separate {
-            q: wq,
-            k: wk,
-            v: wv,
-        } => {
-            matrix_shapes(&mut out, wq, [e, q, 1, 1]);
-            matrix_shapes(&mut out, wk, [e, kv, 1, 1]);
-            matrix_shapes(&mut out, wv, [e, kv, 1, 1]);
-        }
-        QkvWeights::Fused(m) => matrix_shapes(&mut out, m, [e, q + 2 * kv, 1, 1]),
+    match &l.mixer {
+        Mixer::Attention(a) => attention_shapes(c, a, &mut out),
+        Mixer::DeltaNet(d) => delta_net_shapes(c, d, &mut out),
     }
-    matrix_shapes(&mut out, &l.wo, [q, e, 1, 1]);
     ffn_shapes(c, &l.ffn, &mut out);
-    let norms = [
-        (l.attn_q_norm, hd),
-        (l.attn_k_norm, hd),
-        (l.attn_post_norm, e),
-        (l.ffn_post_norm, e),
-        (l.attn_sinks, c.n_head),
-    ];
+    let norms = [(l.attn_post_norm, e), (l.ffn_post_norm, e)];
     out.extend(
         norms
             .into_iter()
@@ -350,6 +483,59 @@ pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, 
     );
     out.extend(l.unread.iter().map(|&(t, ne)| (t, ne, true)));
     out
+}
+
+fn attention_shapes(
+    c: &ModelConfig,
+    a: &AttentionWeights,
+    out: &mut Vec<(TensorId, [usize; 4], bool)>,
+) {
+    let (e, q, kv, hd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.head_dim);
+    // A gated query projection gives each head's query and its gate.
+    let q_rows = if c.attn_output_gate { 2 * q } else { q };
+    match &a.qkv {
+        QkvWeights::Separate {
+            q: wq,
+            k: wk,
+            v: wv,
+        } => {
+            matrix_shapes(out, wq, [e, q_rows, 1, 1]);
+            matrix_shapes(out, wk, [e, kv, 1, 1]);
+            matrix_shapes(out, wv, [e, kv, 1, 1]);
+        }
+        QkvWeights::Fused(m) => matrix_shapes(out, m, [e, q_rows + 2 * kv, 1, 1]),
+    }
+    matrix_shapes(out, &a.wo, [q, e, 1, 1]);
+    let norms = [(a.q_norm, hd), (a.k_norm, hd), (a.sinks, c.n_head)];
+    out.extend(
+        norms
+            .into_iter()
+            .filter_map(|(t, n)| t.map(|t| (t, [n, 1, 1, 1], true))),
+    );
+}
+
+/// A delta-net layer's shapes; the convolution kernel, the decay's bias and `A` are f32, as
+/// llama.cpp's CPU kernels read them.
+fn delta_net_shapes(
+    c: &ModelConfig,
+    d: &DeltaNetWeights,
+    out: &mut Vec<(TensorId, [usize; 4], bool)>,
+) {
+    let Some(r) = &c.recurrent else {
+        return;
+    };
+    let (e, heads) = (c.n_embd, r.n_v_heads);
+    matrix_shapes(out, &d.qkv, [e, r.conv_channels(), 1, 1]);
+    matrix_shapes(out, &d.gate, [e, r.value_dim(), 1, 1]);
+    matrix_shapes(out, &d.beta, [e, heads, 1, 1]);
+    matrix_shapes(out, &d.alpha, [e, heads, 1, 1]);
+    matrix_shapes(out, &d.out, [r.value_dim(), e, 1, 1]);
+    out.extend([
+        (d.conv, [r.d_conv, r.conv_channels(), 1, 1], true),
+        (d.dt_bias, [heads, 1, 1, 1], true),
+        (d.a, [heads, 1, 1, 1], true),
+        (d.norm, [r.head_dim, 1, 1, 1], true),
+    ]);
 }
 
 /// A matrix of shape `ne` (`[n_in, n_out, n_expert]`), its bias `[n_out, n_expert]` and its
@@ -374,11 +560,19 @@ fn ffn_shapes(c: &ModelConfig, ffn: &FfnWeights, out: &mut Vec<(TensorId, [usize
         }
         FfnWeights::Experts(x) => {
             let (n, ff) = c.moe.as_ref().map_or((0, 0), |m| (m.n_expert, m.n_ff_exp));
+            let up_rows = if x.fused_gate_up { 2 * ff } else { ff };
             matrix_shapes(out, &x.gate_inp, [e, n, 1, 1]);
-            matrix_shapes(out, &x.up, [e, ff, n, 1]);
+            matrix_shapes(out, &x.up, [e, up_rows, n, 1]);
             matrix_shapes(out, &x.down, [ff, e, n, 1]);
             if let Some(g) = &x.gate {
                 matrix_shapes(out, g, [e, ff, n, 1]);
+            }
+            if let Some(s) = &x.shared {
+                let ff_shexp = c.moe.as_ref().map_or(0, |m| m.n_ff_shexp);
+                matrix_shapes(out, &s.gate, [e, ff_shexp, 1, 1]);
+                matrix_shapes(out, &s.up, [e, ff_shexp, 1, 1]);
+                matrix_shapes(out, &s.down, [ff_shexp, e, 1, 1]);
+                out.push((s.gate_inp, [e, 1, 1, 1], false));
             }
         }
     }

@@ -82,7 +82,10 @@ pub(super) fn build_graph(
 ) -> Result<BatchGraph> {
     let n = key.n_tokens;
     let tokens = input(ctx, DType::I32, &[n], "inp_tokens")?;
-    let positions = input(ctx, DType::I32, &[n], "inp_pos")?;
+    // Multi-section RoPE takes four positions per token (text: three times the position,
+    // then 0), in four runs of `n`.
+    let per_token = model.config.rope_mode.positions_per_token();
+    let positions = input(ctx, DType::I32, &[n * per_token], "inp_pos")?;
     let kv_rows = input(ctx, DType::I32, &[n], "inp_k_idxs")?;
     let local = model.config.sliding_window.is_some();
     let local_rows = match local {
@@ -126,6 +129,8 @@ pub(super) fn build_graph(
     let cache = CacheView {
         k: &kv.k,
         v: &kv.v,
+        conv: &kv.conv,
+        ssm: &kv.ssm,
         n_seq: kv.n_seq,
         cells: kv.cells,
         local_cells: kv.local_cells,

@@ -27,8 +27,15 @@ use std::sync::Arc;
 /// product reads a stream's cells as dense rows. A token's cache row is `stream * cells + cell`
 /// in both.
 pub(super) struct KvCache {
-    pub(super) k: Vec<TensorId>,
-    pub(super) v: Vec<TensorId>,
+    /// Per layer, K and V (`None`: a recurrent layer, which keeps states instead).
+    pub(super) k: Vec<Option<TensorId>>,
+    pub(super) v: Vec<Option<TensorId>>,
+    /// Per layer, a recurrent layer's states (f32): the short convolution's last inputs
+    /// `[conv_state_len, n_seq]` and the delta net's matrices `[ssm_state_len, n_seq]`, one
+    /// row per stream (llama.cpp's recurrent memory with one cell per sequence). A stream's
+    /// rows hold zeros whenever it holds no position (see `Session::clear_fresh_states`).
+    pub(super) conv: Vec<Option<TensorId>>,
+    pub(super) ssm: Vec<Option<TensorId>>,
     /// Attention is one FLASH_ATTN_EXT op: V not transposed, and the cells attended to padded
     /// as llama.cpp pads them (see [`KvCache::attended`]).
     pub(super) flash_attn: bool,
@@ -73,7 +80,20 @@ impl KvCache {
             None => cells,
         };
         let too_large = || LlmError::BadConfig(format!("{n_seq} sequences of {cells} cells"));
+        let (mut conv, mut ssm) = (Vec::new(), Vec::new());
         for il in 0..c.n_layer {
+            if let Some(r) = c.recurrent.as_ref().filter(|_| c.is_recurrent(il)) {
+                let mut state = |len: usize, name: String| -> Result<Option<TensorId>> {
+                    let t = ctx.new_tensor(DType::F32, &[len, n_seq])?;
+                    ctx.set_name(t, name)?;
+                    Ok(Some(t))
+                };
+                conv.push(state(r.conv_state_len(), format!("cache_r_l{il}"))?);
+                ssm.push(state(r.ssm_state_len(), format!("cache_s_l{il}"))?);
+                k.push(None);
+                v.push(None);
+                continue;
+            }
             let per_seq = if c.is_local(il) { local_cells } else { cells };
             let n = per_seq.checked_mul(n_seq).ok_or_else(too_large)?;
             let kt = ctx.new_tensor(k_type, &[c.n_embd_kv(), n])?;
@@ -84,15 +104,18 @@ impl KvCache {
             };
             let vt = ctx.new_tensor(v_type, &v_shape)?;
             ctx.set_name(vt, format!("cache_v_l{il}"))?;
-            k.push(kt);
-            v.push(vt);
+            k.push(Some(kt));
+            v.push(Some(vt));
+            conv.push(None);
+            ssm.push(None);
         }
         // One cache buffer per device, holding the K and V of that device's blocks.
         let mut buffers = Vec::new();
         for (dev, buft) in bufts.iter().enumerate() {
             let mine: Vec<TensorId> = (0..c.n_layer)
                 .filter(|&il| model.layer_device(il).unwrap_or(0) == dev || bufts.len() == 1)
-                .flat_map(|il| [k[il], v[il]])
+                .flat_map(|il| [k[il], v[il], conv[il], ssm[il]])
+                .flatten()
                 .collect();
             if mine.is_empty() {
                 continue;
@@ -106,8 +129,9 @@ impl KvCache {
                 Buffer::alloc(buft, size).map_err(|e| LlmError::memory(e, MemoryUse::KvCache))?;
             buffer.set_usage(BufferUsage::Compute);
             // Unwritten cache cells are masked out, but must not hold NaN bit patterns that a
-            // zero attention weight would still propagate. Memory allocated zeroed is left
-            // untouched: clearing it would commit every page of a large cache at once.
+            // zero attention weight would still propagate; recurrent states start at zero.
+            // Memory allocated zeroed is left untouched: clearing it would commit every page
+            // of a large cache at once.
             if !buft.alloc_is_zeroed() {
                 buffer.clear(0)?;
             }
@@ -128,6 +152,8 @@ impl KvCache {
         Ok(KvCache {
             k,
             v,
+            conv,
+            ssm,
             flash_attn,
             k_rot,
             v_rot,

@@ -205,6 +205,10 @@ struct Staging {
     out_row: Vec<usize>,
     /// A mask converted to f16 (flash attention).
     mask16: Vec<u8>,
+    /// Four positions per token (multi-section RoPE).
+    positions4: Vec<i32>,
+    /// Zeros to clear a recurrent state row with.
+    zeros: Vec<u8>,
     /// The Walsh-Hadamard matrices of quantized caches, by size.
     rotations: std::collections::HashMap<usize, Vec<f32>>,
 }
@@ -278,12 +282,15 @@ impl Session {
     }
 
     /// KV-cache cells per layer: the context (rounded up to 256) for global layers; a
-    /// sliding-window layer's window and one micro-batch (rounded up to 256) for local ones.
+    /// sliding-window layer's window and one micro-batch (rounded up to 256) for local ones;
+    /// none for recurrent layers, which keep one state per sequence instead.
     pub fn kv_cells(&self) -> Vec<usize> {
-        (0..self.model.config.n_layer)
-            .map(|il| match self.model.config.is_local(il) {
-                true => self.kv.local_cells,
-                false => self.kv.cells,
+        let c = &self.model.config;
+        (0..c.n_layer)
+            .map(|il| match (c.is_recurrent(il), c.is_local(il)) {
+                (true, _) => 0,
+                (false, true) => self.kv.local_cells,
+                (false, false) => self.kv.cells,
             })
             .collect()
     }
@@ -355,7 +362,8 @@ impl Session {
     /// [`LlmError::ContextFull`] when the tokens do not fit in the rest of the context,
     /// [`LlmError::BadInput`] for no tokens; the sequence is then unchanged.
     /// [`LlmError::NonFinite`] when the logits hold NaN or infinity (the failing micro-batch is
-    /// taken back and the first non-finite node named), [`LlmError::OutOfMemory`] when a
+    /// taken back and the first non-finite node named; in a model with recurrent layers,
+    /// whose states cannot be taken back, its sequences are forgotten instead), [`LlmError::OutOfMemory`] when a
     /// compute buffer does not fit the device's free memory, and a
     /// [`rgml_gguf::GgufError::FileChanged`] (as [`LlmError::Gguf`]) when the mapped model file
     /// was truncated or written to. A failure of the computation itself ([`LlmError::Core`]) may
@@ -553,7 +561,9 @@ impl Session {
             }
         };
         let result = graph.and_then(|(key, g)| {
-            let r = self.run_ubatch(&g, ubatch, read, out);
+            let r = self
+                .clear_fresh_states()
+                .and_then(|()| self.run_ubatch(&g, ubatch, read, out));
             if r.is_ok() && !capture {
                 self.built = Some((key, g));
             }
@@ -564,9 +574,50 @@ impl Session {
         }
         if let Err(LlmError::NonFinite { first: None }) = result {
             let first = self.find_non_finite(ubatch);
+            self.forget_recurrent(ubatch);
             return Err(LlmError::NonFinite { first });
         }
         result
+    }
+
+    /// Zero the recurrent states of the micro-batch's sequences that hold no position yet
+    /// (new ones, or ones cleared since), as llama.cpp clears a sequence's fresh cell: their
+    /// first tokens start from zero states.
+    fn clear_fresh_states(&mut self) -> Result<()> {
+        if self.model.config.recurrent.is_none() {
+            return Ok(());
+        }
+        let fresh: Vec<usize> = (self.plan.key.groups.iter())
+            .map(|g| g.stream)
+            .filter(|&s| self.kv.streams[s].global.used() == 0)
+            .collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        // Queued micro-batches may still read and write the states.
+        self.sched.synchronize()?;
+        for stream in fresh {
+            for t in self.kv.conv.iter().chain(&self.kv.ssm).flatten() {
+                let row = self.ctx[*t].nb[1];
+                self.staging.zeros.resize(row, 0);
+                self.ctx.tensor_set(*t, stream * row, &self.staging.zeros)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a micro-batch whose logits were not finite: a recurrent state cannot be taken
+    /// back (the graph updated it in place), so the micro-batch's sequences are forgotten
+    /// in a model that has one, rather than kept with a state that does not match them.
+    fn forget_recurrent(&mut self, ubatch: &[BatchToken]) {
+        if self.model.config.recurrent.is_none() {
+            return;
+        }
+        for t in ubatch {
+            if let Some(stream) = self.kv.streams.get_mut(t.seq) {
+                stream.clear();
+            }
+        }
     }
 
     /// Set the inputs of the built graph `g`, compute it and read what it gives.
@@ -715,7 +766,19 @@ impl Session {
     fn set_inputs(&mut self, g: &BatchGraph) -> Result<()> {
         let plan = &self.plan;
         self.ctx.tensor_set_i32(g.tokens, &plan.tokens)?;
-        self.ctx.tensor_set_i32(g.positions, &plan.positions)?;
+        match self.ctx[g.positions].ne[0] / plan.positions.len().max(1) {
+            4 => {
+                // A text token's four RoPE positions: its position thrice, then 0.
+                let pos = &mut self.staging.positions4;
+                pos.clear();
+                for _ in 0..3 {
+                    pos.extend_from_slice(&plan.positions);
+                }
+                pos.resize(4 * plan.positions.len(), 0);
+                self.ctx.tensor_set_i32(g.positions, pos)?;
+            }
+            _ => self.ctx.tensor_set_i32(g.positions, &plan.positions)?,
+        }
         self.ctx.tensor_set_i32(g.kv_rows, &plan.kv_rows)?;
         if let Some(rows) = g.local_rows {
             self.ctx.tensor_set_i32(rows, &plan.local_rows)?;

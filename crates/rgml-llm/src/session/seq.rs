@@ -39,8 +39,22 @@ impl Session {
 
     /// Forget sequence `seq`'s positions in `range` (`0..usize::MAX`: all of them). Its next
     /// token goes after the newest position left.
+    ///
+    /// A model with recurrent layers (Qwen3.5) keeps one state per sequence, of all its
+    /// positions: as in llama.cpp, its newest positions cannot be removed without the older
+    /// ones (a range from a position after 0 through the newest is an error, and nothing
+    /// changes); removing every position clears the state too.
     pub fn seq_rm(&mut self, seq: usize, range: Range<usize>) -> Result<()> {
         self.check_seq(seq)?;
+        let next = self.seq_len(seq);
+        let rolls_back = range.start > 0 && range.start < next && range.end >= next;
+        if self.model.config.recurrent.is_some() && rolls_back {
+            return Err(LlmError::BadInput(format!(
+                "sequence {seq}: positions {}.. cannot be removed from a recurrent state of \
+                 {next} positions (only all of them)",
+                range.start
+            )));
+        }
         let stream = &mut self.kv.streams[seq];
         stream.global.remove(range.clone());
         if let Some(local) = &mut stream.local {
@@ -52,11 +66,23 @@ impl Session {
     /// Make `dst` hold `src`'s positions in `range`, with their keys and values, in the same
     /// cells; what `dst` held in those cells is forgotten. To start `dst` as a copy of a prefix
     /// of `src`: clear it (`seq_rm(dst, 0..usize::MAX)`), then copy `0..prefix_len`.
+    ///
+    /// With recurrent layers, `dst` takes `src`'s state, which holds all of `src`'s positions:
+    /// a range that leaves out some of them is an error, and nothing changes.
     pub fn seq_cp(&mut self, src: usize, dst: usize, range: Range<usize>) -> Result<()> {
         self.check_seq(src)?;
         self.check_seq(dst)?;
         if src == dst {
             return Ok(());
+        }
+        let n_src = self.seq_len(src);
+        let partial = range.start > 0 || range.end < n_src;
+        if self.model.config.recurrent.is_some() && partial && n_src > 0 {
+            return Err(LlmError::BadInput(format!(
+                "sequence {src}'s recurrent state holds its {n_src} positions: it is copied \
+                 whole or not at all (asked: {}..{})",
+                range.start, range.end
+            )));
         }
         // Queued micro-batches may still write the cache.
         self.sched.synchronize()?;
@@ -70,11 +96,28 @@ impl Session {
             t.copy_range(f, range, &mut local);
         }
         for il in 0..self.model.config.n_layer {
+            if self.model.config.is_recurrent(il) {
+                self.copy_states(il, src, dst)?;
+                continue;
+            }
             let (cells, per_stream) = match self.model.config.is_local(il) {
                 true => (&local, self.kv.local_cells),
                 false => (&global, self.kv.cells),
             };
             self.copy_cells(il, cells, per_stream, src, dst)?;
+        }
+        Ok(())
+    }
+
+    /// Copy recurrent layer `il`'s states from stream `src` to stream `dst`.
+    fn copy_states(&mut self, il: usize, src: usize, dst: usize) -> Result<()> {
+        let states = [self.kv.conv[il], self.kv.ssm[il]];
+        let mut buf = Vec::new();
+        for t in states.into_iter().flatten() {
+            let row = self.ctx[t].nb[1];
+            buf.resize(row, 0);
+            self.ctx.tensor_get(t, src * row, &mut buf)?;
+            self.ctx.tensor_set(t, dst * row, &buf)?;
         }
         Ok(())
     }
@@ -89,7 +132,9 @@ impl Session {
         dst: usize,
     ) -> Result<()> {
         let n_embd_kv = self.model.config.n_embd_kv();
-        let (k, v) = (self.kv.k[il], self.kv.v[il]);
+        let (Some(k), Some(v)) = (self.kv.k[il], self.kv.v[il]) else {
+            return Ok(());
+        };
         let cell_bytes = |t: rgml::TensorId| {
             self.ctx[t]
                 .dtype
@@ -164,7 +209,7 @@ impl Session {
 
     fn k_shift_graph(&mut self, seq: usize, global: &[i32], local: Option<&[i32]>) -> Result<()> {
         let c = &self.model.config;
-        let k_type = self.kv.k.first().map_or(DType::F16, |&k| self.ctx[k].dtype);
+        let k_type = (self.kv.k.iter().flatten().next()).map_or(DType::F16, |&k| self.ctx[k].dtype);
         let (hd, n_head_kv) = (c.head_dim, c.n_head_kv);
         let row_bytes = |n: usize| k_type.row_bytes(n).map_err(rgml::Error::from);
         let (head_bytes, row) = (row_bytes(hd)?, row_bytes(c.n_embd_kv())?);
@@ -181,6 +226,10 @@ impl Session {
             None => None,
         };
         for il in 0..c.n_layer {
+            // Recurrent layers keep no positions to rotate.
+            let Some(k_cache) = self.kv.k[il] else {
+                continue;
+            };
             let (shift, cells) = match (local, c.is_local(il)) {
                 (Some(l), true) => (l, self.kv.local_cells),
                 _ => (global, self.kv.cells),
@@ -192,7 +241,7 @@ impl Session {
             self.ctx.set_flags(pos, TensorFlags::INPUT)?;
             inputs.push((pos, shift));
             let k = self.ctx.view(
-                self.kv.k[il],
+                k_cache,
                 &[hd, n_head_kv, cells],
                 &[head_bytes, row],
                 seq * cells * row,
