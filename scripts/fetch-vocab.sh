@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Put llama.cpp's vocabulary-only GGUF files (tokenizer metadata of Llama 3, Qwen2, Phi-3 and
-# LLaMA SentencePiece, no weights) in models/vocab/ unless they are already there. They ship in
-# the PyPI source package llama-cpp-python 0.3.36 (vendor/llama.cpp/models/); the package is
-# cached where scripts/llamacpp.sh caches it, so it is downloaded at most once.
+# Put llama.cpp's vocabulary-only GGUF files (tokenizer metadata of Llama 3, Qwen2, Qwen3.5,
+# Phi-3 and LLaMA SentencePiece, no weights) in models/vocab/ unless they are already there.
+# They ship in the PyPI source package llama-cpp-python 0.3.36 (vendor/llama.cpp/models/); the
+# package is cached where scripts/llamacpp.sh caches it, so it is downloaded at most once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +13,7 @@ sdist=$cache/llama_cpp_python-$version.tar.gz
 files=(
     "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e ggml-vocab-llama-bpe.gguf"
     "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c ggml-vocab-qwen2.gguf"
+    "63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c ggml-vocab-qwen35.gguf"
     "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326 ggml-vocab-phi-3.gguf"
     "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69 ggml-vocab-llama-spm.gguf"
 )

@@ -43,6 +43,7 @@ from gen_model_fixtures import load, sha256, tokenize  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARCHS = [
     "gemma3", "qwen2", "qwen3", "llama3", "phi3", "mistral", "qwen3moe", "mixtral", "gpt-oss",
+    "qwen35", "qwen35moe",
 ]
 CONTINUATION = 32
 
@@ -54,6 +55,16 @@ LIST = (
     "Shopping list: three apples, two loaves of bread, a jar of honey, fresh basil, olive oil, "
     "sea salt, black pepper, and a bottle of sparkling water for the weekend."
 )
+TALE = (
+    "Every morning he opened the shutters at seven, wound the great tower clock by hand, and "
+    "listened for the faint tick that told him the pendulum was true. Children brought him broken "
+    "music boxes, pocket watches with cracked glass, and once a brass astrolabe that nobody in the "
+    "valley could explain."
+)
+# 137 tokens in Qwen's vocabulary: more than two of the 64-token chunks of llama.cpp's chunked
+# delta net (its unfused graph; the CPU runs the fused GATED_DELTA_NET op, token by token), the
+# last one partial.
+LONG = " ".join([STORY, TALE, LIST])
 COMMON = [
     "Once upon a time",
     "The capital of France is",
@@ -70,15 +81,18 @@ CHAT = {
     # Mistral's [INST] is plain text in the LLaMA SentencePiece vocabulary; </s> is special.
     "mistral": "[INST] Hi there [/INST] Hello!</s>[INST] What is 2+2? [/INST]",
 }
-CHAT["qwen3"] = CHAT["qwen3moe"] = CHAT["qwen2"]
+CHAT["qwen3"] = CHAT["qwen3moe"] = CHAT["qwen35"] = CHAT["qwen35moe"] = CHAT["qwen2"]
 CHAT["mixtral"] = CHAT["mistral"]
 # gpt-oss's test model has the Llama 3 vocabulary (llama.cpp vendors no o200k one).
 CHAT["gpt-oss"] = CHAT["llama3"]
 
 
 def prompts(arch: str) -> list[str]:
-    """The family's prompts; those with an 8-token window get a second one well past it."""
+    """The family's prompts; those with an 8-token window get a second one well past it, those
+    with delta nets one of several chunks."""
     extra = [LIST] if arch in ("gemma3", "gpt-oss") else []
+    if arch in ("qwen35", "qwen35moe"):
+        extra = [LONG]
     return COMMON + extra + [CHAT[arch]]
 
 

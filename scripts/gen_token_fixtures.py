@@ -5,7 +5,7 @@
 
 Without arguments it covers the files rgml's tokenizer parity test reads (see FILES): Gemma 3
 (SentencePiece without a space prefix), llama.cpp's vocabulary-only files for Llama 3 (BPE,
-`llama-bpe`), Qwen2 (BPE, `qwen2`), Phi-3 and LLaMA (SentencePiece), and the demo model
+`llama-bpe`), Qwen2 (BPE, `qwen2`), Qwen3.5 (BPE, `qwen35`), Phi-3 and LLaMA (SentencePiece), and the demo model
 (SmolLM2, BPE). `scripts/fetch-model.sh` and `scripts/fetch-vocab.sh` put them in models/.
 
 It needs llama.cpp's shared libraries (found through `LLAMA_CPP_LIB_PATH`) and the `llama_cpp`
@@ -52,6 +52,7 @@ FILES = [
     "models/gemma-3-270m-q4_k_m.gguf",
     "models/vocab/ggml-vocab-llama-bpe.gguf",
     "models/vocab/ggml-vocab-qwen2.gguf",
+    "models/vocab/ggml-vocab-qwen35.gguf",
     "models/vocab/ggml-vocab-phi-3.gguf",
     "models/vocab/ggml-vocab-llama-spm.gguf",
     "models/SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -1,8 +1,10 @@
-//! A mixture-of-experts model (the `qwen3moe` random model of `rgml-testmodels`) decoding
-//! several sequences in one batch: each sequence gets the logits it gets decoded alone, bit
-//! for bit. ggml's CPU picks an expert's kernel by how many rows are routed to it (its tiled
-//! K-quant kernel from 8), so a batch that mixed the sequences' rows in one routing would
-//! change them; each sequence is routed on its own, and runs of one-token steps as alone.
+//! Mixture-of-experts and hybrid models (the `qwen3moe`, `qwen35` and `qwen35moe` random
+//! models of `rgml-testmodels`) decoding several sequences in one batch: each sequence gets the
+//! logits it gets decoded alone, bit for bit. ggml's CPU picks an expert's kernel by how many
+//! rows are routed to it (its tiled K-quant kernel from 8), so a batch that mixed the
+//! sequences' rows in one routing would change them; each sequence is routed on its own, and
+//! runs of one-token steps as alone. A hybrid model's delta-net layers keep one recurrent
+//! state per sequence, which its tokens alone update.
 
 #[allow(dead_code)] // Only the root and the instruction sets are used here.
 mod common;
@@ -28,8 +30,8 @@ const PROMPTS: [&str; 6] = [
 /// Greedy steps after each prompt.
 const STEPS: usize = 5;
 
-fn model() -> Arc<Model> {
-    let vocab = root().join(Arch::Qwen3Moe.vocab_file());
+fn model(arch: Arch) -> Arc<Model> {
+    let vocab = root().join(arch.vocab_file());
     assert!(
         vocab.exists(),
         "{} not found: run scripts/fetch-vocab.sh",
@@ -37,10 +39,10 @@ fn model() -> Arc<Model> {
     );
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("moe-batch");
     std::fs::create_dir_all(&dir).expect("create the model directory");
-    let path = dir.join("qwen3moe.gguf");
-    write_random_model(Arch::Qwen3Moe, &vocab, &path).expect("write the random model");
+    let path = dir.join(format!("{}.gguf", arch.name()));
+    write_random_model(arch, &vocab, &path).expect("write the random model");
     rgml_cpu::register();
-    Arc::new(Model::load(&path, Default::default()).expect("load the MoE model"))
+    Arc::new(Model::load(&path, Default::default()).expect("load the model"))
 }
 
 fn options(model: &Model, isa: &str, n_seq: usize) -> SessionOptions {
@@ -123,7 +125,17 @@ fn together(
 
 #[test]
 fn moe_sequences_batched_give_their_logits_alone_on_each_isa() {
-    let model = model();
+    batched_as_alone(Arch::Qwen3Moe);
+}
+
+#[test]
+fn hybrid_sequences_batched_give_their_logits_alone_on_each_isa() {
+    batched_as_alone(Arch::Qwen35);
+    batched_as_alone(Arch::Qwen35Moe);
+}
+
+fn batched_as_alone(arch: Arch) {
+    let model = model(arch);
     let prompts: Vec<Vec<TokenId>> = PROMPTS
         .iter()
         .map(|p| model.tokenizer.encode(p, EncodeOptions::prompt()))
@@ -138,7 +150,8 @@ fn moe_sequences_batched_give_their_logits_alone_on_each_isa() {
                     let diff = x.iter().zip(y).filter(|(x, y)| x != y).count();
                     assert_eq!(
                         diff, 0,
-                        "{isa}: sequence {seq} (joining at {}) step {step}: logits differ from alone",
+                        "{arch} on {isa}: sequence {seq} (joining at {}) step {step}: logits \
+                         differ from alone",
                         start[seq]
                     );
                 }

@@ -242,6 +242,10 @@ pub struct ModelConfig {
     pub attn_output_gate: bool,
     /// The delta-net layers of a hybrid model.
     pub recurrent: Option<RecurrentConfig>,
+    /// Blocks after the last one that only multi-token prediction (speculative drafting)
+    /// reads (`nextn_predict_layers`, counted in `block_count`): their tensors are accepted
+    /// and never read, as llama.cpp skips them unless asked to load them.
+    pub n_layer_nextn: usize,
     /// The last block runs on every row and the output rows are picked after the final norm
     /// (Qwen3.5, as llama.cpp's graph does), instead of before the last block's FFN.
     pub output_rows_after_norm: bool,

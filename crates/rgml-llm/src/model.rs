@@ -239,7 +239,7 @@ impl Model {
         map.overrides = override_devices(&mut devices, &options.overrides);
 
         let (mut ctx, ids) = weights_context(gguf)?;
-        check_blocks(gguf, config.n_layer)?;
+        check_blocks(gguf, config.n_layer + config.n_layer_nextn)?;
         let weights = NamedWeights::resolve(&ids, &config)?;
         weights.check_shapes(&ctx, &config)?;
 
@@ -661,10 +661,12 @@ impl NamedWeights {
                     .map(|(id, ..)| id),
             );
         }
+        let mtp = config.n_layer..config.n_layer + config.n_layer_nextn;
         let mut unused: Vec<&str> = ids
             .iter()
             .filter(|(_, (id, _))| !used.contains(id))
             .map(|(name, _)| *name)
+            .filter(|name| !block_index(name).is_some_and(|il| mtp.contains(&il)))
             .collect();
         unused.sort_unstable();
         match unused.first() {

@@ -252,6 +252,7 @@ mod tests {
             attn_output_gate: false,
             recurrent: None,
             output_rows_after_norm: false,
+            n_layer_nextn: 0,
         }
     }
 

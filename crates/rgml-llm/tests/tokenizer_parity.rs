@@ -281,6 +281,40 @@ fn qwen2_matches_llama_cpp() {
     check(include_str!("fixtures/tokens/ggml-vocab-qwen2.json"));
 }
 
+/// Qwen 3.5's pre-tokenizer (`qwen35`: combining marks join letter runs), on llama.cpp's
+/// vocabulary file for it (Qwen2's tokens and merges under that pre-tokenizer).
+#[test]
+fn qwen35_matches_llama_cpp() {
+    check(include_str!("fixtures/tokens/ggml-vocab-qwen35.json"));
+}
+
+/// Texts whose ids depend on combining marks joining letter runs, with llama.cpp's ids for
+/// `ggml-vocab-qwen35.gguf` (under Qwen 2's pre-tokenizer the same vocabulary gives others).
+#[test]
+fn qwen35_marks_join_letter_runs_as_in_llama_cpp() {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/vocab/ggml-vocab-qwen35.gguf");
+    let file = GgufFile::open(&path).expect("run scripts/fetch-vocab.sh first");
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer from GGUF");
+    let plain = EncodeOptions {
+        add_special: false,
+        parse_special: false,
+    };
+    let cases: [(&str, &[TokenId]); 2] = [
+        (
+            "Ti\u{ea}\u{301}ng Vi\u{ea}\u{323}t",
+            &[45351, 132515, 968, 11401, 132840, 83],
+        ),
+        (
+            "\u{e2a}\u{e27}\u{e31}\u{e2a}\u{e14}\u{e35}\u{e04}\u{e23}\u{e31}\u{e1a}",
+            &[35648, 124294, 35648, 124311, 125459],
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(tok.encode(text, plain), want, "{text:?}");
+    }
+}
+
 #[test]
 fn phi3_matches_llama_cpp() {
     check(include_str!("fixtures/tokens/ggml-vocab-phi-3.json"));

@@ -3,10 +3,10 @@
 //! that llama.cpp's converter writes for the family; building tensors and writing bytes are
 //! elsewhere.
 //!
-//! The sizes are tiny (64 to 128 wide, 2 to 8 layers) but keep what distinguishes each family
+//! The sizes are tiny (64 to 256 wide, 2 to 8 layers) but keep what distinguishes each family
 //! in real files: grouped-query attention, head widths that are not `n_embd / n_head`, q/k
-//! norms, biases, fused projections, tied or separate output weights, rope variants and
-//! sliding windows.
+//! norms, biases, fused projections, tied or separate output weights, rope variants, sliding
+//! windows, shared experts and Qwen 3.5's gated delta nets between gated attention layers.
 
 use rgml::DType;
 use rgml_gguf::Value;
@@ -38,11 +38,17 @@ pub enum Arch {
     /// sliding-window layers, YaRN, MXFP4 experts; the Llama 3 vocabulary (llama.cpp vendors
     /// no o200k one).
     GptOss,
+    /// Qwen3.5 dense (`qwen35`, Qwen3.5-9B style): gated delta-net layers with every 4th
+    /// layer gated full attention (partial interleaved M-RoPE), a dense FFN.
+    Qwen35,
+    /// Qwen3.5 MoE (`qwen35moe`, Qwen3.5-35B-A3B style): Qwen3.5's layers with routed experts
+    /// and a sigmoid-gated shared expert.
+    Qwen35Moe,
 }
 
 impl Arch {
     /// Every architecture, in a fixed order.
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Gemma3,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -52,6 +58,8 @@ impl Arch {
         Arch::Qwen3Moe,
         Arch::Mixtral,
         Arch::GptOss,
+        Arch::Qwen35,
+        Arch::Qwen35Moe,
     ];
 
     /// The name used on the command line and for fixtures (`llama3`, not `llama`: Mistral's
@@ -67,6 +75,8 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Mixtral => "mixtral",
             Arch::GptOss => "gpt-oss",
+            Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -80,6 +90,8 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::GptOss => "gpt-oss",
+            Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -92,6 +104,9 @@ impl Arch {
             Arch::Llama3 | Arch::GptOss => "models/vocab/ggml-vocab-llama-bpe.gguf",
             Arch::Phi3 => "models/vocab/ggml-vocab-phi-3.gguf",
             Arch::Mistral | Arch::Mixtral => "models/vocab/ggml-vocab-llama-spm.gguf",
+            // Qwen2's tokens and merges under Qwen 3.5's pre-tokenizer (llama.cpp's test file;
+            // the real vocabulary has 248320 tokens).
+            Arch::Qwen35 | Arch::Qwen35Moe => "models/vocab/ggml-vocab-qwen35.gguf",
         }
     }
 
@@ -107,6 +122,8 @@ impl Arch {
             Arch::Qwen3Moe => qwen3moe(),
             Arch::Mixtral => mixtral(),
             Arch::GptOss => gpt_oss(),
+            Arch::Qwen35 => qwen35(),
+            Arch::Qwen35Moe => qwen35moe(),
         }
     }
 }
@@ -192,6 +209,54 @@ pub struct Experts {
     pub down: DType,
     /// Whether the router and the experts have biases (`ffn_*.bias`: gpt-oss).
     pub biases: bool,
+    /// Width of the shared expert every token also runs, scaled by a sigmoid gate
+    /// (`ffn_{gate,up,down}_shexp`, `ffn_gate_inp_shexp`; written as
+    /// `expert_shared_feed_forward_length`): Qwen3.5 MoE. Q8_0, as the other matrices.
+    pub shared_ff: Option<usize>,
+}
+
+/// Qwen3.5's linear-attention layers: a gated delta net (the `ssm.*` keys and `ssm_*`
+/// tensors), with every `full_attention_interval`-th layer full attention instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNet {
+    /// `ssm.conv_kernel`: taps of the causal convolution over q, k and v.
+    pub conv_kernel: usize,
+    /// `ssm.state_size`: width of one key head and of one value head (llama.cpp takes both
+    /// from this key).
+    pub head_dim: usize,
+    /// `ssm.group_count`: key (and query) heads.
+    pub n_k_heads: usize,
+    /// `ssm.time_step_rank`: value heads, a multiple of the key heads.
+    pub n_v_heads: usize,
+    /// `full_attention_interval`: layers `interval - 1`, `2 * interval - 1`, ... are full
+    /// attention.
+    pub full_attention_interval: usize,
+    /// Whether `attention.recurrent_layers` (one bool per layer) is written too, as
+    /// llama.cpp's converter does for configs with `layer_types`; llama.cpp prefers it to the
+    /// interval. Files of older converters have the interval only.
+    pub recurrent_layers_key: bool,
+}
+
+impl DeltaNet {
+    /// Width of all key heads (and of all query heads).
+    pub fn key_dim(self) -> usize {
+        self.head_dim * self.n_k_heads
+    }
+
+    /// Width of all value heads: `ssm.inner_size`.
+    pub fn value_dim(self) -> usize {
+        self.head_dim * self.n_v_heads
+    }
+
+    /// Channels of the convolution (and rows of `attn_qkv`): q, k, then v.
+    pub fn conv_dim(self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Whether layer `il` is a delta-net layer (else full attention).
+    pub fn is_recurrent(self, il: usize) -> bool {
+        !(il + 1).is_multiple_of(self.full_attention_interval)
+    }
 }
 
 /// Llama 3.1's rope scaling, which llama.cpp's converter writes as a `rope_freqs.weight`
@@ -233,6 +298,12 @@ pub struct Spec {
     pub attention: Attention,
     /// Whether `attn_q_norm` and `attn_k_norm` (one weight per head dimension) exist.
     pub qk_norm: bool,
+    /// Whether `attn_q` gives each head's query followed by as many gate values (Qwen3.5:
+    /// `2 * n_head * head_dim` rows, the output scaled by their sigmoid).
+    pub query_gate: bool,
+    /// Qwen3.5's delta-net layers, which replace attention in all but every
+    /// `full_attention_interval`-th layer.
+    pub delta_net: Option<DeltaNet>,
     /// Whether Gemma's `post_attention_norm` and `post_ffw_norm` exist.
     pub post_norms: bool,
     /// Whether `attn_output.bias` exists.
@@ -270,6 +341,8 @@ fn base() -> Spec {
         rope_freq_base: 1_000_000.0,
         attention: Attention::Separate { bias: false },
         qk_norm: false,
+        query_gate: false,
+        delta_net: None,
         post_norms: false,
         out_bias: false,
         sinks: false,
@@ -419,6 +492,7 @@ fn qwen3moe() -> Spec {
             gate_up: DType::Q4_K,
             down: DType::Q6_K,
             biases: false,
+            shared_ff: None,
         }),
         tied_output: true,
         keys: head_width_keys(128).to_vec(),
@@ -444,6 +518,7 @@ fn mixtral() -> Spec {
             gate_up: DType::Q4_0,
             down: DType::Q8_0,
             biases: false,
+            shared_ff: None,
         }),
         vocab_size_key: true,
         keys: vec![("rope.dimension_count", Value::U32(16))],
@@ -485,7 +560,93 @@ fn gpt_oss() -> Spec {
             gate_up: DType::MXFP4,
             down: DType::MXFP4,
             biases: true,
+            shared_ff: None,
         }),
+        keys,
+        ..base()
+    }
+}
+
+/// Qwen3.5's rope: `rope.dimension_count` rotated dimensions of each head (a quarter, as the
+/// real models' 64 of 256) whose frequency pairs are split into interleaved M-RoPE sections
+/// as `[11, 11, 10, 0]` splits the real models' 32 pairs.
+fn qwen35_rope(n_rot: u32, sections: [i32; 4]) -> [(&'static str, Value); 2] {
+    let sections = sections.iter().map(|&s| Value::I32(s)).collect();
+    [
+        ("rope.dimension_count", Value::U32(n_rot)),
+        ("rope.dimension_sections", Value::Array(sections)),
+    ]
+}
+
+/// Qwen3.5-9B style, 64 wide: 8 layers of which 3 and 7 are full attention (4 query heads of
+/// 64 with their gates, 2 key/value heads, q/k norms, 16 rotated dimensions in sections
+/// `[3, 3, 2, 0]`) and the others delta nets (2 key heads and 4 value heads of 32, a 4-tap
+/// convolution; the file lists the recurrent layers besides the interval), a dense FFN
+/// after `post_attention_norm`, a separate output, rope base 1e7.
+fn qwen35() -> Spec {
+    let mut keys = head_width_keys(64).to_vec();
+    keys.extend(qwen35_rope(16, [3, 3, 2, 0]));
+    Spec {
+        n_layer: 8,
+        head_dim: 64,
+        n_ctx_train: 262_144,
+        rope_freq_base: 10_000_000.0,
+        qk_norm: true,
+        query_gate: true,
+        delta_net: Some(DeltaNet {
+            conv_kernel: 4,
+            head_dim: 32,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            full_attention_interval: 4,
+            recurrent_layers_key: true,
+        }),
+        ffn_norm: "post_attention_norm",
+        keys,
+        ..base()
+    }
+}
+
+/// Qwen3.5-35B-A3B style, 128 wide: 8 layers of which 3 and 7 are full attention (4 query
+/// heads of 128 with their gates sharing one key/value head, q/k norms, 32 rotated
+/// dimensions in sections `[6, 5, 5, 0]`) and the others delta nets (2 key heads and 6
+/// value heads of 64, three value heads per key head as in Qwen3.5-27B; the interval only,
+/// as older converters write it); 8 experts 128 wide of which 2 run per token and a shared
+/// expert 192 wide behind its sigmoid gate, all Q8_0 (a Q8_0 file); a dense width
+/// (`feed_forward_length`) no tensor uses; tied embeddings.
+fn qwen35moe() -> Spec {
+    let mut keys = head_width_keys(128).to_vec();
+    keys.extend(qwen35_rope(32, [6, 5, 5, 0]));
+    Spec {
+        n_layer: 8,
+        n_embd: 128,
+        n_head_kv: 1,
+        head_dim: 128,
+        n_ff: 512,
+        n_ctx_train: 262_144,
+        rope_freq_base: 10_000_000.0,
+        qk_norm: true,
+        query_gate: true,
+        delta_net: Some(DeltaNet {
+            conv_kernel: 4,
+            head_dim: 64,
+            n_k_heads: 2,
+            n_v_heads: 6,
+            full_attention_interval: 4,
+            recurrent_layers_key: false,
+        }),
+        ffn_norm: "post_attention_norm",
+        ffn: Ffn::Experts(Experts {
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 128,
+            width_key: true,
+            gate_up: DType::Q8_0,
+            down: DType::Q8_0,
+            biases: false,
+            shared_ff: Some(192),
+        }),
+        tied_output: true,
         keys,
         ..base()
     }

@@ -1,8 +1,9 @@
 //! Random-weight GGUF models, of two kinds.
 //!
 //! **Tiny models** ([`Arch`], `rgml-random-model --arch NAME`), one per architecture that
-//! rgml-llm verifies against llama.cpp (Gemma 3, Qwen2, Qwen3, Llama 3.1, Phi-3, Mistral, and
-//! the mixtures of experts Qwen3 MoE and Mixtral): a few layers of 64 to 256 wide random
+//! rgml-llm verifies against llama.cpp (Gemma 3, Qwen2, Qwen3, Llama 3.1, Phi-3, Mistral, the
+//! mixtures of experts Qwen3 MoE, Mixtral and gpt-oss, and the hybrids of delta nets and
+//! attention Qwen3.5 and Qwen3.5 MoE): a few layers of 64 to 256 wide random
 //! weights (Q8_0 matrices, experts in the types of real files, F32 norms, biases and routers,
 //! F16 or Q8_0 embeddings) under the hyper-parameter keys llama.cpp's converter writes for the family,
 //! with the real vocabulary and every `tokenizer.*` key (chat template included) copied from a
@@ -46,7 +47,7 @@ mod shaped;
 mod stream;
 mod tensors;
 
-pub use arch::{Arch, Attention, Experts, Ffn, Llama3Rope, Spec, UnknownArch};
+pub use arch::{Arch, Attention, DeltaNet, Experts, Ffn, Llama3Rope, Spec, UnknownArch};
 pub use blocks::WEIGHT_STD;
 pub use error::{Error, Result};
 pub use rgml_llm::quantize::QuantPreset;
@@ -219,11 +220,39 @@ fn add_hyperparameters(
         if x.width_key {
             keys.push(("expert_feed_forward_length", u32_of(x.n_ff_exp)));
         }
+        if let Some(n_ff) = x.shared_ff {
+            keys.push(("expert_shared_feed_forward_length", u32_of(n_ff)));
+        }
     }
     keys.extend(spec.keys.iter().cloned());
+    if let Some(net) = spec.delta_net {
+        keys.extend(delta_net_keys(&net, spec.n_layer));
+    }
     for (key, value) in keys {
         w.add_metadata(format!("{prefix}.{key}"), value);
     }
+}
+
+/// The `ssm.*` and layer-pattern keys of a delta net in a model of `n_layer` blocks, in the
+/// order llama.cpp's converter writes them.
+fn delta_net_keys(net: &DeltaNet, n_layer: usize) -> Vec<(&'static str, Value)> {
+    let u32_of = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
+    let mut keys = vec![
+        ("ssm.conv_kernel", u32_of(net.conv_kernel)),
+        ("ssm.state_size", u32_of(net.head_dim)),
+        ("ssm.group_count", u32_of(net.n_k_heads)),
+        ("ssm.time_step_rank", u32_of(net.n_v_heads)),
+        ("ssm.inner_size", u32_of(net.value_dim())),
+    ];
+    if net.recurrent_layers_key {
+        let layers = (0..n_layer).map(|il| Value::Bool(net.is_recurrent(il)));
+        keys.push(("attention.recurrent_layers", Value::Array(layers.collect())));
+    }
+    keys.push((
+        "full_attention_interval",
+        u32_of(net.full_attention_interval),
+    ));
+    keys
 }
 
 #[cfg(test)]
@@ -263,6 +292,43 @@ mod tests {
         );
         assert!(m.tensor("output.weight").is_none());
         assert_eq!(m.tensors().len(), 2 + 8 * 13);
+    }
+
+    #[test]
+    fn qwen35_files_have_their_delta_net_and_rope_keys() {
+        let m = model(Arch::Qwen35, 64);
+        let u = |k: &str| m.get_u64(&format!("qwen35.{k}")).unwrap();
+        assert_eq!(m.get_str("general.architecture").unwrap(), "qwen35");
+        assert_eq!(
+            [
+                u("ssm.conv_kernel"),
+                u("ssm.state_size"),
+                u("ssm.group_count"),
+                u("ssm.time_step_rank"),
+                u("ssm.inner_size"),
+                u("full_attention_interval"),
+                u("rope.dimension_count"),
+                u("attention.key_length"),
+            ],
+            [4, 32, 2, 4, 128, 4, 16, 64]
+        );
+        let recurrent = m.get_array("qwen35.attention.recurrent_layers").unwrap();
+        let want: Vec<Value> = [true, true, true, false, true, true, true, false]
+            .into_iter()
+            .map(Value::Bool)
+            .collect();
+        assert_eq!(recurrent, &want[..]);
+        let sections = m.get_array("qwen35.rope.dimension_sections").unwrap();
+        let want: Vec<Value> = [3, 3, 2, 0].into_iter().map(Value::I32).collect();
+        assert_eq!(sections, &want[..]);
+        assert!(m.tensor("output.weight").is_some());
+
+        let m = model(Arch::Qwen35Moe, 64);
+        let u = |k: &str| m.get_u64(&format!("qwen35moe.{k}")).unwrap();
+        assert_eq!(u("expert_shared_feed_forward_length"), 192);
+        assert_eq!((u("ssm.group_count"), u("ssm.time_step_rank")), (2, 6));
+        assert!(m.get("qwen35moe.attention.recurrent_layers").is_none());
+        assert!(m.tensor("output.weight").is_none());
     }
 
     #[test]

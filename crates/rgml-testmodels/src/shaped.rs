@@ -110,7 +110,7 @@ impl ShapedModel {
             Value::U32(QUANTIZATION_VERSION),
         );
         header.add_metadata("general.file_type", Value::U32(preset.file_type()));
-        let tensors = plan_types(&header, spec, n_vocab, preset)?;
+        let tensors = plan_types(name, &header, spec, n_vocab, preset)?;
         Ok(ShapedModel {
             name: name.to_string(),
             seed,
@@ -217,10 +217,12 @@ impl ShapedModel {
     }
 }
 
-/// The tensors of `spec` in llama.cpp's order, each with the type `llama-quantize` gives it
-/// under `preset` in a file whose metadata is `header`'s. A tensor the rules leave alone keeps
-/// the type the converter writes: F32 for vectors, F16 for matrices.
+/// The tensors of `spec` (the shape called `name`) in llama.cpp's order, each with the type
+/// `llama-quantize` gives it under `preset` in a file whose metadata is `header`'s. A tensor
+/// the rules leave alone keeps the type the converter writes: F32 for vectors, F16 for
+/// matrices.
 fn plan_types(
+    name: &str,
     header: &GgufWriter,
     spec: &Spec,
     n_vocab: usize,
@@ -241,6 +243,9 @@ fn plan_types(
                 Fill::Norm => Content::Norm,
                 Fill::Uniform(_) if matrix => Content::Weights,
                 Fill::Uniform(_) => Content::Bias,
+                // Values with a sign of their own (delta-net decays): as the tiny models
+                // draw them, from the shape's tensor name.
+                Fill::Between(..) => Content::Values(t.values(name)),
             };
             // The converter writes routers (`ffn_gate_inp`) in F32, other matrices in F16.
             let router = t.name.ends_with("ffn_gate_inp.weight");

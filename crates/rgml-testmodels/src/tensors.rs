@@ -7,9 +7,13 @@
 //! The tiny models' ranges are chosen so that activations stay near unit scale and attention
 //! is far from uniform (a uniform attention would hide position and mask errors): matrices
 //! uniform in ±0.2, query and key projections ±0.25, embeddings and the output projection ±0.3
-//! (logits then spread over a few units), norm weights 1 ± 0.1, biases ±0.1.
+//! (logits then spread over a few units), norm weights 1 ± 0.1, biases ±0.1. Delta nets:
+//! convolution taps ±0.5, time-step biases ±0.5, and decay rates `ssm_a` (llama.cpp's
+//! `-exp(A_log)`) uniform in [-0.12, -0.01]: the state then keeps between about 0.1% and 60%
+//! of itself over 64 tokens (llama.cpp's chunk), so a prompt's earlier chunks still move the
+//! logits, as in trained models, whose memory is long.
 
-use crate::arch::{Attention, Experts, Ffn, Llama3Rope, Spec};
+use crate::arch::{Attention, DeltaNet, Experts, Ffn, Llama3Rope, Spec};
 use crate::error::Result;
 use crate::rng::SplitMix64;
 use rgml::DType;
@@ -21,6 +25,13 @@ const NORM_SPREAD: f32 = 0.1;
 const BIAS: f32 = 0.1;
 /// Attention sinks: logits of the same order as the scores, so they take a real share.
 const SINK: f32 = 1.5;
+/// Delta-net convolution taps.
+const CONV: f32 = 0.5;
+/// Delta-net time-step biases (`ssm_dt.bias`, added before the softplus).
+const DT_BIAS: f32 = 0.5;
+/// The range of the delta-net decay rates `ssm_a`: negative, as `-exp(A_log)` always is,
+/// drawn uniformly rather than through `exp` so the bytes do not depend on a libm.
+const DECAY: (f32, f32) = (-0.12, -0.01);
 
 /// How a tensor's values are made.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +40,8 @@ pub(crate) enum Fill {
     Uniform(f32),
     /// A norm weight: 1 plus uniform in ±[`NORM_SPREAD`].
     Norm,
+    /// Uniform in `[low, high)`.
+    Between(f32, f32),
     /// Given values (computed, not random).
     Values(Vec<f32>),
 }
@@ -64,22 +77,34 @@ impl Planned {
         }
     }
 
-    /// The tensor's bytes: its values, drawn from the stream of `model`/`name`, stored as its
-    /// type (Q8_0 by ggml's reference quantizer).
-    pub fn bytes(&self, model: &str) -> Result<Vec<u8>> {
+    /// A 2-D F32 tensor (not quantized: llama.cpp's convolution wants F32 taps).
+    fn float_matrix(name: String, n_in: usize, n_out: usize, amplitude: f32) -> Planned {
+        Planned {
+            dtype: DType::F32,
+            ..Planned::matrix(name, n_in, n_out, amplitude)
+        }
+    }
+
+    /// The tensor's values, drawn from the stream of `model`/`name`.
+    pub(crate) fn values(&self, model: &str) -> Vec<f32> {
         let n: usize = self.ne.iter().product();
-        let values = match &self.fill {
+        let mut rng = SplitMix64::for_tensor(model, &self.name);
+        match &self.fill {
             Fill::Values(v) => v.clone(),
-            Fill::Uniform(amplitude) => {
-                let mut rng = SplitMix64::for_tensor(model, &self.name);
-                (0..n).map(|_| rng.symmetric(*amplitude)).collect()
+            Fill::Uniform(amplitude) => (0..n).map(|_| rng.symmetric(*amplitude)).collect(),
+            Fill::Norm => (0..n).map(|_| 1.0 + rng.symmetric(NORM_SPREAD)).collect(),
+            Fill::Between(low, high) => {
+                let (mid, half) = ((low + high) / 2.0, (high - low) / 2.0);
+                (0..n).map(|_| mid + rng.symmetric(half)).collect()
             }
-            Fill::Norm => {
-                let mut rng = SplitMix64::for_tensor(model, &self.name);
-                (0..n).map(|_| 1.0 + rng.symmetric(NORM_SPREAD)).collect()
-            }
-        };
-        let mut out = vec![0u8; self.dtype.row_bytes(n)?];
+        }
+    }
+
+    /// The tensor's bytes: its [`Planned::values`] stored as its type (Q8_0 by ggml's
+    /// reference quantizer).
+    pub fn bytes(&self, model: &str) -> Result<Vec<u8>> {
+        let values = self.values(model);
+        let mut out = vec![0u8; self.dtype.row_bytes(values.len())?];
         rgml::quant::quantize_row(self.dtype, &values, &mut out)?;
         Ok(out)
     }
@@ -124,7 +149,27 @@ fn block(spec: &Spec, il: usize) -> Vec<Planned> {
     let name = |what: &str, kind: &str| format!("blk.{il}.{what}.{kind}");
     let norm = |what: &str, n: usize| Planned::vector(name(what, "weight"), n, Fill::Norm);
     let mut out = vec![norm("attn_norm", spec.n_embd)];
-    out.extend(attention_projections(spec, il));
+    match spec.delta_net {
+        Some(net) if net.is_recurrent(il) => out.extend(delta_net(spec.n_embd, &net, il)),
+        _ => out.extend(attention(spec, il)),
+    }
+    if spec.post_norms {
+        out.push(norm("post_attention_norm", spec.n_embd));
+    }
+    out.push(norm(spec.ffn_norm, spec.n_embd));
+    out.extend(ffn(spec, il));
+    if spec.post_norms {
+        out.push(norm("post_ffw_norm", spec.n_embd));
+    }
+    out
+}
+
+/// The attention tensors of block `il` after its input norm: projections, q/k norms, the
+/// output projection with its bias, sinks.
+fn attention(spec: &Spec, il: usize) -> Vec<Planned> {
+    let name = |what: &str, kind: &str| format!("blk.{il}.{what}.{kind}");
+    let norm = |what: &str, n: usize| Planned::vector(name(what, "weight"), n, Fill::Norm);
+    let mut out = attention_projections(spec, il);
     if spec.qk_norm {
         out.push(norm("attn_q_norm", spec.head_dim));
         out.push(norm("attn_k_norm", spec.head_dim));
@@ -152,11 +197,40 @@ fn block(spec: &Spec, il: usize) -> Vec<Planned> {
             sinks,
         ));
     }
-    if spec.post_norms {
-        out.push(norm("post_attention_norm", spec.n_embd));
-    }
-    out.push(norm(spec.ffn_norm, spec.n_embd));
+    out
+}
+
+/// The delta-net tensors of block `il` (llama.cpp's `load_block_trunk` of `qwen35`): the
+/// fused q/k/v projection and the output gate's, the convolution, the time-step bias, decay,
+/// the beta and alpha projections (one value per value head), the gated norm of each value
+/// head and the output projection.
+fn delta_net(n_embd: usize, net: &DeltaNet, il: usize) -> Vec<Planned> {
+    let name = |what: &str| format!("blk.{il}.{what}");
+    let (v_heads, value_dim) = (net.n_v_heads, net.value_dim());
+    vec![
+        Planned::matrix(name("attn_qkv.weight"), n_embd, net.conv_dim(), QUERY_KEY),
+        Planned::matrix(name("attn_gate.weight"), n_embd, value_dim, MATRIX),
+        Planned::float_matrix(
+            name("ssm_conv1d.weight"),
+            net.conv_kernel,
+            net.conv_dim(),
+            CONV,
+        ),
+        Planned::vector(name("ssm_dt.bias"), v_heads, Fill::Uniform(DT_BIAS)),
+        // No `.weight`: llama.cpp's name for `-exp(A_log)` is bare.
+        Planned::vector(name("ssm_a"), v_heads, Fill::Between(DECAY.0, DECAY.1)),
+        Planned::matrix(name("ssm_beta.weight"), n_embd, v_heads, MATRIX),
+        Planned::matrix(name("ssm_alpha.weight"), n_embd, v_heads, MATRIX),
+        Planned::vector(name("ssm_norm.weight"), net.head_dim, Fill::Norm),
+        Planned::matrix(name("ssm_out.weight"), value_dim, n_embd, MATRIX),
+    ]
+}
+
+/// The feed-forward tensors of block `il` after its norm.
+fn ffn(spec: &Spec, il: usize) -> Vec<Planned> {
+    let name = |what: &str, kind: &str| format!("blk.{il}.{what}.{kind}");
     let (n_embd, n_ff) = (spec.n_embd, spec.n_ff);
+    let mut out = Vec::new();
     match spec.ffn {
         Ffn::Gated => {
             out.push(Planned::matrix(
@@ -192,9 +266,6 @@ fn block(spec: &Spec, il: usize) -> Vec<Planned> {
             MATRIX,
         ));
     }
-    if spec.post_norms {
-        out.push(norm("post_ffw_norm", spec.n_embd));
-    }
     out
 }
 
@@ -228,12 +299,29 @@ fn experts(spec: &Spec, il: usize, x: &Experts) -> Vec<Planned> {
         out.push(m);
         out.extend(bias);
     }
+    if let Some(n_ff) = x.shared_ff {
+        out.extend(shared_expert(spec.n_embd, n_ff, il));
+    }
     out
 }
 
-/// Query, key and value projections of block `il`, with their biases if any.
+/// The shared expert of block `il`, `n_ff` wide, and its gate: one F32 weight per input
+/// dimension (a `[n_embd]` vector, as llama.cpp loads it), whose dot product with the input
+/// goes through a sigmoid.
+fn shared_expert(n_embd: usize, n_ff: usize, il: usize) -> Vec<Planned> {
+    let name = |what: &str| format!("blk.{il}.{what}.weight");
+    vec![
+        Planned::vector(name("ffn_gate_inp_shexp"), n_embd, Fill::Uniform(MATRIX)),
+        Planned::matrix(name("ffn_gate_shexp"), n_embd, n_ff, MATRIX),
+        Planned::matrix(name("ffn_up_shexp"), n_embd, n_ff, MATRIX),
+        Planned::matrix(name("ffn_down_shexp"), n_ff, n_embd, MATRIX),
+    ]
+}
+
+/// Query, key and value projections of block `il`, with their biases if any. With a query
+/// gate, `attn_q` has twice the query rows: each head's query, then its gate.
 fn attention_projections(spec: &Spec, il: usize) -> Vec<Planned> {
-    let n_q = spec.n_head * spec.head_dim;
+    let n_q = spec.n_head * spec.head_dim * if spec.query_gate { 2 } else { 1 };
     let n_kv = spec.n_head_kv * spec.head_dim;
     let name = |what: &str, kind: &str| format!("blk.{il}.{what}.{kind}");
     match spec.attention {
@@ -342,6 +430,64 @@ mod tests {
             .find(|t| t.name == "blk.0.ffn_up.weight")
             .expect("up");
         assert_eq!(up.ne, [64, 256]);
+    }
+
+    fn find<'a>(p: &'a [Planned], name: &str) -> &'a Planned {
+        p.iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    }
+
+    #[test]
+    fn every_quantized_row_is_a_whole_number_of_blocks() {
+        for arch in Arch::ALL {
+            for t in plan(&arch.spec(), 1000) {
+                let block = t.dtype.block_size();
+                assert_eq!(t.ne[0] % block, 0, "{arch} {}: {:?}", t.name, t.ne);
+            }
+        }
+    }
+
+    /// Layers 3 and 7 are gated attention, the others delta nets with llama.cpp's shapes.
+    #[test]
+    fn qwen35_blocks_are_delta_nets_but_every_fourth() {
+        let p = plan(&Arch::Qwen35.spec(), 1000);
+        let ne = |name: &str| find(&p, name).ne.clone();
+        let has = |name: &str| p.iter().any(|t| t.name == name);
+        // q, k (2 heads of 32 each) and v (4 heads of 32): 256 channels.
+        assert_eq!(ne("blk.0.attn_qkv.weight"), [64, 256]);
+        assert_eq!(ne("blk.0.attn_gate.weight"), [64, 128]);
+        assert_eq!(ne("blk.0.ssm_conv1d.weight"), [4, 256]);
+        assert_eq!(find(&p, "blk.0.ssm_conv1d.weight").dtype, DType::F32);
+        assert_eq!(ne("blk.6.ssm_a"), [4]);
+        assert_eq!(ne("blk.6.ssm_alpha.weight"), [64, 4]);
+        assert_eq!(ne("blk.6.ssm_norm.weight"), [32]);
+        assert_eq!(ne("blk.6.ssm_out.weight"), [128, 64]);
+        for il in [3, 7] {
+            // 4 heads of 64, each query followed by its gate.
+            assert_eq!(ne(&format!("blk.{il}.attn_q.weight")), [64, 512]);
+            assert_eq!(ne(&format!("blk.{il}.attn_output.weight")), [256, 64]);
+            assert!(has(&format!("blk.{il}.attn_k_norm.weight")));
+            assert!(!has(&format!("blk.{il}.ssm_a")));
+        }
+        assert!(!has("blk.2.attn_q.weight") && has("blk.2.post_attention_norm.weight"));
+        assert!(has("blk.2.ffn_gate.weight") && has("output.weight"));
+    }
+
+    #[test]
+    fn qwen35moe_has_a_gated_shared_expert_and_negative_decays() {
+        let p = plan(&Arch::Qwen35Moe.spec(), 1000);
+        let gate = find(&p, "blk.0.ffn_gate_inp_shexp.weight");
+        assert_eq!((gate.dtype, &gate.ne[..]), (DType::F32, &[128][..]));
+        assert_eq!(find(&p, "blk.0.ffn_up_shexp.weight").ne, [128, 192]);
+        assert_eq!(find(&p, "blk.0.ffn_down_shexp.weight").ne, [192, 128]);
+        assert_eq!(find(&p, "blk.7.ffn_gate_exps.weight").ne, [128, 128, 8]);
+        // 2 key heads and 6 value heads of 64.
+        assert_eq!(find(&p, "blk.0.attn_qkv.weight").ne, [128, 640]);
+        assert_eq!(find(&p, "blk.3.attn_q.weight").ne, [128, 1024]);
+        let a = find(&p, "blk.1.ssm_a").values("qwen35moe");
+        assert_eq!(a.len(), 6);
+        assert!(a.iter().all(|&x| (DECAY.0..DECAY.1).contains(&x)), "{a:?}");
     }
 
     #[test]

@@ -110,7 +110,9 @@ fn nodes_to_run(ctx: &Context, graph: &Graph) -> Result<(Vec<TensorId>, Vec<(Arc
     let mut buffers: Vec<(Arc<Buffer>, bool)> = Vec::new();
     for &id in graph.nodes() {
         let t = ctx.get(id)?;
-        if t.op.kind().is_view() {
+        // Empty nodes compute nothing (ggml skips them too; llama.cpp's recurrent graphs copy
+        // zero state rows when every sequence is in the batch).
+        if t.op.kind().is_view() || t.nelements() == 0 {
             continue;
         }
         kernels::check_supported(ctx, id)?;

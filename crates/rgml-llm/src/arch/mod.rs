@@ -148,6 +148,7 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         attn_output_gate: false,
         recurrent: None,
         output_rows_after_norm: false,
+        n_layer_nextn: 0,
     })
 }
 

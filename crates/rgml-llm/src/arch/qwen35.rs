@@ -47,6 +47,18 @@ pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
         *p = u32::try_from(s).map_err(|_| LlmError::BadConfig(format!("rope section {s}")))?;
     }
     c.rope_mode = RopeMode::Imrope { sections: pairs };
+    // Files of current converters end with a multi-token prediction block, counted in
+    // `block_count`; the main pass never runs it.
+    let nextn = keys.usize_or("nextn_predict_layers", 0)?;
+    if nextn >= c.n_layer {
+        return Err(LlmError::BadConfig(format!(
+            "{} = {nextn} of {} blocks",
+            keys.name("nextn_predict_layers"),
+            c.n_layer
+        )));
+    }
+    c.n_layer -= nextn;
+    c.n_layer_nextn = nextn;
     c.attn_output_gate = true;
     c.output_rows_after_norm = true;
     c.recurrent = Some(recurrent(keys, c.n_layer)?);

@@ -33,6 +33,9 @@ pub enum PreTokenizer {
     /// Qwen 2's regex: like Llama 3's but with single-digit numbers (qwen2, stablelm2,
     /// hunyuan, ...).
     Qwen2,
+    /// Qwen 3.5's regex: Qwen 2's with combining marks (`\p{M}`) in letter runs,
+    /// `[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+`, and so out of the punctuation runs (qwen35).
+    Qwen35,
     /// Falcon's: punctuation-and-backtick runs, GPT-2's regex, then ASCII digit triples.
     Falcon,
 }
@@ -55,11 +58,13 @@ impl PreTokenizer {
             | "midm-2.0" | "lfm2" | "jina-v5-nano" => PreTokenizer::Llama3,
             "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2"
             | "hunyuan" | "solar-open" => PreTokenizer::Qwen2,
+            "qwen35" => PreTokenizer::Qwen35,
             "falcon" => PreTokenizer::Falcon,
             other => {
                 return Err(LlmError::Tokenizer(format!(
                     "unsupported pre-tokenizer '{other}' (supported: default, gpt2, smollm, \
-                     starcoder, refact, llama3, qwen2, falcon and their llama.cpp aliases)"
+                     starcoder, refact, llama3, qwen2, qwen35, falcon and their llama.cpp \
+                     aliases)"
                 )))
             }
         })
@@ -81,8 +86,18 @@ impl PreTokenizer {
             ],
             PreTokenizer::Gpt2 => &[Stage::Gpt2],
             PreTokenizer::Starcoder => &[Stage::Isolate(Class::EachNumber), Stage::Gpt2],
-            PreTokenizer::Llama3 => &[Stage::Llama3 { max_digits: 3 }],
-            PreTokenizer::Qwen2 => &[Stage::Llama3 { max_digits: 1 }],
+            PreTokenizer::Llama3 => &[Stage::Llama3(Llama3Rules {
+                max_digits: 3,
+                marks: false,
+            })],
+            PreTokenizer::Qwen2 => &[Stage::Llama3(Llama3Rules {
+                max_digits: 1,
+                marks: false,
+            })],
+            PreTokenizer::Qwen35 => &[Stage::Llama3(Llama3Rules {
+                max_digits: 1,
+                marks: true,
+            })],
             PreTokenizer::Falcon => &[
                 Stage::Isolate(Class::FalconPunct),
                 Stage::Gpt2,
@@ -127,6 +142,7 @@ pub(crate) fn cleans_spaces(name: &str) -> bool {
         "smollm"
             | "command-r"
             | "qwen2"
+            | "qwen35"
             | "deepseek-r1-qwen"
             | "kormo"
             | "f2llmv2"
@@ -142,9 +158,9 @@ pub(crate) fn cleans_spaces(name: &str) -> bool {
 enum Stage {
     /// GPT-2's regex, as llama.cpp's `unicode_regex_split_custom_gpt2`.
     Gpt2,
-    /// Llama 3's regex family, as llama.cpp's `unicode_regex_split_custom_llama3` (Qwen 2's
-    /// single-digit variant goes through std::regex in llama.cpp, to the same splits).
-    Llama3 { max_digits: usize },
+    /// Llama 3's regex family, as llama.cpp's `unicode_regex_split_custom_llama3`, `_qwen2`
+    /// (single digits) and `_qwen35` (single digits, combining marks in letter runs).
+    Llama3(Llama3Rules),
     /// A single character-class regex: matches and gaps each become fragments.
     Isolate(Class),
     /// `[0-9][0-9][0-9]`: leftmost non-overlapping triples of ASCII digits.
@@ -230,7 +246,7 @@ impl Stage {
     fn split(self, cps: &[char], fl: &[CpFlags], frag: Range<usize>, out: &mut Vec<Range<usize>>) {
         match self {
             Stage::Gpt2 => split_gpt2(cps, fl, frag, out),
-            Stage::Llama3 { max_digits } => split_llama3(cps, fl, frag, out, max_digits),
+            Stage::Llama3(rules) => split_llama3(cps, fl, frag, out, rules),
             Stage::Isolate(class) => {
                 let mut prev = frag.start;
                 let mut pos = frag.start;
@@ -348,14 +364,40 @@ fn split_gpt2(cps: &[char], fl: &[CpFlags], frag: Range<usize>, out: &mut Vec<Ra
     }
 }
 
+/// What varies within Llama 3's regex family.
+#[derive(Clone, Copy, Debug)]
+struct Llama3Rules {
+    /// The longest number run one word takes (`\p{N}{1,max}`).
+    max_digits: usize,
+    /// Whether combining marks count with letters (`[\p{L}\p{M}]` for `\p{L}`, and
+    /// `[^\s\p{L}\p{M}\p{N}]` for the punctuation runs): Qwen 3.5.
+    marks: bool,
+}
+
+impl Llama3Rules {
+    /// Whether `f` is part of a letter run.
+    #[inline]
+    fn word(self, f: CpFlags) -> bool {
+        f.letter || (self.marks && f.mark)
+    }
+
+    /// Whether `f` is part of a punctuation run (`[^\s\p{L}\p{N}]`, marks excluded too
+    /// when they join letters).
+    #[inline]
+    fn other(self, f: CpFlags) -> bool {
+        f.is_other() && !(self.marks && f.mark)
+    }
+}
+
 /// Llama 3's regex family over one fragment:
 /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+/// (with `\p{M}` beside `\p{L}` where `rules.marks`).
 fn split_llama3(
     cps: &[char],
     fl: &[CpFlags],
     frag: Range<usize>,
     out: &mut Vec<Range<usize>>,
-    max_digits: usize,
+    rules: Llama3Rules,
 ) {
     let end = frag.end;
     let get = |p: usize| if p < end { fl[p] } else { CpFlags::NONE };
@@ -385,9 +427,9 @@ fn split_llama3(
         }
 
         // `[^\r\n\p{L}\p{N}]?\p{L}+`
-        if !(c == '\r' || c == '\n' || f.number) && (f.letter || get(pos + 1).letter) {
+        if !(c == '\r' || c == '\n' || f.number) && (rules.word(f) || rules.word(get(pos + 1))) {
             pos += 1;
-            while get(pos).letter {
+            while rules.word(get(pos)) {
                 pos += 1;
             }
             emit(out, &mut prev, pos);
@@ -399,7 +441,7 @@ fn split_llama3(
             let mut ini = pos;
             while get(pos).number {
                 pos += 1;
-                if pos - ini >= max_digits {
+                if pos - ini >= rules.max_digits {
                     emit(out, &mut prev, pos);
                     ini = pos;
                 }
@@ -411,9 +453,9 @@ fn split_llama3(
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*`. As in llama.cpp, the test is on the current char's
         // presence, so a space that ends the fragment is taken here, alone.
         let f2 = if c == ' ' { get(pos + 1) } else { f };
-        if !(f2.whitespace || f2.letter || f2.number) && f.present {
+        if !(f2.whitespace || rules.word(f2) || f2.number) && f.present {
             pos += usize::from(c == ' ');
-            while get(pos).is_other() {
+            while rules.other(get(pos)) {
                 pos += 1;
             }
             while is_rn(pos) {
@@ -501,6 +543,38 @@ mod tests {
             vec!["I", "'M", " ", "123", "45", " .\n\n", " ", " hi"]
         );
         assert_eq!(split(PreTokenizer::Qwen2, "12a"), vec!["1", "2", "a"]);
+    }
+
+    #[test]
+    fn qwen35_keeps_combining_marks_with_letters() {
+        // "e" + U+0301: Qwen 2 splits the mark off into a punctuation run, Qwen 3.5 keeps it.
+        let text = "cafe\u{301} x\u{301}\u{301}! \u{301}12";
+        assert_eq!(
+            split(PreTokenizer::Qwen2, text),
+            vec![
+                "cafe",
+                "\u{301}",
+                " x",
+                "\u{301}\u{301}!",
+                " \u{301}",
+                "1",
+                "2"
+            ]
+        );
+        assert_eq!(
+            split(PreTokenizer::Qwen35, text),
+            vec!["cafe\u{301}", " x\u{301}\u{301}", "!", " \u{301}", "1", "2"]
+        );
+        // A mark alone, or leading a run, starts a word as a letter would.
+        assert_eq!(
+            split(PreTokenizer::Qwen35, "\u{301}ab .\u{301}"),
+            vec!["\u{301}ab", " .", "\u{301}"]
+        );
+        assert_eq!(
+            PreTokenizer::from_name("qwen35").ok(),
+            Some(PreTokenizer::Qwen35)
+        );
+        assert!(!cleans_spaces("qwen35"));
     }
 
     #[test]

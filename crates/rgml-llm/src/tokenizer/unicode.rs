@@ -1,5 +1,5 @@
 //! Unicode helpers the tokenizers share: the code point classes the pre-tokenizers test
-//! (letter, number, whitespace, assigned) and GPT-2's byte <-> printable-char mapping.
+//! (letter, mark, number, whitespace, assigned) and GPT-2's byte <-> printable-char mapping.
 //!
 //! The classes are those of Unicode 15.1, the version of llama.cpp's tables: the general
 //! category comes from the `unicode-general-category` crate (Unicode 16.0) except for the
@@ -82,7 +82,8 @@ pub(crate) fn general_category(c: char) -> Gc {
 }
 
 /// The classes of a code point that the pre-tokenizers look at, as llama.cpp's
-/// `unicode_cpt_flags` does: `letter` is general category L*, `number` is N*, `whitespace`
+/// `unicode_cpt_flags` does: `letter` is general category L*, `mark` is M* (llama.cpp's
+/// `is_accent_mark`, `\p{M}`), `number` is N*, `whitespace`
 /// is the Unicode `White_Space` property, and `present` is true for every code point and false
 /// only for [`CpFlags::NONE`], the flags of a position past the end of a fragment. (llama.cpp
 /// gives unassigned code points a non-zero UNDEFINED flag, so they count as present and as
@@ -90,6 +91,7 @@ pub(crate) fn general_category(c: char) -> Gc {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CpFlags {
     pub letter: bool,
+    pub mark: bool,
     pub number: bool,
     pub whitespace: bool,
     pub present: bool,
@@ -99,6 +101,7 @@ impl CpFlags {
     /// Flags for a position past the end of a fragment: nothing matches there.
     pub const NONE: CpFlags = CpFlags {
         letter: false,
+        mark: false,
         number: false,
         whitespace: false,
         present: false,
@@ -119,6 +122,7 @@ pub(crate) fn flags(c: char) -> CpFlags {
         let b = c as u8;
         return CpFlags {
             letter: b.is_ascii_alphabetic(),
+            mark: false,
             number: b.is_ascii_digit(),
             // \t \n \v \f \r and space: the ASCII part of White_Space.
             whitespace: matches!(b, 9..=13 | 32),
@@ -134,6 +138,10 @@ pub(crate) fn flags(c: char) -> CpFlags {
                 | Gc::TitlecaseLetter
                 | Gc::ModifierLetter
                 | Gc::OtherLetter
+        ),
+        mark: matches!(
+            cat,
+            Gc::NonspacingMark | Gc::SpacingMark | Gc::EnclosingMark
         ),
         number: matches!(cat, Gc::DecimalNumber | Gc::LetterNumber | Gc::OtherNumber),
         // std's is_whitespace is exactly the White_Space property, the set llama.cpp uses.
@@ -232,6 +240,9 @@ mod tests {
         // Unassigned code points are "other", as llama.cpp's UNDEFINED flag makes them.
         assert!(flags('\u{0378}').is_other());
         assert!(!CpFlags::NONE.is_other());
-        assert!(flags('\u{0301}').is_other());
+        // A combining mark is neither letter nor number: "other" to GPT-2's and Llama 3's
+        // classes, a class of its own to Qwen 3.5's.
+        assert!(flags('\u{0301}').is_other() && flags('\u{0301}').mark);
+        assert!(flags('\u{0903}').mark && flags('\u{20DD}').mark && !flags('a').mark);
     }
 }

@@ -176,6 +176,10 @@ impl Builder<'_> {
         }
         self.place(built, &w)
             .map_err(|r| refuse(format!("tensor '{name}' (id {id}): {}", r.0)))?;
+        if view_src.is_some() {
+            self.check_in_place(built)
+                .map_err(|r| refuse(format!("tensor '{name}' (id {id}): {}", r.0)))?;
+        }
         if w.flags & crate::ggml::flag::INPUT != 0 {
             self.ctx.set_input(built).map_err(fail)?;
         }
@@ -186,9 +190,40 @@ impl Builder<'_> {
         Ok(built)
     }
 
+    /// An in-place op's result (a node the client calls a view, built as its op) must lie
+    /// exactly on its first source.
+    fn check_in_place(&self, id: TensorId) -> Result<(), Refusal> {
+        let t = self.ctx.get(id).map_err(|e| refuse(e.to_string()))?;
+        if t.view_src.is_some() || t.nelements() == 0 {
+            return Ok(());
+        }
+        let s0 = t.src.first().and_then(|&s| self.ctx.get(s).ok());
+        let same = match (s0.and_then(|s| s.data.as_ref()), t.data.as_ref()) {
+            (Some(a), Some(b)) => Arc::ptr_eq(&a.buffer, &b.buffer) && a.offset == b.offset,
+            _ => false,
+        };
+        match same {
+            true => Ok(()),
+            false => Err(refuse(
+                "an in-place result that does not lie on its first source",
+            )),
+        }
+    }
+
     /// Give `id` its storage: a view's comes from its source and must be where the client said;
     /// anything else must lie in one of the client's buffers.
     fn place(&mut self, id: TensorId, w: &RpcTensor) -> Result<(), Refusal> {
+        let (empty, view) = match self.ctx.get(id) {
+            Ok(t) => (t.nelements() == 0, t.view_src.is_some()),
+            Err(e) => return Err(refuse(e.to_string())),
+        };
+        // ggml allocates no storage for an empty tensor and computes nothing for it; and a
+        // tensor outside every buffer of the client (llama.cpp's host input that only an
+        // empty view reads) is left without storage: a node that computes with it is refused
+        // by the backend.
+        if (empty && view) || w.buffer == 0 {
+            return Ok(());
+        }
         let (buffer, offset) = self.mem.locate(w.buffer, w.data)?;
         let t = self.ctx.get(id).map_err(|e| refuse(e.to_string()))?;
         if t.view_src.is_some() {
@@ -459,8 +494,20 @@ impl Builder<'_> {
                 )))
             }
         };
-        if view_src.is_some() != ctx.get(id)?.view_src.is_some() {
-            return Err(BuildError::refused("its view source does not match its op"));
+        let t = ctx.get(id)?;
+        // ggml's in-place ops (`ggml_scale_inplace`, ...) give a view of their first source
+        // with the op's result written over it; the storage check (`Builder::place_in_place`)
+        // then requires the exact alias, which the backends compute or refuse.
+        let in_place = src[0].is_some_and(|s0| {
+            ctx.get(s0)
+                .is_ok_and(|a| a.ne == t.ne && a.nb == t.nb && a.dtype == t.dtype)
+        });
+        match (view_src.is_some(), t.view_src.is_some()) {
+            (true, false) if in_place => {}
+            (true, false) | (false, true) => {
+                return Err(BuildError::refused("its view source does not match its op"))
+            }
+            _ => {}
         }
         Ok(id)
     }
