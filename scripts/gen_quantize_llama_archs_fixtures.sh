@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate crates/rgml-cli/tests/fixtures/quantize_llama_archs.json: the sha256 and size of
 # what llama.cpp's `llama-quantize` writes for the mixture-of-experts files of its own
-# `test-llama-archs` tool (seed 1, F32, 3-D expert tensors), per preset. `tests/llama_archs.rs`
+# `test-llama-archs` tool (seed 1, F32, 3-D expert tensors) and its Qwen3.5 hybrid files
+# (delta-net tensors), per preset. `tests/llama_archs.rs`
 # checks `rgml quantize` against them: the expert rules (MXFP4_MOE's MXFP4 experts and Q8_0
 # rest, the K-quant presets' per-layer expert choices) on files that have experts.
 #
@@ -15,7 +16,7 @@ LLAMA_CPP_PYTHON_VERSION=0.3.36
 OUT=crates/rgml-cli/tests/fixtures/quantize_llama_archs.json
 SEED=1
 # file stem: presets
-CASES="gpt-oss-moe:MXFP4_MOE,Q4_K_M qwen3moe-moe:MXFP4_MOE,Q4_K_M,Q2_K"
+CASES="gpt-oss-moe:MXFP4_MOE,Q4_K_M qwen3moe-moe:MXFP4_MOE,Q4_K_M,Q2_K qwen35moe-moe:MXFP4_MOE,Q4_K_M,Q2_K qwen35-dense:Q4_K_M,Q8_0"
 
 bin=$(bash scripts/llamacpp.sh --isa avx2 llama-quantize test-llama-archs | tail -n 1)
 quantize=${LLAMA_QUANTIZE:-$bin/llama-quantize}
@@ -24,7 +25,7 @@ export LD_LIBRARY_PATH=$(dirname "$quantize")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PAT
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$tool" -a '^(gpt-oss|qwen3moe)$' -s "$SEED" -o "$work" >/dev/null
+"$tool" -a "^(gpt-oss|qwen3moe|qwen35|qwen35moe)$" -s "$SEED" -o "$work" >/dev/null
 rows=$work/rows
 : >"$rows"
 for case in $CASES; do

@@ -11,8 +11,8 @@
 //! `RGML_TEST_LLAMA_ARCHS` (built by `scripts/llamacpp.sh test-llama-archs`, as
 //! `scripts/test.sh` does), checks each file's bytes against its fixture and runs
 //! `rgml logits --greedy 32` with each instruction set's arithmetic. The mixture-of-experts
-//! files also go through `rgml quantize` (MXFP4_MOE, K-quants), which must write
-//! llama-quantize's bytes. Without the tool it skips, unless `RGML_REQUIRE_LLAMA_ARCHS=1` (set
+//! and Qwen3.5 hybrid files also go through `rgml quantize` (MXFP4_MOE, K-quants, Q8_0),
+//! which must write llama-quantize's bytes. Without the tool it skips, unless `RGML_REQUIRE_LLAMA_ARCHS=1` (set
 //! in CI).
 
 #[allow(dead_code)] // Not every helper is used here.
