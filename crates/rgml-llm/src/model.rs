@@ -715,7 +715,7 @@ impl NamedWeights {
             match ctx[id].dtype {
                 DType::F32 => Ok(()),
                 _ => Err(LlmError::BadTensor(format!(
-                    "norm weight '{}' must be f32",
+                    "'{}' must be f32 (a norm, scale or other vector-like weight)",
                     ctx[id].name
                 ))),
             }

@@ -570,7 +570,7 @@ fn gpt_oss() -> Spec {
 /// Qwen3.5's rope: `rope.dimension_count` rotated dimensions of each head (a quarter, as the
 /// real models' 64 of 256) whose frequency pairs are split into interleaved M-RoPE sections
 /// as `[11, 11, 10, 0]` splits the real models' 32 pairs.
-fn qwen35_rope(n_rot: u32, sections: [i32; 4]) -> [(&'static str, Value); 2] {
+pub(crate) fn qwen35_rope(n_rot: u32, sections: [i32; 4]) -> [(&'static str, Value); 2] {
     let sections = sections.iter().map(|&s| Value::I32(s)).collect();
     [
         ("rope.dimension_count", Value::U32(n_rot)),

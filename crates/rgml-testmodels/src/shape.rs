@@ -1,5 +1,5 @@
 //! The real model shapes (`--shape`): the hyper-parameters of Llama 3.2 1B and 3B, Llama 3.1
-//! 8B, Qwen2.5 7B, SmolLM2-135M, Qwen3-30B-A3B and gpt-oss-20b, under the keys llama.cpp's converter writes for each (the
+//! 8B, Qwen2.5 7B, SmolLM2-135M, Qwen3-30B-A3B, gpt-oss-20b and Qwen3.5-35B-A3B, under the keys llama.cpp's converter writes for each (the
 //! same [`Spec`] the tiny architectures use), and each shape's default vocabulary file. This
 //! module owns those numbers only; types, values and writing are elsewhere.
 //!
@@ -7,7 +7,7 @@
 //! network make a multi-GB model in seconds); their weights are random, so their output is
 //! noise.
 
-use crate::arch::{Attention, Experts, Ffn, Llama3Rope, Spec};
+use crate::arch::{qwen35_rope, Attention, DeltaNet, Experts, Ffn, Llama3Rope, Spec};
 use rgml::DType;
 use rgml_gguf::Value;
 use std::fmt;
@@ -30,11 +30,14 @@ pub enum Shape {
     Qwen3Moe30BA3B,
     /// gpt-oss-20b (`gpt-oss`): 2880 wide, 24 blocks, 32 experts of which 4 run per token.
     GptOss20B,
+    /// Qwen3.5-35B-A3B (`qwen35moe`): 2048 wide, 40 blocks (30 delta nets, 10 full
+    /// attention), 256 experts of which 8 run per token, and a shared expert.
+    Qwen35Moe35BA3B,
 }
 
 impl Shape {
     /// Every shape, in a fixed order.
-    pub const ALL: [Shape; 7] = [
+    pub const ALL: [Shape; 8] = [
         Shape::Llama1B,
         Shape::Llama3B,
         Shape::Llama8B,
@@ -42,6 +45,7 @@ impl Shape {
         Shape::SmolLM2_135M,
         Shape::Qwen3Moe30BA3B,
         Shape::GptOss20B,
+        Shape::Qwen35Moe35BA3B,
     ];
 
     /// The name on the command line (and in `general.name` and the random streams' seeds).
@@ -54,6 +58,7 @@ impl Shape {
             Shape::SmolLM2_135M => "smollm2-135m",
             Shape::Qwen3Moe30BA3B => "qwen3moe-30b-a3b",
             Shape::GptOss20B => "gpt-oss-20b",
+            Shape::Qwen35Moe35BA3B => "qwen35moe-35b-a3b",
         }
     }
 
@@ -63,6 +68,7 @@ impl Shape {
             Shape::Qwen7B => "qwen2",
             Shape::Qwen3Moe30BA3B => "qwen3moe",
             Shape::GptOss20B => "gpt-oss",
+            Shape::Qwen35Moe35BA3B => "qwen35moe",
             _ => "llama",
         }
     }
@@ -71,7 +77,9 @@ impl Shape {
     /// model copies unless another is given. SmolLM2 has no vocabulary-only file: the demo
     /// model (`scripts/fetch-model.sh`) is one. gpt-oss's o200k vocabulary (201088 tokens) is
     /// not vendored by llama.cpp: its shape takes Llama 3's (128256), so its output head is
-    /// about two thirds of the real one.
+    /// about two thirds of the real one. Qwen3.5's vendored vocabulary is Qwen2's (151936
+    /// tokens, the real one has 248320), so its output head is about three fifths of the
+    /// real one.
     pub fn vocab_file(self) -> &'static str {
         match self {
             Shape::Llama1B | Shape::Llama3B | Shape::Llama8B | Shape::GptOss20B => {
@@ -79,6 +87,7 @@ impl Shape {
             }
             Shape::Qwen7B | Shape::Qwen3Moe30BA3B => "models/vocab/ggml-vocab-qwen2.gguf",
             Shape::SmolLM2_135M => "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+            Shape::Qwen35Moe35BA3B => "models/vocab/ggml-vocab-qwen35.gguf",
         }
     }
 
@@ -93,6 +102,7 @@ impl Shape {
             Shape::SmolLM2_135M => smollm2_135m(),
             Shape::Qwen3Moe30BA3B => qwen3moe_30b_a3b(),
             Shape::GptOss20B => gpt_oss_20b(),
+            Shape::Qwen35Moe35BA3B => qwen35moe_35b_a3b(),
         }
     }
 
@@ -313,6 +323,51 @@ fn gpt_oss_20b() -> Spec {
             ("rope.scaling.original_context_length", Value::U32(4096)),
         ],
         ..dense(2880, 24, 64, 8, 64, 2880, false)
+    }
+}
+
+/// Qwen3.5-35B-A3B as its config describes it: 2048 wide, 40 blocks of which every fourth is
+/// full attention (16 query heads of 256 with their gates, 2 key/value heads, q/k norms, 64
+/// rotated dimensions in sections `[11, 11, 10, 0]`, rope base 1e7) and the others gated
+/// delta nets (16 key heads and 32 value heads of 128, a 4-tap convolution); 256 experts 512
+/// wide of which 8 run per token beside a shared expert 512 wide (about 3 billion parameters
+/// read per token of 35), a separate output, rms eps 1e-6, context 262144.
+fn qwen35moe_35b_a3b() -> Spec {
+    let width = Value::U32(256);
+    let mut keys = vec![
+        ("attention.key_length", width.clone()),
+        ("attention.value_length", width),
+    ];
+    keys.extend(qwen35_rope(64, [11, 11, 10, 0]));
+    Spec {
+        n_ctx_train: 262_144,
+        rms_eps: 1e-6,
+        rope_freq_base: 10_000_000.0,
+        qk_norm: true,
+        query_gate: true,
+        delta_net: Some(DeltaNet {
+            conv_kernel: 4,
+            head_dim: 128,
+            n_k_heads: 16,
+            n_v_heads: 32,
+            full_attention_interval: 4,
+            recurrent_layers_key: true,
+        }),
+        ffn_norm: "post_attention_norm",
+        ffn: Ffn::Experts(Experts {
+            n_expert: 256,
+            n_expert_used: 8,
+            n_ff_exp: 512,
+            width_key: true,
+            // Unused: a shape's types come from its preset.
+            gate_up: DType::Q8_0,
+            down: DType::Q8_0,
+            biases: false,
+            shared_ff: Some(512),
+        }),
+        vocab_size_key: false,
+        keys,
+        ..dense(2048, 40, 16, 2, 256, 512, false)
     }
 }
 

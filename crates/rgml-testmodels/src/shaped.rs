@@ -247,9 +247,17 @@ fn plan_types(
                 // draw them, from the shape's tensor name.
                 Fill::Between(..) => Content::Values(t.values(name)),
             };
-            // The converter writes routers (`ffn_gate_inp`) in F32, other matrices in F16.
-            let router = t.name.ends_with("ffn_gate_inp.weight");
-            let unchanged = if matrix && !router {
+            // The converter writes routers (`ffn_gate_inp`, the shared expert's gate), short
+            // convolutions and what is not a `.weight` in F32, other matrices in F16.
+            let f32_matrix = [
+                "ffn_gate_inp.weight",
+                "ffn_gate_inp_shexp.weight",
+                "ssm_conv1d.weight",
+            ]
+            .iter()
+            .any(|n| t.name.ends_with(n))
+                || !t.name.ends_with(".weight");
+            let unchanged = if matrix && !f32_matrix {
                 DType::F16
             } else {
                 DType::F32
