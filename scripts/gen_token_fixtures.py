@@ -1,12 +1,21 @@
 #!/usr/bin/env python3
 """Reference tokenizations of llama.cpp for GGUF vocabularies, one fixture per file.
 
-    python3 scripts/gen_token_fixtures.py [MODEL.gguf ...]
+    python3 scripts/gen_token_fixtures.py [--pre NAME] [MODEL.gguf ...]
 
 Without arguments it covers the files rgml's tokenizer parity test reads (see FILES): Gemma 3
 (SentencePiece without a space prefix), llama.cpp's vocabulary-only files for Llama 3 (BPE,
 `llama-bpe`), Qwen2 (BPE, `qwen2`), Qwen3.5 (BPE, `qwen35`), Phi-3 and LLaMA (SentencePiece), and the demo model
 (SmolLM2, BPE). `scripts/fetch-model.sh` and `scripts/fetch-vocab.sh` put them in models/.
+
+Pre-tokenizers llama.cpp ships no vocabulary for (see RELABELLED: `gpt-4o`) are tested on a
+copy of one of those files with `tokenizer.ggml.pre` set to their name (`--pre NAME`): the
+copy is written to a temporary file with the vendored gguf-py and tokenized there, and the
+fixture, `<file stem>.<NAME>.json`, names the original file and its sha256 plus `"pre":
+NAME`, so that the parity test makes the same copy (with rgml's GGUF writer) rather than a
+binary file being committed. Such a fixture adds prompts aimed at that pre-tokenizer
+(EXTRA_PROMPTS) and takes llama.cpp's `.inp` texts of the original file without checking
+them against its `.out` (which holds the original pre-tokenizer's ids).
 
 It needs llama.cpp's shared libraries (found through `LLAMA_CPP_LIB_PATH`) and the `llama_cpp`
 Python package of the same source package (llama-cpp-python 0.3.36, its pure-Python
@@ -40,6 +49,7 @@ import os
 import pathlib
 import random
 import sys
+import tempfile
 
 import llama_cpp as L
 
@@ -57,6 +67,11 @@ FILES = [
     "models/vocab/ggml-vocab-llama-spm.gguf",
     "models/SmolLM2-135M-Instruct.Q4_1.gguf",
 ]
+# (file, pre-tokenizer name): fixtures of a file relabelled with another `tokenizer.ggml.pre`.
+# gpt-4o (gpt-oss) uses Llama 3's kind of vocabulary, byte-level BPE with ~128k tokens.
+RELABELLED = [
+    ("models/vocab/ggml-vocab-llama-bpe.gguf", "gpt-4o"),
+]
 LLAMA_CPP = "llama-cpp-python 0.3.36 (vendored llama.cpp)"
 # Where llama.cpp's own `.inp`/`.out` test cases are: the source package scripts/llamacpp.sh
 # unpacks.
@@ -64,7 +79,8 @@ CACHE = pathlib.Path(
     os.environ.get("RGML_LLAMACPP_DIR")
     or pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "rgml" / "llamacpp"
 )
-VENDOR_MODELS = CACHE / "llama-cpp-python-0.3.36" / "vendor" / "llama.cpp" / "models"
+VENDOR = CACHE / "llama-cpp-python-0.3.36" / "vendor" / "llama.cpp"
+VENDOR_MODELS = VENDOR / "models"
 
 CHAT_TURNS = {
     "gemma": "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
@@ -145,6 +161,40 @@ PROMPTS = [
     "<0x0A> <0xFF> ▁ ▁▁x ▁ spaces",
     "[multimodal] <mask> <pad> <unused0> <|endoftext|>",
 ]
+
+# Prompts for one pre-tokenizer's fixture only, on top of PROMPTS: each branch of its split.
+EXTRA_PROMPTS = {
+    "gpt-4o": [
+        # Contractions join the word before them, in either case; alone they follow a
+        # punctuation-or-space prefix.
+        "IT'S HE'LL they'Re SHE'D we'VE I'M don't can'T x'LL o'clock 's 'S 'll 'LL ''ve",
+        # Letter runs split where the case changes.
+        "CamelCaseWord XMLHttpRequest getHTTPResponse iPhone McDONALD'S ABCdef aBC A a",
+        # Non-ASCII letters: llama.cpp counts each as both cases; titlecase, modifier and
+        # other letters; all-caps words ending in a non-ASCII capital.
+        "ÉCOLE CAFÉS CAFÉ École naïve aÉb DÉJÀ vu ΑΘΉΝΑ Ωmega ǅemal ʰello ßTRASSE ÑANDÚs L'ORÉAL",
+        # Combining marks: not letters to llama.cpp's rewrite of the regex.
+        "cafe\u0301 x\u0301\u0301! \u0301ab Ti\u00ea\u0301ng Vi\u00ea\u0323t n\u0303o A\u030aNGSTR\u00d6M",
+        # Numbers in groups of 3, with letters and signs around them.
+        "1234567890 12 123 1234 12345678 ٣٤٥٦ ①②③④ 3.14159 1,000,000 abc1234def -98765",
+        # Punctuation runs take newlines and slashes after them.
+        "Done.\nNext!?\n\n/path/to/file// x...\r\n/ end:/\n(a)/b/ c.//\n\r/",
+        # Spaces before words, punctuation and numbers, and at the end.
+        "   several   spaces before   words  .  12   and at the end   ",
+        # \r\n runs and whitespace around newlines.
+        "a\r\n\r\nb \r\n c\r\r\n\n d\n \n\t\n  e \r\n",
+        # Tabs and other whitespace.
+        "\ttab\t\ttabs \t mixed\t\u3000wide\u00a0nbsp \u2009thin\t",
+        # Emoji before and after words.
+        "😀😃 emoji🚀 ZWJ👩‍💻 flag🇫🇷 🙂text text🙂 ❤️love",
+        # CJK, Thai (vowel marks are combining) and Arabic (with harakat).
+        "中文文本，日本語のテキスト、한국어 문장。",
+        "ภาษาไทยมีสระบนและล่าง สวัสดีครับ",
+        "العربية مع التشكيل: مَرْحَبًا بِكُم",
+        # Abbreviations, apostrophes inside names, a URL.
+        "U.S.A. e.g. i.e. O'Neil o'neil https://example.com/a/b?c=d&e=f#g",
+    ],
+}
 
 # Characters and pieces the random cases are built from: every class the splitters and the
 # special-token matcher treat differently.
@@ -260,7 +310,8 @@ class Vocab:
 
 
 def llama_cpp_cases(path: pathlib.Path) -> list[tuple[str, list[int]]]:
-    """llama.cpp's own test cases for `path`, split as its test-tokenizer-0 splits them."""
+    """llama.cpp's own test cases for `path`, split as its test-tokenizer-0 splits them, with
+    the ids of its `.out` file."""
     inp = VENDOR_MODELS / (path.name + ".inp")
     out = VENDOR_MODELS / (path.name + ".out")
     if not inp.exists():
@@ -281,12 +332,49 @@ def llama_cpp_cases(path: pathlib.Path) -> list[tuple[str, list[int]]]:
     return list(zip(texts, expected))
 
 
-def fixture(path: pathlib.Path, n_random: int) -> dict:
-    vocab = Vocab(path)
-    cases = [vocab.case(p, True, True) for p in PROMPTS]
+def relabel(src: pathlib.Path, dst: pathlib.Path, pre: str) -> None:
+    """Copies the GGUF file `src` to `dst` with `tokenizer.ggml.pre` set to `pre`, with the
+    vendored gguf-py (as its gguf_new_metadata.py copies a file)."""
+    sys.path.insert(0, str(VENDOR / "gguf-py"))
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(dst, arch)
+    for field in reader.fields.values():
+        # The writer adds the architecture itself; GGUF.* are the reader's header fields.
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        value = pre if field.name == gguf.Keys.Tokenizer.PRE else field.contents()
+        writer.add_key_value(field.name, value, kind, sub_type=sub)
+    if gguf.Keys.Tokenizer.PRE not in reader.fields:
+        writer.add_key_value(gguf.Keys.Tokenizer.PRE, pre, gguf.GGUFValueType.STRING)
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in reader.tensors:
+        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+    writer.close()
+
+
+def fixture(path: pathlib.Path, n_random: int, pre: str | None = None) -> dict:
+    """The fixture of `path`, or of its copy relabelled with pre-tokenizer `pre`."""
+    if pre is None:
+        vocab = Vocab(path)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = pathlib.Path(tmp) / f"{path.stem}.{pre}.gguf"
+            relabel(path, copy, pre)
+            vocab = Vocab(copy)
+    prompts = PROMPTS + EXTRA_PROMPTS.get(pre, [])
+    cases = [vocab.case(p, True, True) for p in prompts]
     cases += [vocab.case(p, True, False) for p in UNPARSED]
     cases += [vocab.case(p, False, False) for p in UNPARSED[:1]]
-    rng = random.Random(path.name)
+    rng = random.Random(path.name if pre is None else f"{path.name}.{pre}")
     for _ in range(n_random):
         text = random_text(rng)
         case = vocab.case(text, rng.random() < 0.5, rng.random() < 0.5)
@@ -294,7 +382,8 @@ def fixture(path: pathlib.Path, n_random: int) -> dict:
         cases.append(case)
     for text, expected in llama_cpp_cases(path):
         case = vocab.case(text, False, False)
-        if case["tokens"] != expected:
+        # The .out file holds the ids of the file's own pre-tokenizer.
+        if pre is None and case["tokens"] != expected:
             sys.exit(f"{path.name}: llama.cpp disagrees with its own .out for {text!r}")
         case["source"] = "llama.cpp .inp"
         cases.append(case)
@@ -302,9 +391,11 @@ def fixture(path: pathlib.Path, n_random: int) -> dict:
     vocab.free()
     # Not resolved: models/ may be a link to a shared folder.
     rel = pathlib.Path(os.path.abspath(path)).relative_to(ROOT)
+    head = {"file": str(rel), "sha256": sha256(path)}
+    if pre is not None:
+        head["pre"] = pre
     return {
-        "file": str(rel),
-        "sha256": sha256(path),
+        **head,
         "llama_cpp": LLAMA_CPP,
         "vocab": summary,
         "cases": cases,
@@ -323,14 +414,20 @@ def render(fx: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--random", type=int, default=40, metavar="N", help="random cases per file (default 40)")
+    ap.add_argument("--pre", metavar="NAME", help="relabel the files with this tokenizer.ggml.pre first")
     ap.add_argument("models", nargs="*", type=pathlib.Path)
     args = ap.parse_args()
-    paths = args.models or [ROOT / f for f in FILES]
+    if args.models:
+        jobs = [(path, args.pre) for path in args.models]
+    elif args.pre:
+        jobs = [(ROOT / f, pre) for f, pre in RELABELLED if pre == args.pre]
+    else:
+        jobs = [(ROOT / f, None) for f in FILES] + [(ROOT / f, pre) for f, pre in RELABELLED]
     L.llama_backend_init()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for path in paths:
-        fx = fixture(path, args.random)
-        out = OUT_DIR / (path.stem + ".json")
+    for path, pre in jobs:
+        fx = fixture(path, args.random, pre)
+        out = OUT_DIR / (path.stem + ("" if pre is None else f".{pre}") + ".json")
         out.write_text(render(fx))
         print(f"{out.relative_to(ROOT)}: {len(fx['cases'])} cases, {out.stat().st_size} bytes", file=sys.stderr)
 

@@ -6,12 +6,16 @@
 //!
 //! The files come from `scripts/fetch-model.sh` (Gemma 3, SmolLM2) and
 //! `scripts/fetch-vocab.sh` (llama.cpp's vocabulary-only files); each is checked by sha256
-//! so a different file fails as such rather than as a tokenizer bug.
+//! so a different file fails as such rather than as a tokenizer bug. A fixture with a
+//! `pre` name was made from a copy of its file with `tokenizer.ggml.pre` set to that name
+//! (for pre-tokenizers llama.cpp ships no vocabulary for); the test makes the same copy in
+//! the temporary directory with rgml's GGUF writer.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use rgml_gguf::GgufFile;
+use rgml_gguf::{GgufFile, GgufWriter, Value as GgufValue};
 use rgml_llm::tokenizer::{EncodeOptions, TokenId, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -33,6 +37,8 @@ struct Case {
 struct Fixture {
     file: String,
     sha256: String,
+    /// The `tokenizer.ggml.pre` the file was relabelled with before tokenizing, if any.
+    pre: Option<String>,
     vocab: Value,
     cases: Vec<Case>,
 }
@@ -87,6 +93,7 @@ fn parse_fixture(json: &str) -> Fixture {
     Fixture {
         file: v["file"].as_str().expect("file").to_owned(),
         sha256: v["sha256"].as_str().expect("sha256").to_owned(),
+        pre: v["pre"].as_str().map(str::to_owned),
         vocab: v["vocab"].clone(),
         cases: v["cases"]
             .as_array()
@@ -104,8 +111,8 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Opens the fixture's file (relative to the workspace root), checks its sha256 and builds
-/// its tokenizer, reporting how long that took.
+/// Opens the fixture's file (relative to the workspace root), checks its sha256, relabels
+/// it where the fixture says and builds its tokenizer, reporting how long that took.
 fn load(fx: &Fixture) -> Tokenizer {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -123,14 +130,47 @@ fn load(fx: &Fixture) -> Tokenizer {
         path.display()
     );
     let t0 = Instant::now();
-    let tok = Tokenizer::from_gguf(&file).expect("tokenizer from GGUF");
+    let tok = match &fx.pre {
+        None => Tokenizer::from_gguf(&file).expect("tokenizer from GGUF"),
+        Some(pre) => relabelled_tokenizer(&file, pre),
+    };
     eprintln!(
-        "{}: {} tokens, tokenizer built in {:?}",
+        "{}{}: {} tokens, tokenizer built in {:?}",
         fx.file,
+        fx.pre
+            .as_ref()
+            .map_or(String::new(), |p| format!(" as {p}")),
         tok.n_vocab(),
         t0.elapsed()
     );
     tok
+}
+
+/// The tokenizer of a copy of `file` with `tokenizer.ggml.pre` set to `pre`, written to the
+/// temporary directory (under a name of its own: tests run in parallel) and removed again.
+fn relabelled_tokenizer(file: &GgufFile, pre: &str) -> Tokenizer {
+    static COPIES: AtomicUsize = AtomicUsize::new(0);
+    let mut w = GgufWriter::from_file(file).expect("copy the GGUF file");
+    w.add_metadata("tokenizer.ggml.pre", GgufValue::String(pre.to_owned()));
+    let copy = TempFile(std::env::temp_dir().join(format!(
+        "rgml-tokenizer-parity-{}-{}-{pre}.gguf",
+        std::process::id(),
+        COPIES.fetch_add(1, Ordering::Relaxed)
+    )));
+    w.write_file(&copy.0).expect("write the relabelled copy");
+    let relabelled = GgufFile::open(&copy.0).expect("open the relabelled copy");
+    assert_eq!(relabelled.get_str("tokenizer.ggml.pre").ok(), Some(pre));
+    Tokenizer::from_gguf(&relabelled).expect("tokenizer from the relabelled copy")
+}
+
+/// A file removed when dropped, so a failing test leaves none behind.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        // Nothing to do if it is already gone or was never written.
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Where two sequences first differ (the shorter one's length if one is a prefix).
@@ -312,6 +352,53 @@ fn qwen35_marks_join_letter_runs_as_in_llama_cpp() {
     ];
     for (text, want) in cases {
         assert_eq!(tok.encode(text, plain), want, "{text:?}");
+    }
+}
+
+/// GPT-4o's pre-tokenizer (`gpt-4o`, as gpt-oss files name it), on Llama 3's vocabulary
+/// relabelled: llama.cpp ships no vocabulary for it, and the split alone is under test.
+#[test]
+fn gpt4o_matches_llama_cpp() {
+    check(include_str!(
+        "fixtures/tokens/ggml-vocab-llama-bpe.gpt-4o.json"
+    ));
+}
+
+/// Texts that GPT-4o's split, as llama.cpp runs it, tokenizes unlike Llama 3's, with
+/// llama.cpp's ids for Llama 3's vocabulary relabelled `gpt-4o`: a contraction joins its
+/// word and case changes split words; punctuation takes a newline and a slash after it;
+/// and `Ü`, a non-ASCII letter, counts as lower case too, so `ZÜRICH` splits after it (the
+/// textbook reading of the regex keeps it whole, as Llama 3's does). Each text is checked
+/// to tokenize otherwise under the file's own `llama-bpe`, so the test fails if `gpt-4o`
+/// is read as Llama 3's pre-tokenizer.
+#[test]
+fn gpt4o_splits_unlike_llama3() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/vocab/ggml-vocab-llama-bpe.gguf");
+    let file = GgufFile::open(&path).expect("run scripts/fetch-vocab.sh first");
+    let llama3 = Tokenizer::from_gguf(&file).expect("tokenizer from GGUF");
+    let gpt4o = relabelled_tokenizer(&file, "gpt-4o");
+    let plain = EncodeOptions {
+        add_special: false,
+        parse_special: false,
+    };
+    let cases: [(&str, &[TokenId]); 3] = [
+        (
+            "I don't know, McDONALD'S iPhone",
+            &[
+                40, 1541, 956, 1440, 11, 4584, 85741, 984, 35, 13575, 602, 7084,
+            ],
+        ),
+        ("end./\n/x", &[408, 1761, 198, 14, 87]),
+        ("Z\u{dc}RICH", &[57, 53591, 49, 33929]),
+    ];
+    for (text, want) in cases {
+        assert_eq!(gpt4o.encode(text, plain), want, "{text:?}");
+        assert_ne!(
+            llama3.encode(text, plain),
+            want,
+            "{text:?} does not tell them apart"
+        );
     }
 }
 

@@ -490,7 +490,7 @@ fn v_expf16(x: f32) -> f32 {
 
 // SiLU of element `k` of a row of `ne0`, as ggml-cpu's AVX-512 build: whole groups of 16 through
 // `ggml_v_silu` (x / (1 + v_expf(-x)), correctly rounded division), the row's tail through libm
-// `expf` (here the device's exp, which may differ in the last bit).
+// `expf` (here the device's exp, which may differ in the last bit; `silu_f64` computes glibc's).
 fn silu_at(x: f32, k: u32, ne0: u32) -> f32 {
     if (k < ne0 - ne0 % 16u) {
         return div_rn(x, 1.0 + v_expf16(0.0 - x));

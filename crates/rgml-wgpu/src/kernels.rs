@@ -60,6 +60,8 @@ pub(crate) enum Kernel {
     MulMv,
     RopeCache,
     RopeCacheF64,
+    /// SILU and SWIGLU with glibc's `expf` on the rows' tails.
+    SiluF64,
     /// A fast kernel for weights of the given type code (`T_*` in the WGSL; 0 where the kernel
     /// reads no weights).
     Fast(FastKernel, u32),
@@ -108,7 +110,7 @@ enum Module {
 }
 
 /// Each kernel's entry point and module.
-const KERNELS: [(Kernel, &str, Module); 26] = [
+const KERNELS: [(Kernel, &str, Module); 27] = [
     (Kernel::Binary, "binary", Module::Plain),
     (Kernel::Scale, "scale", Module::Plain),
     (Kernel::Silu, "silu", Module::Plain),
@@ -135,6 +137,7 @@ const KERNELS: [(Kernel, &str, Module); 26] = [
     (Kernel::MulMv, "mul_mv", Module::Plain),
     (Kernel::RopeCache, "rope_cache", Module::Plain),
     (Kernel::RopeCacheF64, "rope_cache_f64", Module::F64),
+    (Kernel::SiluF64, "silu_f64", Module::F64),
 ];
 
 /// The compiled kernels and their shared bind group layout.

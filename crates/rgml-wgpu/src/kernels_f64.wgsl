@@ -30,7 +30,8 @@ fn rms_norm_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 
 // SOFT_MAX as ggml-cpu's AVX-512 build (see `soft_max` in kernels.wgsl for the parameters):
 // w = x * scale + slope * mask, then exp(w - max) in groups of 16 through `v_expf16`, each
-// group's `hsum16` added to an f64 sum, the tail through exp; the result times f32(1 / sum).
+// group's `hsum16` added to an f64 sum, the tail through glibc's `expf` (`libm_expf`); the
+// result times f32(1 / sum).
 @compute @workgroup_size(64)
 fn soft_max_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = thread_index(gid, nwg);
@@ -68,7 +69,7 @@ fn soft_max_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     }
     for (var k = full; k < n; k++) {
         let at_k = d0 + k * p.d_nb.x;
-        let e = exp(bitcast<f32>(D[at_k]) - m);
+        let e = libm_expf(bitcast<f32>(D[at_k]) - m);
         sum += f64(e);
         dset(at_k, e);
     }
@@ -80,6 +81,30 @@ fn soft_max_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
         let at_k = d0 + k * p.d_nb.x;
         dset(at_k, bitcast<f32>(D[at_k]) * inv);
     }
+}
+
+// SILU (misc.y 0) and SWIGLU (misc.y 1: times B, of A's shape) as ggml-cpu's AVX-512 build:
+// `silu_at` for whole groups of 16, the row's tail as `ggml_silu_f32`, x / (1 + expf(-x)),
+// with glibc's `expf` and a correctly rounded division.
+@compute @workgroup_size(64)
+fn silu_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let x = af(p.off.x + at(idx, p.a_nb));
+    let ne0 = p.d_ne.x;
+    var y: f32;
+    if (idx.x < ne0 - ne0 % 16u) {
+        y = silu_at(x, idx.x, ne0);
+    } else {
+        y = div_rn(x, 1.0 + libm_expf(-x));
+    }
+    if (p.misc.y == 1u) {
+        y = y * bf(p.off.y + at(idx, p.b_nb));
+    }
+    dset(p.off.w + at(idx, p.d_nb), y);
 }
 
 // ROPE's cos / sin table as ggml-cpu computes it: one invocation per (position, pair), writing
@@ -233,4 +258,80 @@ fn libm_sincosf(y: f32, want_cos: bool) -> f32 {
     let quadrant = q & 3u;
     let xs = select(x, -x, quadrant == 1u || quadrant == 2u);
     return sincosf_poly(xs, x * x, n ^ odd, (q & 2u) != 0u);
+}
+
+// glibc's `expf` (since 2.27; the algorithm of Arm's optimized-routines), which ggml-cpu calls
+// for the tail of a SOFT_MAX or SiLU row (its last `ne0 % 16` elements: the vector loops take
+// whole groups of 16). The device's `exp` is only accurate to a few ulp, and a router's
+// softmax over 2 experts is all tail. glibc computes in double: k = round(x · 32/ln 2) and
+// r = x · 32/ln 2 - k (each one fused operation in x86-64 glibc's FMA build), then
+// 2^(k/32) from a table times a cubic in r, rounded once to float.
+//
+// Here x · 32/ln 2 is the exact sum ph + pl of two exact products (32/ln 2 split into 26 and 27
+// significant bits against x's 24), so k = round(ph + pl) and r = (ph - k) + pl (ph - k is
+// exact) are the fused results without relying on the device's `fma`. Checked on every one of
+// the 2^32 floats against x86-64 glibc 2.36, bit for bit: on lavapipe, and in a transcription
+// with the cubic's three multiply-adds fused or not in every combination (so whatever a
+// compiler makes of them).
+const EXPF_INV_LN2_HI: f64 = 46.16624069213867lf;
+const EXPF_INV_LN2_LO: f64 = 6.163081565091488e-7lf;
+const EXPF_C0: f64 = 1.6938359250920212e-6lf;
+const EXPF_C1: f64 = 0.00023459809789509004lf;
+const EXPF_C2: f64 = 0.021660849396613134lf;
+
+// 2^(i/32) for i = 0..31 (glibc's `__exp2f_data.tab`, with the exponent bits it subtracts
+// added back).
+var<private> EXPF_T: array<f64, 32> = array<f64, 32>(
+    1.0lf, 1.0218971486541166lf, 1.0442737824274138lf, 1.0671404006768237lf,
+    1.0905077326652577lf, 1.1143867425958924lf, 1.1387886347566916lf, 1.1637248587775775lf,
+    1.189207115002721lf, 1.215247359980469lf, 1.241857812073484lf, 1.2690509571917332lf,
+    1.2968395546510096lf, 1.3252366431597413lf, 1.3542555469368927lf, 1.383909881963832lf,
+    1.4142135623730951lf, 1.4451808069770467lf, 1.4768261459394993lf, 1.5091644275934228lf,
+    1.5422108254079407lf, 1.5759808451078865lf, 1.6104903319492543lf, 1.645755478153965lf,
+    1.681792830507429lf, 1.718619298122478lf, 1.7562521603732995lf, 1.7947090750031072lf,
+    1.8340080864093424lf, 1.8741676341103lf, 1.9152065613971474lf, 1.9571441241754002lf
+);
+
+// 2^e exactly, for |e| <= 252: two normal powers of two of float, multiplied in double (WGSL
+// has no 64-bit integers to build the double's bits).
+fn pow2_f64(e: i32) -> f64 {
+    let h = e / 2;
+    let a = bitcast<f32>(u32(h + 127) << 23u);
+    let b = bitcast<f32>(u32(e - h + 127) << 23u);
+    return f64(a) * f64(b);
+}
+
+// glibc's `expf(x)`, bit for bit.
+fn libm_expf(x: f32) -> f32 {
+    let top = abstop12(x);
+    // |x| >= 88, infinity or NaN: glibc's special cases (its overflow, underflow and
+    // "may underflow" results); from -103.28 to -88 its main path follows.
+    if (top >= 0x42bu) {
+        if (bitcast<u32>(x) == 0xff800000u) {
+            return 0.0;
+        }
+        if (top >= 0x7f8u) {
+            return x + x;
+        }
+        if (x > bitcast<f32>(0x42b17217u)) {
+            return bitcast<f32>(0x7f800000u);
+        }
+        if (x < bitcast<f32>(0xc2cff1b4u)) {
+            return 0.0;
+        }
+        if (x < bitcast<f32>(0xc2ce8ecfu)) {
+            // 0x1.4p-75f squared: the smallest subnormal.
+            return bitcast<f32>(1u);
+        }
+    }
+    let xd = f64(x);
+    let ph = xd * EXPF_INV_LN2_HI;
+    let pl = xd * EXPF_INV_LN2_LO;
+    let kd = round(ph + pl);
+    let r = (ph - kd) + pl;
+    let k = i32(kd);
+    let s = EXPF_T[k & 31] * pow2_f64(k >> 5u);
+    let z = EXPF_C0 * r + EXPF_C1;
+    let y = z * (r * r) + (EXPF_C2 * r + 1.0lf);
+    return f32(y * s);
 }

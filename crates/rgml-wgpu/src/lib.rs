@@ -86,10 +86,13 @@
 //!   command line maps `RGML_WGPU_SOFT_FMA=1` onto it (this crate reads no environment).
 //! - RMS_NORM and SOFT_MAX sum in f64 where the adapter has `SHADER_F64` (f32 elsewhere, e.g.
 //!   Metal: close, not bit-equal); division and square root are corrected to IEEE rounding;
-//!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf`. ROPE's cos / sin table is filled on
-//!   the GPU from the positions (and frequency factors) when the graph runs (no read-back, so
-//!   plans hold): θ in f32 as ggml-cpu computes it and, where the adapter has `SHADER_F64`, cos / sin by x86-64 glibc's
-//!   `cosf` / `sinf` algorithm in f64 (`kernels_f64.wgsl`), equal to the CPU's libm calls bit
+//!   SiLU / SWIGLU / SOFT_MAX use ggml's `ggml_v_expf` on whole groups of 16 and, on a row's
+//!   tail (`ne0 % 16` elements, which ggml leaves to libm), x86-64 glibc's `expf` in f64
+//!   where the adapter has `SHADER_F64` (the device's `exp` elsewhere: close, not bit-equal).
+//!   ROPE's cos / sin table is filled on the GPU from the positions (and frequency factors)
+//!   when the graph runs (no read-back, so plans hold): θ in f32 as ggml-cpu computes it and,
+//!   where the adapter has `SHADER_F64`, cos / sin by x86-64 glibc's `cosf` / `sinf` algorithm
+//!   in f64 (`kernels_f64.wgsl`), equal to the CPU's libm calls bit
 //!   for bit (tested on random, large and negative positions); elsewhere the device's `cos` /
 //!   `sin` (close, not bit-equal).
 //!

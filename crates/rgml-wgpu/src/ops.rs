@@ -418,6 +418,12 @@ impl<'a> Prep<'a> {
         self.dispatch(Kernel::Fast(kernel, code), p, buffers, groups * WG)
     }
 
+    /// Whether the exact arithmetic's f64 kernels run: the exact arithmetic on a device with
+    /// `SHADER_F64`.
+    fn exact_f64(&self) -> bool {
+        self.exact && self.gpu.kernels.f64
+    }
+
     fn unsupported(&self, t: &Tensor) -> Error {
         Error::Unsupported {
             backend: self.device.to_string(),
@@ -477,6 +483,11 @@ impl<'a> Prep<'a> {
             Op::Scale { scale, bias } => {
                 p.f = [scale, bias, 0.0, 0.0];
                 (Kernel::Scale, elements)
+            }
+            Op::Unary(UnaryOp::Silu) | Op::Swiglu if self.exact_f64() => {
+                // The rows' tails through glibc's `expf`, as ggml-cpu computes them.
+                p.misc[1] = u32::from(t.op == Op::Swiglu);
+                (Kernel::SiluF64, elements)
             }
             Op::Unary(UnaryOp::Silu) => (Kernel::Silu, elements),
             Op::Unary(UnaryOp::Gelu) => (Kernel::Gelu, elements),

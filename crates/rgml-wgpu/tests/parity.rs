@@ -166,3 +166,30 @@ fn norm_rope_softmax_swiglu_are_exact() {
     let si = c.ctx.silu(a).unwrap();
     c.check(&[n, r, sm, sw, si]);
 }
+
+/// Rows whose length is not a multiple of 16: ggml-cpu's AVX-512 loops leave a row's last
+/// `ne0 % 16` elements to libm's `expf`, so the GPU computes glibc's `expf` there. Found on
+/// Qwen3.5-MoE's router: SOFT_MAX over 2 experts (all tail) for one token, a generation step.
+#[test]
+fn softmax_and_silu_row_tails_are_exact() {
+    let mut c = Case::new(6);
+    // The router of a generation step, then many such rows, then rows whose exp(x - max)
+    // spans a wide range (down to underflow).
+    let router = c.leaf(DType::F32, &[2, 1], 1.0);
+    let routers = c.leaf(DType::F32, &[2, 300], 1.0);
+    let wide = c.leaf(DType::F32, &[37, 40, 3], 12.0);
+    let sm = [router, routers, wide].map(|x| c.ctx.soft_max(x).unwrap());
+    // Gate and up as the halves of fused experts' rows (strided views), 45 wide: 2 groups of
+    // 16 and a tail of 13.
+    let both = c.leaf(DType::F32, &[90, 2, 7], 4.0);
+    let nb = c.ctx[both].nb;
+    let gate = c.ctx.view(both, &[45, 2, 7], &[nb[1], nb[2]], 0).unwrap();
+    let up = c
+        .ctx
+        .view(both, &[45, 2, 7], &[nb[1], nb[2]], 45 * 4)
+        .unwrap();
+    let sw = c.ctx.swiglu(gate, up).unwrap();
+    let x = c.leaf(DType::F32, &[45, 50], 8.0);
+    let si = c.ctx.silu(x).unwrap();
+    c.check(&[sm[0], sm[1], sm[2], sw, si]);
+}

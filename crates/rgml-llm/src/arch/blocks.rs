@@ -421,16 +421,17 @@ impl<'a> Builder<'a> {
         Ok((q, k, v, gate))
     }
 
-    /// The queries `[hd, n_head, n]` of the query projection's rows `q` `[_, n]` (a view
-    /// where the rows are not only queries), and where the model gates the attention
-    /// output, each head's gate after its query (`[n_embd_q, n]`, made dense as llama.cpp's
-    /// `ggml_cont_2d`).
+    /// The queries `[hd, n_head, n]` from the first rows of `q` `[_, n]` (the query
+    /// projection, or a fused one whose first rows are the queries), viewed straight from it;
+    /// and where the model gates the attention output, each head's gate after its query
+    /// (`[n_embd_q, n]`, made dense as llama.cpp's `ggml_cont_2d`).
     fn split_query(&mut self, q: TensorId) -> Result<(TensorId, Option<TensorId>)> {
         let c = self.config();
         let (hd, n, f32b) = (c.head_dim, self.ctx[q].ne[1], DType::F32.block_bytes());
-        let (head, row) = (self.ctx[q].nb[0] * hd, self.ctx[q].nb[1]);
+        let (head, row) = (hd * f32b, self.ctx[q].nb[1]);
         if !c.attn_output_gate {
-            let q = match self.ctx[q].is_contiguous() {
+            let whole = self.ctx[q].ne[0] == c.n_embd_q() && self.ctx[q].is_contiguous();
+            let q = match whole {
                 true => self.ctx.reshape(q, &[hd, c.n_head, n])?,
                 false => self.ctx.view(q, &[hd, c.n_head, n], &[head, row], 0)?,
             };
@@ -438,14 +439,14 @@ impl<'a> Builder<'a> {
         }
         let gated = [2 * head, row];
         let query = self.ctx.view(q, &[hd, c.n_head, n], &gated, 0)?;
-        let gate = self.ctx.view(q, &[hd, c.n_head, n], &gated, hd * f32b)?;
+        let gate = self.ctx.view(q, &[hd, c.n_head, n], &gated, head)?;
         let gate = self.ctx.cont_shape(gate, &[c.n_embd_q(), n])?;
         Ok((query, Some(gate)))
     }
 
-    /// Q's rows `[n_embd_q (twice that with a gate), n]`, K `[hd, n_head_kv, n]` and V
-    /// `[n_embd_kv, n]`: views of one fused projection's rows (as llama.cpp's `build_qkv`;
-    /// RoPE reads the strided views).
+    /// The projection (whose first rows are Q's: `n_embd_q`, twice that with a gate), K `[hd,
+    /// n_head_kv, n]` and V `[n_embd_kv, n]`: views of one fused projection's rows (as
+    /// llama.cpp's `build_qkv`; RoPE reads the strided views).
     fn fused_qkv(
         &mut self,
         wqkv: &Matrix,
@@ -460,7 +461,9 @@ impl<'a> Builder<'a> {
         let qkv = self.linear(wqkv, cur)?;
         let row = self.ctx[qkv].nb[1];
         let f32b = DType::F32.block_bytes();
-        let q = self.ctx.view(qkv, &[q_rows, n], &[row], 0)?;
+        // Q's rows are the first ones: `split_query` views them from the projection itself
+        // (a view of a view would give the tensor split other states to follow).
+        let q = qkv;
         let k = self
             .ctx
             .view(qkv, &[hd, c.n_head_kv, n], &[hd * f32b, row], q_rows * f32b)?;

@@ -7,7 +7,10 @@
 //! engine this module hand-writes each one as a `Stage`, the way llama.cpp's own
 //! `unicode_regex_split_custom_*` functions do. That keeps lookahead (`\s+(?!\S)`) exact,
 //! avoids a regex dependency, and reproduces llama.cpp's quirks (which are what the ids
-//! depend on) rather than a regex engine's reading of the pattern.
+//! depend on) rather than a regex engine's reading of the pattern. Where llama.cpp has no
+//! custom function (GPT-4o's regex) it runs `std::regex` over a copy of the text with each
+//! non-ASCII code point collapsed to one byte per category; the stage then follows that
+//! engine's backtracking reading of llama.cpp's rewritten pattern on those categories.
 
 use std::ops::Range;
 
@@ -38,6 +41,12 @@ pub enum PreTokenizer {
     Qwen35,
     /// Falcon's: punctuation-and-backtick runs, GPT-2's regex, then ASCII digit triples.
     Falcon,
+    /// GPT-4o's regex (gpt-4o, llama4, kanana2, talkie, minimax-m2): letter runs split at
+    /// case changes that keep a trailing contraction (`CamelCase` → `Camel` `Case`, `don't`
+    /// whole), numbers in groups of up to 3, punctuation runs that take trailing newlines
+    /// and slashes, newline-aware whitespace. As llama.cpp runs it, every non-ASCII letter
+    /// counts as both upper- and lower-case and combining marks are not letters.
+    Gpt4o,
 }
 
 impl PreTokenizer {
@@ -60,11 +69,12 @@ impl PreTokenizer {
             | "hunyuan" | "solar-open" => PreTokenizer::Qwen2,
             "qwen35" => PreTokenizer::Qwen35,
             "falcon" => PreTokenizer::Falcon,
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => PreTokenizer::Gpt4o,
             other => {
                 return Err(LlmError::Tokenizer(format!(
                     "unsupported pre-tokenizer '{other}' (supported: default, gpt2, smollm, \
-                     starcoder, refact, llama3, qwen2, qwen35, falcon and their llama.cpp \
-                     aliases)"
+                     starcoder, refact, llama3, qwen2, qwen35, falcon, gpt-4o and their \
+                     llama.cpp aliases)"
                 )))
             }
         })
@@ -103,6 +113,7 @@ impl PreTokenizer {
                 Stage::Gpt2,
                 Stage::AsciiDigitTriples,
             ],
+            PreTokenizer::Gpt4o => &[Stage::Gpt4o],
         }
     }
 
@@ -150,6 +161,11 @@ pub(crate) fn cleans_spaces(name: &str) -> bool {
             | "solar-open"
             | "trillion"
             | "granite-docling"
+            | "gpt-4o"
+            | "llama4"
+            | "kanana2"
+            | "talkie"
+            | "minimax-m2"
     )
 }
 
@@ -161,6 +177,8 @@ enum Stage {
     /// Llama 3's regex family, as llama.cpp's `unicode_regex_split_custom_llama3`, `_qwen2`
     /// (single digits) and `_qwen35` (single digits, combining marks in letter runs).
     Llama3(Llama3Rules),
+    /// GPT-4o's regex, which llama.cpp runs through `std::regex` (see [`split_gpt4o`]).
+    Gpt4o,
     /// A single character-class regex: matches and gaps each become fragments.
     Isolate(Class),
     /// `[0-9][0-9][0-9]`: leftmost non-overlapping triples of ASCII digits.
@@ -247,6 +265,7 @@ impl Stage {
         match self {
             Stage::Gpt2 => split_gpt2(cps, fl, frag, out),
             Stage::Llama3(rules) => split_llama3(cps, fl, frag, out, rules),
+            Stage::Gpt4o => split_gpt4o(cps, fl, frag, out),
             Stage::Isolate(class) => {
                 let mut prev = frag.start;
                 let mut pos = frag.start;
@@ -341,26 +360,84 @@ fn split_gpt2(cps: &[char], fl: &[CpFlags], frag: Range<usize>, out: &mut Vec<Ra
             continue;
         }
 
-        let mut n_ws = 0;
-        while get(pos + n_ws).whitespace {
-            n_ws += 1;
-        }
-        // `\s+(?!\S)`: a whitespace run followed by more text gives its last char to the
-        // next word (so " word" keeps its space).
-        if n_ws > 1 && pos + n_ws < end {
-            pos += n_ws - 1;
-            emit(out, &mut prev, pos);
-            continue;
-        }
-        // `\s+`
-        if n_ws > 0 {
-            pos += n_ws;
-            emit(out, &mut prev, pos);
-            continue;
-        }
-        // Unreachable for a present char (each is in some class); kept as llama.cpp has it.
-        pos += 1;
+        // `\s+(?!\S)|\s+`; the `+ 1` is unreachable for a present char (each is in some
+        // class), kept as llama.cpp has it.
+        pos = if f.whitespace {
+            spaces_end(fl, pos, end)
+        } else {
+            pos + 1
+        };
         emit(out, &mut prev, pos);
+    }
+}
+
+/// The first position from `pos` (at most `end`) where `pred` fails: the end of a run.
+#[inline]
+fn run_end(pos: usize, end: usize, pred: impl Fn(usize) -> bool) -> usize {
+    (pos..end).find(|&p| !pred(p)).unwrap_or(end)
+}
+
+/// The length of `'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]` (llama.cpp's
+/// spelling of `(?i:'s|'t|'re|'ve|'m|'ll|'d)`) at `pos`, 0 where none starts there. Only
+/// ASCII letters match, as in the regex.
+fn contraction_len(cps: &[char], pos: usize, end: usize) -> usize {
+    if pos + 1 >= end || cps[pos] != '\'' {
+        return 0;
+    }
+    let n = cps[pos + 1].to_ascii_lowercase();
+    if matches!(n, 's' | 't' | 'm' | 'd') {
+        return 2;
+    }
+    if pos + 2 >= end {
+        return 0;
+    }
+    match (n, cps[pos + 2].to_ascii_lowercase()) {
+        ('r', 'e') | ('v', 'e') | ('l', 'l') => 3,
+        _ => 0,
+    }
+}
+
+/// The end of `\p{N}{1,max}` at `pos`, a number code point.
+fn number_end(fl: &[CpFlags], pos: usize, end: usize, max: usize) -> usize {
+    run_end(pos, end.min(pos + max), |p| fl[p].number)
+}
+
+/// The end of ` ?[^\s\p{L}\p{N}]+` followed by a run of `tail` code points at `pos`, or
+/// `None` where it does not match; `other` tests the punctuation class of a position
+/// before the fragment's end.
+fn punct_end(
+    cps: &[char],
+    pos: usize,
+    end: usize,
+    other: impl Fn(usize) -> bool,
+    tail: impl Fn(char) -> bool,
+) -> Option<usize> {
+    let start = pos + usize::from(cps[pos] == ' ' && pos + 1 < end && other(pos + 1));
+    if !other(start) {
+        return None;
+    }
+    let run = run_end(start, end, &other);
+    Some(run_end(run, end, |p| tail(cps[p])))
+}
+
+/// The end of `\s+(?!\S)|\s+` at `pos`, a whitespace code point: a run followed by more
+/// text gives its last code point to the next word (so " word" keeps its space).
+fn spaces_end(fl: &[CpFlags], pos: usize, end: usize) -> usize {
+    let run = run_end(pos, end, |p| fl[p].whitespace);
+    if run - pos > 1 && run < end {
+        run - 1
+    } else {
+        run
+    }
+}
+
+/// The end of `\s*[\r\n]+|\s+(?!\S)|\s+` at `pos`, a whitespace code point: through the
+/// run's last newline where it has one, else as [`spaces_end`].
+fn whitespace_end(cps: &[char], fl: &[CpFlags], pos: usize, end: usize) -> usize {
+    let run = run_end(pos, end, |p| fl[p].whitespace);
+    match (pos..run).rev().find(|&p| matches!(cps[p], '\r' | '\n')) {
+        Some(newline) => newline + 1,
+        None => spaces_end(fl, pos, end),
     }
 }
 
@@ -400,99 +477,94 @@ fn split_llama3(
     rules: Llama3Rules,
 ) {
     let end = frag.end;
-    let get = |p: usize| if p < end { fl[p] } else { CpFlags::NONE };
-    let is_rn = |p: usize| p < end && matches!(cps[p], '\r' | '\n');
     let mut prev = frag.start;
     let mut pos = frag.start;
     while pos < end {
-        let c = cps[pos];
-        let f = get(pos);
-
-        // Contractions, case-insensitive (only ASCII letters can lower-case into them).
-        if c == '\'' && pos + 1 < end {
-            let n = cps[pos + 1].to_ascii_lowercase();
-            if matches!(n, 's' | 't' | 'm' | 'd') {
-                pos += 2;
-                emit(out, &mut prev, pos);
-                continue;
-            }
-            if pos + 2 < end {
-                let nn = cps[pos + 2].to_ascii_lowercase();
-                if matches!((n, nn), ('r', 'e') | ('v', 'e') | ('l', 'l')) {
-                    pos += 3;
-                    emit(out, &mut prev, pos);
-                    continue;
-                }
-            }
-        }
-
-        // `[^\r\n\p{L}\p{N}]?\p{L}+`
-        if !(c == '\r' || c == '\n' || f.number) && (rules.word(f) || rules.word(get(pos + 1))) {
-            pos += 1;
-            while rules.word(get(pos)) {
-                pos += 1;
-            }
-            emit(out, &mut prev, pos);
-            continue;
-        }
-
-        // `\p{N}{1,max}`
-        if f.number {
-            let mut ini = pos;
-            while get(pos).number {
-                pos += 1;
-                if pos - ini >= rules.max_digits {
-                    emit(out, &mut prev, pos);
-                    ini = pos;
-                }
-            }
-            emit(out, &mut prev, pos);
-            continue;
-        }
-
-        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`. As in llama.cpp, the test is on the current char's
-        // presence, so a space that ends the fragment is taken here, alone.
-        let f2 = if c == ' ' { get(pos + 1) } else { f };
-        if !(f2.whitespace || rules.word(f2) || f2.number) && f.present {
-            pos += usize::from(c == ' ');
-            while rules.other(get(pos)) {
-                pos += 1;
-            }
-            while is_rn(pos) {
-                pos += 1;
-            }
-            emit(out, &mut prev, pos);
-            continue;
-        }
-
-        let mut n_ws = 0;
-        let mut last_rn_end = None;
-        while get(pos + n_ws).whitespace {
-            if is_rn(pos + n_ws) {
-                last_rn_end = Some(pos + n_ws + 1);
-            }
-            n_ws += 1;
-        }
-        // `\s*[\r\n]+`
-        if let Some(e) = last_rn_end {
-            pos = e;
-            emit(out, &mut prev, pos);
-            continue;
-        }
-        // `\s+(?!\S)`
-        if n_ws > 1 && pos + n_ws < end {
-            pos += n_ws - 1;
-            emit(out, &mut prev, pos);
-            continue;
-        }
-        // `\s+`
-        if n_ws > 0 {
-            pos += n_ws;
-            emit(out, &mut prev, pos);
-            continue;
-        }
-        pos += 1;
+        pos = llama3_word_end(cps, fl, pos, end, rules);
         emit(out, &mut prev, pos);
+    }
+}
+
+/// The end of the word of Llama 3's regex family that starts at `pos`.
+fn llama3_word_end(cps: &[char], fl: &[CpFlags], pos: usize, end: usize, r: Llama3Rules) -> usize {
+    let (c, f) = (cps[pos], fl[pos]);
+    let contraction = contraction_len(cps, pos, end);
+    if contraction > 0 {
+        return pos + contraction;
+    }
+    // `[^\r\n\p{L}\p{N}]?\p{L}+`
+    let next_is_word = pos + 1 < end && r.word(fl[pos + 1]);
+    if !(c == '\r' || c == '\n' || f.number) && (r.word(f) || next_is_word) {
+        return run_end(pos + 1, end, |p| r.word(fl[p]));
+    }
+    if f.number {
+        return number_end(fl, pos, end, r.max_digits);
+    }
+    // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+    let other = |p: usize| r.other(fl[p]);
+    if let Some(e) = punct_end(cps, pos, end, other, |c| matches!(c, '\r' | '\n')) {
+        return e;
+    }
+    if f.whitespace {
+        return whitespace_end(cps, fl, pos, end);
+    }
+    // Unreachable for a present char, as in llama.cpp.
+    pos + 1
+}
+
+/// GPT-4o's regex over one fragment, as llama.cpp runs it. The regex of its tokenizer.json,
+/// `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+/// is rewritten there with `(?=[\p{L}])([^a-z])` for the upper-case class and
+/// `(?=[\p{L}])([^A-Z])` for the lower-case one, and `std::regex` runs it over the text with
+/// every non-ASCII code point collapsed to one byte per category. So the ids depend on
+/// that reading, not the textbook one: a non-ASCII letter is in both case classes (`CAFÉS`
+/// gives `CAFÉ` `S`, `aÉb` stays whole), and combining marks, left out of the rewrite, are
+/// punctuation. Each word is the regex's leftmost-first (backtracking) match.
+fn split_gpt4o(cps: &[char], fl: &[CpFlags], frag: Range<usize>, out: &mut Vec<Range<usize>>) {
+    let end = frag.end;
+    let mut prev = frag.start;
+    let mut pos = frag.start;
+    while pos < end {
+        pos = gpt4o_word_end(cps, fl, pos, end);
+        emit(out, &mut prev, pos);
+    }
+}
+
+/// The end of GPT-4o's word that starts at `pos`, trying the regex's alternatives in order.
+fn gpt4o_word_end(cps: &[char], fl: &[CpFlags], pos: usize, end: usize) -> usize {
+    let (c, f) = (cps[pos], fl[pos]);
+    // `[^\r\n\p{L}\p{N}]?`: taken whenever it matches, since without it the letters would
+    // have to start on this non-letter.
+    let prefix = !(f.letter || f.number || c == '\r' || c == '\n');
+    if let Some(e) = cased_run_end(cps, fl, pos + usize::from(prefix), end) {
+        return e + contraction_len(cps, e, end);
+    }
+    if f.number {
+        return number_end(fl, pos, end, 3);
+    }
+    // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+    let other = |p: usize| fl[p].is_other();
+    if let Some(e) = punct_end(cps, pos, end, other, |c| matches!(c, '\r' | '\n' | '/')) {
+        return e;
+    }
+    if f.whitespace {
+        return whitespace_end(cps, fl, pos, end);
+    }
+    // Unreachable for a present char: each is in some class.
+    pos + 1
+}
+
+/// The end of GPT-4o's letters at `q`, `U*L+` or else `U+L*` (`U`: a letter but not ASCII
+/// lower-case, `L`: a letter but not ASCII upper-case), or `None` where neither matches.
+/// As a backtracking engine does, the greedy `U*` gives letters back until `L+` can start.
+fn cased_run_end(cps: &[char], fl: &[CpFlags], q: usize, end: usize) -> Option<usize> {
+    let upper = |p: usize| fl[p].letter && !cps[p].is_ascii_lowercase();
+    let lower = |p: usize| fl[p].letter && !cps[p].is_ascii_uppercase();
+    let caps = run_end(q, end, upper);
+    match (q..=caps).rev().find(|&p| p < end && lower(p)) {
+        Some(first_lower) => Some(run_end(first_lower, end, lower)),
+        // `U+L*`: the letter after the capitals, if any, is no `L` (else `U*L+` matched).
+        None => (caps > q).then_some(caps),
     }
 }
 
@@ -575,6 +647,50 @@ mod tests {
             Some(PreTokenizer::Qwen35)
         );
         assert!(!cleans_spaces("qwen35"));
+    }
+
+    #[test]
+    fn gpt4o_splits_as_llama_cpp() {
+        // Expected words from llama.cpp's unicode_regex_split with the GPT4O regex.
+        let g = PreTokenizer::Gpt4o;
+        // Contractions join their word in either case; alone, the apostrophe is punctuation.
+        assert_eq!(
+            split(g, "IT'S He'll don't 'll x'LL"),
+            vec!["IT'S", " He'll", " don't", " '", "ll", " x'LL"]
+        );
+        // Case changes split; a non-ASCII letter is both cases, so the capitals before a
+        // lower-case letter stay with it (`É` `COLE`) and one ends an all-caps run (`CAFÉ`
+        // `S`), while `aÉb` stays whole.
+        assert_eq!(
+            split(g, "CamelCase iPhone ÉCOLE CAFÉS aÉb"),
+            vec!["Camel", "Case", " i", "Phone", " É", "COLE", " CAFÉ", "S", " aÉb"]
+        );
+        // Punctuation takes newlines and slashes after it; whitespace as in Llama 3's.
+        assert_eq!(
+            split(g, "end./\n/x  \r\n b\t\tc  "),
+            vec!["end", "./\n/", "x", "  \r\n", " b", "\t", "\tc", "  "]
+        );
+        // Combining marks are no letters; numbers go in threes.
+        assert_eq!(
+            split(
+                g,
+                "cafe\u{301} \u{301}ab 12345 \u{663}\u{664}\u{665}\u{666}"
+            ),
+            vec![
+                "cafe",
+                "\u{301}",
+                " \u{301}",
+                "ab",
+                " ",
+                "123",
+                "45",
+                " ",
+                "\u{663}\u{664}\u{665}",
+                "\u{666}"
+            ]
+        );
+        assert_eq!(PreTokenizer::from_name("gpt-4o").ok(), Some(g));
+        assert!(!cleans_spaces("gpt-4o") && !g.ignore_merges());
     }
 
     #[test]

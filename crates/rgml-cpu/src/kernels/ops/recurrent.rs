@@ -21,6 +21,7 @@
 
 use crate::kernels::dots::float::{leftovers_f32, vec_dot, Flavor};
 use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::fma_axpy;
 use crate::kernels::task::{self, f32_row, f32_row_mut, scratch_slice};
 use crate::kernels::task::{NodeTask, TensorView, ThreadCtx};
 use rgml::{DType, Result, Tensor};
@@ -301,10 +302,9 @@ impl<'a> DeltaNet<'a> {
         for (d, (row, &vj)) in delta.iter_mut().zip(s.chunks_exact(n).zip(v)) {
             *d = (vj - vec_dot(f, Flavor::F32, row, k)) * beta;
         }
+        // The rank-one update, one FMA per element as ggml's CPU computes it.
         for (row, &d) in s.chunks_exact_mut(n).zip(&*delta) {
-            for (x, &kk) in row.iter_mut().zip(k) {
-                *x = kk.mul_add(d, *x);
-            }
+            fma_axpy(row, k, d, f.has_avx2());
         }
         let scale = 1.0 / (n as f32).sqrt();
         // SAFETY: the output row of (head, token, seq): `S_v` values of the contiguous result

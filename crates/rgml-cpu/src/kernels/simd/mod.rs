@@ -60,3 +60,18 @@ pub(crate) fn prefetch_span(p: *const u8, len: usize) {
         prefetch(p.wrapping_add(off));
     }
 }
+
+/// `y[i] = fma(x[i], a, y[i])` (one rounding per element, as ggml's `ggml_vec_mad_f32` and
+/// its FMA-contracted leftovers): with AVX2 and FMA where `fma` says the CPU has them, else a
+/// scalar `mul_add` per element (the same values).
+pub(crate) fn fma_axpy(y: &mut [f32], x: &[f32], a: f32, fma: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: the caller's `fma` comes from the detected features: AVX2 and FMA.
+        return unsafe { x86::fma_axpy_avx2(y, x, a) };
+    }
+    let _ = fma;
+    for (yy, &xx) in y.iter_mut().zip(x) {
+        *yy = xx.mul_add(a, *yy);
+    }
+}

@@ -347,6 +347,30 @@ pub(crate) unsafe fn scale_f16_rounded(acc: &mut [f32], w: f32) {
     }
 }
 
+/// `y[i] = fma(x[i], a, y[i])` for every `i` of the shorter slice, 8 lanes at a time: each
+/// element rounded once, as the scalar `mul_add` (and ggml's `ggml_vec_mad_f32`) computes it.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn fma_axpy_avx2(y: &mut [f32], x: &[f32], a: f32) {
+    let n = y.len().min(x.len());
+    let (y8, x8) = (y[..n].chunks_exact_mut(8), x[..n].chunks_exact(8));
+    let va = _mm256_set1_ps(a);
+    for (yc, xc) in y8.zip(x8) {
+        // SAFETY: each chunk holds 8 floats; AVX2 and FMA are enabled for this function.
+        unsafe {
+            let v = _mm256_fmadd_ps(
+                _mm256_loadu_ps(xc.as_ptr()),
+                va,
+                _mm256_loadu_ps(yc.as_ptr()),
+            );
+            _mm256_storeu_ps(yc.as_mut_ptr(), v);
+        }
+    }
+    let done = n - n % 8;
+    for (yy, &xx) in y[done..n].iter_mut().zip(&x[done..n]) {
+        *yy = xx.mul_add(a, *yy);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
