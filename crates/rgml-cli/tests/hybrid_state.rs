@@ -13,12 +13,14 @@ use rgml_testmodels::{write_random_model, Arch};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-fn model() -> Arc<Model> {
+/// The random model, written as `<name>.gguf` (tests running at once must not rewrite each
+/// other's file).
+fn model(name: &str) -> Arc<Model> {
     let arch = Arch::Qwen35;
     let vocab = root().join(arch.vocab_file());
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hybrid-state");
     std::fs::create_dir_all(&dir).expect("create the model directory");
-    let path = dir.join("qwen35.gguf");
+    let path = dir.join(format!("{name}.gguf"));
     write_random_model(arch, &vocab, &path).expect("write the random model");
     rgml_cpu::register();
     Arc::new(Model::load(&path, Default::default()).expect("load the model"))
@@ -56,7 +58,7 @@ fn tokens(tokens: &[TokenId], seq: usize) -> Vec<BatchToken> {
 
 #[test]
 fn a_cleared_sequence_starts_again_from_zero_states() {
-    let model = model();
+    let model = model("cleared");
     let (a, b) = (
         prompt(&model, "Once upon a time"),
         prompt(&model, "Hello, world"),
@@ -73,7 +75,7 @@ fn a_cleared_sequence_starts_again_from_zero_states() {
 
 #[test]
 fn the_newest_positions_cannot_be_removed_alone() {
-    let model = model();
+    let model = model("newest");
     let (a, b) = (
         prompt(&model, "The capital of France is"),
         prompt(&model, " Paris"),
@@ -96,7 +98,7 @@ fn the_newest_positions_cannot_be_removed_alone() {
 
 #[test]
 fn a_copied_sequence_continues_as_its_source() {
-    let model = model();
+    let model = model("copied");
     let (a, b) = (
         prompt(&model, "Shopping list: apples,"),
         prompt(&model, " pears"),

@@ -1,8 +1,9 @@
 //! The engine on a hybrid model (the `qwen35` random model of `rgml-testmodels`: gated
 //! delta-net layers with a recurrent state per sequence beside full-attention layers): eight
 //! requests decoded together in eight slots give their solo greedy output, a conversation
-//! that extends what a slot holds continues from its state, and a prompt that shares only part
-//! of it is evaluated afresh (a recurrent state cannot be rolled back), with the same output.
+//! that extends what a slot holds continues from its state (under either reuse policy), and a
+//! prompt that shares only part of it is evaluated afresh (a recurrent state cannot be rolled
+//! back), with the same output.
 
 use rgml_llm::{EncodeOptions, Model, Sampler, SamplerParams, Session, SessionOptions, TokenId};
 use rgml_serve::engine::{Engine, EngineOptions, PrefixReuse};
@@ -14,13 +15,15 @@ use std::sync::Arc;
 
 const N_CTX: usize = 256;
 
-fn model() -> Arc<Model> {
+/// The random model, written as `<name>.gguf` (tests running at once must not rewrite each
+/// other's file).
+fn model(name: &str) -> Arc<Model> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let vocab = root.join(Arch::Qwen35.vocab_file());
     assert!(vocab.exists(), "run scripts/fetch-vocab.sh first");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-hybrid");
     std::fs::create_dir_all(&dir).expect("create the model directory");
-    let path = dir.join("qwen35.gguf");
+    let path = dir.join(format!("{name}.gguf"));
     write_random_model(Arch::Qwen35, &vocab, &path).expect("write the random model");
     rgml_cpu::register();
     Arc::new(Model::load(&path, Default::default()).expect("load the model"))
@@ -92,7 +95,7 @@ const PROMPTS: [&str; 8] = [
 
 #[test]
 fn eight_requests_together_give_their_solo_output() {
-    let model = model();
+    let model = model("eight");
     let e = engine(&model, 8, PrefixReuse::Exact);
     let prompts: Vec<Vec<TokenId>> = PROMPTS
         .iter()
@@ -116,8 +119,14 @@ fn eight_requests_together_give_their_solo_output() {
 
 #[test]
 fn a_conversation_continues_from_its_state_and_a_partial_match_starts_afresh() {
-    let model = model();
-    let e = engine(&model, 1, PrefixReuse::Any);
+    let model = model("conversation");
+    for reuse in [PrefixReuse::Exact, PrefixReuse::Any] {
+        conversation(&model, reuse);
+    }
+}
+
+fn conversation(model: &Arc<Model>, reuse: PrefixReuse) {
+    let e = engine(model, 1, reuse);
     let first = model
         .tokenizer
         .encode("The quick brown fox", EncodeOptions::prompt());
@@ -130,11 +139,11 @@ fn a_conversation_continues_from_its_state_and_a_partial_match_starts_afresh() {
     next.extend(model.tokenizer.encode(" jumps", EncodeOptions::default()));
     let (got, _, usage) = collect(e.submit(greedy(&next, 8)).expect("submit"));
     assert_eq!(usage.cached_tokens, first.len() + ids.len() - 1);
-    assert_eq!(got, solo(&model, &next, 8));
+    assert_eq!(got, solo(model, &next, 8), "{reuse:?}");
     // Sharing only the first prompt: the state holds more, so everything is evaluated again.
     let mut other = first.clone();
     other.extend(model.tokenizer.encode(" sleeps", EncodeOptions::default()));
     let (got, _, usage) = collect(e.submit(greedy(&other, 8)).expect("submit"));
     assert_eq!(usage.cached_tokens, 0);
-    assert_eq!(got, solo(&model, &other, 8));
+    assert_eq!(got, solo(model, &other, 8), "{reuse:?}");
 }

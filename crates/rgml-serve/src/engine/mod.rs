@@ -46,6 +46,9 @@ pub enum PrefixReuse {
     /// Whole micro-batch pieces of an earlier prompt only: the rest of the prompt is then
     /// evaluated in the pieces a fresh evaluation would use, so the output is bit for bit a
     /// fresh request's (`rgml run`'s). A prompt shorter than a micro-batch is evaluated whole.
+    /// A model with a recurrent state per sequence (Qwen3.5) keeps a slot's cache only whole,
+    /// under either policy: when the prompt extends everything the slot holds (as
+    /// llama-server does), else not at all.
     #[default]
     Exact,
     /// Any common prefix (a chat's whole history): faster, but the prompt's rest is evaluated
@@ -136,6 +139,7 @@ impl Engine {
             max_batch: options.max_batch.max(1),
             reuse: options.prefix_reuse,
             n_ubatch: session.n_ubatch().max(1),
+            recurrent: session.model().config.recurrent.is_some(),
         };
         let handle = std::thread::Builder::new()
             .name("rgml-serve-engine".into())

@@ -36,6 +36,9 @@ pub(crate) struct Policy {
     pub(crate) reuse: PrefixReuse,
     /// The session's micro-batch: prompts are evaluated in pieces of it.
     pub(crate) n_ubatch: usize,
+    /// The model keeps a recurrent state per sequence (Qwen3.5): a slot's cache can only be
+    /// kept whole.
+    pub(crate) recurrent: bool,
 }
 
 impl Policy {
@@ -43,6 +46,12 @@ impl Policy {
     /// evaluate, for its logits).
     fn reusable(&self, slot: &Slot<'_>, prompt: &[TokenId]) -> usize {
         let n = common_prefix(&slot.cached, prompt).min(prompt.len().saturating_sub(1));
+        if self.recurrent {
+            // A recurrent state holds every position the slot has: it is kept when the prompt
+            // extends all of them (a chat's next turn, as llama-server keeps it), else the
+            // prompt is evaluated afresh. Exact's micro-batch pieces cannot be honoured then.
+            return if n == slot.cached.len() { n } else { 0 };
+        }
         match self.reuse {
             PrefixReuse::Exact => n.min(slot.aligned) / self.n_ubatch * self.n_ubatch,
             PrefixReuse::Any => n,
