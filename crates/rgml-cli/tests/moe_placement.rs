@@ -3,7 +3,9 @@
 //! stderr), the ops that read them follow them, and the logits are one CPU's bit for bit, on
 //! the CPU-device pair and with a GPU (in its exact mode) taking the rest of the model. A
 //! mixture of experts on the GPU alone runs too: the scheduler falls back to the CPU for the
-//! routing ops the GPU backend lacks. Bad overrides are usage errors naming the flag.
+//! routing ops the GPU backend lacks. Bad overrides are usage errors naming the flag. A hybrid
+//! mixture of experts (`qwen35moe`) on the GPU keeps its recurrent states in the GPU's buffer
+//! while the CPU computes the delta-net ops, with the same logits, steps included.
 
 #[allow(dead_code)] // Only some of the helpers are used here.
 mod common;
@@ -19,17 +21,30 @@ const PROMPT: &str = "Once upon a time, in a small village at the edge of a grea
 /// The random `qwen3moe` model as `<name>.gguf` (tests running at once must not rewrite each
 /// other's file).
 fn model(name: &str) -> PathBuf {
+    model_of(Arch::Qwen3Moe, name)
+}
+
+/// The random model of `arch` as `<name>.gguf`.
+fn model_of(arch: Arch, name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("moe-placement");
     std::fs::create_dir_all(&dir).expect("create the model directory");
     let path = dir.join(format!("{name}.gguf"));
-    let vocab = root().join(Arch::Qwen3Moe.vocab_file());
-    write_random_model(Arch::Qwen3Moe, &vocab, &path).expect("write the random model");
+    let vocab = root().join(arch.vocab_file());
+    write_random_model(arch, &vocab, &path).expect("write the random model");
     path
 }
 
 /// `rgml logits` with `args`: (stdout as JSON, stderr).
 fn run(model: &Path, args: &[&str]) -> (serde_json::Value, String) {
-    let isa = runnable_isas().first().copied().unwrap_or("avx2");
+    run_isa(
+        model,
+        args,
+        runnable_isas().first().copied().unwrap_or("avx2"),
+    )
+}
+
+/// [`run`] with the CPU's arithmetic of `isa`.
+fn run_isa(model: &Path, args: &[&str], isa: &str) -> (serde_json::Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
         .args(["logits", "-p", PROMPT, "--json", "-t", "2", "-fa", "off"])
         .args(args)
@@ -90,6 +105,28 @@ fn overridden_experts_give_one_cpu_s_logits() {
         ],
     ] {
         let (got, _) = run(&m, &args.iter().map(|s| &**s).collect::<Vec<_>>());
+        assert_eq!(got, alone, "{args:?} (exact GPU arithmetic)");
+    }
+}
+
+#[test]
+fn a_hybrid_model_on_the_gpu_gives_one_cpu_s_logits() {
+    let m = model_of(Arch::Qwen35Moe, "hybrid");
+    let steps = ["--greedy", "4"];
+    // The GPU's exact mode mirrors the AVX-512 build's arithmetic (its F32 dots' order among
+    // them, which this model's one-row shared-expert gate takes).
+    let run = |args: &[&str]| run_isa(&m, args, "avx512");
+    let (alone, _) = run(&[&["--device", "CPU0"][..], &steps].concat());
+    let (placed, stderr) = run(&[&["--device", "CPU0", "--cpu-moe"][..], &steps].concat());
+    assert!(stderr.contains("on CPU"), "{stderr}");
+    assert_eq!(placed, alone, "--cpu-moe");
+    let Some(gpu) = gpu_device() else { return };
+    let whole = ["--device", gpu.as_str()];
+    let both = format!("{gpu},CPU");
+    // Blocks 5-7 and the head on the GPU: recurrent layers on both devices.
+    let part = ["--device", both.as_str(), "-ngl", "4"];
+    for args in [&whole[..], &part[..]] {
+        let (got, _) = run(&[args, &steps].concat());
         assert_eq!(got, alone, "{args:?} (exact GPU arithmetic)");
     }
 }
