@@ -64,12 +64,6 @@ pub(super) fn layer(
     l: &LayerWeights,
     x: TensorId,
 ) -> Result<TensorId> {
-    let (attn, x) = b.self_attention(il, l, x)?;
-    let x_attn = b.ctx().add(attn, x)?;
-    let x_attn = b.keep(x_attn, format!("ffn_inp-{il}"))?;
-    let cur = b.norm(x_attn, l.ffn_norm, il)?;
-    let cur = b.keep(cur, format!("ffn_norm-{il}"))?;
-    let ffn = super::ffn(b, il, l, cur)?;
-    let out = b.ctx().add(ffn, x_attn)?;
-    b.keep(out, format!("l_out-{il}"))
+    let attn = b.self_attention(il, l, x)?;
+    super::residual_ffn(b, il, l, attn, ["ffn_inp", "ffn_norm"])
 }

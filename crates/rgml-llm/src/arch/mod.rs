@@ -282,6 +282,25 @@ pub(crate) fn build_layer(
     }
 }
 
+/// The residual of the mixer's output `attn` onto `x`, then the FFN on its norm with its own
+/// residual (a pre-norm block's second half): `ffn(norm(attn + x)) + (attn + x)`. `names` are
+/// llama.cpp's for the sum and for the norm.
+pub(crate) fn residual_ffn(
+    b: &mut Builder<'_>,
+    il: usize,
+    l: &LayerWeights,
+    (attn, x): (TensorId, TensorId),
+    names: [&str; 2],
+) -> Result<TensorId> {
+    let x_attn = b.ctx().add(attn, x)?;
+    let x_attn = b.keep(x_attn, format!("{}-{il}", names[0]))?;
+    let cur = b.norm(x_attn, l.ffn_norm, il)?;
+    let cur = b.keep(cur, format!("{}-{il}", names[1]))?;
+    let ffn = ffn(b, il, l, cur)?;
+    let out = b.ctx().add(ffn, x_attn)?;
+    b.keep(out, format!("l_out-{il}"))
+}
+
 /// The FFN of block `il` on the normed `cur`: the gated FFN, or the mixture of experts (each
 /// sequence's rows routed as alone, see [`Builder::by_sequence`]).
 pub(crate) fn ffn(

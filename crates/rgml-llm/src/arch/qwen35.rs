@@ -126,17 +126,11 @@ pub(super) fn layer(
         Mixer::DeltaNet(d) => {
             let cur = b.norm(x, l.attn_norm, il)?;
             let cur = b.keep(cur, format!("attn_norm-{il}"))?;
-            delta_net(b, il, d, cur)?
+            (delta_net(b, il, d, cur)?, x)
         }
-        Mixer::Attention(_) => b.self_attention(il, l, x)?.0,
+        Mixer::Attention(_) => b.self_attention(il, l, x)?,
     };
-    let x_attn = b.ctx().add(attn, x)?;
-    let x_attn = b.keep(x_attn, format!("attn_residual-{il}"))?;
-    let cur = b.norm(x_attn, l.ffn_norm, il)?;
-    let cur = b.keep(cur, format!("attn_post_norm-{il}"))?;
-    let ffn = super::ffn(b, il, l, cur)?;
-    let out = b.ctx().add(ffn, x_attn)?;
-    b.keep(out, format!("l_out-{il}"))
+    super::residual_ffn(b, il, l, attn, ["attn_residual", "attn_post_norm"])
 }
 
 /// The gated delta net of block `il` on the normed rows `cur` `[n_embd, n]`: `[n_embd, n]`.
