@@ -9,7 +9,8 @@
 //! (`llama_state_seq_set_data`) the next times, then times the test alone. Here the depth is
 //! filled once per depth and a repetition cuts the cache back to it (`seq_rm`): the same
 //! cells, the same bytes. A model with sliding-window layers refills it instead, since its
-//! local cache forgets positions that leave the window while a test runs.
+//! local cache forgets positions that leave the window while a test runs; so does a model with
+//! recurrent layers (Qwen3.5), whose state cannot be cut back.
 
 use crate::error::CliError;
 use crate::model_cmds::{check_context, parse_positive, ModelArgs};
@@ -161,7 +162,8 @@ struct Bencher {
     session: Session,
     /// The tokens of the depth, in the cache before every test.
     depth: Vec<u32>,
-    /// Whether cutting the cache back to the depth restores it (no sliding-window layers).
+    /// Whether cutting the cache back to the depth restores it (no sliding-window or
+    /// recurrent layers).
     cut_back: bool,
     tokens: Tokens,
 }
@@ -170,7 +172,7 @@ impl Bencher {
     fn new(session: Session) -> Bencher {
         let config = &session.model().config;
         Bencher {
-            cut_back: config.sliding_window.is_none(),
+            cut_back: config.sliding_window.is_none() && config.recurrent.is_none(),
             tokens: Tokens {
                 state: 0x9E37_79B9_7F4A_7C15,
                 n_vocab: config.n_vocab.max(1) as u64,
