@@ -1,7 +1,8 @@
 //! A hybrid model's recurrent states (the `qwen35` random model of `rgml-testmodels`) under
 //! the sequence operations a server uses, with llama.cpp's rules for recurrent memory: a
 //! cleared sequence starts again from zero states, a sequence's newest positions cannot be
-//! removed alone (the error changes nothing), and a copy takes the whole state.
+//! removed alone (the error changes nothing), a copy takes the whole state, and `rgml bench`
+//! at a depth refills it.
 
 #[allow(dead_code)] // Only the root is used here.
 mod common;
@@ -117,4 +118,28 @@ fn a_copied_sequence_continues_as_its_source() {
     let logits = s.decode_batch(&batch).expect("both");
     let per_seq = b.len() * n_vocab;
     assert_eq!(bits(&logits[..per_seq]), bits(&logits[per_seq..]));
+}
+
+/// `rgml bench` at a depth refills it before each test (the state cannot be cut back).
+#[test]
+fn bench_at_a_depth_runs_on_a_hybrid_model() {
+    let arch = Arch::Qwen35;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hybrid-state");
+    std::fs::create_dir_all(&dir).expect("create the model directory");
+    let path = dir.join("bench.gguf");
+    write_random_model(arch, &root().join(arch.vocab_file()), &path).expect("write the model");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args([
+            "bench", "-p", "8", "-n", "4", "-d", "0,16", "-r", "1", "-t", "2", "-m",
+        ])
+        .arg(&path)
+        .output()
+        .expect("run rgml bench");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(table.contains("tg4 @ d16"), "{table}");
 }
