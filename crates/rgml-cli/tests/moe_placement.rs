@@ -92,6 +92,8 @@ fn overridden_experts_give_one_cpu_s_logits() {
         assert_eq!(got, alone, "{args:?}");
     }
     let Some(gpu) = gpu_device() else { return };
+    // The GPU's exact mode mirrors the AVX-512 build's arithmetic.
+    let (alone, _) = run_isa(&m, &["--device", "CPU0"], "avx512");
     for args in [
         vec!["--device", gpu.as_str(), "--cpu-moe"],
         vec!["--device", gpu.as_str()],
@@ -104,7 +106,8 @@ fn overridden_experts_give_one_cpu_s_logits() {
             "exps=CPU",
         ],
     ] {
-        let (got, _) = run(&m, &args.iter().map(|s| &**s).collect::<Vec<_>>());
+        let args: Vec<&str> = args.iter().map(|s| &**s).collect();
+        let (got, _) = run_isa(&m, &args, "avx512");
         assert_eq!(got, alone, "{args:?} (exact GPU arithmetic)");
     }
 }
