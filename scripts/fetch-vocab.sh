@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Put llama.cpp's vocabulary-only GGUF files (tokenizer metadata of Llama 3, Qwen2, Qwen3.5,
-# Phi-3 and LLaMA SentencePiece, no weights) in models/vocab/ unless they are already there.
+# Phi-3, LLaMA SentencePiece and Gemma 4, no weights) in models/vocab/ unless they are already
+# there.
 # They ship in the PyPI source package llama-cpp-python 0.3.36 (vendor/llama.cpp/models/); the
 # package is cached where scripts/llamacpp.sh caches it, so it is downloaded at most once.
 set -euo pipefail
@@ -16,6 +17,7 @@ files=(
     "63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c ggml-vocab-qwen35.gguf"
     "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326 ggml-vocab-phi-3.gguf"
     "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69 ggml-vocab-llama-spm.gguf"
+    "58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65 ggml-vocab-gemma-4.gguf"
 )
 
 have_all() {

@@ -402,6 +402,14 @@ fn gpt4o_splits_unlike_llama3() {
     }
 }
 
+/// Gemma 4 (`tokenizer.ggml.model = gemma4`): BPE over raw UTF-8 with spaces as `▁`, split
+/// only at newline runs, `<0xXX>` byte fallback, BOS forced on; llama.cpp's `.inp` cases
+/// included.
+#[test]
+fn gemma4_matches_llama_cpp() {
+    check(include_str!("fixtures/tokens/ggml-vocab-gemma-4.json"));
+}
+
 #[test]
 fn phi3_matches_llama_cpp() {
     check(include_str!("fixtures/tokens/ggml-vocab-phi-3.json"));

@@ -1,6 +1,9 @@
-//! Byte-level BPE (`tokenizer.ggml.model = gpt2`): pre-tokenized words are mapped byte by byte
-//! to GPT-2's printable chars, then merged pairwise by merge rank, lowest rank first.
+//! BPE with merges (`tokenizer.ggml.model = gpt2` or `gemma4`): pre-tokenized words are merged
+//! pairwise by merge rank, lowest rank first. Byte-level vocabularies (`gpt2`) first map each
+//! word byte by byte to GPT-2's printable chars; Gemma 4's merges raw UTF-8 with spaces
+//! written `▁` and falls back to `<0xXX>` byte tokens.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -9,7 +12,7 @@ use super::unicode::byte_to_char_table;
 use super::Vocab;
 use crate::error::{LlmError, Result};
 
-/// The merge table and word splitter of a byte-level BPE vocabulary.
+/// The merge table and word splitter of a BPE vocabulary.
 #[derive(Clone, Debug)]
 pub(crate) struct BpeModel {
     /// Rank of the merge of two pieces, keyed by their piece ids (see [`BpeModel::piece_id`]).
@@ -86,20 +89,45 @@ impl BpeModel {
 
     /// Tokenizes raw text (no special tokens in it any more) and appends the ids to `out`.
     pub(crate) fn encode(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
-        let mut encoded = String::new();
+        // llama.cpp escapes the whole fragment before splitting it.
+        let text = if self.pre.escapes_whitespace() {
+            Cow::Owned(text.replace(' ', "▁"))
+        } else {
+            Cow::Borrowed(text)
+        };
+        let mut buf = String::new();
         let mut syms = Vec::new();
         let mut heap = BinaryHeap::new();
-        for word in self.pre.split(text) {
-            encoded.clear();
-            encoded.extend(word.bytes().map(|b| self.byte_chars[b as usize]));
-            if self.pre.ignore_merges() {
-                if let Some(&id) = vocab.token_to_id.get(encoded.as_str()) {
-                    out.push(id);
-                    continue;
-                }
+        for word in self.pre.split(&text) {
+            let word = self.word_text(word, &mut buf);
+            if let Some(id) = self.whole_word_token(vocab, word) {
+                out.push(id);
+                continue;
             }
-            self.merge_word(vocab, &encoded, &mut syms, &mut heap);
-            self.emit_word(vocab, &encoded, &syms, out);
+            self.merge_word(vocab, word, &mut syms, &mut heap);
+            self.emit_word(vocab, word, &syms, out);
+        }
+    }
+
+    /// The word as the vocabulary spells it: byte-encoded into `buf`, or as it is.
+    fn word_text<'a>(&self, word: &'a str, buf: &'a mut String) -> &'a str {
+        if !self.pre.byte_encode() {
+            return word;
+        }
+        buf.clear();
+        buf.extend(word.bytes().map(|b| self.byte_chars[b as usize]));
+        buf
+    }
+
+    /// The token a word is taken as whole, skipping the merges: any word that is a token
+    /// where the pre-tokenizer ignores merges, a run of newlines for Gemma 4.
+    fn whole_word_token(&self, vocab: &Vocab, word: &str) -> Option<u32> {
+        let whole = self.pre.ignore_merges()
+            || (self.pre.whole_newline_runs() && word.bytes().all(|b| b == b'\n'));
+        if whole {
+            vocab.token_to_id.get(word).copied()
+        } else {
+            None
         }
     }
 
@@ -192,18 +220,22 @@ impl BpeModel {
                 Some(&id) => out.push(id),
                 None => {
                     // llama.cpp's fallback for a piece that is no token: each byte of it as
-                    // a one-byte token, where one exists.
-                    for b in text.bytes() {
-                        let one = [b];
-                        if let Some(&id) = std::str::from_utf8(&one)
-                            .ok()
-                            .and_then(|s| vocab.token_to_id.get(s))
-                        {
-                            out.push(id);
-                        }
-                    }
+                    // its byte token, where one exists (others are dropped).
+                    out.extend(text.bytes().filter_map(|b| self.byte_fallback(vocab, b)));
                 }
             }
+        }
+    }
+
+    /// The token of one byte of a piece that is no token: the one-byte text in byte-level
+    /// vocabularies, the SentencePiece-style `<0xXX>` in raw UTF-8 ones (Gemma 4).
+    fn byte_fallback(&self, vocab: &Vocab, b: u8) -> Option<u32> {
+        if self.pre.byte_encode() {
+            let one = [b];
+            let s = std::str::from_utf8(&one).ok()?;
+            vocab.token_to_id.get(s).copied()
+        } else {
+            vocab.token_to_id.get(&format!("<0x{b:02X}>")).copied()
         }
     }
 }

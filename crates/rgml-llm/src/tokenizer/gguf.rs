@@ -57,8 +57,8 @@ fn opt_id(file: &GgufFile, key: &str, n_vocab: usize) -> Option<u32> {
 
 impl Tokenizer {
     /// Builds the tokenizer a GGUF file describes. Supports `tokenizer.ggml.model` `gpt2`
-    /// (byte-level BPE, with the pre-tokenizers of [`super::PreTokenizer::from_name`]) and
-    /// `llama` (SentencePiece).
+    /// (byte-level BPE, with the pre-tokenizers of [`super::PreTokenizer::from_name`]),
+    /// `gemma4` (BPE over raw UTF-8) and `llama` (SentencePiece).
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
         let kind = TokenizerKind::from_name(file.get_str(KEY_MODEL)?)?;
         let pre = match file.get(KEY_PRE) {
@@ -87,10 +87,10 @@ impl Tokenizer {
         let merges = opt_array(file, KEY_MERGES, "a string", |v| {
             v.as_str().map(str::to_owned)
         })?;
-        if kind == TokenizerKind::Bpe && merges.is_empty() {
+        if matches!(kind, TokenizerKind::Bpe | TokenizerKind::Gemma4) && merges.is_empty() {
             return Err(bad(
                 KEY_MERGES,
-                "missing or empty, a gpt2 tokenizer needs merges",
+                "missing or empty, a gpt2 or gemma4 tokenizer needs merges",
             ));
         }
         let id = |name: &str| opt_id(file, &format!("tokenizer.ggml.{name}_token_id"), n);

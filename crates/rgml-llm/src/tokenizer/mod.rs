@@ -3,7 +3,8 @@
 //! This module owns the vocabulary, the special-token handling shared by all tokenizer kinds
 //! (splitting text at special tokens, BOS/EOS) and decoding. The algorithms live in
 //! submodules: `attr` (the token attributes llama.cpp derives, end-of-generation ids),
-//! [`pretokenize`] (the word splitters of byte-level BPE), `bpe` (byte-level BPE, `gpt2`),
+//! [`pretokenize`] (the word splitters of BPE), `bpe` (BPE with merges: byte-level, `gpt2`,
+//! and over raw UTF-8, `gemma4`),
 //! `spm` (SentencePiece, `llama`) and [`Decoder`] (streaming detokenization).
 //!
 //! ```no_run
@@ -77,6 +78,10 @@ pub enum TokenizerKind {
     Bpe,
     /// `llama`: SentencePiece BPE with scores and byte fallback.
     Spm,
+    /// `gemma4`: BPE with merges over raw UTF-8 (no byte-level mapping), spaces written `▁`,
+    /// `<0xXX>` byte fallback, and always Gemma 4's pre-tokenizer (llama.cpp ignores the
+    /// file's `tokenizer.ggml.pre` for it).
+    Gemma4,
     /// `test`: llama.cpp's tokenizer of its random test models (`test-llama-archs`): text in
     /// chunks of 5 bytes, each hashed (`h = h * 31 + byte`) modulo the vocabulary size; tokens
     /// render as their id in hexadecimal.
@@ -89,9 +94,10 @@ impl TokenizerKind {
         match name {
             "gpt2" => Ok(TokenizerKind::Bpe),
             "llama" => Ok(TokenizerKind::Spm),
+            "gemma4" => Ok(TokenizerKind::Gemma4),
             "test" => Ok(TokenizerKind::Test),
             other => Err(LlmError::Tokenizer(format!(
-                "unsupported tokenizer model '{other}' (supported: gpt2, llama, test)"
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama, gemma4, test)"
             ))),
         }
     }
@@ -104,7 +110,7 @@ pub struct TokenizerParts {
     /// The algorithm.
     pub kind: TokenizerKind,
     /// The pre-tokenizer name (`tokenizer.ggml.pre`); `None` means llama.cpp's `default`.
-    /// Only byte-level BPE uses it.
+    /// Only byte-level BPE uses it (`gemma4` always has Gemma 4's).
     pub pre: Option<String>,
     /// Token texts, indexed by id.
     pub tokens: Vec<String>,
@@ -292,7 +298,7 @@ impl Tokenizer {
             .tokens
             .iter()
             .enumerate()
-            .map(|(id, t)| render(parts.kind, id, t))
+            .map(|(id, t)| render(algo.rendering, id, t))
             .collect();
         // llama.cpp sets the strip flags after its special-token list and pieces are built;
         // they change neither.
@@ -315,7 +321,7 @@ impl Tokenizer {
             eom: named.eom,
             pad: ids.pad,
             fim: named.fim,
-            add_bos: parts.add_bos.unwrap_or(algo.add_bos),
+            add_bos: parts.add_bos.unwrap_or(algo.add_bos) || algo.forces_bos,
             add_eos: parts.add_eos.unwrap_or(false),
             add_space_prefix: parts
                 .add_space_prefix
@@ -615,11 +621,11 @@ impl SpecialIds {
             }
         };
         // llama.cpp's defaults: SentencePiece's BOS 1, EOS 2 and UNK 0; byte-level BPE's
-        // BOS and EOS 11 (GPT-2's, whatever the vocabulary), no UNK.
+        // BOS and EOS 11 (GPT-2's, whatever the vocabulary), no UNK; Gemma 4's none.
         let (bos, eos, unk) = match parts.kind {
             TokenizerKind::Spm => (Some(1), Some(2), Some(0)),
             TokenizerKind::Bpe => (Some(11), Some(11), None),
-            TokenizerKind::Test => (None, None, None),
+            TokenizerKind::Gemma4 | TokenizerKind::Test => (None, None, None),
         };
         let default = |v: Option<TokenId>| v.filter(|&v| (v as usize) < n);
         Ok(SpecialIds {
@@ -638,8 +644,24 @@ struct Algorithm {
     model: Model,
     /// Whether BOS is added when the file does not say.
     add_bos: bool,
+    /// Whether BOS is added even where the file says not to (llama.cpp overrides Gemma 4's
+    /// `add_bos_token = false`, its models need BOS).
+    forces_bos: bool,
     /// llama.cpp's `clean_spaces`, set per pre-tokenizer name.
     clean_spaces: bool,
+    /// How normal tokens' texts become bytes.
+    rendering: Rendering,
+}
+
+/// How a normal token's text becomes bytes (see [`render`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rendering {
+    /// Byte-level BPE: GPT-2's chars back to bytes.
+    ByteLevel,
+    /// SentencePiece and Gemma 4's BPE: the text with `▁` read as a space.
+    Spaces,
+    /// The `test` tokenizer: the id in hexadecimal, whatever the token.
+    Hex,
 }
 
 impl Algorithm {
@@ -650,25 +672,42 @@ impl Algorithm {
         merges: &[String],
     ) -> Result<Algorithm> {
         Ok(match kind {
-            TokenizerKind::Bpe => {
-                // An absent or empty name is llama.cpp's `default` (it warns).
-                let name = pre.filter(|p| !p.is_empty()).unwrap_or("default");
-                let pre = PreTokenizer::from_name(name)?;
-                Algorithm {
-                    model: Model::Bpe(Box::new(bpe::BpeModel::new(vocab, merges, pre)?)),
-                    add_bos: pre == PreTokenizer::Llama3,
-                    clean_spaces: pretokenize::cleans_spaces(name),
-                }
-            }
+            // An absent or empty name is llama.cpp's `default` (it warns).
+            TokenizerKind::Bpe => Self::bpe(
+                pre.filter(|p| !p.is_empty()).unwrap_or("default"),
+                vocab,
+                merges,
+            )?,
+            TokenizerKind::Gemma4 => Self::bpe("gemma4", vocab, merges)?,
             TokenizerKind::Spm => Algorithm {
                 model: Model::Spm,
                 add_bos: true,
+                forces_bos: false,
                 clean_spaces: false,
+                rendering: Rendering::Spaces,
             },
             TokenizerKind::Test => Algorithm {
                 model: Model::Test,
                 add_bos: false,
+                forces_bos: false,
                 clean_spaces: false,
+                rendering: Rendering::Hex,
+            },
+        })
+    }
+
+    /// BPE with merges under the pre-tokenizer `name`, which also settles the rest.
+    fn bpe(name: &str, vocab: &Vocab, merges: &[String]) -> Result<Algorithm> {
+        let pre = PreTokenizer::from_name(name)?;
+        Ok(Algorithm {
+            model: Model::Bpe(Box::new(bpe::BpeModel::new(vocab, merges, pre)?)),
+            add_bos: pre == PreTokenizer::Llama3,
+            forces_bos: pre == PreTokenizer::Gemma4,
+            clean_spaces: pretokenize::cleans_spaces(name),
+            rendering: if pre.escapes_whitespace() {
+                Rendering::Spaces
+            } else {
+                Rendering::ByteLevel
             },
         })
     }
@@ -764,19 +803,19 @@ fn split_at<'t>(
 /// What a token renders to, per llama.cpp's `token_to_piece`: control, unknown and
 /// user-defined tokens their text as it is, normal ones their text decoded, byte tokens their
 /// byte, anything else (undefined or unused) nothing.
-fn render(kind: TokenizerKind, id: usize, t: &TokenData) -> Piece {
+fn render(rendering: Rendering, id: usize, t: &TokenData) -> Piece {
     let text = t.text.as_str();
     let a = t.attr;
-    let bytes = if kind == TokenizerKind::Test {
+    let bytes = if rendering == Rendering::Hex {
         // Whatever the token's text and type.
         format!("{id:x}").into_bytes()
     } else if a.intersects(TokenAttr::CONTROL | TokenAttr::UNKNOWN | TokenAttr::USER_DEFINED) {
         text.as_bytes().to_vec()
     } else if a.contains(TokenAttr::NORMAL) {
-        match kind {
-            TokenizerKind::Bpe => decode_byte_level(text),
-            TokenizerKind::Spm => text.replace('▁', " ").into_bytes(),
-            TokenizerKind::Test => Vec::new(),
+        match rendering {
+            Rendering::ByteLevel => decode_byte_level(text),
+            Rendering::Spaces => text.replace('▁', " ").into_bytes(),
+            Rendering::Hex => Vec::new(),
         }
     } else if a.contains(TokenAttr::BYTE) {
         vec![byte_value(text)]

@@ -47,6 +47,11 @@ pub enum PreTokenizer {
     /// and slashes, newline-aware whitespace. As llama.cpp runs it, every non-ASCII letter
     /// counts as both upper- and lower-case and combining marks are not letters.
     Gpt4o,
+    /// Gemma 4's (gemma4, granite-embed-multi-311m): runs of non-newlines and runs of
+    /// newlines (`[^\n]+|[\n]+`), over raw UTF-8 with spaces written `▁`, SentencePiece
+    /// style. The merges then run over whole lines; the split only keeps newlines, which
+    /// llama.cpp's merge lookup rejects, out of merged pieces.
+    Gemma4,
 }
 
 impl PreTokenizer {
@@ -70,11 +75,12 @@ impl PreTokenizer {
             "qwen35" => PreTokenizer::Qwen35,
             "falcon" => PreTokenizer::Falcon,
             "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => PreTokenizer::Gpt4o,
+            "gemma4" | "granite-embed-multi-311m" => PreTokenizer::Gemma4,
             other => {
                 return Err(LlmError::Tokenizer(format!(
                     "unsupported pre-tokenizer '{other}' (supported: default, gpt2, smollm, \
-                     starcoder, refact, llama3, qwen2, qwen35, falcon, gpt-4o and their \
-                     llama.cpp aliases)"
+                     starcoder, refact, llama3, qwen2, qwen35, falcon, gpt-4o, gemma4 and \
+                     their llama.cpp aliases)"
                 )))
             }
         })
@@ -84,6 +90,24 @@ impl PreTokenizer {
     /// `ignore_merges`, set for Llama 3).
     pub(crate) fn ignore_merges(self) -> bool {
         self == PreTokenizer::Llama3
+    }
+
+    /// Whether words are byte-encoded to GPT-2's printable chars before merging (llama.cpp's
+    /// `byte_encode`); Gemma 4's vocabulary holds raw UTF-8 instead.
+    pub(crate) fn byte_encode(self) -> bool {
+        self != PreTokenizer::Gemma4
+    }
+
+    /// Whether spaces are written `▁` before tokenizing and read back as spaces when
+    /// decoding (llama.cpp's `escape_whitespaces`, set with Gemma 4's pre-tokenizer).
+    pub(crate) fn escapes_whitespace(self) -> bool {
+        self == PreTokenizer::Gemma4
+    }
+
+    /// Whether a word made only of newlines is one token when the vocabulary has it, merges
+    /// or not (llama.cpp's fix for Gemma 4, whose merges do not build every newline run).
+    pub(crate) fn whole_newline_runs(self) -> bool {
+        self == PreTokenizer::Gemma4
     }
 
     fn stages(self) -> &'static [Stage] {
@@ -114,6 +138,7 @@ impl PreTokenizer {
                 Stage::AsciiDigitTriples,
             ],
             PreTokenizer::Gpt4o => &[Stage::Gpt4o],
+            PreTokenizer::Gemma4 => &[Stage::NewlineRuns],
         }
     }
 
@@ -183,6 +208,8 @@ enum Stage {
     Isolate(Class),
     /// `[0-9][0-9][0-9]`: leftmost non-overlapping triples of ASCII digits.
     AsciiDigitTriples,
+    /// `[^\n]+|[\n]+`: the fragment cut wherever newline and non-newline meet.
+    NewlineRuns,
 }
 
 /// Character classes of the simple regexes.
@@ -266,6 +293,7 @@ impl Stage {
             Stage::Gpt2 => split_gpt2(cps, fl, frag, out),
             Stage::Llama3(rules) => split_llama3(cps, fl, frag, out, rules),
             Stage::Gpt4o => split_gpt4o(cps, fl, frag, out),
+            Stage::NewlineRuns => split_newline_runs(cps, frag, out),
             Stage::Isolate(class) => {
                 let mut prev = frag.start;
                 let mut pos = frag.start;
@@ -568,6 +596,17 @@ fn cased_run_end(cps: &[char], fl: &[CpFlags], q: usize, end: usize) -> Option<u
     }
 }
 
+/// `[^\n]+|[\n]+` over `frag`: maximal runs of newlines and of everything else.
+fn split_newline_runs(cps: &[char], frag: Range<usize>, out: &mut Vec<Range<usize>>) {
+    let mut prev = frag.start;
+    for pos in frag.start + 1..frag.end {
+        if (cps[pos] == '\n') != (cps[pos - 1] == '\n') {
+            emit(out, &mut prev, pos);
+        }
+    }
+    emit(out, &mut prev, frag.end);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -584,6 +623,20 @@ mod tests {
         );
         assert_eq!(split(PreTokenizer::Gpt2, "a   "), vec!["a", "   "]);
         assert_eq!(split(PreTokenizer::Gpt2, ""), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn gemma4_splits_newline_runs_only() {
+        assert_eq!(
+            split(PreTokenizer::Gemma4, "a b\n\nc\r\n\nd e"),
+            vec!["a b", "\n\n", "c\r", "\n\n", "d e"]
+        );
+        assert_eq!(split(PreTokenizer::Gemma4, "\n"), vec!["\n"]);
+        assert_eq!(
+            PreTokenizer::from_name("gemma4").ok(),
+            Some(PreTokenizer::Gemma4)
+        );
+        assert!(!PreTokenizer::Gemma4.byte_encode());
     }
 
     #[test]
