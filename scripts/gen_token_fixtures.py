@@ -5,7 +5,7 @@
 
 Without arguments it covers the files rgml's tokenizer parity test reads (see FILES): Gemma 3
 (SentencePiece without a space prefix), llama.cpp's vocabulary-only files for Llama 3 (BPE,
-`llama-bpe`), Qwen2 (BPE, `qwen2`), Qwen3.5 (BPE, `qwen35`), Phi-3 and LLaMA (SentencePiece), and the demo model
+`llama-bpe`), Qwen2 (BPE, `qwen2`), Qwen3.5 (BPE, `qwen35`), Gemma 4 (BPE over raw UTF-8, `gemma4`), Phi-3 and LLaMA (SentencePiece), and the demo model
 (SmolLM2, BPE). `scripts/fetch-model.sh` and `scripts/fetch-vocab.sh` put them in models/.
 
 Pre-tokenizers llama.cpp ships no vocabulary for (see RELABELLED: `gpt-4o`) are tested on a
@@ -63,6 +63,7 @@ FILES = [
     "models/vocab/ggml-vocab-llama-bpe.gguf",
     "models/vocab/ggml-vocab-qwen2.gguf",
     "models/vocab/ggml-vocab-qwen35.gguf",
+    "models/vocab/ggml-vocab-gemma-4.gguf",
     "models/vocab/ggml-vocab-phi-3.gguf",
     "models/vocab/ggml-vocab-llama-spm.gguf",
     "models/SmolLM2-135M-Instruct.Q4_1.gguf",
