@@ -578,33 +578,41 @@ pub(crate) fn qwen35_rope(n_rot: u32, sections: [i32; 4]) -> [(&'static str, Val
     ]
 }
 
+/// What both Qwen3.5 test models share: 8 layers of heads `head_dim` wide with their gates
+/// and q/k norms, `n_rot` rotated dimensions in `sections`, the delta nets `delta_net`, the
+/// FFN after `post_attention_norm`, rope base 1e7, context 262144.
+fn qwen35_family(head_dim: usize, n_rot: u32, sections: [i32; 4], delta_net: DeltaNet) -> Spec {
+    let mut keys = head_width_keys(head_dim).to_vec();
+    keys.extend(qwen35_rope(n_rot, sections));
+    Spec {
+        n_layer: 8,
+        head_dim,
+        n_ctx_train: 262_144,
+        rope_freq_base: 10_000_000.0,
+        qk_norm: true,
+        query_gate: true,
+        delta_net: Some(delta_net),
+        ffn_norm: "post_attention_norm",
+        keys,
+        ..base()
+    }
+}
+
 /// Qwen3.5-9B style, 64 wide: 8 layers of which 3 and 7 are full attention (4 query heads of
 /// 64 with their gates, 2 key/value heads, q/k norms, 16 rotated dimensions in sections
 /// `[3, 3, 2, 0]`) and the others delta nets (2 key heads and 4 value heads of 32, a 4-tap
 /// convolution; the file lists the recurrent layers besides the interval), a dense FFN
 /// after `post_attention_norm`, a separate output, rope base 1e7.
 fn qwen35() -> Spec {
-    let mut keys = head_width_keys(64).to_vec();
-    keys.extend(qwen35_rope(16, [3, 3, 2, 0]));
-    Spec {
-        n_layer: 8,
-        head_dim: 64,
-        n_ctx_train: 262_144,
-        rope_freq_base: 10_000_000.0,
-        qk_norm: true,
-        query_gate: true,
-        delta_net: Some(DeltaNet {
-            conv_kernel: 4,
-            head_dim: 32,
-            n_k_heads: 2,
-            n_v_heads: 4,
-            full_attention_interval: 4,
-            recurrent_layers_key: true,
-        }),
-        ffn_norm: "post_attention_norm",
-        keys,
-        ..base()
-    }
+    let delta_net = DeltaNet {
+        conv_kernel: 4,
+        head_dim: 32,
+        n_k_heads: 2,
+        n_v_heads: 4,
+        full_attention_interval: 4,
+        recurrent_layers_key: true,
+    };
+    qwen35_family(64, 16, [3, 3, 2, 0], delta_net)
 }
 
 /// Qwen3.5-35B-A3B style, 128 wide: 8 layers of which 3 and 7 are full attention (4 query
@@ -615,27 +623,18 @@ fn qwen35() -> Spec {
 /// expert 192 wide behind its sigmoid gate, all Q8_0 (a Q8_0 file); a dense width
 /// (`feed_forward_length`) no tensor uses; tied embeddings.
 fn qwen35moe() -> Spec {
-    let mut keys = head_width_keys(128).to_vec();
-    keys.extend(qwen35_rope(32, [6, 5, 5, 0]));
+    let delta_net = DeltaNet {
+        conv_kernel: 4,
+        head_dim: 64,
+        n_k_heads: 2,
+        n_v_heads: 6,
+        full_attention_interval: 4,
+        recurrent_layers_key: false,
+    };
     Spec {
-        n_layer: 8,
         n_embd: 128,
         n_head_kv: 1,
-        head_dim: 128,
         n_ff: 512,
-        n_ctx_train: 262_144,
-        rope_freq_base: 10_000_000.0,
-        qk_norm: true,
-        query_gate: true,
-        delta_net: Some(DeltaNet {
-            conv_kernel: 4,
-            head_dim: 64,
-            n_k_heads: 2,
-            n_v_heads: 6,
-            full_attention_interval: 4,
-            recurrent_layers_key: false,
-        }),
-        ffn_norm: "post_attention_norm",
         ffn: Ffn::Experts(Experts {
             n_expert: 8,
             n_expert_used: 2,
@@ -647,8 +646,7 @@ fn qwen35moe() -> Spec {
             shared_ff: Some(192),
         }),
         tied_output: true,
-        keys,
-        ..base()
+        ..qwen35_family(128, 32, [6, 5, 5, 0], delta_net)
     }
 }
 
