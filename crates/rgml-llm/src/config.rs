@@ -33,11 +33,16 @@ pub enum Arch {
     /// Qwen3.5 MoE (`qwen35moe`): Qwen3.5's layers with a mixture of experts and a gated
     /// shared expert as every block's FFN.
     Qwen35Moe,
+    /// Gemma 4 (`gemma4`): Gemma 3's block with local and global layers of different head
+    /// widths, unweighted-norm values (or the keys as values), proportional RoPE on the global
+    /// layers, last layers that attend over earlier layers' KV caches, per-layer token
+    /// embeddings, a scale on each block's output, and (MoE files) experts beside a dense FFN.
+    Gemma4,
 }
 
 impl Arch {
     /// Every `general.architecture` value accepted, with its architecture.
-    pub const NAMES: [(&'static str, Arch); 11] = [
+    pub const NAMES: [(&'static str, Arch); 12] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Llama),
         ("smollm", Arch::Llama),
@@ -49,12 +54,14 @@ impl Arch {
         ("gpt-oss", Arch::GptOss),
         ("qwen35", Arch::Qwen35),
         ("qwen35moe", Arch::Qwen35Moe),
+        ("gemma4", Arch::Gemma4),
     ];
 
     /// Whether the graph divides RoPE frequencies by `rope_freqs.weight` when the file has it
-    /// (LLaMA: Llama 3.1's scaling, as llama.cpp).
+    /// (LLaMA: Llama 3.1's scaling; Gemma 4: its global layers' proportional RoPE; as
+    /// llama.cpp).
     pub fn has_rope_freqs(self) -> bool {
-        self == Arch::Llama
+        matches!(self, Arch::Llama | Arch::Gemma4)
     }
 
     /// Whether the graph takes LongRoPE's `rope_factors_long/short.weight` when the file has
@@ -110,6 +117,34 @@ pub struct SlidingWindow {
     pub rope_freq_base: f32,
     /// RoPE position scale of the local layers.
     pub rope_freq_scale: f32,
+    /// Whether the local layers divide their RoPE frequencies by the model's factors
+    /// (`rope_freqs.weight`, LongRoPE's) as the global ones do (Gemma 4's local layers do not).
+    pub rope_factors: bool,
+}
+
+/// The attention shape of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerHeads {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Rotated dimensions per head.
+    pub n_rot: usize,
+}
+
+impl LayerHeads {
+    /// Width of the key/value projections.
+    pub fn n_embd_kv(&self) -> usize {
+        self.head_dim * self.n_head_kv
+    }
+
+    /// Width of the query projection.
+    pub fn n_embd_q(&self) -> usize {
+        self.head_dim * self.n_head
+    }
 }
 
 /// A mixture-of-experts FFN (llama.cpp's `build_moe_ffn` with softmax gating): a router
@@ -247,12 +282,27 @@ pub struct ModelConfig {
     /// and never read, as llama.cpp skips them unless asked to load them.
     pub n_layer_nextn: usize,
     /// The last block runs on every row and the output rows are picked after the final norm
-    /// (Qwen3.5, as llama.cpp's graph does), instead of before the last block's FFN.
+    /// (Qwen3.5, Gemma 4, as llama.cpp's graphs do), instead of before the last block's FFN.
     pub output_rows_after_norm: bool,
+    /// Per layer, its attention's shape, where the layers differ (`attention.head_count(_kv)`
+    /// arrays, Gemma 4's local head width); `None`: every layer has the model's.
+    pub layer_heads: Option<Vec<LayerHeads>>,
+    /// Per layer, its dense FFN's width, where the layers differ (a `feed_forward_length`
+    /// array: Gemma 4's double-wide FFNs).
+    pub layer_n_ff: Option<Vec<usize>>,
+    /// The layers from this one on keep no KV cache and attend over an earlier layer's (Gemma
+    /// 4's `attention.shared_kv_layers`, see [`ModelConfig::kv_layer`]); `n_layer` where every
+    /// attention layer keeps its own.
+    pub n_layer_kv: usize,
+    /// Values are RMS-normed per head, without a weight, before they are cached (Gemma 4).
+    pub value_norm: bool,
+    /// Width of each token's per-layer embedding (Gemma 4's
+    /// `embedding_length_per_layer_input`); 0: none.
+    pub n_embd_per_layer: usize,
 }
 
 impl ModelConfig {
-    /// Width of the key/value projections.
+    /// Width of the key/value projections (of the global layers where layers differ).
     pub fn n_embd_kv(&self) -> usize {
         self.head_dim * self.n_head_kv
     }
@@ -260,6 +310,45 @@ impl ModelConfig {
     /// Width of the query projection (and of the attention output's input).
     pub fn n_embd_q(&self) -> usize {
         self.head_dim * self.n_head
+    }
+
+    /// Layer `il`'s attention shape.
+    pub fn heads(&self, il: usize) -> LayerHeads {
+        match self.layer_heads.as_ref().and_then(|h| h.get(il)) {
+            Some(&h) => h,
+            None => LayerHeads {
+                n_head: self.n_head,
+                n_head_kv: self.n_head_kv,
+                head_dim: self.head_dim,
+                n_rot: self.n_rot,
+            },
+        }
+    }
+
+    /// Layer `il`'s dense FFN width.
+    pub fn n_ff_at(&self, il: usize) -> usize {
+        self.layer_n_ff
+            .as_ref()
+            .and_then(|f| f.get(il).copied())
+            .unwrap_or(self.n_ff)
+    }
+
+    /// The layer whose KV cache layer `il` attends over: itself, or for a layer past
+    /// [`n_layer_kv`](Self::n_layer_kv) the last layer with a cache of its kind (llama.cpp's
+    /// reuse for Gemma 3n and 4: the layer before the last for a local layer, the last for a
+    /// global one).
+    pub fn kv_layer(&self, il: usize) -> usize {
+        match il < self.n_layer_kv {
+            true => il,
+            false if self.is_local(il) => self.n_layer_kv.saturating_sub(2),
+            false => self.n_layer_kv.saturating_sub(1),
+        }
+    }
+
+    /// Whether every layer attends with the same shape and FFN width (what a tensor split
+    /// and one rotation for the whole cache assume).
+    pub fn uniform_layers(&self) -> bool {
+        self.layer_heads.is_none() && self.layer_n_ff.is_none()
     }
 
     /// Whether Q/K/V come from one projection (`attn_qkv`) and gate/up from one (`ffn_up`).

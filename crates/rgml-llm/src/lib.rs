@@ -51,7 +51,9 @@ pub mod session;
 pub mod tensor_split;
 pub mod tokenizer;
 
-pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, RecurrentConfig, SlidingWindow};
+pub use config::{
+    Arch, FfnActivation, LayerHeads, ModelConfig, MoeConfig, RecurrentConfig, SlidingWindow,
+};
 pub use error::{LlmError, MemoryUse, Result};
 pub use generate::{Generation, StopReason};
 pub use model::{LoadOptions, Model, Placement, TensorOverride};

@@ -34,7 +34,7 @@ use rgml_gguf::{GgufFile, TensorInfo};
 use std::path::Path;
 use std::sync::Arc;
 
-pub use crate::arch::LayerWeights;
+pub use crate::arch::{LayerWeights, PerLayerEmbeddings};
 
 /// Called while loading with (tensors done, tensors in total).
 pub type ProgressFn<'a> = &'a mut dyn FnMut(usize, usize);
@@ -170,6 +170,8 @@ pub struct Model {
     pub rope_long_short: Option<(TensorId, TensorId)>,
     /// Bias of the output projection `[n_vocab]` (`output.bias`: Qwen2).
     pub output_bias: Option<TensorId>,
+    /// Per-layer token embeddings (Gemma 4).
+    pub per_layer_embd: Option<PerLayerEmbeddings>,
     /// Per-block weights.
     pub layers: Vec<LayerWeights>,
     /// The devices holding the weights (one unless split).
@@ -264,6 +266,7 @@ impl Model {
             rope_freqs,
             rope_long_short,
             output_bias,
+            per_layer_embd,
             layers,
             unread: _,
         } = weights;
@@ -279,6 +282,7 @@ impl Model {
             rope_freqs,
             rope_long_short,
             output_bias,
+            per_layer_embd,
             layers,
             devices,
             layer_devices: map.blocks,
@@ -607,6 +611,8 @@ struct NamedWeights {
     rope_long_short: Option<(TensorId, TensorId)>,
     /// `output.bias`, where the architecture reads it.
     output_bias: Option<TensorId>,
+    /// Per-layer token embeddings, where the model has them.
+    per_layer_embd: Option<PerLayerEmbeddings>,
     layers: Vec<LayerWeights>,
     /// Tensors accepted and never read: Qwen3's reranker head (`cls.output.weight`, read
     /// only by llama.cpp's rank pooling, which rgml does not have).
@@ -634,6 +640,14 @@ impl NamedWeights {
             rope_freqs: get("rope_freqs.weight").filter(|_| kind.has_rope_freqs()),
             rope_long_short,
             output_bias: get("output.bias").filter(|_| kind.has_output_bias()),
+            per_layer_embd: match config.n_embd_per_layer > 0 {
+                true => Some(PerLayerEmbeddings {
+                    tok_embd: required("per_layer_token_embd.weight")?,
+                    model_proj: required("per_layer_model_proj.weight")?,
+                    proj_norm: required("per_layer_proj_norm.weight")?,
+                }),
+                false => None,
+            },
             layers,
             unread: get("cls.output.weight")
                 .filter(|_| kind == crate::config::Arch::Qwen3)
@@ -653,10 +667,13 @@ impl NamedWeights {
         used.extend(self.rope_freqs);
         used.extend(self.rope_long_short.into_iter().flat_map(|(l, s)| [l, s]));
         used.extend(self.output_bias);
+        if let Some(p) = self.per_layer_embd {
+            used.extend([p.tok_embd, p.model_proj, p.proj_norm]);
+        }
         used.extend(self.unread.iter().copied());
-        for l in &self.layers {
+        for (il, l) in self.layers.iter().enumerate() {
             used.extend(
-                crate::arch::layer_shapes(config, l)
+                crate::arch::layer_shapes(config, il, l)
                     .into_iter()
                     .map(|(id, ..)| id),
             );
@@ -711,6 +728,12 @@ impl NamedWeights {
         if let Some(b) = self.output_bias {
             expect(b, [c.n_vocab, 1, 1, 1])?;
         }
+        if let Some(p) = self.per_layer_embd {
+            let all = c.n_embd_per_layer * c.n_layer;
+            expect(p.tok_embd, [all, c.n_vocab, 1, 1])?;
+            expect(p.model_proj, [c.n_embd, all, 1, 1])?;
+            expect(p.proj_norm, [c.n_embd_per_layer, 1, 1, 1])?;
+        }
         let norm_f32 = |id: TensorId| -> Result<()> {
             match ctx[id].dtype {
                 DType::F32 => Ok(()),
@@ -727,8 +750,8 @@ impl NamedWeights {
                 ctx[f].name, ctx[f].dtype
             )));
         }
-        for l in &self.layers {
-            for (id, ne, is_norm) in crate::arch::layer_shapes(c, l) {
+        for (il, l) in self.layers.iter().enumerate() {
+            for (id, ne, is_norm) in crate::arch::layer_shapes(c, il, l) {
                 expect(id, ne)?;
                 if is_norm {
                     norm_f32(id)?;
@@ -753,6 +776,18 @@ fn meta_device(
     shares: &[f32],
     sync: TensorSync,
 ) -> Result<DeviceRef> {
+    let varied = !config.uniform_layers()
+        || config.n_layer_kv < config.n_layer
+        || config.n_embd_per_layer > 0;
+    if varied {
+        // The plan splits every layer's heads and FFN alike, and knows no shared caches or
+        // per-layer embeddings.
+        return Err(LlmError::UnsupportedModel(format!(
+            "a tensor split of {} (layers of different shapes, shared KV caches or per-layer \
+             embeddings); use a layer split",
+            config.arch
+        )));
+    }
     if config.recurrent.is_some() {
         // The delta net's heads would have to split with their states and convolution
         // channels: not done yet.

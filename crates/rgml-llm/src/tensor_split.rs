@@ -253,6 +253,11 @@ mod tests {
             recurrent: None,
             output_rows_after_norm: false,
             n_layer_nextn: 0,
+            layer_heads: None,
+            layer_n_ff: None,
+            n_layer_kv: 30,
+            value_norm: false,
+            n_embd_per_layer: 0,
         }
     }
 

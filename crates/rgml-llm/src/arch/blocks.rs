@@ -5,7 +5,7 @@
 //! This module owns [`Builder`], which adds those nodes to a context for one micro-batch; what
 //! a block is made of is each architecture's business.
 
-use super::{AttentionWeights, LayerWeights, Matrix, Mixer, QkvWeights};
+use super::{AttentionWeights, LayerWeights, Matrix, Mixer, PerLayerEmbeddings, QkvWeights};
 use crate::config::{FfnActivation, ModelConfig};
 use crate::error::Result;
 use rgml::{Context, DType, Graph, RopeParams, TensorId};
@@ -21,6 +21,8 @@ pub(crate) struct GraphModel<'a> {
     pub(crate) rope_freqs: Option<TensorId>,
     /// Bias of the output projection (Qwen2's `output.bias`).
     pub(crate) output_bias: Option<TensorId>,
+    /// Per-layer token embeddings (Gemma 4).
+    pub(crate) per_layer_embd: Option<PerLayerEmbeddings>,
     pub(crate) layers: &'a [LayerWeights],
     /// Per block, the index of its device.
     pub(crate) layer_devices: &'a [usize],
@@ -129,12 +131,25 @@ pub(crate) fn rope_params(c: &ModelConfig, il: usize) -> RopeParams {
         Some(w) if c.is_local(il) => (w.rope_freq_base, w.rope_freq_scale),
         _ => (c.rope_freq_base, c.rope_freq_scale),
     };
-    let mut rope = RopeParams::new(c.rope_mode, c.n_rot, base);
+    let mut rope = RopeParams::new(c.rope_mode, c.heads(il).n_rot, base);
     rope.freq_scale = scale;
     rope.attn_factor = c.rope_attn_factor;
     rope.ext_factor = c.rope_ext_factor;
     rope.n_ctx_orig = c.n_ctx_orig;
     rope
+}
+
+/// The RoPE frequency factors block `il` divides by: the model's, unless it is a local layer
+/// of a model whose local layers take none (Gemma 4).
+pub(crate) fn layer_rope_factors(
+    c: &ModelConfig,
+    il: usize,
+    factors: Option<TensorId>,
+) -> Option<TensorId> {
+    match &c.sliding_window {
+        Some(w) if c.is_local(il) && !w.rope_factors => None,
+        _ => factors,
+    }
 }
 
 /// What the blocks share while they add their nodes.
@@ -148,6 +163,8 @@ pub(crate) struct Builder<'a> {
     /// Nodes to run on a given device (see `BatchGraph::pins`).
     pub(crate) pins: Vec<(TensorId, usize)>,
     pub(crate) graph: Graph,
+    /// The per-layer inputs `[n_embd_per_layer, n, n_layer]` (Gemma 4), once made.
+    pub(crate) per_layer_inputs: Option<TensorId>,
 }
 
 impl<'a> Builder<'a> {
@@ -167,6 +184,7 @@ impl<'a> Builder<'a> {
             captured: Vec::new(),
             pins: Vec::new(),
             graph: Graph::new(),
+            per_layer_inputs: None,
         }
     }
 
@@ -230,7 +248,7 @@ impl<'a> Builder<'a> {
 
     /// `w · x` for rows `x` of the micro-batch (all of them, or the output rows), each
     /// sequence's rows computed as they are alone (see [`Builder::by_sequence`]).
-    fn project(&mut self, w: TensorId, x: TensorId) -> Result<TensorId> {
+    pub(crate) fn project(&mut self, w: TensorId, x: TensorId) -> Result<TensorId> {
         self.by_sequence(x, &mut |b, part, alone| match alone {
             true => Ok(b.ctx.mul_mat_rows_alone(w, part)?),
             false => Ok(b.ctx.mul_mat(w, part)?),
@@ -248,13 +266,23 @@ impl<'a> Builder<'a> {
         x: TensorId,
         f: &mut dyn FnMut(&mut Self, TensorId, bool) -> Result<TensorId>,
     ) -> Result<TensorId> {
+        self.by_sequence_at(x, &mut |b, part, _, alone| f(b, part, alone))
+    }
+
+    /// [`Builder::by_sequence`] with each part's first row in `x` given to `f` too, for `f`
+    /// to take the same rows of other tensors.
+    pub(crate) fn by_sequence_at(
+        &mut self,
+        x: TensorId,
+        f: &mut dyn FnMut(&mut Self, TensorId, usize, bool) -> Result<TensorId>,
+    ) -> Result<TensorId> {
         let rows = self.ctx[x].ne[1];
         let groups = match rows == self.inputs.n {
             true => self.inputs.row_groups,
             false => self.inputs.out_groups,
         };
         if groups.len() <= 1 || groups.iter().sum::<usize>() != rows {
-            return f(self, x, false);
+            return f(self, x, 0, false);
         }
         let mut out: Option<TensorId> = None;
         let (mut first, mut i) = (0, 0);
@@ -272,7 +300,7 @@ impl<'a> Builder<'a> {
                     self.ctx.view(x, &[ne0, n], &[nb1], first * nb1)?
                 }
             };
-            let result = f(self, part, alone)?;
+            let result = f(self, part, first, alone)?;
             out = Some(self.append_rows(out, result)?);
             first += n;
         }
@@ -350,18 +378,25 @@ impl<'a> Builder<'a> {
         let cur = self.norm(x, l.attn_norm, il)?;
         let cur = self.keep(cur, format!("attn_norm-{il}"))?;
         let a = attention_weights(l)?;
-        let (q, k, v, gate) = self.qkv(il, a, cur)?;
+        let (q, kv, gate) = self.qkv(il, a, cur)?;
         // Where the cache is quantized, Q and K (and V) are rotated first, as llama.cpp does
         // (the V rotation is undone on the attention output).
-        let (q, k) = match self.inputs.k_rot {
-            Some(rot) => (self.hadamard(rot, q)?, self.hadamard(rot, k)?),
-            None => (q, k),
+        let q = match self.inputs.k_rot {
+            Some(rot) => self.hadamard(rot, q)?,
+            None => q,
         };
-        let v = match self.inputs.v_rot {
-            Some(rot) => self.hadamard(rot, v)?,
-            None => v,
-        };
-        self.store_kv(il, k, v)?;
+        // A layer that attends over an earlier layer's cache stores nothing.
+        if let Some((k, v)) = kv {
+            let k = match self.inputs.k_rot {
+                Some(rot) => self.hadamard(rot, k)?,
+                None => k,
+            };
+            let v = match self.inputs.v_rot {
+                Some(rot) => self.hadamard(rot, v)?,
+                None => v,
+            };
+            self.store_kv(il, k, v)?;
+        }
         let attn = self.attention(il, a, q, gate)?;
         self.cut_to_output(il, attn, x)
     }
@@ -380,67 +415,121 @@ impl<'a> Builder<'a> {
 
     /// Q, K and V of the normed input `cur` of block `il`: Q and K `[hd, heads, n]`, with
     /// biases, QK-norm, RoPE (the layer's own base where it is local) and Q's scaling as the
-    /// architecture has them; V flat; and, where the model gates the attention output, the
-    /// gate `[n_embd_q, n]` (dense).
+    /// architecture has them; V flat (or normed per head, Gemma 4); and, where the model gates
+    /// the attention output, the gate `[n_embd_q, n]` (dense). No K and V for a layer that
+    /// attends over an earlier layer's cache.
     #[allow(clippy::type_complexity)]
     pub(crate) fn qkv(
         &mut self,
         il: usize,
         a: &AttentionWeights,
         cur: TensorId,
-    ) -> Result<(TensorId, TensorId, TensorId, Option<TensorId>)> {
+    ) -> Result<(TensorId, Option<(TensorId, TensorId)>, Option<TensorId>)> {
         let c = self.config();
-        let (hd, n) = (c.head_dim, self.inputs.n);
-        let (q_full, mut k, v) = match &a.qkv {
+        let (h, n) = (c.heads(il), self.inputs.n);
+        let own_kv = c.kv_layer(il) == il;
+        let (q_full, kv) = match &a.qkv {
             QkvWeights::Separate { q, k, v } => {
                 let q = self.linear(q, cur)?;
-                let k = self.linear(k, cur)?;
-                let v = self.linear(v, cur)?;
-                let k = self.ctx.reshape(k, &[hd, c.n_head_kv, n])?;
-                (q, k, v)
+                let kv = match (own_kv, k) {
+                    (true, Some(k)) => {
+                        let k = self.linear(k, cur)?;
+                        // Without a value projection the keys' is the values' (Gemma 4).
+                        let v = match v {
+                            Some(v) => self.linear(v, cur)?,
+                            None => k,
+                        };
+                        Some((self.ctx.reshape(k, &[h.head_dim, h.n_head_kv, n])?, v))
+                    }
+                    (true, None) => {
+                        return Err(crate::LlmError::MissingTensor(format!(
+                            "blk.{il}.attn_k.weight"
+                        )))
+                    }
+                    (false, _) => None,
+                };
+                (q, kv)
             }
-            QkvWeights::Fused(wqkv) => self.fused_qkv(wqkv, cur)?,
+            QkvWeights::Fused(wqkv) => {
+                let (q, k, v) = self.fused_qkv(il, wqkv, cur)?;
+                (q, own_kv.then_some((k, v)))
+            }
         };
-        let (mut q, gate) = self.split_query(q_full)?;
+        let (mut q, gate) = self.split_query(il, q_full)?;
         if let Some(w) = a.q_norm {
             q = self.row_norm(q, w)?;
             q = self.keep(q, format!("Qcur_normed-{il}"))?;
         }
+        let kv = match kv {
+            Some((k, v)) => Some(self.key_value(il, a, k, v)?),
+            None => None,
+        };
+        let (rope, factors) = (
+            rope_params(c, il),
+            layer_rope_factors(c, il, self.model.rope_freqs),
+        );
+        let q = self.ctx.rope_ext(q, self.inputs.positions, factors, rope)?;
+        let mut q = self.keep(q, format!("Qcur-{il}"))?;
+        let kv = match kv {
+            Some((k, v)) => {
+                let k = self.ctx.rope_ext(k, self.inputs.positions, factors, rope)?;
+                Some((self.keep(k, format!("Kcur-{il}"))?, v))
+            }
+            None => None,
+        };
+        if c.attn_scale_on_q {
+            q = self.ctx.scale(q, c.attn_scale)?;
+        }
+        Ok((q, kv, gate))
+    }
+
+    /// K `[hd, n_head_kv, n]` with its QK-norm, and V, RMS-normed per head without a weight
+    /// where the model norms its values (Gemma 4).
+    fn key_value(
+        &mut self,
+        il: usize,
+        a: &AttentionWeights,
+        mut k: TensorId,
+        mut v: TensorId,
+    ) -> Result<(TensorId, TensorId)> {
         if let Some(w) = a.k_norm {
             k = self.row_norm(k, w)?;
             k = self.keep(k, format!("Kcur_normed-{il}"))?;
         }
-        let (rope, factors) = (rope_params(c, il), self.model.rope_freqs);
-        let q = self.ctx.rope_ext(q, self.inputs.positions, factors, rope)?;
-        let mut q = self.keep(q, format!("Qcur-{il}"))?;
-        let k = self.ctx.rope_ext(k, self.inputs.positions, factors, rope)?;
-        let k = self.keep(k, format!("Kcur-{il}"))?;
-        if c.attn_scale_on_q {
-            q = self.ctx.scale(q, c.attn_scale)?;
+        if self.config().value_norm {
+            let h = self.config().heads(il);
+            let n = self.inputs.n;
+            v = match self.ctx[v].is_contiguous() {
+                true => self.ctx.reshape(v, &[h.head_dim, h.n_head_kv, n])?,
+                false => self.ctx.cont_shape(v, &[h.head_dim, h.n_head_kv, n])?,
+            };
+            v = self.ctx.rms_norm(v, self.config().rms_eps)?;
+            v = self.keep(v, format!("Vcur_normed-{il}"))?;
         }
-        Ok((q, k, v, gate))
+        Ok((k, v))
     }
 
     /// The queries `[hd, n_head, n]` from the first rows of `q` `[_, n]` (the query
     /// projection, or a fused one whose first rows are the queries), viewed straight from it;
     /// and where the model gates the attention output, each head's gate after its query
     /// (`[n_embd_q, n]`, made dense as llama.cpp's `ggml_cont_2d`).
-    fn split_query(&mut self, q: TensorId) -> Result<(TensorId, Option<TensorId>)> {
+    fn split_query(&mut self, il: usize, q: TensorId) -> Result<(TensorId, Option<TensorId>)> {
         let c = self.config();
-        let (hd, n, f32b) = (c.head_dim, self.ctx[q].ne[1], DType::F32.block_bytes());
+        let h = c.heads(il);
+        let (hd, n, f32b) = (h.head_dim, self.ctx[q].ne[1], DType::F32.block_bytes());
         let (head, row) = (hd * f32b, self.ctx[q].nb[1]);
         if !c.attn_output_gate {
-            let whole = self.ctx[q].ne[0] == c.n_embd_q() && self.ctx[q].is_contiguous();
+            let whole = self.ctx[q].ne[0] == h.n_embd_q() && self.ctx[q].is_contiguous();
             let q = match whole {
-                true => self.ctx.reshape(q, &[hd, c.n_head, n])?,
-                false => self.ctx.view(q, &[hd, c.n_head, n], &[head, row], 0)?,
+                true => self.ctx.reshape(q, &[hd, h.n_head, n])?,
+                false => self.ctx.view(q, &[hd, h.n_head, n], &[head, row], 0)?,
             };
             return Ok((q, None));
         }
         let gated = [2 * head, row];
-        let query = self.ctx.view(q, &[hd, c.n_head, n], &gated, 0)?;
-        let gate = self.ctx.view(q, &[hd, c.n_head, n], &gated, head)?;
-        let gate = self.ctx.cont_shape(gate, &[c.n_embd_q(), n])?;
+        let query = self.ctx.view(q, &[hd, h.n_head, n], &gated, 0)?;
+        let gate = self.ctx.view(q, &[hd, h.n_head, n], &gated, head)?;
+        let gate = self.ctx.cont_shape(gate, &[h.n_embd_q(), n])?;
         Ok((query, Some(gate)))
     }
 
@@ -449,14 +538,16 @@ impl<'a> Builder<'a> {
     /// llama.cpp's `build_qkv`; RoPE reads the strided views).
     fn fused_qkv(
         &mut self,
+        il: usize,
         wqkv: &Matrix,
         cur: TensorId,
     ) -> Result<(TensorId, TensorId, TensorId)> {
         let c = self.config();
-        let (hd, n) = (c.head_dim, self.inputs.n);
+        let h = c.heads(il);
+        let (hd, n) = (h.head_dim, self.inputs.n);
         let q_rows = match c.attn_output_gate {
-            true => 2 * c.n_embd_q(),
-            false => c.n_embd_q(),
+            true => 2 * h.n_embd_q(),
+            false => h.n_embd_q(),
         };
         let qkv = self.linear(wqkv, cur)?;
         let row = self.ctx[qkv].nb[1];
@@ -466,12 +557,12 @@ impl<'a> Builder<'a> {
         let q = qkv;
         let k = self
             .ctx
-            .view(qkv, &[hd, c.n_head_kv, n], &[hd * f32b, row], q_rows * f32b)?;
+            .view(qkv, &[hd, h.n_head_kv, n], &[hd * f32b, row], q_rows * f32b)?;
         let v = self.ctx.view(
             qkv,
-            &[c.n_embd_kv(), n],
+            &[h.n_embd_kv(), n],
             &[row],
-            (q_rows + c.n_embd_kv()) * f32b,
+            (q_rows + h.n_embd_kv()) * f32b,
         )?;
         Ok((q, k, v))
     }
@@ -480,7 +571,7 @@ impl<'a> Builder<'a> {
     /// (SET_ROWS, as llama.cpp stores them): the graph then does not depend on where the batch
     /// goes, so decoding reuses one graph for many tokens (see `Session::eval_ubatch`).
     pub(crate) fn store_kv(&mut self, il: usize, k: TensorId, v: TensorId) -> Result<()> {
-        let (n, n_embd_kv) = (self.inputs.n, self.config().n_embd_kv());
+        let (n, n_embd_kv) = (self.inputs.n, self.config().heads(il).n_embd_kv());
         let rows = self.stream_cells(il) * self.kv.n_seq;
         let kv_rows = match self.is_local(il) {
             true => self.inputs.local_rows.unwrap_or(self.inputs.kv_rows),
@@ -530,14 +621,17 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
-    /// Layer `il`'s K cache (an error for a recurrent layer, which has none).
+    /// The K cache layer `il` attends over: its own, or the earlier layer's it shares (an
+    /// error for a recurrent layer, which has none).
     fn cache_k(&self, il: usize) -> Result<TensorId> {
-        no_cache(self.kv.k.get(il).copied().flatten(), il)
+        let src = self.config().kv_layer(il);
+        no_cache(self.kv.k.get(src).copied().flatten(), il)
     }
 
-    /// Layer `il`'s V cache.
+    /// The V cache layer `il` attends over.
     fn cache_v(&self, il: usize) -> Result<TensorId> {
-        no_cache(self.kv.v.get(il).copied().flatten(), il)
+        let src = self.config().kv_layer(il);
+        no_cache(self.kv.v.get(src).copied().flatten(), il)
     }
 
     /// Layer `il`'s recurrent states (convolution, delta net) and the number of streams.
@@ -624,7 +718,8 @@ impl<'a> Builder<'a> {
             (true, Some(mask)) => (g.n_kv_local, mask),
             _ => (g.n_kv, g.mask),
         };
-        let (hd, n_embd_kv) = (c.head_dim, c.n_embd_kv());
+        let h = c.heads(il);
+        let (hd, n_embd_kv) = (h.head_dim, h.n_embd_kv());
         let cells = self.stream_cells(il);
         // Bytes of one head's row and of one cell's rows, in the cache's type.
         let row_bytes = |ctx: &Context, t: TensorId, n: usize| {
@@ -639,7 +734,7 @@ impl<'a> Builder<'a> {
         );
         let k_all = self.ctx.view(
             self.cache_k(il)?,
-            &[hd, c.n_head_kv, n_kv],
+            &[hd, h.n_head_kv, n_kv],
             &[k_head, k_cell],
             g.stream * cells * k_cell,
         )?;
@@ -654,7 +749,7 @@ impl<'a> Builder<'a> {
             );
             let v_all = self.ctx.view(
                 self.cache_v(il)?,
-                &[hd, c.n_head_kv, n_kv],
+                &[hd, h.n_head_kv, n_kv],
                 &[v_head, v_cell],
                 g.stream * cells * v_cell,
             )?;
@@ -663,7 +758,7 @@ impl<'a> Builder<'a> {
                 self.ctx
                     .flash_attn_ext(q, k_all, v_all, Some(mask), sinks, kq_scale, 0.0, 0.0)?;
             // [hd, n_head, n], dense.
-            return Ok(self.ctx.reshape(kqv, &[c.n_embd_q(), g.n])?);
+            return Ok(self.ctx.reshape(kqv, &[h.n_embd_q(), g.n])?);
         }
         let kq = self.ctx.mul_mat(k_all, q)?; // [n_kv, n, n_head]
         let kq = match name {
@@ -682,13 +777,13 @@ impl<'a> Builder<'a> {
         let row = cells * self.kv.n_seq * es;
         let v_all = self.ctx.view(
             self.cache_v(il)?,
-            &[n_kv, hd, c.n_head_kv],
+            &[n_kv, hd, h.n_head_kv],
             &[row, row * hd],
             g.stream * cells * es,
         )?;
         let kqv = self.ctx.mul_mat(v_all, kq)?; // [hd, n, n_head]
         let kqv = self.ctx.permute(kqv, [0, 2, 1, 3])?; // [hd, n_head, n]
-        Ok(self.ctx.cont_shape(kqv, &[c.n_embd_q(), g.n])?)
+        Ok(self.ctx.cont_shape(kqv, &[h.n_embd_q(), g.n])?)
     }
 
     /// The gated FFN of block `il` on the normed `cur`: `down(act(gate(cur)) * up(cur))`;
@@ -716,7 +811,7 @@ impl<'a> Builder<'a> {
                 let both = self.keep(both, format!("ffn_up-{il}"))?;
                 // Rows of `cur`: one where the last block runs on the output position only.
                 let (ff, n, row) = (
-                    self.config().n_ff,
+                    self.config().n_ff_at(il),
                     self.ctx[both].ne[1],
                     self.ctx[both].nb[1],
                 );

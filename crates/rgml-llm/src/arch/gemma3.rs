@@ -22,6 +22,9 @@ pub(super) const PARTS: LayerParts = LayerParts {
     expert_biases: Need::No,
     ffn_norm: FFN_NORM,
     shared_expert: Need::No,
+    value_from_key: false,
+    parallel_experts: false,
+    out_scale: Need::No,
 };
 
 /// Without a pattern key, every sixth layer is global (llama.cpp's default for Gemma 3).
@@ -43,23 +46,25 @@ pub(super) fn hparams(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<()> {
     };
     c.attn_scale = 1.0 / (scale_width as f32).sqrt();
     c.attn_scale_on_q = true;
-    // 0 (or absent) means none, as llama.cpp reads it.
-    match keys.f32_opt("final_logit_softcapping")? {
-        Some(cap) if cap.is_finite() && cap > 0.0 => c.final_logit_softcap = Some(cap),
-        Some(cap) if cap != 0.0 => {
-            return Err(LlmError::BadConfig(format!(
-                "{} = {cap} must be positive",
-                keys.name("final_logit_softcapping")
-            )))
-        }
-        _ => {}
-    }
+    c.final_logit_softcap = final_logit_softcap(keys)?;
     let local = swa::LocalRope {
         base: DEFAULT_LOCAL_ROPE_BASE,
         scale: 1.0,
     };
     c.sliding_window = swa::sliding_window(keys, c, DEFAULT_PATTERN, local, false)?;
     Ok(())
+}
+
+/// `final_logit_softcapping`: 0 (or absent) means none, as llama.cpp reads it.
+pub(super) fn final_logit_softcap(keys: &Keys<'_>) -> Result<Option<f32>> {
+    match keys.f32_opt("final_logit_softcapping")? {
+        Some(cap) if cap.is_finite() && cap > 0.0 => Ok(Some(cap)),
+        Some(cap) if cap != 0.0 => Err(LlmError::BadConfig(format!(
+            "{} = {cap} must be positive",
+            keys.name("final_logit_softcapping")
+        ))),
+        _ => Ok(None),
+    }
 }
 
 /// Block `il`: normed attention, normed again before its residual; the same for the FFN.

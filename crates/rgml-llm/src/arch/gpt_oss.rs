@@ -23,6 +23,9 @@ pub(super) const PARTS: LayerParts = LayerParts {
     expert_biases: Need::Required,
     ffn_norm: POST_ATTENTION_NORM,
     shared_expert: Need::No,
+    value_from_key: false,
+    parallel_experts: false,
+    out_scale: Need::No,
 };
 
 /// Every other layer is local unless the file says otherwise (llama.cpp's default).

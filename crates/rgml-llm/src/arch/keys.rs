@@ -80,6 +80,15 @@ impl<'a> Keys<'a> {
             .map(Some)
     }
 
+    /// One integer for every one of `n_layer` layers, or an array of one per layer (llama.cpp's
+    /// `get_key_or_arr`).
+    pub(super) fn usize_per_layer(&self, k: &str, n_layer: usize) -> Result<Vec<usize>> {
+        match self.usize_array(k, n_layer)? {
+            Some(per_layer) => Ok(per_layer),
+            None => Ok(vec![self.usize(k)?; n_layer]),
+        }
+    }
+
     /// The first `n` entries of an array of integers (`None` where the value is not an
     /// array).
     pub(super) fn usize_array(&self, k: &str, n: usize) -> Result<Option<Vec<usize>>> {

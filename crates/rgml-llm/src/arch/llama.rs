@@ -22,6 +22,9 @@ pub(super) const PARTS: LayerParts = LayerParts {
     expert_biases: Need::No,
     ffn_norm: FFN_NORM,
     shared_expert: Need::No,
+    value_from_key: false,
+    parallel_experts: false,
+    out_scale: Need::No,
 };
 
 /// Qwen2: llama.cpp's graph passes no FFN scales.

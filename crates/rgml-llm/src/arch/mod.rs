@@ -9,6 +9,7 @@
 
 pub(crate) mod blocks;
 mod gemma3;
+mod gemma4;
 mod gpt_oss;
 mod keys;
 mod llama;
@@ -21,11 +22,11 @@ mod weights;
 pub(crate) use weights::layer_shapes;
 pub use weights::{
     AttentionWeights, DeltaNetWeights, ExpertWeights, FfnWeights, LayerWeights, Matrix, Mixer,
-    QkvWeights, SharedExpert,
+    ParallelExperts, PerLayerEmbeddings, PerLayerInput, QkvWeights, SharedExpert,
 };
 use weights::{LayerParts, Need, FFN_NORM, POST_ATTENTION_NORM};
 
-use crate::config::{Arch, FfnActivation, ModelConfig};
+use crate::config::{Arch, FfnActivation, LayerHeads, ModelConfig};
 use crate::error::{LlmError, Result};
 use blocks::Builder;
 use keys::Keys;
@@ -41,6 +42,7 @@ fn parts(arch: Arch) -> LayerParts {
         Arch::Gemma3 => gemma3::PARTS,
         Arch::GptOss => gpt_oss::PARTS,
         Arch::Qwen35 | Arch::Qwen35Moe => qwen35::PARTS,
+        Arch::Gemma4 => gemma4::PARTS,
     }
 }
 
@@ -65,6 +67,7 @@ impl ModelConfig {
             Arch::Gemma3 => gemma3::hparams(&keys, &mut c)?,
             Arch::GptOss => gpt_oss::hparams(&keys, &mut c)?,
             Arch::Qwen35 | Arch::Qwen35Moe => qwen35::hparams(&keys, &mut c)?,
+            Arch::Gemma4 => gemma4::hparams(&keys, &mut c)?,
         }
         check(&c)?;
         Ok(c)
@@ -74,8 +77,15 @@ impl ModelConfig {
 /// The hyper-parameters every architecture reads the same way (defaults as llama.cpp's).
 fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
     let n_embd = keys.usize("embedding_length")?;
-    let n_head = keys.usize("attention.head_count")?;
-    let n_head_kv = keys.usize_or("attention.head_count_kv", n_head)?;
+    let n_layer = keys.usize("block_count")?;
+    // One count, or one per layer (llama.cpp's `get_key_or_arr`): the model's is layer 0's.
+    let n_head_layers = keys.usize_per_layer("attention.head_count", n_layer)?;
+    let n_head = n_head_layers.first().copied().unwrap_or(0);
+    let n_head_kv_layers = match keys.has("attention.head_count_kv") {
+        true => keys.usize_per_layer("attention.head_count_kv", n_layer)?,
+        false => n_head_layers.clone(),
+    };
+    let n_head_kv = n_head_kv_layers.first().copied().unwrap_or(0);
     if n_head == 0 || !n_embd.is_multiple_of(n_head) && !keys.has("attention.key_length") {
         return Err(LlmError::BadConfig(format!(
             "{n_embd} wide with {n_head} heads: no head width (and no {})",
@@ -90,6 +100,22 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
             keys.name("attention.value_length")
         )));
     }
+    let n_rot = keys.usize_or("rope.dimension_count", head_dim)?;
+    let layer_heads = n_head_layers
+        .iter()
+        .zip(&n_head_kv_layers)
+        .map(|(&n_head, &n_head_kv)| LayerHeads {
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot,
+        })
+        .collect();
+    let n_ff_layers = match keys.has("feed_forward_length") {
+        true => keys.usize_per_layer("feed_forward_length", n_layer)?,
+        // Required where the FFN is dense: checked once the architecture has read its experts.
+        false => vec![0; n_layer],
+    };
     let scaling = rope_scaling(keys)?;
     let rope_freq_scale = match keys.f32_opt("rope.scaling.factor")? {
         // llama.cpp never scales positions when the type says none.
@@ -121,14 +147,13 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
     Ok(ModelConfig {
         arch,
         kind,
-        n_layer: keys.usize("block_count")?,
+        n_layer,
         n_embd,
-        // Required where the FFN is dense: checked once the architecture has read its experts.
-        n_ff: keys.usize_or("feed_forward_length", 0)?,
+        n_ff: n_ff_layers.first().copied().unwrap_or(0),
         n_head,
         n_head_kv,
         head_dim,
-        n_rot: keys.usize_or("rope.dimension_count", head_dim)?,
+        n_rot,
         n_ctx_train,
         n_ctx_orig: keys.usize_or("rope.scaling.original_context_length", n_ctx_train)?,
         n_vocab,
@@ -149,7 +174,20 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         recurrent: None,
         output_rows_after_norm: false,
         n_layer_nextn: 0,
+        layer_heads: differing(layer_heads),
+        layer_n_ff: differing(n_ff_layers),
+        n_layer_kv: n_layer,
+        value_norm: false,
+        n_embd_per_layer: 0,
     })
+}
+
+/// Per-layer values where they differ between layers, else `None`.
+pub(super) fn differing<T: PartialEq>(per_layer: Vec<T>) -> Option<Vec<T>> {
+    match per_layer.windows(2).all(|w| w[0] == w[1]) {
+        true => None,
+        false => Some(per_layer),
+    }
 }
 
 /// `rope.scaling.type`, as llama.cpp reads it (absent: linear).
@@ -204,7 +242,6 @@ fn check(c: &ModelConfig) -> Result<()> {
         n_head,
         n_head_kv,
         head_dim,
-        n_rot,
         n_vocab,
         rms_eps,
         rope_freq_base,
@@ -217,16 +254,15 @@ fn check(c: &ModelConfig) -> Result<()> {
              {head_dim} wide, feed-forward {ffn_width} wide"
         )));
     }
-    if !n_head.is_multiple_of(n_head_kv) {
-        return Err(LlmError::BadConfig(format!(
-            "{n_head} heads and {n_head_kv} kv heads do not group evenly"
-        )));
+    for il in 0..n_layer {
+        check_heads(c.heads(il), il)?;
     }
-    if n_rot == 0 || n_rot > head_dim || !n_rot.is_multiple_of(2) {
-        return Err(LlmError::BadConfig(format!(
-            "rope.dimension_count {n_rot} must be even, positive and at most the head width \
-             {head_dim}"
-        )));
+    if let Some(widths) = &c.layer_n_ff {
+        if c.moe.is_none() && widths.contains(&0) {
+            return Err(LlmError::BadConfig(format!(
+                "a dense feed-forward block 0 wide (feed_forward_length {widths:?})"
+            )));
+        }
     }
     if n_vocab == 0 {
         return Err(LlmError::BadConfig("an empty vocabulary".into()));
@@ -249,6 +285,58 @@ fn check(c: &ModelConfig) -> Result<()> {
             return Err(LlmError::BadConfig(format!(
                 "local rope base {} out of range",
                 w.rope_freq_base
+            )));
+        }
+    }
+    check_shared_kv(c)
+}
+
+/// A layer's heads group evenly and rotate an even number of their dimensions.
+fn check_heads(h: LayerHeads, il: usize) -> Result<()> {
+    let LayerHeads {
+        n_head,
+        n_head_kv,
+        head_dim,
+        n_rot,
+    } = h;
+    if [n_head, n_head_kv, head_dim].contains(&0) || !n_head.is_multiple_of(n_head_kv) {
+        return Err(LlmError::BadConfig(format!(
+            "layer {il}: {n_head} heads and {n_head_kv} kv heads {head_dim} wide do not group \
+             evenly"
+        )));
+    }
+    if n_rot == 0 || n_rot > head_dim || !n_rot.is_multiple_of(2) {
+        return Err(LlmError::BadConfig(format!(
+            "layer {il}: {n_rot} rotated dimensions must be even, positive and at most the head \
+             width {head_dim}"
+        )));
+    }
+    Ok(())
+}
+
+/// Layers that attend over an earlier layer's cache find one of their kind and shape.
+fn check_shared_kv(c: &ModelConfig) -> Result<()> {
+    if c.n_layer_kv >= c.n_layer {
+        return Ok(());
+    }
+    if c.n_layer_kv < 2 {
+        return Err(LlmError::BadConfig(format!(
+            "{} of {} layers share the KV cache of earlier ones: at least two must keep their own",
+            c.n_layer - c.n_layer_kv,
+            c.n_layer
+        )));
+    }
+    for il in c.n_layer_kv..c.n_layer {
+        let src = c.kv_layer(il);
+        let (mine, theirs) = (c.heads(il), c.heads(src));
+        let same = c.is_local(il) == c.is_local(src)
+            && mine.head_dim == theirs.head_dim
+            && mine.n_head_kv == theirs.n_head_kv
+            && !c.is_recurrent(src);
+        if !same {
+            return Err(LlmError::BadConfig(format!(
+                "layer {il} would attend over layer {src}'s KV cache, which is of another kind \
+                 or shape"
             )));
         }
     }
@@ -279,6 +367,7 @@ pub(crate) fn build_layer(
         }
         Arch::Gemma3 => gemma3::layer(b, il, l, x),
         Arch::Qwen35 | Arch::Qwen35Moe => qwen35::layer(b, il, l, x),
+        Arch::Gemma4 => gemma4::layer(b, il, l, x),
     }
 }
 
@@ -324,16 +413,21 @@ pub(crate) fn ffn(
     }
 }
 
-/// The token embeddings of the batch, scaled where the architecture scales them.
+/// The token embeddings of the batch, scaled where the architecture scales them; and the
+/// per-layer inputs where the model has per-layer embeddings.
 pub(crate) fn embeddings(b: &mut Builder<'_>, tokens: TensorId) -> Result<TensorId> {
     let tok_embd = b.model().tok_embd;
     let embd = b.ctx().get_rows(tok_embd, tokens)?;
     let embd = b.keep(embd, "inp_embd".into())?;
-    match b.config().embd_scale {
+    let embd = match b.config().embd_scale {
         Some(s) => {
             let scaled = b.ctx().scale(embd, s)?;
-            b.keep(scaled, "inp_scaled".into())
+            b.keep(scaled, "inp_scaled".into())?
         }
-        None => Ok(embd),
+        None => embd,
+    };
+    if let Some(p) = b.model().per_layer_embd {
+        b.per_layer_inputs = Some(gemma4::per_layer_inputs(b, p, tokens, embd)?);
     }
+    Ok(embd)
 }

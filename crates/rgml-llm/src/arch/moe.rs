@@ -133,6 +133,40 @@ pub(super) fn ffn(
     alone: bool,
     name: bool,
 ) -> Result<TensorId> {
+    let logits = router_logits(b, il, w.gate_inp.w, x, alone, name)?;
+    routed(b, il, w, x, logits, alone, name)
+}
+
+/// The router `gate_inp`'s logits `[n_expert, n]` of the rows `input`.
+pub(super) fn router_logits(
+    b: &mut Builder<'_>,
+    il: usize,
+    gate_inp: TensorId,
+    input: TensorId,
+    alone: bool,
+    name: bool,
+) -> Result<TensorId> {
+    let logits = match alone {
+        true => b.ctx().mul_mat_rows_alone(gate_inp, input)?,
+        false => b.ctx().mul_mat(gate_inp, input)?,
+    };
+    match name {
+        true => b.keep(logits, format!("ffn_moe_logits-{il}")),
+        false => Ok(logits),
+    }
+}
+
+/// The routed FFN of block `il` on the rows `x` `[n_embd, n]` given the router's `logits`
+/// `[n_expert, n]` (before its bias): `[n_embd, n]`.
+pub(super) fn routed(
+    b: &mut Builder<'_>,
+    il: usize,
+    w: &ExpertWeights,
+    x: TensorId,
+    mut logits: TensorId,
+    alone: bool,
+    name: bool,
+) -> Result<TensorId> {
     let c: &ModelConfig = b.config();
     let moe = c
         .moe
@@ -143,11 +177,6 @@ pub(super) fn ffn(
         true => b.keep(t, format!("{what}-{il}")),
         false => Ok(t),
     };
-    let mut logits = match alone {
-        true => b.ctx().mul_mat_rows_alone(w.gate_inp.w, x)?,
-        false => b.ctx().mul_mat(w.gate_inp.w, x)?,
-    };
-    logits = keep(b, logits, "ffn_moe_logits")?;
     if let Some(bias) = w.gate_inp.bias {
         logits = b.ctx().add(logits, bias)?;
         logits = keep(b, logits, "ffn_moe_logits_biased")?;

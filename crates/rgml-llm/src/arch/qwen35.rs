@@ -28,6 +28,9 @@ pub(super) const PARTS: LayerParts = LayerParts {
     expert_biases: Need::No,
     ffn_norm: POST_ATTENTION_NORM,
     shared_expert: Need::Optional,
+    value_from_key: false,
+    parallel_experts: false,
+    out_scale: Need::No,
 };
 
 /// llama.cpp's default when the file names no recurrent layers: every fourth layer attends.

@@ -42,6 +42,7 @@ pub(super) fn sliding_window(
         layers: local_layers(keys, c.n_layer, default_period)?,
         rope_freq_base: keys.f32_opt("rope.freq_base_swa")?.unwrap_or(rope.base),
         rope_freq_scale: rope.scale,
+        rope_factors: true,
     }))
 }
 

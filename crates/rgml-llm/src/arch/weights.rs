@@ -41,8 +41,56 @@ pub struct LayerWeights {
     pub ffn: FfnWeights,
     /// RMS norm of the FFN output, before the residual (Gemma 3).
     pub ffn_post_norm: Option<TensorId>,
+    /// A mixture of experts beside the dense FFN (Gemma 4's MoE blocks).
+    pub parallel_experts: Option<ParallelExperts>,
+    /// The block's share of the token's per-layer embedding (Gemma 4).
+    pub per_layer_input: Option<PerLayerInput>,
+    /// One factor on the block's output `[1]` (`layer_output_scale`: Gemma 4).
+    pub out_scale: Option<TensorId>,
     /// Tensors accepted and never read (`.input_scale`), with their shapes.
     pub unread: Vec<(TensorId, [usize; 4])>,
+}
+
+/// A mixture of experts that runs beside a block's dense FFN on the same input, each with
+/// norms of its own, their outputs summed (llama.cpp's Gemma 4 MoE block; names in
+/// parentheses).
+#[derive(Clone, Debug)]
+pub struct ParallelExperts {
+    /// The experts; their router reads its own norm of the input (below).
+    pub experts: ExpertWeights,
+    /// Per-channel factor of the router's input `[n_embd]` (`ffn_gate_inp.scale`).
+    pub router_scale: TensorId,
+    /// RMS norm of the experts' input (`pre_ffw_norm_2`).
+    pub pre_norm: TensorId,
+    /// RMS norm of the dense FFN's output (`post_ffw_norm_1`).
+    pub dense_post_norm: TensorId,
+    /// RMS norm of the experts' output (`post_ffw_norm_2`).
+    pub post_norm: TensorId,
+}
+
+/// Gemma 4's per-layer token embeddings: per token, a vector of `n_embd_per_layer` values for
+/// each block, from its own table and from a projection of its embedding (llama.cpp's names in
+/// parentheses).
+#[derive(Clone, Copy, Debug)]
+pub struct PerLayerEmbeddings {
+    /// `[n_embd_per_layer * n_layer, n_vocab]` (`per_layer_token_embd`).
+    pub tok_embd: TensorId,
+    /// `[n_embd, n_embd_per_layer * n_layer]` (`per_layer_model_proj`).
+    pub model_proj: TensorId,
+    /// RMS norm of each block's projected part `[n_embd_per_layer]` (`per_layer_proj_norm`).
+    pub proj_norm: TensorId,
+}
+
+/// What a block adds of the token's per-layer embedding (Gemma 4): its output, gated by the
+/// GELU of `gate · out` times the block's slice of the embedding, projected back and normed.
+#[derive(Clone, Copy, Debug)]
+pub struct PerLayerInput {
+    /// `[n_embd, n_embd_per_layer]` (`inp_gate`).
+    pub gate: TensorId,
+    /// `[n_embd_per_layer, n_embd]` (`proj`).
+    pub proj: TensorId,
+    /// `[n_embd]` (`post_norm`).
+    pub post_norm: TensorId,
 }
 
 /// The part of a block that mixes positions.
@@ -103,10 +151,12 @@ pub enum QkvWeights {
     Separate {
         /// Query projection.
         q: Matrix,
-        /// Key projection.
-        k: Matrix,
-        /// Value projection.
-        v: Matrix,
+        /// Key projection (`None`: a layer that attends over an earlier layer's cache and
+        /// has none).
+        k: Option<Matrix>,
+        /// Value projection (`None`: the keys' projection is the values' too, Gemma 4; or a
+        /// layer without a cache of its own).
+        v: Option<Matrix>,
     },
     /// One `[n_embd, n_embd_q + 2 * n_embd_kv]` projection: Q's rows, then K's, then V's.
     Fused(Matrix),
@@ -198,6 +248,13 @@ pub(super) struct LayerParts {
     pub(super) ffn_norm: &'static str,
     /// A shared expert beside the routed ones (`ffn_*_shexp`, gated by `ffn_gate_inp_shexp`).
     pub(super) shared_expert: Need,
+    /// Whether a layer without `attn_v` takes its keys' projection as values (Gemma 4).
+    pub(super) value_from_key: bool,
+    /// Whether a block with a router has experts beside a dense FFN ([`ParallelExperts`])
+    /// rather than instead of one (Gemma 4; with the model's expert hyper-parameters).
+    pub(super) parallel_experts: bool,
+    /// The factor on each block's output (`layer_output_scale`).
+    pub(super) out_scale: Need,
 }
 
 /// The usual name of the norm before the FFN.
@@ -265,18 +322,29 @@ pub(crate) fn layer_weights(
         il,
         get,
     };
+    // A layer that attends over an earlier layer's cache may lack its own K and V.
+    let own_kv = c.kv_layer(il) == il;
+    let kv_need = |need: Need| match (own_kv, need) {
+        (false, Need::Required) => Need::Optional,
+        _ => need,
+    };
     let mixer = match c.is_recurrent(il) {
         true => Mixer::DeltaNet(delta_net_weights(&f)?),
         false => Mixer::Attention(AttentionWeights {
-            qkv: qkv_weights(&f)?,
+            qkv: qkv_weights(&f, parts, own_kv)?,
             wo: f.matrix("attn_output", parts.out_biases)?,
             q_norm: f.part(parts.qk_norm, "attn_q_norm.weight")?,
-            k_norm: f.part(parts.qk_norm, "attn_k_norm.weight")?,
+            k_norm: f.part(kv_need(parts.qk_norm), "attn_k_norm.weight")?,
             sinks: f.part(parts.sinks, "attn_sinks.weight")?,
         }),
     };
+    let parallel_experts = match parts.parallel_experts && c.moe.is_some() {
+        true => parallel_expert_weights(parts, &f)?,
+        false => None,
+    };
     let mut ffn = ffn_weights(c, parts, &f)?;
-    let mut unread = unread_scales(c, &f, &mixer, &ffn);
+    let beside = parallel_experts.as_ref().map(|p| &p.experts);
+    let mut unread = unread_scales(c, &f, &mixer, &ffn, beside);
     if !parts.ffn_scales {
         let n_expert = c.moe.as_ref().map_or(1, |m| m.n_expert);
         let (matrices, n): (Vec<&mut Matrix>, usize) = match &mut ffn {
@@ -306,8 +374,49 @@ pub(crate) fn layer_weights(
         ffn_norm: f.required(&format!("{}.weight", parts.ffn_norm))?,
         ffn,
         ffn_post_norm: f.part(parts.post_norms, "post_ffw_norm.weight")?,
+        parallel_experts,
+        per_layer_input: per_layer_input(c, &f)?,
+        out_scale: f.part(parts.out_scale, "layer_output_scale.weight")?,
         unread,
     })
+}
+
+/// A Gemma 4 block's experts beside its dense FFN, where it has a router.
+fn parallel_expert_weights(parts: &LayerParts, f: &Finder<'_>) -> Result<Option<ParallelExperts>> {
+    if f.part(Need::Optional, "ffn_gate_inp.weight")?.is_none() {
+        // A dense block (llama.cpp tells them by the router); stray expert tensors are
+        // refused as unused.
+        return Ok(None);
+    }
+    let mut experts = routed_experts(parts, f)?;
+    // The router's `.scale` is a factor on its input here, not on its product.
+    experts.gate_inp.scale = None;
+    Ok(Some(ParallelExperts {
+        experts,
+        router_scale: f.required("ffn_gate_inp.scale")?,
+        pre_norm: f.required("pre_ffw_norm_2.weight")?,
+        dense_post_norm: f.required("post_ffw_norm_1.weight")?,
+        post_norm: f.required("post_ffw_norm_2.weight")?,
+    }))
+}
+
+/// The block's per-layer input where the model has per-layer embeddings.
+fn per_layer_input(c: &ModelConfig, f: &Finder<'_>) -> Result<Option<PerLayerInput>> {
+    let need = match c.n_embd_per_layer > 0 {
+        true => Need::Required,
+        false => Need::No,
+    };
+    let gate = f.part(need, "inp_gate.weight")?;
+    let proj = f.part(need, "proj.weight")?;
+    let post_norm = f.part(need, "post_norm.weight")?;
+    Ok(gate
+        .zip(proj)
+        .zip(post_norm)
+        .map(|((gate, proj), post_norm)| PerLayerInput {
+            gate,
+            proj,
+            post_norm,
+        }))
 }
 
 /// A delta-net layer's tensors (llama.cpp's `qwen35` loader): the projections take their
@@ -330,8 +439,10 @@ fn delta_net_weights(f: &Finder<'_>) -> Result<DeltaNetWeights> {
 }
 
 /// Q/K/V as llama.cpp's `create_tensor_qkv` finds them: `attn_qkv` (with its bias) if the
-/// file has it, else the separate projections with their biases.
-fn qkv_weights(f: &Finder<'_>) -> Result<QkvWeights> {
+/// file has it, else the separate projections with their biases. Without `own_kv` (a layer
+/// that attends over an earlier layer's cache) K and V may be absent; V may be with
+/// [`LayerParts::value_from_key`].
+fn qkv_weights(f: &Finder<'_>, parts: &LayerParts, own_kv: bool) -> Result<QkvWeights> {
     match f.optional_matrix("attn_qkv", Need::Optional)? {
         Some(fused) => {
             for separate in ["attn_q", "attn_k", "attn_v"] {
@@ -340,16 +451,26 @@ fn qkv_weights(f: &Finder<'_>) -> Result<QkvWeights> {
             }
             Ok(QkvWeights::Fused(fused))
         }
-        None => Ok(QkvWeights::Separate {
-            q: f.matrix("attn_q", Need::Optional)?,
-            k: f.matrix("attn_k", Need::Optional)?,
-            v: f.matrix("attn_v", Need::Optional)?,
-        }),
+        None => {
+            let k = match own_kv {
+                true => Some(f.matrix("attn_k", Need::Optional)?),
+                false => f.optional_matrix("attn_k", Need::Optional)?,
+            };
+            let v = match own_kv && !parts.value_from_key {
+                true => Some(f.matrix("attn_v", Need::Optional)?),
+                false => f.optional_matrix("attn_v", Need::Optional)?,
+            };
+            Ok(QkvWeights::Separate {
+                q: f.matrix("attn_q", Need::Optional)?,
+                k,
+                v,
+            })
+        }
     }
 }
 
 fn ffn_weights(c: &ModelConfig, parts: &LayerParts, f: &Finder<'_>) -> Result<FfnWeights> {
-    if c.moe.is_some() {
+    if c.moe.is_some() && !parts.parallel_experts {
         return expert_weights(parts, f).map(FfnWeights::Experts);
     }
     let gate = match parts.fused_gate_up {
@@ -366,12 +487,17 @@ fn ffn_weights(c: &ModelConfig, parts: &LayerParts, f: &Finder<'_>) -> Result<Ff
     })
 }
 
-/// The router, the experts (gate and up separate, or fused in `ffn_gate_up_exps` as
-/// llama.cpp's `create_tensor_moe` finds them) and the shared expert.
+/// The experts of a block whose FFN they are (as llama.cpp's `create_tensor_moe` finds them).
 fn expert_weights(parts: &LayerParts, f: &Finder<'_>) -> Result<ExpertWeights> {
-    let biases = parts.expert_biases;
-    // llama.cpp's router takes no scale, nor do fused gate/up experts.
+    // llama.cpp's router takes no scale (but Gemma 4's, see [`ParallelExperts`]).
     f.part(Need::No, "ffn_gate_inp.scale")?;
+    routed_experts(parts, f)
+}
+
+/// The router and the experts (gate and up separate, or fused in `ffn_gate_up_exps`, which
+/// takes no scale) and the shared expert.
+fn routed_experts(parts: &LayerParts, f: &Finder<'_>) -> Result<ExpertWeights> {
+    let biases = parts.expert_biases;
     let fused = f.optional_matrix("ffn_gate_up_exps", Need::No)?;
     let (gate, up, fused_gate_up) = match fused {
         Some(mut both) => {
@@ -417,7 +543,9 @@ fn unread_scales(
     f: &Finder<'_>,
     mixer: &Mixer,
     ffn: &FfnWeights,
+    parallel_experts: Option<&ExpertWeights>,
 ) -> Vec<(TensorId, [usize; 4])> {
+    let n = c.moe.as_ref().map_or(1, |m| m.n_expert);
     let mut bases: Vec<(&str, usize)> = match mixer {
         Mixer::Attention(a) => match a.qkv {
             QkvWeights::Fused(_) => vec![("attn_qkv", 1), ("attn_output", 1)],
@@ -437,23 +565,9 @@ fn unread_scales(
             bases.extend(gate.map(|_| ("ffn_gate", 1)));
             bases.extend([("ffn_up", 1), ("ffn_down", 1)]);
         }
-        FfnWeights::Experts(x) => {
-            let n = c.moe.as_ref().map_or(1, |m| m.n_expert);
-            bases.extend(x.gate.map(|_| ("ffn_gate_exps", n)));
-            match x.fused_gate_up {
-                true => bases.push(("ffn_gate_up_exps", n)),
-                false => bases.push(("ffn_up_exps", n)),
-            }
-            bases.push(("ffn_down_exps", n));
-            if x.shared.is_some() {
-                bases.extend([
-                    ("ffn_gate_shexp", 1),
-                    ("ffn_up_shexp", 1),
-                    ("ffn_down_shexp", 1),
-                ]);
-            }
-        }
+        FfnWeights::Experts(x) => bases.extend(expert_bases(x, n)),
     }
+    bases.extend(parallel_experts.map_or(Vec::new(), |x| expert_bases(x, n)));
     bases
         .into_iter()
         .filter_map(|(base, n)| {
@@ -462,20 +576,60 @@ fn unread_scales(
         .collect()
 }
 
-/// The shapes block weights must have, `(tensor, ne)`, and which of them must be f32 (norms,
-/// scales and the unread input scales).
-pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, [usize; 4], bool)> {
+/// The matrices of experts, each with its count (`n` experts, or one shared).
+fn expert_bases(x: &ExpertWeights, n: usize) -> Vec<(&'static str, usize)> {
+    let mut bases = Vec::new();
+    bases.extend(x.gate.map(|_| ("ffn_gate_exps", n)));
+    match x.fused_gate_up {
+        true => bases.push(("ffn_gate_up_exps", n)),
+        false => bases.push(("ffn_up_exps", n)),
+    }
+    bases.push(("ffn_down_exps", n));
+    if x.shared.is_some() {
+        bases.extend([
+            ("ffn_gate_shexp", 1),
+            ("ffn_up_shexp", 1),
+            ("ffn_down_shexp", 1),
+        ]);
+    }
+    bases
+}
+
+/// The shapes block `il`'s weights must have, `(tensor, ne)`, and which of them must be f32
+/// (norms, scales and the unread input scales).
+pub(crate) fn layer_shapes(
+    c: &ModelConfig,
+    il: usize,
+    l: &LayerWeights,
+) -> Vec<(TensorId, [usize; 4], bool)> {
     let e = c.n_embd;
     let mut out = vec![
         (l.attn_norm, [e, 1, 1, 1], true),
         (l.ffn_norm, [e, 1, 1, 1], true),
     ];
     match &l.mixer {
-        Mixer::Attention(a) => attention_shapes(c, a, &mut out),
+        Mixer::Attention(a) => attention_shapes(c, il, a, &mut out),
         Mixer::DeltaNet(d) => delta_net_shapes(c, d, &mut out),
     }
-    ffn_shapes(c, &l.ffn, &mut out);
-    let norms = [(l.attn_post_norm, e), (l.ffn_post_norm, e)];
+    ffn_shapes(c, c.n_ff_at(il), &l.ffn, &mut out);
+    if let Some(p) = &l.parallel_experts {
+        experts_shapes(c, &p.experts, &mut out);
+        let norms = [p.router_scale, p.pre_norm, p.dense_post_norm, p.post_norm];
+        out.extend(norms.map(|t| (t, [e, 1, 1, 1], true)));
+    }
+    if let Some(p) = &l.per_layer_input {
+        let pl = c.n_embd_per_layer;
+        out.extend([
+            (p.gate, [e, pl, 1, 1], false),
+            (p.proj, [pl, e, 1, 1], false),
+            (p.post_norm, [e, 1, 1, 1], true),
+        ]);
+    }
+    let norms = [
+        (l.attn_post_norm, e),
+        (l.ffn_post_norm, e),
+        (l.out_scale, 1),
+    ];
     out.extend(
         norms
             .into_iter()
@@ -487,10 +641,12 @@ pub(crate) fn layer_shapes(c: &ModelConfig, l: &LayerWeights) -> Vec<(TensorId, 
 
 fn attention_shapes(
     c: &ModelConfig,
+    il: usize,
     a: &AttentionWeights,
     out: &mut Vec<(TensorId, [usize; 4], bool)>,
 ) {
-    let (e, q, kv, hd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.head_dim);
+    let h = c.heads(il);
+    let (e, q, kv, hd) = (c.n_embd, h.n_embd_q(), h.n_embd_kv(), h.head_dim);
     // A gated query projection gives each head's query and its gate.
     let q_rows = if c.attn_output_gate { 2 * q } else { q };
     match &a.qkv {
@@ -500,13 +656,14 @@ fn attention_shapes(
             v: wv,
         } => {
             matrix_shapes(out, wq, [e, q_rows, 1, 1]);
-            matrix_shapes(out, wk, [e, kv, 1, 1]);
-            matrix_shapes(out, wv, [e, kv, 1, 1]);
+            for m in [wk, wv].into_iter().flatten() {
+                matrix_shapes(out, m, [e, kv, 1, 1]);
+            }
         }
         QkvWeights::Fused(m) => matrix_shapes(out, m, [e, q_rows + 2 * kv, 1, 1]),
     }
     matrix_shapes(out, &a.wo, [q, e, 1, 1]);
-    let norms = [(a.q_norm, hd), (a.k_norm, hd), (a.sinks, c.n_head)];
+    let norms = [(a.q_norm, hd), (a.k_norm, hd), (a.sinks, h.n_head)];
     out.extend(
         norms
             .into_iter()
@@ -546,11 +703,16 @@ fn matrix_shapes(out: &mut Vec<(TensorId, [usize; 4], bool)>, m: &Matrix, ne: [u
     out.extend(m.scale.map(|s| (s, [ne[2], 1, 1, 1], true)));
 }
 
-fn ffn_shapes(c: &ModelConfig, ffn: &FfnWeights, out: &mut Vec<(TensorId, [usize; 4], bool)>) {
+/// A dense FFN `ff` wide, or the experts.
+fn ffn_shapes(
+    c: &ModelConfig,
+    ff: usize,
+    ffn: &FfnWeights,
+    out: &mut Vec<(TensorId, [usize; 4], bool)>,
+) {
     let e = c.n_embd;
     match ffn {
         FfnWeights::Dense { gate, up, down } => {
-            let ff = c.n_ff;
             let up_rows = if gate.is_some() { ff } else { 2 * ff };
             matrix_shapes(out, up, [e, up_rows, 1, 1]);
             matrix_shapes(out, down, [ff, e, 1, 1]);
@@ -558,22 +720,25 @@ fn ffn_shapes(c: &ModelConfig, ffn: &FfnWeights, out: &mut Vec<(TensorId, [usize
                 matrix_shapes(out, g, [e, ff, 1, 1]);
             }
         }
-        FfnWeights::Experts(x) => {
-            let (n, ff) = c.moe.as_ref().map_or((0, 0), |m| (m.n_expert, m.n_ff_exp));
-            let up_rows = if x.fused_gate_up { 2 * ff } else { ff };
-            matrix_shapes(out, &x.gate_inp, [e, n, 1, 1]);
-            matrix_shapes(out, &x.up, [e, up_rows, n, 1]);
-            matrix_shapes(out, &x.down, [ff, e, n, 1]);
-            if let Some(g) = &x.gate {
-                matrix_shapes(out, g, [e, ff, n, 1]);
-            }
-            if let Some(s) = &x.shared {
-                let ff_shexp = c.moe.as_ref().map_or(0, |m| m.n_ff_shexp);
-                matrix_shapes(out, &s.gate, [e, ff_shexp, 1, 1]);
-                matrix_shapes(out, &s.up, [e, ff_shexp, 1, 1]);
-                matrix_shapes(out, &s.down, [ff_shexp, e, 1, 1]);
-                out.push((s.gate_inp, [e, 1, 1, 1], false));
-            }
-        }
+        FfnWeights::Experts(x) => experts_shapes(c, x, out),
+    }
+}
+
+fn experts_shapes(c: &ModelConfig, x: &ExpertWeights, out: &mut Vec<(TensorId, [usize; 4], bool)>) {
+    let e = c.n_embd;
+    let (n, ff) = c.moe.as_ref().map_or((0, 0), |m| (m.n_expert, m.n_ff_exp));
+    let up_rows = if x.fused_gate_up { 2 * ff } else { ff };
+    matrix_shapes(out, &x.gate_inp, [e, n, 1, 1]);
+    matrix_shapes(out, &x.up, [e, up_rows, n, 1]);
+    matrix_shapes(out, &x.down, [ff, e, n, 1]);
+    if let Some(g) = &x.gate {
+        matrix_shapes(out, g, [e, ff, n, 1]);
+    }
+    if let Some(s) = &x.shared {
+        let ff_shexp = c.moe.as_ref().map_or(0, |m| m.n_ff_shexp);
+        matrix_shapes(out, &s.gate, [e, ff_shexp, 1, 1]);
+        matrix_shapes(out, &s.up, [e, ff_shexp, 1, 1]);
+        matrix_shapes(out, &s.down, [ff_shexp, e, 1, 1]);
+        out.push((s.gate_inp, [e, 1, 1, 1], false));
     }
 }

@@ -94,20 +94,27 @@ impl KvCache {
                 v.push(None);
                 continue;
             }
+            conv.push(None);
+            ssm.push(None);
+            if c.kv_layer(il) != il {
+                // It attends over an earlier layer's cache.
+                k.push(None);
+                v.push(None);
+                continue;
+            }
             let per_seq = if c.is_local(il) { local_cells } else { cells };
             let n = per_seq.checked_mul(n_seq).ok_or_else(too_large)?;
-            let kt = ctx.new_tensor(k_type, &[c.n_embd_kv(), n])?;
+            let n_embd_kv = c.heads(il).n_embd_kv();
+            let kt = ctx.new_tensor(k_type, &[n_embd_kv, n])?;
             ctx.set_name(kt, format!("cache_k_l{il}"))?;
             let v_shape = match flash_attn {
-                true => [c.n_embd_kv(), n],
-                false => [n, c.n_embd_kv()],
+                true => [n_embd_kv, n],
+                false => [n, n_embd_kv],
             };
             let vt = ctx.new_tensor(v_type, &v_shape)?;
             ctx.set_name(vt, format!("cache_v_l{il}"))?;
             k.push(Some(kt));
             v.push(Some(vt));
-            conv.push(None);
-            ssm.push(None);
         }
         // One cache buffer per device, holding the K and V of that device's blocks.
         let mut buffers = Vec::new();
@@ -149,6 +156,18 @@ impl KvCache {
                 .map(|w| Cells::new(local_cells, w.window)),
         };
         let (k_rot, v_rot) = rotations(c.head_dim, k_type, v_type);
+        let rotated = (0..c.n_layer).filter(|&il| k[il].is_some());
+        if rotated
+            .map(|il| rotations(c.heads(il).head_dim, k_type, v_type))
+            .any(|r| r != (k_rot, v_rot))
+        {
+            // The graph has one rotation of each kind for all layers.
+            return Err(LlmError::UnsupportedModel(format!(
+                "a quantized KV cache ({k_type}/{v_type}) for {}'s layers of different head \
+                 widths; use an f16 cache",
+                c.arch
+            )));
+        }
         Ok(KvCache {
             k,
             v,

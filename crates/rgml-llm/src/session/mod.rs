@@ -890,10 +890,13 @@ fn check_cache_types(
                 "--cache-type-{flag} {t}: not a KV cache type rgml computes (f32, f16, q8_0, q4_0)"
             )));
         }
-        if !c.head_dim.is_multiple_of(t.block_size()) {
+        let widths = (0..c.n_layer).map(|il| c.heads(il).head_dim);
+        if let Some(hd) = widths
+            .into_iter()
+            .find(|hd| !hd.is_multiple_of(t.block_size()))
+        {
             return Err(LlmError::BadConfig(format!(
-                "--cache-type-{flag} {t}: the head size {} is not a whole number of {t} blocks",
-                c.head_dim
+                "--cache-type-{flag} {t}: the head size {hd} is not a whole number of {t} blocks"
             )));
         }
     }
@@ -909,24 +912,35 @@ fn check_cache_types(
 
 /// Whether every device holding `model`'s blocks computes FLASH_ATTN_EXT on its shapes.
 fn flash_attn_supported(model: &Model) -> Result<bool> {
-    let (ctx, fa) = flash_attn_probe(&model.config)?;
     let devices = model.devices();
-    Ok((0..model.config.n_layer).all(|il| {
+    for il in 0..model.config.n_layer {
+        let (ctx, fa) = flash_attn_probe_layer(&model.config, il)?;
         let dev = model.layer_device(il).unwrap_or(0);
-        devices.get(dev).is_some_and(|d| d.supports_op(&ctx, fa))
-    }))
+        if !devices.get(dev).is_some_and(|d| d.supports_op(&ctx, fa)) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// A FLASH_ATTN_EXT node of a model's shapes, to ask a device whether it computes it
 /// ([`rgml::backend::Device::supports_op`]; [`FlashAttn::Auto`] asks each device holding the
 /// model's blocks): one query over an f16 cache of 512 cells with an f16 mask.
 pub fn flash_attn_probe(config: &crate::ModelConfig) -> Result<(Context, rgml::TensorId)> {
-    let c = config;
+    flash_attn_probe_layer(config, 0)
+}
+
+/// [`flash_attn_probe`] with layer `il`'s heads.
+fn flash_attn_probe_layer(
+    config: &crate::ModelConfig,
+    il: usize,
+) -> Result<(Context, rgml::TensorId)> {
+    let (c, h) = (config, config.heads(il));
     let mut ctx = Context::new();
     let cells = 512;
-    let q = ctx.new_tensor(rgml::DType::F32, &[c.head_dim, 1, c.n_head])?;
-    let k = ctx.new_tensor(rgml::DType::F16, &[c.head_dim, cells, c.n_head_kv])?;
-    let v = ctx.new_tensor(rgml::DType::F16, &[c.head_dim, cells, c.n_head_kv])?;
+    let q = ctx.new_tensor(rgml::DType::F32, &[h.head_dim, 1, h.n_head])?;
+    let k = ctx.new_tensor(rgml::DType::F16, &[h.head_dim, cells, h.n_head_kv])?;
+    let v = ctx.new_tensor(rgml::DType::F16, &[h.head_dim, cells, h.n_head_kv])?;
     let mask = ctx.new_tensor(rgml::DType::F16, &[cells, 1])?;
     let fa = ctx.flash_attn_ext(q, k, v, Some(mask), None, c.attn_scale, 0.0, 0.0)?;
     Ok((ctx, fa))

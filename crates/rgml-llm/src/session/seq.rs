@@ -131,7 +131,7 @@ impl Session {
         src: usize,
         dst: usize,
     ) -> Result<()> {
-        let n_embd_kv = self.model.config.n_embd_kv();
+        let n_embd_kv = self.model.config.heads(il).n_embd_kv();
         let (Some(k), Some(v)) = (self.kv.k[il], self.kv.v[il]) else {
             return Ok(());
         };
@@ -210,9 +210,7 @@ impl Session {
     fn k_shift_graph(&mut self, seq: usize, global: &[i32], local: Option<&[i32]>) -> Result<()> {
         let c = &self.model.config;
         let k_type = (self.kv.k.iter().flatten().next()).map_or(DType::F16, |&k| self.ctx[k].dtype);
-        let (hd, n_head_kv) = (c.head_dim, c.n_head_kv);
         let row_bytes = |n: usize| k_type.row_bytes(n).map_err(rgml::Error::from);
-        let (head_bytes, row) = (row_bytes(hd)?, row_bytes(c.n_embd_kv())?);
         let mut graph = Graph::new();
         let mut inputs: Vec<(TensorId, &[i32])> = Vec::new();
         // The rotation of a quantized K cache (see `kv_cache::rotations`), one input for all
@@ -237,6 +235,9 @@ impl Session {
             if shift.iter().all(|&d| d == 0) {
                 continue;
             }
+            let h = c.heads(il);
+            let (hd, n_head_kv) = (h.head_dim, h.n_head_kv);
+            let (head_bytes, row) = (row_bytes(hd)?, row_bytes(h.n_embd_kv())?);
             let pos = self.ctx.new_tensor(DType::I32, &[cells])?;
             self.ctx.set_flags(pos, TensorFlags::INPUT)?;
             inputs.push((pos, shift));
@@ -252,7 +253,8 @@ impl Session {
                 k32 = crate::arch::blocks::hadamard(&mut self.ctx, rot, k32)?;
             }
             let rope = crate::arch::blocks::rope_params(c, il);
-            let mut rotated = self.ctx.rope_ext(k32, pos, self.rope_factors, rope)?;
+            let factors = crate::arch::blocks::layer_rope_factors(c, il, self.rope_factors);
+            let mut rotated = self.ctx.rope_ext(k32, pos, factors, rope)?;
             if let Some(rot) = rot {
                 rotated = crate::arch::blocks::hadamard(&mut self.ctx, rot, rotated)?;
             }
