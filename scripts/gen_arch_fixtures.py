@@ -43,7 +43,7 @@ from gen_model_fixtures import load, sha256, tokenize  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARCHS = [
     "gemma3", "qwen2", "qwen3", "llama3", "phi3", "mistral", "qwen3moe", "mixtral", "gpt-oss",
-    "qwen35", "qwen35moe",
+    "qwen35", "qwen35moe", "gemma4", "gemma4moe",
 ]
 CONTINUATION = 32
 
@@ -81,6 +81,10 @@ CHAT = {
     # Mistral's [INST] is plain text in the LLaMA SentencePiece vocabulary; </s> is special.
     "mistral": "[INST] Hi there [/INST] Hello!</s>[INST] What is 2+2? [/INST]",
 }
+# Gemma 4's template with thinking off, as it renders one user turn (its BOS is the vocabulary's).
+CHAT["gemma4"] = CHAT["gemma4moe"] = (
+    "<|turn>user\nWrite a haiku about the sea.<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+)
 CHAT["qwen3"] = CHAT["qwen3moe"] = CHAT["qwen35"] = CHAT["qwen35moe"] = CHAT["qwen2"]
 CHAT["mixtral"] = CHAT["mistral"]
 # gpt-oss's test model has the Llama 3 vocabulary (llama.cpp vendors no o200k one).
@@ -90,7 +94,7 @@ CHAT["gpt-oss"] = CHAT["llama3"]
 def prompts(arch: str) -> list[str]:
     """The family's prompts; those with an 8-token window get a second one well past it, those
     with delta nets one of several chunks."""
-    extra = [LIST] if arch in ("gemma3", "gpt-oss") else []
+    extra = [LIST] if arch in ("gemma3", "gpt-oss", "gemma4", "gemma4moe") else []
     if arch in ("qwen35", "qwen35moe"):
         extra = [LONG]
     return COMMON + extra + [CHAT[arch]]

@@ -107,8 +107,8 @@ fn check(arch: Arch) {
 }
 
 /// The longest prompt (past the sliding window where there is one) split over two CPU devices
-/// by layers and by tensors gives one device's logits bit for bit (a hybrid model's
-/// recurrent layers are not split by tensors: refused by name).
+/// by layers and by tensors gives one device's logits bit for bit (not split by tensors, refused
+/// by name: a hybrid model's recurrent layers, and Gemma 4's layers of different shapes).
 fn check_splits(arch: Arch, model: &Path, fixtures: &[(String, serde_json::Value)]) {
     let Some(isa) = runnable_isas().first().copied() else {
         return;
@@ -120,8 +120,12 @@ fn check_splits(arch: Arch, model: &Path, fixtures: &[(String, serde_json::Value
         .and_then(|c| c["prompt"].as_str())
         .expect("a prompt");
     let one = logits(model, isa, prompt);
-    let hybrid = arch.spec().delta_net.is_some();
-    if hybrid {
+    let refusal = match arch {
+        _ if arch.spec().delta_net.is_some() => Some("recurrent"),
+        Arch::Gemma4 | Arch::Gemma4Moe => Some("layers of different shapes"),
+        _ => None,
+    };
+    if let Some(reason) = refusal {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_rgml"))
             .args(["logits", "-p", prompt, "--device", "CPU0,CPU1"])
             .args(["--split-mode", "tensor", "-m"])
@@ -131,11 +135,11 @@ fn check_splits(arch: Arch, model: &Path, fixtures: &[(String, serde_json::Value
             .expect("run rgml logits");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
-            !out.status.success() && err.contains("recurrent"),
+            !out.status.success() && err.contains(reason),
             "{arch}: {err}"
         );
     }
-    let modes: &[&str] = if hybrid {
+    let modes: &[&str] = if refusal.is_some() {
         &["layer"]
     } else {
         &["layer", "tensor"]
@@ -207,6 +211,16 @@ fn qwen35_gives_llama_cpps_logits() {
 #[test]
 fn qwen35moe_gives_llama_cpps_logits() {
     check(Arch::Qwen35Moe);
+}
+
+#[test]
+fn gemma4_gives_llama_cpps_logits() {
+    check(Arch::Gemma4);
+}
+
+#[test]
+fn gemma4moe_gives_llama_cpps_logits() {
+    check(Arch::Gemma4Moe);
 }
 
 /// Current converters end Qwen3.5 files with a multi-token prediction block

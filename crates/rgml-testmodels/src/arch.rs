@@ -6,7 +6,8 @@
 //! The sizes are tiny (64 to 256 wide, 2 to 8 layers) but keep what distinguishes each family
 //! in real files: grouped-query attention, head widths that are not `n_embd / n_head`, q/k
 //! norms, biases, fused projections, tied or separate output weights, rope variants, sliding
-//! windows, shared experts and Qwen 3.5's gated delta nets between gated attention layers.
+//! windows, shared experts, Qwen 3.5's gated delta nets between gated attention layers and
+//! Gemma 4's layers of two head widths with shared caches and per-layer token embeddings.
 
 use rgml::DType;
 use rgml_gguf::Value;
@@ -44,11 +45,17 @@ pub enum Arch {
     /// Qwen3.5 MoE (`qwen35moe`, Qwen3.5-35B-A3B style): Qwen3.5's layers with routed experts
     /// and a sigmoid-gated shared expert.
     Qwen35Moe,
+    /// Gemma 4 dense (`gemma4`, E2B style): local and global layers of different head widths,
+    /// the last layers reading earlier layers' caches, per-layer token embeddings.
+    Gemma4,
+    /// Gemma 4 MoE (`gemma4`, 26B-A4B style): routed experts beside the dense FFN, global
+    /// layers whose values are their keys.
+    Gemma4Moe,
 }
 
 impl Arch {
     /// Every architecture, in a fixed order.
-    pub const ALL: [Arch; 11] = [
+    pub const ALL: [Arch; 13] = [
         Arch::Gemma3,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -60,6 +67,8 @@ impl Arch {
         Arch::GptOss,
         Arch::Qwen35,
         Arch::Qwen35Moe,
+        Arch::Gemma4,
+        Arch::Gemma4Moe,
     ];
 
     /// The name used on the command line and for fixtures (`llama3`, not `llama`: Mistral's
@@ -77,6 +86,8 @@ impl Arch {
             Arch::GptOss => "gpt-oss",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::Gemma4 => "gemma4",
+            Arch::Gemma4Moe => "gemma4moe",
         }
     }
 
@@ -92,6 +103,7 @@ impl Arch {
             Arch::GptOss => "gpt-oss",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::Gemma4 | Arch::Gemma4Moe => "gemma4",
         }
     }
 
@@ -107,6 +119,8 @@ impl Arch {
             // Qwen2's tokens and merges under Qwen 3.5's pre-tokenizer (llama.cpp's test file;
             // the real vocabulary has 248320 tokens).
             Arch::Qwen35 | Arch::Qwen35Moe => "models/vocab/ggml-vocab-qwen35.gguf",
+            // The real 262144 tokens (the file's hyper-parameters are Gemma 4 26B-A4B's).
+            Arch::Gemma4 | Arch::Gemma4Moe => "models/vocab/ggml-vocab-gemma-4.gguf",
         }
     }
 
@@ -124,6 +138,8 @@ impl Arch {
             Arch::GptOss => gpt_oss(),
             Arch::Qwen35 => qwen35(),
             Arch::Qwen35Moe => qwen35moe(),
+            Arch::Gemma4 => gemma4(),
+            Arch::Gemma4Moe => gemma4moe(),
         }
     }
 }
@@ -273,6 +289,91 @@ pub struct Llama3Rope {
     pub original_context: u32,
 }
 
+/// Gemma 4's layers (llama.cpp's `gemma4`): local ones (a sliding window, narrow heads, every
+/// pair rotated) and global ones (wide heads under "proportional" rope: a share of the pairs
+/// rotated, the others held still by `rope_freqs.weight`), the last layers reading the caches
+/// of earlier ones, per-layer token embeddings, and routed experts beside the dense FFN where
+/// [`Spec::ffn`] has them (gate and up fused, as the converter writes Gemma 4's
+/// `experts.gate_up_proj`). [`Spec::head_dim`] is the global layers' head width,
+/// [`Spec::n_head_kv`] the local layers' key/value heads, [`Spec::n_ff`] the FFN width of the
+/// layers with their own cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gemma4 {
+    /// Layers `global_every - 1`, `2 * global_every - 1`, ... are global, the others local
+    /// (written as `attention.sliding_window_pattern`: one bool per layer, true for local).
+    pub global_every: usize,
+    /// `attention.key_length_swa` and `value_length_swa`: the local layers' head width.
+    pub head_dim_local: usize,
+    /// Key/value heads of the global layers; where they differ from the local layers',
+    /// `attention.head_count_kv` is one value per layer (the converter's
+    /// `num_global_key_value_heads`).
+    pub n_head_kv_global: usize,
+    /// Whether the global layers have no `attn_v` and use their keys as values (the
+    /// converter's `attention_k_eq_v`, as in 26B-A4B).
+    pub global_values_are_keys: bool,
+    /// `attention.shared_kv_layers`: the last N layers have no keys and values of their own
+    /// and read the cache of the last local or global layer before them (llama.cpp requires
+    /// those two to be a local layer, then a global one). Their FFN is twice as wide
+    /// (`use_double_wide_mlp`, as in E2B), so `feed_forward_length` is one value per layer.
+    pub shared_kv_layers: usize,
+    /// `embedding_length_per_layer_input`: the width of each layer's own token embedding
+    /// (0: none, and no `per_layer_*`, `inp_gate`, `proj` or `post_norm` tensors).
+    pub n_embd_per_layer: usize,
+    /// The rotated share of a global head's pairs (the config's `partial_rotary_factor`).
+    pub global_rotary_share: f32,
+}
+
+/// One layer of a Gemma 4 model, as [`Gemma4::layer`] derives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemma4Layer {
+    /// Sliding-window attention (else global).
+    pub local: bool,
+    /// Width of each head.
+    pub head_dim: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Whether the layer has `attn_k` and `attn_k_norm` (else it reads another layer's cache).
+    pub own_kv: bool,
+    /// Whether the layer's values are its keys (no `attn_v`).
+    pub values_are_keys: bool,
+    /// FFN width.
+    pub n_ff: usize,
+}
+
+impl Gemma4 {
+    /// Layer `il` of a model of `spec`.
+    pub fn layer(&self, spec: &Spec, il: usize) -> Gemma4Layer {
+        let local = !(il + 1).is_multiple_of(self.global_every);
+        let own_kv = il + self.shared_kv_layers < spec.n_layer;
+        Gemma4Layer {
+            local,
+            head_dim: if local {
+                self.head_dim_local
+            } else {
+                spec.head_dim
+            },
+            n_head_kv: if local {
+                spec.n_head_kv
+            } else {
+                self.n_head_kv_global
+            },
+            own_kv,
+            values_are_keys: own_kv && !local && self.global_values_are_keys,
+            n_ff: if own_kv { spec.n_ff } else { 2 * spec.n_ff },
+        }
+    }
+
+    /// `rope_freqs.weight` of global heads `head_dim` wide, as the converter computes it for
+    /// "proportional" rope: divisor 1 for the rotated pairs, 1e30 (no rotation) for the others.
+    /// ggml's NeoX rope rotates the first pairs only, so the unrotated ones come last.
+    pub fn rope_factors(&self, head_dim: usize) -> Vec<f32> {
+        let rotated = (head_dim as f32 * self.global_rotary_share / 2.0) as usize;
+        (0..head_dim / 2)
+            .map(|i| if i < rotated { 1.0 } else { 1e30 })
+            .collect()
+    }
+}
+
 /// Everything that decides a file's contents besides the vocabulary and the random values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spec {
@@ -323,8 +424,12 @@ pub struct Spec {
     pub llama3_rope: Option<Llama3Rope>,
     /// Whether `{arch}.vocab_size` is written (llama.cpp's converter does for `llama`).
     pub vocab_size_key: bool,
-    /// Further `{arch}.*` keys, without the prefix, in the order written.
+    /// Further `{arch}.*` keys, without the prefix, in the order written; one that repeats a
+    /// common key (`feed_forward_length`) replaces its value in its place, as a second write
+    /// does in llama.cpp's converter.
     pub keys: Vec<(&'static str, Value)>,
+    /// Gemma 4's layers, whose tensors replace the blocks the fields above describe.
+    pub gemma4: Option<Gemma4>,
 }
 
 /// The fields most files share: 64 wide, 4 query and 2 key/value heads of 16, Q8_0 embeddings.
@@ -353,6 +458,7 @@ fn base() -> Spec {
         llama3_rope: None,
         vocab_size_key: false,
         keys: Vec::new(),
+        gemma4: None,
     }
 }
 
@@ -650,6 +756,141 @@ fn qwen35moe() -> Spec {
     }
 }
 
+/// The `gemma4.*` keys of `spec` beyond the common ones, in the order of llama.cpp's converter
+/// (`Gemma4Model.set_gguf_parameters` after Gemma 3's): the local rope base, the global head
+/// width, the soft cap and the window, the layer structure, the local head width, the
+/// per-layer FFN widths and key/value heads where they vary (in place of the scalars, as
+/// the converter writes them again; arrays of i32, as it writes Python ints), and the rotated
+/// widths: the whole global head (`rope_freqs` holds its unrotated pairs) and local head.
+fn gemma4_keys(
+    spec: &Spec,
+    g: &Gemma4,
+    rope_base_local: f32,
+    softcap: f32,
+) -> Vec<(&'static str, Value)> {
+    let u32_of = |n: usize| Value::U32(n as u32);
+    let layers: Vec<Gemma4Layer> = (0..spec.n_layer).map(|il| g.layer(spec, il)).collect();
+    let per_layer = |f: fn(&Gemma4Layer) -> usize| {
+        Value::Array(layers.iter().map(|l| Value::I32(f(l) as i32)).collect())
+    };
+    let mut keys = vec![
+        ("rope.freq_base_swa", Value::F32(rope_base_local)),
+        ("attention.key_length", u32_of(spec.head_dim)),
+        ("attention.value_length", u32_of(spec.head_dim)),
+        ("final_logit_softcapping", Value::F32(softcap)),
+        ("attention.sliding_window", Value::U32(GEMMA4_WINDOW)),
+        ("attention.shared_kv_layers", u32_of(g.shared_kv_layers)),
+        (
+            "embedding_length_per_layer_input",
+            u32_of(g.n_embd_per_layer),
+        ),
+        (
+            "attention.sliding_window_pattern",
+            Value::Array(layers.iter().map(|l| Value::Bool(l.local)).collect()),
+        ),
+        ("attention.key_length_swa", u32_of(g.head_dim_local)),
+        ("attention.value_length_swa", u32_of(g.head_dim_local)),
+    ];
+    if g.shared_kv_layers > 0 {
+        keys.push(("feed_forward_length", per_layer(|l| l.n_ff)));
+    }
+    if g.n_head_kv_global != spec.n_head_kv {
+        keys.push(("attention.head_count_kv", per_layer(|l| l.n_head_kv)));
+    }
+    keys.extend([
+        ("rope.dimension_count", u32_of(spec.head_dim)),
+        ("rope.dimension_count_swa", u32_of(g.head_dim_local)),
+    ]);
+    keys
+}
+
+/// The sliding window of both Gemma 4 models: 8 tokens, so that most prompts outgrow it.
+const GEMMA4_WINDOW: u32 = 8;
+
+/// Gemma 4 E2B style, 128 wide: 8 layers of which 3 and 7 are global (4 query heads of 64
+/// sharing 2 key/value heads, a quarter of the pairs rotated, rope base 1e6) and the others
+/// local (heads of 32, base 10000, a window of 8); layers 4-7 read the caches of layers 2
+/// (local) and 3 (global) and have FFNs 384 wide instead of 192; per-layer token embeddings
+/// 16 wide (their table Q8_0 as `token_embd`: 8 layers of 16 make whole blocks; the
+/// 16-wide rows of `proj` are F16, llama-quantize's fallback); every layer's output scaled;
+/// tied embeddings; the logits soft-capped at 10 (real models: 30), low enough to reshape the
+/// largest logits of this model.
+fn gemma4() -> Spec {
+    let g = Gemma4 {
+        global_every: 4,
+        head_dim_local: 32,
+        n_head_kv_global: 2,
+        global_values_are_keys: false,
+        shared_kv_layers: 4,
+        n_embd_per_layer: 16,
+        global_rotary_share: 0.25,
+    };
+    let spec = Spec {
+        n_layer: 8,
+        n_embd: 128,
+        head_dim: 64,
+        n_ff: 192,
+        n_ctx_train: 131_072,
+        qk_norm: true,
+        post_norms: true,
+        tied_output: true,
+        ..base()
+    };
+    Spec {
+        keys: gemma4_keys(&spec, &g, 10_000.0, 10.0),
+        gemma4: Some(g),
+        ..spec
+    }
+}
+
+/// Gemma 4 26B-A4B style, 256 wide: 6 layers of which 2 and 5 are global (4 query heads of 64
+/// sharing one key/value head, which is also the value: no `attn_v`) and the others local
+/// (heads of 32, 2 key/value heads); the dense FFN (256 wide) beside 8 experts 128 wide of
+/// which 2 run per token, routed from the scaled norm of the layer's input, each expert's
+/// output scaled; Q4_K gate/up experts and Q8_0 down experts (a Q4_K_M file's fallback for
+/// rows of 128, as the real model's 704), a Q8_0 tied embedding (Q6_K, as in real Q4_K_M
+/// files, takes ggml's reference quantizer seconds at this size); a local rope base of 20000
+/// rather than the real 10000, so a reader that ignores the key is caught; the logits
+/// soft-capped at 30, as in the real models (the largest, near 13, lose about 1), so this
+/// file and `gemma4`'s test two caps.
+fn gemma4moe() -> Spec {
+    let g = Gemma4 {
+        global_every: 3,
+        head_dim_local: 32,
+        n_head_kv_global: 1,
+        global_values_are_keys: true,
+        shared_kv_layers: 0,
+        n_embd_per_layer: 0,
+        global_rotary_share: 0.25,
+    };
+    let spec = Spec {
+        n_layer: 6,
+        n_embd: 256,
+        head_dim: 64,
+        n_ff: 256,
+        n_ctx_train: 262_144,
+        qk_norm: true,
+        post_norms: true,
+        ffn: Ffn::Experts(Experts {
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 128,
+            width_key: true,
+            gate_up: DType::Q4_K,
+            down: DType::Q8_0,
+            biases: false,
+            shared_ff: None,
+        }),
+        tied_output: true,
+        ..base()
+    };
+    Spec {
+        keys: gemma4_keys(&spec, &g, 20_000.0, 30.0),
+        gemma4: Some(g),
+        ..spec
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -673,5 +914,60 @@ mod tests {
             }
             assert_eq!(s.n_head % s.n_head_kv, 0, "{arch}");
         }
+    }
+
+    fn gemma4_layers(arch: Arch) -> (Spec, Vec<Gemma4Layer>) {
+        let spec = arch.spec();
+        let g = spec.gemma4.expect("gemma4");
+        let layers = (0..spec.n_layer).map(|il| g.layer(&spec, il)).collect();
+        (spec, layers)
+    }
+
+    /// llama.cpp's cache reuse: a shared layer reads layer `n_kv - 2` if it is local, else
+    /// `n_kv - 1`, so those must be a local layer and a global one.
+    #[test]
+    fn gemma4_shared_layers_read_a_local_then_a_global_cache() {
+        for arch in [Arch::Gemma4, Arch::Gemma4Moe] {
+            let (spec, layers) = gemma4_layers(arch);
+            let n_kv = layers.iter().filter(|l| l.own_kv).count();
+            assert!(layers[..n_kv].iter().all(|l| l.own_kv), "{arch}");
+            let shared = spec.n_layer - n_kv;
+            if shared > 0 {
+                assert!(layers[n_kv - 2].local && !layers[n_kv - 1].local, "{arch}");
+                assert!(layers[n_kv..].iter().any(|l| l.local), "{arch}");
+                assert!(layers[n_kv..].iter().any(|l| !l.local), "{arch}");
+            }
+        }
+    }
+
+    #[test]
+    fn gemma4_layers_have_their_type_s_widths() {
+        let (_, layers) = gemma4_layers(Arch::Gemma4);
+        let local: Vec<bool> = layers.iter().map(|l| l.local).collect();
+        assert_eq!(local, [true, true, true, false, true, true, true, false]);
+        let n_ff: Vec<usize> = layers.iter().map(|l| l.n_ff).collect();
+        assert_eq!(n_ff, [192, 192, 192, 192, 384, 384, 384, 384]);
+        assert_eq!((layers[2].head_dim, layers[3].head_dim), (32, 64));
+        assert!(layers
+            .iter()
+            .all(|l| l.n_head_kv == 2 && !l.values_are_keys));
+
+        let (_, layers) = gemma4_layers(Arch::Gemma4Moe);
+        let kv: Vec<usize> = layers.iter().map(|l| l.n_head_kv).collect();
+        assert_eq!(kv, [2, 2, 1, 2, 2, 1]);
+        let k_is_v: Vec<bool> = layers.iter().map(|l| l.values_are_keys).collect();
+        assert_eq!(k_is_v, [false, false, true, false, false, true]);
+        assert!(layers.iter().all(|l| l.own_kv && l.n_ff == 256));
+    }
+
+    /// The converter's "proportional" rope: a quarter of the 32 pairs of a 64-wide head
+    /// rotated, the rest divided by 1e30.
+    #[test]
+    fn gemma4_rope_factors_hold_three_quarters_of_the_pairs_still() {
+        let g = Arch::Gemma4.spec().gemma4.expect("gemma4");
+        let f = g.rope_factors(64);
+        assert_eq!(f.len(), 32);
+        assert!(f[..8].iter().all(|&x| x == 1.0), "{f:?}");
+        assert!(f[8..].iter().all(|&x| x == 1e30), "{f:?}");
     }
 }

@@ -2,12 +2,12 @@
 //!
 //! **Tiny models** ([`Arch`], `rgml-random-model --arch NAME`), one per architecture that
 //! rgml-llm verifies against llama.cpp (Gemma 3, Qwen2, Qwen3, Llama 3.1, Phi-3, Mistral, the
-//! mixtures of experts Qwen3 MoE, Mixtral and gpt-oss, and the hybrids of delta nets and
-//! attention Qwen3.5 and Qwen3.5 MoE): a few layers of 64 to 256 wide random
-//! weights (Q8_0 matrices, experts in the types of real files, F32 norms, biases and routers,
-//! F16 or Q8_0 embeddings) under the hyper-parameter keys llama.cpp's converter writes for the family,
-//! with the real vocabulary and every `tokenizer.*` key (chat template included) copied from a
-//! file of that family. The bytes are deterministic: every value comes from a SplitMix64
+//! mixtures of experts Qwen3 MoE, Mixtral and gpt-oss, the hybrids of delta nets and
+//! attention Qwen3.5 and Qwen3.5 MoE, and Gemma 4 dense and MoE): a few layers of 64 to 256
+//! wide random weights (Q8_0 matrices, experts in the types of real files, F32 norms, biases
+//! and routers, F16 or Q8_0 embeddings) under the hyper-parameter keys llama.cpp's converter
+//! writes for the family, with the real vocabulary and every `tokenizer.*` key (chat template
+//! included) copied from a file of that family. The bytes are deterministic: every value comes from a SplitMix64
 //! stream seeded by the tensor's name, so a model written twice, or on another machine, has
 //! the same sha256, and llama.cpp's logits recorded once for it
 //! (`scripts/gen_arch_fixtures.py`) stay valid.
@@ -41,13 +41,16 @@
 mod arch;
 mod blocks;
 mod error;
+mod gemma4;
 mod rng;
 mod shape;
 mod shaped;
 mod stream;
 mod tensors;
 
-pub use arch::{Arch, Attention, DeltaNet, Experts, Ffn, Llama3Rope, Spec, UnknownArch};
+pub use arch::{
+    Arch, Attention, DeltaNet, Experts, Ffn, Gemma4, Gemma4Layer, Llama3Rope, Spec, UnknownArch,
+};
 pub use blocks::WEIGHT_STD;
 pub use error::{Error, Result};
 pub use rgml_llm::quantize::QuantPreset;
@@ -224,7 +227,13 @@ fn add_hyperparameters(
             keys.push(("expert_shared_feed_forward_length", u32_of(n_ff)));
         }
     }
-    keys.extend(spec.keys.iter().cloned());
+    for (key, value) in spec.keys.iter().cloned() {
+        // Written again: the new value in the old place, as llama.cpp's converter does.
+        match keys.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = value,
+            None => keys.push((key, value)),
+        }
+    }
     if let Some(net) = spec.delta_net {
         keys.extend(delta_net_keys(&net, spec.n_layer));
     }
@@ -331,6 +340,73 @@ mod tests {
         assert!(m.tensor("output.weight").is_none());
     }
 
+    /// The converter's keys: per-layer widths as i32 arrays in place of the scalars, the
+    /// window pattern as bools, the per-layer embedding width even where it is 0.
+    #[test]
+    fn gemma4_files_have_the_converter_s_keys() {
+        let m = model(Arch::Gemma4, 64);
+        let u = |k: &str| m.get_u64(&format!("gemma4.{k}")).unwrap();
+        let ints = |v: &[i32]| -> Vec<Value> { v.iter().map(|&x| Value::I32(x)).collect() };
+        assert_eq!(m.get_str("general.architecture").unwrap(), "gemma4");
+        assert_eq!(
+            [
+                u("block_count"),
+                u("attention.head_count_kv"),
+                u("attention.key_length"),
+                u("attention.key_length_swa"),
+                u("attention.value_length_swa"),
+                u("rope.dimension_count"),
+                u("rope.dimension_count_swa"),
+                u("attention.sliding_window"),
+                u("attention.shared_kv_layers"),
+                u("embedding_length_per_layer_input"),
+            ],
+            [8, 2, 64, 32, 32, 64, 32, 8, 4, 16]
+        );
+        assert_eq!(m.get_f32("gemma4.rope.freq_base_swa").unwrap(), 10_000.0);
+        assert_eq!(m.get_f32("gemma4.final_logit_softcapping").unwrap(), 10.0);
+        let ff = m.get_array("gemma4.feed_forward_length").unwrap();
+        assert_eq!(ff, &ints(&[192, 192, 192, 192, 384, 384, 384, 384])[..]);
+        let keys: Vec<&str> = m.metadata().iter().map(|(k, _)| k.as_str()).collect();
+        let at = |k: &str| keys.iter().position(|x| *x == k).unwrap();
+        assert_eq!(
+            at("gemma4.feed_forward_length"),
+            at("gemma4.block_count") + 1
+        );
+        let pattern = m
+            .get_array("gemma4.attention.sliding_window_pattern")
+            .unwrap();
+        let want: Vec<Value> = [true, true, true, false, true, true, true, false]
+            .into_iter()
+            .map(Value::Bool)
+            .collect();
+        assert_eq!(pattern, &want[..]);
+        assert!(m.tensor("output.weight").is_none());
+        assert!(m.tensor("blk.4.attn_k.weight").is_none());
+
+        let m = model(Arch::Gemma4Moe, 64);
+        let u = |k: &str| m.get_u64(&format!("gemma4.{k}")).unwrap();
+        assert_eq!(m.get_str("general.architecture").unwrap(), "gemma4");
+        assert_eq!(m.get_str("general.name").unwrap(), "rgml random gemma4moe");
+        assert_eq!(
+            [
+                u("feed_forward_length"),
+                u("expert_count"),
+                u("expert_used_count"),
+                u("expert_feed_forward_length"),
+                u("attention.shared_kv_layers"),
+                u("embedding_length_per_layer_input"),
+            ],
+            [256, 8, 2, 128, 0, 0]
+        );
+        let kv = m.get_array("gemma4.attention.head_count_kv").unwrap();
+        assert_eq!(kv, &ints(&[2, 2, 1, 2, 2, 1])[..]);
+        assert_eq!(m.get_f32("gemma4.rope.freq_base_swa").unwrap(), 20_000.0);
+        assert_eq!(m.get_f32("gemma4.final_logit_softcapping").unwrap(), 30.0);
+        assert!(m.tensor("blk.2.attn_v.weight").is_none());
+        assert!(m.tensor("blk.0.ffn_gate_up_exps.weight").is_some());
+    }
+
     #[test]
     fn llama_files_name_their_vocabulary_size() {
         for arch in [Arch::Llama3, Arch::Mistral] {
@@ -351,6 +427,10 @@ mod tests {
         };
         assert_eq!(bytes(Arch::Qwen2), bytes(Arch::Qwen2));
         assert_ne!(bytes(Arch::Qwen2), bytes(Arch::Qwen3));
+        // Gemma 4's two files share an architecture name but not their values.
+        assert_eq!(bytes(Arch::Gemma4), bytes(Arch::Gemma4));
+        assert_eq!(bytes(Arch::Gemma4Moe), bytes(Arch::Gemma4Moe));
+        assert_ne!(bytes(Arch::Gemma4), bytes(Arch::Gemma4Moe));
     }
 
     #[test]

@@ -204,6 +204,7 @@ fn dense(
         llama3_rope: None,
         vocab_size_key: true,
         keys: vec![("rope.dimension_count", Value::U32(head_dim as u32))],
+        gemma4: None,
     }
 }
 

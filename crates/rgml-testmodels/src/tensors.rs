@@ -15,13 +15,14 @@
 
 use crate::arch::{Attention, DeltaNet, Experts, Ffn, Llama3Rope, Spec};
 use crate::error::Result;
+use crate::gemma4;
 use crate::rng::SplitMix64;
 use rgml::DType;
 
-const MATRIX: f32 = 0.2;
-const QUERY_KEY: f32 = 0.25;
-const EMBEDDING: f32 = 0.3;
-const NORM_SPREAD: f32 = 0.1;
+pub(crate) const MATRIX: f32 = 0.2;
+pub(crate) const QUERY_KEY: f32 = 0.25;
+pub(crate) const EMBEDDING: f32 = 0.3;
+pub(crate) const NORM_SPREAD: f32 = 0.1;
 const BIAS: f32 = 0.1;
 /// Attention sinks: logits of the same order as the scores, so they take a real share.
 const SINK: f32 = 1.5;
@@ -59,7 +60,7 @@ pub struct Planned {
 }
 
 impl Planned {
-    fn matrix(name: String, n_in: usize, n_out: usize, amplitude: f32) -> Planned {
+    pub(crate) fn matrix(name: String, n_in: usize, n_out: usize, amplitude: f32) -> Planned {
         Planned {
             name,
             dtype: DType::Q8_0,
@@ -68,7 +69,7 @@ impl Planned {
         }
     }
 
-    fn vector(name: String, n: usize, fill: Fill) -> Planned {
+    pub(crate) fn vector(name: String, n: usize, fill: Fill) -> Planned {
         Planned {
             name,
             dtype: DType::F32,
@@ -111,7 +112,8 @@ impl Planned {
 }
 
 /// Every tensor of a model of `spec` with `n_vocab` tokens, in file order: embeddings, rope
-/// factors, the blocks, the output norm and projection.
+/// factors, the blocks (Gemma 4's: [`gemma4::tensors`], with its own rope factors and
+/// per-layer embeddings first), the output norm and projection.
 pub fn plan(spec: &Spec, n_vocab: usize) -> Vec<Planned> {
     let mut out = vec![Planned {
         dtype: spec.token_embd,
@@ -125,8 +127,13 @@ pub fn plan(spec: &Spec, n_vocab: usize) -> Vec<Planned> {
             Fill::Values(factors),
         ));
     }
-    for il in 0..spec.n_layer {
-        out.extend(block(spec, il));
+    match &spec.gemma4 {
+        Some(g) => out.extend(gemma4::tensors(spec, g, n_vocab)),
+        None => {
+            for il in 0..spec.n_layer {
+                out.extend(block(spec, il));
+            }
+        }
     }
     out.push(Planned::vector(
         "output_norm.weight".into(),

@@ -1,0 +1,318 @@
+//! The tensors of Gemma 4's layers, as llama.cpp's `gemma4` loader (`load_arch_tensors`) names
+//! and shapes them and its converter (`Gemma4Model`) writes them: the rope factors of the
+//! global layers, the per-layer token embeddings and their projection, and each block. This
+//! module owns those names and shapes and the value ranges of the tensors only Gemma 4 has;
+//! the token embedding, the output and the common ranges are `tensors`'s, the layer structure
+//! ([`Gemma4::layer`]) `arch`'s.
+//!
+//! Every norm of a block is RMS-normalized input times its weight, with no `1 +` (the
+//! converter's `norm_shift` is 0), so norm weights are near 1 as everywhere else, but for the
+//! q and k norms: Gemma 4 does not scale its scores, so those are near `head_dim^-1/4`, which
+//! spreads the scores as much as the other models' (a trained model's norms learn the same).
+//! q, k and v are normalized per head, so their projections' amplitudes do not matter. The
+//! ranges of what is new: the router sees the layer input's norm divided by √n_embd and multiplied by
+//! `ffn_gate_inp.scale`, so that scale is uniform in [8, 24] (about √256, the model's width):
+//! router logits then spread over a few units, and the choice of experts does not hang on
+//! rounding. Each expert's output scale (`ffn_down_exps.scale`) is uniform in [0.5, 1.5], and
+//! each layer's output scale (`layer_output_scale`, which multiplies the whole residual stream)
+//! in [0.3, 0.6]: positive and far from 1, so a reader that skips them is caught, and small
+//! enough that the token's own embedding (scaled by √n_embd on the way in) fades from the
+//! residual stream. Near 1 it would stay, and the tied output would give the last token the
+//! largest logit: greedy decoding would repeat it, and continuations would test little.
+
+use crate::arch::{Experts, Ffn, Gemma4, Spec};
+use crate::tensors::{Fill, Planned, EMBEDDING, MATRIX, NORM_SPREAD, QUERY_KEY};
+use rgml::DType;
+
+/// The range of `ffn_gate_inp.scale`.
+const ROUTER_SCALE: (f32, f32) = (8.0, 24.0);
+/// The range of the per-expert output scales.
+const OUTPUT_SCALE: (f32, f32) = (0.5, 1.5);
+/// The range of the per-layer output scales (see the module docs).
+const LAYER_SCALE: (f32, f32) = (0.3, 0.6);
+
+/// The tensors of a Gemma 4 model of `spec` and `g` with `n_vocab` tokens between the token
+/// embedding and the output norm: rope factors, per-layer embeddings where there are any, and
+/// the blocks.
+pub(crate) fn tensors(spec: &Spec, g: &Gemma4, n_vocab: usize) -> Vec<Planned> {
+    let factors = g.rope_factors(spec.head_dim);
+    let mut out = vec![Planned::vector(
+        "rope_freqs.weight".into(),
+        factors.len(),
+        Fill::Values(factors),
+    )];
+    if g.n_embd_per_layer > 0 {
+        out.extend(per_layer_embeddings(spec, g.n_embd_per_layer, n_vocab));
+    }
+    for il in 0..spec.n_layer {
+        out.extend(block(spec, g, il));
+    }
+    out
+}
+
+/// The table of every layer's token embeddings, `n_embd_per_layer` values per layer and token
+/// (of `token_embd`'s type, as llama-quantize gives it), the projection of the input embedding
+/// to as many values and the norm of each layer's share of them.
+fn per_layer_embeddings(spec: &Spec, n_embd_per_layer: usize, n_vocab: usize) -> [Planned; 3] {
+    let width = n_embd_per_layer * spec.n_layer;
+    [
+        Planned {
+            dtype: spec.token_embd,
+            ..Planned::matrix(
+                "per_layer_token_embd.weight".into(),
+                width,
+                n_vocab,
+                EMBEDDING,
+            )
+        },
+        Planned::matrix(
+            "per_layer_model_proj.weight".into(),
+            spec.n_embd,
+            width,
+            MATRIX,
+        ),
+        Planned::vector(
+            "per_layer_proj_norm.weight".into(),
+            n_embd_per_layer,
+            Fill::Norm,
+        ),
+    ]
+}
+
+/// The tensors of block `il`: attention (keys and values only where the layer has its own
+/// cache, values only where they are not the keys), the dense FFN of the layer's width, the
+/// experts, the per-layer input and the output scale.
+fn block(spec: &Spec, g: &Gemma4, il: usize) -> Vec<Planned> {
+    let layer = g.layer(spec, il);
+    let name = |what: &str| format!("blk.{il}.{what}.weight");
+    let norm = |what: &str, n: usize| Planned::vector(name(what), n, Fill::Norm);
+    let matrix = |what: &str, n_in: usize, n_out: usize, amplitude: f32| {
+        Planned::matrix(name(what), n_in, n_out, amplitude)
+    };
+    let (n_embd, head_dim) = (spec.n_embd, layer.head_dim);
+    let (n_q, n_kv) = (spec.n_head * head_dim, layer.n_head_kv * head_dim);
+    let mut out = vec![
+        norm("attn_norm", n_embd),
+        matrix("attn_q", n_embd, n_q, QUERY_KEY),
+    ];
+    if layer.own_kv {
+        out.push(matrix("attn_k", n_embd, n_kv, QUERY_KEY));
+        if !layer.values_are_keys {
+            out.push(matrix("attn_v", n_embd, n_kv, MATRIX));
+        }
+    }
+    let head_norm = |what: &str| Planned::vector(name(what), head_dim, head_norm_fill(head_dim));
+    out.push(head_norm("attn_q_norm"));
+    if layer.own_kv {
+        out.push(head_norm("attn_k_norm"));
+    }
+    out.extend([
+        matrix("attn_output", n_q, n_embd, MATRIX),
+        norm("post_attention_norm", n_embd),
+        norm("ffn_norm", n_embd),
+        matrix("ffn_gate", n_embd, layer.n_ff, MATRIX),
+        matrix("ffn_up", n_embd, layer.n_ff, MATRIX),
+        matrix("ffn_down", layer.n_ff, n_embd, MATRIX),
+    ]);
+    if let Ffn::Experts(x) = &spec.ffn {
+        out.extend(experts(n_embd, x, il));
+    }
+    out.push(norm("post_ffw_norm", n_embd));
+    if g.n_embd_per_layer > 0 {
+        out.extend(per_layer_input(n_embd, g.n_embd_per_layer, il));
+    }
+    out.push(Planned::vector(
+        name("layer_output_scale"),
+        1,
+        Fill::Between(LAYER_SCALE.0, LAYER_SCALE.1),
+    ));
+    out
+}
+
+/// The weights of a q or k norm of heads `head_dim` wide: 1 ± [`NORM_SPREAD`] times
+/// `head_dim^-1/4`, so that the scores (unscaled in Gemma 4) spread as `q·k/√head_dim` of
+/// unit-RMS heads does. (Computed with square roots, which IEEE 754 rounds exactly, not
+/// `powf`, so the bytes do not depend on a libm.)
+fn head_norm_fill(head_dim: usize) -> Fill {
+    let w = 1.0 / (head_dim as f32).sqrt().sqrt();
+    Fill::Between(w * (1.0 - NORM_SPREAD), w * (1.0 + NORM_SPREAD))
+}
+
+/// The experts of block `il` and what surrounds them: the router (F32, as llama-quantize
+/// leaves it) with the scale of its input, the norm before the experts, gate and up fused
+/// (gate rows first), down with each expert's output scale, and the norms after the dense
+/// FFN and after the experts, whose sum `post_ffw_norm` normalizes.
+fn experts(n_embd: usize, x: &Experts, il: usize) -> Vec<Planned> {
+    let name = |what: &str, kind: &str| format!("blk.{il}.{what}.{kind}");
+    let norm = |what: &str| Planned::vector(name(what, "weight"), n_embd, Fill::Norm);
+    let stacked = |what: &str, dtype: DType, n_in: usize, n_out: usize| Planned {
+        dtype,
+        ne: vec![n_in, n_out, x.n_expert],
+        ..Planned::matrix(name(what, "weight"), n_in, n_out, MATRIX)
+    };
+    let scale = |what: &str, n: usize, (low, high): (f32, f32)| {
+        Planned::vector(name(what, "scale"), n, Fill::Between(low, high))
+    };
+    vec![
+        Planned {
+            dtype: DType::F32,
+            ..Planned::matrix(name("ffn_gate_inp", "weight"), n_embd, x.n_expert, MATRIX)
+        },
+        scale("ffn_gate_inp", n_embd, ROUTER_SCALE),
+        norm("pre_ffw_norm_2"),
+        stacked("ffn_gate_up_exps", x.gate_up, n_embd, 2 * x.n_ff_exp),
+        stacked("ffn_down_exps", x.down, x.n_ff_exp, n_embd),
+        scale("ffn_down_exps", x.n_expert, OUTPUT_SCALE),
+        norm("post_ffw_norm_1"),
+        norm("post_ffw_norm_2"),
+    ]
+}
+
+/// The per-layer input of block `il`: the gate from the layer's output to `n_embd_per_layer`
+/// values (which multiply the layer's share of the per-layer embeddings), the projection back
+/// and its norm. The projection's rows are `n_embd_per_layer` wide: Q8_0 where that is whole
+/// blocks, else F16 (llama-quantize's fallback).
+fn per_layer_input(n_embd: usize, n_embd_per_layer: usize, il: usize) -> [Planned; 3] {
+    let name = |what: &str| format!("blk.{il}.{what}.weight");
+    let proj_type = if n_embd_per_layer.is_multiple_of(DType::Q8_0.block_size()) {
+        DType::Q8_0
+    } else {
+        DType::F16
+    };
+    [
+        Planned::matrix(name("inp_gate"), n_embd, n_embd_per_layer, MATRIX),
+        Planned {
+            dtype: proj_type,
+            ..Planned::matrix(name("proj"), n_embd_per_layer, n_embd, MATRIX)
+        },
+        Planned::vector(name("post_norm"), n_embd, Fill::Norm),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::arch::Arch;
+    use crate::tensors::{plan, Planned};
+    use rgml::DType;
+
+    fn find<'a>(p: &'a [Planned], name: &str) -> &'a Planned {
+        p.iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    }
+
+    fn has(p: &[Planned], name: &str) -> bool {
+        p.iter().any(|t| t.name == name)
+    }
+
+    /// Layers 0-3 have their own keys and values; 4-7 read layer 2's or 3's and have only
+    /// their queries, twice as wide an FFN, and the per-layer input.
+    #[test]
+    fn dense_shared_layers_have_no_keys_or_values() {
+        let p = plan(&Arch::Gemma4.spec(), 1000);
+        for il in 0..4 {
+            for what in ["attn_k", "attn_v", "attn_k_norm"] {
+                assert!(has(&p, &format!("blk.{il}.{what}.weight")), "{il} {what}");
+            }
+        }
+        for il in 4..8 {
+            for what in ["attn_k", "attn_v", "attn_k_norm"] {
+                assert!(!has(&p, &format!("blk.{il}.{what}.weight")), "{il} {what}");
+            }
+            assert_eq!(find(&p, &format!("blk.{il}.ffn_up.weight")).ne, [128, 384]);
+            assert_eq!(
+                find(&p, &format!("blk.{il}.ffn_down.weight")).ne,
+                [384, 128]
+            );
+        }
+        assert_eq!(find(&p, "blk.2.attn_q.weight").ne, [128, 128]);
+        assert_eq!(find(&p, "blk.2.attn_k.weight").ne, [128, 64]);
+        assert_eq!(find(&p, "blk.3.attn_k.weight").ne, [128, 128]);
+        assert_eq!(find(&p, "blk.7.attn_q.weight").ne, [128, 256]);
+        assert_eq!(find(&p, "blk.7.attn_output.weight").ne, [256, 128]);
+        assert_eq!(find(&p, "blk.6.attn_q_norm.weight").ne, [32]);
+        assert_eq!(find(&p, "blk.1.ffn_gate.weight").ne, [128, 192]);
+        assert!(!has(&p, "output.weight") && !has(&p, "blk.0.ffn_gate_inp.weight"));
+    }
+
+    /// 64^-1/4 = 0.354 and 32^-1/4 = 0.420, each ± 10%.
+    #[test]
+    fn head_norms_sit_near_the_fourth_root_of_the_inverse_width() {
+        let p = plan(&Arch::Gemma4.spec(), 1000);
+        for (name, centre) in [
+            ("blk.3.attn_q_norm.weight", 0.353_553_4),
+            ("blk.3.attn_k_norm.weight", 0.353_553_4),
+            ("blk.2.attn_k_norm.weight", 0.420_448_2),
+        ] {
+            let v = find(&p, name).values("gemma4");
+            let (low, high) = (centre * 0.9, centre * 1.1);
+            assert!(v.iter().all(|x| (low..high).contains(x)), "{name}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn dense_per_layer_embeddings_have_llama_cpp_s_shapes() {
+        let p = plan(&Arch::Gemma4.spec(), 1000);
+        let table = find(&p, "per_layer_token_embd.weight");
+        assert_eq!(
+            (table.dtype, &table.ne[..]),
+            (DType::Q8_0, &[128, 1000][..])
+        );
+        assert_eq!(find(&p, "per_layer_model_proj.weight").ne, [128, 128]);
+        assert_eq!(find(&p, "per_layer_proj_norm.weight").ne, [16]);
+        assert_eq!(find(&p, "blk.5.inp_gate.weight").ne, [128, 16]);
+        let proj = find(&p, "blk.5.proj.weight");
+        assert_eq!((proj.dtype, &proj.ne[..]), (DType::F16, &[16, 128][..]));
+        assert_eq!(find(&p, "blk.5.post_norm.weight").ne, [128]);
+        assert_eq!(find(&p, "rope_freqs.weight").ne, [32]);
+        for il in 0..8 {
+            let scale = find(&p, &format!("blk.{il}.layer_output_scale.weight"));
+            let v = scale.values("gemma4");
+            assert_eq!(v.len(), 1);
+            assert!((0.3..0.6).contains(&v[0]), "{v:?}");
+        }
+    }
+
+    /// Global layers (2, 5) use their keys as values; every layer has the router with its
+    /// input scale, fused gate/up experts, down experts with their output scales, and the
+    /// norms around both FFNs; no per-layer embeddings.
+    #[test]
+    fn moe_blocks_have_experts_beside_the_dense_ffn() {
+        let p = plan(&Arch::Gemma4Moe.spec(), 1000);
+        assert!(has(&p, "blk.1.attn_v.weight") && !has(&p, "blk.2.attn_v.weight"));
+        assert_eq!(find(&p, "blk.2.attn_k.weight").ne, [256, 64]);
+        assert_eq!(find(&p, "blk.1.attn_k.weight").ne, [256, 64]);
+        assert_eq!(find(&p, "blk.5.attn_q.weight").ne, [256, 256]);
+        for il in 0..6 {
+            let t = |what: &str| find(&p, &format!("blk.{il}.{what}"));
+            let router = t("ffn_gate_inp.weight");
+            assert_eq!((router.dtype, &router.ne[..]), (DType::F32, &[256, 8][..]));
+            assert_eq!(t("ffn_gate_inp.scale").ne, [256]);
+            let gate_up = t("ffn_gate_up_exps.weight");
+            assert_eq!(
+                (gate_up.dtype, &gate_up.ne[..]),
+                (DType::Q4_K, &[256, 256, 8][..])
+            );
+            let down = t("ffn_down_exps.weight");
+            assert_eq!(
+                (down.dtype, &down.ne[..]),
+                (DType::Q8_0, &[128, 256, 8][..])
+            );
+            assert_eq!(t("ffn_down_exps.scale").ne, [8]);
+            assert_eq!(t("ffn_up.weight").ne, [256, 256]);
+            for norm in [
+                "pre_ffw_norm_2",
+                "post_ffw_norm_1",
+                "post_ffw_norm_2",
+                "post_ffw_norm",
+            ] {
+                assert_eq!(t(&format!("{norm}.weight")).ne, [256], "{norm}");
+            }
+            assert!(!has(&p, &format!("blk.{il}.ffn_gate_exps.weight")));
+            assert!(!has(&p, &format!("blk.{il}.inp_gate.weight")));
+        }
+        assert!(!has(&p, "per_layer_token_embd.weight") && has(&p, "rope_freqs.weight"));
+        let scale = find(&p, "blk.0.ffn_gate_inp.scale").values("gemma4moe");
+        assert!(scale.iter().all(|x| (8.0..24.0).contains(x)), "{scale:?}");
+    }
+}
