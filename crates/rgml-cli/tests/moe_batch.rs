@@ -4,7 +4,9 @@
 //! rows are routed to it (its tiled K-quant kernel from 8), so a batch that mixed the
 //! sequences' rows in one routing would change them; each sequence is routed on its own, and
 //! runs of one-token steps as alone. A hybrid model's delta-net layers keep one recurrent
-//! state per sequence, which its tokens alone update.
+//! state per sequence, which its tokens alone update. Gemma 4 (`gemma4`, `gemma4moe`) routes
+//! on its own norm of the block's input and adds per-layer embeddings; its last layers read
+//! earlier layers' caches.
 
 #[allow(dead_code)] // Only the root and the instruction sets are used here.
 mod common;
@@ -132,6 +134,12 @@ fn moe_sequences_batched_give_their_logits_alone_on_each_isa() {
 fn hybrid_sequences_batched_give_their_logits_alone_on_each_isa() {
     batched_as_alone(Arch::Qwen35);
     batched_as_alone(Arch::Qwen35Moe);
+}
+
+#[test]
+fn gemma4_sequences_batched_give_their_logits_alone_on_each_isa() {
+    batched_as_alone(Arch::Gemma4);
+    batched_as_alone(Arch::Gemma4Moe);
 }
 
 fn batched_as_alone(arch: Arch) {

@@ -370,3 +370,44 @@ impl ModelConfig {
             .is_some_and(|w| w.layers.get(il).copied().unwrap_or(false))
     }
 }
+
+/// SmolLM2-135M's configuration, for tests to start from.
+#[cfg(test)]
+pub(crate) fn smollm_config() -> ModelConfig {
+    ModelConfig {
+        arch: "llama".into(),
+        kind: crate::config::Arch::Llama,
+        n_layer: 30,
+        n_embd: 576,
+        n_ff: 1536,
+        n_head: 9,
+        n_head_kv: 3,
+        head_dim: 64,
+        n_rot: 64,
+        n_ctx_train: 8192,
+        n_ctx_orig: 8192,
+        n_vocab: 49152,
+        rms_eps: 1e-5,
+        rope_freq_base: 100000.0,
+        rope_freq_scale: 1.0,
+        rope_attn_factor: 1.0,
+        rope_ext_factor: 0.0,
+        rope_mode: rgml::RopeMode::Normal,
+        sliding_window: None,
+        embd_scale: None,
+        attn_scale: 0.125,
+        attn_scale_on_q: false,
+        ffn_activation: crate::config::FfnActivation::Silu,
+        final_logit_softcap: None,
+        moe: None,
+        attn_output_gate: false,
+        recurrent: None,
+        output_rows_after_norm: false,
+        n_layer_nextn: 0,
+        layer_heads: None,
+        layer_n_ff: None,
+        n_layer_kv: 30,
+        value_norm: false,
+        n_embd_per_layer: 0,
+    }
+}

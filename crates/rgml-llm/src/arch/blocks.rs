@@ -70,6 +70,9 @@ pub(crate) struct BatchInputs<'g> {
     /// K is quantized, of V (and back, of the attention output) where V is.
     pub(crate) k_rot: Option<TensorId>,
     pub(crate) v_rot: Option<TensorId>,
+    /// The local layers' rotations (their own cache's, as llama.cpp's).
+    pub(crate) local_k_rot: Option<TensorId>,
+    pub(crate) local_v_rot: Option<TensorId>,
 }
 
 /// The tokens of one sequence in a micro-batch: `n` of them from token `first`, in cache
@@ -381,17 +384,18 @@ impl<'a> Builder<'a> {
         let (q, kv, gate) = self.qkv(il, a, cur)?;
         // Where the cache is quantized, Q and K (and V) are rotated first, as llama.cpp does
         // (the V rotation is undone on the attention output).
-        let q = match self.inputs.k_rot {
+        let (k_rot, v_rot) = self.rotations(il);
+        let q = match k_rot {
             Some(rot) => self.hadamard(rot, q)?,
             None => q,
         };
         // A layer that attends over an earlier layer's cache stores nothing.
         if let Some((k, v)) = kv {
-            let k = match self.inputs.k_rot {
+            let k = match k_rot {
                 Some(rot) => self.hadamard(rot, k)?,
                 None => k,
             };
-            let v = match self.inputs.v_rot {
+            let v = match v_rot {
                 Some(rot) => self.hadamard(rot, v)?,
                 None => v,
             };
@@ -647,6 +651,14 @@ impl<'a> Builder<'a> {
         self.inputs.groups
     }
 
+    /// The rotations of block `il`'s cache (K, V), where it is quantized.
+    fn rotations(&self, il: usize) -> (Option<TensorId>, Option<TensorId>) {
+        match self.is_local(il) {
+            true => (self.inputs.local_k_rot, self.inputs.local_v_rot),
+            false => (self.inputs.k_rot, self.inputs.v_rot),
+        }
+    }
+
     /// Whether block `il` is a local one (with the local layers' inputs).
     fn is_local(&self, il: usize) -> bool {
         self.inputs.local_rows.is_some() && self.config().is_local(il)
@@ -687,7 +699,7 @@ impl<'a> Builder<'a> {
             attn = Some(self.append_rows(attn, out)?);
         }
         let attn = attn.ok_or_else(|| crate::LlmError::BadInput("an empty batch".into()))?;
-        let attn = match self.inputs.v_rot {
+        let attn = match self.rotations(il).1 {
             Some(rot) => self.hadamard(rot, attn)?,
             None => attn,
         };

@@ -58,9 +58,9 @@ pub(super) struct BatchGraph {
     pub(super) masks: Vec<(TensorId, Option<TensorId>)>,
     /// The rows whose logits are computed, for [`OutputKey::Rows`].
     pub(super) out_ids: Option<TensorId>,
-    /// The rotation matrices of quantized caches (see `kv_cache::rotations`).
-    pub(super) k_rot: Option<TensorId>,
-    pub(super) v_rot: Option<TensorId>,
+    /// The rotation matrices of quantized caches (see `kv_cache::rotations`): of K and V in
+    /// the global layers, then in the local ones.
+    pub(super) rotations: [Option<TensorId>; 4],
     pub(super) logits: TensorId,
     /// Intermediates named and kept for [`Session::set_capture`].
     pub(super) captured: Vec<TensorId>,
@@ -112,6 +112,14 @@ pub(super) fn build_graph(
     };
     let k_rot = rot(ctx, kv.k_rot, "attn_inp_k_rot")?;
     let v_rot = rot(ctx, kv.v_rot, "attn_inp_v_rot")?;
+    // The local layers' rotations: the global ones' where they are the same size.
+    let local_rot =
+        |ctx: &mut Context, n: Option<usize>, global: Option<TensorId>, name| match (n, global) {
+            (Some(n), Some(g)) if ctx[g].ne[0] == n => Ok(Some(g)),
+            _ => rot(ctx, n, name),
+        };
+    let local_k_rot = local_rot(ctx, kv.local_k_rot, k_rot, "attn_inp_k_rot_swa")?;
+    let local_v_rot = local_rot(ctx, kv.local_v_rot, v_rot, "attn_inp_v_rot_swa")?;
     let layer_devices: Vec<usize> = (0..model.layers.len())
         .map(|il| model.layer_device(il).unwrap_or(0))
         .collect();
@@ -148,6 +156,8 @@ pub(super) fn build_graph(
         out_groups: &key.out_groups,
         k_rot,
         v_rot,
+        local_k_rot,
+        local_v_rot,
     };
     let mut b = Builder::new(ctx, graph_model, cache, batch, capture);
     let mut x = crate::arch::embeddings(&mut b, tokens)?;
@@ -163,8 +173,7 @@ pub(super) fn build_graph(
         local_rows,
         masks,
         out_ids,
-        k_rot,
-        v_rot,
+        rotations: [k_rot, v_rot, local_k_rot, local_v_rot],
         logits,
         captured: b.captured,
         pins: b.pins,

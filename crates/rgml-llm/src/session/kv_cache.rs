@@ -40,9 +40,12 @@ pub(super) struct KvCache {
     /// as llama.cpp pads them (see [`KvCache::attended`]).
     pub(super) flash_attn: bool,
     /// The sizes of llama.cpp's Walsh-Hadamard rotations of quantized caches (see
-    /// [`rotations`]): of Q and K, of V.
+    /// [`rotations`]): of Q and K, of V; in the global layers, and in the local ones (llama.cpp
+    /// has a cache of each kind, with its own rotations).
     pub(super) k_rot: Option<usize>,
     pub(super) v_rot: Option<usize>,
+    pub(super) local_k_rot: Option<usize>,
+    pub(super) local_v_rot: Option<usize>,
     /// Streams (sequences held at once).
     pub(super) n_seq: usize,
     /// Positions a sequence may use (the requested context length).
@@ -155,19 +158,10 @@ impl KvCache {
                 .as_ref()
                 .map(|w| Cells::new(local_cells, w.window)),
         };
-        let (k_rot, v_rot) = rotations(c.head_dim, k_type, v_type);
-        let rotated = (0..c.n_layer).filter(|&il| k[il].is_some());
-        if rotated
-            .map(|il| rotations(c.heads(il).head_dim, k_type, v_type))
-            .any(|r| r != (k_rot, v_rot))
-        {
-            // The graph has one rotation of each kind for all layers.
-            return Err(LlmError::UnsupportedModel(format!(
-                "a quantized KV cache ({k_type}/{v_type}) for {}'s layers of different head \
-                 widths; use an f16 cache",
-                c.arch
-            )));
-        }
+        let own = |il: usize| k[il].is_some();
+        let (k_rot, v_rot) = cache_rotations(c, k_type, v_type, |il| own(il) && !c.is_local(il));
+        let (local_k_rot, local_v_rot) =
+            cache_rotations(c, k_type, v_type, |il| own(il) && c.is_local(il));
         Ok(KvCache {
             k,
             v,
@@ -176,6 +170,8 @@ impl KvCache {
             flash_attn,
             k_rot,
             v_rot,
+            local_k_rot,
+            local_v_rot,
             n_seq,
             n_ctx,
             cells,
@@ -221,6 +217,27 @@ pub(super) fn rotations(head_dim: usize, k: DType, v: DType) -> (Option<usize>, 
     let k_rot = (heads_fit && k.is_quantized()).then(|| 1 << head_dim.trailing_zeros());
     let v_rot = (heads_fit && v.is_quantized()).then_some(64);
     (k_rot, v_rot)
+}
+
+/// [`rotations`] of one of llama.cpp's caches, holding the layers `mine` says: none unless they
+/// all have one head width, and (as llama.cpp checks the model's first layer) layer 0's head
+/// width is a multiple of 64 too.
+fn cache_rotations(
+    c: &crate::ModelConfig,
+    k: DType,
+    v: DType,
+    mine: impl Fn(usize) -> bool,
+) -> (Option<usize>, Option<usize>) {
+    let mut widths = (0..c.n_layer)
+        .filter(|&il| mine(il))
+        .map(|il| c.heads(il).head_dim);
+    let first = widths.next();
+    match first {
+        Some(hd) if widths.all(|w| w == hd) && c.heads(0).head_dim.is_multiple_of(64) => {
+            rotations(hd, k, v)
+        }
+        _ => (None, None),
+    }
 }
 
 /// The `n × n` Walsh-Hadamard matrix over `sqrt(n)`, row-major (llama.cpp's
@@ -278,3 +295,63 @@ pub(super) const KV_PAD: usize = 256;
 
 /// See [`padded_n_kv`]: the widest step of ggml's dots over cells.
 const ATTEND_PAD: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LayerHeads, SlidingWindow};
+
+    /// Gemma 4 E2B's heads: local layers 256 wide, every fifth layer global and 512 wide.
+    fn gemma4_like(local_width: usize) -> crate::ModelConfig {
+        let mut c = crate::config::smollm_config();
+        let n = 10;
+        c.n_layer = n;
+        c.n_layer_kv = n;
+        let layers: Vec<bool> = (0..n).map(|il| il % 5 != 4).collect();
+        c.layer_heads = Some(
+            layers
+                .iter()
+                .map(|&local| LayerHeads {
+                    n_head: 8,
+                    n_head_kv: 1,
+                    head_dim: if local { local_width } else { 512 },
+                    n_rot: 64,
+                })
+                .collect(),
+        );
+        c.sliding_window = Some(SlidingWindow {
+            window: 512,
+            layers,
+            rope_freq_base: 10_000.0,
+            rope_freq_scale: 1.0,
+            rope_factors: false,
+        });
+        c
+    }
+
+    #[test]
+    fn each_kind_of_layer_gets_its_own_rotations_as_llama_cpps_two_caches() {
+        let c = gemma4_like(256);
+        let q = DType::Q8_0;
+        let global = cache_rotations(&c, q, q, |il| !c.is_local(il));
+        let local = cache_rotations(&c, q, q, |il| c.is_local(il));
+        assert_eq!(global, (Some(512), Some(64)));
+        assert_eq!(local, (Some(256), Some(64)));
+        // An f16 cache is not rotated.
+        let f16 = DType::F16;
+        assert_eq!(cache_rotations(&c, f16, f16, |_| true), (None, None));
+        // Mixed widths in one cache: none (llama.cpp's `n_embd_head_k_all` is -1).
+        assert_eq!(cache_rotations(&c, q, q, |_| true), (None, None));
+    }
+
+    #[test]
+    fn no_rotation_when_the_first_layers_heads_are_not_a_multiple_of_64() {
+        // llama.cpp checks `n_embd_head_k()` of layer 0 for both of its caches.
+        let c = gemma4_like(32);
+        let q = DType::Q8_0;
+        assert_eq!(
+            cache_rotations(&c, q, q, |il| !c.is_local(il)),
+            (None, None)
+        );
+    }
+}

@@ -786,7 +786,7 @@ impl Session {
         if let Some(ids) = g.out_ids {
             self.ctx.tensor_set_i32(ids, &plan.out_ids)?;
         }
-        for rot in [g.k_rot, g.v_rot].into_iter().flatten() {
+        for rot in g.rotations.into_iter().flatten() {
             let n = self.ctx[rot].ne[0];
             let matrix = self
                 .staging

@@ -213,16 +213,9 @@ impl Session {
         let row_bytes = |n: usize| k_type.row_bytes(n).map_err(rgml::Error::from);
         let mut graph = Graph::new();
         let mut inputs: Vec<(TensorId, &[i32])> = Vec::new();
-        // The rotation of a quantized K cache (see `kv_cache::rotations`), one input for all
-        // layers.
-        let rot = match self.kv.k_rot {
-            Some(n) => {
-                let rot = self.ctx.new_tensor(DType::F32, &[n, n])?;
-                self.ctx.set_flags(rot, TensorFlags::INPUT)?;
-                Some(rot)
-            }
-            None => None,
-        };
+        // The rotations of a quantized K cache (see `kv_cache::rotations`): one input per
+        // size.
+        let mut rots: Vec<TensorId> = Vec::new();
         for il in 0..c.n_layer {
             // Recurrent layers keep no positions to rotate.
             let Some(k_cache) = self.kv.k[il] else {
@@ -247,6 +240,14 @@ impl Session {
                 &[head_bytes, row],
                 seq * cells * row,
             )?;
+            let k_rot = match c.is_local(il) && local.is_some() {
+                true => self.kv.local_k_rot,
+                false => self.kv.k_rot,
+            };
+            let rot = match k_rot {
+                Some(n) => Some(rotation_input(&mut self.ctx, &mut rots, n)?),
+                None => None,
+            };
             let k32 = self.ctx.new_tensor(DType::F32, &[hd, n_head_kv, cells])?;
             let mut k32 = self.ctx.cpy(k, k32)?;
             if let Some(rot) = rot {
@@ -271,7 +272,7 @@ impl Session {
         for (pos, shift) in inputs {
             self.ctx.tensor_set_i32(pos, shift)?;
         }
-        if let Some(rot) = rot {
+        for rot in rots {
             let n = self.ctx[rot].ne[0];
             let matrix = self
                 .staging
@@ -283,6 +284,17 @@ impl Session {
         self.sched.graph_compute(&mut self.ctx, &graph)?;
         Ok(())
     }
+}
+
+/// The `n × n` rotation input among `rots`, added there if new.
+fn rotation_input(ctx: &mut rgml::Context, rots: &mut Vec<TensorId>, n: usize) -> Result<TensorId> {
+    if let Some(&rot) = rots.iter().find(|&&r| ctx[r].ne[0] == n) {
+        return Ok(rot);
+    }
+    let rot = ctx.new_tensor(DType::F32, &[n, n])?;
+    ctx.set_flags(rot, TensorFlags::INPUT)?;
+    rots.push(rot);
+    Ok(rot)
 }
 
 /// Per cell of a table of `size`, the distance it moved (0: not moved).
