@@ -512,6 +512,63 @@ fn concat_all_dims() {
     }
 }
 
+/// REPEAT tiles exactly (bytes, every type ggml-cpu repeats), over any thread count, from a
+/// source whose outer dims are permuted; a source whose rows are not dense (a transposed one,
+/// which ggml-cpu asserts against) is refused.
+#[test]
+fn repeat_tiles_every_dim_and_refuses_strided_rows() {
+    for (dtype, nth) in [
+        (DType::F32, 1),
+        (DType::F16, 3),
+        (DType::BF16, 4),
+        (DType::F32, 7),
+    ] {
+        let mut ctx = Context::new();
+        let ane = [5, 3, 2, 1];
+        let a = ctx.new_tensor(dtype, &ane).unwrap();
+        let ne = [10, 6, 4, 3];
+        let r = ctx.repeat(a, &ne).unwrap();
+        // Outer dims permuted: rows stay dense.
+        let b = ctx.new_tensor(dtype, &[5, 2, 3]).unwrap();
+        let bp = ctx.permute(b, [0, 2, 1, 3]).unwrap();
+        let rp = ctx.repeat(bp, &ne).unwrap();
+        // llama.cpp's per-expert scales, one per row.
+        let s = ctx.new_tensor(dtype, &[1, 8]).unwrap();
+        let rs = ctx.repeat(s, &[1, 8, 5]).unwrap();
+        let ia = ctx.new_tensor(DType::I32, &ane).unwrap();
+        let ir = ctx.repeat(ia, &ne).unwrap();
+        alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+        let va = fill(&ctx, a, 21);
+        let vb = fill(&ctx, b, 22);
+        let vs = fill(&ctx, s, 23);
+        let ia_v: Vec<i32> = (0..30).map(|v| v * 7 - 100).collect();
+        ctx.tensor_set_i32(ia, &ia_v).unwrap();
+        compute(&mut ctx, &[r, rp, rs, ir], nth).unwrap();
+        let (got, gotp, gots) = (read(&ctx, r), read(&ctx, rp), read(&ctx, rs));
+        let goti = ctx.tensor_get_i32(ir).unwrap();
+        for_each(ne, |i| {
+            let j = [i[0] % 5, i[1] % 3, i[2] % 2, 0];
+            assert_eq!(got[at(ne, i)], va[at(ane, j)], "{dtype} {i:?}");
+            assert_eq!(goti[at(ne, i)], ia_v[at(ane, j)], "{i:?}");
+            // bp's element (j0, j1, j2) is b's (j0, j2, j1).
+            let k = [j[0], j[2], j[1], 0];
+            assert_eq!(gotp[at(ne, i)], vb[at([5, 2, 3, 1], k)], "{dtype} {i:?}");
+        });
+        let want_s: Vec<f32> = (0..40).map(|k| vs[k % 8]).collect();
+        assert_eq!(gots, want_s);
+    }
+    // A transposed source: dim 0 strided.
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(DType::F32, &[3, 4]).unwrap();
+    let t = ctx.transpose(a).unwrap();
+    let r = ctx.repeat(t, &[8, 6]).unwrap();
+    alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+    let err = crate::check_supported(&ctx, r).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("REPEAT"), "{err}");
+    assert!(compute(&mut ctx, &[r], 2).is_err());
+}
+
 #[test]
 fn get_rows_set_rows_argmax() {
     let mut ctx = Context::new();

@@ -1165,6 +1165,54 @@ fn concat(cases: &mut Vec<Case>) {
     }
 }
 
+/// REPEAT of every type ggml-cpu repeats, along each dim and several at once, from dense
+/// sources and from sources with permuted outer dims; and llama.cpp's per-expert scales
+/// (`build_lora_mm_id`: `[1, n_expert, 1]` repeated over the tokens).
+fn repeat(cases: &mut Vec<Case>) {
+    // (source ne, result ne, permutation of the source's outer dims)
+    type Shape = ([usize; 4], [usize; 4], Option<[usize; 4]>);
+    let shapes: [Shape; 7] = [
+        ([10, 5, 4, 3], [20, 5, 4, 3], None),
+        ([10, 5, 4, 3], [10, 10, 4, 3], None),
+        ([10, 5, 4, 3], [10, 5, 8, 6], None),
+        ([7, 3, 2, 1], [21, 6, 4, 2], None),
+        ([1, 128, 1, 1], [1, 128, 9, 1], None),
+        ([1, 1, 1, 1], [13, 3, 2, 2], None),
+        ([9, 4, 3, 2], [18, 8, 3, 4], Some([0, 2, 1, 3])),
+    ];
+    for t in [DType::F32, DType::F16, DType::BF16, DType::I32] {
+        for (ne_a, ne, perm) in shapes {
+            let p = perm.map_or(String::new(), |p| format!(",permute={}", dims(&p)));
+            cases.push(Case::new(
+                OpKind::Repeat,
+                format!("REPEAT type={t}"),
+                format!("type={t},ne_a={},ne={}{p}", dims(&ne_a), dims(&ne)),
+                0.0,
+                move |c| {
+                    let init = if t == DType::I32 {
+                        Init::Index(1 << 20)
+                    } else {
+                        Init::Uniform(-1.0, 1.0)
+                    };
+                    let a = match perm {
+                        None => c.leaf(t, &ne_a, init)?,
+                        Some(p) => {
+                            // A leaf laid out so that the permutation gives `ne_a`.
+                            let mut stored = [0; 4];
+                            for (i, &to) in p.iter().enumerate() {
+                                stored[i] = ne_a[to];
+                            }
+                            let l = c.leaf(t, &stored, init)?;
+                            c.ctx.permute(l, p)?
+                        }
+                    };
+                    c.ctx.repeat(a, &ne)
+                },
+            ));
+        }
+    }
+}
+
 fn argmax(cases: &mut Vec<Case>) {
     for ne in [[10, 5], [1031, 7], [32, 1], [1, 4]] {
         cases.push(Case::new(
@@ -1535,6 +1583,7 @@ pub fn all_cases() -> Vec<Case> {
     copies(&mut cases);
     views(&mut cases);
     concat(&mut cases);
+    repeat(&mut cases);
     argmax(&mut cases);
     argsort(&mut cases);
     mul_mat_id(&mut cases);

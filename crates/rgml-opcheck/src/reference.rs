@@ -291,6 +291,7 @@ pub fn eval_node(ctx: &Context, id: TensorId, mem: &mut Mem) -> Result<()> {
             let b = mem.read(ctx, src(t, 1)?)?;
             a.iter().zip(&b).map(|(x, y)| gelu(*x) * y).collect()
         }
+        Op::Repeat => repeat(ctx, t, mem)?,
         Op::Concat { dim } => concat(ctx, t, mem, dim)?,
         Op::Argmax => argmax(ctx, t, mem)?,
         Op::Argsort { descending } => argsort(ctx, t, mem, descending)?,
@@ -566,6 +567,29 @@ fn concat(ctx: &Context, t: &Tensor, mem: &Mem, dim: usize) -> Result<Vec<f64>> 
                         b[lin(bne, i[0], i[1], i[2], i[3])]
                     };
                     out[lin(ne, i0, i1, i2, i3)] = v;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// REPEAT: element `i` of the node is source 0's element `i % ne` in every dim.
+fn repeat(ctx: &Context, t: &Tensor, mem: &Mem) -> Result<Vec<f64>> {
+    let ne = t.ne;
+    let (a, ane) = read_src(ctx, t, mem, 0)?;
+    if t.nelements() > 0 && (0..4).any(|i| ane[i] == 0 || !ne[i].is_multiple_of(ane[i])) {
+        return Err(err(
+            "REPEAT to a shape that is not a multiple of its source's",
+        ));
+    }
+    let mut out = vec![0.0; t.nelements()];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            for i1 in 0..ne[1] {
+                for i0 in 0..ne[0] {
+                    out[lin(ne, i0, i1, i2, i3)] =
+                        a[lin(ane, i0 % ane[0], i1 % ane[1], i2 % ane[2], i3 % ane[3])];
                 }
             }
         }

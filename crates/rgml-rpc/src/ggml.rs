@@ -20,6 +20,7 @@ pub mod op {
     pub const DIV: u32 = 8;
     pub const SUM_ROWS: u32 = 15;
     pub const ARGMAX: u32 = 18;
+    pub const REPEAT: u32 = 20;
     pub const CONCAT: u32 = 22;
     pub const NORM: u32 = 24;
     pub const RMS_NORM: u32 = 25;
@@ -168,6 +169,8 @@ pub fn encode_op(tensor: &Tensor) -> Result<GgmlOp, Unexpressible> {
         Op::Argmax => plain(op::ARGMAX),
         Op::MulMatId { .. } => plain(op::MUL_MAT_ID),
         Op::SumRows => plain(op::SUM_ROWS),
+        // The target shape is the node's own (`ggml_repeat_4d`); no parameters.
+        Op::Repeat => plain(op::REPEAT),
         Op::AddId => plain(op::ADD_ID),
         Op::Clamp { min, max } => Ok(Params::new().f32(0, min).f32(1, max).done(op::CLAMP)),
         // `ggml_sort_order`: 0 ascending, 1 descending.

@@ -1124,6 +1124,42 @@ impl Context {
         Ok(id)
     }
 
+    /// `a` tiled to shape `dims` (ggml's `ggml_repeat_4d`; see [`Op::Repeat`]): every dim of
+    /// `dims` a multiple of `a`'s (an empty `a` only to an empty shape, as `ggml_can_repeat`
+    /// requires), `a` f32, f16, bf16 or i32 (the types ggml-cpu repeats); the result has `a`'s
+    /// dtype.
+    pub fn repeat(&mut self, a: TensorId, dims: &[usize]) -> Result<TensorId> {
+        let ne = shape4(dims, OpKind::Repeat)?;
+        self.expect_dtype(
+            OpKind::Repeat,
+            a,
+            &[DType::F32, DType::F16, DType::BF16, DType::I32],
+            "operand must be f32, f16, bf16 or i32",
+        )?;
+        let t = self.get(a)?;
+        let (dtype, ane) = (t.dtype, t.ne);
+        let fits = if t.nelements() == 0 {
+            ne.contains(&0)
+        } else {
+            (0..MAX_DIMS).all(|i| ne[i].is_multiple_of(ane[i]))
+        };
+        if !fits {
+            return Err(Error::ShapeMismatch {
+                op: OpKind::Repeat,
+                lhs: ane,
+                rhs: ne,
+                reason: "each dim of the result must be a multiple of the operand's",
+            });
+        }
+        self.node(dtype, ne, Op::Repeat, &[a])
+    }
+
+    /// `a` tiled to `b`'s shape (ggml's `ggml_repeat`; see [`Context::repeat`]).
+    pub fn repeat_like(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let ne = self.get(b)?.ne;
+        self.repeat(a, &ne)
+    }
+
     /// `a` and `b` joined along `dim` (other dims equal, same dtype).
     pub fn concat(&mut self, a: TensorId, b: TensorId, dim: usize) -> Result<TensorId> {
         if dim >= MAX_DIMS {
@@ -1384,6 +1420,55 @@ mod tests {
         let huge = [1 << 32, 1 << 32, 1 << 32, 1 << 32];
         assert!(ctx.cont_shape(a, &huge).is_err());
         assert!(ctx.reshape(a, &huge).is_err());
+    }
+
+    #[test]
+    fn repeat_checks_shapes_and_dtypes_as_ggml_cpu() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, &[1, 8]).unwrap();
+        // llama.cpp's per-expert scales: `ggml_repeat_4d(s, 1, n_expert, n_tokens, 1)`.
+        let r = ctx.repeat(a, &[1, 8, 5, 1]).unwrap();
+        assert_eq!((ctx[r].ne, ctx[r].dtype), ([1, 8, 5, 1], DType::F32));
+        assert_eq!((ctx[r].op, ctx[r].src.clone()), (Op::Repeat, vec![a]));
+        assert!(ctx[r].is_contiguous());
+        let b = ctx.new_tensor(DType::F32, &[3, 16, 2, 2]).unwrap();
+        let like = ctx.repeat_like(a, b).unwrap();
+        assert_eq!(ctx[like].ne, [3, 16, 2, 2]);
+        // Each dim a multiple of the operand's; an empty result is fine.
+        for bad in [&[1, 12][..], &[2, 4], &[1, 8, 1, 1, 1], &[]] {
+            assert!(ctx.repeat(a, bad).is_err(), "{bad:?}");
+        }
+        assert!(matches!(
+            ctx.repeat(a, &[1, 12]),
+            Err(Error::ShapeMismatch {
+                op: OpKind::Repeat,
+                ..
+            })
+        ));
+        let none = ctx.repeat(a, &[0, 8, 3]).unwrap();
+        assert_eq!(ctx[none].nelements(), 0);
+        // An empty operand only repeats to an empty shape (`ggml_can_repeat`).
+        let empty = ctx.new_tensor(DType::F32, &[4, 0]).unwrap();
+        assert!(ctx.repeat(empty, &[4, 3]).is_err());
+        assert!(ctx.repeat(empty, &[8, 0, 2]).is_ok());
+        // The result keeps the operand's type; ggml-cpu repeats f32, f16, bf16 and i32 only.
+        for dtype in [DType::F16, DType::BF16, DType::I32] {
+            let x = ctx.new_tensor(dtype, &[4, 2]).unwrap();
+            let r = ctx.repeat(x, &[8, 2, 3]).unwrap();
+            assert_eq!(ctx[r].dtype, dtype);
+        }
+        for dtype in [DType::Q8_0, DType::I64] {
+            let x = ctx.new_tensor(dtype, &[32, 2]).unwrap();
+            assert!(matches!(
+                ctx.repeat(x, &[64, 2]),
+                Err(Error::UnsupportedDType {
+                    op: OpKind::Repeat,
+                    ..
+                })
+            ));
+        }
+        // Shapes whose element count overflows are errors, not panics.
+        assert!(ctx.repeat(a, &[1 << 40, 8 << 40, 1 << 40]).is_err());
     }
 
     #[test]

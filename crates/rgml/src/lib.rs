@@ -18,6 +18,7 @@ pub mod op;
 pub mod quant;
 pub mod registry;
 pub mod sched;
+pub mod tables;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;

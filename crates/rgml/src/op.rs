@@ -261,6 +261,10 @@ pub enum Op {
         /// The bound of both operands.
         limit: f32,
     },
+    /// `src0` tiled to the node's shape (ggml's `ggml_repeat` / `ggml_repeat_4d`): each dim of
+    /// the result is a multiple of `src0`'s, and element `(i0, i1, i2, i3)` is `src0`'s
+    /// `(i0 % ne00, i1 % ne01, i2 % ne02, i3 % ne03)`, copied exactly (same dtype).
+    Repeat,
     /// Concatenate `src0` and `src1` along `dim`.
     Concat {
         /// Axis.
@@ -363,6 +367,7 @@ pub enum OpKind {
     Swiglu,
     Geglu,
     SwigluOai,
+    Repeat,
     Concat,
     Argmax,
     Argsort,
@@ -375,7 +380,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every kind, in declaration order.
-    pub const ALL: [OpKind; 41] = [
+    pub const ALL: [OpKind; 42] = [
         OpKind::None,
         OpKind::Dup,
         OpKind::Cpy,
@@ -409,6 +414,7 @@ impl OpKind {
         OpKind::Swiglu,
         OpKind::Geglu,
         OpKind::SwigluOai,
+        OpKind::Repeat,
         OpKind::Concat,
         OpKind::Argmax,
         OpKind::Argsort,
@@ -455,6 +461,7 @@ impl OpKind {
             OpKind::Swiglu => "SWIGLU",
             OpKind::Geglu => "GEGLU",
             OpKind::SwigluOai => "SWIGLU_OAI",
+            OpKind::Repeat => "REPEAT",
             OpKind::Concat => "CONCAT",
             OpKind::Argmax => "ARGMAX",
             OpKind::Argsort => "ARGSORT",
@@ -525,6 +532,7 @@ impl Op {
             Op::Swiglu => OpKind::Swiglu,
             Op::Geglu => OpKind::Geglu,
             Op::SwigluOai { .. } => OpKind::SwigluOai,
+            Op::Repeat => OpKind::Repeat,
             Op::Concat { .. } => OpKind::Concat,
             Op::Argmax => OpKind::Argmax,
             Op::Argsort { .. } => OpKind::Argsort,

@@ -502,6 +502,34 @@ fn rope_soft_max_get_rows_set_rows_argmax_concat() {
 }
 
 #[test]
+fn repeat_keeps_an_untiled_split_and_partial_sums() {
+    let mut ctx = Context::new();
+    // llama.cpp's per-expert scales: [1, n_expert, 1] tiled over 5 tokens.
+    let s = f32(&mut ctx, &[1, 8, 1]);
+    let r = ctx.repeat(s, &[1, 8, 5]).unwrap();
+    assert_eq!(
+        state(propagate(&ctx, r, &[split(1, &[5, 3])], 2)),
+        split(1, &[5, 3])
+    );
+    assert_eq!(state(propagate(&ctx, r, &[Mirrored], 2)), Mirrored);
+    // Linear: a partial source gives partial tiles.
+    assert_eq!(state(propagate(&ctx, r, &[Partial], 2)), Partial);
+    // Tiling along the split axis would interleave the devices' slices.
+    let x = f32(&mut ctx, &[4, 6]);
+    let tiled = ctx.repeat(x, &[8, 12]).unwrap();
+    unsupported(
+        propagate(&ctx, tiled, &[split(1, &[3, 3])], 2),
+        OpKind::Repeat,
+    );
+    assert_eq!(state(propagate(&ctx, tiled, &[Mirrored], 2)), Mirrored);
+    let rows = ctx.repeat(x, &[4, 12]).unwrap();
+    assert_eq!(
+        state(propagate(&ctx, rows, &[split(0, &[1, 3])], 2)),
+        split(0, &[1, 3])
+    );
+}
+
+#[test]
 fn ssm_conv_splits_by_channel_and_delta_net_stays_whole() {
     let mut ctx = Context::new();
     let sx = f32(&mut ctx, &[6, 8, 2]);

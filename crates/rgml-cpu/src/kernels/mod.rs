@@ -232,6 +232,7 @@ fn supported(t: &Tensor, s: &[&Tensor]) -> bool {
         }
         Op::MulMat { hadamard: true, .. } => n(2) && hadamard::supported(s[0], s[1], t),
         Op::MulMat { .. } => n(2) && matmul::supported(s[0], s[1], t),
+        Op::Repeat => n(1) && copy::repeat_supported(s[0], t),
         Op::Concat { dim } => {
             n(2) && dim < 4
                 && s[0].dtype == t.dtype
@@ -380,6 +381,7 @@ pub(crate) fn compute(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     match task.op {
         Op::None | Op::Reshape | Op::View { .. } | Op::Permute { .. } | Op::Transpose => Ok(()),
         Op::Dup | Op::Cont | Op::Cpy => copy::dup(task, tc),
+        Op::Repeat => copy::repeat(task, tc),
         Op::Concat { dim } => copy::concat(task, tc, dim),
         Op::GetRows => rows::get_rows(task, tc),
         Op::SetRows => rows::set_rows(task, tc),

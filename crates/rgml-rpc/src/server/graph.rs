@@ -421,6 +421,11 @@ impl Builder<'_> {
                     usize::try_from(p[0]).map_err(|_| BuildError::refused("negative axis"))?;
                 ctx.concat(need(0)?, need(1)?, dim)?
             }
+            op::REPEAT => {
+                // The target shape is the node's own.
+                uses(1)?;
+                ctx.repeat(need(0)?, &ne)?
+            }
             op::ARGMAX => {
                 uses(1)?;
                 ctx.argmax(need(0)?)?
@@ -708,5 +713,35 @@ mod tests {
         for k in [1, 0, -1] {
             assert!(round_trip(&ctx, |p| p[0] = k).is_err());
         }
+    }
+
+    /// REPEAT (ggml op 20, llama.cpp's per-expert scales) is rebuilt with the node's own shape
+    /// as its target; a type ggml-cpu does not repeat is refused, not computed.
+    #[test]
+    fn repeat_round_trips_with_its_shape() {
+        for (dtype, from, to) in [
+            (DType::F32, [1, 8, 1, 1], [1, 8, 5, 1]),
+            (DType::F16, [4, 3, 1, 1], [8, 6, 2, 1]),
+            (DType::I32, [3, 1, 1, 1], [3, 2, 2, 2]),
+        ] {
+            let mut ctx = Context::new();
+            let a = ctx.new_tensor(dtype, &from).unwrap();
+            let r = ctx.repeat(a, &to).unwrap();
+            let t = ctx.get(r).unwrap();
+            assert_eq!(encode_op(t).unwrap().op, op::REPEAT);
+            let rebuilt = round_trip(&ctx, |_| ()).unwrap();
+            same_node(&ctx, &rebuilt);
+            let node = rebuilt.graph.nodes()[0];
+            assert_eq!(rebuilt.ctx[node].op, Op::Repeat);
+        }
+        // A Q8_0 REPEAT as a client could send it (rgml's builder refuses to make one).
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::Q8_0, &[32, 2]).unwrap();
+        let mut node = Tensor::new(DType::Q8_0, [64, 2, 1, 1]).unwrap();
+        node.op = Op::Repeat;
+        node.src = vec![a];
+        ctx.push(node).unwrap();
+        let e = round_trip(&ctx, |_| ()).err().unwrap();
+        assert!(e.0.contains("REPEAT"), "{}", e.0);
     }
 }

@@ -12,9 +12,9 @@
 //! first ([`Propagation::reduce`]). Only ops that are linear in a partial source keep it partial
 //! (the sum over devices commutes with them): ADD/SUB of two partials; MUL by, or DIV of a
 //! partial by, a mirrored tensor; SCALE without bias; MUL_MAT, GET_ROWS (table side) and ROPE
-//! with the other operands mirrored; CONCAT of two partials; DUP/CONT/CPY and the view ops. Every
-//! other use of a partial source reduces it (ADD of a partial and a mirrored tensor would add
-//! the mirrored term once per device).
+//! with the other operands mirrored; CONCAT of two partials; DUP/CONT/CPY, REPEAT and the view
+//! ops. Every other use of a partial source reduces it (ADD of a partial and a mirrored tensor
+//! would add the mirrored term once per device).
 //!
 //! Split sources must combine *locally*: each device computes its slice from its own slices
 //! with the ordinary kernel, without offsets into another tensor. The op set is closed, so
@@ -758,6 +758,7 @@ fn rule(ctx: &Context, t: &Tensor, s: &[SplitState]) -> Result<Rule> {
             Ok(Rule::State(n.st(0)?.clone()))
         }
         Op::Swiglu | Op::Geglu | Op::SwigluOai { .. } => glu_rule(&n),
+        Op::Repeat => repeat_rule(&n),
         Op::Concat { dim } => concat_rule(&n, dim),
         Op::Argmax => argmax_rule(&n),
         Op::Argsort { .. } => argsort_rule(&n),
@@ -1020,6 +1021,18 @@ fn glu_rule(n: &Node) -> Result<Rule> {
         Ok(Rule::State(a.clone()))
     } else {
         n.no("a gated unit needs both operands split alike")
+    }
+}
+
+/// REPEAT copies (linear: partial sums stay partial); a split axis that is not repeated stays
+/// split alike (each device tiles its slice along the other axes), a repeated one is refused
+/// (each device's tiles would interleave with the others').
+fn repeat_rule(n: &Node) -> Result<Rule> {
+    match n.st(0)? {
+        SplitState::Axis { axis, .. } if n.src(0)?.ne.get(*axis) != n.t.ne.get(*axis) => {
+            n.no("REPEAT cannot tile along its split axis")
+        }
+        other => Ok(Rule::State(other.clone())),
     }
 }
 

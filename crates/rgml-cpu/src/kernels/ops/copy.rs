@@ -1,5 +1,5 @@
 //! DUP / CONT / CPY (copies between any layouts and shapes with equal element counts,
-//! converting dtypes) and CONCAT.
+//! converting dtypes), CONCAT and REPEAT.
 //!
 //! Element `k` of the destination in row-major logical order receives element `k` of the source
 //! in the same order, as ggml's dup. Threads split destination rows; each destination row is
@@ -243,6 +243,50 @@ pub(crate) fn concat(task: &NodeTask, tc: &mut ThreadCtx<'_>, dim: usize) -> Res
                 i[dim] -= a.ne[dim];
                 copy_run(b, i, drow, ne0);
             }
+        }
+    }
+    Ok(())
+}
+
+/// Whether [`repeat`] handles tiling `src` into `dst`: ggml-cpu's `ggml_compute_forward_repeat`
+/// (same dtype, f32, f16, bf16 or i32; dense rows on both sides, which ggml asserts; any outer
+/// strides; every dim of `dst` a multiple of `src`'s, an empty `src` only into an empty `dst`).
+pub(crate) fn repeat_supported(src: &Tensor, dst: &Tensor) -> bool {
+    use DType::*;
+    let tiles = if src.nelements() == 0 {
+        dst.nelements() == 0
+    } else {
+        (0..4).all(|i| dst.ne[i].is_multiple_of(src.ne[i]))
+    };
+    matches!(src.dtype, F32 | F16 | BF16 | I32)
+        && dst.dtype == src.dtype
+        && src.rows_contiguous()
+        && dst.rows_contiguous()
+        && tiles
+}
+
+/// REPEAT: destination row `(i1, i2, i3)` is source row `(i1 % ne01, i2 % ne02, i3 % ne03)`
+/// repeated `ne0 / ne00` times, as bytes (ggml copies the elements, so every value, NaNs
+/// included, is kept exactly). Threads split destination rows.
+pub(crate) fn repeat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
+    let (dst, src) = (&task.dst, task.src(0)?);
+    let rows = tc.split(dst.nrows());
+    // An empty source tiles only an empty destination (the support check): nothing to write.
+    if rows.is_empty() || src.ne.contains(&0) {
+        return Ok(());
+    }
+    let run = src.row_bytes();
+    let tiles = dst.ne[0] / src.ne[0];
+    for r in rows {
+        let (i1, i2, i3) = dst.row_index(r);
+        let s = src.row(i1 % src.ne[1], i2 % src.ne[2], i3 % src.ne[3]);
+        let d = dst.row(i1, i2, i3);
+        for k in 0..tiles {
+            // SAFETY: source row `(i1 % ne01, ..)` is in bounds and dense (`run` bytes); tile
+            // `k` of this thread's dense destination row ends within it (`tiles * run` bytes
+            // is at most the row's size); the backend refuses a source that overlaps the
+            // destination (REPEAT has no in-place form).
+            unsafe { std::ptr::copy_nonoverlapping(s, d.add(k * run), run) };
         }
     }
     Ok(())

@@ -11,36 +11,9 @@ use crate::kernels::task::{
 use crate::kernels::vexp;
 use rgml::{DType, Op, Result, UnaryOp};
 
-/// GELU's tanh approximation constants (as ggml).
-const GELU_COEF_A: f32 = 0.044715;
-const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-
-/// GELU, tanh approximation, in f32 (what ggml's table is made of). `1 + a*x*x` is one fused
-/// multiply-add, as GCC contracts ggml's expression in a native build on any CPU with FMA
-/// (checked against that build's table, see the tests).
-#[inline]
-fn gelu_f32(x: f32) -> f32 {
-    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
-}
-
-/// `gelu_f32` of every f16 value, rounded to f16 (ggml's `ggml_table_gelu_f16`).
+/// ggml's GELU table (see [`rgml::tables`]).
 fn gelu_table() -> &'static [u16] {
-    static TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|bits| {
-                let y = gelu_f32(fp16::f16_bits_to_f32(bits));
-                // ggml's table holds quiet NaNs without payload (of the sign x86 arithmetic
-                // gives); half would keep payloads.
-                if y.is_nan() {
-                    (u16::from(y.is_sign_negative()) << 15) | 0x7e00
-                } else {
-                    half::f16::from_f32(y).to_bits()
-                }
-            })
-            .collect()
-    })
+    rgml::tables::gelu_f16_table()
 }
 
 /// GELU as ggml-cpu computes it (`GGML_GELU_FP16`): 0 at or below -10, `x` at or above 10,
@@ -300,21 +273,6 @@ fn gated_rows(
 
 #[cfg(test)]
 mod tests {
-    /// The hash `scripts/ggml_ref/gelu_table.c` prints for a native ggml-cpu build (FNV-1a 64
-    /// of the table's entries as little-endian u16).
-    const GGML_GELU_TABLE_FNV1A: u64 = 0xab04_4edb_a0ed_200c;
-
-    #[test]
-    fn gelu_table_equals_ggml() {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for &v in super::gelu_table() {
-            for byte in v.to_le_bytes() {
-                h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        assert_eq!(h, GGML_GELU_TABLE_FNV1A);
-    }
-
     #[test]
     fn gelu_clamps_and_rounds_like_ggml() {
         let t = super::gelu_table();
@@ -323,7 +281,7 @@ mod tests {
         for x in [-3.7f32, -0.4, 0.013, 0.9, 2.2, 7.9] {
             let y = super::gelu_with(t, x);
             // Within an f16 rounding of the f32 formula at the f16-rounded input.
-            let exact = super::gelu_f32(half::f16::from_f32(x).to_f32());
+            let exact = rgml::tables::gelu_f32(half::f16::from_f32(x).to_f32());
             assert!(
                 (y - exact).abs() <= exact.abs() * 1e-3 + 1e-6,
                 "{x}: {y} vs {exact}"
