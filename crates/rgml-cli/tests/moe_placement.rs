@@ -5,7 +5,9 @@
 //! mixture of experts on the GPU alone runs too: the scheduler falls back to the CPU for the
 //! routing ops the GPU backend lacks. Bad overrides are usage errors naming the flag. A hybrid
 //! mixture of experts (`qwen35moe`) on the GPU keeps its recurrent states in the GPU's buffer
-//! while the CPU computes the delta-net ops, with the same logits, steps included.
+//! while the CPU computes the delta-net ops, with the same logits, steps included. Gemma 3
+//! and 4 on the GPU (whole or in part) too: the CPU takes their soft-capping TANH and, in exact
+//! arithmetic, their GELU (ggml's f16 table), the GPU the rest.
 
 #[allow(dead_code)] // Only some of the helpers are used here.
 mod common;
@@ -131,6 +133,26 @@ fn a_hybrid_model_on_the_gpu_gives_one_cpu_s_logits() {
     for args in [&whole[..], &part[..]] {
         let (got, _) = run(&[args, &steps].concat());
         assert_eq!(got, alone, "{args:?} (exact GPU arithmetic)");
+    }
+}
+
+#[test]
+fn gemma_models_on_the_gpu_give_one_cpu_s_logits() {
+    let Some(gpu) = gpu_device() else { return };
+    let steps = ["--greedy", "4"];
+    let both = format!("{gpu},CPU");
+    for arch in [Arch::Gemma3, Arch::Gemma4, Arch::Gemma4Moe] {
+        let m = model_of(arch, &format!("{arch}-gpu"));
+        let run = |args: &[&str]| run_isa(&m, args, "avx512").0;
+        let alone = run(&[&["--device", "CPU0"][..], &steps].concat());
+        let whole = ["--device", gpu.as_str()];
+        // The last three blocks and the head on the GPU (Gemma 4: layers that read an
+        // earlier layer's cache on the other device).
+        let part = ["--device", both.as_str(), "-ngl", "4"];
+        for args in [&whole[..], &part[..]] {
+            let got = run(&[args, &steps].concat());
+            assert_eq!(got, alone, "{arch} {args:?} (exact GPU arithmetic)");
+        }
     }
 }
 

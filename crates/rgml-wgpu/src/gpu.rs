@@ -31,6 +31,8 @@ pub(crate) struct Gpu {
     pub(crate) kernels: Kernels,
     /// Scratch memory for kernels' intermediate results.
     pub(crate) scratch: Scratch,
+    /// ggml's GELU table as f32 values (see [`Gpu::gelu_table`]), made on first use.
+    gelu_table: std::sync::OnceLock<wgpu::Buffer>,
     /// The first error wgpu reported since the last [`Gpu::check`].
     error: Arc<Mutex<Option<String>>>,
     /// Bytes held by the live [`WgpuBuffer`]s of this device (their rounded-up sizes; staging,
@@ -73,11 +75,35 @@ impl Gpu {
             queue,
             kernels,
             scratch: Scratch::default(),
+            gelu_table: std::sync::OnceLock::new(),
             error,
             allocated: AtomicUsize::new(0),
         };
         gpu.check().map_err(|e| e.to_string())?;
         Ok(gpu)
+    }
+
+    /// ggml's GELU table ([`rgml::tables::gelu_f16_table`]) as 65536 f32 values indexed by
+    /// an f16's bits: what GELU and GEGLU read (binding C), so that they give ggml-cpu's
+    /// results bit for bit.
+    pub(crate) fn gelu_table(&self) -> Result<wgpu::Buffer> {
+        let table = self.gelu_table.get_or_init(|| {
+            let values: Vec<u32> = rgml::tables::gelu_f16_table()
+                .iter()
+                .map(|&h| half::f16::from_bits(h).to_f32().to_bits())
+                .collect();
+            let bytes: &[u8] = bytemuck::cast_slice(&values);
+            let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("gelu table"),
+                size: bytes.len() as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            self.queue.write_buffer(&buffer, 0, bytes);
+            buffer
+        });
+        self.check()?;
+        Ok(table.clone())
     }
 
     /// An rgml error for this device.

@@ -356,10 +356,17 @@ fn mul_mv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: 
     }
 }
 
-// GELU, ggml's tanh approximation (the tanh argument clamped, where tanh is already +-1 in f32).
+// GELU as ggml-cpu computes it (`GGML_GELU_FP16`): 0 at or below -10, x at or above 10,
+// elsewhere the entry of x rounded to f16 in ggml's table, bound as C (65536 f32 values indexed
+// by the f16 bits, see `rgml::tables`).
 fn gelu_of(x: f32) -> f32 {
-    let u = clamp(0.7978845608028654 * x * (1.0 + 0.044715 * x * x), -15.0, 15.0);
-    return 0.5 * x * (1.0 + tanh(u));
+    if (x <= -10.0) {
+        return 0.0;
+    }
+    if (x >= 10.0) {
+        return x;
+    }
+    return cf(f16_bits(x));
 }
 
 @compute @workgroup_size(64)
@@ -383,13 +390,14 @@ fn glu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     let idx = unravel(i, p.d_ne);
     let x = af(p.off.x + at(idx, p.a_nb));
     let y = bf(p.off.y + at(idx, p.b_nb));
-    var act: f32;
+    var out: f32;
     if (p.misc.y == 1u) {
-        act = gelu_of(x);
+        // ggml_vec_geglu_f32: exactly 0 at or below -10 (not 0 * y).
+        out = select(gelu_of(x) * y, 0.0, x <= -10.0);
     } else {
-        act = silu_at(x, idx.x, p.d_ne.x);
+        out = silu_at(x, idx.x, p.d_ne.x) * y;
     }
-    dset(p.off.w + at(idx, p.d_nb), act * y);
+    dset(p.off.w + at(idx, p.d_nb), out);
 }
 
 // DIAG_MASK_INF: -inf where i0 > misc.y + i1, else a copy.

@@ -391,6 +391,12 @@ impl<'a> Prep<'a> {
                 let (kernel, threads) = self
                     .one_dispatch(&mut p, t, &srcs)
                     .ok_or_else(|| self.unsupported(t))?;
+                let mut buffers = buffers;
+                if matches!(t.op, Op::Unary(UnaryOp::Gelu) | Op::Geglu) {
+                    // ggml's GELU table, as binding C (unused by these ops otherwise).
+                    buffers[2] = self.gpu.gelu_table()?;
+                    p.off[2] = 0;
+                }
                 Ok(vec![self.dispatch(kernel, p, buffers, threads)?])
             }
         }
@@ -798,7 +804,8 @@ mod tests {
     use rgml::{Context, DType, RopeMode, RopeParams};
 
     /// Qwen3.5's ops stay on the CPU: the multi-section ROPE modes, SSM_CONV and
-    /// GATED_DELTA_NET are not claimed, while the one-position ROPE modes still are.
+    /// GATED_DELTA_NET are not claimed (nor is REPEAT), while the one-position ROPE modes
+    /// still are.
     #[test]
     fn multi_section_rope_and_recurrent_ops_are_not_claimed() {
         let mut ctx = Context::new();
@@ -834,7 +841,10 @@ mod tests {
             f32s(&[8, 8, 2, 1]),
         );
         let net = ctx.gated_delta_net(q, k, v, g, beta, s, 1).unwrap();
-        for id in [conv, net] {
+        // REPEAT has no shader: it stays on the CPU.
+        let scales = ctx.new_tensor(DType::F32, &[1, 8]).unwrap();
+        let tiled = ctx.repeat(scales, &[1, 8, 5]).unwrap();
+        for id in [conv, net, tiled] {
             assert!(!supports_op(&ctx, id, true) && !supports_op(&ctx, id, false));
         }
     }

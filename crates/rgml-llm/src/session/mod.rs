@@ -848,10 +848,11 @@ fn open_backends(
     let bufts: Vec<rgml::BufferTypeRef> =
         backends.iter().map(|b| b.default_buffer_type()).collect();
     let cpu = rgml::registry::device("CPU")?;
-    // A mixture of experts on one GPU still needs the CPU for the routing ops a GPU backend
-    // may not have (ARGSORT, MUL_MAT_ID, ...): the scheduler falls back to it.
-    let alone = devices.len() == 1
-        && (model.config.moe.is_none() || rgml::backend::same_instance(&devices[0], &cpu));
+    // A model on one GPU (or RPC server) still needs the CPU for the ops that device may not
+    // have (the experts' ARGSORT and MUL_MAT_ID, Gemma's soft-capping TANH, Qwen3.5's
+    // multi-section ROPE, ...): the scheduler falls back to it, and leaves a graph the device
+    // takes whole in one split.
+    let alone = devices.len() == 1 && rgml::backend::same_instance(&devices[0], &cpu);
     if alone {
         // One backend: one split, no copies, so one copy of the (absent) split inputs.
         let sched = Scheduler::new(backends, SchedulerOptions::default())?;
