@@ -762,7 +762,7 @@ fn qwen35moe() -> Spec {
 /// per-layer FFN widths and key/value heads where they vary (in place of the scalars, as
 /// the converter writes them again; arrays of i32, as it writes Python ints), and the rotated
 /// widths: the whole global head (`rope_freqs` holds its unrotated pairs) and local head.
-fn gemma4_keys(
+pub(crate) fn gemma4_keys(
     spec: &Spec,
     g: &Gemma4,
     rope_base_local: f32,

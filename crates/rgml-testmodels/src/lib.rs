@@ -42,6 +42,7 @@ mod arch;
 mod blocks;
 mod error;
 mod gemma4;
+mod planned;
 mod rng;
 mod shape;
 mod shaped;

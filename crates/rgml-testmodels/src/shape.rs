@@ -1,13 +1,16 @@
 //! The real model shapes (`--shape`): the hyper-parameters of Llama 3.2 1B and 3B, Llama 3.1
-//! 8B, Qwen2.5 7B, SmolLM2-135M, Qwen3-30B-A3B, gpt-oss-20b and Qwen3.5-35B-A3B, under the keys llama.cpp's converter writes for each (the
-//! same [`Spec`] the tiny architectures use), and each shape's default vocabulary file. This
+//! 8B, Qwen2.5 7B, SmolLM2-135M, Qwen3-30B-A3B, gpt-oss-20b, Qwen3.5-35B-A3B and Gemma 4
+//! 26B-A4B, under the keys llama.cpp's converter writes for each (the same [`Spec`] the tiny
+//! architectures use), and each shape's default vocabulary file. This
 //! module owns those numbers only; types, values and writing are elsewhere.
 //!
 //! These files exist to measure speed and memory at real sizes (benchmark machines without a
 //! network make a multi-GB model in seconds); their weights are random, so their output is
 //! noise.
 
-use crate::arch::{qwen35_rope, Attention, DeltaNet, Experts, Ffn, Llama3Rope, Spec};
+use crate::arch::{
+    gemma4_keys, qwen35_rope, Attention, DeltaNet, Experts, Ffn, Gemma4, Llama3Rope, Spec,
+};
 use rgml::DType;
 use rgml_gguf::Value;
 use std::fmt;
@@ -33,11 +36,14 @@ pub enum Shape {
     /// Qwen3.5-35B-A3B (`qwen35moe`): 2048 wide, 40 blocks (30 delta nets, 10 full
     /// attention), 256 experts of which 8 run per token, and a shared expert.
     Qwen35Moe35BA3B,
+    /// Gemma 4 26B-A4B (`gemma4`): 2816 wide, 30 blocks (every sixth global), a dense FFN
+    /// beside 128 experts of which 8 run per token.
+    Gemma4_26BA4B,
 }
 
 impl Shape {
     /// Every shape, in a fixed order.
-    pub const ALL: [Shape; 8] = [
+    pub const ALL: [Shape; 9] = [
         Shape::Llama1B,
         Shape::Llama3B,
         Shape::Llama8B,
@@ -46,6 +52,7 @@ impl Shape {
         Shape::Qwen3Moe30BA3B,
         Shape::GptOss20B,
         Shape::Qwen35Moe35BA3B,
+        Shape::Gemma4_26BA4B,
     ];
 
     /// The name on the command line (and in `general.name` and the random streams' seeds).
@@ -59,6 +66,7 @@ impl Shape {
             Shape::Qwen3Moe30BA3B => "qwen3moe-30b-a3b",
             Shape::GptOss20B => "gpt-oss-20b",
             Shape::Qwen35Moe35BA3B => "qwen35moe-35b-a3b",
+            Shape::Gemma4_26BA4B => "gemma4-26b-a4b",
         }
     }
 
@@ -69,6 +77,7 @@ impl Shape {
             Shape::Qwen3Moe30BA3B => "qwen3moe",
             Shape::GptOss20B => "gpt-oss",
             Shape::Qwen35Moe35BA3B => "qwen35moe",
+            Shape::Gemma4_26BA4B => "gemma4",
             _ => "llama",
         }
     }
@@ -88,6 +97,8 @@ impl Shape {
             Shape::Qwen7B | Shape::Qwen3Moe30BA3B => "models/vocab/ggml-vocab-qwen2.gguf",
             Shape::SmolLM2_135M => "models/SmolLM2-135M-Instruct.Q4_1.gguf",
             Shape::Qwen35Moe35BA3B => "models/vocab/ggml-vocab-qwen35.gguf",
+            // The real vocabulary (262144 tokens), with 26B-A4B's own keys beside it.
+            Shape::Gemma4_26BA4B => "models/vocab/ggml-vocab-gemma-4.gguf",
         }
     }
 
@@ -103,6 +114,7 @@ impl Shape {
             Shape::Qwen3Moe30BA3B => qwen3moe_30b_a3b(),
             Shape::GptOss20B => gpt_oss_20b(),
             Shape::Qwen35Moe35BA3B => qwen35moe_35b_a3b(),
+            Shape::Gemma4_26BA4B => gemma4_26b_a4b(),
         }
     }
 
@@ -372,6 +384,55 @@ fn qwen35moe_35b_a3b() -> Spec {
     }
 }
 
+/// Gemma 4 26B-A4B as its GGUF has it (`ggml-vocab-gemma-4.gguf` carries the real file's
+/// keys): 2816 wide, 30 blocks of 16 query heads, every sixth block global (heads of 512, 2
+/// key/value heads which are also the values, proportional RoPE on a quarter of the pairs,
+/// base 1e6), the others local (heads of 256, 8 key/value heads, window 1024, base 10000); a
+/// dense FFN 2112 wide beside 128 experts 704 wide of which 8 run per token; tied embeddings,
+/// logits soft-capped at 30, rms eps 1e-6, context 262144.
+fn gemma4_26b_a4b() -> Spec {
+    let g = Gemma4 {
+        global_every: 6,
+        head_dim_local: 256,
+        n_head_kv_global: 2,
+        global_values_are_keys: true,
+        shared_kv_layers: 0,
+        n_embd_per_layer: 0,
+        global_rotary_share: 0.25,
+    };
+    let spec = Spec {
+        n_ctx_train: 262_144,
+        rms_eps: 1e-6,
+        rope_freq_base: 1_000_000.0,
+        qk_norm: true,
+        post_norms: true,
+        ffn: Ffn::Experts(Experts {
+            n_expert: 128,
+            n_expert_used: 8,
+            n_ff_exp: 704,
+            width_key: true,
+            // Unused: a shape's types come from its preset.
+            gate_up: DType::Q8_0,
+            down: DType::Q8_0,
+            biases: false,
+            shared_ff: None,
+        }),
+        vocab_size_key: false,
+        ..dense(2816, 30, 16, 8, 512, 2112, true)
+    };
+    let mut keys = gemma4_keys(&spec, &g, 10_000.0, 30.0);
+    for (k, v) in &mut keys {
+        if *k == "attention.sliding_window" {
+            *v = Value::U32(1024);
+        }
+    }
+    Spec {
+        keys,
+        gemma4: Some(g),
+        ..spec
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,8 +460,13 @@ mod tests {
             let wide = s.keys.iter().any(|(k, _)| *k == "attention.key_length");
             assert!(wide || s.n_head * s.head_dim == s.n_embd, "{shape}");
             assert_eq!(s.n_head % s.n_head_kv, 0, "{shape}");
-            // gpt-oss's 2880 is whole 32-blocks only (its files are MXFP4 and Q8_0).
-            let block = if shape == Shape::GptOss20B { 32 } else { 256 };
+            // gpt-oss's 2880 is whole 32-blocks only (its files are MXFP4 and Q8_0); Gemma 4
+            // 26B-A4B's 2112 whole 64-blocks only (llama-quantize falls back for those rows).
+            let block = match shape {
+                Shape::GptOss20B => 32,
+                Shape::Gemma4_26BA4B => 64,
+                _ => 256,
+            };
             assert_eq!(s.n_ff % block, 0, "{shape}");
         }
     }

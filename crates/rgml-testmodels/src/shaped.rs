@@ -9,9 +9,10 @@
 use crate::arch::Spec;
 use crate::blocks::{bias_values, norm_values, BlockFiller};
 use crate::error::{Error, Result};
+use crate::planned::Fill;
 use crate::rng::SplitMix64;
 use crate::stream::{self, Piece};
-use crate::tensors::{self, Fill};
+use crate::tensors;
 use crate::{add_hyperparameters, copy_tokenizer, vocabulary_size, Shape, Written};
 use rgml::DType;
 use rgml_gguf::{GgufFile, GgufWriter, TensorDecl, Value};
@@ -354,7 +355,13 @@ mod tests {
             assert_eq!(u("embedding_length"), s.n_embd, "{shape}");
             assert_eq!(u("feed_forward_length"), s.n_ff, "{shape}");
             assert_eq!(u("attention.head_count"), s.n_head, "{shape}");
-            assert_eq!(u("attention.head_count_kv"), s.n_head_kv, "{shape}");
+            // One count, or (Gemma 4) one per layer, the first layer's the spec's.
+            let kv = format!("{arch}.attention.head_count_kv");
+            let n_head_kv = match f.get_array(&kv) {
+                Ok(per_layer) => per_layer[0].as_u64().unwrap() as usize,
+                Err(_) => u("attention.head_count_kv"),
+            };
+            assert_eq!(n_head_kv, s.n_head_kv, "{shape}");
             assert_eq!(u("context_length"), s.n_ctx_train as usize, "{shape}");
             assert_eq!(
                 f.get_f32(&format!("{arch}.rope.freq_base")).unwrap(),

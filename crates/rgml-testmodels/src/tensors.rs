@@ -14,15 +14,10 @@
 //! logits, as in trained models, whose memory is long.
 
 use crate::arch::{Attention, DeltaNet, Experts, Ffn, Llama3Rope, Spec};
-use crate::error::Result;
 use crate::gemma4;
-use crate::rng::SplitMix64;
+use crate::planned::{Fill, Planned, EMBEDDING, MATRIX, QUERY_KEY};
 use rgml::DType;
 
-pub(crate) const MATRIX: f32 = 0.2;
-pub(crate) const QUERY_KEY: f32 = 0.25;
-pub(crate) const EMBEDDING: f32 = 0.3;
-pub(crate) const NORM_SPREAD: f32 = 0.1;
 const BIAS: f32 = 0.1;
 /// Attention sinks: logits of the same order as the scores, so they take a real share.
 const SINK: f32 = 1.5;
@@ -33,83 +28,6 @@ const DT_BIAS: f32 = 0.5;
 /// The range of the delta-net decay rates `ssm_a`: negative, as `-exp(A_log)` always is,
 /// drawn uniformly rather than through `exp` so the bytes do not depend on a libm.
 const DECAY: (f32, f32) = (-0.12, -0.01);
-
-/// How a tensor's values are made.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Fill {
-    /// Uniform in ±amplitude.
-    Uniform(f32),
-    /// A norm weight: 1 plus uniform in ±[`NORM_SPREAD`].
-    Norm,
-    /// Uniform in `[low, high)`.
-    Between(f32, f32),
-    /// Given values (computed, not random).
-    Values(Vec<f32>),
-}
-
-/// One tensor to write.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Planned {
-    /// llama.cpp's name.
-    pub name: String,
-    /// Storage type.
-    pub dtype: DType,
-    /// Dimensions, innermost first.
-    pub ne: Vec<usize>,
-    pub(crate) fill: Fill,
-}
-
-impl Planned {
-    pub(crate) fn matrix(name: String, n_in: usize, n_out: usize, amplitude: f32) -> Planned {
-        Planned {
-            name,
-            dtype: DType::Q8_0,
-            ne: vec![n_in, n_out],
-            fill: Fill::Uniform(amplitude),
-        }
-    }
-
-    pub(crate) fn vector(name: String, n: usize, fill: Fill) -> Planned {
-        Planned {
-            name,
-            dtype: DType::F32,
-            ne: vec![n],
-            fill,
-        }
-    }
-
-    /// A 2-D F32 tensor (not quantized: llama.cpp's convolution wants F32 taps).
-    fn float_matrix(name: String, n_in: usize, n_out: usize, amplitude: f32) -> Planned {
-        Planned {
-            dtype: DType::F32,
-            ..Planned::matrix(name, n_in, n_out, amplitude)
-        }
-    }
-
-    /// The tensor's values, drawn from the stream of `model`/`name`.
-    pub(crate) fn values(&self, model: &str) -> Vec<f32> {
-        let n: usize = self.ne.iter().product();
-        let mut rng = SplitMix64::for_tensor(model, &self.name);
-        match &self.fill {
-            Fill::Values(v) => v.clone(),
-            Fill::Uniform(amplitude) => (0..n).map(|_| rng.symmetric(*amplitude)).collect(),
-            Fill::Norm => (0..n).map(|_| 1.0 + rng.symmetric(NORM_SPREAD)).collect(),
-            Fill::Between(low, high) => {
-                let (mid, half) = ((low + high) / 2.0, (high - low) / 2.0);
-                (0..n).map(|_| mid + rng.symmetric(half)).collect()
-            }
-        }
-    }
-
-    /// The tensor's bytes: its [`Planned::values`] stored as its type (Q8_0 by ggml's
-    /// reference quantizer).
-    pub fn bytes(&self, model: &str) -> Result<Vec<u8>> {
-        let values = self.values(model);
-        let mut out = vec![0u8; self.dtype.row_bytes(values.len())?];
-        rgml::quant::quantize_row(self.dtype, &values, &mut out)?;
-        Ok(out)
-    }
-}
 
 /// Every tensor of a model of `spec` with `n_vocab` tokens, in file order: embeddings, rope
 /// factors, the blocks (Gemma 4's: [`gemma4::tensors`], with its own rope factors and
@@ -519,5 +437,135 @@ mod tests {
             .find(|t| t.name == "blk.0.attn_q.weight")
             .expect("q");
         assert_eq!(q.bytes("gemma3").unwrap().len(), 64 * 128 / 32 * 34);
+    }
+}
+
+/// Gemma 4's tensors (`gemma4`), in the whole plan.
+#[cfg(test)]
+mod gemma4_tests {
+    use super::plan;
+    use crate::arch::Arch;
+    use crate::planned::Planned;
+    use rgml::DType;
+
+    fn find<'a>(p: &'a [Planned], name: &str) -> &'a Planned {
+        p.iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    }
+
+    fn has(p: &[Planned], name: &str) -> bool {
+        p.iter().any(|t| t.name == name)
+    }
+
+    /// Layers 0-3 have their own keys and values; 4-7 read layer 2's or 3's and have only
+    /// their queries, twice as wide an FFN, and the per-layer input.
+    #[test]
+    fn dense_shared_layers_have_no_keys_or_values() {
+        let p = plan(&Arch::Gemma4.spec(), 1000);
+        for il in 0..4 {
+            for what in ["attn_k", "attn_v", "attn_k_norm"] {
+                assert!(has(&p, &format!("blk.{il}.{what}.weight")), "{il} {what}");
+            }
+        }
+        for il in 4..8 {
+            for what in ["attn_k", "attn_v", "attn_k_norm"] {
+                assert!(!has(&p, &format!("blk.{il}.{what}.weight")), "{il} {what}");
+            }
+            assert_eq!(find(&p, &format!("blk.{il}.ffn_up.weight")).ne, [128, 384]);
+            assert_eq!(
+                find(&p, &format!("blk.{il}.ffn_down.weight")).ne,
+                [384, 128]
+            );
+        }
+        assert_eq!(find(&p, "blk.2.attn_q.weight").ne, [128, 128]);
+        assert_eq!(find(&p, "blk.2.attn_k.weight").ne, [128, 64]);
+        assert_eq!(find(&p, "blk.3.attn_k.weight").ne, [128, 128]);
+        assert_eq!(find(&p, "blk.7.attn_q.weight").ne, [128, 256]);
+        assert_eq!(find(&p, "blk.7.attn_output.weight").ne, [256, 128]);
+        assert_eq!(find(&p, "blk.6.attn_q_norm.weight").ne, [32]);
+        assert_eq!(find(&p, "blk.1.ffn_gate.weight").ne, [128, 192]);
+        assert!(!has(&p, "output.weight") && !has(&p, "blk.0.ffn_gate_inp.weight"));
+    }
+
+    /// 64^-1/4 = 0.354 and 32^-1/4 = 0.420, each ± 10%.
+    #[test]
+    fn head_norms_sit_near_the_fourth_root_of_the_inverse_width() {
+        let p = plan(&Arch::Gemma4.spec(), 1000);
+        for (name, centre) in [
+            ("blk.3.attn_q_norm.weight", 0.353_553_4),
+            ("blk.3.attn_k_norm.weight", 0.353_553_4),
+            ("blk.2.attn_k_norm.weight", 0.420_448_2),
+        ] {
+            let v = find(&p, name).values("gemma4");
+            let (low, high) = (centre * 0.9, centre * 1.1);
+            assert!(v.iter().all(|x| (low..high).contains(x)), "{name}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn dense_per_layer_embeddings_have_llama_cpp_s_shapes() {
+        let p = plan(&Arch::Gemma4.spec(), 1000);
+        let table = find(&p, "per_layer_token_embd.weight");
+        assert_eq!(
+            (table.dtype, &table.ne[..]),
+            (DType::Q8_0, &[128, 1000][..])
+        );
+        assert_eq!(find(&p, "per_layer_model_proj.weight").ne, [128, 128]);
+        assert_eq!(find(&p, "per_layer_proj_norm.weight").ne, [16]);
+        assert_eq!(find(&p, "blk.5.inp_gate.weight").ne, [128, 16]);
+        let proj = find(&p, "blk.5.proj.weight");
+        assert_eq!((proj.dtype, &proj.ne[..]), (DType::F16, &[16, 128][..]));
+        assert_eq!(find(&p, "blk.5.post_norm.weight").ne, [128]);
+        assert_eq!(find(&p, "rope_freqs.weight").ne, [32]);
+        for il in 0..8 {
+            let scale = find(&p, &format!("blk.{il}.layer_output_scale.weight"));
+            let v = scale.values("gemma4");
+            assert_eq!(v.len(), 1);
+            assert!((0.3..0.6).contains(&v[0]), "{v:?}");
+        }
+    }
+
+    /// Global layers (2, 5) use their keys as values; every layer has the router with its
+    /// input scale, fused gate/up experts, down experts with their output scales, and the
+    /// norms around both FFNs; no per-layer embeddings.
+    #[test]
+    fn moe_blocks_have_experts_beside_the_dense_ffn() {
+        let p = plan(&Arch::Gemma4Moe.spec(), 1000);
+        assert!(has(&p, "blk.1.attn_v.weight") && !has(&p, "blk.2.attn_v.weight"));
+        assert_eq!(find(&p, "blk.2.attn_k.weight").ne, [256, 64]);
+        assert_eq!(find(&p, "blk.1.attn_k.weight").ne, [256, 64]);
+        assert_eq!(find(&p, "blk.5.attn_q.weight").ne, [256, 256]);
+        for il in 0..6 {
+            let t = |what: &str| find(&p, &format!("blk.{il}.{what}"));
+            let router = t("ffn_gate_inp.weight");
+            assert_eq!((router.dtype, &router.ne[..]), (DType::F32, &[256, 8][..]));
+            assert_eq!(t("ffn_gate_inp.scale").ne, [256]);
+            let gate_up = t("ffn_gate_up_exps.weight");
+            assert_eq!(
+                (gate_up.dtype, &gate_up.ne[..]),
+                (DType::Q4_K, &[256, 256, 8][..])
+            );
+            let down = t("ffn_down_exps.weight");
+            assert_eq!(
+                (down.dtype, &down.ne[..]),
+                (DType::Q8_0, &[128, 256, 8][..])
+            );
+            assert_eq!(t("ffn_down_exps.scale").ne, [8]);
+            assert_eq!(t("ffn_up.weight").ne, [256, 256]);
+            for norm in [
+                "pre_ffw_norm_2",
+                "post_ffw_norm_1",
+                "post_ffw_norm_2",
+                "post_ffw_norm",
+            ] {
+                assert_eq!(t(&format!("{norm}.weight")).ne, [256], "{norm}");
+            }
+            assert!(!has(&p, &format!("blk.{il}.ffn_gate_exps.weight")));
+            assert!(!has(&p, &format!("blk.{il}.inp_gate.weight")));
+        }
+        assert!(!has(&p, "per_layer_token_embd.weight") && has(&p, "rope_freqs.weight"));
+        let scale = find(&p, "blk.0.ffn_gate_inp.scale").values("gemma4moe");
+        assert!(scale.iter().all(|x| (8.0..24.0).contains(x)), "{scale:?}");
     }
 }
