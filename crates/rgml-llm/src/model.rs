@@ -776,18 +776,6 @@ fn meta_device(
     shares: &[f32],
     sync: TensorSync,
 ) -> Result<DeviceRef> {
-    let varied = !config.uniform_layers()
-        || config.n_layer_kv < config.n_layer
-        || config.n_embd_per_layer > 0;
-    if varied {
-        // The plan splits every layer's heads and FFN alike, and knows no shared caches or
-        // per-layer embeddings.
-        return Err(LlmError::UnsupportedModel(format!(
-            "a tensor split of {} (layers of different shapes, shared KV caches or per-layer \
-             embeddings); use a layer split",
-            config.arch
-        )));
-    }
     if config.recurrent.is_some() {
         // The delta net's heads would have to split with their states and convolution
         // channels: not done yet.

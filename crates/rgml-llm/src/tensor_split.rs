@@ -2,7 +2,7 @@
 //! meta device (`--split-mode tensor`), decided from the weights' roles, never from name
 //! patterns in the core.
 //!
-//! Per block:
+//! Per block (each block its own sizes, where blocks differ as Gemma 4's do):
 //! - attention Q, K, V (and their biases) split by output rows, in whole heads; every device
 //!   gets whole KV heads and the query heads that share them (grouped-query attention keeps
 //!   each group on one device), and those heads' attention sinks;
@@ -48,6 +48,19 @@ pub enum TensorSync {
 /// Per-device sizes of a model split over `n` devices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSplitPlan {
+    /// Per layer, its heads' and dense FFN's sizes (layers differ in Gemma 4).
+    pub layers: Vec<LayerSplit>,
+    /// Hidden rows of each expert per device, where the model has experts.
+    pub expert_rows: Vec<usize>,
+    /// Rows of the model width per device (outputs of the projections split by rows).
+    pub embd_rows: Vec<usize>,
+    /// Q/K/V and gate/up are fused projections (see [`ModelConfig::fused_projections`]).
+    pub fused: bool,
+}
+
+/// One layer's per-device sizes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerSplit {
     /// KV heads per device.
     pub kv_heads: Vec<usize>,
     /// Query heads per device.
@@ -56,12 +69,8 @@ pub struct TensorSplitPlan {
     pub q_rows: Vec<usize>,
     /// K / V rows (KV heads × head size) per device.
     pub kv_rows: Vec<usize>,
-    /// FFN hidden rows per device (of each expert, where the FFN is a mixture of experts).
+    /// Dense FFN hidden rows per device (empty where the layer has no dense FFN).
     pub ffn_rows: Vec<usize>,
-    /// Rows of the model width per device (outputs of the projections split by rows).
-    pub embd_rows: Vec<usize>,
-    /// Q/K/V and gate/up are fused projections (see [`ModelConfig::fused_projections`]).
-    pub fused: bool,
 }
 
 impl TensorSplitPlan {
@@ -87,34 +96,19 @@ impl TensorSplitPlan {
             )));
         };
         let c = config;
-        if c.n_head_kv == 0 || !c.n_head.is_multiple_of(c.n_head_kv) {
-            return Err(LlmError::BadConfig(format!(
-                "{} query heads do not group over {} KV heads",
-                c.n_head, c.n_head_kv
-            )));
-        }
-        if attn_granule == 0 || !c.head_dim.is_multiple_of(attn_granule) {
-            return Err(LlmError::BadConfig(format!(
-                "a head of {} cannot be split in blocks of {attn_granule}",
-                c.head_dim
-            )));
-        }
-        let group = c.n_head / c.n_head_kv;
-        let kv_heads = split_sizes(c.n_head_kv, &shares, 1)?;
-        let q_heads: Vec<usize> = kv_heads.iter().map(|h| h * group).collect();
-        let q_rows = q_heads.iter().map(|h| h * c.head_dim).collect();
-        let kv_rows = kv_heads.iter().map(|h| h * c.head_dim).collect();
-        let ffn_width = c.moe.as_ref().map_or(c.n_ff, |m| m.n_ff_exp);
-        let ffn_rows = split_sizes(ffn_width, &shares, ffn_granule.max(1))?;
+        let layers = (0..c.n_layer)
+            .map(|il| layer_split(c, il, &shares, attn_granule, ffn_granule))
+            .collect::<Result<Vec<_>>>()?;
+        let expert_rows = match &c.moe {
+            Some(m) => split_sizes(m.n_ff_exp, &shares, ffn_granule.max(1))?,
+            None => Vec::new(),
+        };
         // Whole 32-element blocks where the width allows (aligned slices), single rows else.
         let embd_granule = if c.n_embd.is_multiple_of(32) { 32 } else { 1 };
         let embd_rows = split_sizes(c.n_embd, &shares, embd_granule)?;
         Ok(TensorSplitPlan {
-            kv_heads,
-            q_heads,
-            q_rows,
-            kv_rows,
-            ffn_rows,
+            layers,
+            expert_rows,
             embd_rows,
             fused: c.fused_projections(),
         })
@@ -123,17 +117,34 @@ impl TensorSplitPlan {
     /// The split state of every split tensor of an `n_layer` model by name: the GGUF weights
     /// (`blk.{i}.attn_q.weight`, ...) and the session's KV cache (`cache_k_l{i}` `[n_embd_kv,
     /// cells]` split on axis 0, `cache_v_l{i}` `[cells, n_embd_kv]` on axis 1). Names the file
-    /// lacks (biases) are simply never asked for. `sync` picks the projections' split.
+    /// lacks (biases, the caches of layers that share another's) are simply never asked for.
+    /// `sync` picks the projections' split.
     pub fn name_states(&self, n_layer: usize, sync: TensorSync) -> HashMap<String, SplitState> {
-        let (attn_output, ffn_down) = match sync {
-            TensorSync::Gather => (
-                SplitState::axis(1, self.embd_rows.clone()),
-                SplitState::axis(1, self.embd_rows.clone()),
-            ),
-            TensorSync::Reduce => (
-                SplitState::axis(0, self.q_rows.clone()),
-                SplitState::axis(0, self.ffn_rows.clone()),
-            ),
+        let mut out = HashMap::new();
+        for (il, l) in self.layers.iter().enumerate().take(n_layer) {
+            for (name, state) in self.layer_states(l, sync) {
+                out.insert(format!("blk.{il}.{name}"), state);
+            }
+            out.insert(
+                format!("cache_k_l{il}"),
+                SplitState::axis(0, l.kv_rows.clone()),
+            );
+            out.insert(
+                format!("cache_v_l{il}"),
+                SplitState::axis(1, l.kv_rows.clone()),
+            );
+        }
+        out
+    }
+
+    /// The split states of one layer's weights, by their names within the block.
+    fn layer_states(&self, l: &LayerSplit, sync: TensorSync) -> Vec<(&'static str, SplitState)> {
+        let width = || SplitState::axis(1, self.embd_rows.clone());
+        // The projections back to the model width: by output rows, or on their contraction
+        // axis (the attention's query rows, the FFN's hidden rows).
+        let back = |rows: &Vec<usize>| match sync {
+            TensorSync::Gather => width(),
+            TensorSync::Reduce => SplitState::axis(0, rows.clone()),
         };
         // Biases of the projections back to the model width: split as their rows where the
         // rows are split, else whole (added once, after the partial sums are joined).
@@ -141,64 +152,85 @@ impl TensorSplitPlan {
             TensorSync::Gather => SplitState::axis(0, self.embd_rows.clone()),
             TensorSync::Reduce => SplitState::Mirrored,
         };
-        let mut out = HashMap::new();
-        for il in 0..n_layer {
-            let mut put = |name: &str, state: SplitState| {
-                out.insert(format!("blk.{il}.{name}"), state);
+        let rows = |r: &Vec<usize>| SplitState::axis(1, r.clone());
+        let mut out = vec![
+            ("attn_q.weight", rows(&l.q_rows)),
+            ("attn_k.weight", rows(&l.kv_rows)),
+            ("attn_v.weight", rows(&l.kv_rows)),
+            ("attn_output.weight", back(&l.q_rows)),
+            ("attn_output.bias", width_bias.clone()),
+            ("attn_sinks.weight", SplitState::axis(0, l.q_heads.clone())),
+            ("attn_q.bias", SplitState::axis(0, l.q_rows.clone())),
+            ("attn_k.bias", SplitState::axis(0, l.kv_rows.clone())),
+            ("attn_v.bias", SplitState::axis(0, l.kv_rows.clone())),
+        ];
+        if self.fused {
+            let qkv = self.runs(&[&l.q_rows, &l.kv_rows, &l.kv_rows]);
+            out.push(("attn_qkv.weight", qkv));
+        }
+        if !l.ffn_rows.is_empty() {
+            out.push(("ffn_gate.weight", rows(&l.ffn_rows)));
+            let up = match self.fused {
+                true => self.runs(&[&l.ffn_rows, &l.ffn_rows]),
+                false => rows(&l.ffn_rows),
             };
-            put("attn_q.weight", SplitState::axis(1, self.q_rows.clone()));
-            put("attn_k.weight", SplitState::axis(1, self.kv_rows.clone()));
-            put("attn_v.weight", SplitState::axis(1, self.kv_rows.clone()));
-            put("attn_output.weight", attn_output.clone());
-            put("attn_output.bias", width_bias.clone());
-            put(
-                "attn_sinks.weight",
-                SplitState::axis(0, self.q_heads.clone()),
-            );
-            put("attn_q.bias", SplitState::axis(0, self.q_rows.clone()));
-            put("attn_k.bias", SplitState::axis(0, self.kv_rows.clone()));
-            put("attn_v.bias", SplitState::axis(0, self.kv_rows.clone()));
-            put(
-                "ffn_gate.weight",
-                SplitState::axis(1, self.ffn_rows.clone()),
-            );
-            if self.fused {
-                put(
-                    "attn_qkv.weight",
-                    self.runs(&[&self.q_rows, &self.kv_rows, &self.kv_rows]),
-                );
-                put(
-                    "ffn_up.weight",
-                    self.runs(&[&self.ffn_rows, &self.ffn_rows]),
-                );
-            } else {
-                put("ffn_up.weight", SplitState::axis(1, self.ffn_rows.clone()));
-            }
-            put("ffn_down.weight", ffn_down.clone());
-            put(
-                "ffn_gate_exps.weight",
-                SplitState::axis(1, self.ffn_rows.clone()),
-            );
-            put(
-                "ffn_up_exps.weight",
-                SplitState::axis(1, self.ffn_rows.clone()),
-            );
-            put("ffn_down_exps.weight", ffn_down.clone());
-            for bias in ["ffn_gate_exps.bias", "ffn_up_exps.bias"] {
-                put(bias, SplitState::axis(0, self.ffn_rows.clone()));
-            }
-            put("ffn_down_exps.bias", width_bias.clone());
-            out.insert(
-                format!("cache_k_l{il}"),
-                SplitState::axis(0, self.kv_rows.clone()),
-            );
-            out.insert(
-                format!("cache_v_l{il}"),
-                SplitState::axis(1, self.kv_rows.clone()),
-            );
+            out.extend([
+                ("ffn_up.weight", up),
+                ("ffn_down.weight", back(&l.ffn_rows)),
+            ]);
+        }
+        let x = &self.expert_rows;
+        if !x.is_empty() {
+            out.extend([
+                ("ffn_gate_exps.weight", rows(x)),
+                ("ffn_up_exps.weight", rows(x)),
+                ("ffn_gate_up_exps.weight", self.runs(&[x, x])),
+                ("ffn_down_exps.weight", back(x)),
+                ("ffn_gate_exps.bias", SplitState::axis(0, x.clone())),
+                ("ffn_up_exps.bias", SplitState::axis(0, x.clone())),
+                ("ffn_down_exps.bias", width_bias),
+            ]);
         }
         out
     }
+}
+
+/// Layer `il`'s sizes: whole KV heads with the query heads that share them, and the dense
+/// FFN's hidden rows.
+fn layer_split(
+    c: &ModelConfig,
+    il: usize,
+    shares: &[f32],
+    attn_granule: usize,
+    ffn_granule: usize,
+) -> Result<LayerSplit> {
+    let h = c.heads(il);
+    if h.n_head_kv == 0 || !h.n_head.is_multiple_of(h.n_head_kv) {
+        return Err(LlmError::BadConfig(format!(
+            "{} query heads do not group over {} KV heads",
+            h.n_head, h.n_head_kv
+        )));
+    }
+    if attn_granule == 0 || !h.head_dim.is_multiple_of(attn_granule) {
+        return Err(LlmError::BadConfig(format!(
+            "a head of {} cannot be split in blocks of {attn_granule}",
+            h.head_dim
+        )));
+    }
+    let group = h.n_head / h.n_head_kv;
+    let kv_heads = split_sizes(h.n_head_kv, shares, 1)?;
+    let q_heads: Vec<usize> = kv_heads.iter().map(|n| n * group).collect();
+    let ffn_rows = match c.n_ff_at(il) {
+        0 => Vec::new(),
+        n_ff => split_sizes(n_ff, shares, ffn_granule.max(1))?,
+    };
+    Ok(LayerSplit {
+        q_rows: q_heads.iter().map(|n| n * h.head_dim).collect(),
+        kv_rows: kv_heads.iter().map(|n| n * h.head_dim).collect(),
+        kv_heads,
+        q_heads,
+        ffn_rows,
+    })
 }
 
 impl TensorSplitPlan {
@@ -229,24 +261,24 @@ mod tests {
     fn heads_stay_whole_and_grouped() {
         let c = smollm();
         let p = TensorSplitPlan::new(&c, &[], 2, 32, 32).unwrap();
-        assert_eq!(p.kv_heads, vec![2, 1]);
-        assert_eq!(p.q_rows, vec![384, 192]);
-        assert_eq!(p.kv_rows, vec![128, 64]);
-        assert_eq!(p.ffn_rows, vec![768, 768]);
+        assert_eq!(p.layers[0].kv_heads, vec![2, 1]);
+        assert_eq!(p.layers[0].q_rows, vec![384, 192]);
+        assert_eq!(p.layers[0].kv_rows, vec![128, 64]);
+        assert_eq!(p.layers[0].ffn_rows, vec![768, 768]);
         let p = TensorSplitPlan::new(&c, &[1.0, 1.0, 1.0], 3, 32, 256).unwrap();
-        assert_eq!(p.kv_heads, vec![1, 1, 1]);
-        assert_eq!(p.q_rows, vec![192; 3]);
-        assert_eq!(p.ffn_rows, vec![512, 512, 512]);
-        assert!(p.ffn_rows.iter().all(|r| r % 256 == 0));
+        assert_eq!(p.layers[0].kv_heads, vec![1, 1, 1]);
+        assert_eq!(p.layers[0].q_rows, vec![192; 3]);
+        assert_eq!(p.layers[0].ffn_rows, vec![512, 512, 512]);
+        assert!(p.layers[0].ffn_rows.iter().all(|r| r % 256 == 0));
         // Uneven shares; more devices than KV heads leaves some without attention.
         let p = TensorSplitPlan::new(&c, &[3.0, 1.0], 2, 32, 32).unwrap();
-        assert_eq!(p.kv_heads, vec![2, 1]);
-        assert_eq!(p.ffn_rows, vec![1152, 384]);
+        assert_eq!(p.layers[0].kv_heads, vec![2, 1]);
+        assert_eq!(p.layers[0].ffn_rows, vec![1152, 384]);
         let p = TensorSplitPlan::new(&c, &[], 4, 32, 32).unwrap();
-        assert_eq!(p.kv_heads.iter().sum::<usize>(), 3);
-        assert!(p.kv_heads.contains(&0));
-        assert_eq!(p.q_rows.iter().sum::<usize>(), c.n_embd);
-        assert_eq!(p.ffn_rows.iter().sum::<usize>(), c.n_ff);
+        assert_eq!(p.layers[0].kv_heads.iter().sum::<usize>(), 3);
+        assert!(p.layers[0].kv_heads.contains(&0));
+        assert_eq!(p.layers[0].q_rows.iter().sum::<usize>(), c.n_embd);
+        assert_eq!(p.layers[0].ffn_rows.iter().sum::<usize>(), c.n_ff);
     }
 
     #[test]
@@ -265,18 +297,15 @@ mod tests {
         assert!(
             !s.contains_key("blk.0.attn_norm.weight") && !s.contains_key("blk.0.ffn_norm.weight")
         );
-        // Per layer: q, k, v, output, four biases, the sinks, gate, up, down (dense and
-        // experts), the experts' three biases, and the two caches.
-        assert_eq!(s.len(), 2 * 20);
+        // Per layer: q, k, v, output, four biases, the sinks, gate, up, down, and the two
+        // caches (a dense model: no experts' names).
+        assert_eq!(s.len(), 2 * 14);
         // A head's sink goes with its head; biases of the reduced projections stay whole.
         assert_eq!(w("attn_sinks.weight"), SplitState::axis(0, vec![6, 3]));
         assert_eq!(w("attn_output.bias"), SplitState::Mirrored);
-        assert_eq!(w("ffn_up_exps.bias"), SplitState::axis(0, vec![768, 768]));
-        assert_eq!(w("ffn_down_exps.bias"), SplitState::Mirrored);
         let gather = p.name_states(2, TensorSync::Gather);
         let embd = SplitState::axis(0, p.embd_rows.clone());
         assert_eq!(gather["blk.0.attn_output.bias"], embd);
-        assert_eq!(gather["blk.0.ffn_down_exps.bias"], embd);
         assert_eq!(s["cache_k_l0"], SplitState::axis(0, vec![128, 64]));
         assert_eq!(s["cache_v_l1"], SplitState::axis(1, vec![128, 64]));
         assert!(!s.contains_key("blk.2.attn_q.weight"));
@@ -309,7 +338,7 @@ mod tests {
             n_ff_shexp: 0,
         });
         let p = TensorSplitPlan::new(&c, &[], 2, 32, 256).unwrap();
-        assert_eq!(p.ffn_rows, vec![256, 256]);
+        assert_eq!(p.expert_rows, vec![256, 256]);
         let s = p.name_states(1, TensorSync::Reduce);
         let rows = SplitState::axis(1, vec![256, 256]);
         assert_eq!(s["blk.0.ffn_gate_exps.weight"], rows);
@@ -319,8 +348,59 @@ mod tests {
             SplitState::axis(0, vec![256, 256])
         );
         assert!(!s.contains_key("blk.0.ffn_gate_inp.weight"));
+        // Fused gate and up: one run of each expert's hidden rows per part.
+        let runs = p.runs(&[&p.expert_rows, &p.expert_rows]);
+        assert_eq!(s["blk.0.ffn_gate_up_exps.weight"], runs);
+        // Biases of the reduced projections stay whole.
+        assert_eq!(
+            s["blk.0.ffn_up_exps.bias"],
+            SplitState::axis(0, vec![256, 256])
+        );
+        assert_eq!(s["blk.0.ffn_down_exps.bias"], SplitState::Mirrored);
         let g = p.name_states(1, TensorSync::Gather);
         assert_eq!(g["blk.0.ffn_down_exps.weight"], g["blk.0.ffn_down.weight"]);
+        let embd = SplitState::axis(0, p.embd_rows.clone());
+        assert_eq!(g["blk.0.ffn_down_exps.bias"], embd);
+    }
+
+    /// Gemma 4: local layers of 8 KV heads of 256, global ones of 2 of 512, FFNs of two
+    /// widths; each layer splits its own heads and rows.
+    #[test]
+    fn layers_of_different_shapes_split_each_their_own() {
+        let mut c = smollm();
+        c.n_layer = 2;
+        c.layer_heads = Some(vec![
+            crate::config::LayerHeads {
+                n_head: 16,
+                n_head_kv: 8,
+                head_dim: 256,
+                n_rot: 256,
+            },
+            crate::config::LayerHeads {
+                n_head: 16,
+                n_head_kv: 2,
+                head_dim: 512,
+                n_rot: 512,
+            },
+        ]);
+        c.layer_n_ff = Some(vec![1536, 3072]);
+        let p = TensorSplitPlan::new(&c, &[], 2, 32, 32).unwrap();
+        let (local, global) = (&p.layers[0], &p.layers[1]);
+        assert_eq!(local.kv_rows, vec![4 * 256, 4 * 256]);
+        assert_eq!(local.q_rows, vec![8 * 256, 8 * 256]);
+        assert_eq!(global.kv_rows, vec![512, 512]);
+        assert_eq!(global.q_rows, vec![8 * 512, 8 * 512]);
+        assert_eq!(global.ffn_rows, vec![1536, 1536]);
+        let s = p.name_states(2, TensorSync::Gather);
+        assert_eq!(s["cache_k_l1"], SplitState::axis(0, vec![512, 512]));
+        assert_eq!(
+            s["blk.0.attn_q.weight"],
+            SplitState::axis(1, vec![2048, 2048])
+        );
+        assert_eq!(
+            s["blk.1.ffn_up.weight"],
+            SplitState::axis(1, vec![1536, 1536])
+        );
     }
 
     #[test]
