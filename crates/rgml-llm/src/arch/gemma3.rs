@@ -67,13 +67,16 @@ pub(super) fn final_logit_softcap(keys: &Keys<'_>) -> Result<Option<f32>> {
     }
 }
 
-/// Block `il`: normed attention, normed again before its residual; the same for the FFN.
-pub(super) fn layer(
+/// The attention half of a Gemma block on `x`: normed attention, normed again, plus `x`
+/// (named `sum_name`, llama.cpp's name for it); with the FFN's post-norm weight, which the other
+/// half needs.
+pub(super) fn post_normed_attention(
     b: &mut Builder<'_>,
     il: usize,
     l: &LayerWeights,
     x: TensorId,
-) -> Result<TensorId> {
+    sum_name: &str,
+) -> Result<(TensorId, TensorId)> {
     let missing = |name: &str| LlmError::MissingTensor(format!("blk.{il}.{name}.weight"));
     let attn_post_norm = l
         .attn_post_norm
@@ -82,8 +85,18 @@ pub(super) fn layer(
     let (attn, x) = b.self_attention(il, l, x)?;
     let cur = b.norm(attn, attn_post_norm, il)?;
     let cur = b.keep(cur, format!("attn_post_norm-{il}"))?;
-    let sa_out = b.ctx().add(cur, x)?;
-    let sa_out = b.keep(sa_out, format!("sa_out-{il}"))?;
+    let sum = b.ctx().add(cur, x)?;
+    Ok((b.keep(sum, format!("{sum_name}-{il}"))?, ffn_post_norm))
+}
+
+/// Block `il`: normed attention, normed again before its residual; the same for the FFN.
+pub(super) fn layer(
+    b: &mut Builder<'_>,
+    il: usize,
+    l: &LayerWeights,
+    x: TensorId,
+) -> Result<TensorId> {
+    let (sa_out, ffn_post_norm) = post_normed_attention(b, il, l, x, "sa_out")?;
     let cur = b.norm(sa_out, l.ffn_norm, il)?;
     let cur = b.keep(cur, format!("ffn_norm-{il}"))?;
     let ffn = super::ffn(b, il, l, cur)?;

@@ -132,16 +132,7 @@ pub(super) fn layer(
     l: &LayerWeights,
     x: TensorId,
 ) -> Result<TensorId> {
-    let missing = |name: &str| LlmError::MissingTensor(format!("blk.{il}.{name}.weight"));
-    let attn_post_norm = l
-        .attn_post_norm
-        .ok_or_else(|| missing("post_attention_norm"))?;
-    let ffn_post_norm = l.ffn_post_norm.ok_or_else(|| missing("post_ffw_norm"))?;
-    let (attn, x) = b.self_attention(il, l, x)?;
-    let cur = b.norm(attn, attn_post_norm, il)?;
-    let cur = b.keep(cur, format!("attn_post_norm-{il}"))?;
-    let attn_out = b.ctx().add(cur, x)?;
-    let attn_out = b.keep(attn_out, format!("attn_out-{il}"))?;
+    let (attn_out, ffn_post_norm) = super::gemma3::post_normed_attention(b, il, l, x, "attn_out")?;
     let ffn = match &l.parallel_experts {
         Some(p) => dense_and_experts(b, il, l, p, attn_out)?,
         None => {
