@@ -307,8 +307,8 @@ fn check_heads(h: LayerHeads, il: usize) -> Result<()> {
     }
     if n_rot == 0 || n_rot > head_dim || !n_rot.is_multiple_of(2) {
         return Err(LlmError::BadConfig(format!(
-            "layer {il}: {n_rot} rotated dimensions must be even, positive and at most the head \
-             width {head_dim}"
+            "layer {il}: {n_rot} rotated dimensions (rope.dimension_count) must be even, \
+             positive and at most the head width {head_dim}"
         )));
     }
     Ok(())
