@@ -86,7 +86,7 @@ impl Gpu {
     /// ggml's GELU table ([`rgml::tables::gelu_f16_table`]) as 65536 f32 values indexed by
     /// an f16's bits: what GELU and GEGLU read (binding C), so that they give ggml-cpu's
     /// results bit for bit.
-    pub(crate) fn gelu_table(&self) -> Result<wgpu::Buffer> {
+    pub(crate) fn gelu_table(&self) -> wgpu::Buffer {
         let table = self.gelu_table.get_or_init(|| {
             let values: Vec<u32> = rgml::tables::gelu_f16_table()
                 .iter()
@@ -99,11 +99,11 @@ impl Gpu {
                 usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
+            // A failed upload is reported at the next submit's check.
             self.queue.write_buffer(&buffer, 0, bytes);
             buffer
         });
-        self.check()?;
-        Ok(table.clone())
+        table.clone()
     }
 
     /// An rgml error for this device.

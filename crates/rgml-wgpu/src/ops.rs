@@ -394,7 +394,7 @@ impl<'a> Prep<'a> {
                 let mut buffers = buffers;
                 if matches!(t.op, Op::Unary(UnaryOp::Gelu) | Op::Geglu) {
                     // ggml's GELU table, as binding C (unused by these ops otherwise).
-                    buffers[2] = self.gpu.gelu_table()?;
+                    buffers[2] = self.gpu.gelu_table();
                     p.off[2] = 0;
                 }
                 Ok(vec![self.dispatch(kernel, p, buffers, threads)?])

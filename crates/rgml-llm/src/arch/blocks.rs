@@ -464,23 +464,19 @@ impl<'a> Builder<'a> {
             q = self.row_norm(q, w)?;
             q = self.keep(q, format!("Qcur_normed-{il}"))?;
         }
-        let kv = match kv {
-            Some((k, v)) => Some(self.key_value(il, a, k, v)?),
-            None => None,
-        };
+        let kv = kv.map(|(k, v)| self.key_value(il, a, k, v)).transpose()?;
         let (rope, factors) = (
             rope_params(c, il),
             layer_rope_factors(c, il, self.model.rope_freqs),
         );
         let q = self.ctx.rope_ext(q, self.inputs.positions, factors, rope)?;
         let mut q = self.keep(q, format!("Qcur-{il}"))?;
-        let kv = match kv {
-            Some((k, v)) => {
+        let kv = kv
+            .map(|(k, v)| -> Result<_> {
                 let k = self.ctx.rope_ext(k, self.inputs.positions, factors, rope)?;
-                Some((self.keep(k, format!("Kcur-{il}"))?, v))
-            }
-            None => None,
-        };
+                Ok((self.keep(k, format!("Kcur-{il}"))?, v))
+            })
+            .transpose()?;
         if c.attn_scale_on_q {
             q = self.ctx.scale(q, c.attn_scale)?;
         }

@@ -18,26 +18,19 @@ use super::blocks::Builder;
 use super::keys::Keys;
 use super::moe::{self, ExpertRules, ExpertWidth};
 use super::swa::{self, LocalRope};
-use super::{
-    LayerParts, LayerWeights, Need, ParallelExperts, PerLayerEmbeddings, PerLayerInput, FFN_NORM,
-};
+use super::{LayerParts, LayerWeights, Need, ParallelExperts, PerLayerEmbeddings, PerLayerInput};
 use crate::config::{ExpertGating, FfnActivation, ModelConfig};
 use crate::error::{LlmError, Result};
 use rgml::{DType, RopeMode, TensorId};
 
+/// Gemma 3's parts, with the FFN's scales passed on (llama.cpp's Gemma 4 graph does), values
+/// that may be the keys, experts beside the dense FFN and an output scale.
 pub(super) const PARTS: LayerParts = LayerParts {
-    qk_norm: Need::Required,
-    post_norms: Need::Required,
-    out_biases: Need::No,
-    fused_gate_up: false,
     ffn_scales: true,
-    sinks: Need::No,
-    expert_biases: Need::No,
-    ffn_norm: FFN_NORM,
-    shared_expert: Need::No,
     value_from_key: true,
     parallel_experts: true,
     out_scale: Need::Optional,
+    ..super::gemma3::PARTS
 };
 
 /// llama.cpp's defaults for the local layers' RoPE (`rope_freq_base_train_swa`, its scale).

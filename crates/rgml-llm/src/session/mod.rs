@@ -891,11 +891,8 @@ fn check_cache_types(
                 "--cache-type-{flag} {t}: not a KV cache type rgml computes (f32, f16, q8_0, q4_0)"
             )));
         }
-        let widths = (0..c.n_layer).map(|il| c.heads(il).head_dim);
-        if let Some(hd) = widths
-            .into_iter()
-            .find(|hd| !hd.is_multiple_of(t.block_size()))
-        {
+        let mut widths = (0..c.n_layer).map(|il| c.heads(il).head_dim);
+        if let Some(hd) = widths.find(|hd| !hd.is_multiple_of(t.block_size())) {
             return Err(LlmError::BadConfig(format!(
                 "--cache-type-{flag} {t}: the head size {hd} is not a whole number of {t} blocks"
             )));
@@ -914,12 +911,18 @@ fn check_cache_types(
 /// Whether every device holding `model`'s blocks computes FLASH_ATTN_EXT on its shapes.
 fn flash_attn_supported(model: &Model) -> Result<bool> {
     let devices = model.devices();
+    // One probe per device and shape of heads (most layers share one).
+    let mut asked = Vec::new();
     for il in 0..model.config.n_layer {
+        let key = (model.layer_device(il).unwrap_or(0), model.config.heads(il));
+        if asked.contains(&key) {
+            continue;
+        }
         let (ctx, fa) = flash_attn_probe_layer(&model.config, il)?;
-        let dev = model.layer_device(il).unwrap_or(0);
-        if !devices.get(dev).is_some_and(|d| d.supports_op(&ctx, fa)) {
+        if !devices.get(key.0).is_some_and(|d| d.supports_op(&ctx, fa)) {
             return Ok(false);
         }
+        asked.push(key);
     }
     Ok(true)
 }

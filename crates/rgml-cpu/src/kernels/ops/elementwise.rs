@@ -11,11 +11,6 @@ use crate::kernels::task::{
 use crate::kernels::vexp;
 use rgml::{DType, Op, Result, UnaryOp};
 
-/// ggml's GELU table (see [`rgml::tables`]).
-fn gelu_table() -> &'static [u16] {
-    rgml::tables::gelu_f16_table()
-}
-
 /// GELU as ggml-cpu computes it (`GGML_GELU_FP16`): 0 at or below -10, `x` at or above 10,
 /// elsewhere the table's value at `x` rounded to f16. Not the f32 formula: ggml's results differ
 /// from it by up to an f16 rounding, and models must match ggml's.
@@ -151,7 +146,7 @@ pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Res
     match op {
         UnaryOp::Silu => silu_rows(task, tc),
         UnaryOp::Gelu => {
-            let table = gelu_table();
+            let table = rgml::tables::gelu_f16_table();
             map_rows(task, tc, move |x| gelu_with(table, x))
         }
         // ggml_vec_tanh_f32: libm's tanhf per element.
@@ -169,7 +164,7 @@ pub(crate) fn unary(task: &NodeTask, tc: &mut ThreadCtx<'_>, op: UnaryOp) -> Res
 
 /// GEGLU: `dst = gelu(src0) * src1`, as `ggml_vec_geglu_f32` (0 where `src0 <= -10`).
 pub(crate) fn geglu(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
-    let table = gelu_table();
+    let table = rgml::tables::gelu_f16_table();
     gated_rows(task, tc, |d, x, g| {
         for ((d, &x), &g) in d.iter_mut().zip(x).zip(g) {
             *d = if x <= -10.0 {
@@ -275,7 +270,7 @@ fn gated_rows(
 mod tests {
     #[test]
     fn gelu_clamps_and_rounds_like_ggml() {
-        let t = super::gelu_table();
+        let t = rgml::tables::gelu_f16_table();
         assert_eq!(super::gelu_with(t, -10.0), 0.0);
         assert_eq!(super::gelu_with(t, 12.5), 12.5);
         for x in [-3.7f32, -0.4, 0.013, 0.9, 2.2, 7.9] {
