@@ -19,11 +19,14 @@
 #   - per model, llama-bench -ngl 99 (Vulkan) and rgml bench -ngl 99 alternating: pp512 + tg128
 #     (-r 3), then tg128 at depth 4096 (-d 4096); on llama-1b Q4_K_M also -ngl 8 (half of its
 #     16 blocks) for both and rgml on the CPU alone (--device CPU). Order: llama-8b Q4_K_M,
-#     llama-1b Q4_K_M (+ -ngl 8, CPU), llama-8b at depth, llama-1b Q8_0 and F16, smollm2, the
+#     rgml's kernel profile on llama-8b (pp512, tg32), llama-1b Q4_K_M (+ -ngl 8, CPU),
+#     llama-8b at depth, llama-1b Q8_0 and F16, smollm2, the
 #     other depths: what matters most for the targets first, should the budget run out.
 # Output (also under $OUT, which the device tool brings back): gpu-table.md (the table),
 # gpu-check.log (everything printed), gpu-results.json (the parsed numbers and each step's
-# status), gpu-raw.tar.gz (each step's stdout/stderr). Without $OUT they go to /tmp/gpucheck-out.
+# status), gpu-raw.tar.gz (each step's stdout/stderr), gpu-profile-{pp,tg}.txt (rgml's GPU time
+# per kernel on llama-8b Q4_K_M, from `rgml bench --trace` and scripts/trace-kernels.py).
+# Without $OUT they go to /tmp/gpucheck-out.
 #
 # Usage: scripts/gpu-device-check.sh [--quick|--dry-run] [--budget SECONDS] [--models LIST]
 #            [--no-checks] [--no-bench]
@@ -64,7 +67,8 @@ T0=$(date +%s)
 DEADLINE=$((T0 + budget))
 OUT=${OUT:-${TMPDIR:-/tmp}/gpucheck-out}
 mkdir -p "$OUT"
-rm -f "$OUT/gpu-table.md" "$OUT/gpu-check.log" "$OUT/gpu-results.json" "$OUT/gpu-raw.tar.gz"
+rm -f "$OUT/gpu-table.md" "$OUT/gpu-check.log" "$OUT/gpu-results.json" "$OUT/gpu-raw.tar.gz" \
+    "$OUT"/gpu-profile-*.txt
 W=$(mktemp -d "${TMPDIR:-/tmp}/gpucheck.XXXXXX")
 mkdir -p "$W/steps" "$W/models"
 
@@ -338,6 +342,24 @@ bench_half() { # KEY: -ngl at half the blocks for both, and rgml on the CPU alon
     run_step "rgml-$key-cpu" 90 "$RGML" bench -m "$f" -p $NP -n $NG -r $REPS --json --device CPU
 }
 
+bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), prompt and decode
+    local key=$1 f=$W/models/$1.gguf phase
+    [ -s "$f" ] || return
+    for phase in pp tg; do
+        local shape=(-p $NP -n 0)
+        [ $phase = pp ] || shape=(-p 0 -n 32)
+        if run_step "profile-$key-$phase" 60 "$RGML" bench -m "$f" "${shape[@]}" -r 1 --json \
+            "${RGML_GPU[@]}" --trace "$W/trace-$phase.json"; then
+            python3 "$root/scripts/trace-kernels.py" "$W/trace-$phase.json" --top 25 \
+                >"$OUT/gpu-profile-$phase.txt" 2>&1
+            python3 "$root/scripts/trace-kernels.py" "$W/trace-$phase.json" --by-op \
+                >>"$OUT/gpu-profile-$phase.txt" 2>&1
+            echo "GPU time per kernel, $key, $phase ($NP-token prompt or 32 decoded tokens):"
+            cat "$OUT/gpu-profile-$phase.txt"
+        fi
+    done
+}
+
 main() {
     say "gpu-device-check: $([ $quick = 1 ] && echo 'quick dry run' || echo 'device run'), budget ${budget}s, work dir $W, output $OUT"
     echo "host: $(uname -srm); $(nproc) cores; $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)"
@@ -417,11 +439,12 @@ main() {
 
     if [ $benches = 1 ]; then
         local plan=(
-            "pair llama8b-q4_k_m" "pair llama1b-q4_k_m" "half $HALF_MODEL" "depth llama8b-q4_k_m"
+            "pair llama8b-q4_k_m" "profile llama8b-q4_k_m" "pair llama1b-q4_k_m" "half $HALF_MODEL"
+            "depth llama8b-q4_k_m"
             "pair llama1b-q8_0" "pair llama1b-f16" "pair smollm2-q4_1"
             "depth llama1b-q4_k_m" "depth llama1b-q8_0" "depth llama1b-f16" "depth smollm2-q4_1"
         )
-        [ $quick = 0 ] || plan=("pair smollm2-q4_1" "half smollm2-q4_1" "depth smollm2-q4_1")
+        [ $quick = 0 ] || plan=("pair smollm2-q4_1" "profile smollm2-q4_1" "half smollm2-q4_1" "depth smollm2-q4_1")
         local p
         for p in "${plan[@]}"; do
             key=${p#* }
@@ -430,6 +453,7 @@ main() {
             case ${p%% *} in
                 pair) bench_pair "$key" ;;
                 half) bench_half "$key" ;;
+                profile) bench_profile "$key" ;;
                 depth) bench_depth "$key" ;;
             esac
         done

@@ -72,7 +72,8 @@ pub struct ModelArgs {
     /// The experts of the first N blocks on the CPU (also `-ncmoe`): llama.cpp's flag.
     #[arg(long, value_name = "N")]
     pub n_cpu_moe: Option<usize>,
-    /// Write a Chrome/Perfetto trace (splits and copies per backend) to this file.
+    /// Write a Chrome/Perfetto trace (splits and copies per backend; on a GPU each kernel,
+    /// timed on the GPU: `scripts/trace-kernels.py` sums them) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// The recorder behind `--trace`, created with the session.

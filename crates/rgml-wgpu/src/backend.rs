@@ -59,12 +59,17 @@
 //! copy a `"copy"` span (args: bytes). Spans are host-side times: a command buffer's span runs
 //! from the start of its encoding to the moment the host saw its submission complete (at the
 //! next synchronize), so it covers encode, queue wait and execution; copy spans cover the call
-//! (a set / copy only queues the transfer).
+//! (a set / copy only queues the transfer). Where the adapter writes timestamps inside compute
+//! passes (`TIMESTAMP_QUERY_INSIDE_PASSES`: NVIDIA, AMD, Intel and lavapipe do), every dispatch
+//! also gets a `"kernel"` span measured on the GPU, on the track `"<device> kernels"`, named by
+//! its node's op and kernel (`MUL_MAT Fast(MulMv, 5)`): `rgml bench --trace` and
+//! `scripts/trace-kernels.py` give the time per kernel. Timing costs a query set and two small
+//! buffers per command buffer, made only while a trace is recorded.
 
 use crate::buffer::{WgpuBuffer, COPY_ALIGN};
 use crate::gpu::Gpu;
 use crate::ops::supports_op;
-use crate::plan::Prepared;
+use crate::plan::{DispatchTimes, Prepared};
 use rgml::alloc::Concurrency;
 use rgml::backend::{Backend, Event, EventImpl, GraphPlan};
 use rgml::graph::Graph;
@@ -90,6 +95,9 @@ struct PendingSpan {
     start: Instant,
     nodes: u64,
     dispatches: u64,
+    /// The GPU's timestamps around its dispatches, where the adapter can write them, and the
+    /// plan they belong to (for the kernels' labels).
+    times: Option<(DispatchTimes, Arc<Prepared>)>,
 }
 
 /// A stream on a wgpu device.
@@ -163,6 +171,37 @@ impl WgpuBackend {
             .map(|b| (b, data.offset)))
     }
 
+    /// Trace spans for the timed dispatches of `spans`, on the track `"<device> kernels"`:
+    /// one per dispatch, named by its node's op and kernel, placed on the host timeline from
+    /// the start of the command buffers that were submitted together (GPU time zero is their
+    /// first timestamp).
+    fn kernel_spans(&self, trace: &Trace, spans: &[PendingSpan]) -> Result<()> {
+        let track = trace.track(&format!("{} kernels", self.name()));
+        let mut zero: Option<(Instant, f64)> = None;
+        for s in spans {
+            let Some((times, prepared)) = &s.times else {
+                continue;
+            };
+            let measured = times.read(&self.gpu)?;
+            for (k, (start_ns, duration_ns)) in measured.into_iter().enumerate() {
+                let (anchor, gpu_zero) = match zero {
+                    Some((anchor, z)) if anchor == s.start => (anchor, z),
+                    _ => *zero.insert((s.start, start_ns)),
+                };
+                trace.span_at(
+                    track,
+                    prepared.label(times.steps.start + k),
+                    "kernel",
+                    anchor,
+                    (start_ns - gpu_zero) / 1e3,
+                    duration_ns / 1e3,
+                    Vec::new(),
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn copy_span(&self, name: String, start: Instant, bytes: usize) {
         if let Some((trace, track)) = &self.trace {
             trace.span(
@@ -210,7 +249,7 @@ impl WgpuBackend {
     }
 
     /// Encode `prepared` into `n_cb` command buffers and submit them with one submit.
-    fn submit(&mut self, prepared: &Prepared) -> Result<()> {
+    fn submit(&mut self, prepared: &Arc<Prepared>) -> Result<()> {
         if prepared.len() == 0 {
             return Ok(());
         }
@@ -219,11 +258,19 @@ impl WgpuBackend {
         // Several ranges of enough steps each: encode them on threads (measured faster on
         // lavapipe, see the module docs); small graphs are not worth the thread start-up.
         let threaded = ranges.len() > 1 && prepared.len() >= ranges.len() * MIN_THREADED_RANGE;
+        let mut times: Vec<Option<DispatchTimes>> = ranges
+            .iter()
+            .map(|r| {
+                (self.trace.is_some() && self.gpu.timestamps)
+                    .then(|| DispatchTimes::new(&self.gpu, r.clone()))
+            })
+            .collect();
         let buffers: Vec<wgpu::CommandBuffer> = if threaded {
             std::thread::scope(|scope| {
                 let handles: Vec<_> = ranges
                     .iter()
-                    .map(|r| scope.spawn(move || prepared.encode(r.clone())))
+                    .zip(&times)
+                    .map(|(r, t)| scope.spawn(move || prepared.encode(r.clone(), t.as_ref())))
                     .collect();
                 handles
                     .into_iter()
@@ -234,7 +281,11 @@ impl WgpuBackend {
                     .collect::<Result<_>>()
             })?
         } else {
-            ranges.iter().map(|r| prepared.encode(r.clone())).collect()
+            ranges
+                .iter()
+                .zip(&times)
+                .map(|(r, t)| prepared.encode(r.clone(), t.as_ref()))
+                .collect()
         };
         if self.trace.is_some() {
             for (k, r) in ranges.iter().enumerate() {
@@ -244,6 +295,7 @@ impl WgpuBackend {
                     start: t0,
                     nodes: nodes.len() as u64,
                     dispatches: r.len() as u64,
+                    times: times[k].take().map(|t| (t, prepared.clone())),
                 });
             }
         }
@@ -276,6 +328,9 @@ impl Backend for WgpuBackend {
         let end = Instant::now();
         let spans = std::mem::take(&mut self.pending_spans);
         if let Some((trace, track)) = &self.trace {
+            if waited.is_ok() {
+                self.kernel_spans(trace, &spans)?;
+            }
             for s in spans {
                 trace.span(
                     *track,

@@ -46,6 +46,43 @@ pub struct WgpuDevice {
     me: Weak<WgpuDevice>,
 }
 
+/// What the adapter offers the kernels, for the device description: `"; shader-f16,
+/// subgroups 32-32, timestamps, coopmat 16x16x16 F16>F32"` (empty when none).
+fn capabilities(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> String {
+    let features = adapter.features();
+    let mut caps = Vec::new();
+    if features.contains(wgpu::Features::SHADER_F16) {
+        caps.push("shader-f16".to_string());
+    }
+    if features.contains(wgpu::Features::SUBGROUP) {
+        caps.push(format!(
+            "subgroups {}-{}",
+            info.subgroup_min_size, info.subgroup_max_size
+        ));
+    }
+    if features
+        .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+    {
+        caps.push("timestamps".to_string());
+    }
+    if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        for m in adapter.cooperative_matrix_properties() {
+            let c = format!(
+                "coopmat {}x{}x{} {:?}>{:?}",
+                m.m_size, m.n_size, m.k_size, m.ab_type, m.cr_type
+            );
+            if !caps.contains(&c) {
+                caps.push(c);
+            }
+        }
+    }
+    if caps.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", caps.join(", "))
+    }
+}
+
 impl WgpuDevice {
     fn new(name: String, adapter: wgpu::Adapter, options: WgpuOptions) -> Arc<WgpuDevice> {
         let info = adapter.get_info();
@@ -57,10 +94,11 @@ impl WgpuDevice {
         let software = info.device_type == wgpu::DeviceType::Cpu;
         let exact = options.exact.unwrap_or(software);
         let mode = if exact { "exact" } else { "fast" };
+        let caps = capabilities(&adapter, &info);
         let description = if info.driver.is_empty() {
-            format!("{}; {mode} arithmetic", info.name)
+            format!("{}; {mode} arithmetic{caps}", info.name)
         } else {
-            format!("{} ({}); {mode} arithmetic", info.name, info.driver)
+            format!("{} ({}); {mode} arithmetic{caps}", info.name, info.driver)
         };
         let max_size = usize::try_from(
             limits
@@ -131,6 +169,14 @@ impl WgpuDevice {
     /// Whether the adapter offers subgroup operations in compute shaders (`SUBGROUP`).
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// Whether the adapter writes timestamps between dispatches of a compute pass
+    /// (`TIMESTAMP_QUERY_INSIDE_PASSES`): a traced stream then times each kernel on the GPU.
+    pub fn times_kernels(&self) -> bool {
+        self.features.contains(
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
+        )
     }
 
     /// The adapter's limits (buffer sizes, bindings, workgroups).

@@ -38,6 +38,8 @@ pub(crate) struct Gpu {
     /// Bytes held by the live [`WgpuBuffer`]s of this device (their rounded-up sizes; staging,
     /// uniform and kernel objects are not counted).
     pub(crate) allocated: AtomicUsize,
+    /// Whether timestamps can be written between dispatches (traces time each kernel).
+    pub(crate) timestamps: bool,
 }
 
 impl Gpu {
@@ -46,10 +48,18 @@ impl Gpu {
         adapter: &wgpu::Adapter,
         options: WgpuOptions,
     ) -> std::result::Result<Gpu, String> {
+        // f64 lets kernels sum as ggml-cpu does; timestamps between dispatches time kernels
+        // for traces. The rest of the kernels need no features.
+        let timestamp_features =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let timestamps = adapter.features().contains(timestamp_features);
+        let mut features = adapter.features() & wgpu::Features::SHADER_F64;
+        if timestamps {
+            features |= timestamp_features;
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some(name),
-            // f64 lets kernels sum as ggml-cpu does; the rest of the kernels need no features.
-            required_features: adapter.features() & wgpu::Features::SHADER_F64,
+            required_features: features,
             // The adapter's own limits: buffers and bindings as large as it allows.
             required_limits: adapter.limits(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
@@ -78,6 +88,7 @@ impl Gpu {
             gelu_table: std::sync::OnceLock::new(),
             error,
             allocated: AtomicUsize::new(0),
+            timestamps,
         };
         gpu.check().map_err(|e| e.to_string())?;
         Ok(gpu)

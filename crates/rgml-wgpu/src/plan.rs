@@ -28,6 +28,8 @@ struct Step {
     bind_group: wgpu::BindGroup,
     /// Workgroups in x and y.
     groups: [u32; 2],
+    /// The node's op and the kernel (`MUL_MAT Fast(MulMv, 5)`), for trace spans.
+    label: String,
 }
 
 /// A graph of one context made ready for one wgpu device.
@@ -57,8 +59,11 @@ impl Prepared {
         let mut prep = Prep::new(gpu, device, exact);
         let mut dispatches = Vec::new();
         let mut node_of = Vec::new();
+        let mut labels = Vec::new();
         for (n, &id) in graph.nodes().iter().enumerate() {
+            let op = ctx.get(id)?.op.kind();
             for d in prep.prepare(ctx, id)? {
+                labels.push(format!("{op} {:?}", d.kernel));
                 dispatches.push(d);
                 node_of.push(n);
             }
@@ -77,7 +82,8 @@ impl Prepared {
         let steps = dispatches
             .iter()
             .enumerate()
-            .map(|(i, d)| step(gpu, &uniforms, i, d))
+            .zip(labels)
+            .map(|((i, d), label)| step(gpu, &uniforms, i, d, label))
             .collect::<Result<Vec<Step>>>()?;
         // Errors wgpu reported while making the bind groups and the uniform buffer.
         gpu.check()?;
@@ -112,10 +118,22 @@ impl Prepared {
         first..end.max(first)
     }
 
+    /// The trace label of step `i`.
+    pub(crate) fn label(&self, i: usize) -> &str {
+        self.steps.get(i).map_or("", |s| s.label.as_str())
+    }
+
     /// Encode steps `range` into one command buffer, all in one compute pass: wgpu tracks
     /// the buffers each dispatch uses and places the barriers between dispatches itself, so a
     /// pass per dispatch (begin / end recorded hundreds of times per token) buys nothing.
-    pub(crate) fn encode(&self, range: Range<usize>) -> wgpu::CommandBuffer {
+    /// With `times` (made for this range), a timestamp goes before the first dispatch and
+    /// after each one, and the command buffer ends by copying them where
+    /// [`DispatchTimes::read`] finds them.
+    pub(crate) fn encode(
+        &self,
+        range: Range<usize>,
+        times: Option<&DispatchTimes>,
+    ) -> wgpu::CommandBuffer {
         let mut encoder = self
             .gpu
             .device
@@ -127,13 +145,108 @@ impl Prepared {
                 label: None,
                 timestamp_writes: None,
             });
-            for step in self.steps.get(range).unwrap_or_default() {
+            let timed = times.map_or(0, |t| t.timed_steps());
+            if let Some(t) = times.filter(|_| timed > 0) {
+                pass.write_timestamp(&t.queries, 0);
+            }
+            for (k, step) in self.steps.get(range).unwrap_or_default().iter().enumerate() {
                 pass.set_pipeline(&step.pipeline);
                 pass.set_bind_group(0, &step.bind_group, &[]);
                 pass.dispatch_workgroups(step.groups[0], step.groups[1], 1);
+                if let Some(t) = times.filter(|_| k < timed) {
+                    pass.write_timestamp(&t.queries, k as u32 + 1);
+                }
             }
         }
+        if let Some(t) = times {
+            t.copy_out(&mut encoder);
+        }
         encoder.finish()
+    }
+}
+
+/// GPU timestamps around the dispatches of one command buffer (for `--trace` on adapters with
+/// `TIMESTAMP_QUERY_INSIDE_PASSES`): timestamp 0 before the first dispatch, timestamp k + 1
+/// after dispatch k, so a dispatch's time includes the barrier before it. At most
+/// `QUERY_SET_MAX_QUERIES - 1` dispatches of a command buffer are timed.
+pub(crate) struct DispatchTimes {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    count: u32,
+    /// The plan's steps this command buffer runs.
+    pub(crate) steps: Range<usize>,
+}
+
+impl DispatchTimes {
+    /// Timestamps for the command buffer of `steps`.
+    pub(crate) fn new(gpu: &Gpu, steps: Range<usize>) -> DispatchTimes {
+        let count = (steps.len() as u32 + 1).min(wgpu::QUERY_SET_MAX_QUERIES);
+        let bytes = u64::from(count) * wgpu::QUERY_SIZE as u64;
+        let queries = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("rgml dispatch times"),
+            ty: wgpu::QueryType::Timestamp,
+            count,
+        });
+        let buffer = |usage| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("rgml dispatch times"),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        DispatchTimes {
+            queries,
+            resolved: buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
+            readback: buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+            count,
+            steps,
+        }
+    }
+
+    fn timed_steps(&self) -> usize {
+        self.count.saturating_sub(1) as usize
+    }
+
+    fn copy_out(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.resolve_query_set(&self.queries, 0..self.count, &self.resolved, 0);
+        let bytes = u64::from(self.count) * wgpu::QUERY_SIZE as u64;
+        encoder.copy_buffer_to_buffer(&self.resolved, 0, &self.readback, 0, bytes);
+    }
+
+    /// After the command buffer completed: each timed dispatch's start (on the GPU's clock)
+    /// and duration, in nanoseconds.
+    pub(crate) fn read(&self, gpu: &Gpu) -> Result<Vec<(f64, f64)>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.readback.map_async(wgpu::MapMode::Read, .., move |r| {
+            // The receiver waits below; a send can only fail if it is gone, which it is not.
+            let _ = tx.send(r);
+        });
+        gpu.wait()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(gpu.err(format!("mapping dispatch times: {e}"))),
+            Err(_) => return Err(gpu.err("dispatch times were never mapped")),
+        }
+        let ticks: Vec<u64> = {
+            let view = self
+                .readback
+                .get_mapped_range(..)
+                .map_err(|e| gpu.err(format!("dispatch times range: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view)
+        };
+        self.readback.unmap();
+        let period = f64::from(gpu.queue.get_timestamp_period());
+        Ok(ticks
+            .windows(2)
+            .map(|w| {
+                (
+                    w[0] as f64 * period,
+                    w[1].saturating_sub(w[0]) as f64 * period,
+                )
+            })
+            .collect())
     }
 }
 
@@ -159,7 +272,7 @@ fn uniform_buffer(gpu: &Gpu, dispatches: &[Dispatch]) -> wgpu::Buffer {
 
 /// Dispatch `i` of a plan as a step: its pipeline, its bind group (parameter slot `i` of
 /// `uniforms`, then buffers A, B, C, D) and its workgroups.
-fn step(gpu: &Gpu, uniforms: &wgpu::Buffer, i: usize, d: &Dispatch) -> Result<Step> {
+fn step(gpu: &Gpu, uniforms: &wgpu::Buffer, i: usize, d: &Dispatch, label: String) -> Result<Step> {
     let param_size = std::num::NonZeroU64::new(std::mem::size_of::<Params>() as u64);
     let mut entries = Vec::with_capacity(5);
     entries.push(wgpu::BindGroupEntry {
@@ -195,5 +308,6 @@ fn step(gpu: &Gpu, uniforms: &wgpu::Buffer, i: usize, d: &Dispatch) -> Result<St
         pipeline,
         bind_group,
         groups: [x as u32, y as u32],
+        label,
     })
 }

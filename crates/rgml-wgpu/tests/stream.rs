@@ -253,6 +253,28 @@ fn trace_has_command_buffer_and_copy_spans() {
         .sum();
     assert_eq!(dispatches, s.graph.n_nodes() as u64);
     assert!(cbs[0].name.starts_with("cb 0 nodes 0.."));
+    // Each dispatch timed on the GPU, where the adapter can: in order, not overlapping.
+    let kernels: Vec<_> = spans.iter().filter(|s| s.category == "kernel").collect();
+    let timed = dev
+        .downcast_ref::<rgml_wgpu::WgpuDevice>()
+        .is_some_and(|d| d.times_kernels());
+    if timed {
+        assert_eq!(kernels.len() as u64, dispatches, "{kernels:?}");
+        assert!(kernels
+            .iter()
+            .all(|k| k.track == trace.track("Vulkan0 kernels")));
+        assert!(kernels
+            .iter()
+            .all(|k| k.name.contains(' ') && k.duration_us >= 0.0));
+        for w in kernels.windows(2) {
+            assert!(
+                w[1].start_us + 1e-3 >= w[0].start_us + w[0].duration_us,
+                "{w:?}"
+            );
+        }
+    } else {
+        assert!(kernels.is_empty(), "{kernels:?}");
+    }
     let copy = spans
         .iter()
         .find(|s| s.category == "copy")

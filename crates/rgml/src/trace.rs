@@ -107,6 +107,30 @@ impl Trace {
         self.lock().spans.push(span);
     }
 
+    /// Record a span of `duration_us` microseconds starting `offset_us` after `anchor` on
+    /// `track`: for times measured on another clock (a GPU's timestamps), placed on this
+    /// trace's timeline relative to a host instant.
+    pub fn span_at(
+        &self,
+        track: usize,
+        name: impl Into<String>,
+        category: &'static str,
+        anchor: Instant,
+        offset_us: f64,
+        duration_us: f64,
+        args: Vec<(String, TraceArg)>,
+    ) {
+        let span = TraceSpan {
+            track,
+            name: name.into(),
+            category,
+            start_us: anchor.saturating_duration_since(self.origin).as_secs_f64() * 1e6 + offset_us,
+            duration_us,
+            args,
+        };
+        self.lock().spans.push(span);
+    }
+
     /// The track names, by index.
     pub fn tracks(&self) -> Vec<String> {
         self.lock().tracks.clone()
