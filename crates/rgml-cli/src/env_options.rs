@@ -14,6 +14,8 @@
 //! - `RGML_WGPU_EXACT=0|1`: fast or exact arithmetic on every GPU
 //!   ([`rgml_wgpu::WgpuOptions::exact`]; unset: exact on CPU drivers such as lavapipe, fast on
 //!   GPUs; a device parameter `Vulkan0:exact=0|1` overrides it).
+//! - `RGML_WGPU_COOPMAT=0|1`: prompts on cooperative matrices (tensor cores) where a GPU offers
+//!   them (`0` sets [`rgml_wgpu::WgpuOptions::no_coopmat`]; default 1).
 //!
 //! An empty value counts as unset. Any other value is an error naming the variable and what it
 //! accepts, so a typo never silently runs something else than asked.
@@ -37,6 +39,7 @@ const DEVICES: &str = "RGML_CPU_DEVICES";
 const AMX: &str = "RGML_CPU_AMX";
 const SOFT_FMA: &str = "RGML_WGPU_SOFT_FMA";
 const EXACT: &str = "RGML_WGPU_EXACT";
+const COOPMAT: &str = "RGML_WGPU_COOPMAT";
 
 /// The options the process environment asks for.
 pub fn from_env() -> Result<BackendOptions, String> {
@@ -85,6 +88,9 @@ fn from_lookup(
     if let Some(v) = get(EXACT)? {
         options.wgpu.exact = Some(flag(EXACT, &v)?);
     }
+    if let Some(v) = get(COOPMAT)? {
+        options.wgpu.no_coopmat = !flag(COOPMAT, &v)?;
+    }
     Ok(options)
 }
 
@@ -120,6 +126,7 @@ mod tests {
             (DEVICES, ""),
             (SOFT_FMA, ""),
             (EXACT, ""),
+            (COOPMAT, ""),
         ];
         assert_eq!(with(&blank), Ok(BackendOptions::default()));
     }
@@ -144,6 +151,8 @@ mod tests {
         assert_eq!(with(&[(EXACT, "1")]).unwrap().wgpu.exact, Some(true));
         assert_eq!(with(&[(DEVICES, "64")]).unwrap().cpu.extra_devices, 64);
         assert!(with(&[(REPACK, "1")]).unwrap().cpu.repack);
+        assert!(with(&[(COOPMAT, "0")]).unwrap().wgpu.no_coopmat);
+        assert!(!with(&[(COOPMAT, "1")]).unwrap().wgpu.no_coopmat);
     }
 
     #[test]
@@ -158,6 +167,7 @@ mod tests {
             (DEVICES, "65", "from 0 to 64"),
             (SOFT_FMA, "yes", "0 or 1"),
             (EXACT, "fast", "0 or 1"),
+            (COOPMAT, "on", "0 or 1"),
         ] {
             let e = with(&[(var, value)]).unwrap_err();
             assert!(e.starts_with(&format!("{var}={value}: ")), "{e}");

@@ -32,7 +32,8 @@ mod test_ops;
                   RGML_CPU_DEVICES=N (devices CPU0..CPU{N-1} beside CPU, N <= 64), \
                   RGML_WGPU_SOFT_FMA=0|1 (integer FMA emulation on GPUs), \
                   RGML_WGPU_EXACT=0|1 (GPU arithmetic: fast, or the CPU's bits; default exact \
-                  on CPU drivers such as lavapipe, fast on GPUs)."
+                  on CPU drivers such as lavapipe, fast on GPUs), RGML_WGPU_COOPMAT=0|1 \
+                  (prompts on a GPU's cooperative matrices where it has them; default 1)."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -73,7 +73,7 @@ use crate::plan::{DispatchTimes, Prepared};
 use rgml::alloc::Concurrency;
 use rgml::backend::{Backend, Event, EventImpl, GraphPlan};
 use rgml::graph::Graph;
-use rgml::trace::{Trace, TraceArg};
+use rgml::trace::{Trace, TraceArg, TraceSpan};
 use rgml::{Context, DeviceRef, Error, Result, TensorId};
 use std::any::Any;
 use std::sync::{Arc, Mutex};
@@ -188,15 +188,15 @@ impl WgpuBackend {
                     Some((anchor, z)) if anchor == s.start => (anchor, z),
                     _ => *zero.insert((s.start, start_ns)),
                 };
-                trace.span_at(
+                let span = TraceSpan {
                     track,
-                    prepared.label(times.steps.start + k),
-                    "kernel",
-                    anchor,
-                    (start_ns - gpu_zero) / 1e3,
-                    duration_ns / 1e3,
-                    Vec::new(),
-                );
+                    name: prepared.label(times.steps.start + k).to_string(),
+                    category: "kernel",
+                    start_us: (start_ns - gpu_zero) / 1e3,
+                    duration_us: duration_ns / 1e3,
+                    args: Vec::new(),
+                };
+                trace.span_at(anchor, span);
             }
         }
         Ok(())

@@ -25,6 +25,25 @@ fn align_up(x: usize) -> usize {
     x.div_ceil(COPY_ALIGN) * COPY_ALIGN
 }
 
+/// The size of the adapter's largest device-local memory heap, where its backend says
+/// (Vulkan), for the device's memory figures: wgpu's safe API exposes no heap sizes, and the
+/// largest buffer (`max_buffer_size`, often 4 GiB) is far below a discrete GPU's memory.
+pub(crate) fn device_local_bytes(adapter: &wgpu::Adapter) -> Option<usize> {
+    // SAFETY: the hal adapter is only read (its instance and physical-device handles) while
+    // `adapter`, which owns it, is borrowed; no Vulkan object is created or destroyed.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: the physical device belongs to this instance, which is alive.
+    let props =
+        unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+    props
+        .memory_heaps_as_slice()
+        .iter()
+        .filter(|h| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .map(|h| usize::try_from(h.size).unwrap_or(usize::MAX))
+        .max()
+}
+
 /// The device's memory: storage buffers of at most the adapter's binding size.
 pub struct WgpuBufferType {
     name: String,

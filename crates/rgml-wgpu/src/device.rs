@@ -37,6 +37,8 @@ pub struct WgpuDevice {
     /// The arithmetic a stream gets without an `exact=` parameter.
     exact: bool,
     features: wgpu::Features,
+    /// The largest device-local heap, where the backend tells (Vulkan).
+    heap_bytes: Option<usize>,
     /// `min(max_buffer_size, max_storage_buffer_binding_size)`: the largest buffer a kernel can
     /// bind whole.
     max_size: usize,
@@ -108,6 +110,7 @@ impl WgpuDevice {
         .unwrap_or(usize::MAX);
         let alignment = (limits.min_storage_buffer_offset_alignment as usize).max(COPY_ALIGN);
         let features = adapter.features();
+        let heap_bytes = crate::buffer::device_local_bytes(&adapter);
         let cell = Arc::new(GpuCell::new(&name, adapter, options));
         Arc::new_cyclic(|weak: &Weak<WgpuDevice>| {
             let device: Weak<dyn rgml::Device> = weak.clone();
@@ -129,6 +132,7 @@ impl WgpuDevice {
                 software,
                 exact,
                 features,
+                heap_bytes,
                 me: weak.clone(),
             }
         })
@@ -169,6 +173,12 @@ impl WgpuDevice {
     /// Whether the adapter offers subgroup operations in compute shaders (`SUBGROUP`).
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// The size of the adapter's largest device-local memory heap, where its backend says
+    /// (Vulkan): what [`rgml::Device::memory`] reports as a discrete GPU's total.
+    pub fn device_local_bytes(&self) -> Option<usize> {
+        self.heap_bytes
     }
 
     /// Whether the adapter writes timestamps between dispatches of a compute pass
@@ -255,7 +265,8 @@ impl rgml::Device for WgpuDevice {
     /// - otherwise (discrete GPUs, or no `/proc/meminfo`): `total` is the largest buffer the
     ///   adapter allows (`max_buffer_size`, a lower bound of its memory) and `free` is that minus
     ///   the bytes this process holds in buffers of this device ([`WgpuDevice::allocated_bytes`];
-    ///   other processes' use is invisible).
+    ///   other processes' use is invisible). On Vulkan `total` is the largest device-local
+    ///   heap instead (the card's memory), read once when the device is listed.
     ///
     /// `free <= total` always holds.
     fn memory(&self) -> DeviceMemory {
@@ -264,8 +275,9 @@ impl rgml::Device for WgpuDevice {
                 return mem;
             }
         }
-        let total =
-            usize::try_from(self.cell.adapter().limits().max_buffer_size).unwrap_or(usize::MAX);
+        let total = self.heap_bytes.unwrap_or_else(|| {
+            usize::try_from(self.cell.adapter().limits().max_buffer_size).unwrap_or(usize::MAX)
+        });
         DeviceMemory {
             free: total.saturating_sub(self.allocated_bytes()),
             total,

@@ -4,7 +4,7 @@
 //!
 //! Below buffers, streams and devices: they all reach the wgpu device through here.
 
-use crate::kernels::{probe_fused_fma, Kernels};
+use crate::kernels::{coop_experimental_features, coop_shape, probe_fused_fma, Kernels};
 use rgml::{Error, Result};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -20,6 +20,10 @@ pub struct WgpuOptions {
     /// ([`WgpuDevice::exact_by_default`](crate::WgpuDevice::exact_by_default): exact on CPU
     /// drivers such as lavapipe, fast on GPUs). A stream's `exact=0|1` parameter overrides it.
     pub exact: Option<bool>,
+    /// Never compute prompts on cooperative matrices (tensor cores), even where the adapter
+    /// offers them (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`): the fast
+    /// arithmetic's register-tiled kernel instead.
+    pub no_coopmat: bool,
 }
 
 /// An open wgpu device: queue, kernels and the slot where wgpu reports errors.
@@ -57,12 +61,20 @@ impl Gpu {
         if timestamps {
             features |= timestamp_features;
         }
+        // Cooperative matrices for prompts, unless the options turn them off.
+        let coop = coop_shape(adapter).filter(|_| !options.no_coopmat);
+        let mut experimental = wgpu::ExperimentalFeatures::disabled();
+        if coop.is_some() {
+            features |=
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+            experimental = coop_experimental_features();
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some(name),
             required_features: features,
             // The adapter's own limits: buffers and bindings as large as it allows.
             required_limits: adapter.limits(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
@@ -78,7 +90,7 @@ impl Gpu {
             }
         }));
         let hw_fma = !options.soft_fma && probe_fused_fma(&device, &queue);
-        let kernels = Kernels::new(&device, hw_fma);
+        let kernels = Kernels::new(&device, hw_fma, coop);
         let gpu = Gpu {
             name: name.to_string(),
             device,

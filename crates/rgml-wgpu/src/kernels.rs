@@ -78,6 +78,8 @@ pub(crate) enum FastKernel {
     RmsNorm,
     /// `soft_max_fast`: SOFT_MAX, a workgroup per row.
     SoftMax,
+    /// `mul_mm_coop`: tiled MUL_MAT on cooperative matrices (only where [`Kernels::coop`]).
+    MulMmCoop,
 }
 
 impl FastKernel {
@@ -87,8 +89,92 @@ impl FastKernel {
             FastKernel::MulMm => "mul_mm_fast",
             FastKernel::RmsNorm => "rms_norm_fast",
             FastKernel::SoftMax => "soft_max_fast",
+            FastKernel::MulMmCoop => "mul_mm_coop",
         }
     }
+}
+
+/// The cooperative-matrix shape `mul_mm_coop` is compiled for: square fragments of `frag`
+/// f16 elements with f32 sums, in subgroups of `subgroup` invocations. Its workgroup of 128
+/// gives each subgroup 2 x 2 fragments of the 64 x 64 tile, so the two go together: 16 x 16
+/// fragments with subgroups of 32 (NVIDIA), 8 x 8 with subgroups of 8 (lavapipe).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CoopShape {
+    pub(crate) frag: u32,
+    pub(crate) subgroup: u32,
+}
+
+/// The shape `mul_mm_coop` can run in on `adapter`, if any: wgpu's
+/// `EXPERIMENTAL_COOPERATIVE_MATRIX` and `SHADER_F16`, one subgroup size, and an f16 x f16 + f32
+/// configuration of a matching fragment.
+pub(crate) fn coop_shape(adapter: &wgpu::Adapter) -> Option<CoopShape> {
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+    if !adapter.features().contains(needed) {
+        return None;
+    }
+    let info = adapter.get_info();
+    if info.subgroup_min_size != info.subgroup_max_size {
+        return None;
+    }
+    let offered = adapter.cooperative_matrix_properties();
+    [(16, 32), (8, 8)]
+        .into_iter()
+        .map(|(frag, subgroup)| CoopShape { frag, subgroup })
+        .find(|shape| {
+            shape.subgroup == info.subgroup_min_size
+                && offered.iter().any(|m| {
+                    m.m_size == shape.frag
+                        && m.n_size == shape.frag
+                        && m.k_size == shape.frag
+                        && m.ab_type == wgpu::CooperativeScalarType::F16
+                        && m.cr_type == wgpu::CooperativeScalarType::F32
+                })
+        })
+}
+
+/// What a device asks for to compile `mul_mm_coop`: the token for wgpu's experimental features.
+pub(crate) fn coop_experimental_features() -> wgpu::ExperimentalFeatures {
+    // SAFETY: the one experimental feature asked for with it is EXPERIMENTAL_COOPERATIVE_MATRIX,
+    // used only by `mul_mm_coop`, whose loads and stores address workgroup arrays within
+    // bounds (64-wide tiles, fragment offsets below 64 - 2 * frag, strides of 64); its other
+    // memory accesses are plain WGSL, bounds-checked by wgpu.
+    unsafe { wgpu::ExperimentalFeatures::enabled() }
+}
+
+/// The source of the cooperative-matrix module for `shape`: the fast kernels' source with the
+/// bindings `A`, `B`, `C` renamed (WGSL's matrix roles are spelled `A`, `B`, `C`), then
+/// `kernels_coop.wgsl` with its fragment type, edge and subgroup size filled in.
+fn coop_source(shape: CoopShape) -> String {
+    let fast = format!(
+        "{}\n{}",
+        include_str!("common.wgsl"),
+        include_str!("kernels_fast.wgsl")
+    );
+    let (frag, subgroup) = (shape.frag, shape.subgroup);
+    format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\nconst FRAG: u32 = {frag}u;\n\
+         const SUBGROUP: u32 = {subgroup}u;\n{}\n{}",
+        rename_bindings(&fast),
+        include_str!("kernels_coop.wgsl").replace("COOP_MAT", &format!("coop_mat{frag}x{frag}"))
+    )
+}
+
+/// `source` with every identifier `A`, `B` or `C` (the storage bindings) renamed `AB`, `BB`,
+/// `CB`.
+fn rename_bindings(source: &str) -> String {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let chars: Vec<char> = source.chars().collect();
+    let mut out = String::with_capacity(source.len() + 256);
+    for (i, &c) in chars.iter().enumerate() {
+        out.push(c);
+        let alone = matches!(c, 'A' | 'B' | 'C')
+            && (i == 0 || !ident(chars[i - 1]))
+            && chars.get(i + 1).is_none_or(|&n| !ident(n));
+        if alone {
+            out.push('B');
+        }
+    }
+    out
 }
 
 /// Most activation columns `mul_mv_fast` takes (`MV_COLS` in the WGSL); more take `mul_mm_fast`.
@@ -154,14 +240,18 @@ pub(crate) struct Kernels {
     pipeline_layout: wgpu::PipelineLayout,
     hw_fma: bool,
     fast_module: std::sync::OnceLock<wgpu::ShaderModule>,
+    /// The cooperative-matrix shape `mul_mm_coop` runs in, where the device was opened with it.
+    pub(crate) coop: Option<CoopShape>,
+    coop_module: std::sync::OnceLock<wgpu::ShaderModule>,
     /// The fast kernels compiled so far, by kernel and weight type.
     fast: std::sync::Mutex<std::collections::HashMap<(FastKernel, u32), wgpu::ComputePipeline>>,
 }
 
 impl Kernels {
     /// Compile every kernel (errors surface through the device's error slot); `hw_fma`: the
-    /// device's `fma` rounds once (see [`probe_fused_fma`]).
-    pub(crate) fn new(device: &wgpu::Device, hw_fma: bool) -> Kernels {
+    /// device's `fma` rounds once (see [`probe_fused_fma`]); `coop`: the device was opened
+    /// for `mul_mm_coop` in this shape.
+    pub(crate) fn new(device: &wgpu::Device, hw_fma: bool, coop: Option<CoopShape>) -> Kernels {
         let f64 = device.features().contains(wgpu::Features::SHADER_F64);
         let storage = |binding| wgpu::BindGroupLayoutEntry {
             binding,
@@ -238,6 +328,8 @@ impl Kernels {
             pipeline_layout,
             hw_fma,
             fast_module: std::sync::OnceLock::new(),
+            coop,
+            coop_module: std::sync::OnceLock::new(),
             fast: Default::default(),
         }
     }
@@ -258,18 +350,26 @@ impl Kernels {
         compiled
             .entry((kernel, type_code))
             .or_insert_with(|| {
-                let module = self.fast_module.get_or_init(|| {
-                    let source = format!(
-                        "{}\n{}",
-                        include_str!("common.wgsl"),
-                        include_str!("kernels_fast.wgsl")
-                    );
+                let make = |label, source: String| {
                     self.device
                         .create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some("rgml fast kernels"),
+                            label: Some(label),
                             source: wgpu::ShaderSource::Wgsl(source.into()),
                         })
-                });
+                };
+                let module = match (kernel, self.coop) {
+                    (FastKernel::MulMmCoop, Some(shape)) => self
+                        .coop_module
+                        .get_or_init(|| make("rgml coop kernels", coop_source(shape))),
+                    _ => self.fast_module.get_or_init(|| {
+                        let source = format!(
+                            "{}\n{}",
+                            include_str!("common.wgsl"),
+                            include_str!("kernels_fast.wgsl")
+                        );
+                        make("rgml fast kernels", source)
+                    }),
+                };
                 self.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                         label: Some(kernel.entry()),
@@ -362,4 +462,48 @@ pub(crate) fn probe_fused_fma(device: &wgpu::Device, queue: &wgpu::Queue) -> boo
     };
     read.unmap();
     fused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_binding_names_are_renamed() {
+        let src = "fn af(i: u32) -> f32 { return bitcast<f32>(A[i]) + C[i] + B[T_B + AB]; } // A.";
+        assert_eq!(
+            rename_bindings(src),
+            "fn af(i: u32) -> f32 { return bitcast<f32>(AB[i]) + CB[i] + BB[T_B + AB]; } // AB."
+        );
+    }
+
+    /// The cooperative-matrix module parses and validates in both shapes (no adapter needed:
+    /// CI's lavapipe offers no cooperative matrices, so this is what checks its source there).
+    #[test]
+    fn the_coop_module_is_valid_wgsl_in_both_shapes() {
+        use wgpu::naga;
+        for shape in [
+            CoopShape {
+                frag: 16,
+                subgroup: 32,
+            },
+            CoopShape {
+                frag: 8,
+                subgroup: 8,
+            },
+        ] {
+            let source = coop_source(shape);
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{shape:?}: {}", e.emit_to_string(&source)));
+            naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{shape:?}: {}", e.emit_to_string(&source)));
+            let frag = shape.frag;
+            assert!(source.contains(&format!("coop_mat{frag}x{frag}<f16, A>")));
+            assert!(module.entry_points.iter().any(|e| e.name == "mul_mm_coop"));
+        }
+    }
 }

@@ -459,45 +459,51 @@ fn rope_cache(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     dset(p.off.w + 2u * i + 1u, sin(theta) * p.f.w);
 }
 
-// ROPE, one invocation per row (i1, i2, i3) of A, with the (cos, sin) pairs of position i2 from
+// ROPE, one invocation per pair of elements of a row (i1, i2, i3) of A, with the (cos, sin) pairs of position i2 from
 // the table in C (`rope_cache`, n_dims floats per position). misc.y: n_dims (even); misc.z: 0
 // normal (adjacent pairs), 1 NeoX (halves); misc.w: how many leading pairs rotate with fused
 // multiply-adds (the rest with every product rounded, as ggml's vectorized normal-mode loop
-// leaves them). Dimensions from n_dims on are copied.
+// leaves them). Dimensions from n_dims on are copied. misc.x: rows x ceil(ne0 / 2) invocations.
 @compute @workgroup_size(64)
 fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // One invocation per pair of elements (2q, 2q + 1) of a row: a row's pairs are independent,
+    // and a loop over them would wait for each load in turn.
     let r = thread_index(gid, nwg);
     if (r >= p.misc.x) {
         return;
     }
-    let row = unravel_row(r, p.a_ne);
+    let half = (p.a_ne.x + 1u) / 2u;
+    let q = r % half;
+    let row = unravel_row(r / half, p.a_ne);
     let a0 = p.off.x + at(row, p.a_nb);
     let d0 = p.off.w + at(row, p.d_nb);
     let n_dims = p.misc.y;
-    for (var k = n_dims; k < p.a_ne.x; k++) {
-        dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x));
+    let i0 = 2u * q;
+    if (i0 >= n_dims) {
+        for (var k = i0; k < min(i0 + 2u, p.a_ne.x); k++) {
+            dset(d0 + k * p.d_nb.x, af(a0 + k * p.a_nb.x));
+        }
+        return;
     }
     let t0 = p.off.z + row.z * n_dims;
-    for (var i0 = 0u; i0 < n_dims; i0 += 2u) {
-        let c = cf(t0 + i0);
-        let s = cf(t0 + i0 + 1u);
-        var ia = i0;
-        var ib = i0 + 1u;
-        if (p.misc.z == 1u) {
-            ia = i0 / 2u;
-            ib = i0 / 2u + n_dims / 2u;
-        }
-        let x0 = af(a0 + ia * p.a_nb.x);
-        let x1 = af(a0 + ib * p.a_nb.x);
-        // ggml's `x0*c - x1*s`, `x0*s + x1*c` with the first products fused, as GCC compiles it,
-        // except in the pairs its vectorized loop leaves over.
-        if (i0 / 2u < p.misc.w) {
-            dset(d0 + ia * p.d_nb.x, fma_x(x0, c, -(x1 * s)));
-            dset(d0 + ib * p.d_nb.x, fma_x(x0, s, x1 * c));
-        } else {
-            dset(d0 + ia * p.d_nb.x, x0 * c - x1 * s);
-            dset(d0 + ib * p.d_nb.x, x0 * s + x1 * c);
-        }
+    let c = cf(t0 + i0);
+    let s = cf(t0 + i0 + 1u);
+    var ia = i0;
+    var ib = i0 + 1u;
+    if (p.misc.z == 1u) {
+        ia = i0 / 2u;
+        ib = i0 / 2u + n_dims / 2u;
+    }
+    let x0 = af(a0 + ia * p.a_nb.x);
+    let x1 = af(a0 + ib * p.a_nb.x);
+    // ggml's `x0*c - x1*s`, `x0*s + x1*c` with the first products fused, as GCC compiles it,
+    // except in the pairs its vectorized loop leaves over.
+    if (q < p.misc.w) {
+        dset(d0 + ia * p.d_nb.x, fma_x(x0, c, -(x1 * s)));
+        dset(d0 + ib * p.d_nb.x, fma_x(x0, s, x1 * c));
+    } else {
+        dset(d0 + ia * p.d_nb.x, x0 * c - x1 * s);
+        dset(d0 + ib * p.d_nb.x, x0 * s + x1 * c);
     }
 }
 

@@ -248,8 +248,14 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
 }
 
 // Elements k..k+8 of the f32 activation row at element `b0` (element stride b_nb.x), zero from
-// `n` on.
+// `n` on. Contiguous rows away from their end take eight plain loads with no branch between
+// them, so a thread's loads are all in flight at once.
 fn act8(b0: u32, k: u32, n: u32) -> G8 {
+    if (p.b_nb.x == 1u && k + 8u <= n) {
+        let i = b0 + k;
+        return G8(vec4<f32>(bf(i), bf(i + 1u), bf(i + 2u), bf(i + 3u)),
+                  vec4<f32>(bf(i + 4u), bf(i + 5u), bf(i + 6u), bf(i + 7u)));
+    }
     var v: array<f32, 8>;
     for (var e = 0u; e < 8u; e++) {
         if (k + e < n) {
@@ -257,6 +263,33 @@ fn act8(b0: u32, k: u32, n: u32) -> G8 {
         }
     }
     return G8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// Elements k..k+32 of a weight row, decoded: four groups of 8.
+struct G32 {
+    g0: G8,
+    g1: G8,
+    g2: G8,
+    g3: G8,
+}
+
+// Elements k..k+32 of the TYPE row at `a0`, written out as four calls so that their loads are
+// issued together (a mat-vec is bound by how many loads are in flight, not by arithmetic).
+fn deq32(a0: u32, k: u32, n: u32) -> G32 {
+    return G32(deq8(a0, k, n), deq8(a0, k + 8u, n), deq8(a0, k + 16u, n), deq8(a0, k + 24u, n));
+}
+
+fn dot8(x: G8, y: G8) -> f32 {
+    return dot(x.lo, y.lo) + dot(x.hi, y.hi);
+}
+
+// The dot product of decoded weights `x` (elements k..k+32) with activation row `b0`.
+fn dot32(x: G32, b0: u32, k: u32, n: u32) -> f32 {
+    let y0 = act8(b0, k, n);
+    let y1 = act8(b0, k + 8u, n);
+    let y2 = act8(b0, k + 16u, n);
+    let y3 = act8(b0, k + 24u, n);
+    return (dot8(x.g0, y0) + dot8(x.g1, y1)) + (dot8(x.g2, y2) + dot8(x.g3, y3));
 }
 
 // The weight row (A) of output row `i0` in the matrix of batch indices (i2, i3): dims 2 and 3
@@ -277,8 +310,9 @@ var<workgroup> partial: array<f32, 512>;
 
 // MUL_MAT with few activation columns (B's ne1 <= MV_COLS: generation): a workgroup of 64
 // computes two weight rows for every column, 32 invocations per row, each taking every 32nd
-// group of 8 elements, so a row's bytes are read once, side by side; then a tree sum through
-// workgroup memory. Workgroup w: rows 2 (w % ceil(ne0 / 2)) .. + 2 of matrix w / ceil(ne0 / 2)
+// run of 32 elements (a block or sub-block of every quantized type), so a row's bytes are read
+// once, side by side, and each invocation has a whole run's loads in flight; then a tree sum
+// through workgroup memory. Workgroup w: rows 2 (w % ceil(ne0 / 2)) .. + 2 of matrix w / ceil(ne0 / 2)
 // (i2 + ne2 i3).
 @compute @workgroup_size(64)
 fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -294,11 +328,10 @@ fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     var acc: array<f32, MV_COLS>;
     if (i0 < p.d_ne.x && i3 < p.d_ne.w) {
         let a0 = weight_row(i0, i2, i3);
-        for (var k = 8u * t; k < n; k += 8u * MV_THREADS) {
-            let x = deq8(a0, k, n);
+        for (var k = 32u * t; k < n; k += 32u * MV_THREADS) {
+            let x = deq32(a0, k, n);
             for (var c = 0u; c < ncols; c++) {
-                let y = act8(act_row(c, i2, i3), k, n);
-                acc[c] += dot(x.lo, y.lo) + dot(x.hi, y.hi);
+                acc[c] += dot32(x, act_row(c, i2, i3), k, n);
             }
         }
     }
@@ -325,14 +358,34 @@ fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
 const TILE: u32 = 64u;
 const DEPTH: u32 = 32u;
 
-var<workgroup> tile_a: array<f32, 2048>;
-var<workgroup> tile_b: array<f32, 2048>;
+// The tiles of one step, k-major: vec4 `k * 16 + r / 4` holds rows (or columns) r..r+4 of
+// element k, so an invocation reads its 8 rows of one k with two 16-byte loads.
+var<workgroup> tile_a: array<vec4<f32>, 512>;
+var<workgroup> tile_b: array<vec4<f32>, 512>;
+
+// Row `i` (0..8) of an invocation's 8 x 8 outputs: `lo` and `hi` hold its columns 0..4, 4..8.
+fn mm_store(i0: u32, n0: u32, i2: u32, i3: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    if (i0 >= p.d_ne.x) {
+        return;
+    }
+    let d0 = p.off.w + i0 * p.d_nb.x + i2 * p.d_nb.z + i3 * p.d_nb.w;
+    for (var j = 0u; j < 4u; j++) {
+        if (n0 + j < p.d_ne.y) {
+            dset(d0 + (n0 + j) * p.d_nb.y, lo[j]);
+        }
+        if (n0 + 4u + j < p.d_ne.y) {
+            dset(d0 + (n0 + 4u + j) * p.d_nb.y, hi[j]);
+        }
+    }
+}
 
 // MUL_MAT with many activation columns (prompts): a workgroup of 64 computes a 64 x 64 tile of
-// outputs, 8 x 8 per invocation (rows tx + 8 i, columns ty + 8 j), over steps of 32 elements:
-// each step decodes the tile's 64 weight rows into workgroup memory (4 groups of 8 per
-// invocation) and loads the 64 activation columns beside them (k-major, so invocations read
-// neighbouring words). Workgroup w: tile w % tiles of matrix w / tiles.
+// outputs, 8 x 8 per invocation (rows 8 tx .. + 8, columns 8 ty .. + 8), over steps of 32
+// elements: each step decodes the tile's 64 weight rows into workgroup memory (4 groups of 8
+// per invocation; neighbouring invocations take neighbouring rows, so their stores hit distinct
+// banks) and loads the 64 activation columns beside them; then 32 rank-1 updates of the
+// register tile with native `fma`, the 64 sums held in 16 named vec4 variables (an array
+// indexed in loops would live in memory). Workgroup w: tile w % tiles of matrix w / tiles.
 @compute @workgroup_size(64)
 fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let w = wid.x + wid.y * nwg.x;
@@ -349,65 +402,77 @@ fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     let n = p.a_ne.x;
     // Out-of-range workgroups (none unless the grid is padded) still reach every barrier.
     let live = i3 < p.d_ne.w;
-    var acc: array<f32, 64>;
+    var c0a = vec4<f32>(0.0); var c0b = vec4<f32>(0.0);
+    var c1a = vec4<f32>(0.0); var c1b = vec4<f32>(0.0);
+    var c2a = vec4<f32>(0.0); var c2b = vec4<f32>(0.0);
+    var c3a = vec4<f32>(0.0); var c3b = vec4<f32>(0.0);
+    var c4a = vec4<f32>(0.0); var c4b = vec4<f32>(0.0);
+    var c5a = vec4<f32>(0.0); var c5b = vec4<f32>(0.0);
+    var c6a = vec4<f32>(0.0); var c6b = vec4<f32>(0.0);
+    var c7a = vec4<f32>(0.0); var c7b = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < n; k0 += DEPTH) {
         for (var r = 0u; r < 4u; r++) {
-            let q = li + 64u * r;
-            let row = q / 4u;
-            let kg = 8u * (q % 4u);
+            let row = li;
+            let kg = 8u * r;
             var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-            if (live && m0 + row < p.d_ne.x) {
+            if (live && m0 + row < p.d_ne.x && k0 + kg < n) {
                 x = deq8(weight_row(m0 + row, i2, i3), k0 + kg, n);
             }
             var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-            if (live && n0 + row < p.d_ne.y) {
+            if (live && n0 + row < p.d_ne.y && k0 + kg < n) {
                 y = act8(act_row(n0 + row, i2, i3), k0 + kg, n);
             }
             for (var e = 0u; e < 4u; e++) {
-                tile_a[(kg + e) * TILE + row] = x.lo[e];
-                tile_a[(kg + 4u + e) * TILE + row] = x.hi[e];
-                tile_b[(kg + e) * TILE + row] = y.lo[e];
-                tile_b[(kg + 4u + e) * TILE + row] = y.hi[e];
+                tile_a[(kg + e) * 16u + row / 4u][row % 4u] = x.lo[e];
+                tile_a[(kg + 4u + e) * 16u + row / 4u][row % 4u] = x.hi[e];
+                tile_b[(kg + e) * 16u + row / 4u][row % 4u] = y.lo[e];
+                tile_b[(kg + 4u + e) * 16u + row / 4u][row % 4u] = y.hi[e];
             }
         }
         workgroupBarrier();
         for (var k = 0u; k < DEPTH; k++) {
-            var a: array<f32, 8>;
-            var b: array<f32, 8>;
-            for (var i = 0u; i < 8u; i++) {
-                a[i] = tile_a[k * TILE + tx + 8u * i];
-                b[i] = tile_b[k * TILE + ty + 8u * i];
-            }
-            for (var i = 0u; i < 8u; i++) {
-                for (var jj = 0u; jj < 8u; jj++) {
-                    acc[8u * i + jj] = fma(a[i], b[jj], acc[8u * i + jj]);
-                }
-            }
+            let a0 = tile_a[k * 16u + 2u * tx];
+            let a1 = tile_a[k * 16u + 2u * tx + 1u];
+            let b0 = tile_b[k * 16u + 2u * ty];
+            let b1 = tile_b[k * 16u + 2u * ty + 1u];
+            c0a = fma(vec4<f32>(a0.x), b0, c0a); c0b = fma(vec4<f32>(a0.x), b1, c0b);
+            c1a = fma(vec4<f32>(a0.y), b0, c1a); c1b = fma(vec4<f32>(a0.y), b1, c1b);
+            c2a = fma(vec4<f32>(a0.z), b0, c2a); c2b = fma(vec4<f32>(a0.z), b1, c2b);
+            c3a = fma(vec4<f32>(a0.w), b0, c3a); c3b = fma(vec4<f32>(a0.w), b1, c3b);
+            c4a = fma(vec4<f32>(a1.x), b0, c4a); c4b = fma(vec4<f32>(a1.x), b1, c4b);
+            c5a = fma(vec4<f32>(a1.y), b0, c5a); c5b = fma(vec4<f32>(a1.y), b1, c5b);
+            c6a = fma(vec4<f32>(a1.z), b0, c6a); c6b = fma(vec4<f32>(a1.z), b1, c6b);
+            c7a = fma(vec4<f32>(a1.w), b0, c7a); c7b = fma(vec4<f32>(a1.w), b1, c7b);
         }
         workgroupBarrier();
     }
     if (!live) {
         return;
     }
-    for (var i = 0u; i < 8u; i++) {
-        let i0 = m0 + tx + 8u * i;
-        for (var jj = 0u; jj < 8u; jj++) {
-            let i1 = n0 + ty + 8u * jj;
-            if (i0 < p.d_ne.x && i1 < p.d_ne.y) {
-                dset(p.off.w + i0 * p.d_nb.x + i1 * p.d_nb.y + i2 * p.d_nb.z + i3 * p.d_nb.w, acc[8u * i + jj]);
-            }
-        }
-    }
+    let r0 = m0 + 8u * tx;
+    let col = n0 + 8u * ty;
+    mm_store(r0, col, i2, i3, c0a, c0b);
+    mm_store(r0 + 1u, col, i2, i3, c1a, c1b);
+    mm_store(r0 + 2u, col, i2, i3, c2a, c2b);
+    mm_store(r0 + 3u, col, i2, i3, c3a, c3b);
+    mm_store(r0 + 4u, col, i2, i3, c4a, c4b);
+    mm_store(r0 + 5u, col, i2, i3, c5a, c5b);
+    mm_store(r0 + 6u, col, i2, i3, c6a, c6b);
+    mm_store(r0 + 7u, col, i2, i3, c7a, c7b);
 }
 
-var<workgroup> row_sum: array<f32, 64>;
+// Invocations per row of the per-row kernels (`rms_norm_fast`, `soft_max_fast`): a decode
+// step has a single row, so a row must keep many loads in flight at once.
+const ROW_WG: u32 = 256u;
 
-// The sum (or, with `maximum`, the largest) of every invocation's `v` over the workgroup of 64;
-// every invocation gets it.
+var<workgroup> row_sum: array<f32, 256>;
+
+// The sum (or, with `maximum`, the largest) of every invocation's `v` over the workgroup of
+// ROW_WG; every invocation gets it.
 fn workgroup_reduce(li: u32, v: f32, maximum: bool) -> f32 {
     row_sum[li] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
+    for (var s = ROW_WG / 2u; s > 0u; s >>= 1u) {
         if (li < s) {
             let other = row_sum[li + s];
             row_sum[li] = select(row_sum[li] + other, max(row_sum[li], other), maximum);
@@ -434,41 +499,59 @@ fn row_of_workgroup(r: u32) -> RowAt {
     return RowAt(r < rows, row, p.off.x + at(row, p.a_nb), p.off.w + at(row, p.d_nb));
 }
 
-// RMS_NORM, one workgroup per row (workgroup r: row r): x / sqrt(mean(x^2) + f.x).
-@compute @workgroup_size(64)
+// RMS_NORM, one workgroup of ROW_WG per row (workgroup r: row r): x / sqrt(mean(x^2) + f.x).
+// Each invocation reads its elements once, keeping up to 16 in registers for the write (rows of
+// up to 4096 elements; longer rows read the rest again).
+@compute @workgroup_size(256)
 fn rms_norm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let w = row_of_workgroup(wid.x + wid.y * nwg.x);
+    var x: array<f32, 16>;
     var sum = 0.0;
     if (w.live) {
-        for (var k = li; k < p.a_ne.x; k += 64u) {
-            let x = af(w.a0 + k * p.a_nb.x);
-            sum = fma(x, x, sum);
+        for (var j = 0u; j < 16u; j++) {
+            let k = li + j * ROW_WG;
+            if (k < p.a_ne.x) {
+                x[j] = af(w.a0 + k * p.a_nb.x);
+            }
+        }
+        for (var j = 0u; j < 16u; j++) {
+            sum = fma(x[j], x[j], sum);
+        }
+        for (var k = li + 16u * ROW_WG; k < p.a_ne.x; k += ROW_WG) {
+            let v = af(w.a0 + k * p.a_nb.x);
+            sum = fma(v, v, sum);
         }
     }
     let s = inverseSqrt(workgroup_reduce(li, sum, false) / f32(p.a_ne.x) + p.f.x);
     if (w.live) {
-        for (var k = li; k < p.a_ne.x; k += 64u) {
+        for (var j = 0u; j < 16u; j++) {
+            let k = li + j * ROW_WG;
+            if (k < p.a_ne.x) {
+                dset(w.d0 + k * p.d_nb.x, x[j] * s);
+            }
+        }
+        for (var k = li + 16u * ROW_WG; k < p.a_ne.x; k += ROW_WG) {
             dset(w.d0 + k * p.d_nb.x, af(w.a0 + k * p.a_nb.x) * s);
         }
     }
 }
 
-// SOFT_MAX, one workgroup per row, with `soft_max`'s inputs (scale, mask, ALiBi).
-@compute @workgroup_size(64)
+// SOFT_MAX, one workgroup of ROW_WG per row, with `soft_max`'s inputs (scale, mask, ALiBi).
+@compute @workgroup_size(256)
 fn soft_max_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let w = row_of_workgroup(wid.x + wid.y * nwg.x);
     let c0 = soft_max_mask_row(w.row);
     let slope = alibi_slope(w.row.z);
     var m = -3.4028235e38;
     if (w.live) {
-        for (var k = li; k < p.a_ne.x; k += 64u) {
+        for (var k = li; k < p.a_ne.x; k += ROW_WG) {
             m = max(m, soft_max_input(w.a0, c0, k, slope));
         }
     }
     m = workgroup_reduce(li, m, true);
     var sum = 0.0;
     if (w.live) {
-        for (var k = li; k < p.a_ne.x; k += 64u) {
+        for (var k = li; k < p.a_ne.x; k += ROW_WG) {
             let e = exp(soft_max_input(w.a0, c0, k, slope) - m);
             sum += e;
             dset(w.d0 + k * p.d_nb.x, e);
@@ -477,7 +560,7 @@ fn soft_max_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
     let inv = 1.0 / workgroup_reduce(li, sum, false);
     if (w.live) {
         // Each invocation rescales the elements it wrote itself: no barrier needed.
-        for (var k = li; k < p.a_ne.x; k += 64u) {
+        for (var k = li; k < p.a_ne.x; k += ROW_WG) {
             let i = w.d0 + k * p.d_nb.x;
             dset(i, bitcast<f32>(D[i]) * inv);
         }

@@ -419,7 +419,14 @@ impl<'a> Prep<'a> {
             (FastKernel::MulMv, m.div_ceil(MV_ROWS) * matrices)
         } else {
             let tiles = m.div_ceil(MM_TILE) * n.div_ceil(MM_TILE);
-            (FastKernel::MulMm, tiles * matrices)
+            // Both take a 64 x 64 tile per workgroup (of 128 invocations for the coop one: the
+            // count of workgroups is what `groups * WG` gives either way).
+            let kernel = if self.gpu.kernels.coop.is_some() {
+                FastKernel::MulMmCoop
+            } else {
+                FastKernel::MulMm
+            };
+            (kernel, tiles * matrices)
         };
         self.dispatch(Kernel::Fast(kernel, code), p, buffers, groups * WG)
     }
@@ -514,6 +521,8 @@ impl<'a> Prep<'a> {
                 p.f[0] = eps;
                 if !self.exact {
                     // A workgroup per row.
+                    // One workgroup per row (of ROW_WG invocations: the count of workgroups is
+                    // what `rows * WG` gives).
                     (Kernel::Fast(FastKernel::RmsNorm, 0), rows * WG)
                 } else if self.gpu.kernels.f64 {
                     (Kernel::RmsNormF64, rows)
@@ -667,7 +676,9 @@ impl<'a> Prep<'a> {
         p.misc[1] = setup.n_dims as u32;
         p.misc[2] = u32::from(rp.mode == RopeMode::Neox);
         p.misc[3] = fused as u32;
-        out.push(self.dispatch(Kernel::Rope, p, buffers, t.nrows() as u64)?);
+        // One invocation per pair of a row's elements.
+        let pairs = t.ne[0].div_ceil(2) as u64;
+        out.push(self.dispatch(Kernel::Rope, p, buffers, t.nrows() as u64 * pairs)?);
         Ok(out)
     }
 

@@ -248,3 +248,25 @@ fn tensors_beyond_max_size_spill_into_multi_buffers() {
     let err = alloc_ctx_tensors(&mut ctx, &bt).unwrap_err();
     assert!(matches!(err, Error::TensorTooLarge { .. }), "{err}");
 }
+
+/// On Vulkan the device knows its largest device-local heap (the card's memory on a discrete
+/// GPU, host memory on lavapipe): at least as large as the largest buffer it allows, so that a
+/// model larger than one buffer is not refused as larger than the device.
+#[test]
+fn vulkan_devices_know_their_heap() {
+    let Some(dev) = first_device() else {
+        return;
+    };
+    let w = wgpu_device(&dev);
+    if !w.name_str().starts_with("Vulkan") {
+        return;
+    }
+    let heap = w
+        .device_local_bytes()
+        .expect("a Vulkan adapter reports its heaps");
+    let max_buffer = usize::try_from(w.limits().max_buffer_size).unwrap_or(usize::MAX);
+    assert!(
+        heap >= max_buffer.min(1 << 30),
+        "heap {heap}, max buffer {max_buffer}"
+    );
+}

@@ -107,27 +107,11 @@ impl Trace {
         self.lock().spans.push(span);
     }
 
-    /// Record a span of `duration_us` microseconds starting `offset_us` after `anchor` on
-    /// `track`: for times measured on another clock (a GPU's timestamps), placed on this
-    /// trace's timeline relative to a host instant.
-    pub fn span_at(
-        &self,
-        track: usize,
-        name: impl Into<String>,
-        category: &'static str,
-        anchor: Instant,
-        offset_us: f64,
-        duration_us: f64,
-        args: Vec<(String, TraceArg)>,
-    ) {
-        let span = TraceSpan {
-            track,
-            name: name.into(),
-            category,
-            start_us: anchor.saturating_duration_since(self.origin).as_secs_f64() * 1e6 + offset_us,
-            duration_us,
-            args,
-        };
+    /// Record `span`, whose `start_us` counts from `anchor` rather than from the trace's start:
+    /// for times measured on another clock (a GPU's timestamps), placed on this trace's
+    /// timeline relative to a host instant.
+    pub fn span_at(&self, anchor: Instant, mut span: TraceSpan) {
+        span.start_us += anchor.saturating_duration_since(self.origin).as_secs_f64() * 1e6;
         self.lock().spans.push(span);
     }
 
@@ -219,6 +203,28 @@ fn json_string(s: &str) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn spans_at_an_anchor_land_after_it() {
+        let trace = Trace::new();
+        let gpu = trace.track("Vulkan0 kernels");
+        let anchor = trace.origin + Duration::from_micros(1000);
+        let span = |start_us, duration_us| TraceSpan {
+            track: gpu,
+            name: "MUL_MAT".into(),
+            category: "kernel",
+            start_us,
+            duration_us,
+            args: vec![],
+        };
+        trace.span_at(anchor, span(5.0, 2.5));
+        trace.span_at(anchor, span(7.5, 1.0));
+        let spans = trace.spans();
+        assert_eq!(spans.len(), 2);
+        assert!((spans[0].start_us - 1005.0).abs() < 1e-6, "{spans:?}");
+        assert!((spans[1].start_us - 1007.5).abs() < 1e-6, "{spans:?}");
+        assert_eq!(spans[0].duration_us, 2.5);
+    }
 
     #[test]
     fn chrome_json_has_tracks_and_spans() {

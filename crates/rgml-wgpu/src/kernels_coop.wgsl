@@ -1,0 +1,113 @@
+// Prompt matrix products on cooperative matrices (tensor cores): `mul_mm_coop`. Compiled only
+// on adapters with wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX offering square f16 products with f32
+// sums (16x16x16 on NVIDIA, 8x8x8 on lavapipe) and one subgroup size (see `kernels.rs`). The
+// module is this file after `enable f16; enable wgpu_cooperative_matrix;`, `common.wgsl` and
+// `kernels_fast.wgsl` (the weight decoder `deq8`, `act8`, the row helpers) with the bindings
+// A, B, C renamed AB, BB, CB (the matrix roles take those names), and with `COOP_MAT` (the
+// fragment type, e.g. `COOP_MAT`), `FRAG` (its edge) and `SUBGROUP` (the subgroup size)
+// filled in.
+
+// The tiles of one step of 32 elements of k, k-major in f16: weight row (activation column) r
+// of element k at k * 64 + r.
+var<workgroup> coop_a: array<f16, 2048>;
+var<workgroup> coop_b: array<f16, 2048>;
+// The 64 x 64 outputs, output (row m, column n) at n * 64 + m; zeroed first, it also gives the
+// accumulators their zeros.
+var<workgroup> coop_out: array<f32, 4096>;
+
+// f16's largest finite value: activations beyond it are clamped rather than made infinite.
+const F16_MAX: f32 = 65504.0;
+
+fn to_f16(v: vec4<f32>) -> vec4<f16> {
+    return vec4<f16>(clamp(v, vec4<f32>(-F16_MAX), vec4<f32>(F16_MAX)));
+}
+
+// Elements kg..kg+8 of weight row `row` and activation column `row` of the tile at (m0, n0),
+// step k0, into the f16 tiles (zeros beyond the matrices' edges).
+fn coop_stage(live: bool, row: u32, kg: u32, k0: u32, m0: u32, n0: u32, i2: u32, i3: u32) {
+    let n = p.a_ne.x;
+    var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (live && m0 + row < p.d_ne.x && k0 + kg < n) {
+        x = deq8(weight_row(m0 + row, i2, i3), k0 + kg, n);
+    }
+    var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (live && n0 + row < p.d_ne.y && k0 + kg < n) {
+        y = act8(act_row(n0 + row, i2, i3), k0 + kg, n);
+    }
+    let xl = to_f16(x.lo);
+    let xh = to_f16(x.hi);
+    let yl = to_f16(y.lo);
+    let yh = to_f16(y.hi);
+    for (var e = 0u; e < 4u; e++) {
+        coop_a[(kg + e) * 64u + row] = xl[e];
+        coop_a[(kg + 4u + e) * 64u + row] = xh[e];
+        coop_b[(kg + e) * 64u + row] = yl[e];
+        coop_b[(kg + 4u + e) * 64u + row] = yh[e];
+    }
+}
+
+// MUL_MAT with many activation columns on cooperative matrices: a workgroup of 128 computes a
+// 64 x 64 tile of outputs, each subgroup a square of 2 x 2 fragments (32 x 32 outputs in four
+// subgroups of 32 with 16 x 16 fragments, 16 x 16 in sixteen subgroups of 8 with 8 x 8 ones)
+// as four f32 accumulators. Each step over 32 elements of k decodes the tile's 64 weight rows
+// and loads its 64 activation columns into f16 workgroup tiles (two groups of 8 of each per
+// invocation), then each subgroup multiplies its part. Workgroup w: tile w % tiles of matrix
+// w / tiles, as `mul_mm_fast`.
+@compute @workgroup_size(128)
+fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = wid.x + wid.y * nwg.x;
+    let tiles_m = (p.d_ne.x + TILE - 1u) / TILE;
+    let tiles_n = (p.d_ne.y + TILE - 1u) / TILE;
+    let tiles = tiles_m * tiles_n;
+    let mat = w / tiles;
+    let i2 = mat % p.d_ne.z;
+    let i3 = mat / p.d_ne.z;
+    let m0 = (w % tiles_m) * TILE;
+    let n0 = ((w % tiles) / tiles_m) * TILE;
+    let live = i3 < p.d_ne.w;
+    let sg = li / SUBGROUP;
+    let side = 64u / (2u * FRAG);
+    let wm = (sg % side) * 2u * FRAG;
+    let wn = (sg / side) * 2u * FRAG;
+    for (var i = li; i < 4096u; i += 128u) {
+        coop_out[i] = 0.0;
+    }
+    workgroupBarrier();
+    var c00 = coopLoad<COOP_MAT<f32, C>>(&coop_out[0], 64u);
+    var c01 = c00;
+    var c10 = c00;
+    var c11 = c00;
+    let row = li % 64u;
+    let half = 8u * (li / 64u);
+    for (var k0 = 0u; k0 < p.a_ne.x; k0 += DEPTH) {
+        coop_stage(live, row, half, k0, m0, n0, i2, i3);
+        coop_stage(live, row, half + 16u, k0, m0, n0, i2, i3);
+        workgroupBarrier();
+        for (var kk = 0u; kk < DEPTH; kk += FRAG) {
+            let a0 = coopLoad<COOP_MAT<f16, A>>(&coop_a[kk * 64u + wm], 64u);
+            let a1 = coopLoad<COOP_MAT<f16, A>>(&coop_a[kk * 64u + wm + FRAG], 64u);
+            let b0 = coopLoadT<COOP_MAT<f16, B>>(&coop_b[kk * 64u + wn], 64u);
+            let b1 = coopLoadT<COOP_MAT<f16, B>>(&coop_b[kk * 64u + wn + FRAG], 64u);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+        }
+        workgroupBarrier();
+    }
+    coopStore(c00, &coop_out[wn * 64u + wm], 64u);
+    coopStore(c10, &coop_out[wn * 64u + wm + FRAG], 64u);
+    coopStore(c01, &coop_out[(wn + FRAG) * 64u + wm], 64u);
+    coopStore(c11, &coop_out[(wn + FRAG) * 64u + wm + FRAG], 64u);
+    workgroupBarrier();
+    if (!live) {
+        return;
+    }
+    for (var i = li; i < 4096u; i += 128u) {
+        let i0 = m0 + i % 64u;
+        let i1 = n0 + i / 64u;
+        if (i0 < p.d_ne.x && i1 < p.d_ne.y) {
+            dset(p.off.w + i0 * p.d_nb.x + i1 * p.d_nb.y + i2 * p.d_nb.z + i3 * p.d_nb.w, coop_out[i]);
+        }
+    }
+}
