@@ -13,7 +13,8 @@
 #   - the models, into a temporary folder: rgml-random-model --shape smollm2-135m --type Q4_1
 #     (the demo model's shape) first, then in the background llama-1b Q4_K_M, llama-8b Q4_K_M,
 #     llama-1b Q8_0 and llama-1b F16;
-#   - RGML_WGPU_EXACT=1 and =0 `rgml test-ops -b Vulkan0` ('N passed, M failed');
+#   - RGML_WGPU_EXACT=1 and =0 `rgml test-ops -b Vulkan0` ('N passed, M failed'), the fast one
+#     also with RGML_WGPU_COOPMAT=0 (the register-tiled prompt kernel instead of tensor cores);
 #   - the smollm2 model's `rgml logits --json --top 10` on Vulkan0 (exact and fast) against the
 #     CPU's: top-1 agreement, top-10 overlap, the largest logit difference on the shared ids;
 #   - per model, llama-bench -ngl 99 (Vulkan) and rgml bench -ngl 99 alternating: pp512 + tg128
@@ -423,6 +424,7 @@ main() {
     if [ $checks = 1 ]; then
         RGML_WGPU_EXACT=1 run_step test-ops-exact 90 "$RGML" test-ops -b Vulkan0
         RGML_WGPU_EXACT=0 run_step test-ops-fast 90 "$RGML" test-ops -b Vulkan0
+        RGML_WGPU_EXACT=0 RGML_WGPU_COOPMAT=0 run_step test-ops-fast-nocoop 90 "$RGML" test-ops -b Vulkan0
         local lm=$W/models/$LOGITS_MODEL.gguf prompt="Once upon a time"
         if [ -s "$lm" ]; then
             run_step logits-cpu 30 "$RGML" logits -m "$lm" -p "$prompt" --top 10 --json --device CPU
@@ -671,6 +673,7 @@ lines.append(f"| check | result |")
 lines.append("| --- | --- |")
 lines.append(f"| test-ops -b Vulkan0, exact (RGML_WGPU_EXACT=1) | {testops('test-ops-exact')} |")
 lines.append(f"| test-ops -b Vulkan0, fast (RGML_WGPU_EXACT=0) | {testops('test-ops-fast')} |")
+lines.append(f"| test-ops -b Vulkan0, fast without cooperative matrices (RGML_WGPU_COOPMAT=0) | {testops('test-ops-fast-nocoop')} |")
 for name, label in (("logits-exact", "exact"), ("logits-fast", "fast")):
     s, res = logits(name)
     results[name] = res

@@ -4,7 +4,9 @@
 //!
 //! Below buffers, streams and devices: they all reach the wgpu device through here.
 
-use crate::kernels::{coop_experimental_features, coop_shape, probe_fused_fma, Kernels};
+use crate::kernels::{
+    coop_experimental_features, coop_shape, probe_fused_fma, subgroup_rows, Kernels,
+};
 use rgml::{Error, Result};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -63,6 +65,11 @@ impl Gpu {
         }
         // Cooperative matrices for prompts, unless the options turn them off.
         let coop = coop_shape(adapter).filter(|_| !options.no_coopmat);
+        // Subgroup sums for the mat-vec's rows where a subgroup is one row's 32 invocations.
+        let subgroup_rows = subgroup_rows(adapter);
+        if subgroup_rows {
+            features |= wgpu::Features::SUBGROUP;
+        }
         let mut experimental = wgpu::ExperimentalFeatures::disabled();
         if coop.is_some() {
             features |=
@@ -90,7 +97,7 @@ impl Gpu {
             }
         }));
         let hw_fma = !options.soft_fma && probe_fused_fma(&device, &queue);
-        let kernels = Kernels::new(&device, hw_fma, coop);
+        let kernels = Kernels::new(&device, hw_fma, coop, subgroup_rows);
         let gpu = Gpu {
             name: name.to_string(),
             device,

@@ -144,12 +144,8 @@ pub(crate) fn coop_experimental_features() -> wgpu::ExperimentalFeatures {
 /// The source of the cooperative-matrix module for `shape`: the fast kernels' source with the
 /// bindings `A`, `B`, `C` renamed (WGSL's matrix roles are spelled `A`, `B`, `C`), then
 /// `kernels_coop.wgsl` with its fragment type, edge and subgroup size filled in.
-fn coop_source(shape: CoopShape) -> String {
-    let fast = format!(
-        "{}\n{}",
-        include_str!("common.wgsl"),
-        include_str!("kernels_fast.wgsl")
-    );
+fn coop_source(shape: CoopShape, subgroup_rows: bool) -> String {
+    let fast = fast_source(subgroup_rows);
     let (frag, subgroup) = (shape.frag, shape.subgroup);
     format!(
         "enable f16;\nenable wgpu_cooperative_matrix;\nconst FRAG: u32 = {frag}u;\n\
@@ -157,6 +153,32 @@ fn coop_source(shape: CoopShape) -> String {
         rename_bindings(&fast),
         include_str!("kernels_coop.wgsl").replace("COOP_MAT", &format!("coop_mat{frag}x{frag}"))
     )
+}
+
+/// The fast kernels' source: `common.wgsl`, how `mul_mv_fast` adds a row's 32 partial sums,
+/// and `kernels_fast.wgsl`. With `subgroup_rows` (subgroups of exactly 32 invocations, which
+/// `mul_mv_fast`'s rows then are) a subgroup sum (naga takes subgroup operations without an
+/// `enable`, on devices opened with `SUBGROUP`); else a tree through workgroup memory.
+fn fast_source(subgroup_rows: bool) -> String {
+    let row_total = if subgroup_rows {
+        "const SUBGROUP_ROWS: bool = true;\nfn row_total(v: f32) -> f32 { return subgroupAdd(v); }\n"
+    } else {
+        "const SUBGROUP_ROWS: bool = false;\nfn row_total(v: f32) -> f32 { return v; }\n"
+    };
+    format!(
+        "{}\n{row_total}{}",
+        include_str!("common.wgsl"),
+        include_str!("kernels_fast.wgsl")
+    )
+}
+
+/// Whether `mul_mv_fast` sums its rows with subgroup operations on `adapter`: wgpu's `SUBGROUP`
+/// and subgroups of exactly 32 invocations (a row's invocations are then one subgroup).
+pub(crate) fn subgroup_rows(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    adapter.features().contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
 }
 
 /// `source` with every identifier `A`, `B` or `C` (the storage bindings) renamed `AB`, `BB`,
@@ -242,6 +264,8 @@ pub(crate) struct Kernels {
     fast_module: std::sync::OnceLock<wgpu::ShaderModule>,
     /// The cooperative-matrix shape `mul_mm_coop` runs in, where the device was opened with it.
     pub(crate) coop: Option<CoopShape>,
+    /// `mul_mv_fast` sums rows with subgroup operations (see [`subgroup_rows`]).
+    subgroup_rows: bool,
     coop_module: std::sync::OnceLock<wgpu::ShaderModule>,
     /// The fast kernels compiled so far, by kernel and weight type.
     fast: std::sync::Mutex<std::collections::HashMap<(FastKernel, u32), wgpu::ComputePipeline>>,
@@ -251,7 +275,12 @@ impl Kernels {
     /// Compile every kernel (errors surface through the device's error slot); `hw_fma`: the
     /// device's `fma` rounds once (see [`probe_fused_fma`]); `coop`: the device was opened
     /// for `mul_mm_coop` in this shape.
-    pub(crate) fn new(device: &wgpu::Device, hw_fma: bool, coop: Option<CoopShape>) -> Kernels {
+    pub(crate) fn new(
+        device: &wgpu::Device,
+        hw_fma: bool,
+        coop: Option<CoopShape>,
+        subgroup_rows: bool,
+    ) -> Kernels {
         let f64 = device.features().contains(wgpu::Features::SHADER_F64);
         let storage = |binding| wgpu::BindGroupLayoutEntry {
             binding,
@@ -329,6 +358,7 @@ impl Kernels {
             hw_fma,
             fast_module: std::sync::OnceLock::new(),
             coop,
+            subgroup_rows,
             coop_module: std::sync::OnceLock::new(),
             fast: Default::default(),
         }
@@ -358,17 +388,12 @@ impl Kernels {
                         })
                 };
                 let module = match (kernel, self.coop) {
-                    (FastKernel::MulMmCoop, Some(shape)) => self
-                        .coop_module
-                        .get_or_init(|| make("rgml coop kernels", coop_source(shape))),
-                    _ => self.fast_module.get_or_init(|| {
-                        let source = format!(
-                            "{}\n{}",
-                            include_str!("common.wgsl"),
-                            include_str!("kernels_fast.wgsl")
-                        );
-                        make("rgml fast kernels", source)
+                    (FastKernel::MulMmCoop, Some(shape)) => self.coop_module.get_or_init(|| {
+                        make("rgml coop kernels", coop_source(shape, self.subgroup_rows))
                     }),
+                    _ => self
+                        .fast_module
+                        .get_or_init(|| make("rgml fast kernels", fast_source(self.subgroup_rows))),
                 };
                 self.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -477,6 +502,25 @@ mod tests {
         );
     }
 
+    /// The fast module parses and validates with both row sums (CI's lavapipe has subgroups
+    /// of 8, so it never compiles the subgroup one).
+    #[test]
+    fn the_fast_module_is_valid_wgsl_with_both_row_sums() {
+        use wgpu::naga;
+        for rows in [false, true] {
+            let source = fast_source(rows);
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{rows}: {}", e.emit_to_string(&source)));
+            naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{rows}: {}", e.emit_to_string(&source)));
+            assert_eq!(source.contains("subgroupAdd"), rows);
+        }
+    }
+
     /// The cooperative-matrix module parses and validates in both shapes (no adapter needed:
     /// CI's lavapipe offers no cooperative matrices, so this is what checks its source there).
     #[test]
@@ -492,7 +536,7 @@ mod tests {
                 subgroup: 8,
             },
         ] {
-            let source = coop_source(shape);
+            let source = coop_source(shape, shape.subgroup == 32);
             let module = naga::front::wgsl::parse_str(&source)
                 .unwrap_or_else(|e| panic!("{shape:?}: {}", e.emit_to_string(&source)));
             naga::valid::Validator::new(

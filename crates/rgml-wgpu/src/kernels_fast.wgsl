@@ -311,8 +311,9 @@ var<workgroup> partial: array<f32, 512>;
 // MUL_MAT with few activation columns (B's ne1 <= MV_COLS: generation): a workgroup of 64
 // computes two weight rows for every column, 32 invocations per row, each taking every 32nd
 // run of 32 elements (a block or sub-block of every quantized type), so a row's bytes are read
-// once, side by side, and each invocation has a whole run's loads in flight; then a tree sum
-// through workgroup memory. Workgroup w: rows 2 (w % ceil(ne0 / 2)) .. + 2 of matrix w / ceil(ne0 / 2)
+// once, side by side, and each invocation has a whole run's loads in flight; then a subgroup
+// sum where a row's invocations are one subgroup (`SUBGROUP_ROWS`, prefixed by `kernels.rs`),
+// else a tree sum through workgroup memory. Workgroup w: rows 2 (w % ceil(ne0 / 2)) .. + 2 of matrix w / ceil(ne0 / 2)
 // (i2 + ne2 i3).
 @compute @workgroup_size(64)
 fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -334,6 +335,16 @@ fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
                 acc[c] += dot32(x, act_row(c, i2, i3), k, n);
             }
         }
+    }
+    if (SUBGROUP_ROWS) {
+        // A row's 32 invocations are one subgroup: its sum needs no workgroup memory.
+        for (var c = 0u; c < ncols; c++) {
+            let total = row_total(acc[c]);
+            if (t == 0u && i0 < p.d_ne.x && i3 < p.d_ne.w) {
+                dset(p.off.w + i0 * p.d_nb.x + c * p.d_nb.y + i2 * p.d_nb.z + i3 * p.d_nb.w, total);
+            }
+        }
+        return;
     }
     for (var c = 0u; c < ncols; c++) {
         partial[c * 64u + li] = acc[c];
