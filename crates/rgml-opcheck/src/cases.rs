@@ -404,6 +404,18 @@ fn mul_mat(cases: &mut Vec<Case>) {
         configs.push((t, 11, 6, 67, [2, 1], [1, 2], Src1Layout::Permuted));
         configs.push((t, 11, 6, 67, [1, 1], [1, 1], Src1Layout::Transposed));
     }
+    // Rows longer than a GPU mat-vec step (4 x 256 elements per invocation): several steps,
+    // the last one partial.
+    for t in [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        configs.push((t, 9, 1, 2304, [1, 1], [1, 1], Src1Layout::Contiguous));
+    }
     for t in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
         configs.push((t, 11, 6, 256, [2, 1], [1, 2], Src1Layout::Permuted));
         configs.push((t, 11, 5, 256, [1, 1], [1, 1], Src1Layout::Transposed));

@@ -7,10 +7,13 @@
 // fragment type, e.g. `COOP_MAT`), `FRAG` (its edge) and `SUBGROUP` (the subgroup size)
 // filled in.
 
-// The tiles of one step of 32 elements of k, k-major in f16: weight row (activation column) r
-// of element k at k * 64 + r.
-var<workgroup> coop_a: array<f16, 2048>;
-var<workgroup> coop_b: array<f16, 2048>;
+// Elements of k per step of `mul_mm_coop`.
+const COOP_DEPTH: u32 = 64u;
+
+// The tiles of one step of COOP_DEPTH elements of k, k-major in f16: weight row (activation
+// column) r of element k at k * 64 + r.
+var<workgroup> coop_a: array<f16, 4096>;
+var<workgroup> coop_b: array<f16, 4096>;
 // The 64 x 64 outputs, output (row m, column n) at n * 64 + m; zeroed first, it also gives the
 // accumulators their zeros.
 var<workgroup> coop_out: array<f32, 4096>;
@@ -22,9 +25,17 @@ fn to_f16(v: vec4<f32>) -> vec4<f16> {
     return vec4<f16>(clamp(v, vec4<f32>(-F16_MAX), vec4<f32>(F16_MAX)));
 }
 
-// Elements kg..kg+8 of weight row `row` and activation column `row` of the tile at (m0, n0),
-// step k0, into the f16 tiles (zeros beyond the matrices' edges).
-fn coop_stage(live: bool, row: u32, kg: u32, k0: u32, m0: u32, n0: u32, i2: u32, i3: u32) {
+// Eight elements of a weight row and of an activation column, in f16.
+struct Pair8 {
+    xl: vec4<f16>,
+    xh: vec4<f16>,
+    yl: vec4<f16>,
+    yh: vec4<f16>,
+}
+
+// Elements k0 + kg .. + 8 of weight row `row` and activation column `row` of the tile at
+// (m0, n0), zeros beyond the matrices' edges.
+fn coop_fetch(live: bool, row: u32, kg: u32, k0: u32, m0: u32, n0: u32, i2: u32, i3: u32) -> Pair8 {
     let n = p.a_ne.x;
     var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
     if (live && m0 + row < p.d_ne.x && k0 + kg < n) {
@@ -34,24 +45,40 @@ fn coop_stage(live: bool, row: u32, kg: u32, k0: u32, m0: u32, n0: u32, i2: u32,
     if (live && n0 + row < p.d_ne.y && k0 + kg < n) {
         y = act8(act_row(n0 + row, i2, i3), k0 + kg, n);
     }
-    let xl = to_f16(x.lo);
-    let xh = to_f16(x.hi);
-    let yl = to_f16(y.lo);
-    let yh = to_f16(y.hi);
+    return Pair8(to_f16(x.lo), to_f16(x.hi), to_f16(y.lo), to_f16(y.hi));
+}
+
+fn coop_store(v: Pair8, row: u32, kg: u32) {
     for (var e = 0u; e < 4u; e++) {
-        coop_a[(kg + e) * 64u + row] = xl[e];
-        coop_a[(kg + 4u + e) * 64u + row] = xh[e];
-        coop_b[(kg + e) * 64u + row] = yl[e];
-        coop_b[(kg + 4u + e) * 64u + row] = yh[e];
+        coop_a[(kg + e) * 64u + row] = v.xl[e];
+        coop_a[(kg + 4u + e) * 64u + row] = v.xh[e];
+        coop_b[(kg + e) * 64u + row] = v.yl[e];
+        coop_b[(kg + 4u + e) * 64u + row] = v.yh[e];
     }
+}
+
+// What one invocation stages per step: four groups of 8 of its row and column, 16 apart.
+struct Staged {
+    s0: Pair8,
+    s1: Pair8,
+    s2: Pair8,
+    s3: Pair8,
+}
+
+fn coop_fetch_step(live: bool, row: u32, half: u32, k0: u32, m0: u32, n0: u32, i2: u32, i3: u32) -> Staged {
+    return Staged(
+        coop_fetch(live, row, half, k0, m0, n0, i2, i3),
+        coop_fetch(live, row, half + 16u, k0, m0, n0, i2, i3),
+        coop_fetch(live, row, half + 32u, k0, m0, n0, i2, i3),
+        coop_fetch(live, row, half + 48u, k0, m0, n0, i2, i3));
 }
 
 // MUL_MAT with many activation columns on cooperative matrices: a workgroup of 128 computes a
 // 64 x 64 tile of outputs, each subgroup a square of 2 x 2 fragments (32 x 32 outputs in four
 // subgroups of 32 with 16 x 16 fragments, 16 x 16 in sixteen subgroups of 8 with 8 x 8 ones)
-// as four f32 accumulators. Each step over 32 elements of k decodes the tile's 64 weight rows
-// and loads its 64 activation columns into f16 workgroup tiles (two groups of 8 of each per
-// invocation), then each subgroup multiplies its part. Workgroup w: tile w % tiles of matrix
+// as four f32 accumulators. Each step over 64 elements of k stores the tile's 64 weight rows
+// and 64 activation columns, decoded to f16 (four groups of 8 of each per invocation), in
+// workgroup tiles, starts loading the next step's, then each subgroup multiplies its part. Workgroup w: tile w % tiles of matrix
 // w / tiles, as `mul_mm_fast`.
 @compute @workgroup_size(128)
 fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -79,11 +106,19 @@ fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     var c11 = c00;
     let row = li % 64u;
     let half = 8u * (li / 64u);
-    for (var k0 = 0u; k0 < p.a_ne.x; k0 += DEPTH) {
-        coop_stage(live, row, half, k0, m0, n0, i2, i3);
-        coop_stage(live, row, half + 16u, k0, m0, n0, i2, i3);
+    // The next step's elements are loaded while this step multiplies (double buffering in
+    // registers), so a step waits on memory only once.
+    var next = coop_fetch_step(live, row, half, 0u, m0, n0, i2, i3);
+    for (var k0 = 0u; k0 < p.a_ne.x; k0 += COOP_DEPTH) {
+        coop_store(next.s0, row, half);
+        coop_store(next.s1, row, half + 16u);
+        coop_store(next.s2, row, half + 32u);
+        coop_store(next.s3, row, half + 48u);
         workgroupBarrier();
-        for (var kk = 0u; kk < DEPTH; kk += FRAG) {
+        if (k0 + COOP_DEPTH < p.a_ne.x) {
+            next = coop_fetch_step(live, row, half, k0 + COOP_DEPTH, m0, n0, i2, i3);
+        }
+        for (var kk = 0u; kk < COOP_DEPTH; kk += FRAG) {
             let a0 = coopLoad<COOP_MAT<f16, A>>(&coop_a[kk * 64u + wm], 64u);
             let a1 = coopLoad<COOP_MAT<f16, A>>(&coop_a[kk * 64u + wm + FRAG], 64u);
             let b0 = coopLoadT<COOP_MAT<f16, B>>(&coop_b[kk * 64u + wn], 64u);

@@ -265,30 +265,43 @@ fn act8(b0: u32, k: u32, n: u32) -> G8 {
     return G8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
 }
 
-// Elements k..k+32 of a weight row, decoded: four groups of 8.
-struct G32 {
+// The groups of 8 elements k + 256 u (u = 0..4) of a weight row: what one invocation of
+// `mul_mv_fast` takes in one step. Invocation t of a row starts at group t, so for each u the
+// row's 32 invocations read 32 neighbouring groups (their loads coalesce), and the four groups'
+// loads are in flight together (a mat-vec is bound by loads in flight, not by arithmetic).
+struct Step4 {
     g0: G8,
     g1: G8,
     g2: G8,
     g3: G8,
 }
 
-// Elements k..k+32 of the TYPE row at `a0`, written out as four calls so that their loads are
-// issued together (a mat-vec is bound by how many loads are in flight, not by arithmetic).
-fn deq32(a0: u32, k: u32, n: u32) -> G32 {
-    return G32(deq8(a0, k, n), deq8(a0, k + 8u, n), deq8(a0, k + 16u, n), deq8(a0, k + 24u, n));
+// Elements between invocations' groups in a step of `mul_mv_fast`: 8 x MV_THREADS.
+const MV_SPAN: u32 = 256u;
+
+// Group k of the TYPE row at `a0` (length n), zero past the row's end.
+fn deq8_in(a0: u32, k: u32, n: u32) -> G8 {
+    if (k < n) {
+        return deq8(a0, k, n);
+    }
+    return G8(vec4<f32>(0.0), vec4<f32>(0.0));
+}
+
+fn deq_step(a0: u32, k: u32, n: u32) -> Step4 {
+    return Step4(deq8_in(a0, k, n), deq8_in(a0, k + MV_SPAN, n),
+                 deq8_in(a0, k + 2u * MV_SPAN, n), deq8_in(a0, k + 3u * MV_SPAN, n));
 }
 
 fn dot8(x: G8, y: G8) -> f32 {
     return dot(x.lo, y.lo) + dot(x.hi, y.hi);
 }
 
-// The dot product of decoded weights `x` (elements k..k+32) with activation row `b0`.
-fn dot32(x: G32, b0: u32, k: u32, n: u32) -> f32 {
+// The dot product of a step's decoded weights with activation row `b0` (zero past n).
+fn dot_step(x: Step4, b0: u32, k: u32, n: u32) -> f32 {
     let y0 = act8(b0, k, n);
-    let y1 = act8(b0, k + 8u, n);
-    let y2 = act8(b0, k + 16u, n);
-    let y3 = act8(b0, k + 24u, n);
+    let y1 = act8(b0, k + MV_SPAN, n);
+    let y2 = act8(b0, k + 2u * MV_SPAN, n);
+    let y3 = act8(b0, k + 3u * MV_SPAN, n);
     return (dot8(x.g0, y0) + dot8(x.g1, y1)) + (dot8(x.g2, y2) + dot8(x.g3, y3));
 }
 
@@ -310,8 +323,8 @@ var<workgroup> partial: array<f32, 512>;
 
 // MUL_MAT with few activation columns (B's ne1 <= MV_COLS: generation): a workgroup of 64
 // computes two weight rows for every column, 32 invocations per row, each taking every 32nd
-// run of 32 elements (a block or sub-block of every quantized type), so a row's bytes are read
-// once, side by side, and each invocation has a whole run's loads in flight; then a subgroup
+// group of 8 elements, four groups per step (see `Step4`), so a row's bytes are read once,
+// side by side, with four loads in flight per invocation; then a subgroup
 // sum where a row's invocations are one subgroup (`SUBGROUP_ROWS`, prefixed by `kernels.rs`),
 // else a tree sum through workgroup memory. Workgroup w: rows 2 (w % ceil(ne0 / 2)) .. + 2 of matrix w / ceil(ne0 / 2)
 // (i2 + ne2 i3).
@@ -329,10 +342,10 @@ fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     var acc: array<f32, MV_COLS>;
     if (i0 < p.d_ne.x && i3 < p.d_ne.w) {
         let a0 = weight_row(i0, i2, i3);
-        for (var k = 32u * t; k < n; k += 32u * MV_THREADS) {
-            let x = deq32(a0, k, n);
+        for (var k = 8u * t; k < n; k += 4u * MV_SPAN) {
+            let x = deq_step(a0, k, n);
             for (var c = 0u; c < ncols; c++) {
-                acc[c] += dot32(x, act_row(c, i2, i3), k, n);
+                acc[c] += dot_step(x, act_row(c, i2, i3), k, n);
             }
         }
     }
