@@ -502,21 +502,28 @@ mod tests {
         );
     }
 
+    /// `source` parses and validates as WGSL (with every capability: the device's features
+    /// decide which modules are made, not this check).
+    fn validate(source: &str, what: &str) -> wgpu::naga::Module {
+        use wgpu::naga;
+        let module = naga::front::wgsl::parse_str(source)
+            .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        module
+    }
+
     /// The fast module parses and validates with both row sums (CI's lavapipe has subgroups
     /// of 8, so it never compiles the subgroup one).
     #[test]
     fn the_fast_module_is_valid_wgsl_with_both_row_sums() {
-        use wgpu::naga;
         for rows in [false, true] {
             let source = fast_source(rows);
-            let module = naga::front::wgsl::parse_str(&source)
-                .unwrap_or_else(|e| panic!("{rows}: {}", e.emit_to_string(&source)));
-            naga::valid::Validator::new(
-                naga::valid::ValidationFlags::all(),
-                naga::valid::Capabilities::all(),
-            )
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{rows}: {}", e.emit_to_string(&source)));
+            validate(&source, &format!("subgroup rows {rows}"));
             assert_eq!(source.contains("subgroupAdd"), rows);
         }
     }
@@ -525,7 +532,6 @@ mod tests {
     /// CI's lavapipe offers no cooperative matrices, so this is what checks its source there).
     #[test]
     fn the_coop_module_is_valid_wgsl_in_both_shapes() {
-        use wgpu::naga;
         for shape in [
             CoopShape {
                 frag: 16,
@@ -537,14 +543,7 @@ mod tests {
             },
         ] {
             let source = coop_source(shape, shape.subgroup == 32);
-            let module = naga::front::wgsl::parse_str(&source)
-                .unwrap_or_else(|e| panic!("{shape:?}: {}", e.emit_to_string(&source)));
-            naga::valid::Validator::new(
-                naga::valid::ValidationFlags::all(),
-                naga::valid::Capabilities::all(),
-            )
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{shape:?}: {}", e.emit_to_string(&source)));
+            let module = validate(&source, &format!("{shape:?}"));
             let frag = shape.frag;
             assert!(source.contains(&format!("coop_mat{frag}x{frag}<f16, A>")));
             assert!(module.entry_points.iter().any(|e| e.name == "mul_mm_coop"));

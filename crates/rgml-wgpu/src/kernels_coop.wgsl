@@ -78,19 +78,15 @@ fn coop_fetch_step(live: bool, row: u32, half: u32, k0: u32, m0: u32, n0: u32, i
 // subgroups of 32 with 16 x 16 fragments, 16 x 16 in sixteen subgroups of 8 with 8 x 8 ones)
 // as four f32 accumulators. Each step over 64 elements of k stores the tile's 64 weight rows
 // and 64 activation columns, decoded to f16 (four groups of 8 of each per invocation), in
-// workgroup tiles, starts loading the next step's, then each subgroup multiplies its part. Workgroup w: tile w % tiles of matrix
-// w / tiles, as `mul_mm_fast`.
+// workgroup tiles, starts loading the next step's, then each subgroup multiplies its part.
+// Workgroup w: `tile_of_workgroup(w)`, as `mul_mm_fast`.
 @compute @workgroup_size(128)
 fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let w = wid.x + wid.y * nwg.x;
-    let tiles_m = (p.d_ne.x + TILE - 1u) / TILE;
-    let tiles_n = (p.d_ne.y + TILE - 1u) / TILE;
-    let tiles = tiles_m * tiles_n;
-    let mat = w / tiles;
-    let i2 = mat % p.d_ne.z;
-    let i3 = mat / p.d_ne.z;
-    let m0 = (w % tiles_m) * TILE;
-    let n0 = ((w % tiles) / tiles_m) * TILE;
+    let at = tile_of_workgroup(wid.x + wid.y * nwg.x);
+    let i2 = at.i2;
+    let i3 = at.i3;
+    let m0 = at.m0;
+    let n0 = at.n0;
     let live = i3 < p.d_ne.w;
     let sg = li / SUBGROUP;
     let side = 64u / (2u * FRAG);

@@ -387,6 +387,23 @@ const DEPTH: u32 = 32u;
 var<workgroup> tile_a: array<vec4<f32>, 512>;
 var<workgroup> tile_b: array<vec4<f32>, 512>;
 
+// The 64 x 64 output tile of a mat-mat workgroup: tile w % tiles of matrix w / tiles (i2 + ne2
+// i3), its first row m0 and column n0.
+struct TileAt {
+    i2: u32,
+    i3: u32,
+    m0: u32,
+    n0: u32,
+}
+
+fn tile_of_workgroup(w: u32) -> TileAt {
+    let tiles_m = (p.d_ne.x + TILE - 1u) / TILE;
+    let tiles_n = (p.d_ne.y + TILE - 1u) / TILE;
+    let tiles = tiles_m * tiles_n;
+    let mat = w / tiles;
+    return TileAt(mat % p.d_ne.z, mat / p.d_ne.z, (w % tiles_m) * TILE, ((w % tiles) / tiles_m) * TILE);
+}
+
 // Row `i` (0..8) of an invocation's 8 x 8 outputs: `lo` and `hi` hold its columns 0..4, 4..8.
 fn mm_store(i0: u32, n0: u32, i2: u32, i3: u32, lo: vec4<f32>, hi: vec4<f32>) {
     if (i0 >= p.d_ne.x) {
@@ -412,15 +429,11 @@ fn mm_store(i0: u32, n0: u32, i2: u32, i3: u32, lo: vec4<f32>, hi: vec4<f32>) {
 // indexed in loops would live in memory). Workgroup w: tile w % tiles of matrix w / tiles.
 @compute @workgroup_size(64)
 fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let w = wid.x + wid.y * nwg.x;
-    let tiles_m = (p.d_ne.x + TILE - 1u) / TILE;
-    let tiles_n = (p.d_ne.y + TILE - 1u) / TILE;
-    let tiles = tiles_m * tiles_n;
-    let mat = w / tiles;
-    let i2 = mat % p.d_ne.z;
-    let i3 = mat / p.d_ne.z;
-    let m0 = (w % tiles_m) * TILE;
-    let n0 = ((w % tiles) / tiles_m) * TILE;
+    let at = tile_of_workgroup(wid.x + wid.y * nwg.x);
+    let i2 = at.i2;
+    let i3 = at.i3;
+    let m0 = at.m0;
+    let n0 = at.n0;
     let tx = li % 8u;
     let ty = li / 8u;
     let n = p.a_ne.x;
