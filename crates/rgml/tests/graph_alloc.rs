@@ -725,3 +725,45 @@ fn peaks_above_max_size_are_allocated_in_chunks() {
     check_no_overlap(&two.ctx, &two.graph, &ids);
     simulate(&two.ctx, &two.graph, &ids);
 }
+
+/// An output that is a view (a reshape, as `kqv_out` can be) keeps its source's bytes: once the
+/// view's readers are done, the source must not be freed and reused, or reading the output
+/// back gives a later node's values.
+#[test]
+fn outputs_that_are_views_keep_their_source() {
+    let mut ctx = Context::new();
+    let c = &mut ctx;
+    let w = c.new_tensor(DType::F32, &[64, 64]).unwrap();
+    let x = c.new_tensor(DType::F32, &[64, 8]).unwrap();
+    c.set_input(x).unwrap();
+    let a = c.mul_mat(w, x).unwrap();
+    c.set_name(a, "a").unwrap();
+    let view = c.reshape(a, &[64 * 8]).unwrap();
+    c.set_name(view, "view").unwrap();
+    c.set_output(view).unwrap();
+    // A reader of the view, then nodes of the same size that could take a's bytes.
+    let read = c.scale(view, 2.0).unwrap();
+    let mut h = c.reshape(read, &[64, 8]).unwrap();
+    for i in 0..6 {
+        h = c.mul_mat(w, h).unwrap();
+        c.set_name(h, format!("n{i}")).unwrap();
+    }
+    let _w_buf = place_weights(&mut ctx, &[w]);
+    let graph = Graph::build(&mut ctx, &[view, h]).unwrap();
+    let mut alloc = GraphAllocator::new(vec![buffer_type("A")]);
+    alloc.alloc_graph(&mut ctx, &graph).unwrap();
+    let (buf, a_off) = data_of(&ctx, a);
+    let end = a_off + ctx[a].nbytes();
+    for &n in graph.nodes() {
+        if n == a || ctx[n].view_src.is_some() || !own(&ctx, n, &[buf]) {
+            continue;
+        }
+        let (_, off) = data_of(&ctx, n);
+        assert!(
+            off + ctx[n].nbytes() <= a_off || off >= end,
+            "{} took the bytes of the output view's source",
+            ctx[n].name
+        );
+    }
+    check_no_overlap(&ctx, &graph, &buffer_ids(&alloc));
+}

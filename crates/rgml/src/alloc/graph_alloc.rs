@@ -14,7 +14,7 @@
 //!    [`op_can_inplace`]) and nothing else needs `src0` afterwards;
 //! 3. after a node, every source whose last consumer (and last view) it was is freed; a view
 //!    keeps its source alive until the view's own consumers are done. Graph outputs
-//!    ([`TensorFlags::OUTPUT`]) are never freed.
+//!    ([`TensorFlags::OUTPUT`]) are never freed, nor the source of a view that is one.
 //!
 //! Buffer types with a maximum buffer size ([`BufferType::max_size`]): the simulated allocator
 //! splits each buffer type's space into chunks of at most `max_size` bytes (ggml's approach); a
@@ -361,6 +361,9 @@ struct TensorState {
     counted_view: bool,
     /// Whether the tensor got its placement (own memory or taken over in place).
     planned: bool,
+    /// A graph output, or the source of a view that is one: its bytes are never freed nor
+    /// taken over in place.
+    kept: bool,
     /// Whether the allocator currently holds memory for it (false once freed or handed over).
     owned: bool,
     slot: usize,
@@ -444,6 +447,12 @@ impl<'a> Planner<'a> {
         // Count consumers and views; give inputs memory before any node for the same reason.
         for (i, &node) in graph.nodes().iter().enumerate() {
             let t = ctx.get(node)?;
+            if t.flags.contains(TensorFlags::OUTPUT) {
+                self.st(node)?.kept = true;
+                if let Some(root) = t.view_src {
+                    self.st(root)?.kept = true;
+                }
+            }
             if let (Some(root), false) = (t.view_src, t.op == Op::None) {
                 self.st(root)?.n_views += 1;
                 let st = self.st(node)?;
@@ -572,10 +581,10 @@ impl<'a> Planner<'a> {
             return Ok(None);
         };
         let p = ctx.get(parent)?;
-        let pinned = |x: &Tensor| {
-            x.flags.contains(TensorFlags::OUTPUT) || x.flags.contains(TensorFlags::INPUT)
+        let pinned = |x: &Tensor, kept: bool| {
+            kept || x.flags.contains(TensorFlags::OUTPUT) || x.flags.contains(TensorFlags::INPUT)
         };
-        if pinned(p) || !t.same_layout(p) {
+        if pinned(p, self.st(parent)?.kept) || !t.same_layout(p) {
             return Ok(None);
         }
         // Another node of the current group reads the parent (or its view source): it may run
@@ -597,7 +606,8 @@ impl<'a> Planner<'a> {
                 let rs = self.st(root)?.clone();
                 // The view must be the source's only view, start at its first byte, and the
                 // source must have no readers of its own left.
-                if pinned(r) || p.view_offset != 0 || rs.n_views != 1 || rs.n_children != 0 {
+                if pinned(r, rs.kept) || p.view_offset != 0 || rs.n_views != 1 || rs.n_children != 0
+                {
                     return Ok(None);
                 }
                 root
@@ -647,15 +657,13 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
-    /// Return the memory of queued tensors (outputs are kept).
+    /// Return the memory of queued tensors (outputs and the sources of output views are kept).
     fn flush_frees(&mut self) -> Result<()> {
         let ctx = self.ctx;
         for id in std::mem::take(&mut self.pending_free) {
-            if ctx.get(id)?.flags.contains(TensorFlags::OUTPUT) {
-                continue;
-            }
+            let output = ctx.get(id)?.flags.contains(TensorFlags::OUTPUT);
             let st = self.st(id)?;
-            if !st.owned {
+            if output || st.kept || !st.owned {
                 continue;
             }
             st.owned = false;
