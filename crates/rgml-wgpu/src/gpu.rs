@@ -233,10 +233,26 @@ impl GpuCell {
         &self.adapter
     }
 
-    /// The open wgpu device, opening it on first use.
+    /// The open wgpu device, opening it on first use. A device that does not open with wgpu's
+    /// experimental cooperative matrices is opened again without them.
     pub(crate) fn get(&self) -> Result<Arc<Gpu>> {
         self.gpu
-            .get_or_init(|| Gpu::open(&self.name, &self.adapter, self.options).map(Arc::new))
+            .get_or_init(|| {
+                Gpu::open(&self.name, &self.adapter, self.options)
+                    .or_else(|first| {
+                        let plain = WgpuOptions {
+                            no_coopmat: true,
+                            ..self.options
+                        };
+                        if plain == self.options || coop_shape(&self.adapter).is_none() {
+                            return Err(first);
+                        }
+                        Gpu::open(&self.name, &self.adapter, plain).map_err(|second| {
+                            format!("{first}; without cooperative matrices: {second}")
+                        })
+                    })
+                    .map(Arc::new)
+            })
             .clone()
             .map_err(|message| Error::Backend {
                 backend: self.name.clone(),
