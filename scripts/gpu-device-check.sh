@@ -28,7 +28,8 @@
 # Output (also under $OUT, which the device tool brings back): gpu-table.md (the table),
 # gpu-check.log (everything printed), gpu-results.json (the parsed numbers and each step's
 # status), gpu-raw.tar.gz (each step's stdout/stderr), gpu-profile-{pp,tg}.txt (rgml's GPU time
-# per kernel on llama-8b Q4_K_M, from `rgml bench --trace` and scripts/trace-kernels.py).
+# per kernel on llama-8b Q4_K_M, from `rgml bench --trace` and scripts/trace-kernels.py),
+# gpu-perf-model.txt (`rgml test-ops --mode perf-model`: MUL_MAT alone at the 8B shapes).
 # Without $OUT they go to /tmp/gpucheck-out.
 #
 # Usage: scripts/gpu-device-check.sh [--quick|--dry-run] [--budget SECONDS] [--models LIST]
@@ -71,7 +72,7 @@ DEADLINE=$((T0 + budget))
 OUT=${OUT:-${TMPDIR:-/tmp}/gpucheck-out}
 mkdir -p "$OUT"
 rm -f "$OUT/gpu-table.md" "$OUT/gpu-check.log" "$OUT/gpu-results.json" "$OUT/gpu-raw.tar.gz" \
-    "$OUT"/gpu-profile-*.txt
+    "$OUT"/gpu-profile-*.txt "$OUT/gpu-perf-model.txt"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gpucheck.XXXXXX")
 mkdir -p "$W/steps" "$W/models"
 
@@ -347,6 +348,11 @@ bench_half() { # KEY: -ngl at half the blocks for both, and rgml on the CPU alon
 
 bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), prompt and decode
     local key=$1 f=$W/models/$1.gguf phase
+    # MUL_MAT alone at an 8B block's shapes, each weight type, mat-vec and 512 columns.
+    if RGML_WGPU_EXACT=0 run_step perf-model 90 "$RGML" test-ops --mode perf-model -b Vulkan0; then
+        cp "$W/steps/perf-model.out" "$OUT/gpu-perf-model.txt"
+        cat "$OUT/gpu-perf-model.txt"
+    fi
     [ -s "$f" ] || return
     for phase in pp tg; do
         local shape=(-p $NP -n 0)

@@ -59,8 +59,9 @@ enum Command {
         /// Only cases of this op (e.g. MUL_MAT).
         #[arg(short = 'o', long)]
         op: Option<String>,
-        /// test: compare with the reference; support: print the op × backend table; perf: time cases.
-        #[arg(long, default_value = "test", value_parser = ["test", "support", "perf"])]
+        /// test: compare with the reference; support: print the op × backend table; perf: time
+        /// cases; perf-model: time MUL_MAT at an 8B Llama's shapes (mat-vec and 512 columns).
+        #[arg(long, default_value = "test", value_parser = ["test", "support", "perf", "perf-model"])]
         mode: String,
     },
     /// Generate text from a prompt, streaming tokens to stdout.

@@ -53,14 +53,14 @@ fn parse_op(op: Option<&str>) -> Result<Option<OpKind>, String> {
     }
 }
 
-/// Run the suite in `mode` (`test`, `support` or `perf`) on `backend` (a registered device
+/// Run the suite in `mode` (`test`, `support`, `perf` or `perf-model`) on `backend` (a registered device
 /// name, optionally with `:key=value` parameters; `None` = every registered device), only for
 /// `op` if given. Prints a line per failed case and ends with `{passed} passed, {failed} failed`.
 /// Returns `Ok(true)` when nothing failed.
 pub fn run(backend: Option<&str>, op: Option<&str>, mode: &str) -> Result<bool, CliError> {
     let mode = Mode::from_name(mode).ok_or_else(|| {
         CliError::usage(format!(
-            "unknown mode '{mode}' (valid: test, support, perf)"
+            "unknown mode '{mode}' (valid: test, support, perf, perf-model)"
         ))
     })?;
     let op = parse_op(op).map_err(CliError::Usage)?;
@@ -83,12 +83,19 @@ fn run_mode(
             out.text(&table);
             Ok(true)
         }
-        Mode::Perf => {
+        Mode::Perf | Mode::PerfModel => {
             for be in backends.iter_mut() {
                 out.line(format_args!("Backend {}:", be.name()));
-                rgml_opcheck::run_perf(be.as_mut(), op, PERF_BUDGET_MS, &mut |r| {
-                    out.line(format_args!("  {}", r.line()))
-                })
+                let mut line =
+                    |r: &rgml_opcheck::PerfReport| out.line(format_args!("  {}", r.line()));
+                if mode == Mode::Perf {
+                    rgml_opcheck::run_perf(be.as_mut(), op, PERF_BUDGET_MS, &mut line)
+                } else {
+                    let cases = rgml_opcheck::model_shape_cases()
+                        .into_iter()
+                        .filter(|c| op.is_none_or(|o| c.op == o));
+                    rgml_opcheck::run_perf_cases(be.as_mut(), cases, PERF_BUDGET_MS, &mut line)
+                }
                 .map_err(|e| e.to_string())?;
             }
             Ok(true)

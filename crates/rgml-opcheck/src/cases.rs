@@ -1578,6 +1578,39 @@ fn flash_attn(cases: &mut Vec<Case>) {
     }
 }
 
+/// MUL_MAT at the shapes of an 8B Llama block (`rgml-random-model --shape llama-8b`): the
+/// 4096 x 4096 projections, the 14336 x 4096 gate / up and the 4096 x 14336 down, by one
+/// activation column (a decode step's mat-vec) and by 512 (a prompt's mat-mat), for the
+/// weight types its files use. For timing (`rgml test-ops --mode perf-model`); their
+/// references are never computed.
+pub fn model_shape_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for t in [
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::F16,
+    ] {
+        for (m, k) in [(4096, 4096), (14336, 4096), (4096, 14336)] {
+            for n in [1, 512] {
+                cases.push(Case::new(
+                    OpKind::MulMat,
+                    format!("MUL_MAT type_a={t},type_b=f32"),
+                    format!("type_a={t},type_b=f32,m={m},n={n},k={k}"),
+                    MUL_MAT_NMSE,
+                    move |c| {
+                        let a = c.uniform(t, &[k, m, 1, 1])?;
+                        let b = c.uniform(DType::F32, &[k, n, 1, 1])?;
+                        c.ctx.mul_mat(a, b)
+                    },
+                ));
+            }
+        }
+    }
+    cases
+}
+
 /// Every case of the suite, in a stable order.
 pub fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();

@@ -16,8 +16,10 @@ pub mod codec;
 pub mod reference;
 pub mod runner;
 
-pub use cases::{all_cases, Case};
-pub use runner::{compare, run_case, run_perf, run_tests, support_table, PerfReport};
+pub use cases::{all_cases, model_shape_cases, Case};
+pub use runner::{
+    compare, run_case, run_perf, run_perf_cases, run_tests, support_table, PerfReport,
+};
 
 /// What the suite does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,15 +30,19 @@ pub enum Mode {
     Support,
     /// Time every case.
     Perf,
+    /// Time MUL_MAT at a real model's shapes ([`model_shape_cases`]): the kernels' speed at the
+    /// sizes that matter, with no reference computed.
+    PerfModel,
 }
 
 impl Mode {
-    /// Parse `test`, `support` or `perf`.
+    /// Parse `test`, `support`, `perf` or `perf-model`.
     pub fn from_name(name: &str) -> Option<Mode> {
         match name.to_ascii_lowercase().as_str() {
             "test" => Some(Mode::Test),
             "support" => Some(Mode::Support),
             "perf" => Some(Mode::Perf),
+            "perf-model" => Some(Mode::PerfModel),
             _ => None,
         }
     }

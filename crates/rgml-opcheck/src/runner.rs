@@ -377,14 +377,15 @@ pub struct PerfReport {
 }
 
 impl PerfReport {
-    /// A one-line summary: time and GFLOPS for MUL_MAT, GB/s otherwise.
+    /// A one-line summary: time, GFLOPS (MUL_MAT) and GB/s of the bytes read and written.
     pub fn line(&self) -> String {
         match self.us_per_run {
             None => format!("{}: unsupported", self.name),
             Some(us) if self.flops > 0.0 => format!(
-                "{}: {us:.1} us/run, {:.2} GFLOPS",
+                "{}: {us:.1} us/run, {:.2} GFLOPS, {:.2} GB/s",
                 self.name,
-                self.flops / us / 1e3
+                self.flops / us / 1e3,
+                self.bytes as f64 / us / 1e3
             ),
             Some(us) => format!(
                 "{}: {us:.1} us/run, {:.2} GB/s",
@@ -403,7 +404,17 @@ pub fn run_perf(
     budget_ms: u64,
     on_case: &mut dyn FnMut(&PerfReport),
 ) -> Result<()> {
-    for case in selected(op) {
+    run_perf_cases(backend, selected(op), budget_ms, on_case)
+}
+
+/// Time `cases` on `backend`, as [`run_perf`] does.
+pub fn run_perf_cases(
+    backend: &mut dyn Backend,
+    cases: impl IntoIterator<Item = Case>,
+    budget_ms: u64,
+    on_case: &mut dyn FnMut(&PerfReport),
+) -> Result<()> {
+    for case in cases {
         let p = prepare(&case)?;
         let mut rep = PerfReport {
             name: case.name.clone(),
