@@ -33,19 +33,10 @@ struct Pair8 {
     yh: vec4<f16>,
 }
 
-// Elements k0 + kg .. + 8 of weight row `row` and activation column `row` of the tile at
-// (m0, n0), zeros beyond the matrices' edges.
-fn coop_fetch(live: bool, row: u32, kg: u32, k0: u32, m0: u32, n0: u32, i2: u32, i3: u32) -> Pair8 {
-    let n = p.a_ne.x;
-    var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-    if (live && m0 + row < p.d_ne.x && k0 + kg < n) {
-        x = deq8(weight_row(m0 + row, i2, i3), k0 + kg, n);
-    }
-    var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-    if (live && n0 + row < p.d_ne.y && k0 + kg < n) {
-        y = act8(act_row(n0 + row, i2, i3), k0 + kg, n);
-    }
-    return Pair8(to_f16(x.lo), to_f16(x.hi), to_f16(y.lo), to_f16(y.hi));
+// Elements k0 + kg .. + 8 of weight row `row` and activation column `row` of tile `at`, in f16.
+fn coop_fetch(live: bool, row: u32, kg: u32, k0: u32, at: TileAt) -> Pair8 {
+    let g = tile_fetch(live, row, k0 + kg, at);
+    return Pair8(to_f16(g.x.lo), to_f16(g.x.hi), to_f16(g.y.lo), to_f16(g.y.hi));
 }
 
 fn coop_store(v: Pair8, row: u32, kg: u32) {
@@ -65,12 +56,12 @@ struct Staged {
     s3: Pair8,
 }
 
-fn coop_fetch_step(live: bool, row: u32, half: u32, k0: u32, m0: u32, n0: u32, i2: u32, i3: u32) -> Staged {
+fn coop_fetch_step(live: bool, row: u32, half: u32, k0: u32, at: TileAt) -> Staged {
     return Staged(
-        coop_fetch(live, row, half, k0, m0, n0, i2, i3),
-        coop_fetch(live, row, half + 16u, k0, m0, n0, i2, i3),
-        coop_fetch(live, row, half + 32u, k0, m0, n0, i2, i3),
-        coop_fetch(live, row, half + 48u, k0, m0, n0, i2, i3));
+        coop_fetch(live, row, half, k0, at),
+        coop_fetch(live, row, half + 16u, k0, at),
+        coop_fetch(live, row, half + 32u, k0, at),
+        coop_fetch(live, row, half + 48u, k0, at));
 }
 
 // MUL_MAT with many activation columns on cooperative matrices: a workgroup of 128 computes a
@@ -104,7 +95,7 @@ fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     let half = 8u * (li / 64u);
     // The next step's elements are loaded while this step multiplies (double buffering in
     // registers), so a step waits on memory only once.
-    var next = coop_fetch_step(live, row, half, 0u, m0, n0, i2, i3);
+    var next = coop_fetch_step(live, row, half, 0u, at);
     for (var k0 = 0u; k0 < p.a_ne.x; k0 += COOP_DEPTH) {
         coop_store(next.s0, row, half);
         coop_store(next.s1, row, half + 16u);
@@ -112,7 +103,7 @@ fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
         coop_store(next.s3, row, half + 48u);
         workgroupBarrier();
         if (k0 + COOP_DEPTH < p.a_ne.x) {
-            next = coop_fetch_step(live, row, half, k0 + COOP_DEPTH, m0, n0, i2, i3);
+            next = coop_fetch_step(live, row, half, k0 + COOP_DEPTH, at);
         }
         for (var kk = 0u; kk < COOP_DEPTH; kk += FRAG) {
             let a0 = coopLoad<COOP_MAT<f16, A>>(&coop_a[kk * 64u + wm], 64u);

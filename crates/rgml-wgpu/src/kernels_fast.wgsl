@@ -404,6 +404,26 @@ fn tile_of_workgroup(w: u32) -> TileAt {
     return TileAt(mat % p.d_ne.z, mat / p.d_ne.z, (w % tiles_m) * TILE, ((w % tiles) / tiles_m) * TILE);
 }
 
+// Elements k..k+8 of weight row m0 + row and of activation column n0 + row of a tile: what a
+// mat-mat invocation stages (zeros beyond the matrices' edges and in padding workgroups).
+struct TileFetch {
+    x: G8,
+    y: G8,
+}
+
+fn tile_fetch(live: bool, row: u32, k: u32, at: TileAt) -> TileFetch {
+    let n = p.a_ne.x;
+    var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (live && at.m0 + row < p.d_ne.x && k < n) {
+        x = deq8(weight_row(at.m0 + row, at.i2, at.i3), k, n);
+    }
+    var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (live && at.n0 + row < p.d_ne.y && k < n) {
+        y = act8(act_row(at.n0 + row, at.i2, at.i3), k, n);
+    }
+    return TileFetch(x, y);
+}
+
 // Row `i` (0..8) of an invocation's 8 x 8 outputs: `lo` and `hi` hold its columns 0..4, 4..8.
 fn mm_store(i0: u32, n0: u32, i2: u32, i3: u32, lo: vec4<f32>, hi: vec4<f32>) {
     if (i0 >= p.d_ne.x) {
@@ -451,14 +471,9 @@ fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
         for (var r = 0u; r < 4u; r++) {
             let row = li;
             let kg = 8u * r;
-            var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-            if (live && m0 + row < p.d_ne.x && k0 + kg < n) {
-                x = deq8(weight_row(m0 + row, i2, i3), k0 + kg, n);
-            }
-            var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-            if (live && n0 + row < p.d_ne.y && k0 + kg < n) {
-                y = act8(act_row(n0 + row, i2, i3), k0 + kg, n);
-            }
+            let g = tile_fetch(live, row, k0 + kg, at);
+            let x = g.x;
+            let y = g.y;
             for (var e = 0u; e < 4u; e++) {
                 tile_a[(kg + e) * 16u + row / 4u][row % 4u] = x.lo[e];
                 tile_a[(kg + 4u + e) * 16u + row / 4u][row % 4u] = x.hi[e];
