@@ -177,20 +177,23 @@ impl WgpuBackend {
     /// first timestamp).
     fn kernel_spans(&self, trace: &Trace, spans: &[PendingSpan]) -> Result<()> {
         let track = trace.track(&format!("{} kernels", self.name()));
+        // GPU time zero of the submission being placed: (its host start, its first timestamp).
         let mut zero: Option<(Instant, f64)> = None;
         for s in spans {
             let Some((times, prepared)) = &s.times else {
                 continue;
             };
             let measured = times.read(&self.gpu)?;
+            if zero.is_none_or(|(anchor, _)| anchor != s.start) {
+                zero = measured.first().map(|&(start_ns, _)| (s.start, start_ns));
+            }
+            let Some((anchor, gpu_zero)) = zero else {
+                continue;
+            };
             for (k, (start_ns, duration_ns)) in measured.into_iter().enumerate() {
-                let (anchor, gpu_zero) = match zero {
-                    Some((anchor, z)) if anchor == s.start => (anchor, z),
-                    _ => *zero.insert((s.start, start_ns)),
-                };
                 let span = TraceSpan {
                     track,
-                    name: prepared.label(times.steps.start + k).to_string(),
+                    name: prepared.label(times.steps.start + k),
                     category: "kernel",
                     start_us: (start_ns - gpu_zero) / 1e3,
                     duration_us: duration_ns / 1e3,
@@ -261,7 +264,7 @@ impl WgpuBackend {
         let mut times: Vec<Option<DispatchTimes>> = ranges
             .iter()
             .map(|r| {
-                (self.trace.is_some() && self.gpu.timestamps)
+                (self.trace.is_some() && self.gpu.times_kernels())
                     .then(|| DispatchTimes::new(&self.gpu, r.clone()))
             })
             .collect();

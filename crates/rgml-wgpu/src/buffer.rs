@@ -9,7 +9,7 @@ use crate::gpu::{Gpu, GpuCell};
 use rgml::backend::{BufferImpl, BufferType, DeviceRef};
 use rgml::{Error, Result};
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc, Weak};
+use std::sync::{Arc, Weak};
 
 /// wgpu's copy and write granularity (`COPY_BUFFER_ALIGNMENT`).
 pub(crate) const COPY_ALIGN: usize = 4;
@@ -169,25 +169,7 @@ impl WgpuBuffer {
         let mut encoder = self.gpu.encoder();
         encoder.copy_buffer_to_buffer(&self.buffer, start as u64, &staging, 0, len);
         self.gpu.submit(encoder)?;
-        let (tx, rx) = mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            // The receiver waits below; a send can only fail if it is gone, which it is not.
-            let _ = tx.send(r);
-        });
-        self.gpu.wait()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(self.gpu.err(format!("mapping for read-back: {e}"))),
-            Err(_) => return Err(self.gpu.err("read-back was never mapped")),
-        }
-        {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| self.gpu.err(format!("read-back range: {e}")))?;
-            f(&view);
-        }
-        staging.unmap();
-        Ok(())
+        self.gpu.read_mapped(&staging, "read-back", f)
     }
 
     /// Write `data` at `offset`; unaligned edges are read, patched and written back.

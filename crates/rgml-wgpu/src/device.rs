@@ -14,7 +14,7 @@
 
 use crate::backend::{WgpuBackend, WgpuEvent};
 use crate::buffer::{WgpuBufferType, COPY_ALIGN};
-use crate::gpu::{Gpu, GpuCell, WgpuOptions};
+use crate::gpu::{Gpu, GpuCell, WgpuOptions, TIMESTAMP_FEATURES};
 use crate::host::WgpuHostBufferType;
 use crate::ops::supports_op;
 use rgml::backend::{
@@ -62,9 +62,7 @@ fn capabilities(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> String {
             info.subgroup_min_size, info.subgroup_max_size
         ));
     }
-    if features
-        .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
-    {
+    if features.contains(TIMESTAMP_FEATURES) {
         caps.push("timestamps".to_string());
     }
     if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
@@ -184,9 +182,7 @@ impl WgpuDevice {
     /// Whether the adapter writes timestamps between dispatches of a compute pass
     /// (`TIMESTAMP_QUERY_INSIDE_PASSES`): a traced stream then times each kernel on the GPU.
     pub fn times_kernels(&self) -> bool {
-        self.features.contains(
-            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
-        )
+        self.features.contains(TIMESTAMP_FEATURES)
     }
 
     /// The adapter's limits (buffer sizes, bindings, workgroups).

@@ -28,6 +28,10 @@ pub struct WgpuOptions {
     pub no_coopmat: bool,
 }
 
+/// What timing each dispatch on the GPU needs: timestamps, written inside compute passes.
+pub(crate) const TIMESTAMP_FEATURES: wgpu::Features =
+    wgpu::Features::TIMESTAMP_QUERY.union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+
 /// An open wgpu device: queue, kernels and the slot where wgpu reports errors.
 pub(crate) struct Gpu {
     /// The rgml device name, for error messages.
@@ -44,8 +48,6 @@ pub(crate) struct Gpu {
     /// Bytes held by the live [`WgpuBuffer`]s of this device (their rounded-up sizes; staging,
     /// uniform and kernel objects are not counted).
     pub(crate) allocated: AtomicUsize,
-    /// Whether timestamps can be written between dispatches (traces time each kernel).
-    pub(crate) timestamps: bool,
 }
 
 impl Gpu {
@@ -56,12 +58,9 @@ impl Gpu {
     ) -> std::result::Result<Gpu, String> {
         // f64 lets kernels sum as ggml-cpu does; timestamps between dispatches time kernels
         // for traces. The rest of the kernels need no features.
-        let timestamp_features =
-            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        let timestamps = adapter.features().contains(timestamp_features);
         let mut features = adapter.features() & wgpu::Features::SHADER_F64;
-        if timestamps {
-            features |= timestamp_features;
+        if adapter.features().contains(TIMESTAMP_FEATURES) {
+            features |= TIMESTAMP_FEATURES;
         }
         // Cooperative matrices for prompts, unless the options turn them off.
         let coop = coop_shape(adapter).filter(|_| !options.no_coopmat);
@@ -107,7 +106,6 @@ impl Gpu {
             gelu_table: std::sync::OnceLock::new(),
             error,
             allocated: AtomicUsize::new(0),
-            timestamps,
         };
         gpu.check().map_err(|e| e.to_string())?;
         Ok(gpu)
@@ -159,6 +157,40 @@ impl Gpu {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| self.err(e.to_string()))?;
         self.check()
+    }
+
+    /// Whether the device writes timestamps between dispatches (traces then time each kernel).
+    pub(crate) fn times_kernels(&self) -> bool {
+        self.device.features().contains(TIMESTAMP_FEATURES)
+    }
+
+    /// Wait for the queue, map `buffer` (`MAP_READ`, its copies already submitted) and hand its
+    /// bytes to `f`; `what` names the read in errors.
+    pub(crate) fn read_mapped<R>(
+        &self,
+        buffer: &wgpu::Buffer,
+        what: &str,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        buffer.map_async(wgpu::MapMode::Read, .., move |r| {
+            // The receiver waits below; a send can only fail if it is gone, which it is not.
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(self.err(format!("mapping {what}: {e}"))),
+            Err(_) => return Err(self.err(format!("{what} was never mapped"))),
+        }
+        let out = {
+            let view = buffer
+                .get_mapped_range(..)
+                .map_err(|e| self.err(format!("{what} range: {e}")))?;
+            f(&view)
+        };
+        buffer.unmap();
+        Ok(out)
     }
 
     /// Submit an encoder's commands.

@@ -34,8 +34,8 @@ struct Pair8 {
 }
 
 // Elements k0 + kg .. + 8 of weight row `row` and activation column `row` of tile `at`, in f16.
-fn coop_fetch(live: bool, row: u32, kg: u32, k0: u32, at: TileAt) -> Pair8 {
-    let g = tile_fetch(live, row, k0 + kg, at);
+fn coop_fetch(row: u32, kg: u32, k0: u32, at: TileAt) -> Pair8 {
+    let g = tile_fetch(row, k0 + kg, at);
     return Pair8(to_f16(g.x.lo), to_f16(g.x.hi), to_f16(g.y.lo), to_f16(g.y.hi));
 }
 
@@ -56,12 +56,12 @@ struct Staged {
     s3: Pair8,
 }
 
-fn coop_fetch_step(live: bool, row: u32, half: u32, k0: u32, at: TileAt) -> Staged {
+fn coop_fetch_step(row: u32, half: u32, k0: u32, at: TileAt) -> Staged {
     return Staged(
-        coop_fetch(live, row, half, k0, at),
-        coop_fetch(live, row, half + 16u, k0, at),
-        coop_fetch(live, row, half + 32u, k0, at),
-        coop_fetch(live, row, half + 48u, k0, at));
+        coop_fetch(row, half, k0, at),
+        coop_fetch(row, half + 16u, k0, at),
+        coop_fetch(row, half + 32u, k0, at),
+        coop_fetch(row, half + 48u, k0, at));
 }
 
 // MUL_MAT with many activation columns on cooperative matrices: a workgroup of 128 computes a
@@ -74,11 +74,6 @@ fn coop_fetch_step(live: bool, row: u32, half: u32, k0: u32, at: TileAt) -> Stag
 @compute @workgroup_size(128)
 fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let at = tile_of_workgroup(wid.x + wid.y * nwg.x);
-    let i2 = at.i2;
-    let i3 = at.i3;
-    let m0 = at.m0;
-    let n0 = at.n0;
-    let live = i3 < p.d_ne.w;
     let sg = li / SUBGROUP;
     let side = 64u / (2u * FRAG);
     let wm = (sg % side) * 2u * FRAG;
@@ -95,7 +90,7 @@ fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     let half = 8u * (li / 64u);
     // The next step's elements are loaded while this step multiplies (double buffering in
     // registers), so a step waits on memory only once.
-    var next = coop_fetch_step(live, row, half, 0u, at);
+    var next = coop_fetch_step(row, half, 0u, at);
     for (var k0 = 0u; k0 < p.a_ne.x; k0 += COOP_DEPTH) {
         coop_store(next.s0, row, half);
         coop_store(next.s1, row, half + 16u);
@@ -103,7 +98,7 @@ fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
         coop_store(next.s3, row, half + 48u);
         workgroupBarrier();
         if (k0 + COOP_DEPTH < p.a_ne.x) {
-            next = coop_fetch_step(live, row, half, k0 + COOP_DEPTH, at);
+            next = coop_fetch_step(row, half, k0 + COOP_DEPTH, at);
         }
         for (var kk = 0u; kk < COOP_DEPTH; kk += FRAG) {
             let a0 = coopLoad<COOP_MAT<f16, A>>(&coop_a[kk * 64u + wm], 64u);
@@ -122,14 +117,10 @@ fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     coopStore(c01, &coop_out[(wn + FRAG) * 64u + wm], 64u);
     coopStore(c11, &coop_out[(wn + FRAG) * 64u + wm + FRAG], 64u);
     workgroupBarrier();
-    if (!live) {
+    if (!at.live) {
         return;
     }
     for (var i = li; i < 4096u; i += 128u) {
-        let i0 = m0 + i % 64u;
-        let i1 = n0 + i / 64u;
-        if (i0 < p.d_ne.x && i1 < p.d_ne.y) {
-            dset(p.off.w + i0 * p.d_nb.x + i1 * p.d_nb.y + i2 * p.d_nb.z + i3 * p.d_nb.w, coop_out[i]);
-        }
+        tile_set(at, at.m0 + i % 64u, at.n0 + i / 64u, coop_out[i]);
     }
 }

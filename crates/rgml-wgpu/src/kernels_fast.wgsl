@@ -388,12 +388,14 @@ var<workgroup> tile_a: array<vec4<f32>, 512>;
 var<workgroup> tile_b: array<vec4<f32>, 512>;
 
 // The 64 x 64 output tile of a mat-mat workgroup: tile w % tiles of matrix w / tiles (i2 + ne2
-// i3), its first row m0 and column n0.
+// i3), its first row m0 and column n0; `live` is false for a padding workgroup (none unless the
+// grid is padded), which still reaches every barrier.
 struct TileAt {
     i2: u32,
     i3: u32,
     m0: u32,
     n0: u32,
+    live: bool,
 }
 
 fn tile_of_workgroup(w: u32) -> TileAt {
@@ -401,7 +403,8 @@ fn tile_of_workgroup(w: u32) -> TileAt {
     let tiles_n = (p.d_ne.y + TILE - 1u) / TILE;
     let tiles = tiles_m * tiles_n;
     let mat = w / tiles;
-    return TileAt(mat % p.d_ne.z, mat / p.d_ne.z, (w % tiles_m) * TILE, ((w % tiles) / tiles_m) * TILE);
+    let i3 = mat / p.d_ne.z;
+    return TileAt(mat % p.d_ne.z, i3, (w % tiles_m) * TILE, ((w % tiles) / tiles_m) * TILE, i3 < p.d_ne.w);
 }
 
 // Elements k..k+8 of weight row m0 + row and of activation column n0 + row of a tile: what a
@@ -411,32 +414,31 @@ struct TileFetch {
     y: G8,
 }
 
-fn tile_fetch(live: bool, row: u32, k: u32, at: TileAt) -> TileFetch {
+fn tile_fetch(row: u32, k: u32, at: TileAt) -> TileFetch {
     let n = p.a_ne.x;
     var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-    if (live && at.m0 + row < p.d_ne.x && k < n) {
+    if (at.live && at.m0 + row < p.d_ne.x && k < n) {
         x = deq8(weight_row(at.m0 + row, at.i2, at.i3), k, n);
     }
     var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-    if (live && at.n0 + row < p.d_ne.y && k < n) {
+    if (at.live && at.n0 + row < p.d_ne.y && k < n) {
         y = act8(act_row(at.n0 + row, at.i2, at.i3), k, n);
     }
     return TileFetch(x, y);
 }
 
-// Row `i` (0..8) of an invocation's 8 x 8 outputs: `lo` and `hi` hold its columns 0..4, 4..8.
-fn mm_store(i0: u32, n0: u32, i2: u32, i3: u32, lo: vec4<f32>, hi: vec4<f32>) {
-    if (i0 >= p.d_ne.x) {
-        return;
+// Output (row i0, column i1) of tile `at`'s matrix, if inside the result.
+fn tile_set(at: TileAt, i0: u32, i1: u32, v: f32) {
+    if (i0 < p.d_ne.x && i1 < p.d_ne.y) {
+        dset(p.off.w + i0 * p.d_nb.x + i1 * p.d_nb.y + at.i2 * p.d_nb.z + at.i3 * p.d_nb.w, v);
     }
-    let d0 = p.off.w + i0 * p.d_nb.x + i2 * p.d_nb.z + i3 * p.d_nb.w;
+}
+
+// Row i0 of an invocation's 8 x 8 outputs, columns n0..n0+8: `lo` and `hi` hold 0..4, 4..8.
+fn mm_store(at: TileAt, i0: u32, n0: u32, lo: vec4<f32>, hi: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
-        if (n0 + j < p.d_ne.y) {
-            dset(d0 + (n0 + j) * p.d_nb.y, lo[j]);
-        }
-        if (n0 + 4u + j < p.d_ne.y) {
-            dset(d0 + (n0 + 4u + j) * p.d_nb.y, hi[j]);
-        }
+        tile_set(at, i0, n0 + j, lo[j]);
+        tile_set(at, i0, n0 + 4u + j, hi[j]);
     }
 }
 
@@ -450,15 +452,9 @@ fn mm_store(i0: u32, n0: u32, i2: u32, i3: u32, lo: vec4<f32>, hi: vec4<f32>) {
 @compute @workgroup_size(64)
 fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let at = tile_of_workgroup(wid.x + wid.y * nwg.x);
-    let i2 = at.i2;
-    let i3 = at.i3;
-    let m0 = at.m0;
-    let n0 = at.n0;
     let tx = li % 8u;
     let ty = li / 8u;
     let n = p.a_ne.x;
-    // Out-of-range workgroups (none unless the grid is padded) still reach every barrier.
-    let live = i3 < p.d_ne.w;
     var c0a = vec4<f32>(0.0); var c0b = vec4<f32>(0.0);
     var c1a = vec4<f32>(0.0); var c1b = vec4<f32>(0.0);
     var c2a = vec4<f32>(0.0); var c2b = vec4<f32>(0.0);
@@ -471,7 +467,7 @@ fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
         for (var r = 0u; r < 4u; r++) {
             let row = li;
             let kg = 8u * r;
-            let g = tile_fetch(live, row, k0 + kg, at);
+            let g = tile_fetch(row, k0 + kg, at);
             let x = g.x;
             let y = g.y;
             for (var e = 0u; e < 4u; e++) {
@@ -498,19 +494,19 @@ fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
         }
         workgroupBarrier();
     }
-    if (!live) {
+    if (!at.live) {
         return;
     }
-    let r0 = m0 + 8u * tx;
-    let col = n0 + 8u * ty;
-    mm_store(r0, col, i2, i3, c0a, c0b);
-    mm_store(r0 + 1u, col, i2, i3, c1a, c1b);
-    mm_store(r0 + 2u, col, i2, i3, c2a, c2b);
-    mm_store(r0 + 3u, col, i2, i3, c3a, c3b);
-    mm_store(r0 + 4u, col, i2, i3, c4a, c4b);
-    mm_store(r0 + 5u, col, i2, i3, c5a, c5b);
-    mm_store(r0 + 6u, col, i2, i3, c6a, c6b);
-    mm_store(r0 + 7u, col, i2, i3, c7a, c7b);
+    let r0 = at.m0 + 8u * tx;
+    let col = at.n0 + 8u * ty;
+    mm_store(at, r0, col, c0a, c0b);
+    mm_store(at, r0 + 1u, col, c1a, c1b);
+    mm_store(at, r0 + 2u, col, c2a, c2b);
+    mm_store(at, r0 + 3u, col, c3a, c3b);
+    mm_store(at, r0 + 4u, col, c4a, c4b);
+    mm_store(at, r0 + 5u, col, c5a, c5b);
+    mm_store(at, r0 + 6u, col, c6a, c6b);
+    mm_store(at, r0 + 7u, col, c7a, c7b);
 }
 
 // Invocations per row of the per-row kernels (`rms_norm_fast`, `soft_max_fast`): a decode

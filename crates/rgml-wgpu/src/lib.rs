@@ -97,17 +97,15 @@
 //!   `sin` (close, not bit-equal).
 //!
 //! # What is still missing
-//! - Subgroup reductions, packed int8 dots, f16 tiles and cooperative matrices in the fast
-//!   arithmetic; flash attention; fused RMS_NORM + MUL (see `docs/GPU.md`), measured on a real
-//!   GPU.
+//! - Packed int8 dots and vector loads in the fast mat-vec, larger cooperative-matrix tiles,
+//!   flash attention, fused RMS_NORM + MUL: what the H200 profile ranks (see `docs/GPU.md`).
 //! - Barriers only between dependent nodes: wgpu's safe API places them itself (one between
 //!   any two dispatches that use the same read-write buffer); dropping them needs wgpu-hal
 //!   encoding. The allocator side (concurrency levels) is done and opt-in (`concurrency=1`).
-//! - GPU timestamps for command-buffer spans (they are host-side now, encode to observed
-//!   completion) where the adapter has `TIMESTAMP_QUERY`.
 //! - `buffer_from_host_ptr` where memory can be imported (needs hal interop:
-//!   `VK_EXT_external_memory_host`, Metal `newBufferWithBytesNoCopy`); real heap figures
-//!   (Vulkan heap sizes and budgets are not in wgpu's safe API).
+//!   `VK_EXT_external_memory_host`, Metal `newBufferWithBytesNoCopy`); memory budgets (free
+//!   memory as the driver sees it, `VK_EXT_memory_budget`): the heap sizes are read through
+//!   wgpu-hal, other processes' use is not.
 #![warn(missing_docs)]
 
 // The order of their imports is in the crate docs ("Modules"); rustfmt sorts this list.

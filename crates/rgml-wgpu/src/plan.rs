@@ -15,9 +15,10 @@
 //! context, which holds those buffers, is unchanged).
 
 use crate::gpu::Gpu;
-use crate::kernels::{Params, MAX_GROUPS, PARAM_STRIDE, WG};
+use crate::kernels::{Kernel, Params, MAX_GROUPS, PARAM_STRIDE, WG};
 use crate::ops::{Dispatch, Prep};
 use rgml::graph::Graph;
+use rgml::op::OpKind;
 use rgml::{Context, Result};
 use std::ops::Range;
 use std::sync::Arc;
@@ -28,8 +29,9 @@ struct Step {
     bind_group: wgpu::BindGroup,
     /// Workgroups in x and y.
     groups: [u32; 2],
-    /// The node's op and the kernel (`MUL_MAT Fast(MulMv, 5)`), for trace spans.
-    label: String,
+    /// The node's op and the kernel, for trace spans ([`Prepared::label`]).
+    op: OpKind,
+    kernel: Kernel,
 }
 
 /// A graph of one context made ready for one wgpu device.
@@ -59,11 +61,11 @@ impl Prepared {
         let mut prep = Prep::new(gpu, device, exact);
         let mut dispatches = Vec::new();
         let mut node_of = Vec::new();
-        let mut labels = Vec::new();
+        let mut ops = Vec::new();
         for (n, &id) in graph.nodes().iter().enumerate() {
             let op = ctx.get(id)?.op.kind();
             for d in prep.prepare(ctx, id)? {
-                labels.push(format!("{op} {:?}", d.kernel));
+                ops.push(op);
                 dispatches.push(d);
                 node_of.push(n);
             }
@@ -82,8 +84,8 @@ impl Prepared {
         let steps = dispatches
             .iter()
             .enumerate()
-            .zip(labels)
-            .map(|((i, d), label)| step(gpu, &uniforms, i, d, label))
+            .zip(ops)
+            .map(|((i, d), op)| step(gpu, &uniforms, i, d, op))
             .collect::<Result<Vec<Step>>>()?;
         // Errors wgpu reported while making the bind groups and the uniform buffer.
         gpu.check()?;
@@ -118,9 +120,11 @@ impl Prepared {
         first..end.max(first)
     }
 
-    /// The trace label of step `i`.
-    pub(crate) fn label(&self, i: usize) -> &str {
-        self.steps.get(i).map_or("", |s| s.label.as_str())
+    /// The trace label of step `i`: its node's op and its kernel (`MUL_MAT Fast(MulMv, 5)`).
+    pub(crate) fn label(&self, i: usize) -> String {
+        self.steps
+            .get(i)
+            .map_or_else(String::new, |s| format!("{} {:?}", s.op, s.kernel))
     }
 
     /// Encode steps `range` into one command buffer, all in one compute pass: wgpu tracks
@@ -218,25 +222,11 @@ impl DispatchTimes {
     /// After the command buffer completed: each timed dispatch's start (on the GPU's clock)
     /// and duration, in nanoseconds.
     pub(crate) fn read(&self, gpu: &Gpu) -> Result<Vec<(f64, f64)>> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.readback.map_async(wgpu::MapMode::Read, .., move |r| {
-            // The receiver waits below; a send can only fail if it is gone, which it is not.
-            let _ = tx.send(r);
-        });
-        gpu.wait()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(gpu.err(format!("mapping dispatch times: {e}"))),
-            Err(_) => return Err(gpu.err("dispatch times were never mapped")),
-        }
-        let ticks: Vec<u64> = {
-            let view = self
-                .readback
-                .get_mapped_range(..)
-                .map_err(|e| gpu.err(format!("dispatch times range: {e}")))?;
-            bytemuck::pod_collect_to_vec(&view)
-        };
-        self.readback.unmap();
+        let ticks: Vec<u64> = gpu.read_mapped(
+            &self.readback,
+            "dispatch times",
+            bytemuck::pod_collect_to_vec,
+        )?;
         let period = f64::from(gpu.queue.get_timestamp_period());
         Ok(ticks
             .windows(2)
@@ -272,7 +262,7 @@ fn uniform_buffer(gpu: &Gpu, dispatches: &[Dispatch]) -> wgpu::Buffer {
 
 /// Dispatch `i` of a plan as a step: its pipeline, its bind group (parameter slot `i` of
 /// `uniforms`, then buffers A, B, C, D) and its workgroups.
-fn step(gpu: &Gpu, uniforms: &wgpu::Buffer, i: usize, d: &Dispatch, label: String) -> Result<Step> {
+fn step(gpu: &Gpu, uniforms: &wgpu::Buffer, i: usize, d: &Dispatch, op: OpKind) -> Result<Step> {
     let param_size = std::num::NonZeroU64::new(std::mem::size_of::<Params>() as u64);
     let mut entries = Vec::with_capacity(5);
     entries.push(wgpu::BindGroupEntry {
@@ -308,6 +298,7 @@ fn step(gpu: &Gpu, uniforms: &wgpu::Buffer, i: usize, d: &Dispatch, label: Strin
         pipeline,
         bind_group,
         groups: [x as u32, y as u32],
-        label,
+        op,
+        kernel: d.kernel,
     })
 }
