@@ -26,7 +26,7 @@
 //! Knobs: `RGML_BENCH_THREADS` (default 2), `RGML_BENCH_QUICK=1` (fewer runs),
 //! `RGML_BENCH_ONLY=repack` (only the repacked-weights table), `RGML_BENCH_ONLY=flash_attn`
 //! (only one decode step's attention over an f16 cache), `RGML_BENCH_ONLY=amx` (only the AMX
-//! K-quant kernel's rows), `RGML_BENCH_ONLY=mul_mat` (the
+//! K-quant kernel's rows), `RGML_BENCH_ONLY=kquant` (the K-quant kernels' rows), `RGML_BENCH_ONLY=mul_mat` (the
 //! ceilings and the MUL_MAT table only), `RGML_BENCH_ONLY=threadpool` (only the barrier and
 //! graph-overhead table), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the MUL_MAT table, by
 //! dtype name).
@@ -429,6 +429,11 @@ fn main() {
             amx_kquant_rows();
             return;
         }
+        Ok("kquant") => {
+            amx_kquant_rows();
+            kquant_tile_rows();
+            return;
+        }
         _ => {}
     }
 
@@ -466,6 +471,7 @@ fn main() {
         }
     }
     amx_kquant_rows();
+    kquant_tile_rows();
     println!();
 
     // --- MUL_MAT per dtype ---
@@ -545,6 +551,21 @@ fn main() {
     repack_section(&cfg);
     flash_attn_section(&cfg);
     threadpool_section(&cfg, threads);
+}
+
+/// The K-quant kernels without AMX alone: the AVX-512 register tiles and the one-row kernel.
+fn kquant_tile_rows() {
+    for dtype in [rgml::DType::Q4_K, rgml::DType::Q6_K] {
+        let (wide, row) = rgml_cpu::bench_support::kquant_tile_macs(dtype, 512);
+        for (name, macs) in [("AVX-512 tiles", wide), ("one-row kernel", row)] {
+            if let Some(m) = macs {
+                println!(
+                    "| K-quant kernel, {name}, {dtype}, K 2048 by 512 rows, 1 thread | | {:.0} GMAC/s |",
+                    m / 1e9
+                );
+            }
+        }
+    }
 }
 
 /// The AMX K-quant kernel alone, and the cost of each tile operation (rows of the ceilings

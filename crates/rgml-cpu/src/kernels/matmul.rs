@@ -43,6 +43,8 @@ use crate::kernels::tiles::float_avx2;
 use crate::kernels::tiles::kquant;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_amx;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::tiles::kquant_avx512;
 use crate::kernels::tiles::legacy;
 use crate::kernels::tiles::repack;
 use rgml::{DType, Error, Result, Tensor};
@@ -109,6 +111,8 @@ enum QuantPath {
     Cols(legacy::ColsKernel),
     /// ggml's tiled K-quant kernel on AMX tiles.
     KquantAmx,
+    /// ggml's tiled K-quant kernel in AVX-512 register tiles.
+    KquantAvx512,
     /// ggml's tiled K-quant kernel.
     Kquant,
     /// Register tiles.
@@ -148,6 +152,10 @@ impl QuantPath {
             #[cfg(target_arch = "x86_64")]
             if kquant_amx::takes(f, dtype, path_rows) {
                 return QuantPath::KquantAmx;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if kquant_avx512::takes(f, dtype, path_rows) {
+                return QuantPath::KquantAvx512;
             }
             return QuantPath::Kquant;
         }
@@ -190,12 +198,17 @@ pub(crate) fn shared_size(f: CpuFeatures, a: &Tensor, b: &Tensor) -> Result<usiz
 }
 
 /// f32 values of per-thread scratch MUL_MAT needs beyond `work_size`'s rows: the decoded
-/// weight block of the AMX K-quant kernel where it may run (the src1 row count is not known
-/// here, so whenever the CPU and type allow it).
+/// weight block of the AMX K-quant kernel or the reordered activations of the AVX-512 one
+/// where it may run (the src1 row count is not known here, so whenever the CPU and type allow
+/// it).
 pub(crate) fn scratch_floats(f: CpuFeatures, a: &Tensor) -> usize {
     #[cfg(target_arch = "x86_64")]
     if kquant_amx::takes(f, a.dtype, kquant::MIN_ROWS) {
         return kquant_amx::scratch_bytes(a.ne[0] / rgml::quant::QK_K).div_ceil(4) + 16;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kquant_avx512::takes(f, a.dtype, kquant::MIN_ROWS) {
+        return kquant_avx512::scratch_bytes(a.ne[0] / rgml::quant::QK_K).div_ceil(4);
     }
     let _ = (f, a);
     0
@@ -374,8 +387,13 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
                     self.ktiled_amx(rows, at, scratch)?;
                 }
+                #[cfg(target_arch = "x86_64")]
+                QuantPath::KquantAvx512 => {
+                    let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
+                    self.ktiled_avx512(rows, at, scratch)?;
+                }
                 #[cfg(not(target_arch = "x86_64"))]
-                QuantPath::KquantAmx => self.ktiled(rows, at),
+                QuantPath::KquantAmx | QuantPath::KquantAvx512 => self.ktiled(rows, at),
                 QuantPath::Kquant => self.ktiled(rows, at),
                 QuantPath::Tiled => self.tiled(rows, at),
                 QuantPath::Pairs => self.pairs(rows, at)?,
@@ -570,6 +588,67 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 }
             }
         }
+    }
+
+    /// As [`Self::ktiled`] in AVX-512 register tiles ([`kquant_avx512`]): runs of up to 64
+    /// activation rows, reordered once into `scratch`, each by strips of 4 weight rows whose
+    /// blocks are decoded once per run.
+    #[cfg(target_arch = "x86_64")]
+    fn ktiled_avx512(
+        &self,
+        rows: Range<usize>,
+        [i02, i03, i12, i13]: [usize; 4],
+        scratch: &mut [u8],
+    ) -> Result<()> {
+        const COLS: usize = kquant_avx512::COLS;
+        const ROWS: usize = kquant_avx512::ROWS;
+        let (a, ne11) = (self.a, self.ne11);
+        let mut out = [[0f32; COLS]; ROWS];
+        let mut y = [std::ptr::null::<u8>(); COLS];
+        for c0 in (0..ne11).step_by(COLS) {
+            let c1 = (c0 + COLS).min(ne11);
+            for (slot, i11) in y.iter_mut().zip(c0..c1) {
+                *slot = (self.b_row)(i11, i12, i13);
+            }
+            // SAFETY: `kquant_avx512::takes` checked the CPU (AVX-512); the src1 rows are
+            // complete in the work area since the barrier, `nb` Q8_K blocks each.
+            let run =
+                unsafe { kquant_avx512::permute_activations(self.nb, &y[..c1 - c0], scratch) }
+                    .ok_or_else(|| Error::Backend {
+                        backend: "CPU".into(),
+                        message: format!(
+                            "MUL_MAT: scratch of {} bytes too small for {} activation rows",
+                            scratch.len(),
+                            c1 - c0
+                        ),
+                    })?;
+            for r0 in rows.clone().step_by(ROWS) {
+                let r1 = (r0 + ROWS).min(rows.end);
+                let x: [*const u8; ROWS] =
+                    std::array::from_fn(|r| a.row((r0 + r).min(r1 - 1), i02, i03).cast_const());
+                // SAFETY: `kquant_avx512::takes` checked the CPU and type; the src0 rows are
+                // dense and in bounds with `nb` blocks; `run` holds the reordered src1 rows.
+                unsafe {
+                    kquant_avx512::rows(
+                        self.f,
+                        a.dtype,
+                        self.nb,
+                        &x[..r1 - r0],
+                        &run[..c1 - c0],
+                        &mut out,
+                    )
+                };
+                for (r, row) in out.iter().enumerate().take(r1 - r0) {
+                    for (&v, i11) in row.iter().zip(c0..c1) {
+                        let dst = self.dst.row(i11, i12, i13).wrapping_add((r0 + r) * 4);
+                        // SAFETY: output element (r0 + r, i11, i12, i13) is in bounds and
+                        // written only by the thread owning row block (batch, r0 + r).
+                        unsafe { dst.cast::<f32>().write(v) };
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// As [`Self::ktiled`] on AMX tiles ([`kquant_amx`]): blocks of 16 weight rows, each

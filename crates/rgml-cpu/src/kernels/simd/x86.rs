@@ -52,6 +52,30 @@ pub(crate) unsafe fn bits_to_bytes(qh: i32) -> __m256i {
     }
 }
 
+/// `acc + sum of each i16 lane pair of a * b` into i32 lanes, as one `vpdpwssd`. LLVM splits
+/// the intrinsic into `vpmaddwd` + `vpaddd` for CPUs it does not tune for, which on this
+/// work's AVX-512 CPUs costs a second vector uop (the multiply-add units take both): inline
+/// assembly keeps the one instruction.
+///
+/// # Safety
+/// The CPU supports AVX-512 F and VNNI (callers compiled with those features inline this).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+pub(crate) unsafe fn dpwssd_fused(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: register operands only; the CPU has the instruction, as the caller promises.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
 /// The horizontal sums of 16 registers, `[hsum16(a[0]), ..., hsum16(a[15])]`, each in
 /// `hsum16`'s order (`_mm512_reduce_add_ps`: lane k + lane k+8, then k + k+4, then k + k+2,
 /// then the last two): the same additions of the same operands, with the registers packed side

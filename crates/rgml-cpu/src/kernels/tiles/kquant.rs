@@ -81,6 +81,8 @@ pub(super) struct Decoded {
     /// The scale of each 16 quants, as `_mm256_madd_epi16` operands: chunk c's 16 lanes are
     /// `scale(2c)` x 8 then `scale(2c + 1)` x 8.
     pub(super) scales: [[i16; 16]; 8],
+    /// The scale of each 16 quants, once each.
+    pub(super) sub16: [i16; 16],
     /// Weights of the activation's per-16 sums: Q4_K/Q5_K the mins (each twice), Q2_K the
     /// mins, Q6_K/Q3_K the scales (for the `- 32` / `- 4` of their quants); IQ4_XS none.
     pub(super) bsum_weights: [i16; 16],
@@ -93,6 +95,7 @@ impl Decoded {
         Decoded {
             q: [0; QK_K],
             scales: [[0; 16]; 8],
+            sub16: [0; 16],
             bsum_weights: [0; 16],
             d0: 0.0,
             dmin0: 0.0,
@@ -135,6 +138,7 @@ impl Decoded {
     /// One scale per 16 quants.
     #[inline(always)]
     fn set_scales16(&mut self, sc: &[i16; 16]) {
+        self.sub16 = *sc;
         for (c, lanes) in self.scales.iter_mut().enumerate() {
             lanes[..8].fill(sc[2 * c]);
             lanes[8..].fill(sc[2 * c + 1]);
@@ -164,8 +168,9 @@ impl Decoded {
         let mut v = [0i8; QK_K];
         iq4xs_values(blk, &mut v);
         self.q = v.map(|b| b as u8);
-        for (lanes, s) in self.scales.iter_mut().zip(iq4xs_scales(blk)) {
+        for (c, (lanes, s)) in self.scales.iter_mut().zip(iq4xs_scales(blk)).enumerate() {
             *lanes = [i16::from(s); 16];
+            self.sub16[2 * c..2 * c + 2].fill(i16::from(s));
         }
         self.d0 = blk.d.to_f32_const();
     }
@@ -173,8 +178,9 @@ impl Decoded {
     #[inline(always)]
     fn set_k4(&mut self, d: half::f16, dmin: half::f16, packed: &[u8; 12]) {
         let (sc, m) = scales_mins(packed);
-        for (lanes, &s) in self.scales.iter_mut().zip(&sc) {
+        for (c, (lanes, &s)) in self.scales.iter_mut().zip(&sc).enumerate() {
             *lanes = [i16::from(s); 16];
+            self.sub16[2 * c..2 * c + 2].fill(i16::from(s));
         }
         for (j, &v) in m.iter().enumerate() {
             self.bsum_weights[2 * j] = i16::from(v);
@@ -367,6 +373,74 @@ unsafe fn sums_avx2<const K: u8>(w: &Decoded, y: *const i8, bsums: &[i16; 16]) -
         let corr = _mm_cvtsi128_si32(_mm256_extracti128_si256::<1>(t));
         finish::<K>(dot, corr)
     }
+}
+
+/// Operands of the kernel benchmarks: `nrows` weight rows of `dtype` and `ntok` Q8_K
+/// activation rows of K = 2048 (patterned, not random: the speed does not depend on the
+/// values), as (weights, activations, weight row bytes, activation row bytes).
+pub(crate) fn bench_operands(
+    dtype: DType,
+    nrows: usize,
+    ntok: usize,
+) -> Option<(Vec<u8>, Vec<u8>, usize, usize)> {
+    const K: usize = 2048;
+    let rows = |n: usize, t: DType, v: fn(usize) -> f32| -> Option<(Vec<u8>, usize)> {
+        let v: Vec<f32> = (0..K).map(v).collect();
+        let bytes = t.row_bytes(K).ok()?;
+        let mut out = vec![0u8; bytes * n];
+        for r in out.chunks_exact_mut(bytes) {
+            rgml::quant::quantize_row(t, &v, r).ok()?;
+        }
+        Some((out, bytes))
+    };
+    let (x, xrow) = rows(nrows, dtype, |i| ((i * 7 % 13) as f32 - 6.0) / 7.0)?;
+    let (y, yrow) = rows(ntok, DType::Q8_K, |i| ((i * 5 % 11) as f32 - 5.0) / 5.0)?;
+    Some((x, y, xrow, yrow))
+}
+
+/// Multiply-adds per second of [`row`] alone, 1 thread: K 2048 by 256 weight rows by `ntok`
+/// activation rows, in runs of [`COLS`] as MUL_MAT calls it (`None`: not a K-quant type).
+pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
+    if !takes(dtype, MIN_ROWS) {
+        return None;
+    }
+    let f = CpuFeatures::detect();
+    let nrows = 256;
+    let (x, y, xrow, yrow) = bench_operands(dtype, nrows, ntok)?;
+    let mut acc = [0f32; COLS];
+    let best = best_of_7(|| {
+        for c0 in (0..ntok).step_by(COLS) {
+            let cols: Vec<*const u8> = (c0..(c0 + COLS).min(ntok))
+                .map(|c| y[c * yrow..].as_ptr())
+                .collect();
+            for r in 0..nrows {
+                // SAFETY: a K-quant type; a weight row and Q8_K rows of 2048 / QK_K blocks.
+                unsafe {
+                    row(
+                        f,
+                        dtype,
+                        2048 / QK_K,
+                        x[r * xrow..].as_ptr(),
+                        &cols,
+                        &mut acc,
+                    )
+                };
+                std::hint::black_box(&acc);
+            }
+        }
+    });
+    Some((2048 * ntok * nrows) as f64 / best)
+}
+
+/// The shortest of 7 timed runs of `run`, in seconds.
+pub(crate) fn best_of_7(mut run: impl FnMut()) -> f64 {
+    (0..7)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            run();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
 }
 
 #[cfg(test)]

@@ -412,23 +412,10 @@ pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
     }
     let (k, mrows_total) = (2048usize, 256usize);
     let nb = k / QK_K;
-    let row = |n: usize, t: DType, f: fn(usize) -> f32| -> Option<Vec<u8>> {
-        let v: Vec<f32> = (0..k).map(f).collect();
-        let bytes = t.row_bytes(k).ok()?;
-        let mut out = vec![0u8; bytes * n];
-        for r in out.chunks_exact_mut(bytes) {
-            rgml::quant::quantize_row(t, &v, r).ok()?;
-        }
-        Some(out)
-    };
-    let x = row(mrows_total, dtype, |i| ((i * 7 % 13) as f32 - 6.0) / 7.0)?;
-    let y = row(ntok, DType::Q8_K, |i| ((i * 5 % 11) as f32 - 5.0) / 5.0)?;
-    let (xrow, yrow) = (x.len() / mrows_total, y.len() / ntok);
+    let (x, y, xrow, yrow) = kquant::bench_operands(dtype, mrows_total, ntok)?;
     let mut out = vec![0u8; ntok * mrows_total * 4];
     let mut scratch = vec![0u8; scratch_bytes(nb)];
-    let mut best = f64::MAX;
-    for _ in 0..7 {
-        let start = std::time::Instant::now();
+    let best = kquant::best_of_7(|| {
         for r0 in (0..mrows_total).step_by(ROWS) {
             // SAFETY: `takes` checked the CPU and type; 16 weight rows of `nb` blocks from
             // `r0`, `ntok` Q8_K rows, the outputs and the scratch have the sizes promised.
@@ -443,8 +430,7 @@ pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
                 )
             };
         }
-        best = best.min(start.elapsed().as_secs_f64());
-    }
+    });
     Some((k * ntok * mrows_total) as f64 / best)
 }
 

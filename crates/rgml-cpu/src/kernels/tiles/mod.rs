@@ -13,5 +13,7 @@ pub(crate) mod float_avx2;
 pub(crate) mod kquant;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kquant_amx;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kquant_avx512;
 pub(crate) mod legacy;
 pub(crate) mod repack;

@@ -1,0 +1,680 @@
+//! The batched K-quant products of [`super::kquant`] (Q2_K…Q6_K weights by 8 or more activation
+//! rows) in AVX-512 register tiles of 4 weight rows by 4 activation rows, with the same bits.
+//!
+//! ggml's tiled kernel computes, per output and 256-element super-block, two exact integers
+//! (`s1`, the sub-block-scaled quant products, and `s2`, the weighted activation block sums)
+//! and then three float steps in block order ([`super::kquant`]'s module docs). Exact integers
+//! can be computed in any order, so here:
+//! - both operands are taken in piece order ([`to_pieces`]): each 64-byte piece holds 4
+//!   elements of every 16-element sub-block, so a sub-block's products fall in the same lanes
+//!   of every piece. The weights are reordered when decoded, the activations once per run of
+//!   [`COLS`] rows ([`permute_activations`]) for every strip of weight rows of a thread;
+//! - with VNNI, Q4_K, Q3_K and Q2_K weights (quants below 16) take `vpdpbusd`: 4 instructions
+//!   per output give the 16 sub-block sums (each below 16 * 15 * 128, so i16), two outputs are
+//!   packed into one register and one `madd` applies the scales: 5 instructions per output
+//!   and block, and a tree over 8 registers ([`hsum8x2_epi32`]);
+//! - Q5_K and Q6_K (and every type without VNNI) take `maddubs` (unsigned quants by signed
+//!   activations, pairs below 2 * 63 * 128, so never saturated) and `vpdpwssd` by the scales
+//!   (`madd` and an add without VNNI) per piece: 8 per output and block, and a tree over 16
+//!   registers ([`hsum16x16_epi32`]);
+//! - the loads of a weight row's quants serve 4 activation rows and each activation load
+//!   serves 4 weight rows; the result's lane `4r + c` is output (row r, column c);
+//! - the block-sum products (`s2`, and the `- 32` / `- 4` corrections of Q6_K's and Q3_K's
+//!   quants) come straight out in the same lanes: for each pair of the 16 block sums, one
+//!   permute gathers every lane's block-sum pair beside the weight pairs, one `vpdpwssd` adds;
+//! - the float steps run on the tile's 16 outputs at once, each lane with its own scales.
+//!
+//! IQ4_XS (signed codebook values: `maddubs` needs the sign trick, which AVX-512 has no
+//! byte instruction for) keeps [`super::kquant::row`].
+//!
+//! About 2-3x [`super::kquant::row`]'s speed (`cargo bench -p rgml-cpu`, "K-quant kernel"
+//! rows).
+
+use super::kquant::{self, Decoded, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BYTES};
+use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::x86::dpwssd_fused;
+use rgml::quant::QK_K;
+use rgml::DType;
+use std::arch::x86_64::*;
+
+/// Weight rows per tile (and per call).
+pub(crate) const ROWS: usize = 4;
+
+/// Activation rows per tile.
+const TILE_COLS: usize = 4;
+
+/// The most activation rows per call ([`kquant::COLS`]: a call decodes each weight block
+/// once for all of them).
+pub(crate) const COLS: usize = kquant::COLS;
+
+/// Whether weights of `dtype` take these tiles with `rows` src1 rows on a CPU with `f`.
+pub(crate) fn takes(f: CpuFeatures, dtype: DType, rows: usize) -> bool {
+    f.has_avx512() && dtype != DType::IQ4_XS && kquant::takes(dtype, rows)
+}
+
+/// `out[r][c]` = the tiled product of weight row `x[r]` (`nb` blocks of `dtype`) and the Q8_K
+/// activation row `y[c]`, for the `x.len()` (1..=4) rows and `y.len()` (1..=[`COLS`]) columns.
+///
+/// # Safety
+/// [`takes`] accepts `dtype` on this CPU; every `x[r]` points at `nb` readable blocks of
+/// `dtype`, every `y[c]` at `nb` readable Q8_K blocks in piece order (from
+/// [`permute_activations`]).
+pub(crate) unsafe fn rows(
+    f: CpuFeatures,
+    dtype: DType,
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [[f32; COLS]; ROWS],
+) {
+    // SAFETY: as promised by the caller; VNNI only where the CPU has it.
+    unsafe { rows_on(f.has_avx512_vnni(), dtype, nb, x, y, out) }
+}
+
+/// [`rows`], with `vpdpwssd` or without (the tests run both).
+///
+/// # Safety
+/// As [`rows`], and the CPU has AVX-512 VNNI if `vnni`.
+unsafe fn rows_on(
+    vnni: bool,
+    dtype: DType,
+    nb: usize,
+    x: &[*const u8],
+    y: &[*const u8],
+    out: &mut [[f32; COLS]; ROWS],
+) {
+    let (Some(&last_x), Some(&last_y)) = (x.last(), y.last()) else {
+        return;
+    };
+    // Short tiles repeat their last row or column; those outputs are not stored.
+    let xs: [*const u8; ROWS] = std::array::from_fn(|r| x.get(r).copied().unwrap_or(last_x));
+    let ncols = y.len().min(COLS);
+    let mut ys = [last_y; COLS];
+    ys[..ncols].copy_from_slice(&y[..ncols]);
+    let mut acc = [[0f32; 16]; COLS / TILE_COLS];
+    let acc_used = &mut acc[..ncols.div_ceil(TILE_COLS)];
+    macro_rules! go {
+        ($k:ident) => {
+            // SAFETY: the caller checked the CPU (AVX-512 F/BW/DQ/VL, VNNI if `vnni`); the
+            // rows as promised by the caller, padded with repeats of valid ones.
+            unsafe {
+                if vnni {
+                    tiles_vnni::<$k>(nb, &xs, &ys, acc_used)
+                } else {
+                    tiles_bw::<$k>(nb, &xs, &ys, acc_used)
+                }
+            }
+        };
+    }
+    match dtype {
+        DType::Q4_K => go!(Q4K),
+        DType::Q5_K => go!(Q5K),
+        DType::Q6_K => go!(Q6K),
+        DType::Q2_K => go!(Q2K),
+        DType::Q3_K => go!(Q3K),
+        _ => return,
+    }
+    for (r, row) in out.iter_mut().enumerate().take(x.len()) {
+        for (c, o) in row.iter_mut().enumerate().take(ncols) {
+            *o = acc[c / TILE_COLS][4 * r + c % TILE_COLS];
+        }
+    }
+}
+
+/// [`tiles`] with `vpdpwssd`.
+///
+/// # Safety
+/// As [`tiles`], on a CPU with AVX-512 F/BW/DQ/VL and VNNI.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tiles_vnni<const K: u8>(
+    nb: usize,
+    x: &[*const u8; ROWS],
+    y: &[*const u8; COLS],
+    acc: &mut [[f32; 16]],
+) {
+    // SAFETY: as promised by the caller.
+    unsafe { tiles::<K, true>(nb, x, y, acc) }
+}
+
+/// [`tiles`] with `madd` and an add.
+///
+/// # Safety
+/// As [`tiles`], on a CPU with AVX-512 F/BW/DQ/VL.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tiles_bw<const K: u8>(
+    nb: usize,
+    x: &[*const u8; ROWS],
+    y: &[*const u8; COLS],
+    acc: &mut [[f32; 16]],
+) {
+    // SAFETY: as promised by the caller.
+    unsafe { tiles::<K, false>(nb, x, y, acc) }
+}
+
+/// `acc + sum of each lane pair of a * b` (i16 pairs into i32 lanes).
+///
+/// # Safety
+/// AVX-512 BW, and VNNI if `VNNI`.
+#[inline(always)]
+unsafe fn madd_add<const VNNI: bool>(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    // SAFETY: the features as promised by the caller.
+    unsafe {
+        if VNNI {
+            dpwssd_fused(acc, a, b)
+        } else {
+            _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+        }
+    }
+}
+
+/// Whether kind `K` takes the packing path (with VNNI): `vpdpbusd` sums of 16 products per
+/// sub-block that fit i16 (quants below 16: 16 * 15 * 128), packed two outputs per register
+/// before the scales' `madd`.
+const fn packs(k: u8) -> bool {
+    matches!(k, Q4K | Q3K | Q2K)
+}
+
+/// i16 lane `l` of a packing path's scales: 128-bit lane `i = l / 8` takes the scales of
+/// sub-blocks `4i..4i + 4`, twice (one output's then the other's, as `vpackssdw` lays them).
+const PACK_SCALES: [i16; 32] = {
+    let mut idx = [0i16; 32];
+    let mut l = 0;
+    while l < 32 {
+        idx[l] = (4 * (l / 8) + l % 4) as i16;
+        l += 1;
+    }
+    idx
+};
+
+/// i16 lane `l` of the other path's scales: `maddubs` lanes `2j, 2j + 1` are sub-block j's.
+const PAIR_SCALES: [i16; 32] = {
+    let mut idx = [0i16; 32];
+    let mut l = 0;
+    while l < 32 {
+        idx[l] = (l / 2) as i16;
+        l += 1;
+    }
+    idx
+};
+
+/// The four weight rows' blocks `b`, decoded and laid out for the tiles.
+struct Strip {
+    /// Scratch for one row's block in element order.
+    w: Decoded,
+    /// Each row's quants in piece order ([`to_pieces`]).
+    q: [[u8; QK_K]; ROWS],
+    /// Each row's sub-block scales as the path's `madd` takes them ([`PACK_SCALES`],
+    /// [`PAIR_SCALES`]).
+    scales: [__m512i; ROWS],
+    /// Pair k of the block-sum weights in every lane: lane `4r + c` holds row r's weights
+    /// `2k, 2k + 1` (see [`corr`]).
+    bsum_pairs: [__m512i; 8],
+    d0: [f32; ROWS],
+    dmin0: [f32; ROWS],
+}
+
+impl Strip {
+    /// Block `b` of the rows at `x`, decoded; scales for the packing path if `pack`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; block `b` of every row is readable.
+    #[inline(always)]
+    unsafe fn load<const K: u8>(&mut self, x: &[*const u8; ROWS], b: usize, pack: bool) {
+        let mut weights = [0i16; 16 * ROWS];
+        let layout = if pack { &PACK_SCALES } else { &PAIR_SCALES };
+        // SAFETY: AVX-512 F/BW; block `b` of each row, as the caller promises; 256 quants, 16
+        // scales and 128 bytes of weights read inside their arrays.
+        unsafe {
+            let layout = _mm512_loadu_si512(layout.as_ptr().cast());
+            for r in 0..ROWS {
+                self.w.load::<K>(x[r], b);
+                to_pieces(self.w.q.as_ptr(), self.q[r].as_mut_ptr());
+                let sub16 = _mm256_loadu_si256(self.w.sub16.as_ptr().cast());
+                self.scales[r] = _mm512_permutexvar_epi16(layout, _mm512_castsi256_si512(sub16));
+                weights[16 * r..16 * r + 16].copy_from_slice(&self.w.bsum_weights);
+                self.d0[r] = self.w.d0;
+                self.dmin0[r] = self.w.dmin0;
+            }
+            let w01 = _mm512_loadu_si512(weights.as_ptr().cast());
+            let w23 = _mm512_loadu_si512(weights.as_ptr().add(32).cast());
+            // Dword 8r + k of the weights (row r's pair k).
+            let row8 = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+            for (k, pair) in (0..).zip(self.bsum_pairs.iter_mut()) {
+                let index = _mm512_add_epi32(row8, _mm512_set1_epi32(k));
+                *pair = _mm512_permutex2var_epi32(w01, index, w23);
+            }
+        }
+    }
+}
+
+/// 256 bytes in element order to piece order: piece p (64 bytes) holds, for each sub-block j of
+/// 16, its elements `4p..4p + 4` (a transpose of 4-byte groups), so that one sub-block's
+/// products land in the same lanes of every piece.
+///
+/// # Safety
+/// AVX-512 F; 256 readable bytes at `src`, 256 writable at `dst`.
+#[inline(always)]
+unsafe fn to_pieces(src: *const u8, dst: *mut u8) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        let z: [__m512i; 4] = std::array::from_fn(|i| _mm512_loadu_si512(src.add(64 * i).cast()));
+        // Lane j of piece p: group 4j + p, from z[0..2] (j < 8) or z[2..4] (j >= 8).
+        let base = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+        for p in 0..4 {
+            let index = _mm512_add_epi32(base, _mm512_set1_epi32(p as i32));
+            let lo = _mm512_permutex2var_epi32(z[0], index, z[1]);
+            let hi = _mm512_permutex2var_epi32(z[2], index, z[3]);
+            _mm512_storeu_si512(
+                dst.add(64 * p).cast(),
+                _mm512_mask_blend_epi32(0xFF00, lo, hi),
+            );
+        }
+    }
+}
+
+/// Scratch bytes [`permute_activations`] needs for rows of `nb` blocks.
+pub(crate) fn scratch_bytes(nb: usize) -> usize {
+    COLS * nb * Q8K_BYTES
+}
+
+/// Copies of the Q8_K activation rows `y` (at most [`COLS`], `nb` blocks each) with their
+/// quants in piece order ([`to_pieces`]), in `scratch`: what [`rows`] multiplies. `None` when
+/// `scratch` is smaller than [`scratch_bytes`]`(nb)` or `y` is empty or too long.
+///
+/// # Safety
+/// The CPU has AVX-512 F; every `y[c]` points at `nb` readable Q8_K blocks.
+pub(crate) unsafe fn permute_activations(
+    nb: usize,
+    y: &[*const u8],
+    scratch: &mut [u8],
+) -> Option<[*const u8; COLS]> {
+    let last = y.len().checked_sub(1).filter(|&l| l < COLS)?;
+    let scratch = scratch.get_mut(..scratch_bytes(nb))?;
+    let mut out = [std::ptr::null(); COLS];
+    for (c, &src) in y.iter().enumerate() {
+        let row = &mut scratch[c * nb * Q8K_BYTES..(c + 1) * nb * Q8K_BYTES];
+        for (b, dst) in row.chunks_exact_mut(Q8K_BYTES).enumerate() {
+            // SAFETY: block `b < nb` of an activation row (the caller's promise); `dst` is one
+            // block of scratch; AVX-512 F as promised.
+            unsafe {
+                let block = src.add(b * Q8K_BYTES);
+                std::ptr::copy_nonoverlapping(block, dst.as_mut_ptr(), Q8K_BYTES);
+                permute_quants(block.add(4), dst.as_mut_ptr().add(4));
+            }
+        }
+        out[c] = row.as_ptr();
+    }
+    let last = out[last];
+    for slot in &mut out[y.len()..] {
+        *slot = last;
+    }
+    Some(out)
+}
+
+/// [`to_pieces`] compiled for AVX-512.
+///
+/// # Safety
+/// As [`to_pieces`].
+#[target_feature(enable = "avx512f")]
+unsafe fn permute_quants(src: *const u8, dst: *mut u8) {
+    // SAFETY: as promised by the caller.
+    unsafe { to_pieces(src, dst) }
+}
+
+/// Tile after tile of 4 activation rows (`acc[t]`: columns `4t..4t + 4`), every weight block
+/// decoded once for all of them; `acc[t]`'s lane `4r + c` accumulates output (r, 4t + c).
+///
+/// # Safety
+/// AVX-512 F/BW/DQ/VL, and VNNI if `VNNI`; `x` as [`rows`] promises, `y` rows from
+/// [`permute_activations`], `acc` at most `COLS / 4` tiles.
+#[inline(always)]
+unsafe fn tiles<const K: u8, const VNNI: bool>(
+    nb: usize,
+    x: &[*const u8; ROWS],
+    y: &[*const u8; COLS],
+    acc: &mut [[f32; 16]],
+) {
+    // SAFETY: AVX-512 F (the caller's promise).
+    let zero = unsafe { _mm512_setzero_si512() };
+    let mut s = Strip {
+        w: Decoded::new(),
+        q: [[0; QK_K]; ROWS],
+        scales: [zero; ROWS],
+        bsum_pairs: [zero; 8],
+        d0: [0.0; ROWS],
+        dmin0: [0.0; ROWS],
+    };
+    // SAFETY: AVX-512 F (the caller's promise).
+    let mut sums = [unsafe { _mm512_setzero_ps() }; COLS / TILE_COLS];
+    let sums = &mut sums[..acc.len()];
+    for b in 0..nb {
+        // SAFETY: AVX-512 F/BW; block `b < nb` of every weight row.
+        unsafe { s.load::<K>(x, b, VNNI && packs(K)) };
+        for (t, sum) in sums.iter_mut().enumerate() {
+            let cols: [*const u8; TILE_COLS] =
+                std::array::from_fn(|c| y[TILE_COLS * t + c].wrapping_add(b * Q8K_BYTES));
+            // SAFETY: the features as promised; block `b` of 4 activation rows.
+            unsafe { *sum = tile_block::<K, VNNI>(&s, &cols, *sum) };
+        }
+    }
+    for (a, sum) in acc.iter_mut().zip(sums.iter()) {
+        // SAFETY: AVX-512 F; 16 floats at `a`.
+        unsafe { _mm512_storeu_ps(a.as_mut_ptr(), *sum) };
+    }
+}
+
+/// One tile's super-block: its integer sums, then the float steps into `acc` (lane `4r + c`).
+///
+/// # Safety
+/// AVX-512 F/BW/DQ/VL, and VNNI if `VNNI`; every `cols[c]` points at a readable Q8_K block in
+/// piece order.
+#[inline(always)]
+unsafe fn tile_block<const K: u8, const VNNI: bool>(
+    s: &Strip,
+    cols: &[*const u8; TILE_COLS],
+    acc: __m512,
+) -> __m512 {
+    // SAFETY: the features as promised; the loads stay inside the strip and the Q8_K blocks.
+    unsafe {
+        let dot = if VNNI && packs(K) {
+            dot_packed(s, cols)
+        } else {
+            dot_pairs::<VNNI>(s, cols)
+        };
+        let corr = corr::<VNNI>(s, cols);
+        let (s1, s2) = match K {
+            Q6K => (_mm512_sub_epi32(dot, _mm512_slli_epi32::<5>(corr)), corr),
+            Q3K => (_mm512_sub_epi32(dot, _mm512_slli_epi32::<2>(corr)), corr),
+            _ => (dot, corr),
+        };
+        let by_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        let d0 = _mm512_permutexvar_ps(by_row, _mm512_castps128_ps512(_mm_loadu_ps(s.d0.as_ptr())));
+        let d1: [f32; TILE_COLS] = std::array::from_fn(|c| cols[c].cast::<f32>().read_unaligned());
+        let d1 = _mm512_broadcast_f32x4(_mm_loadu_ps(d1.as_ptr()));
+        let mut res = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(s1));
+        if kquant::has_min(K) {
+            let dmin = _mm512_permutexvar_ps(
+                by_row,
+                _mm512_castps128_ps512(_mm_loadu_ps(s.dmin0.as_ptr())),
+            );
+            res = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2), res);
+        }
+        _mm512_fmadd_ps(res, d1, acc)
+    }
+}
+
+/// The scaled quant products of the tile (lane `4r + c`), the packing path: per output and
+/// sub-block j, `vpdpbusd` over the 4 pieces sums its 16 products in lane j; two outputs of a
+/// row are packed to i16 side by side and `madd` by the row's scales; a tree sums the lanes.
+///
+/// # Safety
+/// AVX-512 F/BW and VNNI; every `cols[c]` points at a readable Q8_K block in piece order.
+#[inline(always)]
+unsafe fn dot_packed(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
+    // Lane 4r + c of the result: lane (see `hsum8x2_epi32`) of output (r, c).
+    const ORDER: [i32; 16] = [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15];
+    // SAFETY: the features as promised; 64-byte steps through 256 quants of the strip and of
+    // each Q8_K block (qs at 4..260).
+    unsafe {
+        // ints[4c + r]: output (r, c)'s 16 sub-block sums.
+        let mut ints = [_mm512_setzero_si512(); 16];
+        for p in 0..QK_K / 64 {
+            let q: [__m512i; ROWS] =
+                std::array::from_fn(|r| _mm512_loadu_si512(s.q[r].as_ptr().add(64 * p).cast()));
+            for (c, &col) in cols.iter().enumerate() {
+                let yv = _mm512_loadu_si512(col.add(4 + 64 * p).cast());
+                for r in 0..ROWS {
+                    ints[4 * c + r] = _mm512_dpbusd_epi32(ints[4 * c + r], q[r], yv);
+                }
+            }
+        }
+        // Register 2r + h: outputs (r, 2h) and (r, 2h + 1).
+        let scaled: [__m512i; 8] = std::array::from_fn(|m| {
+            let (r, h) = (m / 2, m % 2);
+            let packed = _mm512_packs_epi32(ints[8 * h + r], ints[8 * h + 4 + r]);
+            _mm512_madd_epi16(packed, s.scales[r])
+        });
+        _mm512_permutexvar_epi32(
+            _mm512_loadu_si512(ORDER.as_ptr().cast()),
+            hsum8x2_epi32(&scaled),
+        )
+    }
+}
+
+/// The scaled quant products of the tile (lane `4r + c`), the other path: per output and
+/// piece, `maddubs` then `vpdpwssd` by the row's scales (`madd` and an add without VNNI) into
+/// one accumulator; a tree sums the lanes.
+///
+/// # Safety
+/// AVX-512 F/BW, and VNNI if `VNNI`; every `cols[c]` points at a readable Q8_K block in piece
+/// order.
+#[inline(always)]
+unsafe fn dot_pairs<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
+    // SAFETY: the features as promised; as in `dot_packed`.
+    unsafe {
+        // ints[4c + r]: output (r, c)'s 16 partial sums.
+        let mut ints = [_mm512_setzero_si512(); 16];
+        for p in 0..QK_K / 64 {
+            let q: [__m512i; ROWS] =
+                std::array::from_fn(|r| _mm512_loadu_si512(s.q[r].as_ptr().add(64 * p).cast()));
+            for (c, &col) in cols.iter().enumerate() {
+                let yv = _mm512_loadu_si512(col.add(4 + 64 * p).cast());
+                for r in 0..ROWS {
+                    let pairs = _mm512_maddubs_epi16(q[r], yv);
+                    ints[4 * c + r] = madd_add::<VNNI>(ints[4 * c + r], pairs, s.scales[r]);
+                }
+            }
+        }
+        hsum16x16_epi32(&ints)
+    }
+}
+
+/// Lane `4r + c`: the weighted block sums `sum_j bsum_weights[r][j] * bsums[c][j]` of weight
+/// row r and activation column c (the 16 i16 block sums at 260 in a Q8_K block): per pair k of
+/// the sums, one permute puts column c's pair in its lanes beside the strip's weight pairs.
+///
+/// # Safety
+/// AVX-512 F/BW, and VNNI if `VNNI`; every `cols[c]` points at a readable Q8_K block.
+#[inline(always)]
+unsafe fn corr<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
+    // Dword 8c + k of the block sums (column c's pair k), k = 0 (add k for the others).
+    const COL8: [i32; 16] = [0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24];
+    // SAFETY: the features as promised; 32 bytes of block sums at 260 in each Q8_K block.
+    unsafe {
+        let bsums = |c: usize| _mm256_loadu_si256(cols[c].add(4 + QK_K).cast());
+        let bs01 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bsums(0)), bsums(1));
+        let bs23 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bsums(2)), bsums(3));
+        let col8 = _mm512_loadu_si512(COL8.as_ptr().cast());
+        let mut sum = _mm512_setzero_si512();
+        for (k, &pair) in (0..).zip(&s.bsum_pairs) {
+            let index = _mm512_add_epi32(col8, _mm512_set1_epi32(k));
+            let bk = _mm512_permutex2var_epi32(bs01, index, bs23);
+            sum = madd_add::<VNNI>(sum, pair, bk);
+        }
+        sum
+    }
+}
+
+/// The lane sums of 16 registers of i32: lane `4r + c` of the result is the sum of `a[4c + r]`
+/// (a transposing tree: 15 adds and 30 shuffles instead of 16 separate reductions).
+///
+/// # Safety
+/// AVX-512 F.
+#[inline(always)]
+unsafe fn hsum16x16_epi32(a: &[__m512i; 16]) -> __m512i {
+    // SAFETY: AVX-512 F, as the caller promises.
+    unsafe {
+        // Register i: a[2i]'s and a[2i + 1]'s halves added (two 128-bit quarters each).
+        let s1: [__m512i; 8] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_i32x4::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Quarter q of register m: a[4m + q]'s four partial sums.
+        let s2: [__m512i; 4] = std::array::from_fn(|m| {
+            let (x, y) = (s1[2 * m], s1[2 * m + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_i32x4::<0b11_01_11_01>(x, y),
+            )
+        });
+        // Lanes 0..2 of quarter q of register p: a[8p + q]; lanes 2..4: a[8p + 4 + q].
+        let s3: [__m512i; 2] = std::array::from_fn(|p| {
+            let (x, y) = (s2[2 * p], s2[2 * p + 1]);
+            _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+        });
+        // Lane 4q + e: a[4e + q].
+        let (x, y) = (_mm512_castsi512_ps(s3[0]), _mm512_castsi512_ps(s3[1]));
+        _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(x, y)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(x, y)),
+        )
+    }
+}
+
+/// The lane sums of 8 registers that each hold two outputs, `[a, a, b, b]` in every 128-bit
+/// lane (as [`dot_packed`] makes them): lane `4Q + 0, 1` of the result is register Q's a, b;
+/// lane `4Q + 2, 3` register `4 + Q`'s.
+///
+/// # Safety
+/// AVX-512 F.
+#[inline(always)]
+unsafe fn hsum8x2_epi32(a: &[__m512i; 8]) -> __m512i {
+    // SAFETY: AVX-512 F, as the caller promises.
+    unsafe {
+        // Register i: a[2i]'s and a[2i + 1]'s 128-bit lanes added in pairs.
+        let s1: [__m512i; 4] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_i32x4::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Quarter q of register k: a[4k + q]'s sums over its 128-bit lanes.
+        let s2: [__m512i; 2] = std::array::from_fn(|k| {
+            let (x, y) = (s1[2 * k], s1[2 * k + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_i32x4::<0b11_01_11_01>(x, y),
+            )
+        });
+        let (x, y) = (_mm512_castsi512_ps(s2[0]), _mm512_castsi512_ps(s2[1]));
+        _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(x, y)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(x, y)),
+        )
+    }
+}
+
+/// Multiply-adds per second of these tiles alone, 1 thread: K 2048 by 256 weight rows by
+/// `ntok` activation rows, in the loops MUL_MAT runs (`None` where they do not run).
+pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
+    let f = CpuFeatures::detect();
+    if !takes(f, dtype, kquant::MIN_ROWS) {
+        return None;
+    }
+    let (nrows, nb) = (256, 2048 / QK_K);
+    let (x, y, xrow, yrow) = kquant::bench_operands(dtype, nrows, ntok)?;
+    let mut out = [[0f32; COLS]; ROWS];
+    let mut scratch = vec![0u8; scratch_bytes(nb)];
+    let mut ok = true;
+    let best = kquant::best_of_7(|| {
+        for c0 in (0..ntok).step_by(COLS) {
+            let cols: Vec<*const u8> = (c0..(c0 + COLS).min(ntok))
+                .map(|c| y[c * yrow..].as_ptr())
+                .collect();
+            // SAFETY: AVX-512 (`takes`); Q8_K rows of `nb` blocks.
+            let Some(cols) = (unsafe { permute_activations(nb, &cols, &mut scratch) }) else {
+                ok = false;
+                return;
+            };
+            let ncols = (ntok - c0).min(COLS);
+            for r0 in (0..nrows).step_by(ROWS) {
+                let x4: [*const u8; ROWS] = std::array::from_fn(|r| x[(r0 + r) * xrow..].as_ptr());
+                // SAFETY: `takes` checked the CPU and type; 4 weight rows and up to 64
+                // permuted Q8_K rows of `nb` blocks each.
+                unsafe { rows(f, dtype, nb, &x4, &cols[..ncols], &mut out) };
+                std::hint::black_box(&out);
+            }
+        }
+    });
+    ok.then(|| (2048 * ntok * nrows) as f64 / best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn rows_of(rng: &mut StdRng, dtype: DType, n: usize, count: usize) -> Vec<Vec<u8>> {
+        (0..count)
+            .map(|_| {
+                let v: Vec<f32> = (0..n)
+                    .map(|_| {
+                        rng.gen_range(-1.0f32..1.0) * if rng.gen_bool(0.03) { 9.0 } else { 1.0 }
+                    })
+                    .collect();
+                let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
+                rgml::quant::quantize_row(dtype, &v, &mut b).unwrap();
+                b
+            })
+            .collect()
+    }
+
+    /// Every type these tiles take, full and short tiles of rows and columns, with and without
+    /// VNNI: the outputs equal [`kquant::row`]'s bit for bit.
+    #[test]
+    fn tiles_equal_the_row_kernel() {
+        let f = CpuFeatures::detect();
+        if !f.has_avx512() {
+            eprintln!("no AVX-512 here: the AVX-512 K-quant tiles are not run");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(11);
+        let n = 3 * QK_K;
+        for dtype in [
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+            DType::Q2_K,
+            DType::Q3_K,
+        ] {
+            let w = rows_of(&mut rng, dtype, n, 7);
+            let a = rows_of(&mut rng, DType::Q8_K, n, 23);
+            let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();
+            let mut scratch = vec![0u8; scratch_bytes(n / QK_K)];
+            for (nrows, ncols) in [(4, 23), (3, 8), (1, 5), (2, 16), (4, 1)] {
+                let x: Vec<*const u8> = w[..nrows].iter().map(|r| r.as_ptr()).collect();
+                for vnni in [true, false] {
+                    let mut out = [[f32::NAN; COLS]; ROWS];
+                    // SAFETY: the CPU has AVX-512 (checked above) and VNNI where asked for;
+                    // rows of `n / QK_K` blocks of their types.
+                    unsafe {
+                        let permuted = permute_activations(n / QK_K, &y[..ncols], &mut scratch)
+                            .expect("scratch for the run");
+                        let vnni = vnni && f.has_avx512_vnni();
+                        rows_on(vnni, dtype, n / QK_K, &x, &permuted[..ncols], &mut out)
+                    };
+                    for (r, wr) in w[..nrows].iter().enumerate() {
+                        let mut want = vec![f32::NAN; ncols];
+                        // SAFETY: rows of `n / QK_K` blocks of their types.
+                        unsafe {
+                            kquant::row(f, dtype, n / QK_K, wr.as_ptr(), &y[..ncols], &mut want)
+                        };
+                        for (c, &v) in want.iter().enumerate() {
+                            assert_eq!(
+                                out[r][c].to_bits(),
+                                v.to_bits(),
+                                "{dtype} vnni {vnni} tile {nrows}x{ncols}: ({r}, {c}) {} vs {v}",
+                                out[r][c]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
