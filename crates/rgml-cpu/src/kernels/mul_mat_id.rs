@@ -24,6 +24,8 @@ use crate::kernels::task::{
 use crate::kernels::tiles::kquant;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_amx;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::tiles::kquant_avx512;
 use rgml::{DType, Error, Op, Result, Tensor};
 
 /// Weight rows per unit of phase 2: four AMX blocks, so that the activation rows a unit
@@ -37,7 +39,8 @@ const AMX_PAIRS: usize = 64;
 
 /// f32 values of per-thread scratch MUL_MAT_ID needs beyond `work_size`'s rows: where the AMX
 /// K-quant kernel may run, a gather area of [`AMX_PAIRS`] activation rows, the kernel's
-/// decoded weights and a block of results.
+/// decoded weights and a block of results; where the AVX-512 one may, its reordered
+/// activations.
 pub(crate) fn scratch_floats(f: crate::kernels::isa::CpuFeatures, a: &Tensor) -> Result<usize> {
     #[cfg(target_arch = "x86_64")]
     if kquant_amx::takes(f, a.dtype, kquant::MIN_ROWS) {
@@ -46,6 +49,11 @@ pub(crate) fn scratch_floats(f: crate::kernels::isa::CpuFeatures, a: &Tensor) ->
         let bytes =
             AMX_PAIRS * wrow + kquant_amx::scratch_bytes(nb) + 4 * kquant_amx::ROWS * AMX_PAIRS;
         return Ok(bytes.div_ceil(4) + 16);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kquant_avx512::takes(f, a.dtype, kquant::MIN_ROWS) {
+        let nb = a.ne[0] / rgml::quant::QK_K;
+        return Ok(kquant_avx512::scratch_bytes(nb).div_ceil(4));
     }
     let _ = (f, a);
     Ok(0)
@@ -320,6 +328,10 @@ impl Products<'_> {
             if kquant_amx::takes(f, a.dtype, n_routed) {
                 return self.expert_amx(e, rows, routed, scratch);
             }
+            #[cfg(target_arch = "x86_64")]
+            if kquant_avx512::takes(f, a.dtype, n_routed) {
+                return self.expert_avx512(e, rows, routed, scratch);
+            }
             let nb = a.ne[0] / rgml::quant::QK_K;
             let mut acc = [0f32; kquant::COLS];
             let mut ys = [std::ptr::null::<u8>(); kquant::COLS];
@@ -463,6 +475,57 @@ impl Products<'_> {
             }
         }
         Ok(true)
+    }
+
+    /// [`Self::expert`]'s tiled K-quant products in AVX-512 register tiles ([`kquant_avx512`],
+    /// the same bits): the routed activation rows reordered 64 at a time into `scratch`, each
+    /// run by strips of 4 weight rows.
+    #[cfg(target_arch = "x86_64")]
+    fn expert_avx512(
+        &self,
+        e: usize,
+        rows: std::ops::Range<usize>,
+        routed: &[u32],
+        scratch: &mut [f32],
+    ) -> Result<()> {
+        const COLS: usize = kquant_avx512::COLS;
+        const ROWS: usize = kquant_avx512::ROWS;
+        let (f, dst) = (self.task.features, &self.task.dst);
+        let (a, b) = (self.task.src(0)?, self.task.src(1)?);
+        let nb = a.ne[0] / rgml::quant::QK_K;
+        let scratch = bytemuck::cast_slice_mut::<f32, u8>(scratch);
+        let mut ys = [std::ptr::null::<u8>(); COLS];
+        let mut out = [[0f32; COLS]; ROWS];
+        for pairs in routed.chunks(2 * COLS) {
+            let n = pairs.len() / 2;
+            for (y, p) in ys.iter_mut().zip(pairs.chunks_exact(2)) {
+                *y = self.activation(b, p[0], p[1]);
+            }
+            // SAFETY: `kquant_avx512::takes` checked the CPU (AVX-512); each activation row
+            // has `nb` Q8_K blocks in the work area (complete since the barrier).
+            let run = unsafe { kquant_avx512::permute_activations(nb, &ys[..n], scratch) }
+                .ok_or_else(|| Error::Backend {
+                    backend: "CPU".into(),
+                    message: "MUL_MAT_ID: scratch too small for the reordered activations".into(),
+                })?;
+            for r0 in rows.clone().step_by(ROWS) {
+                let r1 = (r0 + ROWS).min(rows.end);
+                let x: [*const u8; ROWS] =
+                    std::array::from_fn(|r| a.row((r0 + r).min(r1 - 1), e, 0).cast_const());
+                // SAFETY: `kquant_avx512::takes` checked the CPU and type; the weight rows are
+                // dense and in bounds with `nb` blocks; `run` holds the reordered rows.
+                unsafe { kquant_avx512::rows(f, a.dtype, nb, &x[..r1 - r0], &run[..n], &mut out) };
+                for (r, row) in out.iter().enumerate().take(r1 - r0) {
+                    for (p, &v) in pairs.chunks_exact(2).zip(row) {
+                        let at = dst.row(p[0] as usize, p[1] as usize, 0);
+                        // SAFETY: output (r0 + r, slot, token) is in bounds and written only by
+                        // the thread that claimed this expert's row block.
+                        unsafe { at.wrapping_add((r0 + r) * 4).cast::<f32>().write(v) };
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// [`Self::expert`]'s tiled K-quant products on AMX tiles ([`kquant_amx`], the same bits):
