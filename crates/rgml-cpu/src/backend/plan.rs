@@ -303,8 +303,16 @@ pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_S
                 },
                 Some(a),
                 Some(b),
-            ) => kernels::matmul::src1_conversion(task.features, a.dtype, b.rows_contiguous())
-                .map(|c| (b, c, srcs[1])),
+            ) => {
+                let path_rows = kernels::matmul::path_rows(&task.op, b.ne[1]);
+                kernels::matmul::src1_conversion(
+                    task.features,
+                    a.dtype,
+                    b.rows_contiguous(),
+                    path_rows,
+                )
+                .map(|c| (b, c, srcs[1]))
+            }
             _ => None,
         };
         // A node that writes the held src1 (or its converted copy) ends its reuse.

@@ -153,8 +153,7 @@ impl QuantPath {
             if kquant_amx::takes(f, dtype, path_rows) {
                 return QuantPath::KquantAmx;
             }
-            #[cfg(target_arch = "x86_64")]
-            if kquant_avx512::takes(f, dtype, path_rows) {
+            if takes_kquant_avx512(f, dtype, path_rows) {
                 return QuantPath::KquantAvx512;
             }
             return QuantPath::Kquant;
@@ -188,7 +187,8 @@ pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
 
 /// Bytes of the src1 copy in the shared work area (0 when src1 is used in place).
 pub(crate) fn shared_size(f: CpuFeatures, a: &Tensor, b: &Tensor) -> Result<usize> {
-    match src1_conversion(f, a.dtype, b.rows_contiguous()) {
+    // The size does not depend on the path (reordered rows are as long as plain ones).
+    match src1_conversion(f, a.dtype, b.rows_contiguous(), b.ne[1]) {
         Some(c) => c
             .row_bytes(b.ne[0])?
             .checked_mul(b.nrows())
@@ -198,17 +198,12 @@ pub(crate) fn shared_size(f: CpuFeatures, a: &Tensor, b: &Tensor) -> Result<usiz
 }
 
 /// f32 values of per-thread scratch MUL_MAT needs beyond `work_size`'s rows: the decoded
-/// weight block of the AMX K-quant kernel or the reordered activations of the AVX-512 one
-/// where it may run (the src1 row count is not known here, so whenever the CPU and type allow
-/// it).
+/// weight block of the AMX K-quant kernel where it may run (the src1 row count is not known
+/// here, so whenever the CPU and type allow it).
 pub(crate) fn scratch_floats(f: CpuFeatures, a: &Tensor) -> usize {
     #[cfg(target_arch = "x86_64")]
     if kquant_amx::takes(f, a.dtype, kquant::MIN_ROWS) {
         return kquant_amx::scratch_bytes(a.ne[0] / rgml::quant::QK_K).div_ceil(4) + 16;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if kquant_avx512::takes(f, a.dtype, kquant::MIN_ROWS) {
-        return kquant_avx512::scratch_bytes(a.ne[0] / rgml::quant::QK_K).div_ceil(4);
     }
     let _ = (f, a);
     0
@@ -219,6 +214,9 @@ pub(crate) fn scratch_floats(f: CpuFeatures, a: &Tensor) -> usize {
 pub(crate) enum Src1 {
     /// Quantized to the weight type's vec-dot type.
     Quantized(DType),
+    /// Quantized to Q8_K with each block's quants in the piece order of the AVX-512 K-quant
+    /// tiles ([`kquant_avx512`]), which alone read them.
+    Q8kPieces,
     /// Rounded through F16/BF16: ggml multiplies F16/BF16 weights with activations rounded
     /// to the weight type (its `vec_dot_type`), which gives llama.cpp's answers.
     Rounded(DType),
@@ -234,6 +232,7 @@ impl Src1 {
     fn row_bytes(self, n: usize) -> Result<usize> {
         let dtype = match self {
             Src1::Quantized(vd) => vd,
+            Src1::Q8kPieces => DType::Q8_K,
             Src1::Bf16 => DType::BF16,
             Src1::Rounded(_) | Src1::Dense => DType::F32,
         };
@@ -242,14 +241,20 @@ impl Src1 {
 }
 
 /// How MUL_MAT with weights of `weight` converts its src1 in phase 1 (`None`: used in place),
-/// on a backend with features `f`.
+/// on a backend with features `f`, when its arithmetic is chosen as for `path_rows` src1 rows
+/// ([`path_rows`]).
 pub(crate) fn src1_conversion(
     f: CpuFeatures,
     weight: DType,
     src1_dense_rows: bool,
+    path_rows: usize,
 ) -> Option<Src1> {
     if weight.is_quantized() {
-        Some(Src1::Quantized(weight.vec_dot_type()))
+        Some(if takes_kquant_avx512(f, weight, path_rows) {
+            Src1::Q8kPieces
+        } else {
+            Src1::Quantized(weight.vec_dot_type())
+        })
     } else if weight == DType::BF16 && f.bf16_products() {
         Some(Src1::Bf16)
     } else if matches!(weight, DType::F16 | DType::BF16) {
@@ -258,6 +263,31 @@ pub(crate) fn src1_conversion(
         Some(Src1::Dense)
     } else {
         None
+    }
+}
+
+/// The src1 row count that chooses a MUL_MAT's arithmetic (ggml's paths depend on it): one for
+/// a product whose rows are computed as alone, else src1's `ne[1]`.
+pub(crate) fn path_rows(op: &rgml::Op, ne11: usize) -> usize {
+    match op {
+        rgml::Op::MulMat {
+            rows_alone: true, ..
+        } => 1,
+        _ => ne11,
+    }
+}
+
+/// Whether plain weights of `dtype` by `path_rows` src1 rows take the AVX-512 K-quant tiles
+/// ([`QuantPath::KquantAvx512`]; not where AMX takes them).
+fn takes_kquant_avx512(f: CpuFeatures, dtype: DType, path_rows: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return weight_kernels(dtype).is_some_and(|k| k.kquant_tiles)
+        && !kquant_amx::takes(f, dtype, path_rows)
+        && kquant_avx512::takes(f, dtype, path_rows);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (f, dtype, path_rows);
+        false
     }
 }
 
@@ -276,18 +306,11 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let ne00 = a.ne[0];
     let quant = a.dtype.is_quantized();
     let f = task.features;
-    let conversion = src1_conversion(f, a.dtype, b.rows_contiguous());
+    let path_rows = path_rows(&task.op, b.ne[1]);
+    let conversion = src1_conversion(f, a.dtype, b.rows_contiguous(), path_rows);
     let converted = conversion.is_some();
     let wrow = conversion.map_or(Ok(0), |c| c.row_bytes(ne00))?;
     let nrows1 = b.nrows();
-    // The row count that chooses the arithmetic (ggml's paths depend on it): one for a
-    // product whose rows are computed as alone.
-    let path_rows = match task.op {
-        rgml::Op::MulMat {
-            rows_alone: true, ..
-        } => 1,
-        _ => b.ne[1],
-    };
     if converted && wrow.saturating_mul(nrows1) > tc.shared.len {
         return Err(Error::Backend {
             backend: "CPU".into(),
@@ -388,10 +411,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     self.ktiled_amx(rows, at, scratch)?;
                 }
                 #[cfg(target_arch = "x86_64")]
-                QuantPath::KquantAvx512 => {
-                    let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
-                    self.ktiled_avx512(rows, at, scratch)?;
-                }
+                QuantPath::KquantAvx512 => self.ktiled_avx512(rows, at),
                 #[cfg(not(target_arch = "x86_64"))]
                 QuantPath::KquantAmx | QuantPath::KquantAvx512 => self.ktiled(rows, at),
                 QuantPath::Kquant => self.ktiled(rows, at),
@@ -590,16 +610,11 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         }
     }
 
-    /// As [`Self::ktiled`] in AVX-512 register tiles ([`kquant_avx512`]): runs of up to 64
-    /// activation rows, reordered once into `scratch`, each by strips of 4 weight rows whose
-    /// blocks are decoded once per run.
+    /// As [`Self::ktiled`] in AVX-512 register tiles ([`kquant_avx512`]; phase 1 left the
+    /// activations in their piece order): runs of up to 64 activation rows, each by strips of
+    /// 4 weight rows whose blocks are decoded once per run.
     #[cfg(target_arch = "x86_64")]
-    fn ktiled_avx512(
-        &self,
-        rows: Range<usize>,
-        [i02, i03, i12, i13]: [usize; 4],
-        scratch: &mut [u8],
-    ) -> Result<()> {
+    fn ktiled_avx512(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
         const COLS: usize = kquant_avx512::COLS;
         const ROWS: usize = kquant_avx512::ROWS;
         let (a, ne11) = (self.a, self.ne11);
@@ -610,31 +625,20 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             for (slot, i11) in y.iter_mut().zip(c0..c1) {
                 *slot = (self.b_row)(i11, i12, i13);
             }
-            // SAFETY: `kquant_avx512::takes` checked the CPU (AVX-512); the src1 rows are
-            // complete in the work area since the barrier, `nb` Q8_K blocks each.
-            let run =
-                unsafe { kquant_avx512::permute_activations(self.nb, &y[..c1 - c0], scratch) }
-                    .ok_or_else(|| Error::Backend {
-                        backend: "CPU".into(),
-                        message: format!(
-                            "MUL_MAT: scratch of {} bytes too small for {} activation rows",
-                            scratch.len(),
-                            c1 - c0
-                        ),
-                    })?;
             for r0 in rows.clone().step_by(ROWS) {
                 let r1 = (r0 + ROWS).min(rows.end);
                 let x: [*const u8; ROWS] =
                     std::array::from_fn(|r| a.row((r0 + r).min(r1 - 1), i02, i03).cast_const());
                 // SAFETY: `kquant_avx512::takes` checked the CPU and type; the src0 rows are
-                // dense and in bounds with `nb` blocks; `run` holds the reordered src1 rows.
+                // dense and in bounds with `nb` blocks, the src1 rows complete in the work
+                // area since the barrier, `nb` Q8_K blocks each in piece order (`Q8kPieces`).
                 unsafe {
                     kquant_avx512::rows(
                         self.f,
                         a.dtype,
                         self.nb,
                         &x[..r1 - r0],
-                        &run[..c1 - c0],
+                        &y[..c1 - c0],
                         &mut out,
                     )
                 };
@@ -648,7 +652,6 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 }
             }
         }
-        Ok(())
     }
 
     /// As [`Self::ktiled`] on AMX tiles ([`kquant_amx`]): blocks of 16 weight rows, each
@@ -937,6 +940,11 @@ fn convert_src1(
         let dstb = unsafe { bytes_mut(out, wrow) };
         match conversion {
             Src1::Quantized(vd) => quantize_activations(f, vd, row, dstb)?,
+            Src1::Q8kPieces => {
+                quantize_activations(f, DType::Q8_K, row, dstb)?;
+                #[cfg(target_arch = "x86_64")]
+                kquant_avx512::to_piece_order(f, dstb)?;
+            }
             Src1::Bf16 => bf16::row_to_bf16(row, dstb)?,
             Src1::Rounded(_) | Src1::Dense => row_from_f32(DType::F32, row, dstb)?,
         }

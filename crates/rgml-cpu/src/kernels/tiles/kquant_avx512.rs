@@ -249,7 +249,8 @@ impl Strip {
 
 /// 256 bytes in element order to piece order: piece p (64 bytes) holds, for each sub-block j of
 /// 16, its elements `4p..4p + 4` (a transpose of 4-byte groups), so that one sub-block's
-/// products land in the same lanes of every piece.
+/// products land in the same lanes of every piece. All 256 bytes are loaded before any is
+/// stored, so `dst` may be `src`.
 ///
 /// # Safety
 /// AVX-512 F; 256 readable bytes at `src`, 256 writable at `dst`.
@@ -296,11 +297,7 @@ pub(crate) unsafe fn permute_activations(
         for (b, dst) in row.chunks_exact_mut(Q8K_BYTES).enumerate() {
             // SAFETY: block `b < nb` of an activation row (the caller's promise); `dst` is one
             // block of scratch; AVX-512 F as promised.
-            unsafe {
-                let block = src.add(b * Q8K_BYTES);
-                std::ptr::copy_nonoverlapping(block, dst.as_mut_ptr(), Q8K_BYTES);
-                permute_quants(block.add(4), dst.as_mut_ptr().add(4));
-            }
+            unsafe { permute_block(src.add(b * Q8K_BYTES), dst.as_mut_ptr()) };
         }
         out[c] = row.as_ptr();
     }
@@ -311,14 +308,42 @@ pub(crate) unsafe fn permute_activations(
     Some(out)
 }
 
-/// [`to_pieces`] compiled for AVX-512.
+/// A converted activation row of Q8_K blocks put in piece order in place (MUL_MAT's phase 1,
+/// for [`rows`]).
+pub(crate) fn to_piece_order(f: CpuFeatures, row: &mut [u8]) -> rgml::Result<()> {
+    if !f.has_avx512() || !row.len().is_multiple_of(Q8K_BYTES) {
+        return Err(rgml::Error::Backend {
+            backend: "CPU".into(),
+            message: format!(
+                "K-quant tiles: {} bytes are not Q8_K blocks on an AVX-512 CPU",
+                row.len()
+            ),
+        });
+    }
+    for block in row.chunks_exact_mut(Q8K_BYTES) {
+        let p = block.as_mut_ptr();
+        // SAFETY: AVX-512 (checked above); one Q8_K block, its quants at 4..260, read in full
+        // before they are written back.
+        unsafe { permute_block(p, p) };
+    }
+    Ok(())
+}
+
+/// One Q8_K block copied from `src` to `dst` with its quants in piece order (`dst` may be
+/// `src`: every byte is read before it is written).
 ///
 /// # Safety
-/// As [`to_pieces`].
+/// AVX-512 F; a readable Q8_K block at `src`, a writable one at `dst`.
 #[target_feature(enable = "avx512f")]
-unsafe fn permute_quants(src: *const u8, dst: *mut u8) {
-    // SAFETY: as promised by the caller.
-    unsafe { to_pieces(src, dst) }
+unsafe fn permute_block(src: *const u8, dst: *mut u8) {
+    // SAFETY: as promised by the caller: `d` at 0, the quants at 4, the block sums at 260.
+    unsafe {
+        dst.cast::<f32>()
+            .write_unaligned(src.cast::<f32>().read_unaligned());
+        to_pieces(src.add(4), dst.add(4));
+        let bsums = _mm256_loadu_si256(src.add(4 + QK_K).cast());
+        _mm256_storeu_si256(dst.add(4 + QK_K).cast(), bsums);
+    }
 }
 
 /// Tile after tile of 4 activation rows (`acc[t]`: columns `4t..4t + 4`), every weight block
