@@ -618,7 +618,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         const COLS: usize = kquant_avx512::COLS;
         const ROWS: usize = kquant_avx512::ROWS;
         let (a, ne11) = (self.a, self.ne11);
-        let mut out = [[0f32; COLS]; ROWS];
+        let mut out = [[0f32; ROWS]; COLS];
         let mut y = [std::ptr::null::<u8>(); COLS];
         for c0 in (0..ne11).step_by(COLS) {
             let c1 = (c0 + COLS).min(ne11);
@@ -642,13 +642,13 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                         &mut out,
                     )
                 };
-                for (r, row) in out.iter().enumerate().take(r1 - r0) {
-                    for (&v, i11) in row.iter().zip(c0..c1) {
-                        let dst = self.dst.row(i11, i12, i13).wrapping_add((r0 + r) * 4);
-                        // SAFETY: output element (r0 + r, i11, i12, i13) is in bounds and
-                        // written only by the thread owning row block (batch, r0 + r).
-                        unsafe { dst.cast::<f32>().write(v) };
-                    }
+                for (col, i11) in out.iter().zip(c0..c1) {
+                    let dst = self.dst.row(i11, i12, i13).wrapping_add(r0 * 4);
+                    // SAFETY: output elements (r0..r1, i11, i12, i13) are in bounds, dense
+                    // (f32 rows), and written only by the thread owning row block (batch, r0).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(col.as_ptr(), dst.cast::<f32>(), r1 - r0)
+                    };
                 }
             }
         }

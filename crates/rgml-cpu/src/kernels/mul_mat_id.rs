@@ -495,7 +495,7 @@ impl Products<'_> {
         let nb = a.ne[0] / rgml::quant::QK_K;
         let scratch = bytemuck::cast_slice_mut::<f32, u8>(scratch);
         let mut ys = [std::ptr::null::<u8>(); COLS];
-        let mut out = [[0f32; COLS]; ROWS];
+        let mut out = [[0f32; ROWS]; COLS];
         for pairs in routed.chunks(2 * COLS) {
             let n = pairs.len() / 2;
             for (y, p) in ys.iter_mut().zip(pairs.chunks_exact(2)) {
@@ -515,13 +515,15 @@ impl Products<'_> {
                 // SAFETY: `kquant_avx512::takes` checked the CPU and type; the weight rows are
                 // dense and in bounds with `nb` blocks; `run` holds the reordered rows.
                 unsafe { kquant_avx512::rows(f, a.dtype, nb, &x[..r1 - r0], &run[..n], &mut out) };
-                for (r, row) in out.iter().enumerate().take(r1 - r0) {
-                    for (p, &v) in pairs.chunks_exact(2).zip(row) {
-                        let at = dst.row(p[0] as usize, p[1] as usize, 0);
-                        // SAFETY: output (r0 + r, slot, token) is in bounds and written only by
-                        // the thread that claimed this expert's row block.
-                        unsafe { at.wrapping_add((r0 + r) * 4).cast::<f32>().write(v) };
-                    }
+                for (p, col) in pairs.chunks_exact(2).zip(&out) {
+                    let at = dst
+                        .row(p[0] as usize, p[1] as usize, 0)
+                        .wrapping_add(r0 * 4);
+                    // SAFETY: outputs (r0..r1, slot, token) are in bounds, dense (f32 rows),
+                    // and written only by the thread that claimed this expert's row block.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(col.as_ptr(), at.cast::<f32>(), r1 - r0)
+                    };
                 }
             }
         }

@@ -18,7 +18,8 @@
 //!   (`madd` and an add without VNNI) per piece: 8 per output and block, and a tree over 16
 //!   registers ([`hsum16x16_epi32`]);
 //! - the loads of a weight row's quants serve 4 activation rows and each activation load
-//!   serves 4 weight rows; the result's lane `4r + c` is output (row r, column c);
+//!   serves 4 weight rows; the result's lane `4c + r` is output (row r, column c), so a tile's
+//!   16 outputs are stored as 4 columns of 4 rows;
 //! - the block-sum products (`s2`, and the `- 32` / `- 4` corrections of Q6_K's and Q3_K's
 //!   quants) come straight out in the same lanes: for each pair of the 16 block sums, one
 //!   permute gathers every lane's block-sum pair beside the weight pairs, one `vpdpwssd` adds;
@@ -52,8 +53,9 @@ pub(crate) fn takes(f: CpuFeatures, dtype: DType, rows: usize) -> bool {
     f.has_avx512() && dtype != DType::IQ4_XS && kquant::takes(dtype, rows)
 }
 
-/// `out[r][c]` = the tiled product of weight row `x[r]` (`nb` blocks of `dtype`) and the Q8_K
-/// activation row `y[c]`, for the `x.len()` (1..=4) rows and `y.len()` (1..=[`COLS`]) columns.
+/// `out[c][r]` = the tiled product of weight row `x[r]` (`nb` blocks of `dtype`) and the Q8_K
+/// activation row `y[c]`, for the `x.len()` (1..=4) rows and `y.len()` (1..=[`COLS`]) columns
+/// (the other entries are overwritten with repeats).
 ///
 /// # Safety
 /// [`takes`] accepts `dtype` on this CPU; every `x[r]` points at `nb` readable blocks of
@@ -65,7 +67,7 @@ pub(crate) unsafe fn rows(
     nb: usize,
     x: &[*const u8],
     y: &[*const u8],
-    out: &mut [[f32; COLS]; ROWS],
+    out: &mut [[f32; ROWS]; COLS],
 ) {
     // SAFETY: as promised by the caller; VNNI only where the CPU has it.
     unsafe { rows_on(f.has_avx512_vnni(), dtype, nb, x, y, out) }
@@ -81,27 +83,26 @@ unsafe fn rows_on(
     nb: usize,
     x: &[*const u8],
     y: &[*const u8],
-    out: &mut [[f32; COLS]; ROWS],
+    out: &mut [[f32; ROWS]; COLS],
 ) {
     let (Some(&last_x), Some(&last_y)) = (x.last(), y.last()) else {
         return;
     };
-    // Short tiles repeat their last row or column; those outputs are not stored.
+    // Short tiles repeat their last row or column.
     let xs: [*const u8; ROWS] = std::array::from_fn(|r| x.get(r).copied().unwrap_or(last_x));
     let ncols = y.len().min(COLS);
     let mut ys = [last_y; COLS];
     ys[..ncols].copy_from_slice(&y[..ncols]);
-    let mut acc = [[0f32; 16]; COLS / TILE_COLS];
-    let acc_used = &mut acc[..ncols.div_ceil(TILE_COLS)];
+    let out = &mut out[..ncols.div_ceil(TILE_COLS) * TILE_COLS];
     macro_rules! go {
         ($k:ident) => {
             // SAFETY: the caller checked the CPU (AVX-512 F/BW/DQ/VL, VNNI if `vnni`); the
             // rows as promised by the caller, padded with repeats of valid ones.
             unsafe {
                 if vnni {
-                    tiles_vnni::<$k>(nb, &xs, &ys, acc_used)
+                    tiles_vnni::<$k>(nb, &xs, &ys, out)
                 } else {
-                    tiles_bw::<$k>(nb, &xs, &ys, acc_used)
+                    tiles_bw::<$k>(nb, &xs, &ys, out)
                 }
             }
         };
@@ -112,12 +113,7 @@ unsafe fn rows_on(
         DType::Q6_K => go!(Q6K),
         DType::Q2_K => go!(Q2K),
         DType::Q3_K => go!(Q3K),
-        _ => return,
-    }
-    for (r, row) in out.iter_mut().enumerate().take(x.len()) {
-        for (c, o) in row.iter_mut().enumerate().take(ncols) {
-            *o = acc[c / TILE_COLS][4 * r + c % TILE_COLS];
-        }
+        _ => {}
     }
 }
 
@@ -130,10 +126,10 @@ unsafe fn tiles_vnni<const K: u8>(
     nb: usize,
     x: &[*const u8; ROWS],
     y: &[*const u8; COLS],
-    acc: &mut [[f32; 16]],
+    out: &mut [[f32; ROWS]],
 ) {
     // SAFETY: as promised by the caller.
-    unsafe { tiles::<K, true>(nb, x, y, acc) }
+    unsafe { tiles::<K, true>(nb, x, y, out) }
 }
 
 /// [`tiles`] with `madd` and an add.
@@ -145,10 +141,10 @@ unsafe fn tiles_bw<const K: u8>(
     nb: usize,
     x: &[*const u8; ROWS],
     y: &[*const u8; COLS],
-    acc: &mut [[f32; 16]],
+    out: &mut [[f32; ROWS]],
 ) {
     // SAFETY: as promised by the caller.
-    unsafe { tiles::<K, false>(nb, x, y, acc) }
+    unsafe { tiles::<K, false>(nb, x, y, out) }
 }
 
 /// `acc + sum of each lane pair of a * b` (i16 pairs into i32 lanes).
@@ -206,7 +202,7 @@ struct Strip {
     /// Each row's sub-block scales as the path's `madd` takes them ([`PACK_SCALES`],
     /// [`PAIR_SCALES`]).
     scales: [__m512i; ROWS],
-    /// Pair k of the block-sum weights in every lane: lane `4r + c` holds row r's weights
+    /// Pair k of the block-sum weights in every lane: lane `4c + r` holds row r's weights
     /// `2k, 2k + 1` (see [`corr`]).
     bsum_pairs: [__m512i; 8],
     d0: [f32; ROWS],
@@ -238,7 +234,7 @@ impl Strip {
             let w01 = _mm512_loadu_si512(weights.as_ptr().cast());
             let w23 = _mm512_loadu_si512(weights.as_ptr().add(32).cast());
             // Dword 8r + k of the weights (row r's pair k).
-            let row8 = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+            let row8 = _mm512_setr_epi32(0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24);
             for (k, pair) in (0..).zip(self.bsum_pairs.iter_mut()) {
                 let index = _mm512_add_epi32(row8, _mm512_set1_epi32(k));
                 *pair = _mm512_permutex2var_epi32(w01, index, w23);
@@ -346,18 +342,19 @@ unsafe fn permute_block(src: *const u8, dst: *mut u8) {
     }
 }
 
-/// Tile after tile of 4 activation rows (`acc[t]`: columns `4t..4t + 4`), every weight block
-/// decoded once for all of them; `acc[t]`'s lane `4r + c` accumulates output (r, 4t + c).
+/// Tile after tile of 4 activation rows (columns `4t..4t + 4`), every weight block decoded once
+/// for all of them; `out[c][r]` receives output (r, c) (the tile's lane `4c + r`).
 ///
 /// # Safety
 /// AVX-512 F/BW/DQ/VL, and VNNI if `VNNI`; `x` as [`rows`] promises, `y` rows from
-/// [`permute_activations`], `acc` at most `COLS / 4` tiles.
+/// [`permute_activations`] or MUL_MAT's phase 1, `out` whole tiles of at most [`COLS`]
+/// columns.
 #[inline(always)]
 unsafe fn tiles<const K: u8, const VNNI: bool>(
     nb: usize,
     x: &[*const u8; ROWS],
     y: &[*const u8; COLS],
-    acc: &mut [[f32; 16]],
+    out: &mut [[f32; ROWS]],
 ) {
     // SAFETY: AVX-512 F (the caller's promise).
     let zero = unsafe { _mm512_setzero_si512() };
@@ -371,7 +368,7 @@ unsafe fn tiles<const K: u8, const VNNI: bool>(
     };
     // SAFETY: AVX-512 F (the caller's promise).
     let mut sums = [unsafe { _mm512_setzero_ps() }; COLS / TILE_COLS];
-    let sums = &mut sums[..acc.len()];
+    let sums = &mut sums[..out.len() / TILE_COLS];
     for b in 0..nb {
         // SAFETY: AVX-512 F/BW; block `b < nb` of every weight row.
         unsafe { s.load::<K>(x, b, VNNI && packs(K)) };
@@ -382,13 +379,13 @@ unsafe fn tiles<const K: u8, const VNNI: bool>(
             unsafe { *sum = tile_block::<K, VNNI>(&s, &cols, *sum) };
         }
     }
-    for (a, sum) in acc.iter_mut().zip(sums.iter()) {
-        // SAFETY: AVX-512 F; 16 floats at `a`.
-        unsafe { _mm512_storeu_ps(a.as_mut_ptr(), *sum) };
+    for (tile, sum) in out.chunks_exact_mut(TILE_COLS).zip(sums.iter()) {
+        // SAFETY: AVX-512 F; 4 columns of 4 floats at `tile`.
+        unsafe { _mm512_storeu_ps(tile.as_flattened_mut().as_mut_ptr(), *sum) };
     }
 }
 
-/// One tile's super-block: its integer sums, then the float steps into `acc` (lane `4r + c`).
+/// One tile's super-block: its integer sums, then the float steps into `acc` (lane `4c + r`).
 ///
 /// # Safety
 /// AVX-512 F/BW/DQ/VL, and VNNI if `VNNI`; every `cols[c]` points at a readable Q8_K block in
@@ -412,23 +409,20 @@ unsafe fn tile_block<const K: u8, const VNNI: bool>(
             Q3K => (_mm512_sub_epi32(dot, _mm512_slli_epi32::<2>(corr)), corr),
             _ => (dot, corr),
         };
-        let by_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-        let d0 = _mm512_permutexvar_ps(by_row, _mm512_castps128_ps512(_mm_loadu_ps(s.d0.as_ptr())));
+        let d0 = _mm512_broadcast_f32x4(_mm_loadu_ps(s.d0.as_ptr()));
         let d1: [f32; TILE_COLS] = std::array::from_fn(|c| cols[c].cast::<f32>().read_unaligned());
-        let d1 = _mm512_broadcast_f32x4(_mm_loadu_ps(d1.as_ptr()));
+        let by_col = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        let d1 = _mm512_permutexvar_ps(by_col, _mm512_castps128_ps512(_mm_loadu_ps(d1.as_ptr())));
         let mut res = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(s1));
         if kquant::has_min(K) {
-            let dmin = _mm512_permutexvar_ps(
-                by_row,
-                _mm512_castps128_ps512(_mm_loadu_ps(s.dmin0.as_ptr())),
-            );
+            let dmin = _mm512_broadcast_f32x4(_mm_loadu_ps(s.dmin0.as_ptr()));
             res = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2), res);
         }
         _mm512_fmadd_ps(res, d1, acc)
     }
 }
 
-/// The scaled quant products of the tile (lane `4r + c`), the packing path: per output and
+/// The scaled quant products of the tile (lane `4c + r`), the packing path: per output and
 /// sub-block j, `vpdpbusd` over the 4 pieces sums its 16 products in lane j; two outputs of a
 /// row are packed to i16 side by side and `madd` by the row's scales; a tree sums the lanes.
 ///
@@ -436,8 +430,8 @@ unsafe fn tile_block<const K: u8, const VNNI: bool>(
 /// AVX-512 F/BW and VNNI; every `cols[c]` points at a readable Q8_K block in piece order.
 #[inline(always)]
 unsafe fn dot_packed(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
-    // Lane 4r + c of the result: lane (see `hsum8x2_epi32`) of output (r, c).
-    const ORDER: [i32; 16] = [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15];
+    // Lane 4c + r of the result: the lane of output (r, c) in `hsum8x2_epi32`'s result.
+    const ORDER: [i32; 16] = [0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13, 7, 15];
     // SAFETY: the features as promised; 64-byte steps through 256 quants of the strip and of
     // each Q8_K block (qs at 4..260).
     unsafe {
@@ -466,7 +460,7 @@ unsafe fn dot_packed(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
     }
 }
 
-/// The scaled quant products of the tile (lane `4r + c`), the other path: per output and
+/// The scaled quant products of the tile (lane `4c + r`), the other path: per output and
 /// piece, `maddubs` then `vpdpwssd` by the row's scales (`madd` and an add without VNNI) into
 /// one accumulator; a tree sums the lanes.
 ///
@@ -477,7 +471,7 @@ unsafe fn dot_packed(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
 unsafe fn dot_pairs<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
     // SAFETY: the features as promised; as in `dot_packed`.
     unsafe {
-        // ints[4c + r]: output (r, c)'s 16 partial sums.
+        // ints[4r + c]: output (r, c)'s 16 partial sums.
         let mut ints = [_mm512_setzero_si512(); 16];
         for p in 0..QK_K / 64 {
             let q: [__m512i; ROWS] =
@@ -486,7 +480,7 @@ unsafe fn dot_pairs<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) 
                 let yv = _mm512_loadu_si512(col.add(4 + 64 * p).cast());
                 for r in 0..ROWS {
                     let pairs = _mm512_maddubs_epi16(q[r], yv);
-                    ints[4 * c + r] = madd_add::<VNNI>(ints[4 * c + r], pairs, s.scales[r]);
+                    ints[4 * r + c] = madd_add::<VNNI>(ints[4 * r + c], pairs, s.scales[r]);
                 }
             }
         }
@@ -494,7 +488,7 @@ unsafe fn dot_pairs<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) 
     }
 }
 
-/// Lane `4r + c`: the weighted block sums `sum_j bsum_weights[r][j] * bsums[c][j]` of weight
+/// Lane `4c + r`: the weighted block sums `sum_j bsum_weights[r][j] * bsums[c][j]` of weight
 /// row r and activation column c (the 16 i16 block sums at 260 in a Q8_K block): per pair k of
 /// the sums, one permute puts column c's pair in its lanes beside the strip's weight pairs.
 ///
@@ -503,7 +497,7 @@ unsafe fn dot_pairs<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) 
 #[inline(always)]
 unsafe fn corr<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
     // Dword 8c + k of the block sums (column c's pair k), k = 0 (add k for the others).
-    const COL8: [i32; 16] = [0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24];
+    const COL8: [i32; 16] = [0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24];
     // SAFETY: the features as promised; 32 bytes of block sums at 260 in each Q8_K block.
     unsafe {
         let bsums = |c: usize| _mm256_loadu_si256(cols[c].add(4 + QK_K).cast());
@@ -520,7 +514,7 @@ unsafe fn corr<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __
     }
 }
 
-/// The lane sums of 16 registers of i32: lane `4r + c` of the result is the sum of `a[4c + r]`
+/// The lane sums of 16 registers of i32: lane `4c + r` of the result is the sum of `a[4r + c]`
 /// (a transposing tree: 15 adds and 30 shuffles instead of 16 separate reductions).
 ///
 /// # Safety
@@ -602,7 +596,7 @@ pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
     }
     let (nrows, nb) = (256, 2048 / QK_K);
     let (x, y, xrow, yrow) = kquant::bench_operands(dtype, nrows, ntok)?;
-    let mut out = [[0f32; COLS]; ROWS];
+    let mut out = [[0f32; ROWS]; COLS];
     let mut scratch = vec![0u8; scratch_bytes(nb)];
     let mut ok = true;
     let best = kquant::best_of_7(|| {
@@ -674,7 +668,7 @@ mod tests {
             for (nrows, ncols) in [(4, 23), (3, 8), (1, 5), (2, 16), (4, 1)] {
                 let x: Vec<*const u8> = w[..nrows].iter().map(|r| r.as_ptr()).collect();
                 for vnni in [true, false] {
-                    let mut out = [[f32::NAN; COLS]; ROWS];
+                    let mut out = [[f32::NAN; ROWS]; COLS];
                     // SAFETY: the CPU has AVX-512 (checked above) and VNNI where asked for;
                     // rows of `n / QK_K` blocks of their types.
                     unsafe {
@@ -691,10 +685,10 @@ mod tests {
                         };
                         for (c, &v) in want.iter().enumerate() {
                             assert_eq!(
-                                out[r][c].to_bits(),
+                                out[c][r].to_bits(),
                                 v.to_bits(),
                                 "{dtype} vnni {vnni} tile {nrows}x{ncols}: ({r}, {c}) {} vs {v}",
-                                out[r][c]
+                                out[c][r]
                             );
                         }
                     }
