@@ -646,9 +646,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     let dst = self.dst.row(i11, i12, i13).wrapping_add(r0 * 4);
                     // SAFETY: output elements (r0..r1, i11, i12, i13) are in bounds, dense
                     // (f32 rows), and written only by the thread owning row block (batch, r0).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(col.as_ptr(), dst.cast::<f32>(), r1 - r0)
-                    };
+                    unsafe { kquant_avx512::store_column(col, dst.cast(), r1 - r0) };
                 }
             }
         }

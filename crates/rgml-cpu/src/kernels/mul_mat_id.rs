@@ -521,9 +521,7 @@ impl Products<'_> {
                         .wrapping_add(r0 * 4);
                     // SAFETY: outputs (r0..r1, slot, token) are in bounds, dense (f32 rows),
                     // and written only by the thread that claimed this expert's row block.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(col.as_ptr(), at.cast::<f32>(), r1 - r0)
-                    };
+                    unsafe { kquant_avx512::store_column(col, at.cast(), r1 - r0) };
                 }
             }
         }

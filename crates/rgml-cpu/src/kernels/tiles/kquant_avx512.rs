@@ -73,6 +73,26 @@ pub(crate) unsafe fn rows(
     unsafe { rows_on(f.has_avx512_vnni(), dtype, nb, x, y, out) }
 }
 
+/// Writes the first `n` (at most [`ROWS`]) outputs of a column of [`rows`]'s result to `dst`:
+/// one 16-byte store for a whole column (a `memcpy` call of a variable length cost 5% of a
+/// prompt).
+///
+/// # Safety
+/// `n` floats are writable at `dst`.
+#[inline(always)]
+pub(crate) unsafe fn store_column(col: &[f32; ROWS], dst: *mut f32, n: usize) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        if n == ROWS {
+            dst.cast::<[f32; ROWS]>().write_unaligned(*col);
+        } else {
+            for (r, &v) in col.iter().enumerate().take(n) {
+                dst.add(r).write_unaligned(v);
+            }
+        }
+    }
+}
+
 /// [`rows`], with `vpdpwssd` or without (the tests run both).
 ///
 /// # Safety
