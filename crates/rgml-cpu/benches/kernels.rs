@@ -553,11 +553,16 @@ fn main() {
     threadpool_section(&cfg, threads);
 }
 
-/// The K-quant kernels without AMX alone: the AVX-512 register tiles and the one-row kernel.
+/// The K-quant kernels without AMX alone: the AVX-512 and AVX2 register tiles and the one-row
+/// kernel.
 fn kquant_tile_rows() {
     for dtype in [rgml::DType::Q4_K, rgml::DType::Q6_K] {
-        let (wide, row) = rgml_cpu::bench_support::kquant_tile_macs(dtype, 512);
-        for (name, macs) in [("AVX-512 tiles", wide), ("one-row kernel", row)] {
+        let [wide, avx2, row] = rgml_cpu::bench_support::kquant_tile_macs(dtype, 512);
+        for (name, macs) in [
+            ("AVX-512 tiles", wide),
+            ("AVX2 tiles", avx2),
+            ("one-row kernel", row),
+        ] {
             if let Some(m) = macs {
                 println!(
                     "| K-quant kernel, {name}, {dtype}, K 2048 by 512 rows, 1 thread | | {:.0} GMAC/s |",

@@ -158,15 +158,22 @@ pub mod bench_support {
     }
 
     /// Int8 multiply-adds per second of the K-quant kernels other than AMX's on one thread (K =
-    /// 2048, 256 weight rows of `dtype` by `ntok` activation rows): the AVX-512 register tiles
-    /// (`None` without AVX-512 or for IQ4_XS), and the one-row kernel (AVX2 where the CPU has
-    /// it; `None` for a type that is not a K-quant).
-    pub fn kquant_tile_macs(dtype: rgml::DType, ntok: usize) -> (Option<f64>, Option<f64>) {
+    /// 2048, 256 weight rows of `dtype` by `ntok` activation rows): the AVX-512 register tiles,
+    /// the AVX2 register tiles (`None` without the instructions or for IQ4_XS), and the one-row
+    /// kernel (AVX2 where the CPU has it; `None` for a type that is not a K-quant).
+    pub fn kquant_tile_macs(dtype: rgml::DType, ntok: usize) -> [Option<f64>; 3] {
         #[cfg(target_arch = "x86_64")]
-        let wide = crate::kernels::tiles::kquant_avx512::bench_macs(dtype, ntok);
+        let (wide, avx2) = (
+            crate::kernels::tiles::kquant_avx512::bench_macs(dtype, ntok),
+            crate::kernels::tiles::kquant_avx2::bench_macs(dtype, ntok),
+        );
         #[cfg(not(target_arch = "x86_64"))]
-        let wide = None;
-        (wide, crate::kernels::tiles::kquant::bench_macs(dtype, ntok))
+        let (wide, avx2) = (None, None);
+        [
+            wide,
+            avx2,
+            crate::kernels::tiles::kquant::bench_macs(dtype, ntok),
+        ]
     }
 
     /// Repacked (4-row interleaved) weights against the plain tiled kernels, single thread,

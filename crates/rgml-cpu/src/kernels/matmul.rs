@@ -44,6 +44,8 @@ use crate::kernels::tiles::kquant;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_amx;
 #[cfg(target_arch = "x86_64")]
+use crate::kernels::tiles::kquant_avx2;
+#[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_avx512;
 use crate::kernels::tiles::legacy;
 use crate::kernels::tiles::repack;
@@ -113,6 +115,8 @@ enum QuantPath {
     KquantAmx,
     /// ggml's tiled K-quant kernel in AVX-512 register tiles.
     KquantAvx512,
+    /// ggml's tiled K-quant kernel in AVX2 register tiles.
+    KquantAvx2,
     /// ggml's tiled K-quant kernel.
     Kquant,
     /// Register tiles.
@@ -153,8 +157,10 @@ impl QuantPath {
             if kquant_amx::takes(f, dtype, path_rows) {
                 return QuantPath::KquantAmx;
             }
-            if takes_kquant_avx512(f, dtype, path_rows) {
-                return QuantPath::KquantAvx512;
+            match kquant_tiles(f, dtype, path_rows) {
+                Some(KquantTiles::Avx512) => return QuantPath::KquantAvx512,
+                Some(KquantTiles::Avx2) => return QuantPath::KquantAvx2,
+                None => {}
             }
             return QuantPath::Kquant;
         }
@@ -250,7 +256,7 @@ pub(crate) fn src1_conversion(
     path_rows: usize,
 ) -> Option<Src1> {
     if weight.is_quantized() {
-        Some(if takes_kquant_avx512(f, weight, path_rows) {
+        Some(if kquant_tiles(f, weight, path_rows).is_some() {
             Src1::Q8kPieces
         } else {
             Src1::Quantized(weight.vec_dot_type())
@@ -277,18 +283,29 @@ pub(crate) fn path_rows(op: &rgml::Op, ne11: usize) -> usize {
     }
 }
 
-/// Whether plain weights of `dtype` by `path_rows` src1 rows take the AVX-512 K-quant tiles
-/// ([`QuantPath::KquantAvx512`]; not where AMX takes them).
-fn takes_kquant_avx512(f: CpuFeatures, dtype: DType, path_rows: usize) -> bool {
+/// The register-tiled K-quant kernels (which read activations in piece order, `Src1::Q8kPieces`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KquantTiles {
+    Avx512,
+    Avx2,
+}
+
+/// The register-tiled K-quant kernel plain weights of `dtype` by `path_rows` src1 rows take on
+/// a CPU with `f` (`None`: AMX tiles, IQ4_XS, or another path).
+fn kquant_tiles(f: CpuFeatures, dtype: DType, path_rows: usize) -> Option<KquantTiles> {
     #[cfg(target_arch = "x86_64")]
-    return weight_kernels(dtype).is_some_and(|k| k.kquant_tiles)
+    if weight_kernels(dtype).is_some_and(|k| k.kquant_tiles)
         && !kquant_amx::takes(f, dtype, path_rows)
-        && kquant_avx512::takes(f, dtype, path_rows);
-    #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (f, dtype, path_rows);
-        false
+        if kquant_avx512::takes(f, dtype, path_rows) {
+            return Some(KquantTiles::Avx512);
+        }
+        if kquant_avx2::takes(f, dtype, path_rows) {
+            return Some(KquantTiles::Avx2);
+        }
     }
+    let _ = (f, dtype, path_rows);
+    None
 }
 
 /// src1 rows per tile of the quantized path.
@@ -411,9 +428,30 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     self.ktiled_amx(rows, at, scratch)?;
                 }
                 #[cfg(target_arch = "x86_64")]
-                QuantPath::KquantAvx512 => self.ktiled_avx512(rows, at),
+                QuantPath::KquantAvx512 => {
+                    // SAFETY: `kquant_tiles` chose the kernel for this CPU and type; the loop
+                    // passes dense in-bounds weight rows of `nb` blocks and the src1 rows,
+                    // complete in the work area since the barrier, `nb` Q8_K blocks each in
+                    // piece order (`Q8kPieces`).
+                    let tiles = |x: &[*const u8], y: &[*const u8], out: &mut _| unsafe {
+                        kquant_avx512::rows(f, a.dtype, self.nb, x, y, out)
+                    };
+                    // SAFETY: `tiles` computes every output of the rows it is given.
+                    unsafe { self.ktiled_strips(rows, at, tiles) }
+                }
+                #[cfg(target_arch = "x86_64")]
+                QuantPath::KquantAvx2 => {
+                    // SAFETY: as for `KquantAvx512`.
+                    let tiles = |x: &[*const u8], y: &[*const u8], out: &mut _| unsafe {
+                        kquant_avx2::rows(a.dtype, self.nb, x, y, out)
+                    };
+                    // SAFETY: `tiles` computes every output of the rows it is given.
+                    unsafe { self.ktiled_strips(rows, at, tiles) }
+                }
                 #[cfg(not(target_arch = "x86_64"))]
-                QuantPath::KquantAmx | QuantPath::KquantAvx512 => self.ktiled(rows, at),
+                QuantPath::KquantAmx | QuantPath::KquantAvx512 | QuantPath::KquantAvx2 => {
+                    self.ktiled(rows, at)
+                }
                 QuantPath::Kquant => self.ktiled(rows, at),
                 QuantPath::Tiled => self.tiled(rows, at),
                 QuantPath::Pairs => self.pairs(rows, at)?,
@@ -610,43 +648,39 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         }
     }
 
-    /// As [`Self::ktiled`] in AVX-512 register tiles ([`kquant_avx512`]; phase 1 left the
-    /// activations in their piece order): runs of up to 64 activation rows, each by strips of
-    /// 4 weight rows whose blocks are decoded once per run.
-    #[cfg(target_arch = "x86_64")]
-    fn ktiled_avx512(&self, rows: Range<usize>, [i02, i03, i12, i13]: [usize; 4]) {
-        const COLS: usize = kquant_avx512::COLS;
-        const ROWS: usize = kquant_avx512::ROWS;
+    /// As [`Self::ktiled`] in register tiles of `R` weight rows ([`kquant_avx512`],
+    /// [`kquant_avx2`], called as `kernel(weight rows, activation rows, out)`; phase 1 left the
+    /// activations in piece order): runs of up to [`kquant::TILE_RUN`] activation rows, each by
+    /// strips of `R` weight rows whose blocks are decoded once per run.
+    ///
+    /// # Safety
+    /// `kernel` computes `out[c][r]` for the strip's rows and the run's columns from rows as
+    /// this loop passes them (dense, in bounds, `nb` blocks; `Q8kPieces` activations).
+    unsafe fn ktiled_strips<const R: usize>(
+        &self,
+        rows: Range<usize>,
+        [i02, i03, i12, i13]: [usize; 4],
+        kernel: impl Fn(&[*const u8], &[*const u8], &mut [[f32; R]; kquant::TILE_RUN]),
+    ) {
+        const COLS: usize = kquant::TILE_RUN;
         let (a, ne11) = (self.a, self.ne11);
-        let mut out = [[0f32; ROWS]; COLS];
+        let mut out = [[0f32; R]; COLS];
         let mut y = [std::ptr::null::<u8>(); COLS];
         for c0 in (0..ne11).step_by(COLS) {
             let c1 = (c0 + COLS).min(ne11);
             for (slot, i11) in y.iter_mut().zip(c0..c1) {
                 *slot = (self.b_row)(i11, i12, i13);
             }
-            for r0 in rows.clone().step_by(ROWS) {
-                let r1 = (r0 + ROWS).min(rows.end);
-                let x: [*const u8; ROWS] =
+            for r0 in rows.clone().step_by(R) {
+                let r1 = (r0 + R).min(rows.end);
+                let x: [*const u8; R] =
                     std::array::from_fn(|r| a.row((r0 + r).min(r1 - 1), i02, i03).cast_const());
-                // SAFETY: `kquant_avx512::takes` checked the CPU and type; the src0 rows are
-                // dense and in bounds with `nb` blocks, the src1 rows complete in the work
-                // area since the barrier, `nb` Q8_K blocks each in piece order (`Q8kPieces`).
-                unsafe {
-                    kquant_avx512::rows(
-                        self.f,
-                        a.dtype,
-                        self.nb,
-                        &x[..r1 - r0],
-                        &y[..c1 - c0],
-                        &mut out,
-                    )
-                };
+                kernel(&x[..r1 - r0], &y[..c1 - c0], &mut out);
                 for (col, i11) in out.iter().zip(c0..c1) {
                     let dst = self.dst.row(i11, i12, i13).wrapping_add(r0 * 4);
                     // SAFETY: output elements (r0..r1, i11, i12, i13) are in bounds, dense
                     // (f32 rows), and written only by the thread owning row block (batch, r0).
-                    unsafe { kquant_avx512::store_column(col, dst.cast(), r1 - r0) };
+                    unsafe { kquant::store_column(col, dst.cast(), r1 - r0) };
                 }
             }
         }
@@ -940,8 +974,7 @@ fn convert_src1(
             Src1::Quantized(vd) => quantize_activations(f, vd, row, dstb)?,
             Src1::Q8kPieces => {
                 quantize_activations(f, DType::Q8_K, row, dstb)?;
-                #[cfg(target_arch = "x86_64")]
-                kquant_avx512::to_piece_order(f, dstb)?;
+                kquant::to_piece_order(dstb)?;
             }
             Src1::Bf16 => bf16::row_to_bf16(row, dstb)?,
             Src1::Rounded(_) | Src1::Dense => row_from_f32(DType::F32, row, dstb)?,

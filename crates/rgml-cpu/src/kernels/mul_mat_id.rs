@@ -521,7 +521,7 @@ impl Products<'_> {
                         .wrapping_add(r0 * 4);
                     // SAFETY: outputs (r0..r1, slot, token) are in bounds, dense (f32 rows),
                     // and written only by the thread that claimed this expert's row block.
-                    unsafe { kquant_avx512::store_column(col, at.cast(), r1 - r0) };
+                    unsafe { kquant::store_column(col, at.cast(), r1 - r0) };
                 }
             }
         }

@@ -44,9 +44,8 @@ pub(crate) const ROWS: usize = 4;
 /// Activation rows per tile.
 const TILE_COLS: usize = 4;
 
-/// The most activation rows per call: a call decodes each weight block once for all of them
-/// (128 rather than 64: 15% faster, measured with `cargo bench -p rgml-cpu`).
-pub(crate) const COLS: usize = 128;
+/// The most activation rows per call.
+pub(crate) const COLS: usize = kquant::TILE_RUN;
 
 /// Whether weights of `dtype` take these tiles with `rows` src1 rows on a CPU with `f`.
 pub(crate) fn takes(f: CpuFeatures, dtype: DType, rows: usize) -> bool {
@@ -71,26 +70,6 @@ pub(crate) unsafe fn rows(
 ) {
     // SAFETY: as promised by the caller; VNNI only where the CPU has it.
     unsafe { rows_on(f.has_avx512_vnni(), dtype, nb, x, y, out) }
-}
-
-/// Writes the first `n` (at most [`ROWS`]) outputs of a column of [`rows`]'s result to `dst`:
-/// one 16-byte store for a whole column (a `memcpy` call of a variable length cost 5% of a
-/// prompt).
-///
-/// # Safety
-/// `n` floats are writable at `dst`.
-#[inline(always)]
-pub(crate) unsafe fn store_column(col: &[f32; ROWS], dst: *mut f32, n: usize) {
-    // SAFETY: as the caller promises.
-    unsafe {
-        if n == ROWS {
-            dst.cast::<[f32; ROWS]>().write_unaligned(*col);
-        } else {
-            for (r, &v) in col.iter().enumerate().take(n) {
-                dst.add(r).write_unaligned(v);
-            }
-        }
-    }
 }
 
 /// [`rows`], with `vpdpwssd` or without (the tests run both).
@@ -263,10 +242,8 @@ impl Strip {
     }
 }
 
-/// 256 bytes in element order to piece order: piece p (64 bytes) holds, for each sub-block j of
-/// 16, its elements `4p..4p + 4` (a transpose of 4-byte groups), so that one sub-block's
-/// products land in the same lanes of every piece. All 256 bytes are loaded before any is
-/// stored, so `dst` may be `src`.
+/// 256 bytes in element order to piece order ([`kquant::to_pieces`], in registers). All 256
+/// bytes are loaded before any is stored, so `dst` may be `src`.
 ///
 /// # Safety
 /// AVX-512 F; 256 readable bytes at `src`, 256 writable at `dst`.
@@ -322,27 +299,6 @@ pub(crate) unsafe fn permute_activations(
         *slot = last;
     }
     Some(out)
-}
-
-/// A converted activation row of Q8_K blocks put in piece order in place (MUL_MAT's phase 1,
-/// for [`rows`]).
-pub(crate) fn to_piece_order(f: CpuFeatures, row: &mut [u8]) -> rgml::Result<()> {
-    if !f.has_avx512() || !row.len().is_multiple_of(Q8K_BYTES) {
-        return Err(rgml::Error::Backend {
-            backend: "CPU".into(),
-            message: format!(
-                "K-quant tiles: {} bytes are not Q8_K blocks on an AVX-512 CPU",
-                row.len()
-            ),
-        });
-    }
-    for block in row.chunks_exact_mut(Q8K_BYTES) {
-        let p = block.as_mut_ptr();
-        // SAFETY: AVX-512 (checked above); one Q8_K block, its quants at 4..260, read in full
-        // before they are written back.
-        unsafe { permute_block(p, p) };
-    }
-    Ok(())
 }
 
 /// One Q8_K block copied from `src` to `dst` with its quants in piece order (`dst` may be

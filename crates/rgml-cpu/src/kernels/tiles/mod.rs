@@ -2,8 +2,9 @@
 //! give each output the bits its path's pair dot (floor 2) or ggml's tile kernel gives.
 //! - [`legacy`]: register tiles for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (AVX2, AVX-512
 //!   VNNI), and the matrix-vector kernels that prefetch weight rows;
-//! - [`kquant`]: ggml's tiled K-quant and IQ4_XS kernel (from 8 activation rows), and
-//!   [`kquant_amx`] its integer sums on AMX tiles;
+//! - [`kquant`]: ggml's tiled K-quant and IQ4_XS kernel (from 8 activation rows), its integer
+//!   sums on AMX tiles ([`kquant_amx`]) and in AVX-512 and AVX2 register tiles
+//!   ([`kquant_avx512`], [`kquant_avx2`]);
 //! - [`repack`]: the 4-row interleaved layouts of repacked weights;
 //! - [`float_avx2`], [`bf16`]: F32/F16/BF16 tiles (tinyBLAS, `vdpbf16ps`).
 
@@ -13,6 +14,8 @@ pub(crate) mod float_avx2;
 pub(crate) mod kquant;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kquant_amx;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kquant_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kquant_avx512;
 pub(crate) mod legacy;
