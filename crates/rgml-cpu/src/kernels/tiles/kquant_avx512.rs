@@ -5,10 +5,11 @@
 //! (`s1`, the sub-block-scaled quant products, and `s2`, the weighted activation block sums)
 //! and then three float steps in block order ([`super::kquant`]'s module docs). Exact integers
 //! can be computed in any order, so here:
-//! - both operands are taken in piece order ([`to_pieces`]): each 64-byte piece holds 4
-//!   elements of every 16-element sub-block, so a sub-block's products fall in the same lanes
-//!   of every piece. The weights are reordered when decoded, the activations once per run of
-//!   [`COLS`] rows ([`permute_activations`]) for every strip of weight rows of a thread;
+//! - both operands are taken in piece order ([`kquant::to_pieces`]): each 64-byte piece holds
+//!   4 elements of every 16-element sub-block, so a sub-block's products fall in the same
+//!   lanes of every piece. The weights are reordered when decoded ([`to_pieces`], in
+//!   registers), the activations by MUL_MAT's phase 1 ([`kquant::to_piece_order`]) or, for
+//!   MUL_MAT_ID's routed rows, once per run of [`COLS`] rows ([`permute_activations`]);
 //! - with VNNI, Q4_K, Q3_K and Q2_K weights (quants below 16) take `vpdpbusd`: 4 instructions
 //!   per output give the 16 sub-block sums (each below 16 * 15 * 128, so i16), two outputs are
 //!   packed into one register and one `madd` applies the scales: 5 instructions per output
