@@ -194,12 +194,19 @@ fn check(isa: IsaChoice) -> Vec<String> {
     check_files(isa, &cases(), 27)
 }
 
+/// `paths`' cases under the arithmetic `isa`, on 1 and 2 threads; the AVX2 arithmetic on an
+/// AVX-512 CPU also with the AVX-512 instructions dropped (the kernels an AVX2-only CPU runs).
 fn check_files(isa: IsaChoice, paths: &[PathBuf], expected_files: usize) -> Vec<String> {
     let device = device(isa);
     let mut failures = Vec::new();
     assert_eq!(paths.len(), expected_files, "fixture files");
-    for threads in [1, 2] {
+    let narrow = isa == IsaChoice::Avx2 && device.features().has_avx512();
+    let runs = [(1, false), (2, false), (2, true)];
+    for (threads, narrowed) in runs.into_iter().filter(|&(_, n)| !n || narrow) {
         let mut be = backend(&device, threads);
+        if narrowed {
+            be.set_features(be.features().without_avx512());
+        }
         for path in paths {
             let case = read_case(path);
             let (cols, x) = read_x(case.k);
@@ -207,8 +214,11 @@ fn check_files(isa: IsaChoice, paths: &[PathBuf], expected_files: usize) -> Vec<
                 assert!(*b <= cols);
                 let got = rgml_mul_mat(&mut be, &case, &x, *b);
                 let what = format!(
-                    "{} k {} m {} batch {b} (ggml {ggml_threads} threads, rgml {threads}, {isa})",
-                    case.dtype, case.k, case.n
+                    "{} k {} m {} batch {b} (ggml {ggml_threads} threads, rgml {threads}, {isa}{})",
+                    case.dtype,
+                    case.k,
+                    case.n,
+                    if narrowed { ", AVX2 instructions" } else { "" }
                 );
                 failures.extend(mismatch(&what, &got, want));
             }

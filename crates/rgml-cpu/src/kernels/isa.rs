@@ -247,10 +247,11 @@ impl CpuFeatures {
         }
     }
 
-    /// The same CPU without its AVX-512 features, as an AVX2-only CPU (for the tests of the
-    /// AVX2-only kernels on any x86 CPU; dropping features is always safe).
-    #[cfg(test)]
-    pub(crate) fn avx2_only(self) -> CpuFeatures {
+    /// The same CPU without its AVX-512 instructions (and AMX), as an AVX2-only CPU runs the
+    /// same arithmetic: the AVX2 kernels, for tests and benchmarks of that path on an AVX-512
+    /// CPU (dropping features is always safe). The AVX-512 arithmetic, if selected, is then
+    /// emulated as on an AVX2-only CPU.
+    pub fn without_avx512(self) -> CpuFeatures {
         CpuFeatures {
             avx512: false,
             avx512_vnni: false,
@@ -261,7 +262,13 @@ impl CpuFeatures {
             f16_vectors: false,
             ..self
         }
-        .with_choice(Some(IsaChoice::Avx2))
+    }
+
+    /// An AVX2-only CPU with the AVX2 arithmetic (for the tests of the AVX2-only kernels on any
+    /// x86 CPU).
+    #[cfg(test)]
+    pub(crate) fn avx2_only(self) -> CpuFeatures {
+        self.without_avx512().with_choice(Some(IsaChoice::Avx2))
     }
 
     /// The CPU has AVX2, FMA and F16C.

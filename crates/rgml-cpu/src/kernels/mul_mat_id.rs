@@ -25,6 +25,8 @@ use crate::kernels::tiles::kquant;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_amx;
 #[cfg(target_arch = "x86_64")]
+use crate::kernels::tiles::kquant_avx2;
+#[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_avx512;
 use rgml::{DType, Error, Op, Result, Tensor};
 
@@ -51,9 +53,11 @@ pub(crate) fn scratch_floats(f: crate::kernels::isa::CpuFeatures, a: &Tensor) ->
         return Ok(bytes.div_ceil(4) + 16);
     }
     #[cfg(target_arch = "x86_64")]
-    if kquant_avx512::takes(f, a.dtype, kquant::MIN_ROWS) {
+    if kquant_avx512::takes(f, a.dtype, kquant::MIN_ROWS)
+        || kquant_avx2::takes(f, a.dtype, kquant::MIN_ROWS)
+    {
         let nb = a.ne[0] / rgml::quant::QK_K;
-        return Ok(kquant_avx512::scratch_bytes(nb).div_ceil(4));
+        return Ok(kquant::run_scratch_bytes(nb).div_ceil(4));
     }
     let _ = (f, a);
     Ok(0)
@@ -329,8 +333,39 @@ impl Products<'_> {
                 return self.expert_amx(e, rows, routed, scratch);
             }
             #[cfg(target_arch = "x86_64")]
+            let nb = a.ne[0] / rgml::quant::QK_K;
+            #[cfg(target_arch = "x86_64")]
             if kquant_avx512::takes(f, a.dtype, n_routed) {
-                return self.expert_avx512(e, rows, routed, scratch);
+                // SAFETY: the CPU has AVX-512 (`takes`); the kernel gets reordered rows of
+                // `nb` blocks and dense in-bounds weight rows.
+                return unsafe {
+                    self.expert_tiles(
+                        e,
+                        rows,
+                        routed,
+                        scratch,
+                        |nb, y, scratch| kquant_avx512::permute_activations(nb, y, scratch),
+                        |x, y, out| kquant_avx512::rows(f, a.dtype, nb, x, y, out),
+                    )
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if kquant_avx2::takes(f, a.dtype, n_routed) {
+                // SAFETY: the CPU has AVX2 (`takes`); as above.
+                return unsafe {
+                    self.expert_tiles(
+                        e,
+                        rows,
+                        routed,
+                        scratch,
+                        |nb, y, scratch| {
+                            kquant::gather_pieces(nb, y, scratch, |s, d| {
+                                kquant::reorder_block(s, d)
+                            })
+                        },
+                        |x, y, out| kquant_avx2::rows(a.dtype, nb, x, y, out),
+                    )
+                };
             }
             let nb = a.ne[0] / rgml::quant::QK_K;
             let mut acc = [0f32; kquant::COLS];
@@ -477,44 +512,45 @@ impl Products<'_> {
         Ok(true)
     }
 
-    /// [`Self::expert`]'s tiled K-quant products in AVX-512 register tiles ([`kquant_avx512`],
-    /// the same bits): the routed activation rows reordered 64 at a time into `scratch`, each
-    /// run by strips of 4 weight rows.
+    /// [`Self::expert`]'s tiled K-quant products in register tiles of `R` weight rows
+    /// ([`kquant_avx512`], [`kquant_avx2`]; the same bits): the routed activation rows copied in
+    /// piece order by `gather(nb, rows, scratch)`, [`kquant::TILE_RUN`] at a time, each run by
+    /// strips of `R` weight rows (`kernel(weight rows, activation rows, out)`).
+    ///
+    /// # Safety
+    /// `gather` may be called on activation rows of `nb` Q8_K blocks, `kernel` on dense
+    /// in-bounds weight rows of `nb` blocks and `gather`'s rows.
     #[cfg(target_arch = "x86_64")]
-    fn expert_avx512(
+    unsafe fn expert_tiles<const R: usize>(
         &self,
         e: usize,
         rows: std::ops::Range<usize>,
         routed: &[u32],
         scratch: &mut [f32],
+        gather: impl Fn(usize, &[*const u8], &mut [u8]) -> Option<[*const u8; kquant::TILE_RUN]>,
+        kernel: impl Fn(&[*const u8], &[*const u8], &mut [[f32; R]; kquant::TILE_RUN]),
     ) -> Result<()> {
-        const COLS: usize = kquant_avx512::COLS;
-        const ROWS: usize = kquant_avx512::ROWS;
-        let (f, dst) = (self.task.features, &self.task.dst);
+        const COLS: usize = kquant::TILE_RUN;
+        let dst = &self.task.dst;
         let (a, b) = (self.task.src(0)?, self.task.src(1)?);
         let nb = a.ne[0] / rgml::quant::QK_K;
         let scratch = bytemuck::cast_slice_mut::<f32, u8>(scratch);
         let mut ys = [std::ptr::null::<u8>(); COLS];
-        let mut out = [[0f32; ROWS]; COLS];
+        let mut out = [[0f32; R]; COLS];
         for pairs in routed.chunks(2 * COLS) {
             let n = pairs.len() / 2;
             for (y, p) in ys.iter_mut().zip(pairs.chunks_exact(2)) {
                 *y = self.activation(b, p[0], p[1]);
             }
-            // SAFETY: `kquant_avx512::takes` checked the CPU (AVX-512); each activation row
-            // has `nb` Q8_K blocks in the work area (complete since the barrier).
-            let run = unsafe { kquant_avx512::permute_activations(nb, &ys[..n], scratch) }
-                .ok_or_else(|| Error::Backend {
-                    backend: "CPU".into(),
-                    message: "MUL_MAT_ID: scratch too small for the reordered activations".into(),
-                })?;
-            for r0 in rows.clone().step_by(ROWS) {
-                let r1 = (r0 + ROWS).min(rows.end);
-                let x: [*const u8; ROWS] =
+            let run = gather(nb, &ys[..n], scratch).ok_or_else(|| Error::Backend {
+                backend: "CPU".into(),
+                message: "MUL_MAT_ID: scratch too small for the reordered activations".into(),
+            })?;
+            for r0 in rows.clone().step_by(R) {
+                let r1 = (r0 + R).min(rows.end);
+                let x: [*const u8; R] =
                     std::array::from_fn(|r| a.row((r0 + r).min(r1 - 1), e, 0).cast_const());
-                // SAFETY: `kquant_avx512::takes` checked the CPU and type; the weight rows are
-                // dense and in bounds with `nb` blocks; `run` holds the reordered rows.
-                unsafe { kquant_avx512::rows(f, a.dtype, nb, &x[..r1 - r0], &run[..n], &mut out) };
+                kernel(&x[..r1 - r0], &run[..n], &mut out);
                 for (p, col) in pairs.chunks_exact(2).zip(&out) {
                     let at = dst
                         .row(p[0] as usize, p[1] as usize, 0)

@@ -434,6 +434,63 @@ pub(crate) fn to_piece_order(row: &mut [u8]) -> rgml::Result<()> {
     Ok(())
 }
 
+/// Scratch bytes [`gather_pieces`] needs for rows of `nb` blocks.
+pub(crate) fn run_scratch_bytes(nb: usize) -> usize {
+    TILE_RUN * nb * Q8K_BYTES
+}
+
+/// Copies of the Q8_K activation rows `y` (at most [`TILE_RUN`], `nb` blocks each) with their
+/// quants in piece order, in `scratch`, each block copied by `reorder(src, dst)` (a
+/// register-tiled kernel's own, or [`reorder_block`]): what MUL_MAT_ID's routed rows give the
+/// register-tiled kernels. The run is padded with its last row. `None` when `scratch` is
+/// smaller than [`run_scratch_bytes`]`(nb)` or `y` is empty or too long.
+///
+/// # Safety
+/// Every `y[c]` points at `nb` readable Q8_K blocks; `reorder` may be called on such a block
+/// and a block of scratch.
+pub(crate) unsafe fn gather_pieces(
+    nb: usize,
+    y: &[*const u8],
+    scratch: &mut [u8],
+    reorder: impl Fn(*const u8, *mut u8),
+) -> Option<[*const u8; TILE_RUN]> {
+    let last = y.len().checked_sub(1).filter(|&l| l < TILE_RUN)?;
+    let scratch = scratch.get_mut(..run_scratch_bytes(nb))?;
+    let mut out = [std::ptr::null(); TILE_RUN];
+    for (c, &src) in y.iter().enumerate() {
+        let row = &mut scratch[c * nb * Q8K_BYTES..(c + 1) * nb * Q8K_BYTES];
+        for (b, dst) in row.chunks_exact_mut(Q8K_BYTES).enumerate() {
+            reorder(src.wrapping_add(b * Q8K_BYTES), dst.as_mut_ptr());
+        }
+        out[c] = row.as_ptr();
+    }
+    let last = out[last];
+    for slot in &mut out[y.len()..] {
+        *slot = last;
+    }
+    Some(out)
+}
+
+/// One Q8_K block copied from `src` to `dst` with its quants in piece order (portable).
+///
+/// # Safety
+/// A readable Q8_K block at `src`, a writable one at `dst`, apart.
+pub(crate) unsafe fn reorder_block(src: *const u8, dst: *mut u8) {
+    // SAFETY: as the caller promises.
+    let (src, dst) = unsafe {
+        (
+            &*src.cast::<[u8; Q8K_BYTES]>(),
+            &mut *dst.cast::<[u8; Q8K_BYTES]>(),
+        )
+    };
+    dst.copy_from_slice(src);
+    let mut natural = [0u8; QK_K];
+    natural.copy_from_slice(&src[4..4 + QK_K]);
+    let mut pieces = [0u8; QK_K];
+    to_pieces(&natural, &mut pieces);
+    dst[4..4 + QK_K].copy_from_slice(&pieces);
+}
+
 /// Operands of the kernel benchmarks: `nrows` weight rows of `dtype` and `ntok` Q8_K
 /// activation rows of K = 2048 (patterned, not random: the speed does not depend on the
 /// values), as (weights, activations, weight row bytes, activation row bytes).

@@ -13,8 +13,9 @@
 //! - with VNNI, Q4_K, Q3_K and Q2_K weights (quants below 16) take `vpdpbusd`: 4 instructions
 //!   per output give the 16 sub-block sums (each below 16 * 15 * 128, so i16), two outputs are
 //!   packed into one register and one `madd` applies the scales: 5 instructions per output
-//!   and block, and a tree over 8 registers ([`hsum8x2_epi32`]);
-//! - Q5_K and Q6_K (and every type without VNNI) take `maddubs` (unsigned quants by signed
+//!   and block, and a tree over 8 registers ([`hsum8x2_epi32`]); Q5_K the same over 2 pieces
+//!   at a time (8 * 31 * 128 fits i16): 6.5;
+//! - Q6_K (and every type without VNNI) takes `maddubs` (unsigned quants by signed
 //!   activations, pairs below 2 * 63 * 128, so never saturated) and `vpdpwssd` by the scales
 //!   (`madd` and an add without VNNI) per piece: 8 per output and block, and a tree over 16
 //!   registers ([`hsum16x16_epi32`]);
@@ -33,9 +34,11 @@
 //! rows).
 
 use super::kquant::{self, Decoded, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BYTES};
+use crate::kernels::blocks::kquant::scales_mins;
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::x86::dpwssd_fused;
 use rgml::quant::QK_K;
+use rgml::quant::{BlockQ4_K, BlockQ6_K};
 use rgml::DType;
 use std::arch::x86_64::*;
 
@@ -163,11 +166,12 @@ unsafe fn madd_add<const VNNI: bool>(acc: __m512i, a: __m512i, b: __m512i) -> __
     }
 }
 
-/// Whether kind `K` takes the packing path (with VNNI): `vpdpbusd` sums of 16 products per
-/// sub-block that fit i16 (quants below 16: 16 * 15 * 128), packed two outputs per register
-/// before the scales' `madd`.
+/// Whether kind `K` takes the packing path (with VNNI): `vpdpbusd` sums per sub-block that fit
+/// i16, packed two outputs per register before the scales' `madd`: of all 4 pieces (16
+/// products) for quants below 16 (16 * 15 * 128), of 2 pieces at a time for Q5_K's below 32
+/// (8 * 31 * 128).
 const fn packs(k: u8) -> bool {
-    matches!(k, Q4K | Q3K | Q2K)
+    matches!(k, Q4K | Q3K | Q2K | Q5K)
 }
 
 /// i16 lane `l` of a packing path's scales: 128-bit lane `i = l / 8` takes the scales of
@@ -222,14 +226,21 @@ impl Strip {
         // scales and 128 bytes of weights read inside their arrays.
         unsafe {
             let layout = _mm512_loadu_si512(layout.as_ptr().cast());
-            for r in 0..ROWS {
-                self.w.load::<K>(x[r], b);
-                to_pieces(self.w.q.as_ptr(), self.q[r].as_mut_ptr());
-                let sub16 = _mm256_loadu_si256(self.w.sub16.as_ptr().cast());
+            for (r, &row) in x.iter().enumerate() {
+                let sub16 = if K == Q4K {
+                    self.load_q4k(r, row.cast::<BlockQ4_K>().add(b), &mut weights)
+                } else if K == Q6K {
+                    self.load_q6k(r, row.cast::<BlockQ6_K>().add(b), &mut weights)
+                } else {
+                    self.w.load::<K>(row, b);
+                    to_pieces(self.w.q.as_ptr(), self.q[r].as_mut_ptr());
+                    weights[16 * r..16 * r + 16].copy_from_slice(&self.w.bsum_weights);
+                    self.d0[r] = self.w.d0;
+                    self.dmin0[r] = self.w.dmin0;
+                    self.w.sub16
+                };
+                let sub16 = _mm256_loadu_si256(sub16.as_ptr().cast());
                 self.scales[r] = _mm512_permutexvar_epi16(layout, _mm512_castsi256_si512(sub16));
-                weights[16 * r..16 * r + 16].copy_from_slice(&self.w.bsum_weights);
-                self.d0[r] = self.w.d0;
-                self.dmin0[r] = self.w.dmin0;
             }
             let w01 = _mm512_loadu_si512(weights.as_ptr().cast());
             let w23 = _mm512_loadu_si512(weights.as_ptr().add(32).cast());
@@ -239,6 +250,89 @@ impl Strip {
                 let index = _mm512_add_epi32(row8, _mm512_set1_epi32(k));
                 *pair = _mm512_permutex2var_epi32(w01, index, w23);
             }
+        }
+    }
+
+    /// Row `r`'s Q6_K block at `blk` straight into the strip, as [`Self::load_q4k`]: the 6-bit
+    /// quants (`q + 32`) from their low-nibble and high-pair planes in registers.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; a readable Q6_K block at `blk`.
+    #[inline(always)]
+    unsafe fn load_q6k(
+        &mut self,
+        r: usize,
+        blk: *const BlockQ6_K,
+        weights: &mut [i16; 16 * ROWS],
+    ) -> [i16; 16] {
+        // SAFETY: as the caller promises; the block is read unaligned.
+        unsafe {
+            let blk = blk.read_unaligned();
+            let nibbles = _mm512_set1_epi8(0x0F);
+            let pairs = _mm512_set1_epi8(0x03);
+            // Shifts of the high-pair bytes for elements 0..64 and 64..128 of a half: the low
+            // 256 bits take pairs 0 and 4, the high 256 bits pairs 2 and 6.
+            let first = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+            let second = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
+            let mut z = [_mm512_setzero_si512(); 4];
+            for half in 0..2 {
+                // 128 elements: element l and l + 32 of each 64 share a low byte's nibbles
+                // (ql) and a high byte's pairs (qh).
+                let lo = _mm512_loadu_si512(blk.ql.as_ptr().add(64 * half).cast());
+                let qh = _mm256_loadu_si256(blk.qh.as_ptr().add(32 * half).cast());
+                let qh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), qh);
+                let high = |shift: __m512i| {
+                    _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi64(qh, shift), pairs))
+                };
+                let low_nibbles = _mm512_and_si512(lo, nibbles);
+                let high_nibbles = _mm512_and_si512(_mm512_srli_epi16::<4>(lo), nibbles);
+                z[2 * half] = _mm512_or_si512(low_nibbles, high(first));
+                z[2 * half + 1] = _mm512_or_si512(high_nibbles, high(second));
+            }
+            store_pieces(z, self.q[r].as_mut_ptr());
+            let scales = blk.scales.map(i16::from);
+            weights[16 * r..16 * r + 16].copy_from_slice(&scales);
+            self.d0[r] = blk.d.to_f32_const();
+            self.dmin0[r] = 0.0;
+            scales
+        }
+    }
+
+    /// Row `r`'s Q4_K block at `blk` straight into the strip (the general path decodes into
+    /// [`Decoded`] first, which costs twice as much): quants unpacked and put in piece order in
+    /// registers, the row's block-sum weights into `weights`; returns the sub-block scales.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; a readable Q4_K block at `blk`.
+    #[inline(always)]
+    unsafe fn load_q4k(
+        &mut self,
+        r: usize,
+        blk: *const BlockQ4_K,
+        weights: &mut [i16; 16 * ROWS],
+    ) -> [i16; 16] {
+        // SAFETY: as the caller promises; the block is read unaligned.
+        unsafe {
+            let blk = blk.read_unaligned();
+            let (scales, mins) = scales_mins(&blk.scales);
+            let nibbles = _mm512_set1_epi8(0x0F);
+            let mut z = [_mm512_setzero_si512(); 4];
+            for half in 0..2 {
+                // 64 bytes: chunks 2 * half and 2 * half + 1, whose 64 elements each are 32 low
+                // nibbles then 32 high nibbles.
+                let v = _mm512_loadu_si512(blk.qs.as_ptr().add(64 * half).cast());
+                let lo = _mm512_and_si512(v, nibbles);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibbles);
+                z[2 * half] = _mm512_shuffle_i64x2::<0b01_00_01_00>(lo, hi);
+                z[2 * half + 1] = _mm512_shuffle_i64x2::<0b11_10_11_10>(lo, hi);
+            }
+            store_pieces(z, self.q[r].as_mut_ptr());
+            for j in 0..16 {
+                weights[16 * r + j] = i16::from(mins[j / 2]);
+            }
+            self.d0[r] = blk.d.to_f32_const();
+            self.dmin0[r] = blk.dmin.to_f32_const();
+            std::array::from_fn(|j| i16::from(scales[j / 2]))
         }
     }
 }
@@ -253,6 +347,18 @@ unsafe fn to_pieces(src: *const u8, dst: *mut u8) {
     // SAFETY: as the caller promises.
     unsafe {
         let z: [__m512i; 4] = std::array::from_fn(|i| _mm512_loadu_si512(src.add(64 * i).cast()));
+        store_pieces(z, dst);
+    }
+}
+
+/// 256 quants in element order, held in 4 registers, stored at `dst` in piece order.
+///
+/// # Safety
+/// AVX-512 F; 256 writable bytes at `dst`.
+#[inline(always)]
+unsafe fn store_pieces(z: [__m512i; 4], dst: *mut u8) {
+    // SAFETY: as the caller promises.
+    unsafe {
         // Lane j of piece p: group 4j + p, from z[0..2] (j < 8) or z[2..4] (j >= 8).
         let base = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
         for p in 0..4 {
@@ -267,14 +373,8 @@ unsafe fn to_pieces(src: *const u8, dst: *mut u8) {
     }
 }
 
-/// Scratch bytes [`permute_activations`] needs for rows of `nb` blocks.
-pub(crate) fn scratch_bytes(nb: usize) -> usize {
-    COLS * nb * Q8K_BYTES
-}
-
-/// Copies of the Q8_K activation rows `y` (at most [`COLS`], `nb` blocks each) with their
-/// quants in piece order ([`to_pieces`]), in `scratch`: what [`rows`] multiplies. `None` when
-/// `scratch` is smaller than [`scratch_bytes`]`(nb)` or `y` is empty or too long.
+/// Copies of the Q8_K activation rows `y` in piece order in `scratch`
+/// ([`kquant::gather_pieces`], each block reordered in registers): what [`rows`] multiplies.
 ///
 /// # Safety
 /// The CPU has AVX-512 F; every `y[c]` points at `nb` readable Q8_K blocks.
@@ -283,23 +383,9 @@ pub(crate) unsafe fn permute_activations(
     y: &[*const u8],
     scratch: &mut [u8],
 ) -> Option<[*const u8; COLS]> {
-    let last = y.len().checked_sub(1).filter(|&l| l < COLS)?;
-    let scratch = scratch.get_mut(..scratch_bytes(nb))?;
-    let mut out = [std::ptr::null(); COLS];
-    for (c, &src) in y.iter().enumerate() {
-        let row = &mut scratch[c * nb * Q8K_BYTES..(c + 1) * nb * Q8K_BYTES];
-        for (b, dst) in row.chunks_exact_mut(Q8K_BYTES).enumerate() {
-            // SAFETY: block `b < nb` of an activation row (the caller's promise); `dst` is one
-            // block of scratch; AVX-512 F as promised.
-            unsafe { permute_block(src.add(b * Q8K_BYTES), dst.as_mut_ptr()) };
-        }
-        out[c] = row.as_ptr();
-    }
-    let last = out[last];
-    for slot in &mut out[y.len()..] {
-        *slot = last;
-    }
-    Some(out)
+    // SAFETY: as the caller promises; `permute_block` gets a readable block and one of
+    // scratch.
+    unsafe { kquant::gather_pieces(nb, y, scratch, |src, dst| permute_block(src, dst)) }
 }
 
 /// One Q8_K block copied from `src` to `dst` with its quants in piece order (`dst` may be
@@ -375,8 +461,10 @@ unsafe fn tile_block<const K: u8, const VNNI: bool>(
 ) -> __m512 {
     // SAFETY: the features as promised; the loads stay inside the strip and the Q8_K blocks.
     unsafe {
-        let dot = if VNNI && packs(K) {
-            dot_packed(s, cols)
+        let dot = if VNNI && K == Q5K {
+            dot_packed::<2>(s, cols)
+        } else if VNNI && packs(K) {
+            dot_packed::<4>(s, cols)
         } else {
             dot_pairs::<VNNI>(s, cols)
         };
@@ -400,36 +488,45 @@ unsafe fn tile_block<const K: u8, const VNNI: bool>(
 }
 
 /// The scaled quant products of the tile (lane `4c + r`), the packing path: per output and
-/// sub-block j, `vpdpbusd` over the 4 pieces sums its 16 products in lane j; two outputs of a
-/// row are packed to i16 side by side and `madd` by the row's scales; a tree sums the lanes.
+/// sub-block j, `vpdpbusd` over `PIECES` pieces (4, or 2 at a time for Q5_K's larger quants)
+/// sums their products in lane j; two outputs of a row are packed to i16 side by side and
+/// `madd` by the row's scales; a tree sums the lanes.
 ///
 /// # Safety
 /// AVX-512 F/BW and VNNI; every `cols[c]` points at a readable Q8_K block in piece order.
 #[inline(always)]
-unsafe fn dot_packed(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
+unsafe fn dot_packed<const PIECES: usize>(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __m512i {
     // Lane 4c + r of the result: the lane of output (r, c) in `hsum8x2_epi32`'s result.
     const ORDER: [i32; 16] = [0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13, 7, 15];
     // SAFETY: the features as promised; 64-byte steps through 256 quants of the strip and of
     // each Q8_K block (qs at 4..260).
     unsafe {
-        // ints[4c + r]: output (r, c)'s 16 sub-block sums.
-        let mut ints = [_mm512_setzero_si512(); 16];
-        for p in 0..QK_K / 64 {
-            let q: [__m512i; ROWS] =
-                std::array::from_fn(|r| _mm512_loadu_si512(s.q[r].as_ptr().add(64 * p).cast()));
-            for (c, &col) in cols.iter().enumerate() {
-                let yv = _mm512_loadu_si512(col.add(4 + 64 * p).cast());
-                for r in 0..ROWS {
-                    ints[4 * c + r] = _mm512_dpbusd_epi32(ints[4 * c + r], q[r], yv);
+        // Register 2r + h: outputs (r, 2h) and (r, 2h + 1).
+        let mut scaled = [_mm512_setzero_si512(); 8];
+        for first in (0..QK_K / 64).step_by(PIECES) {
+            // ints[4c + r]: output (r, c)'s sub-block sums over these pieces.
+            let mut ints = [_mm512_setzero_si512(); 16];
+            for p in first..first + PIECES {
+                let q: [__m512i; ROWS] =
+                    std::array::from_fn(|r| _mm512_loadu_si512(s.q[r].as_ptr().add(64 * p).cast()));
+                for (c, &col) in cols.iter().enumerate() {
+                    let yv = _mm512_loadu_si512(col.add(4 + 64 * p).cast());
+                    for r in 0..ROWS {
+                        ints[4 * c + r] = _mm512_dpbusd_epi32(ints[4 * c + r], q[r], yv);
+                    }
                 }
             }
+            for (m, sum) in scaled.iter_mut().enumerate() {
+                let (r, h) = (m / 2, m % 2);
+                let packed = _mm512_packs_epi32(ints[8 * h + r], ints[8 * h + 4 + r]);
+                let part = _mm512_madd_epi16(packed, s.scales[r]);
+                *sum = if first == 0 {
+                    part
+                } else {
+                    _mm512_add_epi32(*sum, part)
+                };
+            }
         }
-        // Register 2r + h: outputs (r, 2h) and (r, 2h + 1).
-        let scaled: [__m512i; 8] = std::array::from_fn(|m| {
-            let (r, h) = (m / 2, m % 2);
-            let packed = _mm512_packs_epi32(ints[8 * h + r], ints[8 * h + 4 + r]);
-            _mm512_madd_epi16(packed, s.scales[r])
-        });
         _mm512_permutexvar_epi32(
             _mm512_loadu_si512(ORDER.as_ptr().cast()),
             hsum8x2_epi32(&scaled),
@@ -574,7 +671,7 @@ pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
     let (nrows, nb) = (256, 2048 / QK_K);
     let (x, y, xrow, yrow) = kquant::bench_operands(dtype, nrows, ntok)?;
     let mut out = [[0f32; ROWS]; COLS];
-    let mut scratch = vec![0u8; scratch_bytes(nb)];
+    let mut scratch = vec![0u8; kquant::run_scratch_bytes(nb)];
     let mut ok = true;
     let best = kquant::best_of_7(|| {
         for c0 in (0..ntok).step_by(COLS) {
@@ -641,7 +738,7 @@ mod tests {
             let w = rows_of(&mut rng, dtype, n, 7);
             let a = rows_of(&mut rng, DType::Q8_K, n, 23);
             let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();
-            let mut scratch = vec![0u8; scratch_bytes(n / QK_K)];
+            let mut scratch = vec![0u8; kquant::run_scratch_bytes(n / QK_K)];
             for (nrows, ncols) in [(4, 23), (3, 8), (1, 5), (2, 16), (4, 1)] {
                 let x: Vec<*const u8> = w[..nrows].iter().map(|r| r.as_ptr()).collect();
                 for vnni in [true, false] {
