@@ -30,7 +30,8 @@
 #                (default 0; e.g. --busy 0,1,2)
 #   --isa ISA    llama.cpp built for ISA (scripts/llamacpp.sh) and rgml forced to the same
 #                arithmetic with RGML_CPU_ISA and without AMX (default native: each uses what
-#                the CPU has), so an AVX-512 machine can measure the AVX2 path of both
+#                the CPU has), so an AVX-512 machine can measure the AVX2 path of both (for
+#                avx2 rgml also drops its AVX-512 instructions, RGML_CPU_AVX512=0)
 #   --no-repack  llama.cpp without repacked weights (its arithmetic reference); by default it
 #                repacks, its fastest configuration
 #   --dram-gbs G the DRAM read bandwidth in GB/s for the tg limit (default: measured first)
@@ -91,7 +92,8 @@ rgml_isa=()
 case $ISA in
     native) ;;
     # The forced instruction set's path of both: no AMX tiles for rgml either.
-    avx2 | avx512) rgml_isa=(env "RGML_CPU_ISA=$ISA" RGML_CPU_AMX=0) ;;
+    avx2) rgml_isa=(env RGML_CPU_ISA=avx2 RGML_CPU_AMX=0 RGML_CPU_AVX512=0) ;;
+    avx512) rgml_isa=(env RGML_CPU_ISA=avx512 RGML_CPU_AMX=0) ;;
     *) echo "--isa takes native, avx2 or avx512 (got '$ISA')" >&2; exit 2 ;;
 esac
 

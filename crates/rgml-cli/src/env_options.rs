@@ -7,6 +7,9 @@
 //!   default 1).
 //! - `RGML_CPU_AMX=0|1`: AMX tiles for the CPU kernels where the CPU and OS have them
 //!   ([`rgml_cpu::CpuOptions::amx`], default 1; the same bits either way).
+//! - `RGML_CPU_AVX512=0|1`: AVX-512 instructions for the CPU kernels where the CPU has them
+//!   ([`rgml_cpu::CpuOptions::avx512`], default 1; `0` runs what an AVX2-only CPU runs, with the
+//!   same bits).
 //! - `RGML_CPU_DEVICES=N`: devices `CPU0` … `CPU{N-1}` beside `CPU`, N from 0 to
 //!   [`rgml_cpu::MAX_EXTRA_DEVICES`] ([`rgml_cpu::CpuOptions::extra_devices`]).
 //! - `RGML_WGPU_SOFT_FMA=0|1`: the integer FMA emulation on every GPU
@@ -37,6 +40,7 @@ const ISA: &str = "RGML_CPU_ISA";
 const REPACK: &str = "RGML_CPU_REPACK";
 const DEVICES: &str = "RGML_CPU_DEVICES";
 const AMX: &str = "RGML_CPU_AMX";
+const AVX512: &str = "RGML_CPU_AVX512";
 const SOFT_FMA: &str = "RGML_WGPU_SOFT_FMA";
 const EXACT: &str = "RGML_WGPU_EXACT";
 const COOPMAT: &str = "RGML_WGPU_COOPMAT";
@@ -72,6 +76,9 @@ fn from_lookup(
     }
     if let Some(v) = get(AMX)? {
         options.cpu.amx = flag(AMX, &v)?;
+    }
+    if let Some(v) = get(AVX512)? {
+        options.cpu.avx512 = flag(AVX512, &v)?;
     }
     if let Some(v) = get(DEVICES)? {
         options.cpu.extra_devices = v
@@ -123,6 +130,7 @@ mod tests {
             (ISA, " "),
             (REPACK, ""),
             (AMX, ""),
+            (AVX512, ""),
             (DEVICES, ""),
             (SOFT_FMA, ""),
             (EXACT, ""),
@@ -137,6 +145,7 @@ mod tests {
             (ISA, "AVX512-nobf16"),
             (REPACK, "0"),
             (AMX, "0"),
+            (AVX512, "0"),
             (DEVICES, " 3 "),
             (SOFT_FMA, "1"),
             (EXACT, "0"),
@@ -145,6 +154,8 @@ mod tests {
         assert_eq!(o.cpu.isa, Some(IsaChoice::Avx512NoBf16));
         assert!(!o.cpu.repack);
         assert!(!o.cpu.amx);
+        assert!(!o.cpu.avx512);
+        assert!(with(&[(AVX512, "1")]).unwrap().cpu.avx512);
         assert_eq!(o.cpu.extra_devices, 3);
         assert!(o.wgpu.soft_fma);
         assert_eq!(o.wgpu.exact, Some(false));
@@ -162,6 +173,7 @@ mod tests {
             (REPACK, "bogus", "0 or 1"),
             (REPACK, "2", "0 or 1"),
             (AMX, "on", "0 or 1"),
+            (AVX512, "no", "0 or 1"),
             (DEVICES, "abc", "from 0 to 64"),
             (DEVICES, "-1", "from 0 to 64"),
             (DEVICES, "65", "from 0 to 64"),

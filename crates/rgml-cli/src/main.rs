@@ -29,6 +29,8 @@ mod test_ops;
     after_help = "Environment: RGML_CPU_ISA=avx2|avx512|avx512-nobf16 (the ggml build whose \
                   arithmetic the CPU mirrors), RGML_CPU_REPACK=0|1 (repacked weights), \
                   RGML_CPU_AMX=0|1 (AMX tiles where the CPU has them; same bits), \
+                  RGML_CPU_AVX512=0|1 (AVX-512 instructions where the CPU has them; 0: what \
+                  an AVX2-only CPU runs, same bits), \
                   RGML_CPU_DEVICES=N (devices CPU0..CPU{N-1} beside CPU, N <= 64), \
                   RGML_WGPU_SOFT_FMA=0|1 (integer FMA emulation on GPUs), \
                   RGML_WGPU_EXACT=0|1 (GPU arithmetic: fast, or the CPU's bits; default exact \

@@ -44,6 +44,9 @@ pub struct CpuOptions {
     /// kernels, which give the same bits; for comparisons). The backend parameter `amx=`
     /// overrides it per backend.
     pub amx: bool,
+    /// Use AVX-512 instructions where the CPU has them (`false`: the kernels an AVX2-only CPU
+    /// runs, with the same bits; to measure and test that path on an AVX-512 CPU).
+    pub avx512: bool,
 }
 
 impl Default for CpuOptions {
@@ -53,6 +56,7 @@ impl Default for CpuOptions {
             repack: true,
             isa: None,
             amx: true,
+            avx512: true,
         }
     }
 }
@@ -87,6 +91,9 @@ impl CpuDevice {
         let mut features = CpuFeatures::resolve(options.isa);
         if !options.amx {
             features = features.without_amx();
+        }
+        if !options.avx512 {
+            features = features.without_avx512();
         }
         Arc::new_cyclic(|weak: &Weak<CpuDevice>| {
             let weak_dyn: Weak<dyn rgml::Device> = weak.clone();
