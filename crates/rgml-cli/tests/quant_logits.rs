@@ -36,16 +36,22 @@ fn worst_difference(
     common::top10_worst(&got, case, &format!("{prompt:?} on {isa} {env:?}"))
 }
 
-/// The settings each fixture runs under: the default, and on a CPU with AMX also without it,
-/// for the files whose prompts the AMX kernel takes (K-quants, IQ4_XS), so that both the AMX
-/// and the AVX-512/AVX2 kernels are checked against llama.cpp on such a CPU.
-fn settings(stem: &str) -> Vec<Vec<(&'static str, &'static str)>> {
+/// The settings each fixture runs under: the default; for the files whose prompts take the
+/// K-quant tile kernels (K-quants, IQ4_XS), also without AMX on a CPU with it (so both the AMX
+/// and the AVX-512 kernels are checked against llama.cpp there), and under the AVX2 arithmetic
+/// on an AVX-512 CPU also with the AVX-512 instructions dropped (the AVX2 tiles an AVX2-only
+/// CPU runs).
+fn settings(stem: &str, isa: &str) -> Vec<Vec<(&'static str, &'static str)>> {
     let kquant = ["_K", "IQ4_XS"].iter().any(|t| stem.contains(t));
-    if kquant && rgml_cpu::CpuFeatures::detect().has_amx_int8() {
-        vec![vec![], vec![("RGML_CPU_AMX", "0")]]
-    } else {
-        vec![vec![]]
+    let cpu = rgml_cpu::CpuFeatures::detect();
+    let mut settings = vec![vec![]];
+    if kquant && cpu.has_amx_int8() {
+        settings.push(vec![("RGML_CPU_AMX", "0")]);
     }
+    if kquant && isa == "avx2" && cpu.has_avx512() {
+        settings.push(vec![("RGML_CPU_AVX512", "0")]);
+    }
+    settings
 }
 
 #[test]
@@ -64,7 +70,7 @@ fn every_weight_type_gives_llama_cpps_logits_on_each_instruction_set() {
                 made_sha, sha,
                 "{stem}: the fixtures of two instruction sets differ"
             );
-            for env in settings(&stem) {
+            for env in settings(&stem, isa) {
                 for case in fixture["cases"].as_array().expect("cases") {
                     let worst = worst_difference(model, isa, &env, case);
                     // 4-decimal rounding of the fixture, plus f32 spacing near |logit| 32.
