@@ -559,26 +559,33 @@ pub(crate) fn best_of_7(mut run: impl FnMut()) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
+/// `count` rows of `n` random values (a few of them 9 times larger, so that scales differ)
+/// quantized to `dtype`: the operands of the tile kernels' tests.
+#[cfg(test)]
+pub(super) fn random_rows(
+    rng: &mut rand::rngs::StdRng,
+    dtype: DType,
+    n: usize,
+    count: usize,
+) -> Vec<Vec<u8>> {
+    use rand::Rng;
+    (0..count)
+        .map(|_| {
+            let v: Vec<f32> = (0..n)
+                .map(|_| rng.gen_range(-1.0f32..1.0) * if rng.gen_bool(0.03) { 9.0 } else { 1.0 })
+                .collect();
+            let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
+            rgml::quant::quantize_row(dtype, &v, &mut b).unwrap();
+            b
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    fn rows(rng: &mut StdRng, dtype: DType, n: usize, count: usize) -> Vec<Vec<u8>> {
-        (0..count)
-            .map(|_| {
-                let v: Vec<f32> = (0..n)
-                    .map(|_| {
-                        rng.gen_range(-1.0f32..1.0) * if rng.gen_bool(0.03) { 9.0 } else { 1.0 }
-                    })
-                    .collect();
-                let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
-                rgml::quant::quantize_row(dtype, &v, &mut b).unwrap();
-                b
-            })
-            .collect()
-    }
+    use rand::SeedableRng;
 
     /// The AVX2 and portable forms give the same bits, and both are within f32 rounding of the
     /// f64 product of the dequantized operands.
@@ -595,8 +602,8 @@ mod tests {
             DType::Q3_K,
             DType::IQ4_XS,
         ] {
-            let w = rows(&mut rng, dtype, n, 3);
-            let a = rows(&mut rng, DType::Q8_K, n, 11);
+            let w = random_rows(&mut rng, dtype, n, 3);
+            let a = random_rows(&mut rng, DType::Q8_K, n, 11);
             let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();
             for wr in &w {
                 let mut fast = vec![f32::NAN; y.len()];

@@ -266,22 +266,7 @@ pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
 mod tests {
     use super::*;
     use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    fn rows_of(rng: &mut StdRng, dtype: DType, n: usize, count: usize) -> Vec<Vec<u8>> {
-        (0..count)
-            .map(|_| {
-                let v: Vec<f32> = (0..n)
-                    .map(|_| {
-                        rng.gen_range(-1.0f32..1.0) * if rng.gen_bool(0.03) { 9.0 } else { 1.0 }
-                    })
-                    .collect();
-                let mut b = vec![0u8; dtype.row_bytes(n).unwrap()];
-                rgml::quant::quantize_row(dtype, &v, &mut b).unwrap();
-                b
-            })
-            .collect()
-    }
+    use rand::SeedableRng;
 
     /// Every type these tiles take, full and short tiles of rows and columns: the outputs equal
     /// [`kquant::row`]'s bit for bit.
@@ -301,8 +286,8 @@ mod tests {
             DType::Q2_K,
             DType::Q3_K,
         ] {
-            let w = rows_of(&mut rng, dtype, n, 5);
-            let a = rows_of(&mut rng, DType::Q8_K, n, 23);
+            let w = kquant::random_rows(&mut rng, dtype, n, 5);
+            let a = kquant::random_rows(&mut rng, DType::Q8_K, n, 23);
             let mut pieces = a.clone();
             for row in &mut pieces {
                 kquant::to_piece_order(row).unwrap();
