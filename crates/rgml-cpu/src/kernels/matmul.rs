@@ -285,14 +285,15 @@ pub(crate) fn path_rows(op: &rgml::Op, ne11: usize) -> usize {
 
 /// The register-tiled K-quant kernels (which read activations in piece order, `Src1::Q8kPieces`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum KquantTiles {
+pub(crate) enum KquantTiles {
     Avx512,
     Avx2,
 }
 
 /// The register-tiled K-quant kernel plain weights of `dtype` by `path_rows` src1 rows take on
-/// a CPU with `f` (`None`: AMX tiles, IQ4_XS, or another path).
-fn kquant_tiles(f: CpuFeatures, dtype: DType, path_rows: usize) -> Option<KquantTiles> {
+/// a CPU with `f` (`None`: AMX tiles, IQ4_XS, or another path); MUL_MAT_ID's experts choose the
+/// same way.
+pub(crate) fn kquant_tiles(f: CpuFeatures, dtype: DType, path_rows: usize) -> Option<KquantTiles> {
     #[cfg(target_arch = "x86_64")]
     if weight_kernels(dtype).is_some_and(|k| k.kquant_tiles)
         && !kquant_amx::takes(f, dtype, path_rows)

@@ -41,8 +41,8 @@ const AMX_PAIRS: usize = 64;
 
 /// f32 values of per-thread scratch MUL_MAT_ID needs beyond `work_size`'s rows: where the AMX
 /// K-quant kernel may run, a gather area of [`AMX_PAIRS`] activation rows, the kernel's
-/// decoded weights and a block of results; where the AVX-512 one may, its reordered
-/// activations.
+/// decoded weights and a block of results; where the register-tiled ones may, a run of
+/// reordered activations.
 pub(crate) fn scratch_floats(f: crate::kernels::isa::CpuFeatures, a: &Tensor) -> Result<usize> {
     #[cfg(target_arch = "x86_64")]
     if kquant_amx::takes(f, a.dtype, kquant::MIN_ROWS) {
@@ -52,10 +52,7 @@ pub(crate) fn scratch_floats(f: crate::kernels::isa::CpuFeatures, a: &Tensor) ->
             AMX_PAIRS * wrow + kquant_amx::scratch_bytes(nb) + 4 * kquant_amx::ROWS * AMX_PAIRS;
         return Ok(bytes.div_ceil(4) + 16);
     }
-    #[cfg(target_arch = "x86_64")]
-    if kquant_avx512::takes(f, a.dtype, kquant::MIN_ROWS)
-        || kquant_avx2::takes(f, a.dtype, kquant::MIN_ROWS)
-    {
+    if crate::kernels::matmul::kquant_tiles(f, a.dtype, kquant::MIN_ROWS).is_some() {
         let nb = a.ne[0] / rgml::quant::QK_K;
         return Ok(kquant::run_scratch_bytes(nb).div_ceil(4));
     }
@@ -333,39 +330,8 @@ impl Products<'_> {
                 return self.expert_amx(e, rows, routed, scratch);
             }
             #[cfg(target_arch = "x86_64")]
-            let nb = a.ne[0] / rgml::quant::QK_K;
-            #[cfg(target_arch = "x86_64")]
-            if kquant_avx512::takes(f, a.dtype, n_routed) {
-                // SAFETY: the CPU has AVX-512 (`takes`); the kernel gets reordered rows of
-                // `nb` blocks and dense in-bounds weight rows.
-                return unsafe {
-                    self.expert_tiles(
-                        e,
-                        rows,
-                        routed,
-                        scratch,
-                        |nb, y, scratch| kquant_avx512::permute_activations(nb, y, scratch),
-                        |x, y, out| kquant_avx512::rows(f, a.dtype, nb, x, y, out),
-                    )
-                };
-            }
-            #[cfg(target_arch = "x86_64")]
-            if kquant_avx2::takes(f, a.dtype, n_routed) {
-                // SAFETY: the CPU has AVX2 (`takes`); as above.
-                return unsafe {
-                    self.expert_tiles(
-                        e,
-                        rows,
-                        routed,
-                        scratch,
-                        |nb, y, scratch| {
-                            kquant::gather_pieces(nb, y, scratch, |s, d| {
-                                kquant::reorder_block(s, d)
-                            })
-                        },
-                        |x, y, out| kquant_avx2::rows(a.dtype, nb, x, y, out),
-                    )
-                };
+            if let Some(tiles) = crate::kernels::matmul::kquant_tiles(f, a.dtype, n_routed) {
+                return self.expert_in_tiles(tiles, e, rows, routed, scratch);
             }
             let nb = a.ne[0] / rgml::quant::QK_K;
             let mut acc = [0f32; kquant::COLS];
@@ -510,6 +476,49 @@ impl Products<'_> {
             }
         }
         Ok(true)
+    }
+
+    /// [`Self::expert`]'s tiled K-quant products in the register tiles `tiles` (see
+    /// [`Self::expert_tiles`]): AVX-512 tiles reorder the routed rows in registers, AVX2 tiles
+    /// with the portable copy.
+    #[cfg(target_arch = "x86_64")]
+    fn expert_in_tiles(
+        &self,
+        tiles: crate::kernels::matmul::KquantTiles,
+        e: usize,
+        rows: std::ops::Range<usize>,
+        routed: &[u32],
+        scratch: &mut [f32],
+    ) -> Result<()> {
+        use crate::kernels::matmul::KquantTiles;
+        let f = self.task.features;
+        let a = self.task.src(0)?;
+        let nb = a.ne[0] / rgml::quant::QK_K;
+        // SAFETY: `kquant_tiles` chose the kernel for this CPU and type (AVX-512 or AVX2); the
+        // gathers get activation rows of `nb` Q8_K blocks, the kernels dense in-bounds weight
+        // rows of `nb` blocks and the gathered rows.
+        unsafe {
+            match tiles {
+                KquantTiles::Avx512 => self.expert_tiles(
+                    e,
+                    rows,
+                    routed,
+                    scratch,
+                    |nb, y, scratch| kquant_avx512::permute_activations(nb, y, scratch),
+                    |x, y, out| kquant_avx512::rows(f, a.dtype, nb, x, y, out),
+                ),
+                KquantTiles::Avx2 => self.expert_tiles(
+                    e,
+                    rows,
+                    routed,
+                    scratch,
+                    |nb, y, scratch| {
+                        kquant::gather_pieces(nb, y, scratch, |s, d| kquant::reorder_block(s, d))
+                    },
+                    |x, y, out| kquant_avx2::rows(a.dtype, nb, x, y, out),
+                ),
+            }
+        }
     }
 
     /// [`Self::expert`]'s tiled K-quant products in register tiles of `R` weight rows

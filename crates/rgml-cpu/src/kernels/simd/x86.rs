@@ -122,6 +122,98 @@ pub(crate) unsafe fn hsum16x16(a: [__m512; 16]) -> [f32; 16] {
     }
 }
 
+/// The lane sums of 16 registers of i32: lane `4c + r` of the result is the sum of `a[4r + c]`
+/// (a transposing tree: 15 adds and 30 shuffles instead of 16 separate reductions).
+///
+/// # Safety
+/// AVX-512 F.
+#[inline(always)]
+pub(crate) unsafe fn hsum16x16_epi32(a: &[__m512i; 16]) -> __m512i {
+    // SAFETY: AVX-512 F, as the caller promises.
+    unsafe {
+        // Register i: a[2i]'s and a[2i + 1]'s halves added (two 128-bit quarters each).
+        let s1: [__m512i; 8] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_i32x4::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Quarter q of register m: a[4m + q]'s four partial sums.
+        let s2: [__m512i; 4] = std::array::from_fn(|m| {
+            let (x, y) = (s1[2 * m], s1[2 * m + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_i32x4::<0b11_01_11_01>(x, y),
+            )
+        });
+        // Lanes 0..2 of quarter q of register p: a[8p + q]; lanes 2..4: a[8p + 4 + q].
+        let s3: [__m512i; 2] = std::array::from_fn(|p| {
+            let (x, y) = (s2[2 * p], s2[2 * p + 1]);
+            _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+        });
+        // Lane 4q + e: a[4e + q].
+        let (x, y) = (_mm512_castsi512_ps(s3[0]), _mm512_castsi512_ps(s3[1]));
+        _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(x, y)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(x, y)),
+        )
+    }
+}
+
+/// The lane sums of 8 registers that each hold two outputs, `[a, a, b, b]` in every 128-bit
+/// lane (as the packing K-quant tiles make them): lane `4Q + 0, 1` of the result is register Q's a, b;
+/// lane `4Q + 2, 3` register `4 + Q`'s.
+///
+/// # Safety
+/// AVX-512 F.
+#[inline(always)]
+pub(crate) unsafe fn hsum8x2_epi32(a: &[__m512i; 8]) -> __m512i {
+    // SAFETY: AVX-512 F, as the caller promises.
+    unsafe {
+        // Register i: a[2i]'s and a[2i + 1]'s 128-bit lanes added in pairs.
+        let s1: [__m512i; 4] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_i32x4::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Quarter q of register k: a[4k + q]'s sums over its 128-bit lanes.
+        let s2: [__m512i; 2] = std::array::from_fn(|k| {
+            let (x, y) = (s1[2 * k], s1[2 * k + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_i32x4::<0b11_01_11_01>(x, y),
+            )
+        });
+        let (x, y) = (_mm512_castsi512_ps(s2[0]), _mm512_castsi512_ps(s2[1]));
+        _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(x, y)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(x, y)),
+        )
+    }
+}
+
+/// Lane i of the result: the sum of `a[i]`'s 8 lanes (exact: i32).
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+pub(crate) unsafe fn hsum8x8_epi32(a: &[__m256i; 8]) -> __m256i {
+    // SAFETY: AVX2, as the caller promises.
+    unsafe {
+        // Per 128-bit half: a[2i]'s two pair sums, then a[2i + 1]'s.
+        let h1: [__m256i; 4] = std::array::from_fn(|i| _mm256_hadd_epi32(a[2 * i], a[2 * i + 1]));
+        // Per 128-bit half: a[4k..4k + 4]'s half sums.
+        let h2: [__m256i; 2] = std::array::from_fn(|k| _mm256_hadd_epi32(h1[2 * k], h1[2 * k + 1]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(h2[0], h2[1]),
+            _mm256_permute2x128_si256::<0x31>(h2[0], h2[1]),
+        )
+    }
+}
+
 /// 16 i16 pair sums of signed `v` times signed `y` (`mul_add_epi8`: `|v|` times `y * sign(v)`;
 /// no saturation: neither operand is -128, so a pair is at most 2 * 127 * 127).
 ///

@@ -418,20 +418,24 @@ pub(crate) fn to_pieces(src: &[u8; QK_K], dst: &mut [u8; QK_K]) {
 /// A converted activation row of Q8_K blocks with each block's quants put in piece order
 /// ([`to_pieces`]) in place (MUL_MAT's phase 1, for the register-tiled kernels).
 pub(crate) fn to_piece_order(row: &mut [u8]) -> rgml::Result<()> {
-    if !row.len().is_multiple_of(Q8K_BYTES) {
+    let (blocks, rest) = row.as_chunks_mut::<Q8K_BYTES>();
+    if !rest.is_empty() {
         return Err(rgml::Error::Backend {
             backend: "CPU".into(),
             message: format!("K-quant tiles: {} bytes are not Q8_K blocks", row.len()),
         });
     }
-    for block in row.chunks_exact_mut(Q8K_BYTES) {
-        let qs: &mut [u8; QK_K] = (&mut block[4..4 + QK_K])
-            .try_into()
-            .map_err(|_| rgml::Error::SizeOverflow)?;
-        let natural = *qs;
-        to_pieces(&natural, qs);
-    }
+    blocks.iter_mut().for_each(block_to_pieces);
     Ok(())
+}
+
+/// A Q8_K block's quants (bytes 4..260) put in piece order in place.
+fn block_to_pieces(block: &mut [u8; Q8K_BYTES]) {
+    let mut natural = [0u8; QK_K];
+    natural.copy_from_slice(&block[4..4 + QK_K]);
+    let mut pieces = [0u8; QK_K];
+    to_pieces(&natural, &mut pieces);
+    block[4..4 + QK_K].copy_from_slice(&pieces);
 }
 
 /// Scratch bytes [`gather_pieces`] needs for rows of `nb` blocks.
@@ -483,12 +487,8 @@ pub(crate) unsafe fn reorder_block(src: *const u8, dst: *mut u8) {
             &mut *dst.cast::<[u8; Q8K_BYTES]>(),
         )
     };
-    dst.copy_from_slice(src);
-    let mut natural = [0u8; QK_K];
-    natural.copy_from_slice(&src[4..4 + QK_K]);
-    let mut pieces = [0u8; QK_K];
-    to_pieces(&natural, &mut pieces);
-    dst[4..4 + QK_K].copy_from_slice(&pieces);
+    *dst = *src;
+    block_to_pieces(dst);
 }
 
 /// Operands of the kernel benchmarks: `nrows` weight rows of `dtype` and `ntok` Q8_K
@@ -579,6 +579,58 @@ pub(super) fn random_rows(
             b
         })
         .collect()
+}
+
+/// Asserts that a register-tiled kernel gives [`row`]'s outputs bit for bit, for every type the
+/// tiles take, on random rows of 3 blocks, tiles of `(weight rows, activation rows)` from
+/// `shapes` (full and short): `tiles(dtype, nb, x, y, out)` computes `out[c][r]` from weight
+/// rows `x` and activation rows `y` in piece order. `what` names the kernel in failures.
+#[cfg(test)]
+pub(super) fn assert_tiles_equal_row<const R: usize>(
+    what: &str,
+    seed: u64,
+    shapes: &[(usize, usize)],
+    tiles: impl Fn(DType, usize, &[*const u8], &[*const u8], &mut [[f32; R]; TILE_RUN]),
+) {
+    use rand::SeedableRng;
+    let f = CpuFeatures::detect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let nb = 3;
+    let n = nb * QK_K;
+    for dtype in [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+    ] {
+        let w = random_rows(&mut rng, dtype, n, R + 1);
+        let a = random_rows(&mut rng, DType::Q8_K, n, 23);
+        let mut pieces = a.clone();
+        for row in &mut pieces {
+            to_piece_order(row).unwrap();
+        }
+        let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();
+        let yp: Vec<*const u8> = pieces.iter().map(|r| r.as_ptr()).collect();
+        for &(nrows, ncols) in shapes {
+            let x: Vec<*const u8> = w[..nrows].iter().map(|r| r.as_ptr()).collect();
+            let mut out = [[f32::NAN; R]; TILE_RUN];
+            tiles(dtype, nb, &x, &yp[..ncols], &mut out);
+            for (r, wr) in w[..nrows].iter().enumerate() {
+                let mut want = vec![f32::NAN; ncols];
+                // SAFETY: rows of `nb` blocks of their types.
+                unsafe { row(f, dtype, nb, wr.as_ptr(), &y[..ncols], &mut want) };
+                for (c, &v) in want.iter().enumerate() {
+                    assert_eq!(
+                        out[c][r].to_bits(),
+                        v.to_bits(),
+                        "{what}, {dtype}, tile {nrows}x{ncols}: ({r}, {c}) {} vs {v}",
+                        out[c][r]
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 
 use super::kquant::{self, Decoded, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BYTES};
 use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::x86::hsum8x8_epi32;
 use rgml::quant::QK_K;
 use rgml::DType;
 use std::arch::x86_64::*;
@@ -213,25 +214,6 @@ unsafe fn tile_block<const K: u8>(s: &Strip, cols: &[*const u8; TILE_COLS], acc:
     }
 }
 
-/// Lane i of the result: the sum of `a[i]`'s 8 lanes (exact: i32).
-///
-/// # Safety
-/// AVX2.
-#[inline(always)]
-unsafe fn hsum8x8_epi32(a: &[__m256i; 8]) -> __m256i {
-    // SAFETY: AVX2, as the caller promises.
-    unsafe {
-        // Per 128-bit half: a[2i]'s two pair sums, then a[2i + 1]'s.
-        let h1: [__m256i; 4] = std::array::from_fn(|i| _mm256_hadd_epi32(a[2 * i], a[2 * i + 1]));
-        // Per 128-bit half: a[4k..4k + 4]'s half sums.
-        let h2: [__m256i; 2] = std::array::from_fn(|k| _mm256_hadd_epi32(h1[2 * k], h1[2 * k + 1]));
-        _mm256_add_epi32(
-            _mm256_permute2x128_si256::<0x20>(h2[0], h2[1]),
-            _mm256_permute2x128_si256::<0x31>(h2[0], h2[1]),
-        )
-    }
-}
-
 /// Multiply-adds per second of these tiles alone, 1 thread (on an AVX-512 CPU too, where
 /// MUL_MAT takes the wider tiles): K 2048 by 256 weight rows by `ntok` activation rows, in the
 /// loops MUL_MAT runs (`None` where they do not run).
@@ -265,55 +247,19 @@ pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::rngs::StdRng;
-    use rand::SeedableRng;
 
-    /// Every type these tiles take, full and short tiles of rows and columns: the outputs equal
-    /// [`kquant::row`]'s bit for bit.
+    /// Full and short tiles: [`kquant::row`]'s outputs bit for bit.
     #[test]
     fn tiles_equal_the_row_kernel() {
-        let f = CpuFeatures::detect();
-        if !f.has_avx2() {
+        if !CpuFeatures::detect().has_avx2() {
             eprintln!("no AVX2 here: the AVX2 K-quant tiles are not run");
             return;
         }
-        let mut rng = StdRng::seed_from_u64(12);
-        let n = 3 * QK_K;
-        for dtype in [
-            DType::Q4_K,
-            DType::Q5_K,
-            DType::Q6_K,
-            DType::Q2_K,
-            DType::Q3_K,
-        ] {
-            let w = kquant::random_rows(&mut rng, dtype, n, 5);
-            let a = kquant::random_rows(&mut rng, DType::Q8_K, n, 23);
-            let mut pieces = a.clone();
-            for row in &mut pieces {
-                kquant::to_piece_order(row).unwrap();
-            }
-            let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();
-            let yp: Vec<*const u8> = pieces.iter().map(|r| r.as_ptr()).collect();
-            for (nrows, ncols) in [(2, 23), (1, 8), (2, 5), (1, 1)] {
-                let x: Vec<*const u8> = w[..nrows].iter().map(|r| r.as_ptr()).collect();
-                let mut out = [[f32::NAN; ROWS]; COLS];
-                // SAFETY: the CPU has AVX2 (checked above); rows of `n / QK_K` blocks of their
-                // types, the activations in piece order.
-                unsafe { rows(dtype, n / QK_K, &x, &yp[..ncols], &mut out) };
-                for (r, wr) in w[..nrows].iter().enumerate() {
-                    let mut want = vec![f32::NAN; ncols];
-                    // SAFETY: rows of `n / QK_K` blocks of their types.
-                    unsafe { kquant::row(f, dtype, n / QK_K, wr.as_ptr(), &y[..ncols], &mut want) };
-                    for (c, &v) in want.iter().enumerate() {
-                        assert_eq!(
-                            out[c][r].to_bits(),
-                            v.to_bits(),
-                            "{dtype} tile {nrows}x{ncols}: ({r}, {c}) {} vs {v}",
-                            out[c][r]
-                        );
-                    }
-                }
-            }
-        }
+        let shapes = [(2, 23), (1, 8), (2, 5), (1, 1)];
+        kquant::assert_tiles_equal_row("AVX2", 12, &shapes, |dtype, nb, x, y, out| {
+            // SAFETY: the CPU has AVX2 (checked above); rows of `nb` blocks of their types,
+            // the activations in piece order.
+            unsafe { rows(dtype, nb, x, y, out) }
+        });
     }
 }

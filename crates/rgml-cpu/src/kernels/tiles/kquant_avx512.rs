@@ -34,11 +34,9 @@
 //! rows).
 
 use super::kquant::{self, Decoded, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BYTES};
-use crate::kernels::blocks::kquant::scales_mins;
 use crate::kernels::isa::CpuFeatures;
-use crate::kernels::simd::x86::dpwssd_fused;
+use crate::kernels::simd::x86::{dpwssd_fused, hsum16x16_epi32, hsum8x2_epi32};
 use rgml::quant::QK_K;
-use rgml::quant::{BlockQ4_K, BlockQ6_K};
 use rgml::DType;
 use std::arch::x86_64::*;
 
@@ -62,8 +60,8 @@ pub(crate) fn takes(f: CpuFeatures, dtype: DType, rows: usize) -> bool {
 ///
 /// # Safety
 /// [`takes`] accepts `dtype` on this CPU; every `x[r]` points at `nb` readable blocks of
-/// `dtype`, every `y[c]` at `nb` readable Q8_K blocks in piece order (from
-/// [`permute_activations`]).
+/// `dtype`, every `y[c]` at `nb` readable Q8_K blocks in piece order (MUL_MAT's phase 1,
+/// [`kquant::to_piece_order`], or [`permute_activations`]).
 pub(crate) unsafe fn rows(
     f: CpuFeatures,
     dtype: DType,
@@ -227,19 +225,12 @@ impl Strip {
         unsafe {
             let layout = _mm512_loadu_si512(layout.as_ptr().cast());
             for (r, &row) in x.iter().enumerate() {
-                let sub16 = if K == Q4K {
-                    self.load_q4k(r, row.cast::<BlockQ4_K>().add(b), &mut weights)
-                } else if K == Q6K {
-                    self.load_q6k(r, row.cast::<BlockQ6_K>().add(b), &mut weights)
-                } else {
-                    self.w.load::<K>(row, b);
-                    to_pieces(self.w.q.as_ptr(), self.q[r].as_mut_ptr());
-                    weights[16 * r..16 * r + 16].copy_from_slice(&self.w.bsum_weights);
-                    self.d0[r] = self.w.d0;
-                    self.dmin0[r] = self.w.dmin0;
-                    self.w.sub16
-                };
-                let sub16 = _mm256_loadu_si256(sub16.as_ptr().cast());
+                self.w.load::<K>(row, b);
+                to_pieces(self.w.q.as_ptr(), self.q[r].as_mut_ptr());
+                weights[16 * r..16 * r + 16].copy_from_slice(&self.w.bsum_weights);
+                self.d0[r] = self.w.d0;
+                self.dmin0[r] = self.w.dmin0;
+                let sub16 = _mm256_loadu_si256(self.w.sub16.as_ptr().cast());
                 self.scales[r] = _mm512_permutexvar_epi16(layout, _mm512_castsi256_si512(sub16));
             }
             let w01 = _mm512_loadu_si512(weights.as_ptr().cast());
@@ -250,89 +241,6 @@ impl Strip {
                 let index = _mm512_add_epi32(row8, _mm512_set1_epi32(k));
                 *pair = _mm512_permutex2var_epi32(w01, index, w23);
             }
-        }
-    }
-
-    /// Row `r`'s Q6_K block at `blk` straight into the strip, as [`Self::load_q4k`]: the 6-bit
-    /// quants (`q + 32`) from their low-nibble and high-pair planes in registers.
-    ///
-    /// # Safety
-    /// AVX-512 F/BW; a readable Q6_K block at `blk`.
-    #[inline(always)]
-    unsafe fn load_q6k(
-        &mut self,
-        r: usize,
-        blk: *const BlockQ6_K,
-        weights: &mut [i16; 16 * ROWS],
-    ) -> [i16; 16] {
-        // SAFETY: as the caller promises; the block is read unaligned.
-        unsafe {
-            let blk = blk.read_unaligned();
-            let nibbles = _mm512_set1_epi8(0x0F);
-            let pairs = _mm512_set1_epi8(0x03);
-            // Shifts of the high-pair bytes for elements 0..64 and 64..128 of a half: the low
-            // 256 bits take pairs 0 and 4, the high 256 bits pairs 2 and 6.
-            let first = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
-            let second = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
-            let mut z = [_mm512_setzero_si512(); 4];
-            for half in 0..2 {
-                // 128 elements: element l and l + 32 of each 64 share a low byte's nibbles
-                // (ql) and a high byte's pairs (qh).
-                let lo = _mm512_loadu_si512(blk.ql.as_ptr().add(64 * half).cast());
-                let qh = _mm256_loadu_si256(blk.qh.as_ptr().add(32 * half).cast());
-                let qh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), qh);
-                let high = |shift: __m512i| {
-                    _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi64(qh, shift), pairs))
-                };
-                let low_nibbles = _mm512_and_si512(lo, nibbles);
-                let high_nibbles = _mm512_and_si512(_mm512_srli_epi16::<4>(lo), nibbles);
-                z[2 * half] = _mm512_or_si512(low_nibbles, high(first));
-                z[2 * half + 1] = _mm512_or_si512(high_nibbles, high(second));
-            }
-            store_pieces(z, self.q[r].as_mut_ptr());
-            let scales = blk.scales.map(i16::from);
-            weights[16 * r..16 * r + 16].copy_from_slice(&scales);
-            self.d0[r] = blk.d.to_f32_const();
-            self.dmin0[r] = 0.0;
-            scales
-        }
-    }
-
-    /// Row `r`'s Q4_K block at `blk` straight into the strip (the general path decodes into
-    /// [`Decoded`] first, which costs twice as much): quants unpacked and put in piece order in
-    /// registers, the row's block-sum weights into `weights`; returns the sub-block scales.
-    ///
-    /// # Safety
-    /// AVX-512 F/BW; a readable Q4_K block at `blk`.
-    #[inline(always)]
-    unsafe fn load_q4k(
-        &mut self,
-        r: usize,
-        blk: *const BlockQ4_K,
-        weights: &mut [i16; 16 * ROWS],
-    ) -> [i16; 16] {
-        // SAFETY: as the caller promises; the block is read unaligned.
-        unsafe {
-            let blk = blk.read_unaligned();
-            let (scales, mins) = scales_mins(&blk.scales);
-            let nibbles = _mm512_set1_epi8(0x0F);
-            let mut z = [_mm512_setzero_si512(); 4];
-            for half in 0..2 {
-                // 64 bytes: chunks 2 * half and 2 * half + 1, whose 64 elements each are 32 low
-                // nibbles then 32 high nibbles.
-                let v = _mm512_loadu_si512(blk.qs.as_ptr().add(64 * half).cast());
-                let lo = _mm512_and_si512(v, nibbles);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibbles);
-                z[2 * half] = _mm512_shuffle_i64x2::<0b01_00_01_00>(lo, hi);
-                z[2 * half + 1] = _mm512_shuffle_i64x2::<0b11_10_11_10>(lo, hi);
-            }
-            store_pieces(z, self.q[r].as_mut_ptr());
-            for j in 0..16 {
-                weights[16 * r + j] = i16::from(mins[j / 2]);
-            }
-            self.d0[r] = blk.d.to_f32_const();
-            self.dmin0[r] = blk.dmin.to_f32_const();
-            std::array::from_fn(|j| i16::from(scales[j / 2]))
         }
     }
 }
@@ -347,18 +255,6 @@ unsafe fn to_pieces(src: *const u8, dst: *mut u8) {
     // SAFETY: as the caller promises.
     unsafe {
         let z: [__m512i; 4] = std::array::from_fn(|i| _mm512_loadu_si512(src.add(64 * i).cast()));
-        store_pieces(z, dst);
-    }
-}
-
-/// 256 quants in element order, held in 4 registers, stored at `dst` in piece order.
-///
-/// # Safety
-/// AVX-512 F; 256 writable bytes at `dst`.
-#[inline(always)]
-unsafe fn store_pieces(z: [__m512i; 4], dst: *mut u8) {
-    // SAFETY: as the caller promises.
-    unsafe {
         // Lane j of piece p: group 4j + p, from z[0..2] (j < 8) or z[2..4] (j >= 8).
         let base = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
         for p in 0..4 {
@@ -588,79 +484,6 @@ unsafe fn corr<const VNNI: bool>(s: &Strip, cols: &[*const u8; TILE_COLS]) -> __
     }
 }
 
-/// The lane sums of 16 registers of i32: lane `4c + r` of the result is the sum of `a[4r + c]`
-/// (a transposing tree: 15 adds and 30 shuffles instead of 16 separate reductions).
-///
-/// # Safety
-/// AVX-512 F.
-#[inline(always)]
-unsafe fn hsum16x16_epi32(a: &[__m512i; 16]) -> __m512i {
-    // SAFETY: AVX-512 F, as the caller promises.
-    unsafe {
-        // Register i: a[2i]'s and a[2i + 1]'s halves added (two 128-bit quarters each).
-        let s1: [__m512i; 8] = std::array::from_fn(|i| {
-            let (x, y) = (a[2 * i], a[2 * i + 1]);
-            _mm512_add_epi32(
-                _mm512_shuffle_i32x4::<0b01_00_01_00>(x, y),
-                _mm512_shuffle_i32x4::<0b11_10_11_10>(x, y),
-            )
-        });
-        // Quarter q of register m: a[4m + q]'s four partial sums.
-        let s2: [__m512i; 4] = std::array::from_fn(|m| {
-            let (x, y) = (s1[2 * m], s1[2 * m + 1]);
-            _mm512_add_epi32(
-                _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y),
-                _mm512_shuffle_i32x4::<0b11_01_11_01>(x, y),
-            )
-        });
-        // Lanes 0..2 of quarter q of register p: a[8p + q]; lanes 2..4: a[8p + 4 + q].
-        let s3: [__m512i; 2] = std::array::from_fn(|p| {
-            let (x, y) = (s2[2 * p], s2[2 * p + 1]);
-            _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
-        });
-        // Lane 4q + e: a[4e + q].
-        let (x, y) = (_mm512_castsi512_ps(s3[0]), _mm512_castsi512_ps(s3[1]));
-        _mm512_add_epi32(
-            _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(x, y)),
-            _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(x, y)),
-        )
-    }
-}
-
-/// The lane sums of 8 registers that each hold two outputs, `[a, a, b, b]` in every 128-bit
-/// lane (as [`dot_packed`] makes them): lane `4Q + 0, 1` of the result is register Q's a, b;
-/// lane `4Q + 2, 3` register `4 + Q`'s.
-///
-/// # Safety
-/// AVX-512 F.
-#[inline(always)]
-unsafe fn hsum8x2_epi32(a: &[__m512i; 8]) -> __m512i {
-    // SAFETY: AVX-512 F, as the caller promises.
-    unsafe {
-        // Register i: a[2i]'s and a[2i + 1]'s 128-bit lanes added in pairs.
-        let s1: [__m512i; 4] = std::array::from_fn(|i| {
-            let (x, y) = (a[2 * i], a[2 * i + 1]);
-            _mm512_add_epi32(
-                _mm512_shuffle_i32x4::<0b01_00_01_00>(x, y),
-                _mm512_shuffle_i32x4::<0b11_10_11_10>(x, y),
-            )
-        });
-        // Quarter q of register k: a[4k + q]'s sums over its 128-bit lanes.
-        let s2: [__m512i; 2] = std::array::from_fn(|k| {
-            let (x, y) = (s1[2 * k], s1[2 * k + 1]);
-            _mm512_add_epi32(
-                _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y),
-                _mm512_shuffle_i32x4::<0b11_01_11_01>(x, y),
-            )
-        });
-        let (x, y) = (_mm512_castsi512_ps(s2[0]), _mm512_castsi512_ps(s2[1]));
-        _mm512_add_epi32(
-            _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(x, y)),
-            _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(x, y)),
-        )
-    }
-}
-
 /// Multiply-adds per second of these tiles alone, 1 thread: K 2048 by 256 weight rows by
 /// `ntok` activation rows, in the loops MUL_MAT runs (`None` where they do not run).
 pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
@@ -699,11 +522,9 @@ pub(crate) fn bench_macs(dtype: DType, ntok: usize) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::rngs::StdRng;
     use rand::SeedableRng;
 
-    /// Every type these tiles take, full and short tiles of rows and columns, with and without
-    /// VNNI: the outputs equal [`kquant::row`]'s bit for bit.
+    /// Full and short tiles, with and without VNNI: [`kquant::row`]'s outputs bit for bit.
     #[test]
     fn tiles_equal_the_row_kernel() {
         let f = CpuFeatures::detect();
@@ -711,48 +532,41 @@ mod tests {
             eprintln!("no AVX-512 here: the AVX-512 K-quant tiles are not run");
             return;
         }
-        let mut rng = StdRng::seed_from_u64(11);
-        let n = 3 * QK_K;
-        for dtype in [
-            DType::Q4_K,
-            DType::Q5_K,
-            DType::Q6_K,
-            DType::Q2_K,
-            DType::Q3_K,
-        ] {
-            let w = kquant::random_rows(&mut rng, dtype, n, 7);
-            let a = kquant::random_rows(&mut rng, DType::Q8_K, n, 23);
-            let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();
-            let mut scratch = vec![0u8; kquant::run_scratch_bytes(n / QK_K)];
-            for (nrows, ncols) in [(4, 23), (3, 8), (1, 5), (2, 16), (4, 1)] {
-                let x: Vec<*const u8> = w[..nrows].iter().map(|r| r.as_ptr()).collect();
-                for vnni in [true, false] {
-                    let mut out = [[f32::NAN; ROWS]; COLS];
-                    // SAFETY: the CPU has AVX-512 (checked above) and VNNI where asked for;
-                    // rows of `n / QK_K` blocks of their types.
-                    unsafe {
-                        let permuted = permute_activations(n / QK_K, &y[..ncols], &mut scratch)
-                            .expect("scratch for the run");
-                        let vnni = vnni && f.has_avx512_vnni();
-                        rows_on(vnni, dtype, n / QK_K, &x, &permuted[..ncols], &mut out)
-                    };
-                    for (r, wr) in w[..nrows].iter().enumerate() {
-                        let mut want = vec![f32::NAN; ncols];
-                        // SAFETY: rows of `n / QK_K` blocks of their types.
-                        unsafe {
-                            kquant::row(f, dtype, n / QK_K, wr.as_ptr(), &y[..ncols], &mut want)
-                        };
-                        for (c, &v) in want.iter().enumerate() {
-                            assert_eq!(
-                                out[c][r].to_bits(),
-                                v.to_bits(),
-                                "{dtype} vnni {vnni} tile {nrows}x{ncols}: ({r}, {c}) {} vs {v}",
-                                out[c][r]
-                            );
-                        }
-                    }
-                }
-            }
+        let shapes = [(4, 23), (3, 8), (1, 5), (2, 16), (4, 1)];
+        for vnni in [true, false] {
+            let vnni = vnni && f.has_avx512_vnni();
+            let what = if vnni { "AVX-512 VNNI" } else { "AVX-512" };
+            kquant::assert_tiles_equal_row(what, 11, &shapes, |dtype, nb, x, y, out| {
+                // SAFETY: the CPU has AVX-512 (checked above) and VNNI where asked for; rows
+                // of `nb` blocks of their types, the activations in piece order.
+                unsafe { rows_on(vnni, dtype, nb, x, y, out) }
+            });
         }
+    }
+
+    /// MUL_MAT_ID's reordered copies hold the bytes MUL_MAT's phase 1 makes, padded with the
+    /// run's last row.
+    #[test]
+    fn permuted_runs_equal_the_phase_one_order() {
+        if !CpuFeatures::detect().has_avx512() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let nb = 2;
+        let a = kquant::random_rows(&mut rng, DType::Q8_K, nb * QK_K, 5);
+        let y: Vec<*const u8> = a.iter().map(|r| r.as_ptr()).collect();
+        let mut scratch = vec![0u8; kquant::run_scratch_bytes(nb)];
+        // SAFETY: AVX-512 (checked above); rows of `nb` Q8_K blocks.
+        let run = unsafe { permute_activations(nb, &y, &mut scratch) }.expect("scratch");
+        for (c, &got) in run.iter().enumerate() {
+            let mut want = a[c.min(a.len() - 1)].clone();
+            kquant::to_piece_order(&mut want).unwrap();
+            // SAFETY: each run row points at `nb` blocks of scratch.
+            let got = unsafe { std::slice::from_raw_parts(got, want.len()) };
+            assert_eq!(got, &want[..], "row {c}");
+        }
+        let mut small = vec![0u8; kquant::run_scratch_bytes(nb) - 1];
+        // SAFETY: as above.
+        assert!(unsafe { permute_activations(nb, &y, &mut small) }.is_none());
     }
 }
