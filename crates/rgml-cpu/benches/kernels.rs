@@ -26,7 +26,8 @@
 //! Knobs: `RGML_BENCH_THREADS` (default 2), `RGML_BENCH_QUICK=1` (fewer runs),
 //! `RGML_BENCH_ONLY=repack` (only the repacked-weights table), `RGML_BENCH_ONLY=flash_attn`
 //! (only one decode step's attention over an f16 cache), `RGML_BENCH_ONLY=amx` (only the AMX
-//! K-quant kernel's rows), `RGML_BENCH_ONLY=kquant` (the K-quant kernels' rows), `RGML_BENCH_ONLY=mul_mat` (the
+//! K-quant kernel's rows), `RGML_BENCH_ONLY=kquant` (the K-quant kernels' rows), `RGML_BENCH_ONLY=q4_prompt` (the
+//! repacked Q4_0 prompt kernel's rows), `RGML_BENCH_ONLY=mul_mat` (the
 //! ceilings and the MUL_MAT table only), `RGML_BENCH_ONLY=threadpool` (only the barrier and
 //! graph-overhead table), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the MUL_MAT table, by
 //! dtype name).
@@ -434,6 +435,10 @@ fn main() {
             kquant_tile_rows();
             return;
         }
+        Ok("q4_prompt") => {
+            q4_prompt_rows();
+            return;
+        }
         _ => {}
     }
 
@@ -472,6 +477,7 @@ fn main() {
     }
     amx_kquant_rows();
     kquant_tile_rows();
+    q4_prompt_rows();
     println!();
 
     // --- MUL_MAT per dtype ---
@@ -569,6 +575,18 @@ fn kquant_tile_rows() {
                     m / 1e9
                 );
             }
+        }
+    }
+}
+
+/// The repacked Q4_0 prompt kernel alone, on its prepared activations and on Q8_0 ones.
+fn q4_prompt_rows() {
+    if let Some([prepared, q8]) = rgml_cpu::bench_support::q4_prompt_macs(512) {
+        for (name, macs) in [("prepared activations", prepared), ("Q8_0 activations", q8)] {
+            println!(
+                "| repacked Q4_0 prompt kernel, {name}, K 2048 by 512 rows, 1 thread | | {:.0} GMAC/s |",
+                macs / 1e9
+            );
         }
     }
 }

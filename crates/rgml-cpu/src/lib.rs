@@ -176,6 +176,19 @@ pub mod bench_support {
         ]
     }
 
+    /// Int8 multiply-adds per second, 1 thread, of the repacked Q4_0 prompt kernel on its
+    /// prepared activations and of the repacked kernel on Q8_0 activations (K = 2048, 256
+    /// weight rows by `ntok` activation rows); `None` without AVX-512 VNNI.
+    pub fn q4_prompt_macs(ntok: usize) -> Option<[f64; 2]> {
+        #[cfg(target_arch = "x86_64")]
+        return crate::kernels::tiles::q4_prompt::bench_macs(ntok);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = ntok;
+            None
+        }
+    }
+
     /// Repacked (4-row interleaved) weights against the plain tiled kernels, single thread,
     /// kernel only: the row and column loops MUL_MAT would run, without the graph around them.
     pub mod repack {

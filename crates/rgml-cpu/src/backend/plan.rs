@@ -308,6 +308,7 @@ pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_S
                 kernels::matmul::src1_conversion(
                     task.features,
                     a.dtype,
+                    a.packed,
                     b.rows_contiguous(),
                     path_rows,
                 )

@@ -48,6 +48,7 @@ use crate::kernels::tiles::kquant_avx2;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_avx512;
 use crate::kernels::tiles::legacy;
+use crate::kernels::tiles::q4_prompt;
 use crate::kernels::tiles::repack;
 use rgml::{DType, Error, Result, Tensor};
 use std::ops::Range;
@@ -193,8 +194,10 @@ pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
 
 /// Bytes of the src1 copy in the shared work area (0 when src1 is used in place).
 pub(crate) fn shared_size(f: CpuFeatures, a: &Tensor, b: &Tensor) -> Result<usize> {
-    // The size does not depend on the path (reordered rows are as long as plain ones).
-    match src1_conversion(f, a.dtype, b.rows_contiguous(), b.ne[1]) {
+    // Reordered rows are as long as plain ones; whether the weight is repacked is not known
+    // here, so the area is sized for the longer rows of the repacked Q4_0 prompt kernel
+    // where it could run.
+    match src1_conversion(f, a.dtype, true, b.rows_contiguous(), b.ne[1]) {
         Some(c) => c
             .row_bytes(b.ne[0])?
             .checked_mul(b.nrows())
@@ -223,6 +226,9 @@ pub(crate) enum Src1 {
     /// Quantized to Q8_K with each block's quants in the piece order of the AVX-512 K-quant
     /// tiles ([`kquant_avx512`]), which alone read them.
     Q8kPieces,
+    /// Quantized to Q8_0, with each block's 4-byte sums and its scale as f32 beside it: what
+    /// the prompt kernel of repacked Q4_0 weights reads ([`q4_prompt`]).
+    Q8_0Sums,
     /// Rounded through F16/BF16: ggml multiplies F16/BF16 weights with activations rounded
     /// to the weight type (its `vec_dot_type`), which gives llama.cpp's answers.
     Rounded(DType),
@@ -237,6 +243,7 @@ impl Src1 {
     /// Bytes of one converted row of `n` values.
     fn row_bytes(self, n: usize) -> Result<usize> {
         let dtype = match self {
+            Src1::Q8_0Sums => return q4_prompt::row_bytes(n),
             Src1::Quantized(vd) => vd,
             Src1::Q8kPieces => DType::Q8_K,
             Src1::Bf16 => DType::BF16,
@@ -246,18 +253,21 @@ impl Src1 {
     }
 }
 
-/// How MUL_MAT with weights of `weight` converts its src1 in phase 1 (`None`: used in place),
-/// on a backend with features `f`, when its arithmetic is chosen as for `path_rows` src1 rows
-/// ([`path_rows`]).
+/// How MUL_MAT with weights of `weight` (repacked where `packed`) converts its src1 in phase 1
+/// (`None`: used in place), on a backend with features `f`, when its arithmetic is chosen as
+/// for `path_rows` src1 rows ([`path_rows`]).
 pub(crate) fn src1_conversion(
     f: CpuFeatures,
     weight: DType,
+    packed: bool,
     src1_dense_rows: bool,
     path_rows: usize,
 ) -> Option<Src1> {
     if weight.is_quantized() {
         Some(if kquant_tiles(f, weight, path_rows).is_some() {
             Src1::Q8kPieces
+        } else if packed && q4_prompt::takes(f, weight, path_rows) {
+            Src1::Q8_0Sums
         } else {
             Src1::Quantized(weight.vec_dot_type())
         })
@@ -325,7 +335,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let quant = a.dtype.is_quantized();
     let f = task.features;
     let path_rows = path_rows(&task.op, b.ne[1]);
-    let conversion = src1_conversion(f, a.dtype, b.rows_contiguous(), path_rows);
+    let conversion = src1_conversion(f, a.dtype, a.packed, b.rows_contiguous(), path_rows);
     let converted = conversion.is_some();
     let wrow = conversion.map_or(Ok(0), |c| c.row_bytes(ne00))?;
     let nrows1 = b.nrows();
@@ -370,6 +380,7 @@ pub(crate) fn mul_mat(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
         nb: ne00 / a.dtype.vec_dot_type().block_size(),
         arow_bytes: a.row_bytes(),
         wrow,
+        sums: conversion == Some(Src1::Q8_0Sums),
     };
     products.run([b.ne[2], b.ne[3]], tc)
 }
@@ -391,6 +402,8 @@ struct QuantProducts<'a, B> {
     arow_bytes: usize,
     /// Bytes of a src1 row in the work area.
     wrow: usize,
+    /// Whether src1 is in the layout of the repacked Q4_0 prompt kernel (`Src1::Q8_0Sums`).
+    sums: bool,
 }
 
 impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
@@ -482,6 +495,23 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     let mut y = [std::ptr::null::<u8>(); REPACK_COLS];
                     for (slot, i11) in y.iter_mut().zip(c0..c1) {
                         *slot = (self.b_row)(i11, i12, i13);
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if self.sums {
+                        // SAFETY: as below; phase 1 wrote the rows in the prepared layout,
+                        // which `src1_conversion` chose only where `q4_prompt::takes` holds.
+                        unsafe {
+                            q4_prompt::tile_groups(
+                                self.nb,
+                                first,
+                                (r1 - r0) / g,
+                                &y[..c1 - c0],
+                                &mut out,
+                                REPACK_COLS,
+                            )
+                        };
+                        store_tile(self.dst, r0..r1, c0..c1, i12, i13, &out, REPACK_COLS);
+                        continue;
                     }
                     // SAFETY: `a.packed` means the weight is in the packed layout (the backend
                     // checked its dtype and shape); rows r0..r1 are whole groups (r0 and ne01
@@ -976,6 +1006,11 @@ fn convert_src1(
             Src1::Q8kPieces => {
                 quantize_activations(f, DType::Q8_K, row, dstb)?;
                 kquant::to_piece_order(dstb)?;
+            }
+            Src1::Q8_0Sums => {
+                let q8 = DType::Q8_0.row_bytes(ne00)?;
+                quantize_activations(f, DType::Q8_0, row, &mut dstb[..q8])?;
+                q4_prompt::prepare(dstb)?;
             }
             Src1::Bf16 => bf16::row_to_bf16(row, dstb)?,
             Src1::Rounded(_) | Src1::Dense => row_from_f32(DType::F32, row, dstb)?,

@@ -515,7 +515,7 @@ unsafe fn tile_fast<const G: usize>(
 /// Eight readable bytes at `p`; the CPU supports F16C.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn h2f_x4(p: *const u8) -> __m128 {
+pub(super) unsafe fn h2f_x4(p: *const u8) -> __m128 {
     // SAFETY: as the caller promises (an unaligned 8-byte load).
     unsafe { _mm_cvtph_ps(_mm_loadl_epi64(p.cast())) }
 }
@@ -576,10 +576,10 @@ unsafe fn tile_q4<const Q41: bool, const NC: usize, const G: usize>(
 /// high nibbles; per group, Q4_1's min terms (column c's row r in lane 4 * (c % 4) + r of
 /// `summs[g][c / 4]`, each lane multiplied then added in block order as the pair dot does).
 #[cfg(target_arch = "x86_64")]
-struct Q4Acc<const NC: usize, const G: usize> {
-    lo: [[__m512; NC]; G],
-    hi: [[__m512; NC]; G],
-    summs: [[__m512; 2]; G],
+pub(super) struct Q4Acc<const NC: usize, const G: usize> {
+    pub(super) lo: [[__m512; NC]; G],
+    pub(super) hi: [[__m512; NC]; G],
+    pub(super) summs: [[__m512; 2]; G],
 }
 
 /// One block of `G` groups of Q4 weights as [`tile_q4`] multiplies it.
@@ -725,7 +725,7 @@ unsafe fn q4_column<const Q41: bool, const NC: usize, const G: usize>(
 /// As [`tile_q4`] (its only caller, which inlines this under its features).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn q4_store<const Q41: bool, const NC: usize, const G: usize>(
+pub(super) unsafe fn q4_store<const Q41: bool, const NC: usize, const G: usize>(
     acc: &Q4Acc<NC, G>,
     out: &mut [f32],
     out_stride: usize,
