@@ -617,7 +617,7 @@ fn flash_attn_section(cfg: &Cfg) {
     let mut be = CpuBackend::new(cfg.threads).expect("backend");
     for (d, heads) in [(64, 32), (128, 24)] {
         for cells in [4096, 16384] {
-            let secs = flash_attn_secs(cfg, &mut be, d, heads, 8, cells);
+            let secs = flash_attn_secs(cfg, &mut be, d, heads, 8, 1, cells);
             let bytes = 2 * 2 * d * 8 * cells;
             println!(
                 "| {d} | {heads} / 8 | {cells} | {:.0} | {:.1} |",
@@ -627,26 +627,41 @@ fn flash_attn_section(cfg: &Cfg) {
         }
     }
     println!();
+    println!("FLASH_ATTN_EXT for a prompt: 512 queries per head over 512 f16 cells, a mask with no -inf (every tile computed; {} threads).", cfg.threads);
+    println!("| head size | heads / KV heads | ms | GFLOP/s (scores and values) |");
+    println!("| ---: | --- | ---: | ---: |");
+    for (d, heads) in [(64, 32), (128, 24)] {
+        let secs = flash_attn_secs(cfg, &mut be, d, heads, 8, 512, 512);
+        let flops = 2.0 * 2.0 * (d * heads * 512 * 512) as f64;
+        println!(
+            "| {d} | {heads} / 8 | {:.2} | {:.1} |",
+            secs * 1e3,
+            flops / secs / 1e9
+        );
+    }
+    println!();
 }
 
-/// Seconds per FLASH_ATTN_EXT of one query per head over `cells` f16 cells, with a mask.
+/// Seconds per FLASH_ATTN_EXT of `queries` queries per head over `cells` f16 cells, with a
+/// mask.
 fn flash_attn_secs(
     cfg: &Cfg,
     be: &mut CpuBackend,
     d: usize,
     heads: usize,
     kv_heads: usize,
+    queries: usize,
     cells: usize,
 ) -> f64 {
     let mut ctx = Context::new();
-    let q = ctx.new_tensor(DType::F32, &[d, 1, heads]).expect("q");
+    let q = ctx.new_tensor(DType::F32, &[d, queries, heads]).expect("q");
     let k = ctx
         .new_tensor(DType::F16, &[d, cells, kv_heads])
         .expect("k");
     let v = ctx
         .new_tensor(DType::F16, &[d, cells, kv_heads])
         .expect("v");
-    let mask = ctx.new_tensor(DType::F16, &[cells, 1]).expect("mask");
+    let mask = ctx.new_tensor(DType::F16, &[cells, queries]).expect("mask");
     let scale = 1.0 / (d as f32).sqrt();
     let out = ctx
         .flash_attn_ext(q, k, v, Some(mask), None, scale, 0.0, 0.0)

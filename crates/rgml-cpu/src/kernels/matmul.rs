@@ -498,19 +498,23 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     }
                     #[cfg(target_arch = "x86_64")]
                     if self.sums {
+                        let mut outs = [std::ptr::null_mut::<f32>(); REPACK_COLS];
+                        for (slot, i11) in outs.iter_mut().zip(c0..c1) {
+                            *slot = self.dst.row(i11, i12, i13).wrapping_add(r0 * 4).cast();
+                        }
                         // SAFETY: as below; phase 1 wrote the rows in the prepared layout,
-                        // which `src1_conversion` chose only where `q4_prompt::takes` holds.
+                        // which `src1_conversion` chose only where `q4_prompt::takes` holds;
+                        // rows r0..r1 of each destination column are in bounds (dense f32
+                        // rows of ne01) and written by this thread only (its row block).
                         unsafe {
                             q4_prompt::tile_groups(
                                 self.nb,
                                 first,
                                 (r1 - r0) / g,
                                 &y[..c1 - c0],
-                                &mut out,
-                                REPACK_COLS,
+                                &outs[..c1 - c0],
                             )
                         };
-                        store_tile(self.dst, r0..r1, c0..c1, i12, i13, &out, REPACK_COLS);
                         continue;
                     }
                     // SAFETY: `a.packed` means the weight is in the packed layout (the backend
@@ -1010,7 +1014,7 @@ fn convert_src1(
             Src1::Q8_0Sums => {
                 let q8 = DType::Q8_0.row_bytes(ne00)?;
                 quantize_activations(f, DType::Q8_0, row, &mut dstb[..q8])?;
-                q4_prompt::prepare(dstb)?;
+                q4_prompt::prepare(f, dstb)?;
             }
             Src1::Bf16 => bf16::row_to_bf16(row, dstb)?,
             Src1::Rounded(_) | Src1::Dense => row_from_f32(DType::F32, row, dstb)?,

@@ -576,10 +576,10 @@ unsafe fn tile_q4<const Q41: bool, const NC: usize, const G: usize>(
 /// high nibbles; per group, Q4_1's min terms (column c's row r in lane 4 * (c % 4) + r of
 /// `summs[g][c / 4]`, each lane multiplied then added in block order as the pair dot does).
 #[cfg(target_arch = "x86_64")]
-pub(super) struct Q4Acc<const NC: usize, const G: usize> {
-    pub(super) lo: [[__m512; NC]; G],
-    pub(super) hi: [[__m512; NC]; G],
-    pub(super) summs: [[__m512; 2]; G],
+struct Q4Acc<const NC: usize, const G: usize> {
+    lo: [[__m512; NC]; G],
+    hi: [[__m512; NC]; G],
+    summs: [[__m512; 2]; G],
 }
 
 /// One block of `G` groups of Q4 weights as [`tile_q4`] multiplies it.
@@ -718,6 +718,22 @@ unsafe fn q4_column<const Q41: bool, const NC: usize, const G: usize>(
     }
 }
 
+/// `hsum_float_8` of four rows at once: row r's 8 lanes are `lo`'s `4r..4r + 4` and `hi`'s;
+/// `(l_j + l_{4+j})`, then `(s0 + s2, s1 + s3)`, then their sum, in lane `4r` of the result.
+///
+/// # Safety
+/// The CPU has AVX-512 F (the callers inline this under their features).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn q4_row_sums(lo: __m512, hi: __m512) -> __m512 {
+    // SAFETY: register operations only, under the caller's features.
+    unsafe {
+        let s = _mm512_add_ps(lo, hi);
+        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
+        _mm512_add_ps(s, _mm512_movehdup_ps(s))
+    }
+}
+
 /// The outputs of [`tile_q4`] from its accumulators: row r of group g, column c at
 /// `out[(4g + r) * out_stride + c]`.
 ///
@@ -725,7 +741,7 @@ unsafe fn q4_column<const Q41: bool, const NC: usize, const G: usize>(
 /// As [`tile_q4`] (its only caller, which inlines this under its features).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(super) unsafe fn q4_store<const Q41: bool, const NC: usize, const G: usize>(
+unsafe fn q4_store<const Q41: bool, const NC: usize, const G: usize>(
     acc: &Q4Acc<NC, G>,
     out: &mut [f32],
     out_stride: usize,
@@ -740,11 +756,7 @@ pub(super) unsafe fn q4_store<const Q41: bool, const NC: usize, const G: usize>(
                 }
             }
             for c in 0..NC {
-                // hsum_float_8 for the four rows at once: row r's lanes l0..l8 are lo's
-                // 4r..4r+4 and hi's; (l_j + l_{4+j}), then (s0 + s2, s1 + s3), then their sum.
-                let s = _mm512_add_ps(acc.lo[g][c], acc.hi[g][c]);
-                let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
-                let s = _mm512_add_ps(s, _mm512_movehdup_ps(s));
+                let s = q4_row_sums(acc.lo[g][c], acc.hi[g][c]);
                 let mut h = [0f32; 16];
                 _mm512_storeu_ps(h.as_mut_ptr(), s);
                 for r in 0..GROUP_ROWS {

@@ -10,13 +10,17 @@
 //! queries of one head shares each tile of K (transposed, so 64 cells are one vector run per
 //! dimension) and V (widened once).
 
-use super::common::{
-    add_sink, mask_value, normalise, slope, widen, FlashParams, RowAt, Sources, TILE,
-};
+use super::common::{add_sink, normalise, slope, widen, FlashParams, RowAt, Sources, TILE};
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::task::{self, scratch_slice, NodeTask, ThreadCtx};
 use crate::kernels::vexp;
 use rgml::{DType, Result};
+
+/// Queries whose scores are computed together.
+const SCORE_ROWS: usize = 4;
+
+/// Queries whose values are added together.
+const VALUE_ROWS: usize = 4;
 
 /// f32 values of per-thread scratch the tiled kernel needs.
 pub(super) fn scratch_floats(dk: usize, dv: usize) -> usize {
@@ -116,7 +120,7 @@ fn block(
     t.sum[..n_rows].iter_mut().for_each(|s| *s = 0.0);
     for ic in (0..n_kv).step_by(TILE) {
         let n = TILE.min(n_kv - ic);
-        if !load_mask(src, at, n_rows, ic, n, slope, t.scores) {
+        if !load_mask(f, src, at, n_rows, ic, n, slope, t.scores) {
             continue;
         }
         for c in 0..n {
@@ -143,11 +147,24 @@ fn block(
                     .for_each(|x| *x = 0.0);
             }
         }
+        let mut i = 0;
+        while i < n_rows {
+            let (q, scores) = (&t.q[i * dk..], &mut t.scores[i * TILE..]);
+            if i + SCORE_ROWS <= n_rows {
+                score_rows::<SCORE_ROWS>(q, dk, t.k, p, scores);
+                i += SCORE_ROWS;
+            } else {
+                score_rows::<1>(q, dk, t.k, p, scores);
+                i += 1;
+            }
+        }
+        // The rows this tile adds to (a row whose scores are all -inf is left as it is).
+        let mut active = [0usize; TILE];
+        let mut n_active = 0;
         for i in 0..n_rows {
             let scores: &mut [f32; TILE] = (&mut t.scores[i * TILE..(i + 1) * TILE])
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("a tile row"));
-            score_row(&t.q[i * dk..(i + 1) * dk], t.k, p, scores);
             let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             if tile_max == f32::NEG_INFINITY {
                 continue;
@@ -161,7 +178,16 @@ fn block(
             }
             let tile_sum = vexp::soft_max_row(f, scores, t.max[i]);
             t.sum[i] = (f64::from(t.sum[i]) + tile_sum) as f32;
-            add_values(&scores[..n], &t.v[..n * dv], acc);
+            active[n_active] = i;
+            n_active += 1;
+        }
+        let mut groups = active[..n_active].chunks_exact(VALUE_ROWS);
+        for g in &mut groups {
+            let rows: [usize; VALUE_ROWS] = std::array::from_fn(|j| g[j]);
+            add_values(rows, n, t.scores, &t.v[..n * dv], t.acc, dv);
+        }
+        for &i in groups.remainder() {
+            add_values([i], n, t.scores, &t.v[..n * dv], t.acc, dv);
         }
     }
     if let Some(sinks) = src.sinks {
@@ -178,6 +204,7 @@ fn block(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn load_mask(
+    f: CpuFeatures,
     src: &Sources<'_>,
     at: RowAt,
     n_rows: usize,
@@ -193,60 +220,105 @@ fn load_mask(
             iq1: at.iq1 + i,
             ..at
         });
-        for (c, m) in row.iter_mut().enumerate() {
-            *m = match mask_row {
-                _ if c >= n => f32::NEG_INFINITY,
-                // SAFETY: `ic + c < n_kv <= mask.ne0` (the support check) of an in-bounds row.
-                Some(mr) => slope * unsafe { mask_value(mr, ic + c) },
-                None => 0.0,
-            };
-            any |= *m != f32::NEG_INFINITY;
+        match mask_row {
+            Some(mr) => {
+                // SAFETY: `ic + n <= n_kv <= mask.ne0` (the support check) f16 values of an
+                // in-bounds row.
+                unsafe { widen(f, DType::F16, mr.wrapping_add(2 * ic), &mut row[..n]) };
+                row[..n].iter_mut().for_each(|m| *m *= slope);
+            }
+            None => row[..n].fill(0.0),
         }
+        row[n..].fill(f32::NEG_INFINITY);
+        any |= row[..n].iter().any(|&m| m != f32::NEG_INFINITY);
     }
     any
 }
 
-/// A query's scores over the tile, with the mask already in `scores`: `k·q` as one FMA chain
-/// per cell (`kt` is the K tile transposed, zeros past the last cell), scaled, soft-capped,
-/// plus the mask.
+/// `NQ` consecutive queries' scores over the tile (query `j`'s `dk` values at `q[j * dk..]`, its
+/// scores at `scores[j * TILE..]`, with the mask already there): `k·q` as one FMA chain per
+/// cell (`kt` is the K tile transposed, zeros past the last cell), scaled, soft-capped, plus
+/// the mask. Several queries share each loaded K value and keep more chains in flight.
 #[inline(always)]
-fn score_row(q: &[f32], kt: &[f32], p: &FlashParams, scores: &mut [f32; TILE]) {
-    let mut dots = [0f32; TILE];
-    for (&qd, kd) in q.iter().zip(kt.chunks_exact(TILE)) {
-        for (acc, &kx) in dots.iter_mut().zip(kd) {
-            *acc = qd.mul_add(kx, *acc);
+fn score_rows<const NQ: usize>(
+    q: &[f32],
+    dk: usize,
+    kt: &[f32],
+    p: &FlashParams,
+    scores: &mut [f32],
+) {
+    let qs: [&[f32]; NQ] = std::array::from_fn(|j| &q[j * dk..(j + 1) * dk]);
+    let mut dots = [[0f32; TILE]; NQ];
+    for (d, kd) in kt.chunks_exact(TILE).take(dk).enumerate() {
+        let kd: &[f32; TILE] = kd
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("a K tile row"));
+        for j in 0..NQ {
+            let qd = qs[j][d];
+            for c in 0..TILE {
+                dots[j][c] = qd.mul_add(kd[c], dots[j][c]);
+            }
         }
     }
     let scale = p.score_scale();
-    for (s, &dot) in scores.iter_mut().zip(&dots) {
-        let mut x = dot * scale;
-        if p.softcap != 0.0 {
-            x = x.tanh() * p.softcap;
+    for (dots, row) in dots.iter().zip(scores.chunks_exact_mut(TILE)) {
+        for (s, &dot) in row.iter_mut().zip(dots) {
+            let mut x = dot * scale;
+            if p.softcap != 0.0 {
+                x = x.tanh() * p.softcap;
+            }
+            *s += x;
         }
-        *s += x;
     }
 }
 
-/// `acc += w[c] * v[c]` for each cell `c` in order, one FMA per element (ggml's `simd_gemm`
-/// of the probabilities and the V tile), 32 dimensions at a time so they stay in registers.
+/// For each block row `i` of `rows`: `acc_i += w_i[c] * v[c]` for each of the `n` cells `c`
+/// in order, one FMA per element (ggml's `simd_gemm` of the probabilities, `scores` row `i`,
+/// and the V tile), 32 dimensions at a time so they stay in registers; several rows share each
+/// loaded V value and keep more chains in flight.
 #[inline(always)]
-fn add_values(w: &[f32], v: &[f32], acc: &mut [f32]) {
-    let dv = acc.len();
-    for (j, part) in acc.chunks_mut(32).enumerate() {
-        let at = j * 32;
-        if let Ok(part) = <&mut [f32; 32]>::try_from(&mut *part) {
-            let mut regs = *part;
-            for (c, &wc) in w.iter().enumerate() {
-                let row = &v[c * dv + at..c * dv + at + 32];
-                for (r, &x) in regs.iter_mut().zip(row) {
-                    *r = wc.mul_add(x, *r);
+fn add_values<const NQ: usize>(
+    rows: [usize; NQ],
+    n: usize,
+    scores: &[f32],
+    v: &[f32],
+    acc: &mut [f32],
+    dv: usize,
+) {
+    for at in (0..dv).step_by(32) {
+        if at + 32 <= dv {
+            let w: [&[f32; TILE]; NQ] = std::array::from_fn(|j| {
+                scores[rows[j] * TILE..(rows[j] + 1) * TILE]
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("a tile row"))
+            });
+            let mut regs: [[f32; 32]; NQ] = std::array::from_fn(|j| {
+                acc[rows[j] * dv + at..rows[j] * dv + at + 32]
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("32 values"))
+            });
+            for c in 0..n {
+                let row: &[f32; 32] = v[c * dv + at..c * dv + at + 32]
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("32 values"));
+                for j in 0..NQ {
+                    let wc = w[j][c];
+                    for k in 0..32 {
+                        regs[j][k] = wc.mul_add(row[k], regs[j][k]);
+                    }
                 }
             }
-            *part = regs;
+            for (r, &i) in regs.iter().zip(&rows) {
+                acc[i * dv + at..i * dv + at + 32].copy_from_slice(r);
+            }
         } else {
-            for (c, &wc) in w.iter().enumerate() {
-                for (r, &x) in part.iter_mut().zip(&v[c * dv + at..]) {
-                    *r = wc.mul_add(x, *r);
+            for &i in &rows {
+                let part = &mut acc[i * dv + at..(i + 1) * dv];
+                for c in 0..n {
+                    let wc = scores[i * TILE + c];
+                    for (a, &x) in part.iter_mut().zip(&v[c * dv + at..]) {
+                        *a = wc.mul_add(x, *a);
+                    }
                 }
             }
         }
