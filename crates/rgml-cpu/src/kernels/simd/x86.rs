@@ -52,6 +52,28 @@ pub(crate) unsafe fn bits_to_bytes(qh: i32) -> __m256i {
     }
 }
 
+/// The four f16 at `p` as f32 lanes 0..4, as one `vcvtph2ps` from memory. Where the result is
+/// then spread over a 512-bit register, LLVM otherwise broadcasts the halves first and
+/// converts all 16 lanes (a broadcast, a shuffle and a two-uop conversion, against one).
+///
+/// # Safety
+/// Eight readable bytes at `p`; the CPU supports F16C.
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+pub(crate) unsafe fn cvtph4_ps(p: *const u8) -> __m128 {
+    let out: __m128;
+    // SAFETY: an 8-byte read the caller promises; the CPU has the instruction.
+    unsafe {
+        std::arch::asm!(
+            "vcvtph2ps {out}, qword ptr [{p}]",
+            out = lateout(xmm_reg) out,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 /// `acc + sum of each i16 lane pair of a * b` into i32 lanes, as one `vpdpwssd`. LLVM splits
 /// the intrinsic into `vpmaddwd` + `vpaddd` for CPUs it does not tune for, which on this
 /// work's AVX-512 CPUs costs a second vector uop (the multiply-add units take both): inline

@@ -20,7 +20,9 @@ use crate::kernels::isa::CpuFeatures;
 use crate::kernels::tiles::repack;
 
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::tiles::repack::{h2f_x4, q4_row_sums, GROUP_ROWS};
+use crate::kernels::simd::x86::cvtph4_ps;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::tiles::repack::{q4_row_sums, GROUP_ROWS};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -181,7 +183,7 @@ unsafe fn tile<const NC: usize>(
         let cols: [*const u8; NC] = std::array::from_fn(|c| y[c]);
         for i in 0..nb {
             let p = group.add(i * PACKED_BLOCK);
-            let dx = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(h2f_x4(p)));
+            let dx = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(cvtph4_ps(p)));
             let v = _mm512_loadu_si512(p.add(8).cast());
             let lo = _mm512_and_si512(v, nib);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);

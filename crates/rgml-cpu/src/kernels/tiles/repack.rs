@@ -36,6 +36,8 @@ use crate::kernels::dots;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::fp16::h2f;
 use crate::kernels::isa::CpuFeatures;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::simd::x86::cvtph4_ps;
 use crate::kernels::simd::x86::{halves, hsum8};
 use crate::kernels::tiles::legacy;
 
@@ -509,17 +511,6 @@ unsafe fn tile_fast<const G: usize>(
 ) {
 }
 
-/// The four f16 at `p` (one per row) as f32 lanes 0..4.
-///
-/// # Safety
-/// Eight readable bytes at `p`; the CPU supports F16C.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(super) unsafe fn h2f_x4(p: *const u8) -> __m128 {
-    // SAFETY: as the caller promises (an unaligned 8-byte load).
-    unsafe { _mm_cvtph_ps(_mm_loadl_epi64(p.cast())) }
-}
-
 /// Q4_0 (`Q41 = false`) or Q4_1 (`Q41 = true`): `G` groups (`gbytes` apart) times `NC`
 /// columns.
 ///
@@ -632,9 +623,9 @@ unsafe fn q4_weights<const Q41: bool, const NC: usize, const G: usize>(
         };
         for g in 0..G {
             let p = group.add(g * gbytes + i * pb);
-            w.dx[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(h2f_x4(p)));
+            w.dx[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(cvtph4_ps(p)));
             if Q41 {
-                w.mx[g] = _mm512_broadcast_f32x4(h2f_x4(p.add(8)));
+                w.mx[g] = _mm512_broadcast_f32x4(cvtph4_ps(p.add(8)));
             }
             let v = _mm512_loadu_si512(p.add(pq).cast());
             w.lo[g] = _mm512_and_si512(v, nib);
@@ -810,7 +801,7 @@ unsafe fn tile_q8<const NC: usize, const G: usize>(
             let mut cb = [zero; G];
             for g in 0..G {
                 let p = group.add(g * gbytes + i * PB);
-                let d4 = _mm512_castps128_ps512(h2f_x4(p));
+                let d4 = _mm512_castps128_ps512(cvtph4_ps(p));
                 dxa[g] = _mm512_permutexvar_ps(spread_a, d4);
                 dxb[g] = _mm512_permutexvar_ps(spread_b, d4);
                 qa[g] = _mm512_loadu_si512(p.add(8).cast());
