@@ -225,12 +225,19 @@ fn load_mask(
                 // SAFETY: `ic + n <= n_kv <= mask.ne0` (the support check) f16 values of an
                 // in-bounds row.
                 unsafe { widen(f, DType::F16, mr.wrapping_add(2 * ic), &mut row[..n]) };
-                row[..n].iter_mut().for_each(|m| *m *= slope);
+                // A slope of 1 (no ALiBi) changes no value, -inf and NaN included.
+                if slope != 1.0 {
+                    row[..n].iter_mut().for_each(|m| *m *= slope);
+                }
             }
             None => row[..n].fill(0.0),
         }
         row[n..].fill(f32::NEG_INFINITY);
-        any |= row[..n].iter().any(|&m| m != f32::NEG_INFINITY);
+        // Without an early exit, so that the check is one vector pass (most rows of a causal
+        // mask's tiles past the diagonal are all -inf).
+        any |= row[..n]
+            .iter()
+            .fold(false, |a, &m| a | (m != f32::NEG_INFINITY));
     }
     any
 }
