@@ -626,7 +626,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     ) -> Result<()> {
         const COLS: usize = legacy::COLS;
         // Weight rows per chunk: their bytes stay in L1/L2 while every column tile reads them.
-        const CHUNK: usize = 32;
+        const CHUNK: usize = 128;
         let (a, ne11) = (self.a, self.ne11);
         let scales = scratch_slice(scratch, legacy::scales_len(self.nb))?;
         let mut out = [0f32; COLS];

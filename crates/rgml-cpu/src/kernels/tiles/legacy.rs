@@ -397,9 +397,14 @@ unsafe fn cols_body<const K: u8, const RN: usize>(
         let mut summs = _mm256_setzero_ps();
         for i in 0..nb {
             let p = x.add(i * xb);
-            // The scale products of the block, `d_x * d_y` per column, one IEEE product each.
+            // The scale products of the block, `d_x * d_y` per column, one IEEE product each:
+            // all 8 columns in one multiply. (LLVM keeps them in a register and shuffles each
+            // out: 6-8% faster prompts than a multiply per column, AVX2 Q4_0/Q8_0; products
+            // computed ahead for a run of blocks and broadcast from memory were 4-10% slower.)
+            let mut d = [0f32; COLS];
             let dx = _mm256_set1_ps(h2f(p));
             let dyc = d_y.as_ptr().add(i * COLS);
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(dx, _mm256_loadu_ps(dyc)));
             if has_min(K) {
                 // `m_x * s_y` is exact (two f16), so the FMA adds what the scalar form adds.
                 let mx = _mm256_set1_ps(h2f(p.add(2)));
@@ -417,8 +422,7 @@ unsafe fn cols_body<const K: u8, const RN: usize>(
                 };
                 // No saturation: |15 * 128 * 2| and |127 * 127 * 2| fit in i16.
                 let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, _mm256_set1_epi16(1)));
-                let d = _mm256_mul_ps(dx, _mm256_broadcast_ss(&*dyc.add(c)));
-                acc[c] = _mm256_fmadd_ps(d, p, acc[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[c]), p, acc[c]);
             }
         }
         let mut mins = [0f32; COLS];
