@@ -1285,3 +1285,55 @@ fn repacked_memory_refuses_what_it_cannot_hold() {
     assert!(!buft.accepts_weight(&ctx[packed], &[rgml::OpKind::GetRows]));
     assert!(buft.accepts_weight(&ctx[packed], &[rgml::OpKind::MulMat, rgml::OpKind::GetRows]));
 }
+
+/// MUL_MAT_ID's register tiles for the legacy types (several routed rows per expert) give
+/// each output `vec_dot`'s bits, as ggml's `mul_mat_id` computes it.
+#[test]
+fn expert_tiles_give_the_pair_dots_bits() {
+    use crate::kernels::blocks::activations::quantize_activations;
+    use crate::kernels::dots::vec_dot;
+    let f = crate::CpuFeatures::detect();
+    let (k, n, n_expert, n_used, tokens) = (256, 12, 3, 2, 9);
+    for dtype in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ] {
+        let mut ctx = Context::new();
+        let w = ctx.new_tensor(dtype, &[k, n, n_expert]).unwrap();
+        let b = ctx.new_tensor(DType::F32, &[k, n_used, tokens]).unwrap();
+        let ids = ctx.new_tensor(DType::I32, &[n_used, tokens]).unwrap();
+        let out = ctx.mul_mat_id(w, b, ids).unwrap();
+        alloc_ctx_tensors(&mut ctx, &buffer_type()).unwrap();
+        let wb = quantize(dtype, &rnd(k * n * n_expert, 60), k);
+        ctx.tensor_set(w, 0, &wb).unwrap();
+        let bv = fill(&ctx, b, 61);
+        // Every expert gets 6 of the 18 routed rows.
+        let route = |s: usize, t: usize| (t + 2 * s) % n_expert;
+        let idv: Vec<u8> = (0..tokens)
+            .flat_map(|t| (0..n_used).map(move |s| route(s, t) as i32))
+            .flat_map(|i| i.to_le_bytes())
+            .collect();
+        ctx.tensor_set(ids, 0, &idv).unwrap();
+        compute(&mut ctx, &[out], 2).unwrap();
+        let got = read(&ctx, out);
+        let vd = dtype.vec_dot_type();
+        let rb = dtype.row_bytes(k).unwrap();
+        for t in 0..tokens {
+            for s in 0..n_used {
+                let mut y = vec![0u8; vd.row_bytes(k).unwrap()];
+                let row = &bv[(t * n_used + s) * k..][..k];
+                quantize_activations(f, vd, row, &mut y).unwrap();
+                let e = route(s, t);
+                for r in 0..n {
+                    let x = &wb[(e * n + r) * rb..][..rb];
+                    let want = vec_dot(f, dtype, k, x, &y).unwrap();
+                    let have = got[(t * n_used + s) * n + r];
+                    assert_eq!(have.to_bits(), want.to_bits(), "{dtype} t{t} s{s} row {r}");
+                }
+            }
+        }
+    }
+}

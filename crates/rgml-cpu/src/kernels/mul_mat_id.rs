@@ -7,7 +7,8 @@
 //! and groups the `(slot, token)` pairs by expert, in token order. Barrier. Phase 2: blocks of
 //! each used expert's weight rows, taken on demand; an expert with 8 or more routed rows of a
 //! K-quant type takes ggml's tiled K-quant kernel ([`kquant::row`]), every other product is
-//! `vec_dot` pair by pair. ggml makes that choice per expert (`ggml_tiled_min_batch` on the
+//! `vec_dot`'s: pair by pair, or through kernels with its bits (register tiles for Q4_0, Q4_1,
+//! Q5_0, Q5_1 and Q8_0, nibble tiles for IQ4_NL and MXFP4). ggml makes that choice per expert (`ggml_tiled_min_batch` on the
 //! routed rows), so a token's result depends on how many tokens share its expert, as in
 //! llama.cpp; with `rows_alone` every product takes `vec_dot`, as a lone routed row would.
 
@@ -28,6 +29,7 @@ use crate::kernels::tiles::kquant_amx;
 use crate::kernels::tiles::kquant_avx2;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_avx512;
+use crate::kernels::tiles::legacy;
 use rgml::{DType, Error, Op, Result, Tensor};
 
 /// Weight rows per unit of phase 2: four AMX blocks, so that the activation rows a unit
@@ -364,6 +366,9 @@ impl Products<'_> {
         if n_routed == 1 && self.expert_matvec(e, rows.clone(), routed)? {
             return Ok(());
         }
+        if n_routed >= 2 && self.expert_legacy(e, rows.clone(), routed)? {
+            return Ok(());
+        }
         let k = a.ne[0];
         let wrow = self.layout.wrow;
         for row in rows {
@@ -404,6 +409,55 @@ impl Products<'_> {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::expert`]'s Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 products in register tiles
+    /// ([`legacy::tile`], `vec_dot`'s bits, as MUL_MAT's tiled path): each tile of weight rows
+    /// against the routed activation rows, a tile of them at a time. False (nothing done)
+    /// where the CPU or the type does not take it (IQ4_NL's tiles are tinyBLAS's arithmetic,
+    /// not `vec_dot`'s).
+    fn expert_legacy(
+        &self,
+        e: usize,
+        rows: std::ops::Range<usize>,
+        routed: &[u32],
+    ) -> Result<bool> {
+        let (f, dst) = (self.task.features, &self.task.dst);
+        let (a, b) = (self.task.src(0)?, self.task.src(1)?);
+        if a.dtype == DType::IQ4_NL || !legacy::supported(f, a.dtype) {
+            return Ok(false);
+        }
+        let nb = a.ne[0] / a.dtype.block_size();
+        let (rm, rn) = (legacy::tile_rows(f), legacy::tile_cols(f));
+        let mut out = [0f32; 4 * legacy::TILE_COLS];
+        for r0 in rows.clone().step_by(rm) {
+            let r1 = (r0 + rm).min(rows.end);
+            let x: [*const u8; 4] =
+                std::array::from_fn(|r| a.row((r0 + r).min(r1 - 1), e, 0).cast_const());
+            for pairs in routed.chunks(2 * rn) {
+                let mut y = [std::ptr::null::<u8>(); legacy::TILE_COLS];
+                for (slot, p) in y.iter_mut().zip(pairs.chunks_exact(2)) {
+                    *slot = self.activation(b, p[0], p[1]);
+                }
+                let n = pairs.len() / 2;
+                // SAFETY: `legacy::supported` holds for the CPU and type; the weight rows are
+                // dense and in bounds with `nb` blocks, each activation row `nb` blocks of the
+                // vec-dot type in the work area (complete since the barrier); `out` holds
+                // rm x TILE_COLS.
+                unsafe { legacy::tile(f, a.dtype, nb, &x[..r1 - r0], &y[..n], &mut out, rn) };
+                for (r, row) in (r0..r1).enumerate() {
+                    for (c, p) in pairs.chunks_exact(2).enumerate() {
+                        let at = dst
+                            .row(p[0] as usize, p[1] as usize, 0)
+                            .wrapping_add(row * 4);
+                        // SAFETY: output (row, slot, token) is in bounds and written only by
+                        // the thread that claimed this expert's row block.
+                        unsafe { at.cast::<f32>().write(out[r * rn + c]) };
+                    }
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// [`Self::expert`] for one routed pair (a generation step) through the IQ4_NL and MXFP4
