@@ -147,12 +147,13 @@ unsafe fn tile_on(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    // Q5_0/Q5_1 run the 256-bit body on every build (VNNI sums where the CPU has them, as
-    // tinyBLAS's AVX-512 VNNI build does; the float operations are the AVX2 dot's either way).
+    // Q5_0/Q5_1 products of one column run the 256-bit body on every build (VNNI sums where
+    // the CPU has them, as tinyBLAS's AVX-512 VNNI build does; the float operations are the
+    // AVX2 dot's either way); column pairs take the 512-bit kernel as the other types do.
     let q5 = matches!(dtype, DType::Q5_0 | DType::Q5_1);
     // Column counts a build does not take in one call are split (the 512-bit kernels take
     // column pairs).
-    let max = if isa == TiledIsa::Avx512Vnni && x.len() == 4 && !q5 {
+    let max = if isa == TiledIsa::Avx512Vnni && x.len() == 4 {
         8
     } else {
         4
@@ -209,6 +210,18 @@ unsafe fn tile_on(
                 call!($f, $rm, $rn, $x, $out, [Q4_0, Q4_1, Q8_0, IQ4_NL])
             };
         }
+        macro_rules! pairs512 {
+            ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr) => {
+                call!(
+                    $f,
+                    $rm,
+                    $rn,
+                    $x,
+                    $out,
+                    [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL]
+                )
+            };
+        }
         macro_rules! cols {
             ($f:ident, $rm:literal, $x:expr, $out:expr) => {
                 match y.len() {
@@ -244,13 +257,13 @@ unsafe fn tile_on(
             }
             TiledIsa::Avx2 => shapes!(tile_avx2, 2),
             TiledIsa::Avx512 => shapes!(tile_avx512, 4),
-            TiledIsa::Avx512Vnni if q5 => shapes!(tile_vnni, 4),
             TiledIsa::Avx512Vnni => match (x.len(), y.len()) {
                 // Two columns per 512-bit register.
-                (4, 8) => go512!(tile_vnni512, 4, 4, x, out),
-                (4, 6) => go512!(tile_vnni512, 4, 3, x, out),
-                (4, 4) => go512!(tile_vnni512, 4, 2, x, out),
-                (4, 2) => go512!(tile_vnni512, 4, 1, x, out),
+                (4, 8) => pairs512!(tile_vnni512, 4, 4, x, out),
+                (4, 6) => pairs512!(tile_vnni512, 4, 3, x, out),
+                (4, 4) => pairs512!(tile_vnni512, 4, 2, x, out),
+                (4, 2) => pairs512!(tile_vnni512, 4, 1, x, out),
+                _ if q5 => shapes!(tile_vnni, 4),
                 // Matrix-vector: two rows per 512-bit register.
                 (4, 1) => go512!(rows_vnni512, 2, 1, x, out),
                 (2, 1) => go512!(rows_vnni512, 1, 1, x, out),
@@ -547,14 +560,15 @@ unsafe fn weight_quants<const K: u8>(q: *const u8) -> __m256i {
 }
 
 /// The unsigned and signed operands of `vpdpbusd` for quants `qx` (weights) and `qy`: as they
-/// are for q4_1 (unsigned nibbles), else `|x|` and `y * sign(x)` (quants are never -128).
+/// are for q4_1 and q5_1 (unsigned codes), else `|x|` and `y * sign(x)` (quants are never
+/// -128).
 ///
 /// # Safety
 /// The CPU supports AVX-512 F and BW.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn dot_operands<const K: u8>(qx: __m512i, qy: __m512i) -> (__m512i, __m512i) {
-    if K == Q4_1 {
+    if has_min(K) {
         return (qx, qy);
     }
     // SAFETY: as the caller promises.
@@ -701,7 +715,7 @@ unsafe fn tile_vnni512<const K: u8, const RM: usize, const RN2: usize>(
                 let hi = _mm256_loadu_si256(p1.add(yq).cast());
                 qy[j] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
                 dy[j] = _mm512_insertf32x8::<1>(_mm512_set1_ps(h2f(p0)), _mm256_set1_ps(h2f(p1)));
-                if K == Q4_1 {
+                if has_min(K) {
                     sy[2 * j] = h2f(p0.add(2));
                     sy[2 * j + 1] = h2f(p1.add(2));
                 }
@@ -710,7 +724,7 @@ unsafe fn tile_vnni512<const K: u8, const RM: usize, const RN2: usize>(
                 let p = x[r].add(i * xb);
                 let dx = _mm512_set1_ps(h2f(p));
                 let qx = _mm512_broadcast_i64x4(weight_quants::<K>(p.add(xq)));
-                if K == Q4_1 {
+                if has_min(K) {
                     let mx = h2f(p.add(2));
                     for (c, s) in summs[r].iter_mut().enumerate().take(2 * RN2) {
                         *s += mx * sy[c];
@@ -729,7 +743,7 @@ unsafe fn tile_vnni512<const K: u8, const RM: usize, const RN2: usize>(
                 for (half, v) in halves(pair).into_iter().enumerate() {
                     let h = hsum8(v);
                     let c = 2 * j + half;
-                    out[r * out_stride + c] = if K == Q4_1 { h + summs[r][c] } else { h };
+                    out[r * out_stride + c] = if has_min(K) { h + summs[r][c] } else { h };
                 }
             }
         }
