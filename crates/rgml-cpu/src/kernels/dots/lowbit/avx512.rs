@@ -161,17 +161,26 @@ impl NibbleCols {
     /// holds the prepared rows' count.
     #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(crate) unsafe fn row<B: NibbleBlock>(&self, x: *const u8, out: &mut [f32]) {
-        let mut chunks = out.chunks_exact_mut(4);
+        // Each weight block pair is decoded once per call of `cols`, so as many columns as
+        // the registers hold share it (16 against 4: gpt-oss-20b's pp256 25.4 -> 28.9 tok/s).
         let mut first = 0;
-        for o in &mut chunks {
-            // SAFETY: as the caller promises; columns `first..first + 4` exist.
-            unsafe { self.cols::<B, 4>(x, first, o) };
-            first += 4;
+        let mut rest = out;
+        macro_rules! runs {
+            ($c:literal) => {
+                let mut chunks = rest.chunks_exact_mut($c);
+                for o in &mut chunks {
+                    // SAFETY: as the caller promises; columns `first..first + $c` exist.
+                    unsafe { self.cols::<B, $c>(x, first, o) };
+                    first += $c;
+                }
+                rest = chunks.into_remainder();
+            };
         }
-        for (c, o) in chunks.into_remainder().iter_mut().enumerate() {
-            // SAFETY: as above, column `first + c`.
-            unsafe { self.cols::<B, 1>(x, first + c, std::slice::from_mut(o)) };
-        }
+        runs!(16);
+        runs!(8);
+        runs!(4);
+        runs!(1);
+        let _ = (rest, first);
     }
 
     /// [`Self::row`] for the `C` prepared rows from `first`.

@@ -223,7 +223,7 @@ fn portable_nibble_dots_equal_ggml() {
 }
 
 /// A tile of prepared activation rows gives each weight row's `vec_dot` bits against each of
-/// them, for odd and even block counts and any number of rows (chunks of four and the rest).
+/// them, for odd and even block counts and any number of rows (runs of 16, 8, 4 and 1).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn nibble_tile_equals_the_dots() {
@@ -232,7 +232,7 @@ fn nibble_tile_equals_the_dots() {
     for dtype in [DType::IQ4_NL, DType::MXFP4] {
         for nb in [1, 2, 7, 18] {
             let n = nb * 32;
-            for cols in [1, 3, 4, 9] {
+            for cols in [1, 3, 4, 9, 16, 29] {
                 let ys: Vec<Vec<u8>> = (0..cols).map(|_| row(&mut rng, DType::Q8_0, n)).collect();
                 let ptrs: Vec<*const u8> = ys.iter().map(|y| y.as_ptr()).collect();
                 // SAFETY: each row holds `nb` Q8_0 blocks and outlives the tile.
