@@ -49,6 +49,19 @@ impl NibbleBlock for BlockIQ4_NL {
     }
 }
 
+/// [`e8m0_to_f32_half`] of every byte: the kernels read a scale per block, and building it
+/// from its bits took a dozen scalar instructions per block (gpt-oss-20b's tg32 5.2 -> 6.2
+/// tok/s with the table).
+static E8M0_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = e8m0_to_f32_half(e as u8);
+        e += 1;
+    }
+    t
+};
+
 impl NibbleBlock for BlockMXFP4 {
     const CODEBOOK: [i8; 16] = KVALUES_MXFP4;
     const QS: usize = 1;
@@ -64,7 +77,7 @@ impl NibbleBlock for BlockMXFP4 {
     #[inline(always)]
     unsafe fn scale_at(p: *const u8) -> f32 {
         // SAFETY: the scale byte, as the caller promises.
-        e8m0_to_f32_half(unsafe { p.read() })
+        E8M0_HALF[usize::from(unsafe { p.read() })]
     }
 }
 
