@@ -180,7 +180,8 @@ unsafe fn tile_on(
         let Some(k) = kind(dtype) else {
             return;
         };
-        // `$f` for the kinds listed (the 512-bit kernels are not instantiated for Q5).
+        // `$f` for the kinds listed (the matrix-vector 512-bit kernel is not instantiated for
+        // Q5).
         macro_rules! call {
             ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr, [$($kk:ident),*]) => {
                 // SAFETY: the features `$f` needs were detected (`build`); pointers as promised
@@ -208,18 +209,6 @@ unsafe fn tile_on(
         macro_rules! go512 {
             ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr) => {
                 call!($f, $rm, $rn, $x, $out, [Q4_0, Q4_1, Q8_0, IQ4_NL])
-            };
-        }
-        macro_rules! pairs512 {
-            ($f:ident, $rm:literal, $rn:literal, $x:expr, $out:expr) => {
-                call!(
-                    $f,
-                    $rm,
-                    $rn,
-                    $x,
-                    $out,
-                    [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL]
-                )
             };
         }
         macro_rules! cols {
@@ -259,10 +248,10 @@ unsafe fn tile_on(
             TiledIsa::Avx512 => shapes!(tile_avx512, 4),
             TiledIsa::Avx512Vnni => match (x.len(), y.len()) {
                 // Two columns per 512-bit register.
-                (4, 8) => pairs512!(tile_vnni512, 4, 4, x, out),
-                (4, 6) => pairs512!(tile_vnni512, 4, 3, x, out),
-                (4, 4) => pairs512!(tile_vnni512, 4, 2, x, out),
-                (4, 2) => pairs512!(tile_vnni512, 4, 1, x, out),
+                (4, 8) => go!(tile_vnni512, 4, 4, x, out),
+                (4, 6) => go!(tile_vnni512, 4, 3, x, out),
+                (4, 4) => go!(tile_vnni512, 4, 2, x, out),
+                (4, 2) => go!(tile_vnni512, 4, 1, x, out),
                 _ if q5 => shapes!(tile_vnni, 4),
                 // Matrix-vector: two rows per 512-bit register.
                 (4, 1) => go512!(rows_vnni512, 2, 1, x, out),
