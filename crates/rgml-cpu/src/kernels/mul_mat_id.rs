@@ -8,9 +8,10 @@
 //! each used expert's weight rows, taken on demand; an expert with 8 or more routed rows of a
 //! K-quant type takes ggml's tiled K-quant kernel ([`kquant::row`]), every other product is
 //! `vec_dot`'s: pair by pair, or through kernels with its bits (register tiles for Q4_0, Q4_1,
-//! Q5_0, Q5_1 and Q8_0, nibble tiles for IQ4_NL and MXFP4). ggml makes that choice per expert (`ggml_tiled_min_batch` on the
-//! routed rows), so a token's result depends on how many tokens share its expert, as in
-//! llama.cpp; with `rows_alone` every product takes `vec_dot`, as a lone routed row would.
+//! Q5_0, Q5_1 and Q8_0, nibble tiles for IQ4_NL and MXFP4). ggml makes that choice per expert
+//! (`ggml_tiled_min_batch` on the routed rows), so a token's result depends on how many tokens
+//! share its expert, as in llama.cpp; with `rows_alone` every product takes `vec_dot`'s bits,
+//! as a lone routed row would.
 
 use crate::kernels::blocks::activations::quantize_activations;
 use crate::kernels::blocks::convert;
@@ -310,6 +311,16 @@ struct Products<'a> {
 }
 
 impl Products<'_> {
+    /// Where output row `row` of routed pair `(slot, token)` is in the destination (a pair's
+    /// rows are consecutive f32s).
+    fn output(&self, row: usize, slot: u32, token: u32) -> *mut f32 {
+        self.task
+            .dst
+            .row(slot as usize, token as usize, 0)
+            .wrapping_add(row * 4)
+            .cast()
+    }
+
     /// The converted src1 row of pair `(slot, token)`.
     fn activation(&self, b: &TensorView, slot: u32, token: u32) -> *const u8 {
         let r = slot as usize % b.ne[1] + token as usize * b.ne[1];
@@ -325,14 +336,9 @@ impl Products<'_> {
         rows_alone: bool,
         scratch: &mut [f32],
     ) -> Result<()> {
-        let (f, dst) = (self.task.features, &self.task.dst);
+        let f = self.task.features;
         let (a, b) = (self.task.src(0)?, self.task.src(1)?);
         let n_routed = routed.len() / 2;
-        let out = |row: usize, slot: u32, token: u32| {
-            dst.row(slot as usize, token as usize, 0)
-                .wrapping_add(row * 4)
-                .cast::<f32>()
-        };
         if !rows_alone && kquant::takes(a.dtype, n_routed) {
             #[cfg(target_arch = "x86_64")]
             if kquant_amx::takes(f, a.dtype, n_routed) {
@@ -359,7 +365,7 @@ impl Products<'_> {
                     for (p, v) in pairs.chunks_exact(2).zip(acc) {
                         // SAFETY: output (row, slot, token) is in bounds and written only by the
                         // thread that claimed this expert's row block.
-                        unsafe { out(row, p[0], p[1]).write(v) };
+                        unsafe { self.output(row, p[0], p[1]).write(v) };
                     }
                 }
             }
@@ -412,7 +418,7 @@ impl Products<'_> {
                     }
                 };
                 // SAFETY: as above.
-                unsafe { out(row, p[0], p[1]).write(v) };
+                unsafe { self.output(row, p[0], p[1]).write(v) };
             }
         }
         Ok(())
@@ -429,37 +435,33 @@ impl Products<'_> {
         rows: std::ops::Range<usize>,
         routed: &[u32],
     ) -> Result<bool> {
-        let (f, dst) = (self.task.features, &self.task.dst);
+        let f = self.task.features;
         let (a, b) = (self.task.src(0)?, self.task.src(1)?);
         if a.dtype == DType::IQ4_NL || !legacy::supported(f, a.dtype) {
             return Ok(false);
         }
         let nb = a.ne[0] / a.dtype.block_size();
         let (rm, rn) = (legacy::tile_rows(f), legacy::tile_cols(f));
+        let ys: Vec<*const u8> = routed
+            .chunks_exact(2)
+            .map(|p| self.activation(b, p[0], p[1]))
+            .collect();
         let mut out = [0f32; 4 * legacy::TILE_COLS];
         for r0 in rows.clone().step_by(rm) {
             let r1 = (r0 + rm).min(rows.end);
             let x: [*const u8; 4] =
                 std::array::from_fn(|r| a.row((r0 + r).min(r1 - 1), e, 0).cast_const());
-            for pairs in routed.chunks(2 * rn) {
-                let mut y = [std::ptr::null::<u8>(); legacy::TILE_COLS];
-                for (slot, p) in y.iter_mut().zip(pairs.chunks_exact(2)) {
-                    *slot = self.activation(b, p[0], p[1]);
-                }
-                let n = pairs.len() / 2;
+            for (pairs, y) in routed.chunks(2 * rn).zip(ys.chunks(rn)) {
                 // SAFETY: `legacy::supported` holds for the CPU and type; the weight rows are
                 // dense and in bounds with `nb` blocks, each activation row `nb` blocks of the
                 // vec-dot type in the work area (complete since the barrier); `out` holds
                 // rm x TILE_COLS.
-                unsafe { legacy::tile(f, a.dtype, nb, &x[..r1 - r0], &y[..n], &mut out, rn) };
+                unsafe { legacy::tile(f, a.dtype, nb, &x[..r1 - r0], y, &mut out, rn) };
                 for (r, row) in (r0..r1).enumerate() {
                     for (c, p) in pairs.chunks_exact(2).enumerate() {
-                        let at = dst
-                            .row(p[0] as usize, p[1] as usize, 0)
-                            .wrapping_add(row * 4);
                         // SAFETY: output (row, slot, token) is in bounds and written only by
                         // the thread that claimed this expert's row block.
-                        unsafe { at.cast::<f32>().write(out[r * rn + c]) };
+                        unsafe { self.output(row, p[0], p[1]).write(out[r * rn + c]) };
                     }
                 }
             }
@@ -477,7 +479,7 @@ impl Products<'_> {
         rows: std::ops::Range<usize>,
         routed: &[u32],
     ) -> Result<bool> {
-        let (f, dst) = (self.task.features, &self.task.dst);
+        let f = self.task.features;
         let (a, b) = (self.task.src(0)?, self.task.src(1)?);
         let (Some(kernel), [slot, token]) = (lowbit::nibble_matvec(f, a.dtype), routed) else {
             return Ok(false);
@@ -488,14 +490,12 @@ impl Products<'_> {
             row_stride: a.nb[1],
             y: self.activation(b, *slot, *token),
         };
-        let first = dst
-            .row(*slot as usize, *token as usize, 0)
-            .wrapping_add(rows.start * 4);
+        let first = self.output(rows.start, *slot, *token);
         // SAFETY: dense, in-bounds weight rows `rows` of expert `e`, `a.nb[1]` apart, of `nb`
         // blocks each, and a converted activation row of `nb` Q8_0 blocks in the work area
         // (complete since the barrier); the outputs (rows, slot, token) are consecutive f32s of
         // the dense destination, written only by the thread that claimed this row block.
-        unsafe { kernel(run, task::f32_row_mut(first, rows.len())) };
+        unsafe { kernel(run, task::f32_row_mut(first.cast(), rows.len())) };
         Ok(true)
     }
 
@@ -509,7 +509,7 @@ impl Products<'_> {
         rows: std::ops::Range<usize>,
         routed: &[u32],
     ) -> Result<bool> {
-        let (f, dst) = (self.task.features, &self.task.dst);
+        let f = self.task.features;
         let (a, b) = (self.task.src(0)?, self.task.src(1)?);
         if !matches!(a.dtype, DType::IQ4_NL | DType::MXFP4) {
             return Ok(false);
@@ -538,12 +538,9 @@ impl Products<'_> {
             // SAFETY: a dense, in-bounds weight row of `nb` blocks of the tile's type.
             unsafe { tile.row(x, &mut out) };
             for (p, &v) in routed.chunks_exact(2).zip(&out) {
-                let at = dst
-                    .row(p[0] as usize, p[1] as usize, 0)
-                    .wrapping_add(row * 4);
                 // SAFETY: output (row, slot, token) is in bounds and written only by the
                 // thread that claimed this expert's row block.
-                unsafe { at.cast::<f32>().write(v) };
+                unsafe { self.output(row, p[0], p[1]).write(v) };
             }
         }
         Ok(true)
@@ -611,7 +608,6 @@ impl Products<'_> {
         kernel: impl Fn(&[*const u8], &[*const u8], &mut [[f32; R]; kquant::TILE_RUN]),
     ) -> Result<()> {
         const COLS: usize = kquant::TILE_RUN;
-        let dst = &self.task.dst;
         let (a, b) = (self.task.src(0)?, self.task.src(1)?);
         let nb = a.ne[0] / rgml::quant::QK_K;
         let scratch = bytemuck::cast_slice_mut::<f32, u8>(scratch);
@@ -632,12 +628,10 @@ impl Products<'_> {
                     std::array::from_fn(|r| a.row((r0 + r).min(r1 - 1), e, 0).cast_const());
                 kernel(&x[..r1 - r0], &run[..n], &mut out);
                 for (p, col) in pairs.chunks_exact(2).zip(&out) {
-                    let at = dst
-                        .row(p[0] as usize, p[1] as usize, 0)
-                        .wrapping_add(r0 * 4);
+                    let at = self.output(r0, p[0], p[1]);
                     // SAFETY: outputs (r0..r1, slot, token) are in bounds, dense (f32 rows),
                     // and written only by the thread that claimed this expert's row block.
-                    unsafe { kquant::store_column(col, at.cast(), r1 - r0) };
+                    unsafe { kquant::store_column(col, at, r1 - r0) };
                 }
             }
         }
@@ -655,7 +649,7 @@ impl Products<'_> {
         routed: &[u32],
         scratch: &mut [f32],
     ) -> Result<()> {
-        let (dst, a, b) = (&self.task.dst, self.task.src(0)?, self.task.src(1)?);
+        let (a, b) = (self.task.src(0)?, self.task.src(1)?);
         let (wrow, nb) = (self.layout.wrow, a.ne[0] / rgml::quant::QK_K);
         let scratch = bytemuck::cast_slice_mut::<f32, u8>(scratch);
         let (gathered, rest) = scratch
@@ -694,9 +688,7 @@ impl Products<'_> {
                     )
                 };
                 for (i, p) in pairs.chunks_exact(2).enumerate() {
-                    let out = dst
-                        .row(p[0] as usize, p[1] as usize, 0)
-                        .wrapping_add(r0 * 4);
+                    let out = self.output(r0, p[0], p[1]).cast::<u8>();
                     let from = &results[i * 4 * kquant_amx::ROWS..][..4 * mrows];
                     // SAFETY: outputs (r0..r0 + mrows, slot, token) are in bounds, dense in
                     // the row, and written only by the thread that claimed this row block.

@@ -20,6 +20,22 @@ pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
     }
 }
 
+/// [`hsum8`]'s order for four 8-lane sums at once: sum `r`'s lanes are `lo`'s `4r..4r + 4`
+/// and `hi`'s (the repacked Q4 kernels' layout); `(l_j + l_{4+j})`, then `(s0 + s2, s1 + s3)`,
+/// then their sum, in lane `4r` of the result.
+///
+/// # Safety
+/// The CPU supports AVX-512 F (the callers inline this under their features).
+#[inline(always)]
+pub(crate) unsafe fn hsum8x4_ps(lo: __m512, hi: __m512) -> __m512 {
+    // SAFETY: register operations only, under the caller's features.
+    unsafe {
+        let s = _mm512_add_ps(lo, hi);
+        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
+        _mm512_add_ps(s, _mm512_movehdup_ps(s))
+    }
+}
+
 /// The low and high 8 lanes of a 512-bit register.
 ///
 /// # Safety

@@ -20,9 +20,9 @@ use crate::kernels::isa::CpuFeatures;
 use crate::kernels::tiles::repack;
 
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::simd::x86::cvtph4_ps;
+use crate::kernels::simd::x86::{cvtph4_ps, hsum8x4_ps};
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::tiles::repack::{q4_row_sums, GROUP_ROWS};
+use crate::kernels::tiles::repack::GROUP_ROWS;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -30,11 +30,11 @@ use std::arch::x86_64::*;
 const BLOCK: usize = 64;
 
 /// Bytes of a Q8_0 block.
-const Q8_0_BLOCK: usize = 34;
+const Q8_0_BLOCK: usize = DType::Q8_0.block_bytes();
 
-/// Bytes of a packed Q4_0 block (4 rows).
+/// Bytes of a packed Q4_0 block (its 4 rows' blocks, see [`repack`]'s layout).
 #[cfg(target_arch = "x86_64")]
-const PACKED_BLOCK: usize = 72;
+const PACKED_BLOCK: usize = GROUP_ROWS * DType::Q4_0.block_bytes();
 
 /// Whether MUL_MAT takes this kernel for weights of `dtype` (repacked) by `ne11` activation
 /// rows: Q4_0 by 2 rows or more on a CPU with the repacked direct kernels. One row (a
@@ -160,7 +160,7 @@ pub(crate) unsafe fn tile_groups(
 /// `r`) and each column's quants, sums and scale are loaded, with no other per-column work
 /// than the products: per column, two `vpdpbusd` started from the loaded sums, one scale
 /// product, two conversions and two FMAs. The final sums are the repacked kernel's
-/// ([`q4_row_sums`]); column `c`'s 4 rows go to `out[c]`.
+/// ([`hsum8x4_ps`]); column `c`'s 4 rows go to `out[c]`.
 ///
 /// # Safety
 /// As [`tile_groups`] with one group, `NC == y.len()` columns and their outputs' first 4
@@ -203,7 +203,7 @@ unsafe fn tile<const NC: usize>(
         }
         for c in 0..NC {
             // Lanes 0, 4, 8 and 12 hold rows 0..4.
-            let rows = _mm512_maskz_compress_ps(0x1111, q4_row_sums(acc_lo[c], acc_hi[c]));
+            let rows = _mm512_maskz_compress_ps(0x1111, hsum8x4_ps(acc_lo[c], acc_hi[c]));
             _mm_storeu_ps(out[c], _mm512_castps512_ps128(rows));
         }
     }

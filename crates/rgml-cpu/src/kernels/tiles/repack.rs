@@ -37,7 +37,7 @@ use crate::kernels::dots;
 use crate::kernels::fp16::h2f;
 use crate::kernels::isa::CpuFeatures;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::simd::x86::cvtph4_ps;
+use crate::kernels::simd::x86::{cvtph4_ps, hsum8x4_ps};
 use crate::kernels::simd::x86::{halves, hsum8};
 use crate::kernels::tiles::legacy;
 
@@ -709,22 +709,6 @@ unsafe fn q4_column<const Q41: bool, const NC: usize, const G: usize>(
     }
 }
 
-/// `hsum_float_8` of four rows at once: row r's 8 lanes are `lo`'s `4r..4r + 4` and `hi`'s;
-/// `(l_j + l_{4+j})`, then `(s0 + s2, s1 + s3)`, then their sum, in lane `4r` of the result.
-///
-/// # Safety
-/// The CPU has AVX-512 F (the callers inline this under their features).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(super) unsafe fn q4_row_sums(lo: __m512, hi: __m512) -> __m512 {
-    // SAFETY: register operations only, under the caller's features.
-    unsafe {
-        let s = _mm512_add_ps(lo, hi);
-        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
-        _mm512_add_ps(s, _mm512_movehdup_ps(s))
-    }
-}
-
 /// The outputs of [`tile_q4`] from its accumulators: row r of group g, column c at
 /// `out[(4g + r) * out_stride + c]`.
 ///
@@ -747,7 +731,7 @@ unsafe fn q4_store<const Q41: bool, const NC: usize, const G: usize>(
                 }
             }
             for c in 0..NC {
-                let s = q4_row_sums(acc.lo[g][c], acc.hi[g][c]);
+                let s = hsum8x4_ps(acc.lo[g][c], acc.hi[g][c]);
                 let mut h = [0f32; 16];
                 _mm512_storeu_ps(h.as_mut_ptr(), s);
                 for r in 0..GROUP_ROWS {
