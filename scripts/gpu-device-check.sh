@@ -29,7 +29,9 @@
 # gpu-check.log (everything printed), gpu-results.json (the parsed numbers and each step's
 # status), gpu-raw.tar.gz (each step's stdout/stderr), gpu-profile-{pp,tg}.txt (rgml's GPU time
 # per kernel on llama-8b Q4_K_M, from `rgml bench --trace` and scripts/trace-kernels.py),
-# gpu-perf-model.txt (`rgml test-ops --mode perf-model`: MUL_MAT alone at the 8B shapes).
+# gpu-perf-model.txt (`rgml test-ops --mode perf-model`: MUL_MAT alone at the 8B shapes) and
+# gpu-perf-model-mv0.txt (the same with the older mat-vec, RGML_WGPU_MV_ROWS=0); the profile
+# step also times llama-8b's tg64 with each RGML_WGPU_MV_ROWS (0 1 2 4).
 # Without $OUT they go to /tmp/gpucheck-out.
 #
 # Usage: scripts/gpu-device-check.sh [--quick|--dry-run] [--budget SECONDS] [--models LIST]
@@ -354,6 +356,17 @@ bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), p
         cat "$OUT/gpu-perf-model.txt"
     fi
     [ -s "$f" ] || return
+    # The block mat-vec's rows per workgroup against the older kernel (RGML_WGPU_MV_ROWS=0):
+    # generation alone, 64 tokens, and MUL_MAT alone at the 8B shapes.
+    local rows
+    for rows in 0 1 2 4; do
+        RGML_WGPU_MV_ROWS=$rows run_step "mv-rows$rows-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 \
+            -r 2 --json "${RGML_GPU[@]}" && echo "tg64 with RGML_WGPU_MV_ROWS=$rows: $(tr -d '\n' <"$W/steps/mv-rows$rows-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
+    done
+    if RGML_WGPU_EXACT=0 RGML_WGPU_MV_ROWS=0 run_step perf-model-mv0 60 "$RGML" test-ops --mode perf-model -b Vulkan0; then
+        cp "$W/steps/perf-model-mv0.out" "$OUT/gpu-perf-model-mv0.txt"
+        grep -E "n=1," "$OUT/gpu-perf-model-mv0.txt"
+    fi
     for phase in pp tg; do
         local shape=(-p $NP -n 0)
         [ $phase = pp ] || shape=(-p 0 -n 32)

@@ -19,6 +19,10 @@
 //!   GPUs; a device parameter `Vulkan0:exact=0|1` overrides it).
 //! - `RGML_WGPU_COOPMAT=0|1`: prompts on cooperative matrices (tensor cores) where a GPU offers
 //!   them (`0` sets [`rgml_wgpu::WgpuOptions::no_coopmat`]; default 1).
+//! - `RGML_WGPU_MV_ROWS=0|1|2|4`: weight rows per workgroup of the fast arithmetic's block
+//!   mat-vec (`0`: the older kernel of groups of 8 for every mat-vec;
+//!   [`rgml_wgpu::WgpuOptions::mat_vec_rows`], default [`rgml_wgpu::DEFAULT_MV_ROWS`]), for
+//!   measuring on a GPU.
 //!
 //! An empty value counts as unset. Any other value is an error naming the variable and what it
 //! accepts, so a typo never silently runs something else than asked.
@@ -44,6 +48,7 @@ const AVX512: &str = "RGML_CPU_AVX512";
 const SOFT_FMA: &str = "RGML_WGPU_SOFT_FMA";
 const EXACT: &str = "RGML_WGPU_EXACT";
 const COOPMAT: &str = "RGML_WGPU_COOPMAT";
+const MV_ROWS: &str = "RGML_WGPU_MV_ROWS";
 
 /// The options the process environment asks for.
 pub fn from_env() -> Result<BackendOptions, String> {
@@ -98,6 +103,14 @@ fn from_lookup(
     if let Some(v) = get(COOPMAT)? {
         options.wgpu.no_coopmat = !flag(COOPMAT, &v)?;
     }
+    if let Some(v) = get(MV_ROWS)? {
+        let rows = v
+            .parse::<u32>()
+            .ok()
+            .filter(|r| [0, 1, 2, 4].contains(r))
+            .ok_or_else(|| format!("{MV_ROWS}={v}: expected 0, 1, 2 or 4"))?;
+        options.wgpu.mat_vec_rows = Some(rows);
+    }
     Ok(options)
 }
 
@@ -135,6 +148,7 @@ mod tests {
             (SOFT_FMA, ""),
             (EXACT, ""),
             (COOPMAT, ""),
+            (MV_ROWS, ""),
         ];
         assert_eq!(with(&blank), Ok(BackendOptions::default()));
     }
@@ -160,6 +174,8 @@ mod tests {
         assert!(o.wgpu.soft_fma);
         assert_eq!(o.wgpu.exact, Some(false));
         assert_eq!(with(&[(EXACT, "1")]).unwrap().wgpu.exact, Some(true));
+        assert_eq!(with(&[(MV_ROWS, "2")]).unwrap().wgpu.mat_vec_rows, Some(2));
+        assert_eq!(with(&[(MV_ROWS, "0")]).unwrap().wgpu.mat_vec_rows, Some(0));
         assert_eq!(with(&[(DEVICES, "64")]).unwrap().cpu.extra_devices, 64);
         assert!(with(&[(REPACK, "1")]).unwrap().cpu.repack);
         assert!(with(&[(COOPMAT, "0")]).unwrap().wgpu.no_coopmat);
@@ -180,6 +196,7 @@ mod tests {
             (SOFT_FMA, "yes", "0 or 1"),
             (EXACT, "fast", "0 or 1"),
             (COOPMAT, "on", "0 or 1"),
+            (MV_ROWS, "3", "0, 1, 2 or 4"),
         ] {
             let e = with(&[(var, value)]).unwrap_err();
             assert!(e.starts_with(&format!("{var}={value}: ")), "{e}");

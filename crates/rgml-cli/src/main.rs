@@ -35,7 +35,9 @@ mod test_ops;
                   RGML_WGPU_SOFT_FMA=0|1 (integer FMA emulation on GPUs), \
                   RGML_WGPU_EXACT=0|1 (GPU arithmetic: fast, or the CPU's bits; default exact \
                   on CPU drivers such as lavapipe, fast on GPUs), RGML_WGPU_COOPMAT=0|1 \
-                  (prompts on a GPU's cooperative matrices where it has them; default 1)."
+                  (prompts on a GPU's cooperative matrices where it has them; default 1), \
+                  RGML_WGPU_MV_ROWS=0|1|2|4 (weight rows per workgroup of the GPU's block \
+                  mat-vec; 0: the older kernel; for measuring)."
 )]
 struct Cli {
     #[command(subcommand)]

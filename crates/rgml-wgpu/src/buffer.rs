@@ -13,6 +13,8 @@ use std::sync::{Arc, Weak};
 
 /// wgpu's copy and write granularity (`COPY_BUFFER_ALIGNMENT`).
 pub(crate) const COPY_ALIGN: usize = 4;
+/// The granularity of buffer allocations: the widest vector a kernel reads.
+const VECTOR_ALIGN: usize = 16;
 
 /// Largest piece written at once by memset, so a large fill does not need one huge host vector.
 const MEMSET_CHUNK: usize = 16 << 20;
@@ -92,9 +94,10 @@ impl BufferType for WgpuBufferType {
             });
         }
         let gpu = self.cell.get()?;
-        // Sizes are rounded up to wgpu's copy granularity (and an empty buffer gets 4 bytes),
-        // so every aligned access of the logical size stays in the allocation.
-        let alloc = align_up(size.max(1));
+        // Sizes are rounded up to 16 bytes (and an empty buffer gets 16), so every aligned
+        // access of the logical size stays in the allocation, 16-byte vector reads included
+        // (`mul_mv_blocks` reads activations as vec4).
+        let alloc = size.max(1).div_ceil(VECTOR_ALIGN) * VECTOR_ALIGN;
         let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size: alloc as u64,

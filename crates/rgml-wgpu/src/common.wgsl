@@ -1,34 +1,14 @@
-// What every rgml WGSL module shares: the parameter block, the source bindings and their
-// readers. `kernels.wgsl` and `kernels_f16.wgsl` add the destination binding D and kernels.
+// What the word-reading rgml WGSL modules share (after `params.wgsl`): the source bindings and
+// their readers. `kernels.wgsl` and `kernels_f16.wgsl` add the destination binding D and kernels.
 //
 // rgml's WGSL kernels are naive (one invocation per output element or row).
 //
-// Every kernel shares one bind group layout: a uniform block of shapes, strides and offsets, and
-// four storage bindings (A, B, C: sources; D: destination), all `array<u32>` (f32 values are
+// Every kernel shares one bind group layout: a uniform block of shapes, strides and offsets
+// (`params.wgsl`), and four storage bindings (A, B, C: sources; D: destination), all `array<u32>` (f32 values are
 // bitcast). Strides and offsets of 4-byte tensors (f32, i32) are in 4-byte elements; those of
 // f16 and quantized tensors are in bytes. Bindings are all read_write so that one buffer may be
 // bound several times in one dispatch (tensors of a graph usually share a buffer).
 
-struct P {
-    a_ne: vec4<u32>,
-    a_nb: vec4<u32>,
-    b_ne: vec4<u32>,
-    b_nb: vec4<u32>,
-    c_ne: vec4<u32>,
-    c_nb: vec4<u32>,
-    d_ne: vec4<u32>,
-    d_nb: vec4<u32>,
-    // Element offsets of A, B, C, D in their buffers.
-    off: vec4<u32>,
-    // x: invocations to run; y: op code / flag; z, w: kernel-specific.
-    misc: vec4<u32>,
-    // Kernel-specific floats (scale, bias, eps).
-    f: vec4<f32>,
-    // More kernel-specific floats (ROPE's YaRN correction dims).
-    g: vec4<f32>,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read_write> A: array<u32>;
 @group(0) @binding(2) var<storage, read_write> B: array<u32>;
 @group(0) @binding(3) var<storage, read_write> C: array<u32>;
@@ -39,24 +19,6 @@ const WG: u32 = 64u;
 fn set_rows_index(idx: vec4<u32>) -> i32 {
     return bitcast<i32>(C[p.off.z + idx.y * p.c_nb.x + (idx.z % p.c_ne.y) * p.c_nb.y + (idx.w % p.c_ne.z) * p.c_nb.z]);
 }
-
-// Source / destination element types (misc.z of the kernels that take several).
-const T_F32: u32 = 0u;
-const T_F16: u32 = 1u;
-const T_Q4_0: u32 = 2u;
-const T_Q4_1: u32 = 3u;
-const T_Q8_0: u32 = 4u;
-const T_Q4_K: u32 = 5u;
-const T_Q6_K: u32 = 6u;
-// Read only by the fast kernels (`kernels_fast.wgsl`).
-const T_BF16: u32 = 7u;
-const T_Q5_0: u32 = 8u;
-const T_Q5_1: u32 = 9u;
-const T_Q2_K: u32 = 10u;
-const T_Q3_K: u32 = 11u;
-const T_Q5_K: u32 = 12u;
-const T_IQ4_NL: u32 = 13u;
-const T_IQ4_XS: u32 = 14u;
 
 // Words per block of quantized activations in the scratch buffer (`quantize_q8`): the f16-rounded
 // scale and the f16-rounded `d * sum(q)` as f32, then 32 signed bytes.

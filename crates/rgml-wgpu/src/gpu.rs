@@ -26,7 +26,14 @@ pub struct WgpuOptions {
     /// offers them (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`): the fast
     /// arithmetic's register-tiled kernel instead.
     pub no_coopmat: bool,
+    /// Weight rows per workgroup of the block mat-vec that generation's MUL_MATs take (1 to 4;
+    /// `Some(0)`: the older kernel of groups of 8 for every mat-vec); `None`: the default,
+    /// [`DEFAULT_MV_ROWS`]. A tuning knob for measuring on a GPU.
+    pub mat_vec_rows: Option<u32>,
 }
+
+/// Weight rows per workgroup of the block mat-vec unless [`WgpuOptions::mat_vec_rows`] says.
+pub const DEFAULT_MV_ROWS: u32 = 4;
 
 /// What timing each dispatch on the GPU needs: timestamps, written inside compute passes.
 pub(crate) const TIMESTAMP_FEATURES: wgpu::Features =
@@ -96,7 +103,13 @@ impl Gpu {
             }
         }));
         let hw_fma = !options.soft_fma && probe_fused_fma(&device, &queue);
-        let kernels = Kernels::new(&device, hw_fma, coop, subgroup_rows);
+        let kernels = Kernels::new(
+            &device,
+            hw_fma,
+            coop,
+            subgroup_rows,
+            options.mat_vec_rows.unwrap_or(DEFAULT_MV_ROWS),
+        );
         let gpu = Gpu {
             name: name.to_string(),
             device,

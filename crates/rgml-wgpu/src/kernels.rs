@@ -80,6 +80,10 @@ pub(crate) enum FastKernel {
     SoftMax,
     /// `mul_mm_coop`: tiled MUL_MAT on cooperative matrices (only where [`Kernels::coop`]).
     MulMmCoop,
+    /// `mul_mv_blocks` (`kernels_mv.wgsl`): MUL_MAT of `cols` activation columns (1 to
+    /// [`MV_COLS`]), [`Kernels::mv_rows`] weight rows per workgroup, for the weight types it
+    /// decodes (`ops::mv_blocks_alignment`).
+    MulMvBlocks { cols: u32 },
 }
 
 impl FastKernel {
@@ -90,6 +94,7 @@ impl FastKernel {
             FastKernel::RmsNorm => "rms_norm_fast",
             FastKernel::SoftMax => "soft_max_fast",
             FastKernel::MulMmCoop => "mul_mm_coop",
+            FastKernel::MulMvBlocks { .. } => "mul_mv_blocks",
         }
     }
 }
@@ -160,15 +165,31 @@ fn coop_source(shape: CoopShape, subgroup_rows: bool) -> String {
 /// `mul_mv_fast`'s rows then are) a subgroup sum (naga takes subgroup operations without an
 /// `enable`, on devices opened with `SUBGROUP`); else a tree through workgroup memory.
 fn fast_source(subgroup_rows: bool) -> String {
-    let row_total = if subgroup_rows {
+    format!(
+        "{}\n{}{}",
+        concat!(include_str!("params.wgsl"), include_str!("common.wgsl")),
+        row_total_source(subgroup_rows),
+        include_str!("kernels_fast.wgsl")
+    )
+}
+
+/// `SUBGROUP_ROWS` and `row_total`: a subgroup's sum with `subgroup_rows`, else the value.
+fn row_total_source(subgroup_rows: bool) -> &'static str {
+    if subgroup_rows {
         "const SUBGROUP_ROWS: bool = true;\nfn row_total(v: f32) -> f32 { return subgroupAdd(v); }\n"
     } else {
         "const SUBGROUP_ROWS: bool = false;\nfn row_total(v: f32) -> f32 { return v; }\n"
-    };
+    }
+}
+
+/// The block mat-vec's source: `params.wgsl`, the row sums as [`fast_source`] has them, and
+/// `kernels_mv.wgsl` (which binds A, B and D its own way).
+fn mv_source(subgroup_rows: bool) -> String {
     format!(
-        "{}\n{row_total}{}",
-        include_str!("common.wgsl"),
-        include_str!("kernels_fast.wgsl")
+        "{}\n{}{}",
+        include_str!("params.wgsl"),
+        row_total_source(subgroup_rows),
+        include_str!("kernels_mv.wgsl")
     )
 }
 
@@ -203,6 +224,8 @@ fn rename_bindings(source: &str) -> String {
 pub(crate) const MV_COLS: usize = 8;
 /// Weight rows per workgroup of `mul_mv_fast`.
 pub(crate) const MV_ROWS: u64 = 2;
+/// Most weight rows per workgroup of `mul_mv_blocks` (`MV_MAX_ROWS` in the WGSL).
+pub(crate) const MV_BLOCKS_MAX_ROWS: u32 = 4;
 /// Outputs per tile edge of `mul_mm_fast` (`TILE` in the WGSL).
 pub(crate) const MM_TILE: u64 = 64;
 
@@ -267,6 +290,10 @@ pub(crate) struct Kernels {
     /// `mul_mv_fast` sums rows with subgroup operations (see [`subgroup_rows`]).
     subgroup_rows: bool,
     coop_module: std::sync::OnceLock<wgpu::ShaderModule>,
+    /// Weight rows per workgroup of `mul_mv_blocks` (1 to [`MV_BLOCKS_MAX_ROWS`]); 0: it is
+    /// not used (`mul_mv_fast` takes every mat-vec).
+    pub(crate) mv_rows: u32,
+    mv_module: std::sync::OnceLock<wgpu::ShaderModule>,
     /// The fast kernels compiled so far, by kernel and weight type.
     fast: std::sync::Mutex<std::collections::HashMap<(FastKernel, u32), wgpu::ComputePipeline>>,
 }
@@ -280,6 +307,7 @@ impl Kernels {
         hw_fma: bool,
         coop: Option<CoopShape>,
         subgroup_rows: bool,
+        mv_rows: u32,
     ) -> Kernels {
         let f64 = device.features().contains(wgpu::Features::SHADER_F64);
         let storage = |binding| wgpu::BindGroupLayoutEntry {
@@ -316,13 +344,8 @@ impl Kernels {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let common = include_str!("common.wgsl");
-        let module = |label, body: &str| {
-            device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(label),
-                source: wgpu::ShaderSource::Wgsl(format!("{common}\n{body}").into()),
-            })
-        };
+        let common = concat!(include_str!("params.wgsl"), include_str!("common.wgsl"));
+        let module = |label, body: &str| shader_module(device, label, format!("{common}\n{body}"));
         let plain = module("rgml kernels", include_str!("kernels.wgsl"));
         let f16 = module("rgml f16 kernels", include_str!("kernels_f16.wgsl"));
         let wide = f64.then(|| module("rgml f64 kernels", include_str!("kernels_f64.wgsl")));
@@ -360,6 +383,8 @@ impl Kernels {
             coop,
             subgroup_rows,
             coop_module: std::sync::OnceLock::new(),
+            mv_rows: mv_rows.min(MV_BLOCKS_MAX_ROWS),
+            mv_module: std::sync::OnceLock::new(),
             fast: Default::default(),
         }
     }
@@ -380,20 +405,28 @@ impl Kernels {
         compiled
             .entry((kernel, type_code))
             .or_insert_with(|| {
-                let make = |label, source: String| {
-                    self.device
-                        .create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some(label),
-                            source: wgpu::ShaderSource::Wgsl(source.into()),
-                        })
-                };
+                let make = |label, source: String| shader_module(&self.device, label, source);
+                let rows = self.subgroup_rows;
                 let module = match (kernel, self.coop) {
-                    (FastKernel::MulMmCoop, Some(shape)) => self.coop_module.get_or_init(|| {
-                        make("rgml coop kernels", coop_source(shape, self.subgroup_rows))
-                    }),
+                    (FastKernel::MulMmCoop, Some(shape)) => self
+                        .coop_module
+                        .get_or_init(|| make("rgml coop kernels", coop_source(shape, rows))),
+                    (FastKernel::MulMvBlocks { .. }, _) => self
+                        .mv_module
+                        .get_or_init(|| make("rgml mat-vec kernels", mv_source(rows))),
                     _ => self
                         .fast_module
-                        .get_or_init(|| make("rgml fast kernels", fast_source(self.subgroup_rows))),
+                        .get_or_init(|| make("rgml fast kernels", fast_source(rows))),
+                };
+                let type_code = f64::from(type_code);
+                let fma = if self.hw_fma { 1.0 } else { 0.0 };
+                let constants: &[(&str, f64)] = match kernel {
+                    FastKernel::MulMvBlocks { cols } => &[
+                        ("TYPE", type_code),
+                        ("NCOLS", f64::from(cols)),
+                        ("ROWS", f64::from(self.mv_rows.max(1))),
+                    ],
+                    _ => &[("HW_FMA", fma), ("TYPE", type_code)],
                 };
                 self.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -402,10 +435,7 @@ impl Kernels {
                         module,
                         entry_point: Some(kernel.entry()),
                         compilation_options: wgpu::PipelineCompilationOptions {
-                            constants: &[
-                                ("HW_FMA", if self.hw_fma { 1.0 } else { 0.0 }),
-                                ("TYPE", f64::from(type_code)),
-                            ],
+                            constants,
                             ..Default::default()
                         },
                         cache: None,
@@ -413,6 +443,23 @@ impl Kernels {
             })
             .clone()
     }
+}
+
+/// A WGSL module of rgml's kernels, with wgpu's bounds checks but without its loop counters:
+/// wgpu bounds every loop with a 64-bit counter by default (a shader that never ends is
+/// undefined behaviour for some drivers), which costs instructions in every loop and keeps
+/// drivers from unrolling the short fixed loops the kernels index registers with.
+fn shader_module(device: &wgpu::Device, label: &str, source: String) -> wgpu::ShaderModule {
+    let mut checks = wgpu::ShaderRuntimeChecks::checked();
+    checks.force_loop_bounding = false;
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    };
+    // SAFETY: only the loop bounding is off, and every loop of rgml's WGSL kernels is a `for`
+    // over an integer that moves by a positive step towards a bound read from the uniform
+    // block or a constant (no `loop` or `while`), so each ends; indexing stays bounds-checked.
+    unsafe { device.create_shader_module_trusted(desc, checks) }
 }
 
 /// Whether the device's WGSL `fma` rounds once, as IEEE's fused multiply-add does (WGSL leaves
@@ -517,14 +564,15 @@ mod tests {
         module
     }
 
-    /// The fast module parses and validates with both row sums (CI's lavapipe has subgroups
-    /// of 8, so it never compiles the subgroup one).
+    /// The fast and mat-vec modules parse and validate with both row sums (CI's lavapipe has
+    /// subgroups of 8, so it never compiles the subgroup ones).
     #[test]
-    fn the_fast_module_is_valid_wgsl_with_both_row_sums() {
+    fn the_fast_modules_are_valid_wgsl_with_both_row_sums() {
         for rows in [false, true] {
-            let source = fast_source(rows);
-            validate(&source, &format!("subgroup rows {rows}"));
-            assert_eq!(source.contains("subgroupAdd"), rows);
+            for source in [fast_source(rows), mv_source(rows)] {
+                validate(&source, &format!("subgroup rows {rows}"));
+                assert_eq!(source.contains("subgroupAdd"), rows);
+            }
         }
     }
 

@@ -121,7 +121,7 @@ mod plan;
 pub use backend::WgpuBackend;
 pub use buffer::{WgpuBuffer, WgpuBufferType};
 pub use device::{WgpuDevice, WgpuRegistry};
-pub use gpu::WgpuOptions;
+pub use gpu::{WgpuOptions, DEFAULT_MV_ROWS};
 pub use host::{WgpuHostBuffer, WgpuHostBufferType, HOST_PAGE, HOST_TENSOR_ALIGNMENT};
 
 use std::sync::Arc;

@@ -62,6 +62,33 @@ fn fast_mul_mat(a: &Tensor, b: &Tensor) -> bool {
     weight_code(a.dtype).is_some() && contiguous_rows && addressable(a) && f32_operand(a, b)
 }
 
+/// The byte alignment of the rows and blocks of the weight types `mul_mv_blocks` decodes (4 for
+/// F32, whose offsets are in elements; 2 for blocks of an even size that is no multiple of 4).
+fn mv_blocks_alignment(dtype: DType) -> Option<u32> {
+    match dtype {
+        DType::F32 | DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => Some(4),
+        DType::F16 | DType::BF16 | DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q6_K => Some(2),
+        _ => None,
+    }
+}
+
+/// Whether `mul_mv_blocks` takes the mat-vec of weights `a` with parameters `p`: a type it
+/// decodes, rows of whole blocks (of 32 elements for the float types) at its alignment, and
+/// activations it reads as 16-byte vectors (contiguous rows starting at multiples of 4
+/// elements).
+fn mv_blocks_fit(p: &Params, a: &Tensor) -> bool {
+    let Some(align) = mv_blocks_alignment(a.dtype) else {
+        return false;
+    };
+    let block = a.dtype.block_size().max(32);
+    let weights =
+        p.off[0].is_multiple_of(align) && p.a_nb[1..].iter().all(|s| s.is_multiple_of(align));
+    let acts = p.b_nb[0] == 1
+        && p.off[1].is_multiple_of(4)
+        && p.b_nb[1..].iter().all(|s| s.is_multiple_of(4));
+    a.ne[0].is_multiple_of(block) && weights && acts
+}
+
 /// Bytes per unit of the kernels' strides and offsets for `dtype`: 4 for 4-byte elements
 /// (f32, i32), 1 (bytes) for the rest.
 fn unit(dtype: DType) -> usize {
@@ -415,7 +442,14 @@ impl<'a> Prep<'a> {
         let code = weight_code(a.dtype).ok_or_else(|| self.unsupported(t))?;
         let matrices = (t.ne[2] * t.ne[3]) as u64;
         let (m, n) = (t.ne[0] as u64, t.ne[1] as u64);
-        let (kernel, groups) = if t.ne[1] <= MV_COLS {
+        let rows = u64::from(self.gpu.kernels.mv_rows);
+        let (kernel, groups) = if t.ne[1] <= MV_COLS && rows > 0 && mv_blocks_fit(&p, a) {
+            let cols = t.ne[1] as u32;
+            (
+                FastKernel::MulMvBlocks { cols },
+                m.div_ceil(rows) * matrices,
+            )
+        } else if t.ne[1] <= MV_COLS {
             (FastKernel::MulMv, m.div_ceil(MV_ROWS) * matrices)
         } else {
             let tiles = m.div_ceil(MM_TILE) * n.div_ceil(MM_TILE);

@@ -1,0 +1,355 @@
+// The fast arithmetic's block mat-vec (`mul_mv_blocks`, see `kernels.rs`): MUL_MAT by a few
+// activation columns (generation), for the weight types a decoded model streams most. Prefixed
+// with `params.wgsl` and the row-sum flavour (`SUBGROUP_ROWS`, `row_total`); the other fast
+// kernels are in `kernels_fast.wgsl`.
+//
+// A workgroup of 128 invocations computes ROWS weight rows for NCOLS activation columns. A
+// block of TYPE is split into LANES parts of 8 or 16 elements; invocation i takes part
+// i % LANES of every (128 / LANES)-th block from block i / LANES on. So a warp reads whole
+// blocks side by side (its loads coalesce), and each invocation decodes its part once per row
+// with its activations in registers: the activations are read as 16-byte vectors (binding B
+// is `array<vec4<f32>>` here), once per block and column for all ROWS rows.
+//
+// The weights are read as 4-byte words: the 4-aligned types' (Q4_1, Q5_1, Q4_K, Q5_K, F32)
+// straight, the 2-aligned ones' (Q4_0, Q5_0, Q8_0, Q6_K, F16, BF16) from two words where a
+// block starts between words. Sums are f32 FMAs in whatever order (the fast arithmetic).
+
+@group(0) @binding(1) var<storage, read_write> A: array<u32>;
+@group(0) @binding(2) var<storage, read_write> B: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> D: array<f32>;
+
+override TYPE: u32 = 0u;
+// Activation columns (1..=MV_MAX_COLS) and weight rows (1..=MV_MAX_ROWS) per workgroup.
+override NCOLS: u32 = 1u;
+override ROWS: u32 = 4u;
+
+const MV_WG: u32 = 128u;
+const MV_MAX_COLS: u32 = 8u;
+const MV_MAX_ROWS: u32 = 4u;
+
+// Elements per block (a float row is taken in blocks of 32) and its bytes (F32: 4-byte words).
+fn block_elems() -> u32 {
+    switch TYPE {
+        case T_Q4_K, T_Q5_K, T_Q6_K: { return 256u; }
+        default: { return 32u; }
+    }
+}
+
+fn block_size() -> u32 {
+    switch TYPE {
+        case T_Q4_0: { return 18u; }
+        case T_Q4_1: { return 20u; }
+        case T_Q5_0: { return 22u; }
+        case T_Q5_1: { return 24u; }
+        case T_Q8_0: { return 34u; }
+        case T_Q4_K: { return 144u; }
+        case T_Q5_K: { return 176u; }
+        case T_Q6_K: { return 210u; }
+        case T_F16, T_BF16: { return 64u; }
+        default: { return 32u; }
+    }
+}
+
+// Invocations per block: 16 parts of 16 elements for the K-quants, 4 of 8 for the others.
+fn lanes() -> u32 {
+    return select(4u, 16u, block_elems() == 256u);
+}
+
+// One invocation's part of a block's activations: 4 runs of 4 elements (the last two zero for
+// parts of 8).
+struct Part {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+}
+
+// Where lane `l`'s 4 runs start in its block (elements), matching `part_dot`'s decoding.
+fn part_runs(l: u32) -> vec4<u32> {
+    switch TYPE {
+        case T_Q4_K, T_Q5_K: {
+            // Bytes 8 (l % 4) .. + 8 of the 32-byte run l / 4: low nibbles are elements
+            // 64 (l / 4) + 8 (l % 4) + 0..8, high nibbles 32 further.
+            let at = 64u * (l / 4u) + 8u * (l % 4u);
+            return vec4<u32>(at, at + 4u, at + 32u, at + 36u);
+        }
+        case T_Q6_K: {
+            // Half l / 8, bytes 4 (l % 8) .. + 4 of its low-nibble rows: 4 elements 32 apart.
+            let at = 128u * (l / 8u) + 4u * (l % 8u);
+            return vec4<u32>(at, at + 32u, at + 64u, at + 96u);
+        }
+        case T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1: {
+            // Quant bytes 4 l .. + 4: low nibbles elements 4 l + 0..4, high ones 16 further.
+            return vec4<u32>(4u * l, 4u * l + 16u, 0u, 0u);
+        }
+        default: {
+            return vec4<u32>(8u * l, 8u * l + 4u, 0u, 0u);
+        }
+    }
+}
+
+// Activation row `b0` (4-aligned element), block `blk`'s part at `runs`.
+fn load_part(b0: u32, runs: vec4<u32>) -> Part {
+    let i = b0 >> 2u;
+    let wide = block_elems() == 256u;
+    var x = Part(B[i + (runs.x >> 2u)], B[i + (runs.y >> 2u)], vec4<f32>(0.0), vec4<f32>(0.0));
+    if (wide) {
+        x.v2 = B[i + (runs.z >> 2u)];
+        x.v3 = B[i + (runs.w >> 2u)];
+    }
+    return x;
+}
+
+// The 4 bytes of A at 4-aligned byte `b`, and at 2-aligned byte `b` (two words where `b`
+// is between words; both are always read, so a warp's lanes never diverge on alignment).
+fn w4(b: u32) -> u32 {
+    return A[b >> 2u];
+}
+
+fn w2(b: u32) -> u32 {
+    let lo = A[b >> 2u];
+    let hi = A[(b >> 2u) + 1u];
+    return select(lo, (lo >> 16u) | (hi << 16u), (b & 2u) != 0u);
+}
+
+fn f16_at(b: u32) -> f32 {
+    return unpack2x16float(A[b >> 2u] >> ((b & 2u) * 8u)).x;
+}
+
+fn lo4(w: u32) -> vec4<f32> {
+    return vec4<f32>(f32(w & 0xfu), f32((w >> 8u) & 0xfu), f32((w >> 16u) & 0xfu), f32((w >> 24u) & 0xfu));
+}
+
+fn hi4(w: u32) -> vec4<f32> {
+    return lo4(w >> 4u);
+}
+
+// Bits `b`, b + 8, b + 16, b + 24 of `w` (bit b of each byte), as 0 or 16.
+fn high16(w: u32, b: u32) -> vec4<f32> {
+    let v = (w >> b) & 0x01010101u;
+    return 16.0 * vec4<f32>(f32(v & 1u), f32((v >> 8u) & 1u), f32((v >> 16u) & 1u), f32(v >> 24u));
+}
+
+// Bits e..e + 4 of `w` as 0 or 16 each.
+fn bits16(w: u32, e: u32) -> vec4<f32> {
+    let v = w >> e;
+    return 16.0 * vec4<f32>(f32(v & 1u), f32((v >> 1u) & 1u), f32((v >> 2u) & 1u), f32((v >> 3u) & 1u));
+}
+
+fn i8x4(w: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xI8(w));
+}
+
+fn hsum(v: vec4<f32>) -> f32 {
+    return dot(v, vec4<f32>(1.0));
+}
+
+// Byte `i` of the 12 scale bytes (s0, s1, s2) of a Q4_K / Q5_K block.
+fn sbyte(s0: u32, s1: u32, s2: u32, i: u32) -> u32 {
+    let w = select(select(s2, s1, i < 8u), s0, i < 4u);
+    return (w >> (8u * (i % 4u))) & 0xffu;
+}
+
+// Scale and min of sub-block `j` of a Q4_K / Q5_K block (ggml's get_scale_min_k4).
+fn scale_min(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
+    if (j < 4u) {
+        return vec2<f32>(f32(sbyte(s0, s1, s2, j) & 63u), f32(sbyte(s0, s1, s2, j + 4u) & 63u));
+    }
+    let q = sbyte(s0, s1, s2, j + 4u);
+    let sc = (q & 0xfu) | ((sbyte(s0, s1, s2, j - 4u) >> 6u) << 4u);
+    let mn = (q >> 4u) | ((sbyte(s0, s1, s2, j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(mn));
+}
+
+// Lane `l`'s part of the block at byte `blk` (element for F32) dotted with its activations.
+fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
+    switch TYPE {
+        case T_Q4_K, T_Q5_K: {
+            let im = l / 4u;
+            let l0 = 8u * (l % 4u);
+            let dm = unpack2x16float(w4(blk));
+            let s0 = w4(blk + 4u);
+            let s1 = w4(blk + 8u);
+            let s2 = w4(blk + 12u);
+            let q5 = TYPE == T_Q5_K;
+            let qs = blk + select(16u, 48u, q5) + 32u * im + l0;
+            let q0 = w4(qs);
+            let q1 = w4(qs + 4u);
+            var a0 = lo4(q0);
+            var a1 = lo4(q1);
+            var b0 = hi4(q0);
+            var b1 = hi4(q1);
+            if (q5) {
+                // The fifth bits: bit 2 im (low nibbles) and 2 im + 1 (high) of bytes l0.. of qh.
+                let h0 = w4(blk + 16u + l0);
+                let h1 = w4(blk + 20u + l0);
+                a0 += high16(h0, 2u * im);
+                a1 += high16(h1, 2u * im);
+                b0 += high16(h0, 2u * im + 1u);
+                b1 += high16(h1, 2u * im + 1u);
+            }
+            let m0 = scale_min(s0, s1, s2, 2u * im);
+            let m1 = scale_min(s0, s1, s2, 2u * im + 1u);
+            let dot_lo = dot(a0, x.v0) + dot(a1, x.v1);
+            let dot_hi = dot(b0, x.v2) + dot(b1, x.v3);
+            let sum_lo = hsum(x.v0 + x.v1);
+            let sum_hi = hsum(x.v2 + x.v3);
+            return dm.x * (m0.x * dot_lo + m1.x * dot_hi) - dm.y * (m0.y * sum_lo + m1.y * sum_hi);
+        }
+        case T_Q6_K: {
+            let h = l / 8u;
+            let q = 4u * (l % 8u);
+            let ql0 = w2(blk + 64u * h + q);
+            let ql1 = w2(blk + 64u * h + 32u + q);
+            let qh = w2(blk + 128u + 32u * h + q);
+            // Scales 8 h + q / 16 + 2 r (signed bytes) for the runs r = 0..4.
+            let sw0 = w2(blk + 192u + 8u * h);
+            let sw1 = w2(blk + 196u + 8u * h);
+            let is = q / 16u;
+            let sc = vec4<f32>(
+                f32(extractBits(bitcast<i32>(sw0), 8u * is, 8u)),
+                f32(extractBits(bitcast<i32>(sw0), 8u * is + 16u, 8u)),
+                f32(extractBits(bitcast<i32>(sw1), 8u * is, 8u)),
+                f32(extractBits(bitcast<i32>(sw1), 8u * is + 16u, 8u)));
+            let c0 = lo4(ql0) + 16.0 * lo4((qh >> 0u) & 0x03030303u) - 32.0;
+            let c1 = lo4(ql1) + 16.0 * lo4((qh >> 2u) & 0x03030303u) - 32.0;
+            let c2 = hi4(ql0) + 16.0 * lo4((qh >> 4u) & 0x03030303u) - 32.0;
+            let c3 = hi4(ql1) + 16.0 * lo4((qh >> 6u) & 0x03030303u) - 32.0;
+            let d = f16_at(blk + 208u);
+            let dots = vec4<f32>(dot(c0, x.v0), dot(c1, x.v1), dot(c2, x.v2), dot(c3, x.v3));
+            return d * dot(sc, dots);
+        }
+        case T_Q8_0: {
+            let d = f16_at(blk);
+            let qs = blk + 2u + 8u * l;
+            return d * (dot(i8x4(w2(qs)), x.v0) + dot(i8x4(w2(qs + 4u)), x.v1));
+        }
+        case T_Q4_0: {
+            let d = f16_at(blk);
+            let w = w2(blk + 2u + 4u * l);
+            return d * (dot(lo4(w) - 8.0, x.v0) + dot(hi4(w) - 8.0, x.v1));
+        }
+        case T_Q4_1: {
+            let dm = unpack2x16float(w4(blk));
+            let w = w4(blk + 4u + 4u * l);
+            return dm.x * (dot(lo4(w), x.v0) + dot(hi4(w), x.v1)) + dm.y * hsum(x.v0 + x.v1);
+        }
+        case T_Q5_0: {
+            let d = f16_at(blk);
+            let qh = w2(blk + 2u);
+            let w = w2(blk + 6u + 4u * l);
+            let a = lo4(w) + bits16(qh, 4u * l) - 16.0;
+            let b = hi4(w) + bits16(qh, 4u * l + 16u) - 16.0;
+            return d * (dot(a, x.v0) + dot(b, x.v1));
+        }
+        case T_Q5_1: {
+            let dm = unpack2x16float(w4(blk));
+            let qh = w4(blk + 4u);
+            let w = w4(blk + 8u + 4u * l);
+            let a = lo4(w) + bits16(qh, 4u * l);
+            let b = hi4(w) + bits16(qh, 4u * l + 16u);
+            return dm.x * (dot(a, x.v0) + dot(b, x.v1)) + dm.y * hsum(x.v0 + x.v1);
+        }
+        case T_F16, T_BF16: {
+            let at = blk + 16u * l;
+            let w = vec4<u32>(w2(at), w2(at + 4u), w2(at + 8u), w2(at + 12u));
+            if (TYPE == T_F16) {
+                let a = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+                let b = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+                return dot(a, x.v0) + dot(b, x.v1);
+            }
+            let lo = w << vec4<u32>(16u);
+            let hi = w & vec4<u32>(0xffff0000u);
+            let a = bitcast<vec4<f32>>(vec4<u32>(lo.x, hi.x, lo.y, hi.y));
+            let b = bitcast<vec4<f32>>(vec4<u32>(lo.z, hi.z, lo.w, hi.w));
+            return dot(a, x.v0) + dot(b, x.v1);
+        }
+        default: {
+            // F32: `blk` is a 4-byte element index.
+            let at = blk + 8u * l;
+            let a = bitcast<vec4<f32>>(vec4<u32>(A[at], A[at + 1u], A[at + 2u], A[at + 3u]));
+            let b = bitcast<vec4<f32>>(vec4<u32>(A[at + 4u], A[at + 5u], A[at + 6u], A[at + 7u]));
+            return dot(a, x.v0) + dot(b, x.v1);
+        }
+    }
+}
+
+var<workgroup> mv_partial: array<f32, 128>;
+
+// A workgroup's sums: ROWS x NCOLS values per invocation, added over the 128 invocations and
+// written to D. With subgroups of 32 each is a subgroup sum, then 4 partials per value through
+// workgroup memory; else a tree per value.
+fn mv_store(li: u32, acc: array<f32, 32>, r0: u32, i2: u32, i3: u32) {
+    let out = p.off.w + i2 * p.d_nb.z + i3 * p.d_nb.w;
+    if (SUBGROUP_ROWS) {
+        for (var r = 0u; r < ROWS; r++) {
+            for (var c = 0u; c < NCOLS; c++) {
+                let s = row_total(acc[r * MV_MAX_COLS + c]);
+                if (li % 32u == 0u) {
+                    mv_partial[(r * MV_MAX_COLS + c) * 4u + li / 32u] = s;
+                }
+            }
+        }
+        workgroupBarrier();
+        if (li < ROWS * NCOLS) {
+            let r = li / NCOLS;
+            let c = li % NCOLS;
+            let at = (r * MV_MAX_COLS + c) * 4u;
+            let total = (mv_partial[at] + mv_partial[at + 1u]) + (mv_partial[at + 2u] + mv_partial[at + 3u]);
+            if (r0 + r < p.d_ne.x) {
+                D[out + (r0 + r) * p.d_nb.x + c * p.d_nb.y] = total;
+            }
+        }
+        return;
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        for (var c = 0u; c < NCOLS; c++) {
+            mv_partial[li] = acc[r * MV_MAX_COLS + c];
+            workgroupBarrier();
+            for (var s = MV_WG / 2u; s > 0u; s >>= 1u) {
+                if (li < s) {
+                    mv_partial[li] += mv_partial[li + s];
+                }
+                workgroupBarrier();
+            }
+            if (li == 0u && r0 + r < p.d_ne.x) {
+                D[out + (r0 + r) * p.d_nb.x + c * p.d_nb.y] = mv_partial[0];
+            }
+            workgroupBarrier();
+        }
+    }
+}
+
+// Workgroup w: rows ROWS (w % ceil(ne0 / ROWS)) .. + ROWS of matrix w / ceil(ne0 / ROWS)
+// (i2 + ne2 i3). Weight rows and activation rows as `kernels_fast.wgsl`'s mat-vec takes them
+// (A in bytes, or 4-byte elements for F32; B in elements, 4-aligned: the host checks).
+@compute @workgroup_size(128)
+fn mul_mv_blocks(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = wid.x + wid.y * nwg.x;
+    let groups = (p.d_ne.x + ROWS - 1u) / ROWS;
+    let mat = w / groups;
+    let i2 = mat % p.d_ne.z;
+    let i3 = mat / p.d_ne.z;
+    let r0 = (w % groups) * ROWS;
+    let lane = li % lanes();
+    let slots = MV_WG / lanes();
+    let blocks = p.a_ne.x / block_elems();
+    let runs = part_runs(lane);
+    var acc: array<f32, 32>;
+    if (i3 < p.d_ne.w) {
+        let a0 = p.off.x + (i2 / p.misc.y) * p.a_nb.z + (i3 / p.misc.z) * p.a_nb.w;
+        let b0 = p.off.y + i2 * p.b_nb.z + i3 * p.b_nb.w;
+        for (var blk = li / lanes(); blk < blocks; blk += slots) {
+            for (var c = 0u; c < NCOLS; c++) {
+                let x = load_part(b0 + c * p.b_nb.y + blk * block_elems(), runs);
+                for (var r = 0u; r < ROWS; r++) {
+                    // Rows past the end read the last row again; their sums are not stored.
+                    let row = min(r0 + r, p.d_ne.x - 1u);
+                    let at = a0 + row * p.a_nb.y + blk * block_size();
+                    acc[r * MV_MAX_COLS + c] += part_dot(at, lane, x);
+                }
+            }
+        }
+    }
+    mv_store(li, acc, r0, i2, i3);
+}
