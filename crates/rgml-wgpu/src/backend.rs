@@ -5,17 +5,18 @@
 //! # Command buffers
 //! A graph's dispatches (nodes that compute something) are split into `n_cb` contiguous ranges
 //! of about equal size (ggml-metal's `n_cb`), each encoded into its own command encoder (one
-//! compute pass per node), and all of them are submitted with one `queue.submit`, in order.
-//! With several ranges of at least 32 dispatches each, the ranges are encoded on scoped
-//! threads (Metal's n_cb), else one after another.
+//! compute pass per range), and each is submitted as soon as it and every range before it are
+//! encoded: the GPU runs the first while the host encodes the rest. With several ranges of at
+//! least 32 dispatches each, the ranges are encoded on two scoped threads (taking every other
+//! range), else one after another.
 //!
-//! The default is `n_cb=2`; `Vulkan0:n_cb=N` sets it. Measured on lavapipe (2 shared CPU
-//! cores, `bench_n_cb` in `tests/stream.rs`, 300-node graphs): encoding a graph takes about
-//! 2.2 ms sequentially whatever `n_cb`, and about 1.4–1.6 ms on 2–4 threads; a graph of tiny
-//! nodes (where encoding is ~13% of the time) took ~18.6 ms with `n_cb=1` and ~15.4 ms with
-//! `n_cb=2`, while matmul-heavy graphs (~160 ms, encoding ~1%) showed no difference beyond
-//! the ±10% noise. More command buffers did not help further: the GPU cannot start before
-//! the one submit, and each command buffer adds a fixed cost.
+//! The default is `n_cb=8`; `Vulkan0:n_cb=N` sets it. wgpu's encoding costs the host a few
+//! microseconds per dispatch (its resource tracking): a decode step of an 8B Llama has ~700
+//! dispatches, and on the H100 machine a dispatch runs in about as long, so a graph submitted
+//! only once encoded leaves the GPU idle for the whole encoding. Measured on lavapipe before
+//! (2 shared CPU cores, `bench_n_cb` in `tests/stream.rs`, 300-node graphs, one submit per
+//! graph): encoding a graph takes about 2.2 ms sequentially whatever `n_cb`, and about
+//! 1.4–1.6 ms on 2–4 threads.
 //!
 //! # Asynchrony
 //! [`Backend::graph_compute_async`] submits and returns; [`Backend::synchronize`] waits for
@@ -81,6 +82,12 @@ use std::time::Instant;
 
 /// Fewest dispatches per command buffer for which encoding on threads pays off.
 const MIN_THREADED_RANGE: usize = 32;
+
+/// Threads encoding one graph's command buffers.
+const ENCODER_THREADS: usize = 2;
+
+/// Command buffers per graph unless the `n_cb` parameter says.
+pub(crate) const DEFAULT_N_CB: usize = 8;
 
 /// How many plans a stream keeps: enough for a few graphs computed in turn (a scheduler's
 /// splits on this stream, a decode graph beside a prompt graph).
@@ -251,16 +258,14 @@ impl WgpuBackend {
         }
     }
 
-    /// Encode `prepared` into `n_cb` command buffers and submit them with one submit.
+    /// Encode `prepared` into `n_cb` command buffers and submit each as soon as it and those
+    /// before it are encoded, so the GPU starts on the first while the rest are encoded.
     fn submit(&mut self, prepared: &Arc<Prepared>) -> Result<()> {
         if prepared.len() == 0 {
             return Ok(());
         }
         let ranges = split_even(prepared.len(), self.n_cb);
         let t0 = Instant::now();
-        // Several ranges of enough steps each: encode them on threads (measured faster on
-        // lavapipe, see the module docs); small graphs are not worth the thread start-up.
-        let threaded = ranges.len() > 1 && prepared.len() >= ranges.len() * MIN_THREADED_RANGE;
         let mut times: Vec<Option<DispatchTimes>> = ranges
             .iter()
             .map(|r| {
@@ -268,28 +273,50 @@ impl WgpuBackend {
                     .then(|| DispatchTimes::new(&self.gpu, r.clone()))
             })
             .collect();
-        let buffers: Vec<wgpu::CommandBuffer> = if threaded {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = ranges
-                    .iter()
-                    .zip(&times)
-                    .map(|(r, t)| scope.spawn(move || prepared.encode(r.clone(), t.as_ref())))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .map_err(|_| self.gpu.err("encoder thread panicked"))
-                    })
-                    .collect::<Result<_>>()
-            })?
+        // Several ranges of enough steps each: encode them on threads (measured faster on
+        // lavapipe, see the module docs); small graphs are not worth the thread start-up.
+        let threads = if prepared.len() >= ranges.len() * MIN_THREADED_RANGE {
+            ranges.len().min(ENCODER_THREADS)
         } else {
-            ranges
-                .iter()
-                .zip(&times)
-                .map(|(r, t)| prepared.encode(r.clone(), t.as_ref()))
-                .collect()
+            1
         };
+        let queue = &self.gpu.queue;
+        if threads > 1 {
+            let (ranges, times) = (&ranges, &times);
+            std::thread::scope(|scope| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                for first in 0..threads {
+                    let tx = tx.clone();
+                    scope.spawn(move || {
+                        for k in (first..ranges.len()).step_by(threads) {
+                            let buffer = prepared.encode(ranges[k].clone(), times[k].as_ref());
+                            if tx.send((k, buffer)).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+                drop(tx);
+                // Submitted in order: the queue runs them one after another.
+                let mut ready = std::collections::BTreeMap::new();
+                let mut next = 0;
+                for (k, buffer) in rx {
+                    ready.insert(k, buffer);
+                    while let Some(buffer) = ready.remove(&next) {
+                        queue.submit([buffer]);
+                        next += 1;
+                    }
+                }
+                if next < ranges.len() {
+                    return Err(self.gpu.err("encoder thread panicked"));
+                }
+                Ok(())
+            })?;
+        } else {
+            for (r, t) in ranges.iter().zip(&times) {
+                queue.submit([prepared.encode(r.clone(), t.as_ref())]);
+            }
+        }
         if self.trace.is_some() {
             for (k, r) in ranges.iter().enumerate() {
                 let nodes = prepared.nodes_of(k, r);
@@ -302,8 +329,6 @@ impl WgpuBackend {
                 });
             }
         }
-        // One submit, in order: the queue runs the command buffers one after another.
-        self.gpu.queue.submit(buffers);
         Ok(())
     }
 }

@@ -12,7 +12,7 @@
 //! host memory, so [`rgml::Device::buffer_from_host_memory`] is unsupported here (see
 //! [`WgpuDevice`]'s implementation).
 
-use crate::backend::{WgpuBackend, WgpuEvent};
+use crate::backend::{WgpuBackend, WgpuEvent, DEFAULT_N_CB};
 use crate::buffer::{WgpuBufferType, COPY_ALIGN};
 use crate::gpu::{Gpu, GpuCell, WgpuOptions, TIMESTAMP_FEATURES};
 use crate::host::WgpuHostBufferType;
@@ -300,7 +300,7 @@ impl rgml::Device for WgpuDevice {
         // set here: one parameter list goes to every device of a split (`rgml -t 2 --device
         // Vulkan0,CPU`), and the GPU has no host threads.
         params.check_known(&["n_cb", "concurrency", "exact", "n_threads"])?;
-        let n_cb = params.get_parsed::<usize>("n_cb")?.unwrap_or(2);
+        let n_cb = params.get_parsed::<usize>("n_cb")?.unwrap_or(DEFAULT_N_CB);
         if n_cb == 0 {
             return Err(Error::InvalidParams {
                 params: "n_cb=0".into(),

@@ -33,7 +33,7 @@ pub struct WgpuOptions {
 }
 
 /// Weight rows per workgroup of the block mat-vec unless [`WgpuOptions::mat_vec_rows`] says.
-pub const DEFAULT_MV_ROWS: u32 = 4;
+pub const DEFAULT_MV_ROWS: u32 = 2;
 
 /// What timing each dispatch on the GPU needs: timestamps, written inside compute passes.
 pub(crate) const TIMESTAMP_FEATURES: wgpu::Features =

@@ -82,8 +82,9 @@ pub(crate) enum FastKernel {
     MulMmCoop,
     /// `mul_mv_blocks` (`kernels_mv.wgsl`): MUL_MAT of `cols` activation columns (1 to
     /// [`MV_COLS`]), [`Kernels::mv_rows`] weight rows per workgroup, for the weight types it
-    /// decodes (`ops::mv_blocks_alignment`).
-    MulMvBlocks { cols: u32 },
+    /// decodes (`ops::mv_blocks_alignment`); with `glu`, the gate and up projections of one
+    /// activation and their SwiGLU.
+    MulMvBlocks { cols: u32, glu: bool },
 }
 
 impl FastKernel {
@@ -421,10 +422,11 @@ impl Kernels {
                 let type_code = f64::from(type_code);
                 let fma = if self.hw_fma { 1.0 } else { 0.0 };
                 let constants: &[(&str, f64)] = match kernel {
-                    FastKernel::MulMvBlocks { cols } => &[
+                    FastKernel::MulMvBlocks { cols, glu } => &[
                         ("TYPE", type_code),
                         ("NCOLS", f64::from(cols)),
                         ("ROWS", f64::from(self.mv_rows.max(1))),
+                        ("GLU", if glu { 1.0 } else { 0.0 }),
                     ],
                     _ => &[("HW_FMA", fma), ("TYPE", type_code)],
                 };

@@ -549,39 +549,73 @@ fn row_of_workgroup(r: u32) -> RowAt {
 
 // RMS_NORM, one workgroup of ROW_WG per row (workgroup r: row r): x / sqrt(mean(x^2) + f.x).
 // Each invocation reads its elements once, keeping up to 16 in registers for the write (rows of
-// up to 4096 elements; longer rows read the rest again).
+// up to 4096 elements; longer rows read the rest again). misc.y chooses what else it does, as
+// llama.cpp's Vulkan backend fuses these nodes:
+//   0: RMS_NORM alone, A to D;
+//   1: with the MUL by a row of weights (C, broadcast over rows) that follows it: the norm to
+//      D's buffer at misc.w, the product at D;
+//   2: as 1, of the ADD of A and B before it: the sum to D's buffer at misc.z too.
+// Every output has D's strides. An invocation writes the elements it read, after the row's sum
+// (a barrier), the sum, then the norm, then the product: outputs may share memory with the
+// inputs or each other element for element (in place).
 @compute @workgroup_size(256)
 fn rms_norm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let w = row_of_workgroup(wid.x + wid.y * nwg.x);
+    let b0 = p.off.y + at(w.row, p.b_nb);
     var x: array<f32, 16>;
     var sum = 0.0;
     if (w.live) {
         for (var j = 0u; j < 16u; j++) {
             let k = li + j * ROW_WG;
             if (k < p.a_ne.x) {
-                x[j] = af(w.a0 + k * p.a_nb.x);
+                x[j] = rms_norm_input(w.a0, b0, k);
             }
         }
         for (var j = 0u; j < 16u; j++) {
             sum = fma(x[j], x[j], sum);
         }
         for (var k = li + 16u * ROW_WG; k < p.a_ne.x; k += ROW_WG) {
-            let v = af(w.a0 + k * p.a_nb.x);
+            let v = rms_norm_input(w.a0, b0, k);
             sum = fma(v, v, sum);
         }
     }
     let s = inverseSqrt(workgroup_reduce(li, sum, false) / f32(p.a_ne.x) + p.f.x);
     if (w.live) {
+        let row = at(w.row, p.d_nb);
         for (var j = 0u; j < 16u; j++) {
             let k = li + j * ROW_WG;
             if (k < p.a_ne.x) {
-                dset(w.d0 + k * p.d_nb.x, x[j] * s);
+                rms_norm_store(row, k, x[j], s);
             }
         }
         for (var k = li + 16u * ROW_WG; k < p.a_ne.x; k += ROW_WG) {
-            dset(w.d0 + k * p.d_nb.x, af(w.a0 + k * p.a_nb.x) * s);
+            rms_norm_store(row, k, rms_norm_input(w.a0, b0, k), s);
         }
     }
+}
+
+// Element k of the row to normalize: A's, or with misc.y = 2 the sum of A's and B's.
+fn rms_norm_input(a0: u32, b0: u32, k: u32) -> f32 {
+    let v = af(a0 + k * p.a_nb.x);
+    if (p.misc.y == 2u) {
+        return v + bf(b0 + k * p.b_nb.x);
+    }
+    return v;
+}
+
+// Element k (of the row at `row` in D's strides) of input `v`, normalized by `s`: to D, or
+// fused (misc.y > 0) the sum, the norm and its product with the weights (see `rms_norm_fast`).
+fn rms_norm_store(row: u32, k: u32, v: f32, s: f32) {
+    let i = row + k * p.d_nb.x;
+    if (p.misc.y == 0u) {
+        dset(p.off.w + i, v * s);
+        return;
+    }
+    if (p.misc.y == 2u) {
+        dset(p.misc.z + i, v);
+    }
+    dset(p.misc.w + i, v * s);
+    dset(p.off.w + i, v * s * cf(p.off.z + k * p.c_nb.x));
 }
 
 // SOFT_MAX, one workgroup of ROW_WG per row, with `soft_max`'s inputs (scale, mask, ALiBi).

@@ -22,6 +22,8 @@ override TYPE: u32 = 0u;
 // Activation columns (1..=MV_MAX_COLS) and weight rows (1..=MV_MAX_ROWS) per workgroup.
 override NCOLS: u32 = 1u;
 override ROWS: u32 = 4u;
+// Gate and up projections of one activation with the SwiGLU of the two (see `mv_write`).
+override GLU: bool = false;
 
 const MV_WG: u32 = 128u;
 const MV_MAX_COLS: u32 = 8u;
@@ -116,28 +118,40 @@ fn f16_at(b: u32) -> f32 {
     return unpack2x16float(A[b >> 2u] >> ((b & 2u) * 8u)).x;
 }
 
-fn lo4(w: u32) -> vec4<f32> {
-    return vec4<f32>(f32(w & 0xfu), f32((w >> 8u) & 0xfu), f32((w >> 16u) & 0xfu), f32((w >> 24u) & 0xfu));
+// Small unsigned integers to f32 without conversion instructions (a quarter or less of the
+// float rate on NVIDIA GPUs, and a mat-vec converts every weight): `v | 0x4b000000` is the
+// float 2^23 + v for v < 2^23, so subtracting 2^23 (and a bias) leaves v - bias exactly.
+const MAGIC: u32 = 0x4b000000u;
+const MAGIC_F: f32 = 8388608.0;
+
+// The four bytes of `w` (each a value 0..255), minus `bias`.
+fn bytes4(w: u32, bias: f32) -> vec4<f32> {
+    let v = vec4<u32>(w & 0xffu, (w >> 8u) & 0xffu, (w >> 16u) & 0xffu, w >> 24u);
+    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC)) - vec4<f32>(MAGIC_F + bias);
 }
 
-fn hi4(w: u32) -> vec4<f32> {
-    return lo4(w >> 4u);
+fn small_f32(v: u32) -> f32 {
+    return bitcast<f32>(v | MAGIC) - MAGIC_F;
 }
 
-// Bits `b`, b + 8, b + 16, b + 24 of `w` (bit b of each byte), as 0 or 16.
-fn high16(w: u32, b: u32) -> vec4<f32> {
-    let v = (w >> b) & 0x01010101u;
-    return 16.0 * vec4<f32>(f32(v & 1u), f32((v >> 8u) & 1u), f32((v >> 16u) & 1u), f32(v >> 24u));
+// The low / high nibbles of `w`'s four bytes, each in its byte.
+fn lo_nibbles(w: u32) -> u32 {
+    return w & 0x0f0f0f0fu;
 }
 
-// Bits e..e + 4 of `w` as 0 or 16 each.
-fn bits16(w: u32, e: u32) -> vec4<f32> {
+fn hi_nibbles(w: u32) -> u32 {
+    return (w >> 4u) & 0x0f0f0f0fu;
+}
+
+// Bit `b` of each byte of `w`, moved to bit 4 of its byte.
+fn byte_bit4(w: u32, b: u32) -> u32 {
+    return ((w >> b) & 0x01010101u) << 4u;
+}
+
+// Bits e..e + 4 of `w`, each to bit 4 of its own byte (Q5_0 / Q5_1's fifth bits).
+fn spread_bit4(w: u32, e: u32) -> u32 {
     let v = w >> e;
-    return 16.0 * vec4<f32>(f32(v & 1u), f32((v >> 1u) & 1u), f32((v >> 2u) & 1u), f32((v >> 3u) & 1u));
-}
-
-fn i8x4(w: u32) -> vec4<f32> {
-    return vec4<f32>(unpack4xI8(w));
+    return ((v & 1u) | ((v & 2u) << 7u) | ((v & 4u) << 14u) | ((v & 8u) << 21u)) << 4u;
 }
 
 fn hsum(v: vec4<f32>) -> f32 {
@@ -153,12 +167,12 @@ fn sbyte(s0: u32, s1: u32, s2: u32, i: u32) -> u32 {
 // Scale and min of sub-block `j` of a Q4_K / Q5_K block (ggml's get_scale_min_k4).
 fn scale_min(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
     if (j < 4u) {
-        return vec2<f32>(f32(sbyte(s0, s1, s2, j) & 63u), f32(sbyte(s0, s1, s2, j + 4u) & 63u));
+        return vec2<f32>(small_f32(sbyte(s0, s1, s2, j) & 63u), small_f32(sbyte(s0, s1, s2, j + 4u) & 63u));
     }
     let q = sbyte(s0, s1, s2, j + 4u);
     let sc = (q & 0xfu) | ((sbyte(s0, s1, s2, j - 4u) >> 6u) << 4u);
     let mn = (q >> 4u) | ((sbyte(s0, s1, s2, j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(mn));
+    return vec2<f32>(small_f32(sc), small_f32(mn));
 }
 
 // Lane `l`'s part of the block at byte `blk` (element for F32) dotted with its activations.
@@ -175,19 +189,18 @@ fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
             let qs = blk + select(16u, 48u, q5) + 32u * im + l0;
             let q0 = w4(qs);
             let q1 = w4(qs + 4u);
-            var a0 = lo4(q0);
-            var a1 = lo4(q1);
-            var b0 = hi4(q0);
-            var b1 = hi4(q1);
+            var n = vec4<u32>(lo_nibbles(q0), lo_nibbles(q1), hi_nibbles(q0), hi_nibbles(q1));
             if (q5) {
                 // The fifth bits: bit 2 im (low nibbles) and 2 im + 1 (high) of bytes l0.. of qh.
                 let h0 = w4(blk + 16u + l0);
                 let h1 = w4(blk + 20u + l0);
-                a0 += high16(h0, 2u * im);
-                a1 += high16(h1, 2u * im);
-                b0 += high16(h0, 2u * im + 1u);
-                b1 += high16(h1, 2u * im + 1u);
+                n |= vec4<u32>(byte_bit4(h0, 2u * im), byte_bit4(h1, 2u * im),
+                               byte_bit4(h0, 2u * im + 1u), byte_bit4(h1, 2u * im + 1u));
             }
+            let a0 = bytes4(n.x, 0.0);
+            let a1 = bytes4(n.y, 0.0);
+            let b0 = bytes4(n.z, 0.0);
+            let b1 = bytes4(n.w, 0.0);
             let m0 = scale_min(s0, s1, s2, 2u * im);
             let m1 = scale_min(s0, s1, s2, 2u * im + 1u);
             let dot_lo = dot(a0, x.v0) + dot(a1, x.v1);
@@ -206,15 +219,16 @@ fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
             let sw0 = w2(blk + 192u + 8u * h);
             let sw1 = w2(blk + 196u + 8u * h);
             let is = q / 16u;
+            // The signed bytes as unsigned ones plus 128.
+            let su = vec2<u32>(sw0, sw1) ^ vec2<u32>(0x80808080u);
+            let sh = 8u * is;
             let sc = vec4<f32>(
-                f32(extractBits(bitcast<i32>(sw0), 8u * is, 8u)),
-                f32(extractBits(bitcast<i32>(sw0), 8u * is + 16u, 8u)),
-                f32(extractBits(bitcast<i32>(sw1), 8u * is, 8u)),
-                f32(extractBits(bitcast<i32>(sw1), 8u * is + 16u, 8u)));
-            let c0 = lo4(ql0) + 16.0 * lo4((qh >> 0u) & 0x03030303u) - 32.0;
-            let c1 = lo4(ql1) + 16.0 * lo4((qh >> 2u) & 0x03030303u) - 32.0;
-            let c2 = hi4(ql0) + 16.0 * lo4((qh >> 4u) & 0x03030303u) - 32.0;
-            let c3 = hi4(ql1) + 16.0 * lo4((qh >> 6u) & 0x03030303u) - 32.0;
+                small_f32((su.x >> sh) & 0xffu), small_f32((su.x >> (sh + 16u)) & 0xffu),
+                small_f32((su.y >> sh) & 0xffu), small_f32((su.y >> (sh + 16u)) & 0xffu)) - 128.0;
+            let c0 = bytes4(lo_nibbles(ql0) | (((qh >> 0u) & 0x03030303u) << 4u), 32.0);
+            let c1 = bytes4(lo_nibbles(ql1) | (((qh >> 2u) & 0x03030303u) << 4u), 32.0);
+            let c2 = bytes4(hi_nibbles(ql0) | (((qh >> 4u) & 0x03030303u) << 4u), 32.0);
+            let c3 = bytes4(hi_nibbles(ql1) | (((qh >> 6u) & 0x03030303u) << 4u), 32.0);
             let d = f16_at(blk + 208u);
             let dots = vec4<f32>(dot(c0, x.v0), dot(c1, x.v1), dot(c2, x.v2), dot(c3, x.v3));
             return d * dot(sc, dots);
@@ -222,32 +236,35 @@ fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
         case T_Q8_0: {
             let d = f16_at(blk);
             let qs = blk + 2u + 8u * l;
-            return d * (dot(i8x4(w2(qs)), x.v0) + dot(i8x4(w2(qs + 4u)), x.v1));
+            // Signed bytes as unsigned ones plus 128.
+            let q = vec2<u32>(w2(qs), w2(qs + 4u)) ^ vec2<u32>(0x80808080u);
+            return d * (dot(bytes4(q.x, 128.0), x.v0) + dot(bytes4(q.y, 128.0), x.v1));
         }
         case T_Q4_0: {
             let d = f16_at(blk);
             let w = w2(blk + 2u + 4u * l);
-            return d * (dot(lo4(w) - 8.0, x.v0) + dot(hi4(w) - 8.0, x.v1));
+            return d * (dot(bytes4(lo_nibbles(w), 8.0), x.v0) + dot(bytes4(hi_nibbles(w), 8.0), x.v1));
         }
         case T_Q4_1: {
             let dm = unpack2x16float(w4(blk));
             let w = w4(blk + 4u + 4u * l);
-            return dm.x * (dot(lo4(w), x.v0) + dot(hi4(w), x.v1)) + dm.y * hsum(x.v0 + x.v1);
+            let dots = dot(bytes4(lo_nibbles(w), 0.0), x.v0) + dot(bytes4(hi_nibbles(w), 0.0), x.v1);
+            return dm.x * dots + dm.y * hsum(x.v0 + x.v1);
         }
         case T_Q5_0: {
             let d = f16_at(blk);
             let qh = w2(blk + 2u);
             let w = w2(blk + 6u + 4u * l);
-            let a = lo4(w) + bits16(qh, 4u * l) - 16.0;
-            let b = hi4(w) + bits16(qh, 4u * l + 16u) - 16.0;
+            let a = bytes4(lo_nibbles(w) | spread_bit4(qh, 4u * l), 16.0);
+            let b = bytes4(hi_nibbles(w) | spread_bit4(qh, 4u * l + 16u), 16.0);
             return d * (dot(a, x.v0) + dot(b, x.v1));
         }
         case T_Q5_1: {
             let dm = unpack2x16float(w4(blk));
             let qh = w4(blk + 4u);
             let w = w4(blk + 8u + 4u * l);
-            let a = lo4(w) + bits16(qh, 4u * l);
-            let b = hi4(w) + bits16(qh, 4u * l + 16u);
+            let a = bytes4(lo_nibbles(w) | spread_bit4(qh, 4u * l), 0.0);
+            let b = bytes4(hi_nibbles(w) | spread_bit4(qh, 4u * l + 16u), 0.0);
             return dm.x * (dot(a, x.v0) + dot(b, x.v1)) + dm.y * hsum(x.v0 + x.v1);
         }
         case T_F16, T_BF16: {
@@ -274,19 +291,51 @@ fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
     }
 }
 
-var<workgroup> mv_partial: array<f32, 128>;
+var<workgroup> mv_partial: array<f32, 256>;
 
-// A workgroup's sums: ROWS x NCOLS values per invocation, added over the 128 invocations and
-// written to D. With subgroups of 32 each is a subgroup sum, then 4 partials per value through
-// workgroup memory; else a tree per value.
-fn mv_store(li: u32, acc: array<f32, 32>, r0: u32, i2: u32, i3: u32) {
+// Sums per invocation: (k MV_MAX_ROWS + r) MV_MAX_COLS + c for row r, column c, and k = 0
+// (A's rows) or, with GLU, 1 (the second matrix's).
+const MV_SUMS: u32 = 64u;
+
+fn sum_slot(k: u32, r: u32, c: u32) -> u32 {
+    return (k * MV_MAX_ROWS + r) * MV_MAX_COLS + c;
+}
+
+// Matrices a workgroup multiplies: 2 with GLU (gate and up), else 1.
+fn mv_matrices() -> u32 {
+    return select(1u, 2u, GLU);
+}
+
+// Writes the result of row r0 + r, column c: D at `out` (the product, or with GLU the SwiGLU
+// silu(gate) * up, after the gate and up products at their own offsets c_ne.y and c_ne.z of
+// D's buffer; one invocation writes all three, so the SwiGLU may share memory with either).
+fn mv_write(out: u32, r0: u32, r: u32, c: u32, sums: vec2<f32>) {
+    if (r0 + r >= p.d_ne.x) {
+        return;
+    }
+    let at = (r0 + r) * p.d_nb.x + c * p.d_nb.y;
+    if (GLU) {
+        D[p.c_ne.y + at] = sums.x;
+        D[p.c_ne.z + at] = sums.y;
+        D[out + at] = sums.x / (1.0 + exp(-sums.x)) * sums.y;
+    } else {
+        D[out + at] = sums.x;
+    }
+}
+
+// A workgroup's sums: mv_matrices() x ROWS x NCOLS values per invocation, added over the 128
+// invocations and written by `mv_write`. With subgroups of 32 each is a subgroup sum, then 4
+// partials per value through workgroup memory; else a tree per value.
+fn mv_store(li: u32, acc: array<f32, MV_SUMS>, r0: u32, i2: u32, i3: u32) {
     let out = p.off.w + i2 * p.d_nb.z + i3 * p.d_nb.w;
     if (SUBGROUP_ROWS) {
-        for (var r = 0u; r < ROWS; r++) {
-            for (var c = 0u; c < NCOLS; c++) {
-                let s = row_total(acc[r * MV_MAX_COLS + c]);
-                if (li % 32u == 0u) {
-                    mv_partial[(r * MV_MAX_COLS + c) * 4u + li / 32u] = s;
+        for (var k = 0u; k < mv_matrices(); k++) {
+            for (var r = 0u; r < ROWS; r++) {
+                for (var c = 0u; c < NCOLS; c++) {
+                    let s = row_total(acc[sum_slot(k, r, c)]);
+                    if (li % 32u == 0u) {
+                        mv_partial[sum_slot(k, r, c) * 4u + li / 32u] = s;
+                    }
                 }
             }
         }
@@ -294,35 +343,42 @@ fn mv_store(li: u32, acc: array<f32, 32>, r0: u32, i2: u32, i3: u32) {
         if (li < ROWS * NCOLS) {
             let r = li / NCOLS;
             let c = li % NCOLS;
-            let at = (r * MV_MAX_COLS + c) * 4u;
-            let total = (mv_partial[at] + mv_partial[at + 1u]) + (mv_partial[at + 2u] + mv_partial[at + 3u]);
-            if (r0 + r < p.d_ne.x) {
-                D[out + (r0 + r) * p.d_nb.x + c * p.d_nb.y] = total;
+            var sums = vec2<f32>(0.0);
+            for (var k = 0u; k < mv_matrices(); k++) {
+                let at = sum_slot(k, r, c) * 4u;
+                sums[k] = (mv_partial[at] + mv_partial[at + 1u]) + (mv_partial[at + 2u] + mv_partial[at + 3u]);
             }
+            mv_write(out, r0, r, c, sums);
         }
         return;
     }
     for (var r = 0u; r < ROWS; r++) {
         for (var c = 0u; c < NCOLS; c++) {
-            mv_partial[li] = acc[r * MV_MAX_COLS + c];
-            workgroupBarrier();
-            for (var s = MV_WG / 2u; s > 0u; s >>= 1u) {
-                if (li < s) {
-                    mv_partial[li] += mv_partial[li + s];
+            var sums = vec2<f32>(0.0);
+            for (var k = 0u; k < mv_matrices(); k++) {
+                mv_partial[li] = acc[sum_slot(k, r, c)];
+                workgroupBarrier();
+                for (var s = MV_WG / 2u; s > 0u; s >>= 1u) {
+                    if (li < s) {
+                        mv_partial[li] += mv_partial[li + s];
+                    }
+                    workgroupBarrier();
                 }
+                sums[k] = mv_partial[0];
                 workgroupBarrier();
             }
-            if (li == 0u && r0 + r < p.d_ne.x) {
-                D[out + (r0 + r) * p.d_nb.x + c * p.d_nb.y] = mv_partial[0];
+            if (li == 0u) {
+                mv_write(out, r0, r, c, sums);
             }
-            workgroupBarrier();
         }
     }
 }
 
 // Workgroup w: rows ROWS (w % ceil(ne0 / ROWS)) .. + ROWS of matrix w / ceil(ne0 / ROWS)
 // (i2 + ne2 i3). Weight rows and activation rows as `kernels_fast.wgsl`'s mat-vec takes them
-// (A in bytes, or 4-byte elements for F32; B in elements, 4-aligned: the host checks).
+// (A in bytes, or 4-byte elements for F32; B in elements, 4-aligned: the host checks). With
+// GLU, the up projection's weights are a second matrix of A's shape and strides at byte
+// c_ne.x of A's buffer (see `mv_write`).
 @compute @workgroup_size(128)
 fn mul_mv_blocks(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let w = wid.x + wid.y * nwg.x;
@@ -335,18 +391,21 @@ fn mul_mv_blocks(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
     let slots = MV_WG / lanes();
     let blocks = p.a_ne.x / block_elems();
     let runs = part_runs(lane);
-    var acc: array<f32, 32>;
+    var acc: array<f32, MV_SUMS>;
     if (i3 < p.d_ne.w) {
-        let a0 = p.off.x + (i2 / p.misc.y) * p.a_nb.z + (i3 / p.misc.z) * p.a_nb.w;
+        let batch = (i2 / p.misc.y) * p.a_nb.z + (i3 / p.misc.z) * p.a_nb.w;
+        let a0 = vec2<u32>(p.off.x, p.c_ne.x) + batch;
         let b0 = p.off.y + i2 * p.b_nb.z + i3 * p.b_nb.w;
         for (var blk = li / lanes(); blk < blocks; blk += slots) {
             for (var c = 0u; c < NCOLS; c++) {
                 let x = load_part(b0 + c * p.b_nb.y + blk * block_elems(), runs);
-                for (var r = 0u; r < ROWS; r++) {
-                    // Rows past the end read the last row again; their sums are not stored.
-                    let row = min(r0 + r, p.d_ne.x - 1u);
-                    let at = a0 + row * p.a_nb.y + blk * block_size();
-                    acc[r * MV_MAX_COLS + c] += part_dot(at, lane, x);
+                for (var k = 0u; k < mv_matrices(); k++) {
+                    for (var r = 0u; r < ROWS; r++) {
+                        // Rows past the end read the last row again; their sums are not stored.
+                        let row = min(r0 + r, p.d_ne.x - 1u);
+                        let at = a0[k] + row * p.a_nb.y + blk * block_size();
+                        acc[sum_slot(k, r, c)] += part_dot(at, lane, x);
+                    }
                 }
             }
         }

@@ -25,8 +25,9 @@
 //!   back). `buffer_from_host_memory` is [`rgml::Error::Unsupported`] (wgpu's safe API cannot
 //!   import host memory) and `caps().buffer_from_host_ptr` is false; the model loader copies.
 //! - [`WgpuBackend`] (the stream, see its module docs): a graph is encoded into `n_cb` command
-//!   buffers (backend parameter `n_cb`, default 2; encoded on threads when each has at least
-//!   32 dispatches), one compute pass per dispatch, submitted with one `queue.submit`;
+//!   buffers (backend parameter `n_cb`, default 8; encoded on two threads when each has at
+//!   least 32 dispatches), one compute pass per command buffer, each submitted as soon as it
+//!   and those before it are encoded;
 //!   `graph_compute_async` returns after the submit, `synchronize` waits and reports wgpu
 //!   errors ([`rgml::Error::Backend`] with the device's name). Graph plans
 //!   (`graph_plan_create` / `graph_plan_compute_async`): a graph's pipelines, bind groups,

@@ -7,6 +7,7 @@ use crate::buffer::WgpuBuffer;
 use crate::gpu::Gpu;
 use crate::kernels::{FastKernel, Kernel, Params, MM_TILE, MV_COLS, MV_ROWS, WG};
 use rgml::{Context, DType, Error, Op, Result, RopeMode, RopeParams, Tensor, TensorId, UnaryOp};
+use std::sync::Arc;
 
 /// Invocations per output of `mul_mv_q8` (ggml-cpu's 8 SIMD lanes of a Q8 dot product) and of
 /// `mul_mv` (tinyBLAS's 16 lanes); their workgroups of [`WG`](crate::kernels::WG) hold whole outputs.
@@ -61,6 +62,9 @@ fn fast_mul_mat(a: &Tensor, b: &Tensor) -> bool {
     let contiguous_rows = a.nb[0] == a.dtype.block_bytes();
     weight_code(a.dtype).is_some() && contiguous_rows && addressable(a) && f32_operand(a, b)
 }
+
+/// Invocations per workgroup of the fast per-row kernels (`ROW_WG` in the WGSL).
+const ROW_WG: usize = 256;
 
 /// The byte alignment of the rows and blocks of the weight types `mul_mv_blocks` decodes (4 for
 /// F32, whose offsets are in elements; 2 for blocks of an even size that is no multiple of 4).
@@ -378,6 +382,191 @@ impl<'a> Prep<'a> {
         Ok(dispatches)
     }
 
+    /// Node `id` fused with the first of `upcoming` (the graph's next computing nodes, in
+    /// order), where the fast arithmetic takes them in one dispatch: the dispatches and how
+    /// many of `upcoming` they cover, with every table the nodes overwrite forgotten; `None`
+    /// where they do not fuse (prepare each with [`Prep::prepare`]).
+    pub(crate) fn prepare_fused(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        upcoming: &[TensorId],
+    ) -> Result<Option<(Vec<Dispatch>, usize)>> {
+        let mut fused = None;
+        if let [next, then, ..] = *upcoming {
+            fused = self.swiglu_mat_vec(ctx, [id, next, then])?.map(|d| (d, 2));
+        }
+        if let (None, [next, then, ..]) = (&fused, upcoming) {
+            fused = self
+                .rms_norm_fused(ctx, Some(id), [*next, *then])?
+                .map(|d| (d, 2));
+        }
+        if let (None, [next, ..]) = (&fused, upcoming) {
+            fused = self.rms_norm_fused(ctx, None, [id, *next])?.map(|d| (d, 1));
+        }
+        let Some((d, n)) = fused else {
+            return Ok(None);
+        };
+        self.forget_overwritten_tables(ctx.get(id)?);
+        for &u in &upcoming[..n] {
+            self.forget_overwritten_tables(ctx.get(u)?);
+        }
+        Ok(Some((vec![d], n)))
+    }
+
+    /// A decode step's gate and up projections of one activation (`ids[0]`, `ids[1]`: MUL_MAT
+    /// by the same columns, weights of one type, shape and wgpu buffer) and their SWIGLU
+    /// (`ids[2]`) as one dispatch of `mul_mv_blocks` in its GLU form: the activations are read
+    /// once for both, and the gate, the up and the SwiGLU results are all written (to one
+    /// buffer). `None` in the exact arithmetic or where the nodes are not that pattern.
+    fn swiglu_mat_vec(&self, ctx: &Context, ids: [TensorId; 3]) -> Result<Option<Dispatch>> {
+        let (g, u, s) = (ctx.get(ids[0])?, ctx.get(ids[1])?, ctx.get(ids[2])?);
+        let mat_vecs = matches!(g.op, Op::MulMat { .. }) && matches!(u.op, Op::MulMat { .. });
+        if self.exact || self.gpu.kernels.mv_rows == 0 || !mat_vecs || s.op != Op::Swiglu {
+            return Ok(None);
+        }
+        let (&[wg, x], &[wu, xu], &[sg, su]) = (&g.src[..], &u.src[..], &s.src[..]) else {
+            return Ok(None);
+        };
+        if x != xu || [sg, su] != [ids[0], ids[1]] {
+            return Ok(None);
+        }
+        let (wg, wu, x) = (ctx.get(wg)?, ctx.get(wu)?, ctx.get(x)?);
+        let twins = wg.dtype == wu.dtype && wg.ne == wu.ne && wg.nb == wu.nb;
+        let outputs = [g, u, s]
+            .iter()
+            .all(|t| t.dtype == DType::F32 && t.ne == g.ne && t.nb == g.nb);
+        let one_matrix = g.ne[1] <= MV_COLS && g.ne[2] * g.ne[3] == 1;
+        if !(twins && outputs && one_matrix && fast_mul_mat(wg, x) && fast_mul_mat(wu, x)) {
+            return Ok(None);
+        }
+        let code = weight_code(wg.dtype).ok_or_else(|| self.unsupported(g))?;
+        let (mut p, buffers) = self.bind(s, &[wg, x])?;
+        p.misc[1] = 1;
+        p.misc[2] = 1;
+        let (wg_buf, _) = self.storage(wg)?;
+        let (wu_buf, wu_off) = self.storage(wu)?;
+        let (s_buf, _) = self.storage(s)?;
+        let (g_buf, g_off) = self.storage(g)?;
+        let (u_buf, u_off) = self.storage(u)?;
+        let one_buffer = wg_buf == wu_buf && g_buf == s_buf && u_buf == s_buf;
+        // Other workgroups still read the activations while one writes its results.
+        let apart = !(self.shares_memory(g, x)?
+            || self.shares_memory(u, x)?
+            || self.shares_memory(s, x)?);
+        if !(one_buffer && apart && mv_blocks_fit(&p, wg)) {
+            return Ok(None);
+        }
+        p.c_ne = [wu_off, g_off, u_off, 0];
+        let cols = g.ne[1] as u32;
+        let groups = (g.ne[0] as u64).div_ceil(u64::from(self.gpu.kernels.mv_rows));
+        let kernel = Kernel::Fast(FastKernel::MulMvBlocks { cols, glu: true }, code);
+        Ok(Some(self.dispatch(kernel, p, buffers, groups * WG)?))
+    }
+
+    /// RMS_NORM `ids[0]` and `ids[1]`, the MUL of its result by a row of f32 weights (its
+    /// second source, broadcast over rows), with `add` the ADD whose result the norm takes, as
+    /// one dispatch of `rms_norm_fast` (see its modes): every result is written, to the MUL's
+    /// buffer. `None` in the exact arithmetic or where the nodes are not that pattern.
+    fn rms_norm_fused(
+        &self,
+        ctx: &Context,
+        add: Option<TensorId>,
+        ids: [TensorId; 2],
+    ) -> Result<Option<Dispatch>> {
+        let (norm, mul) = (ctx.get(ids[0])?, ctx.get(ids[1])?);
+        let Op::RmsNorm { eps } = norm.op else {
+            return Ok(None);
+        };
+        if self.exact || mul.op != Op::Mul || mul.src.first() != Some(&ids[0]) {
+            return Ok(None);
+        }
+        let (Some(&x), Some(&w)) = (norm.src.first(), mul.src.get(1)) else {
+            return Ok(None);
+        };
+        // The inputs: the norm's, or the ADD's two.
+        let (a, b, sum) = match add {
+            Some(id) => {
+                let sum = ctx.get(id)?;
+                let (&[a, b], true) = (&sum.src[..], sum.op == Op::Add && x == id) else {
+                    return Ok(None);
+                };
+                (ctx.get(a)?, ctx.get(b)?, Some(sum))
+            }
+            None => (ctx.get(x)?, ctx.get(x)?, None),
+        };
+        let w = ctx.get(w)?;
+        let outputs: Vec<&Tensor> = [norm, mul].into_iter().chain(sum).collect();
+        let f32_rows = [a, b, w]
+            .iter()
+            .chain(&outputs)
+            .all(|u| u.dtype == DType::F32 && u.nb[0] == 4);
+        let shapes = a.ne == norm.ne
+            && b.ne == norm.ne
+            && outputs.iter().all(|u| u.ne == norm.ne && u.nb == mul.nb);
+        let weight_row = w.ne[0] == norm.ne[0] && w.ne[1..].iter().all(|&n| n == 1);
+        // A workgroup holds its row in registers (up to 16 x ROW_WG elements) before it writes.
+        let in_registers = norm.ne[0] <= 16 * ROW_WG;
+        if !(f32_rows && shapes && weight_row && in_registers) {
+            return Ok(None);
+        }
+        let (mul_buf, _) = self.storage(mul)?;
+        let mut offsets = [0u32; 2];
+        for (k, out) in [sum, Some(norm)].into_iter().enumerate() {
+            if let Some(out) = out {
+                let (buf, off) = self.storage(out)?;
+                if buf != mul_buf {
+                    return Ok(None);
+                }
+                offsets[k] = off;
+            }
+        }
+        for out in &outputs {
+            if !(self.in_place_or_apart(out, a)? && self.in_place_or_apart(out, b)?) {
+                return Ok(None);
+            }
+        }
+        let (mut p, buffers) = self.bind(mul, &[a, b, w])?;
+        p.f[0] = eps;
+        p.misc[1] = if sum.is_some() { 2 } else { 1 };
+        p.misc[2] = offsets[0];
+        p.misc[3] = offsets[1];
+        let kernel = Kernel::Fast(FastKernel::RmsNorm, 0);
+        // One workgroup per row (see `one_dispatch`).
+        Ok(Some(self.dispatch(
+            kernel,
+            p,
+            buffers,
+            norm.nrows() as u64 * WG,
+        )?))
+    }
+
+    /// Whether a kernel that writes each element of `out` after reading the same element of
+    /// `input` (and no other) may take them: their storage is apart, or the same elements
+    /// (in place).
+    fn in_place_or_apart(&self, out: &Tensor, input: &Tensor) -> Result<bool> {
+        let same = match (&out.data, &input.data) {
+            (Some(o), Some(i)) => {
+                Arc::ptr_eq(&o.buffer, &i.buffer)
+                    && o.offset == i.offset
+                    && out.ne == input.ne
+                    && out.nb == input.nb
+            }
+            _ => false,
+        };
+        Ok(same || !self.shares_memory(out, input)?)
+    }
+
+    /// Whether the storage of `a` and `b` overlaps (in one wgpu buffer).
+    fn shares_memory(&self, a: &Tensor, b: &Tensor) -> Result<bool> {
+        let (a_buf, a_off) = self.storage(a)?;
+        let (b_buf, b_off) = self.storage(b)?;
+        // Offsets in units of `unit(dtype)`; in bytes for the comparison.
+        let start = |off: u32, t: &Tensor| off as usize * unit(t.dtype);
+        let (a0, b0) = (start(a_off, a), start(b_off, b));
+        Ok(a_buf == b_buf && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes())
+    }
+
     /// Drop the ROPE tables whose positions or frequency factors node `t` overwrites: a later
     /// ROPE reading them must fill its table again, after `t`.
     fn forget_overwritten_tables(&mut self, t: &Tensor) {
@@ -445,10 +634,8 @@ impl<'a> Prep<'a> {
         let rows = u64::from(self.gpu.kernels.mv_rows);
         let (kernel, groups) = if t.ne[1] <= MV_COLS && rows > 0 && mv_blocks_fit(&p, a) {
             let cols = t.ne[1] as u32;
-            (
-                FastKernel::MulMvBlocks { cols },
-                m.div_ceil(rows) * matrices,
-            )
+            let kernel = FastKernel::MulMvBlocks { cols, glu: false };
+            (kernel, m.div_ceil(rows) * matrices)
         } else if t.ne[1] <= MV_COLS {
             (FastKernel::MulMv, m.div_ceil(MV_ROWS) * matrices)
         } else {

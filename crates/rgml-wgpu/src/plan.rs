@@ -62,9 +62,24 @@ impl Prepared {
         let mut dispatches = Vec::new();
         let mut node_of = Vec::new();
         let mut ops = Vec::new();
-        for (n, &id) in graph.nodes().iter().enumerate() {
+        let nodes = graph.nodes();
+        // Nodes fused into the dispatches of one before them (`Prep::prepare_fused`).
+        let mut absorbed: Vec<rgml::TensorId> = Vec::new();
+        for (n, &id) in nodes.iter().enumerate() {
+            if let Some(i) = absorbed.iter().position(|&a| a == id) {
+                absorbed.swap_remove(i);
+                continue;
+            }
             let op = ctx.get(id)?.op.kind();
-            for d in prep.prepare(ctx, id)? {
+            let upcoming = next_computing(ctx, &nodes[n + 1..], 2)?;
+            let prepared = match prep.prepare_fused(ctx, id, &upcoming)? {
+                Some((d, covered)) => {
+                    absorbed.extend_from_slice(&upcoming[..covered]);
+                    d
+                }
+                None => prep.prepare(ctx, id)?,
+            };
+            for d in prepared {
                 ops.push(op);
                 dispatches.push(d);
                 node_of.push(n);
@@ -238,6 +253,24 @@ impl DispatchTimes {
             })
             .collect())
     }
+}
+
+/// The first `n` of `nodes` that compute something (views do not), in order.
+fn next_computing(
+    ctx: &Context,
+    nodes: &[rgml::TensorId],
+    n: usize,
+) -> Result<Vec<rgml::TensorId>> {
+    let mut found = Vec::with_capacity(n);
+    for &id in nodes {
+        if found.len() == n {
+            break;
+        }
+        if !ctx.get(id)?.op.kind().is_view() {
+            found.push(id);
+        }
+    }
+    Ok(found)
 }
 
 /// A uniform buffer holding every dispatch's parameters, `PARAM_STRIDE` bytes apart (a
