@@ -29,9 +29,11 @@
 # gpu-check.log (everything printed), gpu-results.json (the parsed numbers and each step's
 # status), gpu-raw.tar.gz (each step's stdout/stderr), gpu-profile-{pp,tg}.txt (rgml's GPU time
 # per kernel on llama-8b Q4_K_M, from `rgml bench --trace` and scripts/trace-kernels.py),
-# gpu-perf-model.txt (`rgml test-ops --mode perf-model`: MUL_MAT alone at the 8B shapes) and
-# gpu-perf-model-mv0.txt (the same with the older mat-vec, RGML_WGPU_MV_ROWS=0); the profile
-# step also times llama-8b's tg64 with each RGML_WGPU_MV_ROWS (0 1 2 4).
+# gpu-perf-model.txt (with --perf-model: `rgml test-ops --mode perf-model`, MUL_MAT alone at
+# the 8B shapes, each run waited for, so short products show the submit-and-wait latency),
+# gpu-llama-perf.txt (llama.cpp's GPU time per op in a decode, GGML_VK_PERF_LOGGER); the
+# profile step also times llama-8b's tg64 with each RGML_WGPU_MV_ROWS (0 1 2 4) and pp512
+# without cooperative matrices.
 # Without $OUT they go to /tmp/gpucheck-out.
 #
 # Usage: scripts/gpu-device-check.sh [--quick|--dry-run] [--budget SECONDS] [--models LIST]
@@ -44,6 +46,7 @@
 #   --models LIST       only these models, comma-separated keys: smollm2-q4_1, llama1b-q4_k_m,
 #                       llama1b-q8_0, llama1b-f16, llama8b-q4_k_m (e.g. for a rerun)
 #   --no-checks         skip test-ops and logits;  --no-bench: skip the benches
+#   --perf-model        also `rgml test-ops --mode perf-model` (about a minute)
 # Functions run through run_step (a `bash -c` of their text) look unreachable to shellcheck.
 # shellcheck disable=SC2317
 set -uo pipefail
@@ -55,12 +58,14 @@ budget=
 only=
 checks=1
 benches=1
+perf_model=0
 while [ $# -gt 0 ]; do
     case $1 in
         --quick | --dry-run) quick=1; shift ;;
         --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
         --models) only=${2:?--models needs a list}; shift 2 ;;
         --no-checks) checks=0; shift ;;
+        --perf-model) perf_model=1; shift ;;
         --no-bench) benches=0; shift ;;
         -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -74,7 +79,7 @@ DEADLINE=$((T0 + budget))
 OUT=${OUT:-${TMPDIR:-/tmp}/gpucheck-out}
 mkdir -p "$OUT"
 rm -f "$OUT/gpu-table.md" "$OUT/gpu-check.log" "$OUT/gpu-results.json" "$OUT/gpu-raw.tar.gz" \
-    "$OUT"/gpu-profile-*.txt "$OUT/gpu-perf-model.txt"
+    "$OUT"/gpu-profile-*.txt "$OUT/gpu-perf-model.txt" "$OUT/gpu-llama-perf.txt"
 W=$(mktemp -d "${TMPDIR:-/tmp}/gpucheck.XXXXXX")
 mkdir -p "$W/steps" "$W/models"
 
@@ -351,7 +356,7 @@ bench_half() { # KEY: -ngl at half the blocks for both, and rgml on the CPU alon
 bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), prompt and decode
     local key=$1 f=$W/models/$1.gguf phase
     # MUL_MAT alone at an 8B block's shapes, each weight type, mat-vec and 512 columns.
-    if RGML_WGPU_EXACT=0 run_step perf-model 90 "$RGML" test-ops --mode perf-model -b Vulkan0; then
+    if [ "$perf_model" = 1 ] && RGML_WGPU_EXACT=0 run_step perf-model 90 "$RGML" test-ops --mode perf-model -b Vulkan0; then
         cp "$W/steps/perf-model.out" "$OUT/gpu-perf-model.txt"
         cat "$OUT/gpu-perf-model.txt"
     fi
@@ -363,10 +368,13 @@ bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), p
         RGML_WGPU_MV_ROWS=$rows run_step "mv-rows$rows-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 \
             -r 2 --json "${RGML_GPU[@]}" && echo "tg64 with RGML_WGPU_MV_ROWS=$rows: $(tr -d '\n' <"$W/steps/mv-rows$rows-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
     done
-    if RGML_WGPU_EXACT=0 RGML_WGPU_MV_ROWS=0 run_step perf-model-mv0 60 "$RGML" test-ops --mode perf-model -b Vulkan0; then
-        cp "$W/steps/perf-model-mv0.out" "$OUT/gpu-perf-model-mv0.txt"
-        grep -E "n=1," "$OUT/gpu-perf-model-mv0.txt"
-    fi
+    # The prompt without cooperative matrices (the register-tiled kernel), for comparison.
+    RGML_WGPU_COOPMAT=0 run_step "nocoop-pp-$key" 40 "$RGML" bench -m "$f" -p $NP -n 0 -r 1 \
+        --json "${RGML_GPU[@]}" && echo "pp$NP with RGML_WGPU_COOPMAT=0: $(tr -d '\n' <"$W/steps/nocoop-pp-$key.out" | grep -o '"pp_tok_s":[^,}]*' | tail -1)"
+    # llama.cpp's own GPU time per op in a decode (its Vulkan perf logger), for comparison.
+    GGML_VK_PERF_LOGGER=1 run_step "llama-perf-$key" 30 "$LLAMA_BENCH" -m "$f" -ngl 99 -p 0 -n 4 -r 1 \
+        && tail -n 80 "$W/steps/llama-perf-$key.err" >"$OUT/gpu-llama-perf.txt" \
+        && tail -n 40 "$OUT/gpu-llama-perf.txt"
     for phase in pp tg; do
         local shape=(-p $NP -n 0)
         [ $phase = pp ] || shape=(-p 0 -n 32)

@@ -85,6 +85,8 @@ pub(crate) enum FastKernel {
     /// decodes (`ops::mv_blocks_alignment`); with `glu`, the gate and up projections of one
     /// activation and their SwiGLU.
     MulMvBlocks { cols: u32, glu: bool },
+    /// `to_f16_fast`: a prompt's activations as f16 for `mul_mm_coop`.
+    ToF16,
 }
 
 impl FastKernel {
@@ -96,6 +98,7 @@ impl FastKernel {
             FastKernel::SoftMax => "soft_max_fast",
             FastKernel::MulMmCoop => "mul_mm_coop",
             FastKernel::MulMvBlocks { .. } => "mul_mv_blocks",
+            FastKernel::ToF16 => "to_f16_fast",
         }
     }
 }
@@ -161,14 +164,18 @@ fn coop_source(shape: CoopShape, subgroup_rows: bool) -> String {
     )
 }
 
-/// The fast kernels' source: `common.wgsl`, how `mul_mv_fast` adds a row's 32 partial sums,
-/// and `kernels_fast.wgsl`. With `subgroup_rows` (subgroups of exactly 32 invocations, which
+/// The fast kernels' source: `params.wgsl`, `common.wgsl`, `convert.wgsl`, how `mul_mv_fast`
+/// adds a row's 32 partial sums, and `kernels_fast.wgsl`. With `subgroup_rows` (subgroups of exactly 32 invocations, which
 /// `mul_mv_fast`'s rows then are) a subgroup sum (naga takes subgroup operations without an
 /// `enable`, on devices opened with `SUBGROUP`); else a tree through workgroup memory.
 fn fast_source(subgroup_rows: bool) -> String {
     format!(
         "{}\n{}{}",
-        concat!(include_str!("params.wgsl"), include_str!("common.wgsl")),
+        concat!(
+            include_str!("params.wgsl"),
+            include_str!("common.wgsl"),
+            include_str!("convert.wgsl")
+        ),
         row_total_source(subgroup_rows),
         include_str!("kernels_fast.wgsl")
     )
@@ -183,12 +190,12 @@ fn row_total_source(subgroup_rows: bool) -> &'static str {
     }
 }
 
-/// The block mat-vec's source: `params.wgsl`, the row sums as [`fast_source`] has them, and
-/// `kernels_mv.wgsl` (which binds A, B and D its own way).
+/// The block mat-vec's source: `params.wgsl`, `convert.wgsl`, the row sums as [`fast_source`]
+/// has them, and `kernels_mv.wgsl` (which binds A, B and D its own way).
 fn mv_source(subgroup_rows: bool) -> String {
     format!(
         "{}\n{}{}",
-        include_str!("params.wgsl"),
+        concat!(include_str!("params.wgsl"), include_str!("convert.wgsl")),
         row_total_source(subgroup_rows),
         include_str!("kernels_mv.wgsl")
     )

@@ -18,9 +18,6 @@ var<workgroup> coop_b: array<f16, 4096>;
 // accumulators their zeros.
 var<workgroup> coop_out: array<f32, 4096>;
 
-// f16's largest finite value: activations beyond it are clamped rather than made infinite.
-const F16_MAX: f32 = 65504.0;
-
 fn to_f16(v: vec4<f32>) -> vec4<f16> {
     return vec4<f16>(clamp(v, vec4<f32>(-F16_MAX), vec4<f32>(F16_MAX)));
 }
@@ -33,10 +30,22 @@ struct Pair8 {
     yh: vec4<f16>,
 }
 
-// Elements k0 + kg .. + 8 of weight row `row` and activation column `row` of tile `at`, in f16.
+// Elements k0 + kg .. + 8 of weight row `row` and activation column `row` of tile `at`, in f16:
+// the weights decoded here, the activations as `to_f16_fast` left them in binding B (`BB`; zeros
+// beyond the matrices' edges and in padding workgroups).
 fn coop_fetch(row: u32, kg: u32, k0: u32, at: TileAt) -> Pair8 {
-    let g = tile_fetch(row, k0 + kg, at);
-    return Pair8(to_f16(g.x.lo), to_f16(g.x.hi), to_f16(g.y.lo), to_f16(g.y.hi));
+    let k = k0 + kg;
+    let n = p.a_ne.x;
+    let x = tile_weights(row, k, at);
+    var y = vec4<u32>(0u);
+    if (at.live && at.n0 + row < p.d_ne.y && k < n) {
+        let w = (((at.i3 * p.d_ne.z + at.i2) * p.d_ne.y + at.n0 + row) * n + k) / 2u;
+        y = vec4<u32>(BB[w], BB[w + 1u], BB[w + 2u], BB[w + 3u]);
+    }
+    // Unpacked through f32 (naga's bitcast takes no u32 to vec2<f16>); exact both ways.
+    let y0 = vec4<f16>(vec4<f32>(unpack2x16float(y.x), unpack2x16float(y.y)));
+    let y1 = vec4<f16>(vec4<f32>(unpack2x16float(y.z), unpack2x16float(y.w)));
+    return Pair8(to_f16(x.lo), to_f16(x.hi), y0, y1);
 }
 
 fn coop_store(v: Pair8, row: u32, kg: u32) {
@@ -64,7 +73,8 @@ fn coop_fetch_step(row: u32, half: u32, k0: u32, at: TileAt) -> Staged {
         coop_fetch(row, half + 48u, k0, at));
 }
 
-// MUL_MAT with many activation columns on cooperative matrices: a workgroup of 128 computes a
+// MUL_MAT with many activation columns on cooperative matrices, its activations converted to
+// f16 first (`to_f16_fast`, bound as B; K a multiple of 8): a workgroup of 128 computes a
 // 64 x 64 tile of outputs, each subgroup a square of 2 x 2 fragments (32 x 32 outputs in four
 // subgroups of 32 with 16 x 16 fragments, 16 x 16 in sixteen subgroups of 8 with 8 x 8 ones)
 // as four f32 accumulators. Each step over 64 elements of k stores the tile's 64 weight rows

@@ -52,17 +52,9 @@ struct G8 {
     hi: vec4<f32>,
 }
 
-// The four bytes of `w` as unsigned / signed values.
-fn u8x4(w: u32) -> vec4<f32> {
-    return vec4<f32>(f32(w & 0xffu), f32((w >> 8u) & 0xffu), f32((w >> 16u) & 0xffu), f32(w >> 24u));
-}
-
+// Signed bytes: the bytes plus 128, less 128 (`u8x4` is in `convert.wgsl`).
 fn i8x4(w: u32) -> vec4<f32> {
-    return vec4<f32>(
-        f32(bitcast<i32>(w << 24u) >> 24u),
-        f32(bitcast<i32>(w << 16u) >> 24u),
-        f32(bitcast<i32>(w << 8u) >> 24u),
-        f32(bitcast<i32>(w) >> 24u));
+    return u8x4(w ^ 0x80808080u) - vec4<f32>(128.0);
 }
 
 // The four 4-bit fields at bit `sh` (0 or 4) of each byte of `w`.
@@ -147,9 +139,9 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
             }
             if (TYPE == T_Q4_1) {
                 let m = a_f16(blk + 2u);
-                return G8(vec4<f32>(n0) * d + m, vec4<f32>(n1) * d + m);
+                return G8(u4f(n0) * d + m, u4f(n1) * d + m);
             }
-            return G8((vec4<f32>(n0) - 8.0) * d, (vec4<f32>(n1) - 8.0) * d);
+            return G8((u4f(n0) - 8.0) * d, (u4f(n1) - 8.0) * d);
         }
         case T_Q5_0, T_Q5_1: {
             // d, [m,] 32 high bits (bit e for element e), 16 bytes of low nibbles as Q4_0.
@@ -159,8 +151,8 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
             let sh = select(0u, 4u, j >= 16u);
             let hb0 = vec4<u32>(qh & 1u, (qh >> 1u) & 1u, (qh >> 2u) & 1u, (qh >> 3u) & 1u);
             let hb1 = vec4<u32>((qh >> 4u) & 1u, (qh >> 5u) & 1u, (qh >> 6u) & 1u, (qh >> 7u) & 1u);
-            let v0 = vec4<f32>(nib4(a_u32(qs), sh) | (hb0 << vec4<u32>(4u)));
-            let v1 = vec4<f32>(nib4(a_u32(qs + 4u), sh) | (hb1 << vec4<u32>(4u)));
+            let v0 = u4f(nib4(a_u32(qs), sh) | (hb0 << vec4<u32>(4u)));
+            let v1 = u4f(nib4(a_u32(qs + 4u), sh) | (hb1 << vec4<u32>(4u)));
             let d = a_f16(blk);
             if (q1) {
                 let m = a_f16(blk + 2u);
@@ -183,8 +175,8 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
             let ml = a_f16(blk + 82u) * f32(sc >> 4u);
             let qs = blk + 16u + 32u * h + l;
             return G8(
-                vec4<f32>(crumb4(a_u32(qs), 2u * s)) * dl - ml,
-                vec4<f32>(crumb4(a_u32(qs + 4u), 2u * s)) * dl - ml);
+                u4f(crumb4(a_u32(qs), 2u * s)) * dl - ml,
+                u4f(crumb4(a_u32(qs + 4u), 2u * s)) * dl - ml);
         }
         case T_Q3_K: {
             // 32 bytes of high-bit masks, 64 of 2-bit quants (as Q2_K), 12 of scales, d: the
@@ -195,8 +187,8 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
             let dl = a_f16(blk + 108u) * scale_q3k(blk, 8u * h + 2u * s + l / 16u);
             let qs = blk + 32u + 32u * h + l;
             let mb = 4u * h + s;
-            let q0 = vec4<f32>(crumb4(a_u32(qs), 2u * s)) - 4.0 * vec4<f32>(vec4<u32>(1u) - bit4(a_u32(blk + l), mb));
-            let q1 = vec4<f32>(crumb4(a_u32(qs + 4u), 2u * s)) - 4.0 * vec4<f32>(vec4<u32>(1u) - bit4(a_u32(blk + l + 4u), mb));
+            let q0 = u4f(crumb4(a_u32(qs), 2u * s)) - 4.0 * u4f(vec4<u32>(1u) - bit4(a_u32(blk + l), mb));
+            let q1 = u4f(crumb4(a_u32(qs + 4u), 2u * s)) - 4.0 * u4f(vec4<u32>(1u) - bit4(a_u32(blk + l + 4u), mb));
             return G8(q0 * dl, q1 * dl);
         }
         case T_Q4_K, T_Q5_K: {
@@ -216,7 +208,7 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
                 n0 = n0 | (bit4(a_u32(blk + 16u + l), sb) << vec4<u32>(4u));
                 n1 = n1 | (bit4(a_u32(blk + 20u + l), sb) << vec4<u32>(4u));
             }
-            return G8(vec4<f32>(n0) * d - m, vec4<f32>(n1) * d - m);
+            return G8(u4f(n0) * d - m, u4f(n1) * d - m);
         }
         case T_Q6_K: {
             // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 signed scales, d.
@@ -230,7 +222,7 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
             let q1 = nib4(a_u32(ql + 4u), sh) | (crumb4(a_u32(qh + 4u), 2u * quarter) << vec4<u32>(4u));
             let s = a_u8(blk + 192u + 8u * h + l / 16u + 2u * quarter);
             let d = a_f16(blk + 208u) * f32(select(i32(s), i32(s) - 256, s >= 128u));
-            return G8((vec4<f32>(q0) - 32.0) * d, (vec4<f32>(q1) - 32.0) * d);
+            return G8((u4f(q0) - 32.0) * d, (u4f(q1) - 32.0) * d);
         }
         default: {
             // IQ4_XS: d, 16 high scale bits, 4 bytes of low scale nibbles, then per 32-element
@@ -378,6 +370,29 @@ fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     }
 }
 
+// f16's largest finite value: activations beyond it are clamped rather than made infinite.
+const F16_MAX: f32 = 65504.0;
+
+// The activations of a `mul_mm_coop` product (B: f32, any strides) as f16, once per product
+// rather than once per tile: column n of matrix (i2, i3) to word ((i3 ne2 + i2) ne1 + n) K / 2
+// of D, two elements per word (K even; the host checks).
+@compute @workgroup_size(64)
+fn to_f16_fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let half_k = p.b_ne.x / 2u;
+    let k = 2u * (i % half_k);
+    let col = i / half_k;
+    let n = col % p.b_ne.y;
+    let i2 = (col / p.b_ne.y) % p.b_ne.z;
+    let i3 = col / (p.b_ne.y * p.b_ne.z);
+    let b0 = p.off.y + n * p.b_nb.y + i2 * p.b_nb.z + i3 * p.b_nb.w;
+    let v = vec2<f32>(bf(b0 + k * p.b_nb.x), bf(b0 + (k + 1u) * p.b_nb.x));
+    D[i] = pack2x16float(clamp(v, vec2<f32>(-F16_MAX), vec2<f32>(F16_MAX)));
+}
+
 // Tile edge (outputs) and depth (elements of k) of `mul_mm_fast`.
 const TILE: u32 = 64u;
 const DEPTH: u32 = 32u;
@@ -416,15 +431,21 @@ struct TileFetch {
 
 fn tile_fetch(row: u32, k: u32, at: TileAt) -> TileFetch {
     let n = p.a_ne.x;
-    var x = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-    if (at.live && at.m0 + row < p.d_ne.x && k < n) {
-        x = deq8(weight_row(at.m0 + row, at.i2, at.i3), k, n);
-    }
     var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
     if (at.live && at.n0 + row < p.d_ne.y && k < n) {
         y = act8(act_row(at.n0 + row, at.i2, at.i3), k, n);
     }
-    return TileFetch(x, y);
+    return TileFetch(tile_weights(row, k, at), y);
+}
+
+// Elements k..k+8 of weight row m0 + row of a tile (zeros beyond the matrix and in padding
+// workgroups).
+fn tile_weights(row: u32, k: u32, at: TileAt) -> G8 {
+    let n = p.a_ne.x;
+    if (at.live && at.m0 + row < p.d_ne.x && k < n) {
+        return deq8(weight_row(at.m0 + row, at.i2, at.i3), k, n);
+    }
+    return G8(vec4<f32>(0.0), vec4<f32>(0.0));
 }
 
 // Output (row i0, column i1) of tile `at`'s matrix, if inside the result.

@@ -118,20 +118,9 @@ fn f16_at(b: u32) -> f32 {
     return unpack2x16float(A[b >> 2u] >> ((b & 2u) * 8u)).x;
 }
 
-// Small unsigned integers to f32 without conversion instructions (a quarter or less of the
-// float rate on NVIDIA GPUs, and a mat-vec converts every weight): `v | 0x4b000000` is the
-// float 2^23 + v for v < 2^23, so subtracting 2^23 (and a bias) leaves v - bias exactly.
-const MAGIC: u32 = 0x4b000000u;
-const MAGIC_F: f32 = 8388608.0;
-
-// The four bytes of `w` (each a value 0..255), minus `bias`.
+// The four bytes of `w` (each a value 0..255), minus `bias` (`u8x4`: `convert.wgsl`).
 fn bytes4(w: u32, bias: f32) -> vec4<f32> {
-    let v = vec4<u32>(w & 0xffu, (w >> 8u) & 0xffu, (w >> 16u) & 0xffu, w >> 24u);
-    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC)) - vec4<f32>(MAGIC_F + bias);
-}
-
-fn small_f32(v: u32) -> f32 {
-    return bitcast<f32>(v | MAGIC) - MAGIC_F;
+    return u8x4(w) - vec4<f32>(bias);
 }
 
 // The low / high nibbles of `w`'s four bytes, each in its byte.
@@ -167,12 +156,12 @@ fn sbyte(s0: u32, s1: u32, s2: u32, i: u32) -> u32 {
 // Scale and min of sub-block `j` of a Q4_K / Q5_K block (ggml's get_scale_min_k4).
 fn scale_min(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
     if (j < 4u) {
-        return vec2<f32>(small_f32(sbyte(s0, s1, s2, j) & 63u), small_f32(sbyte(s0, s1, s2, j + 4u) & 63u));
+        return vec2<f32>(u1f(sbyte(s0, s1, s2, j) & 63u), u1f(sbyte(s0, s1, s2, j + 4u) & 63u));
     }
     let q = sbyte(s0, s1, s2, j + 4u);
     let sc = (q & 0xfu) | ((sbyte(s0, s1, s2, j - 4u) >> 6u) << 4u);
     let mn = (q >> 4u) | ((sbyte(s0, s1, s2, j) >> 6u) << 4u);
-    return vec2<f32>(small_f32(sc), small_f32(mn));
+    return vec2<f32>(u1f(sc), u1f(mn));
 }
 
 // Lane `l`'s part of the block at byte `blk` (element for F32) dotted with its activations.
@@ -223,8 +212,8 @@ fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
             let su = vec2<u32>(sw0, sw1) ^ vec2<u32>(0x80808080u);
             let sh = 8u * is;
             let sc = vec4<f32>(
-                small_f32((su.x >> sh) & 0xffu), small_f32((su.x >> (sh + 16u)) & 0xffu),
-                small_f32((su.y >> sh) & 0xffu), small_f32((su.y >> (sh + 16u)) & 0xffu)) - 128.0;
+                u1f((su.x >> sh) & 0xffu), u1f((su.x >> (sh + 16u)) & 0xffu),
+                u1f((su.y >> sh) & 0xffu), u1f((su.y >> (sh + 16u)) & 0xffu)) - 128.0;
             let c0 = bytes4(lo_nibbles(ql0) | (((qh >> 0u) & 0x03030303u) << 4u), 32.0);
             let c1 = bytes4(lo_nibbles(ql1) | (((qh >> 2u) & 0x03030303u) << 4u), 32.0);
             let c2 = bytes4(hi_nibbles(ql0) | (((qh >> 4u) & 0x03030303u) << 4u), 32.0);

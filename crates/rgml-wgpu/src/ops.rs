@@ -627,29 +627,67 @@ impl<'a> Prep<'a> {
         buffers: [wgpu::Buffer; 4],
         t: &Tensor,
         a: &Tensor,
-    ) -> Result<Dispatch> {
+    ) -> Result<Vec<Dispatch>> {
         let code = weight_code(a.dtype).ok_or_else(|| self.unsupported(t))?;
         let matrices = (t.ne[2] * t.ne[3]) as u64;
         let (m, n) = (t.ne[0] as u64, t.ne[1] as u64);
         let rows = u64::from(self.gpu.kernels.mv_rows);
-        let (kernel, groups) = if t.ne[1] <= MV_COLS && rows > 0 && mv_blocks_fit(&p, a) {
-            let cols = t.ne[1] as u32;
-            let kernel = FastKernel::MulMvBlocks { cols, glu: false };
-            (kernel, m.div_ceil(rows) * matrices)
-        } else if t.ne[1] <= MV_COLS {
-            (FastKernel::MulMv, m.div_ceil(MV_ROWS) * matrices)
-        } else {
-            let tiles = m.div_ceil(MM_TILE) * n.div_ceil(MM_TILE);
-            // Both take a 64 x 64 tile per workgroup (of 128 invocations for the coop one: the
-            // count of workgroups is what `groups * WG` gives either way).
-            let kernel = if self.gpu.kernels.coop.is_some() {
-                FastKernel::MulMmCoop
-            } else {
-                FastKernel::MulMm
+        if t.ne[1] <= MV_COLS && rows > 0 && mv_blocks_fit(&p, a) {
+            let kernel = FastKernel::MulMvBlocks {
+                cols: t.ne[1] as u32,
+                glu: false,
             };
-            (kernel, tiles * matrices)
-        };
-        self.dispatch(Kernel::Fast(kernel, code), p, buffers, groups * WG)
+            let groups = m.div_ceil(rows) * matrices;
+            return Ok(vec![self.dispatch(
+                Kernel::Fast(kernel, code),
+                p,
+                buffers,
+                groups * WG,
+            )?]);
+        }
+        if t.ne[1] <= MV_COLS {
+            let groups = m.div_ceil(MV_ROWS) * matrices;
+            let kernel = Kernel::Fast(FastKernel::MulMv, code);
+            return Ok(vec![self.dispatch(kernel, p, buffers, groups * WG)?]);
+        }
+        // Both take a 64 x 64 tile per workgroup (of 128 invocations for the coop one: the
+        // count of workgroups is what `groups * WG` gives either way).
+        let groups = m.div_ceil(MM_TILE) * n.div_ceil(MM_TILE) * matrices * WG;
+        if self.gpu.kernels.coop.is_some() && a.ne[0].is_multiple_of(8) {
+            return self.mul_mm_coop(p, buffers, t, code, groups);
+        }
+        let kernel = Kernel::Fast(FastKernel::MulMm, code);
+        Ok(vec![self.dispatch(kernel, p, buffers, groups)?])
+    }
+
+    /// A prompt's MUL_MAT on cooperative matrices: the activations converted to f16 into the
+    /// scratch buffer once (`to_f16_fast`), then `mul_mm_coop` reading them there as B.
+    fn mul_mm_coop(
+        &self,
+        p: Params,
+        buffers: [wgpu::Buffer; 4],
+        t: &Tensor,
+        code: u32,
+        groups: u64,
+    ) -> Result<Vec<Dispatch>> {
+        let words = t.ne[1] * t.ne[2] * t.ne[3] * (p.b_ne[0] as usize / 2);
+        let size = words
+            .checked_mul(4)
+            .filter(|_| words <= u32::MAX as usize)
+            .ok_or_else(|| self.err("MUL_MAT activations too large for the scratch buffer"))?;
+        let scratch = self.gpu.scratch.get(&self.gpu.device, size);
+        let [a, b, c, d] = buffers;
+        let mut convert = p;
+        convert.off[3] = 0;
+        let to_f16 = self.dispatch(
+            Kernel::Fast(FastKernel::ToF16, 0),
+            convert,
+            [a.clone(), b, c.clone(), scratch.clone()],
+            words as u64,
+        )?;
+        let kernel = Kernel::Fast(FastKernel::MulMmCoop, code);
+        let product = self.dispatch(kernel, p, [a, scratch, c, d], groups)?;
+        Ok(vec![to_f16, product])
     }
 
     /// Whether the exact arithmetic's f64 kernels run: the exact arithmetic on a device with
@@ -838,7 +876,7 @@ impl<'a> Prep<'a> {
         p.misc[1] = p.b_ne[2] / p.a_ne[2].max(1);
         p.misc[2] = p.b_ne[3] / p.a_ne[3].max(1);
         if !self.exact && fast_mul_mat(a, b) {
-            return Ok(vec![self.mul_mat_fast(p, buffers, t, a)?]);
+            return self.mul_mat_fast(p, buffers, t, a);
         }
         p.misc[3] = type_code(a.dtype).unwrap_or(0);
         let elements = t.nelements() as u64;
