@@ -32,8 +32,8 @@
 # gpu-perf-model.txt (with --perf-model: `rgml test-ops --mode perf-model`, MUL_MAT alone at
 # the 8B shapes, each run waited for, so short products show the submit-and-wait latency),
 # gpu-llama-perf.txt (llama.cpp's GPU time per op in a decode, GGML_VK_PERF_LOGGER); the
-# profile step also times llama-8b's tg64 with each RGML_WGPU_MV_ROWS (0 1 2 4) and pp512
-# without cooperative matrices.
+# profile step also times llama-8b's tg64 with each RGML_WGPU_MV_ROWS (0 1 2 4) and
+# RGML_WGPU_N_CB (1 2; default 8), and pp512 without cooperative matrices.
 # Without $OUT they go to /tmp/gpucheck-out.
 #
 # Usage: scripts/gpu-device-check.sh [--quick|--dry-run] [--budget SECONDS] [--models LIST]
@@ -367,6 +367,13 @@ bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), p
     for rows in 0 1 2 4; do
         RGML_WGPU_MV_ROWS=$rows run_step "mv-rows$rows-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 \
             -r 2 --json "${RGML_GPU[@]}" && echo "tg64 with RGML_WGPU_MV_ROWS=$rows: $(tr -d '\n' <"$W/steps/mv-rows$rows-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
+    done
+    # One submit per graph as before (RGML_WGPU_N_CB=1) against command buffers submitted as
+    # they are encoded (the default, 8).
+    local ncb
+    for ncb in 1 2; do
+        RGML_WGPU_N_CB=$ncb run_step "ncb$ncb-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 -r 2 \
+            --json "${RGML_GPU[@]}" && echo "tg64 with RGML_WGPU_N_CB=$ncb: $(tr -d '\n' <"$W/steps/ncb$ncb-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
     done
     # The prompt without cooperative matrices (the register-tiled kernel), for comparison.
     RGML_WGPU_COOPMAT=0 run_step "nocoop-pp-$key" 40 "$RGML" bench -m "$f" -p $NP -n 0 -r 1 \

@@ -23,6 +23,9 @@
 //!   mat-vec (`0`: the older kernel of groups of 8 for every mat-vec;
 //!   [`rgml_wgpu::WgpuOptions::mat_vec_rows`], default [`rgml_wgpu::DEFAULT_MV_ROWS`]), for
 //!   measuring on a GPU.
+//! - `RGML_WGPU_N_CB=N`: command buffers per graph of every GPU stream, 1 to 64
+//!   ([`rgml_wgpu::WgpuOptions::n_cb`]; default 8; a device parameter `n_cb=N` overrides it),
+//!   for measuring.
 //!
 //! An empty value counts as unset. Any other value is an error naming the variable and what it
 //! accepts, so a typo never silently runs something else than asked.
@@ -49,6 +52,7 @@ const SOFT_FMA: &str = "RGML_WGPU_SOFT_FMA";
 const EXACT: &str = "RGML_WGPU_EXACT";
 const COOPMAT: &str = "RGML_WGPU_COOPMAT";
 const MV_ROWS: &str = "RGML_WGPU_MV_ROWS";
+const N_CB: &str = "RGML_WGPU_N_CB";
 
 /// The options the process environment asks for.
 pub fn from_env() -> Result<BackendOptions, String> {
@@ -111,6 +115,16 @@ fn from_lookup(
             .ok_or_else(|| format!("{MV_ROWS}={v}: expected 0, 1, 2 or 4"))?;
         options.wgpu.mat_vec_rows = Some(rows);
     }
+    if let Some(v) = get(N_CB)? {
+        let n = v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+            .ok_or_else(|| {
+                format!("{N_CB}={v}: expected a number of command buffers from 1 to 64")
+            })?;
+        options.wgpu.n_cb = Some(n);
+    }
     Ok(options)
 }
 
@@ -149,6 +163,7 @@ mod tests {
             (EXACT, ""),
             (COOPMAT, ""),
             (MV_ROWS, ""),
+            (N_CB, ""),
         ];
         assert_eq!(with(&blank), Ok(BackendOptions::default()));
     }
@@ -176,6 +191,7 @@ mod tests {
         assert_eq!(with(&[(EXACT, "1")]).unwrap().wgpu.exact, Some(true));
         assert_eq!(with(&[(MV_ROWS, "2")]).unwrap().wgpu.mat_vec_rows, Some(2));
         assert_eq!(with(&[(MV_ROWS, "0")]).unwrap().wgpu.mat_vec_rows, Some(0));
+        assert_eq!(with(&[(N_CB, "2")]).unwrap().wgpu.n_cb, Some(2));
         assert_eq!(with(&[(DEVICES, "64")]).unwrap().cpu.extra_devices, 64);
         assert!(with(&[(REPACK, "1")]).unwrap().cpu.repack);
         assert!(with(&[(COOPMAT, "0")]).unwrap().wgpu.no_coopmat);
@@ -197,6 +213,7 @@ mod tests {
             (EXACT, "fast", "0 or 1"),
             (COOPMAT, "on", "0 or 1"),
             (MV_ROWS, "3", "0, 1, 2 or 4"),
+            (N_CB, "0", "from 1 to 64"),
         ] {
             let e = with(&[(var, value)]).unwrap_err();
             assert!(e.starts_with(&format!("{var}={value}: ")), "{e}");

@@ -36,6 +36,9 @@ pub struct WgpuDevice {
     software: bool,
     /// The arithmetic a stream gets without an `exact=` parameter.
     exact: bool,
+    /// Command buffers per graph for a stream without an `n_cb=` parameter (`None`: the
+    /// backend's default).
+    n_cb: Option<usize>,
     features: wgpu::Features,
     /// The largest device-local heap, where the backend tells (Vulkan).
     heap_bytes: Option<usize>,
@@ -93,6 +96,7 @@ impl WgpuDevice {
         };
         let software = info.device_type == wgpu::DeviceType::Cpu;
         let exact = options.exact.unwrap_or(software);
+        let n_cb = options.n_cb;
         let mode = if exact { "exact" } else { "fast" };
         let caps = capabilities(&adapter, &info);
         let description = if info.driver.is_empty() {
@@ -129,6 +133,7 @@ impl WgpuDevice {
                 device_type,
                 software,
                 exact,
+                n_cb,
                 features,
                 heap_bytes,
                 me: weak.clone(),
@@ -300,7 +305,10 @@ impl rgml::Device for WgpuDevice {
         // set here: one parameter list goes to every device of a split (`rgml -t 2 --device
         // Vulkan0,CPU`), and the GPU has no host threads.
         params.check_known(&["n_cb", "concurrency", "exact", "n_threads"])?;
-        let n_cb = params.get_parsed::<usize>("n_cb")?.unwrap_or(DEFAULT_N_CB);
+        let n_cb = params
+            .get_parsed::<usize>("n_cb")?
+            .or(self.n_cb)
+            .unwrap_or(DEFAULT_N_CB);
         if n_cb == 0 {
             return Err(Error::InvalidParams {
                 params: "n_cb=0".into(),

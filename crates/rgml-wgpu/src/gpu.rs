@@ -30,6 +30,9 @@ pub struct WgpuOptions {
     /// `Some(0)`: the older kernel of groups of 8 for every mat-vec); `None`: the default,
     /// [`DEFAULT_MV_ROWS`]. A tuning knob for measuring on a GPU.
     pub mat_vec_rows: Option<u32>,
+    /// Command buffers per graph of every stream without an `n_cb` parameter; `None`: the
+    /// backend's default (8).
+    pub n_cb: Option<usize>,
 }
 
 /// Weight rows per workgroup of the block mat-vec unless [`WgpuOptions::mat_vec_rows`] says.
