@@ -87,6 +87,8 @@ pub(crate) enum FastKernel {
     MulMvBlocks { cols: u32, glu: bool },
     /// `to_f16_fast`: a prompt's activations as f16 for `mul_mm_coop`.
     ToF16,
+    /// `flash_attn_fast`: FLASH_ATTN_EXT, a workgroup per query row.
+    FlashAttn,
 }
 
 impl FastKernel {
@@ -99,6 +101,7 @@ impl FastKernel {
             FastKernel::MulMmCoop => "mul_mm_coop",
             FastKernel::MulMvBlocks { .. } => "mul_mv_blocks",
             FastKernel::ToF16 => "to_f16_fast",
+            FastKernel::FlashAttn => "flash_attn_fast",
         }
     }
 }

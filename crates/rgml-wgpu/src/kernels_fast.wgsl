@@ -669,3 +669,94 @@ fn soft_max_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
         }
     }
 }
+
+// FLASH_ATTN_EXT in the fast arithmetic: one workgroup of ROW_WG per query row (query i of
+// head h, batch i3; workgroup w = i + n_q (h + n_head i3)), over the keys in tiles of ROW_WG
+// with an online soft max (ggml's FA arithmetic in f32, in whatever order the tile gives).
+// Bindings: A the f32 queries [dk, n_q, n_head, ne3] (element strides a_nb); B the f16 keys
+// [dk, n_kv, heads, ne3] (byte strides b_nb, at off.y) and the f16 values in the same buffer
+// (at misc.w, byte strides c_ne.x, c_ne.y, misc.z for dims 1..3, misc.y heads); C the f16
+// mask [n_kv, rows, m2, m3] (byte strides c_nb, m2 and m3 in c_ne.z, c_ne.w; f.y = 1 when
+// there is one); D the result [dv, n_head, n_q, ne3]. f.x is the scale. Invocation t scores
+// key j0 + t of each tile; for the values, invocation t adds the dims 2 (t % (dv / 2)) and
+// 2 (t % (dv / 2)) + 1 over the tile's keys t / (dv / 2), + ROW_WG / (dv / 2), ... (dv a power
+// of two up to 512; the host checks), and the parts are added at the end.
+var<workgroup> fa_q: array<f32, 512>;
+var<workgroup> fa_p: array<f32, 256>;
+var<workgroup> fa_out: array<vec2<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn flash_attn_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = wid.x + wid.y * nwg.x;
+    let n_q = p.a_ne.y;
+    let n_head = p.a_ne.z;
+    let rows = n_q * n_head * p.a_ne.w;
+    let live = w < rows;
+    let wr = min(w, rows - 1u);
+    let i = wr % n_q;
+    let h = (wr / n_q) % n_head;
+    let i3 = wr / (n_q * n_head);
+    let dk = p.a_ne.x;
+    let dv = p.d_ne.x;
+    let n_kv = p.b_ne.y;
+    let q0 = p.off.x + i * p.a_nb.y + h * p.a_nb.z + i3 * p.a_nb.w;
+    for (var d = li; d < dk; d += ROW_WG) {
+        fa_q[d] = af(q0 + d * p.a_nb.x) * p.f.x;
+    }
+    let k0 = p.off.y + (h / (n_head / p.b_ne.z)) * p.b_nb.z + i3 * p.b_nb.w;
+    let v0 = p.misc.w + (h / (n_head / p.misc.y)) * p.c_ne.y + i3 * p.misc.z;
+    let m0 = p.off.z + i * p.c_nb.y + (h % p.c_ne.z) * p.c_nb.z + (i3 % p.c_ne.w) * p.c_nb.w;
+    let pairs = dv / 2u;
+    let pair = li % pairs;
+    let part = li / pairs;
+    let parts = ROW_WG / pairs;
+    var m = -3.4028235e38;
+    var l = 0.0;
+    var acc = vec2<f32>(0.0);
+    workgroupBarrier();
+    for (var j0 = 0u; j0 < n_kv; j0 += ROW_WG) {
+        let j = j0 + li;
+        var s = -3.4028235e38;
+        if (j < n_kv) {
+            let kj = k0 + j * p.b_nb.y;
+            var dot_qk = 0.0;
+            for (var d = 0u; d < dk; d += 2u) {
+                let kv = unpack2x16float(B[(kj + 2u * d) >> 2u]);
+                dot_qk = fma(fa_q[d], kv.x, fma(fa_q[d + 1u], kv.y, dot_qk));
+            }
+            s = dot_qk;
+            if (p.f.y != 0.0) {
+                s += c_f16(m0 + 2u * j);
+            }
+        }
+        let m_new = max(m, workgroup_reduce(li, s, true));
+        // A key masked to -inf (or past the end) weighs 0; a row masked whole keeps m at the
+        // lowest float, so no inf - inf.
+        let e = select(exp(s - m_new), 0.0, s <= -3.4028235e38);
+        fa_p[li] = e;
+        let tile_sum = workgroup_reduce(li, e, false);
+        let keep = exp(m - m_new);
+        l = l * keep + tile_sum;
+        acc *= keep;
+        m = m_new;
+        let keys = min(ROW_WG, n_kv - j0);
+        for (var t = part; t < keys; t += parts) {
+            let vj = v0 + (j0 + t) * p.c_ne.x;
+            acc += fa_p[t] * unpack2x16float(B[(vj + 4u * pair) >> 2u]);
+        }
+        workgroupBarrier();
+    }
+    fa_out[li] = acc;
+    workgroupBarrier();
+    if (live && part == 0u) {
+        var total = vec2<f32>(0.0);
+        for (var q = 0u; q < parts; q++) {
+            total += fa_out[q * pairs + pair];
+        }
+        // ggml writes 0 for a row whose every key is masked.
+        let inv = select(1.0 / l, 0.0, l == 0.0);
+        let o = p.off.w + 2u * pair * p.d_nb.x + h * p.d_nb.y + i * p.d_nb.z + i3 * p.d_nb.w;
+        dset(o, total.x * inv);
+        dset(o + p.d_nb.x, total.y * inv);
+    }
+}

@@ -98,8 +98,9 @@
 //!   `sin` (close, not bit-equal).
 //!
 //! # What is still missing
-//! - Packed int8 dots and vector loads in the fast mat-vec, larger cooperative-matrix tiles,
-//!   flash attention, fused RMS_NORM + MUL: what the H200 profile ranks (see `docs/GPU.md`).
+//! - Packed int8 dots in the fast mat-vec, larger cooperative-matrix tiles, split-KV flash
+//!   attention for long decodes, fewer dispatches per block: what the H100 profile ranks (see
+//!   `docs/GPU.md`).
 //! - Barriers only between dependent nodes: wgpu's safe API places them itself (one between
 //!   any two dispatches that use the same read-write buffer); dropping them needs wgpu-hal
 //!   encoding. The allocator side (concurrency levels) is done and opt-in (`concurrency=1`).

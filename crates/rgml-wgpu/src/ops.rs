@@ -209,8 +209,38 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
         // round the product with the matrix differently).
         (Op::MulMat { hadamard: true, .. }, _) => false,
         (Op::MulMat { .. }, [a, b]) => (!exact && fast_mul_mat(a, b)) || exact_mul_mat(a, b),
+        (
+            Op::FlashAttnExt {
+                max_bias,
+                softcap,
+                sinks: false,
+                ..
+            },
+            [q, k, v, mask @ ..],
+        ) => !exact && max_bias == 0.0 && softcap == 0.0 && fast_flash_attn(q, k, v, mask),
         _ => false,
     }
+}
+
+/// Whether `flash_attn_fast` takes FLASH_ATTN_EXT of `q`, `k`, `v` (and a mask): an f16 cache
+/// with 4-byte-aligned rows, head sizes it holds (dk even up to 512, dv a power of two from 2
+/// to 512) and shapes within its u32 arithmetic. Keys and values must share a buffer, which is
+/// checked when the node is prepared (a KV cache is one buffer).
+fn fast_flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, mask: &[&Tensor]) -> bool {
+    let f16_rows =
+        |t: &Tensor| t.dtype == DType::F16 && t.nb[1..].iter().all(|s| s.is_multiple_of(4));
+    let (dk, dv) = (k.ne[0], v.ne[0]);
+    let heads =
+        dk.is_multiple_of(2) && dk <= 512 && dv.is_power_of_two() && (2..=512).contains(&dv);
+    let mask_ok = mask.iter().all(|m| m.dtype == DType::F16 && fits(m));
+    q.dtype == DType::F32
+        && fits(q)
+        && f16_rows(k)
+        && f16_rows(v)
+        && fits(k)
+        && fits(v)
+        && heads
+        && mask_ok
 }
 
 /// Whether MUL_MAT's activations `b` are f32 that the kernels can address and its weights `a`
@@ -603,6 +633,9 @@ impl<'a> Prep<'a> {
                 Ok(vec![d])
             }
             Op::MulMat { .. } => self.mul_mat(p, buffers, t, &srcs),
+            Op::FlashAttnExt { scale, .. } => {
+                Ok(vec![self.flash_attn(p, buffers, t, &srcs, scale)?])
+            }
             _ => {
                 let (kernel, threads) = self
                     .one_dispatch(&mut p, t, &srcs)
@@ -616,6 +649,59 @@ impl<'a> Prep<'a> {
                 Ok(vec![self.dispatch(kernel, p, buffers, threads)?])
             }
         }
+    }
+
+    /// FLASH_ATTN_EXT in the fast arithmetic (`flash_attn_fast`): a workgroup per query row;
+    /// the values are read through the keys' binding, so both must be in one buffer, 4-byte
+    /// aligned (see the kernel for where each parameter goes).
+    fn flash_attn(
+        &self,
+        mut p: Params,
+        buffers: [wgpu::Buffer; 4],
+        t: &Tensor,
+        srcs: &[&Tensor],
+        scale: f32,
+    ) -> Result<Dispatch> {
+        let [q, k, v, rest @ ..] = srcs else {
+            return Err(self.unsupported(t));
+        };
+        let (k_buf, k_off) = self.storage(k)?;
+        let (v_buf, v_off) = self.storage(v)?;
+        if k_buf != v_buf || !k_off.is_multiple_of(4) || !v_off.is_multiple_of(4) {
+            return Err(self.err(format!(
+                "FLASH_ATTN_EXT '{}': keys and values must be in one buffer at 4-byte offsets",
+                t.display_name()
+            )));
+        }
+        let [a, _, _, d] = buffers;
+        let v_nb = strides(v);
+        p.c_ne[0] = v_nb[1];
+        p.c_ne[1] = v_nb[2];
+        p.misc[2] = v_nb[3];
+        p.misc[3] = v_off;
+        p.misc[1] = v.ne[2] as u32;
+        // The mask as C (its strides replace v's, which `bind` put there).
+        let (c, has_mask) = match rest.first() {
+            Some(m) => {
+                let (m_buf, m_off) = self.storage(m)?;
+                p.off[2] = m_off;
+                p.c_nb = strides(m);
+                p.c_ne[2] = m.ne[2] as u32;
+                p.c_ne[3] = m.ne[3] as u32;
+                (m_buf, 1.0)
+            }
+            None => {
+                p.c_nb = [0; 4];
+                p.c_ne[2] = 1;
+                p.c_ne[3] = 1;
+                (a.clone(), 0.0)
+            }
+        };
+        p.f[1] = has_mask;
+        p.f[0] = scale;
+        let rows = (q.ne[1] * q.ne[2] * q.ne[3]) as u64;
+        let kernel = Kernel::Fast(FastKernel::FlashAttn, 0);
+        self.dispatch(kernel, p, [a, k_buf, c, d], rows * WG)
     }
 
     /// MUL_MAT in the fast arithmetic: `mul_mv_fast` for up to [`MV_COLS`] activation columns
