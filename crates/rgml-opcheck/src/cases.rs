@@ -1533,6 +1533,8 @@ fn flash_attn(cases: &mut Vec<Case>) {
         // 64 queries and more: ggml's tiled kernel.
         (64, 64, 70, 150, 2, 2),
         (16, 16, 64, 64, 1, 1),
+        // A decode at depth: the GPU splits the keys across workgroups and adds the parts.
+        (64, 64, 1, 1100, 4, 2),
     ];
     for kv in [DType::F16, DType::F32, DType::Q8_0, DType::Q4_0] {
         for (dk, dv, nq, nkv, nh, nhk) in shapes {

@@ -87,8 +87,10 @@ pub(crate) enum FastKernel {
     MulMvBlocks { cols: u32, glu: bool },
     /// `to_f16_fast`: a prompt's activations as f16 for `mul_mm_coop`.
     ToF16,
-    /// `flash_attn_fast`: FLASH_ATTN_EXT, a workgroup per query row.
+    /// `flash_attn_fast`: FLASH_ATTN_EXT, a workgroup per query row and split of the keys.
     FlashAttn,
+    /// `flash_attn_merge`: the splits of `flash_attn_fast` added.
+    FlashAttnMerge,
 }
 
 impl FastKernel {
@@ -102,6 +104,7 @@ impl FastKernel {
             FastKernel::MulMvBlocks { .. } => "mul_mv_blocks",
             FastKernel::ToF16 => "to_f16_fast",
             FastKernel::FlashAttn => "flash_attn_fast",
+            FastKernel::FlashAttnMerge => "flash_attn_merge",
         }
     }
 }

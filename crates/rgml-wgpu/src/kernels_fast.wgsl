@@ -670,35 +670,53 @@ fn soft_max_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
     }
 }
 
-// FLASH_ATTN_EXT in the fast arithmetic: one workgroup of ROW_WG per query row (query i of
-// head h, batch i3; workgroup w = i + n_q (h + n_head i3)), over the keys in tiles of ROW_WG
-// with an online soft max (ggml's FA arithmetic in f32, in whatever order the tile gives).
-// Bindings: A the f32 queries [dk, n_q, n_head, ne3] (element strides a_nb); B the f16 keys
-// [dk, n_kv, heads, ne3] (byte strides b_nb, at off.y) and the f16 values in the same buffer
-// (at misc.w, byte strides c_ne.x, c_ne.y, misc.z for dims 1..3, misc.y heads); C the f16
-// mask [n_kv, rows, m2, m3] (byte strides c_nb, m2 and m3 in c_ne.z, c_ne.w; f.y = 1 when
-// there is one); D the result [dv, n_head, n_q, ne3]. f.x is the scale. Invocation t scores
-// key j0 + t of each tile; for the values, invocation t adds the dims 2 (t % (dv / 2)) and
-// 2 (t % (dv / 2)) + 1 over the tile's keys t / (dv / 2), + ROW_WG / (dv / 2), ... (dv a power
-// of two up to 512; the host checks), and the parts are added at the end.
+// FLASH_ATTN_EXT in the fast arithmetic: one workgroup of ROW_WG per query row and split of
+// the keys (query i of head h, batch i3: row r = i + n_q (h + n_head i3); workgroup
+// w = r splits + s takes split s of the keys), over its keys in tiles of ROW_WG with an online
+// soft max (ggml's FA arithmetic in f32, in whatever order the tile gives). Bindings: A the
+// f32 queries [dk, n_q, n_head, ne3] (element strides a_nb); B the f16 keys [dk, n_kv, heads,
+// ne3] (byte strides b_nb, at off.y) and the f16 values in the same buffer (at misc.w, byte
+// strides c_ne.x, c_ne.y, misc.z for dims 1..3, misc.y heads); C the f16 mask [n_kv, rows,
+// m2, m3] (byte strides c_nb, m2 and m3 in c_ne.z, c_ne.w; f.y = 1 when there is one). f.x is
+// the scale, f.z the splits, f.w the keys per split (a multiple of ROW_WG). With one split D
+// is the result [dv, n_head, n_q, ne3]; with more, D is scratch where each (row, split) leaves
+// its unnormalized sums, maximum and total at (r splits + s) (dv + 2), for
+// `flash_attn_merge`. Invocation t scores key j0 + t of each tile; for the values, invocation
+// t adds the dims 2 (t % (dv / 2)) and 2 (t % (dv / 2)) + 1 over the tile's keys t / (dv / 2),
+// + ROW_WG / (dv / 2), ... (dv a power of two up to 512; the host checks), and the parts are
+// added at the end.
 var<workgroup> fa_q: array<f32, 512>;
 var<workgroup> fa_p: array<f32, 256>;
 var<workgroup> fa_out: array<vec2<f32>, 256>;
 
+// A query row's (query, head, batch) and whether it exists (padding workgroups repeat the last).
+struct FaRow {
+    live: bool,
+    r: u32,
+    i: u32,
+    h: u32,
+    i3: u32,
+}
+
+fn fa_row(r: u32) -> FaRow {
+    let n_q = p.a_ne.y;
+    let rows = n_q * p.a_ne.z * p.a_ne.w;
+    let rr = min(r, rows - 1u);
+    return FaRow(r < rows, rr, rr % n_q, (rr / n_q) % p.a_ne.z, rr / (n_q * p.a_ne.z));
+}
+
 @compute @workgroup_size(256)
 fn flash_attn_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let w = wid.x + wid.y * nwg.x;
-    let n_q = p.a_ne.y;
+    let splits = u32(p.f.z);
+    let row = fa_row(w / splits);
+    let split = w % splits;
+    let i = row.i;
+    let h = row.h;
+    let i3 = row.i3;
     let n_head = p.a_ne.z;
-    let rows = n_q * n_head * p.a_ne.w;
-    let live = w < rows;
-    let wr = min(w, rows - 1u);
-    let i = wr % n_q;
-    let h = (wr / n_q) % n_head;
-    let i3 = wr / (n_q * n_head);
     let dk = p.a_ne.x;
     let dv = p.d_ne.x;
-    let n_kv = p.b_ne.y;
     let q0 = p.off.x + i * p.a_nb.y + h * p.a_nb.z + i3 * p.a_nb.w;
     for (var d = li; d < dk; d += ROW_WG) {
         fa_q[d] = af(q0 + d * p.a_nb.x) * p.f.x;
@@ -710,14 +728,16 @@ fn flash_attn_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_
     let pair = li % pairs;
     let part = li / pairs;
     let parts = ROW_WG / pairs;
+    let first = split * u32(p.f.w);
+    let end = min(p.b_ne.y, first + u32(p.f.w));
     var m = -3.4028235e38;
     var l = 0.0;
     var acc = vec2<f32>(0.0);
     workgroupBarrier();
-    for (var j0 = 0u; j0 < n_kv; j0 += ROW_WG) {
+    for (var j0 = first; j0 < end; j0 += ROW_WG) {
         let j = j0 + li;
         var s = -3.4028235e38;
-        if (j < n_kv) {
+        if (j < end) {
             let kj = k0 + j * p.b_nb.y;
             var dot_qk = 0.0;
             for (var d = 0u; d < dk; d += 2u) {
@@ -739,7 +759,7 @@ fn flash_attn_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_
         l = l * keep + tile_sum;
         acc *= keep;
         m = m_new;
-        let keys = min(ROW_WG, n_kv - j0);
+        let keys = min(ROW_WG, end - j0);
         for (var t = part; t < keys; t += parts) {
             let vj = v0 + (j0 + t) * p.c_ne.x;
             acc += fa_p[t] * unpack2x16float(B[(vj + 4u * pair) >> 2u]);
@@ -748,15 +768,58 @@ fn flash_attn_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_
     }
     fa_out[li] = acc;
     workgroupBarrier();
-    if (live && part == 0u) {
-        var total = vec2<f32>(0.0);
-        for (var q = 0u; q < parts; q++) {
-            total += fa_out[q * pairs + pair];
+    if (!row.live || part != 0u) {
+        return;
+    }
+    var total = vec2<f32>(0.0);
+    for (var q = 0u; q < parts; q++) {
+        total += fa_out[q * pairs + pair];
+    }
+    if (splits > 1u) {
+        let at = (row.r * splits + split) * (dv + 2u);
+        dset(at + 2u * pair, total.x);
+        dset(at + 2u * pair + 1u, total.y);
+        if (pair == 0u) {
+            dset(at + dv, m);
+            dset(at + dv + 1u, l);
         }
-        // ggml writes 0 for a row whose every key is masked.
-        let inv = select(1.0 / l, 0.0, l == 0.0);
-        let o = p.off.w + 2u * pair * p.d_nb.x + h * p.d_nb.y + i * p.d_nb.z + i3 * p.d_nb.w;
-        dset(o, total.x * inv);
-        dset(o + p.d_nb.x, total.y * inv);
+        return;
+    }
+    // ggml writes 0 for a row whose every key is masked.
+    let inv = select(1.0 / l, 0.0, l == 0.0);
+    let o = p.off.w + 2u * pair * p.d_nb.x + h * p.d_nb.y + i * p.d_nb.z + i3 * p.d_nb.w;
+    dset(o, total.x * inv);
+    dset(o + p.d_nb.x, total.y * inv);
+}
+
+// The splits of `flash_attn_fast` added: one workgroup of ROW_WG per query row; A is the
+// scratch the splits left (see there), f.z the splits, a_ne the queries' shape, D the result.
+@compute @workgroup_size(256)
+fn flash_attn_merge(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = fa_row(wid.x + wid.y * nwg.x);
+    if (!row.live) {
+        return;
+    }
+    let splits = u32(p.f.z);
+    let dv = p.d_ne.x;
+    let base = row.r * splits * (dv + 2u);
+    var m = -3.4028235e38;
+    for (var s = 0u; s < splits; s++) {
+        m = max(m, af(base + s * (dv + 2u) + dv));
+    }
+    var l = 0.0;
+    for (var s = 0u; s < splits; s++) {
+        let at = base + s * (dv + 2u);
+        l += exp(af(at + dv) - m) * af(at + dv + 1u);
+    }
+    let inv = select(1.0 / l, 0.0, l == 0.0);
+    let o = p.off.w + row.h * p.d_nb.y + row.i * p.d_nb.z + row.i3 * p.d_nb.w;
+    for (var d = li; d < dv; d += ROW_WG) {
+        var total = 0.0;
+        for (var s = 0u; s < splits; s++) {
+            let at = base + s * (dv + 2u);
+            total += exp(af(at + dv) - m) * af(at + d);
+        }
+        dset(o + d * p.d_nb.x, total * inv);
     }
 }

@@ -66,6 +66,13 @@ fn fast_mul_mat(a: &Tensor, b: &Tensor) -> bool {
 /// Invocations per workgroup of the fast per-row kernels (`ROW_WG` in the WGSL).
 const ROW_WG: usize = 256;
 
+/// Flash attention splits the keys of fewer query rows than this (a decode: one workgroup per
+/// row would leave most of a GPU idle at depth), into runs of about `FA_SPLIT_KEYS`, at most
+/// `FA_MAX_SPLITS`.
+const FA_SPLIT_BELOW_ROWS: usize = 256;
+const FA_SPLIT_KEYS: usize = 512;
+const FA_MAX_SPLITS: usize = 64;
+
 /// The byte alignment of the rows and blocks of the weight types `mul_mv_blocks` decodes (4 for
 /// F32, whose offsets are in elements; 2 for blocks of an even size that is no multiple of 4).
 fn mv_blocks_alignment(dtype: DType) -> Option<u32> {
@@ -633,9 +640,7 @@ impl<'a> Prep<'a> {
                 Ok(vec![d])
             }
             Op::MulMat { .. } => self.mul_mat(p, buffers, t, &srcs),
-            Op::FlashAttnExt { scale, .. } => {
-                Ok(vec![self.flash_attn(p, buffers, t, &srcs, scale)?])
-            }
+            Op::FlashAttnExt { scale, .. } => self.flash_attn(p, buffers, t, &srcs, scale),
             _ => {
                 let (kernel, threads) = self
                     .one_dispatch(&mut p, t, &srcs)
@@ -661,7 +666,7 @@ impl<'a> Prep<'a> {
         t: &Tensor,
         srcs: &[&Tensor],
         scale: f32,
-    ) -> Result<Dispatch> {
+    ) -> Result<Vec<Dispatch>> {
         let [q, k, v, rest @ ..] = srcs else {
             return Err(self.unsupported(t));
         };
@@ -699,9 +704,37 @@ impl<'a> Prep<'a> {
         };
         p.f[1] = has_mask;
         p.f[0] = scale;
-        let rows = (q.ne[1] * q.ne[2] * q.ne[3]) as u64;
+        let rows = q.ne[1] * q.ne[2] * q.ne[3];
+        // Few rows (a decode) over many keys: split the keys so more than one workgroup per
+        // head runs, then add the splits (`flash_attn_merge`).
+        let n_kv = k.ne[1];
+        let splits = if rows < FA_SPLIT_BELOW_ROWS {
+            n_kv.div_ceil(FA_SPLIT_KEYS).clamp(1, FA_MAX_SPLITS)
+        } else {
+            1
+        };
+        p.f[2] = splits as f32;
+        p.f[3] = (n_kv.div_ceil(splits).div_ceil(ROW_WG) * ROW_WG) as f32;
         let kernel = Kernel::Fast(FastKernel::FlashAttn, 0);
-        self.dispatch(kernel, p, [a, k_buf, c, d], rows * WG)
+        let groups = (rows * splits) as u64 * WG;
+        if splits == 1 {
+            return Ok(vec![self.dispatch(kernel, p, [a, k_buf, c, d], groups)?]);
+        }
+        let floats = rows * splits * (t.ne[0] + 2);
+        let scratch = self.gpu.scratch.get(&self.gpu.device, floats * 4);
+        let mut split = p;
+        split.off[3] = 0;
+        let parts = self.dispatch(
+            kernel,
+            split,
+            [a.clone(), k_buf, c, scratch.clone()],
+            groups,
+        )?;
+        let mut merge = p;
+        merge.off[0] = 0;
+        let kernel = Kernel::Fast(FastKernel::FlashAttnMerge, 0);
+        let sums = self.dispatch(kernel, merge, [scratch, a.clone(), a, d], rows as u64 * WG)?;
+        Ok(vec![parts, sums])
     }
 
     /// MUL_MAT in the fast arithmetic: `mul_mv_fast` for up to [`MV_COLS`] activation columns
