@@ -33,7 +33,8 @@
 # the 8B shapes, each run waited for, so short products show the submit-and-wait latency),
 # gpu-llama-perf.txt (llama.cpp's GPU time per op in a decode, GGML_VK_PERF_LOGGER); the
 # profile step also times llama-8b's tg64 with each RGML_WGPU_MV_ROWS (0 1 2 4) and
-# RGML_WGPU_N_CB (1 2; default 8) and with -fa off, and pp512 without cooperative matrices.
+# RGML_WGPU_N_CB (1 2; default 8), with RGML_WGPU_MV_DP4A=1 and with -fa off, and pp512
+# without cooperative matrices.
 # Without $OUT they go to /tmp/gpucheck-out.
 #
 # Usage: scripts/gpu-device-check.sh [--quick|--dry-run] [--budget SECONDS] [--models LIST]
@@ -375,6 +376,9 @@ bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), p
         RGML_WGPU_N_CB=$ncb run_step "ncb$ncb-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 -r 2 \
             --json "${RGML_GPU[@]}" && echo "tg64 with RGML_WGPU_N_CB=$ncb: $(tr -d '\n' <"$W/steps/ncb$ncb-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
     done
+    # The DP4A mat-vec (int8 activations, packed integer dots; off by default until measured).
+    RGML_WGPU_MV_DP4A=1 run_step "dp4a-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 -r 2 --json \
+        "${RGML_GPU[@]}" && echo "tg64 with RGML_WGPU_MV_DP4A=1: $(tr -d '\n' <"$W/steps/dp4a-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
     # Attention as separate ops (KQ, SOFT_MAX, KQV) instead of the GPU's flash attention.
     run_step "fa-off-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 -r 2 -fa off --json "${RGML_GPU[@]}" \
         && echo "tg64 with -fa off: $(tr -d '\n' <"$W/steps/fa-off-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"

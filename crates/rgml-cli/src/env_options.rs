@@ -23,6 +23,9 @@
 //!   mat-vec (`0`: the older kernel of groups of 8 for every mat-vec;
 //!   [`rgml_wgpu::WgpuOptions::mat_vec_rows`], default [`rgml_wgpu::DEFAULT_MV_ROWS`]), for
 //!   measuring on a GPU.
+//! - `RGML_WGPU_MV_DP4A=0|1`: the block mat-vec quantizes its activations to int8 and
+//!   multiplies Q4_0, Q8_0, Q4_K and Q6_K weights with packed integer dots
+//!   ([`rgml_wgpu::WgpuOptions::mat_vec_dp4a`], default 0), for measuring on a GPU.
 //! - `RGML_WGPU_N_CB=N`: command buffers per graph of every GPU stream, 1 to 64
 //!   ([`rgml_wgpu::WgpuOptions::n_cb`]; default 8; a device parameter `n_cb=N` overrides it),
 //!   for measuring.
@@ -53,6 +56,7 @@ const EXACT: &str = "RGML_WGPU_EXACT";
 const COOPMAT: &str = "RGML_WGPU_COOPMAT";
 const MV_ROWS: &str = "RGML_WGPU_MV_ROWS";
 const N_CB: &str = "RGML_WGPU_N_CB";
+const MV_DP4A: &str = "RGML_WGPU_MV_DP4A";
 
 /// The options the process environment asks for.
 pub fn from_env() -> Result<BackendOptions, String> {
@@ -115,6 +119,9 @@ fn from_lookup(
             .ok_or_else(|| format!("{MV_ROWS}={v}: expected 0, 1, 2 or 4"))?;
         options.wgpu.mat_vec_rows = Some(rows);
     }
+    if let Some(v) = get(MV_DP4A)? {
+        options.wgpu.mat_vec_dp4a = flag(MV_DP4A, &v)?;
+    }
     if let Some(v) = get(N_CB)? {
         let n = v
             .parse::<usize>()
@@ -164,6 +171,7 @@ mod tests {
             (COOPMAT, ""),
             (MV_ROWS, ""),
             (N_CB, ""),
+            (MV_DP4A, ""),
         ];
         assert_eq!(with(&blank), Ok(BackendOptions::default()));
     }
@@ -192,6 +200,7 @@ mod tests {
         assert_eq!(with(&[(MV_ROWS, "2")]).unwrap().wgpu.mat_vec_rows, Some(2));
         assert_eq!(with(&[(MV_ROWS, "0")]).unwrap().wgpu.mat_vec_rows, Some(0));
         assert_eq!(with(&[(N_CB, "2")]).unwrap().wgpu.n_cb, Some(2));
+        assert!(with(&[(MV_DP4A, "1")]).unwrap().wgpu.mat_vec_dp4a);
         assert_eq!(with(&[(DEVICES, "64")]).unwrap().cpu.extra_devices, 64);
         assert!(with(&[(REPACK, "1")]).unwrap().cpu.repack);
         assert!(with(&[(COOPMAT, "0")]).unwrap().wgpu.no_coopmat);
@@ -214,6 +223,7 @@ mod tests {
             (COOPMAT, "on", "0 or 1"),
             (MV_ROWS, "3", "0, 1, 2 or 4"),
             (N_CB, "0", "from 1 to 64"),
+            (MV_DP4A, "yes", "0 or 1"),
         ] {
             let e = with(&[(var, value)]).unwrap_err();
             assert!(e.starts_with(&format!("{var}={value}: ")), "{e}");

@@ -37,7 +37,9 @@ mod test_ops;
                   on CPU drivers such as lavapipe, fast on GPUs), RGML_WGPU_COOPMAT=0|1 \
                   (prompts on a GPU's cooperative matrices where it has them; default 1), \
                   RGML_WGPU_MV_ROWS=0|1|2|4 (weight rows per workgroup of the GPU's block \
-                  mat-vec; 0: the older kernel; for measuring), RGML_WGPU_N_CB=N (command \
+                  mat-vec; 0: the older kernel; for measuring), RGML_WGPU_MV_DP4A=0|1 (int8 \
+                  activations and packed integer dots in the GPU's mat-vec; default 0; for \
+                  measuring), RGML_WGPU_N_CB=N (command \
                   buffers per graph on GPUs, 1..64; default 8; for measuring)."
 )]
 struct Cli {

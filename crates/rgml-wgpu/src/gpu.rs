@@ -30,6 +30,10 @@ pub struct WgpuOptions {
     /// `Some(0)`: the older kernel of groups of 8 for every mat-vec); `None`: the default,
     /// [`DEFAULT_MV_ROWS`]. A tuning knob for measuring on a GPU.
     pub mat_vec_rows: Option<u32>,
+    /// The block mat-vec quantizes its activations to int8 and multiplies Q4_0, Q8_0, Q4_K and
+    /// Q6_K weights with packed integer dots (DP4A, llama.cpp's `mul_mat_vecq`). Off by
+    /// default until measured on a GPU; a tuning knob.
+    pub mat_vec_dp4a: bool,
     /// Command buffers per graph of every stream without an `n_cb` parameter; `None`: the
     /// backend's default (8).
     pub n_cb: Option<usize>,
@@ -112,6 +116,7 @@ impl Gpu {
             coop,
             subgroup_rows,
             options.mat_vec_rows.unwrap_or(DEFAULT_MV_ROWS),
+            options.mat_vec_dp4a,
         );
         let gpu = Gpu {
             name: name.to_string(),

@@ -83,8 +83,11 @@ pub(crate) enum FastKernel {
     /// `mul_mv_blocks` (`kernels_mv.wgsl`): MUL_MAT of `cols` activation columns (1 to
     /// [`MV_COLS`]), [`Kernels::mv_rows`] weight rows per workgroup, for the weight types it
     /// decodes (`ops::mv_blocks_alignment`); with `glu`, the gate and up projections of one
-    /// activation and their SwiGLU.
-    MulMvBlocks { cols: u32, glu: bool },
+    /// activation and their SwiGLU; with `dp4a`, activations quantized by `quantize_q8_fast`
+    /// and integer dots.
+    MulMvBlocks { cols: u32, glu: bool, dp4a: bool },
+    /// `quantize_q8_fast`: a DP4A mat-vec's activations as int8 blocks.
+    QuantizeQ8,
     /// `to_f16_fast`: a prompt's activations as f16 for `mul_mm_coop`.
     ToF16,
     /// `flash_attn_fast`: FLASH_ATTN_EXT, a workgroup per query row and split of the keys.
@@ -102,6 +105,7 @@ impl FastKernel {
             FastKernel::SoftMax => "soft_max_fast",
             FastKernel::MulMmCoop => "mul_mm_coop",
             FastKernel::MulMvBlocks { .. } => "mul_mv_blocks",
+            FastKernel::QuantizeQ8 => "quantize_q8_fast",
             FastKernel::ToF16 => "to_f16_fast",
             FastKernel::FlashAttn => "flash_attn_fast",
             FastKernel::FlashAttnMerge => "flash_attn_merge",
@@ -307,6 +311,8 @@ pub(crate) struct Kernels {
     /// Weight rows per workgroup of `mul_mv_blocks` (1 to [`MV_BLOCKS_MAX_ROWS`]); 0: it is
     /// not used (`mul_mv_fast` takes every mat-vec).
     pub(crate) mv_rows: u32,
+    /// `mul_mv_blocks` takes Q4_0, Q8_0, Q4_K and Q6_K weights with int8 activations and DP4A.
+    pub(crate) mv_dp4a: bool,
     mv_module: std::sync::OnceLock<wgpu::ShaderModule>,
     /// The fast kernels compiled so far, by kernel and weight type.
     fast: std::sync::Mutex<std::collections::HashMap<(FastKernel, u32), wgpu::ComputePipeline>>,
@@ -322,6 +328,7 @@ impl Kernels {
         coop: Option<CoopShape>,
         subgroup_rows: bool,
         mv_rows: u32,
+        mv_dp4a: bool,
     ) -> Kernels {
         let f64 = device.features().contains(wgpu::Features::SHADER_F64);
         let storage = |binding| wgpu::BindGroupLayoutEntry {
@@ -398,6 +405,7 @@ impl Kernels {
             subgroup_rows,
             coop_module: std::sync::OnceLock::new(),
             mv_rows: mv_rows.min(MV_BLOCKS_MAX_ROWS),
+            mv_dp4a,
             mv_module: std::sync::OnceLock::new(),
             fast: Default::default(),
         }
@@ -435,11 +443,12 @@ impl Kernels {
                 let type_code = f64::from(type_code);
                 let fma = if self.hw_fma { 1.0 } else { 0.0 };
                 let constants: &[(&str, f64)] = match kernel {
-                    FastKernel::MulMvBlocks { cols, glu } => &[
+                    FastKernel::MulMvBlocks { cols, glu, dp4a } => &[
                         ("TYPE", type_code),
                         ("NCOLS", f64::from(cols)),
                         ("ROWS", f64::from(self.mv_rows.max(1))),
                         ("GLU", if glu { 1.0 } else { 0.0 }),
+                        ("DP4A", if dp4a { 1.0 } else { 0.0 }),
                     ],
                     _ => &[("HW_FMA", fma), ("TYPE", type_code)],
                 };

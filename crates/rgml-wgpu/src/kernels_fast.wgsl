@@ -823,3 +823,33 @@ fn flash_attn_merge(@builtin(local_invocation_index) li: u32, @builtin(workgroup
         dset(o + d * p.d_nb.x, total * inv);
     }
 }
+
+// The activations of a DP4A mat-vec (`mul_mv_blocks` with DP4A): each 32-element block of B's
+// rows (f32, any strides; blocks of rows in order) as 12 words of D: the scale amax / 127 (f32)
+// at word 0, words 1..4 zero (so the quants start on a 16-byte boundary), then the 32 quants
+// round(x / scale) as signed bytes. One invocation per block.
+@compute @workgroup_size(64)
+fn quantize_q8_fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let nbpr = p.b_ne.x / 32u;
+    let row = unravel_row(i / nbpr, p.b_ne);
+    let b0 = p.off.y + at(row, p.b_nb) + (i % nbpr) * 32u * p.b_nb.x;
+    var amax = 0.0;
+    for (var k = 0u; k < 32u; k++) {
+        amax = max(amax, abs(bf(b0 + k * p.b_nb.x)));
+    }
+    let inv = select(0.0, 127.0 / amax, amax > 0.0);
+    let o = i * 12u;
+    D[o] = bitcast<u32>(amax / 127.0);
+    D[o + 1u] = 0u;
+    D[o + 2u] = 0u;
+    D[o + 3u] = 0u;
+    for (var w = 0u; w < 8u; w++) {
+        let x = vec4<f32>(bf(b0 + (4u * w) * p.b_nb.x), bf(b0 + (4u * w + 1u) * p.b_nb.x),
+                          bf(b0 + (4u * w + 2u) * p.b_nb.x), bf(b0 + (4u * w + 3u) * p.b_nb.x));
+        D[o + 4u + w] = pack4xI8(vec4<i32>(round(x * inv)));
+    }
+}

@@ -24,6 +24,9 @@ override NCOLS: u32 = 1u;
 override ROWS: u32 = 4u;
 // Gate and up projections of one activation with the SwiGLU of the two (see `mv_write`).
 override GLU: bool = false;
+// Activations quantized to int8 blocks (`quantize_q8_fast`'s layout, bound as B) and dotted
+// with DP4A (`dot4I8Packed`): Q4_0, Q8_0, Q4_K and Q6_K only (the host checks).
+override DP4A: bool = false;
 
 const MV_WG: u32 = 128u;
 const MV_MAX_COLS: u32 = 8u;
@@ -280,6 +283,119 @@ fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
     }
 }
 
+// One invocation's part of a block's activations in DP4A mode: four words of signed bytes and
+// the scale of the 32-element block each comes from (see `q8_part`).
+struct Q8Part {
+    w: vec4<u32>,
+    d: vec4<f32>,
+}
+
+// Word `w` (0..8) of quantized activation block `b`, and its scale (`quantize_q8_fast`: 12
+// words, i.e. 3 vec4 of B, per block).
+fn q8_word(b: u32, w: u32) -> u32 {
+    return bitcast<u32>(B[3u * b + 1u + w / 4u][w % 4u]);
+}
+
+fn q8_scale(b: u32) -> f32 {
+    return B[3u * b].x;
+}
+
+// Lane `l`'s activations of weight block `blk` of the column whose first activation block is
+// `c0`, matching `part_dot_q8`.
+fn q8_part(c0: u32, blk: u32, l: u32) -> Q8Part {
+    switch TYPE {
+        case T_Q4_K: {
+            // Elements 64 im + l0 .. + 8 (block 2 im of the 8) and 32 further (block 2 im + 1).
+            let b = c0 + 8u * blk + 2u * (l / 4u);
+            let w = 2u * (l % 4u);
+            return Q8Part(vec4<u32>(q8_word(b, w), q8_word(b, w + 1u), q8_word(b + 1u, w), q8_word(b + 1u, w + 1u)),
+                          vec4<f32>(q8_scale(b), q8_scale(b), q8_scale(b + 1u), q8_scale(b + 1u)));
+        }
+        case T_Q6_K: {
+            // Four runs of 4 elements, 32 apart: word (l % 8) of blocks 4 h .. 4 h + 4.
+            let b = c0 + 8u * blk + 4u * (l / 8u);
+            let w = l % 8u;
+            return Q8Part(vec4<u32>(q8_word(b, w), q8_word(b + 1u, w), q8_word(b + 2u, w), q8_word(b + 3u, w)),
+                          vec4<f32>(q8_scale(b), q8_scale(b + 1u), q8_scale(b + 2u), q8_scale(b + 3u)));
+        }
+        case T_Q4_0: {
+            let b = c0 + blk;
+            return Q8Part(vec4<u32>(q8_word(b, l), q8_word(b, l + 4u), 0u, 0u), vec4<f32>(q8_scale(b)));
+        }
+        default: {
+            // Q8_0: elements 8 l .. + 8.
+            let b = c0 + blk;
+            return Q8Part(vec4<u32>(q8_word(b, 2u * l), q8_word(b, 2u * l + 1u), 0u, 0u), vec4<f32>(q8_scale(b)));
+        }
+    }
+}
+
+// The sum of the four signed bytes of `x`.
+fn q8_sum(x: u32) -> i32 {
+    return dot4I8Packed(0x01010101u, x);
+}
+
+// Lane `l`'s part of the weight block at byte `blk` dotted with its quantized activations:
+// integer dots of 4 products per instruction, scaled per 32-element block.
+fn part_dot_q8(blk: u32, l: u32, x: Q8Part) -> f32 {
+    switch TYPE {
+        case T_Q4_K: {
+            let im = l / 4u;
+            let l0 = 8u * (l % 4u);
+            let dm = unpack2x16float(w4(blk));
+            let s0 = w4(blk + 4u);
+            let s1 = w4(blk + 8u);
+            let s2 = w4(blk + 12u);
+            let q0 = w4(blk + 16u + 32u * im + l0);
+            let q1 = w4(blk + 20u + 32u * im + l0);
+            let dot_lo = f32(dot4I8Packed(lo_nibbles(q0), x.w.x) + dot4I8Packed(lo_nibbles(q1), x.w.y));
+            let dot_hi = f32(dot4I8Packed(hi_nibbles(q0), x.w.z) + dot4I8Packed(hi_nibbles(q1), x.w.w));
+            let sum_lo = f32(q8_sum(x.w.x) + q8_sum(x.w.y));
+            let sum_hi = f32(q8_sum(x.w.z) + q8_sum(x.w.w));
+            let m0 = scale_min(s0, s1, s2, 2u * im);
+            let m1 = scale_min(s0, s1, s2, 2u * im + 1u);
+            let lo = x.d.x * (dm.x * m0.x * dot_lo - dm.y * m0.y * sum_lo);
+            let hi = x.d.z * (dm.x * m1.x * dot_hi - dm.y * m1.y * sum_hi);
+            return lo + hi;
+        }
+        case T_Q6_K: {
+            let h = l / 8u;
+            let q = 4u * (l % 8u);
+            let ql0 = w2(blk + 64u * h + q);
+            let ql1 = w2(blk + 64u * h + 32u + q);
+            let qh = w2(blk + 128u + 32u * h + q);
+            let su = vec2<u32>(w2(blk + 192u + 8u * h), w2(blk + 196u + 8u * h)) ^ vec2<u32>(0x80808080u);
+            let sh = 8u * (q / 16u);
+            let sc = vec4<f32>(
+                u1f((su.x >> sh) & 0xffu), u1f((su.x >> (sh + 16u)) & 0xffu),
+                u1f((su.y >> sh) & 0xffu), u1f((su.y >> (sh + 16u)) & 0xffu)) - 128.0;
+            // The 6-bit quants (0..63) dotted as they are, less 32 times the activations' sum.
+            let c = vec4<u32>(
+                lo_nibbles(ql0) | (((qh >> 0u) & 0x03030303u) << 4u),
+                lo_nibbles(ql1) | (((qh >> 2u) & 0x03030303u) << 4u),
+                hi_nibbles(ql0) | (((qh >> 4u) & 0x03030303u) << 4u),
+                hi_nibbles(ql1) | (((qh >> 6u) & 0x03030303u) << 4u));
+            let dots = vec4<f32>(
+                f32(dot4I8Packed(c.x, x.w.x) - 32 * q8_sum(x.w.x)),
+                f32(dot4I8Packed(c.y, x.w.y) - 32 * q8_sum(x.w.y)),
+                f32(dot4I8Packed(c.z, x.w.z) - 32 * q8_sum(x.w.z)),
+                f32(dot4I8Packed(c.w, x.w.w) - 32 * q8_sum(x.w.w)));
+            return f16_at(blk + 208u) * dot(sc * x.d, dots);
+        }
+        case T_Q4_0: {
+            let w = w2(blk + 2u + 4u * l);
+            let s = dot4I8Packed(lo_nibbles(w), x.w.x) + dot4I8Packed(hi_nibbles(w), x.w.y)
+                - 8 * (q8_sum(x.w.x) + q8_sum(x.w.y));
+            return f16_at(blk) * x.d.x * f32(s);
+        }
+        default: {
+            let qs = blk + 2u + 8u * l;
+            let s = dot4I8Packed(w2(qs), x.w.x) + dot4I8Packed(w2(qs + 4u), x.w.y);
+            return f16_at(blk) * x.d.x * f32(s);
+        }
+    }
+}
+
 var<workgroup> mv_partial: array<f32, 256>;
 
 // Sums per invocation: (k MV_MAX_ROWS + r) MV_MAX_COLS + c for row r, column c, and k = 0
@@ -385,15 +501,27 @@ fn mul_mv_blocks(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
         let batch = (i2 / p.misc.y) * p.a_nb.z + (i3 / p.misc.z) * p.a_nb.w;
         let a0 = vec2<u32>(p.off.x, p.c_ne.x) + batch;
         let b0 = p.off.y + i2 * p.b_nb.z + i3 * p.b_nb.w;
+        // DP4A: column c's first quantized block (columns of all matrices in order).
+        let q0 = ((i3 * p.d_ne.z + i2) * p.d_ne.y) * (p.a_ne.x / 32u);
         for (var blk = li / lanes(); blk < blocks; blk += slots) {
             for (var c = 0u; c < NCOLS; c++) {
-                let x = load_part(b0 + c * p.b_nb.y + blk * block_elems(), runs);
+                var x: Part;
+                var xq: Q8Part;
+                if (DP4A) {
+                    xq = q8_part(q0 + c * (p.a_ne.x / 32u), blk, lane);
+                } else {
+                    x = load_part(b0 + c * p.b_nb.y + blk * block_elems(), runs);
+                }
                 for (var k = 0u; k < mv_matrices(); k++) {
                     for (var r = 0u; r < ROWS; r++) {
                         // Rows past the end read the last row again; their sums are not stored.
                         let row = min(r0 + r, p.d_ne.x - 1u);
                         let at = a0[k] + row * p.a_nb.y + blk * block_size();
-                        acc[sum_slot(k, r, c)] += part_dot(at, lane, x);
+                        if (DP4A) {
+                            acc[sum_slot(k, r, c)] += part_dot_q8(at, lane, xq);
+                        } else {
+                            acc[sum_slot(k, r, c)] += part_dot(at, lane, x);
+                        }
                     }
                 }
             }

@@ -18,6 +18,9 @@ const MV_LANES: u64 = 16;
 /// words in `common.wgsl`).
 const Q8_BLOCK_BYTES: usize = 40;
 
+/// Bytes per 32-element block of the DP4A mat-vec's activations (`quantize_q8_fast`).
+const Q8_FAST_BLOCK_BYTES: usize = 48;
+
 /// Whether MUL_MAT with `dtype` weights quantizes its activations first, as ggml-cpu does (the
 /// weights whose dot product with Q8 activations the kernels mirror).
 fn quantizes_activations(dtype: DType) -> bool {
@@ -436,19 +439,21 @@ impl<'a> Prep<'a> {
         if let (None, [next, then, ..]) = (&fused, upcoming) {
             fused = self
                 .rms_norm_fused(ctx, Some(id), [*next, *then])?
-                .map(|d| (d, 2));
+                .map(|d| (vec![d], 2));
         }
         if let (None, [next, ..]) = (&fused, upcoming) {
-            fused = self.rms_norm_fused(ctx, None, [id, *next])?.map(|d| (d, 1));
+            fused = self
+                .rms_norm_fused(ctx, None, [id, *next])?
+                .map(|d| (vec![d], 1));
         }
-        let Some((d, n)) = fused else {
+        let Some((dispatches, n)) = fused else {
             return Ok(None);
         };
         self.forget_overwritten_tables(ctx.get(id)?);
         for &u in &upcoming[..n] {
             self.forget_overwritten_tables(ctx.get(u)?);
         }
-        Ok(Some((vec![d], n)))
+        Ok(Some((dispatches, n)))
     }
 
     /// A decode step's gate and up projections of one activation (`ids[0]`, `ids[1]`: MUL_MAT
@@ -456,7 +461,7 @@ impl<'a> Prep<'a> {
     /// (`ids[2]`) as one dispatch of `mul_mv_blocks` in its GLU form: the activations are read
     /// once for both, and the gate, the up and the SwiGLU results are all written (to one
     /// buffer). `None` in the exact arithmetic or where the nodes are not that pattern.
-    fn swiglu_mat_vec(&self, ctx: &Context, ids: [TensorId; 3]) -> Result<Option<Dispatch>> {
+    fn swiglu_mat_vec(&self, ctx: &Context, ids: [TensorId; 3]) -> Result<Option<Vec<Dispatch>>> {
         let (g, u, s) = (ctx.get(ids[0])?, ctx.get(ids[1])?, ctx.get(ids[2])?);
         let mat_vecs = matches!(g.op, Op::MulMat { .. }) && matches!(u.op, Op::MulMat { .. });
         if self.exact || self.gpu.kernels.mv_rows == 0 || !mat_vecs || s.op != Op::Swiglu {
@@ -477,7 +482,6 @@ impl<'a> Prep<'a> {
         if !(twins && outputs && one_matrix && fast_mul_mat(wg, x) && fast_mul_mat(wu, x)) {
             return Ok(None);
         }
-        let code = weight_code(wg.dtype).ok_or_else(|| self.unsupported(g))?;
         let (mut p, buffers) = self.bind(s, &[wg, x])?;
         p.misc[1] = 1;
         p.misc[2] = 1;
@@ -495,10 +499,8 @@ impl<'a> Prep<'a> {
             return Ok(None);
         }
         p.c_ne = [wu_off, g_off, u_off, 0];
-        let cols = g.ne[1] as u32;
         let groups = (g.ne[0] as u64).div_ceil(u64::from(self.gpu.kernels.mv_rows));
-        let kernel = Kernel::Fast(FastKernel::MulMvBlocks { cols, glu: true }, code);
-        Ok(Some(self.dispatch(kernel, p, buffers, groups * WG)?))
+        Ok(Some(self.mv_blocks(p, buffers, wg, g.ne[1], true, groups)?))
     }
 
     /// RMS_NORM `ids[0]` and `ids[1]`, the MUL of its result by a row of f32 weights (its
@@ -737,6 +739,51 @@ impl<'a> Prep<'a> {
         Ok(vec![parts, sums])
     }
 
+    /// `mul_mv_blocks` of weights `a` by the `cols` activation columns `p` describes (B), in
+    /// `groups` workgroups, GLU or not. With DP4A for a type it takes, the activations are
+    /// quantized into the scratch buffer first (`quantize_q8_fast`), which the mat-vec then
+    /// reads as B.
+    fn mv_blocks(
+        &self,
+        p: Params,
+        buffers: [wgpu::Buffer; 4],
+        a: &Tensor,
+        cols: usize,
+        glu: bool,
+        groups: u64,
+    ) -> Result<Vec<Dispatch>> {
+        let code =
+            weight_code(a.dtype).ok_or_else(|| self.err("no fast kernel for the weights"))?;
+        let dp4a = self.gpu.kernels.mv_dp4a
+            && matches!(
+                a.dtype,
+                DType::Q4_0 | DType::Q8_0 | DType::Q4_K | DType::Q6_K
+            );
+        let cols = cols as u32;
+        let kernel = Kernel::Fast(FastKernel::MulMvBlocks { cols, glu, dp4a }, code);
+        if !dp4a {
+            return Ok(vec![self.dispatch(kernel, p, buffers, groups * WG)?]);
+        }
+        let columns: usize = p.b_ne[1..].iter().map(|&n| n as usize).product();
+        let blocks = (p.b_ne[0] as usize / 32) * columns;
+        let size = blocks
+            .checked_mul(Q8_FAST_BLOCK_BYTES)
+            .filter(|&s| s / 4 <= u32::MAX as usize)
+            .ok_or_else(|| self.err("MUL_MAT activations too large for the scratch buffer"))?;
+        let scratch = self.gpu.scratch.get(&self.gpu.device, size);
+        let [a_buf, b_buf, c_buf, d_buf] = buffers;
+        let mut q = p;
+        q.off[3] = 0;
+        let quantize = self.dispatch(
+            Kernel::Fast(FastKernel::QuantizeQ8, 0),
+            q,
+            [a_buf.clone(), b_buf, c_buf.clone(), scratch.clone()],
+            blocks as u64,
+        )?;
+        let product = self.dispatch(kernel, p, [a_buf, scratch, c_buf, d_buf], groups * WG)?;
+        Ok(vec![quantize, product])
+    }
+
     /// MUL_MAT in the fast arithmetic: `mul_mv_fast` for up to [`MV_COLS`] activation columns
     /// (two weight rows per workgroup), else `mul_mm_fast` (a tile of outputs per workgroup),
     /// each matrix of dims 2 and 3 in its own workgroups.
@@ -752,17 +799,8 @@ impl<'a> Prep<'a> {
         let (m, n) = (t.ne[0] as u64, t.ne[1] as u64);
         let rows = u64::from(self.gpu.kernels.mv_rows);
         if t.ne[1] <= MV_COLS && rows > 0 && mv_blocks_fit(&p, a) {
-            let kernel = FastKernel::MulMvBlocks {
-                cols: t.ne[1] as u32,
-                glu: false,
-            };
             let groups = m.div_ceil(rows) * matrices;
-            return Ok(vec![self.dispatch(
-                Kernel::Fast(kernel, code),
-                p,
-                buffers,
-                groups * WG,
-            )?]);
+            return self.mv_blocks(p, buffers, a, t.ne[1], false, groups);
         }
         if t.ne[1] <= MV_COLS {
             let groups = m.div_ceil(MV_ROWS) * matrices;

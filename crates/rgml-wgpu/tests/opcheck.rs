@@ -30,6 +30,31 @@ fn wgpu_fast_arithmetic_passes_every_supported_case() {
     );
 }
 
+/// The block mat-vec's DP4A form (int8 activations, packed integer dots for Q4_0, Q8_0, Q4_K
+/// and Q6_K; off by default) on every MUL_MAT case, in the fast arithmetic.
+#[test]
+fn wgpu_dp4a_mat_vec_passes_every_mul_mat_case() {
+    let options = rgml_wgpu::WgpuOptions {
+        exact: Some(false),
+        mat_vec_dp4a: true,
+        ..Default::default()
+    };
+    let reg = rgml_wgpu::WgpuRegistry::with_options(options);
+    let Some(dev) = rgml::registry::Registry::devices(&reg).into_iter().next() else {
+        return;
+    };
+    let mut be = dev.init_backend(&Default::default()).unwrap();
+    let mut failed = Vec::new();
+    let s = run_tests(be.as_mut(), Some(rgml::OpKind::MulMat), &mut |r| {
+        if let Outcome::Failed(why) = &r.outcome {
+            failed.push(format!("{}: {why}", r.name));
+        }
+    })
+    .unwrap();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    assert!(s.passed >= 100, "only {} MUL_MAT cases passed", s.passed);
+}
+
 /// Runs the suite on the first device's stream made with `params` and asserts that every case
 /// it supports passes; returns the unsupported cases (op, name).
 fn passes_every_supported_case(params: &str) -> Vec<(rgml::OpKind, String)> {
