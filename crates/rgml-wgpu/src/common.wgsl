@@ -24,6 +24,14 @@ fn set_rows_index(idx: vec4<u32>) -> i32 {
 // scale and the f16-rounded `d * sum(q)` as f32, then 32 signed bytes.
 const Q8_WORDS: u32 = 10u;
 
+// Element 0 of 32-element block `i` of B's rows (blocks of rows in order): what the Q8
+// activation quantizers (`quantize_q8`, `quantize_q8_fast`) take per invocation.
+fn b_block(i: u32) -> u32 {
+    let nbpr = p.b_ne.x / 32u;
+    let row = unravel_row(i / nbpr, p.b_ne);
+    return p.off.y + at(row, p.b_nb) + (i % nbpr) * 32u * p.b_nb.x;
+}
+
 fn af(i: u32) -> f32 { return bitcast<f32>(A[i]); }
 fn bf(i: u32) -> f32 { return bitcast<f32>(B[i]); }
 fn cf(i: u32) -> f32 { return bitcast<f32>(C[i]); }

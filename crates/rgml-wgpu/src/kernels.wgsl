@@ -178,9 +178,7 @@ fn quantize_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     if (i >= p.misc.x) {
         return;
     }
-    let nbpr = p.b_ne.x / 32u;
-    let row = unravel_row(i / nbpr, p.b_ne);
-    let b0 = p.off.y + at(row, p.b_nb) + (i % nbpr) * 32u * p.b_nb.x;
+    let b0 = b_block(i);
     var x: array<f32, 32>;
     var amax = 0.0;
     for (var k = 0u; k < 32u; k++) {

@@ -167,16 +167,28 @@ fn scale_min(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(u1f(sc), u1f(mn));
 }
 
+// The scales of sub-blocks 2 im (`lo`) and 2 im + 1 (`hi`) of the Q4_K / Q5_K block at byte
+// `blk`, each (d times its scale, dmin times its min).
+struct K4Scales {
+    lo: vec2<f32>,
+    hi: vec2<f32>,
+}
+
+fn k4_scales(blk: u32, im: u32) -> K4Scales {
+    let dm = unpack2x16float(w4(blk));
+    let s0 = w4(blk + 4u);
+    let s1 = w4(blk + 8u);
+    let s2 = w4(blk + 12u);
+    return K4Scales(scale_min(s0, s1, s2, 2u * im) * dm, scale_min(s0, s1, s2, 2u * im + 1u) * dm);
+}
+
 // Lane `l`'s part of the block at byte `blk` (element for F32) dotted with its activations.
 fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
     switch TYPE {
         case T_Q4_K, T_Q5_K: {
             let im = l / 4u;
             let l0 = 8u * (l % 4u);
-            let dm = unpack2x16float(w4(blk));
-            let s0 = w4(blk + 4u);
-            let s1 = w4(blk + 8u);
-            let s2 = w4(blk + 12u);
+            let k4 = k4_scales(blk, im);
             let q5 = TYPE == T_Q5_K;
             let qs = blk + select(16u, 48u, q5) + 32u * im + l0;
             let q0 = w4(qs);
@@ -193,13 +205,11 @@ fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
             let a1 = bytes4(n.y, 0.0);
             let b0 = bytes4(n.z, 0.0);
             let b1 = bytes4(n.w, 0.0);
-            let m0 = scale_min(s0, s1, s2, 2u * im);
-            let m1 = scale_min(s0, s1, s2, 2u * im + 1u);
             let dot_lo = dot(a0, x.v0) + dot(a1, x.v1);
             let dot_hi = dot(b0, x.v2) + dot(b1, x.v3);
             let sum_lo = hsum(x.v0 + x.v1);
             let sum_hi = hsum(x.v2 + x.v3);
-            return dm.x * (m0.x * dot_lo + m1.x * dot_hi) - dm.y * (m0.y * sum_lo + m1.y * sum_hi);
+            return k4.lo.x * dot_lo - k4.lo.y * sum_lo + k4.hi.x * dot_hi - k4.hi.y * sum_hi;
         }
         case T_Q6_K: {
             let h = l / 8u;
@@ -342,21 +352,14 @@ fn part_dot_q8(blk: u32, l: u32, x: Q8Part) -> f32 {
         case T_Q4_K: {
             let im = l / 4u;
             let l0 = 8u * (l % 4u);
-            let dm = unpack2x16float(w4(blk));
-            let s0 = w4(blk + 4u);
-            let s1 = w4(blk + 8u);
-            let s2 = w4(blk + 12u);
+            let k4 = k4_scales(blk, im);
             let q0 = w4(blk + 16u + 32u * im + l0);
             let q1 = w4(blk + 20u + 32u * im + l0);
             let dot_lo = f32(dot4I8Packed(lo_nibbles(q0), x.w.x) + dot4I8Packed(lo_nibbles(q1), x.w.y));
             let dot_hi = f32(dot4I8Packed(hi_nibbles(q0), x.w.z) + dot4I8Packed(hi_nibbles(q1), x.w.w));
             let sum_lo = f32(q8_sum(x.w.x) + q8_sum(x.w.y));
             let sum_hi = f32(q8_sum(x.w.z) + q8_sum(x.w.w));
-            let m0 = scale_min(s0, s1, s2, 2u * im);
-            let m1 = scale_min(s0, s1, s2, 2u * im + 1u);
-            let lo = x.d.x * (dm.x * m0.x * dot_lo - dm.y * m0.y * sum_lo);
-            let hi = x.d.z * (dm.x * m1.x * dot_hi - dm.y * m1.y * sum_hi);
-            return lo + hi;
+            return x.d.x * (k4.lo.x * dot_lo - k4.lo.y * sum_lo) + x.d.z * (k4.hi.x * dot_hi - k4.hi.y * sum_hi);
         }
         case T_Q6_K: {
             let h = l / 8u;

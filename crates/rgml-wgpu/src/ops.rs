@@ -766,22 +766,36 @@ impl<'a> Prep<'a> {
         }
         let columns: usize = p.b_ne[1..].iter().map(|&n| n as usize).product();
         let blocks = (p.b_ne[0] as usize / 32) * columns;
-        let size = blocks
-            .checked_mul(Q8_FAST_BLOCK_BYTES)
+        let quantize = (FastKernel::QuantizeQ8, blocks, Q8_FAST_BLOCK_BYTES);
+        self.via_scratch(p, buffers, quantize, (kernel, groups * WG))
+    }
+
+    /// Two dispatches: `convert` (`items` invocations, `item_bytes` each) writes B's activations
+    /// into the scratch buffer, then `product` (with its invocations) reads them there as B.
+    fn via_scratch(
+        &self,
+        p: Params,
+        buffers: [wgpu::Buffer; 4],
+        convert: (FastKernel, usize, usize),
+        product: (Kernel, u64),
+    ) -> Result<Vec<Dispatch>> {
+        let (kernel, items, item_bytes) = convert;
+        let size = items
+            .checked_mul(item_bytes)
             .filter(|&s| s / 4 <= u32::MAX as usize)
             .ok_or_else(|| self.err("MUL_MAT activations too large for the scratch buffer"))?;
         let scratch = self.gpu.scratch.get(&self.gpu.device, size);
-        let [a_buf, b_buf, c_buf, d_buf] = buffers;
-        let mut q = p;
-        q.off[3] = 0;
-        let quantize = self.dispatch(
-            Kernel::Fast(FastKernel::QuantizeQ8, 0),
-            q,
-            [a_buf.clone(), b_buf, c_buf.clone(), scratch.clone()],
-            blocks as u64,
+        let [a, b, c, d] = buffers;
+        let mut to_scratch = p;
+        to_scratch.off[3] = 0;
+        let first = self.dispatch(
+            Kernel::Fast(kernel, 0),
+            to_scratch,
+            [a.clone(), b, c.clone(), scratch.clone()],
+            items as u64,
         )?;
-        let product = self.dispatch(kernel, p, [a_buf, scratch, c_buf, d_buf], groups * WG)?;
-        Ok(vec![quantize, product])
+        let second = self.dispatch(product.0, p, [a, scratch, c, d], product.1)?;
+        Ok(vec![first, second])
     }
 
     /// MUL_MAT in the fast arithmetic: `mul_mv_fast` for up to [`MV_COLS`] activation columns
@@ -818,7 +832,8 @@ impl<'a> Prep<'a> {
     }
 
     /// A prompt's MUL_MAT on cooperative matrices: the activations converted to f16 into the
-    /// scratch buffer once (`to_f16_fast`), then `mul_mm_coop` reading them there as B.
+    /// scratch buffer once (`to_f16_fast`, a word per two elements), then `mul_mm_coop` reading
+    /// them there as B.
     fn mul_mm_coop(
         &self,
         p: Params,
@@ -828,23 +843,8 @@ impl<'a> Prep<'a> {
         groups: u64,
     ) -> Result<Vec<Dispatch>> {
         let words = t.ne[1] * t.ne[2] * t.ne[3] * (p.b_ne[0] as usize / 2);
-        let size = words
-            .checked_mul(4)
-            .filter(|_| words <= u32::MAX as usize)
-            .ok_or_else(|| self.err("MUL_MAT activations too large for the scratch buffer"))?;
-        let scratch = self.gpu.scratch.get(&self.gpu.device, size);
-        let [a, b, c, d] = buffers;
-        let mut convert = p;
-        convert.off[3] = 0;
-        let to_f16 = self.dispatch(
-            Kernel::Fast(FastKernel::ToF16, 0),
-            convert,
-            [a.clone(), b, c.clone(), scratch.clone()],
-            words as u64,
-        )?;
-        let kernel = Kernel::Fast(FastKernel::MulMmCoop, code);
-        let product = self.dispatch(kernel, p, [a, scratch, c, d], groups)?;
-        Ok(vec![to_f16, product])
+        let product = Kernel::Fast(FastKernel::MulMmCoop, code);
+        self.via_scratch(p, buffers, (FastKernel::ToF16, words, 4), (product, groups))
     }
 
     /// Whether the exact arithmetic's f64 kernels run: the exact arithmetic on a device with
