@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generates crates/rgml-llm/tests/fixtures/templates/llamacpp.json: every chat template in the
-reference llama.cpp's models/templates/ rendered by llama.cpp's own Jinja engine (llama-server
+reference llama.cpp's models/templates/ (copied next to the fixture) rendered by llama.cpp's own Jinja engine (llama-server
 --jinja, POST /apply-template) for a few conversations, for tests/chat_templates.rs.
 
 Run from the repository root (needs the demo model in models/ and the llama-server build):
@@ -10,7 +10,7 @@ The time llama.cpp renders with (strftime_now, date_string) is recorded as `now`
 script runs with TZ=UTC); the test renders with the same time. A template llama-server refuses
 to load, or a conversation it refuses to render, is recorded as {"error": message}.
 """
-import json, os, socket, subprocess, sys, time, urllib.request, urllib.error
+import json, os, shutil, socket, subprocess, sys, time, urllib.request, urllib.error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLAMACPP = os.path.expanduser("~/.cache/rgml/llamacpp/llama-cpp-python-0.3.36/vendor/llama.cpp")
@@ -88,6 +88,7 @@ def main():
     for name in sorted(os.listdir(tdir)):
         if name.endswith(".jinja"):
             templates[name] = render_template(bindir, os.path.join(tdir, name))
+            shutil.copy(os.path.join(tdir, name), os.path.dirname(OUT))
             print(name, {k: ("error" if "error" in v else "ok") for k, v in templates[name].get("cases", {}).items()} or templates[name])
     fixture = {"now": now, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
                "enable_thinking": True, "add_generation_prompt": True,

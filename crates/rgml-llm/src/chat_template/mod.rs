@@ -10,6 +10,7 @@
 //! and Python's string and dict methods (minijinja-contrib's `pycompat`).
 
 mod json;
+mod prepare;
 
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, ErrorKind, Value};
@@ -91,6 +92,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    caps: prepare::Caps,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -108,15 +110,38 @@ impl ChatTemplate {
         let mut env = environment()?;
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| ChatTemplateError::Parse(describe(&e)))?;
-        Ok(ChatTemplate {
+        let mut template = ChatTemplate {
             env,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
-        })
+            caps: prepare::Caps {
+                system_role: true,
+                object_arguments: false,
+                keeps_developer: true,
+            },
+        };
+        template.caps = prepare::probe(source, |messages, tools| {
+            let mut inputs = ChatTemplateInputs::from_messages(&[]);
+            inputs.messages = messages;
+            inputs.tools = tools;
+            inputs.now = Some(0);
+            template.render_raw(&inputs).ok()
+        });
+        Ok(template)
     }
 
-    /// Renders a conversation to prompt text.
+    /// Renders a conversation to prompt text, after the changes llama.cpp makes to the
+    /// messages for this template (a system message merged into the next where the template
+    /// has no system role, `developer` as `system`, tool call arguments parsed from JSON text
+    /// where the template reads them as a mapping).
     pub fn render(&self, inputs: &ChatTemplateInputs) -> Result<String, ChatTemplateError> {
+        let mut prepared = inputs.clone();
+        prepared.messages = prepare::messages(&inputs.messages, self.caps);
+        self.render_raw(&prepared)
+    }
+
+    /// Renders the messages as they are.
+    fn render_raw(&self, inputs: &ChatTemplateInputs) -> Result<String, ChatTemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
