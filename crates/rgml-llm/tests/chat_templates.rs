@@ -3,6 +3,8 @@
 //! rendering byte for byte (fixtures from `scripts/gen_template_fixtures.py`), except the
 //! templates in `SKIP`, each with the reason.
 
+mod common;
+
 use rgml_llm::chat_template::{value_from_json, ChatTemplate, ChatTemplateInputs, TemplateValue};
 use std::path::PathBuf;
 
@@ -152,4 +154,36 @@ fn templates_render_as_llama_cpp_does() {
         failures.len(),
         failures.join("\n\n")
     );
+}
+
+/// The demo model: without `--jinja` the marker format (ChatML, the existing fixtures'
+/// prompts); with it the file's template, which equals ChatML once a system message is given
+/// (without one the template adds its default system message).
+#[test]
+fn demo_model_formats() {
+    use rgml_llm::chat::{ChatFormat, ChatFormatter, Message};
+    let model = common::demo_model();
+    let markers = ChatFormatter::for_model(&model, None, false);
+    assert!(
+        matches!(markers, ChatFormatter::Markers(ChatFormat::ChatMl)),
+        "{markers:?}"
+    );
+    let jinja = ChatFormatter::for_model(&model, None, true);
+    assert!(matches!(jinja, ChatFormatter::Template { .. }), "{jinja:?}");
+    let messages = [
+        Message::new("system", "Be brief."),
+        Message::new("user", "What is the boiling point of water?"),
+        Message::new("assistant", "100 °C."),
+        Message::new("user", "And of ethanol?"),
+    ];
+    for n in [2, 4] {
+        let text = jinja.apply(&messages[..n]).expect("renders");
+        assert_eq!(
+            text,
+            ChatFormat::ChatMl.apply(&messages[..n]),
+            "{n} messages"
+        );
+    }
+    let user_only = jinja.apply(&messages[1..2]).expect("renders");
+    assert!(user_only.starts_with("<|im_start|>system\n"), "{user_only}");
 }
