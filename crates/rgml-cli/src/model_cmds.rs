@@ -6,7 +6,8 @@ use crate::error::CliError;
 use crate::gpu_layers::GpuLayers;
 use clap::Args;
 use rgml::DType;
-use rgml_llm::chat::{ChatFormat, Message};
+use rgml_llm::chat::{ChatFormatter, Message};
+use rgml_llm::chat_template::ChatTemplate;
 use rgml_llm::{
     EncodeOptions, FlashAttn, Logits, Model, Sampler, SamplerParams, Session, SessionOptions,
     StopReason,
@@ -378,6 +379,14 @@ pub struct RunArgs {
     /// Apply the model's chat template to the prompt as a user message.
     #[arg(long)]
     chat: bool,
+    /// A Jinja chat template to use instead of the model's `tokenizer.chat_template` (with
+    /// `--chat`).
+    #[arg(long)]
+    chat_template_file: Option<std::path::PathBuf>,
+    /// With `--chat`: run the model's `tokenizer.chat_template` as Jinja (as llama.cpp's
+    /// `--jinja`) instead of recognising its format from markers.
+    #[arg(long)]
+    jinja: bool,
     /// System message for `--chat`.
     #[arg(long)]
     system: Option<String>,
@@ -414,9 +423,25 @@ pub(crate) fn check_context(what: &str, n_tokens: usize, ctx_size: usize) -> Res
     Ok(())
 }
 
+/// The text of a `--chat-template-file`, checked to compile (a file the user names should
+/// not silently fall back to the marker format).
+pub(crate) fn read_chat_template(
+    path: Option<&std::path::Path>,
+) -> Result<Option<String>, CliError> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::usage(format!("--chat-template-file {}: {e}", path.display())))?;
+    ChatTemplate::new(&text, "", "")
+        .map_err(|e| CliError::usage(format!("--chat-template-file {}: {e}", path.display())))?;
+    Ok(Some(text))
+}
+
 /// `rgml run`: stream a continuation of the prompt to stdout.
 pub fn run(args: RunArgs) -> Result<bool, CliError> {
     let params = sampler_params(&args)?;
+    let chat_template = read_chat_template(args.chat_template_file.as_deref())?;
     let model = args.model.load()?;
     let tok = &model.tokenizer;
     let prompt = if args.chat {
@@ -425,7 +450,9 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
             messages.push(Message::new("system", s));
         }
         messages.push(Message::new("user", &args.prompt));
-        ChatFormat::for_model(model.config.kind, model.chat_template()).apply(&messages)
+        ChatFormatter::for_model(&model, chat_template.as_deref(), args.jinja)
+            .apply(&messages)
+            .map_err(|e| CliError::Message(e.to_string()))?
     } else {
         args.prompt.clone()
     };

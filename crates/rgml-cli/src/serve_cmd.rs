@@ -41,6 +41,13 @@ pub struct ServeArgs {
     /// (the whole common prefix, e.g. a chat's history: faster, last bits may differ).
     #[arg(long, default_value = "exact", value_parser = ["exact", "any"])]
     prefix_reuse: String,
+    /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
+    #[arg(long)]
+    chat_template_file: Option<std::path::PathBuf>,
+    /// Run the model's `tokenizer.chat_template` as Jinja (as llama.cpp's `--jinja`) instead of
+    /// recognising its format from markers.
+    #[arg(long)]
+    jinja: bool,
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     max_body_kib: u32,
@@ -48,6 +55,7 @@ pub struct ServeArgs {
 
 /// Serve until SIGTERM or Ctrl-C.
 pub fn run(args: ServeArgs) -> Result<bool, CliError> {
+    let chat_template = crate::model_cmds::read_chat_template(args.chat_template_file.as_deref())?;
     let model = args.model.load()?;
     let n_slots = usize::from(args.parallel);
     let session = args
@@ -67,6 +75,8 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
                 "any" => PrefixReuse::Any,
                 _ => PrefixReuse::Exact,
             },
+            chat_template,
+            jinja: args.jinja,
         },
     )
     .map_err(|e| CliError::Message(format!("starting the engine: {e}")))?;

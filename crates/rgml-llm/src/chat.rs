@@ -1,9 +1,14 @@
 //! Chat formatting: turning a conversation into the prompt text a model was trained on.
 //!
-//! Models in GGUF carry a Jinja chat template (`tokenizer.chat_template`); like llama.cpp we
-//! recognise the common formats from markers in the template rather than running Jinja.
-//! Without a template, the architecture's own format is used where it has one (Gemma's files
-//! often carry none); otherwise ChatML (`<|im_start|>role\n…<|im_end|>\n`, the demo model's).
+//! Models in GGUF carry a Jinja chat template (`tokenizer.chat_template`); [`ChatFormatter`]
+//! runs it (or a template file's) with [`ChatTemplate`], as llama.cpp's `--jinja` does. A
+//! file without a template, or with one minijinja cannot compile, falls back to
+//! [`ChatFormat`]: the common formats recognised from markers in the template, or without a
+//! template the architecture's own format where it has one (Gemma's files often carry none);
+//! otherwise ChatML (`<|im_start|>role\n…<|im_end|>\n`, the demo model's).
+
+use crate::chat_template::{ChatTemplate, ChatTemplateError, ChatTemplateInputs};
+use crate::Model;
 
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,6 +104,76 @@ impl ChatFormat {
             }
         }
         out
+    }
+}
+
+/// How a conversation becomes a model's prompt: its Jinja template, or the marker format.
+#[derive(Debug)]
+pub enum ChatFormatter {
+    /// A compiled Jinja template, with whether the tokenizer adds BOS/EOS itself.
+    Template {
+        /// The template.
+        template: Box<ChatTemplate>,
+        /// The tokenizer adds BOS: a BOS text the template starts with is dropped.
+        strip_bos: Option<String>,
+        /// The tokenizer adds EOS: an EOS text the template ends with is dropped.
+        strip_eos: Option<String>,
+    },
+    /// The fallback marker format.
+    Markers(ChatFormat),
+}
+
+impl ChatFormatter {
+    /// The formatter for `model`: `template` (a `--chat-template-file`'s text), or with
+    /// `jinja` the file's `tokenizer.chat_template`, run as Jinja; else the marker format.
+    ///
+    /// The model's own template runs as Jinja only when asked (llama.cpp's `--jinja`):
+    /// templates such as the demo model's add a default system message, which the marker
+    /// format (and the prompts of the existing fixtures) do not have.
+    pub fn for_model(model: &Model, template: Option<&str>, jinja: bool) -> ChatFormatter {
+        let tok = &model.tokenizer;
+        let text = |id: Option<crate::TokenId>| {
+            id.and_then(|id| tok.token_text(id))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (bos, eos) = (text(tok.bos()), text(tok.eos()));
+        let source = template.or(model.chat_template().filter(|_| jinja));
+        match source.map(|s| ChatTemplate::new(s, &bos, &eos)) {
+            Some(Ok(t)) => ChatFormatter::Template {
+                template: Box::new(t),
+                strip_bos: (tok.add_bos() && !bos.is_empty()).then_some(bos),
+                strip_eos: (tok.add_eos() && !eos.is_empty()).then_some(eos),
+            },
+            _ => ChatFormatter::Markers(ChatFormat::for_model(
+                model.config.kind,
+                model.chat_template(),
+            )),
+        }
+    }
+
+    /// The prompt for `messages`, ending with the opening of the assistant's turn.
+    pub fn apply(&self, messages: &[Message]) -> Result<String, ChatTemplateError> {
+        match self {
+            ChatFormatter::Markers(format) => Ok(format.apply(messages)),
+            ChatFormatter::Template {
+                template,
+                strip_bos,
+                strip_eos,
+            } => {
+                let text = template.render(&ChatTemplateInputs::from_messages(messages))?;
+                // llama.cpp drops what the tokenizer adds again (common_chat_templates_apply).
+                let text = match strip_bos {
+                    Some(bos) => text.strip_prefix(bos.as_str()).unwrap_or(&text),
+                    None => &text,
+                };
+                let text = match strip_eos {
+                    Some(eos) => text.strip_suffix(eos.as_str()).unwrap_or(text),
+                    None => text,
+                };
+                Ok(text.to_string())
+            }
+        }
     }
 }
 

@@ -41,6 +41,7 @@
 
 mod arch;
 pub mod chat;
+pub mod chat_template;
 pub mod config;
 pub mod error;
 pub mod generate;

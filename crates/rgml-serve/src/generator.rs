@@ -123,6 +123,9 @@ pub enum GenEvent {
 /// Why a request was refused before it started (the client's error unless said otherwise).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
+    /// The chat template failed on the conversation (e.g. it raised an exception).
+    #[error("{0}")]
+    ChatTemplate(String),
     /// The prompt is empty (after tokenization).
     #[error("the prompt is empty")]
     EmptyPrompt,

@@ -16,7 +16,7 @@ mod slot;
 mod worker;
 
 use crate::generator::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
-use rgml_llm::chat::ChatFormat;
+use rgml_llm::chat::ChatFormatter;
 use rgml_llm::{EncodeOptions, Model, Session, TokenId};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +38,10 @@ pub struct EngineOptions {
     pub max_batch: usize,
     /// Which cached prefix a new request may keep (see [`PrefixReuse`]).
     pub prefix_reuse: PrefixReuse,
+    /// A chat template's text to use instead of the model's (`--chat-template-file`).
+    pub chat_template: Option<String>,
+    /// Run the model's own chat template as Jinja (`--jinja`) instead of the marker format.
+    pub jinja: bool,
 }
 
 /// How much of a prompt a slot's cache (or another slot's, copied) may give a new request.
@@ -65,6 +69,8 @@ impl Default for EngineOptions {
             max_queue: 1024,
             max_batch: 512,
             prefix_reuse: PrefixReuse::Exact,
+            chat_template: None,
+            jinja: false,
         }
     }
 }
@@ -114,6 +120,8 @@ pub struct Engine {
     n_ctx: usize,
     shared: Arc<Shared>,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// Conversations to prompt text (the model's Jinja template, compiled once).
+    formatter: ChatFormatter,
 }
 
 impl Engine {
@@ -121,6 +129,8 @@ impl Engine {
     /// each); starts its worker thread.
     pub fn start(session: Session, options: EngineOptions) -> std::io::Result<Engine> {
         let model = session.model().clone();
+        let formatter =
+            ChatFormatter::for_model(&model, options.chat_template.as_deref(), options.jinja);
         let n_ctx = session.n_ctx();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -166,6 +176,7 @@ impl Engine {
             n_ctx,
             shared,
             worker: Mutex::new(Some(handle)),
+            formatter,
         })
     }
 
@@ -185,9 +196,11 @@ impl Engine {
         let tokens = match prompt {
             Prompt::Text(text) => tok.encode(text, EncodeOptions::prompt()),
             Prompt::Chat(messages) => {
-                let format =
-                    ChatFormat::for_model(self.model.config.kind, self.model.chat_template());
-                tok.encode(&format.apply(messages), EncodeOptions::prompt())
+                let text = self
+                    .formatter
+                    .apply(messages)
+                    .map_err(|e| SubmitError::ChatTemplate(e.to_string()))?;
+                tok.encode(&text, EncodeOptions::prompt())
             }
             Prompt::Tokens(ids) => {
                 let n_vocab = self.model.config.n_vocab;

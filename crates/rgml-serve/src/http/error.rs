@@ -109,9 +109,9 @@ impl ApiError {
     pub(crate) fn from_submit(error: &SubmitError, prompt_param: &str) -> ApiError {
         let message = error.to_string();
         match error {
-            SubmitError::EmptyPrompt | SubmitError::PromptTooLong { .. } => {
-                ApiError::bad_request(message, Some(prompt_param))
-            }
+            SubmitError::EmptyPrompt
+            | SubmitError::PromptTooLong { .. }
+            | SubmitError::ChatTemplate(_) => ApiError::bad_request(message, Some(prompt_param)),
             SubmitError::MaxTokensTooLarge { .. } => {
                 ApiError::bad_request(message, Some("max_tokens"))
             }

@@ -1,0 +1,189 @@
+//! Jinja chat templates against llama.cpp: every template of the reference llama.cpp's
+//! `models/templates/` rendered with `ChatTemplate` must equal llama.cpp's own `--jinja`
+//! rendering byte for byte (fixtures from `scripts/gen_template_fixtures.py`), except the
+//! templates in `SKIP`, each with the reason.
+
+mod common;
+
+use rgml_llm::chat_template::{value_from_json, ChatTemplate, ChatTemplateInputs, TemplateValue};
+use std::path::PathBuf;
+
+/// Templates whose rendering differs from llama.cpp's, and why.
+const SKIP: &[(&str, &str)] = &[
+    // `{% generation %}` (Hugging Face's assistant-mask tag) is not Jinja; minijinja refuses it.
+    (
+        "LFM2.5-8B-A1B.jinja",
+        "minijinja cannot parse {% generation %}",
+    ),
+    (
+        "poolside-Laguna-S-2.1.jinja",
+        "minijinja cannot parse {% generation %}",
+    ),
+    (
+        "poolside-Laguna-XS-2.1.jinja",
+        "minijinja cannot parse {% generation %}",
+    ),
+    (
+        "poolside-Laguna-XS.2.jinja",
+        "minijinja cannot parse {% generation %}",
+    ),
+    // Python's list.append: minijinja's sequences are immutable (tool_call case).
+    (
+        "Kimi-K2-Instruct.jinja",
+        "list.append in the tool call case",
+    ),
+    (
+        "Kimi-K2-Thinking.jinja",
+        "list.append in the tool call case",
+    ),
+    // `'text' + undefined`: llama.cpp's engine concatenates, minijinja refuses.
+    (
+        "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+        "string + undefined (tool case)",
+    ),
+    (
+        "fireworks-ai-llama-3-firefunction-v2.jinja",
+        "string + undefined `functions`",
+    ),
+    // llama.cpp sets preserve_reasoning variables (drop_thinking=false) from its capability
+    // probes, so earlier assistant turns keep `<think></think>`.
+    (
+        "deepseek-ai-DeepSeek-V4.jinja",
+        "llama.cpp's preserve_reasoning variables",
+    ),
+    (
+        "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+        "llama.cpp's preserve_reasoning variables",
+    ),
+    // llama.cpp's convert_tool_responses_gemma4 moves tool results into the model's turn.
+    (
+        "google-gemma-4-31B-it-interleaved.jinja",
+        "llama.cpp's gemma4 tool-response rewrite",
+    ),
+];
+
+fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates")
+}
+
+fn get(value: &TemplateValue, key: &str) -> TemplateValue {
+    value
+        .get_attr(key)
+        .unwrap_or_else(|e| panic!("fixture lacks {key}: {e}"))
+}
+
+fn text(value: &TemplateValue) -> String {
+    value.as_str().map(String::from).unwrap_or_default()
+}
+
+fn inputs(fixture: &TemplateValue, conversation: &TemplateValue) -> ChatTemplateInputs {
+    let tools = get(conversation, "tools");
+    ChatTemplateInputs {
+        messages: get(conversation, "messages"),
+        tools: (!tools.is_undefined()).then_some(tools),
+        add_generation_prompt: get(fixture, "add_generation_prompt").is_true(),
+        enable_thinking: get(fixture, "enable_thinking").is_true(),
+        // llama-server passes `chat_template_kwargs` on as template variables.
+        extra: vec![("enable_thinking".into(), get(fixture, "enable_thinking"))],
+        now: get(fixture, "now").as_i64(),
+    }
+}
+
+/// The cases of one template where rendering differs from llama.cpp's: (case, why).
+fn differences(fixture: &TemplateValue, name: &str, cases: &TemplateValue) -> Vec<String> {
+    let source = std::fs::read_to_string(fixtures_dir().join(name))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let template = match ChatTemplate::new(
+        &source,
+        &text(&get(fixture, "bos_token")),
+        &text(&get(fixture, "eos_token")),
+    ) {
+        Ok(t) => t,
+        Err(e) => return vec![format!("compile: {e}")],
+    };
+    let mut out = Vec::new();
+    for case in cases.try_iter().expect("cases map") {
+        let expected = get(&get(cases, case.as_str().unwrap_or_default()), "prompt");
+        if expected.is_undefined() {
+            continue; // llama.cpp refused this conversation
+        }
+        let conversation = get(
+            &get(fixture, "conversations"),
+            case.as_str().unwrap_or_default(),
+        );
+        match template.render(&inputs(fixture, &conversation)) {
+            Ok(got) if got == text(&expected) => {}
+            Ok(got) => out.push(format!(
+                "{case}: differs\n--- llama.cpp\n{}\n--- rgml\n{got}",
+                text(&expected)
+            )),
+            Err(e) => out.push(format!("{case}: {e}")),
+        }
+    }
+    out
+}
+
+#[test]
+fn templates_render_as_llama_cpp_does() {
+    let json = std::fs::read_to_string(fixtures_dir().join("llamacpp.json")).expect("fixture");
+    let fixture = value_from_json(&json).expect("fixture JSON");
+    let templates = get(&fixture, "templates");
+    let (mut total, mut equal, mut failures) = (0, 0, Vec::new());
+    for name in templates.try_iter().expect("templates map") {
+        let name = name.as_str().unwrap_or_default().to_string();
+        let cases = get(&get(&templates, &name), "cases");
+        if cases.is_undefined() {
+            continue; // llama.cpp refused the template
+        }
+        total += 1;
+        let diffs = differences(&fixture, &name, &cases);
+        let skipped = SKIP.iter().any(|(n, _)| *n == name);
+        match (diffs.is_empty(), skipped) {
+            (true, _) => equal += 1,
+            (false, true) => eprintln!("skipped {name}: {}", diffs[0].lines().next().unwrap_or("")),
+            (false, false) => failures.push(format!("{name}: {}", diffs.join("\n"))),
+        }
+    }
+    eprintln!(
+        "{equal} of {total} templates render as llama.cpp does; {} skipped",
+        SKIP.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} templates differ:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+/// The demo model: without `--jinja` the marker format (ChatML, the existing fixtures'
+/// prompts); with it the file's template, which equals ChatML once a system message is given
+/// (without one the template adds its default system message).
+#[test]
+fn demo_model_formats() {
+    use rgml_llm::chat::{ChatFormat, ChatFormatter, Message};
+    let model = common::demo_model();
+    let markers = ChatFormatter::for_model(&model, None, false);
+    assert!(
+        matches!(markers, ChatFormatter::Markers(ChatFormat::ChatMl)),
+        "{markers:?}"
+    );
+    let jinja = ChatFormatter::for_model(&model, None, true);
+    assert!(matches!(jinja, ChatFormatter::Template { .. }), "{jinja:?}");
+    let messages = [
+        Message::new("system", "Be brief."),
+        Message::new("user", "What is the boiling point of water?"),
+        Message::new("assistant", "100 °C."),
+        Message::new("user", "And of ethanol?"),
+    ];
+    for n in [2, 4] {
+        let text = jinja.apply(&messages[..n]).expect("renders");
+        assert_eq!(
+            text,
+            ChatFormat::ChatMl.apply(&messages[..n]),
+            "{n} messages"
+        );
+    }
+    let user_only = jinja.apply(&messages[1..2]).expect("renders");
+    assert!(user_only.starts_with("<|im_start|>system\n"), "{user_only}");
+}
