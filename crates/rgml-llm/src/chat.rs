@@ -10,24 +10,7 @@
 use crate::chat_template::{ChatTemplate, ChatTemplateError, ChatTemplateInputs};
 use crate::Model;
 
-/// One message of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Message {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-impl Message {
-    /// A message from `role`.
-    pub fn new(role: &str, content: &str) -> Message {
-        Message {
-            role: role.to_string(),
-            content: content.to_string(),
-        }
-    }
-}
+pub use crate::message::Message;
 
 /// A chat format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

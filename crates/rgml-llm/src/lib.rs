@@ -45,6 +45,7 @@ pub mod chat_template;
 pub mod config;
 pub mod error;
 pub mod generate;
+mod message;
 pub mod model;
 pub mod quantize;
 pub mod sampling;

@@ -61,7 +61,7 @@ pub struct ChatTemplateInputs {
 
 impl ChatTemplateInputs {
     /// Inputs for `messages` (role and content pairs) with the generation prompt on.
-    pub fn from_messages(messages: &[crate::chat::Message]) -> ChatTemplateInputs {
+    pub fn from_messages(messages: &[crate::message::Message]) -> ChatTemplateInputs {
         let messages = messages
             .iter()
             .map(|m| {
