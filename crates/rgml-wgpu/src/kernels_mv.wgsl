@@ -182,6 +182,33 @@ fn k4_scales(blk: u32, im: u32) -> K4Scales {
     return K4Scales(scale_min(s0, s1, s2, 2u * im) * dm, scale_min(s0, s1, s2, 2u * im + 1u) * dm);
 }
 
+// Lane `l`'s part of the Q6_K block at byte `blk`: its four runs of 4 six-bit quants (0..63,
+// one per byte; runs 32 elements apart, see `part_runs`) and each run's signed scale.
+struct Q6Part {
+    q: vec4<u32>,
+    sc: vec4<f32>,
+}
+
+fn q6k_part(blk: u32, l: u32) -> Q6Part {
+    let h = l / 8u;
+    let q = 4u * (l % 8u);
+    let ql0 = w2(blk + 64u * h + q);
+    let ql1 = w2(blk + 64u * h + 32u + q);
+    let qh = w2(blk + 128u + 32u * h + q);
+    // Scales 8 h + q / 16 + 2 r (signed bytes, read as unsigned ones plus 128).
+    let su = vec2<u32>(w2(blk + 192u + 8u * h), w2(blk + 196u + 8u * h)) ^ vec2<u32>(0x80808080u);
+    let sh = 8u * (q / 16u);
+    let sc = vec4<f32>(
+        u1f((su.x >> sh) & 0xffu), u1f((su.x >> (sh + 16u)) & 0xffu),
+        u1f((su.y >> sh) & 0xffu), u1f((su.y >> (sh + 16u)) & 0xffu)) - 128.0;
+    let quants = vec4<u32>(
+        lo_nibbles(ql0) | (((qh >> 0u) & 0x03030303u) << 4u),
+        lo_nibbles(ql1) | (((qh >> 2u) & 0x03030303u) << 4u),
+        hi_nibbles(ql0) | (((qh >> 4u) & 0x03030303u) << 4u),
+        hi_nibbles(ql1) | (((qh >> 6u) & 0x03030303u) << 4u));
+    return Q6Part(quants, sc);
+}
+
 // Lane `l`'s part of the block at byte `blk` (element for F32) dotted with its activations.
 fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
     switch TYPE {
@@ -212,28 +239,13 @@ fn part_dot(blk: u32, l: u32, x: Part) -> f32 {
             return k4.lo.x * dot_lo - k4.lo.y * sum_lo + k4.hi.x * dot_hi - k4.hi.y * sum_hi;
         }
         case T_Q6_K: {
-            let h = l / 8u;
-            let q = 4u * (l % 8u);
-            let ql0 = w2(blk + 64u * h + q);
-            let ql1 = w2(blk + 64u * h + 32u + q);
-            let qh = w2(blk + 128u + 32u * h + q);
-            // Scales 8 h + q / 16 + 2 r (signed bytes) for the runs r = 0..4.
-            let sw0 = w2(blk + 192u + 8u * h);
-            let sw1 = w2(blk + 196u + 8u * h);
-            let is = q / 16u;
-            // The signed bytes as unsigned ones plus 128.
-            let su = vec2<u32>(sw0, sw1) ^ vec2<u32>(0x80808080u);
-            let sh = 8u * is;
-            let sc = vec4<f32>(
-                u1f((su.x >> sh) & 0xffu), u1f((su.x >> (sh + 16u)) & 0xffu),
-                u1f((su.y >> sh) & 0xffu), u1f((su.y >> (sh + 16u)) & 0xffu)) - 128.0;
-            let c0 = bytes4(lo_nibbles(ql0) | (((qh >> 0u) & 0x03030303u) << 4u), 32.0);
-            let c1 = bytes4(lo_nibbles(ql1) | (((qh >> 2u) & 0x03030303u) << 4u), 32.0);
-            let c2 = bytes4(hi_nibbles(ql0) | (((qh >> 4u) & 0x03030303u) << 4u), 32.0);
-            let c3 = bytes4(hi_nibbles(ql1) | (((qh >> 6u) & 0x03030303u) << 4u), 32.0);
-            let d = f16_at(blk + 208u);
+            let q6 = q6k_part(blk, l);
+            let c0 = bytes4(q6.q.x, 32.0);
+            let c1 = bytes4(q6.q.y, 32.0);
+            let c2 = bytes4(q6.q.z, 32.0);
+            let c3 = bytes4(q6.q.w, 32.0);
             let dots = vec4<f32>(dot(c0, x.v0), dot(c1, x.v1), dot(c2, x.v2), dot(c3, x.v3));
-            return d * dot(sc, dots);
+            return f16_at(blk + 208u) * dot(q6.sc, dots);
         }
         case T_Q8_0: {
             let d = f16_at(blk);
@@ -362,28 +374,15 @@ fn part_dot_q8(blk: u32, l: u32, x: Q8Part) -> f32 {
             return x.d.x * (k4.lo.x * dot_lo - k4.lo.y * sum_lo) + x.d.z * (k4.hi.x * dot_hi - k4.hi.y * sum_hi);
         }
         case T_Q6_K: {
-            let h = l / 8u;
-            let q = 4u * (l % 8u);
-            let ql0 = w2(blk + 64u * h + q);
-            let ql1 = w2(blk + 64u * h + 32u + q);
-            let qh = w2(blk + 128u + 32u * h + q);
-            let su = vec2<u32>(w2(blk + 192u + 8u * h), w2(blk + 196u + 8u * h)) ^ vec2<u32>(0x80808080u);
-            let sh = 8u * (q / 16u);
-            let sc = vec4<f32>(
-                u1f((su.x >> sh) & 0xffu), u1f((su.x >> (sh + 16u)) & 0xffu),
-                u1f((su.y >> sh) & 0xffu), u1f((su.y >> (sh + 16u)) & 0xffu)) - 128.0;
+            let q6 = q6k_part(blk, l);
+            let c = q6.q;
             // The 6-bit quants (0..63) dotted as they are, less 32 times the activations' sum.
-            let c = vec4<u32>(
-                lo_nibbles(ql0) | (((qh >> 0u) & 0x03030303u) << 4u),
-                lo_nibbles(ql1) | (((qh >> 2u) & 0x03030303u) << 4u),
-                hi_nibbles(ql0) | (((qh >> 4u) & 0x03030303u) << 4u),
-                hi_nibbles(ql1) | (((qh >> 6u) & 0x03030303u) << 4u));
             let dots = vec4<f32>(
                 f32(dot4I8Packed(c.x, x.w.x) - 32 * q8_sum(x.w.x)),
                 f32(dot4I8Packed(c.y, x.w.y) - 32 * q8_sum(x.w.y)),
                 f32(dot4I8Packed(c.z, x.w.z) - 32 * q8_sum(x.w.z)),
                 f32(dot4I8Packed(c.w, x.w.w) - 32 * q8_sum(x.w.w)));
-            return f16_at(blk + 208u) * dot(sc * x.d, dots);
+            return f16_at(blk + 208u) * dot(q6.sc * x.d, dots);
         }
         case T_Q4_0: {
             let w = w2(blk + 2u + 4u * l);
