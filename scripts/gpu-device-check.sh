@@ -32,9 +32,9 @@
 # gpu-perf-model.txt (with --perf-model: `rgml test-ops --mode perf-model`, MUL_MAT alone at
 # the 8B shapes, each run waited for, so short products show the submit-and-wait latency),
 # gpu-llama-perf.txt (llama.cpp's GPU time per op in a decode, GGML_VK_PERF_LOGGER); the
-# profile step also times llama-8b's tg64 with each RGML_WGPU_MV_ROWS (0 1 2 4) and
-# RGML_WGPU_N_CB (1 2; default 8), with RGML_WGPU_MV_DP4A=1 and with -fa off, and pp512
-# without cooperative matrices.
+# profile step also times llama-8b's tg64 with block mat-vec variants (RGML_WGPU_MV_ROWS 0 1 2,
+# RGML_WGPU_MV_TEAM 32 128, RGML_WGPU_FUSE_GLU=0), with RGML_WGPU_MV_DP4A=1 and with -fa off,
+# and pp512 without cooperative matrices.
 # Without $OUT they go to /tmp/gpucheck-out.
 #
 # Usage: scripts/gpu-device-check.sh [--quick|--dry-run] [--budget SECONDS] [--models LIST]
@@ -48,6 +48,9 @@
 #                       llama1b-q8_0, llama1b-f16, llama8b-q4_k_m (e.g. for a rerun)
 #   --no-checks         skip test-ops and logits;  --no-bench: skip the benches
 #   --perf-model        also `rgml test-ops --mode perf-model` (about a minute)
+#   --tune              instead of the benches, only llama-8b's tuning variants (`bench_tune`:
+#                       DP4A and flash attention on and off, tg64 and tg32 at depth 4096); with
+#                       --no-checks --models llama8b-q4_k_m it takes about two minutes
 # Functions run through run_step (a `bash -c` of their text) look unreachable to shellcheck.
 # shellcheck disable=SC2317
 set -uo pipefail
@@ -60,6 +63,7 @@ only=
 checks=1
 benches=1
 perf_model=0
+tune=0
 while [ $# -gt 0 ]; do
     case $1 in
         --quick | --dry-run) quick=1; shift ;;
@@ -67,6 +71,7 @@ while [ $# -gt 0 ]; do
         --models) only=${2:?--models needs a list}; shift 2 ;;
         --no-checks) checks=0; shift ;;
         --perf-model) perf_model=1; shift ;;
+        --tune) tune=1; shift ;;
         --no-bench) benches=0; shift ;;
         -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -362,19 +367,16 @@ bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), p
         cat "$OUT/gpu-perf-model.txt"
     fi
     [ -s "$f" ] || return
-    # The block mat-vec's rows per workgroup against the older kernel (RGML_WGPU_MV_ROWS=0):
-    # generation alone, 64 tokens, and MUL_MAT alone at the 8B shapes.
-    local rows
-    for rows in 0 1 2 4; do
-        RGML_WGPU_MV_ROWS=$rows run_step "mv-rows$rows-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 \
-            -r 2 --json "${RGML_GPU[@]}" && echo "tg64 with RGML_WGPU_MV_ROWS=$rows: $(tr -d '\n' <"$W/steps/mv-rows$rows-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
-    done
-    # One submit per graph as before (RGML_WGPU_N_CB=1) against command buffers submitted as
-    # they are encoded (the default, 8).
-    local ncb
-    for ncb in 1 2; do
-        RGML_WGPU_N_CB=$ncb run_step "ncb$ncb-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 -r 2 \
-            --json "${RGML_GPU[@]}" && echo "tg64 with RGML_WGPU_N_CB=$ncb: $(tr -d '\n' <"$W/steps/ncb$ncb-$key.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
+    # The block mat-vec's shapes against the older kernel (RGML_WGPU_MV_ROWS=0): rows per team,
+    # invocations per team (RGML_WGPU_MV_TEAM), and the fused gate/up/SwiGLU mat-vec off
+    # (RGML_WGPU_FUSE_GLU=0); generation alone, 64 tokens. Each variant is ROWS:TEAM:GLU.
+    local variant rows team glu name
+    for variant in 0:32:1 1:32:1 2:32:1 1:128:1 2:128:1 1:32:0; do
+        IFS=: read -r rows team glu <<<"$variant"
+        name="mv-r${rows}t${team}g${glu}-$key"
+        RGML_WGPU_MV_ROWS=$rows RGML_WGPU_MV_TEAM=$team RGML_WGPU_FUSE_GLU=$glu run_step "$name" 40 \
+            "$RGML" bench -m "$f" -p 0 -n 64 -r 2 --json "${RGML_GPU[@]}" \
+            && echo "tg64 with RGML_WGPU_MV_ROWS=$rows RGML_WGPU_MV_TEAM=$team RGML_WGPU_FUSE_GLU=$glu: $(tr -d '\n' <"$W/steps/$name.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
     done
     # The DP4A mat-vec (int8 activations, packed integer dots; off by default until measured).
     RGML_WGPU_MV_DP4A=1 run_step "dp4a-$key" 40 "$RGML" bench -m "$f" -p 0 -n 64 -r 2 --json \
@@ -401,6 +403,25 @@ bench_profile() { # KEY: rgml's GPU time per kernel (--trace, GPU timestamps), p
             echo "GPU time per kernel, $key, $phase ($NP-token prompt or 32 decoded tokens):"
             cat "$OUT/gpu-profile-$phase.txt"
         fi
+    done
+}
+
+bench_tune() { # KEY: generation with DP4A and flash attention each on and off, at depth 0 and DEPTH
+    local key=$1 f=$W/models/$1.gguf dp4a fa name
+    [ -s "$f" ] || return
+    for dp4a in 0 1; do
+        for fa in on off; do
+            name="tune-dp4a$dp4a-fa$fa-$key"
+            RGML_WGPU_MV_DP4A=$dp4a run_step "$name" 40 "$RGML" bench -m "$f" -p 0 -n 64 -r 2 -fa $fa \
+                --json "${RGML_GPU[@]}" \
+                && echo "tg64 with RGML_WGPU_MV_DP4A=$dp4a -fa $fa: $(tr -d '\n' <"$W/steps/$name.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
+        done
+    done
+    for fa in on off; do
+        name="tune-d-fa$fa-$key"
+        run_step "$name" 60 "$RGML" bench -m "$f" -p 0 -n 32 -d $DEPTH -c $((DEPTH + 64)) -r 2 -fa $fa \
+            --json "${RGML_GPU[@]}" \
+            && echo "tg32 at depth $DEPTH with -fa $fa: $(tr -d '\n' <"$W/steps/$name.out" | grep -o '"tg_tok_s":[^,}]*' | tail -1)"
     done
 }
 
@@ -495,6 +516,8 @@ main() {
             "depth llama1b-q4_k_m" "depth llama1b-q8_0" "depth llama1b-f16" "depth smollm2-q4_1"
         )
         [ $quick = 0 ] || plan=("pair smollm2-q4_1" "profile smollm2-q4_1" "half smollm2-q4_1" "depth smollm2-q4_1")
+        [ $tune = 0 ] || plan=("tune llama8b-q4_k_m")
+        [ $tune = 0 ] || [ $quick = 0 ] || plan=("tune smollm2-q4_1")
         local p
         for p in "${plan[@]}"; do
             key=${p#* }
@@ -505,6 +528,7 @@ main() {
                 half) bench_half "$key" ;;
                 profile) bench_profile "$key" ;;
                 depth) bench_depth "$key" ;;
+                tune) bench_tune "$key" ;;
             esac
         done
     fi

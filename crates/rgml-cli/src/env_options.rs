@@ -19,9 +19,15 @@
 //!   GPUs; a device parameter `Vulkan0:exact=0|1` overrides it).
 //! - `RGML_WGPU_COOPMAT=0|1`: prompts on cooperative matrices (tensor cores) where a GPU offers
 //!   them (`0` sets [`rgml_wgpu::WgpuOptions::no_coopmat`]; default 1).
-//! - `RGML_WGPU_MV_ROWS=0|1|2|4`: weight rows per workgroup of the fast arithmetic's block
+//! - `RGML_WGPU_MV_ROWS=0|1|2|4`: weight rows per team of the fast arithmetic's block
 //!   mat-vec (`0`: the older kernel of groups of 8 for every mat-vec;
 //!   [`rgml_wgpu::WgpuOptions::mat_vec_rows`], default [`rgml_wgpu::DEFAULT_MV_ROWS`]), for
+//!   measuring on a GPU.
+//! - `RGML_WGPU_MV_TEAM=32|128`: invocations per row block of the block mat-vec (32: a warp per
+//!   row block where subgroups are 32 wide; [`rgml_wgpu::WgpuOptions::mat_vec_team`], default
+//!   [`rgml_wgpu::DEFAULT_MV_TEAM`]), for measuring on a GPU.
+//! - `RGML_WGPU_FUSE_GLU=0|1`: a decode step's gate and up projections and their SwiGLU as one
+//!   block mat-vec (`0` sets [`rgml_wgpu::WgpuOptions::no_glu_fusion`]; default 1), for
 //!   measuring on a GPU.
 //! - `RGML_WGPU_MV_DP4A=0|1`: the block mat-vec quantizes its activations to int8 and
 //!   multiplies Q4_0, Q8_0, Q4_K and Q6_K weights with packed integer dots
@@ -57,6 +63,8 @@ const COOPMAT: &str = "RGML_WGPU_COOPMAT";
 const MV_ROWS: &str = "RGML_WGPU_MV_ROWS";
 const N_CB: &str = "RGML_WGPU_N_CB";
 const MV_DP4A: &str = "RGML_WGPU_MV_DP4A";
+const MV_TEAM: &str = "RGML_WGPU_MV_TEAM";
+const FUSE_GLU: &str = "RGML_WGPU_FUSE_GLU";
 
 /// The options the process environment asks for.
 pub fn from_env() -> Result<BackendOptions, String> {
@@ -122,6 +130,17 @@ fn from_lookup(
     if let Some(v) = get(MV_DP4A)? {
         options.wgpu.mat_vec_dp4a = flag(MV_DP4A, &v)?;
     }
+    if let Some(v) = get(MV_TEAM)? {
+        let team = v
+            .parse::<u32>()
+            .ok()
+            .filter(|t| [32, 128].contains(t))
+            .ok_or_else(|| format!("{MV_TEAM}={v}: expected 32 or 128"))?;
+        options.wgpu.mat_vec_team = Some(team);
+    }
+    if let Some(v) = get(FUSE_GLU)? {
+        options.wgpu.no_glu_fusion = !flag(FUSE_GLU, &v)?;
+    }
     if let Some(v) = get(N_CB)? {
         let n = v
             .parse::<usize>()
@@ -172,6 +191,8 @@ mod tests {
             (MV_ROWS, ""),
             (N_CB, ""),
             (MV_DP4A, ""),
+            (MV_TEAM, ""),
+            (FUSE_GLU, ""),
         ];
         assert_eq!(with(&blank), Ok(BackendOptions::default()));
     }
@@ -201,6 +222,12 @@ mod tests {
         assert_eq!(with(&[(MV_ROWS, "0")]).unwrap().wgpu.mat_vec_rows, Some(0));
         assert_eq!(with(&[(N_CB, "2")]).unwrap().wgpu.n_cb, Some(2));
         assert!(with(&[(MV_DP4A, "1")]).unwrap().wgpu.mat_vec_dp4a);
+        assert_eq!(
+            with(&[(MV_TEAM, "128")]).unwrap().wgpu.mat_vec_team,
+            Some(128)
+        );
+        assert!(with(&[(FUSE_GLU, "0")]).unwrap().wgpu.no_glu_fusion);
+        assert!(!with(&[(FUSE_GLU, "1")]).unwrap().wgpu.no_glu_fusion);
         assert_eq!(with(&[(DEVICES, "64")]).unwrap().cpu.extra_devices, 64);
         assert!(with(&[(REPACK, "1")]).unwrap().cpu.repack);
         assert!(with(&[(COOPMAT, "0")]).unwrap().wgpu.no_coopmat);
@@ -224,6 +251,8 @@ mod tests {
             (MV_ROWS, "3", "0, 1, 2 or 4"),
             (N_CB, "0", "from 1 to 64"),
             (MV_DP4A, "yes", "0 or 1"),
+            (MV_TEAM, "64", "32 or 128"),
+            (FUSE_GLU, "on", "0 or 1"),
         ] {
             let e = with(&[(var, value)]).unwrap_err();
             assert!(e.starts_with(&format!("{var}={value}: ")), "{e}");

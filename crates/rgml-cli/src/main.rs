@@ -36,8 +36,11 @@ mod test_ops;
                   RGML_WGPU_EXACT=0|1 (GPU arithmetic: fast, or the CPU's bits; default exact \
                   on CPU drivers such as lavapipe, fast on GPUs), RGML_WGPU_COOPMAT=0|1 \
                   (prompts on a GPU's cooperative matrices where it has them; default 1), \
-                  RGML_WGPU_MV_ROWS=0|1|2|4 (weight rows per workgroup of the GPU's block \
-                  mat-vec; 0: the older kernel; for measuring), RGML_WGPU_MV_DP4A=0|1 (int8 \
+                  RGML_WGPU_MV_ROWS=0|1|2|4 (weight rows per team of the GPU's block \
+                  mat-vec; 0: the older kernel; for measuring), RGML_WGPU_MV_TEAM=32|128 \
+                  (invocations per row of the block mat-vec; for measuring), \
+                  RGML_WGPU_FUSE_GLU=0|1 (gate, up and SwiGLU as one GPU mat-vec; default 1; \
+                  for measuring), RGML_WGPU_MV_DP4A=0|1 (int8 \
                   activations and packed integer dots in the GPU's mat-vec; default 0; for \
                   measuring), RGML_WGPU_N_CB=N (command \
                   buffers per graph on GPUs, 1..64; default 8; for measuring)."

@@ -26,21 +26,32 @@ pub struct WgpuOptions {
     /// offers them (wgpu's experimental `EXPERIMENTAL_COOPERATIVE_MATRIX`): the fast
     /// arithmetic's register-tiled kernel instead.
     pub no_coopmat: bool,
-    /// Weight rows per workgroup of the block mat-vec that generation's MUL_MATs take (1 to 4;
+    /// Weight rows per team (see [`WgpuOptions::mat_vec_team`]) of the block mat-vec that
+    /// generation's MUL_MATs take (1 to 4;
     /// `Some(0)`: the older kernel of groups of 8 for every mat-vec); `None`: the default,
     /// [`DEFAULT_MV_ROWS`]. A tuning knob for measuring on a GPU.
     pub mat_vec_rows: Option<u32>,
+    /// Invocations that share a row block of the block mat-vec: 32 (a warp per row block where
+    /// subgroups are 32 wide) or 128 (the workgroup); `None`: [`DEFAULT_MV_TEAM`]. A tuning knob
+    /// for measuring on a GPU.
+    pub mat_vec_team: Option<u32>,
     /// The block mat-vec quantizes its activations to int8 and multiplies Q4_0, Q8_0, Q4_K and
     /// Q6_K weights with packed integer dots (DP4A, llama.cpp's `mul_mat_vecq`). Off by
-    /// default until measured on a GPU; a tuning knob.
+    /// default: on an H200 it gained nothing (docs/GPU.md); a tuning knob.
     pub mat_vec_dp4a: bool,
+    /// Keep a decode step's gate and up projections and their SwiGLU as three dispatches
+    /// rather than one GLU block mat-vec. A tuning knob.
+    pub no_glu_fusion: bool,
     /// Command buffers per graph of every stream without an `n_cb` parameter; `None`: the
     /// backend's default (8).
     pub n_cb: Option<usize>,
 }
 
-/// Weight rows per workgroup of the block mat-vec unless [`WgpuOptions::mat_vec_rows`] says.
-pub const DEFAULT_MV_ROWS: u32 = 2;
+/// Weight rows per team of the block mat-vec unless [`WgpuOptions::mat_vec_rows`] says.
+pub const DEFAULT_MV_ROWS: u32 = 1;
+
+/// Invocations per row block of the block mat-vec unless [`WgpuOptions::mat_vec_team`] says.
+pub const DEFAULT_MV_TEAM: u32 = 128;
 
 /// What timing each dispatch on the GPU needs: timestamps, written inside compute passes.
 pub(crate) const TIMESTAMP_FEATURES: wgpu::Features =
@@ -62,6 +73,9 @@ pub(crate) struct Gpu {
     /// Bytes held by the live [`WgpuBuffer`]s of this device (their rounded-up sizes; staging,
     /// uniform and kernel objects are not counted).
     pub(crate) allocated: AtomicUsize,
+    /// Fuse a decode step's gate, up and SwiGLU into one block mat-vec
+    /// (not [`WgpuOptions::no_glu_fusion`]).
+    pub(crate) fuse_glu: bool,
 }
 
 impl Gpu {
@@ -116,6 +130,7 @@ impl Gpu {
             coop,
             subgroup_rows,
             options.mat_vec_rows.unwrap_or(DEFAULT_MV_ROWS),
+            options.mat_vec_team.unwrap_or(DEFAULT_MV_TEAM),
             options.mat_vec_dp4a,
         );
         let gpu = Gpu {
@@ -127,6 +142,7 @@ impl Gpu {
             gelu_table: std::sync::OnceLock::new(),
             error,
             allocated: AtomicUsize::new(0),
+            fuse_glu: !options.no_glu_fusion,
         };
         gpu.check().map_err(|e| e.to_string())?;
         Ok(gpu)

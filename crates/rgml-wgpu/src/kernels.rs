@@ -242,7 +242,9 @@ fn rename_bindings(source: &str) -> String {
 pub(crate) const MV_COLS: usize = 8;
 /// Weight rows per workgroup of `mul_mv_fast`.
 pub(crate) const MV_ROWS: u64 = 2;
-/// Most weight rows per workgroup of `mul_mv_blocks` (`MV_MAX_ROWS` in the WGSL).
+/// Invocations per workgroup of `mul_mv_blocks` (`MV_WG` in the WGSL).
+const MV_BLOCKS_WG: u32 = 128;
+/// Most weight rows per team of `mul_mv_blocks` (`MV_MAX_ROWS` in the WGSL).
 pub(crate) const MV_BLOCKS_MAX_ROWS: u32 = 4;
 /// Outputs per tile edge of `mul_mm_fast` (`TILE` in the WGSL).
 pub(crate) const MM_TILE: u64 = 64;
@@ -311,6 +313,8 @@ pub(crate) struct Kernels {
     /// Weight rows per workgroup of `mul_mv_blocks` (1 to [`MV_BLOCKS_MAX_ROWS`]); 0: it is
     /// not used (`mul_mv_fast` takes every mat-vec).
     pub(crate) mv_rows: u32,
+    /// Invocations per team of `mul_mv_blocks` (32 or 128: see `kernels_mv.wgsl`).
+    mv_team: u32,
     /// `mul_mv_blocks` takes Q4_0, Q8_0, Q4_K and Q6_K weights with int8 activations and DP4A.
     pub(crate) mv_dp4a: bool,
     mv_module: std::sync::OnceLock<wgpu::ShaderModule>,
@@ -328,6 +332,7 @@ impl Kernels {
         coop: Option<CoopShape>,
         subgroup_rows: bool,
         mv_rows: u32,
+        mv_team: u32,
         mv_dp4a: bool,
     ) -> Kernels {
         let f64 = device.features().contains(wgpu::Features::SHADER_F64);
@@ -405,10 +410,17 @@ impl Kernels {
             subgroup_rows,
             coop_module: std::sync::OnceLock::new(),
             mv_rows: mv_rows.min(MV_BLOCKS_MAX_ROWS),
+            mv_team: if mv_team == 32 { 32 } else { 128 },
             mv_dp4a,
             mv_module: std::sync::OnceLock::new(),
             fast: Default::default(),
         }
+    }
+
+    /// Weight rows per workgroup of `mul_mv_blocks`: [`Kernels::mv_rows`] per team; 0 where
+    /// it is not used.
+    pub(crate) fn mv_group_rows(&self) -> u64 {
+        u64::from(self.mv_rows * (MV_BLOCKS_WG / self.mv_team))
     }
 
     /// The kernel's pipeline (`None` only for f64 kernels on a device without f64, which
@@ -447,6 +459,7 @@ impl Kernels {
                         ("TYPE", type_code),
                         ("NCOLS", f64::from(cols)),
                         ("ROWS", f64::from(self.mv_rows.max(1))),
+                        ("TEAM", f64::from(self.mv_team)),
                         ("GLU", if glu { 1.0 } else { 0.0 }),
                         ("DP4A", if dp4a { 1.0 } else { 0.0 }),
                     ],

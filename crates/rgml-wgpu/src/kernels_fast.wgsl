@@ -187,8 +187,10 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
             let dl = a_f16(blk + 108u) * scale_q3k(blk, 8u * h + 2u * s + l / 16u);
             let qs = blk + 32u + 32u * h + l;
             let mb = 4u * h + s;
-            let q0 = u4f(crumb4(a_u32(qs), 2u * s)) - 4.0 * u4f(vec4<u32>(1u) - bit4(a_u32(blk + l), mb));
-            let q1 = u4f(crumb4(a_u32(qs + 4u), 2u * s)) - 4.0 * u4f(vec4<u32>(1u) - bit4(a_u32(blk + l + 4u), mb));
+            // The mask bit as the quant's bit 2 (q + 4 bit - 4): one conversion per element
+            // (see `convert.wgsl` on combining converted values).
+            let q0 = u4f(crumb4(a_u32(qs), 2u * s) | (bit4(a_u32(blk + l), mb) << vec4<u32>(2u))) - 4.0;
+            let q1 = u4f(crumb4(a_u32(qs + 4u), 2u * s) | (bit4(a_u32(blk + l + 4u), mb) << vec4<u32>(2u))) - 4.0;
             return G8(q0 * dl, q1 * dl);
         }
         case T_Q4_K, T_Q5_K: {

@@ -3,12 +3,15 @@
 // with `params.wgsl` and the row-sum flavour (`SUBGROUP_ROWS`, `row_total`); the other fast
 // kernels are in `kernels_fast.wgsl`.
 //
-// A workgroup of 128 invocations computes ROWS weight rows for NCOLS activation columns. A
-// block of TYPE is split into LANES parts of 8 or 16 elements; invocation i takes part
-// i % LANES of every (128 / LANES)-th block from block i / LANES on. So a warp reads whole
-// blocks side by side (its loads coalesce), and each invocation decodes its part once per row
-// with its activations in registers: the activations are read as 16-byte vectors (binding B
-// is `array<vec4<f32>>` here), once per block and column for all ROWS rows.
+// A workgroup of 128 invocations is 128 / TEAM teams; each team computes ROWS weight rows for
+// NCOLS activation columns. A block of TYPE is split into LANES parts of 8 or 16 elements;
+// team invocation i takes part i % LANES of every (TEAM / LANES)-th block from block i / LANES
+// on. So a warp reads whole blocks side by side (its loads coalesce), and each invocation
+// decodes its part once per row with its activations in registers: the activations are read as
+// 16-byte vectors (binding B is `array<vec4<f32>>` here), once per block and column for all
+// ROWS rows. A team of 32 is one warp where subgroups are 32 wide (`SUBGROUP_ROWS`): its sums
+// need no workgroup memory or barrier, and each invocation takes 4 times the blocks of a team
+// of 128 (more loads in flight per invocation, fewer invocations to add up).
 //
 // The weights are read as 4-byte words: the 4-aligned types' (Q4_1, Q5_1, Q4_K, Q5_K, F32)
 // straight, the 2-aligned ones' (Q4_0, Q5_0, Q8_0, Q6_K, F16, BF16) from two words where a
@@ -22,6 +25,8 @@ override TYPE: u32 = 0u;
 // Activation columns (1..=MV_MAX_COLS) and weight rows (1..=MV_MAX_ROWS) per workgroup.
 override NCOLS: u32 = 1u;
 override ROWS: u32 = 4u;
+// Invocations per team (32 or 128).
+override TEAM: u32 = 128u;
 // Gate and up projections of one activation with the SwiGLU of the two (see `mv_write`).
 override GLU: bool = false;
 // Activations quantized to int8 blocks (`quantize_q8_fast`'s layout, bound as B) and dotted
@@ -430,11 +435,27 @@ fn mv_write(out: u32, r0: u32, r: u32, c: u32, sums: vec2<f32>) {
     }
 }
 
-// A workgroup's sums: mv_matrices() x ROWS x NCOLS values per invocation, added over the 128
-// invocations and written by `mv_write`. With subgroups of 32 each is a subgroup sum, then 4
-// partials per value through workgroup memory; else a tree per value.
-fn mv_store(li: u32, acc: array<f32, MV_SUMS>, r0: u32, i2: u32, i3: u32) {
+// A team's sums: mv_matrices() x ROWS x NCOLS values per invocation, added over the team's
+// TEAM invocations (team invocation `tl`, workgroup invocation `li`) and written by
+// `mv_write`. With subgroups of 32 each is a subgroup sum (then, for a team of 128, 4 partials
+// per value through workgroup memory); else a tree per value in the team's part of
+// workgroup memory.
+fn mv_store(li: u32, tl: u32, acc: array<f32, MV_SUMS>, r0: u32, i2: u32, i3: u32) {
     let out = p.off.w + i2 * p.d_nb.z + i3 * p.d_nb.w;
+    if (SUBGROUP_ROWS && TEAM == 32u) {
+        for (var r = 0u; r < ROWS; r++) {
+            for (var c = 0u; c < NCOLS; c++) {
+                var sums = vec2<f32>(0.0);
+                for (var k = 0u; k < mv_matrices(); k++) {
+                    sums[k] = row_total(acc[sum_slot(k, r, c)]);
+                }
+                if (tl == 0u) {
+                    mv_write(out, r0, r, c, sums);
+                }
+            }
+        }
+        return;
+    }
     if (SUBGROUP_ROWS) {
         for (var k = 0u; k < mv_matrices(); k++) {
             for (var r = 0u; r < ROWS; r++) {
@@ -465,37 +486,39 @@ fn mv_store(li: u32, acc: array<f32, MV_SUMS>, r0: u32, i2: u32, i3: u32) {
             for (var k = 0u; k < mv_matrices(); k++) {
                 mv_partial[li] = acc[sum_slot(k, r, c)];
                 workgroupBarrier();
-                for (var s = MV_WG / 2u; s > 0u; s >>= 1u) {
-                    if (li < s) {
+                for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
+                    if (tl < s) {
                         mv_partial[li] += mv_partial[li + s];
                     }
                     workgroupBarrier();
                 }
-                sums[k] = mv_partial[0];
+                sums[k] = mv_partial[li - tl];
                 workgroupBarrier();
             }
-            if (li == 0u) {
+            if (tl == 0u) {
                 mv_write(out, r0, r, c, sums);
             }
         }
     }
 }
 
-// Workgroup w: rows ROWS (w % ceil(ne0 / ROWS)) .. + ROWS of matrix w / ceil(ne0 / ROWS)
-// (i2 + ne2 i3). Weight rows and activation rows as `kernels_fast.wgsl`'s mat-vec takes them
+// Workgroup w: with R = ROWS x 128 / TEAM, rows R (w % ceil(ne0 / R)) .. + R of matrix
+// w / ceil(ne0 / R) (i2 + ne2 i3), ROWS for each team in order. Weight rows and activation rows as `kernels_fast.wgsl`'s mat-vec takes them
 // (A in bytes, or 4-byte elements for F32; B in elements, 4-aligned: the host checks). With
 // GLU, the up projection's weights are a second matrix of A's shape and strides at byte
 // c_ne.x of A's buffer (see `mv_write`).
 @compute @workgroup_size(128)
 fn mul_mv_blocks(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let w = wid.x + wid.y * nwg.x;
-    let groups = (p.d_ne.x + ROWS - 1u) / ROWS;
+    let group_rows = ROWS * (MV_WG / TEAM);
+    let groups = (p.d_ne.x + group_rows - 1u) / group_rows;
     let mat = w / groups;
     let i2 = mat % p.d_ne.z;
     let i3 = mat / p.d_ne.z;
-    let r0 = (w % groups) * ROWS;
-    let lane = li % lanes();
-    let slots = MV_WG / lanes();
+    let tl = li % TEAM;
+    let r0 = (w % groups) * group_rows + (li / TEAM) * ROWS;
+    let lane = tl % lanes();
+    let slots = TEAM / lanes();
     let blocks = p.a_ne.x / block_elems();
     let runs = part_runs(lane);
     var acc: array<f32, MV_SUMS>;
@@ -505,7 +528,7 @@ fn mul_mv_blocks(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
         let b0 = p.off.y + i2 * p.b_nb.z + i3 * p.b_nb.w;
         // DP4A: column c's first quantized block (columns of all matrices in order).
         let q0 = ((i3 * p.d_ne.z + i2) * p.d_ne.y) * (p.a_ne.x / 32u);
-        for (var blk = li / lanes(); blk < blocks; blk += slots) {
+        for (var blk = tl / lanes(); blk < blocks; blk += slots) {
             for (var c = 0u; c < NCOLS; c++) {
                 var x: Part;
                 var xq: Q8Part;
@@ -529,5 +552,5 @@ fn mul_mv_blocks(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
             }
         }
     }
-    mv_store(li, acc, r0, i2, i3);
+    mv_store(li, tl, acc, r0, i2, i3);
 }

@@ -123,7 +123,7 @@ mod plan;
 pub use backend::WgpuBackend;
 pub use buffer::{WgpuBuffer, WgpuBufferType};
 pub use device::{WgpuDevice, WgpuRegistry};
-pub use gpu::{WgpuOptions, DEFAULT_MV_ROWS};
+pub use gpu::{WgpuOptions, DEFAULT_MV_ROWS, DEFAULT_MV_TEAM};
 pub use host::{WgpuHostBuffer, WgpuHostBufferType, HOST_PAGE, HOST_TENSOR_ALIGNMENT};
 
 use std::sync::Arc;

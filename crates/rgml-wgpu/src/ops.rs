@@ -464,7 +464,8 @@ impl<'a> Prep<'a> {
     fn swiglu_mat_vec(&self, ctx: &Context, ids: [TensorId; 3]) -> Result<Option<Vec<Dispatch>>> {
         let (g, u, s) = (ctx.get(ids[0])?, ctx.get(ids[1])?, ctx.get(ids[2])?);
         let mat_vecs = matches!(g.op, Op::MulMat { .. }) && matches!(u.op, Op::MulMat { .. });
-        if self.exact || self.gpu.kernels.mv_rows == 0 || !mat_vecs || s.op != Op::Swiglu {
+        let fused = self.gpu.fuse_glu && self.gpu.kernels.mv_rows > 0;
+        if self.exact || !fused || !mat_vecs || s.op != Op::Swiglu {
             return Ok(None);
         }
         let (&[wg, x], &[wu, xu], &[sg, su]) = (&g.src[..], &u.src[..], &s.src[..]) else {
@@ -499,7 +500,7 @@ impl<'a> Prep<'a> {
             return Ok(None);
         }
         p.c_ne = [wu_off, g_off, u_off, 0];
-        let groups = (g.ne[0] as u64).div_ceil(u64::from(self.gpu.kernels.mv_rows));
+        let groups = (g.ne[0] as u64).div_ceil(self.gpu.kernels.mv_group_rows());
         Ok(Some(self.mv_blocks(p, buffers, wg, g.ne[1], true, groups)?))
     }
 
@@ -811,7 +812,7 @@ impl<'a> Prep<'a> {
         let code = weight_code(a.dtype).ok_or_else(|| self.unsupported(t))?;
         let matrices = (t.ne[2] * t.ne[3]) as u64;
         let (m, n) = (t.ne[0] as u64, t.ne[1] as u64);
-        let rows = u64::from(self.gpu.kernels.mv_rows);
+        let rows = self.gpu.kernels.mv_group_rows();
         if t.ne[1] <= MV_COLS && rows > 0 && mv_blocks_fit(&p, a) {
             let groups = m.div_ceil(rows) * matrices;
             return self.mv_blocks(p, buffers, a, t.ne[1], false, groups);
