@@ -34,11 +34,29 @@ fn wgpu_fast_arithmetic_passes_every_supported_case() {
 /// and Q6_K; off by default) on every MUL_MAT case, in the fast arithmetic.
 #[test]
 fn wgpu_dp4a_mat_vec_passes_every_mul_mat_case() {
-    let options = rgml_wgpu::WgpuOptions {
+    passes_every_mul_mat_case(rgml_wgpu::WgpuOptions {
         exact: Some(false),
         mat_vec_dp4a: true,
         ..Default::default()
-    };
+    });
+}
+
+/// The block mat-vec with teams of 32 invocations and 2 rows per team (not the defaults: each
+/// team sums in its own tree in workgroup memory where subgroups are not 32 wide, and rows past
+/// the end of a matrix in every team), and the gate/up/SwiGLU fusion off.
+#[test]
+fn wgpu_mat_vec_teams_of_32_pass_every_mul_mat_case() {
+    passes_every_mul_mat_case(rgml_wgpu::WgpuOptions {
+        exact: Some(false),
+        mat_vec_team: Some(32),
+        mat_vec_rows: Some(2),
+        no_glu_fusion: true,
+        ..Default::default()
+    });
+}
+
+/// Every MUL_MAT case of the suite passes on the first device opened with `options`.
+fn passes_every_mul_mat_case(options: rgml_wgpu::WgpuOptions) {
     let reg = rgml_wgpu::WgpuRegistry::with_options(options);
     let Some(dev) = rgml::registry::Registry::devices(&reg).into_iter().next() else {
         return;
