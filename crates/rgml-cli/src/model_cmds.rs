@@ -376,6 +376,19 @@ pub struct RunArgs {
     /// Repetition penalty (1: off).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
+    /// Recent tokens the penalties look at (0: none).
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Frequency penalty: a recent token's logit less this times its count (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Presence penalty: a recent token's logit less this (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Add a bias to a token's logit, as llama.cpp's `-l`: `ID+BIAS` or `ID-BIAS`
+    /// (`ID-inf`: never that token); repeatable.
+    #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// Apply the model's chat template to the prompt as a user message.
     #[arg(long)]
     chat: bool,
@@ -400,8 +413,11 @@ fn sampler_params(args: &RunArgs) -> Result<SamplerParams, CliError> {
         top_p: args.top_p,
         min_p: args.min_p,
         repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        frequency_penalty: args.frequency_penalty,
+        presence_penalty: args.presence_penalty,
+        logit_bias: args.logit_bias.clone(),
         seed: args.seed,
-        ..Default::default()
     };
     params.validate().map_err(|e| match e {
         rgml_llm::LlmError::InvalidSampler { name, value, range } => CliError::usage(format!(
@@ -411,6 +427,26 @@ fn sampler_params(args: &RunArgs) -> Result<SamplerParams, CliError> {
         e => e.into(),
     })?;
     Ok(params)
+}
+
+/// `--logit-bias ID+BIAS` / `ID-BIAS` (llama.cpp's form; the bias may be `inf`).
+fn parse_logit_bias(text: &str) -> Result<(u32, f32), String> {
+    let bad =
+        || format!("`{text}`: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 15043-inf");
+    let at = text.find(['+', '-']).ok_or_else(bad)?;
+    let id = text[..at].trim().parse::<u32>().map_err(|_| bad())?;
+    let bias = text[at..].trim().parse::<f32>().map_err(|_| bad())?;
+    Ok((id, bias))
+}
+
+/// A usage error unless every `--logit-bias` token is in the vocabulary of `n_vocab`.
+fn check_logit_bias(bias: &[(u32, f32)], n_vocab: usize) -> Result<(), CliError> {
+    match bias.iter().find(|(id, _)| *id as usize >= n_vocab) {
+        Some((id, _)) => Err(CliError::usage(format!(
+            "--logit-bias: token {id} is outside the vocabulary of {n_vocab}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A usage error unless `n_tokens` fit in the context of `-c`.
@@ -443,6 +479,7 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
     let params = sampler_params(&args)?;
     let chat_template = read_chat_template(args.chat_template_file.as_deref())?;
     let model = args.model.load()?;
+    check_logit_bias(&params.logit_bias, model.config.n_vocab)?;
     let tok = &model.tokenizer;
     let prompt = if args.chat {
         let mut messages = Vec::new();
@@ -752,5 +789,21 @@ fn short_value(v: &rgml_gguf::Value) -> String {
             )
         }
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_logit_bias;
+
+    #[test]
+    fn logit_bias_flags_read_as_llama_cpp_writes_them() {
+        assert_eq!(parse_logit_bias("15043+1"), Ok((15043, 1.0)));
+        assert_eq!(parse_logit_bias("7-0.5"), Ok((7, -0.5)));
+        assert_eq!(parse_logit_bias("2-inf"), Ok((2, f32::NEG_INFINITY)));
+        for bad in ["15043", "+1", "x+1", "3+", "3+abc", "-3+1"] {
+            let e = parse_logit_bias(bad).unwrap_err();
+            assert!(e.contains("TOKEN_ID+BIAS"), "{bad}: {e}");
+        }
     }
 }

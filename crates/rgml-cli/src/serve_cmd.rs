@@ -84,6 +84,7 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
     let http = HttpOptions {
         max_body_bytes: (args.max_body_kib as usize).saturating_mul(1024),
         max_connections: args.max_connections as usize,
+        log_warnings: true,
         ..Default::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1,11 +1,11 @@
-//! Choosing the next token from logits: repetition penalty, top-k, top-p, min-p, temperature,
-//! then a seeded draw — llama.cpp's default sampler chain, in that order — or greedy argmax
-//! when the temperature is 0.
+//! Choosing the next token from logits: logit biases, the penalties (repetition, frequency,
+//! presence), top-k, top-p, min-p, temperature, then a seeded draw — llama.cpp's default
+//! sampler chain, in that order — or greedy argmax when the temperature is 0.
 
 use crate::error::{LlmError, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// Sampler settings (llama.cpp's defaults).
 #[derive(Clone, Debug, PartialEq)]
@@ -20,8 +20,17 @@ pub struct SamplerParams {
     pub min_p: f32,
     /// Divide positive / multiply negative logits of recent tokens by this (1: off).
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtract this times a recent token's count from its logit (0: off; OpenAI's
+    /// `frequency_penalty`).
+    pub frequency_penalty: f32,
+    /// Subtract this from the logit of every token seen recently (0: off; OpenAI's
+    /// `presence_penalty`).
+    pub presence_penalty: f32,
+    /// Added to a token's logit before anything else (`-inf`: never that token), as
+    /// llama.cpp's `logit_bias`; a token listed twice gets both.
+    pub logit_bias: Vec<(u32, f32)>,
     /// Random seed.
     pub seed: u64,
 }
@@ -35,6 +44,9 @@ impl Default for SamplerParams {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -52,10 +64,22 @@ impl SamplerParams {
     }
 
     /// Each setting inside its range: `temp` finite and at least 0, `top_p` in (0, 1],
-    /// `min_p` in [0, 1], `repeat_penalty` finite and above 0. Outside them sampling would
-    /// not fail but silently degenerate (NaN probabilities, nothing or everything kept).
+    /// `min_p` in [0, 1], `repeat_penalty` finite and above 0, the frequency and presence
+    /// penalties finite, each logit bias finite or `-inf`. Outside them sampling would not
+    /// fail but silently degenerate (NaN probabilities, nothing or everything kept).
     pub fn validate(&self) -> Result<()> {
-        let checks: [(&'static str, f32, bool, &'static str); 4] = [
+        if let Some(&(_, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(b.is_finite() || *b == f32::NEG_INFINITY))
+        {
+            return Err(LlmError::InvalidSampler {
+                name: "logit_bias",
+                value: bias,
+                range: "a finite value or -inf",
+            });
+        }
+        let checks: [(&'static str, f32, bool, &'static str); 6] = [
             (
                 "temp",
                 self.temp,
@@ -80,6 +104,18 @@ impl SamplerParams {
                 self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite(),
                 "a finite value > 0",
             ),
+            (
+                "frequency_penalty",
+                self.frequency_penalty,
+                self.frequency_penalty.is_finite(),
+                "finite",
+            ),
+            (
+                "presence_penalty",
+                self.presence_penalty,
+                self.presence_penalty.is_finite(),
+                "finite",
+            ),
         ];
         match checks.into_iter().find(|check| !check.2) {
             Some((name, value, _, range)) => Err(LlmError::InvalidSampler { name, value, range }),
@@ -88,7 +124,7 @@ impl SamplerParams {
     }
 }
 
-/// A stateful sampler (remembers recent tokens for the penalty, owns the random stream).
+/// A stateful sampler (remembers recent tokens for the penalties, owns the random stream).
 ///
 /// `Send`: one per sequence, used by whichever thread drives that sequence.
 #[derive(Debug)]
@@ -96,6 +132,8 @@ pub struct Sampler {
     params: SamplerParams,
     rng: StdRng,
     recent: VecDeque<u32>,
+    /// How often each token is in `recent`.
+    counts: HashMap<u32, u32>,
     candidates: Vec<(u32, f32)>,
     /// Scratch: the logits after the penalty.
     penalized: Vec<f32>,
@@ -116,20 +154,46 @@ impl Sampler {
             rng: StdRng::seed_from_u64(params.seed),
             params,
             recent: VecDeque::new(),
+            counts: HashMap::new(),
             candidates: Vec::new(),
             penalized: Vec::new(),
         }
     }
 
-    /// Remember `token` as generated or given (for the repetition penalty).
+    /// Remember `token` as generated or given (for the penalties).
     pub fn accept(&mut self, token: u32) {
         if self.params.repeat_last_n == 0 {
             return;
         }
         if self.recent.len() == self.params.repeat_last_n {
-            self.recent.pop_front();
+            if let Some(old) = self.recent.pop_front() {
+                if let Some(n) = self.counts.get_mut(&old) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
         }
         self.recent.push_back(token);
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    /// llama.cpp's `penalties` sampler on `penalized`: each distinct recent token once, its
+    /// logit divided (positive) or multiplied (otherwise) by the repetition penalty, then less
+    /// its count times the frequency penalty and the presence penalty.
+    fn penalize(&mut self) {
+        let p = &self.params;
+        let (repeat, freq, present) = (p.repeat_penalty, p.frequency_penalty, p.presence_penalty);
+        if repeat == 1.0 && freq == 0.0 && present == 0.0 {
+            return;
+        }
+        for (&token, &count) in &self.counts {
+            if let Some(l) = self.penalized.get_mut(token as usize) {
+                *l = if *l <= 0.0 { *l * repeat } else { *l / repeat };
+                *l -= count as f32 * freq + present;
+            }
+        }
     }
 
     /// Pick the next token from `logits` (one per vocabulary entry). Non-finite logits never win
@@ -142,17 +206,13 @@ impl Sampler {
                 .iter()
                 .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l }),
         );
-        if p.repeat_penalty != 1.0 {
-            for &t in &self.recent {
-                if let Some(l) = self.penalized.get_mut(t as usize) {
-                    *l = if *l > 0.0 {
-                        *l / p.repeat_penalty
-                    } else {
-                        *l * p.repeat_penalty
-                    };
-                }
+        for &(token, bias) in &p.logit_bias {
+            if let Some(l) = self.penalized.get_mut(token as usize) {
+                *l += bias;
             }
         }
+        self.penalize();
+        let p = &self.params;
         if p.temp <= 0.0 {
             return argmax(&self.penalized);
         }
@@ -341,6 +401,75 @@ mod tests {
         });
         s.accept(1);
         assert_eq!(s.sample(&logits()), 5);
+    }
+
+    /// llama.cpp's penalties: the repetition penalty once per distinct recent token (not once
+    /// per occurrence), the frequency penalty times the count, the presence penalty once.
+    #[test]
+    fn penalties_count_each_recent_token_as_llama_cpp_does() {
+        let mut s = Sampler::new(SamplerParams {
+            repeat_penalty: 2.0,
+            frequency_penalty: 0.25,
+            presence_penalty: 0.5,
+            ..SamplerParams::greedy()
+        });
+        for t in [1, 1, 1, 3] {
+            s.accept(t);
+        }
+        s.penalized = logits();
+        s.penalize();
+        let want = [
+            1.0,
+            3.0 / 2.0 - 3.0 * 0.25 - 0.5,
+            2.5,
+            -2.0 - 0.25 - 0.5,
+            0.5,
+            2.9,
+        ];
+        assert_eq!(s.penalized, want);
+        // Tokens leave the window: with repeat_last_n 2 only the last two count.
+        let mut s = Sampler::new(SamplerParams {
+            repeat_last_n: 2,
+            frequency_penalty: 1.0,
+            ..SamplerParams::greedy()
+        });
+        for t in [1, 1, 1, 3] {
+            s.accept(t);
+        }
+        s.penalized = logits();
+        s.penalize();
+        assert_eq!(s.penalized, [1.0, 2.0, 2.5, -2.0, 0.5, 2.9]);
+    }
+
+    #[test]
+    fn logit_bias_comes_first_and_minus_infinity_bans() {
+        let mut s = Sampler::new(SamplerParams {
+            logit_bias: vec![(1, f32::NEG_INFINITY), (4, 2.0), (4, 0.25)],
+            ..SamplerParams::greedy()
+        });
+        // 0.5 + 2.25 = 2.75 < 2.9: token 5 wins once 1 is banned.
+        assert_eq!(s.sample(&logits()), 5);
+        let mut s = Sampler::new(SamplerParams {
+            logit_bias: vec![(4, 3.0), (99, 5.0)],
+            ..SamplerParams::greedy()
+        });
+        assert_eq!(
+            s.sample(&logits()),
+            4,
+            "ids past the vocabulary are no-ops here"
+        );
+        for bad in [f32::NAN, f32::INFINITY] {
+            let p = SamplerParams {
+                logit_bias: vec![(0, bad)],
+                ..SamplerParams::greedy()
+            };
+            assert!(p.validate().is_err(), "{bad}");
+        }
+        let p = SamplerParams {
+            frequency_penalty: f32::NAN,
+            ..SamplerParams::greedy()
+        };
+        assert!(p.validate().is_err());
     }
 
     #[test]

@@ -153,6 +153,14 @@ pub enum SubmitError {
         /// The vocabulary's size.
         n_vocab: usize,
     },
+    /// A `logit_bias` token id outside the vocabulary.
+    #[error("logit_bias: token {id} is outside the vocabulary of {n_vocab}")]
+    InvalidBiasToken {
+        /// The id.
+        id: TokenId,
+        /// The vocabulary's size.
+        n_vocab: usize,
+    },
     /// A sampling setting out of range (`name` is the [`SamplerParams`] field; the message
     /// names the request's).
     #[error("{} = {value}: must be {range}", request_field(name))]

@@ -349,6 +349,31 @@ fn ignore_eos_runs_to_max_tokens() {
     assert!(long.starts_with(&short), "{long:?} / {short:?}");
 }
 
+/// A banned token (`logit_bias` of -inf) never comes: greedy decoding takes the next best, and
+/// the text differs from the unbiased one from that token on.
+#[test]
+fn logit_bias_bans_a_token() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    let prompt = || Prompt::Text("The capital of France is".into());
+    let ids = |mut sub: Submission| {
+        let mut ids = Vec::new();
+        while let Some(event) = sub.events.blocking_recv() {
+            if let GenEvent::Token(token) = event {
+                ids.push(token.id);
+            }
+        }
+        ids
+    };
+    let first = ids(e.submit(greedy(prompt(), 6)).unwrap())[0];
+    let mut banned = greedy(prompt(), 6);
+    banned.sampling.logit_bias = vec![(first, f32::NEG_INFINITY)];
+    let tokens = ids(e.submit(banned).unwrap());
+    assert!(!tokens.is_empty());
+    assert!(!tokens.contains(&first), "{first} in {tokens:?}");
+    e.shutdown();
+}
+
 #[test]
 fn bad_requests_are_refused() {
     let model = model();
@@ -369,6 +394,12 @@ fn bad_requests_are_refused() {
     assert!(matches!(
         e.submit(greedy(Prompt::Tokens(vec![]), 4)).err(),
         Some(SubmitError::EmptyPrompt)
+    ));
+    let mut req = greedy(Prompt::Text("hi".into()), 4);
+    req.sampling.logit_bias = vec![(1, 1.0), (999_999, -1.0)];
+    assert!(matches!(
+        e.submit(req).err(),
+        Some(SubmitError::InvalidBiasToken { id: 999_999, .. })
     ));
     let mut req = greedy(Prompt::Text("hi".into()), 4);
     req.sampling.top_p = 2.0;

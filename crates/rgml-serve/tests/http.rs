@@ -562,6 +562,79 @@ async fn chat_logprobs_and_length() {
     );
 }
 
+/// The OpenAI penalties and `logit_bias` (OpenAI's object and llama-server's pairs, `false`
+/// banning a token) reach the sampler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalties_and_logit_bias_reach_the_sampler() {
+    let server = start_default().await;
+    let body = with(
+        chat("a"),
+        json!({"frequency_penalty": 0.5, "presence_penalty": -0.25,
+               "logit_bias": {"3": -1.5, "7": false}}),
+    );
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let sampling = server.fake.last_request().sampling;
+    assert_eq!(
+        (sampling.frequency_penalty, sampling.presence_penalty),
+        (0.5, -0.25)
+    );
+    let mut bias = sampling.logit_bias.clone();
+    bias.sort_by_key(|b| b.0);
+    assert_eq!(bias, [(3, -1.5), (7, f32::NEG_INFINITY)]);
+    let body = json!({"prompt": "a", "logit_bias": [[5, 2], [9, false]]});
+    let reply = post(server.addr, "/v1/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        server.fake.last_request().sampling.logit_bias,
+        [(5, 2.0), (9, f32::NEG_INFINITY)]
+    );
+}
+
+/// No field is dropped silently: unknown ones are listed in `warnings` (whole answers and
+/// every chunk); fields that change nothing, and refused fields that ask for nothing, are
+/// taken without a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_are_answered_with_warnings() {
+    let server = start_default().await;
+    let quiet = with(
+        chat("a"),
+        json!({"user": "u", "metadata": {"k": "v"}, "store": false, "tools": null,
+               "tool_choice": "none", "response_format": {"type": "text"}}),
+    );
+    let reply = post(server.addr, "/v1/chat/completions", &quiet).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body: Value = serde_json::from_str(&reply.body).unwrap();
+    assert!(body.get("warnings").is_none(), "{body}");
+
+    let noisy = with(chat("a"), json!({"frobnicate": 1, "top_a": 0.2}));
+    let reply = post(server.addr, "/v1/chat/completions", &noisy).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body: Value = serde_json::from_str(&reply.body).unwrap();
+    let want = json!([
+        "unknown field `frobnicate` ignored",
+        "unknown field `top_a` ignored"
+    ]);
+    assert_eq!(body["warnings"], want);
+
+    let reply = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": "a", "xyz": true}),
+    )
+    .await;
+    let body: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(body["warnings"], json!(["unknown field `xyz` ignored"]));
+
+    let streamed = with(noisy, json!({"stream": true}));
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &streamed).await;
+    let chunks = events.rest().await;
+    assert!(chunks.len() >= 2, "{chunks:?}");
+    for chunk in &chunks {
+        assert_eq!(chunk["warnings"], want, "{chunk}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_stream() {
     let server = start_default().await;
@@ -739,7 +812,7 @@ async fn request_errors() {
         200
     );
 
-    let cases: [(Value, &str, Option<&str>); 18] = [
+    let cases: [(Value, &str, Option<&str>); 25] = [
         (json!({}), chat_path, Some("messages")),
         (json!([1]), chat_path, None),
         (
@@ -774,7 +847,48 @@ async fn request_errors() {
         ),
         (with(chat("a"), json!({"n": 2})), chat_path, Some("n")),
         (
-            with(chat("a"), json!({"frequency_penalty": 0.5})),
+            with(
+                chat("a"),
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+            ),
+            chat_path,
+            Some("tools"),
+        ),
+        (
+            with(chat("a"), json!({"tool_choice": "required"})),
+            chat_path,
+            Some("tool_choice"),
+        ),
+        (
+            with(
+                chat("a"),
+                json!({"response_format": {"type": "json_object"}}),
+            ),
+            chat_path,
+            Some("response_format"),
+        ),
+        (
+            json!({"prompt": "a", "grammar": "root ::= \"x\""}),
+            "/v1/completions",
+            Some("grammar"),
+        ),
+        (
+            with(chat("a"), json!({"mirostat": 2})),
+            chat_path,
+            Some("mirostat"),
+        ),
+        (
+            with(chat("a"), json!({"logit_bias": {"hello": 1}})),
+            chat_path,
+            Some("logit_bias"),
+        ),
+        (
+            with(chat("a"), json!({"logit_bias": [[3, "x"]]})),
+            chat_path,
+            Some("logit_bias"),
+        ),
+        (
+            with(chat("a"), json!({"frequency_penalty": "x"})),
             chat_path,
             Some("frequency_penalty"),
         ),

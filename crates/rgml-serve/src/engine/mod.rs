@@ -233,6 +233,11 @@ impl Engine {
                 });
             }
         }
+        let n_vocab = self.model.config.n_vocab;
+        let bias = &request.sampling.logit_bias;
+        if let Some(&(id, _)) = bias.iter().find(|(id, _)| *id as usize >= n_vocab) {
+            return Err(SubmitError::InvalidBiasToken { id, n_vocab });
+        }
         SubmitError::check_sampling(&request.sampling)
     }
 }

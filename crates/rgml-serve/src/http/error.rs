@@ -116,6 +116,9 @@ impl ApiError {
                 ApiError::bad_request(message, Some("max_tokens"))
             }
             SubmitError::InvalidToken { .. } => ApiError::bad_request(message, Some("prompt")),
+            SubmitError::InvalidBiasToken { .. } => {
+                ApiError::bad_request(message, Some("logit_bias"))
+            }
             SubmitError::InvalidSampling { name, .. } => {
                 ApiError::bad_request(message, Some(request_field(name)))
             }

@@ -34,6 +34,8 @@ pub struct HttpOptions {
     /// `max_tokens` of a request that gives none (`None`: until the end of generation or
     /// of the slot's context). Default `None`.
     pub max_tokens_default: Option<usize>,
+    /// Print each request's warnings (fields answered as if absent) to stderr. Default off.
+    pub log_warnings: bool,
 }
 
 impl Default for HttpOptions {
@@ -42,6 +44,7 @@ impl Default for HttpOptions {
             max_body_bytes: 8 << 20,
             max_connections: 256,
             max_tokens_default: None,
+            log_warnings: false,
         }
     }
 }

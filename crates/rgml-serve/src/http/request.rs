@@ -3,9 +3,15 @@
 //!
 //! The body is parsed as a JSON value first (a syntax error is reported as such), then read
 //! twice with serde: once for the fields both routes share ([`CommonFields`]), once for the
-//! route's own fields. Unknown fields are ignored, as OpenAI and llama-server do. Type errors
-//! name the field at fault (`param`) through `serde_path_to_error`. Ranges are checked here
-//! with the request's field names, before the generator checks them again against the model.
+//! route's own fields. Type errors name the field at fault (`param`) through
+//! `serde_path_to_error`. Ranges are checked here with the request's field names, before the
+//! generator checks them again against the model.
+//!
+//! No field is silently ignored ([`check_fields`]): a field that would change the answer and
+//! is not implemented (`tools`, `response_format`, `grammar`, other samplers) is refused with a
+//! 400 that names it; a field known to change nothing here (`user`, `metadata`, ...) is taken;
+//! any other field is answered as if absent, with a line in the response's `warnings` (and in
+//! the server's log).
 
 use super::error::ApiError;
 use super::HttpOptions;
@@ -31,6 +37,8 @@ pub(crate) struct Parsed {
     pub(crate) stream: bool,
     /// Streaming: send a last chunk with the token counts (`stream_options.include_usage`).
     pub(crate) include_usage: bool,
+    /// The fields answered as if absent, one line each (the response's `warnings`).
+    pub(crate) warnings: Vec<String>,
 }
 
 /// `stop`: one string or several.
@@ -72,9 +80,94 @@ struct CommonFields {
     n: Option<u64>,
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
+    logit_bias: Option<Value>,
     /// llama-server's extension: never end at an end-of-generation token.
     ignore_eos: Option<bool>,
 }
+
+/// [`CommonFields`]' names.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "seed",
+    "stop",
+    "n",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "ignore_eos",
+];
+
+/// [`ChatFields`]' names.
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+];
+
+/// [`CompletionFields`]' names.
+const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo"];
+
+/// Fields that change nothing in an answer of this server: who asks (`user`, `metadata`),
+/// OpenAI's storage and service tier, llama-server's prompt cache (prefixes are always
+/// reused here), predicted outputs (a latency hint), and `parallel_tool_calls` (without
+/// `tools`, which are refused).
+const NO_EFFECT_FIELDS: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "cache_prompt",
+    "prediction",
+    "parallel_tool_calls",
+];
+
+/// Fields that would change the answer and are not implemented: refused by name. `null`
+/// counts as absent; `tool_choice` `"none"` or `"auto"` without tools and `response_format`
+/// `{"type": "text"}` ask for nothing and are taken.
+const REFUSED_FIELDS: &[&str] = &[
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "response_format",
+    "grammar",
+    "json_schema",
+    "n_predict",
+    "n_probs",
+    "suffix",
+    "best_of",
+    "modalities",
+    "audio",
+    "reasoning_effort",
+    "reasoning_format",
+    "chat_template_kwargs",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "typical_p",
+    "typ_p",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "xtc_probability",
+    "xtc_threshold",
+    "top_n_sigma",
+    "samplers",
+];
 
 /// `/v1/chat/completions`' own fields.
 #[derive(Deserialize)]
@@ -125,11 +218,57 @@ enum CompletionPrompt {
 }
 
 /// A body as JSON and the fields both routes share, for this server's model.
-fn parse_common(body: &[u8], model_id: &str) -> Result<(Value, CommonFields), ApiError> {
+/// A body as JSON, the fields both routes share for this server's model, and the warnings
+/// for its unknown fields (`route_fields`: the route's own).
+fn parse_common(
+    body: &[u8],
+    model_id: &str,
+    route_fields: &[&str],
+) -> Result<(Value, CommonFields, Vec<String>), ApiError> {
     let value = parse_value(body)?;
+    let warnings = check_fields(&value, route_fields)?;
     let common: CommonFields = read(&value)?;
     check_model(common.model.as_deref(), model_id)?;
-    Ok((value, common))
+    Ok((value, common, warnings))
+}
+
+/// Refuses the fields of [`REFUSED_FIELDS`] that ask for something; returns a warning for
+/// each field neither read nor known to change nothing.
+fn check_fields(value: &Value, route_fields: &[&str]) -> Result<Vec<String>, ApiError> {
+    let Some(object) = value.as_object() else {
+        return Ok(Vec::new());
+    };
+    let mut warnings = Vec::new();
+    for (name, field) in object {
+        let name = name.as_str();
+        if REFUSED_FIELDS.contains(&name) {
+            if asks_for_something(name, field, object) {
+                return Err(ApiError::unsupported(name, &format!("`{name}`")));
+            }
+        } else if !(COMMON_FIELDS.contains(&name)
+            || route_fields.contains(&name)
+            || NO_EFFECT_FIELDS.contains(&name))
+        {
+            warnings.push(format!("unknown field `{name}` ignored"));
+        }
+    }
+    Ok(warnings)
+}
+
+/// Whether refused field `name` asks for anything (see [`REFUSED_FIELDS`]).
+fn asks_for_something(name: &str, field: &Value, body: &serde_json::Map<String, Value>) -> bool {
+    let no_tools = body
+        .get("tools")
+        .is_none_or(|t| t.is_null() || t.as_array().is_some_and(Vec::is_empty));
+    match (name, field) {
+        (_, Value::Null) => false,
+        ("tools", Value::Array(list)) => !list.is_empty(),
+        ("tool_choice", Value::String(choice)) => {
+            !(no_tools && (choice == "none" || choice == "auto"))
+        }
+        ("response_format", format) => format.get("type").and_then(Value::as_str) != Some("text"),
+        _ => true,
+    }
 }
 
 /// A `/v1/chat/completions` body.
@@ -138,7 +277,7 @@ pub(crate) fn parse_chat(
     model_id: &str,
     options: &HttpOptions,
 ) -> Result<Parsed, ApiError> {
-    let (value, common) = parse_common(body, model_id)?;
+    let (value, common, warnings) = parse_common(body, model_id, CHAT_FIELDS)?;
     let chat: ChatFields = read(&value)?;
     let messages = chat_messages(chat.messages)?;
     let n_probs = chat_n_probs(chat.logprobs, chat.top_logprobs)?;
@@ -146,7 +285,8 @@ pub(crate) fn parse_chat(
         Some(n) => Some(("max_completion_tokens", n)),
         None => common.max_tokens.map(|n| ("max_tokens", n)),
     };
-    finish(common, Prompt::Chat(messages), max_tokens, n_probs, options)
+    let parsed = finish(common, Prompt::Chat(messages), max_tokens, n_probs, options)?;
+    Ok(Parsed { warnings, ..parsed })
 }
 
 /// A `/v1/completions` body.
@@ -155,7 +295,7 @@ pub(crate) fn parse_completion(
     model_id: &str,
     options: &HttpOptions,
 ) -> Result<Parsed, ApiError> {
-    let (value, common) = parse_common(body, model_id)?;
+    let (value, common, warnings) = parse_common(body, model_id, COMPLETION_FIELDS)?;
     let fields: CompletionFields = read(&value)?;
     if fields.echo == Some(true) {
         return Err(ApiError::unsupported("echo", "echo"));
@@ -169,7 +309,8 @@ pub(crate) fn parse_completion(
         other => other.map(to_usize).transpose(),
     }?;
     let max_tokens = common.max_tokens.map(|n| ("max_tokens", n));
-    finish(common, prompt, max_tokens, n_probs, options)
+    let parsed = finish(common, prompt, max_tokens, n_probs, options)?;
+    Ok(Parsed { warnings, ..parsed })
 }
 
 /// The JSON object of the body (a syntax error is the client's, 400). Anything but an
@@ -360,24 +501,63 @@ fn finish(
         },
         stream: common.stream.unwrap_or(false),
         include_usage,
+        warnings: Vec::new(),
     })
 }
 
-/// Several choices and the OpenAI penalties are not implemented; a request that asks for
-/// them is refused rather than answered as if it had not.
+/// Several choices are not implemented; a request that asks for them is refused rather than
+/// answered as if it had not.
 fn check_unsupported(common: &CommonFields) -> Result<(), ApiError> {
     if common.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
     }
-    for (name, value) in [
-        ("frequency_penalty", common.frequency_penalty),
-        ("presence_penalty", common.presence_penalty),
-    ] {
-        if value.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::unsupported(name, name));
-        }
-    }
     Ok(())
+}
+
+/// `logit_bias` as OpenAI writes it (`{"15043": -100}`: token ids as keys) or as llama-server
+/// also takes it (`[[15043, -100], ...]`); a bias of `false` bans the token (`-inf`). Keys or
+/// tokens given as text are refused (they would need the tokenizer here); ids are checked
+/// against the vocabulary when the request is submitted.
+fn logit_bias(value: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |why: String| ApiError::bad_request(format!("logit_bias: {why}"), Some("logit_bias"));
+    let bias = |v: &Value| match v {
+        Value::Bool(false) => Ok(f32::NEG_INFINITY),
+        Value::Number(n) => n
+            .as_f64()
+            .map(|b| b as f32)
+            .filter(|b| b.is_finite())
+            .ok_or_else(|| bad(format!("bias {n} is out of range"))),
+        other => Err(bad(format!(
+            "a bias must be a number or false, not {other}"
+        ))),
+    };
+    let id = |text: &str| {
+        text.trim().parse::<u32>().map_err(|_| {
+            bad(format!(
+                "`{text}` is not a token id (token text is not supported)"
+            ))
+        })
+    };
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(map)) => map.iter().map(|(k, v)| Ok((id(k)?, bias(v)?))).collect(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|pair| match pair.as_array().map(Vec::as_slice) {
+                Some([Value::Number(t), b]) => {
+                    let t = t.as_u64().and_then(|t| u32::try_from(t).ok());
+                    Ok((
+                        t.ok_or_else(|| bad(format!("{pair} has no token id")))?,
+                        bias(b)?,
+                    ))
+                }
+                _ => Err(bad(format!("{pair} is not a [token id, bias] pair"))),
+            })
+            .collect(),
+        Some(other) => Err(bad(format!(
+            "expected an object or a list of pairs, not {other}"
+        ))),
+    }
 }
 
 fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
@@ -414,6 +594,11 @@ fn sampling(common: &CommonFields) -> Result<SamplerParams, ApiError> {
             .map(to_usize)
             .transpose()?
             .unwrap_or(defaults.repeat_last_n),
+        frequency_penalty: common
+            .frequency_penalty
+            .unwrap_or(defaults.frequency_penalty),
+        presence_penalty: common.presence_penalty.unwrap_or(defaults.presence_penalty),
+        logit_bias: logit_bias(common.logit_bias.as_ref())?,
         seed: match common.seed {
             Some(Seed::Unsigned(seed)) => seed,
             // The bits of a negative seed are as good a seed as any.

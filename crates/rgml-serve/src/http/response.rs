@@ -40,6 +40,8 @@ pub(crate) struct Meta {
     pub(crate) model: String,
     /// The client asked for log-probabilities (then `logprobs` is an object, even if empty).
     pub(crate) logprobs: bool,
+    /// The request's fields answered as if absent (each response and chunk lists them).
+    pub(crate) warnings: Vec<String>,
 }
 
 impl Meta {
@@ -54,6 +56,7 @@ impl Meta {
             created: unix_now(),
             model: model.to_owned(),
             logprobs,
+            warnings: Vec::new(),
         }
     }
 }
@@ -245,6 +248,8 @@ struct ChatCompletion {
     model: String,
     choices: [ChatChoice; 1],
     usage: UsageOut,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 #[derive(Serialize, Debug)]
@@ -272,6 +277,8 @@ pub(crate) struct TextCompletion {
     choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<UsageOut>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 #[derive(Serialize, Debug)]
@@ -311,6 +318,7 @@ impl TextCompletion {
             model: meta.model.clone(),
             choices: Vec::new(),
             usage,
+            warnings: meta.warnings.clone(),
         }
     }
 }
@@ -337,6 +345,7 @@ pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Val
                 finish_reason: reason,
             }],
             usage,
+            warnings: meta.warnings.clone(),
         }),
         Route::Completion => {
             let logprobs = meta

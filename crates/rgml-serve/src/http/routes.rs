@@ -104,7 +104,13 @@ async fn try_generate(
         Route::Chat => parse_chat(&body, model_id, &state.options),
         Route::Completion => parse_completion(&body, model_id, &state.options),
     }?;
-    let meta = Meta::new(route, model_id, parsed.request.n_probs.is_some());
+    let mut meta = Meta::new(route, model_id, parsed.request.n_probs.is_some());
+    if state.options.log_warnings {
+        for warning in &parsed.warnings {
+            eprintln!("rgml serve: {}: {warning}", meta.id);
+        }
+    }
+    meta.warnings = parsed.warnings;
     let submission = state
         .generator
         .submit(parsed.request)

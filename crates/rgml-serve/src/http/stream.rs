@@ -26,6 +26,8 @@ struct ChatChunk {
     choices: Vec<ChatChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<UsageOut>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 #[derive(Serialize, Debug)]
@@ -209,6 +211,7 @@ impl State {
             model: self.meta.model.clone(),
             choices,
             usage,
+            warnings: self.meta.warnings.clone(),
         }
     }
 }
