@@ -7,10 +7,11 @@
 //! template the architecture's own format where it has one (Gemma's files often carry none);
 //! otherwise ChatML (`<|im_start|>role\n…<|im_end|>\n`, the demo model's).
 
-use crate::chat_template::{ChatTemplate, ChatTemplateError, ChatTemplateInputs};
+use crate::chat_template::{value_from_json, ChatTemplate, ChatTemplateError, ChatTemplateInputs};
 use crate::Model;
 
-pub use crate::message::Message;
+pub use crate::message::{Message, ToolCall};
+use crate::tool_calls::ToolCallFormat;
 
 /// A chat format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +102,8 @@ pub enum ChatFormatter {
         strip_bos: Option<String>,
         /// The tokenizer adds EOS: an EOS text the template ends with is dropped.
         strip_eos: Option<String>,
+        /// How the template's model writes tool calls, where it shows them.
+        tool_format: Option<ToolCallFormat>,
     },
     /// The fallback marker format.
     Markers(ChatFormat),
@@ -122,11 +125,12 @@ impl ChatFormatter {
         };
         let (bos, eos) = (text(tok.bos()), text(tok.eos()));
         let source = template.or(model.chat_template().filter(|_| jinja));
-        match source.map(|s| ChatTemplate::new(s, &bos, &eos)) {
-            Some(Ok(t)) => ChatFormatter::Template {
+        match source.map(|s| (ChatTemplate::new(s, &bos, &eos), ToolCallFormat::detect(s))) {
+            Some((Ok(t), tool_format)) => ChatFormatter::Template {
                 template: Box::new(t),
                 strip_bos: (tok.add_bos() && !bos.is_empty()).then_some(bos),
                 strip_eos: (tok.add_eos() && !eos.is_empty()).then_some(eos),
+                tool_format,
             },
             _ => ChatFormatter::Markers(ChatFormat::for_model(
                 model.config.kind,
@@ -137,14 +141,50 @@ impl ChatFormatter {
 
     /// The prompt for `messages`, ending with the opening of the assistant's turn.
     pub fn apply(&self, messages: &[Message]) -> Result<String, ChatTemplateError> {
+        self.apply_with_tools(messages, None)
+    }
+
+    /// How the model writes tool calls: the Jinja template's format, `None` for a template
+    /// that shows none and for the marker formats.
+    pub fn tool_format(&self) -> Option<ToolCallFormat> {
         match self {
-            ChatFormatter::Markers(format) => Ok(format.apply(messages)),
+            ChatFormatter::Template { tool_format, .. } => *tool_format,
+            ChatFormatter::Markers(_) => None,
+        }
+    }
+
+    /// [`ChatFormatter::apply`] with `tools` (the OpenAI `tools` list, as JSON text: its keys'
+    /// order reaches the template, whose `tojson` shows it) for the template. Only a Jinja
+    /// template presents tools, tool calls and tool results; the marker formats refuse them
+    /// rather than drop them.
+    pub fn apply_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&str>,
+    ) -> Result<String, ChatTemplateError> {
+        match self {
+            ChatFormatter::Markers(format) => {
+                let tool_parts = messages
+                    .iter()
+                    .any(|m| m.role == "tool" || !m.tool_calls.is_empty());
+                if tools.is_some() || tool_parts {
+                    return Err(ChatTemplateError::Render(
+                        "tools, tool calls and tool results need the model's Jinja chat \
+                         template (--jinja or --chat-template-file)"
+                            .into(),
+                    ));
+                }
+                Ok(format.apply(messages))
+            }
             ChatFormatter::Template {
                 template,
                 strip_bos,
                 strip_eos,
+                ..
             } => {
-                let text = template.render(&ChatTemplateInputs::from_messages(messages))?;
+                let mut inputs = ChatTemplateInputs::from_messages(messages);
+                inputs.tools = tools.map(value_from_json).transpose()?;
+                let text = template.render(&inputs)?;
                 // llama.cpp drops what the tokenizer adds again (common_chat_templates_apply).
                 let text = match strip_bos {
                     Some(bos) => text.strip_prefix(bos.as_str()).unwrap_or(&text),

@@ -52,6 +52,7 @@ pub mod sampling;
 pub mod session;
 pub mod tensor_split;
 pub mod tokenizer;
+pub mod tool_calls;
 
 pub use config::{
     Arch, FfnActivation, LayerHeads, ModelConfig, MoeConfig, RecurrentConfig, SlidingWindow,

@@ -187,3 +187,78 @@ fn demo_model_formats() {
     let user_only = jinja.apply(&messages[1..2]).expect("renders");
     assert!(user_only.starts_with("<|im_start|>system\n"), "{user_only}");
 }
+
+/// The tool-call conversation built as [`Message`]s (what `rgml serve` hands the template:
+/// tool calls, a tool result, and the tools as JSON) renders as llama.cpp renders it, for every
+/// template that renders the JSON conversation alike, and the tool-call format each template
+/// teaches is the one its markers show.
+///
+/// [`Message`]: rgml_llm::chat::Message
+#[test]
+fn tool_conversations_from_messages_render_as_llama_cpp_does() {
+    use rgml_llm::chat::{Message, ToolCall};
+    use rgml_llm::tool_calls::ToolCallFormat;
+    let json = std::fs::read_to_string(fixtures_dir().join("llamacpp.json")).expect("fixture");
+    let fixture = value_from_json(&json).expect("fixture JSON");
+    let tools = get(&get(&get(&fixture, "conversations"), "tool_call"), "tools");
+    let messages = [
+        Message::new("user", "Weather in Paris?"),
+        Message {
+            tool_calls: vec![ToolCall {
+                id: Some("call_1".into()),
+                name: "get_weather".into(),
+                arguments: r#"{"city": "Paris"}"#.into(),
+            }],
+            ..Message::new("assistant", "")
+        },
+        Message {
+            tool_call_id: Some("call_1".into()),
+            ..Message::new("tool", r#"{"temp": 21}"#)
+        },
+        Message::new("user", "Thanks!"),
+    ];
+    let templates = get(&fixture, "templates");
+    let (mut checked, mut failures) = (0, Vec::new());
+    for name in templates.try_iter().expect("templates map") {
+        let name = name.as_str().unwrap_or_default().to_string();
+        let expected = get(&get(&get(&templates, &name), "cases"), "tool_call");
+        let expected = text(&get(&expected, "prompt"));
+        if expected.is_empty() || SKIP.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        let source = std::fs::read_to_string(fixtures_dir().join(&name)).expect("template");
+        let Ok(template) = ChatTemplate::new(
+            &source,
+            &text(&get(&fixture, "bos_token")),
+            &text(&get(&fixture, "eos_token")),
+        ) else {
+            continue;
+        };
+        let mut inputs = ChatTemplateInputs::from_messages(&messages);
+        inputs.tools = Some(tools.clone());
+        inputs.add_generation_prompt = get(&fixture, "add_generation_prompt").is_true();
+        inputs.enable_thinking = get(&fixture, "enable_thinking").is_true();
+        inputs.extra = vec![("enable_thinking".into(), get(&fixture, "enable_thinking"))];
+        inputs.now = get(&fixture, "now").as_i64();
+        checked += 1;
+        match template.render(&inputs) {
+            Ok(got) if got == expected => {}
+            Ok(got) => failures.push(format!("{name}: differs\n{expected}\n---\n{got}")),
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    assert!(checked > 40, "only {checked} templates checked");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    let format = |name: &str| {
+        let source = std::fs::read_to_string(fixtures_dir().join(name)).expect("template");
+        ToolCallFormat::detect(&source)
+    };
+    assert_eq!(
+        format("Qwen-Qwen2.5-7B-Instruct.jinja"),
+        Some(ToolCallFormat::Hermes)
+    );
+    assert_eq!(
+        format("Qwen-Qwen3-0.6B.jinja"),
+        Some(ToolCallFormat::Hermes)
+    );
+}

@@ -7,6 +7,7 @@
 //! This module owns the types between the two layers; it computes nothing.
 
 use rgml_llm::chat::Message;
+use rgml_llm::tool_calls::ToolCallFormat;
 use rgml_llm::{SamplerParams, TokenId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,6 +23,15 @@ pub enum Prompt {
     /// A conversation, formatted with the model's chat template and the assistant's turn opened:
     /// `/v1/chat/completions`.
     Chat(Vec<Message>),
+    /// A conversation with tool definitions (the OpenAI `tools` list), which the model's Jinja
+    /// chat template presents: `/v1/chat/completions` with `tools`.
+    ChatWithTools {
+        /// The conversation.
+        messages: Vec<Message>,
+        /// The tool definitions: the request's JSON text (its keys' order reaches the
+        /// template).
+        tools: String,
+    },
 }
 
 /// One generation request.
@@ -303,5 +313,10 @@ pub trait Generator: Send + Sync + 'static {
     /// Whether it can serve requests (`/health`); `false` once it failed for good.
     fn healthy(&self) -> bool {
         true
+    }
+    /// How the model writes tool calls (its chat template's format); `None`: requests with
+    /// `tools` are refused, as their calls could not be read.
+    fn tool_call_format(&self) -> Option<ToolCallFormat> {
+        None
     }
 }

@@ -374,6 +374,66 @@ fn logit_bias_bans_a_token() {
     e.shutdown();
 }
 
+/// Tools reach the model only through a Jinja template that shows a tool-call format: with the
+/// marker format the engine reads no calls and refuses tool conversations; with Qwen 2.5's
+/// template (Hermes `<tool_call>`) the request runs, its prompt holding the tools.
+#[test]
+fn tools_need_a_template_that_shows_tool_calls() {
+    let model = model();
+    let markers = engine(&model, 1, 512);
+    assert_eq!(markers.tool_call_format(), None);
+    let tools = r#"[{"type": "function", "function": {"name": "weather", "parameters": {}}}]"#;
+    let ask = || Prompt::ChatWithTools {
+        messages: vec![Message::new("user", "Weather in Paris?")],
+        tools: tools.to_string(),
+    };
+    assert!(matches!(
+        markers.submit(greedy(ask(), 2)).err(),
+        Some(SubmitError::ChatTemplate(_))
+    ));
+    markers.shutdown();
+    let template = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../rgml-llm/tests/fixtures/templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+    let session = Session::new(
+        model.clone(),
+        &SessionOptions {
+            n_ctx: N_CTX,
+            n_threads: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let qwen = Engine::start(
+        session,
+        EngineOptions {
+            model_id: "demo".into(),
+            chat_template: Some(std::fs::read_to_string(template).unwrap()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        qwen.tool_call_format(),
+        Some(rgml_llm::tool_calls::ToolCallFormat::Hermes)
+    );
+    let plain = qwen
+        .submit(greedy(
+            Prompt::Chat(vec![Message::new("user", "Weather in Paris?")]),
+            2,
+        ))
+        .unwrap();
+    let with_tools = qwen.submit(greedy(ask(), 2)).unwrap();
+    assert!(
+        with_tools.prompt_tokens > plain.prompt_tokens + 20,
+        "{} vs {}: the tools are not in the prompt",
+        with_tools.prompt_tokens,
+        plain.prompt_tokens
+    );
+    collect(plain);
+    collect(with_tools);
+    qwen.shutdown();
+}
+
 #[test]
 fn bad_requests_are_refused() {
     let model = model();

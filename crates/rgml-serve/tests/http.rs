@@ -11,6 +11,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rgml_llm::chat::Message;
+use rgml_llm::tool_calls::ToolCallFormat;
 use rgml_serve::generator::{FinishReason, Logprobs, TokenLogprob, TokenOut, Usage};
 use rgml_serve::http::{router, serve, HttpOptions};
 use rgml_serve::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
@@ -121,6 +122,10 @@ impl Generator for Fake {
     fn healthy(&self) -> bool {
         !self.shared.broken.load(Ordering::SeqCst)
     }
+
+    fn tool_call_format(&self) -> Option<ToolCallFormat> {
+        Some(ToolCallFormat::Hermes)
+    }
 }
 
 /// The words the fake answers with: the last message's (chat), the text's, or `t<id>` per
@@ -128,7 +133,7 @@ impl Generator for Fake {
 fn prompt_words(prompt: &Prompt) -> Vec<String> {
     let text = match prompt {
         Prompt::Text(text) => text.clone(),
-        Prompt::Chat(messages) => messages
+        Prompt::Chat(messages) | Prompt::ChatWithTools { messages, .. } => messages
             .last()
             .map(|m| m.content.clone())
             .unwrap_or_default(),
@@ -635,6 +640,158 @@ async fn unknown_fields_are_answered_with_warnings() {
     }
 }
 
+const WEATHER_TOOLS: &str = r#"[{"type": "function", "function": {"name": "weather",
+    "description": "The weather in a city", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#;
+
+/// The fake echoes the last message: one that writes a Hermes tool call.
+const CALLING: &str =
+    r#"Checking. <tool_call>{"name":"weather","arguments":{"city":"Paris"}}</tool_call>"#;
+
+/// With `tools`, the model's tool calls come back as OpenAI `tool_calls` (its text beside them
+/// as `content`, `finish_reason` `tool_calls`), the tools reach the template as sent, and
+/// earlier calls and tool results in the conversation reach it as messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_are_read_out_of_the_output() {
+    let server = start_default().await;
+    let tools: Value = serde_json::from_str(WEATHER_TOOLS).unwrap();
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "name": "weather", "content": "cold"},
+            {"role": "user", "content": CALLING},
+        ],
+        "tools": tools,
+    });
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], "Checking.");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(
+        calls[0]["function"],
+        json!({"name": "weather", "arguments": "{\"city\":\"Paris\"}"})
+    );
+    let Prompt::ChatWithTools {
+        messages,
+        tools: sent,
+    } = server.fake.last_request().prompt
+    else {
+        panic!("a chat with tools expected")
+    };
+    assert_eq!(serde_json::from_str::<Value>(&sent).unwrap(), tools);
+    assert_eq!(messages[1].tool_calls.len(), 1);
+    assert_eq!(messages[1].tool_calls[0].name, "weather");
+    assert_eq!(messages[1].tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
+    assert_eq!(messages[2].role, "tool");
+    assert_eq!(messages[2].tool_call_id.as_deref(), Some("call_1"));
+
+    // No call in the output: plain content; without tools nothing is parsed.
+    let body = json!({"messages": [{"role": "user", "content": "just text"}], "tools": tools});
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(
+        answer["choices"][0]["message"],
+        json!({"role": "assistant", "content": "just text"})
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    let reply = post(server.addr, "/v1/chat/completions", &chat(CALLING)).await;
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(answer["choices"][0]["message"]["content"], CALLING);
+    assert!(answer["choices"][0]["message"].get("tool_calls").is_none());
+    // tool_choice "none": the tools do not go to the model.
+    let body = with(
+        chat(CALLING),
+        json!({"tools": tools, "tool_choice": "none"}),
+    );
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(matches!(server.fake.last_request().prompt, Prompt::Chat(_)));
+
+    // Forcing a call is refused by name; so is a tool that is not a function.
+    for (extra, param) in [
+        (
+            json!({"tools": tools, "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "weather"}}}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": ""}}]}),
+            "tools[0].function.name",
+        ),
+    ] {
+        let reply = post(server.addr, "/v1/chat/completions", &with(chat("a"), extra)).await;
+        assert_error(&reply, 400, "invalid_request_error", Some(param));
+    }
+    let reply = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": "a", "tools": tools}),
+    )
+    .await;
+    assert_error(&reply, 400, "invalid_request_error", Some("tools"));
+}
+
+/// Streamed with tools: text flows until a call may begin, then the calls come as one delta
+/// with their index, and the finish reason is `tool_calls`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_stream_as_deltas() {
+    let server = start_default().await;
+    let tools: Value = serde_json::from_str(WEATHER_TOOLS).unwrap();
+    let body = with(chat(CALLING), json!({"tools": tools, "stream": true}));
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    let chunks = events.rest().await;
+    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    let text: String = deltas
+        .iter()
+        .filter_map(|d| d["content"].as_str())
+        .collect();
+    assert_eq!(text, "Checking. ");
+    let calls: Vec<&Value> = deltas
+        .iter()
+        .filter(|d| d.get("tool_calls").is_some())
+        .copied()
+        .collect();
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    let call = &calls[0]["tool_calls"][0];
+    assert_eq!(call["index"], 0);
+    assert_eq!(call["function"]["name"], "weather");
+    assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+
+    // Without a call, every word still arrives.
+    let body = with(
+        chat("no calls here <tool"),
+        json!({"tools": tools, "stream": true}),
+    );
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    let chunks = events.rest().await;
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "no calls here <tool");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_stream() {
     let server = start_default().await;
@@ -812,7 +969,7 @@ async fn request_errors() {
         200
     );
 
-    let cases: [(Value, &str, Option<&str>); 25] = [
+    let cases: [(Value, &str, Option<&str>); 24] = [
         (json!({}), chat_path, Some("messages")),
         (json!([1]), chat_path, None),
         (
@@ -846,14 +1003,6 @@ async fn request_errors() {
             Some("max_tokens"),
         ),
         (with(chat("a"), json!({"n": 2})), chat_path, Some("n")),
-        (
-            with(
-                chat("a"),
-                json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
-            ),
-            chat_path,
-            Some("tools"),
-        ),
         (
             with(chat("a"), json!({"tool_choice": "required"})),
             chat_path,
@@ -909,7 +1058,7 @@ async fn request_errors() {
         ),
         (json!({"messages": []}), chat_path, Some("messages")),
         (
-            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            json!({"messages": [{"role": "function", "content": "x"}]}),
             chat_path,
             Some("messages[0].role"),
         ),

@@ -62,15 +62,7 @@ pub struct ChatTemplateInputs {
 impl ChatTemplateInputs {
     /// Inputs for `messages` (role and content pairs) with the generation prompt on.
     pub fn from_messages(messages: &[crate::message::Message]) -> ChatTemplateInputs {
-        let messages = messages
-            .iter()
-            .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect::<Vec<_>>();
+        let messages = messages.iter().map(message_value).collect::<Vec<_>>();
         ChatTemplateInputs {
             messages: Value::from(messages),
             tools: None,
@@ -80,6 +72,40 @@ impl ChatTemplateInputs {
             now: None,
         }
     }
+}
+
+/// A message as the OpenAI API writes it (the fields llama.cpp hands templates): `role`,
+/// `content`, and where present `tool_calls` (each `{id, type, function: {name, arguments}}`,
+/// the arguments JSON text, which `prepare` parses for templates that read them as a
+/// mapping), `tool_call_id` and `name`.
+fn message_value(m: &crate::message::Message) -> Value {
+    let mut pairs = vec![
+        ("role", Value::from(m.role.as_str())),
+        ("content", Value::from(m.content.as_str())),
+    ];
+    if !m.tool_calls.is_empty() {
+        let calls = m.tool_calls.iter().map(|call| {
+            let function = Value::from_pairs([
+                ("name", Value::from(call.name.as_str())),
+                ("arguments", Value::from(call.arguments.as_str())),
+            ]);
+            let mut fields = Vec::new();
+            if let Some(id) = &call.id {
+                fields.push(("id", Value::from(id.as_str())));
+            }
+            fields.push(("type", Value::from("function")));
+            fields.push(("function", function));
+            Value::from_pairs(fields)
+        });
+        pairs.push(("tool_calls", Value::from(calls.collect::<Vec<_>>())));
+    }
+    if let Some(id) = &m.tool_call_id {
+        pairs.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(name) = &m.name {
+        pairs.push(("name", Value::from(name.as_str())));
+    }
+    Value::from_pairs(pairs)
 }
 
 /// Parses JSON text into a template value, keeping the order of object keys.

@@ -202,6 +202,13 @@ impl Engine {
                     .map_err(|e| SubmitError::ChatTemplate(e.to_string()))?;
                 tok.encode(&text, EncodeOptions::prompt())
             }
+            Prompt::ChatWithTools { messages, tools } => {
+                let text = self
+                    .formatter
+                    .apply_with_tools(messages, Some(tools.as_str()))
+                    .map_err(|e| SubmitError::ChatTemplate(e.to_string()))?;
+                tok.encode(&text, EncodeOptions::prompt())
+            }
             Prompt::Tokens(ids) => {
                 let n_vocab = self.model.config.n_vocab;
                 if let Some(&id) = ids.iter().find(|&&id| id as usize >= n_vocab) {
@@ -249,6 +256,10 @@ impl Generator for Engine {
 
     fn n_ctx(&self) -> usize {
         self.n_ctx
+    }
+
+    fn tool_call_format(&self) -> Option<rgml_llm::tool_calls::ToolCallFormat> {
+        self.formatter.tool_format()
     }
 
     fn submit(&self, request: GenRequest) -> Result<Submission, SubmitError> {

@@ -16,7 +16,7 @@
 use super::error::ApiError;
 use super::HttpOptions;
 use crate::generator::{GenRequest, Prompt, SubmitError};
-use rgml_llm::chat::Message;
+use rgml_llm::chat::{Message, ToolCall};
 use rgml_llm::{SamplerParams, TokenId};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -39,6 +39,8 @@ pub(crate) struct Parsed {
     pub(crate) include_usage: bool,
     /// The fields answered as if absent, one line each (the response's `warnings`).
     pub(crate) warnings: Vec<String>,
+    /// The request gave tools: the answer's tool calls are read out of the output.
+    pub(crate) tools: bool,
 }
 
 /// `stop`: one string or several.
@@ -112,6 +114,8 @@ const CHAT_FIELDS: &[&str] = &[
     "max_completion_tokens",
     "logprobs",
     "top_logprobs",
+    "tools",
+    "tool_choice",
 ];
 
 /// [`CompletionFields`]' names.
@@ -131,9 +135,10 @@ const NO_EFFECT_FIELDS: &[&str] = &[
     "parallel_tool_calls",
 ];
 
-/// Fields that would change the answer and are not implemented: refused by name. `null`
-/// counts as absent; `tool_choice` `"none"` or `"auto"` without tools and `response_format`
-/// `{"type": "text"}` ask for nothing and are taken.
+/// Fields that would change the answer and are not implemented (in the route at hand: chat
+/// takes `tools` and `tool_choice`): refused by name. `null` counts as absent; `tool_choice`
+/// `"none"` or `"auto"` without tools and `response_format` `{"type": "text"}` ask for
+/// nothing and are taken.
 const REFUSED_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
@@ -176,6 +181,21 @@ struct ChatFields {
     max_completion_tokens: Option<u64>,
     logprobs: Option<bool>,
     top_logprobs: Option<u64>,
+    tools: Option<Vec<ToolDefinition>>,
+    tool_choice: Option<Value>,
+}
+
+/// A tool definition: checked for its shape, handed to the template as the client wrote it.
+#[derive(Deserialize)]
+struct ToolDefinition {
+    #[serde(rename = "type")]
+    kind: String,
+    function: FunctionDefinition,
+}
+
+#[derive(Deserialize)]
+struct FunctionDefinition {
+    name: String,
 }
 
 #[derive(Deserialize)]
@@ -183,6 +203,23 @@ struct ChatMessage {
     role: String,
     /// Absent or `null` (an assistant turn that only called tools) reads as empty.
     content: Option<Content>,
+    tool_calls: Option<Vec<RequestToolCall>>,
+    tool_call_id: Option<String>,
+    name: Option<String>,
+}
+
+/// A tool call of an earlier assistant turn.
+#[derive(Deserialize)]
+struct RequestToolCall {
+    id: Option<String>,
+    function: RequestFunction,
+}
+
+#[derive(Deserialize)]
+struct RequestFunction {
+    name: String,
+    /// JSON text, as OpenAI sends it (an object is taken too).
+    arguments: Value,
 }
 
 /// A message's content: text, or a list of parts of which only text is supported.
@@ -241,7 +278,7 @@ fn check_fields(value: &Value, route_fields: &[&str]) -> Result<Vec<String>, Api
     let mut warnings = Vec::new();
     for (name, field) in object {
         let name = name.as_str();
-        if REFUSED_FIELDS.contains(&name) {
+        if REFUSED_FIELDS.contains(&name) && !route_fields.contains(&name) {
             if asks_for_something(name, field, object) {
                 return Err(ApiError::unsupported(name, &format!("`{name}`")));
             }
@@ -280,13 +317,71 @@ pub(crate) fn parse_chat(
     let (value, common, warnings) = parse_common(body, model_id, CHAT_FIELDS)?;
     let chat: ChatFields = read(&value)?;
     let messages = chat_messages(chat.messages)?;
+    let tools = chat_tools(chat.tools.as_deref(), chat.tool_choice.as_ref())?;
     let n_probs = chat_n_probs(chat.logprobs, chat.top_logprobs)?;
     let max_tokens = match chat.max_completion_tokens {
         Some(n) => Some(("max_completion_tokens", n)),
         None => common.max_tokens.map(|n| ("max_tokens", n)),
     };
-    let parsed = finish(common, Prompt::Chat(messages), max_tokens, n_probs, options)?;
-    Ok(Parsed { warnings, ..parsed })
+    let with_tools = tools.is_some();
+    let prompt = match tools {
+        Some(()) => Prompt::ChatWithTools {
+            messages,
+            tools: raw_tools(body)?,
+        },
+        None => Prompt::Chat(messages),
+    };
+    let parsed = finish(common, prompt, max_tokens, n_probs, options)?;
+    Ok(Parsed {
+        warnings,
+        tools: with_tools,
+        ..parsed
+    })
+}
+
+/// The body's `tools` as its JSON text: parsed into a `Value` its keys would be sorted, and
+/// a template's `tojson` shows their order.
+fn raw_tools(body: &[u8]) -> Result<String, ApiError> {
+    #[derive(Deserialize)]
+    struct Raw<'a> {
+        #[serde(borrow)]
+        tools: Option<&'a serde_json::value::RawValue>,
+    }
+    let raw: Raw<'_> = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("tools: {e}"), Some("tools")))?;
+    Ok(raw.tools.map(|t| t.get().to_string()).unwrap_or_default())
+}
+
+/// Whether the request's tools go to the model: `Some` for a non-empty `tools` list with
+/// `tool_choice` absent or `auto`; `None` without tools or with `tool_choice: "none"`.
+/// `required` and a named tool need constrained sampling, which is not implemented yet: they
+/// are refused by name.
+fn chat_tools(
+    tools: Option<&[ToolDefinition]>,
+    choice: Option<&Value>,
+) -> Result<Option<()>, ApiError> {
+    let tools = tools.unwrap_or_default();
+    if let Some(i) = tools.iter().position(|t| t.kind != "function") {
+        return Err(ApiError::bad_request(
+            "only tools of type `function` are supported",
+            Some(&format!("tools[{i}].type")),
+        ));
+    }
+    if let Some(i) = tools.iter().position(|t| t.function.name.is_empty()) {
+        return Err(ApiError::bad_request(
+            "a function needs a name",
+            Some(&format!("tools[{i}].function.name")),
+        ));
+    }
+    match choice {
+        None | Some(Value::Null) => Ok((!tools.is_empty()).then_some(())),
+        Some(Value::String(c)) if c == "auto" => Ok((!tools.is_empty()).then_some(())),
+        Some(Value::String(c)) if c == "none" => Ok(None),
+        Some(other) => Err(ApiError::bad_request(
+            format!("tool_choice {other} is not supported (only \"auto\" and \"none\"): forcing a call needs constrained sampling"),
+            Some("tool_choice"),
+        )),
+    }
 }
 
 /// A `/v1/completions` body.
@@ -379,7 +474,7 @@ fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                 .ok_or_else(|| {
                     ApiError::bad_request(
                         format!(
-                            "unknown role `{}`: must be system, developer, user or assistant",
+                            "unknown role `{}`: must be system, developer, user, assistant or tool",
                             message.role
                         ),
                         Some(&format!("messages[{i}].role")),
@@ -394,7 +489,26 @@ fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                 ));
             }
             let content = content_text(message.content, i)?;
-            Ok(Message { role, content })
+            let tool_calls = message
+                .tool_calls
+                .unwrap_or_default()
+                .into_iter()
+                .map(|call| ToolCall {
+                    id: call.id,
+                    name: call.function.name,
+                    arguments: match call.function.arguments {
+                        Value::String(text) => text,
+                        other => other.to_string(),
+                    },
+                })
+                .collect();
+            Ok(Message {
+                role,
+                content,
+                tool_calls,
+                tool_call_id: message.tool_call_id,
+                name: message.name,
+            })
         })
         .collect()
 }
@@ -405,6 +519,7 @@ fn chat_role(role: &str) -> Option<&'static str> {
         "system" | "developer" => Some("system"),
         "user" => Some("user"),
         "assistant" => Some("assistant"),
+        "tool" => Some("tool"),
         _ => None,
     }
 }
@@ -502,6 +617,7 @@ fn finish(
         stream: common.stream.unwrap_or(false),
         include_usage,
         warnings: Vec::new(),
+        tools: false,
     })
 }
 

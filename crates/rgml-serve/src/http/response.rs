@@ -7,6 +7,8 @@
 use super::error::ApiError;
 use super::request::splitmix64;
 use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, TokenLogprob, Usage};
+use rgml_llm::chat::ToolCall;
+use rgml_llm::tool_calls::ToolCallFormat;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -42,6 +44,8 @@ pub(crate) struct Meta {
     pub(crate) logprobs: bool,
     /// The request's fields answered as if absent (each response and chunk lists them).
     pub(crate) warnings: Vec<String>,
+    /// The request gave tools: the output's calls, in the model's format, are read out of it.
+    pub(crate) tool_format: Option<ToolCallFormat>,
 }
 
 impl Meta {
@@ -57,6 +61,7 @@ impl Meta {
             model: model.to_owned(),
             logprobs,
             warnings: Vec::new(),
+            tool_format: None,
         }
     }
 }
@@ -263,7 +268,47 @@ struct ChatChoice {
 #[derive(Serialize, Debug)]
 struct AssistantMessage {
     role: &'static str,
-    content: String,
+    /// `null` when the message is only tool calls, as OpenAI sends it.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCallOut>,
+}
+
+/// A tool call as OpenAI writes it, whole (`message.tool_calls`) or as a stream's delta (with
+/// its `index`).
+#[derive(Serialize, Debug)]
+pub(crate) struct ToolCallOut {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<usize>,
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionOut,
+}
+
+#[derive(Serialize, Debug)]
+struct FunctionOut {
+    name: String,
+    arguments: String,
+}
+
+impl ToolCallOut {
+    /// `calls` as OpenAI's tool calls; a call without an id gets a fresh `call_...` one.
+    pub(crate) fn list(calls: Vec<ToolCall>, indexed: bool) -> Vec<ToolCallOut> {
+        calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, call)| ToolCallOut {
+                index: indexed.then_some(i),
+                id: call.id.unwrap_or_else(|| format!("call_{}", unique_id())),
+                kind: "function",
+                function: FunctionOut {
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+            })
+            .collect()
+    }
 }
 
 /// `text_completion`, whole or as a chunk (same shape; a chunk's `finish_reason` is null
@@ -325,8 +370,20 @@ impl TextCompletion {
 
 /// The whole answer's JSON for `meta`'s route.
 pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Value, ApiError> {
-    let reason = finish_reason(collected.reason.unwrap_or(FinishReason::Stop));
+    let mut reason = finish_reason(collected.reason.unwrap_or(FinishReason::Stop));
     let usage = UsageOut::from(collected.usage);
+    let (content, tool_calls) = match meta.tool_format {
+        Some(format) => {
+            let parsed = format.parse(&collected.text);
+            if !parsed.tool_calls.is_empty() && reason == "stop" {
+                reason = "tool_calls";
+            }
+            let content = (!parsed.content.is_empty() || parsed.tool_calls.is_empty())
+                .then_some(parsed.content);
+            (content, ToolCallOut::list(parsed.tool_calls, false))
+        }
+        None => (Some(collected.text.clone()), Vec::new()),
+    };
     let value = match meta.route {
         Route::Chat => serde_json::to_value(ChatCompletion {
             id: meta.id.clone(),
@@ -337,7 +394,8 @@ pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Val
                 index: 0,
                 message: AssistantMessage {
                     role: "assistant",
-                    content: collected.text,
+                    content,
+                    tool_calls,
                 },
                 logprobs: meta
                     .logprobs

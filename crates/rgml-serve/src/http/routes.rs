@@ -105,6 +105,17 @@ async fn try_generate(
         Route::Completion => parse_completion(&body, model_id, &state.options),
     }?;
     let mut meta = Meta::new(route, model_id, parsed.request.n_probs.is_some());
+    if parsed.tools {
+        let format = state.generator.tool_call_format().ok_or_else(|| {
+            ApiError::bad_request(
+                "this model's chat template shows no tool-call format rgml reads (Hermes \
+                 <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS]); serve it with --jinja, or \
+                 give such a template with --chat-template-file",
+                Some("tools"),
+            )
+        })?;
+        meta.tool_format = Some(format);
+    }
     if state.options.log_warnings {
         for warning in &parsed.warnings {
             eprintln!("rgml serve: {}: {warning}", meta.id);

@@ -6,8 +6,8 @@
 
 use super::error::ApiError;
 use super::response::{
-    finish_reason, ChatLogprobs, CompletionLogprobs, Meta, Route, TextCompletion, UsageOut,
-    NO_RESULT,
+    finish_reason, ChatLogprobs, CompletionLogprobs, Meta, Route, TextCompletion, ToolCallOut,
+    UsageOut, NO_RESULT,
 };
 use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, Usage};
 use axum::response::sse::{Event, Sse};
@@ -45,6 +45,8 @@ struct Delta {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCallOut>,
 }
 
 /// The stream's state: events ready to send, and the submission until it ends.
@@ -56,6 +58,10 @@ struct State {
     ended: bool,
     /// Characters of the completion so far (the legacy logprobs' `text_offset`).
     offset: usize,
+    /// With tools: the output so far, and how many of its bytes were sent as text (the rest
+    /// may be a tool call, held back until the end).
+    output: String,
+    sent: usize,
 }
 
 /// The server-sent events answering `submission`.
@@ -71,12 +77,15 @@ pub(crate) fn sse(
         ready: VecDeque::new(),
         ended: false,
         offset: 0,
+        output: String::new(),
+        sent: 0,
     };
     if state.meta.route == Route::Chat {
         // OpenAI opens a chat stream with the assistant's role and no text.
         let delta = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
+            tool_calls: Vec::new(),
         };
         let chunk = state.chat_chunk(delta, None, None);
         state.ready.push_back(chunk);
@@ -104,9 +113,10 @@ impl State {
             Some(GenEvent::Token(token)) => {
                 // A token that ends inside a character or a possible stop string shows no
                 // text yet; it is worth a chunk only for its log-probabilities.
-                if !token.text.is_empty() || token.logprobs.is_some() {
+                let text = self.sendable(token.text);
+                if !text.is_empty() || token.logprobs.is_some() {
                     let logprobs: Vec<Logprobs> = token.logprobs.into_iter().collect();
-                    let chunk = self.piece(token.text, &logprobs, None);
+                    let chunk = self.piece(text, &logprobs, None);
                     self.ready.push_back(chunk);
                 }
             }
@@ -120,13 +130,60 @@ impl State {
         }
     }
 
+    /// What of a new piece of text can be sent now: all of it, or with tools the output's
+    /// text up to where a tool call may begin.
+    fn sendable(&mut self, text: String) -> String {
+        let Some(format) = self.meta.tool_format else {
+            return text;
+        };
+        self.output.push_str(&text);
+        let upto = format
+            .hold_from(&self.output)
+            .unwrap_or(self.output.len())
+            .max(self.sent);
+        let piece = self.output[self.sent..upto].to_string();
+        self.sent = upto;
+        piece
+    }
+
+    /// With tools, the output's tool calls once it is whole (its text before them sent
+    /// first); empty where it has none (then all its text has been sent).
+    fn tool_calls(&mut self) -> Vec<ToolCallOut> {
+        let Some(format) = self.meta.tool_format else {
+            return Vec::new();
+        };
+        let calls = format.parse(&self.output).tool_calls;
+        if calls.is_empty() {
+            let rest = self.output[self.sent..].to_string();
+            self.sent = self.output.len();
+            if !rest.is_empty() {
+                let chunk = self.piece(rest, &[], None);
+                self.ready.push_back(chunk);
+            }
+        }
+        ToolCallOut::list(calls, true)
+    }
+
     fn on_done(&mut self, text: String, reason: FinishReason, usage: Usage) {
-        let reason = finish_reason(reason);
+        let mut reason = finish_reason(reason);
         match self.meta.route {
             Route::Chat => {
+                let text = self.sendable(text);
                 if !text.is_empty() {
                     let chunk = self.piece(text, &[], None);
                     self.ready.push_back(chunk);
+                }
+                let tool_calls = self.tool_calls();
+                if !tool_calls.is_empty() {
+                    let delta = Delta {
+                        tool_calls,
+                        ..Delta::default()
+                    };
+                    let chunk = self.chat_chunk(delta, None, None);
+                    self.ready.push_back(chunk);
+                    if reason == "stop" {
+                        reason = "tool_calls";
+                    }
                 }
                 let chunk = self.chat_chunk(Delta::default(), None, Some(reason));
                 self.ready.push_back(chunk);
@@ -167,6 +224,7 @@ impl State {
                 let delta = Delta {
                     role: None,
                     content: Some(text),
+                    tool_calls: Vec::new(),
                 };
                 self.chat_chunk(delta, logprobs, reason)
             }

@@ -1,0 +1,245 @@
+//! Tool calls in a model's output: which format a chat template teaches its model
+//! ([`ToolCallFormat::detect`]), the split of a finished output into text and calls
+//! ([`ToolCallFormat::parse`]), and, while streaming, where text must be held back because a
+//! call may be starting there ([`ToolCallFormat::hold_from`]).
+//!
+//! The formats are the common ones of the families rgml runs, as llama.cpp's chat parsers read
+//! them: Hermes 2 Pro / Qwen (`<tool_call>{"name": .., "arguments": {..}}</tool_call>`, any
+//! number of them, text around them), Llama 3.x (the whole output one JSON object with `name`
+//! and `parameters`, after an optional `<|python_tag|>`), and Mistral Nemo
+//! (`[TOOL_CALLS][{"name": .., "arguments": {..}, "id": ..}, ..]` after any text). A call whose
+//! JSON does not parse stays text, as llama-server leaves it.
+
+use crate::message::ToolCall;
+use serde_json::Value;
+
+const HERMES_OPEN: &str = "<tool_call>";
+const HERMES_CLOSE: &str = "</tool_call>";
+const MISTRAL_MARKER: &str = "[TOOL_CALLS]";
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// How a model writes its tool calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolCallFormat {
+    /// `<tool_call>` JSON `</tool_call>` blocks (Hermes 2 Pro, Qwen 2.5 / 3).
+    Hermes,
+    /// One JSON object with `name` and `parameters` (Llama 3.1 / 3.2 / 3.3).
+    Llama3Json,
+    /// `[TOOL_CALLS]` and a JSON list of calls (Mistral Nemo, Mistral Small).
+    MistralNemo,
+}
+
+/// A finished output split into its text and its tool calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParsedOutput {
+    /// The text outside the calls, trimmed.
+    pub content: String,
+    /// The calls, in order.
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl ToolCallFormat {
+    /// The format a chat template teaches, from the markers its source holds; `None` for a
+    /// template that shows no tool calls.
+    pub fn detect(template: &str) -> Option<ToolCallFormat> {
+        if template.contains(HERMES_OPEN) {
+            Some(ToolCallFormat::Hermes)
+        } else if template.contains(MISTRAL_MARKER) {
+            Some(ToolCallFormat::MistralNemo)
+        } else if template.contains("<|start_header_id|>") && template.contains("ipython") {
+            Some(ToolCallFormat::Llama3Json)
+        } else {
+            None
+        }
+    }
+
+    /// `text` (a whole output) as its text and tool calls.
+    pub fn parse(self, text: &str) -> ParsedOutput {
+        let parsed = match self {
+            ToolCallFormat::Hermes => parse_hermes(text),
+            ToolCallFormat::Llama3Json => parse_llama3(text),
+            ToolCallFormat::MistralNemo => parse_mistral(text),
+        };
+        parsed.unwrap_or_else(|| ParsedOutput {
+            content: text.trim().to_string(),
+            tool_calls: Vec::new(),
+        })
+    }
+
+    /// Where, in a partial output, a tool call may have begun (its text from there must not be
+    /// sent yet); `None`: all of it is text.
+    pub fn hold_from(self, text: &str) -> Option<usize> {
+        match self {
+            ToolCallFormat::Hermes => marker_from(text, HERMES_OPEN),
+            ToolCallFormat::MistralNemo => marker_from(text, MISTRAL_MARKER),
+            ToolCallFormat::Llama3Json => {
+                let rest = text.trim_start();
+                let opens = rest.starts_with('{')
+                    || rest.starts_with(PYTHON_TAG)
+                    || PYTHON_TAG.starts_with(rest);
+                opens.then_some(0)
+            }
+        }
+    }
+}
+
+/// Where `marker` starts in `text`, or where a beginning of it ends `text`.
+fn marker_from(text: &str, marker: &str) -> Option<usize> {
+    if let Some(at) = text.find(marker) {
+        return Some(at);
+    }
+    (1..marker.len())
+        .rev()
+        .map(|n| text.len().saturating_sub(n))
+        .find(|&at| text.is_char_boundary(at) && marker.starts_with(&text[at..]))
+}
+
+/// A call from a JSON object with `name` and `args_key` (an object, or JSON text).
+fn call(value: &Value, args_keys: &[&str]) -> Option<ToolCall> {
+    let name = value.get("name")?.as_str()?.to_string();
+    let args = args_keys.iter().find_map(|k| value.get(*k))?;
+    let arguments = match args {
+        Value::String(text) => text.clone(),
+        other => serde_json::to_string(other).ok()?,
+    };
+    let id = value.get("id").and_then(Value::as_str).map(String::from);
+    Some(ToolCall {
+        id,
+        name,
+        arguments,
+    })
+}
+
+fn parse_hermes(text: &str) -> Option<ParsedOutput> {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find(HERMES_OPEN) {
+        content.push_str(&rest[..open]);
+        let body = &rest[open + HERMES_OPEN.len()..];
+        let (json, after) = match body.find(HERMES_CLOSE) {
+            Some(close) => (&body[..close], &body[close + HERMES_CLOSE.len()..]),
+            None => (body, ""),
+        };
+        let value: Value = serde_json::from_str(json.trim()).ok()?;
+        calls.push(call(&value, &["arguments", "parameters"])?);
+        rest = after;
+    }
+    content.push_str(rest);
+    Some(ParsedOutput {
+        content: content.trim().to_string(),
+        tool_calls: calls,
+    })
+}
+
+fn parse_llama3(text: &str) -> Option<ParsedOutput> {
+    let body = text.trim_start();
+    let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body).trim();
+    if !body.starts_with('{') {
+        return None;
+    }
+    let value: Value = serde_json::from_str(body).ok()?;
+    Some(ParsedOutput {
+        content: String::new(),
+        tool_calls: vec![call(&value, &["parameters", "arguments"])?],
+    })
+}
+
+fn parse_mistral(text: &str) -> Option<ParsedOutput> {
+    let at = text.find(MISTRAL_MARKER)?;
+    let list: Vec<Value> = serde_json::from_str(text[at + MISTRAL_MARKER.len()..].trim()).ok()?;
+    let calls = list
+        .iter()
+        .map(|v| call(v, &["arguments", "parameters"]))
+        .collect::<Option<Vec<_>>>()?;
+    Some(ParsedOutput {
+        content: text[..at].trim().to_string(),
+        tool_calls: calls,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            id: None,
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    #[test]
+    fn formats_are_detected_from_the_template() {
+        let qwen = "{%- if tools %}<tools>{{ tool | tojson }}</tools> <tool_call>{%- endif %}";
+        assert_eq!(ToolCallFormat::detect(qwen), Some(ToolCallFormat::Hermes));
+        let llama = "<|start_header_id|>ipython<|end_header_id|>{{ content }}";
+        assert_eq!(
+            ToolCallFormat::detect(llama),
+            Some(ToolCallFormat::Llama3Json)
+        );
+        let mistral = "[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS] [TOOL_CALLS]";
+        assert_eq!(
+            ToolCallFormat::detect(mistral),
+            Some(ToolCallFormat::MistralNemo)
+        );
+        assert_eq!(ToolCallFormat::detect("{{ messages }}<|im_start|>"), None);
+    }
+
+    #[test]
+    fn hermes_calls_and_the_text_around_them() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"time\", \"arguments\": \"{}\"}</tool_call>";
+        let parsed = ToolCallFormat::Hermes.parse(text);
+        assert_eq!(parsed.content, "Let me check.");
+        assert_eq!(
+            parsed.tool_calls,
+            [call("weather", r#"{"city":"Paris"}"#), call("time", "{}")]
+        );
+        // Broken JSON stays text; no call is plain text.
+        let broken = "<tool_call>{\"name\": \"weather\", </tool_call>";
+        assert_eq!(ToolCallFormat::Hermes.parse(broken).content, broken);
+        assert!(ToolCallFormat::Hermes.parse(broken).tool_calls.is_empty());
+        assert_eq!(
+            ToolCallFormat::Hermes.parse(" Hello "),
+            ParsedOutput {
+                content: "Hello".into(),
+                tool_calls: Vec::new()
+            }
+        );
+    }
+
+    #[test]
+    fn llama3_and_mistral_calls() {
+        let text = "<|python_tag|>{\"name\": \"weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+        let parsed = ToolCallFormat::Llama3Json.parse(text);
+        assert_eq!(parsed.tool_calls, [call("weather", r#"{"city":"Oslo"}"#)]);
+        assert_eq!(parsed.content, "");
+        assert!(ToolCallFormat::Llama3Json
+            .parse("Oslo is cold.")
+            .tool_calls
+            .is_empty());
+        let text = "Sure. [TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}, \"id\": \"abc123XYZ\"}]";
+        let parsed = ToolCallFormat::MistralNemo.parse(text);
+        assert_eq!(parsed.content, "Sure.");
+        let mut want = call("a", r#"{"x":1}"#);
+        want.id = Some("abc123XYZ".into());
+        assert_eq!(parsed.tool_calls, [want]);
+    }
+
+    #[test]
+    fn streaming_holds_back_from_where_a_call_may_begin() {
+        let h = ToolCallFormat::Hermes;
+        assert_eq!(h.hold_from("plain text"), None);
+        assert_eq!(h.hold_from("text <tool"), Some(5));
+        assert_eq!(h.hold_from("text <tool_call>{\"na"), Some(5));
+        assert_eq!(h.hold_from("a <"), Some(2));
+        assert_eq!(h.hold_from("a < b"), None);
+        assert_eq!(ToolCallFormat::MistralNemo.hold_from("x [TOOL"), Some(2));
+        let l = ToolCallFormat::Llama3Json;
+        assert_eq!(l.hold_from(""), Some(0));
+        assert_eq!(l.hold_from(" {\"name\""), Some(0));
+        assert_eq!(l.hold_from("<|python"), Some(0));
+        assert_eq!(l.hold_from("The answer"), None);
+    }
+}
