@@ -104,6 +104,8 @@ pub enum ChatFormatter {
         strip_eos: Option<String>,
         /// How the template's model writes tool calls, where it shows them.
         tool_format: Option<ToolCallFormat>,
+        /// The template shows reasoning in `<think>` tags.
+        thinking: bool,
     },
     /// The fallback marker format.
     Markers(ChatFormat),
@@ -125,12 +127,13 @@ impl ChatFormatter {
         };
         let (bos, eos) = (text(tok.bos()), text(tok.eos()));
         let source = template.or(model.chat_template().filter(|_| jinja));
-        match source.map(|s| (ChatTemplate::new(s, &bos, &eos), ToolCallFormat::detect(s))) {
-            Some((Ok(t), tool_format)) => ChatFormatter::Template {
+        match source.map(|s| (ChatTemplate::new(s, &bos, &eos), s)) {
+            Some((Ok(t), source)) => ChatFormatter::Template {
                 template: Box::new(t),
                 strip_bos: (tok.add_bos() && !bos.is_empty()).then_some(bos),
                 strip_eos: (tok.add_eos() && !eos.is_empty()).then_some(eos),
-                tool_format,
+                tool_format: ToolCallFormat::detect(source),
+                thinking: crate::reasoning::shows_thinking(source),
             },
             _ => ChatFormatter::Markers(ChatFormat::for_model(
                 model.config.kind,
@@ -151,6 +154,11 @@ impl ChatFormatter {
             ChatFormatter::Template { tool_format, .. } => *tool_format,
             ChatFormatter::Markers(_) => None,
         }
+    }
+
+    /// Whether the model reasons in `<think>` tags (its Jinja template shows them).
+    pub fn shows_thinking(&self) -> bool {
+        matches!(self, ChatFormatter::Template { thinking: true, .. })
     }
 
     /// [`ChatFormatter::apply`] with `tools` (the OpenAI `tools` list, as JSON text: its keys'

@@ -48,6 +48,7 @@ pub mod generate;
 mod message;
 pub mod model;
 pub mod quantize;
+pub mod reasoning;
 pub mod sampling;
 pub mod session;
 pub mod tensor_split;

@@ -226,6 +226,9 @@ pub struct Submission {
     pub events: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
     /// Tokens of the prompt.
     pub prompt_tokens: usize,
+    /// The prompt opened the model's reasoning (it ends with `<think>`): the output starts
+    /// inside it.
+    pub reasoning_open: bool,
     cancel: CancelOnDrop,
 }
 
@@ -240,6 +243,7 @@ impl Submission {
         Submission {
             events,
             prompt_tokens,
+            reasoning_open: false,
             cancel: CancelOnDrop { cancelled, wake },
         }
     }
@@ -318,5 +322,10 @@ pub trait Generator: Send + Sync + 'static {
     /// `tools` are refused, as their calls could not be read.
     fn tool_call_format(&self) -> Option<ToolCallFormat> {
         None
+    }
+    /// Whether the model reasons in `<think>` tags (its chat template shows them): a chat
+    /// answer's reasoning is then returned as `reasoning_content`.
+    fn shows_thinking(&self) -> bool {
+        false
     }
 }

@@ -126,6 +126,10 @@ impl Generator for Fake {
     fn tool_call_format(&self) -> Option<ToolCallFormat> {
         Some(ToolCallFormat::Hermes)
     }
+
+    fn shows_thinking(&self) -> bool {
+        true
+    }
 }
 
 /// The words the fake answers with: the last message's (chat), the text's, or `t<id>` per
@@ -790,6 +794,55 @@ async fn tool_calls_stream_as_deltas() {
         chunks.last().unwrap()["choices"][0]["finish_reason"],
         "stop"
     );
+}
+
+/// A thinking model's `<think>` part comes back as `reasoning_content` (whole, and streamed
+/// as its own deltas), unless `reasoning_format` is `none`; a tool call after the reasoning
+/// is still read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_goes_to_reasoning_content() {
+    let server = start_default().await;
+    let thinking = "<think> the capital, surely </think> Paris.";
+    let reply = post(server.addr, "/v1/chat/completions", &chat(thinking)).await;
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(
+        answer["choices"][0]["message"],
+        json!({"role": "assistant", "content": "Paris.", "reasoning_content": "the capital, surely"})
+    );
+    let body = with(chat(thinking), json!({"reasoning_format": "none"}));
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(answer["choices"][0]["message"]["content"], thinking);
+    let body = with(chat(thinking), json!({"reasoning_format": "hidden"}));
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_error(
+        &reply,
+        400,
+        "invalid_request_error",
+        Some("reasoning_format"),
+    );
+
+    let body = with(chat(thinking), json!({"stream": true}));
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    let chunks = events.rest().await;
+    let join = |field: &str| -> String {
+        chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"][field].as_str())
+            .collect()
+    };
+    assert_eq!(join("reasoning_content").trim(), "the capital, surely");
+    assert_eq!(join("content"), "Paris.");
+
+    let tools: Value = serde_json::from_str(WEATHER_TOOLS).unwrap();
+    let calling = format!("<think> use the tool </think> {CALLING}");
+    let body = with(chat(&calling), json!({"tools": tools}));
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], "use the tool");
+    assert_eq!(message["content"], "Checking.");
+    assert_eq!(message["tool_calls"][0]["function"]["name"], "weather");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -190,34 +190,30 @@ impl Engine {
     }
 
     /// The prompt's tokens: text tokenized as llama.cpp's tools do, a conversation formatted
-    /// with the model's chat template first (as `rgml run --chat`).
-    fn tokenize(&self, prompt: &Prompt) -> Result<Vec<TokenId>, SubmitError> {
+    /// with the model's chat template first (as `rgml run --chat`); and whether the formatted
+    /// conversation opened the model's reasoning.
+    fn tokenize(&self, prompt: &Prompt) -> Result<(Vec<TokenId>, bool), SubmitError> {
         let tok = &self.model.tokenizer;
-        let tokens = match prompt {
-            Prompt::Text(text) => tok.encode(text, EncodeOptions::prompt()),
-            Prompt::Chat(messages) => {
-                let text = self
-                    .formatter
-                    .apply(messages)
-                    .map_err(|e| SubmitError::ChatTemplate(e.to_string()))?;
-                tok.encode(&text, EncodeOptions::prompt())
-            }
-            Prompt::ChatWithTools { messages, tools } => {
-                let text = self
-                    .formatter
-                    .apply_with_tools(messages, Some(tools.as_str()))
-                    .map_err(|e| SubmitError::ChatTemplate(e.to_string()))?;
-                tok.encode(&text, EncodeOptions::prompt())
-            }
+        let chat = |text: Result<String, rgml_llm::chat_template::ChatTemplateError>| {
+            let text = text.map_err(|e| SubmitError::ChatTemplate(e.to_string()))?;
+            let open = rgml_llm::reasoning::opened_by(&text);
+            Ok((tok.encode(&text, EncodeOptions::prompt()), open))
+        };
+        match prompt {
+            Prompt::Text(text) => Ok((tok.encode(text, EncodeOptions::prompt()), false)),
+            Prompt::Chat(messages) => chat(self.formatter.apply(messages)),
+            Prompt::ChatWithTools { messages, tools } => chat(
+                self.formatter
+                    .apply_with_tools(messages, Some(tools.as_str())),
+            ),
             Prompt::Tokens(ids) => {
                 let n_vocab = self.model.config.n_vocab;
                 if let Some(&id) = ids.iter().find(|&&id| id as usize >= n_vocab) {
                     return Err(SubmitError::InvalidToken { id, n_vocab });
                 }
-                ids.clone()
+                Ok((ids.clone(), false))
             }
-        };
-        Ok(tokens)
+        }
     }
 
     /// Check `request` against the model and the context.
@@ -262,8 +258,12 @@ impl Generator for Engine {
         self.formatter.tool_format()
     }
 
+    fn shows_thinking(&self) -> bool {
+        self.formatter.shows_thinking()
+    }
+
     fn submit(&self, request: GenRequest) -> Result<Submission, SubmitError> {
-        let prompt = self.tokenize(&request.prompt)?;
+        let (prompt, reasoning_open) = self.tokenize(&request.prompt)?;
         self.check(&request, &prompt)?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancelled = Arc::new(AtomicBool::new(false));
@@ -292,7 +292,9 @@ impl Generator for Engine {
             drop(shared.lock());
             shared.wake.notify_all();
         });
-        Ok(Submission::new(rx, n_prompt, cancelled, wake))
+        let mut submission = Submission::new(rx, n_prompt, cancelled, wake);
+        submission.reasoning_open = reasoning_open;
+        Ok(submission)
     }
 
     fn stats(&self) -> Stats {

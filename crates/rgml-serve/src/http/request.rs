@@ -41,6 +41,9 @@ pub(crate) struct Parsed {
     pub(crate) warnings: Vec<String>,
     /// The request gave tools: the answer's tool calls are read out of the output.
     pub(crate) tools: bool,
+    /// A thinking model's reasoning goes to `reasoning_content` (`reasoning_format` other
+    /// than `none`; chat only).
+    pub(crate) split_reasoning: bool,
 }
 
 /// `stop`: one string or several.
@@ -116,6 +119,7 @@ const CHAT_FIELDS: &[&str] = &[
     "top_logprobs",
     "tools",
     "tool_choice",
+    "reasoning_format",
 ];
 
 /// [`CompletionFields`]' names.
@@ -183,6 +187,7 @@ struct ChatFields {
     top_logprobs: Option<u64>,
     tools: Option<Vec<ToolDefinition>>,
     tool_choice: Option<Value>,
+    reasoning_format: Option<String>,
 }
 
 /// A tool definition: checked for its shape, handed to the template as the client wrote it.
@@ -323,6 +328,16 @@ pub(crate) fn parse_chat(
         Some(n) => Some(("max_completion_tokens", n)),
         None => common.max_tokens.map(|n| ("max_tokens", n)),
     };
+    let split_reasoning = match chat.reasoning_format.as_deref() {
+        None | Some("auto" | "deepseek") => true,
+        Some("none") => false,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!("reasoning_format `{other}`: expected auto, deepseek or none"),
+                Some("reasoning_format"),
+            ))
+        }
+    };
     let with_tools = tools.is_some();
     let prompt = match tools {
         Some(()) => Prompt::ChatWithTools {
@@ -335,6 +350,7 @@ pub(crate) fn parse_chat(
     Ok(Parsed {
         warnings,
         tools: with_tools,
+        split_reasoning,
         ..parsed
     })
 }
@@ -618,6 +634,7 @@ fn finish(
         include_usage,
         warnings: Vec::new(),
         tools: false,
+        split_reasoning: false,
     })
 }
 

@@ -8,6 +8,7 @@ use super::error::ApiError;
 use super::request::splitmix64;
 use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, TokenLogprob, Usage};
 use rgml_llm::chat::ToolCall;
+use rgml_llm::reasoning;
 use rgml_llm::tool_calls::ToolCallFormat;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +47,9 @@ pub(crate) struct Meta {
     pub(crate) warnings: Vec<String>,
     /// The request gave tools: the output's calls, in the model's format, are read out of it.
     pub(crate) tool_format: Option<ToolCallFormat>,
+    /// A thinking model's chat: its reasoning goes to `reasoning_content` (`Some(open)`, with
+    /// `open` when the prompt opened it).
+    pub(crate) reasoning_open: Option<bool>,
 }
 
 impl Meta {
@@ -62,6 +66,7 @@ impl Meta {
             logprobs,
             warnings: Vec::new(),
             tool_format: None,
+            reasoning_open: None,
         }
     }
 }
@@ -270,6 +275,9 @@ struct AssistantMessage {
     role: &'static str,
     /// `null` when the message is only tool calls, as OpenAI sends it.
     content: Option<String>,
+    /// A thinking model's reasoning (llama-server's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<ToolCallOut>,
 }
@@ -372,9 +380,16 @@ impl TextCompletion {
 pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Value, ApiError> {
     let mut reason = finish_reason(collected.reason.unwrap_or(FinishReason::Stop));
     let usage = UsageOut::from(collected.usage);
+    let (reasoning_content, answer) = match meta.reasoning_open {
+        Some(open) => {
+            let split = reasoning::split(&collected.text, open);
+            (split.reasoning, split.content)
+        }
+        None => (None, collected.text.clone()),
+    };
     let (content, tool_calls) = match meta.tool_format {
         Some(format) => {
-            let parsed = format.parse(&collected.text);
+            let parsed = format.parse(&answer);
             if !parsed.tool_calls.is_empty() && reason == "stop" {
                 reason = "tool_calls";
             }
@@ -382,7 +397,7 @@ pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Val
                 .then_some(parsed.content);
             (content, ToolCallOut::list(parsed.tool_calls, false))
         }
-        None => (Some(collected.text.clone()), Vec::new()),
+        None => (Some(answer), Vec::new()),
     };
     let value = match meta.route {
         Route::Chat => serde_json::to_value(ChatCompletion {
@@ -395,6 +410,7 @@ pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Val
                 message: AssistantMessage {
                     role: "assistant",
                     content,
+                    reasoning_content,
                     tool_calls,
                 },
                 logprobs: meta

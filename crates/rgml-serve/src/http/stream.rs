@@ -12,6 +12,7 @@ use super::response::{
 use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, Usage};
 use axum::response::sse::{Event, Sse};
 use futures_util::stream::{self, Stream};
+use rgml_llm::reasoning::{Part, ReasoningStream};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -45,6 +46,8 @@ struct Delta {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<ToolCallOut>,
 }
@@ -62,6 +65,8 @@ struct State {
     /// may be a tool call, held back until the end).
     output: String,
     sent: usize,
+    /// A thinking model's chat: the output split into reasoning and answer as it comes.
+    reasoning: Option<ReasoningStream>,
 }
 
 /// The server-sent events answering `submission`.
@@ -79,12 +84,17 @@ pub(crate) fn sse(
         offset: 0,
         output: String::new(),
         sent: 0,
+        reasoning: None,
     };
+    if let Some(open) = state.meta.reasoning_open {
+        state.reasoning = Some(ReasoningStream::new(open));
+    }
     if state.meta.route == Route::Chat {
         // OpenAI opens a chat stream with the assistant's role and no text.
         let delta = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
+            reasoning_content: None,
             tool_calls: Vec::new(),
         };
         let chunk = state.chat_chunk(delta, None, None);
@@ -113,7 +123,8 @@ impl State {
             Some(GenEvent::Token(token)) => {
                 // A token that ends inside a character or a possible stop string shows no
                 // text yet; it is worth a chunk only for its log-probabilities.
-                let text = self.sendable(token.text);
+                let text = self.answer_of(token.text, false);
+                let text = self.sendable(text);
                 if !text.is_empty() || token.logprobs.is_some() {
                     let logprobs: Vec<Logprobs> = token.logprobs.into_iter().collect();
                     let chunk = self.piece(text, &logprobs, None);
@@ -128,6 +139,34 @@ impl State {
             Some(GenEvent::Failed(message)) => self.on_failed(&message),
             None => self.on_failed(NO_RESULT),
         }
+    }
+
+    /// The answer's part of a new piece of output (`last`: the output ends with it): all of
+    /// it, or for a thinking model what follows its reasoning, the reasoning sent here as
+    /// `reasoning_content` deltas.
+    fn answer_of(&mut self, text: String, last: bool) -> String {
+        let Some(stream) = self.reasoning.as_mut() else {
+            return text;
+        };
+        let mut parts = stream.push(&text);
+        if last {
+            parts.extend(stream.finish());
+        }
+        let mut answer = String::new();
+        for (part, piece) in parts {
+            match part {
+                Part::Content => answer.push_str(&piece),
+                Part::Reasoning => {
+                    let delta = Delta {
+                        reasoning_content: Some(piece),
+                        ..Delta::default()
+                    };
+                    let chunk = self.chat_chunk(delta, None, None);
+                    self.ready.push_back(chunk);
+                }
+            }
+        }
+        answer
     }
 
     /// What of a new piece of text can be sent now: all of it, or with tools the output's
@@ -168,6 +207,7 @@ impl State {
         let mut reason = finish_reason(reason);
         match self.meta.route {
             Route::Chat => {
+                let text = self.answer_of(text, true);
                 let text = self.sendable(text);
                 if !text.is_empty() {
                     let chunk = self.piece(text, &[], None);
@@ -224,6 +264,7 @@ impl State {
                 let delta = Delta {
                     role: None,
                     content: Some(text),
+                    reasoning_content: None,
                     tool_calls: Vec::new(),
                 };
                 self.chat_chunk(delta, logprobs, reason)
