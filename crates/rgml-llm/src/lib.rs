@@ -45,6 +45,7 @@ pub mod chat_template;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod json_prefix;
 mod message;
 pub mod model;
 pub mod quantize;

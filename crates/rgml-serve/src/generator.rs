@@ -34,6 +34,18 @@ pub enum Prompt {
     },
 }
 
+/// What the answer must be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Any text.
+    #[default]
+    Text,
+    /// One JSON object and nothing else (OpenAI's `response_format` `json_object`): tokens that
+    /// would leave no JSON object prefix are never sampled, and the answer ends when the object
+    /// closes.
+    JsonObject,
+}
+
 /// One generation request.
 #[derive(Clone, Debug)]
 pub struct GenRequest {
@@ -52,6 +64,8 @@ pub struct GenRequest {
     /// Never end at an end-of-generation token (llama-server's `ignore_eos`: such tokens are
     /// not sampled), e.g. to make benchmark requests equally long.
     pub ignore_eos: bool,
+    /// What the answer must be.
+    pub format: OutputFormat,
 }
 
 /// A token's log-probability under the model's distribution (softmax of the raw logits).

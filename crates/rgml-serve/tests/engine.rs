@@ -58,6 +58,7 @@ fn greedy(prompt: Prompt, max_tokens: usize) -> GenRequest {
         stop: Vec::new(),
         n_probs: None,
         ignore_eos: false,
+        format: Default::default(),
     }
 }
 
@@ -432,6 +433,45 @@ fn tools_need_a_template_that_shows_tool_calls() {
     collect(plain);
     collect(with_tools);
     qwen.shutdown();
+}
+
+/// A JSON answer (`response_format` `json_object`) is one JSON object, greedy or sampled: it
+/// parses, and the answer ends with it (one cut short by `max_tokens` is a prefix of one).
+#[test]
+fn json_answers_are_json_objects() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    let ask = || {
+        Prompt::Chat(vec![Message::new(
+            "user",
+            "Give a JSON object with the name and colour of a cat.",
+        )])
+    };
+    let mut whole = 0;
+    for seed in [None, Some(1), Some(2), Some(3)] {
+        let mut req = greedy(ask(), 200);
+        req.format = rgml_serve::generator::OutputFormat::JsonObject;
+        if let Some(seed) = seed {
+            req.sampling = SamplerParams {
+                seed,
+                temp: 0.8,
+                ..SamplerParams::default()
+            };
+        }
+        let (text, reason, _) = collect(e.submit(req).unwrap());
+        if reason == FinishReason::Length {
+            let mut prefix = rgml_llm::json_prefix::JsonPrefix::object();
+            assert!(prefix.push(text.as_bytes()), "{text}");
+            continue;
+        }
+        assert_eq!(reason, FinishReason::Stop, "{text}");
+        let value: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(value.is_object(), "{text}");
+        whole += 1;
+    }
+    assert!(whole >= 2, "only {whole} answers ended");
+    e.shutdown();
 }
 
 #[test]

@@ -12,7 +12,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rgml_llm::chat::Message;
 use rgml_llm::tool_calls::ToolCallFormat;
-use rgml_serve::generator::{FinishReason, Logprobs, TokenLogprob, TokenOut, Usage};
+use rgml_serve::generator::{FinishReason, Logprobs, OutputFormat, TokenLogprob, TokenOut, Usage};
 use rgml_serve::http::{router, serve, HttpOptions};
 use rgml_serve::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
 use serde_json::{json, Value};
@@ -583,6 +583,7 @@ async fn penalties_and_logit_bias_reach_the_sampler() {
     );
     let reply = post(server.addr, "/v1/chat/completions", &body).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(server.fake.last_request().format, OutputFormat::Text);
     let sampling = server.fake.last_request().sampling;
     assert_eq!(
         (sampling.frequency_penalty, sampling.presence_penalty),
@@ -591,6 +592,15 @@ async fn penalties_and_logit_bias_reach_the_sampler() {
     let mut bias = sampling.logit_bias.clone();
     bias.sort_by_key(|b| b.0);
     assert_eq!(bias, [(3, -1.5), (7, f32::NEG_INFINITY)]);
+    for (route, body) in [
+        ("/v1/chat/completions", chat("a")),
+        ("/v1/completions", json!({"prompt": "a"})),
+    ] {
+        let body = with(body, json!({"response_format": {"type": "json_object"}}));
+        let reply = post(server.addr, route, &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(server.fake.last_request().format, OutputFormat::JsonObject);
+    }
     let body = json!({"prompt": "a", "logit_bias": [[5, 2], [9, false]]});
     let reply = post(server.addr, "/v1/completions", &body).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
@@ -1064,7 +1074,7 @@ async fn request_errors() {
         (
             with(
                 chat("a"),
-                json!({"response_format": {"type": "json_object"}}),
+                json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
             ),
             chat_path,
             Some("response_format"),

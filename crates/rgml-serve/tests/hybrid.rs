@@ -56,6 +56,7 @@ fn greedy(tokens: &[TokenId], max_tokens: usize) -> GenRequest {
         stop: Vec::new(),
         n_probs: None,
         ignore_eos: false,
+        format: Default::default(),
     }
 }
 

@@ -7,7 +7,10 @@
 //! string) and the end of the request.
 
 use super::Job;
-use crate::generator::{FinishReason, GenEvent, Logprobs, TokenLogprob, TokenOut, Usage};
+use crate::generator::{
+    FinishReason, GenEvent, Logprobs, OutputFormat, TokenLogprob, TokenOut, Usage,
+};
+use rgml_llm::json_prefix::JsonPrefix;
 use rgml_llm::tokenizer::Decoder;
 use rgml_llm::{Sampler, TokenId, Tokenizer};
 
@@ -49,8 +52,11 @@ pub(crate) struct Running<'t> {
     max_tokens: usize,
     /// The last sampled token, to evaluate next.
     pub(crate) pending: Option<TokenId>,
-    /// Scratch: the logits with end-of-generation tokens masked (`ignore_eos`).
+    /// Scratch: the logits with end-of-generation tokens masked (`ignore_eos`), and tokens
+    /// that break the answer's format.
     masked: Vec<f32>,
+    /// A JSON answer: the object written so far.
+    json: Option<JsonPrefix>,
 }
 
 /// What the slot does after a row of logits.
@@ -111,6 +117,7 @@ impl<'t> Slot<'t> {
             sampler.accept(t);
         }
         let max_tokens = job.request.max_tokens.unwrap_or(usize::MAX);
+        let job_format = job.request.format;
         self.run = Some(Running {
             job,
             n_prompt_done: n_cached,
@@ -123,6 +130,7 @@ impl<'t> Slot<'t> {
             max_tokens,
             pending: None,
             masked: Vec::new(),
+            json: (job_format == OutputFormat::JsonObject).then(JsonPrefix::object),
         });
     }
 }
@@ -149,23 +157,35 @@ impl Running<'_> {
             (Some(n), Some(norm)) => Some(top_logprobs(logits, n, norm, tok)),
             _ => None,
         };
-        let token = match self.job.request.ignore_eos {
-            true => {
-                // End-of-generation tokens cannot be drawn (llama.cpp's logit bias of -inf).
+        let token = match (self.job.request.ignore_eos, self.json) {
+            (false, None) => self.sampler.sample(logits),
+            (ignore_eos, json) => {
                 self.masked.clear();
                 self.masked.extend_from_slice(logits);
-                for &eog in tok.eog_ids() {
-                    if let Some(l) = self.masked.get_mut(eog as usize) {
-                        *l = f32::NEG_INFINITY;
+                if ignore_eos || json.is_some_and(|j| !j.complete()) {
+                    // End-of-generation tokens cannot be drawn (llama.cpp's logit bias of
+                    // -inf), nor end an unfinished JSON answer.
+                    for &eog in tok.eog_ids() {
+                        if let Some(l) = self.masked.get_mut(eog as usize) {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                if let Some(json) = json {
+                    if !mask_json(&mut self.masked, json, tok) {
+                        return self.finish(FinishReason::Stop);
                     }
                 }
                 self.sampler.sample(&self.masked)
             }
-            false => self.sampler.sample(logits),
         };
         if tok.is_eog(token) {
             return self.finish(FinishReason::Stop);
         }
+        // Nothing may follow a JSON answer's object: the answer ends with it.
+        let json_done = self.json.as_mut().is_some_and(|json| {
+            json.push(tok.token_to_piece(token, false).unwrap_or_default()) && json.complete()
+        });
         self.sampler.accept(token);
         self.n_generated += 1;
         let logprobs = top.zip(norm).map(|(top, norm)| Logprobs {
@@ -180,6 +200,9 @@ impl Running<'_> {
             return self.end(FinishReason::Stop);
         }
         self.send_token(token, logprobs);
+        if json_done {
+            return self.finish(FinishReason::Stop);
+        }
         if self.n_generated >= self.max_tokens || !room {
             return self.finish(FinishReason::Length);
         }
@@ -309,4 +332,25 @@ fn token_logprob(id: TokenId, logits: &[f32], norm: LogNorm, tok: &Tokenizer) ->
         bytes,
         logprob: (f64::from(logit - norm.max) - norm.ln_sum) as f32,
     }
+}
+
+/// Masks in `logits` every token that would leave the JSON answer `json` no object prefix (and
+/// those that write nothing); end-of-generation tokens are left as they are (the caller masks
+/// them while the object is open). `false` when no token may follow.
+fn mask_json(logits: &mut [f32], json: JsonPrefix, tok: &Tokenizer) -> bool {
+    let mut any = false;
+    for (id, l) in logits.iter_mut().enumerate() {
+        let id = id as TokenId;
+        if tok.is_eog(id) {
+            any |= json.complete() && l.is_finite();
+            continue;
+        }
+        let piece = tok.token_to_piece(id, false).unwrap_or_default();
+        if json.accepts(piece) {
+            any |= l.is_finite();
+        } else {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    any
 }

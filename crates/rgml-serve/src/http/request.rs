@@ -15,7 +15,7 @@
 
 use super::error::ApiError;
 use super::HttpOptions;
-use crate::generator::{GenRequest, Prompt, SubmitError};
+use crate::generator::{GenRequest, OutputFormat, Prompt, SubmitError};
 use rgml_llm::chat::{Message, ToolCall};
 use rgml_llm::{SamplerParams, TokenId};
 use serde::de::DeserializeOwned;
@@ -86,6 +86,7 @@ struct CommonFields {
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
     logit_bias: Option<Value>,
+    response_format: Option<Value>,
     /// llama-server's extension: never end at an end-of-generation token.
     ignore_eos: Option<bool>,
 }
@@ -108,6 +109,7 @@ const COMMON_FIELDS: &[&str] = &[
     "frequency_penalty",
     "presence_penalty",
     "logit_bias",
+    "response_format",
     "ignore_eos",
 ];
 
@@ -141,14 +143,12 @@ const NO_EFFECT_FIELDS: &[&str] = &[
 
 /// Fields that would change the answer and are not implemented (in the route at hand: chat
 /// takes `tools` and `tool_choice`): refused by name. `null` counts as absent; `tool_choice`
-/// `"none"` or `"auto"` without tools and `response_format` `{"type": "text"}` ask for
-/// nothing and are taken.
+/// `"none"` or `"auto"` without tools asks for nothing and is taken.
 const REFUSED_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "functions",
     "function_call",
-    "response_format",
     "grammar",
     "json_schema",
     "n_predict",
@@ -629,6 +629,7 @@ fn finish(
             stop,
             n_probs,
             ignore_eos,
+            format: output_format(common.response_format.as_ref())?,
         },
         stream: common.stream.unwrap_or(false),
         include_usage,
@@ -636,6 +637,27 @@ fn finish(
         tools: false,
         split_reasoning: false,
     })
+}
+
+/// `response_format`: `text` (or absent) or `json_object`; a JSON schema needs a grammar
+/// compiled from it, not implemented yet, and is refused by name.
+fn output_format(value: Option<&Value>) -> Result<OutputFormat, ApiError> {
+    let kind = match value {
+        None | Some(Value::Null) => return Ok(OutputFormat::Text),
+        Some(v) => v.get("type").and_then(Value::as_str),
+    };
+    match kind {
+        Some("text") => Ok(OutputFormat::Text),
+        Some("json_object") => Ok(OutputFormat::JsonObject),
+        Some("json_schema") => Err(ApiError::unsupported(
+            "response_format",
+            "`response_format` `json_schema` (only `text` and `json_object`)",
+        )),
+        _ => Err(ApiError::bad_request(
+            "response_format needs a `type`: text or json_object",
+            Some("response_format"),
+        )),
+    }
 }
 
 /// Several choices are not implemented; a request that asks for them is refused rather than
