@@ -6,7 +6,7 @@ use crate::error::CliError;
 use crate::gpu_layers::GpuLayers;
 use clap::Args;
 use rgml::DType;
-use rgml_llm::chat::{ChatFormatter, Message};
+use rgml_llm::chat::{ChatFormat, ChatFormatter, Message};
 use rgml_llm::chat_template::ChatTemplate;
 use rgml_llm::{
     EncodeOptions, FlashAttn, Logits, Model, Sampler, SamplerParams, Session, SessionOptions,
@@ -396,6 +396,10 @@ pub struct RunArgs {
     /// `--chat`).
     #[arg(long)]
     chat_template_file: Option<std::path::PathBuf>,
+    /// With `--chat`: a built-in chat format by name (chatml, llama2, llama3, gemma) or a
+    /// Jinja template's text, instead of the model's.
+    #[arg(long)]
+    chat_template: Option<String>,
     /// With `--chat`: run the model's `tokenizer.chat_template` as Jinja (as llama.cpp's
     /// `--jinja`) instead of recognising its format from markers.
     #[arg(long)]
@@ -459,25 +463,76 @@ pub(crate) fn check_context(what: &str, n_tokens: usize, ctx_size: usize) -> Res
     Ok(())
 }
 
-/// The text of a `--chat-template-file`, checked to compile (a file the user names should
-/// not silently fall back to the marker format).
-pub(crate) fn read_chat_template(
+/// The chat format a user chose: a Jinja template's text, or a built-in format.
+#[derive(Debug, Default)]
+pub(crate) struct ChatChoice {
+    /// `--chat-template-file`'s text, or `--chat-template` given as Jinja text.
+    pub(crate) template: Option<String>,
+    /// `--chat-template NAME` of a built-in format.
+    pub(crate) format: Option<ChatFormat>,
+}
+
+impl ChatChoice {
+    /// The formatter for `model` (`jinja`: its own template as Jinja).
+    pub(crate) fn formatter(&self, model: &rgml_llm::Model, jinja: bool) -> ChatFormatter {
+        match self.format {
+            Some(format) => ChatFormatter::Markers(format),
+            None => ChatFormatter::for_model(model, self.template.as_deref(), jinja),
+        }
+    }
+}
+
+/// `--chat-template NAME|TEMPLATE` and `--chat-template-file FILE` (one of them), as
+/// llama.cpp takes them: a built-in format's name, or Jinja text (it holds `{{` or `{%`),
+/// checked to compile (a template the user gives should not silently fall back to the marker
+/// format). A name rgml has no format for is an error listing those it has.
+pub(crate) fn chat_choice(
+    value: Option<&str>,
     path: Option<&std::path::Path>,
-) -> Result<Option<String>, CliError> {
-    let Some(path) = path else {
-        return Ok(None);
+) -> Result<ChatChoice, CliError> {
+    let (text, what) = match (value, path) {
+        (Some(_), Some(_)) => {
+            return Err(CliError::usage(
+                "--chat-template and --chat-template-file: give one of them",
+            ))
+        }
+        (None, None) => return Ok(ChatChoice::default()),
+        (Some(value), None) if !(value.contains("{{") || value.contains("{%")) => {
+            let format = ChatFormat::from_name(value.trim()).ok_or_else(|| {
+                let names: Vec<&str> = ChatFormat::NAMES.iter().map(|(n, _)| *n).collect();
+                CliError::usage(format!(
+                    "--chat-template {value}: not a built-in format ({}); give the template's \
+                     Jinja text or --chat-template-file",
+                    names.join(", ")
+                ))
+            })?;
+            return Ok(ChatChoice {
+                template: None,
+                format: Some(format),
+            });
+        }
+        (Some(value), None) => (value.to_string(), "--chat-template".to_string()),
+        (None, Some(path)) => {
+            let what = format!("--chat-template-file {}", path.display());
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CliError::usage(format!("{what}: {e}")))?;
+            (text, what)
+        }
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::usage(format!("--chat-template-file {}: {e}", path.display())))?;
-    ChatTemplate::new(&text, "", "")
-        .map_err(|e| CliError::usage(format!("--chat-template-file {}: {e}", path.display())))?;
-    Ok(Some(text))
+    ChatTemplate::new(&text, "", "").map_err(|e| CliError::usage(format!("{what}: {e}")))?;
+    Ok(ChatChoice {
+        template: Some(text),
+        format: None,
+    })
 }
 
 /// `rgml run`: stream a continuation of the prompt to stdout.
 pub fn run(args: RunArgs) -> Result<bool, CliError> {
     let params = sampler_params(&args)?;
-    let chat_template = read_chat_template(args.chat_template_file.as_deref())?;
+    let chat = chat_choice(
+        args.chat_template.as_deref(),
+        args.chat_template_file.as_deref(),
+    )?;
     let model = args.model.load()?;
     check_logit_bias(&params.logit_bias, model.config.n_vocab)?;
     let tok = &model.tokenizer;
@@ -487,7 +542,7 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
             messages.push(Message::new("system", s));
         }
         messages.push(Message::new("user", &args.prompt));
-        ChatFormatter::for_model(&model, chat_template.as_deref(), args.jinja)
+        chat.formatter(&model, args.jinja)
             .apply(&messages)
             .map_err(|e| CliError::Message(e.to_string()))?
     } else {
@@ -794,7 +849,34 @@ fn short_value(v: &rgml_gguf::Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_logit_bias;
+    use super::{chat_choice, parse_logit_bias};
+    use rgml_llm::chat::ChatFormat;
+
+    #[test]
+    fn chat_template_takes_a_name_or_jinja_text() {
+        let llama3 = chat_choice(Some("llama3"), None).unwrap();
+        assert_eq!(
+            (llama3.format, llama3.template),
+            (Some(ChatFormat::Llama3), None)
+        );
+        let text = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        let jinja = chat_choice(Some(text), None).unwrap();
+        assert_eq!(
+            (jinja.format, jinja.template.as_deref()),
+            (None, Some(text))
+        );
+        let e = chat_choice(Some("mistral-v7"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("chatml, llama2, llama3, gemma"), "{e}");
+        let e = chat_choice(Some("{{ unclosed"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--chat-template"), "{e}");
+        let both = chat_choice(Some("chatml"), Some(std::path::Path::new("x.jinja")));
+        assert!(both.is_err());
+        assert!(chat_choice(None, None).unwrap().template.is_none());
+    }
 
     #[test]
     fn logit_bias_flags_read_as_llama_cpp_writes_them() {

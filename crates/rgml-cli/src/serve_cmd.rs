@@ -44,6 +44,10 @@ pub struct ServeArgs {
     /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
     #[arg(long)]
     chat_template_file: Option<std::path::PathBuf>,
+    /// A built-in chat format by name (chatml, llama2, llama3, gemma) or a Jinja template's
+    /// text, instead of the model's (llama-server's `--chat-template`).
+    #[arg(long)]
+    chat_template: Option<String>,
     /// Run the model's `tokenizer.chat_template` as Jinja (as llama.cpp's `--jinja`) instead of
     /// recognising its format from markers.
     #[arg(long)]
@@ -55,7 +59,10 @@ pub struct ServeArgs {
 
 /// Serve until SIGTERM or Ctrl-C.
 pub fn run(args: ServeArgs) -> Result<bool, CliError> {
-    let chat_template = crate::model_cmds::read_chat_template(args.chat_template_file.as_deref())?;
+    let chat = crate::model_cmds::chat_choice(
+        args.chat_template.as_deref(),
+        args.chat_template_file.as_deref(),
+    )?;
     let model = args.model.load()?;
     let n_slots = usize::from(args.parallel);
     let session = args
@@ -75,7 +82,8 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
                 "any" => PrefixReuse::Any,
                 _ => PrefixReuse::Exact,
             },
-            chat_template,
+            chat_template: chat.template,
+            chat_format: chat.format,
             jinja: args.jinja,
         },
     )

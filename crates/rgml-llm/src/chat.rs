@@ -28,6 +28,22 @@ pub enum ChatFormat {
 }
 
 impl ChatFormat {
+    /// The built-in formats by the names llama.cpp's `--chat-template` gives them.
+    pub const NAMES: &[(&str, ChatFormat)] = &[
+        ("chatml", ChatFormat::ChatMl),
+        ("llama2", ChatFormat::Llama2),
+        ("llama3", ChatFormat::Llama3),
+        ("gemma", ChatFormat::Gemma),
+    ];
+
+    /// The built-in format called `name` (llama.cpp's name), if rgml has it.
+    pub fn from_name(name: &str) -> Option<ChatFormat> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, f)| f)
+    }
+
     /// The format a template text describes (ChatML when unrecognised or absent).
     pub fn detect(template: Option<&str>) -> ChatFormat {
         match template {

@@ -16,7 +16,7 @@ mod slot;
 mod worker;
 
 use crate::generator::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
-use rgml_llm::chat::ChatFormatter;
+use rgml_llm::chat::{ChatFormat, ChatFormatter};
 use rgml_llm::{EncodeOptions, Model, Session, TokenId};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +42,8 @@ pub struct EngineOptions {
     pub chat_template: Option<String>,
     /// Run the model's own chat template as Jinja (`--jinja`) instead of the marker format.
     pub jinja: bool,
+    /// A built-in chat format to use instead of any template (`--chat-template NAME`).
+    pub chat_format: Option<ChatFormat>,
 }
 
 /// How much of a prompt a slot's cache (or another slot's, copied) may give a new request.
@@ -71,6 +73,7 @@ impl Default for EngineOptions {
             prefix_reuse: PrefixReuse::Exact,
             chat_template: None,
             jinja: false,
+            chat_format: None,
         }
     }
 }
@@ -129,8 +132,12 @@ impl Engine {
     /// each); starts its worker thread.
     pub fn start(session: Session, options: EngineOptions) -> std::io::Result<Engine> {
         let model = session.model().clone();
-        let formatter =
-            ChatFormatter::for_model(&model, options.chat_template.as_deref(), options.jinja);
+        let formatter = match options.chat_format {
+            Some(format) => ChatFormatter::Markers(format),
+            None => {
+                ChatFormatter::for_model(&model, options.chat_template.as_deref(), options.jinja)
+            }
+        };
         let n_ctx = session.n_ctx();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
