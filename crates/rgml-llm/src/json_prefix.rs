@@ -1,6 +1,7 @@
 //! Which texts can still become a JSON object: a byte-at-a-time pushdown automaton over RFC
 //! 8259's grammar, for JSON-constrained sampling (the OpenAI `response_format`
-//! `{"type": "json_object"}`). A sampler keeps one [`JsonPrefix`] per generation, asks it of
+//! `{"type": "json_object"}`), and [`FramedJson`], an object between two fixed texts (a
+//! forced tool call). A sampler keeps one [`JsonPrefix`] per generation, asks it of
 //! each candidate token's bytes ([`JsonPrefix::accepts`]) and feeds it the chosen one
 //! ([`JsonPrefix::push`]); the answer may end once [`JsonPrefix::complete`] holds, and must
 //! then.
@@ -277,6 +278,83 @@ impl JsonPrefix {
     }
 }
 
+/// Where a [`FramedJson`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Frame {
+    /// This many bytes of the prefix written.
+    Prefix(usize),
+    Json(JsonPrefix),
+    /// This many bytes of the suffix written.
+    Suffix(usize),
+}
+
+/// A JSON object between two fixed texts (a forced tool call: `<tool_call>\n` before the
+/// call's object, `\n</tool_call>` after it, say); with both empty, a JSON object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FramedJson {
+    prefix: String,
+    suffix: String,
+    frame: Frame,
+}
+
+impl FramedJson {
+    /// `prefix`, a JSON object, `suffix`.
+    pub fn new(prefix: &str, suffix: &str) -> FramedJson {
+        FramedJson {
+            prefix: prefix.to_string(),
+            suffix: suffix.to_string(),
+            frame: Frame::Prefix(0),
+        }
+    }
+
+    /// The whole frame is written.
+    pub fn complete(&self) -> bool {
+        self.after(self.frame) == Some(Frame::Suffix(self.suffix.len()))
+    }
+
+    /// Whether `bytes` after the text so far still leave a prefix of the frame (an empty
+    /// `bytes` does not).
+    pub fn accepts(&self, bytes: &[u8]) -> bool {
+        !bytes.is_empty() && self.run(self.frame, bytes).is_some()
+    }
+
+    /// Takes `bytes`; `false` (the state unchanged) if they leave no prefix of the frame.
+    pub fn push(&mut self, bytes: &[u8]) -> bool {
+        match self.run(self.frame, bytes) {
+            Some(frame) => {
+                self.frame = frame;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `frame` moved past the parts already whole (an empty prefix, a complete object).
+    fn after(&self, frame: Frame) -> Option<Frame> {
+        match frame {
+            Frame::Prefix(n) if n == self.prefix.len() => Some(Frame::Json(JsonPrefix::object())),
+            Frame::Json(json) if json.complete() => Some(Frame::Suffix(0)),
+            other => Some(other),
+        }
+    }
+
+    fn run(&self, mut frame: Frame, bytes: &[u8]) -> Option<Frame> {
+        for &b in bytes {
+            frame = self.after(frame)?;
+            frame = match frame {
+                Frame::Prefix(n) => {
+                    (self.prefix.as_bytes()[n] == b).then_some(Frame::Prefix(n + 1))?
+                }
+                Frame::Json(mut json) => json.push(&[b]).then_some(Frame::Json(json))?,
+                Frame::Suffix(n) => {
+                    (self.suffix.as_bytes().get(n) == Some(&b)).then_some(Frame::Suffix(n + 1))?
+                }
+            };
+        }
+        Some(frame)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,6 +419,31 @@ mod tests {
             let taken = state.push(text.as_bytes());
             assert!(!(taken && state.complete()), "{text} taken as whole JSON");
         }
+    }
+
+    #[test]
+    fn framed_objects_write_their_prefix_object_and_suffix() {
+        let mut frame = FramedJson::new("<tool_call>\n", "\n</tool_call>");
+        assert!(!frame.accepts(b"{"));
+        assert!(frame.accepts(b"<tool"));
+        assert!(frame.push(b"<tool_call>\n{\"name\": \"f\", "));
+        assert!(!frame.complete());
+        assert!(frame.push(b"\"arguments\": {}}"));
+        assert!(!frame.complete());
+        assert!(!frame.accepts(b" "));
+        assert!(frame.accepts(b"\n</tool"));
+        assert!(frame.push(b"\n</tool_call>"));
+        assert!(frame.complete());
+        assert!(!frame.accepts(b"x"));
+        let mut plain = FramedJson::new("", "");
+        assert!(!plain.complete());
+        assert!(plain.push(b"{\"a\": [1, 2]}"));
+        assert!(plain.complete());
+        let mut named = FramedJson::new("{\"name\": \"f\", \"arguments\": ", "}");
+        assert!(named.push(b"{\"name\": \"f\", \"arguments\": {\"x\": 1}"));
+        assert!(!named.complete());
+        assert!(named.push(b"}"));
+        assert!(named.complete());
     }
 
     #[test]

@@ -66,6 +66,26 @@ impl ToolCallFormat {
         })
     }
 
+    /// The fixed texts around a forced call's JSON object (OpenAI's `tool_choice` `required`,
+    /// or a named function): any call, or one of `name`, whose object is then its arguments.
+    pub fn forced_frame(self, name: Option<&str>) -> (String, String) {
+        let (open, args_key, close) = match self {
+            ToolCallFormat::Hermes => ("<tool_call>\n", "arguments", "\n</tool_call>"),
+            ToolCallFormat::Llama3Json => ("", "parameters", ""),
+            ToolCallFormat::MistralNemo => ("[TOOL_CALLS][", "arguments", "]"),
+        };
+        match name {
+            None => (open.to_string(), close.to_string()),
+            Some(name) => {
+                let name = Value::from(name).to_string();
+                (
+                    format!("{open}{{\"name\": {name}, \"{args_key}\": "),
+                    format!("}}{close}"),
+                )
+            }
+        }
+    }
+
     /// Where, in a partial output, a tool call may have begun (its text from there must not be
     /// sent yet); `None`: all of it is text.
     pub fn hold_from(self, text: &str) -> Option<usize> {
@@ -225,6 +245,31 @@ mod tests {
         let mut want = call("a", r#"{"x":1}"#);
         want.id = Some("abc123XYZ".into());
         assert_eq!(parsed.tool_calls, [want]);
+    }
+
+    /// A forced call's frame around any JSON object parses as a call of that function.
+    #[test]
+    fn forced_frames_parse_as_calls() {
+        for format in [
+            ToolCallFormat::Hermes,
+            ToolCallFormat::Llama3Json,
+            ToolCallFormat::MistralNemo,
+        ] {
+            let (open, close) = format.forced_frame(Some("get \"x\""));
+            let parsed = format.parse(&format!("{open}{{\"a\": 1}}{close}"));
+            assert_eq!(
+                parsed.tool_calls,
+                [call("get \"x\"", r#"{"a":1}"#)],
+                "{format:?}"
+            );
+            let (open, close) = format.forced_frame(None);
+            let text = format!("{open}{{\"name\": \"f\", \"arguments\": {{}}}}{close}");
+            assert_eq!(
+                format.parse(&text).tool_calls,
+                [call("f", "{}")],
+                "{format:?}"
+            );
+        }
     }
 
     #[test]

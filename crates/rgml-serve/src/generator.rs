@@ -35,7 +35,7 @@ pub enum Prompt {
 }
 
 /// What the answer must be.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum OutputFormat {
     /// Any text.
     #[default]
@@ -44,6 +44,15 @@ pub enum OutputFormat {
     /// would leave no JSON object prefix are never sampled, and the answer ends when the object
     /// closes.
     JsonObject,
+    /// A tool call (OpenAI's `tool_choice` `required` or a named function): `prefix`, a JSON
+    /// object, `suffix`, and nothing else, sampled as `JsonObject` is.
+    ToolCall {
+        /// The fixed text before the object (the model's call opening, and for a named
+        /// function its name).
+        prefix: String,
+        /// The fixed text after it.
+        suffix: String,
+    },
 }
 
 /// One generation request.

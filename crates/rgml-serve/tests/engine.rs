@@ -4,6 +4,7 @@
 //! refused before they start.
 
 use rgml_llm::chat::{ChatFormat, Message};
+use rgml_llm::tool_calls::ToolCallFormat;
 use rgml_llm::{EncodeOptions, Model, Sampler, SamplerParams, Session, SessionOptions};
 use rgml_serve::engine::{Engine, EngineOptions, PrefixReuse};
 use rgml_serve::generator::{FinishReason, GenEvent, Usage};
@@ -398,7 +399,7 @@ fn tools_need_a_template_that_shows_tool_calls() {
     let session = Session::new(
         model.clone(),
         &SessionOptions {
-            n_ctx: N_CTX,
+            n_ctx: 1024,
             n_threads: Some(2),
             ..Default::default()
         },
@@ -413,10 +414,7 @@ fn tools_need_a_template_that_shows_tool_calls() {
         },
     )
     .unwrap();
-    assert_eq!(
-        qwen.tool_call_format(),
-        Some(rgml_llm::tool_calls::ToolCallFormat::Hermes)
-    );
+    assert_eq!(qwen.tool_call_format(), Some(ToolCallFormat::Hermes));
     let plain = qwen
         .submit(greedy(
             Prompt::Chat(vec![Message::new("user", "Weather in Paris?")]),
@@ -432,6 +430,33 @@ fn tools_need_a_template_that_shows_tool_calls() {
     );
     collect(plain);
     collect(with_tools);
+    // A forced call of `weather` (tool_choice naming it): the answer is that call, its
+    // arguments a JSON object, read back as one call.
+    let format = ToolCallFormat::Hermes;
+    let mut whole = 0;
+    // Sampled (greedy decoding of this tiny model writes arguments past any limit), until one
+    // call ends.
+    for seed in 6..10 {
+        let (prefix, suffix) = format.forced_frame(Some("weather"));
+        let mut req = greedy(ask(), 300);
+        req.format = rgml_serve::generator::OutputFormat::ToolCall { prefix, suffix };
+        req.sampling = SamplerParams {
+            seed,
+            ..SamplerParams::default()
+        };
+        let (text, reason, _) = collect(qwen.submit(req).unwrap());
+        if reason == FinishReason::Length {
+            continue;
+        }
+        let calls = format.parse(&text).tool_calls;
+        assert_eq!(calls.len(), 1, "{text}");
+        assert_eq!(calls[0].name, "weather");
+        let args: serde_json::Value = serde_json::from_str(&calls[0].arguments).unwrap();
+        assert!(args.is_object(), "{text}");
+        whole += 1;
+        break;
+    }
+    assert!(whole >= 1, "no forced call ended within 300 tokens");
     qwen.shutdown();
 }
 

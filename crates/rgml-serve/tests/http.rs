@@ -729,14 +729,48 @@ async fn tool_calls_are_read_out_of_the_output() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert!(matches!(server.fake.last_request().prompt, Prompt::Chat(_)));
 
-    // Forcing a call is refused by name; so is a tool that is not a function.
+    // A forced call is sampled inside the model's call frame (named: with the name written).
+    let body = with(
+        chat("a"),
+        json!({"tools": tools, "tool_choice": "required"}),
+    );
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let frame = |prefix: &str, suffix: &str| OutputFormat::ToolCall {
+        prefix: prefix.into(),
+        suffix: suffix.into(),
+    };
+    assert_eq!(
+        server.fake.last_request().format,
+        frame("<tool_call>\n", "\n</tool_call>")
+    );
+    let named = json!({"type": "function", "function": {"name": "weather"}});
+    let body = with(chat("a"), json!({"tools": tools, "tool_choice": named}));
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        server.fake.last_request().format,
+        frame(
+            "<tool_call>\n{\"name\": \"weather\", \"arguments\": ",
+            "}\n</tool_call>"
+        )
+    );
+
+    // Refused: a forced call of no tool or of an unknown one, with a JSON format too, and a
+    // tool that is not a function.
+    let unknown = json!({"type": "function", "function": {"name": "time"}});
     for (extra, param) in [
+        (json!({"tool_choice": "required"}), "tool_choice"),
         (
-            json!({"tools": tools, "tool_choice": "required"}),
+            json!({"tools": tools, "tool_choice": unknown}),
             "tool_choice",
         ),
         (
-            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "weather"}}}),
+            json!({"tools": tools, "tool_choice": "always"}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}}),
             "tool_choice",
         ),
         (

@@ -10,7 +10,7 @@ use super::Job;
 use crate::generator::{
     FinishReason, GenEvent, Logprobs, OutputFormat, TokenLogprob, TokenOut, Usage,
 };
-use rgml_llm::json_prefix::JsonPrefix;
+use rgml_llm::json_prefix::FramedJson;
 use rgml_llm::tokenizer::Decoder;
 use rgml_llm::{Sampler, TokenId, Tokenizer};
 
@@ -55,8 +55,8 @@ pub(crate) struct Running<'t> {
     /// Scratch: the logits with end-of-generation tokens masked (`ignore_eos`), and tokens
     /// that break the answer's format.
     masked: Vec<f32>,
-    /// A JSON answer: the object written so far.
-    json: Option<JsonPrefix>,
+    /// A JSON answer or a forced tool call: what of it is written so far.
+    json: Option<FramedJson>,
 }
 
 /// What the slot does after a row of logits.
@@ -117,7 +117,11 @@ impl<'t> Slot<'t> {
             sampler.accept(t);
         }
         let max_tokens = job.request.max_tokens.unwrap_or(usize::MAX);
-        let job_format = job.request.format;
+        let json = match &job.request.format {
+            OutputFormat::Text => None,
+            OutputFormat::JsonObject => Some(FramedJson::new("", "")),
+            OutputFormat::ToolCall { prefix, suffix } => Some(FramedJson::new(prefix, suffix)),
+        };
         self.run = Some(Running {
             job,
             n_prompt_done: n_cached,
@@ -130,7 +134,7 @@ impl<'t> Slot<'t> {
             max_tokens,
             pending: None,
             masked: Vec::new(),
-            json: (job_format == OutputFormat::JsonObject).then(JsonPrefix::object),
+            json,
         });
     }
 }
@@ -157,27 +161,10 @@ impl Running<'_> {
             (Some(n), Some(norm)) => Some(top_logprobs(logits, n, norm, tok)),
             _ => None,
         };
-        let token = match (self.job.request.ignore_eos, self.json) {
-            (false, None) => self.sampler.sample(logits),
-            (ignore_eos, json) => {
-                self.masked.clear();
-                self.masked.extend_from_slice(logits);
-                if ignore_eos || json.is_some_and(|j| !j.complete()) {
-                    // End-of-generation tokens cannot be drawn (llama.cpp's logit bias of
-                    // -inf), nor end an unfinished JSON answer.
-                    for &eog in tok.eog_ids() {
-                        if let Some(l) = self.masked.get_mut(eog as usize) {
-                            *l = f32::NEG_INFINITY;
-                        }
-                    }
-                }
-                if let Some(json) = json {
-                    if !mask_json(&mut self.masked, json, tok) {
-                        return self.finish(FinishReason::Stop);
-                    }
-                }
-                self.sampler.sample(&self.masked)
-            }
+        let token = match self.mask(logits, tok) {
+            None => self.sampler.sample(logits),
+            Some(true) => self.sampler.sample(&self.masked),
+            Some(false) => return self.finish(FinishReason::Stop),
         };
         if tok.is_eog(token) {
             return self.finish(FinishReason::Stop);
@@ -208,6 +195,30 @@ impl Running<'_> {
         }
         self.pending = Some(token);
         Next::Continue
+    }
+
+    /// The logits with the tokens that may not come masked, into `masked`: end-of-generation
+    /// tokens with `ignore_eos` (llama.cpp's logit bias of -inf) or while a JSON answer is
+    /// open, and tokens that break a JSON answer. `None`: nothing to mask (sample `logits`);
+    /// `Some(false)`: no token may come.
+    fn mask(&mut self, logits: &[f32], tok: &Tokenizer) -> Option<bool> {
+        let open_json = self.json.as_ref().is_some_and(|j| !j.complete());
+        if !self.job.request.ignore_eos && self.json.is_none() {
+            return None;
+        }
+        self.masked.clear();
+        self.masked.extend_from_slice(logits);
+        if self.job.request.ignore_eos || open_json {
+            for &eog in tok.eog_ids() {
+                if let Some(l) = self.masked.get_mut(eog as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Some(match &self.json {
+            Some(json) => mask_json(&mut self.masked, json, tok),
+            None => true,
+        })
     }
 
     /// Send the token with the text that is safe to show: all but a suffix that could begin
@@ -334,10 +345,10 @@ fn token_logprob(id: TokenId, logits: &[f32], norm: LogNorm, tok: &Tokenizer) ->
     }
 }
 
-/// Masks in `logits` every token that would leave the JSON answer `json` no object prefix (and
-/// those that write nothing); end-of-generation tokens are left as they are (the caller masks
-/// them while the object is open). `false` when no token may follow.
-fn mask_json(logits: &mut [f32], json: JsonPrefix, tok: &Tokenizer) -> bool {
+/// Masks in `logits` every token that would leave the JSON answer `json` no prefix of its
+/// frame (and those that write nothing); end-of-generation tokens are left as they are (the
+/// caller masks them while the frame is open). `false` when no token may follow.
+fn mask_json(logits: &mut [f32], json: &FramedJson, tok: &Tokenizer) -> bool {
     let mut any = false;
     for (id, l) in logits.iter_mut().enumerate() {
         let id = id as TokenId;

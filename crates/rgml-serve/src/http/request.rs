@@ -44,6 +44,9 @@ pub(crate) struct Parsed {
     /// A thinking model's reasoning goes to `reasoning_content` (`reasoning_format` other
     /// than `none`; chat only).
     pub(crate) split_reasoning: bool,
+    /// `tool_choice` forces a call: of any tool (`Some(None)`) or of the one named.
+    #[allow(clippy::option_option)]
+    pub(crate) forced_tool: Option<Option<String>>,
 }
 
 /// `stop`: one string or several.
@@ -339,18 +342,26 @@ pub(crate) fn parse_chat(
         }
     };
     let with_tools = tools.is_some();
+    let forced_tool = tools.clone().flatten();
     let prompt = match tools {
-        Some(()) => Prompt::ChatWithTools {
+        Some(_) => Prompt::ChatWithTools {
             messages,
             tools: raw_tools(body)?,
         },
         None => Prompt::Chat(messages),
     };
     let parsed = finish(common, prompt, max_tokens, n_probs, options)?;
+    if forced_tool.is_some() && parsed.request.format != OutputFormat::Text {
+        return Err(ApiError::bad_request(
+            "response_format and a forced tool call (tool_choice) cannot both shape the answer",
+            Some("tool_choice"),
+        ));
+    }
     Ok(Parsed {
         warnings,
         tools: with_tools,
         split_reasoning,
+        forced_tool,
         ..parsed
     })
 }
@@ -368,14 +379,15 @@ fn raw_tools(body: &[u8]) -> Result<String, ApiError> {
     Ok(raw.tools.map(|t| t.get().to_string()).unwrap_or_default())
 }
 
-/// Whether the request's tools go to the model: `Some` for a non-empty `tools` list with
-/// `tool_choice` absent or `auto`; `None` without tools or with `tool_choice: "none"`.
-/// `required` and a named tool need constrained sampling, which is not implemented yet: they
-/// are refused by name.
+/// What `tools` and `tool_choice` ask for: `None` without tools, with `tool_choice: "none"`
+/// or an empty list; else `Some(forced)`, with `forced` `None` for `auto` (the model decides),
+/// `Some(None)` for `required` (a call of any of them), `Some(Some(name))` for a named
+/// function (one of the tools).
+#[allow(clippy::option_option)]
 fn chat_tools(
     tools: Option<&[ToolDefinition]>,
     choice: Option<&Value>,
-) -> Result<Option<()>, ApiError> {
+) -> Result<Option<Option<Option<String>>>, ApiError> {
     let tools = tools.unwrap_or_default();
     if let Some(i) = tools.iter().position(|t| t.kind != "function") {
         return Err(ApiError::bad_request(
@@ -389,15 +401,38 @@ fn chat_tools(
             Some(&format!("tools[{i}].function.name")),
         ));
     }
-    match choice {
-        None | Some(Value::Null) => Ok((!tools.is_empty()).then_some(())),
-        Some(Value::String(c)) if c == "auto" => Ok((!tools.is_empty()).then_some(())),
-        Some(Value::String(c)) if c == "none" => Ok(None),
-        Some(other) => Err(ApiError::bad_request(
-            format!("tool_choice {other} is not supported (only \"auto\" and \"none\"): forcing a call needs constrained sampling"),
-            Some("tool_choice"),
-        )),
+    let bad = |message: String| ApiError::bad_request(message, Some("tool_choice"));
+    let forced = match choice {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) if c == "auto" => None,
+        Some(Value::String(c)) if c == "none" => return Ok(None),
+        Some(Value::String(c)) if c == "required" => Some(None),
+        Some(named @ Value::Object(_)) => {
+            let name = named
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(format!("tool_choice {named}: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")))?;
+            if !tools.iter().any(|t| t.function.name == name) {
+                return Err(bad(format!(
+                    "tool_choice names `{name}`, which is not among the tools"
+                )));
+            }
+            Some(Some(name.to_string()))
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "tool_choice {other}: expected \"auto\", \"none\", \"required\" or a named function"
+            )))
+        }
+    };
+    if tools.is_empty() {
+        return match forced {
+            Some(_) => Err(bad("a forced tool call needs `tools`".into())),
+            None => Ok(None),
+        };
     }
+    Ok(Some(forced))
 }
 
 /// A `/v1/completions` body.
@@ -636,6 +671,7 @@ fn finish(
         warnings: Vec::new(),
         tools: false,
         split_reasoning: false,
+        forced_tool: None,
     })
 }
 

@@ -6,7 +6,7 @@ use super::listener::Connections;
 use super::request::{parse_chat, parse_completion};
 use super::response::{collect, unix_now, whole, Meta, Route};
 use super::{metrics, stream, HttpOptions, ShutdownFlag};
-use crate::generator::Generator;
+use crate::generator::{Generator, OutputFormat};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -100,7 +100,7 @@ async fn try_generate(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|rejection| body_error(&rejection, state.options.max_body_bytes))?;
     let model_id = state.generator.model_id();
-    let parsed = match route {
+    let mut parsed = match route {
         Route::Chat => parse_chat(&body, model_id, &state.options),
         Route::Completion => parse_completion(&body, model_id, &state.options),
     }?;
@@ -115,6 +115,11 @@ async fn try_generate(
             )
         })?;
         meta.tool_format = Some(format);
+        if let Some(name) = &parsed.forced_tool {
+            // The call is sampled inside the model's own call frame (see `forced_frame`).
+            let (prefix, suffix) = format.forced_frame(name.as_deref());
+            parsed.request.format = OutputFormat::ToolCall { prefix, suffix };
+        }
     }
     if state.options.log_warnings {
         for warning in &parsed.warnings {
