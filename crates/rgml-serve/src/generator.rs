@@ -8,7 +8,7 @@
 
 use rgml_llm::chat::Message;
 use rgml_llm::tool_calls::ToolCallFormat;
-use rgml_llm::{SamplerParams, TokenId};
+use rgml_llm::{SamplerParams, TokenId, Tokenizer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -350,5 +350,14 @@ pub trait Generator: Send + Sync + 'static {
     /// answer's reasoning is then returned as `reasoning_content`.
     fn shows_thinking(&self) -> bool {
         false
+    }
+    /// The model's tokenizer (`/tokenize`, `/detokenize`); `None`: those routes answer 501.
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        None
+    }
+    /// A conversation's prompt as the chat template renders it (`/apply-template`); `None`:
+    /// the route answers 501.
+    fn apply_template(&self, _prompt: &Prompt) -> Option<Result<String, SubmitError>> {
+        None
     }
 }

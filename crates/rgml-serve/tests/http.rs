@@ -12,6 +12,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rgml_llm::chat::Message;
 use rgml_llm::tool_calls::ToolCallFormat;
+use rgml_llm::{EncodeOptions, Tokenizer};
 use rgml_serve::generator::{FinishReason, Logprobs, OutputFormat, TokenLogprob, TokenOut, Usage};
 use rgml_serve::http::{router, serve, HttpOptions};
 use rgml_serve::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
@@ -130,6 +131,32 @@ impl Generator for Fake {
     fn shows_thinking(&self) -> bool {
         true
     }
+
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        Some(&demo_model().tokenizer)
+    }
+
+    /// `role: content` lines.
+    fn apply_template(&self, prompt: &Prompt) -> Option<Result<String, SubmitError>> {
+        let (Prompt::Chat(messages) | Prompt::ChatWithTools { messages, .. }) = prompt else {
+            return None;
+        };
+        let lines = messages
+            .iter()
+            .map(|m| format!("{}: {}\n", m.role, m.content));
+        Some(Ok(lines.collect()))
+    }
+}
+
+/// The demo model, loaded once (its tokenizer serves the fake's token routes).
+fn demo_model() -> &'static rgml_llm::Model {
+    static MODEL: std::sync::OnceLock<rgml_llm::Model> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        rgml_cpu::register();
+        rgml_llm::Model::load(path, Default::default()).expect("the demo model")
+    })
 }
 
 /// The words the fake answers with: the last message's (chat), the text's, or `t<id>` per
@@ -887,6 +914,80 @@ async fn reasoning_goes_to_reasoning_content() {
     assert_eq!(message["reasoning_content"], "use the tool");
     assert_eq!(message["content"], "Checking.");
     assert_eq!(message["tool_calls"][0]["function"]["name"], "weather");
+}
+
+/// llama-server's token routes: `/tokenize` (ids as the tokenizer gives them, with pieces on
+/// request), `/detokenize` (back to the text), `/apply-template` (the chat prompt); bad bodies
+/// name the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_detokenize_and_apply_template() {
+    let server = start_default().await;
+    let tok = &demo_model().tokenizer;
+    let text = "Hello <|im_start|> world, naïve!";
+    let reply = post(server.addr, "/tokenize", &json!({"content": text})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body: Value = serde_json::from_str(&reply.body).unwrap();
+    let want = tok.encode(
+        text,
+        EncodeOptions {
+            add_special: false,
+            parse_special: true,
+        },
+    );
+    assert_eq!(body["tokens"], json!(want));
+    let plain = tok.encode(
+        text,
+        EncodeOptions {
+            add_special: false,
+            parse_special: false,
+        },
+    );
+    assert_ne!(plain, want, "the control token is parsed by default");
+    let reply = post(
+        server.addr,
+        "/tokenize",
+        &json!({"content": text, "parse_special": false, "with_pieces": true}),
+    )
+    .await;
+    let body: Value = serde_json::from_str(&reply.body).unwrap();
+    let pieces = body["tokens"].as_array().unwrap();
+    assert_eq!(pieces.len(), plain.len());
+    assert_eq!(pieces[0]["id"], plain[0]);
+    assert_eq!(pieces[0]["piece"], "Hello");
+
+    let reply = post(server.addr, "/detokenize", &json!({"tokens": want})).await;
+    let body: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(body["content"], text);
+
+    let reply = post(
+        server.addr,
+        "/apply-template",
+        &json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(body["prompt"], "system: s\nuser: u\n");
+
+    for (path, body, param) in [
+        ("/tokenize", json!({}), Some("content")),
+        ("/tokenize", json!({"content": 3}), Some("content")),
+        (
+            "/tokenize",
+            json!({"content": "a", "bogus": 1}),
+            Some("bogus"),
+        ),
+        (
+            "/detokenize",
+            json!({"tokens": [1, 99999999]}),
+            Some("tokens"),
+        ),
+        ("/detokenize", json!({"tokens": "x"}), Some("tokens")),
+        ("/apply-template", json!({"messages": []}), Some("messages")),
+    ] {
+        let reply = post(server.addr, path, &body).await;
+        assert_error(&reply, 400, "invalid_request_error", param);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

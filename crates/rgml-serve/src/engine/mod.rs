@@ -269,6 +269,21 @@ impl Generator for Engine {
         self.formatter.shows_thinking()
     }
 
+    fn tokenizer(&self) -> Option<&rgml_llm::Tokenizer> {
+        Some(&self.model.tokenizer)
+    }
+
+    fn apply_template(&self, prompt: &Prompt) -> Option<Result<String, SubmitError>> {
+        let text = match prompt {
+            Prompt::Chat(messages) => self.formatter.apply(messages),
+            Prompt::ChatWithTools { messages, tools } => self
+                .formatter
+                .apply_with_tools(messages, Some(tools.as_str())),
+            Prompt::Text(_) | Prompt::Tokens(_) => return None,
+        };
+        Some(text.map_err(|e| SubmitError::ChatTemplate(e.to_string())))
+    }
+
     fn submit(&self, request: GenRequest) -> Result<Submission, SubmitError> {
         let (prompt, reasoning_open) = self.tokenize(&request.prompt)?;
         self.check(&request, &prompt)?;

@@ -17,6 +17,7 @@ mod request;
 mod response;
 mod routes;
 mod stream;
+mod tokens;
 
 use crate::generator::Generator;
 use std::future::Future;

@@ -263,6 +263,36 @@ enum CompletionPrompt {
 }
 
 /// A body as JSON and the fields both routes share, for this server's model.
+/// A `/tokenize` body (llama-server's route): `content`, and how to tokenize it. Unknown fields
+/// are refused (these routes have no `warnings` to list them in).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TokenizeRequest {
+    pub(crate) content: String,
+    #[serde(default)]
+    pub(crate) add_special: bool,
+    #[serde(default = "yes")]
+    pub(crate) parse_special: bool,
+    #[serde(default)]
+    pub(crate) with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A `/detokenize` body: token ids (unknown fields refused).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DetokenizeRequest {
+    pub(crate) tokens: Vec<TokenId>,
+}
+
+/// A body of one of the token routes.
+pub(crate) fn parse_token_route<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    read(&parse_value(body)?)
+}
+
 /// A body as JSON, the fields both routes share for this server's model, and the warnings
 /// for its unknown fields (`route_fields`: the route's own).
 fn parse_common(

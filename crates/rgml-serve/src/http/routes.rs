@@ -5,7 +5,7 @@ use super::error::ApiError;
 use super::listener::Connections;
 use super::request::{parse_chat, parse_completion};
 use super::response::{collect, unix_now, whole, Meta, Route};
-use super::{metrics, stream, HttpOptions, ShutdownFlag};
+use super::{metrics, stream, tokens, HttpOptions, ShutdownFlag};
 use crate::generator::{Generator, OutputFormat};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -62,6 +62,9 @@ pub(crate) fn build(state: AppState) -> Router {
         .route("/v1/models/{*id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/apply-template", post(apply_template))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
@@ -81,6 +84,48 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     generate(&state, body, Route::Completion).await
+}
+
+/// A route answered from the body at once (no generation): its JSON, or its error.
+fn answer(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+    handler: impl FnOnce(&[u8]) -> Result<serde_json::Value, ApiError>,
+) -> Response {
+    let result = body
+        .map_err(|rejection| body_error(&rejection, limit))
+        .and_then(|body| handler(&body));
+    match result {
+        Ok(value) => Json(value).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn tokenize(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let limit = state.options.max_body_bytes;
+    answer(body, limit, |b| {
+        tokens::tokenize(state.generator.as_ref(), b)
+    })
+}
+
+async fn detokenize(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let limit = state.options.max_body_bytes;
+    answer(body, limit, |b| {
+        tokens::detokenize(state.generator.as_ref(), b)
+    })
+}
+
+async fn apply_template(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let limit = state.options.max_body_bytes;
+    answer(body, limit, |b| {
+        tokens::apply_template(state.generator.as_ref(), b, &state.options)
+    })
 }
 
 /// Either generation route: parse, submit, answer whole or streamed. The body is taken as
