@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// recognising its format from markers.
     #[arg(long)]
     jinja: bool,
+    /// Require `Authorization: Bearer KEY` on every route but `GET /health` and the chat page
+    /// (llama-server's `--api-key`).
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     max_body_kib: u32,
@@ -93,6 +97,7 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
         max_body_bytes: (args.max_body_kib as usize).saturating_mul(1024),
         max_connections: args.max_connections as usize,
         log_warnings: true,
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         ..Default::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -990,6 +990,55 @@ async fn tokenize_detokenize_and_apply_template() {
     }
 }
 
+/// With an API key, every route but `GET /health`, the chat page and CORS preflights needs
+/// `Authorization: Bearer KEY`; otherwise a 401 `authentication_error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_guards_every_route_but_health() {
+    let server = start(HttpOptions {
+        api_key: Some("s3cret".into()),
+        ..HttpOptions::default()
+    })
+    .await;
+    let with_auth = |auth: Option<&str>, method: &str, path: &str| {
+        let body = if method == "POST" {
+            serde_json::to_vec(&chat("a")).unwrap()
+        } else {
+            Vec::new()
+        };
+        let mut req = build(method, path, &body, Some("application/json"));
+        if let Some(auth) = auth {
+            req.headers_mut()
+                .insert("authorization", auth.parse().unwrap());
+        }
+        req
+    };
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer s3cre"),
+        Some("s3cret"),
+    ] {
+        for (method, path) in [
+            ("POST", "/v1/chat/completions"),
+            ("GET", "/v1/models"),
+            ("GET", "/metrics"),
+        ] {
+            let mut client = connect(server.addr).await;
+            let reply = request_on(&mut client, with_auth(auth, method, path)).await;
+            let body = assert_error(&reply, 401, "authentication_error", None);
+            assert_eq!(body["error"]["code"], "invalid_api_key", "{auth:?} {path}");
+        }
+    }
+    for (method, path) in [("POST", "/v1/chat/completions"), ("GET", "/v1/models")] {
+        let mut client = connect(server.addr).await;
+        let reply = request_on(&mut client, with_auth(Some("Bearer s3cret"), method, path)).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+    }
+    for path in ["/health", "/"] {
+        assert_eq!(get(server.addr, path).await.status, 200, "{path}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_stream() {
     let server = start_default().await;

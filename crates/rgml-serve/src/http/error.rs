@@ -18,6 +18,8 @@ pub(crate) enum ErrorKind {
     RateLimit,
     /// The server failed or is going away (500, 503).
     Server,
+    /// No or a wrong API key (401).
+    Authentication,
 }
 
 impl ErrorKind {
@@ -26,6 +28,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => "invalid_request_error",
             ErrorKind::RateLimit => "rate_limit_error",
             ErrorKind::Server => "server_error",
+            ErrorKind::Authentication => "authentication_error",
         }
     }
 }

@@ -37,6 +37,9 @@ pub struct HttpOptions {
     pub max_tokens_default: Option<usize>,
     /// Print each request's warnings (fields answered as if absent) to stderr. Default off.
     pub log_warnings: bool,
+    /// Every route but `GET /health` and the chat page asks for `Authorization: Bearer KEY`
+    /// (llama-server's `--api-key`). Default none.
+    pub api_key: Option<String>,
 }
 
 impl Default for HttpOptions {
@@ -46,6 +49,7 @@ impl Default for HttpOptions {
             max_connections: 256,
             max_tokens_default: None,
             log_warnings: false,
+            api_key: None,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The route table and its handlers, the JSON fallbacks for unknown routes and methods,
 //! and CORS.
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorKind};
 use super::listener::Connections;
 use super::request::{parse_chat, parse_completion};
 use super::response::{collect, unix_now, whole, Meta, Route};
@@ -68,6 +68,10 @@ pub(crate) fn build(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(
+            state.options.api_key.clone(),
+            require_key,
+        ))
         .layer(middleware::from_fn(cors))
         .with_state(state)
 }
@@ -255,6 +259,45 @@ async fn method_not_allowed(request: Request) -> ApiError {
 
 /// CORS for browser clients on other origins: any origin may call (no credentials are
 /// involved), and preflight `OPTIONS` requests are answered here, before routing.
+/// With an API key: requests other than `GET /health`, the chat page and CORS preflights
+/// without `Authorization: Bearer KEY` get a 401. The key is compared in time that does not
+/// depend on where it differs.
+async fn require_key(State(key): State<Option<String>>, request: Request, next: Next) -> Response {
+    let open = request.method() == Method::OPTIONS
+        || (request.method() == Method::GET && matches!(request.uri().path(), "/health" | "/"));
+    let Some(key) = key.filter(|_| !open) else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if same_key(given.as_bytes(), key.as_bytes()) {
+        return next.run(request).await;
+    }
+    ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        kind: ErrorKind::Authentication,
+        message: "Invalid API Key".into(),
+        param: None,
+        code: Some("invalid_api_key"),
+    }
+    .into_response()
+}
+
+/// `a == b`, looking at every byte of both whatever they hold.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len().max(b.len());
+    let diff = (0..n).fold(a.len() ^ b.len(), |acc, i| {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        acc | usize::from(x ^ y)
+    });
+    diff == 0
+}
+
 async fn cors(request: Request, next: Next) -> Response {
     let mut response = if request.method() == Method::OPTIONS {
         preflight(&request)
