@@ -917,8 +917,8 @@ async fn reasoning_goes_to_reasoning_content() {
 }
 
 /// llama-server's token routes: `/tokenize` (ids as the tokenizer gives them, with pieces on
-/// request), `/detokenize` (back to the text), `/apply-template` (the chat prompt); bad bodies
-/// name the field.
+/// request), `/detokenize` (back to the text), `/apply-template` (the chat prompt); `/props`;
+/// bad bodies name the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenize_detokenize_and_apply_template() {
     let server = start_default().await;
@@ -968,6 +968,13 @@ async fn tokenize_detokenize_and_apply_template() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     let body: Value = serde_json::from_str(&reply.body).unwrap();
     assert_eq!(body["prompt"], "system: s\nuser: u\n");
+
+    let reply = get(server.addr, "/props").await;
+    let props: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(props["total_slots"], STATS.n_slots);
+    assert_eq!(props["model_alias"], MODEL);
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 4096);
+    assert_eq!(props["default_generation_settings"]["params"]["top_k"], 40);
 
     for (path, body, param) in [
         ("/tokenize", json!({}), Some("content")),

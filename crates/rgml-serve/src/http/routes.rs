@@ -62,6 +62,7 @@ pub(crate) fn build(state: AppState) -> Router {
         .route("/v1/models/{*id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/props", get(props))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/apply-template", post(apply_template))
@@ -229,6 +230,32 @@ fn model_object(state: &AppState) -> serde_json::Value {
         "created": state.started,
         "owned_by": "rgml",
     })
+}
+
+/// llama-server's `/props`, with what this server can say truly: the sampling defaults a
+/// request gets, a slot's context, the slots, the model's name and rgml's version.
+async fn props(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let d = rgml_llm::SamplerParams::default();
+    let generator = &state.generator;
+    Json(json!({
+        "default_generation_settings": {
+            "n_ctx": generator.n_ctx(),
+            "params": {
+                "temperature": d.temp,
+                "top_k": d.top_k,
+                "top_p": d.top_p,
+                "min_p": d.min_p,
+                "repeat_penalty": d.repeat_penalty,
+                "repeat_last_n": d.repeat_last_n,
+                "frequency_penalty": d.frequency_penalty,
+                "presence_penalty": d.presence_penalty,
+                "n_predict": state.options.max_tokens_default.map_or(-1, |n| n as i64),
+            },
+        },
+        "total_slots": generator.stats().n_slots,
+        "model_alias": generator.model_id(),
+        "build_info": concat!("rgml ", env!("CARGO_PKG_VERSION")),
+    }))
 }
 
 async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
