@@ -91,15 +91,14 @@ async fn completions(
     generate(&state, body, Route::Completion).await
 }
 
-/// A route answered from the body at once (no generation): its JSON, or its error.
-fn answer(
-    body: Result<Bytes, BytesRejection>,
-    limit: usize,
-    handler: impl FnOnce(&[u8]) -> Result<serde_json::Value, ApiError>,
-) -> Response {
+/// What a route answered at once (no generation) computes from the body.
+type Answer = fn(&dyn Generator, &[u8], &HttpOptions) -> Result<serde_json::Value, ApiError>;
+
+/// A route answered from the body at once: `handler`'s JSON, or its error.
+fn answer(state: &AppState, body: Result<Bytes, BytesRejection>, handler: Answer) -> Response {
     let result = body
-        .map_err(|rejection| body_error(&rejection, limit))
-        .and_then(|body| handler(&body));
+        .map_err(|rejection| body_error(&rejection, state.options.max_body_bytes))
+        .and_then(|body| handler(state.generator.as_ref(), &body, &state.options));
     match result {
         Ok(value) => Json(value).into_response(),
         Err(error) => error.into_response(),
@@ -107,30 +106,21 @@ fn answer(
 }
 
 async fn tokenize(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    let limit = state.options.max_body_bytes;
-    answer(body, limit, |b| {
-        tokens::tokenize(state.generator.as_ref(), b)
-    })
+    answer(&state, body, tokens::tokenize)
 }
 
 async fn detokenize(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let limit = state.options.max_body_bytes;
-    answer(body, limit, |b| {
-        tokens::detokenize(state.generator.as_ref(), b)
-    })
+    answer(&state, body, tokens::detokenize)
 }
 
 async fn apply_template(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let limit = state.options.max_body_bytes;
-    answer(body, limit, |b| {
-        tokens::apply_template(state.generator.as_ref(), b, &state.options)
-    })
+    answer(&state, body, tokens::apply_template)
 }
 
 /// Either generation route: parse, submit, answer whole or streamed. The body is taken as

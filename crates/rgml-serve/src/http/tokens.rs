@@ -21,7 +21,11 @@ fn not_served(what: &str) -> ApiError {
 
 /// `/tokenize`: `{"tokens": [ids]}`, or with `with_pieces` `{"tokens": [{"id", "piece"}]}`
 /// where a piece that is not whole UTF-8 is given as its bytes.
-pub(crate) fn tokenize(generator: &dyn Generator, body: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn tokenize(
+    generator: &dyn Generator,
+    body: &[u8],
+    _options: &HttpOptions,
+) -> Result<Value, ApiError> {
     let request: TokenizeRequest = parse_token_route(body)?;
     let tok = generator
         .tokenizer()
@@ -49,7 +53,11 @@ pub(crate) fn tokenize(generator: &dyn Generator, body: &[u8]) -> Result<Value, 
 }
 
 /// `/detokenize`: `{"content": text}`; an id outside the vocabulary is the client's error.
-pub(crate) fn detokenize(generator: &dyn Generator, body: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn detokenize(
+    generator: &dyn Generator,
+    body: &[u8],
+    _options: &HttpOptions,
+) -> Result<Value, ApiError> {
     let request: DetokenizeRequest = parse_token_route(body)?;
     let tok = generator
         .tokenizer()
