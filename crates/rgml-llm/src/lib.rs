@@ -46,6 +46,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod json_prefix;
+mod markers;
 mod message;
 pub mod model;
 pub mod quantize;

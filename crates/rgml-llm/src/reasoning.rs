@@ -8,6 +8,8 @@
 //! Reasoning that never closes is reasoning all the same (the answer is empty), as in
 //! llama.cpp.
 
+use crate::markers::partial_suffix;
+
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
@@ -157,18 +159,6 @@ fn push(out: &mut Vec<(Part, String)>, part: Part, text: &str) {
     if !text.is_empty() {
         out.push((part, text.to_string()));
     }
-}
-
-/// Bytes at the end of `text` that are a beginning of `marker`.
-fn partial_suffix(text: &str, marker: &str) -> usize {
-    (1..marker.len())
-        .rev()
-        .find(|&n| {
-            n <= text.len()
-                && text.is_char_boundary(text.len() - n)
-                && marker.starts_with(&text[text.len() - n..])
-        })
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

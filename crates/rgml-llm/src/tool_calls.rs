@@ -10,6 +10,7 @@
 //! (`[TOOL_CALLS][{"name": .., "arguments": {..}, "id": ..}, ..]` after any text). A call whose
 //! JSON does not parse stays text, as llama-server leaves it.
 
+use crate::markers::marker_from;
 use crate::message::ToolCall;
 use serde_json::Value;
 
@@ -101,17 +102,6 @@ impl ToolCallFormat {
             }
         }
     }
-}
-
-/// Where `marker` starts in `text`, or where a beginning of it ends `text`.
-fn marker_from(text: &str, marker: &str) -> Option<usize> {
-    if let Some(at) = text.find(marker) {
-        return Some(at);
-    }
-    (1..marker.len())
-        .rev()
-        .map(|n| text.len().saturating_sub(n))
-        .find(|&at| text.is_char_boundary(at) && marker.starts_with(&text[at..]))
 }
 
 /// A call from a JSON object with `name` and `args_key` (an object, or JSON text).

@@ -39,14 +39,36 @@ pub(crate) struct Parsed {
     pub(crate) include_usage: bool,
     /// The fields answered as if absent, one line each (the response's `warnings`).
     pub(crate) warnings: Vec<String>,
-    /// The request gave tools: the answer's tool calls are read out of the output.
-    pub(crate) tools: bool,
+    /// What the request's tools ask of the answer (its calls are read out of the output
+    /// unless [`ToolUse::None`]).
+    pub(crate) tool_use: ToolUse,
     /// A thinking model's reasoning goes to `reasoning_content` (`reasoning_format` other
     /// than `none`; chat only).
     pub(crate) split_reasoning: bool,
-    /// `tool_choice` forces a call: of any tool (`Some(None)`) or of the one named.
-    #[allow(clippy::option_option)]
-    pub(crate) forced_tool: Option<Option<String>>,
+}
+
+/// What `tools` and `tool_choice` ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ToolUse {
+    /// No tools, an empty list, or `tool_choice: "none"`.
+    None,
+    /// The model decides (`auto`).
+    Auto,
+    /// A call of any of the tools (`required`).
+    Required,
+    /// A call of the function named (one of the tools).
+    Named(String),
+}
+
+impl ToolUse {
+    /// A call is forced: `Some(None)` any, `Some(Some(name))` the one named.
+    pub(crate) fn forced(&self) -> Option<Option<&str>> {
+        match self {
+            ToolUse::Required => Some(None),
+            ToolUse::Named(name) => Some(Some(name)),
+            ToolUse::None | ToolUse::Auto => None,
+        }
+    }
 }
 
 /// `stop`: one string or several.
@@ -355,7 +377,7 @@ pub(crate) fn parse_chat(
     let (value, common, warnings) = parse_common(body, model_id, CHAT_FIELDS)?;
     let chat: ChatFields = read(&value)?;
     let messages = chat_messages(chat.messages)?;
-    let tools = chat_tools(chat.tools.as_deref(), chat.tool_choice.as_ref())?;
+    let tool_use = chat_tools(chat.tools.as_deref(), chat.tool_choice.as_ref())?;
     let n_probs = chat_n_probs(chat.logprobs, chat.top_logprobs)?;
     let max_tokens = match chat.max_completion_tokens {
         Some(n) => Some(("max_completion_tokens", n)),
@@ -371,17 +393,15 @@ pub(crate) fn parse_chat(
             ))
         }
     };
-    let with_tools = tools.is_some();
-    let forced_tool = tools.clone().flatten();
-    let prompt = match tools {
-        Some(_) => Prompt::ChatWithTools {
+    let prompt = match tool_use {
+        ToolUse::None => Prompt::Chat(messages),
+        _ => Prompt::ChatWithTools {
             messages,
             tools: raw_tools(body)?,
         },
-        None => Prompt::Chat(messages),
     };
     let parsed = finish(common, prompt, max_tokens, n_probs, options)?;
-    if forced_tool.is_some() && parsed.request.format != OutputFormat::Text {
+    if tool_use.forced().is_some() && parsed.request.format != OutputFormat::Text {
         return Err(ApiError::bad_request(
             "response_format and a forced tool call (tool_choice) cannot both shape the answer",
             Some("tool_choice"),
@@ -389,9 +409,8 @@ pub(crate) fn parse_chat(
     }
     Ok(Parsed {
         warnings,
-        tools: with_tools,
         split_reasoning,
-        forced_tool,
+        tool_use,
         ..parsed
     })
 }
@@ -409,15 +428,12 @@ fn raw_tools(body: &[u8]) -> Result<String, ApiError> {
     Ok(raw.tools.map(|t| t.get().to_string()).unwrap_or_default())
 }
 
-/// What `tools` and `tool_choice` ask for: `None` without tools, with `tool_choice: "none"`
-/// or an empty list; else `Some(forced)`, with `forced` `None` for `auto` (the model decides),
-/// `Some(None)` for `required` (a call of any of them), `Some(Some(name))` for a named
-/// function (one of the tools).
-#[allow(clippy::option_option)]
+/// What `tools` and `tool_choice` ask for, checked (a named function must be one of the
+/// tools; a forced call needs tools).
 fn chat_tools(
     tools: Option<&[ToolDefinition]>,
     choice: Option<&Value>,
-) -> Result<Option<Option<Option<String>>>, ApiError> {
+) -> Result<ToolUse, ApiError> {
     let tools = tools.unwrap_or_default();
     if let Some(i) = tools.iter().position(|t| t.kind != "function") {
         return Err(ApiError::bad_request(
@@ -432,11 +448,11 @@ fn chat_tools(
         ));
     }
     let bad = |message: String| ApiError::bad_request(message, Some("tool_choice"));
-    let forced = match choice {
-        None | Some(Value::Null) => None,
-        Some(Value::String(c)) if c == "auto" => None,
-        Some(Value::String(c)) if c == "none" => return Ok(None),
-        Some(Value::String(c)) if c == "required" => Some(None),
+    let tool_use = match choice {
+        None | Some(Value::Null) => ToolUse::Auto,
+        Some(Value::String(c)) if c == "auto" => ToolUse::Auto,
+        Some(Value::String(c)) if c == "none" => return Ok(ToolUse::None),
+        Some(Value::String(c)) if c == "required" => ToolUse::Required,
         Some(named @ Value::Object(_)) => {
             let name = named
                 .get("function")
@@ -448,7 +464,7 @@ fn chat_tools(
                     "tool_choice names `{name}`, which is not among the tools"
                 )));
             }
-            Some(Some(name.to_string()))
+            ToolUse::Named(name.to_string())
         }
         Some(other) => {
             return Err(bad(format!(
@@ -456,13 +472,11 @@ fn chat_tools(
             )))
         }
     };
-    if tools.is_empty() {
-        return match forced {
-            Some(_) => Err(bad("a forced tool call needs `tools`".into())),
-            None => Ok(None),
-        };
+    match (tools.is_empty(), tool_use.forced()) {
+        (true, Some(_)) => Err(bad("a forced tool call needs `tools`".into())),
+        (true, None) => Ok(ToolUse::None),
+        (false, _) => Ok(tool_use),
     }
-    Ok(Some(forced))
 }
 
 /// A `/v1/completions` body.
@@ -699,9 +713,8 @@ fn finish(
         stream: common.stream.unwrap_or(false),
         include_usage,
         warnings: Vec::new(),
-        tools: false,
         split_reasoning: false,
-        forced_tool: None,
+        tool_use: ToolUse::None,
     })
 }
 

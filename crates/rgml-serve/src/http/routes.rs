@@ -3,7 +3,7 @@
 
 use super::error::{ApiError, ErrorKind};
 use super::listener::Connections;
-use super::request::{parse_chat, parse_completion};
+use super::request::{parse_chat, parse_completion, ToolUse};
 use super::response::{collect, unix_now, whole, Meta, Route};
 use super::{metrics, stream, tokens, HttpOptions, ShutdownFlag};
 use crate::generator::{Generator, OutputFormat};
@@ -145,7 +145,7 @@ async fn try_generate(
         Route::Completion => parse_completion(&body, model_id, &state.options),
     }?;
     let mut meta = Meta::new(route, model_id, parsed.request.n_probs.is_some());
-    if parsed.tools {
+    if parsed.tool_use != ToolUse::None {
         let format = state.generator.tool_call_format().ok_or_else(|| {
             ApiError::bad_request(
                 "this model's chat template shows no tool-call format rgml reads (Hermes \
@@ -155,9 +155,9 @@ async fn try_generate(
             )
         })?;
         meta.tool_format = Some(format);
-        if let Some(name) = &parsed.forced_tool {
+        if let Some(name) = parsed.tool_use.forced() {
             // The call is sampled inside the model's own call frame (see `forced_frame`).
-            let (prefix, suffix) = format.forced_frame(name.as_deref());
+            let (prefix, suffix) = format.forced_frame(name);
             parsed.request.format = OutputFormat::ToolCall { prefix, suffix };
         }
     }
