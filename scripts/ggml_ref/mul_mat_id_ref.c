@@ -1,7 +1,8 @@
 // Reference MUL_MAT_ID results from the real ggml CPU backend, for rgml-cpu's bit-exactness test
 // (crates/rgml-cpu/tests/ggml_mul_mat_id.rs). Build and run with gen_mul_mat_id.sh.
 //
-// Per weight type: 4 experts of 16 rows by K = 256 (ggml_quantize_chunk's bytes), 20 tokens
+// Per weight type: 4 experts of 16 rows by K = 256 (ggml_quantize_chunk's bytes; BF16 rounded
+// to nearest even as ggml_fp32_to_bf16_row_ref does), 20 tokens
 // with 2 experts each, routed so that experts get 12, 3, 8 and 17 rows: ggml-cpu takes its
 // tiled K-quant kernel for an expert from 8 routed rows and vec_dot below, per expert. One case
 // broadcasts src1 to both slots (n_b = 1, as llama.cpp's gate and up products), one has a row
@@ -145,9 +146,10 @@ int main(int argc, char ** argv) {
         return 2;
     }
     ggml_cpu_init();
-    // MXFP4 last (the seeds follow the order): `vec_dot` for every expert.
-    const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_Q4_0,   GGML_TYPE_Q8_0,
-                                    GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4};
+    // MXFP4 and BF16 after the others (the seeds follow the order; types are added at the
+    // end): `vec_dot` for every expert.
+    const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_Q4_0,   GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
+                                    GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_MXFP4, GGML_TYPE_BF16};
     const int n_types = (int) (sizeof types / sizeof types[0]);
     char path[1024];
     snprintf(path, sizeof path, "%s/mul_mat_id.bin", argv[1]);

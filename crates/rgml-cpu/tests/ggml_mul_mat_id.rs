@@ -2,8 +2,9 @@
 //! what ggml-cpu's native build for that instruction set computed (`scripts/ggml_ref/
 //! gen_mul_mat_id.sh`) for 4 experts over 20 tokens, routed so that some experts get 8 or more
 //! rows (ggml's tiled K-quant kernel) and some fewer (`vec_dot`), with src1 broadcast to the
-//! slots and per slot, for F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, IQ4_XS and MXFP4 weights (MXFP4:
-//! `vec_dot` for every expert). The inputs are made here again from the fixture's seeds and
+//! slots and per slot, for F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, IQ4_XS, MXFP4 and BF16 weights
+//! (MXFP4 and BF16: `vec_dot` for every expert; the AVX-512 build's BF16 `vec_dot` is
+//! `vdpbf16ps`, so its BF16 cases run only where the CPU has AVX512_BF16). The inputs are made here again from the fixture's seeds and
 //! checked against its hash of them. rgml must give the same bits on 1 and 2 threads, on the
 //! CPU's own instruction set and the other one forced where the CPU runs it.
 
@@ -38,6 +39,7 @@ fn ggml_type(id: usize) -> DType {
         12 => DType::Q4_K,
         14 => DType::Q6_K,
         23 => DType::IQ4_XS,
+        30 => DType::BF16,
         39 => DType::MXFP4,
         other => panic!("unexpected ggml type {other}"),
     }
@@ -100,7 +102,7 @@ fn rgml_mul_mat_id(be: &mut CpuBackend, c: &Case, w: &[u8], b: &[f32], routes: &
 
 fn check(isa: IsaChoice, fixture: &str) {
     let cases = read_cases(fixture);
-    assert_eq!(cases.len(), 16);
+    assert_eq!(cases.len(), 18);
     let device = CpuDevice::with_options(
         "CPU",
         &CpuOptions {
@@ -108,8 +110,10 @@ fn check(isa: IsaChoice, fixture: &str) {
             ..Default::default()
         },
     );
+    // The native AVX-512 build multiplies BF16 with `vdpbf16ps`, which the fixture's CPU had.
+    let bf16_runs = isa != IsaChoice::Avx512 || device.features().bf16_products();
     let mut failures = Vec::new();
-    for c in &cases {
+    for c in cases.iter().filter(|c| bf16_runs || c.dtype != DType::BF16) {
         let w = encode(
             c.dtype,
             &Values::fill(c.seed, c.k * c.n * c.n_expert, 1.0),

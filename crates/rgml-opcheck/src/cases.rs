@@ -1247,6 +1247,7 @@ fn mul_mat_id(cases: &mut Vec<Case>) {
     let types = [
         DType::F32,
         DType::F16,
+        DType::BF16,
         DType::Q4_0,
         DType::Q8_0,
         DType::Q4_K,

@@ -995,9 +995,7 @@ fn convert_src1(
             }
             match round_to {
                 Some(DType::F16) => convert::round_through_f16(tmp),
-                Some(DType::BF16) => tmp
-                    .iter_mut()
-                    .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
+                Some(DType::BF16) => convert::round_through_bf16(tmp),
                 _ => {}
             }
             tmp

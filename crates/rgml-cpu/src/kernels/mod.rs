@@ -337,7 +337,7 @@ pub(crate) fn work_size(
         }
         Op::MulMatId { .. } => {
             let (a, b, ids) = (ctx.get(t.src[0])?, ctx.get(t.src[1])?, ctx.get(t.src[2])?);
-            mul_mat_id::shared_size(a, b, ids)?
+            mul_mat_id::shared_size(f, a, b, ids)?
         }
         _ => 0,
     };

@@ -3,12 +3,14 @@
 //!
 //! As ggml-cpu computes it. Phase 1 (all threads): src1's rows converted to the weight type's
 //! vec-dot type in the work area (quantized as ggml quantizes activations, rounded through f16
-//! for F16 weights; F32 weights read them as they are), while thread 0 checks the expert ids
+//! for F16 weights, to bf16 for BF16 weights; F32 weights read them as they are), while thread
+//! 0 checks the expert ids
 //! and groups the `(slot, token)` pairs by expert, in token order. Barrier. Phase 2: blocks of
 //! each used expert's weight rows, taken on demand; an expert with 8 or more routed rows of a
 //! K-quant type takes ggml's tiled K-quant kernel ([`kquant::row`]), every other product is
 //! `vec_dot`'s: pair by pair, or through kernels with its bits (register tiles for Q4_0, Q4_1,
-//! Q5_0, Q5_1 and Q8_0, nibble tiles for IQ4_NL and MXFP4). ggml makes that choice per expert
+//! Q5_0, Q5_1 and Q8_0, nibble tiles for IQ4_NL and MXFP4, `vdpbf16ps` rows for BF16 where
+//! the CPU has AVX512_BF16; ggml's tinyBLAS never takes expert products). ggml makes that choice per expert
 //! (`ggml_tiled_min_batch` on the routed rows), so a token's result depends on how many tokens
 //! share its expert, as in llama.cpp; with `rows_alone` every product takes `vec_dot`'s bits,
 //! as a lone routed row would.
@@ -19,10 +21,12 @@ use crate::kernels::dots;
 use crate::kernels::dots::float::{self as vec_float, Flavor};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::dots::lowbit;
+use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
 use crate::kernels::task::{
     self, bytes, bytes_mut, f32_row, scratch_slice, NodeTask, TensorView, ThreadCtx,
 };
+use crate::kernels::tiles::bf16;
 use crate::kernels::tiles::kquant;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::tiles::kquant_amx;
@@ -46,10 +50,10 @@ const AMX_PAIRS: usize = 64;
 /// K-quant kernel may run, a gather area of [`AMX_PAIRS`] activation rows, the kernel's
 /// decoded weights and a block of results; where the register-tiled ones may, a run of
 /// reordered activations.
-pub(crate) fn scratch_floats(f: crate::kernels::isa::CpuFeatures, a: &Tensor) -> Result<usize> {
+pub(crate) fn scratch_floats(f: CpuFeatures, a: &Tensor) -> Result<usize> {
     #[cfg(target_arch = "x86_64")]
     if kquant_amx::takes(f, a.dtype, kquant::MIN_ROWS) {
-        let (_, wrow) = converted(a.dtype, a.ne[0])?;
+        let (_, wrow) = converted(f, a.dtype, a.ne[0])?;
         let nb = a.ne[0] / rgml::quant::QK_K;
         let bytes =
             AMX_PAIRS * wrow + kquant_amx::scratch_bytes(nb) + 4 * kquant_amx::ROWS * AMX_PAIRS;
@@ -66,7 +70,7 @@ pub(crate) fn scratch_floats(f: crate::kernels::isa::CpuFeatures, a: &Tensor) ->
 /// Whether the kernel handles `as · b` routed by `ids` into `t`.
 pub(crate) fn supported(a: &Tensor, b: &Tensor, ids: &Tensor, t: &Tensor) -> bool {
     let weight_ok = match a.dtype {
-        DType::F32 | DType::F16 => true,
+        DType::F32 | DType::F16 | DType::BF16 => true,
         d if d.is_quantized() => {
             convert::quant_available()
                 && crate::kernels::matmul::weight_kernels(d).is_some()
@@ -92,10 +96,13 @@ pub(crate) fn supported(a: &Tensor, b: &Tensor, ids: &Tensor, t: &Tensor) -> boo
         && u32::try_from(ids.ne[0] * ids.ne[1]).is_ok()
 }
 
-/// How phase 1 stores src1's rows for weights of `dtype`: their type and bytes per row of `k`.
-fn converted(dtype: DType, k: usize) -> Result<(DType, usize)> {
+/// How phase 1 stores src1's rows for weights of `dtype` on a backend with features `f`: their
+/// type and bytes per row of `k` (BF16 weights: bf16 rows for the `vdpbf16ps` kernel, else f32
+/// rows rounded through bf16, as for F16).
+fn converted(f: CpuFeatures, dtype: DType, k: usize) -> Result<(DType, usize)> {
     let to = match dtype {
-        DType::F32 | DType::F16 => DType::F32,
+        DType::BF16 if f.bf16_products() => DType::BF16,
+        DType::F32 | DType::F16 | DType::BF16 => DType::F32,
         q => q.vec_dot_type(),
     };
     Ok((to, to.row_bytes(k)?))
@@ -115,8 +122,14 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(a: &[usize; 4], a_dtype: DType, b: &[usize; 4], ids: &[usize; 4]) -> Result<Layout> {
-        let (_, wrow) = converted(a_dtype, a[0])?;
+    fn of(
+        f: CpuFeatures,
+        a_dtype: DType,
+        a: &[usize; 4],
+        b: &[usize; 4],
+        ids: &[usize; 4],
+    ) -> Result<Layout> {
+        let (_, wrow) = converted(f, a_dtype, a[0])?;
         let rows = wrow.checked_mul(b[1] * b[2]).ok_or(Error::SizeOverflow)?;
         let flag = rows.next_multiple_of(8);
         let offsets = flag + 8;
@@ -138,14 +151,14 @@ impl Layout {
 }
 
 /// Bytes of the work area the node needs.
-pub(crate) fn shared_size(a: &Tensor, b: &Tensor, ids: &Tensor) -> Result<usize> {
-    Ok(Layout::of(&a.ne, a.dtype, &b.ne, &ids.ne)?.end + 8)
+pub(crate) fn shared_size(f: CpuFeatures, a: &Tensor, b: &Tensor, ids: &Tensor) -> Result<usize> {
+    Ok(Layout::of(f, a.dtype, &a.ne, &b.ne, &ids.ne)?.end + 8)
 }
 
 /// MUL_MAT_ID.
 pub(crate) fn mul_mat_id(task: &NodeTask, tc: &mut ThreadCtx<'_>) -> Result<()> {
     let (a, b, ids) = (task.src(0)?, task.src(1)?, task.src(2)?);
-    let layout = Layout::of(&a.ne, a.dtype, &b.ne, &ids.ne)?;
+    let layout = Layout::of(task.features, a.dtype, &a.ne, &b.ne, &ids.ne)?;
     let base = tc.shared.ptr;
     if layout.end > tc.shared.len || base.align_offset(8) != 0 {
         return Err(Error::Backend {
@@ -276,7 +289,7 @@ fn group_by_expert(ids: &TensorView, n_expert: usize, layout: &Layout, base: *mu
 /// This thread's share of src1's rows, converted into the work area.
 fn convert_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, layout: &Layout) -> Result<()> {
     let (a, b) = (task.src(0)?, task.src(1)?);
-    let (to, wrow) = (converted(a.dtype, a.ne[0])?.0, layout.wrow);
+    let (to, wrow) = (converted(task.features, a.dtype, a.ne[0])?.0, layout.wrow);
     let k = b.ne[0];
     for r in tc.split(b.ne[1] * b.ne[2]) {
         // SAFETY: a dense, in-bounds f32 row of src1 (the support check).
@@ -285,10 +298,15 @@ fn convert_rows(task: &NodeTask, tc: &mut ThreadCtx<'_>, layout: &Layout) -> Res
         // this thread only; read by others only after the barrier.
         let out = unsafe { bytes_mut(tc.shared.at(r * wrow), wrow) };
         match (a.dtype, to) {
-            (DType::F16, _) => {
+            (DType::BF16, DType::BF16) => bf16::row_to_bf16(src, out)?,
+            (DType::F16 | DType::BF16, _) => {
                 let tmp = scratch_slice(tc.scratch, k)?;
                 tmp.copy_from_slice(src);
-                convert::round_through_f16(tmp);
+                if a.dtype == DType::F16 {
+                    convert::round_through_f16(tmp);
+                } else {
+                    convert::round_through_bf16(tmp);
+                }
                 out.copy_from_slice(bytemuck::cast_slice(tmp));
             }
             (_, DType::F32) => out.copy_from_slice(bytemuck::cast_slice(src)),
@@ -382,6 +400,9 @@ impl Products<'_> {
         if n_routed >= 2 && self.expert_legacy(e, rows.clone(), routed)? {
             return Ok(());
         }
+        if a.dtype == DType::BF16 && f.bf16_products() {
+            return self.expert_bf16(e, rows, routed);
+        }
         let k = a.ne[0];
         let wrow = self.layout.wrow;
         for row in rows {
@@ -390,10 +411,10 @@ impl Products<'_> {
             // the matrix-vector path does (the hardware prefetcher alone is slower).
             prefetch_span(x.wrapping_add(PREFETCH_AHEAD), a.row_bytes());
             let widened = match a.dtype {
-                DType::F16 => {
+                DType::F16 | DType::BF16 => {
                     let w = scratch_slice(scratch, k)?;
-                    // SAFETY: a dense, in-bounds f16 weight row of `k` values.
-                    convert::row_to_f32(DType::F16, unsafe { bytes(x, a.row_bytes()) }, w)?;
+                    // SAFETY: a dense, in-bounds f16/bf16 weight row of `k` values.
+                    convert::row_to_f32(a.dtype, unsafe { bytes(x, a.row_bytes()) }, w)?;
                     Some(&*w)
                 }
                 _ => None,
@@ -401,10 +422,14 @@ impl Products<'_> {
             for p in routed.chunks_exact(2) {
                 let y = self.activation(b, p[0], p[1]);
                 let v = match (a.dtype, widened) {
-                    (DType::F16, Some(w)) => {
+                    (DType::F16 | DType::BF16, Some(w)) => {
                         // SAFETY: a converted row of `k` f32 values in the work area.
                         let y = unsafe { f32_row(y, k) };
-                        vec_float::vec_dot(f, Flavor::F16, w, y)
+                        let flavor = match a.dtype {
+                            DType::F16 => Flavor::F16,
+                            _ => Flavor::Bf16,
+                        };
+                        vec_float::vec_dot(f, flavor, w, y)
                     }
                     (DType::F32, _) => {
                         // SAFETY: dense f32 rows of `k` values (weight, converted src1).
@@ -419,6 +444,33 @@ impl Products<'_> {
                 };
                 // SAFETY: as above.
                 unsafe { self.output(row, p[0], p[1]).write(v) };
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::expert`]'s BF16 products on a CPU with AVX512_BF16 (bf16 activation rows in the
+    /// work area): `ggml_vec_dot_bf16`'s `vdpbf16ps` order, [`bf16::VEC_DOT_ROWS`] weight rows
+    /// per call, each routed pair in turn.
+    fn expert_bf16(&self, e: usize, rows: std::ops::Range<usize>, routed: &[u32]) -> Result<()> {
+        let f = self.task.features;
+        let (a, b) = (self.task.src(0)?, self.task.src(1)?);
+        for r0 in rows.clone().step_by(bf16::VEC_DOT_ROWS) {
+            let nr = (rows.end - r0).min(bf16::VEC_DOT_ROWS);
+            // Edge groups repeat their last row and drop its copies.
+            let x: [*const u8; bf16::VEC_DOT_ROWS] =
+                std::array::from_fn(|r| a.row(r0 + r.min(nr - 1), e, 0).cast_const());
+            prefetch_span(x[0].wrapping_add(PREFETCH_AHEAD), nr * a.row_bytes());
+            for p in routed.chunks_exact(2) {
+                let y = self.activation(b, p[0], p[1]);
+                // SAFETY: dense, in-bounds weight rows of `k` bf16 values and a converted bf16
+                // activation row of `k` values in the work area (complete since the barrier).
+                let out = unsafe { bf16::vec_dot_rows(f, x, y, a.ne[0])? };
+                for (r, &v) in out.iter().enumerate().take(nr) {
+                    // SAFETY: output (row, slot, token) is in bounds and written only by the
+                    // thread that claimed this expert's row block.
+                    unsafe { self.output(r0 + r, p[0], p[1]).write(v) };
+                }
             }
         }
         Ok(())

@@ -36,6 +36,15 @@ pub(crate) fn round_through_f16(values: &mut [f32]) {
     }
 }
 
+/// Round every value to the nearest bf16 and back (ggml's activations for BF16 weights where
+/// its `vec_dot_bf16` widens them: `GGML_FP32_TO_BF16`, round to nearest even, NaNs quieted
+/// with their sign and top payload bits, as `half` rounds).
+pub(crate) fn round_through_bf16(values: &mut [f32]) {
+    for v in values {
+        *v = half::bf16::from_f32(*v).to_f32();
+    }
+}
+
 /// Decode a dense row of `dtype` (`dst.len()` elements) into f32.
 pub(crate) fn row_to_f32(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     let n = dst.len();

@@ -45,7 +45,7 @@ use rgml::{Error, Result};
 const KN: usize = 32;
 
 /// Weight rows per call of the `ggml_vec_dot_bf16`-order kernel.
-const VEC_DOT_ROWS: usize = 8;
+pub(crate) const VEC_DOT_ROWS: usize = 8;
 
 /// f32 -> bf16 as ggml rounds activations (`GGML_FP32_TO_BF16`, `ggml_cpu_fp32_to_bf16`): NaNs
 /// keep their sign and top payload bits and become quiet; everything else (denormals included,
@@ -163,6 +163,31 @@ pub(crate) fn products(
     Err(Error::Backend {
         backend: "CPU".into(),
         message: "MUL_MAT: the BF16 dot-product kernels need AVX512_BF16".into(),
+    })
+}
+
+/// `ggml_vec_dot_bf16` of each weight row `x[r]` with the bf16 activation row `y`, as a native
+/// build with `__AVX512BF16__` computes it (MUL_MAT_ID's products, which ggml always computes
+/// pair by pair). An error where [`CpuFeatures::bf16_products`] does not hold.
+///
+/// # Safety
+/// Every `x[r]` and `y` points at `k` readable bf16 values.
+pub(crate) unsafe fn vec_dot_rows(
+    f: CpuFeatures,
+    x: [*const u8; VEC_DOT_ROWS],
+    y: *const u8,
+    k: usize,
+) -> Result<[f32; VEC_DOT_ROWS]> {
+    #[cfg(target_arch = "x86_64")]
+    if f.bf16_products() {
+        // SAFETY: bf16_products() implies AVX512_BF16, F, BW and VL; the rows as the caller
+        // promises.
+        return Ok(unsafe { rows_vec_dot(x, y, k) });
+    }
+    let _ = (f, x, y, k);
+    Err(Error::Backend {
+        backend: "CPU".into(),
+        message: "MUL_MAT_ID: the BF16 dot-product kernels need AVX512_BF16".into(),
     })
 }
 
