@@ -72,13 +72,14 @@ pub(super) fn prepare(
     let mut extents = Vec::with_capacity(run.len());
     let (mut shared, mut per_thread) = (0usize, 0usize);
     for &id in &run {
-        let (task, extent) = node_task(&views, id, features, threads)?;
+        let (task, (reads, write)) = node_task(&views, id, features, threads)?;
         let (sh, pt) = kernels::work_size(ctx, &ctx[id], features, threads)?;
         shared = shared.max(sh);
         per_thread = per_thread.max(pt);
-        extents.push(extent);
+        extents.push((reads, [write, Extent::NONE]));
         tasks.push(task);
     }
+    fuse_state_updates(ctx, graph, &run, &mut tasks, &mut extents);
     plan_syncs(&mut tasks, &extents);
     Ok(Some(Job {
         buffers: views
@@ -248,10 +249,124 @@ fn node_task(
         src,
         sync_before: true,
         reuse_src1: false,
+        state_in_place: false,
         features,
         threads,
     };
     Ok((task, (reads, writes)))
+}
+
+/// What a task reads (one range per source) and writes (its destination, and the state a
+/// fused recurrent update writes in place).
+pub(super) type Extents = ([Extent; MAX_NODE_SRC], [Extent; 2]);
+
+/// GATED_DELTA_NET followed by the CPY of its new state back into the state it read (the
+/// recurrent update of the hybrid models' graphs, llama.cpp's too): the kernel updates that
+/// state in place ([`NodeTask::state_in_place`]) and the copy is dropped. A decode step then
+/// reads and writes each layer's state once instead of twice (a quarter of the memory traffic
+/// of Qwen3.5's delta-net layers beside their weights). The result's state part is then never
+/// written, so this holds only where nothing reads it but that copy: neither the node nor a
+/// view of it is a graph output, no other node's source covers that part, and no task between
+/// the two touches the state or that part. The state's new values are the copy's, bit for bit.
+fn fuse_state_updates(
+    ctx: &Context,
+    graph: &Graph,
+    run: &[TensorId],
+    tasks: &mut Vec<NodeTask>,
+    extents: &mut Vec<Extents>,
+) {
+    let mut ids = run.to_vec();
+    let mut i = 0;
+    while i < tasks.len() {
+        if let Some(j) = state_copy_of(ctx, graph, &ids, tasks, extents, i) {
+            tasks[i].state_in_place = true;
+            let state = tasks[i].src[5].map_or(Extent::NONE, |s| extent_of_state(&s));
+            extents[i].1[1] = state;
+            tasks.remove(j);
+            extents.remove(j);
+            ids.remove(j);
+        }
+        i += 1;
+    }
+}
+
+/// The bytes of a GATED_DELTA_NET's (contiguous) state source `s`.
+fn extent_of_state(s: &TensorView) -> Extent {
+    let n: usize = s.ne.iter().product();
+    Extent::new(s.ptr, n * 4)
+}
+
+/// The index of the task that copies task `i`'s new state into the state it read, where
+/// [`fuse_state_updates`] may fuse the two (`ids[k]` is task `k`'s node).
+fn state_copy_of(
+    ctx: &Context,
+    graph: &Graph,
+    ids: &[TensorId],
+    tasks: &[NodeTask],
+    extents: &[Extents],
+    i: usize,
+) -> Option<usize> {
+    let task = &tasks[i];
+    let rgml::Op::GatedDeltaNet { snapshots: 1 } = task.op else {
+        return None;
+    };
+    let (state, v) = (task.src[5]?, task.src[2]?);
+    let state_ext = extent_of_state(&state);
+    let outputs: usize = v.ne.iter().product();
+    let part = Extent::new(task.dst.ptr.wrapping_add(outputs * 4), state_ext.len());
+    let dense = |t: &TensorView| {
+        t.dtype == rgml::DType::F32
+            && (0..4).all(|d| t.nb[d] == 4 * t.ne[..d].iter().product::<usize>())
+            && t.ne.iter().product::<usize>() * 4 == state_ext.len()
+    };
+    // The sources other than the state must not meet it (written in place now).
+    if extents[i].0[..5].iter().any(|e| e.meets(state_ext)) {
+        return None;
+    }
+    for j in i + 1..tasks.len() {
+        let t = &tasks[j];
+        let copies = t.op == rgml::Op::Cpy
+            && t.src[0].is_some_and(|s| s.ptr as usize == part.start && dense(&s))
+            && t.dst.ptr == state.ptr
+            && dense(&t.dst);
+        if copies {
+            let part_bytes = outputs * 4..outputs * 4 + state_ext.len();
+            return (!read_elsewhere(ctx, graph, ids[i], part_bytes, ids[j])).then_some(j);
+        }
+        let (reads, writes) = &extents[j];
+        let touches = |e: Extent| reads.iter().chain(writes).any(|x| x.meets(e));
+        if touches(state_ext) || touches(part) {
+            return None;
+        }
+    }
+    None
+}
+
+/// Whether bytes `part` of node `id`'s result may be read other than by node `except`: `id` or
+/// a view of it is a graph output, or another node's source covers some of those bytes.
+fn read_elsewhere(
+    ctx: &Context,
+    graph: &Graph,
+    id: TensorId,
+    part: std::ops::Range<usize>,
+    except: TensorId,
+) -> bool {
+    let output = |t: &Tensor| t.flags.contains(rgml::TensorFlags::OUTPUT);
+    let covers = |s: TensorId| {
+        let t = &ctx[s];
+        let at = match (s == id, t.view_src) {
+            (true, _) => 0,
+            (false, Some(root)) if root == id => t.view_offset,
+            _ => return false,
+        };
+        span(t).map_or(true, |len| at < part.end && part.start < at + len)
+    };
+    output(&ctx[id])
+        || graph.nodes().iter().any(|&n| {
+            let t = &ctx[n];
+            (t.view_src == Some(id) && output(t))
+                || (n != except && !t.op.kind().is_view() && t.src.iter().any(|&s| covers(s)))
+        })
 }
 
 /// A byte range of host memory a node reads or writes (addresses, so ranges of different
@@ -280,6 +395,10 @@ impl Extent {
     fn meets(self, other: Extent) -> bool {
         self.start < other.end && other.start < self.end
     }
+
+    fn len(self) -> usize {
+        self.end - self.start
+    }
 }
 
 /// Which nodes need the threads synchronized before them, and which matrix products can
@@ -290,12 +409,13 @@ impl Extent {
 /// writes what such a node reads or writes. A MUL_MAT that converts src1 synchronizes inside
 /// (after phase 1), so only phase 1's accesses (src1 in, work area out) count before it, and
 /// the nodes before it are all finished after it starts its phase 2.
-pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_SRC], Extent)]) {
+pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[Extents]) {
     let mut reads: Vec<Extent> = Vec::new();
     let mut writes: Vec<Extent> = Vec::new();
     // The src1 the work area holds, and how it was converted.
     let mut held: Option<(TensorView, kernels::matmul::Src1, Extent)> = None;
-    for (j, (task, &(srcs, dst))) in tasks.iter_mut().zip(extents).enumerate() {
+    for (j, (task, &(srcs, node_writes))) in tasks.iter_mut().zip(extents).enumerate() {
+        let [dst, in_place] = node_writes;
         let conversion = match (task.op, task.src[0], task.src[1]) {
             (
                 rgml::Op::MulMat {
@@ -317,7 +437,9 @@ pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_S
             _ => None,
         };
         // A node that writes the held src1 (or its converted copy) ends its reuse.
-        if held.is_some_and(|(_, _, e)| dst.meets(e) || dst.meets(Extent::WORK)) {
+        if held.is_some_and(|(_, _, e)| {
+            node_writes.iter().any(|w| w.meets(e)) || dst.meets(Extent::WORK)
+        }) {
             held = None;
         }
         task.reuse_src1 = matches!((conversion, held), (Some((b, c, _)), Some((hb, hc, _)))
@@ -342,7 +464,9 @@ pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_S
                 held = Some((b, c, b_extent));
             }
             _ => {
-                task.sync_before = j == 0 || conflict(&reads, &writes, &node_reads, dst);
+                task.sync_before = j == 0
+                    || conflict(&reads, &writes, &node_reads, dst)
+                    || conflict(&reads, &writes, &node_reads, in_place);
                 if task.sync_before {
                     reads.clear();
                     writes.clear();
@@ -350,7 +474,7 @@ pub(super) fn plan_syncs(tasks: &mut [NodeTask], extents: &[([Extent; MAX_NODE_S
             }
         }
         reads.extend(node_reads);
-        writes.push(dst);
+        writes.extend(node_writes.into_iter().filter(|e| e.start < e.end));
     }
 }
 
@@ -372,7 +496,7 @@ impl DTypeAlign for Tensor {
 mod tests {
     use super::*;
     use rgml::alloc::alloc_ctx_tensors;
-    use rgml::{DType, Device};
+    use rgml::{Backend, DType, Device};
 
     /// Three products of one activation (q/k/v) share its quantized copy and run without
     /// barriers between them; nodes reading their results wait for them.
@@ -411,5 +535,91 @@ mod tests {
                 (Add, true, false),
             ]
         );
+    }
+
+    /// How [`recurrent_update`] ends its graph.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Ending {
+        /// The CPY of the new state alone reads it.
+        Plain,
+        /// The delta net's result is a graph output.
+        Output,
+        /// Another node also reads the new state.
+        Reread,
+    }
+
+    /// GATED_DELTA_NET of 3 tokens over 2 heads of 16, its output view, and the CPY of its new
+    /// state over the state it read (as the hybrid models' graphs write it), ended as `ending`
+    /// says; returns the context (inputs set), its graph, the state and the output view.
+    fn recurrent_update(ending: Ending) -> (Context, Graph, TensorId, TensorId) {
+        let (s_v, h, n) = (16, 2, 3);
+        let mut ctx = Context::new();
+        let mut input = |ne: &[usize]| ctx.new_tensor(DType::F32, ne).unwrap();
+        let (q, k, v) = (
+            input(&[s_v, h, n, 1]),
+            input(&[s_v, h, n, 1]),
+            input(&[s_v, h, n, 1]),
+        );
+        let (g, beta) = (input(&[1, h, n, 1]), input(&[1, h, n, 1]));
+        let state = input(&[s_v, s_v, h, 1]);
+        let r = ctx.gated_delta_net(q, k, v, g, beta, state, 1).unwrap();
+        let (out_len, len) = (s_v * h * n, s_v * s_v * h);
+        let out = ctx.view(r, &[out_len], &[], 0).unwrap();
+        let new_state = ctx.view(r, &[len], &[], out_len * 4).unwrap();
+        let state_flat = ctx.view(state, &[len], &[], 0).unwrap();
+        let store = ctx.cpy(new_state, state_flat).unwrap();
+        // The output read on (a graph root would be an output).
+        let mut roots = vec![ctx.sum_rows(out).unwrap(), store];
+        match ending {
+            Ending::Plain => {}
+            Ending::Output => ctx.set_output(r).unwrap(),
+            Ending::Reread => roots.push(ctx.sum_rows(new_state).unwrap()),
+        }
+        alloc_ctx_tensors(&mut ctx, &crate::CpuDevice::new("CPU").buffer_type()).unwrap();
+        let mut seed = 7u32;
+        for id in [q, k, v, g, beta, state] {
+            let values: Vec<f32> = (0..ctx[id].nelements())
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
+                })
+                .collect();
+            ctx.tensor_set_f32(id, &values).unwrap();
+        }
+        let graph = Graph::build(&mut ctx, &roots).unwrap();
+        (ctx, graph, state, out)
+    }
+
+    /// The recurrent update runs as one task that writes the state in place, with the bits of
+    /// the delta net and the copy run apart; not where anything else may read the new state.
+    #[test]
+    fn recurrent_state_updates_run_in_place() {
+        let mut results = Vec::new();
+        for ending in [Ending::Plain, Ending::Output, Ending::Reread] {
+            let (ctx, graph, state, out) = recurrent_update(ending);
+            let job = prepare("CPU", CpuFeatures::detect(), 2, &ctx, &graph)
+                .unwrap()
+                .unwrap();
+            let kinds: Vec<(rgml::OpKind, bool)> = job
+                .tasks
+                .iter()
+                .map(|t| (t.op.kind(), t.state_in_place))
+                .collect();
+            use rgml::OpKind::*;
+            let fused = ending == Ending::Plain;
+            assert_eq!(kinds[0], (GatedDeltaNet, fused));
+            assert_eq!(kinds.iter().any(|k| k.0 == Cpy), !fused);
+            let mut be = crate::CpuBackend::new(2).unwrap();
+            be.graph_compute(&ctx, &graph).unwrap();
+            let bits = |id| -> Vec<u32> {
+                ctx.tensor_get_f32(id)
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            results.push((bits(state), bits(out)));
+        }
+        assert!(results.iter().all(|r| *r == results[0]));
     }
 }

@@ -95,6 +95,10 @@ pub(crate) struct NodeTask {
     pub reuse_src1: bool,
     /// The instructions the kernel may use and the arithmetic it mirrors (the backend's).
     pub features: CpuFeatures,
+    /// GATED_DELTA_NET: the new state is written over the state source (src 5) instead of
+    /// into the result, whose state part stays unwritten (the plan fused the CPY that would
+    /// copy it there and checked that nothing else reads it).
+    pub state_in_place: bool,
     /// The backend's thread count: where ggml's rounding depends on how many threads share a
     /// node (FLASH_ATTN_EXT of one query over many cells), the kernel splits the work as that
     /// many ggml threads would, however many threads run it.

@@ -197,6 +197,8 @@ struct DeltaNet<'a> {
     n_tokens: usize,
     n_seqs: usize,
     snapshots: usize,
+    /// The new state goes over the state source ([`NodeTask::state_in_place`]).
+    in_place: bool,
 }
 
 impl<'a> DeltaNet<'a> {
@@ -217,6 +219,7 @@ impl<'a> DeltaNet<'a> {
             n_tokens,
             n_seqs,
             snapshots,
+            in_place: task.state_in_place && snapshots == 1,
         })
     }
 
@@ -246,11 +249,20 @@ impl<'a> DeltaNet<'a> {
     /// token are zeros.
     fn unit(&self, head: usize, seq: usize, delta: &mut [f32], work: Option<&mut [f32]>) {
         let s2 = self.s_v * self.s_v;
-        // SAFETY: the state block of (head, seq) in slot 0 of the contiguous result (the
-        // support check sizes it) is this unit's alone; no source overlaps the result.
-        let s = work.unwrap_or_else(|| unsafe { f32_row_mut(self.state_out(0, head, seq), s2) });
-        // SAFETY: the contiguous state source holds `S_v²` values at (0, head, seq).
-        s.copy_from_slice(unsafe { f32_row(self.state.row(0, head, seq), s2) });
+        let s = if self.in_place {
+            // SAFETY: the contiguous state source holds `S_v²` values at (0, head, seq), this
+            // unit's alone; the plan made this node its writer (no other source meets it, no
+            // task runs on it meanwhile).
+            unsafe { f32_row_mut(self.state.row(0, head, seq), s2) }
+        } else {
+            // SAFETY: the state block of (head, seq) in slot 0 of the contiguous result (the
+            // support check sizes it) is this unit's alone; no source overlaps the result.
+            let s =
+                work.unwrap_or_else(|| unsafe { f32_row_mut(self.state_out(0, head, seq), s2) });
+            // SAFETY: the contiguous state source holds `S_v²` values at (0, head, seq).
+            s.copy_from_slice(unsafe { f32_row(self.state.row(0, head, seq), s2) });
+            s
+        };
         for token in 0..self.n_tokens {
             self.step(s, delta, head, token, seq);
             let slot = self.n_tokens - 1 - token;
