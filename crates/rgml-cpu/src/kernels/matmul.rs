@@ -12,8 +12,10 @@
 //! tiles of [`super::tiled`] (matrix-vector products prefetching the weight rows ahead, on AVX2
 //! by [`crate::kernels::tiles::legacy::matvec_kernel`]), one src1 row of iq4_nl or mxfp4 by
 //! [`crate::kernels::dots::lowbit::nibble_matvec`]'s kernel (`vec_dot`'s order, two rows per
-//! pass), other quantized types (mxfp4 always: ggml has no tiles for it outside its repacking
-//! buffer) pair by pair (prefetching too), F32/F16/BF16 in 4 x 4 tiles whose
+//! pass), one src1 row of the K-quants and iq4_xs by [`crate::kernels::dots::matvec`]'s (their
+//! pair dots over a run of rows, prefetching), other quantized types (mxfp4 always: ggml has no
+//! tiles for it outside its repacking buffer) pair by pair (prefetching too), F32/F16/BF16 in
+//! 4 x 4 tiles whose
 //! columns are all the src1 rows broadcast onto one weight matrix (GQA heads), each weight row
 //! decoded once; BF16 weights on CPUs with AVX512_BF16 by [`super::bf16`] instead, with bf16
 //! activation rows and `vdpbf16ps`, as ggml's build for such CPUs.
@@ -166,9 +168,13 @@ impl QuantPath {
             return QuantPath::Kquant;
         }
         if tiled {
-            QuantPath::Tiled
-        } else {
-            QuantPath::Pairs
+            return QuantPath::Tiled;
+        }
+        // `vec_dot` pair by pair: one activation row through the type's matrix-vector kernel
+        // where it has one (the same products, without a call's checks per row).
+        match (ne11, dots::matvec(f, dtype)) {
+            (1, Some(kernel)) => QuantPath::Matvec(kernel),
+            _ => QuantPath::Pairs,
         }
     }
 }

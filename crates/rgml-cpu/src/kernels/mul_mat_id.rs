@@ -521,9 +521,10 @@ impl Products<'_> {
         Ok(true)
     }
 
-    /// [`Self::expert`] for one routed pair (a generation step) through the IQ4_NL and MXFP4
-    /// matrix-vector kernel (`vec_dot`'s bits, rows prefetched ahead): the block's rows in one
-    /// call instead of a `vec_dot` dispatch per row. False (nothing done) for other types.
+    /// [`Self::expert`] for one routed pair (a generation step) through the type's
+    /// matrix-vector kernel ([`dots::matvec`]: IQ4_NL, MXFP4, the K-quants and IQ4_XS;
+    /// `vec_dot`'s bits, rows prefetched ahead): the block's rows in one call instead of a
+    /// `vec_dot` dispatch per row. False (nothing done) for other types.
     #[cfg(target_arch = "x86_64")]
     fn expert_matvec(
         &self,
@@ -533,7 +534,7 @@ impl Products<'_> {
     ) -> Result<bool> {
         let f = self.task.features;
         let (a, b) = (self.task.src(0)?, self.task.src(1)?);
-        let (Some(kernel), [slot, token]) = (lowbit::nibble_matvec(f, a.dtype), routed) else {
+        let (Some(kernel), [slot, token]) = (dots::matvec(f, a.dtype), routed) else {
             return Ok(false);
         };
         let run = dots::run::RowRun {

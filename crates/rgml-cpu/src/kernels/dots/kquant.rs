@@ -13,9 +13,11 @@
 //! operations (`f32::mul_add` where ggml fuses), so both paths give the same bits.
 
 use crate::kernels::blocks::kquant::{q4k_quants, q5k_quants, q6k_quants, scales_mins};
+use crate::kernels::dots::run;
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::hsum8;
 use rgml::quant::{BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K, QK_K};
+use rgml::DType;
 
 /// `sum_j m[j] * (bsums[2j] + bsums[2j + 1])` split as ggml's `_mm_madd_epi16` does it: lane
 /// `i` holds sub-blocks `2i` and `2i + 1`.
@@ -76,6 +78,40 @@ pub fn dot_q4_k_q8_k(f: CpuFeatures, x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
         }
     }
     hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
+/// The matrix-vector kernel of Q4_K, Q5_K or Q6_K weights (`None` for other types), where the
+/// CPU has AVX2: each row's product is [`dot_q4_k_q8_k`]'s (etc.) bit for bit.
+pub(crate) fn matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if f.has_avx2() {
+        /// # Safety
+        /// As [`run::MatvecKernel`], on a CPU with AVX2, FMA and F16C.
+        unsafe fn q4_k(r: run::RowRun, out: &mut [f32]) {
+            // SAFETY: forwarded; the CPU has what the dot needs.
+            unsafe { run::each_row(r, out, |x, y| avx2::dot_q4_k(x, y)) }
+        }
+        /// # Safety
+        /// As `q4_k`.
+        unsafe fn q5_k(r: run::RowRun, out: &mut [f32]) {
+            // SAFETY: forwarded; the CPU has what the dot needs.
+            unsafe { run::each_row(r, out, |x, y| avx2::dot_q5_k(x, y)) }
+        }
+        /// # Safety
+        /// As `q4_k`.
+        unsafe fn q6_k(r: run::RowRun, out: &mut [f32]) {
+            // SAFETY: forwarded; the CPU has what the dot needs.
+            unsafe { run::each_row(r, out, |x, y| avx2::dot_q6_k(x, y)) }
+        }
+        return match dtype {
+            DType::Q4_K => Some(q4_k),
+            DType::Q5_K => Some(q5_k),
+            DType::Q6_K => Some(q6_k),
+            _ => None,
+        };
+    }
+    let _ = (f, dtype);
+    None
 }
 
 /// Q5_K weights · Q8_K activations, over the common number of super-blocks.

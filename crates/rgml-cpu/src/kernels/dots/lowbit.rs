@@ -182,6 +182,37 @@ fn nibble_tail<B: NibbleBlock>(head: f32, bx: &B, by: &BlockQ8_0) -> f32 {
     d.mul_add(sumi as f32, head)
 }
 
+/// The matrix-vector kernel of Q2_K, Q3_K or IQ4_XS weights (`None` for other types), where
+/// the CPU has AVX2: each row's product is [`dot_q2_k_q8_k`]'s (etc.) bit for bit.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn kquant_matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecKernel> {
+    /// # Safety
+    /// As [`run::MatvecKernel`], on a CPU with AVX2, FMA and F16C.
+    unsafe fn q2_k(r: run::RowRun, out: &mut [f32]) {
+        // SAFETY: forwarded; the CPU has what the dot needs.
+        unsafe { run::each_row(r, out, |x, y| avx2::dot_q2_k(x, y)) }
+    }
+    /// # Safety
+    /// As `q2_k`.
+    unsafe fn q3_k(r: run::RowRun, out: &mut [f32]) {
+        // SAFETY: forwarded; the CPU has what the dot needs.
+        unsafe { run::each_row(r, out, |x, y| avx2::dot_q3_k(x, y)) }
+    }
+    /// # Safety
+    /// As `q2_k`.
+    unsafe fn iq4_xs(r: run::RowRun, out: &mut [f32]) {
+        // SAFETY: forwarded; the CPU has what the dot needs.
+        unsafe { run::each_row(r, out, |x, y| avx2::dot_iq4_xs(x, y)) }
+    }
+    match dtype {
+        _ if !f.has_avx2() => None,
+        DType::Q2_K => Some(q2_k),
+        DType::Q3_K => Some(q3_k),
+        DType::IQ4_XS => Some(iq4_xs),
+        _ => None,
+    }
+}
+
 /// The matrix-vector kernel of IQ4_NL or MXFP4 weights (`None` for other types), where the
 /// CPU has AVX2 (under either build's arithmetic: ggml's AVX-512 build runs the AVX2
 /// `vec_dot` for both, which AVX-512 VNNI computes two blocks at a time).

@@ -57,6 +57,19 @@ pub fn vec_dot(f: CpuFeatures, xtype: DType, n: usize, x: &[u8], y: &[u8]) -> Re
     })
 }
 
+/// The matrix-vector kernel of weights of `dtype` for one activation row (`vec_dot`'s bits, as
+/// ggml computes a generation step's products), where this CPU has one: IQ4_NL and MXFP4
+/// ([`lowbit::nibble_matvec`]), the K-quants and IQ4_XS.
+pub(crate) fn matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(kernel) =
+        lowbit::nibble_matvec(f, dtype).or_else(|| lowbit::kquant_matvec(f, dtype))
+    {
+        return Some(kernel);
+    }
+    kquant::matvec(f, dtype)
+}
+
 /// The type [`vec_dot`] expects its `y` operand in, for weight type `xtype`.
 pub const fn activation_type(xtype: DType) -> DType {
     match xtype {
