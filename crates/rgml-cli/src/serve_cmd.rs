@@ -56,6 +56,16 @@ pub struct ServeArgs {
     /// (llama-server's `--api-key`).
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
+    /// Recurrent-state checkpoints each slot keeps, for a model with recurrent layers (Qwen3.5):
+    /// the state after each prompt, so that a next turn sharing only part of what the slot
+    /// holds goes back to one instead of evaluating its whole prompt (llama-server's flag and
+    /// default). 0: none.
+    #[arg(
+        long = "ctx-checkpoints",
+        alias = "swa-checkpoints",
+        default_value_t = 8
+    )]
+    ctx_checkpoints: usize,
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     max_body_kib: u32,
@@ -89,6 +99,7 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
             chat_template: chat.template,
             chat_format: chat.format,
             jinja: args.jinja,
+            ctx_checkpoints: args.ctx_checkpoints,
         },
     )
     .map_err(|e| CliError::Message(format!("starting the engine: {e}")))?;

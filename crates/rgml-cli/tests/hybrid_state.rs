@@ -1,8 +1,8 @@
 //! A hybrid model's recurrent states (the `qwen35` random model of `rgml-testmodels`) under
 //! the sequence operations a server uses, with llama.cpp's rules for recurrent memory: a
 //! cleared sequence starts again from zero states, a sequence's newest positions cannot be
-//! removed alone (the error changes nothing), a copy takes the whole state, and `rgml bench`
-//! at a depth refills it.
+//! removed alone (the error changes nothing), a copy takes the whole state, a checkpoint takes
+//! a sequence back to the positions it was made of, and `rgml bench` at a depth refills it.
 
 #[allow(dead_code)] // Only the root is used here.
 mod common;
@@ -142,4 +142,35 @@ fn bench_at_a_depth_runs_on_a_hybrid_model() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(table.contains("tg4 @ d16"), "{table}");
+}
+
+/// A checkpoint made after a prompt takes the sequence back there, however much followed: the
+/// next tokens get the logits they get after that prompt alone. One that does not fit (more
+/// positions than the sequence holds) is refused and changes nothing.
+#[test]
+fn a_checkpoint_takes_a_sequence_back_to_its_positions() {
+    let model = model("checkpoint");
+    let (a, b, c) = (
+        prompt(&model, "Once upon a time"),
+        prompt(&model, " there was"),
+        prompt(&model, " a dragon"),
+    );
+    let mut plain = session(&model, 1);
+    plain.eval(&a, Logits::Last).expect("prompt");
+    let want = bits(&plain.eval(&c, Logits::All).expect("other continuation"));
+    let mut s = session(&model, 1);
+    s.eval(&a, Logits::Last).expect("prompt");
+    let checkpoint = s.seq_checkpoint(0).expect("checkpoint");
+    assert_eq!(checkpoint.n_past(), a.len());
+    assert!(checkpoint.size() > 0);
+    s.eval(&b, Logits::Last).expect("continuation");
+    s.seq_restore(0, &checkpoint).expect("restore");
+    assert_eq!(s.seq_len(0), a.len());
+    assert_eq!(bits(&s.eval(&c, Logits::All).expect("after restore")), want);
+    // A checkpoint of more positions than the sequence holds now.
+    let longer = s.seq_checkpoint(0).expect("checkpoint");
+    s.seq_rm(0, 0..usize::MAX).expect("clear");
+    let e = s.seq_restore(0, &longer).unwrap_err();
+    assert!(e.to_string().contains("does not fit"), "{e}");
+    assert_eq!(s.seq_len(0), 0, "a refused restore changes nothing");
 }

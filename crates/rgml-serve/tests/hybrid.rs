@@ -2,7 +2,8 @@
 //! delta-net layers with a recurrent state per sequence beside full-attention layers): eight
 //! requests decoded together in eight slots give their solo greedy output, a conversation
 //! that extends what a slot holds continues from its state (under either reuse policy), and a
-//! prompt that shares only part of it is evaluated afresh (a recurrent state cannot be rolled
+//! prompt that shares only part of it goes back to the state checkpointed after an earlier
+//! prompt (or, without checkpoints, is evaluated afresh: a recurrent state cannot be cut
 //! back), with the same output.
 
 use rgml_llm::{EncodeOptions, Model, Sampler, SamplerParams, Session, SessionOptions, TokenId};
@@ -38,11 +39,12 @@ fn options(n_seq: usize) -> SessionOptions {
     }
 }
 
-fn engine(model: &Arc<Model>, n_slots: usize, reuse: PrefixReuse) -> Engine {
+fn engine(model: &Arc<Model>, n_slots: usize, reuse: PrefixReuse, checkpoints: usize) -> Engine {
     let session = Session::new(model.clone(), &options(n_slots)).expect("session");
     let options = EngineOptions {
         model_id: "qwen35".into(),
         prefix_reuse: reuse,
+        ctx_checkpoints: checkpoints,
         ..Default::default()
     };
     Engine::start(session, options).expect("engine")
@@ -97,7 +99,7 @@ const PROMPTS: [&str; 8] = [
 #[test]
 fn eight_requests_together_give_their_solo_output() {
     let model = model("eight");
-    let e = engine(&model, 8, PrefixReuse::Exact);
+    let e = engine(&model, 8, PrefixReuse::Exact, 8);
     let prompts: Vec<Vec<TokenId>> = PROMPTS
         .iter()
         .map(|p| model.tokenizer.encode(p, EncodeOptions::prompt()))
@@ -119,15 +121,19 @@ fn eight_requests_together_give_their_solo_output() {
 }
 
 #[test]
-fn a_conversation_continues_from_its_state_and_a_partial_match_starts_afresh() {
+fn a_conversation_continues_from_its_state_and_a_partial_match_from_a_checkpoint() {
     let model = model("conversation");
-    for reuse in [PrefixReuse::Exact, PrefixReuse::Any] {
-        conversation(&model, reuse);
+    for (reuse, checkpoints) in [
+        (PrefixReuse::Exact, 8),
+        (PrefixReuse::Any, 8),
+        (PrefixReuse::Exact, 0),
+    ] {
+        conversation(&model, reuse, checkpoints);
     }
 }
 
-fn conversation(model: &Arc<Model>, reuse: PrefixReuse) {
-    let e = engine(model, 1, reuse);
+fn conversation(model: &Arc<Model>, reuse: PrefixReuse, checkpoints: usize) {
+    let e = engine(model, 1, reuse, checkpoints);
     let first = model
         .tokenizer
         .encode("The quick brown fox", EncodeOptions::prompt());
@@ -141,10 +147,31 @@ fn conversation(model: &Arc<Model>, reuse: PrefixReuse) {
     let (got, _, usage) = collect(e.submit(greedy(&next, 8)).expect("submit"));
     assert_eq!(usage.cached_tokens, first.len() + ids.len() - 1);
     assert_eq!(got, solo(model, &next, 8), "{reuse:?}");
-    // Sharing only the first prompt: the state holds more, so everything is evaluated again.
+    // Sharing only the first prompt: the state holds more, so the slot goes back to the
+    // checkpoint made after that prompt (without checkpoints, everything is evaluated again).
     let mut other = first.clone();
     other.extend(model.tokenizer.encode(" sleeps", EncodeOptions::default()));
     let (got, _, usage) = collect(e.submit(greedy(&other, 8)).expect("submit"));
-    assert_eq!(usage.cached_tokens, 0);
-    assert_eq!(got, solo(model, &other, 8), "{reuse:?}");
+    let kept = if checkpoints > 0 { first.len() } else { 0 };
+    assert_eq!(
+        usage.cached_tokens, kept,
+        "{reuse:?}, {checkpoints} checkpoints"
+    );
+    assert_eq!(
+        got,
+        solo(model, &other, 8),
+        "{reuse:?}, {checkpoints} checkpoints"
+    );
+    // The same prompt again: back to the checkpoint made after it, then from its kept logits.
+    let (got, _, usage) = collect(e.submit(greedy(&other, 8)).expect("submit"));
+    let kept = if checkpoints > 0 { other.len() } else { 0 };
+    assert_eq!(
+        usage.cached_tokens, kept,
+        "{reuse:?}, {checkpoints} checkpoints"
+    );
+    assert_eq!(
+        got,
+        solo(model, &other, 8),
+        "{reuse:?}, {checkpoints} checkpoints"
+    );
 }

@@ -37,6 +37,7 @@ pub use batch::BatchToken;
 use batch::UbatchPlan;
 use graph::{build_graph, BatchGraph, GraphKey};
 use kv_cache::KvCache;
+pub use seq::SeqCheckpoint;
 
 use rgml::backend::{BackendParams, DeviceType};
 use rgml::sched::{Scheduler, SchedulerOptions};

@@ -10,6 +10,36 @@ use crate::error::{LlmError, MemoryUse, Result};
 use rgml::{DType, Graph, TensorFlags, TensorId};
 use std::ops::Range;
 
+/// A sequence's recurrent states after its first [`n_past`](SeqCheckpoint::n_past) positions
+/// ([`Session::seq_checkpoint`]), in host memory.
+#[derive(Clone)]
+pub struct SeqCheckpoint {
+    n_past: usize,
+    /// Each recurrent state tensor's row of the sequence, in the session's order.
+    rows: Vec<u8>,
+}
+
+impl SeqCheckpoint {
+    /// The positions the states follow.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Bytes held.
+    pub fn size(&self) -> usize {
+        self.rows.len()
+    }
+}
+
+impl std::fmt::Debug for SeqCheckpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeqCheckpoint")
+            .field("n_past", &self.n_past)
+            .field("bytes", &self.rows.len())
+            .finish()
+    }
+}
+
 impl Session {
     /// Sequences the session holds (its [`SessionOptions::n_seq`](super::SessionOptions)).
     pub fn n_seq(&self) -> usize {
@@ -105,6 +135,83 @@ impl Session {
                 false => (&global, self.kv.cells),
             };
             self.copy_cells(il, cells, per_stream, src, dst)?;
+        }
+        Ok(())
+    }
+
+    /// The recurrent state of sequence `seq` now, after its [`seq_len`](Session::seq_len)
+    /// positions: what [`Session::seq_restore`] takes it back to (llama-server's context
+    /// checkpoints). A chat's next turn often shares only part of what the sequence holds (a
+    /// reasoning model's template drops the last answer's thinking), and a recurrent state
+    /// cannot be cut back to a shorter prefix, so without a checkpoint the whole prompt is
+    /// evaluated again.
+    ///
+    /// Errors: a sequence outside the session, a model without recurrent layers
+    /// ([`LlmError::BadInput`]).
+    pub fn seq_checkpoint(&mut self, seq: usize) -> Result<SeqCheckpoint> {
+        self.check_seq(seq)?;
+        if self.model.config.recurrent.is_none() {
+            return Err(LlmError::BadInput(
+                "a checkpoint of a model without recurrent layers".into(),
+            ));
+        }
+        // Queued micro-batches may still write the states.
+        self.sched.synchronize()?;
+        let mut rows = Vec::new();
+        for &t in self.kv.conv.iter().chain(&self.kv.ssm).flatten() {
+            let row = self.ctx[t].nb[1];
+            let at = rows.len();
+            rows.resize(at + row, 0);
+            self.ctx.tensor_get(t, seq * row, &mut rows[at..])?;
+        }
+        Ok(SeqCheckpoint {
+            n_past: self.seq_len(seq),
+            rows,
+        })
+    }
+
+    /// Take sequence `seq` back to `checkpoint`, which [`Session::seq_checkpoint`] made of it
+    /// when it held the first [`SeqCheckpoint::n_past`] of the positions it holds now: the
+    /// newer positions are forgotten and the recurrent state is the checkpoint's, so the next
+    /// token goes to position `n_past` with the logits it had then. (A checkpoint of another
+    /// sequence, or of positions since removed, gives that state to these positions: the
+    /// caller keeps checkpoints with the positions they were made of.)
+    ///
+    /// Errors: a checkpoint of more positions than `seq` holds, or of another model's state
+    /// ([`LlmError::BadInput`]); nothing changes then.
+    pub fn seq_restore(&mut self, seq: usize, checkpoint: &SeqCheckpoint) -> Result<()> {
+        self.check_seq(seq)?;
+        let next = self.seq_len(seq);
+        let states: Vec<TensorId> = self
+            .kv
+            .conv
+            .iter()
+            .chain(&self.kv.ssm)
+            .flatten()
+            .copied()
+            .collect();
+        let bytes: usize = states.iter().map(|&t| self.ctx[t].nb[1]).sum();
+        if checkpoint.n_past > next || checkpoint.rows.len() != bytes || states.is_empty() {
+            return Err(LlmError::BadInput(format!(
+                "sequence {seq} holds {next} positions and {bytes} bytes of state: a checkpoint \
+                 of {} positions and {} bytes does not fit it",
+                checkpoint.n_past,
+                checkpoint.rows.len()
+            )));
+        }
+        // Queued micro-batches may still read and write the states.
+        self.sched.synchronize()?;
+        let mut at = 0;
+        for t in states {
+            let row = self.ctx[t].nb[1];
+            self.ctx
+                .tensor_set(t, seq * row, &checkpoint.rows[at..at + row])?;
+            at += row;
+        }
+        let stream = &mut self.kv.streams[seq];
+        stream.global.remove(checkpoint.n_past..usize::MAX);
+        if let Some(local) = &mut stream.local {
+            local.remove(checkpoint.n_past..usize::MAX);
         }
         Ok(())
     }

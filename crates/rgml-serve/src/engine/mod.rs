@@ -42,6 +42,12 @@ pub struct EngineOptions {
     pub chat_template: Option<String>,
     /// Run the model's own chat template as Jinja (`--jinja`) instead of the marker format.
     pub jinja: bool,
+    /// Recurrent-state checkpoints each slot keeps (`--ctx-checkpoints`, llama-server's, with
+    /// its default of 8), for a model with recurrent layers (Qwen3.5): the state after each
+    /// prompt, so that a request sharing only part of what the slot holds (a chat's next turn
+    /// whose template drops the last answer's thinking) starts from the newest checkpoint
+    /// inside the common prefix instead of evaluating its whole prompt. 0: none.
+    pub ctx_checkpoints: usize,
     /// A built-in chat format to use instead of any template (`--chat-template NAME`).
     pub chat_format: Option<ChatFormat>,
 }
@@ -74,6 +80,7 @@ impl Default for EngineOptions {
             chat_template: None,
             jinja: false,
             chat_format: None,
+            ctx_checkpoints: 8,
         }
     }
 }
@@ -157,6 +164,7 @@ impl Engine {
             reuse: options.prefix_reuse,
             n_ubatch: session.n_ubatch().max(1),
             recurrent: session.model().config.recurrent.is_some(),
+            checkpoints: options.ctx_checkpoints,
         };
         let handle = std::thread::Builder::new()
             .name("rgml-serve-engine".into())

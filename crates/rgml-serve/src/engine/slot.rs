@@ -11,6 +11,7 @@ use crate::generator::{
     FinishReason, GenEvent, Logprobs, OutputFormat, TokenLogprob, TokenOut, Usage,
 };
 use rgml_llm::json_prefix::FramedJson;
+use rgml_llm::session::SeqCheckpoint;
 use rgml_llm::tokenizer::Decoder;
 use rgml_llm::{Sampler, TokenId, Tokenizer};
 
@@ -33,6 +34,11 @@ pub(crate) struct Slot<'t> {
     pub(crate) run: Option<Running<'t>>,
     /// When it last ran a request (the worker's step count), to reuse the least recent.
     pub(crate) last_used: u64,
+    /// Recurrent-state checkpoints of its sequence, oldest first, each of a prefix of
+    /// `cached` ([`super::EngineOptions::ctx_checkpoints`]).
+    checkpoints: Vec<SeqCheckpoint>,
+    /// The last step completed its request's prompt: a checkpoint is due.
+    pub(crate) checkpoint_due: bool,
 }
 
 /// A request running in a slot.
@@ -77,7 +83,28 @@ impl<'t> Slot<'t> {
             logits_at: 0,
             run: None,
             last_used: 0,
+            checkpoints: Vec::new(),
+            checkpoint_due: false,
         }
+    }
+
+    /// The newest checkpoint of at most `n` positions.
+    pub(crate) fn checkpoint_within(&self, n: usize) -> Option<&SeqCheckpoint> {
+        self.checkpoints.iter().rev().find(|c| c.n_past() <= n)
+    }
+
+    /// Keep `checkpoint` (of the whole cache now), and at most `max` in all: the oldest go.
+    pub(crate) fn add_checkpoint(&mut self, checkpoint: SeqCheckpoint, max: usize) {
+        self.checkpoints
+            .retain(|c| c.n_past() < checkpoint.n_past());
+        self.checkpoints.push(checkpoint);
+        let extra = self.checkpoints.len().saturating_sub(max);
+        self.checkpoints.drain(..extra);
+    }
+
+    /// Its cache was replaced by another slot's: its checkpoints are of other positions.
+    pub(crate) fn forget_checkpoints(&mut self) {
+        self.checkpoints.clear();
     }
 
     /// Whether the cache holds all of `prompt`, evaluated as a fresh prompt, with the logits
@@ -103,6 +130,7 @@ impl<'t> Slot<'t> {
     /// is.
     pub(crate) fn truncate(&mut self, n: usize) {
         self.cached.truncate(n);
+        self.checkpoints.retain(|c| c.n_past() <= n);
         self.aligned = self.aligned.min(n);
         if self.logits_at > n.min(self.aligned) {
             self.logits_at = 0;

@@ -37,20 +37,28 @@ pub(crate) struct Policy {
     /// The session's micro-batch: prompts are evaluated in pieces of it.
     pub(crate) n_ubatch: usize,
     /// The model keeps a recurrent state per sequence (Qwen3.5): a slot's cache can only be
-    /// kept whole.
+    /// kept whole, or cut back to one of its checkpoints.
     pub(crate) recurrent: bool,
+    /// Checkpoints of a recurrent state each slot keeps ([`super::EngineOptions::ctx_checkpoints`]).
+    pub(crate) checkpoints: usize,
 }
 
 impl Policy {
     /// How much of `prompt` `slot`'s cache may give (at least one prompt token is left to
-    /// evaluate, for its logits).
-    fn reusable(&self, slot: &Slot<'_>, prompt: &[TokenId]) -> usize {
+    /// evaluate, for its logits); `own`: to the slot itself, which may go back to one of its
+    /// checkpoints (a copy to another slot takes a recurrent state whole only).
+    fn reusable(&self, slot: &Slot<'_>, prompt: &[TokenId], own: bool) -> usize {
         let n = common_prefix(&slot.cached, prompt).min(prompt.len().saturating_sub(1));
         if self.recurrent {
             // A recurrent state holds every position the slot has: it is kept when the prompt
             // extends all of them (a chat's next turn, as llama-server keeps it), else the
+            // slot goes back to its newest checkpoint inside the common prefix, else the
             // prompt is evaluated afresh. Exact's micro-batch pieces cannot be honoured then.
-            return if n == slot.cached.len() { n } else { 0 };
+            return match (n == slot.cached.len(), own) {
+                (true, _) => n,
+                (false, true) => slot.checkpoint_within(n).map_or(0, |c| c.n_past()),
+                (false, false) => 0,
+            };
         }
         match self.reuse {
             PrefixReuse::Exact => n.min(slot.aligned) / self.n_ubatch * self.n_ubatch,
@@ -85,7 +93,11 @@ pub(crate) fn run(mut session: Session, shared: Arc<Shared>, policy: Policy) {
             + match batch.is_empty() {
                 true => 0,
                 false => match session.decode_batch(&batch) {
-                    Ok(logits) => after_step(&mut slots, &batch, &rows, logits, tok, n_ctx),
+                    Ok(logits) => {
+                        let n = after_step(&mut slots, &batch, &rows, logits, tok, n_ctx);
+                        take_checkpoints(&mut session, &mut slots, &policy);
+                        n
+                    }
                     Err(e) => fail_batch(&mut session, &mut slots, &e.to_string()),
                 },
             };
@@ -151,7 +163,7 @@ fn assign(slots: &[Slot<'_>], jobs: Vec<Job>, policy: &Policy) -> Vec<(usize, Jo
                 let whole = s.holds_whole(&job.prompt);
                 (
                     whole,
-                    policy.reusable(s, &job.prompt),
+                    policy.reusable(s, &job.prompt, true),
                     u64::MAX - s.last_used,
                 )
             })
@@ -193,7 +205,7 @@ fn start<'t>(
         true => n,
         false => reuse_prefix(session, slots, i, &job.prompt, policy),
     };
-    if session.seq_rm(seq, keep..usize::MAX).is_err() {
+    if cut_back(session, &slots[i], keep).is_err() {
         keep = 0;
         let _ = session.seq_rm(seq, 0..usize::MAX);
     }
@@ -209,6 +221,34 @@ fn start<'t>(
     }
 }
 
+/// Cut slot `slot`'s sequence to its first `keep` tokens: forget the rest, or, where a
+/// recurrent state holds more than `keep` positions, go back to the checkpoint made after
+/// `keep` (an error without one: the caller then clears the sequence).
+fn cut_back(session: &mut Session, slot: &Slot<'_>, keep: usize) -> rgml_llm::Result<()> {
+    if keep == 0 || keep >= slot.cached.len() {
+        return session.seq_rm(slot.seq, keep..usize::MAX);
+    }
+    match slot.checkpoint_within(keep).filter(|c| c.n_past() == keep) {
+        Some(checkpoint) => session.seq_restore(slot.seq, checkpoint),
+        None => session.seq_rm(slot.seq, keep..usize::MAX),
+    }
+}
+
+/// After a step: a recurrent state checkpoint of each slot whose prompt the step completed.
+fn take_checkpoints(session: &mut Session, slots: &mut [Slot<'_>], policy: &Policy) {
+    for slot in slots.iter_mut().filter(|s| s.checkpoint_due) {
+        slot.checkpoint_due = false;
+        if !policy.recurrent || policy.checkpoints == 0 {
+            continue;
+        }
+        // A failed read leaves the slot without this checkpoint: it only costs a later prompt
+        // its reuse.
+        if let Ok(checkpoint) = session.seq_checkpoint(slot.seq) {
+            slot.add_checkpoint(checkpoint, policy.checkpoints);
+        }
+    }
+}
+
 /// How much of `prompt` slot `i` keeps: what its cache may give, or a longer prefix copied
 /// from another slot.
 fn reuse_prefix(
@@ -218,12 +258,12 @@ fn reuse_prefix(
     prompt: &[TokenId],
     policy: &Policy,
 ) -> usize {
-    let keep = policy.reusable(&slots[i], prompt);
+    let keep = policy.reusable(&slots[i], prompt, true);
     let donor = slots
         .iter()
         .enumerate()
         .filter(|&(j, _)| j != i)
-        .map(|(j, s)| (j, policy.reusable(s, prompt)))
+        .map(|(j, s)| (j, policy.reusable(s, prompt, false)))
         .max_by_key(|&(_, n)| n);
     match donor.filter(|&(_, n)| n >= keep + MIN_COPY) {
         Some((j, n)) if copy_prefix(session, slots, j, i, n) => n,
@@ -251,6 +291,7 @@ fn copy_prefix(
         false => Vec::new(),
     };
     let slot = &mut slots[i];
+    slot.forget_checkpoints();
     slot.aligned = prefix.len();
     slot.cached = prefix;
     slot.logits_at = 0;
@@ -376,6 +417,7 @@ fn after_step(
                     Some(_) => run.pending = None,
                     None => {
                         run.n_prompt_done += 1;
+                        slot.checkpoint_due = run.n_prompt_done == run.job.prompt.len();
                         // The prompt so far was evaluated in pieces from position 0.
                         if slot.aligned + 1 == slot.cached.len() {
                             slot.aligned += 1;
