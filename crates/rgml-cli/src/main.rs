@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 mod bench_cmd;
 mod compare_cmd;
+mod embed_cmd;
 mod env_options;
 mod error;
 mod gpu_layers;
@@ -83,6 +84,8 @@ enum Command {
     Serve(serve_cmd::ServeArgs),
     /// Print the prompt's tokens and the best next tokens with their logits.
     Logits(model_cmds::LogitsArgs),
+    /// A prompt's pooled embedding, as llama-embedding computes it.
+    Embed(embed_cmd::EmbedArgs),
     /// Perplexity of a text file, computed as llama-perplexity does.
     Perplexity(model_cmds::PerplexityArgs),
     /// Prompt and generation speed, measured as llama-bench does.
@@ -162,6 +165,7 @@ impl Command {
             Command::TestOps { backend, .. } => backend.as_deref().is_none_or(names_unknown_device),
             Command::Run(a) => a.model.may_use_local_gpu(),
             Command::Logits(a) => a.model.may_use_local_gpu(),
+            Command::Embed(a) => a.model.may_use_local_gpu(),
             Command::Perplexity(a) => a.model.may_use_local_gpu(),
             Command::Bench(a) => a.model.may_use_local_gpu(),
             Command::Serve(a) => a.model.may_use_local_gpu(),
@@ -177,6 +181,7 @@ impl Command {
             Command::Devices { rpc, .. } => rpc.as_deref(),
             Command::Run(a) => a.model.rpc.as_deref(),
             Command::Logits(a) => a.model.rpc.as_deref(),
+            Command::Embed(a) => a.model.rpc.as_deref(),
             Command::Perplexity(a) => a.model.rpc.as_deref(),
             Command::Bench(a) => a.model.rpc.as_deref(),
             Command::Serve(a) => a.model.rpc.as_deref(),
@@ -194,6 +199,7 @@ impl Command {
             Command::RpcServer(args) => rpc_server_cmd::run(args),
             Command::Serve(args) => serve_cmd::run(args),
             Command::Logits(args) => model_cmds::logits(args),
+            Command::Embed(args) => embed_cmd::run(args),
             Command::Perplexity(args) => model_cmds::perplexity(args),
             Command::Bench(args) => bench_cmd::bench(args),
             Command::Compare(args) => compare_cmd::run(args),

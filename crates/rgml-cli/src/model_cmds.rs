@@ -240,7 +240,17 @@ impl ModelArgs {
         n_ctx: usize,
         n_seq: usize,
     ) -> Result<Session, CliError> {
-        let options = SessionOptions {
+        let options = self.session_options(n_ctx, n_seq);
+        let mut session = Session::new(model.clone(), &options)?;
+        if self.trace.is_some() {
+            session.set_trace(self.recorder.get_or_init(Default::default).clone());
+        }
+        Ok(session)
+    }
+
+    /// The options of [`Self::session_for`]'s sessions.
+    pub(crate) fn session_options(&self, n_ctx: usize, n_seq: usize) -> SessionOptions {
+        SessionOptions {
             n_ctx,
             n_ubatch: self.ubatch,
             n_threads: self.threads,
@@ -250,12 +260,8 @@ impl ModelArgs {
             cache_type_k: self.cache_type_k,
             cache_type_v: self.cache_type_v,
             context_window: Some(self.ctx_size()),
-        };
-        let mut session = Session::new(model.clone(), &options)?;
-        if self.trace.is_some() {
-            session.set_trace(self.recorder.get_or_init(Default::default).clone());
+            embeddings: false,
         }
-        Ok(session)
     }
 
     /// End of a command: write the `--trace` file.

@@ -7,6 +7,7 @@
 use crate::error::CliError;
 use crate::model_cmds::ModelArgs;
 use clap::Args;
+use rgml_llm::embed::Pooling;
 use rgml_serve::engine::{Engine, EngineOptions, PrefixReuse};
 use rgml_serve::http::HttpOptions;
 use rgml_serve::Generator;
@@ -66,6 +67,10 @@ pub struct ServeArgs {
         default_value_t = 8
     )]
     ctx_checkpoints: usize,
+    /// How `/v1/embeddings` pools a sequence's hidden states (llama.cpp's `--pooling`):
+    /// `mean`, `cls` or `last`; default: as the model file says, else by the last token.
+    #[arg(long, value_parser = Pooling::NAMES)]
+    pooling: Option<String>,
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     max_body_kib: u32,
@@ -100,6 +105,8 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
             chat_format: chat.format,
             jinja: args.jinja,
             ctx_checkpoints: args.ctx_checkpoints,
+            embedding_session: args.model.session_options(args.model.ctx_size(), 1),
+            pooling: args.pooling.as_deref().and_then(Pooling::from_name),
         },
     )
     .map_err(|e| CliError::Message(format!("starting the engine: {e}")))?;

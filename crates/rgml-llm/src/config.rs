@@ -281,6 +281,9 @@ pub struct ModelConfig {
     /// reads (`nextn_predict_layers`, counted in `block_count`): their tensors are accepted
     /// and never read, as llama.cpp skips them unless asked to load them.
     pub n_layer_nextn: usize,
+    /// How the file says its embeddings pool (`{arch}.pooling_type`; `None`: not said, or
+    /// none/rank).
+    pub pooling: Option<crate::embed::Pooling>,
     /// The last block runs on every row and the output rows are picked after the final norm
     /// (Qwen3.5, Gemma 4, as llama.cpp's graphs do), instead of before the last block's FFN.
     pub output_rows_after_norm: bool,
@@ -404,6 +407,7 @@ pub(crate) fn smollm_config() -> ModelConfig {
         recurrent: None,
         output_rows_after_norm: false,
         n_layer_nextn: 0,
+        pooling: None,
         layer_heads: None,
         layer_n_ff: None,
         n_layer_kv: 30,

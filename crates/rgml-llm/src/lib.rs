@@ -43,6 +43,7 @@ mod arch;
 pub mod chat;
 pub mod chat_template;
 pub mod config;
+pub mod embed;
 pub mod error;
 pub mod generate;
 pub mod json_prefix;

@@ -211,6 +211,9 @@ pub enum SubmitError {
     /// The server is shutting down (HTTP 503).
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// Computing an answer failed (HTTP 500): the model or a device, not the request.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// The request's field of a sampler setting (`temperature` for the sampler's `temp`).
@@ -358,6 +361,11 @@ pub trait Generator: Send + Sync + 'static {
     /// A conversation's prompt as the chat template renders it (`/apply-template`); `None`:
     /// the route answers 501.
     fn apply_template(&self, _prompt: &Prompt) -> Option<Result<String, SubmitError>> {
+        None
+    }
+    /// Each input's pooled embedding, normalised to length 1 (`/v1/embeddings`); blocks while
+    /// it computes them. `None`: the route answers 501.
+    fn embed(&self, _inputs: &[Vec<TokenId>]) -> Option<Result<Vec<Vec<f32>>, SubmitError>> {
         None
     }
 }

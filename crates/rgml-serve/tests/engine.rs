@@ -4,6 +4,7 @@
 //! refused before they start.
 
 use rgml_llm::chat::{ChatFormat, Message};
+use rgml_llm::embed::Pooling;
 use rgml_llm::tool_calls::ToolCallFormat;
 use rgml_llm::{EncodeOptions, Model, Sampler, SamplerParams, Session, SessionOptions};
 use rgml_serve::engine::{Engine, EngineOptions, PrefixReuse};
@@ -568,4 +569,73 @@ fn shutdown_ends_running_requests() {
         Some(GenEvent::Failed(_))
     ));
     e.join();
+}
+
+/// `/v1/embeddings`' computation: each input pooled as asked (or by the last token, the demo
+/// file saying nothing), normalised, equal to llama.cpp's (`rgml-cli`'s embedding fixture of
+/// this CPU's arithmetic: last and CLS bit for bit, mean within an f32 rounding); bad inputs
+/// refused before anything is computed.
+#[test]
+fn embeddings_are_llama_cpps() {
+    let model = model();
+    let isa = match std::arch::is_x86_feature_detected!("avx512f") {
+        true => "avx512",
+        false => "avx2",
+    };
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../rgml-cli/tests/fixtures/embeddings/{isa}.json"));
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for pooling in [None, Some(Pooling::Mean), Some(Pooling::Cls)] {
+        let session = Session::new(
+            model.clone(),
+            &SessionOptions {
+                n_ctx: N_CTX,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let options = EngineOptions {
+            model_id: "demo".into(),
+            pooling,
+            embedding_session: SessionOptions {
+                n_threads: Some(2),
+                flash_attn: rgml_llm::FlashAttn::Off,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = Engine::start(session, options).unwrap();
+        let name = pooling.unwrap_or(Pooling::Last).name();
+        let cases: Vec<&serde_json::Value> = fixture["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["pooling"] == name)
+            .collect();
+        let inputs: Vec<Vec<u32>> = cases
+            .iter()
+            .map(|c| serde_json::from_value(c["tokens"].clone()).unwrap())
+            .collect();
+        let got = e.embed(&inputs).unwrap().unwrap();
+        for (case, v) in cases.iter().zip(&got) {
+            let want: Vec<f32> = serde_json::from_value(case["embedding"].clone()).unwrap();
+            let room = if name == "mean" { 2e-7 } else { 0.0 };
+            let worst = v
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(worst <= room, "{name}: {worst} from llama.cpp");
+        }
+        let n_vocab = model.config.n_vocab as u32;
+        assert!(matches!(
+            e.embed(&[vec![1, n_vocab]]),
+            Some(Err(SubmitError::InvalidToken { .. }))
+        ));
+        assert!(matches!(
+            e.embed(&[vec![]]),
+            Some(Err(SubmitError::EmptyPrompt))
+        ));
+    }
 }

@@ -136,6 +136,18 @@ impl Generator for Fake {
         Some(&demo_model().tokenizer)
     }
 
+    /// `[number of tokens, first token, 1]` per input: what the route sent shows in it.
+    fn embed(&self, inputs: &[Vec<u32>]) -> Option<Result<Vec<Vec<f32>>, SubmitError>> {
+        if let Some(error) = self.refuse.lock().unwrap().clone() {
+            return Some(Err(error));
+        }
+        let vectors = inputs
+            .iter()
+            .map(|t| vec![t.len() as f32, t[0] as f32, 1.0])
+            .collect();
+        Some(Ok(vectors))
+    }
+
     /// `role: content` lines.
     fn apply_template(&self, prompt: &Prompt) -> Option<Result<String, SubmitError>> {
         let (Prompt::Chat(messages) | Prompt::ChatWithTools { messages, .. }) = prompt else {
@@ -1657,4 +1669,85 @@ async fn graceful_shutdown_ends_streams() {
     served.unwrap().unwrap().unwrap();
     assert!(server.fake.shared.shutting_down.load(Ordering::SeqCst));
     assert!(TcpStream::connect(server.addr).await.is_err());
+}
+
+/// `/v1/embeddings`: texts (tokenized as prompts) and token lists reach the generator, vectors
+/// come back in order as floats or base64 of their bytes, with the tokens counted; unknown
+/// fields are listed, `dimensions` and other encodings refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_route() {
+    let server = start_default().await;
+    let tok = &demo_model().tokenizer;
+    let hello = tok.encode("Hello there", EncodeOptions::prompt());
+    let reply = post(
+        server.addr,
+        "/v1/embeddings",
+        &json!({"input": ["Hello there", "x"], "model": MODEL, "user": "u", "shape": 3}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let v = reply.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["model"], MODEL);
+    let x = tok.encode("x", EncodeOptions::prompt());
+    assert_eq!(v["data"][0]["index"], 0);
+    assert_eq!(v["data"][0]["object"], "embedding");
+    assert_eq!(
+        v["data"][0]["embedding"],
+        json!([hello.len() as f32, hello[0] as f32, 1.0])
+    );
+    assert_eq!(
+        v["data"][1]["embedding"],
+        json!([x.len() as f32, x[0] as f32, 1.0])
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], hello.len() + x.len());
+    assert_eq!(v["warnings"], json!(["unknown field `shape` ignored"]));
+    let reply = post(
+        server.addr,
+        "/v1/embeddings",
+        &json!({"input": [7, 8, 9], "encoding_format": "base64"}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let text = reply.json()["data"][0]["embedding"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap();
+    let floats: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(floats, [3.0, 7.0, 1.0]);
+    let reply = post(
+        server.addr,
+        "/v1/embeddings",
+        &json!({"input": [[1], [2, 3]]}),
+    )
+    .await;
+    assert_eq!(reply.json()["data"][1]["embedding"], json!([2.0, 2.0, 1.0]));
+    let refused = [
+        (json!({"input": "a", "dimensions": 8}), 400, "dimensions"),
+        (
+            json!({"input": "a", "encoding_format": "int8"}),
+            400,
+            "encoding_format",
+        ),
+        (json!({"input": []}), 400, "input"),
+        (json!({}), 400, "input"),
+    ];
+    for (body, status, param) in refused {
+        let reply = post(server.addr, "/v1/embeddings", &body).await;
+        assert_error(&reply, status, "invalid_request_error", Some(param));
+    }
+    let reply = post(
+        server.addr,
+        "/v1/embeddings",
+        &json!({"input": "a", "model": "other"}),
+    )
+    .await;
+    assert_eq!(reply.status, 404);
 }

@@ -848,9 +848,18 @@ impl<'a> Builder<'a> {
         self.keep(down, format!("ffn_out-{il}"))
     }
 
-    /// The output head on the last block's `x`: the logits of the output rows (see
-    /// [`Outputs`]); expanded into the graph.
-    pub(crate) fn output(&mut self, mut x: TensorId) -> Result<TensorId> {
+    /// The output rows' final-normed hidden states (`result_norm`), as the graph's output
+    /// instead of logits (embeddings); expanded into the graph.
+    pub(crate) fn output_embeddings(&mut self, x: TensorId) -> Result<TensorId> {
+        let cur = self.output_norm(x)?;
+        self.ctx.set_output(cur)?;
+        self.graph.expand(self.ctx, cur)?;
+        Ok(cur)
+    }
+
+    /// The last block's `x` cut to the output rows (see [`Outputs`]) and normed by the output
+    /// norm (`result_norm`).
+    fn output_norm(&mut self, mut x: TensorId) -> Result<TensorId> {
         let after_norm = self.config().output_rows_after_norm;
         if self.model.layers.is_empty() && !after_norm {
             // The last block cuts to the output rows; without blocks, cut here.
@@ -862,7 +871,13 @@ impl<'a> Builder<'a> {
         if after_norm {
             cur = self.output_rows(cur)?;
         }
-        let cur = self.keep(cur, "result_norm".into())?;
+        self.keep(cur, "result_norm".into())
+    }
+
+    /// The output head on the last block's `x`: the logits of the output rows (see
+    /// [`Outputs`]); expanded into the graph.
+    pub(crate) fn output(&mut self, x: TensorId) -> Result<TensorId> {
+        let cur = self.output_norm(x)?;
         let mut logits = self.project(self.model.output, cur)?;
         if let Some(b) = self.model.output_bias {
             logits = self.ctx.add(logits, b)?;

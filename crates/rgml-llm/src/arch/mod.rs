@@ -174,6 +174,7 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         recurrent: None,
         output_rows_after_norm: false,
         n_layer_nextn: 0,
+        pooling: crate::embed::Pooling::from_gguf(keys.usize_or("pooling_type", 0)? as u64),
         layer_heads: differing(layer_heads),
         layer_n_ff: differing(n_ff_layers),
         n_layer_kv: n_layer,

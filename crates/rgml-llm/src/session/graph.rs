@@ -79,6 +79,7 @@ pub(super) fn build_graph(
     key: &GraphKey,
     capture: bool,
     rope_factors: Option<TensorId>,
+    embeddings: bool,
 ) -> Result<BatchGraph> {
     let n = key.n_tokens;
     let tokens = input(ctx, DType::I32, &[n], "inp_tokens")?;
@@ -164,7 +165,10 @@ pub(super) fn build_graph(
     for (il, l) in model.layers.iter().enumerate() {
         x = crate::arch::build_layer(&mut b, il, l, x)?;
     }
-    let logits = b.output(x)?;
+    let logits = match embeddings {
+        true => b.output_embeddings(x)?,
+        false => b.output(x)?,
+    };
     Ok(BatchGraph {
         graph: b.graph,
         tokens,

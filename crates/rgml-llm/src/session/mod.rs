@@ -27,6 +27,7 @@
 
 mod batch;
 mod cells;
+mod embed;
 mod graph;
 mod kv_cache;
 mod seq;
@@ -81,6 +82,10 @@ pub struct SessionOptions {
     /// the session holds fewer positions than that: it picks LongRoPE's long or short factors
     /// (Phi-3 128k), as the context does in llama.cpp. `None`: `n_ctx`.
     pub context_window: Option<usize>,
+    /// Compute embeddings instead of logits (llama.cpp's `--embeddings`): each output row is
+    /// the token's final-normed hidden state, `n_embd` values, and the output head is not
+    /// run ([`Session::embed`] pools them).
+    pub embeddings: bool,
 }
 
 /// The KV cache types a session takes: llama.cpp's `--cache-type-k/v` values that rgml's
@@ -114,6 +119,7 @@ impl Default for SessionOptions {
             cache_type_k: DType::F16,
             cache_type_v: DType::F16,
             context_window: None,
+            embeddings: false,
         }
     }
 }
@@ -178,6 +184,8 @@ pub struct Session {
     sched: Box<Scheduler>,
     n_ubatch: usize,
     capture: Option<Vec<Captured>>,
+    /// Output rows are embeddings, not logits ([`SessionOptions::embeddings`]).
+    embeddings: bool,
     /// The graph of the last micro-batch, still allocated, with what it was built for: the
     /// next micro-batch of the same shape computes it again (see [`Session::eval_ubatch`]).
     built: Option<(GraphKey, BatchGraph)>,
@@ -254,11 +262,25 @@ impl Session {
             rope_factors,
             sched,
             n_ubatch: options.n_ubatch,
+            embeddings: options.embeddings,
             capture: None,
             built: None,
             staging: Staging::default(),
             plan: UbatchPlan::default(),
         })
+    }
+
+    /// Whether output rows are embeddings ([`SessionOptions::embeddings`]) instead of logits.
+    pub fn embeddings(&self) -> bool {
+        self.embeddings
+    }
+
+    /// Values per output row: `n_embd` in embeddings mode, else `n_vocab`.
+    pub fn row_width(&self) -> usize {
+        match self.embeddings {
+            true => self.model.config.n_embd,
+            false => self.model.config.n_vocab,
+        }
     }
 
     /// Whether attention runs as one FLASH_ATTN_EXT op ([`SessionOptions::flash_attn`],
@@ -451,7 +473,7 @@ impl Session {
             st.out_row.push(if t.logits { n_out } else { usize::MAX });
             n_out += usize::from(t.logits);
         }
-        let n_vocab = self.model.config.n_vocab;
+        let n_vocab = self.row_width();
         out.resize(n_out * n_vocab, 0.0);
         let mut next = 0;
         while next < batch.len() {
@@ -664,7 +686,8 @@ impl Session {
         ubatch: &[BatchToken],
         out: &mut [f32],
     ) -> Result<()> {
-        let n_vocab = self.model.config.n_vocab;
+        // Logits, or embeddings in that mode.
+        let n_vocab = self.row_width();
         let st = &self.staging;
         let rows = ubatch
             .iter()
@@ -750,6 +773,7 @@ impl Session {
             key,
             capture,
             self.rope_factors,
+            self.embeddings,
         )?;
         // Overrides name tensor ids, which the next graph reuses: start afresh.
         self.sched.reset();

@@ -17,7 +17,8 @@ mod worker;
 
 use crate::generator::{GenEvent, GenRequest, Generator, Prompt, Stats, Submission, SubmitError};
 use rgml_llm::chat::{ChatFormat, ChatFormatter};
-use rgml_llm::{EncodeOptions, Model, Session, TokenId};
+use rgml_llm::embed::{normalize, Pooling};
+use rgml_llm::{EncodeOptions, Model, Session, SessionOptions, TokenId};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -50,6 +51,13 @@ pub struct EngineOptions {
     pub ctx_checkpoints: usize,
     /// A built-in chat format to use instead of any template (`--chat-template NAME`).
     pub chat_format: Option<ChatFormat>,
+    /// How the sessions of `/v1/embeddings` are set up (threads, devices, flash attention);
+    /// each request gets its own, of one sequence as long as its longest input, in
+    /// embeddings mode.
+    pub embedding_session: SessionOptions,
+    /// How embeddings pool (`--pooling`); `None`: as the model file says, else by the last
+    /// token.
+    pub pooling: Option<Pooling>,
 }
 
 /// How much of a prompt a slot's cache (or another slot's, copied) may give a new request.
@@ -81,6 +89,8 @@ impl Default for EngineOptions {
             jinja: false,
             chat_format: None,
             ctx_checkpoints: 8,
+            embedding_session: SessionOptions::default(),
+            pooling: None,
         }
     }
 }
@@ -260,6 +270,50 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// [`Generator::embed`]: the inputs checked (none empty, ids in the vocabulary), then
+    /// embedded one by one in a session of their own, beside the slots (the worker's session
+    /// computes logits).
+    fn embed_all(&self, inputs: &[Vec<TokenId>]) -> Result<Vec<Vec<f32>>, SubmitError> {
+        let n_vocab = self.model.config.n_vocab;
+        for input in inputs {
+            if input.is_empty() {
+                return Err(SubmitError::EmptyPrompt);
+            }
+            if let Some(&id) = input.iter().find(|&&id| id as usize >= n_vocab) {
+                return Err(SubmitError::InvalidToken { id, n_vocab });
+            }
+            if input.len() > self.n_ctx {
+                return Err(SubmitError::PromptTooLong {
+                    n_prompt: input.len(),
+                    n_ctx: self.n_ctx,
+                });
+            }
+        }
+        let longest = inputs.iter().map(Vec::len).max().unwrap_or(1);
+        let options = SessionOptions {
+            // Whole pieces of 256 positions, as the slots' contexts are padded.
+            n_ctx: longest.next_multiple_of(256),
+            n_seq: 1,
+            embeddings: true,
+            ..self.options.embedding_session.clone()
+        };
+        let failed = |e: rgml_llm::LlmError| SubmitError::Failed(e.to_string());
+        let mut session = Session::new(self.model.clone(), &options).map_err(failed)?;
+        let pooling = self.options.pooling.or(self.model.config.pooling);
+        inputs
+            .iter()
+            .map(|tokens| {
+                let mut v = session
+                    .embed(tokens, pooling.unwrap_or(Pooling::Last))
+                    .map_err(failed)?;
+                normalize(&mut v);
+                Ok(v)
+            })
+            .collect()
+    }
+}
+
 impl Generator for Engine {
     fn model_id(&self) -> &str {
         &self.options.model_id
@@ -279,6 +333,10 @@ impl Generator for Engine {
 
     fn tokenizer(&self) -> Option<&rgml_llm::Tokenizer> {
         Some(&self.model.tokenizer)
+    }
+
+    fn embed(&self, inputs: &[Vec<TokenId>]) -> Option<Result<Vec<Vec<f32>>, SubmitError>> {
+        Some(self.embed_all(inputs))
     }
 
     fn apply_template(&self, prompt: &Prompt) -> Option<Result<String, SubmitError>> {

@@ -139,6 +139,7 @@ impl ApiError {
                 param: None,
                 code: None,
             },
+            SubmitError::Failed(_) => ApiError::server(message),
         }
     }
 }

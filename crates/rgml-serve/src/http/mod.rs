@@ -10,6 +10,7 @@
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 //! `GET /v1/models/{id}`, `GET /health`, `GET /metrics`, and the chat page at `GET /`.
 
+mod embeddings;
 mod error;
 mod listener;
 mod metrics;

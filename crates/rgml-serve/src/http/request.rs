@@ -310,6 +310,60 @@ pub(crate) struct DetokenizeRequest {
     pub(crate) tokens: Vec<TokenId>,
 }
 
+/// What `/v1/embeddings` embeds: one text, several, one token list or several.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(crate) enum EmbeddingInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<TokenId>),
+    TokenLists(Vec<Vec<TokenId>>),
+}
+
+/// A `/v1/embeddings` body (OpenAI's): the input, and how to encode the vectors.
+#[derive(Deserialize)]
+pub(crate) struct EmbeddingsRequest {
+    pub(crate) input: EmbeddingInput,
+    #[serde(default)]
+    pub(crate) model: Option<String>,
+    /// `float` (default) or `base64` (the f32 values' little-endian bytes).
+    #[serde(default)]
+    pub(crate) encoding_format: Option<String>,
+}
+
+/// A `/v1/embeddings` body for this server's model, with a warning per unknown field;
+/// `dimensions` (a shortened vector) is refused by name.
+pub(crate) fn parse_embeddings(
+    body: &[u8],
+    model_id: &str,
+) -> Result<(EmbeddingsRequest, Vec<String>), ApiError> {
+    let value = parse_value(body)?;
+    if value.get("dimensions").is_some_and(|d| !d.is_null()) {
+        return Err(ApiError::unsupported(
+            "dimensions",
+            "`dimensions` (vectors shortened to a size)",
+        ));
+    }
+    // The generation routes' fields mean nothing here: anything but these is listed.
+    let known = ["input", "model", "encoding_format", "dimensions"];
+    let warnings = value
+        .as_object()
+        .into_iter()
+        .flat_map(|o| o.keys())
+        .filter(|k| !known.contains(&k.as_str()) && !NO_EFFECT_FIELDS.contains(&k.as_str()))
+        .map(|k| format!("unknown field `{k}` ignored"))
+        .collect();
+    let request: EmbeddingsRequest = read(&value)?;
+    check_model(request.model.as_deref(), model_id)?;
+    match request.encoding_format.as_deref() {
+        None | Some("float") | Some("base64") => Ok((request, warnings)),
+        Some(other) => Err(ApiError::bad_request(
+            format!("encoding_format {other:?}: must be \"float\" or \"base64\""),
+            Some("encoding_format"),
+        )),
+    }
+}
+
 /// A body of one of the token routes.
 pub(crate) fn parse_token_route<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     read(&parse_value(body)?)

@@ -62,6 +62,7 @@ pub(crate) fn build(state: AppState) -> Router {
         .route("/v1/models/{*id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/props", get(props))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -103,6 +104,17 @@ fn answer(state: &AppState, body: Result<Bytes, BytesRejection>, handler: Answer
         Ok(value) => Json(value).into_response(),
         Err(error) => error.into_response(),
     }
+}
+
+/// `/v1/embeddings`: computed on a blocking thread (a long input takes a while).
+async fn embeddings(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let computed =
+        tokio::task::spawn_blocking(move || answer(&state, body, super::embeddings::embeddings))
+            .await;
+    computed.unwrap_or_else(|_| ApiError::server("computing the embeddings failed").into_response())
 }
 
 async fn tokenize(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
