@@ -281,29 +281,45 @@ impl JsonPrefix {
 /// Where a [`FramedJson`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Frame {
-    /// This many bytes of the prefix written.
-    Prefix(usize),
+    /// This many bytes of a prefix written, which the prefixes of these bits (bit `i`:
+    /// `prefixes[i]`) begin with.
+    Prefix(usize, u64),
     Json(JsonPrefix),
     /// This many bytes of the suffix written.
     Suffix(usize),
 }
 
 /// A JSON object between two fixed texts (a forced tool call: `<tool_call>\n` before the
-/// call's object, `\n</tool_call>` after it, say); with both empty, a JSON object.
+/// call's object, `\n</tool_call>` after it, say); with both empty, a JSON object. The text
+/// before may be one of several (a call of one of the tools: each with its name written).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FramedJson {
-    prefix: String,
+    prefixes: Vec<String>,
     suffix: String,
     frame: Frame,
 }
 
 impl FramedJson {
+    /// The most prefixes [`FramedJson::one_of`] takes.
+    pub const MAX_PREFIXES: usize = 64;
+
     /// `prefix`, a JSON object, `suffix`.
     pub fn new(prefix: &str, suffix: &str) -> FramedJson {
+        FramedJson::one_of(&[prefix.to_string()], suffix)
+    }
+
+    /// One of `prefixes` (none of which may begin another; the first
+    /// [`FramedJson::MAX_PREFIXES`] are taken, none: an empty one), a JSON object, `suffix`.
+    pub fn one_of(prefixes: &[String], suffix: &str) -> FramedJson {
+        let mut prefixes: Vec<String> = prefixes.iter().take(Self::MAX_PREFIXES).cloned().collect();
+        if prefixes.is_empty() {
+            prefixes.push(String::new());
+        }
+        let all = u64::MAX >> (64 - prefixes.len());
         FramedJson {
-            prefix: prefix.to_string(),
+            prefixes,
             suffix: suffix.to_string(),
-            frame: Frame::Prefix(0),
+            frame: Frame::Prefix(0, all),
         }
     }
 
@@ -329,21 +345,34 @@ impl FramedJson {
         }
     }
 
-    /// `frame` moved past the parts already whole (an empty prefix, a complete object).
+    /// `frame` moved past the parts already whole (a whole prefix, a complete object).
     fn after(&self, frame: Frame) -> Option<Frame> {
         match frame {
-            Frame::Prefix(n) if n == self.prefix.len() => Some(Frame::Json(JsonPrefix::object())),
+            Frame::Prefix(n, alive) if self.alive(alive).any(|p| p.len() == n) => {
+                Some(Frame::Json(JsonPrefix::object()))
+            }
             Frame::Json(json) if json.complete() => Some(Frame::Suffix(0)),
             other => Some(other),
         }
+    }
+
+    /// The prefixes whose bits `alive` has.
+    fn alive(&self, alive: u64) -> impl Iterator<Item = &String> {
+        (self.prefixes.iter().enumerate())
+            .filter(move |(i, _)| alive >> i & 1 == 1)
+            .map(|(_, p)| p)
     }
 
     fn run(&self, mut frame: Frame, bytes: &[u8]) -> Option<Frame> {
         for &b in bytes {
             frame = self.after(frame)?;
             frame = match frame {
-                Frame::Prefix(n) => {
-                    (self.prefix.as_bytes()[n] == b).then_some(Frame::Prefix(n + 1))?
+                Frame::Prefix(n, alive) => {
+                    let next = (0..self.prefixes.len())
+                        .filter(|&i| alive >> i & 1 == 1)
+                        .filter(|&i| self.prefixes[i].as_bytes().get(n) == Some(&b))
+                        .fold(0u64, |m, i| m | 1 << i);
+                    (next != 0).then_some(Frame::Prefix(n + 1, next))?
                 }
                 Frame::Json(mut json) => json.push(&[b]).then_some(Frame::Json(json))?,
                 Frame::Suffix(n) => {
@@ -439,6 +468,18 @@ mod tests {
         assert!(!plain.complete());
         assert!(plain.push(b"{\"a\": [1, 2]}"));
         assert!(plain.complete());
+        let names: Vec<String> = ["get", "get_all", "put"]
+            .iter()
+            .map(|n| format!("{{\"name\": \"{n}\", \"arguments\": "))
+            .collect();
+        let one_of = FramedJson::one_of(&names, "}");
+        assert!(one_of.accepts(b"{\"name\": \"ge"));
+        assert!(one_of.accepts(b"{\"name\": \"get\""));
+        assert!(one_of.accepts(b"{\"name\": \"get_all\", \"arguments\": {}}"));
+        assert!(one_of.accepts(b"{\"name\": \"put\", \"arguments\": {\"a\": 1}}"));
+        assert!(!one_of.accepts(b"{\"name\": \"got"));
+        assert!(!one_of.accepts(b"{\"name\": \"get_\""));
+        assert!(!one_of.accepts(b"{\"name\": \"put\", \"arguments\": 1"));
         let mut named = FramedJson::new("{\"name\": \"f\", \"arguments\": ", "}");
         assert!(named.push(b"{\"name\": \"f\", \"arguments\": {\"x\": 1}"));
         assert!(!named.complete());

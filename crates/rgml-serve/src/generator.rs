@@ -44,12 +44,12 @@ pub enum OutputFormat {
     /// would leave no JSON object prefix are never sampled, and the answer ends when the object
     /// closes.
     JsonObject,
-    /// A tool call (OpenAI's `tool_choice` `required` or a named function): `prefix`, a JSON
-    /// object, `suffix`, and nothing else, sampled as `JsonObject` is.
+    /// A tool call (OpenAI's `tool_choice` `required` or a named function): one of
+    /// `prefixes`, a JSON object, `suffix`, and nothing else, sampled as `JsonObject` is.
     ToolCall {
-        /// The fixed text before the object (the model's call opening, and for a named
-        /// function its name).
-        prefix: String,
+        /// The fixed texts one of which comes before the object (the model's call opening with
+        /// a tool's name, one per tool; or the opening alone, any call).
+        prefixes: Vec<String>,
         /// The fixed text after it.
         suffix: String,
     },

@@ -440,7 +440,10 @@ fn tools_need_a_template_that_shows_tool_calls() {
     for seed in 6..10 {
         let (prefix, suffix) = format.forced_frame(Some("weather"));
         let mut req = greedy(ask(), 300);
-        req.format = rgml_serve::generator::OutputFormat::ToolCall { prefix, suffix };
+        req.format = rgml_serve::generator::OutputFormat::ToolCall {
+            prefixes: vec![prefix],
+            suffix,
+        };
         req.sampling = SamplerParams {
             seed,
             ..SamplerParams::default()

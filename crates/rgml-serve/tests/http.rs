@@ -768,7 +768,8 @@ async fn tool_calls_are_read_out_of_the_output() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert!(matches!(server.fake.last_request().prompt, Prompt::Chat(_)));
 
-    // A forced call is sampled inside the model's call frame (named: with the name written).
+    // A forced call is sampled inside the model's call frame with a tool's name written (the
+    // one named, or one of the tools').
     let body = with(
         chat("a"),
         json!({"tools": tools, "tool_choice": "required"}),
@@ -776,13 +777,23 @@ async fn tool_calls_are_read_out_of_the_output() {
     let reply = post(server.addr, "/v1/chat/completions", &body).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     let frame = |prefix: &str, suffix: &str| OutputFormat::ToolCall {
-        prefix: prefix.into(),
+        prefixes: vec![prefix.into()],
         suffix: suffix.into(),
     };
-    assert_eq!(
-        server.fake.last_request().format,
-        frame("<tool_call>\n", "\n</tool_call>")
-    );
+    let OutputFormat::ToolCall { prefixes, suffix } = server.fake.last_request().format else {
+        panic!("a forced call's format");
+    };
+    let names: Vec<&str> = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = names
+        .iter()
+        .map(|n| format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "))
+        .collect();
+    assert_eq!((prefixes, suffix.as_str()), (want, "}\n</tool_call>"));
     let named = json!({"type": "function", "function": {"name": "weather"}});
     let body = with(chat("a"), json!({"tools": tools, "tool_choice": named}));
     let reply = post(server.addr, "/v1/chat/completions", &body).await;

@@ -148,7 +148,9 @@ impl<'t> Slot<'t> {
         let json = match &job.request.format {
             OutputFormat::Text => None,
             OutputFormat::JsonObject => Some(FramedJson::new("", "")),
-            OutputFormat::ToolCall { prefix, suffix } => Some(FramedJson::new(prefix, suffix)),
+            OutputFormat::ToolCall { prefixes, suffix } => {
+                Some(FramedJson::one_of(prefixes, suffix))
+            }
         };
         self.run = Some(Running {
             job,

@@ -54,18 +54,18 @@ pub(crate) enum ToolUse {
     None,
     /// The model decides (`auto`).
     Auto,
-    /// A call of any of the tools (`required`).
-    Required,
+    /// A call of one of the tools (`required`): their names.
+    Required(Vec<String>),
     /// A call of the function named (one of the tools).
     Named(String),
 }
 
 impl ToolUse {
-    /// A call is forced: `Some(None)` any, `Some(Some(name))` the one named.
-    pub(crate) fn forced(&self) -> Option<Option<&str>> {
+    /// A call is forced: the names it may call (one for a named function).
+    pub(crate) fn forced(&self) -> Option<Vec<&str>> {
         match self {
-            ToolUse::Required => Some(None),
-            ToolUse::Named(name) => Some(Some(name)),
+            ToolUse::Required(names) => Some(names.iter().map(String::as_str).collect()),
+            ToolUse::Named(name) => Some(vec![name]),
             ToolUse::None | ToolUse::Auto => None,
         }
     }
@@ -506,7 +506,9 @@ fn chat_tools(
         None | Some(Value::Null) => ToolUse::Auto,
         Some(Value::String(c)) if c == "auto" => ToolUse::Auto,
         Some(Value::String(c)) if c == "none" => return Ok(ToolUse::None),
-        Some(Value::String(c)) if c == "required" => ToolUse::Required,
+        Some(Value::String(c)) if c == "required" => {
+            ToolUse::Required(tools.iter().map(|t| t.function.name.clone()).collect())
+        }
         Some(named @ Value::Object(_)) => {
             let name = named
                 .get("function")

@@ -16,6 +16,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use rgml_llm::json_prefix::FramedJson;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -167,10 +168,19 @@ async fn try_generate(
             )
         })?;
         meta.tool_format = Some(format);
-        if let Some(name) = parsed.tool_use.forced() {
-            // The call is sampled inside the model's own call frame (see `forced_frame`).
-            let (prefix, suffix) = format.forced_frame(name);
-            parsed.request.format = OutputFormat::ToolCall { prefix, suffix };
+        if let Some(names) = parsed.tool_use.forced() {
+            // The call is sampled inside the model's own call frame (see `forced_frame`), the
+            // name one of the tools' (any name past the frame's limit of alternatives).
+            let frames: Vec<(String, String)> = match names.len() <= FramedJson::MAX_PREFIXES {
+                true => names
+                    .iter()
+                    .map(|&n| format.forced_frame(Some(n)))
+                    .collect(),
+                false => vec![format.forced_frame(None)],
+            };
+            let suffix = frames.first().map(|f| f.1.clone()).unwrap_or_default();
+            let prefixes = frames.into_iter().map(|f| f.0).collect();
+            parsed.request.format = OutputFormat::ToolCall { prefixes, suffix };
         }
     }
     if state.options.log_warnings {
