@@ -71,6 +71,10 @@ pub struct ServeArgs {
     /// `mean`, `cls` or `last`; default: as the model file says, else by the last token.
     #[arg(long, value_parser = Pooling::NAMES)]
     pooling: Option<String>,
+    /// The origins browser pages may call from, comma-separated (`scheme://host[:port]`;
+    /// llama-server's flag). Default: any (`*`).
+    #[arg(long, value_delimiter = ',')]
+    cors_origins: Option<Vec<String>>,
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     max_body_kib: u32,
@@ -116,6 +120,10 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
         max_connections: args.max_connections as usize,
         log_warnings: true,
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        cors_origins: args
+            .cors_origins
+            .clone()
+            .filter(|list| !list.iter().any(|o| o == "*")),
         ..Default::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

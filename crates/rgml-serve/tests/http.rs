@@ -1762,3 +1762,38 @@ async fn embeddings_route() {
     .await;
     assert_eq!(reply.status, 404);
 }
+
+/// `--cors-origins`: only the listed origins get the header that lets a page read the answer
+/// (named back, with `Vary: Origin`); others are answered without it, preflights too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_origins_limit_who_may_read() {
+    let server = start(HttpOptions {
+        cors_origins: Some(vec!["http://app.example".into()]),
+        ..Default::default()
+    })
+    .await;
+    for (origin, allowed) in [
+        ("http://app.example", true),
+        ("http://elsewhere.example", false),
+    ] {
+        for method in ["GET", "OPTIONS"] {
+            let mut client = connect(server.addr).await;
+            let req = hyper::Request::builder()
+                .method(method)
+                .uri("/v1/models")
+                .header("host", "localhost")
+                .header("origin", origin)
+                .header("access-control-request-method", "GET")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let reply = request_on(&mut client, req).await;
+            assert!(reply.status < 300, "{method} {origin}: {}", reply.status);
+            let header = reply.headers.get("access-control-allow-origin");
+            match allowed {
+                true => assert_eq!(header.unwrap(), origin),
+                false => assert!(header.is_none(), "{method} {origin}"),
+            }
+            assert_eq!(reply.header("vary"), "origin");
+        }
+    }
+}

@@ -41,6 +41,10 @@ pub struct HttpOptions {
     /// Every route but `GET /health` and the chat page asks for `Authorization: Bearer KEY`
     /// (llama-server's `--api-key`). Default none.
     pub api_key: Option<String>,
+    /// The origins browsers may call from (`--cors-origins`): `None`, any (`*`); else only
+    /// these (`scheme://host[:port]`), each answered with its own name and `Vary: Origin`.
+    /// Default any.
+    pub cors_origins: Option<Vec<String>>,
 }
 
 impl Default for HttpOptions {
@@ -51,6 +55,7 @@ impl Default for HttpOptions {
             max_tokens_default: None,
             log_warnings: false,
             api_key: None,
+            cors_origins: None,
         }
     }
 }

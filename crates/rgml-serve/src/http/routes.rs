@@ -75,7 +75,10 @@ pub(crate) fn build(state: AppState) -> Router {
             state.options.api_key.clone(),
             require_key,
         ))
-        .layer(middleware::from_fn(cors))
+        .layer(middleware::from_fn_with_state(
+            state.options.cors_origins.clone().map(Arc::new),
+            cors,
+        ))
         .with_state(state)
 }
 
@@ -296,8 +299,6 @@ async fn method_not_allowed(request: Request) -> ApiError {
     ApiError::client(StatusCode::METHOD_NOT_ALLOWED, message)
 }
 
-/// CORS for browser clients on other origins: any origin may call (no credentials are
-/// involved), and preflight `OPTIONS` requests are answered here, before routing.
 /// With an API key: requests other than `GET /health`, the chat page and CORS preflights
 /// without `Authorization: Bearer KEY` get a 401. The key is compared in time that does not
 /// depend on where it differs.
@@ -337,16 +338,35 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-async fn cors(request: Request, next: Next) -> Response {
+/// CORS for browser clients on other origins: any origin may call (no credentials are
+/// involved), or those of `--cors-origins` only, and preflight `OPTIONS` requests are
+/// answered here, before routing. A request from another origin is still answered (CORS is
+/// the browser's check), without the header that lets a browser page read the answer.
+async fn cors(
+    State(origins): State<Option<Arc<Vec<String>>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let allowed = match &origins {
+        None => Some(HeaderValue::from_static("*")),
+        Some(list) => request
+            .headers()
+            .get(header::ORIGIN)
+            .filter(|o| o.to_str().is_ok_and(|o| list.iter().any(|a| a == o)))
+            .cloned(),
+    };
     let mut response = if request.method() == Method::OPTIONS {
         preflight(&request)
     } else {
         next.run(request).await
     };
-    response.headers_mut().insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
+    let headers = response.headers_mut();
+    if let Some(origin) = allowed {
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    }
+    if origins.is_some() {
+        headers.append(header::VARY, HeaderValue::from_static("origin"));
+    }
     response
 }
 
