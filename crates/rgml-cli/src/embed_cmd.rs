@@ -5,7 +5,7 @@ use crate::error::CliError;
 use crate::model_cmds::ModelArgs;
 use clap::Args;
 use rgml_llm::embed::{normalize, Pooling};
-use rgml_llm::{EncodeOptions, Session, SessionOptions};
+use rgml_llm::{Session, SessionOptions};
 use std::io::Write;
 
 #[derive(Args)]
@@ -35,12 +35,7 @@ pub fn run(args: EmbedArgs) -> Result<bool, CliError> {
         )));
     }
     let model = args.model.load()?;
-    let tokens = model
-        .tokenizer
-        .encode(&args.prompt, EncodeOptions::prompt());
-    if tokens.is_empty() {
-        return Err(CliError::usage("the prompt is empty"));
-    }
+    let tokens = crate::model_cmds::prompt_tokens(&model.tokenizer, &args.prompt)?;
     let options = SessionOptions {
         embeddings: true,
         ..args

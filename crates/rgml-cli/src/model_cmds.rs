@@ -554,10 +554,7 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
     } else {
         args.prompt.clone()
     };
-    let tokens = tok.encode(&prompt, EncodeOptions::prompt());
-    if tokens.is_empty() {
-        return Err(CliError::usage("the prompt is empty"));
-    }
+    let tokens = prompt_tokens(tok, &prompt)?;
     check_context("the prompt", tokens.len(), args.model.ctx_size())?;
     // What this run can use: the prompt and the tokens asked for, within -c.
     let n_ctx = tokens
@@ -629,16 +626,21 @@ pub struct LogitsArgs {
     greedy: usize,
 }
 
+/// `prompt`'s tokens as the model commands read a prompt (special tokens added and parsed); an
+/// empty prompt is a usage error.
+pub(crate) fn prompt_tokens(tok: &rgml_llm::Tokenizer, prompt: &str) -> Result<Vec<u32>, CliError> {
+    let tokens = tok.encode(prompt, EncodeOptions::prompt());
+    match tokens.is_empty() {
+        true => Err(CliError::usage("the prompt is empty")),
+        false => Ok(tokens),
+    }
+}
+
 /// `rgml logits`: the prompt's tokens and the best next tokens with their logits; with
 /// `--greedy N`, the same after each of N greedy single-token steps.
 pub fn logits(args: LogitsArgs) -> Result<bool, CliError> {
     let model = args.model.load()?;
-    let tokens = model
-        .tokenizer
-        .encode(&args.prompt, EncodeOptions::prompt());
-    if tokens.is_empty() {
-        return Err(CliError::usage("the prompt is empty"));
-    }
+    let tokens = prompt_tokens(&model.tokenizer, &args.prompt)?;
     let n_total = tokens.len().saturating_add(args.greedy);
     check_context(
         "the prompt and the greedy steps",

@@ -151,27 +151,18 @@ fn conversation(model: &Arc<Model>, reuse: PrefixReuse, checkpoints: usize) {
     // checkpoint made after that prompt (without checkpoints, everything is evaluated again).
     let mut other = first.clone();
     other.extend(model.tokenizer.encode(" sleeps", EncodeOptions::default()));
-    let (got, _, usage) = collect(e.submit(greedy(&other, 8)).expect("submit"));
-    let kept = if checkpoints > 0 { first.len() } else { 0 };
-    assert_eq!(
-        usage.cached_tokens, kept,
-        "{reuse:?}, {checkpoints} checkpoints"
-    );
-    assert_eq!(
-        got,
-        solo(model, &other, 8),
-        "{reuse:?}, {checkpoints} checkpoints"
-    );
-    // The same prompt again: back to the checkpoint made after it, then from its kept logits.
-    let (got, _, usage) = collect(e.submit(greedy(&other, 8)).expect("submit"));
-    let kept = if checkpoints > 0 { other.len() } else { 0 };
-    assert_eq!(
-        usage.cached_tokens, kept,
-        "{reuse:?}, {checkpoints} checkpoints"
-    );
-    assert_eq!(
-        got,
-        solo(model, &other, 8),
-        "{reuse:?}, {checkpoints} checkpoints"
-    );
+    // Then the same prompt again: back to the checkpoint made after it, then from its kept
+    // logits.
+    let want = solo(model, &other, 8);
+    for kept_with_checkpoints in [first.len(), other.len()] {
+        let (got, _, usage) = collect(e.submit(greedy(&other, 8)).expect("submit"));
+        let kept = if checkpoints > 0 {
+            kept_with_checkpoints
+        } else {
+            0
+        };
+        let what = format!("{reuse:?}, {checkpoints} checkpoints");
+        assert_eq!(usage.cached_tokens, kept, "{what}");
+        assert_eq!(got, want, "{what}");
+    }
 }
