@@ -172,6 +172,14 @@ impl ChatFormatter {
         }
     }
 
+    /// The Jinja template's text, where one runs (`None` for the marker formats).
+    pub fn template_source(&self) -> Option<&str> {
+        match self {
+            ChatFormatter::Template { template, .. } => Some(template.source()),
+            ChatFormatter::Markers(_) => None,
+        }
+    }
+
     /// Whether the model reasons in `<think>` tags (its Jinja template shows them).
     pub fn shows_thinking(&self) -> bool {
         matches!(self, ChatFormatter::Template { thinking: true, .. })

@@ -363,6 +363,11 @@ pub trait Generator: Send + Sync + 'static {
     fn apply_template(&self, _prompt: &Prompt) -> Option<Result<String, SubmitError>> {
         None
     }
+    /// The Jinja chat template that renders conversations (`/props`' `chat_template`); `None`
+    /// where none runs.
+    fn chat_template(&self) -> Option<&str> {
+        None
+    }
     /// Each input's pooled embedding, normalised to length 1 (`/v1/embeddings`); blocks while
     /// it computes them. `None`: the route answers 501.
     fn embed(&self, _inputs: &[Vec<TokenId>]) -> Option<Result<Vec<Vec<f32>>, SubmitError>> {

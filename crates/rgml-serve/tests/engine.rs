@@ -410,12 +410,16 @@ fn tools_need_a_template_that_shows_tool_calls() {
         session,
         EngineOptions {
             model_id: "demo".into(),
-            chat_template: Some(std::fs::read_to_string(template).unwrap()),
+            chat_template: Some(std::fs::read_to_string(&template).unwrap()),
             ..Default::default()
         },
     )
     .unwrap();
     assert_eq!(qwen.tool_call_format(), Some(ToolCallFormat::Hermes));
+    assert_eq!(
+        qwen.chat_template(),
+        Some(std::fs::read_to_string(&template).unwrap().as_str())
+    );
     let plain = qwen
         .submit(greedy(
             Prompt::Chat(vec![Message::new("user", "Weather in Paris?")]),

@@ -27,6 +27,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 const MODEL: &str = "fake-model";
+/// What the fake reports as its chat template (it renders `role: content` lines).
+const FAKE_TEMPLATE: &str = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
 const TOKEN_DELAY: Duration = Duration::from_millis(5);
 
 /// What the fake's generation tasks share with the test.
@@ -146,6 +148,10 @@ impl Generator for Fake {
             .map(|t| vec![t.len() as f32, t[0] as f32, 1.0])
             .collect();
         Some(Ok(vectors))
+    }
+
+    fn chat_template(&self) -> Option<&str> {
+        Some(FAKE_TEMPLATE)
     }
 
     /// `role: content` lines.
@@ -996,6 +1002,7 @@ async fn tokenize_detokenize_and_apply_template() {
     let props: Value = serde_json::from_str(&reply.body).unwrap();
     assert_eq!(props["total_slots"], STATS.n_slots);
     assert_eq!(props["model_alias"], MODEL);
+    assert_eq!(props["chat_template"], FAKE_TEMPLATE);
     assert_eq!(props["default_generation_settings"]["n_ctx"], 4096);
     assert_eq!(props["default_generation_settings"]["params"]["top_k"], 40);
 

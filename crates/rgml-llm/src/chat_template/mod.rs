@@ -116,6 +116,8 @@ pub fn value_from_json(text: &str) -> Result<TemplateValue, ChatTemplateError> {
 /// A compiled chat template with the model's special token texts.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template's text.
+    source: String,
     bos_token: String,
     eos_token: String,
     caps: prepare::Caps,
@@ -138,6 +140,7 @@ impl ChatTemplate {
             .map_err(|e| ChatTemplateError::Parse(describe(&e)))?;
         let mut template = ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
             caps: prepare::Caps {
@@ -154,6 +157,11 @@ impl ChatTemplate {
             template.render_raw(&inputs).ok()
         });
         Ok(template)
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders a conversation to prompt text, after the changes llama.cpp makes to the

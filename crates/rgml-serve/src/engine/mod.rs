@@ -327,6 +327,10 @@ impl Generator for Engine {
         self.formatter.tool_format()
     }
 
+    fn chat_template(&self) -> Option<&str> {
+        self.formatter.template_source()
+    }
+
     fn shows_thinking(&self) -> bool {
         self.formatter.shows_thinking()
     }
