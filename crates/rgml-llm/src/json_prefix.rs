@@ -325,7 +325,7 @@ impl FramedJson {
 
     /// The whole frame is written.
     pub fn complete(&self) -> bool {
-        self.after(self.frame) == Some(Frame::Suffix(self.suffix.len()))
+        self.after(self.frame) == Frame::Suffix(self.suffix.len())
     }
 
     /// Whether `bytes` after the text so far still leave a prefix of the frame (an empty
@@ -346,13 +346,13 @@ impl FramedJson {
     }
 
     /// `frame` moved past the parts already whole (a whole prefix, a complete object).
-    fn after(&self, frame: Frame) -> Option<Frame> {
+    fn after(&self, frame: Frame) -> Frame {
         match frame {
             Frame::Prefix(n, alive) if self.alive(alive).any(|p| p.len() == n) => {
-                Some(Frame::Json(JsonPrefix::object()))
+                Frame::Json(JsonPrefix::object())
             }
-            Frame::Json(json) if json.complete() => Some(Frame::Suffix(0)),
-            other => Some(other),
+            Frame::Json(json) if json.complete() => Frame::Suffix(0),
+            other => other,
         }
     }
 
@@ -365,7 +365,7 @@ impl FramedJson {
 
     fn run(&self, mut frame: Frame, bytes: &[u8]) -> Option<Frame> {
         for &b in bytes {
-            frame = self.after(frame)?;
+            frame = self.after(frame);
             frame = match frame {
                 Frame::Prefix(n, alive) => {
                     let next = (0..self.prefixes.len())

@@ -278,9 +278,8 @@ fn fuse_state_updates(
     let mut ids = run.to_vec();
     let mut i = 0;
     while i < tasks.len() {
-        if let Some(j) = state_copy_of(ctx, graph, &ids, tasks, extents, i) {
+        if let Some((j, state)) = state_copy_of(ctx, graph, &ids, tasks, extents, i) {
             tasks[i].state_in_place = true;
-            let state = tasks[i].src[5].map_or(Extent::NONE, |s| extent_of_state(&s));
             extents[i].1[1] = state;
             tasks.remove(j);
             extents.remove(j);
@@ -297,7 +296,8 @@ fn extent_of_state(s: &TensorView) -> Extent {
 }
 
 /// The index of the task that copies task `i`'s new state into the state it read, where
-/// [`fuse_state_updates`] may fuse the two (`ids[k]` is task `k`'s node).
+/// [`fuse_state_updates`] may fuse the two (`ids[k]` is task `k`'s node), with the state's
+/// bytes.
 fn state_copy_of(
     ctx: &Context,
     graph: &Graph,
@@ -305,7 +305,7 @@ fn state_copy_of(
     tasks: &[NodeTask],
     extents: &[Extents],
     i: usize,
-) -> Option<usize> {
+) -> Option<(usize, Extent)> {
     let task = &tasks[i];
     let rgml::Op::GatedDeltaNet { snapshots: 1 } = task.op else {
         return None;
@@ -331,7 +331,8 @@ fn state_copy_of(
             && dense(&t.dst);
         if copies {
             let part_bytes = outputs * 4..outputs * 4 + state_ext.len();
-            return (!read_elsewhere(ctx, graph, ids[i], part_bytes, ids[j])).then_some(j);
+            return (!read_elsewhere(ctx, graph, ids[i], part_bytes, ids[j]))
+                .then_some((j, state_ext));
         }
         let (reads, writes) = &extents[j];
         let touches = |e: Extent| reads.iter().chain(writes).any(|x| x.meets(e));

@@ -405,6 +405,10 @@ impl Products<'_> {
         }
         let k = a.ne[0];
         let wrow = self.layout.wrow;
+        let flavor = match a.dtype {
+            DType::F16 => Flavor::F16,
+            _ => Flavor::Bf16,
+        };
         for row in rows {
             let x = a.row(row, e, 0).cast_const();
             // Generation streams each expert's rows from memory once: prefetched ahead, as
@@ -425,10 +429,6 @@ impl Products<'_> {
                     (DType::F16 | DType::BF16, Some(w)) => {
                         // SAFETY: a converted row of `k` f32 values in the work area.
                         let y = unsafe { f32_row(y, k) };
-                        let flavor = match a.dtype {
-                            DType::F16 => Flavor::F16,
-                            _ => Flavor::Bf16,
-                        };
                         vec_float::vec_dot(f, flavor, w, y)
                     }
                     (DType::F32, _) => {

@@ -473,8 +473,8 @@ impl Session {
             st.out_row.push(if t.logits { n_out } else { usize::MAX });
             n_out += usize::from(t.logits);
         }
-        let n_vocab = self.row_width();
-        out.resize(n_out * n_vocab, 0.0);
+        let width = self.row_width();
+        out.resize(n_out * width, 0.0);
         let mut next = 0;
         while next < batch.len() {
             let st = &mut self.staging;
@@ -686,15 +686,15 @@ impl Session {
         ubatch: &[BatchToken],
         out: &mut [f32],
     ) -> Result<()> {
-        // Logits, or embeddings in that mode.
-        let n_vocab = self.row_width();
+        // Values per row: logits, or embeddings in that mode.
+        let width = self.row_width();
         let st = &self.staging;
         let rows = ubatch
             .iter()
             .zip(&st.ubatch_index)
             .filter(|(t, _)| t.logits)
             .map(|(_, &k)| st.out_row[k]);
-        let n_rows = self.ctx[g.logits].nelements() / n_vocab.max(1);
+        let n_rows = self.ctx[g.logits].nelements() / width.max(1);
         // One row computed when none is wanted (`OutputKey::Last` of an unread micro-batch).
         let first_row = rows.clone().next();
         let contiguous = rows
@@ -710,15 +710,14 @@ impl Session {
                 "{n_rows} rows of logits computed for {n_wanted} wanted"
             )));
         }
-        let span = first_row * n_vocab..(first_row + n_rows) * n_vocab;
+        let span = first_row * width..(first_row + n_rows) * width;
         if contiguous {
             self.ctx
                 .tensor_get_f32_into(g.logits, &mut out[span.clone()])?;
         } else {
             let all = self.ctx.tensor_get_f32(g.logits)?;
             for (i, r) in rows.enumerate() {
-                out[r * n_vocab..(r + 1) * n_vocab]
-                    .copy_from_slice(&all[i * n_vocab..(i + 1) * n_vocab]);
+                out[r * width..(r + 1) * width].copy_from_slice(&all[i * width..(i + 1) * width]);
             }
         }
         let st = &self.staging;
@@ -728,7 +727,7 @@ impl Session {
             .filter(|(t, _)| t.logits)
             .all(|(_, &k)| {
                 let r = st.out_row[k];
-                out[r * n_vocab..(r + 1) * n_vocab]
+                out[r * width..(r + 1) * width]
                     .iter()
                     .all(|l| l.is_finite())
             });

@@ -3,9 +3,9 @@
 
 use super::error::ApiError;
 use super::request::{parse_embeddings, EmbeddingInput};
+use super::tokens::{not_served, tokenizer};
 use super::HttpOptions;
 use crate::generator::Generator;
-use axum::http::StatusCode;
 use base64::Engine as _;
 use rgml_llm::{EncodeOptions, TokenId};
 use serde_json::{json, Value};
@@ -35,12 +35,7 @@ pub(crate) fn embeddings(
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
     let vectors = generator
         .embed(&inputs)
-        .ok_or_else(|| {
-            ApiError::client(
-                StatusCode::NOT_IMPLEMENTED,
-                "this server computes no embeddings",
-            )
-        })?
+        .ok_or_else(|| not_served("embeddings"))?
         .map_err(|e| ApiError::from_submit(&e, "input"))?;
     let base64 = request.encoding_format.as_deref() == Some("base64");
     let data: Vec<Value> = vectors
@@ -71,11 +66,5 @@ pub(crate) fn embeddings(
 
 /// `text`'s tokens as a prompt (special tokens added and parsed, as llama-server's).
 fn encode(generator: &dyn Generator, text: &str) -> Result<Vec<TokenId>, ApiError> {
-    let tok = generator.tokenizer().ok_or_else(|| {
-        ApiError::client(
-            StatusCode::NOT_IMPLEMENTED,
-            "this server has no tokenizer: send token ids",
-        )
-    })?;
-    Ok(tok.encode(text, EncodeOptions::prompt()))
+    Ok(tokenizer(generator)?.encode(text, EncodeOptions::prompt()))
 }

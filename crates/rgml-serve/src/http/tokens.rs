@@ -8,15 +8,20 @@ use super::request::{parse_chat, parse_token_route, DetokenizeRequest, TokenizeR
 use super::HttpOptions;
 use crate::generator::Generator;
 use axum::http::StatusCode;
-use rgml_llm::EncodeOptions;
+use rgml_llm::{EncodeOptions, Tokenizer};
 use serde_json::{json, Value};
 
-/// A route this generator cannot serve (it has no tokenizer or template): 501.
-fn not_served(what: &str) -> ApiError {
+/// A route this generator cannot serve (it has no tokenizer, template or embeddings): 501.
+pub(super) fn not_served(what: &str) -> ApiError {
     ApiError::client(
         StatusCode::NOT_IMPLEMENTED,
         format!("this server has no {what}"),
     )
+}
+
+/// The generator's tokenizer, or the 501 of a route that needs one.
+pub(super) fn tokenizer(generator: &dyn Generator) -> Result<&Tokenizer, ApiError> {
+    generator.tokenizer().ok_or_else(|| not_served("tokenizer"))
 }
 
 /// `/tokenize`: `{"tokens": [ids]}`, or with `with_pieces` `{"tokens": [{"id", "piece"}]}`
@@ -27,9 +32,7 @@ pub(crate) fn tokenize(
     _options: &HttpOptions,
 ) -> Result<Value, ApiError> {
     let request: TokenizeRequest = parse_token_route(body)?;
-    let tok = generator
-        .tokenizer()
-        .ok_or_else(|| not_served("tokenizer"))?;
+    let tok = tokenizer(generator)?;
     let options = EncodeOptions {
         add_special: request.add_special,
         parse_special: request.parse_special,
@@ -59,9 +62,7 @@ pub(crate) fn detokenize(
     _options: &HttpOptions,
 ) -> Result<Value, ApiError> {
     let request: DetokenizeRequest = parse_token_route(body)?;
-    let tok = generator
-        .tokenizer()
-        .ok_or_else(|| not_served("tokenizer"))?;
+    let tok = tokenizer(generator)?;
     let n_vocab = tok.n_vocab();
     if let Some(id) = request.tokens.iter().find(|&&id| id as usize >= n_vocab) {
         return Err(ApiError::bad_request(

@@ -19,12 +19,12 @@ pub(crate) mod run;
 use crate::kernels::blocks::legacy::legacy_quants;
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::hsum8;
-use bytemuck::Pod;
 use half::{bf16, f16};
 use rgml::quant::{
     cast_blocks, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QuantBlock,
 };
 use rgml::{DType, Error, Result};
+use run::plain;
 use std::borrow::Cow;
 
 /// Dot product of `n` elements: `x` in `xtype`'s bytes, `y` in `xtype.vec_dot_type()`'s bytes
@@ -92,20 +92,6 @@ fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
 
 fn blocks<B: QuantBlock>(bytes: &[u8]) -> Result<Cow<'_, [B]>> {
     cast_blocks(bytes)
-}
-
-/// Borrows `bytes` as `T`s when aligned, copies them otherwise. Callers have checked that the
-/// length is a whole number of `T`s.
-fn plain<T: Pod>(bytes: &[u8]) -> Cow<'_, [T]> {
-    match bytemuck::try_cast_slice(bytes) {
-        Ok(v) => Cow::Borrowed(v),
-        Err(_) => Cow::Owned(
-            bytes
-                .chunks_exact(std::mem::size_of::<T>())
-                .map(bytemuck::pod_read_unaligned)
-                .collect(),
-        ),
-    }
 }
 
 // Plain float dots keep 8 independent partial sums so the loop vectorises without reassociation
