@@ -46,6 +46,7 @@ pub mod config;
 pub mod embed;
 pub mod error;
 pub mod generate;
+pub mod grammar;
 pub mod json_prefix;
 mod markers;
 mod message;

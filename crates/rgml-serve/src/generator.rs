@@ -7,6 +7,7 @@
 //! This module owns the types between the two layers; it computes nothing.
 
 use rgml_llm::chat::Message;
+use rgml_llm::grammar::Grammar;
 use rgml_llm::tool_calls::ToolCallFormat;
 use rgml_llm::{SamplerParams, TokenId, Tokenizer};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +54,10 @@ pub enum OutputFormat {
         /// The fixed text after it.
         suffix: String,
     },
+    /// A sentence of a grammar (llama.cpp's `grammar` in GBNF, or a JSON schema's): tokens
+    /// that would leave none are never sampled, the answer ends where the grammar allows
+    /// nothing more, and an end-of-generation token comes only where a sentence is complete.
+    Grammar(Arc<Grammar>),
 }
 
 /// One generation request.

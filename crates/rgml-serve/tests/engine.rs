@@ -507,6 +507,81 @@ fn json_answers_are_json_objects() {
     e.shutdown();
 }
 
+/// A JSON-schema answer (`response_format` `json_schema`) parses and validates against the
+/// schema, greedy and over 20 seeds; a GBNF grammar's answer is one of its sentences, and the
+/// answer ends where the grammar allows nothing more.
+#[test]
+fn grammar_answers_follow_their_grammar() {
+    let model = model();
+    let e = engine(&model, 2, 512);
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 1, "maximum": 30},
+            "colour": {"enum": ["black", "white", "ginger"]},
+            "toys": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
+        },
+        "required": ["name", "age", "colour"],
+        "additionalProperties": false,
+    });
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let grammar = Arc::new(rgml_llm::grammar::Grammar::from_json_schema(&schema).unwrap());
+    let ask = || {
+        Prompt::Chat(vec![Message::new(
+            "user",
+            "Describe a cat as JSON with its name, age, colour and toys.",
+        )])
+    };
+    let mut whole = 0;
+    for seed in (0..=20).map(|s| (s > 0).then_some(s)) {
+        let mut req = greedy(ask(), 120);
+        req.format = rgml_serve::generator::OutputFormat::Grammar(grammar.clone());
+        if let Some(seed) = seed {
+            req.sampling = SamplerParams {
+                seed,
+                temp: 1.0,
+                ..SamplerParams::default()
+            };
+        }
+        let (text, reason, _) = collect(e.submit(req).unwrap());
+        let mut matcher = rgml_llm::grammar::Matcher::new(grammar.clone());
+        assert!(matcher.push(text.as_bytes()), "{text}");
+        if reason == FinishReason::Length {
+            continue;
+        }
+        assert_eq!(reason, FinishReason::Stop, "{text}");
+        assert!(matcher.complete(), "{text}");
+        let value: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(validator.is_valid(&value), "{text}");
+        whole += 1;
+    }
+    assert!(whole >= 15, "only {whole} of 21 answers ended");
+
+    let gbnf = "root ::= (\"yes\" | \"no\") \", because \" [a-z ]{3,20} \".\"";
+    let grammar = Arc::new(rgml_llm::grammar::Grammar::from_gbnf(gbnf).unwrap());
+    for seed in [None, Some(7)] {
+        let mut req = greedy(Prompt::Text("Is the sky blue? Answer:".into()), 60);
+        req.format = rgml_serve::generator::OutputFormat::Grammar(grammar.clone());
+        if let Some(seed) = seed {
+            req.sampling = SamplerParams {
+                seed,
+                temp: 0.9,
+                ..SamplerParams::default()
+            };
+        }
+        let (text, reason, _) = collect(e.submit(req).unwrap());
+        assert_eq!(reason, FinishReason::Stop, "{text}");
+        let mut matcher = rgml_llm::grammar::Matcher::new(grammar.clone());
+        assert!(
+            matcher.push(text.as_bytes()) && matcher.finished(),
+            "{text}"
+        );
+    }
+    e.shutdown();
+}
+
 #[test]
 fn bad_requests_are_refused() {
     let model = model();

@@ -646,6 +646,45 @@ async fn penalties_and_logit_bias_reach_the_sampler() {
         assert_eq!(reply.status, 200, "{}", reply.body);
         assert_eq!(server.fake.last_request().format, OutputFormat::JsonObject);
     }
+    // A grammar, a schema through either field, compiled before the generator sees them.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    let grammar_of = |route: &str, body: Value| {
+        let (addr, fake) = (server.addr, server.fake.clone());
+        let route = route.to_string();
+        async move {
+            let reply = post(addr, &route, &body).await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+            match fake.last_request().format {
+                OutputFormat::Grammar(g) => g,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    let by_field = grammar_of(
+        "/v1/completions",
+        json!({"prompt": "a", "json_schema": schema}),
+    )
+    .await;
+    let by_format = grammar_of(
+        "/v1/chat/completions",
+        with(chat("a"), json!({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": true}}})),
+    )
+    .await;
+    let llama_form = grammar_of(
+        "/v1/chat/completions",
+        with(
+            chat("a"),
+            json!({"response_format": {"type": "json_object", "schema": schema}}),
+        ),
+    )
+    .await;
+    let compiled = rgml_llm::grammar::Grammar::from_json_schema(&schema).unwrap();
+    for g in [by_field, by_format, llama_form] {
+        assert_eq!(*g, compiled);
+    }
+    let gbnf = "root ::= \"yes\" | \"no\"";
+    let g = grammar_of("/v1/completions", json!({"prompt": "a", "grammar": gbnf})).await;
+    assert_eq!(*g, rgml_llm::grammar::Grammar::from_gbnf(gbnf).unwrap());
     let body = json!({"prompt": "a", "logit_bias": [[5, 2], [9, false]]});
     let reply = post(server.addr, "/v1/completions", &body).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
@@ -1253,7 +1292,7 @@ async fn request_errors() {
         200
     );
 
-    let cases: [(Value, &str, Option<&str>); 24] = [
+    let cases: [(Value, &str, Option<&str>); 28] = [
         (json!({}), chat_path, Some("messages")),
         (json!([1]), chat_path, None),
         (
@@ -1295,13 +1334,36 @@ async fn request_errors() {
         (
             with(
                 chat("a"),
-                json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}}),
             ),
             chat_path,
-            Some("response_format"),
+            Some("response_format.json_schema.schema"),
         ),
         (
-            json!({"prompt": "a", "grammar": "root ::= \"x\""}),
+            with(
+                chat("a"),
+                json!({"response_format": {"type": "json_schema"}}),
+            ),
+            chat_path,
+            Some("response_format.json_schema"),
+        ),
+        (
+            json!({"prompt": "a", "grammar": "root ::= \"x"}),
+            "/v1/completions",
+            Some("grammar"),
+        ),
+        (
+            json!({"prompt": "a", "grammar": 3}),
+            "/v1/completions",
+            Some("grammar"),
+        ),
+        (
+            json!({"prompt": "a", "json_schema": {"type": "string", "pattern": "a+"}}),
+            "/v1/completions",
+            Some("json_schema"),
+        ),
+        (
+            json!({"prompt": "a", "grammar": "root ::= \"x\"", "response_format": {"type": "json_object"}}),
             "/v1/completions",
             Some("grammar"),
         ),

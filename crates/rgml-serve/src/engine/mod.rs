@@ -12,6 +12,7 @@
 //! This module owns the requests' way in: checking them against the model ([`Engine::submit`]),
 //! the queue, cancellation and the counters. The worker and the slots own the decoding.
 
+mod constraint;
 mod slot;
 mod worker;
 

@@ -6,14 +6,22 @@
 //! token, its log-probabilities, its text (held back while it could be the start of a stop
 //! string) and the end of the request.
 
+use super::constraint::Constraint;
 use super::Job;
-use crate::generator::{
-    FinishReason, GenEvent, Logprobs, OutputFormat, TokenLogprob, TokenOut, Usage,
-};
-use rgml_llm::json_prefix::FramedJson;
+use crate::generator::{FinishReason, GenEvent, Logprobs, TokenLogprob, TokenOut, Usage};
+use rgml_llm::grammar::TokenTrie;
 use rgml_llm::session::SeqCheckpoint;
 use rgml_llm::tokenizer::Decoder;
 use rgml_llm::{Sampler, TokenId, Tokenizer};
+use std::cell::OnceCell;
+
+/// The model's vocabulary as a slot reads it: the tokenizer, and the trie of token texts a
+/// grammar walks (built by the first request with a grammar).
+#[derive(Clone, Copy)]
+pub(crate) struct Vocab<'t> {
+    pub(crate) tok: &'t Tokenizer,
+    pub(crate) trie: &'t OnceCell<TokenTrie>,
+}
 
 /// One sequence of the session.
 pub(crate) struct Slot<'t> {
@@ -61,8 +69,8 @@ pub(crate) struct Running<'t> {
     /// Scratch: the logits with end-of-generation tokens masked (`ignore_eos`), and tokens
     /// that break the answer's format.
     masked: Vec<f32>,
-    /// A JSON answer or a forced tool call: what of it is written so far.
-    json: Option<FramedJson>,
+    /// What the answer must be (JSON, a forced tool call, a grammar) and how far it is.
+    constraint: Option<Constraint<'t>>,
 }
 
 /// What the slot does after a row of logits.
@@ -138,33 +146,27 @@ impl<'t> Slot<'t> {
     }
 
     /// Start `job`, whose first `n_cached` prompt tokens the cache holds already.
-    pub(crate) fn start(&mut self, job: Job, n_cached: usize, tok: &'t Tokenizer) {
+    pub(crate) fn start(&mut self, job: Job, n_cached: usize, vocab: Vocab<'t>) {
         let mut sampler = Sampler::new(job.request.sampling.clone());
         // As `Session::generate`: the repetition penalty sees the prompt.
         for &t in &job.prompt {
             sampler.accept(t);
         }
         let max_tokens = job.request.max_tokens.unwrap_or(usize::MAX);
-        let json = match &job.request.format {
-            OutputFormat::Text => None,
-            OutputFormat::JsonObject => Some(FramedJson::new("", "")),
-            OutputFormat::ToolCall { prefixes, suffix } => {
-                Some(FramedJson::one_of(prefixes, suffix))
-            }
-        };
+        let constraint = Constraint::new(&job.request.format, vocab.trie, vocab.tok);
         self.run = Some(Running {
             job,
             n_prompt_done: n_cached,
             n_cached,
             sampler,
-            decoder: tok.decoder(false),
+            decoder: vocab.tok.decoder(false),
             text: String::new(),
             sent: 0,
             n_generated: 0,
             max_tokens,
             pending: None,
             masked: Vec::new(),
-            json,
+            constraint,
         });
     }
 }
@@ -191,17 +193,15 @@ impl Running<'_> {
             (Some(n), Some(norm)) => Some(top_logprobs(logits, n, norm, tok)),
             _ => None,
         };
-        let token = match self.mask(logits, tok) {
-            None => self.sampler.sample(logits),
-            Some(true) => self.sampler.sample(&self.masked),
-            Some(false) => return self.finish(FinishReason::Stop),
+        let Some(token) = self.pick(logits, tok) else {
+            return self.finish(FinishReason::Stop);
         };
         if tok.is_eog(token) {
             return self.finish(FinishReason::Stop);
         }
-        // Nothing may follow a JSON answer's object: the answer ends with it.
-        let json_done = self.json.as_mut().is_some_and(|json| {
-            json.push(tok.token_to_piece(token, false).unwrap_or_default()) && json.complete()
+        // Where the answer's format allows nothing more, it ends with this token.
+        let format_done = self.constraint.as_mut().is_some_and(|c| {
+            c.push(tok.token_to_piece(token, false).unwrap_or_default()) && c.finished()
         });
         self.sampler.accept(token);
         self.n_generated += 1;
@@ -217,7 +217,7 @@ impl Running<'_> {
             return self.end(FinishReason::Stop);
         }
         self.send_token(token, logprobs);
-        if json_done {
+        if format_done {
             return self.finish(FinishReason::Stop);
         }
         if self.n_generated >= self.max_tokens || !room {
@@ -227,28 +227,27 @@ impl Running<'_> {
         Next::Continue
     }
 
-    /// The logits with the tokens that may not come masked, into `masked`: end-of-generation
-    /// tokens with `ignore_eos` (llama.cpp's logit bias of -inf) or while a JSON answer is
-    /// open, and tokens that break a JSON answer. `None`: nothing to mask (sample `logits`);
-    /// `Some(false)`: no token may come.
-    fn mask(&mut self, logits: &[f32], tok: &Tokenizer) -> Option<bool> {
-        let open_json = self.json.as_ref().is_some_and(|j| !j.complete());
-        if !self.job.request.ignore_eos && self.json.is_none() {
-            return None;
+    /// The next token: sampled from `logits` with end-of-generation tokens masked under
+    /// `ignore_eos` (llama.cpp's logit bias of -inf) or while a constrained answer is open,
+    /// and only among the tokens the constraint allows. `None`: no token may come.
+    fn pick(&mut self, logits: &[f32], tok: &Tokenizer) -> Option<TokenId> {
+        let open = self.constraint.as_ref().is_some_and(|c| !c.complete());
+        if !self.job.request.ignore_eos && self.constraint.is_none() {
+            return Some(self.sampler.sample(logits));
         }
         self.masked.clear();
         self.masked.extend_from_slice(logits);
-        if self.job.request.ignore_eos || open_json {
+        if self.job.request.ignore_eos || open {
             for &eog in tok.eog_ids() {
                 if let Some(l) = self.masked.get_mut(eog as usize) {
                     *l = f32::NEG_INFINITY;
                 }
             }
         }
-        Some(match &self.json {
-            Some(json) => mask_json(&mut self.masked, json, tok),
-            None => true,
-        })
+        match &mut self.constraint {
+            Some(c) => c.sample(&mut self.sampler, &mut self.masked, tok),
+            None => Some(self.sampler.sample(&self.masked)),
+        }
     }
 
     /// Send the token with the text that is safe to show: all but a suffix that could begin
@@ -373,25 +372,4 @@ fn token_logprob(id: TokenId, logits: &[f32], norm: LogNorm, tok: &Tokenizer) ->
         bytes,
         logprob: (f64::from(logit - norm.max) - norm.ln_sum) as f32,
     }
-}
-
-/// Masks in `logits` every token that would leave the JSON answer `json` no prefix of its
-/// frame (and those that write nothing); end-of-generation tokens are left as they are (the
-/// caller masks them while the frame is open). `false` when no token may follow.
-fn mask_json(logits: &mut [f32], json: &FramedJson, tok: &Tokenizer) -> bool {
-    let mut any = false;
-    for (id, l) in logits.iter_mut().enumerate() {
-        let id = id as TokenId;
-        if tok.is_eog(id) {
-            any |= json.complete() && l.is_finite();
-            continue;
-        }
-        let piece = tok.token_to_piece(id, false).unwrap_or_default();
-        if json.accepts(piece) {
-            any |= l.is_finite();
-        } else {
-            *l = f32::NEG_INFINITY;
-        }
-    }
-    any
 }

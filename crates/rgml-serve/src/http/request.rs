@@ -8,8 +8,8 @@
 //! generator checks them again against the model.
 //!
 //! No field is silently ignored ([`check_fields`]): a field that would change the answer and
-//! is not implemented (`tools`, `response_format`, `grammar`, other samplers) is refused with a
-//! 400 that names it; a field known to change nothing here (`user`, `metadata`, ...) is taken;
+//! is not implemented (`functions`, `n_probs`, other samplers) is refused with a 400 that
+//! names it; a field known to change nothing here (`user`, `metadata`, ...) is taken;
 //! any other field is answered as if absent, with a line in the response's `warnings` (and in
 //! the server's log).
 
@@ -17,11 +17,13 @@ use super::error::ApiError;
 use super::HttpOptions;
 use crate::generator::{GenRequest, OutputFormat, Prompt, SubmitError};
 use rgml_llm::chat::{Message, ToolCall};
+use rgml_llm::grammar::{Grammar, GrammarError};
 use rgml_llm::{SamplerParams, TokenId};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Most stop strings a request may give (OpenAI allows 4; llama-server more).
@@ -112,6 +114,9 @@ struct CommonFields {
     presence_penalty: Option<f32>,
     logit_bias: Option<Value>,
     response_format: Option<Value>,
+    /// llama-server's extensions: a GBNF grammar or a JSON schema the answer follows.
+    grammar: Option<String>,
+    json_schema: Option<Value>,
     /// llama-server's extension: never end at an end-of-generation token.
     ignore_eos: Option<bool>,
 }
@@ -135,6 +140,8 @@ const COMMON_FIELDS: &[&str] = &[
     "presence_penalty",
     "logit_bias",
     "response_format",
+    "grammar",
+    "json_schema",
     "ignore_eos",
 ];
 
@@ -174,8 +181,6 @@ const REFUSED_FIELDS: &[&str] = &[
     "tool_choice",
     "functions",
     "function_call",
-    "grammar",
-    "json_schema",
     "n_predict",
     "n_probs",
     "suffix",
@@ -417,7 +422,6 @@ fn asks_for_something(name: &str, field: &Value, body: &serde_json::Map<String, 
         ("tool_choice", Value::String(choice)) => {
             !(no_tools && (choice == "none" || choice == "auto"))
         }
-        ("response_format", format) => format.get("type").and_then(Value::as_str) != Some("text"),
         _ => true,
     }
 }
@@ -749,6 +753,7 @@ fn finish(
         None => Ok(options.max_tokens_default),
     }?;
     let sampling = sampling(&common)?;
+    let format = output_format(&common)?;
     let ignore_eos = common.ignore_eos.unwrap_or(false);
     let stop = stop_strings(common.stop)?;
     let include_usage = common
@@ -764,7 +769,7 @@ fn finish(
             stop,
             n_probs,
             ignore_eos,
-            format: output_format(common.response_format.as_ref())?,
+            format,
         },
         stream: common.stream.unwrap_or(false),
         include_usage,
@@ -774,25 +779,78 @@ fn finish(
     })
 }
 
-/// `response_format`: `text` (or absent) or `json_object`; a JSON schema needs a grammar
-/// compiled from it, not implemented yet, and is refused by name.
-fn output_format(value: Option<&Value>) -> Result<OutputFormat, ApiError> {
+/// What the answer must be: `response_format` (`text`, `json_object`, `json_schema`, and
+/// llama-server's `json_object` with a `schema`), llama-server's `grammar` (GBNF) or its
+/// `json_schema`; at most one of them. A grammar or schema that cannot be compiled is the
+/// client's error (400), named.
+fn output_format(common: &CommonFields) -> Result<OutputFormat, ApiError> {
+    let format = response_format(common.response_format.as_ref())?;
+    let mut given: Vec<(&str, OutputFormat)> = Vec::new();
+    if format != OutputFormat::Text {
+        given.push(("response_format", format));
+    }
+    if let Some(gbnf) = &common.grammar {
+        let grammar = Grammar::from_gbnf(gbnf).map_err(|e| grammar_error(e, "grammar"))?;
+        given.push(("grammar", OutputFormat::Grammar(Arc::new(grammar))));
+    }
+    if let Some(schema) = common.json_schema.as_ref().filter(|s| !s.is_null()) {
+        given.push(("json_schema", schema_format(schema, "json_schema")?));
+    }
+    match given.len() {
+        0 => Ok(OutputFormat::Text),
+        1 => Ok(given.remove(0).1),
+        _ => {
+            let names: Vec<&str> = given.iter().map(|g| g.0).collect();
+            Err(ApiError::bad_request(
+                format!("{} each shape the answer: give one", names.join(" and ")),
+                Some(names[1]),
+            ))
+        }
+    }
+}
+
+fn response_format(value: Option<&Value>) -> Result<OutputFormat, ApiError> {
     let kind = match value {
         None | Some(Value::Null) => return Ok(OutputFormat::Text),
         Some(v) => v.get("type").and_then(Value::as_str),
     };
+    let format = value.unwrap_or(&Value::Null);
     match kind {
         Some("text") => Ok(OutputFormat::Text),
-        Some("json_object") => Ok(OutputFormat::JsonObject),
-        Some("json_schema") => Err(ApiError::unsupported(
-            "response_format",
-            "`response_format` `json_schema` (only `text` and `json_object`)",
-        )),
+        Some("json_object") => match format.get("schema") {
+            Some(schema) if !schema.is_null() => schema_format(schema, "response_format.schema"),
+            _ => Ok(OutputFormat::JsonObject),
+        },
+        Some("json_schema") => {
+            let spec = format
+                .get("json_schema")
+                .filter(|s| s.is_object())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "response_format `json_schema` needs a `json_schema` object",
+                        Some("response_format.json_schema"),
+                    )
+                })?;
+            // As llama-server: no `schema` allows any JSON value.
+            let any = Value::Object(Default::default());
+            let schema = spec.get("schema").filter(|s| !s.is_null()).unwrap_or(&any);
+            schema_format(schema, "response_format.json_schema.schema")
+        }
         _ => Err(ApiError::bad_request(
-            "response_format needs a `type`: text or json_object",
+            "response_format needs a `type`: text, json_object or json_schema",
             Some("response_format"),
         )),
     }
+}
+
+/// The grammar of the documents `schema` validates.
+fn schema_format(schema: &Value, param: &str) -> Result<OutputFormat, ApiError> {
+    let grammar = Grammar::from_json_schema(schema).map_err(|e| grammar_error(e, param))?;
+    Ok(OutputFormat::Grammar(Arc::new(grammar)))
+}
+
+fn grammar_error(e: GrammarError, param: &str) -> ApiError {
+    ApiError::bad_request(format!("{param}: {e}"), Some(param))
 }
 
 /// Several choices are not implemented; a request that asks for them is refused rather than

@@ -1,0 +1,778 @@
+//! A JSON Schema turned into GBNF text whose sentences are JSON documents valid under it, in
+//! the manner of llama.cpp's `json_schema_to_grammar` (the same rule layout: required
+//! properties in order, then optional ones in order, bounded whitespace).
+//!
+//! Taken: `type` (one or a list), `properties`, `required`, `additionalProperties`, `items`,
+//! `prefixItems`, `minItems`, `maxItems`, `minLength`, `maxLength`, `format` (`date`, `time`,
+//! `date-time`, `uuid`), `enum`, `const`, `anyOf`, `oneOf` (as `anyOf`), `$ref` into `$defs`
+//! or `definitions` (recursion allowed), and integer bounds (`minimum`, `maximum`,
+//! `exclusiveMinimum`, `exclusiveMaximum`). Annotations (`title`, `description`, `default`,
+//! `examples`, ...) are read past. Any other keyword is refused by name: a schema we cannot
+//! enforce is an error, not a weaker constraint.
+
+use super::GrammarError;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+
+/// The GBNF text of `schema`'s documents.
+pub fn to_gbnf(schema: &Value) -> Result<String, GrammarError> {
+    let mut c = Converter {
+        root: schema,
+        rules: Vec::new(),
+        index: HashMap::new(),
+    };
+    let top = c.visit(schema, "root")?;
+    if top != "root" {
+        c.add("root", &top);
+    }
+    let mut out = String::new();
+    for (name, body) in &c.rules {
+        out.push_str(&format!("{name} ::= {body}\n"));
+    }
+    Ok(out)
+}
+
+const SPACE: &str = r#"| " " | "\n"{1,2} [ \t]{0,20}"#;
+
+/// llama.cpp's primitive rules: name, body, the primitives it uses.
+const PRIMITIVES: &[(&str, &str, &[&str])] = &[
+    ("boolean", r#"("true" | "false")"#, &[]),
+    ("decimal-part", "[0-9]{1,16}", &[]),
+    ("integral-part", "[0] | [1-9] [0-9]{0,15}", &[]),
+    (
+        "number",
+        r#"("-"? integral-part) ("." decimal-part)? ([eE] [-+]? integral-part)?"#,
+        &["integral-part", "decimal-part"],
+    ),
+    ("integer", r#"("-"? integral-part)"#, &["integral-part"]),
+    (
+        "value",
+        "object | array | string | number | boolean | null",
+        &["object", "array", "string", "number", "boolean", "null"],
+    ),
+    (
+        "object",
+        r#""{" space ( string ":" space value ("," space string ":" space value)* )? space "}""#,
+        &["string", "value"],
+    ),
+    (
+        "array",
+        r#""[" space ( value ("," space value)* )? space "]""#,
+        &["value"],
+    ),
+    (
+        "uuid",
+        r#""\"" [0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12} "\"""#,
+        &[],
+    ),
+    (
+        "char",
+        r#"[^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})"#,
+        &[],
+    ),
+    ("string", r#""\"" char* "\"""#, &["char"]),
+    ("null", r#""null""#, &[]),
+    (
+        "date",
+        r#"[0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [1-2] [0-9] | "3" [0-1] )"#,
+        &[],
+    ),
+    (
+        "time",
+        r#"([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{3} )? ( "Z" | ( "+" | "-" ) ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )"#,
+        &[],
+    ),
+    ("date-time", r#"date "T" time"#, &["date", "time"]),
+    ("date-string", r#""\"" date "\"""#, &["date"]),
+    ("time-string", r#""\"" time "\"""#, &["time"]),
+    ("date-time-string", r#""\"" date-time "\"""#, &["date-time"]),
+];
+
+/// Keywords that do not constrain the document.
+const ANNOTATIONS: &[&str] = &[
+    "$schema",
+    "$id",
+    "$comment",
+    "$defs",
+    "definitions",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "strict",
+];
+
+/// Keywords by the type they belong to (any of them allowed with no `type`).
+const KEYWORDS: &[&str] = &[
+    "type",
+    "$ref",
+    "const",
+    "enum",
+    "anyOf",
+    "oneOf",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+];
+
+struct Converter<'a> {
+    root: &'a Value,
+    /// Rules in the order they were added.
+    rules: Vec<(String, String)>,
+    index: HashMap<String, usize>,
+}
+
+fn unsupported(what: impl Into<String>) -> GrammarError {
+    GrammarError::Schema(what.into())
+}
+
+/// `text` as a GBNF string literal.
+fn literal(text: &str) -> String {
+    let mut out = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02X}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `value`'s compact JSON text as a GBNF literal.
+fn constant(value: &Value) -> String {
+    literal(&value.to_string())
+}
+
+/// A rule name made of `name`'s letters and digits.
+fn rule_name(name: &str) -> String {
+    let mut out: String = (name.chars())
+        .map(|c| match c.is_ascii_alphanumeric() {
+            true => c,
+            false => '-',
+        })
+        .collect();
+    if out.is_empty() {
+        out.push('x');
+    }
+    out
+}
+
+impl Converter<'_> {
+    /// Adds rule `name` (made unique unless the same body has that name) and returns its name.
+    fn add(&mut self, name: &str, body: &str) -> String {
+        let base = rule_name(name);
+        let mut name = base.clone();
+        let mut n = 1;
+        while let Some(&i) = self.index.get(&name) {
+            if self.rules[i].1 == body {
+                return name;
+            }
+            n += 1;
+            name = format!("{base}{n}");
+        }
+        self.index.insert(name.clone(), self.rules.len());
+        self.rules.push((name.clone(), body.to_string()));
+        name
+    }
+
+    /// Defines (or redefines) `name` exactly.
+    fn set(&mut self, name: &str, body: &str) {
+        match self.index.get(name) {
+            Some(&i) => self.rules[i].1 = body.to_string(),
+            None => {
+                self.index.insert(name.to_string(), self.rules.len());
+                self.rules.push((name.to_string(), body.to_string()));
+            }
+        }
+    }
+
+    /// Adds primitive `name` and the ones it uses; returns its name.
+    fn primitive(&mut self, name: &str) -> String {
+        if !self.index.contains_key("space") {
+            self.set("space", SPACE);
+        }
+        if let Some((_, body, deps)) = PRIMITIVES.iter().find(|p| p.0 == name) {
+            if !self.index.contains_key(name) {
+                self.set(name, body);
+                for dep in deps.iter() {
+                    self.primitive(dep);
+                }
+            }
+        }
+        name.to_string()
+    }
+
+    /// The rule for `schema`, named after `name`.
+    fn visit(&mut self, schema: &Value, name: &str) -> Result<String, GrammarError> {
+        let obj = match schema {
+            Value::Bool(true) => return Ok(self.primitive("value")),
+            Value::Bool(false) => return Err(unsupported("the schema `false` allows nothing")),
+            Value::Object(obj) => obj,
+            _ => return Err(unsupported("a schema must be an object or a boolean")),
+        };
+        for key in obj.keys() {
+            if !KEYWORDS.contains(&key.as_str()) && !ANNOTATIONS.contains(&key.as_str()) {
+                return Err(unsupported(format!(
+                    "JSON schema keyword `{key}` is not supported"
+                )));
+            }
+        }
+        self.primitive("space");
+        if let Some(r) = obj.get("$ref") {
+            return self.reference(r);
+        }
+        if let Some(value) = obj.get("const") {
+            let body = constant(value);
+            return Ok(self.add(name, &body));
+        }
+        if let Some(values) = obj.get("enum") {
+            let values = values
+                .as_array()
+                .ok_or_else(|| unsupported("`enum` must be an array"))?;
+            if values.is_empty() {
+                return Err(unsupported("`enum` is empty: nothing is allowed"));
+            }
+            let alts: Vec<String> = values.iter().map(constant).collect();
+            return Ok(self.add(name, &format!("({})", alts.join(" | "))));
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(options) = obj.get(key) {
+                return self.union(options, name, key);
+            }
+        }
+        match obj.get("type") {
+            None => self.untyped(obj, name),
+            Some(Value::String(t)) => {
+                check_keywords(obj, &[t])?;
+                self.typed(obj, t, name)
+            }
+            Some(Value::Array(types)) => {
+                let types: Vec<&str> = (types.iter().map(Value::as_str).collect::<Option<_>>())
+                    .ok_or_else(|| unsupported("`type` entries must be strings"))?;
+                if types.is_empty() {
+                    return Err(unsupported("`type` is an empty list: nothing is allowed"));
+                }
+                check_keywords(obj, &types)?;
+                let mut alts = Vec::new();
+                for (i, t) in types.iter().enumerate() {
+                    alts.push(self.typed(obj, t, &format!("{name}-{i}"))?);
+                }
+                Ok(self.add(name, &alts.join(" | ")))
+            }
+            Some(_) => Err(unsupported("`type` must be a string or a list of strings")),
+        }
+    }
+
+    /// `anyOf` / `oneOf`: any of the options (`oneOf`'s exclusiveness is not enforced, as in
+    /// llama.cpp).
+    fn union(&mut self, options: &Value, name: &str, key: &str) -> Result<String, GrammarError> {
+        let options = options
+            .as_array()
+            .ok_or_else(|| unsupported(format!("`{key}` must be an array")))?;
+        if options.is_empty() {
+            return Err(unsupported(format!("`{key}` is empty: nothing is allowed")));
+        }
+        let mut alts = Vec::new();
+        for (i, option) in options.iter().enumerate() {
+            alts.push(self.visit(option, &format!("{name}-{i}"))?);
+        }
+        Ok(self.add(name, &alts.join(" | ")))
+    }
+
+    /// `$ref` to `#`, `#/$defs/NAME` or `#/definitions/NAME`.
+    fn reference(&mut self, r: &Value) -> Result<String, GrammarError> {
+        let r = r
+            .as_str()
+            .ok_or_else(|| unsupported("`$ref` must be a string"))?;
+        let path = r.strip_prefix('#').ok_or_else(|| {
+            unsupported(format!(
+                "`$ref` {r}: only references inside the schema (`#/...`) are supported"
+            ))
+        })?;
+        let mut target = self.root;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            let part = part.replace("~1", "/").replace("~0", "~");
+            target = target
+                .get(&part)
+                .ok_or_else(|| unsupported(format!("`$ref` {r} points at nothing")))?;
+        }
+        let name = format!("ref{}", rule_name(path));
+        if !self.index.contains_key(&name) {
+            // Reserve the name first: the target may refer to itself.
+            self.set(&name, "");
+            let body = self.visit(target, &format!("{name}-target"))?;
+            self.set(&name, &body);
+        }
+        Ok(name)
+    }
+
+    /// A schema without `type`: by its keywords, else any value.
+    fn untyped(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
+        let has = |keys: &[&str]| keys.iter().any(|k| obj.contains_key(*k));
+        let t = match () {
+            _ if has(&["properties", "additionalProperties", "required"]) => "object",
+            _ if has(&["items", "prefixItems", "minItems", "maxItems"]) => "array",
+            _ if has(&["minLength", "maxLength", "format"]) => "string",
+            _ if has(&["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]) => "number",
+            _ => return Ok(self.primitive("value")),
+        };
+        check_keywords(obj, &[t])?;
+        self.typed(obj, t, name)
+    }
+
+    fn typed(
+        &mut self,
+        obj: &Map<String, Value>,
+        t: &str,
+        name: &str,
+    ) -> Result<String, GrammarError> {
+        match t {
+            "object" => self.object(obj, name),
+            "array" => self.array(obj, name),
+            "string" => self.string(obj, name),
+            "integer" => self.integer(obj, name),
+            "number" => Ok(self.primitive("number")),
+            "boolean" => Ok(self.primitive("boolean")),
+            "null" => Ok(self.primitive("null")),
+            _ => Err(unsupported(format!("unknown JSON schema type `{t}`"))),
+        }
+    }
+}
+
+/// Refuses keywords of no type in `types` (they would be ignored).
+fn check_keywords(obj: &Map<String, Value>, types: &[&str]) -> Result<(), GrammarError> {
+    let own = |t: &str| -> &[&str] {
+        match t {
+            "object" => &["properties", "required", "additionalProperties"],
+            "array" => &["items", "prefixItems", "minItems", "maxItems"],
+            "string" => &["minLength", "maxLength", "format"],
+            "integer" => &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"],
+            _ => &[],
+        }
+    };
+    let common = ["type", "$ref", "const", "enum", "anyOf", "oneOf"];
+    for key in obj.keys().map(String::as_str) {
+        let known = types.iter().any(|t| own(t).contains(&key))
+            || common.contains(&key)
+            || ANNOTATIONS.contains(&key);
+        if !known {
+            let what = format!(
+                "JSON schema keyword `{key}` is not supported with type `{}`",
+                types.join("|")
+            );
+            return Err(unsupported(what));
+        }
+    }
+    Ok(())
+}
+
+/// A non-negative count keyword (`minItems`, `maxLength`, ...).
+fn count(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, GrammarError> {
+    match obj.get(key) {
+        None => Ok(None),
+        Some(v) => (v.as_u64().and_then(|n| usize::try_from(n).ok()))
+            .map(Some)
+            .ok_or_else(|| unsupported(format!("`{key}` must be a non-negative integer"))),
+    }
+}
+
+/// `item` between `min` and `max` times (`None`: no limit), `separator` between two, as
+/// llama.cpp's `build_repetition`.
+fn repetition(item: &str, min: usize, max: Option<usize>, separator: &str) -> String {
+    if max == Some(0) {
+        return String::new();
+    }
+    let bounds = |min: usize, max: Option<usize>| match max {
+        Some(max) => format!("{{{min},{max}}}"),
+        None => format!("{{{min},}}"),
+    };
+    if separator.is_empty() {
+        return match (min, max) {
+            (0, Some(1)) => format!("{item}?"),
+            (1, None) => format!("{item}+"),
+            (0, None) => format!("{item}*"),
+            _ => format!("{item}{}", bounds(min, max)),
+        };
+    }
+    let rest = match (min.saturating_sub(1), max.map(|m| m - 1)) {
+        (0, Some(0)) => String::new(),
+        (lo, hi) => format!(" ({separator} {item}){}", bounds(lo, hi)),
+    };
+    match min {
+        0 => format!("({item}{rest})?"),
+        _ => format!("{item}{rest}"),
+    }
+}
+
+impl Converter<'_> {
+    fn object(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
+        let empty = Map::new();
+        let props = match obj.get("properties") {
+            None => &empty,
+            Some(Value::Object(p)) => p,
+            Some(_) => return Err(unsupported("`properties` must be an object")),
+        };
+        let required: Vec<&str> = match obj.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(r)) => (r.iter().map(Value::as_str).collect::<Option<_>>())
+                .ok_or_else(|| unsupported("`required` must be a list of strings"))?,
+            Some(_) => return Err(unsupported("`required` must be a list of strings")),
+        };
+        if let Some(missing) = required.iter().find(|r| !props.contains_key(**r)) {
+            return Err(unsupported(format!(
+                "required property `{missing}` is not in `properties`"
+            )));
+        }
+        let additional = match obj.get("additionalProperties") {
+            None if props.is_empty() => return Ok(self.primitive("object")),
+            None | Some(Value::Bool(false)) => None,
+            Some(Value::Bool(true)) if props.is_empty() => return Ok(self.primitive("object")),
+            Some(schema) => Some(schema),
+        };
+        let mut kv = Vec::new();
+        for (prop, schema) in props {
+            let value = self.visit(schema, &format!("{name}-{prop}"))?;
+            let body = format!(
+                "{} space \":\" space {value}",
+                literal(&Value::from(prop.as_str()).to_string())
+            );
+            let rule = self.add(&format!("{name}-{prop}-kv"), &body);
+            kv.push((required.contains(&prop.as_str()), rule));
+        }
+        let (mut required, mut optional): (Vec<_>, Vec<_>) = kv.into_iter().partition(|(r, _)| *r);
+        let mut optional: Vec<String> = optional.drain(..).map(|(_, rule)| rule).collect();
+        let required: Vec<String> = required.drain(..).map(|(_, rule)| rule).collect();
+        let mut repeated = None;
+        if let Some(schema) = additional {
+            let value = self.visit(schema, &format!("{name}-additional-value"))?;
+            let names: Vec<&str> = props.keys().map(String::as_str).collect();
+            let key = self.not_strings(&names, &format!("{name}-additional-k"));
+            let rule = self.add(
+                &format!("{name}-additional-kv"),
+                &format!("{key} \":\" space {value}"),
+            );
+            repeated = Some(rule.clone());
+            optional.push(rule);
+        }
+        let mut body = String::from("\"{\" space ");
+        body += &required.join(" \",\" space ");
+        if !optional.is_empty() {
+            let combos = self.optional_runs(&optional, repeated.as_deref(), name);
+            body += &match required.is_empty() {
+                true => format!(" ({combos})?"),
+                false => format!(" ( \",\" space ( {combos} ) )?"),
+            };
+        }
+        body += " space \"}\"";
+        Ok(self.add(name, &body))
+    }
+
+    /// The optional properties that may follow, in order, each present or not, as
+    /// alternatives by the first one present (`repeated`: the additional-property rule, which
+    /// may come any number of times, last).
+    fn optional_runs(&mut self, optional: &[String], repeated: Option<&str>, name: &str) -> String {
+        let mut alts = Vec::new();
+        for i in 0..optional.len() {
+            let first = &optional[i];
+            let mut alt = first.clone();
+            if repeated == Some(first.as_str()) {
+                alt += &format!(" ( \",\" space {first} )*");
+            }
+            if i + 1 < optional.len() {
+                let rest: Vec<String> = (optional[i + 1..].iter())
+                    .map(|k| match repeated == Some(k.as_str()) {
+                        true => format!("( \",\" space {k} )*"),
+                        false => format!("( \",\" space {k} )?"),
+                    })
+                    .collect();
+                alt += " ";
+                alt += &self.add(&format!("{name}-{first}-rest"), &rest.join(" "));
+            }
+            alts.push(alt);
+        }
+        alts.join(" | ")
+    }
+
+    /// A JSON string that is none of `names` (llama.cpp's `_not_strings`: a trie of the
+    /// names, leaving it at the first character no name has there).
+    fn not_strings(&mut self, names: &[&str], rule: &str) -> String {
+        let char_rule = self.primitive("char");
+        #[derive(Default)]
+        struct Trie {
+            children: std::collections::BTreeMap<char, Trie>,
+            end: bool,
+        }
+        let mut trie = Trie::default();
+        for name in names {
+            let mut at = &mut trie;
+            for c in name.chars() {
+                at = at.children.entry(c).or_default();
+            }
+            at.end = true;
+        }
+        fn walk(node: &Trie, char_rule: &str, out: &mut String) {
+            let mut rejects = String::new();
+            for (i, (c, child)) in node.children.iter().enumerate() {
+                let c = class_char(*c);
+                rejects += &c;
+                if i > 0 {
+                    out.push_str(" | ");
+                }
+                out.push_str(&format!("[{c}]"));
+                match child.children.is_empty() {
+                    false => {
+                        out.push_str(" (");
+                        walk(child, char_rule, out);
+                        // The text may end here unless that makes a name.
+                        out.push_str(if child.end { ")" } else { ")?" });
+                    }
+                    true => out.push_str(&format!(" {char_rule}+")),
+                }
+            }
+            if !node.children.is_empty() {
+                // Any other plain character (escapes begin with `\\`, which `char` takes).
+                let plain = format!("[^\"\\\\\\x7F\\x00-\\x1F{rejects}]");
+                out.push_str(&format!(" | {plain} {char_rule}*"));
+            }
+        }
+        let mut body = String::from("[\"] ( ");
+        walk(&trie, &char_rule, &mut body);
+        body.push_str(" )");
+        if !trie.end {
+            body.push('?');
+        }
+        body.push_str(" [\"]");
+        self.add(rule, &body)
+    }
+
+    fn array(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
+        if let Some(prefix) = obj.get("prefixItems") {
+            return self.tuple(obj, prefix, name);
+        }
+        let (min, max) = (
+            count(obj, "minItems")?.unwrap_or(0),
+            count(obj, "maxItems")?,
+        );
+        let item = match obj.get("items") {
+            None | Some(Value::Bool(true)) if min == 0 && max.is_none() => {
+                return Ok(self.primitive("array"));
+            }
+            None => self.primitive("value"),
+            Some(items) => self.visit(items, &format!("{name}-item"))?,
+        };
+        if max.is_some_and(|max| max < min) {
+            return Err(unsupported(
+                "`maxItems` is below `minItems`: nothing is allowed",
+            ));
+        }
+        let items = repetition(&item, min, max, "\",\" space");
+        Ok(self.add(name, &format!("\"[\" space {items} space \"]\"")))
+    }
+
+    /// `prefixItems`: exactly these items (`items` other than `false` is refused).
+    fn tuple(
+        &mut self,
+        obj: &Map<String, Value>,
+        prefix: &Value,
+        name: &str,
+    ) -> Result<String, GrammarError> {
+        let prefix = prefix
+            .as_array()
+            .ok_or_else(|| unsupported("`prefixItems` must be an array"))?;
+        for key in ["items", "minItems", "maxItems"] {
+            if obj.get(key).is_some_and(|v| v != &Value::Bool(false)) {
+                return Err(unsupported(format!(
+                    "`{key}` with `prefixItems` is not supported"
+                )));
+            }
+        }
+        let mut parts = Vec::new();
+        for (i, item) in prefix.iter().enumerate() {
+            parts.push(self.visit(item, &format!("{name}-tuple-{i}"))?);
+        }
+        let body = format!("\"[\" space {} space \"]\"", parts.join(" \",\" space "));
+        Ok(self.add(name, &body))
+    }
+
+    fn string(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
+        let (min, max) = (count(obj, "minLength")?, count(obj, "maxLength")?);
+        if let Some(format) = obj.get("format") {
+            if min.is_some() || max.is_some() {
+                return Err(unsupported(
+                    "`format` with `minLength`/`maxLength` is not supported",
+                ));
+            }
+            let prim = match format.as_str() {
+                Some("uuid") => "uuid",
+                Some("date") => "date-string",
+                Some("time") => "time-string",
+                Some("date-time") => "date-time-string",
+                _ => {
+                    let what = format!("string `format` {format} is not supported (date, time, date-time, uuid are)");
+                    return Err(unsupported(what));
+                }
+            };
+            return Ok(self.primitive(prim));
+        }
+        if min.is_none() && max.is_none() {
+            return Ok(self.primitive("string"));
+        }
+        let (min, max) = (min.unwrap_or(0), max);
+        if max.is_some_and(|max| max < min) {
+            return Err(unsupported(
+                "`maxLength` is below `minLength`: nothing is allowed",
+            ));
+        }
+        let chars = repetition(&self.primitive("char"), min, max, "");
+        Ok(self.add(name, &format!("\"\\\"\" {chars} \"\\\"\"")))
+    }
+
+    /// An integer, between its bounds if it has any.
+    fn integer(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
+        let bound = |key: &str, exclusive: bool, up: bool| -> Result<Option<i64>, GrammarError> {
+            let Some(v) = obj.get(key) else {
+                return Ok(None);
+            };
+            let v = v
+                .as_f64()
+                .ok_or_else(|| unsupported(format!("`{key}` must be a number")))?;
+            let v = match (up, exclusive) {
+                (false, false) => v.ceil(),
+                (false, true) => v.floor() + 1.0,
+                (true, false) => v.floor(),
+                (true, true) => v.ceil() - 1.0,
+            };
+            match v.abs() < 1e15 {
+                true => Ok(Some(v as i64)),
+                false => Err(unsupported(format!(
+                    "`{key}` beyond 15 digits is not supported"
+                ))),
+            }
+        };
+        let lo = [
+            bound("minimum", false, false)?,
+            bound("exclusiveMinimum", true, false)?,
+        ];
+        let hi = [
+            bound("maximum", false, true)?,
+            bound("exclusiveMaximum", true, true)?,
+        ];
+        let lo = lo.into_iter().flatten().max();
+        let hi = hi.into_iter().flatten().min();
+        if lo.is_none() && hi.is_none() {
+            return Ok(self.primitive("integer"));
+        }
+        if let (Some(lo), Some(hi)) = (lo, hi) {
+            if hi < lo {
+                return Err(unsupported("the integer bounds leave no value"));
+            }
+        }
+        Ok(self.add(name, &int_range(lo, hi)))
+    }
+}
+
+/// `c` inside a GBNF character class.
+fn class_char(c: char) -> String {
+    match c {
+        '\\' | ']' | '[' | '"' | '^' | '-' => format!("\\x{:02X}", c as u32),
+        c if (c as u32) < 0x20 => format!("\\x{:02X}", c as u32),
+        c => c.to_string(),
+    }
+}
+
+/// The most digits an unbounded integer takes (llama.cpp's `integral-part`).
+const MAX_DIGITS: usize = 16;
+
+/// GBNF for the decimal integers in `lo..=hi` (`None`: unbounded), without leading zeros.
+fn int_range(lo: Option<i64>, hi: Option<i64>) -> String {
+    let mut alts = Vec::new();
+    // Negative part: "-" and the absolute values.
+    if lo.is_none_or(|lo| lo < 0) {
+        let abs_lo = hi.map_or(1, |hi| (-hi).max(1) as u64);
+        let abs_hi = lo.map(|lo| lo.unsigned_abs());
+        if abs_hi.is_none_or(|h| h >= abs_lo) {
+            alts.push(format!("\"-\" ({})", uint_range(abs_lo, abs_hi)));
+        }
+    }
+    if hi.is_none_or(|hi| hi >= 0) {
+        let from = lo.map_or(0, |lo| lo.max(0) as u64);
+        alts.push(format!("({})", uint_range(from, hi.map(|hi| hi as u64))));
+    }
+    alts.join(" | ")
+}
+
+/// GBNF for the integers in `lo..=hi` (`None`: up to [`MAX_DIGITS`] digits), no leading
+/// zeros: a range of one digit count at a time.
+fn uint_range(lo: u64, hi: Option<u64>) -> String {
+    let digits = |n: u64| n.to_string().len();
+    let mut alts = Vec::new();
+    let last = hi.map_or(MAX_DIGITS, digits);
+    for len in digits(lo)..=last {
+        let floor = if len == 1 {
+            0
+        } else {
+            10u64.pow(len as u32 - 1)
+        };
+        let ceil = 10u64.saturating_pow(len as u32).saturating_sub(1);
+        let (a, b) = (lo.max(floor), hi.map_or(ceil, |hi| hi.min(ceil)));
+        if a <= b {
+            alts.push(same_length(&a.to_string(), &b.to_string()));
+        }
+    }
+    alts.join(" | ")
+}
+
+/// GBNF for the numbers from `lo` to `hi`, both written with the same number of digits.
+fn same_length(lo: &str, hi: &str) -> String {
+    let (Some(a), Some(b)) = (lo.chars().next(), hi.chars().next()) else {
+        return "\"\"".to_string();
+    };
+    let (rest_lo, rest_hi) = (&lo[1..], &hi[1..]);
+    let n = rest_lo.len();
+    let any = |n: usize| match n {
+        0 => String::new(),
+        n => format!(" [0-9]{{{n}}}"),
+    };
+    if a == b {
+        return match n {
+            0 => format!("\"{a}\""),
+            _ => format!("\"{a}\" ({})", same_length(rest_lo, rest_hi)),
+        };
+    }
+    let mut alts = Vec::new();
+    let tail = |lo: &str, hi: &str| match n {
+        0 => String::new(),
+        _ => format!(" ({})", same_length(lo, hi)),
+    };
+    let nines = "9".repeat(n);
+    let zeros = "0".repeat(n);
+    alts.push(format!("\"{a}\"{}", tail(rest_lo, &nines)));
+    let (a1, b1) = (a as u8 + 1, b as u8 - 1);
+    if a1 <= b1 {
+        alts.push(format!("[{}-{}]{}", a1 as char, b1 as char, any(n)));
+    }
+    alts.push(format!("\"{b}\"{}", tail(&zeros, rest_hi)));
+    alts.join(" | ")
+}
