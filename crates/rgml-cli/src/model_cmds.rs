@@ -8,9 +8,10 @@ use clap::Args;
 use rgml::DType;
 use rgml_llm::chat::{ChatFormat, ChatFormatter, Message};
 use rgml_llm::chat_template::ChatTemplate;
+use rgml_llm::grammar::Grammar;
 use rgml_llm::{
-    EncodeOptions, FlashAttn, Logits, Model, Sampler, SamplerParams, Session, SessionOptions,
-    StopReason,
+    Constraint, EncodeOptions, FlashAttn, Logits, Model, Sampler, SamplerParams, Session,
+    SessionOptions, StopReason,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -413,6 +414,59 @@ pub struct RunArgs {
     /// System message for `--chat`.
     #[arg(long)]
     system: Option<String>,
+    /// Never end at an end-of-generation token (as llama.cpp's `--ignore-eos`: they get a
+    /// logit bias of -inf), e.g. to time runs of equal length.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// A GBNF grammar (llama.cpp's) the output follows.
+    #[arg(long, group = "constraint")]
+    grammar: Option<String>,
+    /// A file with a GBNF grammar the output follows.
+    #[arg(long, group = "constraint")]
+    grammar_file: Option<PathBuf>,
+    /// A JSON schema the output is a valid document of.
+    #[arg(short = 'j', long, group = "constraint")]
+    json_schema: Option<String>,
+    /// A file with a JSON schema the output is a valid document of.
+    #[arg(long, group = "constraint")]
+    json_schema_file: Option<PathBuf>,
+}
+
+/// The grammar of `--grammar`, `--grammar-file`, `--json-schema` or `--json-schema-file`
+/// (one at most), compiled; errors name the flag.
+fn run_grammar(args: &RunArgs) -> Result<Option<Grammar>, CliError> {
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read_to_string(path)
+            .map_err(|e| CliError::usage(format!("{flag} {}: {e}", path.display())))
+    };
+    let (flag, gbnf, schema) = match (
+        &args.grammar,
+        &args.grammar_file,
+        &args.json_schema,
+        &args.json_schema_file,
+    ) {
+        (Some(g), ..) => ("--grammar", Some(g.clone()), None),
+        (_, Some(path), ..) => ("--grammar-file", Some(read("--grammar-file", path)?), None),
+        (_, _, Some(s), _) => ("--json-schema", None, Some(s.clone())),
+        (.., Some(path)) => (
+            "--json-schema-file",
+            None,
+            Some(read("--json-schema-file", path)?),
+        ),
+        _ => return Ok(None),
+    };
+    let grammar = match (gbnf, schema) {
+        (Some(gbnf), _) => Grammar::from_gbnf(&gbnf),
+        (_, Some(schema)) => {
+            let schema: serde_json::Value = serde_json::from_str(&schema)
+                .map_err(|e| CliError::usage(format!("{flag}: not JSON: {e}")))?;
+            Grammar::from_json_schema(&schema)
+        }
+        _ => return Ok(None),
+    };
+    grammar
+        .map(Some)
+        .map_err(|e| CliError::usage(format!("{flag}: {e}")))
 }
 
 /// The sampling settings of `run`'s flags, checked (a usage error names the flag).
@@ -534,14 +588,19 @@ pub(crate) fn chat_choice(
 
 /// `rgml run`: stream a continuation of the prompt to stdout.
 pub fn run(args: RunArgs) -> Result<bool, CliError> {
-    let params = sampler_params(&args)?;
+    let mut params = sampler_params(&args)?;
     let chat = chat_choice(
         args.chat_template.as_deref(),
         args.chat_template_file.as_deref(),
     )?;
+    let grammar = run_grammar(&args)?;
     let model = args.model.load()?;
     check_logit_bias(&params.logit_bias, model.config.n_vocab)?;
     let tok = &model.tokenizer;
+    if args.ignore_eos {
+        let bans = tok.eog_ids().iter().map(|&id| (id, f32::NEG_INFINITY));
+        params.logit_bias.extend(bans);
+    }
     let prompt = if args.chat {
         let mut messages = Vec::new();
         if let Some(s) = &args.system {
@@ -571,6 +630,9 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
     // `generate` evaluates the prompt before it returns, so this times the prompt alone.
     let t0 = Instant::now();
     let mut generation = session.generate(&tokens, &mut sampler, args.n_predict)?;
+    if let Some(grammar) = grammar {
+        generation = generation.constrained(Constraint::grammar(Arc::new(grammar)));
+    }
     let t_prompt = t0.elapsed();
     let mut decoder = tok.decoder(false);
     let t1 = Instant::now();

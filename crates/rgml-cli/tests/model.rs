@@ -208,6 +208,69 @@ fn sampling_is_reproducible_by_seed_and_chat_uses_the_template() {
     }
 }
 
+/// `run -j SCHEMA` writes a document of the schema after the prompt, sampled or greedy, and
+/// ends with it; `--grammar` holds the text to a GBNF grammar; a grammar that does not parse,
+/// or two constraints at once, are usage errors naming the flag.
+#[test]
+fn run_follows_a_json_schema_or_a_grammar() {
+    let model = model();
+    let prompt = "A cat as JSON:";
+    let schema = r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "lives": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["name", "lives"], "additionalProperties": false}"#;
+    for seed in ["0", "1", "2"] {
+        let out = rgml(&[
+            "run", "-m", &model, "-p", prompt, "-n", "64", "--temp", "1", "--seed", seed, "-j",
+            schema,
+        ]);
+        let doc = out
+            .strip_prefix(prompt)
+            .unwrap_or_else(|| panic!("{out:?}"))
+            .trim_end_matches('\n');
+        let value: serde_json::Value =
+            serde_json::from_str(doc).unwrap_or_else(|e| panic!("{doc:?}: {e}"));
+        let lives = value["lives"].as_i64().unwrap_or_else(|| panic!("{doc}"));
+        assert!(
+            (1..=9).contains(&lives)
+                && value["name"]
+                    .as_str()
+                    .is_some_and(|n| n.chars().count() <= 10),
+            "{doc}"
+        );
+        assert_eq!(value.as_object().map(|o| o.len()), Some(2), "{doc}");
+    }
+    let out = rgml(&[
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "Is water wet? Answer:",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--grammar",
+        "root ::= \" yes\" | \" no\"",
+    ]);
+    assert!(
+        out == "Is water wet? Answer: yes\n" || out == "Is water wet? Answer: no\n",
+        "{out:?}"
+    );
+    for (args, flag) in [
+        (vec!["--grammar", "root ::= \"x"], "--grammar"),
+        (vec!["-j", "{\"type\": \"strin\"}"], "--json-schema"),
+        (vec!["-j", "{"], "--json-schema"),
+        (vec!["--grammar", "root ::= \"x\"", "-j", "{}"], "--grammar"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(["run", "-m", &model, "-n", "4"])
+            .args(&args)
+            .output()
+            .expect("run rgml");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}
+
 /// `rgml` with `RGML_CPU_DEVICES=2` (devices CPU0 and CPU1 beside CPU).
 /// `args` with `-fa off` after a model command (`logits`, `run`, `perplexity`) that does not
 /// set `-fa`.

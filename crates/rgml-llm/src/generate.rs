@@ -14,13 +14,18 @@
 //! - after `max_tokens` tokens: [`StopReason::MaxTokens`];
 //! - when the context is full, so that the last yielded token cannot be evaluated and nothing
 //!   can follow it: [`StopReason::ContextFull`]. This is a stop reason, not an error, because a
-//!   context sized for the prompt plus the tokens wanted ends exactly this way.
+//!   context sized for the prompt plus the tokens wanted ends exactly this way;
+//! - with a [`Constraint`] ([`Generation::constrained`]): after the token that completes the
+//!   answer where nothing more may follow, or when no token may come:
+//!   [`StopReason::Constraint`]. While the answer is open, end-of-generation tokens are not
+//!   sampled.
 //!
 //! A failed step (the computation itself failed) is yielded once as `Some(Err(_))`; the
 //! iterator then ends with no stop reason.
 //!
 //! [`Tokenizer::is_eog`]: crate::Tokenizer::is_eog
 
+use crate::constraint::Constraint;
 use crate::error::Result;
 use crate::sampling::Sampler;
 use crate::session::{Logits, Session};
@@ -37,6 +42,8 @@ pub enum StopReason {
     MaxTokens,
     /// The context is full: the last yielded token could not be evaluated.
     ContextFull,
+    /// The constraint allows nothing more (its answer is complete), or no token at all.
+    Constraint,
 }
 
 /// Tokens generated after a prompt, one per [`Iterator::next`]; made by [`Session::generate`].
@@ -57,6 +64,9 @@ pub struct Generation<'a> {
     stop: Option<StopReason>,
     /// A step failed: the iterator is over, without a stop reason.
     failed: bool,
+    /// What the answer must be, and the logits with the refused tokens masked.
+    constraint: Option<Constraint>,
+    masked: Vec<f32>,
 }
 
 impl Session {
@@ -88,11 +98,20 @@ impl Session {
             pending: None,
             stop: None,
             failed: false,
+            constraint: None,
+            masked: Vec::new(),
         })
     }
 }
 
 impl Generation<'_> {
+    /// Only tokens `constraint` allows are sampled, and the generation stops where it allows
+    /// nothing more ([`StopReason::Constraint`]).
+    pub fn constrained(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
     /// Why the generation ended; `None` while it goes on, and after a failed step.
     pub fn stop_reason(&self) -> Option<StopReason> {
         self.stop
@@ -134,14 +153,47 @@ impl Iterator for Generation<'_> {
             }
             self.pending = None;
         }
-        let token = self.sampler.sample(self.session.logits());
-        if self.session.model().tokenizer.is_eog(token) {
+        let token = match self.constraint.is_some() {
+            false => self.sampler.sample(self.session.logits()),
+            true => match self.sample_constrained() {
+                Some(token) => token,
+                None => return self.stop(StopReason::Constraint),
+            },
+        };
+        let tok = &self.session.model().tokenizer;
+        if tok.is_eog(token) {
             return self.stop(StopReason::EndOfGeneration(token));
+        }
+        if let Some(c) = &mut self.constraint {
+            c.push(tok.token_to_piece(token, false).unwrap_or_default());
+            if c.finished() {
+                // Yield the token that completes the answer; nothing follows it.
+                self.stop = Some(StopReason::Constraint);
+            }
         }
         self.sampler.accept(token);
         self.pending = Some(token);
         self.n_generated += 1;
         Some(Ok(token))
+    }
+}
+
+impl Generation<'_> {
+    /// A token the constraint allows, with end-of-generation tokens masked while its answer
+    /// is open.
+    fn sample_constrained(&mut self) -> Option<TokenId> {
+        let constraint = self.constraint.as_mut()?;
+        let tok = &self.session.model().tokenizer;
+        self.masked.clear();
+        self.masked.extend_from_slice(self.session.logits());
+        if !constraint.complete() {
+            for &eog in tok.eog_ids() {
+                if let Some(l) = self.masked.get_mut(eog as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        constraint.sample(self.sampler, &mut self.masked, tok)
     }
 }
 

@@ -43,11 +43,11 @@ mod arch;
 pub mod chat;
 pub mod chat_template;
 pub mod config;
+pub mod constraint;
 pub mod embed;
 pub mod error;
 pub mod generate;
 pub mod grammar;
-pub mod json_prefix;
 mod markers;
 mod message;
 pub mod model;
@@ -62,6 +62,7 @@ pub mod tool_calls;
 pub use config::{
     Arch, FfnActivation, LayerHeads, ModelConfig, MoeConfig, RecurrentConfig, SlidingWindow,
 };
+pub use constraint::Constraint;
 pub use error::{LlmError, MemoryUse, Result};
 pub use generate::{Generation, StopReason};
 pub use model::{LoadOptions, Model, Placement, TensorOverride};

@@ -45,17 +45,8 @@ pub enum OutputFormat {
     /// would leave no JSON object prefix are never sampled, and the answer ends when the object
     /// closes.
     JsonObject,
-    /// A tool call (OpenAI's `tool_choice` `required` or a named function): one of
-    /// `prefixes`, a JSON object, `suffix`, and nothing else, sampled as `JsonObject` is.
-    ToolCall {
-        /// The fixed texts one of which comes before the object (the model's call opening with
-        /// a tool's name, one per tool; or the opening alone, any call).
-        prefixes: Vec<String>,
-        /// The fixed text after it.
-        suffix: String,
-    },
-    /// A sentence of a grammar (llama.cpp's `grammar` in GBNF, or a JSON schema's): tokens
-    /// that would leave none are never sampled, the answer ends where the grammar allows
+    /// A sentence of a grammar (llama.cpp's `grammar` in GBNF, a JSON schema's, a forced tool
+    /// call in the model's frame): tokens that would leave none are never sampled, the answer ends where the grammar allows
     /// nothing more, and an end-of-generation token comes only where a sentence is complete.
     Grammar(Arc<Grammar>),
 }

@@ -443,11 +443,15 @@ fn tools_need_a_template_that_shows_tool_calls() {
     // call ends.
     for seed in 6..10 {
         let (prefix, suffix) = format.forced_frame(Some("weather"));
-        let mut req = greedy(ask(), 300);
-        req.format = rgml_serve::generator::OutputFormat::ToolCall {
-            prefixes: vec![prefix],
-            suffix,
+        let frame = rgml_llm::grammar::schema::Framed {
+            prefix: &prefix,
+            schema: None,
+            suffix: &suffix,
         };
+        let gbnf = rgml_llm::grammar::schema::framed_to_gbnf(&[frame]).unwrap();
+        let grammar = rgml_llm::grammar::Grammar::from_gbnf(&gbnf).unwrap();
+        let mut req = greedy(ask(), 300);
+        req.format = rgml_serve::generator::OutputFormat::Grammar(Arc::new(grammar));
         req.sampling = SamplerParams {
             seed,
             ..SamplerParams::default()
@@ -493,7 +497,8 @@ fn json_answers_are_json_objects() {
         }
         let (text, reason, _) = collect(e.submit(req).unwrap());
         if reason == FinishReason::Length {
-            let mut prefix = rgml_llm::json_prefix::JsonPrefix::object();
+            let mut prefix =
+                rgml_llm::grammar::Matcher::new(rgml_llm::grammar::Grammar::json_object());
             assert!(prefix.push(text.as_bytes()), "{text}");
             continue;
         }

@@ -821,35 +821,55 @@ async fn tool_calls_are_read_out_of_the_output() {
     );
     let reply = post(server.addr, "/v1/chat/completions", &body).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let frame = |prefix: &str, suffix: &str| OutputFormat::ToolCall {
-        prefixes: vec![prefix.into()],
-        suffix: suffix.into(),
+    let takes = |format: OutputFormat, text: &str| {
+        let OutputFormat::Grammar(grammar) = format else {
+            panic!("a forced call's grammar, not {format:?}");
+        };
+        let mut m = rgml_llm::grammar::Matcher::new(grammar);
+        m.push(text.as_bytes()) && m.finished()
     };
-    let OutputFormat::ToolCall { prefixes, suffix } = server.fake.last_request().format else {
-        panic!("a forced call's format");
+    let call = |name: &str, args: &str| {
+        format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>")
     };
-    let names: Vec<&str> = tools
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap())
-        .collect();
-    let want: Vec<String> = names
-        .iter()
-        .map(|n| format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "))
-        .collect();
-    assert_eq!((prefixes, suffix.as_str()), (want, "}\n</tool_call>"));
-    let named = json!({"type": "function", "function": {"name": "weather"}});
-    let body = with(chat("a"), json!({"tools": tools, "tool_choice": named}));
-    let reply = post(server.addr, "/v1/chat/completions", &body).await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    assert_eq!(
-        server.fake.last_request().format,
-        frame(
-            "<tool_call>\n{\"name\": \"weather\", \"arguments\": ",
-            "}\n</tool_call>"
-        )
+    let format = server.fake.last_request().format;
+    assert!(takes(
+        format.clone(),
+        &call("weather", r#"{"city": "Oslo"}"#)
+    ));
+    assert!(
+        !takes(format.clone(), &call("weather", "{}")),
+        "`city` is required"
     );
+    assert!(
+        !takes(format.clone(), &call("weather", r#"{"city": 3}"#)),
+        "`city` is a string"
+    );
+    assert!(
+        !takes(format, &call("time", r#"{"city": "Oslo"}"#)),
+        "not a tool"
+    );
+    // Named: that tool only. A tool whose parameters cannot be enforced takes any object, and
+    // the answer says so.
+    let two: Value = json!([tools[0], {"type": "function", "function": {"name": "time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z]"}}}}}]);
+    for (name, args, warned) in [
+        ("weather", r#"{"city": "Oslo"}"#, false),
+        ("time", r#"{"any": [1]}"#, true),
+    ] {
+        let named = json!({"type": "function", "function": {"name": name}});
+        let body = with(chat("a"), json!({"tools": two, "tool_choice": named}));
+        let reply = post(server.addr, "/v1/chat/completions", &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let format = server.fake.last_request().format;
+        assert!(takes(format.clone(), &call(name, args)), "{name}");
+        let other = if name == "weather" { "time" } else { "weather" };
+        assert!(
+            !takes(format, &call(other, r#"{"city": "Oslo"}"#)),
+            "{name}"
+        );
+        let warnings = reply.json()["warnings"].to_string();
+        assert_eq!(warnings.contains("`pattern`"), warned, "{warnings}");
+    }
 
     // Refused: a forced call of no tool or of an unknown one, with a JSON format too, and a
     // tool that is not a function.

@@ -16,6 +16,8 @@ pub use matcher::Matcher;
 pub use rules::{Grammar, MAX_TERMS};
 pub use vocab::TokenTrie;
 
+use std::sync::{Arc, OnceLock};
+
 /// Why a grammar or a schema was not taken.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum GrammarError {
@@ -50,6 +52,19 @@ impl Grammar {
     /// The grammar of GBNF `text` (start rule `root`).
     pub fn from_gbnf(text: &str) -> Result<Grammar, GrammarError> {
         gbnf::parse(text)
+    }
+
+    /// Any JSON object (OpenAI's `response_format` `json_object`), compiled once.
+    pub fn json_object() -> Arc<Grammar> {
+        static OBJECT: OnceLock<Arc<Grammar>> = OnceLock::new();
+        OBJECT
+            .get_or_init(|| {
+                let schema = serde_json::json!({"type": "object"});
+                // A fixed schema the converter takes: compiled in a test too.
+                let grammar = Grammar::from_json_schema(&schema).expect("the object grammar");
+                Arc::new(grammar)
+            })
+            .clone()
     }
 
     /// The grammar of JSON documents valid under `schema`.

@@ -16,20 +16,50 @@ use std::collections::HashMap;
 
 /// The GBNF text of `schema`'s documents.
 pub fn to_gbnf(schema: &Value) -> Result<String, GrammarError> {
-    let mut c = Converter {
-        root: schema,
-        rules: Vec::new(),
-        index: HashMap::new(),
-    };
+    let mut c = Converter::new(schema, "");
     let top = c.visit(schema, "root")?;
     if top != "root" {
         c.add("root", &top);
     }
-    let mut out = String::new();
-    for (name, body) in &c.rules {
-        out.push_str(&format!("{name} ::= {body}\n"));
+    Ok(c.text())
+}
+
+/// A document between fixed texts: one alternative of [`framed_to_gbnf`].
+pub struct Framed<'a> {
+    /// The text before the document.
+    pub prefix: &'a str,
+    /// The document's schema; `None`: any JSON object.
+    pub schema: Option<&'a Value>,
+    /// The text after it.
+    pub suffix: &'a str,
+}
+
+/// GBNF for one of `frames`: its prefix, a document of its schema, its suffix (e.g. a tool
+/// call in the model's own frame, with the tool's name in the prefix and its parameters'
+/// schema). Each schema's `$ref`s resolve inside it.
+pub fn framed_to_gbnf(frames: &[Framed<'_>]) -> Result<String, GrammarError> {
+    let mut c = Converter::new(&Value::Null, "");
+    let mut alts = Vec::new();
+    for (i, frame) in frames.iter().enumerate() {
+        let document = match frame.schema {
+            Some(schema) => {
+                c.root = schema;
+                c.ref_prefix = format!("f{i}-");
+                c.visit(schema, &format!("frame-{i}"))?
+            }
+            None => c.primitive("object"),
+        };
+        alts.push(format!(
+            "{} {document} {}",
+            literal(frame.prefix),
+            literal(frame.suffix)
+        ));
     }
-    Ok(out)
+    if alts.is_empty() {
+        return Err(unsupported("no frames: nothing is allowed"));
+    }
+    c.add("root", &alts.join(" | "));
+    Ok(c.text())
 }
 
 const SPACE: &str = r#"| " " | "\n"{1,2} [ \t]{0,20}"#;
@@ -130,7 +160,10 @@ const KEYWORDS: &[&str] = &[
 ];
 
 struct Converter<'a> {
+    /// The schema `$ref`s resolve in.
     root: &'a Value,
+    /// Before the names of `$ref` rules (one schema's `#/$defs/x` is not another's).
+    ref_prefix: String,
     /// Rules in the order they were added.
     rules: Vec<(String, String)>,
     index: HashMap<String, usize>,
@@ -179,7 +212,25 @@ fn rule_name(name: &str) -> String {
     out
 }
 
-impl Converter<'_> {
+impl<'a> Converter<'a> {
+    fn new(root: &'a Value, ref_prefix: &str) -> Converter<'a> {
+        Converter {
+            root,
+            ref_prefix: ref_prefix.to_string(),
+            rules: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// The rules as GBNF text.
+    fn text(&self) -> String {
+        let mut out = String::new();
+        for (name, body) in &self.rules {
+            out.push_str(&format!("{name} ::= {body}\n"));
+        }
+        out
+    }
+
     /// Adds rule `name` (made unique unless the same body has that name) and returns its name.
     fn add(&mut self, name: &str, body: &str) -> String {
         let base = rule_name(name);
@@ -318,7 +369,7 @@ impl Converter<'_> {
                 .get(&part)
                 .ok_or_else(|| unsupported(format!("`$ref` {r} points at nothing")))?;
         }
-        let name = format!("ref{}", rule_name(path));
+        let name = format!("{}ref{}", self.ref_prefix, rule_name(path));
         if !self.index.contains_key(&name) {
             // Reserve the name first: the target may refer to itself.
             self.set(&name, "");

@@ -390,3 +390,64 @@ fn ill_formed_utf8_is_refused_even_where_the_class_would_match() {
     let mut m = matcher("root ::= [^\"]*");
     assert!(m.push("€\u{10FFFF}\u{D7FF}\u{E000}".as_bytes()));
 }
+
+#[test]
+fn the_json_object_grammar_takes_objects_only() {
+    let grammar = Grammar::json_object();
+    let takes = |text: &str| {
+        let mut m = Matcher::new(grammar.clone());
+        m.push(text.as_bytes()) && m.finished()
+    };
+    assert!(takes(r#"{"a": [1, {"b": null}], "c": "\u00e9"}"#));
+    assert!(takes("{}"));
+    for bad in ["[1]", "1", "{a: 1}", "{\"a\": 1,}", "{} {}", "{\"a\": 01}"] {
+        assert!(!takes(bad), "{bad}");
+    }
+}
+
+#[test]
+fn framed_documents_hold_the_frame_and_each_schema() {
+    let weather =
+        json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let nested = json!({"$defs": {"x": {"type": "integer"}}, "type": "object", "properties": {"n": {"$ref": "#/$defs/x"}}});
+    let other = json!({"$defs": {"x": {"type": "boolean"}}, "type": "object", "properties": {"b": {"$ref": "#/$defs/x"}}});
+    let frames = [
+        schema::Framed {
+            prefix: "<call weather>",
+            schema: Some(&weather),
+            suffix: "</call>",
+        },
+        schema::Framed {
+            prefix: "<call n>",
+            schema: Some(&nested),
+            suffix: "</call>",
+        },
+        schema::Framed {
+            prefix: "<call b>",
+            schema: Some(&other),
+            suffix: "</call>",
+        },
+        schema::Framed {
+            prefix: "<call any>",
+            schema: None,
+            suffix: "</call>",
+        },
+    ];
+    let grammar = Arc::new(Grammar::from_gbnf(&schema::framed_to_gbnf(&frames).unwrap()).unwrap());
+    let takes = |text: &str| {
+        let mut m = Matcher::new(grammar.clone());
+        m.push(text.as_bytes()) && m.finished()
+    };
+    assert!(takes(r#"<call weather>{"city": "Oslo"}</call>"#));
+    assert!(takes(r#"<call n>{"n": 3}</call>"#));
+    assert!(
+        takes(r#"<call b>{"b": true}</call>"#),
+        "each schema's $defs are its own"
+    );
+    assert!(takes(r#"<call any>{"x": [1]}</call>"#));
+    assert!(!takes(r#"<call weather>{}</call>"#));
+    assert!(!takes(r#"<call n>{"n": true}</call>"#));
+    assert!(!takes(r#"<call b>{"b": 3}</call>"#));
+    assert!(!takes(r#"<call any>[1]</call>"#));
+    assert!(!takes(r#"<call weather>{"city": "Oslo"}"#));
+}

@@ -5,11 +5,12 @@
 use super::matcher::{Matcher, DEAD};
 
 /// Every token's text, by byte.
+#[derive(Debug)]
 pub struct TokenTrie {
     nodes: Vec<Node>,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Node {
     children: Vec<(u8, u32)>,
     /// The tokens whose text ends here.

@@ -24,12 +24,14 @@ mod spm;
 mod unicode;
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 pub use attr::{FimIds, TokenAttr};
 pub use decode::Decoder;
 pub use pretokenize::PreTokenizer;
 
 use crate::error::{LlmError, Result};
+use crate::grammar::TokenTrie;
 
 /// A token id, an index into the vocabulary.
 pub type TokenId = u32;
@@ -277,6 +279,9 @@ pub struct Tokenizer {
     /// Whether decoding tidies spaces before punctuation (llama.cpp's `clean_spaces`).
     clean_spaces: bool,
     eog: Vec<TokenId>,
+    /// Every token's text as a byte trie, for grammar-constrained sampling (built on first
+    /// use).
+    token_trie: OnceLock<Arc<TokenTrie>>,
 }
 
 impl Tokenizer {
@@ -328,6 +333,7 @@ impl Tokenizer {
                 .unwrap_or(parts.kind == TokenizerKind::Spm),
             clean_spaces: algo.clean_spaces,
             eog: derived.eog,
+            token_trie: OnceLock::new(),
         })
     }
 
@@ -565,6 +571,18 @@ impl Tokenizer {
     /// `<|eot_id|>`, `<|endoftext|>`, `</s>`, ...).
     pub fn eog_ids(&self) -> &[TokenId] {
         &self.eog
+    }
+
+    /// The texts of every token but the end-of-generation ones (as [`Tokenizer::token_to_piece`]
+    /// writes them without special tokens), as a byte trie for grammar-constrained sampling;
+    /// built at the first call.
+    pub fn token_trie(&self) -> &Arc<TokenTrie> {
+        self.token_trie.get_or_init(|| {
+            let pieces = (0..self.n_vocab() as TokenId)
+                .filter(|&id| !self.is_eog(id))
+                .filter_map(|id| Some((id, self.token_to_piece(id, false).ok()?)));
+            Arc::new(TokenTrie::new(pieces))
+        })
     }
 
     /// Whether generation should stop at `id`.

@@ -12,7 +12,6 @@
 //! This module owns the requests' way in: checking them against the model ([`Engine::submit`]),
 //! the queue, cancellation and the counters. The worker and the slots own the decoding.
 
-mod constraint;
 mod slot;
 mod worker;
 

@@ -6,22 +6,14 @@
 //! token, its log-probabilities, its text (held back while it could be the start of a stop
 //! string) and the end of the request.
 
-use super::constraint::Constraint;
 use super::Job;
-use crate::generator::{FinishReason, GenEvent, Logprobs, TokenLogprob, TokenOut, Usage};
-use rgml_llm::grammar::TokenTrie;
+use crate::generator::{
+    FinishReason, GenEvent, Logprobs, OutputFormat, TokenLogprob, TokenOut, Usage,
+};
+use rgml_llm::grammar::Grammar;
 use rgml_llm::session::SeqCheckpoint;
 use rgml_llm::tokenizer::Decoder;
-use rgml_llm::{Sampler, TokenId, Tokenizer};
-use std::cell::OnceCell;
-
-/// The model's vocabulary as a slot reads it: the tokenizer, and the trie of token texts a
-/// grammar walks (built by the first request with a grammar).
-#[derive(Clone, Copy)]
-pub(crate) struct Vocab<'t> {
-    pub(crate) tok: &'t Tokenizer,
-    pub(crate) trie: &'t OnceCell<TokenTrie>,
-}
+use rgml_llm::{Constraint, Sampler, TokenId, Tokenizer};
 
 /// One sequence of the session.
 pub(crate) struct Slot<'t> {
@@ -70,7 +62,7 @@ pub(crate) struct Running<'t> {
     /// that break the answer's format.
     masked: Vec<f32>,
     /// What the answer must be (JSON, a forced tool call, a grammar) and how far it is.
-    constraint: Option<Constraint<'t>>,
+    constraint: Option<Constraint>,
 }
 
 /// What the slot does after a row of logits.
@@ -146,20 +138,20 @@ impl<'t> Slot<'t> {
     }
 
     /// Start `job`, whose first `n_cached` prompt tokens the cache holds already.
-    pub(crate) fn start(&mut self, job: Job, n_cached: usize, vocab: Vocab<'t>) {
+    pub(crate) fn start(&mut self, job: Job, n_cached: usize, tok: &'t Tokenizer) {
         let mut sampler = Sampler::new(job.request.sampling.clone());
         // As `Session::generate`: the repetition penalty sees the prompt.
         for &t in &job.prompt {
             sampler.accept(t);
         }
         let max_tokens = job.request.max_tokens.unwrap_or(usize::MAX);
-        let constraint = Constraint::new(&job.request.format, vocab.trie, vocab.tok);
+        let constraint = constraint(&job.request.format);
         self.run = Some(Running {
             job,
             n_prompt_done: n_cached,
             n_cached,
             sampler,
-            decoder: vocab.tok.decoder(false),
+            decoder: tok.decoder(false),
             text: String::new(),
             sent: 0,
             n_generated: 0,
@@ -372,4 +364,13 @@ fn token_logprob(id: TokenId, logits: &[f32], norm: LogNorm, tok: &Tokenizer) ->
         bytes,
         logprob: (f64::from(logit - norm.max) - norm.ln_sum) as f32,
     }
+}
+
+/// The constraint of `format` (`None`: any text).
+fn constraint(format: &OutputFormat) -> Option<Constraint> {
+    Some(match format {
+        OutputFormat::Text => return None,
+        OutputFormat::JsonObject => Constraint::grammar(Grammar::json_object()),
+        OutputFormat::Grammar(grammar) => Constraint::grammar(grammar.clone()),
+    })
 }

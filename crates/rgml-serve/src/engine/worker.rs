@@ -4,12 +4,11 @@
 //! This module owns the step: admission (slot choice and prefix reuse), cancellation, the
 //! batch, and the counters of [`State`].
 
-use super::slot::{Next, Slot, Vocab};
+use super::slot::{Next, Slot};
 use super::{Job, PrefixReuse, Shared, State};
 use crate::generator::{FinishReason, GenEvent};
 use rgml_llm::session::BatchToken;
 use rgml_llm::{Session, TokenId};
-use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,8 +71,6 @@ impl Policy {
 pub(crate) fn run(mut session: Session, shared: Arc<Shared>, policy: Policy) {
     let model = session.model().clone();
     let tok = &model.tokenizer;
-    let trie = OnceCell::new();
-    let vocab = Vocab { tok, trie: &trie };
     let n_ctx = session.n_ctx();
     let mut slots: Vec<Slot<'_>> = (0..session.n_seq()).map(Slot::new).collect();
     let mut batch: Vec<BatchToken> = Vec::new();
@@ -87,7 +84,7 @@ pub(crate) fn run(mut session: Session, shared: Arc<Shared>, policy: Policy) {
         let mut n_started = 0;
         for (slot, job) in starting {
             let at = Start { step, n_ctx };
-            n_started += start(&mut session, &mut slots, slot, job, vocab, at, &policy);
+            n_started += start(&mut session, &mut slots, slot, job, tok, at, &policy);
         }
         let n_cancelled = drop_cancelled(&mut session, &mut slots);
         let n_prompt = fill_batch(&slots, &policy, &mut batch, &mut rows);
@@ -198,7 +195,7 @@ fn start<'t>(
     slots: &mut [Slot<'t>],
     i: usize,
     job: Job,
-    vocab: Vocab<'t>,
+    tok: &'t rgml_llm::Tokenizer,
     at: Start,
     policy: &Policy,
 ) -> usize {
@@ -217,9 +214,9 @@ fn start<'t>(
     slot.last_used = at.step;
     // Whole still unless the cut failed (`truncate` then forgot the logits).
     let from_logits = slot.holds_whole(&job.prompt);
-    slot.start(job, keep, vocab);
+    slot.start(job, keep, tok);
     match from_logits {
-        true => first_from_logits(slot, vocab.tok, n < at.n_ctx),
+        true => first_from_logits(slot, tok, n < at.n_ctx),
         false => 0,
     }
 }

@@ -17,7 +17,9 @@ use super::error::ApiError;
 use super::HttpOptions;
 use crate::generator::{GenRequest, OutputFormat, Prompt, SubmitError};
 use rgml_llm::chat::{Message, ToolCall};
+use rgml_llm::grammar::schema::{self, Framed};
 use rgml_llm::grammar::{Grammar, GrammarError};
+use rgml_llm::tool_calls::ToolCallFormat;
 use rgml_llm::{SamplerParams, TokenId};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -50,27 +52,74 @@ pub(crate) struct Parsed {
 }
 
 /// What `tools` and `tool_choice` ask for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) enum ToolUse {
     /// No tools, an empty list, or `tool_choice: "none"`.
     None,
     /// The model decides (`auto`).
     Auto,
-    /// A call of one of the tools (`required`): their names.
-    Required(Vec<String>),
+    /// A call of one of the tools (`required`).
+    Required(Vec<ForcedTool>),
     /// A call of the function named (one of the tools).
-    Named(String),
+    Named(ForcedTool),
+}
+
+/// A tool a forced call may call.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ForcedTool {
+    pub(crate) name: String,
+    /// The JSON schema of its arguments (`function.parameters`), if given.
+    pub(crate) parameters: Option<Value>,
 }
 
 impl ToolUse {
-    /// A call is forced: the names it may call (one for a named function).
-    pub(crate) fn forced(&self) -> Option<Vec<&str>> {
+    /// A call is forced: the tools it may call (one for a named function).
+    pub(crate) fn forced(&self) -> Option<Vec<&ForcedTool>> {
         match self {
-            ToolUse::Required(names) => Some(names.iter().map(String::as_str).collect()),
-            ToolUse::Named(name) => Some(vec![name]),
+            ToolUse::Required(tools) => Some(tools.iter().collect()),
+            ToolUse::Named(tool) => Some(vec![tool]),
             ToolUse::None | ToolUse::Auto => None,
         }
     }
+}
+
+/// The grammar of a forced call of one of `tools` in the model's own call frame (`format`):
+/// the frame opening with the tool's name, arguments valid under the tool's `parameters`, the
+/// frame's end. Parameters whose schema cannot be enforced (a keyword the converter refuses)
+/// constrain the arguments to a JSON object only, with a warning naming the tool.
+pub(crate) fn forced_call_grammar(
+    format: ToolCallFormat,
+    tools: &[&ForcedTool],
+) -> Result<(Grammar, Vec<String>), ApiError> {
+    let mut warnings = Vec::new();
+    let frames: Vec<(String, String)> = tools
+        .iter()
+        .map(|t| format.forced_frame(Some(&t.name)))
+        .collect();
+    let mut framed = Vec::new();
+    for (tool, (prefix, suffix)) in tools.iter().zip(&frames) {
+        let schema = tool
+            .parameters
+            .as_ref()
+            .filter(|p| match schema::to_gbnf(p) {
+                Ok(_) => true,
+                Err(e) => {
+                    warnings.push(format!(
+                    "tool `{}`: its parameters' {e}; its arguments are held to a JSON object only",
+                    tool.name
+                ));
+                    false
+                }
+            });
+        framed.push(Framed {
+            prefix,
+            schema,
+            suffix,
+        });
+    }
+    let gbnf = schema::framed_to_gbnf(&framed).map_err(|e| grammar_error(e, "tools"))?;
+    let grammar = Grammar::from_gbnf(&gbnf).map_err(|e| grammar_error(e, "tools"))?;
+    Ok((grammar, warnings))
 }
 
 /// `stop`: one string or several.
@@ -231,6 +280,16 @@ struct ToolDefinition {
 #[derive(Deserialize)]
 struct FunctionDefinition {
     name: String,
+    parameters: Option<Value>,
+}
+
+impl FunctionDefinition {
+    fn forced(&self) -> ForcedTool {
+        ForcedTool {
+            name: self.name.clone(),
+            parameters: self.parameters.clone().filter(|p| !p.is_null()),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -511,7 +570,7 @@ fn chat_tools(
         Some(Value::String(c)) if c == "auto" => ToolUse::Auto,
         Some(Value::String(c)) if c == "none" => return Ok(ToolUse::None),
         Some(Value::String(c)) if c == "required" => {
-            ToolUse::Required(tools.iter().map(|t| t.function.name.clone()).collect())
+            ToolUse::Required(tools.iter().map(|t| t.function.forced()).collect())
         }
         Some(named @ Value::Object(_)) => {
             let name = named
@@ -519,12 +578,14 @@ fn chat_tools(
                 .and_then(|f| f.get("name"))
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad(format!("tool_choice {named}: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")))?;
-            if !tools.iter().any(|t| t.function.name == name) {
-                return Err(bad(format!(
-                    "tool_choice names `{name}`, which is not among the tools"
-                )));
+            match tools.iter().find(|t| t.function.name == name) {
+                Some(tool) => ToolUse::Named(tool.function.forced()),
+                None => {
+                    return Err(bad(format!(
+                        "tool_choice names `{name}`, which is not among the tools"
+                    )))
+                }
             }
-            ToolUse::Named(name.to_string())
         }
         Some(other) => {
             return Err(bad(format!(

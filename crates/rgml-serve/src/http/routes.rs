@@ -3,7 +3,7 @@
 
 use super::error::{ApiError, ErrorKind};
 use super::listener::Connections;
-use super::request::{parse_chat, parse_completion, ToolUse};
+use super::request::{forced_call_grammar, parse_chat, parse_completion, ToolUse};
 use super::response::{collect, unix_now, whole, Meta, Route};
 use super::{metrics, stream, tokens, HttpOptions, ShutdownFlag};
 use crate::generator::{Generator, OutputFormat};
@@ -16,7 +16,6 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rgml_llm::json_prefix::FramedJson;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -171,19 +170,12 @@ async fn try_generate(
             )
         })?;
         meta.tool_format = Some(format);
-        if let Some(names) = parsed.tool_use.forced() {
-            // The call is sampled inside the model's own call frame (see `forced_frame`), the
-            // name one of the tools' (any name past the frame's limit of alternatives).
-            let frames: Vec<(String, String)> = match names.len() <= FramedJson::MAX_PREFIXES {
-                true => names
-                    .iter()
-                    .map(|&n| format.forced_frame(Some(n)))
-                    .collect(),
-                false => vec![format.forced_frame(None)],
-            };
-            let suffix = frames.first().map(|f| f.1.clone()).unwrap_or_default();
-            let prefixes = frames.into_iter().map(|f| f.0).collect();
-            parsed.request.format = OutputFormat::ToolCall { prefixes, suffix };
+        if let Some(tools) = parsed.tool_use.forced() {
+            // The call is sampled inside the model's own call frame, with a tool's name and
+            // arguments its parameters' schema allows (see `forced_call_grammar`).
+            let (grammar, warnings) = forced_call_grammar(format, &tools)?;
+            parsed.warnings.extend(warnings);
+            parsed.request.format = OutputFormat::Grammar(Arc::new(grammar));
         }
     }
     if state.options.log_warnings {

@@ -1,0 +1,94 @@
+//! Constrained sampling: which tokens may come next in an answer that must be a sentence of a
+//! [`Grammar`] (GBNF, a JSON schema's, any JSON object for OpenAI's `json_object`, a forced
+//! tool call in the model's frame). The generation loops (the server's slots,
+//! [`crate::Generation`]) ask a [`Constraint`] for each token.
+//!
+//! [`Constraint::sample`] checks the token the sampler picks from the plain logits first and
+//! masks the whole vocabulary only when the constraint refuses it (llama.cpp does the same):
+//! the token then comes from the same distribution as if every refused token had been masked
+//! first (a draw from p kept when allowed, else drawn again from p restricted to the allowed
+//! ones), and most tokens cost one check instead of a walk over the vocabulary.
+
+use crate::grammar::{Grammar, Matcher};
+use crate::sampling::Sampler;
+use crate::tokenizer::{TokenId, Tokenizer};
+use std::sync::Arc;
+
+/// An answer's grammar and how far the answer is through it.
+pub struct Constraint {
+    matcher: Matcher,
+}
+
+impl Constraint {
+    /// A sentence of `grammar`.
+    pub fn grammar(grammar: Arc<Grammar>) -> Constraint {
+        Constraint {
+            matcher: Matcher::new(grammar),
+        }
+    }
+
+    /// The answer may end here (an end-of-generation token may come).
+    pub fn complete(&self) -> bool {
+        self.matcher.complete()
+    }
+
+    /// Nothing more may be written: the answer ends now.
+    pub fn finished(&self) -> bool {
+        self.matcher.finished()
+    }
+
+    /// Takes the text of the chosen token; `false` (nothing changed) if it may not come.
+    pub fn push(&mut self, piece: &[u8]) -> bool {
+        self.matcher.push(piece)
+    }
+
+    /// Whether token `id` may come next (an end-of-generation token once complete).
+    fn allows(&mut self, id: TokenId, tok: &Tokenizer) -> bool {
+        match tok.is_eog(id) {
+            true => self.complete(),
+            false => (self.matcher).accepts(tok.token_to_piece(id, false).unwrap_or_default()),
+        }
+    }
+
+    /// Masks in `logits` every token that may not come next; `false` when none may.
+    fn mask(&mut self, logits: &mut [f32], tok: &Tokenizer) -> bool {
+        let complete = self.complete();
+        let mut allowed = vec![false; logits.len()];
+        self.matcher.allowed_tokens(tok.token_trie(), |t| {
+            if let Some(a) = allowed.get_mut(t as usize) {
+                *a = true;
+            }
+        });
+        for &eog in tok.eog_ids() {
+            if let Some(a) = allowed.get_mut(eog as usize) {
+                *a = complete;
+            }
+        }
+        for (l, ok) in logits.iter_mut().zip(allowed) {
+            if !ok {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        logits.iter().any(|l| l.is_finite())
+    }
+
+    /// Samples a token the constraint allows from `logits` (masked in place when the first
+    /// pick is refused; end-of-generation tokens are the caller's to mask while the answer
+    /// is open). `None` when no token may come.
+    pub fn sample(
+        &mut self,
+        sampler: &mut Sampler,
+        logits: &mut [f32],
+        tok: &Tokenizer,
+    ) -> Option<TokenId> {
+        let first = sampler.sample(logits);
+        let finite = logits.get(first as usize).is_some_and(|l| l.is_finite());
+        if finite && self.allows(first, tok) {
+            return Some(first);
+        }
+        match self.mask(logits, tok) {
+            true => Some(sampler.sample(logits)),
+            false => None,
+        }
+    }
+}
