@@ -30,14 +30,14 @@ fi
 rpc_bin=$(bash scripts/llamacpp.sh --rpc ggml-rpc-server llama-perplexity llama-completion test-llama-archs)
 export RGML_GGML_RPC_SERVER="$rpc_bin/ggml-rpc-server" RGML_REQUIRE_RPC_SERVER=1
 export RGML_TEST_LLAMA_ARCHS="$rpc_bin/test-llama-archs" RGML_REQUIRE_LLAMA_ARCHS=1
-# The clients of the `rgml serve` tests: the PyPI `openai` package and Selenium (in a venv kept
+# The clients of the `rgml serve` tests: the PyPI `openai` package, `jsonschema` and Selenium (in a venv kept
 # in the cache), and Debian's Chromium with its driver for the chat page. Required in CI.
 if command -v dpkg >/dev/null 2>&1 && ! dpkg -s chromium chromium-driver python3-venv >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver python3-venv
 fi
 serve_venv="$HOME/.cache/rgml/venv-serve"
-serve_pkgs="openai==3.57.0 selenium==4.51.0"
+serve_pkgs="openai==3.57.0 selenium==4.51.0 jsonschema==4.25.1"
 if [ "$(cat "$serve_venv/.pkgs" 2>/dev/null)" != "$serve_pkgs" ]; then
     rm -rf "$serve_venv"
     python3 -m venv "$serve_venv"

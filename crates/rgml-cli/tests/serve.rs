@@ -2,9 +2,10 @@
 //! chat and completions, streaming and not, greedy output equal to `rgml run --temp 0`, 8
 //! concurrent streams each giving its solo output, bad requests, a dropped connection freeing
 //! its slot) and Debian's Chromium driving the chat page (`tests/serve/browser.py`); and a
-//! graceful shutdown ending a running stream cleanly.
+//! graceful shutdown ending a running stream cleanly; tools, JSON-schema answers and embeddings
+//! through `openai` (`tests/serve/openai_structured.py`).
 //!
-//! The clients run in the Python of `RGML_SERVE_PYTHON` (a venv with `openai` and `selenium`,
+//! The clients run in the Python of `RGML_SERVE_PYTHON` (a venv with `openai`, `jsonschema` and `selenium`,
 //! made by `scripts/test.sh`); without it the client tests skip, unless
 //! `RGML_REQUIRE_SERVE_CLIENTS=1` (set by `scripts/test.sh`, so CI never skips).
 
@@ -26,7 +27,7 @@ fn python() -> Option<PathBuf> {
     if path.is_none() {
         common::skip_unless_required(
             "RGML_REQUIRE_SERVE_CLIENTS",
-            "no RGML_SERVE_PYTHON (a venv with openai and selenium)",
+            "no RGML_SERVE_PYTHON (a venv with openai, jsonschema and selenium)",
         );
     }
     path
@@ -158,6 +159,31 @@ fn openai_clients_and_the_chat_page_in_chromium() {
         .status()
         .expect("run the browser test");
     assert!(browser.success(), "the chat page test failed (see above)");
+    assert!(server.terminate().success());
+}
+
+/// Tools, structured output and embeddings through the `openai` package
+/// (`tests/serve/openai_structured.py`): forced tool calls whose arguments validate against the
+/// tool's schema, 20 seeded `json_schema` answers that validate, embeddings of norm 1, an
+/// agent's loop (call, tool result, answer), and 400s for bad fields; on a server with Qwen
+/// 2.5's template (Hermes tool calls).
+#[test]
+fn openai_tools_structured_output_and_embeddings() {
+    let Some(python) = python() else { return };
+    let template =
+        root().join("crates/rgml-llm/tests/fixtures/templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+    let template = template.to_str().expect("a UTF-8 path");
+    let mut server = Server::start(&["-np", "2", "-c", "1024", "--chat-template-file", template]);
+    let client = Command::new(&python)
+        .arg(root().join("tests/serve/openai_structured.py"))
+        .arg(&server.url)
+        .arg(common::DEMO_STEM)
+        .status()
+        .expect("run the openai client");
+    assert!(
+        client.success(),
+        "the structured-output client tests failed (see above)"
+    );
     assert!(server.terminate().success());
 }
 
