@@ -12,6 +12,7 @@ use rgml_serve::engine::{Engine, EngineOptions, PrefixReuse};
 use rgml_serve::http::HttpOptions;
 use rgml_serve::Generator;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Flags of `rgml serve`.
 #[derive(Args, Debug)]
@@ -75,6 +76,11 @@ pub struct ServeArgs {
     /// llama-server's flag). Default: any (`*`).
     #[arg(long, value_delimiter = ',')]
     cors_origins: Option<Vec<String>>,
+    /// Seconds a connection may go without a byte of its next request, or a client without
+    /// taking a byte of its response, before it is closed (llama-server's `--timeout`; a
+    /// response being computed or streamed is never cut). 0: never.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     max_body_kib: u32,
@@ -124,6 +130,7 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
             .cors_origins
             .clone()
             .filter(|list| !list.iter().any(|o| o == "*")),
+        timeout: (args.timeout > 0).then(|| Duration::from_secs(args.timeout)),
         ..Default::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1886,3 +1886,82 @@ async fn cors_origins_limit_who_may_read() {
         }
     }
 }
+
+/// Reads from `tcp` until the peer closes; how long that took (`None`: still open after 5 s).
+async fn closed_after(tcp: &mut TcpStream) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let t0 = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0) | Err(_)) => return Some(t0.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// `timeout`: an idle keep-alive connection, a silent one and a request sent too slowly are
+/// closed once it passes; a response that takes longer to compute is not cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_close_idle_and_slow_connections_but_not_long_answers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let timeout = Duration::from_millis(300);
+    let server = start(HttpOptions {
+        timeout: Some(timeout),
+        ..HttpOptions::default()
+    })
+    .await;
+    // 120 tokens of 5 ms: twice the timeout, with nothing written meanwhile.
+    let body = json!({"prompt": "forever", "max_tokens": 120}).to_string();
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !String::from_utf8_lossy(&got).contains("\"finish_reason\"") {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(
+            n > 0,
+            "closed before the answer: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        t0.elapsed() > 2 * timeout,
+        "the answer took {:?}",
+        t0.elapsed()
+    );
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    // Then idle: closed after about the timeout.
+    let idle = closed_after(&mut tcp)
+        .await
+        .expect("the idle connection is closed");
+    assert!(
+        idle >= timeout / 2 && idle < Duration::from_secs(3),
+        "{idle:?}"
+    );
+    // Silent from the start, and a request stalled halfway.
+    let mut silent = TcpStream::connect(server.addr).await.unwrap();
+    let mut stalled = TcpStream::connect(server.addr).await.unwrap();
+    stalled
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    for (i, tcp) in [&mut silent, &mut stalled].into_iter().enumerate() {
+        closed_after(tcp).await.expect("closed");
+        let t = t0.elapsed();
+        assert!(t >= timeout / 2 && t < Duration::from_secs(3), "{i}: {t:?}");
+    }
+    // A streamed answer longer than the timeout arrives whole too.
+    let body = json!({"prompt": "forever", "max_tokens": 120, "stream": true});
+    let reply = post(server.addr, "/v1/completions", &body).await;
+    assert_eq!(reply.status, 200);
+    assert!(reply.body.contains("[DONE]"), "{}", reply.body);
+}

@@ -45,6 +45,10 @@ pub struct HttpOptions {
     /// these (`scheme://host[:port]`), each answered with its own name and `Vary: Origin`.
     /// Default any.
     pub cors_origins: Option<Vec<String>>,
+    /// How long a connection may go without a byte of its next request, or a client without
+    /// taking a byte of its response, before it is closed (llama-server's `--timeout`;
+    /// `None`: never). A response being computed or streamed is never cut. Default 600 s.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Default for HttpOptions {
@@ -56,6 +60,7 @@ impl Default for HttpOptions {
             log_warnings: false,
             api_key: None,
             cors_origins: None,
+            timeout: Some(std::time::Duration::from_secs(600)),
         }
     }
 }
@@ -88,7 +93,8 @@ pub async fn serve(
         shutting_down.store(true, Ordering::Release);
         generator.shutdown();
     };
-    let listener = listener::LimitedListener::new(listener, connections);
+    let listener = listener::LimitedListener::new(listener, connections, options.timeout);
+    let app = app.into_make_service_with_connect_info::<listener::Activity>();
     axum::serve(listener, app)
         .with_graceful_shutdown(signal)
         .await

@@ -2,20 +2,21 @@
 //! and CORS.
 
 use super::error::{ApiError, ErrorKind};
-use super::listener::Connections;
+use super::listener::{Activity, Connections};
 use super::request::{forced_call_grammar, parse_chat, parse_completion, ToolUse};
 use super::response::{collect, unix_now, whole, Meta, Route};
 use super::{metrics, stream, tokens, HttpOptions, ShutdownFlag};
 use crate::generator::{Generator, OutputFormat};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
 use axum::http::header::{self, HeaderValue};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::BodyExt;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -70,6 +71,7 @@ pub(crate) fn build(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn(mark_activity))
         .layer(middleware::from_fn_with_state(
             state.options.api_key.clone(),
             require_key,
@@ -79,6 +81,25 @@ pub(crate) fn build(state: AppState) -> Router {
             cors,
         ))
         .with_state(state)
+}
+
+/// Marks the connection busy from the request until its response body is sent or dropped, so
+/// that its read timeout does not run meanwhile (see [`super::listener`]).
+async fn mark_activity(request: Request, next: Next) -> Response {
+    let guard = (request.extensions())
+        .get::<ConnectInfo<Activity>>()
+        .map(|info| info.0.begin());
+    let response = next.run(request).await;
+    match guard {
+        None => response,
+        Some(guard) => response.map(|body| {
+            let body = body.map_frame(move |frame| {
+                let _in_progress = &guard;
+                frame
+            });
+            axum::body::Body::new(body)
+        }),
+    }
 }
 
 async fn chat_completions(
