@@ -32,9 +32,10 @@ export RGML_GGML_RPC_SERVER="$rpc_bin/ggml-rpc-server" RGML_REQUIRE_RPC_SERVER=1
 export RGML_TEST_LLAMA_ARCHS="$rpc_bin/test-llama-archs" RGML_REQUIRE_LLAMA_ARCHS=1
 # The clients of the `rgml serve` tests: the PyPI `openai` package, `jsonschema` and Selenium (in a venv kept
 # in the cache), and Debian's Chromium with its driver for the chat page. Required in CI.
-if command -v dpkg >/dev/null 2>&1 && ! dpkg -s chromium chromium-driver python3-venv >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+# tmux gives `rgml chat`'s test a real pseudo-terminal.
+if command -v dpkg >/dev/null 2>&1 && ! dpkg -s chromium chromium-driver python3-venv tmux >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver python3-venv
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver python3-venv tmux
 fi
 serve_venv="$HOME/.cache/rgml/venv-serve"
 serve_pkgs="openai==3.57.0 selenium==4.51.0 jsonschema==4.25.1"
@@ -45,7 +46,7 @@ if [ "$(cat "$serve_venv/.pkgs" 2>/dev/null)" != "$serve_pkgs" ]; then
     "$serve_venv/bin/pip" install -q $serve_pkgs
     echo "$serve_pkgs" > "$serve_venv/.pkgs"
 fi
-export RGML_SERVE_PYTHON="$serve_venv/bin/python" RGML_REQUIRE_SERVE_CLIENTS=1
+export RGML_SERVE_PYTHON="$serve_venv/bin/python" RGML_REQUIRE_SERVE_CLIENTS=1 RGML_REQUIRE_TMUX=1
 cargo fmt --all --check
 python3 scripts/check-layers.py
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -19,7 +19,7 @@ fn spellings(subcommand: &str) -> &'static [(&'static str, &'static str)] {
     const NCMOE: (&str, &str) = ("-ncmoe", "--n-cpu-moe");
     match subcommand {
         "serve" => &[("-np", "--parallel"), NGL, FA, CTK, CTV, OT, CMOE, NCMOE],
-        "run" | "logits" | "embed" | "perplexity" | "bench" => {
+        "run" | "chat" | "logits" | "embed" | "perplexity" | "bench" => {
             &[NGL, FA, CTK, CTV, OT, CMOE, NCMOE]
         }
         "compare" => &[FA],

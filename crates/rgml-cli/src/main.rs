@@ -8,6 +8,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 mod bench_cmd;
+mod chat_cmd;
 mod compare_cmd;
 mod embed_cmd;
 mod env_options;
@@ -77,6 +78,9 @@ enum Command {
     },
     /// Generate text from a prompt, streaming tokens to stdout.
     Run(model_cmds::RunArgs),
+    /// Talk with a model in the terminal: its chat template, the conversation's history,
+    /// streamed replies (`/reset`, `/exit`; Ctrl-C stops a reply).
+    Chat(chat_cmd::ChatArgs),
     /// Serve this machine's devices over ggml's RPC protocol (to llama.cpp's `--rpc` or rgml's).
     RpcServer(rpc_server_cmd::RpcServerArgs),
     /// Serve a model over an OpenAI-compatible HTTP API (`/v1/chat/completions`, `/v1/completions`,
@@ -164,6 +168,7 @@ impl Command {
             Command::Devices { .. } => true,
             Command::TestOps { backend, .. } => backend.as_deref().is_none_or(names_unknown_device),
             Command::Run(a) => a.model.may_use_local_gpu(),
+            Command::Chat(a) => a.model.may_use_local_gpu(),
             Command::Logits(a) => a.model.may_use_local_gpu(),
             Command::Embed(a) => a.model.may_use_local_gpu(),
             Command::Perplexity(a) => a.model.may_use_local_gpu(),
@@ -180,6 +185,7 @@ impl Command {
         match self {
             Command::Devices { rpc, .. } => rpc.as_deref(),
             Command::Run(a) => a.model.rpc.as_deref(),
+            Command::Chat(a) => a.model.rpc.as_deref(),
             Command::Logits(a) => a.model.rpc.as_deref(),
             Command::Embed(a) => a.model.rpc.as_deref(),
             Command::Perplexity(a) => a.model.rpc.as_deref(),
@@ -196,6 +202,7 @@ impl Command {
                 test_ops::run(backend.as_deref(), op.as_deref(), &mode)
             }
             Command::Run(args) => model_cmds::run(args),
+            Command::Chat(args) => chat_cmd::run(args),
             Command::RpcServer(args) => rpc_server_cmd::run(args),
             Command::Serve(args) => serve_cmd::run(args),
             Command::Logits(args) => model_cmds::logits(args),

@@ -230,7 +230,7 @@ impl ModelArgs {
         Ok(Arc::new(model))
     }
 
-    fn session(&self, model: &Arc<Model>, n_ctx: usize) -> Result<Session, CliError> {
+    pub(crate) fn session(&self, model: &Arc<Model>, n_ctx: usize) -> Result<Session, CliError> {
         self.session_for(model, n_ctx, 1)
     }
 
@@ -354,6 +354,61 @@ impl Progress {
     }
 }
 
+/// The sampling flags `run` and `chat` share.
+#[derive(Args, Debug)]
+pub(crate) struct SamplingArgs {
+    /// Temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    pub(crate) temp: f32,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Top-k (0: off).
+    #[arg(long, default_value_t = 40)]
+    pub(crate) top_k: usize,
+    /// Top-p (1: off).
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
+    pub(crate) top_p: f32,
+    /// Min-p (0: off).
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
+    pub(crate) min_p: f32,
+    /// Repetition penalty (1: off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub(crate) repeat_penalty: f32,
+    /// Recent tokens the penalties look at (0: none).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) repeat_last_n: usize,
+    /// Frequency penalty: a recent token's logit less this times its count (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub(crate) frequency_penalty: f32,
+    /// Presence penalty: a recent token's logit less this (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub(crate) presence_penalty: f32,
+    /// Add a bias to a token's logit, as llama.cpp's `-l`: `ID+BIAS` or `ID-BIAS`
+    /// (`ID-inf`: never that token); repeatable.
+    #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
+    pub(crate) logit_bias: Vec<(u32, f32)>,
+}
+
+/// The chat-template flags `run --chat` and `chat` share.
+#[derive(Args, Debug)]
+pub(crate) struct ChatTemplateArgs {
+    /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
+    #[arg(long)]
+    pub(crate) chat_template_file: Option<std::path::PathBuf>,
+    /// A built-in chat format by name (chatml, llama2, llama3, gemma) or a
+    /// Jinja template's text, instead of the model's.
+    #[arg(long)]
+    pub(crate) chat_template: Option<String>,
+    /// Run the model's `tokenizer.chat_template` as Jinja (as llama.cpp's
+    /// `--jinja`) instead of recognising its format from markers.
+    #[arg(long)]
+    pub(crate) jinja: bool,
+    /// A system message first.
+    #[arg(long)]
+    pub(crate) system: Option<String>,
+}
+
 /// Flags of `rgml run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -365,55 +420,13 @@ pub struct RunArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long, default_value_t = 64)]
     n_predict: usize,
-    /// Temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
-    temp: f32,
-    /// Random seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Top-k (0: off).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Top-p (1: off).
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
-    top_p: f32,
-    /// Min-p (0: off).
-    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
-    min_p: f32,
-    /// Repetition penalty (1: off).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    repeat_penalty: f32,
-    /// Recent tokens the penalties look at (0: none).
-    #[arg(long, default_value_t = 64)]
-    repeat_last_n: usize,
-    /// Frequency penalty: a recent token's logit less this times its count (0: off).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    frequency_penalty: f32,
-    /// Presence penalty: a recent token's logit less this (0: off).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    presence_penalty: f32,
-    /// Add a bias to a token's logit, as llama.cpp's `-l`: `ID+BIAS` or `ID-BIAS`
-    /// (`ID-inf`: never that token); repeatable.
-    #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
-    logit_bias: Vec<(u32, f32)>,
+    #[command(flatten)]
+    pub(crate) sampling: SamplingArgs,
     /// Apply the model's chat template to the prompt as a user message.
     #[arg(long)]
     chat: bool,
-    /// A Jinja chat template to use instead of the model's `tokenizer.chat_template` (with
-    /// `--chat`).
-    #[arg(long)]
-    chat_template_file: Option<std::path::PathBuf>,
-    /// With `--chat`: a built-in chat format by name (chatml, llama2, llama3, gemma) or a
-    /// Jinja template's text, instead of the model's.
-    #[arg(long)]
-    chat_template: Option<String>,
-    /// With `--chat`: run the model's `tokenizer.chat_template` as Jinja (as llama.cpp's
-    /// `--jinja`) instead of recognising its format from markers.
-    #[arg(long)]
-    jinja: bool,
-    /// System message for `--chat`.
-    #[arg(long)]
-    system: Option<String>,
+    #[command(flatten)]
+    pub(crate) template: ChatTemplateArgs,
     /// Never end at an end-of-generation token (as llama.cpp's `--ignore-eos`: they get a
     /// logit bias of -inf), e.g. to time runs of equal length.
     #[arg(long)]
@@ -469,8 +482,8 @@ fn run_grammar(args: &RunArgs) -> Result<Option<Grammar>, CliError> {
         .map_err(|e| CliError::usage(format!("{flag}: {e}")))
 }
 
-/// The sampling settings of `run`'s flags, checked (a usage error names the flag).
-fn sampler_params(args: &RunArgs) -> Result<SamplerParams, CliError> {
+/// The sampling settings of the flags, checked (a usage error names the flag).
+pub(crate) fn sampler_params(args: &SamplingArgs) -> Result<SamplerParams, CliError> {
     let params = SamplerParams {
         temp: args.temp,
         top_k: args.top_k,
@@ -504,7 +517,7 @@ fn parse_logit_bias(text: &str) -> Result<(u32, f32), String> {
 }
 
 /// A usage error unless every `--logit-bias` token is in the vocabulary of `n_vocab`.
-fn check_logit_bias(bias: &[(u32, f32)], n_vocab: usize) -> Result<(), CliError> {
+pub(crate) fn check_logit_bias(bias: &[(u32, f32)], n_vocab: usize) -> Result<(), CliError> {
     match bias.iter().find(|(id, _)| *id as usize >= n_vocab) {
         Some((id, _)) => Err(CliError::usage(format!(
             "--logit-bias: token {id} is outside the vocabulary of {n_vocab}"
@@ -588,10 +601,10 @@ pub(crate) fn chat_choice(
 
 /// `rgml run`: stream a continuation of the prompt to stdout.
 pub fn run(args: RunArgs) -> Result<bool, CliError> {
-    let mut params = sampler_params(&args)?;
+    let mut params = sampler_params(&args.sampling)?;
     let chat = chat_choice(
-        args.chat_template.as_deref(),
-        args.chat_template_file.as_deref(),
+        args.template.chat_template.as_deref(),
+        args.template.chat_template_file.as_deref(),
     )?;
     let grammar = run_grammar(&args)?;
     let model = args.model.load()?;
@@ -603,11 +616,11 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
     }
     let prompt = if args.chat {
         let mut messages = Vec::new();
-        if let Some(s) = &args.system {
+        if let Some(s) = &args.template.system {
             messages.push(Message::new("system", s));
         }
         messages.push(Message::new("user", &args.prompt));
-        chat.formatter(&model, args.jinja)
+        chat.formatter(&model, args.template.jinja)
             .apply(&messages)
             .map_err(|e| CliError::Message(e.to_string()))?
     } else {
