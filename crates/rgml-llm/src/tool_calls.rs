@@ -104,6 +104,180 @@ impl ToolCallFormat {
     }
 }
 
+/// A call being written, as far as a streamed output shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartialCall {
+    /// The function's name (whole: a call shows once its name is).
+    pub name: String,
+    /// The arguments' JSON text so far, as the model writes it.
+    pub arguments: String,
+    /// The arguments are whole.
+    pub done: bool,
+}
+
+impl ToolCallFormat {
+    /// While streaming: the calls begun in `text` (the output so far) whose name is whole, in
+    /// order, for calls written `{"name": .., "arguments": ..}` (or `parameters`) in that
+    /// order. `None` where a call's layout is another (its name after its arguments, say):
+    /// the caller then waits for the whole output.
+    pub fn partial_calls(self, text: &str) -> Option<Vec<PartialCall>> {
+        let mut calls = Vec::new();
+        match self {
+            ToolCallFormat::Hermes => {
+                let mut rest = text;
+                while let Some(open) = rest.find(HERMES_OPEN) {
+                    let body = &rest[open + HERMES_OPEN.len()..];
+                    let (call, used) = match partial_object(body)? {
+                        Some(found) => found,
+                        None => break,
+                    };
+                    calls.push(call);
+                    match body.get(used..) {
+                        Some(after) => rest = after,
+                        None => break,
+                    }
+                }
+            }
+            ToolCallFormat::Llama3Json => {
+                let body = text.trim_start();
+                if PYTHON_TAG.starts_with(body) {
+                    return Some(calls);
+                }
+                let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body);
+                calls.extend(partial_object(body)?.map(|(call, _)| call));
+            }
+            ToolCallFormat::MistralNemo => {
+                let Some(at) = text.find(MISTRAL_MARKER) else {
+                    return Some(calls);
+                };
+                let rest = text[at + MISTRAL_MARKER.len()..].trim_start();
+                let Some(mut rest) = rest.strip_prefix('[') else {
+                    return (rest.is_empty()).then_some(calls);
+                };
+                while let Some((call, used)) = partial_object(rest)? {
+                    calls.push(call);
+                    match rest.get(used..) {
+                        Some(after) => rest = after.trim_start(),
+                        None => break,
+                    }
+                    match rest.strip_prefix(',') {
+                        Some(next) => rest = next,
+                        None => break,
+                    }
+                }
+            }
+        }
+        Some(calls)
+    }
+}
+
+/// Why a streamed call object cannot be read (yet).
+enum Cut {
+    /// Too little is written.
+    More,
+    /// It is laid out otherwise.
+    Other,
+}
+
+/// The start of `text` as a call object `{"name": "..", "arguments": ..`: `Some(None)` while
+/// too little is written to tell its name, `None` for another layout; with the call, the
+/// length of the call object (past `text`'s end while it is open).
+fn partial_object(text: &str) -> Option<Option<(PartialCall, usize)>> {
+    match read_call(text) {
+        Ok(found) => Some(Some(found)),
+        Err(Cut::More) => Some(None),
+        Err(Cut::Other) => None,
+    }
+}
+
+fn read_call(text: &str) -> Result<(PartialCall, usize), Cut> {
+    let mut at = 0;
+    for lit in ["{", "\"name\"", ":"] {
+        at = literal(text, at, &[lit])?;
+    }
+    at = skip_ws(text, at);
+    let end = value_end(&text[at..]).ok_or(Cut::More)?;
+    let name: String = serde_json::from_str(&text[at..at + end]).map_err(|_| Cut::Other)?;
+    at = literal(text, at + end, &[","])?;
+    at = literal(text, at, &["\"arguments\"", "\"parameters\""])?;
+    at = skip_ws(text, literal(text, at, &[":"])?);
+    let rest = &text[at..];
+    let (len, done) = match value_end(rest) {
+        Some(len) => (len, true),
+        None => (rest.len(), false),
+    };
+    let arguments = rest[..len].to_string();
+    // Past the call object's other keys (Mistral's `id`) and its closing brace, once written.
+    let after = done
+        .then(|| value_end(&format!("{{{}", &rest[len..])))
+        .flatten()
+        .map_or(text.len() + 1, |n| at + len + n - 1);
+    Ok((
+        PartialCall {
+            name,
+            arguments,
+            done,
+        },
+        after,
+    ))
+}
+
+/// Past blanks and one of `options` from byte `at` of `text`.
+fn literal(text: &str, at: usize, options: &[&str]) -> Result<usize, Cut> {
+    let at = skip_ws(text, at);
+    let rest = &text[at..];
+    if let Some(lit) = options.iter().find(|lit| rest.starts_with(**lit)) {
+        return Ok(at + lit.len());
+    }
+    match options.iter().any(|lit| lit.starts_with(rest)) {
+        true => Err(Cut::More),
+        false => Err(Cut::Other),
+    }
+}
+
+fn skip_ws(text: &str, at: usize) -> usize {
+    let rest = &text[at..];
+    at + rest.len() - rest.trim_start_matches([' ', '\n', '\r', '\t']).len()
+}
+
+/// The length of the JSON value `text` begins with, once it is whole (a number or literal
+/// counts as whole once something follows it).
+fn value_end(text: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, &c) in bytes.iter().enumerate() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => {
+                    in_string = false;
+                    if depth == 0 {
+                        return Some(i + 1);
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t' if depth == 0 => {
+                return (i > 0).then_some(i);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// A call from a JSON object with `name` and `args_key` (an object, or JSON text).
 fn call(value: &Value, args_keys: &[&str]) -> Option<ToolCall> {
     let name = value.get("name")?.as_str()?.to_string();
@@ -276,5 +450,50 @@ mod tests {
         assert_eq!(l.hold_from(" {\"name\""), Some(0));
         assert_eq!(l.hold_from("<|python"), Some(0));
         assert_eq!(l.hold_from("The answer"), None);
+    }
+
+    #[test]
+    fn partial_calls_grow_with_the_output_and_end_as_the_parse() {
+        let outputs = [
+            (ToolCallFormat::Hermes, "Let me check. <tool_call>\n{\"name\": \"get \\\"x\\\"\", \"arguments\": {\"city\": \"Pa}ris\", \"n\": [1, 2]}}\n</tool_call>\n<tool_call>{\"name\": \"time\", \"arguments\": {}}</tool_call>"),
+            (ToolCallFormat::Llama3Json, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": -1.5e3, \"b\": null}}"),
+            (ToolCallFormat::MistralNemo, "ok [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"q\": \"[x]\"}}, {\"name\": \"g\", \"arguments\": {\"z\": true}}]"),
+        ];
+        for (format, output) in outputs {
+            let whole = format.parse(output).tool_calls;
+            let mut seen: Vec<PartialCall> = Vec::new();
+            for cut in (0..=output.len()).filter(|&i| output.is_char_boundary(i)) {
+                let calls = format
+                    .partial_calls(&output[..cut])
+                    .expect("this layout streams");
+                assert!(
+                    calls.len() >= seen.len(),
+                    "{format:?} at {cut}: calls went away"
+                );
+                for (old, new) in seen.iter().zip(&calls) {
+                    assert_eq!(old.name, new.name);
+                    assert!(
+                        new.arguments.starts_with(&old.arguments),
+                        "{format:?} at {cut}"
+                    );
+                }
+                seen = calls;
+            }
+            assert_eq!(seen.len(), whole.len(), "{format:?}");
+            for (partial, call) in seen.iter().zip(&whole) {
+                assert!(partial.done);
+                assert_eq!(partial.name, call.name);
+                let a: Value = serde_json::from_str(&partial.arguments).unwrap();
+                let b: Value = serde_json::from_str(&call.arguments).unwrap();
+                assert_eq!(a, b, "{format:?}");
+            }
+        }
+        // The arguments first: not streamed, the caller waits for the whole output.
+        let late = "<tool_call>{\"arguments\": {}, \"name\": \"f\"}</tool_call>";
+        assert_eq!(ToolCallFormat::Hermes.partial_calls(late), None);
+        assert_eq!(
+            ToolCallFormat::Hermes.partial_calls("text <tool_call>{\"na"),
+            Some(vec![])
+        );
     }
 }

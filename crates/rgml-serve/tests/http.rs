@@ -909,33 +909,70 @@ async fn tool_calls_are_read_out_of_the_output() {
     assert_error(&reply, 400, "invalid_request_error", Some("tools"));
 }
 
-/// Streamed with tools: text flows until a call may begin, then the calls come as one delta
-/// with their index, and the finish reason is `tool_calls`.
+/// The tool-call pieces of a stream's chunks, in order.
+fn call_pieces(chunks: &[Value]) -> Vec<Value> {
+    (chunks.iter())
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+/// Streamed with tools: text flows until a call may begin, then each call streams as
+/// llama-server streams it (its index, id, type and name first, then its arguments' text in
+/// pieces), and the finish reason is `tool_calls`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_stream_as_deltas() {
     let server = start_default().await;
     let tools: Value = serde_json::from_str(WEATHER_TOOLS).unwrap();
-    let body = with(chat(CALLING), json!({"tools": tools, "stream": true}));
+    // The fake writes a word per token: the second call's arguments come in several.
+    let two_calls = format!(
+        "{CALLING} <tool_call>{{\"name\": \"weather\", \"arguments\": {{\"city\": \"New York\", \"days\": 3}}}}</tool_call>"
+    );
+    let body = with(chat(&two_calls), json!({"tools": tools, "stream": true}));
     let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
     let chunks = events.rest().await;
-    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
-    let text: String = deltas
-        .iter()
-        .filter_map(|d| d["content"].as_str())
+    let text: String = (chunks.iter())
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
     assert_eq!(text, "Checking. ");
-    let calls: Vec<&Value> = deltas
-        .iter()
-        .filter(|d| d.get("tool_calls").is_some())
-        .copied()
-        .collect();
-    assert_eq!(calls.len(), 1, "{chunks:?}");
-    let call = &calls[0]["tool_calls"][0];
-    assert_eq!(call["index"], 0);
-    assert_eq!(call["function"]["name"], "weather");
-    assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
+    let pieces = call_pieces(&chunks);
+    for (index, args) in [
+        (0, "{\"city\":\"Paris\"}"),
+        (1, "{\"city\": \"New York\", \"days\": 3}"),
+    ] {
+        let mine: Vec<&Value> = pieces.iter().filter(|p| p["index"] == index).collect();
+        let first = mine[0];
+        assert!(
+            first["id"].as_str().unwrap().starts_with("call_"),
+            "{first}"
+        );
+        assert_eq!(
+            (&first["type"], &first["function"]["name"]),
+            (&json!("function"), &json!("weather"))
+        );
+        assert!(mine[1..]
+            .iter()
+            .all(|p| p.get("id").is_none() && p["function"].get("name").is_none()));
+        let streamed: String = mine
+            .iter()
+            .map(|p| p["function"]["arguments"].as_str().unwrap())
+            .collect();
+        assert_eq!(streamed, args);
+        if index == 1 {
+            assert!(mine.len() >= 4, "the arguments come in pieces: {mine:?}");
+        }
+    }
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+    // A call whose name comes after its arguments goes whole at the end.
+    let late = r#"<tool_call>{"arguments": {"city": "Oslo"}, "name": "weather"}</tool_call>"#;
+    let body = with(chat(late), json!({"tools": tools, "stream": true}));
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    let chunks = events.rest().await;
+    let pieces = call_pieces(&chunks);
+    assert_eq!(pieces.len(), 1, "{pieces:?}");
+    assert_eq!(pieces[0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
 
     // Without a call, every word still arrives.
     let body = with(

@@ -81,11 +81,6 @@ pub struct Grammar {
 }
 
 impl Grammar {
-    /// How many rules it has (the generated ones of repetitions and groups included).
-    pub fn n_rules(&self) -> usize {
-        self.rules.len()
-    }
-
     /// The rule's name.
     pub(crate) fn name(&self, rule: RuleId) -> &str {
         self.names.get(rule as usize).map_or("?", String::as_str)

@@ -603,7 +603,7 @@ impl Converter<'_> {
                 }
             }
             if !node.children.is_empty() {
-                // Any other plain character (escapes begin with `\\`, which `char` takes).
+                // Any other plain character (escapes begin with `\`, which `char` takes).
                 let plain = format!("[^\"\\\\\\x7F\\x00-\\x1F{rejects}]");
                 out.push_str(&format!(" | {plain} {char_rule}*"));
             }

@@ -283,20 +283,22 @@ struct AssistantMessage {
 }
 
 /// A tool call as OpenAI writes it, whole (`message.tool_calls`) or as a stream's delta (with
-/// its `index`).
+/// its `index`; a call streamed in pieces has its id, type and name in its first piece only).
 #[derive(Serialize, Debug)]
 pub(crate) struct ToolCallOut {
     #[serde(skip_serializing_if = "Option::is_none")]
     index: Option<usize>,
-    id: String,
-    #[serde(rename = "type")]
-    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
     function: FunctionOut,
 }
 
 #[derive(Serialize, Debug)]
 struct FunctionOut {
-    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
     arguments: String,
 }
 
@@ -308,15 +310,46 @@ impl ToolCallOut {
             .enumerate()
             .map(|(i, call)| ToolCallOut {
                 index: indexed.then_some(i),
-                id: call.id.unwrap_or_else(|| format!("call_{}", unique_id())),
-                kind: "function",
+                id: Some(call.id.unwrap_or_else(new_call_id)),
+                kind: Some("function"),
                 function: FunctionOut {
-                    name: call.name,
+                    name: Some(call.name),
                     arguments: call.arguments,
                 },
             })
             .collect()
     }
+
+    /// The first piece of streamed call `index`: its id, type and name.
+    pub(crate) fn opening(index: usize, id: String, name: String) -> ToolCallOut {
+        ToolCallOut {
+            index: Some(index),
+            id: Some(id),
+            kind: Some("function"),
+            function: FunctionOut {
+                name: Some(name),
+                arguments: String::new(),
+            },
+        }
+    }
+
+    /// A further piece of streamed call `index`'s arguments.
+    pub(crate) fn arguments(index: usize, arguments: String) -> ToolCallOut {
+        ToolCallOut {
+            index: Some(index),
+            id: None,
+            kind: None,
+            function: FunctionOut {
+                name: None,
+                arguments,
+            },
+        }
+    }
+}
+
+/// A fresh tool-call id.
+pub(crate) fn new_call_id() -> String {
+    format!("call_{}", unique_id())
 }
 
 /// `text_completion`, whole or as a chunk (same shape; a chunk's `finish_reason` is null

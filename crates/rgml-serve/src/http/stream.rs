@@ -6,8 +6,8 @@
 
 use super::error::ApiError;
 use super::response::{
-    finish_reason, ChatLogprobs, CompletionLogprobs, Meta, Route, TextCompletion, ToolCallOut,
-    UsageOut, NO_RESULT,
+    finish_reason, new_call_id, ChatLogprobs, CompletionLogprobs, Meta, Route, TextCompletion,
+    ToolCallOut, UsageOut, NO_RESULT,
 };
 use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, Usage};
 use axum::response::sse::{Event, Sse};
@@ -65,6 +65,9 @@ struct State {
     /// may be a tool call, held back until the end).
     output: String,
     sent: usize,
+    /// Tool calls streamed in pieces so far: each one's id and the bytes of its arguments
+    /// sent.
+    streamed_calls: Vec<(String, usize)>,
     /// A thinking model's chat: the output split into reasoning and answer as it comes.
     reasoning: Option<ReasoningStream>,
 }
@@ -84,6 +87,7 @@ pub(crate) fn sse(
         offset: 0,
         output: String::new(),
         sent: 0,
+        streamed_calls: Vec::new(),
         reasoning: None,
     };
     if let Some(open) = state.meta.reasoning_open {
@@ -129,6 +133,9 @@ impl State {
                     let logprobs: Vec<Logprobs> = token.logprobs.into_iter().collect();
                     let chunk = self.piece(text, &logprobs, None);
                     self.ready.push_back(chunk);
+                }
+                if self.meta.route == Route::Chat {
+                    self.push_call_pieces();
                 }
             }
             Some(GenEvent::Done {
@@ -185,12 +192,56 @@ impl State {
         piece
     }
 
+    /// With tools, the pieces of the calls in the held-back output not sent yet, as llama-server
+    /// streams them: a call's id, type and name once its name is whole, then its arguments'
+    /// text as it comes. Nothing where the calls' layout does not stream (their name after
+    /// their arguments): they then go whole at the end.
+    fn call_pieces(&mut self) -> Vec<ToolCallOut> {
+        let Some(format) = self.meta.tool_format else {
+            return Vec::new();
+        };
+        let Some(calls) = format.partial_calls(&self.output[self.sent..]) else {
+            return Vec::new();
+        };
+        let mut pieces = Vec::new();
+        for (i, call) in calls.into_iter().enumerate() {
+            if i == self.streamed_calls.len() {
+                let id = new_call_id();
+                pieces.push(ToolCallOut::opening(i, id.clone(), call.name));
+                self.streamed_calls.push((id, 0));
+            }
+            let sent = &mut self.streamed_calls[i].1;
+            if let Some(new) = call.arguments.get(*sent..).filter(|a| !a.is_empty()) {
+                pieces.push(ToolCallOut::arguments(i, new.to_string()));
+                *sent = call.arguments.len();
+            }
+        }
+        pieces
+    }
+
+    /// A chunk of tool-call pieces, if there are any.
+    fn push_call_pieces(&mut self) {
+        let tool_calls = self.call_pieces();
+        if !tool_calls.is_empty() {
+            let delta = Delta {
+                tool_calls,
+                ..Delta::default()
+            };
+            let chunk = self.chat_chunk(delta, None, None);
+            self.ready.push_back(chunk);
+        }
+    }
+
     /// With tools, the output's tool calls once it is whole (its text before them sent
-    /// first); empty where it has none (then all its text has been sent).
+    /// first), unless they were streamed in pieces; empty where it has none (then all its
+    /// text has been sent).
     fn tool_calls(&mut self) -> Vec<ToolCallOut> {
         let Some(format) = self.meta.tool_format else {
             return Vec::new();
         };
+        if !self.streamed_calls.is_empty() {
+            return Vec::new();
+        }
         let calls = format.parse(&self.output).tool_calls;
         if calls.is_empty() {
             let rest = self.output[self.sent..].to_string();
@@ -213,7 +264,9 @@ impl State {
                     let chunk = self.piece(text, &[], None);
                     self.ready.push_back(chunk);
                 }
+                self.push_call_pieces();
                 let tool_calls = self.tool_calls();
+                let called = !tool_calls.is_empty() || !self.streamed_calls.is_empty();
                 if !tool_calls.is_empty() {
                     let delta = Delta {
                         tool_calls,
@@ -221,9 +274,9 @@ impl State {
                     };
                     let chunk = self.chat_chunk(delta, None, None);
                     self.ready.push_back(chunk);
-                    if reason == "stop" {
-                        reason = "tool_calls";
-                    }
+                }
+                if called && reason == "stop" {
+                    reason = "tool_calls";
                 }
                 let chunk = self.chat_chunk(Delta::default(), None, Some(reason));
                 self.ready.push_back(chunk);
