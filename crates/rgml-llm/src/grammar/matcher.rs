@@ -10,7 +10,7 @@
 //! they can begin.
 
 use super::rules::{CharClass, Grammar, RuleId, Term};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// A position in a grammar: the next term of one alternative of a rule.
@@ -264,33 +264,42 @@ impl Matcher {
     }
 
     /// The stacks with a character class on top that position `pos` over stack `below`
-    /// reaches without reading a character.
+    /// reaches without reading a character. A work list, not recursion: a client's grammar
+    /// may chain thousands of rules that match nothing (`("a"?){0,100000}`), and each
+    /// (position, stack) is expanded once however many paths reach it.
     fn expand(&mut self, pos: Pos, below: StackId, out: &mut Vec<StackId>) {
         let grammar = self.grammar.clone();
-        let seq = &grammar.rules[pos.rule as usize][pos.alt as usize];
-        match seq.get(pos.idx as usize) {
-            None if below == EMPTY => out.push(EMPTY),
-            None => {
-                let frame = self.frames[below as usize];
-                self.expand(frame.pos, frame.below, out);
+        let mut todo = vec![(pos, below)];
+        let mut seen = HashSet::new();
+        while let Some((pos, below)) = todo.pop() {
+            if !seen.insert((pos, below)) {
+                continue;
             }
-            Some(Term::Chars(_)) => out.push(self.intern_frame(Frame { pos, below })),
-            Some(Term::Rule(rule)) => {
-                // The return position, unless it is the sequence's end (a tail call).
-                let ret = match pos.idx as usize + 1 == seq.len() {
-                    true => below,
-                    false => self.intern_frame(Frame {
-                        pos: pos.next(),
-                        below,
-                    }),
-                };
-                for alt in 0..grammar.rules[*rule as usize].len() as u32 {
-                    let start = Pos {
-                        rule: *rule,
-                        alt,
-                        idx: 0,
+            let seq = &grammar.rules[pos.rule as usize][pos.alt as usize];
+            match seq.get(pos.idx as usize) {
+                None if below == EMPTY => out.push(EMPTY),
+                None => {
+                    let frame = self.frames[below as usize];
+                    todo.push((frame.pos, frame.below));
+                }
+                Some(Term::Chars(_)) => out.push(self.intern_frame(Frame { pos, below })),
+                Some(Term::Rule(rule)) => {
+                    // The return position, unless it is the sequence's end (a tail call).
+                    let ret = match pos.idx as usize + 1 == seq.len() {
+                        true => below,
+                        false => self.intern_frame(Frame {
+                            pos: pos.next(),
+                            below,
+                        }),
                     };
-                    self.expand(start, ret, out);
+                    for alt in 0..grammar.rules[*rule as usize].len() as u32 {
+                        let start = Pos {
+                            rule: *rule,
+                            alt,
+                            idx: 0,
+                        };
+                        todo.push((start, ret));
+                    }
                 }
             }
         }

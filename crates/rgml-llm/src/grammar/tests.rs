@@ -451,3 +451,21 @@ fn framed_documents_hold_the_frame_and_each_schema() {
     assert!(!takes(r#"<call any>[1]</call>"#));
     assert!(!takes(r#"<call weather>{"city": "Oslo"}"#));
 }
+
+#[test]
+fn long_chains_of_empty_matches_expand_without_deep_recursion() {
+    // 3 000 nested optional rules, each able to match nothing: expanded on a work list
+    // (recursion this deep would overflow a thread's stack).
+    let text = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let mut m = matcher("root ::= (\"a\"?){0,3000} \"b\"");
+            let ok = m.push(b"aaab") && m.finished();
+            let mut m = matcher("root ::= (\"a\"?){0,3000} \"b\"");
+            ok && !m.push(b"c")
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(text);
+}
