@@ -73,8 +73,8 @@ impl Constraint {
     }
 
     /// Samples a token the constraint allows from `logits` (masked in place when the first
-    /// pick is refused; end-of-generation tokens are the caller's to mask while the answer
-    /// is open). `None` when no token may come.
+    /// pick is refused; an end-of-generation token is allowed where the answer is complete).
+    /// `None` when no token may come.
     pub fn sample(
         &mut self,
         sampler: &mut Sampler,

@@ -17,8 +17,8 @@
 //!   context sized for the prompt plus the tokens wanted ends exactly this way;
 //! - with a [`Constraint`] ([`Generation::constrained`]): after the token that completes the
 //!   answer where nothing more may follow, or when no token may come:
-//!   [`StopReason::Constraint`]. While the answer is open, end-of-generation tokens are not
-//!   sampled.
+//!   [`StopReason::Constraint`]. End-of-generation tokens come only where the answer is
+//!   complete.
 //!
 //! A failed step (the computation itself failed) is yielded once as `Some(Err(_))`; the
 //! iterator then ends with no stop reason.
@@ -179,20 +179,13 @@ impl Iterator for Generation<'_> {
 }
 
 impl Generation<'_> {
-    /// A token the constraint allows, with end-of-generation tokens masked while its answer
-    /// is open.
+    /// A token the constraint allows (an end-of-generation token only where its answer is
+    /// complete).
     fn sample_constrained(&mut self) -> Option<TokenId> {
         let constraint = self.constraint.as_mut()?;
-        let tok = &self.session.model().tokenizer;
         self.masked.clear();
         self.masked.extend_from_slice(self.session.logits());
-        if !constraint.complete() {
-            for &eog in tok.eog_ids() {
-                if let Some(l) = self.masked.get_mut(eog as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
+        let tok = &self.session.model().tokenizer;
         constraint.sample(self.sampler, &mut self.masked, tok)
     }
 }

@@ -220,16 +220,16 @@ impl Running<'_> {
     }
 
     /// The next token: sampled from `logits` with end-of-generation tokens masked under
-    /// `ignore_eos` (llama.cpp's logit bias of -inf) or while a constrained answer is open,
-    /// and only among the tokens the constraint allows. `None`: no token may come.
+    /// `ignore_eos` (llama.cpp's logit bias of -inf), and only among the tokens the
+    /// constraint allows (an end-of-generation token only where its answer is complete).
+    /// `None`: no token may come.
     fn pick(&mut self, logits: &[f32], tok: &Tokenizer) -> Option<TokenId> {
-        let open = self.constraint.as_ref().is_some_and(|c| !c.complete());
         if !self.job.request.ignore_eos && self.constraint.is_none() {
             return Some(self.sampler.sample(logits));
         }
         self.masked.clear();
         self.masked.extend_from_slice(logits);
-        if self.job.request.ignore_eos || open {
+        if self.job.request.ignore_eos {
             for &eog in tok.eog_ids() {
                 if let Some(l) = self.masked.get_mut(eog as usize) {
                     *l = f32::NEG_INFINITY;
