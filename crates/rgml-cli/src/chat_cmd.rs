@@ -131,21 +131,28 @@ pub fn run(args: ChatArgs) -> Result<bool, CliError> {
             );
             continue;
         }
-        let reply = answer(&mut session, &mut chat, &prompt, &params, &args, &interrupt)?;
+        let reply = answer(
+            &mut session,
+            &mut chat,
+            &prompt,
+            &params,
+            args.n_predict,
+            &interrupt,
+        )?;
         chat.messages.push(Message::new("assistant", &reply));
     }
     args.model.finish()?;
     Ok(true)
 }
 
-/// Evaluates what the session lacks of `prompt`, streams the reply to stdout and returns its
-/// text; updates what the session holds.
+/// Evaluates what the session lacks of `prompt`, streams a reply of at most `n_predict`
+/// tokens (0: no limit) to stdout and returns its text; updates what the session holds.
 fn answer(
     session: &mut Session,
     chat: &mut Conversation,
     prompt: &[TokenId],
     params: &rgml_llm::SamplerParams,
-    args: &ChatArgs,
+    n_predict: usize,
     interrupt: &Interrupt,
 ) -> Result<String, CliError> {
     let model = session.model().clone();
@@ -165,7 +172,7 @@ fn answer(
     }
     chat.cached.truncate(keep);
     let room = session.n_ctx() - prompt.len();
-    let max_tokens = match args.n_predict {
+    let max_tokens = match n_predict {
         0 => room,
         n => n.min(room),
     };

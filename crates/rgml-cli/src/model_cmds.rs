@@ -448,38 +448,44 @@ pub struct RunArgs {
 /// The grammar of `--grammar`, `--grammar-file`, `--json-schema` or `--json-schema-file`
 /// (one at most), compiled; errors name the flag.
 fn run_grammar(args: &RunArgs) -> Result<Option<Grammar>, CliError> {
-    let read = |flag: &str, path: &PathBuf| {
-        std::fs::read_to_string(path)
-            .map_err(|e| CliError::usage(format!("{flag} {}: {e}", path.display())))
-    };
-    let (flag, gbnf, schema) = match (
+    // The flag and its text: a GBNF grammar, or a JSON schema (`json`).
+    let (flag, text, json) = match (
         &args.grammar,
         &args.grammar_file,
         &args.json_schema,
         &args.json_schema_file,
     ) {
-        (Some(g), ..) => ("--grammar", Some(g.clone()), None),
-        (_, Some(path), ..) => ("--grammar-file", Some(read("--grammar-file", path)?), None),
-        (_, _, Some(s), _) => ("--json-schema", None, Some(s.clone())),
+        (Some(g), ..) => ("--grammar", g.clone(), false),
+        (_, Some(path), ..) => (
+            "--grammar-file",
+            read_flag_file("--grammar-file", path)?,
+            false,
+        ),
+        (_, _, Some(s), _) => ("--json-schema", s.clone(), true),
         (.., Some(path)) => (
             "--json-schema-file",
-            None,
-            Some(read("--json-schema-file", path)?),
+            read_flag_file("--json-schema-file", path)?,
+            true,
         ),
         _ => return Ok(None),
     };
-    let grammar = match (gbnf, schema) {
-        (Some(gbnf), _) => Grammar::from_gbnf(&gbnf),
-        (_, Some(schema)) => {
-            let schema: serde_json::Value = serde_json::from_str(&schema)
+    let grammar = match json {
+        false => Grammar::from_gbnf(&text),
+        true => {
+            let schema: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| CliError::usage(format!("{flag}: not JSON: {e}")))?;
             Grammar::from_json_schema(&schema)
         }
-        _ => return Ok(None),
     };
     grammar
         .map(Some)
         .map_err(|e| CliError::usage(format!("{flag}: {e}")))
+}
+
+/// The text of the file a flag names (a usage error naming the flag otherwise).
+fn read_flag_file(flag: &str, path: &std::path::Path) -> Result<String, CliError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| CliError::usage(format!("{flag} {}: {e}", path.display())))
 }
 
 /// The sampling settings of the flags, checked (a usage error names the flag).
@@ -586,10 +592,8 @@ pub(crate) fn chat_choice(
         }
         (Some(value), None) => (value.to_string(), "--chat-template".to_string()),
         (None, Some(path)) => {
-            let what = format!("--chat-template-file {}", path.display());
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| CliError::usage(format!("{what}: {e}")))?;
-            (text, what)
+            let text = read_flag_file("--chat-template-file", path)?;
+            (text, format!("--chat-template-file {}", path.display()))
         }
     };
     ChatTemplate::new(&text, "", "").map_err(|e| CliError::usage(format!("{what}: {e}")))?;

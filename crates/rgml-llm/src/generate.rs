@@ -127,6 +127,16 @@ impl Generation<'_> {
         self.session
     }
 
+    /// A token the constraint allows (an end-of-generation token only where its answer is
+    /// complete).
+    fn sample_constrained(&mut self) -> Option<TokenId> {
+        let constraint = self.constraint.as_mut()?;
+        self.masked.clear();
+        self.masked.extend_from_slice(self.session.logits());
+        let tok = &self.session.model().tokenizer;
+        constraint.sample(self.sampler, &mut self.masked, tok)
+    }
+
     fn stop(&mut self, reason: StopReason) -> Option<Result<TokenId>> {
         self.stop = Some(reason);
         None
@@ -175,18 +185,6 @@ impl Iterator for Generation<'_> {
         self.pending = Some(token);
         self.n_generated += 1;
         Some(Ok(token))
-    }
-}
-
-impl Generation<'_> {
-    /// A token the constraint allows (an end-of-generation token only where its answer is
-    /// complete).
-    fn sample_constrained(&mut self) -> Option<TokenId> {
-        let constraint = self.constraint.as_mut()?;
-        self.masked.clear();
-        self.masked.extend_from_slice(self.session.logits());
-        let tok = &self.session.model().tokenizer;
-        constraint.sample(self.sampler, &mut self.masked, tok)
     }
 }
 

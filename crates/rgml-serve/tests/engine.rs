@@ -448,7 +448,7 @@ fn tools_need_a_template_that_shows_tool_calls() {
             schema: None,
             suffix: &suffix,
         };
-        let gbnf = rgml_llm::grammar::schema::framed_to_gbnf(&[frame]).unwrap();
+        let (gbnf, _) = rgml_llm::grammar::schema::framed_to_gbnf(&[frame]).unwrap();
         let grammar = rgml_llm::grammar::Grammar::from_gbnf(&gbnf).unwrap();
         let mut req = greedy(ask(), 300);
         req.format = rgml_serve::generator::OutputFormat::Grammar(Arc::new(grammar));

@@ -36,16 +36,27 @@ pub struct Framed<'a> {
 
 /// GBNF for one of `frames`: its prefix, a document of its schema, its suffix (e.g. a tool
 /// call in the model's own frame, with the tool's name in the prefix and its parameters'
-/// schema). Each schema's `$ref`s resolve inside it.
-pub fn framed_to_gbnf(frames: &[Framed<'_>]) -> Result<String, GrammarError> {
+/// schema). Each schema's `$ref`s resolve inside it. A schema the converter refuses holds its
+/// frame's document to any JSON object; those frames come back with the reason.
+pub fn framed_to_gbnf(
+    frames: &[Framed<'_>],
+) -> Result<(String, Vec<(usize, GrammarError)>), GrammarError> {
     let mut c = Converter::new(&Value::Null, "");
     let mut alts = Vec::new();
+    let mut refused = Vec::new();
     for (i, frame) in frames.iter().enumerate() {
         let document = match frame.schema {
             Some(schema) => {
                 c.root = schema;
                 c.ref_prefix = format!("f{i}-");
-                c.visit(schema, &format!("frame-{i}"))?
+                let mark = c.rules.len();
+                c.visit(schema, &format!("frame-{i}")).unwrap_or_else(|e| {
+                    // Drop what the refused schema had added.
+                    c.rules.truncate(mark);
+                    c.index.retain(|_, at| *at < mark);
+                    refused.push((i, e));
+                    c.primitive("object")
+                })
             }
             None => c.primitive("object"),
         };
@@ -59,7 +70,7 @@ pub fn framed_to_gbnf(frames: &[Framed<'_>]) -> Result<String, GrammarError> {
         return Err(unsupported("no frames: nothing is allowed"));
     }
     c.add("root", &alts.join(" | "));
-    Ok(c.text())
+    Ok((c.text(), refused))
 }
 
 const SPACE: &str = r#"| " " | "\n"{1,2} [ \t]{0,20}"#;
@@ -485,13 +496,13 @@ impl Converter<'_> {
             Some(Value::Object(p)) => p,
             Some(_) => return Err(unsupported("`properties` must be an object")),
         };
-        let required: Vec<&str> = match obj.get("required") {
+        let required_names: Vec<&str> = match obj.get("required") {
             None => Vec::new(),
             Some(Value::Array(r)) => (r.iter().map(Value::as_str).collect::<Option<_>>())
                 .ok_or_else(|| unsupported("`required` must be a list of strings"))?,
             Some(_) => return Err(unsupported("`required` must be a list of strings")),
         };
-        if let Some(missing) = required.iter().find(|r| !props.contains_key(**r)) {
+        if let Some(missing) = required_names.iter().find(|r| !props.contains_key(**r)) {
             return Err(unsupported(format!(
                 "required property `{missing}` is not in `properties`"
             )));
@@ -502,7 +513,8 @@ impl Converter<'_> {
             Some(Value::Bool(true)) if props.is_empty() => return Ok(self.primitive("object")),
             Some(schema) => Some(schema),
         };
-        let mut kv = Vec::new();
+        // Each property's key-value rule, required ones and optional ones in declaration order.
+        let (mut required, mut optional) = (Vec::new(), Vec::new());
         for (prop, schema) in props {
             let value = self.visit(schema, &format!("{name}-{prop}"))?;
             let body = format!(
@@ -510,11 +522,11 @@ impl Converter<'_> {
                 literal(&Value::from(prop.as_str()).to_string())
             );
             let rule = self.add(&format!("{name}-{prop}-kv"), &body);
-            kv.push((required.contains(&prop.as_str()), rule));
+            match required_names.contains(&prop.as_str()) {
+                true => required.push(rule),
+                false => optional.push(rule),
+            }
         }
-        let (mut required, mut optional): (Vec<_>, Vec<_>) = kv.into_iter().partition(|(r, _)| *r);
-        let mut optional: Vec<String> = optional.drain(..).map(|(_, rule)| rule).collect();
-        let required: Vec<String> = required.drain(..).map(|(_, rule)| rule).collect();
         let mut repeated = None;
         if let Some(schema) = additional {
             let value = self.visit(schema, &format!("{name}-additional-value"))?;

@@ -411,6 +411,8 @@ fn framed_documents_hold_the_frame_and_each_schema() {
         json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
     let nested = json!({"$defs": {"x": {"type": "integer"}}, "type": "object", "properties": {"n": {"$ref": "#/$defs/x"}}});
     let other = json!({"$defs": {"x": {"type": "boolean"}}, "type": "object", "properties": {"b": {"$ref": "#/$defs/x"}}});
+    // Refused (a `pattern` after a property the converter had already written): any object.
+    let patterned = json!({"type": "object", "properties": {"a": {"type": "integer"}, "z": {"type": "string", "pattern": "^x"}}});
     let frames = [
         schema::Framed {
             prefix: "<call weather>",
@@ -432,8 +434,17 @@ fn framed_documents_hold_the_frame_and_each_schema() {
             schema: None,
             suffix: "</call>",
         },
+        schema::Framed {
+            prefix: "<call p>",
+            schema: Some(&patterned),
+            suffix: "</call>",
+        },
     ];
-    let grammar = Arc::new(Grammar::from_gbnf(&schema::framed_to_gbnf(&frames).unwrap()).unwrap());
+    let (gbnf, refused) = schema::framed_to_gbnf(&frames).unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, 4);
+    assert!(refused[0].1.to_string().contains("pattern"));
+    let grammar = Arc::new(Grammar::from_gbnf(&gbnf).unwrap());
     let takes = |text: &str| {
         let mut m = Matcher::new(grammar.clone());
         m.push(text.as_bytes()) && m.finished()
@@ -445,6 +456,7 @@ fn framed_documents_hold_the_frame_and_each_schema() {
         "each schema's $defs are its own"
     );
     assert!(takes(r#"<call any>{"x": [1]}</call>"#));
+    assert!(takes(r#"<call p>{"q": "any"}</call>"#));
     assert!(!takes(r#"<call weather>{}</call>"#));
     assert!(!takes(r#"<call n>{"n": true}</call>"#));
     assert!(!takes(r#"<call b>{"b": 3}</call>"#));

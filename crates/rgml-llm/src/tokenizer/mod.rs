@@ -576,7 +576,7 @@ impl Tokenizer {
     /// The texts of every token but the end-of-generation ones (as [`Tokenizer::token_to_piece`]
     /// writes them without special tokens), as a byte trie for grammar-constrained sampling;
     /// built at the first call.
-    pub fn token_trie(&self) -> &Arc<TokenTrie> {
+    pub fn token_trie(&self) -> &TokenTrie {
         self.token_trie.get_or_init(|| {
             let pieces = (0..self.n_vocab() as TokenId)
                 .filter(|&id| !self.is_eog(id))

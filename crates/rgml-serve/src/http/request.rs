@@ -91,33 +91,25 @@ pub(crate) fn forced_call_grammar(
     format: ToolCallFormat,
     tools: &[&ForcedTool],
 ) -> Result<(Grammar, Vec<String>), ApiError> {
-    let mut warnings = Vec::new();
-    let frames: Vec<(String, String)> = tools
-        .iter()
+    let frames: Vec<(String, String)> = (tools.iter())
         .map(|t| format.forced_frame(Some(&t.name)))
         .collect();
-    let mut framed = Vec::new();
-    for (tool, (prefix, suffix)) in tools.iter().zip(&frames) {
-        let schema = tool
-            .parameters
-            .as_ref()
-            .filter(|p| match schema::to_gbnf(p) {
-                Ok(_) => true,
-                Err(e) => {
-                    warnings.push(format!(
-                    "tool `{}`: its parameters' {e}; its arguments are held to a JSON object only",
-                    tool.name
-                ));
-                    false
-                }
-            });
-        framed.push(Framed {
+    let framed: Vec<Framed<'_>> = (tools.iter().zip(&frames))
+        .map(|(tool, (prefix, suffix))| Framed {
             prefix,
-            schema,
+            schema: tool.parameters.as_ref(),
             suffix,
-        });
-    }
-    let gbnf = schema::framed_to_gbnf(&framed).map_err(|e| grammar_error(e, "tools"))?;
+        })
+        .collect();
+    let (gbnf, refused) = schema::framed_to_gbnf(&framed).map_err(|e| grammar_error(e, "tools"))?;
+    let warnings = (refused.iter())
+        .map(|(i, e)| {
+            format!(
+                "tool `{}`: its parameters' {e}; its arguments are held to a JSON object only",
+                tools[*i].name
+            )
+        })
+        .collect();
     let grammar = Grammar::from_gbnf(&gbnf).map_err(|e| grammar_error(e, "tools"))?;
     Ok((grammar, warnings))
 }

@@ -135,7 +135,8 @@ impl State {
                     self.ready.push_back(chunk);
                 }
                 if self.meta.route == Route::Chat {
-                    self.push_call_pieces();
+                    let pieces = self.call_pieces();
+                    self.push_calls(pieces);
                 }
             }
             Some(GenEvent::Done {
@@ -219,9 +220,8 @@ impl State {
         pieces
     }
 
-    /// A chunk of tool-call pieces, if there are any.
-    fn push_call_pieces(&mut self) {
-        let tool_calls = self.call_pieces();
+    /// A chunk of tool calls or their pieces, if there are any.
+    fn push_calls(&mut self, tool_calls: Vec<ToolCallOut>) {
         if !tool_calls.is_empty() {
             let delta = Delta {
                 tool_calls,
@@ -264,17 +264,11 @@ impl State {
                     let chunk = self.piece(text, &[], None);
                     self.ready.push_back(chunk);
                 }
-                self.push_call_pieces();
+                let pieces = self.call_pieces();
+                self.push_calls(pieces);
                 let tool_calls = self.tool_calls();
                 let called = !tool_calls.is_empty() || !self.streamed_calls.is_empty();
-                if !tool_calls.is_empty() {
-                    let delta = Delta {
-                        tool_calls,
-                        ..Delta::default()
-                    };
-                    let chunk = self.chat_chunk(delta, None, None);
-                    self.ready.push_back(chunk);
-                }
+                self.push_calls(tool_calls);
                 if called && reason == "stop" {
                     reason = "tool_calls";
                 }
