@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Put llama.cpp's vocabulary-only GGUF files (tokenizer metadata of Llama 3, Qwen2, Qwen3.5,
-# Phi-3, LLaMA SentencePiece and Gemma 4, no weights) in models/vocab/ unless they are already
-# there.
+# Phi-3, LLaMA SentencePiece, Gemma 4 and BERT's WordPiece (bge), no weights) in models/vocab/
+# unless they are already there.
 # They ship in the PyPI source package llama-cpp-python 0.3.36 (vendor/llama.cpp/models/); the
 # package is cached where scripts/llamacpp.sh caches it, so it is downloaded at most once.
 set -euo pipefail
@@ -18,6 +18,7 @@ files=(
     "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326 ggml-vocab-phi-3.gguf"
     "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69 ggml-vocab-llama-spm.gguf"
     "58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65 ggml-vocab-gemma-4.gguf"
+    "fbcbe22278fb302694d5f4a41bfe48c5f90e8e3554eab1c0435387dff654a854 ggml-vocab-bert-bge.gguf"
 )
 
 have_all() {

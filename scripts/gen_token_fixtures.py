@@ -5,8 +5,8 @@
 
 Without arguments it covers the files rgml's tokenizer parity test reads (see FILES): Gemma 3
 (SentencePiece without a space prefix), llama.cpp's vocabulary-only files for Llama 3 (BPE,
-`llama-bpe`), Qwen2 (BPE, `qwen2`), Qwen3.5 (BPE, `qwen35`), Gemma 4 (BPE over raw UTF-8, `gemma4`), Phi-3 and LLaMA (SentencePiece), and the demo model
-(SmolLM2, BPE). `scripts/fetch-model.sh` and `scripts/fetch-vocab.sh` put them in models/.
+`llama-bpe`), Qwen2 (BPE, `qwen2`), Qwen3.5 (BPE, `qwen35`), Gemma 4 (BPE over raw UTF-8, `gemma4`), Phi-3 and LLaMA (SentencePiece), BERT's bge (WordPiece),
+and the demo model (SmolLM2, BPE). `scripts/fetch-model.sh` and `scripts/fetch-vocab.sh` put them in models/.
 
 Pre-tokenizers llama.cpp ships no vocabulary for (see RELABELLED: `gpt-4o`) are tested on a
 copy of one of those files with `tokenizer.ggml.pre` set to their name (`--pre NAME`): the
@@ -66,6 +66,7 @@ FILES = [
     "models/vocab/ggml-vocab-gemma-4.gguf",
     "models/vocab/ggml-vocab-phi-3.gguf",
     "models/vocab/ggml-vocab-llama-spm.gguf",
+    "models/vocab/ggml-vocab-bert-bge.gguf",
     "models/SmolLM2-135M-Instruct.Q4_1.gguf",
 ]
 # (file, pre-tokenizer name): fixtures of a file relabelled with another `tokenizer.ggml.pre`.

@@ -328,6 +328,13 @@ fn qwen35_matches_llama_cpp() {
     check(include_str!("fixtures/tokens/ggml-vocab-qwen35.json"));
 }
 
+/// BERT's WordPiece (`bert`) on llama.cpp's bge vocabulary: lower case, accents stripped,
+/// CJK ideographs and punctuation as words of their own, `[CLS]`/`[SEP]` around the text.
+#[test]
+fn bert_bge_matches_llama_cpp() {
+    check(include_str!("fixtures/tokens/ggml-vocab-bert-bge.json"));
+}
+
 /// Texts whose ids depend on combining marks joining letter runs, with llama.cpp's ids for
 /// `ggml-vocab-qwen35.gguf` (under Qwen 2's pre-tokenizer the same vocabulary gives others).
 #[test]

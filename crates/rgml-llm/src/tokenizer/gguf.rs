@@ -58,7 +58,7 @@ fn opt_id(file: &GgufFile, key: &str, n_vocab: usize) -> Option<u32> {
 impl Tokenizer {
     /// Builds the tokenizer a GGUF file describes. Supports `tokenizer.ggml.model` `gpt2`
     /// (byte-level BPE, with the pre-tokenizers of [`super::PreTokenizer::from_name`]),
-    /// `gemma4` (BPE over raw UTF-8) and `llama` (SentencePiece).
+    /// `gemma4` (BPE over raw UTF-8), `llama` (SentencePiece) and `bert` (WordPiece).
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
         let kind = TokenizerKind::from_name(file.get_str(KEY_MODEL)?)?;
         let pre = match file.get(KEY_PRE) {
@@ -117,6 +117,10 @@ impl Tokenizer {
             eom: id("eom"),
             unk: id("unknown"),
             pad: id("padding"),
+            // llama.cpp's key keeps its misspelling.
+            sep: id("seperator"),
+            lowercase: opt_bool(file, "tokenizer.ggml.normalizer.lowercase")?,
+            strip_accents: opt_bool(file, "tokenizer.ggml.normalizer.strip_accents")?,
             add_bos: opt_bool(file, "tokenizer.ggml.add_bos_token")?,
             add_eos: opt_bool(file, "tokenizer.ggml.add_eos_token")?,
             add_space_prefix: opt_bool(file, "tokenizer.ggml.add_space_prefix")?,

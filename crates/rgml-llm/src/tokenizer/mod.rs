@@ -5,7 +5,8 @@
 //! submodules: `attr` (the token attributes llama.cpp derives, end-of-generation ids),
 //! [`pretokenize`] (the word splitters of BPE), `bpe` (BPE with merges: byte-level, `gpt2`,
 //! and over raw UTF-8, `gemma4`),
-//! `spm` (SentencePiece, `llama`) and [`Decoder`] (streaming detokenization).
+//! `spm` (SentencePiece, `llama`), `wpm` (WordPiece, `bert`) and [`Decoder`] (streaming
+//! detokenization).
 //!
 //! ```no_run
 //! # fn demo(tok: &rgml_llm::tokenizer::Tokenizer) -> rgml_llm::Result<()> {
@@ -22,6 +23,7 @@ mod gguf;
 pub mod pretokenize;
 mod spm;
 mod unicode;
+mod wpm;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -88,6 +90,9 @@ pub enum TokenizerKind {
     /// chunks of 5 bytes, each hashed (`h = h * 31 + byte`) modulo the vocabulary size; tokens
     /// render as their id in hexadecimal.
     Test,
+    /// `bert`: WordPiece (BERT's normaliser, greedy longest match per word); encoding with
+    /// special tokens wraps the text in `[CLS]` (BOS) and `[SEP]`.
+    Wpm,
 }
 
 impl TokenizerKind {
@@ -98,8 +103,10 @@ impl TokenizerKind {
             "llama" => Ok(TokenizerKind::Spm),
             "gemma4" => Ok(TokenizerKind::Gemma4),
             "test" => Ok(TokenizerKind::Test),
+            "bert" => Ok(TokenizerKind::Wpm),
             other => Err(LlmError::Tokenizer(format!(
-                "unsupported tokenizer model '{other}' (supported: gpt2, llama, gemma4, test)"
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama, gemma4, test, \
+                 bert)"
             ))),
         }
     }
@@ -133,8 +140,15 @@ pub struct TokenizerParts {
     pub eom: Option<TokenId>,
     /// Unknown-token id; SentencePiece defaults to 0.
     pub unk: Option<TokenId>,
-    /// Padding id.
+    /// Padding id; WordPiece defaults to 0.
     pub pad: Option<TokenId>,
+    /// Separator id (`[SEP]`, which WordPiece appends); WordPiece defaults to 102.
+    pub sep: Option<TokenId>,
+    /// BERT's normaliser (`tokenizer.ggml.normalizer.lowercase`, default true, and
+    /// `.strip_accents`, defaulting to the former), for WordPiece.
+    pub lowercase: Option<bool>,
+    /// See [`TokenizerParts::lowercase`].
+    pub strip_accents: Option<bool>,
     /// Whether encoding with [`EncodeOptions::add_special`] prepends BOS; default true for
     /// SentencePiece and Llama 3's BPE, false for other BPE.
     pub add_bos: Option<bool>,
@@ -168,6 +182,9 @@ impl Default for TokenizerParts {
             eom: None,
             unk: None,
             pad: None,
+            sep: None,
+            lowercase: None,
+            strip_accents: None,
             add_bos: None,
             add_eos: None,
             add_space_prefix: None,
@@ -217,6 +234,7 @@ enum Model {
     Bpe(Box<bpe::BpeModel>),
     Spm,
     Test,
+    Wpm(wpm::WpmModel),
 }
 
 /// A text fragment or an already-identified special token, while splitting at specials.
@@ -272,6 +290,7 @@ pub struct Tokenizer {
     eot: Option<TokenId>,
     eom: Option<TokenId>,
     pad: Option<TokenId>,
+    sep: Option<TokenId>,
     fim: FimIds,
     add_bos: bool,
     add_eos: bool,
@@ -286,11 +305,17 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     /// Builds a tokenizer from plain parts (used by [`Tokenizer::from_gguf`] and tests).
-    pub fn from_parts(parts: TokenizerParts) -> Result<Tokenizer> {
+    pub fn from_parts(mut parts: TokenizerParts) -> Result<Tokenizer> {
         let n = check_lengths(&parts)?;
         let ids = SpecialIds::of(&parts, n)?;
-        let mut vocab = build_vocab(parts.tokens, &parts.scores, &parts.token_types, ids.unk);
-        let algo = Algorithm::new(parts.kind, parts.pre.as_deref(), &vocab, &parts.merges)?;
+        let tokens = std::mem::take(&mut parts.tokens);
+        let mut vocab = build_vocab(tokens, &parts.scores, &parts.token_types, ids.unk);
+        let lowercase = parts.lowercase.unwrap_or(true);
+        let normalizer = wpm::Normalizer {
+            lowercase,
+            strip_accents: parts.strip_accents.unwrap_or(lowercase),
+        };
+        let algo = Algorithm::new(&parts, &vocab, normalizer)?;
         let given = attr::NamedIds {
             eos: ids.eos,
             eot: ids.eot,
@@ -325,6 +350,7 @@ impl Tokenizer {
             eot: named.eot,
             eom: named.eom,
             pad: ids.pad,
+            sep: ids.sep,
             fim: named.fim,
             add_bos: parts.add_bos.unwrap_or(algo.add_bos) || algo.forces_bos,
             add_eos: parts.add_eos.unwrap_or(false),
@@ -391,6 +417,19 @@ impl Tokenizer {
                         Fragment::Token(id) => out.push(id),
                     }
                 }
+            }
+            Model::Wpm(m) => {
+                for f in &frags {
+                    match *f {
+                        Fragment::Text(t) => m.encode(&self.vocab, t, &mut out),
+                        Fragment::Token(id) => out.push(id),
+                    }
+                }
+                // llama.cpp closes a WordPiece text with SEP, never EOS.
+                if add_special {
+                    out.extend(self.sep);
+                }
+                return out;
             }
         }
         if add_special && self.add_eos {
@@ -485,7 +524,7 @@ impl Tokenizer {
     pub fn pre_tokenizer(&self) -> Option<PreTokenizer> {
         match &self.model {
             Model::Bpe(m) => Some(m.pre),
-            Model::Spm | Model::Test => None,
+            Model::Spm | Model::Test | Model::Wpm(_) => None,
         }
     }
 
@@ -624,6 +663,7 @@ struct SpecialIds {
     eot: Option<TokenId>,
     eom: Option<TokenId>,
     pad: Option<TokenId>,
+    sep: Option<TokenId>,
 }
 
 impl SpecialIds {
@@ -639,11 +679,17 @@ impl SpecialIds {
             }
         };
         // llama.cpp's defaults: SentencePiece's BOS 1, EOS 2 and UNK 0; byte-level BPE's
-        // BOS and EOS 11 (GPT-2's, whatever the vocabulary), no UNK; Gemma 4's none.
+        // BOS and EOS 11 (GPT-2's, whatever the vocabulary), no UNK; Gemma 4's none;
+        // WordPiece's BERT ids: [CLS] 101 as BOS, [UNK] 100, [SEP] 102, [PAD] 0.
         let (bos, eos, unk) = match parts.kind {
             TokenizerKind::Spm => (Some(1), Some(2), Some(0)),
             TokenizerKind::Bpe => (Some(11), Some(11), None),
+            TokenizerKind::Wpm => (Some(101), None, Some(100)),
             TokenizerKind::Gemma4 | TokenizerKind::Test => (None, None, None),
+        };
+        let (sep, pad) = match parts.kind {
+            TokenizerKind::Wpm => (Some(102), Some(0)),
+            _ => (None, None),
         };
         let default = |v: Option<TokenId>| v.filter(|&v| (v as usize) < n);
         Ok(SpecialIds {
@@ -652,7 +698,8 @@ impl SpecialIds {
             unk: check("UNK", parts.unk.or_else(|| default(unk)))?,
             eot: check("EOT", parts.eot)?,
             eom: check("EOM", parts.eom)?,
-            pad: check("PAD", parts.pad)?,
+            pad: check("PAD", parts.pad.or_else(|| default(pad)))?,
+            sep: check("SEP", parts.sep.or_else(|| default(sep)))?,
         })
     }
 }
@@ -676,7 +723,7 @@ struct Algorithm {
 enum Rendering {
     /// Byte-level BPE: GPT-2's chars back to bytes.
     ByteLevel,
-    /// SentencePiece and Gemma 4's BPE: the text with `▁` read as a space.
+    /// SentencePiece, Gemma 4's BPE and WordPiece: the text with `▁` read as a space.
     Spaces,
     /// The `test` tokenizer: the id in hexadecimal, whatever the token.
     Hex,
@@ -684,12 +731,12 @@ enum Rendering {
 
 impl Algorithm {
     fn new(
-        kind: TokenizerKind,
-        pre: Option<&str>,
+        parts: &TokenizerParts,
         vocab: &Vocab,
-        merges: &[String],
+        normalizer: wpm::Normalizer,
     ) -> Result<Algorithm> {
-        Ok(match kind {
+        let (pre, merges) = (parts.pre.as_deref(), &parts.merges);
+        Ok(match parts.kind {
             // An absent or empty name is llama.cpp's `default` (it warns).
             TokenizerKind::Bpe => Self::bpe(
                 pre.filter(|p| !p.is_empty()).unwrap_or("default"),
@@ -710,6 +757,14 @@ impl Algorithm {
                 forces_bos: false,
                 clean_spaces: false,
                 rendering: Rendering::Hex,
+            },
+            // llama.cpp adds [CLS] to a WordPiece text whatever the file says.
+            TokenizerKind::Wpm => Algorithm {
+                model: Model::Wpm(wpm::WpmModel::new(vocab, normalizer)),
+                add_bos: true,
+                forces_bos: true,
+                clean_spaces: true,
+                rendering: Rendering::Spaces,
             },
         })
     }
