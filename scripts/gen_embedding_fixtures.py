@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Reference embeddings of llama.cpp for the demo model, one fixture per instruction set.
+"""Reference embeddings of llama.cpp for the demo model and for a BERT encoder, one fixture
+per instruction set.
 
     python3 scripts/gen_embedding_fixtures.py --isa avx2|avx512 [MODEL.gguf]
+    python3 scripts/gen_embedding_fixtures.py --isa avx2|avx512 --bert [--bin PATH]
 
 It needs llama.cpp's shared libraries built natively for the instruction set
 (`scripts/llamacpp.sh`), found through `LLAMA_CPP_LIB_PATH`, and the `llama_cpp` Python package
@@ -14,6 +16,13 @@ llama-server tokenizes an embedding input) and the pooled embedding that
 `llama_get_embeddings_seq` returns for a context with `embeddings` on and that pooling type,
 normalised as llama-server's `/v1/embeddings` does (`common_embd_normalize`, Euclidean), each
 value as Python prints the f32 (round trip).
+
+With `--bert` the model is `rgml-random-model --arch bert` (a random-weight BERT with llama.cpp's
+bge vocabulary, byte for byte the same on every run; built with `cargo build --release -p
+rgml-testmodels` unless `--bin` names the generator), which llama.cpp runs as an encoder
+(bidirectional attention, no KV cache): the fixture is `embeddings/bert-<isa>.json`, with the
+poolings `cls` (the file's) and `mean`, each with flash attention off and on (`"fa"`), and
+more prompts (accents, CJK, punctuation, an empty text: the WordPiece tokenizer's cases).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import subprocess
 import sys
 
 import numpy as np
@@ -35,6 +45,12 @@ PROMPTS = [
     "The quick brown fox jumps over the lazy dog. It was a bright cold day in April.",
 ]
 POOLINGS = {"mean": 1, "cls": 2, "last": 3}
+BERT_PROMPTS = PROMPTS + [
+    "Héllo Wörld! naïve café, 東京タワー and the 2 cats' toys.",
+    "",
+    " ".join(["A long sentence about retrieval, embeddings and search."] * 12),
+]
+BERT_POOLINGS = {"cls": 2, "mean": 1}
 
 
 def normalize(v: np.ndarray) -> np.ndarray:
@@ -47,14 +63,14 @@ def normalize(v: np.ndarray) -> np.ndarray:
     return (v.astype(np.float32) * inv).astype(np.float32)
 
 
-def embed(model, pooling: int, tokens: list[int]) -> list[float]:
+def embed(model, pooling: int, tokens: list[int], flash_attn: bool = False) -> list[float]:
     cp = L.llama_context_default_params()
     cp.n_ctx = 512
     cp.n_batch = 512
     cp.n_ubatch = 512
     cp.n_threads = 2
     cp.n_threads_batch = 2
-    cp.flash_attn_type = 0
+    cp.flash_attn_type = 1 if flash_attn else 0
     cp.embeddings = True
     cp.pooling_type = pooling
     ctx = L.llama_init_from_model(model, cp)
@@ -80,12 +96,24 @@ def embed(model, pooling: int, tokens: list[int]) -> list[float]:
     return [float(x) for x in normalize(v)]
 
 
+def bert_model(bin_path: str | None) -> pathlib.Path:
+    """The random BERT model, written by rgml-random-model into target/."""
+    if bin_path is None:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "rgml-testmodels"], cwd=ROOT, check=True)
+        bin_path = str(ROOT / "target" / "release" / "rgml-random-model")
+    out = ROOT / "target" / "bert.gguf"
+    subprocess.run([bin_path, "--arch", "bert", "--out", str(out)], cwd=ROOT, check=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--isa", required=True, choices=["avx2", "avx512"])
+    ap.add_argument("--bert", action="store_true", help="the random BERT encoder instead of MODEL")
+    ap.add_argument("--bin", help="the rgml-random-model binary (with --bert)")
     ap.add_argument("model", nargs="?", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     args = ap.parse_args()
-    path = pathlib.Path(args.model)
+    path = bert_model(args.bin) if args.bert else pathlib.Path(args.model)
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     mp.use_extra_bufts = False
@@ -94,16 +122,22 @@ def main() -> None:
         sys.exit(f"llama.cpp could not load {path}")
     vocab = L.llama_model_get_vocab(model)
     cases = []
-    for prompt in PROMPTS:
+    prompts, poolings = (BERT_PROMPTS, BERT_POOLINGS) if args.bert else (PROMPTS, POOLINGS)
+    for prompt in prompts:
         tokens = tokenize(vocab, prompt, True)
-        for name, pooling in POOLINGS.items():
-            cases.append({"prompt": prompt, "pooling": name, "tokens": tokens,
-                          "embedding": embed(model, pooling, tokens)})
+        for name, pooling in poolings.items():
+            for fa in [False, True] if args.bert else [False]:
+                case = {"prompt": prompt, "pooling": name, "tokens": tokens,
+                        "embedding": embed(model, pooling, tokens, fa)}
+                if args.bert:
+                    case["fa"] = fa
+                cases.append(case)
     out = ROOT / "crates" / "rgml-cli" / "tests" / "fixtures" / "embeddings"
     out.mkdir(parents=True, exist_ok=True)
+    name = f"bert-{args.isa}.json" if args.bert else f"{args.isa}.json"
     fixture = {"model": path.name, "sha256": sha256(path), "isa": args.isa, "cases": cases}
-    (out / f"{args.isa}.json").write_text(json.dumps(fixture) + "\n")
-    print(f"wrote {out / (args.isa + '.json')}: {len(cases)} cases")
+    (out / name).write_text(json.dumps(fixture) + "\n")
+    print(f"wrote {out / name}: {len(cases)} cases")
 
 
 if __name__ == "__main__":

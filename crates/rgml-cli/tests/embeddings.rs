@@ -4,14 +4,25 @@
 //! arithmetic of each instruction set this CPU runs. Last and CLS pick one token's final-normed
 //! hidden state, which equals llama.cpp's bit for bit; mean sums them in another order than
 //! llama.cpp's matrix product, so it gets an f32 rounding's room.
+//!
+//! The same for a BERT encoder (`rgml-random-model --arch bert`, llama.cpp's bge vocabulary;
+//! `tests/fixtures/embeddings/bert-<isa>.json`, `scripts/gen_embedding_fixtures.py --bert`):
+//! WordPiece tokens, bidirectional attention and CLS or mean pooling, flash attention off and
+//! on, as llama.cpp's encoder computes them.
 
 #[allow(dead_code)] // Only the root and the demo model are used here.
 mod common;
 
 use common::{demo_model, root, runnable_isas, sha256_hex};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn embed(isa: &str, prompt: &str, pooling: &str) -> serde_json::Value {
+    embed_with(&demo_model(), isa, prompt, pooling, "off")
+}
+
+/// `rgml embed` of `prompt` by `model` under `isa`, with flash attention `fa`.
+fn embed_with(model: &Path, isa: &str, prompt: &str, pooling: &str, fa: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
         .args([
             "embed",
@@ -20,12 +31,12 @@ fn embed(isa: &str, prompt: &str, pooling: &str) -> serde_json::Value {
             "--pooling",
             pooling,
             "-fa",
-            "off",
+            fa,
             "-t",
             "2",
         ])
         .arg("-m")
-        .arg(demo_model())
+        .arg(model)
         .env("RGML_CPU_ISA", isa)
         .output()
         .expect("run rgml embed");
@@ -58,18 +69,68 @@ fn embeddings_are_llama_cpps() {
             );
             let got = embed(isa, prompt, pooling);
             assert_eq!(got["tokens"], case["tokens"], "{prompt:?} tokens");
-            let want: Vec<f64> = serde_json::from_value(case["embedding"].clone()).unwrap();
-            let have: Vec<f64> = serde_json::from_value(got["embedding"].clone()).unwrap();
-            assert_eq!(have.len(), want.len());
             let room = if pooling == "mean" { 2e-7 } else { 0.0 };
-            let worst = have
-                .iter()
-                .zip(&want)
-                .map(|(h, w)| (h - w).abs())
-                .fold(0.0, f64::max);
+            let worst = worst(&got, case);
             assert!(
                 worst <= room,
                 "{prompt:?} {pooling} on {isa}: {worst} from llama.cpp"
+            );
+        }
+    }
+}
+
+/// The largest difference between two vectors of a case.
+fn worst(got: &serde_json::Value, case: &serde_json::Value) -> f64 {
+    let want: Vec<f64> = serde_json::from_value(case["embedding"].clone()).unwrap();
+    let have: Vec<f64> = serde_json::from_value(got["embedding"].clone()).unwrap();
+    assert_eq!(have.len(), want.len());
+    have.iter()
+        .zip(&want)
+        .map(|(h, w)| (h - w).abs())
+        .fold(0.0, f64::max)
+}
+
+/// The random BERT model, written afresh into the test's scratch directory.
+fn bert_model() -> PathBuf {
+    let arch = rgml_testmodels::Arch::Bert;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("embeddings");
+    std::fs::create_dir_all(&dir).expect("create the model directory");
+    let path = dir.join("bert.gguf");
+    rgml_testmodels::write_random_model(arch, &root().join(arch.vocab_file()), &path)
+        .expect("write the random BERT model (scripts/fetch-vocab.sh first)");
+    path
+}
+
+#[test]
+fn bert_embeddings_are_llama_cpps() {
+    let model = bert_model();
+    let model_sha = sha256_hex(&std::fs::read(&model).expect("read the BERT model"));
+    let runnable = runnable_isas();
+    for isa in ["avx2", "avx512"] {
+        let path = root().join(format!(
+            "crates/rgml-cli/tests/fixtures/embeddings/bert-{isa}.json"
+        ));
+        let text = std::fs::read_to_string(&path).expect("BERT embedding fixture");
+        let fixture: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
+        assert_eq!(fixture["sha256"].as_str(), Some(model_sha.as_str()));
+        if !runnable.contains(&isa) {
+            continue;
+        }
+        for case in fixture["cases"].as_array().expect("cases") {
+            let prompt = case["prompt"].as_str().unwrap();
+            let pooling = case["pooling"].as_str().unwrap();
+            let fa = if case["fa"].as_bool().unwrap() {
+                "on"
+            } else {
+                "off"
+            };
+            let got = embed_with(&model, isa, prompt, pooling, fa);
+            assert_eq!(got["tokens"], case["tokens"], "{prompt:?} tokens");
+            let room = if pooling == "mean" { 2e-7 } else { 0.0 };
+            let worst = worst(&got, case);
+            assert!(
+                worst <= room,
+                "{prompt:?} {pooling} -fa {fa} on {isa}: {worst} from llama.cpp"
             );
         }
     }

@@ -416,7 +416,11 @@ fn llama_cpp_graphs_of_every_architecture_run_on_rgml_rpc_server() {
     let server = Server::rgml(&["-t", "1"], 0);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rpc-arch-models");
     std::fs::create_dir_all(&dir).expect("model directory");
-    for arch in rgml_testmodels::Arch::ALL {
+    // BERT encodes and generates no text: llama-completion refuses it.
+    let decoders = rgml_testmodels::Arch::ALL
+        .into_iter()
+        .filter(|&a| a != rgml_testmodels::Arch::Bert);
+    for arch in decoders {
         let vocab = root().join(arch.vocab_file());
         let path = dir.join(format!("{arch}.gguf"));
         rgml_testmodels::write_random_model(arch, &vocab, &path).expect("write the random model");

@@ -3,7 +3,8 @@
 //! concurrent streams each giving its solo output, bad requests, a dropped connection freeing
 //! its slot) and Debian's Chromium driving the chat page (`tests/serve/browser.py`); and a
 //! graceful shutdown ending a running stream cleanly; tools, JSON-schema answers and embeddings
-//! through `openai` (`tests/serve/openai_structured.py`).
+//! through `openai` (`tests/serve/openai_structured.py`); a BERT encoder serving embeddings
+//! and refusing to generate.
 //!
 //! The clients run in the Python of `RGML_SERVE_PYTHON` (a venv with `openai`, `jsonschema` and `selenium`,
 //! made by `scripts/test.sh`); without it the client tests skip, unless
@@ -41,9 +42,14 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::start_model(&demo_model(), extra)
+    }
+
+    /// `rgml serve` on `model`.
+    fn start_model(model: &std::path::Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rgml"))
             .args(["serve", "-m"])
-            .arg(demo_model())
+            .arg(model)
             .args(["--port", "0", "-t", "2"])
             .args(extra)
             .stderr(Stdio::piped())
@@ -185,6 +191,82 @@ fn openai_tools_structured_output_and_embeddings() {
         "the structured-output client tests failed (see above)"
     );
     assert!(server.terminate().success());
+}
+
+/// A POST of `body` to `path` in raw HTTP: the status and the JSON answer.
+fn post(url: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let addr = url.trim_start_matches("http://");
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).expect("read the answer");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+    let body = match head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        true => dechunk(body),
+        false => body.to_string(),
+    };
+    let json = serde_json::from_str(&body).expect("a JSON body");
+    (status.expect("a status line"), json)
+}
+
+/// The data of a chunked HTTP body.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+#[test]
+fn a_bert_model_serves_embeddings_and_refuses_to_generate() {
+    let arch = rgml_testmodels::Arch::Bert;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve");
+    std::fs::create_dir_all(&dir).expect("create the model directory");
+    let model = dir.join("bert.gguf");
+    rgml_testmodels::write_random_model(arch, &root().join(arch.vocab_file()), &model)
+        .expect("write the random BERT model");
+    let server = Server::start_model(&model, &["-np", "1"]);
+    let prompts = ["Hello, world", "naïve café"];
+    let body = serde_json::json!({ "input": prompts }).to_string();
+    let (status, answer) = post(&server.url, "/v1/embeddings", &body);
+    assert_eq!(status, 200, "{answer}");
+    for (i, prompt) in prompts.iter().enumerate() {
+        // `rgml embed` is held to llama.cpp's vectors (tests/embeddings.rs): the server must
+        // give its vector, pooled by the file's CLS and normalised.
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(["embed", "-t", "2", "-p", prompt, "-m"])
+            .arg(&model)
+            .output()
+            .expect("rgml embed");
+        let cli: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(
+            answer["data"][i]["embedding"], cli["embedding"],
+            "{prompt:?}"
+        );
+    }
+    let chat = r#"{"messages": [{"role": "user", "content": "hi"}]}"#;
+    let (status, answer) = post(&server.url, "/v1/chat/completions", chat);
+    assert_eq!(status, 501, "{answer}");
+    assert_eq!(answer["error"]["type"], "not_supported_error");
+    let long = serde_json::json!({ "input": "word ".repeat(600) }).to_string();
+    let (status, answer) = post(&server.url, "/v1/embeddings", &long);
+    assert_eq!(status, 400, "{answer}");
 }
 
 /// A streamed request in raw HTTP: the response so far after `wait`.

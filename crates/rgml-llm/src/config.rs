@@ -38,11 +38,15 @@ pub enum Arch {
     /// layers, last layers that attend over earlier layers' KV caches, per-layer token
     /// embeddings, a scale on each block's output, and (MoE files) experts beside a dense FFN.
     Gemma4,
+    /// BERT (`bert`): an encoder for embeddings. Learned absolute position embeddings and a
+    /// token-type row added to the token embeddings, bidirectional attention, post-norm blocks
+    /// of layer norms with biases, an ungated GELU FFN; no output head.
+    Bert,
 }
 
 impl Arch {
     /// Every `general.architecture` value accepted, with its architecture.
-    pub const NAMES: [(&'static str, Arch); 12] = [
+    pub const NAMES: [(&'static str, Arch); 13] = [
         ("llama", Arch::Llama),
         ("mistral", Arch::Llama),
         ("smollm", Arch::Llama),
@@ -55,6 +59,7 @@ impl Arch {
         ("qwen35", Arch::Qwen35),
         ("qwen35moe", Arch::Qwen35Moe),
         ("gemma4", Arch::Gemma4),
+        ("bert", Arch::Bert),
     ];
 
     /// Whether the graph divides RoPE frequencies by `rope_freqs.weight` when the file has it
@@ -68,6 +73,11 @@ impl Arch {
     /// them (Phi-3, as llama.cpp).
     pub fn has_longrope_factors(self) -> bool {
         self == Arch::Phi3
+    }
+
+    /// Whether the model is an encoder: it computes embeddings only, with no output head.
+    pub fn is_encoder(self) -> bool {
+        self == Arch::Bert
     }
 
     /// Whether the output projection has a bias when the file has `output.bias` (Qwen2).
@@ -302,6 +312,12 @@ pub struct ModelConfig {
     /// Width of each token's per-layer embedding (Gemma 4's
     /// `embedding_length_per_layer_input`); 0: none.
     pub n_embd_per_layer: usize,
+    /// Whether a token attends to earlier positions only (`attention.causal`, as llama.cpp
+    /// true unless the file says otherwise). Without it (BERT) every token of a sequence sees
+    /// every other, so a sequence is encoded in one micro-batch.
+    pub causal: bool,
+    /// Rows of the token-type embeddings (`tokenizer.ggml.token_type_count`, BERT); 0: none.
+    pub n_token_types: usize,
 }
 
 impl ModelConfig {
@@ -413,5 +429,7 @@ pub(crate) fn smollm_config() -> ModelConfig {
         n_layer_kv: 30,
         value_norm: false,
         n_embd_per_layer: 0,
+        causal: true,
+        n_token_types: 0,
     }
 }

@@ -34,7 +34,7 @@ use rgml_gguf::{GgufFile, TensorInfo};
 use std::path::Path;
 use std::sync::Arc;
 
-pub use crate::arch::{LayerWeights, PerLayerEmbeddings};
+pub use crate::arch::{EncoderInput, LayerWeights, PerLayerEmbeddings};
 
 /// Called while loading with (tensors done, tensors in total).
 pub type ProgressFn<'a> = &'a mut dyn FnMut(usize, usize);
@@ -159,10 +159,11 @@ pub struct Model {
     pub(crate) ctx: Context,
     /// Token embeddings `[n_embd, n_vocab]`.
     pub tok_embd: TensorId,
-    /// Final RMS norm.
-    pub output_norm: TensorId,
-    /// Output projection (the token embeddings when the file ties them).
-    pub output: TensorId,
+    /// Final RMS norm (`None`: an encoder, whose last block is its output).
+    pub output_norm: Option<TensorId>,
+    /// Output projection (the token embeddings when the file ties them; `None`: an encoder,
+    /// which computes embeddings only).
+    pub output: Option<TensorId>,
     /// RoPE frequency divisors per rotated pair (`rope_freqs.weight`, Llama 3.1's scaling).
     pub rope_freqs: Option<TensorId>,
     /// LongRoPE's divisors (`rope_factors_long.weight`, `rope_factors_short.weight`: Phi-3
@@ -172,6 +173,8 @@ pub struct Model {
     pub output_bias: Option<TensorId>,
     /// Per-layer token embeddings (Gemma 4).
     pub per_layer_embd: Option<PerLayerEmbeddings>,
+    /// An encoder's position and token-type embeddings and input norm (BERT).
+    pub encoder: Option<EncoderInput>,
     /// Per-block weights.
     pub layers: Vec<LayerWeights>,
     /// The devices holding the weights (one unless split).
@@ -245,7 +248,9 @@ impl Model {
         let weights = NamedWeights::resolve(&ids, &config)?;
         weights.check_shapes(&ctx, &config)?;
 
-        let (placed, tied_output, overridden) = assign_tensors(gguf, &mut ctx, &ids, &map)?;
+        let has_head = !config.kind.is_encoder();
+        let (placed, tied_output, overridden) =
+            assign_tensors(gguf, &mut ctx, &ids, &map, has_head)?;
         let host = match map.inputs {
             Some(_) => None,
             None => Some(rgml::registry::device("CPU").unwrap_or_else(|_| devices[0].clone())),
@@ -267,6 +272,7 @@ impl Model {
             rope_long_short,
             output_bias,
             per_layer_embd,
+            encoder,
             layers,
             unread: _,
         } = weights;
@@ -278,11 +284,12 @@ impl Model {
             output_norm,
             // Tied embeddings: files without `output.weight` reuse the token embeddings (or
             // the copy of them made on the output's device when that is not theirs).
-            output: output.or(tied_output).unwrap_or(tok_embd),
+            output: has_head.then(|| output.or(tied_output).unwrap_or(tok_embd)),
             rope_freqs,
             rope_long_short,
             output_bias,
             per_layer_embd,
+            encoder,
             layers,
             devices,
             layer_devices: map.blocks,
@@ -564,6 +571,7 @@ fn assign_tensors<'g>(
     ctx: &mut Context,
     ids: &FileTensors<'g>,
     map: &LayerMap,
+    has_head: bool,
 ) -> Result<(
     PlacedTensors<'g>,
     Option<TensorId>,
@@ -588,7 +596,7 @@ fn assign_tensors<'g>(
         placed.push((id, info, where_));
     }
     let mut tied_output = None;
-    if map.inputs != Some(map.output) && !ids.contains_key("output.weight") {
+    if has_head && map.inputs != Some(map.output) && !ids.contains_key("output.weight") {
         if let Some(&(_, info)) = ids.get("token_embd.weight") {
             let id = ctx.new_tensor(info.dtype, &info.ne[..info.n_dims.max(1)])?;
             ctx.set_name(id, "output.weight")?;
@@ -602,7 +610,8 @@ fn assign_tensors<'g>(
 /// The weights the graph reads, found by name.
 struct NamedWeights {
     tok_embd: TensorId,
-    output_norm: TensorId,
+    /// Absent in an encoder.
+    output_norm: Option<TensorId>,
     /// `output.weight`, absent when the file ties it to the token embeddings.
     output: Option<TensorId>,
     /// `rope_freqs.weight`, where the architecture reads it.
@@ -613,6 +622,8 @@ struct NamedWeights {
     output_bias: Option<TensorId>,
     /// Per-layer token embeddings, where the model has them.
     per_layer_embd: Option<PerLayerEmbeddings>,
+    /// An encoder's input embeddings and norm.
+    encoder: Option<EncoderInput>,
     layers: Vec<LayerWeights>,
     /// Tensors accepted and never read: Qwen3's reranker head (`cls.output.weight`, read
     /// only by llama.cpp's rank pooling, which rgml does not have).
@@ -629,14 +640,28 @@ impl NamedWeights {
             .collect::<Result<Vec<_>>>()?;
         // Left out where the graph would not read them, so such a file is refused.
         let kind = config.kind;
+        let encoder = match kind.is_encoder() {
+            true => Some(EncoderInput {
+                type_embd: get("token_types.weight"),
+                pos_embd: required("position_embd.weight")?,
+                norm: [
+                    required("token_embd_norm.weight")?,
+                    required("token_embd_norm.bias")?,
+                ],
+            }),
+            false => None,
+        };
         let rope_long_short = match kind.has_longrope_factors() {
             true => get("rope_factors_long.weight").zip(get("rope_factors_short.weight")),
             false => None,
         };
         let weights = NamedWeights {
             tok_embd: required("token_embd.weight")?,
-            output_norm: required("output_norm.weight")?,
-            output: get("output.weight"),
+            output_norm: match encoder {
+                Some(_) => None,
+                None => Some(required("output_norm.weight")?),
+            },
+            output: get("output.weight").filter(|_| encoder.is_none()),
             rope_freqs: get("rope_freqs.weight").filter(|_| kind.has_rope_freqs()),
             rope_long_short,
             output_bias: get("output.bias").filter(|_| kind.has_output_bias()),
@@ -648,6 +673,7 @@ impl NamedWeights {
                 }),
                 false => None,
             },
+            encoder,
             layers,
             unread: get("cls.output.weight")
                 .filter(|_| kind == crate::config::Arch::Qwen3)
@@ -661,8 +687,11 @@ impl NamedWeights {
     /// A tensor the graph would not read means a part of the model rgml does not know:
     /// refused (as llama.cpp refuses files with unused tensors), not silently left out.
     fn check_all_used(&self, ids: &FileTensors<'_>, config: &ModelConfig) -> Result<()> {
-        let mut used: std::collections::HashSet<TensorId> =
-            [self.tok_embd, self.output_norm].into_iter().collect();
+        let mut used: std::collections::HashSet<TensorId> = [self.tok_embd].into_iter().collect();
+        used.extend(self.output_norm);
+        if let Some(e) = self.encoder {
+            used.extend(e.type_embd.into_iter().chain([e.pos_embd]).chain(e.norm));
+        }
         used.extend(self.output);
         used.extend(self.rope_freqs);
         used.extend(self.rope_long_short.into_iter().flat_map(|(l, s)| [l, s]));
@@ -719,7 +748,17 @@ impl NamedWeights {
             self.output.unwrap_or(self.tok_embd),
             [c.n_embd, c.n_vocab, 1, 1],
         )?;
-        expect(self.output_norm, [c.n_embd, 1, 1, 1])?;
+        let mut vectors: Vec<TensorId> = self.output_norm.into_iter().collect();
+        if let Some(e) = self.encoder {
+            if let Some(t) = e.type_embd {
+                expect(t, [c.n_embd, c.n_token_types, 1, 1])?;
+            }
+            expect(e.pos_embd, [c.n_embd, c.n_ctx_train, 1, 1])?;
+            vectors.extend(e.norm);
+        }
+        for &v in &vectors {
+            expect(v, [c.n_embd, 1, 1, 1])?;
+        }
         let factors = self.rope_freqs.into_iter();
         let factors = factors.chain(self.rope_long_short.into_iter().flat_map(|(l, s)| [l, s]));
         for f in factors.clone() {
@@ -743,7 +782,9 @@ impl NamedWeights {
                 ))),
             }
         };
-        norm_f32(self.output_norm)?;
+        for v in vectors {
+            norm_f32(v)?;
+        }
         if let Some(f) = factors.into_iter().find(|&f| ctx[f].dtype != DType::F32) {
             return Err(LlmError::BadTensor(format!(
                 "'{}' must be f32, not {}",

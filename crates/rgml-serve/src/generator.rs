@@ -210,6 +210,12 @@ pub enum SubmitError {
     /// Computing an answer failed (HTTP 500): the model or a device, not the request.
     #[error("{0}")]
     Failed(String),
+    /// The model is an encoder (`arch`): it computes embeddings, not text (HTTP 501, as
+    /// llama-server answers completions on an embeddings-only server).
+    #[error(
+        "the model ({0}) computes embeddings only: it does not generate text; use /v1/embeddings"
+    )]
+    EmbeddingsOnly(String),
 }
 
 /// The request's field of a sampler setting (`temperature` for the sampler's `temp`).

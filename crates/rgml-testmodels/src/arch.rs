@@ -51,11 +51,15 @@ pub enum Arch {
     /// Gemma 4 MoE (`gemma4`, 26B-A4B style): routed experts beside the dense FFN, global
     /// layers whose values are their keys.
     Gemma4Moe,
+    /// BERT (`bert`, bge-small style): an encoder for embeddings with position and token-type
+    /// embeddings, bidirectional attention, post-norm blocks and CLS pooling; the bge WordPiece
+    /// vocabulary.
+    Bert,
 }
 
 impl Arch {
     /// Every architecture, in a fixed order.
-    pub const ALL: [Arch; 13] = [
+    pub const ALL: [Arch; 14] = [
         Arch::Gemma3,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -69,6 +73,7 @@ impl Arch {
         Arch::Qwen35Moe,
         Arch::Gemma4,
         Arch::Gemma4Moe,
+        Arch::Bert,
     ];
 
     /// The name used on the command line and for fixtures (`llama3`, not `llama`: Mistral's
@@ -88,6 +93,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Gemma4 => "gemma4",
             Arch::Gemma4Moe => "gemma4moe",
+            Arch::Bert => "bert",
         }
     }
 
@@ -104,6 +110,7 @@ impl Arch {
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Gemma4 | Arch::Gemma4Moe => "gemma4",
+            Arch::Bert => "bert",
         }
     }
 
@@ -121,6 +128,7 @@ impl Arch {
             Arch::Qwen35 | Arch::Qwen35Moe => "models/vocab/ggml-vocab-qwen35.gguf",
             // The real 262144 tokens (the file's hyper-parameters are Gemma 4 26B-A4B's).
             Arch::Gemma4 | Arch::Gemma4Moe => "models/vocab/ggml-vocab-gemma-4.gguf",
+            Arch::Bert => "models/vocab/ggml-vocab-bert-bge.gguf",
         }
     }
 
@@ -140,6 +148,7 @@ impl Arch {
             Arch::Qwen35Moe => qwen35moe(),
             Arch::Gemma4 => gemma4(),
             Arch::Gemma4Moe => gemma4moe(),
+            Arch::Bert => bert(),
         }
     }
 }
@@ -430,6 +439,9 @@ pub struct Spec {
     pub keys: Vec<(&'static str, Value)>,
     /// Gemma 4's layers, whose tensors replace the blocks the fields above describe.
     pub gemma4: Option<Gemma4>,
+    /// A BERT encoder's token-type count: its tensors (`bert`) replace the blocks and output
+    /// the fields above describe, and its keys replace the RMS epsilon and rope base.
+    pub encoder: Option<usize>,
 }
 
 /// The fields most files share: 64 wide, 4 query and 2 key/value heads of 16, Q8_0 embeddings.
@@ -459,6 +471,7 @@ fn base() -> Spec {
         vocab_size_key: false,
         keys: Vec::new(),
         gemma4: None,
+        encoder: None,
     }
 }
 
@@ -840,6 +853,28 @@ fn gemma4() -> Spec {
         keys: gemma4_keys(&spec, &g, 10_000.0, 10.0),
         gemma4: Some(g),
         ..spec
+    }
+}
+
+/// bge-small style BERT: 3 blocks 64 wide of 4 heads of 16 (no grouping), an FFN 128 wide,
+/// 512 positions, layer norms with BERT's epsilon 1e-12, F16 token embeddings and Q8_0
+/// matrices, two token types (the bge vocabulary's count); not causal, CLS pooling.
+fn bert() -> Spec {
+    Spec {
+        n_layer: 3,
+        n_head_kv: 4,
+        n_ctx_train: 512,
+        rms_eps: 1e-12,
+        attention: Attention::Separate { bias: true },
+        out_bias: true,
+        token_embd: DType::F16,
+        keys: vec![
+            ("attention.layer_norm_epsilon", Value::F32(1e-12)),
+            ("attention.causal", Value::Bool(false)),
+            ("pooling_type", Value::U32(2)),
+        ],
+        encoder: Some(2),
+        ..base()
     }
 }
 

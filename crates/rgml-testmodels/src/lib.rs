@@ -39,6 +39,7 @@
 #![warn(missing_docs)]
 
 mod arch;
+mod bert;
 mod blocks;
 mod error;
 mod gemma4;
@@ -210,9 +211,14 @@ fn add_hyperparameters(
         ("feed_forward_length", u32_of(spec.n_ff)),
         ("attention.head_count", u32_of(spec.n_head)),
         ("attention.head_count_kv", u32_of(spec.n_head_kv)),
-        ("attention.layer_norm_rms_epsilon", Value::F32(spec.rms_eps)),
-        ("rope.freq_base", Value::F32(spec.rope_freq_base)),
     ];
+    // An encoder has layer norms (its epsilon among its own keys) and no RoPE.
+    if spec.encoder.is_none() {
+        keys.extend([
+            ("attention.layer_norm_rms_epsilon", Value::F32(spec.rms_eps)),
+            ("rope.freq_base", Value::F32(spec.rope_freq_base)),
+        ]);
+    }
     if spec.vocab_size_key {
         keys.push(("vocab_size", u32_of(n_vocab)));
     }

@@ -280,7 +280,7 @@ mod tests {
         assert!(error(&["--out", "x"]).contains("--arch"));
         assert!(error(&["--arch", "qwen2"]).contains("--out"));
         assert!(error(&["--arch"]).contains("needs a value"));
-        assert!(error(&["--arch", "bert"]).contains("unknown architecture"));
+        assert!(error(&["--arch", "roberta"]).contains("unknown architecture"));
         assert!(error(&["--frob"]).contains("unknown argument"));
         assert_eq!(args(&["--help"]).unwrap_err(), Usage::Help);
     }

@@ -217,6 +217,7 @@ fn dense(
         vocab_size_key: true,
         keys: vec![("rope.dimension_count", Value::U32(head_dim as u32))],
         gemma4: None,
+        encoder: None,
     }
 }
 

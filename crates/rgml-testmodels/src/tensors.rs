@@ -31,8 +31,12 @@ const DECAY: (f32, f32) = (-0.12, -0.01);
 
 /// Every tensor of a model of `spec` with `n_vocab` tokens, in file order: embeddings, rope
 /// factors, the blocks (Gemma 4's: [`gemma4::tensors`], with its own rope factors and
-/// per-layer embeddings first), the output norm and projection.
+/// per-layer embeddings first), the output norm and projection; a BERT encoder's tensors
+/// ([`crate::bert::tensors`]) where the spec is one.
 pub fn plan(spec: &Spec, n_vocab: usize) -> Vec<Planned> {
+    if let Some(n_token_types) = spec.encoder {
+        return crate::bert::tensors(spec, n_vocab, n_token_types);
+    }
     let mut out = vec![Planned {
         dtype: spec.token_embd,
         ..Planned::matrix("token_embd.weight".into(), spec.n_embd, n_vocab, EMBEDDING)

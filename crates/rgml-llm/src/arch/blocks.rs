@@ -14,8 +14,10 @@ use rgml::{Context, DType, Graph, RopeParams, TensorId};
 pub(crate) struct GraphModel<'a> {
     pub(crate) config: &'a ModelConfig,
     pub(crate) tok_embd: TensorId,
-    pub(crate) output_norm: TensorId,
-    pub(crate) output: TensorId,
+    /// `None`: an encoder, whose last block is its output.
+    pub(crate) output_norm: Option<TensorId>,
+    /// `None`: an encoder, which has no output head.
+    pub(crate) output: Option<TensorId>,
     /// Per-pair RoPE frequency divisors (`rope_freqs.weight`: Llama 3.1's scaling; LongRoPE's
     /// factors for the session's context).
     pub(crate) rope_freqs: Option<TensorId>,
@@ -23,6 +25,8 @@ pub(crate) struct GraphModel<'a> {
     pub(crate) output_bias: Option<TensorId>,
     /// Per-layer token embeddings (Gemma 4).
     pub(crate) per_layer_embd: Option<PerLayerEmbeddings>,
+    /// An encoder's position and token-type embeddings and input norm (BERT).
+    pub(crate) encoder: Option<super::EncoderInput>,
     pub(crate) layers: &'a [LayerWeights],
     /// Per block, the index of its device.
     pub(crate) layer_devices: &'a [usize],
@@ -199,6 +203,11 @@ impl<'a> Builder<'a> {
         &self.model
     }
 
+    /// The tokens' positions (an input).
+    pub(crate) fn positions(&self) -> TensorId {
+        self.inputs.positions
+    }
+
     /// Whether the micro-batch is one sequence's tokens (llama.cpp's node names are kept).
     pub(crate) fn one_sequence(&self) -> bool {
         self.inputs.row_groups.len() <= 1
@@ -347,7 +356,7 @@ impl<'a> Builder<'a> {
     /// `inp_out_ids`): its FFN runs on those rows only. Not only faster: F16/BF16/F32 weights
     /// by one activation row take ggml's `vec_dot` order, not tinyBLAS's, so this gives
     /// llama.cpp's logits bit for bit.
-    fn cut_to_output(
+    pub(crate) fn cut_to_output(
         &mut self,
         il: usize,
         attn: TensorId,
@@ -536,7 +545,7 @@ impl<'a> Builder<'a> {
     /// The projection (whose first rows are Q's: `n_embd_q`, twice that with a gate), K `[hd,
     /// n_head_kv, n]` and V `[n_embd_kv, n]`: views of one fused projection's rows (as
     /// llama.cpp's `build_qkv`; RoPE reads the strided views).
-    fn fused_qkv(
+    pub(crate) fn fused_qkv(
         &mut self,
         il: usize,
         wqkv: &Matrix,
@@ -865,9 +874,12 @@ impl<'a> Builder<'a> {
             // The last block cuts to the output rows; without blocks, cut here.
             x = self.output_rows(x)?;
         }
+        let Some(norm) = self.model.output_norm else {
+            return self.keep(x, "result_embd".into());
+        };
         let cur = self.ctx.rms_norm(x, self.config().rms_eps)?;
         self.pins.push((cur, self.model.output_device));
-        let mut cur = self.ctx.mul(cur, self.model.output_norm)?;
+        let mut cur = self.ctx.mul(cur, norm)?;
         if after_norm {
             cur = self.output_rows(cur)?;
         }
@@ -877,8 +889,14 @@ impl<'a> Builder<'a> {
     /// The output head on the last block's `x`: the logits of the output rows (see
     /// [`Outputs`]); expanded into the graph.
     pub(crate) fn output(&mut self, x: TensorId) -> Result<TensorId> {
+        let output = self.model.output.ok_or_else(|| {
+            crate::LlmError::BadConfig(format!(
+                "a {} model computes embeddings only: it has no output head",
+                self.config().arch
+            ))
+        })?;
         let cur = self.output_norm(x)?;
-        let mut logits = self.project(self.model.output, cur)?;
+        let mut logits = self.project(output, cur)?;
         if let Some(b) = self.model.output_bias {
             logits = self.ctx.add(logits, b)?;
         }

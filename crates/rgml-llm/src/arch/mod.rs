@@ -3,10 +3,11 @@
 //!
 //! This module owns reading a [`ModelConfig`] and resolving a block's weights by name, and
 //! dispatches to one module per architecture ([`llama`], [`phi3`], [`gemma3`], [`gpt_oss`],
-//! [`qwen35`]). Adding an architecture
+//! [`qwen35`], [`gemma4`], [`bert`]). Adding an architecture
 //! is one such module and a line in each `match` here. Loading, sessions, the scheduler and
 //! the tensor split are the same for every architecture.
 
+mod bert;
 pub(crate) mod blocks;
 mod gemma3;
 mod gemma4;
@@ -19,6 +20,7 @@ mod qwen35;
 mod swa;
 mod weights;
 
+pub use bert::EncoderInput;
 pub(crate) use weights::layer_shapes;
 pub use weights::{
     AttentionWeights, DeltaNetWeights, ExpertWeights, FfnWeights, LayerWeights, Matrix, Mixer,
@@ -35,7 +37,8 @@ use rgml_gguf::GgufFile;
 
 fn parts(arch: Arch) -> LayerParts {
     match arch {
-        Arch::Llama => llama::PARTS,
+        // BERT's blocks are found by their own loader (`weights::encoder_layer_weights`).
+        Arch::Llama | Arch::Bert => llama::PARTS,
         Arch::Qwen2 => llama::QWEN2_PARTS,
         Arch::Qwen3 | Arch::Qwen3Moe => llama::QWEN3_PARTS,
         Arch::Phi3 => phi3::PARTS,
@@ -68,6 +71,7 @@ impl ModelConfig {
             Arch::GptOss => gpt_oss::hparams(&keys, &mut c)?,
             Arch::Qwen35 | Arch::Qwen35Moe => qwen35::hparams(&keys, &mut c)?,
             Arch::Gemma4 => gemma4::hparams(&keys, &mut c)?,
+            Arch::Bert => bert::hparams(&keys, &mut c)?,
         }
         check(&c)?;
         Ok(c)
@@ -157,7 +161,10 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         n_ctx_train,
         n_ctx_orig: keys.usize_or("rope.scaling.original_context_length", n_ctx_train)?,
         n_vocab,
-        rms_eps: keys.f32("attention.layer_norm_rms_epsilon")?,
+        rms_eps: match kind {
+            Arch::Bert => keys.f32("attention.layer_norm_epsilon")?,
+            _ => keys.f32("attention.layer_norm_rms_epsilon")?,
+        },
         rope_freq_base: keys.f32_opt("rope.freq_base")?.unwrap_or(10_000.0),
         rope_freq_scale,
         rope_attn_factor,
@@ -180,6 +187,13 @@ fn common(keys: &Keys<'_>, arch: String, kind: Arch) -> Result<ModelConfig> {
         n_layer_kv: n_layer,
         value_norm: false,
         n_embd_per_layer: 0,
+        causal: match keys.value("attention.causal") {
+            None => true,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                LlmError::BadConfig(format!("{} is not a bool", keys.name("attention.causal")))
+            })?,
+        },
+        n_token_types: 0,
     })
 }
 
@@ -369,6 +383,7 @@ pub(crate) fn build_layer(
         Arch::Gemma3 => gemma3::layer(b, il, l, x),
         Arch::Qwen35 | Arch::Qwen35Moe => qwen35::layer(b, il, l, x),
         Arch::Gemma4 => gemma4::layer(b, il, l, x),
+        Arch::Bert => bert::layer(b, il, l, x),
     }
 }
 
@@ -401,6 +416,9 @@ pub(crate) fn ffn(
 ) -> Result<TensorId> {
     match &l.ffn {
         FfnWeights::Dense { gate, up, down } => b.dense_ffn(il, gate.as_ref(), up, down, cur),
+        FfnWeights::Ungated { .. } => Err(LlmError::BadConfig(format!(
+            "block {il}: an ungated FFN outside a bert block"
+        ))),
         FfnWeights::Experts(experts) => {
             let named = b.one_sequence();
             let routed = b.by_sequence(cur, &mut |b, part, alone| {
@@ -430,5 +448,11 @@ pub(crate) fn embeddings(b: &mut Builder<'_>, tokens: TensorId) -> Result<Tensor
     if let Some(p) = b.model().per_layer_embd {
         b.per_layer_inputs = Some(gemma4::per_layer_inputs(b, p, tokens, embd)?);
     }
-    Ok(embd)
+    match b.model().encoder {
+        Some(input) => {
+            let positions = b.positions();
+            bert::embeddings(b, &input, embd, positions)
+        }
+        None => Ok(embd),
+    }
 }

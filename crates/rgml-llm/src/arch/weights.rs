@@ -29,14 +29,19 @@ pub struct Matrix {
 /// the architecture (see [`LayerParts`]).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    /// RMS norm before attention (or the delta net).
+    /// RMS norm before attention (or the delta net); in a post-norm encoder (BERT) the layer
+    /// norm of the attention's output and its residual (`attn_output_norm`).
     pub attn_norm: TensorId,
     /// What mixes the positions: attention, or a gated delta net (hybrid models).
     pub mixer: Mixer,
     /// RMS norm of the attention output, before the residual (Gemma 3).
     pub attn_post_norm: Option<TensorId>,
-    /// RMS norm before the feed-forward block (gpt-oss's and Qwen3.5's `post_attention_norm`).
+    /// RMS norm before the feed-forward block (gpt-oss's and Qwen3.5's `post_attention_norm`);
+    /// in a post-norm encoder the layer norm of the block's output (`layer_output_norm`).
     pub ffn_norm: TensorId,
+    /// The biases of a post-norm encoder's two layer norms (`attn_norm`, `ffn_norm`), whose
+    /// norms are layer norms rather than RMS norms.
+    pub norm_biases: Option<[TensorId; 2]>,
     /// The feed-forward block's projections.
     pub ffn: FfnWeights,
     /// RMS norm of the FFN output, before the residual (Gemma 3).
@@ -180,6 +185,13 @@ pub enum FfnWeights {
     },
     /// A router and `n_expert` FFNs stacked on dim 2.
     Experts(ExpertWeights),
+    /// One FFN without a gate, `down(act(up(x)))` (BERT's GELU FFN, with biases).
+    Ungated {
+        /// Up projection `[n_embd, n_ff]`.
+        up: Matrix,
+        /// Down projection `[n_ff, n_embd]`.
+        down: Matrix,
+    },
 }
 
 /// The weights of a mixture-of-experts FFN (`ffn_*_exps`); their scales are per expert.
@@ -322,6 +334,9 @@ pub(crate) fn layer_weights(
         il,
         get,
     };
+    if c.kind == Arch::Bert {
+        return encoder_layer_weights(&f);
+    }
     // A layer that attends over an earlier layer's cache may lack its own K and V.
     let own_kv = c.kv_layer(il) == il;
     let kv_need = |need: Need| match (own_kv, need) {
@@ -355,6 +370,7 @@ pub(crate) fn layer_weights(
                 let ExpertWeights { gate, up, down, .. } = x;
                 (gate.iter_mut().chain([up, down]).collect(), n_expert)
             }
+            FfnWeights::Ungated { up, down } => (vec![up, down], 1),
         };
         unread.extend(
             matrices
@@ -374,10 +390,59 @@ pub(crate) fn layer_weights(
         ffn_norm: f.required(&format!("{}.weight", parts.ffn_norm))?,
         ffn,
         ffn_post_norm: f.part(parts.post_norms, "post_ffw_norm.weight")?,
+        norm_biases: None,
         parallel_experts,
         per_layer_input: per_layer_input(c, &f)?,
         out_scale: f.part(parts.out_scale, "layer_output_scale.weight")?,
         unread,
+    })
+}
+
+/// A BERT block (llama.cpp's `bert` loader): Q/K/V (fused or separate) and the output
+/// projection with optional biases, the post-norms with their biases, and an ungated FFN with
+/// optional biases. No scales: llama.cpp's graph passes none on.
+fn encoder_layer_weights(f: &Finder<'_>) -> Result<LayerWeights> {
+    let plain = |base: &str| -> Result<Matrix> {
+        f.part(Need::No, &format!("{base}.scale"))?;
+        f.matrix(base, Need::Optional)
+    };
+    let qkv = match f.optional_matrix("attn_qkv", Need::Optional)? {
+        Some(fused) => QkvWeights::Fused(fused),
+        None => QkvWeights::Separate {
+            q: plain("attn_q")?,
+            k: Some(plain("attn_k")?),
+            v: Some(plain("attn_v")?),
+        },
+    };
+    let norm = |base: &str| -> Result<[TensorId; 2]> {
+        Ok([
+            f.required(&format!("{base}.weight"))?,
+            f.required(&format!("{base}.bias"))?,
+        ])
+    };
+    let [attn_norm, attn_bias] = norm("attn_output_norm")?;
+    let [out_norm, out_bias] = norm("layer_output_norm")?;
+    Ok(LayerWeights {
+        attn_norm,
+        mixer: Mixer::Attention(AttentionWeights {
+            qkv,
+            wo: plain("attn_output")?,
+            q_norm: None,
+            k_norm: None,
+            sinks: None,
+        }),
+        attn_post_norm: None,
+        ffn_norm: out_norm,
+        norm_biases: Some([attn_bias, out_bias]),
+        ffn: FfnWeights::Ungated {
+            up: plain("ffn_up")?,
+            down: plain("ffn_down")?,
+        },
+        ffn_post_norm: None,
+        parallel_experts: None,
+        per_layer_input: None,
+        out_scale: None,
+        unread: Vec::new(),
     })
 }
 
@@ -566,6 +631,7 @@ fn unread_scales(
             bases.extend([("ffn_up", 1), ("ffn_down", 1)]);
         }
         FfnWeights::Experts(x) => bases.extend(expert_bases(x, n)),
+        FfnWeights::Ungated { .. } => bases.extend([("ffn_up", 1), ("ffn_down", 1)]),
     }
     bases.extend(parallel_experts.map_or(Vec::new(), |x| expert_bases(x, n)));
     bases
@@ -625,11 +691,14 @@ pub(crate) fn layer_shapes(
             (p.post_norm, [e, 1, 1, 1], true),
         ]);
     }
+    let biases = l.norm_biases.into_iter().flatten().map(Some);
     let norms = [
         (l.attn_post_norm, e),
         (l.ffn_post_norm, e),
         (l.out_scale, 1),
-    ];
+    ]
+    .into_iter()
+    .chain(biases.map(|b| (b, e)));
     out.extend(
         norms
             .into_iter()
@@ -721,6 +790,10 @@ fn ffn_shapes(
             }
         }
         FfnWeights::Experts(x) => experts_shapes(c, x, out),
+        FfnWeights::Ungated { up, down } => {
+            matrix_shapes(out, up, [e, ff, 1, 1]);
+            matrix_shapes(out, down, [ff, e, 1, 1]);
+        }
     }
 }
 

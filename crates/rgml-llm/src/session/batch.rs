@@ -97,6 +97,12 @@ impl UbatchPlan {
         let after = &mut self.after[seq];
         after.copy_from(&kv.streams[seq]);
         let first = after.global.next_pos();
+        if !kv.causal && first != 0 {
+            return Err(LlmError::BadInput(format!(
+                "sequence {seq} holds {first} positions: a model with non-causal attention \
+                 encodes a sequence in one micro-batch, from empty"
+            )));
+        }
         after.global.place(first, n, &mut self.cells)?;
         let base = |cells: usize| seq * cells;
         self.kv_rows
@@ -104,7 +110,9 @@ impl UbatchPlan {
         let n_kv = kv.attended(after.global.used_max_p1(), kv.cells);
         let at = self.masks.len();
         self.masks.resize(at + n_kv * n, f32::NEG_INFINITY);
-        after.global.mask_rows(n_kv, first, &mut self.masks[at..]);
+        after
+            .global
+            .mask_rows(n_kv, first, kv.causal, &mut self.masks[at..]);
         let mut n_kv_local = 0;
         if let Some(local) = &mut after.local {
             local.place(first, n, &mut self.cells)?;
@@ -114,7 +122,7 @@ impl UbatchPlan {
             let at = self.local_masks.len();
             self.local_masks
                 .resize(at + n_kv_local * n, f32::NEG_INFINITY);
-            local.mask_rows(n_kv_local, first, &mut self.local_masks[at..]);
+            local.mask_rows(n_kv_local, first, kv.causal, &mut self.local_masks[at..]);
         }
         self.tokens.extend(group.iter().map(|t| t.token as i32));
         self.positions.extend((first..first + n).map(|p| p as i32));

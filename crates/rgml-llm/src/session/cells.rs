@@ -210,15 +210,17 @@ impl Cells {
     fn mask(&self, n_kv: usize, first: usize, n: usize, out: &mut Vec<f32>) {
         out.clear();
         out.resize(n_kv * n, f32::NEG_INFINITY);
-        self.mask_rows(n_kv, first, out);
+        self.mask_rows(n_kv, first, true, out);
     }
 
-    /// [`Cells::mask`] into `out` (`n_kv` times the tokens, all -inf).
-    pub(super) fn mask_rows(&self, n_kv: usize, first: usize, out: &mut [f32]) {
+    /// [`Cells::mask`] into `out` (`n_kv` times the tokens, all -inf); without `causal`,
+    /// every held position is seen (an encoder's bidirectional attention).
+    pub(super) fn mask_rows(&self, n_kv: usize, first: usize, causal: bool, out: &mut [f32]) {
         for (i, row) in out.chunks_exact_mut(n_kv).enumerate() {
             let pos = first + i;
             for (m, cell) in row.iter_mut().zip(&self.pos) {
-                if cell.is_some_and(|c| c <= pos && !self.out_of_window(c, pos)) {
+                let seen = |c: usize| !causal || c <= pos && !self.out_of_window(c, pos);
+                if cell.is_some_and(seen) {
                     *m = 0.0;
                 }
             }

@@ -132,6 +132,7 @@ pub(super) fn build_graph(
         rope_freqs: rope_factors,
         output_bias: model.output_bias,
         per_layer_embd: model.per_layer_embd,
+        encoder: model.encoder,
         layers: &model.layers,
         layer_devices: &layer_devices,
         output_device: model.output_device(),

@@ -39,6 +39,8 @@ pub(super) struct KvCache {
     /// Attention is one FLASH_ATTN_EXT op: V not transposed, and the cells attended to padded
     /// as llama.cpp pads them (see [`KvCache::attended`]).
     pub(super) flash_attn: bool,
+    /// Each token attends to earlier positions only (see [`crate::ModelConfig::causal`]).
+    pub(super) causal: bool,
     /// The sizes of llama.cpp's Walsh-Hadamard rotations of quantized caches (see
     /// [`rotations`]): of Q and K, of V; in the global layers, and in the local ones (llama.cpp
     /// has a cache of each kind, with its own rotations).
@@ -168,6 +170,7 @@ impl KvCache {
             conv,
             ssm,
             flash_attn,
+            causal: c.causal,
             k_rot,
             v_rot,
             local_k_rot,
@@ -266,7 +269,13 @@ impl KvCache {
     /// [`padded_n_kv`] without flash attention; with it, as llama.cpp's `get_n_kv` (the used
     /// cells rounded up to 256, at least 256, at most `cells`), because ggml's kernel for one
     /// query over 512 cells or more splits the cells between threads by that count.
+    ///
+    /// Without causal attention, exactly the used cells: llama.cpp's cache-less attention
+    /// reads the batch's K and V themselves, so its sums run over that many.
     pub(super) fn attended(&self, used: usize, cells: usize) -> usize {
+        if !self.causal {
+            return used;
+        }
         match self.flash_attn {
             true => used.next_multiple_of(KV_PAD).max(KV_PAD).min(cells),
             false => padded_n_kv(used, cells),

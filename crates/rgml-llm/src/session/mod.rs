@@ -250,6 +250,7 @@ impl Session {
             FlashAttn::Auto => flash_attn_supported(&model)?,
         };
         check_cache_types(&model.config, options, flash_attn)?;
+        let options = &encoder_options(&model, options, flash_attn)?;
         let mut ctx = model.ctx.clone();
         let kv = KvCache::allocate(&mut ctx, &model, &bufts, options, flash_attn)?;
         let n_base = ctx.len();
@@ -435,8 +436,7 @@ impl Session {
     /// [`n_seq`](SessionOptions::n_seq) is [`LlmError::BadInput`]. Checks fail before anything
     /// is computed, leaving every sequence as it was.
     pub fn decode_batch(&mut self, batch: &[BatchToken]) -> Result<&[f32]> {
-        let n_vocab = self.model.config.n_vocab;
-        batch::check_batch(&self.kv, batch, n_vocab, &mut self.staging.scratch)?;
+        self.check_batch(batch)?;
         self.model.check_file()?;
         let mut out = std::mem::take(&mut self.staging.logits);
         out.clear();
@@ -519,10 +519,20 @@ impl Session {
         Ok((&self.ctx, result?.graph))
     }
 
-    /// [`Session::prompt_graph`] for a batch: built, allocated and with its inputs set.
-    fn batch_graph(&mut self, batch: &[BatchToken]) -> Result<BatchGraph> {
+    /// A batch's checks: its sequences and tokens ([`batch::check_batch`]), and for an encoder
+    /// its sequences within the position embeddings.
+    fn check_batch(&mut self, batch: &[BatchToken]) -> Result<()> {
         let n_vocab = self.model.config.n_vocab;
         batch::check_batch(&self.kv, batch, n_vocab, &mut self.staging.scratch)?;
+        if self.model.encoder.is_some() {
+            embed::check_positions(&self.model.config, batch, self.kv.n_seq)?;
+        }
+        Ok(())
+    }
+
+    /// [`Session::prompt_graph`] for a batch: built, allocated and with its inputs set.
+    fn batch_graph(&mut self, batch: &[BatchToken]) -> Result<BatchGraph> {
+        self.check_batch(batch)?;
         if batch.len() > self.n_ubatch {
             return Err(LlmError::BadInput(format!(
                 "{} tokens do not fit in one micro-batch of {}",
@@ -899,6 +909,40 @@ fn open_backends(
         },
     )?;
     Ok((Box::new(sched), bufts))
+}
+
+/// The options of a session on an encoder (non-causal attention), which llama.cpp runs
+/// without a KV cache: embeddings only, and the cache of the types its attention reads K and V
+/// in (f16, as llama.cpp casts them for flash attention; f32 without, as computed). Another
+/// requested cache type is refused. A decoder's options as they are.
+fn encoder_options<'o>(
+    model: &Model,
+    options: &'o SessionOptions,
+    flash_attn: bool,
+) -> Result<std::borrow::Cow<'o, SessionOptions>> {
+    let c = &model.config;
+    if c.kind.is_encoder() && !options.embeddings {
+        return Err(LlmError::BadConfig(format!(
+            "a {} model computes embeddings only: it has no output head for logits",
+            c.arch
+        )));
+    }
+    if c.causal {
+        return Ok(std::borrow::Cow::Borrowed(options));
+    }
+    for (flag, t) in [("k", options.cache_type_k), ("v", options.cache_type_v)] {
+        if t != DType::F16 {
+            return Err(LlmError::BadConfig(format!(
+                "--cache-type-{flag} {t}: a model with non-causal attention ({}) keeps no KV \
+                 cache between calls, so it takes no cache type",
+                c.arch
+            )));
+        }
+    }
+    let t = if flash_attn { DType::F16 } else { DType::F32 };
+    let mut options = options.clone();
+    (options.cache_type_k, options.cache_type_v) = (t, t);
+    Ok(std::borrow::Cow::Owned(options))
 }
 
 /// The cache types are ones the attention computes: [`CACHE_TYPES`], quantized ones on rows of

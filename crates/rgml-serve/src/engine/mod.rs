@@ -276,6 +276,11 @@ impl Engine {
     /// computes logits).
     fn embed_all(&self, inputs: &[Vec<TokenId>]) -> Result<Vec<Vec<f32>>, SubmitError> {
         let n_vocab = self.model.config.n_vocab;
+        // An encoder takes an input whole, in one micro-batch, within its position embeddings.
+        let limit = match self.model.config.causal {
+            true => self.n_ctx,
+            false => (self.options.embedding_session.n_ubatch).min(self.model.config.n_ctx_train),
+        };
         for input in inputs {
             if input.is_empty() {
                 return Err(SubmitError::EmptyPrompt);
@@ -283,10 +288,10 @@ impl Engine {
             if let Some(&id) = input.iter().find(|&&id| id as usize >= n_vocab) {
                 return Err(SubmitError::InvalidToken { id, n_vocab });
             }
-            if input.len() > self.n_ctx {
+            if input.len() > limit {
                 return Err(SubmitError::PromptTooLong {
                     n_prompt: input.len(),
-                    n_ctx: self.n_ctx,
+                    n_ctx: limit,
                 });
             }
         }
@@ -355,6 +360,9 @@ impl Generator for Engine {
     }
 
     fn submit(&self, request: GenRequest) -> Result<Submission, SubmitError> {
+        if self.model.config.kind.is_encoder() {
+            return Err(SubmitError::EmbeddingsOnly(self.model.config.arch.clone()));
+        }
         let (prompt, reasoning_open) = self.tokenize(&request.prompt)?;
         self.check(&request, &prompt)?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

@@ -20,6 +20,8 @@ pub(crate) enum ErrorKind {
     Server,
     /// No or a wrong API key (401).
     Authentication,
+    /// What the request asks the server does not do with its model (501).
+    NotSupported,
 }
 
 impl ErrorKind {
@@ -29,6 +31,7 @@ impl ErrorKind {
             ErrorKind::RateLimit => "rate_limit_error",
             ErrorKind::Server => "server_error",
             ErrorKind::Authentication => "authentication_error",
+            ErrorKind::NotSupported => "not_supported_error",
         }
     }
 }
@@ -140,6 +143,13 @@ impl ApiError {
                 code: None,
             },
             SubmitError::Failed(_) => ApiError::server(message),
+            SubmitError::EmbeddingsOnly(_) => ApiError {
+                status: StatusCode::NOT_IMPLEMENTED,
+                kind: ErrorKind::NotSupported,
+                message,
+                param: None,
+                code: None,
+            },
         }
     }
 }

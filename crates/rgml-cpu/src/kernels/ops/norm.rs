@@ -1,25 +1,10 @@
-//! Row normalisations: RMS_NORM and NORM. Sums accumulate in f64 as ggml does.
+//! Row normalisations: RMS_NORM and NORM, in ggml-cpu's arithmetic (sums accumulated in f64
+//! in its order, per instruction set where its loops are vectorized).
 
+use crate::kernels::isa::Isa;
+use crate::kernels::simd::{hsum16, hsum8};
 use crate::kernels::task::{f32_row_for_write, f32_row_mut, NodeTask, ThreadCtx};
 use rgml::Result;
-
-/// Sum of `x` in f64, with independent partial sums so the loop vectorizes.
-#[inline]
-fn sum_f64(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut acc = [0f64; 4];
-    let chunks = x.chunks_exact(4);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for k in 0..4 {
-            acc[k] += f(c[k]);
-        }
-    }
-    let mut s = acc[0] + acc[1] + acc[2] + acc[3];
-    for &v in tail {
-        s += f(v);
-    }
-    s
-}
 
 /// Run `f(src_row, dst_row)` over this thread's rows (F32, dense rows, same shape).
 #[inline(always)]
@@ -56,18 +41,49 @@ pub(crate) fn rms_norm(task: &NodeTask, tc: &mut ThreadCtx<'_>, eps: f32) -> Res
     })
 }
 
-/// NORM: `(x - mean) / sqrt(var + eps)`.
+/// NORM: `(x - mean) / sqrt(var + eps)`, as ggml's `ggml_compute_forward_norm_f32`: the mean
+/// from a sequential f64 sum rounded to f32, the variance from `ggml_vec_cvar_f32`.
 pub(crate) fn norm(task: &NodeTask, tc: &mut ThreadCtx<'_>, eps: f32) -> Result<()> {
+    let isa = task.features.isa();
     rows(task, tc, |x, d| {
-        let n = x.len().max(1) as f64;
-        let mean = (sum_f64(x, f64::from) / n) as f32;
-        for (d, &v) in d.iter_mut().zip(x) {
-            *d = v - mean;
-        }
-        let var = (sum_f64(d, |v| f64::from(v) * f64::from(v)) / n) as f32;
+        let n = x.len().max(1);
+        let sum = x.iter().fold(0f64, |s, &v| s + f64::from(v)) as f32;
+        let mean = sum / n as f32;
+        let var = centred_variance(isa, x, mean, d) as f32;
         let s = 1.0 / (var + eps).sqrt();
         for d in d.iter_mut() {
             *d *= s;
         }
     })
+}
+
+/// `ggml_vec_cvar_f32`: `d = x - mean` and the mean of its squares, in f64 over the squares
+/// summed in f32 per vector of the build (16 lanes reduced as `_mm512_reduce_add_ps`, or 8 as
+/// its AVX2 `hsum`), the leftovers one by one.
+fn centred_variance(isa: Isa, x: &[f32], mean: f32, d: &mut [f32]) -> f64 {
+    for (d, &v) in d.iter_mut().zip(x) {
+        *d = v - mean;
+    }
+    let lanes = match isa {
+        Isa::Avx512 => 16,
+        Isa::Avx2 => 8,
+    };
+    let chunks = d.chunks_exact(lanes);
+    let tail = chunks.remainder();
+    let mut sum = 0f64;
+    let mut sq = [0f32; 16];
+    for c in chunks {
+        for (s, v) in sq.iter_mut().zip(c) {
+            *s = v * v;
+        }
+        let part = match isa {
+            Isa::Avx512 => hsum16(&sq),
+            Isa::Avx2 => sq.first_chunk::<8>().map_or(0.0, hsum8),
+        };
+        sum += f64::from(part);
+    }
+    for &v in tail {
+        sum += f64::from(v * v);
+    }
+    sum / x.len().max(1) as f64
 }
