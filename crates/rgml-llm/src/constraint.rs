@@ -14,6 +14,13 @@ use crate::sampling::Sampler;
 use crate::tokenizer::{TokenId, Tokenizer};
 use std::sync::Arc;
 
+/// The text a grammar reads for token `id`: its piece with control tokens' text rendered (as
+/// llama.cpp's grammar reads its vocabulary), so that a grammar can name a format's control
+/// markers (Mistral's `[TOOL_CALLS]`); [`Tokenizer::token_trie`] holds the same texts.
+fn grammar_text(tok: &Tokenizer, id: TokenId) -> &[u8] {
+    tok.token_to_piece(id, true).unwrap_or_default()
+}
+
 /// An answer's grammar and how far the answer is through it.
 pub struct Constraint {
     matcher: Matcher,
@@ -37,16 +44,16 @@ impl Constraint {
         self.matcher.finished()
     }
 
-    /// Takes the text of the chosen token; `false` (nothing changed) if it may not come.
-    pub fn push(&mut self, piece: &[u8]) -> bool {
-        self.matcher.push(piece)
+    /// Takes the chosen token `id`; `false` (nothing changed) if it may not come.
+    pub fn accept(&mut self, id: TokenId, tok: &Tokenizer) -> bool {
+        self.matcher.push(grammar_text(tok, id))
     }
 
     /// Whether token `id` may come next (an end-of-generation token once complete).
     fn allows(&mut self, id: TokenId, tok: &Tokenizer) -> bool {
         match tok.is_eog(id) {
             true => self.complete(),
-            false => (self.matcher).accepts(tok.token_to_piece(id, false).unwrap_or_default()),
+            false => (self.matcher).accepts(grammar_text(tok, id)),
         }
     }
 

@@ -175,7 +175,7 @@ impl Iterator for Generation<'_> {
             return self.stop(StopReason::EndOfGeneration(token));
         }
         if let Some(c) = &mut self.constraint {
-            c.push(tok.token_to_piece(token, false).unwrap_or_default());
+            c.accept(token, tok);
             if c.finished() {
                 // Yield the token that completes the answer; nothing follows it.
                 self.stop = Some(StopReason::Constraint);

@@ -6,9 +6,15 @@
 //! The formats are the common ones of the families rgml runs, as llama.cpp's chat parsers read
 //! them: Hermes 2 Pro / Qwen (`<tool_call>{"name": .., "arguments": {..}}</tool_call>`, any
 //! number of them, text around them), Llama 3.x (the whole output one JSON object with `name`
-//! and `parameters`, after an optional `<|python_tag|>`), and Mistral Nemo
-//! (`[TOOL_CALLS][{"name": .., "arguments": {..}, "id": ..}, ..]` after any text). A call whose
-//! JSON does not parse stays text, as llama-server leaves it.
+//! and `parameters`, after an optional `<|python_tag|>`), Mistral Nemo
+//! (`[TOOL_CALLS][{"name": .., "arguments": {..}, "id": ..}, ..]` after any text) and Mistral's
+//! later tokenizers (v11 on: Mistral Small 3.2, Devstral, Magistral, Ministral 3:
+//! `[TOOL_CALLS]name[ARGS]{..}` per call, Small 3.2 with `[CALL_ID]id` before `[ARGS]`). A call
+//! whose JSON does not parse stays text, as llama-server leaves it.
+//!
+//! The markers of some formats are control tokens (Mistral's `[TOOL_CALLS]` and `[ARGS]`),
+//! which decode to nothing unless asked for: [`ToolCallFormat::markers`] names the ones a
+//! server must render for the parser to see them (llama.cpp's "preserved tokens").
 
 use crate::markers::marker_from;
 use crate::message::ToolCall;
@@ -17,6 +23,8 @@ use serde_json::Value;
 const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
 const MISTRAL_MARKER: &str = "[TOOL_CALLS]";
+const MISTRAL_ARGS: &str = "[ARGS]";
+const MISTRAL_CALL_ID: &str = "[CALL_ID]";
 const PYTHON_TAG: &str = "<|python_tag|>";
 
 /// How a model writes its tool calls.
@@ -26,8 +34,11 @@ pub enum ToolCallFormat {
     Hermes,
     /// One JSON object with `name` and `parameters` (Llama 3.1 / 3.2 / 3.3).
     Llama3Json,
-    /// `[TOOL_CALLS]` and a JSON list of calls (Mistral Nemo, Mistral Small).
+    /// `[TOOL_CALLS]` and a JSON list of calls (Mistral Nemo, Mistral Small before 3.2).
     MistralNemo,
+    /// `[TOOL_CALLS]name[ARGS]{..}` per call, `[CALL_ID]id` before `[ARGS]` where the template
+    /// shows ids (Mistral's v11+ tokenizers: Mistral Small 3.2, Devstral, Magistral, Ministral 3).
+    MistralV11,
 }
 
 /// A finished output split into its text and its tool calls.
@@ -45,6 +56,8 @@ impl ToolCallFormat {
     pub fn detect(template: &str) -> Option<ToolCallFormat> {
         if template.contains(HERMES_OPEN) {
             Some(ToolCallFormat::Hermes)
+        } else if template.contains(MISTRAL_MARKER) && template.contains(MISTRAL_ARGS) {
+            Some(ToolCallFormat::MistralV11)
         } else if template.contains(MISTRAL_MARKER) {
             Some(ToolCallFormat::MistralNemo)
         } else if template.contains("<|start_header_id|>") && template.contains("ipython") {
@@ -60,6 +73,7 @@ impl ToolCallFormat {
             ToolCallFormat::Hermes => parse_hermes(text),
             ToolCallFormat::Llama3Json => parse_llama3(text),
             ToolCallFormat::MistralNemo => parse_mistral(text),
+            ToolCallFormat::MistralV11 => parse_mistral_v11(text),
         };
         parsed.unwrap_or_else(|| ParsedOutput {
             content: text.trim().to_string(),
@@ -67,23 +81,35 @@ impl ToolCallFormat {
         })
     }
 
-    /// The fixed texts around a forced call's JSON object (OpenAI's `tool_choice` `required`,
-    /// or a named function): any call, or one of `name`, whose object is then its arguments.
-    pub fn forced_frame(self, name: Option<&str>) -> (String, String) {
+    /// The fixed texts around the arguments (a JSON object) of a forced call of `name`
+    /// (OpenAI's `tool_choice` `required`, or a named function).
+    pub fn forced_frame(self, name: &str) -> (String, String) {
         let (open, args_key, close) = match self {
             ToolCallFormat::Hermes => ("<tool_call>\n", "arguments", "\n</tool_call>"),
             ToolCallFormat::Llama3Json => ("", "parameters", ""),
             ToolCallFormat::MistralNemo => ("[TOOL_CALLS][", "arguments", "]"),
-        };
-        match name {
-            None => (open.to_string(), close.to_string()),
-            Some(name) => {
-                let name = Value::from(name).to_string();
-                (
-                    format!("{open}{{\"name\": {name}, \"{args_key}\": "),
-                    format!("}}{close}"),
+            ToolCallFormat::MistralV11 => {
+                return (
+                    format!("{MISTRAL_MARKER}{name}{MISTRAL_ARGS}"),
+                    String::new(),
                 )
             }
+        };
+        let name = Value::from(name).to_string();
+        (
+            format!("{open}{{\"name\": {name}, \"{args_key}\": "),
+            format!("}}{close}"),
+        )
+    }
+
+    /// The marker texts a server renders even where they are control tokens, so that the
+    /// output it parses shows them (llama.cpp's preserved tokens of the format).
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolCallFormat::Hermes => &[HERMES_OPEN, HERMES_CLOSE],
+            ToolCallFormat::Llama3Json => &[PYTHON_TAG],
+            ToolCallFormat::MistralNemo => &[MISTRAL_MARKER],
+            ToolCallFormat::MistralV11 => &[MISTRAL_MARKER, MISTRAL_ARGS, MISTRAL_CALL_ID],
         }
     }
 
@@ -92,7 +118,9 @@ impl ToolCallFormat {
     pub fn hold_from(self, text: &str) -> Option<usize> {
         match self {
             ToolCallFormat::Hermes => marker_from(text, HERMES_OPEN),
-            ToolCallFormat::MistralNemo => marker_from(text, MISTRAL_MARKER),
+            ToolCallFormat::MistralNemo | ToolCallFormat::MistralV11 => {
+                marker_from(text, MISTRAL_MARKER)
+            }
             ToolCallFormat::Llama3Json => {
                 let rest = text.trim_start();
                 let opens = rest.starts_with('{')
@@ -166,9 +194,35 @@ impl ToolCallFormat {
                     }
                 }
             }
+            ToolCallFormat::MistralV11 => {
+                for segment in text.split(MISTRAL_MARKER).skip(1) {
+                    match v11_call(segment) {
+                        Some(call) => calls.push(call),
+                        // The name is not whole yet.
+                        None => break,
+                    }
+                }
+            }
         }
         Some(calls)
     }
+}
+
+/// A `name[CALL_ID]id[ARGS]{..}` segment after `[TOOL_CALLS]`, as far as it is written: `None`
+/// until `[ARGS]` shows the name whole.
+fn v11_call(segment: &str) -> Option<PartialCall> {
+    let (head, args) = segment.split_once(MISTRAL_ARGS)?;
+    let name = head.split(MISTRAL_CALL_ID).next().unwrap_or(head);
+    let args = args.trim_start();
+    let (arguments, done) = match value_end(args) {
+        Some(len) => (&args[..len], true),
+        None => (args, false),
+    };
+    Some(PartialCall {
+        name: name.trim().to_string(),
+        arguments: arguments.to_string(),
+        done,
+    })
 }
 
 /// Why a streamed call object cannot be read (yet).
@@ -342,6 +396,38 @@ fn parse_mistral(text: &str) -> Option<ParsedOutput> {
     })
 }
 
+/// Mistral v11+: the text before the first `[TOOL_CALLS]`, then one call per marker, each
+/// `name`, an optional `[CALL_ID]id` and `[ARGS]` with its JSON arguments.
+fn parse_mistral_v11(text: &str) -> Option<ParsedOutput> {
+    let mut segments = text.split(MISTRAL_MARKER);
+    let content = segments.next().unwrap_or_default().trim().to_string();
+    let mut calls = Vec::new();
+    for segment in segments {
+        let (head, args) = segment.split_once(MISTRAL_ARGS)?;
+        let (name, id) = match head.split_once(MISTRAL_CALL_ID) {
+            Some((name, id)) => (name, Some(id.trim().to_string())),
+            None => (head, None),
+        };
+        let args: Value = serde_json::from_str(args.trim()).ok()?;
+        let name = name.trim();
+        if name.is_empty() {
+            return None;
+        }
+        calls.push(ToolCall {
+            id,
+            name: name.to_string(),
+            arguments: match args {
+                Value::String(text) => text,
+                other => serde_json::to_string(&other).ok()?,
+            },
+        });
+    }
+    Some(ParsedOutput {
+        content,
+        tool_calls: calls,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +453,11 @@ mod tests {
         assert_eq!(
             ToolCallFormat::detect(mistral),
             Some(ToolCallFormat::MistralNemo)
+        );
+        let v11 = "{{- '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}";
+        assert_eq!(
+            ToolCallFormat::detect(v11),
+            Some(ToolCallFormat::MistralV11)
         );
         assert_eq!(ToolCallFormat::detect("{{ messages }}<|im_start|>"), None);
     }
@@ -408,7 +499,16 @@ mod tests {
         assert_eq!(parsed.content, "Sure.");
         let mut want = call("a", r#"{"x":1}"#);
         want.id = Some("abc123XYZ".into());
-        assert_eq!(parsed.tool_calls, [want]);
+        assert_eq!(parsed.tool_calls, [want.clone()]);
+        // v11: one marker per call, ids where Mistral Small 3.2 writes them.
+        let v11 = ToolCallFormat::MistralV11;
+        let text = "Sure. [TOOL_CALLS]a[CALL_ID]abc123XYZ[ARGS]{\"x\": 1}[TOOL_CALLS]b[ARGS]{}";
+        let parsed = v11.parse(text);
+        assert_eq!(parsed.content, "Sure.");
+        assert_eq!(parsed.tool_calls, [want, call("b", "{}")]);
+        let broken = "[TOOL_CALLS]a[ARGS]{\"x\":";
+        assert!(v11.parse(broken).tool_calls.is_empty());
+        assert_eq!(v11.parse(broken).content, broken);
     }
 
     /// A forced call's frame around any JSON object parses as a call of that function.
@@ -418,19 +518,13 @@ mod tests {
             ToolCallFormat::Hermes,
             ToolCallFormat::Llama3Json,
             ToolCallFormat::MistralNemo,
+            ToolCallFormat::MistralV11,
         ] {
-            let (open, close) = format.forced_frame(Some("get \"x\""));
+            let (open, close) = format.forced_frame("get \"x\"");
             let parsed = format.parse(&format!("{open}{{\"a\": 1}}{close}"));
             assert_eq!(
                 parsed.tool_calls,
                 [call("get \"x\"", r#"{"a":1}"#)],
-                "{format:?}"
-            );
-            let (open, close) = format.forced_frame(None);
-            let text = format!("{open}{{\"name\": \"f\", \"arguments\": {{}}}}{close}");
-            assert_eq!(
-                format.parse(&text).tool_calls,
-                [call("f", "{}")],
                 "{format:?}"
             );
         }
@@ -445,6 +539,7 @@ mod tests {
         assert_eq!(h.hold_from("a <"), Some(2));
         assert_eq!(h.hold_from("a < b"), None);
         assert_eq!(ToolCallFormat::MistralNemo.hold_from("x [TOOL"), Some(2));
+        assert_eq!(ToolCallFormat::MistralV11.hold_from("x [TOOL"), Some(2));
         let l = ToolCallFormat::Llama3Json;
         assert_eq!(l.hold_from(""), Some(0));
         assert_eq!(l.hold_from(" {\"name\""), Some(0));
@@ -458,6 +553,7 @@ mod tests {
             (ToolCallFormat::Hermes, "Let me check. <tool_call>\n{\"name\": \"get \\\"x\\\"\", \"arguments\": {\"city\": \"Pa}ris\", \"n\": [1, 2]}}\n</tool_call>\n<tool_call>{\"name\": \"time\", \"arguments\": {}}</tool_call>"),
             (ToolCallFormat::Llama3Json, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": -1.5e3, \"b\": null}}"),
             (ToolCallFormat::MistralNemo, "ok [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"q\": \"[x]\"}}, {\"name\": \"g\", \"arguments\": {\"z\": true}}]"),
+            (ToolCallFormat::MistralV11, "ok [TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{\"q\": \"[x]\"}[TOOL_CALLS]g[ARGS]{\"z\": true}"),
         ];
         for (format, output) in outputs {
             let whole = format.parse(output).tool_calls;

@@ -442,7 +442,7 @@ fn tools_need_a_template_that_shows_tool_calls() {
     // Sampled (greedy decoding of this tiny model writes arguments past any limit), until one
     // call ends.
     for seed in 6..10 {
-        let (prefix, suffix) = format.forced_frame(Some("weather"));
+        let (prefix, suffix) = format.forced_frame("weather");
         let frame = rgml_llm::grammar::schema::Framed {
             prefix: &prefix,
             schema: None,

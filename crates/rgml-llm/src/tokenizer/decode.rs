@@ -14,15 +14,18 @@ use crate::error::Result;
 pub struct Decoder<'t> {
     tok: &'t Tokenizer,
     special: bool,
+    /// Special tokens rendered even without `special` (a format's markers).
+    preserved: Vec<TokenId>,
     index: usize,
     pending: Vec<u8>,
 }
 
 impl<'t> Decoder<'t> {
-    pub(crate) fn new(tok: &'t Tokenizer, special: bool) -> Decoder<'t> {
+    pub(crate) fn new(tok: &'t Tokenizer, special: bool, preserved: Vec<TokenId>) -> Decoder<'t> {
         Decoder {
             tok,
             special,
+            preserved,
             index: 0,
             pending: Vec::new(),
         }
@@ -31,7 +34,8 @@ impl<'t> Decoder<'t> {
     /// Adds one token and returns the text that is now complete (possibly empty). Errors on
     /// an id outside the vocabulary, leaving the decoder as it was.
     pub fn push(&mut self, id: TokenId) -> Result<String> {
-        let piece = self.tok.piece_at(self.index, id, self.special)?;
+        let special = self.special || self.preserved.contains(&id);
+        let piece = self.tok.piece_at(self.index, id, special)?;
         self.index += 1;
         self.pending.extend_from_slice(piece);
         Ok(self.take(false))

@@ -512,7 +512,24 @@ impl Tokenizer {
 
     /// A streaming decoder: feed it ids one at a time and print what it returns.
     pub fn decoder(&self, special: bool) -> Decoder<'_> {
-        Decoder::new(self, special)
+        Decoder::new(self, special, Vec::new())
+    }
+
+    /// A streaming decoder that renders the special tokens of `preserved` (and no others): a
+    /// format's control markers that its parser must see (see
+    /// [`crate::tool_calls::ToolCallFormat::markers`]).
+    pub fn decoder_preserving(&self, preserved: Vec<TokenId>) -> Decoder<'_> {
+        Decoder::new(self, false, preserved)
+    }
+
+    /// The ids of the special tokens (control, unknown) whose texts are among `texts`: the
+    /// markers a decoder must preserve; texts that are not special tokens render anyway.
+    pub fn special_ids(&self, texts: &[&str]) -> Vec<TokenId> {
+        texts
+            .iter()
+            .filter_map(|t| self.token_id(t))
+            .filter(|&id| self.token_attr(id).is_some_and(|a| a.is_special()))
+            .collect()
     }
 
     /// The algorithm.
@@ -613,13 +630,13 @@ impl Tokenizer {
     }
 
     /// The texts of every token but the end-of-generation ones (as [`Tokenizer::token_to_piece`]
-    /// writes them without special tokens), as a byte trie for grammar-constrained sampling;
-    /// built at the first call.
+    /// writes them with special tokens, as llama.cpp's grammar reads them), as a byte trie for
+    /// grammar-constrained sampling; built at the first call.
     pub fn token_trie(&self) -> &TokenTrie {
         self.token_trie.get_or_init(|| {
             let pieces = (0..self.n_vocab() as TokenId)
                 .filter(|&id| !self.is_eog(id))
-                .filter_map(|id| Some((id, self.token_to_piece(id, false).ok()?)));
+                .filter_map(|id| Some((id, self.token_to_piece(id, true).ok()?)));
             Arc::new(TokenTrie::new(pieces))
         })
     }

@@ -175,6 +175,9 @@ impl Engine {
             n_ubatch: session.n_ubatch().max(1),
             recurrent: session.model().config.recurrent.is_some(),
             checkpoints: options.ctx_checkpoints,
+            preserved: formatter
+                .tool_format()
+                .map_or(Vec::new(), |f| model.tokenizer.special_ids(f.markers())),
         };
         let handle = std::thread::Builder::new()
             .name("rgml-serve-engine".into())

@@ -138,7 +138,14 @@ impl<'t> Slot<'t> {
     }
 
     /// Start `job`, whose first `n_cached` prompt tokens the cache holds already.
-    pub(crate) fn start(&mut self, job: Job, n_cached: usize, tok: &'t Tokenizer) {
+    /// `preserved`: the special tokens its text renders (see `worker::Policy::preserved`).
+    pub(crate) fn start(
+        &mut self,
+        job: Job,
+        n_cached: usize,
+        tok: &'t Tokenizer,
+        preserved: Vec<TokenId>,
+    ) {
         let mut sampler = Sampler::new(job.request.sampling.clone());
         // As `Session::generate`: the repetition penalty sees the prompt.
         for &t in &job.prompt {
@@ -151,7 +158,7 @@ impl<'t> Slot<'t> {
             n_prompt_done: n_cached,
             n_cached,
             sampler,
-            decoder: tok.decoder(false),
+            decoder: tok.decoder_preserving(preserved),
             text: String::new(),
             sent: 0,
             n_generated: 0,
@@ -192,9 +199,10 @@ impl Running<'_> {
             return self.finish(FinishReason::Stop);
         }
         // Where the answer's format allows nothing more, it ends with this token.
-        let format_done = self.constraint.as_mut().is_some_and(|c| {
-            c.push(tok.token_to_piece(token, false).unwrap_or_default()) && c.finished()
-        });
+        let format_done = self
+            .constraint
+            .as_mut()
+            .is_some_and(|c| c.accept(token, tok) && c.finished());
         self.sampler.accept(token);
         self.n_generated += 1;
         let logprobs = top.zip(norm).map(|(top, norm)| Logprobs {

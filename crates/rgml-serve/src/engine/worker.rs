@@ -41,6 +41,9 @@ pub(crate) struct Policy {
     pub(crate) recurrent: bool,
     /// Checkpoints of a recurrent state each slot keeps ([`super::EngineOptions::ctx_checkpoints`]).
     pub(crate) checkpoints: usize,
+    /// The special tokens the answers render: the tool-call format's control markers, which
+    /// its parser reads (llama.cpp's preserved tokens).
+    pub(crate) preserved: Vec<TokenId>,
 }
 
 impl Policy {
@@ -214,7 +217,7 @@ fn start<'t>(
     slot.last_used = at.step;
     // Whole still unless the cut failed (`truncate` then forgot the logits).
     let from_logits = slot.holds_whole(&job.prompt);
-    slot.start(job, keep, tok);
+    slot.start(job, keep, tok, policy.preserved.clone());
     match from_logits {
         true => first_from_logits(slot, tok, n < at.n_ctx),
         false => 0,

@@ -92,7 +92,7 @@ pub(crate) fn forced_call_grammar(
     tools: &[&ForcedTool],
 ) -> Result<(Grammar, Vec<String>), ApiError> {
     let frames: Vec<(String, String)> = (tools.iter())
-        .map(|t| format.forced_frame(Some(&t.name)))
+        .map(|t| format.forced_frame(&t.name))
         .collect();
     let framed: Vec<Framed<'_>> = (tools.iter().zip(&frames))
         .map(|(tool, (prefix, suffix))| Framed {
