@@ -120,8 +120,8 @@ pub enum ChatFormatter {
         strip_eos: Option<String>,
         /// How the template's model writes tool calls, where it shows them.
         tool_format: Option<ToolCallFormat>,
-        /// The template shows reasoning in `<think>` tags.
-        thinking: bool,
+        /// How the template shows reasoning, where it does.
+        thinking: Option<crate::reasoning::Syntax>,
     },
     /// The fallback marker format.
     Markers(ChatFormat),
@@ -149,7 +149,7 @@ impl ChatFormatter {
                 strip_bos: (tok.add_bos() && !bos.is_empty()).then_some(bos),
                 strip_eos: (tok.add_eos() && !eos.is_empty()).then_some(eos),
                 tool_format: ToolCallFormat::detect(source),
-                thinking: crate::reasoning::shows_thinking(source),
+                thinking: crate::reasoning::Syntax::detect(source),
             },
             _ => ChatFormatter::Markers(ChatFormat::for_model(
                 model.config.kind,
@@ -180,9 +180,13 @@ impl ChatFormatter {
         }
     }
 
-    /// Whether the model reasons in `<think>` tags (its Jinja template shows them).
-    pub fn shows_thinking(&self) -> bool {
-        matches!(self, ChatFormatter::Template { thinking: true, .. })
+    /// How the model writes its reasoning, where its Jinja template shows it (`<think>` tags,
+    /// harmony's analysis channel).
+    pub fn reasoning_syntax(&self) -> Option<crate::reasoning::Syntax> {
+        match self {
+            ChatFormatter::Template { thinking, .. } => *thinking,
+            ChatFormatter::Markers(_) => None,
+        }
     }
 
     /// [`ChatFormatter::apply`] with `tools` (the OpenAI `tools` list, as JSON text: its keys'

@@ -48,6 +48,7 @@ pub mod embed;
 pub mod error;
 pub mod generate;
 pub mod grammar;
+pub mod harmony;
 mod markers;
 mod message;
 pub mod model;

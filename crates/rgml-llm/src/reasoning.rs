@@ -8,10 +8,54 @@
 //! Reasoning that never closes is reasoning all the same (the answer is empty), as in
 //! llama.cpp.
 
+use crate::harmony::HarmonyStream;
 use crate::markers::partial_suffix;
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
+
+/// How a model writes its reasoning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Syntax {
+    /// In `<think>` … `</think>` before the answer.
+    Think,
+    /// On gpt-oss's `analysis` channel ([`crate::harmony`]).
+    Harmony,
+}
+
+impl Syntax {
+    /// The syntax a chat template shows, if any.
+    pub fn detect(template: &str) -> Option<Syntax> {
+        if crate::harmony::is_harmony(template) {
+            Some(Syntax::Harmony)
+        } else {
+            shows_thinking(template).then_some(Syntax::Think)
+        }
+    }
+
+    /// `text` (a whole output) split into reasoning and answer; `open`: the prompt opened the
+    /// reasoning (`<think>` only).
+    pub fn split(self, text: &str, open: bool) -> Split {
+        match self {
+            Syntax::Think => split(text, open),
+            Syntax::Harmony => {
+                let mut stream = HarmonyStream::new();
+                let mut parts = stream.push(text);
+                parts.extend(stream.finish());
+                let mut out = Split::default();
+                let mut reasoning: Option<String> = None;
+                for (part, piece) in parts {
+                    match part {
+                        Part::Reasoning => reasoning.get_or_insert_default().push_str(&piece),
+                        Part::Content => out.content.push_str(&piece),
+                    }
+                }
+                out.reasoning = reasoning.map(|r| r.trim().to_string());
+                out
+            }
+        }
+    }
+}
 
 /// Whether a chat template shows reasoning in `<think>` tags.
 pub fn shows_thinking(template: &str) -> bool {
@@ -79,9 +123,20 @@ enum Phase {
 pub struct ReasoningStream {
     phase: Phase,
     held: String,
+    /// Harmony's channels instead of `<think>`.
+    harmony: Option<HarmonyStream>,
 }
 
 impl ReasoningStream {
+    /// A stream of `syntax`; `open`: the prompt opened the reasoning (`<think>` only).
+    pub fn for_syntax(syntax: Syntax, open: bool) -> ReasoningStream {
+        let mut stream = ReasoningStream::new(open);
+        if syntax == Syntax::Harmony {
+            stream.harmony = Some(HarmonyStream::new());
+        }
+        stream
+    }
+
     /// A stream whose reasoning the prompt opened (`open`), or that may open it.
     pub fn new(open: bool) -> ReasoningStream {
         ReasoningStream {
@@ -91,11 +146,15 @@ impl ReasoningStream {
                 Phase::Undecided
             },
             held: String::new(),
+            harmony: None,
         }
     }
 
     /// The parts `text` completes, in order.
     pub fn push(&mut self, text: &str) -> Vec<(Part, String)> {
+        if let Some(h) = &mut self.harmony {
+            return h.push(text);
+        }
         self.held.push_str(text);
         let mut out = Vec::new();
         loop {
@@ -144,6 +203,9 @@ impl ReasoningStream {
 
     /// What is still held when the output ends.
     pub fn finish(&mut self) -> Vec<(Part, String)> {
+        if let Some(h) = &mut self.harmony {
+            return h.finish();
+        }
         let held = std::mem::take(&mut self.held);
         let mut out = Vec::new();
         match self.phase {

@@ -10,13 +10,16 @@
 //! (`[TOOL_CALLS][{"name": .., "arguments": {..}, "id": ..}, ..]` after any text) and Mistral's
 //! later tokenizers (v11 on: Mistral Small 3.2, Devstral, Magistral, Ministral 3:
 //! `[TOOL_CALLS]name[ARGS]{..}` per call, Small 3.2 with `[CALL_ID]id` before `[ARGS]`). A call
-//! whose JSON does not parse stays text, as llama-server leaves it.
+//! whose JSON does not parse stays text, as llama-server leaves it. gpt-oss's harmony calls
+//! (a message to `functions.NAME` whose body is the arguments) reach the parser in the
+//! canonical form [`crate::harmony`] gives them.
 //!
 //! The markers of some formats are control tokens (Mistral's `[TOOL_CALLS]` and `[ARGS]`),
 //! which decode to nothing unless asked for: [`ToolCallFormat::markers`] names the ones a
 //! server must render for the parser to see them (llama.cpp's "preserved tokens").
 
-use crate::markers::marker_from;
+use crate::harmony;
+use crate::markers::{marker_from, partial_suffix};
 use crate::message::ToolCall;
 use serde_json::Value;
 
@@ -39,6 +42,8 @@ pub enum ToolCallFormat {
     /// `[TOOL_CALLS]name[ARGS]{..}` per call, `[CALL_ID]id` before `[ARGS]` where the template
     /// shows ids (Mistral's v11+ tokenizers: Mistral Small 3.2, Devstral, Magistral, Ministral 3).
     MistralV11,
+    /// gpt-oss's harmony messages to `functions.NAME` (see [`crate::harmony`]).
+    Harmony,
 }
 
 /// A finished output split into its text and its tool calls.
@@ -54,7 +59,9 @@ impl ToolCallFormat {
     /// The format a chat template teaches, from the markers its source holds; `None` for a
     /// template that shows no tool calls.
     pub fn detect(template: &str) -> Option<ToolCallFormat> {
-        if template.contains(HERMES_OPEN) {
+        if harmony::is_harmony(template) {
+            Some(ToolCallFormat::Harmony)
+        } else if template.contains(HERMES_OPEN) {
             Some(ToolCallFormat::Hermes)
         } else if template.contains(MISTRAL_MARKER) && template.contains(MISTRAL_ARGS) {
             Some(ToolCallFormat::MistralV11)
@@ -74,6 +81,7 @@ impl ToolCallFormat {
             ToolCallFormat::Llama3Json => parse_llama3(text),
             ToolCallFormat::MistralNemo => parse_mistral(text),
             ToolCallFormat::MistralV11 => parse_mistral_v11(text),
+            ToolCallFormat::Harmony => parse_harmony(text),
         };
         parsed.unwrap_or_else(|| ParsedOutput {
             content: text.trim().to_string(),
@@ -94,6 +102,14 @@ impl ToolCallFormat {
                     String::new(),
                 )
             }
+            // The raw output (before `harmony`'s split), as gpt-oss writes a call.
+            ToolCallFormat::Harmony => {
+                let (call, message) = (harmony::CALL_OPEN, harmony::MESSAGE);
+                return (
+                    format!("{call}{name} <|constrain|>json{message}"),
+                    String::new(),
+                );
+            }
         };
         let name = Value::from(name).to_string();
         (
@@ -110,6 +126,7 @@ impl ToolCallFormat {
             ToolCallFormat::Llama3Json => &[PYTHON_TAG],
             ToolCallFormat::MistralNemo => &[MISTRAL_MARKER],
             ToolCallFormat::MistralV11 => &[MISTRAL_MARKER, MISTRAL_ARGS, MISTRAL_CALL_ID],
+            ToolCallFormat::Harmony => &harmony::MARKERS,
         }
     }
 
@@ -121,6 +138,7 @@ impl ToolCallFormat {
             ToolCallFormat::MistralNemo | ToolCallFormat::MistralV11 => {
                 marker_from(text, MISTRAL_MARKER)
             }
+            ToolCallFormat::Harmony => marker_from(text, harmony::CALL_OPEN),
             ToolCallFormat::Llama3Json => {
                 let rest = text.trim_start();
                 let opens = rest.starts_with('{')
@@ -192,6 +210,26 @@ impl ToolCallFormat {
                         Some(next) => rest = next,
                         None => break,
                     }
+                }
+            }
+            ToolCallFormat::Harmony => {
+                for segment in text.split(harmony::CALL_OPEN).skip(1) {
+                    let Some((name, args)) = segment.split_once(harmony::MESSAGE) else {
+                        break;
+                    };
+                    let (args, done) = match args.find(harmony::END) {
+                        Some(at) => (&args[..at], true),
+                        // Not what may be the start of the end marker.
+                        None => (
+                            &args[..args.len() - partial_suffix(args, harmony::END)],
+                            false,
+                        ),
+                    };
+                    calls.push(PartialCall {
+                        name: name.to_string(),
+                        arguments: args.to_string(),
+                        done,
+                    });
                 }
             }
             ToolCallFormat::MistralV11 => {
@@ -428,6 +466,32 @@ fn parse_mistral_v11(text: &str) -> Option<ParsedOutput> {
     })
 }
 
+/// Harmony calls in their canonical form (`crate::harmony`), each
+/// `CALL_OPEN name <|message|> args <|end|>`, and the text around them.
+fn parse_harmony(text: &str) -> Option<ParsedOutput> {
+    let mut segments = text.split(harmony::CALL_OPEN);
+    let mut content = segments.next().unwrap_or_default().to_string();
+    let mut calls = Vec::new();
+    for segment in segments {
+        let (name, rest) = segment.split_once(harmony::MESSAGE)?;
+        let (args, after) = rest.split_once(harmony::END).unwrap_or((rest, ""));
+        let args: Value = serde_json::from_str(args.trim()).ok()?;
+        calls.push(ToolCall {
+            id: None,
+            name: name.trim().to_string(),
+            arguments: match args {
+                Value::String(text) => text,
+                other => serde_json::to_string(&other).ok()?,
+            },
+        });
+        content.push_str(after);
+    }
+    Some(ParsedOutput {
+        content: content.trim().to_string(),
+        tool_calls: calls,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,6 +594,27 @@ mod tests {
         }
     }
 
+    /// gpt-oss's forced call, written raw, is a call once harmony's channels are split; and
+    /// its templates are told by their markers.
+    #[test]
+    fn harmony_calls_parse_after_the_channel_split() {
+        let h = ToolCallFormat::Harmony;
+        let (open, close) = h.forced_frame("get");
+        let raw = format!("{open}{{\"a\": 1}}{close}");
+        let split = crate::reasoning::Syntax::Harmony.split(&raw, false);
+        assert_eq!(
+            h.parse(&split.content).tool_calls,
+            [call("get", r#"{"a":1}"#)]
+        );
+        let text = "Checking.<|channel|>commentary to=functions.f<|message|>{}<|end|> done";
+        let parsed = h.parse(text);
+        assert_eq!(parsed.content, "Checking. done");
+        assert_eq!(parsed.tool_calls, [call("f", "{}")]);
+        let template = "{{- '<|start|>assistant<|channel|>final<|message|>' }}";
+        assert_eq!(ToolCallFormat::detect(template), Some(h));
+        assert_eq!(h.hold_from("Checking.<|chan"), Some(9));
+    }
+
     #[test]
     fn streaming_holds_back_from_where_a_call_may_begin() {
         let h = ToolCallFormat::Hermes;
@@ -554,6 +639,7 @@ mod tests {
             (ToolCallFormat::Llama3Json, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": -1.5e3, \"b\": null}}"),
             (ToolCallFormat::MistralNemo, "ok [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"q\": \"[x]\"}}, {\"name\": \"g\", \"arguments\": {\"z\": true}}]"),
             (ToolCallFormat::MistralV11, "ok [TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{\"q\": \"[x]\"}[TOOL_CALLS]g[ARGS]{\"z\": true}"),
+            (ToolCallFormat::Harmony, "<|channel|>commentary to=functions.f<|message|>{\"q\": 1}<|end|><|channel|>commentary to=functions.g<|message|>{}<|end|>"),
         ];
         for (format, output) in outputs {
             let whole = format.parse(output).tool_calls;

@@ -128,3 +128,32 @@ fn a_forced_call_takes_the_control_markers() {
     assert!(constraint.accept(args, &tok));
     assert!(constraint.accept(id(&tok, "{\""), &tok));
 }
+
+/// The vendored templates of the families with these formats are told apart by their markers.
+#[test]
+fn real_templates_name_their_formats() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect(name);
+    for name in [
+        "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+        "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+        "unsloth-mistral-Devstral-Small-2507.jinja",
+    ] {
+        let format = ToolCallFormat::detect(&read(name));
+        assert_eq!(format, Some(ToolCallFormat::MistralV11), "{name}");
+    }
+    let nemo = read("mistralai-Mistral-Nemo-Instruct-2407.jinja");
+    assert_eq!(
+        ToolCallFormat::detect(&nemo),
+        Some(ToolCallFormat::MistralNemo)
+    );
+    let gpt_oss = read("openai-gpt-oss-120b.jinja");
+    assert_eq!(
+        ToolCallFormat::detect(&gpt_oss),
+        Some(ToolCallFormat::Harmony)
+    );
+    assert_eq!(
+        rgml_llm::reasoning::Syntax::detect(&gpt_oss),
+        Some(rgml_llm::reasoning::Syntax::Harmony)
+    );
+}

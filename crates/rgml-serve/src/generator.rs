@@ -351,10 +351,11 @@ pub trait Generator: Send + Sync + 'static {
     fn tool_call_format(&self) -> Option<ToolCallFormat> {
         None
     }
-    /// Whether the model reasons in `<think>` tags (its chat template shows them): a chat
-    /// answer's reasoning is then returned as `reasoning_content`.
-    fn shows_thinking(&self) -> bool {
-        false
+    /// How the model writes its reasoning, where its chat template shows it (`<think>` tags,
+    /// harmony's analysis channel): a chat answer's reasoning is then returned as
+    /// `reasoning_content`.
+    fn reasoning_syntax(&self) -> Option<rgml_llm::reasoning::Syntax> {
+        None
     }
     /// The model's tokenizer (`/tokenize`, `/detokenize`); `None`: those routes answer 501.
     fn tokenizer(&self) -> Option<&Tokenizer> {

@@ -11,6 +11,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rgml_llm::chat::Message;
+use rgml_llm::reasoning::Syntax;
 use rgml_llm::tool_calls::ToolCallFormat;
 use rgml_llm::{EncodeOptions, Tokenizer};
 use rgml_serve::generator::{FinishReason, Logprobs, OutputFormat, TokenLogprob, TokenOut, Usage};
@@ -49,6 +50,9 @@ struct Fake {
     submitted: Mutex<Vec<GenRequest>>,
     /// Refuse every request with this.
     refuse: Mutex<Option<SubmitError>>,
+    /// A gpt-oss model (harmony's channels and calls), else a Qwen-style one (`<think>`,
+    /// Hermes calls).
+    harmony: bool,
 }
 
 impl Fake {
@@ -127,11 +131,17 @@ impl Generator for Fake {
     }
 
     fn tool_call_format(&self) -> Option<ToolCallFormat> {
-        Some(ToolCallFormat::Hermes)
+        Some(match self.harmony {
+            true => ToolCallFormat::Harmony,
+            false => ToolCallFormat::Hermes,
+        })
     }
 
-    fn shows_thinking(&self) -> bool {
-        true
+    fn reasoning_syntax(&self) -> Option<Syntax> {
+        Some(match self.harmony {
+            true => Syntax::Harmony,
+            false => Syntax::Think,
+        })
     }
 
     fn tokenizer(&self) -> Option<&Tokenizer> {
@@ -284,9 +294,13 @@ struct Server {
 }
 
 async fn start(options: HttpOptions) -> Server {
+    start_fake(options, Fake::default()).await
+}
+
+async fn start_fake(options: HttpOptions, fake: Fake) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let fake = Arc::new(Fake::default());
+    let fake = Arc::new(fake);
     let (shutdown, signal) = oneshot::channel::<()>();
     let generator: Arc<dyn Generator> = fake.clone();
     let signal = async move {
@@ -1039,6 +1053,61 @@ async fn reasoning_goes_to_reasoning_content() {
     assert_eq!(message["reasoning_content"], "use the tool");
     assert_eq!(message["content"], "Checking.");
     assert_eq!(message["tool_calls"][0]["function"]["name"], "weather");
+}
+
+/// gpt-oss's harmony output: the analysis channel comes back as `reasoning_content`, the
+/// final channel as the content, and a message to `functions.NAME` as a tool call (whole and
+/// streamed in pieces).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harmony_channels_give_reasoning_content_and_tool_calls() {
+    let fake = Fake {
+        harmony: true,
+        ..Fake::default()
+    };
+    let server = start_fake(HttpOptions::default(), fake).await;
+    let answer = "<|channel|>analysis<|message|>the capital <|end|><|start|>assistant<|channel|>final<|message|>Paris.";
+    let reply = post(server.addr, "/v1/chat/completions", &chat(answer)).await;
+    let body: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(
+        body["choices"][0]["message"],
+        json!({"role": "assistant", "content": "Paris.", "reasoning_content": "the capital"})
+    );
+    let tools: Value = serde_json::from_str(WEATHER_TOOLS).unwrap();
+    let call = "<|channel|>analysis<|message|>use the tool <|end|><|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+    let body = with(chat(call), json!({"tools": tools}));
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["reasoning_content"], "use the tool");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let function = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(function["name"], "weather");
+    let args: Value = serde_json::from_str(function["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
+
+    let body = with(chat(call), json!({"tools": tools, "stream": true}));
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    let chunks = events.rest().await;
+    let join = |field: &str| -> String {
+        chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"][field].as_str())
+            .collect()
+    };
+    assert_eq!(join("reasoning_content").trim(), "use the tool");
+    assert_eq!(join("content"), "");
+    // Each chunk's pieces of the call (the opening, then the arguments as they come).
+    let args: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .filter_map(|piece| piece["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap(),
+        json!({"city": "Paris"})
+    );
 }
 
 /// llama-server's token routes: `/tokenize` (ids as the tokenizer gives them, with pieces on

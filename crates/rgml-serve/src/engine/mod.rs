@@ -339,8 +339,8 @@ impl Generator for Engine {
         self.formatter.template_source()
     }
 
-    fn shows_thinking(&self) -> bool {
-        self.formatter.shows_thinking()
+    fn reasoning_syntax(&self) -> Option<rgml_llm::reasoning::Syntax> {
+        self.formatter.reasoning_syntax()
     }
 
     fn tokenizer(&self) -> Option<&rgml_llm::Tokenizer> {

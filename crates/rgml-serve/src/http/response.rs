@@ -47,9 +47,9 @@ pub(crate) struct Meta {
     pub(crate) warnings: Vec<String>,
     /// The request gave tools: the output's calls, in the model's format, are read out of it.
     pub(crate) tool_format: Option<ToolCallFormat>,
-    /// A thinking model's chat: its reasoning goes to `reasoning_content` (`Some(open)`, with
-    /// `open` when the prompt opened it).
-    pub(crate) reasoning_open: Option<bool>,
+    /// A thinking model's chat: its reasoning, in the model's syntax, goes to
+    /// `reasoning_content` (with `true` when the prompt opened it).
+    pub(crate) reasoning: Option<(reasoning::Syntax, bool)>,
 }
 
 impl Meta {
@@ -66,7 +66,7 @@ impl Meta {
             logprobs,
             warnings: Vec::new(),
             tool_format: None,
-            reasoning_open: None,
+            reasoning: None,
         }
     }
 }
@@ -413,9 +413,9 @@ impl TextCompletion {
 pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Value, ApiError> {
     let mut reason = finish_reason(collected.reason.unwrap_or(FinishReason::Stop));
     let usage = UsageOut::from(collected.usage);
-    let (reasoning_content, answer) = match meta.reasoning_open {
-        Some(open) => {
-            let split = reasoning::split(&collected.text, open);
+    let (reasoning_content, answer) = match meta.reasoning {
+        Some((syntax, open)) => {
+            let split = syntax.split(&collected.text, open);
             (split.reasoning, split.content)
         }
         None => (None, collected.text.clone()),

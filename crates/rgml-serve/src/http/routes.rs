@@ -209,8 +209,10 @@ async fn try_generate(
         .generator
         .submit(parsed.request)
         .map_err(|e| ApiError::from_submit(&e, route.prompt_param()))?;
-    if parsed.split_reasoning && state.generator.shows_thinking() {
-        meta.reasoning_open = Some(submission.reasoning_open);
+    if let Some(syntax) = state.generator.reasoning_syntax() {
+        if parsed.split_reasoning {
+            meta.reasoning = Some((syntax, submission.reasoning_open));
+        }
     }
     if parsed.stream {
         return Ok(stream::sse(meta, submission, parsed.include_usage).into_response());

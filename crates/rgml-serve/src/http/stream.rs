@@ -90,8 +90,8 @@ pub(crate) fn sse(
         streamed_calls: Vec::new(),
         reasoning: None,
     };
-    if let Some(open) = state.meta.reasoning_open {
-        state.reasoning = Some(ReasoningStream::new(open));
+    if let Some((syntax, open)) = state.meta.reasoning {
+        state.reasoning = Some(ReasoningStream::for_syntax(syntax, open));
     }
     if state.meta.route == Route::Chat {
         // OpenAI opens a chat stream with the assistant's role and no text.
