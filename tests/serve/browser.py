@@ -1,7 +1,8 @@
 """The chat page of rgml serve in a real browser (Debian's Chromium, headless, driven through
-chromedriver by Selenium): type a message, send it, see the answer stream in.
+chromedriver by Selenium): type a message, send it, see the answer stream in. With KEY (a server
+started with --api-key KEY), the page first asks for the key; it is typed in, and the chat works.
 
-usage: browser.py BASE_URL
+usage: browser.py BASE_URL [KEY]
 """
 import sys
 import time
@@ -11,6 +12,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 BASE = sys.argv[1]
+KEY = sys.argv[2] if len(sys.argv) > 2 else None
 options = webdriver.ChromeOptions()
 options.binary_location = "/usr/bin/chromium"
 for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]:
@@ -18,6 +20,15 @@ for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-sh
 driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 try:
     driver.get(BASE + "/")
+    if KEY is not None:
+        # The page's first request is refused: it shows the key field.
+        deadline = time.time() + 30
+        while not driver.find_element(By.ID, "keyform").is_displayed():
+            assert time.time() < deadline, "the page did not ask for the API key"
+            time.sleep(0.05)
+        driver.find_element(By.ID, "apikey").send_keys(KEY)
+        driver.find_element(By.ID, "usekey").click()
+        assert not driver.find_element(By.ID, "keyform").is_displayed()
     box = driver.find_element(By.ID, "input")
     box.send_keys("Write a short poem about the sea.")
     driver.find_element(By.ID, "send").click()

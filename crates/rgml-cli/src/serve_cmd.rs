@@ -139,6 +139,7 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
             .clone()
             .filter(|list| !list.iter().any(|o| o == "*")),
         timeout: (args.timeout > 0).then(|| Duration::from_secs(args.timeout)),
+        model_path: Some(args.model.model.display().to_string()),
         ..Default::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -168,6 +168,24 @@ fn openai_clients_and_the_chat_page_in_chromium() {
     assert!(server.terminate().success());
 }
 
+/// With `--api-key`, the chat page asks for the key, sends it, and chats.
+#[test]
+fn the_chat_page_asks_for_the_api_key() {
+    let Some(python) = python() else { return };
+    let mut server = Server::start(&["-np", "1", "-c", "512", "--api-key", "s3cret"]);
+    let browser = Command::new(&python)
+        .arg(root().join("tests/serve/browser.py"))
+        .arg(&server.url)
+        .arg("s3cret")
+        .status()
+        .expect("run the browser test");
+    assert!(
+        browser.success(),
+        "the chat page with a key failed (see above)"
+    );
+    assert!(server.terminate().success());
+}
+
 /// Tools, structured output and embeddings through the `openai` package
 /// (`tests/serve/openai_structured.py`): forced tool calls whose arguments validate against the
 /// tool's schema, 20 seeded `json_schema` answers that validate, embeddings of norm 1, an
@@ -195,11 +213,16 @@ fn openai_tools_structured_output_and_embeddings() {
 
 /// A POST of `body` to `path` in raw HTTP: the status and the JSON answer.
 fn post(url: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    request(url, "POST", path, body)
+}
+
+/// A `method` request of `body` to `path` in raw HTTP: the status and the JSON answer.
+fn request(url: &str, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
     let addr = url.trim_start_matches("http://");
     let mut conn = TcpStream::connect(addr).expect("connect");
     write!(
         conn,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
@@ -267,6 +290,9 @@ fn a_bert_model_serves_embeddings_and_refuses_to_generate() {
     let long = serde_json::json!({ "input": "word ".repeat(600) }).to_string();
     let (status, answer) = post(&server.url, "/v1/embeddings", &long);
     assert_eq!(status, 400, "{answer}");
+    let (status, props) = request(&server.url, "GET", "/props", "");
+    assert_eq!(status, 200, "{props}");
+    assert_eq!(props["model_path"], model.display().to_string());
 }
 
 /// A streamed request in raw HTTP: the response so far after `wait`.

@@ -49,6 +49,8 @@ pub struct HttpOptions {
     /// taking a byte of its response, before it is closed (llama-server's `--timeout`;
     /// `None`: never). A response being computed or streamed is never cut. Default 600 s.
     pub timeout: Option<std::time::Duration>,
+    /// The model file's path, as `/props` reports it (`model_path`). Default none.
+    pub model_path: Option<String>,
 }
 
 impl Default for HttpOptions {
@@ -61,6 +63,7 @@ impl Default for HttpOptions {
             api_key: None,
             cors_origins: None,
             timeout: Some(std::time::Duration::from_secs(600)),
+            model_path: None,
         }
     }
 }

@@ -284,6 +284,7 @@ async fn props(State(state): State<AppState>) -> Json<serde_json::Value> {
         },
         "total_slots": generator.stats().n_slots,
         "model_alias": generator.model_id(),
+        "model_path": state.options.model_path,
         "build_info": concat!("rgml ", env!("CARGO_PKG_VERSION")),
         "chat_template": generator.chat_template(),
     }))
