@@ -137,8 +137,18 @@ def test_bad_fields():
     bad(temperature="hot")
 
 
+def test_several_choices():
+    """n = 2: two sampled choices, indexed, each an answer; the usage counts both."""
+    r = client.chat.completions.create(
+        model=MODEL, max_tokens=8, n=2, temperature=1.0, seed=5,
+        messages=[{"role": "user", "content": "Name a colour."}])
+    check([c.index for c in r.choices] == [0, 1], f"indexes {[c.index for c in r.choices]}")
+    check(all(c.message.content for c in r.choices), f"an empty choice: {r.choices}")
+    check(r.usage.completion_tokens >= 2, f"usage {r.usage}")
+
+
 for test in [test_forced_tool_call, test_json_schema_answers_validate, test_embeddings,
-             test_agent_loop, test_bad_fields]:
+             test_agent_loop, test_bad_fields, test_several_choices]:
     t0 = time.time()
     try:
         test()

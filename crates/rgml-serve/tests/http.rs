@@ -1055,6 +1055,38 @@ async fn reasoning_goes_to_reasoning_content() {
     assert_eq!(message["tool_calls"][0]["function"]["name"], "weather");
 }
 
+/// `n` choices: each generated on its own (the next seed each), answered together with their
+/// indexes; the usage counts the prompt once and every choice's tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_choices_come_back_together() {
+    let server = start_default().await;
+    let body = with(chat("one two three"), json!({"n": 3, "seed": 7}));
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let choices = answer["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], i);
+        assert_eq!(choice["message"]["content"], "one two three");
+    }
+    assert_eq!(answer["usage"]["prompt_tokens"], 3);
+    assert_eq!(answer["usage"]["completion_tokens"], 9);
+    let seeds: Vec<u64> = {
+        let submitted = server.fake.submitted.lock().unwrap();
+        submitted.iter().map(|r| r.sampling.seed).collect()
+    };
+    assert_eq!(seeds, [7, 8, 9]);
+    let body = json!({"prompt": "a b", "n": 2, "max_tokens": 5});
+    let reply = post(server.addr, "/v1/completions", &body).await;
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let texts: Vec<&str> = (answer["choices"].as_array().unwrap().iter())
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["a b", "a b"]);
+    assert_eq!(answer["choices"][1]["index"], 1);
+}
+
 /// gpt-oss's harmony output: the analysis channel comes back as `reasoning_content`, the
 /// final channel as the content, and a message to `functions.NAME` as a tool call (whole and
 /// streamed in pieces).
@@ -1418,7 +1450,7 @@ async fn request_errors() {
         200
     );
 
-    let cases: [(Value, &str, Option<&str>); 28] = [
+    let cases: [(Value, &str, Option<&str>); 30] = [
         (json!({}), chat_path, Some("messages")),
         (json!([1]), chat_path, None),
         (
@@ -1451,7 +1483,13 @@ async fn request_errors() {
             chat_path,
             Some("max_tokens"),
         ),
-        (with(chat("a"), json!({"n": 2})), chat_path, Some("n")),
+        (
+            with(chat("a"), json!({"n": 2, "stream": true})),
+            chat_path,
+            Some("n"),
+        ),
+        (with(chat("a"), json!({"n": 0})), chat_path, Some("n")),
+        (with(chat("a"), json!({"n": 17})), chat_path, Some("n")),
         (
             with(chat("a"), json!({"tool_choice": "required"})),
             chat_path,

@@ -49,6 +49,8 @@ pub(crate) struct Parsed {
     /// A thinking model's reasoning goes to `reasoning_content` (`reasoning_format` other
     /// than `none`; chat only).
     pub(crate) split_reasoning: bool,
+    /// Choices to answer with (`n`), each generated on its own.
+    pub(crate) n: usize,
 }
 
 /// What `tools` and `tool_choice` ask for.
@@ -796,7 +798,7 @@ fn finish(
     n_probs: Option<usize>,
     options: &HttpOptions,
 ) -> Result<Parsed, ApiError> {
-    check_unsupported(&common)?;
+    let n = choices(&common)?;
     let max_tokens = match max_tokens {
         Some((field, 0)) => Err(ApiError::bad_request(
             format!("{field} must be at least 1"),
@@ -829,6 +831,7 @@ fn finish(
         warnings: Vec::new(),
         split_reasoning: false,
         tool_use: ToolUse::None,
+        n,
     })
 }
 
@@ -906,13 +909,24 @@ fn grammar_error(e: GrammarError, param: &str) -> ApiError {
     ApiError::bad_request(format!("{param}: {e}"), Some(param))
 }
 
-/// Several choices are not implemented; a request that asks for them is refused rather than
-/// answered as if it had not.
-fn check_unsupported(common: &CommonFields) -> Result<(), ApiError> {
-    if common.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
+/// The most choices one request may ask for.
+pub(crate) const MAX_CHOICES: u64 = 16;
+
+/// `n`: how many choices, 1 to [`MAX_CHOICES`]; several only in a whole answer (a stream of
+/// several choices is refused rather than sent as one).
+fn choices(common: &CommonFields) -> Result<usize, ApiError> {
+    match common.n.unwrap_or(1) {
+        0 => Err(ApiError::bad_request("n must be at least 1", Some("n"))),
+        n if n > MAX_CHOICES => Err(ApiError::bad_request(
+            format!("n = {n}: at most {MAX_CHOICES} choices per request"),
+            Some("n"),
+        )),
+        n if n > 1 && common.stream.unwrap_or(false) => Err(ApiError::bad_request(
+            "n > 1 is answered whole only: ask without stream, or for one choice",
+            Some("n"),
+        )),
+        n => to_usize(n),
     }
-    Ok(())
 }
 
 /// `logit_bias` as OpenAI writes it (`{"15043": -100}`: token ids as keys) or as llama-server

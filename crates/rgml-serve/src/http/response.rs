@@ -256,7 +256,7 @@ struct ChatCompletion {
     object: &'static str,
     created: u64,
     model: String,
-    choices: [ChatChoice; 1],
+    choices: Vec<ChatChoice>,
     usage: UsageOut,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     warnings: Vec<String>,
@@ -375,6 +375,22 @@ pub(crate) struct CompletionChoice {
     finish_reason: Option<&'static str>,
 }
 
+impl CompletionChoice {
+    pub(crate) fn new(
+        index: usize,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish_reason: Option<&'static str>,
+    ) -> CompletionChoice {
+        CompletionChoice {
+            index: index as u32,
+            text,
+            logprobs,
+            finish_reason,
+        }
+    }
+}
+
 impl TextCompletion {
     /// A chunk (or whole answer) with one choice.
     pub(crate) fn one(
@@ -384,13 +400,18 @@ impl TextCompletion {
         finish_reason: Option<&'static str>,
         usage: Option<UsageOut>,
     ) -> TextCompletion {
+        let choice = CompletionChoice::new(0, text, logprobs, finish_reason);
+        TextCompletion::many(meta, vec![choice], usage)
+    }
+
+    /// A whole answer with these choices.
+    pub(crate) fn many(
+        meta: &Meta,
+        choices: Vec<CompletionChoice>,
+        usage: Option<UsageOut>,
+    ) -> TextCompletion {
         TextCompletion {
-            choices: vec![CompletionChoice {
-                index: 0,
-                text,
-                logprobs,
-                finish_reason,
-            }],
+            choices,
             ..TextCompletion::usage_only(meta, usage)
         }
     }
@@ -409,10 +430,47 @@ impl TextCompletion {
     }
 }
 
-/// The whole answer's JSON for `meta`'s route.
-pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Value, ApiError> {
+/// The whole answer's JSON for `meta`'s route: one choice per answer (`n`), the usage
+/// counting the prompt once and every choice's tokens.
+pub(crate) fn whole(meta: &Meta, answers: Vec<Collected>) -> Result<serde_json::Value, ApiError> {
+    let mut usage = answers.first().map(|a| a.usage).unwrap_or_default();
+    usage.completion_tokens = answers.iter().map(|a| a.usage.completion_tokens).sum();
+    let usage = UsageOut::from(usage);
+    let value = match meta.route {
+        Route::Chat => {
+            let choices = (answers.into_iter().enumerate())
+                .map(|(i, answer)| chat_choice(meta, i, answer))
+                .collect();
+            serde_json::to_value(ChatCompletion {
+                id: meta.id.clone(),
+                object: "chat.completion",
+                created: meta.created,
+                model: meta.model.clone(),
+                choices,
+                usage,
+                warnings: meta.warnings.clone(),
+            })
+        }
+        Route::Completion => {
+            let choices = (answers.into_iter().enumerate())
+                .map(|(i, answer)| {
+                    let reason = finish_reason(answer.reason.unwrap_or(FinishReason::Stop));
+                    let logprobs = meta
+                        .logprobs
+                        .then(|| CompletionLogprobs::new(&answer.logprobs, &mut 0));
+                    CompletionChoice::new(i, answer.text, logprobs, Some(reason))
+                })
+                .collect();
+            serde_json::to_value(TextCompletion::many(meta, choices, Some(usage)))
+        }
+    };
+    value.map_err(|e| ApiError::server(format!("cannot encode the response: {e}")))
+}
+
+/// Choice `index` of a chat answer: its reasoning, content and tool calls as `meta` says to
+/// read them.
+fn chat_choice(meta: &Meta, index: usize, collected: Collected) -> ChatChoice {
     let mut reason = finish_reason(collected.reason.unwrap_or(FinishReason::Stop));
-    let usage = UsageOut::from(collected.usage);
     let (reasoning_content, answer) = match meta.reasoning {
         Some((syntax, open)) => {
             let split = syntax.split(&collected.text, open);
@@ -432,40 +490,17 @@ pub(crate) fn whole(meta: &Meta, collected: Collected) -> Result<serde_json::Val
         }
         None => (Some(answer), Vec::new()),
     };
-    let value = match meta.route {
-        Route::Chat => serde_json::to_value(ChatCompletion {
-            id: meta.id.clone(),
-            object: "chat.completion",
-            created: meta.created,
-            model: meta.model.clone(),
-            choices: [ChatChoice {
-                index: 0,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content,
-                    reasoning_content,
-                    tool_calls,
-                },
-                logprobs: meta
-                    .logprobs
-                    .then(|| ChatLogprobs::new(&collected.logprobs)),
-                finish_reason: reason,
-            }],
-            usage,
-            warnings: meta.warnings.clone(),
-        }),
-        Route::Completion => {
-            let logprobs = meta
-                .logprobs
-                .then(|| CompletionLogprobs::new(&collected.logprobs, &mut 0));
-            serde_json::to_value(TextCompletion::one(
-                meta,
-                collected.text,
-                logprobs,
-                Some(reason),
-                Some(usage),
-            ))
-        }
-    };
-    value.map_err(|e| ApiError::server(format!("cannot encode the response: {e}")))
+    ChatChoice {
+        index: index as u32,
+        message: AssistantMessage {
+            role: "assistant",
+            content,
+            reasoning_content,
+            tool_calls,
+        },
+        logprobs: meta
+            .logprobs
+            .then(|| ChatLogprobs::new(&collected.logprobs)),
+        finish_reason: reason,
+    }
 }

@@ -4,9 +4,9 @@
 use super::error::{ApiError, ErrorKind};
 use super::listener::{Activity, Connections};
 use super::request::{forced_call_grammar, parse_chat, parse_completion, ToolUse};
-use super::response::{collect, unix_now, whole, Meta, Route};
+use super::response::{collect, unix_now, whole, Meta, Route, NO_RESULT};
 use super::{metrics, stream, tokens, HttpOptions, ShutdownFlag};
-use crate::generator::{Generator, OutputFormat};
+use crate::generator::{GenRequest, Generator, OutputFormat, Submission};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
@@ -185,8 +185,8 @@ async fn try_generate(
         let format = state.generator.tool_call_format().ok_or_else(|| {
             ApiError::bad_request(
                 "this model's chat template shows no tool-call format rgml reads (Hermes \
-                 <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS]); serve it with --jinja, or \
-                 give such a template with --chat-template-file",
+                 <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS], gpt-oss harmony); serve it \
+                 with --jinja, or give such a template with --chat-template-file",
                 Some("tools"),
             )
         })?;
@@ -205,20 +205,47 @@ async fn try_generate(
         }
     }
     meta.warnings = parsed.warnings;
-    let submission = state
-        .generator
-        .submit(parsed.request)
-        .map_err(|e| ApiError::from_submit(&e, route.prompt_param()))?;
+    let submissions = submit_choices(&state, parsed.request, parsed.n, route)?;
     if let Some(syntax) = state.generator.reasoning_syntax() {
         if parsed.split_reasoning {
-            meta.reasoning = Some((syntax, submission.reasoning_open));
+            meta.reasoning = Some((syntax, submissions[0].reasoning_open));
         }
     }
     if parsed.stream {
-        return Ok(stream::sse(meta, submission, parsed.include_usage).into_response());
+        // One choice (`n` > 1 streams are refused when parsed).
+        let mut submissions = submissions;
+        if let Some(submission) = submissions.pop() {
+            return Ok(stream::sse(meta, submission, parsed.include_usage).into_response());
+        }
+        return Err(ApiError::server(NO_RESULT));
     }
-    let collected = collect(submission).await?;
-    Ok(Json(whole(&meta, collected)?).into_response())
+    let mut answers = Vec::with_capacity(parsed.n);
+    for submission in submissions {
+        answers.push(collect(submission).await?);
+    }
+    Ok(Json(whole(&meta, answers)?).into_response())
+}
+
+/// The `n` choices of `request`, submitted together so that they run in parallel slots; each
+/// after the first samples with the next seed (the same seed would give the same answer).
+/// A refusal of any drops (and so cancels) those already submitted.
+fn submit_choices(
+    state: &AppState,
+    request: GenRequest,
+    n: usize,
+    route: Route,
+) -> Result<Vec<Submission>, ApiError> {
+    let mut submissions = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut choice = request.clone();
+        choice.sampling.seed = request.sampling.seed.wrapping_add(i as u64);
+        let submission = state
+            .generator
+            .submit(choice)
+            .map_err(|e| ApiError::from_submit(&e, route.prompt_param()))?;
+        submissions.push(submission);
+    }
+    Ok(submissions)
 }
 
 /// A body that could not be read: too large (413) or broken off.
