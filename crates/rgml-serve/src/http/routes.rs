@@ -205,7 +205,7 @@ async fn try_generate(
         }
     }
     meta.warnings = parsed.warnings;
-    let submissions = submit_choices(&state, parsed.request, parsed.n, route)?;
+    let submissions = submit_choices(state, parsed.request, parsed.n, route)?;
     if let Some(syntax) = state.generator.reasoning_syntax() {
         if parsed.split_reasoning {
             meta.reasoning = Some((syntax, submissions[0].reasoning_open));
