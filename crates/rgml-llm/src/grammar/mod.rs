@@ -8,6 +8,7 @@
 
 pub mod gbnf;
 mod matcher;
+mod pattern;
 mod rules;
 pub mod schema;
 mod vocab;

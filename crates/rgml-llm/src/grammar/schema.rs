@@ -3,8 +3,8 @@
 //! properties in order, then optional ones in order, bounded whitespace).
 //!
 //! Taken: `type` (one or a list), `properties`, `required`, `additionalProperties`, `items`,
-//! `prefixItems`, `minItems`, `maxItems`, `minLength`, `maxLength`, `format` (`date`, `time`,
-//! `date-time`, `uuid`), `enum`, `const`, `anyOf`, `oneOf` (as `anyOf`), `$ref` into `$defs`
+//! `prefixItems`, `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern` (see
+//! `grammar::pattern`), `format` (`date`, `time`, `date-time`, `uuid`), `enum`, `const`, `anyOf`, `oneOf` (as `anyOf`), `$ref` into `$defs`
 //! or `definitions` (recursion allowed), and integer bounds (`minimum`, `maximum`,
 //! `exclusiveMinimum`, `exclusiveMaximum`). Annotations (`title`, `description`, `default`,
 //! `examples`, ...) are read past. Any other keyword is refused by name: a schema we cannot
@@ -163,6 +163,7 @@ const KEYWORDS: &[&str] = &[
     "maxItems",
     "minLength",
     "maxLength",
+    "pattern",
     "format",
     "minimum",
     "maximum",
@@ -396,7 +397,7 @@ impl<'a> Converter<'a> {
         let t = match () {
             _ if has(&["properties", "additionalProperties", "required"]) => "object",
             _ if has(&["items", "prefixItems", "minItems", "maxItems"]) => "array",
-            _ if has(&["minLength", "maxLength", "format"]) => "string",
+            _ if has(&["minLength", "maxLength", "format", "pattern"]) => "string",
             _ if has(&["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]) => "number",
             _ => return Ok(self.primitive("value")),
         };
@@ -429,7 +430,7 @@ fn check_keywords(obj: &Map<String, Value>, types: &[&str]) -> Result<(), Gramma
         match t {
             "object" => &["properties", "required", "additionalProperties"],
             "array" => &["items", "prefixItems", "minItems", "maxItems"],
-            "string" => &["minLength", "maxLength", "format"],
+            "string" => &["minLength", "maxLength", "format", "pattern"],
             "integer" => &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"],
             _ => &[],
         }
@@ -681,6 +682,17 @@ impl Converter<'_> {
 
     fn string(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
         let (min, max) = (count(obj, "minLength")?, count(obj, "maxLength")?);
+        if let Some(pattern) = obj.get("pattern") {
+            let pattern =
+                (pattern.as_str()).ok_or_else(|| unsupported("`pattern` must be a string"))?;
+            if min.is_some() || max.is_some() || obj.contains_key("format") {
+                return Err(unsupported(
+                    "`pattern` with `minLength`, `maxLength` or `format` is not supported",
+                ));
+            }
+            let body = super::pattern::to_gbnf(pattern)?;
+            return Ok(self.add(name, &format!("\"\\\"\" {body} \"\\\"\"")));
+        }
         if let Some(format) = obj.get("format") {
             if min.is_some() || max.is_some() {
                 return Err(unsupported(

@@ -245,6 +245,15 @@ fn schemas() -> Vec<Value> {
             "additionalProperties": {"type": "integer"},
         }),
         json!({"type": "array", "items": {"type": "object", "properties": {"x": {"type": "boolean"}}}}),
+        json!({
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+                "word": {"pattern": "a(b|c)+"},
+                "odd": {"type": "string", "pattern": "^[^x]\"?\\.(?:\\s|[\\\\q\\n]){0,2}$"},
+            },
+            "required": ["code", "word", "odd"],
+        }),
     ]
 }
 
@@ -297,6 +306,23 @@ fn schema_grammars_take_valid_documents_and_refuse_invalid_ones() {
     assert!(
         !ok(r#"{"name": "Al", "age": 1, "score": -20}"#),
         "exclusiveMinimum"
+    );
+    let patterned = Arc::new(Grammar::from_json_schema(&schemas()[5]).unwrap());
+    let ok = |text: &str| {
+        let mut m = Matcher::new(patterned.clone());
+        m.push(text.as_bytes()) && m.complete()
+    };
+    assert!(ok(
+        r#"{"code": "AB-123", "word": "xxabcb", "odd": "y\".\\\n"}"#
+    ));
+    assert!(
+        !ok(r#"{"code": "AB-12", "word": "ab", "odd": "y."}"#),
+        "{{3}}"
+    );
+    assert!(!ok(r#"{"code": "AB-123", "word": "a", "odd": "y."}"#), "+");
+    assert!(
+        !ok(r#"{"code": "AB-123", "word": "ab", "odd": "x."}"#),
+        "[^x]"
     );
     assert!(
         !ok(r#"{"name": "Al", "age": 1, "extra": 1}"#),
@@ -351,7 +377,15 @@ fn unsupported_schemas_are_refused_by_name() {
         let err = Grammar::from_json_schema(&schema).unwrap_err().to_string();
         assert!(err.contains(word), "{err} should name {word}");
     };
-    refused(json!({"type": "string", "pattern": "^a+$"}), "pattern");
+    refused(json!({"type": "string", "pattern": "^(?=a)"}), "lookaround");
+    refused(
+        json!({"type": "string", "pattern": "(a)\\1"}),
+        "backreference",
+    );
+    refused(
+        json!({"type": "string", "pattern": "a", "maxLength": 3}),
+        "pattern",
+    );
     refused(json!({"type": "number", "minimum": 1.5}), "minimum");
     refused(
         json!({"type": "object", "minProperties": 1}),
@@ -412,7 +446,7 @@ fn framed_documents_hold_the_frame_and_each_schema() {
     let nested = json!({"$defs": {"x": {"type": "integer"}}, "type": "object", "properties": {"n": {"$ref": "#/$defs/x"}}});
     let other = json!({"$defs": {"x": {"type": "boolean"}}, "type": "object", "properties": {"b": {"$ref": "#/$defs/x"}}});
     // Refused (a `pattern` after a property the converter had already written): any object.
-    let patterned = json!({"type": "object", "properties": {"a": {"type": "integer"}, "z": {"type": "string", "pattern": "^x"}}});
+    let patterned = json!({"type": "object", "properties": {"a": {"type": "integer"}, "z": {"type": "string", "pattern": "^(?!x)"}}});
     let frames = [
         schema::Framed {
             prefix: "<call weather>",
