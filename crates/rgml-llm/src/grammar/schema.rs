@@ -4,7 +4,8 @@
 //!
 //! Taken: `type` (one or a list), `properties`, `required`, `additionalProperties`, `items`,
 //! `prefixItems`, `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern` (see
-//! `grammar::pattern`), `format` (`date`, `time`, `date-time`, `uuid`), `enum`, `const`, `anyOf`, `oneOf` (as `anyOf`), `$ref` into `$defs`
+//! `grammar::pattern`), `format` (`date`, `time`, `date-time`, `uuid`), `enum`, `const`, `anyOf`, `oneOf` (as `anyOf`), `allOf` of objects
+//! (merged as llama.cpp merges them), `$ref` into `$defs`
 //! or `definitions` (recursion allowed), and integer bounds (`minimum`, `maximum`,
 //! `exclusiveMinimum`, `exclusiveMaximum`). Annotations (`title`, `description`, `default`,
 //! `examples`, ...) are read past. Any other keyword is refused by name: a schema we cannot
@@ -154,6 +155,7 @@ const KEYWORDS: &[&str] = &[
     "enum",
     "anyOf",
     "oneOf",
+    "allOf",
     "properties",
     "required",
     "additionalProperties",
@@ -320,6 +322,9 @@ impl<'a> Converter<'a> {
             let alts: Vec<String> = values.iter().map(constant).collect();
             return Ok(self.add(name, &format!("({})", alts.join(" | "))));
         }
+        if let Some(parts) = obj.get("allOf") {
+            return self.all_of(obj, parts, name);
+        }
         for key in ["anyOf", "oneOf"] {
             if let Some(options) = obj.get(key) {
                 return self.union(options, name, key);
@@ -364,11 +369,71 @@ impl<'a> Converter<'a> {
         Ok(self.add(name, &alts.join(" | ")))
     }
 
-    /// `$ref` to `#`, `#/$defs/NAME` or `#/definitions/NAME`.
-    fn reference(&mut self, r: &Value) -> Result<String, GrammarError> {
-        let r = r
-            .as_str()
-            .ok_or_else(|| unsupported("`$ref` must be a string"))?;
+    /// `allOf` of object schemas, as llama.cpp merges them: every part's properties (a part's
+    /// `$ref` followed), required where a part requires them, in order; and, for an `anyOf`
+    /// part, its options' properties, optional. No other keys beside it but `type: object`.
+    fn all_of(
+        &mut self,
+        obj: &Map<String, Value>,
+        parts: &Value,
+        name: &str,
+    ) -> Result<String, GrammarError> {
+        let parts = (parts.as_array()).ok_or_else(|| unsupported("`allOf` must be an array"))?;
+        let beside = |k: &String| {
+            k != "allOf"
+                && !ANNOTATIONS.contains(&k.as_str())
+                && !(k == "type" && obj[k] == "object")
+        };
+        if let Some(key) = obj.keys().find(|k| beside(k)) {
+            return Err(unsupported(format!(
+                "`allOf` beside `{key}` is not supported (only object parts are merged)"
+            )));
+        }
+        let mut properties = Map::new();
+        let mut required: Vec<Value> = Vec::new();
+        for part in parts {
+            let part = self.resolved(part)?;
+            let options = match part.get("anyOf").and_then(Value::as_array) {
+                Some(options) => options.iter().map(|o| (o, false)).collect(),
+                None => vec![(part, true)],
+            };
+            for (option, is_required) in options {
+                let option = self.resolved(option)?;
+                let props = option.get("properties").and_then(Value::as_object);
+                if props.is_none() && option.get("type").is_some_and(|t| t != "object") {
+                    return Err(unsupported("`allOf` of schemas other than objects"));
+                }
+                for (key, schema) in props.into_iter().flatten() {
+                    properties.insert(key.clone(), schema.clone());
+                }
+                let needed = option.get("required").and_then(Value::as_array);
+                for key in needed.into_iter().flatten().filter(|_| is_required) {
+                    if !required.contains(key) {
+                        required.push(key.clone());
+                    }
+                }
+            }
+        }
+        let mut merged = Map::new();
+        merged.insert("properties".into(), Value::Object(properties));
+        merged.insert("required".into(), Value::Array(required));
+        merged.insert("additionalProperties".into(), Value::Bool(false));
+        self.object(&merged, name)
+    }
+
+    /// `schema`, or what its `$ref` points at (one step).
+    fn resolved<'s>(&self, schema: &'s Value) -> Result<&'s Value, GrammarError>
+    where
+        'a: 's,
+    {
+        match schema.get("$ref").and_then(Value::as_str) {
+            Some(r) => Ok(self.pointed(r)?.1),
+            None => Ok(schema),
+        }
+    }
+
+    /// The path of the reference `r` (`#/...`) and the part of the schema it points at.
+    fn pointed<'r>(&self, r: &'r str) -> Result<(&'r str, &'a Value), GrammarError> {
         let path = r.strip_prefix('#').ok_or_else(|| {
             unsupported(format!(
                 "`$ref` {r}: only references inside the schema (`#/...`) are supported"
@@ -377,10 +442,18 @@ impl<'a> Converter<'a> {
         let mut target = self.root;
         for part in path.split('/').filter(|p| !p.is_empty()) {
             let part = part.replace("~1", "/").replace("~0", "~");
-            target = target
-                .get(&part)
+            target = (target.get(&part))
                 .ok_or_else(|| unsupported(format!("`$ref` {r} points at nothing")))?;
         }
+        Ok((path, target))
+    }
+
+    /// `$ref` to `#`, `#/$defs/NAME` or `#/definitions/NAME`.
+    fn reference(&mut self, r: &Value) -> Result<String, GrammarError> {
+        let r = r
+            .as_str()
+            .ok_or_else(|| unsupported("`$ref` must be a string"))?;
+        let (path, target) = self.pointed(r)?;
         let name = format!("{}ref{}", self.ref_prefix, rule_name(path));
         if !self.index.contains_key(&name) {
             // Reserve the name first: the target may refer to itself.

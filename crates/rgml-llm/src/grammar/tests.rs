@@ -254,6 +254,14 @@ fn schemas() -> Vec<Value> {
             },
             "required": ["code", "word", "odd"],
         }),
+        json!({
+            "$defs": {"named": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+            "allOf": [
+                {"$ref": "#/$defs/named"},
+                {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}, "required": ["age"]},
+                {"anyOf": [{"properties": {"nick": {"type": "string"}}}]},
+            ],
+        }),
     ]
 }
 
@@ -324,6 +332,15 @@ fn schema_grammars_take_valid_documents_and_refuse_invalid_ones() {
         !ok(r#"{"code": "AB-123", "word": "ab", "odd": "x."}"#),
         "[^x]"
     );
+    let merged = Arc::new(Grammar::from_json_schema(&schemas()[6]).unwrap());
+    let ok = |text: &str| {
+        let mut m = Matcher::new(merged.clone());
+        m.push(text.as_bytes()) && m.complete()
+    };
+    assert!(ok(r#"{"name": "Al", "age": 3}"#));
+    assert!(ok(r#"{"name": "Al", "age": 3, "nick": "A"}"#));
+    assert!(!ok(r#"{"name": "Al"}"#), "both parts' required");
+    assert!(!ok(r#"{"name": "Al", "age": -1}"#), "a part's bounds");
     assert!(
         !ok(r#"{"name": "Al", "age": 1, "extra": 1}"#),
         "additionalProperties false"
@@ -391,7 +408,11 @@ fn unsupported_schemas_are_refused_by_name() {
         json!({"type": "object", "minProperties": 1}),
         "minProperties",
     );
-    refused(json!({"allOf": [{"type": "object"}]}), "allOf");
+    refused(json!({"allOf": [{"type": "string"}]}), "allOf");
+    refused(
+        json!({"allOf": [{"type": "object"}], "minProperties": 1}),
+        "minProperties",
+    );
     refused(json!({"type": "strin"}), "strin");
     refused(json!({"type": "string", "format": "email"}), "email");
     refused(json!({"$ref": "#/$defs/missing"}), "missing");
