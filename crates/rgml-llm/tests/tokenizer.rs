@@ -419,14 +419,14 @@ fn spm_from_gguf_metadata() {
 #[test]
 fn gguf_errors_are_clear() {
     let mut w = GgufWriter::new();
-    w.add_metadata("tokenizer.ggml.model", Value::String("bert".into()));
+    w.add_metadata("tokenizer.ggml.model", Value::String("ugm".into()));
     w.add_metadata(
         "tokenizer.ggml.tokens",
         Value::Array(vec![Value::String("a".into())]),
     );
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     let err = Tokenizer::from_gguf(&file).unwrap_err().to_string();
-    assert!(err.contains("bert"), "{err}");
+    assert!(err.contains("ugm"), "{err}");
 
     w.add_metadata("tokenizer.ggml.model", Value::String("gpt2".into()));
     w.add_metadata("tokenizer.ggml.pre", Value::String("mystery".into()));
