@@ -1035,12 +1035,7 @@ async fn reasoning_goes_to_reasoning_content() {
     let body = with(chat(thinking), json!({"stream": true}));
     let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
     let chunks = events.rest().await;
-    let join = |field: &str| -> String {
-        chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"][field].as_str())
-            .collect()
-    };
+    let join = |field: &str| joined_deltas(&chunks, field);
     assert_eq!(join("reasoning_content").trim(), "the capital, surely");
     assert_eq!(join("content"), "Paris.");
 
@@ -1087,6 +1082,14 @@ async fn several_choices_come_back_together() {
     assert_eq!(answer["choices"][1]["index"], 1);
 }
 
+/// The text of a streamed chat's deltas of `field` (`content`, `reasoning_content`), joined.
+fn joined_deltas(chunks: &[Value], field: &str) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"][field].as_str())
+        .collect()
+}
+
 /// gpt-oss's harmony output: the analysis channel comes back as `reasoning_content`, the
 /// final channel as the content, and a message to `functions.NAME` as a tool call (whole and
 /// streamed in pieces).
@@ -1121,12 +1124,7 @@ async fn harmony_channels_give_reasoning_content_and_tool_calls() {
     let body = with(chat(call), json!({"tools": tools, "stream": true}));
     let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
     let chunks = events.rest().await;
-    let join = |field: &str| -> String {
-        chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"][field].as_str())
-            .collect()
-    };
+    let join = |field: &str| joined_deltas(&chunks, field);
     assert_eq!(join("reasoning_content").trim(), "use the tool");
     assert_eq!(join("content"), "");
     // Each chunk's pieces of the call (the opening, then the arguments as they come).

@@ -41,42 +41,21 @@ pub(crate) fn tensors(spec: &Spec, n_vocab: usize, n_token_types: usize) -> Vec<
     out.extend(norm("token_embd_norm"));
     for il in 0..spec.n_layer {
         let blk = |what: &str| format!("blk.{il}.{what}");
+        // A matrix and its bias.
+        let linear = |what: &str, n_in: usize, n_out: usize, amplitude: f32| {
+            [
+                Planned::matrix(blk(&format!("{what}.weight")), n_in, n_out, amplitude),
+                Planned::vector(blk(&format!("{what}.bias")), n_out, Fill::Uniform(BIAS)),
+            ]
+        };
         let n_attn = spec.n_head * spec.head_dim;
-        for (what, n_in, n_out, amplitude) in [
-            ("attn_q", n_embd, n_attn, QUERY_KEY),
-            ("attn_k", n_embd, n_attn, QUERY_KEY),
-            ("attn_v", n_embd, n_attn, MATRIX),
-            ("attn_output", n_attn, n_embd, MATRIX),
-        ] {
-            out.push(Planned::matrix(
-                blk(&format!("{what}.weight")),
-                n_in,
-                n_out,
-                amplitude,
-            ));
-            out.push(Planned::vector(
-                blk(&format!("{what}.bias")),
-                n_out,
-                Fill::Uniform(BIAS),
-            ));
-        }
+        out.extend(linear("attn_q", n_embd, n_attn, QUERY_KEY));
+        out.extend(linear("attn_k", n_embd, n_attn, QUERY_KEY));
+        out.extend(linear("attn_v", n_embd, n_attn, MATRIX));
+        out.extend(linear("attn_output", n_attn, n_embd, MATRIX));
         out.extend(norm(&blk("attn_output_norm")));
-        for (what, n_in, n_out) in [
-            ("ffn_up", n_embd, spec.n_ff),
-            ("ffn_down", spec.n_ff, n_embd),
-        ] {
-            out.push(Planned::matrix(
-                blk(&format!("{what}.weight")),
-                n_in,
-                n_out,
-                MATRIX,
-            ));
-            out.push(Planned::vector(
-                blk(&format!("{what}.bias")),
-                n_out,
-                Fill::Uniform(BIAS),
-            ));
-        }
+        out.extend(linear("ffn_up", n_embd, spec.n_ff, MATRIX));
+        out.extend(linear("ffn_down", spec.n_ff, n_embd, MATRIX));
         out.extend(norm(&blk("layer_output_norm")));
     }
     out
