@@ -13,8 +13,7 @@
 //! [`crate::tool_calls::ToolCallFormat::Harmony`] parses. The markers are control tokens: a
 //! server renders them ([`MARKERS`]) for this parser to see them.
 
-use crate::markers::partial_suffix;
-use crate::reasoning::Part;
+use crate::markers::{partial_suffix, Part};
 
 pub(crate) const START: &str = "<|start|>";
 pub(crate) const CHANNEL: &str = "<|channel|>";

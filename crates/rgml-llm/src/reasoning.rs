@@ -10,6 +10,7 @@
 
 use crate::harmony::HarmonyStream;
 use crate::markers::partial_suffix;
+pub use crate::markers::Part;
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -98,14 +99,6 @@ pub fn split(text: &str, open: bool) -> Split {
     }
 }
 
-/// Which part of the output a piece of streamed text is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
-    /// Reasoning (`reasoning_content`).
-    Reasoning,
-    /// The answer (`content`).
-    Content,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
