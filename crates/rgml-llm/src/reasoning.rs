@@ -99,7 +99,6 @@ pub fn split(text: &str, open: bool) -> Split {
     }
 }
 
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Nothing but whitespace or a beginning of `<think>` yet.
