@@ -141,7 +141,8 @@ def test_bad_requests():
     bad(openai.BadRequestError, max_tokens=0)
     bad(openai.BadRequestError, max_tokens=10**9)
     bad(openai.BadRequestError, messages=[{"role": "user", "content": "word " * 5000}])
-    bad(openai.BadRequestError, n=3)
+    bad(openai.BadRequestError, n=17)
+    bad(openai.BadRequestError, n=0)
     for body in ["{not json", '{"messages": "hi"}', '{"messages": [{"role": "user"}]}',
                  '{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "[]"]:
         status, kind, msg = error_of(raw("POST", "/v1/chat/completions", body))
