@@ -145,6 +145,15 @@ def test_several_choices():
     check([c.index for c in r.choices] == [0, 1], f"indexes {[c.index for c in r.choices]}")
     check(all(c.message.content for c in r.choices), f"an empty choice: {r.choices}")
     check(r.usage.completion_tokens >= 2, f"usage {r.usage}")
+    # Streamed: each choice's deltas under its index, each choice finished once.
+    texts, finished = {0: "", 1: ""}, {0: 0, 1: 0}
+    for chunk in client.chat.completions.create(
+            model=MODEL, max_tokens=8, n=2, temperature=1.0, seed=5, stream=True,
+            messages=[{"role": "user", "content": "Name a colour."}]):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            finished[c.index] += c.finish_reason is not None
+    check(all(texts.values()) and finished == {0: 1, 1: 1}, f"streamed {texts} {finished}")
 
 
 for test in [test_forced_tool_call, test_json_schema_answers_validate, test_embeddings,

@@ -1080,6 +1080,31 @@ async fn several_choices_come_back_together() {
         .collect();
     assert_eq!(texts, ["a b", "a b"]);
     assert_eq!(answer["choices"][1]["index"], 1);
+
+    // Streamed: each choice's chunks name its index, interleaved as they come; one usage
+    // chunk and one `[DONE]` end them all.
+    let body = with(
+        chat("one two three"),
+        json!({"n": 2, "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+    let chunks = events.rest().await;
+    for index in 0..2 {
+        let text: String = (chunks.iter())
+            .filter(|c| c["choices"][0]["index"] == index)
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, "one two three", "choice {index}");
+        let finished = (chunks.iter())
+            .filter(|c| c["choices"][0]["index"] == index)
+            .filter(|c| c["choices"][0]["finish_reason"] == "stop")
+            .count();
+        assert_eq!(finished, 1, "choice {index}");
+    }
+    let usages: Vec<&Value> = chunks.iter().filter(|c| !c["usage"].is_null()).collect();
+    assert_eq!(usages.len(), 1);
+    assert_eq!(usages[0]["usage"]["completion_tokens"], 6);
+    assert_eq!(usages[0]["usage"]["prompt_tokens"], 3);
 }
 
 /// The text of a streamed chat's deltas of `field` (`content`, `reasoning_content`), joined.
@@ -1448,7 +1473,7 @@ async fn request_errors() {
         200
     );
 
-    let cases: [(Value, &str, Option<&str>); 30] = [
+    let cases: [(Value, &str, Option<&str>); 29] = [
         (json!({}), chat_path, Some("messages")),
         (json!([1]), chat_path, None),
         (
@@ -1480,11 +1505,6 @@ async fn request_errors() {
             with(chat("a"), json!({"max_tokens": -3})),
             chat_path,
             Some("max_tokens"),
-        ),
-        (
-            with(chat("a"), json!({"n": 2, "stream": true})),
-            chat_path,
-            Some("n"),
         ),
         (with(chat("a"), json!({"n": 0})), chat_path, Some("n")),
         (with(chat("a"), json!({"n": 17})), chat_path, Some("n")),

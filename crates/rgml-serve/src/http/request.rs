@@ -912,17 +912,12 @@ fn grammar_error(e: GrammarError, param: &str) -> ApiError {
 /// The most choices one request may ask for.
 pub(crate) const MAX_CHOICES: u64 = 16;
 
-/// `n`: how many choices, 1 to [`MAX_CHOICES`]; several only in a whole answer (a stream of
-/// several choices is refused rather than sent as one).
+/// `n`: how many choices, 1 to [`MAX_CHOICES`].
 fn choices(common: &CommonFields) -> Result<usize, ApiError> {
     match common.n.unwrap_or(1) {
         0 => Err(ApiError::bad_request("n must be at least 1", Some("n"))),
         n if n > MAX_CHOICES => Err(ApiError::bad_request(
             format!("n = {n}: at most {MAX_CHOICES} choices per request"),
-            Some("n"),
-        )),
-        n if n > 1 && common.stream.unwrap_or(false) => Err(ApiError::bad_request(
-            "n > 1 is answered whole only: ask without stream, or for one choice",
             Some("n"),
         )),
         n => to_usize(n),

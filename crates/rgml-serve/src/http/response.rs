@@ -392,19 +392,7 @@ impl CompletionChoice {
 }
 
 impl TextCompletion {
-    /// A chunk (or whole answer) with one choice.
-    pub(crate) fn one(
-        meta: &Meta,
-        text: String,
-        logprobs: Option<CompletionLogprobs>,
-        finish_reason: Option<&'static str>,
-        usage: Option<UsageOut>,
-    ) -> TextCompletion {
-        let choice = CompletionChoice::new(0, text, logprobs, finish_reason);
-        TextCompletion::many(meta, vec![choice], usage)
-    }
-
-    /// A whole answer with these choices.
+    /// A whole answer, or a chunk, with these choices.
     pub(crate) fn many(
         meta: &Meta,
         choices: Vec<CompletionChoice>,

@@ -212,8 +212,11 @@ async fn try_generate(
         }
     }
     if parsed.stream {
-        // One choice (`n` > 1 streams are refused when parsed).
         let mut submissions = submissions;
+        if submissions.len() > 1 {
+            let events = stream::sse_choices(meta, submissions, parsed.include_usage);
+            return Ok(events.into_response());
+        }
         if let Some(submission) = submissions.pop() {
             return Ok(stream::sse(meta, submission, parsed.include_usage).into_response());
         }

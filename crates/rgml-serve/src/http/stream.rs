@@ -6,16 +6,17 @@
 
 use super::error::ApiError;
 use super::response::{
-    finish_reason, new_call_id, ChatLogprobs, CompletionLogprobs, Meta, Route, TextCompletion,
-    ToolCallOut, UsageOut, NO_RESULT,
+    finish_reason, new_call_id, ChatLogprobs, CompletionChoice, CompletionLogprobs, Meta, Route,
+    TextCompletion, ToolCallOut, UsageOut, NO_RESULT,
 };
 use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, Usage};
 use axum::response::sse::{Event, Sse};
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt};
 use rgml_llm::reasoning::{Part, ReasoningStream};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 
 /// `chat.completion.chunk`.
 #[derive(Serialize, Debug)]
@@ -70,6 +71,10 @@ struct State {
     streamed_calls: Vec<(String, usize)>,
     /// A thinking model's chat: the output split into reasoning and answer as it comes.
     reasoning: Option<ReasoningStream>,
+    /// The choice this stream is (`n` > 1: several streams merged).
+    index: usize,
+    /// One of several choices: its usage goes here, and the merged stream ends them all.
+    shared: Option<Arc<Mutex<Vec<Usage>>>>,
 }
 
 /// The server-sent events answering `submission`.
@@ -78,6 +83,52 @@ pub(crate) fn sse(
     submission: Submission,
     include_usage: bool,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Sse::new(choice_events(meta, submission, include_usage, 0, None))
+}
+
+/// The events of several choices (`n`), each chunk naming its choice's index, interleaved as
+/// they come; then one usage chunk (the prompt counted once, every choice's tokens) where
+/// asked, and `[DONE]`.
+pub(crate) fn sse_choices(
+    meta: Meta,
+    submissions: Vec<Submission>,
+    include_usage: bool,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let usages = Arc::new(Mutex::new(Vec::new()));
+    let choices: Vec<_> = (submissions.into_iter().enumerate())
+        .map(|(i, submission)| {
+            let shared = Some(usages.clone());
+            Box::pin(choice_events(meta.clone(), submission, false, i, shared))
+        })
+        .collect();
+    let tail = stream::once(async move {
+        let total = usages.lock().map(|u| u.clone()).unwrap_or_default();
+        let mut events = Vec::new();
+        if include_usage {
+            let mut usage = total.first().copied().unwrap_or_default();
+            usage.completion_tokens = total.iter().map(|u| u.completion_tokens).sum();
+            let usage = Some(UsageOut::from(usage));
+            let chunk = match meta.route {
+                Route::Chat => json_event(&ChatChunk::envelope(&meta, Vec::new(), usage)),
+                Route::Completion => json_event(&TextCompletion::usage_only(&meta, usage)),
+            };
+            events.push(Ok(chunk));
+        }
+        events.push(Ok(Event::default().data("[DONE]")));
+        stream::iter(events)
+    })
+    .flatten();
+    Sse::new(stream::select_all(choices).chain(tail))
+}
+
+/// One choice's events (see [`State`]).
+fn choice_events(
+    meta: Meta,
+    submission: Submission,
+    include_usage: bool,
+    index: usize,
+    shared: Option<Arc<Mutex<Vec<Usage>>>>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut state = State {
         meta,
         submission,
@@ -89,6 +140,8 @@ pub(crate) fn sse(
         sent: 0,
         streamed_calls: Vec::new(),
         reasoning: None,
+        index,
+        shared,
     };
     if let Some((syntax, open)) = state.meta.reasoning {
         state.reasoning = Some(ReasoningStream::for_syntax(syntax, open));
@@ -104,7 +157,7 @@ pub(crate) fn sse(
         let chunk = state.chat_chunk(delta, None, None);
         state.ready.push_back(chunk);
     }
-    Sse::new(stream::unfold(state, next_event))
+    stream::unfold(state, next_event)
 }
 
 /// The next event to send, waiting for the generator when none is ready.
@@ -280,7 +333,11 @@ impl State {
                 self.ready.push_back(chunk);
             }
         }
-        if self.include_usage {
+        if let Some(shared) = &self.shared {
+            if let Ok(mut usages) = shared.lock() {
+                usages.push(usage);
+            }
+        } else if self.include_usage {
             let chunk = self.usage_chunk(usage);
             self.ready.push_back(chunk);
         }
@@ -293,8 +350,12 @@ impl State {
         self.end();
     }
 
+    /// The stream ends (with `[DONE]` unless it is one of several choices, whose merged
+    /// stream sends it).
     fn end(&mut self) {
-        self.ready.push_back(Event::default().data("[DONE]"));
+        if self.shared.is_none() {
+            self.ready.push_back(Event::default().data("[DONE]"));
+        }
         self.ended = true;
     }
 
@@ -319,9 +380,8 @@ impl State {
             Route::Completion => {
                 let logprobs = (self.meta.logprobs)
                     .then(|| CompletionLogprobs::new(logprobs, &mut self.offset));
-                json_event(&TextCompletion::one(
-                    &self.meta, text, logprobs, reason, None,
-                ))
+                let choice = CompletionChoice::new(self.index, text, logprobs, reason);
+                json_event(&TextCompletion::many(&self.meta, vec![choice], None))
             }
         }
     }
@@ -333,7 +393,7 @@ impl State {
         finish_reason: Option<&'static str>,
     ) -> Event {
         let choice = ChatChunkChoice {
-            index: 0,
+            index: self.index as u32,
             delta,
             logprobs,
             finish_reason,
@@ -350,14 +410,20 @@ impl State {
     }
 
     fn chunk_envelope(&self, choices: Vec<ChatChunkChoice>, usage: Option<UsageOut>) -> ChatChunk {
+        ChatChunk::envelope(&self.meta, choices, usage)
+    }
+}
+
+impl ChatChunk {
+    fn envelope(meta: &Meta, choices: Vec<ChatChunkChoice>, usage: Option<UsageOut>) -> ChatChunk {
         ChatChunk {
-            id: self.meta.id.clone(),
+            id: meta.id.clone(),
             object: "chat.completion.chunk",
-            created: self.meta.created,
-            model: self.meta.model.clone(),
+            created: meta.created,
+            model: meta.model.clone(),
             choices,
             usage,
-            warnings: self.meta.warnings.clone(),
+            warnings: meta.warnings.clone(),
         }
     }
 }
