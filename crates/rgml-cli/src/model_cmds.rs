@@ -241,8 +241,16 @@ impl ModelArgs {
         n_ctx: usize,
         n_seq: usize,
     ) -> Result<Session, CliError> {
-        let options = self.session_options(n_ctx, n_seq);
-        let mut session = Session::new(model.clone(), &options)?;
+        self.session_with(model, &self.session_options(n_ctx, n_seq))
+    }
+
+    /// A session with `options` (made from [`Self::session_options`]), traced where asked.
+    pub(crate) fn session_with(
+        &self,
+        model: &Arc<Model>,
+        options: &SessionOptions,
+    ) -> Result<Session, CliError> {
+        let mut session = Session::new(model.clone(), options)?;
         if self.trace.is_some() {
             session.set_trace(self.recorder.get_or_init(Default::default).clone());
         }

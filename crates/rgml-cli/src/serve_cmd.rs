@@ -94,17 +94,10 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
     )?;
     let model = args.model.load()?;
     let n_slots = usize::from(args.parallel);
-    let session = match model.config.kind.is_encoder() {
-        // An encoder's slots never generate: its session computes embeddings.
-        true => {
-            let mut options = args.model.session_options(args.model.ctx_size(), n_slots);
-            options.embeddings = true;
-            rgml_llm::Session::new(model.clone(), &options)?
-        }
-        false => args
-            .model
-            .session_for(&model, args.model.ctx_size(), n_slots)?,
-    };
+    let mut options = args.model.session_options(args.model.ctx_size(), n_slots);
+    // An encoder's slots never generate: its session computes embeddings.
+    options.embeddings = model.config.kind.is_encoder();
+    let session = args.model.session_with(&model, &options)?;
     let model_id = args.alias.clone().unwrap_or_else(|| {
         let stem = args.model.model.file_stem().unwrap_or_default();
         stem.to_string_lossy().into_owned()

@@ -17,7 +17,7 @@
 mod common;
 
 use common::{greedy_worst, logits_json, root, runnable_isas, sha256_hex};
-use rgml_testmodels::{write_random_model, Arch};
+use rgml_testmodels::Arch;
 use std::path::{Path, PathBuf};
 
 /// The random model of `arch`, written into the test's scratch directory.
@@ -27,17 +27,7 @@ fn model_file(arch: Arch) -> PathBuf {
 
 /// [`model_file`] as `<name>.gguf` (tests running at once must not rewrite each other's).
 fn model_file_named(arch: Arch, name: &str) -> PathBuf {
-    let vocab = root().join(arch.vocab_file());
-    assert!(
-        vocab.exists(),
-        "vocabulary {} not found: run scripts/fetch-model.sh and scripts/fetch-vocab.sh first",
-        vocab.display()
-    );
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("arch-models");
-    std::fs::create_dir_all(&dir).expect("create the model directory");
-    let path = dir.join(format!("{name}.gguf"));
-    write_random_model(arch, &vocab, &path).expect("write the random model");
-    path
+    common::random_model_file(arch, "arch-models", name)
 }
 
 /// The fixtures of `arch`, per instruction set they were recorded on: flash attention off,

@@ -108,13 +108,7 @@ fn worst(got: &serde_json::Value, case: &serde_json::Value) -> f64 {
 
 /// The random BERT model, written afresh into the test's scratch directory.
 fn bert_model() -> PathBuf {
-    let arch = rgml_testmodels::Arch::Bert;
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("embeddings");
-    std::fs::create_dir_all(&dir).expect("create the model directory");
-    let path = dir.join("bert.gguf");
-    rgml_testmodels::write_random_model(arch, &root().join(arch.vocab_file()), &path)
-        .expect("write the random BERT model (scripts/fetch-vocab.sh first)");
-    path
+    common::random_model_file(rgml_testmodels::Arch::Bert, "embeddings", "bert")
 }
 
 #[test]

@@ -258,12 +258,7 @@ fn dechunk(mut body: &str) -> String {
 
 #[test]
 fn a_bert_model_serves_embeddings_and_refuses_to_generate() {
-    let arch = rgml_testmodels::Arch::Bert;
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve");
-    std::fs::create_dir_all(&dir).expect("create the model directory");
-    let model = dir.join("bert.gguf");
-    rgml_testmodels::write_random_model(arch, &root().join(arch.vocab_file()), &model)
-        .expect("write the random BERT model");
+    let model = common::random_model_file(rgml_testmodels::Arch::Bert, "serve", "bert");
     let server = Server::start_model(&model, &["-np", "1"]);
     let prompts = ["Hello, world", "naïve café"];
     let body = serde_json::json!({ "input": prompts }).to_string();

@@ -251,3 +251,20 @@ pub fn json_fixtures(dir: &std::path::Path) -> Vec<(String, serde_json::Value)> 
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
+
+/// The random model of `arch` (`rgml-testmodels`), written afresh as `<dir>/<name>.gguf` in the
+/// test's scratch directory (tests running at once must not rewrite each other's files).
+#[allow(dead_code)]
+pub fn random_model_file(arch: rgml_testmodels::Arch, dir: &str, name: &str) -> PathBuf {
+    let vocab = root().join(arch.vocab_file());
+    assert!(
+        vocab.exists(),
+        "vocabulary {} not found: run scripts/fetch-model.sh and scripts/fetch-vocab.sh first",
+        vocab.display()
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    std::fs::create_dir_all(&dir).expect("create the model directory");
+    let path = dir.join(format!("{name}.gguf"));
+    rgml_testmodels::write_random_model(arch, &vocab, &path).expect("write the random model");
+    path
+}

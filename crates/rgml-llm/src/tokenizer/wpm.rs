@@ -83,16 +83,15 @@ impl WpmModel {
 /// U+FFFD and control characters are dropped (and marks, when accents are stripped);
 /// punctuation, ASCII symbols and CJK ideographs are words of their own.
 fn words(text: &str, normalizer: Normalizer) -> Vec<String> {
-    let mut words = vec![String::new()];
+    let mut words = Vec::new();
+    let mut word = String::new();
     for c in text.chars() {
         let c = match normalizer.strip_accents {
             true => nfd_first(c),
             false => c,
         };
         if c.is_whitespace() {
-            if !words.last().is_some_and(String::is_empty) {
-                words.push(String::new());
-            }
+            flush(&mut word, &mut words);
             continue;
         }
         let cat = general_category(c);
@@ -100,36 +99,34 @@ fn words(text: &str, normalizer: Normalizer) -> Vec<String> {
             cat,
             Gc::Control | Gc::Format | Gc::PrivateUse | Gc::Surrogate
         );
-        if c == '\0' || c == '\u{FFFD}' || control {
-            continue;
-        }
         let mark = matches!(
             cat,
             Gc::NonspacingMark | Gc::SpacingMark | Gc::EnclosingMark
         );
-        if normalizer.strip_accents && mark {
+        if c == '\0' || c == '\u{FFFD}' || control || (normalizer.strip_accents && mark) {
             continue;
         }
+        let alone = is_punctuation(cat) || (c < '\x7F' && is_symbol(cat)) || is_chinese(c);
         let c = match normalizer.lowercase {
             true => lowercase(c),
             false => c,
         };
-        if is_punctuation(cat) || (c < '\x7F' && is_symbol(cat)) || is_chinese(c) {
-            let last = words.len() - 1;
-            if !words[last].is_empty() {
-                words.push(String::new());
-            }
-            let last = words.len() - 1;
-            words[last] = c.to_string();
-            words.push(String::new());
-        } else if let Some(last) = words.last_mut() {
-            last.push(c);
+        if alone {
+            flush(&mut word, &mut words);
+            words.push(c.to_string());
+        } else {
+            word.push(c);
         }
     }
-    if words.last().is_some_and(String::is_empty) {
-        words.pop();
-    }
+    flush(&mut word, &mut words);
     words
+}
+
+/// Ends the word being read, if it has begun.
+fn flush(word: &mut String, words: &mut Vec<String>) {
+    if !word.is_empty() {
+        words.push(std::mem::take(word));
+    }
 }
 
 /// The first code point of `c`'s canonical decomposition (llama.cpp's NFD table, which maps

@@ -208,7 +208,8 @@ async fn try_generate(
     let submissions = submit_choices(state, parsed.request, parsed.n, route)?;
     if let Some(syntax) = state.generator.reasoning_syntax() {
         if parsed.split_reasoning {
-            meta.reasoning = Some((syntax, submissions[0].reasoning_open));
+            let open = submissions.first().is_some_and(|s| s.reasoning_open);
+            meta.reasoning = Some((syntax, open));
         }
     }
     if parsed.stream {
