@@ -76,7 +76,7 @@ pub fn run(args: ChatArgs) -> Result<bool, CliError> {
     )?;
     let model = args.model.load()?;
     check_logit_bias(&params.logit_bias, model.config.n_vocab)?;
-    let formatter = choice.formatter(&model, args.template.jinja);
+    let formatter = choice.formatter(&model, !args.template.no_jinja);
     let n_ctx = args.model.ctx_size();
     let mut session = args.model.session(&model, n_ctx)?;
     let interrupt = Arc::new(Interrupt::default());

@@ -408,10 +408,14 @@ pub(crate) struct ChatTemplateArgs {
     /// Jinja template's text, instead of the model's.
     #[arg(long)]
     pub(crate) chat_template: Option<String>,
-    /// Run the model's `tokenizer.chat_template` as Jinja (as llama.cpp's
-    /// `--jinja`) instead of recognising its format from markers.
+    /// Run the model's `tokenizer.chat_template` as Jinja: the default, as in
+    /// llama.cpp (accepted for its command lines).
     #[arg(long)]
     pub(crate) jinja: bool,
+    /// Recognise the model's chat format from markers in its template instead of running the
+    /// template as Jinja (llama.cpp's `--no-jinja`).
+    #[arg(long, conflicts_with = "jinja")]
+    pub(crate) no_jinja: bool,
     /// A system message first.
     #[arg(long)]
     pub(crate) system: Option<String>,
@@ -632,7 +636,7 @@ pub fn run(args: RunArgs) -> Result<bool, CliError> {
             messages.push(Message::new("system", s));
         }
         messages.push(Message::new("user", &args.prompt));
-        chat.formatter(&model, args.template.jinja)
+        chat.formatter(&model, !args.template.no_jinja)
             .apply(&messages)
             .map_err(|e| CliError::Message(e.to_string()))?
     } else {

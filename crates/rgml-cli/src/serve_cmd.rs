@@ -50,10 +50,14 @@ pub struct ServeArgs {
     /// text, instead of the model's (llama-server's `--chat-template`).
     #[arg(long)]
     chat_template: Option<String>,
-    /// Run the model's `tokenizer.chat_template` as Jinja (as llama.cpp's `--jinja`) instead of
-    /// recognising its format from markers.
+    /// Run the model's `tokenizer.chat_template` as Jinja: the default, as in llama-server
+    /// (accepted for its command lines).
     #[arg(long)]
     jinja: bool,
+    /// Recognise the model's chat format from markers in its template instead of running the
+    /// template as Jinja (llama-server's `--no-jinja`).
+    #[arg(long, conflicts_with = "jinja")]
+    no_jinja: bool,
     /// Require `Authorization: Bearer KEY` on every route but `GET /health` and the chat page
     /// (llama-server's `--api-key`).
     #[arg(long, value_name = "KEY")]
@@ -114,7 +118,7 @@ pub fn run(args: ServeArgs) -> Result<bool, CliError> {
             },
             chat_template: chat.template,
             chat_format: chat.format,
-            jinja: args.jinja,
+            jinja: !args.no_jinja,
             ctx_checkpoints: args.ctx_checkpoints,
             embedding_session: args.model.session_options(args.model.ctx_size(), 1),
             pooling: args.pooling.as_deref().and_then(Pooling::from_name),

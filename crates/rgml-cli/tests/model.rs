@@ -186,7 +186,9 @@ fn sampling_is_reproducible_by_seed_and_chat_uses_the_template() {
     assert!(a.starts_with("Once upon a time") && a.len() > "Once upon a time".len());
 
     // The fixture's chat prompt is the ChatML rendering of this question: greedy decoding of
-    // `--chat` must therefore give the fixture's greedy answer (up to the cross-ISA caveat).
+    // `--chat --no-jinja` (the marker format) must therefore give the fixture's greedy answer
+    // (up to the cross-ISA caveat). By default the model's own template runs, which adds
+    // SmolLM's default system message.
     let case = &fixture()["cases"][2];
     let want = case["greedy_text"].as_str().expect("greedy_text");
     let out = rgml(&[
@@ -194,6 +196,7 @@ fn sampling_is_reproducible_by_seed_and_chat_uses_the_template() {
         "-m",
         &model,
         "--chat",
+        "--no-jinja",
         "-p",
         "What is the boiling point of water?",
         "-n",
@@ -206,6 +209,58 @@ fn sampling_is_reproducible_by_seed_and_chat_uses_the_template() {
     } else {
         assert!(out.starts_with("The boiling point"), "{out:?}");
     }
+}
+
+/// `run --chat` renders the model's own template as Jinja by default, as llama-cli does: the
+/// demo model's adds SmolLM's default system message, which the marker format (`--no-jinja`,
+/// plain ChatML) does not. The prompt's token count (`run` reports it) is that of each
+/// rendering's text; `--jinja` with `--no-jinja` is a usage error.
+#[test]
+fn chat_runs_the_models_jinja_template_by_default() {
+    let model = model();
+    let question = "What is the boiling point of water?";
+    let prompt_tokens = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", &model, "--chat", "-p", question, "-n", "1"];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(with_fa_off(&args))
+            .output()
+            .expect("run rgml");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        err.split("prompt: ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("no prompt size in {err}"))
+    };
+    let tokens_of = |text: &str| {
+        let out = rgml(&["logits", "--json", "-m", &model, "-p", text]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("logits JSON");
+        v["tokens"].as_array().expect("tokens").len()
+    };
+    let chatml = format!("<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n");
+    let system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by \
+                  Hugging Face<|im_end|>\n";
+    assert_eq!(prompt_tokens(&["--no-jinja"]), tokens_of(&chatml));
+    let jinja = tokens_of(&format!("{system}{chatml}"));
+    assert_eq!(prompt_tokens(&[]), jinja);
+    assert_eq!(prompt_tokens(&["--jinja"]), jinja);
+    let both = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args([
+            "run",
+            "-m",
+            &model,
+            "--chat",
+            "-p",
+            "hi",
+            "--jinja",
+            "--no-jinja",
+        ])
+        .output()
+        .expect("run rgml");
+    assert_eq!(both.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&both.stderr).contains("--no-jinja"));
 }
 
 /// `run -j SCHEMA` writes a document of the schema after the prompt, sampled or greedy, and

@@ -131,9 +131,10 @@ impl ChatFormatter {
     /// The formatter for `model`: `template` (a `--chat-template-file`'s text), or with
     /// `jinja` the file's `tokenizer.chat_template`, run as Jinja; else the marker format.
     ///
-    /// The model's own template runs as Jinja only when asked (llama.cpp's `--jinja`):
-    /// templates such as the demo model's add a default system message, which the marker
-    /// format (and the prompts of the existing fixtures) do not have.
+    /// The CLI and the server ask for Jinja by default, as llama.cpp's `--jinja` (its default
+    /// in llama-server and llama-cli); `--no-jinja` keeps the marker format, whose prompts
+    /// differ where a template adds text of its own (the demo model's adds a default system
+    /// message).
     pub fn for_model(model: &Model, template: Option<&str>, jinja: bool) -> ChatFormatter {
         let tok = &model.tokenizer;
         let text = |id: Option<crate::TokenId>| {
@@ -206,7 +207,7 @@ impl ChatFormatter {
                 if tools.is_some() || tool_parts {
                     return Err(ChatTemplateError::Render(
                         "tools, tool calls and tool results need the model's Jinja chat \
-                         template (--jinja or --chat-template-file)"
+                         template (drop --no-jinja, or give --chat-template-file)"
                             .into(),
                     ));
                 }

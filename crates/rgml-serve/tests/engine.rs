@@ -46,6 +46,8 @@ fn engine_ub(model: &Arc<Model>, n_slots: usize, max_batch: usize, n_ubatch: usi
         EngineOptions {
             model_id: "demo".into(),
             max_batch,
+            // The marker format (ChatML), as the solo runs these tests compare with render.
+            jinja: false,
             ..Default::default()
         },
     )

@@ -41,7 +41,8 @@ pub struct EngineOptions {
     pub prefix_reuse: PrefixReuse,
     /// A chat template's text to use instead of the model's (`--chat-template-file`).
     pub chat_template: Option<String>,
-    /// Run the model's own chat template as Jinja (`--jinja`) instead of the marker format.
+    /// Run the model's own chat template as Jinja (the default, as llama-server's; `false`:
+    /// `--no-jinja`, the marker format).
     pub jinja: bool,
     /// Recurrent-state checkpoints each slot keeps (`--ctx-checkpoints`, llama-server's, with
     /// its default of 8), for a model with recurrent layers (Qwen3.5): the state after each
@@ -86,7 +87,7 @@ impl Default for EngineOptions {
             max_batch: 512,
             prefix_reuse: PrefixReuse::Exact,
             chat_template: None,
-            jinja: false,
+            jinja: true,
             chat_format: None,
             ctx_checkpoints: 8,
             embedding_session: SessionOptions::default(),

@@ -186,7 +186,7 @@ async fn try_generate(
             ApiError::bad_request(
                 "this model's chat template shows no tool-call format rgml reads (Hermes \
                  <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS], gpt-oss harmony); serve it \
-                 with --jinja, or give such a template with --chat-template-file",
+                 without --no-jinja, or give such a template with --chat-template-file",
                 Some("tools"),
             )
         })?;
