@@ -79,7 +79,7 @@ fn check(arch: Arch) {
             continue;
         }
         let fa = fixture["flash_attn"].as_str().unwrap_or("off");
-        if common::fp16_fixture_left_out(isa, fa, "f16", arch.spec().head_dim) {
+        if common::fp16_fixture_left_out(isa, fa, "f16", || arch.spec().head_dim) {
             eprintln!("{arch} on {isa}, -fa {fa}: {}", common::FP16_LEFT_OUT);
             continue;
         }

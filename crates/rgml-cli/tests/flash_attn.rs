@@ -51,7 +51,7 @@ fn check_set(set: &str) -> usize {
                 sha,
                 "{name}: the fixture is for another file"
             );
-            if common::fp16_fixture_left_out(isa, &fa, &ctv, common::v_head_dim(&model)) {
+            if common::fp16_fixture_left_out(isa, &fa, &ctv, || common::v_head_dim(&model)) {
                 eprintln!("{name} on {isa}: {}", common::FP16_LEFT_OUT);
                 continue;
             }

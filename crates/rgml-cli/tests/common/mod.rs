@@ -68,7 +68,7 @@ pub const FP16_LEFT_OUT: &str =
     "left out, the fixture's build had AVX512-FP16 and this CPU has not";
 
 /// Whether a fixture made for `isa` with flash attention `fa`, a V cache of type `ctv` and V
-/// rows of `v_head` values holds arithmetic this CPU cannot mirror, so the test leaves it out.
+/// rows of `v_head()` values (asked only when the rest holds) holds arithmetic this CPU cannot mirror, so the test leaves it out.
 /// The AVX-512 fixtures come from Intel Xeons with AVX512-FP16, whose native build accumulates
 /// f16 V rows of 128 values or more in half precision when flash attention attends a few
 /// queries (rgml's `CpuFeatures::f16_vectors`, which needs the instructions). Without them rgml
@@ -76,8 +76,13 @@ pub const FP16_LEFT_OUT: &str =
 /// on an AVX2 CPU, the same f32 accumulation), which no fixture holds; the AVX2 fixtures check
 /// that f32 form on every CPU. `rgml-cpu`'s `ggml_flash_attn` test leaves out the same cases.
 #[allow(dead_code)]
-pub fn fp16_fixture_left_out(isa: &str, fa: &str, ctv: &str, v_head: usize) -> bool {
-    isa == "avx512" && fa == "on" && ctv == "f16" && v_head >= 128 && !cpu_has_avx512_fp16()
+pub fn fp16_fixture_left_out(
+    isa: &str,
+    fa: &str,
+    ctv: &str,
+    v_head: impl FnOnce() -> usize,
+) -> bool {
+    isa == "avx512" && fa == "on" && ctv == "f16" && !cpu_has_avx512_fp16() && v_head() >= 128
 }
 
 /// Whether this CPU has AVX512-FP16 (with F and BW, which rgml's half-precision path needs).
@@ -92,27 +97,21 @@ fn cpu_has_avx512_fp16() -> bool {
 }
 
 /// The V head width of the GGUF model at `path` (`attention.value_length`, else the embedding
-/// width over the head count), from `rgml gguf-info`.
+/// width over the head count), read with `rgml-gguf`.
 #[allow(dead_code)]
 pub fn v_head_dim(path: &Path) -> usize {
-    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-        .arg("gguf-info")
-        .arg(path)
-        .output()
-        .expect("run rgml gguf-info");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let key = |suffix: &str| {
-        text.lines()
-            .find(|l| {
-                l.split(" = ")
-                    .next()
-                    .is_some_and(|k| k.trim().ends_with(suffix))
-            })
-            .and_then(|l| l.split(" = ").nth(1))
-            .and_then(|v| v.trim().parse::<usize>().ok())
+    let file = rgml_gguf::GgufFile::open(path).expect("open the model");
+    let arch = file
+        .get("general.architecture")
+        .and_then(|v| v.as_str())
+        .expect("general.architecture");
+    let key = |k: &str| {
+        file.get(&format!("{arch}.{k}"))
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
     };
-    key(".attention.value_length")
-        .or_else(|| Some(key(".embedding_length")? / key(".attention.head_count")?))
+    key("attention.value_length")
+        .or_else(|| Some(key("embedding_length")? / key("attention.head_count")?))
         .unwrap_or_else(|| panic!("no head width in {}", path.display()))
 }
 
