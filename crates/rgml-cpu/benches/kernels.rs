@@ -27,9 +27,10 @@
 //! `RGML_BENCH_ONLY=repack` (only the repacked-weights table), `RGML_BENCH_ONLY=flash_attn`
 //! (only one decode step's attention over an f16 cache), `RGML_BENCH_ONLY=amx` (only the AMX
 //! K-quant kernel's rows), `RGML_BENCH_ONLY=kquant` (the K-quant kernels' rows), `RGML_BENCH_ONLY=q4_prompt` (the
-//! repacked Q4_0 prompt kernel's rows), `RGML_BENCH_ONLY=mul_mat` (the
+//! repacked Q4_0 prompt kernel's rows), `RGML_BENCH_ONLY=matvec` (the one-row kernels of a
+//! decode step, one thread, from cache and from DRAM), `RGML_BENCH_ONLY=mul_mat` (the
 //! ceilings and the MUL_MAT table only), `RGML_BENCH_ONLY=threadpool` (only the barrier and
-//! graph-overhead table), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the MUL_MAT table, by
+//! graph-overhead table), `RGML_BENCH_DTYPES=bf16,f16` (only those rows of the MUL_MAT and matvec tables, by
 //! dtype name).
 
 use rgml::alloc::alloc_ctx_tensors;
@@ -311,6 +312,62 @@ fn load_note() -> String {
 /// Repacked (4-row interleaved) weights against the plain tiled kernels, one thread, kernel
 /// only: mat-vec (1 column) and 8-column tiles on the demo model's FFN shapes. Plain and
 /// repacked runs alternate `ROUNDS` times (the machine is shared); the median round is shown.
+/// Whether `RGML_BENCH_DTYPES` (dtype names, comma-separated; unset: all) names `d`.
+fn dtype_wanted(d: DType) -> bool {
+    std::env::var("RGML_BENCH_DTYPES").map_or(true, |w| {
+        w.split(',')
+            .any(|n| n.trim().eq_ignore_ascii_case(d.name()))
+    })
+}
+
+/// The decode step's matrix-vector kernels (MUL_MAT's choice for one activation row), one
+/// thread, kernel only, GB/s of weight bytes: on 256 rows of 2048 (in L2: the kernel's own
+/// speed) and on 256 MiB of rows of 2048 and of 8192 (streamed from DRAM), beside one
+/// thread's DRAM read figure.
+fn matvec_section(cfg: &Cfg) {
+    use rgml_cpu::bench_support::{repack::quantize_activations, Matvec};
+    let big: Vec<u64> = values(32 << 20, 5)
+        .iter()
+        .map(|v| v.to_bits() as u64)
+        .collect();
+    let read1 = read_gbs(cfg, &big, 1);
+    drop(big);
+    println!("Matrix-vector kernels, 1 thread, kernel only; DRAM read, 1 thread: {read1:.1} GB/s.");
+    println!("| dtype | 256 x 2048 (cache) | 256 MiB, K 2048 | 256 MiB, K 8192 |");
+    println!("| --- | ---: | ---: | ---: |");
+    for dtype in DTYPES
+        .into_iter()
+        .filter(|&d| d.is_quantized() && dtype_wanted(d))
+    {
+        let Some(kernel) = Matvec::new(dtype) else {
+            println!("| {} | (another path) | | |", dtype.name());
+            continue;
+        };
+        let mut cells = Vec::new();
+        for (k, bytes) in [(2048, 0), (2048, 256usize << 20), (8192, 256 << 20)] {
+            let rb = dtype.row_bytes(k).expect("row bytes");
+            let rows = if bytes == 0 { 256 } else { bytes / rb };
+            // One random row, repeated: quantizing 256 MiB would take longer than the bench.
+            let mut row = vec![0u8; rb];
+            quantize_row(dtype, &values(k, 11), &mut row).expect("quantize");
+            let w: Vec<u8> = row.iter().copied().cycle().take(rb * rows).collect();
+            let y = quantize_activations(dtype, &values(k, 12)).expect("activations");
+            let mut out = vec![0f32; rows];
+            // Calls batched to at least ~1 ms: a call on cached weights takes microseconds.
+            let batch = (1 << 20) / w.len() + 1;
+            let t = median_secs(cfg, || {
+                for _ in 0..batch {
+                    kernel.run(k, &w, &y, &mut out).expect("matvec");
+                    black_box(&mut out);
+                }
+            }) / batch as f64;
+            cells.push(format!("{:.1} GB/s", w.len() as f64 / t / 1e9));
+        }
+        println!("| {} | {} |", dtype.name(), cells.join(" | "));
+    }
+    println!();
+}
+
 fn repack_section(cfg: &Cfg) {
     use rgml_cpu::bench_support::repack as rp;
     const ROUNDS: usize = 5;
@@ -439,6 +496,10 @@ fn main() {
             q4_prompt_rows();
             return;
         }
+        Ok("matvec") => {
+            matvec_section(&cfg);
+            return;
+        }
         _ => {}
     }
 
@@ -508,13 +569,6 @@ fn main() {
         .extra_buffer_types()
         .into_iter()
         .next();
-    let wanted = std::env::var("RGML_BENCH_DTYPES").ok();
-    let wanted = |d: DType| {
-        wanted.as_deref().is_none_or(|w| {
-            w.split(',')
-                .any(|n| n.trim().eq_ignore_ascii_case(d.name()))
-        })
-    };
     let rows = DTYPES
         .iter()
         .map(|&d| (d, None))
@@ -523,7 +577,7 @@ fn main() {
                 .into_iter()
                 .filter_map(|d| repack.as_ref().map(|r| (d, Some(r)))),
         )
-        .filter(|&(d, _)| wanted(d));
+        .filter(|&(d, _)| dtype_wanted(d));
     for (dtype, memory) in rows {
         match memory {
             Some(m) => print!("| {} ({}) |", dtype.name(), m.name()),

@@ -179,6 +179,18 @@ impl QuantPath {
     }
 }
 
+/// The kernel MUL_MAT runs for one activation row against plain (not repacked) weights of
+/// `dtype` on a CPU with `f`, where that path is a matrix-vector kernel (for `cargo bench`).
+pub(crate) fn matvec_path(
+    f: CpuFeatures,
+    dtype: DType,
+) -> Option<crate::kernels::dots::run::MatvecKernel> {
+    match QuantPath::choose(f, dtype, false, 1, 1) {
+        QuantPath::Matvec(kernel) => Some(kernel),
+        _ => None,
+    }
+}
+
 /// Whether the kernel handles `a · b -> t`.
 pub(crate) fn supported(a: &Tensor, b: &Tensor, t: &Tensor) -> bool {
     let weight_ok = weight_kernels(a.dtype).is_some()

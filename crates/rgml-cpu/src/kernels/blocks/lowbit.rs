@@ -170,11 +170,7 @@ pub(crate) unsafe fn nibble_values_avx2(
     use std::arch::x86_64::*;
     // SAFETY: as the caller promises; the codebook is 16 bytes.
     unsafe {
-        let table = _mm_loadu_si128(codebook.as_ptr().cast());
-        let m4 = _mm_set1_epi8(0x0F);
-        let b = _mm_loadu_si128(qs.cast());
-        let lo = _mm_shuffle_epi8(table, _mm_and_si128(b, m4));
-        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(b), m4));
-        _mm256_set_m128i(hi, lo)
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(codebook.as_ptr().cast()));
+        _mm256_shuffle_epi8(table, crate::kernels::simd::x86::nibbles(qs))
     }
 }

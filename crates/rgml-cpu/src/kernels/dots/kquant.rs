@@ -13,7 +13,7 @@
 //! operations (`f32::mul_add` where ggml fuses), so both paths give the same bits.
 
 use crate::kernels::blocks::kquant::{q4k_quants, q5k_quants, q6k_quants, scales_mins};
-use crate::kernels::dots::run;
+use crate::kernels::dots::run::{self, RowPrefetch};
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::hsum8;
 use rgml::quant::{BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K, QK_K};
@@ -58,7 +58,7 @@ pub fn dot_q4_k_q8_k(f: CpuFeatures, x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if f.has_avx2() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::dot_q4_k(x, y) };
+        return unsafe { avx2::dot_q4_k::<false>(x, y) };
     }
     let _ = f;
     let mut acc = [0f32; 8];
@@ -89,19 +89,31 @@ pub(crate) fn matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecKernel> 
         /// As [`run::MatvecKernel`], on a CPU with AVX2, FMA and F16C.
         unsafe fn q4_k(r: run::RowRun, out: &mut [f32]) {
             // SAFETY: forwarded; the CPU has what the dot needs.
-            unsafe { run::each_row(r, out, |x, y| avx2::dot_q4_k(x, y)) }
+            unsafe {
+                run::each_row(r, out, RowPrefetch::InDot, |x, y| {
+                    avx2::dot_q4_k::<true>(x, y)
+                })
+            }
         }
         /// # Safety
         /// As `q4_k`.
         unsafe fn q5_k(r: run::RowRun, out: &mut [f32]) {
             // SAFETY: forwarded; the CPU has what the dot needs.
-            unsafe { run::each_row(r, out, |x, y| avx2::dot_q5_k(x, y)) }
+            unsafe {
+                run::each_row(r, out, RowPrefetch::InDot, |x, y| {
+                    avx2::dot_q5_k::<true>(x, y)
+                })
+            }
         }
         /// # Safety
         /// As `q4_k`.
         unsafe fn q6_k(r: run::RowRun, out: &mut [f32]) {
             // SAFETY: forwarded; the CPU has what the dot needs.
-            unsafe { run::each_row(r, out, |x, y| avx2::dot_q6_k(x, y)) }
+            unsafe {
+                run::each_row(r, out, RowPrefetch::InDot, |x, y| {
+                    avx2::dot_q6_k::<true>(x, y)
+                })
+            }
         }
         return match dtype {
             DType::Q4_K => Some(q4_k),
@@ -119,7 +131,7 @@ pub fn dot_q5_k_q8_k(f: CpuFeatures, x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if f.has_avx2() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::dot_q5_k(x, y) };
+        return unsafe { avx2::dot_q5_k::<false>(x, y) };
     }
     let _ = f;
     let mut acc = [0f32; 8];
@@ -155,7 +167,7 @@ pub fn dot_q6_k_q8_k(f: CpuFeatures, x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if f.has_avx2() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::dot_q6_k(x, y) };
+        return unsafe { avx2::dot_q6_k::<false>(x, y) };
     }
     let _ = f;
     let mut acc = [0f32; 8];
@@ -183,6 +195,7 @@ pub(crate) mod avx2 {
 
     use crate::kernels::fp16::f16_to_f32 as h2f;
     use crate::kernels::simd::x86::{hsum8_avx2, load256};
+    use crate::kernels::simd::StreamPrefetch;
 
     /// `_mm256_madd_epi16(maddubs(q, y), scales)`: 8 lanes of scaled 4-byte sums.
     #[inline(always)]
@@ -261,14 +274,21 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// `STREAM`: `x` is a weight row streamed from memory, prefetched ahead of the reads
+    /// (matrix-vector products).
+    ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q4_k(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
+    pub(crate) unsafe fn dot_q4_k<const STREAM: bool>(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
+        let mut stream = StreamPrefetch::new(x.as_ptr().cast());
         let mut acc = _mm256_setzero_ps();
         let mut acc_m = _mm_setzero_ps();
         let no_high = [0u8; 32];
         for (bx, by) in x.iter().zip(y) {
+            if STREAM {
+                stream.step(std::ptr::from_ref(bx).cast());
+            }
             let d = by.d * h2f(bx.d);
             let dmin = -by.d * h2f(bx.dmin);
             let (sc, m) = scales_mins(&bx.scales);
@@ -285,13 +305,20 @@ pub(crate) mod avx2 {
         hsum8_avx2(acc) + _mm_cvtss_f32(acc_m)
     }
 
+    /// `STREAM`: `x` is a weight row streamed from memory, prefetched ahead of the reads
+    /// (matrix-vector products).
+    ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q5_k(x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 {
+    pub(crate) unsafe fn dot_q5_k<const STREAM: bool>(x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 {
+        let mut stream = StreamPrefetch::new(x.as_ptr().cast());
         let mut acc = _mm256_setzero_ps();
         let mut summs = 0f32;
         for (bx, by) in x.iter().zip(y) {
+            if STREAM {
+                stream.step(std::ptr::from_ref(bx).cast());
+            }
             let d = by.d * h2f(bx.d);
             let dmin = -by.d * h2f(bx.dmin);
             let (sc, m) = scales_mins(&bx.scales);
@@ -366,12 +393,19 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// `STREAM`: `x` is a weight row streamed from memory, prefetched ahead of the reads
+    /// (matrix-vector products).
+    ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_q6_k(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
+    pub(crate) unsafe fn dot_q6_k<const STREAM: bool>(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
+        let mut stream = StreamPrefetch::new(x.as_ptr().cast());
         let mut acc = _mm256_setzero_ps();
         for (bx, by) in x.iter().zip(y) {
+            if STREAM {
+                stream.step(std::ptr::from_ref(bx).cast());
+            }
             let d = by.d * h2f(bx.d);
             // SAFETY: AVX2, FMA (this function's features).
             unsafe {

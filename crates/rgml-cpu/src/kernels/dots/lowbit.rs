@@ -19,7 +19,7 @@
 use crate::kernels::blocks::lowbit::{
     iq4xs_scales, iq4xs_values, nibble_values, q2k_quants, q3k_codes, q3k_scales, NibbleBlock,
 };
-use crate::kernels::dots::run;
+use crate::kernels::dots::run::{self, RowPrefetch};
 use crate::kernels::fp16;
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::hsum8;
@@ -59,7 +59,7 @@ pub fn dot_q2_k_q8_k(f: CpuFeatures, x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if f.has_avx2() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::dot_q2_k(x, y) };
+        return unsafe { avx2::dot_q2_k::<false>(x, y) };
     }
     let _ = f;
     let mut acc = [0f32; 8];
@@ -86,7 +86,7 @@ pub fn dot_q3_k_q8_k(f: CpuFeatures, x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if f.has_avx2() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::dot_q3_k(x, y) };
+        return unsafe { avx2::dot_q3_k::<false>(x, y) };
     }
     let _ = f;
     let mut acc = [0f32; 8];
@@ -105,7 +105,7 @@ pub fn dot_iq4_xs_q8_k(f: CpuFeatures, x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f3
     #[cfg(target_arch = "x86_64")]
     if f.has_avx2() {
         // SAFETY: `f` says the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::dot_iq4_xs(x, y) };
+        return unsafe { avx2::dot_iq4_xs::<false>(x, y) };
     }
     let _ = f;
     let mut acc = [0f32; 8];
@@ -190,19 +190,31 @@ pub(crate) fn kquant_matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecK
     /// As [`run::MatvecKernel`], on a CPU with AVX2, FMA and F16C.
     unsafe fn q2_k(r: run::RowRun, out: &mut [f32]) {
         // SAFETY: forwarded; the CPU has what the dot needs.
-        unsafe { run::each_row(r, out, |x, y| avx2::dot_q2_k(x, y)) }
+        unsafe {
+            run::each_row(r, out, RowPrefetch::InDot, |x, y| {
+                avx2::dot_q2_k::<true>(x, y)
+            })
+        }
     }
     /// # Safety
     /// As `q2_k`.
     unsafe fn q3_k(r: run::RowRun, out: &mut [f32]) {
         // SAFETY: forwarded; the CPU has what the dot needs.
-        unsafe { run::each_row(r, out, |x, y| avx2::dot_q3_k(x, y)) }
+        unsafe {
+            run::each_row(r, out, RowPrefetch::InDot, |x, y| {
+                avx2::dot_q3_k::<true>(x, y)
+            })
+        }
     }
     /// # Safety
     /// As `q2_k`.
     unsafe fn iq4_xs(r: run::RowRun, out: &mut [f32]) {
         // SAFETY: forwarded; the CPU has what the dot needs.
-        unsafe { run::each_row(r, out, |x, y| avx2::dot_iq4_xs(x, y)) }
+        unsafe {
+            run::each_row(r, out, RowPrefetch::InDot, |x, y| {
+                avx2::dot_iq4_xs::<true>(x, y)
+            })
+        }
     }
     match dtype {
         _ if !f.has_avx2() => None,
@@ -355,33 +367,27 @@ pub(crate) fn dot_iq4_nl_tinyblas(x: &[BlockIQ4_NL], y: &[BlockQ8_0]) -> f32 {
     hsum8(&acc)
 }
 
-/// The body of a matrix-vector kernel over `$run`'s rows into `$out`: rows two at a time
-/// through `$rows::<$B, 2>` (sharing the activation loads), each pass first prefetching its
-/// rows `PREFETCH_AHEAD` bytes on, then an odd last row through `$rows::<$B, 1>`. A macro, so
-/// that each kernel's loop is compiled with that kernel's target features. Expands to unsafe
-/// calls: the caller promises `$rows`' conditions for every row of the run.
+/// The body of a matrix-vector kernel over `$run`'s rows into `$out`: the run cut into two
+/// stretches of consecutive rows, one row of each per `$rows::<$B, 2, true>` pass (sharing the
+/// activation loads; each row a prefetched stream, as the legacy types' matrix-vector kernels
+/// read theirs: see `crate::kernels::tiles::legacy::matvec_kernel`), then an odd last row
+/// through `$rows::<$B, 1, true>`. A macro, so that each kernel's loop is compiled with that
+/// kernel's target features. Expands to unsafe calls: the caller promises `$rows`' conditions
+/// for every row of the run.
 #[cfg(target_arch = "x86_64")]
-macro_rules! row_pairs {
+macro_rules! row_streams {
     ($rows:ident, $B:ty, $run:expr, $out:expr) => {{
         let run: $crate::kernels::dots::run::RowRun = $run;
-        let row_bytes = run.nb * ::std::mem::size_of::<$B>();
-        let mut pairs = $out.chunks_exact_mut(2);
-        let mut x = run.x0;
-        for o in &mut pairs {
-            let next = x.wrapping_add(run.row_stride);
-            $crate::kernels::simd::prefetch_span(
-                x.wrapping_add($crate::kernels::simd::PREFETCH_AHEAD),
-                row_bytes,
-            );
-            $crate::kernels::simd::prefetch_span(
-                next.wrapping_add($crate::kernels::simd::PREFETCH_AHEAD),
-                row_bytes,
-            );
-            $rows::<$B, 2>(run.nb, [x, next], run.y, o);
-            x = next.wrapping_add(run.row_stride);
+        let out: &mut [f32] = $out;
+        let half = out.len() / 2;
+        let row = |r: usize| run.x0.wrapping_add(r * run.row_stride);
+        for r in 0..half {
+            let mut pair = [0f32; 2];
+            $rows::<$B, 2, true>(run.nb, [row(r), row(r + half)], run.y, &mut pair);
+            [out[r], out[r + half]] = pair;
         }
-        if let [o] = pairs.into_remainder() {
-            $rows::<$B, 1>(run.nb, [x], run.y, ::std::slice::from_mut(o));
+        if let Some(last) = (out.len() % 2 == 1).then(|| out.len() - 1) {
+            $rows::<$B, 1, true>(run.nb, [row(last)], run.y, &mut out[last..]);
         }
     }};
 }

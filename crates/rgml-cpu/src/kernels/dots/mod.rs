@@ -307,11 +307,8 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn unpack_nibbles(qs: &[u8; 16]) -> __m256i {
-        // SAFETY: `qs` is exactly 16 readable bytes; loadu has no alignment requirement.
-        let b = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-        let hi = _mm_srli_epi16::<4>(b);
-        let both = _mm256_set_m128i(hi, b);
-        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+        // SAFETY: `qs` is exactly 16 readable bytes, and AVX2 is enabled here.
+        unsafe { crate::kernels::simd::x86::nibbles(qs.as_ptr()) }
     }
 
     /// Sum of unsigned-byte x signed-byte products, as 8 i32 lanes converted to f32.
@@ -617,6 +614,40 @@ mod tests {
         time("q4_K", &|| dot_q4_k_q8_k(f, black_box(&q4k), &q8k));
         time("q6_K", &|| dot_q6_k_q8_k(f, black_box(&q6k), &q8k));
         time("f32", &|| dot_f32(black_box(&a), &b));
+    }
+
+    /// Each type's matrix-vector kernel (where this CPU has one) gives every row `vec_dot`'s
+    /// bits: the streamed K-quant dots prefetch as they read and compute nothing else.
+    #[test]
+    fn matvec_kernels_equal_vec_dot() {
+        let f = CpuFeatures::detect();
+        let mut rng = StdRng::seed_from_u64(9);
+        for xt in WEIGHT_TYPES {
+            let Some(kernel) = matvec(f, xt) else {
+                continue;
+            };
+            let n = 2 * 256;
+            let rows = 5;
+            let x: Vec<Vec<u8>> = (0..rows)
+                .map(|_| encode(xt, &gaussianish(&mut rng, n)))
+                .collect();
+            let y = encode(activation_type(xt), &gaussianish(&mut rng, n));
+            let dense = x.concat();
+            let run = run::RowRun {
+                nb: n / xt.block_size(),
+                x0: dense.as_ptr(),
+                row_stride: x[0].len(),
+                y: y.as_ptr(),
+            };
+            let mut out = vec![f32::NAN; rows];
+            // SAFETY: the kernel is this CPU's for `xt`; `rows` dense rows of `nb` blocks, `y`
+            // one activation row of `nb` blocks.
+            unsafe { kernel(run, &mut out) };
+            for (r, got) in out.iter().enumerate() {
+                let want = vec_dot(f, xt, n, &x[r], &y).unwrap();
+                assert_eq!(got.to_bits(), want.to_bits(), "{xt} row {r}");
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use crate::kernels::blocks::lowbit::{iq4xs_scales, nibble_values_avx2, q3k_scales, NibbleBlock};
 use crate::kernels::dots::run::RowRun;
 use crate::kernels::simd::x86::{hsum8_avx2, load256, mul_add_i8};
+use crate::kernels::simd::StreamPrefetch;
 use rgml::quant::{BlockIQ4_XS, BlockQ2_K, BlockQ3_K, BlockQ8_0, BlockQ8_K};
 use rgml::quant::{KVALUES_IQ4NL, QK_K};
 use std::arch::x86_64::*;
@@ -40,12 +41,18 @@ unsafe fn field2(bits: __m256i, t: i32) -> __m256i {
     }
 }
 
+/// `STREAM`: `x` is a weight row streamed from memory, prefetched ahead of the reads.
+///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
+pub(super) unsafe fn dot_q2_k<const STREAM: bool>(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
+    let mut stream = StreamPrefetch::new(x.as_ptr().cast());
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
+        if STREAM {
+            stream.step(std::ptr::from_ref(bx).cast());
+        }
         let d = by.d * h2f(bx.d);
         let dmin = -by.d * h2f(bx.dmin);
         // SAFETY: AVX2, FMA (this function's features); loads inside the blocks (16 scale
@@ -74,12 +81,18 @@ pub(super) unsafe fn dot_q2_k(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
     hsum8_avx2(acc)
 }
 
+/// `STREAM`: `x` is a weight row streamed from memory, prefetched ahead of the reads.
+///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
+pub(super) unsafe fn dot_q3_k<const STREAM: bool>(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
+    let mut stream = StreamPrefetch::new(x.as_ptr().cast());
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
+        if STREAM {
+            stream.step(std::ptr::from_ref(bx).cast());
+        }
         let d = by.d * h2f(bx.d);
         let sc = q3k_scales(bx);
         // SAFETY: AVX2, FMA (this function's features); loads inside the blocks and of the 16
@@ -112,8 +125,8 @@ pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
 }
 
 /// [`dot_nibble_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
-/// the activation row, into `out[r]`: two rows per pass share the activation loads, and each
-/// pass first prefetches its rows `PREFETCH_AHEAD` bytes further on.
+/// the activation row, into `out[r]`: two row streams per pass share the activation loads
+/// (`row_streams`).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the run's `out.len()` rows hold `nb` blocks of `B`
@@ -121,18 +134,18 @@ pub(super) unsafe fn dot_q3_k(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn matvec_nibble_pairs<B: NibbleBlock>(run: RowRun, out: &mut [f32]) {
     // SAFETY: the caller's promises, which `nibble_rows` needs for each pair and the last row.
-    unsafe { row_pairs!(nibble_rows, B, run, out) }
+    unsafe { row_streams!(nibble_rows, B, run, out) }
 }
 
 /// The paired part of `dot_nibble_q8_0` for `R` weight rows of `B` at `x` (`nb` blocks each,
 /// the first `2 * (nb / 2)` used) and the Q8_0 row at `y`: per row, even blocks into one
 /// accumulator, odd ones into another, added before the horizontal sum. Rows share the
-/// activation loads.
+/// activation loads. `STREAM`: each row is a prefetched stream (matrix-vector products).
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `x[r]` and `y` hold `nb` blocks; `out` holds `R`.
 #[inline(always)]
-unsafe fn nibble_rows<B: NibbleBlock, const R: usize>(
+unsafe fn nibble_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
     nb: usize,
     x: [*const u8; R],
     y: *const u8,
@@ -143,13 +156,17 @@ unsafe fn nibble_rows<B: NibbleBlock, const R: usize>(
     // promise): a Q8_0 block's f16 scale at offset 0 and quants at offset 2, a `B`'s scale at
     // offset 0 and indices at `B::QS`.
     unsafe {
+        let mut streams: [StreamPrefetch; R] = std::array::from_fn(|r| StreamPrefetch::new(x[r]));
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for i in 0..nb - nb % 2 {
             let py = y.add(i * yb);
             let dy = fp16::h2f(py);
             let yv = load256(py.add(2));
-            for (acc, &xr) in acc.iter_mut().zip(&x) {
+            for ((acc, &xr), stream) in acc.iter_mut().zip(&x).zip(&mut streams) {
                 let px = xr.add(i * xb);
+                if STREAM {
+                    stream.step(px);
+                }
                 let d = dy * B::scale_at(px);
                 let v = nibble_values_avx2(&B::CODEBOOK, px.add(B::QS));
                 let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
@@ -162,12 +179,18 @@ unsafe fn nibble_rows<B: NibbleBlock, const R: usize>(
     }
 }
 
+/// `STREAM`: `x` is a weight row streamed from memory, prefetched ahead of the reads.
+///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_iq4_xs(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
+pub(super) unsafe fn dot_iq4_xs<const STREAM: bool>(x: &[BlockIQ4_XS], y: &[BlockQ8_K]) -> f32 {
+    let mut stream = StreamPrefetch::new(x.as_ptr().cast());
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
+        if STREAM {
+            stream.step(std::ptr::from_ref(bx).cast());
+        }
         let sc = iq4xs_scales(bx);
         // SAFETY: AVX2, FMA (this function's features); loads inside the blocks (8 x 16
         // quant bytes, 8 x 32 activation bytes).
@@ -195,6 +218,6 @@ pub(super) unsafe fn dot_nibble_pairs<B: NibbleBlock>(x: &[B], y: &[BlockQ8_0]) 
     let nb = x.len().min(y.len());
     let mut out = [0f32];
     // SAFETY: AVX2, FMA and F16C (this function's features); `nb` blocks in each slice.
-    unsafe { nibble_rows::<B, 1>(nb, [x.as_ptr().cast()], y.as_ptr().cast(), &mut out) };
+    unsafe { nibble_rows::<B, 1, false>(nb, [x.as_ptr().cast()], y.as_ptr().cast(), &mut out) };
     out[0]
 }

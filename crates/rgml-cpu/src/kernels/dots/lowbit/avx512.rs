@@ -14,6 +14,7 @@ use crate::kernels::blocks::lowbit::NibbleBlock;
 use crate::kernels::dots::run::RowRun;
 use crate::kernels::fp16;
 use crate::kernels::simd::x86::hsum8_avx2;
+use crate::kernels::simd::StreamPrefetch;
 use rgml::quant::BlockQ8_0;
 use std::arch::x86_64::*;
 use std::mem::size_of;
@@ -39,12 +40,13 @@ unsafe fn pair_values(table: __m512i, pa: *const u8, pb: *const u8) -> __m512i {
 
 /// The paired part of the nibble dot for `R` weight rows of `B` at `x` (`nb` blocks each, the
 /// first `2 * (nb / 2)` used) and the Q8_0 row at `y`, into `out` (see the module docs).
+/// `STREAM`: each row is a prefetched stream (matrix-vector products).
 ///
 /// # Safety
 /// AVX-512 F, DQ, BW, VL and VNNI, with AVX2, FMA and F16C; `x[r]` and `y` hold `nb` blocks;
 /// `out` holds `R`.
 #[inline(always)]
-unsafe fn nibble_rows<B: NibbleBlock, const R: usize>(
+unsafe fn nibble_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
     nb: usize,
     x: [*const u8; R],
     y: *const u8,
@@ -57,6 +59,7 @@ unsafe fn nibble_rows<B: NibbleBlock, const R: usize>(
     unsafe {
         let table = _mm512_broadcast_i32x4(_mm_loadu_si128(B::CODEBOOK.as_ptr().cast()));
         let zero = _mm512_setzero_si512();
+        let mut streams: [StreamPrefetch; R] = std::array::from_fn(|r| StreamPrefetch::new(x[r]));
         let mut acc = [_mm512_setzero_ps(); R];
         for i in (0..nb - nb % 2).step_by(2) {
             let (py0, py1) = (y.add(i * yb), y.add((i + 1) * yb));
@@ -66,8 +69,11 @@ unsafe fn nibble_rows<B: NibbleBlock, const R: usize>(
                 _mm512_castsi256_si512(ya),
                 _mm256_loadu_si256(py1.add(2).cast()),
             );
-            for (acc, &xr) in acc.iter_mut().zip(&x) {
+            for ((acc, &xr), stream) in acc.iter_mut().zip(&x).zip(&mut streams) {
                 let (px0, px1) = (xr.add(i * xb), xr.add((i + 1) * xb));
+                if STREAM {
+                    stream.step(px0);
+                }
                 let v = pair_values(table, px0.add(B::QS), px1.add(B::QS));
                 let signed_y = _mm512_mask_sub_epi8(yv, _mm512_movepi8_mask(v), zero, yv);
                 let p = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(v), signed_y);
@@ -95,13 +101,13 @@ pub(super) unsafe fn dot_nibble_pairs<B: NibbleBlock>(x: &[B], y: &[BlockQ8_0]) 
     let nb = x.len().min(y.len());
     let mut out = [0f32];
     // SAFETY: this function's features; `nb` blocks in each slice.
-    unsafe { nibble_rows::<B, 1>(nb, [x.as_ptr().cast()], y.as_ptr().cast(), &mut out) };
+    unsafe { nibble_rows::<B, 1, false>(nb, [x.as_ptr().cast()], y.as_ptr().cast(), &mut out) };
     out[0]
 }
 
 /// [`dot_nibble_pairs`] of each weight row of `run` over its first `2 * (nb / 2)` blocks and
-/// the activation row, into `out[r]`: two rows per pass share the activation loads, and each
-/// pass first prefetches its rows `PREFETCH_AHEAD` bytes further on.
+/// the activation row, into `out[r]`: two row streams per pass share the activation loads
+/// (`row_streams`).
 ///
 /// # Safety
 /// As [`dot_nibble_pairs`]; the run's `out.len()` rows hold `nb` blocks of `B` each and `y`
@@ -109,7 +115,7 @@ pub(super) unsafe fn dot_nibble_pairs<B: NibbleBlock>(x: &[B], y: &[BlockQ8_0]) 
 #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn matvec_nibble_pairs<B: NibbleBlock>(run: RowRun, out: &mut [f32]) {
     // SAFETY: the caller's promises, which `nibble_rows` needs for each pair and the last row.
-    unsafe { row_pairs!(nibble_rows, B, run, out) }
+    unsafe { row_streams!(nibble_rows, B, run, out) }
 }
 
 /// Activation rows prepared for [`NibbleCols::row`]: per block pair and row, the two blocks'
