@@ -268,6 +268,7 @@ def mean(*key):
     v = runs.get(key, [])
     return statistics.mean(v) if v else float("nan")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+cpu_flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
 print(f"{threads} threads, {rounds} rounds (alternating), CPU {cpu}, instruction set {isa}, "
       f"llama.cpp repack {'on' if repack == '1' else 'off'}")
 print("tokens/s (mean); quiet = rgml's share of its own quiet speed under that load; limit = "
@@ -278,7 +279,13 @@ print("| model | busy | test | llama.cpp | rgml | rgml / llama.cpp | target | qu
 print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 keys = sorted({(m, b) for (m, b, _, _) in runs})
 for model, busy in keys:
-    pp_target = 3.0 if peak_name == "AMX" and isa == "native" else 1.5
+    # The issue's prompt targets: 3x on an AMX CPU, 1.5x with AVX-512; none on AVX2 alone.
+    if peak_name == "AMX" and isa == "native":
+        pp_target = 3.0
+    elif isa == "avx512" or (isa == "native" and "avx512f" in cpu_flags):
+        pp_target = 1.5
+    else:
+        pp_target = None
     tests = [("pp", f"pp{n_prompt}", pp_target), ("tg", f"tg{n_gen}", 1.1)]
     if int(depth) > 0 and busy == 0:
         tests.append(("tgd", f"tg{n_gen}@d{depth}", 1.0))
@@ -286,8 +293,11 @@ for model, busy in keys:
         l, r = mean(model, busy, "llama.cpp", kind), mean(model, busy, "rgml", kind)
         q = mean(model, 0, "rgml", kind)
         ratio = r / l if l > 0 else float("nan")
-        goal = f">= {target:g}x" if busy == 0 else ">= 1x"
-        ok = ratio >= (target if busy == 0 else 1.0)
+        if target is None and busy == 0:
+            goal, ok = "none (AVX2)", None
+        else:
+            goal = f">= {target:g}x" if busy == 0 else ">= 1x"
+            ok = ratio >= (target if busy == 0 else 1.0)
         limit = "-"
         if kind == "tg" and busy == 0 and size.get(model):
             lim = dram / size[model]
@@ -299,8 +309,9 @@ for model, busy in keys:
             lim = peak / n_params[model]
             limit = f"{lim:.0f} ({r / lim:.0%})"
         share = f"{r / q:.2f}" if busy and q == q and q > 0 else "-"
-        print(f"| {model} | {busy} | {label} | {l:.1f} | {r:.1f} | {ratio:.2f}x "
-              f"{'PASS' if ok else 'MISS'} | {goal} | {share} | {limit} |")
+        verdict = "" if ok is None else " PASS" if ok else " MISS"
+        print(f"| {model} | {busy} | {label} | {l:.1f} | {r:.1f} | {ratio:.2f}x{verdict} "
+              f"| {goal} | {share} | {limit} |")
 load = open("/proc/loadavg").read().split()[0]
 print(f"load average (1 min) after the runs: {load} on {os.cpu_count()} CPUs")
 PY
