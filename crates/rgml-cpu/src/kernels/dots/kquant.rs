@@ -13,7 +13,7 @@
 //! operations (`f32::mul_add` where ggml fuses), so both paths give the same bits.
 
 use crate::kernels::blocks::kquant::{q4k_quants, q5k_quants, q6k_quants, scales_mins};
-use crate::kernels::dots::run::{self, RowPrefetch};
+use crate::kernels::dots::run;
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::hsum8;
 use rgml::quant::{BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K, QK_K};
@@ -89,31 +89,19 @@ pub(crate) fn matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecKernel> 
         /// As [`run::MatvecKernel`], on a CPU with AVX2, FMA and F16C.
         unsafe fn q4_k(r: run::RowRun, out: &mut [f32]) {
             // SAFETY: forwarded; the CPU has what the dot needs.
-            unsafe {
-                run::each_row(r, out, RowPrefetch::InDot, |x, y| {
-                    avx2::dot_q4_k::<true>(x, y)
-                })
-            }
+            unsafe { run::each_row(r, out, |x, y| avx2::dot_q4_k::<true>(x, y)) }
         }
         /// # Safety
         /// As `q4_k`.
         unsafe fn q5_k(r: run::RowRun, out: &mut [f32]) {
             // SAFETY: forwarded; the CPU has what the dot needs.
-            unsafe {
-                run::each_row(r, out, RowPrefetch::InDot, |x, y| {
-                    avx2::dot_q5_k::<true>(x, y)
-                })
-            }
+            unsafe { run::each_row(r, out, |x, y| avx2::dot_q5_k::<true>(x, y)) }
         }
         /// # Safety
         /// As `q4_k`.
         unsafe fn q6_k(r: run::RowRun, out: &mut [f32]) {
             // SAFETY: forwarded; the CPU has what the dot needs.
-            unsafe {
-                run::each_row(r, out, RowPrefetch::InDot, |x, y| {
-                    avx2::dot_q6_k::<true>(x, y)
-                })
-            }
+            unsafe { run::each_row(r, out, |x, y| avx2::dot_q6_k::<true>(x, y)) }
         }
         return match dtype {
             DType::Q4_K => Some(q4_k),

@@ -19,7 +19,7 @@
 use crate::kernels::blocks::lowbit::{
     iq4xs_scales, iq4xs_values, nibble_values, q2k_quants, q3k_codes, q3k_scales, NibbleBlock,
 };
-use crate::kernels::dots::run::{self, RowPrefetch};
+use crate::kernels::dots::run;
 use crate::kernels::fp16;
 use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::hsum8;
@@ -190,31 +190,19 @@ pub(crate) fn kquant_matvec(f: CpuFeatures, dtype: DType) -> Option<run::MatvecK
     /// As [`run::MatvecKernel`], on a CPU with AVX2, FMA and F16C.
     unsafe fn q2_k(r: run::RowRun, out: &mut [f32]) {
         // SAFETY: forwarded; the CPU has what the dot needs.
-        unsafe {
-            run::each_row(r, out, RowPrefetch::InDot, |x, y| {
-                avx2::dot_q2_k::<true>(x, y)
-            })
-        }
+        unsafe { run::each_row(r, out, |x, y| avx2::dot_q2_k::<true>(x, y)) }
     }
     /// # Safety
     /// As `q2_k`.
     unsafe fn q3_k(r: run::RowRun, out: &mut [f32]) {
         // SAFETY: forwarded; the CPU has what the dot needs.
-        unsafe {
-            run::each_row(r, out, RowPrefetch::InDot, |x, y| {
-                avx2::dot_q3_k::<true>(x, y)
-            })
-        }
+        unsafe { run::each_row(r, out, |x, y| avx2::dot_q3_k::<true>(x, y)) }
     }
     /// # Safety
     /// As `q2_k`.
     unsafe fn iq4_xs(r: run::RowRun, out: &mut [f32]) {
         // SAFETY: forwarded; the CPU has what the dot needs.
-        unsafe {
-            run::each_row(r, out, RowPrefetch::InDot, |x, y| {
-                avx2::dot_iq4_xs::<true>(x, y)
-            })
-        }
+        unsafe { run::each_row(r, out, |x, y| avx2::dot_iq4_xs::<true>(x, y)) }
     }
     match dtype {
         _ if !f.has_avx2() => None,

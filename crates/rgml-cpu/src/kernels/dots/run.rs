@@ -1,6 +1,5 @@
 //! The operands of a matrix-vector kernel: a run of weight rows against one activation row.
 
-use crate::kernels::simd::{prefetch_span, PREFETCH_AHEAD};
 use bytemuck::Pod;
 use std::borrow::Cow;
 
@@ -39,22 +38,13 @@ pub(super) fn plain<T: Pod>(bytes: &[u8]) -> Cow<'_, [T]> {
     }
 }
 
-/// How [`each_row`] prefetches the weight rows (the hardware prefetcher alone does not keep
-/// DRAM busy).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RowPrefetch {
-    /// Each row's span [`PREFETCH_AHEAD`] bytes on, before its dot, as the pairwise loop does.
-    Span,
-    /// The dot prefetches as it reads (a [`crate::kernels::simd::StreamPrefetch`]): a steady
-    /// stream instead of a burst per row (Q4_K, Q6_K from DRAM on a Zen 3: see
-    /// [`crate::kernels::simd::STREAM_AHEAD`]).
-    InDot,
-}
-
 /// `out[r] = dot(row r, y)` for each row of `run`, `dot` a pair dot over `run.nb` blocks: a
 /// weight type's `vec_dot` as a [`MatvecKernel`], without [`super::vec_dot`]'s per-call length
-/// checks and dispatch (4% of a decode step of a K-quant mixture-of-experts model), prefetching
-/// as `prefetch` says. Rows not aligned for their blocks are read through copies ([`plain`]).
+/// checks and dispatch (4% of a decode step of a K-quant mixture-of-experts model). `dot`
+/// prefetches the row as it reads it (a [`crate::kernels::simd::StreamPrefetch`]: a steady
+/// stream, where a row's span prefetched before its dot bursts; see
+/// [`crate::kernels::simd::STREAM_AHEAD`]). Rows not aligned for their blocks are read through
+/// copies ([`plain`]).
 ///
 /// # Safety
 /// As [`MatvecKernel`], for rows of `B` blocks and an activation row of `Y` blocks; `dot` may
@@ -63,7 +53,6 @@ pub(crate) enum RowPrefetch {
 pub(crate) unsafe fn each_row<B: Pod, Y: Pod>(
     run: RowRun,
     out: &mut [f32],
-    prefetch: RowPrefetch,
     dot: impl Fn(&[B], &[Y]) -> f32,
 ) {
     let (xb, yb) = (run.nb * size_of::<B>(), run.nb * size_of::<Y>());
@@ -71,9 +60,6 @@ pub(crate) unsafe fn each_row<B: Pod, Y: Pod>(
     let y = plain::<Y>(unsafe { std::slice::from_raw_parts(run.y, yb) });
     for (r, o) in out.iter_mut().enumerate() {
         let row = run.x0.wrapping_add(r * run.row_stride);
-        if prefetch == RowPrefetch::Span {
-            prefetch_span(row.wrapping_add(PREFETCH_AHEAD), xb);
-        }
         // SAFETY: row `r` of the run holds `nb` readable blocks (the caller's).
         let x = plain::<B>(unsafe { std::slice::from_raw_parts(row, xb) });
         *o = dot(&x, &y);
