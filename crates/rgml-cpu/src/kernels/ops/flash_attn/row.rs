@@ -21,6 +21,7 @@ use crate::kernels::dots::float::{self as vec_float, Flavor};
 use crate::kernels::dots::vec_dot;
 use crate::kernels::fp16;
 use crate::kernels::isa::CpuFeatures;
+use crate::kernels::simd::prefetch_span;
 use crate::kernels::task::{self, bytes, scratch_slice, NodeTask, ThreadCtx};
 use rgml::{DType, Error, Result};
 use std::ops::Range;
@@ -28,6 +29,12 @@ use std::ops::Range;
 /// The most query heads folded together over one pass of the cells: heads that read the same
 /// K and V head (grouped-query attention) share each K and V row while it is in L1.
 const MAX_GROUP: usize = 8;
+
+/// How many cells ahead of the one being folded its K and V rows are prefetched. A head's rows
+/// lie one cache row apart (all heads' K of a cell, then the next cell's), a stride the
+/// hardware prefetcher does not follow far enough: without it a Zen 3 spent most of its
+/// decoding time at depth 4096 waiting for K and V rows from DRAM.
+const CELLS_AHEAD: usize = 8;
 
 /// f32 values of per-thread scratch the one-row kernel needs: a K and a V row widened, and per
 /// head of a group the query as f32 and as K's vec-dot type, and the accumulator (f32, and f16).
@@ -315,7 +322,12 @@ fn fold(
         max: f32::NEG_INFINITY,
         sum: 0.0,
     }; MAX_GROUP];
+    let end = cells.end;
     for ic in cells {
+        if ic + CELLS_AHEAD < end {
+            prefetch_span(k.row(ic + CELLS_AHEAD, ik2, ik3), k.row_bytes());
+            prefetch_span(v.row(ic + CELLS_AHEAD, iv2, iv3), v.row_bytes());
+        }
         let (k_row, v_row) = (k.row(ic, ik2, ik3), v.row(ic, iv2, iv3));
         let (mut k_widened, mut v_widened) = (false, false);
         for (g, (hs, st)) in setup
