@@ -325,7 +325,7 @@ fn dtype_wanted(d: DType) -> bool {
 /// speed) and on 256 MiB of rows of 2048 and of 8192 (streamed from DRAM), beside one
 /// thread's DRAM read figure.
 fn matvec_section(cfg: &Cfg) {
-    use rgml_cpu::bench_support::{repack::quantize_activations, Matvec};
+    use rgml_cpu::bench_support::{repack as rp, Matvec};
     let big: Vec<u64> = values(32 << 20, 5)
         .iter()
         .map(|v| v.to_bits() as u64)
@@ -343,29 +343,54 @@ fn matvec_section(cfg: &Cfg) {
             println!("| {} | (another path) | | |", dtype.name());
             continue;
         };
-        let mut cells = Vec::new();
-        for (k, bytes) in [(2048, 0), (2048, 256usize << 20), (8192, 256 << 20)] {
-            let rb = dtype.row_bytes(k).expect("row bytes");
-            let rows = if bytes == 0 { 256 } else { bytes / rb };
-            // One random row, repeated: quantizing 256 MiB would take longer than the bench.
-            let mut row = vec![0u8; rb];
-            quantize_row(dtype, &values(k, 11), &mut row).expect("quantize");
-            let w: Vec<u8> = row.iter().copied().cycle().take(rb * rows).collect();
-            let y = quantize_activations(dtype, &values(k, 12)).expect("activations");
-            let mut out = vec![0f32; rows];
-            // Calls batched to at least ~1 ms: a call on cached weights takes microseconds.
-            let batch = (1 << 20) / w.len() + 1;
-            let t = median_secs(cfg, || {
-                for _ in 0..batch {
-                    kernel.run(k, &w, &y, &mut out).expect("matvec");
-                    black_box(&mut out);
-                }
-            }) / batch as f64;
-            cells.push(format!("{:.1} GB/s", w.len() as f64 / t / 1e9));
+        let plain = matvec_cells(cfg, dtype, false, |k, w, y, out| {
+            kernel.run(k, w, y, out).expect("matvec")
+        });
+        println!("| {} | {} |", dtype.name(), plain.join(" | "));
+        if rp::plain_supported(dtype) && rp::pack(dtype, 32, &[], &mut []).is_ok() {
+            let packed = matvec_cells(cfg, dtype, true, |k, w, y, out| {
+                rp::repacked_groups(dtype, k, w, std::slice::from_ref(y), out, &mut [])
+                    .expect("packed matvec")
+            });
+            println!("| {} repacked | {} |", dtype.name(), packed.join(" | "));
         }
-        println!("| {} | {} |", dtype.name(), cells.join(" | "));
     }
     println!();
+}
+
+/// [`matvec_section`]'s three figures for one kernel: `run(k, weights, activations, out)`
+/// over the rows, dense or (`packed`) repacked.
+fn matvec_cells(
+    cfg: &Cfg,
+    dtype: DType,
+    packed: bool,
+    run: impl Fn(usize, &[u8], &Vec<u8>, &mut [f32]),
+) -> Vec<String> {
+    use rgml_cpu::bench_support::repack::{self as rp, quantize_activations};
+    let mut cells = Vec::new();
+    for (k, bytes) in [(2048, 0), (2048, 256usize << 20), (8192, 256 << 20)] {
+        let rb = dtype.row_bytes(k).expect("row bytes");
+        let rows = if bytes == 0 { 256 } else { bytes / rb / 4 * 4 };
+        // One random row, repeated: quantizing 256 MiB would take longer than the bench.
+        let mut row = vec![0u8; rb];
+        quantize_row(dtype, &values(k, 11), &mut row).expect("quantize");
+        let mut w: Vec<u8> = row.iter().copied().cycle().take(rb * rows).collect();
+        if packed {
+            rp::pack(dtype, k, &w.clone(), &mut w).expect("pack");
+        }
+        let y = quantize_activations(dtype, &values(k, 12)).expect("activations");
+        let mut out = vec![0f32; rows];
+        // Calls batched to at least ~1 ms: a call on cached weights takes microseconds.
+        let batch = (1 << 20) / w.len() + 1;
+        let t = median_secs(cfg, || {
+            for _ in 0..batch {
+                run(k, &w, &y, &mut out);
+                black_box(&mut out);
+            }
+        }) / batch as f64;
+        cells.push(format!("{:.1} GB/s", w.len() as f64 / t / 1e9));
+    }
+    cells
 }
 
 fn repack_section(cfg: &Cfg) {

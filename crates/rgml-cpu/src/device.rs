@@ -223,10 +223,15 @@ impl rgml::Device for CpuDevice {
     }
 
     /// The repacking buffer type, where the device's kernels read packed weights faster than
-    /// plain ones (AVX-512 VNNI with the AVX-512 arithmetic; see `kernels::repack::fast`) and
-    /// [`CpuOptions::repack`] is on (off: for measuring against plain weights).
+    /// plain ones (AVX-512 VNNI with the AVX-512 arithmetic, see `kernels::repack::fast`; the
+    /// AVX2 build, whose generation reads a packed run of rows as one stream, see
+    /// `kernels::repack_avx2`) and [`CpuOptions::repack`] is on (off: for measuring against
+    /// plain weights).
     fn extra_buffer_types(&self) -> Vec<BufferTypeRef> {
-        if self.options.repack && crate::kernels::tiles::repack::fast(self.features) {
+        if self.options.repack
+            && (crate::kernels::tiles::repack::fast(self.features)
+                || crate::kernels::tiles::repack::avx2_matvec(self.features))
+        {
             vec![self.repack.clone()]
         } else {
             Vec::new()

@@ -112,8 +112,9 @@ enum QuantPath {
     Packed,
     /// One activation row by a matrix-vector kernel.
     Matvec(crate::kernels::dots::run::MatvecKernel),
-    /// Several activation rows by a column kernel (AVX2 register tiles).
-    Cols(legacy::ColsKernel),
+    /// Several activation rows by a column kernel (AVX2 register tiles), on repacked weights
+    /// where the flag says so.
+    Cols(legacy::ColsKernel, bool),
     /// ggml's tiled K-quant kernel on AMX tiles.
     KquantAmx,
     /// ggml's tiled K-quant kernel in AVX-512 register tiles.
@@ -139,7 +140,13 @@ impl QuantPath {
         // Packed weights are read only by the repacked kernels (only types with `repack` are
         // ever packed, `crate::buffer::packable`).
         if packed {
-            return QuantPath::Packed;
+            // The AVX2 build's prompts read packed rows as the dense ones (its column kernel
+            // takes a row's block positions); its generation and the AVX-512 VNNI build's
+            // products have kernels of the packed layout.
+            return match (ne11 > 1, legacy::cols_kernel(f, dtype)) {
+                (true, Some(kernel)) => QuantPath::Cols(kernel, true),
+                _ => QuantPath::Packed,
+            };
         }
         let tiled = caps.register_tiles && legacy::takes(f, dtype, path_rows);
         #[cfg(target_arch = "x86_64")]
@@ -153,7 +160,7 @@ impl QuantPath {
             return QuantPath::Matvec(kernel);
         }
         if let (true, true, Some(kernel)) = (tiled, ne11 > 1, legacy::cols_kernel(f, dtype)) {
-            return QuantPath::Cols(kernel);
+            return QuantPath::Cols(kernel, false);
         }
         if caps.kquant_tiles && kquant::takes(dtype, path_rows) {
             #[cfg(target_arch = "x86_64")]
@@ -453,7 +460,9 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                     self.packed(rows, at, scratch);
                 }
                 QuantPath::Matvec(kernel) => self.matvec(kernel, rows, at),
-                QuantPath::Cols(kernel) => self.cols(kernel, rows, at, tc.scratch)?,
+                QuantPath::Cols(kernel, packed) => {
+                    self.cols(kernel, packed, rows, at, tc.scratch)?
+                }
                 #[cfg(target_arch = "x86_64")]
                 QuantPath::KquantAmx => {
                     let scratch = bytemuck::cast_slice_mut::<f32, u8>(&mut *tc.scratch);
@@ -505,7 +514,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
             for r0 in rows.clone().step_by(PACKED_RUN_ROWS) {
                 let r1 = (r0 + PACKED_RUN_ROWS).min(rows.end);
                 let first = a.row(r0, i02, i03).cast_const();
-                if ne11 == 1 {
+                if ne11 == 1 && !repack::avx2_matvec(f) {
                     self.prefetch_rows(first, r1 - r0);
                 }
                 for c0 in (t0..t1).step_by(REPACK_COLS) {
@@ -638,6 +647,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
     fn cols(
         &self,
         kernel: legacy::ColsKernel,
+        packed: bool,
         rows: Range<usize>,
         [i02, i03, i12, i13]: [usize; 4],
         scratch: &mut [f32],
@@ -661,9 +671,18 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
                 // blocks of the vec-dot type each; `scales` holds scales_len(nb).
                 unsafe { legacy::widen_scales(a.dtype, self.nb, y, scales) };
                 for i01 in r0..r1 {
-                    let x = a.row(i01, i02, i03).cast_const();
-                    // SAFETY: `kernel` is the weight type's; the src0 row is dense and in
-                    // bounds with `nb` blocks; `y` and `scales` as above; `out` holds COLS.
+                    let g = repack::GROUP_ROWS;
+                    let x = match packed {
+                        true => repack::row_view(a.dtype, a.row(i01 / g * g, i02, i03), i01 % g),
+                        false => Some(legacy::WeightRow::dense(a.dtype, a.row(i01, i02, i03))),
+                    };
+                    let x = x.ok_or_else(|| Error::Backend {
+                        backend: "CPU".into(),
+                        message: format!("MUL_MAT: {} weights are never repacked", a.dtype),
+                    })?;
+                    // SAFETY: `kernel` is the weight type's; the src0 row is in bounds with
+                    // `nb` blocks, dense or (`packed`: the weight is in the packed layout, whole
+                    // groups) in its group; `y` and `scales` as above; `out` holds COLS.
                     unsafe { kernel(self.nb, x, y, scales, &mut out) };
                     store_tile(self.dst, i01..i01 + 1, c0..c1, i12, i13, &out, COLS);
                 }

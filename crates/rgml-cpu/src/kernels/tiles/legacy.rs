@@ -291,10 +291,35 @@ pub(crate) const COLS: usize = 8;
 /// multiply by the pre-widened column scales, and the min sums of 8 columns are one vector.
 ///
 /// # Safety
-/// `x` holds `nb` readable blocks of the kernel's type, each `y[c]` `nb` activation blocks;
-/// `scales` was filled by [`widen_scales`] for these columns and `nb` blocks; `out` has room for
-/// `y.len()` values; `y.len() <= COLS`.
-pub(crate) type ColsKernel = unsafe fn(usize, *const u8, &[*const u8], &[f32], &mut [f32]);
+/// `x` describes `nb` readable blocks of the kernel's type, each `y[c]` `nb` activation
+/// blocks; `scales` was filled by [`widen_scales`] for these columns and `nb` blocks; `out`
+/// has room for `y.len()` values; `y.len() <= COLS`.
+pub(crate) type ColsKernel = unsafe fn(usize, WeightRow, &[*const u8], &[f32], &mut [f32]);
+
+/// Where a [`ColsKernel`] finds a weight row's blocks: block `i`'s `d` (f16) at `d + i *
+/// stride`, its `m` (f16, Q4_1 and Q5_1) `m_off` bytes after that `d`, its quants `q_off`
+/// bytes after it. A dense row has its blocks one after the other; a row of a repacked group
+/// ([`super::repack`]) has its fields and quants spread across the group's packed blocks.
+#[derive(Clone, Copy)]
+pub(crate) struct WeightRow {
+    pub d: *const u8,
+    pub stride: usize,
+    pub m_off: usize,
+    pub q_off: usize,
+}
+
+impl WeightRow {
+    /// A dense row of `dtype` (a type of [`tile`]) at `x`.
+    pub(crate) fn dense(dtype: DType, x: *const u8) -> WeightRow {
+        let (block, _, q_off, _) = kind(dtype).map_or((0, 0, 0, 0), layout);
+        WeightRow {
+            d: x,
+            stride: block,
+            m_off: 2,
+            q_off,
+        }
+    }
+}
 
 /// The [`ColsKernel`] for `dtype` on this CPU's build: the AVX2 build only, the types of
 /// [`tile`].
@@ -357,7 +382,7 @@ pub(crate) unsafe fn widen_scales(dtype: DType, nb: usize, y: &[*const u8], scal
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn cols_avx2<const K: u8>(
     nb: usize,
-    x: *const u8,
+    x: WeightRow,
     y: &[*const u8],
     scales: &[f32],
     out: &mut [f32],
@@ -382,12 +407,12 @@ unsafe fn cols_avx2<const K: u8>(
 #[inline(always)]
 unsafe fn cols_body<const K: u8, const RN: usize>(
     nb: usize,
-    x: *const u8,
+    x: WeightRow,
     y: &[*const u8],
     scales: &[f32],
     out: &mut [f32],
 ) {
-    let (xb, yb, xq, yq) = layout(K);
+    let (_, yb, _, yq) = layout(K);
     if y.len() != RN || out.len() < RN || scales.len() < scales_len(nb) {
         return;
     }
@@ -398,7 +423,7 @@ unsafe fn cols_body<const K: u8, const RN: usize>(
         let mut acc = [_mm256_setzero_ps(); RN];
         let mut summs = _mm256_setzero_ps();
         for i in 0..nb {
-            let p = x.add(i * xb);
+            let p = x.d.add(i * x.stride);
             // The scale products of the block, `d_x * d_y` per column, one IEEE product each:
             // all 8 columns in one multiply. (LLVM keeps them in a register and shuffles each
             // out: 6-8% faster prompts than a multiply per column, AVX2 Q4_0/Q8_0; products
@@ -409,10 +434,10 @@ unsafe fn cols_body<const K: u8, const RN: usize>(
             _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(dx, _mm256_loadu_ps(dyc)));
             if has_min(K) {
                 // `m_x * s_y` is exact (two f16), so the FMA adds what the scalar form adds.
-                let mx = _mm256_set1_ps(h2f(p.add(2)));
+                let mx = _mm256_set1_ps(h2f(p.add(x.m_off)));
                 summs = _mm256_fmadd_ps(mx, _mm256_loadu_ps(s_y.as_ptr().add(i * COLS)), summs);
             }
-            let qx = weight_quants::<K>(p.add(xq));
+            let qx = weight_quants::<K>(p.add(x.q_off));
             let ax = _mm256_sign_epi8(qx, qx);
             for c in 0..RN {
                 let qy = _mm256_loadu_si256(y[c].add(i * yb + yq).cast());
@@ -1032,7 +1057,13 @@ mod tests {
                 unsafe {
                     widen_scales(dtype, nb, &y, &mut scales);
                     let kernel = avx2_cols(dtype).unwrap();
-                    kernel(nb, row.as_ptr(), &y, &scales, &mut out);
+                    kernel(
+                        nb,
+                        WeightRow::dense(dtype, row.as_ptr()),
+                        &y,
+                        &scales,
+                        &mut out,
+                    );
                 }
                 for c in 0..rn {
                     let want = pair_dot(f, dtype, n, &row, &cols[c]);

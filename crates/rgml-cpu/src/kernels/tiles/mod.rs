@@ -6,7 +6,8 @@
 //!   sums on AMX tiles ([`kquant_amx`]) and in AVX-512 and AVX2 register tiles
 //!   ([`kquant_avx512`], [`kquant_avx2`]);
 //! - [`repack`]: the 4-row interleaved layouts of repacked weights, and [`q4_prompt`], the
-//!   prompt kernel of repacked Q4_0 on AVX-512 VNNI with its activation layout;
+//!   prompt kernel of repacked Q4_0 on AVX-512 VNNI with its activation layout, and
+//!   [`repack_avx2`], the AVX2 build's matrix-vector kernel on that layout;
 //! - [`float_avx2`], [`bf16`]: F32/F16/BF16 tiles (tinyBLAS, `vdpbf16ps`).
 
 pub(crate) mod bf16;
@@ -22,3 +23,5 @@ pub(crate) mod kquant_avx512;
 pub(crate) mod legacy;
 pub(crate) mod q4_prompt;
 pub(crate) mod repack;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod repack_avx2;

@@ -7,8 +7,10 @@
 //! kernels that take several groups per call). Wiring them into buffers, MUL_MAT and GET_ROWS
 //! is done elsewhere.
 //!
-//! Direct kernels (AVX-512 VNNI, see [`fast`]) exist for all three dtypes; elsewhere the
-//! products unpack each group into scratch and run the tiled or per-pair dots.
+//! Direct kernels (AVX-512 VNNI, see [`fast`]) exist for all three dtypes; the AVX2 build has
+//! its matrix-vector kernel ([`super::repack_avx2`]) and reads packed rows in its column
+//! kernel for prompts ([`row_view`]); elsewhere the products unpack each group into scratch
+//! and run the tiled or per-pair dots.
 //!
 //! # Layout
 //! Rows are taken 4 at a time (group `g` = rows `4g..4g + 4`, stored at
@@ -40,6 +42,12 @@ use crate::kernels::isa::CpuFeatures;
 use crate::kernels::simd::x86::{cvtph4_ps, hsum8x4_ps};
 use crate::kernels::simd::x86::{halves, hsum8};
 use crate::kernels::tiles::legacy;
+
+/// Whether the AVX2 build's matrix-vector kernel for packed groups runs on the CPU `f`
+/// describes ([`super::repack_avx2`]).
+pub(crate) fn avx2_matvec(f: CpuFeatures) -> bool {
+    legacy::build(f) == Some(legacy::TiledIsa::Avx2)
+}
 
 /// Rows per interleaved group.
 pub(crate) const GROUP_ROWS: usize = 4;
@@ -138,6 +146,21 @@ fn packed_offsets(g: Geom, k: usize, r: usize) -> (usize, usize) {
     let fields = base + 2 * r;
     let qs = base + GROUP_ROWS * 2 * g.fields + r * g.qs;
     (fields, qs)
+}
+
+/// Row `r` (< 4) of the packed group at `group` as the AVX2 column kernels read it
+/// ([`legacy::ColsKernel`]): its fields and quants spread over the group's packed blocks.
+/// `None` for a dtype that is not [`supported`].
+pub(crate) fn row_view(dtype: DType, group: *const u8, r: usize) -> Option<legacy::WeightRow> {
+    let g = geom(dtype).ok()?;
+    let (d, q) = packed_offsets(g, 0, r);
+    Some(legacy::WeightRow {
+        d: group.wrapping_add(d),
+        stride: GROUP_ROWS * g.block,
+        // Q4_1's `m[4]` follows the group's `d[4]`.
+        m_off: 2 * GROUP_ROWS,
+        q_off: q - d,
+    })
 }
 
 /// Interleave `src` (dense rows of `dtype`, `ne0` elements each; a whole number of 4-row
@@ -281,8 +304,8 @@ pub(crate) unsafe fn tile_groups(
     out_stride: usize,
     scratch: &mut [u8],
 ) {
-    let direct = fast(f) && supported(dtype);
-    // SAFETY: as the caller promises; `direct` only where fast(f) holds.
+    let direct = direct(f, dtype, y.len());
+    // SAFETY: as the caller promises; `direct` only where `direct` says so.
     unsafe {
         tile_groups_on(
             f, direct, dtype, nb, groups, ngroups, y, out, out_stride, scratch,
@@ -290,11 +313,18 @@ pub(crate) unsafe fn tile_groups(
     }
 }
 
-/// [`tile_groups`] with the direct kernels (`direct`, which needs [`fast`] and a supported
-/// dtype) or the unpacking fallback (the tests run both).
+/// Whether [`tile_groups`] has a kernel of the packed layout for `ncols` columns of `dtype` on
+/// the CPU `f` describes: the AVX-512 VNNI build's ([`fast`]), and the AVX2 build's for one
+/// column ([`avx2_matvec`]).
+fn direct(f: CpuFeatures, dtype: DType, ncols: usize) -> bool {
+    supported(dtype) && (fast(f) || (ncols == 1 && avx2_matvec(f)))
+}
+
+/// [`tile_groups`] with the direct kernels (`direct`, see [`direct`]) or the unpacking
+/// fallback (the tests run both).
 ///
 /// # Safety
-/// As [`tile_groups`]; `direct` only where [`fast`]`(f)` holds and `dtype` is [`supported`].
+/// As [`tile_groups`]; `direct` only where [`direct`] holds for `f`, `dtype` and `y.len()`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_groups_on(
     f: CpuFeatures,
@@ -322,6 +352,21 @@ unsafe fn tile_groups_on(
     }
     let gbytes = geom(dtype).map_or(0, |g| GROUP_ROWS * nb * g.block);
     let group_out = GROUP_ROWS * out_stride;
+    #[cfg(target_arch = "x86_64")]
+    if direct && y.len() == 1 && avx2_matvec(f) {
+        use super::repack_avx2::{matvec, Q4_0, Q4_1, Q8_0};
+        // SAFETY: the AVX2 build's features were detected (`avx2_matvec`); `ngroups` whole
+        // groups, one column and its rows of `out`, as the caller promises.
+        unsafe {
+            match dtype {
+                DType::Q4_0 => matvec::<Q4_0>(nb, groups, ngroups, y[0], out, out_stride),
+                DType::Q4_1 => matvec::<Q4_1>(nb, groups, ngroups, y[0], out, out_stride),
+                DType::Q8_0 => matvec::<Q8_0>(nb, groups, ngroups, y[0], out, out_stride),
+                _ => {}
+            }
+        }
+        return;
+    }
     if !direct {
         for g in 0..ngroups {
             // SAFETY: group `g` of the range the caller promised, and its rows of `out`.
@@ -844,6 +889,61 @@ mod tests {
 
     const DTYPES: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
 
+    /// This CPU's build and, where it is another, the AVX2 build (whose kernels any x86 CPU
+    /// with AVX2 runs).
+    fn builds() -> impl Iterator<Item = CpuFeatures> {
+        let f = hw();
+        let avx2 = f.avx2_only();
+        std::iter::once(f).chain((f.has_avx2() && avx2 != f).then_some(avx2))
+    }
+
+    /// The AVX2 column kernel reads each row of a packed group ([`row_view`]) as the dense row:
+    /// every pair's dot bit for bit, for 1 to 8 columns.
+    #[test]
+    fn packed_rows_in_the_column_kernel_equal_the_pair_dots() {
+        let f = hw().avx2_only();
+        if !f.has_avx2() {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(9);
+        for dtype in DTYPES {
+            let (nb, cols_max) = (11, legacy::COLS);
+            let ne0 = 32 * nb;
+            let src = random_rows(&mut rng, dtype, ne0, 4);
+            let rb = src.len() / 4;
+            let mut packed = vec![0u8; src.len()];
+            pack(dtype, ne0, &src, &mut packed).unwrap();
+            let cols: Vec<Vec<u8>> = (0..cols_max)
+                .map(|_| activation(&mut rng, dtype, ne0))
+                .collect();
+            let kernel = legacy::cols_kernel(f, dtype).unwrap();
+            for nc in 1..=cols_max {
+                let y: Vec<*const u8> = cols[..nc].iter().map(|c| c.as_ptr()).collect();
+                let mut scales = vec![f32::NAN; legacy::scales_len(nb)];
+                for r in 0..4 {
+                    let mut out = vec![f32::NAN; cols_max];
+                    let row = row_view(dtype, packed.as_ptr(), r).unwrap();
+                    // SAFETY: AVX2 (checked); the group holds `nb` blocks per row, each column
+                    // `nb` activation blocks; scales and out sized as the kernel needs.
+                    unsafe {
+                        legacy::widen_scales(dtype, nb, &y, &mut scales);
+                        kernel(nb, row, &y, &scales, &mut out);
+                    }
+                    for c in 0..nc {
+                        let x = &src[r * rb..(r + 1) * rb];
+                        let want = vec_dot(f, dtype, ne0, x, &cols[c]).unwrap();
+                        assert_eq!(
+                            out[c].to_bits(),
+                            want.to_bits(),
+                            "{dtype} {nc} cols ({r}, {c})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// `nrows` random dense rows of `dtype`: random quant bytes (Q8_0's in -127..=127, what
     /// the quantizers produce) and random finite, non-zero f16 fields.
     fn random_rows(rng: &mut StdRng, dtype: DType, ne0: usize, nrows: usize) -> Vec<u8> {
@@ -1058,7 +1158,10 @@ mod tests {
                 pack(dtype, ne0, &src, &mut packed).unwrap();
                 let cols: Vec<Vec<u8>> = (0..9).map(|_| activation(&mut rng, dtype, ne0)).collect();
                 let mut scratch = vec![0u8; 4 * rb];
-                for nc in [1, 2, 3, 9] {
+                for (nc, f) in [1, 2, 3, 9]
+                    .into_iter()
+                    .flat_map(|nc| builds().map(move |f| (nc, f)))
+                {
                     let y: Vec<*const u8> = cols[..nc].iter().map(|c| c.as_ptr()).collect();
                     for fallback in [false, true] {
                         let stride = nc + 2;
@@ -1068,8 +1171,8 @@ mod tests {
                         // the direct kernels only where fast(hw()).
                         unsafe {
                             tile_groups_on(
-                                hw(),
-                                fast(hw()) && !fallback,
+                                f,
+                                direct(f, dtype, nc) && !fallback,
                                 dtype,
                                 nb,
                                 packed.as_ptr(),
@@ -1083,7 +1186,7 @@ mod tests {
                         for row in 0..4 * ngroups {
                             for c in 0..nc {
                                 let x = &src[row * rb..(row + 1) * rb];
-                                let want = vec_dot(hw(), dtype, ne0, x, &cols[c]).unwrap();
+                                let want = vec_dot(f, dtype, ne0, x, &cols[c]).unwrap();
                                 assert_eq!(
                                     out[row * stride + c].to_bits(),
                                     want.to_bits(),
