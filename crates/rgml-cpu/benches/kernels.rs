@@ -347,7 +347,7 @@ fn matvec_section(cfg: &Cfg) {
             kernel.run(k, w, y, out).expect("matvec")
         });
         println!("| {} | {} |", dtype.name(), plain.join(" | "));
-        if rp::plain_supported(dtype) && rp::pack(dtype, 32, &[], &mut []).is_ok() {
+        if rp::plain_supported(dtype) && rp::packable(dtype) {
             let packed = matvec_cells(cfg, dtype, true, |k, w, y, out| {
                 rp::repacked_groups(dtype, k, w, std::slice::from_ref(y), out, &mut [])
                     .expect("packed matvec")
@@ -376,7 +376,9 @@ fn matvec_cells(
         quantize_row(dtype, &values(k, 11), &mut row).expect("quantize");
         let mut w: Vec<u8> = row.iter().copied().cycle().take(rb * rows).collect();
         if packed {
-            rp::pack(dtype, k, &w.clone(), &mut w).expect("pack");
+            let mut p = vec![0u8; w.len()];
+            rp::pack(dtype, k, &w, &mut p).expect("pack");
+            w = p;
         }
         let y = quantize_activations(dtype, &values(k, 12)).expect("activations");
         let mut out = vec![0f32; rows];

@@ -168,6 +168,11 @@ pub mod repack {
         tiled::supported(features(), dtype)
     }
 
+    /// Whether weights of `dtype` can be repacked.
+    pub fn packable(dtype: DType) -> bool {
+        repack::supported(dtype)
+    }
+
     /// Interleave dense rows (see the repack module).
     pub fn pack(dtype: DType, ne0: usize, src: &[u8], dst: &mut [u8]) -> Result<()> {
         repack::pack(dtype, ne0, src, dst)

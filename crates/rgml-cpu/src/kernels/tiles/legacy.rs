@@ -35,9 +35,9 @@ use rgml::DType;
 use std::arch::x86_64::*;
 
 /// Weight types with a tiled kernel.
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q8_0: u8 = 2;
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q4_1: u8 = 1;
+pub(super) const Q8_0: u8 = 2;
 const IQ4_NL: u8 = 3;
 const Q5_0: u8 = 4;
 const Q5_1: u8 = 5;
@@ -523,7 +523,7 @@ unsafe fn matvec_avx2<const K: u8>(rows: RowRun, out: &mut [f32]) {
 /// of `qh`, which `qs` follows): q4_0 and iq4_nl {d, qs[16]}, q4_1 {d, m, qs[16]}, q5_0
 /// {d, qh[4], qs[16]}, q5_1 {d, m, qh[4], qs[16]}, q8_0 {d, qs[32]}; activations q8_0
 /// {d, qs[32]}, q8_1 {d, s, qs[32]}.
-const fn layout(k: u8) -> (usize, usize, usize, usize) {
+pub(super) const fn layout(k: u8) -> (usize, usize, usize, usize) {
     match k {
         Q4_0 | IQ4_NL => (18, 34, 2, 2),
         Q4_1 => (20, 36, 4, 4),

@@ -51,6 +51,8 @@ pub(crate) fn avx2_matvec(f: CpuFeatures) -> bool {
 
 /// Rows per interleaved group.
 pub(crate) const GROUP_ROWS: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(super::repack_avx2::ROWS == GROUP_ROWS);
 
 /// The most activation columns one fast kernel call takes (more are split).
 const MAX_COLS: usize = 8;
@@ -354,7 +356,8 @@ unsafe fn tile_groups_on(
     let group_out = GROUP_ROWS * out_stride;
     #[cfg(target_arch = "x86_64")]
     if direct && y.len() == 1 && avx2_matvec(f) {
-        use super::repack_avx2::{matvec, Q4_0, Q4_1, Q8_0};
+        use super::legacy::{Q4_0, Q4_1, Q8_0};
+        use super::repack_avx2::matvec;
         // SAFETY: the AVX2 build's features were detected (`avx2_matvec`); `ngroups` whole
         // groups, one column and its rows of `out`, as the caller promises.
         unsafe {

@@ -12,28 +12,14 @@
 //! unsigned codes where that saves work (Q4_0: `u * y` less `8 * y`, exact), which cannot
 //! change an exact integer.
 
+use super::legacy::{layout, Q4_0, Q4_1};
 use crate::kernels::fp16::h2f;
 use crate::kernels::simd::x86::{cvtph4_ps, hsum8, nibbles};
 use crate::kernels::simd::StreamPrefetch;
 use std::arch::x86_64::*;
 
-/// [`matvec`]'s weight kinds.
-pub(super) const Q4_0: u8 = 0;
-pub(super) const Q4_1: u8 = 1;
-pub(super) const Q8_0: u8 = 2;
-
-/// Rows per packed group.
-const ROWS: usize = 4;
-
-/// Bytes of a packed block of 4 rows, of an activation block, and the offset of the packed
-/// block's quants (after `d[4]`, and `m[4]` for Q4_1).
-const fn layout(k: u8) -> (usize, usize, usize) {
-    match k {
-        Q4_0 => (72, 34, 8),
-        Q4_1 => (80, 36, 16),
-        _ => (136, 34, 8),
-    }
-}
+/// Rows per packed group (`repack::GROUP_ROWS`, which checks that they agree).
+pub(super) const ROWS: usize = 4;
 
 /// `out[r * out_stride]` = the pair dot of row `r` of `ngroups` consecutive packed groups
 /// (`nb` blocks per row, from `groups`) with the activation row `y` (Q8_0 blocks for Q4_0 and
@@ -52,8 +38,10 @@ pub(super) unsafe fn matvec<const K: u8>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let (pb, yb, pq) = layout(K);
-    let qbytes = if K == Q8_0 { 32 } else { 16 };
+    // A packed block is the 4 rows' blocks with their fields gathered in front: 4 times a
+    // block's bytes, the quants after 4 times a block's fields.
+    let (xb, yb, xq, yq) = layout(K);
+    let (pb, pq, qbytes) = (ROWS * xb, ROWS * xq, xb - xq);
     // The groups are one stream: consecutive bytes from the first to the last.
     let mut stream = StreamPrefetch::new(groups);
     // SAFETY: reads within the groups and activation blocks the caller promised, under AVX2,
@@ -69,7 +57,7 @@ pub(super) unsafe fn matvec<const K: u8>(
                 stream.step(p);
                 let py = y.add(i * yb);
                 let dy = h2f(py);
-                let qy = _mm256_loadu_si256(py.add(yb - 32).cast());
+                let qy = _mm256_loadu_si256(py.add(yq).cast());
                 // The 4 rows' `d_x * d_y`, each one IEEE product as in the pair dot (an f16
                 // converts exactly, by F16C or by ggml's table).
                 let mut d = [0f32; ROWS];
@@ -77,13 +65,16 @@ pub(super) unsafe fn matvec<const K: u8>(
                 if K == Q4_1 {
                     let sy = h2f(py.add(2));
                     let mut m = [0f32; ROWS];
-                    _mm_storeu_ps(m.as_mut_ptr(), cvtph4_ps(p.add(8)));
+                    _mm_storeu_ps(m.as_mut_ptr(), cvtph4_ps(p.add(2 * ROWS)));
                     for r in 0..ROWS {
                         summs[r] += m[r] * sy;
                     }
                 }
                 // Q4_0's `8 * y` pair sums, once for the 4 rows.
-                let yoff = _mm256_maddubs_epi16(_mm256_set1_epi8(8), qy);
+                let yoff = match K {
+                    Q4_0 => _mm256_maddubs_epi16(_mm256_set1_epi8(8), qy),
+                    _ => _mm256_setzero_si256(),
+                };
                 for r in 0..ROWS {
                     let q = p.add(pq + r * qbytes);
                     // No saturation: |2 * 15 * 127|, |2 * 127 * 127| fit in i16.
