@@ -68,13 +68,8 @@ pub(crate) unsafe fn vec_dot_f16_in_place(f: CpuFeatures, x: *const u16, y: &[f3
             }
         };
         if let Some((sum, np)) = steps {
-            let mut total = f64::from(sum);
-            for (i, &b) in y.iter().enumerate().skip(np) {
-                // SAFETY: element `i < y.len()` of the row.
-                let a = crate::kernels::fp16::f16_bits_to_f32(unsafe { x.add(i).read_unaligned() });
-                total += f64::from(a * b);
-            }
-            return total as f32;
+            // SAFETY: `x` holds `y.len()` values (the caller's promise).
+            return unsafe { f16_leftovers(sum, np, x, y) };
         }
     }
     // SAFETY: as the caller promises.
@@ -82,6 +77,54 @@ pub(crate) unsafe fn vec_dot_f16_in_place(f: CpuFeatures, x: *const u16, y: &[f3
         .map(|i| crate::kernels::fp16::f16_bits_to_f32(unsafe { x.add(i).read_unaligned() }))
         .collect();
     portable(Flavor::F16, &x, y, wide)
+}
+
+/// [`vec_dot_f16_in_place`] of 8 f16 rows against one `y`: on the AVX2 build the 8 sums
+/// reduced together ([`simd::x86::dot_f16_steps_avx2_x8`], the same additions per row),
+/// otherwise one row at a time.
+///
+/// # Safety
+/// Every row must point at `y.len()` readable f16 values.
+#[inline(always)]
+pub(crate) unsafe fn vec_dot_f16_in_place_x8(
+    f: CpuFeatures,
+    rows: &[*const u16; 8],
+    y: &[f32],
+) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if !f.wide() && f.has_avx2() {
+        // SAFETY: the features say the CPU has AVX2, FMA and F16C; each row holds `y.len()`
+        // values (the caller's promise).
+        let (sums, np) = unsafe { simd::x86::dot_f16_steps_avx2_x8(rows, y) };
+        let mut out = [0f32; 8];
+        for ((o, &sum), &row) in out.iter_mut().zip(&sums).zip(rows) {
+            // SAFETY: each row holds `y.len()` values (the caller's promise).
+            *o = unsafe { f16_leftovers(sum, np, row, y) };
+        }
+        return out;
+    }
+    let mut out = [0f32; 8];
+    for (o, &row) in out.iter_mut().zip(rows) {
+        // SAFETY: as the caller promises.
+        *o = unsafe { vec_dot_f16_in_place(f, row, y) };
+    }
+    out
+}
+
+/// A vector sum over `x[..np]·y[..np]` plus the products past `np`, added in f64 as ggml's
+/// `ggml_vec_dot_f16` adds its leftovers.
+///
+/// # Safety
+/// `x` must point at `y.len()` readable f16 values.
+#[inline(always)]
+unsafe fn f16_leftovers(sum: f32, np: usize, x: *const u16, y: &[f32]) -> f32 {
+    let mut total = f64::from(sum);
+    for (i, &b) in y.iter().enumerate().skip(np) {
+        // SAFETY: element `i < y.len()` of the row.
+        let a = crate::kernels::fp16::f16_bits_to_f32(unsafe { x.add(i).read_unaligned() });
+        total += f64::from(a * b);
+    }
+    total as f32
 }
 
 /// [`portable`] compiled with AVX2 and FMA, so the lane loops become vector FMAs.
@@ -332,6 +375,31 @@ mod tests {
             total += f64::from(x[i] * y[i]);
         }
         total as f32
+    }
+
+    #[test]
+    fn eight_f16_rows_at_once_equal_eight_dots() {
+        let mut rng = StdRng::seed_from_u64(17);
+        for isa in ["avx2", "avx512"] {
+            let f = CpuFeatures::resolve(Some(isa.parse().unwrap()));
+            for n in [8, 32, 40, 64, 100, 128, 256] {
+                let y = values(&mut rng, Flavor::F16, n);
+                let rows: Vec<Vec<u16>> = (0..8)
+                    .map(|_| {
+                        let r = values(&mut rng, Flavor::F16, n);
+                        r.iter().map(|&v| f16::from_f32(v).to_bits()).collect()
+                    })
+                    .collect();
+                let ptrs: [*const u16; 8] = std::array::from_fn(|r| rows[r].as_ptr());
+                // SAFETY: every row holds `n` f16 values.
+                let got = unsafe { vec_dot_f16_in_place_x8(f, &ptrs, &y) };
+                for (r, row) in rows.iter().enumerate() {
+                    let x: Vec<f32> = row.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+                    let want = by_definition(Flavor::F16, f.wide(), &x, &y);
+                    assert_eq!(got[r].to_bits(), want.to_bits(), "{isa} n={n} row {r}");
+                }
+            }
+        }
     }
 
     #[test]

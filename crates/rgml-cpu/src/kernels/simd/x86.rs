@@ -467,6 +467,103 @@ pub(crate) unsafe fn dot_f16_steps_avx2(x: *const u16, y: &[f32]) -> (f32, usize
     }
 }
 
+/// [`dot_f16_steps_avx2`]'s sums for 8 rows against one `y`, lane `c` row `c`'s: each row's
+/// four accumulators folded as there, then for all 8 rows at once the halves added and the
+/// pairs `hadd`ed twice, the additions of `GGML_F32x8_REDUCE` in its order.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; every row points at `y.len()` readable f16 values.
+#[inline(always)]
+pub(crate) unsafe fn dot_f16_steps_avx2_x8(rows: &[*const u16; 8], y: &[f32]) -> ([f32; 8], usize) {
+    let np = y.len() - y.len() % 32;
+    // SAFETY: each step reads 32 values at `row + i` and `y[i..]` (`i + 32 <= np <= y.len()`);
+    // the instructions, as the caller promises. (No closures here: a closure would not
+    // inherit the caller's target features.)
+    unsafe {
+        let mut folded = [_mm256_setzero_ps(); 8];
+        for (row, out) in rows.iter().zip(folded.iter_mut()) {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in (0..np).step_by(32) {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_cvtph_ps(_mm_loadu_si128(row.add(i + 8 * j).cast()));
+                    let yv = _mm256_loadu_ps(y.as_ptr().add(i + 8 * j));
+                    *a = _mm256_fmadd_ps(xv, yv, *a);
+                }
+            }
+            *out = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        }
+        // Rows `r` and `r + 4` side by side: each one's low half plus its high half.
+        let mut halves = [_mm256_setzero_ps(); 4];
+        for (r, h) in halves.iter_mut().enumerate() {
+            let (a, b) = (folded[r], folded[r + 4]);
+            *h = _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            );
+        }
+        let pairs_01 = _mm256_hadd_ps(halves[0], halves[1]);
+        let pairs_23 = _mm256_hadd_ps(halves[2], halves[3]);
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_hadd_ps(pairs_01, pairs_23));
+        (out, np)
+    }
+}
+
+/// For each row of `rows` in order, with its weights `(ms, vs)`: `acc = f16(acc * ms)` where
+/// `ms != 1` ([`scale_f16_rounded`]: times 1 it would change no f16 value), then
+/// `acc = f16(row * vs + acc)` ([`mad_f16_rounded`]); each element's operations those two
+/// functions do, with 64 values of the accumulator at a time held in registers.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; every row points at `acc.len()` readable f16 values.
+#[inline(always)]
+pub(crate) unsafe fn mad_f16_rounded_rows(
+    acc: &mut [f32],
+    rows: &[*const u16],
+    weights: &[(f32, f32)],
+) {
+    let n = acc.len();
+    let mut i = 0;
+    // SAFETY: `acc[i..i + 64]` is in bounds (`i + 64 <= n`), and so is each row's stretch
+    // there (the caller's promise); the instructions, as the caller promises. (No closures:
+    // they would not inherit the caller's target features.)
+    unsafe {
+        while i + 64 <= n {
+            let mut a = [_mm256_setzero_ps(); 8];
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(acc.as_ptr().add(i + 8 * j));
+            }
+            for (&row, &(ms, vs)) in rows.iter().zip(weights) {
+                if ms != 1.0 {
+                    let m = _mm256_set1_ps(ms);
+                    for a in a.iter_mut() {
+                        let t = _mm256_mul_ps(*a, m);
+                        *a = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(t));
+                    }
+                }
+                let w = _mm256_set1_ps(vs);
+                for (j, a) in a.iter_mut().enumerate() {
+                    let x = _mm256_cvtph_ps(_mm_loadu_si128(row.add(i + 8 * j).cast()));
+                    let t = _mm256_fmadd_ps(x, w, *a);
+                    *a = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(t));
+                }
+            }
+            for (j, a) in a.iter().enumerate() {
+                _mm256_storeu_ps(acc.as_mut_ptr().add(i + 8 * j), *a);
+            }
+            i += 64;
+        }
+    }
+    for (row, &(ms, vs)) in rows.iter().zip(weights) {
+        if ms != 1.0 {
+            // SAFETY: the instructions, as the caller promises.
+            unsafe { scale_f16_rounded(&mut acc[i..], ms) };
+        }
+        // SAFETY: the row holds `n` values (the caller's promise), so `n - i` from `i`.
+        unsafe { mad_f16_rounded(&mut acc[i..], row.add(i), vs) };
+    }
+}
+
 /// `acc[i] = f16(x[i] * w + acc[i])` with one FMA per element, rounded to f16 (ggml's
 /// `vec_mad_f16` without half-precision arithmetic); `x` holds `acc.len()` f16 values and
 /// `acc` f16 values widened.
@@ -545,6 +642,58 @@ pub(crate) fn fma_axpy_avx2(y: &mut [f32], x: &[f32], a: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `f16(v)` as f32.
+    fn f16_round(v: f32) -> f32 {
+        half::f16::from_f32(v).to_f32()
+    }
+
+    #[test]
+    fn accumulating_f16_rows_in_registers_rounds_as_each_step_alone() {
+        if !crate::kernels::isa::CpuFeatures::detect().has_avx2() {
+            return;
+        }
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed as f32 / u32::MAX as f32 * 4.0 - 2.0
+        };
+        for n in [8, 40, 64, 80, 128, 136, 256] {
+            let start: Vec<f32> = (0..n).map(|_| f16_round(next())).collect();
+            let rows: Vec<Vec<u16>> = (0..11)
+                .map(|_| {
+                    (0..n)
+                        .map(|_| half::f16::from_f32(next()).to_bits())
+                        .collect()
+                })
+                .collect();
+            // New maxima (ms < 1, vs = 1), exactly 0 (the first cell), and plain cells.
+            let weights: Vec<(f32, f32)> = (0..11)
+                .map(|c| match c % 4 {
+                    0 if c == 0 => (0.0, 1.0),
+                    0 => (next().abs() / 2.0, 1.0),
+                    _ => (1.0, next().abs() / 2.0),
+                })
+                .collect();
+            let ptrs: Vec<*const u16> = rows.iter().map(|r| r.as_ptr()).collect();
+            let mut got = start.clone();
+            // SAFETY: AVX2, FMA and F16C (checked); every row holds `n` values.
+            unsafe { mad_f16_rounded_rows(&mut got, &ptrs, &weights) };
+            let mut want = start;
+            for (row, &(ms, vs)) in rows.iter().zip(&weights) {
+                for (a, &x) in want.iter_mut().zip(row) {
+                    if ms != 1.0 {
+                        *a = f16_round(*a * ms);
+                    }
+                    *a = f16_round(half::f16::from_bits(x).to_f32().mul_add(vs, *a));
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "n = {n}");
+        }
+    }
 
     #[test]
     fn transpose16x16_moves_every_element() {

@@ -97,6 +97,14 @@ impl<'a> Sources<'a> {
     }
 }
 
+/// Softmax state of a row over some cells: the largest score and the sum of `exp(s - max)`
+/// (the weighted V rows are in the row's accumulator).
+#[derive(Clone, Copy)]
+pub(super) struct Folded {
+    pub max: f32,
+    pub sum: f32,
+}
+
 /// Mask element `ic` of a mask row, as f32.
 ///
 /// # Safety

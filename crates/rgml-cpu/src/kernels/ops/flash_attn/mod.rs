@@ -9,6 +9,8 @@
 //! Every path computes each output with the same operations however the rows are shared
 //! between the running threads.
 
+#[cfg(target_arch = "x86_64")]
+mod block;
 mod common;
 mod row;
 mod tiled;

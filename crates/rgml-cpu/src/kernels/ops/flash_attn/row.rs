@@ -14,7 +14,11 @@
 //! the group instead of once per head, and each head's operations stay those of its row alone.
 //! f16 K rows are dotted in place ([`vec_float::vec_dot_f16_in_place`]), not widened first.
 
-use super::common::{add_sink, mask_value, normalise, slope, widen, FlashParams, RowAt, Sources};
+#[cfg(target_arch = "x86_64")]
+use super::block;
+use super::common::{
+    add_sink, mask_value, normalise, slope, widen, FlashParams, Folded, RowAt, Sources,
+};
 use crate::kernels::blocks::activations::quantize_activations;
 use crate::kernels::blocks::convert::{round_through_f16, row_to_f32};
 use crate::kernels::dots::float::{self as vec_float, Flavor};
@@ -105,14 +109,6 @@ impl GroupScratch<'_> {
         };
         (head, &mut *self.k, &mut *self.v)
     }
-}
-
-/// Softmax state of a row over some cells: the largest score and the sum of `exp(s - max)`
-/// (the weighted V rows are in the head's accumulator).
-#[derive(Clone, Copy)]
-struct Folded {
-    max: f32,
-    sum: f32,
 }
 
 /// Query heads `first..first + len` of one query that read the same K and V head.
@@ -322,6 +318,29 @@ fn fold(
         max: f32::NEG_INFINITY,
         sum: 0.0,
     }; MAX_GROUP];
+    #[cfg(target_arch = "x86_64")]
+    if k.dtype == DType::F16 && v.dtype == DType::F16 && !native16 && f.has_avx2() {
+        let scoring = block::Scoring {
+            scale,
+            softcap: p.softcap,
+        };
+        let heads = &setup[..group.len];
+        // SAFETY: the features say the CPU has AVX2, FMA and F16C; K's and V's heads
+        // `(ik2, ik3)` and `(iv2, iv3)` are in bounds (`kv_head` of an in-bounds row).
+        unsafe {
+            fold_blocks(
+                f,
+                (k, v),
+                [ik2, ik3, iv2, iv3],
+                cells,
+                heads,
+                &mut state,
+                s,
+                scoring,
+            )
+        };
+        return Ok(state);
+    }
     let end = cells.end;
     for ic in cells {
         if ic + CELLS_AHEAD < end {
@@ -376,6 +395,57 @@ fn fold(
         }
     }
     Ok(state)
+}
+
+/// [`fold`] for f16 K and V on the AVX2 build: the cells in blocks of [`block::CELLS`], each
+/// block folded into every head of the group in turn, the next block's K and V rows prefetched.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `kv` are in-bounds heads (and dim-3 indices) of
+/// K and V, whose rows are dense f16 rows of the heads' query and accumulator lengths; `cells`
+/// lie within K's cells and every head's mask row.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fold_blocks(
+    f: CpuFeatures,
+    (k, v): (&task::TensorView, &task::TensorView),
+    [ik2, ik3, iv2, iv3]: [usize; 4],
+    cells: Range<usize>,
+    heads: &[HeadSetup],
+    state: &mut [Folded; MAX_GROUP],
+    s: &mut GroupScratch<'_>,
+    scoring: block::Scoring,
+) {
+    let end = cells.end;
+    for first in cells.step_by(block::CELLS) {
+        let len = block::CELLS.min(end - first);
+        for ic in (first + CELLS_AHEAD)..(first + CELLS_AHEAD + block::CELLS).min(end) {
+            prefetch_span(k.row(ic, ik2, ik3), k.row_bytes());
+            prefetch_span(v.row(ic, iv2, iv3), v.row_bytes());
+        }
+        let (mut k_rows, mut v_rows) = (
+            [std::ptr::null(); block::CELLS],
+            [std::ptr::null(); block::CELLS],
+        );
+        for (c, (kr, vr)) in k_rows.iter_mut().zip(v_rows.iter_mut()).enumerate() {
+            let ic = first + c.min(len - 1);
+            *kr = k.row(ic, ik2, ik3).cast::<u16>().cast_const();
+            *vr = v.row(ic, iv2, iv3).cast::<u16>().cast_const();
+        }
+        for (g, (hs, st)) in heads.iter().zip(state.iter_mut()).enumerate() {
+            let (h, _, _) = s.head(g);
+            let head = block::HeadBlock {
+                q: h.q,
+                acc: h.acc,
+                mask_row: hs.mask_row,
+                slope: hs.slope,
+            };
+            // SAFETY: the rows and the mask row are as the caller promises; the query was
+            // rounded to f16 for f16 K (`convert_q`).
+            unsafe { block::fold_block(f, &k_rows, &v_rows, (first, len), head, scoring, st) };
+        }
+    }
 }
 
 /// How the converted query row is held for K's dot.
