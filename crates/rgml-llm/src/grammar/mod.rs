@@ -4,10 +4,11 @@
 //! tokens of a vocabulary ([`TokenTrie`]) may come next.
 //!
 //! Floors: `rules` (the compiled form) under `gbnf` (text to rules) and `matcher` (stacks and
-//! states), `vocab` over `matcher`; `schema` writes GBNF text and stands alone.
+//! states), `vocab` over `matcher`; `schema` writes GBNF text over `pattern` and `numeric`.
 
 pub mod gbnf;
 mod matcher;
+mod numeric;
 mod pattern;
 mod rules;
 pub mod schema;

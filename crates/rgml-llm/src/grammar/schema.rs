@@ -6,11 +6,12 @@
 //! `prefixItems`, `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern` (see
 //! `grammar::pattern`), `format` (`date`, `time`, `date-time`, `uuid`), `enum`, `const`, `anyOf`, `oneOf` (as `anyOf`), `allOf` of objects
 //! (merged as llama.cpp merges them), `$ref` into `$defs`
-//! or `definitions` (recursion allowed), and integer bounds (`minimum`, `maximum`,
-//! `exclusiveMinimum`, `exclusiveMaximum`). Annotations (`title`, `description`, `default`,
+//! or `definitions` (recursion allowed), and integer and number bounds (`minimum`, `maximum`,
+//! `exclusiveMinimum`, `exclusiveMaximum`; see `grammar::numeric`). Annotations (`title`, `description`, `default`,
 //! `examples`, ...) are read past. Any other keyword is refused by name: a schema we cannot
 //! enforce is an error, not a weaker constraint.
 
+use super::numeric::{decimal_range, int_range, split_decimal, MAX_FRACTION};
 use super::GrammarError;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -489,7 +490,7 @@ impl<'a> Converter<'a> {
             "array" => self.array(obj, name),
             "string" => self.string(obj, name),
             "integer" => self.integer(obj, name),
-            "number" => Ok(self.primitive("number")),
+            "number" => self.number(obj, name),
             "boolean" => Ok(self.primitive("boolean")),
             "null" => Ok(self.primitive("null")),
             _ => Err(unsupported(format!("unknown JSON schema type `{t}`"))),
@@ -504,7 +505,7 @@ fn check_keywords(obj: &Map<String, Value>, types: &[&str]) -> Result<(), Gramma
             "object" => &["properties", "required", "additionalProperties"],
             "array" => &["items", "prefixItems", "minItems", "maxItems"],
             "string" => &["minLength", "maxLength", "format", "pattern"],
-            "integer" => &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"],
+            "integer" | "number" => &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"],
             _ => &[],
         }
     };
@@ -839,6 +840,54 @@ impl Converter<'_> {
         }
         Ok(self.add(name, &int_range(lo, hi)))
     }
+
+    /// A number, between its bounds if it has any (then written without an exponent).
+    fn number(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
+        let bound = |key: &str, strict: bool| -> Result<Option<(f64, bool)>, GrammarError> {
+            match obj.get(key) {
+                None => Ok(None),
+                Some(v) => (v.as_f64().filter(|v| v.is_finite()))
+                    .map(|v| Some((v, strict)))
+                    .ok_or_else(|| unsupported(format!("`{key}` must be a number"))),
+            }
+        };
+        // The tighter of each pair; at equal values the exclusive one.
+        let tighter = |a: Option<(f64, bool)>, b: Option<(f64, bool)>, lower: bool| match (a, b) {
+            (Some(x), Some(y)) if x.0 == y.0 => Some((x.0, x.1 || y.1)),
+            (Some(x), Some(y)) => Some(if (x.0 > y.0) == lower { x } else { y }),
+            (x, y) => x.or(y),
+        };
+        let lo = tighter(
+            bound("minimum", false)?,
+            bound("exclusiveMinimum", true)?,
+            true,
+        );
+        let hi = tighter(
+            bound("maximum", false)?,
+            bound("exclusiveMaximum", true)?,
+            false,
+        );
+        if lo.is_none() && hi.is_none() {
+            return Ok(self.primitive("number"));
+        }
+        if let (Some(l), Some(h)) = (lo, hi) {
+            if l.0 > h.0 || (l.0 == h.0 && (l.1 || h.1)) {
+                return Err(unsupported("the number bounds leave no value"));
+            }
+        }
+        let digits = |b: Option<(f64, bool)>| -> Result<_, GrammarError> {
+            b.map(|(v, strict)| {
+                split_decimal(v, strict).ok_or_else(|| {
+                    unsupported(format!(
+                        "a number bound of more than 15 integral digits or {MAX_FRACTION} decimals ({v}) is not supported"
+                    ))
+                })
+            })
+            .transpose()
+        };
+        let body = decimal_range(digits(lo)?, digits(hi)?);
+        Ok(self.add(name, &body))
+    }
 }
 
 /// `c` inside a GBNF character class.
@@ -848,79 +897,4 @@ fn class_char(c: char) -> String {
         c if (c as u32) < 0x20 => format!("\\x{:02X}", c as u32),
         c => c.to_string(),
     }
-}
-
-/// The most digits an unbounded integer takes (llama.cpp's `integral-part`).
-const MAX_DIGITS: usize = 16;
-
-/// GBNF for the decimal integers in `lo..=hi` (`None`: unbounded), without leading zeros.
-fn int_range(lo: Option<i64>, hi: Option<i64>) -> String {
-    let mut alts = Vec::new();
-    // Negative part: "-" and the absolute values.
-    if lo.is_none_or(|lo| lo < 0) {
-        let abs_lo = hi.map_or(1, |hi| (-hi).max(1) as u64);
-        let abs_hi = lo.map(|lo| lo.unsigned_abs());
-        if abs_hi.is_none_or(|h| h >= abs_lo) {
-            alts.push(format!("\"-\" ({})", uint_range(abs_lo, abs_hi)));
-        }
-    }
-    if hi.is_none_or(|hi| hi >= 0) {
-        let from = lo.map_or(0, |lo| lo.max(0) as u64);
-        alts.push(format!("({})", uint_range(from, hi.map(|hi| hi as u64))));
-    }
-    alts.join(" | ")
-}
-
-/// GBNF for the integers in `lo..=hi` (`None`: up to [`MAX_DIGITS`] digits), no leading
-/// zeros: a range of one digit count at a time.
-fn uint_range(lo: u64, hi: Option<u64>) -> String {
-    let digits = |n: u64| n.to_string().len();
-    let mut alts = Vec::new();
-    let last = hi.map_or(MAX_DIGITS, digits);
-    for len in digits(lo)..=last {
-        let floor = if len == 1 {
-            0
-        } else {
-            10u64.pow(len as u32 - 1)
-        };
-        let ceil = 10u64.saturating_pow(len as u32).saturating_sub(1);
-        let (a, b) = (lo.max(floor), hi.map_or(ceil, |hi| hi.min(ceil)));
-        if a <= b {
-            alts.push(same_length(&a.to_string(), &b.to_string()));
-        }
-    }
-    alts.join(" | ")
-}
-
-/// GBNF for the numbers from `lo` to `hi`, both written with the same number of digits.
-fn same_length(lo: &str, hi: &str) -> String {
-    let (Some(a), Some(b)) = (lo.chars().next(), hi.chars().next()) else {
-        return "\"\"".to_string();
-    };
-    let (rest_lo, rest_hi) = (&lo[1..], &hi[1..]);
-    let n = rest_lo.len();
-    let any = |n: usize| match n {
-        0 => String::new(),
-        n => format!(" [0-9]{{{n}}}"),
-    };
-    if a == b {
-        return match n {
-            0 => format!("\"{a}\""),
-            _ => format!("\"{a}\" ({})", same_length(rest_lo, rest_hi)),
-        };
-    }
-    let mut alts = Vec::new();
-    let tail = |lo: &str, hi: &str| match n {
-        0 => String::new(),
-        _ => format!(" ({})", same_length(lo, hi)),
-    };
-    let nines = "9".repeat(n);
-    let zeros = "0".repeat(n);
-    alts.push(format!("\"{a}\"{}", tail(rest_lo, &nines)));
-    let (a1, b1) = (a as u8 + 1, b as u8 - 1);
-    if a1 <= b1 {
-        alts.push(format!("[{}-{}]{}", a1 as char, b1 as char, any(n)));
-    }
-    alts.push(format!("\"{b}\"{}", tail(&zeros, rest_hi)));
-    alts.join(" | ")
 }

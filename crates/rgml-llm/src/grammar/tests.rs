@@ -262,6 +262,16 @@ fn schemas() -> Vec<Value> {
                 {"anyOf": [{"properties": {"nick": {"type": "string"}}}]},
             ],
         }),
+        json!({
+            "type": "object",
+            "properties": {
+                "price": {"type": "number", "minimum": 0, "exclusiveMaximum": 100.5},
+                "temp": {"type": "number", "minimum": -40.25, "maximum": -0.5},
+                "ratio": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                "n": {"type": ["number", "null"], "maximum": 7.125},
+            },
+            "required": ["price", "temp", "ratio", "n"],
+        }),
     ]
 }
 
@@ -388,6 +398,111 @@ fn integer_ranges_hold_exactly_their_numbers() {
     }
 }
 
+/// A decimal text's value times 10^8 (at most 8 fraction digits).
+fn scaled(text: &str) -> i128 {
+    let (neg, digits) = match text.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, text),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let frac = format!("{frac:0<8}");
+    let v = int.parse::<i128>().unwrap() * 100_000_000 + frac.parse::<i128>().unwrap();
+    if neg {
+        -v
+    } else {
+        v
+    }
+}
+
+#[test]
+fn number_ranges_hold_exactly_their_numbers() {
+    // (keyword, bound) pairs: JSON numbers as their source text.
+    let cases: &[&[(&str, &str)]] = &[
+        &[("minimum", "1.5"), ("maximum", "2.25")],
+        &[("exclusiveMinimum", "1.5"), ("exclusiveMaximum", "2.25")],
+        &[("exclusiveMinimum", "-2.5"), ("maximum", "-0.25")],
+        &[("minimum", "-1.75"), ("maximum", "3")],
+        &[("exclusiveMinimum", "0")],
+        &[("minimum", "0")],
+        &[("exclusiveMaximum", "0")],
+        &[("maximum", "0")],
+        &[("minimum", "0.5"), ("maximum", "0.5")],
+        &[("minimum", "-0.005"), ("exclusiveMaximum", "0.005")],
+        &[("minimum", "-7"), ("exclusiveMaximum", "-2")],
+        &[("minimum", "10"), ("exclusiveMaximum", "20")],
+        &[
+            ("minimum", "1.5"),
+            ("exclusiveMinimum", "1.25"),
+            ("maximum", "99.99"),
+        ],
+        &[("exclusiveMinimum", "1.5"), ("minimum", "1.5")],
+        &[("maximum", "-12.0625")],
+        &[("exclusiveMinimum", "0.0999")],
+    ];
+    let fractions = [
+        "", "0", "00", "5", "05", "25", "250", "2501", "2499", "4999", "5001", "75", "999", "0001",
+        "1", "0625", "06249", "0626", "0999", "1",
+    ];
+    let mut texts = Vec::new();
+    for int in -25i32..=25 {
+        for frac in fractions {
+            let int_text = match int {
+                0 => "0".to_string(),
+                _ => int.abs().to_string(),
+            };
+            let sign = if int < 0 { "-" } else { "" };
+            let text = match frac {
+                "" => format!("{sign}{int_text}"),
+                f => format!("{sign}{int_text}.{f}"),
+            };
+            texts.push(text.clone());
+            if int == 0 && !frac.trim_matches('0').is_empty() {
+                texts.push(format!("-{text}"));
+            }
+        }
+    }
+    texts.extend(
+        [
+            "-12.0625",
+            "-12.06251",
+            "-12.0624",
+            "99.99",
+            "99.991",
+            "100",
+        ]
+        .map(String::from),
+    );
+    for case in cases {
+        let mut schema = json!({"type": "number"});
+        for (key, value) in case.iter() {
+            schema[*key] = serde_json::from_str(value).unwrap();
+        }
+        let grammar = Arc::new(Grammar::from_json_schema(&schema).unwrap());
+        let bound = |key: &str| case.iter().find(|(k, _)| *k == key).map(|(_, v)| scaled(v));
+        let mut inside_count = 0;
+        for text in &texts {
+            let x = scaled(text);
+            let inside = bound("minimum").is_none_or(|b| x >= b)
+                && bound("exclusiveMinimum").is_none_or(|b| x > b)
+                && bound("maximum").is_none_or(|b| x <= b)
+                && bound("exclusiveMaximum").is_none_or(|b| x < b);
+            let mut m = Matcher::new(grammar.clone());
+            let taken = m.push(text.as_bytes()) && m.complete();
+            assert_eq!(taken, inside, "{text} under {schema}");
+            inside_count += usize::from(inside);
+        }
+        assert!(inside_count > 0, "{schema}");
+        // Negative zero is a zero the grammar writes as "0" only; exponents are not written.
+        for text in ["-0", "-0.0", "1e0", "1.5E+0"] {
+            let mut m = Matcher::new(grammar.clone());
+            assert!(
+                !(m.push(text.as_bytes()) && m.complete()),
+                "{text} under {schema}"
+            );
+        }
+    }
+}
+
 #[test]
 fn unsupported_schemas_are_refused_by_name() {
     let refused = |schema: Value, word: &str| {
@@ -403,7 +518,15 @@ fn unsupported_schemas_are_refused_by_name() {
         json!({"type": "string", "pattern": "a", "maxLength": 3}),
         "pattern",
     );
-    refused(json!({"type": "number", "minimum": 1.5}), "minimum");
+    refused(json!({"type": "number", "minimum": 1e-40}), "decimals");
+    refused(
+        json!({"type": "number", "exclusiveMinimum": true}),
+        "exclusiveMinimum",
+    );
+    refused(
+        json!({"type": "number", "minimum": 2, "exclusiveMaximum": 2}),
+        "no value",
+    );
     refused(
         json!({"type": "object", "minProperties": 1}),
         "minProperties",
