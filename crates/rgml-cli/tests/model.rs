@@ -324,6 +324,16 @@ fn run_follows_a_json_schema_or_a_grammar() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(flag), "{args:?}: {err}");
     }
+    // A grammar whose parse doubles with every "a" (and allows only a's before the 20th) is
+    // an error once it would need too many stacks, not a run without bound.
+    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        .args(["run", "-m", &model, "-p", "a", "-n", "40", "--grammar"])
+        .arg("root ::= x\nx ::= \"a\" x \"b\" | \"a\" x \"c\" | \"a\"{20}")
+        .output()
+        .expect("run rgml");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("too ambiguous"), "{err}");
 }
 
 /// `rgml` with `RGML_CPU_DEVICES=2` (devices CPU0 and CPU1 beside CPU).

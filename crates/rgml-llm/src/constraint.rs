@@ -9,7 +9,7 @@
 //! first (a draw from p kept when allowed, else drawn again from p restricted to the allowed
 //! ones), and most tokens cost one check instead of a walk over the vocabulary.
 
-use crate::grammar::{Grammar, Matcher};
+use crate::grammar::{Grammar, Matcher, MAX_STACKS};
 use crate::sampling::Sampler;
 use crate::tokenizer::{TokenId, Tokenizer};
 use std::sync::Arc;
@@ -42,6 +42,17 @@ impl Constraint {
     /// Nothing more may be written: the answer ends now.
     pub fn finished(&self) -> bool {
         self.matcher.finished()
+    }
+
+    /// Why no token may come, where the grammar and not the text is to blame: following it
+    /// here would take more than [`MAX_STACKS`] parse stacks (an ambiguous grammar). `None`
+    /// otherwise.
+    pub fn too_ambiguous(&self) -> Option<String> {
+        self.matcher.overflowed().then(|| {
+            format!(
+                "the grammar is too ambiguous to follow: the next token would need more than {MAX_STACKS} parse stacks"
+            )
+        })
     }
 
     /// Takes the chosen token `id`; `false` (nothing changed) if it may not come.

@@ -20,8 +20,9 @@
 //!   [`StopReason::Constraint`]. End-of-generation tokens come only where the answer is
 //!   complete.
 //!
-//! A failed step (the computation itself failed) is yielded once as `Some(Err(_))`; the
-//! iterator then ends with no stop reason.
+//! A failed step (the computation itself failed, or a grammar too ambiguous to follow:
+//! [`Constraint::too_ambiguous`]) is yielded once as `Some(Err(_))`; the iterator then ends
+//! with no stop reason.
 //!
 //! [`Tokenizer::is_eog`]: crate::Tokenizer::is_eog
 
@@ -167,7 +168,14 @@ impl Iterator for Generation<'_> {
             false => self.sampler.sample(self.session.logits()),
             true => match self.sample_constrained() {
                 Some(token) => token,
-                None => return self.stop(StopReason::Constraint),
+                None => {
+                    let refusal = self.constraint.as_ref().and_then(Constraint::too_ambiguous);
+                    if let Some(why) = refusal {
+                        self.failed = true;
+                        return Some(Err(crate::error::LlmError::BadInput(why)));
+                    }
+                    return self.stop(StopReason::Constraint);
+                }
             },
         };
         let tok = &self.session.model().tokenizer;

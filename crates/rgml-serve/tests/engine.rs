@@ -590,6 +590,32 @@ fn grammar_answers_follow_their_grammar() {
 }
 
 #[test]
+fn a_grammar_too_ambiguous_to_follow_fails_the_request_by_name() {
+    let model = model();
+    let e = engine(&model, 1, 512);
+    // Only a's may come before the 20th, and after n of them 2^n stacks are open.
+    let gbnf = "root ::= x\nx ::= \"a\" x \"b\" | \"a\" x \"c\" | \"a\"{20}";
+    let grammar = Arc::new(rgml_llm::grammar::Grammar::from_gbnf(gbnf).unwrap());
+    let mut req = greedy(Prompt::Text("Say a:".into()), 60);
+    req.format = rgml_serve::generator::OutputFormat::Grammar(grammar);
+    let mut sub = e.submit(req).unwrap();
+    let mut text = String::new();
+    let why = loop {
+        match sub.events.blocking_recv() {
+            Some(GenEvent::Token(t)) => text += &t.text,
+            Some(GenEvent::Failed(why)) => break why,
+            other => panic!("{other:?} after {text:?}"),
+        }
+    };
+    assert!(why.contains("too ambiguous"), "{why}");
+    assert!(text.chars().all(|c| c == 'a') && text.len() < 20, "{text}");
+    // The engine goes on serving.
+    let (_, reason, _) = collect(e.submit(greedy(Prompt::Text("Hi".into()), 4)).unwrap());
+    assert_eq!(reason, FinishReason::Length);
+    e.shutdown();
+}
+
+#[test]
 fn bad_requests_are_refused() {
     let model = model();
     let e = engine(&model, 1, 512);

@@ -117,6 +117,17 @@ static NOTHING: CharClass = CharClass {
 /// Interned states past which the caches are dropped (they are rebuilt as needed).
 const MAX_STATES: usize = 1 << 20;
 
+/// The most parse stacks one state may hold. An ambiguous grammar can need a number
+/// exponential in the text (`x ::= "a" x "b" | "a" x "c" | ""` has 2^n after n a's); a state
+/// past this is refused (no text leads there) and [`Matcher::overflowed`] says so, instead of
+/// the step taking time and memory without bound.
+pub const MAX_STACKS: usize = 1 << 16;
+
+/// The most stack ids all interned states may hold together (64 MiB): one walk over a
+/// vocabulary visits many states, and each may be large. New states past it are refused
+/// likewise until the next token drops the caches.
+const MAX_STORED: usize = 1 << 24;
+
 /// One generation's progress through a grammar.
 pub struct Matcher {
     grammar: Arc<Grammar>,
@@ -128,6 +139,10 @@ pub struct Matcher {
     state_ids: HashMap<State, StateId>,
     steps: HashMap<(StateId, u8), StateId>,
     current: StateId,
+    /// Stack ids held by `states`.
+    stored: usize,
+    /// A state was refused for [`MAX_STACKS`] or [`MAX_STORED`] since the last token.
+    overflowed: bool,
 }
 
 impl Matcher {
@@ -142,6 +157,8 @@ impl Matcher {
             state_ids: HashMap::new(),
             steps: HashMap::new(),
             current: DEAD,
+            stored: 0,
+            overflowed: false,
         };
         let root = m.grammar.root;
         let mut stacks = Vec::new();
@@ -170,15 +187,25 @@ impl Matcher {
             return false;
         }
         self.current = next;
-        if self.states.len() > MAX_STATES {
+        self.overflowed = false;
+        if self.states.len() > MAX_STATES || self.stored > MAX_STORED / 2 {
             self.forget_states();
         }
         true
     }
 
+    /// Whether a text was refused since the last [`push`](Self::push) only because following
+    /// it would take more than [`MAX_STACKS`] parse stacks (or too many states at once): the
+    /// grammar is too ambiguous, not the text wrong.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
     /// The text so far is a whole sentence of the grammar.
     pub fn complete(&self) -> bool {
-        let state = &self.states[self.current as usize];
+        let Some(state) = self.states.get(self.current as usize) else {
+            return false;
+        };
         state.utf8.left == 0 && state.stacks.last() == Some(&EMPTY)
     }
 
@@ -203,11 +230,20 @@ impl Matcher {
 
     /// The state after byte `b` ([`DEAD`] if the grammar does not allow it).
     pub(crate) fn step(&mut self, state: StateId, b: u8) -> StateId {
+        if state == DEAD {
+            return DEAD;
+        }
         if let Some(&next) = self.steps.get(&(state, b)) {
             return next;
         }
+        let overflowed_before = std::mem::take(&mut self.overflowed);
         let next = self.compute_step(state, b);
-        self.steps.insert((state, b), next);
+        // A step refused for the limits is not remembered: asked again (after the next
+        // token), it says again why it is refused.
+        if !self.overflowed {
+            self.steps.insert((state, b), next);
+        }
+        self.overflowed |= overflowed_before;
         next
     }
 
@@ -322,6 +358,10 @@ impl Matcher {
         }
         stacks.sort_unstable();
         stacks.dedup();
+        if stacks.len() > MAX_STACKS {
+            self.overflowed = true;
+            return DEAD;
+        }
         let state = State {
             stacks: stacks.into_boxed_slice(),
             utf8,
@@ -329,6 +369,11 @@ impl Matcher {
         if let Some(&id) = self.state_ids.get(&state) {
             return id;
         }
+        if self.stored + state.stacks.len() > MAX_STORED {
+            self.overflowed = true;
+            return DEAD;
+        }
+        self.stored += state.stacks.len();
         let id = self.states.len() as StateId;
         self.states.push(state.clone());
         self.state_ids.insert(state, id);
@@ -341,6 +386,7 @@ impl Matcher {
         self.states.clear();
         self.state_ids.clear();
         self.steps.clear();
+        self.stored = 0;
         self.current = self.intern_stacks(state.stacks.into_vec(), state.utf8);
     }
 }

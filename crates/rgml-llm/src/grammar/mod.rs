@@ -14,7 +14,7 @@ mod rules;
 pub mod schema;
 mod vocab;
 
-pub use matcher::Matcher;
+pub use matcher::{Matcher, MAX_STACKS};
 pub use rules::{Grammar, MAX_TERMS};
 pub use vocab::TokenTrie;
 

@@ -86,6 +86,27 @@ fn characters_split_across_tokens_are_checked_by_their_first_bytes() {
 }
 
 #[test]
+fn an_exponentially_ambiguous_grammar_is_refused_where_it_overflows() {
+    // After n a's every one of the 2^n sequences of pending "b" and "c" is a stack.
+    let g = "root ::= x\nx ::= \"a\" x \"b\" | \"a\" x \"c\" | \"\"";
+    let mut m = matcher(g);
+    let mut taken = 0;
+    while taken < 40 && m.push(b"a") {
+        assert!(!m.overflowed());
+        taken += 1;
+    }
+    assert!(m.overflowed(), "{taken} a's taken");
+    // About 3 * 2^n stacks after n a's: refused near log2(MAX_STACKS) of them.
+    assert!((12..=16).contains(&taken), "{taken} a's taken");
+    // What the grammar allows from here is still followed.
+    assert!(m.push(b"bc") && !m.overflowed());
+    // The JSON grammars stay far below the limit.
+    let mut json = Matcher::new(Grammar::json_object());
+    assert!(json.push(br#"{"a": [[[[{"b": [1, 2, {"c": "d"}]}]]]]}"#) && json.complete());
+    assert!(!json.overflowed());
+}
+
+#[test]
 fn long_texts_keep_the_parse_small() {
     // `x*` recurses on the right: its stack must not grow with the text.
     let mut m = matcher(r#"root ::= "\"" [a-z]* "\"""#);

@@ -193,6 +193,10 @@ impl Running<'_> {
             _ => None,
         };
         let Some(token) = self.pick(logits, tok) else {
+            if let Some(why) = self.constraint.as_ref().and_then(|c| c.too_ambiguous()) {
+                let _ = self.job.events.send(GenEvent::Failed(why));
+                return Next::Finished;
+            }
             return self.finish(FinishReason::Stop);
         };
         if tok.is_eog(token) {
