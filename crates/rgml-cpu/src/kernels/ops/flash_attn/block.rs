@@ -67,20 +67,8 @@ pub(super) unsafe fn fold_block(
         if mask[c] == f32::NEG_INFINITY {
             continue;
         }
-        let mut score = dots[c] * scoring.scale;
-        if scoring.softcap != 0.0 {
-            score = scoring.softcap * score.tanh();
-        }
-        score += mask[c];
-        let (mut ms, mut vs) = (1.0f32, 1.0f32);
-        if score > st.max {
-            ms = (st.max - score).exp();
-            st.max = score;
-        } else {
-            vs = (score - st.max).exp();
-        }
-        st.sum = st.sum.mul_add(ms, vs);
-        (rows[n], weights[n]) = (v_rows[c], (ms, vs));
+        let weight = st.fold_cell(dots[c], scoring.scale, scoring.softcap, mask[c]);
+        (rows[n], weights[n]) = (v_rows[c], weight);
         n += 1;
     }
     // SAFETY: the instructions and the V rows' length, as the caller promises.

@@ -105,6 +105,36 @@ pub(super) struct Folded {
     pub sum: f32,
 }
 
+impl Folded {
+    /// One cell into the softmax as ggml's one-row kernel folds it: its `k·q` scaled,
+    /// soft-capped (`softcap` 0: not) and masked (`mask`: the slope times the mask value).
+    /// Returns `(ms, vs)`: the accumulator's factor (1 unless the score is a new maximum) and
+    /// the cell's V weight.
+    #[inline(always)]
+    pub(super) fn fold_cell(
+        &mut self,
+        dot: f32,
+        scale: f32,
+        softcap: f32,
+        mask: f32,
+    ) -> (f32, f32) {
+        let mut score = dot * scale;
+        if softcap != 0.0 {
+            score = softcap * score.tanh();
+        }
+        score += mask;
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if score > self.max {
+            ms = (self.max - score).exp();
+            self.max = score;
+        } else {
+            vs = (score - self.max).exp();
+        }
+        self.sum = self.sum.mul_add(ms, vs);
+        (ms, vs)
+    }
+}
+
 /// Mask element `ic` of a mask row, as f32.
 ///
 /// # Safety

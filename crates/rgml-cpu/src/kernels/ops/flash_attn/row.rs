@@ -363,27 +363,19 @@ fn fold(
                 continue;
             }
             let (h, kw, vw) = s.head(g);
-            let mut score = key_dot(f, k, k_row, hs.query, &h, kw, &mut k_widened)? * scale;
-            if p.softcap != 0.0 {
-                score = p.softcap * score.tanh();
-            }
-            score += mv;
-            let (mut ms, mut vs) = (1.0f32, 1.0f32);
-            if score > st.max {
-                ms = (st.max - score).exp();
-                st.max = score;
+            let dot = key_dot(f, k, k_row, hs.query, &h, kw, &mut k_widened)?;
+            let max_before = st.max;
+            let (ms, vs) = st.fold_cell(dot, scale, p.softcap, mv);
+            if st.max != max_before {
                 match native16 {
                     true => f16_vectors::scale(h.acc16, ms),
                     false => scale_acc(f, h.acc, ms, v.dtype),
                 }
-            } else {
-                vs = (score - st.max).exp();
             }
             match native16 {
                 true => f16_vectors::mad(h.acc16, v_row, vs),
                 false => add_value_row(f, v, v_row, vs, vw, &mut v_widened, h.acc)?,
             }
-            st.sum = st.sum.mul_add(ms, vs);
         }
     }
     if native16 {
