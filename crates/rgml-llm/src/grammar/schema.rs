@@ -801,12 +801,9 @@ impl Converter<'_> {
     /// An integer, between its bounds if it has any.
     fn integer(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
         let bound = |key: &str, exclusive: bool, up: bool| -> Result<Option<i64>, GrammarError> {
-            let Some(v) = obj.get(key) else {
+            let Some(v) = bound_keyword(obj, key)? else {
                 return Ok(None);
             };
-            let v = v
-                .as_f64()
-                .ok_or_else(|| unsupported(format!("`{key}` must be a number")))?;
             let v = match (up, exclusive) {
                 (false, false) => v.ceil(),
                 (false, true) => v.floor() + 1.0,
@@ -844,12 +841,7 @@ impl Converter<'_> {
     /// A number, between its bounds if it has any (then written without an exponent).
     fn number(&mut self, obj: &Map<String, Value>, name: &str) -> Result<String, GrammarError> {
         let bound = |key: &str, strict: bool| -> Result<Option<(f64, bool)>, GrammarError> {
-            match obj.get(key) {
-                None => Ok(None),
-                Some(v) => (v.as_f64().filter(|v| v.is_finite()))
-                    .map(|v| Some((v, strict)))
-                    .ok_or_else(|| unsupported(format!("`{key}` must be a number"))),
-            }
+            Ok(bound_keyword(obj, key)?.map(|v| (v, strict)))
         };
         // The tighter of each pair; at equal values the exclusive one.
         let tighter = |a: Option<(f64, bool)>, b: Option<(f64, bool)>, lower: bool| match (a, b) {
@@ -887,6 +879,16 @@ impl Converter<'_> {
         };
         let body = decimal_range(digits(lo)?, digits(hi)?);
         Ok(self.add(name, &body))
+    }
+}
+
+/// A bound keyword's value (`minimum`, `exclusiveMaximum`, ...): a finite number, or absent.
+fn bound_keyword(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>, GrammarError> {
+    match obj.get(key) {
+        None => Ok(None),
+        Some(v) => (v.as_f64().filter(|v| v.is_finite()))
+            .map(Some)
+            .ok_or_else(|| unsupported(format!("`{key}` must be a number"))),
     }
 }
 

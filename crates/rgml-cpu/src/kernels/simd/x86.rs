@@ -446,6 +446,26 @@ pub(crate) unsafe fn dot_f16_steps_avx512(x: *const u16, y: &[f32]) -> (f32, usi
 #[inline(always)]
 pub(crate) unsafe fn dot_f16_steps_avx2(x: *const u16, y: &[f32]) -> (f32, usize) {
     let np = y.len() - y.len() % 32;
+    // SAFETY: as the caller promises (`np <= y.len()` values of `x`); the instructions too.
+    unsafe {
+        let folded = f16_steps_folded_avx2(x, y, np);
+        let t = _mm_add_ps(
+            _mm256_castps256_ps128(folded),
+            _mm256_extractf128_ps::<1>(folded),
+        );
+        let t = _mm_hadd_ps(t, t);
+        (_mm_cvtss_f32(_mm_hadd_ps(t, t)), np)
+    }
+}
+
+/// The 32-value steps of `x[..np]·y[..np]` in four 8-lane accumulators, folded as
+/// `(0 + 2) + (1 + 3)`: [`dot_f16_steps_avx2`]'s vector before its horizontal sum.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` points at `np <= y.len()` readable f16 values and
+/// `np` is a multiple of 32.
+#[inline(always)]
+unsafe fn f16_steps_folded_avx2(x: *const u16, y: &[f32], np: usize) -> __m256 {
     // SAFETY: each step reads 32 values at `x + i` and `y[i..]` (`i + 32 <= np <= y.len()`);
     // the instructions, as the caller promises.
     unsafe {
@@ -457,14 +477,18 @@ pub(crate) unsafe fn dot_f16_steps_avx2(x: *const u16, y: &[f32]) -> (f32, usize
                 *a = _mm256_fmadd_ps(xv, yv, *a);
             }
         }
-        let folded = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-        let t = _mm_add_ps(
-            _mm256_castps256_ps128(folded),
-            _mm256_extractf128_ps::<1>(folded),
-        );
-        let t = _mm_hadd_ps(t, t);
-        (_mm_cvtss_f32(_mm_hadd_ps(t, t)), np)
+        _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]))
     }
+}
+
+/// `v` rounded to f16 and widened back (each lane to nearest even, as `vcvtps2ph` stores it).
+///
+/// # Safety
+/// The CPU supports AVX and F16C.
+#[inline(always)]
+unsafe fn round_f16_ps(v: __m256) -> __m256 {
+    // SAFETY: F16C, as the caller promises.
+    unsafe { _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
 }
 
 /// [`dot_f16_steps_avx2`]'s sums for 8 rows against one `y`, lane `c` row `c`'s: each row's
@@ -481,16 +505,8 @@ pub(crate) unsafe fn dot_f16_steps_avx2_x8(rows: &[*const u16; 8], y: &[f32]) ->
     // inherit the caller's target features.)
     unsafe {
         let mut folded = [_mm256_setzero_ps(); 8];
-        for (row, out) in rows.iter().zip(folded.iter_mut()) {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for i in (0..np).step_by(32) {
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_cvtph_ps(_mm_loadu_si128(row.add(i + 8 * j).cast()));
-                    let yv = _mm256_loadu_ps(y.as_ptr().add(i + 8 * j));
-                    *a = _mm256_fmadd_ps(xv, yv, *a);
-                }
-            }
-            *out = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        for (&row, out) in rows.iter().zip(folded.iter_mut()) {
+            *out = f16_steps_folded_avx2(row, y, np);
         }
         // Rows `r` and `r + 4` side by side: each one's low half plus its high half.
         let mut halves = [_mm256_setzero_ps(); 4];
@@ -537,15 +553,13 @@ pub(crate) unsafe fn mad_f16_rounded_rows(
                 if ms != 1.0 {
                     let m = _mm256_set1_ps(ms);
                     for a in a.iter_mut() {
-                        let t = _mm256_mul_ps(*a, m);
-                        *a = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(t));
+                        *a = round_f16_ps(_mm256_mul_ps(*a, m));
                     }
                 }
                 let w = _mm256_set1_ps(vs);
                 for (j, a) in a.iter_mut().enumerate() {
                     let x = _mm256_cvtph_ps(_mm_loadu_si128(row.add(i + 8 * j).cast()));
-                    let t = _mm256_fmadd_ps(x, w, *a);
-                    *a = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(t));
+                    *a = round_f16_ps(_mm256_fmadd_ps(x, w, *a));
                 }
             }
             for (j, a) in a.iter().enumerate() {
@@ -581,7 +595,7 @@ pub(crate) unsafe fn mad_f16_rounded(acc: &mut [f32], x: *const u16, w: f32) {
             let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.add(i).cast()));
             let a = _mm256_loadu_ps(acc.as_ptr().add(i));
             let t = _mm256_fmadd_ps(xv, wv, a);
-            let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(t));
+            let r = round_f16_ps(t);
             _mm256_storeu_ps(acc.as_mut_ptr().add(i), r);
             i += 8;
         }
@@ -605,7 +619,7 @@ pub(crate) unsafe fn scale_f16_rounded(acc: &mut [f32], w: f32) {
         let wv = _mm256_set1_ps(w);
         while i + 8 <= n {
             let t = _mm256_mul_ps(_mm256_loadu_ps(acc.as_ptr().add(i)), wv);
-            let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(t));
+            let r = round_f16_ps(t);
             _mm256_storeu_ps(acc.as_mut_ptr().add(i), r);
             i += 8;
         }
