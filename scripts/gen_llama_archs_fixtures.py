@@ -8,6 +8,7 @@ scales, input scales, LongRoPE factors) present, and its `test` tokenizer. This 
 the files of the architectures rgml runs and records what llama.cpp computes for them:
 
     python3 scripts/gen_llama_archs_fixtures.py --isa avx2 --tool PATH/test-llama-archs [--seed 1]
+        [--arch NAME ...] [--n-ctx N]
 
 It needs what `scripts/gen_arch_fixtures.py` needs (llama.cpp's libraries for the named
 instruction set through `LLAMA_CPP_LIB_PATH`, the `llama_cpp` package, numpy). For each file it
@@ -15,6 +16,10 @@ writes `crates/rgml-cli/tests/fixtures/llama_archs/<isa>/<file stem>.json`: the 
 file's sha256 and, per prompt, the tokens and the top 10 logits after the prompt is decoded in
 one batch, then a greedy continuation of 32 single-token decodes, each with its top 10
 (repacking off, flash attention off, n_ctx 512, 2 threads, as the other fixtures).
+
+`--n-ctx N` runs the files under another context and writes `<file stem>.ctx-<N>.json`, which
+records it: Phi-3's file carries LongRoPE's long and short factors and a training context of
+256, so llama.cpp reads the long ones at 512 and the short ones at `--arch phi3 --n-ctx 256`.
 """
 
 from __future__ import annotations
@@ -43,16 +48,18 @@ def main() -> None:
     ap.add_argument("--isa", required=True, help="the instruction set llama.cpp was built for")
     ap.add_argument("--tool", required=True, type=pathlib.Path, help="test-llama-archs")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--arch", action="append", choices=ARCHS, help="default: all")
+    ap.add_argument("--n-ctx", type=int, default=512)
     args = ap.parse_args()
     out_dir = ROOT / "crates" / "rgml-cli" / "tests" / "fixtures" / "llama_archs" / args.isa
     out_dir.mkdir(parents=True, exist_ok=True)
     L.llama_backend_init()
     with tempfile.TemporaryDirectory() as tmp:
-        regex = "^(" + "|".join(ARCHS) + ")$"
+        regex = "^(" + "|".join(args.arch or ARCHS) + ")$"
         subprocess.run([str(args.tool), "-a", regex, "-s", str(args.seed), "-o", tmp],
                        check=True, stdout=subprocess.DEVNULL)
         for path in sorted(pathlib.Path(tmp).glob("*.gguf")):
-            model, ctx = load(path)
+            model, ctx = load(path, n_ctx=args.n_ctx)
             vocab = L.llama_model_get_vocab(model)
             cases = [run_case(model, ctx, vocab, p, f"{path.stem} {p[:20]!r}", STEPS)
                      for p in COMMON + [LIST]]
@@ -61,13 +68,15 @@ def main() -> None:
             fx = {
                 "file": path.name,
                 "seed": args.seed,
+                **({"n_ctx": args.n_ctx} if args.n_ctx != 512 else {}),
                 "sha256": sha256(path),
                 "isa": args.isa,
                 "llama_cpp": "llama-cpp-python 0.3.36 (vendored llama.cpp), test-llama-archs, "
                 "native build, repack off",
                 "cases": cases,
             }
-            out = out_dir / f"{path.stem}.json"
+            suffix = f".ctx-{args.n_ctx}" if args.n_ctx != 512 else ""
+            out = out_dir / f"{path.stem}{suffix}.json"
             out.write_text(json.dumps(fx, indent=1, ensure_ascii=False) + "\n")
             print(f"{out}: {len(cases)} prompts", file=sys.stderr)
 

@@ -25,6 +25,8 @@ use std::process::Command;
 /// llama.cpp's names of the architectures rgml runs (test-llama-archs' `-a` is a regex).
 const ARCHS: &str = "^(llama|qwen2|qwen3|qwen3moe|phi3|gemma3|gpt-oss|qwen35|qwen35moe)$";
 const STEPS: usize = 32;
+/// The largest |logit difference| from a fixture: its 4-decimal rounding.
+const TOLERANCE: f64 = 5.1e-5;
 
 /// The fixtures, by instruction set: `(isa, file stem, fixture)`.
 fn fixtures() -> Vec<(String, String, serde_json::Value)> {
@@ -93,7 +95,8 @@ fn llama_cpps_own_random_models_give_its_logits() {
         let dir = dirs
             .entry(seed)
             .or_insert_with(|| saved_models(Path::new(&tool), seed, "llama-archs"));
-        let model = dir.join(format!("{stem}.gguf"));
+        let file = fixture["file"].as_str().expect("file");
+        let model = dir.join(file);
         let bytes = std::fs::read(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
         assert_eq!(
             fixture["sha256"].as_str(),
@@ -104,15 +107,72 @@ fn llama_cpps_own_random_models_give_its_logits() {
             continue;
         }
         let steps = STEPS.to_string();
+        // The context the fixture was made under (`--n-ctx`; else 512, as the others).
+        let n_ctx = fixture["n_ctx"].as_u64().unwrap_or(512).to_string();
         for case in fixture["cases"].as_array().expect("cases") {
             let prompt = case["prompt"].as_str().expect("prompt");
             let what = format!("{stem} {prompt:?} on {isa}");
-            let got = logits_json(&model, isa, prompt, &["--greedy", &steps]);
+            let got = logits_json(&model, isa, prompt, &["--greedy", &steps, "-c", &n_ctx]);
             let worst = greedy_worst(&got, case, &what);
-            // 4-decimal rounding of the fixture.
-            assert!(worst <= 5.1e-5, "{what}: {worst} from llama.cpp");
+            assert!(worst <= TOLERANCE, "{what}: {worst} from llama.cpp");
         }
         eprintln!("{stem} on {isa}: exact, {STEPS} greedy steps");
+    }
+}
+
+/// The fixtures made under a context of at most the training one (Phi-3's file: 256, so
+/// llama.cpp reads LongRoPE's short factors) hold other logits than the same file's fixture at
+/// 512 (the long factors), by more than twice the tolerance somewhere: no one output passes
+/// both, so passing both checks the choice of factors, not one set of them.
+#[test]
+fn short_context_fixtures_differ_from_the_long_ones() {
+    let fixtures = fixtures();
+    let short: Vec<_> = fixtures
+        .iter()
+        .filter(|(_, _, f)| f["n_ctx"].as_u64().is_some())
+        .collect();
+    assert!(
+        short.iter().any(|(_, stem, _)| stem.starts_with("phi3")),
+        "a short-context Phi-3 fixture"
+    );
+    for (isa, stem, fixture) in short {
+        let file = fixture["file"].as_str().expect("file");
+        let long = fixtures
+            .iter()
+            .find(|(i, s, f)| i == isa && s != stem && f["file"].as_str() == Some(file))
+            .unwrap_or_else(|| panic!("{stem}: no fixture of {file} at the default context"));
+        let tops = |f: &serde_json::Value| -> Vec<serde_json::Value> {
+            let mut all = Vec::new();
+            for case in f["cases"].as_array().expect("cases") {
+                all.push(case["top10"].clone());
+                for step in case["continuation"].as_array().expect("continuation") {
+                    all.push(step["top10"].clone());
+                }
+            }
+            all
+        };
+        let (a, b) = (tops(fixture), tops(&long.2));
+        assert_eq!(a.len(), b.len(), "{stem}: the same prompts and steps");
+        let mut widest = 0f64;
+        for (x, y) in a.iter().zip(&b) {
+            let pairs = |t: &serde_json::Value| -> Vec<(u64, f64)> {
+                let t = t.as_array().expect("top10");
+                t.iter()
+                    .map(|e| (e[0].as_u64().expect("id"), e[1].as_f64().expect("logit")))
+                    .collect()
+            };
+            let theirs = pairs(y);
+            for (id, logit) in pairs(x) {
+                if let Some(&(_, other)) = theirs.iter().find(|p| p.0 == id) {
+                    widest = widest.max((logit - other).abs());
+                }
+            }
+        }
+        assert!(
+            widest > 2.0 * TOLERANCE,
+            "{stem} on {isa}: the contexts' logits differ by {widest} at most, too little to \
+             tell the factors apart"
+        );
     }
 }
 
