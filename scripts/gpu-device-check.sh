@@ -12,7 +12,8 @@
 #   - the GPU memory bandwidth: a PyTorch device-to-device copy (bytes read + written / time);
 #   - the models, into a temporary folder: rgml-random-model --shape smollm2-135m --type Q4_1
 #     (the demo model's shape) first, then in the background llama-1b Q4_K_M, llama-8b Q4_K_M,
-#     llama-1b Q8_0 and llama-1b F16;
+#     llama-1b Q8_0, llama-1b F16 and qwen3moe-30b-a3b Q4_K_M with 32 experts (MUL_MAT_ID and
+#     the routing on the GPU);
 #   - RGML_WGPU_EXACT=1 and =0 `rgml test-ops -b Vulkan0` ('N passed, M failed'), the fast one
 #     also with RGML_WGPU_COOPMAT=0 (the register-tiled prompt kernel instead of tensor cores);
 #   - the smollm2 model's `rgml logits --json --top 10` on Vulkan0 (exact and fast) against the
@@ -23,7 +24,7 @@
 #     (-r 3), then tg128 at depth 4096 (-d 4096); on llama-1b Q4_K_M also -ngl 8 (half of its
 #     16 blocks) for both and rgml on the CPU alone (--device CPU). Order: llama-8b Q4_K_M,
 #     rgml's kernel profile on llama-8b (pp512, tg32), llama-1b Q4_K_M (+ -ngl 8, CPU),
-#     llama-8b at depth, llama-1b Q8_0 and F16, smollm2, the
+#     llama-8b at depth, llama-1b Q8_0 and F16, the mixture of experts, smollm2, the
 #     other depths: what matters most for the targets first, should the budget run out.
 # Output (also under $OUT, which the device tool brings back): gpu-table.md (the table),
 # gpu-check.log (everything printed), gpu-results.json (the parsed numbers and each step's
@@ -45,7 +46,8 @@
 #                       build directly when .gpucheck/ has no package
 #   --budget S          the whole run's seconds (default 450; 1500 with --quick)
 #   --models LIST       only these models, comma-separated keys: smollm2-q4_1, llama1b-q4_k_m,
-#                       llama1b-q8_0, llama1b-f16, llama8b-q4_k_m (e.g. for a rerun)
+#                       llama1b-q8_0, llama1b-f16, llama8b-q4_k_m, qwen3moe-q4_k_m (e.g. for
+#                       a rerun)
 #   --no-checks         skip test-ops and logits;  --no-bench: skip the benches
 #   --perf-model        also `rgml test-ops --mode perf-model` (about a minute)
 #   --tune              instead of the benches, only llama-8b's tuning variants (`bench_tune`:
@@ -103,6 +105,7 @@ MODELS=(
     "llama1b-q8_0 llama-1b Q8_0 16"
     "llama1b-f16 llama-1b F16 16"
     "llama8b-q4_k_m llama-8b Q4_K_M 32"
+    "qwen3moe-q4_k_m qwen3moe-30b-a3b Q4_K_M 48"
 )
 [ $quick = 0 ] || MODELS=("${MODELS[0]}")
 HALF_MODEL=llama1b-q4_k_m
@@ -278,10 +281,13 @@ gen_model() { # KEY
     type=$(model_field "$key" 3)
     vocab=$VOCAB_DIR/ggml-vocab-llama-bpe.gguf
     [ "$shape" != smollm2-135m ] || vocab=$VOCAB_DIR/smollm2-135m.vocab.gguf
-    local cap=40
+    local cap=40 experts=()
     case $key in llama1b-f16) cap=50 ;; llama8b-*) cap=90 ;; smollm2-*) cap=30 ;; esac
+    # The mixture of experts with 32 of its 128 experts (as wide, 8 used per token: a decode
+    # step's work in a 5.3 GB file), on the Llama 3 vocabulary carried for the others.
+    case $key in qwen3moe-*) cap=90 experts=(--experts 32) ;; esac
     if ! run_step "gen-$key" $cap "$GEN" --shape "$shape" --type "$type" --vocab "$vocab" \
-        --out "$W/models/$key.gguf"; then
+        "${experts[@]}" --out "$W/models/$key.gguf"; then
         rm -f "$W/models/$key.gguf"
         # A dry run here can stand in the demo model itself for its shape.
         if [ "$quick" = 1 ] && [ "$key" = smollm2-q4_1 ] && [ -f "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
@@ -324,7 +330,7 @@ bench_pair() { # KEY
     local key=$1 f=$W/models/$1.gguf
     [ -s "$f" ] || { say "bench $key: no model (generation $(step_status "gen-$key"))"; return; }
     local cap=60
-    case $key in llama8b-*) cap=90 ;; smollm2-*) cap=45 ;; esac
+    case $key in llama8b-* | qwen3moe-*) cap=90 ;; smollm2-*) cap=45 ;; esac
     run_step "llama-$key" $cap "$LLAMA_BENCH" -m "$f" -ngl 99 -p $NP -n $NG -r $REPS -o json
     run_step "rgml-$key" $((cap + 30)) "$RGML" bench -m "$f" -p $NP -n $NG -r $REPS --json "${RGML_GPU[@]}"
 }
@@ -475,7 +481,7 @@ main() {
         selected "$key" || continue
         if [ "$key" = "$LOGITS_MODEL" ]; then gen_model "$key"; else bg+=("$key"); fi
     done
-    local order=(llama1b-q4_k_m llama8b-q4_k_m llama1b-q8_0 llama1b-f16) gen_pid=
+    local order=(llama1b-q4_k_m llama8b-q4_k_m llama1b-q8_0 llama1b-f16 qwen3moe-q4_k_m) gen_pid=
     if [ ${#bg[@]} -gt 0 ]; then
         (
             for key in "${order[@]}"; do
@@ -512,7 +518,7 @@ main() {
         local plan=(
             "pair llama8b-q4_k_m" "profile llama8b-q4_k_m" "pair llama1b-q4_k_m" "half $HALF_MODEL"
             "depth llama8b-q4_k_m"
-            "pair llama1b-q8_0" "pair llama1b-f16" "pair smollm2-q4_1"
+            "pair llama1b-q8_0" "pair llama1b-f16" "pair qwen3moe-q4_k_m" "pair smollm2-q4_1"
             "depth llama1b-q4_k_m" "depth llama1b-q8_0" "depth llama1b-f16" "depth smollm2-q4_1"
         )
         [ $quick = 0 ] || plan=("pair smollm2-q4_1" "profile smollm2-q4_1" "half smollm2-q4_1" "depth smollm2-q4_1")

@@ -304,9 +304,26 @@ fn note_offload(model: &Model) {
     );
 }
 
-/// What the tensor overrides moved, per device (as llama.cpp reports its buffer overrides).
+/// What the tensor overrides moved, per device (as llama.cpp reports its buffer overrides),
+/// and the weights left in host memory because their device cannot compute what reads them.
 fn note_overrides(model: &Model) {
     for (i, device) in model.devices().iter().enumerate() {
+        let kept: Vec<_> = model
+            .kept_on_host()
+            .iter()
+            .filter(|(_, d, _)| *d == i)
+            .collect();
+        if !kept.is_empty() {
+            let bytes: usize = kept.iter().map(|(_, _, b)| b).sum();
+            crate::note!(
+                "{} tensors ({:.1} MiB) stay in host memory: {} does not compute the ops that \
+                 read them (e.g. {}), so the CPU does",
+                kept.len(),
+                bytes as f64 / (1 << 20) as f64,
+                device.name(),
+                kept[0].0
+            );
+        }
         let moved: Vec<_> = model
             .overridden_tensors()
             .iter()

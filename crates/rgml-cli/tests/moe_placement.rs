@@ -96,6 +96,13 @@ fn overridden_experts_give_one_cpu_s_logits() {
     let Some(gpu) = gpu_device() else { return };
     // The GPU's exact mode mirrors the AVX-512 build's arithmetic.
     let (alone, _) = run_isa(&m, &["--device", "CPU0"], "avx512");
+    // The exact arithmetic has no MUL_MAT_ID: the experts stay in host memory (the CPU
+    // computes their products), and the loader says so.
+    let (_, stderr) = run_isa(&m, &["--device", gpu.as_str()], "avx512");
+    assert!(
+        stderr.contains("9 tensors (2.9 MiB) stay in host memory"),
+        "{stderr}"
+    );
     for args in [
         vec!["--device", gpu.as_str(), "--cpu-moe"],
         vec!["--device", gpu.as_str()],
@@ -112,6 +119,59 @@ fn overridden_experts_give_one_cpu_s_logits() {
         let (got, _) = run_isa(&m, &args, "avx512");
         assert_eq!(got, alone, "{args:?} (exact GPU arithmetic)");
     }
+}
+
+/// The GPU's fast arithmetic computes the experts itself (MUL_MAT_ID, and the routing's
+/// ARGSORT, SUM_ROWS and CLAMP): the expert weights stay on the GPU. Its rounding differs from
+/// the CPU's (up to 2% of a logit on this random model, as much with the experts on the CPU:
+/// the dense products' f16 activations), so the greedy tokens are the CPU's while the CPU's
+/// choice is clear (top-2 margin above 0.5) and the CPU's ten best logits are within 5%.
+#[test]
+fn experts_run_on_the_gpu_in_its_fast_arithmetic() {
+    const STEPS: usize = 8;
+    let Some(gpu) = gpu_device() else { return };
+    let m = model("fast-gpu");
+    let isa = runnable_isas().first().copied().unwrap_or("avx2");
+    let logits = |device: &str, exact: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args(["logits", "-p", PROMPT, "--json", "-t", "2", "-fa", "off"])
+            .args(["--top", "40", "--greedy", &STEPS.to_string()])
+            .args(["--device", device, "-m"])
+            .arg(&m)
+            .env("RGML_CPU_ISA", isa)
+            .env("RGML_WGPU_EXACT", exact)
+            .output()
+            .expect("run rgml logits");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "rgml logits on {device}: {stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        (json, stderr)
+    };
+    let (cpu, _) = logits("CPU", "1");
+    let (fast, stderr) = logits(&gpu, "0");
+    assert!(!stderr.contains("host memory"), "{stderr}");
+    let steps = |v: &serde_json::Value| -> Vec<Vec<(u64, f64)>> {
+        let mut all = vec![common::top_pairs(v)];
+        for step in v["continuation"].as_array().expect("continuation") {
+            all.push(common::top_pairs(step));
+        }
+        all
+    };
+    let (want, got) = (steps(&cpu), steps(&fast));
+    let mut compared = 0;
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        for &(id, logit) in &w[..10] {
+            let theirs = g.iter().find(|p| p.0 == id).map(|p| p.1);
+            let close = theirs.is_some_and(|t| (t - logit).abs() <= 0.05 * logit.abs().max(1.0));
+            assert!(close, "step {i}: token {id}: CPU {logit}, GPU {theirs:?}");
+        }
+        if w[0].1 - w[1].1 <= 0.5 {
+            break;
+        }
+        assert_eq!(g[0].0, w[0].0, "step {i}: the greedy token");
+        compared += 1;
+    }
+    assert!(compared >= 3, "only {compared} clear steps");
 }
 
 #[test]

@@ -192,6 +192,8 @@ pub struct Model {
     file: Option<Arc<rgml_gguf::FileStamp>>,
     /// The tensors a [`TensorOverride`] placed: name, device index, bytes.
     overridden: Vec<(String, usize, usize)>,
+    /// See [`Model::kept_on_host`].
+    kept_on_host: Vec<(String, usize, usize)>,
 }
 
 impl std::fmt::Debug for Model {
@@ -249,12 +251,29 @@ impl Model {
         weights.check_shapes(&ctx, &config)?;
 
         let has_head = !config.kind.is_encoder();
-        let (placed, tied_output, overridden) =
+        let (mut placed, tied_output, overridden) =
             assign_tensors(gguf, &mut ctx, &ids, &map, has_head)?;
-        let host = match map.inputs {
+        let cpu = rgml::registry::device("CPU").ok();
+        let mut host = match map.inputs {
             Some(_) => None,
-            None => Some(rgml::registry::device("CPU").unwrap_or_else(|_| devices[0].clone())),
+            None => Some(cpu.clone().unwrap_or_else(|| devices[0].clone())),
         };
+        let mut kept_on_host = Vec::new();
+        if let Some(cpu) = cpu {
+            let tokens_per_expert = config.moe.as_ref().map_or(1, |m| m.n_expert_used);
+            let probe = WeightProbe::new(tokens_per_expert);
+            kept_on_host = keep_unreadable_weights_on_host(
+                &ctx,
+                &mut placed,
+                &devices,
+                &overridden,
+                (&cpu, &probe),
+            )?;
+            if !kept_on_host.is_empty() {
+                // A model on one device has no host part otherwise.
+                host.get_or_insert(cpu);
+            }
+        }
         let buffers = place_weights(
             gguf,
             &mut ctx,
@@ -308,7 +327,15 @@ impl Model {
             size_bytes: gguf.tensors().iter().map(|t| t.size).sum(),
             file: gguf.file_stamp().cloned(),
             overridden,
+            kept_on_host,
         })
+    }
+
+    /// The weights left in host memory because the device their layer is on cannot compute
+    /// the ops that read them: `(name, device index into [`Model::devices`], bytes)`, in file
+    /// order.
+    pub fn kept_on_host(&self) -> &[(String, usize, usize)] {
+        &self.kept_on_host
     }
 
     /// The tensors a [`TensorOverride`] placed, as `(name, device index into
@@ -605,6 +632,80 @@ fn assign_tensors<'g>(
         }
     }
     Ok((placed, tied_output, overridden))
+}
+
+/// Weights whose device cannot compute the ops that read them stay in host memory, where the
+/// CPU computes those ops (llama.cpp's loader likewise falls back to the CPU's buffer type for
+/// them): left on the device, the scheduler would copy them to the CPU for every graph, which
+/// for a mixture of experts on a GPU without MUL_MAT_ID (the exact arithmetic) is most of the
+/// model's bytes per token. What an override placed stays where it was put. Returns the
+/// tensors moved: name, the device they were for, bytes.
+fn keep_unreadable_weights_on_host(
+    ctx: &Context,
+    placed: &mut PlacedTensors<'_>,
+    devices: &[DeviceRef],
+    overridden: &[(String, usize, usize)],
+    (cpu, probe): (&DeviceRef, &WeightProbe),
+) -> Result<Vec<(String, usize, usize)>> {
+    let mut moved = Vec::new();
+    let tied = !placed.iter().any(|p| ctx[p.0].name == "output.weight");
+    for (id, info, where_) in placed.iter_mut() {
+        let Some((index, device)) = where_.and_then(|i| Some((i, devices.get(i)?))) else {
+            continue;
+        };
+        let on_cpu = rgml::backend::same_instance(cpu, device);
+        let name = &ctx[*id].name;
+        if on_cpu || overridden.iter().any(|o| &o.0 == name) {
+            continue;
+        }
+        for op in weight_uses(name, tied) {
+            if !probe.runs_on(device, &ctx[*id], op)? {
+                *where_ = None;
+                moved.push((name.clone(), index, info.size));
+                break;
+            }
+        }
+    }
+    Ok(moved)
+}
+
+/// llama.cpp's probe of where a weight can be read (`weight_buft_supported`): the op that
+/// reads it, over a micro-batch of 512 tokens (each routed to `tokens_per_expert` experts),
+/// asked of the device.
+struct WeightProbe {
+    tokens_per_expert: usize,
+}
+
+impl WeightProbe {
+    const TOKENS: usize = 512;
+
+    fn new(tokens_per_expert: usize) -> WeightProbe {
+        WeightProbe { tokens_per_expert }
+    }
+
+    /// Whether `device` computes `op` reading a weight shaped as `w`.
+    fn runs_on(&self, device: &DeviceRef, w: &rgml::Tensor, op: OpKind) -> Result<bool> {
+        let mut ctx = Context::new();
+        let weight = ctx.new_tensor(w.dtype, &w.ne)?;
+        let node = match op {
+            OpKind::MulMat => {
+                let b = ctx.new_tensor(DType::F32, &[w.ne[0], Self::TOKENS, w.ne[2], w.ne[3]])?;
+                ctx.mul_mat(weight, b)?
+            }
+            OpKind::MulMatId => {
+                let used = self.tokens_per_expert.max(1);
+                let b = ctx.new_tensor(DType::F32, &[w.ne[0], used, Self::TOKENS])?;
+                let ids = ctx.new_tensor(DType::I32, &[used, Self::TOKENS])?;
+                ctx.mul_mat_id(weight, b, ids)?
+            }
+            OpKind::GetRows => {
+                let rows = ctx.new_tensor(DType::I32, &[Self::TOKENS])?;
+                ctx.get_rows(weight, rows)?
+            }
+            _ => return Ok(true),
+        };
+        Ok(device.supports_op(&ctx, node))
+    }
 }
 
 /// The weights the graph reads, found by name.

@@ -133,11 +133,14 @@ fn offloading_to_the_cpu_itself_is_an_error() {
 #[test]
 fn weights_beyond_the_gpus_free_memory_are_an_error_naming_the_sizes() {
     let free = 8 << 20;
+    // It claims the quantized products, or the loader would keep their weights in host
+    // memory (as a device that cannot compute them gets none).
     let small = rgml::testing::TestDevice::builder("SmallGPU")
         .memory(rgml::backend::DeviceMemory {
             free,
             total: 2 * free,
         })
+        .any_dtype()
         .build();
     let load = |n_gpu_layers| {
         load(Placement::Offload {
@@ -165,4 +168,38 @@ fn weights_beyond_the_gpus_free_memory_are_an_error_naming_the_sizes() {
     );
     // Nothing offloaded: the small device is not touched.
     assert_eq!(load(0).expect("CPU alone").devices().len(), 1);
+}
+
+/// A device that cannot compute what reads a weight does not get it: the demo model's Q4_1
+/// matrices of the offloaded blocks and head stay in host memory (the CPU computes their
+/// products), reported per device (that the logits stay the CPU's is checked on a real GPU, in
+/// `rgml-cli`'s `moe_placement`). A device that computes them takes them all.
+#[test]
+fn weights_a_device_cannot_compute_with_stay_in_host_memory() {
+    let f32_only = rgml::testing::TestDevice::builder("F32GPU").build();
+    let model = load(Placement::Offload {
+        gpu: f32_only,
+        cpu: device("CPU"),
+        n_gpu_layers: 3,
+    })
+    .expect("load");
+    let kept = model.kept_on_host();
+    // Blocks 28 and 29 (7 matrices each) and the tied head's copy.
+    assert_eq!(kept.len(), 15, "{kept:?}");
+    for (name, device, bytes) in kept {
+        assert_eq!(*device, 0, "{name}: kept from the GPU");
+        assert!(*bytes > 0);
+        let offloaded = name.starts_with("blk.28.") || name.starts_with("blk.29.");
+        assert!(offloaded || name == "output.weight", "{name}");
+    }
+    let claims_all = rgml::testing::TestDevice::builder("AnyGPU")
+        .any_dtype()
+        .build();
+    let model = load(Placement::Offload {
+        gpu: claims_all,
+        cpu: device("CPU"),
+        n_gpu_layers: 3,
+    })
+    .expect("load");
+    assert!(model.kept_on_host().is_empty());
 }

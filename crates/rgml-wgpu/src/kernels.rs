@@ -36,6 +36,8 @@ pub(crate) struct Params {
 pub(crate) enum Kernel {
     Binary,
     Scale,
+    Clamp,
+    AddId,
     Silu,
     Cpy,
     GetRows,
@@ -74,6 +76,12 @@ pub(crate) enum FastKernel {
     MulMv,
     /// `mul_mm_fast`: tiled MUL_MAT.
     MulMm,
+    /// `mul_mv_id_fast`: MUL_MAT_ID, one activation column per workgroup.
+    MulMvId,
+    /// `sum_rows_fast`: SUM_ROWS, a workgroup per row.
+    SumRows,
+    /// `argsort_fast`: ARGSORT, a workgroup per row.
+    Argsort,
     /// `rms_norm_fast`: RMS_NORM, a workgroup per row.
     RmsNorm,
     /// `soft_max_fast`: SOFT_MAX, a workgroup per row.
@@ -101,6 +109,9 @@ impl FastKernel {
         match self {
             FastKernel::MulMv => "mul_mv_fast",
             FastKernel::MulMm => "mul_mm_fast",
+            FastKernel::MulMvId => "mul_mv_id_fast",
+            FastKernel::SumRows => "sum_rows_fast",
+            FastKernel::Argsort => "argsort_fast",
             FastKernel::RmsNorm => "rms_norm_fast",
             FastKernel::SoftMax => "soft_max_fast",
             FastKernel::MulMmCoop => "mul_mm_coop",
@@ -261,9 +272,11 @@ enum Module {
 }
 
 /// Each kernel's entry point and module.
-const KERNELS: [(Kernel, &str, Module); 27] = [
+const KERNELS: [(Kernel, &str, Module); 29] = [
     (Kernel::Binary, "binary", Module::Plain),
     (Kernel::Scale, "scale", Module::Plain),
+    (Kernel::Clamp, "clamp_op", Module::Plain),
+    (Kernel::AddId, "add_id", Module::Plain),
     (Kernel::Silu, "silu", Module::Plain),
     (Kernel::Cpy, "cpy", Module::Plain),
     (Kernel::GetRows, "get_rows", Module::Plain),

@@ -36,6 +36,36 @@ fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     dset(p.off.w + at(idx, p.d_nb), af(p.off.x + at(idx, p.a_nb)) * p.f.x + p.f.y);
 }
 
+// CLAMP: ggml's MAX(MIN(x, f.y), f.x), comparisons as the C macros make them (a NaN becomes f.y).
+@compute @workgroup_size(64)
+fn clamp_op(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let x = af(p.off.x + at(idx, p.a_nb));
+    let below_max = select(p.f.y, x, x < p.f.y);
+    dset(p.off.w + at(idx, p.d_nb), select(p.f.x, below_max, below_max > p.f.x));
+}
+
+// ADD_ID: gpt-oss's expert biases, A [n, n_used, n_tokens] plus row ids[e, t] of B (C: I32
+// [n_used, n_tokens]). An index outside B gives NaN, never a read elsewhere.
+@compute @workgroup_size(64)
+fn add_id(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let row = bitcast<i32>(C[p.off.z + idx.y * p.c_nb.x + idx.z * p.c_nb.y]);
+    var v = bitcast<f32>(0x7fc00000u);
+    if (row >= 0 && u32(row) < p.b_ne.y) {
+        v = af(p.off.x + at(idx, p.a_nb)) + bf(p.off.y + idx.x * p.b_nb.x + u32(row) * p.b_nb.y);
+    }
+    dset(p.off.w + at(idx, p.d_nb), v);
+}
+
 // SILU: x * sigmoid(x).
 @compute @workgroup_size(64)
 fn silu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -372,6 +372,55 @@ fn mul_mv_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     }
 }
 
+// MUL_MAT_ID (expert products) in the fast arithmetic, one activation column per workgroup:
+// as `mul_mv_fast`, two weight rows of expert ids[e, t] (C: I32 [n_used, n_tokens]) times the
+// activation row b[:, e % ne11, t], the result's column (e, t). An expert index outside the
+// weights (ggml asserts there) gives NaN, never a read elsewhere. Workgroup w: rows
+// 2 (w % ceil(ne0 / 2)) .. + 2 of column w / ceil(ne0 / 2) = e + n_used t.
+@compute @workgroup_size(64)
+fn mul_mv_id_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = wid.x + wid.y * nwg.x;
+    let pairs = (p.d_ne.x + 1u) / 2u;
+    let col = w / pairs;
+    let e = col % p.d_ne.y;
+    let tok = col / p.d_ne.y;
+    let i0 = 2u * (w % pairs) + li / MV_THREADS;
+    let t = li % MV_THREADS;
+    let n = p.a_ne.x;
+    let live = i0 < p.d_ne.x && tok < p.d_ne.z;
+    var acc = 0.0;
+    var bad = false;
+    if (live) {
+        let expert = bitcast<i32>(C[p.off.z + e * p.c_nb.x + tok * p.c_nb.y]);
+        bad = expert < 0 || u32(expert) >= p.a_ne.z;
+        if (!bad) {
+            let a0 = p.off.x + i0 * p.a_nb.y + u32(expert) * p.a_nb.z;
+            let b0 = p.off.y + (e % p.b_ne.y) * p.b_nb.y + tok * p.b_nb.z;
+            for (var k = 8u * t; k < n; k += 4u * MV_SPAN) {
+                acc += dot_step(deq_step(a0, k, n), b0, k, n);
+            }
+        }
+    }
+    var total = 0.0;
+    if (SUBGROUP_ROWS) {
+        total = row_total(acc);
+    } else {
+        partial[li] = acc;
+        workgroupBarrier();
+        for (var s = MV_THREADS / 2u; s > 0u; s >>= 1u) {
+            if (t < s) {
+                partial[li] += partial[li + s];
+            }
+            workgroupBarrier();
+        }
+        total = partial[li];
+    }
+    if (t == 0u && live) {
+        let at = p.off.w + i0 * p.d_nb.x + e * p.d_nb.y + tok * p.d_nb.z;
+        dset(at, select(total, bitcast<f32>(0x7fc00000u), bad));
+    }
+}
+
 // f16's largest finite value: activations beyond it are clamped rather than made infinite.
 const F16_MAX: f32 = 65504.0;
 
@@ -639,6 +688,47 @@ fn rms_norm_store(row: u32, k: u32, v: f32, s: f32) {
     }
     dset(p.misc.w + i, v * s);
     dset(p.off.w + i, v * s * cf(p.off.z + k * p.c_nb.x));
+}
+
+// SUM_ROWS, one workgroup of ROW_WG per row (workgroup r: row r): the row's elements summed in
+// f32 in the workgroup's order, to element 0 of D's row.
+@compute @workgroup_size(256)
+fn sum_rows_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = row_of_workgroup(wid.x + wid.y * nwg.x);
+    var sum = 0.0;
+    if (w.live) {
+        for (var k = li; k < p.a_ne.x; k += ROW_WG) {
+            sum += af(w.a0 + k * p.a_nb.x);
+        }
+    }
+    let total = workgroup_reduce(li, sum, false);
+    if (w.live && li == 0u) {
+        dset(w.d0, total);
+    }
+}
+
+// ARGSORT, one workgroup of ROW_WG per row: each element's place is the count of the row's
+// elements before it in the order (larger first with misc.y = 1, else smaller first; equal
+// values by index, so ties keep their order), and D's element at that place gets its index.
+// Quadratic in the row's length, which `ops::supports_op` bounds (routers' rows of experts).
+@compute @workgroup_size(256)
+fn argsort_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = row_of_workgroup(wid.x + wid.y * nwg.x);
+    if (!w.live) {
+        return;
+    }
+    let n = p.a_ne.x;
+    let descending = p.misc.y == 1u;
+    for (var i = li; i < n; i += ROW_WG) {
+        let v = af(w.a0 + i * p.a_nb.x);
+        var place = 0u;
+        for (var j = 0u; j < n; j++) {
+            let u = af(w.a0 + j * p.a_nb.x);
+            let before = select((u < v), (u > v), descending) || (u == v && j < i);
+            place += u32(before);
+        }
+        D[w.d0 + place * p.d_nb.x] = i;
+    }
 }
 
 // SOFT_MAX, one workgroup of ROW_WG per row, with `soft_max`'s inputs (scale, mask, ALiBi).

@@ -66,6 +66,23 @@ fn fast_mul_mat(a: &Tensor, b: &Tensor) -> bool {
     weight_code(a.dtype).is_some() && contiguous_rows && addressable(a) && f32_operand(a, b)
 }
 
+/// Whether the fast kernels take MUL_MAT_ID of expert weights `a` by activations `b` routed by
+/// `ids`: what [`fast_mul_mat`] asks of one expert's matrix and its activations, and I32 ids.
+fn fast_mul_mat_id(a: &Tensor, b: &Tensor, ids: &Tensor) -> bool {
+    let contiguous_rows = a.nb[0] == a.dtype.block_bytes();
+    weight_code(a.dtype).is_some()
+        && contiguous_rows
+        && addressable(a)
+        && b.dtype == DType::F32
+        && fits(b)
+        && ids.dtype == DType::I32
+        && fits(ids)
+}
+
+/// The longest rows the fast ARGSORT takes: it compares every pair of a row's elements (a
+/// router's row has one element per expert).
+const ARGSORT_MAX_ROW: usize = 1024;
+
 /// Invocations per workgroup of the fast per-row kernels (`ROW_WG` in the WGSL).
 const ROW_WG: usize = 256;
 
@@ -170,6 +187,16 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
                 && fits(rows);
         }
         (Op::Argmax, [a]) => return t.dtype == DType::I32 && fits(t) && f32s(&[a]),
+        // The fast arithmetic's ARGSORT puts equal values in index order, not in the order
+        // ggml-cpu's unstable sort leaves them.
+        (Op::Argsort { .. }, [a]) => {
+            return !exact
+                && t.dtype == DType::I32
+                && fits(t)
+                && f32s(&[a])
+                && a.ne == t.ne
+                && a.ne[0] <= ARGSORT_MAX_ROW;
+        }
         _ => {}
     }
     if t.dtype != DType::F32 || !fits(t) {
@@ -180,6 +207,7 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
         (Op::Add | Op::Sub | Op::Mul | Op::Div, [a, b]) => f32s(&[a, b]) && a.ne == t.ne,
         (
             Op::Scale { .. }
+            | Op::Clamp { .. }
             | Op::Unary(UnaryOp::Silu | UnaryOp::Gelu)
             | Op::RmsNorm { .. }
             | Op::Norm { .. }
@@ -202,6 +230,11 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
                     .all(|f| f32s(&[f]) && f.rows_contiguous() && f.ne[0] >= rp.n_dims / 2)
         }
         (Op::GetRows, [a, rows]) => fits(a) && rows.dtype == DType::I32 && fits(rows),
+        (Op::AddId, [a, b, ids]) => {
+            f32s(&[a, b]) && a.ne == t.ne && ids.dtype == DType::I32 && fits(ids)
+        }
+        (Op::SumRows, [a]) => !exact && f32s(&[a]) && t.ne == [1, a.ne[1], a.ne[2], a.ne[3]],
+        (Op::MulMatId { .. }, [a, b, ids]) => !exact && fast_mul_mat_id(a, b, ids),
         // Sinks stay on the CPU.
         (
             Op::SoftMax {
@@ -643,6 +676,7 @@ impl<'a> Prep<'a> {
                 Ok(vec![d])
             }
             Op::MulMat { .. } => self.mul_mat(p, buffers, t, &srcs),
+            Op::MulMatId { .. } => self.mul_mat_id(p, buffers, t, &srcs),
             Op::FlashAttnExt { scale, .. } => self.flash_attn(p, buffers, t, &srcs, scale),
             _ => {
                 let (kernel, threads) = self
@@ -832,6 +866,26 @@ impl<'a> Prep<'a> {
         Ok(vec![self.dispatch(kernel, p, buffers, groups)?])
     }
 
+    /// MUL_MAT_ID in the fast arithmetic (`mul_mv_id_fast`): two weight rows of one column's
+    /// expert per workgroup, every column (slot, token) apart.
+    fn mul_mat_id(
+        &self,
+        p: Params,
+        buffers: [wgpu::Buffer; 4],
+        t: &Tensor,
+        srcs: &[&Tensor],
+    ) -> Result<Vec<Dispatch>> {
+        let code = srcs
+            .first()
+            .and_then(|a| weight_code(a.dtype))
+            .filter(|_| !self.exact)
+            .ok_or_else(|| self.unsupported(t))?;
+        let columns = (t.ne[1] * t.ne[2]) as u64;
+        let groups = (t.ne[0] as u64).div_ceil(MV_ROWS) * columns;
+        let kernel = Kernel::Fast(FastKernel::MulMvId, code);
+        Ok(vec![self.dispatch(kernel, p, buffers, groups * WG)?])
+    }
+
     /// A prompt's MUL_MAT on cooperative matrices: the activations converted to f16 into the
     /// scratch buffer once (`to_f16_fast`, a word per two elements), then `mul_mm_coop` reading
     /// them there as B.
@@ -913,6 +967,18 @@ impl<'a> Prep<'a> {
             Op::Scale { scale, bias } => {
                 p.f = [scale, bias, 0.0, 0.0];
                 (Kernel::Scale, elements)
+            }
+            Op::AddId => (Kernel::AddId, elements),
+            Op::Clamp { min, max } => {
+                p.f = [min, max, 0.0, 0.0];
+                (Kernel::Clamp, elements)
+            }
+            // One workgroup per row (of ROW_WG invocations: the count of workgroups is what
+            // `rows * WG` gives).
+            Op::SumRows => (Kernel::Fast(FastKernel::SumRows, 0), rows * WG),
+            Op::Argsort { descending } => {
+                p.misc[1] = u32::from(descending);
+                (Kernel::Fast(FastKernel::Argsort, 0), rows * WG)
             }
             Op::Unary(UnaryOp::Silu) | Op::Swiglu if self.exact_f64() => {
                 // The rows' tails through glibc's `expf`, as ggml-cpu computes them.

@@ -36,6 +36,7 @@ pub struct TestDeviceBuilder {
     events: bool,
     queued_copies: bool,
     memory: DeviceMemory,
+    any_dtype: bool,
 }
 
 impl TestDeviceBuilder {
@@ -77,6 +78,14 @@ impl TestDeviceBuilder {
     /// its free bytes are refused.
     pub fn memory(mut self, memory: DeviceMemory) -> Self {
         self.memory = memory;
+        self
+    }
+
+    /// Claim its ops on every dtype, not only the f32 its kernels compute: for tests of where
+    /// weights go (a loader keeps a weight off a device that cannot compute what reads it)
+    /// that never run such a graph here.
+    pub fn any_dtype(mut self) -> Self {
+        self.any_dtype = true;
         self
     }
 
@@ -132,6 +141,7 @@ impl TestDevice {
             events: false,
             queued_copies: false,
             memory: DeviceMemory::default(),
+            any_dtype: false,
         }
     }
 
@@ -234,7 +244,8 @@ impl Device for TestDevice {
             return false;
         };
         let kind = t.op.kind();
-        kind.is_view() || (self.config.ops.contains(&kind) && kernels::dtypes_ok(ctx, t))
+        let dtypes_ok = self.config.any_dtype || kernels::dtypes_ok(ctx, t);
+        kind.is_view() || (self.config.ops.contains(&kind) && dtypes_ok)
     }
     /// Its own memory; a CPU device also any host memory.
     fn supports_buffer_type(&self, buffer_type: &BufferTypeRef) -> bool {
