@@ -261,11 +261,12 @@ unsafe fn matvec_nibble<B: NibbleBlock, const VNNI: bool>(run: run::RowRun, out:
 }
 
 /// Activation rows prepared once for many IQ4_NL or MXFP4 weight rows (an expert's rows
-/// against the prompt rows routed to it), with AVX-512 VNNI: every product the bits of
-/// [`dot_nibble_q8_0`], each weight block decoded once for all the rows.
+/// against the prompt rows routed to it): every product the bits of [`dot_nibble_q8_0`], each
+/// weight block decoded once for all the rows (AVX-512 VNNI) or for four at a time (AVX2).
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct NibbleTile {
-    cols: avx512::NibbleCols,
+    /// The activations interleaved for AVX-512 VNNI; `None`: AVX2 reads them where they are.
+    cols: Option<avx512::NibbleCols>,
     dtype: DType,
     nb: usize,
     ys: Vec<*const u8>,
@@ -274,7 +275,7 @@ pub(crate) struct NibbleTile {
 #[cfg(target_arch = "x86_64")]
 impl NibbleTile {
     /// The Q8_0 rows at `ys` (`nb` blocks each) for weights of `dtype`; `None` where the CPU
-    /// lacks AVX-512 VNNI or `dtype` is neither IQ4_NL nor MXFP4.
+    /// lacks AVX2 or `dtype` is neither IQ4_NL nor MXFP4.
     ///
     /// # Safety
     /// Each of `ys` holds `nb` Q8_0 blocks, unchanged while the tile lives.
@@ -284,12 +285,14 @@ impl NibbleTile {
         nb: usize,
         ys: &[*const u8],
     ) -> Option<NibbleTile> {
-        if !f.has_avx512_vnni() || !matches!(dtype, DType::IQ4_NL | DType::MXFP4) {
+        if !f.has_avx2() || !matches!(dtype, DType::IQ4_NL | DType::MXFP4) {
             return None;
         }
         Some(NibbleTile {
             // SAFETY: AVX-512 (VNNI implies the rest, see `CpuFeatures`); the rows as promised.
-            cols: unsafe { avx512::NibbleCols::new(nb, ys) },
+            cols: f
+                .has_avx512_vnni()
+                .then(|| unsafe { avx512::NibbleCols::new(nb, ys) }),
             dtype,
             nb,
             ys: ys.to_vec(),
@@ -315,8 +318,13 @@ impl NibbleTile {
     /// # Safety
     /// As [`Self::row`].
     unsafe fn row_of<B: NibbleBlock>(&self, x: *const u8, out: &mut [f32]) {
-        // SAFETY: as the caller promises.
-        unsafe { self.cols.row::<B>(x, out) };
+        // SAFETY: as the caller promises; AVX2 without the AVX-512 columns (`new` checked).
+        unsafe {
+            match &self.cols {
+                Some(cols) => cols.row::<B>(x, out),
+                None => avx2::nibble_cols_pairs::<B>(self.nb, x, &self.ys, out),
+            }
+        }
         if self.nb % 2 == 1 {
             let last = self.nb - 1;
             // SAFETY: block `last` of the weight row and of every prepared row is readable;

@@ -151,30 +151,142 @@ unsafe fn nibble_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
     y: *const u8,
     out: &mut [f32],
 ) {
-    let (xb, yb) = (size_of::<B>(), size_of::<BlockQ8_0>());
+    let yb = size_of::<BlockQ8_0>();
     // SAFETY: the caller's features; block i < nb of each row and of `y` (the caller's
     // promise): a Q8_0 block's f16 scale at offset 0 and quants at offset 2, a `B`'s scale at
     // offset 0 and indices at `B::QS`.
     unsafe {
         let mut streams: [StreamPrefetch; R] = std::array::from_fn(|r| StreamPrefetch::new(x[r]));
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for i in 0..nb - nb % 2 {
-            let py = y.add(i * yb);
-            let dy = fp16::h2f(py);
-            let yv = load256(py.add(2));
-            for ((acc, &xr), stream) in acc.iter_mut().zip(&x).zip(&mut streams) {
-                let px = xr.add(i * xb);
-                if STREAM {
-                    stream.step(px);
-                }
-                let d = dy * B::scale_at(px);
-                let v = nibble_values_avx2(&B::CODEBOOK, px.add(B::QS));
-                let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
-                acc[i % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc[i % 2]);
+        // Even and odd blocks' accumulators as two arrays indexed by the row only (an index
+        // that changes with the block kept them in memory, a store and a load per block).
+        let mut even = [_mm256_setzero_ps(); R];
+        let mut odd = [_mm256_setzero_ps(); R];
+        for i in (0..nb - nb % 2).step_by(2) {
+            nibble_block_rows::<B, R, STREAM>(i, x, y.add(i * yb), &mut streams, &mut even);
+            nibble_block_rows::<B, R, STREAM>(
+                i + 1,
+                x,
+                y.add((i + 1) * yb),
+                &mut streams,
+                &mut odd,
+            );
+        }
+        for ((o, e), d) in out.iter_mut().zip(&even).zip(&odd) {
+            *o = hsum8_avx2(_mm256_add_ps(*e, *d));
+        }
+    }
+}
+
+/// Block `i` of each of [`nibble_rows`]' rows `x` against the Q8_0 block at `py`, added into
+/// the rows' accumulators `acc`: `d_y * d_x` times the block's integer sum, one FMA.
+///
+/// # Safety
+/// AVX2, FMA and F16C; block `i` of every row and the block at `py` are in bounds.
+#[inline(always)]
+unsafe fn nibble_block_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
+    i: usize,
+    x: [*const u8; R],
+    py: *const u8,
+    streams: &mut [StreamPrefetch; R],
+    acc: &mut [__m256; R],
+) {
+    // SAFETY: the caller's features and bounds: a Q8_0 block's f16 scale at offset 0 and
+    // quants at offset 2, a `B`'s scale at offset 0 and indices at `B::QS`.
+    unsafe {
+        let dy = fp16::h2f(py);
+        let yv = load256(py.add(2));
+        for ((acc, &xr), stream) in acc.iter_mut().zip(&x).zip(streams.iter_mut()) {
+            let px = xr.add(i * size_of::<B>());
+            if STREAM {
+                stream.step(px);
+            }
+            let d = dy * B::scale_at(px);
+            let v = nibble_values_avx2(&B::CODEBOOK, px.add(B::QS));
+            let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), *acc);
+        }
+    }
+}
+
+/// Activation rows [`nibble_cols`] takes at once: each weight block decoded once for them.
+const NIBBLE_COLS: usize = 4;
+
+/// [`dot_nibble_pairs`] of the weight row at `x` (`nb` blocks of `B`, the first
+/// `2 * (nb / 2)` used) with each Q8_0 row of `ys`, into `out` (one value per row of `ys`):
+/// the rows [`NIBBLE_COLS`] at a time, each weight block decoded once for them.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `x` and each of `ys` hold `nb` blocks; `out` is as
+/// long as `ys`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn nibble_cols_pairs<B: NibbleBlock>(
+    nb: usize,
+    x: *const u8,
+    ys: &[*const u8],
+    out: &mut [f32],
+) {
+    for (y, o) in ys.chunks(NIBBLE_COLS).zip(out.chunks_mut(NIBBLE_COLS)) {
+        // SAFETY: the caller's promises, for these rows.
+        unsafe {
+            match *y {
+                [a, b, c, d] => nibble_cols::<B, 4>(nb, x, [a, b, c, d], o),
+                [a, b, c] => nibble_cols::<B, 3>(nb, x, [a, b, c], o),
+                [a, b] => nibble_cols::<B, 2>(nb, x, [a, b], o),
+                _ => nibble_cols::<B, 1>(nb, x, [y[0]], o),
             }
         }
-        for (o, acc) in out.iter_mut().zip(&acc) {
-            *o = hsum8_avx2(_mm256_add_ps(acc[0], acc[1]));
+    }
+}
+
+/// [`nibble_cols_pairs`] for `C` activation rows: per row, even blocks into one accumulator,
+/// odd ones into another, added before the horizontal sum, as [`dot_nibble_pairs`] does.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `x` and each of `y` hold `nb` blocks; `out` holds `C`.
+#[inline(always)]
+unsafe fn nibble_cols<B: NibbleBlock, const C: usize>(
+    nb: usize,
+    x: *const u8,
+    y: [*const u8; C],
+    out: &mut [f32],
+) {
+    // SAFETY: the caller's features and bounds.
+    unsafe {
+        let mut even = [_mm256_setzero_ps(); C];
+        let mut odd = [_mm256_setzero_ps(); C];
+        for i in (0..nb - nb % 2).step_by(2) {
+            nibble_block_cols::<B, C>(i, x, y, &mut even);
+            nibble_block_cols::<B, C>(i + 1, x, y, &mut odd);
+        }
+        for ((o, e), d) in out.iter_mut().zip(&even).zip(&odd) {
+            *o = hsum8_avx2(_mm256_add_ps(*e, *d));
+        }
+    }
+}
+
+/// Block `i` of the weight row at `x`, decoded once, against block `i` of each activation row
+/// of `y`, added into their accumulators `acc` as [`nibble_block_rows`] adds one.
+///
+/// # Safety
+/// AVX2, FMA and F16C; block `i` of `x` and of every row of `y` is in bounds.
+#[inline(always)]
+unsafe fn nibble_block_cols<B: NibbleBlock, const C: usize>(
+    i: usize,
+    x: *const u8,
+    y: [*const u8; C],
+    acc: &mut [__m256; C],
+) {
+    // SAFETY: the caller's features and bounds: a Q8_0 block's f16 scale at offset 0 and
+    // quants at offset 2, a `B`'s scale at offset 0 and indices at `B::QS`.
+    unsafe {
+        let px = x.add(i * size_of::<B>());
+        let dx = B::scale_at(px);
+        let v = nibble_values_avx2(&B::CODEBOOK, px.add(B::QS));
+        for (acc, &yr) in acc.iter_mut().zip(&y) {
+            let py = yr.add(i * size_of::<BlockQ8_0>());
+            let d = fp16::h2f(py) * dx;
+            let p = _mm256_madd_epi16(mul_add_i8(v, load256(py.add(2))), _mm256_set1_epi16(1));
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), *acc);
         }
     }
 }
