@@ -308,37 +308,33 @@ fn note_offload(model: &Model) {
 /// and the weights left in host memory because their device cannot compute what reads them.
 fn note_overrides(model: &Model) {
     for (i, device) in model.devices().iter().enumerate() {
-        let kept: Vec<_> = model
-            .kept_on_host()
-            .iter()
-            .filter(|(_, d, _)| *d == i)
-            .collect();
-        if !kept.is_empty() {
-            let bytes: usize = kept.iter().map(|(_, _, b)| b).sum();
+        if let Some((n, mib, first)) = tensors_of_device(model.kept_on_host(), i) {
             crate::note!(
-                "{} tensors ({:.1} MiB) stay in host memory: {} does not compute the ops that \
-                 read them (e.g. {}), so the CPU does",
-                kept.len(),
-                bytes as f64 / (1 << 20) as f64,
-                device.name(),
-                kept[0].0
+                "{n} tensors ({mib:.1} MiB) stay in host memory: {} does not compute the ops \
+                 that read them (e.g. {first}), so the CPU does",
+                device.name()
             );
         }
-        let moved: Vec<_> = model
-            .overridden_tensors()
-            .iter()
-            .filter(|(_, d, _)| *d == i)
-            .collect();
-        if !moved.is_empty() {
-            let bytes: usize = moved.iter().map(|(_, _, b)| b).sum();
+        if let Some((n, mib, _)) = tensors_of_device(model.overridden_tensors(), i) {
             crate::note!(
-                "tensor overrides: {} tensors ({:.1} MiB) on {}",
-                moved.len(),
-                bytes as f64 / (1 << 20) as f64,
+                "tensor overrides: {n} tensors ({mib:.1} MiB) on {}",
                 device.name()
             );
         }
     }
+}
+
+/// Of `tensors` (name, device index, bytes), those of device `i`: how many, their MiB and the
+/// first one's name; `None` if there are none.
+fn tensors_of_device(tensors: &[(String, usize, usize)], i: usize) -> Option<(usize, f64, &str)> {
+    let mine: Vec<_> = tensors.iter().filter(|(_, d, _)| *d == i).collect();
+    let bytes: usize = mine.iter().map(|(_, _, b)| b).sum();
+    let first = mine.first()?;
+    Some((
+        mine.len(),
+        bytes as f64 / (1 << 20) as f64,
+        first.0.as_str(),
+    ))
 }
 
 /// A one-line progress bar on stderr when it is a terminal.
