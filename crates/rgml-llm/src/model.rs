@@ -260,15 +260,10 @@ impl Model {
         };
         let mut kept_on_host = Vec::new();
         if let Some(cpu) = cpu {
-            let tokens_per_expert = config.moe.as_ref().map_or(1, |m| m.n_expert_used);
-            let probe = WeightProbe::new(tokens_per_expert);
-            kept_on_host = keep_unreadable_weights_on_host(
-                &ctx,
-                &mut placed,
-                &devices,
-                &overridden,
-                (&cpu, &probe),
-            )?;
+            let experts_used = config.moe.as_ref().map_or(1, |m| m.n_expert_used);
+            let probe = (&cpu, experts_used);
+            kept_on_host =
+                keep_unreadable_weights_on_host(&ctx, &mut placed, &devices, &overridden, probe)?;
             if !kept_on_host.is_empty() {
                 // A model on one device has no host part otherwise.
                 host.get_or_insert(cpu);
@@ -645,7 +640,7 @@ fn keep_unreadable_weights_on_host(
     placed: &mut PlacedTensors<'_>,
     devices: &[DeviceRef],
     overridden: &[(String, usize, usize)],
-    (cpu, probe): (&DeviceRef, &WeightProbe),
+    (cpu, experts_used): (&DeviceRef, usize),
 ) -> Result<Vec<(String, usize, usize)>> {
     let mut moved = Vec::new();
     let tied = !placed.iter().any(|p| ctx[p.0].name == "output.weight");
@@ -659,7 +654,7 @@ fn keep_unreadable_weights_on_host(
             continue;
         }
         for op in weight_uses(name, tied) {
-            if !probe.runs_on(device, &ctx[*id], op)? {
+            if !op_runs_on(device, &ctx[*id], op, experts_used)? {
                 *where_ = None;
                 moved.push((name.clone(), index, info.size));
                 break;
@@ -669,43 +664,37 @@ fn keep_unreadable_weights_on_host(
     Ok(moved)
 }
 
-/// llama.cpp's probe of where a weight can be read (`weight_buft_supported`): the op that
-/// reads it, over a micro-batch of 512 tokens (each routed to `tokens_per_expert` experts),
-/// asked of the device.
-struct WeightProbe {
-    tokens_per_expert: usize,
-}
+/// Tokens of llama.cpp's probe of where a weight can be read (`weight_buft_supported`).
+const PROBE_TOKENS: usize = 512;
 
-impl WeightProbe {
-    const TOKENS: usize = 512;
-
-    fn new(tokens_per_expert: usize) -> WeightProbe {
-        WeightProbe { tokens_per_expert }
-    }
-
-    /// Whether `device` computes `op` reading a weight shaped as `w`.
-    fn runs_on(&self, device: &DeviceRef, w: &rgml::Tensor, op: OpKind) -> Result<bool> {
-        let mut ctx = Context::new();
-        let weight = ctx.new_tensor(w.dtype, &w.ne)?;
-        let node = match op {
-            OpKind::MulMat => {
-                let b = ctx.new_tensor(DType::F32, &[w.ne[0], Self::TOKENS, w.ne[2], w.ne[3]])?;
-                ctx.mul_mat(weight, b)?
-            }
-            OpKind::MulMatId => {
-                let used = self.tokens_per_expert.max(1);
-                let b = ctx.new_tensor(DType::F32, &[w.ne[0], used, Self::TOKENS])?;
-                let ids = ctx.new_tensor(DType::I32, &[used, Self::TOKENS])?;
-                ctx.mul_mat_id(weight, b, ids)?
-            }
-            OpKind::GetRows => {
-                let rows = ctx.new_tensor(DType::I32, &[Self::TOKENS])?;
-                ctx.get_rows(weight, rows)?
-            }
-            _ => return Ok(true),
-        };
-        Ok(device.supports_op(&ctx, node))
-    }
+/// Whether `device` computes `op` reading a weight shaped as `w`, over [`PROBE_TOKENS`] tokens
+/// (each routed to `experts_used` experts), as llama.cpp probes it.
+fn op_runs_on(
+    device: &DeviceRef,
+    w: &rgml::Tensor,
+    op: OpKind,
+    experts_used: usize,
+) -> Result<bool> {
+    let mut ctx = Context::new();
+    let weight = ctx.new_tensor(w.dtype, &w.ne)?;
+    let node = match op {
+        OpKind::MulMat => {
+            let b = ctx.new_tensor(DType::F32, &[w.ne[0], PROBE_TOKENS, w.ne[2], w.ne[3]])?;
+            ctx.mul_mat(weight, b)?
+        }
+        OpKind::MulMatId => {
+            let used = experts_used.max(1);
+            let b = ctx.new_tensor(DType::F32, &[w.ne[0], used, PROBE_TOKENS])?;
+            let ids = ctx.new_tensor(DType::I32, &[used, PROBE_TOKENS])?;
+            ctx.mul_mat_id(weight, b, ids)?
+        }
+        OpKind::GetRows => {
+            let rows = ctx.new_tensor(DType::I32, &[PROBE_TOKENS])?;
+            ctx.get_rows(weight, rows)?
+        }
+        _ => return Ok(true),
+    };
+    Ok(device.supports_op(&ctx, node))
 }
 
 /// The weights the graph reads, found by name.
