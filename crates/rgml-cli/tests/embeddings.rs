@@ -1,9 +1,9 @@
 //! `rgml embed` against llama.cpp's embeddings of the demo model
 //! (`tests/fixtures/embeddings/<isa>.json`, `scripts/gen_embedding_fixtures.py`): per prompt
 //! and pooling (last, mean, CLS), the tokens and the normalised pooled vector, under the
-//! arithmetic of each instruction set this CPU runs. Last and CLS pick one token's final-normed
-//! hidden state, which equals llama.cpp's bit for bit; mean sums them in another order than
-//! llama.cpp's matrix product, so it gets an f32 rounding's room.
+//! arithmetic of each instruction set this CPU runs, bit for bit: last and CLS pick one token's
+//! final-normed hidden state, mean is llama.cpp's matrix product of the transposed states and
+//! a column of `1 / n`.
 //!
 //! The same for a BERT encoder (`rgml-random-model --arch bert`, llama.cpp's bge vocabulary;
 //! `tests/fixtures/embeddings/bert-<isa>.json`, `scripts/gen_embedding_fixtures.py --bert`):
@@ -69,15 +69,6 @@ fn runnable_cases(stem: &str, model: &Path) -> Vec<(&'static str, serde_json::Va
     out
 }
 
-/// Mean pooling sums in another order than llama.cpp's product: an f32 rounding's room.
-fn room(pooling: &str) -> f64 {
-    if pooling == "mean" {
-        2e-7
-    } else {
-        0.0
-    }
-}
-
 #[test]
 fn embeddings_are_llama_cpps() {
     for (isa, case) in runnable_cases("", &demo_model()) {
@@ -88,10 +79,7 @@ fn embeddings_are_llama_cpps() {
         let got = embed(isa, prompt, pooling);
         assert_eq!(got["tokens"], case["tokens"], "{prompt:?} tokens");
         let worst = worst(&got, &case);
-        assert!(
-            worst <= room(pooling),
-            "{prompt:?} {pooling} on {isa}: {worst} from llama.cpp"
-        );
+        assert_eq!(worst, 0.0, "{prompt:?} {pooling} on {isa}: from llama.cpp");
     }
 }
 
@@ -125,9 +113,9 @@ fn bert_embeddings_are_llama_cpps() {
         let got = embed_with(&model, isa, prompt, pooling, fa);
         assert_eq!(got["tokens"], case["tokens"], "{prompt:?} tokens");
         let worst = worst(&got, &case);
-        assert!(
-            worst <= room(pooling),
-            "{prompt:?} {pooling} -fa {fa} on {isa}: {worst} from llama.cpp"
+        assert_eq!(
+            worst, 0.0,
+            "{prompt:?} {pooling} -fa {fa} on {isa}: from llama.cpp"
         );
     }
 }

@@ -641,10 +641,16 @@ fn main() {
 }
 
 /// The K-quant kernels without AMX alone: the AVX-512 and AVX2 register tiles and the one-row
-/// kernel.
+/// kernel, by 512 activation rows (a prompt) and by 16 and 64 (the rows an expert of a 64-expert
+/// mixture gets from a 128- and a 512-token prompt, 8 experts a token).
 fn kquant_tile_rows() {
-    for dtype in [rgml::DType::Q4_K, rgml::DType::Q6_K] {
-        let [wide, avx2, row] = rgml_cpu::bench_support::kquant_tile_macs(dtype, 512);
+    for (dtype, ntok) in [
+        (rgml::DType::Q4_K, 512),
+        (rgml::DType::Q6_K, 512),
+        (rgml::DType::Q4_K, 16),
+        (rgml::DType::Q4_K, 64),
+    ] {
+        let [wide, avx2, row] = rgml_cpu::bench_support::kquant_tile_macs(dtype, ntok);
         for (name, macs) in [
             ("AVX-512 tiles", wide),
             ("AVX2 tiles", avx2),
@@ -652,7 +658,7 @@ fn kquant_tile_rows() {
         ] {
             if let Some(m) = macs {
                 println!(
-                    "| K-quant kernel, {name}, {dtype}, K 2048 by 512 rows, 1 thread | | {:.0} GMAC/s |",
+                    "| K-quant kernel, {name}, {dtype}, K 2048 by {ntok} rows, 1 thread | | {:.0} GMAC/s |",
                     m / 1e9
                 );
             }

@@ -1,9 +1,10 @@
 //! Embeddings: a sequence's hidden states pooled into one vector (llama.cpp's
 //! `--embeddings`, llama-server's `/v1/embeddings`).
 //!
-//! This module owns the pooling types (`{arch}.pooling_type`, llama.cpp's `--pooling`), pooling
-//! the final-normed hidden states a session in embeddings mode computes
-//! ([`crate::SessionOptions::embeddings`], [`crate::Session::embed`]), and llama.cpp's
+//! This module owns the pooling types (`{arch}.pooling_type`, llama.cpp's `--pooling`), picking
+//! the CLS or last row of the final-normed hidden states a session in embeddings mode computes
+//! ([`crate::SessionOptions::embeddings`], [`crate::Session::embed`], which computes the mean
+//! itself), and llama.cpp's
 //! Euclidean normalisation (`common_embd_normalize` with `embd_normalize = 2`,
 //! llama-server's default).
 
@@ -54,23 +55,15 @@ impl Pooling {
     }
 }
 
-/// `rows` (`n` vectors of `n_embd`, a sequence's tokens in order) pooled into one.
-pub fn pool(rows: &[f32], n_embd: usize, pooling: Pooling) -> Vec<f32> {
+/// The vector of a pooling that picks one token's among `rows` (vectors of `n_embd`, in token
+/// order): CLS the first, last the last; `None` for mean, which [`crate::Session::embed`]
+/// computes as llama.cpp's graph does (a product on the model's backends).
+pub(crate) fn picked(rows: &[f32], n_embd: usize, pooling: Pooling) -> Option<Vec<f32>> {
     let n = rows.len() / n_embd.max(1);
     match pooling {
-        Pooling::Cls => rows[..n_embd.min(rows.len())].to_vec(),
-        Pooling::Last => rows[(n.saturating_sub(1)) * n_embd..n * n_embd].to_vec(),
-        Pooling::Mean => {
-            let mut sum = vec![0f32; n_embd];
-            for row in rows.chunks_exact(n_embd.max(1)) {
-                for (s, v) in sum.iter_mut().zip(row) {
-                    *s += v;
-                }
-            }
-            let scale = 1.0 / n.max(1) as f32;
-            sum.iter_mut().for_each(|s| *s *= scale);
-            sum
-        }
+        Pooling::Cls => Some(rows[..n_embd.min(rows.len())].to_vec()),
+        Pooling::Last => Some(rows[(n.saturating_sub(1)) * n_embd..n * n_embd].to_vec()),
+        Pooling::Mean => None,
     }
 }
 
@@ -88,11 +81,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pooling_picks_or_averages_rows() {
+    fn pooling_picks_rows_and_normalizes() {
         let rows = [1.0, 2.0, 3.0, 4.0, 5.0, 9.0];
-        assert_eq!(pool(&rows, 2, Pooling::Cls), [1.0, 2.0]);
-        assert_eq!(pool(&rows, 2, Pooling::Last), [5.0, 9.0]);
-        assert_eq!(pool(&rows, 2, Pooling::Mean), [3.0, 5.0]);
+        assert_eq!(picked(&rows, 2, Pooling::Cls), Some(vec![1.0, 2.0]));
+        assert_eq!(picked(&rows, 2, Pooling::Last), Some(vec![5.0, 9.0]));
+        assert_eq!(picked(&rows, 2, Pooling::Mean), None);
         let mut v = vec![3.0, 4.0];
         normalize(&mut v);
         assert!((v[0] - 0.6).abs() < 1e-7 && (v[1] - 0.8).abs() < 1e-7);

@@ -736,13 +736,12 @@ fn embeddings_are_llama_cpps() {
         let got = e.embed(&inputs).unwrap().unwrap();
         for (case, v) in cases.iter().zip(&got) {
             let want: Vec<f32> = serde_json::from_value(case["embedding"].clone()).unwrap();
-            let room = if name == "mean" { 2e-7 } else { 0.0 };
             let worst = v
                 .iter()
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            assert!(worst <= room, "{name}: {worst} from llama.cpp");
+            assert_eq!(worst, 0.0, "{name}: from llama.cpp");
         }
         let n_vocab = model.config.n_vocab as u32;
         assert!(matches!(

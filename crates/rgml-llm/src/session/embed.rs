@@ -1,9 +1,11 @@
-//! [`Session::embed`]: a sequence's tokens evaluated in embeddings mode and pooled.
+//! [`Session::embed`]: a sequence's tokens evaluated in embeddings mode and pooled, mean
+//! pooling as llama.cpp's graph computes it.
 
 use super::{BatchToken, Session};
 use crate::config::ModelConfig;
-use crate::embed::{pool, Pooling};
-use crate::error::{LlmError, Result};
+use crate::embed::{picked, Pooling};
+use crate::error::{LlmError, MemoryUse, Result};
+use rgml::{DType, Graph, TensorFlags};
 
 /// An encoder's sequences (each encoded whole, from position 0) fit its learned position
 /// embeddings (`n_ctx_train` of them).
@@ -69,6 +71,51 @@ impl Session {
             .collect();
         let n_embd = self.model().config.n_embd;
         let rows = self.decode_batch(&batch)?;
-        Ok(pool(rows, n_embd, pooling))
+        match picked(rows, n_embd, pooling) {
+            Some(row) => Ok(row),
+            None => {
+                let rows = rows.to_vec();
+                self.mean_pool(&rows, n_embd)
+            }
+        }
+    }
+
+    /// The mean of `rows` (vectors of `n_embd`) as llama.cpp's `build_pooling` computes it:
+    /// the rows transposed, times a column of `1 / n`, one MUL_MAT on the session's backends,
+    /// so the sums follow the dot product ggml runs (a sum of the rows, then a division,
+    /// rounds differently).
+    fn mean_pool(&mut self, rows: &[f32], n_embd: usize) -> Result<Vec<f32>> {
+        self.sched.synchronize()?;
+        self.built = None;
+        self.ctx.truncate(self.n_base);
+        let result = self.mean_pool_graph(rows, n_embd);
+        self.ctx.truncate(self.n_base);
+        result
+    }
+
+    fn mean_pool_graph(&mut self, rows: &[f32], n_embd: usize) -> Result<Vec<f32>> {
+        let n = rows.len() / n_embd.max(1);
+        let ctx = &mut self.ctx;
+        let embd = ctx.new_tensor(DType::F32, &[n_embd, n])?;
+        let mean = ctx.new_tensor(DType::F32, &[n, 1])?;
+        for input in [embd, mean] {
+            ctx.set_flags(input, TensorFlags::INPUT)?;
+        }
+        let by_dim = ctx.transpose(embd)?;
+        let by_dim = ctx.cont(by_dim)?;
+        let pooled = ctx.mul_mat(by_dim, mean)?;
+        ctx.set_output(pooled)?;
+        let mut graph = Graph::new();
+        graph.expand(ctx, pooled)?;
+        self.sched.reset();
+        self.sched
+            .alloc_graph(&mut self.ctx, &graph)
+            .map_err(|e| LlmError::memory(e, MemoryUse::Compute))?;
+        self.ctx.tensor_set_f32(embd, rows)?;
+        // llama.cpp's `inp_mean`: each token's weight, `1 / n` in f32.
+        let weight = 1.0 / n as f32;
+        self.ctx.tensor_set_f32(mean, &vec![weight; n])?;
+        self.sched.graph_compute(&mut self.ctx, &graph)?;
+        Ok(self.ctx.tensor_get_f32(pooled)?)
     }
 }
