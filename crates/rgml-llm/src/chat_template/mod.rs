@@ -3,7 +3,8 @@
 //!
 //! This module owns compiling a template once and rendering a conversation with the variables
 //! llama.cpp passes (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools`,
-//! `enable_thinking`, `date_string`/`datetime`) and its functions (`raise_exception`,
+//! `enable_thinking`, `date_string`/`datetime`, `preserve_reasoning` and the history variables
+//! it implies) and its functions (`raise_exception`,
 //! `strftime_now`). Where llama.cpp's own Jinja engine differs from Jinja's defaults and the
 //! templates notice, it is mirrored here: `trim_blocks`/`lstrip_blocks` on, `tojson` as
 //! Python's `json.dumps` without ASCII escaping, `True`/`False`/`None` printed Python's way,
@@ -147,6 +148,8 @@ impl ChatTemplate {
                 system_role: true,
                 object_arguments: false,
                 keeps_developer: true,
+                gemma4: false,
+                gemma4_tool_responses: false,
             },
         };
         template.caps = prepare::probe(source, |messages, tools| {
@@ -167,11 +170,18 @@ impl ChatTemplate {
     /// Renders a conversation to prompt text, after the changes llama.cpp makes to the
     /// messages for this template (a system message merged into the next where the template
     /// has no system role, `developer` as `system`, tool call arguments parsed from JSON text
-    /// where the template reads them as a mapping).
+    /// where the template reads them as a mapping, tool results moved into the model's turn
+    /// for older Gemma 4 templates).
     pub fn render(&self, inputs: &ChatTemplateInputs) -> Result<String, ChatTemplateError> {
         let mut prepared = inputs.clone();
         prepared.messages = prepare::messages(&inputs.messages, self.caps);
-        self.render_raw(&prepared)
+        let mut prompt = self.render_raw(&prepared)?;
+        // llama.cpp's Gemma 4 handler opens the model's turn where the template closed one
+        // (after a model turn with tool calls) without opening the next.
+        if self.caps.gemma4 && inputs.add_generation_prompt && prompt.ends_with("<turn|>\n") {
+            prompt.push_str("<|turn>model\n");
+        }
+        Ok(prompt)
     }
 
     /// Renders the messages as they are.
@@ -202,6 +212,7 @@ impl ChatTemplate {
         }
         vars.push(("datetime".into(), Value::from(strftime(now, "%b %d %Y"))));
         vars.push(("date_string".into(), Value::from(strftime(now, "%d %b %Y"))));
+        vars.extend(reasoning_history(&inputs.extra));
         vars.extend(inputs.extra.iter().cloned());
         // llama.cpp sets the flag only when on: templates that test `is defined` see the same.
         if inputs.add_generation_prompt {
@@ -210,6 +221,35 @@ impl ChatTemplate {
         vars.push(("__rgml_now".into(), Value::from(now)));
         Value::from_pairs(vars)
     }
+}
+
+/// llama.cpp's `preserve_reasoning` template argument, `true` unless `extra` sets it (its tools
+/// default it so), and when it is a boolean the four variables templates read it as
+/// (`caps_apply_preserve_reasoning`: `preserve_thinking`, and `clear_thinking`,
+/// `truncate_history_thinking` and `drop_thinking` its opposite). `extra`, set after, overrides
+/// any of them.
+fn reasoning_history(extra: &[(String, Value)]) -> Vec<(String, Value)> {
+    let asked = extra.iter().rev().find(|(k, _)| k == "preserve_reasoning");
+    let mut vars = Vec::new();
+    let preserve = match asked {
+        Some((_, v)) => v.clone(),
+        None => {
+            vars.push(("preserve_reasoning".into(), Value::from(true)));
+            Value::from(true)
+        }
+    };
+    if preserve.kind() == ValueKind::Bool {
+        let on = preserve.is_true();
+        vars.push(("preserve_thinking".into(), Value::from(on)));
+        for name in [
+            "clear_thinking",
+            "truncate_history_thinking",
+            "drop_thinking",
+        ] {
+            vars.push((name.into(), Value::from(!on)));
+        }
+    }
+    vars
 }
 
 fn unix_now() -> i64 {
@@ -478,5 +518,57 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "role=USER;content=HI;TrueNone2");
+    }
+
+    #[test]
+    fn reasoning_history_defaults_to_preserved_and_follows_the_argument() {
+        let source = "{{ preserve_reasoning }} {{ preserve_thinking }} {{ clear_thinking }} \
+                      {{ truncate_history_thinking }} {{ drop_thinking }}";
+        let template = ChatTemplate::new(source, "", "").unwrap();
+        let mut inputs = ChatTemplateInputs::from_messages(&[]);
+        assert_eq!(
+            template.render(&inputs).unwrap(),
+            "True True False False False"
+        );
+        inputs.extra = vec![("preserve_reasoning".into(), Value::from(false))];
+        assert_eq!(
+            template.render(&inputs).unwrap(),
+            "False False True True True"
+        );
+        // A variable the request sets itself wins over the derived one.
+        inputs
+            .extra
+            .push(("drop_thinking".into(), Value::from(false)));
+        assert_eq!(
+            template.render(&inputs).unwrap(),
+            "False False True True False"
+        );
+    }
+
+    /// A Gemma 4 template of the older kind (no `OpenAI Chat Completions` comment): tool
+    /// results become the model turn's `tool_responses` with the reply after them, and the
+    /// model's turn is opened where the template closed the last one without opening another.
+    #[test]
+    fn gemma4_tool_results_join_the_model_turn() {
+        let source = "{% for m in messages %}<|turn>{{ m.role ~ '\\n' }}\
+            {% for c in m.tool_calls or [] %}<|tool_call>call:{{ c.function.name }}{% endfor %}\
+            {% for r in m.tool_responses or [] %}[{{ r.name }}={{ r.response.temp }}]{% endfor %}\
+            {{ m.content ~ '<turn|>\\n' }}{% endfor %}\
+            {% if add_generation_prompt and messages[-1].role != 'assistant' %}<|turn>model{% endif %}\
+            {# '<|tool_call>call:' #}";
+        let out = render(
+            source,
+            r#"[{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "dropped", "tool_calls": [{"type": "function",
+                 "function": {"name": "get_weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"},
+                {"role": "assistant", "content": "It is 21."}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "<|turn>user\nWeather?<turn|>\n<|turn>assistant\n<|tool_call>call:get_weather\
+             [get_weather=21]It is 21.<turn|>\n<|turn>model\n"
+        );
     }
 }

@@ -20,6 +20,11 @@ pub(super) struct Caps {
     pub object_arguments: bool,
     /// It is a GPT-OSS (harmony) template, which keeps the `developer` role.
     pub keeps_developer: bool,
+    /// It is a Gemma 4 template (calls written `<|tool_call>call:`).
+    pub gemma4: bool,
+    /// It is an older Gemma 4 template, which reads tool results from the model's turn (its
+    /// `tool_responses`) rather than from `tool` messages.
+    pub gemma4_tool_responses: bool,
 }
 
 /// Probes `render` (a conversation to its text, `None` on failure) for the capabilities.
@@ -31,10 +36,13 @@ pub(super) fn probe(source: &str, render: impl Fn(Value, Option<Value>) -> Optio
     let system_role = render(system, None).is_some_and(|out| out.contains(SYSTEM_MARKER));
     let object_arguments = render(tool_conversation(), Some(tool_list()))
         .is_some_and(|out| out.contains(ARGUMENT_MARKER));
+    let gemma4 = source.contains("'<|tool_call>call:'");
     Caps {
         system_role,
         object_arguments,
         keeps_developer: source.contains("<|channel|>"),
+        gemma4,
+        gemma4_tool_responses: gemma4 && !source.contains("{#- OpenAI Chat Completions:"),
     }
 }
 
@@ -110,7 +118,81 @@ pub(super) fn messages(messages: &Value, caps: Caps) -> Value {
     if !caps.system_role && field(list.first(), "role").as_deref() == Some("system") {
         merge_system(&mut list);
     }
+    if caps.gemma4_tool_responses {
+        list = model_turns_with_tool_responses(list);
+    }
     Value::from(list)
+}
+
+/// llama.cpp's `convert_tool_responses_gemma4`: each assistant message with tool calls, the
+/// `tool` messages after it and a plain assistant reply after those become one assistant
+/// message, `{role, tool_calls, tool_responses, content, reasoning_content}` (the last three
+/// where there are some; the calling message's own content is dropped, as there).
+fn model_turns_with_tool_responses(list: Vec<Value>) -> Vec<Value> {
+    let mut out = Vec::with_capacity(list.len());
+    let mut rest = list.into_iter().peekable();
+    while let Some(m) = rest.next() {
+        let calls = m.get_attr("tool_calls").unwrap_or_default();
+        if field(Some(&m), "role").as_deref() != Some("assistant") || !non_empty(&calls) {
+            out.push(m);
+            continue;
+        }
+        let reasoning = m
+            .get_attr("reasoning_content")
+            .ok()
+            .filter(|r| r.as_str().is_some());
+        let mut responses = Vec::new();
+        while let Some(result) = rest.next_if(|r| field(Some(r), "role").as_deref() == Some("tool"))
+        {
+            responses.push(tool_response(&result, &calls, responses.len()));
+        }
+        let reply = rest.next_if(|r| {
+            field(Some(r), "role").as_deref() == Some("assistant")
+                && !non_empty(&r.get_attr("tool_calls").unwrap_or_default())
+                && non_empty(&r.get_attr("content").unwrap_or_default())
+        });
+        let mut turn = vec![("role", Value::from("assistant")), ("tool_calls", calls)];
+        if !responses.is_empty() {
+            turn.push(("tool_responses", Value::from(responses)));
+        }
+        if let Some(reply) = reply {
+            turn.push(("content", reply.get_attr("content").unwrap_or_default()));
+        }
+        if let Some(reasoning) = reasoning {
+            turn.push(("reasoning_content", reasoning));
+        }
+        out.push(message(&turn));
+    }
+    out
+}
+
+/// A non-empty string or sequence.
+fn non_empty(v: &Value) -> bool {
+    match v.as_str() {
+        Some(text) => !text.is_empty(),
+        None => v.kind() == minijinja::value::ValueKind::Seq && v.len().is_some_and(|n| n > 0),
+    }
+}
+
+/// Tool result `result` as Gemma 4's `{name, response}`: the content parsed as JSON where it
+/// is JSON, the name that of call `index` (else the result's `tool_call_id`).
+fn tool_response(result: &Value, calls: &Value, index: usize) -> Value {
+    let content = result.get_attr("content").unwrap_or_default();
+    let response = match content.as_str() {
+        Some(text) => super::value_from_json(text).unwrap_or(content),
+        None => content,
+    };
+    let called = calls
+        .get_item(&Value::from(index))
+        .and_then(|call| call.get_attr("function"))
+        .and_then(|function| function.get_attr("name"))
+        .ok()
+        .and_then(|name| name.as_str().map(String::from))
+        .filter(|name| !name.is_empty());
+    let name = called
+        .or_else(|| field(Some(result), "tool_call_id"))
+        .unwrap_or_default();
+    message(&[("name", Value::from(name)), ("response", response)])
 }
 
 fn field(message: Option<&Value>, key: &str) -> Option<String> {
