@@ -85,12 +85,7 @@ impl Session {
     /// so the sums follow the dot product ggml runs (a sum of the rows, then a division,
     /// rounds differently).
     fn mean_pool(&mut self, rows: &[f32], n_embd: usize) -> Result<Vec<f32>> {
-        self.sched.synchronize()?;
-        self.built = None;
-        self.ctx.truncate(self.n_base);
-        let result = self.mean_pool_graph(rows, n_embd);
-        self.ctx.truncate(self.n_base);
-        result
+        self.own_graph(|s| s.mean_pool_graph(rows, n_embd))
     }
 
     fn mean_pool_graph(&mut self, rows: &[f32], n_embd: usize) -> Result<Vec<f32>> {

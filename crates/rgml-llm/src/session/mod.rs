@@ -554,6 +554,18 @@ impl Session {
         Ok(g)
     }
 
+    /// Runs `run`, which builds and computes a graph of its own in the session's context (the
+    /// K-shift, mean pooling): after the queued micro-batches, in place of the kept
+    /// micro-batch graph (whose tensors it replaces), and with the context cut back after.
+    fn own_graph<T>(&mut self, run: impl FnOnce(&mut Session) -> Result<T>) -> Result<T> {
+        self.sched.synchronize()?;
+        self.built = None;
+        self.ctx.truncate(self.n_base);
+        let result = run(self);
+        self.ctx.truncate(self.n_base);
+        result
+    }
+
     /// The micro-batch just computed is in the cache: its streams' cells become the plan's
     /// (and the plan keeps the cells as they were, to take the micro-batch back).
     fn commit_ubatch(&mut self) {

@@ -306,12 +306,7 @@ impl Session {
 
     /// Rotate stream `seq`'s keys by `global` (per cell of a global layer) and `local`.
     fn k_shift(&mut self, seq: usize, global: &[i32], local: Option<&[i32]>) -> Result<()> {
-        self.sched.synchronize()?;
-        self.built = None;
-        self.ctx.truncate(self.n_base);
-        let result = self.k_shift_graph(seq, global, local);
-        self.ctx.truncate(self.n_base);
-        result
+        self.own_graph(|s| s.k_shift_graph(seq, global, local))
     }
 
     fn k_shift_graph(&mut self, seq: usize, global: &[i32], local: Option<&[i32]>) -> Result<()> {
