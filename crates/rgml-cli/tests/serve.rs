@@ -47,7 +47,20 @@ impl Server {
 
     /// `rgml serve` on `model`.
     fn start_model(model: &std::path::Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rgml"))
+        Server::spawn(model, extra, None)
+    }
+
+    /// `rgml serve` on the demo model in instruction set `isa`'s arithmetic (`RGML_CPU_ISA`).
+    fn start_isa(isa: &str, extra: &[&str]) -> Server {
+        Server::spawn(&demo_model(), extra, Some(isa))
+    }
+
+    fn spawn(model: &std::path::Path, extra: &[&str], isa: Option<&str>) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rgml"));
+        if let Some(isa) = isa {
+            command.env("RGML_CPU_ISA", isa);
+        }
+        let mut child = command
             .args(["serve", "-m"])
             .arg(model)
             .args(["--port", "0", "-t", "2"])
@@ -209,6 +222,60 @@ fn openai_tools_structured_output_and_embeddings() {
         "the structured-output client tests failed (see above)"
     );
     assert!(server.terminate().success());
+}
+
+/// llama-server's greedy chat answers on the demo model with its `--jinja` default (the
+/// model's own template; `scripts/gen_serve_fixtures.py`): plain turns, a default system
+/// message, JSON-schema and JSON-object answers, and with Qwen 2.5's template (the demo
+/// model's has no tool-call format) required and named tool calls and a tool result. Each request goes to a
+/// fresh `rgml serve` in the fixture's arithmetic, as each went to a fresh llama-server, and
+/// gives the same message, finish reason and token counts.
+#[test]
+fn greedy_chat_answers_are_llama_servers() {
+    let path = root().join("crates/rgml-cli/tests/fixtures/serve/llama-server-avx2.json");
+    let text = std::fs::read_to_string(&path).expect("llama-server fixture");
+    let fixture: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
+    let isa = fixture["isa"].as_str().expect("isa");
+    if !common::runnable_isas().contains(&isa) {
+        eprintln!("this CPU cannot run the {isa} arithmetic: llama-server's answers not compared");
+        return;
+    }
+    let cases = fixture["cases"].as_object().expect("cases");
+    for (name, case) in cases {
+        let template = case["template"].as_str().map(|t| root().join(t));
+        let extra: Vec<&str> = match &template {
+            Some(file) => vec!["--chat-template-file", file.to_str().expect("a UTF-8 path")],
+            None => Vec::new(),
+        };
+        let server = Server::start_isa(isa, &extra);
+        let (status, got) = post(
+            &server.url,
+            "/v1/chat/completions",
+            &case["request"].to_string(),
+        );
+        assert_eq!(status, 200, "{name}: {got}");
+        let choice = &got["choices"][0];
+        let mut message = choice["message"].clone();
+        let message = message.as_object_mut().expect("a message");
+        message.retain(|k, _| k == "content" || k == "tool_calls");
+        for call in message
+            .get_mut("tool_calls")
+            .and_then(|c| c.as_array_mut())
+            .into_iter()
+            .flatten()
+        {
+            call.as_object_mut().map(|c| c.remove("id"));
+        }
+        assert_eq!(
+            serde_json::Value::Object(message.clone()),
+            case["message"],
+            "{name}"
+        );
+        assert_eq!(choice["finish_reason"], case["finish_reason"], "{name}");
+        for count in ["prompt_tokens", "completion_tokens"] {
+            assert_eq!(got["usage"][count], case["usage"][count], "{name}: {count}");
+        }
+    }
 }
 
 /// A POST of `body` to `path` in raw HTTP: the status and the JSON answer.

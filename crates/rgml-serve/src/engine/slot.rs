@@ -200,6 +200,8 @@ impl Running<'_> {
             return self.finish(FinishReason::Stop);
         };
         if tok.is_eog(token) {
+            // llama-server counts the end-of-generation token among the completion's.
+            self.n_generated += 1;
             return self.finish(FinishReason::Stop);
         }
         // Where the answer's format allows nothing more, it ends with this token.
@@ -221,11 +223,14 @@ impl Running<'_> {
             return self.end(FinishReason::Stop);
         }
         self.send_token(token, logprobs);
-        if format_done {
-            return self.finish(FinishReason::Stop);
-        }
         if self.n_generated >= self.max_tokens || !room {
             return self.finish(FinishReason::Length);
+        }
+        if format_done {
+            // The format leaves only an end-of-generation token: llama-server samples it next
+            // and counts it; it is counted here without the decoding step.
+            self.n_generated += 1;
+            return self.finish(FinishReason::Stop);
         }
         self.pending = Some(token);
         Next::Continue
