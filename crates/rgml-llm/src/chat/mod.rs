@@ -3,109 +3,20 @@
 //! Models in GGUF carry a Jinja chat template (`tokenizer.chat_template`); [`ChatFormatter`]
 //! runs it (or a template file's) with [`ChatTemplate`], as llama.cpp's `--jinja` does. A
 //! file without a template, or with one minijinja cannot compile, falls back to
-//! [`ChatFormat`]: the common formats recognised from markers in the template, or without a
-//! template the architecture's own format where it has one (Gemma's files often carry none);
-//! otherwise ChatML (`<|im_start|>role\n…<|im_end|>\n`, the demo model's).
+//! [`ChatFormat`], llama.cpp's built-in formats (`--no-jinja`): the one llama.cpp recognises
+//! in the template, or without a template the architecture's own format where it has one
+//! (Gemma's files often carry none); otherwise ChatML (`<|im_start|>role\n…<|im_end|>\n`,
+//! the demo model's).
+
+mod builtin;
 
 use crate::chat_template::{value_from_json, ChatTemplate, ChatTemplateError, ChatTemplateInputs};
 use crate::Model;
 
+pub use builtin::ChatFormat;
+
 pub use crate::message::{Message, ToolCall};
 use crate::tool_calls::ToolCallFormat;
-
-/// A chat format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChatFormat {
-    /// `<|im_start|>role\ncontent<|im_end|>\n` (SmolLM, Qwen, ...).
-    ChatMl,
-    /// Llama 2's `[INST] … [/INST]`.
-    Llama2,
-    /// Llama 3's `<|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|>`.
-    Llama3,
-    /// Gemma's `<start_of_turn>role\n…<end_of_turn>\n` (the assistant is `model`; a system
-    /// message opens the first user turn).
-    Gemma,
-}
-
-impl ChatFormat {
-    /// The built-in formats by the names llama.cpp's `--chat-template` gives them.
-    pub const NAMES: &[(&str, ChatFormat)] = &[
-        ("chatml", ChatFormat::ChatMl),
-        ("llama2", ChatFormat::Llama2),
-        ("llama3", ChatFormat::Llama3),
-        ("gemma", ChatFormat::Gemma),
-    ];
-
-    /// The built-in format called `name` (llama.cpp's name), if rgml has it.
-    pub fn from_name(name: &str) -> Option<ChatFormat> {
-        Self::NAMES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|&(_, f)| f)
-    }
-
-    /// The format a template text describes (ChatML when unrecognised or absent).
-    pub fn detect(template: Option<&str>) -> ChatFormat {
-        match template {
-            Some(t) if t.contains("<|start_header_id|>") => ChatFormat::Llama3,
-            Some(t) if t.contains("<start_of_turn>") => ChatFormat::Gemma,
-            Some(t) if t.contains("[INST]") => ChatFormat::Llama2,
-            _ => ChatFormat::ChatMl,
-        }
-    }
-
-    /// The format of a model of architecture `arch` with chat template `template`: the
-    /// template's, or without one the architecture's own.
-    pub fn for_model(arch: crate::config::Arch, template: Option<&str>) -> ChatFormat {
-        match (template, arch) {
-            (None, crate::config::Arch::Gemma3) => ChatFormat::Gemma,
-            _ => Self::detect(template),
-        }
-    }
-
-    /// The prompt for `messages`, ending with the opening of the assistant's turn.
-    pub fn apply(self, messages: &[Message]) -> String {
-        let mut out = String::new();
-        match self {
-            ChatFormat::ChatMl => {
-                for m in messages {
-                    out.push_str(&format!(
-                        "<|im_start|>{}\n{}<|im_end|>\n",
-                        m.role, m.content
-                    ));
-                }
-                out.push_str("<|im_start|>assistant\n");
-            }
-            ChatFormat::Llama3 => {
-                out.push_str("<|begin_of_text|>");
-                for m in messages {
-                    out.push_str(&format!(
-                        "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
-                        m.role,
-                        m.content.trim()
-                    ));
-                }
-                out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
-            }
-            ChatFormat::Gemma => gemma(messages, &mut out),
-            ChatFormat::Llama2 => {
-                let mut system = String::new();
-                for m in messages {
-                    match m.role.as_str() {
-                        "system" => system = format!("<<SYS>>\n{}\n<</SYS>>\n\n", m.content),
-                        "user" => out.push_str(&format!(
-                            "[INST] {}{} [/INST]",
-                            std::mem::take(&mut system),
-                            m.content.trim()
-                        )),
-                        _ => out.push_str(&format!(" {} ", m.content.trim())),
-                    }
-                }
-            }
-        }
-        out
-    }
-}
 
 /// How a conversation becomes a model's prompt: its Jinja template, or the marker format.
 #[derive(Debug)]
@@ -237,37 +148,17 @@ impl ChatFormatter {
     }
 }
 
-/// Gemma's turns (llama.cpp's `gemma` template): contents trimmed, `assistant` called
-/// `model`, system text merged into the next user turn.
-fn gemma(messages: &[Message], out: &mut String) {
-    let mut system = String::new();
-    for m in messages {
-        if m.role == "system" {
-            system.push_str(m.content.trim());
-            continue;
-        }
-        let role = if m.role == "assistant" {
-            "model"
-        } else {
-            &m.role
-        };
-        out.push_str(&format!("<start_of_turn>{role}\n"));
-        if !system.is_empty() && role != "model" {
-            out.push_str(&format!("{}\n\n", std::mem::take(&mut system)));
-        }
-        out.push_str(&format!("{}<end_of_turn>\n", m.content.trim()));
-    }
-    out.push_str("<start_of_turn>model\n");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn chatml_matches_the_fixture_prompt() {
-        let text = ChatFormat::detect(Some("{{ '<|im_start|>' + message['role'] }}"))
-            .apply(&[Message::new("user", "What is the boiling point of water?")]);
+        let text = ChatFormat::for_model(
+            crate::config::Arch::Llama,
+            Some("{{ '<|im_start|>' + message['role'] }}"),
+        )
+        .apply(&[Message::new("user", "What is the boiling point of water?")]);
         assert_eq!(
             text,
             "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n"
@@ -277,11 +168,19 @@ mod tests {
     #[test]
     fn detects_other_formats() {
         assert_eq!(
-            ChatFormat::detect(Some("<|start_header_id|>")),
-            ChatFormat::Llama3
+            ChatFormat::detect("<|start_header_id|>{{ role }}<|end_header_id|>"),
+            Some(ChatFormat::Llama3)
         );
-        assert_eq!(ChatFormat::detect(Some("[INST]")), ChatFormat::Llama2);
-        assert_eq!(ChatFormat::detect(None), ChatFormat::ChatMl);
+        assert_eq!(ChatFormat::detect("[INST]"), Some(ChatFormat::Llama2));
+        assert_eq!(
+            ChatFormat::detect("mistral-v7"),
+            Some(ChatFormat::MistralV7)
+        );
+        assert_eq!(ChatFormat::detect("{{ messages }}"), None);
+        assert_eq!(
+            ChatFormat::for_model(crate::config::Arch::Llama, Some("{{ messages }}")),
+            ChatFormat::ChatMl
+        );
         assert_eq!(
             ChatFormat::for_model(crate::config::Arch::Gemma3, None),
             ChatFormat::Gemma
