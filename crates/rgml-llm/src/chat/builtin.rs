@@ -205,43 +205,12 @@ impl ChatFormat {
             .iter()
             .map(|m| (m.role.as_str(), m.content.as_str()))
             .collect();
+        if let Some((open, mid, close, reply)) = self.tagged() {
+            tagged(&mut out, &turns, (open, mid, close));
+            out += reply;
+            return out;
+        }
         match self {
-            ChatMl => {
-                tagged(&mut out, &turns, ("<|im_start|>", "\n", "<|im_end|>\n"));
-                out += "<|im_start|>assistant\n";
-            }
-            Phi3 => {
-                tagged(&mut out, &turns, ("<|", "|>\n", "<|end|>\n"));
-                out += "<|assistant|>\n";
-            }
-            Phi4 => {
-                tagged(
-                    &mut out,
-                    &turns,
-                    ("<|im_start|>", "<|im_sep|>", "<|im_end|>"),
-                );
-                out += "<|im_start|>assistant<|im_sep|>";
-            }
-            Falcon3 => {
-                tagged(&mut out, &turns, ("<|", "|>\n", "\n"));
-                out += "<|assistant|>\n";
-            }
-            Zephyr => {
-                tagged(&mut out, &turns, ("<|", "|>\n", "<|endoftext|>\n"));
-                out += "<|assistant|>\n";
-            }
-            Megrez => {
-                tagged(
-                    &mut out,
-                    &turns,
-                    ("<|role_start|>", "<|role_end|>", "<|turn_end|>"),
-                );
-                out += "<|role_start|>assistant<|role_end|>";
-            }
-            SolarOpen => {
-                tagged(&mut out, &turns, ("<|begin|>", "<|content|>", "<|end|>"));
-                out += "<|begin|>assistant";
-            }
             Llama3 => {
                 for (role, content) in &turns {
                     out += &format!(
@@ -270,6 +239,40 @@ impl ChatFormat {
     }
 }
 
+impl ChatFormat {
+    /// The formats that write every turn as `open role mid content close` and then open the
+    /// assistant's with `reply`: those four texts.
+    fn tagged(self) -> Option<(&'static str, &'static str, &'static str, &'static str)> {
+        use ChatFormat::*;
+        Some(match self {
+            ChatMl => (
+                "<|im_start|>",
+                "\n",
+                "<|im_end|>\n",
+                "<|im_start|>assistant\n",
+            ),
+            Phi3 => ("<|", "|>\n", "<|end|>\n", "<|assistant|>\n"),
+            Phi4 => (
+                "<|im_start|>",
+                "<|im_sep|>",
+                "<|im_end|>",
+                "<|im_start|>assistant<|im_sep|>",
+            ),
+            Falcon3 => ("<|", "|>\n", "\n", "<|assistant|>\n"),
+            Zephyr => ("<|", "|>\n", "<|endoftext|>\n", "<|assistant|>\n"),
+            GlmEdge => ("<|", "|>\n", "", "<|assistant|>"),
+            Megrez => (
+                "<|role_start|>",
+                "<|role_end|>",
+                "<|turn_end|>",
+                "<|role_start|>assistant<|role_end|>",
+            ),
+            SolarOpen => ("<|begin|>", "<|content|>", "<|end|>", "<|begin|>assistant"),
+            _ => return None,
+        })
+    }
+}
+
 /// [`ChatFormat::detect`] past the first branches of llama.cpp's chain.
 fn detect_more(template: &str) -> Option<ChatFormat> {
     use ChatFormat::*;
@@ -286,7 +289,8 @@ fn detect_more(template: &str) -> Option<ChatFormat> {
         MiniCpm
     } else if has("'Assistant: ' + message['content'] + eos_token") {
         Deepseek2
-    } else if has("<｜Assistant｜>") && has("<｜User｜>") && has("<｜end▁of▁sentence｜>") {
+    } else if has("<｜Assistant｜>") && has("<｜User｜>") && has("<｜end▁of▁sentence｜>")
+    {
         Deepseek3
     } else if has("[|system|]") && has("[|assistant|]") && has("[|endofturn|]") {
         if has("[|tool|]") {
@@ -297,61 +301,61 @@ fn detect_more(template: &str) -> Option<ChatFormat> {
     } else if has("rwkv-world") || has("{{- 'User: ' + message['content']|trim + '\\n\\n' -}}") {
         RwkvWorld
     } else if has("<|start_of_role|>") {
-        match (has("<tool_call>") || has("<tools>"), has("g4_default_system_message")) {
+        match (
+            has("<tool_call>") || has("<tools>"),
+            has("g4_default_system_message"),
+        ) {
             (true, true) => Granite40,
             (true, false) => Granite41,
             _ => Granite3,
         }
-    } else if has("message['role'] + additional_special_tokens[0] + message['content'] + additional_special_tokens[1]") {
-        GigaChat
-    } else if has("<|role_start|>") {
-        Megrez
-    } else if has(" Ассистент:") {
-        Yandex
     } else {
-        return detect_last(template);
+        return LAST_RULES
+            .iter()
+            .find(|(markers, _)| markers.iter().all(|m| has(m)))
+            .map(|&(_, format)| format);
     };
     Some(format)
 }
 
-/// The end of llama.cpp's chain.
-fn detect_last(template: &str) -> Option<ChatFormat> {
-    use ChatFormat::*;
-    let has = |s: &str| template.contains(s);
-    let assistant_role = has("<role>ASSISTANT</role>");
-    let format = if assistant_role && has("'HUMAN'") {
-        Bailing
-    } else if assistant_role && has("\"HUMAN\"") && has("<think>") {
-        BailingThink
-    } else if assistant_role && has("<role>HUMAN</role>") && has("<|role_end|>") {
-        Bailing2
-    } else if has("<|header_start|>") && has("<|header_end|>") {
-        Llama4
-    } else if has("<|endofuserprompt|>") {
-        Dots1
-    } else if has("<|extra_0|>") && has("<|extra_4|>") {
-        HunyuanMoe
-    } else if has("<|start|>") && has("<|channel|>") {
-        GptOss
-    } else if has("<｜hy_Assistant｜>") && has("<｜hy_begin▁of▁sentence｜>") {
-        HunyuanVl
-    } else if has("<｜hy_Assistant｜>") && has("<｜hy_place▁holder▁no▁3｜>") {
-        HunyuanDense
-    } else if has("<|im_assistant|>assistant<|im_middle|>") {
-        KimiK2
-    } else if has("<seed:bos>") {
-        SeedOss
-    } else if has("'Assistant: '  + message['content'] + '<|separator|>") {
-        Grok2
-    } else if has("[unused9]系统：[unused10]") {
-        PanguEmbedded
-    } else if has("<|begin|>") && has("<|end|>") && has("<|content|>") {
-        SolarOpen
-    } else {
-        return None;
-    };
-    Some(format)
-}
+/// The end of llama.cpp's chain: the first format whose markers are all in the template.
+const LAST_RULES: &[(&[&str], ChatFormat)] = &[
+    (
+        &["message['role'] + additional_special_tokens[0] + message['content'] + additional_special_tokens[1]"],
+        ChatFormat::GigaChat,
+    ),
+    (&["<|role_start|>"], ChatFormat::Megrez),
+    (&[" Ассистент:"], ChatFormat::Yandex),
+    (&["<role>ASSISTANT</role>", "'HUMAN'"], ChatFormat::Bailing),
+    (
+        &["<role>ASSISTANT</role>", "\"HUMAN\"", "<think>"],
+        ChatFormat::BailingThink,
+    ),
+    (
+        &["<role>ASSISTANT</role>", "<role>HUMAN</role>", "<|role_end|>"],
+        ChatFormat::Bailing2,
+    ),
+    (&["<|header_start|>", "<|header_end|>"], ChatFormat::Llama4),
+    (&["<|endofuserprompt|>"], ChatFormat::Dots1),
+    (&["<|extra_0|>", "<|extra_4|>"], ChatFormat::HunyuanMoe),
+    (&["<|start|>", "<|channel|>"], ChatFormat::GptOss),
+    (
+        &["<｜hy_Assistant｜>", "<｜hy_begin▁of▁sentence｜>"],
+        ChatFormat::HunyuanVl,
+    ),
+    (
+        &["<｜hy_Assistant｜>", "<｜hy_place▁holder▁no▁3｜>"],
+        ChatFormat::HunyuanDense,
+    ),
+    (&["<|im_assistant|>assistant<|im_middle|>"], ChatFormat::KimiK2),
+    (&["<seed:bos>"], ChatFormat::SeedOss),
+    (
+        &["'Assistant: '  + message['content'] + '<|separator|>"],
+        ChatFormat::Grok2,
+    ),
+    (&["[unused9]系统：[unused10]"], ChatFormat::PanguEmbedded),
+    (&["<|begin|>", "<|end|>", "<|content|>"], ChatFormat::SolarOpen),
+];
 
 /// The Mistral and Llama 2 branch of the detection (`[INST]` or a name starting `mistral`).
 fn mistral_or_llama2(template: &str) -> ChatFormat {
@@ -569,10 +573,6 @@ fn apply_more(format: ChatFormat, out: &mut String, turns: &[(&str, &str)]) {
             *out += "[gMASK]<sop>";
             tagged(out, turns, ("<|", "|>\n", ""));
             *out += "<|assistant|>\n";
-        }
-        GlmEdge => {
-            tagged(out, turns, ("<|", "|>\n", ""));
-            *out += "<|assistant|>";
         }
         MiniCpm => {
             for &(role, content) in turns {
@@ -829,7 +829,8 @@ fn apply_newest(format: ChatFormat, out: &mut String, turns: &[(&str, &str)]) {
             }
             *out += "[unused9]助手：";
         }
-        // Every other format is written by `apply`, `apply_more` or `apply_last`.
+        // Every other format is written by `apply` (the tagged ones among them), `apply_more`
+        // or `apply_last`.
         _ => {}
     }
 }
