@@ -417,8 +417,8 @@ pub(crate) struct ChatTemplateArgs {
     /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
     #[arg(long)]
     pub(crate) chat_template_file: Option<std::path::PathBuf>,
-    /// A built-in chat format by name (chatml, llama2, llama3, gemma) or a
-    /// Jinja template's text, instead of the model's.
+    /// One of llama.cpp's 54 built-in chat formats by name (chatml, llama3, mistral-v7, ...)
+    /// or a Jinja template's text, instead of the model's.
     #[arg(long)]
     pub(crate) chat_template: Option<String>,
     /// Run the model's `tokenizer.chat_template` as Jinja: the default, as in
@@ -977,10 +977,13 @@ mod tests {
             (jinja.format, jinja.template.as_deref()),
             (None, Some(text))
         );
-        let e = chat_choice(Some("mistral-v7"), None)
+        let mistral = chat_choice(Some("mistral-v7"), None).unwrap();
+        assert_eq!(mistral.format, Some(ChatFormat::MistralV7));
+        let e = chat_choice(Some("mistral-v99"), None)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("chatml, llama2, llama3, gemma"), "{e}");
+        assert!(e.contains("chatml, llama2, llama2-sys"), "{e}");
+        assert!(e.contains("solar-open"), "{e}");
         let e = chat_choice(Some("{{ unclosed"), None)
             .unwrap_err()
             .to_string();

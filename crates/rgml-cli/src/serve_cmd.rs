@@ -46,8 +46,8 @@ pub struct ServeArgs {
     /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
     #[arg(long)]
     chat_template_file: Option<std::path::PathBuf>,
-    /// A built-in chat format by name (chatml, llama2, llama3, gemma) or a Jinja template's
-    /// text, instead of the model's (llama-server's `--chat-template`).
+    /// One of llama.cpp's 54 built-in chat formats by name (chatml, llama3, mistral-v7, ...)
+    /// or a Jinja template's text, instead of the model's (llama-server's `--chat-template`).
     #[arg(long)]
     chat_template: Option<String>,
     /// Run the model's `tokenizer.chat_template` as Jinja: the default, as in llama-server
