@@ -210,6 +210,11 @@ impl ChatFormat {
             out += reply;
             return out;
         }
+        if let Some((parts, reply)) = self.by_role() {
+            by_role(&mut out, &turns, parts);
+            out += reply;
+            return out;
+        }
         match self {
             Llama3 => {
                 for (role, content) in &turns {
@@ -268,6 +273,57 @@ impl ChatFormat {
                 "<|role_start|>assistant<|role_end|>",
             ),
             SolarOpen => ("<|begin|>", "<|content|>", "<|end|>", "<|begin|>assistant"),
+            _ => return None,
+        })
+    }
+}
+
+/// A role's turn as `prefix content suffix`.
+type RolePart = (&'static str, &'static str, &'static str);
+
+impl ChatFormat {
+    /// The formats that write the turns of some roles as `prefix content suffix` (leaving the
+    /// others out) and then open the assistant's with `reply`: those parts and `reply`.
+    fn by_role(self) -> Option<(&'static [RolePart], &'static str)> {
+        use ChatFormat::*;
+        const ASSISTANT: RolePart = ("assistant", "ASSISTANT: ", "</s>\n");
+        Some(match self {
+            Vicuna => (
+                &[("system", "", "\n\n"), ("user", "USER: ", "\n"), ASSISTANT],
+                "ASSISTANT:",
+            ),
+            VicunaOrca => (
+                &[
+                    ("system", "SYSTEM: ", "\n"),
+                    ("user", "USER: ", "\n"),
+                    ASSISTANT,
+                ],
+                "ASSISTANT:",
+            ),
+            Deepseek => (
+                &[
+                    ("system", "", ""),
+                    ("user", "### Instruction:\n", "\n"),
+                    ("assistant", "### Response:\n", "\n<|EOT|>\n"),
+                ],
+                "### Response:\n",
+            ),
+            Deepseek2 => (
+                &[
+                    ("system", "", "\n\n"),
+                    ("user", "User: ", "\n\n"),
+                    ("assistant", "Assistant: ", "<｜end▁of▁sentence｜>"),
+                ],
+                "Assistant:",
+            ),
+            Deepseek3 => (
+                &[
+                    ("system", "", "\n\n"),
+                    ("user", "<｜User｜>", ""),
+                    ("assistant", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
+                ],
+                "<｜Assistant｜>",
+            ),
             _ => return None,
         })
     }
@@ -525,30 +581,6 @@ fn apply_more(format: ChatFormat, out: &mut String, turns: &[(&str, &str)]) {
             }
             *out += "GPT4 Correct Assistant:";
         }
-        Vicuna | VicunaOrca => {
-            for &(role, content) in turns {
-                *out += &match role {
-                    "system" if format == VicunaOrca => format!("SYSTEM: {content}\n"),
-                    "system" => format!("{content}\n\n"),
-                    "user" => format!("USER: {content}\n"),
-                    "assistant" => format!("ASSISTANT: {content}</s>\n"),
-                    _ => String::new(),
-                };
-            }
-            *out += "ASSISTANT:";
-        }
-        Deepseek => {
-            by_role(
-                out,
-                turns,
-                &[
-                    ("system", "", ""),
-                    ("user", "### Instruction:\n", "\n"),
-                    ("assistant", "### Response:\n", "\n<|EOT|>\n"),
-                ],
-            );
-            *out += "### Response:\n";
-        }
         CommandR => {
             for &(role, content) in turns {
                 let token = match role {
@@ -581,30 +613,6 @@ fn apply_more(format: ChatFormat, out: &mut String, turns: &[(&str, &str)]) {
                     _ => trim(content).to_string(),
                 };
             }
-        }
-        Deepseek2 => {
-            by_role(
-                out,
-                turns,
-                &[
-                    ("system", "", "\n\n"),
-                    ("user", "User: ", "\n\n"),
-                    ("assistant", "Assistant: ", "<｜end▁of▁sentence｜>"),
-                ],
-            );
-            *out += "Assistant:";
-        }
-        Deepseek3 => {
-            by_role(
-                out,
-                turns,
-                &[
-                    ("system", "", "\n\n"),
-                    ("user", "<｜User｜>", ""),
-                    ("assistant", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
-                ],
-            );
-            *out += "<｜Assistant｜>";
         }
         DeepseekOcr => turns.iter().for_each(|(_, content)| *out += content),
         _ => apply_last(format, out, turns),
@@ -829,14 +837,14 @@ fn apply_newest(format: ChatFormat, out: &mut String, turns: &[(&str, &str)]) {
             }
             *out += "[unused9]助手：";
         }
-        // Every other format is written by `apply` (the tagged ones among them), `apply_more`
-        // or `apply_last`.
+        // Every other format is written by `apply` (the tagged and by-role ones among them),
+        // `apply_more` or `apply_last`.
         _ => {}
     }
 }
 
 /// Turns of the roles in `parts` as `prefix content suffix`; other roles are left out.
-fn by_role(out: &mut String, turns: &[(&str, &str)], parts: &[(&str, &str, &str)]) {
+fn by_role(out: &mut String, turns: &[(&str, &str)], parts: &[RolePart]) {
     for &(role, content) in turns {
         if let Some((_, prefix, suffix)) = parts.iter().find(|(r, _, _)| *r == role) {
             *out += &format!("{prefix}{content}{suffix}");

@@ -75,7 +75,7 @@ impl Session {
             Some(row) => Ok(row),
             None => {
                 let rows = rows.to_vec();
-                self.mean_pool(&rows, n_embd)
+                self.own_graph(|s| s.mean_pool(&rows, n_embd))
             }
         }
     }
@@ -83,12 +83,8 @@ impl Session {
     /// The mean of `rows` (vectors of `n_embd`) as llama.cpp's `build_pooling` computes it:
     /// the rows transposed, times a column of `1 / n`, one MUL_MAT on the session's backends,
     /// so the sums follow the dot product ggml runs (a sum of the rows, then a division,
-    /// rounds differently).
+    /// rounds differently). A graph of the session's own ([`Session::own_graph`]).
     fn mean_pool(&mut self, rows: &[f32], n_embd: usize) -> Result<Vec<f32>> {
-        self.own_graph(|s| s.mean_pool_graph(rows, n_embd))
-    }
-
-    fn mean_pool_graph(&mut self, rows: &[f32], n_embd: usize) -> Result<Vec<f32>> {
         let n = rows.len() / n_embd.max(1);
         let ctx = &mut self.ctx;
         let embd = ctx.new_tensor(DType::F32, &[n_embd, n])?;
