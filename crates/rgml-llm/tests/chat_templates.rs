@@ -10,32 +10,6 @@ use std::path::PathBuf;
 
 /// Templates whose rendering differs from llama.cpp's, and why.
 const SKIP: &[(&str, &str)] = &[
-    // `{% generation %}` (Hugging Face's assistant-mask tag) is not Jinja; minijinja refuses it.
-    (
-        "LFM2.5-8B-A1B.jinja",
-        "minijinja cannot parse {% generation %}",
-    ),
-    (
-        "poolside-Laguna-S-2.1.jinja",
-        "minijinja cannot parse {% generation %}",
-    ),
-    (
-        "poolside-Laguna-XS-2.1.jinja",
-        "minijinja cannot parse {% generation %}",
-    ),
-    (
-        "poolside-Laguna-XS.2.jinja",
-        "minijinja cannot parse {% generation %}",
-    ),
-    // Python's list.append: minijinja's sequences are immutable (tool_call case).
-    (
-        "Kimi-K2-Instruct.jinja",
-        "list.append in the tool call case",
-    ),
-    (
-        "Kimi-K2-Thinking.jinja",
-        "list.append in the tool call case",
-    ),
     // `'text' + undefined`: llama.cpp's engine concatenates, minijinja refuses.
     (
         "CohereForAI-c4ai-command-r-plus-tool_use.jinja",

@@ -10,6 +10,7 @@
 //! Python's `json.dumps` without ASCII escaping, `True`/`False`/`None` printed Python's way,
 //! and Python's string and dict methods (minijinja-contrib's `pycompat`).
 
+mod compat;
 mod json;
 mod prepare;
 
@@ -137,7 +138,7 @@ impl ChatTemplate {
     /// Compiles `source`; `bos_token`/`eos_token` are the model's token texts.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
         let mut env = environment()?;
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+        env.add_template_owned(TEMPLATE_NAME, compat::rewrite_generation_tags(source))
             .map_err(|e| ChatTemplateError::Parse(describe(&e)))?;
         let mut template = ChatTemplate {
             env,
@@ -274,6 +275,7 @@ fn environment() -> Result<Environment<'static>, ChatTemplateError> {
     env.add_filter("tojson", tojson);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
+    env.add_function("namespace", compat::namespace);
     Ok(env)
 }
 
