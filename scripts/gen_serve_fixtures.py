@@ -31,12 +31,23 @@ CASES = {
         {"role": "user", "content": "Name a fruit."},
         {"role": "assistant", "content": "An apple."},
         {"role": "user", "content": "Another one?"}]},
+    # llama.cpp's chat parser lets the model wrap the JSON in a ```json fence (and spaces) and
+    # reports the JSON alone.
+    "json_schema": {"messages": [
+        {"role": "user", "content": "Give a person's name and age as JSON."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": {
+            "type": "object", "properties": {"name": {"type": "string"},
+                                             "age": {"type": "integer"}},
+            "required": ["name", "age"]}}},
+        "max_tokens": 64},
+    "json_object": {"messages": [
+        {"role": "user", "content": "Two colours as a JSON object, please."}],
+        "response_format": {"type": "json_object"}, "max_tokens": 64},
+    "json_cut_short": {"messages": [
+        {"role": "user", "content": "Describe a cat as JSON."}],
+        "response_format": {"type": "json_object"}, "max_tokens": 12},
 }
 # Left out, as the two servers answer them differently by design:
-# - `response_format` (JSON schema or object): llama.cpp's chat parser lets the model wrap the
-#   JSON in a ```json fence (and spaces) and reports the JSON alone; rgml's constraint allows the
-#   bare JSON only, so a model that starts with the fence (the demo model does) takes another
-#   greedy path;
 # - `tool_choice` `required` or a named tool with Qwen 2.5's template: this llama.cpp does not
 #   hold the model to a call there (it answers in plain text); rgml does, as the issue asks.
 # Requests with tools need a template with a tool-call format (the demo model's has none: rgml
@@ -89,7 +100,7 @@ def main():
     cases = [(n, r, None) for n, r in CASES.items()]
     cases += [(n, r, QWEN) for n, r in TEMPLATE_CASES.items()]
     for name, request, template in cases:
-        body = dict(request, temperature=0, max_tokens=32, seed=1)
+        body = dict({"max_tokens": 32}, **request, temperature=0, seed=1)
         got = ask(bindir, body, template)
         if "error" in got:
             print(name, "error", got["error"], file=sys.stderr)

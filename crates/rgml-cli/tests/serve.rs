@@ -226,7 +226,7 @@ fn openai_tools_structured_output_and_embeddings() {
 
 /// llama-server's greedy chat answers on the demo model with its `--jinja` default (the
 /// model's own template; `scripts/gen_serve_fixtures.py`): plain turns, a default system
-/// message, JSON-schema and JSON-object answers, and with Qwen 2.5's template (the demo
+/// message, JSON-schema and JSON-object answers (in a ```json fence, one cut short), and with Qwen 2.5's template (the demo
 /// model's has no tool-call format) required and named tool calls and a tool result. Each request goes to a
 /// fresh `rgml serve` in the fixture's arithmetic, as each went to a fresh llama-server, and
 /// gives the same message, finish reason and token counts.

@@ -49,6 +49,7 @@ pub mod error;
 pub mod generate;
 pub mod grammar;
 pub mod harmony;
+pub mod json_answer;
 mod markers;
 mod message;
 pub mod model;

@@ -49,6 +49,28 @@ pub enum OutputFormat {
     /// call in the model's frame): tokens that would leave none are never sampled, the answer ends where the grammar allows
     /// nothing more, and an end-of-generation token comes only where a sentence is complete.
     Grammar(Arc<Grammar>),
+    /// A chat answer that is one JSON document (`response_format`), as llama-server's chat
+    /// parser takes it ([`rgml_llm::grammar::schema::answer_to_gbnf`]): the grammar for a
+    /// prompt that leaves the model's reasoning to it (`fresh`) and for one that opened it
+    /// (`open`); [`OutputFormat::after_prompt`] picks one.
+    JsonAnswer {
+        /// The model may reason first, or shows no reasoning.
+        fresh: Arc<Grammar>,
+        /// The prompt opened the model's reasoning: the output continues it.
+        open: Arc<Grammar>,
+    },
+}
+
+impl OutputFormat {
+    /// The format for a prompt that opened the model's reasoning (`reasoning_open`) or not.
+    pub fn after_prompt(self, reasoning_open: bool) -> OutputFormat {
+        match self {
+            OutputFormat::JsonAnswer { fresh, open } => {
+                OutputFormat::Grammar(if reasoning_open { open } else { fresh })
+            }
+            other => other,
+        }
+    }
 }
 
 /// One generation request.

@@ -11,6 +11,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rgml_llm::chat::Message;
+use rgml_llm::grammar::schema::{answer_to_gbnf, AnswerReasoning};
 use rgml_llm::reasoning::Syntax;
 use rgml_llm::tool_calls::ToolCallFormat;
 use rgml_llm::{EncodeOptions, Tokenizer};
@@ -651,15 +652,17 @@ async fn penalties_and_logit_bias_reach_the_sampler() {
     let mut bias = sampling.logit_bias.clone();
     bias.sort_by_key(|b| b.0);
     assert_eq!(bias, [(3, -1.5), (7, f32::NEG_INFINITY)]);
-    for (route, body) in [
-        ("/v1/chat/completions", chat("a")),
-        ("/v1/completions", json!({"prompt": "a"})),
-    ] {
-        let body = with(body, json!({"response_format": {"type": "json_object"}}));
-        let reply = post(server.addr, route, &body).await;
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        assert_eq!(server.fake.last_request().format, OutputFormat::JsonObject);
-    }
+    // A chat's JSON answer: llama-server's frame around the document, after the reasoning
+    // this model may write (or, where the prompt opened it, continues).
+    let framed = |schema: &Value, reasoning| {
+        let gbnf = answer_to_gbnf(schema, reasoning).unwrap();
+        Arc::new(rgml_llm::grammar::Grammar::from_gbnf(&gbnf).unwrap())
+    };
+    let answer = |schema: &Value| framed(schema, AnswerReasoning::May);
+    let body = json!({"prompt": "a", "response_format": {"type": "json_object"}});
+    let reply = post(server.addr, "/v1/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(server.fake.last_request().format, OutputFormat::JsonObject);
     // A grammar, a schema through either field, compiled before the generator sees them.
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
     let grammar_of = |route: &str, body: Value| {
@@ -670,10 +673,24 @@ async fn penalties_and_logit_bias_reach_the_sampler() {
             assert_eq!(reply.status, 200, "{}", reply.body);
             match fake.last_request().format {
                 OutputFormat::Grammar(g) => g,
+                OutputFormat::JsonAnswer { fresh, open } => {
+                    assert_ne!(fresh, open);
+                    fresh
+                }
                 other => panic!("{other:?}"),
             }
         }
     };
+    let any_object = json!({"type": "object"});
+    for format in [
+        json!({"type": "json_object"}),
+        json!({"type": "json_object", "schema": {}}),
+        json!({"type": "json_schema", "json_schema": {"name": "any"}}),
+    ] {
+        let body = with(chat("a"), json!({ "response_format": format }));
+        let g = grammar_of("/v1/chat/completions", body).await;
+        assert_eq!(g, answer(&any_object), "{format}");
+    }
     let by_field = grammar_of(
         "/v1/completions",
         json!({"prompt": "a", "json_schema": schema}),
@@ -693,8 +710,15 @@ async fn penalties_and_logit_bias_reach_the_sampler() {
     )
     .await;
     let compiled = rgml_llm::grammar::Grammar::from_json_schema(&schema).unwrap();
-    for g in [by_field, by_format, llama_form] {
-        assert_eq!(*g, compiled);
+    assert_eq!(*by_field, compiled);
+    for g in [by_format, llama_form] {
+        assert_eq!(g, answer(&schema));
+    }
+    match server.fake.last_request().format {
+        OutputFormat::JsonAnswer { open, .. } => {
+            assert_eq!(open, framed(&schema, AnswerReasoning::Open))
+        }
+        other => panic!("{other:?}"),
     }
     let gbnf = "root ::= \"yes\" | \"no\"";
     let g = grammar_of("/v1/completions", json!({"prompt": "a", "grammar": gbnf})).await;
@@ -1048,6 +1072,50 @@ async fn reasoning_goes_to_reasoning_content() {
     assert_eq!(message["reasoning_content"], "use the tool");
     assert_eq!(message["content"], "Checking.");
     assert_eq!(message["tool_calls"][0]["function"]["name"], "weather");
+}
+
+/// A chat answer with a `response_format`: as llama-server reads it, the content is the JSON
+/// document alone (no fence, no whitespace around it), after the reasoning; whole and
+/// streamed alike, and no tool call is read out of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_answers_are_the_document_alone() {
+    let server = start_default().await;
+    let format = json!({"response_format": {"type": "json_object"}});
+    let tools: Value = serde_json::from_str(WEATHER_TOOLS).unwrap();
+    for (said, reasoning, document) in [
+        (
+            "<think> why not </think> ```json {\"n\": [1, 2]} ```",
+            Some("why not"),
+            "{\"n\": [1, 2]}",
+        ),
+        ("  {\"n\": \"a ``` b\"}  ", None, "{\"n\": \"a ``` b\"}"),
+    ] {
+        let body = with(chat(said), format.clone());
+        let reply = post(server.addr, "/v1/chat/completions", &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let answer: Value = serde_json::from_str(&reply.body).unwrap();
+        let message = &answer["choices"][0]["message"];
+        assert_eq!(message["content"], document, "{said}");
+        assert_eq!(message["reasoning_content"].as_str(), reasoning, "{said}");
+        let body = with(
+            with(chat(said), format.clone()),
+            json!({"stream": true, "tools": tools}),
+        );
+        let mut events = open_stream(server.addr, "/v1/chat/completions", &body).await;
+        let chunks = events.rest().await;
+        assert_eq!(joined_deltas(&chunks, "content"), document, "{said}");
+        assert!(chunks
+            .iter()
+            .all(|c| c["choices"][0]["delta"]["tool_calls"].is_null()));
+    }
+    // A Hermes call inside the document stays content.
+    let body = with(with(chat(CALLING), format.clone()), json!({"tools": tools}));
+    let reply = post(server.addr, "/v1/chat/completions", &body).await;
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    assert!(
+        answer["choices"][0]["message"]["tool_calls"].is_null(),
+        "{answer}"
+    );
 }
 
 /// `n` choices: each generated on its own (the next seed each), answered together with their

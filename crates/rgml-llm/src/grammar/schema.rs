@@ -75,6 +75,58 @@ pub fn framed_to_gbnf(
     Ok((c.text(), refused))
 }
 
+/// Where a chat answer's reasoning stands when its document ([`answer_to_gbnf`]) is sampled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerReasoning {
+    /// The model shows no reasoning: the document comes first.
+    None,
+    /// A `<think>` … `</think>` part may come first.
+    May,
+    /// The prompt opened `<think>`: the output continues the reasoning up to `</think>`.
+    Open,
+}
+
+/// GBNF for any text without `delimiter`, then `!` (for tests of [`Converter::excluding`]).
+#[cfg(test)]
+pub(super) fn excluding_then_bang(delimiter: &str) -> String {
+    let mut c = Converter::new(&Value::Null, "");
+    let body = c.excluding("body", delimiter);
+    c.set("root", &format!(r#"{body} "!""#));
+    c.text()
+}
+
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
+
+/// GBNF for a chat answer that is one document of `schema` (a `response_format`), as llama.cpp's
+/// chat parser generator writes it (`chat-auto-parser-generator.cpp`): the reasoning (see
+/// [`AnswerReasoning`]; any text up to `</think>`, then at most two newlines, the whitespace its
+/// templates' tags end with), then whitespace and the document, alone or in a
+/// ```` ```json ```` fence, and whitespace.
+pub fn answer_to_gbnf(schema: &Value, reasoning: AnswerReasoning) -> Result<String, GrammarError> {
+    let mut c = Converter::new(schema, "");
+    let document = c.visit(schema, "answer")?;
+    let space = c.primitive("space");
+    let frame = format!(
+        "{space} ( {} {space} {document} {space} {} | {space} {document} {space} )",
+        literal("```json"),
+        literal("```")
+    );
+    let root = match reasoning {
+        AnswerReasoning::None => frame,
+        _ => {
+            let body = c.excluding("think-body", THINK_CLOSE);
+            let rest = format!(r#"{body} {} "\n"? "\n"?"#, literal(THINK_CLOSE));
+            match reasoning {
+                AnswerReasoning::Open => format!("{rest} {frame}"),
+                _ => format!("( {} {rest} )? {frame}", literal(THINK_OPEN)),
+            }
+        }
+    };
+    c.set("root", &root);
+    Ok(c.text())
+}
+
 const SPACE: &str = r#"| " " | "\n"{1,2} [ \t]{0,20}"#;
 
 /// llama.cpp's primitive rules: name, body, the primitives it uses.
@@ -651,6 +703,42 @@ impl Converter<'_> {
             alts.push(alt);
         }
         alts.join(" | ")
+    }
+
+    /// Any text without `delimiter` in it (llama.cpp's `until` in GBNF): a rule per state of
+    /// the text's longest suffix that begins `delimiter`, every state final, no transition
+    /// completing it. Returns the start state's rule.
+    fn excluding(&mut self, name: &str, delimiter: &str) -> String {
+        let d: Vec<char> = delimiter.chars().collect();
+        // The state after reading `c` with the first `k` characters of `d` matched.
+        let next = |k: usize, c: char| {
+            (0..=k)
+                .rev()
+                .find(|&j| {
+                    let text = d[k - j..k].iter().chain(std::iter::once(&c));
+                    j < d.len() && text.eq(d[..=j].iter())
+                })
+                .map_or(0, |j| j + 1)
+        };
+        let state = |k: usize| format!("{name}-{k}");
+        let mut chars: Vec<char> = d.clone();
+        chars.sort_unstable();
+        chars.dedup();
+        for k in 0..d.len() {
+            let mut body = String::new();
+            let mut special = String::new();
+            for &c in &chars {
+                special.push_str(&class_char(c));
+                let to = next(k, c);
+                if to == d.len() {
+                    continue;
+                }
+                body.push_str(&format!(" | [{}] {}", class_char(c), state(to)));
+            }
+            body.push_str(&format!(" | [^{special}] {}", state(0)));
+            self.set(&state(k), &body);
+        }
+        state(0)
     }
 
     /// A JSON string that is none of `names` (llama.cpp's `_not_strings`: a trie of the

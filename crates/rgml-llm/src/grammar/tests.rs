@@ -680,3 +680,65 @@ fn long_chains_of_empty_matches_expand_without_deep_recursion() {
         .unwrap();
     assert!(text);
 }
+
+#[test]
+fn chat_answers_are_the_document_bare_or_fenced_after_any_reasoning() {
+    use schema::{answer_to_gbnf, AnswerReasoning};
+    let schema =
+        json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+    let plain = answer_to_gbnf(&schema, AnswerReasoning::None).unwrap();
+    let may = answer_to_gbnf(&schema, AnswerReasoning::May).unwrap();
+    let open = answer_to_gbnf(&schema, AnswerReasoning::Open).unwrap();
+    let documents = [
+        "{\"a\": 1}",
+        " {\"a\": 2} ",
+        "\n{\"a\": 3}\n",
+        "```json\n{\"a\": 4}\n```",
+        "\n```json {\"a\": 5}```",
+    ];
+    for doc in documents {
+        assert!(takes(&plain, doc), "{doc:?}");
+        assert!(takes(&may, doc), "{doc:?}");
+        assert!(!takes(&open, doc), "{doc:?}");
+        let thought = format!("<think>\nA < B, </thin k> </think\n</think>\n\n{doc}");
+        assert!(!takes(&plain, &thought), "{thought:?}");
+        assert!(takes(&may, &thought), "{thought:?}");
+        let rest = thought.trim_start_matches("<think>");
+        assert!(takes(&open, rest), "{rest:?}");
+    }
+    for bad in [
+        "{\"a\": \"x\"}",
+        "{\"a\": 1} x",
+        "```{\"a\": 1}```",
+        "```json {\"a\": 1}",
+        "{\"a\": 1}```",
+        "```json\n{\"a\": 1}\n``` ",
+    ] {
+        assert!(!takes(&plain, bad), "{bad:?}");
+        assert!(!takes(&may, bad), "{bad:?}");
+    }
+    // The reasoning ends at its first `</think>`; then at most six newlines (two after the
+    // tag, two in each of the two `space`s before a bare document).
+    for bad in [
+        "<think>a</think>b</think>{\"a\": 1}",
+        "<think>a</think>\n\n\n\n\n\n\n{\"a\": 1}",
+        "<think>a{\"a\": 1}",
+    ] {
+        assert!(!takes(&may, bad), "{bad:?}");
+    }
+    let unclosed = "<think>still thinking </think";
+    let mut m = matcher(&may);
+    assert!(unclosed.bytes().all(|b| m.push(&[b])) && !m.complete());
+}
+
+#[test]
+fn text_without_a_delimiter_is_any_text_but_the_delimiter() {
+    // A delimiter that overlaps itself: after "abab", "c" would complete "ababc".
+    let gbnf = schema::excluding_then_bang("ababc");
+    for ok in ["!", "abab!", "ababab!", "abac!", "ababd ababa!", "cbabcab!"] {
+        assert!(takes(&gbnf, ok), "{ok}");
+    }
+    for bad in ["ababc!", "xababcx!", "abababc!"] {
+        assert!(!takes(&gbnf, bad), "{bad}");
+    }
+}

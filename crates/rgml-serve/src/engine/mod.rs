@@ -368,6 +368,8 @@ impl Generator for Engine {
             return Err(SubmitError::EmbeddingsOnly(self.model.config.arch.clone()));
         }
         let (prompt, reasoning_open) = self.tokenize(&request.prompt)?;
+        let mut request = request;
+        request.format = std::mem::take(&mut request.format).after_prompt(reasoning_open);
         self.check(&request, &prompt)?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancelled = Arc::new(AtomicBool::new(false));

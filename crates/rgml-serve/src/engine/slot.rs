@@ -389,5 +389,8 @@ fn constraint(format: &OutputFormat) -> Option<Constraint> {
         OutputFormat::Text => return None,
         OutputFormat::JsonObject => Constraint::grammar(Grammar::json_object()),
         OutputFormat::Grammar(grammar) => Constraint::grammar(grammar.clone()),
+        // Resolved at submission (`OutputFormat::after_prompt`); a prompt that did not open
+        // the reasoning otherwise.
+        OutputFormat::JsonAnswer { fresh, .. } => Constraint::grammar(fresh.clone()),
     })
 }

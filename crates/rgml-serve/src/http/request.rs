@@ -51,6 +51,9 @@ pub(crate) struct Parsed {
     pub(crate) split_reasoning: bool,
     /// Choices to answer with (`n`), each generated on its own.
     pub(crate) n: usize,
+    /// The schema of the one JSON document `response_format` or `json_schema` asks for (a
+    /// chat's answer is then read as llama-server reads it: see `rgml_llm::json_answer`).
+    pub(crate) answer_schema: Option<Value>,
 }
 
 /// What `tools` and `tool_choice` ask for.
@@ -114,6 +117,37 @@ pub(crate) fn forced_call_grammar(
         .collect();
     let grammar = Grammar::from_gbnf(&gbnf).map_err(|e| grammar_error(e, "tools"))?;
     Ok((grammar, warnings))
+}
+
+/// A chat answer that is one document of `schema`, for a model with `reasoning` (`None`: the
+/// schema's own grammar, for a model whose reasoning syntax the frame does not cover, i.e.
+/// gpt-oss's harmony channels): the grammars [`OutputFormat::JsonAnswer`] holds.
+pub(crate) fn json_answer_format(
+    schema: &Value,
+    reasoning: Option<rgml_llm::reasoning::Syntax>,
+) -> Result<OutputFormat, ApiError> {
+    use rgml_llm::grammar::schema::{answer_to_gbnf, AnswerReasoning};
+    use rgml_llm::reasoning::Syntax;
+    let grammar = |mode: AnswerReasoning| -> Result<Arc<Grammar>, ApiError> {
+        let compiled = answer_to_gbnf(schema, mode).and_then(|gbnf| Grammar::from_gbnf(&gbnf));
+        Ok(Arc::new(
+            compiled.map_err(|e| grammar_error(e, "response_format"))?,
+        ))
+    };
+    Ok(match reasoning {
+        None => {
+            let only = grammar(AnswerReasoning::None)?;
+            OutputFormat::JsonAnswer {
+                fresh: only.clone(),
+                open: only,
+            }
+        }
+        Some(Syntax::Think) => OutputFormat::JsonAnswer {
+            fresh: grammar(AnswerReasoning::May)?,
+            open: grammar(AnswerReasoning::Open)?,
+        },
+        Some(Syntax::Harmony) => schema_format(schema, "response_format")?,
+    })
 }
 
 /// `stop`: one string or several.
@@ -808,7 +842,7 @@ fn finish(
         None => Ok(options.max_tokens_default),
     }?;
     let sampling = sampling(&common)?;
-    let format = output_format(&common)?;
+    let (format, answer_schema) = output_format(&common)?;
     let ignore_eos = common.ignore_eos.unwrap_or(false);
     let stop = stop_strings(common.stop)?;
     let include_usage = common
@@ -832,29 +866,39 @@ fn finish(
         split_reasoning: false,
         tool_use: ToolUse::None,
         n,
+        answer_schema,
     })
 }
 
 /// What the answer must be: `response_format` (`text`, `json_object`, `json_schema`, and
 /// llama-server's `json_object` with a `schema`), llama-server's `grammar` (GBNF) or its
-/// `json_schema`; at most one of them. A grammar or schema that cannot be compiled is the
-/// client's error (400), named.
-fn output_format(common: &CommonFields) -> Result<OutputFormat, ApiError> {
-    let format = response_format(common.response_format.as_ref())?;
-    let mut given: Vec<(&str, OutputFormat)> = Vec::new();
-    if format != OutputFormat::Text {
-        given.push(("response_format", format));
+/// `json_schema`; at most one of them. With the format, the schema of the JSON document it
+/// asks for (not for a `grammar`). A grammar or schema that cannot be compiled is the client's
+/// error (400), named.
+fn output_format(common: &CommonFields) -> Result<(OutputFormat, Option<Value>), ApiError> {
+    let mut given: Vec<(&str, OutputFormat, Option<Value>)> = Vec::new();
+    if let Some((schema, param)) = response_format(common.response_format.as_ref())? {
+        let format = match schema == any_object() {
+            true => OutputFormat::JsonObject,
+            false => schema_format(&schema, param)?,
+        };
+        given.push(("response_format", format, Some(schema)));
     }
     if let Some(gbnf) = &common.grammar {
         let grammar = Grammar::from_gbnf(gbnf).map_err(|e| grammar_error(e, "grammar"))?;
-        given.push(("grammar", OutputFormat::Grammar(Arc::new(grammar))));
+        given.push(("grammar", OutputFormat::Grammar(Arc::new(grammar)), None));
     }
     if let Some(schema) = common.json_schema.as_ref().filter(|s| !s.is_null()) {
-        given.push(("json_schema", schema_format(schema, "json_schema")?));
+        let schema = or_any_object(schema);
+        let format = schema_format(&schema, "json_schema")?;
+        given.push(("json_schema", format, Some(schema)));
     }
     match given.len() {
-        0 => Ok(OutputFormat::Text),
-        1 => Ok(given.remove(0).1),
+        0 => Ok((OutputFormat::Text, None)),
+        1 => {
+            let (_, format, schema) = given.remove(0);
+            Ok((format, schema))
+        }
         _ => {
             let names: Vec<&str> = given.iter().map(|g| g.0).collect();
             Err(ApiError::bad_request(
@@ -865,18 +909,24 @@ fn output_format(common: &CommonFields) -> Result<OutputFormat, ApiError> {
     }
 }
 
-fn response_format(value: Option<&Value>) -> Result<OutputFormat, ApiError> {
+/// The document schema of a `response_format` and the parameter it is in (`None`: text).
+fn response_format(value: Option<&Value>) -> Result<Option<(Value, &'static str)>, ApiError> {
     let kind = match value {
-        None | Some(Value::Null) => return Ok(OutputFormat::Text),
+        None | Some(Value::Null) => return Ok(None),
         Some(v) => v.get("type").and_then(Value::as_str),
     };
     let format = value.unwrap_or(&Value::Null);
+    let given = |spec: &Value| {
+        spec.get("schema")
+            .filter(|s| !s.is_null())
+            .map(or_any_object)
+    };
     match kind {
-        Some("text") => Ok(OutputFormat::Text),
-        Some("json_object") => match format.get("schema") {
-            Some(schema) if !schema.is_null() => schema_format(schema, "response_format.schema"),
-            _ => Ok(OutputFormat::JsonObject),
-        },
+        Some("text") => Ok(None),
+        Some("json_object") => {
+            let schema = given(format).unwrap_or_else(any_object);
+            Ok(Some((schema, "response_format.schema")))
+        }
         Some("json_schema") => {
             let spec = format
                 .get("json_schema")
@@ -887,15 +937,25 @@ fn response_format(value: Option<&Value>) -> Result<OutputFormat, ApiError> {
                         Some("response_format.json_schema"),
                     )
                 })?;
-            // As llama-server: no `schema` allows any JSON value.
-            let any = Value::Object(Default::default());
-            let schema = spec.get("schema").filter(|s| !s.is_null()).unwrap_or(&any);
-            schema_format(schema, "response_format.json_schema.schema")
+            let schema = given(spec).unwrap_or_else(any_object);
+            Ok(Some((schema, "response_format.json_schema.schema")))
         }
         _ => Err(ApiError::bad_request(
             "response_format needs a `type`: text, json_object or json_schema",
             Some("response_format"),
         )),
+    }
+}
+
+/// As llama-server: an absent or empty schema means any object.
+fn any_object() -> Value {
+    serde_json::json!({"type": "object"})
+}
+
+fn or_any_object(schema: &Value) -> Value {
+    match schema.as_object() {
+        Some(obj) if obj.is_empty() => any_object(),
+        _ => schema.clone(),
     }
 }
 

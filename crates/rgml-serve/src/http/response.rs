@@ -50,6 +50,9 @@ pub(crate) struct Meta {
     /// A thinking model's chat: its reasoning, in the model's syntax, goes to
     /// `reasoning_content` (with `true` when the prompt opened it).
     pub(crate) reasoning: Option<(reasoning::Syntax, bool)>,
+    /// A chat answer that is one JSON document: its content is the document alone (see
+    /// `rgml_llm::json_answer`; `tool_format` is then `None`, as llama-server reads no calls).
+    pub(crate) json_answer: bool,
 }
 
 impl Meta {
@@ -67,6 +70,7 @@ impl Meta {
             warnings: Vec::new(),
             tool_format: None,
             reasoning: None,
+            json_answer: false,
         }
     }
 }
@@ -476,6 +480,7 @@ fn chat_choice(meta: &Meta, index: usize, collected: Collected) -> ChatChoice {
                 .then_some(parsed.content);
             (content, ToolCallOut::list(parsed.tool_calls, false))
         }
+        None if meta.json_answer => (Some(rgml_llm::json_answer::strip(&answer)), Vec::new()),
         None => (Some(answer), Vec::new()),
     };
     ChatChoice {

@@ -3,7 +3,9 @@
 
 use super::error::{ApiError, ErrorKind};
 use super::listener::{Activity, Connections};
-use super::request::{forced_call_grammar, parse_chat, parse_completion, ToolUse};
+use super::request::{
+    forced_call_grammar, json_answer_format, parse_chat, parse_completion, ToolUse,
+};
 use super::response::{collect, unix_now, whole, Meta, Route, NO_RESULT};
 use super::{metrics, stream, tokens, HttpOptions, ShutdownFlag};
 use crate::generator::{GenRequest, Generator, OutputFormat, Submission};
@@ -197,6 +199,16 @@ async fn try_generate(
             let (grammar, warnings) = forced_call_grammar(format, &tools)?;
             parsed.warnings.extend(warnings);
             parsed.request.format = OutputFormat::Grammar(Arc::new(grammar));
+        }
+    }
+    if let (Route::Chat, Some(schema)) = (route, &parsed.answer_schema) {
+        // As llama-server's chat parser: after the model's reasoning, the document alone or in
+        // a ```json fence; the content is the document, and no tool calls are read from it.
+        let syntax = state.generator.reasoning_syntax();
+        parsed.request.format = json_answer_format(schema, syntax)?;
+        meta.json_answer = !matches!(parsed.request.format, OutputFormat::Grammar(_));
+        if meta.json_answer {
+            meta.tool_format = None;
         }
     }
     if state.options.log_warnings {

@@ -12,6 +12,7 @@ use super::response::{
 use crate::generator::{FinishReason, GenEvent, Logprobs, Submission, Usage};
 use axum::response::sse::{Event, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
+use rgml_llm::json_answer::JsonAnswerStream;
 use rgml_llm::reasoning::{Part, ReasoningStream};
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -71,6 +72,8 @@ struct State {
     streamed_calls: Vec<(String, usize)>,
     /// A thinking model's chat: the output split into reasoning and answer as it comes.
     reasoning: Option<ReasoningStream>,
+    /// A chat answer that is one JSON document: the document out of the answer as it comes.
+    json_answer: Option<JsonAnswerStream>,
     /// The choice this stream is (`n` > 1: several streams merged).
     index: usize,
     /// One of several choices: its usage goes here, and the merged stream ends them all.
@@ -140,9 +143,13 @@ fn choice_events(
         sent: 0,
         streamed_calls: Vec::new(),
         reasoning: None,
+        json_answer: None,
         index,
         shared,
     };
+    if state.meta.json_answer {
+        state.json_answer = Some(JsonAnswerStream::default());
+    }
     if let Some((syntax, open)) = state.meta.reasoning {
         state.reasoning = Some(ReasoningStream::for_syntax(syntax, open));
     }
@@ -230,9 +237,12 @@ impl State {
         answer
     }
 
-    /// What of a new piece of text can be sent now: all of it, or with tools the output's
-    /// text up to where a tool call may begin.
+    /// What of a new piece of text can be sent now: all of it, with tools the output's text
+    /// up to where a tool call may begin, or of a JSON answer its document.
     fn sendable(&mut self, text: String) -> String {
+        if let Some(document) = self.json_answer.as_mut() {
+            return document.push(&text);
+        }
         let Some(format) = self.meta.tool_format else {
             return text;
         };
