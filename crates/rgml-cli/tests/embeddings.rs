@@ -10,7 +10,7 @@
 //! WordPiece tokens, bidirectional attention and CLS or mean pooling, flash attention off and
 //! on, as llama.cpp's encoder computes them.
 
-#[allow(dead_code)] // Only the root and the demo model are used here.
+#[allow(dead_code)] // Only the root, the demo model and the GPU's name are used here.
 mod common;
 
 use common::{demo_model, root, runnable_isas, sha256_hex};
@@ -116,6 +116,60 @@ fn bert_embeddings_are_llama_cpps() {
         assert_eq!(
             worst, 0.0,
             "{prompt:?} {pooling} -fa {fa} on {isa}: from llama.cpp"
+        );
+    }
+}
+
+/// The BERT encoder on the GPU in its exact arithmetic (the AVX-512 build's, whose fixture it
+/// is held to; the CPU's share, if any, in that arithmetic too): the same vectors, bit for bit
+/// (the layer norm's variance included).
+#[test]
+fn bert_embeddings_on_the_gpu_are_llama_cpps() {
+    let Some(gpu) = common::gpu_device() else {
+        return;
+    };
+    let model = bert_model();
+    for (isa, case) in runnable_cases("bert-", &model) {
+        if isa != "avx512" {
+            continue;
+        }
+        let prompt = case["prompt"].as_str().unwrap();
+        let pooling = case["pooling"].as_str().unwrap();
+        let fa = if case["fa"].as_bool().unwrap() {
+            "on"
+        } else {
+            "off"
+        };
+        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+            .args([
+                "embed",
+                "-p",
+                prompt,
+                "--pooling",
+                pooling,
+                "-fa",
+                fa,
+                "-t",
+                "2",
+            ])
+            .args(["--device", &gpu])
+            .arg("-m")
+            .arg(&model)
+            .env("RGML_CPU_ISA", isa)
+            .env("RGML_WGPU_EXACT", "1")
+            .output()
+            .expect("run rgml embed");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+        assert_eq!(got["tokens"], case["tokens"], "{prompt:?} tokens");
+        let worst = worst(&got, &case);
+        assert_eq!(
+            worst, 0.0,
+            "{prompt:?} {pooling} -fa {fa} on {gpu}: from llama.cpp"
         );
     }
 }

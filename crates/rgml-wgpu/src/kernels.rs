@@ -57,6 +57,7 @@ pub(crate) enum Kernel {
     QuantizeQ8,
     MulMatQ8,
     RmsNormF64,
+    NormF64,
     SoftMaxF64,
     MulMvQ8,
     MulMv,
@@ -272,7 +273,7 @@ enum Module {
 }
 
 /// Each kernel's entry point and module.
-const KERNELS: [(Kernel, &str, Module); 29] = [
+const KERNELS: [(Kernel, &str, Module); 30] = [
     (Kernel::Binary, "binary", Module::Plain),
     (Kernel::Scale, "scale", Module::Plain),
     (Kernel::Clamp, "clamp_op", Module::Plain),
@@ -296,6 +297,7 @@ const KERNELS: [(Kernel, &str, Module); 29] = [
     (Kernel::QuantizeQ8, "quantize_q8", Module::Plain),
     (Kernel::MulMatQ8, "mul_mat_q8", Module::Plain),
     (Kernel::RmsNormF64, "rms_norm_f64", Module::F64),
+    (Kernel::NormF64, "norm_f64", Module::F64),
     (Kernel::SoftMaxF64, "soft_max_f64", Module::F64),
     (Kernel::MulMvQ8, "mul_mv_q8", Module::Plain),
     (Kernel::MulMv, "mul_mv", Module::Plain),

@@ -28,6 +28,48 @@ fn rms_norm_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     }
 }
 
+// NORM as ggml-cpu's AVX-512 build: the mean from a sequential f64 sum rounded to f32, divided
+// by n in f32; then `ggml_vec_cvar_f32`: d = x - mean, the squares' `hsum16` per group of 16
+// added to an f64 sum, the tail's squares one by one, the variance that sum over n rounded to
+// f32; d * (1 / sqrt(variance + eps)) with correctly rounded sqrt and divisions.
+@compute @workgroup_size(64)
+fn norm_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = thread_index(gid, nwg);
+    if (r >= p.misc.x) {
+        return;
+    }
+    let row = unravel_row(r, p.a_ne);
+    let a0 = p.off.x + at(row, p.a_nb);
+    let d0 = p.off.w + at(row, p.d_nb);
+    let n = p.a_ne.x;
+    var sum = 0.0lf;
+    for (var k = 0u; k < n; k++) {
+        sum += f64(af(a0 + k * p.a_nb.x));
+    }
+    let mean = div_rn(f32(sum), f32(n));
+    var squares = 0.0lf;
+    let full = n - n % 16u;
+    for (var k0 = 0u; k0 < full; k0 += 16u) {
+        var sq: array<f32, 16>;
+        for (var l = 0u; l < 16u; l++) {
+            let v = f64(af(a0 + (k0 + l) * p.a_nb.x) - mean);
+            // The f32 square (exact in f64, then rounded once), where a compiler cannot fuse
+            // it into `hsum16`'s additions as it may a plain `v * v`.
+            sq[l] = f32(v * v);
+        }
+        squares += f64(hsum16(sq));
+    }
+    for (var k = full; k < n; k++) {
+        let v = af(a0 + k * p.a_nb.x) - mean;
+        squares += f64(v * v);
+    }
+    let variance = f32(squares / f64(n));
+    let s = div_rn(1.0, sqrt_rn(variance + p.f.x));
+    for (var k = 0u; k < n; k++) {
+        dset(d0 + k * p.d_nb.x, (af(a0 + k * p.a_nb.x) - mean) * s);
+    }
+}
+
 // SOFT_MAX as ggml-cpu's AVX-512 build (see `soft_max` in kernels.wgsl for the parameters):
 // w = x * scale + slope * mask, then exp(w - max) in groups of 16 through `v_expf16`, each
 // group's `hsum16` added to an f64 sum, the tail through glibc's `expf` (`libm_expf`); the

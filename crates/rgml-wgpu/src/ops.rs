@@ -998,7 +998,10 @@ impl<'a> Prep<'a> {
             }
             Op::Norm { eps } => {
                 p.f[0] = eps;
-                (Kernel::Norm, rows)
+                match self.exact && self.gpu.kernels.f64 {
+                    true => (Kernel::NormF64, rows),
+                    false => (Kernel::Norm, rows),
+                }
             }
             Op::RmsNorm { eps } => {
                 p.f[0] = eps;

@@ -167,6 +167,26 @@ fn norm_rope_softmax_swiglu_are_exact() {
     c.check(&[n, r, sm, sw, si]);
 }
 
+/// NORM (BERT's layer norm), rows of a multiple of 16 and with a tail, large and small values:
+/// the mean's f64 sum, the variance's groups of 16 and tail as ggml-cpu's AVX-512 build. (With
+/// the squares written `v * v`, lavapipe fused them into `hsum16`'s additions: one row in 40
+/// of `big` had its scale an ulp off.)
+#[test]
+fn layer_norm_is_exact() {
+    let mut c = Case::new(7);
+    let x = c.leaf(DType::F32, &[384, 5], 1.0);
+    let tail = c.leaf(DType::F32, &[45, 6, 2], 1.0);
+    let big = c.leaf(DType::F32, &[48, 40], 30.0);
+    let bt = c.ctx.norm(big, 1e-5).unwrap();
+    let one = c.leaf(DType::F32, &[7, 1], 0.01);
+    let g = c.leaf(DType::F32, &[384], 1.0);
+    let n = c.ctx.norm(x, 1e-12).unwrap();
+    let n = c.ctx.mul(n, g).unwrap();
+    let t = c.ctx.norm(tail, 1e-5).unwrap();
+    let o = c.ctx.norm(one, 1e-5).unwrap();
+    c.check(&[n, t, o, bt]);
+}
+
 /// Rows whose length is not a multiple of 16: ggml-cpu's AVX-512 loops leave a row's last
 /// `ne0 % 16` elements to libm's `expf`, so the GPU computes glibc's `expf` there. Found on
 /// Qwen3.5-MoE's router: SOFT_MAX over 2 experts (all tail) for one token, a generation step.
