@@ -151,8 +151,8 @@ unsafe fn nibble_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
     y: *const u8,
     out: &mut [f32],
 ) {
-    let yb = size_of::<BlockQ8_0>();
-    // SAFETY: the caller's features; block i < nb of each row and of `y` (the caller's
+    let (xb, yb) = (size_of::<B>(), size_of::<BlockQ8_0>());
+    // SAFETY: the caller's features; blocks below `nb` of each row and of `y` (the caller's
     // promise): a Q8_0 block's f16 scale at offset 0 and quants at offset 2, a `B`'s scale at
     // offset 0 and indices at `B::QS`.
     unsafe {
@@ -161,15 +161,19 @@ unsafe fn nibble_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
         // that changes with the block kept them in memory, a store and a load per block).
         let mut even = [_mm256_setzero_ps(); R];
         let mut odd = [_mm256_setzero_ps(); R];
-        for i in (0..nb - nb % 2).step_by(2) {
-            nibble_block_rows::<B, R, STREAM>(i, x, y.add(i * yb), &mut streams, &mut even);
-            nibble_block_rows::<B, R, STREAM>(
-                i + 1,
-                x,
-                y.add((i + 1) * yb),
-                &mut streams,
-                &mut odd,
-            );
+        // The blocks by pointers that step (no index arithmetic per block), each stream's
+        // prefetch asked once per pair of blocks.
+        let (mut px, mut py) = (x, y);
+        for _ in 0..nb / 2 {
+            if STREAM {
+                for (stream, &p) in streams.iter_mut().zip(&px) {
+                    stream.step(p.add(xb));
+                }
+            }
+            nibble_block_rows::<B, R>(px, py, &mut even);
+            nibble_block_rows::<B, R>(px.map(|p| p.add(xb)), py.add(yb), &mut odd);
+            px = px.map(|p| p.add(2 * xb));
+            py = py.add(2 * yb);
         }
         for ((o, e), d) in out.iter_mut().zip(&even).zip(&odd) {
             *o = hsum8_avx2(_mm256_add_ps(*e, *d));
@@ -177,17 +181,15 @@ unsafe fn nibble_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
     }
 }
 
-/// Block `i` of each of [`nibble_rows`]' rows `x` against the Q8_0 block at `py`, added into
+/// Block `px[r]` of each of [`nibble_rows`]' rows against the Q8_0 block at `py`, added into
 /// the rows' accumulators `acc`: `d_y * d_x` times the block's integer sum, one FMA.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; block `i` of every row and the block at `py` are in bounds.
+/// AVX2, FMA and F16C; the blocks at `px` and `py` are in bounds.
 #[inline(always)]
-unsafe fn nibble_block_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
-    i: usize,
-    x: [*const u8; R],
+unsafe fn nibble_block_rows<B: NibbleBlock, const R: usize>(
+    px: [*const u8; R],
     py: *const u8,
-    streams: &mut [StreamPrefetch; R],
     acc: &mut [__m256; R],
 ) {
     // SAFETY: the caller's features and bounds: a Q8_0 block's f16 scale at offset 0 and
@@ -195,11 +197,7 @@ unsafe fn nibble_block_rows<B: NibbleBlock, const R: usize, const STREAM: bool>(
     unsafe {
         let dy = fp16::h2f(py);
         let yv = load256(py.add(2));
-        for ((acc, &xr), stream) in acc.iter_mut().zip(&x).zip(streams.iter_mut()) {
-            let px = xr.add(i * size_of::<B>());
-            if STREAM {
-                stream.step(px);
-            }
+        for (acc, &px) in acc.iter_mut().zip(&px) {
             let d = dy * B::scale_at(px);
             let v = nibble_values_avx2(&B::CODEBOOK, px.add(B::QS));
             let p = _mm256_madd_epi16(mul_add_i8(v, yv), _mm256_set1_epi16(1));
