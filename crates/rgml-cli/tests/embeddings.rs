@@ -18,12 +18,21 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn embed(isa: &str, prompt: &str, pooling: &str) -> serde_json::Value {
-    embed_with(&demo_model(), isa, prompt, pooling, "off")
+    embed_with(&demo_model(), isa, prompt, pooling, "off", None)
 }
 
-/// `rgml embed` of `prompt` by `model` under `isa`, with flash attention `fa`.
-fn embed_with(model: &Path, isa: &str, prompt: &str, pooling: &str, fa: &str) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
+/// `rgml embed` of `prompt` by `model` under `isa`, with flash attention `fa`, on the CPU or
+/// on `gpu` in its exact arithmetic.
+fn embed_with(
+    model: &Path,
+    isa: &str,
+    prompt: &str,
+    pooling: &str,
+    fa: &str,
+    gpu: Option<&str>,
+) -> serde_json::Value {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rgml"));
+    command
         .args([
             "embed",
             "-p",
@@ -37,9 +46,11 @@ fn embed_with(model: &Path, isa: &str, prompt: &str, pooling: &str, fa: &str) ->
         ])
         .arg("-m")
         .arg(model)
-        .env("RGML_CPU_ISA", isa)
-        .output()
-        .expect("run rgml embed");
+        .env("RGML_CPU_ISA", isa);
+    if let Some(gpu) = gpu {
+        command.args(["--device", gpu]).env("RGML_WGPU_EXACT", "1");
+    }
+    let out = command.output().expect("run rgml embed");
     assert!(
         out.status.success(),
         "rgml embed failed: {}",
@@ -94,14 +105,15 @@ fn worst(got: &serde_json::Value, case: &serde_json::Value) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The random BERT model, written afresh into the test's scratch directory.
-fn bert_model() -> PathBuf {
-    common::random_model_file(rgml_testmodels::Arch::Bert, "embeddings", "bert")
+/// The random BERT model, written afresh into the test's scratch directory as `name` (a file
+/// per test: tests run at once, and one must not read the file while another writes it).
+fn bert_model(name: &str) -> PathBuf {
+    common::random_model_file(rgml_testmodels::Arch::Bert, "embeddings", name)
 }
 
 #[test]
 fn bert_embeddings_are_llama_cpps() {
-    let model = bert_model();
+    let model = bert_model("bert");
     for (isa, case) in runnable_cases("bert-", &model) {
         let prompt = case["prompt"].as_str().unwrap();
         let pooling = case["pooling"].as_str().unwrap();
@@ -110,7 +122,7 @@ fn bert_embeddings_are_llama_cpps() {
         } else {
             "off"
         };
-        let got = embed_with(&model, isa, prompt, pooling, fa);
+        let got = embed_with(&model, isa, prompt, pooling, fa, None);
         assert_eq!(got["tokens"], case["tokens"], "{prompt:?} tokens");
         let worst = worst(&got, &case);
         assert_eq!(
@@ -128,7 +140,7 @@ fn bert_embeddings_on_the_gpu_are_llama_cpps() {
     let Some(gpu) = common::gpu_device() else {
         return;
     };
-    let model = bert_model();
+    let model = bert_model("bert-gpu");
     for (isa, case) in runnable_cases("bert-", &model) {
         if isa != "avx512" {
             continue;
@@ -140,31 +152,7 @@ fn bert_embeddings_on_the_gpu_are_llama_cpps() {
         } else {
             "off"
         };
-        let out = Command::new(env!("CARGO_BIN_EXE_rgml"))
-            .args([
-                "embed",
-                "-p",
-                prompt,
-                "--pooling",
-                pooling,
-                "-fa",
-                fa,
-                "-t",
-                "2",
-            ])
-            .args(["--device", &gpu])
-            .arg("-m")
-            .arg(&model)
-            .env("RGML_CPU_ISA", isa)
-            .env("RGML_WGPU_EXACT", "1")
-            .output()
-            .expect("run rgml embed");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+        let got = embed_with(&model, isa, prompt, pooling, fa, Some(&gpu));
         assert_eq!(got["tokens"], case["tokens"], "{prompt:?} tokens");
         let worst = worst(&got, &case);
         assert_eq!(
