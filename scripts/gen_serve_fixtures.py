@@ -62,6 +62,21 @@ TEMPLATE_CASES = {
         "tools": [WEATHER]},
 }
 
+# JSON answers under thinking models' templates (the demo model writing in them): with Qwen 3's
+# the model may reason first; DeepSeek R1's opens `<think>` in the prompt, so the answer
+# continues the reasoning until `</think>` before its document.
+PERSON = {"type": "json_schema", "json_schema": {"name": "person", "schema": {
+    "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"]}}}
+THINKING_CASES = {
+    "qwen3_json": ("crates/rgml-llm/tests/fixtures/templates/Qwen-Qwen3-0.6B.jinja", {
+        "messages": [{"role": "user", "content": "Give a person's name and age as JSON."}],
+        "response_format": PERSON, "max_tokens": 64}),
+    "r1_json": ("crates/rgml-llm/tests/fixtures/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", {
+        "messages": [{"role": "user", "content": "Give a person's name and age as JSON."}],
+        "response_format": PERSON, "max_tokens": 48}),
+}
+
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
     return port
@@ -99,6 +114,7 @@ def main():
     out = {"model": os.path.basename(MODEL), "isa": "avx2", "cases": {}}
     cases = [(n, r, None) for n, r in CASES.items()]
     cases += [(n, r, QWEN) for n, r in TEMPLATE_CASES.items()]
+    cases += [(n, r, t) for n, (t, r) in THINKING_CASES.items()]
     for name, request, template in cases:
         body = dict({"max_tokens": 32}, **request, temperature=0, seed=1)
         got = ask(bindir, body, template)
@@ -106,7 +122,8 @@ def main():
             print(name, "error", got["error"], file=sys.stderr)
             continue
         choice = got["choices"][0]
-        message = {k: v for k, v in choice["message"].items() if k in ("content", "tool_calls")}
+        message = {k: v for k, v in choice["message"].items()
+                   if k in ("content", "tool_calls", "reasoning_content")}
         for call in message.get("tool_calls") or []:
             call.pop("id", None)
         out["cases"][name] = {"request": body, "template": template, "message": message,
