@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 /// control) turned into `{% if true %}` and `{% endif %}`: the body renders as it is, and the
 /// tags trim the same whitespace.
 pub(super) fn rewrite_generation_tags(source: &str) -> String {
-    let Ok(tag) = regex::Regex::new(r"(\{%[-+]?\s*)(end)?generation(\s*[-+]?%\})") else {
+    static TAG: std::sync::LazyLock<Option<regex::Regex>> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(\{%[-+]?\s*)(end)?generation(\s*[-+]?%\})").ok()
+    });
+    let Some(tag) = TAG.as_ref() else {
         return source.to_string();
     };
     tag.replace_all(source, |c: &regex::Captures| {

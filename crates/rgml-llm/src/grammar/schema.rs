@@ -112,16 +112,15 @@ pub fn answer_to_gbnf(schema: &Value, reasoning: AnswerReasoning) -> Result<Stri
         literal("```json"),
         literal("```")
     );
+    // The rest of a reasoning: its text, `</think>`, the newlines its templates' tags end with.
+    let mut thought = || {
+        let body = c.excluding("think-body", THINK_CLOSE);
+        format!(r#"{body} {} "\n"? "\n"?"#, literal(THINK_CLOSE))
+    };
     let root = match reasoning {
         AnswerReasoning::None => frame,
-        _ => {
-            let body = c.excluding("think-body", THINK_CLOSE);
-            let rest = format!(r#"{body} {} "\n"? "\n"?"#, literal(THINK_CLOSE));
-            match reasoning {
-                AnswerReasoning::Open => format!("{rest} {frame}"),
-                _ => format!("( {} {rest} )? {frame}", literal(THINK_OPEN)),
-            }
-        }
+        AnswerReasoning::May => format!("( {} {} )? {frame}", literal(THINK_OPEN), thought()),
+        AnswerReasoning::Open => format!("{} {frame}", thought()),
     };
     c.set("root", &root);
     Ok(c.text())
