@@ -758,7 +758,7 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         }
     }
 
-    /// As [`Self::ktiled`] on AMX tiles ([`kquant_amx`]): blocks of 16 weight rows, each
+    /// As [`Self::ktiled`] on AMX tiles ([`kquant_amx`]): runs of 64 weight rows, each
     /// decoded once into `scratch` for all the activation rows.
     #[cfg(target_arch = "x86_64")]
     fn ktiled_amx(
@@ -776,8 +776,8 @@ impl<B: Fn(usize, usize, usize) -> *const u8> QuantProducts<'_, B> {
         })?;
         let y0 = (self.b_row)(0, i12, i13);
         let dst0 = self.dst.row(0, i12, i13);
-        for r0 in rows.clone().step_by(kquant_amx::ROWS) {
-            let mrows = kquant_amx::ROWS.min(rows.end - r0);
+        for r0 in rows.clone().step_by(kquant_amx::CALL_ROWS) {
+            let mrows = kquant_amx::CALL_ROWS.min(rows.end - r0);
             // SAFETY: `kquant_amx::takes` checked the CPU and type; weight rows r0..r0 + mrows
             // are dense and in bounds, `a.nb[1]` apart, `nb` blocks each; the ne11 src1 rows
             // of batch (i12, i13) are complete in the work area since the barrier, `wrow`

@@ -55,8 +55,9 @@ pub(crate) fn scratch_floats(f: CpuFeatures, a: &Tensor) -> Result<usize> {
     if kquant_amx::takes(f, a.dtype, kquant::MIN_ROWS) {
         let (_, wrow) = converted(f, a.dtype, a.ne[0])?;
         let nb = a.ne[0] / rgml::quant::QK_K;
-        let bytes =
-            AMX_PAIRS * wrow + kquant_amx::scratch_bytes(nb) + 4 * kquant_amx::ROWS * AMX_PAIRS;
+        let bytes = AMX_PAIRS * wrow
+            + kquant_amx::scratch_bytes(nb)
+            + 4 * kquant_amx::CALL_ROWS * AMX_PAIRS;
         return Ok(bytes.div_ceil(4) + 16);
     }
     if crate::kernels::matmul::kquant_tiles(f, a.dtype, kquant::MIN_ROWS).is_some() {
@@ -693,7 +694,7 @@ impl Products<'_> {
 
     /// [`Self::expert`]'s tiled K-quant products on AMX tiles ([`kquant_amx`], the same bits):
     /// the routed pairs in chunks of [`AMX_PAIRS`], each chunk's activation rows gathered into
-    /// `scratch`, then every 16-row block of the weights against them, the results scattered.
+    /// `scratch`, then every run of up to 64 weight rows against them, the results scattered.
     #[cfg(target_arch = "x86_64")]
     fn expert_amx(
         &self,
@@ -709,7 +710,7 @@ impl Products<'_> {
             .split_at_mut_checked(AMX_PAIRS * wrow)
             .ok_or_else(small_scratch)?;
         let (results, amx) = rest
-            .split_at_mut_checked(4 * kquant_amx::ROWS * AMX_PAIRS)
+            .split_at_mut_checked(4 * kquant_amx::CALL_ROWS * AMX_PAIRS)
             .ok_or_else(small_scratch)?;
         let amx = amx
             .get_mut(..kquant_amx::scratch_bytes(nb))
@@ -723,12 +724,12 @@ impl Products<'_> {
                 let y = unsafe { bytes(y, wrow) };
                 gathered[i * wrow..(i + 1) * wrow].copy_from_slice(y);
             }
-            for r0 in rows.clone().step_by(kquant_amx::ROWS) {
-                let mrows = kquant_amx::ROWS.min(rows.end - r0);
+            for r0 in rows.clone().step_by(kquant_amx::CALL_ROWS) {
+                let mrows = kquant_amx::CALL_ROWS.min(rows.end - r0);
                 // SAFETY: `kquant_amx::takes` checked the CPU and type; weight rows r0..r0 +
                 // mrows of expert `e` are dense and in bounds, `a.nb[1]` apart, `nb` blocks
                 // each; the `n` gathered rows are `wrow` apart in `gathered`, `nb` Q8_K
-                // blocks each; `results` holds 16 floats per pair; `amx` is the kernel's
+                // blocks each; `results` holds 64 floats per pair; `amx` is the kernel's
                 // scratch size.
                 unsafe {
                     kquant_amx::rows(
@@ -736,13 +737,13 @@ impl Products<'_> {
                         nb,
                         (a.row(r0, e, 0).cast_const(), a.nb[1], mrows),
                         (gathered.as_ptr(), wrow, n),
-                        (results.as_mut_ptr(), 4 * kquant_amx::ROWS),
+                        (results.as_mut_ptr(), 4 * kquant_amx::CALL_ROWS),
                         amx,
                     )
                 };
                 for (i, p) in pairs.chunks_exact(2).enumerate() {
                     let out = self.output(r0, p[0], p[1]).cast::<u8>();
-                    let from = &results[i * 4 * kquant_amx::ROWS..][..4 * mrows];
+                    let from = &results[i * 4 * kquant_amx::CALL_ROWS..][..4 * mrows];
                     // SAFETY: outputs (r0..r0 + mrows, slot, token) are in bounds, dense in
                     // the row, and written only by the thread that claimed this row block.
                     unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), out, 4 * mrows) };
