@@ -70,6 +70,22 @@ const fn has_hi(k: u8) -> bool {
     k != Q2K
 }
 
+/// Whether kind `K`'s mins apply to sub-blocks of 32 (Q4_K, Q5_K): `s2` then takes the
+/// activation's sums per 32 (4 `madd` pairs), which the staging computes once per super-block
+/// for every weight block, instead of the Q8_K sums per 16 (8 pairs).
+const fn mins_per_32(k: u8) -> bool {
+    k == Q4K || k == Q5K
+}
+
+/// The `madd` pairs of block sums `s2` takes.
+const fn sum_pairs(k: u8) -> usize {
+    if mins_per_32(k) {
+        4
+    } else {
+        8
+    }
+}
+
 /// The offset of kind `K`'s stored quants (see [`Decoded::q`]).
 const fn offset(k: u8) -> i16 {
     match k {
@@ -81,7 +97,10 @@ const fn offset(k: u8) -> i16 {
 
 /// The activation quants of one super-block of a pair of activation tiles, staged for the
 /// tile loads: tile t's chunk c at `(4 * t + c) * 1024`, its rows 64 bytes apart.
-const STAGE_BYTES: usize = 2 * 4 * TOKENS * 64;
+/// After them, each activation row's sums per 32 as 4 `madd` pairs (see [`mins_per_32`]).
+const STAGE_BYTES: usize = 2 * 4 * TOKENS * 64 + SUMS_BYTES;
+const SUMS: usize = 2 * 4 * TOKENS * 64;
+const SUMS_BYTES: usize = 2 * TOKENS * 16;
 
 /// Tile loads and stores run at their speed only on 64-byte aligned rows: a row that
 /// straddles two cache lines makes `tileloadd` several times slower (measured: 1 KiB from L1
@@ -89,9 +108,18 @@ const STAGE_BYTES: usize = 2 * 4 * TOKENS * 64;
 /// the activations are copied into aligned stages; every scratch area starts on a line.
 const LINE: usize = 64;
 
+/// The float accumulators of a pair of activation tiles: 16 weight rows (one zmm) per
+/// activation row and weight block. Kept in the scratch: the first super-block writes them,
+/// so nothing is zeroed per pair.
+const ACC_BYTES: usize = BLOCKS * 2 * TOKENS * 64;
+
 /// Scratch bytes a call needs for weight rows of `nb` super-blocks.
 pub(crate) fn scratch_bytes(nb: usize) -> usize {
-    LINE + BLOCKS * nb * BLOCK_BYTES + NATURAL_BYTES + 2 * RESULT_BYTES + 2 * STAGE_BYTES
+    LINE + BLOCKS * nb * BLOCK_BYTES
+        + NATURAL_BYTES
+        + 2 * RESULT_BYTES
+        + 2 * STAGE_BYTES
+        + ACC_BYTES
 }
 
 /// Whether weights of `dtype` take the AMX path with `rows` src1 rows on a CPU with `f`.
@@ -140,7 +168,8 @@ unsafe fn rows_k<const K: u8>(
     let skip = scratch.as_ptr().align_offset(LINE).min(LINE);
     let (tiles, rest) = scratch[skip..].split_at_mut(BLOCKS * nb * BLOCK_BYTES);
     let (natural, rest) = rest.split_at_mut(NATURAL_BYTES);
-    let (result, stage) = rest.split_at_mut(2 * RESULT_BYTES);
+    let (result, rest) = rest.split_at_mut(2 * RESULT_BYTES);
+    let (stage, accs) = rest.split_at_mut(2 * STAGE_BYTES);
     let blocks = mrows.div_ceil(ROWS);
     // SAFETY: the rows are readable (the caller's promise); the scratch areas have the sizes
     // `decode` and `tokens` need.
@@ -183,8 +212,7 @@ unsafe fn rows_k<const K: u8>(
                 tiles,
                 (y, y_stride, nt0, nt1),
                 (out, dst_stride, mrows),
-                result,
-                stage,
+                (result, stage, accs),
             );
         }
         amx::release();
@@ -250,8 +278,13 @@ unsafe fn decode<const K: u8>(
             }
             // Only `s2` needs the block sums' weights (Q6_K's and Q3_K's offsets are folded in).
             if kquant::has_min(K) {
-                for (t, pair) in corr.iter_mut().enumerate() {
-                    let (a, c) = (w.bsum_weights[2 * t], w.bsum_weights[2 * t + 1]);
+                for (t, pair) in corr.iter_mut().take(sum_pairs(K)).enumerate() {
+                    // Per 32: sub-blocks 2t and 2t + 1, whose mins stand twice in the weights.
+                    let (a, c) = if mins_per_32(K) {
+                        (w.bsum_weights[4 * t], w.bsum_weights[4 * t + 2])
+                    } else {
+                        (w.bsum_weights[2 * t], w.bsum_weights[2 * t + 1])
+                    };
                     pair[m] = i32::from(a as u16) | (i32::from(c) << 16);
                 }
             }
@@ -296,14 +329,13 @@ unsafe fn tokens<const K: u8>(
     tiles: &[u8],
     (y, y_stride, nt0, nt1): (*const u8, usize, usize, usize),
     (out, out_stride, mrows): (*mut u8, usize, usize),
-    result: &mut [u8],
-    stage: &mut [u8],
+    (result, stage, accs): (&mut [u8], &mut [u8], &mut [u8]),
 ) {
     let nt = nt0 + nt1;
     let blocks = mrows.div_ceil(ROWS);
     let decoded = |r: usize, b: usize| tiles[(r * nb + b) * BLOCK_BYTES..].as_ptr();
-    // SAFETY: AVX-512 F, as the caller promises.
-    let mut acc = [[unsafe { _mm512_setzero_ps() }; 2 * TOKENS]; BLOCKS];
+    let accs = accs[..ACC_BYTES].as_mut_ptr();
+    let acc = |r: usize| accs.wrapping_add(r * 2 * TOKENS * 64);
     // Software pipelined over the units (super-block b, weight block r) in order: a unit's
     // products go to the tile unit, then the float steps of the unit before run on the vector
     // units meanwhile, from the other half of `result`. A super-block's activation quants are
@@ -320,7 +352,7 @@ unsafe fn tokens<const K: u8>(
             // results into this unit's half of `result`.
             unsafe {
                 if r == 0 {
-                    stage_quants(y.add(b * Q8K_BYTES + 4), y_stride, nt, staged);
+                    stage_quants::<K>(y.add(b * Q8K_BYTES), y_stride, nt, staged);
                 }
                 products::<K>(decoded(r, b), staged.as_ptr(), nt1 > 0, res);
             }
@@ -329,45 +361,70 @@ unsafe fn tokens<const K: u8>(
             let (b, r) = ((u - 1) / blocks, (u - 1) % blocks);
             let res = result[((u - 1) % 2) * RESULT_BYTES..].as_ptr();
             let q8 = y.wrapping_add(b * Q8K_BYTES);
+            let sums = stage[(b % 2) * STAGE_BYTES + SUMS..].as_ptr();
             // SAFETY: the decoded block and its results are in bounds; the Q8_K blocks `b`
-            // of the `nt` activation rows are readable.
-            unsafe { epilogue::<K>(decoded(r, b), res, q8, y_stride, &mut acc[r][..nt]) };
+            // of the `nt` activation rows are readable; their sums per 32 staged; block r's
+            // accumulators hold `nt` aligned zmm, written by super-block 0.
+            unsafe {
+                epilogue::<K>(
+                    decoded(r, b),
+                    res,
+                    (q8, y_stride, sums),
+                    (acc(r), nt, b == 0),
+                );
+            }
         }
     }
-    for (r, acc) in acc[..blocks].iter().enumerate() {
+    for r in 0..blocks {
         let rows = ROWS.min(mrows - r * ROWS);
         let mask = if rows >= 16 {
             u16::MAX
         } else {
             (1u16 << rows) - 1
         };
-        for (n, a) in acc[..nt].iter().enumerate() {
+        let acc = acc(r);
+        for n in 0..nt {
             // SAFETY: the first `mrows` floats of output row `n` are writable (the caller's
-            // promise); the mask stores block r's share of them.
+            // promise); the mask stores block r's share of them; accumulator n is in bounds.
             unsafe {
                 let to = out.add(n * out_stride + 4 * r * ROWS);
-                _mm512_mask_storeu_ps(to.cast(), mask, *a);
+                _mm512_mask_storeu_ps(to.cast(), mask, _mm512_load_ps(acc.add(64 * n).cast()));
             }
         }
     }
 }
 
-/// Copy the 256 quants at `qs` of `nt` activation rows (`y_stride` apart) into `stage` in
-/// the layout of [`STAGE_BYTES`].
+/// Copy the 256 quants of the Q8_K blocks at `q8` of `nt` activation rows (`y_stride` apart)
+/// into `stage` in the layout of [`STAGE_BYTES`], with their sums per 32 where kind `K`
+/// takes them.
 ///
 /// # Safety
-/// AVX-512 F; the rows' 256 bytes are readable; `stage` is 64-byte aligned.
+/// AVX-512 F/BW; the rows' blocks are readable; `stage` is 64-byte aligned.
 #[inline(always)]
-unsafe fn stage_quants(qs: *const u8, y_stride: usize, nt: usize, stage: &mut [u8]) {
+unsafe fn stage_quants<const K: u8>(q8: *const u8, y_stride: usize, nt: usize, stage: &mut [u8]) {
     for n in 0..nt {
         let (t, row) = (n / TOKENS, n % TOKENS);
+        let block = q8.wrapping_add(n * y_stride);
         for c in 0..4 {
             let at = ((4 * t + c) * TOKENS + row) * 64;
             // SAFETY: row `n`'s 256 quants are readable (the caller's promise); `at + 64` is
             // within the stage (n < 32).
             unsafe {
-                let v = _mm512_loadu_si512(qs.add(n * y_stride + 64 * c).cast());
+                let v = _mm512_loadu_si512(block.add(4 + 64 * c).cast());
                 _mm512_store_si512(stage[at..at + 64].as_mut_ptr().cast(), v);
+            }
+        }
+        if mins_per_32(K) {
+            let at = SUMS + 16 * n;
+            // SAFETY: the block's 16 sums (i16, after the scale and the quants) are readable;
+            // 16 bytes stored within the stage. Each sum of 32 is at most 32 * 127, an i16.
+            unsafe {
+                let per16 = _mm256_loadu_si256(block.add(4 + QK_K).cast());
+                let per32 = _mm256_madd_epi16(per16, _mm256_set1_epi16(1));
+                let packed = _mm256_packs_epi32(per32, per32);
+                let ordered = _mm256_permute4x64_epi64::<0b1000>(packed);
+                let to = stage[at..at + 16].as_mut_ptr();
+                _mm_storeu_si128(to.cast(), _mm256_castsi256_si128(ordered));
             }
         }
     }
@@ -429,18 +486,20 @@ unsafe fn products<const K: u8>(block: *const u8, staged: *const u8, pair: bool,
 }
 
 /// The float steps of one super-block for every activation row of the tile pair: `s1` from the
-/// result tiles, `s2` from the Q8_K block sums.
+/// result tiles, `s2` from the Q8_K block sums (per 32 from `sums`, staged, where
+/// [`mins_per_32`]).
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI; `block` a decoded super-block, `res` its result tiles for `acc.len()` rows,
-/// `q8` the Q8_K block of the first activation row (the others `q8_stride` apart).
+/// AVX-512 F/BW/VNNI; `block` a decoded super-block, `res` its result tiles for `nt` rows,
+/// `q8` the Q8_K block of the first activation row (the others `q8_stride` apart), `sums`
+/// their staged sums per 32; `acc` holds `nt` 64-byte aligned accumulators (read unless
+/// `first`: the first super-block's products start from zero, as the mirrored sum does).
 #[inline(always)]
 unsafe fn epilogue<const K: u8>(
     block: *const u8,
     res: *const u8,
-    q8: *const u8,
-    q8_stride: usize,
-    acc: &mut [__m512],
+    (q8, q8_stride, sums): (*const u8, usize, *const u8),
+    (acc, nt, first): (*mut u8, usize, bool),
 ) {
     // SAFETY: as the caller promises.
     unsafe {
@@ -448,7 +507,7 @@ unsafe fn epilogue<const K: u8>(
         let dmin = _mm512_loadu_ps(block.add(DMIN).cast());
         let weights: [__m512i; 8] =
             std::array::from_fn(|t| _mm512_loadu_si512(block.add(CORR + 64 * t).cast()));
-        for (n, a) in acc.iter_mut().enumerate() {
+        for n in 0..nt {
             let row = q8.add(n * q8_stride);
             let tile = res.add((n / TOKENS) * 2048 + (n % TOKENS) * 64);
             let mut s1 = _mm512_loadu_si512(tile.cast());
@@ -458,16 +517,26 @@ unsafe fn epilogue<const K: u8>(
             }
             let mut r = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(s1));
             if kquant::has_min(K) {
-                let bsums = row.add(4 + QK_K);
+                let pairs = if mins_per_32(K) {
+                    sums.add(16 * n)
+                } else {
+                    row.add(4 + QK_K)
+                };
                 let mut s2 = _mm512_setzero_si512();
-                for (t, wt) in weights.iter().enumerate() {
-                    let pair = _mm512_set1_epi32(bsums.add(4 * t).cast::<i32>().read_unaligned());
+                for (t, wt) in weights.iter().take(sum_pairs(K)).enumerate() {
+                    let pair = _mm512_set1_epi32(pairs.add(4 * t).cast::<i32>().read_unaligned());
                     s2 = _mm512_dpwssd_epi32(s2, pair, *wt);
                 }
                 r = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2), r);
             }
             let d1 = _mm512_set1_ps(row.cast::<f32>().read_unaligned());
-            *a = _mm512_fmadd_ps(r, d1, *a);
+            let a = acc.add(64 * n).cast::<f32>();
+            let before = if first {
+                _mm512_setzero_ps()
+            } else {
+                _mm512_load_ps(a)
+            };
+            _mm512_store_ps(a, _mm512_fmadd_ps(r, d1, before));
         }
     }
 }
