@@ -342,6 +342,22 @@ unsafe fn tokens<const K: u8>(
     // staged once for all its weight blocks.
     let units = nb * blocks;
     for u in 0..=units {
+        // The float steps of the unit before, run between this unit's tile products (blocks
+        // of vector work between tile instructions overlap them; one block after all of them
+        // measured no overlap at all).
+        let before = (u > 0).then(|| {
+            let (b, r) = ((u - 1) / blocks, (u - 1) % blocks);
+            Epilogue {
+                block: decoded(r, b),
+                res: result[((u - 1) % 2) * RESULT_BYTES..].as_ptr(),
+                q8: y.wrapping_add(b * Q8K_BYTES),
+                q8_stride: y_stride,
+                sums: stage[(b % 2) * STAGE_BYTES + SUMS..].as_ptr(),
+                acc: acc(r),
+                nt,
+                first: b == 0,
+            }
+        });
         if u < units {
             let (b, r) = (u / blocks, u % blocks);
             let res = result[(u % 2) * RESULT_BYTES..].as_mut_ptr();
@@ -349,30 +365,18 @@ unsafe fn tokens<const K: u8>(
             let staged = &mut stage[(b % 2) * STAGE_BYTES..][..STAGE_BYTES];
             // SAFETY: the tiles are configured (the caller's promise); A rows: the quants of
             // super-block `b` of each activation row, staged; B: the block's decoded planes;
-            // results into this unit's half of `result`.
+            // results into this unit's half of `result`; the epilogue's operands as below.
             unsafe {
                 if r == 0 {
                     stage_quants::<K>(y.add(b * Q8K_BYTES), y_stride, nt, staged);
                 }
-                products::<K>(decoded(r, b), staged.as_ptr(), nt1 > 0, res);
+                products::<K>(decoded(r, b), staged.as_ptr(), nt1 > 0, res, before);
             }
-        }
-        if u > 0 {
-            let (b, r) = ((u - 1) / blocks, (u - 1) % blocks);
-            let res = result[((u - 1) % 2) * RESULT_BYTES..].as_ptr();
-            let q8 = y.wrapping_add(b * Q8K_BYTES);
-            let sums = stage[(b % 2) * STAGE_BYTES + SUMS..].as_ptr();
-            // SAFETY: the decoded block and its results are in bounds; the Q8_K blocks `b`
-            // of the `nt` activation rows are readable; their sums per 32 staged; block r's
+        } else if let Some(last) = before {
+            // SAFETY: the decoded block and its results are in bounds; the Q8_K blocks of the
+            // `nt` activation rows are readable, their sums per 32 staged; the block's
             // accumulators hold `nt` aligned zmm, written by super-block 0.
-            unsafe {
-                epilogue::<K>(
-                    decoded(r, b),
-                    res,
-                    (q8, y_stride, sums),
-                    (acc(r), nt, b == 0),
-                );
-            }
+            unsafe { epilogue::<K>(&last, 0..nt) };
         }
     }
     for r in 0..blocks {
@@ -432,13 +436,21 @@ unsafe fn stage_quants<const K: u8>(q8: *const u8, y_stride: usize, nt: usize, s
 
 /// One super-block's products for the pair of activation tiles staged at `staged` (see
 /// [`STAGE_BYTES`]), into the result tiles at `res`: tile t's plane p at
-/// `res + (2 * t + p) * 1024`.
+/// `res + (2 * t + p) * 1024`; a quarter of `before`'s activation rows after each 64-element
+/// chunk.
 ///
 /// # Safety
-/// The tiles configured; `staged` holds the rows of both configured tiles; `block` a decoded
-/// super-block; `res` holds `RESULT_BYTES` writable bytes.
+/// AVX-512 F/BW/VNNI; the tiles configured; `staged` holds the rows of both configured tiles;
+/// `block` a decoded super-block; `res` holds `RESULT_BYTES` writable bytes; `before` as
+/// [`epilogue`] needs, its results not at `res`.
 #[inline(always)]
-unsafe fn products<const K: u8>(block: *const u8, staged: *const u8, pair: bool, res: *mut u8) {
+unsafe fn products<const K: u8>(
+    block: *const u8,
+    staged: *const u8,
+    pair: bool,
+    res: *mut u8,
+    before: Option<Epilogue>,
+) {
     let second = staged.wrapping_add(4 * TOKENS * 64);
     // SAFETY: as the caller promises.
     unsafe {
@@ -471,6 +483,9 @@ unsafe fn products<const K: u8>(block: *const u8, staged: *const u8, pair: bool,
                     amx::dot_signed_signed::<3, 5, 7>();
                 }
             }
+            if let Some(e) = &before {
+                epilogue::<K>(e, c * e.nt / 4..(c + 1) * e.nt / 4);
+            }
         }
         amx::store::<0>(res, 64);
         if has_hi(K) {
@@ -485,29 +500,51 @@ unsafe fn products<const K: u8>(block: *const u8, staged: *const u8, pair: bool,
     }
 }
 
-/// The float steps of one super-block for every activation row of the tile pair: `s1` from the
-/// result tiles, `s2` from the Q8_K block sums (per 32 from `sums`, staged, where
-/// [`mins_per_32`]).
+/// The float steps of one unit (a super-block of one weight block) for the activation rows
+/// of a tile pair: `s1` from the result tiles, `s2` from the Q8_K block sums (per 32 from
+/// `sums`, staged, where [`mins_per_32`]), into the block's accumulators.
+#[derive(Clone, Copy)]
+struct Epilogue {
+    /// The decoded super-block.
+    block: *const u8,
+    /// Its result tiles.
+    res: *const u8,
+    /// The Q8_K block of the first activation row; the others `q8_stride` apart.
+    q8: *const u8,
+    q8_stride: usize,
+    /// The rows' staged sums per 32.
+    sums: *const u8,
+    /// `nt` 64-byte aligned accumulators of 16 floats.
+    acc: *mut u8,
+    nt: usize,
+    /// The first super-block: the products start from zero, as the mirrored sum does (the
+    /// accumulators are written, not read).
+    first: bool,
+}
+
+/// [`Epilogue`]'s steps for activation rows `rows`.
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI; `block` a decoded super-block, `res` its result tiles for `nt` rows,
-/// `q8` the Q8_K block of the first activation row (the others `q8_stride` apart), `sums`
-/// their staged sums per 32; `acc` holds `nt` 64-byte aligned accumulators (read unless
-/// `first`: the first super-block's products start from zero, as the mirrored sum does).
+/// AVX-512 F/BW/VNNI; `e`'s pointers as documented there, `rows` within `0..e.nt`.
 #[inline(always)]
-unsafe fn epilogue<const K: u8>(
-    block: *const u8,
-    res: *const u8,
-    (q8, q8_stride, sums): (*const u8, usize, *const u8),
-    (acc, nt, first): (*mut u8, usize, bool),
-) {
+unsafe fn epilogue<const K: u8>(e: &Epilogue, rows: std::ops::Range<usize>) {
+    let Epilogue {
+        block,
+        res,
+        q8,
+        q8_stride,
+        sums,
+        acc,
+        first,
+        ..
+    } = *e;
     // SAFETY: as the caller promises.
     unsafe {
         let d0 = _mm512_loadu_ps(block.add(D0).cast());
         let dmin = _mm512_loadu_ps(block.add(DMIN).cast());
         let weights: [__m512i; 8] =
             std::array::from_fn(|t| _mm512_loadu_si512(block.add(CORR + 64 * t).cast()));
-        for n in 0..nt {
+        for n in rows {
             let row = q8.add(n * q8_stride);
             let tile = res.add((n / TOKENS) * 2048 + (n % TOKENS) * 64);
             let mut s1 = _mm512_loadu_si512(tile.cast());
