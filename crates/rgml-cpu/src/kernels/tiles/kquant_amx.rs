@@ -361,16 +361,22 @@ unsafe fn tokens<const K: u8>(
         if u < units {
             let (b, r) = (u / blocks, u % blocks);
             let res = result[(u % 2) * RESULT_BYTES..].as_mut_ptr();
-            // Two stages in turn: the tile loads of super-block b - 1 may still be in flight.
-            let staged = &mut stage[(b % 2) * STAGE_BYTES..][..STAGE_BYTES];
+            // Two stages in turn: super-block b's, and b + 1's, staged between the tile
+            // products of b's last unit (after the float steps that read its sums before).
+            let (even, odd) = stage[..2 * STAGE_BYTES].split_at_mut(STAGE_BYTES);
+            let (staged, next) = if b % 2 == 0 { (even, odd) } else { (odd, even) };
+            let ahead = (r + 1 == blocks && b + 1 < nb)
+                .then(|| (y.wrapping_add((b + 1) * Q8K_BYTES), next));
             // SAFETY: the tiles are configured (the caller's promise); A rows: the quants of
             // super-block `b` of each activation row, staged; B: the block's decoded planes;
-            // results into this unit's half of `result`; the epilogue's operands as below.
+            // results into this unit's half of `result`; the epilogue's operands as below;
+            // the Q8_K blocks b and b + 1 of the `nt` rows are readable.
             unsafe {
-                if r == 0 {
-                    stage_quants::<K>(y.add(b * Q8K_BYTES), y_stride, nt, staged);
+                if u == 0 {
+                    stage_quants::<K>(y, y_stride, 0..nt, staged);
                 }
-                products::<K>(decoded(r, b), staged.as_ptr(), nt1 > 0, res, before);
+                let args = (staged.as_ptr(), y_stride, nt, nt1 > 0);
+                products::<K>(decoded(r, b), args, res, before, ahead);
             }
         } else if let Some(last) = before {
             // SAFETY: the decoded block and its results are in bounds; the Q8_K blocks of the
@@ -398,15 +404,20 @@ unsafe fn tokens<const K: u8>(
     }
 }
 
-/// Copy the 256 quants of the Q8_K blocks at `q8` of `nt` activation rows (`y_stride` apart)
+/// Copy the 256 quants of the Q8_K blocks at `q8` of activation rows `rows` (`y_stride` apart)
 /// into `stage` in the layout of [`STAGE_BYTES`], with their sums per 32 where kind `K`
 /// takes them.
 ///
 /// # Safety
 /// AVX-512 F/BW; the rows' blocks are readable; `stage` is 64-byte aligned.
 #[inline(always)]
-unsafe fn stage_quants<const K: u8>(q8: *const u8, y_stride: usize, nt: usize, stage: &mut [u8]) {
-    for n in 0..nt {
+unsafe fn stage_quants<const K: u8>(
+    q8: *const u8,
+    y_stride: usize,
+    rows: std::ops::Range<usize>,
+    stage: &mut [u8],
+) {
+    for n in rows {
         let (t, row) = (n / TOKENS, n % TOKENS);
         let block = q8.wrapping_add(n * y_stride);
         for c in 0..4 {
@@ -436,20 +447,22 @@ unsafe fn stage_quants<const K: u8>(q8: *const u8, y_stride: usize, nt: usize, s
 
 /// One super-block's products for the pair of activation tiles staged at `staged` (see
 /// [`STAGE_BYTES`]), into the result tiles at `res`: tile t's plane p at
-/// `res + (2 * t + p) * 1024`; a quarter of `before`'s activation rows after each 64-element
-/// chunk.
+/// `res + (2 * t + p) * 1024`. After each 64-element chunk, a quarter of the activation rows
+/// of `before` (the float steps of the unit before) and then of `ahead` (the next super-block's
+/// Q8_K blocks, staged into the other stage).
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI; the tiles configured; `staged` holds the rows of both configured tiles;
-/// `block` a decoded super-block; `res` holds `RESULT_BYTES` writable bytes; `before` as
-/// [`epilogue`] needs, its results not at `res`.
+/// AVX-512 F/BW/VNNI; the tiles configured; `staged` holds the `nt` rows of both configured
+/// tiles (the activation rows `y_stride` apart, as `ahead`'s); `block` a decoded super-block;
+/// `res` holds `RESULT_BYTES` writable bytes; `before` as [`epilogue`] needs, its results not
+/// at `res`; `ahead`'s blocks readable for the `nt` rows, its stage not `staged`.
 #[inline(always)]
 unsafe fn products<const K: u8>(
     block: *const u8,
-    staged: *const u8,
-    pair: bool,
+    (staged, y_stride, nt, pair): (*const u8, usize, usize, bool),
     res: *mut u8,
     before: Option<Epilogue>,
+    mut ahead: Option<(*const u8, &mut [u8])>,
 ) {
     let second = staged.wrapping_add(4 * TOKENS * 64);
     // SAFETY: as the caller promises.
@@ -485,6 +498,9 @@ unsafe fn products<const K: u8>(
             }
             if let Some(e) = &before {
                 epilogue::<K>(e, c * e.nt / 4..(c + 1) * e.nt / 4);
+            }
+            if let Some((q8, next)) = &mut ahead {
+                stage_quants::<K>(*q8, y_stride, c * nt / 4..(c + 1) * nt / 4, next);
             }
         }
         amx::store::<0>(res, 64);
