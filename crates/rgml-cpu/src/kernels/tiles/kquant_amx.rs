@@ -11,15 +11,19 @@
 //!   bytes `v = lo + 256 * hi` (`lo` unsigned, `hi` signed) so that the tile unit's int8
 //!   products (`tdpbsud` for `lo`, `tdpbssd` for `hi`) give it with no per-sub-block pass;
 //!   Q2_K's `v` fits `lo` alone;
-//! - `s2` (Q2_K, Q4_K, Q5_K) comes from the Q8_K block sums with `madd` on the vector units,
-//!   which run beside the tile unit.
+//! - `s2` (Q2_K, Q4_K, Q5_K) comes from the Q8_K block sums with `vpdpwssd` on the vector
+//!   units, which run beside the tile unit (Q4_K and Q5_K from the sums per 32, staged).
 //!
-//! The activation rows (signed Q8_K quants) are the A tiles as they lie in the work area, 16
-//! rows `wrow` bytes apart. A block of 16 weight rows is decoded once per call into B tiles (a
-//! 16 x 16 transpose of 4-byte groups per 64 elements) that serve every pair of activation
-//! tiles; each B tile loaded serves two activation tiles, since tile loads, not products, bound
-//! the speed. The float steps (`res = d0 * s1`, `res = fnmadd(dmin0, s2, res)`,
-//! `acc = fma(res, d1, acc)`) run on 16 weight rows at once in AVX-512 registers.
+//! A call takes up to four blocks of 16 weight rows, each decoded once into B tiles (a 16 x 16
+//! transpose of 4-byte groups per 64 elements). The activation rows (signed Q8_K quants) are
+//! staged per super-block and pair of 16-row activation tiles into 64-byte aligned A tiles
+//! (Q8_K quants sit 4 bytes into their block, and tile loads of rows that straddle cache lines
+//! are several times slower), and each stage serves all four weight blocks; each B tile loaded
+//! serves two activation tiles. The float steps (`res = d0 * s1`, `res = fnmadd(dmin0, s2,
+//! res)`, `acc = fma(res, d1, acc)`) run on 16 weight rows at once in AVX-512 registers, in
+//! slices between the tile instructions of the next unit, as does the staging of the next
+//! super-block: vector work placed between tile instructions overlaps them, placed after them
+//! it does not.
 //!
 //! The integer sums fit in i32 (256 products of at most 14 and 8 bits), so the result equals
 //! [`super::kquant::row`]'s bit for bit (tested below against it on random rows).
