@@ -339,6 +339,10 @@ unsafe fn tokens<const K: u8>(
     let blocks = mrows.div_ceil(ROWS);
     let decoded = |r: usize, b: usize| tiles[(r * nb + b) * BLOCK_BYTES..].as_ptr();
     let accs = accs[..ACC_BYTES].as_mut_ptr();
+    // Raw pointers from here on: a unit's float steps read the sums of a stage that the
+    // staging ahead may be writing (other rows of it, in program order).
+    let result = result[..2 * RESULT_BYTES].as_mut_ptr();
+    let stage = stage[..2 * STAGE_BYTES].as_mut_ptr();
     let acc = |r: usize| accs.wrapping_add(r * 2 * TOKENS * 64);
     // Software pipelined over the units (super-block b, weight block r) in order: a unit's
     // products go to the tile unit, then the float steps of the unit before run on the vector
@@ -353,10 +357,14 @@ unsafe fn tokens<const K: u8>(
             let (b, r) = ((u - 1) / blocks, (u - 1) % blocks);
             Epilogue {
                 block: decoded(r, b),
-                res: result[((u - 1) % 2) * RESULT_BYTES..].as_ptr(),
+                res: result
+                    .wrapping_add(((u - 1) % 2) * RESULT_BYTES)
+                    .cast_const(),
                 q8: y.wrapping_add(b * Q8K_BYTES),
                 q8_stride: y_stride,
-                sums: stage[(b % 2) * STAGE_BYTES + SUMS..].as_ptr(),
+                sums: stage
+                    .wrapping_add((b % 2) * STAGE_BYTES + SUMS)
+                    .cast_const(),
                 acc: acc(r),
                 nt,
                 first: b == 0,
@@ -364,11 +372,11 @@ unsafe fn tokens<const K: u8>(
         });
         if u < units {
             let (b, r) = (u / blocks, u % blocks);
-            let res = result[(u % 2) * RESULT_BYTES..].as_mut_ptr();
+            let res = result.wrapping_add((u % 2) * RESULT_BYTES);
             // Two stages in turn: super-block b's, and b + 1's, staged between the tile
             // products of b's last unit (after the float steps that read its sums before).
-            let (even, odd) = stage[..2 * STAGE_BYTES].split_at_mut(STAGE_BYTES);
-            let (staged, next) = if b % 2 == 0 { (even, odd) } else { (odd, even) };
+            let staged = stage.wrapping_add((b % 2) * STAGE_BYTES);
+            let next = stage.wrapping_add(((b + 1) % 2) * STAGE_BYTES);
             let ahead = (r + 1 == blocks && b + 1 < nb)
                 .then(|| (y.wrapping_add((b + 1) * Q8K_BYTES), next));
             // SAFETY: the tiles are configured (the caller's promise); A rows: the quants of
@@ -379,7 +387,7 @@ unsafe fn tokens<const K: u8>(
                 if u == 0 {
                     stage_quants::<K>(y, y_stride, 0..nt, staged);
                 }
-                let args = (staged.as_ptr(), y_stride, nt, nt1 > 0);
+                let args = (staged.cast_const(), y_stride, nt, nt1 > 0);
                 products::<K>(decoded(r, b), args, res, before, ahead);
             }
         } else if let Some(last) = before {
@@ -413,13 +421,14 @@ unsafe fn tokens<const K: u8>(
 /// takes them.
 ///
 /// # Safety
-/// AVX-512 F/BW; the rows' blocks are readable; `stage` is 64-byte aligned.
+/// AVX-512 F/BW; the rows' blocks are readable; `stage` is 64-byte aligned and holds
+/// [`STAGE_BYTES`] writable bytes.
 #[inline(always)]
 unsafe fn stage_quants<const K: u8>(
     q8: *const u8,
     y_stride: usize,
     rows: std::ops::Range<usize>,
-    stage: &mut [u8],
+    stage: *mut u8,
 ) {
     for n in rows {
         let (t, row) = (n / TOKENS, n % TOKENS);
@@ -430,7 +439,7 @@ unsafe fn stage_quants<const K: u8>(
             // within the stage (n < 32).
             unsafe {
                 let v = _mm512_loadu_si512(block.add(4 + 64 * c).cast());
-                _mm512_store_si512(stage[at..at + 64].as_mut_ptr().cast(), v);
+                _mm512_store_si512(stage.add(at).cast(), v);
             }
         }
         if mins_per_32(K) {
@@ -442,8 +451,7 @@ unsafe fn stage_quants<const K: u8>(
                 let per32 = _mm256_madd_epi16(per16, _mm256_set1_epi16(1));
                 let packed = _mm256_packs_epi32(per32, per32);
                 let ordered = _mm256_permute4x64_epi64::<0b1000>(packed);
-                let to = stage[at..at + 16].as_mut_ptr();
-                _mm_storeu_si128(to.cast(), _mm256_castsi256_si128(ordered));
+                _mm_storeu_si128(stage.add(at).cast(), _mm256_castsi256_si128(ordered));
             }
         }
     }
@@ -466,7 +474,7 @@ unsafe fn products<const K: u8>(
     (staged, y_stride, nt, pair): (*const u8, usize, usize, bool),
     res: *mut u8,
     before: Option<Epilogue>,
-    mut ahead: Option<(*const u8, &mut [u8])>,
+    ahead: Option<(*const u8, *mut u8)>,
 ) {
     let second = staged.wrapping_add(4 * TOKENS * 64);
     // SAFETY: as the caller promises.
@@ -503,8 +511,8 @@ unsafe fn products<const K: u8>(
             if let Some(e) = &before {
                 epilogue::<K>(e, c * e.nt / 4..(c + 1) * e.nt / 4);
             }
-            if let Some((q8, next)) = &mut ahead {
-                stage_quants::<K>(*q8, y_stride, c * nt / 4..(c + 1) * nt / 4, next);
+            if let Some((q8, next)) = ahead {
+                stage_quants::<K>(q8, y_stride, c * nt / 4..(c + 1) * nt / 4, next);
             }
         }
         amx::store::<0>(res, 64);
