@@ -24,8 +24,8 @@ const VALUE_ROWS: usize = 4;
 
 /// f32 values of per-thread scratch the tiled kernel needs.
 pub(super) fn scratch_floats(dk: usize, dv: usize) -> usize {
-    // queries, K tile, V tile, scores, accumulators, max and sum per query, one row widened
-    TILE * dk + dk * TILE + TILE * dv + TILE * TILE + TILE * dv + 2 * TILE + dk.max(dv)
+    // queries, K tile, V tile, scores, accumulators, max and sum per query, 16 K rows widened
+    TILE * dk + dk * TILE + TILE * dv + TILE * TILE + TILE * dv + 2 * TILE + KT_CELLS * dk
 }
 
 /// One block's scratch (see [`scratch_floats`]).
@@ -123,12 +123,8 @@ fn block(
         if !load_mask(f, src, at, n_rows, ic, n, slope, t.scores) {
             continue;
         }
+        load_k_tile(f, k, (ik2, ik3), ic, n, t.k, t.row);
         for c in 0..n {
-            // SAFETY: cell `ic + c < n_kv` of K head `ik2`: a dense, in-bounds row.
-            unsafe { widen(f, k.dtype, k.row(ic + c, ik2, ik3), &mut t.row[..dk]) };
-            for (d, &x) in t.row[..dk].iter().enumerate() {
-                t.k[d * TILE + c] = x;
-            }
             // SAFETY: cell `ic + c` of V head `iv2`: a dense, in-bounds row.
             unsafe {
                 widen(
@@ -194,6 +190,78 @@ fn block(
         for i in 0..n_rows {
             let acc = &mut t.acc[i * dv..(i + 1) * dv];
             add_sink(sinks, at.iq2, &mut t.max[i], &mut t.sum[i], acc);
+        }
+    }
+}
+
+/// K cells widened per transpose: one 16 x 16 block of f32 per 16 dimensions.
+const KT_CELLS: usize = 16;
+
+/// K cells `ic .. ic + n` of K head `head` widened into `kt` transposed (dimension `d`'s
+/// cells at `kt[d * TILE..]`), 16 cells at a time through `rows` (16 rows of `dk`) and 16 x 16
+/// register transposes where the CPU has AVX-512 (the copy is exact either way). Cells past
+/// `n` are left to the caller.
+#[inline(always)]
+fn load_k_tile(
+    f: CpuFeatures,
+    k: &task::TensorView,
+    (ik2, ik3): (usize, usize),
+    ic: usize,
+    n: usize,
+    kt: &mut [f32],
+    rows: &mut [f32],
+) {
+    let dk = k.ne[0];
+    for c0 in (0..n).step_by(KT_CELLS) {
+        let cells = KT_CELLS.min(n - c0);
+        for c in 0..cells {
+            // SAFETY: cell `ic + c0 + c < n_kv` of K head `ik2`: a dense, in-bounds row.
+            unsafe {
+                widen(
+                    f,
+                    k.dtype,
+                    k.row(ic + c0 + c, ik2, ik3),
+                    &mut rows[c * dk..(c + 1) * dk],
+                )
+            };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if f.has_avx512() && dk.is_multiple_of(16) {
+            // SAFETY: the CPU has AVX-512 F (the features say so); `rows` holds 16 rows of
+            // `dk` (the first `cells` widened), `kt` `dk` rows of `TILE >= c0 + 16`.
+            unsafe { transpose_k_cells(&rows[..KT_CELLS * dk], dk, &mut kt[c0..]) };
+            continue;
+        }
+        for c in 0..cells {
+            for d in 0..dk {
+                kt[d * TILE + c0 + c] = rows[c * dk + d];
+            }
+        }
+    }
+}
+
+/// `rows` (16 rows of `dk`) transposed into `kt`: dimension `d`'s 16 values at
+/// `kt[d * TILE..]`.
+///
+/// # Safety
+/// The CPU supports AVX-512 F; `dk` is a multiple of 16; `kt` holds `(dk - 1) * TILE + 16`
+/// floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_k_cells(rows: &[f32], dk: usize, kt: &mut [f32]) {
+    use crate::kernels::simd::x86::transpose16x16_epi32;
+    use std::arch::x86_64::*;
+    assert!(rows.len() >= KT_CELLS * dk && kt.len() >= (dk - 1) * TILE + 16);
+    for d0 in (0..dk).step_by(16) {
+        // SAFETY: AVX-512 F; rows `c` hold `dk >= d0 + 16` floats, and dimension `d0 + d`'s 16
+        // floats of `kt` are in bounds (both asserted above).
+        unsafe {
+            let mut block: [__m512i; 16] =
+                std::array::from_fn(|c| _mm512_loadu_si512(rows.as_ptr().add(c * dk + d0).cast()));
+            transpose16x16_epi32(&mut block);
+            for (d, v) in block.iter().enumerate() {
+                _mm512_storeu_si512(kt.as_mut_ptr().add((d0 + d) * TILE).cast(), *v);
+            }
         }
     }
 }
