@@ -17,6 +17,10 @@ var<private> IQ4_LEVELS: array<f32, 16> = array<f32, 16>(
     -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
     1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
 
+// MXFP4's E2M1 levels, doubled (ggml's `kvalues_mxfp4`; the scale is halved to match).
+var<private> MXFP4_LEVELS: array<f32, 16> = array<f32, 16>(
+    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
+
 fn dset(i: u32, v: f32) { D[i] = bitcast<u32>(v); }
 
 // Elements and bytes per block of TYPE (1 and the element size for the plain types).
@@ -33,6 +37,7 @@ fn block_bytes() -> u32 {
         case T_F32: { return 4u; }
         case T_F16, T_BF16: { return 2u; }
         case T_Q4_0, T_IQ4_NL: { return 18u; }
+        case T_MXFP4: { return 17u; }
         case T_Q4_1: { return 20u; }
         case T_Q5_0: { return 22u; }
         case T_Q5_1: { return 24u; }
@@ -76,6 +81,19 @@ fn bit4(w: u32, b: u32) -> vec4<u32> {
 
 fn iq4(n: vec4<u32>) -> vec4<f32> {
     return vec4<f32>(IQ4_LEVELS[n.x], IQ4_LEVELS[n.y], IQ4_LEVELS[n.z], IQ4_LEVELS[n.w]);
+}
+
+fn mxfp4(n: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(MXFP4_LEVELS[n.x], MXFP4_LEVELS[n.y], MXFP4_LEVELS[n.z], MXFP4_LEVELS[n.w]);
+}
+
+// Half the E8M0 scale `e`, 2^(e - 128), from its bits as ggml's `ggml_e8m0_to_fp32_half`
+// builds it (subnormal below e = 2, which a device may flush to zero).
+fn e8m0_half(e: u32) -> f32 {
+    if (e < 2u) {
+        return bitcast<f32>(0x00200000u << e);
+    }
+    return bitcast<f32>((e - 1u) << 23u);
 }
 
 // Elements k..k+8 of the plain-typed row at `base` (elements for f32, bytes otherwise; the row
@@ -159,6 +177,13 @@ fn deq8(base: u32, k: u32, n: u32) -> G8 {
                 return G8(v0 * d + m, v1 * d + m);
             }
             return G8((v0 - 16.0) * d, (v1 - 16.0) * d);
+        }
+        case T_MXFP4: {
+            // e (E8M0), 16 bytes of E2M1 codes: elements 0..16 low nibbles, 16..32 high.
+            let qs = blk + 1u + j % 16u;
+            let sh = select(0u, 4u, j >= 16u);
+            let d = e8m0_half(a_u8(blk));
+            return G8(mxfp4(nib4(a_u32(qs), sh)) * d, mxfp4(nib4(a_u32(qs + 4u), sh)) * d);
         }
         case T_Q8_0: {
             let d = a_f16(blk);

@@ -54,6 +54,7 @@ fn weight_code(dtype: DType) -> Option<u32> {
         DType::Q5_K => Some(12),
         DType::IQ4_NL => Some(13),
         DType::IQ4_XS => Some(14),
+        DType::MXFP4 => Some(15),
         _ => type_code(dtype),
     }
 }

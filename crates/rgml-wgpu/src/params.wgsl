@@ -39,4 +39,5 @@ const T_Q3_K: u32 = 11u;
 const T_Q5_K: u32 = 12u;
 const T_IQ4_NL: u32 = 13u;
 const T_IQ4_XS: u32 = 14u;
+const T_MXFP4: u32 = 15u;
 
