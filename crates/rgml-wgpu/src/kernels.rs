@@ -103,6 +103,12 @@ pub(crate) enum FastKernel {
     FlashAttn,
     /// `flash_attn_merge`: the splits of `flash_attn_fast` added.
     FlashAttnMerge,
+    /// `ssm_conv_fast`: SSM_CONV, one invocation per output.
+    SsmConv,
+    /// `gated_delta_net_fast`: GATED_DELTA_NET, one invocation per state row.
+    GatedDeltaNet,
+    /// `unary_fast`: TANH, NEG, SIGMOID, EXP and SOFTPLUS, one invocation per element.
+    Unary,
 }
 
 impl FastKernel {
@@ -121,6 +127,9 @@ impl FastKernel {
             FastKernel::ToF16 => "to_f16_fast",
             FastKernel::FlashAttn => "flash_attn_fast",
             FastKernel::FlashAttnMerge => "flash_attn_merge",
+            FastKernel::SsmConv => "ssm_conv_fast",
+            FastKernel::GatedDeltaNet => "gated_delta_net_fast",
+            FastKernel::Unary => "unary_fast",
         }
     }
 }

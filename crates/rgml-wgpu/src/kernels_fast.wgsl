@@ -968,3 +968,114 @@ fn quantize_q8_fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
         D[o + 4u + w] = pack4xI8(vec4<i32>(round(x * inv)));
     }
 }
+
+// SSM_CONV: D[c, t, s] = the dot of channel c's window A[t .. t + d_conv, c, s] with its
+// kernel B[0 .. d_conv, c], one invocation per output, native FMAs in tap order.
+@compute @workgroup_size(64)
+fn ssm_conv_fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let x0 = p.off.x + idx.y * p.a_nb.x + idx.x * p.a_nb.y + idx.z * p.a_nb.z;
+    let w0 = p.off.y + idx.x * p.b_nb.y;
+    var sum = 0.0;
+    for (var k = 0u; k < p.b_ne.x; k++) {
+        sum = fma(af(x0 + k * p.a_nb.x), bf(w0 + k * p.b_nb.x), sum);
+    }
+    dset(p.off.w + at(idx, p.d_nb), sum);
+}
+
+fn dget(i: u32) -> f32 { return bitcast<f32>(D[i]); }
+
+// GATED_DELTA_NET: invocation i owns row j of one (head, seq)'s transposed state S (column j
+// of ggml's S), kept in slot 0 of the result, where `ops.rs` copied the state source first.
+// Per token: the row decays by exp(g) (one gate, or one per column), delta = (v[j] - row . k)
+// * beta, row += k * delta, and output j is (row . q) / sqrt(S_v). No row is read by another
+// invocation, so the tokens run in order with no barrier.
+//
+// A: the scratch copy of q (dense [S_v, H_k, T, B_k] from word 0), of g (dense, from word
+// a_nb.y; a_nb.x values per row) and of beta (dense, from word a_nb.z); B: k (any strides);
+// C: v ([S_v, H, T, B], any strides); D: the result (outputs, then a_nb.w snapshots; slot i
+// holds the state i tokens before the last, zeros from slot T on); f.x: 1 / sqrt(S_v).
+@compute @workgroup_size(64)
+fn gated_delta_net_fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let n = p.c_ne.x;
+    let h = p.c_ne.y;
+    let nt = p.c_ne.z;
+    let ns = p.c_ne.w;
+    let j = i % n;
+    let head = (i / n) % h;
+    let seq = i / (n * h);
+    // q and k heads and sequences broadcast as ggml's: head % H_k, seq / (n_seqs / B_k).
+    let hk = head % p.a_ne.y;
+    let sk = seq / max(ns / p.a_ne.w, 1u);
+    let slot_words = n * n * h * ns;
+    let row = p.off.w + n * h * nt * ns + (seq * h + head) * n * n + j * n;
+    let g_len = p.a_nb.x;
+    for (var t = 0u; t < nt; t++) {
+        let at_t = (seq * nt + t) * h + head;
+        let q0 = ((sk * nt + t) * p.a_ne.y + hk) * n;
+        let k0 = p.off.y + hk * p.b_nb.y + t * p.b_nb.z + sk * p.b_nb.w;
+        let g0 = p.a_nb.y + at_t * g_len;
+        let beta = af(p.a_nb.z + at_t);
+        let vj = cf(p.off.z + j * p.c_nb.x + head * p.c_nb.y + t * p.c_nb.z + seq * p.c_nb.w);
+        let decay = exp(af(g0));
+        var kv = 0.0;
+        for (var e = 0u; e < n; e++) {
+            var x = dget(row + e);
+            if (g_len > 1u) {
+                x = x * exp(af(g0 + e));
+            } else {
+                x = x * decay;
+            }
+            dset(row + e, x);
+            kv = fma(x, bf(k0 + e * p.b_nb.x), kv);
+        }
+        let delta = (vj - kv) * beta;
+        var o = 0.0;
+        for (var e = 0u; e < n; e++) {
+            let x = fma(bf(k0 + e * p.b_nb.x), delta, dget(row + e));
+            dset(row + e, x);
+            o = fma(x, af(q0 + e), o);
+        }
+        dset(p.off.w + at_t * n + j, o * p.f.x);
+        let slot = nt - 1u - t;
+        if (slot > 0u && slot < p.a_nb.w) {
+            for (var e = 0u; e < n; e++) {
+                D[row + slot * slot_words + e] = D[row + e];
+            }
+        }
+    }
+    for (var slot = max(nt, 1u); slot < p.a_nb.w; slot++) {
+        for (var e = 0u; e < n; e++) {
+            D[row + slot * slot_words + e] = 0u;
+        }
+    }
+}
+
+// TANH (misc.y 0), NEG (1), SIGMOID (2), EXP (3) and SOFTPLUS (4, `x` above 20 as ggml has
+// it) with the device's own exp, log and tanh: one invocation per element.
+@compute @workgroup_size(64)
+fn unary_fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_index(gid, nwg);
+    if (i >= p.misc.x) {
+        return;
+    }
+    let idx = unravel(i, p.d_ne);
+    let x = af(p.off.x + at(idx, p.a_nb));
+    var y: f32;
+    switch p.misc.y {
+        case 0u: { y = tanh(x); }
+        case 1u: { y = -x; }
+        case 2u: { y = 1.0 / (1.0 + exp(-x)); }
+        case 3u: { y = exp(x); }
+        default: { y = select(log(1.0 + exp(x)), x, x > 20.0); }
+    }
+    dset(p.off.w + at(idx, p.d_nb), y);
+}

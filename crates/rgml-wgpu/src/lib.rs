@@ -48,7 +48,8 @@
 //!   CPY / CONT / DUP between f32 and f16; SET_ROWS of f32 rows into f32 or f16; GET_ROWS from
 //!   f32, f16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; MUL_MAT of those weights × f32 (broadcast over
 //!   dims 2 and 3), and in the fast arithmetic also of BF16, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K,
-//!   IQ4_NL, IQ4_XS and MXFP4 weights (MUL_MAT_ID too). Buffers are bound as `array<u32>`: f16 values and quantized blocks (which
+//!   IQ4_NL, IQ4_XS and MXFP4 weights (MUL_MAT_ID too), SSM_CONV, GATED_DELTA_NET,
+//!   TANH, NEG, SIGMOID, EXP and SOFTPLUS. Buffers are bound as `array<u32>`: f16 values and quantized blocks (which
 //!   need not be 4-byte aligned) are read as bytes / halves of words; f16 results are stored
 //!   with atomic and / or on their half of a word (`kernels_f16.wgsl`), so neighbouring
 //!   invocations never lose each other's value. View ops compute nothing. `supports_op` is

@@ -235,6 +235,13 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
             f32s(&[a, b]) && a.ne == t.ne && ids.dtype == DType::I32 && fits(ids)
         }
         (Op::SumRows, [a]) => !exact && f32s(&[a]) && t.ne == [1, a.ne[1], a.ne[2], a.ne[3]],
+        (Op::Unary(op), [a]) if fast_unary_code(op).is_some() => {
+            !exact && f32s(&[a]) && a.ne == t.ne
+        }
+        (Op::SsmConv, [sx, c]) => !exact && f32s(&[sx, c]) && ssm_conv_shapes(t, sx, c),
+        (Op::GatedDeltaNet { snapshots }, srcs @ [q, k, v, g, beta, state]) => {
+            !exact && f32s(srcs) && delta_net_shapes(t, [q, k, v, g, beta, state], snapshots)
+        }
         (Op::MulMatId { .. }, [a, b, ids]) => !exact && fast_mul_mat_id(a, b, ids),
         // Sinks stay on the CPU.
         (
@@ -296,6 +303,54 @@ fn f32_operand(a: &Tensor, b: &Tensor) -> bool {
         && a.ne[3] > 0
         && b.ne[2].is_multiple_of(a.ne[2])
         && b.ne[3].is_multiple_of(a.ne[3])
+}
+
+/// `unary_fast`'s code for `op` (its `misc.y`), for the unary ops it computes.
+fn fast_unary_code(op: UnaryOp) -> Option<u32> {
+    match op {
+        UnaryOp::Tanh => Some(0),
+        UnaryOp::Neg => Some(1),
+        UnaryOp::Sigmoid => Some(2),
+        UnaryOp::Exp => Some(3),
+        UnaryOp::Softplus => Some(4),
+        UnaryOp::Silu | UnaryOp::Gelu => None,
+    }
+}
+
+/// SSM_CONV's shapes as ggml has them: the window `sx` `[d_conv - 1 + n_t, channels, n_s]`,
+/// the kernel `c` `[d_conv, channels]`, the result `[channels, n_t, n_s]`.
+fn ssm_conv_shapes(t: &Tensor, sx: &Tensor, c: &Tensor) -> bool {
+    let d_conv = c.ne[0];
+    d_conv > 0
+        && sx.ne[0] + 1 >= d_conv
+        && sx.ne[1] == c.ne[1]
+        && sx.ne[3] == 1
+        && c.ne[2] == 1
+        && c.ne[3] == 1
+        && t.ne == [c.ne[1], sx.ne[0] + 1 - d_conv, sx.ne[2], 1]
+}
+
+/// GATED_DELTA_NET's shapes as [`rgml::Context::gated_delta_net`] builds them (q and k heads
+/// and sequences broadcast onto v's), a contiguous result, and the scratch copies of q, g and
+/// beta addressable by u32 words.
+fn delta_net_shapes(t: &Tensor, [q, k, v, g, beta, state]: [&Tensor; 6], snapshots: usize) -> bool {
+    let [s_v, h, n_tokens, n_seqs] = v.ne;
+    let qk = |x: &Tensor| {
+        x.ne == q.ne && x.ne[0] == s_v && x.ne[1] > 0 && x.ne[2] == n_tokens && x.ne[3] > 0
+    };
+    let scratch_words = q.nelements() + g.nelements() + beta.nelements();
+    s_v > 0
+        && snapshots > 0
+        && qk(q)
+        && qk(k)
+        && n_seqs.is_multiple_of(q.ne[3])
+        && (g.ne[0] == 1 || g.ne[0] == s_v)
+        && g.ne[1..] == [h, n_tokens, n_seqs]
+        && beta.ne == [1, h, n_tokens, n_seqs]
+        && state.ne == [s_v, s_v, h, n_seqs]
+        && t.is_contiguous()
+        && t.nelements() == s_v * h * (n_tokens * n_seqs + snapshots * s_v * n_seqs)
+        && u32::try_from(scratch_words).is_ok()
 }
 
 /// Whether the exact kernels take MUL_MAT of weights `a` by activations `b`.
@@ -679,6 +734,9 @@ impl<'a> Prep<'a> {
             Op::MulMat { .. } => self.mul_mat(p, buffers, t, &srcs),
             Op::MulMatId { .. } => self.mul_mat_id(p, buffers, t, &srcs),
             Op::FlashAttnExt { scale, .. } => self.flash_attn(p, buffers, t, &srcs, scale),
+            Op::GatedDeltaNet { snapshots } => {
+                self.gated_delta_net(p, buffers, t, &srcs, snapshots)
+            }
             _ => {
                 let (kernel, threads) = self
                     .one_dispatch(&mut p, t, &srcs)
@@ -692,6 +750,63 @@ impl<'a> Prep<'a> {
                 Ok(vec![self.dispatch(kernel, p, buffers, threads)?])
             }
         }
+    }
+
+    /// GATED_DELTA_NET in the fast arithmetic (`gated_delta_net_fast`): q, g and beta copied
+    /// densely into the scratch buffer (the kernel's four bindings hold it, k, v and the
+    /// result), the state source into the result's slot 0, then the kernel, which evolves the
+    /// state there.
+    fn gated_delta_net(
+        &self,
+        mut p: Params,
+        mut buffers: [wgpu::Buffer; 4],
+        t: &Tensor,
+        srcs: &[&Tensor],
+        snapshots: usize,
+    ) -> Result<Vec<Dispatch>> {
+        let [q, _, v, g, beta, state] = srcs else {
+            return Err(self.unsupported(t));
+        };
+        let [s_v, h, n_tokens, n_seqs] = v.ne;
+        let (q_words, g_words) = (q.nelements(), g.nelements());
+        let words = q_words + g_words + beta.nelements();
+        let scratch = self.gpu.scratch.get(&self.gpu.device, 4 * words);
+        let (d_buf, d_off) = self.storage(t)?;
+        // `supports_op` bounded the scratch's words and the result's elements by u32.
+        let outputs = (s_v * h * n_tokens * n_seqs) as u32;
+        let mut out = Vec::with_capacity(5);
+        for (src, at) in [(q, 0), (g, q_words), (beta, q_words + g_words)] {
+            out.push(self.dense_copy(src, &scratch, at as u32)?);
+        }
+        out.push(self.dense_copy(state, &d_buf, d_off + outputs)?);
+        buffers[0] = scratch;
+        p.off[0] = 0;
+        p.a_nb = [
+            g.ne[0] as u32,
+            q_words as u32,
+            (q_words + g_words) as u32,
+            snapshots as u32,
+        ];
+        p.f[0] = 1.0 / (s_v as f32).sqrt();
+        let kernel = Kernel::Fast(FastKernel::GatedDeltaNet, 0);
+        out.push(self.dispatch(kernel, p, buffers, (s_v * h * n_seqs) as u64)?);
+        Ok(out)
+    }
+
+    /// A copy of f32 tensor `src` (any strides) to `to` from word `at`, dense (`cpy`).
+    fn dense_copy(&self, src: &Tensor, to: &wgpu::Buffer, at: u32) -> Result<Dispatch> {
+        let (buf, off) = self.storage(src)?;
+        let ne = dims(src.ne);
+        let p = Params {
+            a_ne: ne,
+            a_nb: strides(src),
+            d_ne: ne,
+            d_nb: [1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]],
+            off: [off, 0, 0, at],
+            ..Params::default()
+        };
+        let buffers = [buf, to.clone(), to.clone(), to.clone()];
+        self.dispatch(Kernel::Cpy, p, buffers, src.nelements() as u64)
     }
 
     /// FLASH_ATTN_EXT in the fast arithmetic (`flash_attn_fast`): a workgroup per query row;
@@ -977,6 +1092,11 @@ impl<'a> Prep<'a> {
             // One workgroup per row (of ROW_WG invocations: the count of workgroups is what
             // `rows * WG` gives).
             Op::SumRows => (Kernel::Fast(FastKernel::SumRows, 0), rows * WG),
+            Op::SsmConv => (Kernel::Fast(FastKernel::SsmConv, 0), elements),
+            Op::Unary(op) if fast_unary_code(op).is_some() => {
+                p.misc[1] = fast_unary_code(op)?;
+                (Kernel::Fast(FastKernel::Unary, 0), elements)
+            }
             Op::Argsort { descending } => {
                 p.misc[1] = u32::from(descending);
                 (Kernel::Fast(FastKernel::Argsort, 0), rows * WG)

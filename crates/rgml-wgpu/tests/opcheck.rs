@@ -20,8 +20,10 @@ fn wgpu_passes_every_supported_case() {
 }
 
 /// The fast arithmetic on the same device (on lavapipe, whose default is exact), against the
-/// same reference and thresholds; it adds MUL_MAT and MUL_MAT_ID of every weight type and a
-/// mixture of experts' routing (ARGSORT, SUM_ROWS), so more cases run.
+/// same reference and thresholds; it adds MUL_MAT and MUL_MAT_ID of every weight type, a
+/// mixture of experts' routing (ARGSORT, SUM_ROWS), the delta net's recurrent ops (SSM_CONV,
+/// GATED_DELTA_NET) and the unary ops TANH, NEG, SIGMOID, EXP and SOFTPLUS, so more cases
+/// run.
 #[test]
 fn wgpu_fast_arithmetic_passes_every_supported_case() {
     use rgml::OpKind;
@@ -34,6 +36,13 @@ fn wgpu_fast_arithmetic_passes_every_supported_case() {
         OpKind::SumRows,
         OpKind::Clamp,
         OpKind::AddId,
+        OpKind::SsmConv,
+        OpKind::GatedDeltaNet,
+        OpKind::Tanh,
+        OpKind::Neg,
+        OpKind::Sigmoid,
+        OpKind::Exp,
+        OpKind::Softplus,
     ];
     let mul_mats: Vec<&String> = unsupported
         .iter()
