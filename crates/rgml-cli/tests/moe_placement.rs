@@ -332,12 +332,13 @@ fn gpt_oss_mxfp4_experts_run_on_the_gpu_in_its_fast_arithmetic() {
 }
 
 /// A hybrid model (`qwen35`) in the GPU's fast arithmetic runs its delta-net layers there:
-/// SSM_CONV, GATED_DELTA_NET (the prompt's tokens in one call, then one per step), SIGMOID
-/// and SOFTPLUS are GPU kernels in the run's trace, and the logits follow the CPU's: the
-/// CPU's twenty best within 10% at the prompt's end and at each greedy step while both pick
-/// the same token. (The fast products' rounding moves this random model's logits by up to
-/// 7.9%, the same with these ops on the CPU: measured with the build before them, to four
-/// digits. `opcheck` holds the kernels themselves to the float64 reference.)
+/// SSM_CONV, GATED_DELTA_NET (the prompt's tokens in one call, then one per step), SIGMOID,
+/// SOFTPLUS and the attention layers' multi-section ROPE are GPU kernels in the run's trace,
+/// and the logits follow the CPU's: the CPU's twenty best within 10% at the prompt's end and
+/// at each greedy step while both pick the same token. (The fast products' rounding moves this
+/// random model's logits by up to 7.9%, the same with these ops on the CPU: measured with the
+/// build before them, to four digits. `opcheck` holds the kernels themselves to the float64
+/// reference.)
 #[test]
 fn a_hybrid_model_runs_its_delta_net_on_the_gpu_in_its_fast_arithmetic() {
     let Some(gpu) = gpu_device() else { return };
@@ -350,6 +351,7 @@ fn a_hybrid_model_runs_its_delta_net_on_the_gpu_in_its_fast_arithmetic() {
         "\"GATED_DELTA_NET ",
         "\"SIGMOID ",
         "\"SOFTPLUS ",
+        "\"ROPE ",
     ] {
         assert!(trace.contains(kernel), "no {kernel} kernel on the GPU");
     }

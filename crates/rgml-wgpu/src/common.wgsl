@@ -405,14 +405,50 @@ fn sqrt_rn(x: f32) -> f32 {
     return s;
 }
 
-// ROPE's angle for pair `k` of the position at index `i` of B (i32), as ggml-cpu computes it
-// in f32 (`rope_yarn` after `ggml_rope_cache_init`): θ_extrap = pos · θ_scale^k by k successive
+// Which of a token's four positions pair `k` rotates by in the multi-section modes (a_nb.x:
+// 1 MROPE, 2 IMROPE, 0 the one-position modes; a_ne: the pairs per section), as
+// `rgml::RopeMode::position_of_pair` (ggml's `ggml_mrope_cache_init`) picks it.
+fn rope_section(k: u32) -> u32 {
+    let s = p.a_ne;
+    let total = s.x + s.y + s.z + s.w;
+    if (p.a_nb.x == 0u || total == 0u) {
+        return 0u;
+    }
+    let sector = k % total;
+    if (p.a_nb.x == 2u) {
+        let m = sector % 3u;
+        if (m == 1u && sector < 3u * s.y) {
+            return 1u;
+        }
+        if (m == 2u && sector < 3u * s.z) {
+            return 2u;
+        }
+        if (m == 0u && sector < 3u * s.x) {
+            return 0u;
+        }
+        return 3u;
+    }
+    if (sector < s.x) {
+        return 0u;
+    }
+    if (sector < s.x + s.y) {
+        return 1u;
+    }
+    if (sector < s.x + s.y + s.z) {
+        return 2u;
+    }
+    return 3u;
+}
+
+// ROPE's angle for pair `k` of the token at index `i` (its position at index `i` of B, i32;
+// in the multi-section modes the position `rope_section(k)` of it, a_nb.y tokens apart), as
+// ggml-cpu computes it in f32 (`rope_yarn` after `ggml_rope_cache_init`): θ_extrap = pos · θ_scale^k by k successive
 // products (not `pow`: every rounding of the chain counts), divided by the pair's frequency
 // factor (f32 C[k], when misc.z is 1) with IEEE rounding, θ_interp = freq_scale · θ_extrap,
 // and with YaRN (ext_factor ≠ 0) the ramp between the correction dims mixing the two. f:
 // (θ_scale, freq_scale, ext_factor, mscale); g.xy: correction dims; b_nb.x, c_nb.x: strides.
 fn rope_theta(i: u32, k: u32) -> f32 {
-    let pos = f32(bitcast<i32>(B[p.off.y + i * p.b_nb.x]));
+    let pos = f32(bitcast<i32>(B[p.off.y + (i + rope_section(k) * p.a_nb.y) * p.b_nb.x]));
     var theta_extrap = pos;
     for (var j = 0u; j < k; j++) {
         theta_extrap = theta_extrap * p.f.x;

@@ -43,8 +43,8 @@
 //!   between every two dispatches on one buffer (see the backend module), so nodes never
 //!   overlap.
 //! - WGSL kernels (`ops.rs` prepares each node, `plan.rs` a graph), any strides: ADD / SUB / MUL / DIV (src1
-//!   broadcast), SCALE, SILU, GELU, SWIGLU, RMS_NORM, NORM, DIAG_MASK_INF, ROPE (normal and
-//!   NeoX, YaRN, frequency factors), SOFT_MAX (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32;
+//!   broadcast), SCALE, SILU, GELU, SWIGLU, RMS_NORM, NORM, DIAG_MASK_INF, ROPE (normal,
+//!   NeoX and the multi-section modes, YaRN, frequency factors), SOFT_MAX (scale, optional f32 or f16 mask, ALiBi), CONCAT, ARGMAX, all f32;
 //!   CPY / CONT / DUP between f32 and f16; SET_ROWS of f32 rows into f32 or f16; GET_ROWS from
 //!   f32, f16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; MUL_MAT of those weights × f32 (broadcast over
 //!   dims 2 and 3), and in the fast arithmetic also of BF16, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K,

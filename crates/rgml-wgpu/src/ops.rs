@@ -216,13 +216,13 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
             [a],
         ) => f32s(&[a]) && a.ne == t.ne,
         (Op::Swiglu | Op::Geglu, [a, b]) => f32s(&[a, b]) && a.ne == t.ne && b.ne == t.ne,
-        // The multi-section modes (four positions per token) stay on the CPU.
+        // The multi-section modes read four positions per token.
         (Op::Rope(rp), [a, pos, factors @ ..]) if factors.len() <= 1 => {
-            matches!(rp.mode, RopeMode::Normal | RopeMode::Neox)
-                && f32s(&[a])
+            f32s(&[a])
                 && a.ne == t.ne
                 && pos.dtype == DType::I32
                 && fits(pos)
+                && pos.ne[0] >= rp.mode.positions_per_token() * a.ne[2]
                 && rp.n_dims <= a.ne[0]
                 && u32::try_from(rp.n_dims).is_ok()
                 // Frequency factors: the first n_dims / 2 values of a dense f32 row.
@@ -1261,16 +1261,13 @@ impl<'a> Prep<'a> {
         let factors = t.src.get(2).copied().zip(srcs.get(2).copied());
         let setup = RopeSetup::new(rp, t.ne[0]);
         // Pairs rotated with fused multiply-adds, as ggml's AVX-512 build (the CPU backend's
-        // `fused_pairs`): NeoX all; normal mode all but the last n_pairs % 4, which GCC's
-        // vectorized loop leaves to code that rounds every product. The multi-section modes
-        // are refused by `supports_op`.
+        // `fused_pairs`): NeoX all, and the multi-section modes, which rotate NeoX pairs (each
+        // by its section's position, which the table holds); normal mode all but the last
+        // n_pairs % 4, which GCC's vectorized loop leaves to code that rounds every product.
         let pairs = setup.n_dims / 2;
         let fused = match rp.mode {
-            RopeMode::Neox => pairs,
+            RopeMode::Neox | RopeMode::Mrope { .. } | RopeMode::Imrope { .. } => pairs,
             RopeMode::Normal => pairs - pairs % 4,
-            RopeMode::Mrope { .. } | RopeMode::Imrope { .. } => {
-                return Err(self.err("multi-section ROPE is not supported on this device"))
-            }
         };
         let mut out = Vec::with_capacity(2);
         if setup.n_dims > 0 {
@@ -1281,7 +1278,7 @@ impl<'a> Prep<'a> {
             p.off[2] = 0;
         }
         p.misc[1] = setup.n_dims as u32;
-        p.misc[2] = u32::from(rp.mode == RopeMode::Neox);
+        p.misc[2] = u32::from(rp.mode != RopeMode::Normal);
         p.misc[3] = fused as u32;
         // One invocation per pair of a row's elements.
         let pairs = t.ne[0].div_ceil(2) as u64;
@@ -1332,6 +1329,16 @@ impl<'a> Prep<'a> {
             setup.mscale,
         ];
         q.g = [setup.corr[0], setup.corr[1], 0.0, 0.0];
+        // The multi-section modes: each pair's position among the token's four (`rope_section`).
+        if let Some(sections) = rp.mode.sections() {
+            q.a_ne = sections;
+            let mode = if matches!(rp.mode, RopeMode::Imrope { .. }) {
+                2
+            } else {
+                1
+            };
+            q.a_nb = [mode, n_pos as u32, 0, 0];
+        }
         let kernel = if self.gpu.kernels.f64 {
             Kernel::RopeCacheF64
         } else {
@@ -1421,11 +1428,11 @@ mod tests {
     use super::supports_op;
     use rgml::{Context, DType, RopeMode, RopeParams};
 
-    /// Qwen3.5's ops stay on the CPU: the multi-section ROPE modes, SSM_CONV and
-    /// GATED_DELTA_NET are not claimed (nor is REPEAT), while the one-position ROPE modes
-    /// still are.
+    /// Qwen3.5's ops: every ROPE mode is claimed in both arithmetics (the multi-section ones
+    /// with four positions per token); SSM_CONV and GATED_DELTA_NET in the fast arithmetic
+    /// only; REPEAT in neither.
     #[test]
-    fn multi_section_rope_and_recurrent_ops_are_not_claimed() {
+    fn qwen35_ops_are_claimed_as_the_kernels_have_them() {
         let mut ctx = Context::new();
         let x = ctx.new_tensor(DType::F32, &[16, 2, 3]).unwrap();
         let pos1 = ctx.new_tensor(DType::I32, &[3]).unwrap();
@@ -1434,8 +1441,8 @@ mod tests {
         for (mode, pos, claimed) in [
             (RopeMode::Normal, pos1, true),
             (RopeMode::Neox, pos1, true),
-            (RopeMode::Mrope { sections }, pos4, false),
-            (RopeMode::Imrope { sections }, pos4, false),
+            (RopeMode::Mrope { sections }, pos4, true),
+            (RopeMode::Imrope { sections }, pos4, true),
         ] {
             let y = ctx
                 .rope(x, pos, RopeParams::new(mode, 16, 10000.0))
@@ -1459,11 +1466,12 @@ mod tests {
             f32s(&[8, 8, 2, 1]),
         );
         let net = ctx.gated_delta_net(q, k, v, g, beta, s, 1).unwrap();
+        for id in [conv, net] {
+            assert!(!supports_op(&ctx, id, true) && supports_op(&ctx, id, false));
+        }
         // REPEAT has no shader: it stays on the CPU.
         let scales = ctx.new_tensor(DType::F32, &[1, 8]).unwrap();
         let tiled = ctx.repeat(scales, &[1, 8, 5]).unwrap();
-        for id in [conv, net, tiled] {
-            assert!(!supports_op(&ctx, id, true) && !supports_op(&ctx, id, false));
-        }
+        assert!(!supports_op(&ctx, tiled, true) && !supports_op(&ctx, tiled, false));
     }
 }
