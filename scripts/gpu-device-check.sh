@@ -13,7 +13,8 @@
 #   - the models, into a temporary folder: rgml-random-model --shape smollm2-135m --type Q4_1
 #     (the demo model's shape) first, then in the background llama-1b Q4_K_M, llama-8b Q4_K_M,
 #     llama-1b Q8_0, llama-1b F16 and qwen3moe-30b-a3b Q4_K_M with 32 experts (MUL_MAT_ID and
-#     the routing on the GPU);
+#     the routing on the GPU), then gpt-oss-20b MXFP4_MOE with 16 experts and
+#     qwen35moe-35b-a3b Q4_K_M with 32 (MXFP4 experts, the delta net and multi-section ROPE);
 #   - RGML_WGPU_EXACT=1 and =0 `rgml test-ops -b Vulkan0` ('N passed, M failed'), the fast one
 #     also with RGML_WGPU_COOPMAT=0 (the register-tiled prompt kernel instead of tensor cores);
 #   - the smollm2 model's `rgml logits --json --top 10` on Vulkan0 (exact and fast) against the
@@ -46,8 +47,9 @@
 #                       build directly when .gpucheck/ has no package
 #   --budget S          the whole run's seconds (default 450; 1500 with --quick)
 #   --models LIST       only these models, comma-separated keys: smollm2-q4_1, llama1b-q4_k_m,
-#                       llama1b-q8_0, llama1b-f16, llama8b-q4_k_m, qwen3moe-q4_k_m (e.g. for
-#                       a rerun)
+#                       llama1b-q8_0, llama1b-f16, llama8b-q4_k_m, qwen3moe-q4_k_m,
+#                       gptoss-mxfp4, qwen35moe-q4_k_m (e.g. for a rerun; the last two are the
+#                       plan's last pairs, run if the budget is left)
 #   --no-checks         skip test-ops and logits;  --no-bench: skip the benches
 #   --perf-model        also `rgml test-ops --mode perf-model` (about a minute)
 #   --tune              instead of the benches, only llama-8b's tuning variants (`bench_tune`:
@@ -106,6 +108,8 @@ MODELS=(
     "llama1b-f16 llama-1b F16 16"
     "llama8b-q4_k_m llama-8b Q4_K_M 32"
     "qwen3moe-q4_k_m qwen3moe-30b-a3b Q4_K_M 48"
+    "gptoss-mxfp4 gpt-oss-20b MXFP4_MOE 24"
+    "qwen35moe-q4_k_m qwen35moe-35b-a3b Q4_K_M 40"
 )
 [ $quick = 0 ] || MODELS=("${MODELS[0]}")
 HALF_MODEL=llama1b-q4_k_m
@@ -286,6 +290,10 @@ gen_model() { # KEY
     # The mixture of experts with 32 of its 128 experts (as wide, 8 used per token: a decode
     # step's work in a 5.3 GB file), on the Llama 3 vocabulary carried for the others.
     case $key in qwen3moe-*) cap=90 experts=(--experts 32) ;; esac
+    # gpt-oss-20b with 16 of its 32 MXFP4 experts (4 used per token: MUL_MAT_ID's MXFP4
+    # decode), Qwen3.5-35B-A3B with 32 of 256 (its delta-net layers, SSM_CONV and
+    # GATED_DELTA_NET, and multi-section ROPE on the GPU).
+    case $key in gptoss-*) cap=90 experts=(--experts 16) ;; qwen35moe-*) cap=90 experts=(--experts 32) ;; esac
     if ! run_step "gen-$key" $cap "$GEN" --shape "$shape" --type "$type" --vocab "$vocab" \
         "${experts[@]}" --out "$W/models/$key.gguf"; then
         rm -f "$W/models/$key.gguf"
@@ -481,7 +489,8 @@ main() {
         selected "$key" || continue
         if [ "$key" = "$LOGITS_MODEL" ]; then gen_model "$key"; else bg+=("$key"); fi
     done
-    local order=(llama1b-q4_k_m llama8b-q4_k_m llama1b-q8_0 llama1b-f16 qwen3moe-q4_k_m) gen_pid=
+    local order=(llama1b-q4_k_m llama8b-q4_k_m llama1b-q8_0 llama1b-f16 qwen3moe-q4_k_m
+        gptoss-mxfp4 qwen35moe-q4_k_m) gen_pid=
     if [ ${#bg[@]} -gt 0 ]; then
         (
             for key in "${order[@]}"; do
@@ -519,6 +528,7 @@ main() {
             "pair llama8b-q4_k_m" "profile llama8b-q4_k_m" "pair llama1b-q4_k_m" "half $HALF_MODEL"
             "depth llama8b-q4_k_m"
             "pair llama1b-q8_0" "pair llama1b-f16" "pair qwen3moe-q4_k_m" "pair smollm2-q4_1"
+            "pair gptoss-mxfp4" "pair qwen35moe-q4_k_m"
             "depth llama1b-q4_k_m" "depth llama1b-q8_0" "depth llama1b-f16" "depth smollm2-q4_1"
         )
         [ $quick = 0 ] || plan=("pair smollm2-q4_1" "profile smollm2-q4_1" "half smollm2-q4_1" "depth smollm2-q4_1")
