@@ -109,6 +109,10 @@ pub(crate) enum FastKernel {
     GatedDeltaNet,
     /// `unary_fast`: TANH, NEG, SIGMOID, EXP and SOFTPLUS, one invocation per element.
     Unary,
+    /// `mm_id_lists`: MUL_MAT_ID's columns listed per expert, a workgroup per expert.
+    MmIdLists,
+    /// `mul_mm_id_fast`: MUL_MAT_ID of many columns, `mul_mm_fast`'s tiles per expert.
+    MulMmId,
 }
 
 impl FastKernel {
@@ -130,6 +134,8 @@ impl FastKernel {
             FastKernel::SsmConv => "ssm_conv_fast",
             FastKernel::GatedDeltaNet => "gated_delta_net_fast",
             FastKernel::Unary => "unary_fast",
+            FastKernel::MmIdLists => "mm_id_lists",
+            FastKernel::MulMmId => "mul_mm_id_fast",
         }
     }
 }

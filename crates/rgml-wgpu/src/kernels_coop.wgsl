@@ -131,6 +131,6 @@ fn mul_mm_coop(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
         return;
     }
     for (var i = li; i < 4096u; i += 128u) {
-        tile_set(at, at.m0 + i % 64u, at.n0 + i / 64u, coop_out[i]);
+        tile_set(at, at.m0 + i % 64u, at.n0 + i / 64u, coop_out[i], p.d_ne.y);
     }
 }

@@ -481,12 +481,16 @@ var<workgroup> tile_b: array<vec4<f32>, 512>;
 // The 64 x 64 output tile of a mat-mat workgroup: tile w % tiles of matrix w / tiles (i2 + ne2
 // i3), its first row m0 and column n0; `live` is false for a padding workgroup (none unless the
 // grid is padded), which still reaches every barrier.
+// A workgroup's 64 x 64 tile: weight rows m0.., activation columns n0.. of matrix (i2, i3);
+// `routed` (MUL_MAT_ID, `mul_mm_id_fast`): rows of expert i2, the columns entries n0.. of the
+// expert's list (`mm_id_lists`), each a (slot, token) column.
 struct TileAt {
     i2: u32,
     i3: u32,
     m0: u32,
     n0: u32,
     live: bool,
+    routed: bool,
 }
 
 fn tile_of_workgroup(w: u32) -> TileAt {
@@ -495,7 +499,41 @@ fn tile_of_workgroup(w: u32) -> TileAt {
     let tiles = tiles_m * tiles_n;
     let mat = w / tiles;
     let i3 = mat / p.d_ne.z;
-    return TileAt(mat % p.d_ne.z, i3, (w % tiles_m) * TILE, ((w % tiles) / tiles_m) * TILE, i3 < p.d_ne.w);
+    return TileAt(mat % p.d_ne.z, i3, (w % tiles_m) * TILE, ((w % tiles) / tiles_m) * TILE, i3 < p.d_ne.w, false);
+}
+
+// MUL_MAT_ID's columns (slot s, token t) as `c = t * n_used + s`: the capacity of an expert's
+// list (every column, should one token route several slots to it), and the list's entry j of
+// expert e in C: counts at words 0..E + 1, then one list of `id_capacity()` per expert and a
+// last one (e = E) of the columns whose id is no expert.
+fn id_capacity() -> u32 {
+    return p.d_ne.y * p.d_ne.z;
+}
+
+fn id_column(e: u32, j: u32) -> u32 {
+    return C[p.off.z + p.a_ne.z + 1u + e * id_capacity() + j];
+}
+
+// The routed tile of workgroup w (expert, row tile, column tile over the expert's list), live
+// when the expert's list reaches column n0; `count`: the expert's list length.
+fn routed_tile(w: u32, count: u32) -> TileAt {
+    let tiles_m = (p.d_ne.x + TILE - 1u) / TILE;
+    let tiles_n = (id_capacity() + TILE - 1u) / TILE;
+    let tiles = tiles_m * tiles_n;
+    let e = w / tiles;
+    let n0 = ((w % tiles) / tiles_m) * TILE;
+    return TileAt(e, 0u, (w % tiles_m) * TILE, n0, e < p.a_ne.z && n0 < count, true);
+}
+
+// The activation row of tile column `col` (its column index for a plain tile, its list entry
+// for a routed one) and whether it exists.
+fn tile_act_row(at: TileAt, col: u32) -> vec2<u32> {
+    if (at.routed) {
+        let c = id_column(at.i2, col);
+        let s = c % p.d_ne.y;
+        return vec2<u32>(act_row(s % p.b_ne.y, c / p.d_ne.y, 0u), 1u);
+    }
+    return vec2<u32>(act_row(col, at.i2, at.i3), u32(col < p.d_ne.y));
 }
 
 // Elements k..k+8 of weight row m0 + row and of activation column n0 + row of a tile: what a
@@ -505,11 +543,14 @@ struct TileFetch {
     y: G8,
 }
 
-fn tile_fetch(row: u32, k: u32, at: TileAt) -> TileFetch {
+fn tile_fetch(row: u32, k: u32, at: TileAt, cols: u32) -> TileFetch {
     let n = p.a_ne.x;
     var y = G8(vec4<f32>(0.0), vec4<f32>(0.0));
-    if (at.live && at.n0 + row < p.d_ne.y && k < n) {
-        y = act8(act_row(at.n0 + row, at.i2, at.i3), k, n);
+    if (at.live && at.n0 + row < cols && k < n) {
+        let b = tile_act_row(at, at.n0 + row);
+        if (b.y == 1u) {
+            y = act8(b.x, k, n);
+        }
     }
     return TileFetch(tile_weights(row, k, at), y);
 }
@@ -524,18 +565,26 @@ fn tile_weights(row: u32, k: u32, at: TileAt) -> G8 {
     return G8(vec4<f32>(0.0), vec4<f32>(0.0));
 }
 
-// Output (row i0, column i1) of tile `at`'s matrix, if inside the result.
-fn tile_set(at: TileAt, i0: u32, i1: u32, v: f32) {
+// Output (row i0, column i1) of tile `at`'s matrix, if inside the result (a routed tile's
+// column i1 is entry i1 of its expert's list, of `cols`).
+fn tile_set(at: TileAt, i0: u32, i1: u32, v: f32, cols: u32) {
+    if (at.routed) {
+        if (i0 < p.d_ne.x && i1 < cols) {
+            let c = id_column(at.i2, i1);
+            dset(p.off.w + i0 * p.d_nb.x + (c % p.d_ne.y) * p.d_nb.y + (c / p.d_ne.y) * p.d_nb.z, v);
+        }
+        return;
+    }
     if (i0 < p.d_ne.x && i1 < p.d_ne.y) {
         dset(p.off.w + i0 * p.d_nb.x + i1 * p.d_nb.y + at.i2 * p.d_nb.z + at.i3 * p.d_nb.w, v);
     }
 }
 
 // Row i0 of an invocation's 8 x 8 outputs, columns n0..n0+8: `lo` and `hi` hold 0..4, 4..8.
-fn mm_store(at: TileAt, i0: u32, n0: u32, lo: vec4<f32>, hi: vec4<f32>) {
+fn mm_store(at: TileAt, i0: u32, n0: u32, lo: vec4<f32>, hi: vec4<f32>, cols: u32) {
     for (var j = 0u; j < 4u; j++) {
-        tile_set(at, i0, n0 + j, lo[j]);
-        tile_set(at, i0, n0 + 4u + j, hi[j]);
+        tile_set(at, i0, n0 + j, lo[j], cols);
+        tile_set(at, i0, n0 + 4u + j, hi[j], cols);
     }
 }
 
@@ -548,7 +597,77 @@ fn mm_store(at: TileAt, i0: u32, n0: u32, lo: vec4<f32>, hi: vec4<f32>) {
 // indexed in loops would live in memory). Workgroup w: tile w % tiles of matrix w / tiles.
 @compute @workgroup_size(64)
 fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let at = tile_of_workgroup(wid.x + wid.y * nwg.x);
+    mm_tile(li, tile_of_workgroup(wid.x + wid.y * nwg.x), p.d_ne.y);
+}
+
+var<workgroup> id_count: u32;
+
+// MUL_MAT_ID with many columns (prompts), after `mm_id_lists`: `mul_mm_fast`'s tile over one
+// expert's rows and the columns routed to it (C: the lists), so each expert's weights are
+// decoded once per 64 of its columns instead of once per column. Workgroup w: expert
+// w / tiles, tile w % tiles of its rows by its list's capacity; a tile past the list's end
+// leaves at once (the count read uniformly, so the barriers stay in uniform control flow).
+@compute @workgroup_size(64)
+fn mul_mm_id_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let w = wid.x + wid.y * nwg.x;
+    let tiles_m = (p.d_ne.x + TILE - 1u) / TILE;
+    let tiles_n = (id_capacity() + TILE - 1u) / TILE;
+    let e = min(w / (tiles_m * tiles_n), p.a_ne.z);
+    if (li == 0u) {
+        id_count = C[p.off.z + e];
+    }
+    let count = workgroupUniformLoad(&id_count);
+    var at = routed_tile(w, count);
+    if (e == p.a_ne.z && (w % (tiles_m * tiles_n)) / tiles_m * TILE < count) {
+        // Columns whose id is no expert: NaN, as `mul_mv_id_fast` gives them.
+        at.i2 = e;
+        for (var i = li; i < TILE * TILE; i += 64u) {
+            tile_set(at, at.m0 + i % TILE, at.n0 + i / TILE, bitcast<f32>(0x7fc00000u), count);
+        }
+        return;
+    }
+    if (!at.live) {
+        return;
+    }
+    mm_tile(li, at, count);
+}
+
+var<workgroup> list_len: atomic<u32>;
+
+// MUL_MAT_ID's routing as lists, one workgroup per expert e: the columns c = t * n_used + s
+// whose id (C: ids [n_used, n_tokens], i32) is e, appended in any order (each column's sums
+// do not depend on its place), then the count; workgroup E lists the ids outside 0..E. D:
+// counts at words 0..E + 1, lists after them (`id_column`). a_ne.z: E; c_ne.xy: n_used,
+// n_tokens.
+@compute @workgroup_size(64)
+fn mm_id_lists(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = wid.x + wid.y * nwg.x;
+    if (li == 0u) {
+        atomicStore(&list_len, 0u);
+    }
+    workgroupBarrier();
+    let n_used = p.c_ne.x;
+    let columns = n_used * p.c_ne.y;
+    let experts = p.a_ne.z;
+    if (e <= experts) {
+        for (var c = li; c < columns; c += 64u) {
+            let id = bitcast<i32>(C[p.off.z + (c % n_used) * p.c_nb.x + (c / n_used) * p.c_nb.y]);
+            let none = id < 0 || u32(id) >= experts;
+            if ((e < experts && id == i32(e)) || (e == experts && none)) {
+                let j = atomicAdd(&list_len, 1u);
+                D[p.off.w + experts + 1u + e * columns + j] = c;
+            }
+        }
+    }
+    workgroupBarrier();
+    if (e <= experts && li == 0u) {
+        D[p.off.w + e] = atomicLoad(&list_len);
+    }
+}
+
+// One 64 x 64 tile of `mul_mm_fast` / `mul_mm_id_fast` (`cols`: the matrix's columns, or the
+// expert's list length).
+fn mm_tile(li: u32, at: TileAt, cols: u32) {
     let tx = li % 8u;
     let ty = li / 8u;
     let n = p.a_ne.x;
@@ -564,7 +683,7 @@ fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
         for (var r = 0u; r < 4u; r++) {
             let row = li;
             let kg = 8u * r;
-            let g = tile_fetch(row, k0 + kg, at);
+            let g = tile_fetch(row, k0 + kg, at, cols);
             let x = g.x;
             let y = g.y;
             for (var e = 0u; e < 4u; e++) {
@@ -596,14 +715,14 @@ fn mul_mm_fast(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) 
     }
     let r0 = at.m0 + 8u * tx;
     let col = at.n0 + 8u * ty;
-    mm_store(at, r0, col, c0a, c0b);
-    mm_store(at, r0 + 1u, col, c1a, c1b);
-    mm_store(at, r0 + 2u, col, c2a, c2b);
-    mm_store(at, r0 + 3u, col, c3a, c3b);
-    mm_store(at, r0 + 4u, col, c4a, c4b);
-    mm_store(at, r0 + 5u, col, c5a, c5b);
-    mm_store(at, r0 + 6u, col, c6a, c6b);
-    mm_store(at, r0 + 7u, col, c7a, c7b);
+    mm_store(at, r0, col, c0a, c0b, cols);
+    mm_store(at, r0 + 1u, col, c1a, c1b, cols);
+    mm_store(at, r0 + 2u, col, c2a, c2b, cols);
+    mm_store(at, r0 + 3u, col, c3a, c3b, cols);
+    mm_store(at, r0 + 4u, col, c4a, c4b, cols);
+    mm_store(at, r0 + 5u, col, c5a, c5b, cols);
+    mm_store(at, r0 + 6u, col, c6a, c6b, cols);
+    mm_store(at, r0 + 7u, col, c7a, c7b, cols);
 }
 
 // Invocations per row of the per-row kernels (`rms_norm_fast`, `soft_max_fast`): a decode

@@ -982,8 +982,10 @@ impl<'a> Prep<'a> {
         Ok(vec![self.dispatch(kernel, p, buffers, groups)?])
     }
 
-    /// MUL_MAT_ID in the fast arithmetic (`mul_mv_id_fast`): two weight rows of one column's
-    /// expert per workgroup, every column (slot, token) apart.
+    /// MUL_MAT_ID in the fast arithmetic: for a decode (up to [`MV_COLS`] tokens)
+    /// `mul_mv_id_fast`, two weight rows of one column's expert per workgroup, every column
+    /// (slot, token) apart; for a prompt the columns listed per expert (`mm_id_lists`, into
+    /// the scratch buffer) and `mul_mm_id_fast`'s tiles over each expert's rows and columns.
     fn mul_mat_id(
         &self,
         p: Params,
@@ -991,15 +993,57 @@ impl<'a> Prep<'a> {
         t: &Tensor,
         srcs: &[&Tensor],
     ) -> Result<Vec<Dispatch>> {
-        let code = srcs
-            .first()
-            .and_then(|a| weight_code(a.dtype))
-            .filter(|_| !self.exact)
-            .ok_or_else(|| self.unsupported(t))?;
+        let (Some(code), Some(a)) = (
+            srcs.first()
+                .and_then(|a| weight_code(a.dtype))
+                .filter(|_| !self.exact),
+            srcs.first(),
+        ) else {
+            return Err(self.unsupported(t));
+        };
+        if t.ne[2] > MV_COLS {
+            return self.mul_mm_id(p, buffers, t, a.ne[2], code);
+        }
         let columns = (t.ne[1] * t.ne[2]) as u64;
         let groups = (t.ne[0] as u64).div_ceil(MV_ROWS) * columns;
         let kernel = Kernel::Fast(FastKernel::MulMvId, code);
         Ok(vec![self.dispatch(kernel, p, buffers, groups * WG)?])
+    }
+
+    /// [`Self::mul_mat_id`] of a prompt: `mm_id_lists` writes each of the `experts`' counts and
+    /// lists of columns into the scratch buffer (room for every column in each list), then
+    /// `mul_mm_id_fast` reads them as C.
+    fn mul_mm_id(
+        &self,
+        mut p: Params,
+        buffers: [wgpu::Buffer; 4],
+        t: &Tensor,
+        experts: usize,
+        code: u32,
+    ) -> Result<Vec<Dispatch>> {
+        // Counts and lists for each expert and for the columns whose id is none.
+        let capacity = t.ne[1] * t.ne[2];
+        let words = (experts + 1)
+            .checked_mul(capacity + 1)
+            .filter(|&w| w <= u32::MAX as usize / 4)
+            .ok_or_else(|| self.err("MUL_MAT_ID routing too large for the scratch buffer"))?;
+        let scratch = self.gpu.scratch.get(&self.gpu.device, 4 * words);
+        let [a, b, ids, d] = buffers;
+        let mut lists = p;
+        lists.off[3] = 0;
+        let list_bufs = [a.clone(), b.clone(), ids, scratch.clone()];
+        let kernel = Kernel::Fast(FastKernel::MmIdLists, 0);
+        let listed = self.dispatch(kernel, lists, list_bufs, (experts + 1) as u64 * WG)?;
+        // Expert e's matrix: weight_row's dims 2 and 3 without broadcast.
+        p.off[2] = 0;
+        p.misc[1] = 1;
+        p.misc[2] = 1;
+        let tiles_m = t.ne[0].div_ceil(MM_TILE as usize);
+        let tiles_n = capacity.div_ceil(MM_TILE as usize);
+        let groups = ((experts + 1) * tiles_m * tiles_n) as u64;
+        let kernel = Kernel::Fast(FastKernel::MulMmId, code);
+        let tiles = self.dispatch(kernel, p, [a, b, scratch, d], groups * WG)?;
+        Ok(vec![listed, tiles])
     }
 
     /// A prompt's MUL_MAT on cooperative matrices: the activations converted to f16 into the
