@@ -754,3 +754,80 @@ fn embeddings_are_llama_cpps() {
         ));
     }
 }
+
+/// Several inputs embedded together (one sequence each, in shared graphs) give each input's
+/// vector alone, bit for bit, for the demo decoder (last and mean pooling) and a BERT encoder
+/// (CLS and mean: every token's row, bidirectional attention within its own input only);
+/// inputs of different lengths, more of them than one micro-batch holds.
+#[test]
+fn inputs_embedded_together_equal_each_alone() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let demo = model();
+    let bert = {
+        let vocab = root.join(rgml_testmodels::Arch::Bert.vocab_file());
+        assert!(vocab.exists(), "run scripts/fetch-vocab.sh first");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-embed");
+        std::fs::create_dir_all(&dir).expect("create the model directory");
+        let path = dir.join("bert.gguf");
+        rgml_testmodels::write_random_model(rgml_testmodels::Arch::Bert, &vocab, &path)
+            .expect("write the random model");
+        Arc::new(Model::load(&path, Default::default()).expect("load the model"))
+    };
+    let cases = [
+        (demo.clone(), Pooling::Last),
+        (demo, Pooling::Mean),
+        (bert.clone(), Pooling::Cls),
+        (bert, Pooling::Mean),
+    ];
+    for (model, pooling) in cases {
+        let n_vocab = model.config.n_vocab as u32;
+        // 9 inputs of 3 to 43 tokens (ids spread over the vocabulary), 16 tokens a graph.
+        let inputs: Vec<Vec<u32>> = (0..9u32)
+            .map(|i| {
+                (0..3 + 5 * i)
+                    .map(|j| 1 + (i * 7919 + j * 104_729) % (n_vocab - 1))
+                    .collect()
+            })
+            .collect();
+        // An encoder's serving session computes embeddings too (it has no output head).
+        let serving = SessionOptions {
+            embeddings: !model.config.causal,
+            ..Default::default()
+        };
+        let session = Session::new(model.clone(), &serving).unwrap();
+        let options = EngineOptions {
+            model_id: "embed".into(),
+            pooling: Some(pooling),
+            embedding_session: SessionOptions {
+                n_threads: Some(2),
+                n_ubatch: 64,
+                flash_attn: rgml_llm::FlashAttn::Off,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = Engine::start(session, options).unwrap();
+        let together = e.embed(&inputs).unwrap().unwrap();
+        assert_eq!(together.len(), inputs.len());
+        for (input, v) in inputs.iter().zip(&together) {
+            let alone = e.embed(std::slice::from_ref(input)).unwrap().unwrap();
+            assert_eq!(v, &alone[0], "{pooling:?}: {} tokens", input.len());
+            let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
+        }
+        // A session embeds at most as many inputs at once as it has sequences.
+        let mut two = Session::new(
+            model.clone(),
+            &SessionOptions {
+                n_seq: 2,
+                embeddings: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let three: Vec<&[u32]> = inputs[..3].iter().map(Vec::as_slice).collect();
+        let err = two.embed_batch(&three, pooling).unwrap_err().to_string();
+        assert!(err.contains("3 inputs"), "{err}");
+        assert_eq!(two.embed_batch(&three[..2], pooling).unwrap().len(), 2);
+    }
+}

@@ -36,48 +36,88 @@ impl Session {
     /// Errors: a session computing logits, no tokens, an encoder's input longer than
     /// [`Session::n_ubatch`] ([`LlmError::BadInput`]), and those of [`Session::decode_batch`].
     pub fn embed(&mut self, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>> {
+        let mut all = self.embed_batch(&[tokens], pooling)?;
+        all.pop()
+            .ok_or_else(|| LlmError::BadInput("an embedding of no tokens".into()))
+    }
+
+    /// [`Session::embed`] of several inputs at once: input `i` is sequence `i` (each cleared
+    /// first, from position 0), and they go through [`Session::decode_batch`] together, so
+    /// inputs that fit one micro-batch share one graph. At most [`Session::n_seq`] inputs;
+    /// each input's vector is the one it gets embedded alone (each sequence attends to its own
+    /// cells; the products over the weights are per token, with the caveat
+    /// [`Session::decode_batch`] states for a few weight types).
+    ///
+    /// Errors: as [`Session::embed`] for each input, and more inputs than sequences
+    /// ([`LlmError::BadInput`]), all before anything is computed.
+    pub fn embed_batch(&mut self, inputs: &[&[u32]], pooling: Pooling) -> Result<Vec<Vec<f32>>> {
         if !self.embeddings() {
             return Err(LlmError::BadInput(
                 "embeddings from a session that computes logits".into(),
             ));
         }
-        if tokens.is_empty() {
-            return Err(LlmError::BadInput("an embedding of no tokens".into()));
-        }
-        let all = !self.model().config.causal;
-        if all && tokens.len() > self.n_ubatch() {
+        if inputs.len() > self.n_seq() {
             return Err(LlmError::BadInput(format!(
-                "{} tokens to encode: a model with non-causal attention encodes its input in one \
-                 micro-batch, at most {} tokens (--ubatch-size)",
-                tokens.len(),
-                self.n_ubatch()
+                "{} inputs to embed at once: the session holds {} sequences",
+                inputs.len(),
+                self.n_seq()
             )));
         }
-        self.seq_rm(0, 0..usize::MAX)?;
-        let last = tokens.len() - 1;
-        let batch: Vec<BatchToken> = tokens
+        let all = !self.model().config.causal;
+        for tokens in inputs {
+            if tokens.is_empty() {
+                return Err(LlmError::BadInput("an embedding of no tokens".into()));
+            }
+            if all && tokens.len() > self.n_ubatch() {
+                return Err(LlmError::BadInput(format!(
+                    "{} tokens to encode: a model with non-causal attention encodes its input \
+                     in one micro-batch, at most {} tokens (--ubatch-size)",
+                    tokens.len(),
+                    self.n_ubatch()
+                )));
+            }
+        }
+        for seq in 0..inputs.len() {
+            self.seq_rm(seq, 0..usize::MAX)?;
+        }
+        // Each input's rows: every token's for an encoder and for mean pooling, else the one
+        // the pooling picks.
+        let flagged = |i: usize, last: usize| match pooling {
+            _ if all => true,
+            Pooling::Mean => true,
+            Pooling::Cls => i == 0,
+            Pooling::Last => i == last,
+        };
+        let batch: Vec<BatchToken> = inputs
             .iter()
             .enumerate()
-            .map(|(i, &token)| BatchToken {
-                token,
-                seq: 0,
-                logits: match pooling {
-                    _ if all => true,
-                    Pooling::Mean => true,
-                    Pooling::Cls => i == 0,
-                    Pooling::Last => i == last,
-                },
+            .flat_map(|(seq, tokens)| {
+                let last = tokens.len() - 1;
+                tokens
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, &token)| BatchToken {
+                        token,
+                        seq,
+                        logits: flagged(i, last),
+                    })
             })
             .collect();
         let n_embd = self.model().config.n_embd;
-        let rows = self.decode_batch(&batch)?;
-        match picked(rows, n_embd, pooling) {
-            Some(row) => Ok(row),
-            None => {
-                let rows = rows.to_vec();
-                self.own_graph(|s| s.mean_pool(&rows, n_embd))
-            }
+        let rows = self.decode_batch(&batch)?.to_vec();
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut at = 0;
+        for tokens in inputs {
+            let last = tokens.len() - 1;
+            let n = (0..tokens.len()).filter(|&i| flagged(i, last)).count();
+            let mine = &rows[at * n_embd..(at + n) * n_embd];
+            at += n;
+            out.push(match picked(mine, n_embd, pooling) {
+                Some(row) => row,
+                None => self.own_graph(|s| s.mean_pool(mine, n_embd))?,
+            });
         }
+        Ok(out)
     }
 
     /// The mean of `rows` (vectors of `n_embd`) as llama.cpp's `build_pooling` computes it:

@@ -274,10 +274,14 @@ impl Engine {
     }
 }
 
+/// Cache cells (sequences times positions) of the session that embeds a request's inputs:
+/// inputs of up to 256 tokens go 32 at a time (as many as fit a micro-batch share a graph).
+const EMBED_CELLS: usize = 8192;
+
 impl Engine {
     /// [`Generator::embed`]: the inputs checked (none empty, ids in the vocabulary), then
-    /// embedded one by one in a session of their own, beside the slots (the worker's session
-    /// computes logits).
+    /// embedded in groups, one sequence each, in a session of their own beside the slots (the
+    /// worker's session computes logits).
     fn embed_all(&self, inputs: &[Vec<TokenId>]) -> Result<Vec<Vec<f32>>, SubmitError> {
         let n_vocab = self.model.config.n_vocab;
         // An encoder takes an input whole, in one micro-batch, within its position embeddings.
@@ -300,26 +304,31 @@ impl Engine {
             }
         }
         let longest = inputs.iter().map(Vec::len).max().unwrap_or(1);
+        // Whole pieces of 256 positions, as the slots' contexts are padded.
+        let n_ctx = longest.next_multiple_of(256);
+        // Several inputs per graph (one sequence each), within EMBED_CELLS cells of cache.
+        let n_seq = (EMBED_CELLS / n_ctx).clamp(1, inputs.len().max(1));
         let options = SessionOptions {
-            // Whole pieces of 256 positions, as the slots' contexts are padded.
-            n_ctx: longest.next_multiple_of(256),
-            n_seq: 1,
+            n_ctx,
+            n_seq,
             embeddings: true,
             ..self.options.embedding_session.clone()
         };
         let failed = |e: rgml_llm::LlmError| SubmitError::Failed(e.to_string());
         let mut session = Session::new(self.model.clone(), &options).map_err(failed)?;
         let pooling = self.options.pooling.or(self.model.config.pooling);
-        inputs
-            .iter()
-            .map(|tokens| {
-                let mut v = session
-                    .embed(tokens, pooling.unwrap_or(Pooling::Last))
-                    .map_err(failed)?;
+        let mut out = Vec::with_capacity(inputs.len());
+        for group in inputs.chunks(n_seq) {
+            let group: Vec<&[TokenId]> = group.iter().map(Vec::as_slice).collect();
+            let vectors = session
+                .embed_batch(&group, pooling.unwrap_or(Pooling::Last))
+                .map_err(failed)?;
+            for mut v in vectors {
                 normalize(&mut v);
-                Ok(v)
-            })
-            .collect()
+                out.push(v);
+            }
+        }
+        Ok(out)
     }
 }
 
