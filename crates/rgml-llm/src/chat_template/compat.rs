@@ -3,7 +3,7 @@
 //! llama.cpp ignores them) and lists inside a `namespace()` that the template changes in place
 //! (`ns.ids.append(x)`, `ns.ids.pop(0)`: Python's lists are mutable, minijinja's are not).
 
-use minijinja::value::{Enumerator, Object, ObjectRepr, ValueKind, ValueOrKwargs};
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, ValueKind, ValueOrKwargs};
 use minijinja::{Error, ErrorKind, State, Value};
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +26,63 @@ pub(super) fn rewrite_generation_tags(source: &str) -> String {
         format!("{}{keyword}{}", &c[1], &c[3])
     })
     .into_owned()
+}
+
+/// Jinja's `indent` filter as Python's Jinja (and llama.cpp's engine) computes it: every line
+/// but the first (and with `first`, the first too) prefixed by `width` spaces (or by `width`
+/// itself when it is a string), blank lines only with `blank`, and a trailing newline kept
+/// (minijinja's own filter drops it: Command R+'s tool calls lost a line break).
+pub(super) fn indent(
+    value: String,
+    width: Option<Value>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
+    let width = match kwargs.get::<Option<Value>>("width")? {
+        Some(w) => Some(w),
+        None => width,
+    };
+    let first = kwargs
+        .get::<Option<bool>>("first")?
+        .or(first)
+        .unwrap_or(false);
+    let blank = kwargs
+        .get::<Option<bool>>("blank")?
+        .or(blank)
+        .unwrap_or(false);
+    kwargs.assert_all_used()?;
+    let prefix = match width {
+        None => " ".repeat(4),
+        Some(w) if w.kind() == ValueKind::String => w.as_str().unwrap_or_default().to_string(),
+        Some(w) => {
+            let n = usize::try_from(w).map_err(|_| {
+                Error::new(ErrorKind::InvalidOperation, "indent: width is not a count")
+            })?;
+            " ".repeat(n)
+        }
+    };
+    // Python's `(s + "\n").splitlines()`: the lines, a final empty one where `s` ends in a
+    // newline.
+    let text = value + "\n";
+    let lines: Vec<&str> = text
+        .split_terminator('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .collect();
+    let mut out = String::with_capacity(text.len() + prefix.len() * lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+            if blank || !line.is_empty() {
+                out.push_str(&prefix);
+            }
+        }
+        out.push_str(line);
+    }
+    if first {
+        out.insert_str(0, &prefix);
+    }
+    Ok(out)
 }
 
 /// Jinja's `namespace()`, with every list among its initial values made a [`MutableList`].
@@ -175,6 +232,27 @@ mod tests {
         // Only the tag names change: text and other tags that mention the word stay.
         let named = "{% set generation = 'g' %}{{ generation }} generation {%+ generation +%}x{% endgeneration %}";
         assert_eq!(render(named), "g generation x");
+    }
+
+    /// Python's `indent`: a trailing newline kept, blank lines left alone unless `blank`, the
+    /// first line with `first`, a string as the prefix; positional or keyword arguments.
+    #[test]
+    fn indent_is_pythons() {
+        let cases = [
+            ("{{ 'a\\nb\\n'|indent(2) }}", "a\n  b\n"),
+            ("{{ '{\\n'|indent(4, first=true) }}", "    {\n"),
+            ("{{ 'a\\n\\nb'|indent(2, true) }}", "  a\n\n  b"),
+            ("{{ 'a\\n\\nb'|indent(width=2, blank=true) }}", "a\n  \n  b"),
+            ("{{ 'a\\nb'|indent('> ') }}", "a\n> b"),
+            ("{{ 'a\\nb'|indent }}", "a\n    b"),
+        ];
+        for (source, want) in cases {
+            let mut env = minijinja::Environment::new();
+            env.add_filter("indent", super::indent);
+            env.add_template("t", source).unwrap();
+            let got = env.get_template("t").unwrap().render(()).unwrap();
+            assert_eq!(got, want, "{source}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! and Python's string and dict methods (minijinja-contrib's `pycompat`).
 
 mod compat;
+mod concat;
 mod json;
 mod prepare;
 
@@ -138,8 +139,11 @@ impl ChatTemplate {
     /// Compiles `source`; `bos_token`/`eos_token` are the model's token texts.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
         let mut env = environment()?;
-        env.add_template_owned(TEMPLATE_NAME, compat::rewrite_generation_tags(source))
-            .map_err(|e| ChatTemplateError::Parse(describe(&e)))?;
+        env.add_template_owned(
+            TEMPLATE_NAME,
+            concat::rewrite_string_concat(&compat::rewrite_generation_tags(source)),
+        )
+        .map_err(|e| ChatTemplateError::Parse(describe(&e)))?;
         let mut template = ChatTemplate {
             env,
             source: source.to_string(),
@@ -276,6 +280,8 @@ fn environment() -> Result<Environment<'static>, ChatTemplateError> {
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_function("namespace", compat::namespace);
+    env.add_function(concat::CONCAT, concat::concat);
+    env.add_filter("indent", compat::indent);
     Ok(env)
 }
 
