@@ -238,9 +238,9 @@ pub(crate) fn supports_op(ctx: &Context, id: TensorId, exact: bool) -> bool {
         (Op::Unary(op), [a]) if fast_unary_code(op).is_some() => {
             !exact && f32s(&[a]) && a.ne == t.ne
         }
-        (Op::SsmConv, [sx, c]) => !exact && f32s(&[sx, c]) && ssm_conv_shapes(t, sx, c),
+        (Op::SsmConv, [sx, c]) => !exact && f32s(&[sx, c]) && rgml::op::ssm_conv_shapes(t, sx, c),
         (Op::GatedDeltaNet { snapshots }, srcs @ [q, k, v, g, beta, state]) => {
-            !exact && f32s(srcs) && delta_net_shapes(t, [q, k, v, g, beta, state], snapshots)
+            !exact && f32s(srcs) && delta_net_fits(t, [q, k, v, g, beta, state], snapshots)
         }
         (Op::MulMatId { .. }, [a, b, ids]) => !exact && fast_mul_mat_id(a, b, ids),
         // Sinks stay on the CPU.
@@ -317,39 +317,13 @@ fn fast_unary_code(op: UnaryOp) -> Option<u32> {
     }
 }
 
-/// SSM_CONV's shapes as ggml has them: the window `sx` `[d_conv - 1 + n_t, channels, n_s]`,
-/// the kernel `c` `[d_conv, channels]`, the result `[channels, n_t, n_s]`.
-fn ssm_conv_shapes(t: &Tensor, sx: &Tensor, c: &Tensor) -> bool {
-    let d_conv = c.ne[0];
-    d_conv > 0
-        && sx.ne[0] + 1 >= d_conv
-        && sx.ne[1] == c.ne[1]
-        && sx.ne[3] == 1
-        && c.ne[2] == 1
-        && c.ne[3] == 1
-        && t.ne == [c.ne[1], sx.ne[0] + 1 - d_conv, sx.ne[2], 1]
-}
-
-/// GATED_DELTA_NET's shapes as [`rgml::Context::gated_delta_net`] builds them (q and k heads
-/// and sequences broadcast onto v's), a contiguous result, and the scratch copies of q, g and
-/// beta addressable by u32 words.
-fn delta_net_shapes(t: &Tensor, [q, k, v, g, beta, state]: [&Tensor; 6], snapshots: usize) -> bool {
-    let [s_v, h, n_tokens, n_seqs] = v.ne;
-    let qk = |x: &Tensor| {
-        x.ne == q.ne && x.ne[0] == s_v && x.ne[1] > 0 && x.ne[2] == n_tokens && x.ne[3] > 0
-    };
+/// GATED_DELTA_NET's shapes ([`rgml::op::gated_delta_net_shapes`]), a contiguous result, and
+/// the scratch copies of q, g and beta addressable by u32 words.
+fn delta_net_fits(t: &Tensor, srcs: [&Tensor; 6], snapshots: usize) -> bool {
+    let [q, _, _, g, beta, _] = srcs;
     let scratch_words = q.nelements() + g.nelements() + beta.nelements();
-    s_v > 0
-        && snapshots > 0
-        && qk(q)
-        && qk(k)
-        && n_seqs.is_multiple_of(q.ne[3])
-        && (g.ne[0] == 1 || g.ne[0] == s_v)
-        && g.ne[1..] == [h, n_tokens, n_seqs]
-        && beta.ne == [1, h, n_tokens, n_seqs]
-        && state.ne == [s_v, s_v, h, n_seqs]
+    rgml::op::gated_delta_net_shapes(t, srcs, snapshots)
         && t.is_contiguous()
-        && t.nelements() == s_v * h * (n_tokens * n_seqs + snapshots * s_v * n_seqs)
         && u32::try_from(scratch_words).is_ok()
 }
 

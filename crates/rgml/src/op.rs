@@ -36,6 +36,53 @@ pub enum RopeMode {
     },
 }
 
+/// Whether node `t` = SSM_CONV(`sx`, `c`) has the shapes [`crate::Context::ssm_conv`] builds:
+/// the window `sx` `[d_conv - 1 + n_t, channels, n_s]`, the kernel `c` `[d_conv, channels]`,
+/// the result `[channels, n_t, n_s]`. For backends, which also get nodes they did not build
+/// (an RPC peer's graph).
+pub fn ssm_conv_shapes(t: &crate::Tensor, sx: &crate::Tensor, c: &crate::Tensor) -> bool {
+    let d_conv = c.ne[0];
+    d_conv > 0
+        && sx.ne[0] + 1 >= d_conv
+        && sx.ne[1] == c.ne[1]
+        && sx.ne[3] == 1
+        && c.ne[2] == 1
+        && c.ne[3] == 1
+        && t.ne == [c.ne[1], sx.ne[0] + 1 - d_conv, sx.ne[2], 1]
+}
+
+/// Whether node `t` = GATED_DELTA_NET(q, k, v, g, beta, state) with `snapshots` states has the
+/// shapes [`crate::Context::gated_delta_net`] builds (q and k heads and sequences broadcast
+/// onto v's; a gate per head or per head and dimension). For backends, as
+/// [`ssm_conv_shapes`].
+pub fn gated_delta_net_shapes(
+    t: &crate::Tensor,
+    [q, k, v, g, beta, state]: [&crate::Tensor; 6],
+    snapshots: usize,
+) -> bool {
+    let [s_v, h, n_tokens, n_seqs] = v.ne;
+    let qk = |x: &crate::Tensor| {
+        x.ne[0] == s_v
+            && x.ne[1] > 0
+            && x.ne[2] == n_tokens
+            && x.ne[3] > 0
+            && n_seqs.is_multiple_of(x.ne[3])
+    };
+    let rows = snapshots
+        .checked_mul(s_v * n_seqs)
+        .and_then(|r| r.checked_add(n_tokens * n_seqs));
+    s_v > 0
+        && snapshots > 0
+        && qk(q)
+        && qk(k)
+        && (g.ne[0] == 1 || g.ne[0] == s_v)
+        && g.ne[1..] == [h, n_tokens, n_seqs]
+        && beta.ne == [1, h, n_tokens, n_seqs]
+        && state.ne == [s_v, s_v, h, n_seqs]
+        && Some(t.ne[1]) == rows
+        && t.ne == [s_v * h, t.ne[1], 1, 1]
+}
+
 impl RopeMode {
     /// The sections of a multi-section mode.
     pub const fn sections(self) -> Option<[u32; 4]> {

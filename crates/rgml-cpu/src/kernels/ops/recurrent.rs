@@ -36,15 +36,7 @@ pub(crate) fn ssm_conv_supported(t: &Tensor, s: &[&Tensor]) -> bool {
     let [sx, c] = s else {
         return false;
     };
-    let d_conv = c.ne[0];
-    [*sx, *c, t].into_iter().all(f32_rows)
-        && d_conv > 0
-        && sx.ne[0] + 1 >= d_conv
-        && sx.ne[1] == c.ne[1]
-        && sx.ne[3] == 1
-        && c.ne[2] == 1
-        && c.ne[3] == 1
-        && t.ne == [c.ne[1], sx.ne[0] + 1 - d_conv, sx.ne[2], 1]
+    [*sx, *c, t].into_iter().all(f32_rows) && rgml::op::ssm_conv_shapes(t, sx, c)
 }
 
 /// Whether the GATED_DELTA_NET kernel takes `t` of sources `s` (q, k, v, g, beta, state) with
@@ -54,31 +46,11 @@ pub(crate) fn delta_net_supported(t: &Tensor, s: &[&Tensor], snapshots: usize) -
     let [q, k, v, g, beta, state] = s else {
         return false;
     };
-    let [s_v, h, n_tokens, n_seqs] = v.ne;
-    let qk = |x: &Tensor| {
-        x.ne[0] == s_v
-            && x.ne[1] > 0
-            && x.ne[2] == n_tokens
-            && x.ne[3] > 0
-            && n_seqs.is_multiple_of(x.ne[3])
-    };
-    let rows = snapshots
-        .checked_mul(s_v * n_seqs)
-        .and_then(|r| r.checked_add(n_tokens * n_seqs));
     s.iter().all(|x| f32_rows(x))
         && t.dtype == DType::F32
         && t.is_contiguous()
         && state.is_contiguous()
-        && s_v > 0
-        && snapshots > 0
-        && qk(q)
-        && qk(k)
-        && (g.ne[0] == 1 || g.ne[0] == s_v)
-        && g.ne[1..] == [h, n_tokens, n_seqs]
-        && beta.ne == [1, h, n_tokens, n_seqs]
-        && state.ne == [s_v, s_v, h, n_seqs]
-        && Some(t.ne[1]) == rows
-        && t.ne == [s_v * h, t.ne[1], 1, 1]
+        && rgml::op::gated_delta_net_shapes(t, [q, k, v, g, beta, state], snapshots)
 }
 
 /// Per-thread scratch of GATED_DELTA_NET over rows of `s_v` values, in f32s: ggml's `delta`
