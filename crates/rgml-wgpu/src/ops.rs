@@ -748,11 +748,14 @@ impl<'a> Prep<'a> {
         let (d_buf, d_off) = self.storage(t)?;
         // `supports_op` bounded the scratch's words and the result's elements by u32.
         let outputs = (s_v * h * n_tokens * n_seqs) as u32;
+        let state_at = d_off
+            .checked_add(outputs)
+            .ok_or_else(|| self.err("GATED_DELTA_NET result beyond the kernels' u32 offsets"))?;
         let mut out = Vec::with_capacity(5);
         for (src, at) in [(q, 0), (g, q_words), (beta, q_words + g_words)] {
             out.push(self.dense_copy(src, &scratch, at as u32)?);
         }
-        out.push(self.dense_copy(state, &d_buf, d_off + outputs)?);
+        out.push(self.dense_copy(state, &d_buf, state_at)?);
         buffers[0] = scratch;
         p.off[0] = 0;
         p.a_nb = [
