@@ -970,12 +970,11 @@ impl<'a> Prep<'a> {
         t: &Tensor,
         srcs: &[&Tensor],
     ) -> Result<Vec<Dispatch>> {
-        let (Some(code), Some(a)) = (
-            srcs.first()
-                .and_then(|a| weight_code(a.dtype))
-                .filter(|_| !self.exact),
-            srcs.first(),
-        ) else {
+        let Some((a, code)) = srcs
+            .first()
+            .filter(|_| !self.exact)
+            .and_then(|a| Some((a, weight_code(a.dtype)?)))
+        else {
             return Err(self.unsupported(t));
         };
         if t.ne[2] > MV_COLS {
